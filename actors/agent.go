@@ -1,0 +1,272 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// EndpointConfig tunes the endpoint actors.
+type EndpointConfig struct {
+	// ProxyWaitTimeout bounds the wait for proxy acknowledgements of a
+	// revision; the endpoint becomes ready without them after it.
+	ProxyWaitTimeout time.Duration
+	// DatapathTimeout bounds one datapath operation.
+	DatapathTimeout time.Duration
+	// RequestTimeout bounds an actor-to-actor request (IPAM, identity).
+	RequestTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between failed regenerations.
+	RetryMin, RetryMax time.Duration
+	// RestartBudget is how many panics within 10 s an endpoint actor
+	// survives (restart, state rebuilt from the index) before it is stopped.
+	RestartBudget int
+}
+
+// Config configures the actor system.
+type Config struct {
+	IPAM     IPAMConfig
+	Identity identity.LocalConfig
+	Pool     PoolConfig
+	Endpoint EndpointConfig
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	e := &c.Endpoint
+	e.ProxyWaitTimeout = orDefault(e.ProxyWaitTimeout, 5*time.Second)
+	e.DatapathTimeout = orDefault(e.DatapathTimeout, 30*time.Second)
+	e.RequestTimeout = orDefault(e.RequestTimeout, 10*time.Second)
+	e.RetryMin = orDefault(e.RetryMin, 100*time.Millisecond)
+	e.RetryMax = orDefault(e.RetryMax, 30*time.Second)
+	if e.RestartBudget == 0 {
+		e.RestartBudget = 5
+	}
+	if c.Pool.Workers == 0 {
+		c.Pool.Workers = max(4, 2*runtime.GOMAXPROCS(0))
+	}
+	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
+	return c
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Validate names the bad field.
+func (c Config) Validate() error {
+	if err := c.IPAM.Validate(); err != nil {
+		return err
+	}
+	if err := c.Identity.Validate(); err != nil {
+		return fmt.Errorf("identity config: %w", err)
+	}
+	e := c.Endpoint
+	for name, d := range map[string]time.Duration{"ProxyWaitTimeout": e.ProxyWaitTimeout, "DatapathTimeout": e.DatapathTimeout,
+		"RequestTimeout": e.RequestTimeout, "RetryMin": e.RetryMin, "RetryMax": e.RetryMax} {
+		if d < 0 {
+			return fmt.Errorf("endpoint config: %s is negative: %w", name, ErrInvalidConfig)
+		}
+	}
+	if c.Pool.Workers < 0 || c.Pool.Workers > 1024 {
+		return fmt.Errorf("pool config: Workers %d outside 1..1024: %w", c.Pool.Workers, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Counters are the actor system's cumulative counters.
+type Counters struct {
+	regenRequested, regenRun, regenFailed, proxyTimeouts atomic.Uint64
+}
+
+// CounterValues is a snapshot of Counters.
+type CounterValues struct {
+	RegenerationsRequested, RegenerationsRun, RegenerationsFailed, ProxyTimeouts uint64
+}
+
+// endpointDeps is what the manager and every endpoint actor share. Only
+// immutable values and goroutine-safe registries live here.
+type endpointDeps struct {
+	cfg      EndpointConfig
+	ix       *index.Index
+	dp       datapath.Datapath
+	log      *slog.Logger
+	ipam     *actor.PID
+	identity *actor.PID
+	pool     *actor.PID
+	counters *Counters
+	mailbox  sync.Map // actor PID ID -> *MailboxStats
+}
+
+func (d *endpointDeps) registerStats(id string, s *MailboxStats) { d.mailbox.Store(id, s) }
+func (d *endpointDeps) unregisterStats(id string)                { d.mailbox.Delete(id) }
+func (d *endpointDeps) stats(id string) *MailboxStats {
+	if v, ok := d.mailbox.Load(id); ok {
+		return v.(*MailboxStats)
+	}
+	return nil
+}
+
+// System is a running actor system: the agent root actor and its
+// children. Callers outside actors (HTTP handlers, tests) talk to it with
+// Ask; readers use the index directly.
+type System struct {
+	Actors   *actor.ActorSystem
+	Agent    *actor.PID
+	Pool     *actor.PID
+	IPAM     *actor.PID
+	Identity *actor.PID
+	// Endpoints is the endpoint manager.
+	Endpoints *actor.PID
+	Index     *index.Index
+	Datapath  datapath.Datapath
+	Config    Config
+
+	deps *endpointDeps
+	log  *slog.Logger
+}
+
+// agentActor is the root supervisor. It spawns the datapath pool, IPAM,
+// identity and endpoint manager actors in Started. Its strategy restarts
+// a failing child (which rebuilds from its index table), except the
+// endpoint manager, which is resumed: protoactor stops all children of a
+// restarting actor, and stopping every endpoint actor would release their
+// leases.
+type agentActor struct {
+	deps     *endpointDeps
+	cfg      Config
+	log      *slog.Logger
+	newAlloc func() (identity.Allocator, error)
+	children map[string]*actor.PID
+}
+
+type getChildren struct{}
+
+// Receive implements actor.Actor.
+func (a *agentActor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started:
+		a.spawnChildren(ctx)
+	case *getChildren:
+		ctx.Respond(a.children)
+	}
+}
+
+func (a *agentActor) spawnChildren(ctx actor.Context) {
+	a.children = make(map[string]*actor.PID)
+	spawn := func(name string, stats *MailboxStats, produce func() actor.Actor) *actor.PID {
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, actor.WithMailbox(unboundedWithStats(stats))), name)
+		if err != nil {
+			panic(fmt.Sprintf("spawn %s: %v", name, err))
+		}
+		a.deps.registerStats(pid.Id, stats)
+		a.children[name] = pid
+		return pid
+	}
+	d := a.deps
+	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
+	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.ix, a.log) })
+	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, a.log) })
+	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+}
+
+// agentStrategy resumes the endpoint manager and restarts other children
+// within a budget of 10 failures per 10 s, then stops them.
+type agentStrategy struct {
+	restart actor.SupervisorStrategy
+	log     *slog.Logger
+}
+
+// HandleFailure implements actor.SupervisorStrategy.
+func (s *agentStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, msg any) {
+	s.log.Error("actor failed", "actor", child.Id, "reason", reason, "message", fmt.Sprintf("%T", msg))
+	if len(child.Id) >= len("/endpoints") && child.Id[len(child.Id)-len("/endpoints"):] == "/endpoints" {
+		sup.ResumeChildren(child)
+		return
+	}
+	s.restart.HandleFailure(sys, sup, child, rs, reason, msg)
+}
+
+// Start validates cfg and starts the actor system on ix and dp.
+func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) (*System, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
+	sys := NewSystem(log)
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}}
+	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
+	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log}
+	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root },
+		actor.WithSupervisor(strategy)), "agent")
+	if err != nil {
+		return nil, fmt.Errorf("start actor system: %w", err)
+	}
+	res, err := sys.Root.RequestFuture(agentPID, &getChildren{}, 10*time.Second).Result()
+	if err != nil {
+		return nil, fmt.Errorf("start actor system: %w", err)
+	}
+	children := res.(map[string]*actor.PID)
+	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
+		Identity: children["identity"], Endpoints: children["endpoints"], Index: ix, Datapath: dp,
+		Config: cfg, deps: deps, log: log}
+	dp.SetProxyAck(s.proxyAck)
+	return s, nil
+}
+
+// Ask sends msg to pid and waits for the reply, bounded by ctx (default
+// 30 s). Never call it from inside an actor.
+func (s *System) Ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
+	timeout := 30 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	res, err := s.Actors.Root.RequestFuture(pid, msg, timeout).Result()
+	if errors.Is(err, actor.ErrTimeout) {
+		return nil, fmt.Errorf("ask %s: %w", pid.Id, context.DeadlineExceeded)
+	}
+	return res, err
+}
+
+// Counters returns the cumulative counters.
+func (s *System) Counters() CounterValues {
+	c := s.deps.counters
+	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
+		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load()}
+}
+
+// MailboxStats returns the mailbox counters of an actor by PID ID.
+func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(pidID) }
+
+// Stop stops every actor without deleting anything: endpoints, leases and
+// datapath state stay as they are, for the next start to restore.
+func (s *System) Stop() {
+	s.Datapath.SetProxyAck(nil)
+	_ = s.Actors.Root.StopFuture(s.Agent).Wait()
+	s.Actors.Shutdown()
+}
+
+// proxyAck delivers a proxy's acknowledgement to the endpoint's actor
+// (through the manager); it never blocks.
+func (s *System) proxyAck(id endpoint.ID, revision uint64, proxyID string) {
+	s.Actors.Root.Send(s.Endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
+}

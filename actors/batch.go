@@ -1,0 +1,99 @@
+package actors
+
+import (
+	"errors"
+	"log/slog"
+
+	memdb "github.com/hashicorp/go-memdb"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// flushIndex is the message a batcher sends to its own actor to commit.
+type flushIndex struct{}
+
+// indexOp is one queued index change: insert Obj, or delete Obj when Delete.
+type indexOp struct {
+	Table  string
+	Obj    any
+	Delete bool
+}
+
+// batcher groups an actor's index writes into one go-memdb write
+// transaction per mailbox pass: the first queued change sends flushIndex to
+// self, and everything queued before that message is processed commits
+// together (a single-row transaction costs ~100 µs here; a row in a 100-row
+// batch ~25 µs). Replies wait for the commit so callers read their writes.
+// Not goroutine safe: owned by one actor.
+type batcher struct {
+	ix        *index.Index
+	log       *slog.Logger
+	ops       []indexOp
+	replies   []messages.Reply
+	scheduled bool
+	commits   uint64
+	rows      uint64
+}
+
+func (b *batcher) put(ctx actor.Context, table string, obj any) {
+	b.ops = append(b.ops, indexOp{Table: table, Obj: obj})
+	b.schedule(ctx)
+}
+
+func (b *batcher) del(ctx actor.Context, table string, obj any) {
+	b.ops = append(b.ops, indexOp{Table: table, Obj: obj, Delete: true})
+	b.schedule(ctx)
+}
+
+// reply queues an answer to send after the next commit.
+func (b *batcher) reply(ctx actor.Context, to *actor.PID, msg any) {
+	if to == nil {
+		return
+	}
+	b.replies = append(b.replies, messages.Reply{To: to, Message: msg})
+	b.schedule(ctx)
+}
+
+func (b *batcher) schedule(ctx actor.Context) {
+	if !b.scheduled {
+		b.scheduled = true
+		ctx.Send(ctx.Self(), &flushIndex{})
+	}
+}
+
+// flush commits the queued changes and sends the queued replies. send is
+// ctx.Send, or the actor system's root Send when flushing from Restarting.
+func (b *batcher) flush(send func(*actor.PID, any)) {
+	b.scheduled = false
+	if len(b.ops) > 0 {
+		txn := b.ix.WriteTxn()
+		for _, op := range b.ops {
+			var err error
+			if op.Delete {
+				err = txn.Delete(op.Table, op.Obj)
+			} else {
+				err = txn.Insert(op.Table, op.Obj)
+			}
+			if err != nil && !(op.Delete && isNotFound(err)) {
+				b.log.Error("index write failed", "table", op.Table, "delete", op.Delete, "err", err)
+			}
+		}
+		txn.Commit()
+		b.commits++
+		b.rows += uint64(len(b.ops))
+		clear(b.ops)
+		b.ops = b.ops[:0]
+	}
+	for _, r := range b.replies {
+		send(r.To, r.Message)
+	}
+	clear(b.replies)
+	b.replies = b.replies[:0]
+}
+
+func isNotFound(err error) bool {
+	return errors.Is(err, memdb.ErrNotFound)
+}

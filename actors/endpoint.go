@@ -1,0 +1,355 @@
+package actors
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+)
+
+// endpointActor is one endpoint's actor. Its mailbox serialises
+// everything that happens to the endpoint: identity resolution,
+// regeneration (coalesced: one running, one pending), proxy-completion
+// waits, label changes and deletion. It owns the endpoint's working record
+// and publishes immutable snapshots to the endpoint manager, which writes
+// them to the index. Blocking work runs in the datapath pool; results come
+// back through ReenterAfter continuations, which check that this
+// incarnation is still alive (dead) because other messages ran in between.
+type endpointActor struct {
+	deps    *endpointDeps
+	log     *slog.Logger
+	manager *actor.PID
+	stats   *MailboxStats
+	ep      *endpoint.Endpoint // working copy, owned by this actor
+	fresh   bool               // first incarnation of a newly created endpoint
+	dead    bool               // set on Restarting: late continuations are ignored
+
+	createWaiter *actor.PID // sync PUT, answered after the first regeneration
+	labelWaiters []*actor.PID
+
+	idBusy  bool // an identity acquisition is in flight
+	dpBusy  bool // a datapath operation is in flight
+	retries int  // consecutive failed regenerations, for backoff
+
+	regen regenState
+
+	deleting    bool
+	tearingDown bool
+	delReplies  []messages.Reply // sent when the endpoint is disconnected
+}
+
+// regenState is the coalescing regeneration bookkeeping.
+type regenState struct {
+	running        bool
+	rev            uint64
+	waiters        []*actor.PID // answered when the running regeneration ends
+	pending        bool
+	pendingWaiters []*actor.PID
+	proxyWait      map[string]struct{} // proxies yet to acknowledge rev
+	proxyTimer     *time.Timer
+	retryTimer     *time.Timer
+}
+
+// Internal messages of the endpoint actor.
+type (
+	proxyTimeout struct{ rev uint64 }
+	retryRegen   struct{}
+	indexRemoved struct{}
+	// reattach carries the waiters of an incarnation that restarted.
+	reattach struct {
+		create       *actor.PID
+		regen, label []*actor.PID
+		del          []messages.Reply
+	}
+)
+
+func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, fresh bool, createWaiter *actor.PID, manager *actor.PID, stats *MailboxStats) *endpointActor {
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, fresh: fresh,
+		log: deps.log.With("endpoint", spec.ID), ep: spec.Clone()}
+	if fresh {
+		a.createWaiter = createWaiter
+	}
+	return a
+}
+
+// Receive implements actor.Actor.
+func (a *endpointActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		a.started(ctx)
+	case *actor.Restarting:
+		a.restarting(ctx)
+	case *reattach:
+		a.reattach(ctx, msg)
+	case *messages.Regenerate:
+		a.requestRegen(ctx, ctx.Sender())
+	case *retryRegen:
+		a.regen.retryTimer = nil
+		if !a.regen.running && !a.deleting {
+			a.requestRegen(ctx, nil)
+		}
+	case *messages.ProxyAck:
+		a.proxyAck(ctx, msg)
+	case *proxyTimeout:
+		a.proxyTimedOut(ctx, msg)
+	case *messages.PatchLabels:
+		a.patchLabels(ctx, msg)
+	case *messages.DeleteEndpoint:
+		a.delete(ctx, msg.Options, ctx.Sender())
+	case *indexRemoved:
+		a.releaseLeases(ctx)
+	case *messages.IdentityReleased:
+		if msg.Err != nil {
+			a.log.Warn("releasing previous identity failed", "err", msg.Err)
+		}
+	}
+}
+
+func (a *endpointActor) started(ctx actor.Context) {
+	if !a.fresh {
+		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok {
+			a.ep = cur.Clone()
+		}
+		a.log.Info("endpoint actor rebuilt from the index", "state", a.ep.State)
+	}
+	if a.ep.State == endpoint.StateDisconnecting {
+		a.deleting = true
+		a.maybeTeardown(ctx)
+		return
+	}
+	a.claimIPs(ctx)
+}
+
+// restarting runs on the failed incarnation: it stops its timers and hands
+// its waiters to the next incarnation through its own mailbox.
+func (a *endpointActor) restarting(ctx actor.Context) {
+	a.dead = true
+	a.stopTimers()
+	ctx.Send(ctx.Self(), &reattach{
+		create: a.createWaiter,
+		regen:  append(append([]*actor.PID(nil), a.regen.waiters...), a.regen.pendingWaiters...),
+		label:  a.labelWaiters,
+		del:    a.delReplies,
+	})
+}
+
+func (a *endpointActor) reattach(ctx actor.Context, msg *reattach) {
+	if msg.create != nil {
+		a.createWaiter = msg.create
+	}
+	a.regen.pendingWaiters = append(a.regen.pendingWaiters, msg.regen...)
+	a.labelWaiters = append(a.labelWaiters, msg.label...)
+	a.delReplies = append(a.delReplies, msg.del...)
+	if len(msg.regen) > 0 && !a.regen.running {
+		a.regen.pending = true
+	}
+}
+
+func (a *endpointActor) stopTimers() {
+	if a.regen.proxyTimer != nil {
+		a.regen.proxyTimer.Stop()
+		a.regen.proxyTimer = nil
+	}
+	if a.regen.retryTimer != nil {
+		a.regen.retryTimer.Stop()
+		a.regen.retryTimer = nil
+	}
+}
+
+// setState applies a transition if Cilium's table allows it; an illegal
+// one is refused and logged.
+func (a *endpointActor) setState(to endpoint.State, reason string) bool {
+	from := a.ep.State
+	if from == to {
+		return true
+	}
+	if err := endpoint.Transition(from, to); err != nil {
+		a.log.Warn("refused endpoint state change", "from", from, "to", to, "reason", reason)
+		return false
+	}
+	a.ep.State, a.ep.StateChanged = to, time.Now()
+	a.log.Debug("endpoint state changed", "from", from, "to", to, "reason", reason)
+	return true
+}
+
+// publish sends the current snapshot to the endpoint manager; replies are
+// delivered after the index commit that contains it.
+func (a *endpointActor) publish(ctx actor.Context, replies ...messages.Reply) {
+	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep.Clone(), Replies: replies})
+}
+
+func (a *endpointActor) result(err error) *messages.EndpointResult {
+	if err != nil {
+		return &messages.EndpointResult{Err: err}
+	}
+	return &messages.EndpointResult{Endpoint: a.ep.Clone()}
+}
+
+func replies(to []*actor.PID, msg any) []messages.Reply {
+	out := make([]messages.Reply, 0, len(to))
+	for _, pid := range to {
+		if pid != nil {
+			out = append(out, messages.Reply{To: pid, Message: msg})
+		}
+	}
+	return out
+}
+
+func (a *endpointActor) ips() []netip.Addr {
+	var ips []netip.Addr
+	for _, ip := range []netip.Addr{a.ep.IPv4, a.ep.IPv6} {
+		if ip.IsValid() {
+			ips = append(ips, ip)
+		}
+	}
+	return ips
+}
+
+// request sends msg to pid and continues with cont in this actor, unless
+// this incarnation restarted in the meantime.
+func (a *endpointActor) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
+	f := ctx.RequestFuture(pid, msg, timeout)
+	ctx.ReenterAfter(f, func(res any, err error) {
+		if a.dead {
+			return
+		}
+		cont(res, err)
+	})
+}
+
+// claimIPs binds the endpoint's addresses to this actor in IPAM (which
+// death-watches it), then resolves the identity. Claims are idempotent.
+func (a *endpointActor) claimIPs(ctx actor.Context) {
+	ips := a.ips()
+	if len(ips) == 0 {
+		a.acquireIdentity(ctx)
+		return
+	}
+	a.idBusy = true
+	owner := a.ep.PodKey()
+	if owner == "" {
+		owner = fmt.Sprintf("endpoint:%d", a.ep.ID)
+	}
+	msg := &messages.IPAMClaim{Endpoint: a.ep.ID, IPs: ips, Owner: owner, Holder: ctx.Self()}
+	a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
+		a.idBusy = false
+		if err == nil {
+			err = res.(*messages.IPAMResult).Err
+		}
+		if err != nil {
+			a.failCreate(ctx, fmt.Errorf("claim addresses: %w", err))
+			return
+		}
+		if a.maybeTeardown(ctx) {
+			return
+		}
+		a.acquireIdentity(ctx)
+	})
+}
+
+// acquireIdentity resolves the identity of the current labels.
+func (a *endpointActor) acquireIdentity(ctx actor.Context) {
+	a.idBusy = true
+	ls := a.ep.Labels
+	msg := &messages.IdentityAcquire{Labels: ls, Holder: ctx.Self()}
+	a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
+		a.idBusy = false
+		var got identity.Identity
+		if err == nil {
+			r := res.(*messages.IdentityAcquired)
+			got, err = r.Identity, r.Err
+		}
+		if err != nil {
+			a.identityFailed(ctx, err)
+			return
+		}
+		if a.maybeTeardown(ctx) {
+			return
+		}
+		if !ls.Equal(a.ep.Labels) { // labels changed while we waited
+			a.releaseIdentity(ctx, got.ID)
+			a.acquireIdentity(ctx)
+			return
+		}
+		a.identityResolved(ctx, got.ID)
+	})
+}
+
+func (a *endpointActor) identityFailed(ctx actor.Context, err error) {
+	err = fmt.Errorf("resolve identity: %w", err)
+	a.ep.LastError = err.Error()
+	a.log.Error("identity resolution failed", "err", err)
+	if a.createWaiter != nil {
+		a.failCreate(ctx, err)
+		return
+	}
+	waiters := a.labelWaiters
+	a.labelWaiters = nil
+	a.publish(ctx, replies(waiters, a.result(err))...)
+	a.scheduleRetry(ctx)
+}
+
+func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericIdentity) {
+	if id == identity.IdentityUnknown || id.IsReserved() {
+		return
+	}
+	ctx.Request(a.deps.identity, &messages.IdentityRelease{ID: id, Holder: ctx.Self()})
+}
+
+// identityResolved sets the identity (Cilium: waiting-for-identity ->
+// ready), answers label waiters and queues a regeneration.
+func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericIdentity) {
+	if old := a.ep.Identity; old != id {
+		a.releaseIdentity(ctx, old)
+		a.ep.Identity = id
+	}
+	if a.ep.State == endpoint.StateWaitingForIdentity {
+		a.setState(endpoint.StateReady, "identity resolved")
+	}
+	waiters := a.labelWaiters
+	a.labelWaiters = nil
+	if len(waiters) > 0 {
+		a.publish(ctx, replies(waiters, a.result(nil))...)
+	}
+	a.requestRegen(ctx, nil)
+}
+
+func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels) {
+	if a.deleting {
+		ctx.Respond(a.result(fmt.Errorf("patch labels of endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
+		return
+	}
+	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
+	if next.Equal(a.ep.Labels) {
+		ctx.Respond(a.result(nil))
+		return
+	}
+	a.ep.Labels = next
+	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
+	if a.idBusy {
+		return // the acquisition in flight notices the change
+	}
+	a.setState(endpoint.StateWaitingForIdentity, "labels changed")
+	a.publish(ctx)
+	a.acquireIdentity(ctx)
+}
+
+// failCreate answers a failed creation and deletes the endpoint without
+// releasing its addresses: the caller (the CNI plugin) owns them.
+func (a *endpointActor) failCreate(ctx actor.Context, err error) {
+	a.log.Warn("endpoint creation failed", "err", err)
+	a.ep.LastError = err.Error()
+	if a.createWaiter != nil {
+		// Answered once the endpoint is gone, so the caller can release
+		// the addresses right away.
+		a.delReplies = append(a.delReplies, messages.Reply{To: a.createWaiter, Message: &messages.EndpointResult{Err: err}})
+		a.createWaiter = nil
+	}
+	a.delete(ctx, endpoint.DeleteOptions{NoIPRelease: true}, nil)
+}

@@ -1,0 +1,305 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// requestRegen records a regeneration request. Requests coalesce: while
+// one regeneration runs (or the identity is unresolved) at most one more
+// is pending, and every request merged into it bumps the desired revision
+// and waits for it.
+func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
+	if a.deleting {
+		if waiter != nil {
+			ctx.Send(waiter, a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
+		}
+		return
+	}
+	a.ep.DesiredRevision++
+	a.deps.counters.regenRequested.Add(1)
+	if waiter != nil {
+		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
+	}
+	if a.regen.running || a.idBusy || a.dpBusy || a.ep.State == endpoint.StateWaitingForIdentity {
+		a.regen.pending = true
+		return
+	}
+	a.startRegen(ctx)
+}
+
+// startRegen runs one regeneration of the desired revision: policy for the
+// identity (allow-all until the policy repository lands) -> datapath
+// realise in the worker pool -> proxy acknowledgements -> ready.
+func (a *endpointActor) startRegen(ctx actor.Context) {
+	if a.regen.retryTimer != nil {
+		a.regen.retryTimer.Stop()
+		a.regen.retryTimer = nil
+	}
+	if a.ep.State == endpoint.StateReady {
+		a.setState(endpoint.StateWaitingToRegenerate, "regeneration requested")
+	}
+	if !a.setState(endpoint.StateRegenerating, "regeneration started") {
+		a.regen.pending = true // retried when the state allows it
+		return
+	}
+	a.regen.running, a.regen.pending = true, false
+	a.regen.rev = a.ep.DesiredRevision
+	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
+	a.deps.counters.regenRun.Add(1)
+	a.publish(ctx)
+	snap, rev, dp := a.ep.Clone(), a.regen.rev, a.deps.dp
+	a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
+		return dp.Realize(c, snap, rev)
+	}, a.realized)
+}
+
+// datapathOp runs fn in the datapath pool and continues with cont.
+func (a *endpointActor) datapathOp(ctx actor.Context, op string, fn func(context.Context) (any, error), cont func(actor.Context, *messages.DatapathResult)) {
+	a.dpBusy = true
+	work := &messages.DatapathWork{Op: op, Endpoint: a.ep.ID, Timeout: a.deps.cfg.DatapathTimeout, Run: fn}
+	a.request(ctx, a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout, func(res any, err error) {
+		a.dpBusy = false
+		r, ok := res.(*messages.DatapathResult)
+		if err != nil || !ok {
+			r = &messages.DatapathResult{Err: fmt.Errorf("%s: %w", op, err)}
+		}
+		cont(ctx, r)
+	})
+}
+
+func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) {
+	if a.deleting {
+		a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
+		a.maybeTeardown(ctx)
+		return
+	}
+	if r.Err != nil {
+		a.regenFailed(ctx, r.Err)
+		return
+	}
+	res, _ := r.Value.(datapath.Realized)
+	if len(res.ProxyWaits) == 0 {
+		a.completeRegen(ctx, false)
+		return
+	}
+	a.regen.proxyWait = make(map[string]struct{}, len(res.ProxyWaits))
+	for _, p := range res.ProxyWaits {
+		a.regen.proxyWait[p] = struct{}{}
+	}
+	self, system, rev := ctx.Self(), ctx.ActorSystem(), a.regen.rev
+	a.regen.proxyTimer = time.AfterFunc(a.deps.cfg.ProxyWaitTimeout, func() {
+		system.Root.Send(self, &proxyTimeout{rev: rev})
+	})
+}
+
+func (a *endpointActor) proxyAck(ctx actor.Context, msg *messages.ProxyAck) {
+	if !a.regen.running || msg.Revision != a.regen.rev || a.regen.proxyWait == nil {
+		a.log.Debug("ignoring stale proxy acknowledgement", "revision", msg.Revision, "proxy", msg.ProxyID)
+		return
+	}
+	delete(a.regen.proxyWait, msg.ProxyID)
+	if len(a.regen.proxyWait) == 0 {
+		a.completeRegen(ctx, false)
+	}
+}
+
+func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
+	if !a.regen.running || msg.rev != a.regen.rev || a.regen.proxyWait == nil {
+		return
+	}
+	a.log.Warn("proxy acknowledgements timed out; endpoint becomes ready without them",
+		"revision", msg.rev, "missing", len(a.regen.proxyWait))
+	a.deps.counters.proxyTimeouts.Add(1)
+	a.completeRegen(ctx, true)
+}
+
+// completeRegen records the realised revision and answers the waiters,
+// then starts the pending regeneration, if any.
+func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
+	a.ep.RealizedRevision = a.regen.rev
+	a.ep.Regenerations++
+	a.ep.LastError = ""
+	if timedOut {
+		a.ep.LastError = "proxy acknowledgements timed out"
+	}
+	a.retries = 0
+	a.endRegen(ctx, nil)
+	if a.maybeTeardown(ctx) {
+		return
+	}
+	if a.regen.pending && a.ep.State != endpoint.StateWaitingForIdentity && !a.idBusy {
+		a.startRegen(ctx)
+	}
+}
+
+// endRegen closes the running regeneration: err nil means success.
+func (a *endpointActor) endRegen(ctx actor.Context, err error) {
+	a.regen.running = false
+	a.regen.proxyWait = nil
+	if a.regen.proxyTimer != nil {
+		a.regen.proxyTimer.Stop()
+		a.regen.proxyTimer = nil
+	}
+	if err == nil && a.ep.State == endpoint.StateRegenerating {
+		a.setState(endpoint.StateReady, "regeneration completed")
+	}
+	res := a.result(err)
+	rs := replies(a.regen.waiters, res)
+	a.regen.waiters = nil
+	if a.createWaiter != nil && err == nil {
+		rs = append(rs, messages.Reply{To: a.createWaiter, Message: res})
+		a.createWaiter = nil
+	}
+	if !a.deleting {
+		a.publish(ctx, rs...)
+		return
+	}
+	for _, r := range rs {
+		ctx.Send(r.To, r.Message)
+	}
+}
+
+func (a *endpointActor) regenFailed(ctx actor.Context, err error) {
+	err = fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, err)
+	a.log.Warn("regeneration failed", "revision", a.regen.rev, "err", err)
+	a.deps.counters.regenFailed.Add(1)
+	a.ep.LastError = err.Error()
+	a.setState(endpoint.StateWaitingToRegenerate, "regeneration failed")
+	a.endRegen(ctx, err)
+	if a.createWaiter != nil {
+		a.failCreate(ctx, err)
+		return
+	}
+	if a.regen.pending {
+		a.startRegen(ctx)
+		return
+	}
+	a.scheduleRetry(ctx)
+}
+
+// scheduleRetry retries a failed regeneration with exponential backoff.
+func (a *endpointActor) scheduleRetry(ctx actor.Context) {
+	if a.regen.retryTimer != nil {
+		return
+	}
+	d := a.deps.cfg.RetryMin << min(a.retries, 10)
+	if d > a.deps.cfg.RetryMax || d <= 0 {
+		d = a.deps.cfg.RetryMax
+	}
+	a.retries++
+	self, system := ctx.Self(), ctx.ActorSystem()
+	a.regen.retryTimer = time.AfterFunc(d, func() { system.Root.Send(self, &retryRegen{}) })
+}
+
+// delete starts deleting the endpoint; replyTo (may be nil) is answered
+// when it is disconnected.
+func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, replyTo *actor.PID) {
+	if replyTo != nil {
+		a.delReplies = append(a.delReplies, messages.Reply{To: replyTo})
+	}
+	if a.deleting {
+		return
+	}
+	a.deleting = true
+	a.ep.Deleting = opts
+	a.setState(endpoint.StateDisconnecting, "delete requested")
+	a.stopRetry()
+	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
+	rs := replies(a.regen.pendingWaiters, a.result(errDel))
+	rs = append(rs, replies(a.labelWaiters, a.result(errDel))...)
+	if a.createWaiter != nil {
+		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
+		a.createWaiter = nil
+	}
+	a.regen.pendingWaiters, a.labelWaiters, a.regen.pending = nil, nil, false
+	a.publish(ctx, rs...)
+	a.maybeTeardown(ctx)
+}
+
+func (a *endpointActor) stopRetry() {
+	if a.regen.retryTimer != nil {
+		a.regen.retryTimer.Stop()
+		a.regen.retryTimer = nil
+	}
+}
+
+// maybeTeardown starts the teardown once deleting and nothing is in
+// flight (a running datapath operation, identity or proxy wait). It
+// reports whether the endpoint is deleting.
+func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
+	if !a.deleting {
+		return false
+	}
+	if a.tearingDown || a.dpBusy || a.idBusy || a.regen.running {
+		return true
+	}
+	a.tearingDown = true
+	// Leave the index first, so the endpoint's container ID and addresses
+	// are free in the manager's books before IPAM releases anything.
+	a.ep.State = endpoint.StateDisconnecting
+	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep.Clone(), Deleted: true,
+		Replies: []messages.Reply{{To: ctx.Self(), Message: &indexRemoved{}}}})
+	return true
+}
+
+// releaseLeases ends the IP lease (releasing the addresses unless
+// NoIPRelease) and the identity reference (unless NoIdentityRelease), then
+// removes the datapath.
+func (a *endpointActor) releaseLeases(ctx actor.Context) {
+	next := func() {
+		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
+			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
+			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { a.removeDatapath(ctx, 0) })
+			return
+		}
+		a.removeDatapath(ctx, 0)
+	}
+	if ips := a.ips(); len(ips) > 0 {
+		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
+		a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(any, error) { next() })
+		return
+	}
+	next()
+}
+
+// removeDatapath tears down the kernel side (idempotent), retrying a few
+// times; what still fails is left to the orphan garbage collector.
+func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
+	snap, dp := a.ep.Clone(), a.deps.dp
+	a.datapathOp(ctx, "remove", func(c context.Context) (any, error) {
+		return nil, dp.Remove(c, snap)
+	}, func(ctx actor.Context, r *messages.DatapathResult) {
+		if r.Err != nil && attempt < 2 {
+			a.log.Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", r.Err)
+			a.removeDatapath(ctx, attempt+1)
+			return
+		}
+		if r.Err != nil {
+			a.log.Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
+		}
+		a.disconnected(ctx)
+	})
+}
+
+func (a *endpointActor) disconnected(ctx actor.Context) {
+	a.setState(endpoint.StateDisconnected, "delete completed")
+	res := a.result(nil)
+	for _, r := range a.delReplies {
+		msg := r.Message
+		if msg == nil {
+			msg = res
+		}
+		ctx.Send(r.To, msg)
+	}
+	a.delReplies = nil
+	a.stopTimers()
+	ctx.Stop(ctx.Self())
+}

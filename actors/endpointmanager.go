@@ -1,0 +1,290 @@
+package actors
+
+import (
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// endpointActorName is the child name of an endpoint's actor; its PID ID is
+// "<manager>/ep-<id>".
+func endpointActorName(id endpoint.ID) string { return "ep-" + strconv.Itoa(int(id)) }
+
+// managerActor is the endpoint manager: it hands out endpoint IDs
+// (1..65535), spawns and supervises one actor per endpoint, routes requests
+// to them and is the single writer of the index's endpoints table, which it
+// updates in batches from the EndpointChanged snapshots its children send.
+type managerActor struct {
+	deps *endpointDeps
+	log  *slog.Logger
+
+	ids        [(endpoint.MaxID + 1) / 64]uint64 // bit i set: ID i in use (0 reserved)
+	cursor     endpoint.ID
+	children   map[endpoint.ID]*actor.PID
+	eps        map[endpoint.ID]*endpoint.Endpoint // latest snapshot per live ID
+	containers map[string]endpoint.ID
+	ips        map[netip.Addr]endpoint.ID
+	batch      batcher
+}
+
+func newManagerActor(deps *endpointDeps) *managerActor {
+	l := deps.log.With("actor", "endpoints")
+	return &managerActor{deps: deps, log: l, batch: batcher{ix: deps.ix, log: l}}
+}
+
+// Receive implements actor.Actor.
+func (m *managerActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		m.rebuild(ctx)
+	case *actor.Restarting:
+		m.batch.flush(ctx.ActorSystem().Root.Send)
+	case *flushIndex:
+		m.batch.flush(ctx.Send)
+	case *messages.CreateEndpoint:
+		m.create(ctx, msg)
+	case *messages.DeleteEndpoint:
+		m.forward(ctx, msg.ID)
+	case *messages.PatchLabels:
+		m.forward(ctx, msg.ID)
+	case *messages.Regenerate:
+		m.forward(ctx, msg.ID)
+	case *messages.ProxyAck:
+		if pid, ok := m.children[msg.ID]; ok {
+			ctx.Send(pid, msg)
+		}
+	case *messages.EndpointChanged:
+		m.changed(ctx, msg)
+	case *actor.Terminated:
+		m.childStopped(ctx, msg.Who)
+	case *GetActors:
+		ctx.Respond(m.actors())
+	}
+}
+
+// rebuild resets the manager's maps from the index and spawns an actor for
+// every endpoint found there (after a restart, which stopped the children).
+func (m *managerActor) rebuild(ctx actor.Context) {
+	m.children = make(map[endpoint.ID]*actor.PID)
+	m.eps = make(map[endpoint.ID]*endpoint.Endpoint)
+	m.containers = make(map[string]endpoint.ID)
+	m.ips = make(map[netip.Addr]endpoint.ID)
+	m.ids = [len(m.ids)]uint64{}
+	m.ids[0] = 1 // ID 0 is never used
+	for _, ep := range m.deps.ix.Endpoints(index.EndpointFilter{}) {
+		m.track(ep)
+		m.spawn(ctx, ep, false, nil)
+	}
+}
+
+func (m *managerActor) create(ctx actor.Context, msg *messages.CreateEndpoint) {
+	spec := msg.Spec.Clone()
+	if err := m.checkUnique(spec); err != nil {
+		ctx.Respond(&messages.EndpointResult{Err: err})
+		return
+	}
+	if spec.ID == 0 {
+		id, ok := m.nextID()
+		if !ok {
+			ctx.Respond(&messages.EndpointResult{Err: fmt.Errorf("create endpoint: %w", ErrIDsExhausted)})
+			return
+		}
+		spec.ID = id
+	}
+	now := time.Now()
+	spec.State, spec.Created, spec.StateChanged = endpoint.StateWaitingForIdentity, now, now
+	m.track(spec)
+	m.batch.put(ctx, index.TableEndpoints, spec)
+	var syncWaiter *actor.PID
+	if msg.Sync {
+		syncWaiter = ctx.Sender()
+	} else {
+		m.batch.reply(ctx, ctx.Sender(), &messages.EndpointResult{Endpoint: spec})
+	}
+	m.spawn(ctx, spec, true, syncWaiter)
+}
+
+func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
+	if spec.ID != 0 && m.used(spec.ID) {
+		return fmt.Errorf("create endpoint %d: id in use: %w", spec.ID, ErrEndpointExists)
+	}
+	if spec.ContainerID != "" {
+		if other, ok := m.containers[spec.ContainerID]; ok {
+			return fmt.Errorf("create endpoint: container %s already has endpoint %d: %w", spec.ContainerID, other, ErrEndpointExists)
+		}
+	}
+	for _, ip := range []netip.Addr{spec.IPv4, spec.IPv6} {
+		if other, ok := m.ips[ip]; ok && ip.IsValid() {
+			return fmt.Errorf("create endpoint: address %s already used by endpoint %d: %w", ip, other, ErrEndpointExists)
+		}
+	}
+	return nil
+}
+
+func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, fresh bool, syncWaiter *actor.PID) {
+	stats := &MailboxStats{}
+	incarnation := 0
+	props := actor.PropsFromProducer(func() actor.Actor {
+		incarnation++
+		return newEndpointActor(m.deps, ep, fresh && incarnation == 1, syncWaiter, ctx.Self(), stats)
+	}, actor.WithMailbox(unboundedWithStats(stats)),
+		actor.WithSupervisor(actor.NewOneForOneStrategy(m.deps.cfg.RestartBudget, 10*time.Second, actor.DefaultDecider)))
+	pid, err := ctx.SpawnNamed(props, endpointActorName(ep.ID))
+	if err != nil {
+		// The name is taken only if the previous actor for this ID has not
+		// finished stopping, which ID bookkeeping prevents; report loudly.
+		m.log.Error("spawning endpoint actor failed", "endpoint", ep.ID, "err", err)
+		m.untrack(ep)
+		m.batch.del(ctx, index.TableEndpoints, ep)
+		m.batch.reply(ctx, syncWaiter, &messages.EndpointResult{Err: fmt.Errorf("spawn endpoint %d: %w", ep.ID, err)})
+		return
+	}
+	m.children[ep.ID] = pid
+	m.deps.registerStats(pid.Id, stats)
+}
+
+// forward sends a request naming an endpoint to its actor, keeping the
+// sender so the endpoint actor answers the caller directly.
+func (m *managerActor) forward(ctx actor.Context, id endpoint.ID) {
+	pid, ok := m.children[id]
+	if !ok {
+		ctx.Respond(&messages.EndpointResult{Err: fmt.Errorf("endpoint %d: %w", id, ErrEndpointNotFound)})
+		return
+	}
+	ctx.Forward(pid)
+}
+
+func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged) {
+	id := msg.Endpoint.ID
+	if pid, ok := m.children[id]; ok && msg.From != nil && pid.Id == msg.From.Id {
+		if msg.Deleted {
+			m.batch.del(ctx, index.TableEndpoints, msg.Endpoint)
+		} else {
+			m.eps[id] = msg.Endpoint
+			m.batch.put(ctx, index.TableEndpoints, msg.Endpoint)
+		}
+	}
+	for _, r := range msg.Replies {
+		m.batch.reply(ctx, r.To, r.Message)
+	}
+}
+
+// childStopped forgets an endpoint actor that stopped: after its delete
+// finished, or because it failed more often than its restart budget
+// allows (then its row is removed too; IPAM and identity release its
+// leases through their own death-watch).
+func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
+	m.deps.unregisterStats(who.Id)
+	id, ok := endpointIDFromPID(who)
+	if pid, live := m.children[id]; !ok || !live || pid.Id != who.Id {
+		return
+	}
+	if ep, ok := m.eps[id]; ok {
+		m.untrack(ep)
+	}
+	delete(m.children, id)
+	delete(m.eps, id)
+	m.batch.del(ctx, index.TableEndpoints, &endpoint.Endpoint{ID: id})
+	m.release(id)
+}
+
+// endpointIDFromPID parses the ID out of an endpoint actor's PID.
+func endpointIDFromPID(pid *actor.PID) (endpoint.ID, bool) {
+	i := strings.LastIndex(pid.Id, "/ep-")
+	if i < 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(pid.Id[i+4:], 10, 16)
+	return endpoint.ID(n), err == nil && n > 0
+}
+
+func (m *managerActor) track(ep *endpoint.Endpoint) {
+	m.eps[ep.ID] = ep
+	m.ids[ep.ID/64] |= 1 << (ep.ID % 64)
+	if ep.ContainerID != "" {
+		m.containers[ep.ContainerID] = ep.ID
+	}
+	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if ip.IsValid() {
+			m.ips[ip] = ep.ID
+		}
+	}
+}
+
+// untrack forgets the container and addresses of ep (if still ep's).
+func (m *managerActor) untrack(ep *endpoint.Endpoint) {
+	if m.containers[ep.ContainerID] == ep.ID {
+		delete(m.containers, ep.ContainerID)
+	}
+	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if ip.IsValid() && m.ips[ip] == ep.ID {
+			delete(m.ips, ip)
+		}
+	}
+}
+
+func (m *managerActor) used(id endpoint.ID) bool { return m.ids[id/64]&(1<<(id%64)) != 0 }
+
+func (m *managerActor) release(id endpoint.ID) { m.ids[id/64] &^= 1 << (id % 64) }
+
+// nextID returns the first free ID after the cursor, wrapping around, so
+// an ID is not reused right after it was freed.
+func (m *managerActor) nextID() (endpoint.ID, bool) {
+	start := int(m.cursor) + 1
+	for n := 0; n <= len(m.ids); n++ {
+		w := (start/64 + n) % len(m.ids)
+		word := m.ids[w]
+		if n == 0 {
+			word |= (1 << (start % 64)) - 1 // skip IDs before the cursor
+		}
+		if free := ^word; free != 0 {
+			id := endpoint.ID(w*64 + bits.TrailingZeros64(free))
+			m.ids[id/64] |= 1 << (id % 64)
+			m.cursor = id
+			return id, true
+		}
+	}
+	// The first word was partly masked; look again from ID 1.
+	for w := range m.ids {
+		if free := ^m.ids[w]; free != 0 {
+			id := endpoint.ID(w*64 + bits.TrailingZeros64(free))
+			m.ids[id/64] |= 1 << (id % 64)
+			m.cursor = id
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// ActorInfo describes one actor for operators.
+type ActorInfo struct {
+	PID      string
+	Endpoint endpoint.ID
+	Mailbox  int64
+	Handled  int64
+}
+
+// GetActors asks the endpoint manager for its children. Reply: []ActorInfo.
+type GetActors struct{}
+
+func (m *managerActor) actors() []ActorInfo {
+	out := make([]ActorInfo, 0, len(m.children))
+	for id, pid := range m.children {
+		info := ActorInfo{PID: pid.Id, Endpoint: id}
+		if st := m.deps.stats(pid.Id); st != nil {
+			info.Mailbox, info.Handled = st.Depth(), st.Processed()
+		}
+		out = append(out, info)
+	}
+	return out
+}

@@ -1,0 +1,27 @@
+package actors
+
+import "errors"
+
+var (
+	// ErrEndpointExists is returned when creating an endpoint whose ID,
+	// container ID or address is already in use.
+	ErrEndpointExists = errors.New("endpoint already exists")
+	// ErrEndpointNotFound is returned for an unknown endpoint ID.
+	ErrEndpointNotFound = errors.New("endpoint not found")
+	// ErrEndpointDeleting is returned for a request on an endpoint that is
+	// being deleted.
+	ErrEndpointDeleting = errors.New("endpoint is being deleted")
+	// ErrIDsExhausted is returned when all endpoint IDs 1..65535 are in use.
+	ErrIDsExhausted = errors.New("endpoint ids exhausted")
+	// ErrIPInUse is returned when releasing an address a live endpoint claimed.
+	ErrIPInUse = errors.New("address in use by an endpoint")
+	// ErrNoRange is returned when a family or address has no configured range.
+	ErrNoRange = errors.New("no address range configured")
+	// ErrActorRestarted is returned to callers whose request an actor lost
+	// when it restarted after a panic.
+	ErrActorRestarted = errors.New("actor restarted")
+	// ErrPoolClosed is returned for work submitted after the pool stopped.
+	ErrPoolClosed = errors.New("datapath pool closed")
+	// ErrInvalidConfig is wrapped by Config validation errors.
+	ErrInvalidConfig = errors.New("invalid actor system config")
+)

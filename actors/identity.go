@@ -1,0 +1,144 @@
+package actors
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// identityActor maps label sets to numeric identities through an
+// identity.Allocator (local today; a cluster-wide backend implements the
+// same interface). A holder (endpoint actor) holds at most one reference
+// per identity, so Acquire is idempotent and a restarted endpoint actor can
+// safely acquire again. Holders are death-watched: a stopped actor's
+// references are dropped. It is the single writer of the identities and
+// identity-leases tables.
+type identityActor struct {
+	newAlloc func() (identity.Allocator, error)
+	alloc    identity.Allocator
+	log      *slog.Logger
+	holders  map[string]map[identity.NumericIdentity]struct{} // holder PID ID -> identities
+	batch    batcher
+}
+
+func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, log *slog.Logger) *identityActor {
+	l := log.With("actor", "identity")
+	return &identityActor{newAlloc: newAlloc, log: l, batch: batcher{ix: ix, log: l}}
+}
+
+// Receive implements actor.Actor.
+func (a *identityActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		a.rebuild(ctx)
+	case *actor.Restarting:
+		a.batch.flush(ctx.ActorSystem().Root.Send)
+	case *flushIndex:
+		a.batch.flush(ctx.Send)
+	case *messages.IdentityAcquire:
+		id, isNew, err := a.acquire(ctx, msg)
+		ctx.Respond(&messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})
+	case *messages.IdentityRelease:
+		released, err := a.release(ctx, msg.ID, msg.Holder.Id, msg.Keep)
+		ctx.Respond(&messages.IdentityReleased{Released: released, Err: err})
+	case *actor.Terminated:
+		for id := range a.holders[msg.Who.Id] {
+			if _, err := a.release(ctx, id, msg.Who.Id, false); err != nil {
+				a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", msg.Who.Id, "err", err)
+			}
+		}
+		delete(a.holders, msg.Who.Id)
+	}
+}
+
+// rebuild creates the allocator and, after a restart, restores every
+// identity and lease recorded in the index.
+func (a *identityActor) rebuild(ctx actor.Context) {
+	alloc, err := a.newAlloc()
+	if err != nil {
+		panic(fmt.Sprintf("identity: allocator: %v", err))
+	}
+	a.alloc = alloc
+	a.holders = make(map[string]map[identity.NumericIdentity]struct{})
+	rows := a.batch.ix.Identities()
+	for _, row := range rows {
+		if err := a.alloc.Restore(identity.Identity{ID: row.ID, Labels: row.Labels, RefCount: row.RefCount}); err != nil {
+			a.log.Error("restoring identity failed", "identity", row.ID, "err", err)
+		}
+	}
+	for _, l := range a.batch.ix.IdentityLeases() {
+		a.hold(ctx, l.Holder, l.ID)
+	}
+	if len(rows) > 0 {
+		a.log.Info("rebuilt identities from the index", "identities", len(rows))
+	}
+}
+
+func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire) (identity.Identity, bool, error) {
+	if id, ok := identity.LookupReserved(msg.Labels); ok {
+		ls, _ := identity.ReservedLabels(id)
+		return identity.Identity{ID: id, Labels: ls}, false, nil
+	}
+	if cur, ok := a.alloc.LookupByLabels(msg.Labels); ok {
+		if _, held := a.holders[msg.Holder.Id][cur.ID]; held {
+			return cur, false, nil
+		}
+	}
+	id, isNew, err := a.alloc.Allocate(msg.Labels)
+	if err != nil {
+		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
+	}
+	a.hold(ctx, msg.Holder.Id, id.ID)
+	a.batch.put(ctx, index.TableIdentityLeases, &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
+	a.writeRow(ctx, id.ID)
+	return id, isNew, nil
+}
+
+func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, holder string, keep bool) (bool, error) {
+	if id.IsReserved() || id == identity.IdentityUnknown {
+		return false, nil
+	}
+	if _, held := a.holders[holder][id]; !held {
+		return false, nil
+	}
+	delete(a.holders[holder], id)
+	if len(a.holders[holder]) == 0 {
+		delete(a.holders, holder)
+	}
+	a.batch.del(ctx, index.TableIdentityLeases, &index.IdentityLease{ID: id, Holder: holder})
+	if keep {
+		a.log.Info("identity reference detached, not released (NoIdentityRelease)", "identity", id, "holder", holder)
+		return false, nil
+	}
+	released, err := a.alloc.Release(id)
+	if err != nil {
+		return false, fmt.Errorf("release identity %d: %w", id, err)
+	}
+	a.writeRow(ctx, id)
+	return released, nil
+}
+
+// writeRow mirrors the allocator's view of id into the identities table.
+func (a *identityActor) writeRow(ctx actor.Context, id identity.NumericIdentity) {
+	cur, ok := a.alloc.Lookup(id)
+	if !ok {
+		a.batch.del(ctx, index.TableIdentities, &index.Identity{ID: id})
+		return
+	}
+	a.batch.put(ctx, index.TableIdentities, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount})
+}
+
+func (a *identityActor) hold(ctx actor.Context, holder string, id identity.NumericIdentity) {
+	set, ok := a.holders[holder]
+	if !ok {
+		set = make(map[identity.NumericIdentity]struct{}, 1)
+		a.holders[holder] = set
+		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
+	}
+	set[id] = struct{}{}
+}

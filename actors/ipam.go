@@ -1,0 +1,313 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/ipam"
+)
+
+// IPAMConfig configures the IPAM actor.
+type IPAMConfig struct {
+	// IPv4 and IPv6 are the pod CIDRs; either may be invalid (disabled),
+	// not both.
+	IPv4, IPv6 netip.Prefix
+	Strategy   ipam.Strategy
+	// Seed feeds the random strategy (0: random seed).
+	Seed uint64
+}
+
+// Validate names the bad field.
+func (c IPAMConfig) Validate() error {
+	if !c.IPv4.IsValid() && !c.IPv6.IsValid() {
+		return fmt.Errorf("ipam config: IPv4 or IPv6 range required: %w", ErrInvalidConfig)
+	}
+	if c.IPv4.IsValid() && !c.IPv4.Addr().Is4() {
+		return fmt.Errorf("ipam config: IPv4 range %s is not IPv4: %w", c.IPv4, ErrInvalidConfig)
+	}
+	if c.IPv6.IsValid() && !c.IPv6.Addr().Is6() {
+		return fmt.Errorf("ipam config: IPv6 range %s is not IPv6: %w", c.IPv6, ErrInvalidConfig)
+	}
+	_, err := c.newPool()
+	return err
+}
+
+func (c IPAMConfig) newPool() (*ipam.Pool, error) {
+	seed := c.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	var v4, v6 *ipam.Range
+	var err error
+	if c.IPv4.IsValid() {
+		if v4, err = ipam.NewRange(c.IPv4, c.Strategy, rand.New(rand.NewPCG(seed, 4))); err != nil {
+			return nil, fmt.Errorf("ipam config: IPv4: %w", err)
+		}
+	}
+	if c.IPv6.IsValid() {
+		if v6, err = ipam.NewRange(c.IPv6, c.Strategy, rand.New(rand.NewPCG(seed, 6))); err != nil {
+			return nil, fmt.Errorf("ipam config: IPv6: %w", err)
+		}
+	}
+	return ipam.NewPool(v4, v6), nil
+}
+
+// ipamActor owns the address pools. Each address has an owner (who asked
+// for it) and, once an endpoint claimed it, a lease holder: the endpoint
+// actor, which this actor death-watches so that a stopped actor never
+// orphans an address. It is the single writer of the index's ipam table.
+type ipamActor struct {
+	cfg     IPAMConfig
+	log     *slog.Logger
+	pool    *ipam.Pool
+	rows    map[netip.Addr]*index.IP
+	holders map[string]map[netip.Addr]struct{} // holder PID ID -> claimed IPs
+	batch   batcher
+}
+
+func newIPAMActor(cfg IPAMConfig, ix *index.Index, log *slog.Logger) *ipamActor {
+	l := log.With("actor", "ipam")
+	return &ipamActor{cfg: cfg, log: l, batch: batcher{ix: ix, log: l}}
+}
+
+// Receive implements actor.Actor.
+func (a *ipamActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		a.rebuild(ctx)
+	case *actor.Restarting:
+		a.batch.flush(ctx.ActorSystem().Root.Send)
+	case *flushIndex:
+		a.batch.flush(ctx.Send)
+	case *messages.IPAMAllocate:
+		a.allocate(ctx, msg)
+	case *messages.IPAMAllocateIP:
+		a.allocateIP(ctx, msg)
+	case *messages.IPAMRelease:
+		a.release(ctx, msg)
+	case *messages.IPAMClaim:
+		ctx.Respond(&messages.IPAMResult{Err: a.claim(ctx, msg)})
+	case *messages.IPAMUnclaim:
+		a.unclaim(ctx, msg)
+		ctx.Respond(&messages.IPAMResult{})
+	case *actor.Terminated:
+		a.holderStopped(ctx, msg.Who)
+	}
+}
+
+// rebuild creates the pools and, after a restart, re-reserves every
+// address recorded in the index and re-watches the lease holders.
+func (a *ipamActor) rebuild(ctx actor.Context) {
+	pool, err := a.cfg.newPool()
+	if err != nil {
+		panic(fmt.Sprintf("ipam: config validated but pool failed: %v", err))
+	}
+	a.pool = pool
+	a.rows = make(map[netip.Addr]*index.IP)
+	a.holders = make(map[string]map[netip.Addr]struct{})
+	for _, row := range a.batch.ix.IPs("") {
+		r := a.pool.RangeFor(row.IP)
+		if r == nil {
+			a.log.Warn("dropping address outside the configured ranges", "ip", row.IP, "owner", row.Owner)
+			a.batch.del(ctx, index.TableIPAM, row)
+			continue
+		}
+		if err := r.Allocate(row.IP, row.Owner); err != nil {
+			a.log.Error("re-reserving address failed", "ip", row.IP, "owner", row.Owner, "err", err)
+			continue
+		}
+		a.rows[row.IP] = row
+		if row.Holder != "" {
+			a.hold(ctx, row.Holder, row.IP)
+		}
+	}
+	if n := len(a.rows); n > 0 {
+		a.log.Info("rebuilt allocations from the index", "addresses", n)
+	}
+}
+
+func (a *ipamActor) allocate(ctx actor.Context, msg *messages.IPAMAllocate) {
+	var fams []ipam.Family
+	switch msg.Family {
+	case "":
+		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+			if a.pool.Range(f) != nil {
+				fams = append(fams, f)
+			}
+		}
+	case ipam.IPv4, ipam.IPv6:
+		if a.pool.Range(msg.Family) == nil {
+			ctx.Respond(&messages.IPAMAllocated{Err: fmt.Errorf("allocate %s: %w", msg.Family, ErrNoRange)})
+			return
+		}
+		fams = []ipam.Family{msg.Family}
+	default:
+		ctx.Respond(&messages.IPAMAllocated{Err: fmt.Errorf("allocate: unknown family %q: %w", msg.Family, ErrNoRange)})
+		return
+	}
+	res := &messages.IPAMAllocated{}
+	for _, f := range fams {
+		ip, err := a.pool.Range(f).AllocateNext(msg.Owner)
+		if err != nil {
+			for _, got := range []netip.Addr{res.IPv4, res.IPv6} {
+				if got.IsValid() {
+					a.drop(ctx, got)
+				}
+			}
+			ctx.Respond(&messages.IPAMAllocated{Err: fmt.Errorf("allocate %s: %w", f, err)})
+			return
+		}
+		a.record(ctx, &index.IP{IP: ip, Family: string(f), Owner: msg.Owner})
+		if f == ipam.IPv4 {
+			res.IPv4 = ip
+		} else {
+			res.IPv6 = ip
+		}
+	}
+	a.batch.reply(ctx, ctx.Sender(), res)
+}
+
+func (a *ipamActor) allocateIP(ctx actor.Context, msg *messages.IPAMAllocateIP) {
+	r := a.pool.RangeFor(msg.IP)
+	if r == nil {
+		ctx.Respond(&messages.IPAMAllocated{Err: fmt.Errorf("allocate %s: %w", msg.IP, ipam.ErrOutOfRange)})
+		return
+	}
+	if err := r.Allocate(msg.IP, msg.Owner); err != nil {
+		ctx.Respond(&messages.IPAMAllocated{Err: fmt.Errorf("allocate %s: %w", msg.IP, err)})
+		return
+	}
+	if _, ok := a.rows[msg.IP.Unmap()]; !ok {
+		a.record(ctx, &index.IP{IP: msg.IP.Unmap(), Family: string(r.Family()), Owner: msg.Owner})
+	}
+	res := &messages.IPAMAllocated{}
+	if msg.IP.Unmap().Is4() {
+		res.IPv4 = msg.IP.Unmap()
+	} else {
+		res.IPv6 = msg.IP
+	}
+	a.batch.reply(ctx, ctx.Sender(), res)
+}
+
+func (a *ipamActor) release(ctx actor.Context, msg *messages.IPAMRelease) {
+	ip := msg.IP.Unmap()
+	if a.pool.RangeFor(ip) == nil || !a.pool.RangeFor(ip).Contains(ip) {
+		ctx.Respond(&messages.IPAMReleased{Err: fmt.Errorf("release %s: %w", ip, ipam.ErrOutOfRange)})
+		return
+	}
+	row, ok := a.rows[ip]
+	if !ok {
+		ctx.Respond(&messages.IPAMReleased{})
+		return
+	}
+	if row.Endpoint != 0 && !msg.Force {
+		ctx.Respond(&messages.IPAMReleased{Owner: row.Owner,
+			Err: fmt.Errorf("release %s: claimed by endpoint %d: %w", ip, row.Endpoint, ErrIPInUse)})
+		return
+	}
+	a.drop(ctx, ip)
+	a.batch.reply(ctx, ctx.Sender(), &messages.IPAMReleased{Released: true, Owner: row.Owner})
+}
+
+// claim binds addresses to an endpoint actor, allocating unallocated ones.
+func (a *ipamActor) claim(ctx actor.Context, msg *messages.IPAMClaim) error {
+	for _, ip := range msg.IPs {
+		ip = ip.Unmap()
+		r := a.pool.RangeFor(ip)
+		if r == nil || !r.Contains(ip) {
+			return fmt.Errorf("claim %s: %w", ip, ipam.ErrOutOfRange)
+		}
+		row, ok := a.rows[ip]
+		if ok && row.Endpoint != 0 && row.Endpoint != msg.Endpoint {
+			return fmt.Errorf("claim %s: claimed by endpoint %d: %w", ip, row.Endpoint, ErrIPInUse)
+		}
+		if !ok {
+			if err := r.Allocate(ip, msg.Owner); err != nil {
+				return fmt.Errorf("claim %s: %w", ip, err)
+			}
+			row = &index.IP{IP: ip, Family: string(r.Family()), Owner: msg.Owner}
+		}
+		c := *row
+		c.Endpoint, c.Holder = msg.Endpoint, msg.Holder.Id
+		a.record(ctx, &c)
+		a.hold(ctx, c.Holder, ip)
+	}
+	return nil
+}
+
+func (a *ipamActor) unclaim(ctx actor.Context, msg *messages.IPAMUnclaim) {
+	for _, ip := range msg.IPs {
+		row, ok := a.rows[ip.Unmap()]
+		if !ok || row.Endpoint != msg.Endpoint {
+			continue
+		}
+		if msg.Release {
+			a.drop(ctx, row.IP)
+			continue
+		}
+		a.unhold(row.Holder, row.IP)
+		c := *row
+		c.Endpoint, c.Holder = 0, ""
+		a.record(ctx, &c)
+	}
+}
+
+// holderStopped releases every address a stopped endpoint actor still held.
+func (a *ipamActor) holderStopped(ctx actor.Context, who *actor.PID) {
+	ips := a.holders[who.Id]
+	for ip := range ips {
+		a.log.Info("releasing address of a stopped endpoint actor", "ip", ip, "holder", who.Id)
+		a.drop(ctx, ip)
+	}
+	delete(a.holders, who.Id)
+}
+
+func (a *ipamActor) hold(ctx actor.Context, holder string, ip netip.Addr) {
+	set, ok := a.holders[holder]
+	if !ok {
+		set = make(map[netip.Addr]struct{}, 2)
+		a.holders[holder] = set
+		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
+	}
+	set[ip] = struct{}{}
+}
+
+func (a *ipamActor) unhold(holder string, ip netip.Addr) {
+	if set, ok := a.holders[holder]; ok {
+		delete(set, ip)
+		if len(set) == 0 {
+			delete(a.holders, holder)
+		}
+	}
+}
+
+func (a *ipamActor) record(ctx actor.Context, row *index.IP) {
+	a.rows[row.IP] = row
+	a.batch.put(ctx, index.TableIPAM, row)
+}
+
+// drop releases an address and forgets its row and lease.
+func (a *ipamActor) drop(ctx actor.Context, ip netip.Addr) {
+	row, ok := a.rows[ip]
+	if !ok {
+		return
+	}
+	if r := a.pool.RangeFor(ip); r != nil {
+		r.Release(ip)
+	}
+	if row.Holder != "" {
+		a.unhold(row.Holder, ip)
+	}
+	delete(a.rows, ip)
+	a.batch.del(ctx, index.TableIPAM, row)
+}
+
+// ipamErrIsExhausted reports whether err is a pool exhaustion.
+func ipamErrIsExhausted(err error) bool { return errors.Is(err, ipam.ErrExhausted) }

@@ -1,0 +1,118 @@
+// Command membrane-agent is Membrane's node daemon: the actor system, the
+// index and the REST API on a unix socket that membrane-cni, membranectl
+// and the simulator talk to. It is the only place (with the other cmd/
+// programs) that reads flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/ipam"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	cfg, log, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-agent: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a, err := agent.Start(cfg, log)
+	if err != nil {
+		log.Error("agent failed to start", "err", err)
+		return 1
+	}
+	<-ctx.Done()
+	log.Info("signal received; stopping (endpoints, IPs and identities are kept for restore)")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.Stop(sctx); err != nil {
+		log.Error("stop", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, error) {
+	fs := flag.NewFlagSet("membrane-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg agent.Config
+	var v4, v6, strategy, level, format string
+	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/run/membrane/state", "directory of per-endpoint state")
+	fs.StringVar(&v4, "ipv4-range", "10.200.0.0/16", "IPv4 pod CIDR (\"\" disables IPv4)")
+	fs.StringVar(&v6, "ipv6-range", "", "IPv6 pod CIDR, e.g. fd00:200::/112 (at most 2^24 addresses)")
+	fs.StringVar(&strategy, "ipam-strategy", "sequential", "address allocation: sequential or random")
+	fs.StringVar(&cfg.Datapath, "datapath", "fake", "datapath: fake or linux")
+	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	if err := fs.Parse(args); err != nil {
+		return cfg, nil, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if cfg.IPv4Range, err = parsePrefix("--ipv4-range", v4); err != nil {
+		return cfg, nil, err
+	}
+	if cfg.IPv6Range, err = parsePrefix("--ipv6-range", v6); err != nil {
+		return cfg, nil, err
+	}
+	if cfg.IPAMStrategy, err = ipam.ParseStrategy(strategy); err != nil {
+		return cfg, nil, fmt.Errorf("--ipam-strategy: %w", err)
+	}
+	log, err := newLogger(level, format, stderr)
+	if err != nil {
+		return cfg, nil, err
+	}
+	return cfg, log, cfg.Validate()
+}
+
+func parsePrefix(flagName, s string) (netip.Prefix, error) {
+	if s == "" {
+		return netip.Prefix{}, nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return p, fmt.Errorf("%s: %q is not a CIDR: %w", flagName, s, err)
+	}
+	if p != p.Masked() {
+		return p, fmt.Errorf("%s: %s has host bits set (did you mean %s?)", flagName, p, p.Masked())
+	}
+	return p, nil
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q: want text or json", format)
+}

@@ -1,0 +1,50 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+var (
+	// ErrEndpointMissing is returned by Check when the endpoint's host-side
+	// interface (or the fake's record of it) no longer exists.
+	ErrEndpointMissing = errors.New("endpoint datapath missing")
+	// ErrInjected is wrapped by errors the Fake injects.
+	ErrInjected = errors.New("injected datapath fault")
+	// ErrNotSupported is returned for a datapath kind this build cannot run.
+	ErrNotSupported = errors.New("datapath not supported")
+)
+
+// Realized is what realising one revision produced.
+type Realized struct {
+	// ProxyWaits names the proxies that must acknowledge this revision
+	// before the endpoint is ready (see ProxyAckFunc).
+	ProxyWaits []string
+}
+
+// ProxyAckFunc delivers a proxy's acknowledgement of an endpoint revision
+// to the agent. It must not block.
+type ProxyAckFunc func(id endpoint.ID, revision uint64, proxyID string)
+
+// Datapath realises endpoints in the kernel. Implementations are safe for
+// concurrent use on different endpoints; the agent never runs two
+// operations on the same endpoint at once.
+type Datapath interface {
+	// Name is "fake" or "linux".
+	Name() string
+	// Init prepares node-wide state (gateway, shared maps). Idempotent.
+	Init(ctx context.Context) error
+	// Realize makes the datapath match ep at revision rev. Idempotent.
+	Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (Realized, error)
+	// Remove tears the endpoint's datapath down. Removing a missing
+	// endpoint is success.
+	Remove(ctx context.Context, ep *endpoint.Endpoint) error
+	// Check returns ErrEndpointMissing if the endpoint's datapath is gone.
+	Check(ctx context.Context, ep *endpoint.Endpoint) error
+	// SetProxyAck installs the function proxies acknowledge revisions with.
+	SetProxyAck(fn ProxyAckFunc)
+	// Close releases what Init acquired, leaving endpoints in place.
+	Close() error
+}

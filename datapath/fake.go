@@ -1,0 +1,197 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// FakeHooks shape the Fake's behaviour; change them at any time with Set.
+type FakeHooks struct {
+	// RealizeDelay and RemoveDelay are slept (honouring ctx) per operation.
+	RealizeDelay, RemoveDelay time.Duration
+	// ErrorRate is the probability (0..1) that Realize or Remove fails
+	// with an error wrapping ErrInjected.
+	ErrorRate float64
+	// BeforeRealize and BeforeRemove run first; a non-nil error fails the
+	// operation. They may block (tests use them to hold a regeneration).
+	BeforeRealize func(ctx context.Context, ep *endpoint.Endpoint, rev uint64) error
+	BeforeRemove  func(ctx context.Context, ep *endpoint.Endpoint) error
+	// ProxyAcks is how many proxies must acknowledge each revision.
+	ProxyAcks int
+	// ProxyAckDelay is how long after Realize each acknowledgement arrives.
+	ProxyAckDelay time.Duration
+	// ProxyAckDropRate is the probability (0..1) an acknowledgement is lost.
+	ProxyAckDropRate float64
+}
+
+// Fake is an in-memory Datapath for the simulator and unprivileged tests.
+type Fake struct {
+	// mu guards everything below.
+	mu        sync.Mutex
+	hooks     FakeHooks
+	rng       *rand.Rand
+	endpoints map[endpoint.ID]uint64 // realised revision per endpoint
+	ack       ProxyAckFunc
+	realizes  uint64
+	removes   uint64
+}
+
+var _ Datapath = (*Fake)(nil)
+
+// NewFake returns a Fake whose random faults derive from seed.
+func NewFake(seed uint64) *Fake {
+	return &Fake{
+		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		endpoints: make(map[endpoint.ID]uint64),
+	}
+}
+
+// Set replaces the hooks.
+func (f *Fake) Set(h FakeHooks) {
+	f.mu.Lock()
+	f.hooks = h
+	f.mu.Unlock()
+}
+
+// Hooks returns the current hooks.
+func (f *Fake) Hooks() FakeHooks {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hooks
+}
+
+// Name implements Datapath.
+func (f *Fake) Name() string { return "fake" }
+
+// Init implements Datapath.
+func (f *Fake) Init(context.Context) error { return nil }
+
+// Close implements Datapath.
+func (f *Fake) Close() error { return nil }
+
+// SetProxyAck implements Datapath.
+func (f *Fake) SetProxyAck(fn ProxyAckFunc) {
+	f.mu.Lock()
+	f.ack = fn
+	f.mu.Unlock()
+}
+
+// Realize implements Datapath.
+func (f *Fake) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (Realized, error) {
+	h, fail := f.draw()
+	if h.BeforeRealize != nil {
+		if err := h.BeforeRealize(ctx, ep, rev); err != nil {
+			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+		}
+	}
+	if err := sleep(ctx, h.RealizeDelay); err != nil {
+		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+	}
+	if fail {
+		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, ErrInjected)
+	}
+	f.mu.Lock()
+	f.endpoints[ep.ID] = rev
+	f.realizes++
+	ack := f.ack
+	f.mu.Unlock()
+	var r Realized
+	for i := 0; i < h.ProxyAcks; i++ {
+		proxy := "proxy-" + strconv.Itoa(i)
+		r.ProxyWaits = append(r.ProxyWaits, proxy)
+		if ack != nil && !f.chance(h.ProxyAckDropRate) {
+			id := ep.ID
+			time.AfterFunc(h.ProxyAckDelay, func() { ack(id, rev, proxy) })
+		}
+	}
+	return r, nil
+}
+
+// Remove implements Datapath.
+func (f *Fake) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	h, fail := f.draw()
+	if h.BeforeRemove != nil {
+		if err := h.BeforeRemove(ctx, ep); err != nil {
+			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+		}
+	}
+	if err := sleep(ctx, h.RemoveDelay); err != nil {
+		return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+	}
+	if fail {
+		return fmt.Errorf("remove endpoint %d: %w", ep.ID, ErrInjected)
+	}
+	f.mu.Lock()
+	delete(f.endpoints, ep.ID)
+	f.removes++
+	f.mu.Unlock()
+	return nil
+}
+
+// Check implements Datapath.
+func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.endpoints[ep.ID]; !ok {
+		return fmt.Errorf("check endpoint %d: %w", ep.ID, ErrEndpointMissing)
+	}
+	return nil
+}
+
+// Forget drops an endpoint as if its interface vanished underneath the agent.
+func (f *Fake) Forget(id endpoint.ID) {
+	f.mu.Lock()
+	delete(f.endpoints, id)
+	f.mu.Unlock()
+}
+
+// Realized returns the revision realised for an endpoint, if any.
+func (f *Fake) Realized(id endpoint.ID) (uint64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rev, ok := f.endpoints[id]
+	return rev, ok
+}
+
+// Stats returns how many endpoints are realised and how many Realize and
+// Remove calls succeeded.
+func (f *Fake) Stats() (live int, realizes, removes uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.endpoints), f.realizes, f.removes
+}
+
+func (f *Fake) draw() (FakeHooks, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hooks, f.hooks.ErrorRate > 0 && f.rng.Float64() < f.hooks.ErrorRate
+}
+
+func (f *Fake) chance(p float64) bool {
+	if p <= 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.Float64() < p
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,38 @@
+package messages
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
+)
+
+// IdentityAcquire asks the identity actor for the identity of a label set
+// and takes one reference on behalf of Holder, which the identity actor
+// death-watches. Reply: *IdentityAcquired.
+type IdentityAcquire struct {
+	Labels labels.Labels
+	Holder *actor.PID
+}
+
+// IdentityAcquired answers IdentityAcquire.
+type IdentityAcquired struct {
+	Identity identity.Identity
+	IsNew    bool
+	Err      error
+}
+
+// IdentityRelease drops Holder's reference on an identity. With Keep
+// (delete with NoIdentityRelease) the reference is detached from Holder but
+// not dropped. Reply: *IdentityReleased.
+type IdentityRelease struct {
+	ID     identity.NumericIdentity
+	Holder *actor.PID
+	Keep   bool
+}
+
+// IdentityReleased answers IdentityRelease.
+type IdentityReleased struct {
+	Released bool
+	Err      error
+}

@@ -1,0 +1,159 @@
+// Package agent assembles membrane-agent: the index, the datapath, the
+// actor system and the REST API on the unix socket. cmd/membrane-agent
+// turns flags into a Config; tests, benchmarks and the simulator start
+// agents in-process with the same code.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/api"
+	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/ipam"
+)
+
+// ErrInvalidConfig is wrapped by Config validation errors, which name the
+// bad field by its flag.
+var ErrInvalidConfig = errors.New("invalid agent config")
+
+// Config is the agent's configuration.
+type Config struct {
+	// Socket is the API's unix socket path (--socket).
+	Socket string
+	// SocketMode is the socket file's mode (0660).
+	SocketMode os.FileMode
+	// StateDir holds per-endpoint state (--state-dir).
+	StateDir string
+	// IPv4Range and IPv6Range are the pod CIDRs (--ipv4-range, --ipv6-range).
+	IPv4Range, IPv6Range netip.Prefix
+	// IPAMStrategy is sequential or random.
+	IPAMStrategy ipam.Strategy
+	// Datapath is "fake" or "linux" (--datapath).
+	Datapath string
+	// Fake is used (and may be pre-configured by tests) when Datapath is "fake".
+	Fake *datapath.Fake
+	// Actors tunes the actor system; IPAM ranges are filled from above.
+	Actors actors.Config
+	// API tunes the REST server.
+	API api.Config
+}
+
+// Validate names the bad field by its flag.
+func (c *Config) Validate() error {
+	switch {
+	case c.Socket == "":
+		return fmt.Errorf("--socket: empty path: %w", ErrInvalidConfig)
+	case c.StateDir == "":
+		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
+	case !c.IPv4Range.IsValid() && !c.IPv6Range.IsValid():
+		return fmt.Errorf("--ipv4-range: an IPv4 or IPv6 range is required: %w", ErrInvalidConfig)
+	case c.IPv4Range.IsValid() && !c.IPv4Range.Addr().Is4():
+		return fmt.Errorf("--ipv4-range: %s is not an IPv4 prefix: %w", c.IPv4Range, ErrInvalidConfig)
+	case c.IPv6Range.IsValid() && (!c.IPv6Range.Addr().Is6() || c.IPv6Range.Addr().Is4In6()):
+		return fmt.Errorf("--ipv6-range: %s is not an IPv6 prefix: %w", c.IPv6Range, ErrInvalidConfig)
+	}
+	if c.IPv4Range.IsValid() {
+		if _, err := ipam.NewRange(c.IPv4Range, c.IPAMStrategy, nil); err != nil {
+			return fmt.Errorf("--ipv4-range: %w", err)
+		}
+	}
+	if c.IPv6Range.IsValid() {
+		if _, err := ipam.NewRange(c.IPv6Range, c.IPAMStrategy, nil); err != nil {
+			return fmt.Errorf("--ipv6-range: %w", err)
+		}
+	}
+	switch c.Datapath {
+	case "fake":
+	case "linux":
+		return fmt.Errorf("--datapath: linux: %w (it arrives with the CNI plugin; use fake)", datapath.ErrNotSupported)
+	default:
+		return fmt.Errorf("--datapath: %q: want fake or linux: %w", c.Datapath, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Agent is a running agent.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	Index  *index.Index
+	System *actors.System
+	Server *api.Server
+	lis    net.Listener
+	served chan error
+}
+
+// Start validates cfg, starts the actor system and serves the API. The
+// agent answers mutating calls once Start returns.
+func Start(cfg Config, log *slog.Logger) (*Agent, error) {
+	if cfg.SocketMode == 0 {
+		cfg.SocketMode = 0o660
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{filepath.Dir(cfg.Socket), cfg.StateDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	}
+	ix, err := index.New()
+	if err != nil {
+		return nil, err
+	}
+	dp := datapath.Datapath(cfg.Fake)
+	if cfg.Fake == nil {
+		dp = datapath.NewFake(uint64(time.Now().UnixNano()))
+	}
+	if err := dp.Init(context.Background()); err != nil {
+		return nil, fmt.Errorf("start agent: datapath init: %w", err)
+	}
+	ac := cfg.Actors
+	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
+	sys, err := actors.Start(ac, ix, dp, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	srv, err := api.New(cfg.API, sys, log)
+	if err != nil {
+		sys.Stop()
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	lis, err := api.Listen(cfg.Socket, cfg.SocketMode)
+	if err != nil {
+		sys.Stop()
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1)}
+	go func() { a.served <- srv.Serve(lis) }()
+	// Restore (its own issue) runs here, before the API turns ready.
+	srv.SetReady()
+	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
+		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
+	return a, nil
+}
+
+// Stop stops accepting requests, waits for in-flight ones (bounded by
+// ctx), and stops the actors without releasing anything: endpoints, IPs
+// and identities stay for the next start to restore.
+func (a *Agent) Stop(ctx context.Context) error {
+	err := a.Server.Shutdown(ctx)
+	if serr := <-a.served; serr != nil && err == nil {
+		err = serr
+	}
+	a.System.Stop()
+	_ = a.System.Datapath.Close()
+	_ = os.Remove(a.cfg.Socket)
+	a.log.Info("agent stopped")
+	return err
+}

@@ -1,0 +1,173 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+// maxBody bounds request bodies.
+const maxBody = 1 << 20
+
+// decodeStrict decodes exactly one JSON value into v, refusing unknown
+// fields and trailing data, with an error that names the problem.
+func decodeStrict(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("request body is empty; want a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest(describeJSONError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("request body has data after the JSON object")
+	}
+	return nil
+}
+
+func describeJSONError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		return fmt.Sprintf("field %q: want %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syntaxErr.Offset, err)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "malformed JSON: unexpected end of body"
+	}
+	return "malformed JSON: " + err.Error()
+}
+
+// readBody reads a bounded request body. The content type is not
+// checked (curl -d sends a form type); the body must parse as JSON.
+func readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, badRequest("reading body: " + err.Error())
+	}
+	if len(b) > maxBody {
+		return nil, &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", maxBody)}
+	}
+	return b, nil
+}
+
+// specFromRequest validates an EndpointChangeRequest against the path
+// reference and turns it into the endpoint's initial record. Errors name
+// the offending field.
+func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endpoint.Endpoint, error) {
+	spec := &endpoint.Endpoint{
+		ContainerID: req.ContainerID, ContainerName: req.ContainerName,
+		ContainerInterfaceName: req.ContainerInterfaceName, Namespace: req.K8sNamespace,
+		PodName: req.K8sPodName, PodUID: req.K8sUID, IfName: req.InterfaceName,
+		Netns: req.Netns,
+	}
+	if err := applyRef(ref, req, spec); err != nil {
+		return nil, err
+	}
+	ls, err := labels.ParseSet(req.Labels)
+	if err != nil {
+		return nil, badRequest("field \"labels\": " + err.Error())
+	}
+	spec.Labels = ls
+	if err := applyAddressing(req.Addressing, spec); err != nil {
+		return nil, err
+	}
+	if req.InterfaceIndex < 0 || req.InterfaceIndex > 1<<31-1 {
+		return nil, badRequest(fmt.Sprintf("field \"interface-index\": %d out of range", req.InterfaceIndex))
+	}
+	spec.IfIndex = int(req.InterfaceIndex)
+	for field, v := range map[string]*string{"mac": &req.Mac, "host-mac": &req.HostMac} {
+		if *v == "" {
+			continue
+		}
+		hw, err := net.ParseMAC(*v)
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("field %q: %v", field, err))
+		}
+		*v = hw.String()
+	}
+	spec.MAC, spec.HostMAC = req.Mac, req.HostMac
+	for field, v := range map[string]string{"container-id": spec.ContainerID, "k8s-namespace": spec.Namespace,
+		"k8s-pod-name": spec.PodName, "interface-name": spec.IfName, "container-interface-name": spec.ContainerInterfaceName} {
+		if err := checkName(field, v); err != nil {
+			return nil, err
+		}
+	}
+	if (spec.Namespace == "") != (spec.PodName == "") {
+		return nil, badRequest("fields \"k8s-namespace\" and \"k8s-pod-name\": give both or neither")
+	}
+	return spec, nil
+}
+
+func applyRef(ref endpoint.Ref, req *models.EndpointChangeRequest, spec *endpoint.Endpoint) error {
+	if req.ID < 0 || req.ID > endpoint.MaxID {
+		return badRequest(fmt.Sprintf("field \"id\": %d outside 0..%d", req.ID, endpoint.MaxID))
+	}
+	switch ref.Kind {
+	case endpoint.RefID:
+		if req.ID != 0 && req.ID != int64(ref.ID) {
+			return badRequest(fmt.Sprintf("field \"id\": %d does not match the path's %d", req.ID, ref.ID))
+		}
+		spec.ID = ref.ID
+	case endpoint.RefContainerID:
+		if spec.ContainerID != "" && spec.ContainerID != ref.ContainerID {
+			return badRequest("field \"container-id\": does not match the path")
+		}
+		spec.ContainerID = ref.ContainerID
+		spec.ID = endpoint.ID(req.ID)
+	case endpoint.RefPodName:
+		if (spec.Namespace != "" && spec.Namespace != ref.Namespace) || (spec.PodName != "" && spec.PodName != ref.PodName) {
+			return badRequest("fields \"k8s-namespace\"/\"k8s-pod-name\": do not match the path")
+		}
+		spec.Namespace, spec.PodName = ref.Namespace, ref.PodName
+		spec.ID = endpoint.ID(req.ID)
+	}
+	return nil
+}
+
+func applyAddressing(a *models.AddressPair, spec *endpoint.Endpoint) error {
+	if a == nil {
+		return nil
+	}
+	if a.IPv4 != "" {
+		ip, err := netip.ParseAddr(a.IPv4)
+		if err != nil || !ip.Unmap().Is4() {
+			return badRequest(fmt.Sprintf("field \"addressing.ipv4\": %q is not an IPv4 address", a.IPv4))
+		}
+		spec.IPv4 = ip.Unmap()
+	}
+	if a.IPv6 != "" {
+		ip, err := netip.ParseAddr(a.IPv6)
+		if err != nil || !ip.Is6() || ip.Is4In6() || ip.Zone() != "" {
+			return badRequest(fmt.Sprintf("field \"addressing.ipv6\": %q is not an IPv6 address", a.IPv6))
+		}
+		spec.IPv6 = ip
+	}
+	return nil
+}
+
+func checkName(field, v string) error {
+	if len(v) > 253 {
+		return badRequest(fmt.Sprintf("field %q: longer than 253 bytes", field))
+	}
+	for _, r := range v {
+		if r <= ' ' || r == 0x7f || r == '/' {
+			return badRequest(fmt.Sprintf("field %q: %q contains a space, control character or '/'", field, v))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,282 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+// parseRef parses the {id} path element; pod-name:<ns>/<pod> may arrive
+// with its '/' escaped (one segment) or not ({id}/{pod}).
+func parseRef(r *http.Request) (endpoint.Ref, error) {
+	raw := r.PathValue("id")
+	if pod := r.PathValue("pod"); pod != "" {
+		if !strings.HasPrefix(raw, "pod-name:") {
+			return endpoint.Ref{}, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+		}
+		raw += "/" + pod
+	}
+	ref, err := endpoint.ParseRef(raw)
+	if err != nil {
+		return ref, badRequest(err.Error())
+	}
+	return ref, nil
+}
+
+// resolve finds the endpoint a path reference names, or a 404.
+func (s *Server) resolve(r *http.Request) (*endpoint.Endpoint, error) {
+	ref, err := parseRef(r)
+	if err != nil {
+		return nil, err
+	}
+	ep, ok := s.ix.Resolve(ref)
+	if !ok {
+		return nil, notFound(fmt.Sprintf("endpoint %s not found", ref))
+	}
+	return ep, nil
+}
+
+// model converts an index record, attaching its identity's labels.
+func (s *Server) model(ep *endpoint.Endpoint) *models.Endpoint {
+	var ident *models.Identity
+	if ep.Identity != identity.IdentityUnknown {
+		ident = s.identityModel(ep.Identity)
+	}
+	return ep.Model(ident)
+}
+
+// endpointResult turns an actor answer into the endpoint or an error.
+func endpointResult(res any, err error) (*endpoint.Endpoint, error) {
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(*messages.EndpointResult)
+	if !ok {
+		return nil, fmt.Errorf("unexpected answer %T", res)
+	}
+	return r.Endpoint, r.Err
+}
+
+func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
+	ref, err := parseRef(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req models.EndpointChangeRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	spec, err := specFromRequest(ref, &req)
+	if err != nil {
+		return err
+	}
+	ep, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: req.SyncBuild}))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, s.model(ep))
+	return nil
+}
+
+func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.resolve(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.model(ep))
+}
+
+// endpointFilterFrom parses GET /v1/endpoint's query; unknown parameters
+// are refused so that a typo does not silently list everything.
+func endpointFilterFrom(q url.Values) (index.EndpointFilter, error) {
+	var f index.EndpointFilter
+	for key, vals := range q {
+		switch key {
+		case "namespace":
+			f.Namespace = vals[0]
+		case "pod":
+			f.PodName = vals[0]
+		case "state":
+			st, err := endpoint.ParseState(vals[0])
+			if err != nil {
+				return f, badRequest(fmt.Sprintf("query parameter \"state\": %v", err))
+			}
+			f.State = st
+		case "identity":
+			n, err := strconv.ParseUint(vals[0], 10, 32)
+			if err != nil || n == 0 {
+				return f, badRequest(fmt.Sprintf("query parameter \"identity\": %q is not a positive number", vals[0]))
+			}
+			f.Identity = identity.NumericIdentity(n)
+		case "label":
+			ls, err := labels.ParseSet(vals)
+			if err != nil {
+				return f, badRequest(fmt.Sprintf("query parameter \"label\": %v", err))
+			}
+			f.Labels = ls
+		default:
+			return f, badRequest(fmt.Sprintf("unknown query parameter %q (want namespace, pod, state, identity, label)", key))
+		}
+	}
+	if f.PodName != "" && f.Namespace == "" {
+		return f, badRequest("query parameter \"pod\" needs \"namespace\"")
+	}
+	return f, nil
+}
+
+func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
+	f, err := endpointFilterFrom(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	eps := s.ix.Endpoints(f)
+	out := make([]*models.Endpoint, 0, len(eps))
+	for _, ep := range eps {
+		out = append(out, s.model(ep))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func deleteOptions(q url.Values) (endpoint.DeleteOptions, error) {
+	var o endpoint.DeleteOptions
+	for key, vals := range q {
+		b, err := strconv.ParseBool(vals[0])
+		switch {
+		case key != "no-ip-release" && key != "no-identity-release":
+			return o, badRequest(fmt.Sprintf("unknown query parameter %q (want no-ip-release, no-identity-release)", key))
+		case err != nil:
+			return o, badRequest(fmt.Sprintf("query parameter %q: %q is not a boolean", key, vals[0]))
+		case key == "no-ip-release":
+			o.NoIPRelease = b
+		default:
+			o.NoIdentityRelease = b
+		}
+	}
+	return o, nil
+}
+
+func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
+	opts, err := deleteOptions(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	gone, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID, Options: opts}))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.model(gone))
+	return nil
+}
+
+func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req models.EndpointBatchDeleteRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	if req.ContainerID == "" {
+		return badRequest("field \"container-id\": required")
+	}
+	ep, ok := s.ix.EndpointByContainerID(req.ContainerID)
+	if !ok {
+		return notFound(fmt.Sprintf("no endpoint for container %s", req.ContainerID))
+	}
+	if _, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: []int64{int64(ep.ID)}})
+	return nil
+}
+
+func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req models.LabelsPatch
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	add, err := labels.ParseSet(req.Add)
+	if err != nil {
+		return badRequest("field \"add\": " + err.Error())
+	}
+	del, err := labels.ParseSet(req.Delete)
+	if err != nil {
+		return badRequest("field \"delete\": " + err.Error())
+	}
+	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.PatchLabels{ID: ep.ID, Add: add, Delete: del}))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.model(got))
+	return nil
+}
+
+func (s *Server) regenerate(w http.ResponseWriter, r *http.Request) error {
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "api"}))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.model(got))
+	return nil
+}
+
+// endpointHealth checks the endpoint's datapath through the worker pool
+// (the check may be a netlink call).
+func (s *Server) endpointHealth(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.resolve(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	dp := s.sys.Datapath
+	work := &messages.DatapathWork{Op: "check", Endpoint: ep.ID, Run: func(ctx context.Context) (any, error) {
+		return nil, dp.Check(ctx, ep)
+	}}
+	h := &models.EndpointHealth{ID: int64(ep.ID), State: string(ep.State), Datapath: "ok"}
+	res, err := s.sys.Ask(r.Context(), s.sys.Pool, work)
+	if err == nil {
+		err = res.(*messages.DatapathResult).Err
+	}
+	if err != nil {
+		h.Datapath, h.Message = "error", err.Error()
+	}
+	h.Healthy = err == nil && ep.State == endpoint.StateReady
+	status := http.StatusOK
+	if !h.Healthy {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, h)
+}

@@ -1,0 +1,222 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+var (
+	// ErrSocketInUse is returned by Listen when another process serves the socket.
+	ErrSocketInUse = errors.New("socket in use by another process")
+	// ErrInvalidConfig is wrapped by Config validation errors.
+	ErrInvalidConfig = errors.New("invalid api config")
+)
+
+// Config configures the API server.
+type Config struct {
+	// MaxInFlight bounds concurrent mutating requests; more wait (default 512).
+	MaxInFlight int
+	// RequestTimeout bounds one request's wait for the actors (default 60 s).
+	RequestTimeout time.Duration
+}
+
+// Server is the REST API.
+type Server struct {
+	cfg     Config
+	sys     *actors.System
+	ix      *index.Index
+	log     *slog.Logger
+	ready   atomic.Bool
+	closing atomic.Bool
+	sem     chan struct{}
+	started time.Time
+	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
+	mux     *http.ServeMux
+	http    *http.Server
+}
+
+// New creates a server for sys. It refuses mutating calls until SetReady.
+func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 512
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 60 * time.Second
+	}
+	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 {
+		return nil, fmt.Errorf("api config: MaxInFlight and RequestTimeout must not be negative: %w", ErrInvalidConfig)
+	}
+	s := &Server{cfg: cfg, sys: sys, ix: sys.Index, log: log.With("component", "api"),
+		sem: make(chan struct{}, cfg.MaxInFlight), started: time.Now(), ranges: map[ipam.Family]*ipam.Range{}}
+	for fam, p := range map[ipam.Family]netip.Prefix{ipam.IPv4: sys.Config.IPAM.IPv4, ipam.IPv6: sys.Config.IPAM.IPv6} {
+		if p.IsValid() {
+			r, err := ipam.NewRange(p, ipam.Sequential, nil)
+			if err != nil {
+				return nil, fmt.Errorf("api: %s range: %w", fam, err)
+			}
+			s.ranges[fam] = r
+		}
+	}
+	s.routes()
+	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	return s, nil
+}
+
+// SetReady lets mutating calls through (after restore).
+func (s *Server) SetReady() { s.ready.Store(true) }
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /v1/healthz", s.healthz)
+	m.HandleFunc("GET /v1/status", s.status)
+	m.HandleFunc("PUT /v1/endpoint/{id}", s.mutating(s.putEndpoint))
+	m.HandleFunc("GET /v1/endpoint/{id}", s.getEndpoint)
+	m.HandleFunc("GET /v1/endpoint", s.listEndpoints)
+	m.HandleFunc("DELETE /v1/endpoint/{id}", s.mutating(s.deleteEndpoint))
+	m.HandleFunc("DELETE /v1/endpoint", s.mutating(s.deleteEndpointBatch))
+	m.HandleFunc("PATCH /v1/endpoint/{id}/labels", s.mutating(s.patchLabels))
+	m.HandleFunc("POST /v1/endpoint/{id}/regenerate", s.mutating(s.regenerate))
+	m.HandleFunc("GET /v1/endpoint/{id}/healthz", s.endpointHealth)
+	m.HandleFunc("POST /v1/ipam", s.mutating(s.allocateIP))
+	m.HandleFunc("DELETE /v1/ipam/{ip}", s.mutating(s.releaseIP))
+	m.HandleFunc("GET /v1/ipam", s.ipamStatus)
+	// pod-name:<ns>/<pod> references with an unescaped '/'.
+	m.HandleFunc("PUT /v1/endpoint/{id}/{pod}", s.mutating(s.putEndpoint))
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}", s.getEndpoint)
+	m.HandleFunc("DELETE /v1/endpoint/{id}/{pod}", s.mutating(s.deleteEndpoint))
+	m.HandleFunc("PATCH /v1/endpoint/{id}/{pod}/labels", s.mutating(s.patchLabels))
+	m.HandleFunc("POST /v1/endpoint/{id}/{pod}/regenerate", s.mutating(s.regenerate))
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/healthz", s.endpointHealth)
+	m.HandleFunc("GET /v1/identity", s.listIdentities)
+	m.HandleFunc("GET /v1/identity/{id}", s.getIdentity)
+	s.mux = m
+}
+
+// ServeHTTP implements http.Handler: JSON errors for unknown routes and
+// methods, panics turned into 500s.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
+			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
+		}
+	}()
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if rec.status == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			writeError(w, &apiError{http.StatusMethodNotAllowed, CodeMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)})
+			return
+		}
+		writeError(w, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)))
+		return
+	}
+	s.mux.ServeHTTP(w, r) // sets the path values Handler does not
+}
+
+// statusRecorder captures the mux's own 404/405 answers.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Header() http.Header         { return r.header }
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(code int)        { r.status = code }
+
+// mutating refuses calls while starting or stopping and bounds how many
+// run at once; callers beyond the bound wait (back-pressure).
+func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case s.closing.Load():
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeShuttingDown, "agent is shutting down"})
+			return
+		case !s.ready.Load():
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeStarting, "agent is starting (restoring endpoints); retry"})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		select {
+		case s.sem <- struct{}{}:
+			defer func() { <-s.sem }()
+		case <-ctx.Done():
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
+			return
+		}
+		if err := h(w, r.WithContext(ctx)); err != nil {
+			writeError(w, err)
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := classify(err)
+	writeJSON(w, status, &models.Error{Code: code, Message: err.Error()})
+}
+
+// Listen opens the unix socket at path with the given mode, removing a
+// stale socket file left by a previous agent. Returns ErrSocketInUse if
+// another process answers on it.
+func Listen(path string, mode os.FileMode) (net.Listener, error) {
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, ErrSocketInUse)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+		}
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
+	}
+	return l, nil
+}
+
+// Serve serves on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	err := s.http.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections and waits for in-flight requests.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	return s.http.Shutdown(ctx)
+}

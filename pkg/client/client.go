@@ -1,0 +1,205 @@
+// Package client is the Go client of the agent's REST API on its unix
+// socket, used by membrane-cni, membranectl, the simulator and tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+// APIError is an error answered by the agent.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("agent: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// IsNotFound reports whether err is the agent's 404.
+func IsNotFound(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+// IsCode reports whether err is an agent error with the given code.
+func IsCode(err error, code string) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// Client talks to one agent.
+type Client struct {
+	http *http.Client
+}
+
+// New returns a client for the agent listening on socketPath.
+func New(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Client{http: &http.Client{Transport: tr}}
+}
+
+// Close drops idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// do sends a request and decodes a 2xx JSON answer into out (may be nil).
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("%s %s: encode: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	u := "http://membrane" + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%s %s: read: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var me models.Error
+		if json.Unmarshal(data, &me) != nil || me.Code == "" {
+			me = models.Error{Code: "http-" + strconv.Itoa(resp.StatusCode), Message: string(data)}
+		}
+		return &APIError{Status: resp.StatusCode, Code: me.Code, Message: me.Message}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", method, path, err)
+	}
+	return nil
+}
+
+// Healthz checks that the agent answers.
+func (c *Client) Healthz(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, "/v1/healthz", nil, nil, nil)
+}
+
+// Status returns the agent's status (an *APIError with status 503 while
+// it is starting, with the body still decoded into the result).
+func (c *Client) Status(ctx context.Context) (*models.Status, error) {
+	var st models.Status
+	return &st, c.do(ctx, http.MethodGet, "/v1/status", nil, nil, &st)
+}
+
+// EndpointCreate creates an endpoint; ref is "0" (agent picks the ID), a
+// number, "container-id:<id>" or "pod-name:<ns>/<pod>".
+func (c *Client) EndpointCreate(ctx context.Context, ref string, req *models.EndpointChangeRequest) (*models.Endpoint, error) {
+	var ep models.Endpoint
+	return &ep, c.do(ctx, http.MethodPut, "/v1/endpoint/"+url.PathEscape(ref), nil, req, &ep)
+}
+
+// EndpointGet returns one endpoint.
+func (c *Client) EndpointGet(ctx context.Context, ref string) (*models.Endpoint, error) {
+	var ep models.Endpoint
+	return &ep, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref), nil, nil, &ep)
+}
+
+// EndpointList lists endpoints; filter keys: namespace, pod, state, identity, label.
+func (c *Client) EndpointList(ctx context.Context, filter url.Values) ([]*models.Endpoint, error) {
+	var eps []*models.Endpoint
+	return eps, c.do(ctx, http.MethodGet, "/v1/endpoint", filter, nil, &eps)
+}
+
+// EndpointDelete deletes one endpoint.
+func (c *Client) EndpointDelete(ctx context.Context, ref string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/endpoint/"+url.PathEscape(ref), nil, nil, nil)
+}
+
+// EndpointDeleteByContainer deletes the endpoint of a container.
+func (c *Client) EndpointDeleteByContainer(ctx context.Context, containerID string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/endpoint", nil, &models.EndpointBatchDeleteRequest{ContainerID: containerID}, nil)
+}
+
+// EndpointPatchLabels adds and deletes labels.
+func (c *Client) EndpointPatchLabels(ctx context.Context, ref string, add, del []string) (*models.Endpoint, error) {
+	var ep models.Endpoint
+	return &ep, c.do(ctx, http.MethodPatch, "/v1/endpoint/"+url.PathEscape(ref)+"/labels", nil, &models.LabelsPatch{Add: add, Delete: del}, &ep)
+}
+
+// EndpointRegenerate asks for a regeneration and waits for it.
+func (c *Client) EndpointRegenerate(ctx context.Context, ref string) (*models.Endpoint, error) {
+	var ep models.Endpoint
+	return &ep, c.do(ctx, http.MethodPost, "/v1/endpoint/"+url.PathEscape(ref)+"/regenerate", nil, nil, &ep)
+}
+
+// EndpointHealth checks one endpoint.
+func (c *Client) EndpointHealth(ctx context.Context, ref string) (*models.EndpointHealth, error) {
+	var h models.EndpointHealth
+	return &h, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref)+"/healthz", nil, nil, &h)
+}
+
+// IPAMAllocate allocates an address of family ("ipv4", "ipv6", "" for all).
+func (c *Client) IPAMAllocate(ctx context.Context, family, owner string) (*models.IPAMResponse, error) {
+	q := url.Values{}
+	if family != "" {
+		q.Set("family", family)
+	}
+	if owner != "" {
+		q.Set("owner", owner)
+	}
+	var r models.IPAMResponse
+	return &r, c.do(ctx, http.MethodPost, "/v1/ipam", q, nil, &r)
+}
+
+// IPAMRelease releases an address (no-op if it is not allocated).
+func (c *Client) IPAMRelease(ctx context.Context, ip string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/ipam/"+url.PathEscape(ip), nil, nil, nil)
+}
+
+// IPAMStatus returns the pools and their allocations.
+func (c *Client) IPAMStatus(ctx context.Context) (*models.IPAMStatus, error) {
+	var st models.IPAMStatus
+	return &st, c.do(ctx, http.MethodGet, "/v1/ipam", nil, nil, &st)
+}
+
+// Identities lists identities.
+func (c *Client) Identities(ctx context.Context) ([]*models.Identity, error) {
+	var ids []*models.Identity
+	return ids, c.do(ctx, http.MethodGet, "/v1/identity", nil, nil, &ids)
+}
+
+// Identity returns one identity.
+func (c *Client) Identity(ctx context.Context, id int64) (*models.Identity, error) {
+	var ident models.Identity
+	return &ident, c.do(ctx, http.MethodGet, "/v1/identity/"+strconv.FormatInt(id, 10), nil, nil, &ident)
+}

@@ -1,0 +1,246 @@
+package index
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	memdb "github.com/hashicorp/go-memdb"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
+)
+
+// Table names.
+const (
+	TableEndpoints  = "endpoints"
+	TableIdentities = "identities"
+	TableIPAM       = "ipam"
+	// TableIdentityLeases has one row per (identity, holder) reference.
+	TableIdentityLeases = "identity-leases"
+)
+
+// Index names of the endpoints table.
+const (
+	// IndexID ("id") is the primary key: GET/DELETE /v1/endpoint/<n>.
+	IndexID = "id"
+	// IndexContainerID serves container-id:<id> references, the CNI DEL
+	// batch delete and the duplicate-container check on PUT.
+	IndexContainerID = "container-id"
+	// IndexIPv4 and IndexIPv6 serve "which endpoint has this IP" (duplicate
+	// check on PUT, refusing DELETE /v1/ipam of an IP in use).
+	IndexIPv4 = "ipv4"
+	IndexIPv6 = "ipv6"
+	// IndexPod serves pod-name:<ns>/<pod> references and the namespace and
+	// pod filters of GET /v1/endpoint (prefix "ns/").
+	IndexPod = "pod"
+	// IndexIdentity serves the identity filter and "which endpoints use
+	// identity N" (policy recomputation, identity GC checks).
+	IndexIdentity = "identity"
+	// IndexState serves the state filter and the status counts.
+	IndexState = "state"
+)
+
+// Identity is a row of the identities table.
+type Identity struct {
+	ID       identity.NumericIdentity
+	Labels   labels.Labels
+	Key      string // Labels.Key(), the unique label-set key
+	RefCount int
+}
+
+// IP is a row of the ipam table.
+type IP struct {
+	IP     netip.Addr
+	Family string // "ipv4" or "ipv6"
+	Owner  string // as given to POST /v1/ipam, e.g. "default/web-0"
+	// Endpoint is the endpoint that claimed the IP, 0 while unclaimed.
+	Endpoint endpoint.ID
+	// Holder is the PID ID of the endpoint actor holding the lease ("" if none).
+	Holder string
+}
+
+// IdentityLease is a row of the identity-leases table: Holder (the PID ID
+// of an endpoint actor) holds one reference on identity ID.
+type IdentityLease struct {
+	ID     identity.NumericIdentity
+	Holder string
+}
+
+// Schema returns the go-memdb schema of the index.
+func Schema() *memdb.DBSchema {
+	return &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{
+		TableEndpoints:      endpointsTable(),
+		TableIdentities:     identitiesTable(),
+		TableIPAM:           ipamTable(),
+		TableIdentityLeases: leasesTable(),
+	}}
+}
+
+func endpointsTable() *memdb.TableSchema {
+	ep := func(o any) *endpoint.Endpoint { return o.(*endpoint.Endpoint) }
+	return &memdb.TableSchema{Name: TableEndpoints, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: uint16Index(func(o any) uint16 { return uint16(ep(o).ID) })},
+		IndexContainerID: {Name: IndexContainerID, Unique: true, AllowMissing: true,
+			Indexer: stringIndex(func(o any) string { return ep(o).ContainerID })},
+		IndexIPv4: {Name: IndexIPv4, Unique: true, AllowMissing: true,
+			Indexer: addrIndex(func(o any) netip.Addr { return ep(o).IPv4 })},
+		IndexIPv6: {Name: IndexIPv6, Unique: true, AllowMissing: true,
+			Indexer: addrIndex(func(o any) netip.Addr { return ep(o).IPv6 })},
+		IndexPod: {Name: IndexPod, AllowMissing: true,
+			Indexer: stringIndex(func(o any) string { return podKey(ep(o)) })},
+		IndexIdentity: {Name: IndexIdentity, Indexer: uint32Index(func(o any) uint32 { return uint32(ep(o).Identity) })},
+		IndexState:    {Name: IndexState, Indexer: stringIndex(func(o any) string { return string(ep(o).State) })},
+	}}
+}
+
+// podKey is "ns/pod/" so that a prefix "ns/" selects a namespace without
+// matching "ns2/..." and the exact key of a pod never prefixes another pod's.
+func podKey(e *endpoint.Endpoint) string {
+	if e.Namespace == "" && e.PodName == "" {
+		return ""
+	}
+	return e.Namespace + "/" + e.PodName + "/"
+}
+
+func identitiesTable() *memdb.TableSchema {
+	row := func(o any) *Identity { return o.(*Identity) }
+	return &memdb.TableSchema{Name: TableIdentities, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: uint32Index(func(o any) uint32 { return uint32(row(o).ID) })},
+		// "labels" serves lookups by label set (GET /v1/identity?labels=...).
+		"labels": {Name: "labels", Unique: true, Indexer: stringIndex(func(o any) string { return row(o).Key })},
+	}}
+}
+
+func ipamTable() *memdb.TableSchema {
+	row := func(o any) *IP { return o.(*IP) }
+	return &memdb.TableSchema{Name: TableIPAM, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: addrIndex(func(o any) netip.Addr { return row(o).IP })},
+		// "family" serves GET /v1/ipam's per-family listing and counts.
+		"family": {Name: "family", Indexer: stringIndex(func(o any) string { return row(o).Family })},
+		// "owner" serves "which IPs does this pod own" (CNI rollback, GC).
+		"owner": {Name: "owner", AllowMissing: true, Indexer: stringIndex(func(o any) string { return row(o).Owner })},
+	}}
+}
+
+func leasesTable() *memdb.TableSchema {
+	row := func(o any) *IdentityLease { return o.(*IdentityLease) }
+	return &memdb.TableSchema{Name: TableIdentityLeases, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: stringIndex(func(o any) string { return leaseKey(row(o).ID, row(o).Holder) })},
+		// "holder" serves "what does this actor hold" (rebuild, death-watch).
+		"holder": {Name: "holder", Indexer: stringIndex(func(o any) string { return row(o).Holder })},
+	}}
+}
+
+// leaseKey is the primary key of an identity lease.
+func leaseKey(id identity.NumericIdentity, holder string) string {
+	return fmt.Sprintf("%d|%s", id, holder)
+}
+
+// LeaseKey returns the primary key to look up or delete an identity lease.
+func LeaseKey(id identity.NumericIdentity, holder string) string { return leaseKey(id, holder) }
+
+// funcIndex is a memdb.SingleIndexer over a key function; it avoids
+// reflection and lets fields of non-string types (netip.Addr) be indexed.
+type funcIndex struct {
+	key  func(obj any) ([]byte, bool)
+	args func(arg any) ([]byte, error)
+}
+
+var (
+	_ memdb.SingleIndexer = (*funcIndex)(nil)
+	_ memdb.PrefixIndexer = (*funcIndex)(nil)
+)
+
+func (f *funcIndex) FromObject(obj any) (bool, []byte, error) {
+	k, ok := f.key(obj)
+	return ok, k, nil
+}
+
+func (f *funcIndex) FromArgs(args ...any) ([]byte, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("index lookup: want one argument, got %d", len(args))
+	}
+	return f.args(args[0])
+}
+
+func (f *funcIndex) PrefixFromArgs(args ...any) ([]byte, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("index prefix lookup: want one argument, got %d", len(args))
+	}
+	s, ok := args[0].(string)
+	if !ok {
+		return nil, fmt.Errorf("index prefix lookup: want a string, got %T", args[0])
+	}
+	return []byte(s), nil
+}
+
+func stringIndex(fn func(any) string) *funcIndex {
+	return &funcIndex{
+		key: func(o any) ([]byte, bool) {
+			s := fn(o)
+			return []byte(s), s != ""
+		},
+		args: func(a any) ([]byte, error) {
+			s, ok := a.(string)
+			if !ok {
+				return nil, fmt.Errorf("index lookup: want a string, got %T", a)
+			}
+			return []byte(s), nil
+		},
+	}
+}
+
+func uint16Index(fn func(any) uint16) *funcIndex {
+	enc := func(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+	return &funcIndex{
+		key: func(o any) ([]byte, bool) { return enc(fn(o)), true },
+		args: func(a any) ([]byte, error) {
+			switch v := a.(type) {
+			case endpoint.ID:
+				return enc(uint16(v)), nil
+			case uint16:
+				return enc(v), nil
+			}
+			return nil, fmt.Errorf("index lookup: want an endpoint.ID, got %T", a)
+		},
+	}
+}
+
+func uint32Index(fn func(any) uint32) *funcIndex {
+	enc := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	return &funcIndex{
+		key: func(o any) ([]byte, bool) { return enc(fn(o)), true },
+		args: func(a any) ([]byte, error) {
+			switch v := a.(type) {
+			case identity.NumericIdentity:
+				return enc(uint32(v)), nil
+			case uint32:
+				return enc(v), nil
+			}
+			return nil, fmt.Errorf("index lookup: want an identity.NumericIdentity, got %T", a)
+		},
+	}
+}
+
+func addrIndex(fn func(any) netip.Addr) *funcIndex {
+	return &funcIndex{
+		key: func(o any) ([]byte, bool) {
+			a := fn(o)
+			if !a.IsValid() {
+				return nil, false
+			}
+			b, _ := a.Unmap().MarshalBinary()
+			return b, true
+		},
+		args: func(a any) ([]byte, error) {
+			ip, ok := a.(netip.Addr)
+			if !ok || !ip.IsValid() {
+				return nil, fmt.Errorf("index lookup: want a valid netip.Addr, got %T %v", a, a)
+			}
+			b, _ := ip.Unmap().MarshalBinary()
+			return b, nil
+		},
+	}
+}
