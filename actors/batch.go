@@ -30,6 +30,9 @@ type indexOp struct {
 // Not goroutine safe: owned by one actor.
 type batcher struct {
 	ix        *index.Index
+	// latest maps a row key to its op in ops, so that a row changed
+	// several times in one batch is written once (its last version).
+	latest    map[rowKey]int
 	log       *slog.Logger
 	ops       []indexOp
 	replies   []messages.Reply
@@ -38,13 +41,42 @@ type batcher struct {
 	rows      uint64
 }
 
+// rowKey identifies a row for de-duplication within a batch.
+type rowKey struct {
+	table string
+	key   any
+}
+
 func (b *batcher) put(ctx actor.Context, table string, obj any) {
-	b.ops = append(b.ops, indexOp{Table: table, Obj: obj})
-	b.schedule(ctx)
+	b.add(ctx, indexOp{Table: table, Obj: obj}, nil)
 }
 
 func (b *batcher) del(ctx actor.Context, table string, obj any) {
-	b.ops = append(b.ops, indexOp{Table: table, Obj: obj, Delete: true})
+	b.add(ctx, indexOp{Table: table, Obj: obj, Delete: true}, nil)
+}
+
+// putKeyed and delKeyed replace an earlier op on the same row in this batch.
+func (b *batcher) putKeyed(ctx actor.Context, table string, key, obj any) {
+	b.add(ctx, indexOp{Table: table, Obj: obj}, key)
+}
+
+func (b *batcher) delKeyed(ctx actor.Context, table string, key, obj any) {
+	b.add(ctx, indexOp{Table: table, Obj: obj, Delete: true}, key)
+}
+
+func (b *batcher) add(ctx actor.Context, op indexOp, key any) {
+	if key != nil {
+		k := rowKey{op.Table, key}
+		if i, ok := b.latest[k]; ok {
+			b.ops[i] = op
+			return
+		}
+		if b.latest == nil {
+			b.latest = make(map[rowKey]int)
+		}
+		b.latest[k] = len(b.ops)
+	}
+	b.ops = append(b.ops, op)
 	b.schedule(ctx)
 }
 
@@ -86,6 +118,7 @@ func (b *batcher) flush(send func(*actor.PID, any)) {
 		b.rows += uint64(len(b.ops))
 		clear(b.ops)
 		b.ops = b.ops[:0]
+		clear(b.latest)
 	}
 	for _, r := range b.replies {
 		send(r.To, r.Message)

@@ -23,10 +23,12 @@ import (
 // incarnation is still alive (dead) because other messages ran in between.
 type endpointActor struct {
 	deps    *endpointDeps
-	log     *slog.Logger
 	manager *actor.PID
 	stats   *MailboxStats
-	ep      *endpoint.Endpoint // working copy, owned by this actor
+	// ep is the endpoint's current record. Once published it is shared
+	// with the index and must not change: write through mut().
+	ep      *endpoint.Endpoint
+	shared  bool
 	fresh   bool               // first incarnation of a newly created endpoint
 	dead    bool               // set on Restarting: late continuations are ignored
 
@@ -70,8 +72,7 @@ type (
 )
 
 func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, fresh bool, createWaiter *actor.PID, manager *actor.PID, stats *MailboxStats) *endpointActor {
-	a := &endpointActor{deps: deps, manager: manager, stats: stats, fresh: fresh,
-		log: deps.log.With("endpoint", spec.ID), ep: spec.Clone()}
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, fresh: fresh, ep: spec, shared: true}
 	if fresh {
 		a.createWaiter = createWaiter
 	}
@@ -106,7 +107,7 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.releaseLeases(ctx)
 	case *messages.IdentityReleased:
 		if msg.Err != nil {
-			a.log.Warn("releasing previous identity failed", "err", msg.Err)
+			a.logger().Warn("releasing previous identity failed", "err", msg.Err)
 		}
 	}
 }
@@ -114,9 +115,9 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 func (a *endpointActor) started(ctx actor.Context) {
 	if !a.fresh {
 		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok {
-			a.ep = cur.Clone()
+			a.ep, a.shared = cur, true
 		}
-		a.log.Info("endpoint actor rebuilt from the index", "state", a.ep.State)
+		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State)
 	}
 	if a.ep.State == endpoint.StateDisconnecting {
 		a.deleting = true
@@ -162,6 +163,21 @@ func (a *endpointActor) stopTimers() {
 	}
 }
 
+// mut returns the record for writing, copying it first if it is shared
+// with the index (copy-on-write keeps one copy per endpoint at rest).
+func (a *endpointActor) mut() *endpoint.Endpoint {
+	if a.shared {
+		a.ep, a.shared = a.ep.Clone(), false
+	}
+	return a.ep
+}
+
+// logger returns the endpoint's logger; built on demand because a
+// per-endpoint slog.Logger costs heap for every live endpoint.
+func (a *endpointActor) logger() *slog.Logger {
+	return a.deps.log.With("endpoint", a.ep.ID)
+}
+
 // setState applies a transition if Cilium's table allows it; an illegal
 // one is refused and logged.
 func (a *endpointActor) setState(to endpoint.State, reason string) bool {
@@ -170,25 +186,28 @@ func (a *endpointActor) setState(to endpoint.State, reason string) bool {
 		return true
 	}
 	if err := endpoint.Transition(from, to); err != nil {
-		a.log.Warn("refused endpoint state change", "from", from, "to", to, "reason", reason)
+		a.logger().Warn("refused endpoint state change", "from", from, "to", to, "reason", reason)
 		return false
 	}
-	a.ep.State, a.ep.StateChanged = to, time.Now()
-	a.log.Debug("endpoint state changed", "from", from, "to", to, "reason", reason)
+	w := a.mut()
+	w.State, w.StateChanged = to, time.Now()
+	a.logger().Debug("endpoint state changed", "from", from, "to", to, "reason", reason)
 	return true
 }
 
 // publish sends the current snapshot to the endpoint manager; replies are
 // delivered after the index commit that contains it.
 func (a *endpointActor) publish(ctx actor.Context, replies ...messages.Reply) {
-	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep.Clone(), Replies: replies})
+	a.shared = true
+	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Replies: replies})
 }
 
 func (a *endpointActor) result(err error) *messages.EndpointResult {
 	if err != nil {
 		return &messages.EndpointResult{Err: err}
 	}
-	return &messages.EndpointResult{Endpoint: a.ep.Clone()}
+	a.shared = true
+	return &messages.EndpointResult{Endpoint: a.ep}
 }
 
 func replies(to []*actor.PID, msg any) []messages.Reply {
@@ -283,8 +302,8 @@ func (a *endpointActor) acquireIdentity(ctx actor.Context) {
 
 func (a *endpointActor) identityFailed(ctx actor.Context, err error) {
 	err = fmt.Errorf("resolve identity: %w", err)
-	a.ep.LastError = err.Error()
-	a.log.Error("identity resolution failed", "err", err)
+	a.mut().LastError = err.Error()
+	a.logger().Error("identity resolution failed", "err", err)
 	if a.createWaiter != nil {
 		a.failCreate(ctx, err)
 		return
@@ -307,7 +326,7 @@ func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericId
 func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericIdentity) {
 	if old := a.ep.Identity; old != id {
 		a.releaseIdentity(ctx, old)
-		a.ep.Identity = id
+		a.mut().Identity = id
 	}
 	if a.ep.State == endpoint.StateWaitingForIdentity {
 		a.setState(endpoint.StateReady, "identity resolved")
@@ -330,7 +349,7 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 		ctx.Respond(a.result(nil))
 		return
 	}
-	a.ep.Labels = next
+	a.mut().Labels = next
 	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
 	if a.idBusy {
 		return // the acquisition in flight notices the change
@@ -343,8 +362,8 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 // failCreate answers a failed creation and deletes the endpoint without
 // releasing its addresses: the caller (the CNI plugin) owns them.
 func (a *endpointActor) failCreate(ctx actor.Context, err error) {
-	a.log.Warn("endpoint creation failed", "err", err)
-	a.ep.LastError = err.Error()
+	a.logger().Warn("endpoint creation failed", "err", err)
+	a.mut().LastError = err.Error()
 	if a.createWaiter != nil {
 		// Answered once the endpoint is gone, so the caller can release
 		// the addresses right away.

@@ -23,7 +23,7 @@ func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
 		}
 		return
 	}
-	a.ep.DesiredRevision++
+	a.mut().DesiredRevision++
 	a.deps.counters.regenRequested.Add(1)
 	if waiter != nil {
 		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
@@ -55,7 +55,8 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
 	a.publish(ctx)
-	snap, rev, dp := a.ep.Clone(), a.regen.rev, a.deps.dp
+	a.shared = true
+	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
 	a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
 		return dp.Realize(c, snap, rev)
 	}, a.realized)
@@ -102,7 +103,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 
 func (a *endpointActor) proxyAck(ctx actor.Context, msg *messages.ProxyAck) {
 	if !a.regen.running || msg.Revision != a.regen.rev || a.regen.proxyWait == nil {
-		a.log.Debug("ignoring stale proxy acknowledgement", "revision", msg.Revision, "proxy", msg.ProxyID)
+		a.logger().Debug("ignoring stale proxy acknowledgement", "revision", msg.Revision, "proxy", msg.ProxyID)
 		return
 	}
 	delete(a.regen.proxyWait, msg.ProxyID)
@@ -115,7 +116,7 @@ func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
 	if !a.regen.running || msg.rev != a.regen.rev || a.regen.proxyWait == nil {
 		return
 	}
-	a.log.Warn("proxy acknowledgements timed out; endpoint becomes ready without them",
+	a.logger().Warn("proxy acknowledgements timed out; endpoint becomes ready without them",
 		"revision", msg.rev, "missing", len(a.regen.proxyWait))
 	a.deps.counters.proxyTimeouts.Add(1)
 	a.completeRegen(ctx, true)
@@ -124,11 +125,11 @@ func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
 // completeRegen records the realised revision and answers the waiters,
 // then starts the pending regeneration, if any.
 func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
-	a.ep.RealizedRevision = a.regen.rev
-	a.ep.Regenerations++
-	a.ep.LastError = ""
+	a.mut().RealizedRevision = a.regen.rev
+	a.mut().Regenerations++
+	a.mut().LastError = ""
 	if timedOut {
-		a.ep.LastError = "proxy acknowledgements timed out"
+		a.mut().LastError = "proxy acknowledgements timed out"
 	}
 	a.retries = 0
 	a.endRegen(ctx, nil)
@@ -169,9 +170,9 @@ func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 
 func (a *endpointActor) regenFailed(ctx actor.Context, err error) {
 	err = fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, err)
-	a.log.Warn("regeneration failed", "revision", a.regen.rev, "err", err)
+	a.logger().Warn("regeneration failed", "revision", a.regen.rev, "err", err)
 	a.deps.counters.regenFailed.Add(1)
-	a.ep.LastError = err.Error()
+	a.mut().LastError = err.Error()
 	a.setState(endpoint.StateWaitingToRegenerate, "regeneration failed")
 	a.endRegen(ctx, err)
 	if a.createWaiter != nil {
@@ -209,7 +210,7 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 		return
 	}
 	a.deleting = true
-	a.ep.Deleting = opts
+	a.mut().Deleting = opts
 	a.setState(endpoint.StateDisconnecting, "delete requested")
 	a.stopRetry()
 	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
@@ -244,8 +245,9 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 	a.tearingDown = true
 	// Leave the index first, so the endpoint's container ID and addresses
 	// are free in the manager's books before IPAM releases anything.
-	a.ep.State = endpoint.StateDisconnecting
-	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep.Clone(), Deleted: true,
+	a.mut().State = endpoint.StateDisconnecting
+	a.shared = true
+	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
 		Replies: []messages.Reply{{To: ctx.Self(), Message: &indexRemoved{}}}})
 	return true
 }
@@ -273,17 +275,18 @@ func (a *endpointActor) releaseLeases(ctx actor.Context) {
 // removeDatapath tears down the kernel side (idempotent), retrying a few
 // times; what still fails is left to the orphan garbage collector.
 func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
-	snap, dp := a.ep.Clone(), a.deps.dp
+	a.shared = true
+	snap, dp := a.ep, a.deps.dp
 	a.datapathOp(ctx, "remove", func(c context.Context) (any, error) {
 		return nil, dp.Remove(c, snap)
 	}, func(ctx actor.Context, r *messages.DatapathResult) {
 		if r.Err != nil && attempt < 2 {
-			a.log.Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", r.Err)
+			a.logger().Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", r.Err)
 			a.removeDatapath(ctx, attempt+1)
 			return
 		}
 		if r.Err != nil {
-			a.log.Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
+			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
 		}
 		a.disconnected(ctx)
 	})

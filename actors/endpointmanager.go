@@ -104,7 +104,7 @@ func (m *managerActor) create(ctx actor.Context, msg *messages.CreateEndpoint) {
 	now := time.Now()
 	spec.State, spec.Created, spec.StateChanged = endpoint.StateWaitingForIdentity, now, now
 	m.track(spec)
-	m.batch.put(ctx, index.TableEndpoints, spec)
+	m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
 	var syncWaiter *actor.PID
 	if msg.Sync {
 		syncWaiter = ctx.Sender()
@@ -134,9 +134,15 @@ func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
 func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, fresh bool, syncWaiter *actor.PID) {
 	stats := &MailboxStats{}
 	incarnation := 0
+	self, first, id := ctx.Self(), ep, ep.ID
 	props := actor.PropsFromProducer(func() actor.Actor {
 		incarnation++
-		return newEndpointActor(m.deps, ep, fresh && incarnation == 1, syncWaiter, ctx.Self(), stats)
+		if incarnation == 1 {
+			spec, waiter := first, syncWaiter
+			first, syncWaiter = nil, nil // later incarnations rebuild from the index
+			return newEndpointActor(m.deps, spec, fresh, waiter, self, stats)
+		}
+		return newEndpointActor(m.deps, &endpoint.Endpoint{ID: id}, false, nil, self, stats)
 	}, actor.WithMailbox(unboundedWithStats(stats)),
 		actor.WithSupervisor(actor.NewOneForOneStrategy(m.deps.cfg.RestartBudget, 10*time.Second, actor.DefaultDecider)))
 	pid, err := ctx.SpawnNamed(props, endpointActorName(ep.ID))
@@ -145,7 +151,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, fresh boo
 		// finished stopping, which ID bookkeeping prevents; report loudly.
 		m.log.Error("spawning endpoint actor failed", "endpoint", ep.ID, "err", err)
 		m.untrack(ep)
-		m.batch.del(ctx, index.TableEndpoints, ep)
+		m.batch.delKeyed(ctx, index.TableEndpoints, ep.ID, ep)
 		m.batch.reply(ctx, syncWaiter, &messages.EndpointResult{Err: fmt.Errorf("spawn endpoint %d: %w", ep.ID, err)})
 		return
 	}
@@ -168,10 +174,11 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 	id := msg.Endpoint.ID
 	if pid, ok := m.children[id]; ok && msg.From != nil && pid.Id == msg.From.Id {
 		if msg.Deleted {
-			m.batch.del(ctx, index.TableEndpoints, msg.Endpoint)
+			m.untrack(msg.Endpoint)
+			m.batch.delKeyed(ctx, index.TableEndpoints, id, msg.Endpoint)
 		} else {
 			m.eps[id] = msg.Endpoint
-			m.batch.put(ctx, index.TableEndpoints, msg.Endpoint)
+			m.batch.putKeyed(ctx, index.TableEndpoints, id, msg.Endpoint)
 		}
 	}
 	for _, r := range msg.Replies {
@@ -194,7 +201,7 @@ func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	}
 	delete(m.children, id)
 	delete(m.eps, id)
-	m.batch.del(ctx, index.TableEndpoints, &endpoint.Endpoint{ID: id})
+	m.batch.delKeyed(ctx, index.TableEndpoints, id, &endpoint.Endpoint{ID: id})
 	m.release(id)
 }
 

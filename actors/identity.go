@@ -3,6 +3,7 @@ package actors
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -22,7 +23,7 @@ type identityActor struct {
 	newAlloc func() (identity.Allocator, error)
 	alloc    identity.Allocator
 	log      *slog.Logger
-	holders  map[string]map[identity.NumericIdentity]struct{} // holder PID ID -> identities
+	holders  map[string][]identity.NumericIdentity // holder PID ID -> identities (usually one)
 	batch    batcher
 }
 
@@ -47,7 +48,7 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		released, err := a.release(ctx, msg.ID, msg.Holder.Id, msg.Keep)
 		ctx.Respond(&messages.IdentityReleased{Released: released, Err: err})
 	case *actor.Terminated:
-		for id := range a.holders[msg.Who.Id] {
+		for _, id := range slices.Clone(a.holders[msg.Who.Id]) {
 			if _, err := a.release(ctx, id, msg.Who.Id, false); err != nil {
 				a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", msg.Who.Id, "err", err)
 			}
@@ -64,7 +65,7 @@ func (a *identityActor) rebuild(ctx actor.Context) {
 		panic(fmt.Sprintf("identity: allocator: %v", err))
 	}
 	a.alloc = alloc
-	a.holders = make(map[string]map[identity.NumericIdentity]struct{})
+	a.holders = make(map[string][]identity.NumericIdentity)
 	rows := a.batch.ix.Identities()
 	for _, row := range rows {
 		if err := a.alloc.Restore(identity.Identity{ID: row.ID, Labels: row.Labels, RefCount: row.RefCount}); err != nil {
@@ -85,7 +86,7 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 		return identity.Identity{ID: id, Labels: ls}, false, nil
 	}
 	if cur, ok := a.alloc.LookupByLabels(msg.Labels); ok {
-		if _, held := a.holders[msg.Holder.Id][cur.ID]; held {
+		if slices.Contains(a.holders[msg.Holder.Id], cur.ID) {
 			return cur, false, nil
 		}
 	}
@@ -94,7 +95,7 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
 	}
 	a.hold(ctx, msg.Holder.Id, id.ID)
-	a.batch.put(ctx, index.TableIdentityLeases, &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
+	a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id.ID, msg.Holder.Id), &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
 	a.writeRow(ctx, id.ID)
 	return id, isNew, nil
 }
@@ -103,14 +104,16 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 	if id.IsReserved() || id == identity.IdentityUnknown {
 		return false, nil
 	}
-	if _, held := a.holders[holder][id]; !held {
+	if !slices.Contains(a.holders[holder], id) {
 		return false, nil
 	}
-	delete(a.holders[holder], id)
-	if len(a.holders[holder]) == 0 {
+	rest := slices.DeleteFunc(a.holders[holder], func(x identity.NumericIdentity) bool { return x == id })
+	if len(rest) == 0 {
 		delete(a.holders, holder)
+	} else {
+		a.holders[holder] = rest
 	}
-	a.batch.del(ctx, index.TableIdentityLeases, &index.IdentityLease{ID: id, Holder: holder})
+	a.batch.delKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id, holder), &index.IdentityLease{ID: id, Holder: holder})
 	if keep {
 		a.log.Info("identity reference detached, not released (NoIdentityRelease)", "identity", id, "holder", holder)
 		return false, nil
@@ -127,18 +130,18 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 func (a *identityActor) writeRow(ctx actor.Context, id identity.NumericIdentity) {
 	cur, ok := a.alloc.Lookup(id)
 	if !ok {
-		a.batch.del(ctx, index.TableIdentities, &index.Identity{ID: id})
+		a.batch.delKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: id})
 		return
 	}
-	a.batch.put(ctx, index.TableIdentities, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount})
+	a.batch.putKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount})
 }
 
 func (a *identityActor) hold(ctx actor.Context, holder string, id identity.NumericIdentity) {
 	set, ok := a.holders[holder]
 	if !ok {
-		set = make(map[identity.NumericIdentity]struct{}, 1)
-		a.holders[holder] = set
 		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
 	}
-	set[id] = struct{}{}
+	if !slices.Contains(set, id) {
+		a.holders[holder] = append(set, id)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -68,7 +69,7 @@ type ipamActor struct {
 	log     *slog.Logger
 	pool    *ipam.Pool
 	rows    map[netip.Addr]*index.IP
-	holders map[string]map[netip.Addr]struct{} // holder PID ID -> claimed IPs
+	holders map[string][]netip.Addr // holder PID ID -> claimed IPs (one or two)
 	batch   batcher
 }
 
@@ -111,7 +112,7 @@ func (a *ipamActor) rebuild(ctx actor.Context) {
 	}
 	a.pool = pool
 	a.rows = make(map[netip.Addr]*index.IP)
-	a.holders = make(map[string]map[netip.Addr]struct{})
+	a.holders = make(map[string][]netip.Addr)
 	for _, row := range a.batch.ix.IPs("") {
 		r := a.pool.RangeFor(row.IP)
 		if r == nil {
@@ -261,8 +262,8 @@ func (a *ipamActor) unclaim(ctx actor.Context, msg *messages.IPAMUnclaim) {
 
 // holderStopped releases every address a stopped endpoint actor still held.
 func (a *ipamActor) holderStopped(ctx actor.Context, who *actor.PID) {
-	ips := a.holders[who.Id]
-	for ip := range ips {
+	ips := slices.Clone(a.holders[who.Id])
+	for _, ip := range ips {
 		a.log.Info("releasing address of a stopped endpoint actor", "ip", ip, "holder", who.Id)
 		a.drop(ctx, ip)
 	}
@@ -272,25 +273,25 @@ func (a *ipamActor) holderStopped(ctx actor.Context, who *actor.PID) {
 func (a *ipamActor) hold(ctx actor.Context, holder string, ip netip.Addr) {
 	set, ok := a.holders[holder]
 	if !ok {
-		set = make(map[netip.Addr]struct{}, 2)
-		a.holders[holder] = set
 		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
 	}
-	set[ip] = struct{}{}
+	if !slices.Contains(set, ip) {
+		a.holders[holder] = append(set, ip)
+	}
 }
 
 func (a *ipamActor) unhold(holder string, ip netip.Addr) {
-	if set, ok := a.holders[holder]; ok {
-		delete(set, ip)
-		if len(set) == 0 {
-			delete(a.holders, holder)
-		}
+	set := slices.DeleteFunc(a.holders[holder], func(x netip.Addr) bool { return x == ip })
+	if len(set) == 0 {
+		delete(a.holders, holder)
+		return
 	}
+	a.holders[holder] = set
 }
 
 func (a *ipamActor) record(ctx actor.Context, row *index.IP) {
 	a.rows[row.IP] = row
-	a.batch.put(ctx, index.TableIPAM, row)
+	a.batch.putKeyed(ctx, index.TableIPAM, row.IP, row)
 }
 
 // drop releases an address and forgets its row and lease.
@@ -306,7 +307,7 @@ func (a *ipamActor) drop(ctx actor.Context, ip netip.Addr) {
 		a.unhold(row.Holder, ip)
 	}
 	delete(a.rows, ip)
-	a.batch.del(ctx, index.TableIPAM, row)
+	a.batch.delKeyed(ctx, index.TableIPAM, ip, row)
 }
 
 // ipamErrIsExhausted reports whether err is a pool exhaustion.

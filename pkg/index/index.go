@@ -176,15 +176,28 @@ func (ix *Index) IP(ip netip.Addr) (*IP, bool) {
 
 // IPs lists the allocated addresses of a family ("ipv4"/"ipv6"; "" for all), by IP.
 func (ix *Index) IPs(family string) []*IP {
+	rows := all[*IP](ix.ReadTxn(), TableIPAM, IndexID)
 	if family == "" {
-		return all[*IP](ix.ReadTxn(), TableIPAM, IndexID)
+		return rows
 	}
-	return all[*IP](ix.ReadTxn(), TableIPAM, "family", family)
+	out := rows[:0]
+	for _, r := range rows {
+		if r.Family == family {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
-// IPsByOwner lists the addresses allocated to an owner.
+// IPsByOwner lists the addresses allocated to an owner (a scan).
 func (ix *Index) IPsByOwner(owner string) []*IP {
-	return all[*IP](ix.ReadTxn(), TableIPAM, "owner", owner)
+	var out []*IP
+	for _, r := range ix.IPs("") {
+		if r.Owner == owner {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func first[T any](txn *memdb.Txn, table, idx string, arg any) (T, bool) {

@@ -116,20 +116,18 @@ func identitiesTable() *memdb.TableSchema {
 func ipamTable() *memdb.TableSchema {
 	row := func(o any) *IP { return o.(*IP) }
 	return &memdb.TableSchema{Name: TableIPAM, Indexes: map[string]*memdb.IndexSchema{
+		// The primary key alone: every secondary index costs each live
+		// address a radix leaf (heap per endpoint is a target). IPv4 keys
+		// are 4 bytes and IPv6 keys 16, so a family is a key-length scan.
 		IndexID: {Name: IndexID, Unique: true, Indexer: addrIndex(func(o any) netip.Addr { return row(o).IP })},
-		// "family" serves GET /v1/ipam's per-family listing and counts.
-		"family": {Name: "family", Indexer: stringIndex(func(o any) string { return row(o).Family })},
-		// "owner" serves "which IPs does this pod own" (CNI rollback, GC).
-		"owner": {Name: "owner", AllowMissing: true, Indexer: stringIndex(func(o any) string { return row(o).Owner })},
 	}}
 }
 
 func leasesTable() *memdb.TableSchema {
 	row := func(o any) *IdentityLease { return o.(*IdentityLease) }
 	return &memdb.TableSchema{Name: TableIdentityLeases, Indexes: map[string]*memdb.IndexSchema{
+		// Read only by the identity actor's rebuild, which scans them all.
 		IndexID: {Name: IndexID, Unique: true, Indexer: stringIndex(func(o any) string { return leaseKey(row(o).ID, row(o).Holder) })},
-		// "holder" serves "what does this actor hold" (rebuild, death-watch).
-		"holder": {Name: "holder", Indexer: stringIndex(func(o any) string { return row(o).Holder })},
 	}}
 }
 
