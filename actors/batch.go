@@ -29,7 +29,7 @@ type indexOp struct {
 // batch ~25 µs). Replies wait for the commit so callers read their writes.
 // Not goroutine safe: owned by one actor.
 type batcher struct {
-	ix        *index.Index
+	ix *index.Index
 	// latest maps a row key to its op in ops, so that a row changed
 	// several times in one batch is written once (its last version).
 	latest    map[rowKey]int

@@ -27,10 +27,10 @@ type endpointActor struct {
 	stats   *MailboxStats
 	// ep is the endpoint's current record. Once published it is shared
 	// with the index and must not change: write through mut().
-	ep      *endpoint.Endpoint
-	shared  bool
-	fresh   bool               // first incarnation of a newly created endpoint
-	dead    bool               // set on Restarting: late continuations are ignored
+	ep     *endpoint.Endpoint
+	shared bool
+	fresh  bool // first incarnation of a newly created endpoint
+	dead   bool // set on Restarting: late continuations are ignored
 
 	createWaiter *actor.PID // sync PUT, answered after the first regeneration
 	labelWaiters []*actor.PID
