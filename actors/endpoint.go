@@ -105,6 +105,8 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.delete(ctx, msg.Options, ctx.Sender())
 	case *indexRemoved:
 		a.releaseLeases(ctx)
+	case *crashForTest:
+		panic("endpoint actor: crash requested by a test")
 	case *messages.IdentityReleased:
 		if msg.Err != nil {
 			a.logger().Warn("releasing previous identity failed", "err", msg.Err)

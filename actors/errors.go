@@ -25,3 +25,8 @@ var (
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )
+
+// crashForTest makes the endpoint, IPAM or identity actor panic, so that
+// tests in this package can exercise supervision and rebuild-from-index.
+// It is unexported: nothing outside the package can send it.
+type crashForTest struct{}

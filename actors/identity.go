@@ -47,6 +47,8 @@ func (a *identityActor) Receive(ctx actor.Context) {
 	case *messages.IdentityRelease:
 		released, err := a.release(ctx, msg.ID, msg.Holder.Id, msg.Keep)
 		ctx.Respond(&messages.IdentityReleased{Released: released, Err: err})
+	case *crashForTest:
+		panic("crash requested by a test")
 	case *actor.Terminated:
 		for _, id := range slices.Clone(a.holders[msg.Who.Id]) {
 			if _, err := a.release(ctx, id, msg.Who.Id, false); err != nil {

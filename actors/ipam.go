@@ -98,6 +98,8 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 	case *messages.IPAMUnclaim:
 		a.unclaim(ctx, msg)
 		ctx.Respond(&messages.IPAMResult{})
+	case *crashForTest:
+		panic("crash requested by a test")
 	case *actor.Terminated:
 		a.holderStopped(ctx, msg.Who)
 	}
