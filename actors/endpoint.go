@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -193,7 +194,9 @@ func (a *endpointActor) setState(to endpoint.State, reason string) bool {
 	}
 	w := a.mut()
 	w.State, w.StateChanged = to, time.Now()
-	a.logger().Debug("endpoint state changed", "from", from, "to", to, "reason", reason)
+	if a.deps.log.Enabled(context.Background(), slog.LevelDebug) {
+		a.logger().Debug("endpoint state changed", "from", from, "to", to, "reason", reason)
+	}
 	return true
 }
 

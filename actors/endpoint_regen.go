@@ -54,7 +54,12 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
-	a.publish(ctx)
+	if a.ep.Regenerations > 0 {
+		// The first build is not published as regenerating: its waiter
+		// (sync PUT) sees the outcome, and it saves an index write per
+		// endpoint creation.
+		a.publish(ctx)
+	}
 	a.shared = true
 	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
 	a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
