@@ -84,12 +84,33 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ep, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: req.SyncBuild}))
+	sync, err := syncParam(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	ep, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: req.SyncBuild || sync}))
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, s.model(ep))
 	return nil
+}
+
+// syncParam reads PUT's optional ?sync=true (the body's sync-build does
+// the same).
+func syncParam(q url.Values) (bool, error) {
+	sync := false
+	for key, vals := range q {
+		if key != "sync" {
+			return false, badRequest(fmt.Sprintf("unknown query parameter %q (want sync)", key))
+		}
+		b, err := strconv.ParseBool(vals[0])
+		if err != nil {
+			return false, badRequest(fmt.Sprintf("query parameter \"sync\": %q is not a boolean", vals[0]))
+		}
+		sync = b
+	}
+	return sync, nil
 }
 
 func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
