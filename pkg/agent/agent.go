@@ -18,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/api"
+	"github.com/membrane-cni/membrane/pkg/cni/agentside"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
 )
@@ -42,6 +43,14 @@ type Config struct {
 	Datapath string
 	// Fake is used (and may be pre-configured by tests) when Datapath is "fake".
 	Fake *datapath.Fake
+	// Linux configures the datapath when Datapath is "linux"; its gateways
+	// are filled from the IPAM ranges.
+	Linux datapath.LinuxConfig
+	// DeleteQueueDir is where membrane-cni queues DELs while the agent is
+	// unreachable (--delete-queue-dir); drained at start and every
+	// DeleteQueueInterval (default 30 s). "" disables draining.
+	DeleteQueueDir      string
+	DeleteQueueInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
 	// API tunes the REST server.
@@ -73,9 +82,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.Datapath {
-	case "fake":
-	case "linux":
-		return fmt.Errorf("--datapath: linux: %w (it arrives with the CNI plugin; use fake)", datapath.ErrNotSupported)
+	case "fake", "linux":
 	default:
 		return fmt.Errorf("--datapath: %q: want fake or linux: %w", c.Datapath, ErrInvalidConfig)
 	}
@@ -84,13 +91,14 @@ func (c *Config) Validate() error {
 
 // Agent is a running agent.
 type Agent struct {
-	cfg    Config
-	log    *slog.Logger
-	Index  *index.Index
-	System *actors.System
-	Server *api.Server
-	lis    net.Listener
-	served chan error
+	cfg     Config
+	log     *slog.Logger
+	Index   *index.Index
+	System  *actors.System
+	Server  *api.Server
+	lis     net.Listener
+	served  chan error
+	stopCNI context.CancelFunc // stops the delete queue drainer
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -111,9 +119,9 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	dp := datapath.Datapath(cfg.Fake)
-	if cfg.Fake == nil {
-		dp = datapath.NewFake(uint64(time.Now().UnixNano()))
+	dp, linux, err := newDatapath(&cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
@@ -123,6 +131,9 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if linux != nil {
+		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnMissing: agentside.OnMissing(sys, log)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
@@ -137,6 +148,7 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1)}
 	go func() { a.served <- srv.Serve(lis) }()
 	// Restore (its own issue) runs here, before the API turns ready.
+	a.stopCNI = a.startDeleteQueue()
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -147,6 +159,7 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 // ctx), and stops the actors without releasing anything: endpoints, IPs
 // and identities stay for the next start to restore.
 func (a *Agent) Stop(ctx context.Context) error {
+	a.stopCNI()
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {
 		err = serr
@@ -156,4 +169,50 @@ func (a *Agent) Stop(ctx context.Context) error {
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
+}
+
+// newDatapath builds the configured datapath; linux is non-nil for "linux".
+func newDatapath(cfg *Config, log *slog.Logger) (dp datapath.Datapath, linux *datapath.Linux, err error) {
+	if cfg.Datapath != "linux" {
+		if cfg.Fake == nil {
+			return datapath.NewFake(uint64(time.Now().UnixNano())), nil, nil
+		}
+		return cfg.Fake, nil, nil
+	}
+	lc := cfg.Linux
+	for _, p := range []netip.Prefix{cfg.IPv4Range, cfg.IPv6Range} {
+		if p.IsValid() {
+			r, err := ipam.NewRange(p, ipam.Sequential, nil)
+			if err != nil {
+				return nil, nil, err
+			}
+			lc.Gateways = append(lc.Gateways, r.Gateway())
+		}
+	}
+	linux, err = datapath.NewLinux(lc, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return linux, linux, nil
+}
+
+// startDeleteQueue drains the CNI delete queue once (before the API turns
+// ready, so queued DELs happen before new ADDs) and then periodically.
+func (a *Agent) startDeleteQueue() context.CancelFunc {
+	ctx, cancel := context.WithCancel(context.Background())
+	dir := a.cfg.DeleteQueueDir
+	if dir == "" {
+		return cancel
+	}
+	if n, err := agentside.Drain(ctx, a.System, dir, a.log); err != nil {
+		a.log.Warn("draining the delete queue", "err", err, "done", n)
+	} else if n > 0 {
+		a.log.Info("delete queue drained", "done", n)
+	}
+	interval := a.cfg.DeleteQueueInterval
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	go agentside.DrainLoop(ctx, a.System, dir, interval, a.log)
+	return cancel
 }

@@ -95,6 +95,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/ipam", s.mutating(s.allocateIP))
 	m.HandleFunc("DELETE /v1/ipam/{ip}", s.mutating(s.releaseIP))
 	m.HandleFunc("GET /v1/ipam", s.ipamStatus)
+	m.HandleFunc("POST /v1/gc", s.mutating(s.gc))
 	// pod-name:<ns>/<pod> references with an unescaped '/'.
 	m.HandleFunc("PUT /v1/endpoint/{id}/{pod}", s.mutating(s.putEndpoint))
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}", s.getEndpoint)

@@ -1,0 +1,14 @@
+// Command membrane-cni is Membrane's CNI plugin, executed by the
+// container runtime (conflist type "membrane-cni") with CNI_COMMAND ADD,
+// DEL, CHECK, STATUS, GC or VERSION. The logic lives in pkg/cni.
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/membrane-cni/membrane/pkg/cni"
+)
+
+func main() {
+	skel.PluginMainFuncs(cni.Funcs(), cni.VersionInfo(), cni.About)
+}

@@ -1,0 +1,81 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// ErrInvalidConfig is wrapped by LinuxConfig validation errors. (It
+// belongs in datapath.go's sentinel block; kept here while that file has
+// another owner.)
+var ErrInvalidConfig = errors.New("invalid datapath config")
+
+// LinuxConfig configures the Linux datapath (datapath.Linux).
+type LinuxConfig struct {
+	// HostNetns is the path of the network namespace holding the host side
+	// of the veths; "" is the agent's own. Tests and benchmarks point it
+	// at a namespace they made, so they never touch the machine's.
+	HostNetns string
+	// GatewayDevice is the dummy device that holds the pods' gateway
+	// addresses (default "membrane_host").
+	GatewayDevice string
+	// Gateways are the gateway addresses of the pod CIDRs (the agent fills
+	// them from its IPAM ranges).
+	Gateways []netip.Addr
+	// TeardownDelay is how long after an endpoint's removal its host veth
+	// is deleted if it still exists (default 2 s; negative: at once). The
+	// runtime deletes the pod's netns right after CNI DEL, which removes
+	// the pair in the kernel's own batch; deleting it ourselves first would
+	// put an RCU grace period (~30 ms) on the DEL's path.
+	TeardownDelay time.Duration
+	// CheckInterval is how often every endpoint's host interface is
+	// checked (default 30 s; negative disables). Endpoints whose interface
+	// vanished are reported to LinuxHooks.OnMissing.
+	CheckInterval time.Duration
+}
+
+// DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
+const DefaultGatewayDevice = "membrane_host"
+
+// WithDefaults fills zero fields.
+func (c LinuxConfig) WithDefaults() LinuxConfig {
+	if c.GatewayDevice == "" {
+		c.GatewayDevice = DefaultGatewayDevice
+	}
+	if c.TeardownDelay == 0 {
+		c.TeardownDelay = 2 * time.Second
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = 30 * time.Second
+	}
+	return c
+}
+
+// Validate names the bad field.
+func (c LinuxConfig) Validate() error {
+	if n := len(c.GatewayDevice); n == 0 || n > 15 {
+		return fmt.Errorf("linux datapath: GatewayDevice %q: want 1..15 bytes: %w", c.GatewayDevice, ErrInvalidConfig)
+	}
+	for _, gw := range c.Gateways {
+		if !gw.IsValid() {
+			return fmt.Errorf("linux datapath: Gateways: invalid address: %w", ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
+// LinuxHooks connect the Linux datapath to the agent once the actor
+// system runs.
+type LinuxHooks struct {
+	// Submit runs fn in the agent's datapath worker pool without waiting
+	// (deferred teardowns, periodic checks). It must not block.
+	Submit func(op string, fn func(ctx context.Context) error)
+	// OnMissing receives endpoints whose host interface vanished. It is
+	// called from a pool worker and must not block.
+	OnMissing func(ids []endpoint.ID)
+}

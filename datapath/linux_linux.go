@@ -1,0 +1,316 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// Linux is the datapath on a Linux host: the host side of each pod's
+// veth (created by membrane-cni), its /32 route and sysctls, and the
+// gateway device that answers the pods' gateway address. Its methods run
+// in the agent's datapath worker pool; it keeps its own small state under
+// a mutex (the pool runs operations of different endpoints concurrently).
+type Linux struct {
+	cfg LinuxConfig
+	log *slog.Logger
+	nl  *netlink.Handle // bound to the host netns
+	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
+
+	// mu guards everything below.
+	mu       sync.Mutex
+	hooks    LinuxHooks
+	live     map[endpoint.ID]hostLink // realised endpoints
+	pending  map[int]*teardown        // deferred host veth deletions by ifindex
+	closed   bool
+	stopTick chan struct{}
+}
+
+// hostLink is what Linux remembers of a realised endpoint.
+type hostLink struct {
+	index int
+	name  string
+	ips   []netip.Addr
+}
+
+var _ Datapath = (*Linux)(nil)
+
+// NewLinux returns a Linux datapath; Init opens the host netns and
+// creates the gateway device.
+func NewLinux(cfg LinuxConfig, log *slog.Logger) (*Linux, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Linux{cfg: cfg, log: log.With("component", "datapath"), live: map[endpoint.ID]hostLink{},
+		pending: map[int]*teardown{}, stopTick: make(chan struct{})}, nil
+}
+
+// Name implements Datapath.
+func (l *Linux) Name() string { return "linux" }
+
+// SetHooks connects the datapath to the agent's worker pool and endpoint
+// deletion; until then deferred teardowns run on timer goroutines and
+// missing interfaces are only logged.
+func (l *Linux) SetHooks(h LinuxHooks) {
+	l.mu.Lock()
+	l.hooks = h
+	l.mu.Unlock()
+}
+
+// SetProxyAck implements Datapath (no proxies yet: nothing to acknowledge).
+func (l *Linux) SetProxyAck(ProxyAckFunc) {}
+
+// Init implements Datapath: it opens the host netns, makes sure the
+// gateway device exists, is up and holds every gateway address, and
+// starts the periodic interface check. Idempotent.
+func (l *Linux) Init(ctx context.Context) error {
+	if l.nl == nil {
+		if err := l.open(); err != nil {
+			return err
+		}
+	}
+	if err := l.ensureGateway(); err != nil {
+		return err
+	}
+	if l.cfg.CheckInterval > 0 {
+		go l.checkLoop(l.cfg.CheckInterval)
+	}
+	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
+		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay)
+	return nil
+}
+
+func (l *Linux) open() error {
+	if l.cfg.HostNetns == "" {
+		nl, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("linux datapath init: netlink: %w", err)
+		}
+		l.nl = nl
+		return nil
+	}
+	r, err := newNSRunner(l.cfg.HostNetns)
+	if err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	}
+	nl, err := netlink.NewHandleAt(r.handle)
+	if err != nil {
+		r.close()
+		return fmt.Errorf("linux datapath init: netlink in %s: %w", l.cfg.HostNetns, err)
+	}
+	l.nl, l.ns = nl, r
+	return nil
+}
+
+// ensureGateway creates the dummy gateway device (a port-less bridge if
+// the kernel has no dummy driver) if needed and adds the
+// gateway addresses as host routes (/32, /128): pods reach the gateway
+// through their lxc device because the host answers ARP for its local
+// addresses on any interface.
+func (l *Linux) ensureGateway() error {
+	name := l.cfg.GatewayDevice
+	link, err := l.nl.LinkByName(name)
+	if isLinkNotFound(err) {
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = name
+		addErr := l.nl.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
+		if errors.Is(addErr, unix.EOPNOTSUPP) {
+			// Kernels built without the dummy driver: a bridge without
+			// ports holds local addresses just as well.
+			addErr = l.nl.LinkAdd(&netlink.Bridge{LinkAttrs: attrs})
+		}
+		if addErr != nil && !errors.Is(addErr, unix.EEXIST) {
+			return fmt.Errorf("create gateway device %s: %w", name, addErr)
+		}
+		link, err = l.nl.LinkByName(name)
+	}
+	if err != nil {
+		return fmt.Errorf("look up gateway device %s: %w", name, err)
+	}
+	if err := l.nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set gateway device %s up: %w", name, err)
+	}
+	for _, gw := range l.cfg.Gateways {
+		addr := &netlink.Addr{IPNet: hostNet(gw), Scope: int(netlink.SCOPE_UNIVERSE)}
+		if err := l.nl.AddrReplace(link, addr); err != nil {
+			return fmt.Errorf("add gateway %s to %s: %w", gw, name, err)
+		}
+	}
+	return nil
+}
+
+// Close implements Datapath: it stops the periodic check, runs the
+// deferred teardowns still pending, and closes the netlink handle. The
+// gateway device and the endpoints stay.
+func (l *Linux) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.stopTick)
+	var due []*teardown
+	for _, t := range l.pending {
+		if t.timer.Stop() {
+			due = append(due, t)
+		}
+	}
+	l.pending = map[int]*teardown{}
+	l.mu.Unlock()
+	for _, t := range due {
+		if err := l.deleteLink(t.index, t.name); err != nil {
+			l.log.Warn("host veth teardown at close failed", "interface", t.name, "err", err)
+		}
+	}
+	if l.nl != nil {
+		l.nl.Close()
+	}
+	if l.ns != nil {
+		l.ns.close()
+	}
+	return nil
+}
+
+// Realize implements Datapath: the host veth's sysctls (rp_filter off,
+// forwarding on) and a /32 (/128) route per pod address to it. An
+// endpoint without a host interface has nothing to realise.
+func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (Realized, error) {
+	if ep.IfIndex == 0 && ep.IfName == "" {
+		return Realized{}, nil
+	}
+	link, err := l.hostLink(ep)
+	if err != nil {
+		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+	}
+	idx, name := link.Attrs().Index, link.Attrs().Name
+	l.mu.Lock()
+	prev, known := l.live[ep.ID]
+	l.mu.Unlock()
+	if !known || prev.index != idx {
+		if err := l.setHostSysctls(name); err != nil {
+			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+		}
+	}
+	ips := endpointIPs(ep)
+	for _, ip := range ips {
+		r := &netlink.Route{LinkIndex: idx, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_STATIC}
+		if err := l.nl.RouteReplace(r); err != nil {
+			return Realized{}, fmt.Errorf("realize endpoint %d: route %s dev %s: %w", ep.ID, ip, name, err)
+		}
+	}
+	l.mu.Lock()
+	l.live[ep.ID] = hostLink{index: idx, name: name, ips: ips}
+	l.mu.Unlock()
+	return Realized{}, nil
+}
+
+// Remove implements Datapath: the endpoint's routes go at once (its
+// address may be handed to another pod right away); the host veth is
+// deleted after TeardownDelay if the pod's netns (and with it the pair)
+// has not gone by then. Removing a missing endpoint is success.
+func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	l.mu.Lock()
+	h, known := l.live[ep.ID]
+	delete(l.live, ep.ID)
+	l.mu.Unlock()
+	if !known {
+		h = hostLink{index: ep.IfIndex, name: ep.IfName, ips: endpointIPs(ep)}
+	}
+	if h.index == 0 && h.name == "" {
+		return nil
+	}
+	if h.index == 0 {
+		link, err := l.nl.LinkByName(h.name)
+		if isLinkNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("remove endpoint %d: look up %s: %w", ep.ID, h.name, err)
+		}
+		h.index = link.Attrs().Index
+	}
+	{
+		for _, ip := range h.ips {
+			err := l.nl.RouteDel(&netlink.Route{LinkIndex: h.index, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK})
+			if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove endpoint %d: route %s: %w", ep.ID, ip, err)
+			}
+		}
+	}
+	if l.cfg.TeardownDelay < 0 {
+		if err := l.deleteLink(h.index, h.name); err != nil {
+			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+		}
+		return nil
+	}
+	l.scheduleTeardown(h.index, h.name)
+	return nil
+}
+
+// Check implements Datapath: ErrEndpointMissing if the host interface is
+// gone (or its index now names another interface).
+func (l *Linux) Check(ctx context.Context, ep *endpoint.Endpoint) error {
+	if ep.IfIndex == 0 && ep.IfName == "" {
+		return nil
+	}
+	if _, err := l.hostLink(ep); err != nil {
+		return fmt.Errorf("check endpoint %d: %w", ep.ID, err)
+	}
+	return nil
+}
+
+// hostLink finds the endpoint's host interface by index (checking the
+// name) or by name. Returns ErrEndpointMissing if it is gone.
+func (l *Linux) hostLink(ep *endpoint.Endpoint) (netlink.Link, error) {
+	var link netlink.Link
+	var err error
+	if ep.IfIndex != 0 {
+		link, err = l.nl.LinkByIndex(ep.IfIndex)
+	} else {
+		link, err = l.nl.LinkByName(ep.IfName)
+	}
+	switch {
+	case isLinkNotFound(err):
+		return nil, fmt.Errorf("host interface %s (index %d): %w", ep.IfName, ep.IfIndex, ErrEndpointMissing)
+	case err != nil:
+		return nil, fmt.Errorf("look up host interface %s: %w", ep.IfName, err)
+	case ep.IfName != "" && link.Attrs().Name != ep.IfName:
+		return nil, fmt.Errorf("host interface index %d is %s, not %s: %w", ep.IfIndex, link.Attrs().Name, ep.IfName, ErrEndpointMissing)
+	}
+	return link, nil
+}
+
+func isLinkNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+func endpointIPs(ep *endpoint.Endpoint) []netip.Addr {
+	var ips []netip.Addr
+	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if ip.IsValid() {
+			ips = append(ips, ip)
+		}
+	}
+	return ips
+}
+
+// hostNet is ip as a host prefix (/32 or /128).
+func hostNet(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+}
+
+// sysctlTimeout bounds a sysctl write in the host netns.
+const sysctlTimeout = 5 * time.Second

@@ -1,0 +1,93 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+)
+
+// nsRunner runs functions on one OS thread that lives in another network
+// namespace (sysctls under /proc/sys/net belong to the netns of the
+// thread that opens them). The thread is never switched back: it exits
+// with the goroutine.
+type nsRunner struct {
+	handle netns.NsHandle
+	work   chan func()
+	done   chan struct{}
+}
+
+func newNSRunner(path string) (*nsRunner, error) {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	r := &nsRunner{handle: h, work: make(chan func()), done: make(chan struct{})}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		errc <- nil
+		for {
+			select {
+			case fn := <-r.work:
+				fn()
+			case <-r.done:
+				return
+			}
+		}
+	}()
+	if err := <-errc; err != nil {
+		h.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// do runs fn in the namespace and waits for it.
+func (r *nsRunner) do(ctx context.Context, fn func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case r.work <- func() { errc <- fn() }:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return <-errc
+}
+
+func (r *nsRunner) close() {
+	close(r.done)
+	r.handle.Close()
+}
+
+// hostSysctls are set on every host veth: no reverse-path filter (the
+// pod's /32 route is the only route back), forwarding on (pods reach
+// each other and the world through the host).
+var hostSysctls = []struct{ key, value string }{
+	{"rp_filter", "0"},
+	{"forwarding", "1"},
+}
+
+// setHostSysctls writes hostSysctls for dev in the host netns.
+func (l *Linux) setHostSysctls(dev string) error {
+	write := func() error {
+		for _, s := range hostSysctls {
+			path := "/proc/sys/net/ipv4/conf/" + dev + "/" + s.key
+			if err := os.WriteFile(path, []byte(s.value), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s: %w", path, err)
+			}
+		}
+		return nil
+	}
+	if l.ns == nil {
+		return write()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sysctlTimeout)
+	defer cancel()
+	return l.ns.do(ctx, write)
+}

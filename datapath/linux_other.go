@@ -1,0 +1,19 @@
+//go:build !linux
+
+package datapath
+
+import (
+	"fmt"
+	"log/slog"
+)
+
+// Linux is unavailable on this platform.
+type Linux struct{ Fake }
+
+// NewLinux returns ErrNotSupported on platforms other than Linux.
+func NewLinux(cfg LinuxConfig, log *slog.Logger) (*Linux, error) {
+	return nil, fmt.Errorf("linux datapath: %w", ErrNotSupported)
+}
+
+// SetHooks does nothing on platforms other than Linux.
+func (l *Linux) SetHooks(LinuxHooks) {}

@@ -1,0 +1,149 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// teardown is a deferred deletion of a host veth.
+type teardown struct {
+	index int
+	name  string
+	timer *time.Timer
+}
+
+// scheduleTeardown deletes the host veth after TeardownDelay, in the
+// worker pool (or on the timer goroutine before SetHooks), unless it is
+// gone by then. One pending teardown per interface index.
+func (l *Linux) scheduleTeardown(index int, name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		go func() { _ = l.deleteLink(index, name) }()
+		return
+	}
+	if _, ok := l.pending[index]; ok && index != 0 {
+		return
+	}
+	t := &teardown{index: index, name: name}
+	t.timer = time.AfterFunc(l.cfg.TeardownDelay, func() { l.runTeardown(t) })
+	l.pending[index] = t
+}
+
+func (l *Linux) runTeardown(t *teardown) {
+	l.mu.Lock()
+	if l.pending[t.index] == t {
+		delete(l.pending, t.index)
+	}
+	submit := l.hooks.Submit
+	l.mu.Unlock()
+	run := func(context.Context) error {
+		if err := l.deleteLink(t.index, t.name); err != nil {
+			l.log.Warn("deferred host veth teardown failed", "interface", t.name, "err", err)
+			return err
+		}
+		return nil
+	}
+	if submit == nil {
+		_ = run(context.Background())
+		return
+	}
+	submit("teardown", run)
+}
+
+// deleteLink deletes the host veth (and with it its peer) if index still
+// names it; gone is success.
+func (l *Linux) deleteLink(index int, name string) error {
+	var link netlink.Link
+	var err error
+	if index != 0 {
+		link, err = l.nl.LinkByIndex(index)
+	} else {
+		link, err = l.nl.LinkByName(name)
+	}
+	if isLinkNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete host veth %s: %w", name, err)
+	}
+	if name != "" && link.Attrs().Name != name {
+		return nil // the index was reused by another interface
+	}
+	if err := l.nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
+		return fmt.Errorf("delete host veth %s: %w", name, err)
+	}
+	l.log.Debug("host veth deleted", "interface", name)
+	return nil
+}
+
+// PendingTeardowns reports how many host veth deletions are scheduled.
+func (l *Linux) PendingTeardowns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending)
+}
+
+// checkLoop submits checkAll every interval until Close.
+func (l *Linux) checkLoop(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stopTick:
+			return
+		case <-t.C:
+			l.mu.Lock()
+			submit := l.hooks.Submit
+			l.mu.Unlock()
+			if submit != nil {
+				submit("check-endpoints", l.CheckAll)
+			}
+		}
+	}
+}
+
+// CheckAll lists the host's links once and reports every realised
+// endpoint whose host interface is gone to LinuxHooks.OnMissing.
+func (l *Linux) CheckAll(ctx context.Context) error {
+	l.mu.Lock()
+	snap := make(map[endpoint.ID]hostLink, len(l.live))
+	for id, h := range l.live {
+		snap[id] = h
+	}
+	l.mu.Unlock()
+	if len(snap) == 0 {
+		return nil
+	}
+	links, err := l.nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("check endpoints: list links: %w", err)
+	}
+	present := make(map[int]string, len(links))
+	for _, link := range links {
+		present[link.Attrs().Index] = link.Attrs().Name
+	}
+	var missing []endpoint.ID
+	l.mu.Lock()
+	for id, h := range snap {
+		if cur, ok := l.live[id]; ok && present[h.index] != h.name && cur.index == h.index && cur.name == h.name {
+			delete(l.live, id)
+			missing = append(missing, id)
+		}
+	}
+	onMissing := l.hooks.OnMissing
+	l.mu.Unlock()
+	if len(missing) == 0 {
+		return nil
+	}
+	l.log.Warn("endpoints lost their host interface", "endpoints", missing)
+	if onMissing != nil {
+		onMissing(missing)
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// gcAttachment and gcRequest are the body of POST /v1/gc (the CNI GC's
+// cni.dev/valid-attachments); pkg/client.GCRequest is the same shape.
+type gcAttachment struct {
+	ContainerID string `json:"container-id"`
+	IfName      string `json:"ifname"`
+}
+
+type gcRequest struct {
+	ValidAttachments []gcAttachment `json:"valid-attachments"`
+}
+
+type gcResponse struct {
+	Deleted []int64 `json:"deleted"`
+}
+
+// gcParallel bounds concurrent deletions of one GC call.
+const gcParallel = 8
+
+// gc deletes every CNI endpoint (one with a netns and a container
+// interface name, as membrane-cni creates them) whose (container ID,
+// interface) is not listed, releasing its addresses and identity and
+// tearing its host veth down. Endpoints created otherwise are kept.
+func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req gcRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	if req.ValidAttachments == nil {
+		return badRequest("field \"valid-attachments\": required (an empty list deletes every CNI endpoint)")
+	}
+	valid := make(map[gcAttachment]bool, len(req.ValidAttachments))
+	for i, a := range req.ValidAttachments {
+		if a.ContainerID == "" || a.IfName == "" {
+			return badRequest(fmt.Sprintf("field \"valid-attachments[%d]\": container-id and ifname are required", i))
+		}
+		valid[a] = true
+	}
+	var stale []endpoint.ID
+	for _, ep := range s.ix.Endpoints(index.EndpointFilter{}) {
+		if ep.Netns == "" || ep.ContainerID == "" || ep.ContainerInterfaceName == "" {
+			continue
+		}
+		if !valid[gcAttachment{ContainerID: ep.ContainerID, IfName: ep.ContainerInterfaceName}] {
+			stale = append(stale, ep.ID)
+		}
+	}
+	deleted, err := s.deleteEndpoints(r.Context(), stale)
+	if err != nil {
+		return err
+	}
+	s.log.Info("cni gc", "valid", len(valid), "deleted", len(deleted))
+	writeJSON(w, http.StatusOK, &gcResponse{Deleted: deleted})
+	return nil
+}
+
+// deleteEndpoints deletes ids, gcParallel at a time. An endpoint already
+// gone or being deleted counts as deleted; the first other error is
+// returned after every deletion finished.
+func (s *Server) deleteEndpoints(ctx context.Context, ids []endpoint.ID) ([]int64, error) {
+	var (
+		mu       sync.Mutex // guards deleted and firstErr
+		deleted  = []int64{}
+		firstErr error
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, gcParallel)
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			_, err := endpointResult(s.sys.Ask(ctx, s.sys.Endpoints, &messages.DeleteEndpoint{ID: id}))
+			if errors.Is(err, actors.ErrEndpointNotFound) || errors.Is(err, actors.ErrEndpointDeleting) {
+				err = nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				deleted = append(deleted, int64(id))
+			} else if firstErr == nil {
+				firstErr = fmt.Errorf("gc endpoint %d: %w", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(deleted, func(i, j int) bool { return deleted[i] < deleted[j] })
+	return deleted, firstErr
+}

@@ -1,0 +1,113 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/client"
+)
+
+// cmdCheck verifies the attachment: CNI_IFNAME exists in the netns with
+// prevResult's address, the link route to the gateway and the default
+// route via it, and the agent reports the endpoint healthy (ready, host
+// interface present). Anything else is error CodeCheckFailed.
+func cmdCheck(args *skel.CmdArgs) error {
+	c, err := newCall(args)
+	if err != nil {
+		return err
+	}
+	defer c.client.Close()
+	if c.conf.RawPrevResult == nil {
+		return configError("prevResult", "CHECK needs the ADD's result")
+	}
+	if err := version.ParsePrevResult(&c.conf.NetConf); err != nil {
+		return configError("prevResult", "%v", err)
+	}
+	prev, err := types100.NewResultFromResult(c.conf.PrevResult)
+	if err != nil {
+		return configError("prevResult", "%v", err)
+	}
+	p, err := openPod(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if err := checkPod(p, args.IfName, prev); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	_, err = c.client.EndpointHealth(ctx, "container-id:"+args.ContainerID)
+	var ae *client.APIError
+	switch {
+	case err == nil:
+		return nil
+	case client.IsNotFound(err):
+		return newError(CodeCheckFailed, "agent has no endpoint for container %s", args.ContainerID)
+	case errors.As(err, &ae) && ae.Code == "http-503":
+		// The health answer of an unhealthy endpoint: its body says why.
+		return newError(CodeCheckFailed, "endpoint of container %s is not healthy: %s", args.ContainerID, strings.TrimSpace(ae.Message))
+	}
+	return agentError("check endpoint", err)
+}
+
+func checkPod(p *pod, ifName string, prev *types100.Result) error {
+	link, err := p.nl.LinkByName(ifName)
+	if err != nil {
+		return newError(CodeCheckFailed, "interface %s in netns %s: %v", ifName, p.path, err)
+	}
+	addrs, err := p.nl.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return kernelError("list addresses of "+ifName, err)
+	}
+	routes, err := p.nl.RouteList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return kernelError("list routes of "+ifName, err)
+	}
+	for _, ipc := range prev.IPs {
+		if ipc.Address.IP.To4() == nil {
+			continue
+		}
+		if !hasAddr(addrs, ipc.Address) {
+			return newError(CodeCheckFailed, "interface %s lacks address %s", ifName, ipc.Address.String())
+		}
+		if ipc.Gateway != nil && !hasRoute(routes, ipc.Gateway) {
+			return newError(CodeCheckFailed, "interface %s lacks the route to gateway %s or the default route via it", ifName, ipc.Gateway)
+		}
+	}
+	return nil
+}
+
+func hasAddr(addrs []netlink.Addr, want net.IPNet) bool {
+	for _, a := range addrs {
+		if a.IPNet != nil && a.IP.Equal(want.IP) && a.Mask.String() == want.Mask.String() {
+			return true
+		}
+	}
+	return false
+}
+
+// hasRoute reports whether routes hold the link route to gw and the
+// default route via gw.
+func hasRoute(routes []netlink.Route, gw net.IP) bool {
+	var link, def bool
+	for _, r := range routes {
+		switch {
+		case r.Dst != nil && r.Dst.IP.Equal(gw) && r.Scope == netlink.SCOPE_LINK:
+			link = true
+		case (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(gw):
+			def = true
+		}
+	}
+	return link && def
+}
+
+var _ = types.ErrInternal

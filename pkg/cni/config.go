@@ -1,0 +1,109 @@
+package cni
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// Defaults of the network config keys Membrane adds.
+const (
+	DefaultSocket         = "/var/run/membrane/membrane.sock"
+	DefaultDeleteQueueDir = "/var/run/membrane/delete-queue"
+	DefaultMTU            = 1500
+	// maxSocketPath is sun_path's size less the terminating NUL.
+	maxSocketPath = 107
+)
+
+// SupportedVersions are the CNI spec versions membrane-cni speaks.
+var SupportedVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// NetConf is membrane-cni's network configuration: the standard keys
+// plus socket, mtu and deleteQueueDir. Unknown keys are ignored, as the
+// spec asks (runtimes add runtimeConfig, args, capabilities...).
+type NetConf struct {
+	types.NetConf
+	// Socket is the agent's API socket.
+	Socket string `json:"socket,omitempty"`
+	// MTU of both ends of the veth; 0 means DefaultMTU.
+	MTU int `json:"mtu,omitempty"`
+	// DeleteQueueDir holds DELs the agent could not take.
+	DeleteQueueDir string `json:"deleteQueueDir,omitempty"`
+}
+
+// ParseConfig decodes and validates a network config, filling defaults.
+// Errors are CNI errors: 6 when the JSON does not decode, 7 naming the
+// key when a value is invalid.
+func ParseConfig(data []byte) (*NetConf, error) {
+	conf := &NetConf{}
+	if err := json.Unmarshal(data, conf); err != nil {
+		return nil, decodeError(err)
+	}
+	if err := conf.validate(); err != nil {
+		return nil, err
+	}
+	return conf, nil
+}
+
+func decodeError(err error) *types.Error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network config: key %q: want %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value), "")
+	}
+	return types.NewError(types.ErrDecodingFailure, "decode network config: "+err.Error(), "")
+}
+
+func (c *NetConf) validate() error {
+	if c.Name == "" {
+		return configError("name", "missing")
+	}
+	if c.CNIVersion == "" {
+		c.CNIVersion = "0.3.1" // the spec's implied version when absent
+	}
+	if !supported(c.CNIVersion) {
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("network config key \"cniVersion\": %q not supported (want one of %v)", c.CNIVersion, SupportedVersions), "")
+	}
+	if c.Socket == "" {
+		c.Socket = DefaultSocket
+	}
+	if !filepath.IsAbs(c.Socket) || len(c.Socket) > maxSocketPath {
+		return configError("socket", "%q: want an absolute path of at most %d bytes", c.Socket, maxSocketPath)
+	}
+	if c.DeleteQueueDir == "" {
+		c.DeleteQueueDir = DefaultDeleteQueueDir
+	}
+	if !filepath.IsAbs(c.DeleteQueueDir) || filepath.Clean(c.DeleteQueueDir) == "/" {
+		return configError("deleteQueueDir", "%q: want an absolute path other than /", c.DeleteQueueDir)
+	}
+	if c.MTU == 0 {
+		c.MTU = DefaultMTU
+	}
+	if c.MTU < 68 || c.MTU > 65535 {
+		return configError("mtu", "%d: want 68..65535", c.MTU)
+	}
+	if c.IPAM.Type != "" {
+		return configError("ipam", "membrane-cni allocates addresses from the agent; remove ipam.type %q", c.IPAM.Type)
+	}
+	return nil
+}
+
+func supported(v string) bool {
+	for _, s := range SupportedVersions {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// hasPrevResult reports whether the raw config carries a prevResult.
+func hasPrevResult(data []byte) bool {
+	var probe struct {
+		Prev json.RawMessage `json:"prevResult"`
+	}
+	return json.Unmarshal(data, &probe) == nil && len(bytes.TrimSpace(probe.Prev)) > 0 && string(probe.Prev) != "null"
+}

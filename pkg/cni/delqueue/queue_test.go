@@ -1,0 +1,95 @@
+package delqueue
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestWriteReadRemove(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "q")
+	e := &Entry{ContainerID: "abc", IfName: "eth0", Namespace: "default", Pod: "web", HostInterface: "lxc123", IPs: []string{"10.0.0.2"}}
+	path, err := Write(dir, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Writing the same attachment again replaces the entry.
+	if _, err := Write(dir, e); err != nil {
+		t.Fatal(err)
+	}
+	names, err := List(dir)
+	if err != nil || len(names) != 1 || names[0] != path {
+		t.Fatalf("List = %v, %v; want [%s]", names, err, path)
+	}
+	got, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Owner() != "default/web" || got.HostInterface != "lxc123" || len(got.IPs) != 1 {
+		t.Fatalf("Read = %+v", got)
+	}
+	if err := Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(path); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+}
+
+func TestFull(t *testing.T) {
+	dir := t.TempDir()
+	for i := range MaxEntries {
+		if _, err := Write(dir, &Entry{ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Write(dir, &Entry{ContainerID: "one-more", IfName: "eth0"}); !errors.Is(err, ErrFull) {
+		t.Fatalf("Write beyond MaxEntries = %v, want ErrFull", err)
+	}
+	// Rewriting a queued attachment does not grow the queue.
+	if _, err := Write(dir, &Entry{ContainerID: "c0", IfName: "eth0"}); err != nil {
+		t.Fatalf("rewrite of a queued entry = %v", err)
+	}
+	// Temporary files do not count and are not listed.
+	if err := os.WriteFile(filepath.Join(dir, ".tmp-x.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := List(dir)
+	if len(names) != MaxEntries {
+		t.Fatalf("List = %d entries, want %d", len(names), MaxEntries)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	for name, e := range map[string]*Entry{
+		"no container": {IfName: "eth0"},
+		"slash":        {ContainerID: "a/b", IfName: "eth0"},
+		"dot":          {ContainerID: "..", IfName: "eth0"},
+		"no ifname":    {ContainerID: "a"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Write(t.TempDir(), e); !errors.Is(err, ErrInvalidEntry) {
+				t.Fatalf("Write = %v, want ErrInvalidEntry", err)
+			}
+		})
+	}
+	if _, err := Decode([]byte(`{"version":2,"containerID":"a","ifname":"eth0"}`)); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("Decode of version 2 = %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"version":1,"containerID":"a","ifname":"eth0","ips":["10.0.0.1"]}`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := Decode(data)
+		if err != nil {
+			return
+		}
+		if filepath.Base(e.FileName()) != e.FileName() {
+			t.Fatalf("entry %+v escapes the queue directory: %q", e, e.FileName())
+		}
+	})
+}

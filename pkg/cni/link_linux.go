@@ -1,0 +1,178 @@
+package cni
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"net"
+	"net/netip"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/client"
+)
+
+// pod is an open pod network namespace with netlink handles for it and
+// for the host (the plugin's own netns). Netlink sockets bound to the
+// pod's netns avoid switching threads between namespaces.
+type pod struct {
+	path   string
+	ns     netns.NsHandle
+	nl     *netlink.Handle // in the pod's netns
+	hostNL *netlink.Handle // in the plugin's (host) netns
+}
+
+func openPod(path string) (*pod, error) {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, newError(CodeNetns, "open netns %s: %v", path, err)
+	}
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		h.Close()
+		return nil, newError(CodeNetns, "netlink in netns %s: %v", path, err)
+	}
+	hostNL, err := netlink.NewHandle()
+	if err != nil {
+		nl.Close()
+		h.Close()
+		return nil, kernelError("netlink in host netns", err)
+	}
+	return &pod{path: path, ns: h, nl: nl, hostNL: hostNL}, nil
+}
+
+func (p *pod) Close() {
+	p.hostNL.Close()
+	p.nl.Close()
+	p.ns.Close()
+}
+
+// veth is the pair an ADD created.
+type veth struct {
+	hostNL            *netlink.Handle
+	hostName, podName string
+	hostIndex         int
+	podIndex          int
+	hostMAC, podMAC   net.HardwareAddr
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+// clearStale makes room for this ADD. CNI_IFNAME must not exist in the
+// pod's netns, unless it is the peer of this container's own host veth
+// left by an earlier attachment whose endpoint is gone (the agent removes
+// host veths lazily after DEL, see docs/cni-notes.md): that pair is
+// deleted. A host veth of this container without an endpoint is deleted too.
+func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
+	inPod, err := p.nl.LinkByName(c.args.IfName)
+	if err != nil && !isNotFound(err) {
+		return kernelError("look up "+c.args.IfName+" in netns", err)
+	}
+	host, err := p.hostNL.LinkByName(hostName)
+	if err != nil && !isNotFound(err) {
+		return kernelError("look up "+hostName, err)
+	}
+	if host == nil {
+		if inPod != nil {
+			return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
+		}
+		return nil
+	}
+	if inPod != nil && host.Attrs().ParentIndex != inPod.Attrs().Index {
+		return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
+	}
+	_, err = c.client.EndpointGet(ctx, "container-id:"+c.args.ContainerID)
+	switch {
+	case err == nil:
+		return newError(CodeInterfaceExists, "container %s is already attached (endpoint exists, interface %s)", c.args.ContainerID, hostName)
+	case !client.IsNotFound(err):
+		return agentError("look up endpoint", err)
+	}
+	if err := p.hostNL.LinkDel(host); err != nil && !isNotFound(err) {
+		return kernelError("delete stale "+hostName, err)
+	}
+	return nil
+}
+
+// randomMAC returns a locally administered unicast MAC.
+func randomMAC() (net.HardwareAddr, error) {
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, err
+	}
+	mac[0] = (mac[0] | 0x02) &^ 0x01
+	return mac, nil
+}
+
+// createVeth creates hostName up in the host netns with its peer tmpName
+// already in the pod's netns (no move between namespaces: that waits for
+// an RCU grace period), then renames the peer to ifName there.
+func (p *pod) createVeth(hostName, tmpName, ifName string, mtu int) (v *veth, retErr error) {
+	hostMAC, err := randomMAC()
+	if err != nil {
+		return nil, kernelError("create veth", err)
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.Flags, attrs.HardwareAddr = hostName, mtu, net.FlagUp, hostMAC
+	link := &netlink.Veth{LinkAttrs: attrs, PeerName: tmpName, PeerNamespace: netlink.NsFd(int(p.ns)), PeerMTU: uint32(mtu)}
+	if err := p.hostNL.LinkAdd(link); err != nil {
+		return nil, kernelError("create veth "+hostName, err)
+	}
+	v = &veth{hostNL: p.hostNL, hostName: hostName, podName: ifName, hostIndex: link.Attrs().Index, hostMAC: hostMAC}
+	defer func() {
+		if retErr != nil {
+			v.rollback()
+		}
+	}()
+	peer, err := p.nl.LinkByName(tmpName)
+	if err != nil {
+		return v, kernelError("look up "+tmpName+" in netns", err)
+	}
+	if err := p.nl.LinkSetName(peer, ifName); err != nil {
+		return v, kernelError("rename "+tmpName+" to "+ifName, err)
+	}
+	v.podIndex, v.podMAC = peer.Attrs().Index, peer.Attrs().HardwareAddr
+	if v.hostIndex == 0 {
+		return v, kernelError("create veth "+hostName, errors.New("no interface index"))
+	}
+	return v, nil
+}
+
+// rollback deletes the pair (deleting one end deletes both).
+func (v *veth) rollback() {
+	_ = v.hostNL.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: v.hostIndex, Name: v.hostName}})
+}
+
+// configure brings the pod side up with its /32, a link route to the
+// gateway and the default route via it.
+func (p *pod) configure(v *veth, a podAddr) error {
+	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: v.podIndex, Name: v.podName}}
+	if err := p.nl.LinkSetUp(link); err != nil {
+		return kernelError("set "+v.podName+" up", err)
+	}
+	addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a.ip, 32))}
+	if err := p.nl.AddrAdd(link, addr); err != nil {
+		return kernelError("add address "+a.ip.String(), err)
+	}
+	gw := ipNet(netip.PrefixFrom(a.gateway, 32))
+	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: v.podIndex, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
+		return kernelError("add route to gateway "+a.gateway.String(), err)
+	}
+	def := &netlink.Route{LinkIndex: v.podIndex, Dst: ipNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: gw.IP}
+	if err := p.nl.RouteAdd(def); err != nil {
+		return kernelError("add default route via "+a.gateway.String(), err)
+	}
+	return nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+var _ = types.ErrInternal

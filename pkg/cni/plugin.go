@@ -1,0 +1,109 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/membrane-cni/membrane/pkg/client"
+)
+
+// Timeouts of one CNI call. kubelet's own deadline is minutes; these keep
+// a hung agent from holding the runtime much longer than an ADD takes.
+const (
+	callTimeout     = 60 * time.Second
+	rollbackTimeout = 15 * time.Second
+	// startingWait is how long a call waits for an agent that answers
+	// "starting" (restoring, draining the delete queue) before giving up.
+	startingWait = 5 * time.Second
+)
+
+// Funcs returns the CNI command handlers for skel.PluginMainFuncs.
+func Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC}
+}
+
+// VersionInfo is the versions skel negotiates with the runtime.
+func VersionInfo() version.PluginInfo { return version.PluginSupports(SupportedVersions...) }
+
+// About is printed when the binary runs without CNI_COMMAND.
+const About = "membrane-cni: the Membrane CNI plugin (talks to membrane-agent)"
+
+// call holds what every command parses first.
+type call struct {
+	args   *skel.CmdArgs
+	conf   *NetConf
+	k8s    Args
+	client *client.Client
+}
+
+func newCall(args *skel.CmdArgs) (*call, error) {
+	conf, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return nil, err
+	}
+	k8s, err := ParseArgs(args.Args)
+	if err != nil {
+		return nil, err
+	}
+	return &call{args: args, conf: conf, k8s: k8s, client: client.New(conf.Socket)}, nil
+}
+
+// unreachable reports whether err means the agent is not there to ask:
+// the socket is missing or refuses, or the agent is shutting down.
+func unreachable(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var ae *client.APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable
+}
+
+// retryStarting runs fn again while the agent answers 503 "starting",
+// for at most startingWait.
+func retryStarting(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(startingWait)
+	for {
+		err := fn()
+		if !client.IsCode(err, "starting") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// agentError turns an API error into a CNI error with Membrane's codes.
+func agentError(op string, err error) *types.Error {
+	var te *types.Error
+	switch {
+	case errors.As(err, &te):
+		return te
+	case client.IsCode(err, "ipam-exhausted"):
+		return newError(CodeIPAMExhausted, "%s: no free address in the agent's pool: %v", op, err)
+	case unreachable(err):
+		return newError(CodeAgentUnreachable, "%s: agent unreachable: %v", op, err)
+	}
+	return newError(CodeAgentError, "%s: %v", op, err)
+}
+
+func kernelError(op string, err error) *types.Error {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	return newError(CodeKernel, "%s: %v", op, err)
+}
+
+func wrapf(format string, args ...any) error { return fmt.Errorf(format, args...) }

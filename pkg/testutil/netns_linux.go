@@ -1,0 +1,181 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// netnsDir is where iproute2 (`ip netns`) keeps named network namespaces,
+// so that `ip netns exec NAME` works on the namespaces made here.
+const netnsDir = "/var/run/netns"
+
+// NS is a named network namespace made by NewNS.
+type NS struct {
+	// Name is the namespace's name under /var/run/netns.
+	Name string
+	// Path is the bind mount that keeps it alive (what CNI_NETNS names).
+	Path string
+}
+
+// RandomSuffix returns n random hex characters, for names of namespaces,
+// links and containers that must not collide with parallel test packages.
+func RandomSuffix(n int) string {
+	b := make([]byte, (n+1)/2)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)[:n]
+}
+
+// NewNS creates a network namespace named prefix-<random>, with its
+// loopback up, and registers its removal with tb.Cleanup. Links inside
+// it die with it.
+func NewNS(tb testing.TB, prefix string) *NS {
+	tb.Helper()
+	name := prefix + "-" + RandomSuffix(8)
+	ns, err := CreateNS(name)
+	if err != nil {
+		tb.Fatalf("create netns: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := ns.Remove(); err != nil {
+			tb.Errorf("remove netns %s: %v", ns.Name, err)
+		}
+	})
+	return ns
+}
+
+// CreateNS creates the named network namespace with its loopback up. The
+// caller removes it with Remove.
+func CreateNS(name string) (*NS, error) {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
+	path := filepath.Join(netnsDir, name)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
+	f.Close()
+	ns := &NS{Name: name, Path: path}
+	errc := make(chan error, 1)
+	// The thread that unshares is left locked, so Go discards it when the
+	// goroutine exits instead of reusing a thread in the wrong namespace.
+	go func() {
+		runtime.LockOSThread()
+		errc <- unshareAndMount(path)
+	}()
+	if err := <-errc; err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
+	if err := ns.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		_ = ns.Remove()
+		return nil, fmt.Errorf("create netns %s: loopback up: %w", name, err)
+	}
+	return ns, nil
+}
+
+func unshareAndMount(path string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+	if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind mount: %w", err)
+	}
+	return nil
+}
+
+// Remove unmounts and deletes the namespace. Removing a removed one is
+// success.
+func (ns *NS) Remove() error {
+	err := unix.Unmount(ns.Path, unix.MNT_DETACH)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", ns.Path, err)
+	}
+	if err := os.Remove(ns.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", ns.Path, err)
+	}
+	return nil
+}
+
+// Handle opens the namespace; the caller closes it.
+func (ns *NS) Handle() (netns.NsHandle, error) {
+	h, err := netns.GetFromPath(ns.Path)
+	if err != nil {
+		return h, fmt.Errorf("open netns %s: %w", ns.Name, err)
+	}
+	return h, nil
+}
+
+// Netlink returns a netlink handle bound to the namespace, closed by
+// tb.Cleanup.
+func (ns *NS) Netlink(tb testing.TB) *netlink.Handle {
+	tb.Helper()
+	h, err := ns.Handle()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		tb.Fatalf("netlink handle in %s: %v", ns.Name, err)
+	}
+	tb.Cleanup(nl.Close)
+	return nl
+}
+
+// Do runs fn on a locked OS thread inside the namespace. Processes that
+// fn starts (exec) start in the namespace too. The thread is discarded
+// afterwards rather than switched back.
+func (ns *NS) Do(fn func() error) error {
+	h, err := ns.Handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", ns.Name, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Exec runs a command inside the namespace (like `ip netns exec`) and
+// returns its combined output.
+func (ns *NS) Exec(name string, args ...string) (string, error) {
+	var out []byte
+	err := ns.Do(func() error {
+		var err error
+		out, err = exec.Command(name, args...).CombinedOutput()
+		return err
+	})
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), ns.Name, err, out)
+	}
+	return string(out), nil
+}
