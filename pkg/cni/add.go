@@ -83,7 +83,7 @@ type podAddr struct {
 func (c *call) allocate(ctx context.Context) (podAddr, error) {
 	var a podAddr
 	err := retryStarting(ctx, func() error {
-		res, err := c.client.IPAMAllocate(ctx, "ipv4", c.k8s.Owner(c.args.ContainerID))
+		res, err := c.client.IPAMAllocate(ctx, "ipv4", c.k8s.Owner())
 		if err != nil {
 			return err
 		}
@@ -131,8 +131,11 @@ func (c *call) putEndpoint(ctx context.Context, v *veth, a podAddr) (mayExist bo
 		Netns:                  c.args.Netns,
 		SyncBuild:              true,
 	}
+	// The network's name labels every endpoint (an identity needs a label
+	// even outside Kubernetes); pods also carry their namespace.
+	req.Labels = []string{"cni:network=" + c.conf.Name}
 	if c.k8s.Namespace != "" {
-		req.Labels = []string{"k8s:io.kubernetes.pod.namespace=" + c.k8s.Namespace}
+		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
 	err = retryStarting(ctx, func() error {
 		_, err := c.client.EndpointCreate(ctx, "container-id:"+c.args.ContainerID, req)

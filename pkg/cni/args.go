@@ -67,11 +67,12 @@ func validArgValue(v string) bool {
 	return true
 }
 
-// Owner is the IPAM owner string: "<namespace>/<pod>", or
-// "container:<id>" outside Kubernetes.
-func (a Args) Owner(containerID string) string {
+// Owner is the IPAM owner string: "<namespace>/<pod>", or "" outside
+// Kubernetes (the agent binds an unowned address to whichever endpoint
+// claims it; a named owner must match the endpoint's pod).
+func (a Args) Owner() string {
 	if a.Namespace == "" {
-		return "container:" + containerID
+		return ""
 	}
 	return a.Namespace + "/" + a.Pod
 }

@@ -141,6 +141,23 @@ func TestAddCheckDel(t *testing.T) {
 	}
 }
 
+// TestWithoutKubernetes: a runtime that sends no K8S_* args (cnitool,
+// podman) still gets an endpoint, labelled with the network's name.
+func TestWithoutKubernetes(t *testing.T) {
+	e := newEnv(t, "10.244.20.0/24")
+	e.startAgent(nil)
+	p := e.newPod("plain")
+	p.rt.Args = nil
+	e.mustAdd(p)
+	ep, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
+	if err != nil || ep.State != "ready" || len(ep.Labels) != 1 || ep.Labels[0] != "cni:network="+e.network {
+		t.Fatalf("endpoint = %+v, %v", ep, err)
+	}
+	if err := e.del(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestReAddSameNetns: DEL then ADD again in the same netns right away
 // (a runtime retrying a sandbox) works although the old pair is only torn
 // down lazily.

@@ -58,11 +58,10 @@ type Entry struct {
 }
 
 // Owner is the IPAM owner string membrane-cni allocated the entry's
-// addresses with: "<namespace>/<pod>", or "container:<id>" outside
-// Kubernetes.
+// addresses with: "<namespace>/<pod>", or "" outside Kubernetes.
 func (e *Entry) Owner() string {
 	if e.Namespace == "" && e.Pod == "" {
-		return "container:" + e.ContainerID
+		return ""
 	}
 	return e.Namespace + "/" + e.Pod
 }

@@ -1,0 +1,239 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// newTestLinux starts a Linux datapath in a fresh netns standing in for
+// the host; it is closed by tb.Cleanup.
+func newTestLinux(t *testing.T, cfg LinuxConfig) (*Linux, *testutil.NS, *netlink.Handle) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	host := testutil.NewNS(t, "mbt-dp")
+	cfg.HostNetns = host.Path
+	l, err := NewLinux(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Init(context.Background()); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l, host, host.Netlink(t)
+}
+
+// addVeth creates a veth pair in the host netns and returns an endpoint
+// naming its host side.
+func addVeth(t *testing.T, nl *netlink.Handle, id endpoint.ID, name string, ip string) *endpoint.Endpoint {
+	t.Helper()
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = name
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "p" + name[1:]}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	link, err := nl.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkSetUp(link); err != nil {
+		t.Fatal(err)
+	}
+	return &endpoint.Endpoint{ID: id, IfName: name, IfIndex: link.Attrs().Index, IPv4: netip.MustParseAddr(ip)}
+}
+
+func routeTo(t *testing.T, nl *netlink.Handle, ip string) *netlink.Route {
+	t.Helper()
+	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: hostNet(netip.MustParseAddr(ip))}, netlink.RT_FILTER_DST)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(routes) == 0 {
+		return nil
+	}
+	return &routes[0]
+}
+
+func readSysctl(t *testing.T, ns *testutil.NS, path string) string {
+	t.Helper()
+	var v []byte
+	if err := ns.Do(func() error {
+		var err error
+		v, err = os.ReadFile(path)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(v))
+}
+
+func TestLinuxInitGateway(t *testing.T) {
+	gw := netip.MustParseAddr("10.244.40.1")
+	l, _, nl := newTestLinux(t, LinuxConfig{Gateways: []netip.Addr{gw}, GatewayDevice: "mbt_gw", CheckInterval: -1})
+	if err := l.Init(context.Background()); err != nil {
+		t.Fatalf("second Init: %v", err)
+	}
+	link, err := nl.LinkByName("mbt_gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := nl.AddrList(link, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != "10.244.40.1/32" {
+		t.Fatalf("gateway addresses = %v, %v", addrs, err)
+	}
+}
+
+func TestLinuxRealizeCheckRemove(t *testing.T) {
+	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, CheckInterval: -1})
+	ep := addVeth(t, nl, 7, "lxctest0000001", "10.244.41.5")
+	ctx := context.Background()
+	for range 2 { // idempotent
+		if _, err := l.Realize(ctx, ep, 1); err != nil {
+			t.Fatalf("Realize: %v", err)
+		}
+	}
+	r := routeTo(t, nl, "10.244.41.5")
+	if r == nil || r.LinkIndex != ep.IfIndex || r.Scope != netlink.SCOPE_LINK {
+		t.Fatalf("route = %+v, want 10.244.41.5/32 dev %s scope link", r, ep.IfName)
+	}
+	for key, want := range map[string]string{"rp_filter": "0", "forwarding": "1"} {
+		if got := readSysctl(t, host, "/proc/sys/net/ipv4/conf/"+ep.IfName+"/"+key); got != want {
+			t.Errorf("%s = %s, want %s", key, got, want)
+		}
+	}
+	if err := l.Check(ctx, ep); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+
+	for range 2 { // removing twice is success
+		if err := l.Remove(ctx, ep); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+	}
+	if r := routeTo(t, nl, "10.244.41.5"); r != nil {
+		t.Fatalf("route left after Remove: %+v", r)
+	}
+	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
+		t.Fatal("host veth deleted before the teardown delay")
+	}
+	if l.PendingTeardowns() != 1 {
+		t.Fatalf("pending teardowns = %d, want 1", l.PendingTeardowns())
+	}
+	if err := l.Close(); err != nil { // runs pending teardowns
+		t.Fatal(err)
+	}
+	if _, err := host.Netlink(t).LinkByIndex(ep.IfIndex); err == nil {
+		t.Fatal("host veth left after Close ran the pending teardown")
+	}
+}
+
+func TestLinuxDeferredTeardown(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond, CheckInterval: -1})
+	var mu sync.Mutex
+	var ops []string
+	l.SetHooks(LinuxHooks{Submit: func(op string, fn func(context.Context) error) {
+		mu.Lock()
+		ops = append(ops, op)
+		mu.Unlock()
+		go func() { _ = fn(context.Background()) }()
+	}})
+	ep := addVeth(t, nl, 8, "lxctest0000002", "10.244.41.6")
+	ctx := context.Background()
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("host veth never torn down")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ops) != 1 || ops[0] != "teardown" {
+		t.Fatalf("submitted ops = %v, want the teardown through the pool", ops)
+	}
+	if err := l.Check(ctx, ep); !errors.Is(err, ErrEndpointMissing) {
+		t.Fatalf("Check of a removed interface = %v, want ErrEndpointMissing", err)
+	}
+	if _, err := l.Realize(ctx, ep, 2); !errors.Is(err, ErrEndpointMissing) {
+		t.Fatalf("Realize of a removed interface = %v, want ErrEndpointMissing", err)
+	}
+}
+
+func TestLinuxCheckAllReportsMissing(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{CheckInterval: -1})
+	missing := make(chan []endpoint.ID, 1)
+	l.SetHooks(LinuxHooks{OnMissing: func(ids []endpoint.ID) { missing <- ids }})
+	keep := addVeth(t, nl, 1, "lxctest0000003", "10.244.41.7")
+	gone := addVeth(t, nl, 2, "lxctest0000004", "10.244.41.8")
+	ctx := context.Background()
+	for _, ep := range []*endpoint.Endpoint{keep, gone} {
+		if _, err := l.Realize(ctx, ep, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link, _ := nl.LinkByIndex(gone.IfIndex)
+	if err := nl.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CheckAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ids := <-missing:
+		if len(ids) != 1 || ids[0] != 2 {
+			t.Fatalf("missing = %v, want [2]", ids)
+		}
+	default:
+		t.Fatal("OnMissing not called")
+	}
+	// Reported once: the endpoint is forgotten.
+	if err := l.CheckAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) != 0 {
+		t.Fatal("reported twice")
+	}
+}
+
+func TestLinuxEndpointWithoutInterface(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{CheckInterval: -1})
+	ep := &endpoint.Endpoint{ID: 3, IPv4: netip.MustParseAddr("10.244.41.9")}
+	ctx := context.Background()
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatalf("Realize: %v", err)
+	}
+	if err := l.Check(ctx, ep); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+}
+
+func TestLinuxConfigValidate(t *testing.T) {
+	if _, err := NewLinux(LinuxConfig{GatewayDevice: "a-very-long-device-name"}, slog.Default()); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("NewLinux with a 23-byte device name = %v", err)
+	}
+}
