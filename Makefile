@@ -8,7 +8,12 @@ CMDS    := membrane-agent membrane-cni membranectl membrane-sim
 # Tests share 2 cores with the build; -p 2 keeps root tests from starving.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 20m
 
-.PHONY: all build test test-short fuzz bench demo vet clean
+# Where `make install` puts the CNI plugin and its conflist (under DESTDIR).
+CNI_BIN_DIR  ?= /opt/cni/bin
+CNI_CONF_DIR ?= /etc/cni/net.d
+SYSTEMD_DIR  ?= /lib/systemd/system
+
+.PHONY: all build test test-short fuzz bench bench-cni demo vet clean install
 
 all: build
 
@@ -33,11 +38,33 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/ipam/
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/api/
+
+# CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
+# reference ptp + host-local plugins (root; see docs/cni-bench.md).
+# BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers.
+BENCH_N    ?= 200
+BENCH_CONC ?= 8
+bench-cni:
+	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) \
+		$(GO) test -run '^TestCNIBench$$' -count=1 -v -timeout 30m ./test/cnibench/
+
+# Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
+# conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(CNI_CONF_DIR) $(DESTDIR)$(SYSTEMD_DIR)
+	install -m 0755 $(BIN)/membrane-agent $(BIN)/membranectl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN)/membrane-cni $(DESTDIR)$(CNI_BIN_DIR)/membrane-cni
+	install -m 0644 deploy/05-membrane.conflist $(DESTDIR)$(CNI_CONF_DIR)/05-membrane.conflist
+	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' deploy/membrane-agent.service > $(DESTDIR)$(SYSTEMD_DIR)/membrane-agent.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_DIR)/membrane-agent.service
 
 demo: build
 	./scripts/demo.sh

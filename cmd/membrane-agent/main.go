@@ -62,7 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&v4, "ipv4-range", "10.200.0.0/16", "IPv4 pod CIDR (\"\" disables IPv4)")
 	fs.StringVar(&v6, "ipv6-range", "", "IPv6 pod CIDR, e.g. fd00:200::/112 (at most 2^24 addresses)")
 	fs.StringVar(&strategy, "ipam-strategy", "sequential", "address allocation: sequential or random")
-	fs.StringVar(&cfg.Datapath, "datapath", "fake", "datapath: fake or linux")
+	fs.StringVar(&cfg.Datapath, "datapath", "linux", "datapath: linux (needs root: CAP_NET_ADMIN) or fake (in memory, for demos and tests)")
 	fs.StringVar(&cfg.DeleteQueueDir, "delete-queue-dir", "/var/run/membrane/delete-queue", "directory of CNI DELs queued while the agent was unreachable (\"\" disables draining)")
 	fs.StringVar(&cfg.Linux.GatewayDevice, "gateway-device", "membrane_host", "linux datapath: dummy device holding the pods' gateway addresses")
 	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth is removed if its netns has not taken it (negative: at once)")
