@@ -17,9 +17,12 @@ SYSTEMD_DIR  ?= /lib/systemd/system
 
 all: build
 
+# The CNI plugin is exec'd per pod: a static binary skips the dynamic
+# loader (about 1 ms per exec here).
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(filter-out membrane-cni,$(CMDS)))
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/membrane-cni
 
 vet:
 	$(GO) vet ./...

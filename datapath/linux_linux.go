@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -83,6 +84,10 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.ensureGateway(); err != nil {
 		return err
 	}
+	// Pods are routed through the host: IPv4 forwarding on (ip_forward).
+	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/conf/all/forwarding", "1") }); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	}
 	if l.cfg.CheckInterval > 0 {
 		go l.checkLoop(l.cfg.CheckInterval)
 	}
@@ -93,7 +98,7 @@ func (l *Linux) Init(ctx context.Context) error {
 
 func (l *Linux) open() error {
 	if l.cfg.HostNetns == "" {
-		nl, err := netlink.NewHandle()
+		nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 		if err != nil {
 			return fmt.Errorf("linux datapath init: netlink: %w", err)
 		}
@@ -104,7 +109,7 @@ func (l *Linux) open() error {
 	if err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
-	nl, err := netlink.NewHandleAt(r.handle)
+	nl, err := netlink.NewHandleAt(r.handle, unix.NETLINK_ROUTE)
 	if err != nil {
 		r.close()
 		return fmt.Errorf("linux datapath init: netlink in %s: %w", l.cfg.HostNetns, err)
@@ -190,23 +195,29 @@ func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) 
 	if ep.IfIndex == 0 && ep.IfName == "" {
 		return Realized{}, nil
 	}
-	link, err := l.hostLink(ep)
-	if err != nil {
-		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+	idx, name := ep.IfIndex, ep.IfName
+	if idx == 0 || name == "" {
+		link, err := l.hostLink(ep)
+		if err != nil {
+			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+		}
+		idx, name = link.Attrs().Index, link.Attrs().Name
 	}
-	idx, name := link.Attrs().Index, link.Attrs().Name
+	// No lookup first: the sysctls name the interface and the routes its
+	// index, and both fail if it is gone.
 	l.mu.Lock()
 	prev, known := l.live[ep.ID]
 	l.mu.Unlock()
-	if !known || prev.index != idx {
+	if !known || prev.index != idx || prev.name != name {
 		if err := l.setHostSysctls(name); err != nil {
-			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, missingIf(err, errors.Is(err, os.ErrNotExist), name))
 		}
 	}
 	ips := endpointIPs(ep)
 	for _, ip := range ips {
 		r := &netlink.Route{LinkIndex: idx, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_STATIC}
 		if err := l.nl.RouteReplace(r); err != nil {
+			err = missingIf(err, errors.Is(err, unix.ENODEV), name)
 			return Realized{}, fmt.Errorf("realize endpoint %d: route %s dev %s: %w", ep.ID, ip, name, err)
 		}
 	}
@@ -214,6 +225,15 @@ func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) 
 	l.live[ep.ID] = hostLink{index: idx, name: name, ips: ips}
 	l.mu.Unlock()
 	return Realized{}, nil
+}
+
+// missingIf wraps err with ErrEndpointMissing when gone says the host
+// interface does not exist.
+func missingIf(err error, gone bool, name string) error {
+	if gone {
+		return fmt.Errorf("host interface %s: %w (%v)", name, ErrEndpointMissing, err)
+	}
+	return err
 }
 
 // Remove implements Datapath: the endpoint's routes go at once (its

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netns"
 )
@@ -67,27 +68,51 @@ func (r *nsRunner) close() {
 
 // hostSysctls are set on every host veth: no reverse-path filter (the
 // pod's /32 route is the only route back), forwarding on (pods reach
-// each other and the world through the host).
+// each other and the world through the host). Init turns forwarding on
+// for the host (net.ipv4.conf.all.forwarding, i.e. ip_forward), which
+// new devices inherit, so usually neither needs a write: writing
+// forwarding takes the rtnl lock (retrying the syscall while another
+// task holds it), which concurrent ADDs contend for.
 var hostSysctls = []struct{ key, value string }{
 	{"rp_filter", "0"},
 	{"forwarding", "1"},
 }
 
-// setHostSysctls writes hostSysctls for dev in the host netns.
+// setHostSysctls makes hostSysctls hold for dev in the host netns,
+// writing only values that differ.
 func (l *Linux) setHostSysctls(dev string) error {
-	write := func() error {
+	return l.inHost(func() error {
 		for _, s := range hostSysctls {
-			path := "/proc/sys/net/ipv4/conf/" + dev + "/" + s.key
-			if err := os.WriteFile(path, []byte(s.value), 0o644); err != nil {
-				return fmt.Errorf("sysctl %s: %w", path, err)
+			if err := ensureSysctl("/proc/sys/net/ipv4/conf/"+dev+"/"+s.key, s.value); err != nil {
+				return err
 			}
 		}
 		return nil
+	})
+}
+
+// ensureSysctl writes value to path unless it already holds it.
+func ensureSysctl(path, value string) error {
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("sysctl %s: %w", path, err)
 	}
+	if strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s: %w", path, err)
+	}
+	return nil
+}
+
+// inHost runs fn in the host netns: directly when that is the agent's
+// own, else on the namespace's thread.
+func (l *Linux) inHost(fn func() error) error {
 	if l.ns == nil {
-		return write()
+		return fn()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sysctlTimeout)
 	defer cancel()
-	return l.ns.do(ctx, write)
+	return l.ns.do(ctx, fn)
 }

@@ -31,22 +31,26 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		return err
 	}
 	defer pod.Close()
-	hostName, tmpName := VethNames(args.ContainerID)
-	if err := c.clearStale(ctx, pod, hostName); err != nil {
-		return err
-	}
-
-	addr, err := c.allocate(ctx)
-	if err != nil {
-		return err
-	}
+	// The address is allocated while the veth is made: the two are
+	// independent, and each is about a millisecond.
+	alloc := c.allocateAsync(ctx)
 	defer func() {
 		if retErr != nil {
-			c.release(addr.ip)
+			if addr, err := alloc.wait(); err == nil {
+				c.release(addr.ip)
+			}
 		}
 	}()
-
+	hostName, tmpName := VethNames(args.ContainerID)
 	veth, err := pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+	if errors.Is(err, errVethExists) {
+		// A stale pair of this container (or a live attachment): look
+		// closer only now, so the usual ADD makes no lookups.
+		if err := c.clearStale(ctx, pod, hostName); err != nil {
+			return err
+		}
+		veth, err = pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+	}
 	if err != nil {
 		return err
 	}
@@ -55,6 +59,10 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 			veth.rollback()
 		}
 	}()
+	addr, err := alloc.wait()
+	if err != nil {
+		return err
+	}
 	if err := pod.configure(veth, addr); err != nil {
 		return err
 	}
@@ -78,6 +86,28 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 // podAddr is the pod's address and gateway from the agent's IPAM.
 type podAddr struct {
 	ip, gateway netip.Addr
+}
+
+// pendingAddr is an allocation in flight.
+type pendingAddr struct {
+	done chan struct{}
+	addr podAddr
+	err  error
+}
+
+// wait returns the allocation's outcome; it may be called more than once.
+func (p *pendingAddr) wait() (podAddr, error) {
+	<-p.done
+	return p.addr, p.err
+}
+
+func (c *call) allocateAsync(ctx context.Context) *pendingAddr {
+	p := &pendingAddr{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.addr, p.err = c.allocate(ctx)
+	}()
+	return p
 }
 
 func (c *call) allocate(ctx context.Context) (podAddr, error) {

@@ -260,6 +260,31 @@ func TestAddFailureRollsBack(t *testing.T) {
 		}
 		assertNothingLeft(t, e, p)
 	})
+	t.Run("interface name taken in the netns", func(t *testing.T) {
+		e := newEnv(t, "10.244.21.0/24")
+		e.startAgent(nil)
+		p := e.newPod("taken")
+		nl := p.ns.Netlink(t)
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = "eth0"
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "other0"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.add(p); cniCode(err) != cni.CodeInterfaceExists {
+			t.Fatalf("ADD = %v, want code %d", err, cni.CodeInterfaceExists)
+		}
+		if e.hostLinkExists(p) {
+			t.Fatal("host veth left behind")
+		}
+		links, _ := nl.LinkList()
+		if len(links) != 3 { // lo, eth0, other0
+			t.Fatalf("pod netns links = %d, want the 3 it had", len(links))
+		}
+		st, err := e.client().IPAMStatus(context.Background())
+		if err != nil || len(st.IPv4.Allocations) != 0 {
+			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
+		}
+	})
 	t.Run("endpoint fails after veth and address", func(t *testing.T) {
 		e := newEnv(t, "10.244.16.0/24")
 		fake := datapath.NewFake(1)

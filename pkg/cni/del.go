@@ -10,6 +10,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/client"
 	"github.com/membrane-cni/membrane/pkg/cni/delqueue"
@@ -49,14 +50,19 @@ func cmdDel(args *skel.CmdArgs) error {
 // idempotent either way.
 func (c *call) deleteLeftoverVeth() error {
 	hostName, _ := VethNames(c.args.ContainerID)
-	link, err := netlink.LinkByName(hostName)
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return kernelError("netlink", err)
+	}
+	defer nl.Close()
+	link, err := nl.LinkByName(hostName)
 	if isNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return kernelError("look up "+hostName, err)
 	}
-	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := nl.LinkDel(link); err != nil && !isNotFound(err) {
 		return kernelError("delete "+hostName, err)
 	}
 	return nil

@@ -34,8 +34,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "membrane-cni"),
-		"github.com/membrane-cni/membrane/cmd/membrane-cni").CombinedOutput()
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
+		"github.com/membrane-cni/membrane/cmd/membrane-cni")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build` builds it
+	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build membrane-cni: %v\n%s", err, out)
 		os.Exit(1)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -30,12 +29,12 @@ func openPod(path string) (*pod, error) {
 	if err != nil {
 		return nil, newError(CodeNetns, "open netns %s: %v", path, err)
 	}
-	nl, err := netlink.NewHandleAt(h)
+	nl, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE)
 	if err != nil {
 		h.Close()
 		return nil, newError(CodeNetns, "netlink in netns %s: %v", path, err)
 	}
-	hostNL, err := netlink.NewHandle()
+	hostNL, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		nl.Close()
 		h.Close()
@@ -64,11 +63,15 @@ func isNotFound(err error) bool {
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
-// clearStale makes room for this ADD. CNI_IFNAME must not exist in the
-// pod's netns, unless it is the peer of this container's own host veth
-// left by an earlier attachment whose endpoint is gone (the agent removes
-// host veths lazily after DEL, see docs/cni-notes.md): that pair is
-// deleted. A host veth of this container without an endpoint is deleted too.
+// errVethExists says creating the pair failed because a name is taken.
+var errVethExists = errors.New("veth name exists")
+
+// clearStale makes room for this ADD after creating the pair found a name
+// taken. CNI_IFNAME must not exist in the pod's netns, unless it is the
+// peer of this container's own host veth left by an earlier attachment
+// whose endpoint is gone (the agent removes host veths lazily after DEL,
+// see docs/cni-notes.md): that pair is deleted. A host veth of this
+// container without an endpoint is deleted too.
 func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
 	inPod, err := p.nl.LinkByName(c.args.IfName)
 	if err != nil && !isNotFound(err) {
@@ -82,7 +85,7 @@ func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
 		if inPod != nil {
 			return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
 		}
-		return nil
+		return newError(CodeInterfaceExists, "veth names of container %s are taken", c.args.ContainerID)
 	}
 	if inPod != nil && host.Attrs().ParentIndex != inPod.Attrs().Index {
 		return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
@@ -122,6 +125,9 @@ func (p *pod) createVeth(hostName, tmpName, ifName string, mtu int) (v *veth, re
 	attrs.Name, attrs.MTU, attrs.Flags, attrs.HardwareAddr = hostName, mtu, net.FlagUp, hostMAC
 	link := &netlink.Veth{LinkAttrs: attrs, PeerName: tmpName, PeerNamespace: netlink.NsFd(int(p.ns)), PeerMTU: uint32(mtu)}
 	if err := p.hostNL.LinkAdd(link); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, errVethExists
+		}
 		return nil, kernelError("create veth "+hostName, err)
 	}
 	v = &veth{hostNL: p.hostNL, hostName: hostName, podName: ifName, hostIndex: link.Attrs().Index, hostMAC: hostMAC}
@@ -135,6 +141,9 @@ func (p *pod) createVeth(hostName, tmpName, ifName string, mtu int) (v *veth, re
 		return v, kernelError("look up "+tmpName+" in netns", err)
 	}
 	if err := p.nl.LinkSetName(peer, ifName); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return v, newError(CodeInterfaceExists, "interface %q already exists in netns %s", ifName, p.path)
+		}
 		return v, kernelError("rename "+tmpName+" to "+ifName, err)
 	}
 	v.podIndex, v.podMAC = peer.Attrs().Index, peer.Attrs().HardwareAddr
@@ -174,5 +183,3 @@ func (p *pod) configure(v *veth, a podAddr) error {
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
-
-var _ = types.ErrInternal

@@ -1,0 +1,262 @@
+package cnibench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// refPluginDir is where Debian's containernetworking-plugins installs ptp
+// and host-local.
+const refPluginDir = "/usr/lib/cni"
+
+// arm is one plugin set under test.
+type arm struct {
+	name string
+	cni  *libcni.CNIConfig
+	conf *libcni.NetworkConfigList
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+func TestCNIBench(t *testing.T) {
+	if os.Getenv("MEMBRANE_BENCH_CNI") == "" {
+		t.Skip("set MEMBRANE_BENCH_CNI=1 (make bench-cni) to run the CNI benchmark")
+	}
+	testutil.RequireRoot(t)
+	if _, err := os.Stat(filepath.Join(refPluginDir, "ptp")); err != nil {
+		t.Fatalf("reference plugins missing (apt-get install containernetworking-plugins): %v", err)
+	}
+	n, conc := envInt("BENCH_N", 200), envInt("BENCH_CONC", 8)
+	dir := t.TempDir()
+	host := testutil.NewNS(t, "mbb-host")
+	membrane := startMembrane(t, dir, host)
+	ptp := ptpArm(t, dir)
+
+	if os.Getenv("BENCH_ONLY") == "concurrent" { // for profiling
+		for _, a := range []*arm{membrane, ptp} {
+			fmt.Printf("%s: %.0f ADDs/s\n", a.name, concurrent(t, host, a, n, conc))
+		}
+		return
+	}
+	var rows []string
+	seq := map[string][2]stats{}
+	for _, a := range []*arm{membrane, ptp} {
+		add, del := sequential(t, host, a, n)
+		seq[a.name] = [2]stats{add, del}
+	}
+	thr := map[string]float64{}
+	for _, a := range []*arm{membrane, ptp} {
+		thr[a.name] = concurrent(t, host, a, n, conc)
+	}
+	m, p := seq["membrane"], seq["ptp"]
+	rows = append(rows,
+		fmt.Sprintf("| ADD p50 | %s | %s | %.2f |", ms(m[0].p50), ms(p[0].p50), ratio(m[0].p50, p[0].p50)),
+		fmt.Sprintf("| ADD p99 | %s | %s | %.2f |", ms(m[0].p99), ms(p[0].p99), ratio(m[0].p99, p[0].p99)),
+		fmt.Sprintf("| DEL p50 | %s | %s | %.2f |", ms(m[1].p50), ms(p[1].p50), ratio(m[1].p50, p[1].p50)),
+		fmt.Sprintf("| DEL p99 | %s | %s | %.2f |", ms(m[1].p99), ms(p[1].p99), ratio(m[1].p99, p[1].p99)),
+		fmt.Sprintf("| %d concurrent ADDs (%d total), ADDs/s | %.0f | %.0f | %.2f |", conc, n, thr["membrane"], thr["ptp"], thr["membrane"]/thr["ptp"]),
+	)
+	out := fmt.Sprintf("\n%d sequential ADDs then DELs per plugin, kernel %s, %s\n\n| what | membrane-cni | ptp + host-local | membrane/ptp |\n|---|---|---|---|\n%s\n",
+		n, kernel(), refVersion(), strings.Join(rows, "\n"))
+	fmt.Print(out)
+	if path := os.Getenv("BENCH_OUT"); path != "" {
+		_ = os.WriteFile(path, []byte(out), 0o644)
+	}
+	if m[0].p50 > p[0].p50 || m[1].p50 > p[1].p50 || thr["membrane"] < 1.5*thr["ptp"] {
+		t.Logf("a target was missed (ADD p50 <= ptp, DEL p50 <= ptp, throughput >= 1.5x ptp)")
+	}
+}
+
+func startMembrane(t *testing.T, dir string, host *testutil.NS) *arm {
+	t.Helper()
+	bin := filepath.Join(dir, "bin")
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build` builds it
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build membrane-cni: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	a, err := agent.Start(agent.Config{
+		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.245.0.0/16"),
+		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path}, DeleteQueueDir: filepath.Join(dir, "queue"),
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_ = a.Stop(ctx)
+	})
+	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"membrane-bench","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1500}]}`,
+		sock, filepath.Join(dir, "queue"))
+	return newArm(t, "membrane", []string{bin}, filepath.Join(dir, "cache-membrane"), raw)
+}
+
+func ptpArm(t *testing.T, dir string) *arm {
+	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ptp-bench","plugins":[{"type":"ptp","ipMasq":false,"mtu":1500,
+		"ipam":{"type":"host-local","ranges":[[{"subnet":"10.246.0.0/16"}]],"dataDir":%q}}]}`, filepath.Join(dir, "host-local"))
+	return newArm(t, "ptp", []string{refPluginDir}, filepath.Join(dir, "cache-ptp"), raw)
+}
+
+func newArm(t *testing.T, name string, path []string, cache, raw string) *arm {
+	t.Helper()
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &arm{name: name, cni: libcni.NewCNIConfigWithCacheDir(path, cache, nil), conf: conf}
+}
+
+// sandbox is one pod: its netns and runtime config.
+type sandbox struct {
+	ns *testutil.NS
+	rt *libcni.RuntimeConf
+}
+
+func newSandboxes(t *testing.T, n int, prefix string) []*sandbox {
+	t.Helper()
+	out := make([]*sandbox, n)
+	for i := range out {
+		ns, err := testutil.CreateNS(fmt.Sprintf("%s-%s-%d", prefix, testutil.RandomSuffix(6), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ns.Remove() })
+		id := "bench" + testutil.RandomSuffix(20)
+		out[i] = &sandbox{ns: ns, rt: &libcni.RuntimeConf{ContainerID: id, NetNS: ns.Path, IfName: "eth0",
+			Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "bench"}, {"K8S_POD_NAME", "pod-" + strconv.Itoa(i)},
+				{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + strconv.Itoa(i)}}}}
+	}
+	return out
+}
+
+// timed runs op in the host netns (where plugins are exec'd) and returns
+// how long it took.
+func timed(t *testing.T, host *testutil.NS, what string, op func(ctx context.Context) error) time.Duration {
+	t.Helper()
+	var d time.Duration
+	err := host.Do(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := op(ctx)
+		d = time.Since(start)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return d
+}
+
+// sequential runs n ADDs, then n DELs, each followed (unmeasured) by the
+// runtime's next step: nothing after ADD, removing the netns after DEL.
+func sequential(t *testing.T, host *testutil.NS, a *arm, n int) (add, del stats) {
+	pods := newSandboxes(t, n, "mbb-"+a.name)
+	adds, dels := make([]time.Duration, n), make([]time.Duration, n)
+	for i, p := range pods {
+		adds[i] = timed(t, host, a.name+" ADD", func(ctx context.Context) error {
+			_, err := a.cni.AddNetworkList(ctx, a.conf, p.rt)
+			return err
+		})
+	}
+	for i, p := range pods {
+		dels[i] = timed(t, host, a.name+" DEL", func(ctx context.Context) error { return a.cni.DelNetworkList(ctx, a.conf, p.rt) })
+		if err := p.ns.Remove(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return summarize(adds), summarize(dels)
+}
+
+// concurrent runs n ADDs with conc workers and returns ADDs per second;
+// the pods are deleted afterwards, unmeasured.
+func concurrent(t *testing.T, host *testutil.NS, a *arm, n, conc int) float64 {
+	pods := newSandboxes(t, n, "mbc-"+a.name)
+	work := make(chan *sandbox)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range work {
+				err := host.Do(func() error {
+					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+					defer cancel()
+					_, err := a.cni.AddNetworkList(ctx, a.conf, p.rt)
+					return err
+				})
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for _, p := range pods {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%s concurrent ADD: %v", a.name, err)
+	}
+	for _, p := range pods {
+		timed(t, host, a.name+" DEL", func(ctx context.Context) error { return a.cni.DelNetworkList(ctx, a.conf, p.rt) })
+		_ = p.ns.Remove()
+	}
+	return float64(n) / elapsed.Seconds()
+}
+
+type stats struct{ p50, p99 time.Duration }
+
+func summarize(ds []time.Duration) stats {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return stats{p50: at(0.50), p99: at(0.99)}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
+
+func kernel() string {
+	out, _ := exec.Command("uname", "-r").Output()
+	return strings.TrimSpace(string(out))
+}
+
+func refVersion() string {
+	out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins").Output()
+	if err != nil {
+		return "containernetworking-plugins (version unknown)"
+	}
+	return "containernetworking-plugins " + strings.TrimSpace(string(out))
+}
