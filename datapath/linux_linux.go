@@ -28,6 +28,11 @@ type Linux struct {
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 
+	// life is held for reading by every operation that uses nl, and for
+	// writing by Close when it closes nl; nlClosed is set then.
+	life     sync.RWMutex
+	nlClosed bool
+
 	// mu guards everything below.
 	mu       sync.Mutex
 	hooks    LinuxHooks
@@ -45,6 +50,9 @@ type hostLink struct {
 }
 
 var _ Datapath = (*Linux)(nil)
+
+// ErrClosed is returned by operations on a closed Linux datapath.
+var ErrClosed = errors.New("datapath closed")
 
 // NewLinux returns a Linux datapath; Init opens the host netns and
 // creates the gateway device.
@@ -175,23 +183,56 @@ func (l *Linux) Close() error {
 	l.pending = map[int]*teardown{}
 	l.mu.Unlock()
 	for _, t := range due {
-		if err := l.deleteLink(t.index, t.name); err != nil {
+		if err := l.guard(func() error { return l.deleteLink(t.index, t.name) }); err != nil {
 			l.log.Warn("host veth teardown at close failed", "interface", t.name, "err", err)
 		}
 	}
+	l.life.Lock()
+	l.nlClosed = true
 	if l.nl != nil {
 		l.nl.Close()
 	}
+	l.life.Unlock()
 	if l.ns != nil {
 		l.ns.close()
 	}
 	return nil
 }
 
-// Realize implements Datapath: the host veth's sysctls (rp_filter off,
+// Realize implements Datapath (see realize).
+func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
+	err = l.guard(func() error {
+		r, err = l.realize(ep)
+		return err
+	})
+	return r, err
+}
+
+// Remove implements Datapath (see remove).
+func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	return l.guard(func() error { return l.remove(ep) })
+}
+
+// Check implements Datapath: ErrEndpointMissing if the host interface is
+// gone (or its index now names another interface).
+func (l *Linux) Check(ctx context.Context, ep *endpoint.Endpoint) error {
+	return l.guard(func() error { return l.check(ep) })
+}
+
+// guard runs fn unless Close closed the netlink handle.
+func (l *Linux) guard(fn func() error) error {
+	l.life.RLock()
+	defer l.life.RUnlock()
+	if l.nlClosed || l.nl == nil {
+		return fmt.Errorf("linux datapath: %w", ErrClosed)
+	}
+	return fn()
+}
+
+// realize: the host veth's sysctls (rp_filter off,
 // forwarding on) and a /32 (/128) route per pod address to it. An
 // endpoint without a host interface has nothing to realise.
-func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (Realized, error) {
+func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	if ep.IfIndex == 0 && ep.IfName == "" {
 		return Realized{}, nil
 	}
@@ -236,11 +277,13 @@ func missingIf(err error, gone bool, name string) error {
 	return err
 }
 
-// Remove implements Datapath: the endpoint's routes go at once (its
-// address may be handed to another pod right away); the host veth is
-// deleted after TeardownDelay if the pod's netns (and with it the pair)
-// has not gone by then. Removing a missing endpoint is success.
-func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+// remove: nothing happens on the caller's path (the
+// endpoint's deletion, which CNI DEL waits for): the endpoint's routes
+// are removed right away in the worker pool (its address may go to
+// another pod), and the host veth is deleted after TeardownDelay if the
+// pod's netns (and with it the pair) has not gone by then. Negative
+// TeardownDelay does both at once. Removing a missing endpoint is success.
+func (l *Linux) remove(ep *endpoint.Endpoint) error {
 	l.mu.Lock()
 	h, known := l.live[ep.ID]
 	delete(l.live, ep.ID)
@@ -251,7 +294,7 @@ func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	if h.index == 0 && h.name == "" {
 		return nil
 	}
-	if h.index == 0 {
+	if h.index == 0 { // known by name only (a queued deletion)
 		link, err := l.nl.LinkByName(h.name)
 		if isLinkNotFound(err) {
 			return nil
@@ -261,27 +304,53 @@ func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 		}
 		h.index = link.Attrs().Index
 	}
-	{
-		for _, ip := range h.ips {
-			err := l.nl.RouteDel(&netlink.Route{LinkIndex: h.index, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK})
-			if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("remove endpoint %d: route %s: %w", ep.ID, ip, err)
-			}
-		}
-	}
 	if l.cfg.TeardownDelay < 0 {
+		if err := l.unroute(h); err != nil {
+			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+		}
 		if err := l.deleteLink(h.index, h.name); err != nil {
 			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 		}
 		return nil
 	}
+	l.submit("unroute", func(context.Context) error { return l.unroute(h) })
 	l.scheduleTeardown(h.index, h.name)
 	return nil
 }
 
-// Check implements Datapath: ErrEndpointMissing if the host interface is
-// gone (or its index now names another interface).
-func (l *Linux) Check(ctx context.Context, ep *endpoint.Endpoint) error {
+// unroute deletes the routes of h's addresses through its interface;
+// routes already gone (or replaced by another pod's) are fine.
+func (l *Linux) unroute(h hostLink) error {
+	for _, ip := range h.ips {
+		err := l.nl.RouteDel(&netlink.Route{LinkIndex: h.index, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK})
+		if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete route %s dev %s: %w", ip, h.name, err)
+		}
+	}
+	return nil
+}
+
+// submit runs fn in the worker pool (LinuxHooks.Submit), or on a new
+// goroutine before the hooks are set.
+func (l *Linux) submit(op string, fn func(context.Context) error) {
+	l.mu.Lock()
+	submit := l.hooks.Submit
+	l.mu.Unlock()
+	run := func(ctx context.Context) error {
+		err := l.guard(func() error { return fn(ctx) })
+		if err != nil && !errors.Is(err, ErrClosed) {
+			l.log.Warn("datapath work failed", "op", op, "err", err)
+		}
+		return err
+	}
+	if submit == nil {
+		go func() { _ = run(context.Background()) }()
+		return
+	}
+	submit(op, run)
+}
+
+func (l *Linux) check(ep *endpoint.Endpoint) error {
 	if ep.IfIndex == 0 && ep.IfName == "" {
 		return nil
 	}

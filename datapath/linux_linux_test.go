@@ -55,6 +55,19 @@ func addVeth(t *testing.T, nl *netlink.Handle, id endpoint.ID, name string, ip s
 	return &endpoint.Endpoint{ID: id, IfName: name, IfIndex: link.Attrs().Index, IPv4: netip.MustParseAddr(ip)}
 }
 
+// waitFor polls cond for up to 10 s (a bound against hangs, not a timing
+// assertion).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func routeTo(t *testing.T, nl *netlink.Handle, ip string) *netlink.Route {
 	t.Helper()
 	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: hostNet(netip.MustParseAddr(ip))}, netlink.RT_FILTER_DST)
@@ -123,9 +136,7 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 			t.Fatalf("Remove: %v", err)
 		}
 	}
-	if r := routeTo(t, nl, "10.244.41.5"); r != nil {
-		t.Fatalf("route left after Remove: %+v", r)
-	}
+	waitFor(t, "the route to go", func() bool { return routeTo(t, nl, "10.244.41.5") == nil })
 	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
 		t.Fatal("host veth deleted before the teardown delay")
 	}
@@ -158,20 +169,14 @@ func TestLinuxDeferredTeardown(t *testing.T) {
 	if err := l.Remove(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("host veth never torn down")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "the host veth to be torn down", func() bool {
+		_, err := nl.LinkByIndex(ep.IfIndex)
+		return err != nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(ops) != 1 || ops[0] != "teardown" {
-		t.Fatalf("submitted ops = %v, want the teardown through the pool", ops)
+	if len(ops) != 2 || ops[0] != "unroute" || ops[1] != "teardown" {
+		t.Fatalf("submitted ops = %v, want unroute and teardown through the pool", ops)
 	}
 	if err := l.Check(ctx, ep); !errors.Is(err, ErrEndpointMissing) {
 		t.Fatalf("Check of a removed interface = %v, want ErrEndpointMissing", err)
@@ -229,6 +234,17 @@ func TestLinuxEndpointWithoutInterface(t *testing.T) {
 	}
 	if err := l.Remove(ctx, ep); err != nil {
 		t.Fatalf("Remove: %v", err)
+	}
+}
+
+func TestLinuxClosed(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{CheckInterval: -1})
+	ep := addVeth(t, nl, 9, "lxctest0000005", "10.244.41.10")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Realize(context.Background(), ep, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Realize after Close = %v, want ErrClosed", err)
 	}
 }
 

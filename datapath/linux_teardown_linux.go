@@ -24,8 +24,7 @@ func (l *Linux) scheduleTeardown(index int, name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		go func() { _ = l.deleteLink(index, name) }()
-		return
+		return // Close ran the pending teardowns; this one dies with its netns
 	}
 	if _, ok := l.pending[index]; ok && index != 0 {
 		return
@@ -40,20 +39,8 @@ func (l *Linux) runTeardown(t *teardown) {
 	if l.pending[t.index] == t {
 		delete(l.pending, t.index)
 	}
-	submit := l.hooks.Submit
 	l.mu.Unlock()
-	run := func(context.Context) error {
-		if err := l.deleteLink(t.index, t.name); err != nil {
-			l.log.Warn("deferred host veth teardown failed", "interface", t.name, "err", err)
-			return err
-		}
-		return nil
-	}
-	if submit == nil {
-		_ = run(context.Background())
-		return
-	}
-	submit("teardown", run)
+	l.submit("teardown", func(context.Context) error { return l.deleteLink(t.index, t.name) })
 }
 
 // deleteLink deletes the host veth (and with it its peer) if index still
@@ -102,7 +89,9 @@ func (l *Linux) checkLoop(interval time.Duration) {
 			submit := l.hooks.Submit
 			l.mu.Unlock()
 			if submit != nil {
-				submit("check-endpoints", l.CheckAll)
+				submit("check-endpoints", func(ctx context.Context) error {
+					return l.guard(func() error { return l.CheckAll(ctx) })
+				})
 			}
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 	"github.com/membrane-cni/membrane/pkg/models"
 )
 
@@ -22,8 +21,7 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if err != nil {
 		return err
 	}
-	defer c.client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 
 	pod, err := openPod(args.Netns)
@@ -113,7 +111,7 @@ func (c *call) allocateAsync(ctx context.Context) *pendingAddr {
 func (c *call) allocate(ctx context.Context) (podAddr, error) {
 	var a podAddr
 	err := retryStarting(ctx, func() error {
-		res, err := c.client.IPAMAllocate(ctx, "ipv4", c.k8s.Owner())
+		res, err := c.client.ipamAllocate(ctx, "ipv4", c.k8s.Owner())
 		if err != nil {
 			return err
 		}
@@ -139,7 +137,7 @@ func (c *call) allocate(ctx context.Context) (podAddr, error) {
 func (c *call) release(ip netip.Addr) {
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
-	_ = c.client.IPAMRelease(ctx, ip.String())
+	_ = c.client.ipamRelease(ctx, ip.String())
 }
 
 // putEndpoint registers the endpoint and waits for its first
@@ -168,11 +166,10 @@ func (c *call) putEndpoint(ctx context.Context, v *veth, a podAddr) (mayExist bo
 		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
 	err = retryStarting(ctx, func() error {
-		_, err := c.client.EndpointCreate(ctx, "container-id:"+c.args.ContainerID, req)
-		return err
+		return c.client.endpointCreate(ctx, "container-id:"+c.args.ContainerID, req)
 	})
 	if err != nil {
-		var ae *client.APIError
+		var ae *apiError
 		return !errors.As(err, &ae), agentError("create endpoint", err)
 	}
 	return true, nil
@@ -183,5 +180,5 @@ func (c *call) putEndpoint(ctx context.Context, v *veth, a podAddr) (mayExist bo
 func (c *call) removeEndpoint() {
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
-	_ = c.client.EndpointDeleteByContainer(ctx, c.args.ContainerID)
+	_ = c.client.endpointDeleteByContainer(ctx, c.args.ContainerID)
 }

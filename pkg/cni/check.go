@@ -12,7 +12,6 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 )
 
 // cmdCheck verifies the attachment: CNI_IFNAME exists in the netns with
@@ -24,8 +23,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	defer c.client.Close()
-	if c.conf.RawPrevResult == nil {
+		if c.conf.RawPrevResult == nil {
 		return configError("prevResult", "CHECK needs the ADD's result")
 	}
 	if err := version.ParsePrevResult(&c.conf.NetConf); err != nil {
@@ -45,12 +43,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	_, err = c.client.EndpointHealth(ctx, "container-id:"+args.ContainerID)
-	var ae *client.APIError
+	err = c.client.endpointHealth(ctx, "container-id:"+args.ContainerID)
+	var ae *apiError
 	switch {
 	case err == nil:
 		return nil
-	case client.IsNotFound(err):
+	case isNotFound(err):
 		return newError(CodeCheckFailed, "agent has no endpoint for container %s", args.ContainerID)
 	case errors.As(err, &ae) && ae.Code == "http-503":
 		// The health answer of an unhealthy endpoint: its body says why.

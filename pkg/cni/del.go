@@ -12,7 +12,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 	"github.com/membrane-cni/membrane/pkg/cni/delqueue"
 )
 
@@ -27,16 +26,15 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	defer c.client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	err = retryStarting(ctx, func() error {
-		return c.client.EndpointDeleteByContainer(ctx, args.ContainerID)
+		return c.client.endpointDeleteByContainer(ctx, args.ContainerID)
 	})
 	switch {
-	case err == nil, client.IsCode(err, "endpoint-deleting"):
+	case err == nil, isCode(err, "endpoint-deleting"):
 		return nil
-	case client.IsNotFound(err):
+	case isNotFound(err):
 		return c.deleteLeftoverVeth()
 	case unreachable(err):
 		return c.queue()
@@ -56,13 +54,13 @@ func (c *call) deleteLeftoverVeth() error {
 	}
 	defer nl.Close()
 	link, err := nl.LinkByName(hostName)
-	if isNotFound(err) {
+	if isLinkNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return kernelError("look up "+hostName, err)
 	}
-	if err := nl.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
 		return kernelError("delete "+hostName, err)
 	}
 	return nil

@@ -7,5 +7,5 @@
 //
 // The plugin is exec'd for every CNI call, so this package stays lean: no
 // actor system, no agent packages, only the CNI library, netlink and the
-// API client.
+// agent client (agentclient.go: a small HTTP/1.1 client, no net/http).
 package cni

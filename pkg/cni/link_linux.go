@@ -11,7 +11,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 )
 
 // pod is an open pod network namespace with netlink handles for it and
@@ -58,7 +57,7 @@ type veth struct {
 	hostMAC, podMAC   net.HardwareAddr
 }
 
-func isNotFound(err error) bool {
+func isLinkNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
@@ -74,11 +73,11 @@ var errVethExists = errors.New("veth name exists")
 // container without an endpoint is deleted too.
 func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
 	inPod, err := p.nl.LinkByName(c.args.IfName)
-	if err != nil && !isNotFound(err) {
+	if err != nil && !isLinkNotFound(err) {
 		return kernelError("look up "+c.args.IfName+" in netns", err)
 	}
 	host, err := p.hostNL.LinkByName(hostName)
-	if err != nil && !isNotFound(err) {
+	if err != nil && !isLinkNotFound(err) {
 		return kernelError("look up "+hostName, err)
 	}
 	if host == nil {
@@ -90,14 +89,14 @@ func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
 	if inPod != nil && host.Attrs().ParentIndex != inPod.Attrs().Index {
 		return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
 	}
-	_, err = c.client.EndpointGet(ctx, "container-id:"+c.args.ContainerID)
+	_, err = c.client.endpointGet(ctx, "container-id:"+c.args.ContainerID)
 	switch {
 	case err == nil:
 		return newError(CodeInterfaceExists, "container %s is already attached (endpoint exists, interface %s)", c.args.ContainerID, hostName)
-	case !client.IsNotFound(err):
+	case !isNotFound(err):
 		return agentError("look up endpoint", err)
 	}
-	if err := p.hostNL.LinkDel(host); err != nil && !isNotFound(err) {
+	if err := p.hostNL.LinkDel(host); err != nil && !isLinkNotFound(err) {
 		return kernelError("delete stale "+hostName, err)
 	}
 	return nil

@@ -3,16 +3,13 @@ package cni
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 )
 
 // Timeouts of one CNI call. kubelet's own deadline is minutes; these keep
@@ -41,7 +38,7 @@ type call struct {
 	args   *skel.CmdArgs
 	conf   *NetConf
 	k8s    Args
-	client *client.Client
+	client *agentClient
 }
 
 func newCall(args *skel.CmdArgs) (*call, error) {
@@ -53,7 +50,7 @@ func newCall(args *skel.CmdArgs) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &call{args: args, conf: conf, k8s: k8s, client: client.New(conf.Socket)}, nil
+	return &call{args: args, conf: conf, k8s: k8s, client: &agentClient{socket: conf.Socket}}, nil
 }
 
 // unreachable reports whether err means the agent is not there to ask:
@@ -63,8 +60,8 @@ func unreachable(err error) bool {
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
-	var ae *client.APIError
-	return errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable
+	var ae *apiError
+	return errors.As(err, &ae) && ae.Status == 503
 }
 
 // retryStarting runs fn again while the agent answers 503 "starting",
@@ -73,13 +70,13 @@ func retryStarting(ctx context.Context, fn func() error) error {
 	deadline := time.Now().Add(startingWait)
 	for {
 		err := fn()
-		if !client.IsCode(err, "starting") || time.Now().After(deadline) {
+		if !isCode(err, "starting") || time.Now().After(deadline) {
 			return err
 		}
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(retryDelay):
 		}
 	}
 }
@@ -90,7 +87,7 @@ func agentError(op string, err error) *types.Error {
 	switch {
 	case errors.As(err, &te):
 		return te
-	case client.IsCode(err, "ipam-exhausted"):
+	case isCode(err, "ipam-exhausted"):
 		return newError(CodeIPAMExhausted, "%s: no free address in the agent's pool: %v", op, err)
 	case unreachable(err):
 		return newError(CodeAgentUnreachable, "%s: agent unreachable: %v", op, err)
@@ -105,5 +102,3 @@ func kernelError(op string, err error) *types.Error {
 	}
 	return newError(CodeKernel, "%s: %v", op, err)
 }
-
-func wrapf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -6,7 +6,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/membrane-cni/membrane/pkg/client"
 )
 
 // cmdStatus answers whether the plugin can serve ADD: the agent answers
@@ -17,10 +16,9 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	defer c.client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	st, err := c.client.Status(ctx)
+	st, err := c.client.status(ctx)
 	if err != nil {
 		return newError(types.ErrPluginNotAvailable, "agent cannot serve ADD: %v", err)
 	}
@@ -41,17 +39,13 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	defer c.client.Close()
-	valid := make([]client.GCAttachment, 0, len(c.conf.ValidAttachments))
+		valid := make([]gcAttachment, 0, len(c.conf.ValidAttachments))
 	for _, a := range c.conf.ValidAttachments {
-		valid = append(valid, client.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		valid = append(valid, gcAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	err = retryStarting(ctx, func() error {
-		_, err := c.client.GC(ctx, valid)
-		return err
-	})
+	err = retryStarting(ctx, func() error { return c.client.gc(ctx, valid) })
 	if unreachable(err) {
 		return newError(types.ErrTryAgainLater, "gc: agent unreachable: %v", err)
 	}
