@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,17 +68,29 @@ func TestCNIBench(t *testing.T) {
 	thr := map[string]float64{}
 	const rounds = 4
 	busy := map[string]time.Duration{}
+	cpu := map[string][2]time.Duration{} // this process (libcni, agent), the plugin processes
 	for r := range rounds {
 		order := []*arm{membrane, ptp}
 		if r%2 == 1 {
 			order[0], order[1] = ptp, membrane
 		}
 		for _, a := range order {
-			busy[a.name] += concurrentRound(t, host, a, n/rounds, conc)
+			elapsed, used := concurrentRound(t, host, a, n/rounds, conc)
+			busy[a.name] += elapsed
+			c := cpu[a.name]
+			c[0], c[1] = c[0]+used[0], c[1]+used[1]
+			cpu[a.name] = c
 		}
 	}
 	for name, d := range busy {
 		thr[name] = float64(n/rounds*rounds) / d.Seconds()
+	}
+	fmt.Printf("\nCPU per concurrent ADD (user+sys, from getrusage):\n")
+	for _, name := range []string{"membrane", "ptp"} {
+		c := cpu[name]
+		fmt.Printf("  %-8s this process (libcni%s) %s, plugin processes %s\n", name,
+			map[string]string{"membrane": " and the agent", "ptp": ""}[name],
+			ms(c[0]/time.Duration(n/rounds*rounds)), ms(c[1]/time.Duration(n/rounds*rounds)))
 	}
 	m, p := seq["membrane"], seq["ptp"]
 	out := report(n, conc, rounds, m, p, thr)
@@ -233,16 +246,20 @@ func sequential(t *testing.T, host *testutil.NS, arms []*arm, n int) map[string]
 
 // concurrent runs n ADDs with conc workers and returns ADDs per second.
 func concurrent(t *testing.T, host *testutil.NS, a *arm, n, conc int) float64 {
-	return float64(n) / concurrentRound(t, host, a, n, conc).Seconds()
+	elapsed, _ := concurrentRound(t, host, a, n, conc)
+	return float64(n) / elapsed.Seconds()
 }
 
 // concurrentRound runs n ADDs with conc workers and returns how long they
-// took; the pods are deleted afterwards, unmeasured.
-func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) time.Duration {
+// took and the CPU time this process (libcni, and the agent for
+// Membrane) and the plugin processes used; the pods are deleted
+// afterwards, unmeasured.
+func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) (time.Duration, [2]time.Duration) {
 	pods := newSandboxes(t, n, "mbc-"+a.name)
 	work := make(chan *sandbox)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
+	self0, kids0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
 	start := time.Now()
 	for range conc {
 		wg.Add(1)
@@ -267,6 +284,7 @@ func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) time.
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
+	used := [2]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0}
 	close(errs)
 	for err := range errs {
 		t.Fatalf("%s concurrent ADD: %v", a.name, err)
@@ -275,7 +293,14 @@ func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) time.
 		timed(t, host, a.name+" DEL", func(ctx context.Context) error { return a.cni.DelNetworkList(ctx, a.conf, p.rt) })
 		_ = p.ns.Remove()
 	}
-	return elapsed
+	return elapsed, used
+}
+
+// cpuTime is the user+sys time of this process or its reaped children.
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(who, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 type stats struct{ p50, p99 time.Duration }
