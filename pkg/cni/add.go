@@ -21,6 +21,7 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if err != nil {
 		return err
 	}
+	defer c.client.close()
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 

@@ -12,21 +12,75 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/models"
 )
 
 // agentClient speaks just enough HTTP/1.1 to the agent's API over its
-// unix socket for the plugin: one connection per request, JSON bodies,
-// answers with Content-Length, chunked or ending at EOF. It replaces
-// pkg/client here because net/http (and the TLS, HTTP/2 and MIME packages
-// behind it) costs a plugin that is exec'd per pod initialisation time and
-// goroutines on every call. Errors mirror pkg/client: *apiError for non-2xx
-// answers (code "http-<status>" when the body is not an API error), and a
-// *net.OpError with Op "dial" when the agent is not there.
+// unix socket for the plugin: JSON bodies, answers with Content-Length,
+// chunked or ending at EOF, one kept-alive connection reused by the next
+// request (an ADD makes two). It replaces pkg/client here because net/http
+// (and the TLS, HTTP/2 and MIME packages behind it) costs a plugin that is
+// exec'd per pod initialisation time and goroutines on every call. Errors
+// mirror pkg/client: *apiError for non-2xx answers (code "http-<status>"
+// when the body is not an API error), and a *net.OpError with Op "dial"
+// when the agent is not there. Safe for concurrent use.
 type agentClient struct {
 	socket string
+
+	// mu guards idle, a connection whose last answer was complete.
+	mu   sync.Mutex
+	idle *agentConn
+}
+
+type agentConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// close drops the idle connection.
+func (c *agentClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idle != nil {
+		c.idle.Close()
+		c.idle = nil
+	}
+}
+
+// conn returns the idle connection (reused true) or dials a new one.
+func (c *agentClient) conn(ctx context.Context) (*agentConn, bool, error) {
+	c.mu.Lock()
+	ac := c.idle
+	c.idle = nil
+	c.mu.Unlock()
+	if ac != nil {
+		return ac, true, nil
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, false, err
+	}
+	return &agentConn{Conn: conn, r: bufio.NewReader(conn)}, false, nil
+}
+
+// release keeps ac for the next request if keep, else closes it.
+func (c *agentClient) release(ac *agentConn, keep bool) {
+	if keep {
+		_ = ac.SetDeadline(time.Time{})
+		c.mu.Lock()
+		if c.idle == nil {
+			c.idle, ac = ac, nil
+		}
+		c.mu.Unlock()
+	}
+	if ac != nil {
+		ac.Close()
+	}
 }
 
 // maxAnswer bounds an answer's body.
@@ -61,21 +115,9 @@ func (c *agentClient) do(ctx context.Context, method, path string, query url.Val
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	status, data, err := c.roundTrip(ctx, req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	if _, err := conn.Write(req); err != nil {
-		return fmt.Errorf("%s %s: send: %w", method, path, err)
-	}
-	status, data, err := readAnswer(bufio.NewReader(conn))
-	if err != nil {
-		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
 	}
 	if status/100 != 2 {
 		var me models.Error
@@ -93,6 +135,42 @@ func (c *agentClient) do(ctx context.Context, method, path string, query url.Val
 	return nil
 }
 
+// roundTrip sends req and reads the answer. A kept-alive connection the
+// agent closed in the meantime (nothing written back) is replaced by a
+// new one once.
+func (c *agentClient) roundTrip(ctx context.Context, req []byte) (int, []byte, error) {
+	for attempt := 0; ; attempt++ {
+		ac, reused, err := c.conn(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			_ = ac.SetDeadline(dl)
+		}
+		status, data, keep, err := send(ac, req)
+		if err != nil {
+			ac.Close()
+			if reused && attempt == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+				continue
+			}
+			return 0, nil, err
+		}
+		c.release(ac, keep)
+		return status, data, nil
+	}
+}
+
+func send(ac *agentConn, req []byte) (status int, data []byte, keep bool, err error) {
+	if _, err := ac.Write(req); err != nil {
+		return 0, nil, false, fmt.Errorf("send: %w", err)
+	}
+	status, data, keep, err = readAnswer(ac.r)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("read answer: %w", err)
+	}
+	return status, data, keep, nil
+}
+
 func encodeRequest(method, path string, query url.Values, body any) ([]byte, error) {
 	var payload []byte
 	if body != nil {
@@ -106,7 +184,7 @@ func encodeRequest(method, path string, query url.Values, body any) ([]byte, err
 		target += "?" + query.Encode()
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: membrane\r\nUser-Agent: membrane-cni\r\nConnection: close\r\n", method, target)
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: membrane\r\nUser-Agent: membrane-cni\r\n", method, target)
 	if payload != nil {
 		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(payload))
 	}
@@ -115,23 +193,26 @@ func encodeRequest(method, path string, query url.Values, body any) ([]byte, err
 	return b.Bytes(), nil
 }
 
-// readAnswer parses an HTTP/1.1 answer: status, headers, body.
-func readAnswer(r *bufio.Reader) (int, []byte, error) {
+// readAnswer parses an HTTP/1.1 answer: status, headers, body. keep says
+// the connection may carry another request (the body's end was framed and
+// the agent did not ask to close).
+func readAnswer(r *bufio.Reader) (status int, body []byte, keep bool, err error) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
 	proto, rest, _ := strings.Cut(strings.TrimRight(line, "\r\n"), " ")
 	code, _, _ := strings.Cut(rest, " ")
-	status, err := strconv.Atoi(code)
+	status, err = strconv.Atoi(code)
 	if !strings.HasPrefix(proto, "HTTP/1.") || err != nil || status < 100 || status > 999 {
-		return 0, nil, fmt.Errorf("malformed status line %q", line)
+		return 0, nil, false, fmt.Errorf("malformed status line %q", line)
 	}
 	length, chunked := -1, false
+	keep = proto == "HTTP/1.1"
 	for {
 		h, err := r.ReadString('\n')
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, false, err
 		}
 		h = strings.TrimRight(h, "\r\n")
 		if h == "" {
@@ -142,14 +223,16 @@ func readAnswer(r *bufio.Reader) (int, []byte, error) {
 		switch strings.ToLower(k) {
 		case "content-length":
 			if length, err = strconv.Atoi(v); err != nil || length < 0 || length > maxAnswer {
-				return 0, nil, fmt.Errorf("bad content-length %q", v)
+				return 0, nil, false, fmt.Errorf("bad content-length %q", v)
 			}
 		case "transfer-encoding":
 			chunked = strings.EqualFold(v, "chunked")
+		case "connection":
+			keep = keep && !strings.EqualFold(v, "close")
 		}
 	}
-	body, err := readBody(r, length, chunked)
-	return status, body, err
+	body, err = readBody(r, length, chunked)
+	return status, body, keep && (chunked || length >= 0), err
 }
 
 func readBody(r *bufio.Reader, length int, chunked bool) ([]byte, error) {
@@ -180,8 +263,16 @@ func readChunked(r *bufio.Reader) ([]byte, error) {
 		if err != nil || size < 0 || len(body)+int(size) > maxAnswer {
 			return nil, fmt.Errorf("bad chunk size %q", line)
 		}
-		if size == 0 {
-			return body, nil // trailers, if any, are not needed
+		if size == 0 { // trailers (unused) up to an empty line
+			for {
+				t, err := r.ReadString('\n')
+				if err != nil {
+					return nil, err
+				}
+				if strings.TrimRight(t, "\r\n") == "" {
+					return body, nil
+				}
+			}
 		}
 		chunk := make([]byte, size+2) // data and CRLF
 		if _, err := io.ReadFull(r, chunk); err != nil {

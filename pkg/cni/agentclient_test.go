@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/models"
@@ -24,14 +25,14 @@ func TestReadAnswer(t *testing.T) {
 		"until EOF":      {"HTTP/1.0 404 Not Found\r\n\r\n{\"code\":\"not-found\"}", 404, `{"code":"not-found"}`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			status, body, err := readAnswer(bufio.NewReader(strings.NewReader(tc.raw)))
+			status, body, _, err := readAnswer(bufio.NewReader(strings.NewReader(tc.raw)))
 			if err != nil || status != tc.status || string(body) != tc.body {
 				t.Fatalf("readAnswer = %d %q %v; want %d %q", status, body, err, tc.status, tc.body)
 			}
 		})
 	}
 	for _, bad := range []string{"", "SMTP 220 hi\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"} {
-		if _, _, err := readAnswer(bufio.NewReader(strings.NewReader(bad))); err == nil {
+		if _, _, _, err := readAnswer(bufio.NewReader(strings.NewReader(bad))); err == nil {
 			t.Errorf("readAnswer(%q) succeeded", bad)
 		}
 	}
@@ -62,9 +63,16 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 			w.Write([]byte(`{"code":"not-found","message":"nope"}`))
 		}
 	})}
+	var conns atomic.Int32
+	srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	c := &agentClient{socket: sock}
+	defer c.close()
 	ctx := context.Background()
 	st, err := c.status(ctx)
 	if err != nil || st.State != "ok" || len(st.Message) != len(big) {
@@ -80,6 +88,9 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 	if err := c.endpointCreate(ctx, "0", &models.EndpointChangeRequest{}); !isNotFound(err) {
 		t.Fatalf("endpointCreate = %v", err)
 	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections for 4 requests, want 1 kept alive", n)
+	}
 	gone := &agentClient{socket: filepath.Join(t.TempDir(), "none.sock")}
 	var op *net.OpError
 	if err := gone.gc(ctx, nil); !errors.As(err, &op) || !unreachable(err) {
@@ -91,7 +102,7 @@ func FuzzReadAnswer(f *testing.F) {
 	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
 	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		_, body, err := readAnswer(bufio.NewReader(strings.NewReader(string(raw))))
+		_, body, _, err := readAnswer(bufio.NewReader(strings.NewReader(string(raw))))
 		if err == nil && len(body) > maxAnswer {
 			t.Fatalf("body of %d bytes accepted", len(body))
 		}

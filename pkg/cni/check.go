@@ -23,6 +23,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	defer c.client.close()
 		if c.conf.RawPrevResult == nil {
 		return configError("prevResult", "CHECK needs the ADD's result")
 	}

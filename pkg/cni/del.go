@@ -26,6 +26,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	defer c.client.close()
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	err = retryStarting(ctx, func() error {

@@ -16,6 +16,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	defer c.client.close()
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	st, err := c.client.status(ctx)
@@ -39,6 +40,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	defer c.client.close()
 		valid := make([]gcAttachment, 0, len(c.conf.ValidAttachments))
 	for _, a := range c.conf.ValidAttachments {
 		valid = append(valid, gcAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
