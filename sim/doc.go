@@ -1,5 +1,27 @@
-// Package sim will own membrane-sim, the harness that drives thousands of
-// endpoints through the real agent (actors, index, REST API on its unix
-// socket) with the fake datapath, fault injection (datapath.FakeHooks),
-// crashes and invariant checks. It lands with the simulation issue.
+// Package sim is membrane-sim's harness: it drives thousands of endpoints
+// through a real agent (actors, index, REST API on its unix socket, state
+// directory) in one process with the fake datapath, injects faults and
+// crashes, checks invariants during and after the run, and reports
+// throughput, latency, heap and violations (text, JSON, HTML).
+//
+// A run (Run) starts the agent, ramps up to Scenario.Endpoints live pods,
+// churns for Scenario.Duration (each lifecycle deletes a random live pod
+// and creates a new one: POST /v1/ipam, sync PUT, regenerations; some
+// relabel a random live pod), with faults and crash/restarts; then it
+// switches faults off, lets the agent settle, sweeps what ambiguous
+// failures left, checks every invariant with the endpoints still live,
+// measures the heap per live endpoint, deletes every pod, settles and
+// checks again, stops the agent and counts goroutines.
+//
+// The harness behaves like kubelet: a failed ADD is followed by a DEL, a
+// DEL is retried until acknowledged, and an outcome that may or may not
+// have happened (timeout, reset, 500) is reconciled, never assumed. Its
+// model (model.go) records what was acknowledged, and each pod keeps a
+// short history that violations quote.
+//
+// Who owns what: Driver (driver.go) is how pods reach the agent — over the
+// REST API today; a CNI-driven driver for --datapath linux runs
+// membrane-cni in a network namespace per pod. Target (target.go) starts,
+// crashes, restarts and observes the agent — in-process today. Invariant
+// checks (checks.go) are pure functions over a Snapshot.
 package sim

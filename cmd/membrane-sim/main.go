@@ -1,19 +1,228 @@
-// Command membrane-sim will drive thousands of endpoints through the real
-// agent with faults, crashes and invariant checks (see sim/doc.go). Until
-// the simulation issue lands it only prints its usage.
+// Command membrane-sim drives thousands of endpoints through a real
+// membrane agent (actors, index, REST API on its unix socket, state
+// directory) in one process, with faults and crash/restarts, checks
+// invariants during and after the run, and reports throughput, latency,
+// heap per endpoint and violations. It exits 1 if any invariant was
+// violated, 2 on a bad flag or scenario. See sim/doc.go.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/membrane-cni/membrane/sim"
 )
 
 func main() {
-	fmt.Fprint(os.Stderr, `usage: membrane-sim [--endpoints N] [--duration D] [--seed S] [--crashes N] [--fault-rate R] [--datapath fake|linux] [--report FILE.json] [--html FILE]
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
-membrane-sim is not implemented yet: it arrives with the simulation harness
-issue. Until then, "make demo" and "go test -bench . ./pkg/api/" exercise the
-agent (see README.md and BENCHMARKS.md).
-`)
-	os.Exit(2)
+// config is what the flags say beyond the scenario.
+type config struct {
+	sc       sim.Scenario
+	report   string
+	html     string
+	agentLog string
+	logLevel slog.Level
+	progress string
+	dir      string
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		return 2
+	}
+	opts, closeLog, err := options(cfg, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		return 2
+	}
+	defer closeLog()
+	if cfg.sc.PolicyChurn > 0 {
+		fmt.Fprintln(stderr, "membrane-sim: policy churn: not available until the policy issue lands (ignored)")
+	}
+	ctx, stop := interruptible(stderr)
+	defer stop()
+	rep, err := sim.Run(ctx, cfg.sc, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		if errors.Is(err, sim.ErrInvalidScenario) || errors.Is(err, sim.ErrLinuxUnavailable) {
+			return 2
+		}
+		return 1
+	}
+	rep.WriteText(stdout)
+	for path, write := range map[string]func(string) error{cfg.report: rep.WriteJSONFile, cfg.html: rep.WriteHTMLFile} {
+		if path == "" {
+			continue
+		}
+		if err := write(path); err != nil {
+			fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+			return 1
+		}
+	}
+	if !rep.OK() {
+		return 1
+	}
+	return 0
+}
+
+// interruptible ends the load at the first SIGINT/SIGTERM (the run still
+// settles, drains and reports) and exits at the second.
+func interruptible(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-ch; !ok {
+			return
+		}
+		fmt.Fprintln(stderr, "\nmembrane-sim: interrupted; settling, draining and reporting (interrupt again to abort)")
+		cancel()
+		if _, ok := <-ch; ok {
+			os.Exit(130)
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(ch)
+		cancel()
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("membrane-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	d := sim.Defaults()
+	var cfg config
+	var scenarioFile, level string
+	var duration, downtime time.Duration
+	var faultRate float64
+	fs.StringVar(&scenarioFile, "scenario", "", "scenario file (JSON, see sim/scenarios/); flags given as well override it")
+	fs.IntVar(&d.Endpoints, "endpoints", d.Endpoints, "live endpoints to ramp up to and hold")
+	fs.DurationVar(&duration, "duration", d.Duration.D(), "length of the churn phase (after the ramp-up)")
+	fs.Uint64Var(&d.Seed, "seed", d.Seed, "seed of every random choice")
+	fs.IntVar(&d.Crashes, "crashes", d.Crashes, "agent crash/restarts at random moments of the churn phase")
+	fs.DurationVar(&downtime, "crash-downtime", d.CrashDowntime.D(), "longest downtime per crash")
+	fs.Float64Var(&faultRate, "fault-rate", 0, "turn every fault on at this rate: datapath errors, slow datapath, lost proxy acks, client timeouts")
+	fs.StringVar(&d.Datapath, "datapath", d.Datapath, "datapath: fake, or linux (not available yet)")
+	fs.IntVar(&d.Workers, "workers", d.Workers, "concurrent kubelet-like clients")
+	fs.Float64Var(&d.ArrivalRate, "arrival-rate", d.ArrivalRate, "pod creations per second during the ramp-up (0: as fast as possible)")
+	fs.Float64Var(&d.ChurnRate, "churn-rate", d.ChurnRate, "lifecycles per second during churn (0: as fast as possible)")
+	fs.IntVar(&d.Regenerations, "regenerations", d.Regenerations, "regenerations per new pod")
+	fs.Float64Var(&d.LabelChurn, "label-churn", d.LabelChurn, "probability per lifecycle of relabelling a random live pod")
+	fs.Float64Var(&d.PolicyChurn, "policy-churn", d.PolicyChurn, "policy changes (not available until the policy issue lands)")
+	fs.StringVar(&cfg.report, "report", "", "write the report as JSON to this file")
+	fs.StringVar(&cfg.html, "html", "", "write a self-contained HTML report with plots to this file")
+	fs.StringVar(&cfg.agentLog, "agent-log", "", "write the agent's log to this file (default: discarded)")
+	fs.StringVar(&level, "log-level", "warn", "level of the agent's log: debug, info, warn, error")
+	fs.StringVar(&cfg.progress, "progress", "auto", "progress line: auto (on a terminal), always, never")
+	fs.StringVar(&cfg.dir, "dir", "", "directory for the agent's socket and state (default: a temporary one, removed)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	d.Duration, d.CrashDowntime = sim.Duration(duration), sim.Duration(downtime)
+	sc, err := scenarioFrom(fs, scenarioFile, d, faultRate)
+	if err != nil {
+		return cfg, err
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return cfg, fmt.Errorf("--log-level: %q: want debug, info, warn or error", level)
+	}
+	if cfg.progress != "auto" && cfg.progress != "always" && cfg.progress != "never" {
+		return cfg, fmt.Errorf("--progress: %q: want auto, always or never", cfg.progress)
+	}
+	cfg.sc = sc
+	return cfg, sc.Validate()
+}
+
+// scenarioFrom starts from the defaults or the scenario file and applies
+// the flags that were given (flagged holds their values).
+func scenarioFrom(fs *flag.FlagSet, file string, flagged sim.Scenario, faultRate float64) (sim.Scenario, error) {
+	sc := sim.Defaults()
+	if file != "" {
+		var err error
+		if sc, err = sim.LoadScenario(file); err != nil {
+			return sc, err
+		}
+	}
+	var bad error
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "endpoints":
+			sc.Endpoints = flagged.Endpoints
+		case "duration":
+			sc.Duration = flagged.Duration
+		case "seed":
+			sc.Seed = flagged.Seed
+		case "crashes":
+			sc.Crashes = flagged.Crashes
+		case "crash-downtime":
+			sc.CrashDowntime = flagged.CrashDowntime
+		case "fault-rate":
+			if faultRate < 0 || faultRate > 1 {
+				bad = fmt.Errorf("--fault-rate: %g outside 0..1", faultRate)
+			}
+			sc.SetFaultRate(faultRate)
+		case "datapath":
+			sc.Datapath = flagged.Datapath
+		case "workers":
+			sc.Workers = flagged.Workers
+		case "arrival-rate":
+			sc.ArrivalRate = flagged.ArrivalRate
+		case "churn-rate":
+			sc.ChurnRate = flagged.ChurnRate
+		case "regenerations":
+			sc.Regenerations = flagged.Regenerations
+		case "label-churn":
+			sc.LabelChurn = flagged.LabelChurn
+		case "policy-churn":
+			sc.PolicyChurn = flagged.PolicyChurn
+		}
+	})
+	return sc, bad
+}
+
+func options(cfg config, stderr io.Writer) (sim.Options, func(), error) {
+	opts := sim.Options{Dir: cfg.dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	closeLog := func() {}
+	if cfg.agentLog != "" {
+		f, err := os.Create(cfg.agentLog)
+		if err != nil {
+			return opts, closeLog, fmt.Errorf("--agent-log: %w", err)
+		}
+		opts.AgentLog = slog.NewTextHandler(f, &slog.HandlerOptions{Level: cfg.logLevel})
+		opts.Log = slog.New(opts.AgentLog).With("component", "membrane-sim")
+		closeLog = func() { _ = f.Close() }
+	}
+	tty := isTerminal(stderr)
+	if cfg.progress == "always" || (cfg.progress == "auto" && tty) {
+		opts.Progress, opts.ProgressTTY = stderr, tty
+	}
+	return opts, closeLog, nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

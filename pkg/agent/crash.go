@@ -1,0 +1,62 @@
+package agent
+
+import (
+	"context"
+	"net"
+)
+
+// Crash stops the agent abruptly, as close to a SIGKILL as an in-process
+// agent allows, for the simulator's crash/restart faults. A new agent is
+// then started with Start and the same Config (same socket, same state
+// directory, same Fake: kernel state survives a crash).
+//
+// What it does:
+//   - the socket file is left behind, as a killed process leaves it; the
+//     next Start removes it as stale (api.Listen);
+//   - the API stops accepting connections and closes idle ones at once,
+//     without waiting for requests in flight (Stop drains them);
+//   - the actors are stopped with Stop, not Poison: messages waiting in
+//     mailboxes are dropped, nothing is drained, nothing is released
+//     (endpoints, IPs and identities stay for restore);
+//   - the CNI delete queue drainer stops; the datapath is not closed (a
+//     killed agent closes nothing).
+//
+// What differs from a real SIGKILL:
+//   - actors still run their Stopping/Stopped handling and death-watch:
+//     IPAM and identity may see Terminated for endpoint actors and change
+//     their in-memory books. That index is discarded, but nothing on these
+//     paths may persist state (restore must not write on stop);
+//   - requests in flight are not reset: their handlers finish, mostly with
+//     errors from the stopped actors (dead letters answer 500 internal),
+//     and a request whose answer was already in may still succeed. A
+//     killed agent resets the connection. Clients must treat both alike;
+//   - ReenterAfter continuations and timers (retry, proxy wait) of stopped
+//     actors may still fire; whatever they send goes to dead letters;
+//   - datapath work already running in a pool worker finishes or sees its
+//     context cancelled, so a fake operation without delay may complete
+//     just after Crash returns;
+//   - goroutines wind down and memory is reclaimed by the GC shortly after
+//     Crash returns, not at once.
+//
+// Crash leaves the Agent stopped. Do not call Stop on it afterwards: Stop
+// closes the datapath and detaches its proxy acknowledgements, which a
+// shared Fake now delivers to the agent started next.
+func (a *Agent) Crash() {
+	if a.stopCNI != nil {
+		a.stopCNI()
+	}
+	if ul, ok := a.lis.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	// An already cancelled context: Shutdown closes the listener and the
+	// idle connections, then returns without waiting for active ones.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = a.Server.Shutdown(ctx)
+	// Serve has returned (its listener is closed); keep its result for a
+	// later Stop, which reads it again.
+	serr := <-a.served
+	a.served <- serr
+	a.System.Stop()
+	a.log.Warn("agent crashed (simulated SIGKILL)", "socket", a.cfg.Socket, "state-dir", a.cfg.StateDir)
+}
