@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni demo vet clean install
+.PHONY: all build test test-short fuzz bench bench-cni demo vet clean install sim
 
 all: build
 
@@ -71,6 +71,17 @@ install: build
 
 demo: build
 	./scripts/demo.sh
+
+# membrane-sim on a scenario (default: 10,000 live endpoints, 30 s of
+# churn); e.g. make sim SCENARIO=sim/scenarios/chaos.json, or
+# make sim SIMFLAGS="--endpoints 2000 --duration 10s". Writes
+# sim-report.json and sim-report.html; exits 1 on a violation.
+SCENARIO ?= sim/scenarios/default.json
+SIMFLAGS ?=
+sim:
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -o $(BIN)/ ./cmd/membrane-sim
+	$(BIN)/membrane-sim --scenario $(SCENARIO) --report sim-report.json --html sim-report.html $(SIMFLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -70,6 +70,8 @@ func (e *engine) crashOnce(ctx context.Context, rng *rand.Rand, n int) bool {
 	old := e.epoch.Load()
 	e.event("crash", fmt.Sprintf("#%d", n))
 	old.cancel() // reset the calls in flight
+	e.upSince.Store(0)
+	e.lastCrash.Store(time.Now().UnixNano())
 	if err := e.tgt.Crash(); err != nil {
 		e.violate(invAgent, "crash", "", fmt.Sprintf("crash #%d: %v", n, err), nil)
 		return false
@@ -86,9 +88,18 @@ func (e *engine) crashOnce(ctx context.Context, rng *rand.Rand, n int) bool {
 	e.restarts.Add(1)
 	e.event("restart", fmt.Sprintf("#%d, ready after %s", n, time.Since(start).Round(time.Millisecond)))
 	e.gate.Lock()
-	defer e.gate.Unlock()
 	e.verifyRestart(ctx, n)
+	e.upSince.Store(time.Now().UnixNano())
+	e.gate.Unlock()
+	time.Sleep(e.minUptime()) // the agent works a little before the next crash
 	return true
+}
+
+// minUptime is the least time between a restart and the next crash: a
+// quarter of the average spacing, within 100 ms..1 s.
+func (e *engine) minUptime() time.Duration {
+	d := e.sc.Duration.D() / time.Duration(4*max(e.sc.Crashes, 1))
+	return min(max(d, 100*time.Millisecond), time.Second)
 }
 
 // verifyRestart checks the restore contract on the restarted agent's

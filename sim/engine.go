@@ -77,6 +77,8 @@ type engine struct {
 	zombiesSwept    atomic.Uint64
 	ipsSwept        atomic.Uint64
 	restarts        atomic.Int32
+	lastCrash       atomic.Int64 // unix nanoseconds, 0 if none
+	upSince         atomic.Int64 // unix nanoseconds the agent last took calls; 0 while down
 	livePeak        atomic.Int64
 	indexPeak       atomic.Int64
 
@@ -184,6 +186,7 @@ func (e *engine) run(ctx context.Context) (*Report, error) {
 	if err := e.tgt.Start(ctx); err != nil {
 		return nil, fmt.Errorf("run: start agent: %w", err)
 	}
+	e.upSince.Store(time.Now().UnixNano())
 	procBase, _ := e.tgt.ProcessCount()
 	heapBase := e.heapInUse()
 	stopSampler := e.startSampler()
@@ -233,6 +236,19 @@ func (e *engine) load(ctx context.Context) {
 	crashes := e.startCrashes(cctx)
 	select {
 	case <-time.After(e.sc.Duration.D()):
+		// Every crash asked for happens: slow restarts may push the last
+		// ones past the planned end, which then waits for them.
+		select {
+		case <-crashes:
+		default:
+			extra := time.Now()
+			select {
+			case <-crashes:
+				e.note(fmt.Sprintf("churn extended by %s for the remaining crashes", time.Since(extra).Round(100*time.Millisecond)))
+			case <-ctx.Done():
+				e.note("interrupted during churn")
+			}
+		}
 	case <-ctx.Done():
 		e.note("interrupted during churn")
 	}
@@ -367,6 +383,13 @@ func (e *engine) heapPerEndpoint(base uint64) (float64, int) {
 	live := e.m.liveCount()
 	if live == 0 {
 		return 0, 0
+	}
+	// A crashed agent stays reachable until its hung requests time out.
+	if last := e.lastCrash.Load(); last > 0 {
+		if d := time.Until(time.Unix(0, last).Add(e.sc.APIRequestTimeout.D() + time.Second)); d > 0 {
+			e.note(fmt.Sprintf("heap measured %s later, once the last crashed agent could be collected", d.Round(time.Second)))
+			time.Sleep(d)
+		}
 	}
 	now := e.heapInUse()
 	if now < base {

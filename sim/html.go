@@ -223,7 +223,7 @@ func histChart(name string, s *OpStats) string {
 	for _, h := range s.Histogram {
 		cmax = max(cmax, h.Count)
 	}
-	w, h := float64(histW-histPadL-20), float64(histH-histPT-histPadB)
+	w, h := float64(histW-histPadL-50), float64(histH-histPT-histPadB)
 	px := func(ms float64) float64 { return histPadL + (math.Log10(math.Max(ms, 0.001))-lo)/(hi-lo)*w }
 	for i, bk := range s.Histogram {
 		next := bk.LowMS * 1.125

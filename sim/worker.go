@@ -12,9 +12,27 @@ import (
 	"time"
 )
 
-// delBudget bounds how long a DEL is retried before the harness gives up
-// on it (and reports it: the delete queue is not empty).
+// delBudget bounds how long a DEL (or relabel) is retried while the agent
+// is up before the harness gives up on it and reports it; time the agent
+// spends crashed or restoring does not count, as kubelet retries forever.
 const delBudget = 30 * time.Second
+
+// retryExpired reports whether a retry loop that started at start has
+// used its budget of agent uptime.
+func (e *engine) retryExpired(ctx context.Context, start time.Time) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	up := e.upSince.Load()
+	if up == 0 {
+		return false // down: wait for the restart
+	}
+	from := time.Unix(0, up)
+	if start.After(from) {
+		from = start
+	}
+	return time.Since(from) > delBudget
+}
 
 // limiter spaces operations evenly at a rate; nil means unlimited.
 type limiter struct {
@@ -225,7 +243,7 @@ func (e *engine) deletePod(ctx context.Context, rng *rand.Rand, p *pod) {
 	defer e.pendingDels.Add(-1)
 	p.setState(podDeleting)
 	e.m.disownIP(p)
-	deadline := time.Now().Add(delBudget)
+	start := time.Now()
 	backoff := 5 * time.Millisecond
 	for {
 		// Only the pod's own DELs free its address (the agent keeps it when
@@ -255,10 +273,10 @@ func (e *engine) deletePod(ctx context.Context, rng *rand.Rand, p *pod) {
 		if ambiguous(err) {
 			p.flags |= flagDelUnknown
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if e.retryExpired(ctx, start) {
 			e.stuckDels.Add(1)
 			e.violate(invDeleteQueue, "pod "+p.key().containerID(), p.key().containerID(),
-				fmt.Sprintf("DEL of %s not acknowledged after %s: %v (%s)", p.key().containerID(), delBudget, err,
+				fmt.Sprintf("DEL of %s not acknowledged after %s of agent uptime: %v (%s)", p.key().containerID(), delBudget, err,
 					e.describeIP(ctx, p.addr())), e.m.history(p))
 			return // the slot stays taken
 		}
@@ -309,7 +327,7 @@ func (e *engine) relabel(ctx context.Context, rng *rand.Rand, p *pod) {
 	}
 	add := []string{"k8s:shard=" + strconv.Itoa(int(next))}
 	del := []string{"k8s:shard=" + strconv.Itoa(int(p.shard))}
-	deadline := time.Now().Add(delBudget)
+	start := time.Now()
 	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
 		cctx, cancel := e.opCtx(ctx, rng)
 		err := e.drv.Relabel(cctx, e.ref(p), add, del)
@@ -323,9 +341,9 @@ func (e *engine) relabel(ctx context.Context, rng *rand.Rand, p *pod) {
 		case isNotFound(err):
 			e.checkNotLost(p, err)
 			return
-		case time.Now().After(deadline) || ctx.Err() != nil:
+		case e.retryExpired(ctx, start):
 			e.violate(invEndpointDiffers, "pod "+p.key().containerID(), p.key().containerID(),
-				fmt.Sprintf("relabel of %s not acknowledged after %s: %v", p.key().containerID(), delBudget, err), e.m.history(p))
+				fmt.Sprintf("relabel of %s not acknowledged after %s of agent uptime: %v", p.key().containerID(), delBudget, err), e.m.history(p))
 			return
 		}
 		sleepCtx(ctx, backoff)

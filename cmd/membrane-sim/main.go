@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -34,6 +35,7 @@ type config struct {
 	logLevel slog.Level
 	progress string
 	dir      string
+	cpuProf  string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -56,6 +58,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := interruptible(stderr)
 	defer stop()
+	if cfg.cpuProf != "" {
+		stopProf, err := startCPUProfile(cfg.cpuProf)
+		if err != nil {
+			fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+			return 2
+		}
+		defer stopProf()
+	}
 	rep, err := sim.Run(ctx, cfg.sc, opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
@@ -131,6 +141,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&level, "log-level", "warn", "level of the agent's log: debug, info, warn, error")
 	fs.StringVar(&cfg.progress, "progress", "auto", "progress line: auto (on a terminal), always, never")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the agent's socket and state (default: a temporary one, removed)")
+	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -225,4 +236,20 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// startCPUProfile profiles the process (agent and harness) until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
