@@ -133,18 +133,24 @@ func (e *engine) churnStep(ctx context.Context, rng *rand.Rand) {
 	if e.phase.Load() != phaseChurn {
 		return
 	}
-	// Delete only at the target: a failed ADD is replaced, not followed
-	// by one more deletion.
-	if e.m.reserved.Load() >= int64(e.sc.Endpoints) {
-		if p := e.m.takeLive(rng, podDeleting); p != nil {
-			e.m.reserved.Add(-1)
-			e.deletePod(ctx, rng, p)
+	// Each turn creates one pod, deleting random live ones to make room at
+	// the target (so deletions match creations, and a failed ADD is
+	// replaced rather than followed by one more deletion). Concurrent
+	// workers may take the room one made; then it deletes again.
+	target := int64(e.sc.Endpoints)
+	for e.phase.Load() == phaseChurn {
+		if e.m.reserved.Load() >= target {
+			if p := e.m.takeLive(rng, podDeleting); p != nil {
+				e.m.reserved.Add(-1)
+				e.deletePod(ctx, rng, p)
+			}
 		}
-	}
-	if e.m.reserved.Add(1) > int64(e.sc.Endpoints) {
+		if e.m.reserved.Add(1) <= target {
+			e.addLifecycle(ctx, rng)
+			break
+		}
 		e.m.reserved.Add(-1)
-	} else {
-		e.addLifecycle(ctx, rng)
+		time.Sleep(100 * time.Microsecond)
 	}
 	if e.sc.LabelChurn > 0 && rng.Float64() < e.sc.LabelChurn {
 		if q := e.m.takeLive(rng, podBusy); q != nil {
