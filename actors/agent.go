@@ -35,8 +35,17 @@ type EndpointConfig struct {
 	RestartBudget int
 }
 
+// StateStore persists endpoint state (restore.Store). Both calls must not
+// block: done is called once the change is durable.
+type StateStore interface {
+	Write(ep *endpoint.Endpoint, done func(error))
+	Remove(id endpoint.ID, done func(error))
+}
+
 // Config configures the actor system.
 type Config struct {
+	// State persists endpoints; nil keeps them in memory only.
+	State    StateStore
 	IPAM     IPAMConfig
 	Identity identity.LocalConfig
 	Pool     PoolConfig
@@ -45,6 +54,9 @@ type Config struct {
 
 // withDefaults fills zero fields.
 func (c Config) withDefaults() Config {
+	if c.IPAM.Expiry == 0 {
+		c.IPAM.Expiry = 10 * time.Minute
+	}
 	e := &c.Endpoint
 	e.ProxyWaitTimeout = orDefault(e.ProxyWaitTimeout, 5*time.Second)
 	e.DatapathTimeout = orDefault(e.DatapathTimeout, 30*time.Second)
@@ -110,6 +122,7 @@ type endpointDeps struct {
 	identity *actor.PID
 	pool     *actor.PID
 	counters *Counters
+	store    StateStore
 	mailbox  sync.Map // actor PID ID -> *MailboxStats
 }
 
@@ -210,7 +223,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
-	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}}
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}, store: cfg.State}
 	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log}
 	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root },

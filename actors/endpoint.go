@@ -30,10 +30,16 @@ type endpointActor struct {
 	// with the index and must not change: write through mut().
 	ep     *endpoint.Endpoint
 	shared bool
-	fresh  bool // first incarnation of a newly created endpoint
+	mode   startMode // how the first incarnation starts
 	dead   bool // set on Restarting: late continuations are ignored
 
-	createWaiter *actor.PID // sync PUT, answered after the first regeneration
+	// createWaiter is the PUT: answered after the first regeneration
+	// (sync) or once the state is on disk and in the index (not sync).
+	createWaiter *actor.PID
+	createSync   bool
+	// restoring: the manager waits for this endpoint's leases (IP,
+	// identity) before the agent serves mutating calls.
+	restoreReport bool
 	labelWaiters []*actor.PID
 
 	idBusy  bool // an identity acquisition is in flight
@@ -55,6 +61,7 @@ type regenState struct {
 	pending        bool
 	pendingWaiters []*actor.PID
 	proxyWait      map[string]struct{} // proxies yet to acknowledge rev
+	earlyAcks      map[string]struct{} // acks of rev that beat the realize result
 	proxyTimer     *time.Timer
 	retryTimer     *time.Timer
 }
@@ -72,10 +79,30 @@ type (
 	}
 )
 
-func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, fresh bool, createWaiter *actor.PID, manager *actor.PID, stats *MailboxStats) *endpointActor {
-	a := &endpointActor{deps: deps, manager: manager, stats: stats, fresh: fresh, ep: spec, shared: true}
-	if fresh {
-		a.createWaiter = createWaiter
+// startMode says how an endpoint actor's incarnation starts.
+type startMode struct {
+	kind   startKind
+	waiter *actor.PID // create: the PUT's future
+	sync   bool       // create: answer after the first regeneration
+	// rebuild: the failed incarnation was deleting / tearing down.
+	deleting, tearingDown bool
+}
+
+type startKind int
+
+const (
+	// startRebuild: a restarted incarnation; read the record from the index.
+	startRebuild startKind = iota
+	// startCreate: a new endpoint from PUT /v1/endpoint.
+	startCreate
+	// startRestore: an endpoint read from the state directory at agent start.
+	startRestore
+)
+
+func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMode, manager *actor.PID, stats *MailboxStats) *endpointActor {
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: mode, ep: spec, shared: true}
+	if mode.kind == startCreate {
+		a.createWaiter, a.createSync = mode.waiter, mode.sync
 	}
 	return a
 }
@@ -93,7 +120,11 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.requestRegen(ctx, ctx.Sender())
 	case *retryRegen:
 		a.regen.retryTimer = nil
-		if !a.regen.running && !a.deleting {
+		switch {
+		case a.deleting || a.regen.running || a.idBusy:
+		case a.ep.State == endpoint.StateWaitingForIdentity:
+			a.acquireIdentity(ctx) // the identity failed, not the datapath
+		default:
 			a.requestRegen(ctx, nil)
 		}
 	case *messages.ProxyAck:
@@ -116,16 +147,42 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 }
 
 func (a *endpointActor) started(ctx actor.Context) {
-	if !a.fresh {
-		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok {
+	switch a.mode.kind {
+	case startRebuild:
+		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !a.mode.tearingDown {
 			a.ep, a.shared = cur, true
 		}
-		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State)
-	}
-	if a.ep.State == endpoint.StateDisconnecting {
-		a.deleting = true
-		a.maybeTeardown(ctx)
-		return
+		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", a.mode.deleting)
+		if a.mode.tearingDown {
+			// The row is already out of the index: resume after it.
+			a.deleting, a.tearingDown = true, true
+			a.releaseLeases(ctx)
+			return
+		}
+		if a.ep.State == endpoint.StateDisconnecting || a.mode.deleting {
+			a.deleting = true
+			a.maybeTeardown(ctx)
+			return
+		}
+	case startRestore:
+		a.restoreReport = true
+		a.logger().Info("restoring endpoint", "identity", a.ep.Identity, "ipv4", a.ep.IPv4, "ipv6", a.ep.IPv6)
+	case startCreate:
+		if !a.createSync {
+			// The PUT answers once the endpoint is on disk; a sync PUT
+			// answers after the first regeneration, which writes it.
+			a.stateOp(ctx, "write", a.writeState(a.ep), func(ctx actor.Context, err error) {
+				if err != nil {
+					a.failCreate(ctx, fmt.Errorf("write state: %w", err))
+					return
+				}
+				w := a.createWaiter
+				a.createWaiter = nil
+				a.publish(ctx, messages.Reply{To: w, Message: a.result(nil)})
+				a.claimIPs(ctx)
+			})
+			return
+		}
 	}
 	a.claimIPs(ctx)
 }
@@ -145,7 +202,9 @@ func (a *endpointActor) restarting(ctx actor.Context) {
 
 func (a *endpointActor) reattach(ctx actor.Context, msg *reattach) {
 	if msg.create != nil {
-		a.createWaiter = msg.create
+		// A non-sync PUT's initial write may not have happened: answer it
+		// like a sync PUT, after the rebuilt incarnation's regeneration.
+		a.createWaiter, a.createSync = msg.create, true
 	}
 	a.regen.pendingWaiters = append(a.regen.pendingWaiters, msg.regen...)
 	a.labelWaiters = append(a.labelWaiters, msg.label...)
@@ -282,6 +341,9 @@ func (a *endpointActor) acquireIdentity(ctx actor.Context) {
 	a.idBusy = true
 	ls := a.ep.Labels
 	msg := &messages.IdentityAcquire{Labels: ls, Holder: ctx.Self()}
+	if a.restoreReport {
+		msg.Preferred = a.ep.Identity // keep the identity number across restarts
+	}
 	a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
 		a.idBusy = false
 		var got identity.Identity
@@ -341,7 +403,18 @@ func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericI
 	if len(waiters) > 0 {
 		a.publish(ctx, replies(waiters, a.result(nil))...)
 	}
+	a.reportRestored(ctx, nil)
 	a.requestRegen(ctx, nil)
+}
+
+// reportRestored tells the manager, once, that a restored endpoint holds
+// its leases again (err nil) or could not be restored.
+func (a *endpointActor) reportRestored(ctx actor.Context, err error) {
+	if !a.restoreReport {
+		return
+	}
+	a.restoreReport = false
+	ctx.Send(a.manager, &restoreReport{id: a.ep.ID, err: err})
 }
 
 func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels) {
@@ -368,6 +441,7 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 // releasing its addresses: the caller (the CNI plugin) owns them.
 func (a *endpointActor) failCreate(ctx actor.Context, err error) {
 	a.logger().Warn("endpoint creation failed", "err", err)
+	a.reportRestored(ctx, err)
 	a.mut().LastError = err.Error()
 	if a.createWaiter != nil {
 		// Answered once the endpoint is gone, so the caller can release

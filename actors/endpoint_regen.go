@@ -62,9 +62,56 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	}
 	a.shared = true
 	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
-	a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
-		return dp.Realize(c, snap, rev)
-	}, a.realized)
+	// State on disk first, so that a crash after the datapath changed
+	// still finds the endpoint at restore.
+	a.stateOp(ctx, "write", a.writeState(snap), func(ctx actor.Context, err error) {
+		switch {
+		case a.deleting:
+			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
+			a.maybeTeardown(ctx)
+		case err != nil:
+			a.regenFailed(ctx, fmt.Errorf("write state: %w", err))
+		default:
+			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
+				return dp.Realize(c, snap, rev)
+			}, a.realized)
+		}
+	})
+}
+
+// stateResult is what a state store operation answers to its future.
+type stateResult struct{ err error }
+
+// writeState returns the submit function writing ep's state.
+func (a *endpointActor) writeState(ep *endpoint.Endpoint) func(done func(error)) {
+	return func(done func(error)) { a.deps.store.Write(ep, done) }
+}
+
+// stateOp runs a state store operation (asynchronous, group-committed
+// by the store's writer) and continues with cont once it is durable.
+func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done func(error)), cont func(actor.Context, error)) {
+	if a.deps.store == nil {
+		cont(ctx, nil)
+		return
+	}
+	a.dpBusy = true
+	system := ctx.ActorSystem()
+	f := actor.NewFuture(system, a.deps.cfg.DatapathTimeout)
+	pid := f.PID()
+	submit(func(err error) { system.Root.Send(pid, &stateResult{err: err}) })
+	ctx.ReenterAfter(f, func(res any, err error) {
+		if a.dead {
+			return
+		}
+		a.dpBusy = false
+		if r, ok := res.(*stateResult); ok && err == nil {
+			err = r.err
+		}
+		if err != nil {
+			err = fmt.Errorf("%s state: %w", op, err)
+		}
+		cont(ctx, err)
+	})
 }
 
 // datapathOp runs fn in the datapath pool and continues with cont.
@@ -98,7 +145,14 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 	}
 	a.regen.proxyWait = make(map[string]struct{}, len(res.ProxyWaits))
 	for _, p := range res.ProxyWaits {
-		a.regen.proxyWait[p] = struct{}{}
+		if _, acked := a.regen.earlyAcks[p]; !acked {
+			a.regen.proxyWait[p] = struct{}{}
+		}
+	}
+	a.regen.earlyAcks = nil
+	if len(a.regen.proxyWait) == 0 {
+		a.completeRegen(ctx, false)
+		return
 	}
 	self, system, rev := ctx.Self(), ctx.ActorSystem(), a.regen.rev
 	a.regen.proxyTimer = time.AfterFunc(a.deps.cfg.ProxyWaitTimeout, func() {
@@ -107,6 +161,14 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 }
 
 func (a *endpointActor) proxyAck(ctx actor.Context, msg *messages.ProxyAck) {
+	if a.regen.running && msg.Revision == a.regen.rev && a.regen.proxyWait == nil {
+		// Acknowledged before the realize result came back: remember it.
+		if a.regen.earlyAcks == nil {
+			a.regen.earlyAcks = make(map[string]struct{}, 2)
+		}
+		a.regen.earlyAcks[msg.ProxyID] = struct{}{}
+		return
+	}
 	if !a.regen.running || msg.Revision != a.regen.rev || a.regen.proxyWait == nil {
 		a.logger().Debug("ignoring stale proxy acknowledgement", "revision", msg.Revision, "proxy", msg.ProxyID)
 		return
@@ -149,7 +211,7 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 // endRegen closes the running regeneration: err nil means success.
 func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 	a.regen.running = false
-	a.regen.proxyWait = nil
+	a.regen.proxyWait, a.regen.earlyAcks = nil, nil
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
 		a.regen.proxyTimer = nil
@@ -293,7 +355,13 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 		if r.Err != nil {
 			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
 		}
-		a.disconnected(ctx)
+		id, store := a.ep.ID, a.deps.store
+		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
+			if err != nil {
+				a.logger().Error("removing endpoint state failed", "err", err)
+			}
+			a.disconnected(ctx)
+		})
 	})
 }
 

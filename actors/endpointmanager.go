@@ -35,6 +35,19 @@ type managerActor struct {
 	containers map[string]endpoint.ID
 	ips        map[netip.Addr]endpoint.ID
 	batch      batcher
+	strategy   actor.SupervisorStrategy // for the endpoint actors
+
+	// An agent-start restore in progress: who waits, for which endpoints.
+	restoreWaiter  *actor.PID
+	restorePending map[endpoint.ID]bool
+	restoreResult  *messages.RestoreResult
+}
+
+// restoreReport is sent by a restored endpoint actor once it holds its
+// leases again (err nil) or failed.
+type restoreReport struct {
+	id  endpoint.ID
+	err error
 }
 
 func newManagerActor(deps *endpointDeps) *managerActor {
@@ -53,6 +66,10 @@ func (m *managerActor) Receive(ctx actor.Context) {
 		m.batch.flush(ctx.Send)
 	case *messages.CreateEndpoint:
 		m.create(ctx, msg)
+	case *messages.RestoreEndpoints:
+		m.restore(ctx, msg)
+	case *restoreReport:
+		m.restored(ctx, msg.id, msg.err)
 	case *messages.DeleteEndpoint:
 		m.forward(ctx, msg.ID)
 	case *messages.PatchLabels:
@@ -83,7 +100,7 @@ func (m *managerActor) rebuild(ctx actor.Context) {
 	m.ids[0] = 1 // ID 0 is never used
 	for _, ep := range m.deps.ix.Endpoints(index.EndpointFilter{}) {
 		m.track(ep)
-		m.spawn(ctx, ep, false, nil)
+		m.spawn(ctx, ep, startMode{kind: startRebuild})
 	}
 }
 
@@ -105,13 +122,56 @@ func (m *managerActor) create(ctx actor.Context, msg *messages.CreateEndpoint) {
 	spec.State, spec.Created, spec.StateChanged = endpoint.StateWaitingForIdentity, now, now
 	m.track(spec)
 	m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
-	var syncWaiter *actor.PID
-	if msg.Sync {
-		syncWaiter = ctx.Sender()
-	} else {
-		m.batch.reply(ctx, ctx.Sender(), &messages.EndpointResult{Endpoint: spec})
+	m.spawn(ctx, spec, startMode{kind: startCreate, waiter: ctx.Sender(), sync: msg.Sync})
+}
+
+// restore re-creates endpoints from the state directory in state
+// restoring, and answers once each holds its leases again or failed.
+func (m *managerActor) restore(ctx actor.Context, msg *messages.RestoreEndpoints) {
+	res := &messages.RestoreResult{Failed: map[endpoint.ID]error{}}
+	m.restoreWaiter, m.restorePending, m.restoreResult = ctx.Sender(), map[endpoint.ID]bool{}, res
+	for _, ep := range msg.Endpoints {
+		spec := ep.Clone()
+		if spec.ID == 0 || m.used(spec.ID) {
+			res.Failed[spec.ID] = fmt.Errorf("restore endpoint %d: id in use: %w", spec.ID, ErrEndpointExists)
+			continue
+		}
+		if err := m.checkUnique(spec); err != nil {
+			res.Failed[spec.ID] = fmt.Errorf("restore: %w", err)
+			continue
+		}
+		now := time.Now()
+		spec.State, spec.StateChanged = endpoint.StateRestoring, now
+		if spec.Created.IsZero() {
+			spec.Created = now
+		}
+		m.track(spec)
+		m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
+		m.restorePending[spec.ID] = true
+		m.spawn(ctx, spec, startMode{kind: startRestore})
 	}
-	m.spawn(ctx, spec, true, syncWaiter)
+	m.maybeRestored(ctx)
+}
+
+func (m *managerActor) restored(ctx actor.Context, id endpoint.ID, err error) {
+	if !m.restorePending[id] {
+		return
+	}
+	delete(m.restorePending, id)
+	if err != nil {
+		m.restoreResult.Failed[id] = err
+	} else {
+		m.restoreResult.Restored = append(m.restoreResult.Restored, id)
+	}
+	m.maybeRestored(ctx)
+}
+
+func (m *managerActor) maybeRestored(ctx actor.Context) {
+	if m.restoreWaiter == nil || len(m.restorePending) > 0 {
+		return
+	}
+	m.batch.reply(ctx, m.restoreWaiter, m.restoreResult)
+	m.restoreWaiter, m.restorePending, m.restoreResult = nil, nil, nil
 }
 
 func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
@@ -131,20 +191,29 @@ func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
 	return nil
 }
 
-func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, fresh bool, syncWaiter *actor.PID) {
+func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode startMode) {
 	stats := &MailboxStats{}
 	incarnation := 0
 	self, first, id := ctx.Self(), ep, ep.ID
+	var prev *endpointActor // the latest incarnation (only touched on its goroutine)
 	props := actor.PropsFromProducer(func() actor.Actor {
 		incarnation++
 		if incarnation == 1 {
-			spec, waiter := first, syncWaiter
-			first, syncWaiter = nil, nil // later incarnations rebuild from the index
-			return newEndpointActor(m.deps, spec, fresh, waiter, self, stats)
+			spec, md := first, mode
+			first, mode = nil, startMode{} // later incarnations rebuild from the index
+			prev = newEndpointActor(m.deps, spec, md, self, stats)
+			return prev
 		}
-		return newEndpointActor(m.deps, &endpoint.Endpoint{ID: id}, false, nil, self, stats)
-	}, actor.WithMailbox(unboundedWithStats(stats)),
-		actor.WithSupervisor(actor.NewOneForOneStrategy(m.deps.cfg.RestartBudget, 10*time.Second, actor.DefaultDecider)))
+		// A restart: the new incarnation rebuilds from the index, falling
+		// back to the failed one's record (the row may be gone during a
+		// teardown, or not yet committed right after a create).
+		rec, md := &endpoint.Endpoint{ID: id}, startMode{kind: startRebuild}
+		if prev != nil {
+			rec, md.deleting, md.tearingDown = prev.ep, prev.deleting, prev.tearingDown
+		}
+		prev = newEndpointActor(m.deps, rec, md, self, stats)
+		return prev
+	}, actor.WithMailbox(unboundedWithStats(stats)))
 	pid, err := ctx.SpawnNamed(props, endpointActorName(ep.ID))
 	if err != nil {
 		// The name is taken only if the previous actor for this ID has not
@@ -152,7 +221,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, fresh boo
 		m.log.Error("spawning endpoint actor failed", "endpoint", ep.ID, "err", err)
 		m.untrack(ep)
 		m.batch.delKeyed(ctx, index.TableEndpoints, ep.ID, ep)
-		m.batch.reply(ctx, syncWaiter, &messages.EndpointResult{Err: fmt.Errorf("spawn endpoint %d: %w", ep.ID, err)})
+		m.batch.reply(ctx, mode.waiter, &messages.EndpointResult{Err: fmt.Errorf("spawn endpoint %d: %w", ep.ID, err)})
 		return
 	}
 	m.children[ep.ID] = pid
@@ -193,6 +262,9 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	m.deps.unregisterStats(who.Id)
 	id, ok := endpointIDFromPID(who)
+	if ok {
+		m.restored(ctx, id, fmt.Errorf("endpoint %d: actor stopped while restoring", id))
+	}
 	if pid, live := m.children[id]; !ok || !live || pid.Id != who.Id {
 		return
 	}
@@ -294,4 +366,17 @@ func (m *managerActor) actors() []ActorInfo {
 		out = append(out, info)
 	}
 	return out
+}
+
+var _ actor.SupervisorStrategy = (*managerActor)(nil)
+
+// HandleFailure implements actor.SupervisorStrategy: protoactor asks the
+// parent (this manager) how to handle a failing endpoint actor. It is
+// restarted in place RestartBudget times per 10 s, then stopped (its
+// leases are then released by the IPAM and identity death-watch).
+func (m *managerActor) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, msg any) {
+	if m.strategy == nil {
+		m.strategy = actor.NewOneForOneStrategy(m.deps.cfg.RestartBudget, 10*time.Second, actor.DefaultDecider)
+	}
+	m.strategy.HandleFailure(sys, sup, child, rs, reason, msg)
 }

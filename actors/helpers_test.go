@@ -182,6 +182,19 @@ func (h *harness) endpointPID(tb testing.TB, id endpoint.ID) *actor.PID {
 	return nil
 }
 
+// handled returns how many user messages an endpoint's actor took from
+// its mailbox.
+func (h *harness) handled(tb testing.TB, id endpoint.ID) int64 {
+	tb.Helper()
+	for _, info := range h.actorsList(tb) {
+		if info.Endpoint == id {
+			return info.Handled
+		}
+	}
+	tb.Fatalf("no actor for endpoint %d", id)
+	return 0
+}
+
 // indexed returns the index row of an endpoint.
 func (h *harness) indexed(id endpoint.ID) (*endpoint.Endpoint, bool) { return h.ix.Endpoint(id) }
 

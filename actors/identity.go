@@ -43,10 +43,10 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		a.batch.flush(ctx.Send)
 	case *messages.IdentityAcquire:
 		id, isNew, err := a.acquire(ctx, msg)
-		ctx.Respond(&messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})
 	case *messages.IdentityRelease:
 		released, err := a.release(ctx, msg.ID, msg.Holder.Id, msg.Keep)
-		ctx.Respond(&messages.IdentityReleased{Released: released, Err: err})
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityReleased{Released: released, Err: err})
 	case *crashForTest:
 		panic("crash requested by a test")
 	case *actor.Terminated:
@@ -92,7 +92,7 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 			return cur, false, nil
 		}
 	}
-	id, isNew, err := a.alloc.Allocate(msg.Labels)
+	id, isNew, err := a.allocate(msg)
 	if err != nil {
 		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
 	}
@@ -100,6 +100,23 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 	a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id.ID, msg.Holder.Id), &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
 	a.writeRow(ctx, id.ID)
 	return id, isNew, nil
+}
+
+// allocate takes a reference, binding new labels to the preferred
+// identity when it is free.
+func (a *identityActor) allocate(msg *messages.IdentityAcquire) (identity.Identity, bool, error) {
+	p := msg.Preferred
+	if p >= identity.MinLocalIdentity {
+		if _, bound := a.alloc.LookupByLabels(msg.Labels); !bound {
+			if _, taken := a.alloc.Lookup(p); !taken {
+				if err := a.alloc.Restore(identity.Identity{ID: p, Labels: msg.Labels, RefCount: 1}); err == nil {
+					id, _ := a.alloc.Lookup(p)
+					return id, true, nil
+				}
+			}
+		}
+	}
+	return a.alloc.Allocate(msg.Labels)
 }
 
 func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, holder string, keep bool) (bool, error) {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -23,6 +24,10 @@ type IPAMConfig struct {
 	Strategy   ipam.Strategy
 	// Seed feeds the random strategy (0: random seed).
 	Seed uint64
+	// Expiry releases an address allocated by IPAMAllocate that no
+	// endpoint claimed within it, so a crashed ADD never leaks one
+	// (default 10 minutes; negative disables).
+	Expiry time.Duration
 }
 
 // Validate names the bad field.
@@ -70,8 +75,15 @@ type ipamActor struct {
 	pool    *ipam.Pool
 	rows    map[netip.Addr]*index.IP
 	holders map[string][]netip.Addr // holder PID ID -> claimed IPs (one or two)
-	batch   batcher
+	// unclaimed holds when each allocated but unclaimed address was handed
+	// out, for the expiry sweep.
+	unclaimed map[netip.Addr]time.Time
+	sweep     *time.Timer
+	batch     batcher
 }
+
+// sweepExpired asks the IPAM actor to release expired unclaimed addresses.
+type sweepExpired struct{}
 
 func newIPAMActor(cfg IPAMConfig, ix *index.Index, log *slog.Logger) *ipamActor {
 	l := log.With("actor", "ipam")
@@ -83,8 +95,13 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.rebuild(ctx)
-	case *actor.Restarting:
+	case *actor.Restarting, *actor.Stopping:
 		a.batch.flush(ctx.ActorSystem().Root.Send)
+		if a.sweep != nil {
+			a.sweep.Stop()
+		}
+	case *sweepExpired:
+		a.sweepExpired(ctx)
 	case *flushIndex:
 		a.batch.flush(ctx.Send)
 	case *messages.IPAMAllocate:
@@ -94,10 +111,10 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 	case *messages.IPAMRelease:
 		a.release(ctx, msg)
 	case *messages.IPAMClaim:
-		ctx.Respond(&messages.IPAMResult{Err: a.claim(ctx, msg)})
+		a.batch.reply(ctx, ctx.Sender(), &messages.IPAMResult{Err: a.claim(ctx, msg)})
 	case *messages.IPAMUnclaim:
 		a.unclaim(ctx, msg)
-		ctx.Respond(&messages.IPAMResult{})
+		a.batch.reply(ctx, ctx.Sender(), &messages.IPAMResult{})
 	case *crashForTest:
 		panic("crash requested by a test")
 	case *actor.Terminated:
@@ -115,6 +132,7 @@ func (a *ipamActor) rebuild(ctx actor.Context) {
 	a.pool = pool
 	a.rows = make(map[netip.Addr]*index.IP)
 	a.holders = make(map[string][]netip.Addr)
+	a.unclaimed = make(map[netip.Addr]time.Time)
 	for _, row := range a.batch.ix.IPs("") {
 		r := a.pool.RangeFor(row.IP)
 		if r == nil {
@@ -129,8 +147,11 @@ func (a *ipamActor) rebuild(ctx actor.Context) {
 		a.rows[row.IP] = row
 		if row.Holder != "" {
 			a.hold(ctx, row.Holder, row.IP)
+		} else {
+			a.unclaimed[row.IP] = time.Now()
 		}
 	}
+	a.scheduleSweep(ctx)
 	if n := len(a.rows); n > 0 {
 		a.log.Info("rebuilt allocations from the index", "addresses", n)
 	}
@@ -168,6 +189,7 @@ func (a *ipamActor) allocate(ctx actor.Context, msg *messages.IPAMAllocate) {
 			return
 		}
 		a.record(ctx, &index.IP{IP: ip, Family: string(f), Owner: msg.Owner})
+		a.unclaimed[ip] = time.Now()
 		if f == ipam.IPv4 {
 			res.IPv4 = ip
 		} else {
@@ -189,6 +211,7 @@ func (a *ipamActor) allocateIP(ctx actor.Context, msg *messages.IPAMAllocateIP) 
 	}
 	if _, ok := a.rows[msg.IP.Unmap()]; !ok {
 		a.record(ctx, &index.IP{IP: msg.IP.Unmap(), Family: string(r.Family()), Owner: msg.Owner})
+		a.unclaimed[msg.IP.Unmap()] = time.Now()
 	}
 	res := &messages.IPAMAllocated{}
 	if msg.IP.Unmap().Is4() {
@@ -215,6 +238,11 @@ func (a *ipamActor) release(ctx actor.Context, msg *messages.IPAMRelease) {
 			Err: fmt.Errorf("release %s: claimed by endpoint %d: %w", ip, row.Endpoint, ErrIPInUse)})
 		return
 	}
+	if msg.Owner != "" && row.Owner != msg.Owner && !msg.Force {
+		ctx.Respond(&messages.IPAMReleased{Owner: row.Owner,
+			Err: fmt.Errorf("release %s: allocated to %s, not %s: %w", ip, row.Owner, msg.Owner, ErrIPInUse)})
+		return
+	}
 	a.drop(ctx, ip)
 	a.batch.reply(ctx, ctx.Sender(), &messages.IPAMReleased{Released: true, Owner: row.Owner})
 }
@@ -231,6 +259,9 @@ func (a *ipamActor) claim(ctx actor.Context, msg *messages.IPAMClaim) error {
 		if ok && row.Endpoint != 0 && row.Endpoint != msg.Endpoint {
 			return fmt.Errorf("claim %s: claimed by endpoint %d: %w", ip, row.Endpoint, ErrIPInUse)
 		}
+		if ok && row.Endpoint == 0 && row.Owner != "" && msg.Owner != "" && row.Owner != msg.Owner {
+			return fmt.Errorf("claim %s: allocated to %s, not %s: %w", ip, row.Owner, msg.Owner, ErrIPInUse)
+		}
 		if !ok {
 			if err := r.Allocate(ip, msg.Owner); err != nil {
 				return fmt.Errorf("claim %s: %w", ip, err)
@@ -241,6 +272,7 @@ func (a *ipamActor) claim(ctx actor.Context, msg *messages.IPAMClaim) error {
 		c.Endpoint, c.Holder = msg.Endpoint, msg.Holder.Id
 		a.record(ctx, &c)
 		a.hold(ctx, c.Holder, ip)
+		delete(a.unclaimed, ip)
 	}
 	return nil
 }
@@ -259,6 +291,7 @@ func (a *ipamActor) unclaim(ctx actor.Context, msg *messages.IPAMUnclaim) {
 		c := *row
 		c.Endpoint, c.Holder = 0, ""
 		a.record(ctx, &c)
+		a.unclaimed[row.IP] = time.Now()
 	}
 }
 
@@ -291,6 +324,28 @@ func (a *ipamActor) unhold(holder string, ip netip.Addr) {
 	a.holders[holder] = set
 }
 
+func (a *ipamActor) scheduleSweep(ctx actor.Context) {
+	if a.cfg.Expiry <= 0 {
+		return
+	}
+	every := min(a.cfg.Expiry/4, 30*time.Second)
+	self, system := ctx.Self(), ctx.ActorSystem()
+	a.sweep = time.AfterFunc(every, func() { system.Root.Send(self, &sweepExpired{}) })
+}
+
+// sweepExpired releases addresses allocated but never claimed within the expiry.
+func (a *ipamActor) sweepExpired(ctx actor.Context) {
+	deadline := time.Now().Add(-a.cfg.Expiry)
+	for ip, since := range a.unclaimed {
+		if since.Before(deadline) {
+			row := a.rows[ip]
+			a.log.Warn("releasing an address no endpoint claimed within the expiry", "ip", ip, "owner", row.Owner, "expiry", a.cfg.Expiry)
+			a.drop(ctx, ip)
+		}
+	}
+	a.scheduleSweep(ctx)
+}
+
 func (a *ipamActor) record(ctx actor.Context, row *index.IP) {
 	a.rows[row.IP] = row
 	a.batch.putKeyed(ctx, index.TableIPAM, row.IP, row)
@@ -309,6 +364,7 @@ func (a *ipamActor) drop(ctx actor.Context, ip netip.Addr) {
 		a.unhold(row.Holder, ip)
 	}
 	delete(a.rows, ip)
+	delete(a.unclaimed, ip)
 	a.batch.delKeyed(ctx, index.TableIPAM, ip, row)
 }
 

@@ -170,7 +170,7 @@ func TestIPAMRelease(t *testing.T) {
 
 func TestIPAMExhaustion(t *testing.T) {
 	h := startSystem(t, func(c *actors.Config) {
-		c.IPAM.IPv4 = netip.MustParsePrefix("10.9.0.0/29") // .2 .. .6 allocatable
+		c.IPAM.IPv4 = netip.MustParsePrefix("10.9.0.0/29")  // .2 .. .6 allocatable
 		c.IPAM.IPv6 = netip.MustParsePrefix("fd00:9::/126") // ::2, ::3
 	})
 	got := map[netip.Addr]bool{}

@@ -37,6 +37,7 @@ type Fake struct {
 	hooks     FakeHooks
 	rng       *rand.Rand
 	endpoints map[endpoint.ID]uint64 // realised revision per endpoint
+	gone      map[endpoint.ID]bool   // forgotten: their "interface" vanished
 	ack       ProxyAckFunc
 	realizes  uint64
 	removes   uint64
@@ -49,6 +50,7 @@ func NewFake(seed uint64) *Fake {
 	return &Fake{
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		endpoints: make(map[endpoint.ID]uint64),
+		gone:      make(map[endpoint.ID]bool),
 	}
 }
 
@@ -98,6 +100,7 @@ func (f *Fake) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (
 	}
 	f.mu.Lock()
 	f.endpoints[ep.ID] = rev
+	delete(f.gone, ep.ID)
 	f.realizes++
 	ack := f.ack
 	f.mu.Unlock()
@@ -148,7 +151,20 @@ func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {
 func (f *Fake) Forget(id endpoint.ID) {
 	f.mu.Lock()
 	delete(f.endpoints, id)
+	f.gone[id] = true
 	f.mu.Unlock()
+}
+
+// Validate reports, at restore, whether an endpoint survived the agent's
+// absence: a fresh Fake (a new process) remembers nothing, so only
+// endpoints explicitly Forgotten fail with ErrEndpointMissing.
+func (f *Fake) Validate(_ context.Context, ep *endpoint.Endpoint) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gone[ep.ID] {
+		return fmt.Errorf("validate endpoint %d: %w", ep.ID, ErrEndpointMissing)
+	}
+	return nil
 }
 
 // Realized returns the revision realised for an endpoint, if any.

@@ -81,3 +81,18 @@ type EndpointChanged struct {
 	Deleted  bool
 	Replies  []Reply
 }
+
+// RestoreEndpoints re-creates endpoints read from the state directory, in
+// state restoring. Reply: *RestoreResult once every one of them holds its
+// leases again (IP and identity) or failed; regeneration continues after.
+type RestoreEndpoints struct {
+	Endpoints []*endpoint.Endpoint
+}
+
+// RestoreResult answers RestoreEndpoints.
+type RestoreResult struct {
+	Restored []endpoint.ID
+	// Failed maps endpoints that could not be restored to why; they were
+	// deleted without releasing their addresses.
+	Failed map[endpoint.ID]error
+}

@@ -13,6 +13,9 @@ import (
 type IdentityAcquire struct {
 	Labels labels.Labels
 	Holder *actor.PID
+	// Preferred is the identity to bind the labels to if they have none
+	// yet and it is free (restore keeps identity numbers across restarts).
+	Preferred identity.NumericIdentity
 }
 
 // IdentityAcquired answers IdentityAcquire.

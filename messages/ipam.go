@@ -32,9 +32,12 @@ type IPAMAllocated struct {
 
 // IPAMRelease asks the IPAM actor to release an address. Releasing an
 // unallocated address is a no-op; an address claimed by a live endpoint is
-// refused with ipam.ErrInUse unless Force. Reply: *IPAMReleased.
+// refused with actors.ErrIPInUse unless Force. Reply: *IPAMReleased.
 type IPAMRelease struct {
-	IP    netip.Addr
+	IP netip.Addr
+	// Owner, when set, must match the address's owner (a CNI rollback
+	// never releases another pod's address).
+	Owner string
 	Force bool
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -21,6 +22,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/restore"
 )
 
 // ErrInvalidConfig is wrapped by Config validation errors, which name the
@@ -99,6 +101,12 @@ type Agent struct {
 	lis     net.Listener
 	served  chan error
 	stopCNI context.CancelFunc // stops the delete queue drainer
+	store   *restore.Store
+	// stopOnce makes Stop idempotent (a second call returns the first's error).
+	stopOnce sync.Once
+	stopErr  error
+	// restoreStats is what the restore at Start did.
+	restoreStats RestoreStats
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -126,10 +134,16 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
 	}
+	store, err := restore.Open(cfg.StateDir, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
 	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
+	ac.State = store
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
+		store.Close()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	if linux != nil {
@@ -145,9 +159,13 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1)}
+	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store}
 	go func() { a.served <- srv.Serve(lis) }()
-	// Restore (its own issue) runs here, before the API turns ready.
+	// Reads are served while restoring; mutating calls get 503 until ready.
+	if err := a.restore(context.Background()); err != nil {
+		_ = a.Stop(context.Background())
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
 	a.stopCNI = a.startDeleteQueue()
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
@@ -159,12 +177,20 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 // ctx), and stops the actors without releasing anything: endpoints, IPs
 // and identities stay for the next start to restore.
 func (a *Agent) Stop(ctx context.Context) error {
-	a.stopCNI()
+	a.stopOnce.Do(func() { a.stopErr = a.stop(ctx) })
+	return a.stopErr
+}
+
+func (a *Agent) stop(ctx context.Context) error {
+	if a.stopCNI != nil {
+		a.stopCNI()
+	}
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {
 		err = serr
 	}
 	a.System.Stop()
+	a.store.Close()
 	_ = a.System.Datapath.Close()
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")

@@ -57,6 +57,7 @@ func (a *Agent) Crash() {
 	// later Stop, which reads it again.
 	serr := <-a.served
 	a.served <- serr
+	a.store.Abort()
 	a.System.Stop()
 	a.log.Warn("agent crashed (simulated SIGKILL)", "socket", a.cfg.Socket, "state-dir", a.cfg.StateDir)
 }

@@ -82,6 +82,9 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	if err != nil {
 		return nil, badRequest("field \"labels\": " + err.Error())
 	}
+	if len(ls) == 0 {
+		return nil, badRequest("field \"labels\": at least one label is required (the identity derives from them)")
+	}
 	spec.Labels = ls
 	if err := applyAddressing(req.Addressing, spec); err != nil {
 		return nil, err

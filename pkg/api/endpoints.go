@@ -2,11 +2,14 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
@@ -57,6 +60,11 @@ func (s *Server) model(ep *endpoint.Endpoint) *models.Endpoint {
 
 // endpointResult turns an actor answer into the endpoint or an error.
 func endpointResult(res any, err error) (*endpoint.Endpoint, error) {
+	if errors.Is(err, actor.ErrDeadLetter) {
+		// The endpoint's actor stopped between the lookup and the request:
+		// the endpoint is gone.
+		return nil, notFound("endpoint is gone")
+	}
 	if err != nil {
 		return nil, err
 	}

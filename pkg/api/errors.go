@@ -67,7 +67,7 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, CodeInvalidAddress
 	case errors.Is(err, ipam.ErrAllocated), errors.Is(err, actors.ErrIPInUse):
 		return http.StatusConflict, CodeAddressInUse
-	case errors.Is(err, labels.ErrInvalidLabel), errors.Is(err, endpoint.ErrInvalidID):
+	case errors.Is(err, labels.ErrInvalidLabel), errors.Is(err, endpoint.ErrInvalidID), errors.Is(err, identity.ErrInvalidLabels):
 		return http.StatusBadRequest, CodeInvalid
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, CodeTimeout

@@ -80,7 +80,14 @@ func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {
 	if rg := s.ranges[fam]; rg == nil || !rg.Contains(ip) {
 		return &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("address %s is outside the configured ranges", ip)}
 	}
-	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMRelease{IP: ip})
+	owner := ""
+	for key, vals := range r.URL.Query() {
+		if key != "owner" {
+			return badRequest(fmt.Sprintf("unknown query parameter %q (want owner)", key))
+		}
+		owner = vals[0]
+	}
+	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMRelease{IP: ip, Owner: owner})
 	if err != nil {
 		return err
 	}

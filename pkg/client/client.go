@@ -186,6 +186,13 @@ func (c *Client) IPAMRelease(ctx context.Context, ip string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/ipam/"+url.PathEscape(ip), nil, nil, nil)
 }
 
+// IPAMReleaseOwned releases an address only if owner still owns it (409
+// address-in-use otherwise): what a CNI rollback uses, so it never frees
+// an address another pod was given after an agent restart.
+func (c *Client) IPAMReleaseOwned(ctx context.Context, ip, owner string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/ipam/"+url.PathEscape(ip), url.Values{"owner": {owner}}, nil, nil)
+}
+
 // IPAMStatus returns the pools and their allocations.
 func (c *Client) IPAMStatus(ctx context.Context) (*models.IPAMStatus, error) {
 	var st models.IPAMStatus

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// Validator is implemented by datapaths that can tell, at restore, whether
+// an endpoint's kernel side survived the agent's absence (the Linux
+// datapath checks Check's netns and host interface; the fake honours
+// Forget). Datapaths without it are validated with Check.
+type Validator interface {
+	Validate(ctx context.Context, ep *endpoint.Endpoint) error
+}
+
+// RestoreStats says what the last restore did.
+type RestoreStats struct {
+	// Found is how many state directories were read; Restored how many
+	// endpoints came back; Invalid how many failed validation or their
+	// leases (deleted without releasing their IP); Quarantined how many
+	// directories were unreadable.
+	Found, Restored, Invalid, Quarantined int
+	// Leases is how long it took until every restored endpoint held its IP
+	// and identity again (the API turns ready after it).
+	Leases time.Duration
+}
+
+// restore reads the state directory and re-creates every endpoint in
+// state restoring: validate it, re-reserve its IPs and identity (the
+// endpoint actors claim them), then regenerate in the background.
+// Endpoints that fail validation are deleted with NoIPRelease: their
+// datapath remnants and state go, their IP was never re-reserved.
+func (a *Agent) restore(ctx context.Context) error {
+	start := time.Now()
+	eps, bad := a.store.Scan()
+	st := RestoreStats{Found: len(eps) + len(bad), Quarantined: len(bad)}
+	for _, b := range bad {
+		a.log.Error("unreadable endpoint state set aside", "dir", b.Dir, "quarantined", b.Quarantined, "err", b.Err)
+	}
+	valid := eps[:0]
+	for _, ep := range eps {
+		if err := a.validate(ctx, ep); err != nil {
+			st.Invalid++
+			a.log.Warn("endpoint did not survive the restart; deleting it without releasing its IP", "endpoint", ep.ID, "err", err)
+			a.discard(ctx, ep)
+			continue
+		}
+		valid = append(valid, ep)
+	}
+	if len(valid) > 0 {
+		res, err := a.System.Ask(ctx, a.System.Endpoints, &messages.RestoreEndpoints{Endpoints: valid})
+		if err != nil {
+			return fmt.Errorf("restore endpoints: %w", err)
+		}
+		r := res.(*messages.RestoreResult)
+		st.Restored = len(r.Restored)
+		for id, err := range r.Failed {
+			st.Invalid++
+			a.log.Warn("endpoint could not be restored; deleted without releasing its IP", "endpoint", id, "err", err)
+			if errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("restore endpoints: %w", err)
+			}
+		}
+	}
+	st.Leases = time.Since(start)
+	a.restoreStats = st
+	if st.Found > 0 {
+		a.log.Info("restored endpoints", "found", st.Found, "restored", st.Restored, "invalid", st.Invalid,
+			"quarantined", st.Quarantined, "duration", st.Leases)
+	}
+	return nil
+}
+
+func (a *Agent) validate(ctx context.Context, ep *endpoint.Endpoint) error {
+	dp := a.System.Datapath
+	if v, ok := dp.(Validator); ok {
+		return v.Validate(ctx, ep)
+	}
+	if err := dp.Check(ctx, ep); err != nil {
+		return fmt.Errorf("validate endpoint %d: %w", ep.ID, err)
+	}
+	return nil
+}
+
+// discard removes what is left of an endpoint that failed validation.
+func (a *Agent) discard(ctx context.Context, ep *endpoint.Endpoint) {
+	if err := a.System.Datapath.Remove(ctx, ep); err != nil && !errors.Is(err, datapath.ErrEndpointMissing) {
+		a.log.Warn("removing datapath remnants failed", "endpoint", ep.ID, "err", err)
+	}
+	done := make(chan error, 1)
+	a.store.Remove(ep.ID, func(err error) { done <- err })
+	if err := <-done; err != nil {
+		a.log.Error("removing endpoint state failed", "endpoint", ep.ID, "err", err)
+	}
+}
+
+// RestoreStats returns what the restore at Start did.
+func (a *Agent) RestoreStats() RestoreStats { return a.restoreStats }
