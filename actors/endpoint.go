@@ -31,7 +31,7 @@ type endpointActor struct {
 	ep     *endpoint.Endpoint
 	shared bool
 	mode   startMode // how the first incarnation starts
-	dead   bool // set on Restarting: late continuations are ignored
+	dead   bool      // set on Restarting: late continuations are ignored
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
@@ -40,7 +40,7 @@ type endpointActor struct {
 	// restoring: the manager waits for this endpoint's leases (IP,
 	// identity) before the agent serves mutating calls.
 	restoreReport bool
-	labelWaiters []*actor.PID
+	labelWaiters  []*actor.PID
 
 	idBusy  bool // an identity acquisition is in flight
 	dpBusy  bool // a datapath operation is in flight

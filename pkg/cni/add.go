@@ -22,7 +22,7 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		return err
 	}
 	defer c.client.close()
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 
 	pod, err := openPod(args.Netns)

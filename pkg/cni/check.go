@@ -11,7 +11,6 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
-
 )
 
 // cmdCheck verifies the attachment: CNI_IFNAME exists in the netns with
@@ -24,7 +23,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-		if c.conf.RawPrevResult == nil {
+	if c.conf.RawPrevResult == nil {
 		return configError("prevResult", "CHECK needs the ADD's result")
 	}
 	if err := version.ParsePrevResult(&c.conf.NetConf); err != nil {

@@ -27,7 +27,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	err = retryStarting(ctx, func() error {
 		return c.client.endpointDeleteByContainer(ctx, args.ContainerID)

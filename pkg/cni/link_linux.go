@@ -10,7 +10,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
 )
 
 // pod is an open pod network namespace with netlink handles for it and

@@ -9,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
-
 )
 
 // Timeouts of one CNI call. kubelet's own deadline is minutes; these keep

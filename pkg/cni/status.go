@@ -5,7 +5,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
 )
 
 // cmdStatus answers whether the plugin can serve ADD: the agent answers
@@ -17,7 +16,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	st, err := c.client.status(ctx)
 	if err != nil {
@@ -41,7 +40,7 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-		valid := make([]gcAttachment, 0, len(c.conf.ValidAttachments))
+	valid := make([]gcAttachment, 0, len(c.conf.ValidAttachments))
 	for _, a := range c.conf.ValidAttachments {
 		valid = append(valid, gcAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
