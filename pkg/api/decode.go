@@ -82,9 +82,6 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	if err != nil {
 		return nil, badRequest("field \"labels\": " + err.Error())
 	}
-	if len(ls) == 0 {
-		return nil, badRequest("field \"labels\": at least one label is required (the identity derives from them)")
-	}
 	spec.Labels = ls
 	if err := applyAddressing(req.Addressing, spec); err != nil {
 		return nil, err
@@ -112,6 +109,9 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	}
 	if (spec.Namespace == "") != (spec.PodName == "") {
 		return nil, badRequest("fields \"k8s-namespace\" and \"k8s-pod-name\": give both or neither")
+	}
+	if len(spec.Labels) == 0 {
+		return nil, badRequest("field \"labels\": at least one label is required (the identity derives from them)")
 	}
 	return spec, nil
 }

@@ -88,11 +88,11 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeStrict(body, &req); err != nil {
 		return err
 	}
-	spec, err := specFromRequest(ref, &req)
+	sync, err := syncParam(r.URL.Query())
 	if err != nil {
 		return err
 	}
-	sync, err := syncParam(r.URL.Query())
+	spec, err := specFromRequest(ref, &req)
 	if err != nil {
 		return err
 	}

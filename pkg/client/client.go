@@ -93,6 +93,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return fmt.Errorf("%s %s: read: %w", method, path, err)
 	}
+	if resp.StatusCode == http.StatusServiceUnavailable && out != nil && method == http.MethodGet {
+		// GET /v1/status and /healthz bodies carry state while starting.
+		_ = json.Unmarshal(data, out)
+	}
 	if resp.StatusCode/100 != 2 {
 		var me models.Error
 		if json.Unmarshal(data, &me) != nil || me.Code == "" {
