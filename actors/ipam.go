@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -367,6 +366,3 @@ func (a *ipamActor) drop(ctx actor.Context, ip netip.Addr) {
 	delete(a.unclaimed, ip)
 	a.batch.delKeyed(ctx, index.TableIPAM, ip, row)
 }
-
-// ipamErrIsExhausted reports whether err is a pool exhaustion.
-func ipamErrIsExhausted(err error) bool { return errors.Is(err, ipam.ErrExhausted) }
