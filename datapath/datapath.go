@@ -3,8 +3,10 @@ package datapath
 import (
 	"context"
 	"errors"
+	"net/netip"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
 )
 
 var (
@@ -36,13 +38,20 @@ type Datapath interface {
 	Name() string
 	// Init prepares node-wide state (gateway, shared maps). Idempotent.
 	Init(ctx context.Context) error
-	// Realize makes the datapath match ep at revision rev. Idempotent.
+	// Realize makes the datapath match ep at revision rev, enforcing
+	// ep.Policy (nil: nothing enforced). Idempotent.
 	Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (Realized, error)
 	// Remove tears the endpoint's datapath down. Removing a missing
 	// endpoint is success.
 	Remove(ctx context.Context, ep *endpoint.Endpoint) error
 	// Check returns ErrEndpointMissing if the endpoint's datapath is gone.
 	Check(ctx context.Context, ep *endpoint.Endpoint) error
+	// UpsertIPCache maps prefix to the security identity id in the
+	// node-wide ipcache (IP -> identity), replacing any previous entry.
+	UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity) error
+	// DeleteIPCache removes prefix from the ipcache; a missing entry is
+	// success.
+	DeleteIPCache(ctx context.Context, prefix netip.Prefix) error
 	// SetProxyAck installs the function proxies acknowledge revisions with.
 	SetProxyAck(fn ProxyAckFunc)
 	// Close releases what Init acquired, leaving endpoints in place.

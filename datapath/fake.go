@@ -3,12 +3,16 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
 // FakeHooks shape the Fake's behaviour; change them at any time with Set.
@@ -37,7 +41,9 @@ type Fake struct {
 	hooks     FakeHooks
 	rng       *rand.Rand
 	endpoints map[endpoint.ID]uint64 // realised revision per endpoint
-	gone      map[endpoint.ID]bool   // forgotten: their "interface" vanished
+	policies  map[endpoint.ID]*policy.MapState
+	ipcache   map[netip.Prefix]identity.NumericIdentity
+	gone      map[endpoint.ID]bool // forgotten: their "interface" vanished
 	ack       ProxyAckFunc
 	realizes  uint64
 	removes   uint64
@@ -50,6 +56,8 @@ func NewFake(seed uint64) *Fake {
 	return &Fake{
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		endpoints: make(map[endpoint.ID]uint64),
+		policies:  make(map[endpoint.ID]*policy.MapState),
+		ipcache:   make(map[netip.Prefix]identity.NumericIdentity),
 		gone:      make(map[endpoint.ID]bool),
 	}
 }
@@ -100,6 +108,7 @@ func (f *Fake) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (
 	}
 	f.mu.Lock()
 	f.endpoints[ep.ID] = rev
+	f.policies[ep.ID] = ep.Policy
 	delete(f.gone, ep.ID)
 	f.realizes++
 	ack := f.ack
@@ -132,9 +141,41 @@ func (f *Fake) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	}
 	f.mu.Lock()
 	delete(f.endpoints, ep.ID)
+	delete(f.policies, ep.ID)
 	f.removes++
 	f.mu.Unlock()
 	return nil
+}
+
+// UpsertIPCache implements Datapath.
+func (f *Fake) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity.NumericIdentity) error {
+	f.mu.Lock()
+	f.ipcache[prefix.Masked()] = id
+	f.mu.Unlock()
+	return nil
+}
+
+// DeleteIPCache implements Datapath.
+func (f *Fake) DeleteIPCache(_ context.Context, prefix netip.Prefix) error {
+	f.mu.Lock()
+	delete(f.ipcache, prefix.Masked())
+	f.mu.Unlock()
+	return nil
+}
+
+// IPCache returns a copy of the ipcache.
+func (f *Fake) IPCache() map[netip.Prefix]identity.NumericIdentity {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.ipcache)
+}
+
+// Policy returns the policy realised for an endpoint (nil: none or not
+// realised).
+func (f *Fake) Policy(id endpoint.ID) *policy.MapState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.policies[id]
 }
 
 // Check implements Datapath.
@@ -151,6 +192,7 @@ func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {
 func (f *Fake) Forget(id endpoint.ID) {
 	f.mu.Lock()
 	delete(f.endpoints, id)
+	delete(f.policies, id)
 	f.gone[id] = true
 	f.mu.Unlock()
 }

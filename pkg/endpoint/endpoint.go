@@ -7,6 +7,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/labels"
 	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
 // ID is an endpoint ID, 1..65535 (0 means "let the agent pick").
@@ -42,7 +43,12 @@ type Endpoint struct {
 	DesiredRevision  uint64
 	RealizedRevision uint64
 	Regenerations    uint64
-	LastError        string
+	// Policy is the policy the next (or last) regeneration realises,
+	// computed by the policy actor for Identity and shared by every
+	// endpoint with that identity; nil enforces nothing. It is derived
+	// state: never written to disk.
+	Policy    *policy.MapState
+	LastError string
 	// Deleting holds the delete options once State is disconnecting, so a
 	// restarted endpoint actor finishes the delete the same way.
 	Deleting     DeleteOptions
