@@ -7,6 +7,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
 var (
@@ -56,4 +57,20 @@ type Datapath interface {
 	SetProxyAck(fn ProxyAckFunc)
 	// Close releases what Init acquired, leaving endpoints in place.
 	Close() error
+}
+
+// PolicyEntry is one realised policy map entry with its counters.
+type PolicyEntry struct {
+	Key     policy.Key
+	Packets uint64
+	Bytes   uint64
+}
+
+// PolicyDumper is implemented by datapaths that can read back an
+// endpoint's realised policy (GET /v1/endpoint/{id}/policy).
+type PolicyDumper interface {
+	// DumpPolicy returns the endpoint's realised policy entries, sorted
+	// by policy.Compare, and its enforcement per direction. Returns
+	// ErrEndpointMissing if nothing is realised for id.
+	DumpPolicy(ctx context.Context, id endpoint.ID) (entries []PolicyEntry, ingress, egress bool, err error)
 }

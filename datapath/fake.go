@@ -178,6 +178,27 @@ func (f *Fake) Policy(id endpoint.ID) *policy.MapState {
 	return f.policies[id]
 }
 
+// DumpPolicy implements PolicyDumper: the realised entries, with zero
+// counters (the Fake forwards no packets).
+func (f *Fake) DumpPolicy(_ context.Context, id endpoint.ID) ([]PolicyEntry, bool, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.endpoints[id]; !ok {
+		return nil, false, false, fmt.Errorf("dump policy of endpoint %d: %w", id, ErrEndpointMissing)
+	}
+	m := f.policies[id]
+	if m == nil {
+		return []PolicyEntry{}, false, false, nil
+	}
+	out := make([]PolicyEntry, len(m.Allow))
+	for i, k := range m.Allow {
+		out[i] = PolicyEntry{Key: k}
+	}
+	return out, m.IngressEnforced, m.EgressEnforced, nil
+}
+
+var _ PolicyDumper = (*Fake)(nil)
+
 // Check implements Datapath.
 func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {
 	f.mu.Lock()
