@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/ipam"
 )
 
 // EndpointConfig tunes the endpoint actors.
@@ -80,6 +82,21 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
+// gateways returns the gateway of each configured range: the host in
+// the ipcache.
+func (c Config) gateways() []netip.Addr {
+	var out []netip.Addr
+	for _, p := range []netip.Prefix{c.IPAM.IPv4, c.IPAM.IPv6} {
+		if !p.IsValid() {
+			continue
+		}
+		if r, err := ipam.NewRange(p, ipam.Sequential, nil); err == nil {
+			out = append(out, r.Gateway())
+		}
+	}
+	return out
+}
+
 // Validate names the bad field.
 func (c Config) Validate() error {
 	if err := c.IPAM.Validate(); err != nil {
@@ -121,6 +138,8 @@ type endpointDeps struct {
 	ipam     *actor.PID
 	identity *actor.PID
 	pool     *actor.PID
+	policy   *actor.PID
+	ipcache  *actor.PID
 	counters *Counters
 	store    StateStore
 	mailbox  sync.Map // actor PID ID -> *MailboxStats
@@ -144,6 +163,8 @@ type System struct {
 	Pool     *actor.PID
 	IPAM     *actor.PID
 	Identity *actor.PID
+	Policy   *actor.PID
+	IPCache  *actor.PID
 	// Endpoints is the endpoint manager.
 	Endpoints *actor.PID
 	Index     *index.Index
@@ -194,7 +215,11 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d := a.deps
 	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
 	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.ix, a.log) })
-	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, a.log) })
+	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
+	// The manager is spawned last; its PID is known by name.
+	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
+	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor { return newPolicyActor(d, manager, d.ipcache) })
+	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, d.policy, a.log) })
 	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 }
 
@@ -237,7 +262,8 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	children := res.(map[string]*actor.PID)
 	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
-		Identity: children["identity"], Endpoints: children["endpoints"], Index: ix, Datapath: dp,
+		Identity: children["identity"], Policy: children["policy"], IPCache: children["ipcache"],
+		Endpoints: children["endpoints"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, log: log}
 	dp.SetProxyAck(s.proxyAck)
 	return s, nil

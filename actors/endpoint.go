@@ -55,8 +55,11 @@ type endpointActor struct {
 
 // regenState is the coalescing regeneration bookkeeping.
 type regenState struct {
-	running        bool
-	rev            uint64
+	running bool
+	rev     uint64
+	// pendingFull: a pending request needs a full regeneration (state
+	// write + realise); otherwise it is policy-only (realise).
+	pendingFull    bool
 	waiters        []*actor.PID // answered when the running regeneration ends
 	pending        bool
 	pendingWaiters []*actor.PID
@@ -118,6 +121,8 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.reattach(ctx, msg)
 	case *messages.Regenerate:
 		a.requestRegen(ctx, ctx.Sender())
+	case *messages.RegeneratePolicy:
+		a.requestPolicyRegen(ctx)
 	case *retryRegen:
 		a.regen.retryTimer = nil
 		switch {
@@ -394,6 +399,9 @@ func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericI
 	if old := a.ep.Identity; old != id {
 		a.releaseIdentity(ctx, old)
 		a.mut().Identity = id
+	}
+	if ips := a.ips(); len(ips) > 0 {
+		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Identity: id})
 	}
 	if a.ep.State == endpoint.StateWaitingForIdentity {
 		a.setState(endpoint.StateReady, "identity resolved")

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,6 +18,20 @@ import (
 // is pending, and every request merged into it bumps the desired revision
 // and waits for it.
 func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
+	a.regen.pendingFull = true
+	a.requestRegenLevel(ctx, waiter)
+}
+
+// requestPolicyRegen requests a policy-only regeneration: the policy of
+// the endpoint's identity changed, nothing on disk did.
+func (a *endpointActor) requestPolicyRegen(ctx actor.Context) {
+	if a.ep.Regenerations == 0 && !a.regen.running {
+		a.regen.pendingFull = true // never built: the first build is full
+	}
+	a.requestRegenLevel(ctx, nil)
+}
+
+func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) {
 	if a.deleting {
 		if waiter != nil {
 			ctx.Send(waiter, a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
@@ -36,8 +51,9 @@ func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
 }
 
 // startRegen runs one regeneration of the desired revision: policy for the
-// identity (allow-all until the policy repository lands) -> datapath
-// realise in the worker pool -> proxy acknowledgements -> ready.
+// identity (from the policy actor) -> state write (full regenerations
+// only: a policy-only one changes nothing on disk) -> datapath realise in
+// the worker pool -> proxy acknowledgements -> ready.
 func (a *endpointActor) startRegen(ctx actor.Context) {
 	if a.regen.retryTimer != nil {
 		a.regen.retryTimer.Stop()
@@ -50,7 +66,8 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		a.regen.pending = true // retried when the state allows it
 		return
 	}
-	a.regen.running, a.regen.pending = true, false
+	full := a.regen.pendingFull || a.ep.Regenerations == 0
+	a.regen.running, a.regen.pending, a.regen.pendingFull = true, false, false
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
@@ -60,11 +77,36 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		// endpoint creation.
 		a.publish(ctx)
 	}
+	msg := &messages.ComputePolicy{Endpoint: a.ep.ID, Identity: a.ep.Identity}
+	a.request(ctx, a.deps.policy, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
+		r, ok := res.(*messages.PolicyComputed)
+		switch {
+		case a.deleting:
+			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
+			a.maybeTeardown(ctx)
+		case err != nil || !ok:
+			a.regenFailed(ctx, fmt.Errorf("compute policy: %w", errors.Join(err, errUnexpected(res))))
+		default:
+			if a.ep.Policy != r.Policy {
+				a.mut().Policy = r.Policy
+			}
+			a.writeAndRealize(ctx, full)
+		}
+	})
+}
+
+func errUnexpected(res any) error {
+	if _, ok := res.(*messages.PolicyComputed); ok || res == nil {
+		return nil
+	}
+	return fmt.Errorf("unexpected answer %T", res)
+}
+
+// writeAndRealize writes the state (full only) and realises the datapath.
+func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 	a.shared = true
 	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
-	// State on disk first, so that a crash after the datapath changed
-	// still finds the endpoint at restore.
-	a.stateOp(ctx, "write", a.writeState(snap), func(ctx actor.Context, err error) {
+	realize := func(ctx actor.Context, err error) {
 		switch {
 		case a.deleting:
 			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
@@ -76,7 +118,14 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 				return dp.Realize(c, snap, rev)
 			}, a.realized)
 		}
-	})
+	}
+	if !full {
+		realize(ctx, nil)
+		return
+	}
+	// State on disk first, so that a crash after the datapath changed
+	// still finds the endpoint at restore.
+	a.stateOp(ctx, "write", a.writeState(snap), realize)
 }
 
 // stateResult is what a state store operation answers to its future.
@@ -310,6 +359,10 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 		return true
 	}
 	a.tearingDown = true
+	if ips := a.ips(); len(ips) > 0 {
+		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Deleted: true})
+	}
+	ctx.Send(a.deps.policy, &messages.EndpointPolicyGone{Endpoint: a.ep.ID})
 	// Leave the index first, so the endpoint's container ID and addresses
 	// are free in the manager's books before IPAM releases anything.
 	a.mut().State = endpoint.StateDisconnecting

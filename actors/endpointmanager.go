@@ -80,6 +80,10 @@ func (m *managerActor) Receive(ctx actor.Context) {
 		if pid, ok := m.children[msg.ID]; ok {
 			ctx.Send(pid, msg)
 		}
+	case *messages.RegeneratePolicy:
+		if pid, ok := m.children[msg.ID]; ok {
+			ctx.Send(pid, msg)
+		}
 	case *messages.EndpointChanged:
 		m.changed(ctx, msg)
 	case *actor.Terminated:

@@ -25,11 +25,14 @@ type identityActor struct {
 	log      *slog.Logger
 	holders  map[string][]identity.NumericIdentity // holder PID ID -> identities (usually one)
 	batch    batcher
+	// policy is told about every identity bound or released (its
+	// selector cache follows them); nil in tests without one.
+	policy *actor.PID
 }
 
-func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, log *slog.Logger) *identityActor {
+func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, policy *actor.PID, log *slog.Logger) *identityActor {
 	l := log.With("actor", "identity")
-	return &identityActor{newAlloc: newAlloc, log: l, batch: batcher{ix: ix, log: l}}
+	return &identityActor{newAlloc: newAlloc, log: l, batch: batcher{ix: ix, log: l}, policy: policy}
 }
 
 // Receive implements actor.Actor.
@@ -96,6 +99,11 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 	if err != nil {
 		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
 	}
+	if isNew && a.policy != nil {
+		// Sent before the acquirer's reply (which waits for the index
+		// commit), so the policy actor knows the identity first.
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id.ID, Labels: id.Labels})
+	}
 	a.hold(ctx, msg.Holder.Id, id.ID)
 	a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id.ID, msg.Holder.Id), &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
 	a.writeRow(ctx, id.ID)
@@ -142,6 +150,9 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		return false, fmt.Errorf("release identity %d: %w", id, err)
 	}
 	a.writeRow(ctx, id)
+	if released && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
+	}
 	return released, nil
 }
 

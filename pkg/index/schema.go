@@ -75,6 +75,9 @@ func Schema() *memdb.DBSchema {
 		TableIdentities:     identitiesTable(),
 		TableIPAM:           ipamTable(),
 		TableIdentityLeases: leasesTable(),
+		TablePolicies:       policiesTable(),
+		TablePolicyRevision: policyRevisionTable(),
+		TableIPCache:        ipcacheTable(),
 	}}
 }
 
@@ -220,6 +223,10 @@ func uint32Index(fn func(any) uint32) *funcIndex {
 			return nil, fmt.Errorf("index lookup: want an identity.NumericIdentity, got %T", a)
 		},
 	}
+}
+
+func errWantPrefix(a any) error {
+	return fmt.Errorf("index lookup: want a netip.Prefix, got %T", a)
 }
 
 func addrIndex(fn func(any) netip.Addr) *funcIndex {

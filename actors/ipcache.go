@@ -1,0 +1,279 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/index"
+)
+
+// ipcacheRetry is how long a failed datapath ipcache write waits before
+// it is retried.
+const ipcacheRetry = time.Second
+
+// ipcacheActor owns the node's ipcache: prefix -> identity, fed by the
+// endpoint actors (their addresses), the policy actor (policy CIDR
+// prefixes) and the configuration (the ranges' gateways are the host).
+// It is the single writer of the ipcache table and writes the datapath
+// through the worker pool, one batch at a time, so writes to one prefix
+// never overtake each other. A restart rebuilds from the table and
+// re-writes every entry (writes are idempotent).
+type ipcacheActor struct {
+	deps     *endpointDeps
+	gateways []netip.Addr
+	log      *slog.Logger
+	batch    batcher
+	dead     bool
+
+	entries    map[netip.Prefix]*index.IPCacheEntry // desired, immutable rows
+	byEndpoint map[endpoint.ID][]netip.Prefix
+	applied    map[netip.Prefix]identity.NumericIdentity // what the datapath holds
+	dirty      map[netip.Prefix]struct{}
+	syncing    bool
+	retry      *time.Timer
+}
+
+// ipcacheRetrySync is the retry timer's message.
+type ipcacheRetrySync struct{}
+
+// ipcacheOp is one datapath write of a sync batch.
+type ipcacheOp struct {
+	prefix netip.Prefix
+	id     identity.NumericIdentity // 0: delete
+	err    error
+}
+
+func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr) *ipcacheActor {
+	l := deps.log.With("actor", "ipcache")
+	return &ipcacheActor{deps: deps, gateways: gateways, log: l, batch: batcher{ix: deps.ix, log: l}}
+}
+
+// Receive implements actor.Actor.
+func (a *ipcacheActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		a.rebuild(ctx)
+	case *actor.Restarting:
+		a.dead = true
+		if a.retry != nil {
+			a.retry.Stop()
+		}
+		a.batch.flush(ctx.ActorSystem().Root.Send)
+	case *flushIndex:
+		a.batch.flush(ctx.Send)
+	case *messages.IPCacheEndpoint:
+		a.endpoint(ctx, msg)
+	case *messages.IPCacheCIDRs:
+		for _, p := range msg.Deletes {
+			a.drop(ctx, p, func(c index.IPCacheClaim) bool { return c.Source == index.SourceCIDRPolicy })
+		}
+		for p, id := range msg.Upserts {
+			a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceCIDRPolicy, Identity: id})
+		}
+		a.sync(ctx)
+	case *ipcacheRetrySync:
+		a.retry = nil
+		a.sync(ctx)
+	case *crashForTest:
+		panic("ipcache: crash requested by a test")
+	}
+}
+
+// rebuild reads the table (empty at agent start), adds the gateways as
+// the host and writes everything to the datapath.
+func (a *ipcacheActor) rebuild(ctx actor.Context) {
+	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
+	a.byEndpoint = map[endpoint.ID][]netip.Prefix{}
+	a.applied = map[netip.Prefix]identity.NumericIdentity{}
+	a.dirty = map[netip.Prefix]struct{}{}
+	for _, e := range a.deps.ix.IPCache() {
+		a.entries[e.Prefix] = e
+		a.dirty[e.Prefix] = struct{}{}
+		for _, c := range e.Claims {
+			if c.Source == index.SourceEndpoint {
+				a.byEndpoint[c.Endpoint] = append(a.byEndpoint[c.Endpoint], e.Prefix)
+			}
+		}
+	}
+	for _, gw := range a.gateways {
+		a.claim(ctx, netip.PrefixFrom(gw, gw.BitLen()), index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
+	}
+	a.sync(ctx)
+}
+
+func (a *ipcacheActor) endpoint(ctx actor.Context, msg *messages.IPCacheEndpoint) {
+	var want []netip.Prefix
+	if !msg.Deleted && msg.Identity != identity.IdentityUnknown {
+		for _, ip := range msg.IPs {
+			want = append(want, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+		}
+	}
+	mine := func(c index.IPCacheClaim) bool { return c.Source == index.SourceEndpoint && c.Endpoint == msg.Endpoint }
+	for _, p := range a.byEndpoint[msg.Endpoint] {
+		if !slices.Contains(want, p) {
+			a.drop(ctx, p, mine)
+		}
+	}
+	for _, p := range want {
+		a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceEndpoint, Identity: msg.Identity, Endpoint: msg.Endpoint})
+	}
+	if len(want) == 0 {
+		delete(a.byEndpoint, msg.Endpoint)
+	} else {
+		a.byEndpoint[msg.Endpoint] = want
+	}
+	a.sync(ctx)
+}
+
+// claim sets c's claim on p (replacing the same source's, and for
+// endpoints the same endpoint's) and recomputes the entry.
+func (a *ipcacheActor) claim(ctx actor.Context, p netip.Prefix, c index.IPCacheClaim) {
+	var claims []index.IPCacheClaim
+	if e := a.entries[p]; e != nil {
+		claims = slices.DeleteFunc(slices.Clone(e.Claims), func(o index.IPCacheClaim) bool {
+			return o.Source == c.Source && o.Endpoint == c.Endpoint
+		})
+	}
+	a.set(ctx, p, append(claims, c))
+}
+
+// drop removes the claims on p that match.
+func (a *ipcacheActor) drop(ctx actor.Context, p netip.Prefix, match func(index.IPCacheClaim) bool) {
+	e := a.entries[p]
+	if e == nil {
+		return
+	}
+	a.set(ctx, p, slices.DeleteFunc(slices.Clone(e.Claims), match))
+}
+
+// set writes p's entry from its claims: the endpoint claim wins over a
+// policy CIDR, which wins over a reserved one.
+func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPCacheClaim) {
+	old := a.entries[p]
+	if len(claims) == 0 {
+		if old != nil {
+			delete(a.entries, p)
+			a.batch.delKeyed(ctx, index.TableIPCache, p, old)
+			a.dirty[p] = struct{}{}
+		}
+		return
+	}
+	best := claims[0]
+	for _, c := range claims[1:] {
+		if sourceRank(c.Source) < sourceRank(best.Source) {
+			best = c
+		}
+	}
+	e := &index.IPCacheEntry{Prefix: p, Identity: best.Identity, Source: best.Source, Claims: claims}
+	a.entries[p] = e
+	a.batch.putKeyed(ctx, index.TableIPCache, p, e)
+	if old == nil || old.Identity != e.Identity {
+		a.dirty[p] = struct{}{}
+	}
+}
+
+func sourceRank(s string) int {
+	switch s {
+	case index.SourceEndpoint:
+		return 0
+	case index.SourceCIDRPolicy:
+		return 1
+	}
+	return 2
+}
+
+// sync writes the dirty prefixes to the datapath in one pool job, unless
+// one is in flight (it runs again when that one finishes).
+func (a *ipcacheActor) sync(ctx actor.Context) {
+	if a.syncing || len(a.dirty) == 0 {
+		return
+	}
+	ops := make([]ipcacheOp, 0, len(a.dirty))
+	for p := range a.dirty {
+		var id identity.NumericIdentity
+		if e := a.entries[p]; e != nil {
+			id = e.Identity
+		}
+		if cur, ok := a.applied[p]; ok && cur == id {
+			continue // already there
+		}
+		ops = append(ops, ipcacheOp{prefix: p, id: id})
+	}
+	clear(a.dirty)
+	if len(ops) == 0 {
+		return
+	}
+	a.syncing = true
+	dp := a.deps.dp
+	work := &messages.DatapathWork{Op: "ipcache", Run: func(c context.Context) (any, error) {
+		return writeIPCache(c, dp, ops), nil
+	}}
+	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
+	ctx.ReenterAfter(f, func(res any, err error) {
+		if a.dead {
+			return
+		}
+		a.synced(ctx, ops, res, err)
+	})
+}
+
+func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []ipcacheOp {
+	for i := range ops {
+		if ops[i].id == 0 {
+			ops[i].err = dp.DeleteIPCache(ctx, ops[i].prefix)
+		} else {
+			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id)
+		}
+	}
+	return ops
+}
+
+func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, res any, err error) {
+	a.syncing = false
+	var done []ipcacheOp
+	if r, ok := res.(*messages.DatapathResult); ok && err == nil {
+		err = r.Err
+		done, _ = r.Value.([]ipcacheOp)
+	}
+	if done == nil {
+		if err == nil {
+			err = errors.New("no result")
+		}
+		done = sent
+		for i := range done {
+			done[i].err = fmt.Errorf("ipcache write did not run: %w", err)
+		}
+	}
+	failed := 0
+	for _, op := range done {
+		switch {
+		case op.err != nil:
+			failed++
+			a.dirty[op.prefix] = struct{}{}
+		case op.id == 0:
+			delete(a.applied, op.prefix)
+		default:
+			a.applied[op.prefix] = op.id
+		}
+	}
+	if failed > 0 {
+		a.log.Warn("ipcache writes failed; retrying", "failed", failed, "err", done[0].err)
+		if a.retry == nil {
+			self, system := ctx.Self(), ctx.ActorSystem()
+			a.retry = time.AfterFunc(ipcacheRetry, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
+		}
+		return
+	}
+	a.sync(ctx)
+}

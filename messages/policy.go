@@ -1,0 +1,69 @@
+package messages
+
+import (
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// PolicyImport asks the policy actor to add or replace policies (all of
+// them, in one revision). Reply: *PolicyResult after the index commit.
+type PolicyImport struct {
+	Policies []*policy.Policy
+}
+
+// PolicyDelete asks the policy actor to delete the policy Name
+// ("namespace/name") or every policy whose metadata labels include
+// Labels. Reply: *PolicyResult (Err wraps policy.ErrNotFound when Name
+// matched nothing).
+type PolicyDelete struct {
+	Name   string
+	Labels map[string]string
+}
+
+// PolicyResult answers PolicyImport and PolicyDelete.
+type PolicyResult struct {
+	Revision uint64
+	Names    []string // imported, "namespace/name"
+	Deleted  int
+	Err      error
+}
+
+// ComputePolicy asks the policy actor for the policy of an identity, on
+// behalf of endpoint Endpoint (which it then notifies when that policy
+// changes). Reply: *PolicyComputed.
+type ComputePolicy struct {
+	Endpoint endpoint.ID
+	Identity identity.NumericIdentity
+}
+
+// PolicyComputed answers ComputePolicy. Policy is shared and immutable;
+// nil enforces nothing.
+type PolicyComputed struct {
+	Policy   *policy.MapState
+	Revision uint64
+}
+
+// IdentityChanged tells the policy actor that the identity actor bound
+// (Deleted false) or released an identity. No reply.
+type IdentityChanged struct {
+	ID      identity.NumericIdentity
+	Labels  labels.Labels
+	Deleted bool
+}
+
+// EndpointPolicyGone tells the policy actor that an endpoint no longer
+// uses policy (deleted). No reply.
+type EndpointPolicyGone struct {
+	Endpoint endpoint.ID
+}
+
+// RegeneratePolicy is sent by the policy actor to the endpoint manager,
+// which forwards it to endpoint ID's actor: the policy of its identity
+// changed at Revision. It requests a policy-only regeneration (coalesced
+// like every regeneration; no state write). No reply.
+type RegeneratePolicy struct {
+	ID       endpoint.ID
+	Revision uint64
+}

@@ -1,0 +1,329 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+var (
+	// ErrInvalidPolicy is wrapped by every error Parse returns.
+	ErrInvalidPolicy = errors.New("invalid policy")
+	// ErrNotFound is returned when a delete by name matches no policy.
+	ErrNotFound = errors.New("policy not found")
+)
+
+// Kinds of policy documents.
+const (
+	KindCNP = "CiliumNetworkPolicy"
+	KindKNP = "NetworkPolicy"
+	// APIVersionCNP and APIVersionKNP are the accepted apiVersions.
+	APIVersionCNP = "cilium.io/v2"
+	APIVersionKNP = "networking.k8s.io/v1"
+	// DefaultNamespace is the namespace of a policy that names none.
+	DefaultNamespace = "default"
+)
+
+// Policy is one imported policy document, compiled. It is immutable once
+// returned by Parse.
+type Policy struct {
+	Kind      string
+	Name      string
+	Namespace string
+	Labels    map[string]string
+	// Spec is the document's spec as imported ("specs" for a
+	// CiliumNetworkPolicy with a list of rules).
+	Spec json.RawMessage
+	// Rules are the compiled rules.
+	Rules []Rule
+}
+
+// Key returns "namespace/name", the policy's unique name.
+func (p *Policy) Key() string { return p.Namespace + "/" + p.Name }
+
+// maxDocuments bounds the documents of one import.
+const maxDocuments = 10000
+
+// Parse parses YAML or JSON policy documents: YAML documents separated
+// by "---", a JSON object or list, or a List kind with items. Every
+// document must parse; the first error names the document and the field.
+//
+// Returns an error wrapping ErrInvalidPolicy if a document is malformed,
+// of an unsupported kind, or uses a field this agent does not support.
+func Parse(data []byte) ([]*Policy, error) {
+	objs, err := splitDocuments(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse policy: %w: %w", ErrInvalidPolicy, err)
+	}
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("parse policy: no policy documents: %w", ErrInvalidPolicy)
+	}
+	if len(objs) > maxDocuments {
+		return nil, fmt.Errorf("parse policy: %d documents, more than %d: %w", len(objs), maxDocuments, ErrInvalidPolicy)
+	}
+	out := make([]*Policy, 0, len(objs))
+	seen := make(map[string]int, len(objs))
+	for i, obj := range objs {
+		p, err := parseObject(obj)
+		if err != nil {
+			return nil, fmt.Errorf("parse policy: document %d%s: %w: %w", i+1, describe(obj), ErrInvalidPolicy, err)
+		}
+		if j, dup := seen[p.Key()]; dup {
+			return nil, fmt.Errorf("parse policy: document %d: %s %s is also document %d: %w", i+1, p.Kind, p.Key(), j+1, ErrInvalidPolicy)
+		}
+		seen[p.Key()] = i
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// describe names a document for errors: " (Kind ns/name)" when known.
+func describe(obj map[string]any) string {
+	kind, _ := obj["kind"].(string)
+	md, _ := obj["metadata"].(map[string]any)
+	name, _ := md["name"].(string)
+	ns, _ := md["namespace"].(string)
+	if kind == "" && name == "" {
+		return ""
+	}
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	return fmt.Sprintf(" (%s %s/%s)", kind, ns, name)
+}
+
+// splitDocuments turns the input into JSON objects.
+func splitDocuments(data []byte) ([]map[string]any, error) {
+	trimmed := bytes.TrimSpace(data)
+	var values []any
+	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
+		dec := json.NewDecoder(bytes.NewReader(trimmed))
+		dec.UseNumber()
+		for {
+			var v any
+			err := dec.Decode(&v)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("malformed JSON: %w", err)
+			}
+			values = append(values, v)
+		}
+	} else {
+		for i, doc := range splitYAML(data) {
+			js, err := yaml.YAMLToJSON(doc)
+			if err != nil {
+				return nil, fmt.Errorf("document %d: malformed YAML: %w", i+1, err)
+			}
+			if s := bytes.TrimSpace(js); len(s) == 0 || string(s) == "null" {
+				continue
+			}
+			dec := json.NewDecoder(bytes.NewReader(js))
+			dec.UseNumber()
+			var v any
+			if err := dec.Decode(&v); err != nil {
+				return nil, fmt.Errorf("document %d: %w", i+1, err)
+			}
+			values = append(values, v)
+		}
+	}
+	var objs []map[string]any
+	for _, v := range values {
+		var err error
+		if objs, err = appendObjects(objs, v); err != nil {
+			return nil, err
+		}
+	}
+	return objs, nil
+}
+
+// appendObjects flattens lists and List kinds into objects.
+func appendObjects(objs []map[string]any, v any) ([]map[string]any, error) {
+	switch t := v.(type) {
+	case []any:
+		for _, item := range t {
+			var err error
+			if objs, err = appendObjects(objs, item); err != nil {
+				return nil, err
+			}
+		}
+		return objs, nil
+	case map[string]any:
+		if k, _ := t["kind"].(string); k == "List" {
+			items, ok := t["items"].([]any)
+			if !ok {
+				return nil, fmt.Errorf("kind List: \"items\" must be a list")
+			}
+			return appendObjects(objs, items)
+		}
+		return append(objs, t), nil
+	}
+	return nil, fmt.Errorf("document %d: want an object, got %s", len(objs)+1, jsonType(v))
+}
+
+func jsonType(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "a list"
+	}
+	return "an object"
+}
+
+// splitYAML splits a YAML stream at "---" document separators.
+func splitYAML(data []byte) [][]byte {
+	var docs [][]byte
+	var cur []byte
+	for _, line := range bytes.SplitAfter(data, []byte("\n")) {
+		t := bytes.TrimRight(line, " \t\r\n")
+		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
+			docs = append(docs, cur)
+			cur = nil
+			continue
+		}
+		cur = append(cur, line...)
+	}
+	return append(docs, cur)
+}
+
+// parseObject decodes and compiles one document.
+func parseObject(obj map[string]any) (*Policy, error) {
+	apiVersion, _ := obj["apiVersion"].(string)
+	kind, _ := obj["kind"].(string)
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		doc  any
+		spec any
+	)
+	switch {
+	case kind == KindCNP && apiVersion == APIVersionCNP:
+		doc = &cnpDoc{}
+		spec = obj["spec"]
+		if spec == nil {
+			spec = obj["specs"]
+		}
+	case kind == KindKNP && apiVersion == APIVersionKNP:
+		doc = &knpDoc{}
+		spec = obj["spec"]
+	default:
+		return nil, fmt.Errorf("unsupported kind %q apiVersion %q (want %s %s or %s %s)",
+			kind, apiVersion, KindCNP, APIVersionCNP, KindKNP, APIVersionKNP)
+	}
+	if err := checkFields(obj, reflect.TypeOf(doc).Elem(), ""); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(raw, doc); err != nil {
+		return nil, describeJSONError(err)
+	}
+	specRaw, _ := json.Marshal(spec)
+	switch d := doc.(type) {
+	case *cnpDoc:
+		return compileCNP(d, specRaw)
+	default:
+		return compileKNP(doc.(*knpDoc), specRaw)
+	}
+}
+
+func describeJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Errorf("field %q: want %s, got JSON %s", te.Field, te.Type, te.Value)
+	}
+	return err
+}
+
+var portValueType = reflect.TypeOf(portValue{})
+
+// checkFields refuses every key of v that the Go type t does not declare,
+// naming it by its path ("spec.ingress[0].toPorts[0].rules").
+func checkFields(v any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if t == portValueType {
+			return nil
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil // a type error, reported by the decoder
+		}
+		fields := structFields(t)
+		for _, k := range slices.Sorted(mapKeys(m)) {
+			ft, ok := fields[k]
+			if !ok {
+				return fmt.Errorf("unsupported field %q", join(path, k))
+			}
+			if err := checkFields(m[k], ft, join(path, k)); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice:
+		l, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, item := range l {
+			if err := checkFields(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func mapKeys(m map[string]any) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+// structFields maps the JSON names of t's fields (embedded structs
+// flattened) to their types.
+func structFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if f.Anonymous {
+			for k, v := range structFields(f.Type) {
+				out[k] = v
+			}
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			out[name] = f.Type
+		}
+	}
+	return out
+}

@@ -1,0 +1,164 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The document types below are the accepted input formats. Only the
+// fields declared here are accepted: any other field is refused with its
+// path (see checkFields), so nothing is silently ignored.
+
+// typeMeta and objectMeta are the Kubernetes object header.
+type typeMeta struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   objectMeta `json:"metadata"`
+}
+
+type objectMeta struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// cnpDoc is a CiliumNetworkPolicy (cilium.io/v2).
+type cnpDoc struct {
+	typeMeta
+	Spec  *cnpRule  `json:"spec"`
+	Specs []cnpRule `json:"specs"`
+}
+
+// cnpRule is one rule of a CiliumNetworkPolicy. Ingress and Egress are
+// pointers so that an absent section (direction not enforced by this
+// rule) differs from an empty one (enforced, nothing allowed).
+type cnpRule struct {
+	EndpointSelector *labelSelector `json:"endpointSelector"`
+	Ingress          *[]cnpIngress  `json:"ingress"`
+	Egress           *[]cnpEgress   `json:"egress"`
+	Description      string         `json:"description"`
+}
+
+type cnpIngress struct {
+	FromEndpoints []labelSelector `json:"fromEndpoints"`
+	FromCIDR      []string        `json:"fromCIDR"`
+	FromCIDRSet   []cidrRule      `json:"fromCIDRSet"`
+	FromEntities  []string        `json:"fromEntities"`
+	ToPorts       []portRule      `json:"toPorts"`
+}
+
+type cnpEgress struct {
+	ToEndpoints []labelSelector `json:"toEndpoints"`
+	ToCIDR      []string        `json:"toCIDR"`
+	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
+	ToEntities  []string        `json:"toEntities"`
+	ToPorts     []portRule      `json:"toPorts"`
+}
+
+type cidrRule struct {
+	CIDR   string   `json:"cidr"`
+	Except []string `json:"except"`
+}
+
+type portRule struct {
+	Ports []portProtocol `json:"ports"`
+}
+
+type portProtocol struct {
+	Port     portValue `json:"port"`
+	EndPort  int       `json:"endPort"`
+	Protocol string    `json:"protocol"`
+}
+
+// labelSelector is a Kubernetes label selector.
+type labelSelector struct {
+	MatchLabels      map[string]string `json:"matchLabels"`
+	MatchExpressions []labelExpression `json:"matchExpressions"`
+}
+
+type labelExpression struct {
+	Key      string   `json:"key"`
+	Operator string   `json:"operator"`
+	Values   []string `json:"values"`
+}
+
+// knpDoc is a Kubernetes NetworkPolicy (networking.k8s.io/v1).
+type knpDoc struct {
+	typeMeta
+	Spec *knpSpec `json:"spec"`
+}
+
+type knpSpec struct {
+	PodSelector *labelSelector `json:"podSelector"`
+	PolicyTypes []string       `json:"policyTypes"`
+	Ingress     *[]knpIngress  `json:"ingress"`
+	Egress      *[]knpEgress   `json:"egress"`
+}
+
+type knpIngress struct {
+	From  []knpPeer `json:"from"`
+	Ports []knpPort `json:"ports"`
+}
+
+type knpEgress struct {
+	To    []knpPeer `json:"to"`
+	Ports []knpPort `json:"ports"`
+}
+
+type knpPeer struct {
+	PodSelector       *labelSelector `json:"podSelector"`
+	NamespaceSelector *labelSelector `json:"namespaceSelector"`
+	IPBlock           *cidrRule      `json:"ipBlock"`
+}
+
+type knpPort struct {
+	Protocol string    `json:"protocol"`
+	Port     portValue `json:"port"`
+	EndPort  int       `json:"endPort"`
+}
+
+// portValue is a port given as a number or a string ("8080"); a name
+// ("http") is kept so that it can be refused with a clear message.
+type portValue struct {
+	set  bool
+	num  int
+	name string
+}
+
+// UnmarshalJSON accepts a number or a string.
+func (p *portValue) UnmarshalJSON(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	if s == "null" {
+		return nil
+	}
+	p.set = true
+	if strings.HasPrefix(s, "\"") {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		if n, err := strconv.Atoi(str); err == nil {
+			p.num = n
+			return nil
+		}
+		p.name = str
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("port %s is not an integer", s)
+	}
+	p.num = n
+	return nil
+}
+
+// MarshalJSON writes the port back as given.
+func (p portValue) MarshalJSON() ([]byte, error) {
+	if p.name != "" {
+		return json.Marshal(p.name)
+	}
+	return json.Marshal(p.num)
+}
