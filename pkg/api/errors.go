@@ -53,6 +53,8 @@ func classify(err error) (int, string) {
 		return ae.status, ae.code
 	case errors.Is(err, actors.ErrEndpointExists):
 		return http.StatusConflict, CodeConflict
+	case isPolicyNotFound(err):
+		return http.StatusNotFound, CodeNotFound
 	case errors.Is(err, actors.ErrEndpointNotFound):
 		return http.StatusNotFound, CodeNotFound
 	case errors.Is(err, actors.ErrEndpointDeleting):

@@ -105,6 +105,12 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/healthz", s.endpointHealth)
 	m.HandleFunc("GET /v1/identity", s.listIdentities)
 	m.HandleFunc("GET /v1/identity/{id}", s.getIdentity)
+	m.HandleFunc("PUT /v1/policy", s.mutating(s.putPolicy))
+	m.HandleFunc("GET /v1/policy", s.listPolicies)
+	m.HandleFunc("DELETE /v1/policy", s.mutating(s.deletePolicy))
+	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.getEndpointPolicy)
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/policy", s.getEndpointPolicy)
+	m.HandleFunc("GET /v1/ipcache", s.listIPCache)
 	s.mux = m
 }
 

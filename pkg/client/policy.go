@@ -1,0 +1,106 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+// Content types PolicyImport accepts.
+const (
+	ContentTypeYAML = "application/yaml"
+	ContentTypeJSON = "application/json"
+)
+
+// PolicyImport imports policy documents (YAML or JSON, several separated
+// by "---" or in a list); contentType may be "" (the agent sniffs). All
+// or nothing: an invalid document is an *APIError with code
+// "invalid-policy" naming the document and field.
+func (c *Client) PolicyImport(ctx context.Context, doc []byte, contentType string) (*models.PolicyImportResponse, error) {
+	var out models.PolicyImportResponse
+	return &out, c.doRaw(ctx, http.MethodPut, "/v1/policy", nil, doc, contentType, &out)
+}
+
+// PolicyList returns the imported policies and the revision.
+func (c *Client) PolicyList(ctx context.Context) (*models.PolicyList, error) {
+	var out models.PolicyList
+	return &out, c.do(ctx, http.MethodGet, "/v1/policy", nil, nil, &out)
+}
+
+// PolicyDelete deletes the policy "namespace/name" (404 if there is none).
+func (c *Client) PolicyDelete(ctx context.Context, name string) (*models.PolicyDeleteResponse, error) {
+	var out models.PolicyDeleteResponse
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"name": {name}}, nil, &out)
+}
+
+// PolicyDeleteByLabels deletes every policy whose metadata labels include
+// all of sel.
+func (c *Client) PolicyDeleteByLabels(ctx context.Context, sel map[string]string) (*models.PolicyDeleteResponse, error) {
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + sel[k]
+	}
+	var out models.PolicyDeleteResponse
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"labels": {strings.Join(parts, ",")}}, nil, &out)
+}
+
+// EndpointPolicy returns an endpoint's computed and realised policy.
+func (c *Client) EndpointPolicy(ctx context.Context, ref string) (*models.EndpointPolicy, error) {
+	var out models.EndpointPolicy
+	return &out, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref)+"/policy", nil, nil, &out)
+}
+
+// IPCache returns the node's ipcache.
+func (c *Client) IPCache(ctx context.Context) ([]models.IPCacheEntry, error) {
+	var out []models.IPCacheEntry
+	return out, c.do(ctx, http.MethodGet, "/v1/ipcache", nil, nil, &out)
+}
+
+// doRaw sends body as is with contentType and decodes a 2xx JSON answer.
+func (c *Client) doRaw(ctx context.Context, method, path string, query url.Values, body []byte, contentType string, out any) error {
+	u := "http://membrane" + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%s %s: read: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var me models.Error
+		if json.Unmarshal(data, &me) != nil || me.Code == "" {
+			me = models.Error{Code: "http-" + strconv.Itoa(resp.StatusCode), Message: string(data)}
+		}
+		return &APIError{Status: resp.StatusCode, Code: me.Code, Message: me.Message}
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", method, path, err)
+	}
+	return nil
+}

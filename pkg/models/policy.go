@@ -1,0 +1,78 @@
+package models
+
+import "encoding/json"
+
+// PolicyImportResponse answers PUT /v1/policy.
+type PolicyImportResponse struct {
+	// Revision is the policy repository revision after the import.
+	Revision uint64 `json:"revision"`
+	// Policies names the imported policies, "namespace/name".
+	Policies []string `json:"policies"`
+}
+
+// Policy is one imported policy in GET /v1/policy.
+type Policy struct {
+	Name      string            `json:"name"`
+	Namespace string            `json:"namespace"`
+	Kind      string            `json:"kind"`
+	Labels    map[string]string `json:"labels"`
+	// Spec is the document's spec as imported ("specs" for a
+	// CiliumNetworkPolicy with a list of rules).
+	Spec json.RawMessage `json:"spec"`
+}
+
+// PolicyList answers GET /v1/policy.
+type PolicyList struct {
+	Revision uint64    `json:"revision"`
+	Policies []*Policy `json:"policies"`
+}
+
+// PolicyDeleteResponse answers DELETE /v1/policy.
+type PolicyDeleteResponse struct {
+	Revision uint64 `json:"revision"`
+	Deleted  int    `json:"deleted"`
+}
+
+// PolicyEntry is one policy map entry: traffic with the peer identity
+// (0: any) to destination port (0: any) over protocol ("TCP", "UDP",
+// "SCTP", "ANY" or a number) in direction ("ingress" or "egress").
+type PolicyEntry struct {
+	Identity  uint32 `json:"identity"`
+	Port      uint16 `json:"port"`
+	Protocol  string `json:"protocol"`
+	Direction string `json:"direction"`
+}
+
+// RealizedPolicyEntry is a policy map entry read back from the datapath
+// with its counters.
+type RealizedPolicyEntry struct {
+	PolicyEntry
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// EndpointPolicy answers GET /v1/endpoint/{id}/policy.
+type EndpointPolicy struct {
+	ID       int64  `json:"id"`
+	Identity uint32 `json:"identity"`
+	// PolicyRevision is the repository revision the computed policy
+	// comes from (0: no rule selects the endpoint).
+	PolicyRevision  uint64        `json:"policy-revision"`
+	IngressEnforced bool          `json:"ingress-enforced"`
+	EgressEnforced  bool          `json:"egress-enforced"`
+	Computed        []PolicyEntry `json:"computed"`
+	// Realized is the datapath's policy map (null when it cannot be
+	// read: RealizedError says why).
+	Realized                []RealizedPolicyEntry `json:"realized"`
+	RealizedIngressEnforced bool                  `json:"realized-ingress-enforced"`
+	RealizedEgressEnforced  bool                  `json:"realized-egress-enforced"`
+	RealizedError           string                `json:"realized-error,omitempty"`
+}
+
+// IPCacheEntry is one row of GET /v1/ipcache.
+type IPCacheEntry struct {
+	CIDR     string `json:"cidr"`
+	Identity uint32 `json:"identity"`
+	// Source is "endpoint", "cidr-policy" or "reserved".
+	Source string `json:"source"`
+}
