@@ -1,0 +1,76 @@
+package policyscenario_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/test/policyscenario"
+)
+
+// startAgent starts an in-process agent on the fake datapath.
+func startAgent(tb testing.TB) (*agent.Agent, *datapath.Fake, *client.Client) {
+	tb.Helper()
+	dir := tb.TempDir()
+	fake := datapath.NewFake(1)
+	cfg := agent.Config{Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
+		IPv4Range: netip.MustParsePrefix("10.210.0.0/16"), Datapath: "fake", Fake: fake}
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := client.New(cfg.Socket)
+	tb.Cleanup(func() {
+		c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			tb.Errorf("agent stop: %v", err)
+		}
+	})
+	return a, fake, c
+}
+
+// TestScenarioFake runs the scenario on the fake datapath and checks
+// the fake's own record of what was realised too.
+func TestScenarioFake(t *testing.T) {
+	_, fake, c := startAgent(t)
+	p := policyscenario.Run(t, policyscenario.Env{Client: c, CreatePod: policyscenario.APIPods(c)})
+	// After Run: the NetworkPolicy still selects B.
+	b := fake.Policy(endpoint.ID(p.B.ID))
+	a := fake.Policy(endpoint.ID(p.A.ID))
+	if !b.Enforced(policy.Ingress) || !b.Allows(identity.NumericIdentity(p.A.Identity.ID), 8080, policy.ProtoTCP, policy.Ingress) {
+		t.Errorf("fake: B's realised policy %+v does not let A in on 8080", b)
+	}
+	if a != nil {
+		t.Errorf("fake: A's realised policy = %+v, want nil (no rule selects A)", a)
+	}
+	ipc := fake.IPCache()
+	for _, ep := range []int64{p.A.ID, p.B.ID, p.C.ID} {
+		cur, err := c.EndpointGet(context.Background(), fmt.Sprint(ep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pfx := netip.PrefixFrom(netip.MustParseAddr(cur.Addressing.IPv4), 32)
+		if got := ipc[pfx]; got != identity.NumericIdentity(cur.Identity.ID) {
+			t.Errorf("fake ipcache %s = %d, want endpoint %d's identity %d", pfx, got, ep, cur.Identity.ID)
+		}
+	}
+	if len(ipc) < 4 { // three endpoints and the gateway (host)
+		t.Errorf("fake ipcache %v: want the three endpoints and the gateway", ipc)
+	}
+	if id, ok := ipc[netip.MustParsePrefix("10.210.0.1/32")]; !ok || id != identity.ReservedHost {
+		t.Errorf("fake ipcache: gateway 10.210.0.1/32 = %d %v, want the host identity", id, ok)
+	}
+}
