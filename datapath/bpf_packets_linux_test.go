@@ -16,12 +16,15 @@ type pkt struct {
 	fragOff      uint16 // fragment offset in 8-byte units; non-zero: non-first fragment
 	moreFrags    bool
 	ethType      uint16 // non-zero: a non-IP frame of this EtherType
-	truncate     int    // non-zero: cut the frame to this many bytes
+	badIHL       bool   // IPv4 header length field below 5 (malformed)
 }
 
 // reply is p's reply (addresses and ports swapped).
 func (p pkt) reply() pkt {
-	p.src, p.dst, p.sport, p.dport = p.dst, p.src, p.dport, p.sport
+	p.src, p.dst = p.dst, p.src
+	if p.proto != policy.ProtoICMP && p.proto != policy.ProtoICMPv6 { // echo keeps its identifier
+		p.sport, p.dport = p.dport, p.sport
+	}
 	if p.proto == policy.ProtoICMP && p.icmpType == 8 {
 		p.icmpType = 0
 	}
@@ -46,7 +49,11 @@ func (p pkt) bytes() []byte {
 		if p.moreFrags {
 			flags |= 0x2000
 		}
-		b = append(b, 0x45, 0)
+		vihl := byte(0x45)
+		if p.badIHL {
+			vihl = 0x43
+		}
+		b = append(b, vihl, 0)
 		b = binary.BigEndian.AppendUint16(b, uint16(20+len(l4)))
 		b = append(b, 0, 1)
 		b = binary.BigEndian.AppendUint16(b, flags)
@@ -77,9 +84,6 @@ func (p pkt) bytes() []byte {
 	b = append(b, l4...)
 	for len(b) < 60 {
 		b = append(b, 0)
-	}
-	if p.truncate > 0 {
-		b = b[:p.truncate]
 	}
 	return b
 }
