@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni demo vet clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-bpf generate demo vet clean install sim
 
 all: build
 
@@ -26,6 +26,13 @@ build:
 
 vet:
 	$(GO) vet ./...
+
+# Regenerates the BPF objects and bindings in bpf/ with bpf2go (needs
+# clang, llvm and libbpf-dev: apt-get install clang llvm libbpf-dev; see
+# bpf/doc.go for the versions used). The outputs are committed: build and
+# test never need clang.
+generate:
+	$(GO) generate ./bpf/
 
 test: build vet
 	$(GO) test $(TESTFLAGS) ./...

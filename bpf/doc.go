@@ -1,7 +1,18 @@
-// Package bpf will own the eBPF C sources of the endpoint programs
-// (from-container, to-container), their bpf2go-generated Go bindings and
-// committed objects, and the map layouts (ipcache LPM trie, per-endpoint
-// policy map, conntrack, drop counters and the drop-notification ring
-// buffer). It lands with the BPF datapath and network policy issue; the
-// loader that attaches the programs lives in datapath/.
+// Package bpf owns the eBPF C sources of the endpoint programs
+// (endpoint.c, endpoint.h), their bpf2go-generated Go bindings and the
+// committed objects (endpoint_bpfel.o, endpoint_bpfeb.o), and the map
+// layouts: the shared ipcache LPM trie, the per-endpoint policy map, the
+// shared conntrack LRU, the drop counters and the drop-notification ring
+// buffer. It only parses the embedded object (LoadEndpoint); datapath/
+// loads, attaches and pins it.
+//
+// Programs: from_container runs at TCX ingress of the host veth (the
+// pod's egress), to_container at TCX egress (the pod's ingress). The
+// verdict rules and the decisions for fragments, non-IP frames, IPv6
+// extension headers and ICMP are in endpoint.c's header comment.
+//
+// Generation: `make generate` (go generate ./bpf/) runs bpf2go
+// (cilium/ebpf v0.22.0, a go.mod tool) with Debian clang 14.0.6 and
+// libbpf-dev 1.1 headers (apt-get install clang llvm libbpf-dev). The
+// generated files are committed: building and testing never need clang.
 package bpf

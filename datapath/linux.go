@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
@@ -13,7 +14,13 @@ import (
 // ErrInvalidConfig is wrapped by LinuxConfig validation errors. (It
 // belongs in datapath.go's sentinel block; kept here while that file has
 // another owner.)
-var ErrInvalidConfig = errors.New("invalid datapath config")
+var (
+	ErrInvalidConfig = errors.New("invalid datapath config")
+	// ErrInvalidPolicy is returned by Realize for a policy the endpoint
+	// programs cannot express (a reserved identity, a port without a
+	// protocol).
+	ErrInvalidPolicy = errors.New("invalid endpoint policy")
+)
 
 // LinuxConfig configures the Linux datapath (datapath.Linux).
 type LinuxConfig struct {
@@ -37,10 +44,22 @@ type LinuxConfig struct {
 	// checked (default 30 s; negative disables). Endpoints whose interface
 	// vanished are reported to LinuxHooks.OnMissing.
 	CheckInterval time.Duration
+	// BPFFS is the directory on a bpffs holding the pinned BPF objects
+	// (default DefaultBPFFS): the shared maps (ipcache, ct, drops, events)
+	// directly under it, each endpoint's links and policy map under
+	// endpoints/<id>/. Init mounts a bpffs at its parent if there is none.
+	BPFFS string
+	// ForceLegacyTC attaches the endpoint programs with clsact + cls_bpf
+	// (netlink) even where TCX works; the fallback is otherwise used only
+	// when the kernel lacks TCX. For tests of the fallback.
+	ForceLegacyTC bool
 }
 
 // DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
 const DefaultGatewayDevice = "membrane_host"
+
+// DefaultBPFFS is LinuxConfig.BPFFS's default.
+const DefaultBPFFS = "/sys/fs/bpf/membrane"
 
 // WithDefaults fills zero fields.
 func (c LinuxConfig) WithDefaults() LinuxConfig {
@@ -53,6 +72,9 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	if c.CheckInterval == 0 {
 		c.CheckInterval = 30 * time.Second
 	}
+	if c.BPFFS == "" {
+		c.BPFFS = DefaultBPFFS
+	}
 	return c
 }
 
@@ -60,6 +82,9 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 func (c LinuxConfig) Validate() error {
 	if n := len(c.GatewayDevice); n == 0 || n > 15 {
 		return fmt.Errorf("linux datapath: GatewayDevice %q: want 1..15 bytes: %w", c.GatewayDevice, ErrInvalidConfig)
+	}
+	if !filepath.IsAbs(c.BPFFS) || filepath.Clean(c.BPFFS) == "/" {
+		return fmt.Errorf("linux datapath: BPFFS %q: want an absolute path below /: %w", c.BPFFS, ErrInvalidConfig)
 	}
 	for _, gw := range c.Gateways {
 		if !gw.IsValid() {
@@ -78,4 +103,9 @@ type LinuxHooks struct {
 	// OnMissing receives endpoints whose host interface vanished. It is
 	// called from a pool worker and must not block.
 	OnMissing func(ids []endpoint.ID)
+	// OnDrop receives the drop notifications of the endpoint programs. It
+	// is called from the ring-buffer reader goroutine and must not block
+	// (a slow OnDrop delays later notifications; the kernel discards
+	// notifications while the ring is full, the counters still count).
+	OnDrop func(DropEvent)
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
 )
 
 // Linux is the datapath on a Linux host: the host side of each pod's
@@ -27,6 +28,7 @@ type Linux struct {
 	log *slog.Logger
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
+	bpf *bpfState       // set by Init, closed by Close (with nl)
 
 	// life is held for reading by every operation that uses nl, and for
 	// writing by Close when it closes nl; nlClosed is set then.
@@ -92,6 +94,9 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.ensureGateway(); err != nil {
 		return err
 	}
+	if err := l.initBPF(); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	}
 	// Pods are routed through the host: IPv4 forwarding on (ip_forward).
 	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/conf/all/forwarding", "1") }); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
@@ -100,7 +105,26 @@ func (l *Linux) Init(ctx context.Context) error {
 		go l.checkLoop(l.cfg.CheckInterval)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
-		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay)
+		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
+	return nil
+}
+
+// initBPF opens the BPF state (once) and maps the gateways to the host
+// identity in the ipcache.
+func (l *Linux) initBPF() error {
+	if l.bpf == nil {
+		b, err := openBPF(l.cfg)
+		if err != nil {
+			return err
+		}
+		l.bpf = b
+		go l.readDrops(b.events)
+	}
+	for _, gw := range l.cfg.Gateways {
+		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -192,6 +216,9 @@ func (l *Linux) Close() error {
 	if l.nl != nil {
 		l.nl.Close()
 	}
+	if l.bpf != nil {
+		l.bpf.close()
+	}
 	l.life.Unlock()
 	if l.ns != nil {
 		l.ns.close()
@@ -262,6 +289,9 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 			return Realized{}, fmt.Errorf("realize endpoint %d: route %s dev %s: %w", ep.ID, ip, name, err)
 		}
 	}
+	if err := l.realizeBPF(ep, idx); err != nil {
+		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+	}
 	l.mu.Lock()
 	l.live[ep.ID] = hostLink{index: idx, name: name, ips: ips}
 	l.mu.Unlock()
@@ -290,6 +320,11 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 	l.mu.Unlock()
 	if !known {
 		h = hostLink{index: ep.IfIndex, name: ep.IfName, ips: endpointIPs(ep)}
+	}
+	if l.bpf != nil {
+		if err := l.removeBPF(ep.ID, h.index); err != nil {
+			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+		}
 	}
 	if h.index == 0 && h.name == "" {
 		return nil

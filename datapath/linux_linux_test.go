@@ -25,6 +25,9 @@ func newTestLinux(t *testing.T, cfg LinuxConfig) (*Linux, *testutil.NS, *netlink
 	testutil.RequireRoot(t)
 	host := testutil.NewNS(t, "mbt-dp")
 	cfg.HostNetns = host.Path
+	if cfg.BPFFS == "" {
+		cfg.BPFFS = testutil.BPFFSDir(t)
+	}
 	l, err := NewLinux(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -175,8 +178,8 @@ func TestLinuxDeferredTeardown(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(ops) != 2 || ops[0] != "unroute" || ops[1] != "teardown" {
-		t.Fatalf("submitted ops = %v, want unroute and teardown through the pool", ops)
+	if len(ops) != 3 || ops[0] != "bpf-detach" || ops[1] != "unroute" || ops[2] != "teardown" {
+		t.Fatalf("submitted ops = %v, want bpf-detach, unroute and teardown through the pool", ops)
 	}
 	if err := l.Check(ctx, ep); !errors.Is(err, ErrEndpointMissing) {
 		t.Fatalf("Check of a removed interface = %v, want ErrEndpointMissing", err)

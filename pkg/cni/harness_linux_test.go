@@ -82,6 +82,7 @@ type env struct {
 	cni     *libcni.CNIConfig
 	conf    *libcni.NetworkConfigList
 	network string
+	bpffs   string // the Linux datapath's pins, kept across agent restarts
 }
 
 func newEnv(t *testing.T, cidr string) *env {
@@ -90,7 +91,7 @@ func newEnv(t *testing.T, cidr string) *env {
 	dir := t.TempDir()
 	e := &env{t: t, host: testutil.NewNS(t, "mbt-host"), dir: dir, socket: filepath.Join(dir, "agent.sock"),
 		queue: filepath.Join(dir, "delete-queue"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{},
-		network: "membrane-test"}
+		network: "membrane-test", bpffs: testutil.BPFFSDir(t)}
 	e.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), nil)
 	e.conf = e.conflist("1.1.0")
 	t.Cleanup(func() {
@@ -119,7 +120,7 @@ func (e *env) startAgent(mod func(*agent.Config)) {
 	e.t.Helper()
 	cfg := agent.Config{
 		Socket: e.socket, StateDir: filepath.Join(e.dir, "state"), IPv4Range: e.cidr, Datapath: "linux",
-		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, TeardownDelay: 200 * time.Millisecond, CheckInterval: 300 * time.Millisecond},
+		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs, TeardownDelay: 200 * time.Millisecond, CheckInterval: 300 * time.Millisecond},
 		DeleteQueueDir: e.queue, DeleteQueueInterval: time.Hour,
 	}
 	if mod != nil {

@@ -130,7 +130,7 @@ func startMembrane(t *testing.T, dir string, host *testutil.NS) *arm {
 	sock := filepath.Join(dir, "agent.sock")
 	a, err := agent.Start(agent.Config{
 		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.245.0.0/16"),
-		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path}, DeleteQueueDir: filepath.Join(dir, "queue"),
+		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)}, DeleteQueueDir: filepath.Join(dir, "queue"),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,422 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Membrane's endpoint programs. One object, loaded once per endpoint with
+ * the endpoint's constants (ENDPOINT_ID, ENDPOINT_IDENTITY):
+ *
+ *   from_container  TCX ingress of the host veth: the pod's egress
+ *   to_container    TCX egress of the host veth: the pod's ingress
+ *
+ * Verdict for an IP packet, in direction dir of endpoint ep:
+ *   1. a reply of a connection ep saw first in the other direction
+ *      (conntrack hit on the reversed tuple) passes;
+ *   2. if dir is enforced (policy map entry {ENFORCE, 0, 0, dir}), the
+ *      packet needs a policy entry, tried in policy.Lookups order (exact,
+ *      port wildcard, L3-only, then the same with peer 0 = any); else drop;
+ *   3. a passing packet records its connection in conntrack (ep, dir,
+ *      tuple) so that the replies pass step 1.
+ * Step 2 runs for every packet of the original direction, not only the
+ * first: a policy change applies to established connections at once.
+ *
+ * Decisions (tested in datapath/bpf_prog_linux_test.go):
+ *   - ARP always passes. Other non-IP frames pass unless dir is enforced
+ *     (then DROP_UNKNOWN_L3): VLAN tags and the like would bypass policy.
+ *   - Non-first fragments (IPv4 offset != 0, IPv6 fragment header offset
+ *     != 0) carry no ports: they are looked up with port 0, so only
+ *     L3-only or protocol-wide (port wildcard) entries allow them;
+ *     otherwise DROP_FRAGMENT. They neither match nor create conntrack
+ *     entries. First fragments are ordinary packets.
+ *   - Truncated/unparseable IP headers pass unless dir is enforced (the
+ *     kernel's own stack drops them), then DROP_MALFORMED.
+ *   - ICMPv6 neighbour discovery (types 133-137) always passes. ICMP and
+ *     ICMPv6 echo use the echo identifier as both conntrack ports and
+ *     port 0 in policy; ICMP errors are policy-checked like new traffic.
+ *   - IPv6 extension headers: up to 4 of hop-by-hop, routing, fragment,
+ *     destination options, AH; more is malformed.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "endpoint.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Per-endpoint constants, set through CollectionSpec.Variables. */
+volatile const __u32 ENDPOINT_ID = 0;
+volatile const __u32 ENDPOINT_IDENTITY = 0;
+
+/* Connection lifetimes without traffic. */
+#define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)
+#define CT_LIFETIME_OTHER (60ULL * 1000000000ULL)
+
+#define IPV6_MAX_EXT 4
+#define ETH_HLEN_ 14
+
+/* Shared, pinned at <bpffs>/ipcache: address/prefix -> identity. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, struct ipcache_value);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} ipcache SEC(".maps");
+
+/* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct policy_key);
+	__type(value, struct policy_value);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} policy SEC(".maps");
+
+/* Shared, pinned at <bpffs>/ct. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 65536);
+} ct SEC(".maps");
+
+/* Shared, pinned at <bpffs>/drops: drop counters by endpoint, reason, dir. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct drop_key);
+	__type(value, struct drop_value);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} drops SEC(".maps");
+
+/* Shared, pinned at <bpffs>/events: drop notifications. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+/* Anchors for bpf2go -type: types only user space reads need BTF. */
+const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
+const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
+
+struct pkt {
+	__u8 family; /* 0 non-IP, 4, 6 */
+	__u8 proto;
+	__u8 frag; /* non-first fragment */
+	__u8 ndp;  /* ICMPv6 neighbour discovery */
+	__u16 sport, dport; /* network order; echo id for ICMP echo */
+	__u16 l3proto;      /* ethertype, host order */
+	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
+
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
+{
+	__u8 hdr[8];
+
+	if (p->frag)
+		return PARSE_OK;
+	switch (p->proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+		if (bpf_skb_load_bytes(skb, off, hdr, 4))
+			return PARSE_BAD;
+		__builtin_memcpy(&p->sport, &hdr[0], 2);
+		__builtin_memcpy(&p->dport, &hdr[2], 2);
+		p->policy_port = bpf_ntohs(p->dport);
+		return PARSE_OK;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (bpf_skb_load_bytes(skb, off, hdr, 8))
+			return PARSE_BAD;
+		if ((p->proto == IPPROTO_ICMP && (hdr[0] == 8 || hdr[0] == 0)) ||
+		    (p->proto == IPPROTO_ICMPV6 && (hdr[0] == 128 || hdr[0] == 129))) {
+			__builtin_memcpy(&p->sport, &hdr[4], 2);
+			p->dport = p->sport;
+		}
+		if (p->proto == IPPROTO_ICMPV6 && hdr[0] >= 133 && hdr[0] <= 137)
+			p->ndp = 1;
+		return PARSE_OK;
+	}
+	return PARSE_OK;
+}
+
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
+{
+	struct iphdr ip;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)))
+		return PARSE_BAD;
+	if (ip.version != 4 || ip.ihl < 5)
+		return PARSE_BAD;
+	p->family = 4;
+	p->proto = ip.protocol;
+	__builtin_memcpy(p->saddr, &ip.saddr, 4);
+	__builtin_memcpy(p->daddr, &ip.daddr, 4);
+	if (bpf_ntohs(ip.frag_off) & 0x1fff)
+		p->frag = 1;
+	return parse_l4(skb, ETH_HLEN_ + ip.ihl * 4, p);
+}
+
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct ipv6hdr ip6;
+	__u32 off = ETH_HLEN_ + sizeof(ip6);
+	__u8 nh, ext[4];
+	int i;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip6, sizeof(ip6)))
+		return PARSE_BAD;
+	if (ip6.version != 6)
+		return PARSE_BAD;
+	p->family = 6;
+	__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+	__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+	nh = ip6.nexthdr;
+#pragma unroll
+	for (i = 0; i < IPV6_MAX_EXT; i++) {
+		switch (nh) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			if (bpf_skb_load_bytes(skb, off, ext, 2))
+				return PARSE_BAD;
+			nh = ext[0];
+			off += (ext[1] + 1) * 8;
+			break;
+		case IPPROTO_AH:
+			if (bpf_skb_load_bytes(skb, off, ext, 2))
+				return PARSE_BAD;
+			nh = ext[0];
+			off += (ext[1] + 2) * 4;
+			break;
+		case IPPROTO_FRAGMENT:
+			if (bpf_skb_load_bytes(skb, off, ext, 4))
+				return PARSE_BAD;
+			nh = ext[0];
+			if (((ext[2] << 8) | ext[3]) & 0xfff8)
+				p->frag = 1;
+			off += 8;
+			break;
+		default:
+			goto done;
+		}
+	}
+	switch (nh) {
+	case IPPROTO_HOPOPTS:
+	case IPPROTO_ROUTING:
+	case IPPROTO_DSTOPTS:
+	case IPPROTO_AH:
+	case IPPROTO_FRAGMENT:
+		return PARSE_BAD; /* too many extension headers */
+	}
+done:
+	p->proto = nh;
+	return parse_l4(skb, off, p);
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__be16 proto;
+
+	if (bpf_skb_load_bytes(skb, 12, &proto, 2))
+		return PARSE_NOT_IP; /* not even an Ethernet header */
+	p->l3proto = bpf_ntohs(proto);
+	switch (p->l3proto) {
+	case ETH_P_IP:
+		return parse_ipv4(skb, p);
+	case ETH_P_IPV6:
+		return parse_ipv6(skb, p);
+	}
+	return PARSE_NOT_IP;
+}
+
+static __always_inline int enforced(__u8 dir)
+{
+	struct policy_key k = { .identity = POLICY_ENFORCE_IDENTITY, .dir = dir };
+
+	return bpf_map_lookup_elem(&policy, &k) != NULL;
+}
+
+static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
+{
+	struct ipcache_key k = { .family = p->family };
+	struct ipcache_value *v;
+
+	k.prefixlen = 32 + (p->family == 4 ? 32 : 128);
+	if (dir == DIR_EGRESS)
+		__builtin_memcpy(k.addr, p->daddr, 16);
+	else
+		__builtin_memcpy(k.addr, p->saddr, 16);
+	v = bpf_map_lookup_elem(&ipcache, &k);
+	return v ? v->identity : IDENTITY_WORLD;
+}
+
+static __always_inline struct policy_value *policy_lookup(__u32 peer, struct pkt *p, __u8 dir)
+{
+	struct policy_key keys[6] = {
+		{ peer, p->policy_port, p->proto, dir },
+		{ peer, 0, p->proto, dir },
+		{ peer, 0, 0, dir },
+		{ 0, p->policy_port, p->proto, dir },
+		{ 0, 0, p->proto, dir },
+		{ 0, 0, 0, dir },
+	};
+	struct policy_value *v;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 6; i++) {
+		v = bpf_map_lookup_elem(&policy, &keys[i]);
+		if (v)
+			return v;
+	}
+	return NULL;
+}
+
+static __always_inline __u64 ct_lifetime(__u8 proto)
+{
+	return proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
+}
+
+/* ct_is_reply reports whether p is a reply of a connection the endpoint
+ * saw first in the other direction, refreshing it. */
+static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
+{
+	struct ct_key k = {
+		.ep = ENDPOINT_ID,
+		.dir = dir ^ 1,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->dport,
+		.dport = p->sport,
+	};
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->daddr, 16);
+	__builtin_memcpy(k.daddr, p->saddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	if (!v || now - v->last_seen > ct_lifetime(p->proto))
+		return 0;
+	v->last_seen = now;
+	__sync_fetch_and_add(&v->packets, 1);
+	return 1;
+}
+
+/* ct_record creates or refreshes the connection of p in direction dir. */
+static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
+{
+	struct ct_key k = {
+		.ep = ENDPOINT_ID,
+		.dir = dir,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+	};
+	struct ct_value nv = { .last_seen = now, .packets = 1 };
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->saddr, 16);
+	__builtin_memcpy(k.daddr, p->daddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	if (v) {
+		v->last_seen = now;
+		__sync_fetch_and_add(&v->packets, 1);
+		return;
+	}
+	bpf_map_update_elem(&ct, &k, &nv, BPF_ANY);
+}
+
+static __always_inline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 reason, __u32 peer)
+{
+	struct drop_key k = { .ep = ENDPOINT_ID, .reason = reason, .dir = dir };
+	struct drop_value zero = {}, *v;
+	struct drop_event *e;
+
+	v = bpf_map_lookup_elem(&drops, &k);
+	if (!v) {
+		bpf_map_update_elem(&drops, &k, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&drops, &k);
+	}
+	if (v) {
+		__sync_fetch_and_add(&v->packets, 1);
+		__sync_fetch_and_add(&v->bytes, skb->len);
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (e) {
+		e->time_ns = bpf_ktime_get_ns();
+		e->ep = ENDPOINT_ID;
+		e->reason = reason;
+		e->dir = dir;
+		e->family = p->family;
+		e->proto = p->proto;
+		e->sport = bpf_ntohs(p->sport);
+		e->dport = bpf_ntohs(p->dport);
+		e->pad = 0;
+		e->peer_identity = peer;
+		e->identity = ENDPOINT_IDENTITY;
+		e->len = skb->len;
+		__builtin_memcpy(e->saddr, p->saddr, 16);
+		__builtin_memcpy(e->daddr, p->daddr, 16);
+		bpf_ringbuf_submit(e, 0);
+	}
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
+{
+	struct pkt p = {};
+	struct policy_value *v;
+	__u64 now;
+	__u32 peer;
+	int r;
+
+	r = parse(skb, &p);
+	if (r == PARSE_NOT_IP) {
+		if (p.l3proto == ETH_P_ARP || !enforced(dir))
+			return TC_ACT_OK;
+		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
+	}
+	if (r == PARSE_BAD) {
+		if (!enforced(dir))
+			return TC_ACT_OK;
+		return drop(skb, &p, dir, DROP_MALFORMED, 0);
+	}
+	if (p.ndp)
+		return TC_ACT_OK;
+	now = bpf_ktime_get_ns();
+	if (!p.frag && ct_is_reply(&p, dir, now))
+		return TC_ACT_OK;
+	if (enforced(dir)) {
+		peer = peer_identity(&p, dir);
+		v = policy_lookup(peer, &p, dir);
+		if (!v)
+			return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
+		__sync_fetch_and_add(&v->packets, 1);
+		__sync_fetch_and_add(&v->bytes, skb->len);
+	}
+	if (!p.frag)
+		ct_record(&p, dir, now);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int from_container(struct __sk_buff *skb)
+{
+	return handle(skb, DIR_EGRESS);
+}
+
+SEC("tc")
+int to_container(struct __sk_buff *skb)
+{
+	return handle(skb, DIR_INGRESS);
+}

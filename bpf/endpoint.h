@@ -1,0 +1,110 @@
+/* Map layouts shared by the endpoint programs and user space (datapath/).
+ * bpf2go generates the Go types from these structs (-type), so the Go
+ * side never re-declares a layout by hand. */
+#ifndef MEMBRANE_ENDPOINT_H
+#define MEMBRANE_ENDPOINT_H
+
+#include <linux/types.h>
+
+/* Traffic direction relative to the endpoint (policy.Direction). */
+#define DIR_INGRESS 0 /* to-container */
+#define DIR_EGRESS 1  /* from-container */
+
+/* Reserved identities (pkg/identity). */
+#define IDENTITY_WORLD 2
+
+/* POLICY_ENFORCE_IDENTITY marks the per-direction enforcement entry of a
+ * policy map: {POLICY_ENFORCE_IDENTITY, 0, 0, dir} present means dir is
+ * default-deny. Enforcement lives in the map, not in a program constant,
+ * so that toggling it is a policy-only change (a map write) that never
+ * reloads the program. User space refuses policy keys with this identity. */
+#define POLICY_ENFORCE_IDENTITY 0xffffffff
+
+/* Drop reasons (datapath.DropReason*). */
+enum drop_reason {
+	DROP_POLICY = 1,     /* no policy entry allows a new connection */
+	DROP_FRAGMENT = 2,   /* non-first fragment with no L3/proto-wide entry */
+	DROP_MALFORMED = 3,  /* truncated or unparseable IP header */
+	DROP_UNKNOWN_L3 = 4, /* non-IP, non-ARP frame in an enforced direction */
+};
+
+/* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
+ * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4
+ * addresses use addr[0..3] and leave the rest zero. */
+struct ipcache_key {
+	__u32 prefixlen;
+	__u8 family; /* 4 or 6 */
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct ipcache_value {
+	__u32 identity;
+};
+
+/* policy_key: dport in host byte order; zero fields are wildcards
+ * (identity 0 any peer, dport 0 any port, proto 0 any protocol). */
+struct policy_key {
+	__u32 identity;
+	__u16 dport;
+	__u8 proto;
+	__u8 dir;
+};
+
+/* policy_value counts what each entry allowed (atomic adds). */
+struct policy_value {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* ct_key: the connection as first seen by endpoint ep in direction dir
+ * (saddr/sport are the initiator's). A reply is looked up with the
+ * reversed tuple and the other direction. */
+struct ct_key {
+	__u16 ep;
+	__u8 dir;
+	__u8 family;
+	__u8 proto;
+	__u8 pad;
+	__u16 sport; /* network byte order */
+	__u16 dport; /* network byte order */
+	__u16 pad2;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct ct_value {
+	__u64 last_seen; /* bpf_ktime_get_ns */
+	__u64 packets;
+};
+
+struct drop_key {
+	__u16 ep;
+	__u8 reason;
+	__u8 dir;
+};
+
+struct drop_value {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* drop_event is one ring-buffer drop notification. */
+struct drop_event {
+	__u64 time_ns; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
+	__u16 ep;
+	__u8 reason;
+	__u8 dir;
+	__u8 family; /* 0 for non-IP */
+	__u8 proto;
+	__u16 sport; /* host byte order */
+	__u16 dport; /* host byte order */
+	__u16 pad;
+	__u32 peer_identity;
+	__u32 identity; /* the endpoint's own */
+	__u32 len;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+#endif

@@ -1,0 +1,335 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// bpfState is the Linux datapath's BPF side: the parsed template, the
+// shared maps, the drop-notification reader and what is realised per
+// endpoint.
+type bpfState struct {
+	dir    string // LinuxConfig.BPFFS
+	tmpl   *template
+	maps   sharedMaps
+	events *ringbuf.Reader
+
+	// mu guards everything below.
+	mu sync.Mutex
+	// legacy: attach with clsact + cls_bpf (forced, or TCX missing).
+	legacy bool
+	eps    map[endpoint.ID]*bpfEndpoint
+}
+
+// bpfEndpoint is what is realised for one endpoint. The agent never runs
+// two operations on one endpoint at once, so its fields need no lock.
+type bpfEndpoint struct {
+	policyMap *ebpf.Map
+	// have is what the policy map enforces (never nil).
+	have *policy.MapState
+	// progs, identity, ifindex: the attached programs and what they were
+	// loaded and attached for; progs.from is nil until attached.
+	progs    programs
+	identity identity.NumericIdentity
+	ifindex  int
+	legacy   bool
+	links    [2]link.Link // TCX links (hookFrom, hookTo); pinned
+}
+
+var hooks = [2]hook{hookFrom, hookTo}
+
+// noPolicy is an empty MapState: nothing enforced.
+var noPolicy = &policy.MapState{}
+
+func (e *bpfEndpoint) close() {
+	e.progs.close()
+	for _, l := range e.links {
+		if l != nil {
+			l.Close()
+		}
+	}
+	if e.policyMap != nil {
+		e.policyMap.Close()
+	}
+}
+
+// openBPF mounts the bpffs if needed, parses the template and opens the
+// shared maps and the drop-notification reader.
+func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
+	if err := ensureBPFFS(cfg.BPFFS); err != nil {
+		return nil, err
+	}
+	tmpl, err := newTemplate()
+	if err != nil {
+		return nil, err
+	}
+	sm, err := tmpl.openShared(cfg.BPFFS)
+	if err != nil {
+		return nil, err
+	}
+	rd, err := ringbuf.NewReader(sm.events)
+	if err != nil {
+		sm.close()
+		return nil, fmt.Errorf("open drop notification reader: %w", err)
+	}
+	return &bpfState{dir: cfg.BPFFS, tmpl: tmpl, maps: sm, events: rd, legacy: cfg.ForceLegacyTC,
+		eps: map[endpoint.ID]*bpfEndpoint{}}, nil
+}
+
+// close releases the file descriptors; pinned objects (and with them the
+// programs attached to the endpoints) stay.
+func (b *bpfState) close() {
+	b.events.Close()
+	b.mu.Lock()
+	for _, e := range b.eps {
+		e.close()
+	}
+	b.eps = map[endpoint.ID]*bpfEndpoint{}
+	b.mu.Unlock()
+	b.maps.close()
+}
+
+// realizeBPF makes endpoint ep's programs run on ifindex enforcing
+// ep.Policy. A policy-only change updates the policy map by difference;
+// a first realise (also after an agent restart, when the pinned policy
+// map is read back) or a new identity or interface loads the programs
+// and attaches them (or updates the pinned links in place).
+func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
+	b := l.bpf
+	b.mu.Lock()
+	e := b.eps[ep.ID]
+	b.mu.Unlock()
+	dir := b.endpointDir(ep.ID)
+	if e == nil {
+		pm, created, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir)
+		if err != nil {
+			return err
+		}
+		e = &bpfEndpoint{policyMap: pm, have: noPolicy}
+		if !created {
+			if e.have, err = realisedState(pm); err != nil {
+				pm.Close()
+				return err
+			}
+		}
+		b.mu.Lock()
+		b.eps[ep.ID] = e
+		b.mu.Unlock()
+	}
+	want := ep.Policy
+	if want == nil {
+		want = noPolicy
+	}
+	if err := syncPolicyMap(e.policyMap, e.have, want); err != nil {
+		// Partly applied: read back what the map holds now.
+		if have, rerr := realisedState(e.policyMap); rerr == nil {
+			e.have = have
+		}
+		return err
+	}
+	e.have = want
+	if e.progs.from != nil && e.identity == ep.Identity && e.ifindex == ifindex {
+		return nil
+	}
+	progs, err := b.tmpl.load(b.maps, e.policyMap, ep.ID, ep.Identity)
+	if err != nil {
+		return err
+	}
+	if err := l.attach(e, dir, ifindex, progs); err != nil {
+		progs.close()
+		return err
+	}
+	e.progs.close()
+	e.progs, e.identity, e.ifindex = progs, ep.Identity, ifindex
+	return nil
+}
+
+// attach runs progs on ifindex with TCX (updating the links in place)
+// or, where TCX is missing or ForceLegacyTC is set, cls_bpf filters.
+func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) error {
+	progs := [2]*ebpf.Program{p.from, p.to}
+	b := l.bpf
+	b.mu.Lock()
+	legacy := b.legacy
+	b.mu.Unlock()
+	for i := 0; i < len(hooks) && !legacy; i++ {
+		if e.links[i] != nil && e.ifindex == ifindex && e.links[i].Update(progs[i]) == nil {
+			continue
+		}
+		if e.links[i] != nil {
+			e.links[i].Close() // still pinned: attachTCX decides
+			e.links[i] = nil
+		}
+		lk, err := attachTCX(dir, hooks[i], ifindex, progs[i], l.inHost)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			l.log.Warn("kernel has no TCX: attaching endpoint programs with clsact + cls_bpf", "err", err)
+			b.mu.Lock()
+			b.legacy = true
+			b.mu.Unlock()
+			legacy = true
+			break
+		}
+		if err != nil {
+			return err
+		}
+		e.links[i] = lk
+	}
+	if !legacy {
+		e.legacy = false
+		return nil
+	}
+	if e.legacy && e.ifindex != 0 && e.ifindex != ifindex {
+		for _, h := range hooks {
+			if err := detachLegacy(l.nl, h, e.ifindex); err != nil {
+				l.log.Warn("detach legacy filter from the old interface", "ifindex", e.ifindex, "err", err)
+			}
+		}
+	}
+	for i, h := range hooks {
+		if err := attachLegacy(l.nl, h, ifindex, progs[i]); err != nil {
+			return err
+		}
+	}
+	e.legacy = true
+	return nil
+}
+
+// removeBPF unpins endpoint id's objects and detaches its programs from
+// ifindex (0: unknown, the filters die with the interface). Closing the
+// TCX links (which detaches them and waits for an RCU grace period) is
+// left to the worker pool. Removing a missing endpoint is success.
+func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
+	b := l.bpf
+	b.mu.Lock()
+	e := b.eps[id]
+	delete(b.eps, id)
+	legacy := b.legacy
+	b.mu.Unlock()
+	dir := b.endpointDir(id)
+	var closers []io.Closer
+	if e != nil {
+		for i, lk := range e.links {
+			if lk != nil {
+				_ = lk.Unpin()
+				closers = append(closers, lk)
+				e.links[i] = nil
+			}
+		}
+		legacy = legacy || e.legacy
+		if ifindex == 0 {
+			ifindex = e.ifindex
+		}
+		e.close()
+	}
+	for _, h := range hooks {
+		lk, err := detachTCX(dir, h)
+		if err != nil {
+			return fmt.Errorf("remove endpoint %d programs: %w", id, err)
+		}
+		if lk != nil {
+			closers = append(closers, lk)
+		}
+		if legacy && ifindex != 0 {
+			if err := detachLegacy(l.nl, h, ifindex); err != nil {
+				return fmt.Errorf("remove endpoint %d programs: %w", id, err)
+			}
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove endpoint %d programs: %w", id, err)
+	}
+	if err := deleteDropCounters(b.maps.drops, id); err != nil {
+		return err
+	}
+	if len(closers) > 0 {
+		l.closeLater(closers)
+	}
+	return nil
+}
+
+// closeLater closes cs in the worker pool (LinuxHooks.Submit) or on a
+// new goroutine before the hooks are set; TeardownDelay < 0 closes them
+// at once.
+func (l *Linux) closeLater(cs []io.Closer) {
+	run := func(context.Context) error {
+		for _, c := range cs {
+			c.Close()
+		}
+		return nil
+	}
+	l.mu.Lock()
+	submit := l.hooks.Submit
+	l.mu.Unlock()
+	switch {
+	case l.cfg.TeardownDelay < 0:
+		_ = run(context.Background())
+	case submit != nil:
+		submit("bpf-detach", run)
+	default:
+		go func() { _ = run(context.Background()) }()
+	}
+}
+
+// DumpPolicy implements PolicyDumper: the realised policy map of
+// endpoint id with its counters (also one pinned by a previous agent).
+// Returns ErrEndpointMissing if id has no policy map.
+func (l *Linux) DumpPolicy(_ context.Context, id endpoint.ID) (entries []PolicyEntry, ingress, egress bool, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		b.mu.Lock()
+		e := b.eps[id]
+		b.mu.Unlock()
+		m := (*ebpf.Map)(nil)
+		if e != nil {
+			m = e.policyMap
+		} else {
+			pm, lerr := ebpf.LoadPinnedMap(filepath.Join(b.endpointDir(id), pinPolicy), nil)
+			if errors.Is(lerr, os.ErrNotExist) {
+				return fmt.Errorf("dump policy of endpoint %d: %w", id, ErrEndpointMissing)
+			}
+			if lerr != nil {
+				return fmt.Errorf("dump policy of endpoint %d: %w", id, lerr)
+			}
+			defer pm.Close()
+			m = pm
+		}
+		entries, ingress, egress, err = dumpPolicyMap(m)
+		return err
+	})
+	return entries, ingress, egress, err
+}
+
+// DropCounters returns the drop counters of every endpoint by reason and
+// direction (packets and bytes since the counter was created).
+func (l *Linux) DropCounters(context.Context) (c map[DropKey]Counter, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		c, err = dropCounters(b.maps.drops)
+		return err
+	})
+	return c, err
+}
+
+// guardBPF runs fn with the BPF state unless Close ran or Init did not.
+func (l *Linux) guardBPF(fn func(b *bpfState) error) error {
+	return l.guard(func() error {
+		if l.bpf == nil {
+			return fmt.Errorf("linux datapath: bpf: %w", ErrClosed)
+		}
+		return fn(l.bpf)
+	})
+}
+
+var _ PolicyDumper = (*Linux)(nil)

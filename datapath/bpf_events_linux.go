@@ -1,0 +1,78 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// readDrops delivers the programs' drop notifications to
+// LinuxHooks.OnDrop until the reader is closed.
+func (l *Linux) readDrops(rd *ringbuf.Reader) {
+	var rec ringbuf.Record
+	for {
+		if err := rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return
+			}
+			l.log.Warn("reading drop notifications", "err", err)
+			continue
+		}
+		ev, ok := decodeDrop(rec.RawSample)
+		if !ok {
+			continue
+		}
+		l.mu.Lock()
+		onDrop := l.hooks.OnDrop
+		l.mu.Unlock()
+		if onDrop != nil {
+			onDrop(ev)
+		}
+	}
+}
+
+// decodeDrop decodes one bpf drop_event.
+func decodeDrop(raw []byte) (DropEvent, bool) {
+	var e bpf.EndpointDropEvent
+	if len(raw) < int(unsafe.Sizeof(e)) {
+		return DropEvent{}, false
+	}
+	if _, err := binary.Decode(raw, binary.NativeEndian, &e); err != nil {
+		return DropEvent{}, false
+	}
+	ev := DropEvent{
+		Endpoint: endpoint.ID(e.Ep), Reason: dropReasonName(e.Reason), Dir: policy.Direction(e.Dir),
+		SrcPort: e.Sport, DstPort: e.Dport, Proto: e.Proto,
+		PeerIdentity: identity.NumericIdentity(e.PeerIdentity), Length: e.Len, Time: monoToWall(e.TimeNs),
+	}
+	switch e.Family {
+	case familyV4:
+		ev.Src = netip.AddrFrom4([4]byte(e.Saddr[:4]))
+		ev.Dst = netip.AddrFrom4([4]byte(e.Daddr[:4]))
+	case familyV6:
+		ev.Src = netip.AddrFrom16(e.Saddr)
+		ev.Dst = netip.AddrFrom16(e.Daddr)
+	}
+	return ev, true
+}
+
+// monoToWall converts a CLOCK_MONOTONIC time (bpf_ktime_get_ns) to wall
+// time.
+func monoToWall(ns uint64) time.Time {
+	var ts unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return now
+	}
+	return now.Add(-time.Duration(uint64(ts.Nano()) - ns))
+}

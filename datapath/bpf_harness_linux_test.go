@@ -1,0 +1,84 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// TC verdicts of the programs.
+const (
+	verdictPass uint32 = 0 // TC_ACT_OK
+	verdictDrop uint32 = 2 // TC_ACT_SHOT
+)
+
+// progHarness loads one endpoint's programs for BPF_PROG_TEST_RUN,
+// without attaching them, on maps pinned in a test bpffs directory.
+type progHarness struct {
+	b     *bpfState
+	id    endpoint.ID
+	pm    *ebpf.Map
+	progs programs
+	have  *policy.MapState
+}
+
+func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity) *progHarness {
+	t.Helper()
+	testutil.RequireRoot(t)
+	b, err := openBPF(LinuxConfig{BPFFS: testutil.BPFFSDir(t)})
+	if err != nil {
+		t.Fatalf("open bpf: %v", err)
+	}
+	t.Cleanup(b.close)
+	pm, _, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], b.endpointDir(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pm.Close() })
+	progs, err := b.tmpl.load(b.maps, pm, id, ident)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(progs.close)
+	return &progHarness{b: b, id: id, pm: pm, progs: progs, have: noPolicy}
+}
+
+func (h *progHarness) setPolicy(t testing.TB, ms *policy.MapState) {
+	t.Helper()
+	if ms == nil {
+		ms = noPolicy
+	}
+	if err := syncPolicyMap(h.pm, h.have, ms); err != nil {
+		t.Fatalf("sync policy: %v", err)
+	}
+	h.have = ms
+}
+
+func (h *progHarness) ipcache(t testing.TB, prefix string, id identity.NumericIdentity) {
+	t.Helper()
+	k := ipcacheKey(netip.MustParsePrefix(prefix))
+	if err := h.b.maps.ipcache.Update(k, bpf.EndpointIpcacheValue{Identity: uint32(id)}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// run runs the program of direction dir on p and returns its verdict.
+func (h *progHarness) run(t testing.TB, dir policy.Direction, p pkt) uint32 {
+	t.Helper()
+	prog := h.progs.to
+	if dir == policy.Egress {
+		prog = h.progs.from
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{Data: p.bytes()})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	return ret
+}

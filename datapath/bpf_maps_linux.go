@@ -1,0 +1,234 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// enforceIdentity is bpf/endpoint.h's POLICY_ENFORCE_IDENTITY: the key
+// {enforceIdentity, 0, 0, dir} in a policy map makes dir default-deny.
+// Enforcement is a map entry and not a program constant so that toggling
+// it is a policy-only change (one map write) that never reloads the
+// program; policy keys with this identity are refused.
+const enforceIdentity = 0xffffffff
+
+// ipcache key families (bpf/endpoint.h).
+const (
+	familyV4 = 4
+	familyV6 = 6
+)
+
+// openSharedMap opens the map pinned at path if it matches spec, else
+// (missing, or left by an incompatible build) creates and pins a new one.
+func openSharedMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err == nil {
+		if cerr := spec.Compatible(m); cerr == nil {
+			return m, nil
+		}
+		m.Close()
+		if err := unpin(path); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+	}
+	m, err = ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create map %s: %w", spec.Name, err)
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("pin map %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// ipcacheKey encodes prefix (masked; IPv4-mapped IPv6 as IPv4).
+func ipcacheKey(prefix netip.Prefix) bpf.EndpointIpcacheKey {
+	addr, bits := prefix.Addr(), prefix.Bits()
+	if addr.Is4In6() {
+		addr, bits = addr.Unmap(), max(bits-96, 0)
+	}
+	p := netip.PrefixFrom(addr, bits).Masked()
+	k := bpf.EndpointIpcacheKey{Prefixlen: 32 + uint32(p.Bits()), Family: familyV6}
+	if p.Addr().Is4() {
+		k.Family = familyV4
+	}
+	copy(k.Addr[:], p.Addr().AsSlice())
+	return k
+}
+
+// policyKey encodes k; it refuses keys the programs cannot express.
+func policyKey(k policy.Key) (bpf.EndpointPolicyKey, error) {
+	switch {
+	case uint32(k.Identity) == enforceIdentity:
+		return bpf.EndpointPolicyKey{}, fmt.Errorf("policy key %+v: identity %d is reserved: %w", k, k.Identity, ErrInvalidPolicy)
+	case k.Proto == policy.ProtoAny && k.Port != 0:
+		return bpf.EndpointPolicyKey{}, fmt.Errorf("policy key %+v: port without protocol: %w", k, ErrInvalidPolicy)
+	case k.Dir != policy.Ingress && k.Dir != policy.Egress:
+		return bpf.EndpointPolicyKey{}, fmt.Errorf("policy key %+v: bad direction: %w", k, ErrInvalidPolicy)
+	}
+	return bpf.EndpointPolicyKey{Identity: uint32(k.Identity), Dport: k.Port, Proto: k.Proto, Dir: uint8(k.Dir)}, nil
+}
+
+func enforceKey(dir policy.Direction) bpf.EndpointPolicyKey {
+	return bpf.EndpointPolicyKey{Identity: enforceIdentity, Dir: uint8(dir)}
+}
+
+// openPolicyMap opens endpoint dir's pinned policy map, or creates and
+// pins it. created reports a new (empty) map.
+func openPolicyMap(spec *ebpf.MapSpec, dir string) (m *ebpf.Map, created bool, err error) {
+	path := filepath.Join(dir, pinPolicy)
+	if m, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		if spec.Compatible(m) == nil {
+			return m, false, nil
+		}
+		m.Close()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, false, fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := unpin(path); err != nil {
+		return nil, false, err
+	}
+	m, err = ebpf.NewMap(spec)
+	if err != nil {
+		return nil, false, fmt.Errorf("create policy map: %w", err)
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, false, fmt.Errorf("pin policy map %s: %w", path, err)
+	}
+	return m, true, nil
+}
+
+// dumpPolicyMap reads a policy map: its entries sorted by
+// policy.Compare and the enforcement per direction.
+func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, err error) {
+	var k bpf.EndpointPolicyKey
+	var v bpf.EndpointPolicyValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Identity == enforceIdentity {
+			if policy.Direction(k.Dir) == policy.Egress {
+				egress = true
+			} else {
+				ingress = true
+			}
+			continue
+		}
+		entries = append(entries, PolicyEntry{
+			Key:     policy.Key{Identity: identity.NumericIdentity(k.Identity), Port: k.Dport, Proto: k.Proto, Dir: policy.Direction(k.Dir)},
+			Packets: v.Packets, Bytes: v.Bytes,
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, false, false, fmt.Errorf("dump policy map: %w", err)
+	}
+	slices.SortFunc(entries, func(a, b PolicyEntry) int { return policy.Compare(a.Key, b.Key) })
+	return entries, ingress, egress, nil
+}
+
+// realisedState rebuilds what a policy map enforces as a MapState.
+func realisedState(m *ebpf.Map) (*policy.MapState, error) {
+	entries, in, eg, err := dumpPolicyMap(m)
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]policy.Key, len(entries))
+	for i, e := range entries {
+		keys[i] = e.Key
+	}
+	return policy.NewMapState(0, in, eg, keys), nil
+}
+
+// syncPolicyMap makes m enforce want, given that it enforces have, by
+// difference. Order keeps every intermediate state between the two:
+// enforcement turned off first, then additions, removals, and
+// enforcement turned on last.
+func syncPolicyMap(m *ebpf.Map, have, want *policy.MapState) error {
+	add, remove := policy.Diff(have, want)
+	addKeys := make([]bpf.EndpointPolicyKey, 0, len(add))
+	for _, k := range add {
+		bk, err := policyKey(k)
+		if err != nil {
+			return err
+		}
+		addKeys = append(addKeys, bk)
+	}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		if have.Enforced(dir) && !want.Enforced(dir) {
+			if err := deleteKey(m, enforceKey(dir)); err != nil {
+				return err
+			}
+		}
+	}
+	var zero bpf.EndpointPolicyValue
+	for _, bk := range addKeys {
+		// NoExist keeps the counters of an entry that is already there.
+		if err := m.Update(bk, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("update policy map: %w", err)
+		}
+	}
+	for _, k := range remove {
+		bk := bpf.EndpointPolicyKey{Identity: uint32(k.Identity), Dport: k.Port, Proto: k.Proto, Dir: uint8(k.Dir)}
+		if err := deleteKey(m, bk); err != nil {
+			return err
+		}
+	}
+	for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+		if want.Enforced(dir) && !have.Enforced(dir) {
+			if err := m.Update(enforceKey(dir), zero, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("update policy map: enforce %s: %w", dir, err)
+			}
+		}
+	}
+	return nil
+}
+
+func deleteKey(m *ebpf.Map, k bpf.EndpointPolicyKey) error {
+	if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from policy map: %w", err)
+	}
+	return nil
+}
+
+// dropCounters reads the drop counter map.
+func dropCounters(m *ebpf.Map) (map[DropKey]Counter, error) {
+	out := map[DropKey]Counter{}
+	var k bpf.EndpointDropKey
+	var v bpf.EndpointDropValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[DropKey{Endpoint: endpoint.ID(k.Ep), Reason: dropReasonName(k.Reason), Dir: policy.Direction(k.Dir)}] = Counter{Packets: v.Packets, Bytes: v.Bytes}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read drop counters: %w", err)
+	}
+	return out, nil
+}
+
+// deleteDropCounters removes endpoint id's drop counters.
+func deleteDropCounters(m *ebpf.Map, id endpoint.ID) error {
+	for reason := range dropReasons {
+		for _, dir := range []uint8{uint8(policy.Ingress), uint8(policy.Egress)} {
+			k := bpf.EndpointDropKey{Ep: uint16(id), Reason: reason, Dir: dir}
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete drop counters of endpoint %d: %w", id, err)
+			}
+		}
+	}
+	return nil
+}

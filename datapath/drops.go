@@ -1,0 +1,73 @@
+package datapath
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// Drop reasons reported by the endpoint programs (bpf/endpoint.h).
+const (
+	// DropPolicy: no policy entry allows a new connection.
+	DropPolicy = "policy-denied"
+	// DropFragment: a non-first fragment (no ports) that no L3-only or
+	// protocol-wide entry allows.
+	DropFragment = "fragment"
+	// DropMalformed: a truncated or unparseable IP header in an enforced
+	// direction.
+	DropMalformed = "malformed"
+	// DropUnknownL3: a frame neither IP nor ARP in an enforced direction.
+	DropUnknownL3 = "unknown-l3"
+)
+
+// dropReasons maps the programs' reason numbers to names.
+var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3}
+
+// dropReasonName returns the name of reason, or "reason-<n>".
+func dropReasonName(reason uint8) string {
+	if s, ok := dropReasons[reason]; ok {
+		return s
+	}
+	return "reason-" + strconv.Itoa(int(reason))
+}
+
+// DropEvent is one packet an endpoint program dropped.
+type DropEvent struct {
+	// Endpoint is the endpoint whose program dropped the packet.
+	Endpoint endpoint.ID
+	// Reason is one of the Drop* names.
+	Reason string
+	// Dir is the direction relative to the endpoint.
+	Dir policy.Direction
+	// Src and Dst are the packet's addresses (invalid for non-IP frames).
+	Src, Dst netip.Addr
+	// SrcPort and DstPort are the transport ports (the echo identifier
+	// for ICMP echo; 0 for fragments and other protocols).
+	SrcPort, DstPort uint16
+	// Proto is the IP protocol number.
+	Proto uint8
+	// PeerIdentity is the identity of the other side (0 when the drop
+	// happened before it was looked up).
+	PeerIdentity identity.NumericIdentity
+	// Length is the packet's length in bytes.
+	Length uint32
+	// Time is when the program dropped it.
+	Time time.Time
+}
+
+// DropKey identifies one drop counter.
+type DropKey struct {
+	Endpoint endpoint.ID
+	Reason   string
+	Dir      policy.Direction
+}
+
+// Counter counts packets and bytes.
+type Counter struct {
+	Packets uint64
+	Bytes   uint64
+}
