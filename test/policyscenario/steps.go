@@ -63,6 +63,11 @@ func Run(t *testing.T, env Env) Pods {
 		bAllowsAOnly(t, "the NetworkPolicy realised")
 	})
 	t.Run("relabel C to app=a regenerates only B and C", func(t *testing.T) {
+		// The previous step saw B's policy realised, maybe before its
+		// regeneration completed: start from settled endpoints.
+		for _, id := range []int64{p.A.ID, p.B.ID, p.C.ID} {
+			waitReady(t, c, id)
+		}
 		regA, regB, regC := regenerations(t, c, p.A.ID), regenerations(t, c, p.B.ID), regenerations(t, c, p.C.ID)
 		if _, err := c.EndpointPatchLabels(context.Background(), fmt.Sprint(p.C.ID), []string{"k8s:app=a"}, nil); err != nil {
 			t.Fatal(err)
@@ -89,6 +94,25 @@ func Run(t *testing.T, env Env) Pods {
 	t.Run("ipcache holds every endpoint", func(t *testing.T) { checkIPCache(t, c, p, map[int64]identity.NumericIdentity{p.A.ID: idA, p.B.ID: idB, p.C.ID: idC}) })
 	t.Run("CIDR egress", func(t *testing.T) { checkCIDR(t, c, p) })
 	return p
+}
+
+// waitReady waits until endpoint id is ready: no regeneration running.
+func waitReady(t *testing.T, c *client.Client, id int64) {
+	t.Helper()
+	deadline := time.Now().Add(Wait)
+	for {
+		ep, err := c.EndpointGet(context.Background(), fmt.Sprint(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ep.State == "ready" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoint %d: timed out waiting for ready (state %s)", id, ep.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // waitRegenerations waits until endpoint id completed at least n regenerations.
