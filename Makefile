@@ -66,6 +66,14 @@ bench-cni:
 	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) \
 		$(GO) test -run '^TestCNIBench$$' -count=1 -v -timeout 30m ./test/cnibench/
 
+# Time from PUT /v1/policy until BENCH_ENDPOINTS endpoints with real BPF
+# programs realised it, BENCH_ROUNDS times (root).
+BENCH_ENDPOINTS ?= 200
+BENCH_ROUNDS    ?= 5
+bench-policy:
+	MEMBRANE_BENCH_POLICY=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
+		$(GO) test -run '^TestPolicyBench$$' -count=1 -v -timeout 30m ./test/policybench/
+
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.
 install: build
