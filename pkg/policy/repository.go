@@ -172,8 +172,7 @@ func (r *Repository) UpsertIdentity(id identity.NumericIdentity, ls labels.Label
 	}
 	r.ids[id] = ls
 	affected := idSet{}
-	r.reselect(id, affected)
-	delete(r.mapStates, id)
+	r.reselect(id, affected) // marks id itself if a subject selected it before or now
 	return r.finish(affected)
 }
 
