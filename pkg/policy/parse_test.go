@@ -171,8 +171,6 @@ func TestParseListAndDefaults(t *testing.T) {
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
-
-
 func FuzzParse(f *testing.F) {
 	for _, name := range []string{"good-cnp-multi.yaml", "good-list.json"} {
 		f.Add(readTestdata(f, name))
