@@ -133,4 +133,3 @@ func TestPolicyAPI(t *testing.T) {
 		expectError(t, e.do(t, http.MethodPut, "/v1/policy", ""), http.StatusBadRequest, "invalid-policy", "no policy documents")
 	})
 }
-

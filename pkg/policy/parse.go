@@ -41,6 +41,8 @@ type Policy struct {
 	// Spec is the document's spec as imported ("specs" for a
 	// CiliumNetworkPolicy with a list of rules).
 	Spec json.RawMessage
+	// Raw is the whole document as JSON (what policy.json stores).
+	Raw json.RawMessage
 	// Rules are the compiled rules.
 	Rules []Rule
 }
@@ -234,12 +236,18 @@ func parseObject(obj map[string]any) (*Policy, error) {
 		return nil, describeJSONError(err)
 	}
 	specRaw, _ := json.Marshal(spec)
+	var p *Policy
 	switch d := doc.(type) {
 	case *cnpDoc:
-		return compileCNP(d, specRaw)
+		p, err = compileCNP(d, specRaw)
 	default:
-		return compileKNP(doc.(*knpDoc), specRaw)
+		p, err = compileKNP(doc.(*knpDoc), specRaw)
 	}
+	if err != nil {
+		return nil, err
+	}
+	p.Raw = raw
+	return p, nil
 }
 
 func describeJSONError(err error) error {

@@ -86,7 +86,9 @@ func Run(t *testing.T, env Env) Pods {
 		}
 		idC = newC
 	})
-	t.Run("ipcache holds every endpoint", func(t *testing.T) { checkIPCache(t, c, p, map[int64]identity.NumericIdentity{p.A.ID: idA, p.B.ID: idB, p.C.ID: idC}) })
+	t.Run("ipcache holds every endpoint", func(t *testing.T) {
+		checkIPCache(t, c, p, map[int64]identity.NumericIdentity{p.A.ID: idA, p.B.ID: idB, p.C.ID: idC})
+	})
 	t.Run("CIDR egress", func(t *testing.T) { checkCIDR(t, c, p) })
 	return p
 }
