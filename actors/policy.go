@@ -32,9 +32,12 @@ type policyActor struct {
 	log     *slog.Logger
 	batch   batcher
 	repo    *policy.Repository
-	// users are the endpoints that asked for a policy, by identity.
-	users   map[identity.NumericIdentity]map[endpoint.ID]struct{}
-	userIDs map[endpoint.ID]identity.NumericIdentity
+	// users[ep] is the identity endpoint ep last asked the policy of (0:
+	// none). A flat array (256 KiB) instead of maps: no heap per
+	// endpoint; a change scans it once. It finds endpoints whose index
+	// row does not show their identity yet (a first build is published
+	// when it ends).
+	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
 	dead    bool
 	persist persistState
@@ -109,8 +112,7 @@ func (a *policyActor) Receive(ctx actor.Context) {
 func (a *policyActor) rebuild(ctx actor.Context) {
 	ix := a.deps.ix
 	a.repo = policy.NewRepository()
-	a.users = map[identity.NumericIdentity]map[endpoint.ID]struct{}{}
-	a.userIDs = map[endpoint.ID]identity.NumericIdentity{}
+	a.users = make([]identity.NumericIdentity, endpoint.MaxID+1)
 	for _, row := range ix.Identities() {
 		a.repo.UpsertIdentity(row.ID, row.Labels)
 	}
@@ -277,17 +279,24 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 		a.batch.putKeyed(ctx, index.TablePolicyRevision, 0, &index.PolicyRevision{Revision: rev})
 	}
 	a.sendCIDRs(ctx, res)
+	if len(res.Changed) == 0 {
+		return
+	}
+	changed := make(map[identity.NumericIdentity]bool, len(res.Changed))
+	targets := map[endpoint.ID]struct{}{}
 	for _, ch := range res.Changed {
-		targets := map[endpoint.ID]struct{}{}
-		for id := range a.users[ch.Identity] {
-			targets[id] = struct{}{}
-		}
+		changed[ch.Identity] = true
 		for _, ep := range a.deps.ix.Endpoints(index.EndpointFilter{Identity: ch.Identity}) {
 			targets[ep.ID] = struct{}{}
 		}
-		for id := range targets {
-			ctx.Send(a.manager, &messages.RegeneratePolicy{ID: id, Revision: res.Revision})
+	}
+	for ep, id := range a.users {
+		if id != identity.IdentityUnknown && changed[id] {
+			targets[endpoint.ID(ep)] = struct{}{}
 		}
+	}
+	for id := range targets {
+		ctx.Send(a.manager, &messages.RegeneratePolicy{ID: id, Revision: res.Revision})
 	}
 }
 
@@ -297,29 +306,6 @@ func (a *policyActor) sendCIDRs(ctx actor.Context, res policy.Result) {
 	}
 }
 
-func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) {
-	if old, ok := a.userIDs[ep]; ok && old != id {
-		a.untrack(ep)
-	}
-	set := a.users[id]
-	if set == nil {
-		set = map[endpoint.ID]struct{}{}
-		a.users[id] = set
-	}
-	set[ep] = struct{}{}
-	a.userIDs[ep] = id
-}
+func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) { a.users[ep] = id }
 
-func (a *policyActor) untrack(ep endpoint.ID) {
-	id, ok := a.userIDs[ep]
-	if !ok {
-		return
-	}
-	delete(a.userIDs, ep)
-	if set := a.users[id]; set != nil {
-		delete(set, ep)
-		if len(set) == 0 {
-			delete(a.users, id)
-		}
-	}
-}
+func (a *policyActor) untrack(ep endpoint.ID) { a.users[ep] = identity.IdentityUnknown }
