@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -276,7 +277,7 @@ func checkFields(v any, t reflect.Type, path string) error {
 			return nil // a type error, reported by the decoder
 		}
 		fields := structFields(t)
-		for _, k := range slices.Sorted(mapKeys(m)) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			ft, ok := fields[k]
 			if !ok {
 				return fmt.Errorf("unsupported field %q", join(path, k))
@@ -297,16 +298,6 @@ func checkFields(v any, t reflect.Type, path string) error {
 		}
 	}
 	return nil
-}
-
-func mapKeys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func join(path, k string) string {

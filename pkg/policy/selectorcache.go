@@ -3,6 +3,7 @@ package policy
 import (
 	"cmp"
 	"encoding/binary"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -179,7 +180,7 @@ func (r *Repository) reselect(id identity.NumericIdentity, affected idSet) {
 func (r *Repository) finish(affected idSet) Result {
 	r.bySubjects = nil // selectors or rules changed
 	res := Result{Revision: r.revision}
-	for _, p := range slices.SortedFunc(mapKeysPrefix(r.cidrs), comparePrefix) {
+	for _, p := range slices.SortedFunc(maps.Keys(r.cidrs), comparePrefix) {
 		c := r.cidrs[p]
 		if c.refs > 0 {
 			continue
@@ -193,7 +194,7 @@ func (r *Repository) finish(affected idSet) Result {
 		res.CIDRDeletes = append(res.CIDRDeletes, p)
 	}
 	res.CIDRUpserts, r.upserts = r.upserts, nil
-	for _, id := range slices.Sorted(mapKeysID(affected)) {
+	for _, id := range slices.Sorted(maps.Keys(affected)) {
 		old, had := r.mapStates[id]
 		if !had {
 			continue // nobody asked: computed on demand
@@ -283,26 +284,6 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key
 		}
 	}
 	return keys
-}
-
-func mapKeysPrefix(m map[netip.Prefix]*cidrIdentity) func(func(netip.Prefix) bool) {
-	return func(yield func(netip.Prefix) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-func mapKeysID(m idSet) func(func(identity.NumericIdentity) bool) {
-	return func(yield func(identity.NumericIdentity) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func comparePrefix(a, b netip.Prefix) int {
