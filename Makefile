@@ -51,6 +51,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:

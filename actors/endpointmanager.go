@@ -274,11 +274,27 @@ func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	}
 	if ep, ok := m.eps[id]; ok {
 		m.untrack(ep)
+		m.forgetPolicy(ctx, ep)
 	}
 	delete(m.children, id)
 	delete(m.eps, id)
 	m.batch.delKeyed(ctx, index.TableEndpoints, id, &endpoint.Endpoint{ID: id})
 	m.release(id)
+}
+
+// forgetPolicy drops a stopped endpoint's ipcache entries and policy
+// subscription (a normal delete does it from the endpoint actor).
+func (m *managerActor) forgetPolicy(ctx actor.Context, ep *endpoint.Endpoint) {
+	var ips []netip.Addr
+	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if ip.IsValid() {
+			ips = append(ips, ip)
+		}
+	}
+	if len(ips) > 0 {
+		ctx.Send(m.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: ep.ID, IPs: ips, Deleted: true})
+	}
+	ctx.Send(m.deps.policy, &messages.EndpointPolicyGone{Endpoint: ep.ID})
 }
 
 // endpointIDFromPID parses the ID out of an endpoint actor's PID.

@@ -13,7 +13,6 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
 )
@@ -36,12 +35,13 @@ type ipcacheActor struct {
 	batch    batcher
 	dead     bool
 
-	entries    map[netip.Prefix]*index.IPCacheEntry // desired, immutable rows
-	byEndpoint map[endpoint.ID][]netip.Prefix
-	applied    map[netip.Prefix]identity.NumericIdentity // what the datapath holds
-	dirty      map[netip.Prefix]struct{}
-	syncing    bool
-	retry      *time.Timer
+	// entries are the desired rows (immutable, shared with the index).
+	// What the datapath holds is not tracked (heap per endpoint): every
+	// change of a prefix's identity is written, writes are idempotent.
+	entries map[netip.Prefix]*index.IPCacheEntry
+	dirty   map[netip.Prefix]struct{}
+	syncing bool
+	retry   *time.Timer
 }
 
 // ipcacheRetrySync is the retry timer's message.
@@ -94,17 +94,10 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 // the host and writes everything to the datapath.
 func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
-	a.byEndpoint = map[endpoint.ID][]netip.Prefix{}
-	a.applied = map[netip.Prefix]identity.NumericIdentity{}
 	a.dirty = map[netip.Prefix]struct{}{}
 	for _, e := range a.deps.ix.IPCache() {
 		a.entries[e.Prefix] = e
 		a.dirty[e.Prefix] = struct{}{}
-		for _, c := range e.Claims {
-			if c.Source == index.SourceEndpoint {
-				a.byEndpoint[c.Endpoint] = append(a.byEndpoint[c.Endpoint], e.Prefix)
-			}
-		}
 	}
 	for _, gw := range a.gateways {
 		a.claim(ctx, netip.PrefixFrom(gw, gw.BitLen()), index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
@@ -112,26 +105,16 @@ func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.sync(ctx)
 }
 
+// endpoint sets (or with Deleted drops) an endpoint's claims on its
+// addresses; an endpoint's addresses never change.
 func (a *ipcacheActor) endpoint(ctx actor.Context, msg *messages.IPCacheEndpoint) {
-	var want []netip.Prefix
-	if !msg.Deleted && msg.Identity != identity.IdentityUnknown {
-		for _, ip := range msg.IPs {
-			want = append(want, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+	for _, ip := range msg.IPs {
+		p := netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen())
+		if msg.Deleted || msg.Identity == identity.IdentityUnknown {
+			a.drop(ctx, p, func(c index.IPCacheClaim) bool { return c.Source == index.SourceEndpoint && c.Endpoint == msg.Endpoint })
+			continue
 		}
-	}
-	mine := func(c index.IPCacheClaim) bool { return c.Source == index.SourceEndpoint && c.Endpoint == msg.Endpoint }
-	for _, p := range a.byEndpoint[msg.Endpoint] {
-		if !slices.Contains(want, p) {
-			a.drop(ctx, p, mine)
-		}
-	}
-	for _, p := range want {
 		a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceEndpoint, Identity: msg.Identity, Endpoint: msg.Endpoint})
-	}
-	if len(want) == 0 {
-		delete(a.byEndpoint, msg.Endpoint)
-	} else {
-		a.byEndpoint[msg.Endpoint] = want
 	}
 	a.sync(ctx)
 }
@@ -205,15 +188,9 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 		if e := a.entries[p]; e != nil {
 			id = e.Identity
 		}
-		if cur, ok := a.applied[p]; ok && cur == id {
-			continue // already there
-		}
 		ops = append(ops, ipcacheOp{prefix: p, id: id})
 	}
-	clear(a.dirty)
-	if len(ops) == 0 {
-		return
-	}
+	a.dirty = map[netip.Prefix]struct{}{} // a burst's buckets go
 	a.syncing = true
 	dp := a.deps.dp
 	work := &messages.DatapathWork{Op: "ipcache", Run: func(c context.Context) (any, error) {
@@ -257,14 +234,9 @@ func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, res any, err 
 	}
 	failed := 0
 	for _, op := range done {
-		switch {
-		case op.err != nil:
+		if op.err != nil {
 			failed++
 			a.dirty[op.prefix] = struct{}{}
-		case op.id == 0:
-			delete(a.applied, op.prefix)
-		default:
-			a.applied[op.prefix] = op.id
 		}
 	}
 	if failed > 0 {

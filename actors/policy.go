@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,21 +25,51 @@ import (
 // the policies and policy-revision tables and rebuilds from them (and
 // the ipcache table, for CIDR identity numbers) after a restart.
 type policyActor struct {
+	cfg     PolicyConfig
 	deps    *endpointDeps
 	manager *actor.PID
 	ipcache *actor.PID
 	log     *slog.Logger
 	batch   batcher
 	repo    *policy.Repository
-	// users are the endpoints that asked for a policy, by identity.
-	users   map[identity.NumericIdentity]map[endpoint.ID]struct{}
-	userIDs map[endpoint.ID]identity.NumericIdentity
+	// users[ep] is the identity endpoint ep last asked the policy of (0:
+	// none). A flat array (256 KiB) instead of maps: no heap per
+	// endpoint; a change scans it once. It finds endpoints whose index
+	// row does not show their identity yet (a first build is published
+	// when it ends).
+	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
+	dead    bool
+	persist persistState
 }
 
-func newPolicyActor(deps *endpointDeps, manager, ipcache *actor.PID) *policyActor {
+// PolicyConfig configures the policy actor.
+type PolicyConfig struct {
+	// File is where the policies persist (<state-dir>/policy.json),
+	// rewritten after every change before the change is answered; ""
+	// keeps them in memory (and in the index) only.
+	File string
+	// Initial and InitialRevision are what File held at agent start;
+	// imported when the index holds no policies yet.
+	Initial         []*policy.Policy
+	InitialRevision uint64
+}
+
+// persistState coalesces policy file writes: one in flight; changes
+// made meanwhile are written by the next one, and their answers wait
+// for it.
+type persistState struct {
+	busy     bool
+	pending  []messages.Reply // answered after the next write
+	inflight []messages.Reply // answered after the running write
+}
+
+// policyWritten is the result of a policy file write.
+type policyWritten struct{ err error }
+
+func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}}
+	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}}
 }
 
 // Receive implements actor.Actor.
@@ -46,6 +78,12 @@ func (a *policyActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.rebuild(ctx)
 	case *actor.Restarting:
+		a.dead = true
+		// Answer the waiters of a write this incarnation will not see end;
+		// the change itself is applied (and in the index).
+		for _, r := range append(a.persist.inflight, a.persist.pending...) {
+			a.batch.replies = append(a.batch.replies, r)
+		}
 		a.batch.flush(ctx.ActorSystem().Root.Send)
 	case *flushIndex:
 		a.batch.flush(ctx.Send)
@@ -74,8 +112,7 @@ func (a *policyActor) Receive(ctx actor.Context) {
 func (a *policyActor) rebuild(ctx actor.Context) {
 	ix := a.deps.ix
 	a.repo = policy.NewRepository()
-	a.users = map[identity.NumericIdentity]map[endpoint.ID]struct{}{}
-	a.userIDs = map[endpoint.ID]identity.NumericIdentity{}
+	a.users = make([]identity.NumericIdentity, endpoint.MaxID+1)
 	for _, row := range ix.Identities() {
 		a.repo.UpsertIdentity(row.ID, row.Labels)
 	}
@@ -87,13 +124,23 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 		}
 	}
 	rows := ix.Policies()
-	slices.SortFunc(rows, func(x, y *index.PolicyRow) int { return int(x.Revision) - int(y.Revision) })
+	slices.SortFunc(rows, func(x, y *index.PolicyRow) int { return cmp.Compare(x.Revision, y.Revision) })
 	pols := make([]*policy.Policy, len(rows))
 	for i, r := range rows {
 		pols[i] = r.Policy
 	}
+	rev := ix.PolicyRevisionNow()
+	if rev == 0 && len(rows) == 0 && a.cfg.InitialRevision > 0 {
+		// Agent start: what policy.json held.
+		pols, rev = a.cfg.Initial, a.cfg.InitialRevision
+		for _, p := range pols {
+			a.batch.putKeyed(ctx, index.TablePolicies, p.Key(), &index.PolicyRow{Key: p.Key(), Policy: p, Revision: rev})
+		}
+		a.batch.putKeyed(ctx, index.TablePolicyRevision, 0, &index.PolicyRevision{Revision: rev})
+		a.log.Info("policies loaded from the policy file", "policies", len(pols), "revision", rev, "file", a.cfg.File)
+	}
 	res := a.repo.Import(pols)
-	a.repo.SetRevision(ix.PolicyRevisionNow())
+	a.repo.SetRevision(rev)
 	a.written = a.repo.Revision()
 	a.sendCIDRs(ctx, res)
 	if len(rows) > 0 {
@@ -120,7 +167,7 @@ func (a *policyActor) doImport(ctx actor.Context, msg *messages.PolicyImport) {
 	}
 	a.log.Info("policies imported", "policies", len(names), "revision", res.Revision, "regenerate-identities", len(res.Changed))
 	a.apply(ctx, res)
-	a.batch.reply(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Names: names})
+	a.replyDurable(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Names: names})
 }
 
 func (a *policyActor) doDelete(ctx actor.Context, msg *messages.PolicyDelete) {
@@ -144,7 +191,63 @@ func (a *policyActor) doDelete(ctx actor.Context, msg *messages.PolicyDelete) {
 	}
 	a.log.Info("policies deleted", "policies", len(deleted), "revision", res.Revision, "regenerate-identities", len(res.Changed))
 	a.apply(ctx, res)
-	a.batch.reply(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Deleted: len(deleted)})
+	a.replyDurable(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Deleted: len(deleted)})
+}
+
+// replyDurable answers to once the change is in the policy file (and
+// the index), or right after the index commit without a file.
+func (a *policyActor) replyDurable(ctx actor.Context, to *actor.PID, msg any) {
+	if a.cfg.File == "" {
+		a.batch.reply(ctx, to, msg)
+		return
+	}
+	if to != nil {
+		a.persist.pending = append(a.persist.pending, messages.Reply{To: to, Message: msg})
+	}
+	a.writeFile(ctx)
+}
+
+// writeFile writes the policy file in the worker pool, unless a write
+// is in flight (then the next one starts when it ends).
+func (a *policyActor) writeFile(ctx actor.Context) {
+	if a.persist.busy || len(a.persist.pending) == 0 {
+		return
+	}
+	data, err := policy.MarshalFile(a.repo.Revision(), a.repo.Policies())
+	if err != nil {
+		a.log.Error("policies not persisted", "err", err)
+		for _, r := range a.persist.pending {
+			a.batch.reply(ctx, r.To, r.Message)
+		}
+		a.persist.pending = nil
+		return
+	}
+	a.persist.busy = true
+	a.persist.inflight, a.persist.pending = a.persist.pending, nil
+	path := a.cfg.File
+	work := &messages.DatapathWork{Op: "write-policy", Run: func(context.Context) (any, error) {
+		return nil, policy.WriteFile(path, data)
+	}}
+	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
+	ctx.ReenterAfter(f, func(res any, err error) {
+		if a.dead {
+			return
+		}
+		if r, ok := res.(*messages.DatapathResult); ok && err == nil {
+			err = r.Err
+		}
+		if err != nil {
+			// The change is applied; it is lost at the next agent restart
+			// unless a later write succeeds.
+			a.log.Error("writing the policy file failed", "file", path, "err", err)
+		}
+		a.persist.busy = false
+		for _, r := range a.persist.inflight {
+			a.batch.reply(ctx, r.To, r.Message)
+		}
+		a.persist.inflight = nil
+		a.writeFile(ctx)
+	})
 }
 
 func (a *policyActor) computePolicy(ctx actor.Context, msg *messages.ComputePolicy) {
@@ -176,17 +279,24 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 		a.batch.putKeyed(ctx, index.TablePolicyRevision, 0, &index.PolicyRevision{Revision: rev})
 	}
 	a.sendCIDRs(ctx, res)
+	if len(res.Changed) == 0 {
+		return
+	}
+	changed := make(map[identity.NumericIdentity]bool, len(res.Changed))
+	targets := map[endpoint.ID]struct{}{}
 	for _, ch := range res.Changed {
-		targets := map[endpoint.ID]struct{}{}
-		for id := range a.users[ch.Identity] {
-			targets[id] = struct{}{}
-		}
+		changed[ch.Identity] = true
 		for _, ep := range a.deps.ix.Endpoints(index.EndpointFilter{Identity: ch.Identity}) {
 			targets[ep.ID] = struct{}{}
 		}
-		for id := range targets {
-			ctx.Send(a.manager, &messages.RegeneratePolicy{ID: id, Revision: res.Revision})
+	}
+	for ep, id := range a.users {
+		if id != identity.IdentityUnknown && changed[id] {
+			targets[endpoint.ID(ep)] = struct{}{}
 		}
+	}
+	for id := range targets {
+		ctx.Send(a.manager, &messages.RegeneratePolicy{ID: id, Revision: res.Revision})
 	}
 }
 
@@ -196,29 +306,6 @@ func (a *policyActor) sendCIDRs(ctx actor.Context, res policy.Result) {
 	}
 }
 
-func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) {
-	if old, ok := a.userIDs[ep]; ok && old != id {
-		a.untrack(ep)
-	}
-	set := a.users[id]
-	if set == nil {
-		set = map[endpoint.ID]struct{}{}
-		a.users[id] = set
-	}
-	set[ep] = struct{}{}
-	a.userIDs[ep] = id
-}
+func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) { a.users[ep] = id }
 
-func (a *policyActor) untrack(ep endpoint.ID) {
-	id, ok := a.userIDs[ep]
-	if !ok {
-		return
-	}
-	delete(a.userIDs, ep)
-	if set := a.users[id]; set != nil {
-		delete(set, ep)
-		if len(set) == 0 {
-			delete(a.users, id)
-		}
-	}
-}
+func (a *policyActor) untrack(ep endpoint.ID) { a.users[ep] = identity.IdentityUnknown }

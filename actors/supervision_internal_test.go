@@ -227,6 +227,10 @@ func TestEndpointRestartBudget(t *testing.T) {
 	// One failure more than the budget within 10 s: the actor is stopped.
 	sys.Actors.Root.Send(pid, &crashForTest{})
 	svLeasesGone(t, sys, ep)
+	svWait(t, "the address out of the ipcache", func() bool {
+		_, ok := dp.IPCache()[netip.PrefixFrom(ep.IPv4, 32)]
+		return !ok
+	})
 	infos := svAsk(t, sys, sys.Endpoints, &GetActors{}).([]ActorInfo)
 	for _, info := range infos {
 		if info.Endpoint == ep.ID {

@@ -22,6 +22,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/policy"
 	"github.com/membrane-cni/membrane/restore"
 )
 
@@ -141,6 +142,7 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
+	ac.Policy = loadPolicies(cfg.StateDir, log)
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
 		store.Close()
@@ -195,6 +197,25 @@ func (a *Agent) stop(ctx context.Context) error {
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
+}
+
+// PolicyFile is the name of the policy file in the state directory.
+const PolicyFile = "policy.json"
+
+// loadPolicies reads the policies persisted in the state directory. An
+// unreadable file is set aside (policy.json.corrupt) and the agent
+// starts without policies, loudly.
+func loadPolicies(stateDir string, log *slog.Logger) actors.PolicyConfig {
+	path := filepath.Join(stateDir, PolicyFile)
+	rev, pols, err := policy.ReadFile(path)
+	if err != nil {
+		log.Error("policy file unreadable; set aside, starting without policies", "file", path, "err", err)
+		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
+			log.Error("setting the policy file aside failed", "file", path, "err", rerr)
+		}
+		rev, pols = 0, nil
+	}
+	return actors.PolicyConfig{File: path, Initial: pols, InitialRevision: rev}
 }
 
 // newDatapath builds the configured datapath; linux is non-nil for "linux".

@@ -405,6 +405,8 @@ func TestStarting(t *testing.T) {
 		{"POST", "/v1/endpoint/1/regenerate", ""},
 		{"POST", "/v1/ipam", ""},
 		{"DELETE", "/v1/ipam/10.203.0.5", ""},
+		{"PUT", "/v1/policy", "apiVersion: cilium.io/v2"},
+		{"DELETE", "/v1/policy?name=a/b", ""},
 	}
 	for _, m := range mutating {
 		t.Run(m.method+" "+m.path, func(t *testing.T) {
@@ -416,7 +418,7 @@ func TestStarting(t *testing.T) {
 		})
 	}
 	t.Run("reads work", func(t *testing.T) {
-		for _, p := range []string{"/v1/healthz", "/v1/endpoint", "/v1/ipam", "/v1/identity"} {
+		for _, p := range []string{"/v1/healthz", "/v1/endpoint", "/v1/ipam", "/v1/identity", "/v1/policy", "/v1/ipcache"} {
 			if r := rawDo(t, hc, "GET", p, ""); r.status != http.StatusOK {
 				t.Errorf("GET %s while starting = %d %s", p, r.status, r.body)
 			}

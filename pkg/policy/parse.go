@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -41,6 +42,8 @@ type Policy struct {
 	// Spec is the document's spec as imported ("specs" for a
 	// CiliumNetworkPolicy with a list of rules).
 	Spec json.RawMessage
+	// Raw is the whole document as JSON (what policy.json stores).
+	Raw json.RawMessage
 	// Rules are the compiled rules.
 	Rules []Rule
 }
@@ -234,12 +237,18 @@ func parseObject(obj map[string]any) (*Policy, error) {
 		return nil, describeJSONError(err)
 	}
 	specRaw, _ := json.Marshal(spec)
+	var p *Policy
 	switch d := doc.(type) {
 	case *cnpDoc:
-		return compileCNP(d, specRaw)
+		p, err = compileCNP(d, specRaw)
 	default:
-		return compileKNP(doc.(*knpDoc), specRaw)
+		p, err = compileKNP(doc.(*knpDoc), specRaw)
 	}
+	if err != nil {
+		return nil, err
+	}
+	p.Raw = raw
+	return p, nil
 }
 
 func describeJSONError(err error) error {
@@ -268,7 +277,7 @@ func checkFields(v any, t reflect.Type, path string) error {
 			return nil // a type error, reported by the decoder
 		}
 		fields := structFields(t)
-		for _, k := range slices.Sorted(mapKeys(m)) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			ft, ok := fields[k]
 			if !ok {
 				return fmt.Errorf("unsupported field %q", join(path, k))
@@ -289,16 +298,6 @@ func checkFields(v any, t reflect.Type, path string) error {
 		}
 	}
 	return nil
-}
-
-func mapKeys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func join(path, k string) string {

@@ -21,6 +21,8 @@ type idSet = map[identity.NumericIdentity]struct{}
 type cachedSelector struct {
 	sel Selector
 	ids idSet
+	// serial is unique per entry (the order subjects are combined in).
+	serial uint64
 	// users counts the rule references (subject or peer) holding it.
 	users int
 	// subjectOf lists the rules it is the subject of.
@@ -66,11 +68,16 @@ type Repository struct {
 	revision  uint64
 	policies  map[string]*Policy
 	ids       map[identity.NumericIdentity]labels.Labels // every known identity
-	selectors map[string]*cachedSelector                  // by Selector.Key
+	selectors map[string]*cachedSelector                 // by Selector.Key
 	mapStates map[identity.NumericIdentity]*MapState
 	cidrs     map[netip.Prefix]*cidrIdentity
 	nextCIDR  identity.NumericIdentity
 	freeCIDR  []identity.NumericIdentity
+	serial    uint64
+	// bySubjects shares computed policies between identities selected by
+	// the same subject selectors (keyed by their serials); cleared by
+	// every change.
+	bySubjects map[string]*MapState
 	// upserts collects the CIDR prefixes (re)gaining a reference during
 	// one change, reported by finish.
 	upserts map[netip.Prefix]identity.NumericIdentity
@@ -172,8 +179,7 @@ func (r *Repository) UpsertIdentity(id identity.NumericIdentity, ls labels.Label
 	}
 	r.ids[id] = ls
 	affected := idSet{}
-	r.reselect(id, affected)
-	delete(r.mapStates, id)
+	r.reselect(id, affected) // marks id itself if a subject selected it before or now
 	return r.finish(affected)
 }
 

@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"cmp"
+	"encoding/binary"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -65,7 +68,8 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		cs.users++
 		return cs
 	}
-	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, peerOf: map[string]int{}}
+	r.serial++
+	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, peerOf: map[string]int{}, serial: r.serial}
 	for id, ls := range r.ids {
 		if sel.Matches(ls) {
 			cs.ids[id] = struct{}{}
@@ -174,8 +178,9 @@ func (r *Repository) reselect(id identity.NumericIdentity, affected idSet) {
 // finish drops unreferenced CIDR identities, recomputes the cached
 // policies of the affected identities and reports those that changed.
 func (r *Repository) finish(affected idSet) Result {
+	r.bySubjects = nil // selectors or rules changed
 	res := Result{Revision: r.revision}
-	for _, p := range slices.SortedFunc(mapKeysPrefix(r.cidrs), comparePrefix) {
+	for _, p := range slices.SortedFunc(maps.Keys(r.cidrs), comparePrefix) {
 		c := r.cidrs[p]
 		if c.refs > 0 {
 			continue
@@ -189,7 +194,7 @@ func (r *Repository) finish(affected idSet) Result {
 		res.CIDRDeletes = append(res.CIDRDeletes, p)
 	}
 	res.CIDRUpserts, r.upserts = r.upserts, nil
-	for _, id := range slices.Sorted(mapKeysID(affected)) {
+	for _, id := range slices.Sorted(maps.Keys(affected)) {
 		old, had := r.mapStates[id]
 		if !had {
 			continue // nobody asked: computed on demand
@@ -206,16 +211,32 @@ func (r *Repository) finish(affected idSet) Result {
 
 // compute builds the MapState of id from the rules whose subject
 // selector's cached set holds id and the cached sets of their peers.
+// Identities selected by the same subject selectors get the same policy,
+// so it is computed once per such set (per change) and shared.
 func (r *Repository) compute(id identity.NumericIdentity) *MapState {
-	var ingress, egress bool
-	var keys []Key
+	var subjects []*cachedSelector
 	for _, cs := range r.selectors {
 		if len(cs.subjectOf) == 0 {
 			continue
 		}
-		if _, ok := cs.ids[id]; !ok {
-			continue
+		if _, ok := cs.ids[id]; ok {
+			subjects = append(subjects, cs)
 		}
+	}
+	if len(subjects) == 0 {
+		return nil
+	}
+	slices.SortFunc(subjects, func(a, b *cachedSelector) int { return cmp.Compare(a.serial, b.serial) })
+	sig := make([]byte, 0, 8*len(subjects))
+	for _, cs := range subjects {
+		sig = binary.AppendUvarint(sig, cs.serial)
+	}
+	if m, ok := r.bySubjects[string(sig)]; ok {
+		return m
+	}
+	var ingress, egress bool
+	var keys []Key
+	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
@@ -228,10 +249,15 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			}
 		}
 	}
-	if !ingress && !egress {
-		return nil
+	var m *MapState
+	if ingress || egress {
+		m = NewMapState(r.revision, ingress, egress, keys)
 	}
-	return NewMapState(r.revision, ingress, egress, keys)
+	if r.bySubjects == nil {
+		r.bySubjects = map[string]*MapState{}
+	}
+	r.bySubjects[string(sig)] = m
+	return m
 }
 
 var anyPort = []PortProto{{0, ProtoAny}}
@@ -258,26 +284,6 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key
 		}
 	}
 	return keys
-}
-
-func mapKeysPrefix(m map[netip.Prefix]*cidrIdentity) func(func(netip.Prefix) bool) {
-	return func(yield func(netip.Prefix) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-func mapKeysID(m idSet) func(func(identity.NumericIdentity) bool) {
-	return func(yield func(identity.NumericIdentity) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func comparePrefix(a, b netip.Prefix) int {

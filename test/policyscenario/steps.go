@@ -25,27 +25,7 @@ func Run(t *testing.T, env Env) Pods {
 			WaitRealized(t, c, id, "no enforcement", allowAll)
 		}
 	})
-	bAllowsAOnly := func(t *testing.T, what string) {
-		t.Helper()
-		m := WaitRealized(t, c, p.B.ID, what, func(m *policy.MapState) bool {
-			return m.Enforced(policy.Ingress) && m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress)
-		})
-		for _, tc := range []struct {
-			peer  identity.NumericIdentity
-			port  uint16
-			proto uint8
-		}{{idA, 8081, policy.ProtoTCP}, {idA, 8080, policy.ProtoUDP}, {idC, 8080, policy.ProtoTCP}, {identity.ReservedWorld, 8080, policy.ProtoTCP}} {
-			if m.Allows(tc.peer, tc.port, tc.proto, policy.Ingress) {
-				t.Errorf("B allows identity %d port %d proto %d; want denied", tc.peer, tc.port, tc.proto)
-			}
-		}
-		if m.Enforced(policy.Egress) {
-			t.Errorf("B's egress is enforced; no rule selects it for egress")
-		}
-		for _, id := range []int64{p.A.ID, p.C.ID} {
-			WaitRealized(t, c, id, "no enforcement", allowAll)
-		}
-	}
+	bAllowsAOnly := func(t *testing.T, what string) { t.Helper(); checkBAllowsAOnly(t, c, p, idA, idC, what) }
 	t.Run("CNP lets A reach B on TCP 8080", func(t *testing.T) {
 		regA, regC := regenerations(t, c, p.A.ID), regenerations(t, c, p.C.ID)
 		mustImport(t, c, CNPAllowAToB, client.ContentTypeYAML, "default/a-to-b")
@@ -62,59 +42,12 @@ func Run(t *testing.T, env Env) Pods {
 		mustImport(t, c, KNPAllowAToB, client.ContentTypeJSON, "default/knp-a-to-b")
 		bAllowsAOnly(t, "the NetworkPolicy realised")
 	})
-	t.Run("relabel C to app=a regenerates only B and C", func(t *testing.T) {
-		// The previous step saw B's policy realised, maybe before its
-		// regeneration completed: start from settled endpoints.
-		for _, id := range []int64{p.A.ID, p.B.ID, p.C.ID} {
-			waitReady(t, c, id)
-		}
-		regA, regB, regC := regenerations(t, c, p.A.ID), regenerations(t, c, p.B.ID), regenerations(t, c, p.C.ID)
-		if _, err := c.EndpointPatchLabels(context.Background(), fmt.Sprint(p.C.ID), []string{"k8s:app=a"}, nil); err != nil {
-			t.Fatal(err)
-		}
-		newC := identityOf(t, c, p.C.ID)
-		if newC == idC {
-			t.Fatalf("C kept identity %d after the relabel", idC)
-		}
-		WaitRealized(t, c, p.B.ID, "C's new identity allowed into B", func(m *policy.MapState) bool {
-			return m.Allows(newC, 8080, policy.ProtoTCP, policy.Ingress) && !m.Allows(newC, 8081, policy.ProtoTCP, policy.Ingress)
-		})
-		// The realised policy is visible before the regeneration is
-		// counted: wait for the counts, then check them exactly.
-		waitRegenerations(t, c, p.B.ID, regB+1)
-		waitRegenerations(t, c, p.C.ID, regC+1)
-		if got := regenerations(t, c, p.B.ID); got != regB+1 {
-			t.Errorf("B regenerated %d times, want 1", got-regB)
-		}
-		if got := regenerations(t, c, p.A.ID); got != regA {
-			t.Errorf("A regenerated %d times, want 0 (its policy did not change)", got-regA)
-		}
-		idC = newC
-	})
+	t.Run("relabel C to app=a regenerates only B and C", func(t *testing.T) { idC = checkRelabel(t, c, p, idC) })
 	t.Run("ipcache holds every endpoint", func(t *testing.T) {
 		checkIPCache(t, c, p, map[int64]identity.NumericIdentity{p.A.ID: idA, p.B.ID: idB, p.C.ID: idC})
 	})
 	t.Run("CIDR egress", func(t *testing.T) { checkCIDR(t, c, p) })
 	return p
-}
-
-// waitReady waits until endpoint id is ready: no regeneration running.
-func waitReady(t *testing.T, c *client.Client, id int64) {
-	t.Helper()
-	deadline := time.Now().Add(Wait)
-	for {
-		ep, err := c.EndpointGet(context.Background(), fmt.Sprint(id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ep.State == "ready" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("endpoint %d: timed out waiting for ready (state %s)", id, ep.State)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // waitRegenerations waits until endpoint id completed at least n regenerations.
@@ -127,6 +60,57 @@ func waitRegenerations(t *testing.T, c *client.Client, id int64, n uint64) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// checkBAllowsAOnly waits until B lets A in on TCP 8080 and checks that
+// nothing else gets in and that A and C enforce nothing.
+func checkBAllowsAOnly(t *testing.T, c *client.Client, p Pods, idA, idC identity.NumericIdentity, what string) {
+	t.Helper()
+	m := WaitRealized(t, c, p.B.ID, what, func(m *policy.MapState) bool {
+		return m.Enforced(policy.Ingress) && m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress)
+	})
+	for _, tc := range []struct {
+		peer  identity.NumericIdentity
+		port  uint16
+		proto uint8
+	}{{idA, 8081, policy.ProtoTCP}, {idA, 8080, policy.ProtoUDP}, {idC, 8080, policy.ProtoTCP}, {identity.ReservedWorld, 8080, policy.ProtoTCP}} {
+		if m.Allows(tc.peer, tc.port, tc.proto, policy.Ingress) {
+			t.Errorf("B allows identity %d port %d proto %d; want denied", tc.peer, tc.port, tc.proto)
+		}
+	}
+	if m.Enforced(policy.Egress) {
+		t.Errorf("B's egress is enforced; no rule selects it for egress")
+	}
+	for _, id := range []int64{p.A.ID, p.C.ID} {
+		WaitRealized(t, c, id, "no enforcement", allowAll)
+	}
+}
+
+// checkRelabel relabels C to app=a and checks that its new identity is
+// let into B and that only B and C regenerate; it returns C's identity.
+func checkRelabel(t *testing.T, c *client.Client, p Pods, idC identity.NumericIdentity) identity.NumericIdentity {
+	regA, regB, regC := regenerations(t, c, p.A.ID), regenerations(t, c, p.B.ID), regenerations(t, c, p.C.ID)
+	if _, err := c.EndpointPatchLabels(context.Background(), fmt.Sprint(p.C.ID), []string{"k8s:app=a"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	newC := identityOf(t, c, p.C.ID)
+	if newC == idC {
+		t.Fatalf("C kept identity %d after the relabel", idC)
+	}
+	WaitRealized(t, c, p.B.ID, "C's new identity allowed into B", func(m *policy.MapState) bool {
+		return m.Allows(newC, 8080, policy.ProtoTCP, policy.Ingress) && !m.Allows(newC, 8081, policy.ProtoTCP, policy.Ingress)
+	})
+	// The realised policy is visible before the regeneration is
+	// counted: wait for the counts, then check them exactly.
+	waitRegenerations(t, c, p.B.ID, regB+1)
+	waitRegenerations(t, c, p.C.ID, regC+1)
+	if got := regenerations(t, c, p.B.ID); got != regB+1 {
+		t.Errorf("B regenerated %d times, want 1", got-regB)
+	}
+	if got := regenerations(t, c, p.A.ID); got != regA {
+		t.Errorf("A regenerated %d times, want 0 (its policy did not change)", got-regA)
+	}
+	return newC
 }
 
 func mustImport(t *testing.T, c *client.Client, doc, ct, want string) {

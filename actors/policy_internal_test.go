@@ -1,0 +1,111 @@
+package actors
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// svPolicy lets app=a reach app=b on TCP 8080 (sv endpoints carry no
+// namespace label, so the selectors say so).
+const svPolicy = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: sv}
+spec:
+  endpointSelector:
+    matchLabels: {app: b}
+    matchExpressions: [{key: io.kubernetes.pod.namespace, operator: DoesNotExist}]
+  ingress:
+  - fromEndpoints:
+    - matchLabels: {app: a}
+      matchExpressions: [{key: io.kubernetes.pod.namespace, operator: DoesNotExist}]
+    toPorts: [{ports: [{port: "8080", protocol: TCP}]}]
+  egress:
+  - toCIDR: [198.51.100.0/24]
+`
+
+// TestPolicyActorRestartKeepsRules: a restarted policy actor rebuilds
+// its rules, revision and CIDR identities from the index, still answers
+// with the same policy, and still notifies endpoints when a rule goes.
+func TestPolicyActorRestartKeepsRules(t *testing.T) {
+	sys, dp := svSystem(t, nil)
+	a := svCreate(t, sys, "a")
+	b := svCreate(t, sys, "b")
+	pols, err := policy.Parse([]byte(svPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult)
+	if res.Err != nil || res.Revision != 1 {
+		t.Fatalf("import = %+v", res)
+	}
+	svWait(t, "B enforcing the policy", func() bool {
+		return dp.Policy(b.ID).Allows(a.Identity, 8080, policy.ProtoTCP, policy.Ingress) && dp.Policy(b.ID).Enforced(policy.Ingress)
+	})
+	cidr := netip.MustParsePrefix("198.51.100.0/24")
+	svWait(t, "the CIDR in the ipcache", func() bool { return dp.IPCache()[cidr] >= policy.MinCIDRIdentity })
+	cidrID := dp.IPCache()[cidr]
+	before := dp.Policy(b.ID)
+	regB := mustEndpoint(t, sys, b.ID).Regenerations
+
+	sys.Actors.Root.Send(sys.Policy, &crashForTest{})
+	got := svAsk(t, sys, sys.Policy, &messages.ComputePolicy{Endpoint: b.ID, Identity: b.Identity}).(*messages.PolicyComputed)
+	if got.Revision != 1 || !got.Policy.Equal(before) {
+		t.Fatalf("after restart: revision %d policy %+v, want revision 1 and %+v", got.Revision, got.Policy, before)
+	}
+	if id := dp.IPCache()[cidr]; id != cidrID {
+		t.Errorf("CIDR identity changed across the restart: %d -> %d", cidrID, id)
+	}
+	if n := mustEndpoint(t, sys, b.ID).Regenerations; n != regB {
+		t.Errorf("B regenerated %d times after the restart; its policy did not change", n-regB)
+	}
+
+	del := svAsk(t, sys, sys.Policy, &messages.PolicyDelete{Name: "default/sv"}).(*messages.PolicyResult)
+	if del.Err != nil || del.Deleted != 1 || del.Revision != 2 {
+		t.Fatalf("delete after restart = %+v", del)
+	}
+	svWait(t, "B back to allow-all", func() bool { return dp.Policy(b.ID) == nil })
+	svWait(t, "the CIDR out of the ipcache", func() bool { _, ok := dp.IPCache()[cidr]; return !ok })
+	if rows := sys.Index.Policies(); len(rows) != 0 {
+		t.Errorf("policies table after delete: %v", rows)
+	}
+}
+
+// TestIPCacheActorRestart: a restarted ipcache actor rebuilds from its
+// table and still removes a deleted endpoint's address.
+func TestIPCacheActorRestart(t *testing.T) {
+	sys, dp := svSystem(t, nil)
+	a := svCreate(t, sys, "a")
+	pa := netip.PrefixFrom(a.IPv4, 32)
+	svWait(t, "A in the ipcache", func() bool { return dp.IPCache()[pa] == a.Identity })
+	sys.Actors.Root.Send(sys.IPCache, &crashForTest{})
+	b := svCreate(t, sys, "b")
+	pb := netip.PrefixFrom(b.IPv4, 32)
+	svWait(t, "B in the ipcache", func() bool { return dp.IPCache()[pb] == b.Identity })
+	if res := svAsk(t, sys, sys.Endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	svWait(t, "A out of the ipcache", func() bool { _, ok := dp.IPCache()[pa]; return !ok })
+	rows := sys.Index.IPCache()
+	for _, r := range rows {
+		if r.Prefix == pa {
+			t.Errorf("ipcache table still holds %v", r)
+		}
+	}
+	gw := netip.MustParsePrefix("10.78.0.1/32")
+	if id := dp.IPCache()[gw]; id != 1 {
+		t.Errorf("gateway %s = identity %d, want host", gw, id)
+	}
+}
+
+func mustEndpoint(t *testing.T, sys *System, id endpoint.ID) *endpoint.Endpoint {
+	t.Helper()
+	ep, ok := sys.Index.Endpoint(id)
+	if !ok {
+		t.Fatalf("endpoint %d not in the index", id)
+	}
+	return ep
+}
