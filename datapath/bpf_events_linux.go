@@ -57,11 +57,10 @@ func decodeDrop(raw []byte) (DropEvent, bool) {
 	}
 	switch e.Family {
 	case familyV4:
-		ev.Src = netip.AddrFrom4([4]byte(e.Saddr[:4]))
-		ev.Dst = netip.AddrFrom4([4]byte(e.Daddr[:4]))
+		s, d := addrBytes(e.Saddr), addrBytes(e.Daddr)
+		ev.Src, ev.Dst = netip.AddrFrom4([4]byte(s[:4])), netip.AddrFrom4([4]byte(d[:4]))
 	case familyV6:
-		ev.Src = netip.AddrFrom16(e.Saddr)
-		ev.Dst = netip.AddrFrom16(e.Daddr)
+		ev.Src, ev.Dst = netip.AddrFrom16(addrBytes(e.Saddr)), netip.AddrFrom16(addrBytes(e.Daddr))
 	}
 	return ev, true
 }
