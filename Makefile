@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDrop$$' -fuzztime $(FUZZTIME) ./datapath/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
@@ -65,6 +66,13 @@ BENCH_CONC ?= 8
 bench-cni:
 	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) \
 		$(GO) test -run '^TestCNIBench$$' -count=1 -v -timeout 30m ./test/cnibench/
+
+# Endpoint BPF programs (root): first realise (load + attach), identity
+# change, policy-only regeneration and kernel memory per endpoint, with
+# TCX and with the cls_bpf fallback, over BENCH_N endpoints.
+bench-bpf:
+	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
+		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.

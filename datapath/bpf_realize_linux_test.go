@@ -1,0 +1,82 @@
+package datapath
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// tcxPrograms lists the TCX programs attached to ifindex in the host
+// netns (BPF_PROG_QUERY runs in the caller's netns).
+func tcxPrograms(t *testing.T, l *Linux, ifindex int) int {
+	t.Helper()
+	n := 0
+	for _, h := range hooks {
+		var res *link.QueryResult
+		if err := l.inHost(func() error {
+			var err error
+			res, err = link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.tcx})
+			return err
+		}); err != nil {
+			t.Fatalf("query tcx programs: %v", err)
+		}
+		n += len(res.Programs)
+	}
+	return n
+}
+
+func TestBPFRealizeMovesToNewInterface(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 21, "lxcbpfmove01", "10.244.70.2")
+	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := tcxPrograms(t, l, ep.IfIndex); n != 2 {
+		t.Fatalf("programs on the first interface = %d, want 2", n)
+	}
+	old := ep.IfIndex
+	moved := addVeth(t, nl, 21, "lxcbpfmove02", "10.244.70.2")
+	moved.Identity, moved.Policy = ep.Identity, ep.Policy
+	if _, err := l.Realize(ctx, moved, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := tcxPrograms(t, l, moved.IfIndex); n != 2 {
+		t.Fatalf("programs on the new interface = %d, want 2", n)
+	}
+	if n := tcxPrograms(t, l, old); n != 0 {
+		t.Fatalf("programs left on the old interface = %d, want 0", n)
+	}
+	if err := l.Remove(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.bpf.endpointDir(21)); !os.IsNotExist(err) {
+		t.Fatalf("endpoint pin directory after Remove: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(l.cfg.BPFFS, pinIPCache)); err != nil {
+		t.Fatalf("shared ipcache pin: %v", err)
+	}
+}
+
+func TestBPFRemoveDetachesInBackground(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 22, "lxcbpfremove1", "10.244.70.3")
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the programs to be detached", func() bool { return tcxPrograms(t, l, ep.IfIndex) == 0 })
+	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
+		t.Fatalf("host veth gone before its teardown delay: %v", err)
+	}
+}
