@@ -67,12 +67,19 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 		e.have = ep.Policy
 		return nil
 	})
+	loadOnly := measure(t, eps, func(ep *endpoint.Endpoint) error {
+		e := l.bpf.eps[ep.ID]
+		p, err := l.bpf.tmpl.load(l.bpf.maps, e.policyMap, ep.ID, ep.Identity)
+		p.close()
+		return err
+	})
 	for _, ep := range eps {
 		ep.Identity += 10000
 	}
 	reload := measure(t, eps, func(ep *endpoint.Endpoint) error { _, err := l.Realize(ctx, ep, 4); return err })
 	t.Logf("endpoints %d (%d policy entries each)", n, len(benchPolicy(1, 0).Allow))
 	t.Logf("first realise (policy map + load + attach + route/sysctls): %s", first)
+	t.Logf("program load alone (both programs, from the template):     %s", loadOnly)
 	t.Logf("identity change (load + link update / filter replace):      %s", reload)
 	t.Logf("policy-only regeneration (Realize, 2 adds + 2 removes):     %s", policyOnly)
 	t.Logf("policy map diff alone:                                      %s", mapOnly)
@@ -97,10 +104,11 @@ func benchVeth(t *testing.T, nl *netlink.Handle, id endpoint.ID, name, ip string
 }
 
 // stats are latency percentiles.
-type stats struct{ p50, p99, max time.Duration }
+type stats struct{ p50, p99, max, total time.Duration }
 
 func (s stats) String() string {
-	return fmt.Sprintf("median %v, p99 %v, max %v", s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.max.Round(time.Microsecond))
+	r := func(d time.Duration) time.Duration { return d.Round(time.Microsecond) }
+	return fmt.Sprintf("median %v, p99 %v, max %v, all endpoints one after another %v", r(s.p50), r(s.p99), r(s.max), r(s.total))
 }
 
 func measure(t *testing.T, eps []*endpoint.Endpoint, fn func(*endpoint.Endpoint) error) stats {
@@ -114,7 +122,11 @@ func measure(t *testing.T, eps []*endpoint.Endpoint, fn func(*endpoint.Endpoint)
 		d = append(d, time.Since(start))
 	}
 	slices.Sort(d)
-	return stats{p50: d[len(d)/2], p99: d[(len(d)*99)/100], max: d[len(d)-1]}
+	var total time.Duration
+	for _, x := range d {
+		total += x
+	}
+	return stats{p50: d[len(d)/2], p99: d[(len(d)*99)/100], max: d[len(d)-1], total: total}
 }
 
 // endpointMemory sums what the kernel holds for one endpoint: the two
