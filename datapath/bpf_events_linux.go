@@ -1,8 +1,10 @@
 package datapath
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"time"
 	"unsafe"
@@ -35,8 +37,12 @@ func (l *Linux) readDrops(rd *ringbuf.Reader) {
 		l.mu.Lock()
 		onDrop := l.hooks.OnDrop
 		l.mu.Unlock()
-		if onDrop != nil {
+		switch {
+		case onDrop != nil:
 			onDrop(ev)
+		case l.log.Enabled(context.Background(), slog.LevelDebug):
+			l.log.Debug("packet dropped", "endpoint", ev.Endpoint, "reason", ev.Reason, "direction", ev.Dir.String(),
+				"src", ev.Src, "dst", ev.Dst, "proto", ev.Proto, "dport", ev.DstPort, "peer-identity", ev.PeerIdentity)
 		}
 	}
 }
