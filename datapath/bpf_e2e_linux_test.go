@@ -345,6 +345,35 @@ func testEndToEnd(t *testing.T, legacy bool) {
 	}
 }
 
+// TestBPFRestartContinuityLegacy: the cls_bpf filters keep enforcing
+// while no agent runs; a new datapath replaces them in place.
+func TestBPFRestartContinuityLegacy(t *testing.T) {
+	e := newE2E(t, LinuxConfig{ForceLegacyTC: true})
+	a, b := e.a, e.b
+	b.ep.Policy = bOnly8080From(a.ep.Identity)
+	e.realize(b)
+	if err := e.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.mustTalk(a, b, 8080)
+	e.mustNotTalk(a, b, 8081)
+	l2, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	e.l = l2
+	b.ep.Policy = policy.NewMapState(3, true, false, append(bOnly8080From(a.ep.Identity).Allow,
+		policy.Key{Identity: a.ep.Identity, Port: 8081, Proto: policy.ProtoTCP, Dir: policy.Ingress}))
+	e.realize(b)
+	e.requireLegacyFilters(b)
+	e.mustTalk(a, b, 8081)
+	e.mustNotTalk(e.c, b, 8080)
+}
+
 // TestBPFRestartContinuity: the pinned programs keep enforcing while no
 // agent runs, and a new datapath on the same bpffs takes them over
 // without detaching (the pinned link is updated in place).

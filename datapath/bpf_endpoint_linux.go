@@ -134,6 +134,10 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if want == nil {
 		want = noPolicy
 	}
+	// Two entries are the enforcement flags.
+	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapPolicy].MaxEntries) - 2; len(want.Allow) > limit {
+		return fmt.Errorf("policy of %d entries, at most %d fit the policy map: %w", len(want.Allow), limit, ErrInvalidPolicy)
+	}
 	if err := syncPolicyMap(e.policyMap, e.have, want); err != nil {
 		// Partly applied: read back what the map holds now.
 		if have, rerr := realisedState(e.policyMap); rerr == nil {

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 
+	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
@@ -78,5 +80,26 @@ func TestBPFRemoveDetachesInBackground(t *testing.T) {
 	waitFor(t, "the programs to be detached", func() bool { return tcxPrograms(t, l, ep.IfIndex) == 0 })
 	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
 		t.Fatalf("host veth gone before its teardown delay: %v", err)
+	}
+}
+
+func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ep := addVeth(t, nl, 23, "lxcbpfbig0001", "10.244.70.4")
+	keys := make([]policy.Key, 16383)
+	for i := range keys {
+		keys[i] = policy.Key{Identity: identity.NumericIdentity(256 + i), Dir: policy.Ingress}
+	}
+	ep.Policy = policy.NewMapState(1, true, false, keys)
+	if _, err := l.Realize(context.Background(), ep, 1); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("Realize of a 16383-entry policy = %v, want ErrInvalidPolicy", err)
+	}
+	ep.Policy = policy.NewMapState(2, true, false, keys[:16382])
+	if _, err := l.Realize(context.Background(), ep, 2); err != nil {
+		t.Fatalf("Realize of a full policy map: %v", err)
+	}
+	entries, ingress, _, err := l.DumpPolicy(context.Background(), ep.ID)
+	if err != nil || !ingress || len(entries) != 16382 {
+		t.Fatalf("DumpPolicy = %d entries, %v, %v", len(entries), ingress, err)
 	}
 }
