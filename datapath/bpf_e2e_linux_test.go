@@ -98,14 +98,19 @@ func (p *testPod) listen(t *testing.T, port int) {
 	}()
 }
 
-// dialTimeout bounds a connection attempt that policy should drop (a
-// bound for the negative check, not a timing assertion).
-const dialTimeout = 1500 * time.Millisecond
+// Bounds of connection attempts (not timing assertions): one that policy
+// should drop is given up after dropTimeout; one that should pass has
+// connectTimeout on a loaded machine.
+const (
+	dropTimeout    = 1500 * time.Millisecond
+	connectTimeout = 10 * time.Second
+)
 
-// talk connects from p to dst:port and exchanges a message both ways.
-func (p *testPod) talk(dst *testPod, port int) error {
+// talk connects from p to dst:port within timeout and exchanges a
+// message both ways.
+func (p *testPod) talk(dst *testPod, port int, timeout time.Duration) error {
 	return p.ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ep.IPv4.String(), strconv.Itoa(port)), dialTimeout)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ep.IPv4.String(), strconv.Itoa(port)), timeout)
 		if err != nil {
 			return err
 		}
@@ -193,14 +198,14 @@ func (e *e2eEnv) realize(p *testPod) {
 
 func (e *e2eEnv) mustTalk(from, to *testPod, port int) {
 	e.t.Helper()
-	if err := from.talk(to, port); err != nil {
+	if err := from.talk(to, port, connectTimeout); err != nil {
 		e.t.Fatalf("endpoint %d -> %d:%d: %v, want a connection", from.ep.ID, to.ep.ID, port, err)
 	}
 }
 
 func (e *e2eEnv) mustNotTalk(from, to *testPod, port int) {
 	e.t.Helper()
-	if err := from.talk(to, port); err == nil {
+	if err := from.talk(to, port, dropTimeout); err == nil {
 		e.t.Fatalf("endpoint %d -> %d:%d connected, want it dropped", from.ep.ID, to.ep.ID, port)
 	}
 }
