@@ -14,7 +14,7 @@
 // Kernel: TCX attach needs Linux 6.6 or later (developed and measured
 // on 6.18); datapath/ falls back to clsact + cls_bpf where TCX is
 // missing. The policy map is an LPM trie (see endpoint.c for why), the
-// ring buffer needs 5.8, BPF_PROG_TEST_RUN of these programs 5.10.
+// drop-notification ring buffer needs 5.8.
 //
 // Generation: `make generate` (go generate ./bpf/) runs bpf2go
 // (cilium/ebpf v0.22.0, a go.mod tool) with Debian clang 14.0.6 and
