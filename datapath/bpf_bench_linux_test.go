@@ -77,10 +77,15 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 		ep.Identity += 10000
 	}
 	reload := measure(t, eps, func(ep *endpoint.Endpoint) error { _, err := l.Realize(ctx, ep, 4); return err })
+	// Agent restart: a new datapath on the same pins realises every
+	// endpoint again (TCX: adopts the attached programs).
+	l = reopen(t, l)
+	restart := measure(t, eps, func(ep *endpoint.Endpoint) error { _, err := l.Realize(ctx, ep, 5); return err })
 	t.Logf("endpoints %d (%d policy entries each)", n, len(benchPolicy(1, 0).Allow))
 	t.Logf("first realise (policy map + load + attach + route/sysctls): %s", first)
 	t.Logf("program load alone (both programs, from the template):     %s", loadOnly)
 	t.Logf("identity change (load + link update / filter replace):      %s", reload)
+	t.Logf("first realise after an agent restart:                       %s", restart)
 	t.Logf("policy-only regeneration (Realize, 2 adds + 2 removes):     %s", policyOnly)
 	t.Logf("policy map diff alone:                                      %s", mapOnly)
 	t.Logf("kernel memory per endpoint: %s", endpointMemory(t, l.bpf.eps[eps[0].ID]))

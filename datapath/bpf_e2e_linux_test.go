@@ -414,8 +414,8 @@ func TestBPFRestartContinuity(t *testing.T) {
 	if linkAfter != linkBefore {
 		t.Fatalf("link %d replaced by %d after restart: it was detached", linkBefore, linkAfter)
 	}
-	if progAfter == progBefore {
-		t.Fatal("program not updated in the pinned link after restart")
+	if progAfter != progBefore {
+		t.Fatalf("program %d reloaded as %d after restart: same build, identity and interface should be adopted", progBefore, progAfter)
 	}
 	e.mustTalk(a, b, 8080)
 	e.mustNotTalk(a, b, 8081)
@@ -428,4 +428,12 @@ func TestBPFRestartContinuity(t *testing.T) {
 	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p != progAfter {
 		t.Fatal("policy-only change after restart reloaded the program")
 	}
+	// A new identity after restart reloads and updates the link in place.
+	b.ep.Identity = 1099
+	e.realize(b)
+	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p == progAfter {
+		t.Fatalf("identity change after restart: link %d->%d, program %d->%d; want the same link, a new program", linkAfter, l, progAfter, p)
+	}
+	e.mustTalk(a, b, 8081)
+	e.mustNotTalk(e.c, b, 8080)
 }

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/policy"
 )
@@ -101,5 +103,68 @@ func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
 	entries, ingress, _, err := l.DumpPolicy(context.Background(), ep.ID)
 	if err != nil || !ingress || len(entries) != 16382 {
 		t.Fatalf("DumpPolicy = %d entries, %v, %v", len(entries), ingress, err)
+	}
+}
+
+// reopen closes l and starts a new Linux datapath on its configuration
+// (an agent restart).
+func reopen(t *testing.T, l *Linux) *Linux {
+	t.Helper()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := NewLinux(l.cfg, l.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	return l2
+}
+
+func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
+	t.Helper()
+	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	info, err := lk.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Program
+}
+
+// TestBPFAdoptOnlyMatchingPrograms: after a restart the attached
+// programs are kept only when they were loaded for the same identity.
+func TestBPFAdoptOnlyMatchingPrograms(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 24, "lxcbpfadopt01", "10.244.70.5")
+	ep.Identity = 1500
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	first := pinnedProgID(t, l, ep.ID)
+	l = reopen(t, l)
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedProgID(t, l, ep.ID); got != first {
+		t.Fatalf("same identity after restart: program %d replaced by %d", first, got)
+	}
+	if _, _, ok := l.bpf.adopt(l.bpf.endpointDir(ep.ID), ep.ID, ep.Identity, ep.IfIndex+1000, l.bpf.eps[ep.ID].policyMap); ok {
+		t.Fatal("adopted programs attached to another interface")
+	}
+	l = reopen(t, l)
+	ep.Identity = 1600
+	if _, err := l.Realize(ctx, ep, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedProgID(t, l, ep.ID); got == first {
+		t.Fatal("new identity after restart: the old program was adopted")
 	}
 }
