@@ -53,6 +53,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDrop$$' -fuzztime $(FUZZTIME) ./datapath/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
@@ -75,6 +76,13 @@ BENCH_ROUNDS    ?= 5
 bench-policy:
 	MEMBRANE_BENCH_POLICY=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
 		$(GO) test -run '^TestPolicyBench$$' -count=1 -v -timeout 30m ./test/policybench/
+
+# Endpoint BPF programs (root): first realise (load + attach), identity
+# change, policy-only regeneration and kernel memory per endpoint, with
+# TCX and with the cls_bpf fallback, over BENCH_N endpoints.
+bench-bpf:
+	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
+		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.

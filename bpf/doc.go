@@ -11,6 +11,11 @@
 // verdict rules and the decisions for fragments, non-IP frames, IPv6
 // extension headers and ICMP are in endpoint.c's header comment.
 //
+// Kernel: TCX attach needs Linux 6.6 or later (developed and measured
+// on 6.18); datapath/ falls back to clsact + cls_bpf where TCX is
+// missing. The policy map is an LPM trie (see endpoint.c for why), the
+// drop-notification ring buffer needs 5.8.
+//
 // Generation: `make generate` (go generate ./bpf/) runs bpf2go
 // (cilium/ebpf v0.22.0, a go.mod tool) with Debian clang 14.0.6 and
 // libbpf-dev 1.1 headers (apt-get install clang llvm libbpf-dev). The

@@ -10,7 +10,7 @@
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
  *      (conntrack hit on the reversed tuple) passes;
- *   2. if dir is enforced (policy map entry {ENFORCE, 0, 0, dir}), the
+ *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}), the
  *      packet needs a policy entry, tried in policy.Lookups order (exact,
  *      port wildcard, L3-only, then the same with peer 0 = any); else drop;
  *   3. a passing packet records its connection in conntrack (ep, dir,
@@ -67,9 +67,13 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } ipcache SEC(".maps");
 
-/* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy. */
+/* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy. An LPM trie and
+ * not a hash: a BPF_F_NO_PREALLOC hash still allocates its bucket array
+ * up front (16 bytes x max_entries rounded up to a power of two: 256 KiB
+ * at 16384 entries), a trie only its entries (about 2 KiB for 20). It
+ * also resolves the three wildcard levels of one peer in one lookup. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct policy_key);
 	__type(value, struct policy_value);
 	__uint(max_entries, 16384);
@@ -111,13 +115,13 @@ struct pkt {
 	__u16 sport, dport; /* network order; echo id for ICMP echo */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
-	__u8 saddr[16];
-	__u8 daddr[16];
+	__u32 saddr[4];
+	__u32 daddr[4];
 };
 
 enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 
-static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
+static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
 	__u8 hdr[8];
 
@@ -159,8 +163,8 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 		return PARSE_BAD;
 	p->family = 4;
 	p->proto = ip.protocol;
-	__builtin_memcpy(p->saddr, &ip.saddr, 4);
-	__builtin_memcpy(p->daddr, &ip.daddr, 4);
+	p->saddr[0] = ip.saddr;
+	p->daddr[0] = ip.daddr;
 	if (bpf_ntohs(ip.frag_off) & 0x1fff)
 		p->frag = 1;
 	return parse_l4(skb, ETH_HLEN_ + ip.ihl * 4, p);
@@ -241,7 +245,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 
 static __always_inline int enforced(__u8 dir)
 {
-	struct policy_key k = { .identity = POLICY_ENFORCE_IDENTITY, .dir = dir };
+	struct policy_key k = {
+		.prefixlen = POLICY_PREFIX_FULL,
+		.identity = POLICY_ENFORCE_IDENTITY,
+		.dir = dir,
+	};
 
 	return bpf_map_lookup_elem(&policy, &k) != NULL;
 }
@@ -260,26 +268,25 @@ static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
 	return v ? v->identity : IDENTITY_WORLD;
 }
 
+/* policy_lookup tries the peer's entries, then any peer's (identity 0):
+ * the longest prefix is exact, then port wildcard, then L3-only, which is
+ * policy.Lookups' order. */
 static __always_inline struct policy_value *policy_lookup(__u32 peer, struct pkt *p, __u8 dir)
 {
-	struct policy_key keys[6] = {
-		{ peer, p->policy_port, p->proto, dir },
-		{ peer, 0, p->proto, dir },
-		{ peer, 0, 0, dir },
-		{ 0, p->policy_port, p->proto, dir },
-		{ 0, 0, p->proto, dir },
-		{ 0, 0, 0, dir },
+	struct policy_key k = {
+		.prefixlen = POLICY_PREFIX_FULL,
+		.identity = peer,
+		.dir = dir,
+		.proto = p->proto,
+		.dport = p->policy_port,
 	};
 	struct policy_value *v;
-	int i;
 
-#pragma unroll
-	for (i = 0; i < 6; i++) {
-		v = bpf_map_lookup_elem(&policy, &keys[i]);
-		if (v)
-			return v;
-	}
-	return NULL;
+	v = bpf_map_lookup_elem(&policy, &k);
+	if (v)
+		return v;
+	k.identity = 0;
+	return bpf_map_lookup_elem(&policy, &k);
 }
 
 static __always_inline __u64 ct_lifetime(__u8 proto)
@@ -336,7 +343,7 @@ static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
 	bpf_map_update_elem(&ct, &k, &nv, BPF_ANY);
 }
 
-static __always_inline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 reason, __u32 peer)
+static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 reason, __u32 peer)
 {
 	struct drop_key k = { .ep = ENDPOINT_ID, .reason = reason, .dir = dir };
 	struct drop_value zero = {}, *v;

@@ -30,26 +30,36 @@ enum drop_reason {
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
  * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4
- * addresses use addr[0..3] and leave the rest zero. */
+ * addresses use addr[0] and leave the rest zero. */
 struct ipcache_key {
 	__u32 prefixlen;
 	__u8 family; /* 4 or 6 */
 	__u8 pad[3];
-	__u8 addr[16];
+	__u32 addr[4]; /* network byte order bytes; u32 for aligned copies */
 };
 
 struct ipcache_value {
 	__u32 identity;
 };
 
-/* policy_key: dport in host byte order; zero fields are wildcards
- * (identity 0 any peer, dport 0 any port, proto 0 any protocol). */
+/* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
+ * entry's prefixlen says which fields it matches. Wildcards are shorter
+ * prefixes (and zero fields): L3-only (identity and dir) is
+ * POLICY_PREFIX_L3, port wildcard (plus proto) POLICY_PREFIX_PROTO, exact
+ * (plus dport) POLICY_PREFIX_FULL. Identity 0 (any peer) is an exact
+ * value looked up second. No field is ever matched in part, so identity
+ * and dport are in host byte order. */
 struct policy_key {
+	__u32 prefixlen;
 	__u32 identity;
-	__u16 dport;
-	__u8 proto;
 	__u8 dir;
+	__u8 proto;
+	__u16 dport;
 };
+
+#define POLICY_PREFIX_L3 40
+#define POLICY_PREFIX_PROTO 48
+#define POLICY_PREFIX_FULL 64
 
 /* policy_value counts what each entry allowed (atomic adds). */
 struct policy_value {
@@ -69,8 +79,8 @@ struct ct_key {
 	__u16 sport; /* network byte order */
 	__u16 dport; /* network byte order */
 	__u16 pad2;
-	__u8 saddr[16];
-	__u8 daddr[16];
+	__u32 saddr[4]; /* network byte order bytes */
+	__u32 daddr[4];
 };
 
 struct ct_value {
@@ -103,8 +113,8 @@ struct drop_event {
 	__u32 peer_identity;
 	__u32 identity; /* the endpoint's own */
 	__u32 len;
-	__u8 saddr[16];
-	__u8 daddr[16];
+	__u32 saddr[4]; /* network byte order bytes */
+	__u32 daddr[4];
 };
 
 #endif

@@ -23,8 +23,8 @@ type EndpointCtKey struct {
 	Sport  uint16
 	Dport  uint16
 	Pad2   uint16
-	Saddr  [16]uint8
-	Daddr  [16]uint8
+	Saddr  [4]uint32
+	Daddr  [4]uint32
 }
 
 type EndpointCtValue struct {
@@ -47,8 +47,8 @@ type EndpointDropEvent struct {
 	PeerIdentity uint32
 	Identity     uint32
 	Len          uint32
-	Saddr        [16]uint8
-	Daddr        [16]uint8
+	Saddr        [4]uint32
+	Daddr        [4]uint32
 }
 
 type EndpointDropKey struct {
@@ -78,7 +78,7 @@ type EndpointIpcacheKey struct {
 	Prefixlen uint32
 	Family    uint8
 	Pad       [3]uint8
-	Addr      [16]uint8
+	Addr      [4]uint32
 }
 
 type EndpointIpcacheValue struct {
@@ -87,11 +87,12 @@ type EndpointIpcacheValue struct {
 }
 
 type EndpointPolicyKey struct {
-	_        structs.HostLayout
-	Identity uint32
-	Dport    uint16
-	Proto    uint8
-	Dir      uint8
+	_         structs.HostLayout
+	Prefixlen uint32
+	Identity  uint32
+	Dir       uint8
+	Proto     uint8
+	Dport     uint16
 }
 
 type EndpointPolicyValue struct {

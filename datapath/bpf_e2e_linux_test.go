@@ -98,14 +98,19 @@ func (p *testPod) listen(t *testing.T, port int) {
 	}()
 }
 
-// dialTimeout bounds a connection attempt that policy should drop (a
-// bound for the negative check, not a timing assertion).
-const dialTimeout = 1500 * time.Millisecond
+// Bounds of connection attempts (not timing assertions): one that policy
+// should drop is given up after dropTimeout; one that should pass has
+// connectTimeout on a loaded machine.
+const (
+	dropTimeout    = 1500 * time.Millisecond
+	connectTimeout = 10 * time.Second
+)
 
-// talk connects from p to dst:port and exchanges a message both ways.
-func (p *testPod) talk(dst *testPod, port int) error {
+// talk connects from p to dst:port within timeout and exchanges a
+// message both ways.
+func (p *testPod) talk(dst *testPod, port int, timeout time.Duration) error {
 	return p.ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ep.IPv4.String(), strconv.Itoa(port)), dialTimeout)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ep.IPv4.String(), strconv.Itoa(port)), timeout)
 		if err != nil {
 			return err
 		}
@@ -193,14 +198,14 @@ func (e *e2eEnv) realize(p *testPod) {
 
 func (e *e2eEnv) mustTalk(from, to *testPod, port int) {
 	e.t.Helper()
-	if err := from.talk(to, port); err != nil {
+	if err := from.talk(to, port, connectTimeout); err != nil {
 		e.t.Fatalf("endpoint %d -> %d:%d: %v, want a connection", from.ep.ID, to.ep.ID, port, err)
 	}
 }
 
 func (e *e2eEnv) mustNotTalk(from, to *testPod, port int) {
 	e.t.Helper()
-	if err := from.talk(to, port); err == nil {
+	if err := from.talk(to, port, dropTimeout); err == nil {
 		e.t.Fatalf("endpoint %d -> %d:%d connected, want it dropped", from.ep.ID, to.ep.ID, port)
 	}
 }
@@ -345,6 +350,35 @@ func testEndToEnd(t *testing.T, legacy bool) {
 	}
 }
 
+// TestBPFRestartContinuityLegacy: the cls_bpf filters keep enforcing
+// while no agent runs; a new datapath replaces them in place.
+func TestBPFRestartContinuityLegacy(t *testing.T) {
+	e := newE2E(t, LinuxConfig{ForceLegacyTC: true})
+	a, b := e.a, e.b
+	b.ep.Policy = bOnly8080From(a.ep.Identity)
+	e.realize(b)
+	if err := e.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.mustTalk(a, b, 8080)
+	e.mustNotTalk(a, b, 8081)
+	l2, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	e.l = l2
+	b.ep.Policy = policy.NewMapState(3, true, false, append(bOnly8080From(a.ep.Identity).Allow,
+		policy.Key{Identity: a.ep.Identity, Port: 8081, Proto: policy.ProtoTCP, Dir: policy.Ingress}))
+	e.realize(b)
+	e.requireLegacyFilters(b)
+	e.mustTalk(a, b, 8081)
+	e.mustNotTalk(e.c, b, 8080)
+}
+
 // TestBPFRestartContinuity: the pinned programs keep enforcing while no
 // agent runs, and a new datapath on the same bpffs takes them over
 // without detaching (the pinned link is updated in place).
@@ -380,8 +414,8 @@ func TestBPFRestartContinuity(t *testing.T) {
 	if linkAfter != linkBefore {
 		t.Fatalf("link %d replaced by %d after restart: it was detached", linkBefore, linkAfter)
 	}
-	if progAfter == progBefore {
-		t.Fatal("program not updated in the pinned link after restart")
+	if progAfter != progBefore {
+		t.Fatalf("program %d reloaded as %d after restart: same build, identity and interface should be adopted", progBefore, progAfter)
 	}
 	e.mustTalk(a, b, 8080)
 	e.mustNotTalk(a, b, 8081)
@@ -394,4 +428,12 @@ func TestBPFRestartContinuity(t *testing.T) {
 	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p != progAfter {
 		t.Fatal("policy-only change after restart reloaded the program")
 	}
+	// A new identity after restart reloads and updates the link in place.
+	b.ep.Identity = 1099
+	e.realize(b)
+	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p == progAfter {
+		t.Fatalf("identity change after restart: link %d->%d, program %d->%d; want the same link, a new program", linkAfter, l, progAfter, p)
+	}
+	e.mustTalk(a, b, 8081)
+	e.mustNotTalk(e.c, b, 8080)
 }

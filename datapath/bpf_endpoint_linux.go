@@ -115,24 +115,18 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	b.mu.Unlock()
 	dir := b.endpointDir(ep.ID)
 	if e == nil {
-		pm, created, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir)
-		if err != nil {
+		var err error
+		if e, err = b.openEndpoint(ep, dir, ifindex); err != nil {
 			return err
 		}
-		e = &bpfEndpoint{policyMap: pm, have: noPolicy}
-		if !created {
-			if e.have, err = realisedState(pm); err != nil {
-				pm.Close()
-				return err
-			}
-		}
-		b.mu.Lock()
-		b.eps[ep.ID] = e
-		b.mu.Unlock()
 	}
 	want := ep.Policy
 	if want == nil {
 		want = noPolicy
+	}
+	// Two entries are the enforcement flags.
+	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapPolicy].MaxEntries) - 2; len(want.Allow) > limit {
+		return fmt.Errorf("policy of %d entries, at most %d fit the policy map: %w", len(want.Allow), limit, ErrInvalidPolicy)
 	}
 	if err := syncPolicyMap(e.policyMap, e.have, want); err != nil {
 		// Partly applied: read back what the map holds now.
@@ -156,6 +150,36 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	e.progs.close()
 	e.progs, e.identity, e.ifindex = progs, ep.Identity, ifindex
 	return nil
+}
+
+// openEndpoint opens (or creates) the endpoint's pinned policy map and
+// reads back what it enforces; when a previous agent left this build's
+// programs attached for the same identity and interface, it adopts them
+// (nothing is reloaded).
+func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
+	pm, created, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir)
+	if err != nil {
+		return nil, err
+	}
+	e := &bpfEndpoint{policyMap: pm, have: noPolicy}
+	if !created {
+		if e.have, err = realisedState(pm); err != nil {
+			pm.Close()
+			return nil, err
+		}
+		b.mu.Lock()
+		legacy := b.legacy
+		b.mu.Unlock()
+		if !legacy {
+			if progs, links, ok := b.adopt(dir, ep.ID, ep.Identity, ifindex, pm); ok {
+				e.progs, e.links, e.identity, e.ifindex = progs, links, ep.Identity, ifindex
+			}
+		}
+	}
+	b.mu.Lock()
+	b.eps[ep.ID] = e
+	b.mu.Unlock()
+	return e, nil
 }
 
 // attach runs progs on ifindex with TCX (updating the links in place)

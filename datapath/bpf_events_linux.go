@@ -1,8 +1,10 @@
 package datapath
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"time"
 	"unsafe"
@@ -35,8 +37,12 @@ func (l *Linux) readDrops(rd *ringbuf.Reader) {
 		l.mu.Lock()
 		onDrop := l.hooks.OnDrop
 		l.mu.Unlock()
-		if onDrop != nil {
+		switch {
+		case onDrop != nil:
 			onDrop(ev)
+		case l.log.Enabled(context.Background(), slog.LevelDebug):
+			l.log.Debug("packet dropped", "endpoint", ev.Endpoint, "reason", ev.Reason, "direction", ev.Dir.String(),
+				"src", ev.Src, "dst", ev.Dst, "proto", ev.Proto, "dport", ev.DstPort, "peer-identity", ev.PeerIdentity)
 		}
 	}
 }
@@ -57,11 +63,10 @@ func decodeDrop(raw []byte) (DropEvent, bool) {
 	}
 	switch e.Family {
 	case familyV4:
-		ev.Src = netip.AddrFrom4([4]byte(e.Saddr[:4]))
-		ev.Dst = netip.AddrFrom4([4]byte(e.Daddr[:4]))
+		s, d := addrBytes(e.Saddr), addrBytes(e.Daddr)
+		ev.Src, ev.Dst = netip.AddrFrom4([4]byte(s[:4])), netip.AddrFrom4([4]byte(d[:4]))
 	case familyV6:
-		ev.Src = netip.AddrFrom16(e.Saddr)
-		ev.Dst = netip.AddrFrom16(e.Daddr)
+		ev.Src, ev.Dst = netip.AddrFrom16(addrBytes(e.Saddr)), netip.AddrFrom16(addrBytes(e.Daddr))
 	}
 	return ev, true
 }

@@ -17,6 +17,7 @@ import (
 type template struct {
 	spec  *ebpf.CollectionSpec
 	cache *btf.Cache // kernel BTF decoded once for all loads
+	tags  tags       // the programs' kernel tags (progTags)
 }
 
 func newTemplate() (*template, error) {

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -16,12 +17,20 @@ import (
 	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
-// enforceIdentity is bpf/endpoint.h's POLICY_ENFORCE_IDENTITY: the key
-// {enforceIdentity, 0, 0, dir} in a policy map makes dir default-deny.
+// enforceIdentity is bpf/endpoint.h's POLICY_ENFORCE_IDENTITY: the exact
+// key {enforceIdentity, dir, 0, 0} in a policy map makes dir default-deny.
 // Enforcement is a map entry and not a program constant so that toggling
 // it is a policy-only change (one map write) that never reloads the
 // program; policy keys with this identity are refused.
 const enforceIdentity = 0xffffffff
+
+// Policy key prefix lengths (bpf/endpoint.h): identity and dir (L3-only),
+// plus proto (port wildcard), plus dport (exact).
+const (
+	policyPrefixL3    = 40
+	policyPrefixProto = 48
+	policyPrefixFull  = 64
+)
 
 // ipcache key families (bpf/endpoint.h).
 const (
@@ -66,8 +75,26 @@ func ipcacheKey(prefix netip.Prefix) bpf.EndpointIpcacheKey {
 	if p.Addr().Is4() {
 		k.Family = familyV4
 	}
-	copy(k.Addr[:], p.Addr().AsSlice())
+	var b [16]byte
+	copy(b[:], p.Addr().AsSlice())
+	k.Addr = addrWords(b)
 	return k
+}
+
+// addrWords and addrBytes convert between an address's bytes (network
+// order) and the programs' u32 words holding those bytes in memory.
+func addrWords(b [16]byte) (w [4]uint32) {
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func addrBytes(w [4]uint32) (b [16]byte) {
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	return b
 }
 
 // policyKey encodes k; it refuses keys the programs cannot express.
@@ -80,11 +107,23 @@ func policyKey(k policy.Key) (bpf.EndpointPolicyKey, error) {
 	case k.Dir != policy.Ingress && k.Dir != policy.Egress:
 		return bpf.EndpointPolicyKey{}, fmt.Errorf("policy key %+v: bad direction: %w", k, ErrInvalidPolicy)
 	}
-	return bpf.EndpointPolicyKey{Identity: uint32(k.Identity), Dport: k.Port, Proto: k.Proto, Dir: uint8(k.Dir)}, nil
+	return encodePolicyKey(k), nil
+}
+
+// encodePolicyKey is k as an LPM key: wildcards are shorter prefixes.
+func encodePolicyKey(k policy.Key) bpf.EndpointPolicyKey {
+	plen := uint32(policyPrefixFull)
+	switch {
+	case k.Proto == policy.ProtoAny:
+		plen = policyPrefixL3
+	case k.Port == 0:
+		plen = policyPrefixProto
+	}
+	return bpf.EndpointPolicyKey{Prefixlen: plen, Identity: uint32(k.Identity), Dir: uint8(k.Dir), Proto: k.Proto, Dport: k.Port}
 }
 
 func enforceKey(dir policy.Direction) bpf.EndpointPolicyKey {
-	return bpf.EndpointPolicyKey{Identity: enforceIdentity, Dir: uint8(dir)}
+	return bpf.EndpointPolicyKey{Prefixlen: policyPrefixFull, Identity: enforceIdentity, Dir: uint8(dir)}
 }
 
 // openPolicyMap opens endpoint dir's pinned policy map, or creates and
@@ -129,8 +168,15 @@ func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, er
 			}
 			continue
 		}
+		pk := policy.Key{Identity: identity.NumericIdentity(k.Identity), Dir: policy.Direction(k.Dir)}
+		if k.Prefixlen >= policyPrefixProto {
+			pk.Proto = k.Proto
+		}
+		if k.Prefixlen >= policyPrefixFull {
+			pk.Port = k.Dport
+		}
 		entries = append(entries, PolicyEntry{
-			Key:     policy.Key{Identity: identity.NumericIdentity(k.Identity), Port: k.Dport, Proto: k.Proto, Dir: policy.Direction(k.Dir)},
+			Key:     pk,
 			Packets: v.Packets, Bytes: v.Bytes,
 		})
 	}
@@ -183,8 +229,7 @@ func syncPolicyMap(m *ebpf.Map, have, want *policy.MapState) error {
 		}
 	}
 	for _, k := range remove {
-		bk := bpf.EndpointPolicyKey{Identity: uint32(k.Identity), Dport: k.Port, Proto: k.Proto, Dir: uint8(k.Dir)}
-		if err := deleteKey(m, bk); err != nil {
+		if err := deleteKey(m, encodePolicyKey(k)); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,169 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+)
+
+// tags are the kernel tags (hash of the instructions after loading, map
+// references left out) of the template's two programs, learnt by one
+// probe load: a program with the same tag runs this build's code.
+type tags struct {
+	once     sync.Once
+	from, to string
+	err      error
+}
+
+// progTags loads the template once (without attaching it) to learn its
+// programs' tags.
+func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
+	t.tags.once.Do(func() {
+		spec := t.spec.Copy()
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+			MapReplacements: map[string]*ebpf.Map{
+				bpf.EndpointMapIpcache: sm.ipcache, bpf.EndpointMapCt: sm.ct,
+				bpf.EndpointMapDrops: sm.drops, bpf.EndpointMapEvents: sm.events,
+			},
+			Cache: t.cache,
+		})
+		if err != nil {
+			t.tags.err = fmt.Errorf("probe load: %w", err)
+			return
+		}
+		defer coll.Close()
+		for name, dst := range map[string]*string{bpf.EndpointProgFromContainer: &t.tags.from, bpf.EndpointProgToContainer: &t.tags.to} {
+			info, err := coll.Programs[name].Info()
+			if err != nil {
+				t.tags.err = fmt.Errorf("probe load: %w", err)
+				return
+			}
+			*dst = info.Tag
+		}
+	})
+	return t.tags.from, t.tags.to, t.tags.err
+}
+
+// adopt takes over the programs a previous agent attached for endpoint
+// id through the TCX links pinned in dir, if they run this build's code
+// with id and ident on ifindex and use exactly the maps open now (the
+// shared ones and pm). Then an agent restart reloads nothing. ok is
+// false (and nothing is kept open) otherwise.
+func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) (progs programs, links [2]link.Link, ok bool) {
+	fromTag, toTag, err := b.tmpl.progTags(b.maps)
+	if err != nil {
+		return programs{}, links, false
+	}
+	want := [2]string{fromTag, toTag}
+	var got [2]*ebpf.Program
+	for i, h := range hooks {
+		lk, err := link.LoadPinnedLink(filepath.Join(dir, h.pin), nil)
+		if err != nil {
+			break
+		}
+		links[i] = lk
+		if got[i] = b.adoptable(lk, want[i], id, ident, ifindex, pm); got[i] == nil {
+			break
+		}
+	}
+	if got[0] == nil || got[1] == nil {
+		for i := range hooks {
+			if links[i] != nil {
+				links[i].Close()
+			}
+			if got[i] != nil {
+				got[i].Close()
+			}
+		}
+		return programs{}, [2]link.Link{}, false
+	}
+	return programs{from: got[0], to: got[1]}, links, true
+}
+
+// adoptable returns the program of lk if it qualifies for adopt.
+func (b *bpfState) adoptable(lk link.Link, tag string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) *ebpf.Program {
+	info, err := lk.Info()
+	if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != ifindex {
+		return nil
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return nil
+	}
+	if !b.runs(prog, tag, id, ident, pm) {
+		prog.Close()
+		return nil
+	}
+	return prog
+}
+
+// runs reports whether prog has tag, uses the open maps and was loaded
+// with id and ident.
+func (b *bpfState) runs(prog *ebpf.Program, tag string, id endpoint.ID, ident identity.NumericIdentity, pm *ebpf.Map) bool {
+	pi, err := prog.Info()
+	if err != nil || pi.Tag != tag {
+		return false
+	}
+	ids, ok := pi.MapIDs()
+	if !ok {
+		return false
+	}
+	var mine []ebpf.MapID
+	for _, m := range []*ebpf.Map{b.maps.ipcache, b.maps.ct, b.maps.drops, b.maps.events, pm} {
+		mi, err := m.Info()
+		if err != nil {
+			return false
+		}
+		mid, _ := mi.ID()
+		mine = append(mine, mid)
+	}
+	var rodata []ebpf.MapID
+	for _, mid := range ids {
+		if !slices.Contains(mine, mid) {
+			rodata = append(rodata, mid)
+		}
+	}
+	if len(rodata) != 1 || len(ids) != len(mine)+1 {
+		return false
+	}
+	gotID, gotIdent, err := b.constants(rodata[0])
+	return err == nil && gotID == uint32(id) && gotIdent == uint32(ident)
+}
+
+// constants reads ENDPOINT_ID and ENDPOINT_IDENTITY from a loaded
+// program's .rodata map.
+func (b *bpfState) constants(mid ebpf.MapID) (id, ident uint32, err error) {
+	m, err := ebpf.NewMapFromID(mid)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer m.Close()
+	val := make([]byte, m.ValueSize())
+	if err := m.Lookup(uint32(0), val); err != nil {
+		return 0, 0, err
+	}
+	read := func(name string) (uint32, error) {
+		v := b.tmpl.spec.Variables[name]
+		var x uint32
+		if int(v.Offset)+4 > len(val) {
+			return 0, fmt.Errorf("variable %s outside .rodata", name)
+		}
+		err := binary.Read(bytes.NewReader(val[v.Offset:v.Offset+4]), binary.NativeEndian, &x)
+		return x, err
+	}
+	if id, err = read(bpf.EndpointVarENDPOINT_ID); err != nil {
+		return 0, 0, err
+	}
+	ident, err = read(bpf.EndpointVarENDPOINT_IDENTITY)
+	return id, ident, err
+}

@@ -1,0 +1,170 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/policy"
+)
+
+// tcxPrograms lists the TCX programs attached to ifindex in the host
+// netns (BPF_PROG_QUERY runs in the caller's netns).
+func tcxPrograms(t *testing.T, l *Linux, ifindex int) int {
+	t.Helper()
+	n := 0
+	for _, h := range hooks {
+		var res *link.QueryResult
+		if err := l.inHost(func() error {
+			var err error
+			res, err = link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.tcx})
+			return err
+		}); err != nil {
+			t.Fatalf("query tcx programs: %v", err)
+		}
+		n += len(res.Programs)
+	}
+	return n
+}
+
+func TestBPFRealizeMovesToNewInterface(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 21, "lxcbpfmove01", "10.244.70.2")
+	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := tcxPrograms(t, l, ep.IfIndex); n != 2 {
+		t.Fatalf("programs on the first interface = %d, want 2", n)
+	}
+	old := ep.IfIndex
+	moved := addVeth(t, nl, 21, "lxcbpfmove02", "10.244.70.2")
+	moved.Identity, moved.Policy = ep.Identity, ep.Policy
+	if _, err := l.Realize(ctx, moved, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := tcxPrograms(t, l, moved.IfIndex); n != 2 {
+		t.Fatalf("programs on the new interface = %d, want 2", n)
+	}
+	if n := tcxPrograms(t, l, old); n != 0 {
+		t.Fatalf("programs left on the old interface = %d, want 0", n)
+	}
+	if err := l.Remove(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.bpf.endpointDir(21)); !os.IsNotExist(err) {
+		t.Fatalf("endpoint pin directory after Remove: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(l.cfg.BPFFS, pinIPCache)); err != nil {
+		t.Fatalf("shared ipcache pin: %v", err)
+	}
+}
+
+func TestBPFRemoveDetachesInBackground(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 22, "lxcbpfremove1", "10.244.70.3")
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the programs to be detached", func() bool { return tcxPrograms(t, l, ep.IfIndex) == 0 })
+	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
+		t.Fatalf("host veth gone before its teardown delay: %v", err)
+	}
+}
+
+func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ep := addVeth(t, nl, 23, "lxcbpfbig0001", "10.244.70.4")
+	keys := make([]policy.Key, 16383)
+	for i := range keys {
+		keys[i] = policy.Key{Identity: identity.NumericIdentity(256 + i), Dir: policy.Ingress}
+	}
+	ep.Policy = policy.NewMapState(1, true, false, keys)
+	if _, err := l.Realize(context.Background(), ep, 1); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("Realize of a 16383-entry policy = %v, want ErrInvalidPolicy", err)
+	}
+	ep.Policy = policy.NewMapState(2, true, false, keys[:16382])
+	if _, err := l.Realize(context.Background(), ep, 2); err != nil {
+		t.Fatalf("Realize of a full policy map: %v", err)
+	}
+	entries, ingress, _, err := l.DumpPolicy(context.Background(), ep.ID)
+	if err != nil || !ingress || len(entries) != 16382 {
+		t.Fatalf("DumpPolicy = %d entries, %v, %v", len(entries), ingress, err)
+	}
+}
+
+// reopen closes l and starts a new Linux datapath on its configuration
+// (an agent restart).
+func reopen(t *testing.T, l *Linux) *Linux {
+	t.Helper()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := NewLinux(l.cfg, l.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	return l2
+}
+
+func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
+	t.Helper()
+	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	info, err := lk.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Program
+}
+
+// TestBPFAdoptOnlyMatchingPrograms: after a restart the attached
+// programs are kept only when they were loaded for the same identity.
+func TestBPFAdoptOnlyMatchingPrograms(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 24, "lxcbpfadopt01", "10.244.70.5")
+	ep.Identity = 1500
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	first := pinnedProgID(t, l, ep.ID)
+	l = reopen(t, l)
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedProgID(t, l, ep.ID); got != first {
+		t.Fatalf("same identity after restart: program %d replaced by %d", first, got)
+	}
+	if _, _, ok := l.bpf.adopt(l.bpf.endpointDir(ep.ID), ep.ID, ep.Identity, ep.IfIndex+1000, l.bpf.eps[ep.ID].policyMap); ok {
+		t.Fatal("adopted programs attached to another interface")
+	}
+	l = reopen(t, l)
+	ep.Identity = 1600
+	if _, err := l.Realize(ctx, ep, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedProgID(t, l, ep.ID); got == first {
+		t.Fatal("new identity after restart: the old program was adopted")
+	}
+}
