@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni bench-bpf generate demo vet clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy generate demo vet clean install sim
 
 all: build
 
