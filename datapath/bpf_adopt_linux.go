@@ -54,40 +54,29 @@ func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
 	return t.tags.from, t.tags.to, t.tags.err
 }
 
-// adopt takes over the programs a previous agent attached for endpoint
-// id through the TCX links pinned in dir, if they run this build's code
+// adopt reports whether the programs a previous agent attached for
+// endpoint id through the TCX links pinned in dir run this build's code
 // with id and ident on ifindex and use exactly the maps open now (the
-// shared ones and pm). Then an agent restart reloads nothing. ok is
-// false (and nothing is kept open) otherwise.
-func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) (progs programs, links [2]link.Link, ok bool) {
+// shared ones and pm): then they are kept and an agent restart reloads
+// nothing.
+func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) bool {
 	fromTag, toTag, err := b.tmpl.progTags(b.maps)
 	if err != nil {
-		return programs{}, links, false
+		return false
 	}
-	want := [2]string{fromTag, toTag}
-	var got [2]*ebpf.Program
-	for i, h := range hooks {
-		lk, err := link.LoadPinnedLink(filepath.Join(dir, h.pin), nil)
+	for i, tag := range [2]string{fromTag, toTag} {
+		lk, err := link.LoadPinnedLink(filepath.Join(dir, hooks[i].pin), nil)
 		if err != nil {
-			break
+			return false
 		}
-		links[i] = lk
-		if got[i] = b.adoptable(lk, want[i], id, ident, ifindex, pm); got[i] == nil {
-			break
+		prog := b.adoptable(lk, tag, id, ident, ifindex, pm)
+		lk.Close()
+		if prog == nil {
+			return false
 		}
+		prog.Close()
 	}
-	if got[0] == nil || got[1] == nil {
-		for i := range hooks {
-			if links[i] != nil {
-				links[i].Close()
-			}
-			if got[i] != nil {
-				got[i].Close()
-			}
-		}
-		return programs{}, [2]link.Link{}, false
-	}
-	return programs{from: got[0], to: got[1]}, links, true
+	return true
 }
 
 // adoptable returns the program of lk if it qualifies for adopt.

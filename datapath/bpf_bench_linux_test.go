@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -88,7 +90,7 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 	t.Logf("first realise after an agent restart:                       %s", restart)
 	t.Logf("policy-only regeneration (Realize, 2 adds + 2 removes):     %s", policyOnly)
 	t.Logf("policy map diff alone:                                      %s", mapOnly)
-	t.Logf("kernel memory per endpoint: %s", endpointMemory(t, l.bpf.eps[eps[0].ID]))
+	t.Logf("kernel memory per endpoint: %s", endpointMemory(t, l, eps[0]))
 }
 
 // benchPolicy is an ingress policy of 20 entries, shifted by k (each
@@ -138,11 +140,12 @@ func measure(t *testing.T, eps []*endpoint.Endpoint, fn func(*endpoint.Endpoint)
 // programs (memlock: instructions and aux data; plus the JIT images),
 // the policy map (memlock: its current entries, BPF_F_NO_PREALLOC), the
 // .rodata map of the constants and the BTF blob uploaded with the load.
-func endpointMemory(t *testing.T, e *bpfEndpoint) string {
+func endpointMemory(t *testing.T, l *Linux, ep *endpoint.Endpoint) string {
 	t.Helper()
+	e := l.bpf.eps[ep.ID]
 	var progMem, jit, rodata, btfSize uint64
 	seenMaps := map[ebpf.MapID]bool{}
-	for _, p := range []*ebpf.Program{e.progs.from, e.progs.to} {
+	for _, p := range attachedPrograms(t, l, ep) {
 		info, err := p.Info()
 		if err != nil {
 			t.Fatal(err)
@@ -208,4 +211,44 @@ func btfObjectSize(t *testing.T, id uint32) uint64 {
 		t.Fatalf("btf info: %v", errno)
 	}
 	return uint64(info.btfSize)
+}
+
+// attachedPrograms opens the programs attached for ep (closed by
+// t.Cleanup): through the pinned TCX links, or the cls_bpf filters.
+func attachedPrograms(t *testing.T, l *Linux, ep *endpoint.Endpoint) []*ebpf.Program {
+	t.Helper()
+	var ids []ebpf.ProgramID
+	for _, h := range hooks {
+		if lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(ep.ID), h.pin), nil); err == nil {
+			info, err := lk.Info()
+			lk.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, info.Program)
+			continue
+		}
+		filters, err := l.nl.FilterList(&netlink.GenericLink{LinkAttrs: netlink.LinkAttrs{Index: ep.IfIndex}}, h.parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == h.name {
+				ids = append(ids, ebpf.ProgramID(bf.Id))
+			}
+		}
+	}
+	if len(ids) != 2 {
+		t.Fatalf("endpoint %d: %d programs attached, want 2", ep.ID, len(ids))
+	}
+	var progs []*ebpf.Program
+	for _, id := range ids {
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		progs = append(progs, p)
+	}
+	return progs
 }

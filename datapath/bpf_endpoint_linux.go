@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/membrane-cni/membrane/bpf"
@@ -37,17 +36,18 @@ type bpfState struct {
 
 // bpfEndpoint is what is realised for one endpoint. The agent never runs
 // two operations on one endpoint at once, so its fields need no lock.
+// Only the policy map's file descriptor is kept (one per endpoint): the
+// pinned TCX links or the cls_bpf filters hold the programs.
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	// have is what the policy map enforces (never nil).
 	have *policy.MapState
-	// progs, identity, ifindex: the attached programs and what they were
-	// loaded and attached for; progs.from is nil until attached.
-	progs    programs
+	// attached: programs loaded for identity run on ifindex (with
+	// cls_bpf filters when legacy).
+	attached bool
 	identity identity.NumericIdentity
 	ifindex  int
 	legacy   bool
-	links    [2]link.Link // TCX links (hookFrom, hookTo); pinned
 }
 
 var hooks = [2]hook{hookFrom, hookTo}
@@ -56,12 +56,6 @@ var hooks = [2]hook{hookFrom, hookTo}
 var noPolicy = &policy.MapState{}
 
 func (e *bpfEndpoint) close() {
-	e.progs.close()
-	for _, l := range e.links {
-		if l != nil {
-			l.Close()
-		}
-	}
 	if e.policyMap != nil {
 		e.policyMap.Close()
 	}
@@ -136,19 +130,19 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	e.have = want
-	if e.progs.from != nil && e.identity == ep.Identity && e.ifindex == ifindex {
+	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
 		return nil
 	}
 	progs, err := b.tmpl.load(b.maps, e.policyMap, ep.ID, ep.Identity)
 	if err != nil {
 		return err
 	}
+	defer progs.close() // the links or filters hold them
+	e.attached = false
 	if err := l.attach(e, dir, ifindex, progs); err != nil {
-		progs.close()
 		return err
 	}
-	e.progs.close()
-	e.progs, e.identity, e.ifindex = progs, ep.Identity, ifindex
+	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 	return nil
 }
 
@@ -170,10 +164,8 @@ func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) 
 		b.mu.Lock()
 		legacy := b.legacy
 		b.mu.Unlock()
-		if !legacy {
-			if progs, links, ok := b.adopt(dir, ep.ID, ep.Identity, ifindex, pm); ok {
-				e.progs, e.links, e.identity, e.ifindex = progs, links, ep.Identity, ifindex
-			}
+		if !legacy && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm) {
+			e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 		}
 	}
 	b.mu.Lock()
@@ -191,13 +183,6 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) erro
 	legacy := b.legacy
 	b.mu.Unlock()
 	for i := 0; i < len(hooks) && !legacy; i++ {
-		if e.links[i] != nil && e.ifindex == ifindex && e.links[i].Update(progs[i]) == nil {
-			continue
-		}
-		if e.links[i] != nil {
-			e.links[i].Close() // still pinned: attachTCX decides
-			e.links[i] = nil
-		}
 		lk, err := attachTCX(dir, hooks[i], ifindex, progs[i], l.inHost)
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			l.log.Warn("kernel has no TCX: attaching endpoint programs with clsact + cls_bpf", "err", err)
@@ -210,7 +195,7 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) erro
 		if err != nil {
 			return err
 		}
-		e.links[i] = lk
+		lk.Close() // pinned
 	}
 	if !legacy {
 		e.legacy = false
@@ -246,13 +231,6 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	dir := b.endpointDir(id)
 	var closers []io.Closer
 	if e != nil {
-		for i, lk := range e.links {
-			if lk != nil {
-				_ = lk.Unpin()
-				closers = append(closers, lk)
-				e.links[i] = nil
-			}
-		}
 		legacy = legacy || e.legacy
 		if ifindex == 0 {
 			ifindex = e.ifindex
