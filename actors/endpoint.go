@@ -51,6 +51,12 @@ type endpointActor struct {
 	deleting    bool
 	tearingDown bool
 	delReplies  []messages.Reply // sent when the endpoint is disconnected
+
+	// slot is where this actor publishes its snapshot (GET /v1/actors);
+	// op is the asynchronous operation it waits for, since opSince.
+	slot    *actorSlot
+	op      string
+	opSince time.Time
 }
 
 // regenState is the coalescing regeneration bookkeeping.
@@ -64,6 +70,13 @@ type regenState struct {
 	earlyAcks      map[string]struct{} // acks of rev that beat the realize result
 	proxyTimer     *time.Timer
 	retryTimer     *time.Timer
+
+	// Introspection: counters of this incarnation and the timing of the
+	// running and the last successful regeneration, by phase (RegenPhases).
+	runs, coalesced, failed uint64
+	started, phaseStart     time.Time
+	phases, lastPhases      [4]time.Duration
+	lastAt                  time.Time
 }
 
 // Internal messages of the endpoint actor.
@@ -144,6 +157,33 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 			a.logger().Warn("releasing previous identity failed", "err", msg.Err)
 		}
 	}
+	a.report()
+}
+
+// setOp records the asynchronous operation the actor now waits for ("" when
+// none), for its snapshot.
+func (a *endpointActor) setOp(op string) {
+	a.op = op
+	if op != "" {
+		a.opSince = time.Now()
+	}
+}
+
+// report publishes the actor's snapshot if it changed. It runs after
+// every message and continuation, on the actor's goroutine.
+func (a *endpointActor) report() {
+	if a.slot == nil || a.dead {
+		return
+	}
+	ep, rg := a.ep, &a.regen
+	r := report{state: string(ep.State), stateSince: ep.StateChanged, lastError: ep.LastError, isEndpoint: true,
+		ep: EndpointActorSnapshot{ID: ep.ID, DesiredRevision: ep.DesiredRevision, RealizedRevision: ep.RealizedRevision,
+			RegenerationsRun: rg.runs, RegenerationsCoalesced: rg.coalesced, RegenerationsFailed: rg.failed,
+			LastRegeneration: rg.lastAt, LastPhases: rg.lastPhases}}
+	if a.op != "" {
+		r.operation, r.operationSince = a.op, a.opSince
+	}
+	a.slot.publish(r)
 }
 
 func (a *endpointActor) started(ctx actor.Context) {
@@ -298,11 +338,14 @@ func (a *endpointActor) ips() []netip.Addr {
 // this incarnation restarted in the meantime.
 func (a *endpointActor) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
 	f := ctx.RequestFuture(pid, msg, timeout)
+	a.setOp(endpointOpName(msg))
 	ctx.ReenterAfter(f, func(res any, err error) {
 		if a.dead {
 			return
 		}
+		a.setOp("")
 		cont(res, err)
+		a.report()
 	})
 }
 

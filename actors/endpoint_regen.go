@@ -29,6 +29,9 @@ func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
 		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
 	}
 	if a.regen.running || a.idBusy || a.dpBusy || a.ep.State == endpoint.StateWaitingForIdentity {
+		if a.regen.pending {
+			a.regen.coalesced++ // merged into the pending regeneration
+		}
 		a.regen.pending = true
 		return
 	}
@@ -54,6 +57,9 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
+	now := time.Now()
+	a.regen.runs++
+	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]time.Duration{}
 	if a.ep.Regenerations > 0 {
 		// The first build is not published as regenerating: its waiter
 		// (sync PUT) sees the outcome, and it saves an index write per
@@ -72,6 +78,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		case err != nil:
 			a.regenFailed(ctx, fmt.Errorf("write state: %w", err))
 		default:
+			a.phaseDone(0)
 			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
 				return dp.Realize(c, snap, rev)
 			}, a.realized)
@@ -99,11 +106,13 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 	f := actor.NewFuture(system, a.deps.cfg.DatapathTimeout)
 	pid := f.PID()
 	submit(func(err error) { system.Root.Send(pid, &stateResult{err: err}) })
+	a.setOp(op + "-state")
 	ctx.ReenterAfter(f, func(res any, err error) {
 		if a.dead {
 			return
 		}
 		a.dpBusy = false
+		a.setOp("")
 		if r, ok := res.(*stateResult); ok && err == nil {
 			err = r.err
 		}
@@ -111,6 +120,7 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 			err = fmt.Errorf("%s state: %w", op, err)
 		}
 		cont(ctx, err)
+		a.report()
 	})
 }
 
@@ -138,6 +148,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 		a.regenFailed(ctx, r.Err)
 		return
 	}
+	a.phaseDone(1)
 	res, _ := r.Value.(datapath.Realized)
 	if len(res.ProxyWaits) == 0 {
 		a.completeRegen(ctx, false)
@@ -154,6 +165,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 		a.completeRegen(ctx, false)
 		return
 	}
+	a.setOp(PhaseProxyWait)
 	self, system, rev := ctx.Self(), ctx.ActorSystem(), a.regen.rev
 	a.regen.proxyTimer = time.AfterFunc(a.deps.cfg.ProxyWaitTimeout, func() {
 		system.Root.Send(self, &proxyTimeout{rev: rev})
@@ -192,6 +204,10 @@ func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
 // completeRegen records the realised revision and answers the waiters,
 // then starts the pending regeneration, if any.
 func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
+	if a.op == PhaseProxyWait {
+		a.phaseDone(2)
+	}
+	a.regenTimed()
 	a.mut().RealizedRevision = a.regen.rev
 	a.mut().Regenerations++
 	a.mut().LastError = ""
@@ -211,6 +227,9 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 // endRegen closes the running regeneration: err nil means success.
 func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 	a.regen.running = false
+	if a.op == PhaseProxyWait {
+		a.setOp("")
+	}
 	a.regen.proxyWait, a.regen.earlyAcks = nil, nil
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
@@ -239,6 +258,7 @@ func (a *endpointActor) regenFailed(ctx actor.Context, err error) {
 	err = fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, err)
 	a.logger().Warn("regeneration failed", "revision", a.regen.rev, "err", err)
 	a.deps.counters.regenFailed.Add(1)
+	a.regen.failed++
 	a.mut().LastError = err.Error()
 	a.setState(endpoint.StateWaitingToRegenerate, "regeneration failed")
 	a.endRegen(ctx, err)
@@ -378,4 +398,27 @@ func (a *endpointActor) disconnected(ctx actor.Context) {
 	a.delReplies = nil
 	a.stopTimers()
 	ctx.Stop(ctx.Self())
+}
+
+// phaseDone ends phase i (an index of RegenPhases) of the running
+// regeneration and starts the next.
+func (a *endpointActor) phaseDone(i int) {
+	now := time.Now()
+	d := now.Sub(a.regen.phaseStart)
+	a.regen.phases[i], a.regen.phaseStart = d, now
+	if a.deps.observer != nil {
+		a.deps.observer.RegenPhase(RegenPhases[i], d)
+	}
+}
+
+// regenTimed records the total of a successful regeneration and keeps its
+// phases as the last regeneration's.
+func (a *endpointActor) regenTimed() {
+	now := time.Now()
+	total := now.Sub(a.regen.started)
+	a.regen.phases[3] = total
+	a.regen.lastPhases, a.regen.lastAt = a.regen.phases, now
+	if a.deps.observer != nil {
+		a.deps.observer.RegenPhase(PhaseTotal, total)
+	}
 }

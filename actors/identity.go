@@ -8,8 +8,10 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/labels"
 )
 
 // identityActor maps label sets to numeric identities through an
@@ -25,6 +27,7 @@ type identityActor struct {
 	log      *slog.Logger
 	holders  map[string][]identity.NumericIdentity // holder PID ID -> identities (usually one)
 	batch    batcher
+	events   *events.Hub // identity allocated / released; may be nil
 }
 
 func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, log *slog.Logger) *identityActor {
@@ -96,6 +99,9 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 	if err != nil {
 		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
 	}
+	if isNew {
+		a.events.Publish(events.Event{Type: events.IdentityAllocated, Identity: uint32(id.ID), Labels: id.Labels.Strings()})
+	}
 	a.hold(ctx, msg.Holder.Id, id.ID)
 	a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id.ID, msg.Holder.Id), &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
 	a.writeRow(ctx, id.ID)
@@ -137,9 +143,16 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		a.log.Info("identity reference detached, not released (NoIdentityRelease)", "identity", id, "holder", holder)
 		return false, nil
 	}
+	var ls labels.Labels
+	if cur, ok := a.alloc.Lookup(id); ok {
+		ls = cur.Labels
+	}
 	released, err := a.alloc.Release(id)
 	if err != nil {
 		return false, fmt.Errorf("release identity %d: %w", id, err)
+	}
+	if released {
+		a.events.Publish(events.Event{Type: events.IdentityReleased, Identity: uint32(id), Labels: ls.Strings()})
 	}
 	a.writeRow(ctx, id)
 	return released, nil

@@ -1,0 +1,310 @@
+package actors
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// Observer receives measurements from the actors; pkg/metrics implements
+// it. Calls come from inside actors and must not block.
+type Observer interface {
+	// RegenPhase records how long one phase of a regeneration took.
+	RegenPhase(phase string, d time.Duration)
+}
+
+// Regeneration phases, in order; PhaseTotal spans all of them.
+const (
+	PhaseWriteState = "write-state"
+	PhaseRealize    = "realize"
+	PhaseProxyWait  = "proxy-wait"
+	PhaseTotal      = "total"
+)
+
+// RegenPhases lists the phases in the order of EndpointActorSnapshot.LastPhases.
+var RegenPhases = [4]string{PhaseWriteState, PhaseRealize, PhaseProxyWait, PhaseTotal}
+
+// Actor kinds.
+const (
+	KindAgent     = "agent"
+	KindDatapath  = "datapath"
+	KindIPAM      = "ipam"
+	KindIdentity  = "identity"
+	KindEndpoints = "endpoints"
+	KindEndpoint  = "endpoint"
+)
+
+// kindOrder sorts the tree: the root, its children, then the endpoints.
+var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIdentity: 3, KindEndpoints: 4, KindEndpoint: 5}
+
+// ActorSnapshot is what operators see of one actor. The actor publishes
+// it without being asked (no mailbox round trip); MailboxDepth and
+// Processed are read from its counting mailbox when the snapshot is taken.
+type ActorSnapshot struct {
+	Path string
+	Kind string
+	// State is the endpoint's lifecycle state, or "running".
+	State      string
+	StateSince time.Time
+	// Operation is what the actor is doing: the asynchronous operation an
+	// endpoint actor waits for (realize, write-state, claim-ips, ...) or the
+	// message another actor is handling; "" when idle.
+	Operation      string
+	OperationSince time.Time
+	MailboxDepth   int64
+	Processed      int64
+	// Restarts counts the actor's restarts by its supervisor.
+	Restarts  int64
+	LastError string
+	// Endpoint is set for endpoint actors.
+	Endpoint *EndpointActorSnapshot
+}
+
+// EndpointActorSnapshot adds what an endpoint actor knows.
+type EndpointActorSnapshot struct {
+	ID               endpoint.ID
+	DesiredRevision  uint64
+	RealizedRevision uint64
+	// RegenerationsRun counts started regenerations; RegenerationsCoalesced
+	// the requests merged into an already pending one; RegenerationsFailed
+	// the failed ones.
+	RegenerationsRun       uint64
+	RegenerationsCoalesced uint64
+	RegenerationsFailed    uint64
+	// LastRegeneration is when the last successful regeneration ended;
+	// LastPhases its phase durations, indexed like RegenPhases.
+	LastRegeneration time.Time
+	LastPhases       [4]time.Duration
+}
+
+// BusySince is when the actor started what it is doing: its operation, or
+// for an endpoint that is not ready, the time it entered its state. Zero
+// when idle. ActorFilter.StuckFor compares against it.
+func (s *ActorSnapshot) BusySince() time.Time {
+	if s.Operation != "" {
+		return s.OperationSince
+	}
+	if s.Kind == KindEndpoint && s.State != string(endpoint.StateReady) {
+		return s.StateSince
+	}
+	return time.Time{}
+}
+
+// report is an actor's self-published part of its snapshot. It is
+// comparable, so an actor republishes only when something changed.
+type report struct {
+	state          string
+	stateSince     time.Time
+	operation      string
+	operationSince time.Time
+	lastError      string
+	isEndpoint     bool
+	ep             EndpointActorSnapshot
+}
+
+// opInfo is the message a non-endpoint actor is handling.
+type opInfo struct {
+	name  string
+	since time.Time
+}
+
+// actorSlot holds what one actor publishes. Written by the actor (report,
+// op), its supervisor (restarts, failure) and its mailbox (stats); read by
+// HTTP handlers. Every field is atomic or set before the slot is shared.
+type actorSlot struct {
+	path     string
+	kind     string
+	stats    *MailboxStats
+	report   atomic.Pointer[report]
+	op       atomic.Pointer[opInfo]
+	restarts atomic.Int64
+	failure  atomic.Pointer[string]
+}
+
+func newSlot(kind string, stats *MailboxStats) *actorSlot {
+	return &actorSlot{kind: kind, stats: stats}
+}
+
+// publish stores r unless it equals the current report.
+func (s *actorSlot) publish(r report) {
+	if cur := s.report.Load(); cur != nil && *cur == r {
+		return
+	}
+	s.report.Store(&r)
+}
+
+// failed records a supervisor's restart of the actor and the reason.
+func (s *actorSlot) failed(reason any) {
+	s.restarts.Add(1)
+	msg := "panic: " + anyString(reason)
+	s.failure.Store(&msg)
+}
+
+func anyString(v any) string {
+	switch x := v.(type) {
+	case error:
+		return x.Error()
+	case string:
+		return x
+	}
+	return reflect.TypeOf(v).String()
+}
+
+func (s *actorSlot) snapshot() ActorSnapshot {
+	out := ActorSnapshot{Path: s.path, Kind: s.kind, State: "running", Restarts: s.restarts.Load()}
+	if s.stats != nil {
+		out.MailboxDepth, out.Processed = s.stats.Depth(), s.stats.Processed()
+	}
+	if r := s.report.Load(); r != nil {
+		out.State, out.StateSince, out.Operation, out.OperationSince, out.LastError = r.state, r.stateSince, r.operation, r.operationSince, r.lastError
+		if r.isEndpoint {
+			ep := r.ep
+			out.Endpoint = &ep
+		}
+	}
+	if op := s.op.Load(); op != nil && out.Operation == "" {
+		out.Operation, out.OperationSince = op.name, op.since
+	}
+	if f := s.failure.Load(); f != nil && out.LastError == "" {
+		out.LastError = *f
+	}
+	return out
+}
+
+// trackReceive is receiver middleware recording the message a
+// non-endpoint actor is handling, so a stuck handler shows up.
+func (s *actorSlot) trackReceive(next actor.ReceiverFunc) actor.ReceiverFunc {
+	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+		s.op.Store(&opInfo{name: reflect.TypeOf(env.Message).String(), since: time.Now()})
+		next(c, env)
+		s.op.Store(nil)
+	}
+}
+
+// ActorFilter selects actors; zero fields match everything.
+type ActorFilter struct {
+	Kind  string
+	State string
+	// MinMailbox keeps actors with at least this many queued messages.
+	MinMailbox int64
+	// StuckFor keeps actors busy (BusySince) for longer than this.
+	StuckFor time.Duration
+}
+
+func (f ActorFilter) match(s *ActorSnapshot, now time.Time) bool {
+	switch {
+	case f.Kind != "" && s.Kind != f.Kind:
+		return false
+	case f.State != "" && s.State != f.State:
+		return false
+	case f.MinMailbox > 0 && s.MailboxDepth < f.MinMailbox:
+		return false
+	case f.StuckFor > 0:
+		since := s.BusySince()
+		return !since.IsZero() && now.Sub(since) > f.StuckFor
+	}
+	return true
+}
+
+// Registry holds the slot of every live actor, by path (PID ID). It is
+// safe for concurrent use and never touches a mailbox.
+type Registry struct {
+	slots sync.Map // path -> *actorSlot
+}
+
+func (r *Registry) put(path string, s *actorSlot) {
+	s.path = path
+	r.slots.Store(path, s)
+}
+
+func (r *Registry) remove(path string) { r.slots.Delete(path) }
+
+func (r *Registry) slot(path string) *actorSlot {
+	if v, ok := r.slots.Load(path); ok {
+		return v.(*actorSlot)
+	}
+	return nil
+}
+
+// Get returns one actor's snapshot by path.
+func (r *Registry) Get(path string) (ActorSnapshot, bool) {
+	s := r.slot(path)
+	if s == nil {
+		return ActorSnapshot{}, false
+	}
+	return s.snapshot(), true
+}
+
+// List returns the snapshots matching f, the root first, then its
+// children, then endpoint actors by endpoint ID.
+func (r *Registry) List(f ActorFilter, now time.Time) []ActorSnapshot {
+	var out []ActorSnapshot
+	r.slots.Range(func(_, v any) bool {
+		snap := v.(*actorSlot).snapshot()
+		if f.match(&snap, now) {
+			out = append(out, snap)
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b ActorSnapshot) int {
+		if d := kindOrder[a.Kind] - kindOrder[b.Kind]; d != 0 {
+			return d
+		}
+		if a.Endpoint != nil && b.Endpoint != nil {
+			return int(a.Endpoint.ID) - int(b.Endpoint.ID)
+		}
+		return strings.Compare(a.Path, b.Path)
+	})
+	return out
+}
+
+// Len returns the number of registered actors.
+func (r *Registry) Len() int {
+	n := 0
+	r.slots.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// MailboxByKind sums and maximises mailbox depth per actor kind (for the
+// metrics scrape).
+func (r *Registry) MailboxByKind() (sum, maxDepth map[string]int64) {
+	sum, maxDepth = map[string]int64{}, map[string]int64{}
+	r.slots.Range(func(_, v any) bool {
+		s := v.(*actorSlot)
+		if s.stats == nil {
+			return true
+		}
+		d := s.stats.Depth()
+		sum[s.kind] += d
+		maxDepth[s.kind] = max(maxDepth[s.kind], d)
+		return true
+	})
+	return sum, maxDepth
+}
+
+// endpointOpName names the asynchronous operation an endpoint actor waits
+// for, from the request it sent.
+func endpointOpName(msg any) string {
+	switch m := msg.(type) {
+	case *messages.DatapathWork:
+		return m.Op
+	case *messages.IPAMClaim:
+		return "claim-ips"
+	case *messages.IPAMUnclaim:
+		return "release-ips"
+	case *messages.IdentityAcquire:
+		return "acquire-identity"
+	case *messages.IdentityRelease:
+		return "release-identity"
+	}
+	name := reflect.TypeOf(msg).String()
+	return strings.ToLower(name[strings.LastIndexByte(name, '.')+1:])
+}
