@@ -179,6 +179,10 @@ func (s *Subscription) Next(ctx context.Context) (Event, error) {
 	}
 }
 
+// Ready is signalled (at most one pending signal) when events arrive; a
+// reader selecting on it must then call TryNext until it returns false.
+func (s *Subscription) Ready() <-chan struct{} { return s.wake }
+
 // TryNext returns the next event if one is ready, without waiting.
 func (s *Subscription) TryNext() (Event, bool) { return s.poll() }
 

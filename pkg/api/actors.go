@@ -1,0 +1,115 @@
+package api
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+// actorFilterFrom parses GET /v1/actors' query: kind, state, min-mailbox
+// (a count), stuck (a duration such as 30s).
+func actorFilterFrom(q url.Values) (actors.ActorFilter, error) {
+	var f actors.ActorFilter
+	for key, vals := range q {
+		v := vals[0]
+		switch key {
+		case "kind":
+			f.Kind = v
+		case "state":
+			f.State = v
+		case "min-mailbox":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return f, badRequest(fmt.Sprintf("query parameter \"min-mailbox\": %q is not a count", v))
+			}
+			f.MinMailbox = n
+		case "stuck":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return f, badRequest(fmt.Sprintf("query parameter \"stuck\": %q is not a duration such as 30s", v))
+			}
+			f.StuckFor = d
+		default:
+			return f, badRequest(fmt.Sprintf("unknown query parameter %q (want kind, state, min-mailbox, stuck)", key))
+		}
+	}
+	return f, nil
+}
+
+// listActors answers the actor tree from the snapshots the actors
+// publish; no mailbox is asked.
+func (s *Server) listActors(w http.ResponseWriter, r *http.Request) {
+	f, err := actorFilterFrom(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	now := time.Now()
+	snaps := s.sys.Registry().List(f, now)
+	out := make([]models.Actor, len(snaps))
+	for i := range snaps {
+		actorModel(&out[i], &snaps[i], now)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	bw := bufio.NewWriterSize(w, 64<<10)
+	_ = json.NewEncoder(bw).Encode(out)
+	_ = bw.Flush()
+}
+
+// getActor answers one actor by path ("agent/endpoints/ep-12"); "ep-12"
+// and "endpoint/12" are accepted for endpoint actors.
+func (s *Server) getActor(w http.ResponseWriter, r *http.Request) {
+	path := strings.Trim(r.PathValue("path"), "/")
+	reg := s.sys.Registry()
+	snap, ok := reg.Get(path)
+	if !ok {
+		if id, isEP := strings.CutPrefix(path, "endpoint/"); isEP {
+			path = "ep-" + id
+		}
+		if strings.HasPrefix(path, "ep-") {
+			snap, ok = reg.Get(s.sys.Endpoints.Id + "/" + path)
+		}
+	}
+	if !ok {
+		writeError(w, notFound(fmt.Sprintf("actor %q not found", path)))
+		return
+	}
+	var out models.Actor
+	actorModel(&out, &snap, time.Now())
+	writeJSON(w, http.StatusOK, &out)
+}
+
+func actorModel(out *models.Actor, s *actors.ActorSnapshot, now time.Time) {
+	*out = models.Actor{Path: s.Path, Kind: s.Kind, State: s.State, StateSince: timeOrNil(s.StateSince),
+		Operation: s.Operation, OperationSince: timeOrNil(s.OperationSince), MailboxDepth: s.MailboxDepth,
+		Processed: s.Processed, Restarts: s.Restarts, LastError: s.LastError}
+	if since := s.BusySince(); !since.IsZero() {
+		out.BusySeconds = now.Sub(since).Seconds()
+	}
+	if e := s.Endpoint; e != nil {
+		out.Endpoint = &models.ActorEndpoint{ID: int64(e.ID), DesiredRevision: e.DesiredRevision, RealizedRevision: e.RealizedRevision,
+			RegenerationsRun: e.RegenerationsRun, RegenerationsCoalesced: e.RegenerationsCoalesced,
+			RegenerationsFailed: e.RegenerationsFailed, LastRegeneration: timeOrNil(e.LastRegeneration)}
+		if !e.LastRegeneration.IsZero() {
+			out.Endpoint.LastPhasesMs = make(map[string]float64, len(actors.RegenPhases))
+			for i, name := range actors.RegenPhases {
+				out.Endpoint.LastPhasesMs[name] = float64(e.LastPhases[i].Microseconds()) / 1000
+			}
+		}
+	}
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
