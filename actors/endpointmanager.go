@@ -123,8 +123,8 @@ func (m *managerActor) create(ctx actor.Context, msg *messages.CreateEndpoint) {
 	spec.State, spec.Created, spec.StateChanged = endpoint.StateWaitingForIdentity, now, now
 	m.track(spec)
 	m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
-	m.spawn(ctx, spec, startMode{kind: startCreate, waiter: ctx.Sender(), sync: msg.Sync})
 	m.deps.events.Publish(endpointEvent(events.EndpointCreated, spec, "", "created"))
+	m.spawn(ctx, spec, startMode{kind: startCreate, waiter: ctx.Sender(), sync: msg.Sync})
 }
 
 // restore re-creates endpoints from the state directory in state
@@ -150,8 +150,8 @@ func (m *managerActor) restore(ctx actor.Context, msg *messages.RestoreEndpoints
 		m.track(spec)
 		m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
 		m.restorePending[spec.ID] = true
-		m.spawn(ctx, spec, startMode{kind: startRestore})
 		m.deps.events.Publish(endpointEvent(events.EndpointCreated, spec, "", "restored"))
+		m.spawn(ctx, spec, startMode{kind: startRestore})
 	}
 	m.maybeRestored(ctx)
 }
