@@ -214,24 +214,62 @@ func (f ActorFilter) match(s *ActorSnapshot, now time.Time) bool {
 	return true
 }
 
-// Registry holds the slot of every live actor, by path (PID ID). It is
-// safe for concurrent use and never touches a mailbox.
+// Registry holds the slot of every live actor. Endpoint actors sit in a
+// fixed array indexed by endpoint ID (lock-free, already in ID order, so
+// listing 10,000 of them costs a scan of 65,536 pointers and no sort);
+// the few other actors sit in a small map. Safe for concurrent use; it
+// never touches a mailbox.
 type Registry struct {
-	slots sync.Map // path -> *actorSlot
+	endpoints [endpoint.MaxID + 1]atomic.Pointer[actorSlot]
+	live      atomic.Int64 // non-nil entries of endpoints (approximate while changing)
+	// mu guards others (written only when a top-level actor spawns).
+	mu     sync.RWMutex
+	others map[string]*actorSlot
 }
 
 func (r *Registry) put(path string, s *actorSlot) {
 	s.path = path
-	r.slots.Store(path, s)
+	if id, ok := endpointIDFromPath(path); ok && s.kind == KindEndpoint {
+		if r.endpoints[id].Swap(s) == nil {
+			r.live.Add(1)
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.others == nil {
+		r.others = make(map[string]*actorSlot)
+	}
+	r.others[path] = s
 }
 
-func (r *Registry) remove(path string) { r.slots.Delete(path) }
+func (r *Registry) remove(path string) {
+	if id, ok := endpointIDFromPath(path); ok {
+		if cur := r.endpoints[id].Load(); cur != nil && cur.path == path && r.endpoints[id].CompareAndSwap(cur, nil) {
+			r.live.Add(-1)
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.others, path)
+}
 
 func (r *Registry) slot(path string) *actorSlot {
-	if v, ok := r.slots.Load(path); ok {
-		return v.(*actorSlot)
+	if id, ok := endpointIDFromPath(path); ok {
+		if s := r.endpoints[id].Load(); s != nil && s.path == path {
+			return s
+		}
+		return nil
 	}
-	return nil
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.others[path]
+}
+
+// endpointIDFromPath parses the ID of an endpoint actor's path (".../ep-<id>").
+func endpointIDFromPath(path string) (endpoint.ID, bool) {
+	return endpointIDFromPID(&actor.PID{Id: path})
 }
 
 // Get returns one actor's snapshot by path.
@@ -246,30 +284,55 @@ func (r *Registry) Get(path string) (ActorSnapshot, bool) {
 // List returns the snapshots matching f, the root first, then its
 // children, then endpoint actors by endpoint ID.
 func (r *Registry) List(f ActorFilter, now time.Time) []ActorSnapshot {
-	var out []ActorSnapshot
-	r.slots.Range(func(_, v any) bool {
-		snap := v.(*actorSlot).snapshot()
-		if f.match(&snap, now) {
+	r.mu.RLock()
+	n := len(r.others)
+	if f.Kind == "" || f.Kind == KindEndpoint {
+		n += int(r.live.Load())
+	}
+	out := make([]ActorSnapshot, 0, n)
+	for _, s := range r.others {
+		if snap := s.snapshot(); f.match(&snap, now) {
 			out = append(out, snap)
 		}
-		return true
-	})
+	}
+	r.mu.RUnlock()
 	slices.SortFunc(out, func(a, b ActorSnapshot) int {
 		if d := kindOrder[a.Kind] - kindOrder[b.Kind]; d != 0 {
 			return d
 		}
-		if a.Endpoint != nil && b.Endpoint != nil {
-			return int(a.Endpoint.ID) - int(b.Endpoint.ID)
-		}
 		return strings.Compare(a.Path, b.Path)
 	})
+	if f.Kind != "" && f.Kind != KindEndpoint {
+		return out
+	}
+	for i := range r.endpoints {
+		if s := r.endpoints[i].Load(); s != nil {
+			if snap := s.snapshot(); f.match(&snap, now) {
+				out = append(out, snap)
+			}
+		}
+	}
 	return out
+}
+
+// each calls fn for every registered slot.
+func (r *Registry) each(fn func(*actorSlot)) {
+	r.mu.RLock()
+	for _, s := range r.others {
+		fn(s)
+	}
+	r.mu.RUnlock()
+	for i := range r.endpoints {
+		if s := r.endpoints[i].Load(); s != nil {
+			fn(s)
+		}
+	}
 }
 
 // Len returns the number of registered actors.
 func (r *Registry) Len() int {
 	n := 0
-	r.slots.Range(func(any, any) bool { n++; return true })
+	r.each(func(*actorSlot) { n++ })
 	return n
 }
 
@@ -277,15 +340,13 @@ func (r *Registry) Len() int {
 // metrics scrape).
 func (r *Registry) MailboxByKind() (sum, maxDepth map[string]int64) {
 	sum, maxDepth = map[string]int64{}, map[string]int64{}
-	r.slots.Range(func(_, v any) bool {
-		s := v.(*actorSlot)
+	r.each(func(s *actorSlot) {
 		if s.stats == nil {
-			return true
+			return
 		}
 		d := s.stats.Depth()
 		sum[s.kind] += d
 		maxDepth[s.kind] = max(maxDepth[s.kind], d)
-		return true
 	})
 	return sum, maxDepth
 }

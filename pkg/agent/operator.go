@@ -99,3 +99,6 @@ func poolSizesOf(cfg *Config) map[ipam.Family]int {
 	}
 	return out
 }
+
+// Socket returns the API's unix socket path.
+func (a *Agent) Socket() string { return a.cfg.Socket }
