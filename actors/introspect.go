@@ -64,7 +64,8 @@ type ActorSnapshot struct {
 	// Restarts counts the actor's restarts by its supervisor.
 	Restarts  int64
 	LastError string
-	// Endpoint is set for endpoint actors.
+	// Endpoint is set for endpoint actors. It points into the actor's
+	// immutable published report: read it, never change it.
 	Endpoint *EndpointActorSnapshot
 }
 
@@ -166,8 +167,7 @@ func (s *actorSlot) snapshot() ActorSnapshot {
 	if r := s.report.Load(); r != nil {
 		out.State, out.StateSince, out.Operation, out.OperationSince, out.LastError = r.state, r.stateSince, r.operation, r.operationSince, r.lastError
 		if r.isEndpoint {
-			ep := r.ep
-			out.Endpoint = &ep
+			out.Endpoint = &r.ep // the report is immutable: shared, read-only
 		}
 	}
 	if op := s.op.Load(); op != nil && out.Operation == "" {
@@ -284,35 +284,46 @@ func (r *Registry) Get(path string) (ActorSnapshot, bool) {
 // List returns the snapshots matching f, the root first, then its
 // children, then endpoint actors by endpoint ID.
 func (r *Registry) List(f ActorFilter, now time.Time) []ActorSnapshot {
-	r.mu.RLock()
-	n := len(r.others)
+	n := 8
 	if f.Kind == "" || f.Kind == KindEndpoint {
 		n += int(r.live.Load())
 	}
 	out := make([]ActorSnapshot, 0, n)
+	r.Visit(f, now, func(s *ActorSnapshot) { out = append(out, *s) })
+	return out
+}
+
+// Visit calls fn with the snapshot of every actor matching f, in List's
+// order, without building a list; snap is reused between calls.
+func (r *Registry) Visit(f ActorFilter, now time.Time, fn func(snap *ActorSnapshot)) {
+	r.mu.RLock()
+	top := make([]ActorSnapshot, 0, len(r.others))
 	for _, s := range r.others {
 		if snap := s.snapshot(); f.match(&snap, now) {
-			out = append(out, snap)
+			top = append(top, snap)
 		}
 	}
 	r.mu.RUnlock()
-	slices.SortFunc(out, func(a, b ActorSnapshot) int {
+	slices.SortFunc(top, func(a, b ActorSnapshot) int {
 		if d := kindOrder[a.Kind] - kindOrder[b.Kind]; d != 0 {
 			return d
 		}
 		return strings.Compare(a.Path, b.Path)
 	})
-	if f.Kind != "" && f.Kind != KindEndpoint {
-		return out
+	for i := range top {
+		fn(&top[i])
 	}
+	if f.Kind != "" && f.Kind != KindEndpoint {
+		return
+	}
+	var snap ActorSnapshot
 	for i := range r.endpoints {
 		if s := r.endpoints[i].Load(); s != nil {
-			if snap := s.snapshot(); f.match(&snap, now) {
-				out = append(out, snap)
+			if snap = s.snapshot(); f.match(&snap, now) {
+				fn(&snap)
 			}
 		}
 	}
-	return out
 }
 
 // each calls fn for every registered slot.

@@ -235,8 +235,14 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", fmt.Sprintf("</v1/endpoint?%s>; rel=\"next\"", q.Encode()))
 	}
 	out := make([]*models.Endpoint, 0, len(eps))
+	idents := map[identity.NumericIdentity]*models.Identity{} // a few, shared by many endpoints
 	for _, ep := range eps {
-		out = append(out, s.model(ep))
+		ident, ok := idents[ep.Identity]
+		if !ok && ep.Identity != identity.IdentityUnknown {
+			ident = s.identityModel(ep.Identity)
+			idents[ep.Identity] = ident
+		}
+		out = append(out, ep.Model(ident))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
