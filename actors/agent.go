@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -128,17 +127,14 @@ type endpointDeps struct {
 	pool     *actor.PID
 	counters *Counters
 	store    StateStore
-	mailbox  sync.Map // actor PID ID -> *MailboxStats
-	registry *Registry
+	registry *Registry // every actor's snapshot slot, with its mailbox counters
 	events   *events.Hub
 	observer Observer
 }
 
-func (d *endpointDeps) registerStats(id string, s *MailboxStats) { d.mailbox.Store(id, s) }
-func (d *endpointDeps) unregisterStats(id string)                { d.mailbox.Delete(id) }
 func (d *endpointDeps) stats(id string) *MailboxStats {
-	if v, ok := d.mailbox.Load(id); ok {
-		return v.(*MailboxStats)
+	if s := d.registry.slot(id); s != nil {
+		return s.stats
 	}
 	return nil
 }
@@ -197,7 +193,6 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		if err != nil {
 			panic(fmt.Sprintf("spawn %s: %v", name, err))
 		}
-		a.deps.registerStats(pid.Id, stats)
 		a.deps.registry.put(pid.Id, slot)
 		a.children[name] = pid
 		return pid

@@ -56,7 +56,7 @@ type endpointActor struct {
 	// op is the asynchronous operation it waits for, since opSince.
 	slot    *actorSlot
 	op      string
-	opSince time.Time
+	opSince int64 // unix nanoseconds
 }
 
 // regenState is the coalescing regeneration bookkeeping.
@@ -73,10 +73,10 @@ type regenState struct {
 
 	// Introspection: counters of this incarnation and the timing of the
 	// running and the last successful regeneration, by phase (RegenPhases).
-	runs, coalesced, failed uint64
-	started, phaseStart     time.Time
-	phases, lastPhases      [4]time.Duration
-	lastAt                  time.Time
+	runs, coalesced, failed uint32
+	started, phaseStart     int64     // unix nanoseconds
+	phases, lastPhases      [4]uint32 // microseconds
+	lastAt                  int64     // unix nanoseconds; 0: none yet
 }
 
 // Internal messages of the endpoint actor.
@@ -165,7 +165,7 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 func (a *endpointActor) setOp(op string) {
 	a.op = op
 	if op != "" {
-		a.opSince = time.Now()
+		a.opSince = time.Now().UnixNano()
 	}
 }
 
@@ -175,11 +175,11 @@ func (a *endpointActor) report() {
 	if a.slot == nil || a.dead {
 		return
 	}
-	ep, rg := a.ep, &a.regen
-	r := report{state: string(ep.State), stateSince: ep.StateChanged, lastError: ep.LastError, isEndpoint: true,
-		ep: EndpointActorSnapshot{ID: ep.ID, DesiredRevision: ep.DesiredRevision, RealizedRevision: ep.RealizedRevision,
-			RegenerationsRun: rg.runs, RegenerationsCoalesced: rg.coalesced, RegenerationsFailed: rg.failed,
-			LastRegeneration: rg.lastAt, LastPhases: rg.lastPhases}}
+	rg := &a.regen
+	// The report shares the record: from now on it must not change in
+	// place (mut copies it), like a record shared with the index.
+	a.shared = true
+	r := report{ep: a.ep, runs: rg.runs, coalesced: rg.coalesced, failed: rg.failed, lastAt: rg.lastAt, lastPhases: rg.lastPhases}
 	if a.op != "" {
 		r.operation, r.operationSince = a.op, a.opSince
 	}

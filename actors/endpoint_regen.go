@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -57,9 +58,9 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
-	now := time.Now()
+	now := time.Now().UnixNano()
 	a.regen.runs++
-	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]time.Duration{}
+	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]uint32{}
 	if a.ep.Regenerations > 0 {
 		// The first build is not published as regenerating: its waiter
 		// (sync PUT) sees the outcome, and it saves an index write per
@@ -403,9 +404,9 @@ func (a *endpointActor) disconnected(ctx actor.Context) {
 // phaseDone ends phase i (an index of RegenPhases) of the running
 // regeneration and starts the next.
 func (a *endpointActor) phaseDone(i int) {
-	now := time.Now()
-	d := now.Sub(a.regen.phaseStart)
-	a.regen.phases[i], a.regen.phaseStart = d, now
+	now := time.Now().UnixNano()
+	d := time.Duration(now - a.regen.phaseStart)
+	a.regen.phases[i], a.regen.phaseStart = uint32(min(d.Microseconds(), math.MaxUint32)), now
 	if a.deps.observer != nil {
 		a.deps.observer.RegenPhase(RegenPhases[i], d)
 	}
@@ -414,9 +415,9 @@ func (a *endpointActor) phaseDone(i int) {
 // regenTimed records the total of a successful regeneration and keeps its
 // phases as the last regeneration's.
 func (a *endpointActor) regenTimed() {
-	now := time.Now()
-	total := now.Sub(a.regen.started)
-	a.regen.phases[3] = total
+	now := time.Now().UnixNano()
+	total := time.Duration(now - a.regen.started)
+	a.regen.phases[3] = uint32(min(total.Microseconds(), math.MaxUint32))
 	a.regen.lastPhases, a.regen.lastAt = a.regen.phases, now
 	if a.deps.observer != nil {
 		a.deps.observer.RegenPhase(PhaseTotal, total)

@@ -231,7 +231,6 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 		return
 	}
 	m.children[ep.ID] = pid
-	m.deps.registerStats(pid.Id, stats)
 	m.deps.registry.put(pid.Id, slot)
 }
 
@@ -271,7 +270,6 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 // allows (then its row is removed too; IPAM and identity release its
 // leases through their own death-watch).
 func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
-	m.deps.unregisterStats(who.Id)
 	m.deps.registry.remove(who.Id)
 	id, ok := endpointIDFromPID(who)
 	if ok {

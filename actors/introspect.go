@@ -64,8 +64,7 @@ type ActorSnapshot struct {
 	// Restarts counts the actor's restarts by its supervisor.
 	Restarts  int64
 	LastError string
-	// Endpoint is set for endpoint actors. It points into the actor's
-	// immutable published report: read it, never change it.
+	// Endpoint is set for endpoint actors.
 	Endpoint *EndpointActorSnapshot
 }
 
@@ -99,16 +98,17 @@ func (s *ActorSnapshot) BusySince() time.Time {
 	return time.Time{}
 }
 
-// report is an actor's self-published part of its snapshot. It is
-// comparable, so an actor republishes only when something changed.
+// report is what an endpoint actor publishes about itself: its record
+// (immutable once reported, shared like the index row) and what the
+// record does not hold. Small, because every live endpoint keeps one;
+// comparable, so the actor republishes only when something changed.
 type report struct {
-	state          string
-	stateSince     time.Time
-	operation      string
-	operationSince time.Time
-	lastError      string
-	isEndpoint     bool
-	ep             EndpointActorSnapshot
+	ep                      *endpoint.Endpoint
+	operation               string
+	operationSince          int64 // unix nanoseconds
+	runs, coalesced, failed uint32
+	lastAt                  int64     // unix nanoseconds; 0: none yet
+	lastPhases              [4]uint32 // microseconds
 }
 
 // opInfo is the message a non-endpoint actor is handling.
@@ -117,17 +117,22 @@ type opInfo struct {
 	since time.Time
 }
 
+// failure counts a supervisor's restarts of an actor and the last reason.
+type failure struct {
+	restarts int64
+	reason   string
+}
+
 // actorSlot holds what one actor publishes. Written by the actor (report,
-// op), its supervisor (restarts, failure) and its mailbox (stats); read by
-// HTTP handlers. Every field is atomic or set before the slot is shared.
+// op), its supervisor (fail) and its mailbox (stats); read by HTTP
+// handlers. Every field is atomic or set before the slot is shared.
 type actorSlot struct {
-	path     string
-	kind     string
-	stats    *MailboxStats
-	report   atomic.Pointer[report]
-	op       atomic.Pointer[opInfo]
-	restarts atomic.Int64
-	failure  atomic.Pointer[string]
+	path   string
+	kind   string
+	stats  *MailboxStats
+	report atomic.Pointer[report]
+	op     atomic.Pointer[opInfo]
+	fail   atomic.Pointer[failure]
 }
 
 func newSlot(kind string, stats *MailboxStats) *actorSlot {
@@ -142,11 +147,14 @@ func (s *actorSlot) publish(r report) {
 	s.report.Store(&r)
 }
 
-// failed records a supervisor's restart of the actor and the reason.
+// failed records a supervisor's restart of the actor and the reason
+// (called by the supervisor only, so load-then-store does not race).
 func (s *actorSlot) failed(reason any) {
-	s.restarts.Add(1)
-	msg := "panic: " + anyString(reason)
-	s.failure.Store(&msg)
+	f := &failure{restarts: 1, reason: "panic: " + anyString(reason)}
+	if cur := s.fail.Load(); cur != nil {
+		f.restarts = cur.restarts + 1
+	}
+	s.fail.Store(f)
 }
 
 func anyString(v any) string {
@@ -159,23 +167,46 @@ func anyString(v any) string {
 	return reflect.TypeOf(v).String()
 }
 
-func (s *actorSlot) snapshot() ActorSnapshot {
-	out := ActorSnapshot{Path: s.path, Kind: s.kind, State: "running", Restarts: s.restarts.Load()}
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// snapshotInto fills out (and ep, for an endpoint actor; out.Endpoint
+// then points to it).
+func (s *actorSlot) snapshotInto(out *ActorSnapshot, ep *EndpointActorSnapshot) {
+	*out = ActorSnapshot{Path: s.path, Kind: s.kind, State: "running"}
 	if s.stats != nil {
 		out.MailboxDepth, out.Processed = s.stats.Depth(), s.stats.Processed()
 	}
-	if r := s.report.Load(); r != nil {
-		out.State, out.StateSince, out.Operation, out.OperationSince, out.LastError = r.state, r.stateSince, r.operation, r.operationSince, r.lastError
-		if r.isEndpoint {
-			out.Endpoint = &r.ep // the report is immutable: shared, read-only
+	if f := s.fail.Load(); f != nil {
+		out.Restarts, out.LastError = f.restarts, f.reason
+	}
+	if r := s.report.Load(); r != nil && r.ep != nil {
+		e := r.ep
+		out.State, out.StateSince = string(e.State), e.StateChanged
+		if e.LastError != "" {
+			out.LastError = e.LastError
 		}
+		out.Operation, out.OperationSince = r.operation, unixTime(r.operationSince)
+		*ep = EndpointActorSnapshot{ID: e.ID, DesiredRevision: e.DesiredRevision, RealizedRevision: e.RealizedRevision,
+			RegenerationsRun: uint64(r.runs), RegenerationsCoalesced: uint64(r.coalesced), RegenerationsFailed: uint64(r.failed),
+			LastRegeneration: unixTime(r.lastAt)}
+		for i, us := range r.lastPhases {
+			ep.LastPhases[i] = time.Duration(us) * time.Microsecond
+		}
+		out.Endpoint = ep
 	}
 	if op := s.op.Load(); op != nil && out.Operation == "" {
 		out.Operation, out.OperationSince = op.name, op.since
 	}
-	if f := s.failure.Load(); f != nil && out.LastError == "" {
-		out.LastError = *f
-	}
+}
+
+func (s *actorSlot) snapshot() ActorSnapshot {
+	var out ActorSnapshot
+	s.snapshotInto(&out, &EndpointActorSnapshot{})
 	return out
 }
 
@@ -289,12 +320,20 @@ func (r *Registry) List(f ActorFilter, now time.Time) []ActorSnapshot {
 		n += int(r.live.Load())
 	}
 	out := make([]ActorSnapshot, 0, n)
-	r.Visit(f, now, func(s *ActorSnapshot) { out = append(out, *s) })
+	r.Visit(f, now, func(s *ActorSnapshot) {
+		c := *s
+		if s.Endpoint != nil {
+			ep := *s.Endpoint
+			c.Endpoint = &ep
+		}
+		out = append(out, c)
+	})
 	return out
 }
 
 // Visit calls fn with the snapshot of every actor matching f, in List's
-// order, without building a list; snap is reused between calls.
+// order, without building a list; snap (and snap.Endpoint) is reused
+// between calls, so fn must copy what it keeps.
 func (r *Registry) Visit(f ActorFilter, now time.Time, fn func(snap *ActorSnapshot)) {
 	r.mu.RLock()
 	top := make([]ActorSnapshot, 0, len(r.others))
@@ -317,9 +356,10 @@ func (r *Registry) Visit(f ActorFilter, now time.Time, fn func(snap *ActorSnapsh
 		return
 	}
 	var snap ActorSnapshot
+	var ep EndpointActorSnapshot // reused: fn must not keep snap.Endpoint
 	for i := range r.endpoints {
 		if s := r.endpoints[i].Load(); s != nil {
-			if snap = s.snapshot(); f.match(&snap, now) {
+			if s.snapshotInto(&snap, &ep); f.match(&snap, now) {
 				fn(&snap)
 			}
 		}
