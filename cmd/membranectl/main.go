@@ -92,7 +92,7 @@ func exitCode(err error) int {
 		return exitNotReady
 	case errors.As(err, &ae):
 		return exitError
-	case errors.As(err, &oe), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
+	case errors.As(err, &oe): // dialing the socket or the server failed
 		return exitUnreachable
 	}
 	return exitError

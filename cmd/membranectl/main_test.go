@@ -298,6 +298,8 @@ func TestPolicyCommands(t *testing.T) {
 		{"policy-delete-name", []string{"policy", "delete", "default/allow-web"}, exitOK},
 		{"policy-delete-labels", []string{"policy", "delete", "--labels", "app=web,team=a"}, exitOK},
 		{"policy-delete-usage", []string{"policy", "delete"}, exitUsage},
+		{"policy-import-missing-file", []string{"policy", "import", filepath.Join(dir, "none.yaml")}, exitError},
+		{"policy-no-subcommand", []string{"policy", "frob"}, exitUsage},
 		{"endpoint-policy", []string{"endpoint", "policy", "3"}, exitOK},
 		{"ipcache-list", []string{"ipcache", "list"}, exitOK},
 		{"ipcache-list-json", []string{"ipcache", "list", "-o", "json"}, exitOK},

@@ -127,27 +127,27 @@ func (s *Server) routes() {
 // ServeHTTP implements http.Handler: JSON errors for unknown routes and
 // methods, panics turned into 500s.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, pattern := s.mux.Handler(r)
+	h, pattern := s.mux.Handler(r)
 	if pattern == eventsRoute {
-		s.serve(w, r)
+		s.serve(w, r, h, pattern)
 		return
 	}
 	start, rec := time.Now(), &codeWriter{ResponseWriter: w}
-	s.serve(rec, r)
+	s.serve(rec, r, h, pattern)
 	if pattern == "" {
 		pattern = "unmatched"
 	}
 	s.cfg.Metrics.ObserveRequest(pattern, r.Method, rec.code(), time.Since(start))
 }
 
-func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+// serve runs the handler the mux chose (h, pattern).
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, h http.Handler, pattern string) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
 			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
 		}
 	}()
-	h, pattern := s.mux.Handler(r)
 	if pattern == "" {
 		rec := &statusRecorder{header: http.Header{}}
 		h.ServeHTTP(rec, r)
