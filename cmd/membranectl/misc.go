@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -181,5 +180,3 @@ func (a *app) ipcacheCommand() *cobra.Command {
 	})
 	return cmd
 }
-
-var errNothingToDelete = errors.New("policy delete: give a NAME (namespace/name) or --labels, not both")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,8 +11,16 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// errNothingToDelete: policy delete needs exactly one of NAME and --labels.
+var errNothingToDelete = errors.New("policy delete: give a NAME (namespace/name) or --labels, not both")
+
 func (a *app) policyCommand() *cobra.Command {
 	cmd := group(&cobra.Command{Use: "policy", Short: "The policy repository"}, nil)
+	cmd.AddCommand(a.policyImport(), a.policyGet(), a.policyDelete())
+	return cmd
+}
+
+func (a *app) policyImport() *cobra.Command {
 	var format string
 	imp := &cobra.Command{
 		Use: "import FILE|-", Short: "Import policy documents (YAML or JSON; - reads stdin)", Args: exactArgs(1, "FILE or -"),
@@ -31,7 +40,11 @@ func (a *app) policyCommand() *cobra.Command {
 		},
 	}
 	imp.Flags().StringVar(&format, "format", "", "yaml or json (default: from the file extension, else yaml)")
-	get := &cobra.Command{
+	return imp
+}
+
+func (a *app) policyGet() *cobra.Command {
+	return &cobra.Command{
 		Use: "get", Aliases: []string{"list", "ls"}, Short: "List the imported policies", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := a.ctx(cmd)
@@ -48,6 +61,9 @@ func (a *app) policyCommand() *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+func (a *app) policyDelete() *cobra.Command {
 	var labels string
 	del := &cobra.Command{
 		Use: "delete [NAMESPACE/NAME]", Short: "Delete policies by name or by --labels k=v,...",
@@ -73,8 +89,7 @@ func (a *app) policyCommand() *cobra.Command {
 		},
 	}
 	del.Flags().StringVar(&labels, "labels", "", "delete the policies with these labels, e.g. app=web,team=a")
-	cmd.AddCommand(imp, get, del)
-	return cmd
+	return del
 }
 
 // readPolicy reads a policy file (or stdin for "-") and picks its
