@@ -45,6 +45,8 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/labels/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseSet$$' -fuzztime $(FUZZTIME) ./pkg/labels/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSelector$$' -fuzztime $(FUZZTIME) ./pkg/labels/
+	$(GO) test -run '^$$' -fuzz '^FuzzQueries$$' -fuzztime $(FUZZTIME) ./pkg/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/api/
@@ -58,7 +60,8 @@ fuzz:
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/ipam/
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/api/
+	$(GO) test -run '^$$' -bench 'Lifecycle|HeapPerEndpoint' -benchtime 2s ./pkg/api/
+	$(GO) test -run '^$$' -bench OperatorQueries10k -benchtime 50x ./pkg/api/
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).

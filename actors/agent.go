@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
@@ -53,6 +53,10 @@ type Config struct {
 	Pool     PoolConfig
 	Endpoint EndpointConfig
 	Policy   PolicyConfig
+	// Events receives endpoint and identity events (nil: none).
+	Events *events.Hub
+	// Observer receives regeneration phase durations (nil: none).
+	Observer Observer
 }
 
 // withDefaults fills zero fields.
@@ -143,14 +147,14 @@ type endpointDeps struct {
 	ipcache  *actor.PID
 	counters *Counters
 	store    StateStore
-	mailbox  sync.Map // actor PID ID -> *MailboxStats
+	registry *Registry // every actor's snapshot slot, with its mailbox counters
+	events   *events.Hub
+	observer Observer
 }
 
-func (d *endpointDeps) registerStats(id string, s *MailboxStats) { d.mailbox.Store(id, s) }
-func (d *endpointDeps) unregisterStats(id string)                { d.mailbox.Delete(id) }
 func (d *endpointDeps) stats(id string) *MailboxStats {
-	if v, ok := d.mailbox.Load(id); ok {
-		return v.(*MailboxStats)
+	if s := d.registry.slot(id); s != nil {
+		return s.stats
 	}
 	return nil
 }
@@ -205,11 +209,13 @@ func (a *agentActor) Receive(ctx actor.Context) {
 func (a *agentActor) spawnChildren(ctx actor.Context) {
 	a.children = make(map[string]*actor.PID)
 	spawn := func(name string, stats *MailboxStats, produce func() actor.Actor) *actor.PID {
-		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, actor.WithMailbox(unboundedWithStats(stats))), name)
+		slot := newSlot(name, stats)
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, actor.WithMailbox(unboundedWithStats(stats)),
+			actor.WithReceiverMiddleware(slot.trackReceive)), name)
 		if err != nil {
 			panic(fmt.Sprintf("spawn %s: %v", name, err))
 		}
-		a.deps.registerStats(pid.Id, stats)
+		a.deps.registry.put(pid.Id, slot)
 		a.children[name] = pid
 		return pid
 	}
@@ -220,20 +226,28 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	// The manager is spawned last; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
 	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor { return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache) })
-	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, d.policy, a.log) })
+	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
+		ia := newIdentityActor(a.newAlloc, d.ix, d.policy, a.log)
+		ia.events = d.events
+		return ia
+	})
 	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 }
 
 // agentStrategy resumes the endpoint manager and restarts other children
 // within a budget of 10 failures per 10 s, then stops them.
 type agentStrategy struct {
-	restart actor.SupervisorStrategy
-	log     *slog.Logger
+	restart  actor.SupervisorStrategy
+	log      *slog.Logger
+	registry *Registry
 }
 
 // HandleFailure implements actor.SupervisorStrategy.
 func (s *agentStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, msg any) {
 	s.log.Error("actor failed", "actor", child.Id, "reason", reason, "message", fmt.Sprintf("%T", msg))
+	if slot := s.registry.slot(child.Id); slot != nil {
+		slot.failed(reason)
+	}
 	if len(child.Id) >= len("/endpoints") && child.Id[len(child.Id)-len("/endpoints"):] == "/endpoints" {
 		sup.ResumeChildren(child)
 		return
@@ -249,14 +263,19 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
-	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}, store: cfg.State}
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}, store: cfg.State,
+		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
 	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
-	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log}
+	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
+	rootStats := &MailboxStats{}
+	rootSlot := newSlot(KindAgent, rootStats)
 	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root },
-		actor.WithSupervisor(strategy)), "agent")
+		actor.WithSupervisor(strategy), actor.WithMailbox(unboundedWithStats(rootStats)),
+		actor.WithReceiverMiddleware(rootSlot.trackReceive)), "agent")
 	if err != nil {
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
+	deps.registry.put(agentPID.Id, rootSlot)
 	res, err := sys.Root.RequestFuture(agentPID, &getChildren{}, 10*time.Second).Result()
 	if err != nil {
 		return nil, fmt.Errorf("start actor system: %w", err)
@@ -293,6 +312,12 @@ func (s *System) Counters() CounterValues {
 	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
 		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load()}
 }
+
+// Registry returns the snapshots every actor publishes (GET /v1/actors).
+func (s *System) Registry() *Registry { return s.deps.registry }
+
+// Events returns the event hub (nil if the system was started without one).
+func (s *System) Events() *events.Hub { return s.deps.events }
 
 // MailboxStats returns the mailbox counters of an actor by PID ID.
 func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(pidID) }

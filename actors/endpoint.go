@@ -51,6 +51,12 @@ type endpointActor struct {
 	deleting    bool
 	tearingDown bool
 	delReplies  []messages.Reply // sent when the endpoint is disconnected
+
+	// slot is where this actor publishes its snapshot (GET /v1/actors);
+	// op is the asynchronous operation it waits for, since opSince.
+	slot    *actorSlot
+	op      string
+	opSince int64 // unix nanoseconds
 }
 
 // regenState is the coalescing regeneration bookkeeping.
@@ -67,6 +73,13 @@ type regenState struct {
 	earlyAcks      map[string]struct{} // acks of rev that beat the realize result
 	proxyTimer     *time.Timer
 	retryTimer     *time.Timer
+
+	// Introspection: counters of this incarnation and the timing of the
+	// running and the last successful regeneration, by phase (RegenPhases).
+	runs, coalesced, failed uint32
+	started, phaseStart     int64     // unix nanoseconds
+	phases, lastPhases      [4]uint32 // microseconds
+	lastAt                  int64     // unix nanoseconds; 0: none yet
 }
 
 // Internal messages of the endpoint actor.
@@ -149,6 +162,33 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 			a.logger().Warn("releasing previous identity failed", "err", msg.Err)
 		}
 	}
+	a.report()
+}
+
+// setOp records the asynchronous operation the actor now waits for ("" when
+// none), for its snapshot.
+func (a *endpointActor) setOp(op string) {
+	a.op = op
+	if op != "" {
+		a.opSince = time.Now().UnixNano()
+	}
+}
+
+// report publishes the actor's snapshot if it changed. It runs after
+// every message and continuation, on the actor's goroutine.
+func (a *endpointActor) report() {
+	if a.slot == nil || a.dead {
+		return
+	}
+	rg := &a.regen
+	// The report shares the record: from now on it must not change in
+	// place (mut copies it), like a record shared with the index.
+	a.shared = true
+	r := report{ep: a.ep, runs: rg.runs, coalesced: rg.coalesced, failed: rg.failed, lastAt: rg.lastAt, lastPhases: rg.lastPhases}
+	if a.op != "" {
+		r.operation, r.operationSince = a.op, a.opSince
+	}
+	a.slot.publish(r)
 }
 
 func (a *endpointActor) started(ctx actor.Context) {
@@ -303,11 +343,14 @@ func (a *endpointActor) ips() []netip.Addr {
 // this incarnation restarted in the meantime.
 func (a *endpointActor) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
 	f := ctx.RequestFuture(pid, msg, timeout)
+	a.setOp(endpointOpName(msg))
 	ctx.ReenterAfter(f, func(res any, err error) {
 		if a.dead {
 			return
 		}
+		a.setOp("")
 		cont(res, err)
+		a.report()
 	})
 }
 

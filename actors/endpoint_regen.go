@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -44,6 +45,9 @@ func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) 
 		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
 	}
 	if a.regen.running || a.idBusy || a.dpBusy || a.ep.State == endpoint.StateWaitingForIdentity {
+		if a.regen.pending {
+			a.regen.coalesced++ // merged into the pending regeneration
+		}
 		a.regen.pending = true
 		return
 	}
@@ -71,6 +75,9 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
+	now := time.Now().UnixNano()
+	a.regen.runs++
+	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]uint32{}
 	if a.ep.Regenerations > 0 {
 		// The first build is not published as regenerating: its waiter
 		// (sync PUT) sees the outcome, and it saves an index write per
@@ -114,6 +121,7 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 		case err != nil:
 			a.regenFailed(ctx, fmt.Errorf("write state: %w", err))
 		default:
+			a.phaseDone(0)
 			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
 				return dp.Realize(c, snap, rev)
 			}, a.realized)
@@ -148,11 +156,13 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 	f := actor.NewFuture(system, a.deps.cfg.DatapathTimeout)
 	pid := f.PID()
 	submit(func(err error) { system.Root.Send(pid, &stateResult{err: err}) })
+	a.setOp(op + "-state")
 	ctx.ReenterAfter(f, func(res any, err error) {
 		if a.dead {
 			return
 		}
 		a.dpBusy = false
+		a.setOp("")
 		if r, ok := res.(*stateResult); ok && err == nil {
 			err = r.err
 		}
@@ -160,6 +170,7 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 			err = fmt.Errorf("%s state: %w", op, err)
 		}
 		cont(ctx, err)
+		a.report()
 	})
 }
 
@@ -187,6 +198,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 		a.regenFailed(ctx, r.Err)
 		return
 	}
+	a.phaseDone(1)
 	res, _ := r.Value.(datapath.Realized)
 	if len(res.ProxyWaits) == 0 {
 		a.completeRegen(ctx, false)
@@ -203,6 +215,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 		a.completeRegen(ctx, false)
 		return
 	}
+	a.setOp(PhaseProxyWait)
 	self, system, rev := ctx.Self(), ctx.ActorSystem(), a.regen.rev
 	a.regen.proxyTimer = time.AfterFunc(a.deps.cfg.ProxyWaitTimeout, func() {
 		system.Root.Send(self, &proxyTimeout{rev: rev})
@@ -241,6 +254,10 @@ func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
 // completeRegen records the realised revision and answers the waiters,
 // then starts the pending regeneration, if any.
 func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
+	if a.op == PhaseProxyWait {
+		a.phaseDone(2)
+	}
+	a.regenTimed()
 	a.mut().RealizedRevision = a.regen.rev
 	a.mut().Regenerations++
 	a.mut().LastError = ""
@@ -260,6 +277,9 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 // endRegen closes the running regeneration: err nil means success.
 func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 	a.regen.running = false
+	if a.op == PhaseProxyWait {
+		a.setOp("")
+	}
 	a.regen.proxyWait, a.regen.earlyAcks = nil, nil
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
@@ -288,6 +308,7 @@ func (a *endpointActor) regenFailed(ctx actor.Context, err error) {
 	err = fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, err)
 	a.logger().Warn("regeneration failed", "revision", a.regen.rev, "err", err)
 	a.deps.counters.regenFailed.Add(1)
+	a.regen.failed++
 	a.mut().LastError = err.Error()
 	a.setState(endpoint.StateWaitingToRegenerate, "regeneration failed")
 	a.endRegen(ctx, err)
@@ -431,4 +452,27 @@ func (a *endpointActor) disconnected(ctx actor.Context) {
 	a.delReplies = nil
 	a.stopTimers()
 	ctx.Stop(ctx.Self())
+}
+
+// phaseDone ends phase i (an index of RegenPhases) of the running
+// regeneration and starts the next.
+func (a *endpointActor) phaseDone(i int) {
+	now := time.Now().UnixNano()
+	d := time.Duration(now - a.regen.phaseStart)
+	a.regen.phases[i], a.regen.phaseStart = uint32(min(d.Microseconds(), math.MaxUint32)), now
+	if a.deps.observer != nil {
+		a.deps.observer.RegenPhase(RegenPhases[i], d)
+	}
+}
+
+// regenTimed records the total of a successful regeneration and keeps its
+// phases as the last regeneration's.
+func (a *endpointActor) regenTimed() {
+	now := time.Now().UnixNano()
+	total := time.Duration(now - a.regen.started)
+	a.regen.phases[3] = uint32(min(total.Microseconds(), math.MaxUint32))
+	a.regen.lastPhases, a.regen.lastAt = a.regen.phases, now
+	if a.deps.observer != nil {
+		a.deps.observer.RegenPhase(PhaseTotal, total)
+	}
 }

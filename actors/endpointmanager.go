@@ -13,6 +13,7 @@ import (
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/index"
 )
 
@@ -126,6 +127,7 @@ func (m *managerActor) create(ctx actor.Context, msg *messages.CreateEndpoint) {
 	spec.State, spec.Created, spec.StateChanged = endpoint.StateWaitingForIdentity, now, now
 	m.track(spec)
 	m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
+	m.deps.events.Publish(endpointEvent(events.EndpointCreated, spec, "", "created"))
 	m.spawn(ctx, spec, startMode{kind: startCreate, waiter: ctx.Sender(), sync: msg.Sync})
 }
 
@@ -152,6 +154,7 @@ func (m *managerActor) restore(ctx actor.Context, msg *messages.RestoreEndpoints
 		m.track(spec)
 		m.batch.putKeyed(ctx, index.TableEndpoints, spec.ID, spec)
 		m.restorePending[spec.ID] = true
+		m.deps.events.Publish(endpointEvent(events.EndpointCreated, spec, "", "restored"))
 		m.spawn(ctx, spec, startMode{kind: startRestore})
 	}
 	m.maybeRestored(ctx)
@@ -197,6 +200,7 @@ func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
 
 func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode startMode) {
 	stats := &MailboxStats{}
+	slot := newSlot(KindEndpoint, stats)
 	incarnation := 0
 	self, first, id := ctx.Self(), ep, ep.ID
 	var prev *endpointActor // the latest incarnation (only touched on its goroutine)
@@ -206,6 +210,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 			spec, md := first, mode
 			first, mode = nil, startMode{} // later incarnations rebuild from the index
 			prev = newEndpointActor(m.deps, spec, md, self, stats)
+			prev.slot = slot
 			return prev
 		}
 		// A restart: the new incarnation rebuilds from the index, falling
@@ -216,6 +221,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 			rec, md.deleting, md.tearingDown = prev.ep, prev.deleting, prev.tearingDown
 		}
 		prev = newEndpointActor(m.deps, rec, md, self, stats)
+		prev.slot = slot
 		return prev
 	}, actor.WithMailbox(unboundedWithStats(stats)))
 	pid, err := ctx.SpawnNamed(props, endpointActorName(ep.ID))
@@ -229,7 +235,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 		return
 	}
 	m.children[ep.ID] = pid
-	m.deps.registerStats(pid.Id, stats)
+	m.deps.registry.put(pid.Id, slot)
 }
 
 // forward sends a request naming an endpoint to its actor, keeping the
@@ -249,7 +255,11 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 		if msg.Deleted {
 			m.untrack(msg.Endpoint)
 			m.batch.delKeyed(ctx, index.TableEndpoints, id, msg.Endpoint)
+			m.eps[id] = msg.Endpoint // childStopped publishes the deleted event
 		} else {
+			if old := m.eps[id]; old != nil && old.State != msg.Endpoint.State {
+				m.deps.events.Publish(endpointEvent(events.EndpointStateChanged, msg.Endpoint, old.State, msg.Endpoint.LastError))
+			}
 			m.eps[id] = msg.Endpoint
 			m.batch.putKeyed(ctx, index.TableEndpoints, id, msg.Endpoint)
 		}
@@ -264,7 +274,7 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 // allows (then its row is removed too; IPAM and identity release its
 // leases through their own death-watch).
 func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
-	m.deps.unregisterStats(who.Id)
+	m.deps.registry.remove(who.Id)
 	id, ok := endpointIDFromPID(who)
 	if ok {
 		m.restored(ctx, id, fmt.Errorf("endpoint %d: actor stopped while restoring", id))
@@ -275,6 +285,13 @@ func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	if ep, ok := m.eps[id]; ok {
 		m.untrack(ep)
 		m.forgetPolicy(ctx, ep)
+		reason := "deleted"
+		if ep.State != endpoint.StateDisconnecting {
+			reason = "endpoint actor stopped (restart budget exhausted)"
+		}
+		ev := endpointEvent(events.EndpointDeleted, ep, ep.State, reason)
+		ev.State = string(endpoint.StateDisconnected)
+		m.deps.events.Publish(ev)
 	}
 	delete(m.children, id)
 	delete(m.eps, id)
@@ -395,8 +412,17 @@ var _ actor.SupervisorStrategy = (*managerActor)(nil)
 // restarted in place RestartBudget times per 10 s, then stopped (its
 // leases are then released by the IPAM and identity death-watch).
 func (m *managerActor) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, msg any) {
+	if slot := m.deps.registry.slot(child.Id); slot != nil {
+		slot.failed(reason)
+	}
 	if m.strategy == nil {
 		m.strategy = actor.NewOneForOneStrategy(m.deps.cfg.RestartBudget, 10*time.Second, actor.DefaultDecider)
 	}
 	m.strategy.HandleFailure(sys, sup, child, rs, reason, msg)
+}
+
+// endpointEvent builds an endpoint event for the hub.
+func endpointEvent(t events.Type, ep *endpoint.Endpoint, prev endpoint.State, msg string) events.Event {
+	return events.Event{Type: t, Endpoint: uint16(ep.ID), Namespace: ep.Namespace, Pod: ep.PodName,
+		State: string(ep.State), PrevState: string(prev), Identity: uint32(ep.Identity), Message: msg}
 }

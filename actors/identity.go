@@ -8,8 +8,10 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/labels"
 )
 
 // identityActor maps label sets to numeric identities through an
@@ -28,6 +30,7 @@ type identityActor struct {
 	// policy is told about every identity bound or released (its
 	// selector cache follows them); nil in tests without one.
 	policy *actor.PID
+	events *events.Hub // identity allocated / released; may be nil
 }
 
 func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, policy *actor.PID, log *slog.Logger) *identityActor {
@@ -99,10 +102,13 @@ func (a *identityActor) acquire(ctx actor.Context, msg *messages.IdentityAcquire
 	if err != nil {
 		return identity.Identity{}, false, fmt.Errorf("acquire identity for %s: %w", msg.Labels.Key(), err)
 	}
-	if isNew && a.policy != nil {
-		// Sent before the acquirer's reply (which waits for the index
-		// commit), so the policy actor knows the identity first.
-		ctx.Send(a.policy, &messages.IdentityChanged{ID: id.ID, Labels: id.Labels})
+	if isNew {
+		if a.policy != nil {
+			// Sent before the acquirer's reply (which waits for the index
+			// commit), so the policy actor knows the identity first.
+			ctx.Send(a.policy, &messages.IdentityChanged{ID: id.ID, Labels: id.Labels})
+		}
+		a.events.Publish(events.Event{Type: events.IdentityAllocated, Identity: uint32(id.ID), Labels: id.Labels.Strings()})
 	}
 	a.hold(ctx, msg.Holder.Id, id.ID)
 	a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id.ID, msg.Holder.Id), &index.IdentityLease{ID: id.ID, Holder: msg.Holder.Id})
@@ -145,9 +151,16 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		a.log.Info("identity reference detached, not released (NoIdentityRelease)", "identity", id, "holder", holder)
 		return false, nil
 	}
+	var ls labels.Labels
+	if cur, ok := a.alloc.Lookup(id); ok {
+		ls = cur.Labels
+	}
 	released, err := a.alloc.Release(id)
 	if err != nil {
 		return false, fmt.Errorf("release identity %d: %w", id, err)
+	}
+	if released {
+		a.events.Publish(events.Event{Type: events.IdentityReleased, Identity: uint32(id), Labels: ls.Strings()})
 	}
 	a.writeRow(ctx, id)
 	if released && a.policy != nil {

@@ -20,7 +20,7 @@ ctl() { "$BIN/membranectl" --socket "$sock" "$@"; }
 
 echo "== starting membrane-agent (fake datapath) on $sock"
 "$BIN/membrane-agent" --socket "$sock" --state-dir "$dir/state" --datapath fake \
-	--ipv4-range 10.200.0.0/16 --ipv6-range fd00:200::/112 --log-format text >"$log" 2>&1 &
+	--ipv4-range 10.200.0.0/16 --ipv6-range fd00:200::/112 --http-addr 127.0.0.1:0 --log-format text >"$log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 step "$BIN/membranectl" --socket "$sock" status
@@ -41,13 +41,23 @@ done
 
 step "$BIN/membranectl" --socket "$sock" endpoint list
 step "$BIN/membranectl" --socket "$sock" endpoint list --label k8s:app=web
+step "$BIN/membranectl" --socket "$sock" endpoint list --selector 'app=web,tier!=db' --limit 1
+echo; echo "== the actor tree: each actor publishes its state, operation and mailbox depth (GET /v1/actors)"
+step "$BIN/membranectl" --socket "$sock" actors
 step "$BIN/membranectl" --socket "$sock" identity list
-echo; echo "== relabel db-0: it gets a new identity and a regeneration"
+echo; echo "== relabel db-0: it gets a new identity and a regeneration; membranectl monitor follows the events (GET /v1/events)"
+ctl monitor --count 6 --timeout 10s >"$dir/events.txt" 2>&1 &
+monitor_pid=$!
+sleep 0.3
 step "$BIN/membranectl" --socket "$sock" -o json endpoint labels pod-name:default/db-0 --add k8s:tier=backend
+wait "$monitor_pid" || true
+echo; echo "$ membranectl monitor --count 6"; cat "$dir/events.txt"
 step "$BIN/membranectl" --socket "$sock" endpoint health pod-name:default/db-0
 echo; echo "== a duplicate container is refused with 409"
-if ctl endpoint create container-id:demo-web-0 --namespace default --pod web-0 --sync; then echo "unexpected success"; exit 1; fi
+if ctl endpoint create container-id:demo-web-0 --namespace default --pod web-0 --label k8s:app=web --sync; then echo "unexpected success"; exit 1; fi
 step "$BIN/membranectl" --socket "$sock" ipam status
+echo; echo "== Prometheus metrics (GET /metrics; also on the read-only --http-addr listener)"
+curl -s --unix-socket "$sock" http://membrane/metrics | grep -E '^membrane_(endpoints|identities|ipam_used|endpoint_regeneration_duration_seconds_count)' || true
 
 echo; echo "== delete every endpoint (DELETE /v1/endpoint/{id}); their addresses and identities are released"
 for pod in "${pods[@]}"; do step "$BIN/membranectl" --socket "$sock" endpoint delete "container-id:demo-$pod"; done

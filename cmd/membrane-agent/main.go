@@ -68,6 +68,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth is removed if its netns has not taken it (negative: at once)")
 	fs.DurationVar(&cfg.Linux.CheckInterval, "endpoint-check-interval", 30*time.Second, "linux datapath: how often every endpoint's host interface is checked (negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", "/sys/fs/bpf/membrane", "linux datapath: directory on a bpffs for the pinned BPF maps and links (a bpffs is mounted at its parent if missing)")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9890", "read-only HTTP listener: GET API calls, /metrics and (with --pprof) /debug/pprof; mutating calls are refused (\"\" disables)")
+	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {

@@ -1,320 +1,181 @@
-// Command membranectl queries and drives a running membrane-agent over its
-// unix socket: status, endpoints, IPAM and identities. Output is JSON
-// (-o json) or a table for lists (-o table, the default).
+// Command membranectl is the operator's client of membrane-agent. It talks
+// to the agent's unix socket (--socket) or, for reads, to its HTTP
+// listener (--server http://127.0.0.1:9890): status, endpoints,
+// identities, IPAM, policy, ipcache, the actor tree and the event stream.
+// Output is an aligned table (the default), JSON or YAML (-o).
+//
+// Exit codes: 0 success, 1 an error answered by the agent or a local
+// failure, 2 bad usage, 3 not found, 4 agent unreachable, 5 agent not
+// ready (starting or stopping).
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"net/url"
+	"net"
+	"net/http"
 	"os"
-	"strconv"
+	"os/signal"
 	"strings"
-	"text/tabwriter"
+	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/models"
 )
 
-const usage = `usage: membranectl [--socket PATH] [-o table|json] COMMAND
-
-commands:
-  status                                  agent status
-  endpoint list [--namespace NS] [--pod P] [--state S] [--identity N] [--label L]...
-  endpoint get REF                        REF: ID, container-id:ID or pod-name:NS/POD
-  endpoint create REF [--container-id C] [--namespace NS] [--pod P] [--label L]... [--ipv4 IP] [--ipv6 IP] [--sync]
-  endpoint delete REF
-  endpoint labels REF [--add L]... [--delete L]...
-  endpoint regenerate REF
-  endpoint health REF
-  ipam [status]                           pools and allocations
-  ipam allocate [--family ipv4|ipv6] [--owner NS/POD]
-  ipam release IP
-  identity list
-  identity get ID
-`
+// Exit codes.
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitNotFound    = 3
+	exitUnreachable = 4
+	exitNotReady    = 5
+)
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
+// app is the state shared by the commands.
+type app struct {
+	socket, server, output string
+	timeout                time.Duration
+	out, errOut            io.Writer
+	c                      *client.Client
+}
+
+// usageError marks errors of the command line (exit 2).
+type usageError struct{ error }
+
+// exitError carries an explicit exit code (status of a not-ready agent).
+type exitCodeError struct {
+	error
+	code int
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("membranectl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
-	socket := fs.String("socket", "/var/run/membrane/membrane.sock", "agent socket")
-	out := fs.String("o", "table", "output: table or json")
-	timeout := fs.Duration("timeout", 60*time.Second, "request timeout")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	a := &app{out: stdout, errOut: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
 	}
-	if *out != "table" && *out != "json" {
-		fmt.Fprintf(stderr, "membranectl: -o: %q: want table or json\n", *out)
-		return 2
+	if strings.HasPrefix(err.Error(), "unknown command") {
+		err = usageError{err}
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	c := &cli{c: client.New(*socket), out: stdout, json: *out == "json"}
-	err := c.dispatch(ctx, fs.Args())
+	fmt.Fprintf(stderr, "membranectl: %v\n", err)
+	return exitCode(err)
+}
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
 	var ue usageError
+	var ec exitCodeError
+	var ae *client.APIError
+	var oe *net.OpError
 	switch {
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "membranectl: %v\n%s", err, usage)
-		return 2
-	case err != nil:
-		fmt.Fprintf(stderr, "membranectl: %v\n", err)
-		return 1
+		return exitUsage
+	case errors.As(err, &ec):
+		return ec.code
+	case errors.As(err, &ae) && ae.Status == http.StatusNotFound:
+		return exitNotFound
+	case errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable:
+		return exitNotReady
+	case errors.As(err, &ae):
+		return exitError
+	case errors.As(err, &oe): // dialing the socket or the server failed
+		return exitUnreachable
 	}
-	return 0
+	return exitError
 }
 
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
-
-type cli struct {
-	c    *client.Client
-	out  io.Writer
-	json bool
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "membranectl",
+		Short: "Operate a membrane-agent: endpoints, identities, IPAM, policy, actors, events",
+		Long: "membranectl talks to membrane-agent over its unix socket (--socket) or, read-only, its\n" +
+			"HTTP listener (--server). Exit codes: 0 ok, 1 error, 2 usage, 3 not found,\n" +
+			"4 agent unreachable, 5 agent not ready.",
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		PersistentPreRunE: a.setup,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	f := root.PersistentFlags()
+	f.StringVar(&a.socket, "socket", "/var/run/membrane/membrane.sock", "agent unix socket")
+	f.StringVar(&a.server, "server", "", "agent HTTP URL instead of the socket, e.g. http://127.0.0.1:9890 (read-only)")
+	f.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+	f.DurationVar(&a.timeout, "timeout", 60*time.Second, "request timeout (monitor: none unless set)")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	root.AddCommand(a.statusCommand(), a.endpointCommand(), a.identityCommand(), a.ipamCommand(),
+		a.policyCommand(), a.ipcacheCommand(), a.actorsCommand(), a.actorCommand(), a.monitorCommand())
+	return root
 }
 
-func (c *cli) dispatch(ctx context.Context, args []string) error {
-	cmd, rest := args[0], args[1:]
-	sub := ""
-	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		sub, rest = rest[0], rest[1:]
+// setup validates the global flags and builds the client.
+func (a *app) setup(cmd *cobra.Command, _ []string) error {
+	switch a.output {
+	case "table", "json", "yaml":
+	default:
+		return usageError{fmt.Errorf("-o: %q: want table, json or yaml", a.output)}
 	}
-	switch cmd {
-	case "status":
-		st, err := c.c.Status(ctx)
-		if st != nil && st.State != "" {
-			return errors.Join(c.print(st), err)
-		}
-		return err
-	case "endpoint", "endpoints", "ep":
-		return c.endpoint(ctx, sub, rest)
-	case "ipam":
-		return c.ipam(ctx, sub, rest)
-	case "identity", "identities":
-		return c.identity(ctx, sub, rest)
-	}
-	return usageError{fmt.Sprintf("unknown command %q", cmd)}
-}
-
-// multi is a repeatable string flag.
-type multi []string
-
-func (m *multi) String() string     { return strings.Join(*m, ",") }
-func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
-
-// refArg splits "REF [flags]" and parses the flags.
-func refArg(fs *flag.FlagSet, args []string) (string, error) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return "", usageError{fs.Name() + ": missing REF"}
-	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return "", usageError{err.Error()}
-	}
-	return args[0], nil
-}
-
-func (c *cli) endpoint(ctx context.Context, sub string, args []string) error {
-	fs := flag.NewFlagSet("endpoint "+sub, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	switch sub {
-	case "list", "":
-		ns, pod, state, ident := fs.String("namespace", "", ""), fs.String("pod", "", ""), fs.String("state", "", ""), fs.String("identity", "", "")
-		var ls multi
-		fs.Var(&ls, "label", "")
-		if err := fs.Parse(args); err != nil {
-			return usageError{err.Error()}
-		}
-		q := url.Values{}
-		for k, v := range map[string]string{"namespace": *ns, "pod": *pod, "state": *state, "identity": *ident} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
-		for _, l := range ls {
-			q.Add("label", l)
-		}
-		eps, err := c.c.EndpointList(ctx, q)
+	if a.server != "" {
+		c, err := client.NewURL(a.server)
 		if err != nil {
-			return err
+			return usageError{fmt.Errorf("--server: %w", err)}
 		}
-		return c.endpointTable(eps)
-	case "get":
-		ref, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		ep, err := c.c.EndpointGet(ctx, ref)
-		return c.printOr(ep, err)
-	case "create":
-		return c.endpointCreate(ctx, fs, args)
-	case "delete":
-		ref, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		return c.c.EndpointDelete(ctx, ref)
-	case "labels":
-		var add, del multi
-		fs.Var(&add, "add", "")
-		fs.Var(&del, "delete", "")
-		ref, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		ep, err := c.c.EndpointPatchLabels(ctx, ref, add, del)
-		return c.printOr(ep, err)
-	case "regenerate":
-		ref, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		ep, err := c.c.EndpointRegenerate(ctx, ref)
-		return c.printOr(ep, err)
-	case "health":
-		ref, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		h, err := c.c.EndpointHealth(ctx, ref)
-		if h != nil && h.State != "" {
-			return errors.Join(c.print(h), err)
-		}
-		return err
+		a.c = c
+	} else {
+		a.c = client.New(a.socket)
 	}
-	return usageError{fmt.Sprintf("unknown endpoint command %q", sub)}
+	return nil
 }
 
-func (c *cli) endpointCreate(ctx context.Context, fs *flag.FlagSet, args []string) error {
-	req := &models.EndpointChangeRequest{}
-	var ls multi
-	fs.StringVar(&req.ContainerID, "container-id", "", "")
-	fs.StringVar(&req.K8sNamespace, "namespace", "", "")
-	fs.StringVar(&req.K8sPodName, "pod", "", "")
-	fs.Var(&ls, "label", "")
-	v4, v6 := fs.String("ipv4", "", ""), fs.String("ipv6", "", "")
-	fs.BoolVar(&req.SyncBuild, "sync", false, "")
-	ref, err := refArg(fs, args)
-	if err != nil {
-		return err
-	}
-	req.Labels = ls
-	if *v4 != "" || *v6 != "" {
-		req.Addressing = &models.AddressPair{IPv4: *v4, IPv6: *v6}
-	}
-	ep, err := c.c.EndpointCreate(ctx, ref, req)
-	return c.printOr(ep, err)
+// ctx bounds one command by --timeout.
+func (a *app) ctx(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), a.timeout)
 }
 
-func (c *cli) endpointTable(eps []*models.Endpoint) error {
-	if c.json {
-		return c.print(eps)
+// args checks positional arguments as usage errors.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("want %s, got %d argument(s)", what, len(args))}
+		}
+		return nil
 	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tIDENTITY\tIPV4\tIPV6\tPOD\tCONTAINER\tLABELS")
-	for _, ep := range eps {
-		ident, v4, v6 := "-", "-", "-"
-		if ep.Identity != nil {
-			ident = strconv.FormatInt(ep.Identity.ID, 10)
-		}
-		if a := ep.Addressing; a != nil {
-			v4, v6 = orDash(a.IPv4), orDash(a.IPv6)
-		}
-		pod := "-"
-		if ep.K8sPodName != "" {
-			pod = ep.K8sNamespace + "/" + ep.K8sPodName
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ep.ID, ep.State, ident, v4, v6, pod,
-			orDash(shortID(ep.ContainerID)), strings.Join(ep.Labels, ","))
-	}
-	return tw.Flush()
 }
 
-func (c *cli) ipam(ctx context.Context, sub string, args []string) error {
-	fs := flag.NewFlagSet("ipam "+sub, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	switch sub {
-	case "", "status":
-		st, err := c.c.IPAMStatus(ctx)
-		return c.printOr(st, err)
-	case "allocate":
-		fam, owner := fs.String("family", "", ""), fs.String("owner", "", "")
-		if err := fs.Parse(args); err != nil {
-			return usageError{err.Error()}
-		}
-		r, err := c.c.IPAMAllocate(ctx, *fam, *owner)
-		return c.printOr(r, err)
-	case "release":
-		ip, err := refArg(fs, args)
-		if err != nil {
-			return err
-		}
-		return c.c.IPAMRelease(ctx, ip)
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
 	}
-	return usageError{fmt.Sprintf("unknown ipam command %q", sub)}
+	return nil
 }
 
-func (c *cli) identity(ctx context.Context, sub string, args []string) error {
-	switch sub {
-	case "", "list":
-		ids, err := c.c.Identities(ctx)
-		if err != nil || c.json {
-			return c.printOr(ids, err)
+// group makes cmd a command group: an unknown subcommand is a usage error
+// (cobra would print help and succeed); without arguments it runs def, or
+// prints help and fails with a usage error when def is nil.
+func group(cmd *cobra.Command, def func(*cobra.Command, []string) error) *cobra.Command {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError{fmt.Errorf("unknown command %q for %q", args[0], c.CommandPath())}
 		}
-		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tREFS\tLABELS")
-		for _, id := range ids {
-			fmt.Fprintf(tw, "%d\t%d\t%s\n", id.ID, id.RefCount, strings.Join(id.Labels, ","))
+		if def != nil {
+			return def(c, args)
 		}
-		return tw.Flush()
-	case "get":
-		if len(args) != 1 {
-			return usageError{"identity get: want one ID"}
-		}
-		n, err := strconv.ParseInt(args[0], 10, 64)
-		if err != nil {
-			return usageError{fmt.Sprintf("identity get: %q is not a number", args[0])}
-		}
-		id, err := c.c.Identity(ctx, n)
-		return c.printOr(id, err)
+		_ = c.Help()
+		return usageError{fmt.Errorf("%s: missing subcommand", c.CommandPath())}
 	}
-	return usageError{fmt.Sprintf("unknown identity command %q", sub)}
-}
-
-func (c *cli) printOr(v any, err error) error {
-	if err != nil {
-		return err
-	}
-	return c.print(v)
-}
-
-func (c *cli) print(v any) error {
-	enc := json.NewEncoder(c.out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func shortID(s string) string {
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
+	return cmd
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,8 +21,10 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/api"
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/metrics"
 	"github.com/membrane-cni/membrane/pkg/policy"
 	"github.com/membrane-cni/membrane/restore"
 )
@@ -56,8 +59,11 @@ type Config struct {
 	DeleteQueueInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
-	// API tunes the REST server.
+	// API tunes the REST server (API.Pprof: --pprof).
 	API api.Config
+	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
+	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
+	HTTPAddr string
 }
 
 // Validate names the bad field by its flag.
@@ -84,6 +90,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--ipv6-range: %w", err)
 		}
 	}
+	if c.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			return fmt.Errorf("--http-addr: %q: want host:port: %w", c.HTTPAddr, ErrInvalidConfig)
+		}
+	}
 	switch c.Datapath {
 	case "fake", "linux":
 	default:
@@ -108,6 +119,11 @@ type Agent struct {
 	stopErr  error
 	// restoreStats is what the restore at Start did.
 	restoreStats RestoreStats
+	// The read-only TCP listener (nil when Config.HTTPAddr is empty).
+	httpLis    net.Listener
+	httpSrv    *http.Server
+	httpServed chan error
+	poolSizes  map[ipam.Family]int
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -143,6 +159,10 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
 	ac.Policy = loadPolicies(cfg.StateDir, log)
+	if cfg.API.Metrics == nil {
+		cfg.API.Metrics = metrics.New()
+	}
+	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
 		store.Close()
@@ -161,13 +181,20 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store}
+	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
+		poolSizes: poolSizesOf(&cfg)}
+	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
+	if err := a.startHTTP(); err != nil {
+		_ = a.Stop(context.Background())
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
 	// Reads are served while restoring; mutating calls get 503 until ready.
 	if err := a.restore(context.Background()); err != nil {
 		_ = a.Stop(context.Background())
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
 	a.stopCNI = a.startDeleteQueue()
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
@@ -190,6 +217,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {
 		err = serr
+	}
+	if herr := a.stopHTTP(ctx); herr != nil && err == nil {
+		err = herr
 	}
 	a.System.Stop()
 	a.store.Close()

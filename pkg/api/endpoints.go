@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -130,54 +132,117 @@ func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.model(ep))
 }
 
+// page is the pagination of GET /v1/endpoint: at most limit endpoints
+// with IDs above after (limit 0: all).
+type page struct {
+	limit int
+	after endpoint.ID
+}
+
+// maxPage bounds ?limit=.
+const maxPage = 10000
+
 // endpointFilterFrom parses GET /v1/endpoint's query; unknown parameters
 // are refused so that a typo does not silently list everything.
-func endpointFilterFrom(q url.Values) (index.EndpointFilter, error) {
+func endpointFilterFrom(q url.Values) (index.EndpointFilter, page, error) {
 	var f index.EndpointFilter
+	var pg page
 	for key, vals := range q {
 		switch key {
-		case "namespace":
-			f.Namespace = vals[0]
-		case "pod":
-			f.PodName = vals[0]
-		case "state":
-			st, err := endpoint.ParseState(vals[0])
+		case "namespace", "pod", "state", "identity", "label":
+			if err := endpointFilterKey(&f, key, vals); err != nil {
+				return f, pg, err
+			}
+		case "ip":
+			ip, err := netip.ParseAddr(vals[0])
 			if err != nil {
-				return f, badRequest(fmt.Sprintf("query parameter \"state\": %v", err))
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"ip\": %q is not an IP address", vals[0]))
 			}
-			f.State = st
-		case "identity":
-			n, err := strconv.ParseUint(vals[0], 10, 32)
-			if err != nil || n == 0 {
-				return f, badRequest(fmt.Sprintf("query parameter \"identity\": %q is not a positive number", vals[0]))
-			}
-			f.Identity = identity.NumericIdentity(n)
-		case "label":
-			ls, err := labels.ParseSet(vals)
+			f.IP = ip.Unmap()
+		case "selector":
+			sel, err := labels.ParseSelector(strings.Join(vals, ","))
 			if err != nil {
-				return f, badRequest(fmt.Sprintf("query parameter \"label\": %v", err))
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"selector\": %v", err))
 			}
-			f.Labels = ls
+			f.Selector = sel
+		case "limit":
+			n, err := strconv.Atoi(vals[0])
+			if err != nil || n < 1 || n > maxPage {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"limit\": %q is not a number in 1..%d", vals[0], maxPage))
+			}
+			pg.limit = n
+		case "after":
+			n, err := strconv.ParseUint(vals[0], 10, 16)
+			if err != nil {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"after\": %q is not an endpoint ID", vals[0]))
+			}
+			pg.after = endpoint.ID(n)
 		default:
-			return f, badRequest(fmt.Sprintf("unknown query parameter %q (want namespace, pod, state, identity, label)", key))
+			return f, pg, badRequest(fmt.Sprintf("unknown query parameter %q (want namespace, pod, state, identity, label, selector, ip, limit, after)", key))
 		}
 	}
 	if f.PodName != "" && f.Namespace == "" {
-		return f, badRequest("query parameter \"pod\" needs \"namespace\"")
+		return f, pg, badRequest("query parameter \"pod\" needs \"namespace\"")
 	}
-	return f, nil
+	return f, pg, nil
+}
+
+// endpointFilterKey parses one of the original filters.
+func endpointFilterKey(f *index.EndpointFilter, key string, vals []string) error {
+	switch key {
+	case "namespace":
+		f.Namespace = vals[0]
+	case "pod":
+		f.PodName = vals[0]
+	case "state":
+		st, err := endpoint.ParseState(vals[0])
+		if err != nil {
+			return badRequest(fmt.Sprintf("query parameter \"state\": %v", err))
+		}
+		f.State = st
+	case "identity":
+		n, err := strconv.ParseUint(vals[0], 10, 32)
+		if err != nil || n == 0 {
+			return badRequest(fmt.Sprintf("query parameter \"identity\": %q is not a positive number", vals[0]))
+		}
+		f.Identity = identity.NumericIdentity(n)
+	case "label":
+		ls, err := labels.ParseSet(vals)
+		if err != nil {
+			return badRequest(fmt.Sprintf("query parameter \"label\": %v", err))
+		}
+		f.Labels = ls
+	}
+	return nil
 }
 
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
-	f, err := endpointFilterFrom(r.URL.Query())
+	f, pg, err := endpointFilterFrom(r.URL.Query())
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	eps := s.ix.Endpoints(f)
+	w.Header().Set("X-Total-Count", strconv.Itoa(len(eps)))
+	if pg.after > 0 {
+		i, _ := slices.BinarySearchFunc(eps, pg.after+1, func(ep *endpoint.Endpoint, id endpoint.ID) int { return int(ep.ID) - int(id) })
+		eps = eps[i:]
+	}
+	if pg.limit > 0 && len(eps) > pg.limit {
+		eps = eps[:pg.limit]
+		q := r.URL.Query()
+		q.Set("after", strconv.Itoa(int(eps[len(eps)-1].ID)))
+		w.Header().Set("Link", fmt.Sprintf("</v1/endpoint?%s>; rel=\"next\"", q.Encode()))
+	}
 	out := make([]*models.Endpoint, 0, len(eps))
+	idents := map[identity.NumericIdentity]*models.Identity{} // a few, shared by many endpoints
 	for _, ep := range eps {
-		out = append(out, s.model(ep))
+		ident, ok := idents[ep.Identity]
+		if !ok && ep.Identity != identity.IdentityUnknown {
+			ident = s.identityModel(ep.Identity)
+			idents[ep.Identity] = ident
+		}
+		out = append(out, ep.Model(ident))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

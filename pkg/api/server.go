@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/metrics"
 	"github.com/membrane-cni/membrane/pkg/models"
 )
 
@@ -33,6 +35,11 @@ type Config struct {
 	MaxInFlight int
 	// RequestTimeout bounds one request's wait for the actors (default 60 s).
 	RequestTimeout time.Duration
+	// Metrics records API latency and serves GET /metrics (nil: the
+	// server creates its own).
+	Metrics *metrics.Metrics
+	// Pprof serves /debug/pprof/ (on the socket and the HTTP listener).
+	Pprof bool
 }
 
 // Server is the REST API.
@@ -48,6 +55,10 @@ type Server struct {
 	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
 	mux     *http.ServeMux
 	http    *http.Server
+	// streamsDone is closed by Shutdown to end event streams, which
+	// http.Server.Shutdown would otherwise wait for.
+	streamsDone chan struct{}
+	closeOnce   sync.Once
 }
 
 // New creates a server for sys. It refuses mutating calls until SetReady.
@@ -61,8 +72,12 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 {
 		return nil, fmt.Errorf("api config: MaxInFlight and RequestTimeout must not be negative: %w", ErrInvalidConfig)
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
 	s := &Server{cfg: cfg, sys: sys, ix: sys.Index, log: log.With("component", "api"),
-		sem: make(chan struct{}, cfg.MaxInFlight), started: time.Now(), ranges: map[ipam.Family]*ipam.Range{}}
+		sem: make(chan struct{}, cfg.MaxInFlight), started: time.Now(), ranges: map[ipam.Family]*ipam.Range{},
+		streamsDone: make(chan struct{})}
 	for fam, p := range map[ipam.Family]netip.Prefix{ipam.IPv4: sys.Config.IPAM.IPv4, ipam.IPv6: sys.Config.IPAM.IPv6} {
 		if p.IsValid() {
 			r, err := ipam.NewRange(p, ipam.Sequential, nil)
@@ -111,19 +126,34 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.getEndpointPolicy)
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/policy", s.getEndpointPolicy)
 	m.HandleFunc("GET /v1/ipcache", s.listIPCache)
+	s.operatorRoutes(m)
 	s.mux = m
 }
 
 // ServeHTTP implements http.Handler: JSON errors for unknown routes and
 // methods, panics turned into 500s.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := s.mux.Handler(r)
+	if pattern == eventsRoute {
+		s.serve(w, r, h, pattern)
+		return
+	}
+	start, rec := time.Now(), &codeWriter{ResponseWriter: w}
+	s.serve(rec, r, h, pattern)
+	if pattern == "" {
+		pattern = "unmatched"
+	}
+	s.cfg.Metrics.ObserveRequest(pattern, r.Method, rec.code(), time.Since(start))
+}
+
+// serve runs the handler the mux chose (h, pattern).
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, h http.Handler, pattern string) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
 			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
 		}
 	}()
-	h, pattern := s.mux.Handler(r)
 	if pattern == "" {
 		rec := &statusRecorder{header: http.Header{}}
 		h.ServeHTTP(rec, r)
@@ -225,5 +255,6 @@ func (s *Server) Serve(l net.Listener) error {
 // Shutdown stops accepting connections and waits for in-flight requests.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
+	s.closeOnce.Do(func() { close(s.streamsDone) })
 	return s.http.Shutdown(ctx)
 }

@@ -44,6 +44,7 @@ func IsCode(err error, code string) bool {
 // Client talks to one agent.
 type Client struct {
 	http *http.Client
+	base string // "http://membrane" for the socket, or the --server URL
 }
 
 // New returns a client for the agent listening on socketPath.
@@ -57,7 +58,7 @@ func New(socketPath string) *Client {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Client{http: &http.Client{Transport: tr}}
+	return &Client{http: &http.Client{Transport: tr}, base: "http://membrane"}
 }
 
 // Close drops idle connections.
@@ -65,15 +66,25 @@ func (c *Client) Close() { c.http.CloseIdleConnections() }
 
 // do sends a request and decodes a 2xx JSON answer into out (may be nil).
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	if body == nil {
+		return c.doRaw(ctx, method, path, query, "", nil, out, nil)
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("%s %s: encode: %w", method, path, err)
+	}
+	return c.doRaw(ctx, method, path, query, "application/json", b, out, nil)
+}
+
+// doRaw sends body (nil: none) with the given Content-Type and decodes a
+// 2xx JSON answer into out (may be nil; a *[]byte gets the raw body). If
+// header is not nil it receives the answer's headers.
+func (c *Client) doRaw(ctx context.Context, method, path string, query url.Values, contentType string, body []byte, out any, header *http.Header) error {
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode: %w", method, path, err)
-		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(body)
 	}
-	u := "http://membrane" + path
+	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
@@ -81,14 +92,17 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
+	if header != nil {
+		*header = resp.Header
+	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("%s %s: read: %w", method, path, err)
@@ -105,6 +119,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return &APIError{Status: resp.StatusCode, Code: me.Code, Message: me.Message}
 	}
 	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*[]byte); ok {
+		*raw = data
 		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {

@@ -1,15 +1,10 @@
 package client
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/membrane-cni/membrane/pkg/models"
@@ -27,7 +22,7 @@ const (
 // "invalid-policy" naming the document and field.
 func (c *Client) PolicyImport(ctx context.Context, doc []byte, contentType string) (*models.PolicyImportResponse, error) {
 	var out models.PolicyImportResponse
-	return &out, c.doRaw(ctx, http.MethodPut, "/v1/policy", nil, doc, contentType, &out)
+	return &out, c.doRaw(ctx, http.MethodPut, "/v1/policy", nil, contentType, doc, &out, nil)
 }
 
 // PolicyList returns the imported policies and the revision.
@@ -40,6 +35,20 @@ func (c *Client) PolicyList(ctx context.Context) (*models.PolicyList, error) {
 func (c *Client) PolicyDelete(ctx context.Context, name string) (*models.PolicyDeleteResponse, error) {
 	var out models.PolicyDeleteResponse
 	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"name": {name}}, nil, &out)
+}
+
+// PolicyDeleteMatching deletes the policy named "namespace/name", or,
+// with name "", the policies matching labels ("k=v,...").
+func (c *Client) PolicyDeleteMatching(ctx context.Context, name, labels string) (*models.PolicyDeleteResponse, error) {
+	q := url.Values{}
+	if name != "" {
+		q.Set("name", name)
+	}
+	if labels != "" {
+		q.Set("labels", labels)
+	}
+	var out models.PolicyDeleteResponse
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", q, nil, &out)
 }
 
 // PolicyDeleteByLabels deletes every policy whose metadata labels include
@@ -68,39 +77,4 @@ func (c *Client) EndpointPolicy(ctx context.Context, ref string) (*models.Endpoi
 func (c *Client) IPCache(ctx context.Context) ([]models.IPCacheEntry, error) {
 	var out []models.IPCacheEntry
 	return out, c.do(ctx, http.MethodGet, "/v1/ipcache", nil, nil, &out)
-}
-
-// doRaw sends body as is with contentType and decodes a 2xx JSON answer.
-func (c *Client) doRaw(ctx context.Context, method, path string, query url.Values, body []byte, contentType string, out any) error {
-	u := "http://membrane" + path
-	if len(query) > 0 {
-		u += "?" + query.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return fmt.Errorf("%s %s: read: %w", method, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var me models.Error
-		if json.Unmarshal(data, &me) != nil || me.Code == "" {
-			me = models.Error{Code: "http-" + strconv.Itoa(resp.StatusCode), Message: string(data)}
-		}
-		return &APIError{Status: resp.StatusCode, Code: me.Code, Message: me.Message}
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: decode: %w", method, path, err)
-	}
-	return nil
 }

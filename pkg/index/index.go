@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	memdb "github.com/hashicorp/go-memdb"
 
@@ -41,6 +42,10 @@ type EndpointFilter struct {
 	Identity  identity.NumericIdentity
 	// Labels must all be present on the endpoint (labels.Labels.Matches).
 	Labels labels.Labels
+	// Selector must match the endpoint's labels (key=v, key!=v, key, !key).
+	Selector labels.Selector
+	// IP is an IPv4 or IPv6 address the endpoint uses.
+	IP netip.Addr
 }
 
 // Endpoint returns the endpoint with the given ID.
@@ -89,6 +94,12 @@ func (ix *Index) Endpoints(f EndpointFilter) []*endpoint.Endpoint {
 		err error
 	)
 	switch {
+	case f.IP.IsValid():
+		ep, ok := ix.EndpointByIP(f.IP)
+		if !ok || !matches(ep, f) {
+			return nil
+		}
+		return []*endpoint.Endpoint{ep}
 	case f.Namespace != "" && f.PodName != "":
 		it, err = txn.Get(TableEndpoints, IndexPod, f.Namespace+"/"+f.PodName+"/")
 	case f.Namespace != "":
@@ -126,18 +137,18 @@ func matches(ep *endpoint.Endpoint, f EndpointFilter) bool {
 		return false
 	case len(f.Labels) > 0 && !ep.Labels.Matches(f.Labels):
 		return false
+	case len(f.Selector) > 0 && !f.Selector.Matches(ep.Labels):
+		return false
+	case f.IP.IsValid() && ep.IPv4 != f.IP.Unmap() && ep.IPv6 != f.IP.Unmap():
+		return false
 	}
 	return true
 }
 
 func sortByID(eps []*endpoint.Endpoint) {
-	// Insertion sort is enough for index-ordered input (already sorted by
-	// ID for the primary index) and small filtered sets.
-	for i := 1; i < len(eps); i++ {
-		for j := i; j > 0 && eps[j].ID < eps[j-1].ID; j-- {
-			eps[j], eps[j-1] = eps[j-1], eps[j]
-		}
-	}
+	// pdqsort is linear on already sorted input (the primary index) and
+	// O(n log n) for the pod index, whose order is by name.
+	slices.SortFunc(eps, func(a, b *endpoint.Endpoint) int { return int(a.ID) - int(b.ID) })
 }
 
 // CountEndpoints returns the number of endpoints and how many are in each state.

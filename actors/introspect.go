@@ -1,0 +1,422 @@
+package actors
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// Observer receives measurements from the actors; pkg/metrics implements
+// it. Calls come from inside actors and must not block.
+type Observer interface {
+	// RegenPhase records how long one phase of a regeneration took.
+	RegenPhase(phase string, d time.Duration)
+}
+
+// Regeneration phases, in order; PhaseTotal spans all of them.
+const (
+	PhaseWriteState = "write-state"
+	PhaseRealize    = "realize"
+	PhaseProxyWait  = "proxy-wait"
+	PhaseTotal      = "total"
+)
+
+// RegenPhases lists the phases in the order of EndpointActorSnapshot.LastPhases.
+var RegenPhases = [4]string{PhaseWriteState, PhaseRealize, PhaseProxyWait, PhaseTotal}
+
+// Actor kinds.
+const (
+	KindAgent     = "agent"
+	KindDatapath  = "datapath"
+	KindIPAM      = "ipam"
+	KindIdentity  = "identity"
+	KindEndpoints = "endpoints"
+	KindEndpoint  = "endpoint"
+)
+
+// kindOrder sorts the tree: the root, its children, then the endpoints.
+var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIdentity: 3, KindEndpoints: 4, KindEndpoint: 5}
+
+// ActorSnapshot is what operators see of one actor. The actor publishes
+// it without being asked (no mailbox round trip); MailboxDepth and
+// Processed are read from its counting mailbox when the snapshot is taken.
+type ActorSnapshot struct {
+	Path string
+	Kind string
+	// State is the endpoint's lifecycle state, or "running".
+	State      string
+	StateSince time.Time
+	// Operation is what the actor is doing: the asynchronous operation an
+	// endpoint actor waits for (realize, write-state, claim-ips, ...) or the
+	// message another actor is handling; "" when idle.
+	Operation      string
+	OperationSince time.Time
+	MailboxDepth   int64
+	Processed      int64
+	// Restarts counts the actor's restarts by its supervisor.
+	Restarts  int64
+	LastError string
+	// Endpoint is set for endpoint actors.
+	Endpoint *EndpointActorSnapshot
+}
+
+// EndpointActorSnapshot adds what an endpoint actor knows.
+type EndpointActorSnapshot struct {
+	ID               endpoint.ID
+	DesiredRevision  uint64
+	RealizedRevision uint64
+	// RegenerationsRun counts started regenerations; RegenerationsCoalesced
+	// the requests merged into an already pending one; RegenerationsFailed
+	// the failed ones.
+	RegenerationsRun       uint64
+	RegenerationsCoalesced uint64
+	RegenerationsFailed    uint64
+	// LastRegeneration is when the last successful regeneration ended;
+	// LastPhases its phase durations, indexed like RegenPhases.
+	LastRegeneration time.Time
+	LastPhases       [4]time.Duration
+}
+
+// BusySince is when the actor started what it is doing: its operation, or
+// for an endpoint that is not ready, the time it entered its state. Zero
+// when idle. ActorFilter.StuckFor compares against it.
+func (s *ActorSnapshot) BusySince() time.Time {
+	if s.Operation != "" {
+		return s.OperationSince
+	}
+	if s.Kind == KindEndpoint && s.State != string(endpoint.StateReady) {
+		return s.StateSince
+	}
+	return time.Time{}
+}
+
+// report is what an endpoint actor publishes about itself: its record
+// (immutable once reported, shared like the index row) and what the
+// record does not hold. Small, because every live endpoint keeps one;
+// comparable, so the actor republishes only when something changed.
+type report struct {
+	ep                      *endpoint.Endpoint
+	operation               string
+	operationSince          int64 // unix nanoseconds
+	runs, coalesced, failed uint32
+	lastAt                  int64     // unix nanoseconds; 0: none yet
+	lastPhases              [4]uint32 // microseconds
+}
+
+// opInfo is the message a non-endpoint actor is handling.
+type opInfo struct {
+	name  string
+	since time.Time
+}
+
+// failure counts a supervisor's restarts of an actor and the last reason.
+type failure struct {
+	restarts int64
+	reason   string
+}
+
+// actorSlot holds what one actor publishes. Written by the actor (report,
+// op), its supervisor (fail) and its mailbox (stats); read by HTTP
+// handlers. Every field is atomic or set before the slot is shared.
+type actorSlot struct {
+	path   string
+	kind   string
+	stats  *MailboxStats
+	report atomic.Pointer[report]
+	op     atomic.Pointer[opInfo]
+	fail   atomic.Pointer[failure]
+}
+
+func newSlot(kind string, stats *MailboxStats) *actorSlot {
+	return &actorSlot{kind: kind, stats: stats}
+}
+
+// publish stores r unless it equals the current report.
+func (s *actorSlot) publish(r report) {
+	if cur := s.report.Load(); cur != nil && *cur == r {
+		return
+	}
+	s.report.Store(&r)
+}
+
+// failed records a supervisor's restart of the actor and the reason
+// (called by the supervisor only, so load-then-store does not race).
+func (s *actorSlot) failed(reason any) {
+	f := &failure{restarts: 1, reason: "panic: " + anyString(reason)}
+	if cur := s.fail.Load(); cur != nil {
+		f.restarts = cur.restarts + 1
+	}
+	s.fail.Store(f)
+}
+
+func anyString(v any) string {
+	switch x := v.(type) {
+	case error:
+		return x.Error()
+	case string:
+		return x
+	}
+	return reflect.TypeOf(v).String()
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// snapshotInto fills out (and ep, for an endpoint actor; out.Endpoint
+// then points to it).
+func (s *actorSlot) snapshotInto(out *ActorSnapshot, ep *EndpointActorSnapshot) {
+	*out = ActorSnapshot{Path: s.path, Kind: s.kind, State: "running"}
+	if s.stats != nil {
+		out.MailboxDepth, out.Processed = s.stats.Depth(), s.stats.Processed()
+	}
+	if f := s.fail.Load(); f != nil {
+		out.Restarts, out.LastError = f.restarts, f.reason
+	}
+	if r := s.report.Load(); r != nil && r.ep != nil {
+		e := r.ep
+		out.State, out.StateSince = string(e.State), e.StateChanged
+		if e.LastError != "" {
+			out.LastError = e.LastError
+		}
+		out.Operation, out.OperationSince = r.operation, unixTime(r.operationSince)
+		*ep = EndpointActorSnapshot{ID: e.ID, DesiredRevision: e.DesiredRevision, RealizedRevision: e.RealizedRevision,
+			RegenerationsRun: uint64(r.runs), RegenerationsCoalesced: uint64(r.coalesced), RegenerationsFailed: uint64(r.failed),
+			LastRegeneration: unixTime(r.lastAt)}
+		for i, us := range r.lastPhases {
+			ep.LastPhases[i] = time.Duration(us) * time.Microsecond
+		}
+		out.Endpoint = ep
+	}
+	if op := s.op.Load(); op != nil && out.Operation == "" {
+		out.Operation, out.OperationSince = op.name, op.since
+	}
+}
+
+func (s *actorSlot) snapshot() ActorSnapshot {
+	var out ActorSnapshot
+	s.snapshotInto(&out, &EndpointActorSnapshot{})
+	return out
+}
+
+// trackReceive is receiver middleware recording the message a
+// non-endpoint actor is handling, so a stuck handler shows up.
+func (s *actorSlot) trackReceive(next actor.ReceiverFunc) actor.ReceiverFunc {
+	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+		s.op.Store(&opInfo{name: reflect.TypeOf(env.Message).String(), since: time.Now()})
+		next(c, env)
+		s.op.Store(nil)
+	}
+}
+
+// ActorFilter selects actors; zero fields match everything.
+type ActorFilter struct {
+	Kind  string
+	State string
+	// MinMailbox keeps actors with at least this many queued messages.
+	MinMailbox int64
+	// StuckFor keeps actors busy (BusySince) for longer than this.
+	StuckFor time.Duration
+}
+
+func (f ActorFilter) match(s *ActorSnapshot, now time.Time) bool {
+	switch {
+	case f.Kind != "" && s.Kind != f.Kind:
+		return false
+	case f.State != "" && s.State != f.State:
+		return false
+	case f.MinMailbox > 0 && s.MailboxDepth < f.MinMailbox:
+		return false
+	case f.StuckFor > 0:
+		since := s.BusySince()
+		return !since.IsZero() && now.Sub(since) > f.StuckFor
+	}
+	return true
+}
+
+// Registry holds the slot of every live actor. Endpoint actors sit in a
+// fixed array indexed by endpoint ID (lock-free, already in ID order, so
+// listing 10,000 of them costs a scan of 65,536 pointers and no sort);
+// the few other actors sit in a small map. Safe for concurrent use; it
+// never touches a mailbox.
+type Registry struct {
+	endpoints [endpoint.MaxID + 1]atomic.Pointer[actorSlot]
+	live      atomic.Int64 // non-nil entries of endpoints (approximate while changing)
+	// mu guards others (written only when a top-level actor spawns).
+	mu     sync.RWMutex
+	others map[string]*actorSlot
+}
+
+func (r *Registry) put(path string, s *actorSlot) {
+	s.path = path
+	if id, ok := endpointIDFromPath(path); ok && s.kind == KindEndpoint {
+		if r.endpoints[id].Swap(s) == nil {
+			r.live.Add(1)
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.others == nil {
+		r.others = make(map[string]*actorSlot)
+	}
+	r.others[path] = s
+}
+
+func (r *Registry) remove(path string) {
+	if id, ok := endpointIDFromPath(path); ok {
+		if cur := r.endpoints[id].Load(); cur != nil && cur.path == path && r.endpoints[id].CompareAndSwap(cur, nil) {
+			r.live.Add(-1)
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.others, path)
+}
+
+func (r *Registry) slot(path string) *actorSlot {
+	if id, ok := endpointIDFromPath(path); ok {
+		if s := r.endpoints[id].Load(); s != nil && s.path == path {
+			return s
+		}
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.others[path]
+}
+
+// endpointIDFromPath parses the ID of an endpoint actor's path (".../ep-<id>").
+func endpointIDFromPath(path string) (endpoint.ID, bool) {
+	return endpointIDFromPID(&actor.PID{Id: path})
+}
+
+// Get returns one actor's snapshot by path.
+func (r *Registry) Get(path string) (ActorSnapshot, bool) {
+	s := r.slot(path)
+	if s == nil {
+		return ActorSnapshot{}, false
+	}
+	return s.snapshot(), true
+}
+
+// List returns the snapshots matching f, the root first, then its
+// children, then endpoint actors by endpoint ID.
+func (r *Registry) List(f ActorFilter, now time.Time) []ActorSnapshot {
+	n := 8
+	if f.Kind == "" || f.Kind == KindEndpoint {
+		n += int(r.live.Load())
+	}
+	out := make([]ActorSnapshot, 0, n)
+	r.Visit(f, now, func(s *ActorSnapshot) {
+		c := *s
+		if s.Endpoint != nil {
+			ep := *s.Endpoint
+			c.Endpoint = &ep
+		}
+		out = append(out, c)
+	})
+	return out
+}
+
+// Visit calls fn with the snapshot of every actor matching f, in List's
+// order, without building a list; snap (and snap.Endpoint) is reused
+// between calls, so fn must copy what it keeps.
+func (r *Registry) Visit(f ActorFilter, now time.Time, fn func(snap *ActorSnapshot)) {
+	r.mu.RLock()
+	top := make([]ActorSnapshot, 0, len(r.others))
+	for _, s := range r.others {
+		if snap := s.snapshot(); f.match(&snap, now) {
+			top = append(top, snap)
+		}
+	}
+	r.mu.RUnlock()
+	slices.SortFunc(top, func(a, b ActorSnapshot) int {
+		if d := kindOrder[a.Kind] - kindOrder[b.Kind]; d != 0 {
+			return d
+		}
+		return strings.Compare(a.Path, b.Path)
+	})
+	for i := range top {
+		fn(&top[i])
+	}
+	if f.Kind != "" && f.Kind != KindEndpoint {
+		return
+	}
+	var snap ActorSnapshot
+	var ep EndpointActorSnapshot // reused: fn must not keep snap.Endpoint
+	for i := range r.endpoints {
+		if s := r.endpoints[i].Load(); s != nil {
+			if s.snapshotInto(&snap, &ep); f.match(&snap, now) {
+				fn(&snap)
+			}
+		}
+	}
+}
+
+// each calls fn for every registered slot.
+func (r *Registry) each(fn func(*actorSlot)) {
+	r.mu.RLock()
+	for _, s := range r.others {
+		fn(s)
+	}
+	r.mu.RUnlock()
+	for i := range r.endpoints {
+		if s := r.endpoints[i].Load(); s != nil {
+			fn(s)
+		}
+	}
+}
+
+// Len returns the number of registered actors.
+func (r *Registry) Len() int {
+	n := 0
+	r.each(func(*actorSlot) { n++ })
+	return n
+}
+
+// MailboxByKind sums and maximises mailbox depth per actor kind (for the
+// metrics scrape).
+func (r *Registry) MailboxByKind() (sum, maxDepth map[string]int64) {
+	sum, maxDepth = map[string]int64{}, map[string]int64{}
+	r.each(func(s *actorSlot) {
+		if s.stats == nil {
+			return
+		}
+		d := s.stats.Depth()
+		sum[s.kind] += d
+		maxDepth[s.kind] = max(maxDepth[s.kind], d)
+	})
+	return sum, maxDepth
+}
+
+// endpointOpName names the asynchronous operation an endpoint actor waits
+// for, from the request it sent.
+func endpointOpName(msg any) string {
+	switch m := msg.(type) {
+	case *messages.DatapathWork:
+		return m.Op
+	case *messages.IPAMClaim:
+		return "claim-ips"
+	case *messages.IPAMUnclaim:
+		return "release-ips"
+	case *messages.IdentityAcquire:
+		return "acquire-identity"
+	case *messages.IdentityRelease:
+		return "release-identity"
+	}
+	name := reflect.TypeOf(msg).String()
+	return strings.ToLower(name[strings.LastIndexByte(name, '.')+1:])
+}

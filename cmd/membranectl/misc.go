@@ -1,0 +1,182 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/membrane-cni/membrane/pkg/models"
+)
+
+func (a *app) statusCommand() *cobra.Command {
+	return &cobra.Command{
+		Use: "status", Short: "Agent status (exit 5 while starting or stopping)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			st, err := a.c.Status(ctx)
+			if st == nil || st.State == "" {
+				return err
+			}
+			if perr := a.statusOut(st); perr != nil {
+				return perr
+			}
+			if err != nil {
+				return exitCodeError{fmt.Errorf("agent is %s", st.State), exitNotReady}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) statusOut(st *models.Status) error {
+	if a.output != "table" {
+		return a.print(st)
+	}
+	t := &table{tw: tabwriter.NewWriter(a.out, 0, 4, 1, ' ', 0)}
+	t.row("State:", st.State+msgSuffix(st.Message))
+	t.row("Datapath:", st.Datapath)
+	t.row("Endpoints:", fmt.Sprintf("%d (%d ready)", st.Endpoints, st.Ready))
+	t.row("Identities:", st.Identities)
+	if st.IPAM != nil {
+		for _, p := range []struct {
+			name string
+			fam  *models.IPAMFamilyStatus
+		}{{"IPv4", st.IPAM.IPv4}, {"IPv6", st.IPAM.IPv6}} {
+			if p.fam != nil {
+				t.row(p.name+":", fmt.Sprintf("%s, %d used, %d free", p.fam.Cidr, p.fam.Used, p.fam.Free))
+			}
+		}
+	}
+	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
+	return t.flush()
+}
+
+func msgSuffix(m string) string {
+	if m == "" {
+		return ""
+	}
+	return " (" + m + ")"
+}
+
+func (a *app) identityCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "identity", Aliases: []string{"identities", "id"}, Short: "Security identities"}
+	list := &cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List identities with reference counts", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			ids, err := a.c.Identities(ctx)
+			if err != nil || a.output != "table" {
+				return a.printOr(ids, err)
+			}
+			t := newTable(a.out, "ID", "REFS", "LABELS")
+			for _, id := range ids {
+				refs := strconv.Itoa(id.RefCount)
+				if id.Reserved {
+					refs = "reserved"
+				}
+				t.row(id.ID, refs, strings.Join(id.Labels, ","))
+			}
+			return t.flush()
+		},
+	}
+	cmd.AddCommand(list, &cobra.Command{
+		Use: "get ID", Short: "Show one identity", Args: exactArgs(1, "ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return usageError{fmt.Errorf("identity get: %q is not a number", args[0])}
+			}
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			id, err := a.c.Identity(ctx, n)
+			return a.printOr(id, err)
+		},
+	})
+	return group(cmd, list.RunE)
+}
+
+func (a *app) ipamCommand() *cobra.Command {
+	list := func(cmd *cobra.Command, _ []string) error {
+		ctx, cancel := a.ctx(cmd)
+		defer cancel()
+		st, err := a.c.IPAMStatus(ctx)
+		if err != nil || a.output != "table" {
+			return a.printOr(st, err)
+		}
+		t := newTable(a.out, "IP", "FAMILY", "OWNER", "ENDPOINT")
+		var pools []string
+		for _, p := range []struct {
+			name string
+			fam  *models.IPAMFamilyStatus
+		}{{"ipv4", st.IPv4}, {"ipv6", st.IPv6}} {
+			if p.fam == nil {
+				continue
+			}
+			pools = append(pools, fmt.Sprintf("%s %s: %d used, %d free", p.name, p.fam.Cidr, p.fam.Used, p.fam.Free))
+			for _, al := range p.fam.Allocations {
+				ep := ""
+				if al.Endpoint != 0 {
+					ep = strconv.FormatInt(al.Endpoint, 10)
+				}
+				t.row(al.IP, p.name, al.Owner, ep)
+			}
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+		for _, p := range pools {
+			fmt.Fprintln(a.out, p)
+		}
+		return nil
+	}
+	cmd := group(&cobra.Command{Use: "ipam", Short: "Address pools and allocations"}, list)
+	cmd.AddCommand(&cobra.Command{Use: "list", Aliases: []string{"ls", "status"}, Short: "Allocations and pool usage", Args: noArgs, RunE: list})
+	var fam, owner string
+	alloc := &cobra.Command{
+		Use: "allocate", Short: "Allocate addresses (both families unless --family)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			r, err := a.c.IPAMAllocate(ctx, fam, owner)
+			return a.printOr(r, err)
+		},
+	}
+	alloc.Flags().StringVar(&fam, "family", "", "ipv4 or ipv6")
+	alloc.Flags().StringVar(&owner, "owner", "", "owner, e.g. namespace/pod")
+	cmd.AddCommand(alloc, &cobra.Command{
+		Use: "release IP", Short: "Release an address (refused while an endpoint uses it)", Args: exactArgs(1, "IP"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			return a.c.IPAMRelease(ctx, args[0])
+		},
+	})
+	return cmd
+}
+
+func (a *app) ipcacheCommand() *cobra.Command {
+	cmd := group(&cobra.Command{Use: "ipcache", Short: "The IP to identity cache"}, nil)
+	cmd.AddCommand(&cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List IP to identity mappings", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			entries, err := a.c.IPCache(ctx)
+			if err != nil || a.output != "table" {
+				return a.printOr(entries, err)
+			}
+			t := newTable(a.out, "CIDR", "IDENTITY", "SOURCE")
+			for _, e := range entries {
+				t.row(e.CIDR, e.Identity, e.Source)
+			}
+			return t.flush()
+		},
+	})
+	return cmd
+}

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/metrics"
+)
+
+// startHTTP opens the read-only TCP listener (Config.HTTPAddr): reads,
+// /metrics and, with API.Pprof, /debug/pprof; mutating requests are
+// refused there (403). Returns nil when HTTPAddr is empty.
+func (a *Agent) startHTTP() error {
+	if a.cfg.HTTPAddr == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr: listen %s: %w", a.cfg.HTTPAddr, err)
+	}
+	a.httpLis = l
+	a.httpSrv = &http.Server{Handler: a.Server.ReadOnly(), ReadHeaderTimeout: 10 * time.Second}
+	a.httpServed = make(chan error, 1)
+	go func() {
+		err := a.httpSrv.Serve(l)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		a.httpServed <- err
+	}()
+	a.log.Info("read-only HTTP listener", "addr", l.Addr().String(), "pprof", a.cfg.API.Pprof)
+	return nil
+}
+
+// stopHTTP shuts the TCP listener down (after the API server, which ends
+// the event streams).
+func (a *Agent) stopHTTP(ctx context.Context) error {
+	if a.httpSrv == nil {
+		return nil
+	}
+	err := a.httpSrv.Shutdown(ctx)
+	if serr := <-a.httpServed; serr != nil && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// HTTPAddr returns the address the read-only TCP listener is bound to
+// ("" when disabled); useful with Config.HTTPAddr "127.0.0.1:0".
+func (a *Agent) HTTPAddr() string {
+	if a.httpLis == nil {
+		return ""
+	}
+	return a.httpLis.Addr().String()
+}
+
+// Metrics returns the agent's metrics.
+func (a *Agent) Metrics() *metrics.Metrics { return a.Server.Metrics() }
+
+// sample reads what the scrape-time gauges show, from the index and the
+// actor registry (no mailbox is asked).
+func (a *Agent) sample() metrics.Sample {
+	_, byState := a.Index.CountEndpoints()
+	smp := metrics.Sample{EndpointsByState: make(map[string]int, len(byState)), IPAM: map[string]metrics.IPAMSample{},
+		Identities: len(a.Index.Identities()), DeleteQueue: -1}
+	for st, n := range byState {
+		smp.EndpointsByState[string(st)] = n
+	}
+	smp.MailboxDepth, smp.MailboxDepthMax = a.System.Registry().MailboxByKind()
+	for fam, size := range a.poolSizes {
+		used := len(a.Index.IPs(string(fam)))
+		smp.IPAM[string(fam)] = metrics.IPAMSample{Used: used, Free: size - used}
+	}
+	if dir := a.cfg.DeleteQueueDir; dir != "" {
+		if files, err := delqueue.List(dir); err == nil {
+			smp.DeleteQueue = len(files)
+		}
+	}
+	return smp
+}
+
+// poolSizesOf returns the number of allocatable addresses per family.
+func poolSizesOf(cfg *Config) map[ipam.Family]int {
+	out := map[ipam.Family]int{}
+	for fam, p := range map[ipam.Family]netip.Prefix{ipam.IPv4: cfg.IPv4Range, ipam.IPv6: cfg.IPv6Range} {
+		if !p.IsValid() {
+			continue
+		}
+		if r, err := ipam.NewRange(p, ipam.Sequential, nil); err == nil {
+			out[fam] = r.Size()
+		}
+	}
+	return out
+}
+
+// Socket returns the API's unix socket path.
+func (a *Agent) Socket() string { return a.cfg.Socket }

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/membrane-cni/membrane/pkg/metrics"
+)
+
+// eventsRoute is the streaming route, left out of the latency histogram.
+const eventsRoute = "GET /v1/events"
+
+// CodeReadOnly is the error code of a mutating request on the read-only
+// HTTP listener (403).
+const CodeReadOnly = "read-only-listener"
+
+// operatorRoutes adds the operator surfaces: actor snapshots, the event
+// stream, metrics and, with Config.Pprof, the profiler.
+func (s *Server) operatorRoutes(m *http.ServeMux) {
+	m.HandleFunc("GET /v1/actors", s.listActors)
+	m.HandleFunc("GET /v1/actors/{path...}", s.getActor)
+	m.HandleFunc(eventsRoute, s.streamEvents)
+	m.Handle("GET /metrics", s.cfg.Metrics.Handler())
+	if s.cfg.Pprof {
+		m.HandleFunc("GET /debug/pprof/", pprof.Index)
+		m.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		m.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		m.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+}
+
+// Metrics returns the server's metrics (the agent installs the sampler).
+func (s *Server) Metrics() *metrics.Metrics { return s.cfg.Metrics }
+
+// ReadOnly returns the handler of the TCP listener (--http-addr): the
+// same routes, but only GET and HEAD; anything else is refused with 403
+// read-only-listener before it reaches a handler, so the listener can
+// never change the agent.
+func (s *Server) ReadOnly() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, &apiError{http.StatusForbidden, CodeReadOnly,
+				fmt.Sprintf("%s %s refused: this listener is read-only; use the unix socket", r.Method, r.URL.Path)})
+			return
+		}
+		s.ServeHTTP(w, r)
+	})
+}
+
+// codeWriter records the status code for the latency histogram and
+// passes Flush through.
+type codeWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (c *codeWriter) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *codeWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.ResponseWriter.Write(b)
+}
+
+func (c *codeWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (c *codeWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+func (c *codeWriter) code() int {
+	if c.status == 0 {
+		return http.StatusOK
+	}
+	return c.status
+}

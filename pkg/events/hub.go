@@ -1,0 +1,214 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Type names an event.
+type Type string
+
+// Event types.
+const (
+	EndpointCreated      Type = "endpoint-created"
+	EndpointStateChanged Type = "endpoint-state-changed"
+	EndpointDeleted      Type = "endpoint-deleted"
+	IdentityAllocated    Type = "identity-allocated"
+	IdentityReleased     Type = "identity-released"
+	PolicyRevision       Type = "policy-revision"
+	DatapathDrop         Type = "datapath-drop"
+	// Missed is the marker a subscriber gets when the ring overwrote
+	// events it had not read yet; Event.Missed says how many.
+	Missed Type = "missed"
+)
+
+// Types lists every publishable type (not Missed), for filters and docs.
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, PolicyRevision, DatapathDrop}
+
+// Event is one event. Publishers fill Type and the fields that apply; the
+// hub sets Seq and, when zero, Time.
+type Event struct {
+	// Seq is the hub's sequence number, from 1, without gaps.
+	Seq  uint64    `json:"seq"`
+	Time time.Time `json:"time"`
+	Type Type      `json:"type"`
+	// Endpoint is the endpoint ID, for endpoint events and drops.
+	Endpoint uint16 `json:"endpoint,omitempty"`
+	// Namespace and Pod name the endpoint's pod.
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	// State is the endpoint's new state, PrevState the one it left.
+	State     string `json:"state,omitempty"`
+	PrevState string `json:"prev-state,omitempty"`
+	// Identity is the numeric identity (identity events, endpoint events).
+	Identity uint32 `json:"identity,omitempty"`
+	// Labels of the identity.
+	Labels []string `json:"labels,omitempty"`
+	// Revision is the policy revision (policy-revision events).
+	Revision uint64 `json:"revision,omitempty"`
+	// Message is free text: the reason, a drop's summary.
+	Message string `json:"message,omitempty"`
+	// Missed is how many events a Missed marker stands for.
+	Missed uint64 `json:"missed,omitempty"`
+}
+
+var (
+	// ErrClosed is returned by Subscription.Next after Close.
+	ErrClosed = errors.New("subscription closed")
+)
+
+// DefaultCapacity is the ring size used when New is given 0: at about
+// 200 bytes per event, 8192 events are ~1.6 MiB and cover a burst of
+// several thousand endpoint changes before a slow reader misses any.
+const DefaultCapacity = 8192
+
+// Hub is the ring buffer of recent events and the set of subscribers. The
+// zero value is not usable; a nil *Hub accepts and drops publications, so
+// components built without one need no checks.
+type Hub struct {
+	// mu guards ring, next and subs. It is held for O(1) work per
+	// Publish (plus one non-blocking channel send per subscriber), never
+	// across I/O, so publishing actors do not block.
+	mu   sync.Mutex
+	ring []Event
+	next uint64 // Seq of the next event; the first event is 1
+	subs map[*Subscription]struct{}
+}
+
+// New returns a hub keeping the last capacity events (DefaultCapacity if 0).
+func New(capacity int) *Hub {
+	if capacity <= 0 {
+		capacity = DefaultCapacity
+	}
+	return &Hub{ring: make([]Event, capacity), next: 1, subs: make(map[*Subscription]struct{})}
+}
+
+// Publish records ev and wakes the subscribers. It never blocks.
+func (h *Hub) Publish(ev Event) {
+	if h == nil {
+		return
+	}
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	h.mu.Lock()
+	ev.Seq = h.next
+	h.ring[ev.Seq%uint64(len(h.ring))] = ev
+	h.next++
+	for s := range h.subs {
+		select {
+		case s.wake <- struct{}{}:
+		default: // already signalled
+		}
+	}
+	h.mu.Unlock()
+}
+
+// Last returns the sequence number of the latest event (0 if none).
+func (h *Hub) Last() uint64 {
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.next - 1
+}
+
+// Subscribers returns how many subscriptions are open.
+func (h *Hub) Subscribers() int {
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs)
+}
+
+// Subscribe returns a subscription starting after the event with sequence
+// number after: 0 means "only new events"; a client resuming with
+// Last-Event-ID passes that ID and gets everything after it that the ring
+// still holds, or a Missed marker first.
+func (h *Hub) Subscribe(after uint64) *Subscription {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := &Subscription{h: h, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s.cursor = h.next
+	if after > 0 && after < h.next {
+		s.cursor = after + 1
+	}
+	h.subs[s] = struct{}{}
+	return s
+}
+
+// oldestLocked is the Seq of the oldest event the ring still holds.
+func (h *Hub) oldestLocked() uint64 {
+	if h.next <= uint64(len(h.ring)) {
+		return 1
+	}
+	return h.next - uint64(len(h.ring))
+}
+
+// Subscription reads events in order. It is used by one goroutine.
+type Subscription struct {
+	h      *Hub
+	cursor uint64 // Seq of the next event to read; guarded by h.mu
+	wake   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+// Next returns the next event, waiting for one until ctx ends or the
+// subscription is closed. If the ring overwrote events this subscriber had
+// not read, Next first returns a Missed marker whose Missed field counts
+// them and whose Seq is the last missed one (a client resuming from it
+// continues right after the gap).
+func (s *Subscription) Next(ctx context.Context) (Event, error) {
+	for {
+		if ev, ok := s.poll(); ok {
+			return ev, nil
+		}
+		select {
+		case <-s.wake:
+		case <-s.done:
+			return Event{}, ErrClosed
+		case <-ctx.Done():
+			return Event{}, ctx.Err()
+		}
+	}
+}
+
+// Ready is signalled (at most one pending signal) when events arrive; a
+// reader selecting on it must then call TryNext until it returns false.
+func (s *Subscription) Ready() <-chan struct{} { return s.wake }
+
+// TryNext returns the next event if one is ready, without waiting.
+func (s *Subscription) TryNext() (Event, bool) { return s.poll() }
+
+func (s *Subscription) poll() (Event, bool) {
+	h := s.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if oldest := h.oldestLocked(); s.cursor < oldest {
+		ev := Event{Seq: oldest - 1, Time: time.Now(), Type: Missed, Missed: oldest - s.cursor}
+		s.cursor = oldest
+		return ev, true
+	}
+	if s.cursor >= h.next {
+		return Event{}, false
+	}
+	ev := h.ring[s.cursor%uint64(len(h.ring))]
+	s.cursor++
+	return ev, true
+}
+
+// Close ends the subscription; a waiting Next returns ErrClosed.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		s.h.mu.Lock()
+		delete(s.h.subs, s)
+		s.h.mu.Unlock()
+		close(s.done)
+	})
+}

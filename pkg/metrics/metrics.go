@@ -1,0 +1,148 @@
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "membrane"
+
+// Sample is what the scrape-time gauges read. The agent fills it from the
+// index and the actor registry (reads only; no mailbox is involved).
+type Sample struct {
+	// EndpointsByState counts endpoints per lifecycle state.
+	EndpointsByState map[string]int
+	// MailboxDepth and MailboxDepthMax are the summed and the largest
+	// queue depth per actor kind.
+	MailboxDepth, MailboxDepthMax map[string]int64
+	// IPAM is the used and free addresses per family ("ipv4", "ipv6").
+	IPAM map[string]IPAMSample
+	// Identities is the number of allocated (non-reserved) identities.
+	Identities int
+	// DeleteQueue is the number of queued CNI DELs; negative if unknown
+	// (no queue directory configured).
+	DeleteQueue int
+}
+
+// IPAMSample is one family's pool usage.
+type IPAMSample struct{ Used, Free int }
+
+// Metrics holds the agent's collectors. Safe for concurrent use.
+type Metrics struct {
+	reg        *prometheus.Registry
+	apiLatency *prometheus.HistogramVec
+	regen      *prometheus.HistogramVec
+	restore    prometheus.Gauge
+	sampler    atomic.Pointer[func() Sample]
+
+	endpoints   *prometheus.Desc
+	mailbox     *prometheus.Desc
+	mailboxMax  *prometheus.Desc
+	ipamUsed    *prometheus.Desc
+	ipamFree    *prometheus.Desc
+	identities  *prometheus.Desc
+	deleteQueue *prometheus.Desc
+}
+
+// New creates the metrics on a fresh registry, with the Go runtime and
+// process collectors.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.apiLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "api", Name: "request_duration_seconds",
+		Help:    "REST API request latency by route pattern, method and status code.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"route", "method", "code"})
+	m.regen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "endpoint", Name: "regeneration_duration_seconds",
+		Help:    "Duration of successful endpoint regenerations by phase (write-state, realize, proxy-wait, total).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"phase"})
+	m.restore = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "restore_duration_seconds",
+		Help: "How long the last restore at agent start took until every restored endpoint held its leases.",
+	})
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+	}
+	m.endpoints = desc("endpoints", "Endpoints by lifecycle state.", "state")
+	m.mailbox = desc("actor_mailbox_depth", "Messages waiting in actor mailboxes, summed per actor kind.", "kind")
+	m.mailboxMax = desc("actor_mailbox_depth_max", "The deepest actor mailbox of each kind.", "kind")
+	m.ipamUsed = desc("ipam_used_addresses", "Allocated addresses per family.", "family")
+	m.ipamFree = desc("ipam_free_addresses", "Free addresses per family.", "family")
+	m.identities = desc("identities", "Allocated security identities (reserved ones excluded).")
+	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
+	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, (*sampled)(m),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// SetSampler installs the function the scrape-time gauges read.
+func (m *Metrics) SetSampler(f func() Sample) { m.sampler.Store(&f) }
+
+// ObserveRequest records one API request.
+func (m *Metrics) ObserveRequest(route, method string, code int, d time.Duration) {
+	m.apiLatency.WithLabelValues(route, method, strconv.Itoa(code)).Observe(d.Seconds())
+}
+
+// RegenPhase records one regeneration phase (actors.Observer).
+func (m *Metrics) RegenPhase(phase string, d time.Duration) {
+	m.regen.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// SetRestoreDuration records the last restore's duration.
+func (m *Metrics) SetRestoreDuration(d time.Duration) { m.restore.Set(d.Seconds()) }
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Registry is the registry the metrics live in (for tests and extensions).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// sampled is the collector of the scrape-time gauges.
+type sampled Metrics
+
+// Describe implements prometheus.Collector.
+func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *sampled) Collect(ch chan<- prometheus.Metric) {
+	f := s.sampler.Load()
+	if f == nil {
+		return
+	}
+	smp := (*f)()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for state, n := range smp.EndpointsByState {
+		gauge(s.endpoints, float64(n), state)
+	}
+	for kind, n := range smp.MailboxDepth {
+		gauge(s.mailbox, float64(n), kind)
+	}
+	for kind, n := range smp.MailboxDepthMax {
+		gauge(s.mailboxMax, float64(n), kind)
+	}
+	for fam, p := range smp.IPAM {
+		gauge(s.ipamUsed, float64(p.Used), fam)
+		gauge(s.ipamFree, float64(p.Free), fam)
+	}
+	gauge(s.identities, float64(smp.Identities))
+	if smp.DeleteQueue >= 0 {
+		gauge(s.deleteQueue, float64(smp.DeleteQueue))
+	}
+}
