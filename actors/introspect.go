@@ -38,12 +38,15 @@ const (
 	KindDatapath  = "datapath"
 	KindIPAM      = "ipam"
 	KindIdentity  = "identity"
+	KindIPCache   = "ipcache"
+	KindPolicy    = "policy"
 	KindEndpoints = "endpoints"
 	KindEndpoint  = "endpoint"
 )
 
 // kindOrder sorts the tree: the root, its children, then the endpoints.
-var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIdentity: 3, KindEndpoints: 4, KindEndpoint: 5}
+var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIPCache: 3, KindPolicy: 4, KindIdentity: 5,
+	KindEndpoints: 6, KindEndpoint: 7}
 
 // ActorSnapshot is what operators see of one actor. The actor publishes
 // it without being asked (no mailbox round trip); MailboxDepth and

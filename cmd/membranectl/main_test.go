@@ -268,7 +268,10 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == "DELETE" && r.URL.Path == "/v1/policy":
 		fmt.Fprint(w, `{"revision": 8, "deleted": 1}`)
 	case r.Method == "GET" && r.URL.Path == "/v1/endpoint/3/policy":
-		fmt.Fprint(w, `{"id": 3, "revision": 7, "ingress": [{"identity": 257, "port": 80, "protocol": "TCP"}]}`)
+		fmt.Fprint(w, `{"id": 3, "identity": 300, "policy-revision": 7, "ingress-enforced": true, "egress-enforced": false,
+ "computed": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress"}],
+ "realized": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress", "packets": 12, "bytes": 960}],
+ "realized-ingress-enforced": true, "realized-egress-enforced": false}`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	default:
