@@ -50,6 +50,7 @@ type Config struct {
 	Identity identity.LocalConfig
 	Pool     PoolConfig
 	Endpoint EndpointConfig
+	GC       GCConfig
 }
 
 // withDefaults fills zero fields.
@@ -70,6 +71,7 @@ func (c Config) withDefaults() Config {
 		c.Pool.Workers = max(4, 2*runtime.GOMAXPROCS(0))
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
+	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
 	return c
 }
 
@@ -146,9 +148,11 @@ type System struct {
 	Identity *actor.PID
 	// Endpoints is the endpoint manager.
 	Endpoints *actor.PID
-	Index     *index.Index
-	Datapath  datapath.Datapath
-	Config    Config
+	// GC is the garbage collector (messages.StartGC, messages.RunGC).
+	GC       *actor.PID
+	Index    *index.Index
+	Datapath datapath.Datapath
+	Config   Config
 
 	deps *endpointDeps
 	log  *slog.Logger
@@ -195,7 +199,9 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
 	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.ix, a.log) })
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, a.log) })
-	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+	gcOn := new(atomic.Bool)
+	spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
 }
 
 // agentStrategy resumes the endpoint manager and restarts other children
@@ -237,7 +243,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	children := res.(map[string]*actor.PID)
 	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
-		Identity: children["identity"], Endpoints: children["endpoints"], Index: ix, Datapath: dp,
+		Identity: children["identity"], Endpoints: children["endpoints"], GC: children["gc"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, log: log}
 	dp.SetProxyAck(s.proxyAck)
 	return s, nil

@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"time"
-
-	"github.com/membrane-cni/membrane/pkg/endpoint"
 )
 
 // ErrInvalidConfig is wrapped by LinuxConfig validation errors. (It
@@ -33,14 +32,19 @@ type LinuxConfig struct {
 	// the pair in the kernel's own batch; deleting it ourselves first would
 	// put an RCU grace period (~30 ms) on the DEL's path.
 	TeardownDelay time.Duration
-	// CheckInterval is how often every endpoint's host interface is
-	// checked (default 30 s; negative disables). Endpoints whose interface
-	// vanished are reported to LinuxHooks.OnMissing.
-	CheckInterval time.Duration
+	// BPFFS is the bpffs directory the agent pins BPF objects under
+	// (default DefaultBPFFS); per-endpoint objects live in
+	// <BPFFS>/endpoints/<endpoint id>/, which GC sweeps.
+	BPFFS string
 }
 
-// DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
-const DefaultGatewayDevice = "membrane_host"
+// Defaults of LinuxConfig.
+const (
+	// DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
+	DefaultGatewayDevice = "membrane_host"
+	// DefaultBPFFS is LinuxConfig.BPFFS's default.
+	DefaultBPFFS = "/sys/fs/bpf/membrane"
+)
 
 // WithDefaults fills zero fields.
 func (c LinuxConfig) WithDefaults() LinuxConfig {
@@ -50,8 +54,8 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	if c.TeardownDelay == 0 {
 		c.TeardownDelay = 2 * time.Second
 	}
-	if c.CheckInterval == 0 {
-		c.CheckInterval = 30 * time.Second
+	if c.BPFFS == "" {
+		c.BPFFS = DefaultBPFFS
 	}
 	return c
 }
@@ -60,6 +64,9 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 func (c LinuxConfig) Validate() error {
 	if n := len(c.GatewayDevice); n == 0 || n > 15 {
 		return fmt.Errorf("linux datapath: GatewayDevice %q: want 1..15 bytes: %w", c.GatewayDevice, ErrInvalidConfig)
+	}
+	if !filepath.IsAbs(c.BPFFS) {
+		return fmt.Errorf("linux datapath: BPFFS %q: want an absolute path: %w", c.BPFFS, ErrInvalidConfig)
 	}
 	for _, gw := range c.Gateways {
 		if !gw.IsValid() {
@@ -73,9 +80,6 @@ func (c LinuxConfig) Validate() error {
 // system runs.
 type LinuxHooks struct {
 	// Submit runs fn in the agent's datapath worker pool without waiting
-	// (deferred teardowns, periodic checks). It must not block.
+	// (deferred teardowns). It must not block.
 	Submit func(op string, fn func(ctx context.Context) error)
-	// OnMissing receives endpoints whose host interface vanished. It is
-	// called from a pool worker and must not block.
-	OnMissing func(ids []endpoint.ID)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/api"
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
 	"github.com/membrane-cni/membrane/pkg/index"
@@ -53,6 +54,10 @@ type Config struct {
 	// DeleteQueueInterval (default 30 s). "" disables draining.
 	DeleteQueueDir      string
 	DeleteQueueInterval time.Duration
+	// GCInterval is the time between garbage collector passes (--gc-interval,
+	// default 1 min; negative disables): orphan host veths and pin
+	// directories go, endpoints whose host interface vanished are deleted.
+	GCInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
 	// API tunes the REST server.
@@ -110,8 +115,10 @@ type Agent struct {
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
-// agent answers mutating calls once Start returns.
-func Start(cfg Config, log *slog.Logger) (*Agent, error) {
+// agent answers mutating calls once Start returns. On failure everything
+// it started is stopped again (datapath closed, state store closed),
+// leaving endpoints and kernel state in place.
+func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if cfg.SocketMode == 0 {
 		cfg.SocketMode = 0o660
 	}
@@ -127,10 +134,20 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// undo runs in reverse order when Start fails.
+	var undo []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	dp, linux, err := newDatapath(&cfg, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, func() { _ = dp.Close() })
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
 	}
@@ -138,35 +155,37 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, store.Close)
 	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
+	ac.GC.Interval = cfg.GCInterval
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
-		store.Close()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnMissing: agentside.OnMissing(sys, log)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
-		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	lis, err := api.Listen(cfg.Socket, cfg.SocketMode)
 	if err != nil {
-		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store}
 	go func() { a.served <- srv.Serve(lis) }()
+	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
 	// Reads are served while restoring; mutating calls get 503 until ready.
 	if err := a.restore(context.Background()); err != nil {
-		_ = a.Stop(context.Background())
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a.stopCNI = a.startDeleteQueue()
+	// The collector starts once the index holds every restored endpoint.
+	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
