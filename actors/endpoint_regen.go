@@ -70,7 +70,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
 			a.maybeTeardown(ctx)
 		case err != nil:
-			a.regenFailed(ctx, fmt.Errorf("write state: %w", err))
+			a.regenFailed(ctx, err)
 		default:
 			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
 				return dp.Realize(c, snap, rev)
@@ -108,7 +108,7 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 			err = r.err
 		}
 		if err != nil {
-			err = fmt.Errorf("%s state: %w", op, err)
+			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
 		}
 		cont(ctx, err)
 	})
