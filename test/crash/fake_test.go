@@ -87,4 +87,5 @@ func TestCrashFake(t *testing.T) {
 			return
 		}
 	}
+	t.Log(w.summary())
 }

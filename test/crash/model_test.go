@@ -101,9 +101,27 @@ func (w *world) intN(n int) int {
 	return w.rng.IntN(n)
 }
 
-// churn runs workers doing ADDs (60%) and DELs until ctx ends. An
-// operation that fails leaves its pod unknown: the agent may have died
-// under it.
+// maxLive bounds the live pods of a churn (the pools are /24s).
+const maxLive = 64
+
+func (w *world) addChance() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	live := 0
+	for _, p := range w.pods {
+		if p.state == podLive || p.state == podAdding {
+			live++
+		}
+	}
+	if live >= maxLive {
+		return 30
+	}
+	return 60
+}
+
+// churn runs workers doing ADDs (60%, 30% beyond maxLive pods) and DELs
+// until ctx ends. An operation that fails leaves its pod unknown: the
+// agent may have died under it.
 func (w *world) churn(ctx context.Context, d driver, workers int) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range workers {
@@ -111,7 +129,7 @@ func (w *world) churn(ctx context.Context, d driver, workers int) *sync.WaitGrou
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if w.chance(60) {
+				if w.chance(w.addChance()) {
 					p := w.newPod()
 					if err := d.add(ctx, p); err != nil {
 						w.set(p, podUnknown)
@@ -267,4 +285,15 @@ func checkAddresses(t *testing.T, ctx context.Context, c *client.Client, stateDi
 	if len(seen) != len(byIP) {
 		t.Fatalf("%d endpoints hold addresses but %d are allocated", len(byIP), len(seen))
 	}
+}
+
+// summary counts the pods per state, for the test log.
+func (w *world) summary() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := map[podState]int{}
+	for _, p := range w.pods {
+		n[p.state]++
+	}
+	return fmt.Sprintf("%d pods: %d live, %d deleted, %d deleted while the agent was down", len(w.pods), n[podLive], n[podGone], n[podQueued])
 }
