@@ -21,6 +21,7 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/api"
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
+	"github.com/membrane-cni/membrane/pkg/health"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
 	"github.com/membrane-cni/membrane/restore"
@@ -58,6 +59,11 @@ type Config struct {
 	// default 1 min; negative disables): orphan host veths and pin
 	// directories go, endpoints whose host interface vanished are deleted.
 	GCInterval time.Duration
+	// EnableHealth runs the health endpoint (--enable-health; Linux
+	// datapath only, else reported disabled), probed every HealthInterval
+	// (default 10 s).
+	EnableHealth   bool
+	HealthInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
 	// API tunes the REST server.
@@ -112,6 +118,7 @@ type Agent struct {
 	stopErr  error
 	// restoreStats is what the restore at Start did.
 	restoreStats RestoreStats
+	health       *health.Manager // nil: disabled
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -184,6 +191,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a.stopCNI = a.startDeleteQueue()
+	a.startHealth(linux)
 	// The collector starts once the index holds every restored endpoint.
 	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
 	srv.SetReady()
@@ -204,6 +212,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
+	if a.health != nil {
+		a.health.Stop()
+	}
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {
 		err = serr
@@ -214,6 +225,18 @@ func (a *Agent) stop(ctx context.Context) error {
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
+}
+
+// startHealth sets the health endpoint up (before the API turns ready, so
+// that its address is bound when clients look) and reports its status.
+func (a *Agent) startHealth(linux *datapath.Linux) {
+	if !a.cfg.EnableHealth || linux == nil {
+		a.Server.SetHealth(health.Disabled)
+		return
+	}
+	a.health = health.Start(health.Config{Dir: filepath.Join(a.cfg.StateDir, "health"), Interval: a.cfg.HealthInterval},
+		a.System, linux, a.log)
+	a.Server.SetHealth(a.health.Status)
 }
 
 // newDatapath builds the configured datapath; linux is non-nil for "linux".

@@ -48,7 +48,11 @@ type Server struct {
 	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
 	mux     *http.ServeMux
 	http    *http.Server
+	health  atomic.Pointer[func() *models.HealthStatus]
 }
+
+// SetHealth installs the health endpoint's status for GET /v1/status.
+func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
 
 // New creates a server for sys. It refuses mutating calls until SetReady.
 func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {

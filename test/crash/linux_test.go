@@ -109,7 +109,11 @@ func linuxAgent(t *testing.T, cidr string, extra ...string) (*agentProc, *testut
 	if err := unix.Mount("bpf", ap.bpffs, "bpf", 0, ""); err != nil {
 		t.Fatalf("mount bpffs: %v", err)
 	}
-	t.Cleanup(func() { _ = unix.Unmount(ap.bpffs, unix.MNT_DETACH) })
+	t.Cleanup(func() {
+		_ = unix.Unmount(ap.bpffs, unix.MNT_DETACH)
+		// The health endpoint's netns outlives the agent (bind mount).
+		_ = unix.Unmount(filepath.Join(ap.state, "health", "netns"), unix.MNT_DETACH)
+	})
 	return ap, host
 }
 
@@ -128,6 +132,7 @@ func TestCrashLinux(t *testing.T) {
 	w := newWorld(seed)
 	nl := host.Netlink(t)
 	iterations := 3
+	healthIP := checkHealth(t, client.New(ap.socket), host, "")
 	for i := range iterations {
 		ctx, cancel := context.WithCancel(context.Background())
 		wg := w.churn(ctx, d, 3)
@@ -156,6 +161,7 @@ func TestCrashLinux(t *testing.T) {
 		c := client.New(ap.socket)
 		checkRestart(t, c, w, ap.state, before)
 		checkNoOrphans(t, c, nl, ap.bpffs)
+		healthIP = checkHealth(t, c, host, healthIP)
 		t.Logf("iteration %d: %s", i, w.summary())
 		c.Close()
 		if t.Failed() {
@@ -209,6 +215,30 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("orphans left after GC: lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkHealth: the health endpoint answers its probe and ping from the
+// host netns, on the address it had before the restart (prev, if any).
+// Returns its address.
+func checkHealth(t *testing.T, c *client.Client, host *testutil.NS, prev string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := c.Status(context.Background())
+		if err == nil && st.Health != nil && st.Health.State == "ok" {
+			if prev != "" && st.Health.IP != prev {
+				t.Fatalf("health endpoint moved from %s to %s across a restart", prev, st.Health.IP)
+			}
+			if out, err := host.Exec("ping", "-c", "1", "-W", "2", st.Health.IP); err != nil {
+				t.Fatalf("ping health endpoint: %v\n%s", err, out)
+			}
+			return st.Health.IP
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health endpoint not ok: %+v %v", st, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
