@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni demo vet clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-restore demo vet clean install sim
 
 all: build
 
@@ -58,6 +58,12 @@ BENCH_CONC ?= 8
 bench-cni:
 	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) \
 		$(GO) test -run '^TestCNIBench$$' -count=1 -v -timeout 30m ./test/cnibench/
+
+# Agent restart time with RESTORE_N endpoints on the Linux datapath (root).
+RESTORE_N ?= 100
+bench-restore:
+	MEMBRANE_BENCH_RESTORE=1 RESTORE_N=$(RESTORE_N) \
+		$(GO) test -run '^TestRestoreTime$$' -count=1 -v -timeout 10m ./test/crash/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.
