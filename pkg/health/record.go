@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 )
@@ -28,8 +29,17 @@ func readRecord(dir string) (record, error) {
 	if err != nil {
 		return r, fmt.Errorf("read health record: %w", err)
 	}
+	return decodeRecord(data)
+}
+
+// decodeRecord parses health.json; the address must parse.
+func decodeRecord(data []byte) (record, error) {
+	var r record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return r, fmt.Errorf("read health record: %w", err)
+	}
+	if _, err := netip.ParseAddr(r.IP); err != nil {
+		return r, fmt.Errorf("read health record: ip: %w", err)
 	}
 	return r, nil
 }
