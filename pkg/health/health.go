@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -95,7 +96,7 @@ func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog
 	}
 	m := &Manager{cfg: cfg, sys: sys, dp: dp, log: log.With("component", "health"), done: make(chan struct{}),
 		status: models.HealthStatus{State: StateStarting}}
-	m.spec = datapath.HealthSpec{Netns: cfg.Dir + "/netns", HostIfName: HostIfName}
+	m.spec = datapath.HealthSpec{Netns: filepath.Join(cfg.Dir, "netns"), HostIfName: HostIfName}
 	m.http = &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{
 		DialContext: dp.DialHost, DisableKeepAlives: true}}
 	ctx, cancel := context.WithCancel(context.Background())

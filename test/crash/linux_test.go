@@ -124,7 +124,8 @@ func linuxAgent(t *testing.T, cidr string, extra ...string) (*agentProc, *testut
 // hold and, after the garbage collector's passes, the host's lxc veths
 // are exactly the endpoints' and the pin directories only live ones.
 func TestCrashLinux(t *testing.T) {
-	ap, host := linuxAgent(t, "10.252.0.0/24", "--gc-interval", "300ms")
+	// The interval must exceed the longest ADD, even on a loaded CI machine.
+	ap, host := linuxAgent(t, "10.252.0.0/24", "--gc-interval", "1s")
 	ap.start()
 	d := newCNIDriver(t, host, ap)
 	seed := uint64(time.Now().UnixNano())
