@@ -103,9 +103,10 @@ func TestLinuxGC(t *testing.T) {
 	}
 }
 
-// TestLinuxGCWithoutPinDir: no <bpffs>/endpoints directory is no error.
+// TestLinuxGCWithoutPinDir: no <bpffs>/endpoints directory (or an empty
+// one) is no error.
 func TestLinuxGCWithoutPinDir(t *testing.T) {
-	l, _, _ := newTestLinux(t, LinuxConfig{BPFFS: filepath.Join(t.TempDir(), "absent")})
+	l, _, _ := newTestLinux(t, LinuxConfig{BPFFS: bpffsT(t)})
 	for i := 0; i < 2; i++ {
 		if r, err := l.GC(context.Background(), nil); err != nil || !r.Empty() {
 			t.Fatalf("GC = %+v, %v; want an empty report", r, err)

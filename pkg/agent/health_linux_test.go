@@ -41,7 +41,13 @@ func TestHealthEndpoint(t *testing.T) {
 	host := testutil.NewNS(t, "mbt-health")
 	env := newRestoreEnv(t)
 	env.cfg.Datapath = "linux"
-	env.cfg.Linux = datapath.LinuxConfig{HostNetns: host.Path, BPFFS: filepath.Join(t.TempDir(), "bpffs"), TeardownDelay: -1}
+	// A bpffs of the test's own, so that nothing mounts one elsewhere.
+	bpffs := t.TempDir()
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
+	env.cfg.Linux = datapath.LinuxConfig{HostNetns: host.Path, BPFFS: bpffs, TeardownDelay: -1}
 	env.cfg.EnableHealth, env.cfg.HealthInterval = true, 50*time.Millisecond
 	t.Cleanup(func() {
 		p := filepath.Join(env.cfg.StateDir, "health", "netns")
