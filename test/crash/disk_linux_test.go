@@ -84,21 +84,7 @@ func TestFullStateDisk(t *testing.T) {
 		t.Fatalf("PUT on a full disk = %v, want 507 state-disk-full", err)
 	}
 	w.set(p, podGone)
-	checkAddresses(t, ctx, c, ap.state)
-	eps, _ := c.EndpointList(ctx, nil)
-	if len(eps) != 3 {
-		t.Fatalf("%d endpoints after the failed PUT, want 3", len(eps))
-	}
-	want := map[string]bool{"filler": true}
-	for _, ep := range eps {
-		want[fmt.Sprint(ep.ID)] = true
-	}
-	entries, _ := os.ReadDir(ap.state)
-	for _, e := range entries {
-		if !want[e.Name()] {
-			t.Fatalf("state dir holds %s after the failed PUT", e.Name())
-		}
-	}
+	checkRolledBack(t, ctx, c, ap.state, 3)
 
 	// A restart on the full disk: ready, endpoints kept (their
 	// regeneration retries until space is back).
@@ -120,5 +106,27 @@ func TestFullStateDisk(t *testing.T) {
 	q := w.newPod()
 	if err := d.add(ctx, q); err != nil {
 		t.Fatalf("PUT after space came back: %v", err)
+	}
+}
+
+// checkRolledBack: after a failed PUT, want endpoints remain, addresses
+// are only theirs, and the state directory holds only their state (and
+// the filler).
+func checkRolledBack(t *testing.T, ctx context.Context, c *client.Client, stateDir string, want int) {
+	t.Helper()
+	checkAddresses(t, ctx, c, stateDir)
+	eps, _ := c.EndpointList(ctx, nil)
+	if len(eps) != want {
+		t.Fatalf("%d endpoints after the failed PUT, want %d", len(eps), want)
+	}
+	known := map[string]bool{"filler": true}
+	for _, ep := range eps {
+		known[fmt.Sprint(ep.ID)] = true
+	}
+	entries, _ := os.ReadDir(stateDir)
+	for _, e := range entries {
+		if !known[e.Name()] {
+			t.Fatalf("state dir holds %s after the failed PUT", e.Name())
+		}
 	}
 }

@@ -28,51 +28,14 @@ func TestTrafficAcrossRestart(t *testing.T) {
 	ap.start()
 	d := newCNIDriver(t, host, ap)
 	w := newWorld(3)
-	var ips []net.IP
-	pods := make([]*pod, 2)
-	for i := range pods {
-		pods[i] = w.newPod()
-		if err := d.add(context.Background(), pods[i]); err != nil {
-			t.Fatalf("ADD pod %d: %v", i, err)
-		}
-		cached, err := d.cni.GetNetworkListCachedResult(d.conf, d.rt(pods[i]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := types100.NewResultFromResult(cached)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ips = append(ips, res.IPs[0].Address.IP)
-	}
-	a, b := pods[0], pods[1]
-
-	// TCP echo server in b, client in a (sockets made inside the netns).
-	var lis net.Listener
-	if err := b.ns.Do(func() (err error) { lis, err = net.Listen("tcp", net.JoinHostPort(ips[1].String(), "7000")); return }); err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	go func() {
-		conn, err := lis.Accept()
-		if err == nil {
-			_, _ = io.Copy(conn, conn)
-			conn.Close()
-		}
-	}()
-	var conn net.Conn
-	if err := a.ns.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", net.JoinHostPort(ips[1].String(), "7000"), 5*time.Second)
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream := startStream(conn)
+	a, b := w.newPod(), w.newPod()
+	d.mustAdd(t, a)
+	ipB := d.mustAdd(t, b)
+	stream := startStream(tcpEcho(t, a, b, ipB))
 
 	pingOut := make(chan string, 1)
 	go func() {
-		out, err := a.ns.Exec("ping", "-i", "0.01", "-c", "500", "-W", "1", ips[1].String())
+		out, err := a.ns.Exec("ping", "-i", "0.01", "-c", "500", "-W", "1", ipB.String())
 		if err != nil {
 			out += err.Error()
 		}
@@ -99,6 +62,48 @@ func TestTrafficAcrossRestart(t *testing.T) {
 	if sent-got != 0 {
 		t.Fatalf("%d of %d pings lost across agent restarts", sent-got, sent)
 	}
+}
+
+// mustAdd runs ADD for p and returns its address.
+func (d *cniDriver) mustAdd(t *testing.T, p *pod) net.IP {
+	t.Helper()
+	if err := d.add(context.Background(), p); err != nil {
+		t.Fatalf("ADD %s: %v", p.name, err)
+	}
+	cached, err := d.cni.GetNetworkListCachedResult(d.conf, d.rt(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := types100.NewResultFromResult(cached)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.IPs[0].Address.IP
+}
+
+// tcpEcho starts a TCP echo server in b and returns a connection to it
+// from a (both sockets made inside the pods' netns).
+func tcpEcho(t *testing.T, a, b *pod, ipB net.IP) net.Conn {
+	t.Helper()
+	addr := net.JoinHostPort(ipB.String(), "7000")
+	var lis net.Listener
+	if err := b.ns.Do(func() (err error) { lis, err = net.Listen("tcp", addr); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	go func() {
+		conn, err := lis.Accept()
+		if err == nil {
+			_, _ = io.Copy(conn, conn)
+			conn.Close()
+		}
+	}()
+	var conn net.Conn
+	if err := a.ns.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // stream writes counters to an echo connection and checks that they come
