@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -43,8 +45,11 @@ func newCNIDriver(t *testing.T, host *testutil.NS, ap *agentProc) *cniDriver {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An explicit exec: libcni makes its default lazily, racing when the
+	// first calls are concurrent.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
 	d := &cniDriver{t: t, host: host, agent: ap, conf: conf,
-		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(ap.dir, "cni-cache"), nil)}
+		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(ap.dir, "cni-cache"), exec)}
 	t.Cleanup(func() {
 		for _, ns := range d.nss {
 			_ = ns.Remove()
