@@ -9,5 +9,8 @@
 // <state-dir>/health/health.json; at start the restored health endpoint
 // of the previous agent is deleted with NoIPRelease and replaced by a new
 // one holding the same address. Kernel work goes through the datapath
-// (datapath.HealthDatapath) in the worker pool.
+// (datapath.HealthDatapath): creating and deleting the namespace and veth
+// runs in the worker pool; the responder's listener and the probes' dials
+// (sockets opened on a thread inside a namespace) are made by the health
+// goroutine, which never runs inside an actor.
 package health
