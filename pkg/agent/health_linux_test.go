@@ -49,6 +49,7 @@ func TestHealthEndpoint(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
 	env.cfg.Linux = datapath.LinuxConfig{HostNetns: host.Path, BPFFS: bpffs, TeardownDelay: -1}
 	env.cfg.EnableHealth, env.cfg.HealthInterval = true, 50*time.Millisecond
+	env.cfg.GCInterval = 50 * time.Millisecond
 	t.Cleanup(func() {
 		p := filepath.Join(env.cfg.StateDir, "health", "netns")
 		_ = unix.Unmount(p, unix.MNT_DETACH)
@@ -66,6 +67,29 @@ func TestHealthEndpoint(t *testing.T) {
 	if out, err := host.Exec("ping", "-c", "1", "-W", "2", h1.IP); err != nil {
 		t.Fatalf("ping health endpoint from the host netns: %v\n%s", err, out)
 	}
+
+	// The veth vanishes: the garbage collector deletes the endpoint and
+	// the agent sets a new one up on the same address.
+	nl := host.Netlink(t)
+	link, err := nl.LinkByName(health.HostIfName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyT(t, "a new health endpoint", func() bool {
+		st, err := c.Status(context.Background())
+		if err != nil || st.Health == nil || st.Health.State != health.StateOK {
+			return false
+		}
+		cur, err := c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
+		return err == nil && cur.Created.After(ep.Created) && cur.State == "ready"
+	})
+	if h := waitHealth(t, c, health.StateOK); h.IP != h1.IP {
+		t.Fatalf("health endpoint moved from %s to %s after its veth vanished", h1.IP, h.IP)
+	}
+	ep, _ = c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
 
 	restart := []struct {
 		name string

@@ -111,6 +111,11 @@ func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog
 func (m *Manager) Stop() {
 	m.stop()
 	<-m.done
+	m.closeServer()
+}
+
+// closeServer stops the responder (its listener closes).
+func (m *Manager) closeServer() {
 	m.mu.Lock()
 	srv := m.srv
 	m.srv = nil
@@ -142,11 +147,19 @@ func (m *Manager) loop(ctx context.Context) {
 	}
 }
 
-// tick sets the endpoint up if it is not, then probes it.
+// tick sets the endpoint up if it is not (or no longer: the garbage
+// collector deletes it when its veth vanished), then probes it.
 func (m *Manager) tick(ctx context.Context) {
 	m.mu.Lock()
-	up := m.srv != nil
+	up, id := m.srv != nil, m.ep
 	m.mu.Unlock()
+	if up {
+		if ep, ok := m.sys.Index.Endpoint(id); !ok || ep.ContainerID != ContainerID {
+			m.log.Warn("health endpoint is gone; setting it up again", "endpoint", id)
+			m.closeServer()
+			up = false
+		}
+	}
 	if !up {
 		if err := m.setup(ctx); err != nil {
 			m.log.Error("health endpoint setup failed; retrying", "err", err, "retry-in", m.cfg.Interval)
