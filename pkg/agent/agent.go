@@ -191,9 +191,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a.stopCNI = a.startDeleteQueue()
-	a.startHealth(linux)
 	// The collector starts once the index holds every restored endpoint.
 	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
+	a.startHealth(linux)
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -227,8 +227,11 @@ func (a *Agent) stop(ctx context.Context) error {
 	return err
 }
 
-// startHealth sets the health endpoint up (before the API turns ready, so
-// that its address is bound when clients look) and reports its status.
+// startHealth sets the health endpoint up in the background: replacing
+// the previous one waits for its restore regeneration, behind every
+// restored endpoint's, which must not delay the API's readiness (the
+// pods' ADDs). Its address stays reserved meanwhile (the previous
+// endpoint is deleted with NoIPRelease).
 func (a *Agent) startHealth(linux *datapath.Linux) {
 	if !a.cfg.EnableHealth || linux == nil {
 		a.Server.SetHealth(health.Disabled)

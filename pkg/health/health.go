@@ -83,10 +83,10 @@ type Manager struct {
 // Disabled is the status reported when the agent runs no health endpoint.
 func Disabled() *models.HealthStatus { return &models.HealthStatus{State: StateDisabled} }
 
-// Start sets the health endpoint up (replacing the previous agent's),
-// probes it once, and keeps probing it every Interval until Stop. A
-// failure does not fail the agent: it is reported in Status and the setup
-// is retried.
+// Start sets the health endpoint up in the background (replacing the
+// previous agent's), then probes it every Interval until Stop. A failure
+// does not fail the agent: it is reported in Status and the setup is
+// retried. The status is "starting" until the first probe.
 func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog.Logger) *Manager {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second
@@ -101,7 +101,6 @@ func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog
 		DialContext: dp.DialHost, DisableKeepAlives: true}}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stop = cancel
-	m.tick(ctx)
 	go m.loop(ctx)
 	return m
 }
@@ -135,6 +134,7 @@ func (m *Manager) Status() *models.HealthStatus {
 
 func (m *Manager) loop(ctx context.Context) {
 	defer close(m.done)
+	m.tick(ctx)
 	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
 	for {
