@@ -68,28 +68,7 @@ func TestHealthEndpoint(t *testing.T) {
 		t.Fatalf("ping health endpoint from the host netns: %v\n%s", err, out)
 	}
 
-	// The veth vanishes: the garbage collector deletes the endpoint and
-	// the agent sets a new one up on the same address.
-	nl := host.Netlink(t)
-	link, err := nl.LinkByName(health.HostIfName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nl.LinkDel(link); err != nil {
-		t.Fatal(err)
-	}
-	eventuallyT(t, "a new health endpoint", func() bool {
-		st, err := c.Status(context.Background())
-		if err != nil || st.Health == nil || st.Health.State != health.StateOK {
-			return false
-		}
-		cur, err := c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
-		return err == nil && cur.Created.After(ep.Created) && cur.State == "ready"
-	})
-	if h := waitHealth(t, c, health.StateOK); h.IP != h1.IP {
-		t.Fatalf("health endpoint moved from %s to %s after its veth vanished", h1.IP, h.IP)
-	}
-	ep, _ = c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
+	ep = healthVethVanishes(t, c, host, ep)
 
 	restart := []struct {
 		name string
@@ -126,4 +105,32 @@ func TestHealthEndpoint(t *testing.T) {
 		}
 		prev, prevEP = h, ep
 	}
+}
+
+// healthVethVanishes deletes the health endpoint's host veth: the garbage
+// collector deletes the endpoint and the agent sets a new one up on the
+// same address, which it returns.
+func healthVethVanishes(t *testing.T, c *client.Client, host *testutil.NS, ep *models.Endpoint) *models.Endpoint {
+	t.Helper()
+	nl := host.Netlink(t)
+	link, err := nl.LinkByName(health.HostIfName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkDel(link); err != nil {
+		t.Fatal(err)
+	}
+	var cur *models.Endpoint
+	eventuallyT(t, "a new health endpoint", func() bool {
+		st, err := c.Status(context.Background())
+		if err != nil || st.Health == nil || st.Health.State != health.StateOK {
+			return false
+		}
+		cur, err = c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
+		return err == nil && cur.Created.After(ep.Created) && cur.State == "ready"
+	})
+	if cur.Addressing.IPv4 != ep.Addressing.IPv4 {
+		t.Fatalf("health endpoint moved from %s to %s after its veth vanished", ep.Addressing.IPv4, cur.Addressing.IPv4)
+	}
+	return cur
 }

@@ -45,36 +45,7 @@ func TestRestoreTime(t *testing.T) {
 		}
 	}
 	for _, kill := range []bool{false, true} {
-		if kill {
-			ap.kill()
-		} else {
-			ap.stop()
-		}
-		t0 := time.Now()
-		ap.start() // returns once GET /v1/status says ok
-		serving := time.Since(t0)
-		c := client.New(ap.socket)
-		for {
-			eps, err := c.EndpointList(context.Background(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ready := 0
-			for _, ep := range eps {
-				if ep.State == "ready" {
-					ready++
-				}
-			}
-			if ready >= want {
-				break
-			}
-			if time.Since(t0) > time.Minute {
-				t.Fatalf("%d of %d endpoints ready after a minute", ready, want)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		allReady := time.Since(t0)
-		c.Close()
+		serving, allReady := measureRestart(t, ap, kill, want)
 		data, _ := os.ReadFile(ap.log)
 		if os.Getenv("RESTORE_LOG") != "" {
 			for _, line := range regexp.MustCompile(`(?m)^.*(linux datapath ready|restored endpoints|health endpoint ready|agent ready|previous health).*$`).FindAll(data, -1) {
@@ -88,5 +59,40 @@ func TestRestoreTime(t *testing.T) {
 		}
 		fmt.Printf("restart after %s with %d endpoints: restore in the agent %s, process start to serving %v, to all ready %v\n",
 			map[bool]string{false: "SIGTERM", true: "SIGKILL"}[kill], want, inAgent, serving.Round(time.Millisecond), allReady.Round(time.Millisecond))
+	}
+}
+
+// measureRestart stops (SIGTERM) or kills the agent, starts it again and
+// returns how long until it served and until want endpoints were ready.
+func measureRestart(t *testing.T, ap *agentProc, kill bool, want int) (serving, allReady time.Duration) {
+	t.Helper()
+	if kill {
+		ap.kill()
+	} else {
+		ap.stop()
+	}
+	t0 := time.Now()
+	ap.start() // returns once GET /v1/status says ok
+	serving = time.Since(t0)
+	c := client.New(ap.socket)
+	defer c.Close()
+	for {
+		eps, err := c.EndpointList(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready := 0
+		for _, ep := range eps {
+			if ep.State == "ready" {
+				ready++
+			}
+		}
+		if ready >= want {
+			return serving, time.Since(t0)
+		}
+		if time.Since(t0) > time.Minute {
+			t.Fatalf("%d of %d endpoints ready after a minute", ready, want)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
