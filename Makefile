@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy generate demo vet clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet clean install sim
 
 all: build
 
@@ -56,6 +56,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDrop$$' -fuzztime $(FUZZTIME) ./datapath/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./pkg/health/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
@@ -86,6 +87,12 @@ bench-policy:
 bench-bpf:
 	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
 		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
+
+# Agent restart time with RESTORE_N endpoints on the Linux datapath (root).
+RESTORE_N ?= 100
+bench-restore:
+	MEMBRANE_BENCH_RESTORE=1 RESTORE_N=$(RESTORE_N) \
+		$(GO) test -run '^TestRestoreTime$$' -count=1 -v -timeout 10m ./test/crash/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.

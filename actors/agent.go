@@ -57,6 +57,7 @@ type Config struct {
 	Events *events.Hub
 	// Observer receives regeneration phase durations (nil: none).
 	Observer Observer
+	GC       GCConfig
 }
 
 // withDefaults fills zero fields.
@@ -77,6 +78,7 @@ func (c Config) withDefaults() Config {
 		c.Pool.Workers = max(4, 2*runtime.GOMAXPROCS(0))
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
+	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
 	return c
 }
 
@@ -172,9 +174,11 @@ type System struct {
 	IPCache  *actor.PID
 	// Endpoints is the endpoint manager.
 	Endpoints *actor.PID
-	Index     *index.Index
-	Datapath  datapath.Datapath
-	Config    Config
+	// GC is the garbage collector (messages.StartGC, messages.RunGC).
+	GC       *actor.PID
+	Index    *index.Index
+	Datapath datapath.Datapath
+	Config   Config
 
 	deps *endpointDeps
 	log  *slog.Logger
@@ -223,7 +227,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
 	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.ix, a.log) })
 	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
-	// The manager is spawned last; its PID is known by name.
+	// The manager is spawned after the policy actor; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
 	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor { return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache) })
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
@@ -231,7 +235,9 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		ia.events = d.events
 		return ia
 	})
-	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+	gcOn := new(atomic.Bool)
+	spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
 }
 
 // agentStrategy resumes the endpoint manager and restarts other children
@@ -283,7 +289,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	children := res.(map[string]*actor.PID)
 	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
 		Identity: children["identity"], Policy: children["policy"], IPCache: children["ipcache"],
-		Endpoints: children["endpoints"], Index: ix, Datapath: dp,
+		Endpoints: children["endpoints"], GC: children["gc"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, log: log}
 	dp.SetProxyAck(s.proxyAck)
 	return s, nil

@@ -119,7 +119,7 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
 			a.maybeTeardown(ctx)
 		case err != nil:
-			a.regenFailed(ctx, fmt.Errorf("write state: %w", err))
+			a.regenFailed(ctx, err)
 		default:
 			a.phaseDone(0)
 			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
@@ -167,7 +167,7 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 			err = r.err
 		}
 		if err != nil {
-			err = fmt.Errorf("%s state: %w", op, err)
+			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
 		}
 		cont(ctx, err)
 		a.report()

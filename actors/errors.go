@@ -22,6 +22,10 @@ var (
 	ErrActorRestarted = errors.New("actor restarted")
 	// ErrPoolClosed is returned for work submitted after the pool stopped.
 	ErrPoolClosed = errors.New("datapath pool closed")
+	// ErrStateWrite is wrapped by errors of an endpoint whose state could
+	// not be written to (or removed from) the state directory; the
+	// underlying error says why (e.g. ENOSPC).
+	ErrStateWrite = errors.New("endpoint state not persisted")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )

@@ -44,7 +44,7 @@ func TestBPFBench(t *testing.T) {
 }
 
 func benchRealize(t *testing.T, n int, legacy bool) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1, ForceLegacyTC: legacy})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, ForceLegacyTC: legacy})
 	ctx := context.Background()
 	eps := make([]*endpoint.Endpoint, n)
 	for i := range eps {

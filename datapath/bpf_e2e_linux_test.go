@@ -165,7 +165,7 @@ type e2eEnv struct {
 func newE2E(t *testing.T, cfg LinuxConfig) *e2eEnv {
 	t.Helper()
 	cfg.Gateways, cfg.GatewayDevice = []netip.Addr{e2eGateway}, "mbt_gw"
-	cfg.TeardownDelay, cfg.CheckInterval = -1, -1
+	cfg.TeardownDelay = -1
 	l, host, nl := newTestLinux(t, cfg)
 	e := &e2eEnv{t: t, l: l, host: host, nl: nl, drops: &dropLog{}}
 	l.SetHooks(LinuxHooks{OnDrop: e.drops.add})

@@ -36,7 +36,7 @@ func tcxPrograms(t *testing.T, l *Linux, ifindex int) int {
 }
 
 func TestBPFRealizeMovesToNewInterface(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 21, "lxcbpfmove01", "10.244.70.2")
 	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
@@ -70,7 +70,7 @@ func TestBPFRealizeMovesToNewInterface(t *testing.T) {
 }
 
 func TestBPFRemoveDetachesInBackground(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 22, "lxcbpfremove1", "10.244.70.3")
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
@@ -86,7 +86,7 @@ func TestBPFRemoveDetachesInBackground(t *testing.T) {
 }
 
 func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	ep := addVeth(t, nl, 23, "lxcbpfbig0001", "10.244.70.4")
 	keys := make([]policy.Key, 16383)
 	for i := range keys {
@@ -141,7 +141,7 @@ func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
 // TestBPFAdoptOnlyMatchingPrograms: after a restart the attached
 // programs are kept only when they were loaded for the same identity.
 func TestBPFAdoptOnlyMatchingPrograms(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 24, "lxcbpfadopt01", "10.244.70.5")
 	ep.Identity = 1500

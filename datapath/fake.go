@@ -47,6 +47,9 @@ type Fake struct {
 	ack       ProxyAckFunc
 	realizes  uint64
 	removes   uint64
+	gcPasses  int
+	gcOrphans sweep[endpoint.ID] // realised, not live
+	gcMissing sweep[endpoint.ID] // live, Forgotten
 }
 
 var _ Datapath = (*Fake)(nil)
@@ -273,4 +276,44 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// GC implements Collector: realised endpoints that are not in live are
+// forgotten (reported as links "fake-<id>") once two consecutive passes
+// saw them orphaned, and live endpoints that were Forgotten are reported
+// missing after two passes.
+func (f *Fake) GC(_ context.Context, live []*endpoint.Endpoint) (GCReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gcPasses++
+	isLive := make(map[endpoint.ID]bool, len(live))
+	var gone []endpoint.ID
+	for _, ep := range live {
+		isLive[ep.ID] = true
+		if f.gone[ep.ID] {
+			gone = append(gone, ep.ID)
+		}
+	}
+	var orphans []endpoint.ID
+	for id := range f.endpoints {
+		if !isLive[id] {
+			orphans = append(orphans, id)
+		}
+	}
+	var r GCReport
+	confirmed, suspects := f.gcOrphans.pass(orphans)
+	for _, id := range confirmed {
+		delete(f.endpoints, id)
+		r.Links = append(r.Links, "fake-"+strconv.Itoa(int(id)))
+	}
+	missing, missSuspects := f.gcMissing.pass(gone)
+	r.Missing, r.Suspects = missing, suspects+missSuspects
+	return r, nil
+}
+
+// GCPasses returns how many GC passes ran.
+func (f *Fake) GCPasses() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gcPasses
 }

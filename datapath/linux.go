@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"time"
-
-	"github.com/membrane-cni/membrane/pkg/endpoint"
 )
 
 // ErrInvalidConfig is wrapped by LinuxConfig validation errors. (It
@@ -40,10 +38,6 @@ type LinuxConfig struct {
 	// the pair in the kernel's own batch; deleting it ourselves first would
 	// put an RCU grace period (~30 ms) on the DEL's path.
 	TeardownDelay time.Duration
-	// CheckInterval is how often every endpoint's host interface is
-	// checked (default 30 s; negative disables). Endpoints whose interface
-	// vanished are reported to LinuxHooks.OnMissing.
-	CheckInterval time.Duration
 	// BPFFS is the directory on a bpffs holding the pinned BPF objects
 	// (default DefaultBPFFS): the shared maps (ipcache, ct, drops, events)
 	// directly under it, each endpoint's links and policy map under
@@ -55,11 +49,13 @@ type LinuxConfig struct {
 	ForceLegacyTC bool
 }
 
-// DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
-const DefaultGatewayDevice = "membrane_host"
-
-// DefaultBPFFS is LinuxConfig.BPFFS's default.
-const DefaultBPFFS = "/sys/fs/bpf/membrane"
+// Defaults of LinuxConfig.
+const (
+	// DefaultGatewayDevice is LinuxConfig.GatewayDevice's default.
+	DefaultGatewayDevice = "membrane_host"
+	// DefaultBPFFS is LinuxConfig.BPFFS's default.
+	DefaultBPFFS = "/sys/fs/bpf/membrane"
+)
 
 // WithDefaults fills zero fields.
 func (c LinuxConfig) WithDefaults() LinuxConfig {
@@ -68,9 +64,6 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	}
 	if c.TeardownDelay == 0 {
 		c.TeardownDelay = 2 * time.Second
-	}
-	if c.CheckInterval == 0 {
-		c.CheckInterval = 30 * time.Second
 	}
 	if c.BPFFS == "" {
 		c.BPFFS = DefaultBPFFS
@@ -98,11 +91,8 @@ func (c LinuxConfig) Validate() error {
 // system runs.
 type LinuxHooks struct {
 	// Submit runs fn in the agent's datapath worker pool without waiting
-	// (deferred teardowns, periodic checks). It must not block.
+	// (deferred teardowns). It must not block.
 	Submit func(op string, fn func(ctx context.Context) error)
-	// OnMissing receives endpoints whose host interface vanished. It is
-	// called from a pool worker and must not block.
-	OnMissing func(ids []endpoint.ID)
 	// OnDrop receives the drop notifications of the endpoint programs. It
 	// is called from the ring-buffer reader goroutine and must not block
 	// (a slow OnDrop delays later notifications; the kernel discards

@@ -36,12 +36,13 @@ type Linux struct {
 	nlClosed bool
 
 	// mu guards everything below.
-	mu       sync.Mutex
-	hooks    LinuxHooks
-	live     map[endpoint.ID]hostLink // realised endpoints
-	pending  map[int]*teardown        // deferred host veth deletions by ifindex
-	closed   bool
-	stopTick chan struct{}
+	mu      sync.Mutex
+	hooks   LinuxHooks
+	live    map[endpoint.ID]hostLink // realised endpoints
+	pending map[int]*teardown        // deferred host veth deletions by ifindex
+	closed  bool
+
+	gc linuxGC // GC's two-pass bookkeeping (own lock)
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -64,15 +65,14 @@ func NewLinux(cfg LinuxConfig, log *slog.Logger) (*Linux, error) {
 		return nil, err
 	}
 	return &Linux{cfg: cfg, log: log.With("component", "datapath"), live: map[endpoint.ID]hostLink{},
-		pending: map[int]*teardown{}, stopTick: make(chan struct{})}, nil
+		pending: map[int]*teardown{}}, nil
 }
 
 // Name implements Datapath.
 func (l *Linux) Name() string { return "linux" }
 
 // SetHooks connects the datapath to the agent's worker pool and endpoint
-// deletion; until then deferred teardowns run on timer goroutines and
-// missing interfaces are only logged.
+// deletion; until then deferred teardowns run on timer goroutines.
 func (l *Linux) SetHooks(h LinuxHooks) {
 	l.mu.Lock()
 	l.hooks = h
@@ -83,8 +83,8 @@ func (l *Linux) SetHooks(h LinuxHooks) {
 func (l *Linux) SetProxyAck(ProxyAckFunc) {}
 
 // Init implements Datapath: it opens the host netns, makes sure the
-// gateway device exists, is up and holds every gateway address, and
-// starts the periodic interface check. Idempotent.
+// gateway device exists, is up and holds every gateway address.
+// Idempotent.
 func (l *Linux) Init(ctx context.Context) error {
 	if l.nl == nil {
 		if err := l.open(); err != nil {
@@ -100,9 +100,6 @@ func (l *Linux) Init(ctx context.Context) error {
 	// Pods are routed through the host: IPv4 forwarding on (ip_forward).
 	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/conf/all/forwarding", "1") }); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
-	}
-	if l.cfg.CheckInterval > 0 {
-		go l.checkLoop(l.cfg.CheckInterval)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
 		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
@@ -187,8 +184,7 @@ func (l *Linux) ensureGateway() error {
 	return nil
 }
 
-// Close implements Datapath: it stops the periodic check, runs the
-// deferred teardowns still pending, and closes the netlink handle. The
+// Close implements Datapath: it runs the deferred teardowns still pending, and closes the netlink handle. The
 // gateway device and the endpoints stay.
 func (l *Linux) Close() error {
 	l.mu.Lock()
@@ -197,7 +193,6 @@ func (l *Linux) Close() error {
 		return nil
 	}
 	l.closed = true
-	close(l.stopTick)
 	var due []*teardown
 	for _, t := range l.pending {
 		if t.timer.Stop() {

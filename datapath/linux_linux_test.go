@@ -98,7 +98,7 @@ func readSysctl(t *testing.T, ns *testutil.NS, path string) string {
 
 func TestLinuxInitGateway(t *testing.T) {
 	gw := netip.MustParseAddr("10.244.40.1")
-	l, _, nl := newTestLinux(t, LinuxConfig{Gateways: []netip.Addr{gw}, GatewayDevice: "mbt_gw", CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{Gateways: []netip.Addr{gw}, GatewayDevice: "mbt_gw"})
 	if err := l.Init(context.Background()); err != nil {
 		t.Fatalf("second Init: %v", err)
 	}
@@ -113,7 +113,7 @@ func TestLinuxInitGateway(t *testing.T) {
 }
 
 func TestLinuxRealizeCheckRemove(t *testing.T) {
-	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, CheckInterval: -1})
+	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour})
 	ep := addVeth(t, nl, 7, "lxctest0000001", "10.244.41.5")
 	ctx := context.Background()
 	for range 2 { // idempotent
@@ -155,7 +155,7 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 }
 
 func TestLinuxDeferredTeardown(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond, CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond})
 	var mu sync.Mutex
 	var ops []string
 	l.SetHooks(LinuxHooks{Submit: func(op string, fn func(context.Context) error) {
@@ -189,44 +189,8 @@ func TestLinuxDeferredTeardown(t *testing.T) {
 	}
 }
 
-func TestLinuxCheckAllReportsMissing(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{CheckInterval: -1})
-	missing := make(chan []endpoint.ID, 1)
-	l.SetHooks(LinuxHooks{OnMissing: func(ids []endpoint.ID) { missing <- ids }})
-	keep := addVeth(t, nl, 1, "lxctest0000003", "10.244.41.7")
-	gone := addVeth(t, nl, 2, "lxctest0000004", "10.244.41.8")
-	ctx := context.Background()
-	for _, ep := range []*endpoint.Endpoint{keep, gone} {
-		if _, err := l.Realize(ctx, ep, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	link, _ := nl.LinkByIndex(gone.IfIndex)
-	if err := nl.LinkDel(link); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.CheckAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case ids := <-missing:
-		if len(ids) != 1 || ids[0] != 2 {
-			t.Fatalf("missing = %v, want [2]", ids)
-		}
-	default:
-		t.Fatal("OnMissing not called")
-	}
-	// Reported once: the endpoint is forgotten.
-	if err := l.CheckAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(missing) != 0 {
-		t.Fatal("reported twice")
-	}
-}
-
 func TestLinuxEndpointWithoutInterface(t *testing.T) {
-	l, _, _ := newTestLinux(t, LinuxConfig{CheckInterval: -1})
+	l, _, _ := newTestLinux(t, LinuxConfig{})
 	ep := &endpoint.Endpoint{ID: 3, IPv4: netip.MustParseAddr("10.244.41.9")}
 	ctx := context.Background()
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
@@ -241,7 +205,7 @@ func TestLinuxEndpointWithoutInterface(t *testing.T) {
 }
 
 func TestLinuxClosed(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{CheckInterval: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{})
 	ep := addVeth(t, nl, 9, "lxctest0000005", "10.244.41.10")
 	if err := l.Close(); err != nil {
 		t.Fatal(err)

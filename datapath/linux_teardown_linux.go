@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/membrane-cni/membrane/pkg/endpoint"
 )
 
 // teardown is a deferred deletion of a host veth.
@@ -74,65 +72,4 @@ func (l *Linux) PendingTeardowns() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.pending)
-}
-
-// checkLoop submits checkAll every interval until Close.
-func (l *Linux) checkLoop(interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.stopTick:
-			return
-		case <-t.C:
-			l.mu.Lock()
-			submit := l.hooks.Submit
-			l.mu.Unlock()
-			if submit != nil {
-				submit("check-endpoints", func(ctx context.Context) error {
-					return l.guard(func() error { return l.CheckAll(ctx) })
-				})
-			}
-		}
-	}
-}
-
-// CheckAll lists the host's links once and reports every realised
-// endpoint whose host interface is gone to LinuxHooks.OnMissing.
-func (l *Linux) CheckAll(ctx context.Context) error {
-	l.mu.Lock()
-	snap := make(map[endpoint.ID]hostLink, len(l.live))
-	for id, h := range l.live {
-		snap[id] = h
-	}
-	l.mu.Unlock()
-	if len(snap) == 0 {
-		return nil
-	}
-	links, err := l.nl.LinkList()
-	if err != nil {
-		return fmt.Errorf("check endpoints: list links: %w", err)
-	}
-	present := make(map[int]string, len(links))
-	for _, link := range links {
-		present[link.Attrs().Index] = link.Attrs().Name
-	}
-	var missing []endpoint.ID
-	l.mu.Lock()
-	for id, h := range snap {
-		if cur, ok := l.live[id]; ok && present[h.index] != h.name && cur.index == h.index && cur.name == h.name {
-			delete(l.live, id)
-			missing = append(missing, id)
-		}
-	}
-	onMissing := l.hooks.OnMissing
-	l.mu.Unlock()
-	if len(missing) == 0 {
-		return nil
-	}
-	l.log.Warn("endpoints lost their host interface", "endpoints", missing)
-	if onMissing != nil {
-		onMissing(missing)
-	}
-	return nil
 }

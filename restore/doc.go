@@ -5,7 +5,9 @@
 // with everything needed to rebuild the endpoint) and ep_config.h (a
 // generated C header for humans and the datapath). A write goes to
 // <id>_next, is made durable, and is renamed into place with <id>_stale as
-// the backup; Scan cleans the leftovers of interrupted writes at start and
+// the backup. A removal renames the state to <id>_deleted in one step
+// before deleting its files, so a crash never leaves half a state. Scan
+// cleans the leftovers of interrupted writes and removals at start and
 // quarantines what it cannot read (never a crash loop).
 //
 // Writes are asynchronous and group-committed: a single writer goroutine

@@ -23,6 +23,7 @@ const (
 	headerFile    = "ep_config.h"
 	nextSuffix    = "_next"
 	staleSuffix   = "_stale"
+	deletedSuffix = "_deleted"
 	quarantineDir = "quarantine"
 )
 
@@ -243,11 +244,31 @@ func (s *Store) swap(id endpoint.ID) error {
 	return nil
 }
 
+// removeDir removes an endpoint's state so that a crash at any point
+// leaves either the whole state (the removal did not happen) or none: the
+// directory holding the state is renamed to <id>_deleted in one step, and
+// only then removed file by file (Scan drops <id>_deleted leftovers).
 func (s *Store) removeDir(id endpoint.ID) error {
-	for _, suffix := range []string{nextSuffix, "", staleSuffix} {
-		if err := os.RemoveAll(s.path(id, suffix)); err != nil {
+	cur, stale, deleted := s.path(id, ""), s.path(id, staleSuffix), s.path(id, deletedSuffix)
+	for _, p := range []string{s.path(id, nextSuffix), deleted} {
+		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("remove state of endpoint %d: %w", id, err)
 		}
+	}
+	// The state is <id>, or <id>_stale when a swap was interrupted between
+	// its renames. While <id> exists, <id>_stale is a mere backup that
+	// Scan drops, so it may go first, in any number of steps.
+	src := cur
+	if _, err := os.Lstat(cur); errors.Is(err, os.ErrNotExist) {
+		src = stale
+	} else if err := os.RemoveAll(stale); err != nil {
+		return fmt.Errorf("remove state of endpoint %d: %w", id, err)
+	}
+	if err := os.Rename(src, deleted); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove state of endpoint %d: %w", id, err)
+	}
+	if err := os.RemoveAll(deleted); err != nil {
+		return fmt.Errorf("remove state of endpoint %d: %w", id, err)
 	}
 	return nil
 }
@@ -301,6 +322,9 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 			continue // not ours
 		}
 		switch suffix {
+		case deletedSuffix: // a removal renamed it away: it is gone
+			os.RemoveAll(filepath.Join(s.dir, name))
+			continue
 		case nextSuffix: // interrupted before the swap: the old state stands
 			os.RemoveAll(filepath.Join(s.dir, name))
 			continue
@@ -326,7 +350,7 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 }
 
 func splitName(name string) (base, suffix string) {
-	for _, sfx := range []string{nextSuffix, staleSuffix} {
+	for _, sfx := range []string{nextSuffix, staleSuffix, deletedSuffix} {
 		if b, ok := strings.CutSuffix(name, sfx); ok {
 			return b, sfx
 		}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/ipam"
 )
@@ -66,10 +67,12 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&cfg.DeleteQueueDir, "delete-queue-dir", "/var/run/membrane/delete-queue", "directory of CNI DELs queued while the agent was unreachable (\"\" disables draining)")
 	fs.StringVar(&cfg.Linux.GatewayDevice, "gateway-device", "membrane_host", "linux datapath: dummy device holding the pods' gateway addresses")
 	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth is removed if its netns has not taken it (negative: at once)")
-	fs.DurationVar(&cfg.Linux.CheckInterval, "endpoint-check-interval", 30*time.Second, "linux datapath: how often every endpoint's host interface is checked (negative disables)")
-	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", "/sys/fs/bpf/membrane", "linux datapath: directory on a bpffs for the pinned BPF maps and links (a bpffs is mounted at its parent if missing)")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9890", "read-only HTTP listener: GET API calls, /metrics and (with --pprof) /debug/pprof; mutating calls are refused (\"\" disables)")
 	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener")
+	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
+	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
+	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
+	fs.DurationVar(&cfg.HealthInterval, "health-interval", 10*time.Second, "how often the health endpoint is probed")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {

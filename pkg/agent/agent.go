@@ -19,9 +19,11 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/api"
 	"github.com/membrane-cni/membrane/pkg/cni/agentside"
 	"github.com/membrane-cni/membrane/pkg/events"
+	"github.com/membrane-cni/membrane/pkg/health"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/ipam"
 	"github.com/membrane-cni/membrane/pkg/metrics"
@@ -57,6 +59,15 @@ type Config struct {
 	// DeleteQueueInterval (default 30 s). "" disables draining.
 	DeleteQueueDir      string
 	DeleteQueueInterval time.Duration
+	// GCInterval is the time between garbage collector passes (--gc-interval,
+	// default 1 min; negative disables): orphan host veths and pin
+	// directories go, endpoints whose host interface vanished are deleted.
+	GCInterval time.Duration
+	// EnableHealth runs the health endpoint (--enable-health; Linux
+	// datapath only, else reported disabled), probed every HealthInterval
+	// (default 10 s).
+	EnableHealth   bool
+	HealthInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
 	// API tunes the REST server (API.Pprof: --pprof).
@@ -124,11 +135,14 @@ type Agent struct {
 	httpSrv    *http.Server
 	httpServed chan error
 	poolSizes  map[ipam.Family]int
+	health     *health.Manager // nil: disabled
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
-// agent answers mutating calls once Start returns.
-func Start(cfg Config, log *slog.Logger) (*Agent, error) {
+// agent answers mutating calls once Start returns. On failure everything
+// it started is stopped again (datapath closed, state store closed),
+// leaving endpoints and kernel state in place.
+func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if cfg.SocketMode == 0 {
 		cfg.SocketMode = 0o660
 	}
@@ -144,10 +158,20 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// undo runs in reverse order when Start fails.
+	var undo []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	dp, linux, err := newDatapath(&cfg, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, func() { _ = dp.Close() })
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
 	}
@@ -155,6 +179,7 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, store.Close)
 	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
@@ -163,39 +188,40 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 		cfg.API.Metrics = metrics.New()
 	}
 	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
+	ac.GC.Interval = cfg.GCInterval
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
-		store.Close()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
+	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnMissing: agentside.OnMissing(sys, log)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
-		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	lis, err := api.Listen(cfg.Socket, cfg.SocketMode)
 	if err != nil {
-		sys.Stop()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
 		poolSizes: poolSizesOf(&cfg)}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
+	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
 	if err := a.startHTTP(); err != nil {
-		_ = a.Stop(context.Background())
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	// Reads are served while restoring; mutating calls get 503 until ready.
 	if err := a.restore(context.Background()); err != nil {
-		_ = a.Stop(context.Background())
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
 	a.stopCNI = a.startDeleteQueue()
+	// The collector starts once the index holds every restored endpoint.
+	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
+	a.startHealth(linux)
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -213,6 +239,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 func (a *Agent) stop(ctx context.Context) error {
 	if a.stopCNI != nil {
 		a.stopCNI()
+	}
+	if a.health != nil {
+		a.health.Stop()
 	}
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {
@@ -246,6 +275,21 @@ func loadPolicies(stateDir string, log *slog.Logger) actors.PolicyConfig {
 		rev, pols = 0, nil
 	}
 	return actors.PolicyConfig{File: path, Initial: pols, InitialRevision: rev}
+}
+
+// startHealth sets the health endpoint up in the background: replacing
+// the previous one waits for its restore regeneration, behind every
+// restored endpoint's, which must not delay the API's readiness (the
+// pods' ADDs). Its address stays reserved meanwhile (the previous
+// endpoint is deleted with NoIPRelease).
+func (a *Agent) startHealth(linux *datapath.Linux) {
+	if !a.cfg.EnableHealth || linux == nil {
+		a.Server.SetHealth(health.Disabled)
+		return
+	}
+	a.health = health.Start(health.Config{Dir: filepath.Join(a.cfg.StateDir, "health"), Interval: a.cfg.HealthInterval},
+		a.System, linux, a.log)
+	a.Server.SetHealth(a.health.Status)
 }
 
 // newDatapath builds the configured datapath; linux is non-nil for "linux".

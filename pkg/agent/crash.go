@@ -38,12 +38,16 @@ import (
 //   - goroutines wind down and memory is reclaimed by the GC shortly after
 //     Crash returns, not at once.
 //
-// Crash leaves the Agent stopped. Do not call Stop on it afterwards: Stop
-// closes the datapath and detaches its proxy acknowledgements, which a
-// shared Fake now delivers to the agent started next.
+// Crash leaves the Agent stopped; Stop afterwards does nothing (it would
+// close the datapath and detach its proxy acknowledgements, which a
+// shared Fake now delivers to the agent started next).
 func (a *Agent) Crash() {
+	a.stopOnce.Do(func() {})
 	if a.stopCNI != nil {
 		a.stopCNI()
+	}
+	if a.health != nil {
+		a.health.Stop() // a killed agent's responder socket closes
 	}
 	if ul, ok := a.lis.(*net.UnixListener); ok {
 		ul.SetUnlinkOnClose(false)

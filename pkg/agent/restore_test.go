@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,3 +205,78 @@ func TestRestoreHandlesDamagedState(t *testing.T) {
 }
 
 func uint16ID(id int64) endpoint.ID { return endpoint.ID(id) }
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRestoreDamagedStateMore extends TestRestoreHandlesDamagedState
+// with what a crash or a full disk leaves: a zero-length ep.json (written
+// but never flushed), a directory without ep.json, a removal interrupted
+// after its rename (<id>_deleted), and a quarantine that cannot be made
+// (a file named quarantine): the agent starts, logs one clear line per
+// unreadable directory naming it and the cause, removes what it cannot
+// quarantine, and the addresses of those endpoints are free.
+func TestRestoreDamagedStateMore(t *testing.T) {
+	env := newRestoreEnv(t)
+	a, c := env.start(t, nil)
+	eps := map[string]*models.Endpoint{}
+	for _, n := range []string{"ok", "empty", "nofile", "deleted"} {
+		eps[n] = addPod(t, c, n, n, true)
+	}
+	stop(t, a)
+	dir := env.cfg.StateDir
+	epDir := func(n string) string { return filepath.Join(dir, fmt.Sprint(eps[n].ID)) }
+	if err := os.Truncate(filepath.Join(epDir("empty"), "ep.json"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(epDir("nofile"), "ep.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(epDir("deleted"), epDir("deleted")+"_deleted"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "quarantine"), nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	logs := &syncBuffer{}
+	env.log = slog.New(slog.NewTextHandler(logs, nil))
+	a2, c2 := env.start(t, nil)
+	if st := a2.RestoreStats(); st.Restored != 1 || st.Quarantined != 2 {
+		t.Fatalf("restore stats %+v, want 1 restored, 2 unreadable", st)
+	}
+	waitReady(t, c2, "container-id:ok")
+	for _, n := range []string{"empty", "nofile"} {
+		line := fmt.Sprintf(`msg="unreadable endpoint state set aside" dir=%s`, epDir(n))
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no log line %q in:\n%s", line, logs.String())
+		}
+		if _, err := os.Stat(epDir(n)); !os.IsNotExist(err) {
+			t.Errorf("unreadable state %s neither quarantined nor removed: %v", n, err)
+		}
+	}
+	for _, n := range []string{"deleted"} {
+		if _, err := os.Stat(epDir(n) + "_deleted"); !os.IsNotExist(err) {
+			t.Errorf("%s_deleted left behind: %v", n, err)
+		}
+	}
+	st, _ := c2.IPAMStatus(context.Background())
+	if st.IPv4.Used != 1 {
+		t.Fatalf("%d IPv4 addresses allocated after restore, want 1 (ok's): %+v", st.IPv4.Used, st.IPv4.Allocations)
+	}
+}

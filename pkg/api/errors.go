@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"syscall"
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
@@ -27,6 +28,8 @@ const (
 	CodeShuttingDown      = "shutting-down"          // 503: the agent is stopping
 	CodeTimeout           = "timeout"                // 504: the actors did not answer in time
 	CodeDatapath          = "datapath-error"         // 502: realising the endpoint failed
+	CodeStateDiskFull     = "state-disk-full"        // 507: the state directory's file system is full
+	CodeStateWrite        = "state-write-failed"     // 500: writing the endpoint's state failed otherwise
 	CodeInternal          = "internal"               // 500
 	CodeMethodNotAllowed  = "method-not-allowed"     // 405
 	CodeRequestTooLarge   = "request-too-large"      // 413
@@ -71,6 +74,10 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, CodeAddressInUse
 	case errors.Is(err, labels.ErrInvalidLabel), errors.Is(err, endpoint.ErrInvalidID), errors.Is(err, identity.ErrInvalidLabels):
 		return http.StatusBadRequest, CodeInvalid
+	case errors.Is(err, actors.ErrStateWrite) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)):
+		return http.StatusInsufficientStorage, CodeStateDiskFull
+	case errors.Is(err, actors.ErrStateWrite):
+		return http.StatusInternalServerError, CodeStateWrite
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, CodeTimeout
 	case errors.Is(err, actors.ErrPoolClosed):

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -801,5 +802,49 @@ func waitFor(tb testing.TB, what string, cond func() bool) {
 			tb.Fatalf("timed out after %v waiting for %s", apiWait, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestListenModes: the socket gets the requested mode whether it is made
+// in a private directory and renamed (short paths) or in place (paths
+// too long for the detour), and the process umask is left alone.
+func TestListenModes(t *testing.T) {
+	base := t.TempDir()
+	// 107 bytes: the longest path a socket can have; no room for the detour.
+	long := filepath.Join(base, strings.Repeat("d", 107-len(base)-len("/s.sock")-1))
+	if err := os.MkdirAll(long, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		path string
+		mode os.FileMode
+	}{
+		{"short path", filepath.Join(base, "a.sock"), 0o660},
+		{"long path", filepath.Join(long, "s.sock"), 0o600},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := syscall.Umask(0o022)
+			defer syscall.Umask(old)
+			l, err := api.Listen(tt.path, tt.mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if cur := syscall.Umask(0o022); cur != 0o022 {
+				t.Fatalf("umask changed to %o", cur)
+			}
+			fi, err := os.Stat(tt.path)
+			if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != tt.mode {
+				t.Fatalf("socket %s: %v %v, want mode %o", tt.path, fi, err, tt.mode)
+			}
+			entries, _ := os.ReadDir(filepath.Dir(tt.path))
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), ".s") {
+					t.Fatalf("temporary %s left behind", e.Name())
+				}
+			}
+		})
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -59,7 +59,11 @@ type Server struct {
 	// http.Server.Shutdown would otherwise wait for.
 	streamsDone chan struct{}
 	closeOnce   sync.Once
+	health      atomic.Pointer[func() *models.HealthStatus]
 }
+
+// SetHealth installs the health endpoint's status for GET /v1/status.
+func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
 
 // New creates a server for sys. It refuses mutating calls until SetReady.
 func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
@@ -230,18 +234,42 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
 		}
 	}
-	old := syscall.Umask(0o177)
-	l, err := net.Listen("unix", path)
-	syscall.Umask(old)
+	// The umask is process-wide: changing it around bind(2) would race
+	// with every other file the process creates. The socket is made in a
+	// private directory (0700), chmod-ed there and renamed into place, so
+	// that it is never reachable with the umask's mode.
+	tmpDir, err := os.MkdirTemp(filepath.Dir(path), ".s")
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	if err := os.Chmod(path, mode); err != nil {
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, "s")
+	if len(tmp) >= maxSocketPath {
+		tmp = path // no room for the detour: bind in place, then chmod
+	}
+	l, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	// Stop and Crash decide whether the socket file goes; Close never
+	// unlinks it (after the rename it would name the wrong file).
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, mode); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
 	}
+	if tmp != path {
+		if err := os.Rename(tmp, path); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, err)
+		}
+	}
 	return l, nil
 }
+
+// maxSocketPath is the size of sockaddr_un's sun_path on Linux,
+// terminating NUL included.
+const maxSocketPath = 108
 
 // Serve serves on l until Shutdown.
 func (s *Server) Serve(l net.Listener) error {

@@ -357,7 +357,7 @@ func TestStatusAndGC(t *testing.T) {
 }
 
 // TestInterfaceVanishes: when a pod's netns disappears without a DEL,
-// the agent's periodic check deletes the endpoint and frees its address.
+// the agent's garbage collector deletes the endpoint (two passes) and frees its address.
 func TestInterfaceVanishes(t *testing.T) {
 	e := newEnv(t, "10.244.18.0/24")
 	e.startAgent(nil)

@@ -120,8 +120,8 @@ func (e *env) startAgent(mod func(*agent.Config)) {
 	e.t.Helper()
 	cfg := agent.Config{
 		Socket: e.socket, StateDir: filepath.Join(e.dir, "state"), IPv4Range: e.cidr, Datapath: "linux",
-		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs, TeardownDelay: 200 * time.Millisecond, CheckInterval: 300 * time.Millisecond},
-		DeleteQueueDir: e.queue, DeleteQueueInterval: time.Hour,
+		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs, TeardownDelay: 200 * time.Millisecond},
+		DeleteQueueDir: e.queue, DeleteQueueInterval: time.Hour, GCInterval: time.Second,
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -163,6 +163,24 @@ type Status struct {
 	Identities int         `json:"identities"`
 	IPAM       *IPAMStatus `json:"ipam,omitempty"`
 	Started    time.Time   `json:"started"`
+	// Health is the health endpoint's state, as the agent last probed it.
+	Health *HealthStatus `json:"health,omitempty"`
+}
+
+// HealthStatus reports the agent's health endpoint (its own netns with a
+// responder the agent probes from the host).
+type HealthStatus struct {
+	// State is "ok" (the last probe was answered), "failing", "starting"
+	// or "disabled" (no Linux datapath, or --enable-health=false).
+	State string `json:"state"`
+	// IP is the health endpoint's address.
+	IP string `json:"ip,omitempty"`
+	// Endpoint is the health endpoint's ID.
+	Endpoint int64 `json:"endpoint,omitempty"`
+	// LastProbe is when the agent last probed it.
+	LastProbe time.Time `json:"last-probe,omitzero"`
+	// Error is why the last probe (or the setup) failed.
+	Error string `json:"error,omitempty"`
 }
 
 // Error is the body of every non-2xx answer.

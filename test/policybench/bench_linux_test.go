@@ -56,7 +56,7 @@ func TestPolicyBench(t *testing.T) {
 	cfg := agent.Config{
 		Socket: filepath.Join(dir, "agent.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.232.0.0/20"), Datapath: "linux",
-		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1, CheckInterval: -1},
+		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(logOut(), nil)))
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package agentside is the agent's half of the CNI plugin's contracts:
 // it drains the delete queue membrane-cni writes while the agent is
-// unreachable, and deletes endpoints whose host interface vanished (as
-// the Linux datapath reports them). It talks to the actor system directly
+// unreachable. (Endpoints whose host interface vanished are deleted by
+// the garbage collector actor, actors/gc.go.) It talks to the actor system directly
 // because it runs before the API accepts mutating calls. Kernel work goes
 // through the datapath worker pool.
 package agentside
@@ -128,27 +128,6 @@ func runInPool(ctx context.Context, sys *actors.System, op string, fn func(conte
 func Submit(sys *actors.System) func(op string, fn func(context.Context) error) {
 	return func(op string, fn func(context.Context) error) {
 		sys.Actors.Root.Send(sys.Pool, &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }})
-	}
-}
-
-// OnMissing returns a LinuxHooks.OnMissing that deletes (in the
-// background) endpoints whose host interface vanished, e.g. because the
-// pod's netns was deleted without a CNI DEL: their addresses and
-// identities are released, as Cilium's endpoint GC does.
-func OnMissing(sys *actors.System, log *slog.Logger) func([]endpoint.ID) {
-	return func(ids []endpoint.ID) {
-		go func() {
-			for _, id := range ids {
-				ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-				err := deleteEndpoint(ctx, sys, id)
-				cancel()
-				if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
-					log.Warn("deleting endpoint without host interface failed", "endpoint", id, "err", err)
-					continue
-				}
-				log.Info("deleted endpoint whose host interface vanished", "endpoint", id)
-			}
-		}()
 	}
 }
 

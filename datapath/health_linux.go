@@ -1,0 +1,220 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+var _ HealthDatapath = (*Linux)(nil)
+
+// healthPodIf is the health endpoint's interface inside its namespace.
+const healthPodIf = "eth0"
+
+// CreateHealth implements HealthDatapath: it removes what spec named
+// before, creates the namespace (bind-mounted at spec.Netns), the veth
+// with its peer made directly in the namespace, and configures lo, eth0,
+// the address and the routes through the gateway. On failure what it
+// created is removed again.
+func (l *Linux) CreateHealth(ctx context.Context, spec HealthSpec) (hl HealthLink, retErr error) {
+	if spec.MTU == 0 {
+		spec.MTU = 1500
+	}
+	if err := l.DeleteHealth(ctx, spec); err != nil {
+		return hl, err
+	}
+	err := l.guard(func() error {
+		if err := createNetns(spec.Netns); err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				_ = removeNetns(spec.Netns)
+			}
+		}()
+		h, err := netns.GetFromPath(spec.Netns)
+		if err != nil {
+			return fmt.Errorf("open health netns: %w", err)
+		}
+		defer h.Close()
+		hl, err = l.healthVeth(spec, h)
+		if err != nil {
+			return err
+		}
+		return configureHealth(spec, h)
+	})
+	if err != nil {
+		return hl, fmt.Errorf("create health endpoint: %w", err)
+	}
+	return hl, nil
+}
+
+// healthVeth creates the veth, host side up in the host netns.
+func (l *Linux) healthVeth(spec HealthSpec, h netns.NsHandle) (HealthLink, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.Flags = spec.HostIfName, spec.MTU, net.FlagUp
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: healthPodIf, PeerNamespace: netlink.NsFd(int(h)), PeerMTU: uint32(spec.MTU)}
+	if err := l.nl.LinkAdd(veth); err != nil {
+		return HealthLink{}, fmt.Errorf("add veth %s: %w", spec.HostIfName, err)
+	}
+	link, err := l.nl.LinkByName(spec.HostIfName)
+	if err != nil {
+		return HealthLink{}, fmt.Errorf("look up %s: %w", spec.HostIfName, err)
+	}
+	return HealthLink{HostIfName: spec.HostIfName, HostIfIndex: link.Attrs().Index, HostMAC: link.Attrs().HardwareAddr.String()}, nil
+}
+
+// configureHealth brings lo and eth0 up in the namespace with the /32
+// (/128), a link route to the gateway and the default route via it.
+func configureHealth(spec HealthSpec, h netns.NsHandle) error {
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return fmt.Errorf("netlink in health netns: %w", err)
+	}
+	defer nl.Close()
+	for _, name := range []string{"lo", healthPodIf} {
+		link, err := nl.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("look up %s in health netns: %w", name, err)
+		}
+		if err := nl.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set %s up in health netns: %w", name, err)
+		}
+	}
+	eth, err := nl.LinkByName(healthPodIf)
+	if err != nil {
+		return fmt.Errorf("look up %s in health netns: %w", healthPodIf, err)
+	}
+	if err := nl.AddrAdd(eth, &netlink.Addr{IPNet: hostNet(spec.IP)}); err != nil {
+		return fmt.Errorf("add address %s: %w", spec.IP, err)
+	}
+	idx := eth.Attrs().Index
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: hostNet(spec.Gateway), Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("add route to gateway %s: %w", spec.Gateway, err)
+	}
+	def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if spec.IP.Is6() {
+		def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	dst := &net.IPNet{IP: def.Addr().AsSlice(), Mask: net.CIDRMask(0, def.Addr().BitLen())}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: dst, Gw: spec.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("add default route via %s: %w", spec.Gateway, err)
+	}
+	return nil
+}
+
+// DeleteHealth implements HealthDatapath.
+func (l *Linux) DeleteHealth(ctx context.Context, spec HealthSpec) error {
+	err := l.guard(func() error {
+		if err := l.deleteLink(0, spec.HostIfName); err != nil {
+			return err
+		}
+		return removeNetns(spec.Netns)
+	})
+	if err != nil {
+		return fmt.Errorf("delete health endpoint: %w", err)
+	}
+	return nil
+}
+
+// ListenHealth implements HealthDatapath.
+func (l *Linux) ListenHealth(spec HealthSpec, port int) (net.Listener, error) {
+	var lis net.Listener
+	err := inNetns(spec.Netns, func() (err error) {
+		lis, err = net.Listen("tcp", netip.AddrPortFrom(spec.IP, uint16(port)).String())
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen in health netns: %w", err)
+	}
+	return lis, nil
+}
+
+// DialHost implements HealthDatapath.
+func (l *Linux) DialHost(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if l.cfg.HostNetns == "" {
+		return d.DialContext(ctx, network, addr)
+	}
+	var conn net.Conn
+	err := inNetns(l.cfg.HostNetns, func() (err error) {
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
+
+// inNetns runs fn on a new OS thread inside the namespace at path; the
+// thread is discarded afterwards (never switched back). Sockets fn makes
+// stay in the namespace.
+func inNetns(path string, fn func() error) error {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer h.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// createNetns creates a network namespace kept alive by a bind mount at
+// path.
+func createNetns(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return fmt.Errorf("create netns %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns %s: %w", path, err)
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread is in the new netns
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind mount: %w", err)
+			return
+		}
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("create netns %s: %w", path, err)
+	}
+	return nil
+}
+
+// removeNetns unmounts and removes the bind mount at path; a missing one
+// is success.
+func removeNetns(path string) error {
+	err := unix.Unmount(path, unix.MNT_DETACH)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,251 @@
+package crash
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// cniDriver makes attachments with the real membrane-cni binary through
+// libcni, in a netns standing in for the host (where the agent process
+// runs too); every pod gets its own netns.
+type cniDriver struct {
+	t     *testing.T
+	host  *testutil.NS
+	agent *agentProc
+	cni   *libcni.CNIConfig
+	conf  *libcni.NetworkConfigList
+
+	mu  sync.Mutex     // guards nss
+	nss []*testutil.NS // every pod netns made, removed at cleanup
+}
+
+func newCNIDriver(t *testing.T, host *testutil.NS, ap *agentProc) *cniDriver {
+	t.Helper()
+	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"crash-linux","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1400}]}`,
+		ap.socket, ap.queue)
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An explicit exec: libcni makes its default lazily, racing when the
+	// first calls are concurrent.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	d := &cniDriver{t: t, host: host, agent: ap, conf: conf,
+		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(ap.dir, "cni-cache"), exec)}
+	t.Cleanup(func() {
+		for _, ns := range d.nss {
+			_ = ns.Remove()
+		}
+	})
+	return d
+}
+
+func (d *cniDriver) rt(p *pod) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: p.containerID, NetNS: p.ns.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", podNamespace}, {"K8S_POD_NAME", p.name},
+			{"K8S_POD_INFRA_CONTAINER_ID", p.containerID}}}
+}
+
+// inHost runs fn on a thread in the host netns, so that the plugin
+// processes libcni starts run there.
+func (d *cniDriver) inHost(fn func() error) error { return d.host.Do(fn) }
+
+func (d *cniDriver) add(ctx context.Context, p *pod) error {
+	ns, err := testutil.CreateNS("mbc-pod-" + testutil.RandomSuffix(8))
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.nss = append(d.nss, ns)
+	d.mu.Unlock()
+	p.ns = ns
+	return d.inHost(func() error {
+		_, err := d.cni.AddNetworkList(ctx, d.conf, d.rt(p))
+		return err
+	})
+}
+
+// del runs DEL, then removes the pod's netns as the runtime does.
+func (d *cniDriver) del(ctx context.Context, p *pod) error {
+	if err := d.inHost(func() error { return d.cni.DelNetworkList(ctx, d.conf, d.rt(p)) }); err != nil {
+		return err
+	}
+	return p.ns.Remove()
+}
+
+func (d *cniDriver) delDown(p *pod) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.del(ctx, p); err != nil {
+		d.t.Fatalf("DEL %s with the agent down: %v", p.name, err)
+	}
+}
+
+// linuxAgent starts the agent process on the linux datapath in a new host
+// netns, with a real bpffs for its pins.
+func linuxAgent(t *testing.T, cidr string, extra ...string) (*agentProc, *testutil.NS) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	host := testutil.NewNS(t, "mbc-host")
+	ap := newAgentProc(t, cidr, append([]string{"--datapath", "linux", "--teardown-delay", "100ms"}, extra...)...)
+	ap.ns = host
+	if err := os.MkdirAll(ap.bpffs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpf", ap.bpffs, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Unmount(ap.bpffs, unix.MNT_DETACH)
+		// The health endpoint's netns outlives the agent (bind mount).
+		_ = unix.Unmount(filepath.Join(ap.state, "health", "netns"), unix.MNT_DETACH)
+	})
+	return ap, host
+}
+
+// TestCrashLinux: the agent (linux datapath, in a test netns) is killed
+// with SIGKILL during a churn of CNI ADDs and DELs made by the real
+// plugin; DELs are made while it is down; an orphan veth and orphan pin
+// directories appear. After each restart the invariants of TestCrashFake
+// hold and, after the garbage collector's passes, the host's lxc veths
+// are exactly the endpoints' and the pin directories only live ones.
+func TestCrashLinux(t *testing.T) {
+	// The interval must exceed the longest ADD, even on a loaded CI machine.
+	ap, host := linuxAgent(t, "10.252.0.0/24", "--gc-interval", "1s")
+	ap.start()
+	d := newCNIDriver(t, host, ap)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	w := newWorld(seed)
+	nl := host.Netlink(t)
+	iterations := 3
+	healthIP := checkHealth(t, client.New(ap.socket), host, "")
+	for i := range iterations {
+		ctx, cancel := context.WithCancel(context.Background())
+		wg := w.churn(ctx, d, 3)
+		time.Sleep(time.Duration(300+w.intN(900)) * time.Millisecond)
+		ap.kill()
+		cancel()
+		wg.Wait()
+		for range 1 + w.intN(2) {
+			if p := w.pickLive(podQueued); p != nil {
+				d.delDown(p)
+			}
+		}
+		orphan := "lxc" + testutil.RandomSuffix(12) // an ADD killed before it could roll back
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = orphan
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "tmp" + orphan[3:]}); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"60001", strconv.Itoa(1000 + i)} {
+			if err := os.MkdirAll(filepath.Join(ap.bpffs, "endpoints", id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := persisted(t, ap.state)
+		ap.start()
+		c := client.New(ap.socket)
+		checkRestart(t, c, w, ap.state, before)
+		checkNoOrphans(t, c, nl, ap.bpffs)
+		healthIP = checkHealth(t, c, host, healthIP)
+		t.Logf("iteration %d: %s", i, w.summary())
+		c.Close()
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// checkNoOrphans waits until the host's lxc veths are exactly the
+// endpoints' interfaces and <bpffs>/endpoints holds only live IDs (the
+// garbage collector needs two passes; deleted endpoints' veths go after
+// the teardown delay).
+func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs string) {
+	t.Helper()
+	var veths, want, pins []string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		eps, err := c.EndpointList(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := map[string]bool{}
+		want = want[:0]
+		for _, ep := range eps {
+			if ep.InterfaceName != "" {
+				want = append(want, ep.InterfaceName)
+			}
+			live[strconv.Itoa(int(ep.ID))] = true
+		}
+		links, err := nl.LinkList()
+		if err != nil {
+			t.Fatal(err)
+		}
+		veths = veths[:0]
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, "lxc") {
+				veths = append(veths, l.Attrs().Name)
+			}
+		}
+		pins = pins[:0]
+		entries, _ := os.ReadDir(filepath.Join(bpffs, "endpoints"))
+		for _, e := range entries {
+			if !live[e.Name()] {
+				pins = append(pins, e.Name())
+			}
+		}
+		sort.Strings(veths)
+		sort.Strings(want)
+		if slices.Equal(veths, want) && len(pins) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphans left after GC: lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkHealth: the health endpoint answers its probe and ping from the
+// host netns, on the address it had before the restart (prev, if any).
+// Returns its address.
+func checkHealth(t *testing.T, c *client.Client, host *testutil.NS, prev string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := c.Status(context.Background())
+		if err == nil && st.Health != nil && st.Health.State == "ok" {
+			if prev != "" && st.Health.IP != prev {
+				t.Fatalf("health endpoint moved from %s to %s across a restart", prev, st.Health.IP)
+			}
+			if out, err := host.Exec("ping", "-c", "1", "-W", "2", st.Health.IP); err != nil {
+				t.Fatalf("ping health endpoint: %v\n%s", err, out)
+			}
+			return st.Health.IP
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health endpoint not ok: %+v %v", st, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
