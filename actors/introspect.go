@@ -40,13 +40,14 @@ const (
 	KindIdentity  = "identity"
 	KindIPCache   = "ipcache"
 	KindPolicy    = "policy"
+	KindGC        = "gc"
 	KindEndpoints = "endpoints"
 	KindEndpoint  = "endpoint"
 )
 
 // kindOrder sorts the tree: the root, its children, then the endpoints.
 var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIPCache: 3, KindPolicy: 4, KindIdentity: 5,
-	KindEndpoints: 6, KindEndpoint: 7}
+	KindGC: 6, KindEndpoints: 7, KindEndpoint: 8}
 
 // ActorSnapshot is what operators see of one actor. The actor publishes
 // it without being asked (no mailbox round trip); MailboxDepth and
