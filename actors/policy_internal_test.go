@@ -49,6 +49,11 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	svWait(t, "the CIDR in the ipcache", func() bool { return dp.IPCache()[cidr] >= policy.MinCIDRIdentity })
 	cidrID := dp.IPCache()[cidr]
 	before := dp.Policy(b.ID)
+	// The index row is published after the datapath realised it.
+	svWait(t, "B's row with the policy, ready", func() bool {
+		ep := mustEndpoint(t, sys, b.ID)
+		return ep.Policy.Equal(before) && ep.State == endpoint.StateReady
+	})
 	regB := mustEndpoint(t, sys, b.ID).Regenerations
 
 	sys.Actors.Root.Send(sys.Policy, &crashForTest{})
