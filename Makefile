@@ -51,6 +51,8 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/ipam/
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./pkg/api/
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/policy/
+	$(GO) test -run '^$$' -bench BenchmarkPolicyPropagation -benchtime 20x ./test/policyscenario/
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).
