@@ -64,7 +64,7 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.rebuild(ctx)
-	case *actor.Restarting:
+	case *actor.Restarting, *actor.Stopping:
 		a.dead = true
 		if a.retry != nil {
 			a.retry.Stop()
