@@ -146,13 +146,20 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	if len(rows) > 0 {
 		a.log.Info("rebuilt policies from the index", "policies", len(rows), "revision", a.repo.Revision())
 	}
+	// After a restart: regenerate the endpoints whose recorded policy is
+	// stale, and those whose row may lag behind (a first build is
+	// published only when it ends): they may hold a policy computed by the
+	// previous incarnation, which no longer knows them.
 	for _, ep := range ix.Endpoints(index.EndpointFilter{}) {
-		if ep.Identity == identity.IdentityUnknown || ep.State == endpoint.StateDisconnecting {
+		if ep.State == endpoint.StateDisconnecting {
 			continue
 		}
-		m := a.mapState(ep.Identity)
-		a.track(ep.ID, ep.Identity)
-		if !m.Equal(ep.Policy) {
+		stale := ep.Identity == identity.IdentityUnknown || ep.State != endpoint.StateReady
+		if !stale {
+			a.track(ep.ID, ep.Identity)
+			stale = !a.mapState(ep.Identity).Equal(ep.Policy)
+		}
+		if stale {
 			ctx.Send(a.manager, &messages.RegeneratePolicy{ID: ep.ID, Revision: a.repo.Revision()})
 		}
 	}
