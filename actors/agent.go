@@ -219,7 +219,11 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
 	// The manager is spawned last; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
-	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor { return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache) })
+	policyStarts := 0 // the producer runs again for each restart
+	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor {
+		policyStarts++
+		return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache, policyStarts > 1)
+	})
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor { return newIdentityActor(a.newAlloc, d.ix, d.policy, a.log) })
 	spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 }

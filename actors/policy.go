@@ -40,7 +40,10 @@ type policyActor struct {
 	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
 	dead    bool
-	persist persistState
+	// restarted: this incarnation replaces a failed one (not the first
+	// start, where endpoints created before Started ran ask anyway).
+	restarted bool
+	persist   persistState
 }
 
 // PolicyConfig configures the policy actor.
@@ -67,9 +70,9 @@ type persistState struct {
 // policyWritten is the result of a policy file write.
 type policyWritten struct{ err error }
 
-func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
+func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID, restarted bool) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}}
+	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}, restarted: restarted}
 }
 
 // Receive implements actor.Actor.
@@ -146,11 +149,17 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	if len(rows) > 0 {
 		a.log.Info("rebuilt policies from the index", "policies", len(rows), "revision", a.repo.Revision())
 	}
-	// After a restart: regenerate the endpoints whose recorded policy is
-	// stale, and those whose row may lag behind (a first build is
-	// published only when it ends): they may hold a policy computed by the
-	// previous incarnation, which no longer knows them.
-	for _, ep := range ix.Endpoints(index.EndpointFilter{}) {
+	if a.restarted {
+		a.reconcile(ctx)
+	}
+}
+
+// reconcile runs after a restart: it regenerates the endpoints whose
+// recorded policy is stale, and those whose row may lag behind (a first
+// build is published only when it ends): they may hold a policy computed
+// by the previous incarnation, which no longer knows them.
+func (a *policyActor) reconcile(ctx actor.Context) {
+	for _, ep := range a.deps.ix.Endpoints(index.EndpointFilter{}) {
 		if ep.State == endpoint.StateDisconnecting {
 			continue
 		}

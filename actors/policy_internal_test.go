@@ -162,9 +162,14 @@ func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
 	}})
 	importPort(1001)
 	gate.await(t) // B's regeneration for 1001 is running
+	stats := sys.MailboxStats(svPID(sys, b.ID).Id)
+	handled := stats.Processed()
 	for port := 1002; port <= 1006; port++ {
 		importPort(port)
 	}
+	// The five requests reach B through the manager: wait until B took
+	// them all in (nothing else arrives while its realise is held).
+	svWait(t, "B handling the five requests", func() bool { return stats.Processed() >= handled+5 })
 	gate.open()
 	svWait(t, "B enforcing port 1006", func() bool {
 		ep := mustEndpoint(t, sys, b.ID)
