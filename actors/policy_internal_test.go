@@ -183,3 +183,22 @@ func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
 		t.Errorf("policy-only regenerations wrote state %d times", got-writes)
 	}
 }
+
+// TestIPCacheRetriesFailedWrites: failed datapath ipcache writes are
+// retried (with backoff) until they succeed.
+func TestIPCacheRetriesFailedWrites(t *testing.T) {
+	sys, dp := svSystem(t, nil)
+	var failures atomic.Int64
+	dp.Set(datapath.FakeHooks{BeforeIPCache: func(context.Context, netip.Prefix) error {
+		if failures.Add(1) <= 3 {
+			return datapath.ErrInjected
+		}
+		return nil
+	}})
+	a := svCreate(t, sys, "a")
+	pa := netip.PrefixFrom(a.IPv4, 32)
+	svWait(t, "A in the ipcache after retries", func() bool { return dp.IPCache()[pa] == a.Identity })
+	if failures.Load() < 4 {
+		t.Errorf("%d ipcache writes, want the 3 injected failures and a success", failures.Load())
+	}
+}
