@@ -253,13 +253,20 @@ func (a *policyActor) writeFile(ctx actor.Context) {
 			err = r.Err
 		}
 		if err != nil {
-			// The change is applied; it is lost at the next agent restart
-			// unless a later write succeeds.
+			// The change is applied but would be lost at the next agent
+			// restart unless a later write succeeds: say so (re-importing
+			// is harmless).
 			a.log.Error("writing the policy file failed", "file", path, "err", err)
 		}
 		a.persist.busy = false
 		for _, r := range a.persist.inflight {
-			a.batch.reply(ctx, r.To, r.Message)
+			msg := r.Message
+			if pr, ok := msg.(*messages.PolicyResult); ok && err != nil {
+				c := *pr
+				c.Err = fmt.Errorf("policy revision %d applied but not persisted to %s: %w", pr.Revision, path, err)
+				msg = &c
+			}
+			a.batch.reply(ctx, r.To, msg)
 		}
 		a.persist.inflight = nil
 		a.writeFile(ctx)
