@@ -63,6 +63,8 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/ipam/
 	$(GO) test -run '^$$' -bench 'Lifecycle|HeapPerEndpoint' -benchtime 2s ./pkg/api/
 	$(GO) test -run '^$$' -bench OperatorQueries10k -benchtime 50x ./pkg/api/
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/policy/
+	$(GO) test -run '^$$' -bench BenchmarkPolicyPropagation -benchtime 20x ./test/policyscenario/
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).

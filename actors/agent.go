@@ -229,7 +229,11 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
 	// The manager is spawned after the policy actor; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
-	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor { return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache) })
+	policyStarts := 0 // the producer runs again for each restart
+	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor {
+		policyStarts++
+		return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache, policyStarts > 1)
+	})
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
 		ia := newIdentityActor(a.newAlloc, d.ix, d.policy, a.log)
 		ia.events = d.events

@@ -17,9 +17,12 @@ import (
 	"github.com/membrane-cni/membrane/pkg/index"
 )
 
-// ipcacheRetry is how long a failed datapath ipcache write waits before
-// it is retried.
-const ipcacheRetry = time.Second
+// ipcacheRetryMin and ipcacheRetryMax bound the backoff between retries
+// of failed datapath ipcache writes.
+const (
+	ipcacheRetryMin = 100 * time.Millisecond
+	ipcacheRetryMax = 30 * time.Second
+)
 
 // ipcacheActor owns the node's ipcache: prefix -> identity, fed by the
 // endpoint actors (their addresses), the policy actor (policy CIDR
@@ -42,6 +45,7 @@ type ipcacheActor struct {
 	dirty   map[netip.Prefix]struct{}
 	syncing bool
 	retry   *time.Timer
+	backoff time.Duration // the next retry delay; 0 after a success
 }
 
 // ipcacheRetrySync is the retry timer's message.
@@ -64,7 +68,7 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.rebuild(ctx)
-	case *actor.Restarting:
+	case *actor.Restarting, *actor.Stopping:
 		a.dead = true
 		if a.retry != nil {
 			a.retry.Stop()
@@ -240,12 +244,23 @@ func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, res any, err 
 		}
 	}
 	if failed > 0 {
-		a.log.Warn("ipcache writes failed; retrying", "failed", failed, "err", done[0].err)
+		a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
+		a.log.Warn("ipcache writes failed; retrying", "failed", failed, "err", firstErr(done), "in", a.backoff)
 		if a.retry == nil {
 			self, system := ctx.Self(), ctx.ActorSystem()
-			a.retry = time.AfterFunc(ipcacheRetry, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
+			a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
 		}
 		return
 	}
+	a.backoff = 0
 	a.sync(ctx)
+}
+
+func firstErr(ops []ipcacheOp) error {
+	for _, op := range ops {
+		if op.err != nil {
+			return op.err
+		}
+	}
+	return nil
 }

@@ -40,7 +40,10 @@ type policyActor struct {
 	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
 	dead    bool
-	persist persistState
+	// restarted: this incarnation replaces a failed one (not the first
+	// start, where endpoints created before Started ran ask anyway).
+	restarted bool
+	persist   persistState
 }
 
 // PolicyConfig configures the policy actor.
@@ -67,9 +70,9 @@ type persistState struct {
 // policyWritten is the result of a policy file write.
 type policyWritten struct{ err error }
 
-func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
+func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID, restarted bool) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}}
+	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}, restarted: restarted}
 }
 
 // Receive implements actor.Actor.
@@ -146,13 +149,26 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	if len(rows) > 0 {
 		a.log.Info("rebuilt policies from the index", "policies", len(rows), "revision", a.repo.Revision())
 	}
-	for _, ep := range ix.Endpoints(index.EndpointFilter{}) {
-		if ep.Identity == identity.IdentityUnknown || ep.State == endpoint.StateDisconnecting {
+	if a.restarted {
+		a.reconcile(ctx)
+	}
+}
+
+// reconcile runs after a restart: it regenerates the endpoints whose
+// recorded policy is stale, and those whose row may lag behind (a first
+// build is published only when it ends): they may hold a policy computed
+// by the previous incarnation, which no longer knows them.
+func (a *policyActor) reconcile(ctx actor.Context) {
+	for _, ep := range a.deps.ix.Endpoints(index.EndpointFilter{}) {
+		if ep.State == endpoint.StateDisconnecting {
 			continue
 		}
-		m := a.mapState(ep.Identity)
-		a.track(ep.ID, ep.Identity)
-		if !m.Equal(ep.Policy) {
+		stale := ep.Identity == identity.IdentityUnknown || ep.State != endpoint.StateReady
+		if !stale {
+			a.track(ep.ID, ep.Identity)
+			stale = !a.mapState(ep.Identity).Equal(ep.Policy)
+		}
+		if stale {
 			ctx.Send(a.manager, &messages.RegeneratePolicy{ID: ep.ID, Revision: a.repo.Revision()})
 		}
 	}
@@ -237,13 +253,20 @@ func (a *policyActor) writeFile(ctx actor.Context) {
 			err = r.Err
 		}
 		if err != nil {
-			// The change is applied; it is lost at the next agent restart
-			// unless a later write succeeds.
+			// The change is applied but would be lost at the next agent
+			// restart unless a later write succeeds: say so (re-importing
+			// is harmless).
 			a.log.Error("writing the policy file failed", "file", path, "err", err)
 		}
 		a.persist.busy = false
 		for _, r := range a.persist.inflight {
-			a.batch.reply(ctx, r.To, r.Message)
+			msg := r.Message
+			if pr, ok := msg.(*messages.PolicyResult); ok && err != nil {
+				c := *pr
+				c.Err = fmt.Errorf("policy revision %d applied but not persisted to %s: %w", pr.Revision, path, err)
+				msg = &c
+			}
+			a.batch.reply(ctx, r.To, msg)
 		}
 		a.persist.inflight = nil
 		a.writeFile(ctx)

@@ -1,8 +1,14 @@
 package actors
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
+	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/membrane-cni/membrane/datapath"
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
@@ -49,6 +55,11 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	svWait(t, "the CIDR in the ipcache", func() bool { return dp.IPCache()[cidr] >= policy.MinCIDRIdentity })
 	cidrID := dp.IPCache()[cidr]
 	before := dp.Policy(b.ID)
+	// The index row is published after the datapath realised it.
+	svWait(t, "B's row with the policy, ready", func() bool {
+		ep := mustEndpoint(t, sys, b.ID)
+		return ep.Policy.Equal(before) && ep.State == endpoint.StateReady
+	})
 	regB := mustEndpoint(t, sys, b.ID).Regenerations
 
 	sys.Actors.Root.Send(sys.Policy, &crashForTest{})
@@ -108,4 +119,86 @@ func mustEndpoint(t *testing.T, sys *System, id endpoint.ID) *endpoint.Endpoint 
 		t.Fatalf("endpoint %d not in the index", id)
 	}
 	return ep
+}
+
+// countStore is a StateStore that counts writes.
+type countStore struct{ writes atomic.Int64 }
+
+func (s *countStore) Write(_ *endpoint.Endpoint, done func(error)) { s.writes.Add(1); done(nil) }
+func (s *countStore) Remove(_ endpoint.ID, done func(error))       { done(nil) }
+
+// TestPolicyRegenerationsCoalesceAndSkipState: policy changes while an
+// endpoint's regeneration runs coalesce into one more regeneration, and
+// policy-only regenerations write no state.
+func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
+	store := &countStore{}
+	sys, dp := svSystem(t, func(c *Config) { c.State = store })
+	a := svCreate(t, sys, "a")
+	b := svCreate(t, sys, "b")
+	importPort := func(port int) {
+		doc := strings.Replace(svPolicy, `"8080"`, fmt.Sprintf("%q", fmt.Sprint(port)), 1)
+		pols, err := policy.Parse([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	importPort(1000)
+	svWait(t, "B enforcing port 1000", func() bool { return dp.Policy(b.ID).Allows(a.Identity, 1000, policy.ProtoTCP, policy.Ingress) })
+	svWait(t, "B's row ready", func() bool {
+		ep := mustEndpoint(t, sys, b.ID)
+		return ep.State == endpoint.StateReady && ep.Policy != nil
+	})
+	writes, regB := store.writes.Load(), mustEndpoint(t, sys, b.ID).Regenerations
+
+	gate := newSvGate(t)
+	dp.Set(datapath.FakeHooks{BeforeRealize: func(ctx context.Context, ep *endpoint.Endpoint, _ uint64) error {
+		if ep.ID == b.ID {
+			return gate.hold(ctx)
+		}
+		return nil
+	}})
+	importPort(1001)
+	gate.await(t) // B's regeneration for 1001 is running
+	stats := sys.MailboxStats(svPID(sys, b.ID).Id)
+	handled := stats.Processed()
+	for port := 1002; port <= 1006; port++ {
+		importPort(port)
+	}
+	// The five requests reach B through the manager: wait until B took
+	// them all in (nothing else arrives while its realise is held).
+	svWait(t, "B handling the five requests", func() bool { return stats.Processed() >= handled+5 })
+	gate.open()
+	svWait(t, "B enforcing port 1006", func() bool {
+		ep := mustEndpoint(t, sys, b.ID)
+		return dp.Policy(b.ID).Allows(a.Identity, 1006, policy.ProtoTCP, policy.Ingress) && ep.State == endpoint.StateReady &&
+			ep.Policy.Allows(a.Identity, 1006, policy.ProtoTCP, policy.Ingress)
+	})
+	if n := mustEndpoint(t, sys, b.ID).Regenerations - regB; n != 2 {
+		t.Errorf("B regenerated %d times for 6 policy changes, want 2 (one running, one coalesced)", n)
+	}
+	if got := store.writes.Load(); got != writes {
+		t.Errorf("policy-only regenerations wrote state %d times", got-writes)
+	}
+}
+
+// TestIPCacheRetriesFailedWrites: failed datapath ipcache writes are
+// retried (with backoff) until they succeed.
+func TestIPCacheRetriesFailedWrites(t *testing.T) {
+	sys, dp := svSystem(t, nil)
+	var failures atomic.Int64
+	dp.Set(datapath.FakeHooks{BeforeIPCache: func(context.Context, netip.Prefix) error {
+		if failures.Add(1) <= 3 {
+			return datapath.ErrInjected
+		}
+		return nil
+	}})
+	a := svCreate(t, sys, "a")
+	pa := netip.PrefixFrom(a.IPv4, 32)
+	svWait(t, "A in the ipcache after retries", func() bool { return dp.IPCache()[pa] == a.Identity })
+	if failures.Load() < 4 {
+		t.Errorf("%d ipcache writes, want the 3 injected failures and a success", failures.Load())
+	}
 }

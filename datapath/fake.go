@@ -26,6 +26,9 @@ type FakeHooks struct {
 	// operation. They may block (tests use them to hold a regeneration).
 	BeforeRealize func(ctx context.Context, ep *endpoint.Endpoint, rev uint64) error
 	BeforeRemove  func(ctx context.Context, ep *endpoint.Endpoint) error
+	// BeforeIPCache runs first in UpsertIPCache and DeleteIPCache; a
+	// non-nil error fails the write.
+	BeforeIPCache func(ctx context.Context, prefix netip.Prefix) error
 	// ProxyAcks is how many proxies must acknowledge each revision.
 	ProxyAcks int
 	// ProxyAckDelay is how long after Realize each acknowledgement arrives.
@@ -151,7 +154,12 @@ func (f *Fake) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 }
 
 // UpsertIPCache implements Datapath.
-func (f *Fake) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity.NumericIdentity) error {
+func (f *Fake) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity) error {
+	if h := f.Hooks(); h.BeforeIPCache != nil {
+		if err := h.BeforeIPCache(ctx, prefix); err != nil {
+			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
+		}
+	}
 	f.mu.Lock()
 	f.ipcache[prefix.Masked()] = id
 	f.mu.Unlock()
@@ -159,7 +167,12 @@ func (f *Fake) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity
 }
 
 // DeleteIPCache implements Datapath.
-func (f *Fake) DeleteIPCache(_ context.Context, prefix netip.Prefix) error {
+func (f *Fake) DeleteIPCache(ctx context.Context, prefix netip.Prefix) error {
+	if h := f.Hooks(); h.BeforeIPCache != nil {
+		if err := h.BeforeIPCache(ctx, prefix); err != nil {
+			return fmt.Errorf("delete ipcache %s: %w", prefix, err)
+		}
+	}
 	f.mu.Lock()
 	delete(f.ipcache, prefix.Masked())
 	f.mu.Unlock()

@@ -197,6 +197,10 @@ func splitYAML(data []byte) [][]byte {
 		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
 			docs = append(docs, cur)
 			cur = nil
+			if rest := bytes.TrimSpace(t[3:]); len(rest) > 0 && rest[0] != '#' {
+				cur = append(cur, rest...) // "--- {kind: ...}"
+				cur = append(cur, '\n')
+			}
 			continue
 		}
 		cur = append(cur, line...)

@@ -153,6 +153,18 @@ func TestParseGood(t *testing.T) {
 	}
 }
 
+func TestParseSeparatorWithContent(t *testing.T) {
+	doc := cnpHead + "spec: {endpointSelector: {}}\n--- " +
+		`{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "q"}, "spec": {}}` + "\n--- # comment\n"
+	pols, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pols) != 2 || pols[1].Key() != "default/q" {
+		t.Fatalf("policies = %v", pols)
+	}
+}
+
 func TestParseListAndDefaults(t *testing.T) {
 	pols, err := Parse(readTestdata(t, "good-list.json"))
 	if err != nil {

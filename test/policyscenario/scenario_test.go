@@ -2,12 +2,14 @@ package policyscenario_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,4 +197,24 @@ spec:
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/put-to-200-realised")
+}
+
+// TestPolicyFileWriteFails: when the policy file cannot be written the
+// import is applied but PUT says it was not persisted.
+func TestPolicyFileWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	_, _, c := startAgentIn(t, dir)
+	// A directory where the file should go: the rename onto it fails.
+	if err := os.Mkdir(filepath.Join(dir, "state", agent.PolicyFile), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.PolicyImport(context.Background(), []byte(policyscenario.CNPAllowAToB), "")
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != 500 || !strings.Contains(ae.Message, "applied but not persisted") {
+		t.Fatalf("import with an unwritable policy file = %v, want a 500 saying it was not persisted", err)
+	}
+	list, err := c.PolicyList(context.Background())
+	if err != nil || len(list.Policies) != 1 {
+		t.Fatalf("policies = %+v, %v; want the import applied", list, err)
+	}
 }
