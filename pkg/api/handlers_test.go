@@ -848,3 +848,29 @@ func TestListenModes(t *testing.T) {
 		})
 	}
 }
+
+// TestPodsNamedLikeSubresources: pod-name:<ns>/<pod> with an unescaped
+// '/' and a pod called healthz or policy reads the pod, and the
+// sub-resources of such a pod still answer.
+func TestPodsNamedLikeSubresources(t *testing.T) {
+	e := startHandlersAgent(t, nil)
+	for _, name := range []string{"healthz", "policy"} {
+		ep := e.createPod(t, "c-"+name, "default", name)
+		for _, path := range []string{"/v1/endpoint/pod-name:default/" + name, "/v1/endpoint/pod-name:default%2F" + name} {
+			var got models.Endpoint
+			decodeInto(t, e.do(t, "GET", path, ""), &got)
+			if got.ID != ep.ID || got.K8sPodName != name {
+				t.Errorf("GET %s = endpoint %d (%s), want %d", path, got.ID, got.K8sPodName, ep.ID)
+			}
+		}
+		if r := e.do(t, "GET", "/v1/endpoint/pod-name:default/"+name+"/healthz", ""); r.status != http.StatusOK {
+			t.Errorf("healthz of pod %s: %d %s", name, r.status, r.body)
+		}
+		if r := e.do(t, "GET", "/v1/endpoint/pod-name:default/"+name+"/policy", ""); r.status != http.StatusOK {
+			t.Errorf("policy of pod %s: %d %s", name, r.status, r.body)
+		}
+	}
+	if r := e.do(t, "GET", fmt.Sprintf("/v1/endpoint/%d/healthz", 1), ""); r.status != http.StatusOK {
+		t.Errorf("healthz by ID: %d %s", r.status, r.body)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,7 @@ func (s *Server) routes() {
 	m.HandleFunc("DELETE /v1/endpoint", s.mutating(s.deleteEndpointBatch))
 	m.HandleFunc("PATCH /v1/endpoint/{id}/labels", s.mutating(s.patchLabels))
 	m.HandleFunc("POST /v1/endpoint/{id}/regenerate", s.mutating(s.regenerate))
-	m.HandleFunc("GET /v1/endpoint/{id}/healthz", s.endpointHealth)
+	m.HandleFunc("GET /v1/endpoint/{id}/healthz", s.subresource("healthz", s.endpointHealth))
 	m.HandleFunc("POST /v1/ipam", s.mutating(s.allocateIP))
 	m.HandleFunc("DELETE /v1/ipam/{ip}", s.mutating(s.releaseIP))
 	m.HandleFunc("GET /v1/ipam", s.ipamStatus)
@@ -127,11 +128,25 @@ func (s *Server) routes() {
 	m.HandleFunc("PUT /v1/policy", s.mutating(s.putPolicy))
 	m.HandleFunc("GET /v1/policy", s.listPolicies)
 	m.HandleFunc("DELETE /v1/policy", s.mutating(s.deletePolicy))
-	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.getEndpointPolicy)
+	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.subresource("policy", s.getEndpointPolicy))
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/policy", s.getEndpointPolicy)
 	m.HandleFunc("GET /v1/ipcache", s.listIPCache)
 	s.operatorRoutes(m)
 	s.mux = m
+}
+
+// subresource serves h, unless {id} is a pod-name reference without its
+// pod ("pod-name:<ns>"): then the path names a pod called like the
+// sub-resource (pod-name:default/healthz) and reads that endpoint.
+func (s *Server) subresource(name string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if id := r.PathValue("id"); strings.HasPrefix(id, "pod-name:") && !strings.Contains(id, "/") {
+			r.SetPathValue("pod", name)
+			s.getEndpoint(w, r)
+			return
+		}
+		h(w, r)
+	}
 }
 
 // ServeHTTP implements http.Handler: JSON errors for unknown routes and
