@@ -12,22 +12,8 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/models"
 )
-
-// gcAttachment and gcRequest are the body of POST /v1/gc (the CNI GC's
-// cni.dev/valid-attachments); pkg/client.GCRequest is the same shape.
-type gcAttachment struct {
-	ContainerID string `json:"container-id"`
-	IfName      string `json:"ifname"`
-}
-
-type gcRequest struct {
-	ValidAttachments []gcAttachment `json:"valid-attachments"`
-}
-
-type gcResponse struct {
-	Deleted []int64 `json:"deleted"`
-}
 
 // gcParallel bounds concurrent deletions of one GC call.
 const gcParallel = 8
@@ -41,14 +27,14 @@ func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req gcRequest
+	var req models.GCRequest
 	if err := decodeStrict(body, &req); err != nil {
 		return err
 	}
 	if req.ValidAttachments == nil {
 		return badRequest("field \"valid-attachments\": required (an empty list deletes every CNI endpoint)")
 	}
-	valid := make(map[gcAttachment]bool, len(req.ValidAttachments))
+	valid := make(map[models.GCAttachment]bool, len(req.ValidAttachments))
 	for i, a := range req.ValidAttachments {
 		if a.ContainerID == "" || a.IfName == "" {
 			return badRequest(fmt.Sprintf("field \"valid-attachments[%d]\": container-id and ifname are required", i))
@@ -60,7 +46,7 @@ func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
 		if ep.Netns == "" || ep.ContainerID == "" || ep.ContainerInterfaceName == "" {
 			continue
 		}
-		if !valid[gcAttachment{ContainerID: ep.ContainerID, IfName: ep.ContainerInterfaceName}] {
+		if !valid[models.GCAttachment{ContainerID: ep.ContainerID, IfName: ep.ContainerInterfaceName}] {
 			stale = append(stale, ep.ID)
 		}
 	}
@@ -69,7 +55,7 @@ func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("cni gc", "valid", len(valid), "deleted", len(deleted))
-	writeJSON(w, http.StatusOK, &gcResponse{Deleted: deleted})
+	writeJSON(w, http.StatusOK, &models.GCResponse{Deleted: deleted})
 	return nil
 }
 

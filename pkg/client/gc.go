@@ -3,27 +3,16 @@ package client
 import (
 	"context"
 	"net/http"
+
+	"github.com/membrane-cni/membrane/pkg/models"
 )
 
-// GCAttachment names one attachment the runtime still uses (CNI GC's
-// cni.dev/valid-attachments).
-type GCAttachment struct {
-	ContainerID string `json:"container-id"`
-	IfName      string `json:"ifname"`
-}
-
-// GCRequest is the body of POST /v1/gc.
-type GCRequest struct {
-	// ValidAttachments lists the attachments to keep; every CNI endpoint
-	// (one with a netns and a container interface) not listed is deleted.
-	ValidAttachments []GCAttachment `json:"valid-attachments"`
-}
-
-// GCResponse is the answer of POST /v1/gc.
-type GCResponse struct {
-	// Deleted are the IDs of the endpoints removed.
-	Deleted []int64 `json:"deleted"`
-}
+// GCAttachment, GCRequest and GCResponse are POST /v1/gc's bodies.
+type (
+	GCAttachment = models.GCAttachment
+	GCRequest    = models.GCRequest
+	GCResponse   = models.GCResponse
+)
 
 // GC deletes every CNI endpoint whose attachment is not in valid, with
 // its address and host veth.

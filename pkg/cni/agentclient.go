@@ -319,21 +319,11 @@ func (c *agentClient) status(ctx context.Context) (*models.Status, error) {
 	return &st, c.do(ctx, "GET", "/v1/status", nil, nil, &st)
 }
 
-// gcAttachment and gcRequest are POST /v1/gc's body (pkg/client.GCRequest).
-type gcAttachment struct {
-	ContainerID string `json:"container-id"`
-	IfName      string `json:"ifname"`
-}
-
-type gcRequest struct {
-	ValidAttachments []gcAttachment `json:"valid-attachments"`
-}
-
-func (c *agentClient) gc(ctx context.Context, valid []gcAttachment) error {
+func (c *agentClient) gc(ctx context.Context, valid []models.GCAttachment) error {
 	if valid == nil {
-		valid = []gcAttachment{}
+		valid = []models.GCAttachment{}
 	}
-	return c.do(ctx, "POST", "/v1/gc", nil, &gcRequest{ValidAttachments: valid}, nil)
+	return c.do(ctx, "POST", "/v1/gc", nil, &models.GCRequest{ValidAttachments: valid}, nil)
 }
 
 // retryDelay is the pause between tries while the agent is starting.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/membrane-cni/membrane/pkg/models"
 )
 
 // cmdStatus answers whether the plugin can serve ADD: the agent answers
@@ -40,9 +41,9 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-	valid := make([]gcAttachment, 0, len(c.conf.ValidAttachments))
+	valid := make([]models.GCAttachment, 0, len(c.conf.ValidAttachments))
 	for _, a := range c.conf.ValidAttachments {
-		valid = append(valid, gcAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		valid = append(valid, models.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
