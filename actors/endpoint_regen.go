@@ -195,7 +195,7 @@ func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) 
 		return
 	}
 	if r.Err != nil {
-		a.regenFailed(ctx, r.Err)
+		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, r.Err))
 		return
 	}
 	a.phaseDone(1)

@@ -26,6 +26,9 @@ var (
 	// not be written to (or removed from) the state directory; the
 	// underlying error says why (e.g. ENOSPC).
 	ErrStateWrite = errors.New("endpoint state not persisted")
+	// ErrDatapath is wrapped by errors of a regeneration whose datapath
+	// operation (realise) failed; the underlying error says why.
+	ErrDatapath = errors.New("datapath operation failed")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )

@@ -82,6 +82,8 @@ func classify(err error) (int, string) {
 		return http.StatusGatewayTimeout, CodeTimeout
 	case errors.Is(err, actors.ErrPoolClosed):
 		return http.StatusServiceUnavailable, CodeShuttingDown
+	case errors.Is(err, actors.ErrDatapath):
+		return http.StatusBadGateway, CodeDatapath
 	}
 	return http.StatusInternalServerError, CodeInternal
 }

@@ -874,3 +874,19 @@ func TestPodsNamedLikeSubresources(t *testing.T) {
 		t.Errorf("healthz by ID: %d %s", r.status, r.body)
 	}
 }
+
+// TestDatapathFailure: a sync PUT whose realise fails answers 502
+// datapath-error, and the endpoint is gone (the caller releases its IP).
+func TestDatapathFailure(t *testing.T) {
+	e := startHandlersAgent(t, nil)
+	e.fake.Set(datapath.FakeHooks{ErrorRate: 1})
+	alloc, err := e.client.IPAMAllocate(bg(t), "ipv4", "default/broken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"container-id":"c-broken","k8s-namespace":"default","k8s-pod-name":"broken","labels":["k8s:app=broken"],"addressing":{"ipv4":%q}}`, alloc.Address.IPv4)
+	expectError(t, e.do(t, "PUT", "/v1/endpoint/0?sync=true", body), http.StatusBadGateway, api.CodeDatapath, "injected")
+	if r := e.do(t, "GET", "/v1/endpoint/container-id:c-broken", ""); r.status != http.StatusNotFound {
+		t.Errorf("endpoint after a failed sync PUT: %d %s", r.status, r.body)
+	}
+}
