@@ -54,6 +54,10 @@ type linuxEnv struct {
 	host   *testutil.NS
 	bpffs  string // a bpffs mounted on a temporary directory
 	nl     *netlink.Handle
+	// tmpDir is the run's temporary directory (socket, state), removed
+	// by cleanup too so that AbortCleanup leaves nothing; "" if the user
+	// chose the directory.
+	tmpDir string
 
 	mu   sync.Mutex              // guards pods and done
 	pods map[string]*testutil.NS // by container ID
@@ -176,6 +180,9 @@ func (l *linuxEnv) cleanup() error {
 			errs = append(errs, err)
 		}
 	}
+	if l.tmpDir != "" {
+		errs = append(errs, os.RemoveAll(l.tmpDir))
+	}
 	activeEnvs.Delete(l)
 	return errors.Join(errs...)
 }
@@ -190,6 +197,9 @@ func (e *engine) setupLinux(cfg agent.Config) (undo func(), err error) {
 	env, err := newLinuxEnv()
 	if err != nil {
 		return nil, err
+	}
+	if e.opts.Dir == "" {
+		env.tmpDir = e.dir
 	}
 	cfg.Datapath, cfg.Fake = "linux", nil
 	cfg.Linux = datapath.LinuxConfig{HostNetns: env.host.Path, BPFFS: env.bpffs, TeardownDelay: 200 * time.Millisecond}
