@@ -15,12 +15,13 @@ import (
 // end, the ipcache too, and the report carries the policy operations.
 func TestRunPolicyChurn(t *testing.T) {
 	sc := testScenario("policy-churn")
-	sc.PolicyChurn, sc.Identities = 0.3, 4
+	sc.PolicyChurn, sc.Identities = 1, 4 // enough changes for deletes even on a slow, loaded machine
 	r := runScenario(t, sc)
 	requireClean(t, r)
+	t.Logf("policy churn: %s", r.PolicyChurn)
 	for _, op := range []string{"policy_import", "policy_delete"} {
 		if s := r.LatencyMS[op]; s == nil || s.Count == 0 || s.P50 <= 0 {
-			t.Errorf("latency of %s: %+v", op, s)
+			t.Errorf("latency of %s: %+v (%s)", op, s, r.PolicyChurn)
 		}
 	}
 	if !strings.Contains(r.PolicyChurn, "imports") {
