@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -33,7 +35,7 @@ const policyNames = 8
 type policyChurn struct {
 	api  *apiDriver
 	rng  *rand.Rand
-	live map[string]bool // "kind/name" the agent acknowledged and not deleted since
+	live map[string]bool // names ("cnp-3") the agent acknowledged and not deleted since
 
 	imports, deletes, failed atomic.Uint64
 }
@@ -76,15 +78,12 @@ func (e *engine) runPolicyChurn(ctx context.Context, pc *policyChurn) {
 	}
 }
 
-// policyChange makes one change: delete an existing policy (40%), or
-// import one (new or replacing).
+// policyChange makes one change: delete an existing policy (30%, when
+// there is one), or import one (new or replacing).
 func (e *engine) policyChange(ctx context.Context, pc *policyChurn) {
-	kind := "cnp"
-	if pc.rng.IntN(2) == 1 {
-		kind = "knp"
-	}
-	name := kind + "-" + strconv.Itoa(pc.rng.IntN(policyNames))
-	if pc.live[name] && pc.rng.Float64() < 0.4 {
+	if len(pc.live) > 0 && pc.rng.Float64() < 0.3 {
+		names := slices.Sorted(maps.Keys(pc.live))
+		name := names[pc.rng.IntN(len(names))]
 		err := pc.api.call(ctx, opPolicyDelete, func(ctx context.Context) error {
 			_, err := pc.api.c.PolicyDelete(ctx, simNamespace+"/"+name)
 			return err
@@ -93,13 +92,18 @@ func (e *engine) policyChange(ctx context.Context, pc *policyChurn) {
 		case err == nil:
 			pc.deletes.Add(1)
 			delete(pc.live, name)
-		case client.IsNotFound(err): // a crash lost it, or an ambiguous delete did happen
+		case client.IsNotFound(err): // an earlier, ambiguous delete did happen
 			delete(pc.live, name)
 		default:
 			pc.failed.Add(1)
 		}
 		return
 	}
+	kind := "cnp"
+	if pc.rng.IntN(2) == 1 {
+		kind = "knp"
+	}
+	name := kind + "-" + strconv.Itoa(pc.rng.IntN(policyNames))
 	doc, err := e.policyDoc(pc.rng, kind, name)
 	if err != nil {
 		e.note("policy churn: " + err.Error())
