@@ -404,14 +404,20 @@ func (d *cniDriver) Add(ctx context.Context, p PodRef) (AddResult, error) {
 
 // Del runs CNI DEL (the plugin queues it if the agent is down) and then
 // removes the pod's netns. Whether the endpoint existed is asked first
-// (CNI DEL does not say); an unknown answer counts as found.
+// (CNI DEL does not say): only a ready agent's 404 counts as not found,
+// because a restarted agent serves reads while it restores (GET /v1/status
+// answers 503 until then), and only if no crash came between the two calls.
 func (d *cniDriver) Del(ctx context.Context, p PodRef) (DelResult, error) {
 	found := true
+	incarnation := d.epoch.Load()
 	err := d.call(ctx, opList, func(ctx context.Context) error {
+		if _, err := d.c.Status(ctx); err != nil {
+			return err
+		}
 		_, err := d.c.EndpointGet(ctx, "container-id:"+p.ContainerID)
 		return err
 	})
-	if isNotFound(err) {
+	if isNotFound(err) && d.epoch.Load() == incarnation {
 		found = false
 	}
 	netns := d.env.podPath(p.ContainerID)
