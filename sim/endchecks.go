@@ -55,6 +55,7 @@ func (e *engine) endChecks(ctx context.Context, s *Snapshot) []finding {
 		var out []finding
 		if api {
 			out = append(out, e.policyFindings(ctx, s)...)
+			out = append(out, e.policySetFindings(ctx)...) // policychurn.go
 		}
 		if linux {
 			out = append(out, kc.kernelFindings(s)...)

@@ -36,6 +36,9 @@ type policyChurn struct {
 	api  *apiDriver
 	rng  *rand.Rand
 	live map[string]bool // names ("cnp-3") the agent acknowledged and not deleted since
+	// unsure are names whose last change failed ambiguously: the agent
+	// may or may not hold them.
+	unsure map[string]bool
 
 	imports, deletes, failed atomic.Uint64
 }
@@ -47,7 +50,7 @@ func (e *engine) startPolicyChurn(ctx context.Context) (stop func()) {
 		return func() {}
 	}
 	pc := &policyChurn{api: &apiDriver{c: e.tgt.Client(), rec: e.rec, gate: &e.gate, epoch: &e.epoch},
-		rng: rand.New(rand.NewPCG(e.sc.Seed, 0x9011c7)), live: map[string]bool{}}
+		rng: rand.New(rand.NewPCG(e.sc.Seed, 0x9011c7)), live: map[string]bool{}, unsure: map[string]bool{}}
 	e.pol.Store(pc)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -92,10 +95,19 @@ func (e *engine) policyChange(ctx context.Context, pc *policyChurn) {
 		case err == nil:
 			pc.deletes.Add(1)
 			delete(pc.live, name)
-		case client.IsNotFound(err): // an earlier, ambiguous delete did happen
+			delete(pc.unsure, name)
+		case client.IsNotFound(err):
+			if !pc.unsure[name] {
+				e.violate(invPolicyLost, "policy "+name, "", fmt.Sprintf("policy %s/%s was acknowledged and not deleted, "+
+					"but DELETE found none", simNamespace, name), nil)
+			}
 			delete(pc.live, name)
+			delete(pc.unsure, name)
 		default:
 			pc.failed.Add(1)
+			if ambiguous(err) {
+				pc.unsure[name] = true
+			}
 		}
 		return
 	}
@@ -115,6 +127,9 @@ func (e *engine) policyChange(ctx context.Context, pc *policyChurn) {
 	})
 	if err != nil {
 		pc.failed.Add(1)
+		if ambiguous(err) {
+			pc.unsure[name] = true
+		}
 		if isCode(err, "invalid-policy") {
 			e.violate(invAgent, "policy "+name, "", fmt.Sprintf("policy churn: the agent refused a valid document: %v", err), nil)
 		}
@@ -122,6 +137,46 @@ func (e *engine) policyChange(ctx context.Context, pc *policyChurn) {
 	}
 	pc.imports.Add(1)
 	pc.live[name] = true
+	delete(pc.unsure, name)
+}
+
+// invPolicyLost: a policy whose import was acknowledged is gone without
+// an acknowledged delete, or one whose delete was acknowledged is back
+// (across crashes: policies are persisted before PUT/DELETE answer).
+const invPolicyLost = "policy-lost"
+
+// policySetFindings compares the policies the agent holds in the sim's
+// namespace with what the churn had acknowledged (nil without churn).
+// Only call it once the churn has stopped.
+func (e *engine) policySetFindings(ctx context.Context) []finding {
+	pc := e.pol.Load()
+	if pc == nil {
+		return nil
+	}
+	list, err := e.tgt.Client().PolicyList(ctx)
+	if err != nil {
+		return []finding{{invPolicyLost, "policies", "", "GET /v1/policy: " + err.Error()}}
+	}
+	held := map[string]bool{}
+	for _, p := range list.Policies {
+		if p.Namespace == simNamespace {
+			held[p.Name] = true
+		}
+	}
+	var out []finding
+	for name := range pc.live {
+		if !held[name] && !pc.unsure[name] {
+			out = append(out, finding{invPolicyLost, "policy " + name, "", fmt.Sprintf("policy %s/%s was acknowledged and not deleted, "+
+				"but the agent does not hold it", simNamespace, name)})
+		}
+	}
+	for name := range held {
+		if !pc.live[name] && !pc.unsure[name] {
+			out = append(out, finding{invPolicyLost, "policy " + name, "", fmt.Sprintf("the agent holds policy %s/%s, "+
+				"whose delete was acknowledged (or that was never imported)", simNamespace, name)})
+		}
+	}
+	return out
 }
 
 // policyDoc builds a policy of the given kind ("cnp" or "knp") selecting
