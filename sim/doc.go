@@ -20,8 +20,11 @@
 // short history that violations quote.
 //
 // Who owns what: Driver (driver.go) is how pods reach the agent — over the
-// REST API today; a CNI-driven driver for --datapath linux runs
-// membrane-cni in a network namespace per pod. Target (target.go) starts,
-// crashes, restarts and observes the agent — in-process today. Invariant
-// checks (checks.go) are pure functions over a Snapshot.
+// REST API with the fake datapath; with --datapath linux (linux_linux.go)
+// the real membrane-cni runs ADD and DEL in a network namespace per pod.
+// Target (target.go) starts, crashes, restarts and observes the agent,
+// in-process (on the Linux datapath in a netns the harness made, for
+// linux). Invariant checks (checks.go) are pure functions over a
+// Snapshot; endchecks.go adds realised policy, ipcache and kernel checks;
+// policychurn.go changes policies during the churn.
 package sim

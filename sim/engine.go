@@ -31,6 +31,9 @@ type Options struct {
 	// ProgressTTY the line is rewritten in place.
 	Progress    io.Writer
 	ProgressTTY bool
+	// CNIBinDir holds the membrane-cni binary (--datapath linux); ""
+	// looks next to the running program, in ./bin and in PATH.
+	CNIBinDir string
 }
 
 // Phases of a run.
@@ -57,7 +60,7 @@ type engine struct {
 	rec   *recorder
 	viol  *violations
 	tgt   Target
-	drv   *apiDriver
+	drv   Driver       // the API driver, or the CNI driver for --datapath linux
 	gate  sync.RWMutex // held by every API call for reading; the crash controller locks it to verify a restart
 	epoch atomic.Pointer[epoch]
 
@@ -87,6 +90,8 @@ type engine struct {
 	notes  []string
 
 	timeline []Sample // written by the sampler only; read after it stopped
+
+	pol atomic.Pointer[policyChurn] // set when the policy churn runs (policychurn.go)
 }
 
 // epoch is the agent incarnation calls are made against: a crash cancels
@@ -144,9 +149,19 @@ func newEngine(sc Scenario, opts Options) (*engine, func(), error) {
 	start := time.Now()
 	e := &engine{sc: sc, opts: opts, log: log, dir: dir, start: start, rec: newRecorder(), viol: newViolations(),
 		m: newModel(sc.slots(), pool, start), rampDone: make(chan struct{})}
-	tgt := newInProcess(cfg, opts.AgentLog, sc.Seed)
-	e.tgt = tgt
-	e.drv = &apiDriver{c: tgt.Client(), rec: e.rec, gate: &e.gate, epoch: &e.epoch}
+	if sc.Datapath == "linux" {
+		undo, err := e.setupLinux(cfg) // linux_linux.go
+		if err != nil {
+			cleanup()
+			return nil, nil, fmt.Errorf("run: %w", err)
+		}
+		removeDir := cleanup
+		cleanup = func() { undo(); removeDir() }
+	} else {
+		tgt := newInProcess(cfg, opts.AgentLog, sc.Seed)
+		e.tgt = tgt
+		e.drv = &apiDriver{c: tgt.Client(), rec: e.rec, gate: &e.gate, epoch: &e.epoch}
+	}
 	e.newEpoch()
 	return e, cleanup, nil
 }
@@ -180,9 +195,6 @@ func (e *engine) phaseName() string { return phaseNames[e.phase.Load()] }
 
 func (e *engine) run(ctx context.Context) (*Report, error) {
 	g0 := runtime.NumGoroutine()
-	if e.sc.PolicyChurn > 0 {
-		e.note("policy churn: not available until the policy issue lands (policy_churn ignored)")
-	}
 	if err := e.tgt.Start(ctx); err != nil {
 		return nil, fmt.Errorf("run: start agent: %w", err)
 	}
@@ -191,7 +203,9 @@ func (e *engine) run(ctx context.Context) (*Report, error) {
 	heapBase := e.heapInUse()
 	stopSampler := e.startSampler()
 	e.setFaults(true)
+	stopPolicyChurn := e.startPolicyChurn(ctx) // policychurn.go
 	e.load(ctx)
+	stopPolicyChurn()
 	// Cancelling ctx ends the load early; settling and draining still run,
 	// bounded by their own timeouts, so the agent is checked and left clean.
 	ctx = context.WithoutCancel(ctx)
@@ -301,6 +315,9 @@ func (e *engine) settle(ctx context.Context, what string) {
 	for _, f := range quiescentChecks(s, want) {
 		e.violateFinding(f, what, true)
 	}
+	for _, f := range e.endChecks(ctx, s) { // endchecks.go: policy, ipcache, linux datapath
+		e.violateFinding(f, what, true)
+	}
 	if n := e.pendingDels.Load(); n > 0 {
 		e.violate(invDeleteQueue, "dels", "", fmt.Sprintf("%s: %d DELs still pending", what, n), nil)
 	}
@@ -356,7 +373,7 @@ func (e *engine) drain(ctx context.Context) {
 
 // podLabels are the labels of a pod in shard n.
 func podLabels(shard uint16) []string {
-	ls, err := labels.ParseSet([]string{"k8s:app=sim", fmt.Sprintf("k8s:shard=%d", shard)})
+	ls, err := labels.ParseSet([]string{"k8s:app=sim", fmt.Sprintf("k8s:shard=%d", shard), nsLabel})
 	if err != nil {
 		panic(err) // constant labels
 	}

@@ -21,6 +21,12 @@ const (
 	opDelete
 	opIPAMRelease
 	opList
+	// CNI ADD and DEL through membrane-cni (--datapath linux), and policy
+	// changes (--policy-churn): see linux_linux.go and policychurn.go.
+	opCNIAdd
+	opCNIDel
+	opPolicyImport
+	opPolicyDelete
 	numOps
 
 	evLost    // the endpoint was missing after an agent restart
@@ -29,7 +35,8 @@ const (
 )
 
 var opNames = [...]string{"ipam_allocate", "endpoint_put", "endpoint_regenerate", "endpoint_relabel",
-	"endpoint_delete", "ipam_release", "list", "", "lost_at_restart", "swept", "add_failed"}
+	"endpoint_delete", "ipam_release", "list",
+	"cni_add", "cni_del", "policy_import", "policy_delete", "", "lost_at_restart", "swept", "add_failed"}
 
 func (o op) String() string {
 	if int(o) < len(opNames) {

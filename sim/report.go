@@ -94,11 +94,9 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 		r.Regenerations.Coalesced = c.RegenerationsRequested - c.RegenerationsRun
 	}
 	r.ProxyTimeouts = c.ProxyTimeouts
-	if e.sc.PolicyChurn > 0 {
-		r.PolicyChurn = "not available until the policy issue lands"
-	}
-	if in, ok := e.tgt.(*inProcess); ok {
-		r.DatapathLeftToGC = len(in.hook.leftToGC())
+	r.PolicyChurn = e.policySummary() // policychurn.go
+	if in, ok := e.tgt.(interface{ hookLeftToGC() int }); ok {
+		r.DatapathLeftToGC = in.hookLeftToGC()
 	}
 	e.evMu.Lock()
 	r.Events, r.Notes = append([]Event{}, e.events...), append([]string{}, e.notes...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -98,7 +99,7 @@ func TestRunNoFaults(t *testing.T) {
 		t.Errorf("regenerations %+v", r.Regenerations)
 	}
 	if r.PolicyChurn == "" {
-		t.Error("policy churn was asked for and not reported as unavailable")
+		t.Error("policy churn was asked for and not reported")
 	}
 	checkReportFiles(t, r)
 }
@@ -201,11 +202,14 @@ func TestRunCrashWithoutRestore(t *testing.T) {
 	}
 }
 
-func TestRunRefusesLinux(t *testing.T) {
+// TestRunRefusesLargeLinux: more than maxLinuxEndpoints with the linux
+// datapath needs ForceLinux (the refusal comes before anything is made).
+func TestRunRefusesLargeLinux(t *testing.T) {
 	sc := testScenario("linux")
-	sc.Datapath = "linux"
-	if _, err := Run(context.Background(), sc, Options{Dir: t.TempDir()}); err == nil {
-		t.Fatal("Run with the linux datapath did not fail")
+	sc.Datapath, sc.Endpoints = "linux", maxLinuxEndpoints+1
+	_, err := Run(context.Background(), sc, Options{Dir: t.TempDir()})
+	if !errors.Is(err, ErrInvalidScenario) || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("Run with %d linux endpoints: %v, want an invalid scenario naming --force", sc.Endpoints, err)
 	}
 }
 

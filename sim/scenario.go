@@ -16,9 +16,9 @@ var (
 	// ErrInvalidScenario is wrapped by scenario validation errors, which
 	// name the bad field by its JSON name (and flag, when there is one).
 	ErrInvalidScenario = errors.New("invalid scenario")
-	// ErrLinuxUnavailable is returned for --datapath linux: the harness has
-	// no CNI-driven driver yet (see Driver).
-	ErrLinuxUnavailable = errors.New("linux datapath not available in membrane-sim yet")
+	// ErrLinuxUnavailable is returned for --datapath linux where it cannot
+	// run: not root, or not Linux.
+	ErrLinuxUnavailable = errors.New("linux datapath not available here")
 )
 
 // Duration is a time.Duration written as a string ("30s") in scenario files.
@@ -75,8 +75,10 @@ type Scenario struct {
 	// LabelChurn is the probability, per lifecycle, of relabelling a
 	// random live pod: new identity and a regeneration (--label-churn).
 	LabelChurn float64 `json:"label_churn"`
-	// PolicyChurn is accepted but has no effect until the policy
-	// repository exists (--policy-churn).
+	// PolicyChurn is the probability, per lifecycle of the churn phase,
+	// of a policy change: a CiliumNetworkPolicy or NetworkPolicy selecting
+	// the pods' shards imported, replaced or deleted through PUT/DELETE
+	// /v1/policy (--policy-churn; see policychurn.go).
 	PolicyChurn float64 `json:"policy_churn"`
 	// Identities is the number of distinct label sets pods are spread over.
 	Identities int `json:"identities"`
@@ -86,8 +88,11 @@ type Scenario struct {
 	// CrashDowntime bounds how long the agent stays down per crash; each
 	// downtime is drawn uniformly below it.
 	CrashDowntime Duration `json:"crash_downtime"`
-	// Datapath is "fake" or "linux" (--datapath).
+	// Datapath is "fake" or "linux" (--datapath). linux needs root and
+	// runs membrane-cni in a network namespace per pod (linux_linux.go).
 	Datapath string `json:"datapath"`
+	// ForceLinux lets a linux run exceed maxLinuxEndpoints (--force).
+	ForceLinux bool `json:"force_linux,omitempty"`
 	// IPv4Range is the agent's pod CIDR.
 	IPv4Range string `json:"ipv4_range"`
 	// ProxyWaitTimeout is the agent's bound on waiting for proxy
@@ -188,7 +193,7 @@ func LoadScenario(path string) (Scenario, error) {
 const maxEndpoints = 50000
 
 // Validate names the bad field (JSON name, with its flag when it has one).
-// Returns ErrLinuxUnavailable for datapath "linux".
+// Returns ErrLinuxUnavailable for datapath "linux" where it cannot run.
 func (s *Scenario) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidScenario)
@@ -232,8 +237,9 @@ func (s *Scenario) Validate() error {
 	switch s.Datapath {
 	case "fake":
 	case "linux":
-		return fmt.Errorf("datapath (--datapath): linux: %w: it needs a CNI-driven driver that runs membrane-cni "+
-			"in a network namespace per pod (netns, veth, BPF), which membrane-sim does not have yet; use --datapath fake", ErrLinuxUnavailable)
+		if err := s.validateLinux(); err != nil {
+			return err
+		}
 	default:
 		return bad("datapath (--datapath)", "%q: want fake or linux", s.Datapath)
 	}

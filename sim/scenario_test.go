@@ -72,7 +72,7 @@ func TestValidate(t *testing.T) {
 		{name: "client timeouts without a timeout", change: func(s *Scenario) {
 			s.Faults.ClientTimeoutRate, s.Faults.ClientTimeout = 0.1, 0
 		}, want: "client_timeout", is: ErrInvalidScenario},
-		{name: "linux", change: func(s *Scenario) { s.Datapath = "linux" }, want: "membrane-cni", is: ErrLinuxUnavailable},
+		{name: "linux, too many endpoints", change: func(s *Scenario) { s.Datapath = "linux" }, want: "--force", is: ErrInvalidScenario},
 		{name: "unknown datapath", change: func(s *Scenario) { s.Datapath = "ebpf" }, want: "--datapath", is: ErrInvalidScenario},
 		{name: "range too small", change: func(s *Scenario) { s.IPv4Range = "10.0.0.0/24" }, want: "ipv4_range", is: ErrInvalidScenario},
 		{name: "range with host bits", change: func(s *Scenario) { s.IPv4Range = "10.0.0.1/16" }, want: "ipv4_range", is: ErrInvalidScenario},
@@ -94,6 +94,25 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate = %v, want %v naming %q", err, tt.is, tt.want)
 			}
 		})
+	}
+}
+
+// TestValidateLinuxHost: a linux scenario within bounds (or forced) is
+// valid for root and refused, naming root, otherwise.
+func TestValidateLinuxHost(t *testing.T) {
+	for _, tc := range []struct {
+		endpoints int
+		force     bool
+	}{{maxLinuxEndpoints, false}, {maxLinuxEndpoints + 1, true}} {
+		sc := Defaults()
+		sc.Datapath, sc.Endpoints, sc.ForceLinux = "linux", tc.endpoints, tc.force
+		err := sc.Validate()
+		if os.Geteuid() == 0 && err != nil {
+			t.Errorf("Validate as root (%d endpoints, forced %v) = %v", tc.endpoints, tc.force, err)
+		}
+		if os.Geteuid() != 0 && (!errors.Is(err, ErrLinuxUnavailable) || !strings.Contains(err.Error(), "root")) {
+			t.Errorf("Validate without root = %v, want %v naming root", err, ErrLinuxUnavailable)
+		}
 	}
 }
 

@@ -163,6 +163,9 @@ func addCounters(a, b actors.CounterValues) actors.CounterValues {
 }
 
 func (t *inProcess) SetFaults(f Faults) {
+	if t.fake == nil {
+		return // the linux datapath: its faults come from the kernel
+	}
 	h := datapath.FakeHooks{RealizeDelay: f.DatapathDelay.D(), RemoveDelay: f.DatapathDelay.D(), ErrorRate: f.DatapathErrorRate,
 		ProxyAcks: f.ProxyAcks, ProxyAckDelay: f.ProxyAckDelay.D(), ProxyAckDropRate: f.ProxyAckDropRate}
 	if f.SlowDatapathRate > 0 && f.SlowDatapathDelay > 0 {
@@ -244,10 +247,12 @@ func (t *inProcess) Snapshot(ctx context.Context, deep bool) (*Snapshot, error) 
 		return nil, fmt.Errorf("snapshot: pool: %w", err)
 	}
 	s.Pool, _ = res.(*actors.PoolStats)
-	s.Realized = make(map[endpoint.ID]uint64)
-	for id := endpoint.ID(1); id != 0; id++ {
-		if rev, ok := t.fake.Realized(id); ok {
-			s.Realized[id] = rev
+	if t.fake != nil { // the linux datapath is checked by linuxTarget
+		s.Realized = make(map[endpoint.ID]uint64)
+		for id := endpoint.ID(1); id != 0; id++ {
+			if rev, ok := t.fake.Realized(id); ok {
+				s.Realized[id] = rev
+			}
 		}
 	}
 	s.LeftToGC = t.hook.leftToGC()

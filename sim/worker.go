@@ -174,7 +174,7 @@ func (e *engine) opCtx(ctx context.Context, rng *rand.Rand) (context.Context, co
 func (e *engine) ref(p *pod) PodRef {
 	k := p.key()
 	return PodRef{Namespace: simNamespace, Name: k.podName(), ContainerID: k.containerID(), IPv4: p.addr(),
-		Labels: []string{"k8s:app=sim", "k8s:shard=" + strconv.Itoa(int(p.shard))}}
+		Labels: []string{"k8s:app=sim", "k8s:shard=" + strconv.Itoa(int(p.shard)), nsLabel}}
 }
 
 // addLifecycle creates a pod (one reserved slot is already counted): ADD,

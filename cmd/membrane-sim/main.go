@@ -36,6 +36,7 @@ type config struct {
 	progress string
 	dir      string
 	cpuProf  string
+	cniBin   string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -53,9 +54,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer closeLog()
-	if cfg.sc.PolicyChurn > 0 {
-		fmt.Fprintln(stderr, "membrane-sim: policy churn: not available until the policy issue lands (ignored)")
-	}
 	ctx, stop := interruptible(stderr)
 	defer stop()
 	if cfg.cpuProf != "" {
@@ -103,6 +101,7 @@ func interruptible(stderr io.Writer) (context.Context, func()) {
 		fmt.Fprintln(stderr, "\nmembrane-sim: interrupted; settling, draining and reporting (interrupt again to abort)")
 		cancel()
 		if _, ok := <-ch; ok {
+			sim.AbortCleanup() // --datapath linux: network namespaces, bpffs mount
 			os.Exit(130)
 		}
 	}()
@@ -128,19 +127,21 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&d.Crashes, "crashes", d.Crashes, "agent crash/restarts at random moments of the churn phase")
 	fs.DurationVar(&downtime, "crash-downtime", d.CrashDowntime.D(), "longest downtime per crash")
 	fs.Float64Var(&faultRate, "fault-rate", 0, "turn every fault on at this rate: datapath errors, slow datapath, lost proxy acks, client timeouts")
-	fs.StringVar(&d.Datapath, "datapath", d.Datapath, "datapath: fake, or linux (not available yet)")
+	fs.StringVar(&d.Datapath, "datapath", d.Datapath, "datapath: fake, or linux (root: the real plugin and BPF, a netns per pod; at most 500 endpoints without --force)")
 	fs.IntVar(&d.Workers, "workers", d.Workers, "concurrent kubelet-like clients")
 	fs.Float64Var(&d.ArrivalRate, "arrival-rate", d.ArrivalRate, "pod creations per second during the ramp-up (0: as fast as possible)")
 	fs.Float64Var(&d.ChurnRate, "churn-rate", d.ChurnRate, "lifecycles per second during churn (0: as fast as possible)")
 	fs.IntVar(&d.Regenerations, "regenerations", d.Regenerations, "regenerations per new pod")
 	fs.Float64Var(&d.LabelChurn, "label-churn", d.LabelChurn, "probability per lifecycle of relabelling a random live pod")
-	fs.Float64Var(&d.PolicyChurn, "policy-churn", d.PolicyChurn, "policy changes (not available until the policy issue lands)")
+	fs.Float64Var(&d.PolicyChurn, "policy-churn", d.PolicyChurn, "probability per lifecycle of a policy change (CNP or NetworkPolicy imported, replaced or deleted)")
 	fs.StringVar(&cfg.report, "report", "", "write the report as JSON to this file")
 	fs.StringVar(&cfg.html, "html", "", "write a self-contained HTML report with plots to this file")
 	fs.StringVar(&cfg.agentLog, "agent-log", "", "write the agent's log to this file (default: discarded)")
 	fs.StringVar(&level, "log-level", "warn", "level of the agent's log: debug, info, warn, error")
 	fs.StringVar(&cfg.progress, "progress", "auto", "progress line: auto (on a terminal), always, never")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the agent's socket and state (default: a temporary one, removed)")
+	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory holding membrane-cni for --datapath linux (default: next to membrane-sim, ./bin, PATH)")
+	fs.BoolVar(&d.ForceLinux, "force", false, "let --datapath linux run more than 500 endpoints")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -205,13 +206,15 @@ func scenarioFrom(fs *flag.FlagSet, file string, flagged sim.Scenario, faultRate
 			sc.LabelChurn = flagged.LabelChurn
 		case "policy-churn":
 			sc.PolicyChurn = flagged.PolicyChurn
+		case "force":
+			sc.ForceLinux = flagged.ForceLinux
 		}
 	})
 	return sc, bad
 }
 
 func options(cfg config, stderr io.Writer) (sim.Options, func(), error) {
-	opts := sim.Options{Dir: cfg.dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opts := sim.Options{Dir: cfg.dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), CNIBinDir: cfg.cniBin}
 	closeLog := func() {}
 	if cfg.agentLog != "" {
 		f, err := os.Create(cfg.agentLog)
