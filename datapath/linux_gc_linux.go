@@ -50,10 +50,25 @@ func (l *Linux) GC(ctx context.Context, live []*endpoint.Endpoint) (r GCReport, 
 	return r, err
 }
 
+// dumpRetries bounds the link dumps of one pass: a dump that links
+// changed under (netlink.ErrDumpInterrupted, common while pods come and
+// go) is partial and must not be trusted, so it is taken again.
+const dumpRetries = 5
+
+// listLinks dumps the host's links, again when the dump was interrupted.
+func (l *Linux) listLinks() ([]netlink.Link, error) {
+	for i := 0; ; i++ {
+		links, err := l.nl.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == dumpRetries {
+			return links, err
+		}
+	}
+}
+
 func (l *Linux) gcPass(live []*endpoint.Endpoint) (GCReport, error) {
 	l.gc.mu.Lock()
 	defer l.gc.mu.Unlock()
-	links, err := l.nl.LinkList()
+	links, err := l.listLinks()
 	if err != nil {
 		return GCReport{}, fmt.Errorf("gc: list links: %w", err)
 	}
