@@ -1,0 +1,207 @@
+package restore
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// commit writes a group: the files of every write into <id>_next, one
+// flush, the swaps (and removals), one more flush, then the callbacks.
+// When an endpoint appears several times, only its last request is
+// applied; every request is answered. Removed directories go to the trash,
+// which the janitor empties after the group is answered.
+func (s *Store) commit(group []request) {
+	s.applyScannedSpares()
+	last := make(map[endpoint.ID]int, len(group))
+	for i, r := range group {
+		last[r.id] = i
+	}
+	errs := make([]error, len(group))
+	for i, r := range group {
+		if last[r.id] == i && r.data != nil {
+			errs[i] = s.writeNext(r)
+		}
+	}
+	flushErr := s.flush()
+	var trash []string
+	for i, r := range group {
+		switch {
+		case last[r.id] != i:
+		case errs[i] != nil:
+		case flushErr != nil:
+			errs[i] = flushErr
+		case r.data != nil:
+			errs[i] = s.swap(r.id)
+		default:
+			errs[i] = s.remove(r.id, &trash)
+		}
+	}
+	if err := s.flush(); err != nil {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	for i, r := range group {
+		err := errs[i]
+		if last[r.id] != i {
+			err = errs[last[r.id]] // superseded: answered with the outcome of the last
+		}
+		if err != nil {
+			s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", err)
+		}
+		r.done(err)
+	}
+	s.jan.add(trash)
+}
+
+func (s *Store) path(id endpoint.ID, suffix string) string {
+	return filepath.Join(s.dir, strconv.Itoa(int(id))+suffix)
+}
+
+func (s *Store) isSpare(id endpoint.ID) bool { return s.spare[id/64]&(1<<(id%64)) != 0 }
+
+func (s *Store) setSpare(id endpoint.ID, on bool) {
+	if on {
+		s.spare[id/64] |= 1 << (id % 64)
+	} else {
+		s.spare[id/64] &^= 1 << (id % 64)
+	}
+}
+
+// applyScannedSpares takes over the <id>_next directories Scan found.
+func (s *Store) applyScannedSpares() {
+	s.mu.Lock()
+	ids := s.scannedSpares
+	s.scannedSpares = nil
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.setSpare(id, true)
+	}
+}
+
+// writeNext writes the files of r into <id>_next, reusing the directory
+// when it holds a previous state (spare) rather than creating it.
+func (s *Store) writeNext(r request) error {
+	next := s.path(r.id, nextSuffix)
+	if !s.isSpare(r.id) {
+		err := mkdir(next)
+		if errors.Is(err, unix.EEXIST) {
+			if err = os.RemoveAll(next); err == nil {
+				err = mkdir(next)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
+		}
+	}
+	s.setSpare(r.id, false) // from here on <id>_next is the new state
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{stateFile, r.data}, {headerFile, r.header}} {
+		if err := writeFile(filepath.Join(next, f.name), f.data); err != nil {
+			os.RemoveAll(next)
+			return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
+		}
+	}
+	return nil
+}
+
+// swap puts <id>_next in place of <id>. With renameat2(RENAME_EXCHANGE)
+// the two directories trade places atomically: <id> is never missing, and
+// the previous state left in <id>_next is the spare the next write
+// overwrites. Filesystems without it get the rename dance: <id> becomes
+// <id>_stale, <id>_next becomes <id>, <id>_stale goes; a crash at any
+// point leaves either the old or the new state readable (Scan).
+func (s *Store) swap(id endpoint.ID) error {
+	cur, next := s.path(id, ""), s.path(id, nextSuffix)
+	if !s.noExchange {
+		err := renameExchange(next, cur)
+		switch {
+		case err == nil:
+			s.setSpare(id, true)
+			return nil
+		case errors.Is(err, unix.ENOENT): // the first write: nothing to exchange with
+			if err := rename(next, cur); err != nil {
+				return fmt.Errorf("write state of endpoint %d: %w", id, err)
+			}
+			return nil
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
+			s.noExchange = true
+			s.log.Info("the state directory's filesystem cannot exchange directories; using rename with a backup", "err", err)
+		default:
+			return fmt.Errorf("write state of endpoint %d: %w", id, err)
+		}
+	}
+	return s.renameDance(id)
+}
+
+func (s *Store) renameDance(id endpoint.ID) error {
+	cur, next, stale := s.path(id, ""), s.path(id, nextSuffix), s.path(id, staleSuffix)
+	if err := os.RemoveAll(stale); err != nil {
+		return fmt.Errorf("write state of endpoint %d: %w", id, err)
+	}
+	if err := rename(cur, stale); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("write state of endpoint %d: %w", id, err)
+	}
+	if err := rename(next, cur); err != nil {
+		return fmt.Errorf("write state of endpoint %d: %w", id, err)
+	}
+	if err := removeStateDir(stale); err != nil {
+		return fmt.Errorf("write state of endpoint %d: %w", id, err)
+	}
+	return nil
+}
+
+// remove moves <id> (and its spare <id>_next) into the trash with one
+// rename each: once flushed, the endpoint is gone for Scan; the janitor
+// deletes the files later, off the answer's path.
+func (s *Store) remove(id endpoint.ID, trash *[]string) error {
+	suffixes := []string{""}
+	if s.isSpare(id) {
+		suffixes = append(suffixes, nextSuffix)
+		s.setSpare(id, false)
+	}
+	for _, suffix := range suffixes {
+		src := s.path(id, suffix)
+		s.trashSeq++
+		dst := filepath.Join(s.dir, trashDir, strconv.Itoa(int(id))+suffix+"-"+strconv.FormatUint(s.trashSeq, 36))
+		err := rename(src, dst)
+		switch {
+		case err == nil:
+			*trash = append(*trash, dst)
+		case errors.Is(err, unix.ENOENT):
+		default: // no trash (e.g. removed by hand): delete in place
+			if err := os.RemoveAll(src); err != nil {
+				return fmt.Errorf("remove state of endpoint %d: %w", id, err)
+			}
+		}
+	}
+	return nil
+}
+
+// flush makes everything written under the state directory durable with
+// one syncfs(2).
+func (s *Store) flush() error {
+	start := time.Now()
+	err := ignoringEINTR(func() error { return unix.Syncfs(s.dirFd) })
+	took := time.Since(start)
+	s.mu.Lock()
+	s.stats.Flushes++
+	s.stats.Flushing += took
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("flush state: syncfs: %w", err)
+	}
+	return nil
+}
