@@ -40,7 +40,8 @@ type endpointActor struct {
 	// restoring: the manager waits for this endpoint's leases (IP,
 	// identity) before the agent serves mutating calls.
 	restoreReport bool
-	labelWaiters  []*actor.PID
+	labelWaiters  []*actor.PID // answered once the identity is resolved and the labels are durable
+	lw            *labelWrite  // label changes not yet durable (nil: none)
 
 	idBusy  bool // an identity acquisition is in flight
 	dpBusy  bool // a datapath operation is in flight
@@ -195,7 +196,7 @@ func (a *endpointActor) restarting(ctx actor.Context) {
 	ctx.Send(ctx.Self(), &reattach{
 		create: a.createWaiter,
 		regen:  append(append([]*actor.PID(nil), a.regen.waiters...), a.regen.pendingWaiters...),
-		label:  a.labelWaiters,
+		label:  append(a.labelWaiters, a.labelDurableWaiters()...),
 		del:    a.delReplies,
 	})
 }
@@ -400,9 +401,7 @@ func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericI
 	}
 	waiters := a.labelWaiters
 	a.labelWaiters = nil
-	if len(waiters) > 0 {
-		a.publish(ctx, replies(waiters, a.result(nil))...)
-	}
+	a.awaitLabelWrite(ctx, waiters)
 	a.reportRestored(ctx, nil)
 	a.requestRegen(ctx, nil)
 }
@@ -424,10 +423,13 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 	}
 	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
 	if next.Equal(a.ep.Labels) {
-		ctx.Respond(a.result(nil))
+		if !a.labelsNotDurable(ctx.Sender()) {
+			ctx.Respond(a.result(nil))
+		}
 		return
 	}
 	a.mut().Labels = next
+	a.labelsChanged()
 	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
 	if a.idBusy {
 		return // the acquisition in flight notices the change

@@ -84,6 +84,7 @@ type stateResult struct{ err error }
 
 // writeState returns the submit function writing ep's state.
 func (a *endpointActor) writeState(ep *endpoint.Endpoint) func(done func(error)) {
+	a.labelWriteStarted()
 	return func(done func(error)) { a.deps.store.Write(ep, done) }
 }
 
@@ -109,6 +110,9 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 		}
 		if err != nil {
 			err = fmt.Errorf("%s state: %w", op, err)
+		}
+		if op == "write" {
+			a.labelWriteDone(ctx, err)
 		}
 		cont(ctx, err)
 	})
@@ -283,6 +287,7 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
 	rs := replies(a.regen.pendingWaiters, a.result(errDel))
 	rs = append(rs, replies(a.labelWaiters, a.result(errDel))...)
+	rs = append(rs, replies(a.labelDurableWaiters(), a.result(errDel))...)
 	if a.createWaiter != nil {
 		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
 		a.createWaiter = nil
