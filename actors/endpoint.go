@@ -392,6 +392,7 @@ func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericId
 // identityResolved sets the identity (Cilium: waiting-for-identity ->
 // ready), answers label waiters and queues a regeneration.
 func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericIdentity) {
+	restoredAsIs := a.restoreReport && a.ep.Identity == id
 	if old := a.ep.Identity; old != id {
 		a.releaseIdentity(ctx, old)
 		a.mut().Identity = id
@@ -403,6 +404,9 @@ func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericI
 	a.labelWaiters = nil
 	a.awaitLabelWrite(ctx, waiters)
 	a.reportRestored(ctx, nil)
+	if restoredAsIs && a.resumeRealized(ctx) {
+		return
+	}
 	a.requestRegen(ctx, nil)
 }
 

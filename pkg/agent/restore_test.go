@@ -204,3 +204,43 @@ func TestRestoreHandlesDamagedState(t *testing.T) {
 }
 
 func uint16ID(id int64) endpoint.ID { return endpoint.ID(id) }
+
+// TestRestoreSkipsIntactEndpoints: after a restart, endpoints whose
+// datapath still realises the revision their state records come back
+// ready without a regeneration; one whose datapath is behind regenerates.
+func TestRestoreSkipsIntactEndpoints(t *testing.T) {
+	env := newRestoreEnv(t)
+	fake := datapath.NewFake(5)
+	a, c := env.start(t, fake)
+	var eps []*models.Endpoint
+	for i := range 4 {
+		eps = append(eps, addPod(t, c, fmt.Sprintf("q%d", i), "web", true))
+	}
+	stop(t, a)
+	behind := uint16ID(eps[0].ID)
+	rev, ok := fake.Realized(behind)
+	if !ok || rev == 0 {
+		t.Fatalf("fake has no revision for endpoint %d", behind)
+	}
+	if _, err := fake.Realize(context.Background(), &endpoint.Endpoint{ID: behind}, rev-1); err != nil {
+		t.Fatal(err)
+	}
+	_, realizes, _ := fake.Stats()
+
+	a2, c2 := env.start(t, fake)
+	for i, want := range eps {
+		got := waitReady(t, c2, fmt.Sprintf("container-id:q%d", i))
+		if got.Identity.ID != want.Identity.ID {
+			t.Errorf("q%d: identity %d, want %d", i, got.Identity.ID, want.Identity.ID)
+		}
+	}
+	if n := a2.System.Counters().RegenerationsRun; n != 1 {
+		t.Errorf("%d regenerations after restore, want 1 (the endpoint whose datapath was behind)", n)
+	}
+	if _, after, _ := fake.Stats(); after != realizes+1 {
+		t.Errorf("%d datapath realizations after restore, want 1", after-realizes)
+	}
+	if got, _ := fake.Realized(behind); got <= rev {
+		t.Errorf("endpoint %d realised at %d after restore, want above %d", behind, got, rev)
+	}
+}
