@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,26 +25,35 @@ func (s *Store) commit(group []request) {
 	for i, r := range group {
 		last[r.id] = i
 	}
-	errs := make([]error, len(group))
+	final := make([]int, 0, len(last)) // the request applied per ID
+	var writes []int
 	for i, r := range group {
-		if last[r.id] == i && r.data != nil {
-			errs[i] = s.writeNext(r)
+		if last[r.id] == i {
+			final = append(final, i)
+			if r.data != nil {
+				writes = append(writes, i)
+			}
 		}
 	}
+	errs := make([]error, len(group))
+	s.parallel(len(writes), func(k int) {
+		i := writes[k]
+		errs[i] = s.writeNext(group[i])
+	})
 	flushErr := s.flush()
-	var trash []string
-	for i, r := range group {
-		switch {
-		case last[r.id] != i:
+	trash := make([][]string, len(group))
+	s.parallel(len(final), func(k int) {
+		i := final[k]
+		switch r := group[i]; {
 		case errs[i] != nil:
 		case flushErr != nil:
 			errs[i] = flushErr
 		case r.data != nil:
 			errs[i] = s.swap(r.id)
 		default:
-			errs[i] = s.remove(r.id, &trash)
+			trash[i], errs[i] = s.remove(r.id)
 		}
-	}
+	})
 	if err := s.flush(); err != nil {
 		for i := range errs {
 			if errs[i] == nil {
@@ -61,20 +71,46 @@ func (s *Store) commit(group []request) {
 		}
 		r.done(err)
 	}
-	s.jan.add(trash)
+	for _, t := range trash {
+		s.jan.add(t)
+	}
+}
+
+// parallel runs fn(0..n-1) on the workers, in up to `workers` chunks, and
+// waits for all of them.
+func (s *Store) parallel(n int, fn func(k int)) {
+	if n <= 1 {
+		for k := range n {
+			fn(k)
+		}
+		return
+	}
+	chunks := min(n, workers)
+	var wg sync.WaitGroup
+	wg.Add(chunks)
+	for c := range chunks {
+		lo, hi := c*n/chunks, (c+1)*n/chunks
+		s.work <- func() {
+			defer wg.Done()
+			for k := lo; k < hi; k++ {
+				fn(k)
+			}
+		}
+	}
+	wg.Wait()
 }
 
 func (s *Store) path(id endpoint.ID, suffix string) string {
 	return filepath.Join(s.dir, strconv.Itoa(int(id))+suffix)
 }
 
-func (s *Store) isSpare(id endpoint.ID) bool { return s.spare[id/64]&(1<<(id%64)) != 0 }
+func (s *Store) isSpare(id endpoint.ID) bool { return s.spare[id/64].Load()&(1<<(id%64)) != 0 }
 
 func (s *Store) setSpare(id endpoint.ID, on bool) {
 	if on {
-		s.spare[id/64] |= 1 << (id % 64)
+		s.spare[id/64].Or(1 << (id % 64))
 	} else {
-		s.spare[id/64] &^= 1 << (id % 64)
+		s.spare[id/64].And(^uint64(1 << (id % 64)))
 	}
 }
 
@@ -125,7 +161,7 @@ func (s *Store) writeNext(r request) error {
 // point leaves either the old or the new state readable (Scan).
 func (s *Store) swap(id endpoint.ID) error {
 	cur, next := s.path(id, ""), s.path(id, nextSuffix)
-	if !s.noExchange {
+	if !s.noExchange.Load() {
 		err := renameExchange(next, cur)
 		switch {
 		case err == nil:
@@ -137,8 +173,9 @@ func (s *Store) swap(id endpoint.ID) error {
 			}
 			return nil
 		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
-			s.noExchange = true
-			s.log.Info("the state directory's filesystem cannot exchange directories; using rename with a backup", "err", err)
+			if s.noExchange.CompareAndSwap(false, true) {
+				s.log.Info("the state directory's filesystem cannot exchange directories; using rename with a backup", "err", err)
+			}
 		default:
 			return fmt.Errorf("write state of endpoint %d: %w", id, err)
 		}
@@ -165,8 +202,8 @@ func (s *Store) renameDance(id endpoint.ID) error {
 
 // remove moves <id> (and its spare <id>_next) into the trash with one
 // rename each: once flushed, the endpoint is gone for Scan; the janitor
-// deletes the files later, off the answer's path.
-func (s *Store) remove(id endpoint.ID, trash *[]string) error {
+// deletes the returned directories later, off the answer's path.
+func (s *Store) remove(id endpoint.ID) (trash []string, err error) {
 	suffixes := []string{""}
 	if s.isSpare(id) {
 		suffixes = append(suffixes, nextSuffix)
@@ -174,20 +211,20 @@ func (s *Store) remove(id endpoint.ID, trash *[]string) error {
 	}
 	for _, suffix := range suffixes {
 		src := s.path(id, suffix)
-		s.trashSeq++
-		dst := filepath.Join(s.dir, trashDir, strconv.Itoa(int(id))+suffix+"-"+strconv.FormatUint(s.trashSeq, 36))
+		seq := s.trashSeq.Add(1)
+		dst := filepath.Join(s.dir, trashDir, strconv.Itoa(int(id))+suffix+"-"+strconv.FormatUint(seq, 36))
 		err := rename(src, dst)
 		switch {
 		case err == nil:
-			*trash = append(*trash, dst)
+			trash = append(trash, dst)
 		case errors.Is(err, unix.ENOENT):
 		default: // no trash (e.g. removed by hand): delete in place
 			if err := os.RemoveAll(src); err != nil {
-				return fmt.Errorf("remove state of endpoint %d: %w", id, err)
+				return trash, fmt.Errorf("remove state of endpoint %d: %w", id, err)
 			}
 		}
 	}
-	return nil
+	return trash, nil
 }
 
 // flush makes everything written under the state directory durable with

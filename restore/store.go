@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
@@ -61,19 +62,27 @@ type Store struct {
 	// the writer to reuse (it takes them over before its next group).
 	scannedSpares []endpoint.ID
 
-	// Only the writer goroutine uses these (Scan runs before any write).
-	// spare marks IDs whose <id>_next directory exists and holds the
-	// previous state after an exchange: the next write reuses it instead
-	// of creating and deleting a directory.
-	spare [(endpoint.MaxID + 1) / 64]uint64
+	// The writer and its workers use these (a group holds each ID once,
+	// so workers never touch the same ID; the words are shared, hence
+	// atomics). spare marks IDs whose <id>_next directory exists and
+	// holds the previous state after an exchange: the next write reuses
+	// it instead of creating and deleting a directory.
+	spare [(endpoint.MaxID + 1) / 64]atomic.Uint64
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
-	noExchange bool
-	trashSeq   uint64
+	noExchange atomic.Bool
+	trashSeq   atomic.Uint64
 	dirFd      int // the state directory, for syncfs
 
-	jan *janitor
+	// work feeds the workers that carry out a group's file operations in
+	// parallel (each is a handful of metadata syscalls; a single thread
+	// doing them one after the other is slow when CPUs are contended).
+	work chan func()
+	jan  *janitor
 }
+
+// workers is the number of goroutines that write a group's files.
+const workers = 8
 
 // Open creates dir if needed and starts the writer.
 func Open(dir string, log *slog.Logger) (*Store, error) {
@@ -85,9 +94,17 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
 	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), dirFd: fd,
-		trashSeq: uint64(time.Now().UnixNano())}
+		work: make(chan func())}
+	s.trashSeq.Store(uint64(time.Now().UnixNano()))
 	s.cond = sync.NewCond(&s.mu)
 	s.jan = newJanitor(s.log)
+	for range workers {
+		go func() {
+			for fn := range s.work {
+				fn()
+			}
+		}()
+	}
 	go s.writer()
 	return s, nil
 }
@@ -162,6 +179,7 @@ func (s *Store) Stats() Stats {
 func (s *Store) writer() {
 	defer close(s.done)
 	defer closeFd(s.dirFd)
+	defer close(s.work)
 	for {
 		s.mu.Lock()
 		for len(s.queue) == 0 && !s.closed {

@@ -94,7 +94,7 @@ func TestStoreWriteRemove(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := openTestStore(t, dir)
-			s.noExchange = tc.noExchange // before the first write
+			s.noExchange.Store(tc.noExchange) // before the first write
 			a, b := benchEndpoint(t, 1), benchEndpoint(t, 2)
 			for rev := uint64(1); rev <= 3; rev++ {
 				a.DesiredRevision = rev
