@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +51,7 @@ func BenchmarkStoreLifecycle(b *testing.B) {
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			b.ResetTimer()
+			cpu0 := cpuTime()
 			start := time.Now()
 			for w := range clients {
 				wg.Add(1)
@@ -76,6 +78,7 @@ func BenchmarkStoreLifecycle(b *testing.B) {
 			}
 			wg.Wait()
 			elapsed := time.Since(start)
+			cpu := cpuTime() - cpu0
 			b.StopTimer()
 			all := slices.Concat(lat...)
 			slices.Sort(all)
@@ -89,6 +92,16 @@ func BenchmarkStoreLifecycle(b *testing.B) {
 			b.ReportMetric(q(0.99), "p99-ms")
 			b.ReportMetric(float64(st.Requests)/float64(max(st.Groups, 1)), "reqs/group")
 			b.ReportMetric(float64(st.Flushing)/float64(max(st.Busy, 1)), "flush-share")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(len(all)), "cpu-µs/op")
 		})
 	}
+}
+
+// cpuTime is the process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

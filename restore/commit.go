@@ -72,7 +72,7 @@ func (s *Store) commit(group []request) {
 		r.done(err)
 	}
 	for _, t := range trash {
-		s.jan.add(t)
+		s.recycle(t)
 	}
 }
 
@@ -129,7 +129,7 @@ func (s *Store) applyScannedSpares() {
 // when it holds a previous state (spare) rather than creating it.
 func (s *Store) writeNext(r request) error {
 	next := s.path(r.id, nextSuffix)
-	if !s.isSpare(r.id) {
+	if !s.isSpare(r.id) && !s.reuse(next) {
 		err := mkdir(next)
 		if errors.Is(err, unix.EEXIST) {
 			if err = os.RemoveAll(next); err == nil {
@@ -225,6 +225,45 @@ func (s *Store) remove(id endpoint.ID) (trash []string, err error) {
 		}
 	}
 	return trash, nil
+}
+
+// recycleMax bounds the trash kept for reuse; beyond it the janitor
+// deletes. Every lifecycle takes two directories (create, first
+// regeneration) and gives two back (delete), so a small stock suffices.
+const recycleMax = 1024
+
+// recycle keeps removed directories for reuse as <id>_next (up to
+// recycleMax) and has the janitor delete the rest.
+func (s *Store) recycle(dirs []string) {
+	if len(dirs) == 0 {
+		return
+	}
+	s.recycleMu.Lock()
+	n := min(len(dirs), recycleMax-len(s.recycled))
+	s.recycled = append(s.recycled, dirs[:n]...)
+	s.recycleMu.Unlock()
+	s.jan.add(dirs[n:])
+}
+
+// reuse moves a recycled directory to next: its files are overwritten
+// next, which costs the filesystem less than creating a directory and its
+// files (and deleting the old ones). It reports false when there is none
+// or the rename fails (that directory is then deleted).
+func (s *Store) reuse(next string) bool {
+	s.recycleMu.Lock()
+	n := len(s.recycled)
+	if n == 0 {
+		s.recycleMu.Unlock()
+		return false
+	}
+	dir := s.recycled[n-1]
+	s.recycled = s.recycled[:n-1]
+	s.recycleMu.Unlock()
+	if err := rename(dir, next); err != nil {
+		s.jan.add([]string{dir})
+		return false
+	}
+	return true
 }
 
 // flush makes everything written under the state directory durable with

@@ -23,7 +23,7 @@ type ScanError struct {
 // endpoint's state. Unreadable state (corrupt, truncated, unknown
 // version) is moved to <dir>/quarantine/ and reported, never fatal. An
 // <id>_next next to its <id> is kept as the spare the next write
-// overwrites; the trash is handed to the janitor. Call it before the first
+// overwrites; the trash is recycled. Call it before the first
 // Write or Remove.
 func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 	s.emptyTrash()
@@ -84,18 +84,24 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 	return eps, bad
 }
 
-// emptyTrash hands what a previous run left in the trash to the janitor.
+// emptyTrash recycles the directories a previous run left in the trash
+// and has the janitor delete anything else there.
 func (s *Store) emptyTrash() {
 	dir := filepath.Join(s.dir, trashDir)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
-	paths := make([]string, 0, len(entries))
+	var dirs, other []string
 	for _, e := range entries {
-		paths = append(paths, filepath.Join(dir, e.Name()))
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(dir, e.Name()))
+		} else {
+			other = append(other, filepath.Join(dir, e.Name()))
+		}
 	}
-	s.jan.add(paths)
+	s.recycle(dirs)
+	s.jan.add(other)
 }
 
 func splitName(name string) (base, suffix string) {

@@ -20,8 +20,9 @@ const (
 	nextSuffix    = "_next"
 	staleSuffix   = "_stale"
 	quarantineDir = "quarantine"
-	// trashDir holds removed endpoints' directories until the janitor
-	// deletes them; Scan ignores it and has the janitor empty it.
+	// trashDir holds removed endpoints' directories, reused for new
+	// writes (their files are overwritten) or deleted by the janitor;
+	// Scan never reads state from it.
 	trashDir = "trash"
 )
 
@@ -79,6 +80,10 @@ type Store struct {
 	// doing them one after the other is slow when CPUs are contended).
 	work chan func()
 	jan  *janitor
+
+	// recycleMu guards recycled: directories in the trash kept for reuse.
+	recycleMu sync.Mutex
+	recycled  []string
 }
 
 // workers is the number of goroutines that write a group's files.

@@ -113,12 +113,28 @@ func TestStoreWriteRemove(t *testing.T) {
 				t.Fatalf("scan after remove: %v", got)
 			}
 			mustRemove(t, s, 2)
+			trash := func() int {
+				es, _ := os.ReadDir(filepath.Join(dir, trashDir))
+				return len(es)
+			}
+			kept := trash()
+			if kept == 0 {
+				t.Fatal("removed directories were not kept for reuse")
+			}
+			// A new endpoint reuses a removed directory; its shorter
+			// state must replace the old files entirely.
+			small := &endpoint.Endpoint{ID: 3, DesiredRevision: 4}
+			mustWrite(t, s, small)
+			if got := scanIDs(t, dir); !mapsEqual(got, map[endpoint.ID]uint64{3: 4}) {
+				t.Fatalf("scan after reuse: %v", got)
+			}
+			if trash() != kept-1 {
+				t.Errorf("trash holds %d directories after a write, want %d (one reused)", trash(), kept-1)
+			}
+			mustRemove(t, s, 3)
 			s.Close()
 			if got := names(t, dir); len(got) != 0 {
 				t.Errorf("left behind: %v", got)
-			}
-			if es, _ := os.ReadDir(filepath.Join(dir, trashDir)); len(es) != 0 {
-				t.Errorf("trash not emptied: %d entries", len(es))
 			}
 		})
 	}
