@@ -146,7 +146,7 @@ func BenchmarkHeapPerEndpoint(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for n := next.Add(1); n <= live; n = next.Add(1) {
-					ipr, err := c.IPAMAllocate(ctx, "ipv4", fmt.Sprintf("heap/%d", n))
+					ipr, err := c.IPAMAllocate(ctx, "ipv4", fmt.Sprintf("heap/p-%d", n))
 					if err == nil {
 						_, err = c.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{
 							ContainerID: fmt.Sprintf("heap-%d", n), K8sNamespace: "heap", K8sPodName: fmt.Sprintf("p-%d", n),
