@@ -364,18 +364,23 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
 			if err != nil {
 				a.logger().Error("removing endpoint state failed", "err", err)
+				err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, err)
 			}
-			a.disconnected(ctx)
+			a.disconnected(ctx, err)
 		})
 	})
 }
 
-func (a *endpointActor) disconnected(ctx actor.Context) {
+// disconnected answers the delete's waiters and stops the actor. With
+// err (the state removal failed, so the endpoint may come back at the
+// next start) every waiter gets the error: a delete is acknowledged only
+// once it is durable.
+func (a *endpointActor) disconnected(ctx actor.Context, err error) {
 	a.setState(endpoint.StateDisconnected, "delete completed")
-	res := a.result(nil)
+	res := a.result(err)
 	for _, r := range a.delReplies {
 		msg := r.Message
-		if msg == nil {
+		if msg == nil || err != nil {
 			msg = res
 		}
 		ctx.Send(r.To, msg)

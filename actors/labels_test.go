@@ -22,6 +22,8 @@ type gateStore struct {
 	held   []func(error)
 	writes []labels.Labels // the labels of every write, in order
 	events []string
+	// removeErr fails every removal.
+	removeErr error
 }
 
 func (g *gateStore) Write(ep *endpoint.Endpoint, done func(error)) {
@@ -36,7 +38,12 @@ func (g *gateStore) Write(ep *endpoint.Endpoint, done func(error)) {
 	done(nil)
 }
 
-func (g *gateStore) Remove(_ endpoint.ID, done func(error)) { done(nil) }
+func (g *gateStore) Remove(_ endpoint.ID, done func(error)) {
+	g.mu.Lock()
+	err := g.removeErr
+	g.mu.Unlock()
+	done(err)
+}
 
 func (g *gateStore) setHold(on bool) {
 	g.mu.Lock()
@@ -128,5 +135,20 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestDeleteFailsWhenStateStays: a DELETE whose state removal fails is not
+// acknowledged (the endpoint would come back at the next start).
+func TestDeleteFailsWhenStateStays(t *testing.T) {
+	g := &gateStore{}
+	h := startSystem(t, func(c *actors.Config) { c.State = g })
+	ep := h.mustCreate(t, podSpec(t, "c-del", "default", "p", "k8s:app=web"))
+	errDisk := errors.New("disk on fire")
+	g.mu.Lock()
+	g.removeErr = errDisk
+	g.mu.Unlock()
+	if _, err := h.remove(t, ep.ID, endpoint.DeleteOptions{}); !errors.Is(err, errDisk) {
+		t.Fatalf("delete: %v, want the removal's error", err)
 	}
 }

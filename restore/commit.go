@@ -14,65 +14,82 @@ import (
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 )
 
-// commit writes a group: the files of every write into <id>_next, one
-// flush, the swaps (and removals), one more flush, then the callbacks.
-// When an endpoint appears several times, only its last request is
-// applied; every request is answered. Removed directories go to the trash,
-// which the janitor empties after the group is answered.
-func (s *Store) commit(group []request) {
+// batch is a group of requests on its way through the writer. When an
+// endpoint appears several times, only its last request is applied;
+// every request is answered.
+type batch struct {
+	group  []request
+	last   map[endpoint.ID]int // index of the request applied per ID
+	final  []int               // those indexes
+	errs   []error
+	trash  [][]string // directories each removal moved to the trash
+	writes int
+}
+
+// prepare writes the files of every write of group into <id>_next.
+func (s *Store) prepare(group []request) *batch {
 	s.applyScannedSpares()
-	last := make(map[endpoint.ID]int, len(group))
+	b := &batch{group: group, last: make(map[endpoint.ID]int, len(group)), errs: make([]error, len(group))}
 	for i, r := range group {
-		last[r.id] = i
+		b.last[r.id] = i
 	}
-	final := make([]int, 0, len(last)) // the request applied per ID
 	var writes []int
 	for i, r := range group {
-		if last[r.id] == i {
-			final = append(final, i)
+		if b.last[r.id] == i {
+			b.final = append(b.final, i)
 			if r.data != nil {
 				writes = append(writes, i)
 			}
 		}
 	}
-	errs := make([]error, len(group))
+	b.writes = len(writes)
 	s.parallel(len(writes), func(k int) {
 		i := writes[k]
-		errs[i] = s.writeNext(group[i])
+		b.errs[i] = s.writeNext(group[i])
 	})
-	flushErr := s.flush()
-	trash := make([][]string, len(group))
-	s.parallel(len(final), func(k int) {
-		i := final[k]
-		switch r := group[i]; {
-		case errs[i] != nil:
+	return b
+}
+
+// apply swaps the written states in and moves removed ones to the trash,
+// once the flush that followed prepare succeeded (else it fails them).
+func (s *Store) apply(b *batch, flushErr error) {
+	b.trash = make([][]string, len(b.group))
+	s.parallel(len(b.final), func(k int) {
+		i := b.final[k]
+		switch r := b.group[i]; {
+		case b.errs[i] != nil:
 		case flushErr != nil:
-			errs[i] = flushErr
+			b.errs[i] = flushErr
 		case r.data != nil:
-			errs[i] = s.swap(r.id)
+			b.errs[i] = s.swap(r.id)
 		default:
-			trash[i], errs[i] = s.remove(r.id)
+			b.trash[i], b.errs[i] = s.remove(r.id)
 		}
 	})
-	if err := s.flush(); err != nil {
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = err
-			}
-		}
-	}
-	for i, r := range group {
-		err := errs[i]
-		if last[r.id] != i {
-			err = errs[last[r.id]] // superseded: answered with the outcome of the last
+}
+
+// finish answers a batch after the flush that followed its apply (err is
+// that flush's outcome), and recycles its removed directories.
+func (s *Store) finish(b *batch, flushErr error) {
+	for _, r := range b.group {
+		err := b.errs[b.last[r.id]] // a superseded request shares the outcome of the last
+		if err == nil {
+			err = flushErr
 		}
 		if err != nil {
 			s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", err)
 		}
 		r.done(err)
 	}
-	for _, t := range trash {
+	for _, t := range b.trash {
 		s.recycle(t)
+	}
+}
+
+// abandon answers a batch whose changes were not flushed, at Abort.
+func (s *Store) abandon(b *batch) {
+	for _, r := range b.group {
+		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, ErrClosed))
 	}
 }
 

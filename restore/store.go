@@ -51,14 +51,15 @@ type Store struct {
 	dir string
 	log *slog.Logger
 
-	// mu guards queue, closed, stats and scannedSpares; cond signals
+	// mu guards queue, closed, aborted, stats and scannedSpares; cond signals
 	// the writer.
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  []request
-	closed bool
-	stats  Stats
-	done   chan struct{}
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []request
+	closed  bool
+	aborted bool
+	stats   Stats
+	done    chan struct{}
 	// scannedSpares are the <id>_next directories Scan left in place for
 	// the writer to reuse (it takes them over before its next group).
 	scannedSpares []endpoint.ID
@@ -164,7 +165,7 @@ func (s *Store) Close() {
 func (s *Store) Abort() {
 	s.mu.Lock()
 	dropped := s.queue
-	s.queue, s.closed = nil, true
+	s.queue, s.closed, s.aborted = nil, true, true
 	s.mu.Unlock()
 	s.cond.Signal()
 	for _, r := range dropped {
@@ -181,32 +182,72 @@ func (s *Store) Stats() Stats {
 	return s.stats
 }
 
+// writer commits groups, pipelined: one flush makes the files of the new
+// group durable and, with them, the swaps of the previous group, which is
+// then answered. So under load each group costs one syncfs, while every
+// request still sees its files flushed before its swap, and its swap
+// flushed before its answer. A new group never holds an ID of the group
+// awaiting its flush (those requests wait one round).
 func (s *Store) writer() {
 	defer close(s.done)
 	defer closeFd(s.dirFd)
 	defer close(s.work)
+	var pending *batch // applied, not yet flushed
 	for {
 		s.mu.Lock()
-		for len(s.queue) == 0 && !s.closed {
+		for len(s.queue) == 0 && !s.closed && pending == nil {
 			s.cond.Wait()
+		}
+		if s.aborted {
+			s.mu.Unlock()
+			if pending != nil {
+				s.abandon(pending)
+			}
+			return
 		}
 		group := s.queue
 		s.queue = nil
+		if pending != nil {
+			group, s.queue = splitBusy(group, pending.last)
+		}
 		closed := s.closed
 		if len(group) > 0 {
 			s.stats.Groups++
 			s.stats.Requests += uint64(len(group))
 		}
 		s.mu.Unlock()
+		start := time.Now()
+		var next *batch
 		if len(group) > 0 {
-			start := time.Now()
-			s.commit(group)
-			s.mu.Lock()
-			s.stats.Busy += time.Since(start)
-			s.mu.Unlock()
+			next = s.prepare(group)
 		}
-		if closed && len(group) == 0 {
+		flushErr := s.flush()
+		if pending != nil {
+			s.finish(pending, flushErr)
+			pending = nil
+		}
+		if next != nil {
+			s.apply(next, flushErr)
+			pending = next
+		}
+		s.mu.Lock()
+		s.stats.Busy += time.Since(start)
+		s.mu.Unlock()
+		if closed && pending == nil && len(group) == 0 {
 			return
 		}
 	}
+}
+
+// splitBusy keeps the requests whose ID is not in busy, in order, and
+// returns the others to wait for the next round.
+func splitBusy(group []request, busy map[endpoint.ID]int) (now, later []request) {
+	for _, r := range group {
+		if _, ok := busy[r.id]; ok {
+			later = append(later, r)
+		} else {
+			now = append(now, r)
+		}
+	}
+	return now, later
 }
