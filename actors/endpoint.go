@@ -51,6 +51,8 @@ type endpointActor struct {
 
 	deleting    bool
 	tearingDown bool
+	stateGone   bool // deleting: the state removal finished (stateStays: and failed)
+	stateStays  bool
 	delReplies  []messages.Reply // sent when the endpoint is disconnected
 }
 

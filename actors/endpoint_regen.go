@@ -314,8 +314,22 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 	if a.tearingDown || a.dpBusy || a.idBusy || a.regen.running {
 		return true
 	}
+	if !a.stateGone && a.deps.store != nil {
+		// The state goes first, while the row is still in the index: once
+		// the row is gone a DELETE answers 404, which a CNI DEL takes as
+		// done, so nothing may bring the endpoint back after that.
+		id, store := a.ep.ID, a.deps.store
+		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
+			if err != nil {
+				a.logger().Error("removing endpoint state failed", "err", err)
+			}
+			a.stateGone, a.stateStays = true, err != nil
+			a.maybeTeardown(ctx)
+		})
+		return true
+	}
 	a.tearingDown = true
-	// Leave the index first, so the endpoint's container ID and addresses
+	// Leave the index next, so the endpoint's container ID and addresses
 	// are free in the manager's books before IPAM releases anything.
 	a.mut().State = endpoint.StateDisconnecting
 	a.shared = true
@@ -360,14 +374,11 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 		if r.Err != nil {
 			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
 		}
-		id, store := a.ep.ID, a.deps.store
-		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
-			if err != nil {
-				a.logger().Error("removing endpoint state failed", "err", err)
-				err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, err)
-			}
-			a.disconnected(ctx, err)
-		})
+		var err error
+		if a.stateStays {
+			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
+		}
+		a.disconnected(ctx, err)
 	})
 }
 

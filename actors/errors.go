@@ -22,6 +22,10 @@ var (
 	ErrActorRestarted = errors.New("actor restarted")
 	// ErrPoolClosed is returned for work submitted after the pool stopped.
 	ErrPoolClosed = errors.New("datapath pool closed")
+	// ErrStateStays is returned by a delete whose state removal failed:
+	// the endpoint is gone from the agent but may come back at the next
+	// start, so the delete is not acknowledged.
+	ErrStateStays = errors.New("endpoint state could not be removed")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )
