@@ -51,6 +51,7 @@ type endpointActor struct {
 
 	deleting    bool
 	tearingDown bool
+	dpGone      bool // deleting: the datapath removal finished (or was left to GC)
 	stateGone   bool // deleting: the state removal finished (stateStays: and failed)
 	stateStays  bool
 	delReplies  []messages.Reply // sent when the endpoint is disconnected

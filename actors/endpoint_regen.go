@@ -314,10 +314,17 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 	if a.tearingDown || a.dpBusy || a.idBusy || a.regen.running {
 		return true
 	}
+	// The datapath goes first, then the state, both while the row is
+	// still in the index: once the row is gone a DELETE answers 404, which
+	// a CNI DEL takes as done, so nothing may bring the endpoint back after
+	// that (a crash before the state removal restores it, and the retried
+	// DEL finds it); and nothing is left in the kernel for an endpoint
+	// that will not be restored.
+	if !a.dpGone {
+		a.removeDatapath(ctx, 0)
+		return true
+	}
 	if !a.stateGone && a.deps.store != nil {
-		// The state goes first, while the row is still in the index: once
-		// the row is gone a DELETE answers 404, which a CNI DEL takes as
-		// done, so nothing may bring the endpoint back after that.
 		id, store := a.ep.ID, a.deps.store
 		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
 			if err != nil {
@@ -329,8 +336,9 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 		return true
 	}
 	a.tearingDown = true
-	// Leave the index next, so the endpoint's container ID and addresses
-	// are free in the manager's books before IPAM releases anything.
+	// Leave the index before the leases end, so the endpoint's container
+	// ID and addresses are free in the manager's books before IPAM
+	// releases anything.
 	a.mut().State = endpoint.StateDisconnecting
 	a.shared = true
 	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
@@ -340,15 +348,22 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 
 // releaseLeases ends the IP lease (releasing the addresses unless
 // NoIPRelease) and the identity reference (unless NoIdentityRelease), then
-// removes the datapath.
+// the endpoint is disconnected.
 func (a *endpointActor) releaseLeases(ctx actor.Context) {
+	done := func() {
+		var err error
+		if a.stateStays {
+			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
+		}
+		a.disconnected(ctx, err)
+	}
 	next := func() {
 		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
 			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
-			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { a.removeDatapath(ctx, 0) })
+			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { done() })
 			return
 		}
-		a.removeDatapath(ctx, 0)
+		done()
 	}
 	if ips := a.ips(); len(ips) > 0 {
 		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
@@ -374,11 +389,8 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 		if r.Err != nil {
 			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
 		}
-		var err error
-		if a.stateStays {
-			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
-		}
-		a.disconnected(ctx, err)
+		a.dpGone = true
+		a.maybeTeardown(ctx)
 	})
 }
 
