@@ -30,8 +30,8 @@ type endpointActor struct {
 	// with the index and must not change: write through mut().
 	ep     *endpoint.Endpoint
 	shared bool
-	mode   startMode // how the first incarnation starts
-	dead   bool      // set on Restarting: late continuations are ignored
+	mode   *startMode // how this incarnation starts; dropped once started (heap per endpoint)
+	dead   bool       // set on Restarting: late continuations are ignored
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
@@ -104,7 +104,7 @@ const (
 )
 
 func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMode, manager *actor.PID, stats *MailboxStats) *endpointActor {
-	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: mode, ep: spec, shared: true}
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: &mode, ep: spec, shared: true}
 	if mode.kind == startCreate {
 		a.createWaiter, a.createSync = mode.waiter, mode.sync
 	}
@@ -151,19 +151,21 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 }
 
 func (a *endpointActor) started(ctx actor.Context) {
-	switch a.mode.kind {
+	mode := a.mode
+	a.mode = nil
+	switch mode.kind {
 	case startRebuild:
-		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !a.mode.tearingDown {
+		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !mode.tearingDown {
 			a.ep, a.shared = cur, true
 		}
-		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", a.mode.deleting)
-		if a.mode.tearingDown {
+		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", mode.deleting)
+		if mode.tearingDown {
 			// The row is already out of the index: resume after it.
 			a.deleting, a.tearingDown = true, true
 			a.releaseLeases(ctx)
 			return
 		}
-		if a.ep.State == endpoint.StateDisconnecting || a.mode.deleting {
+		if a.ep.State == endpoint.StateDisconnecting || mode.deleting {
 			a.deleting = true
 			a.maybeTeardown(ctx)
 			return
