@@ -90,6 +90,7 @@ type startMode struct {
 	sync   bool       // create: answer after the first regeneration
 	// rebuild: the failed incarnation was deleting / tearing down.
 	deleting, tearingDown bool
+	stateStays            bool // the failed incarnation's state removal failed
 }
 
 type startKind int
@@ -161,7 +162,7 @@ func (a *endpointActor) started(ctx actor.Context) {
 		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", mode.deleting)
 		if mode.tearingDown {
 			// The row is already out of the index: resume after it.
-			a.deleting, a.tearingDown = true, true
+			a.deleting, a.tearingDown, a.stateStays = true, true, mode.stateStays
 			a.releaseLeases(ctx)
 			return
 		}
