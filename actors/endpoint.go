@@ -30,8 +30,8 @@ type endpointActor struct {
 	// with the index and must not change: write through mut().
 	ep     *endpoint.Endpoint
 	shared bool
-	mode   startMode // how the first incarnation starts
-	dead   bool      // set on Restarting: late continuations are ignored
+	mode   *startMode // how this incarnation starts; dropped once started (heap per endpoint)
+	dead   bool       // set on Restarting: late continuations are ignored
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
@@ -40,7 +40,8 @@ type endpointActor struct {
 	// restoring: the manager waits for this endpoint's leases (IP,
 	// identity) before the agent serves mutating calls.
 	restoreReport bool
-	labelWaiters  []*actor.PID
+	labelWaiters  []*actor.PID // answered once the identity is resolved and the labels are durable
+	lw            *labelWrite  // label changes not yet durable (nil: none)
 
 	idBusy  bool // an identity acquisition is in flight
 	dpBusy  bool // a datapath operation is in flight
@@ -50,6 +51,9 @@ type endpointActor struct {
 
 	deleting    bool
 	tearingDown bool
+	dpGone      bool // deleting: the datapath removal finished (or was left to GC)
+	stateGone   bool // deleting: the state removal finished (stateStays: and failed)
+	stateStays  bool
 	delReplies  []messages.Reply // sent when the endpoint is disconnected
 
 	// slot is where this actor publishes its snapshot (GET /v1/actors);
@@ -102,6 +106,7 @@ type startMode struct {
 	sync   bool       // create: answer after the first regeneration
 	// rebuild: the failed incarnation was deleting / tearing down.
 	deleting, tearingDown bool
+	stateStays            bool // the failed incarnation's state removal failed
 }
 
 type startKind int
@@ -116,7 +121,7 @@ const (
 )
 
 func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMode, manager *actor.PID, stats *MailboxStats) *endpointActor {
-	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: mode, ep: spec, shared: true}
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: &mode, ep: spec, shared: true}
 	if mode.kind == startCreate {
 		a.createWaiter, a.createSync = mode.waiter, mode.sync
 	}
@@ -192,19 +197,21 @@ func (a *endpointActor) report() {
 }
 
 func (a *endpointActor) started(ctx actor.Context) {
-	switch a.mode.kind {
+	mode := a.mode
+	a.mode = nil
+	switch mode.kind {
 	case startRebuild:
-		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !a.mode.tearingDown {
+		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !mode.tearingDown {
 			a.ep, a.shared = cur, true
 		}
-		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", a.mode.deleting)
-		if a.mode.tearingDown {
+		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", mode.deleting)
+		if mode.tearingDown {
 			// The row is already out of the index: resume after it.
-			a.deleting, a.tearingDown = true, true
+			a.deleting, a.tearingDown, a.stateStays = true, true, mode.stateStays
 			a.releaseLeases(ctx)
 			return
 		}
-		if a.ep.State == endpoint.StateDisconnecting || a.mode.deleting {
+		if a.ep.State == endpoint.StateDisconnecting || mode.deleting {
 			a.deleting = true
 			a.maybeTeardown(ctx)
 			return
@@ -240,7 +247,7 @@ func (a *endpointActor) restarting(ctx actor.Context) {
 	ctx.Send(ctx.Self(), &reattach{
 		create: a.createWaiter,
 		regen:  append(append([]*actor.PID(nil), a.regen.waiters...), a.regen.pendingWaiters...),
-		label:  a.labelWaiters,
+		label:  append(a.labelWaiters, a.labelDurableWaiters()...),
 		del:    a.delReplies,
 	})
 }
@@ -439,6 +446,7 @@ func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericId
 // identityResolved sets the identity (Cilium: waiting-for-identity ->
 // ready), answers label waiters and queues a regeneration.
 func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericIdentity) {
+	restoredAsIs := a.restoreReport && a.ep.Identity == id
 	if old := a.ep.Identity; old != id {
 		a.releaseIdentity(ctx, old)
 		a.mut().Identity = id
@@ -451,10 +459,11 @@ func (a *endpointActor) identityResolved(ctx actor.Context, id identity.NumericI
 	}
 	waiters := a.labelWaiters
 	a.labelWaiters = nil
-	if len(waiters) > 0 {
-		a.publish(ctx, replies(waiters, a.result(nil))...)
-	}
+	a.awaitLabelWrite(ctx, waiters)
 	a.reportRestored(ctx, nil)
+	if restoredAsIs && a.resumeRealized(ctx) {
+		return
+	}
 	a.requestRegen(ctx, nil)
 }
 
@@ -475,10 +484,13 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 	}
 	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
 	if next.Equal(a.ep.Labels) {
-		ctx.Respond(a.result(nil))
+		if !a.labelsNotDurable(ctx.Sender()) {
+			ctx.Respond(a.result(nil))
+		}
 		return
 	}
 	a.mut().Labels = next
+	a.labelsChanged()
 	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
 	if a.idBusy {
 		return // the acquisition in flight notices the change

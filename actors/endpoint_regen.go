@@ -141,6 +141,7 @@ type stateResult struct{ err error }
 
 // writeState returns the submit function writing ep's state.
 func (a *endpointActor) writeState(ep *endpoint.Endpoint) func(done func(error)) {
+	a.labelWriteStarted()
 	return func(done func(error)) { a.deps.store.Write(ep, done) }
 }
 
@@ -168,6 +169,9 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 		}
 		if err != nil {
 			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
+		}
+		if op == "write" {
+			a.labelWriteDone(ctx, err)
 		}
 		cont(ctx, err)
 		a.report()
@@ -353,6 +357,7 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
 	rs := replies(a.regen.pendingWaiters, a.result(errDel))
 	rs = append(rs, replies(a.labelWaiters, a.result(errDel))...)
+	rs = append(rs, replies(a.labelDurableWaiters(), a.result(errDel))...)
 	if a.createWaiter != nil {
 		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
 		a.createWaiter = nil
@@ -379,13 +384,35 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 	if a.tearingDown || a.dpBusy || a.idBusy || a.regen.running {
 		return true
 	}
+	// The datapath goes first, then the state, both while the row is
+	// still in the index: once the row is gone a DELETE answers 404, which
+	// a CNI DEL takes as done, so nothing may bring the endpoint back after
+	// that (a crash before the state removal restores it, and the retried
+	// DEL finds it); and nothing is left in the kernel for an endpoint
+	// that will not be restored.
+	if !a.dpGone {
+		a.removeDatapath(ctx, 0)
+		return true
+	}
+	if !a.stateGone && a.deps.store != nil {
+		id, store := a.ep.ID, a.deps.store
+		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
+			if err != nil {
+				a.logger().Error("removing endpoint state failed", "err", err)
+			}
+			a.stateGone, a.stateStays = true, err != nil
+			a.maybeTeardown(ctx)
+		})
+		return true
+	}
 	a.tearingDown = true
 	if ips := a.ips(); len(ips) > 0 {
 		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Deleted: true})
 	}
 	ctx.Send(a.deps.policy, &messages.EndpointPolicyGone{Endpoint: a.ep.ID})
-	// Leave the index first, so the endpoint's container ID and addresses
-	// are free in the manager's books before IPAM releases anything.
+	// Leave the index before the leases end, so the endpoint's container
+	// ID and addresses are free in the manager's books before IPAM
+	// releases anything.
 	a.mut().State = endpoint.StateDisconnecting
 	a.shared = true
 	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
@@ -395,15 +422,22 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 
 // releaseLeases ends the IP lease (releasing the addresses unless
 // NoIPRelease) and the identity reference (unless NoIdentityRelease), then
-// removes the datapath.
+// the endpoint is disconnected.
 func (a *endpointActor) releaseLeases(ctx actor.Context) {
+	done := func() {
+		var err error
+		if a.stateStays {
+			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
+		}
+		a.disconnected(ctx, err)
+	}
 	next := func() {
 		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
 			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
-			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { a.removeDatapath(ctx, 0) })
+			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { done() })
 			return
 		}
-		a.removeDatapath(ctx, 0)
+		done()
 	}
 	if ips := a.ips(); len(ips) > 0 {
 		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
@@ -429,22 +463,21 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 		if r.Err != nil {
 			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
 		}
-		id, store := a.ep.ID, a.deps.store
-		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
-			if err != nil {
-				a.logger().Error("removing endpoint state failed", "err", err)
-			}
-			a.disconnected(ctx)
-		})
+		a.dpGone = true
+		a.maybeTeardown(ctx)
 	})
 }
 
-func (a *endpointActor) disconnected(ctx actor.Context) {
+// disconnected answers the delete's waiters and stops the actor. With
+// err (the state removal failed, so the endpoint may come back at the
+// next start) every waiter gets the error: a delete is acknowledged only
+// once it is durable.
+func (a *endpointActor) disconnected(ctx actor.Context, err error) {
 	a.setState(endpoint.StateDisconnected, "delete completed")
-	res := a.result(nil)
+	res := a.result(err)
 	for _, r := range a.delReplies {
 		msg := r.Message
-		if msg == nil {
+		if msg == nil || err != nil {
 			msg = res
 		}
 		ctx.Send(r.To, msg)

@@ -29,6 +29,10 @@ var (
 	// ErrDatapath is wrapped by errors of a regeneration whose datapath
 	// operation (realise) failed; the underlying error says why.
 	ErrDatapath = errors.New("datapath operation failed")
+	// ErrStateStays is returned by a delete whose state removal failed:
+	// the endpoint is gone from the agent but may come back at the next
+	// start, so the delete is not acknowledged.
+	ErrStateStays = errors.New("endpoint state could not be removed")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )

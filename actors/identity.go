@@ -3,6 +3,7 @@ package actors
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -55,14 +56,22 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityReleased{Released: released, Err: err})
 	case *crashForTest:
 		panic("crash requested by a test")
+	case *holderStopped:
+		a.holderStopped(ctx, msg.who)
 	case *actor.Terminated:
-		for _, id := range slices.Clone(a.holders[msg.Who.Id]) {
-			if _, err := a.release(ctx, id, msg.Who.Id, false); err != nil {
-				a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", msg.Who.Id, "err", err)
-			}
-		}
-		delete(a.holders, msg.Who.Id)
+		a.holderStopped(ctx, msg.Who)
 	}
+}
+
+// holderStopped releases every identity reference a stopped endpoint
+// actor still held.
+func (a *identityActor) holderStopped(ctx actor.Context, who *actor.PID) {
+	for _, id := range slices.Clone(a.holders[who.Id]) {
+		if _, err := a.release(ctx, id, who.Id, false); err != nil {
+			a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", who.Id, "err", err)
+		}
+	}
+	delete(a.holders, who.Id)
 }
 
 // rebuild creates the allocator and, after a restart, restores every
@@ -82,6 +91,9 @@ func (a *identityActor) rebuild(ctx actor.Context) {
 	}
 	for _, l := range a.batch.ix.IdentityLeases() {
 		a.hold(ctx, l.Holder, l.ID)
+	}
+	for _, holder := range deadHolders(ctx, maps.Keys(a.holders)) {
+		a.holderStopped(ctx, holder)
 	}
 	if len(rows) > 0 {
 		a.log.Info("rebuilt identities from the index", "identities", len(rows))
@@ -179,11 +191,10 @@ func (a *identityActor) writeRow(ctx actor.Context, id identity.NumericIdentity)
 	a.batch.putKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount})
 }
 
-func (a *identityActor) hold(ctx actor.Context, holder string, id identity.NumericIdentity) {
-	set, ok := a.holders[holder]
-	if !ok {
-		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
-	}
+// hold records holder as holding a reference to id (see ipamActor.hold
+// for how stopped holders are noticed).
+func (a *identityActor) hold(_ actor.Context, holder string, id identity.NumericIdentity) {
+	set := a.holders[holder]
 	if !slices.Contains(set, id) {
 		a.holders[holder] = append(set, id)
 	}

@@ -3,6 +3,7 @@ package actors
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -116,6 +117,8 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 		a.batch.reply(ctx, ctx.Sender(), &messages.IPAMResult{})
 	case *crashForTest:
 		panic("crash requested by a test")
+	case *holderStopped:
+		a.holderStopped(ctx, msg.who)
 	case *actor.Terminated:
 		a.holderStopped(ctx, msg.Who)
 	}
@@ -149,6 +152,9 @@ func (a *ipamActor) rebuild(ctx actor.Context) {
 		} else {
 			a.unclaimed[row.IP] = time.Now()
 		}
+	}
+	for _, holder := range deadHolders(ctx, maps.Keys(a.holders)) {
+		a.holderStopped(ctx, holder)
 	}
 	a.scheduleSweep(ctx)
 	if n := len(a.rows); n > 0 {
@@ -304,11 +310,11 @@ func (a *ipamActor) holderStopped(ctx actor.Context, who *actor.PID) {
 	delete(a.holders, who.Id)
 }
 
-func (a *ipamActor) hold(ctx actor.Context, holder string, ip netip.Addr) {
-	set, ok := a.holders[holder]
-	if !ok {
-		ctx.Watch(actor.NewPID(ctx.ActorSystem().Address(), holder))
-	}
+// hold records holder as the lease holder of ip. The endpoint manager
+// tells IPAM when a holder stops (holderStopped), and a rebuild checks
+// that the holders it finds still run.
+func (a *ipamActor) hold(_ actor.Context, holder string, ip netip.Addr) {
+	set := a.holders[holder]
 	if !slices.Contains(set, ip) {
 		a.holders[holder] = append(set, ip)
 	}

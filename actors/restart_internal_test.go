@@ -6,6 +6,7 @@ import (
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/index"
 )
 
 // TestEndpointActorRestartRebuildsFromIndex: a panicking endpoint actor is
@@ -79,4 +80,25 @@ func TestIPAMAndIdentityRestartRebuildFromIndex(t *testing.T) {
 	svWait(t, "b's lease released by death-watch", func() bool { _, ok := sys.Index.IP(b.IPv4); return !ok })
 	svWait(t, "b's identity released by death-watch", func() bool { _, ok := sys.Index.Identity(b.Identity); return !ok })
 	svWait(t, "b's row removed", func() bool { _, ok := sys.Index.Endpoint(b.ID); return !ok })
+}
+
+// TestIPAMRebuildReleasesDeadHolders: a rebuilt IPAM actor releases the
+// addresses of lease holders that no longer run (their stop may have been
+// reported before the restart lost its books), and keeps the live ones.
+func TestIPAMRebuildReleasesDeadHolders(t *testing.T) {
+	sys, _ := svSystem(t, nil)
+	live := svCreate(t, sys, "live")
+	dead := netip.MustParseAddr("10.78.0.200")
+	txn := sys.Index.WriteTxn()
+	row := &index.IP{IP: dead, Family: "ipv4", Owner: "sv/dead", Endpoint: 999, Holder: "nonexistent/ep-999"}
+	if err := txn.Insert(index.TableIPAM, row); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+
+	sys.Actors.Root.Send(sys.IPAM, &crashForTest{})
+	svWait(t, "the dead holder's address released", func() bool { _, ok := sys.Index.IP(dead); return !ok })
+	if row, ok := sys.Index.IP(live.IPv4); !ok || row.Endpoint != live.ID {
+		t.Fatalf("live endpoint's lease after the rebuild: %+v %v", row, ok)
+	}
 }

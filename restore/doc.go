@@ -3,17 +3,21 @@
 //
 // Each endpoint lives in <state-dir>/<id>/: ep.json (a versioned record
 // with everything needed to rebuild the endpoint) and ep_config.h (a
-// generated C header for humans and the datapath). A write goes to
-// <id>_next, is made durable, and is renamed into place with <id>_stale as
-// the backup. A removal renames the state to <id>_deleted in one step
-// before deleting its files, so a crash never leaves half a state. Scan
-// cleans the leftovers of interrupted writes and removals at start and
-// quarantines what it cannot read (never a crash loop).
+// generated C header for humans and the datapath). A write fills
+// <id>_next, which is made durable and then exchanged with <id>
+// atomically (renameat2 RENAME_EXCHANGE; where the filesystem cannot, the
+// rename dance with <id>_stale as the backup): <id> always holds the last
+// acknowledged state or a newer complete one, and the previous state left
+// in <id>_next is scratch the next write overwrites. A removal renames
+// <id> into <state-dir>/trash/, whose directories are reused for new
+// writes or deleted by the janitor goroutine. Scan resolves what an
+// interrupted write leaves at start and quarantines what it cannot read
+// (never a crash loop).
 //
-// Writes are asynchronous and group-committed: a single writer goroutine
-// takes every request queued while the previous group was being written,
-// writes all their files, makes them durable with one syncfs(2), renames
-// them into place, and syncs again, so concurrent requests share two
-// flushes instead of paying two each. Actors submit without blocking and
-// are called back when their state is durable.
+// Writes are asynchronous and group-committed: one writer goroutine takes
+// every request queued meanwhile, a fixed set of workers writes the
+// group's files, one syncfs(2) makes them (and the previous group's swaps)
+// durable, the workers swap them in, and the next syncfs answers them.
+// Under load each group costs one flush; actors submit without blocking
+// and are called back when their state is durable.
 package restore

@@ -1,130 +1,228 @@
 package restore
 
 import (
+	"encoding/json"
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/labels"
 )
 
-func testStore(t *testing.T) *Store {
-	t.Helper()
-	s, err := Open(t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+func openTestStore(tb testing.TB, dir string) *Store {
+	tb.Helper()
+	s, err := Open(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(s.Close)
+	tb.Cleanup(s.Close)
 	return s
 }
 
-func testEndpoint(t *testing.T, id endpoint.ID) *endpoint.Endpoint {
-	t.Helper()
-	ls, err := labels.ParseSet([]string{"k8s:app=web"})
+// wait runs op (Write or Remove with a callback) and returns its outcome.
+func wait(tb testing.TB, op func(done func(error))) error {
+	tb.Helper()
+	ch := make(chan error, 1)
+	op(func(err error) { ch <- err })
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(30 * time.Second):
+		tb.Fatal("state operation never answered")
+		return nil
+	}
+}
+
+func mustWrite(tb testing.TB, s *Store, ep *endpoint.Endpoint) {
+	tb.Helper()
+	if err := wait(tb, func(done func(error)) { s.Write(ep, done) }); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func mustRemove(tb testing.TB, s *Store, id endpoint.ID) {
+	tb.Helper()
+	if err := wait(tb, func(done func(error)) { s.Remove(id, done) }); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// names lists the entries of dir (sorted), without the trash and
+// quarantine directories.
+func names(tb testing.TB, dir string) []string {
+	tb.Helper()
+	es, err := os.ReadDir(dir)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	return &endpoint.Endpoint{ID: id, ContainerID: "c", Labels: ls, IPv4: netip.MustParseAddr("10.0.0.5"),
-		Identity: 256, Created: time.Unix(1, 0).UTC()}
+	var out []string
+	for _, e := range es {
+		if e.Name() != trashDir && e.Name() != quarantineDir {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
-func wait(t *testing.T, submit func(done func(error))) {
-	t.Helper()
-	errc := make(chan error, 1)
-	submit(func(err error) { errc <- err })
-	if err := <-errc; err != nil {
-		t.Fatal(err)
+// scanIDs returns the endpoints a fresh store finds, with their revisions.
+func scanIDs(tb testing.TB, dir string) map[endpoint.ID]uint64 {
+	tb.Helper()
+	s := openTestStore(tb, dir)
+	eps, bad := s.Scan()
+	if len(bad) > 0 {
+		tb.Fatalf("scan: %+v", bad)
 	}
+	out := map[endpoint.ID]uint64{}
+	for _, ep := range eps {
+		out[ep.ID] = ep.DesiredRevision
+	}
+	return out
 }
 
-// TestRemoveCrashPoints: whatever a removal left behind when the agent
-// died, Scan restores the whole state or nothing, never quarantines.
-func TestRemoveCrashPoints(t *testing.T) {
-	tests := []struct {
-		name    string
-		damage  func(t *testing.T, dir string) // dir holds state 7 when called
-		restore bool
-	}{
-		{"renamed, files half removed", func(t *testing.T, dir string) {
-			mustRename(t, filepath.Join(dir, "7"), filepath.Join(dir, "7_deleted"))
-			mustRemove(t, filepath.Join(dir, "7_deleted", stateFile))
-		}, false},
-		{"stale backup half removed before the rename", func(t *testing.T, dir string) {
-			copyDir(t, filepath.Join(dir, "7"), filepath.Join(dir, "7_stale"))
-			mustRemove(t, filepath.Join(dir, "7_stale", stateFile))
-		}, true},
-		{"renamed, files intact", func(t *testing.T, dir string) {
-			mustRename(t, filepath.Join(dir, "7"), filepath.Join(dir, "7_deleted"))
-		}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := testStore(t)
-			wait(t, func(done func(error)) { s.Write(testEndpoint(t, 7), done) })
-			tt.damage(t, s.Dir())
-			eps, bad := s.Scan()
-			if len(bad) != 0 {
-				t.Fatalf("Scan quarantined %+v", bad)
+// TestStoreWriteRemove: writes replace the state (with and without
+// renameat2 exchange), removals leave nothing behind once the janitor ran,
+// and a fresh Scan sees exactly the acknowledged state.
+func TestStoreWriteRemove(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		noExchange bool
+	}{{"exchange", false}, {"rename-dance", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openTestStore(t, dir)
+			s.noExchange.Store(tc.noExchange) // before the first write
+			a, b := benchEndpoint(t, 1), benchEndpoint(t, 2)
+			for rev := uint64(1); rev <= 3; rev++ {
+				a.DesiredRevision = rev
+				mustWrite(t, s, a)
 			}
-			if got := len(eps) == 1; got != tt.restore {
-				t.Fatalf("restored %d endpoints, want restore=%v", len(eps), tt.restore)
+			mustWrite(t, s, b)
+			if got, want := scanIDs(t, dir), map[endpoint.ID]uint64{1: 3, 2: 1}; !mapsEqual(got, want) {
+				t.Fatalf("scan after writes: %v, want %v", got, want)
 			}
-			if _, err := os.Stat(filepath.Join(s.Dir(), "7_deleted")); !os.IsNotExist(err) {
-				t.Fatalf("7_deleted left behind: %v", err)
+			if tc.noExchange && slices.Contains(names(t, dir), "1_next") {
+				t.Error("the rename dance left 1_next behind")
+			}
+			mustRemove(t, s, 1)
+			mustRemove(t, s, 7) // never written: success
+			if got := scanIDs(t, dir); !mapsEqual(got, map[endpoint.ID]uint64{2: 1}) {
+				t.Fatalf("scan after remove: %v", got)
+			}
+			mustRemove(t, s, 2)
+			trash := func() int {
+				es, _ := os.ReadDir(filepath.Join(dir, trashDir))
+				return len(es)
+			}
+			kept := trash()
+			if kept == 0 {
+				t.Fatal("removed directories were not kept for reuse")
+			}
+			// A new endpoint reuses a removed directory; its shorter
+			// state must replace the old files entirely.
+			small := &endpoint.Endpoint{ID: 3, DesiredRevision: 4}
+			mustWrite(t, s, small)
+			if got := scanIDs(t, dir); !mapsEqual(got, map[endpoint.ID]uint64{3: 4}) {
+				t.Fatalf("scan after reuse: %v", got)
+			}
+			if trash() != kept-1 {
+				t.Errorf("trash holds %d directories after a write, want %d (one reused)", trash(), kept-1)
+			}
+			mustRemove(t, s, 3)
+			s.Close()
+			if got := names(t, dir); len(got) != 0 {
+				t.Errorf("left behind: %v", got)
 			}
 		})
 	}
 }
 
-// TestRemoveLeavesNothing: Remove deletes the state, its backup and any
-// interrupted write, and removing missing state is success.
-func TestRemoveLeavesNothing(t *testing.T) {
-	s := testStore(t)
-	wait(t, func(done func(error)) { s.Write(testEndpoint(t, 3), done) })
-	copyDir(t, filepath.Join(s.Dir(), "3"), filepath.Join(s.Dir(), "3_stale"))
-	copyDir(t, filepath.Join(s.Dir(), "3"), filepath.Join(s.Dir(), "3_next"))
-	wait(t, func(done func(error)) { s.Remove(3, done) })
-	wait(t, func(done func(error)) { s.Remove(3, done) })
-	entries, _ := os.ReadDir(s.Dir())
-	if len(entries) != 0 {
-		t.Fatalf("state dir holds %s after Remove", entries[0].Name())
+func mapsEqual(a, b map[endpoint.ID]uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestScanLeftovers: what an interrupted write or removal leaves is
+// resolved to the last state that was acknowledged, and writes after the
+// scan work on top of it.
+func TestScanLeftovers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// setup turns a directory holding 5 (revision 1) and 5_next
+		// (revision 2, complete) into the leftover to test.
+		setup func(t *testing.T, dir string)
+		want  uint64 // revision Scan must find (0: none)
+	}{
+		{"next beside the state is a spare", func(*testing.T, string) {}, 1},
+		{"next alone is dropped", func(t *testing.T, dir string) { mv(t, dir, "5", "trash/5-x") }, 0},
+		{"stale beside the state is dropped", func(t *testing.T, dir string) { mv(t, dir, "5_next", "5_stale") }, 1},
+		{"stale alone is the state", func(t *testing.T, dir string) {
+			mv(t, dir, "5", "5_stale")
+			mv(t, dir, "5_next", "trash/5-y")
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(dir, trashDir), 0o750); err != nil {
+				t.Fatal(err)
+			}
+			ep := benchEndpoint(t, 5)
+			writeDir(t, dir, "5", ep)
+			ep.DesiredRevision = 2
+			writeDir(t, dir, "5_next", ep)
+			tc.setup(t, dir)
+			got := scanIDs(t, dir)
+			if tc.want == 0 && len(got) != 0 || tc.want != 0 && got[5] != tc.want {
+				t.Fatalf("scan found %v, want revision %d", got, tc.want)
+			}
+			s := openTestStore(t, dir)
+			s.Scan()
+			for _, rev := range []uint64{8, 9} {
+				ep.DesiredRevision = rev
+				mustWrite(t, s, ep)
+			}
+			if got := scanIDs(t, dir); got[5] != 9 {
+				t.Fatalf("after rewriting: %v", got)
+			}
+			for _, n := range names(t, dir) {
+				if n != "5" && n != "5_next" {
+					t.Errorf("left behind: %s", n)
+				}
+			}
+		})
 	}
 }
 
-func mustRename(t *testing.T, from, to string) {
+func mv(t *testing.T, dir, from, to string) {
 	t.Helper()
-	if err := os.Rename(from, to); err != nil {
+	if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func mustRemove(t *testing.T, p string) {
+// writeDir writes ep's state into dir/name as the store would.
+func writeDir(t *testing.T, dir, name string, ep *endpoint.Endpoint) {
 	t.Helper()
-	if err := os.Remove(p); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	if err := os.Mkdir(to, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir(from)
+	data, err := json.MarshalIndent(FromEndpoint(ep), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), data, 0o640); err != nil {
+	d := filepath.Join(dir, name)
+	if err := os.Mkdir(d, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for file, b := range map[string][]byte{stateFile: data, headerFile: header(ep)} {
+		if err := os.WriteFile(filepath.Join(d, file), b, 0o640); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/membrane-cni/membrane/pkg/api"
 	"github.com/membrane-cni/membrane/pkg/client"
 	"github.com/membrane-cni/membrane/pkg/models"
 )
@@ -154,7 +155,13 @@ func (d *apiDriver) Del(ctx context.Context, p PodRef) (DelResult, error) {
 	case !p.IPv4.IsValid():
 		return DelResult{}, nil
 	}
-	if err := d.Release(ctx, p.IPv4); err != nil {
+	// Released only if still the pod's: an agent restart forgets
+	// addresses no endpoint claimed and may have given this one to
+	// another pod since (409 address-in-use: not ours to release).
+	err = d.call(ctx, opIPAMRelease, func(ctx context.Context) error {
+		return d.c.IPAMReleaseOwned(ctx, p.IPv4.String(), p.Owner())
+	})
+	if err != nil && !isCode(err, api.CodeAddressInUse) {
 		return DelResult{}, fmt.Errorf("del %s: %w", p.ContainerID, err)
 	}
 	return DelResult{}, nil

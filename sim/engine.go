@@ -430,5 +430,10 @@ func (e *engine) checkProcesses(base int) {
 		e.violate(invAgent, "", "", "counting actor processes: "+err.Error(), nil)
 		return
 	}
-	e.violate(invLeakedActors, "processes", "", fmt.Sprintf("%d actor processes after the drain, %d in a fresh agent", n, base), nil)
+	var names []string
+	if pn, ok := e.tgt.(interface{ ProcessNames() []string }); ok {
+		names = pn.ProcessNames()
+	}
+	e.violate(invLeakedActors, "processes", "", fmt.Sprintf("%d actor processes after the drain, %d in a fresh agent: %v",
+		n, base, names), nil)
 }

@@ -398,10 +398,9 @@ func (d *cniDriver) Add(ctx context.Context, p PodRef) (AddResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("add %s: labels: %w", p.ContainerID, err)
 	}
-	// The pod counts as added once its labels are durable: a regeneration
-	// writes the endpoint's state first, and an agent whose label PATCH
-	// answers before that (docs/sim-notes.md, finding 2) would otherwise
-	// bring the pod back from a crash with the plugin's labels.
+	// The pod counts as added once its labels are durable. The PATCH
+	// answers once they are; the regeneration is kept so that a linux ADD
+	// also measures the first regeneration with the pod's identity.
 	if err := d.Regenerate(ctx, p); err != nil {
 		return res, fmt.Errorf("add %s: labels: %w", p.ContainerID, err)
 	}

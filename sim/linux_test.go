@@ -61,9 +61,8 @@ func TestRunLinux(t *testing.T) {
 	sc.Datapath = "linux"
 	sc.Endpoints, sc.Workers, sc.Identities, sc.Duration, sc.Crashes = 20, 4, 4, Duration(5*time.Second), 1
 	sc.PolicyChurn = 0.3
-	// No relabels: an acknowledged PATCH may not survive a crash on an
-	// agent without durable label changes (finding 2 of docs/sim-notes.md,
-	// crashTestReady); the ADD's own labels wait for a regeneration.
+	// No relabels: they are covered on the fake datapath
+	// (TestRunCrashesAndFaults); this test keeps to the kernel path.
 	sc.LabelChurn = 0
 	sc.APIRequestTimeout = Duration(5 * time.Second)
 	r, err := Run(context.Background(), sc, Options{Dir: t.TempDir(), CNIBinDir: bin})

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -220,6 +221,20 @@ func (t *inProcess) ProcessCount() (int, error) {
 		n += bucket.Count()
 	}
 	return n, nil
+}
+
+// ProcessNames lists the actor processes (for a leak's report).
+func (t *inProcess) ProcessNames() []string {
+	a, err := t.current()
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, bucket := range a.System.Actors.ProcessRegistry.LocalPIDs.LocalPIDs {
+		names = append(names, bucket.Keys()...)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func (t *inProcess) Snapshot(ctx context.Context, deep bool) (*Snapshot, error) {

@@ -58,11 +58,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.SetOutput(stderr)
 	var cfg agent.Config
 	var v4, v6, strategy, level, format string
+	var expiry time.Duration
 	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/run/membrane/state", "directory of per-endpoint state")
 	fs.StringVar(&v4, "ipv4-range", "10.200.0.0/16", "IPv4 pod CIDR (\"\" disables IPv4)")
 	fs.StringVar(&v6, "ipv6-range", "", "IPv6 pod CIDR, e.g. fd00:200::/112 (at most 2^24 addresses)")
 	fs.StringVar(&strategy, "ipam-strategy", "sequential", "address allocation: sequential or random")
+	fs.DurationVar(&expiry, "ipam-expiry", 10*time.Minute, "release an address allocated through the API that no endpoint claimed within this long (0 disables; at least 1s)")
 	fs.StringVar(&cfg.Datapath, "datapath", "linux", "datapath: linux (needs root: CAP_NET_ADMIN) or fake (in memory, for demos and tests)")
 	fs.StringVar(&cfg.DeleteQueueDir, "delete-queue-dir", "/var/run/membrane/delete-queue", "directory of CNI DELs queued while the agent was unreachable (\"\" disables draining)")
 	fs.StringVar(&cfg.Linux.GatewayDevice, "gateway-device", "membrane_host", "linux datapath: dummy device holding the pods' gateway addresses")
@@ -91,11 +93,27 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if cfg.IPAMStrategy, err = ipam.ParseStrategy(strategy); err != nil {
 		return cfg, nil, fmt.Errorf("--ipam-strategy: %w", err)
 	}
+	if cfg.Actors.IPAM.Expiry, err = parseExpiry(expiry); err != nil {
+		return cfg, nil, err
+	}
 	log, err := newLogger(level, format, stderr)
 	if err != nil {
 		return cfg, nil, err
 	}
 	return cfg, log, cfg.Validate()
+}
+
+// parseExpiry maps --ipam-expiry to the IPAM config: 0 disables expiry
+// (the config's negative), anything below a second is refused (it would
+// release addresses between a CNI ADD's allocation and its endpoint).
+func parseExpiry(d time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return -1, nil
+	case d < time.Second:
+		return 0, fmt.Errorf("--ipam-expiry: %s: want 0 (disabled) or at least 1s", d)
+	}
+	return d, nil
 }
 
 func parsePrefix(flagName, s string) (netip.Prefix, error) {

@@ -19,6 +19,16 @@ type Validator interface {
 	Validate(ctx context.Context, ep *endpoint.Endpoint) error
 }
 
+// RevisionReporter is implemented by datapaths that remember which
+// revision they realised for an endpoint (the fake does; the BPF datapath
+// can, from its pinned state). A restored endpoint whose state records
+// that revision, and whose identity number is unchanged, becomes ready
+// without a regeneration; with datapaths that do not report, every
+// restored endpoint regenerates.
+type RevisionReporter interface {
+	Realized(id endpoint.ID) (rev uint64, ok bool)
+}
+
 // RestoreStats says what the last restore did.
 type RestoreStats struct {
 	// Found is how many state directories were read; Restored how many
@@ -50,6 +60,9 @@ func (a *Agent) restore(ctx context.Context) error {
 			a.log.Warn("endpoint did not survive the restart; deleting it without releasing its IP", "endpoint", ep.ID, "err", err)
 			a.discard(ctx, ep)
 			continue
+		}
+		if rr, ok := a.System.Datapath.(RevisionReporter); ok {
+			ep.RealizedRevision, _ = rr.Realized(ep.ID)
 		}
 		valid = append(valid, ep)
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,7 @@ func runLifecycles(b *testing.B, clients int) {
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	start := time.Now()
 	for w := 0; w < clients; w++ {
 		wg.Add(1)
@@ -96,10 +98,12 @@ func runLifecycles(b *testing.B, clients int) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
 	b.StopTimer()
 	if err, ok := failed.Load().(error); ok {
 		b.Fatal(err)
 	}
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
 	report(b, "put", slices.Concat(puts...))
 	report(b, "delete", slices.Concat(dels...))
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
@@ -178,4 +182,14 @@ func heapInUse() uint64 {
 	}
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// cpuTime is the process's user + system CPU time so far (client and
+// agent: they share the process).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -123,13 +122,6 @@ func get(b *testing.B, hc *http.Client, path string) []byte {
 		b.Fatalf("GET %s: %d %v", path, resp.StatusCode, err)
 	}
 	return body
-}
-
-// cpuTime is the process's user+system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // drain reads an answer without keeping it, as a streaming client would.

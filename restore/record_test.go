@@ -1,0 +1,51 @@
+package restore
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+// FuzzDecode: ep.json from disk never panics the agent; what decodes is
+// an endpoint with a non-zero ID that survives a round trip through the
+// on-disk form unchanged; what does not decode is ErrCorrupt or
+// ErrUnknownVersion (Scan quarantines on those).
+func FuzzDecode(f *testing.F) {
+	good, err := json.MarshalIndent(FromEndpoint(benchEndpoint(f, 42)), "", "  ")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range [][]byte{good, good[:len(good)/2], []byte(`{"version": 99}`), []byte(`{}`),
+		[]byte(`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"ipv4":"10.0.0.1","ipv6":"fd00::1"}}`)} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ep, err := Decode(data)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnknownVersion) {
+				t.Fatalf("error %v is neither ErrCorrupt nor ErrUnknownVersion", err)
+			}
+			return
+		}
+		if ep.ID == 0 {
+			t.Fatal("decoded endpoint 0")
+		}
+		again, err := json.Marshal(FromEndpoint(ep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep2, err := Decode(again)
+		if err != nil {
+			t.Fatalf("re-decoding %s: %v", again, err)
+		}
+		if a, b := FromEndpoint(ep), FromEndpoint(ep2); !recordsEqual(a, b) {
+			t.Fatalf("round trip changed the record:\n%+v\n%+v", a, b)
+		}
+	})
+}
+
+func recordsEqual(a, b Record) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}

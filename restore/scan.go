@@ -1,0 +1,147 @@
+package restore
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+)
+
+// ScanError describes a state directory Scan could not restore.
+type ScanError struct {
+	Dir string
+	Err error
+	// Quarantined is where the directory was moved ("" if it was removed).
+	Quarantined string
+}
+
+// Scan cleans the leftovers of interrupted writes and reads every
+// endpoint's state. Unreadable state (corrupt, truncated, unknown
+// version) is moved to <dir>/quarantine/ and reported, never fatal. An
+// <id>_next next to its <id> is kept as the spare the next write
+// overwrites; the trash is recycled. Call it before the first
+// Write or Remove.
+func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
+	s.emptyTrash()
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, []ScanError{{Dir: s.dir, Err: fmt.Errorf("scan state: %w", err)}}
+	}
+	present := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		present[e.Name()] = true
+	}
+	var eps []*endpoint.Endpoint
+	var bad []ScanError
+	var spares []endpoint.ID
+	defer func() {
+		s.mu.Lock()
+		s.scannedSpares = append(s.scannedSpares, spares...)
+		s.mu.Unlock()
+	}()
+	for _, e := range entries {
+		name := e.Name()
+		if name == quarantineDir || !e.IsDir() {
+			continue
+		}
+		base, suffix := splitName(name)
+		id, err := strconv.ParseUint(base, 10, 16)
+		if err != nil {
+			continue // not ours
+		}
+		switch suffix {
+		case nextSuffix:
+			// The previous state after an exchange, or a write interrupted
+			// before its swap: either way <id> (if any) stands.
+			if present[base] && id > 0 {
+				spares = append(spares, endpoint.ID(id))
+			} else {
+				os.RemoveAll(filepath.Join(s.dir, name))
+			}
+			continue
+		case staleSuffix:
+			if present[base] { // the swap finished; drop the backup
+				os.RemoveAll(filepath.Join(s.dir, name))
+				continue
+			}
+			// Interrupted between the two renames: the backup is the state.
+			if err := os.Rename(filepath.Join(s.dir, name), filepath.Join(s.dir, base)); err != nil {
+				bad = append(bad, s.quarantine(name, err))
+				continue
+			}
+		}
+		ep, err := s.read(base)
+		if err != nil {
+			bad = append(bad, s.quarantine(base, err))
+			continue
+		}
+		eps = append(eps, ep)
+	}
+	return eps, bad
+}
+
+// emptyTrash recycles the directories a previous run left in the trash
+// and has the janitor delete anything else there.
+func (s *Store) emptyTrash() {
+	dir := filepath.Join(s.dir, trashDir)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	var dirs, other []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(dir, e.Name()))
+		} else {
+			other = append(other, filepath.Join(dir, e.Name()))
+		}
+	}
+	s.recycle(dirs)
+	s.jan.add(other)
+}
+
+func splitName(name string) (base, suffix string) {
+	for _, sfx := range []string{nextSuffix, staleSuffix} {
+		if b, ok := strings.CutSuffix(name, sfx); ok {
+			return b, sfx
+		}
+	}
+	return name, ""
+}
+
+func (s *Store) read(base string) (*endpoint.Endpoint, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, base, stateFile))
+	if err != nil {
+		return nil, fmt.Errorf("read state %s: %w", base, err)
+	}
+	ep, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("read state %s: %w", base, err)
+	}
+	if strconv.Itoa(int(ep.ID)) != base {
+		return nil, fmt.Errorf("read state %s: records endpoint %d: %w", base, ep.ID, ErrCorrupt)
+	}
+	return ep, nil
+}
+
+// quarantine moves an unreadable state directory aside so that the next
+// start does not trip over it again.
+func (s *Store) quarantine(name string, cause error) ScanError {
+	qdir := filepath.Join(s.dir, quarantineDir)
+	dst := filepath.Join(qdir, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
+	se := ScanError{Dir: filepath.Join(s.dir, name), Err: cause}
+	if err := os.MkdirAll(qdir, 0o750); err == nil {
+		if err := os.Rename(se.Dir, dst); err == nil {
+			se.Quarantined = dst
+			return se
+		}
+	}
+	if err := os.RemoveAll(se.Dir); err != nil {
+		s.log.Error("cannot quarantine or remove unreadable state", "dir", se.Dir, "err", err)
+	}
+	return se
+}
