@@ -228,8 +228,7 @@ func (b *syncBuffer) String() string {
 
 // TestRestoreDamagedStateMore extends TestRestoreHandlesDamagedState
 // with what a crash or a full disk leaves: a zero-length ep.json (written
-// but never flushed), a directory without ep.json, a removal interrupted
-// after its rename (<id>_deleted), and a quarantine that cannot be made
+// but never flushed), a directory without ep.json, and a quarantine that cannot be made
 // (a file named quarantine): the agent starts, logs one clear line per
 // unreadable directory naming it and the cause, removes what it cannot
 // quarantine, and the addresses of those endpoints are free.
@@ -237,7 +236,7 @@ func TestRestoreDamagedStateMore(t *testing.T) {
 	env := newRestoreEnv(t)
 	a, c := env.start(t, nil)
 	eps := map[string]*models.Endpoint{}
-	for _, n := range []string{"ok", "empty", "nofile", "deleted"} {
+	for _, n := range []string{"ok", "empty", "nofile"} {
 		eps[n] = addPod(t, c, n, n, true)
 	}
 	stop(t, a)
@@ -247,9 +246,6 @@ func TestRestoreDamagedStateMore(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.Remove(filepath.Join(epDir("nofile"), "ep.json")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(epDir("deleted"), epDir("deleted")+"_deleted"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "quarantine"), nil, 0o640); err != nil {
@@ -270,11 +266,6 @@ func TestRestoreDamagedStateMore(t *testing.T) {
 		}
 		if _, err := os.Stat(epDir(n)); !os.IsNotExist(err) {
 			t.Errorf("unreadable state %s neither quarantined nor removed: %v", n, err)
-		}
-	}
-	for _, n := range []string{"deleted"} {
-		if _, err := os.Stat(epDir(n) + "_deleted"); !os.IsNotExist(err) {
-			t.Errorf("%s_deleted left behind: %v", n, err)
 		}
 	}
 	st, _ := c2.IPAMStatus(context.Background())
