@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
 )
 
 // endpointActor is one endpoint's actor. Its mailbox serialises
@@ -411,8 +412,20 @@ func (a *endpointActor) acquireIdentity(ctx actor.Context) {
 			a.acquireIdentity(ctx)
 			return
 		}
+		a.shareLabels(got.Labels)
 		a.identityResolved(ctx, got.ID)
 	})
+}
+
+// shareLabels makes the record use the identity's copy of its labels
+// when they are equal, so endpoints with one label set share one slice
+// (heap per endpoint). Label sets are immutable: replaced, never changed.
+func (a *endpointActor) shareLabels(ls labels.Labels) {
+	cur := a.ep.Labels
+	if len(ls) == 0 || len(cur) != len(ls) || &cur[0] == &ls[0] || !ls.Equal(cur) {
+		return
+	}
+	a.mut().Labels = ls
 }
 
 func (a *endpointActor) identityFailed(ctx actor.Context, err error) {
