@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
 )
 
 // endpointActor is one endpoint's actor. Its mailbox serialises
@@ -28,33 +29,37 @@ type endpointActor struct {
 	stats   *MailboxStats
 	// ep is the endpoint's current record. Once published it is shared
 	// with the index and must not change: write through mut().
-	ep     *endpoint.Endpoint
+	ep   *endpoint.Endpoint
+	mode *startMode // how this incarnation starts; dropped once started (heap per endpoint)
+
+	// The flags sit together (field order keeps the struct in a small
+	// size class: heap per endpoint is a target).
 	shared bool
-	mode   *startMode // how this incarnation starts; dropped once started (heap per endpoint)
-	dead   bool       // set on Restarting: late continuations are ignored
+	dead   bool // set on Restarting: late continuations are ignored
+	// createSync: answer createWaiter after the first regeneration.
+	createSync bool
+	// restoreReport: the manager waits for this endpoint's leases (IP,
+	// identity) before the agent serves mutating calls.
+	restoreReport bool
+	idBusy        bool // an identity acquisition is in flight
+	dpBusy        bool // a datapath operation is in flight
+	deleting      bool
+	tearingDown   bool
+	dpGone        bool // deleting: the datapath removal finished (or was left to GC)
+	stateGone     bool // deleting: the state removal finished (stateStays: and failed)
+	stateStays    bool
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
 	createWaiter *actor.PID
-	createSync   bool
-	// restoring: the manager waits for this endpoint's leases (IP,
-	// identity) before the agent serves mutating calls.
-	restoreReport bool
-	labelWaiters  []*actor.PID // answered once the identity is resolved and the labels are durable
-	lw            *labelWrite  // label changes not yet durable (nil: none)
+	labelWaiters []*actor.PID // answered once the identity is resolved and the labels are durable
+	lw           *labelWrite  // label changes not yet durable (nil: none)
 
-	idBusy  bool // an identity acquisition is in flight
-	dpBusy  bool // a datapath operation is in flight
-	retries int  // consecutive failed regenerations, for backoff
+	retries int // consecutive failed regenerations, for backoff
 
 	regen regenState
 
-	deleting    bool
-	tearingDown bool
-	dpGone      bool // deleting: the datapath removal finished (or was left to GC)
-	stateGone   bool // deleting: the state removal finished (stateStays: and failed)
-	stateStays  bool
-	delReplies  []messages.Reply // sent when the endpoint is disconnected
+	delReplies []messages.Reply // sent when the endpoint is disconnected
 
 	// slot is where this actor publishes its snapshot (GET /v1/actors);
 	// op is the asynchronous operation it waits for, since opSince.
@@ -65,13 +70,8 @@ type endpointActor struct {
 
 // regenState is the coalescing regeneration bookkeeping.
 type regenState struct {
-	running bool
-	rev     uint64
-	// pendingFull: a pending request needs a full regeneration (state
-	// write + realise); otherwise it is policy-only (realise).
-	pendingFull    bool
+	rev            uint64
 	waiters        []*actor.PID // answered when the running regeneration ends
-	pending        bool
 	pendingWaiters []*actor.PID
 	proxyWait      map[string]struct{} // proxies yet to acknowledge rev
 	earlyAcks      map[string]struct{} // acks of rev that beat the realize result
@@ -81,9 +81,16 @@ type regenState struct {
 	// Introspection: counters of this incarnation and the timing of the
 	// running and the last successful regeneration, by phase (RegenPhases).
 	runs, coalesced, failed uint32
-	started, phaseStart     int64     // unix nanoseconds
-	phases, lastPhases      [4]uint32 // microseconds
-	lastAt                  int64     // unix nanoseconds; 0: none yet
+
+	running bool
+	pending bool
+	// pendingFull: a pending request needs a full regeneration (state
+	// write + realise); otherwise it is policy-only (realise).
+	pendingFull bool
+
+	started, phaseStart int64     // unix nanoseconds
+	phases, lastPhases  [4]uint32 // microseconds
+	lastAt              int64     // unix nanoseconds; 0: none yet
 }
 
 // Internal messages of the endpoint actor.
@@ -121,10 +128,16 @@ const (
 )
 
 func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMode, manager *actor.PID, stats *MailboxStats) *endpointActor {
-	a := &endpointActor{deps: deps, manager: manager, stats: stats, mode: &mode, ep: spec, shared: true}
+	a := &endpointActor{deps: deps, manager: manager, stats: stats, ep: spec, shared: true}
 	if mode.kind == startCreate {
 		a.createWaiter, a.createSync = mode.waiter, mode.sync
 	}
+	// The waiter lives on in createWaiter only until it is answered: a
+	// PID caches the process it was sent to, so a kept copy would hold
+	// the PUT's future and its answer (an old record) for good. The mode
+	// itself is dropped once the actor started.
+	mode.waiter = nil
+	a.mode = &mode
 	return a
 }
 
@@ -418,8 +431,20 @@ func (a *endpointActor) acquireIdentity(ctx actor.Context) {
 			a.acquireIdentity(ctx)
 			return
 		}
+		a.shareLabels(got.Labels)
 		a.identityResolved(ctx, got.ID)
 	})
+}
+
+// shareLabels makes the record use the identity's copy of its labels
+// when they are equal, so endpoints with one label set share one slice
+// (heap per endpoint). Label sets are immutable: replaced, never changed.
+func (a *endpointActor) shareLabels(ls labels.Labels) {
+	cur := a.ep.Labels
+	if len(ls) == 0 || len(cur) != len(ls) || &cur[0] == &ls[0] || !ls.Equal(cur) {
+		return
+	}
+	a.mut().Labels = ls
 }
 
 func (a *endpointActor) identityFailed(ctx actor.Context, err error) {

@@ -312,3 +312,24 @@ func (h *harness) leasesOf(id identity.NumericIdentity) []string {
 	}
 	return out
 }
+
+// TestEndpointsShareIdentityLabels: endpoints created with equal label
+// sets (each its own copy) end up sharing the identity's slice, and still
+// report their labels unchanged.
+func TestEndpointsShareIdentityLabels(t *testing.T) {
+	h := startSystem(t, nil)
+	a := h.mustCreate(t, &endpoint.Endpoint{ContainerID: "share-a", Labels: mustLabels(t, "k8s:app=share", "k8s:tier=x")})
+	b := h.mustCreate(t, &endpoint.Endpoint{ContainerID: "share-b", Labels: mustLabels(t, "k8s:app=share", "k8s:tier=x")})
+	ra, _ := h.indexed(a.ID)
+	rb, _ := h.indexed(b.ID)
+	if ra == nil || rb == nil {
+		t.Fatalf("endpoints %d, %d not in the index", a.ID, b.ID)
+	}
+	want := mustLabels(t, "k8s:app=share", "k8s:tier=x")
+	if !ra.Labels.Equal(want) || !rb.Labels.Equal(want) {
+		t.Fatalf("labels = %v, %v; want %v", ra.Labels, rb.Labels, want)
+	}
+	if &ra.Labels[0] != &rb.Labels[0] {
+		t.Errorf("endpoints with one label set hold two copies of it")
+	}
+}

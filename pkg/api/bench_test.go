@@ -6,8 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -167,11 +169,29 @@ func BenchmarkHeapPerEndpoint(b *testing.B) {
 		}
 		c.Close()
 		after := heapInUse()
+		writeHeapProfile(b, os.Getenv("MEMBRANE_HEAP_PROFILE"))
 		if total, _ := a.Index.CountEndpoints(); total != live {
 			b.Fatalf("index holds %d endpoints, want %d", total, live)
 		}
 		b.ReportMetric(float64(after-before)/live, "heap-B/endpoint")
 		runtime.KeepAlive(a)
+	}
+}
+
+// writeHeapProfile writes the live heap to path (if set), at the point
+// the benchmark measures; read it with go tool pprof -sample_index=inuse_space
+// (run with -test.memprofilerate 512 for a finer sample).
+func writeHeapProfile(b *testing.B, path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatalf("heap profile: %v", err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatalf("heap profile: %v", err)
 	}
 }
 

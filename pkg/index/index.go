@@ -106,9 +106,7 @@ func (ix *Index) Endpoints(f EndpointFilter) []*endpoint.Endpoint {
 		it, err = txn.Get(TableEndpoints, IndexPod+"_prefix", f.Namespace+"/")
 	case f.Identity != identity.IdentityUnknown:
 		it, err = txn.Get(TableEndpoints, IndexIdentity, f.Identity)
-	case f.State != endpoint.StateNone:
-		it, err = txn.Get(TableEndpoints, IndexState, string(f.State))
-	default:
+	default: // a state filter too: matches checks it
 		it, err = txn.Get(TableEndpoints, IndexID)
 	}
 	if err != nil {

@@ -79,7 +79,7 @@ func TestSchema(t *testing.T) {
 			}
 		})
 	}
-	want := []string{IndexID, IndexContainerID, IndexIPv4, IndexIPv6, IndexPod, IndexIdentity, IndexState}
+	want := []string{IndexID, IndexContainerID, IndexIPv4, IndexIPv6, IndexPod, IndexIdentity}
 	for _, name := range want {
 		if _, ok := s.Tables[TableEndpoints].Indexes[name]; !ok {
 			t.Errorf("endpoints table lacks index %q", name)
@@ -221,7 +221,7 @@ func TestEndpointsSortedByID(t *testing.T) {
 
 func TestEndpointRequiresState(t *testing.T) {
 	// The manager always sets a state before inserting; a row without one
-	// is refused rather than silently missing from the state index.
+	// is refused (its identity index key is missing).
 	ix := newIndex(t)
 	txn := ix.WriteTxn()
 	defer txn.Abort()

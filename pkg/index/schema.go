@@ -38,8 +38,10 @@ const (
 	// IndexIdentity serves the identity filter and "which endpoints use
 	// identity N" (policy recomputation, identity GC checks).
 	IndexIdentity = "identity"
-	// IndexState serves the state filter and the status counts.
-	IndexState = "state"
+	// There is no state index: the state filter and the status counts
+	// scan the primary key (a state is not selective: most endpoints are
+	// ready), and every row would cost a radix leaf rewritten on each
+	// state change (heap per endpoint is a target).
 )
 
 // Identity is a row of the identities table.
@@ -93,8 +95,10 @@ func endpointsTable() *memdb.TableSchema {
 			Indexer: addrIndex(func(o any) netip.Addr { return ep(o).IPv6 })},
 		IndexPod: {Name: IndexPod, AllowMissing: true,
 			Indexer: stringIndex(func(o any) string { return podKey(ep(o)) })},
-		IndexIdentity: {Name: IndexIdentity, Indexer: uint32Index(func(o any) uint32 { return uint32(ep(o).Identity) })},
-		IndexState:    {Name: IndexState, Indexer: stringIndex(func(o any) string { return string(ep(o).State) })},
+		// Its key is missing for a row without a state, so such a row is
+		// refused (the manager always sets one before inserting).
+		IndexIdentity: {Name: IndexIdentity, Indexer: withKeyIf(uint32Index(func(o any) uint32 { return uint32(ep(o).Identity) }),
+			func(o any) bool { return ep(o).State != endpoint.StateNone })},
 	}}
 }
 
@@ -175,6 +179,18 @@ func (f *funcIndex) PrefixFromArgs(args ...any) ([]byte, error) {
 		return nil, fmt.Errorf("index prefix lookup: want a string, got %T", args[0])
 	}
 	return []byte(s), nil
+}
+
+// withKeyIf makes f report no key for objects for which ok is false.
+func withKeyIf(f *funcIndex, ok func(any) bool) *funcIndex {
+	key := f.key
+	f.key = func(o any) ([]byte, bool) {
+		if !ok(o) {
+			return nil, false
+		}
+		return key(o)
+	}
+	return f
 }
 
 func stringIndex(fn func(any) string) *funcIndex {
