@@ -222,7 +222,22 @@ func (e *e2eEnv) dropCount(id endpoint.ID, reason string, dir policy.Direction) 
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return c[DropKey{Endpoint: id, Reason: reason, Dir: dir}].Packets
+	k := DropKey{Endpoint: id, Reason: reason, Dir: dir}
+	// The per-endpoint read (GET /v1/endpoint/{id}/policy) agrees with
+	// the full dump.
+	mine, err := e.l.EndpointDrops(context.Background(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if mine[k] != c[k] {
+		e.t.Errorf("EndpointDrops(%d)[%v] = %+v, DropCounters has %+v", id, k, mine[k], c[k])
+	}
+	for mk := range mine {
+		if mk.Endpoint != id {
+			e.t.Errorf("EndpointDrops(%d) returned a counter of endpoint %d", id, mk.Endpoint)
+		}
+	}
+	return c[k].Packets
 }
 
 // progID is the ID of the program the endpoint's pinned TCX link runs.

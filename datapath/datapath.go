@@ -74,3 +74,14 @@ type PolicyDumper interface {
 	// ErrEndpointMissing if nothing is realised for id.
 	DumpPolicy(ctx context.Context, id endpoint.ID) (entries []PolicyEntry, ingress, egress bool, err error)
 }
+
+// DropCounterReader is implemented by datapaths that count drops
+// (GET /v1/endpoint/{id}/policy, GET /v1/drops).
+type DropCounterReader interface {
+	// DropCounters returns every endpoint's drop counters by reason and
+	// direction.
+	DropCounters(ctx context.Context) (map[DropKey]Counter, error)
+	// EndpointDrops returns endpoint id's drop counters (none for an
+	// endpoint that dropped nothing or does not exist).
+	EndpointDrops(ctx context.Context, id endpoint.ID) (map[DropKey]Counter, error)
+}

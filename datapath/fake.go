@@ -213,7 +213,22 @@ func (f *Fake) DumpPolicy(_ context.Context, id endpoint.ID) ([]PolicyEntry, boo
 	return out, m.IngressEnforced, m.EgressEnforced, nil
 }
 
-var _ PolicyDumper = (*Fake)(nil)
+// DropCounters implements DropCounterReader: the Fake forwards no
+// packets, so it never drops any (an empty map).
+func (f *Fake) DropCounters(context.Context) (map[DropKey]Counter, error) {
+	return map[DropKey]Counter{}, nil
+}
+
+// EndpointDrops implements DropCounterReader: always empty (see
+// DropCounters).
+func (f *Fake) EndpointDrops(context.Context, endpoint.ID) (map[DropKey]Counter, error) {
+	return map[DropKey]Counter{}, nil
+}
+
+var (
+	_ PolicyDumper      = (*Fake)(nil)
+	_ DropCounterReader = (*Fake)(nil)
+)
 
 // Check implements Datapath.
 func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {

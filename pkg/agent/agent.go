@@ -195,7 +195,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
