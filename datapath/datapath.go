@@ -85,3 +85,18 @@ type DropCounterReader interface {
 	// endpoint that dropped nothing or does not exist).
 	EndpointDrops(ctx context.Context, id endpoint.ID) (map[DropKey]Counter, error)
 }
+
+// IPCacheSyncStats is what a SyncIPCache changed.
+type IPCacheSyncStats struct {
+	// Deleted counts entries held that were not desired; Written counts
+	// desired entries that were missing or mapped to another identity.
+	Deleted, Written int
+}
+
+// IPCacheSyncer is implemented by datapaths whose ipcache outlives the
+// agent (the Linux datapath's pinned map): SyncIPCache makes it hold
+// exactly desired, removing what endpoints deleted while no agent ran
+// left behind. The agent calls it once after restore.
+type IPCacheSyncer interface {
+	SyncIPCache(ctx context.Context, desired map[netip.Prefix]identity.NumericIdentity) (IPCacheSyncStats, error)
+}

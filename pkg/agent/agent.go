@@ -219,8 +219,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
 	a.stopCNI = a.startDeleteQueue()
-	// The collector starts once the index holds every restored endpoint.
+	// The collector starts once the index holds every restored endpoint;
+	// the kernel ipcache is pruned once every restored endpoint claimed
+	// its addresses (entries of endpoints deleted while no agent ran go).
 	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
+	sys.Actors.Root.Send(sys.IPCache, &messages.IPCachePrune{})
 	a.startHealth(linux)
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
