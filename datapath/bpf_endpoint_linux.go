@@ -257,6 +257,11 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	if err := deleteDropCounters(b.maps.drops, id); err != nil {
 		return err
 	}
+	if n, err := flushConntrack(b.maps.ct, id); err != nil {
+		return err
+	} else if n > 0 {
+		l.log.Debug("conntrack entries flushed", "endpoint", id, "entries", n)
+	}
 	if len(closers) > 0 {
 		l.closeLater(closers)
 	}
