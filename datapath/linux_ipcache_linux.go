@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/identity"
@@ -125,3 +126,24 @@ func ipcachePrefix(k bpf.EndpointIpcacheKey) netip.Prefix {
 }
 
 var _ IPCacheSyncer = (*Linux)(nil)
+
+// HostAddrs returns the host netns's own unicast addresses (global and
+// private, not link-local or loopback): the host identity in the
+// ipcache, because traffic the host sends to a pod (kubelet probes) has
+// one of them as its source, not a gateway.
+func (l *Linux) HostAddrs(context.Context) (out []netip.Addr, err error) {
+	err = l.guard(func() error {
+		addrs, err := l.nl.AddrList(nil, netlink.FAMILY_ALL)
+		if err != nil {
+			return fmt.Errorf("list host addresses: %w", err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && ip.Unmap().IsGlobalUnicast() {
+				out = append(out, ip.Unmap())
+			}
+		}
+		return nil
+	})
+	return out, err
+}

@@ -175,12 +175,19 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
 	}
+	ac := cfg.Actors
+	if linux != nil {
+		// The host's own addresses are the host identity (kubelet probes
+		// come from them), as the gateways are.
+		if ac.HostAddrs, err = linux.HostAddrs(context.Background()); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	}
 	store, err := restore.Open(cfg.StateDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	undo = append(undo, store.Close)
-	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
 	ac.Policy = loadPolicies(cfg.StateDir, log)
