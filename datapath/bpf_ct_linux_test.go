@@ -2,10 +2,12 @@ package datapath
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // ctCount counts the conntrack entries per endpoint.
@@ -67,5 +69,39 @@ func TestBPFRemoveFlushesConntrack(t *testing.T) {
 	}
 	if got := ctCount(t, l); got[32] != 0 || got[3100] != want[3100] {
 		t.Fatalf("conntrack after flushing 32 = %v", got)
+	}
+}
+
+// BenchmarkFlushConntrack is the conntrack part of Remove: one endpoint
+// (none of whose entries exist) flushed from a conntrack map holding
+// `entries` entries of other endpoints. Root; e.g.
+// `CI=true go test -run '^$' -bench FlushConntrack -benchtime 50x ./datapath/`.
+func BenchmarkFlushConntrack(b *testing.B) {
+	for _, entries := range []int{0, 10000, 60000} {
+		b.Run(strconv.Itoa(entries), func(b *testing.B) {
+			testutil.RequireRoot(b)
+			bs, err := openBPF(LinuxConfig{BPFFS: testutil.BPFFSDir(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { bs.close() })
+			keys := make([]bpf.EndpointCtKey, entries)
+			vals := make([]bpf.EndpointCtValue, entries)
+			for i := range keys {
+				keys[i] = bpf.EndpointCtKey{Ep: uint16(1 + i%500), Dir: 1, Family: familyV4, Proto: 6, Sport: uint16(i), Dport: 80}
+				keys[i].Saddr[0] = uint32(i)
+			}
+			if entries > 0 {
+				if _, err := bs.maps.ct.BatchUpdate(keys, vals, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if n, err := flushConntrack(bs.maps.ct, 4000); err != nil || n != 0 {
+					b.Fatalf("flush = %d, %v", n, err)
+				}
+			}
+		})
 	}
 }
