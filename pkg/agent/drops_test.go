@@ -61,3 +61,36 @@ func TestOnDrop(t *testing.T) {
 		}
 	}
 }
+
+// TestDropEventsRateLimited: beyond the limit per second, notifications
+// are counted but not published; the next published event says how many
+// were left out.
+func TestDropEventsRateLimited(t *testing.T) {
+	hub, m := events.New(64), metrics.New()
+	sub := hub.Subscribe(0)
+	defer sub.Close()
+	now := time.Unix(1700000000, 0)
+	p := &dropPublisher{hub: hub, m: m, limit: 3, now: func() time.Time { return now }}
+	d := datapath.DropEvent{Endpoint: 4, Reason: datapath.DropPolicy, Dir: policy.Ingress}
+	for i := 0; i < 10; i++ {
+		p.drop(d)
+	}
+	now = now.Add(time.Second)
+	p.drop(d)
+	var got []events.Event
+	for {
+		ev, ok := sub.TryNext()
+		if !ok {
+			break
+		}
+		got = append(got, ev)
+	}
+	if len(got) != 4 || got[0].Message != "" || got[3].Message != "7 earlier drop notifications not published (more than 3 per second)" {
+		t.Fatalf("published %d events (%+v), want 3 then one saying 7 were left out", len(got), got)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequestWithContext(context.Background(), "GET", "/metrics", nil))
+	if want := `membrane_datapath_drop_notifications_total{direction="ingress",reason="policy-denied"} 11`; !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("metrics lack %q", want)
+	}
+}
