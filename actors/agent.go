@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,10 @@ type Config struct {
 	// Observer receives regeneration phase durations (nil: none).
 	Observer Observer
 	GC       GCConfig
+	// HostAddrs are the host's own addresses besides the gateways (the
+	// Linux datapath's host netns at start): the host identity in the
+	// ipcache, so traffic the host sends from them is not world.
+	HostAddrs []netip.Addr
 }
 
 // withDefaults fills zero fields.
@@ -89,8 +94,8 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-// gateways returns the gateway of each configured range: the host in
-// the ipcache.
+// gateways returns the gateway of each configured range and the host's
+// addresses: the host in the ipcache.
 func (c Config) gateways() []netip.Addr {
 	var out []netip.Addr
 	for _, p := range []netip.Prefix{c.IPAM.IPv4, c.IPAM.IPv6} {
@@ -99,6 +104,13 @@ func (c Config) gateways() []netip.Addr {
 		}
 		if r, err := ipam.NewRange(p, ipam.Sequential, nil); err == nil {
 			out = append(out, r.Gateway())
+		}
+	}
+	for _, a := range c.HostAddrs {
+		a = a.Unmap()
+		// An address inside a pod range is an endpoint's to claim.
+		if a.IsValid() && !slices.Contains(out, a) && !c.IPAM.IPv4.Contains(a) && !c.IPAM.IPv6.Contains(a) {
+			out = append(out, a)
 		}
 	}
 	return out

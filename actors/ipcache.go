@@ -44,6 +44,7 @@ type ipcacheActor struct {
 	entries map[netip.Prefix]*index.IPCacheEntry
 	dirty   map[netip.Prefix]struct{}
 	syncing bool
+	prune   bool // a full sync (datapath.IPCacheSyncer) is due
 	retry   *time.Timer
 	backoff time.Duration // the next retry delay; 0 after a success
 }
@@ -86,6 +87,11 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 			a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceCIDRPolicy, Identity: id})
 		}
 		a.sync(ctx)
+	case *messages.IPCachePrune:
+		if _, ok := a.deps.dp.(datapath.IPCacheSyncer); ok {
+			a.prune = true
+			a.sync(ctx)
+		}
 	case *ipcacheRetrySync:
 		a.retry = nil
 		a.sync(ctx)
@@ -183,7 +189,14 @@ func sourceRank(s string) int {
 // sync writes the dirty prefixes to the datapath in one pool job, unless
 // one is in flight (it runs again when that one finishes).
 func (a *ipcacheActor) sync(ctx actor.Context) {
-	if a.syncing || len(a.dirty) == 0 {
+	if a.syncing {
+		return
+	}
+	if a.prune {
+		a.syncAll(ctx)
+		return
+	}
+	if len(a.dirty) == 0 {
 		return
 	}
 	ops := make([]ipcacheOp, 0, len(a.dirty))
@@ -207,6 +220,54 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 		}
 		a.synced(ctx, ops, res, err)
 	})
+}
+
+// syncAll makes the datapath's ipcache hold exactly the entries, in one
+// pool job (it covers every dirty prefix). A failure retries it.
+func (a *ipcacheActor) syncAll(ctx actor.Context) {
+	desired := make(map[netip.Prefix]identity.NumericIdentity, len(a.entries))
+	for p, e := range a.entries {
+		desired[p] = e.Identity
+	}
+	a.prune, a.syncing = false, true
+	a.dirty = map[netip.Prefix]struct{}{}
+	syncer := a.deps.dp.(datapath.IPCacheSyncer)
+	work := &messages.DatapathWork{Op: "ipcache-prune", Run: func(c context.Context) (any, error) {
+		return syncer.SyncIPCache(c, desired)
+	}}
+	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
+	ctx.ReenterAfter(f, func(res any, err error) {
+		if a.dead {
+			return
+		}
+		a.syncing = false
+		r, ok := res.(*messages.DatapathResult)
+		if ok && err == nil {
+			err = r.Err
+		}
+		if err == nil && !ok {
+			err = errors.New("no result")
+		}
+		if err != nil {
+			a.prune = true
+			a.retryLater(ctx, "ipcache prune failed; retrying", err)
+			return
+		}
+		st, _ := r.Value.(datapath.IPCacheSyncStats)
+		a.log.Info("ipcache pruned", "entries", len(desired), "deleted", st.Deleted, "written", st.Written)
+		a.backoff = 0
+		a.sync(ctx)
+	})
+}
+
+// retryLater schedules the next sync with exponential backoff.
+func (a *ipcacheActor) retryLater(ctx actor.Context, msg string, err error) {
+	a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
+	a.log.Warn(msg, "err", err, "in", a.backoff)
+	if a.retry == nil {
+		self, system := ctx.Self(), ctx.ActorSystem()
+		a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
+	}
 }
 
 func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []ipcacheOp {

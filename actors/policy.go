@@ -12,6 +12,7 @@ import (
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/index"
 	"github.com/membrane-cni/membrane/pkg/policy"
@@ -300,6 +301,8 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 	if rev := a.repo.Revision(); rev != a.written {
 		a.written = rev
 		a.batch.putKeyed(ctx, index.TablePolicyRevision, 0, &index.PolicyRevision{Revision: rev})
+		a.deps.events.Publish(events.Event{Type: events.PolicyRevision, Revision: rev,
+			Message: fmt.Sprintf("%d identities with changed policy", len(res.Changed))})
 	}
 	a.sendCIDRs(ctx, res)
 	if len(res.Changed) == 0 {

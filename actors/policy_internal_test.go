@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/events"
 	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
@@ -200,5 +202,39 @@ func TestIPCacheRetriesFailedWrites(t *testing.T) {
 	svWait(t, "A in the ipcache after retries", func() bool { return dp.IPCache()[pa] == a.Identity })
 	if failures.Load() < 4 {
 		t.Errorf("%d ipcache writes, want the 3 injected failures and a success", failures.Load())
+	}
+}
+
+// TestPolicyRevisionEvents: an import and a delete each publish one
+// policy-revision event carrying the new revision.
+func TestPolicyRevisionEvents(t *testing.T) {
+	hub := events.New(64)
+	sys, _ := svSystem(t, func(c *Config) { c.Events = hub })
+	sub := hub.Subscribe(0)
+	t.Cleanup(sub.Close)
+	pols, err := policy.Parse([]byte(svPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+		t.Fatalf("import: %v", res.Err)
+	}
+	if res := svAsk(t, sys, sys.Policy, &messages.PolicyDelete{Name: pols[0].Key()}).(*messages.PolicyResult); res.Err != nil {
+		t.Fatalf("delete: %v", res.Err)
+	}
+	var revs []uint64
+	for len(revs) < 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ev, err := sub.Next(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for policy-revision events (got %v): %v", revs, err)
+		}
+		if ev.Type == events.PolicyRevision {
+			revs = append(revs, ev.Revision)
+		}
+	}
+	if revs[0] != 1 || revs[1] != 2 {
+		t.Fatalf("policy-revision events carry revisions %v, want [1 2]", revs)
 	}
 }

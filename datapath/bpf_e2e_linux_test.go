@@ -72,13 +72,21 @@ func addPod(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identity
 	return &testPod{ns: pod, ep: &endpoint.Endpoint{ID: id, Identity: ident, IfName: attrs.Name, IfIndex: host.Attrs().Index, IPv4: addr}}
 }
 
+// addr is the pod's address: its IPv4 one, else its IPv6 one.
+func (p *testPod) addr() netip.Addr {
+	if p.ep.IPv4.IsValid() {
+		return p.ep.IPv4
+	}
+	return p.ep.IPv6
+}
+
 // listen starts a TCP echo server on port in the pod, closed by t.Cleanup.
 func (p *testPod) listen(t *testing.T, port int) {
 	t.Helper()
 	var ln net.Listener
 	if err := p.ns.Do(func() error {
 		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(p.ep.IPv4.String(), strconv.Itoa(port)))
+		ln, err = net.Listen("tcp", net.JoinHostPort(p.addr().String(), strconv.Itoa(port)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -110,7 +118,7 @@ const (
 // message both ways.
 func (p *testPod) talk(dst *testPod, port int, timeout time.Duration) error {
 	return p.ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ep.IPv4.String(), strconv.Itoa(port)), timeout)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.addr().String(), strconv.Itoa(port)), timeout)
 		if err != nil {
 			return err
 		}
@@ -184,7 +192,7 @@ func newE2E(t *testing.T, cfg LinuxConfig) *e2eEnv {
 
 func (e *e2eEnv) ipcache(p *testPod) {
 	e.t.Helper()
-	if err := e.l.UpsertIPCache(context.Background(), netip.PrefixFrom(p.ep.IPv4, 32), p.ep.Identity); err != nil {
+	if err := e.l.UpsertIPCache(context.Background(), netip.PrefixFrom(p.addr(), p.addr().BitLen()), p.ep.Identity); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -222,7 +230,22 @@ func (e *e2eEnv) dropCount(id endpoint.ID, reason string, dir policy.Direction) 
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return c[DropKey{Endpoint: id, Reason: reason, Dir: dir}].Packets
+	k := DropKey{Endpoint: id, Reason: reason, Dir: dir}
+	// The per-endpoint read (GET /v1/endpoint/{id}/policy) agrees with
+	// the full dump.
+	mine, err := e.l.EndpointDrops(context.Background(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if mine[k] != c[k] {
+		e.t.Errorf("EndpointDrops(%d)[%v] = %+v, DropCounters has %+v", id, k, mine[k], c[k])
+	}
+	for mk := range mine {
+		if mk.Endpoint != id {
+			e.t.Errorf("EndpointDrops(%d) returned a counter of endpoint %d", id, mk.Endpoint)
+		}
+	}
+	return c[k].Packets
 }
 
 // progID is the ID of the program the endpoint's pinned TCX link runs.

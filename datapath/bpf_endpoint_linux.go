@@ -257,6 +257,11 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	if err := deleteDropCounters(b.maps.drops, id); err != nil {
 		return err
 	}
+	if n, err := flushConntrack(b.maps.ct, id); err != nil {
+		return err
+	} else if n > 0 {
+		l.log.Debug("conntrack entries flushed", "endpoint", id, "entries", n)
+	}
 	if len(closers) > 0 {
 		l.closeLater(closers)
 	}
@@ -324,6 +329,16 @@ func (l *Linux) DropCounters(context.Context) (c map[DropKey]Counter, err error)
 	return c, err
 }
 
+// EndpointDrops implements DropCounterReader: endpoint id's drop
+// counters, one lookup per reason and direction.
+func (l *Linux) EndpointDrops(_ context.Context, id endpoint.ID) (c map[DropKey]Counter, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		c, err = endpointDropCounters(b.maps.drops, id)
+		return err
+	})
+	return c, err
+}
+
 // guardBPF runs fn with the BPF state unless Close ran or Init did not.
 func (l *Linux) guardBPF(fn func(b *bpfState) error) error {
 	return l.guard(func() error {
@@ -334,4 +349,7 @@ func (l *Linux) guardBPF(fn func(b *bpfState) error) error {
 	})
 }
 
-var _ PolicyDumper = (*Linux)(nil)
+var (
+	_ PolicyDumper      = (*Linux)(nil)
+	_ DropCounterReader = (*Linux)(nil)
+)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -24,24 +25,43 @@ const (
 	pinLinkTo    = "link_to_container"
 )
 
-// ensureBPFFS makes dir and dir/endpoints exist on a bpffs, mounting one
-// at dir's parent if neither dir nor its parent is on one.
+// bpffsRoot is the conventional bpffs mount point, the only place Init
+// mounts one itself.
+const bpffsRoot = "/sys/fs/bpf"
+
+// ensureBPFFS makes dir and dir/endpoints exist on a bpffs. If the
+// nearest existing ancestor of dir is not on a bpffs, it mounts one at
+// /sys/fs/bpf when dir is below it (a node whose init system did not),
+// and otherwise returns ErrNotBPFFS: a mount elsewhere (at the parent
+// of a mistyped --bpffs, or of a test's temporary directory) would be
+// surprising and nothing would unmount it.
 func ensureBPFFS(dir string) error {
-	if !isBPFFS(dir) {
-		parent := filepath.Dir(dir)
-		if !isBPFFS(parent) {
-			if err := os.MkdirAll(parent, 0o755); err != nil {
-				return fmt.Errorf("mount bpffs at %s: %w", parent, err)
-			}
-			if err := unix.Mount("bpf", parent, "bpf", 0, "mode=0755"); err != nil {
-				return fmt.Errorf("mount bpffs at %s: %w", parent, err)
-			}
+	dir = filepath.Clean(dir)
+	if !isBPFFS(existingAncestor(dir)) {
+		if dir != bpffsRoot && !strings.HasPrefix(dir, bpffsRoot+"/") {
+			return fmt.Errorf("bpffs directory %s: %w (mount one there, or use a directory below %s)", dir, ErrNotBPFFS, bpffsRoot)
+		}
+		if err := os.MkdirAll(bpffsRoot, 0o755); err != nil {
+			return fmt.Errorf("mount bpffs at %s: %w", bpffsRoot, err)
+		}
+		if err := unix.Mount("bpf", bpffsRoot, "bpf", 0, "mode=0755"); err != nil {
+			return fmt.Errorf("mount bpffs at %s: %w", bpffsRoot, err)
 		}
 	}
 	if err := os.MkdirAll(filepath.Join(dir, pinEndpoints), 0o755); err != nil {
 		return fmt.Errorf("create bpffs directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// existingAncestor returns dir or its nearest ancestor that exists.
+func existingAncestor(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil || dir == "/" {
+			return dir
+		}
+		dir = filepath.Dir(dir)
+	}
 }
 
 // isBPFFS reports whether path exists on a bpffs.

@@ -265,6 +265,26 @@ func dropCounters(m *ebpf.Map) (map[DropKey]Counter, error) {
 	return out, nil
 }
 
+// endpointDropCounters reads endpoint id's drop counters.
+func endpointDropCounters(m *ebpf.Map, id endpoint.ID) (map[DropKey]Counter, error) {
+	out := map[DropKey]Counter{}
+	var v bpf.EndpointDropValue
+	for reason, name := range dropReasons {
+		for _, dir := range []policy.Direction{policy.Ingress, policy.Egress} {
+			k := bpf.EndpointDropKey{Ep: uint16(id), Reason: reason, Dir: uint8(dir)}
+			err := m.Lookup(k, &v)
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read drop counters of endpoint %d: %w", id, err)
+			}
+			out[DropKey{Endpoint: id, Reason: name, Dir: dir}] = Counter{Packets: v.Packets, Bytes: v.Bytes}
+		}
+	}
+	return out, nil
+}
+
 // deleteDropCounters removes endpoint id's drop counters.
 func deleteDropCounters(m *ebpf.Map, id endpoint.ID) error {
 	for reason := range dropReasons {

@@ -74,3 +74,29 @@ type PolicyDumper interface {
 	// ErrEndpointMissing if nothing is realised for id.
 	DumpPolicy(ctx context.Context, id endpoint.ID) (entries []PolicyEntry, ingress, egress bool, err error)
 }
+
+// DropCounterReader is implemented by datapaths that count drops
+// (GET /v1/endpoint/{id}/policy, GET /v1/drops).
+type DropCounterReader interface {
+	// DropCounters returns every endpoint's drop counters by reason and
+	// direction.
+	DropCounters(ctx context.Context) (map[DropKey]Counter, error)
+	// EndpointDrops returns endpoint id's drop counters (none for an
+	// endpoint that dropped nothing or does not exist).
+	EndpointDrops(ctx context.Context, id endpoint.ID) (map[DropKey]Counter, error)
+}
+
+// IPCacheSyncStats is what a SyncIPCache changed.
+type IPCacheSyncStats struct {
+	// Deleted counts entries held that were not desired; Written counts
+	// desired entries that were missing or mapped to another identity.
+	Deleted, Written int
+}
+
+// IPCacheSyncer is implemented by datapaths whose ipcache outlives the
+// agent (the Linux datapath's pinned map): SyncIPCache makes it hold
+// exactly desired, removing what endpoints deleted while no agent ran
+// left behind. The agent calls it once after restore.
+type IPCacheSyncer interface {
+	SyncIPCache(ctx context.Context, desired map[netip.Prefix]identity.NumericIdentity) (IPCacheSyncStats, error)
+}

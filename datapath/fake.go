@@ -179,6 +179,30 @@ func (f *Fake) DeleteIPCache(ctx context.Context, prefix netip.Prefix) error {
 	return nil
 }
 
+// SyncIPCache implements IPCacheSyncer: the ipcache becomes desired.
+func (f *Fake) SyncIPCache(_ context.Context, desired map[netip.Prefix]identity.NumericIdentity) (IPCacheSyncStats, error) {
+	want := make(map[netip.Prefix]identity.NumericIdentity, len(desired))
+	for p, id := range desired {
+		want[p.Masked()] = id
+	}
+	var st IPCacheSyncStats
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for p := range f.ipcache {
+		if _, ok := want[p]; !ok {
+			delete(f.ipcache, p)
+			st.Deleted++
+		}
+	}
+	for p, id := range want {
+		if cur, ok := f.ipcache[p]; !ok || cur != id {
+			f.ipcache[p] = id
+			st.Written++
+		}
+	}
+	return st, nil
+}
+
 // IPCache returns a copy of the ipcache.
 func (f *Fake) IPCache() map[netip.Prefix]identity.NumericIdentity {
 	f.mu.Lock()
@@ -213,7 +237,23 @@ func (f *Fake) DumpPolicy(_ context.Context, id endpoint.ID) ([]PolicyEntry, boo
 	return out, m.IngressEnforced, m.EgressEnforced, nil
 }
 
-var _ PolicyDumper = (*Fake)(nil)
+// DropCounters implements DropCounterReader: the Fake forwards no
+// packets, so it never drops any (an empty map).
+func (f *Fake) DropCounters(context.Context) (map[DropKey]Counter, error) {
+	return map[DropKey]Counter{}, nil
+}
+
+// EndpointDrops implements DropCounterReader: always empty (see
+// DropCounters).
+func (f *Fake) EndpointDrops(context.Context, endpoint.ID) (map[DropKey]Counter, error) {
+	return map[DropKey]Counter{}, nil
+}
+
+var (
+	_ PolicyDumper      = (*Fake)(nil)
+	_ DropCounterReader = (*Fake)(nil)
+	_ IPCacheSyncer     = (*Fake)(nil)
+)
 
 // Check implements Datapath.
 func (f *Fake) Check(_ context.Context, ep *endpoint.Endpoint) error {

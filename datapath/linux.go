@@ -18,6 +18,10 @@ var (
 	// programs cannot express (a reserved identity, a port without a
 	// protocol).
 	ErrInvalidPolicy = errors.New("invalid endpoint policy")
+	// ErrNotBPFFS is returned by Init when LinuxConfig.BPFFS is not on a
+	// bpffs and is not below /sys/fs/bpf (the one place Init mounts a
+	// bpffs itself).
+	ErrNotBPFFS = errors.New("not on a bpffs")
 )
 
 // LinuxConfig configures the Linux datapath (datapath.Linux).

@@ -101,6 +101,9 @@ func (l *Linux) gcPass(live []*endpoint.Endpoint) (GCReport, error) {
 			continue
 		}
 		r.Pins = append(r.Pins, dir)
+		if err := l.forgetEndpointState(name); err != nil {
+			errs = append(errs, fmt.Errorf("gc: %w", err))
+		}
 	}
 	if !r.Empty() {
 		l.log.Info("datapath gc pass", "links-deleted", r.Links, "pins-removed", r.Pins,
@@ -188,4 +191,21 @@ func (l *Linux) orphanPins(live []*endpoint.Endpoint) ([]string, error) {
 		}
 	}
 	return orphans, nil
+}
+
+// forgetEndpointState drops the shared-map state (conntrack entries,
+// drop counters) of the endpoint whose orphan pin directory is name.
+func (l *Linux) forgetEndpointState(name string) error {
+	n, err := strconv.ParseUint(name, 10, 16)
+	if err != nil {
+		return nil // not an endpoint directory
+	}
+	id := endpoint.ID(n)
+	return l.guardBPF(func(b *bpfState) error {
+		if err := deleteDropCounters(b.maps.drops, id); err != nil {
+			return err
+		}
+		_, err := flushConntrack(b.maps.ct, id)
+		return err
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/identity"
@@ -39,4 +40,110 @@ func (l *Linux) DeleteIPCache(_ context.Context, prefix netip.Prefix) error {
 		}
 		return nil
 	})
+}
+
+// DumpIPCache returns what the pinned ipcache map holds (IPv4 prefixes
+// as IPv4), for tests and diagnostics.
+func (l *Linux) DumpIPCache(context.Context) (out map[netip.Prefix]identity.NumericIdentity, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		held, err := dumpIPCacheMap(b.maps.ipcache)
+		out = make(map[netip.Prefix]identity.NumericIdentity, len(held))
+		for k, id := range held {
+			out[ipcachePrefix(k)] = identity.NumericIdentity(id)
+		}
+		return err
+	})
+	return out, err
+}
+
+// dumpIPCacheMap reads the ipcache map by key.
+func dumpIPCacheMap(m *ebpf.Map) (map[bpf.EndpointIpcacheKey]uint32, error) {
+	held := map[bpf.EndpointIpcacheKey]uint32{}
+	var k bpf.EndpointIpcacheKey
+	var v bpf.EndpointIpcacheValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		held[k] = v.Identity
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump ipcache: %w", err)
+	}
+	return held, nil
+}
+
+// SyncIPCache implements IPCacheSyncer: entries of the pinned ipcache
+// not in desired are deleted, desired ones that are missing or differ
+// are written. Prefixes are compared masked, IPv4-mapped IPv6 as IPv4
+// (as UpsertIPCache stores them).
+func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]identity.NumericIdentity) (st IPCacheSyncStats, err error) {
+	want := make(map[bpf.EndpointIpcacheKey]uint32, len(desired))
+	for p, id := range desired {
+		if !p.IsValid() {
+			return st, fmt.Errorf("sync ipcache: invalid prefix: %w", ErrInvalidConfig)
+		}
+		want[ipcacheKey(p)] = uint32(id)
+	}
+	err = l.guardBPF(func(b *bpfState) error {
+		m := b.maps.ipcache
+		held, err := dumpIPCacheMap(m)
+		if err != nil {
+			return fmt.Errorf("sync ipcache: %w", err)
+		}
+		for k := range held {
+			if _, ok := want[k]; ok {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("sync ipcache: %w", err)
+			}
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("sync ipcache: delete %s: %w", ipcachePrefix(k), err)
+			}
+			st.Deleted++
+		}
+		for k, id := range want {
+			if cur, ok := held[k]; ok && cur == id {
+				continue
+			}
+			if err := m.Update(k, bpf.EndpointIpcacheValue{Identity: id}, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("sync ipcache: write %s: %w", ipcachePrefix(k), err)
+			}
+			st.Written++
+		}
+		return nil
+	})
+	return st, err
+}
+
+// ipcachePrefix decodes an ipcache key (for errors and tests).
+func ipcachePrefix(k bpf.EndpointIpcacheKey) netip.Prefix {
+	b := addrBytes(k.Addr)
+	bits := int(k.Prefixlen) - 32
+	if k.Family == familyV4 {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte(b[:4])), bits)
+	}
+	return netip.PrefixFrom(netip.AddrFrom16(b), bits)
+}
+
+var _ IPCacheSyncer = (*Linux)(nil)
+
+// HostAddrs returns the host netns's own unicast addresses (global and
+// private, not link-local or loopback): the host identity in the
+// ipcache, because traffic the host sends to a pod (kubelet probes) has
+// one of them as its source, not a gateway.
+func (l *Linux) HostAddrs(context.Context) (out []netip.Addr, err error) {
+	err = l.guard(func() error {
+		addrs, err := l.nl.AddrList(nil, netlink.FAMILY_ALL)
+		if err != nil {
+			return fmt.Errorf("list host addresses: %w", err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && ip.Unmap().IsGlobalUnicast() {
+				out = append(out, ip.Unmap())
+			}
+		}
+		return nil
+	})
+	return out, err
 }

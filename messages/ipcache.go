@@ -23,3 +23,10 @@ type IPCacheCIDRs struct {
 	Upserts map[netip.Prefix]identity.NumericIdentity
 	Deletes []netip.Prefix
 }
+
+// IPCachePrune tells the ipcache actor to make the datapath's ipcache
+// hold exactly its entries, deleting what a previous agent left for
+// endpoints deleted while no agent ran. Sent by the agent once restore
+// has re-created every endpoint (whose claims then precede it in the
+// actor's mailbox). No reply.
+type IPCachePrune struct{}

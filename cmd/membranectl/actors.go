@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -198,8 +199,35 @@ func eventText(ev events.Event) string {
 	if ev.Revision != 0 {
 		parts = append(parts, fmt.Sprintf("revision=%d", ev.Revision))
 	}
+	if d := ev.Drop; d != nil {
+		parts = append(parts, dropText(d))
+	}
 	if ev.Message != "" {
 		parts = append(parts, fmt.Sprintf("%q", ev.Message))
 	}
 	return strings.Join(parts, " ")
+}
+
+// dropText renders a dropped packet: reason, direction, the flow and the
+// peer identity.
+func dropText(d *events.Drop) string {
+	s := fmt.Sprintf("reason=%s direction=%s", d.Reason, d.Direction)
+	if d.Src != "" {
+		s += fmt.Sprintf(" %s -> %s", hostPort(d.Src, d.SrcPort), hostPort(d.Dst, d.DstPort))
+	}
+	if d.Proto != 0 {
+		s += fmt.Sprintf(" proto=%d", d.Proto)
+	}
+	if d.PeerIdentity != 0 {
+		s += fmt.Sprintf(" peer-identity=%d", d.PeerIdentity)
+	}
+	return s
+}
+
+// hostPort joins an address and a port (the address alone for port 0).
+func hostPort(addr string, port uint16) string {
+	if port == 0 {
+		return addr
+	}
+	return net.JoinHostPort(addr, strconv.Itoa(int(port)))
 }

@@ -271,7 +271,11 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"id": 3, "identity": 300, "policy-revision": 7, "ingress-enforced": true, "egress-enforced": false,
  "computed": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress"}],
  "realized": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress", "packets": 12, "bytes": 960}],
- "realized-ingress-enforced": true, "realized-egress-enforced": false}`)
+ "realized-ingress-enforced": true, "realized-egress-enforced": false,
+ "drops": [{"reason": "policy-denied", "direction": "ingress", "packets": 3, "bytes": 180}]}`)
+	case r.Method == "GET" && r.URL.Path == "/v1/drops":
+		fmt.Fprint(w, `[{"endpoint": 3, "reason": "policy-denied", "direction": "ingress", "packets": 3, "bytes": 180},
+ {"endpoint": 7, "reason": "fragment", "direction": "egress", "packets": 1, "bytes": 1500}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	default:
@@ -304,6 +308,8 @@ func TestPolicyCommands(t *testing.T) {
 		{"policy-import-missing-file", []string{"policy", "import", filepath.Join(dir, "none.yaml")}, exitError},
 		{"policy-no-subcommand", []string{"policy", "frob"}, exitUsage},
 		{"endpoint-policy", []string{"endpoint", "policy", "3"}, exitOK},
+		{"drops", []string{"drops"}, exitOK},
+		{"drops-json", []string{"drops", "-o", "json"}, exitOK},
 		{"ipcache-list", []string{"ipcache", "list"}, exitOK},
 		{"ipcache-list-json", []string{"ipcache", "list", "-o", "json"}, exitOK},
 	}

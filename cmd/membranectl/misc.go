@@ -180,3 +180,22 @@ func (a *app) ipcacheCommand() *cobra.Command {
 	})
 	return cmd
 }
+
+func (a *app) dropsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use: "drops", Short: "Show the datapath's drop counters per endpoint, reason and direction", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			drops, err := a.c.Drops(ctx)
+			if err != nil || a.output != "table" {
+				return a.printOr(drops, err)
+			}
+			t := newTable(a.out, "ENDPOINT", "REASON", "DIRECTION", "PACKETS", "BYTES")
+			for _, d := range drops {
+				t.row(d.Endpoint, d.Reason, d.Direction, d.Packets, d.Bytes)
+			}
+			return t.flush()
+		},
+	}
+}

@@ -175,12 +175,19 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := dp.Init(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: datapath init: %w", err)
 	}
+	ac := cfg.Actors
+	if linux != nil {
+		// The host's own addresses are the host identity (kubelet probes
+		// come from them), as the gateways are.
+		if ac.HostAddrs, err = linux.HostAddrs(context.Background()); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	}
 	store, err := restore.Open(cfg.StateDir, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	undo = append(undo, store.Close)
-	ac := cfg.Actors
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
 	ac.Policy = loadPolicies(cfg.StateDir, log)
@@ -195,7 +202,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
@@ -219,8 +226,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
 	a.stopCNI = a.startDeleteQueue()
-	// The collector starts once the index holds every restored endpoint.
+	// The collector starts once the index holds every restored endpoint;
+	// the kernel ipcache is pruned once every restored endpoint claimed
+	// its addresses (entries of endpoints deleted while no agent ran go).
 	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
+	sys.Actors.Root.Send(sys.IPCache, &messages.IPCachePrune{})
 	a.startHealth(linux)
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),

@@ -154,6 +154,9 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 		}
 		out.RealizedIngressEnforced, out.RealizedEgressEnforced = in, eg
 	}
+	if out.Drops, err = s.readDrops(ctx, ep.ID, false); err != nil {
+		out.DropsError = err.Error()
+	}
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -82,15 +82,27 @@ func TestPolicyAPI(t *testing.T) {
 		}
 		want := models.PolicyEntry{Identity: uint32(client.Identity.ID), Port: 80, Protocol: "TCP", Direction: "ingress"}
 		if p.ID != web.ID || p.PolicyRevision != 1 || !p.IngressEnforced || p.EgressEnforced ||
-			len(p.Computed) != 1 || p.Computed[0] != want || p.Realized[0].PolicyEntry != want {
+			len(p.Computed) != 1 || p.Computed[0] != want || p.Realized[0].PolicyEntry != want ||
+			p.Drops == nil || len(p.Drops) != 0 || p.DropsError != "" {
 			t.Fatalf("endpoint policy = %+v", p)
 		}
 		var raw map[string]any
 		decodeInto(t, e.do(t, http.MethodGet, "/v1/endpoint/"+strconv.FormatInt(web.ID, 10)+"/policy", ""), &raw)
-		for _, k := range []string{"id", "identity", "policy-revision", "ingress-enforced", "egress-enforced", "computed", "realized"} {
+		for _, k := range []string{"id", "identity", "policy-revision", "ingress-enforced", "egress-enforced", "computed", "realized", "drops"} {
 			if _, ok := raw[k]; !ok {
 				t.Errorf("GET /v1/endpoint/{id}/policy lacks %q: %v", k, raw)
 			}
+		}
+	})
+	t.Run("drops", func(t *testing.T) {
+		// The fake datapath forwards nothing, so it drops nothing: an
+		// empty list, not null.
+		res := e.do(t, http.MethodGet, "/v1/drops", "")
+		if res.status != http.StatusOK || strings.TrimSpace(string(res.body)) != "[]" {
+			t.Fatalf("GET /v1/drops = %d %s", res.status, res.body)
+		}
+		if res := e.do(t, http.MethodGet, "/v1/drops?endpoint=1", ""); res.status != http.StatusBadRequest {
+			t.Fatalf("GET /v1/drops?endpoint=1 = %d %s, want 400", res.status, res.body)
 		}
 	})
 	t.Run("ipcache", func(t *testing.T) {

@@ -73,6 +73,12 @@ func (c *Client) EndpointPolicy(ctx context.Context, ref string) (*models.Endpoi
 	return &out, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref)+"/policy", nil, nil, &out)
 }
 
+// Drops returns every endpoint's drop counters (GET /v1/drops).
+func (c *Client) Drops(ctx context.Context) ([]models.DropCounter, error) {
+	var out []models.DropCounter
+	return out, c.do(ctx, http.MethodGet, "/v1/drops", nil, nil, &out)
+}
+
 // IPCache returns the node's ipcache.
 func (c *Client) IPCache(ctx context.Context) ([]models.IPCacheEntry, error) {
 	var out []models.IPCacheEntry

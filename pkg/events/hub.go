@@ -52,6 +52,31 @@ type Event struct {
 	Message string `json:"message,omitempty"`
 	// Missed is how many events a Missed marker stands for.
 	Missed uint64 `json:"missed,omitempty"`
+	// Drop describes the dropped packet (datapath-drop events).
+	Drop *Drop `json:"drop,omitempty"`
+}
+
+// Drop is the packet of a datapath-drop event; Event.Endpoint is the
+// endpoint whose program dropped it.
+type Drop struct {
+	// Reason is the datapath's drop reason ("policy-denied", "fragment",
+	// "malformed", "unknown-l3").
+	Reason string `json:"reason"`
+	// Direction is "ingress" or "egress", relative to the endpoint.
+	Direction string `json:"direction"`
+	// Src and Dst are the packet's addresses ("" for non-IP frames).
+	Src string `json:"src,omitempty"`
+	Dst string `json:"dst,omitempty"`
+	// SrcPort and DstPort are the transport ports (the identifier for
+	// ICMP echo; 0 for fragments and other protocols).
+	SrcPort uint16 `json:"src-port,omitempty"`
+	DstPort uint16 `json:"dst-port,omitempty"`
+	// Proto is the IP protocol number (6 TCP, 17 UDP, ...).
+	Proto uint8 `json:"proto,omitempty"`
+	// PeerIdentity is the other side's identity (0: not looked up).
+	PeerIdentity uint32 `json:"peer-identity,omitempty"`
+	// Bytes is the packet's length.
+	Bytes uint32 `json:"bytes,omitempty"`
 }
 
 var (

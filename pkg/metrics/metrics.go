@@ -40,6 +40,7 @@ type Metrics struct {
 	apiLatency *prometheus.HistogramVec
 	regen      *prometheus.HistogramVec
 	restore    prometheus.Gauge
+	drops      *prometheus.CounterVec
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -69,6 +70,12 @@ func New() *Metrics {
 		Namespace: Namespace, Name: "restore_duration_seconds",
 		Help: "How long the last restore at agent start took until every restored endpoint held its leases.",
 	})
+	m.drops = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "drop_notifications_total",
+		Help: "Drop notifications received from the endpoint programs by reason and direction " +
+			"(the kernel discards notifications while the ring buffer is full; the per-endpoint counters of " +
+			"GET /v1/endpoint/{id}/policy count every drop).",
+	}, []string{"reason", "direction"})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -79,7 +86,7 @@ func New() *Metrics {
 	m.ipamFree = desc("ipam_free_addresses", "Free addresses per family.", "family")
 	m.identities = desc("identities", "Allocated security identities (reserved ones excluded).")
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.drops, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -95,6 +102,12 @@ func (m *Metrics) ObserveRequest(route, method string, code int, d time.Duration
 // RegenPhase records one regeneration phase (actors.Observer).
 func (m *Metrics) RegenPhase(phase string, d time.Duration) {
 	m.regen.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// Drop counts one drop notification. It never blocks on I/O (the
+// ring-buffer reader calls it per notification).
+func (m *Metrics) Drop(reason, direction string) {
+	m.drops.WithLabelValues(reason, direction).Inc()
 }
 
 // SetRestoreDuration records the last restore's duration.

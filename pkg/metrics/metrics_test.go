@@ -37,6 +37,9 @@ func TestScrape(t *testing.T) {
 	m.ObserveRequest("GET /v1/endpoint", "GET", 200, 30*time.Millisecond)
 	m.RegenPhase("realize", 2*time.Millisecond)
 	m.SetRestoreDuration(1500 * time.Millisecond)
+	m.Drop("policy-denied", "ingress")
+	m.Drop("policy-denied", "ingress")
+	m.Drop("fragment", "egress")
 	body := scrape(t, m)
 	for _, want := range []string{
 		`membrane_endpoints{state="ready"} 7`,
@@ -50,6 +53,8 @@ func TestScrape(t *testing.T) {
 		`membrane_api_request_duration_seconds_count{code="200",method="GET",route="GET /v1/endpoint"} 2`,
 		`membrane_api_request_duration_seconds_bucket{code="200",method="GET",route="GET /v1/endpoint",le="0.005"} 1`,
 		`membrane_endpoint_regeneration_duration_seconds_count{phase="realize"} 1`,
+		`membrane_datapath_drop_notifications_total{direction="ingress",reason="policy-denied"} 2`,
+		`membrane_datapath_drop_notifications_total{direction="egress",reason="fragment"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %q", want)

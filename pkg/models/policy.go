@@ -67,6 +67,21 @@ type EndpointPolicy struct {
 	RealizedIngressEnforced bool                  `json:"realized-ingress-enforced"`
 	RealizedEgressEnforced  bool                  `json:"realized-egress-enforced"`
 	RealizedError           string                `json:"realized-error,omitempty"`
+	// Drops are the datapath's drop counters of this endpoint (null
+	// when they cannot be read: DropsError says why).
+	Drops      []DropCounter `json:"drops"`
+	DropsError string        `json:"drops-error,omitempty"`
+}
+
+// DropCounter counts the packets an endpoint's programs dropped for one
+// reason ("policy-denied", "fragment", "malformed", "unknown-l3") in one
+// direction ("ingress" or "egress"). Endpoint is set in GET /v1/drops.
+type DropCounter struct {
+	Endpoint  int64  `json:"endpoint,omitempty"`
+	Reason    string `json:"reason"`
+	Direction string `json:"direction"`
+	Packets   uint64 `json:"packets"`
+	Bytes     uint64 `json:"bytes"`
 }
 
 // IPCacheEntry is one row of GET /v1/ipcache.

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/events"
+)
+
+func TestEventText(t *testing.T) {
+	tests := []struct {
+		name string
+		ev   events.Event
+		want string
+	}{
+		{"drop-v4", events.Event{Type: events.DatapathDrop, Endpoint: 7, Drop: &events.Drop{Reason: "policy-denied", Direction: "ingress",
+			Src: "10.0.0.2", Dst: "10.0.0.3", SrcPort: 40000, DstPort: 8081, Proto: 6, PeerIdentity: 300}},
+			"datapath-drop endpoint=7 reason=policy-denied direction=ingress 10.0.0.2:40000 -> 10.0.0.3:8081 proto=6 peer-identity=300"},
+		{"drop-v6-no-ports", events.Event{Type: events.DatapathDrop, Endpoint: 2, Drop: &events.Drop{Reason: "fragment", Direction: "egress",
+			Src: "fd00::2", Dst: "fd00::3", Proto: 17}},
+			"datapath-drop endpoint=2 reason=fragment direction=egress fd00::2 -> fd00::3 proto=17"},
+		{"drop-non-ip", events.Event{Type: events.DatapathDrop, Endpoint: 2, Drop: &events.Drop{Reason: "unknown-l3", Direction: "egress"}},
+			"datapath-drop endpoint=2 reason=unknown-l3 direction=egress"},
+		{"policy-revision", events.Event{Type: events.PolicyRevision, Revision: 4, Message: "1 identities with changed policy"},
+			`policy-revision revision=4 "1 identities with changed policy"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := eventText(tc.ev); got != tc.want {
+				t.Errorf("eventText = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
