@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -83,27 +81,7 @@ func (p *testPod) addr() netip.Addr {
 // listen starts a TCP echo server on port in the pod, closed by t.Cleanup.
 func (p *testPod) listen(t *testing.T, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := p.ns.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(p.addr().String(), strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.EchoServer(t, p.ns, p.addr(), port)
 }
 
 // Bounds of connection attempts (not timing assertions): one that policy
@@ -117,23 +95,7 @@ const (
 // talk connects from p to dst:port within timeout and exchanges a
 // message both ways.
 func (p *testPod) talk(dst *testPod, port int, timeout time.Duration) error {
-	return p.ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.addr().String(), strconv.Itoa(port)), timeout)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		msg := []byte("membrane")
-		if _, err := c.Write(msg); err != nil {
-			return err
-		}
-		buf := make([]byte, len(msg))
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return fmt.Errorf("read reply: %w", err)
-		}
-		return nil
-	})
+	return testutil.Exchange(p.ns, dst.addr(), port, timeout)
 }
 
 // dropLog collects drop notifications.

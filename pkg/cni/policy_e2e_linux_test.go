@@ -3,8 +3,6 @@ package cni_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -17,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/identity"
 	"github.com/membrane-cni/membrane/pkg/models"
 	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
@@ -52,48 +51,13 @@ func (e *env) addPolicyPod(c *client.Client, name string, labels ...string) *pol
 // listen serves an echo on ip:port inside the pod's netns.
 func (p *policyPod) listen(t *testing.T, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := p.ns.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(p.ip.String(), strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.EchoServer(t, p.ns, p.ip, port)
 }
 
 // talk connects from p to dst:port and exchanges a message both ways:
 // the request passes dst's ingress policy and the reply p's (conntrack).
 func (p *policyPod) talk(dst *policyPod, port int, timeout time.Duration) error {
-	return p.ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(dst.ip.String(), strconv.Itoa(port)), timeout)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		msg := []byte("membrane")
-		if _, err := c.Write(msg); err != nil {
-			return err
-		}
-		if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
-			return fmt.Errorf("read reply: %w", err)
-		}
-		return nil
-	})
+	return testutil.Exchange(p.ns, dst.ip, port, timeout)
 }
 
 func mustTalk(t *testing.T, from, to *policyPod, port int) {
