@@ -36,7 +36,8 @@ for i in 0 1 2; do
 	v6=$(printf '%s' "$ips" | sed -n 's/.*"ipv6": *"\([0-9a-f:]*\)".*/\1/p' | head -1)
 	echo "allocated $v4 $v6"
 	step "$BIN/membranectl" --socket "$sock" -o json endpoint create "container-id:demo-$pod" \
-		--namespace default --pod "$pod" --label "k8s:app=${apps[$i]}" --ipv4 "$v4" --ipv6 "$v6" --sync
+		--namespace default --pod "$pod" --label "k8s:app=${apps[$i]}" \
+		--label k8s:io.kubernetes.pod.namespace=default --ipv4 "$v4" --ipv6 "$v6" --sync
 done
 
 step "$BIN/membranectl" --socket "$sock" endpoint list
@@ -53,6 +54,31 @@ step "$BIN/membranectl" --socket "$sock" -o json endpoint labels pod-name:defaul
 wait "$monitor_pid" || true
 echo; echo "$ membranectl monitor --count 6"; cat "$dir/events.txt"
 step "$BIN/membranectl" --socket "$sock" endpoint health pod-name:default/db-0
+echo; echo "== network policy: web may reach db on TCP 5432 (PUT /v1/policy); only db regenerates, its policy map is realised"
+cat >"$dir/policy.yaml" <<'YAML'
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: web-to-db
+  namespace: default
+spec:
+  endpointSelector:
+    matchLabels:
+      app: db
+  ingress:
+  - fromEndpoints:
+    - matchLabels:
+        app: web
+    toPorts:
+    - ports:
+      - port: "5432"
+        protocol: TCP
+YAML
+step "$BIN/membranectl" --socket "$sock" policy import "$dir/policy.yaml"
+step "$BIN/membranectl" --socket "$sock" policy get
+step "$BIN/membranectl" --socket "$sock" endpoint policy pod-name:default/db-0
+step "$BIN/membranectl" --socket "$sock" ipcache list
+step "$BIN/membranectl" --socket "$sock" policy delete default/web-to-db
 echo; echo "== a duplicate container is refused with 409"
 if ctl endpoint create container-id:demo-web-0 --namespace default --pod web-0 --label k8s:app=web --sync; then echo "unexpected success"; exit 1; fi
 step "$BIN/membranectl" --socket "$sock" ipam status
