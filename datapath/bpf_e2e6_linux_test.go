@@ -22,26 +22,11 @@ import (
 func addPod6(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identity.NumericIdentity, ip string) *testPod {
 	t.Helper()
 	pod := testutil.NewNS(t, "mbt-pod6")
-	h, err := pod.Handle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
 	if err := pod.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
 		t.Fatal(err)
 	}
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = "lxcbpf" + testutil.RandomSuffix(6)
-	if err := hostNL.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(h))}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
-	host, err := hostNL.LinkByName(attrs.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hostNL.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
+	host := podVeth(t, hostNL, pod)
+	attrs := host.Attrs()
 	addr := netip.MustParseAddr(ip)
 	nl := pod.Netlink(t)
 	eth0, err := nl.LinkByName("eth0")

@@ -32,9 +32,10 @@ type testPod struct {
 	ep *endpoint.Endpoint
 }
 
-func addPod(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identity.NumericIdentity, ip string) *testPod {
+// podVeth creates a veth lxcbpf<random> in the host netns whose peer is
+// eth0 in pod, and sets the host side up.
+func podVeth(t *testing.T, hostNL *netlink.Handle, pod *testutil.NS) netlink.Link {
 	t.Helper()
-	pod := testutil.NewNS(t, "mbt-pod")
 	h, err := pod.Handle()
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +53,14 @@ func addPod(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identity
 	if err := hostNL.LinkSetUp(host); err != nil {
 		t.Fatal(err)
 	}
+	return host
+}
+
+func addPod(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identity.NumericIdentity, ip string) *testPod {
+	t.Helper()
+	pod := testutil.NewNS(t, "mbt-pod")
+	host := podVeth(t, hostNL, pod)
+	attrs := host.Attrs()
 	addr := netip.MustParseAddr(ip)
 	nl := pod.Netlink(t)
 	eth0, err := nl.LinkByName("eth0")

@@ -277,17 +277,8 @@ func compileSelector(ls *labelSelector, path, ns string, nsFree bool) (*LabelSel
 			return nil, err
 		}
 		op := Operator(e.Operator)
-		switch op {
-		case OpIn, OpNotIn:
-			if len(e.Values) == 0 {
-				return nil, fmt.Errorf("%s.values: %s needs at least one value", p, op)
-			}
-		case OpExists, OpDoesNotExist:
-			if len(e.Values) > 0 {
-				return nil, fmt.Errorf("%s.values: %s takes no values", p, op)
-			}
-		default:
-			return nil, fmt.Errorf("%s.operator: unsupported operator %q (want In, NotIn, Exists or DoesNotExist)", p, e.Operator)
+		if err := checkOperator(op, e.Values, p); err != nil {
+			return nil, err
 		}
 		reqs = append(reqs, Requirement{Source: src, Key: key, Op: op, Values: e.Values})
 	}
@@ -317,4 +308,22 @@ func selectorKey(k, path string) (source, key string, err error) {
 		return "", "", fmt.Errorf("%s: label key %q: %w", path, k, err)
 	}
 	return source, key, nil
+}
+
+// checkOperator validates a matchExpressions entry at path p: In and
+// NotIn need values, Exists and DoesNotExist take none.
+func checkOperator(op Operator, values []string, p string) error {
+	switch op {
+	case OpIn, OpNotIn:
+		if len(values) == 0 {
+			return fmt.Errorf("%s.values: %s needs at least one value", p, op)
+		}
+	case OpExists, OpDoesNotExist:
+		if len(values) > 0 {
+			return fmt.Errorf("%s.values: %s takes no values", p, op)
+		}
+	default:
+		return fmt.Errorf("%s.operator: unsupported operator %q (want In, NotIn, Exists or DoesNotExist)", p, string(op))
+	}
+	return nil
 }

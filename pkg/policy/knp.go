@@ -138,17 +138,8 @@ func namespaceRequirements(ls *labelSelector, path string) ([]Requirement, error
 			return nil, unsupported(p+".key", e.Key)
 		}
 		op := Operator(e.Operator)
-		switch op {
-		case OpIn, OpNotIn:
-			if len(e.Values) == 0 {
-				return nil, fmt.Errorf("%s.values: %s needs at least one value", p, op)
-			}
-		case OpExists, OpDoesNotExist:
-			if len(e.Values) > 0 {
-				return nil, fmt.Errorf("%s.values: %s takes no values", p, op)
-			}
-		default:
-			return nil, fmt.Errorf("%s.operator: unsupported operator %q (want In, NotIn, Exists or DoesNotExist)", p, e.Operator)
+		if err := checkOperator(op, e.Values, p); err != nil {
+			return nil, err
 		}
 		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: op, Values: e.Values})
 	}
