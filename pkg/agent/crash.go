@@ -32,7 +32,8 @@ import (
 //     killed agent resets the connection. Clients must treat both alike;
 //   - ReenterAfter continuations of stopped actors may still run; whatever
 //     they send goes to dead letters (their timers, retry and proxy wait,
-//     are stopped with them: an armed one would keep this Agent reachable);
+//     are stopped with them, and futures left unanswered are completed as
+//     dead letters: an armed timer would keep this Agent reachable);
 //   - datapath work already running in a pool worker finishes or sees its
 //     context cancelled, so a fake operation without delay may complete
 //     just after Crash returns;
