@@ -350,6 +350,7 @@ func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
 	_ = s.Actors.Root.StopFuture(s.Agent).Wait()
 	s.Actors.Shutdown()
+	failFutures(s.Actors)
 }
 
 // proxyAck delivers a proxy's acknowledgement to the endpoint's actor

@@ -148,6 +148,11 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.started(ctx)
 	case *actor.Restarting:
 		a.restarting(ctx)
+	case *actor.Stopping:
+		// Stopped with the system (agent Stop or Crash): an armed retry
+		// timer (up to RetryMax) would keep the actor system, and with it
+		// the whole stopped agent, reachable until it fires.
+		a.stopTimers()
 	case *reattach:
 		a.reattach(ctx, msg)
 	case *messages.Regenerate:
