@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,26 +45,6 @@ func requireClean(tb testing.TB, r *Report) {
 		var b strings.Builder
 		r.WriteText(&b)
 		tb.Fatalf("the run found violations:\n%s", b.String())
-	}
-}
-
-var (
-	restoreOnce sync.Once
-	restoreOK   bool
-	restoreErr  error
-)
-
-// requireRestore skips a test that needs the agent to restore endpoints
-// after a crash (issue 5) when the agent does not: the probe looks at
-// behaviour (RestoreAvailable), not at builds or packages.
-func requireRestore(tb testing.TB) {
-	tb.Helper()
-	restoreOnce.Do(func() { restoreOK, restoreErr = RestoreAvailable(context.Background(), tb.TempDir()) })
-	if restoreErr != nil {
-		tb.Fatal(restoreErr)
-	}
-	if !restoreOK {
-		tb.Skip("needs restore (issue 5): the agent does not bring endpoints back after a crash")
 	}
 }
 
@@ -153,9 +132,8 @@ func TestRunFaults(t *testing.T) {
 }
 
 // TestRunCrashesAndFaults: crash/restarts with faults on; the restore
-// contract holds (needs restore, see requireRestore).
+// contract holds.
 func TestRunCrashesAndFaults(t *testing.T) {
-	requireRestore(t)
 	sc := testScenario("crashes")
 	sc.SetFaultRate(0.05)
 	sc.Faults.SlowDatapathDelay = Duration(5 * time.Millisecond)
@@ -165,29 +143,6 @@ func TestRunCrashesAndFaults(t *testing.T) {
 	requireClean(t, r)
 	if r.Restarts != sc.Crashes {
 		t.Errorf("%d restarts, want %d", r.Restarts, sc.Crashes)
-	}
-}
-
-// TestRunCrashWithoutRestore runs where restore is missing: the harness
-// must report the endpoints every crash loses, with their histories.
-func TestRunCrashWithoutRestore(t *testing.T) {
-	restoreOnce.Do(func() { restoreOK, restoreErr = RestoreAvailable(context.Background(), t.TempDir()) })
-	if restoreErr != nil {
-		t.Fatal(restoreErr)
-	}
-	if restoreOK {
-		t.Skip("restore works: TestRunCrashesAndFaults covers crashes")
-	}
-	sc := testScenario("crash-without-restore")
-	sc.Endpoints, sc.Crashes = 50, 1
-	r := runScenario(t, sc)
-	if r.OK() || r.ViolationsByInvariant[invEndpointLost] == 0 {
-		t.Fatalf("violations %v, want endpoints lost", r.ViolationsByInvariant)
-	}
-	for _, v := range r.Violations {
-		if v.Invariant == invEndpointLost && (v.Endpoint == "" || len(v.History) == 0) {
-			t.Errorf("violation without endpoint or history: %+v", v)
-		}
 	}
 }
 
