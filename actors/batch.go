@@ -105,9 +105,9 @@ func (b *batcher) flush(send func(*actor.PID, any)) {
 		for _, op := range b.ops {
 			var err error
 			if op.Delete {
-				err = txn.Delete(op.Table, op.Obj)
+				err = index.Delete(txn, op.Table, op.Obj)
 			} else {
-				err = txn.Insert(op.Table, op.Obj)
+				err = index.Insert(txn, op.Table, op.Obj)
 			}
 			if err != nil && !(op.Delete && isNotFound(err)) {
 				b.log.Error("index write failed", "table", op.Table, "delete", op.Delete, "err", err)

@@ -287,7 +287,7 @@ func readIndex(ix *index.Index) *Snapshot {
 			fn(o)
 		}
 	}
-	each(index.TableEndpoints, func(o any) { s.Endpoints = append(s.Endpoints, o.(*endpoint.Endpoint)) })
+	s.Endpoints = index.EndpointsIn(txn)
 	each(index.TableIPAM, func(o any) { s.IPs = append(s.IPs, o.(*index.IP)) })
 	each(index.TableIdentities, func(o any) { s.Identities = append(s.Identities, o.(*index.Identity)) })
 	each(index.TableIdentityLeases, func(o any) { s.Leases = append(s.Leases, o.(*index.IdentityLease)) })

@@ -36,6 +36,7 @@ type config struct {
 	progress string
 	dir      string
 	cpuProf  string
+	memProf  string
 	cniBin   string
 }
 
@@ -65,6 +66,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer stopProf()
 	}
 	rep, err := sim.Run(ctx, cfg.sc, opts)
+	if cfg.memProf != "" {
+		if perr := writeAllocProfile(cfg.memProf); perr != nil {
+			fmt.Fprintf(stderr, "membrane-sim: %v\n", perr)
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
 		if errors.Is(err, sim.ErrInvalidScenario) || errors.Is(err, sim.ErrLinuxUnavailable) {
@@ -143,6 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory holding membrane-cni for --datapath linux (default: next to membrane-sim, ./bin, PATH)")
 	fs.BoolVar(&d.ForceLinux, "force", false, "let --datapath linux run more than 500 endpoints")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
+	fs.StringVar(&cfg.memProf, "memprofile", "", "write an allocation profile of the whole run (harness and agent) to this file at the end")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -239,6 +246,23 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// writeAllocProfile writes the allocations made so far (go tool pprof
+// -sample_index=alloc_space shows where the garbage collector's work comes from).
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	err = pprof.Lookup("allocs").WriteTo(f, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	return nil
 }
 
 // startCPUProfile profiles the process (agent and harness) until stop.

@@ -50,17 +50,17 @@ type EndpointFilter struct {
 
 // Endpoint returns the endpoint with the given ID.
 func (ix *Index) Endpoint(id endpoint.ID) (*endpoint.Endpoint, bool) {
-	return first[*endpoint.Endpoint](ix.ReadTxn(), TableEndpoints, IndexID, id)
+	return firstEndpoint(ix.ReadTxn(), IndexID, id)
 }
 
 // EndpointByContainerID returns the endpoint of a container.
 func (ix *Index) EndpointByContainerID(cid string) (*endpoint.Endpoint, bool) {
-	return first[*endpoint.Endpoint](ix.ReadTxn(), TableEndpoints, IndexContainerID, cid)
+	return firstEndpoint(ix.ReadTxn(), IndexContainerID, cid)
 }
 
 // EndpointByPod returns the first endpoint of a pod.
 func (ix *Index) EndpointByPod(namespace, pod string) (*endpoint.Endpoint, bool) {
-	return first[*endpoint.Endpoint](ix.ReadTxn(), TableEndpoints, IndexPod, namespace+"/"+pod+"/")
+	return firstEndpoint(ix.ReadTxn(), IndexPod, podKey(namespace, pod))
 }
 
 // EndpointByIP returns the endpoint using an address.
@@ -70,7 +70,7 @@ func (ix *Index) EndpointByIP(ip netip.Addr) (*endpoint.Endpoint, bool) {
 	if ip.Is6() {
 		idx = IndexIPv6
 	}
-	return first[*endpoint.Endpoint](ix.ReadTxn(), TableEndpoints, idx, ip)
+	return firstEndpoint(ix.ReadTxn(), idx, ip)
 }
 
 // Resolve finds the endpoint a parsed API reference names.
@@ -114,7 +114,7 @@ func (ix *Index) Endpoints(f EndpointFilter) []*endpoint.Endpoint {
 	}
 	var out []*endpoint.Endpoint
 	for o := it.Next(); o != nil; o = it.Next() {
-		ep := o.(*endpoint.Endpoint)
+		ep := endpointOf(o)
 		if matches(ep, f) {
 			out = append(out, ep)
 		}
@@ -158,7 +158,7 @@ func (ix *Index) CountEndpoints() (total int, byState map[endpoint.State]int) {
 	}
 	for o := it.Next(); o != nil; o = it.Next() {
 		total++
-		byState[o.(*endpoint.Endpoint).State]++
+		byState[endpointOf(o).State]++
 	}
 	return total, byState
 }
@@ -207,6 +207,14 @@ func (ix *Index) IPsByOwner(owner string) []*IP {
 		}
 	}
 	return out
+}
+
+func firstEndpoint(txn *memdb.Txn, idx string, arg any) (*endpoint.Endpoint, bool) {
+	o, err := txn.First(TableEndpoints, idx, arg)
+	if err != nil || o == nil {
+		return nil, false
+	}
+	return endpointOf(o), true
 }
 
 func first[T any](txn *memdb.Txn, table, idx string, arg any) (T, bool) {

@@ -26,7 +26,7 @@ func insert[T any](tb testing.TB, ix *Index, table string, rows ...T) {
 	txn := ix.WriteTxn()
 	defer txn.Abort()
 	for _, r := range rows {
-		if err := txn.Insert(table, r); err != nil {
+		if err := Insert(txn, table, r); err != nil {
 			tb.Fatalf("insert into %s: %v", table, err)
 		}
 	}
@@ -225,7 +225,7 @@ func TestEndpointRequiresState(t *testing.T) {
 	ix := newIndex(t)
 	txn := ix.WriteTxn()
 	defer txn.Abort()
-	if err := txn.Insert(TableEndpoints, &endpoint.Endpoint{ID: 1}); err == nil {
+	if err := Insert(txn, TableEndpoints, &endpoint.Endpoint{ID: 1}); err == nil {
 		t.Fatalf("inserting an endpoint without a state succeeded")
 	}
 }

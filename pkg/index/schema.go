@@ -84,31 +84,31 @@ func Schema() *memdb.DBSchema {
 }
 
 func endpointsTable() *memdb.TableSchema {
-	ep := func(o any) *endpoint.Endpoint { return o.(*endpoint.Endpoint) }
+	key := func(o any) *endpointKey { return &o.(*endpointRow).key }
 	return &memdb.TableSchema{Name: TableEndpoints, Indexes: map[string]*memdb.IndexSchema{
-		IndexID: {Name: IndexID, Unique: true, Indexer: uint16Index(func(o any) uint16 { return uint16(ep(o).ID) })},
+		IndexID: {Name: IndexID, Unique: true, Indexer: uint16Index(func(o any) uint16 { return uint16(key(o).id) })},
 		IndexContainerID: {Name: IndexContainerID, Unique: true, AllowMissing: true,
-			Indexer: stringIndex(func(o any) string { return ep(o).ContainerID })},
+			Indexer: stringIndex(func(o any) string { return key(o).containerID })},
 		IndexIPv4: {Name: IndexIPv4, Unique: true, AllowMissing: true,
-			Indexer: addrIndex(func(o any) netip.Addr { return ep(o).IPv4 })},
+			Indexer: addrIndex(func(o any) netip.Addr { return key(o).ipv4 })},
 		IndexIPv6: {Name: IndexIPv6, Unique: true, AllowMissing: true,
-			Indexer: addrIndex(func(o any) netip.Addr { return ep(o).IPv6 })},
+			Indexer: addrIndex(func(o any) netip.Addr { return key(o).ipv6 })},
 		IndexPod: {Name: IndexPod, AllowMissing: true,
-			Indexer: stringIndex(func(o any) string { return podKey(ep(o)) })},
+			Indexer: stringIndex(func(o any) string { return podKey(key(o).namespace, key(o).podName) })},
 		// Its key is missing for a row without a state, so such a row is
 		// refused (the manager always sets one before inserting).
-		IndexIdentity: {Name: IndexIdentity, Indexer: withKeyIf(uint32Index(func(o any) uint32 { return uint32(ep(o).Identity) }),
-			func(o any) bool { return ep(o).State != endpoint.StateNone })},
+		IndexIdentity: {Name: IndexIdentity, Indexer: withKeyIf(uint32Index(func(o any) uint32 { return uint32(key(o).identity) }),
+			func(o any) bool { return key(o).stated })},
 	}}
 }
 
 // podKey is "ns/pod/" so that a prefix "ns/" selects a namespace without
 // matching "ns2/..." and the exact key of a pod never prefixes another pod's.
-func podKey(e *endpoint.Endpoint) string {
-	if e.Namespace == "" && e.PodName == "" {
+func podKey(namespace, pod string) string {
+	if namespace == "" && pod == "" {
 		return ""
 	}
-	return e.Namespace + "/" + e.PodName + "/"
+	return namespace + "/" + pod + "/"
 }
 
 func identitiesTable() *memdb.TableSchema {
