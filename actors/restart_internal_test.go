@@ -91,7 +91,7 @@ func TestIPAMRebuildReleasesDeadHolders(t *testing.T) {
 	dead := netip.MustParseAddr("10.78.0.200")
 	txn := sys.Index.WriteTxn()
 	row := &index.IP{IP: dead, Family: "ipv4", Owner: "sv/dead", Endpoint: 999, Holder: "nonexistent/ep-999"}
-	if err := txn.Insert(index.TableIPAM, row); err != nil {
+	if err := index.Insert(txn, index.TableIPAM, row); err != nil {
 		t.Fatal(err)
 	}
 	txn.Commit()

@@ -21,7 +21,9 @@ import (
 // Options are the harness settings that are not part of a scenario.
 type Options struct {
 	// Dir holds the agent's socket and state directory; "" uses a
-	// temporary directory, removed at the end.
+	// temporary directory, removed at the end, on a tmpfs when there is
+	// one (/run, /dev/shm): the agent's default state directory is under
+	// /var/run, a tmpfs on a node. The report names the filesystem.
 	Dir string
 	// AgentLog receives the agent's logs; nil drops them.
 	AgentLog slog.Handler
@@ -128,7 +130,7 @@ func newEngine(sc Scenario, opts Options) (*engine, func(), error) {
 	cleanup := func() {}
 	dir := opts.Dir
 	if dir == "" {
-		tmp, err := os.MkdirTemp("", "membrane-sim-")
+		tmp, err := os.MkdirTemp(tmpfsBase(), "membrane-sim-")
 		if err != nil {
 			return nil, nil, fmt.Errorf("run: %w", err)
 		}

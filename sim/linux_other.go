@@ -24,3 +24,9 @@ func LocateCNI(string) (string, error) {
 func (e *engine) setupLinux(agent.Config) (func(), error) {
 	return nil, fmt.Errorf("linux datapath: %w", ErrLinuxUnavailable)
 }
+
+// tmpfsBase has no tmpfs to offer off Linux: runs use the temp dir.
+func tmpfsBase() string { return "" }
+
+// fsType names the filesystem of dir ("" when unknown).
+func fsType(string) string { return "" }

@@ -73,6 +73,10 @@ type Host struct {
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	NumCPU     int    `json:"num_cpu"`
 	OS         string `json:"os"`
+	// StateFS is the filesystem of the agent's state directory (tmpfs,
+	// ext4, ...): its syncs and metadata calls are a large part of a
+	// lifecycle's cost on a disk.
+	StateFS string `json:"state_fs"`
 }
 
 func (e *engine) report(heap float64, heapLive int) *Report {
@@ -80,7 +84,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 		LiveEndpointsPeak: int(e.livePeak.Load()), IndexEndpointsPeak: int(e.indexPeak.Load()),
 		HeapBytesPerLiveEndpoint: heap, HeapLiveEndpoints: heapLive, Restarts: int(e.restarts.Load()),
 		LatencyMS: e.rec.stats(), ZombiesSwept: e.zombiesSwept.Load(), AddressesSwept: e.ipsSwept.Load(),
-		Host: Host{GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH}}
+		Host: Host{GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, StateFS: fsType(e.dir)}}
 	r.Violations, r.ViolationsByInvariant, r.ViolationsTotal = e.viol.snapshot()
 	if cs, ce := e.churnStart.Load(), e.churnEnd.Load(); cs > 0 && ce > cs {
 		r.RampS = time.Unix(0, cs).Sub(e.start).Seconds()
@@ -161,7 +165,11 @@ func (r *Report) WriteText(w io.Writer) {
 	f := sc.Faults
 	fmt.Fprintf(w, "faults: datapath errors %.3g, slow datapath %.3g (+%s), proxy acks %d lost %.3g, client timeouts %.3g (<%s)\n",
 		f.DatapathErrorRate, f.SlowDatapathRate, f.SlowDatapathDelay.D(), f.ProxyAcks, f.ProxyAckDropRate, f.ClientTimeoutRate, f.ClientTimeout.D())
-	fmt.Fprintf(w, "host: %s, GOMAXPROCS %d, %d CPUs\n\n", r.Host.GoVersion, r.Host.GOMAXPROCS, r.Host.NumCPU)
+	fs := r.Host.StateFS
+	if fs == "" {
+		fs = "an unknown filesystem"
+	}
+	fmt.Fprintf(w, "host: %s, GOMAXPROCS %d, %d CPUs, state on %s\n\n", r.Host.GoVersion, r.Host.GOMAXPROCS, r.Host.NumCPU, fs)
 	fmt.Fprintf(w, "time:            %.1fs (ramp-up %.1fs, churn %.1fs)\n", r.WallS, r.RampS, r.ChurnS)
 	fmt.Fprintf(w, "lifecycles:      %d total, %.0f/s during churn (slowest 5s: %.0f/s), %d failed ADDs\n",
 		r.Lifecycles, r.LifecyclesPerSecond, r.LifecyclesPerSecondMin, r.FailedAdds)

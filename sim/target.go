@@ -288,8 +288,8 @@ func readIndex(ix *index.Index) *Snapshot {
 		}
 	}
 	s.Endpoints = index.EndpointsIn(txn)
-	each(index.TableIPAM, func(o any) { s.IPs = append(s.IPs, o.(*index.IP)) })
-	each(index.TableIdentities, func(o any) { s.Identities = append(s.Identities, o.(*index.Identity)) })
+	s.IPs = index.IPsIn(txn)
+	s.Identities = index.IdentitiesIn(txn)
 	each(index.TableIdentityLeases, func(o any) { s.Leases = append(s.Leases, o.(*index.IdentityLease)) })
 	return s
 }

@@ -10,6 +10,8 @@
 // Every table has exactly one writer, so a writer never races itself and a
 // restarted actor rebuilds its state from its table. Readers (HTTP handlers,
 // membranectl, the simulator's invariant checks) open read transactions
-// directly and never go through a mailbox. Rows are immutable once inserted:
-// copy, change, insert.
+// directly and never go through a mailbox. Records are immutable once
+// written: copy, change, write. Writers go through Insert and Delete: the
+// endpoints, ipam and identities tables keep a row per key and swap its
+// record when no indexed field changes (see swapRow).
 package index

@@ -165,27 +165,27 @@ func (ix *Index) CountEndpoints() (total int, byState map[endpoint.State]int) {
 
 // Identity returns an identity row.
 func (ix *Index) Identity(id identity.NumericIdentity) (*Identity, bool) {
-	return first[*Identity](ix.ReadTxn(), TableIdentities, IndexID, id)
+	return firstRec[identityKey, Identity](ix.ReadTxn(), TableIdentities, IndexID, id)
 }
 
 // IdentityByLabels returns the identity row of a label set.
 func (ix *Index) IdentityByLabels(ls labels.Labels) (*Identity, bool) {
-	return first[*Identity](ix.ReadTxn(), TableIdentities, "labels", ls.Key())
+	return firstRec[identityKey, Identity](ix.ReadTxn(), TableIdentities, "labels", ls.Key())
 }
 
 // Identities lists every identity row by ID.
 func (ix *Index) Identities() []*Identity {
-	return all[*Identity](ix.ReadTxn(), TableIdentities, IndexID)
+	return IdentitiesIn(ix.ReadTxn())
 }
 
 // IP returns the ipam row of an address.
 func (ix *Index) IP(ip netip.Addr) (*IP, bool) {
-	return first[*IP](ix.ReadTxn(), TableIPAM, IndexID, ip.Unmap())
+	return firstRec[netip.Addr, IP](ix.ReadTxn(), TableIPAM, IndexID, ip.Unmap())
 }
 
 // IPs lists the allocated addresses of a family ("ipv4"/"ipv6"; "" for all), by IP.
 func (ix *Index) IPs(family string) []*IP {
-	rows := all[*IP](ix.ReadTxn(), TableIPAM, IndexID)
+	rows := IPsIn(ix.ReadTxn())
 	if family == "" {
 		return rows
 	}
@@ -210,11 +210,7 @@ func (ix *Index) IPsByOwner(owner string) []*IP {
 }
 
 func firstEndpoint(txn *memdb.Txn, idx string, arg any) (*endpoint.Endpoint, bool) {
-	o, err := txn.First(TableEndpoints, idx, arg)
-	if err != nil || o == nil {
-		return nil, false
-	}
-	return endpointOf(o), true
+	return firstRec[endpointKey, endpoint.Endpoint](txn, TableEndpoints, idx, arg)
 }
 
 func first[T any](txn *memdb.Txn, table, idx string, arg any) (T, bool) {

@@ -112,21 +112,20 @@ func podKey(namespace, pod string) string {
 }
 
 func identitiesTable() *memdb.TableSchema {
-	row := func(o any) *Identity { return o.(*Identity) }
+	key := func(o any) *identityKey { return &o.(*identityRow).key }
 	return &memdb.TableSchema{Name: TableIdentities, Indexes: map[string]*memdb.IndexSchema{
-		IndexID: {Name: IndexID, Unique: true, Indexer: uint32Index(func(o any) uint32 { return uint32(row(o).ID) })},
+		IndexID: {Name: IndexID, Unique: true, Indexer: uint32Index(func(o any) uint32 { return uint32(key(o).id) })},
 		// "labels" serves lookups by label set (GET /v1/identity?labels=...).
-		"labels": {Name: "labels", Unique: true, Indexer: stringIndex(func(o any) string { return row(o).Key })},
+		"labels": {Name: "labels", Unique: true, Indexer: stringIndex(func(o any) string { return key(o).labels })},
 	}}
 }
 
 func ipamTable() *memdb.TableSchema {
-	row := func(o any) *IP { return o.(*IP) }
 	return &memdb.TableSchema{Name: TableIPAM, Indexes: map[string]*memdb.IndexSchema{
 		// The primary key alone: every secondary index costs each live
 		// address a radix leaf (heap per endpoint is a target). IPv4 keys
 		// are 4 bytes and IPv6 keys 16, so a family is a key-length scan.
-		IndexID: {Name: IndexID, Unique: true, Indexer: addrIndex(func(o any) netip.Addr { return row(o).IP })},
+		IndexID: {Name: IndexID, Unique: true, Indexer: addrIndex(func(o any) netip.Addr { return o.(*ipRow).key })},
 	}}
 }
 
