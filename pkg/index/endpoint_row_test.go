@@ -113,7 +113,10 @@ func TestIPAndIdentitySwap(t *testing.T) {
 	insert(t, ix, TableIPAM, &IP{IP: ip, Family: "ipv4", Owner: "ns/p"})
 	insert(t, ix, TableIdentities, &Identity{ID: 300, Labels: web, Key: web.Key(), RefCount: 1})
 	rowIP := func() any { o, _ := ix.ReadTxn().First(TableIPAM, IndexID, ip); return o }
-	rowID := func() any { o, _ := ix.ReadTxn().First(TableIdentities, IndexID, identity.NumericIdentity(300)); return o }
+	rowID := func() any {
+		o, _ := ix.ReadTxn().First(TableIdentities, IndexID, identity.NumericIdentity(300))
+		return o
+	}
 	ipBefore, idBefore := rowIP(), rowID()
 	insert(t, ix, TableIPAM, &IP{IP: ip, Family: "ipv4", Owner: "ns/p", Endpoint: 7, Holder: "ep-7"})
 	insert(t, ix, TableIdentities, &Identity{ID: 300, Labels: web, Key: web.Key(), RefCount: 2})
