@@ -65,3 +65,38 @@ func benchEndpointUpdate(b *testing.B, name string, change func(*endpoint.Endpoi
 		}
 	})
 }
+
+// BenchmarkLifecycleRows measures the index writes an endpoint lifecycle
+// cannot avoid at 10,000 endpoints: its endpoint row and its address row
+// inserted and deleted, each in its own transaction (the endpoint manager
+// and IPAM commit separately).
+func BenchmarkLifecycleRows(b *testing.B) {
+	ix, eps := benchEndpoints(b, 10000)
+	ips := make([]any, len(eps))
+	for i, e := range eps {
+		ips[i] = &IP{IP: e.IPv4, Family: "ipv4", Owner: e.Namespace + "/" + e.PodName}
+	}
+	insert(b, ix, TableIPAM, ips...)
+	write := func(table string, obj any, del bool) {
+		txn := ix.WriteTxn()
+		var err error
+		if del {
+			err = Delete(txn, table, obj)
+		} else {
+			err = Insert(txn, table, obj)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		txn.Commit()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := i * 7919 % len(eps)
+		for _, del := range []bool{true, false} {
+			write(TableEndpoints, eps[k], del)
+			write(TableIPAM, ips[k], del)
+		}
+	}
+}

@@ -80,7 +80,7 @@ func ipcacheTable() *memdb.TableSchema {
 func prefixIndex(fn func(any) netip.Prefix) *funcIndex {
 	enc := func(p netip.Prefix) []byte {
 		b, _ := p.Addr().Unmap().MarshalBinary()
-		return append(b, byte(p.Bits()))
+		return nibbles(append(b, byte(p.Bits())))
 	}
 	return &funcIndex{
 		key: func(o any) ([]byte, bool) { return enc(fn(o)), true },
