@@ -73,6 +73,9 @@ type engine struct {
 	rampOnce   sync.Once
 	churnStart atomic.Int64 // unix nanoseconds
 	churnEnd   atomic.Int64
+	// churnCPU is the process's CPU time and the runtime's GC CPU time at
+	// the start and end of the churn phase.
+	churnCPU [2]cpuSample
 
 	lifecycles      atomic.Uint64 // ADD acknowledged, then DEL acknowledged
 	churnLifecycles atomic.Uint64 // of which during churn
@@ -246,6 +249,7 @@ func (e *engine) load(ctx context.Context) {
 		e.note(fmt.Sprintf("ramp-up stopped after %s with %d live endpoints of %d", rampLimit, e.m.liveCount(), e.sc.Endpoints))
 	}
 	e.limiter.Store(newLimiter(e.sc.ChurnRate))
+	e.churnCPU[0] = sampleCPU()
 	e.churnStart.Store(time.Now().UnixNano())
 	e.setPhase(phaseChurn)
 	cctx, stopCrashes := context.WithCancel(wctx)
@@ -269,6 +273,7 @@ func (e *engine) load(ctx context.Context) {
 		e.note("interrupted during churn")
 	}
 	e.churnEnd.Store(time.Now().UnixNano())
+	e.churnCPU[1] = sampleCPU()
 	e.setPhase(phaseSettle)
 	stopCrashes() // a crash under way still restarts the agent
 	<-crashes

@@ -4,6 +4,7 @@ package sim
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 )
@@ -30,3 +31,6 @@ func tmpfsBase() string { return "" }
 
 // fsType names the filesystem of dir ("" when unknown).
 func fsType(string) string { return "" }
+
+// processCPU is not measured off Linux.
+func processCPU() time.Duration { return 0 }

@@ -26,6 +26,14 @@ type Report struct {
 	LifecyclesPerSecondMin float64 `json:"lifecycles_per_second_min_5s"`
 	// OpsPerSecond is API calls per second during churn.
 	OpsPerSecond float64 `json:"ops_per_second"`
+	// CPUMsPerLifecycle is the process's CPU time (agent and harness: the
+	// kubelet-like clients run in it too) per lifecycle during churn, a
+	// figure the machine's other load barely moves; GCCPUFraction the
+	// garbage collector's share of the CPU time the Go runtime used then
+	// (its own estimates, /cpu/classes in runtime/metrics, idle-time
+	// marking included).
+	CPUMsPerLifecycle float64 `json:"cpu_ms_per_lifecycle"`
+	GCCPUFraction     float64 `json:"gc_cpu_fraction"`
 	// FailedAdds are ADDs that failed (each followed by a DEL).
 	FailedAdds uint64 `json:"failed_adds"`
 	// LiveEndpointsPeak is the most pods live at once (acknowledged ADD,
@@ -92,6 +100,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 		r.LifecyclesPerSecond = float64(e.churnLifecycles.Load()) / r.ChurnS
 	}
 	r.LifecyclesPerSecondMin, r.OpsPerSecond = churnRates(e.timeline)
+	r.CPUMsPerLifecycle, r.GCCPUFraction = cpuPerLifecycle(e.churnCPU, e.churnLifecycles.Load())
 	c := e.tgt.Counters()
 	r.Regenerations = RegenStats{Requested: c.RegenerationsRequested, Run: c.RegenerationsRun, Failed: c.RegenerationsFailed}
 	if c.RegenerationsRequested > c.RegenerationsRun {
@@ -174,6 +183,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lifecycles:      %d total, %.0f/s during churn (slowest 5s: %.0f/s), %d failed ADDs\n",
 		r.Lifecycles, r.LifecyclesPerSecond, r.LifecyclesPerSecondMin, r.FailedAdds)
 	fmt.Fprintf(w, "API calls:       %.0f/s during churn\n", r.OpsPerSecond)
+	if r.CPUMsPerLifecycle > 0 {
+		fmt.Fprintf(w, "CPU:             %.2f ms per lifecycle (agent and clients); GC %.0f%% of the runtime's CPU\n", r.CPUMsPerLifecycle, 100*r.GCCPUFraction)
+	}
 	fmt.Fprintf(w, "live endpoints:  peak %d (index peak %d)\n", r.LiveEndpointsPeak, r.IndexEndpointsPeak)
 	fmt.Fprintf(w, "heap:            %.0f bytes per live endpoint (%d live, settled)\n", r.HeapBytesPerLiveEndpoint, r.HeapLiveEndpoints)
 	fmt.Fprintf(w, "regenerations:   %d requested, %d run (%d coalesced), %d failed; %d proxy timeouts\n",

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -38,4 +39,13 @@ func fsType(dir string) string {
 		return "overlay"
 	}
 	return "0x" + strconv.FormatInt(int64(st.Type), 16)
+}
+
+// processCPU returns the CPU time the process (agent and harness) used.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
