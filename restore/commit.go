@@ -80,6 +80,7 @@ func (s *Store) finish(b *batch, flushErr error) {
 			s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", err)
 		}
 		r.done(err)
+		r.release()
 	}
 	for _, t := range b.trash {
 		s.recycle(t)

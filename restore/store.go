@@ -1,7 +1,6 @@
 package restore
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -29,8 +28,9 @@ const (
 // request is one queued write (data != nil) or removal.
 type request struct {
 	id     endpoint.ID
-	data   []byte
-	header []byte
+	data   []byte  // ep.json
+	header []byte  // ep_config.h
+	buf    *[]byte // the pooled buffer data and header are in
 	done   func(error)
 }
 
@@ -121,12 +121,41 @@ func (s *Store) Dir() string { return s.dir }
 // Write queues ep's state; done is called (from the writer goroutine, so
 // it must not block) once it is durable or failed. Never blocks on disk.
 func (s *Store) Write(ep *endpoint.Endpoint, done func(error)) {
-	data, err := json.MarshalIndent(FromEndpoint(ep), "", "  ")
+	r, err := s.encode(ep)
 	if err != nil {
-		done(fmt.Errorf("encode state of endpoint %d: %w", ep.ID, err))
+		done(err)
 		return
 	}
-	s.submit(request{id: ep.ID, data: append(data, '\n'), header: header(ep), done: done})
+	r.done = done
+	s.submit(r)
+}
+
+// encode renders ep's files into a write request, in a pooled buffer
+// (release returns it).
+func (s *Store) encode(ep *endpoint.Endpoint) (request, error) {
+	bp := encodeBufs.Get().(*[]byte)
+	b, err := encodeState((*bp)[:0], ep)
+	if err != nil {
+		encodeBufs.Put(bp)
+		return request{}, err
+	}
+	n := len(b)
+	b = appendHeader(b, ep)
+	*bp = b
+	return request{id: ep.ID, data: b[:n:n], header: b[n:], buf: bp}, nil
+}
+
+// maxPooled bounds the buffers kept for reuse (a record with thousands of
+// labels is not worth keeping around).
+const maxPooled = 64 << 10
+
+// release returns a request's buffer once its files are written and it
+// was answered.
+func (r *request) release() {
+	if r.buf != nil && cap(*r.buf) <= maxPooled {
+		encodeBufs.Put(r.buf)
+	}
+	r.buf, r.data, r.header = nil, nil, nil
 }
 
 // Remove queues the removal of an endpoint's state; done is called once

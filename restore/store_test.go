@@ -221,7 +221,7 @@ func writeDir(t *testing.T, dir, name string, ep *endpoint.Endpoint) {
 	if err := os.Mkdir(d, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	for file, b := range map[string][]byte{stateFile: data, headerFile: header(ep)} {
+	for file, b := range map[string][]byte{stateFile: data, headerFile: headerReflect(ep)} {
 		if err := os.WriteFile(filepath.Join(d, file), b, 0o640); err != nil {
 			t.Fatal(err)
 		}
