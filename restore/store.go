@@ -68,23 +68,32 @@ type Store struct {
 	// so workers never touch the same ID; the words are shared, hence
 	// atomics). spare marks IDs whose <id>_next directory exists and
 	// holds the previous state after an exchange: the next write reuses
-	// it instead of creating and deleting a directory.
-	spare [(endpoint.MaxID + 1) / 64]atomic.Uint64
+	// it instead of creating and deleting a directory. present marks IDs
+	// whose <id> exists, as far as the store knows (a hint: a write
+	// renames its state into place rather than trying an exchange first,
+	// and falls back to the exchange when <id> is there after all).
+	spare, present idSet
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
 	trashSeq   atomic.Uint64
-	dirFd      int // the state directory, for syncfs
+	// sd is the state directory's fd, which the writer's paths are
+	// relative to and syncfs flushes; closed once the writer and the
+	// janitor stopped.
+	sd      stateDir
+	closeSd sync.Once
+	// freeBatch is a finished batch the writer reuses (writer only).
+	freeBatch *batch
 
 	// work feeds the workers that carry out a group's file operations in
 	// parallel (each is a handful of metadata syscalls; a single thread
 	// doing them one after the other is slow when CPUs are contended).
-	work chan func()
+	work chan chunk
 	jan  *janitor
 
 	// recycleMu guards recycled: directories in the trash kept for reuse.
 	recycleMu sync.Mutex
-	recycled  []string
+	recycled  []trashEntry
 }
 
 // workers is the number of goroutines that write a group's files.
@@ -95,21 +104,17 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, trashDir), 0o750); err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
-	fd, err := openDir(dir)
+	sd, err := openStateDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
-	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), dirFd: fd,
-		work: make(chan func())}
+	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), sd: sd,
+		work: make(chan chunk)}
 	s.trashSeq.Store(uint64(time.Now().UnixNano()))
 	s.cond = sync.NewCond(&s.mu)
-	s.jan = newJanitor(s.log)
+	s.jan = newJanitor(s.log, sd)
 	for range workers {
-		go func() {
-			for fn := range s.work {
-				fn()
-			}
-		}()
+		go s.worker()
 	}
 	go s.writer()
 	return s, nil
@@ -185,6 +190,7 @@ func (s *Store) Close() {
 	s.cond.Signal()
 	<-s.done
 	s.jan.stop(false)
+	s.closeSd.Do(s.sd.close)
 }
 
 // Abort drops queued requests (answering them with ErrClosed) and stops
@@ -202,6 +208,7 @@ func (s *Store) Abort() {
 	}
 	<-s.done
 	s.jan.stop(true)
+	s.closeSd.Do(s.sd.close)
 }
 
 // Stats returns the store's counters.
@@ -219,7 +226,6 @@ func (s *Store) Stats() Stats {
 // awaiting its flush (those requests wait one round).
 func (s *Store) writer() {
 	defer close(s.done)
-	defer closeFd(s.dirFd)
 	defer close(s.work)
 	var pending *batch // applied, not yet flushed
 	for {

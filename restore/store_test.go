@@ -2,6 +2,7 @@ package restore
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -225,5 +226,67 @@ func writeDir(t *testing.T, dir, name string, ep *endpoint.Endpoint) {
 		if err := os.WriteFile(filepath.Join(d, file), b, 0o640); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFileOpsDoNotAllocate: a lifecycle's file operations (write into a
+// reused directory, exchange, removal into the trash and its reuse) make
+// no garbage: paths are built on the stack and the syscalls take them as
+// they are.
+func TestFileOpsDoNotAllocate(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	ep := benchEndpoint(t, 9)
+	mustWrite(t, s, ep)
+	r, err := s.encode(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.release()
+	allocs := testing.AllocsPerRun(50, func() {
+		for range 2 { // create (rename into place), regenerate (exchange)
+			if err := s.writeNext(r); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.swap(r.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var res result
+		if err := s.remove(r.id, &res); err != nil || res.ntrash != 2 {
+			t.Fatalf("remove: %v, %d directories to the trash, want 2", err, res.ntrash)
+		}
+		s.recycle(res.trash[:res.ntrash])
+	})
+	if allocs > 0 {
+		t.Errorf("a lifecycle's file operations allocate %.1f times, want 0", allocs)
+	}
+	if got := scanIDs(t, dir); len(got) != 0 {
+		t.Errorf("scan after the removal found %v", got)
+	}
+}
+
+// TestWriteOverUnknownState: a store that did not scan (so does not know
+// that <id> exists) still replaces it, whether the filesystem exchanges or
+// not; the next write then has a spare to overwrite.
+func TestWriteOverUnknownState(t *testing.T) {
+	for _, noExchange := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noExchange=%v", noExchange), func(t *testing.T) {
+			dir := t.TempDir()
+			ep := benchEndpoint(t, 5)
+			writeDir(t, dir, "5", ep)
+			s := openTestStore(t, dir)
+			s.noExchange.Store(noExchange)
+			for _, rev := range []uint64{2, 3} {
+				ep.DesiredRevision = rev
+				mustWrite(t, s, ep)
+				if got := scanIDs(t, dir); got[5] != rev {
+					t.Fatalf("after writing revision %d: %v", rev, got)
+				}
+			}
+			if want := !noExchange; s.isSpare(5) != want {
+				t.Errorf("spare after two writes: %v, want %v", s.isSpare(5), want)
+			}
+		})
 	}
 }
