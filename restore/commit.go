@@ -200,27 +200,42 @@ func (s *Store) applyScannedSpares() {
 func (s *Store) writeNext(r request) error {
 	var nb, fb pathBuf
 	next := entryPath(nb[:0], r.id, nextSuffix)
-	if !s.isSpare(r.id) && !s.reuse(next) {
-		err := s.sd.mkdir(next)
-		if errors.Is(err, unix.EEXIST) {
-			if err = os.RemoveAll(s.sd.abs(next)); err == nil {
-				err = s.sd.mkdir(next)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
-		}
+	old, err := s.nextDir(r.id, next)
+	if err != nil {
+		return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
 	}
 	s.setSpare(r.id, false) // from here on <id>_next is the new state
-	err := s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, stateFile), r.data)
+	cur, _ := s.sizes.get(r.id)
+	s.sizes.set(r.id, cur, unknownSizes)
+	err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, stateFile), r.data, old.state())
 	if err == nil {
-		err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, headerFile), r.header)
+		err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, headerFile), r.header, old.header())
 	}
 	if err != nil {
 		os.RemoveAll(s.sd.abs(next))
 		return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
 	}
+	s.sizes.set(r.id, cur, sizesOf(r.data, r.header))
 	return nil
+}
+
+// nextDir makes sure <id>_next exists: the spare, a recycled directory
+// moved there, or a new one. It returns the sizes of the files it holds.
+func (s *Store) nextDir(id endpoint.ID, next []byte) (dirSizes, error) {
+	if s.isSpare(id) {
+		_, sizes := s.sizes.get(id)
+		return sizes, nil
+	}
+	if sizes, ok := s.reuse(next); ok {
+		return sizes, nil
+	}
+	err := s.sd.mkdir(next)
+	if errors.Is(err, unix.EEXIST) {
+		if err = os.RemoveAll(s.sd.abs(next)); err == nil {
+			err = s.sd.mkdir(next)
+		}
+	}
+	return emptyDir, err
 }
 
 // swap puts <id>_next in place of <id>. With renameat2(RENAME_EXCHANGE)
@@ -242,7 +257,7 @@ func (s *Store) swap(id endpoint.ID) error {
 		err := s.sd.rename(next, cur)
 		switch {
 		case err == nil:
-			s.present.set(id, true)
+			s.swapped(id, false)
 			return nil
 		case !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST):
 			return fmt.Errorf("write state of endpoint %d: %w", id, err)
@@ -251,14 +266,13 @@ func (s *Store) swap(id endpoint.ID) error {
 	err := s.sd.exchange(next, cur)
 	switch {
 	case err == nil:
-		s.setSpare(id, true)
-		s.present.set(id, true)
+		s.swapped(id, true)
 		return nil
 	case errors.Is(err, unix.ENOENT): // nothing to exchange with
 		if err := s.sd.rename(next, cur); err != nil {
 			return fmt.Errorf("write state of endpoint %d: %w", id, err)
 		}
-		s.present.set(id, true)
+		s.swapped(id, false)
 		return nil
 	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
 		if s.noExchange.CompareAndSwap(false, true) {
@@ -268,6 +282,19 @@ func (s *Store) swap(id endpoint.ID) error {
 	default:
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
+}
+
+// swapped records that <id>_next became <id>, and (exchanged) that the
+// previous <id> is now the spare <id>_next.
+func (s *Store) swapped(id endpoint.ID, exchanged bool) {
+	cur, next := s.sizes.get(id)
+	if exchanged {
+		s.sizes.set(id, next, cur)
+	} else {
+		s.sizes.set(id, next, unknownSizes)
+	}
+	s.setSpare(id, exchanged)
+	s.present.set(id, true)
 }
 
 func (s *Store) renameDance(id endpoint.ID) error {
@@ -282,7 +309,7 @@ func (s *Store) renameDance(id endpoint.ID) error {
 	if err := s.sd.rename(next, cur); err != nil {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	s.present.set(id, true)
+	s.swapped(id, false)
 	if err := s.sd.removeStateDir(stale); err != nil {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}

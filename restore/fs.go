@@ -118,12 +118,13 @@ func (d stateDir) exchange(a, b []byte) error {
 }
 
 // writeFile writes data as the whole content of p (mode 0640 when it
-// creates it). An existing file (a reused directory's) is overwritten in
-// place and cut to length rather than truncated to zero first: ext4
-// flushes a file truncated to zero and rewritten when it is closed
-// (auto_da_alloc), a synchronous cost per file that the group's syncfs
-// pays anyway. Only scratch directories (<id>_next) are written.
-func (d stateDir) writeFile(p []byte, data []byte) error {
+// creates it). An existing file (a reused directory's) of old bytes is
+// overwritten in place and cut to length (only if it was longer) rather
+// than truncated to zero first: ext4 flushes a file truncated to zero and
+// rewritten when it is closed (auto_da_alloc), a synchronous cost per
+// file that the group's syncfs pays anyway. Only scratch directories
+// (<id>_next) are written.
+func (d stateDir) writeFile(p []byte, data []byte, old uint16) error {
 	r, err := d.call(unix.SYS_OPENAT, p, unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o640, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: d.abs(p), Err: err}
@@ -137,7 +138,7 @@ func (d stateDir) writeFile(p []byte, data []byte) error {
 		}
 		off += n
 	}
-	for err == nil {
+	for err == nil && needsTruncate(old, len(data)) {
 		if err = unix.Ftruncate(fd, int64(len(data))); !errors.Is(err, unix.EINTR) {
 			break
 		}

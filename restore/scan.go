@@ -96,9 +96,9 @@ func (s *Store) emptyTrash() {
 	var dirs, other []trashEntry
 	for _, e := range entries {
 		if e.IsDir() {
-			dirs = append(dirs, trashEntry{name: e.Name()})
+			dirs = append(dirs, trashEntry{name: e.Name(), sizes: unknownSizes})
 		} else {
-			other = append(other, trashEntry{name: e.Name()})
+			other = append(other, trashEntry{name: e.Name(), sizes: unknownSizes})
 		}
 	}
 	s.recycle(dirs)

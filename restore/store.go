@@ -73,6 +73,8 @@ type Store struct {
 	// renames its state into place rather than trying an exchange first,
 	// and falls back to the exchange when <id> is there after all).
 	spare, present idSet
+	// sizes holds what the store wrote into <id> and <id>_next.
+	sizes sizeTable
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
@@ -109,7 +111,7 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
 	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), sd: sd,
-		work: make(chan chunk)}
+		work: make(chan chunk), sizes: newSizeTable()}
 	s.trashSeq.Store(uint64(time.Now().UnixNano()))
 	s.cond = sync.NewCond(&s.mu)
 	s.jan = newJanitor(s.log, sd)

@@ -1,6 +1,7 @@
 package restore
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,6 +289,42 @@ func TestWriteOverUnknownState(t *testing.T) {
 			}
 			if want := !noExchange; s.isSpare(5) != want {
 				t.Errorf("spare after two writes: %v, want %v", s.isSpare(5), want)
+			}
+		})
+	}
+}
+
+// TestRewritesKeepFilesExact: writes of growing and shrinking state
+// through spares and recycled directories (of other endpoints) leave in
+// <id> exactly the files of the last write: a file is cut when what it
+// held was longer, whatever the directory held before.
+func TestRewritesKeepFilesExact(t *testing.T) {
+	for _, noExchange := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noExchange=%v", noExchange), func(t *testing.T) {
+			dir := t.TempDir()
+			s := openTestStore(t, dir)
+			s.noExchange.Store(noExchange)
+			sizes := []int{0, 40, 3, 40, 1, 0, 25, 2}
+			for step := range 40 {
+				id := endpoint.ID(1 + step%3)
+				ep := benchEndpoint(t, id)
+				ep.ContainerID = strings.Repeat("c", sizes[step%len(sizes)]*7%41)
+				ep.DesiredRevision = uint64(step * step * 997 % 100003)
+				if step%7 == 6 {
+					mustRemove(t, s, id)
+					continue
+				}
+				mustWrite(t, s, ep)
+				want, err := encodeState(nil, ep)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for file, want := range map[string][]byte{stateFile: want, headerFile: appendHeader(nil, ep)} {
+					got, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(int(id)), file))
+					if err != nil || !bytes.Equal(got, want) {
+						t.Fatalf("step %d: %s of endpoint %d (%v):\n%s\nwant:\n%s", step, file, id, err, got, want)
+					}
+				}
 			}
 		})
 	}

@@ -15,10 +15,11 @@ import (
 // 36>" for one the store moved there (kept as numbers: no string per
 // removal), or name for one Scan found there.
 type trashEntry struct {
-	name string
-	seq  uint64
-	id   endpoint.ID
-	next bool
+	name  string
+	seq   uint64
+	sizes dirSizes // of its files
+	id    endpoint.ID
+	next  bool
 }
 
 // path appends the entry's path relative to the state directory to p.
@@ -44,15 +45,17 @@ func (s *Store) remove(id endpoint.ID, res *result) error {
 		dirs = 2
 		s.setSpare(id, false)
 	}
+	cur, spare := s.sizes.get(id)
+	s.sizes.set(id, unknownSizes, unknownSizes)
 	for i := range dirs {
 		next := i == 1
 		var sb, db pathBuf
-		suffix := ""
+		suffix, sizes := "", cur
 		if next {
-			suffix = nextSuffix
+			suffix, sizes = nextSuffix, spare
 		}
 		src := entryPath(sb[:0], id, suffix)
-		t := trashEntry{seq: s.trashSeq.Add(1), id: id, next: next}
+		t := trashEntry{seq: s.trashSeq.Add(1), sizes: sizes, id: id, next: next}
 		err := s.sd.rename(src, t.path(db[:0]))
 		switch {
 		case err == nil:
@@ -89,13 +92,14 @@ func (s *Store) recycle(dirs []trashEntry) {
 // reuse moves a recycled directory to next: its files are overwritten
 // next, which costs the filesystem less than creating a directory and its
 // files (and deleting the old ones). It reports false when there is none
-// or the rename fails (that directory is then deleted).
-func (s *Store) reuse(next []byte) bool {
+// or the rename fails (that directory is then deleted), else the sizes of
+// the files it holds.
+func (s *Store) reuse(next []byte) (dirSizes, bool) {
 	s.recycleMu.Lock()
 	n := len(s.recycled)
 	if n == 0 {
 		s.recycleMu.Unlock()
-		return false
+		return 0, false
 	}
 	t := s.recycled[n-1]
 	s.recycled = s.recycled[:n-1]
@@ -103,7 +107,7 @@ func (s *Store) reuse(next []byte) bool {
 	var tb pathBuf
 	if err := s.sd.rename(t.path(tb[:0]), next); err != nil {
 		s.jan.add([]trashEntry{t})
-		return false
+		return 0, false
 	}
-	return true
+	return t.sizes, true
 }
