@@ -28,6 +28,8 @@ type batch struct {
 // result is the outcome of one applied request.
 type result struct {
 	err error
+	// old is the sizes of the files in a write's <id>_next before it.
+	old dirSizes
 	// trash holds the directories a removal moved to the trash.
 	trash  [2]trashEntry
 	ntrash int
@@ -70,22 +72,31 @@ func (s *Store) recycleBatch(b *batch) {
 	s.freeBatch = b
 }
 
-// prepare writes the files of every write of group into <id>_next.
+// prepare writes the files of every write of group into <id>_next. The
+// directories are taken (renamed or made) by the writer alone: each
+// rename or mkdir locks the state directory (a cross-directory rename the
+// whole filesystem's rename lock), so workers doing them would only spin
+// on the lock. The files, each in its own directory, are written in
+// parallel.
 func (s *Store) prepare(group []request) *batch {
 	s.applyScannedSpares()
 	b := s.newBatch(group)
+	for _, i := range b.writes {
+		b.res[i].old, b.res[i].err = s.takeNext(group[i].id)
+	}
 	s.parallel(len(b.writes), func(k int) {
-		i := b.writes[k]
-		b.res[i].err = s.writeNext(group[i])
+		if i := b.writes[k]; b.res[i].err == nil {
+			b.res[i].err = s.writeNext(group[i], b.res[i].old)
+		}
 	})
 	return b
 }
 
 // apply swaps the written states in and moves removed ones to the trash,
 // once the flush that followed prepare succeeded (else it fails them).
+// Renames all, so one goroutine does them (see prepare).
 func (s *Store) apply(b *batch, flushErr error) {
-	s.parallel(len(b.final), func(k int) {
-		i := b.final[k]
+	for _, i := range b.final {
 		res := &b.res[i]
 		switch r := b.group[i]; {
 		case res.err != nil:
@@ -96,7 +107,7 @@ func (s *Store) apply(b *batch, flushErr error) {
 		default:
 			res.err = s.remove(r.id, res)
 		}
-	})
+	}
 }
 
 // finish answers a batch after the flush that followed its apply (err is
@@ -195,32 +206,38 @@ func (s *Store) applyScannedSpares() {
 	}
 }
 
-// writeNext writes the files of r into <id>_next, reusing the directory
-// when it holds a previous state (spare) rather than creating it.
-func (s *Store) writeNext(r request) error {
-	var nb, fb pathBuf
-	next := entryPath(nb[:0], r.id, nextSuffix)
-	old, err := s.nextDir(r.id, next)
+// takeNext makes sure <id>_next exists for a write: the spare (the
+// previous state), a recycled directory moved there, or a new one. It
+// returns the sizes of the files the directory holds.
+func (s *Store) takeNext(id endpoint.ID) (dirSizes, error) {
+	var nb pathBuf
+	old, err := s.nextDir(id, entryPath(nb[:0], id, nextSuffix))
 	if err != nil {
-		return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
+		return 0, fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	s.setSpare(r.id, false) // from here on <id>_next is the new state
-	cur, _ := s.sizes.get(r.id)
-	s.sizes.set(r.id, cur, unknownSizes)
-	err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, stateFile), r.data, old.state())
+	s.setSpare(id, false) // from here on <id>_next is the new state
+	cur, _ := s.sizes.get(id)
+	s.sizes.set(id, cur, unknownSizes)
+	return old, nil
+}
+
+// writeNext writes the files of r into <id>_next, whose files held old.
+func (s *Store) writeNext(r request, old dirSizes) error {
+	var fb pathBuf
+	err := s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, stateFile), r.data, old.state())
 	if err == nil {
 		err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, headerFile), r.header, old.header())
 	}
 	if err != nil {
-		os.RemoveAll(s.sd.abs(next))
+		os.RemoveAll(s.sd.abs(entryPath(fb[:0], r.id, nextSuffix)))
 		return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
 	}
+	cur, _ := s.sizes.get(r.id)
 	s.sizes.set(r.id, cur, sizesOf(r.data, r.header))
 	return nil
 }
 
-// nextDir makes sure <id>_next exists: the spare, a recycled directory
-// moved there, or a new one. It returns the sizes of the files it holds.
+// nextDir is takeNext's directory work.
 func (s *Store) nextDir(id endpoint.ID, next []byte) (dirSizes, error) {
 	if s.isSpare(id) {
 		_, sizes := s.sizes.get(id)

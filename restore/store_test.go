@@ -248,7 +248,11 @@ func TestFileOpsDoNotAllocate(t *testing.T) {
 	defer r.release()
 	allocs := testing.AllocsPerRun(50, func() {
 		for range 2 { // create (rename into place), regenerate (exchange)
-			if err := s.writeNext(r); err != nil {
+			old, err := s.takeNext(r.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.writeNext(r, old); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.swap(r.id); err != nil {
