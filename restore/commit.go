@@ -63,7 +63,7 @@ func (s *Store) newBatch(group []request) *batch {
 	return b
 }
 
-// freeBatch drops a finished batch's references and keeps it for reuse.
+// recycleBatch drops a finished batch's references and keeps it for reuse.
 func (s *Store) recycleBatch(b *batch) {
 	clear(b.group) // the callbacks and buffers
 	clear(b.last)

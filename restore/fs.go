@@ -2,6 +2,7 @@ package restore
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -133,8 +134,11 @@ func (d stateDir) writeFile(p []byte, data []byte, old uint16) error {
 	for off := 0; off < len(data) && err == nil; {
 		var n int
 		n, err = unix.Pwrite(fd, data[off:], int64(off))
-		if errors.Is(err, unix.EINTR) {
+		switch {
+		case errors.Is(err, unix.EINTR):
 			n, err = 0, nil
+		case err == nil && n == 0:
+			err = io.ErrShortWrite
 		}
 		off += n
 	}
