@@ -66,11 +66,18 @@ func (s *Store) newBatch(group []request) *batch {
 // recycleBatch drops a finished batch's references and keeps it for reuse.
 func (s *Store) recycleBatch(b *batch) {
 	clear(b.group) // the callbacks and buffers
+	if cap(b.group) <= maxFreeQueue {
+		s.freeQueue = b.group[:0]
+	}
 	clear(b.last)
 	clear(b.res)
 	b.group = nil
 	s.freeBatch = b
 }
+
+// maxFreeQueue bounds the request arrays kept for reuse (a burst, such as
+// the writes of a restore, is not worth keeping its array for).
+const maxFreeQueue = 1024
 
 // prepare writes the files of every write of group into <id>_next. The
 // directories are taken (renamed or made) by the writer alone: each

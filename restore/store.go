@@ -85,8 +85,10 @@ type Store struct {
 	// janitor stopped.
 	sd      stateDir
 	closeSd sync.Once
-	// freeBatch is a finished batch the writer reuses (writer only).
+	// freeBatch is a finished batch the writer reuses, and freeQueue the
+	// emptied array of a finished group, the next queue's (writer only).
 	freeBatch *batch
+	freeQueue []request
 
 	// work feeds the workers that write a group's files in parallel
 	// (each file is in its own directory: no lock shared with the
@@ -250,9 +252,9 @@ func (s *Store) writer() {
 			return
 		}
 		group := s.queue
-		s.queue = nil
+		s.queue, s.freeQueue = s.freeQueue, nil
 		if pending != nil {
-			group, s.queue = splitBusy(group, pending.last)
+			group, s.queue = splitBusy(group, pending.last, s.queue)
 		}
 		closed := s.closed
 		if len(group) > 0 {
@@ -283,9 +285,10 @@ func (s *Store) writer() {
 	}
 }
 
-// splitBusy keeps the requests whose ID is not in busy, in order, and
-// returns the others to wait for the next round.
-func splitBusy(group []request, busy map[endpoint.ID]int) (now, later []request) {
+// splitBusy keeps the requests whose ID is not in busy, in order and in
+// place, and appends the others to later, to wait for the next round.
+func splitBusy(group []request, busy map[endpoint.ID]int, later []request) (now, _ []request) {
+	now = group[:0]
 	for _, r := range group {
 		if _, ok := busy[r.id]; ok {
 			later = append(later, r)
@@ -293,5 +296,6 @@ func splitBusy(group []request, busy map[endpoint.ID]int) (now, later []request)
 			now = append(now, r)
 		}
 	}
+	clear(group[len(now):])
 	return now, later
 }
