@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -94,6 +96,90 @@ func BenchmarkStoreLifecycle(b *testing.B) {
 			b.ReportMetric(float64(st.Flushing)/float64(max(st.Busy, 1)), "flush-share")
 			b.ReportMetric(float64(cpu.Microseconds())/float64(len(all)), "cpu-µs/op")
 		})
+	}
+}
+
+// BenchmarkStoreRequest measures what one durable request costs the
+// process: 64 clients run lifecycles (write, write, remove) as in
+// BenchmarkStoreLifecycle, on tmpfs (the syscalls without a disk, as the
+// simulator's state dir under /dev/shm) and on the default temp dir.
+// One op is one lifecycle; cpu-µs/req and allocs/req are per request.
+func BenchmarkStoreRequest(b *testing.B) {
+	for _, fs := range []struct{ name, parent string }{{"tmpfs", "/dev/shm"}, {"tempdir", ""}} {
+		b.Run("fs="+fs.name, func(b *testing.B) {
+			dir := b.TempDir()
+			if fs.parent != "" {
+				d, err := os.MkdirTemp(fs.parent, "restore-bench-")
+				if err != nil {
+					b.Skipf("no %s: %v", fs.parent, err)
+				}
+				b.Cleanup(func() { os.RemoveAll(d) })
+				dir = d
+			}
+			s, err := Open(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			const clients = 64
+			eps := make([]*endpoint.Endpoint, clients)
+			for i := range eps {
+				eps[i] = benchEndpoint(b, endpoint.ID(i+1))
+			}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			var m0, m1 runtime.MemStats
+			b.ReportAllocs()
+			b.ResetTimer()
+			runtime.ReadMemStats(&m0)
+			cpu0 := cpuTime()
+			for w := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					done := make(chan error, 1)
+					cb := func(err error) { done <- err }
+					for next.Add(1) <= int64(b.N) {
+						for step := range 3 {
+							if step < 2 {
+								s.Write(eps[w], cb)
+							} else {
+								s.Remove(eps[w].ID, cb)
+							}
+							if err := <-done; err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			cpu := cpuTime() - cpu0
+			runtime.ReadMemStats(&m1)
+			b.StopTimer()
+			reqs := float64(3 * b.N)
+			b.ReportMetric(float64(cpu.Nanoseconds())/1000/reqs, "cpu-µs/req")
+			b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/reqs, "allocs/req")
+			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/reqs, "B/req")
+			st := s.Stats()
+			b.ReportMetric(float64(st.Requests)/float64(max(st.Groups, 1)), "reqs/group")
+		})
+	}
+}
+
+// BenchmarkEncode is the CPU Write spends before queueing: ep.json and
+// ep_config.h of a typical endpoint.
+func BenchmarkEncode(b *testing.B) {
+	ep := benchEndpoint(b, 42)
+	s := &Store{}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := s.encode(ep)
+		if err != nil || len(r.data) == 0 || len(r.header) == 0 {
+			b.Fatal("empty encoding")
+		}
+		r.release()
 	}
 }
 

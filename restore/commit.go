@@ -4,9 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,63 +15,113 @@ import (
 
 // batch is a group of requests on its way through the writer. When an
 // endpoint appears several times, only its last request is applied;
-// every request is answered.
+// every request is answered. The writer reuses a finished batch's maps
+// and slices for the next group.
 type batch struct {
 	group  []request
 	last   map[endpoint.ID]int // index of the request applied per ID
 	final  []int               // those indexes
-	errs   []error
-	trash  [][]string // directories each removal moved to the trash
-	writes int
+	writes []int               // the writes among them
+	res    []result            // per request, at the index of the applied one
 }
 
-// prepare writes the files of every write of group into <id>_next.
-func (s *Store) prepare(group []request) *batch {
-	s.applyScannedSpares()
-	b := &batch{group: group, last: make(map[endpoint.ID]int, len(group)), errs: make([]error, len(group))}
+// result is the outcome of one applied request.
+type result struct {
+	err error
+	// old is the sizes of the files in a write's <id>_next before it.
+	old dirSizes
+	// trash holds the directories a removal moved to the trash.
+	trash  [2]trashEntry
+	ntrash int
+}
+
+// newBatch takes the batch kept for reuse (or makes one) for group.
+func (s *Store) newBatch(group []request) *batch {
+	b := s.freeBatch
+	s.freeBatch = nil
+	if b == nil {
+		b = &batch{last: make(map[endpoint.ID]int, len(group))}
+	}
+	b.group = group
+	b.final, b.writes = b.final[:0], b.writes[:0]
+	if cap(b.res) < len(group) {
+		b.res = make([]result, len(group))
+	}
+	b.res = b.res[:len(group)]
+	clear(b.res)
 	for i, r := range group {
 		b.last[r.id] = i
 	}
-	var writes []int
 	for i, r := range group {
 		if b.last[r.id] == i {
 			b.final = append(b.final, i)
 			if r.data != nil {
-				writes = append(writes, i)
+				b.writes = append(b.writes, i)
 			}
 		}
 	}
-	b.writes = len(writes)
-	s.parallel(len(writes), func(k int) {
-		i := writes[k]
-		b.errs[i] = s.writeNext(group[i])
+	return b
+}
+
+// recycleBatch drops a finished batch's references and keeps it for reuse.
+func (s *Store) recycleBatch(b *batch) {
+	clear(b.group) // the callbacks and buffers
+	if cap(b.group) <= maxFreeQueue {
+		s.freeQueue = b.group[:0]
+	}
+	clear(b.last)
+	clear(b.res)
+	b.group = nil
+	s.freeBatch = b
+}
+
+// maxFreeQueue bounds the request arrays kept for reuse (a burst, such as
+// the writes of a restore, is not worth keeping its array for).
+const maxFreeQueue = 1024
+
+// prepare writes the files of every write of group into <id>_next. The
+// directories are taken (renamed or made) by the writer alone: each
+// rename or mkdir locks the state directory (a cross-directory rename the
+// whole filesystem's rename lock), so workers doing them would only spin
+// on the lock. The files, each in its own directory, are written in
+// parallel.
+func (s *Store) prepare(group []request) *batch {
+	s.applyScannedSpares()
+	b := s.newBatch(group)
+	for _, i := range b.writes {
+		b.res[i].old, b.res[i].err = s.takeNext(group[i].id)
+	}
+	s.parallel(len(b.writes), func(k int) {
+		if i := b.writes[k]; b.res[i].err == nil {
+			b.res[i].err = s.writeNext(group[i], b.res[i].old)
+		}
 	})
 	return b
 }
 
 // apply swaps the written states in and moves removed ones to the trash,
 // once the flush that followed prepare succeeded (else it fails them).
+// Renames all, so one goroutine does them (see prepare).
 func (s *Store) apply(b *batch, flushErr error) {
-	b.trash = make([][]string, len(b.group))
-	s.parallel(len(b.final), func(k int) {
-		i := b.final[k]
+	for _, i := range b.final {
+		res := &b.res[i]
 		switch r := b.group[i]; {
-		case b.errs[i] != nil:
+		case res.err != nil:
 		case flushErr != nil:
-			b.errs[i] = flushErr
+			res.err = flushErr
 		case r.data != nil:
-			b.errs[i] = s.swap(r.id)
+			res.err = s.swap(r.id)
 		default:
-			b.trash[i], b.errs[i] = s.remove(r.id)
+			res.err = s.remove(r.id, res)
 		}
-	})
+	}
 }
 
 // finish answers a batch after the flush that followed its apply (err is
 // that flush's outcome), and recycles its removed directories.
 func (s *Store) finish(b *batch, flushErr error) {
 	for _, r := range b.group {
-		err := b.errs[b.last[r.id]] // a superseded request shares the outcome of the last
+		err := b.res[b.last[r.id]].err // a superseded request shares the outcome of the last
 		if err == nil {
 			err = flushErr
 		}
@@ -80,10 +129,14 @@ func (s *Store) finish(b *batch, flushErr error) {
 			s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", err)
 		}
 		r.done(err)
+		r.release()
 	}
-	for _, t := range b.trash {
-		s.recycle(t)
+	for _, i := range b.final {
+		if res := &b.res[i]; res.ntrash > 0 {
+			s.recycle(res.trash[:res.ntrash])
+		}
 	}
+	s.recycleBatch(b)
 }
 
 // abandon answers a batch whose changes were not flushed, at Abort.
@@ -93,43 +146,61 @@ func (s *Store) abandon(b *batch) {
 	}
 }
 
-// parallel runs fn(0..n-1) on the workers, in up to `workers` chunks, and
-// waits for all of them.
+// minChunk is the fewest file operations worth handing to a worker: a
+// handoff (a channel send and a goroutine wake-up) costs about what a few
+// syscalls on a fast filesystem cost.
+const minChunk = 4
+
+// chunk is a share of a parallel call for one worker.
+type chunk struct {
+	fn     func(k int)
+	lo, hi int
+	wg     *sync.WaitGroup
+}
+
+// parallel runs fn(0..n-1) in chunks of at least minChunk, up to
+// `workers` of them; the calling goroutine runs the first chunk itself
+// while the workers run the others, and waits for all of them.
 func (s *Store) parallel(n int, fn func(k int)) {
-	if n <= 1 {
-		for k := range n {
-			fn(k)
-		}
-		return
-	}
-	chunks := min(n, workers)
+	chunks := min(max(n/minChunk, 1), workers)
 	var wg sync.WaitGroup
-	wg.Add(chunks)
-	for c := range chunks {
-		lo, hi := c*n/chunks, (c+1)*n/chunks
-		s.work <- func() {
-			defer wg.Done()
-			for k := lo; k < hi; k++ {
-				fn(k)
-			}
-		}
+	wg.Add(chunks - 1)
+	for c := 1; c < chunks; c++ {
+		s.work <- chunk{fn: fn, lo: c * n / chunks, hi: (c + 1) * n / chunks, wg: &wg}
+	}
+	for k := range n / chunks {
+		fn(k)
 	}
 	wg.Wait()
 }
 
-func (s *Store) path(id endpoint.ID, suffix string) string {
-	return filepath.Join(s.dir, strconv.Itoa(int(id))+suffix)
-}
-
-func (s *Store) isSpare(id endpoint.ID) bool { return s.spare[id/64].Load()&(1<<(id%64)) != 0 }
-
-func (s *Store) setSpare(id endpoint.ID, on bool) {
-	if on {
-		s.spare[id/64].Or(1 << (id % 64))
-	} else {
-		s.spare[id/64].And(^uint64(1 << (id % 64)))
+// worker runs chunks of parallel calls.
+func (s *Store) worker() {
+	for c := range s.work {
+		for k := c.lo; k < c.hi; k++ {
+			c.fn(k)
+		}
+		c.wg.Done()
 	}
 }
+
+// idSet is a set of endpoint IDs that the writer and its workers update
+// concurrently (each ID by one of them at a time).
+type idSet [(endpoint.MaxID + 1) / 64]atomic.Uint64
+
+func (m *idSet) has(id endpoint.ID) bool { return m[id/64].Load()&(1<<(id%64)) != 0 }
+
+func (m *idSet) set(id endpoint.ID, on bool) {
+	if on {
+		m[id/64].Or(1 << (id % 64))
+	} else {
+		m[id/64].And(^uint64(1 << (id % 64)))
+	}
+}
+
+func (s *Store) isSpare(id endpoint.ID) bool { return s.spare.has(id) }
+
+func (s *Store) setSpare(id endpoint.ID, on bool) { s.spare.set(id, on) }
 
 // applyScannedSpares takes over the <id>_next directories Scan found.
 func (s *Store) applyScannedSpares() {
@@ -142,32 +213,53 @@ func (s *Store) applyScannedSpares() {
 	}
 }
 
-// writeNext writes the files of r into <id>_next, reusing the directory
-// when it holds a previous state (spare) rather than creating it.
-func (s *Store) writeNext(r request) error {
-	next := s.path(r.id, nextSuffix)
-	if !s.isSpare(r.id) && !s.reuse(next) {
-		err := mkdir(next)
-		if errors.Is(err, unix.EEXIST) {
-			if err = os.RemoveAll(next); err == nil {
-				err = mkdir(next)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
-		}
+// takeNext makes sure <id>_next exists for a write: the spare (the
+// previous state), a recycled directory moved there, or a new one. It
+// returns the sizes of the files the directory holds.
+func (s *Store) takeNext(id endpoint.ID) (dirSizes, error) {
+	var nb pathBuf
+	old, err := s.nextDir(id, entryPath(nb[:0], id, nextSuffix))
+	if err != nil {
+		return 0, fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	s.setSpare(r.id, false) // from here on <id>_next is the new state
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{stateFile, r.data}, {headerFile, r.header}} {
-		if err := writeFile(filepath.Join(next, f.name), f.data); err != nil {
-			os.RemoveAll(next)
-			return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
-		}
+	s.setSpare(id, false) // from here on <id>_next is the new state
+	cur, _ := s.sizes.get(id)
+	s.sizes.set(id, cur, unknownSizes)
+	return old, nil
+}
+
+// writeNext writes the files of r into <id>_next, whose files held old.
+func (s *Store) writeNext(r request, old dirSizes) error {
+	var fb pathBuf
+	err := s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, stateFile), r.data, old.state())
+	if err == nil {
+		err = s.sd.writeFile(filePath(fb[:0], r.id, nextSuffix, headerFile), r.header, old.header())
 	}
+	if err != nil {
+		os.RemoveAll(s.sd.abs(entryPath(fb[:0], r.id, nextSuffix)))
+		return fmt.Errorf("write state of endpoint %d: %w", r.id, err)
+	}
+	cur, _ := s.sizes.get(r.id)
+	s.sizes.set(r.id, cur, sizesOf(r.data, r.header))
 	return nil
+}
+
+// nextDir is takeNext's directory work.
+func (s *Store) nextDir(id endpoint.ID, next []byte) (dirSizes, error) {
+	if s.isSpare(id) {
+		_, sizes := s.sizes.get(id)
+		return sizes, nil
+	}
+	if sizes, ok := s.reuse(next); ok {
+		return sizes, nil
+	}
+	err := s.sd.mkdir(next)
+	if errors.Is(err, unix.EEXIST) {
+		if err = os.RemoveAll(s.sd.abs(next)); err == nil {
+			err = s.sd.mkdir(next)
+		}
+	}
+	return emptyDir, err
 }
 
 // swap puts <id>_next in place of <id>. With renameat2(RENAME_EXCHANGE)
@@ -177,117 +269,85 @@ func (s *Store) writeNext(r request) error {
 // <id>_stale, <id>_next becomes <id>, <id>_stale goes; a crash at any
 // point leaves either the old or the new state readable (Scan).
 func (s *Store) swap(id endpoint.ID) error {
-	cur, next := s.path(id, ""), s.path(id, nextSuffix)
-	if !s.noExchange.Load() {
-		err := renameExchange(next, cur)
+	if s.noExchange.Load() {
+		return s.renameDance(id)
+	}
+	var cb, nb pathBuf
+	cur, next := entryPath(cb[:0], id, ""), entryPath(nb[:0], id, nextSuffix)
+	if !s.present.has(id) {
+		// The first write as far as the store knows: a rename (which
+		// cannot replace a state directory) instead of an exchange that
+		// finds nothing to exchange with.
+		err := s.sd.rename(next, cur)
 		switch {
 		case err == nil:
-			s.setSpare(id, true)
+			s.swapped(id, false)
 			return nil
-		case errors.Is(err, unix.ENOENT): // the first write: nothing to exchange with
-			if err := rename(next, cur); err != nil {
-				return fmt.Errorf("write state of endpoint %d: %w", id, err)
-			}
-			return nil
-		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
-			if s.noExchange.CompareAndSwap(false, true) {
-				s.log.Info("the state directory's filesystem cannot exchange directories; using rename with a backup", "err", err)
-			}
-		default:
+		case !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST):
+			return fmt.Errorf("write state of endpoint %d: %w", id, err)
+		} // <id> is there after all
+	}
+	err := s.sd.exchange(next, cur)
+	switch {
+	case err == nil:
+		s.swapped(id, true)
+		return nil
+	case errors.Is(err, unix.ENOENT): // nothing to exchange with
+		if err := s.sd.rename(next, cur); err != nil {
 			return fmt.Errorf("write state of endpoint %d: %w", id, err)
 		}
+		s.swapped(id, false)
+		return nil
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
+		if s.noExchange.CompareAndSwap(false, true) {
+			s.log.Info("the state directory's filesystem cannot exchange directories; using rename with a backup", "err", err)
+		}
+		return s.renameDance(id)
+	default:
+		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	return s.renameDance(id)
+}
+
+// swapped records that <id>_next became <id>, and (exchanged) that the
+// previous <id> is now the spare <id>_next.
+func (s *Store) swapped(id endpoint.ID, exchanged bool) {
+	cur, next := s.sizes.get(id)
+	if exchanged {
+		s.sizes.set(id, next, cur)
+	} else {
+		s.sizes.set(id, next, unknownSizes)
+	}
+	s.setSpare(id, exchanged)
+	s.present.set(id, true)
 }
 
 func (s *Store) renameDance(id endpoint.ID) error {
-	cur, next, stale := s.path(id, ""), s.path(id, nextSuffix), s.path(id, staleSuffix)
-	if err := os.RemoveAll(stale); err != nil {
+	var cb, nb, sb pathBuf
+	cur, next, stale := entryPath(cb[:0], id, ""), entryPath(nb[:0], id, nextSuffix), entryPath(sb[:0], id, staleSuffix)
+	if err := os.RemoveAll(s.sd.abs(stale)); err != nil {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	if err := rename(cur, stale); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := s.sd.rename(cur, stale); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	if err := rename(next, cur); err != nil {
+	if err := s.sd.rename(next, cur); err != nil {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
-	if err := removeStateDir(stale); err != nil {
+	s.swapped(id, false)
+	if err := s.sd.removeStateDir(stale); err != nil {
 		return fmt.Errorf("write state of endpoint %d: %w", id, err)
 	}
 	return nil
-}
-
-// remove moves <id> (and its spare <id>_next) into the trash with one
-// rename each: once flushed, the endpoint is gone for Scan; the janitor
-// deletes the returned directories later, off the answer's path.
-func (s *Store) remove(id endpoint.ID) (trash []string, err error) {
-	suffixes := []string{""}
-	if s.isSpare(id) {
-		suffixes = append(suffixes, nextSuffix)
-		s.setSpare(id, false)
-	}
-	for _, suffix := range suffixes {
-		src := s.path(id, suffix)
-		seq := s.trashSeq.Add(1)
-		dst := filepath.Join(s.dir, trashDir, strconv.Itoa(int(id))+suffix+"-"+strconv.FormatUint(seq, 36))
-		err := rename(src, dst)
-		switch {
-		case err == nil:
-			trash = append(trash, dst)
-		case errors.Is(err, unix.ENOENT):
-		default: // no trash (e.g. removed by hand): delete in place
-			if err := os.RemoveAll(src); err != nil {
-				return trash, fmt.Errorf("remove state of endpoint %d: %w", id, err)
-			}
-		}
-	}
-	return trash, nil
-}
-
-// recycleMax bounds the trash kept for reuse; beyond it the janitor
-// deletes. Every lifecycle takes two directories (create, first
-// regeneration) and gives two back (delete), so a small stock suffices.
-const recycleMax = 1024
-
-// recycle keeps removed directories for reuse as <id>_next (up to
-// recycleMax) and has the janitor delete the rest.
-func (s *Store) recycle(dirs []string) {
-	if len(dirs) == 0 {
-		return
-	}
-	s.recycleMu.Lock()
-	n := min(len(dirs), recycleMax-len(s.recycled))
-	s.recycled = append(s.recycled, dirs[:n]...)
-	s.recycleMu.Unlock()
-	s.jan.add(dirs[n:])
-}
-
-// reuse moves a recycled directory to next: its files are overwritten
-// next, which costs the filesystem less than creating a directory and its
-// files (and deleting the old ones). It reports false when there is none
-// or the rename fails (that directory is then deleted).
-func (s *Store) reuse(next string) bool {
-	s.recycleMu.Lock()
-	n := len(s.recycled)
-	if n == 0 {
-		s.recycleMu.Unlock()
-		return false
-	}
-	dir := s.recycled[n-1]
-	s.recycled = s.recycled[:n-1]
-	s.recycleMu.Unlock()
-	if err := rename(dir, next); err != nil {
-		s.jan.add([]string{dir})
-		return false
-	}
-	return true
 }
 
 // flush makes everything written under the state directory durable with
 // one syncfs(2).
 func (s *Store) flush() error {
 	start := time.Now()
-	err := ignoringEINTR(func() error { return unix.Syncfs(s.dirFd) })
+	err := unix.Syncfs(s.sd.fd)
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Syncfs(s.sd.fd)
+	}
 	took := time.Since(start)
 	s.mu.Lock()
 	s.stats.Flushes++

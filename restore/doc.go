@@ -15,9 +15,13 @@
 // (never a crash loop).
 //
 // Writes are asynchronous and group-committed: one writer goroutine takes
-// every request queued meanwhile, a fixed set of workers writes the
-// group's files, one syncfs(2) makes them (and the previous group's swaps)
-// durable, the workers swap them in, and the next syncfs answers them.
-// Under load each group costs one flush; actors submit without blocking
-// and are called back when their state is durable.
+// every request queued meanwhile and readies their <id>_next directories,
+// a fixed set of workers writes the group's files, one syncfs(2) makes
+// them (and the previous group's swaps) durable, the writer swaps them in
+// (renames lock the state directory: workers would only wait on each
+// other), and the next syncfs answers them. Under load each group costs
+// one flush; actors submit without blocking and are called back when
+// their state is durable. The files are encoded by hand (byte-identical
+// to encoding/json) and written with raw syscalls relative to the state
+// directory's fd, without allocating per request.
 package restore

@@ -10,24 +10,25 @@ import (
 // deletion itself needs no flush (Scan empties the trash at start).
 type janitor struct {
 	log *slog.Logger
+	sd  stateDir
 
 	// mu guards queue and stopping; cond signals the goroutine.
 	mu       sync.Mutex
 	cond     *sync.Cond
-	queue    []string
+	queue    []trashEntry
 	stopping bool
 	done     chan struct{}
 }
 
-func newJanitor(log *slog.Logger) *janitor {
-	j := &janitor{log: log, done: make(chan struct{})}
+func newJanitor(log *slog.Logger, sd stateDir) *janitor {
+	j := &janitor{log: log, sd: sd, done: make(chan struct{})}
 	j.cond = sync.NewCond(&j.mu)
 	go j.run()
 	return j
 }
 
 // add queues directories for deletion.
-func (j *janitor) add(dirs []string) {
+func (j *janitor) add(dirs []trashEntry) {
 	if len(dirs) == 0 {
 		return
 	}
@@ -62,9 +63,10 @@ func (j *janitor) run() {
 		j.queue = nil
 		stopping := j.stopping
 		j.mu.Unlock()
-		for _, dir := range batch {
-			if err := removeStateDir(dir); err != nil {
-				j.log.Warn("deleting removed endpoint state failed; the next start retries", "dir", dir, "err", err)
+		for _, t := range batch {
+			var p pathBuf
+			if err := j.sd.removeStateDir(t.path(p[:0])); err != nil {
+				j.log.Warn("deleting removed endpoint state failed; the next start retries", "dir", j.sd.abs(t.path(p[:0])), "err", err)
 			}
 		}
 		if stopping && len(batch) == 0 {

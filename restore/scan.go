@@ -79,6 +79,7 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 			bad = append(bad, s.quarantine(base, err))
 			continue
 		}
+		s.present.set(ep.ID, true)
 		eps = append(eps, ep)
 	}
 	return eps, bad
@@ -92,12 +93,12 @@ func (s *Store) emptyTrash() {
 	if err != nil {
 		return
 	}
-	var dirs, other []string
+	var dirs, other []trashEntry
 	for _, e := range entries {
 		if e.IsDir() {
-			dirs = append(dirs, filepath.Join(dir, e.Name()))
+			dirs = append(dirs, trashEntry{name: e.Name(), sizes: unknownSizes})
 		} else {
-			other = append(other, filepath.Join(dir, e.Name()))
+			other = append(other, trashEntry{name: e.Name(), sizes: unknownSizes})
 		}
 	}
 	s.recycle(dirs)

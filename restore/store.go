@@ -1,11 +1,11 @@
 package restore
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,8 +29,9 @@ const (
 // request is one queued write (data != nil) or removal.
 type request struct {
 	id     endpoint.ID
-	data   []byte
-	header []byte
+	data   []byte  // ep.json
+	header []byte  // ep_config.h
+	buf    *[]byte // the pooled buffer data and header are in
 	done   func(error)
 }
 
@@ -68,23 +69,36 @@ type Store struct {
 	// so workers never touch the same ID; the words are shared, hence
 	// atomics). spare marks IDs whose <id>_next directory exists and
 	// holds the previous state after an exchange: the next write reuses
-	// it instead of creating and deleting a directory.
-	spare [(endpoint.MaxID + 1) / 64]atomic.Uint64
+	// it instead of creating and deleting a directory. present marks IDs
+	// whose <id> exists, as far as the store knows (a hint: a write
+	// renames its state into place rather than trying an exchange first,
+	// and falls back to the exchange when <id> is there after all).
+	spare, present idSet
+	// sizes holds what the store wrote into <id> and <id>_next.
+	sizes sizeTable
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
 	trashSeq   atomic.Uint64
-	dirFd      int // the state directory, for syncfs
+	// sd is the state directory's fd, which the writer's paths are
+	// relative to and syncfs flushes; closed once the writer and the
+	// janitor stopped.
+	sd      stateDir
+	closeSd sync.Once
+	// freeBatch is a finished batch the writer reuses, and freeQueue the
+	// emptied array of a finished group, the next queue's (writer only).
+	freeBatch *batch
+	freeQueue []request
 
-	// work feeds the workers that carry out a group's file operations in
-	// parallel (each is a handful of metadata syscalls; a single thread
-	// doing them one after the other is slow when CPUs are contended).
-	work chan func()
+	// work feeds the workers that write a group's files in parallel
+	// (each file is in its own directory: no lock shared with the
+	// others; the renames are the writer's, see prepare).
+	work chan chunk
 	jan  *janitor
 
 	// recycleMu guards recycled: directories in the trash kept for reuse.
 	recycleMu sync.Mutex
-	recycled  []string
+	recycled  []trashEntry
 }
 
 // workers is the number of goroutines that write a group's files.
@@ -95,21 +109,17 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, trashDir), 0o750); err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
-	fd, err := openDir(dir)
+	sd, err := openStateDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
-	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), dirFd: fd,
-		work: make(chan func())}
+	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), sd: sd,
+		work: make(chan chunk), sizes: newSizeTable()}
 	s.trashSeq.Store(uint64(time.Now().UnixNano()))
 	s.cond = sync.NewCond(&s.mu)
-	s.jan = newJanitor(s.log)
+	s.jan = newJanitor(s.log, sd)
 	for range workers {
-		go func() {
-			for fn := range s.work {
-				fn()
-			}
-		}()
+		go s.worker()
 	}
 	go s.writer()
 	return s, nil
@@ -121,12 +131,41 @@ func (s *Store) Dir() string { return s.dir }
 // Write queues ep's state; done is called (from the writer goroutine, so
 // it must not block) once it is durable or failed. Never blocks on disk.
 func (s *Store) Write(ep *endpoint.Endpoint, done func(error)) {
-	data, err := json.MarshalIndent(FromEndpoint(ep), "", "  ")
+	r, err := s.encode(ep)
 	if err != nil {
-		done(fmt.Errorf("encode state of endpoint %d: %w", ep.ID, err))
+		done(err)
 		return
 	}
-	s.submit(request{id: ep.ID, data: append(data, '\n'), header: header(ep), done: done})
+	r.done = done
+	s.submit(r)
+}
+
+// encode renders ep's files into a write request, in a pooled buffer
+// (release returns it).
+func (s *Store) encode(ep *endpoint.Endpoint) (request, error) {
+	bp := encodeBufs.Get().(*[]byte)
+	b, err := encodeState((*bp)[:0], ep)
+	if err != nil {
+		encodeBufs.Put(bp)
+		return request{}, err
+	}
+	n := len(b)
+	b = appendHeader(b, ep)
+	*bp = b
+	return request{id: ep.ID, data: b[:n:n], header: b[n:], buf: bp}, nil
+}
+
+// maxPooled bounds the buffers kept for reuse (a record with thousands of
+// labels is not worth keeping around).
+const maxPooled = 64 << 10
+
+// release returns a request's buffer once its files are written and it
+// was answered.
+func (r *request) release() {
+	if r.buf != nil && cap(*r.buf) <= maxPooled {
+		encodeBufs.Put(r.buf)
+	}
+	r.buf, r.data, r.header = nil, nil, nil
 }
 
 // Remove queues the removal of an endpoint's state; done is called once
@@ -156,6 +195,7 @@ func (s *Store) Close() {
 	s.cond.Signal()
 	<-s.done
 	s.jan.stop(false)
+	s.closeSd.Do(s.sd.close)
 }
 
 // Abort drops queued requests (answering them with ErrClosed) and stops
@@ -173,6 +213,7 @@ func (s *Store) Abort() {
 	}
 	<-s.done
 	s.jan.stop(true)
+	s.closeSd.Do(s.sd.close)
 }
 
 // Stats returns the store's counters.
@@ -190,10 +231,15 @@ func (s *Store) Stats() Stats {
 // awaiting its flush (those requests wait one round).
 func (s *Store) writer() {
 	defer close(s.done)
-	defer closeFd(s.dirFd)
 	defer close(s.work)
 	var pending *batch // applied, not yet flushed
 	for {
+		// Let the goroutines whose answers finish just sent (and others
+		// about to submit) run first: on a busy machine the next group is
+		// then bigger, and each group costs a flush and a round of
+		// handoffs. (The writer otherwise blocks on nothing while it
+		// renames, and takes groups of two or three.)
+		runtime.Gosched()
 		s.mu.Lock()
 		for len(s.queue) == 0 && !s.closed && pending == nil {
 			s.cond.Wait()
@@ -206,9 +252,9 @@ func (s *Store) writer() {
 			return
 		}
 		group := s.queue
-		s.queue = nil
+		s.queue, s.freeQueue = s.freeQueue, nil
 		if pending != nil {
-			group, s.queue = splitBusy(group, pending.last)
+			group, s.queue = splitBusy(group, pending.last, s.queue)
 		}
 		closed := s.closed
 		if len(group) > 0 {
@@ -239,9 +285,10 @@ func (s *Store) writer() {
 	}
 }
 
-// splitBusy keeps the requests whose ID is not in busy, in order, and
-// returns the others to wait for the next round.
-func splitBusy(group []request, busy map[endpoint.ID]int) (now, later []request) {
+// splitBusy keeps the requests whose ID is not in busy, in order and in
+// place, and appends the others to later, to wait for the next round.
+func splitBusy(group []request, busy map[endpoint.ID]int, later []request) (now, _ []request) {
+	now = group[:0]
 	for _, r := range group {
 		if _, ok := busy[r.id]; ok {
 			later = append(later, r)
@@ -249,5 +296,6 @@ func splitBusy(group []request, busy map[endpoint.ID]int) (now, later []request)
 			now = append(now, r)
 		}
 	}
+	clear(group[len(now):])
 	return now, later
 }

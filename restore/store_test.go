@@ -1,12 +1,16 @@
 package restore
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,9 +225,111 @@ func writeDir(t *testing.T, dir, name string, ep *endpoint.Endpoint) {
 	if err := os.Mkdir(d, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	for file, b := range map[string][]byte{stateFile: data, headerFile: header(ep)} {
+	for file, b := range map[string][]byte{stateFile: data, headerFile: headerReflect(ep)} {
 		if err := os.WriteFile(filepath.Join(d, file), b, 0o640); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFileOpsDoNotAllocate: a lifecycle's file operations (write into a
+// reused directory, exchange, removal into the trash and its reuse) make
+// no garbage: paths are built on the stack and the syscalls take them as
+// they are.
+func TestFileOpsDoNotAllocate(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	ep := benchEndpoint(t, 9)
+	mustWrite(t, s, ep)
+	r, err := s.encode(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.release()
+	allocs := testing.AllocsPerRun(50, func() {
+		for range 2 { // create (rename into place), regenerate (exchange)
+			old, err := s.takeNext(r.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.writeNext(r, old); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.swap(r.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var res result
+		if err := s.remove(r.id, &res); err != nil || res.ntrash != 2 {
+			t.Fatalf("remove: %v, %d directories to the trash, want 2", err, res.ntrash)
+		}
+		s.recycle(res.trash[:res.ntrash])
+	})
+	if allocs > 0 {
+		t.Errorf("a lifecycle's file operations allocate %.1f times, want 0", allocs)
+	}
+	if got := scanIDs(t, dir); len(got) != 0 {
+		t.Errorf("scan after the removal found %v", got)
+	}
+}
+
+// TestWriteOverUnknownState: a store that did not scan (so does not know
+// that <id> exists) still replaces it, whether the filesystem exchanges or
+// not; the next write then has a spare to overwrite.
+func TestWriteOverUnknownState(t *testing.T) {
+	for _, noExchange := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noExchange=%v", noExchange), func(t *testing.T) {
+			dir := t.TempDir()
+			ep := benchEndpoint(t, 5)
+			writeDir(t, dir, "5", ep)
+			s := openTestStore(t, dir)
+			s.noExchange.Store(noExchange)
+			for _, rev := range []uint64{2, 3} {
+				ep.DesiredRevision = rev
+				mustWrite(t, s, ep)
+				if got := scanIDs(t, dir); got[5] != rev {
+					t.Fatalf("after writing revision %d: %v", rev, got)
+				}
+			}
+			if want := !noExchange; s.isSpare(5) != want {
+				t.Errorf("spare after two writes: %v, want %v", s.isSpare(5), want)
+			}
+		})
+	}
+}
+
+// TestRewritesKeepFilesExact: writes of growing and shrinking state
+// through spares and recycled directories (of other endpoints) leave in
+// <id> exactly the files of the last write: a file is cut when what it
+// held was longer, whatever the directory held before.
+func TestRewritesKeepFilesExact(t *testing.T) {
+	for _, noExchange := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noExchange=%v", noExchange), func(t *testing.T) {
+			dir := t.TempDir()
+			s := openTestStore(t, dir)
+			s.noExchange.Store(noExchange)
+			sizes := []int{0, 40, 3, 40, 1, 0, 25, 2}
+			for step := range 40 {
+				id := endpoint.ID(1 + step%3)
+				ep := benchEndpoint(t, id)
+				ep.ContainerID = strings.Repeat("c", sizes[step%len(sizes)]*7%41)
+				ep.DesiredRevision = uint64(step * step * 997 % 100003)
+				if step%7 == 6 {
+					mustRemove(t, s, id)
+					continue
+				}
+				mustWrite(t, s, ep)
+				want, err := encodeState(nil, ep)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for file, want := range map[string][]byte{stateFile: want, headerFile: appendHeader(nil, ep)} {
+					got, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(int(id)), file))
+					if err != nil || !bytes.Equal(got, want) {
+						t.Fatalf("step %d: %s of endpoint %d (%v):\n%s\nwant:\n%s", step, file, id, err, got, want)
+					}
+				}
+			}
+		})
 	}
 }
