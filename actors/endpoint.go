@@ -48,6 +48,7 @@ type endpointActor struct {
 	dpGone        bool // deleting: the datapath removal finished (or was left to GC)
 	stateGone     bool // deleting: the state removal finished (stateStays: and failed)
 	stateStays    bool
+	retries       uint16 // consecutive failed regenerations, for backoff
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
@@ -55,11 +56,11 @@ type endpointActor struct {
 	labelWaiters []*actor.PID // answered once the identity is resolved and the labels are durable
 	lw           *labelWrite  // label changes not yet durable (nil: none)
 
-	retries int // consecutive failed regenerations, for backoff
-
 	regen regenState
 
 	delReplies []messages.Reply // sent when the endpoint is disconnected
+
+	stateWait *stateWait // the state store operation in flight (nil: none)
 
 	// slot is where this actor publishes its snapshot (GET /v1/actors);
 	// op is the asynchronous operation it waits for, since opSince.
@@ -176,6 +177,8 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.patchLabels(ctx, msg)
 	case *messages.DeleteEndpoint:
 		a.delete(ctx, msg.Options, ctx.Sender())
+	case *stateDone:
+		a.stateDone(ctx, msg)
 	case *indexRemoved:
 		a.releaseLeases(ctx)
 	case *crashForTest:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -136,46 +137,75 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 	a.stateOp(ctx, "write", a.writeState(snap), realize)
 }
 
-// stateResult is what a state store operation answers to its future.
-type stateResult struct{ err error }
-
 // writeState returns the submit function writing ep's state.
 func (a *endpointActor) writeState(ep *endpoint.Endpoint) func(done func(error)) {
 	a.labelWriteStarted()
 	return func(done func(error)) { a.deps.store.Write(ep, done) }
 }
 
+// stateWait is the state store operation an endpoint actor waits for.
+type stateWait struct {
+	seq  uint64
+	op   string // "write" or "remove"
+	cont func(actor.Context, error)
+}
+
+// stateDone is the store's answer to a stateWait, sent to the actor
+// itself. seq tells a late answer to an earlier incarnation (a restart
+// drops the operation it waited for) from the one awaited.
+type stateDone struct {
+	seq uint64
+	err error
+}
+
+// stateSeq numbers state operations across incarnations.
+var stateSeq atomic.Uint64
+
 // stateOp runs a state store operation (asynchronous, group-committed
-// by the store's writer) and continues with cont once it is durable.
+// by the store's writer) and continues with cont once it is durable or
+// failed. The store's answer comes back as a message to the actor, not
+// through a future: there are three per lifecycle, and a future costs a
+// timer and a process-registry entry. The store answers every request
+// (Close and Abort included), so there is no timeout; a disk that hangs
+// shows as an operation that lasts in GET /v1/actors.
 func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done func(error)), cont func(actor.Context, error)) {
 	if a.deps.store == nil {
 		cont(ctx, nil)
 		return
 	}
 	a.dpBusy = true
-	system := ctx.ActorSystem()
-	f := actor.NewFuture(system, a.deps.cfg.DatapathTimeout)
-	pid := f.PID()
-	submit(func(err error) { system.Root.Send(pid, &stateResult{err: err}) })
-	a.setOp(op + "-state")
-	ctx.ReenterAfter(f, func(res any, err error) {
-		if a.dead {
-			return
-		}
-		a.dpBusy = false
-		a.setOp("")
-		if r, ok := res.(*stateResult); ok && err == nil {
-			err = r.err
-		}
-		if err != nil {
-			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
-		}
-		if op == "write" {
-			a.labelWriteDone(ctx, err)
-		}
-		cont(ctx, err)
-		a.report()
-	})
+	seq := stateSeq.Add(1)
+	a.stateWait = &stateWait{seq: seq, op: op, cont: cont}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	submit(func(err error) { root.Send(self, &stateDone{seq: seq, err: err}) })
+	if op == "write" {
+		a.setOp(PhaseWriteState)
+	} else {
+		a.setOp(opRemoveState)
+	}
+}
+
+// opRemoveState is the operation name of a state removal in actor
+// snapshots (a write is PhaseWriteState).
+const opRemoveState = "remove-state"
+
+// stateDone continues the awaited state operation.
+func (a *endpointActor) stateDone(ctx actor.Context, msg *stateDone) {
+	w := a.stateWait
+	if w == nil || w.seq != msg.seq {
+		return // an earlier incarnation's operation
+	}
+	a.stateWait = nil
+	a.dpBusy = false
+	a.setOp("")
+	err := msg.err
+	if err != nil {
+		err = fmt.Errorf("%s state: %w: %w", w.op, ErrStateWrite, err)
+	}
+	if w.op == "write" {
+		a.labelWriteDone(ctx, err)
+	}
+	w.cont(ctx, err)
 }
 
 // datapathOp runs fn in the datapath pool and continues with cont.
@@ -336,7 +366,9 @@ func (a *endpointActor) scheduleRetry(ctx actor.Context) {
 	if d > a.deps.cfg.RetryMax || d <= 0 {
 		d = a.deps.cfg.RetryMax
 	}
-	a.retries++
+	if a.retries < math.MaxUint16 {
+		a.retries++
+	}
 	self, system := ctx.Self(), ctx.ActorSystem()
 	a.regen.retryTimer = time.AfterFunc(d, func() { system.Root.Send(self, &retryRegen{}) })
 }
