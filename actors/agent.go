@@ -226,8 +226,8 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	a.children = make(map[string]*actor.PID)
 	spawn := func(name string, stats *MailboxStats, produce func() actor.Actor) *actor.PID {
 		slot := newSlot(name, stats)
-		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, actor.WithMailbox(unboundedWithStats(stats)),
-			actor.WithReceiverMiddleware(slot.trackReceive)), name)
+		opts := append(mailboxOptions(stats), actor.WithReceiverMiddleware(slot.trackReceive))
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, opts...), name)
 		if err != nil {
 			panic(fmt.Sprintf("spawn %s: %v", name, err))
 		}
@@ -291,9 +291,8 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
 	rootStats := &MailboxStats{}
 	rootSlot := newSlot(KindAgent, rootStats)
-	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root },
-		actor.WithSupervisor(strategy), actor.WithMailbox(unboundedWithStats(rootStats)),
-		actor.WithReceiverMiddleware(rootSlot.trackReceive)), "agent")
+	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy), actor.WithReceiverMiddleware(rootSlot.trackReceive))
+	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
 	if err != nil {
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}

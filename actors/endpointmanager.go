@@ -224,7 +224,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 		prev = newEndpointActor(m.deps, rec, md, self, stats)
 		prev.slot = slot
 		return prev
-	}, actor.WithMailbox(unboundedWithStats(stats)))
+	}, mailboxOptions(stats)...)
 	pid, err := ctx.SpawnNamed(props, endpointActorName(ep.ID))
 	if err != nil {
 		// The name is taken only if the previous actor for this ID has not
