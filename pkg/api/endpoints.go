@@ -82,12 +82,8 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.EndpointChangeRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	sync, err := syncParam(r.URL.Query())
@@ -283,12 +279,8 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.EndpointBatchDeleteRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	if req.ContainerID == "" {
@@ -310,12 +302,8 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.LabelsPatch
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	add, err := labels.ParseSet(req.Add)

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/models"
@@ -54,9 +55,14 @@ func New(socketPath string) *Client {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socketPath)
 		},
+		// The simulator runs 64 workers and membranectl a few: both
+		// bounds stay above that so connections are reused, not re-dialed.
 		MaxIdleConns:        256,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     30 * time.Second,
+		// The agent never compresses its answers: without this the
+		// transport adds "Accept-Encoding: gzip" to every request.
+		DisableCompression: true,
 	}
 	return &Client{http: &http.Client{Transport: tr}, base: "http://membrane"}
 }
@@ -92,7 +98,11 @@ func (c *Client) doRaw(ctx context.Context, method, path string, query url.Value
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	if contentType != "" {
+	switch contentType {
+	case "":
+	case "application/json":
+		req.Header["Content-Type"] = jsonContentType // shared, never modified
+	default:
 		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
@@ -103,10 +113,13 @@ func (c *Client) doRaw(ctx context.Context, method, path string, query url.Value
 	if header != nil {
 		*header = resp.Header
 	}
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
+	buf := bufPool.Get().(*bytes.Buffer)
+	defer putBuf(buf)
+	buf.Reset()
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
 		return fmt.Errorf("%s %s: read: %w", method, path, err)
 	}
+	data := buf.Bytes() // valid until putBuf: decoded values and errors copy
 	if resp.StatusCode == http.StatusServiceUnavailable && out != nil && method == http.MethodGet {
 		// GET /v1/status and /healthz bodies carry state while starting.
 		_ = json.Unmarshal(data, out)
@@ -122,13 +135,31 @@ func (c *Client) doRaw(ctx context.Context, method, path string, query url.Value
 		return nil
 	}
 	if raw, ok := out.(*[]byte); ok {
-		*raw = data
+		*raw = bytes.Clone(data)
 		return nil
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("%s %s: decode: %w", method, path, err)
 	}
 	return nil
+}
+
+// jsonContentType is the Content-Type header value of request bodies,
+// assigned to request headers without a copy: nothing modifies it.
+var jsonContentType = []string{"application/json"}
+
+// bufPool holds the buffers answers are read into (json.Unmarshal copies
+// what it keeps).
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBuf is the largest buffer kept in bufPool: a large answer
+// (an endpoint list) is not held on to.
+const maxPooledBuf = 64 << 10
+
+func putBuf(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBuf {
+		bufPool.Put(b)
+	}
 }
 
 // Healthz checks that the agent answers.
