@@ -17,6 +17,8 @@ import (
 //
 //   - get: GET /v1/endpoint/{id} of a live endpoint: the request path
 //     alone (the handler reads the index; no actor is involved).
+//   - ipam: POST /v1/ipam then DELETE /v1/ipam/{ip}: two mutating calls
+//     whose actor work (the IPAM actor) is small.
 //   - sim-lifecycle: the simulator's endpoint lifecycle, 4 calls: POST
 //     /v1/ipam, PUT /v1/endpoint (sync), POST .../regenerate, DELETE.
 func BenchmarkRequestPath(b *testing.B) {
@@ -36,6 +38,23 @@ func BenchmarkRequestPath(b *testing.B) {
 		cpu0 := cpuTime()
 		for b.Loop() {
 			if _, err := c.EndpointGet(ctx, ref); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	})
+	b.Run("ipam", func(b *testing.B) {
+		_, c := startBenchAgent(b)
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		cpu0 := cpuTime()
+		for b.Loop() {
+			ipr, err := c.IPAMAllocate(ctx, "ipv4", "bench/ipam")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := c.IPAMRelease(ctx, ipr.Address.IPv4); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -209,13 +209,11 @@ func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
-		select {
-		case s.sem <- struct{}{}:
-			defer func() { <-s.sem }()
-		case <-ctx.Done():
+		if !s.acquire(ctx) {
 			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
 			return
 		}
+		defer func() { <-s.sem }()
 		if err := h(w, r.WithContext(ctx)); err != nil {
 			writeError(w, err)
 		}
@@ -243,6 +241,22 @@ var jsonWriters = sync.Pool{New: func() any {
 
 // writeJSON answers status with v encoded as json.Encoder does
 // (HTML-escaped, one trailing newline).
+// acquire takes a slot of the in-flight bound, waiting until ctx ends.
+// A free slot is taken without ctx.Done (which allocates a channel).
+func (s *Server) acquire(ctx context.Context) bool {
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
