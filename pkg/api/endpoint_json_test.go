@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -33,10 +34,30 @@ func fullEndpoint() *models.Endpoint {
 		Created: t0, StateChanged: t0.In(time.FixedZone("odd", -(5*3600 + 30*60 + 15)))}
 }
 
+// requireAllSet fails if a field of v (a struct, through pointers) is
+// zero: a field added to the models must be set in the test's full value,
+// so that the comparison with encoding/json covers it.
+func requireAllSet(tb testing.TB, v reflect.Value, path string) {
+	tb.Helper()
+	for v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	for i := range v.NumField() {
+		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
+		if f.IsZero() {
+			tb.Fatalf("%s is zero in the test's full value: set it (and encode it by hand)", name)
+		}
+		if f.Kind() == reflect.Pointer && f.Elem().Kind() == reflect.Struct {
+			requireAllSet(tb, f, name)
+		}
+	}
+}
+
 // TestEndpointJSON checks the hand encoder against json.Encoder, and
 // that it hands the times encoding/json refuses back to it.
 func TestEndpointJSON(t *testing.T) {
 	full := fullEndpoint()
+	requireAllSet(t, reflect.ValueOf(full), "Endpoint")
 	only6 := *full
 	only6.Addressing = &models.AddressPair{IPv6: "fd00::2"}
 	noAddr := *full

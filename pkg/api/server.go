@@ -179,7 +179,7 @@ func (s *Server) serve(w *codeWriter, r *http.Request) {
 			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
 		}
 	}()
-	if r.RequestURI != "*" { // the mux answers "OPTIONS *" itself
+	if r.RequestURI != "*" { // the mux would answer "*" with a bare 400
 		s.mux.ServeHTTP(w, r) // sets r.Pattern and the path values
 		if r.Pattern != "" {
 			return
@@ -239,8 +239,6 @@ var jsonWriters = sync.Pool{New: func() any {
 	return jw
 }}
 
-// writeJSON answers status with v encoded as json.Encoder does
-// (HTML-escaped, one trailing newline).
 // acquire takes a slot of the in-flight bound, waiting until ctx ends.
 // A free slot is taken without ctx.Done (which allocates a channel).
 func (s *Server) acquire(ctx context.Context) bool {
@@ -257,6 +255,8 @@ func (s *Server) acquire(ctx context.Context) bool {
 	}
 }
 
+// writeJSON answers status with v encoded as json.Encoder does
+// (HTML-escaped, one trailing newline); endpoints by hand.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)

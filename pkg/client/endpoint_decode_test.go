@@ -33,15 +33,36 @@ func checkDecode(tb testing.TB, data []byte, wantHand bool) {
 	}
 }
 
+// requireAllSet fails if a field of v (a struct, through pointers) is
+// zero: a field added to the models must be set in the test's full value,
+// so that the hand decoder is checked on it.
+func requireAllSet(tb testing.TB, v reflect.Value, path string) {
+	tb.Helper()
+	for v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	for i := range v.NumField() {
+		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
+		if f.IsZero() {
+			tb.Fatalf("%s is zero in the test's full value: set it (and decode it by hand)", name)
+		}
+		if f.Kind() == reflect.Pointer && f.Elem().Kind() == reflect.Struct {
+			requireAllSet(tb, f, name)
+		}
+	}
+}
+
 func TestDecodeEndpoint(t *testing.T) {
 	t0 := time.Date(2026, 11, 23, 9, 1, 2, 345678900, time.UTC)
-	full, err := json.Marshal(&models.Endpoint{ID: 65535, State: "ready", ContainerID: "c-1", ContainerName: "n",
+	fullEp := &models.Endpoint{ID: 65535, State: "ready", ContainerID: "c-1", ContainerName: "n",
 		ContainerInterfaceName: "eth0", K8sNamespace: "ns", K8sPodName: "pod", K8sUID: "uid",
 		Labels:     []string{"k8s:app=web", "k8s:tier=front"},
 		Identity:   &models.Identity{ID: 256, Labels: []string{"k8s:app=web"}, RefCount: 3, Reserved: true},
 		Addressing: &models.AddressPair{IPv4: "10.0.0.1", IPv6: "fd00::1"}, InterfaceName: "lxc1", InterfaceIndex: 42,
 		Mac: "00:11:22:33:44:55", HostMac: "aa:bb:cc:dd:ee:ff", Netns: "/run/netns/x", PolicyRevision: 1<<64 - 1,
-		Regenerations: 7, LastError: "boom", Created: t0, StateChanged: t0.In(time.FixedZone("z", -5*3600-30*60))})
+		Regenerations: 7, LastError: "boom", Created: t0, StateChanged: t0.In(time.FixedZone("z", -5*3600-30*60))}
+	requireAllSet(t, reflect.ValueOf(fullEp), "Endpoint")
+	full, err := json.Marshal(fullEp)
 	if err != nil {
 		t.Fatal(err)
 	}
