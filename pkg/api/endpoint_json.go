@@ -1,110 +1,216 @@
 package api
 
 import (
+	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
 
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/labels"
 	"github.com/membrane-cni/membrane/pkg/models"
 )
 
-// The endpoint answers (PUT, regenerate, DELETE, GET and lists of
-// endpoints) are most of the API's traffic. They are encoded by hand,
-// byte for byte as json.Encoder encodes models.Endpoint (field order,
-// omitempty, HTML escaping, one trailing newline): reflection made
-// encoding the largest part of an answer's cost. TestEndpointJSON and
+// The endpoint answers (PUT, regenerate, DELETE, GET, PATCH labels and
+// lists of endpoints) are most of the API's traffic. They are encoded by
+// hand from the index record, byte for byte as json.Encoder encodes the
+// record's model (endpoint.Endpoint.Model with the identity's model:
+// field order, omitempty, HTML escaping, one trailing newline), without
+// building the model: reflection and the model's strings made encoding
+// the largest part of an answer's cost. TestEndpointJSON and
 // FuzzEndpointJSON compare both encodings.
 
-// appendEndpointsJSON appends eps as json.Encoder.Encode writes it, or
-// reports false if a value is one the hand encoder leaves to
-// encoding/json (a time it refuses).
-func appendEndpointsJSON(b []byte, eps []*models.Endpoint) ([]byte, bool) {
-	if eps == nil {
-		return append(b, "null\n"...), true
+// identityView is what an endpoint answer shows of its identity: the
+// fields of Server.identityModel, without building the model.
+type identityView struct {
+	id       int64
+	labels   labels.Labels
+	refCount int
+	reserved bool
+}
+
+// identityView reads id as identityModel does.
+func (s *Server) identityView(id identity.NumericIdentity) identityView {
+	if ls, ok := identity.ReservedLabels(id); ok {
+		return identityView{id: int64(id), labels: ls, reserved: true}
 	}
-	b = append(b, '[')
-	for i, m := range eps {
+	row, ok := s.ix.Identity(id)
+	if !ok {
+		return identityView{id: int64(id)}
+	}
+	return identityView{id: int64(row.ID), labels: row.Labels, refCount: row.RefCount}
+}
+
+// writeEndpoint answers status with the endpoint's model, as
+// writeJSON(w, status, s.model(ep)) does.
+func (s *Server) writeEndpoint(w http.ResponseWriter, status int, ep *endpoint.Endpoint) {
+	var ident *identityView
+	if ep.Identity != identity.IdentityUnknown {
+		v := s.identityView(ep.Identity)
+		ident = &v
+	}
+	bp := jsonBuffers.Get().(*[]byte)
+	defer putJSONBuffer(bp)
+	b, ok := appendEndpointRecord((*bp)[:0], ep, ident)
+	*bp = b
+	if !ok {
+		writeJSON(w, status, s.model(ep))
+		return
+	}
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// writeEndpoints answers 200 with the endpoints' models, as writeJSON of
+// the list of their models does.
+func (s *Server) writeEndpoints(w http.ResponseWriter, eps []*endpoint.Endpoint) {
+	idents := map[identity.NumericIdentity]*identityView{} // a few, shared by many endpoints
+	bp := jsonBuffers.Get().(*[]byte)
+	defer putJSONBuffer(bp)
+	b := append((*bp)[:0], '[')
+	for i, ep := range eps {
+		ident, seen := idents[ep.Identity]
+		if !seen && ep.Identity != identity.IdentityUnknown {
+			v := s.identityView(ep.Identity)
+			ident = &v
+			idents[ep.Identity] = ident
+		}
 		if i > 0 {
 			b = append(b, ',')
 		}
 		var ok bool
-		if b, ok = appendEndpoint(b, m); !ok {
-			return b, false
+		if b, ok = appendEndpointRecord(b, ep, ident); !ok {
+			*bp = b
+			out := make([]*models.Endpoint, 0, len(eps))
+			for _, ep := range eps {
+				out = append(out, s.model(ep))
+			}
+			writeJSON(w, http.StatusOK, out)
+			return
 		}
 	}
-	return append(b, ']', '\n'), true
+	b = append(b, ']', '\n')
+	*bp = b
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
 }
 
-// appendEndpointJSON appends m as json.Encoder.Encode writes it (see
-// appendEndpointsJSON).
-func appendEndpointJSON(b []byte, m *models.Endpoint) ([]byte, bool) {
-	b, ok := appendEndpoint(b, m)
-	return append(b, '\n'), ok
-}
-
-func appendEndpoint(b []byte, m *models.Endpoint) ([]byte, bool) {
-	if m == nil {
-		return append(b, "null"...), true
-	}
-	if !jsonTimeOK(m.Created) || !jsonTimeOK(m.StateChanged) {
+// appendEndpointRecord appends the JSON of e's model with ident's
+// identity (nil: none), or reports false if the record holds a time
+// encoding/json refuses (then the caller encodes the model with it).
+func appendEndpointRecord(b []byte, e *endpoint.Endpoint, ident *identityView) ([]byte, bool) {
+	if !jsonTimeOK(e.Created) || !jsonTimeOK(e.StateChanged) {
 		return b, false
 	}
 	b = append(b, `{"id":`...)
-	b = strconv.AppendInt(b, m.ID, 10)
+	b = strconv.AppendInt(b, int64(e.ID), 10)
 	b = append(b, `,"state":`...)
-	b = appendJSONString(b, m.State)
-	b = appendOptString(b, `,"container-id":`, m.ContainerID)
-	b = appendOptString(b, `,"container-name":`, m.ContainerName)
-	b = appendOptString(b, `,"container-interface-name":`, m.ContainerInterfaceName)
-	b = appendOptString(b, `,"k8s-namespace":`, m.K8sNamespace)
-	b = appendOptString(b, `,"k8s-pod-name":`, m.K8sPodName)
-	b = appendOptString(b, `,"k8s-uid":`, m.K8sUID)
+	b = appendJSONString(b, string(e.State))
+	b = appendOptString(b, `,"container-id":`, e.ContainerID)
+	b = appendOptString(b, `,"container-name":`, e.ContainerName)
+	b = appendOptString(b, `,"container-interface-name":`, e.ContainerInterfaceName)
+	b = appendOptString(b, `,"k8s-namespace":`, e.Namespace)
+	b = appendOptString(b, `,"k8s-pod-name":`, e.PodName)
+	b = appendOptString(b, `,"k8s-uid":`, e.PodUID)
 	b = append(b, `,"labels":`...)
-	b = appendJSONStrings(b, m.Labels)
-	if id := m.Identity; id != nil {
+	b = appendLabels(b, e.Labels)
+	b = appendIdentity(b, e, ident)
+	b = appendAddressing(b, e.IPv4, e.IPv6)
+	b = appendOptString(b, `,"interface-name":`, e.IfName)
+	if e.IfIndex != 0 {
+		b = append(b, `,"interface-index":`...)
+		b = strconv.AppendInt(b, int64(e.IfIndex), 10)
+	}
+	b = appendOptString(b, `,"mac":`, e.MAC)
+	b = appendOptString(b, `,"host-mac":`, e.HostMAC)
+	b = appendOptString(b, `,"netns":`, e.Netns)
+	b = append(b, `,"policy-revision":`...)
+	b = strconv.AppendUint(b, e.RealizedRevision, 10)
+	b = append(b, `,"regenerations":`...)
+	b = strconv.AppendUint(b, e.Regenerations, 10)
+	b = appendOptString(b, `,"last-error":`, e.LastError)
+	b = append(b, `,"created":"`...)
+	b = e.Created.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","state-changed":"`...)
+	b = e.StateChanged.AppendFormat(b, time.RFC3339Nano)
+	return append(b, `"}`...), true
+}
+
+// appendIdentity appends the model's identity field: ident's, or the
+// bare ID Model shows without one.
+func appendIdentity(b []byte, e *endpoint.Endpoint, ident *identityView) []byte {
+	if ident != nil {
 		b = append(b, `,"identity":{"id":`...)
-		b = strconv.AppendInt(b, id.ID, 10)
+		b = strconv.AppendInt(b, ident.id, 10)
 		b = append(b, `,"labels":`...)
-		b = appendJSONStrings(b, id.Labels)
-		if id.RefCount != 0 {
+		b = appendLabels(b, ident.labels)
+		if ident.refCount != 0 {
 			b = append(b, `,"ref-count":`...)
-			b = strconv.AppendInt(b, int64(id.RefCount), 10)
+			b = strconv.AppendInt(b, int64(ident.refCount), 10)
 		}
-		if id.Reserved {
+		if ident.reserved {
 			b = append(b, `,"reserved":true`...)
 		}
 		b = append(b, '}')
+	} else if e.Identity != identity.IdentityUnknown { // Model's fallback
+		b = append(b, `,"identity":{"id":`...)
+		b = strconv.AppendUint(b, uint64(e.Identity), 10)
+		b = append(b, `,"labels":null}`...)
 	}
-	if a := m.Addressing; a != nil {
+	return b
+}
+
+// appendAddressing appends the model's addressing field, if any.
+func appendAddressing(b []byte, v4, v6 netip.Addr) []byte {
+	if v4.IsValid() || v6.IsValid() {
 		b = append(b, `,"addressing":{`...)
-		b = appendOptString(b, `"ipv4":`, a.IPv4)
-		if a.IPv6 != "" {
-			if a.IPv4 != "" {
+		if v4.IsValid() {
+			b = appendAddr(append(b, `"ipv4":`...), v4)
+		}
+		if v6.IsValid() {
+			if v4.IsValid() {
 				b = append(b, ',')
 			}
-			b = appendOptString(b, `"ipv6":`, a.IPv6)
+			b = appendAddr(append(b, `"ipv6":`...), v6)
 		}
 		b = append(b, '}')
 	}
-	b = appendOptString(b, `,"interface-name":`, m.InterfaceName)
-	if m.InterfaceIndex != 0 {
-		b = append(b, `,"interface-index":`...)
-		b = strconv.AppendInt(b, m.InterfaceIndex, 10)
+	return b
+}
+
+// appendLabels appends ls as the JSON of ls.Strings() (never null).
+func appendLabels(b []byte, ls labels.Labels) []byte {
+	b = append(b, '[')
+	for i, l := range ls {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		// l.String() is source:key[=value]; the separators are ASCII, so
+		// escaping each part escapes the whole.
+		b = append(b, '"')
+		b = appendJSONChars(b, l.Source)
+		b = append(b, ':')
+		b = appendJSONChars(b, l.Key)
+		if l.Value != "" {
+			b = append(b, '=')
+			b = appendJSONChars(b, l.Value)
+		}
+		b = append(b, '"')
 	}
-	b = appendOptString(b, `,"mac":`, m.Mac)
-	b = appendOptString(b, `,"host-mac":`, m.HostMac)
-	b = appendOptString(b, `,"netns":`, m.Netns)
-	b = append(b, `,"policy-revision":`...)
-	b = strconv.AppendUint(b, m.PolicyRevision, 10)
-	b = append(b, `,"regenerations":`...)
-	b = strconv.AppendUint(b, m.Regenerations, 10)
-	b = appendOptString(b, `,"last-error":`, m.LastError)
-	b = append(b, `,"created":"`...)
-	b = m.Created.AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","state-changed":"`...)
-	b = m.StateChanged.AppendFormat(b, time.RFC3339Nano)
-	return append(b, `"}`...), true
+	return append(b, ']')
+}
+
+// appendAddr appends the JSON of a.String().
+func appendAddr(b []byte, a netip.Addr) []byte {
+	var buf [64]byte
+	b = append(b, '"')
+	b = appendJSONChars(b, a.AppendTo(buf[:0]))
+	return append(b, '"')
 }
 
 // jsonTimeOK reports whether time.Time.MarshalJSON accepts t (and then
@@ -126,29 +232,21 @@ func appendOptString(b []byte, key, s string) []byte {
 	return appendJSONString(append(b, key...), s)
 }
 
-// appendJSONStrings appends ss as a JSON array (null if nil).
-func appendJSONStrings(b []byte, ss []string) []byte {
-	if ss == nil {
-		return append(b, "null"...)
-	}
-	b = append(b, '[')
-	for i, s := range ss {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendJSONString(b, s)
-	}
-	return append(b, ']')
-}
-
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString appends s quoted as encoding/json does with HTML
-// escaping on: <, > and & as \u003c, \u003e, \u0026; control characters
-// as \b \f \n \r \t or \u00XX; invalid UTF-8 as \ufffd; U+2028 and
-// U+2029 escaped.
+// escaping on (see appendJSONChars).
 func appendJSONString(b []byte, s string) []byte {
 	b = append(b, '"')
+	b = appendJSONChars(b, s)
+	return append(b, '"')
+}
+
+// appendJSONChars appends s escaped as encoding/json escapes a string's
+// characters with HTML escaping on: <, > and & as \u003c, \u003e,
+// \u0026; control characters as \b \f \n \r \t or \u00XX; invalid
+// UTF-8 as \ufffd; U+2028 and U+2029 escaped.
+func appendJSONChars[S []byte | string](b []byte, s S) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -178,7 +276,7 @@ func appendJSONString(b []byte, s string) []byte {
 			start = i
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
+		r, size := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
 		switch {
 		case r == utf8.RuneError && size == 1:
 			b = append(b, s[start:i]...)
@@ -193,8 +291,7 @@ func appendJSONString(b []byte, s string) []byte {
 		i += size
 		start = i
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }
 
 // jsonBuffers holds the buffers hand-encoded answers are built in.
@@ -203,3 +300,9 @@ var jsonBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return
 // maxPooledJSON is the largest answer buffer kept in jsonBuffers: a long
 // endpoint list is not held on to.
 const maxPooledJSON = 64 << 10
+
+func putJSONBuffer(bp *[]byte) {
+	if cap(*bp) <= maxPooledJSON {
+		jsonBuffers.Put(bp)
+	}
+}

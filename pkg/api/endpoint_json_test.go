@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
+	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/labels"
 	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/policy"
 )
 
 // encoderJSON is what writeJSON wrote before the hand encoder.
@@ -23,73 +29,77 @@ func encoderJSON(tb testing.TB, v any) string {
 	return buf.String()
 }
 
-func fullEndpoint() *models.Endpoint {
-	t0 := time.Date(2026, 11, 23, 9, 1, 2, 345678900, time.UTC)
-	return &models.Endpoint{ID: 65535, State: "ready", ContainerID: "c-1", ContainerName: "name", ContainerInterfaceName: "eth0",
-		K8sNamespace: "ns", K8sPodName: "pod", K8sUID: "uid-1", Labels: []string{"k8s:app=web", "k8s:tier=front"},
-		Identity:   &models.Identity{ID: 256, Labels: []string{"k8s:app=web"}, RefCount: 3, Reserved: true},
-		Addressing: &models.AddressPair{IPv4: "10.0.0.1", IPv6: "fd00::1"}, InterfaceName: "lxc1234", InterfaceIndex: 42,
-		Mac: "00:11:22:33:44:55", HostMac: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", PolicyRevision: 1 << 63,
-		Regenerations: 7, LastError: "realize: <&> \"quoted\" \\ \n\t\r\b\f\x01\x7f ü \u2028\u2029 \xff\xfe end",
-		Created: t0, StateChanged: t0.In(time.FixedZone("odd", -(5*3600 + 30*60 + 15)))}
-}
-
-// requireAllSet fails if a field of v (a struct, through pointers) is
-// zero: a field added to the models must be set in the test's full value,
-// so that the comparison with encoding/json covers it.
-func requireAllSet(tb testing.TB, v reflect.Value, path string) {
+// requireAllSet fails if a field of the struct v points to is zero: a
+// field added to the record must be set in the test's full value, so
+// that the comparison with encoding/json covers it.
+func requireAllSet(tb testing.TB, v reflect.Value, name string) {
 	tb.Helper()
-	for v.Kind() == reflect.Pointer {
-		v = v.Elem()
-	}
+	v = v.Elem()
 	for i := range v.NumField() {
-		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
-		if f.IsZero() {
-			tb.Fatalf("%s is zero in the test's full value: set it (and encode it by hand)", name)
-		}
-		if f.Kind() == reflect.Pointer && f.Elem().Kind() == reflect.Struct {
-			requireAllSet(tb, f, name)
+		if v.Field(i).IsZero() {
+			tb.Fatalf("%s.%s is zero in the test's full value: set it (and encode it by hand if the model shows it)",
+				name, v.Type().Field(i).Name)
 		}
 	}
 }
 
-// TestEndpointJSON checks the hand encoder against json.Encoder, and
-// that it hands the times encoding/json refuses back to it.
+// viewModel is identityModel's answer for the identity v shows.
+func viewModel(v *identityView) *models.Identity {
+	if v == nil {
+		return nil
+	}
+	return &models.Identity{ID: v.id, Labels: v.labels.Strings(), RefCount: v.refCount, Reserved: v.reserved}
+}
+
+// checkRecord compares the hand encoder with json.Encoder of the model.
+func checkRecord(tb testing.TB, e *endpoint.Endpoint, v *identityView) {
+	tb.Helper()
+	got, ok := appendEndpointRecord(nil, e, v)
+	want := encoderJSON(tb, e.Model(viewModel(v)))
+	if !ok || string(got)+"\n" != want {
+		tb.Fatalf("hand encoder (ok %v)\n%s\njson.Encoder\n%s", ok, got, want)
+	}
+}
+
+func fullRecord() (*endpoint.Endpoint, *identityView) {
+	t0 := time.Date(2026, 11, 23, 9, 1, 2, 345678900, time.UTC)
+	e := &endpoint.Endpoint{ID: 65535, ContainerID: "c-1", ContainerName: "name", ContainerInterfaceName: "eth0",
+		Namespace: "ns", PodName: "pod", PodUID: "uid-1",
+		Labels: labels.Labels{{Source: "k8s", Key: "app", Value: "web"}, {Source: "k8s", Key: "tier"}},
+		IPv4:   netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"), IfName: "lxc1234", IfIndex: 42,
+		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", State: endpoint.StateReady,
+		Identity: 256, DesiredRevision: 9, RealizedRevision: 1 << 63, Regenerations: 7, Policy: &policy.MapState{},
+		LastError: "realize: <&> \"quoted\" \\ \n\t\r\b\f\x01\x7f ü \u2028\u2029 \xff\xfe end",
+		Deleting:  endpoint.DeleteOptions{NoIPRelease: true}, Created: t0,
+		StateChanged: t0.In(time.FixedZone("odd", -(5*3600 + 30*60 + 15)))}
+	return e, &identityView{id: 256, labels: labels.Labels{{Source: "k8s", Key: "a<b", Value: "\xff"}}, refCount: 3, reserved: true}
+}
+
+// TestEndpointJSON checks the hand encoder against json.Encoder of the
+// record's model, and that it hands the times encoding/json refuses back
+// to it.
 func TestEndpointJSON(t *testing.T) {
-	full := fullEndpoint()
+	full, fullIdent := fullRecord()
 	requireAllSet(t, reflect.ValueOf(full), "Endpoint")
+	requireAllSet(t, reflect.ValueOf(fullIdent), "identityView")
 	only6 := *full
-	only6.Addressing = &models.AddressPair{IPv6: "fd00::2"}
-	noAddr := *full
-	noAddr.Addressing = &models.AddressPair{}
-	nilLabels := &models.Endpoint{State: "waiting-for-identity", Identity: &models.Identity{ID: 5}}
+	only6.IPv4 = netip.Addr{}
+	mapped := *full
+	mapped.IPv6 = netip.MustParseAddr("::ffff:10.1.2.3")
 	tests := []struct {
-		name string
-		v    any
+		name  string
+		e     *endpoint.Endpoint
+		ident *identityView
 	}{
-		{"zero", &models.Endpoint{}},
-		{"full", full},
-		{"only ipv6", &only6},
-		{"empty addressing", &noAddr},
-		{"nil labels", nilLabels},
-		{"list", []*models.Endpoint{full, nil, {}, nilLabels}},
-		{"empty list", []*models.Endpoint{}},
-		{"nil list", []*models.Endpoint(nil)},
+		{"zero", &endpoint.Endpoint{}, nil},
+		{"full", full, fullIdent},
+		{"no identity", full, nil},
+		{"identity not found", full, &identityView{id: 77}},
+		{"only ipv6", &only6, fullIdent},
+		{"4in6", &mapped, nil},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var got []byte
-			var ok bool
-			switch v := tt.v.(type) {
-			case *models.Endpoint:
-				got, ok = appendEndpointJSON(nil, v)
-			case []*models.Endpoint:
-				got, ok = appendEndpointsJSON(nil, v)
-			}
-			if want := encoderJSON(t, tt.v); !ok || string(got) != want {
-				t.Fatalf("hand encoder (ok %v)\n%s\njson.Encoder\n%s", ok, got, want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkRecord(t, tt.e, tt.ident) })
 	}
 	for _, bad := range []time.Time{
 		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
@@ -97,12 +107,12 @@ func TestEndpointJSON(t *testing.T) {
 		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*3600)),
 		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", -24*3600-60)),
 	} {
-		m := fullEndpoint()
-		m.StateChanged = bad
-		if _, ok := appendEndpointJSON(nil, m); ok {
+		e, _ := fullRecord()
+		e.StateChanged = bad
+		if _, ok := appendEndpointRecord(nil, e, nil); ok {
 			t.Errorf("time %v: hand encoder took a time encoding/json refuses", bad)
 		}
-		if _, err := json.Marshal(m); err == nil {
+		if _, err := json.Marshal(e.Model(nil)); err == nil {
 			t.Errorf("time %v: encoding/json accepts it; the hand encoder need not refuse it", bad)
 		}
 	}
@@ -125,47 +135,54 @@ func TestEndpointJSONRandom(t *testing.T) {
 		}
 		return sb.String()
 	}
+	lbls := func() labels.Labels {
+		var ls labels.Labels
+		for range rng.IntN(3) {
+			ls = append(ls, labels.Label{Source: str(), Key: str(), Value: str()})
+		}
+		return ls
+	}
 	tm := func() time.Time {
 		return time.Unix(rng.Int64N(1<<35)-1<<34, rng.Int64N(1e9)).In(time.FixedZone("z", rng.IntN(2*86399)-86399))
 	}
-	for i := range 2000 {
-		m := &models.Endpoint{ID: rng.Int64() - 1<<62, State: str(), ContainerID: str(), K8sNamespace: str(), K8sPodName: str(),
-			LastError: str(), Netns: str(), InterfaceIndex: rng.Int64N(3) - 1, PolicyRevision: rng.Uint64(),
+	for range 2000 {
+		e := &endpoint.Endpoint{ID: endpoint.ID(rng.IntN(1 << 16)), State: endpoint.State(str()), ContainerID: str(),
+			Namespace: str(), PodName: str(), LastError: str(), Netns: str(), IfIndex: rng.IntN(3) - 1,
+			Labels: lbls(), Identity: identity.NumericIdentity(rng.IntN(3)), RealizedRevision: rng.Uint64(),
 			Created: tm(), StateChanged: tm()}
 		if rng.IntN(2) == 0 {
-			m.Labels = []string{str(), str()}
+			e.IPv4 = netip.AddrFrom4([4]byte{10, byte(rng.IntN(256)), 0, 1})
 		}
 		if rng.IntN(2) == 0 {
-			m.Identity = &models.Identity{ID: rng.Int64N(1 << 20), Labels: []string{str()}, RefCount: rng.IntN(3), Reserved: rng.IntN(2) == 0}
+			e.IPv6 = netip.AddrFrom16([16]byte{0xfd, 15: byte(rng.IntN(256))})
 		}
+		var v *identityView
 		if rng.IntN(2) == 0 {
-			m.Addressing = &models.AddressPair{IPv4: str(), IPv6: str()}
+			v = &identityView{id: rng.Int64N(1 << 20), labels: lbls(), refCount: rng.IntN(3), reserved: rng.IntN(2) == 0}
 		}
-		got, ok := appendEndpointJSON(nil, m)
-		if want := encoderJSON(t, m); !ok || string(got) != want {
-			t.Fatalf("case %d: hand encoder (ok %v)\n%q\njson.Encoder\n%q", i, ok, got, want)
-		}
+		checkRecord(t, e, v)
 	}
 }
 
 // FuzzEndpointJSON compares both encoders on arbitrary strings and times.
 func FuzzEndpointJSON(f *testing.F) {
-	f.Add("ready", "k8s:app=<web>", "\xff\u2028\x01", int64(1700000000), int64(123), 3600)
-	f.Add("", "", "", int64(0), int64(0), 0)
-	f.Fuzz(func(t *testing.T, state, label, lastErr string, sec, nsec int64, off int) {
+	f.Add("ready", "k8s", "app<", "\xff\u2028\x01", int64(1700000000), int64(123), 3600)
+	f.Add("", "", "", "", int64(0), int64(0), 0)
+	f.Fuzz(func(t *testing.T, state, source, key, value string, sec, nsec int64, off int) {
 		when := time.Unix(sec, nsec).In(time.FixedZone("f", off%(30*3600)))
-		m := &models.Endpoint{State: state, Labels: []string{label}, LastError: lastErr, ContainerID: label,
-			Identity: &models.Identity{ID: sec, Labels: []string{lastErr}}, Addressing: &models.AddressPair{IPv6: state},
-			Created: when, StateChanged: when}
-		got, ok := appendEndpointJSON(nil, m)
+		ls := labels.Labels{{Source: source, Key: key, Value: value}}
+		e := &endpoint.Endpoint{State: endpoint.State(state), Labels: ls, LastError: value, ContainerID: key,
+			Identity: 5, Created: when, StateChanged: when}
+		v := &identityView{id: sec, labels: ls}
+		got, ok := appendEndpointRecord(nil, e, v)
 		var buf bytes.Buffer
-		err := json.NewEncoder(&buf).Encode(m)
+		err := json.NewEncoder(&buf).Encode(e.Model(viewModel(v)))
 		switch {
 		case err != nil && ok:
 			t.Fatalf("hand encoder took what encoding/json refuses (%v)", err)
 		case err == nil && !ok:
 			t.Fatalf("hand encoder refused what encoding/json encodes: %s", buf.Bytes())
-		case ok && !bytes.Equal(got, buf.Bytes()):
+		case ok && string(got)+"\n" != buf.String():
 			t.Fatalf("hand encoder\n%q\njson.Encoder\n%q", got, buf.Bytes())
 		}
 		if ok && !utf8.Valid(got) {
@@ -174,44 +191,63 @@ func FuzzEndpointJSON(f *testing.F) {
 	})
 }
 
-// BenchmarkEndpointJSON compares the hand encoder with json.Encoder on a
-// typical endpoint answer and on a list of 1,000.
+// BenchmarkEndpointJSON compares the hand encoder with json.Encoder of
+// the model (the record converted first, as the handlers did) on a
+// typical endpoint answer.
 func BenchmarkEndpointJSON(b *testing.B) {
 	t0 := time.Date(2026, 11, 23, 9, 1, 2, 345678900, time.UTC)
-	one := &models.Endpoint{ID: 1234, State: "ready", ContainerID: "sim-123456", ContainerInterfaceName: "eth0",
-		K8sNamespace: "ns-3", K8sPodName: "pod-123456", Labels: []string{"k8s:app=web", "k8s:tier=front"},
-		Identity:   &models.Identity{ID: 300, Labels: []string{"k8s:app=web", "k8s:tier=front"}, RefCount: 12},
-		Addressing: &models.AddressPair{IPv4: "10.1.2.3"}, PolicyRevision: 3, Regenerations: 2, Created: t0, StateChanged: t0}
-	list := make([]*models.Endpoint, 1000)
-	for i := range list {
-		list[i] = one
+	ls := labels.Labels{{Source: "k8s", Key: "app", Value: "web"}, {Source: "k8s", Key: "tier", Value: "front"}}
+	e := &endpoint.Endpoint{ID: 1234, State: endpoint.StateReady, ContainerID: "sim-123456", ContainerInterfaceName: "eth0",
+		Namespace: "ns-3", PodName: "pod-123456", Labels: ls, Identity: 300, IPv4: netip.MustParseAddr("10.1.2.3"),
+		RealizedRevision: 3, Regenerations: 2, Created: t0, StateChanged: t0}
+	v := &identityView{id: 300, labels: ls, refCount: 12}
+	b.Run("hand", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf []byte
+		for b.Loop() {
+			buf, _ = appendEndpointRecord(buf[:0], e, v)
+		}
+	})
+	b.Run("model+encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		for b.Loop() {
+			buf.Reset()
+			if err := enc.Encode(e.Model(viewModel(v))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestIdentityView checks that identityView reads what identityModel
+// builds: a reserved identity, an index row (with and without labels),
+// an identity missing from the index.
+func TestIdentityView(t *testing.T) {
+	ix, err := index.New()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name string
-		v    any
-	}{{"one", one}, {"list-1000", list}} {
-		b.Run(tc.name+"/hand", func(b *testing.B) {
-			b.ReportAllocs()
-			var buf []byte
-			for b.Loop() {
-				switch v := tc.v.(type) {
-				case *models.Endpoint:
-					buf, _ = appendEndpointJSON(buf[:0], v)
-				case []*models.Endpoint:
-					buf, _ = appendEndpointsJSON(buf[:0], v)
-				}
-			}
-		})
-		b.Run(tc.name+"/encoding-json", func(b *testing.B) {
-			b.ReportAllocs()
-			var buf bytes.Buffer
-			enc := json.NewEncoder(&buf)
-			for b.Loop() {
-				buf.Reset()
-				if err := enc.Encode(tc.v); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	web, err := labels.ParseSet([]string{"k8s:app=web", "k8s:tier"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn := ix.WriteTxn()
+	for _, row := range []*index.Identity{
+		{ID: 300, Labels: web, Key: web.Key(), RefCount: 2},
+		{ID: 301, Key: "empty"},
+	} {
+		if err := txn.Insert(index.TableIdentities, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn.Commit()
+	s := &Server{ix: ix}
+	for _, id := range []identity.NumericIdentity{identity.ReservedHost, identity.ReservedHealth, 300, 301, 999} {
+		v := s.identityView(id)
+		if got, want := viewModel(&v), s.identityModel(id); !reflect.DeepEqual(got, want) {
+			t.Errorf("identity %d: view shows %+v, identityModel %+v", id, got, want)
+		}
 	}
 }

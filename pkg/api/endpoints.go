@@ -98,7 +98,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.model(ep))
+	s.writeEndpoint(w, http.StatusCreated, ep)
 	return nil
 }
 
@@ -125,7 +125,7 @@ func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.model(ep))
+	s.writeEndpoint(w, http.StatusOK, ep)
 }
 
 // page is the pagination of GET /v1/endpoint: at most limit endpoints
@@ -230,17 +230,7 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		q.Set("after", strconv.Itoa(int(eps[len(eps)-1].ID)))
 		w.Header().Set("Link", fmt.Sprintf("</v1/endpoint?%s>; rel=\"next\"", q.Encode()))
 	}
-	out := make([]*models.Endpoint, 0, len(eps))
-	idents := map[identity.NumericIdentity]*models.Identity{} // a few, shared by many endpoints
-	for _, ep := range eps {
-		ident, ok := idents[ep.Identity]
-		if !ok && ep.Identity != identity.IdentityUnknown {
-			ident = s.identityModel(ep.Identity)
-			idents[ep.Identity] = ident
-		}
-		out = append(out, ep.Model(ident))
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.writeEndpoints(w, eps)
 }
 
 func deleteOptions(q url.Values) (endpoint.DeleteOptions, error) {
@@ -274,7 +264,7 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(gone))
+	s.writeEndpoint(w, http.StatusOK, gone)
 	return nil
 }
 
@@ -318,7 +308,7 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(got))
+	s.writeEndpoint(w, http.StatusOK, got)
 	return nil
 }
 
@@ -331,7 +321,7 @@ func (s *Server) regenerate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(got))
+	s.writeEndpoint(w, http.StatusOK, got)
 	return nil
 }
 

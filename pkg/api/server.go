@@ -256,40 +256,16 @@ func (s *Server) acquire(ctx context.Context) bool {
 }
 
 // writeJSON answers status with v encoded as json.Encoder does
-// (HTML-escaped, one trailing newline); endpoints by hand.
+// (HTML-escaped, one trailing newline). Endpoint answers have their
+// own writer (writeEndpoint).
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
-	if writeEndpointJSON(w, v) {
-		return
-	}
 	jw := jsonWriters.Get().(*jsonWriter)
 	jw.w = w
 	_ = jw.enc.Encode(v)
 	jw.w = nil
 	jsonWriters.Put(jw)
-}
-
-// writeEndpointJSON writes v if it is an endpoint or a list of them and
-// the hand encoder takes it (see appendEndpointJSON).
-func writeEndpointJSON(w http.ResponseWriter, v any) bool {
-	bp := jsonBuffers.Get().(*[]byte)
-	defer func() {
-		if cap(*bp) <= maxPooledJSON {
-			jsonBuffers.Put(bp)
-		}
-	}()
-	var ok bool
-	switch v := v.(type) {
-	case *models.Endpoint:
-		*bp, ok = appendEndpointJSON((*bp)[:0], v)
-	case []*models.Endpoint:
-		*bp, ok = appendEndpointsJSON((*bp)[:0], v)
-	}
-	if ok {
-		_, _ = w.Write(*bp)
-	}
-	return ok
 }
 
 func writeError(w http.ResponseWriter, err error) {
