@@ -140,8 +140,15 @@ func (c *Client) doRaw(ctx context.Context, method, path, query, contentType str
 		*raw = bytes.Clone(data)
 		return nil
 	}
-	if ep, ok := out.(*models.Endpoint); ok && decodeEndpoint(data, ep) {
-		return nil
+	switch v := out.(type) {
+	case *models.Endpoint:
+		if decodeEndpoint(data, v) {
+			return nil
+		}
+	case *models.IPAMResponse:
+		if decodeIPAM(data, v) {
+			return nil
+		}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("%s %s: decode: %w", method, path, err)

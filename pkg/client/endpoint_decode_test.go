@@ -16,14 +16,19 @@ import (
 // decoder must accept.
 func checkDecode(tb testing.TB, data []byte, wantHand bool) {
 	tb.Helper()
-	var hand, std models.Endpoint
-	ok := decodeEndpoint(data, &hand)
+	checkHand(tb, data, wantHand, decodeEndpoint)
+}
+
+func checkHand[T any](tb testing.TB, data []byte, wantHand bool, decode func([]byte, *T) bool) {
+	tb.Helper()
+	var hand, std, zero T
+	ok := decode(data, &hand)
 	err := json.Unmarshal(data, &std)
 	switch {
 	case wantHand && !ok:
 		tb.Fatalf("hand decoder refused %s", data)
 	case !ok:
-		if !reflect.DeepEqual(hand, models.Endpoint{}) {
+		if !reflect.DeepEqual(hand, zero) {
 			tb.Fatalf("hand decoder refused %s but changed its output", data)
 		}
 	case err != nil:
