@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzIPAMJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/client/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/client/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/

@@ -38,7 +38,7 @@ func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
 	if got.Err != nil {
 		return got.Err
 	}
-	writeJSON(w, http.StatusCreated, s.ipamResponse(got, owner))
+	writeIPAM(w, http.StatusCreated, s.ipamResponse(got, owner))
 	return nil
 }
 
