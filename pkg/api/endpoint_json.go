@@ -66,8 +66,22 @@ func (s *Server) writeEndpoint(w http.ResponseWriter, status int, ep *endpoint.E
 }
 
 // writeEndpoints answers 200 with the endpoints' models, as writeJSON of
-// the list of their models does.
+// the list of their models does. The answer is written as it is encoded,
+// in pieces of about streamChunk bytes: a list of 10,000 endpoints does
+// not grow a buffer to megabytes.
 func (s *Server) writeEndpoints(w http.ResponseWriter, eps []*endpoint.Endpoint) {
+	for _, ep := range eps {
+		if !jsonTimeOK(ep.Created) || !jsonTimeOK(ep.StateChanged) {
+			out := make([]*models.Endpoint, 0, len(eps))
+			for _, ep := range eps {
+				out = append(out, s.model(ep))
+			}
+			writeJSON(w, http.StatusOK, out) // encoding/json decides
+			return
+		}
+	}
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(http.StatusOK)
 	idents := map[identity.NumericIdentity]*identityView{} // a few, shared by many endpoints
 	bp := jsonBuffers.Get().(*[]byte)
 	defer putJSONBuffer(bp)
@@ -82,23 +96,20 @@ func (s *Server) writeEndpoints(w http.ResponseWriter, eps []*endpoint.Endpoint)
 		if i > 0 {
 			b = append(b, ',')
 		}
-		var ok bool
-		if b, ok = appendEndpointRecord(b, ep, ident); !ok {
-			*bp = b
-			out := make([]*models.Endpoint, 0, len(eps))
-			for _, ep := range eps {
-				out = append(out, s.model(ep))
-			}
-			writeJSON(w, http.StatusOK, out)
-			return
+		b, _ = appendEndpointRecord(b, ep, ident) // times checked above
+		if len(b) >= streamChunk {
+			_, _ = w.Write(b)
+			b = b[:0]
 		}
 	}
 	b = append(b, ']', '\n')
 	*bp = b
-	w.Header()["Content-Type"] = jsonContentType
-	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
 }
+
+// streamChunk is the size at which writeEndpoints hands what it encoded
+// to the connection.
+const streamChunk = 32 << 10
 
 // appendEndpointRecord appends the JSON of e's model with ident's
 // identity (nil: none), or reports false if the record holds a time

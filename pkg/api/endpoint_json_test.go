@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"net/http/httptest"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -248,6 +249,47 @@ func TestIdentityView(t *testing.T) {
 		v := s.identityView(id)
 		if got, want := viewModel(&v), s.identityModel(id); !reflect.DeepEqual(got, want) {
 			t.Errorf("identity %d: view shows %+v, identityModel %+v", id, got, want)
+		}
+	}
+}
+
+// TestWriteEndpoints checks a list answer, written in pieces, against
+// json.Encoder of the list of models, for lists from empty to several
+// pieces long.
+func TestWriteEndpoints(t *testing.T) {
+	ix, err := index.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	web, err := labels.ParseSet([]string{"k8s:app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn := ix.WriteTxn()
+	if err := txn.Insert(index.TableIdentities, &index.Identity{ID: 300, Labels: web, Key: web.Key(), RefCount: 7}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	s := &Server{ix: ix}
+	base, _ := fullRecord()
+	for _, n := range []int{0, 1, 3, 200} {
+		eps := make([]*endpoint.Endpoint, n)
+		for i := range eps {
+			e := *base
+			e.ID, e.Identity = endpoint.ID(i+1), identity.NumericIdentity([]int{0, 300, 999, 1}[i%4])
+			eps[i] = &e
+		}
+		rec := httptest.NewRecorder()
+		s.writeEndpoints(rec, eps)
+		want := make([]*models.Endpoint, 0, n)
+		for _, e := range eps {
+			want = append(want, s.model(e))
+		}
+		if got, w := rec.Body.String(), encoderJSON(t, want); got != w {
+			t.Fatalf("%d endpoints: hand list (%d bytes) differs from json.Encoder's (%d bytes)", n, len(got), len(w))
+		}
+		if n == 200 && rec.Body.Len() < 2*streamChunk {
+			t.Fatalf("the long list is %d bytes: it does not test writing in pieces", rec.Body.Len())
 		}
 	}
 }
