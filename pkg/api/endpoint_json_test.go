@@ -239,7 +239,7 @@ func TestIdentityView(t *testing.T) {
 		{ID: 300, Labels: web, Key: web.Key(), RefCount: 2},
 		{ID: 301, Key: "empty"},
 	} {
-		if err := txn.Insert(index.TableIdentities, row); err != nil {
+		if err := index.Insert(txn, index.TableIdentities, row); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -266,7 +266,7 @@ func TestWriteEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	txn := ix.WriteTxn()
-	if err := txn.Insert(index.TableIdentities, &index.Identity{ID: 300, Labels: web, Key: web.Key(), RefCount: 7}); err != nil {
+	if err := index.Insert(txn, index.TableIdentities, &index.Identity{ID: 300, Labels: web, Key: web.Key(), RefCount: 7}); err != nil {
 		t.Fatal(err)
 	}
 	txn.Commit()
