@@ -84,9 +84,9 @@ func (c *Client) do(ctx context.Context, method, path, query string, body, out a
 }
 
 // doRaw sends body (nil: none) with the given Content-Type and the
-// encoded query (may be empty), and decodes a
-// 2xx JSON answer into out (may be nil; a *[]byte gets the raw body). If
-// header is not nil it receives the answer's headers.
+// encoded query (may be empty), and decodes a 2xx JSON answer into out
+// (may be nil; a *[]byte gets the raw body). If header is not nil it
+// receives the answer's headers.
 func (c *Client) doRaw(ctx context.Context, method, path, query, contentType string, body []byte, out any, header *http.Header) error {
 	var rd io.Reader
 	if body != nil {
@@ -136,11 +136,20 @@ func (c *Client) doRaw(ctx context.Context, method, path, query, contentType str
 	if out == nil {
 		return nil
 	}
-	if raw, ok := out.(*[]byte); ok {
-		*raw = bytes.Clone(data)
-		return nil
+	if err := decodeAnswer(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", method, path, err)
 	}
+	return nil
+}
+
+// decodeAnswer decodes a 2xx answer into out: a copy of the bytes into a
+// *[]byte, the hand decoders for the answers they know, encoding/json
+// otherwise.
+func decodeAnswer(data []byte, out any) error {
 	switch v := out.(type) {
+	case *[]byte:
+		*v = bytes.Clone(data)
+		return nil
 	case *models.Endpoint:
 		if decodeEndpoint(data, v) {
 			return nil
@@ -150,10 +159,7 @@ func (c *Client) doRaw(ctx context.Context, method, path, query, contentType str
 			return nil
 		}
 	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: decode: %w", method, path, err)
-	}
-	return nil
+	return json.Unmarshal(data, out)
 }
 
 // jsonContentType is the Content-Type header value of request bodies,
