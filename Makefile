@@ -50,6 +50,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzEndpointJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzIPAMJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/client/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/client/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/

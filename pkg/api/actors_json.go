@@ -96,22 +96,6 @@ func appendJSONTime(b []byte, key string, t time.Time) []byte {
 	return append(b, '"')
 }
 
-// appendJSONString writes s quoted; strings encoding/json would escape
-// (quotes, backslashes, control characters, <, >, &, non-ASCII) go
-// through it.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
-
 // appendJSONFloat writes f as encoding/json does for ordinary values,
 // falling back to it for exponents.
 func appendJSONFloat(b []byte, f float64) []byte {

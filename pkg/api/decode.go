@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 
 	"github.com/membrane-cni/membrane/pkg/endpoint"
 	"github.com/membrane-cni/membrane/pkg/labels"
@@ -30,11 +31,44 @@ func decodeStrict(body []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return badRequest(describeJSONError(err))
 	}
-	if _, err := dec.Token(); err != io.EOF {
+	if !jsonSpace(body[dec.InputOffset():]) {
 		return badRequest("request body has data after the JSON object")
 	}
 	return nil
 }
+
+// jsonSpace reports whether b is only JSON whitespace (RFC 8259: space,
+// tab, line feed, carriage return), what a decoder skips before EOF.
+func jsonSpace(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeBody reads r's bounded body into a pooled buffer and decodes it
+// with decodeStrict.
+func decodeBody(r *http.Request, v any) error {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledBody {
+			bodyBuffers.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if err := readBodyInto(buf, r); err != nil {
+		return err
+	}
+	return decodeStrict(buf.Bytes(), v) // decoding copies what it keeps
+}
+
+// bodyBuffers holds the buffers request bodies are read into.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody is the largest body buffer kept in bodyBuffers.
+const maxPooledBody = 64 << 10
 
 func describeJSONError(err error) string {
 	var typeErr *json.UnmarshalTypeError
@@ -52,17 +86,16 @@ func describeJSONError(err error) string {
 	return "malformed JSON: " + err.Error()
 }
 
-// readBody reads a bounded request body. The content type is not
-// checked (curl -d sends a form type); the body must parse as JSON.
-func readBody(r *http.Request) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return nil, badRequest("reading body: " + err.Error())
+// readBodyInto reads a bounded request body into buf. The content type
+// is not checked (curl -d sends a form type); the body must parse as JSON.
+func readBodyInto(buf *bytes.Buffer, r *http.Request) error {
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, maxBody+1)); err != nil {
+		return badRequest("reading body: " + err.Error())
 	}
-	if len(b) > maxBody {
-		return nil, &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", maxBody)}
+	if buf.Len() > maxBody {
+		return &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", maxBody)}
 	}
-	return b, nil
+	return nil
 }
 
 // specFromRequest validates an EndpointChangeRequest against the path

@@ -82,12 +82,8 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.EndpointChangeRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	sync, err := syncParam(r.URL.Query())
@@ -102,7 +98,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.model(ep))
+	s.writeEndpoint(w, http.StatusCreated, ep)
 	return nil
 }
 
@@ -129,7 +125,7 @@ func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.model(ep))
+	s.writeEndpoint(w, http.StatusOK, ep)
 }
 
 // page is the pagination of GET /v1/endpoint: at most limit endpoints
@@ -234,17 +230,7 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		q.Set("after", strconv.Itoa(int(eps[len(eps)-1].ID)))
 		w.Header().Set("Link", fmt.Sprintf("</v1/endpoint?%s>; rel=\"next\"", q.Encode()))
 	}
-	out := make([]*models.Endpoint, 0, len(eps))
-	idents := map[identity.NumericIdentity]*models.Identity{} // a few, shared by many endpoints
-	for _, ep := range eps {
-		ident, ok := idents[ep.Identity]
-		if !ok && ep.Identity != identity.IdentityUnknown {
-			ident = s.identityModel(ep.Identity)
-			idents[ep.Identity] = ident
-		}
-		out = append(out, ep.Model(ident))
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.writeEndpoints(w, eps)
 }
 
 func deleteOptions(q url.Values) (endpoint.DeleteOptions, error) {
@@ -278,17 +264,13 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(gone))
+	s.writeEndpoint(w, http.StatusOK, gone)
 	return nil
 }
 
 func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.EndpointBatchDeleteRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	if req.ContainerID == "" {
@@ -310,12 +292,8 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.LabelsPatch
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	add, err := labels.ParseSet(req.Add)
@@ -330,7 +308,7 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(got))
+	s.writeEndpoint(w, http.StatusOK, got)
 	return nil
 }
 
@@ -343,7 +321,7 @@ func (s *Server) regenerate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.model(got))
+	s.writeEndpoint(w, http.StatusOK, got)
 	return nil
 }
 

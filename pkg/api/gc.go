@@ -23,12 +23,8 @@ const gcParallel = 8
 // interface) is not listed, releasing its addresses and identity and
 // tearing its host veth down. Endpoints created otherwise are kept.
 func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
 	var req models.GCRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
 	if req.ValidAttachments == nil {

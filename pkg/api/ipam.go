@@ -38,32 +38,47 @@ func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
 	if got.Err != nil {
 		return got.Err
 	}
-	writeJSON(w, http.StatusCreated, s.ipamResponse(got, owner))
+	writeIPAM(w, http.StatusCreated, s.ipamResponse(got, owner))
 	return nil
 }
 
 func (s *Server) ipamResponse(got *messages.IPAMAllocated, owner string) *models.IPAMResponse {
-	out := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: s.hostAddressing()}
-	if r := s.ranges[ipam.IPv4]; r != nil && got.IPv4.IsValid() {
+	out := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: s.text.host}
+	if t := s.text.ipv4; t != nil && got.IPv4.IsValid() {
 		out.Address.IPv4 = got.IPv4.String()
-		out.IPv4 = &models.IPAMAddressResponse{IP: got.IPv4.String(), Gateway: r.Gateway().String(), Cidrs: []string{r.Prefix().String()}, Owner: owner}
+		out.IPv4 = &models.IPAMAddressResponse{IP: out.Address.IPv4, Gateway: t.gateway, Cidrs: t.cidrs, Owner: owner}
 	}
-	if r := s.ranges[ipam.IPv6]; r != nil && got.IPv6.IsValid() {
+	if t := s.text.ipv6; t != nil && got.IPv6.IsValid() {
 		out.Address.IPv6 = got.IPv6.String()
-		out.IPv6 = &models.IPAMAddressResponse{IP: got.IPv6.String(), Gateway: r.Gateway().String(), Cidrs: []string{r.Prefix().String()}, Owner: owner}
+		out.IPv6 = &models.IPAMAddressResponse{IP: out.Address.IPv6, Gateway: t.gateway, Cidrs: t.cidrs, Owner: owner}
 	}
 	return out
 }
 
-func (s *Server) hostAddressing() *models.NodeAddressing {
-	na := &models.NodeAddressing{}
-	if r := s.ranges[ipam.IPv4]; r != nil {
-		na.IPv4 = &models.NodeAddressingElement{Enabled: true, IP: r.Gateway().String(), AllocRange: r.Prefix().String()}
+// rangesText is the configured ranges' geometry as the answers spell
+// it, built once: answers share it and only encode it, never modify it.
+type rangesText struct {
+	ipv4, ipv6 *rangeText
+	host       *models.NodeAddressing
+}
+
+// rangeText is one range's gateway and CIDR.
+type rangeText struct {
+	gateway string
+	cidrs   []string // the one CIDR
+}
+
+func newRangesText(ranges map[ipam.Family]*ipam.Range) rangesText {
+	t := rangesText{host: &models.NodeAddressing{}}
+	if r := ranges[ipam.IPv4]; r != nil {
+		t.ipv4 = &rangeText{gateway: r.Gateway().String(), cidrs: []string{r.Prefix().String()}}
+		t.host.IPv4 = &models.NodeAddressingElement{Enabled: true, IP: t.ipv4.gateway, AllocRange: t.ipv4.cidrs[0]}
 	}
-	if r := s.ranges[ipam.IPv6]; r != nil {
-		na.IPv6 = &models.NodeAddressingElement{Enabled: true, IP: r.Gateway().String(), AllocRange: r.Prefix().String()}
+	if r := ranges[ipam.IPv6]; r != nil {
+		t.ipv6 = &rangeText{gateway: r.Gateway().String(), cidrs: []string{r.Prefix().String()}}
+		t.host.IPv6 = &models.NodeAddressingElement{Enabled: true, IP: t.ipv6.gateway, AllocRange: t.ipv6.cidrs[0]}
 	}
-	return na
+	return t
 }
 
 func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {

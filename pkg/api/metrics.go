@@ -51,13 +51,37 @@ func (s *Server) ReadOnly() http.Handler {
 }
 
 // codeWriter records the status code for the latency histogram and
-// passes Flush through.
+// passes Flush through. While req has no pattern (the mux found no
+// route and answers 404 or 405 itself) it records that answer in
+// unmatched instead of sending it; ServeHTTP sends a JSON error instead.
 type codeWriter struct {
 	http.ResponseWriter
-	status int
+	req       *http.Request
+	status    int
+	unmatched statusRecorder
+	// answering is set once the JSON error for an unmatched request is
+	// being written: from then on writes pass through.
+	answering bool
+}
+
+// swallow reports whether the write is the mux's own 404/405 answer.
+func (c *codeWriter) swallow() bool { return c.req.Pattern == "" && !c.answering }
+
+func (c *codeWriter) Header() http.Header {
+	if c.swallow() {
+		if c.unmatched.header == nil {
+			c.unmatched.header = http.Header{}
+		}
+		return c.unmatched.header
+	}
+	return c.ResponseWriter.Header()
 }
 
 func (c *codeWriter) WriteHeader(code int) {
+	if c.swallow() {
+		c.unmatched.WriteHeader(code)
+		return
+	}
 	if c.status == 0 {
 		c.status = code
 	}
@@ -65,6 +89,9 @@ func (c *codeWriter) WriteHeader(code int) {
 }
 
 func (c *codeWriter) Write(b []byte) (int, error) {
+	if c.swallow() {
+		return c.unmatched.Write(b)
+	}
 	if c.status == 0 {
 		c.status = http.StatusOK
 	}
@@ -72,7 +99,7 @@ func (c *codeWriter) Write(b []byte) (int, error) {
 }
 
 func (c *codeWriter) Flush() {
-	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok && !c.swallow() {
 		f.Flush()
 	}
 }
@@ -86,3 +113,12 @@ func (c *codeWriter) code() int {
 	}
 	return c.status
 }
+
+// statusRecorder captures the mux's own 404/405 answers.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(code int)        { r.status = code }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -54,6 +55,7 @@ type Server struct {
 	sem     chan struct{}
 	started time.Time
 	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
+	text    rangesText                  // ranges spelled for answers
 	mux     *http.ServeMux
 	http    *http.Server
 	// streamsDone is closed by Shutdown to end event streams, which
@@ -92,6 +94,7 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 			s.ranges[fam] = r
 		}
 	}
+	s.text = newRangesText(s.ranges)
 	s.routes()
 	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	return s, nil
@@ -151,52 +154,45 @@ func (s *Server) subresource(name string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // ServeHTTP implements http.Handler: JSON errors for unknown routes and
-// methods, panics turned into 500s.
+// methods, panics turned into 500s. The mux routes each request once;
+// its own 404 and 405 answers are caught by the codeWriter (the request
+// has no pattern then) and replaced by JSON errors here.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h, pattern := s.mux.Handler(r)
+	start, rec := time.Now(), &codeWriter{ResponseWriter: w, req: r}
+	s.serve(rec, r)
+	pattern := r.Pattern
 	if pattern == eventsRoute {
-		s.serve(w, r, h, pattern)
 		return
 	}
-	start, rec := time.Now(), &codeWriter{ResponseWriter: w}
-	s.serve(rec, r, h, pattern)
 	if pattern == "" {
 		pattern = "unmatched"
 	}
 	s.cfg.Metrics.ObserveRequest(pattern, r.Method, rec.code(), time.Since(start))
 }
 
-// serve runs the handler the mux chose (h, pattern).
-func (s *Server) serve(w http.ResponseWriter, r *http.Request, h http.Handler, pattern string) {
+// serve routes r and runs its handler.
+func (s *Server) serve(w *codeWriter, r *http.Request) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
+			w.answering = true
 			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
 		}
 	}()
-	if pattern == "" {
-		rec := &statusRecorder{header: http.Header{}}
-		h.ServeHTTP(rec, r)
-		if rec.status == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", rec.header.Get("Allow"))
-			writeError(w, &apiError{http.StatusMethodNotAllowed, CodeMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)})
+	if r.RequestURI != "*" { // the mux would answer "*" with a bare 400
+		s.mux.ServeHTTP(w, r) // sets r.Pattern and the path values
+		if r.Pattern != "" {
 			return
 		}
-		writeError(w, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)))
+	}
+	w.answering = true
+	if w.unmatched.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", w.unmatched.header.Get("Allow"))
+		writeError(w, &apiError{http.StatusMethodNotAllowed, CodeMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)})
 		return
 	}
-	s.mux.ServeHTTP(w, r) // sets the path values Handler does not
+	writeError(w, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)))
 }
-
-// statusRecorder captures the mux's own 404/405 answers.
-type statusRecorder struct {
-	header http.Header
-	status int
-}
-
-func (r *statusRecorder) Header() http.Header         { return r.header }
-func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
-func (r *statusRecorder) WriteHeader(code int)        { r.status = code }
 
 // mutating refuses calls while starting or stopping and bounds how many
 // run at once; callers beyond the bound wait (back-pressure).
@@ -213,23 +209,63 @@ func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
-		select {
-		case s.sem <- struct{}{}:
-			defer func() { <-s.sem }()
-		case <-ctx.Done():
+		if !s.acquire(ctx) {
 			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
 			return
 		}
+		defer func() { <-s.sem }()
 		if err := h(w, r.WithContext(ctx)); err != nil {
 			writeError(w, err)
 		}
 	}
 }
 
+// jsonContentType is the Content-Type header value of every JSON answer,
+// assigned to response headers without a copy: nothing modifies it.
+var jsonContentType = []string{"application/json"}
+
+// jsonWriter is an encoder bound to a writer that can be re-pointed,
+// pooled so that an answer does not allocate an encoder.
+type jsonWriter struct {
+	w   io.Writer
+	enc *json.Encoder
+}
+
+func (jw *jsonWriter) Write(b []byte) (int, error) { return jw.w.Write(b) }
+
+var jsonWriters = sync.Pool{New: func() any {
+	jw := &jsonWriter{}
+	jw.enc = json.NewEncoder(jw)
+	return jw
+}}
+
+// acquire takes a slot of the in-flight bound, waiting until ctx ends.
+// A free slot is taken without ctx.Done (which allocates a channel).
+func (s *Server) acquire(ctx context.Context) bool {
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// writeJSON answers status with v encoded as json.Encoder does
+// (HTML-escaped, one trailing newline). Endpoint answers have their
+// own writer (writeEndpoint).
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	jw := jsonWriters.Get().(*jsonWriter)
+	jw.w = w
+	_ = jw.enc.Encode(v)
+	jw.w = nil
+	jsonWriters.Put(jw)
 }
 
 func writeError(w http.ResponseWriter, err error) {

@@ -28,6 +28,7 @@ type seen struct {
 type fakeAgent struct {
 	mu       sync.Mutex
 	requests []seen
+	header   http.Header // of the last request
 	status   int
 	body     string
 	ctype    string
@@ -37,6 +38,7 @@ func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
 	f.requests = append(f.requests, seen{r.Method, r.URL.EscapedPath(), r.URL.RawQuery, string(b)})
+	f.header = r.Header.Clone()
 	status, body, ctype := f.status, f.body, f.ctype
 	f.mu.Unlock()
 	if ctype != "" {
@@ -89,6 +91,39 @@ func bgCtx(tb testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	tb.Cleanup(cancel)
 	return ctx
+}
+
+// TestRequestHeaders checks the headers the client sends: a JSON
+// Content-Type with a body, none without, and no Accept-Encoding (the
+// agent never compresses).
+func TestRequestHeaders(t *testing.T) {
+	f, c, _ := startFakeAgent(t)
+	ctx := bgCtx(t)
+	tests := []struct {
+		name  string
+		call  func() error
+		ctype []string
+	}{
+		{"with a body", func() error { _, err := c.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{}); return err }, []string{"application/json"}},
+		{"without a body", func() error { _, err := c.EndpointRegenerate(ctx, "7"); return err }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f.answer(200, `{"id":7}`)
+			if err := tt.call(); err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			h := f.header
+			f.mu.Unlock()
+			if got := h.Values("Content-Type"); fmt.Sprint(got) != fmt.Sprint(tt.ctype) {
+				t.Errorf("Content-Type %q, want %q", got, tt.ctype)
+			}
+			if got := h.Values("Accept-Encoding"); len(got) != 0 {
+				t.Errorf("Accept-Encoding %q sent", got)
+			}
+		})
+	}
 }
 
 func TestRequests(t *testing.T) {
@@ -149,6 +184,12 @@ func TestRequests(t *testing.T) {
 		}, seen{"POST", "/v1/ipam", "family=ipv4&owner=ns%2Fpod", ""}, nil},
 		{"allocate any family", `{"address":{}}`, func() error { _, err := c.IPAMAllocate(ctx, "", ""); return err },
 			seen{"POST", "/v1/ipam", "", ""}, nil},
+		{"allocate family only", `{"address":{}}`, func() error { _, err := c.IPAMAllocate(ctx, "ipv6", ""); return err },
+			seen{"POST", "/v1/ipam", "family=ipv6", ""}, nil},
+		{"allocate owner only", `{"address":{}}`, func() error { _, err := c.IPAMAllocate(ctx, "", "a b&c=d/é"); return err },
+			seen{"POST", "/v1/ipam", url.Values{"owner": {"a b&c=d/é"}}.Encode(), ""}, nil},
+		{"allocate escaped", `{"address":{}}`, func() error { _, err := c.IPAMAllocate(ctx, "ip v4", "x+y"); return err },
+			seen{"POST", "/v1/ipam", url.Values{"family": {"ip v4"}, "owner": {"x+y"}}.Encode(), ""}, nil},
 		{"release", `{}`, func() error { return c.IPAMRelease(ctx, "10.0.0.2") }, seen{"DELETE", "/v1/ipam/10.0.0.2", "", ""}, nil},
 		{"ipam status", `{}`, func() error { _, err := c.IPAMStatus(ctx); return err }, seen{"GET", "/v1/ipam", "", ""}, nil},
 		{"identities", `[]`, func() error { _, err := c.Identities(ctx); return err }, seen{"GET", "/v1/identity", "", ""}, nil},

@@ -21,5 +21,5 @@ func (c *Client) GC(ctx context.Context, valid []GCAttachment) (*GCResponse, err
 		valid = []GCAttachment{}
 	}
 	var r GCResponse
-	return &r, c.do(ctx, http.MethodPost, "/v1/gc", nil, &GCRequest{ValidAttachments: valid}, &r)
+	return &r, c.do(ctx, http.MethodPost, "/v1/gc", "", &GCRequest{ValidAttachments: valid}, &r)
 }

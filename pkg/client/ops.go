@@ -30,7 +30,7 @@ func NewURL(base string) (*Client, error) {
 // "after" of the following page, 0 on the last; total counts every match.
 func (c *Client) EndpointPage(ctx context.Context, filter url.Values) (eps []*models.Endpoint, next int64, total int, err error) {
 	var h http.Header
-	if err := c.doRaw(ctx, http.MethodGet, "/v1/endpoint", filter, "", nil, &eps, &h); err != nil {
+	if err := c.doRaw(ctx, http.MethodGet, "/v1/endpoint", filter.Encode(), "", nil, &eps, &h); err != nil {
 		return nil, 0, 0, err
 	}
 	total, _ = strconv.Atoi(h.Get("X-Total-Count"))
@@ -48,13 +48,13 @@ func (c *Client) EndpointPage(ctx context.Context, filter url.Values) (eps []*mo
 // min-mailbox, stuck.
 func (c *Client) Actors(ctx context.Context, filter url.Values) ([]*models.Actor, error) {
 	var out []*models.Actor
-	return out, c.do(ctx, http.MethodGet, "/v1/actors", filter, nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/actors", filter.Encode(), nil, &out)
 }
 
 // Actor returns one actor by path ("agent/endpoints/ep-3", "ep-3").
 func (c *Client) Actor(ctx context.Context, path string) (*models.Actor, error) {
 	var out models.Actor
-	return &out, c.do(ctx, http.MethodGet, "/v1/actors/"+strings.TrimLeft(path, "/"), nil, nil, &out)
+	return &out, c.do(ctx, http.MethodGet, "/v1/actors/"+strings.TrimLeft(path, "/"), "", nil, &out)
 }
 
 // Events follows GET /v1/events and calls fn for every event (a Missed

@@ -22,19 +22,19 @@ const (
 // "invalid-policy" naming the document and field.
 func (c *Client) PolicyImport(ctx context.Context, doc []byte, contentType string) (*models.PolicyImportResponse, error) {
 	var out models.PolicyImportResponse
-	return &out, c.doRaw(ctx, http.MethodPut, "/v1/policy", nil, contentType, doc, &out, nil)
+	return &out, c.doRaw(ctx, http.MethodPut, "/v1/policy", "", contentType, doc, &out, nil)
 }
 
 // PolicyList returns the imported policies and the revision.
 func (c *Client) PolicyList(ctx context.Context) (*models.PolicyList, error) {
 	var out models.PolicyList
-	return &out, c.do(ctx, http.MethodGet, "/v1/policy", nil, nil, &out)
+	return &out, c.do(ctx, http.MethodGet, "/v1/policy", "", nil, &out)
 }
 
 // PolicyDelete deletes the policy "namespace/name" (404 if there is none).
 func (c *Client) PolicyDelete(ctx context.Context, name string) (*models.PolicyDeleteResponse, error) {
 	var out models.PolicyDeleteResponse
-	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"name": {name}}, nil, &out)
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"name": {name}}.Encode(), nil, &out)
 }
 
 // PolicyDeleteMatching deletes the policy named "namespace/name", or,
@@ -48,7 +48,7 @@ func (c *Client) PolicyDeleteMatching(ctx context.Context, name, labels string) 
 		q.Set("labels", labels)
 	}
 	var out models.PolicyDeleteResponse
-	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", q, nil, &out)
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", q.Encode(), nil, &out)
 }
 
 // PolicyDeleteByLabels deletes every policy whose metadata labels include
@@ -64,23 +64,23 @@ func (c *Client) PolicyDeleteByLabels(ctx context.Context, sel map[string]string
 		parts[i] = k + "=" + sel[k]
 	}
 	var out models.PolicyDeleteResponse
-	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"labels": {strings.Join(parts, ",")}}, nil, &out)
+	return &out, c.do(ctx, http.MethodDelete, "/v1/policy", url.Values{"labels": {strings.Join(parts, ",")}}.Encode(), nil, &out)
 }
 
 // EndpointPolicy returns an endpoint's computed and realised policy.
 func (c *Client) EndpointPolicy(ctx context.Context, ref string) (*models.EndpointPolicy, error) {
 	var out models.EndpointPolicy
-	return &out, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref)+"/policy", nil, nil, &out)
+	return &out, c.do(ctx, http.MethodGet, "/v1/endpoint/"+url.PathEscape(ref)+"/policy", "", nil, &out)
 }
 
 // Drops returns every endpoint's drop counters (GET /v1/drops).
 func (c *Client) Drops(ctx context.Context) ([]models.DropCounter, error) {
 	var out []models.DropCounter
-	return out, c.do(ctx, http.MethodGet, "/v1/drops", nil, nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/drops", "", nil, &out)
 }
 
 // IPCache returns the node's ipcache.
 func (c *Client) IPCache(ctx context.Context) ([]models.IPCacheEntry, error) {
 	var out []models.IPCacheEntry
-	return out, c.do(ctx, http.MethodGet, "/v1/ipcache", nil, nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/ipcache", "", nil, &out)
 }
