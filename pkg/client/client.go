@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/membrane-cni/membrane/pkg/models"
 )
@@ -50,20 +49,10 @@ type Client struct {
 
 // New returns a client for the agent listening on socketPath.
 func New(socketPath string) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socketPath)
-		},
-		// The simulator runs 64 workers and membranectl a few: both
-		// bounds stay above that so connections are reused, not re-dialed.
-		MaxIdleConns:        256,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     30 * time.Second,
-		// The agent never compresses its answers: without this the
-		// transport adds "Accept-Encoding: gzip" to every request.
-		DisableCompression: true,
-	}
+	tr := newConnTransport(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	})
 	return &Client{http: &http.Client{Transport: tr}, base: "http://membrane"}
 }
 
