@@ -12,6 +12,6 @@
 // membranectl, the simulator's invariant checks) open read transactions
 // directly and never go through a mailbox. Records are immutable once
 // written: copy, change, write. Writers go through Insert and Delete: the
-// endpoints, ipam and identities tables keep a row per key and swap its
-// record when no indexed field changes (see swapRow).
+// endpoints and ipam tables keep a row per key and swap its record when no
+// indexed field changes (see swapRow).
 package index

@@ -10,7 +10,8 @@ import (
 	"github.com/membrane-cni/membrane/pkg/identity"
 )
 
-// swapRow is a row of the endpoints, ipam and identities tables. key holds
+// swapRow is a row of the endpoints, ipam and identities tables (the
+// last never swapped, see Insert). key holds
 // the fields the table indexes and never changes; rec is the current
 // record.
 //
@@ -110,7 +111,12 @@ func Insert(txn *memdb.Txn, table string, obj any) error {
 		}
 	case *Identity:
 		if table == TableIdentities {
-			return swapInsert(txn, table, o.ID, identityKey{id: o.ID, labels: o.Key}, o)
+			// Never swapped: a reference count must agree with the
+			// identity-leases table in every snapshot (the simulator's
+			// invariant reads both in one transaction).
+			r := &identityRow{key: identityKey{id: o.ID, labels: o.Key}}
+			r.rec.Store(o)
+			return txn.Insert(table, r)
 		}
 	}
 	return txn.Insert(table, obj)
