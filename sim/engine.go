@@ -308,7 +308,7 @@ func (e *engine) settle(ctx context.Context, what string) {
 	if e.sweep(ctx) {
 		e.quiesce(ctx)
 	}
-	s, err := e.tgt.Snapshot(ctx, true)
+	s, err := e.settledSnapshot(ctx)
 	if err != nil {
 		e.violate(invAgent, "", "", fmt.Sprintf("%s: cannot read the agent: %v", what, err), nil)
 		return
@@ -332,6 +332,21 @@ func (e *engine) settle(ctx context.Context, what string) {
 
 // quiesce waits until every endpoint is ready, the worker pool is idle
 // and no endpoint actor has messages waiting.
+// settledSnapshot reads the agent once it is idle. Periodic background
+// work (the ipcache sync, a garbage collection pass) may take a datapath
+// worker between quiesce and the read: that is not work left behind, so
+// the read is retried after another quiesce (a few times; what stays
+// busy is reported by the checks).
+func (e *engine) settledSnapshot(ctx context.Context) (*Snapshot, error) {
+	for attempt := 0; ; attempt++ {
+		s, err := e.tgt.Snapshot(ctx, true)
+		if err != nil || idle(s) || attempt == 3 {
+			return s, err
+		}
+		e.quiesce(ctx)
+	}
+}
+
 func (e *engine) quiesce(ctx context.Context) {
 	deadline := time.Now().Add(e.sc.QuiesceTimeout.D())
 	for {
