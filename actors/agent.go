@@ -152,6 +152,7 @@ type CounterValues struct {
 type endpointDeps struct {
 	cfg      EndpointConfig
 	ix       *index.Index
+	writer   *indexWriter // commits every table owner's index changes
 	dp       datapath.Datapath
 	log      *slog.Logger
 	ipam     *actor.PID
@@ -237,7 +238,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	}
 	d := a.deps
 	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
-	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.ix, a.log) })
+	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.writer, a.log) })
 	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
 	// The manager is spawned after the policy actor; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
@@ -247,7 +248,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache, policyStarts > 1)
 	})
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
-		ia := newIdentityActor(a.newAlloc, d.ix, d.policy, a.log)
+		ia := newIdentityActor(a.newAlloc, d.writer, d.policy, a.log)
 		ia.events = d.events
 		return ia
 	})
@@ -285,7 +286,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
-	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, dp: dp, log: log, counters: &Counters{}, store: cfg.State,
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, log), dp: dp, log: log, counters: &Counters{}, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
 	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
@@ -294,11 +295,15 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy), actor.WithReceiverMiddleware(rootSlot.trackReceive))
 	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
 	if err != nil {
+		sys.Shutdown()
+		deps.writer.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	deps.registry.put(agentPID.Id, rootSlot)
 	res, err := sys.Root.RequestFuture(agentPID, &getChildren{}, 10*time.Second).Result()
 	if err != nil {
+		sys.Shutdown()
+		deps.writer.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	children := res.(map[string]*actor.PID)
@@ -349,6 +354,7 @@ func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
 	_ = s.Actors.Root.StopFuture(s.Agent).Wait()
 	s.Actors.Shutdown()
+	s.deps.writer.stop()
 	failFutures(s.Actors)
 }
 

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 
 	memdb "github.com/hashicorp/go-memdb"
-
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
@@ -22,14 +21,14 @@ type indexOp struct {
 	Delete bool
 }
 
-// batcher groups an actor's index writes into one go-memdb write
-// transaction per mailbox pass: the first queued change sends flushIndex to
-// self, and everything queued before that message is processed commits
-// together (a single-row transaction costs ~100 µs here; a row in a 100-row
-// batch ~25 µs). Replies wait for the commit so callers read their writes.
-// Not goroutine safe: owned by one actor.
+// batcher groups an actor's index writes per mailbox pass: the first
+// queued change sends flushIndex to self, and everything queued before that
+// message is processed goes to the shared index writer as one group,
+// committed whole (see indexWriter). Replies wait for the commit so
+// callers read their writes. Not goroutine safe: owned by one actor.
 type batcher struct {
 	ix *index.Index
+	w  *indexWriter
 	// latest maps a row key to its op in ops, so that a row changed
 	// several times in one batch is written once (its last version).
 	latest    map[rowKey]int
@@ -37,8 +36,10 @@ type batcher struct {
 	ops       []indexOp
 	replies   []messages.Reply
 	scheduled bool
-	commits   uint64
-	rows      uint64
+}
+
+func newBatcher(w *indexWriter, log *slog.Logger) batcher {
+	return batcher{ix: w.ix, w: w, log: log}
 }
 
 // rowKey identifies a row for de-duplication within a batch.
@@ -96,35 +97,26 @@ func (b *batcher) schedule(ctx actor.Context) {
 	}
 }
 
-// flush commits the queued changes and sends the queued replies. send is
-// ctx.Send, or the actor system's root Send when flushing from Restarting.
-func (b *batcher) flush(send func(*actor.PID, any)) {
+// flush hands the queued changes and replies to the index writer.
+func (b *batcher) flush() {
 	b.scheduled = false
+	if len(b.ops) == 0 && len(b.replies) == 0 {
+		return
+	}
+	var ops []indexOp // a group's ops belong to the writer from now on
 	if len(b.ops) > 0 {
-		txn := b.ix.WriteTxn()
-		for _, op := range b.ops {
-			var err error
-			if op.Delete {
-				err = index.Delete(txn, op.Table, op.Obj)
-			} else {
-				err = index.Insert(txn, op.Table, op.Obj)
-			}
-			if err != nil && !(op.Delete && isNotFound(err)) {
-				b.log.Error("index write failed", "table", op.Table, "delete", op.Delete, "err", err)
-			}
-		}
-		txn.Commit()
-		b.commits++
-		b.rows += uint64(len(b.ops))
-		clear(b.ops)
-		b.ops = b.ops[:0]
+		ops, b.ops = b.ops, b.w.opsBuffer()
 		clear(b.latest)
 	}
-	for _, r := range b.replies {
-		send(r.To, r.Message)
-	}
-	clear(b.replies)
-	b.replies = b.replies[:0]
+	b.w.submit(writeGroup{ops: ops, replies: b.replies})
+	b.replies = nil
+}
+
+// flushAndWait flushes and waits for the commit: an actor about to restart
+// calls it so that its next incarnation rebuilds from what it wrote.
+func (b *batcher) flushAndWait() {
+	b.flush()
+	b.w.sync()
 }
 
 func isNotFound(err error) bool {

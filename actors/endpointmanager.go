@@ -54,7 +54,7 @@ type restoreReport struct {
 
 func newManagerActor(deps *endpointDeps) *managerActor {
 	l := deps.log.With("actor", "endpoints")
-	return &managerActor{deps: deps, log: l, batch: batcher{ix: deps.ix, log: l}}
+	return &managerActor{deps: deps, log: l, batch: newBatcher(deps.writer, l)}
 }
 
 // Receive implements actor.Actor.
@@ -63,9 +63,9 @@ func (m *managerActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		m.rebuild(ctx)
 	case *actor.Restarting:
-		m.batch.flush(ctx.ActorSystem().Root.Send)
+		m.batch.flushAndWait()
 	case *flushIndex:
-		m.batch.flush(ctx.Send)
+		m.batch.flush()
 	case *messages.CreateEndpoint:
 		m.create(ctx, msg)
 	case *messages.RestoreEndpoints:

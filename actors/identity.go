@@ -34,9 +34,9 @@ type identityActor struct {
 	events *events.Hub // identity allocated / released; may be nil
 }
 
-func newIdentityActor(newAlloc func() (identity.Allocator, error), ix *index.Index, policy *actor.PID, log *slog.Logger) *identityActor {
+func newIdentityActor(newAlloc func() (identity.Allocator, error), w *indexWriter, policy *actor.PID, log *slog.Logger) *identityActor {
 	l := log.With("actor", "identity")
-	return &identityActor{newAlloc: newAlloc, log: l, batch: batcher{ix: ix, log: l}, policy: policy}
+	return &identityActor{newAlloc: newAlloc, log: l, batch: newBatcher(w, l), policy: policy}
 }
 
 // Receive implements actor.Actor.
@@ -45,9 +45,9 @@ func (a *identityActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.rebuild(ctx)
 	case *actor.Restarting:
-		a.batch.flush(ctx.ActorSystem().Root.Send)
+		a.batch.flushAndWait()
 	case *flushIndex:
-		a.batch.flush(ctx.Send)
+		a.batch.flush()
 	case *messages.IdentityAcquire:
 		id, isNew, err := a.acquire(ctx, msg)
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})

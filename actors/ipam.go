@@ -85,9 +85,9 @@ type ipamActor struct {
 // sweepExpired asks the IPAM actor to release expired unclaimed addresses.
 type sweepExpired struct{}
 
-func newIPAMActor(cfg IPAMConfig, ix *index.Index, log *slog.Logger) *ipamActor {
+func newIPAMActor(cfg IPAMConfig, w *indexWriter, log *slog.Logger) *ipamActor {
 	l := log.With("actor", "ipam")
-	return &ipamActor{cfg: cfg, log: l, batch: batcher{ix: ix, log: l}}
+	return &ipamActor{cfg: cfg, log: l, batch: newBatcher(w, l)}
 }
 
 // Receive implements actor.Actor.
@@ -96,14 +96,14 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.rebuild(ctx)
 	case *actor.Restarting, *actor.Stopping:
-		a.batch.flush(ctx.ActorSystem().Root.Send)
+		a.batch.flushAndWait()
 		if a.sweep != nil {
 			a.sweep.Stop()
 		}
 	case *sweepExpired:
 		a.sweepExpired(ctx)
 	case *flushIndex:
-		a.batch.flush(ctx.Send)
+		a.batch.flush()
 	case *messages.IPAMAllocate:
 		a.allocate(ctx, msg)
 	case *messages.IPAMAllocateIP:

@@ -61,7 +61,7 @@ type ipcacheOp struct {
 
 func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr) *ipcacheActor {
 	l := deps.log.With("actor", "ipcache")
-	return &ipcacheActor{deps: deps, gateways: gateways, log: l, batch: batcher{ix: deps.ix, log: l}}
+	return &ipcacheActor{deps: deps, gateways: gateways, log: l, batch: newBatcher(deps.writer, l)}
 }
 
 // Receive implements actor.Actor.
@@ -74,9 +74,9 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		if a.retry != nil {
 			a.retry.Stop()
 		}
-		a.batch.flush(ctx.ActorSystem().Root.Send)
+		a.batch.flushAndWait()
 	case *flushIndex:
-		a.batch.flush(ctx.Send)
+		a.batch.flush()
 	case *messages.IPCacheEndpoint:
 		a.endpoint(ctx, msg)
 	case *messages.IPCacheCIDRs:

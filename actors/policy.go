@@ -73,7 +73,7 @@ type policyWritten struct{ err error }
 
 func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID, restarted bool) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: batcher{ix: deps.ix, log: l}, restarted: restarted}
+	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: newBatcher(deps.writer, l), restarted: restarted}
 }
 
 // Receive implements actor.Actor.
@@ -88,9 +88,9 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		for _, r := range append(a.persist.inflight, a.persist.pending...) {
 			a.batch.replies = append(a.batch.replies, r)
 		}
-		a.batch.flush(ctx.ActorSystem().Root.Send)
+		a.batch.flushAndWait()
 	case *flushIndex:
-		a.batch.flush(ctx.Send)
+		a.batch.flush()
 	case *messages.PolicyImport:
 		a.doImport(ctx, msg)
 	case *messages.PolicyDelete:
