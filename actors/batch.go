@@ -4,8 +4,8 @@ import (
 	"errors"
 	"log/slog"
 
-	memdb "github.com/hashicorp/go-memdb"
 	"github.com/asynkron/protoactor-go/actor"
+	memdb "github.com/hashicorp/go-memdb"
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/index"
