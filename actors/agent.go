@@ -140,11 +140,15 @@ func (c Config) Validate() error {
 // Counters are the actor system's cumulative counters.
 type Counters struct {
 	regenRequested, regenRun, regenFailed, proxyTimeouts atomic.Uint64
+	indexTxns, indexRows                                 atomic.Uint64
 }
 
 // CounterValues is a snapshot of Counters.
 type CounterValues struct {
 	RegenerationsRequested, RegenerationsRun, RegenerationsFailed, ProxyTimeouts uint64
+	// IndexTransactions and IndexRows count the index writer's commits
+	// and the row changes they held.
+	IndexTransactions, IndexRows uint64
 }
 
 // endpointDeps is what the manager and every endpoint actor share. Only
@@ -286,7 +290,8 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
-	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, log), dp: dp, log: log, counters: &Counters{}, store: cfg.State,
+	counters := &Counters{}
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
 	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
@@ -336,7 +341,8 @@ func (s *System) Ask(ctx context.Context, pid *actor.PID, msg any) (any, error) 
 func (s *System) Counters() CounterValues {
 	c := s.deps.counters
 	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
-		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load()}
+		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(),
+		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load()}
 }
 
 // Registry returns the snapshots every actor publishes (GET /v1/actors).

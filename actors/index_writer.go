@@ -31,6 +31,8 @@ type indexWriter struct {
 	log *slog.Logger
 	// send delivers replies (the actor system's root Send).
 	send func(*actor.PID, any)
+	// counters counts transactions and rows (nil: not counted).
+	counters *Counters
 
 	mu        sync.Mutex
 	committed *sync.Cond // signalled after each commit, on mu
@@ -55,11 +57,11 @@ type writeGroup struct {
 // burst does not pin memory.
 const (
 	maxFreeOps   = 64
-	maxRecycleOp = 1024
+	maxRecycleOp = 256
 )
 
-func newIndexWriter(ix *index.Index, send func(*actor.PID, any), log *slog.Logger) *indexWriter {
-	w := &indexWriter{ix: ix, send: send, log: log.With("component", "index-writer"),
+func newIndexWriter(ix *index.Index, send func(*actor.PID, any), counters *Counters, log *slog.Logger) *indexWriter {
+	w := &indexWriter{ix: ix, send: send, counters: counters, log: log.With("component", "index-writer"),
 		wake: make(chan struct{}, 1), exited: make(chan struct{})}
 	w.committed = sync.NewCond(&w.mu)
 	go w.run()
@@ -167,7 +169,9 @@ func (w *indexWriter) round() {
 // commit applies groups in one write transaction and sends their replies.
 func (w *indexWriter) commit(groups []writeGroup) {
 	txn := w.ix.WriteTxn()
+	rows := 0
 	for _, g := range groups {
+		rows += len(g.ops)
 		for _, op := range g.ops {
 			var err error
 			if op.Delete {
@@ -181,6 +185,10 @@ func (w *indexWriter) commit(groups []writeGroup) {
 		}
 	}
 	txn.Commit()
+	if w.counters != nil {
+		w.counters.indexTxns.Add(1)
+		w.counters.indexRows.Add(uint64(rows))
+	}
 	for _, g := range groups {
 		w.answer(g.replies)
 	}

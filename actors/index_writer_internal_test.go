@@ -28,7 +28,7 @@ func newWriterHarness(t *testing.T) *writerHarness {
 		t.Fatal(err)
 	}
 	h := &writerHarness{ix: ix, replies: make(chan any, 1024)}
-	h.w = newIndexWriter(ix, func(_ *actor.PID, msg any) { h.replies <- msg }, slog.New(slog.DiscardHandler))
+	h.w = newIndexWriter(ix, func(_ *actor.PID, msg any) { h.replies <- msg }, nil, slog.New(slog.DiscardHandler))
 	t.Cleanup(h.w.stop)
 	return h
 }

@@ -53,6 +53,8 @@ type Report struct {
 	LatencyMS             map[string]*OpStats `json:"latency_ms"`
 	Regenerations         RegenStats          `json:"regenerations"`
 	ProxyTimeouts         uint64              `json:"proxy_timeouts"`
+	// IndexWrites counts the agent's index commits over the whole run.
+	IndexWrites IndexWrites `json:"index_writes"`
 	// ZombiesSwept and AddressesSwept are what the final sweeps removed
 	// after ambiguous failures; DatapathLeftToGC is how many endpoints'
 	// datapath removal the agent gave up on.
@@ -64,6 +66,13 @@ type Report struct {
 	Events           []Event  `json:"events"`
 	Timeline         []Sample `json:"timeline"`
 	Host             Host     `json:"host"`
+}
+
+// IndexWrites is how many row changes the index writer committed in how
+// many transactions: rows per transaction is how well it batches.
+type IndexWrites struct {
+	Rows         uint64 `json:"rows"`
+	Transactions uint64 `json:"transactions"`
 }
 
 // RegenStats compares regenerations requested with those run: requests
@@ -107,6 +116,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 		r.Regenerations.Coalesced = c.RegenerationsRequested - c.RegenerationsRun
 	}
 	r.ProxyTimeouts = c.ProxyTimeouts
+	r.IndexWrites = IndexWrites{Rows: c.IndexRows, Transactions: c.IndexTransactions}
 	r.PolicyChurn = e.policySummary() // policychurn.go
 	if in, ok := e.tgt.(interface{ hookLeftToGC() int }); ok {
 		r.DatapathLeftToGC = in.hookLeftToGC()
@@ -190,6 +200,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "heap:            %.0f bytes per live endpoint (%d live, settled)\n", r.HeapBytesPerLiveEndpoint, r.HeapLiveEndpoints)
 	fmt.Fprintf(w, "regenerations:   %d requested, %d run (%d coalesced), %d failed; %d proxy timeouts\n",
 		r.Regenerations.Requested, r.Regenerations.Run, r.Regenerations.Coalesced, r.Regenerations.Failed, r.ProxyTimeouts)
+	if t := r.IndexWrites.Transactions; t > 0 {
+		fmt.Fprintf(w, "index writes:    %d rows in %d transactions (%.1f rows each)\n", r.IndexWrites.Rows, t, float64(r.IndexWrites.Rows)/float64(t))
+	}
 	fmt.Fprintf(w, "restarts:        %d\n", r.Restarts)
 	fmt.Fprintf(w, "swept:           %d endpoints and %d addresses left by ambiguous failures; %d datapath removals left to GC\n\n",
 		r.ZombiesSwept, r.AddressesSwept, r.DatapathLeftToGC)

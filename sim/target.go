@@ -160,7 +160,8 @@ func (t *inProcess) Counters() actors.CounterValues {
 func addCounters(a, b actors.CounterValues) actors.CounterValues {
 	return actors.CounterValues{RegenerationsRequested: a.RegenerationsRequested + b.RegenerationsRequested,
 		RegenerationsRun: a.RegenerationsRun + b.RegenerationsRun, RegenerationsFailed: a.RegenerationsFailed + b.RegenerationsFailed,
-		ProxyTimeouts: a.ProxyTimeouts + b.ProxyTimeouts}
+		ProxyTimeouts: a.ProxyTimeouts + b.ProxyTimeouts, IndexTransactions: a.IndexTransactions + b.IndexTransactions,
+		IndexRows: a.IndexRows + b.IndexRows}
 }
 
 func (t *inProcess) SetFaults(f Faults) {
