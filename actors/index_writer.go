@@ -2,6 +2,7 @@ package actors
 
 import (
 	"log/slog"
+	"runtime"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -135,6 +136,12 @@ func (w *indexWriter) run() {
 	defer close(w.exited)
 	for {
 		_, ok := <-w.wake
+		if ok {
+			// Let the goroutines that are runnable hand over their
+			// groups first: ~17 rows per transaction in the simulator
+			// instead of ~3, and 8% fewer bytes allocated per lifecycle.
+			runtime.Gosched()
+		}
 		w.round()
 		if !ok {
 			return
