@@ -183,10 +183,10 @@ func (t *Txn) writeNode(n *Node, forLeafUpdate bool) *Node {
 		mutateCh: make(chan struct{}),
 		leaf:     n.leaf,
 	}
-	if n.prefix != nil {
-		nc.prefix = make([]byte, len(n.prefix))
-		copy(nc.prefix, n.prefix)
-	}
+	// Membrane patch: the prefix is shared, not copied. No code here
+	// writes into a prefix's bytes (prefixes are re-sliced or replaced by
+	// concat's fresh slice), and insert already shares the caller's key.
+	nc.prefix = n.prefix
 	if len(n.edges) != 0 {
 		nc.edges = make([]edge, len(n.edges))
 		copy(nc.edges, n.edges)
