@@ -391,3 +391,28 @@ func TestLookupWrongArgumentType(t *testing.T) {
 		t.Errorf("Endpoint(1) = %+v, %v", got, ok)
 	}
 }
+
+// TestNoWatches: the index runs on the patched radix tree without
+// mutation channels. A watch channel is nil, so code that tried to watch
+// would wait forever: this test keeps that property visible.
+func TestNoWatches(t *testing.T) {
+	ix := newIndex(t)
+	ep := &endpoint.Endpoint{ID: 1, ContainerID: "c1", State: endpoint.StateReady}
+	insert(t, ix, TableEndpoints, ep)
+	txn := ix.ReadTxn()
+	defer txn.Abort()
+	watch, obj, err := txn.FirstWatch(TableEndpoints, IndexID, ep.ID)
+	if err != nil || obj == nil {
+		t.Fatalf("FirstWatch: %v, %v", obj, err)
+	}
+	if watch != nil {
+		t.Fatal("the index has a watch channel: go.mod no longer uses third_party/go-immutable-radix?")
+	}
+	it, err := txn.Get(TableEndpoints, IndexID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.WatchCh() != nil {
+		t.Fatal("an iterator has a watch channel")
+	}
+}

@@ -3,7 +3,6 @@ package iradix
 import (
 	"bytes"
 	"strings"
-
 )
 
 const (
@@ -31,7 +30,7 @@ type Tree struct {
 func New() *Tree {
 	t := &Tree{
 		root: &Node{
-			mutateCh: make(chan struct{}),
+			mutateCh: nil, // Membrane patch: no watches
 		},
 	}
 	return t
@@ -107,9 +106,12 @@ func (t *Txn) Clone() *Txn {
 // TrackMutate can be used to toggle if mutations are tracked. If this is enabled
 // then notifications will be issued for affected internal nodes and leaves when
 // the transaction is committed.
-func (t *Txn) TrackMutate(track bool) {
-	t.trackMutate = track
-}
+//
+// Membrane patch: watches are not supported, so tracking is never on. No
+// node has a mutation channel (every watch channel is nil: it never
+// fires), which saves a channel per node copy and per leaf, and the
+// bookkeeping of the channels a transaction must close.
+func (t *Txn) TrackMutate(track bool) {}
 
 // trackChannel safely attempts to track the given mutation channel, setting the
 // overflow flag if we can no longer track any more. This limits the amount of
@@ -180,7 +182,7 @@ func (t *Txn) writeNode(n *Node, forLeafUpdate bool) *Node {
 	// writing. You MUST replace it, because the channel associated with
 	// this leaf will be closed when this transaction is committed.
 	nc := &Node{
-		mutateCh: make(chan struct{}),
+		mutateCh: nil, // Membrane patch: no watches
 		leaf:     n.leaf,
 	}
 	// Membrane patch: the prefix is shared, not copied. No code here
@@ -261,7 +263,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 
 		nc := t.writeNode(n, true)
 		nc.leaf = &leafNode{
-			mutateCh: make(chan struct{}),
+			mutateCh: nil, // Membrane patch: no watches
 			key:      k,
 			val:      v,
 		}
@@ -276,9 +278,9 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 		e := edge{
 			label: search[0],
 			node: &Node{
-				mutateCh: make(chan struct{}),
+				mutateCh: nil, // Membrane patch: no watches
 				leaf: &leafNode{
-					mutateCh: make(chan struct{}),
+					mutateCh: nil, // Membrane patch: no watches
 					key:      k,
 					val:      v,
 				},
@@ -306,7 +308,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	// Split the node
 	nc := t.writeNode(n, false)
 	splitNode := &Node{
-		mutateCh: make(chan struct{}),
+		mutateCh: nil, // Membrane patch: no watches
 		prefix:   search[:commonPrefix],
 	}
 	nc.replaceEdge(edge{
@@ -324,7 +326,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 
 	// Create a new leaf node
 	leaf := &leafNode{
-		mutateCh: make(chan struct{}),
+		mutateCh: nil, // Membrane patch: no watches
 		key:      k,
 		val:      v,
 	}
@@ -340,7 +342,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	splitNode.addEdge(edge{
 		label: search[0],
 		node: &Node{
-			mutateCh: make(chan struct{}),
+			mutateCh: nil, // Membrane patch: no watches
 			leaf:     leaf,
 			prefix:   search,
 		},
