@@ -61,6 +61,10 @@ type endpointActor struct {
 	delReplies []messages.Reply // sent when the endpoint is disconnected
 
 	stateWait *stateWait // the state store operation in flight (nil: none)
+	// requests are the requests to other actors in flight; answersID
+	// names the process their answers come through (endpoint_request.go).
+	requests  *pendingRequest
+	answersID string
 
 	// slot is where this actor publishes its snapshot (GET /v1/actors);
 	// op is the asynchronous operation it waits for, since opSince.
@@ -146,6 +150,7 @@ func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMod
 func (a *endpointActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
+		a.registerAnswers(ctx)
 		a.started(ctx)
 	case *actor.Restarting:
 		a.restarting(ctx)
@@ -154,6 +159,10 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		// timer (up to RetryMax) would keep the actor system, and with it
 		// the whole stopped agent, reachable until it fires.
 		a.stopTimers()
+	case *actor.Stopped:
+		a.unregisterAnswers(ctx)
+	case *requestAnswer:
+		a.answered(msg)
 	case *reattach:
 		a.reattach(ctx, msg)
 	case *messages.Regenerate:
@@ -288,6 +297,7 @@ func (a *endpointActor) reattach(ctx actor.Context, msg *reattach) {
 }
 
 func (a *endpointActor) stopTimers() {
+	a.dropRequests()
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
 		a.regen.proxyTimer = nil
@@ -365,21 +375,6 @@ func (a *endpointActor) ips() []netip.Addr {
 		}
 	}
 	return ips
-}
-
-// request sends msg to pid and continues with cont in this actor, unless
-// this incarnation restarted in the meantime.
-func (a *endpointActor) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
-	f := ctx.RequestFuture(pid, msg, timeout)
-	a.setOp(endpointOpName(msg))
-	ctx.ReenterAfter(f, func(res any, err error) {
-		if a.dead {
-			return
-		}
-		a.setOp("")
-		cont(res, err)
-		a.report()
-	})
 }
 
 // claimIPs binds the endpoint's addresses to this actor in IPAM (which

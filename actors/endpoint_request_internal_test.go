@@ -1,0 +1,115 @@
+package actors
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// requester is an actor that makes endpoint-actor requests (the code under
+// test) on command and reports each continuation.
+type requester struct {
+	ea      endpointActor
+	results chan requestResult
+}
+
+type requestResult struct {
+	res any
+	err error
+}
+
+// doRequest asks the requester to request msg from to.
+type doRequest struct {
+	to      *actor.PID
+	msg     any
+	timeout time.Duration
+}
+
+func (r *requester) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		r.ea.registerAnswers(ctx)
+	case *actor.Stopping:
+		r.ea.stopTimers()
+	case *actor.Stopped:
+		r.ea.unregisterAnswers(ctx)
+	case *doRequest:
+		r.ea.request(ctx, msg.to, msg.msg, msg.timeout, func(res any, err error) {
+			r.results <- requestResult{res, err}
+		})
+	case *requestAnswer:
+		r.ea.answered(msg)
+	}
+}
+
+// responder answers "ping" with "pong", keeps "hold" unanswered until
+// "release", and then answers it "late".
+type responder struct{ held *actor.PID }
+
+func (r *responder) Receive(ctx actor.Context) {
+	switch ctx.Message() {
+	case "ping":
+		ctx.Respond("pong")
+	case "hold":
+		r.held = ctx.Sender()
+	case "release":
+		ctx.Send(r.held, "late")
+	}
+}
+
+func TestEndpointRequests(t *testing.T) {
+	sys := NewSystem(slog.New(slog.DiscardHandler))
+	t.Cleanup(sys.Shutdown)
+	resp := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &responder{} }))
+	results := make(chan requestResult, 4)
+	req := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &requester{results: results} }))
+	wait := func(t *testing.T) requestResult {
+		t.Helper()
+		select {
+		case r := <-results:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no continuation")
+			return requestResult{}
+		}
+	}
+
+	t.Run("answered", func(t *testing.T) {
+		sys.Root.Send(req, &doRequest{to: resp, msg: "ping", timeout: time.Minute})
+		if r := wait(t); r.err != nil || r.res != "pong" {
+			t.Fatalf("continued with %v, %v; want pong", r.res, r.err)
+		}
+	})
+	t.Run("timeout, late answer dropped", func(t *testing.T) {
+		sys.Root.Send(req, &doRequest{to: resp, msg: "hold", timeout: 10 * time.Millisecond})
+		if r := wait(t); !errors.Is(r.err, actor.ErrTimeout) {
+			t.Fatalf("continued with %v, %v; want a timeout", r.res, r.err)
+		}
+		sys.Root.Send(resp, "release") // the late answer reaches the requester
+		sys.Root.Send(req, &doRequest{to: resp, msg: "ping", timeout: time.Minute})
+		if r := wait(t); r.res != "pong" {
+			t.Fatalf("the next request continued with %v, %v: the late answer was taken for it", r.res, r.err)
+		}
+		select {
+		case r := <-results:
+			t.Fatalf("a second continuation: %v, %v", r.res, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	})
+	t.Run("answers process removed at stop", func(t *testing.T) {
+		if err := sys.Root.StopFuture(req).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		for _, bucket := range sys.ProcessRegistry.LocalPIDs.LocalPIDs {
+			for _, id := range bucket.Keys() {
+				if strings.HasSuffix(id, answersSuffix) {
+					t.Errorf("%s still registered", id)
+				}
+			}
+		}
+	})
+}
