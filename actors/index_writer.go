@@ -81,19 +81,19 @@ func (w *indexWriter) submit(g writeGroup) {
 	}
 	if w.stopped {
 		w.mu.Unlock()
+		<-w.exited // after the groups queued before the stop
 		w.commit([]writeGroup{g})
 		return
 	}
 	w.submitted++
 	w.queue = append(w.queue, g)
-	first := len(w.queue) == 1
-	w.mu.Unlock()
-	if first {
-		select {
+	if len(w.queue) == 1 {
+		select { // under mu: stop closes wake under mu
 		case w.wake <- struct{}{}:
 		default:
 		}
 	}
+	w.mu.Unlock()
 }
 
 // opsBuffer returns an empty op slice for a new group.
@@ -127,8 +127,8 @@ func (w *indexWriter) stop() {
 		return
 	}
 	w.stopped = true
-	w.mu.Unlock()
 	close(w.wake)
+	w.mu.Unlock()
 	<-w.exited
 }
 
