@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -197,8 +196,9 @@ type System struct {
 	Datapath datapath.Datapath
 	Config   Config
 
-	deps *endpointDeps
-	log  *slog.Logger
+	deps  *endpointDeps
+	asker *asker // answers Ask
+	log   *slog.Logger
 }
 
 // agentActor is the root supervisor. It spawns the datapath pool, IPAM,
@@ -315,7 +315,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
 		Identity: children["identity"], Policy: children["policy"], IPCache: children["ipcache"],
 		Endpoints: children["endpoints"], GC: children["gc"], Index: ix, Datapath: dp,
-		Config: cfg, deps: deps, log: log}
+		Config: cfg, deps: deps, asker: newAsker(sys), log: log}
 	dp.SetProxyAck(s.proxyAck)
 	return s, nil
 }
@@ -330,11 +330,7 @@ func (s *System) Ask(ctx context.Context, pid *actor.PID, msg any) (any, error) 
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
-	res, err := s.Actors.Root.RequestFuture(pid, msg, timeout).Result()
-	if errors.Is(err, actor.ErrTimeout) {
-		return nil, fmt.Errorf("ask %s: %w", pid.Id, context.DeadlineExceeded)
-	}
-	return res, err
+	return s.asker.ask(s.Actors, pid, msg, timeout)
 }
 
 // Counters returns the cumulative counters.
@@ -361,6 +357,7 @@ func (s *System) Stop() {
 	_ = s.Actors.Root.StopFuture(s.Agent).Wait()
 	s.Actors.Shutdown()
 	s.deps.writer.stop()
+	s.asker.stop()
 	failFutures(s.Actors)
 }
 
