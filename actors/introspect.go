@@ -115,10 +115,19 @@ type report struct {
 	lastPhases              [4]uint32 // microseconds
 }
 
-// opInfo is the message a non-endpoint actor is handling.
-type opInfo struct {
-	name  string
-	since time.Time
+// opNames interns the type names of the messages non-endpoint actors
+// handle (reflect.Type -> *string), so that tracking the message an actor
+// is handling allocates nothing per message.
+var opNames sync.Map
+
+func opName(msg any) *string {
+	t := reflect.TypeOf(msg)
+	if n, ok := opNames.Load(t); ok {
+		return n.(*string)
+	}
+	name := t.String()
+	n, _ := opNames.LoadOrStore(t, &name)
+	return n.(*string)
 }
 
 // failure counts a supervisor's restarts of an actor and the last reason.
@@ -135,7 +144,11 @@ type actorSlot struct {
 	kind   string
 	stats  *MailboxStats
 	report atomic.Pointer[report]
-	op     atomic.Pointer[opInfo]
+	// op names the message a non-endpoint actor is handling (nil: none),
+	// since opSince (unix nanoseconds). Readers may pair a name with the
+	// previous message's start: it is a diagnostic.
+	op      atomic.Pointer[string]
+	opSince atomic.Int64
 	fail   atomic.Pointer[failure]
 }
 
@@ -204,7 +217,7 @@ func (s *actorSlot) snapshotInto(out *ActorSnapshot, ep *EndpointActorSnapshot) 
 		out.Endpoint = ep
 	}
 	if op := s.op.Load(); op != nil && out.Operation == "" {
-		out.Operation, out.OperationSince = op.name, op.since
+		out.Operation, out.OperationSince = *op, time.Unix(0, s.opSince.Load())
 	}
 }
 
@@ -218,7 +231,8 @@ func (s *actorSlot) snapshot() ActorSnapshot {
 // non-endpoint actor is handling, so a stuck handler shows up.
 func (s *actorSlot) trackReceive(next actor.ReceiverFunc) actor.ReceiverFunc {
 	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
-		s.op.Store(&opInfo{name: reflect.TypeOf(env.Message).String(), since: time.Now()})
+		s.opSince.Store(time.Now().UnixNano())
+		s.op.Store(opName(env.Message))
 		next(c, env)
 		s.op.Store(nil)
 	}

@@ -166,3 +166,21 @@ func TestCompactRegistry(t *testing.T) {
 	}
 	sys.Root.Stop(pid)
 }
+
+// TestTrackReceiveOperation: a non-endpoint actor's snapshot names the
+// message it is handling, since when, and nothing once it is done.
+func TestTrackReceiveOperation(t *testing.T) {
+	s := newSlot(KindIPAM, &MailboxStats{})
+	var during ActorSnapshot
+	before := time.Now()
+	recv := s.trackReceive(func(actor.ReceiverContext, *actor.MessageEnvelope) { during = s.snapshot() })
+	for range 2 { // the second time through the interned name
+		recv(nil, &actor.MessageEnvelope{Message: &messages.IPAMAllocate{}})
+		if during.Operation != "*messages.IPAMAllocate" || during.OperationSince.Before(before.Add(-time.Second)) {
+			t.Fatalf("during the message: operation %q since %v", during.Operation, during.OperationSince)
+		}
+		if after := s.snapshot(); after.Operation != "" {
+			t.Fatalf("after the message: operation %q", after.Operation)
+		}
+	}
+}
