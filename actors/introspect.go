@@ -149,7 +149,7 @@ type actorSlot struct {
 	// previous message's start: it is a diagnostic.
 	op      atomic.Pointer[string]
 	opSince atomic.Int64
-	fail   atomic.Pointer[failure]
+	fail    atomic.Pointer[failure]
 }
 
 func newSlot(kind string, stats *MailboxStats) *actorSlot {
