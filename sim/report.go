@@ -132,13 +132,23 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 }
 
 // churnRates returns the slowest 5-sample lifecycle rate and the mean
-// operation rate over the churn samples.
+// operation rate over the churn samples. A sample covers the second
+// before it, so the first sample tagged churn covers mostly ramp-up (no
+// lifecycle ends there): only samples whose whole interval is churn
+// count, unless there are none.
 func churnRates(tl []Sample) (minLC, ops float64) {
-	var churn []Sample
-	for _, s := range tl {
-		if s.Phase == phaseNames[phaseChurn] {
+	var churn, all []Sample
+	for i, s := range tl {
+		if s.Phase != phaseNames[phaseChurn] {
+			continue
+		}
+		all = append(all, s)
+		if i > 0 && tl[i-1].Phase == s.Phase {
 			churn = append(churn, s)
 		}
+	}
+	if len(churn) == 0 {
+		churn = all
 	}
 	if len(churn) == 0 {
 		return 0, 0
