@@ -56,7 +56,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/client/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/cni/delqueue/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/delqueue/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDrop$$' -fuzztime $(FUZZTIME) ./datapath/

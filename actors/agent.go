@@ -14,11 +14,11 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/index"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 // EndpointConfig tunes the endpoint actors.

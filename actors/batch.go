@@ -8,7 +8,7 @@ import (
 	memdb "github.com/hashicorp/go-memdb"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // flushIndex is the message a batcher sends to its own actor to commit.

@@ -11,6 +11,6 @@
 // Actors never block: there is no netlink, BPF, disk call or Future.Result
 // inside a Receive. Blocking work goes to the datapath pool actor and the
 // caller continues with ReenterAfter. Actors keep their state unexported;
-// what a restarted actor needs is rebuilt from the index (pkg/index), the
+// what a restarted actor needs is rebuilt from the index (pkg/domain/index), the
 // table each actor is the single writer of.
 package actors

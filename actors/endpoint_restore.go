@@ -3,7 +3,7 @@ package actors
 import (
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // resumeRealized ends the restore of an endpoint whose datapath already

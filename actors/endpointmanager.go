@@ -13,9 +13,9 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // endpointActorName is the child name of an endpoint's actor; its PID ID is

@@ -12,7 +12,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // GCConfig configures the garbage collector actor.

@@ -10,8 +10,8 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // heldCollector is a Fake whose GC passes wait until released.

@@ -8,7 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // indexWriter commits the index changes of every table owner (the IPAM,

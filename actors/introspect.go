@@ -11,10 +11,10 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
-// Observer receives measurements from the actors; pkg/metrics implements
+// Observer receives measurements from the actors; pkg/agent/metrics implements
 // it. Calls come from inside actors and must not block.
 type Observer interface {
 	// RegenPhase records how long one phase of a regeneration took.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/events"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
 
 // recordingObserver counts the regeneration phases it is told about.

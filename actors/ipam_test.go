@@ -7,7 +7,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 func TestIPAMAllocate(t *testing.T) {

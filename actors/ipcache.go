@@ -13,8 +13,8 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // ipcacheRetryMin and ipcacheRetryMax bound the backoff between retries

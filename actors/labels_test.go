@@ -9,8 +9,8 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // gateStore is a StateStore whose writes complete at once, or, while

@@ -12,9 +12,9 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // svPolicy lets app=a reach app=b on TCP 8080 (sv endpoints carry no

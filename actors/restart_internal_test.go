@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // TestEndpointActorRestartRebuildsFromIndex: a panicking endpoint actor is

@@ -11,8 +11,8 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/pkg/index"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 // TestStopFailsPendingFutures: Stop completes the futures nobody will

@@ -15,10 +15,10 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/index"
-	"github.com/membrane-cni/membrane/pkg/ipam"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // svTimeout bounds every wait of the supervision tests.

@@ -12,8 +12,8 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // tags are the kernel tags (hash of the instructions after loading, map

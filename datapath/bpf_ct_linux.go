@@ -7,7 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // ctBatch is how many conntrack entries one batch lookup reads: 4096 x

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // readDrops delivers the programs' drop notifications to

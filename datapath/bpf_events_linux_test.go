@@ -7,7 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 func encodeDrop(t testing.TB, e bpf.EndpointDropEvent) []byte {

@@ -8,8 +8,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // template is the endpoint object parsed once (bpf.LoadEndpoint); every

@@ -9,8 +9,8 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Addresses of the program tests: the endpoint and its peers.

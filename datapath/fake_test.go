@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // ackRecorder collects proxy acknowledgements delivered by a Fake.

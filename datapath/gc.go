@@ -3,7 +3,7 @@ package datapath
 import (
 	"context"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // Collector is implemented by datapaths that can find and remove kernel

@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/bpf"
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // UpsertIPCache implements Datapath: the shared ipcache LPM trie maps

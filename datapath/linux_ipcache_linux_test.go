@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // dumpIPCache reads the pinned ipcache map back as prefixes.

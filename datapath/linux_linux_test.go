@@ -14,7 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // DatapathWork asks the datapath worker pool actor to run one blocking

@@ -3,8 +3,8 @@ package messages
 import (
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // The messages in this file are sent to the endpoint manager, which

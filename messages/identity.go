@@ -3,8 +3,8 @@ package messages
 import (
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // IdentityAcquire asks the identity actor for the identity of a label set

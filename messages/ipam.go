@@ -5,8 +5,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 // IPAMAllocate asks the IPAM actor for the next free address of a family

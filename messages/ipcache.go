@@ -3,8 +3,8 @@ package messages
 import (
 	"net/netip"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // IPCacheEndpoint tells the ipcache actor an endpoint's addresses and

@@ -1,10 +1,10 @@
 package messages
 
 import (
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/labels"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // PolicyImport asks the policy actor to add or replace policies (all of

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // benchEndpoint is a typical endpoint record (pod names, labels, IPv4).

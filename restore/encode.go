@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // Write renders an endpoint's two files for every state write, so they are

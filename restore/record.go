@@ -7,9 +7,9 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // Version is the version of ep.json this agent writes and reads.

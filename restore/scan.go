@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // ScanError describes a state directory Scan could not restore.

@@ -3,7 +3,7 @@ package restore
 import (
 	"sync/atomic"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // A write overwrites the files of a reused directory in place, and must

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 func openTestStore(tb testing.TB, dir string) *Store {

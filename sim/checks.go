@@ -7,9 +7,9 @@ import (
 	"strconv"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // finding is a possible violation from one snapshot. Mid-run findings

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/index"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // settledSnapshot is a consistent deep snapshot of a settled agent with

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // Crashes: the agent is killed at random moments of the churn phase

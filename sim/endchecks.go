@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // Checks of a settled agent beyond the index (checks.go): each

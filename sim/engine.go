@@ -15,7 +15,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/agent"
-	"github.com/membrane-cni/membrane/pkg/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // Options are the harness settings that are not part of a scenario.
@@ -416,7 +416,7 @@ func (e *engine) heapInUse() uint64 {
 }
 
 // heapPerEndpoint measures the heap the live endpoints add, per endpoint,
-// the way pkg/api's BenchmarkHeapPerEndpoint does. The harness allocated
+// the way pkg/agent/api's BenchmarkHeapPerEndpoint does. The harness allocated
 // its own tables before the baseline.
 func (e *engine) heapPerEndpoint(base uint64) (float64, int) {
 	live := e.m.liveCount()

@@ -6,8 +6,8 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 // msgLeftToGC is what the endpoint actor logs when it gives up removing an

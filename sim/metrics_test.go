@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 )
 
 func TestBuckets(t *testing.T) {

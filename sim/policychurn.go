@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 )
 
 // Policy churn (--policy-churn P): during the churn phase, for every

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // TestRunPolicyChurn: policies imported, replaced and deleted during the

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 var (

@@ -14,9 +14,9 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/endpoint"
-	"github.com/membrane-cni/membrane/pkg/index"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // ErrAgentDown is returned by Target.Snapshot while the agent is crashed.

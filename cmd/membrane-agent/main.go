@@ -19,7 +19,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
-	"github.com/membrane-cni/membrane/pkg/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 func main() {

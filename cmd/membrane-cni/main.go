@@ -1,12 +1,12 @@
 // Command membrane-cni is Membrane's CNI plugin, executed by the
 // container runtime (conflist type "membrane-cni") with CNI_COMMAND ADD,
-// DEL, CHECK, STATUS, GC or VERSION. The logic lives in pkg/cni.
+// DEL, CHECK, STATUS, GC or VERSION. The logic lives in pkg/clients/cni.
 package main
 
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/membrane-cni/membrane/pkg/cni"
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
 )
 
 func main() {

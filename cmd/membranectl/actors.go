@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
 
 func (a *app) actorsCommand() *cobra.Command {

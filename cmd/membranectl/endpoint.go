@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 const refHelp = "REF is an endpoint ID, container-id:<id> or pod-name:<namespace>/<pod>"

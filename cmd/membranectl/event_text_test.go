@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/events"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
 
 func TestEventText(t *testing.T) {

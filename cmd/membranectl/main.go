@@ -24,7 +24,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 )
 
 // Exit codes.

@@ -22,8 +22,8 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")

@@ -20,14 +20,14 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
-	"github.com/membrane-cni/membrane/pkg/api"
-	"github.com/membrane-cni/membrane/pkg/cni/agentside"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/health"
-	"github.com/membrane-cni/membrane/pkg/index"
-	"github.com/membrane-cni/membrane/pkg/ipam"
-	"github.com/membrane-cni/membrane/pkg/metrics"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/agent/api"
+	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
+	"github.com/membrane-cni/membrane/pkg/agent/health"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/restore"
 )
 
@@ -202,7 +202,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: agentside.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
@@ -335,7 +335,7 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	if dir == "" {
 		return cancel
 	}
-	if n, err := agentside.Drain(ctx, a.System, dir, a.log); err != nil {
+	if n, err := cnidrain.Drain(ctx, a.System, dir, a.log); err != nil {
 		a.log.Warn("draining the delete queue", "err", err, "done", n)
 	} else if n > 0 {
 		a.log.Info("delete queue drained", "done", n)
@@ -344,6 +344,6 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	if interval <= 0 {
 		interval = 30 * time.Second
 	}
-	go agentside.DrainLoop(ctx, a.System, dir, interval, a.log)
+	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.log)
 	return cancel
 }

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/metrics"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
 
 // dropEventsPerSecond bounds the datapath-drop events published per

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/pkg/events"
-	"github.com/membrane-cni/membrane/pkg/metrics"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // TestOnDrop: a drop notification becomes a datapath-drop event with

@@ -3,7 +3,7 @@ package agent_test
 import (
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/health"
+	"github.com/membrane-cni/membrane/pkg/agent/health"
 )
 
 // TestHealthDisabledWithFake: the fake datapath runs no health endpoint,

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/pkg/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // TestIPCachePrunedAtStart: an ipcache entry the datapath holds for an

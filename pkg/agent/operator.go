@@ -9,9 +9,9 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/cni/delqueue"
-	"github.com/membrane-cni/membrane/pkg/ipam"
-	"github.com/membrane-cni/membrane/pkg/metrics"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
 // startHTTP opens the read-only TCP listener (Config.HTTPAddr): reads,

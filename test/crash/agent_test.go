@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
-// clientDriver makes attachments through pkg/client as membrane-cni
+// clientDriver makes attachments through pkg/clients/client as membrane-cni
 // does: allocate, create the endpoint (sync), release the address if the
 // creation failed; DEL deletes by container ID.
 type clientDriver struct {

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/models"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -37,7 +37,7 @@ type pod struct {
 	ns                *testutil.NS // linux runs: the pod's netns
 }
 
-// driver performs ADDs and DELs against the agent (through pkg/client or
+// driver performs ADDs and DELs against the agent (through pkg/clients/client or
 // the CNI plugin).
 type driver interface {
 	add(ctx context.Context, p *pod) error

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 )
 
 // restoredLine is the agent's log line after restore, with its duration.

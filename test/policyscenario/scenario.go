@@ -1,5 +1,5 @@
 // Package policyscenario is the three-endpoint policy scenario of issue
-// #4, written against pkg/client only so that the same steps run on an
+// #4, written against pkg/clients/client only so that the same steps run on an
 // in-process agent with the fake datapath (scenario_test.go) and, after
 // the BPF datapath lands, on a real agent whose pods come from the CNI
 // plugin: give Run an Env whose CreatePod makes real pods.
@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/models"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Wait bounds every wait of the scenario.

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/client"
-	"github.com/membrane-cni/membrane/pkg/identity"
-	"github.com/membrane-cni/membrane/pkg/policy"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Run runs the whole scenario on env's fresh agent: no policy, a CNP

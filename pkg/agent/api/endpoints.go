@@ -1,0 +1,354 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// parseRef parses the {id} path element; pod-name:<ns>/<pod> may arrive
+// with its '/' escaped (one segment) or not ({id}/{pod}).
+func parseRef(r *http.Request) (endpoint.Ref, error) {
+	raw := r.PathValue("id")
+	if pod := r.PathValue("pod"); pod != "" {
+		if !strings.HasPrefix(raw, "pod-name:") {
+			return endpoint.Ref{}, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+		}
+		raw += "/" + pod
+	}
+	ref, err := endpoint.ParseRef(raw)
+	if err != nil {
+		return ref, badRequest(err.Error())
+	}
+	return ref, nil
+}
+
+// resolve finds the endpoint a path reference names, or a 404.
+func (s *Server) resolve(r *http.Request) (*endpoint.Endpoint, error) {
+	ref, err := parseRef(r)
+	if err != nil {
+		return nil, err
+	}
+	ep, ok := s.ix.Resolve(ref)
+	if !ok {
+		return nil, notFound(fmt.Sprintf("endpoint %s not found", ref))
+	}
+	return ep, nil
+}
+
+// model converts an index record, attaching its identity's labels.
+func (s *Server) model(ep *endpoint.Endpoint) *models.Endpoint {
+	var ident *models.Identity
+	if ep.Identity != identity.IdentityUnknown {
+		ident = s.identityModel(ep.Identity)
+	}
+	return ep.Model(ident)
+}
+
+// endpointResult turns an actor answer into the endpoint or an error.
+func endpointResult(res any, err error) (*endpoint.Endpoint, error) {
+	if errors.Is(err, actor.ErrDeadLetter) {
+		// The endpoint's actor stopped between the lookup and the request:
+		// the endpoint is gone.
+		return nil, notFound("endpoint is gone")
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(*messages.EndpointResult)
+	if !ok {
+		return nil, fmt.Errorf("unexpected answer %T", res)
+	}
+	return r.Endpoint, r.Err
+}
+
+func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
+	ref, err := parseRef(r)
+	if err != nil {
+		return err
+	}
+	var req models.EndpointChangeRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	sync, err := syncParam(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	spec, err := specFromRequest(ref, &req)
+	if err != nil {
+		return err
+	}
+	ep, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: req.SyncBuild || sync}))
+	if err != nil {
+		return err
+	}
+	s.writeEndpoint(w, http.StatusCreated, ep)
+	return nil
+}
+
+// syncParam reads PUT's optional ?sync=true (the body's sync-build does
+// the same).
+func syncParam(q url.Values) (bool, error) {
+	sync := false
+	for key, vals := range q {
+		if key != "sync" {
+			return false, badRequest(fmt.Sprintf("unknown query parameter %q (want sync)", key))
+		}
+		b, err := strconv.ParseBool(vals[0])
+		if err != nil {
+			return false, badRequest(fmt.Sprintf("query parameter \"sync\": %q is not a boolean", vals[0]))
+		}
+		sync = b
+	}
+	return sync, nil
+}
+
+func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.resolve(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.writeEndpoint(w, http.StatusOK, ep)
+}
+
+// page is the pagination of GET /v1/endpoint: at most limit endpoints
+// with IDs above after (limit 0: all).
+type page struct {
+	limit int
+	after endpoint.ID
+}
+
+// maxPage bounds ?limit=.
+const maxPage = 10000
+
+// endpointFilterFrom parses GET /v1/endpoint's query; unknown parameters
+// are refused so that a typo does not silently list everything.
+func endpointFilterFrom(q url.Values) (index.EndpointFilter, page, error) {
+	var f index.EndpointFilter
+	var pg page
+	for key, vals := range q {
+		switch key {
+		case "namespace", "pod", "state", "identity", "label":
+			if err := endpointFilterKey(&f, key, vals); err != nil {
+				return f, pg, err
+			}
+		case "ip":
+			ip, err := netip.ParseAddr(vals[0])
+			if err != nil {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"ip\": %q is not an IP address", vals[0]))
+			}
+			f.IP = ip.Unmap()
+		case "selector":
+			sel, err := labels.ParseSelector(strings.Join(vals, ","))
+			if err != nil {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"selector\": %v", err))
+			}
+			f.Selector = sel
+		case "limit":
+			n, err := strconv.Atoi(vals[0])
+			if err != nil || n < 1 || n > maxPage {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"limit\": %q is not a number in 1..%d", vals[0], maxPage))
+			}
+			pg.limit = n
+		case "after":
+			n, err := strconv.ParseUint(vals[0], 10, 16)
+			if err != nil {
+				return f, pg, badRequest(fmt.Sprintf("query parameter \"after\": %q is not an endpoint ID", vals[0]))
+			}
+			pg.after = endpoint.ID(n)
+		default:
+			return f, pg, badRequest(fmt.Sprintf("unknown query parameter %q (want namespace, pod, state, identity, label, selector, ip, limit, after)", key))
+		}
+	}
+	if f.PodName != "" && f.Namespace == "" {
+		return f, pg, badRequest("query parameter \"pod\" needs \"namespace\"")
+	}
+	return f, pg, nil
+}
+
+// endpointFilterKey parses one of the original filters.
+func endpointFilterKey(f *index.EndpointFilter, key string, vals []string) error {
+	switch key {
+	case "namespace":
+		f.Namespace = vals[0]
+	case "pod":
+		f.PodName = vals[0]
+	case "state":
+		st, err := endpoint.ParseState(vals[0])
+		if err != nil {
+			return badRequest(fmt.Sprintf("query parameter \"state\": %v", err))
+		}
+		f.State = st
+	case "identity":
+		n, err := strconv.ParseUint(vals[0], 10, 32)
+		if err != nil || n == 0 {
+			return badRequest(fmt.Sprintf("query parameter \"identity\": %q is not a positive number", vals[0]))
+		}
+		f.Identity = identity.NumericIdentity(n)
+	case "label":
+		ls, err := labels.ParseSet(vals)
+		if err != nil {
+			return badRequest(fmt.Sprintf("query parameter \"label\": %v", err))
+		}
+		f.Labels = ls
+	}
+	return nil
+}
+
+func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
+	f, pg, err := endpointFilterFrom(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	eps := s.ix.Endpoints(f)
+	w.Header().Set("X-Total-Count", strconv.Itoa(len(eps)))
+	if pg.after > 0 {
+		i, _ := slices.BinarySearchFunc(eps, pg.after+1, func(ep *endpoint.Endpoint, id endpoint.ID) int { return int(ep.ID) - int(id) })
+		eps = eps[i:]
+	}
+	if pg.limit > 0 && len(eps) > pg.limit {
+		eps = eps[:pg.limit]
+		q := r.URL.Query()
+		q.Set("after", strconv.Itoa(int(eps[len(eps)-1].ID)))
+		w.Header().Set("Link", fmt.Sprintf("</v1/endpoint?%s>; rel=\"next\"", q.Encode()))
+	}
+	s.writeEndpoints(w, eps)
+}
+
+func deleteOptions(q url.Values) (endpoint.DeleteOptions, error) {
+	var o endpoint.DeleteOptions
+	for key, vals := range q {
+		b, err := strconv.ParseBool(vals[0])
+		switch {
+		case key != "no-ip-release" && key != "no-identity-release":
+			return o, badRequest(fmt.Sprintf("unknown query parameter %q (want no-ip-release, no-identity-release)", key))
+		case err != nil:
+			return o, badRequest(fmt.Sprintf("query parameter %q: %q is not a boolean", key, vals[0]))
+		case key == "no-ip-release":
+			o.NoIPRelease = b
+		default:
+			o.NoIdentityRelease = b
+		}
+	}
+	return o, nil
+}
+
+func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
+	opts, err := deleteOptions(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	gone, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID, Options: opts}))
+	if err != nil {
+		return err
+	}
+	s.writeEndpoint(w, http.StatusOK, gone)
+	return nil
+}
+
+func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) error {
+	var req models.EndpointBatchDeleteRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if req.ContainerID == "" {
+		return badRequest("field \"container-id\": required")
+	}
+	ep, ok := s.ix.EndpointByContainerID(req.ContainerID)
+	if !ok {
+		return notFound(fmt.Sprintf("no endpoint for container %s", req.ContainerID))
+	}
+	if _, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: []int64{int64(ep.ID)}})
+	return nil
+}
+
+func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	var req models.LabelsPatch
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	add, err := labels.ParseSet(req.Add)
+	if err != nil {
+		return badRequest("field \"add\": " + err.Error())
+	}
+	del, err := labels.ParseSet(req.Delete)
+	if err != nil {
+		return badRequest("field \"delete\": " + err.Error())
+	}
+	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.PatchLabels{ID: ep.ID, Add: add, Delete: del}))
+	if err != nil {
+		return err
+	}
+	s.writeEndpoint(w, http.StatusOK, got)
+	return nil
+}
+
+func (s *Server) regenerate(w http.ResponseWriter, r *http.Request) error {
+	ep, err := s.resolve(r)
+	if err != nil {
+		return err
+	}
+	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "api"}))
+	if err != nil {
+		return err
+	}
+	s.writeEndpoint(w, http.StatusOK, got)
+	return nil
+}
+
+// endpointHealth checks the endpoint's datapath through the worker pool
+// (the check may be a netlink call).
+func (s *Server) endpointHealth(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.resolve(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	dp := s.sys.Datapath
+	work := &messages.DatapathWork{Op: "check", Endpoint: ep.ID, Run: func(ctx context.Context) (any, error) {
+		return nil, dp.Check(ctx, ep)
+	}}
+	h := &models.EndpointHealth{ID: int64(ep.ID), State: string(ep.State), Datapath: "ok"}
+	res, err := s.sys.Ask(r.Context(), s.sys.Pool, work)
+	if err == nil {
+		err = res.(*messages.DatapathResult).Err
+	}
+	if err != nil {
+		h.Datapath, h.Message = "error", err.Error()
+	}
+	h.Healthy = err == nil && ep.State == endpoint.StateReady
+	status := http.StatusOK
+	if !h.Healthy {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, h)
+}

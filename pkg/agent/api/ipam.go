@@ -1,0 +1,208 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+)
+
+func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	for key := range q {
+		if key != "family" && key != "owner" {
+			return badRequest(fmt.Sprintf("unknown query parameter %q (want family, owner)", key))
+		}
+	}
+	fam := ipam.Family(q.Get("family"))
+	if fam != "" && fam != ipam.IPv4 && fam != ipam.IPv6 {
+		return badRequest(fmt.Sprintf("query parameter \"family\": %q: want ipv4 or ipv6", fam))
+	}
+	if fam != "" && s.ranges[fam] == nil {
+		return &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("query parameter \"family\": no %s range configured", fam)}
+	}
+	owner := q.Get("owner")
+	if len(owner) > 512 {
+		return badRequest("query parameter \"owner\": longer than 512 bytes")
+	}
+	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMAllocate{Family: fam, Owner: owner})
+	if err != nil {
+		return err
+	}
+	got := res.(*messages.IPAMAllocated)
+	if got.Err != nil {
+		return got.Err
+	}
+	writeIPAM(w, http.StatusCreated, s.ipamResponse(got, owner))
+	return nil
+}
+
+func (s *Server) ipamResponse(got *messages.IPAMAllocated, owner string) *models.IPAMResponse {
+	out := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: s.text.host}
+	if t := s.text.ipv4; t != nil && got.IPv4.IsValid() {
+		out.Address.IPv4 = got.IPv4.String()
+		out.IPv4 = &models.IPAMAddressResponse{IP: out.Address.IPv4, Gateway: t.gateway, Cidrs: t.cidrs, Owner: owner}
+	}
+	if t := s.text.ipv6; t != nil && got.IPv6.IsValid() {
+		out.Address.IPv6 = got.IPv6.String()
+		out.IPv6 = &models.IPAMAddressResponse{IP: out.Address.IPv6, Gateway: t.gateway, Cidrs: t.cidrs, Owner: owner}
+	}
+	return out
+}
+
+// rangesText is the configured ranges' geometry as the answers spell
+// it, built once: answers share it and only encode it, never modify it.
+type rangesText struct {
+	ipv4, ipv6 *rangeText
+	host       *models.NodeAddressing
+}
+
+// rangeText is one range's gateway and CIDR.
+type rangeText struct {
+	gateway string
+	cidrs   []string // the one CIDR
+}
+
+func newRangesText(ranges map[ipam.Family]*ipam.Range) rangesText {
+	t := rangesText{host: &models.NodeAddressing{}}
+	if r := ranges[ipam.IPv4]; r != nil {
+		t.ipv4 = &rangeText{gateway: r.Gateway().String(), cidrs: []string{r.Prefix().String()}}
+		t.host.IPv4 = &models.NodeAddressingElement{Enabled: true, IP: t.ipv4.gateway, AllocRange: t.ipv4.cidrs[0]}
+	}
+	if r := ranges[ipam.IPv6]; r != nil {
+		t.ipv6 = &rangeText{gateway: r.Gateway().String(), cidrs: []string{r.Prefix().String()}}
+		t.host.IPv6 = &models.NodeAddressingElement{Enabled: true, IP: t.ipv6.gateway, AllocRange: t.ipv6.cidrs[0]}
+	}
+	return t
+}
+
+func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {
+	raw := r.PathValue("ip")
+	ip, err := netip.ParseAddr(raw)
+	if err != nil {
+		return badRequest(fmt.Sprintf("path: %q is not an IP address", raw))
+	}
+	ip = ip.Unmap()
+	fam := ipam.IPv4
+	if ip.Is6() {
+		fam = ipam.IPv6
+	}
+	if rg := s.ranges[fam]; rg == nil || !rg.Contains(ip) {
+		return &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("address %s is outside the configured ranges", ip)}
+	}
+	owner := ""
+	for key, vals := range r.URL.Query() {
+		if key != "owner" {
+			return badRequest(fmt.Sprintf("unknown query parameter %q (want owner)", key))
+		}
+		owner = vals[0]
+	}
+	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMRelease{IP: ip, Owner: owner})
+	if err != nil {
+		return err
+	}
+	got := res.(*messages.IPAMReleased)
+	if got.Err != nil {
+		return got.Err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ip": ip.String(), "released": got.Released, "owner": got.Owner})
+	return nil
+}
+
+func (s *Server) ipamStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.ipamSnapshot(true))
+}
+
+// ipamSnapshot reads the ipam table (no mailbox involved).
+func (s *Server) ipamSnapshot(withAllocations bool) *models.IPAMStatus {
+	out := &models.IPAMStatus{}
+	for _, fam := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+		r := s.ranges[fam]
+		if r == nil {
+			continue
+		}
+		rows := s.ix.IPs(string(fam))
+		st := &models.IPAMFamilyStatus{Cidr: r.Prefix().String(), Gateway: r.Gateway().String(), Size: r.Size(),
+			Used: len(rows), Free: r.Size() - len(rows), Allocations: []models.IPAMAllocation{}}
+		if withAllocations {
+			for _, row := range rows {
+				st.Allocations = append(st.Allocations, models.IPAMAllocation{IP: row.IP.String(), Owner: row.Owner, Endpoint: int64(row.Endpoint)})
+			}
+		}
+		if fam == ipam.IPv4 {
+			out.IPv4 = st
+		} else {
+			out.IPv6 = st
+		}
+	}
+	return out
+}
+
+func (s *Server) identityModel(id identity.NumericIdentity) *models.Identity {
+	if ls, ok := identity.ReservedLabels(id); ok {
+		return &models.Identity{ID: int64(id), Labels: ls.Strings(), Reserved: true}
+	}
+	row, ok := s.ix.Identity(id)
+	if !ok {
+		return &models.Identity{ID: int64(id), Labels: []string{}}
+	}
+	return &models.Identity{ID: int64(row.ID), Labels: row.Labels.Strings(), RefCount: row.RefCount}
+}
+
+func (s *Server) listIdentities(w http.ResponseWriter, r *http.Request) {
+	if len(r.URL.Query()) > 0 {
+		writeError(w, badRequest("GET /v1/identity takes no query parameters"))
+		return
+	}
+	var out []*models.Identity
+	for _, id := range []identity.NumericIdentity{identity.ReservedHost, identity.ReservedWorld, identity.ReservedUnmanaged, identity.ReservedHealth, identity.ReservedInit} {
+		out = append(out, s.identityModel(id))
+	}
+	for _, row := range s.ix.Identities() {
+		out = append(out, &models.Identity{ID: int64(row.ID), Labels: row.Labels.Strings(), RefCount: row.RefCount})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getIdentity(w http.ResponseWriter, r *http.Request) {
+	raw := r.PathValue("id")
+	n, err := strconv.ParseUint(raw, 10, 32)
+	if err != nil || n == 0 {
+		writeError(w, badRequest(fmt.Sprintf("identity %q: want a positive number", raw)))
+		return
+	}
+	id := identity.NumericIdentity(n)
+	if _, ok := identity.ReservedLabels(id); !ok {
+		if _, ok := s.ix.Identity(id); !ok {
+			writeError(w, notFound(fmt.Sprintf("identity %d not found", id)))
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, s.identityModel(id))
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
+	total, byState := s.ix.CountEndpoints()
+	st := &models.Status{State: "ok", Datapath: s.sys.Datapath.Name(), Endpoints: total,
+		Ready: byState["ready"], Identities: len(s.ix.Identities()), IPAM: s.ipamSnapshot(false), Started: s.started}
+	if fn := s.health.Load(); fn != nil {
+		st.Health = (*fn)()
+	}
+	status := http.StatusOK
+	switch {
+	case s.closing.Load():
+		st.State, st.Message, status = "stopping", "agent is shutting down", http.StatusServiceUnavailable
+	case !s.ready.Load():
+		st.State, st.Message, status = "starting", "restoring endpoints", http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, st)
+}

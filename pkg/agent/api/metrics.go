@@ -1,0 +1,124 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+)
+
+// eventsRoute is the streaming route, left out of the latency histogram.
+const eventsRoute = "GET /v1/events"
+
+// CodeReadOnly is the error code of a mutating request on the read-only
+// HTTP listener (403).
+const CodeReadOnly = "read-only-listener"
+
+// operatorRoutes adds the operator surfaces: actor snapshots, the event
+// stream, metrics and, with Config.Pprof, the profiler.
+func (s *Server) operatorRoutes(m *http.ServeMux) {
+	m.HandleFunc("GET /v1/actors", s.listActors)
+	m.HandleFunc("GET /v1/actors/{path...}", s.getActor)
+	m.HandleFunc(eventsRoute, s.streamEvents)
+	m.Handle("GET /metrics", s.cfg.Metrics.Handler())
+	if s.cfg.Pprof {
+		m.HandleFunc("GET /debug/pprof/", pprof.Index)
+		m.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		m.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		m.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+}
+
+// Metrics returns the server's metrics (the agent installs the sampler).
+func (s *Server) Metrics() *metrics.Metrics { return s.cfg.Metrics }
+
+// ReadOnly returns the handler of the TCP listener (--http-addr): the
+// same routes, but only GET and HEAD; anything else is refused with 403
+// read-only-listener before it reaches a handler, so the listener can
+// never change the agent.
+func (s *Server) ReadOnly() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, &apiError{http.StatusForbidden, CodeReadOnly,
+				fmt.Sprintf("%s %s refused: this listener is read-only; use the unix socket", r.Method, r.URL.Path)})
+			return
+		}
+		s.ServeHTTP(w, r)
+	})
+}
+
+// codeWriter records the status code for the latency histogram and
+// passes Flush through. While req has no pattern (the mux found no
+// route and answers 404 or 405 itself) it records that answer in
+// unmatched instead of sending it; ServeHTTP sends a JSON error instead.
+type codeWriter struct {
+	http.ResponseWriter
+	req       *http.Request
+	status    int
+	unmatched statusRecorder
+	// answering is set once the JSON error for an unmatched request is
+	// being written: from then on writes pass through.
+	answering bool
+}
+
+// swallow reports whether the write is the mux's own 404/405 answer.
+func (c *codeWriter) swallow() bool { return c.req.Pattern == "" && !c.answering }
+
+func (c *codeWriter) Header() http.Header {
+	if c.swallow() {
+		if c.unmatched.header == nil {
+			c.unmatched.header = http.Header{}
+		}
+		return c.unmatched.header
+	}
+	return c.ResponseWriter.Header()
+}
+
+func (c *codeWriter) WriteHeader(code int) {
+	if c.swallow() {
+		c.unmatched.WriteHeader(code)
+		return
+	}
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *codeWriter) Write(b []byte) (int, error) {
+	if c.swallow() {
+		return c.unmatched.Write(b)
+	}
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.ResponseWriter.Write(b)
+}
+
+func (c *codeWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok && !c.swallow() {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (c *codeWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+func (c *codeWriter) code() int {
+	if c.status == 0 {
+		return http.StatusOK
+	}
+	return c.status
+}
+
+// statusRecorder captures the mux's own 404/405 answers.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *statusRecorder) WriteHeader(code int)        { r.status = code }

@@ -1,0 +1,227 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// maxPolicyBody bounds a PUT /v1/policy body.
+const maxPolicyBody = 8 << 20
+
+// CodeInvalidPolicy is the code of a policy document that does not parse.
+const CodeInvalidPolicy = "invalid-policy" // 400
+
+// putPolicy imports YAML or JSON policy documents, all or nothing.
+func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
+	if len(r.URL.Query()) > 0 {
+		return badRequest("PUT /v1/policy takes no query parameters")
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxPolicyBody+1))
+	if err != nil {
+		return badRequest("reading body: " + err.Error())
+	}
+	if len(body) > maxPolicyBody {
+		return &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", maxPolicyBody)}
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, _ := mime.ParseMediaType(ct)
+		trimmed := strings.TrimSpace(string(body))
+		if mt == "application/json" && !strings.HasPrefix(trimmed, "{") && !strings.HasPrefix(trimmed, "[") {
+			return &apiError{http.StatusBadRequest, CodeInvalidPolicy, "Content-Type is application/json but the body is not a JSON object or list"}
+		}
+	}
+	pols, err := policy.Parse(body)
+	if err != nil {
+		return &apiError{http.StatusBadRequest, CodeInvalidPolicy, err.Error()}
+	}
+	res, err := s.policyAsk(r.Context(), &messages.PolicyImport{Policies: pols})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &models.PolicyImportResponse{Revision: res.Revision, Policies: res.Names})
+	return nil
+}
+
+func (s *Server) policyAsk(ctx context.Context, msg any) (*messages.PolicyResult, error) {
+	res, err := s.sys.Ask(ctx, s.sys.Policy, msg)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(*messages.PolicyResult)
+	if !ok {
+		return nil, fmt.Errorf("unexpected answer %T", res)
+	}
+	return r, r.Err
+}
+
+// listPolicies answers from the index.
+func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request) {
+	if len(r.URL.Query()) > 0 {
+		writeError(w, badRequest("GET /v1/policy takes no query parameters"))
+		return
+	}
+	rows := s.ix.Policies()
+	out := &models.PolicyList{Revision: s.ix.PolicyRevisionNow(), Policies: make([]*models.Policy, 0, len(rows))}
+	for _, row := range rows {
+		p := row.Policy
+		labels := p.Labels
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		out.Policies = append(out.Policies, &models.Policy{Name: p.Name, Namespace: p.Namespace, Kind: p.Kind, Labels: labels, Spec: p.Spec})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deletePolicy deletes by ?name=ns/name or ?labels=k=v,...
+func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) error {
+	msg, err := policyDeleteQuery(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	res, err := s.policyAsk(r.Context(), msg)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &models.PolicyDeleteResponse{Revision: res.Revision, Deleted: res.Deleted})
+	return nil
+}
+
+func policyDeleteQuery(q url.Values) (*messages.PolicyDelete, error) {
+	for k := range q {
+		if k != "name" && k != "labels" {
+			return nil, badRequest(fmt.Sprintf("unknown query parameter %q (want name or labels)", k))
+		}
+	}
+	name, sel := q.Get("name"), q.Get("labels")
+	switch {
+	case (name == "") == (sel == ""):
+		return nil, badRequest("give exactly one of the query parameters name (namespace/name) or labels (k=v,...)")
+	case name != "":
+		if !strings.Contains(name, "/") {
+			name = policy.DefaultNamespace + "/" + name
+		}
+		return &messages.PolicyDelete{Name: name}, nil
+	}
+	m := map[string]string{}
+	for _, kv := range strings.Split(sel, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, badRequest(fmt.Sprintf("query parameter labels: %q is not key=value", kv))
+		}
+		m[k] = v
+	}
+	return &messages.PolicyDelete{Labels: m}, nil
+}
+
+// getEndpointPolicy answers the computed policy (from the index) and the
+// realised one (read back through the worker pool).
+func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.resolve(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := &models.EndpointPolicy{ID: int64(ep.ID), Identity: uint32(ep.Identity), Computed: []models.PolicyEntry{}}
+	if m := ep.Policy; m != nil {
+		out.PolicyRevision, out.IngressEnforced, out.EgressEnforced = m.Revision, m.IngressEnforced, m.EgressEnforced
+		for _, k := range m.Allow {
+			out.Computed = append(out.Computed, entryModel(k))
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	entries, in, eg, err := s.dumpPolicy(ctx, ep.ID)
+	if err != nil {
+		out.RealizedError = err.Error()
+	} else {
+		out.Realized = make([]models.RealizedPolicyEntry, 0, len(entries))
+		for _, e := range entries {
+			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes})
+		}
+		out.RealizedIngressEnforced, out.RealizedEgressEnforced = in, eg
+	}
+	if out.Drops, err = s.readDrops(ctx, ep.ID, false); err != nil {
+		out.DropsError = err.Error()
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// policyDump is the value a dump-policy pool job answers.
+type policyDump struct {
+	entries         []datapath.PolicyEntry
+	ingress, egress bool
+}
+
+// dumpPolicy reads an endpoint's policy map in the datapath worker pool.
+func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) ([]datapath.PolicyEntry, bool, bool, error) {
+	d, ok := s.sys.Datapath.(datapath.PolicyDumper)
+	if !ok {
+		return nil, false, false, fmt.Errorf("the %s datapath cannot read back policy", s.sys.Datapath.Name())
+	}
+	work := &messages.DatapathWork{Op: "dump-policy", Endpoint: id, Run: func(c context.Context) (any, error) {
+		e, in, eg, err := d.DumpPolicy(c, id)
+		return &policyDump{entries: e, ingress: in, egress: eg}, err
+	}}
+	res, err := s.sys.Ask(ctx, s.sys.Pool, work)
+	if err != nil {
+		return nil, false, false, err
+	}
+	r, ok := res.(*messages.DatapathResult)
+	if !ok {
+		return nil, false, false, fmt.Errorf("unexpected answer %T", res)
+	}
+	if r.Err != nil {
+		return nil, false, false, r.Err
+	}
+	pd := r.Value.(*policyDump)
+	return pd.entries, pd.ingress, pd.egress, nil
+}
+
+func entryModel(k policy.Key) models.PolicyEntry {
+	return models.PolicyEntry{Identity: uint32(k.Identity), Port: k.Port, Protocol: protoName(k.Proto), Direction: k.Dir.String()}
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case policy.ProtoAny:
+		return "ANY"
+	case policy.ProtoTCP:
+		return "TCP"
+	case policy.ProtoUDP:
+		return "UDP"
+	case policy.ProtoSCTP:
+		return "SCTP"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// listIPCache answers from the index.
+func (s *Server) listIPCache(w http.ResponseWriter, r *http.Request) {
+	if len(r.URL.Query()) > 0 {
+		writeError(w, badRequest("GET /v1/ipcache takes no query parameters"))
+		return
+	}
+	rows := s.ix.IPCache()
+	out := make([]models.IPCacheEntry, 0, len(rows))
+	for _, e := range rows {
+		out = append(out, models.IPCacheEntry{CIDR: e.Prefix.String(), Identity: uint32(e.Identity), Source: e.Source})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// isPolicyNotFound reports a delete by name that matched nothing.
+func isPolicyNotFound(err error) bool { return errors.Is(err, policy.ErrNotFound) }

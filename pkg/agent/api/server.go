@@ -1,0 +1,340 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+)
+
+var (
+	// ErrSocketInUse is returned by Listen when another process serves the socket.
+	ErrSocketInUse = errors.New("socket in use by another process")
+	// ErrInvalidConfig is wrapped by Config validation errors.
+	ErrInvalidConfig = errors.New("invalid api config")
+)
+
+// Config configures the API server.
+type Config struct {
+	// MaxInFlight bounds concurrent mutating requests; more wait (default 512).
+	MaxInFlight int
+	// RequestTimeout bounds one request's wait for the actors (default 60 s).
+	RequestTimeout time.Duration
+	// Metrics records API latency and serves GET /metrics (nil: the
+	// server creates its own).
+	Metrics *metrics.Metrics
+	// Pprof serves /debug/pprof/ (on the socket and the HTTP listener).
+	Pprof bool
+}
+
+// Server is the REST API.
+type Server struct {
+	cfg     Config
+	sys     *actors.System
+	ix      *index.Index
+	log     *slog.Logger
+	ready   atomic.Bool
+	closing atomic.Bool
+	sem     chan struct{}
+	started time.Time
+	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
+	text    rangesText                  // ranges spelled for answers
+	mux     *http.ServeMux
+	http    *http.Server
+	// streamsDone is closed by Shutdown to end event streams, which
+	// http.Server.Shutdown would otherwise wait for.
+	streamsDone chan struct{}
+	closeOnce   sync.Once
+	health      atomic.Pointer[func() *models.HealthStatus]
+}
+
+// SetHealth installs the health endpoint's status for GET /v1/status.
+func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
+
+// New creates a server for sys. It refuses mutating calls until SetReady.
+func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 512
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 60 * time.Second
+	}
+	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 {
+		return nil, fmt.Errorf("api config: MaxInFlight and RequestTimeout must not be negative: %w", ErrInvalidConfig)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	s := &Server{cfg: cfg, sys: sys, ix: sys.Index, log: log.With("component", "api"),
+		sem: make(chan struct{}, cfg.MaxInFlight), started: time.Now(), ranges: map[ipam.Family]*ipam.Range{},
+		streamsDone: make(chan struct{})}
+	for fam, p := range map[ipam.Family]netip.Prefix{ipam.IPv4: sys.Config.IPAM.IPv4, ipam.IPv6: sys.Config.IPAM.IPv6} {
+		if p.IsValid() {
+			r, err := ipam.NewRange(p, ipam.Sequential, nil)
+			if err != nil {
+				return nil, fmt.Errorf("api: %s range: %w", fam, err)
+			}
+			s.ranges[fam] = r
+		}
+	}
+	s.text = newRangesText(s.ranges)
+	s.routes()
+	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	return s, nil
+}
+
+// SetReady lets mutating calls through (after restore).
+func (s *Server) SetReady() { s.ready.Store(true) }
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /v1/healthz", s.healthz)
+	m.HandleFunc("GET /v1/status", s.status)
+	m.HandleFunc("PUT /v1/endpoint/{id}", s.mutating(s.putEndpoint))
+	m.HandleFunc("GET /v1/endpoint/{id}", s.getEndpoint)
+	m.HandleFunc("GET /v1/endpoint", s.listEndpoints)
+	m.HandleFunc("DELETE /v1/endpoint/{id}", s.mutating(s.deleteEndpoint))
+	m.HandleFunc("DELETE /v1/endpoint", s.mutating(s.deleteEndpointBatch))
+	m.HandleFunc("PATCH /v1/endpoint/{id}/labels", s.mutating(s.patchLabels))
+	m.HandleFunc("POST /v1/endpoint/{id}/regenerate", s.mutating(s.regenerate))
+	m.HandleFunc("GET /v1/endpoint/{id}/healthz", s.subresource("healthz", s.endpointHealth))
+	m.HandleFunc("POST /v1/ipam", s.mutating(s.allocateIP))
+	m.HandleFunc("DELETE /v1/ipam/{ip}", s.mutating(s.releaseIP))
+	m.HandleFunc("GET /v1/ipam", s.ipamStatus)
+	m.HandleFunc("POST /v1/gc", s.mutating(s.gc))
+	// pod-name:<ns>/<pod> references with an unescaped '/'.
+	m.HandleFunc("PUT /v1/endpoint/{id}/{pod}", s.mutating(s.putEndpoint))
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}", s.getEndpoint)
+	m.HandleFunc("DELETE /v1/endpoint/{id}/{pod}", s.mutating(s.deleteEndpoint))
+	m.HandleFunc("PATCH /v1/endpoint/{id}/{pod}/labels", s.mutating(s.patchLabels))
+	m.HandleFunc("POST /v1/endpoint/{id}/{pod}/regenerate", s.mutating(s.regenerate))
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/healthz", s.endpointHealth)
+	m.HandleFunc("GET /v1/identity", s.listIdentities)
+	m.HandleFunc("GET /v1/identity/{id}", s.getIdentity)
+	m.HandleFunc("PUT /v1/policy", s.mutating(s.putPolicy))
+	m.HandleFunc("GET /v1/policy", s.listPolicies)
+	m.HandleFunc("DELETE /v1/policy", s.mutating(s.deletePolicy))
+	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.subresource("policy", s.getEndpointPolicy))
+	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/policy", s.getEndpointPolicy)
+	m.HandleFunc("GET /v1/ipcache", s.listIPCache)
+	m.HandleFunc("GET /v1/drops", s.listDrops)
+	s.operatorRoutes(m)
+	s.mux = m
+}
+
+// subresource serves h, unless {id} is a pod-name reference without its
+// pod ("pod-name:<ns>"): then the path names a pod called like the
+// sub-resource (pod-name:default/healthz) and reads that endpoint.
+func (s *Server) subresource(name string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if id := r.PathValue("id"); strings.HasPrefix(id, "pod-name:") && !strings.Contains(id, "/") {
+			r.SetPathValue("pod", name)
+			s.getEndpoint(w, r)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// ServeHTTP implements http.Handler: JSON errors for unknown routes and
+// methods, panics turned into 500s. The mux routes each request once;
+// its own 404 and 405 answers are caught by the codeWriter (the request
+// has no pattern then) and replaced by JSON errors here.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start, rec := time.Now(), &codeWriter{ResponseWriter: w, req: r}
+	s.serve(rec, r)
+	pattern := r.Pattern
+	if pattern == eventsRoute {
+		return
+	}
+	if pattern == "" {
+		pattern = "unmatched"
+	}
+	s.cfg.Metrics.ObserveRequest(pattern, r.Method, rec.code(), time.Since(start))
+}
+
+// serve routes r and runs its handler.
+func (s *Server) serve(w *codeWriter, r *http.Request) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
+			w.answering = true
+			writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "internal error"})
+		}
+	}()
+	if r.RequestURI != "*" { // the mux would answer "*" with a bare 400
+		s.mux.ServeHTTP(w, r) // sets r.Pattern and the path values
+		if r.Pattern != "" {
+			return
+		}
+	}
+	w.answering = true
+	if w.unmatched.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", w.unmatched.header.Get("Allow"))
+		writeError(w, &apiError{http.StatusMethodNotAllowed, CodeMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)})
+		return
+	}
+	writeError(w, notFound(fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)))
+}
+
+// mutating refuses calls while starting or stopping and bounds how many
+// run at once; callers beyond the bound wait (back-pressure).
+func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case s.closing.Load():
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeShuttingDown, "agent is shutting down"})
+			return
+		case !s.ready.Load():
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeStarting, "agent is starting (restoring endpoints); retry"})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		if !s.acquire(ctx) {
+			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
+			return
+		}
+		defer func() { <-s.sem }()
+		if err := h(w, r.WithContext(ctx)); err != nil {
+			writeError(w, err)
+		}
+	}
+}
+
+// jsonContentType is the Content-Type header value of every JSON answer,
+// assigned to response headers without a copy: nothing modifies it.
+var jsonContentType = []string{"application/json"}
+
+// jsonWriter is an encoder bound to a writer that can be re-pointed,
+// pooled so that an answer does not allocate an encoder.
+type jsonWriter struct {
+	w   io.Writer
+	enc *json.Encoder
+}
+
+func (jw *jsonWriter) Write(b []byte) (int, error) { return jw.w.Write(b) }
+
+var jsonWriters = sync.Pool{New: func() any {
+	jw := &jsonWriter{}
+	jw.enc = json.NewEncoder(jw)
+	return jw
+}}
+
+// acquire takes a slot of the in-flight bound, waiting until ctx ends.
+// A free slot is taken without ctx.Done (which allocates a channel).
+func (s *Server) acquire(ctx context.Context) bool {
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// writeJSON answers status with v encoded as json.Encoder does
+// (HTML-escaped, one trailing newline). Endpoint answers have their
+// own writer (writeEndpoint).
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(status)
+	jw := jsonWriters.Get().(*jsonWriter)
+	jw.w = w
+	_ = jw.enc.Encode(v)
+	jw.w = nil
+	jsonWriters.Put(jw)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := classify(err)
+	writeJSON(w, status, &models.Error{Code: code, Message: err.Error()})
+}
+
+// Listen opens the unix socket at path with the given mode, removing a
+// stale socket file left by a previous agent. Returns ErrSocketInUse if
+// another process answers on it.
+func Listen(path string, mode os.FileMode) (net.Listener, error) {
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, ErrSocketInUse)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+		}
+	}
+	// The umask is process-wide: changing it around bind(2) would race
+	// with every other file the process creates. The socket is made in a
+	// private directory (0700), chmod-ed there and renamed into place, so
+	// that it is never reachable with the umask's mode.
+	tmpDir, err := os.MkdirTemp(filepath.Dir(path), ".s")
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, "s")
+	if len(tmp) >= maxSocketPath {
+		tmp = path // no room for the detour: bind in place, then chmod
+	}
+	l, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	// Stop and Crash decide whether the socket file goes; Close never
+	// unlinks it (after the rename it would name the wrong file).
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
+	}
+	if tmp != path {
+		if err := os.Rename(tmp, path); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, err)
+		}
+	}
+	return l, nil
+}
+
+// maxSocketPath is the size of sockaddr_un's sun_path on Linux,
+// terminating NUL included.
+const maxSocketPath = 108
+
+// Serve serves on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	err := s.http.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections and waits for in-flight requests.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.closeOnce.Do(func() { close(s.streamsDone) })
+	return s.http.Shutdown(ctx)
+}

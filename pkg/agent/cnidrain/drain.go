@@ -1,0 +1,149 @@
+// Package cnidrain is the agent's half of the CNI plugin's contracts:
+// it drains the delete queue membrane-cni writes while the agent is
+// unreachable. (Endpoints whose host interface vanished are deleted by
+// the garbage collector actor, actors/gc.go.) It talks to the actor system directly
+// because it runs before the API accepts mutating calls. Kernel work goes
+// through the datapath worker pool.
+package cnidrain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+)
+
+// opTimeout bounds the handling of one queued deletion or lost endpoint.
+const opTimeout = 30 * time.Second
+
+// Drain handles every queued deletion in dir: the container's endpoint is
+// deleted (releasing its addresses and tearing its host veth down); if
+// the agent has no such endpoint, the entry's addresses are released when
+// they are still allocated to the entry's pod and bound to no endpoint,
+// and the host veth is torn down. Handled entries are removed; entries
+// that fail stay for the next drain, undecodable ones are removed with a
+// warning. Returns how many entries were handled.
+func Drain(ctx context.Context, sys *actors.System, dir string, log *slog.Logger) (int, error) {
+	paths, err := delqueue.List(dir)
+	if err != nil || len(paths) == 0 {
+		return 0, err
+	}
+	log = log.With("component", "delete-queue")
+	done := 0
+	var firstErr error
+	for _, path := range paths {
+		e, err := delqueue.Read(path)
+		if errors.Is(err, delqueue.ErrInvalidEntry) {
+			log.Warn("dropping undecodable delete queue entry", "path", path, "err", err)
+			_ = delqueue.Remove(path)
+			continue
+		}
+		if err == nil {
+			err = handle(ctx, sys, e)
+		}
+		if err != nil {
+			log.Warn("queued deletion failed; kept for the next drain", "path", path, "err", err)
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if err := delqueue.Remove(path); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		log.Info("queued deletion done", "container", e.ContainerID, "queued", e.Queued)
+		done++
+	}
+	return done, firstErr
+}
+
+func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if ep, ok := sys.Index.EndpointByContainerID(e.ContainerID); ok {
+		err := deleteEndpoint(ctx, sys, ep.ID)
+		if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
+			return fmt.Errorf("delete endpoint of container %s: %w", e.ContainerID, err)
+		}
+		return nil
+	}
+	for _, raw := range e.IPs {
+		ip, err := netip.ParseAddr(raw)
+		if err != nil {
+			continue
+		}
+		row, ok := sys.Index.IP(ip.Unmap())
+		if !ok || row.Endpoint != 0 || row.Owner != e.Owner() {
+			continue
+		}
+		res, err := sys.Ask(ctx, sys.IPAM, &messages.IPAMRelease{IP: ip.Unmap()})
+		if err == nil {
+			err = res.(*messages.IPAMReleased).Err
+		}
+		if err != nil {
+			return fmt.Errorf("release %s of container %s: %w", ip, e.ContainerID, err)
+		}
+	}
+	if e.HostInterface == "" {
+		return nil
+	}
+	dp := sys.Datapath
+	gone := &endpoint.Endpoint{IfName: e.HostInterface, ContainerID: e.ContainerID}
+	return runInPool(ctx, sys, "remove", func(ctx context.Context) error { return dp.Remove(ctx, gone) })
+}
+
+func deleteEndpoint(ctx context.Context, sys *actors.System, id endpoint.ID) error {
+	res, err := sys.Ask(ctx, sys.Endpoints, &messages.DeleteEndpoint{ID: id})
+	if err != nil {
+		return err
+	}
+	if r, ok := res.(*messages.EndpointResult); ok && r.Err != nil {
+		if errors.Is(r.Err, actors.ErrEndpointDeleting) {
+			return nil
+		}
+		return r.Err
+	}
+	return nil
+}
+
+// runInPool runs fn in the datapath worker pool and waits for it.
+func runInPool(ctx context.Context, sys *actors.System, op string, fn func(context.Context) error) error {
+	work := &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }}
+	res, err := sys.Ask(ctx, sys.Pool, work)
+	if err != nil {
+		return err
+	}
+	return res.(*messages.DatapathResult).Err
+}
+
+// Submit returns a LinuxHooks.Submit that sends work to the pool without
+// waiting for it.
+func Submit(sys *actors.System) func(op string, fn func(context.Context) error) {
+	return func(op string, fn func(context.Context) error) {
+		sys.Actors.Root.Send(sys.Pool, &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }})
+	}
+}
+
+// DrainLoop drains dir every interval until ctx ends (it catches entries
+// written while the agent was starting).
+func DrainLoop(ctx context.Context, sys *actors.System, dir string, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := Drain(ctx, sys, dir, log); err != nil {
+				log.Warn("draining the delete queue", "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,394 @@
+package cni_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+)
+
+// podIP returns the address of the ADD's result and checks its shape.
+func podIP(t *testing.T, res *types100.Result, p *pod, gw netip.Addr) netip.Addr {
+	t.Helper()
+	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "eth0" || res.Interfaces[1].Sandbox != p.ns.Path {
+		t.Fatalf("result interfaces = %+v", res.Interfaces)
+	}
+	host, _ := cni.VethNames(p.rt.ContainerID)
+	if res.Interfaces[0].Name != host || res.Interfaces[0].Sandbox != "" {
+		t.Fatalf("result host interface = %+v, want %s", res.Interfaces[0], host)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Interface == nil || *res.IPs[0].Interface != 1 {
+		t.Fatalf("result ips = %+v", res.IPs)
+	}
+	if got := res.IPs[0].Gateway.String(); got != gw.String() {
+		t.Fatalf("result gateway = %s, want %s", got, gw)
+	}
+	if ones, _ := res.IPs[0].Address.Mask.Size(); ones != 32 {
+		t.Fatalf("result address %s is not a /32", res.IPs[0].Address.String())
+	}
+	if len(res.Routes) != 2 {
+		t.Fatalf("result routes = %v", res.Routes)
+	}
+	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
+	return ip
+}
+
+// verifyPod checks eth0 inside the pod's netns: up, MTU, the /32, the
+// link route to the gateway and the default route via it.
+func verifyPod(t *testing.T, p *pod, ip, gw netip.Addr) {
+	t.Helper()
+	nl := p.ns.Netlink(t)
+	link, err := nl.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("eth0 in pod: %v", err)
+	}
+	if link.Attrs().MTU != 1400 || link.Attrs().Flags&net.FlagUp == 0 || link.Type() != "veth" {
+		t.Fatalf("eth0 = mtu %d flags %v type %s", link.Attrs().MTU, link.Attrs().Flags, link.Type())
+	}
+	addrs, err := nl.AddrList(link, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != ip.String()+"/32" {
+		t.Fatalf("eth0 addresses = %v, %v; want %s/32", addrs, err, ip)
+	}
+	routes, err := nl.RouteList(link, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var linkRoute, defRoute bool
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.String() == gw.String()+"/32" && r.Scope == netlink.SCOPE_LINK {
+			linkRoute = true
+		}
+		if (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && r.Gw.String() == gw.String() {
+			defRoute = true
+		}
+	}
+	if !linkRoute || !defRoute {
+		t.Fatalf("eth0 routes = %v; want %s/32 scope link and default via %s", routes, gw, gw)
+	}
+}
+
+func TestAddCheckDel(t *testing.T) {
+	e := newEnv(t, "10.244.10.0/24")
+	e.startAgent(nil)
+	gw := netip.MustParseAddr("10.244.10.1")
+	a, b := e.newPod("web-a"), e.newPod("web-b")
+	resA, resB := e.mustAdd(a), e.mustAdd(b)
+	ipA, ipB := podIP(t, resA, a, gw), podIP(t, resB, b, gw)
+	verifyPod(t, a, ipA, gw)
+	verifyPod(t, b, ipB, gw)
+
+	// The agent knows both endpoints, ready, with what the plugin sent.
+	ep, err := e.client().EndpointGet(context.Background(), "container-id:"+a.rt.ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := cni.VethNames(a.rt.ContainerID)
+	if ep.State != "ready" || ep.InterfaceName != host || ep.InterfaceIndex == 0 || ep.Netns != a.ns.Path ||
+		ep.K8sNamespace != "default" || ep.K8sPodName != "web-a" || ep.Addressing.IPv4 != ipA.String() ||
+		ep.ContainerInterfaceName != "eth0" || ep.Mac != resA.Interfaces[1].Mac || ep.HostMac != resA.Interfaces[0].Mac {
+		t.Fatalf("endpoint = %+v", ep)
+	}
+
+	// Pods reach each other and the gateway.
+	for _, target := range []string{ipB.String(), gw.String()} {
+		if out, err := a.ns.Exec("ping", "-c", "1", "-W", "5", target); err != nil {
+			t.Fatalf("ping %s from pod a: %v\n%s", target, err, out)
+		}
+	}
+	if out, err := b.ns.Exec("ping", "-c", "1", "-W", "5", ipA.String()); err != nil {
+		t.Fatalf("ping pod a from pod b: %v\n%s", err, out)
+	}
+
+	if err := e.check(a); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+
+	// DEL releases the endpoint and the address at once; the host veth
+	// goes lazily; a second DEL is success.
+	for i := range 2 {
+		if err := e.del(a); err != nil {
+			t.Fatalf("DEL #%d: %v", i+1, err)
+		}
+	}
+	if _, err := e.client().EndpointGet(context.Background(), "container-id:"+a.rt.ContainerID); err == nil {
+		t.Fatal("endpoint still exists after DEL")
+	}
+	if e.allocated(ipA) {
+		t.Fatalf("%s still allocated after DEL", ipA)
+	}
+	eventually(t, "host veth of pod a to go", func() bool { return !e.hostLinkExists(a) })
+
+	// CHECK of a deleted attachment fails; pod b is untouched.
+	if err := e.check(b); err != nil {
+		t.Fatalf("CHECK of pod b: %v", err)
+	}
+	if err := e.del(b); err != nil {
+		t.Fatalf("DEL b: %v", err)
+	}
+}
+
+// TestWithoutKubernetes: a runtime that sends no K8S_* args (cnitool,
+// podman) still gets an endpoint, labelled with the network's name.
+func TestWithoutKubernetes(t *testing.T) {
+	e := newEnv(t, "10.244.20.0/24")
+	e.startAgent(nil)
+	p := e.newPod("plain")
+	p.rt.Args = nil
+	e.mustAdd(p)
+	ep, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
+	if err != nil || ep.State != "ready" || len(ep.Labels) != 1 || ep.Labels[0] != "cni:network="+e.network {
+		t.Fatalf("endpoint = %+v, %v", ep, err)
+	}
+	if err := e.del(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReAddSameNetns: DEL then ADD again in the same netns right away
+// (a runtime retrying a sandbox) works although the old pair is only torn
+// down lazily.
+func TestReAddSameNetns(t *testing.T) {
+	e := newEnv(t, "10.244.11.0/24")
+	e.startAgent(func(c *agent.Config) { c.Linux.TeardownDelay = time.Hour })
+	p := e.newPod("retry")
+	e.mustAdd(p)
+	if err := e.del(p); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if !e.hostLinkExists(p) {
+		t.Fatal("host veth gone before the teardown delay; the test does not exercise the stale path")
+	}
+	res := e.mustAdd(p)
+	ip := podIP(t, res, p, netip.MustParseAddr("10.244.11.1"))
+	verifyPod(t, p, ip, netip.MustParseAddr("10.244.11.1"))
+	if out, err := p.ns.Exec("ping", "-c", "1", "-W", "5", "10.244.11.1"); err != nil {
+		t.Fatalf("ping gateway after re-ADD: %v\n%s", err, out)
+	}
+	// A second ADD of a live attachment is refused and leaves it intact.
+	if _, err := e.add(p); cniCode(err) != cni.CodeInterfaceExists {
+		t.Fatalf("duplicate ADD = %v, want code %d", err, cni.CodeInterfaceExists)
+	}
+	if err := e.check(p); err != nil {
+		t.Fatalf("CHECK after refused duplicate ADD: %v", err)
+	}
+}
+
+func TestDelWhileAgentDown(t *testing.T) {
+	e := newEnv(t, "10.244.12.0/24")
+	e.startAgent(nil)
+	p := e.newPod("queued")
+	e.mustAdd(p)
+	e.stopAgent()
+
+	if err := e.del(p); err != nil {
+		t.Fatalf("DEL with the agent stopped: %v", err)
+	}
+	paths, err := delqueue.List(e.queue)
+	if err != nil || len(paths) != 1 {
+		t.Fatalf("delete queue = %v, %v; want one entry", paths, err)
+	}
+	entry, err := delqueue.Read(paths[0])
+	if err != nil || entry.ContainerID != p.rt.ContainerID || len(entry.IPs) != 1 {
+		t.Fatalf("queued entry = %+v, %v", entry, err)
+	}
+	if !e.hostLinkExists(p) {
+		t.Fatal("host veth gone before the agent came back")
+	}
+
+	e.startAgent(nil) // drains the queue before it turns ready
+	if paths, _ := delqueue.List(e.queue); len(paths) != 0 {
+		t.Fatalf("delete queue after start = %v", paths)
+	}
+	eventually(t, "queued deletion to remove the host veth", func() bool { return !e.hostLinkExists(p) })
+	if _, err := p.ns.Netlink(t).LinkByName("eth0"); err == nil {
+		t.Fatal("eth0 still in the pod after the queued deletion")
+	}
+}
+
+func TestDeleteQueueFull(t *testing.T) {
+	e := newEnv(t, "10.244.13.0/24")
+	for i := range delqueue.MaxEntries {
+		if _, err := delqueue.Write(e.queue, &delqueue.Entry{ContainerID: "old" + strings.Repeat("x", i%3) + string(rune('a'+i%26)) + itoa(i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := e.newPod("full")
+	err := e.del(p) // no agent
+	if cniCode(err) != types.ErrTryAgainLater {
+		t.Fatalf("DEL with a full queue = %v, want code 11", err)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestAddFailureRollsBack(t *testing.T) {
+	t.Run("ipam exhausted", func(t *testing.T) {
+		e := newEnv(t, "10.244.14.0/30") // one allocatable address
+		e.startAgent(nil)
+		first := e.newPod("first")
+		e.mustAdd(first)
+		p := e.newPod("second")
+		_, err := e.add(p)
+		if cniCode(err) != cni.CodeIPAMExhausted {
+			t.Fatalf("ADD = %v, want code %d", err, cni.CodeIPAMExhausted)
+		}
+		assertNothingLeft(t, e, p)
+		if err := e.status(); cniCode(err) != types.ErrPluginNotAvailable {
+			t.Fatalf("STATUS with an exhausted pool = %v, want 50", err)
+		}
+	})
+	t.Run("agent gone", func(t *testing.T) {
+		e := newEnv(t, "10.244.15.0/24")
+		p := e.newPod("orphan")
+		_, err := e.add(p)
+		if cniCode(err) != cni.CodeAgentUnreachable {
+			t.Fatalf("ADD = %v, want code %d", err, cni.CodeAgentUnreachable)
+		}
+		assertNothingLeft(t, e, p)
+	})
+	t.Run("interface name taken in the netns", func(t *testing.T) {
+		e := newEnv(t, "10.244.21.0/24")
+		e.startAgent(nil)
+		p := e.newPod("taken")
+		nl := p.ns.Netlink(t)
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = "eth0"
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "other0"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.add(p); cniCode(err) != cni.CodeInterfaceExists {
+			t.Fatalf("ADD = %v, want code %d", err, cni.CodeInterfaceExists)
+		}
+		if e.hostLinkExists(p) {
+			t.Fatal("host veth left behind")
+		}
+		links, _ := nl.LinkList()
+		if len(links) != 3 { // lo, eth0, other0
+			t.Fatalf("pod netns links = %d, want the 3 it had", len(links))
+		}
+		st, err := e.client().IPAMStatus(context.Background())
+		if err != nil || len(st.IPv4.Allocations) != 0 {
+			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
+		}
+	})
+	t.Run("endpoint fails after veth and address", func(t *testing.T) {
+		e := newEnv(t, "10.244.16.0/24")
+		fake := datapath.NewFake(1)
+		fake.Set(datapath.FakeHooks{BeforeRealize: func(context.Context, *endpoint.Endpoint, uint64) error {
+			return errors.New("injected")
+		}})
+		e.startAgent(func(c *agent.Config) { c.Datapath, c.Fake = "fake", fake })
+		p := e.newPod("broken")
+		_, err := e.add(p)
+		if cniCode(err) != cni.CodeAgentError {
+			t.Fatalf("ADD = %v, want code %d", err, cni.CodeAgentError)
+		}
+		assertNothingLeft(t, e, p)
+		st, err := e.client().IPAMStatus(context.Background())
+		if err != nil || len(st.IPv4.Allocations) != 0 {
+			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
+		}
+	})
+}
+
+// assertNothingLeft checks a failed ADD left no veth and no endpoint.
+func assertNothingLeft(t *testing.T, e *env, p *pod) {
+	t.Helper()
+	if e.hostLinkExists(p) {
+		t.Fatal("host veth left behind")
+	}
+	links, err := p.ns.Netlink(t).LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		if l.Attrs().Name != "lo" {
+			t.Fatalf("interface %s left in the pod's netns", l.Attrs().Name)
+		}
+	}
+	if e.agent != nil {
+		if _, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID); err == nil {
+			t.Fatal("endpoint left behind")
+		}
+	}
+}
+
+func TestStatusAndGC(t *testing.T) {
+	e := newEnv(t, "10.244.17.0/24")
+	if err := e.status(); cniCode(err) != types.ErrPluginNotAvailable {
+		t.Fatalf("STATUS without agent = %v, want 50", err)
+	}
+	e.startAgent(nil)
+	if err := e.status(); err != nil {
+		t.Fatalf("STATUS: %v", err)
+	}
+	keep, drop := e.newPod("keep"), e.newPod("drop")
+	e.mustAdd(keep)
+	resDrop := e.mustAdd(drop)
+	dropIP := podIP(t, resDrop, drop, netip.MustParseAddr("10.244.17.1"))
+
+	if err := e.gc(keep); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if _, err := e.client().EndpointGet(context.Background(), "container-id:"+drop.rt.ContainerID); err == nil {
+		t.Fatal("GC kept the endpoint of an attachment not listed")
+	}
+	if e.allocated(dropIP) {
+		t.Fatalf("GC kept %s allocated", dropIP)
+	}
+	eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(drop) })
+	if err := e.check(keep); err != nil {
+		t.Fatalf("CHECK of the kept pod after GC: %v", err)
+	}
+}
+
+// TestInterfaceVanishes: when a pod's netns disappears without a DEL,
+// the agent's garbage collector deletes the endpoint (two passes) and frees its address.
+func TestInterfaceVanishes(t *testing.T) {
+	e := newEnv(t, "10.244.18.0/24")
+	e.startAgent(nil)
+	p := e.newPod("vanish")
+	ip := podIP(t, e.mustAdd(p), p, netip.MustParseAddr("10.244.18.1"))
+	if err := p.ns.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the endpoint to be deleted", func() bool {
+		_, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
+		return err != nil
+	})
+	eventually(t, "the address to be released", func() bool { return !e.allocated(ip) })
+}
+
+func TestSpecVersions(t *testing.T) {
+	e := newEnv(t, "10.244.19.0/24")
+	e.startAgent(nil)
+	for _, v := range cni.SupportedVersions {
+		t.Run(v, func(t *testing.T) {
+			e.conf = e.conflist(v)
+			p := e.newPod("v" + strings.ReplaceAll(v, ".", ""))
+			e.mustAdd(p)
+			if v != "0.3.1" {
+				if err := e.check(p); err != nil {
+					t.Fatalf("CHECK: %v", err)
+				}
+			}
+			if err := e.del(p); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,266 @@
+package cni_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// pluginDir holds the membrane-cni binary built once for the package.
+var pluginDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "membrane-cni-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
+		"github.com/membrane-cni/membrane/cmd/membrane-cni")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build` builds it
+	out, err := build.CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build membrane-cni: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	pluginDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// logBuffer collects the agent's log and prints it if the test failed.
+type logBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// env is one test's world: a netns standing in for the host (where the
+// agent's datapath and the plugin work), an agent on a temp socket, and
+// libcni with a conflist pointing at both.
+type env struct {
+	t       *testing.T
+	host    *testutil.NS
+	dir     string
+	socket  string
+	queue   string
+	cidr    netip.Prefix
+	logs    *logBuffer
+	agent   *agent.Agent
+	fake    *datapath.Fake // set when the agent runs the fake datapath
+	cni     *libcni.CNIConfig
+	conf    *libcni.NetworkConfigList
+	network string
+	bpffs   string // the Linux datapath's pins, kept across agent restarts
+}
+
+func newEnv(t *testing.T, cidr string) *env {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	e := &env{t: t, host: testutil.NewNS(t, "mbt-host"), dir: dir, socket: filepath.Join(dir, "agent.sock"),
+		queue: filepath.Join(dir, "delete-queue"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{},
+		network: "membrane-test", bpffs: testutil.BPFFSDir(t)}
+	e.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), nil)
+	e.conf = e.conflist("1.1.0")
+	t.Cleanup(func() {
+		e.stopAgent()
+		if t.Failed() {
+			t.Logf("agent log:\n%s", e.logs.String())
+		}
+	})
+	return e
+}
+
+func (e *env) conflist(version string) *libcni.NetworkConfigList {
+	e.t.Helper()
+	raw := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1400}]}`,
+		version, e.network, e.socket, e.queue)
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		e.t.Fatalf("conflist: %v", err)
+	}
+	return conf
+}
+
+// startAgent starts an in-process agent on the linux datapath in the
+// test's host netns; mod may change the config (e.g. to the fake datapath).
+func (e *env) startAgent(mod func(*agent.Config)) {
+	e.t.Helper()
+	cfg := agent.Config{
+		Socket: e.socket, StateDir: filepath.Join(e.dir, "state"), IPv4Range: e.cidr, Datapath: "linux",
+		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs, TeardownDelay: 200 * time.Millisecond},
+		DeleteQueueDir: e.queue, DeleteQueueInterval: time.Hour, GCInterval: time.Second,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.fake = cfg.Fake
+	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a, err := agent.Start(cfg, log)
+	if err != nil {
+		e.t.Fatalf("start agent: %v", err)
+	}
+	e.agent = a
+}
+
+func (e *env) stopAgent() {
+	if e.agent == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.agent.Stop(ctx); err != nil {
+		e.t.Errorf("stop agent: %v", err)
+	}
+	e.agent = nil
+}
+
+func (e *env) client() *client.Client {
+	c := client.New(e.socket)
+	e.t.Cleanup(c.Close)
+	return c
+}
+
+// pod is a sandbox: its netns and the runtime's view of it.
+type pod struct {
+	ns *testutil.NS
+	rt *libcni.RuntimeConf
+}
+
+func (e *env) newPod(name string) *pod {
+	e.t.Helper()
+	ns := testutil.NewNS(e.t, "mbt-pod")
+	id := "c" + testutil.RandomSuffix(24)
+	return &pod{ns: ns, rt: &libcni.RuntimeConf{
+		ContainerID: id, NetNS: ns.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + name}},
+	}}
+}
+
+// inHost runs fn on a thread in the test's host netns, so the plugins
+// libcni execs run there.
+func (e *env) inHost(fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return e.host.Do(func() error { return fn(ctx) })
+}
+
+func (e *env) add(p *pod) (*types100.Result, error) {
+	var res types.Result
+	err := e.inHost(func(ctx context.Context) error {
+		var err error
+		res, err = e.cni.AddNetworkList(ctx, e.conf, p.rt)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return types100.NewResultFromResult(res)
+}
+
+func (e *env) mustAdd(p *pod) *types100.Result {
+	e.t.Helper()
+	res, err := e.add(p)
+	if err != nil {
+		e.t.Fatalf("ADD %s: %v", p.rt.ContainerID, err)
+	}
+	return res
+}
+
+func (e *env) del(p *pod) error {
+	return e.inHost(func(ctx context.Context) error { return e.cni.DelNetworkList(ctx, e.conf, p.rt) })
+}
+
+func (e *env) check(p *pod) error {
+	return e.inHost(func(ctx context.Context) error { return e.cni.CheckNetworkList(ctx, e.conf, p.rt) })
+}
+
+func (e *env) status() error {
+	return e.inHost(func(ctx context.Context) error { return e.cni.GetStatusNetworkList(ctx, e.conf) })
+}
+
+func (e *env) gc(valid ...*pod) error {
+	args := &libcni.GCArgs{}
+	for _, p := range valid {
+		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: p.rt.ContainerID, IfName: p.rt.IfName})
+	}
+	return e.inHost(func(ctx context.Context) error { return e.cni.GCNetworkList(ctx, e.conf, args) })
+}
+
+// hostLinkExists reports whether the pod's lxc device exists in the host netns.
+func (e *env) hostLinkExists(p *pod) bool {
+	e.t.Helper()
+	name, _ := cni.VethNames(p.rt.ContainerID)
+	_, err := e.host.Netlink(e.t).LinkByName(name)
+	return err == nil
+}
+
+// eventually polls cond until it holds or 10 s pass (no timing is
+// asserted: the bound only keeps a broken build from hanging).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// allocated reports whether ip is allocated in the agent's IPAM.
+func (e *env) allocated(ip netip.Addr) bool {
+	e.t.Helper()
+	st, err := e.client().IPAMStatus(context.Background())
+	if err != nil {
+		e.t.Fatalf("ipam status: %v", err)
+	}
+	for _, a := range st.IPv4.Allocations {
+		if a.IP == ip.String() {
+			return true
+		}
+	}
+	return false
+}
+
+// cniCode returns the CNI error code of err (0 if it is not a CNI error).
+func cniCode(err error) uint {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}

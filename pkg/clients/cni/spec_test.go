@@ -1,0 +1,110 @@
+package cni_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
+)
+
+// runPlugin execs the built plugin as a runtime would and returns its
+// stdout and whether it exited 0.
+func runPlugin(t *testing.T, env map[string]string, stdin string) (string, bool) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(pluginDir, "membrane-cni"))
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdin = strings.NewReader(stdin)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	err := cmd.Run()
+	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
+		t.Fatalf("run plugin: %v", err)
+	}
+	return out.String(), err == nil
+}
+
+func TestSpecErrors(t *testing.T) {
+	const good = `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","socket":"/nonexistent/agent.sock","deleteQueueDir":"/nonexistent/q"}`
+	base := func(cmd string) map[string]string {
+		return map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent/netns",
+			"CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p"}
+	}
+	with := func(env map[string]string, k, v string) map[string]string {
+		if v == "" {
+			delete(env, k)
+		} else {
+			env[k] = v
+		}
+		return env
+	}
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		stdin string
+		code  uint
+		names string // the message must name this
+	}{
+		{"no container id", with(base("ADD"), "CNI_CONTAINERID", ""), good, 4, "CNI_CONTAINERID"},
+		{"no netns", with(base("ADD"), "CNI_NETNS", ""), good, 4, "CNI_NETNS"},
+		{"no ifname", with(base("DEL"), "CNI_IFNAME", ""), good, 4, "CNI_IFNAME"},
+		{"unknown command", base("FROB"), good, 4, "FROB"},
+		{"CNI_ARGS pair without =", with(base("ADD"), "CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME"), good, 4, "CNI_ARGS"},
+		{"CNI_ARGS pod without namespace", with(base("ADD"), "CNI_ARGS", "K8S_POD_NAME=p"), good, 4, "CNI_ARGS"},
+		{"CNI_ARGS bad value", with(base("DEL"), "CNI_ARGS", "K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=p"), good, 4, "K8S_POD_NAMESPACE"},
+		{"undecodable", base("ADD"), `{"cniVersion":`, 6, "network config"},
+		{"mtu wrong type", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","mtu":"big"}`, 6, "mtu"},
+		{"mtu out of range", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","mtu":10}`, 7, "mtu"},
+		{"relative socket", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","socket":"agent.sock"}`, 7, "socket"},
+		{"relative queue", base("DEL"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","deleteQueueDir":"q"}`, 7, "deleteQueueDir"},
+		{"foreign ipam", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","ipam":{"type":"host-local"}}`, 7, "ipam"},
+		{"no name", base("ADD"), `{"cniVersion":"1.1.0","type":"membrane-cni"}`, 7, "name"},
+		{"old version", base("ADD"), `{"cniVersion":"0.2.0","name":"n","type":"membrane-cni"}`, 1, "0.2.0"},
+		{"future version", base("ADD"), `{"cniVersion":"9.9.9","name":"n","type":"membrane-cni"}`, 1, "9.9.9"},
+		{"CHECK before 0.4.0", base("CHECK"), `{"cniVersion":"0.3.1","name":"n","type":"membrane-cni"}`, 1, "CHECK"},
+		{"CHECK without prevResult", base("CHECK"), good, 7, "prevResult"},
+		{"STATUS before 1.1.0", base("STATUS"), `{"cniVersion":"1.0.0","name":"n","type":"membrane-cni"}`, 1, "STATUS"},
+		{"ADD with a missing netns", base("ADD"), good, cni.CodeNetns, "/nonexistent/netns"},
+		{"STATUS without agent", base("STATUS"), good, 50, "agent"},
+		{"GC without agent", base("GC"), good, 11, "agent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, ok := runPlugin(t, tc.env, tc.stdin)
+			if ok {
+				t.Fatalf("plugin succeeded: %s", out)
+			}
+			var e struct {
+				CNIVersion string `json:"cniVersion"`
+				Code       uint   `json:"code"`
+				Msg        string `json:"msg"`
+				Details    string `json:"details"`
+			}
+			if err := json.Unmarshal([]byte(out), &e); err != nil {
+				t.Fatalf("stdout is not a spec error: %v: %q", err, out)
+			}
+			if e.Code != tc.code || !strings.Contains(e.Msg+" "+e.Details, tc.names) {
+				t.Fatalf("error = %d %q %q; want code %d naming %q", e.Code, e.Msg, e.Details, tc.code, tc.names)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, ok := runPlugin(t, map[string]string{"CNI_COMMAND": "VERSION"}, "")
+	if !ok {
+		t.Fatalf("VERSION failed: %s", out)
+	}
+	var v struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil || strings.Join(v.Supported, ",") != "0.3.1,0.4.0,1.0.0,1.1.0" {
+		t.Fatalf("VERSION = %s (%v)", out, err)
+	}
+}

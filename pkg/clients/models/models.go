@@ -1,0 +1,194 @@
+package models
+
+import "time"
+
+// AddressPair is a pair of IPv4 and IPv6 addresses; either may be empty.
+type AddressPair struct {
+	IPv4 string `json:"ipv4,omitempty"`
+	IPv6 string `json:"ipv6,omitempty"`
+}
+
+// EndpointChangeRequest is the body of PUT /v1/endpoint/{id}.
+type EndpointChangeRequest struct {
+	// ID is the endpoint ID; 0 lets the agent pick one.
+	ID int64 `json:"id,omitempty"`
+	// ContainerID is the runtime's container (sandbox) ID; unique per node.
+	ContainerID string `json:"container-id,omitempty"`
+	// ContainerName is the runtime's name for the container.
+	ContainerName string `json:"container-name,omitempty"`
+	// ContainerInterfaceName is the interface name inside the pod (CNI_IFNAME).
+	ContainerInterfaceName string `json:"container-interface-name,omitempty"`
+	// K8sNamespace and K8sPodName name the pod.
+	K8sNamespace string `json:"k8s-namespace,omitempty"`
+	K8sPodName   string `json:"k8s-pod-name,omitempty"`
+	// K8sUID is the pod's UID.
+	K8sUID string `json:"k8s-uid,omitempty"`
+	// Labels are source-prefixed labels, e.g. "k8s:app=web".
+	Labels []string `json:"labels,omitempty"`
+	// Addressing holds the IPs the endpoint uses (allocated by POST /v1/ipam).
+	Addressing *AddressPair `json:"addressing,omitempty"`
+	// InterfaceName and InterfaceIndex name the host-side interface.
+	InterfaceName  string `json:"interface-name,omitempty"`
+	InterfaceIndex int64  `json:"interface-index,omitempty"`
+	// Mac is the pod-side MAC address, HostMac the host side's.
+	Mac     string `json:"mac,omitempty"`
+	HostMac string `json:"host-mac,omitempty"`
+	// Netns is the path of the pod's network namespace.
+	Netns string `json:"netns,omitempty"`
+	// SyncBuild asks the agent to answer only after the first regeneration.
+	SyncBuild bool `json:"sync-build,omitempty"`
+}
+
+// Identity is a security identity: a numeric ID bound to a label set.
+type Identity struct {
+	ID       int64    `json:"id"`
+	Labels   []string `json:"labels"`
+	RefCount int      `json:"ref-count,omitempty"`
+	Reserved bool     `json:"reserved,omitempty"`
+}
+
+// Endpoint is the agent's view of one endpoint (GET /v1/endpoint/{id}).
+type Endpoint struct {
+	ID                     int64        `json:"id"`
+	State                  string       `json:"state"`
+	ContainerID            string       `json:"container-id,omitempty"`
+	ContainerName          string       `json:"container-name,omitempty"`
+	ContainerInterfaceName string       `json:"container-interface-name,omitempty"`
+	K8sNamespace           string       `json:"k8s-namespace,omitempty"`
+	K8sPodName             string       `json:"k8s-pod-name,omitempty"`
+	K8sUID                 string       `json:"k8s-uid,omitempty"`
+	Labels                 []string     `json:"labels"`
+	Identity               *Identity    `json:"identity,omitempty"`
+	Addressing             *AddressPair `json:"addressing,omitempty"`
+	InterfaceName          string       `json:"interface-name,omitempty"`
+	InterfaceIndex         int64        `json:"interface-index,omitempty"`
+	Mac                    string       `json:"mac,omitempty"`
+	HostMac                string       `json:"host-mac,omitempty"`
+	Netns                  string       `json:"netns,omitempty"`
+	// PolicyRevision is the revision realised by the last completed regeneration.
+	PolicyRevision uint64 `json:"policy-revision"`
+	// Regenerations counts completed regenerations.
+	Regenerations uint64 `json:"regenerations"`
+	// LastError is the last regeneration or datapath error, if any.
+	LastError string    `json:"last-error,omitempty"`
+	Created   time.Time `json:"created"`
+	// StateChanged is when State last changed.
+	StateChanged time.Time `json:"state-changed"`
+}
+
+// EndpointBatchDeleteRequest is the body of DELETE /v1/endpoint.
+type EndpointBatchDeleteRequest struct {
+	ContainerID string `json:"container-id"`
+}
+
+// EndpointBatchDeleteResponse reports what DELETE /v1/endpoint removed.
+type EndpointBatchDeleteResponse struct {
+	Deleted []int64 `json:"deleted"`
+}
+
+// LabelsPatch is the body of PATCH /v1/endpoint/{id}/labels.
+type LabelsPatch struct {
+	Add    []string `json:"add,omitempty"`
+	Delete []string `json:"delete,omitempty"`
+}
+
+// EndpointHealth is the body of GET /v1/endpoint/{id}/healthz.
+type EndpointHealth struct {
+	ID       int64  `json:"id"`
+	State    string `json:"state"`
+	Healthy  bool   `json:"healthy"`
+	Datapath string `json:"datapath"`
+	Message  string `json:"message,omitempty"`
+}
+
+// IPAMAddressResponse describes one allocated address.
+type IPAMAddressResponse struct {
+	IP      string   `json:"ip"`
+	Gateway string   `json:"gateway"`
+	Cidrs   []string `json:"cidrs"`
+	Owner   string   `json:"owner,omitempty"`
+}
+
+// NodeAddressingElement describes the node's addressing for one family.
+type NodeAddressingElement struct {
+	Enabled    bool   `json:"enabled"`
+	IP         string `json:"ip,omitempty"`
+	AllocRange string `json:"alloc-range,omitempty"`
+}
+
+// NodeAddressing is the node's addressing per family.
+type NodeAddressing struct {
+	IPv4 *NodeAddressingElement `json:"ipv4,omitempty"`
+	IPv6 *NodeAddressingElement `json:"ipv6,omitempty"`
+}
+
+// IPAMResponse is the body answered by POST /v1/ipam.
+type IPAMResponse struct {
+	Address        *AddressPair         `json:"address"`
+	HostAddressing *NodeAddressing      `json:"host-addressing"`
+	IPv4           *IPAMAddressResponse `json:"ipv4,omitempty"`
+	IPv6           *IPAMAddressResponse `json:"ipv6,omitempty"`
+}
+
+// IPAMAllocation is one allocated IP and its owner.
+type IPAMAllocation struct {
+	IP       string `json:"ip"`
+	Owner    string `json:"owner"`
+	Endpoint int64  `json:"endpoint,omitempty"`
+}
+
+// IPAMFamilyStatus reports one family's pool.
+type IPAMFamilyStatus struct {
+	Cidr        string           `json:"cidr"`
+	Gateway     string           `json:"gateway"`
+	Size        int              `json:"size"`
+	Used        int              `json:"used"`
+	Free        int              `json:"free"`
+	Allocations []IPAMAllocation `json:"allocations"`
+}
+
+// IPAMStatus is the body of GET /v1/ipam.
+type IPAMStatus struct {
+	IPv4 *IPAMFamilyStatus `json:"ipv4,omitempty"`
+	IPv6 *IPAMFamilyStatus `json:"ipv6,omitempty"`
+}
+
+// Status is the body of GET /v1/status.
+type Status struct {
+	State      string      `json:"state"`
+	Message    string      `json:"message,omitempty"`
+	Datapath   string      `json:"datapath"`
+	Endpoints  int         `json:"endpoints"`
+	Ready      int         `json:"endpoints-ready"`
+	Identities int         `json:"identities"`
+	IPAM       *IPAMStatus `json:"ipam,omitempty"`
+	Started    time.Time   `json:"started"`
+	// Health is the health endpoint's state, as the agent last probed it.
+	Health *HealthStatus `json:"health,omitempty"`
+}
+
+// HealthStatus reports the agent's health endpoint (its own netns with a
+// responder the agent probes from the host).
+type HealthStatus struct {
+	// State is "ok" (the last probe was answered), "failing", "starting"
+	// or "disabled" (no Linux datapath, or --enable-health=false).
+	State string `json:"state"`
+	// IP is the health endpoint's address.
+	IP string `json:"ip,omitempty"`
+	// Endpoint is the health endpoint's ID.
+	Endpoint int64 `json:"endpoint,omitempty"`
+	// LastProbe is when the agent last probed it.
+	LastProbe time.Time `json:"last-probe,omitzero"`
+	// Error is why the last probe (or the setup) failed.
+	Error string `json:"error,omitempty"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	// Code is a stable, machine-readable name (see pkg/agent/api's error codes).
+	Code string `json:"code"`
+	// Message says what went wrong, naming the offending field when there is one.
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }

@@ -1,0 +1,111 @@
+package identity
+
+import (
+	"strconv"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// NumericIdentity is the number a security identity is known by in the
+// datapath and in policy.
+type NumericIdentity uint32
+
+const (
+	// IdentityUnknown is the zero value: no identity resolved yet.
+	IdentityUnknown NumericIdentity = 0
+	// ReservedHost is the local host (labels reserved:host).
+	ReservedHost NumericIdentity = 1
+	// ReservedWorld is everything outside the cluster (reserved:world).
+	ReservedWorld NumericIdentity = 2
+	// ReservedUnmanaged is an endpoint not managed by membrane (reserved:unmanaged).
+	ReservedUnmanaged NumericIdentity = 3
+	// ReservedHealth is the health-check endpoint (reserved:health).
+	ReservedHealth NumericIdentity = 4
+	// ReservedInit is an endpoint whose labels are not known yet (reserved:init).
+	ReservedInit NumericIdentity = 5
+	// MinLocalIdentity is the first identity handed out for label sets.
+	// Identities 1 to 255 form the reserved range, of which 1 to 5 are used.
+	MinLocalIdentity NumericIdentity = 256
+)
+
+// reservedName returns the label key of a reserved identity, or "" when id
+// has none.
+func reservedName(id NumericIdentity) string {
+	switch id {
+	case ReservedHost:
+		return "host"
+	case ReservedWorld:
+		return "world"
+	case ReservedUnmanaged:
+		return "unmanaged"
+	case ReservedHealth:
+		return "health"
+	case ReservedInit:
+		return "init"
+	}
+	return ""
+}
+
+// reservedByName is the inverse of reservedName.
+func reservedByName(name string) (NumericIdentity, bool) {
+	for id := ReservedHost; id <= ReservedInit; id++ {
+		if reservedName(id) == name {
+			return id, true
+		}
+	}
+	return IdentityUnknown, false
+}
+
+// String returns "unknown" for IdentityUnknown, the name of a reserved
+// identity ("host", "world", ...), and the decimal number otherwise.
+func (id NumericIdentity) String() string {
+	if id == IdentityUnknown {
+		return "unknown"
+	}
+	if name := reservedName(id); name != "" {
+		return name
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+// IsReserved reports whether id lies in the reserved range 1 to 255. Such
+// identities are never allocated for label sets nor reference counted.
+func (id NumericIdentity) IsReserved() bool {
+	return id > IdentityUnknown && id < MinLocalIdentity
+}
+
+// ReservedLabels returns the label set of a reserved identity: reserved:host,
+// reserved:world, reserved:unmanaged, reserved:health or reserved:init. It
+// returns false for any other identity, including unused reserved numbers.
+func ReservedLabels(id NumericIdentity) (labels.Labels, bool) {
+	name := reservedName(id)
+	if name == "" {
+		return nil, false
+	}
+	return labels.Labels{{Source: labels.SourceReserved, Key: name}}, true
+}
+
+// LookupReserved returns the reserved identity for a label set that consists
+// of exactly one reserved:* label with an empty value, e.g. {reserved:health}
+// gives ReservedHealth.
+func LookupReserved(ls labels.Labels) (NumericIdentity, bool) {
+	if len(ls) != 1 || ls[0].Source != labels.SourceReserved || ls[0].Value != "" {
+		return IdentityUnknown, false
+	}
+	return reservedByName(ls[0].Key)
+}
+
+// reservedIdentity returns the Identity of reserved id, which must have
+// labels. Reserved identities are not reference counted: RefCount is 0.
+func reservedIdentity(id NumericIdentity) Identity {
+	ls, _ := ReservedLabels(id)
+	return Identity{ID: id, Labels: ls}
+}
+
+// Identity is a numeric identity bound to its label set. Labels is shared
+// with the allocator and must not be modified.
+type Identity struct {
+	ID       NumericIdentity
+	Labels   labels.Labels
+	RefCount int
+}

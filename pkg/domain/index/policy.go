@@ -1,0 +1,114 @@
+package index
+
+import (
+	"net/netip"
+
+	memdb "github.com/hashicorp/go-memdb"
+
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// Table names of the policy and ipcache actors.
+const (
+	// TablePolicies holds the imported policies (written by the policy
+	// actor, which rebuilds its repository from it after a restart).
+	TablePolicies = "policies"
+	// TablePolicyRevision holds one row: the repository revision.
+	TablePolicyRevision = "policy-revision"
+	// TableIPCache holds prefix -> identity (written by the ipcache actor).
+	TableIPCache = "ipcache"
+)
+
+// PolicyRow is a row of the policies table.
+type PolicyRow struct {
+	Key    string // "namespace/name"
+	Policy *policy.Policy
+	// Revision is the repository revision that imported it.
+	Revision uint64
+}
+
+// PolicyRevision is the single row of the policy-revision table.
+type PolicyRevision struct {
+	Revision uint64
+}
+
+// IPCache sources, highest priority first.
+const (
+	SourceEndpoint   = "endpoint"
+	SourceCIDRPolicy = "cidr-policy"
+	SourceReserved   = "reserved"
+)
+
+// IPCacheClaim is one source's wish for a prefix.
+type IPCacheClaim struct {
+	Source   string
+	Identity identity.NumericIdentity
+	Endpoint endpoint.ID // SourceEndpoint only
+}
+
+// IPCacheEntry is a row of the ipcache table: the effective identity of
+// a prefix (that of the highest-priority claim) and every claim.
+type IPCacheEntry struct {
+	Prefix   netip.Prefix
+	Identity identity.NumericIdentity
+	Source   string
+	Claims   []IPCacheClaim
+}
+
+func policiesTable() *memdb.TableSchema {
+	return &memdb.TableSchema{Name: TablePolicies, Indexes: map[string]*memdb.IndexSchema{
+		// GET /v1/policy and the policy actor's rebuild scan it all.
+		IndexID: {Name: IndexID, Unique: true, Indexer: stringIndex(func(o any) string { return o.(*PolicyRow).Key })},
+	}}
+}
+
+func policyRevisionTable() *memdb.TableSchema {
+	return &memdb.TableSchema{Name: TablePolicyRevision, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: uint32Index(func(any) uint32 { return 0 })},
+	}}
+}
+
+func ipcacheTable() *memdb.TableSchema {
+	return &memdb.TableSchema{Name: TableIPCache, Indexes: map[string]*memdb.IndexSchema{
+		// GET /v1/ipcache and the ipcache actor's rebuild scan it all.
+		IndexID: {Name: IndexID, Unique: true, Indexer: prefixIndex(func(o any) netip.Prefix { return o.(*IPCacheEntry).Prefix })},
+	}}
+}
+
+func prefixIndex(fn func(any) netip.Prefix) *funcIndex {
+	enc := func(p netip.Prefix) []byte {
+		b, _ := p.Addr().Unmap().MarshalBinary()
+		return nibbles(append(b, byte(p.Bits())))
+	}
+	return &funcIndex{
+		key: func(o any) ([]byte, bool) { return enc(fn(o)), true },
+		args: func(a any) ([]byte, error) {
+			p, ok := a.(netip.Prefix)
+			if !ok {
+				return nil, errWantPrefix(a)
+			}
+			return enc(p), nil
+		},
+	}
+}
+
+// Policies lists the imported policies by key.
+func (ix *Index) Policies() []*PolicyRow {
+	return all[*PolicyRow](ix.ReadTxn(), TablePolicies, IndexID)
+}
+
+// PolicyRevisionNow returns the policy repository revision (0 before any import).
+func (ix *Index) PolicyRevisionNow() uint64 {
+	r, ok := first[*PolicyRevision](ix.ReadTxn(), TablePolicyRevision, IndexID, uint32(0))
+	if !ok {
+		return 0
+	}
+	return r.Revision
+}
+
+// IPCache lists the ipcache by prefix.
+func (ix *Index) IPCache() []*IPCacheEntry {
+	return all[*IPCacheEntry](ix.ReadTxn(), TableIPCache, IndexID)
+}

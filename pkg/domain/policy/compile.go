@@ -1,0 +1,329 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// Rule is one compiled rule: the endpoints Subject selects are
+// default-deny in each enforced direction, and get the traffic of the
+// peer rules of that direction.
+type Rule struct {
+	Subject                         *LabelSelector
+	IngressEnforced, EgressEnforced bool
+	Ingress, Egress                 []PeerRule
+}
+
+// PeerRule allows traffic with Peers (or any peer when Any) on Ports
+// (any port and protocol when empty).
+type PeerRule struct {
+	Any   bool
+	Peers []Selector
+	Ports []PortProto
+}
+
+// PortProto is a destination port (0: any) and an IP protocol.
+type PortProto struct {
+	Port  uint16
+	Proto uint8
+}
+
+// maxPortRange bounds the ports one port/endPort range expands to.
+const maxPortRange = 1024
+
+func compileCNP(d *cnpDoc, spec json.RawMessage) (*Policy, error) {
+	p, err := newPolicy(KindCNP, d.Metadata, spec)
+	if err != nil {
+		return nil, err
+	}
+	var rules []cnpRule
+	base := "spec"
+	switch {
+	case d.Spec != nil && d.Specs != nil:
+		return nil, fmt.Errorf("spec and specs: give one, not both")
+	case d.Spec != nil:
+		rules = []cnpRule{*d.Spec}
+	case len(d.Specs) > 0:
+		rules, base = d.Specs, "specs"
+	default:
+		return nil, fmt.Errorf("spec: missing")
+	}
+	for i, r := range rules {
+		path := base
+		if base == "specs" {
+			path = fmt.Sprintf("specs[%d]", i)
+		}
+		rule, err := compileCNPRule(&r, p.Namespace, path)
+		if err != nil {
+			return nil, err
+		}
+		p.Rules = append(p.Rules, rule)
+	}
+	return p, nil
+}
+
+func newPolicy(kind string, md objectMeta, spec json.RawMessage) (*Policy, error) {
+	switch {
+	case md.Name == "":
+		return nil, fmt.Errorf("metadata.name: missing")
+	case strings.ContainsAny(md.Name, "/ \t\n"), strings.ContainsAny(md.Namespace, "/ \t\n"):
+		return nil, fmt.Errorf("metadata: name %q or namespace %q contains '/' or whitespace", md.Name, md.Namespace)
+	}
+	ns := md.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	return &Policy{Kind: kind, Name: md.Name, Namespace: ns, Labels: maps.Clone(md.Labels), Spec: spec}, nil
+}
+
+func compileCNPRule(r *cnpRule, ns, path string) (Rule, error) {
+	if r.EndpointSelector == nil {
+		return Rule{}, fmt.Errorf("%s.endpointSelector: missing", path)
+	}
+	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", ns, false)
+	if err != nil {
+		return Rule{}, err
+	}
+	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil, EgressEnforced: r.Egress != nil}
+	if r.Ingress != nil {
+		for i, in := range *r.Ingress {
+			pr, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, "from",
+				in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Ingress = append(rule.Ingress, pr)
+		}
+	}
+	if r.Egress != nil {
+		for i, eg := range *r.Egress {
+			pr, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, "to",
+				eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Egress = append(rule.Egress, pr)
+		}
+	}
+	return rule, nil
+}
+
+func compileCNPPeers(path, ns, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) (PeerRule, error) {
+	var pr PeerRule
+	for i := range eps {
+		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, false)
+		if err != nil {
+			return pr, err
+		}
+		pr.Peers = append(pr.Peers, s)
+	}
+	for i, c := range cidrs {
+		s, err := compileCIDR(cidrRule{CIDR: c}, fmt.Sprintf("%s.%sCIDR[%d]", path, dir, i))
+		if err != nil {
+			return pr, err
+		}
+		pr.Peers = append(pr.Peers, s)
+	}
+	for i, c := range sets {
+		s, err := compileCIDR(c, fmt.Sprintf("%s.%sCIDRSet[%d]", path, dir, i))
+		if err != nil {
+			return pr, err
+		}
+		pr.Peers = append(pr.Peers, s)
+	}
+	for i, e := range entities {
+		switch e {
+		case EntityAll:
+			pr.Any = true
+		case EntityWorld, EntityHost, EntityCluster:
+			pr.Peers = append(pr.Peers, &EntitySelector{Entity: e})
+		default:
+			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster or all)", path, dir, i, e)
+		}
+	}
+	if len(eps)+len(cidrs)+len(sets)+len(entities) == 0 {
+		pr.Any = true // only ports (or nothing): any peer
+	}
+	if pr.Any {
+		pr.Peers = nil
+	}
+	for i, p := range ports {
+		for j, pp := range p.Ports {
+			got, err := compilePort(pp.Port, pp.EndPort, pp.Protocol, "ANY", fmt.Sprintf("%s.toPorts[%d].ports[%d]", path, i, j))
+			if err != nil {
+				return pr, err
+			}
+			pr.Ports = append(pr.Ports, got...)
+		}
+	}
+	return pr, nil
+}
+
+// compilePort expands a port, an optional endPort and a protocol into
+// keys. ANY means TCP, UDP and SCTP (any protocol when the port is 0).
+func compilePort(port portValue, end int, proto, defProto, path string) ([]PortProto, error) {
+	if port.name != "" {
+		return nil, fmt.Errorf("%s.port: named port %q is not supported; use a number", path, port.name)
+	}
+	if port.num < 0 || port.num > 65535 {
+		return nil, fmt.Errorf("%s.port: %d outside 0..65535", path, port.num)
+	}
+	if proto == "" {
+		proto = defProto
+	}
+	var protos []uint8
+	switch strings.ToUpper(proto) {
+	case "TCP":
+		protos = []uint8{ProtoTCP}
+	case "UDP":
+		protos = []uint8{ProtoUDP}
+	case "SCTP":
+		protos = []uint8{ProtoSCTP}
+	case "ANY":
+		if port.num == 0 {
+			return []PortProto{{0, ProtoAny}}, nil
+		}
+		protos = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
+	default:
+		return nil, fmt.Errorf("%s.protocol: unsupported protocol %q (want TCP, UDP, SCTP or ANY)", path, proto)
+	}
+	last := port.num
+	if end != 0 {
+		switch {
+		case port.num == 0:
+			return nil, fmt.Errorf("%s.endPort: needs a port", path)
+		case end < port.num || end > 65535:
+			return nil, fmt.Errorf("%s.endPort: %d not within %d..65535", path, end, port.num)
+		case end-port.num+1 > maxPortRange:
+			return nil, fmt.Errorf("%s.endPort: range %d-%d has more than %d ports", path, port.num, end, maxPortRange)
+		}
+		last = end
+	}
+	var out []PortProto
+	for _, pr := range protos {
+		for n := port.num; n <= last; n++ {
+			out = append(out, PortProto{uint16(n), pr})
+		}
+	}
+	return out, nil
+}
+
+func compileCIDR(c cidrRule, path string) (*CIDRSelector, error) {
+	p, err := parseCIDR(c.CIDR)
+	if err != nil {
+		return nil, fmt.Errorf("%s.cidr: %w", path, err)
+	}
+	s := &CIDRSelector{Prefix: p}
+	for i, e := range c.Except {
+		ep, err := parseCIDR(e)
+		if err != nil {
+			return nil, fmt.Errorf("%s.except[%d]: %w", path, i, err)
+		}
+		if !contains(p, ep) {
+			return nil, fmt.Errorf("%s.except[%d]: %s is not inside %s", path, i, ep, p)
+		}
+		s.Except = append(s.Except, ep)
+	}
+	slices.SortFunc(s.Except, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
+	s.Except = slices.Compact(s.Except)
+	return s, nil
+}
+
+// parseCIDR parses a prefix (masked) or a bare address (a host prefix).
+func parseCIDR(s string) (netip.Prefix, error) {
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR or an address", s)
+		}
+		return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q: IPv4-mapped IPv6 prefixes are not supported", s)
+	}
+	return p.Masked(), nil
+}
+
+// compileSelector turns a label selector into requirements. Unless the
+// selector names the namespace label itself (or only reserved labels),
+// it is restricted to namespace ns, as Cilium does for namespaced rules.
+func compileSelector(ls *labelSelector, path, ns string, nsFree bool) (*LabelSelector, error) {
+	var reqs []Requirement
+	for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
+		src, key, err := selectorKey(k, path+".matchLabels")
+		if err != nil {
+			return nil, err
+		}
+		v := ls.MatchLabels[k]
+		if err := (labels.Label{Source: "x", Key: "x", Value: v}).Validate(); err != nil {
+			return nil, fmt.Errorf("%s.matchLabels[%q]: %w", path, k, err)
+		}
+		reqs = append(reqs, Requirement{Source: src, Key: key, Op: OpIn, Values: []string{v}})
+	}
+	for i, e := range ls.MatchExpressions {
+		p := fmt.Sprintf("%s.matchExpressions[%d]", path, i)
+		src, key, err := selectorKey(e.Key, p+".key")
+		if err != nil {
+			return nil, err
+		}
+		op := Operator(e.Operator)
+		if err := checkOperator(op, e.Values, p); err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, Requirement{Source: src, Key: key, Op: op, Values: e.Values})
+	}
+	sel := NewLabelSelector(reqs)
+	reserved := len(reqs) > 0 && !slices.ContainsFunc(reqs, func(r Requirement) bool { return r.Source != labels.SourceReserved })
+	if !nsFree && !reserved && !sel.HasKey(NamespaceLabel) {
+		reqs = append(reqs, nsRequirement(ns))
+		sel = NewLabelSelector(reqs)
+	}
+	return sel, nil
+}
+
+func nsRequirement(ns string) Requirement {
+	return Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: OpIn, Values: []string{ns}}
+}
+
+// selectorKey splits "source:key" (a source matching [a-z0-9-]+) or a
+// bare "key" (any source).
+func selectorKey(k, path string) (source, key string, err error) {
+	source, key = labels.SourceAny, k
+	if i := strings.IndexByte(k, ':'); i > 0 {
+		if l := (labels.Label{Source: k[:i], Key: "x"}); l.Validate() == nil {
+			source, key = k[:i], k[i+1:]
+		}
+	}
+	if err := (labels.Label{Source: source, Key: key}).Validate(); err != nil {
+		return "", "", fmt.Errorf("%s: label key %q: %w", path, k, err)
+	}
+	return source, key, nil
+}
+
+// checkOperator validates a matchExpressions entry at path p: In and
+// NotIn need values, Exists and DoesNotExist take none.
+func checkOperator(op Operator, values []string, p string) error {
+	switch op {
+	case OpIn, OpNotIn:
+		if len(values) == 0 {
+			return fmt.Errorf("%s.values: %s needs at least one value", p, op)
+		}
+	case OpExists, OpDoesNotExist:
+		if len(values) > 0 {
+			return fmt.Errorf("%s.values: %s takes no values", p, op)
+		}
+	default:
+		return fmt.Errorf("%s.operator: unsupported operator %q (want In, NotIn, Exists or DoesNotExist)", p, string(op))
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// compileKNP compiles a Kubernetes NetworkPolicy. policyTypes defaults
+// as in Kubernetes: Ingress always, Egress when an egress section exists.
+func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
+	p, err := newPolicy(KindKNP, d.Metadata, spec)
+	if err != nil {
+		return nil, err
+	}
+	if d.Spec == nil {
+		return nil, fmt.Errorf("spec: missing")
+	}
+	s := d.Spec
+	podSel := s.PodSelector
+	if podSel == nil {
+		podSel = &labelSelector{}
+	}
+	subject, err := compileSelector(podSel, "spec.podSelector", p.Namespace, false)
+	if err != nil {
+		return nil, err
+	}
+	rule := Rule{Subject: subject}
+	if len(s.PolicyTypes) == 0 {
+		rule.IngressEnforced, rule.EgressEnforced = true, s.Egress != nil
+	}
+	for i, t := range s.PolicyTypes {
+		switch t {
+		case "Ingress":
+			rule.IngressEnforced = true
+		case "Egress":
+			rule.EgressEnforced = true
+		default:
+			return nil, fmt.Errorf("spec.policyTypes[%d]: unsupported policy type %q (want Ingress or Egress)", i, t)
+		}
+	}
+	if s.Ingress != nil && !rule.IngressEnforced {
+		return nil, fmt.Errorf("spec.ingress: present but spec.policyTypes does not list Ingress")
+	}
+	if s.Egress != nil && !rule.EgressEnforced {
+		return nil, fmt.Errorf("spec.egress: present but spec.policyTypes does not list Egress")
+	}
+	if s.Ingress != nil {
+		for i, in := range *s.Ingress {
+			pr, err := compileKNPPeers(fmt.Sprintf("spec.ingress[%d]", i), "from", p.Namespace, in.From, in.Ports)
+			if err != nil {
+				return nil, err
+			}
+			rule.Ingress = append(rule.Ingress, pr)
+		}
+	}
+	if s.Egress != nil {
+		for i, eg := range *s.Egress {
+			pr, err := compileKNPPeers(fmt.Sprintf("spec.egress[%d]", i), "to", p.Namespace, eg.To, eg.Ports)
+			if err != nil {
+				return nil, err
+			}
+			rule.Egress = append(rule.Egress, pr)
+		}
+	}
+	p.Rules = []Rule{rule}
+	return p, nil
+}
+
+func compileKNPPeers(path, dir, ns string, peers []knpPeer, ports []knpPort) (PeerRule, error) {
+	pr := PeerRule{Any: len(peers) == 0}
+	for i, peer := range peers {
+		pp := fmt.Sprintf("%s.%s[%d]", path, dir, i)
+		s, err := compileKNPPeer(&peer, pp, ns)
+		if err != nil {
+			return pr, err
+		}
+		pr.Peers = append(pr.Peers, s)
+	}
+	for i, port := range ports {
+		got, err := compilePort(port.Port, port.EndPort, port.Protocol, "TCP", fmt.Sprintf("%s.ports[%d]", path, i))
+		if err != nil {
+			return pr, err
+		}
+		pr.Ports = append(pr.Ports, got...)
+	}
+	return pr, nil
+}
+
+func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
+	switch {
+	case peer.IPBlock != nil && (peer.PodSelector != nil || peer.NamespaceSelector != nil):
+		return nil, fmt.Errorf("%s: ipBlock cannot be combined with podSelector or namespaceSelector", path)
+	case peer.IPBlock != nil:
+		return compileCIDR(*peer.IPBlock, path+".ipBlock")
+	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
+		return nil, fmt.Errorf("%s: needs podSelector, namespaceSelector or ipBlock", path)
+	case peer.NamespaceSelector == nil:
+		return compileSelector(peer.PodSelector, path+".podSelector", ns, false)
+	}
+	nsReqs, err := namespaceRequirements(peer.NamespaceSelector, path+".namespaceSelector")
+	if err != nil {
+		return nil, err
+	}
+	if peer.PodSelector == nil {
+		return NewLabelSelector(nsReqs), nil
+	}
+	pod, err := compileSelector(peer.PodSelector, path+".podSelector", ns, true)
+	if err != nil {
+		return nil, err
+	}
+	if pod.HasKey(NamespaceLabel) {
+		return nil, fmt.Errorf("%s.podSelector: names %s; use namespaceSelector", path, NamespaceLabel)
+	}
+	return NewLabelSelector(append(slices.Clone(pod.Reqs), nsReqs...)), nil
+}
+
+// namespaceRequirements translates a namespaceSelector. Endpoints carry
+// their namespace's name only, so the only namespace label it may use is
+// kubernetes.io/metadata.name; the result always requires a namespace
+// (so it never selects the host or world).
+func namespaceRequirements(ls *labelSelector, path string) ([]Requirement, error) {
+	reqs := []Requirement{{Source: labels.SourceK8s, Key: NamespaceLabel, Op: OpExists}}
+	unsupported := func(p, key string) error {
+		return fmt.Errorf("%s: namespace label %q cannot be matched: endpoints carry only their namespace name (use %s)", p, key, K8sNamespaceNameLabel)
+	}
+	for k, v := range ls.MatchLabels {
+		if k != K8sNamespaceNameLabel {
+			return nil, unsupported(path+".matchLabels", k)
+		}
+		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: OpIn, Values: []string{v}})
+	}
+	for i, e := range ls.MatchExpressions {
+		p := fmt.Sprintf("%s.matchExpressions[%d]", path, i)
+		if e.Key != K8sNamespaceNameLabel {
+			return nil, unsupported(p+".key", e.Key)
+		}
+		op := Operator(e.Operator)
+		if err := checkOperator(op, e.Values, p); err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: op, Values: e.Values})
+	}
+	return reqs, nil
+}

@@ -1,0 +1,158 @@
+package policy
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// Direction is the direction of traffic relative to the endpoint.
+type Direction uint8
+
+const (
+	// Ingress is traffic into the endpoint (to-container).
+	Ingress Direction = 0
+	// Egress is traffic out of the endpoint (from-container).
+	Egress Direction = 1
+)
+
+// String returns "ingress" or "egress".
+func (d Direction) String() string {
+	if d == Egress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+// IP protocol numbers used in keys.
+const (
+	ProtoAny    uint8 = 0
+	ProtoICMP   uint8 = 1
+	ProtoTCP    uint8 = 6
+	ProtoUDP    uint8 = 17
+	ProtoICMPv6 uint8 = 58
+	ProtoSCTP   uint8 = 132
+)
+
+// Key is one entry of an endpoint's policy map: traffic with the peer
+// Identity to or from destination Port over Proto in direction Dir is
+// allowed. Zero fields are wildcards: Identity 0 is any peer, Port 0 any
+// port, Proto 0 any protocol (then Port is 0 too).
+type Key struct {
+	Identity identity.NumericIdentity
+	Port     uint16 // destination port, host byte order
+	Proto    uint8
+	Dir      Direction
+}
+
+// MapState is the computed policy of one identity: what the datapath of
+// every endpoint with that identity enforces. It is immutable once
+// computed and shared by those endpoints; a nil *MapState means no
+// policy was computed (nothing enforced).
+type MapState struct {
+	// Revision is the policy repository revision it was computed from.
+	Revision uint64
+	// IngressEnforced and EgressEnforced are set when some rule selects
+	// the endpoint for that direction: then only Allow entries pass
+	// (default deny); otherwise that direction is allow-all.
+	IngressEnforced, EgressEnforced bool
+	// Allow is sorted (Compare) and free of duplicates.
+	Allow []Key
+}
+
+// Compare orders keys by direction, identity, protocol, then port.
+func Compare(a, b Key) int {
+	return cmp.Or(cmp.Compare(a.Dir, b.Dir), cmp.Compare(a.Identity, b.Identity),
+		cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
+}
+
+// NewMapState returns a MapState with allow sorted and de-duplicated
+// (allow is reused).
+func NewMapState(rev uint64, ingress, egress bool, allow []Key) *MapState {
+	slices.SortFunc(allow, Compare)
+	allow = slices.Compact(allow)
+	return &MapState{Revision: rev, IngressEnforced: ingress, EgressEnforced: egress, Allow: allow}
+}
+
+// Enforced reports whether dir is default-deny.
+func (m *MapState) Enforced(dir Direction) bool {
+	if m == nil {
+		return false
+	}
+	if dir == Egress {
+		return m.EgressEnforced
+	}
+	return m.IngressEnforced
+}
+
+// Has reports whether k is an entry (exactly, no wildcard matching).
+func (m *MapState) Has(k Key) bool {
+	if m == nil {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(m.Allow, k, Compare)
+	return ok
+}
+
+// Lookups returns the keys the datapath tries, in order, for a packet
+// of a new connection: exact, port wildcard, L3-only, then the same with
+// any peer. The BPF programs (bpf/) use the same order.
+func Lookups(peer identity.NumericIdentity, port uint16, proto uint8, dir Direction) [6]Key {
+	return [6]Key{
+		{peer, port, proto, dir}, {peer, 0, proto, dir}, {peer, 0, 0, dir},
+		{0, port, proto, dir}, {0, 0, proto, dir}, {0, 0, 0, dir},
+	}
+}
+
+// Allows reports whether a new connection with peer on port/proto in
+// dir passes: always when dir is not enforced, else when one of Lookups
+// is an entry. The datapath's verdict must equal this one.
+func (m *MapState) Allows(peer identity.NumericIdentity, port uint16, proto uint8, dir Direction) bool {
+	if !m.Enforced(dir) {
+		return true
+	}
+	for _, k := range Lookups(peer, port, proto, dir) {
+		if m.Has(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// Equal reports whether m and o enforce the same thing (revisions aside).
+func (m *MapState) Equal(o *MapState) bool {
+	if m == nil || o == nil {
+		return m == o
+	}
+	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
+		slices.Equal(m.Allow, o.Allow)
+}
+
+// Diff returns the entries of to missing from from (add) and those of
+// from missing from to (remove); either may be nil (no entries). A
+// policy-only regeneration applies exactly these to the policy map.
+func Diff(from, to *MapState) (add, remove []Key) {
+	var a, b []Key
+	if from != nil {
+		a = from.Allow
+	}
+	if to != nil {
+		b = to.Allow
+	}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && Compare(a[i], b[j]) < 0):
+			remove = append(remove, a[i])
+			i++
+		case i == len(a) || Compare(a[i], b[j]) > 0:
+			add = append(add, b[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return add, remove
+}

@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// MinCIDRIdentity is the first local identity given to a policy's CIDR
+// prefix (Cilium's local identity scope, 1<<24).
+const MinCIDRIdentity identity.NumericIdentity = 1 << 24
+
+type idSet = map[identity.NumericIdentity]struct{}
+
+// cachedSelector is a selector cache entry: the identities a selector
+// matches, kept up to date as identities come and go.
+type cachedSelector struct {
+	sel Selector
+	ids idSet
+	// serial is unique per entry (the order subjects are combined in).
+	serial uint64
+	// users counts the rule references (subject or peer) holding it.
+	users int
+	// subjectOf lists the rules it is the subject of.
+	subjectOf []ruleRef
+	// peerOf counts, per policy key, the peer references to it.
+	peerOf map[string]int
+}
+
+type ruleRef struct {
+	policy *Policy
+	rule   int
+}
+
+// cidrIdentity is a CIDR prefix's local identity with its reference count.
+type cidrIdentity struct {
+	id   identity.NumericIdentity
+	refs int
+}
+
+// Change is an identity whose computed policy changed. Known is false
+// when nothing was cached for it before (after a restart of the owner):
+// then only endpoints whose realised policy differs need regenerating.
+type Change struct {
+	Identity identity.NumericIdentity
+	Policy   *MapState
+	Known    bool
+}
+
+// Result is what a repository change did.
+type Result struct {
+	Revision uint64
+	Changed  []Change
+	// CIDRUpserts and CIDRDeletes are the ipcache entries of policy CIDR
+	// prefixes to add and remove.
+	CIDRUpserts map[netip.Prefix]identity.NumericIdentity
+	CIDRDeletes []netip.Prefix
+}
+
+// Repository holds the policies, the selector cache and the computed
+// MapState of every identity that asked. Not goroutine safe: the policy
+// actor owns it.
+type Repository struct {
+	revision  uint64
+	policies  map[string]*Policy
+	ids       map[identity.NumericIdentity]labels.Labels // every known identity
+	selectors map[string]*cachedSelector                 // by Selector.Key
+	mapStates map[identity.NumericIdentity]*MapState
+	cidrs     map[netip.Prefix]*cidrIdentity
+	nextCIDR  identity.NumericIdentity
+	freeCIDR  []identity.NumericIdentity
+	serial    uint64
+	// bySubjects shares computed policies between identities selected by
+	// the same subject selectors (keyed by their serials); cleared by
+	// every change.
+	bySubjects map[string]*MapState
+	// upserts collects the CIDR prefixes (re)gaining a reference during
+	// one change, reported by finish.
+	upserts map[netip.Prefix]identity.NumericIdentity
+}
+
+// NewRepository returns an empty repository knowing the reserved identities.
+func NewRepository() *Repository {
+	r := &Repository{
+		policies: map[string]*Policy{}, ids: map[identity.NumericIdentity]labels.Labels{},
+		selectors: map[string]*cachedSelector{}, mapStates: map[identity.NumericIdentity]*MapState{},
+		cidrs: map[netip.Prefix]*cidrIdentity{}, nextCIDR: MinCIDRIdentity,
+	}
+	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
+		if ls, ok := identity.ReservedLabels(id); ok {
+			r.ids[id] = ls
+		}
+	}
+	return r
+}
+
+// Revision returns the repository revision, bumped by every import and delete.
+func (r *Repository) Revision() uint64 { return r.revision }
+
+// SetRevision sets the revision (rebuild after a restart).
+func (r *Repository) SetRevision(rev uint64) { r.revision = rev }
+
+// Policies returns the policies sorted by key.
+func (r *Repository) Policies() []*Policy {
+	out := slices.Collect(maps.Values(r.policies))
+	slices.SortFunc(out, func(a, b *Policy) int { return strings.Compare(a.Key(), b.Key()) })
+	return out
+}
+
+// SeedCIDR binds prefix to id before policies are re-imported after a
+// restart, so CIDR identities keep their numbers. It has no references
+// until a policy uses the prefix; Prune drops unused seeds.
+func (r *Repository) SeedCIDR(p netip.Prefix, id identity.NumericIdentity) {
+	if _, ok := r.cidrs[p]; ok || id < MinCIDRIdentity {
+		return
+	}
+	r.cidrs[p] = &cidrIdentity{id: id}
+	r.ids[id] = CIDRLabels(p)
+	r.nextCIDR = max(r.nextCIDR, id+1)
+}
+
+// Import adds or replaces policies (by namespace/name) and bumps the
+// revision once.
+func (r *Repository) Import(pols []*Policy) Result {
+	r.revision++
+	affected := idSet{}
+	for _, p := range pols {
+		if old, ok := r.policies[p.Key()]; ok {
+			r.unregister(old, affected)
+		}
+		r.register(p, affected)
+	}
+	return r.finish(affected)
+}
+
+// DeleteByName removes one policy ("namespace/name"). Returns ErrNotFound.
+func (r *Repository) DeleteByName(key string) (Result, error) {
+	p, ok := r.policies[key]
+	if !ok {
+		return Result{Revision: r.revision}, ErrNotFound
+	}
+	r.revision++
+	affected := idSet{}
+	r.unregister(p, affected)
+	return r.finish(affected), nil
+}
+
+// DeleteByLabels removes every policy whose metadata labels include sel
+// and returns their keys; it bumps the revision even when nothing matched.
+func (r *Repository) DeleteByLabels(sel map[string]string) (Result, []string) {
+	r.revision++
+	affected := idSet{}
+	var deleted []string
+	for _, p := range r.Policies() {
+		match := true
+		for k, v := range sel {
+			if got, ok := p.Labels[k]; !ok || got != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			r.unregister(p, affected)
+			deleted = append(deleted, p.Key())
+		}
+	}
+	return r.finish(affected), deleted
+}
+
+// UpsertIdentity adds or relabels an identity and returns the identities
+// whose policy changed because selectors now match differently.
+func (r *Repository) UpsertIdentity(id identity.NumericIdentity, ls labels.Labels) Result {
+	if old, ok := r.ids[id]; ok && old.Equal(ls) {
+		return Result{Revision: r.revision}
+	}
+	r.ids[id] = ls
+	affected := idSet{}
+	r.reselect(id, affected) // marks id itself if a subject selected it before or now
+	return r.finish(affected)
+}
+
+// RemoveIdentity forgets an identity (released).
+func (r *Repository) RemoveIdentity(id identity.NumericIdentity) Result {
+	if _, ok := r.ids[id]; !ok || id.IsReserved() {
+		return Result{Revision: r.revision}
+	}
+	delete(r.ids, id)
+	affected := idSet{}
+	r.reselect(id, affected)
+	delete(r.mapStates, id)
+	delete(affected, id)
+	return r.finish(affected)
+}
+
+// Known reports whether the repository knows identity id.
+func (r *Repository) Known(id identity.NumericIdentity) bool {
+	_, ok := r.ids[id]
+	return ok
+}
+
+// MapState returns the policy of identity id (nil: nothing selects it),
+// computing and caching it. Every caller gets the same shared pointer
+// until the policy of id changes.
+func (r *Repository) MapState(id identity.NumericIdentity) *MapState {
+	if m, ok := r.mapStates[id]; ok {
+		return m
+	}
+	m := r.compute(id)
+	r.mapStates[id] = m
+	return m
+}
+
+// Selectors returns the number of selector cache entries.
+func (r *Repository) Selectors() int { return len(r.selectors) }
+
+// CIDRs returns the CIDR prefix identities in use.
+func (r *Repository) CIDRs() map[netip.Prefix]identity.NumericIdentity {
+	out := make(map[netip.Prefix]identity.NumericIdentity, len(r.cidrs))
+	for p, c := range r.cidrs {
+		out[p] = c.id
+	}
+	return out
+}
