@@ -13,7 +13,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -178,20 +177,13 @@ func (d *endpointDeps) stats(id string) *MailboxStats {
 }
 
 // System is a running actor system: the agent root actor and its
-// children. Callers outside actors (HTTP handlers, tests) talk to it with
-// Ask; readers use the index directly.
+// children. Callers outside actors drive it only through its typed
+// methods (frontdoor.go); readers use the index directly.
 type System struct {
-	Actors   *actor.ActorSystem
-	Agent    *actor.PID
-	Pool     *actor.PID
-	IPAM     *actor.PID
-	Identity *actor.PID
-	Policy   *actor.PID
-	IPCache  *actor.PID
-	// Endpoints is the endpoint manager.
-	Endpoints *actor.PID
-	// GC is the garbage collector (messages.StartGC, messages.RunGC).
-	GC       *actor.PID
+	Actors *actor.ActorSystem
+	// The children's PIDs; endpoints is the endpoint manager.
+	agent, pool, ipam, identity, policy, ipcache, endpoints, gc *actor.PID
+
 	Index    *index.Index
 	Datapath datapath.Datapath
 	Config   Config
@@ -312,17 +304,17 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	children := res.(map[string]*actor.PID)
-	s := &System{Actors: sys, Agent: agentPID, Pool: children["datapath"], IPAM: children["ipam"],
-		Identity: children["identity"], Policy: children["policy"], IPCache: children["ipcache"],
-		Endpoints: children["endpoints"], GC: children["gc"], Index: ix, Datapath: dp,
+	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
+		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
+		endpoints: children["endpoints"], gc: children["gc"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, asker: newAsker(sys), log: log}
-	dp.SetProxyAck(s.proxyAck)
+	dp.SetProxyAck(s.ProxyAck)
 	return s, nil
 }
 
-// Ask sends msg to pid and waits for the reply, bounded by ctx (default
-// 30 s). Never call it from inside an actor.
-func (s *System) Ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
+// ask sends msg to pid and waits for the reply, bounded by ctx (default
+// 30 s). Never called from inside an actor.
+func (s *System) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
 	timeout := 30 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
@@ -354,15 +346,9 @@ func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(
 // datapath state stay as they are, for the next start to restore.
 func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
-	_ = s.Actors.Root.StopFuture(s.Agent).Wait()
+	_ = s.Actors.Root.StopFuture(s.agent).Wait()
 	s.Actors.Shutdown()
 	s.deps.writer.stop()
 	s.asker.stop()
 	failFutures(s.Actors)
-}
-
-// proxyAck delivers a proxy's acknowledgement to the endpoint's actor
-// (through the manager); it never blocks.
-func (s *System) proxyAck(id endpoint.ID, revision uint64, proxyID string) {
-	s.Actors.Root.Send(s.Endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
 }

@@ -37,14 +37,14 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 	ip := func(s string) netip.Addr { return netip.MustParseAddr(s) }
 	claim := func(t *testing.T, id endpoint.ID, addr netip.Addr) {
 		t.Helper()
-		r := askAs[*messages.IPAMResult](t, h, h.sys.IPAM, &messages.IPAMClaim{Endpoint: id, IPs: []netip.Addr{addr}, Owner: "ns/c", Holder: holder})
+		r := askAs[*messages.IPAMResult](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMClaim{Endpoint: id, IPs: []netip.Addr{addr}, Owner: "ns/c", Holder: holder})
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
 	}
 	acquire := func(t *testing.T, ls string) *messages.IdentityAcquired {
 		t.Helper()
-		r := askAs[*messages.IdentityAcquired](t, h, h.sys.Identity, &messages.IdentityAcquire{Labels: mustLabels(t, ls), Holder: holder})
+		r := askAs[*messages.IdentityAcquired](t, h, h.sys.PIDForTest("identity"), &messages.IdentityAcquire{Labels: mustLabels(t, ls), Holder: holder})
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
@@ -59,7 +59,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 	}{
 		{
 			name:  "ipam allocate",
-			pid:   h.sys.IPAM,
+			pid:   h.sys.PIDForTest("ipam"),
 			setup: func(*testing.T) any { return &messages.IPAMAllocate{Family: ipam.IPv4, Owner: "ns/a"} },
 			check: func(t *testing.T, a any) {
 				if _, ok := h.ix.IP(a.(*messages.IPAMAllocated).IPv4); !ok {
@@ -69,7 +69,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name:  "ipam allocate ip",
-			pid:   h.sys.IPAM,
+			pid:   h.sys.PIDForTest("ipam"),
 			setup: func(*testing.T) any { return &messages.IPAMAllocateIP{IP: ip("10.200.0.100"), Owner: "ns/a"} },
 			check: func(t *testing.T, _ any) {
 				if _, ok := h.ix.IP(ip("10.200.0.100")); !ok {
@@ -79,9 +79,9 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name: "ipam release",
-			pid:  h.sys.IPAM,
+			pid:  h.sys.PIDForTest("ipam"),
 			setup: func(t *testing.T) any {
-				askAs[*messages.IPAMAllocated](t, h, h.sys.IPAM, &messages.IPAMAllocateIP{IP: ip("10.200.0.101"), Owner: "ns/a"})
+				askAs[*messages.IPAMAllocated](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMAllocateIP{IP: ip("10.200.0.101"), Owner: "ns/a"})
 				return &messages.IPAMRelease{IP: ip("10.200.0.101")}
 			},
 			check: func(t *testing.T, _ any) {
@@ -92,7 +92,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name: "ipam claim",
-			pid:  h.sys.IPAM,
+			pid:  h.sys.PIDForTest("ipam"),
 			setup: func(t *testing.T) any {
 				return &messages.IPAMClaim{Endpoint: 9, IPs: []netip.Addr{ip("10.200.0.102")}, Owner: "ns/c", Holder: holder}
 			},
@@ -104,7 +104,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name: "ipam unclaim",
-			pid:  h.sys.IPAM,
+			pid:  h.sys.PIDForTest("ipam"),
 			setup: func(t *testing.T) any {
 				claim(t, 10, ip("10.200.0.103"))
 				return &messages.IPAMUnclaim{Endpoint: 10, IPs: []netip.Addr{ip("10.200.0.103")}, Release: true}
@@ -117,7 +117,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name: "identity acquire",
-			pid:  h.sys.Identity,
+			pid:  h.sys.PIDForTest("identity"),
 			setup: func(t *testing.T) any {
 				return &messages.IdentityAcquire{Labels: mustLabels(t, "k8s:commit=a"), Holder: holder}
 			},
@@ -129,7 +129,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name: "identity release",
-			pid:  h.sys.Identity,
+			pid:  h.sys.PIDForTest("identity"),
 			setup: func(t *testing.T) any {
 				r := acquire(t, "k8s:commit=b")
 				return &messages.IdentityRelease{ID: r.Identity.ID, Holder: holder}
@@ -142,7 +142,7 @@ func TestAnswersAfterIndexCommit(t *testing.T) {
 		},
 		{
 			name:  "endpoint create",
-			pid:   h.sys.Endpoints,
+			pid:   h.sys.PIDForTest("endpoints"),
 			setup: func(t *testing.T) any { return &messages.CreateEndpoint{Spec: podSpec(t, "c-commit", "ns", "commit")} },
 			check: func(t *testing.T, a any) {
 				if _, ok := h.indexed(a.(*messages.EndpointResult).Endpoint.ID); !ok {

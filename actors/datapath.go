@@ -34,14 +34,14 @@ type workerDone struct {
 	failed bool
 }
 
-// PoolStats is a snapshot of the pool, answered to *GetPoolStats.
+// PoolStats is a snapshot of the pool, answered to *getPoolStats.
 type PoolStats struct {
 	Workers, Busy, Backlog int
 	Done, Failed           uint64
 }
 
-// GetPoolStats asks the pool actor for its PoolStats. Reply: *PoolStats.
-type GetPoolStats struct{}
+// getPoolStats asks the pool actor for its PoolStats. Reply: *PoolStats.
+type getPoolStats struct{}
 
 // poolActor hands DatapathWork to a fixed set of worker goroutines. It
 // never blocks: work beyond the free workers waits in its own FIFO backlog
@@ -85,7 +85,7 @@ func (p *poolActor) Receive(ctx actor.Context) {
 			p.failed++
 		}
 		p.dispatch()
-	case *GetPoolStats:
+	case *getPoolStats:
 		ctx.Respond(&PoolStats{Workers: p.cfg.Workers, Busy: p.busy, Backlog: len(p.backlog), Done: p.done, Failed: p.failed})
 	}
 }

@@ -90,7 +90,7 @@ func (m *managerActor) Receive(ctx actor.Context) {
 		m.changed(ctx, msg)
 	case *actor.Terminated:
 		m.childStopped(ctx, msg.Who)
-	case *GetActors:
+	case *getActors:
 		ctx.Respond(m.actors())
 	}
 }
@@ -394,8 +394,8 @@ type ActorInfo struct {
 	Handled  int64
 }
 
-// GetActors asks the endpoint manager for its children. Reply: []ActorInfo.
-type GetActors struct{}
+// getActors asks the endpoint manager for its children. Reply: []ActorInfo.
+type getActors struct{}
 
 func (m *managerActor) actors() []ActorInfo {
 	out := make([]ActorInfo, 0, len(m.children))

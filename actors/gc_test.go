@@ -45,7 +45,7 @@ func TestGCActorSharesRunningPass(t *testing.T) {
 	t.Cleanup(sys.Stop)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	stats := sys.MailboxStats(sys.GC.Id)
+	stats := sys.MailboxStats(sys.PIDForTest("gc").Id)
 	var base int64
 	results := make([]*messages.GCResult, 3)
 	var wg sync.WaitGroup
@@ -53,7 +53,7 @@ func TestGCActorSharesRunningPass(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := sys.Ask(ctx, sys.GC, &messages.RunGC{})
+			res, err := sys.AskForTest(ctx, sys.PIDForTest("gc"), &messages.RunGC{})
 			if err != nil {
 				t.Errorf("RunGC %d: %v", i, err)
 				return
@@ -82,7 +82,7 @@ func TestGCActorSharesRunningPass(t *testing.T) {
 			t.Fatalf("result %d: %+v", i, r)
 		}
 	}
-	if _, err := sys.Ask(ctx, sys.GC, &messages.RunGC{}); err != nil {
+	if _, err := sys.AskForTest(ctx, sys.PIDForTest("gc"), &messages.RunGC{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := dp.passes.Load(); n != 2 {

@@ -98,7 +98,7 @@ func (h *harness) askRaw(tb testing.TB, pid *actor.PID, msg any) any {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	res, err := h.sys.Ask(ctx, pid, msg)
+	res, err := h.sys.AskForTest(ctx, pid, msg)
 	if err != nil {
 		tb.Fatalf("ask %s %T: %v", pid.Id, msg, err)
 	}
@@ -120,7 +120,7 @@ func askAs[T any](tb testing.TB, h *harness, pid *actor.PID, msg any) T {
 // result's endpoint and error.
 func (h *harness) endpointCall(tb testing.TB, msg any) (*endpoint.Endpoint, error) {
 	tb.Helper()
-	r := askAs[*messages.EndpointResult](tb, h, h.sys.Endpoints, msg)
+	r := askAs[*messages.EndpointResult](tb, h, h.sys.PIDForTest("endpoints"), msg)
 	return r.Endpoint, r.Err
 }
 
@@ -149,7 +149,7 @@ func (h *harness) remove(tb testing.TB, id endpoint.ID, opts endpoint.DeleteOpti
 // allocate asks IPAM for an address of family f.
 func (h *harness) allocate(tb testing.TB, f ipam.Family, owner string) *messages.IPAMAllocated {
 	tb.Helper()
-	return askAs[*messages.IPAMAllocated](tb, h, h.sys.IPAM, &messages.IPAMAllocate{Family: f, Owner: owner})
+	return askAs[*messages.IPAMAllocated](tb, h, h.sys.PIDForTest("ipam"), &messages.IPAMAllocate{Family: f, Owner: owner})
 }
 
 // mustAllocate allocates one address of f.
@@ -168,7 +168,7 @@ func (h *harness) mustAllocate(tb testing.TB, f ipam.Family, owner string) netip
 // actorsList returns the manager's children.
 func (h *harness) actorsList(tb testing.TB) []actors.ActorInfo {
 	tb.Helper()
-	return askAs[[]actors.ActorInfo](tb, h, h.sys.Endpoints, &actors.GetActors{})
+	return askAs[[]actors.ActorInfo](tb, h, h.sys.PIDForTest("endpoints"), &actors.GetActorsForTest{})
 }
 
 // endpointPID returns the PID of an endpoint's actor, or nil.

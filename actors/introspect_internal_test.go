@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
@@ -40,7 +41,7 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	}
 	// A request while one runs and one while one is pending: coalesced.
 	for range 3 {
-		sys.Actors.Root.Send(sys.Endpoints, &messages.Regenerate{ID: ep.ID})
+		sys.Actors.Root.Send(sys.endpoints, &messages.Regenerate{ID: ep.ID})
 	}
 	path := svPID(sys, ep.ID).Id
 	svWait(t, "three regenerations requested and at most two run", func() bool {
@@ -64,13 +65,13 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 		s, ok := reg.Get(path)
 		return ok && s.Restarts == 1 && strings.Contains(s.LastError, "crash requested") && s.State == "ready"
 	})
-	sys.Actors.Root.Send(sys.IPAM, &crashForTest{})
+	sys.Actors.Root.Send(sys.ipam, &crashForTest{})
 	svWait(t, "the IPAM restart in its snapshot", func() bool {
-		s, ok := reg.Get(sys.IPAM.Id)
+		s, ok := reg.Get(sys.ipam.Id)
 		return ok && s.Restarts == 1 && strings.Contains(s.LastError, "crash requested")
 	})
 
-	res := svAsk(t, sys, sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID}).(*messages.EndpointResult)
+	res := svAsk(t, sys, sys.endpoints, &messages.DeleteEndpoint{ID: ep.ID}).(*messages.EndpointResult)
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}

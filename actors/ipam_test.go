@@ -84,7 +84,7 @@ func TestIPAMAllocateIP(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ip := netip.MustParseAddr(tt.ip)
-			r := askAs[*messages.IPAMAllocated](t, h, h.sys.IPAM, &messages.IPAMAllocateIP{IP: ip, Owner: tt.owner})
+			r := askAs[*messages.IPAMAllocated](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMAllocateIP{IP: ip, Owner: tt.owner})
 			if tt.wantErr != nil {
 				if !errors.Is(r.Err, tt.wantErr) {
 					t.Fatalf("allocate %s: %v, want %v", ip, r.Err, tt.wantErr)
@@ -114,7 +114,7 @@ func TestIPAMRelease(t *testing.T) {
 
 	release := func(t *testing.T, ip netip.Addr) *messages.IPAMReleased {
 		t.Helper()
-		return askAs[*messages.IPAMReleased](t, h, h.sys.IPAM, &messages.IPAMRelease{IP: ip})
+		return askAs[*messages.IPAMReleased](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMRelease{IP: ip})
 	}
 	t.Run("allocated", func(t *testing.T) {
 		r := release(t, ip)
@@ -155,13 +155,13 @@ func TestIPAMRelease(t *testing.T) {
 		if _, ok := h.ix.IP(claimed); !ok {
 			t.Fatalf("refused release removed the row")
 		}
-		forced := askAs[*messages.IPAMReleased](t, h, h.sys.IPAM, &messages.IPAMRelease{IP: claimed, Force: true})
+		forced := askAs[*messages.IPAMReleased](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMRelease{IP: claimed, Force: true})
 		if forced.Err != nil || !forced.Released {
 			t.Fatalf("forced release = %+v", forced)
 		}
 	})
 	t.Run("released address is handed out again", func(t *testing.T) {
-		got := askAs[*messages.IPAMAllocated](t, h, h.sys.IPAM, &messages.IPAMAllocateIP{IP: ip, Owner: "ns/again"})
+		got := askAs[*messages.IPAMAllocated](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMAllocateIP{IP: ip, Owner: "ns/again"})
 		if got.Err != nil {
 			t.Fatalf("allocate released %s: %v", ip, got.Err)
 		}
@@ -205,7 +205,7 @@ func TestIPAMExhaustion(t *testing.T) {
 		one = ip
 		break
 	}
-	if rel := askAs[*messages.IPAMReleased](t, h, h.sys.IPAM, &messages.IPAMRelease{IP: one}); rel.Err != nil || !rel.Released {
+	if rel := askAs[*messages.IPAMReleased](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMRelease{IP: one}); rel.Err != nil || !rel.Released {
 		t.Fatalf("release %s = %+v", one, rel)
 	}
 	if again := h.mustAllocate(t, ipam.IPv4, "ns/y"); again != one {
@@ -224,7 +224,7 @@ func TestIPAMNoRange(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := askAs[*messages.IPAMAllocated](t, h, h.sys.IPAM, tt.msg)
+			r := askAs[*messages.IPAMAllocated](t, h, h.sys.PIDForTest("ipam"), tt.msg)
 			if !errors.Is(r.Err, actors.ErrNoRange) {
 				t.Fatalf("answer %+v, want ErrNoRange", r)
 			}
@@ -234,7 +234,7 @@ func TestIPAMNoRange(t *testing.T) {
 	if r.Err != nil || !r.IPv4.IsValid() || r.IPv6.IsValid() {
 		t.Fatalf("allocate all families with only IPv4 = %+v", r)
 	}
-	ip6 := askAs[*messages.IPAMAllocated](t, h, h.sys.IPAM, &messages.IPAMAllocateIP{IP: netip.MustParseAddr("fd00::1")})
+	ip6 := askAs[*messages.IPAMAllocated](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMAllocateIP{IP: netip.MustParseAddr("fd00::1")})
 	if !errors.Is(ip6.Err, ipam.ErrOutOfRange) {
 		t.Fatalf("allocate IPv6 without a range = %+v, want ErrOutOfRange", ip6)
 	}

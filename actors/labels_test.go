@@ -91,7 +91,7 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 			add := mustLabels(t, "k8s:tier=new")
 			results := make(chan *messages.EndpointResult, 2)
 			for range 2 {
-				f := h.future(h.sys.Endpoints, &messages.PatchLabels{ID: ep.ID, Add: add})
+				f := h.future(h.sys.PIDForTest("endpoints"), &messages.PatchLabels{ID: ep.ID, Add: add})
 				go func() {
 					res, err := f.Result()
 					g.event("answered")
@@ -105,7 +105,7 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 			}
 			time.Sleep(lockedWindow) // an early answer would arrive now
 			if deleteMeanwhile {
-				del := h.future(h.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})
+				del := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: ep.ID})
 				for range 2 {
 					if r := <-results; !errors.Is(r.Err, actors.ErrEndpointDeleting) {
 						t.Errorf("patch during delete: %v, want ErrEndpointDeleting", r.Err)

@@ -46,7 +46,7 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult)
+	res := svAsk(t, sys, sys.policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult)
 	if res.Err != nil || res.Revision != 1 {
 		t.Fatalf("import = %+v", res)
 	}
@@ -64,8 +64,8 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	})
 	regB := mustEndpoint(t, sys, b.ID).Regenerations
 
-	sys.Actors.Root.Send(sys.Policy, &crashForTest{})
-	got := svAsk(t, sys, sys.Policy, &messages.ComputePolicy{Endpoint: b.ID, Identity: b.Identity}).(*messages.PolicyComputed)
+	sys.Actors.Root.Send(sys.policy, &crashForTest{})
+	got := svAsk(t, sys, sys.policy, &messages.ComputePolicy{Endpoint: b.ID, Identity: b.Identity}).(*messages.PolicyComputed)
 	if got.Revision != 1 || !got.Policy.Equal(before) {
 		t.Fatalf("after restart: revision %d policy %+v, want revision 1 and %+v", got.Revision, got.Policy, before)
 	}
@@ -76,7 +76,7 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 		t.Errorf("B regenerated %d times after the restart; its policy did not change", n-regB)
 	}
 
-	del := svAsk(t, sys, sys.Policy, &messages.PolicyDelete{Name: "default/sv"}).(*messages.PolicyResult)
+	del := svAsk(t, sys, sys.policy, &messages.PolicyDelete{Name: "default/sv"}).(*messages.PolicyResult)
 	if del.Err != nil || del.Deleted != 1 || del.Revision != 2 {
 		t.Fatalf("delete after restart = %+v", del)
 	}
@@ -94,11 +94,11 @@ func TestIPCacheActorRestart(t *testing.T) {
 	a := svCreate(t, sys, "a")
 	pa := netip.PrefixFrom(a.IPv4, 32)
 	svWait(t, "A in the ipcache", func() bool { return dp.IPCache()[pa] == a.Identity })
-	sys.Actors.Root.Send(sys.IPCache, &crashForTest{})
+	sys.Actors.Root.Send(sys.ipcache, &crashForTest{})
 	b := svCreate(t, sys, "b")
 	pb := netip.PrefixFrom(b.IPv4, 32)
 	svWait(t, "B in the ipcache", func() bool { return dp.IPCache()[pb] == b.Identity })
-	if res := svAsk(t, sys, sys.Endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult); res.Err != nil {
+	if res := svAsk(t, sys, sys.endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult); res.Err != nil {
 		t.Fatal(res.Err)
 	}
 	svWait(t, "A out of the ipcache", func() bool { _, ok := dp.IPCache()[pa]; return !ok })
@@ -143,7 +143,7 @@ func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+		if res := svAsk(t, sys, sys.policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
 			t.Fatal(res.Err)
 		}
 	}
@@ -216,10 +216,10 @@ func TestPolicyRevisionEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := svAsk(t, sys, sys.Policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+	if res := svAsk(t, sys, sys.policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
 		t.Fatalf("import: %v", res.Err)
 	}
-	if res := svAsk(t, sys, sys.Policy, &messages.PolicyDelete{Name: pols[0].Key()}).(*messages.PolicyResult); res.Err != nil {
+	if res := svAsk(t, sys, sys.policy, &messages.PolicyDelete{Name: pols[0].Key()}).(*messages.PolicyResult); res.Err != nil {
 		t.Fatalf("delete: %v", res.Err)
 	}
 	var revs []uint64

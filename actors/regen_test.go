@@ -97,13 +97,13 @@ func TestRegenerationCoalescing(t *testing.T) {
 
 	g := newGate(t)
 	h.fake.Set(datapath.FakeHooks{BeforeRealize: g.realize})
-	first := h.future(h.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "first"})
+	first := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "first"})
 	g.await(t, ep.ID)
 
 	const n = 1000
 	futures := make([]*actor.Future, n)
 	for i := range futures {
-		futures[i] = h.future(h.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "burst"})
+		futures[i] = h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "burst"})
 	}
 	// Every request reached the endpoint while the first one is held.
 	waitFor(t, "the burst to reach the endpoint", func() bool {
@@ -189,11 +189,11 @@ func TestProxyAckBeforeRealizeResult(t *testing.T) {
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 2, ProxyAckDropRate: 1, // the fake sends none itself
 		BeforeRealize: func(ctx context.Context, e *endpoint.Endpoint, rev uint64) error {
 			for _, p := range []string{"proxy-0", "proxy-1"} {
-				h.sys.Actors.Root.Send(h.sys.Endpoints, &messages.ProxyAck{ID: e.ID, Revision: rev, ProxyID: p})
+				h.sys.Actors.Root.Send(h.sys.PIDForTest("endpoints"), &messages.ProxyAck{ID: e.ID, Revision: rev, ProxyID: p})
 			}
 			// A no-op label patch takes the same route: once it is answered
 			// the endpoint has processed both acknowledgements.
-			_, err := h.sys.Ask(ctx, h.sys.Endpoints, &messages.PatchLabels{ID: e.ID})
+			_, err := h.sys.AskForTest(ctx, h.sys.PIDForTest("endpoints"), &messages.PatchLabels{ID: e.ID})
 			hookErr <- err
 			return err
 		}})
@@ -217,7 +217,7 @@ func TestProxyWaitDoesNotBlockMailbox(t *testing.T) {
 	h := startSystem(t, func(c *actors.Config) { c.Endpoint.ProxyWaitTimeout = time.Minute })
 	ep := h.mustCreate(t, podSpec(t, "c-wait", "ns", "wait"))
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 2, ProxyAckDropRate: 1})
-	regen := h.future(h.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "test"})
+	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "test"})
 	var rev1 uint64
 	waitFor(t, "the regeneration's realize", func() bool {
 		rev, _ := h.fake.Realized(ep.ID)
@@ -242,7 +242,7 @@ func TestProxyWaitDoesNotBlockMailbox(t *testing.T) {
 	}
 
 	ack := func(rev uint64, proxy string) {
-		h.sys.Actors.Root.Send(h.sys.Endpoints, &messages.ProxyAck{ID: ep.ID, Revision: rev, ProxyID: proxy})
+		h.sys.Actors.Root.Send(h.sys.PIDForTest("endpoints"), &messages.ProxyAck{ID: ep.ID, Revision: rev, ProxyID: proxy})
 	}
 	ack(rev1, "proxy-0")
 	ack(rev1+1000, "proxy-1") // wrong revision: ignored
@@ -297,7 +297,7 @@ func TestDeleteWaitsForProxyAcks(t *testing.T) {
 	h := startSystem(t, func(c *actors.Config) { c.Endpoint.ProxyWaitTimeout = 300 * time.Millisecond })
 	ep := h.mustCreate(t, podSpec(t, "c-delwait", "ns", "delwait"))
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 1, ProxyAckDropRate: 1})
-	regen := h.future(h.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "test"})
+	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "test"})
 	waitFor(t, "the regeneration's realize", func() bool {
 		rev, _ := h.fake.Realized(ep.ID)
 		return rev > ep.RealizedRevision
@@ -352,7 +352,7 @@ func TestCreateFailsOnDatapathError(t *testing.T) {
 		return ok && row.Owner == owner && row.Endpoint == 0 && row.Holder == ""
 	})
 	// The caller can release it, then retry with a healthy datapath.
-	if rel := askAs[*messages.IPAMReleased](t, h, h.sys.IPAM, &messages.IPAMRelease{IP: ip}); rel.Err != nil || !rel.Released {
+	if rel := askAs[*messages.IPAMReleased](t, h, h.sys.PIDForTest("ipam"), &messages.IPAMRelease{IP: ip}); rel.Err != nil || !rel.Released {
 		t.Fatalf("release after failed create = %+v", rel)
 	}
 	h.fake.Set(datapath.FakeHooks{})
@@ -466,7 +466,7 @@ func TestRequestsWhileDeleting(t *testing.T) {
 	ep := h.mustCreate(t, podSpec(t, "c-del", "ns", "del"))
 	g := newGate(t)
 	h.fake.Set(datapath.FakeHooks{BeforeRemove: g.remove})
-	del1 := h.future(h.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})
+	del1 := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: ep.ID})
 	g.await(t, ep.ID)
 
 	tests := []struct {
@@ -487,7 +487,7 @@ func TestRequestsWhileDeleting(t *testing.T) {
 	// A second delete joins the first once it reached the endpoint's mailbox
 	// (sent later, it may find the endpoint gone: ErrEndpointNotFound).
 	handled := h.handled(t, ep.ID)
-	del2 := h.future(h.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})
+	del2 := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: ep.ID})
 	waitFor(t, "the second delete to reach the endpoint", func() bool { return h.handled(t, ep.ID) > handled })
 	g.open()
 	for i, f := range []*actor.Future{del1, del2} {
@@ -508,15 +508,15 @@ func TestDeleteDuringRegeneration(t *testing.T) {
 	h := startSystem(t, nil)
 	g := newGate(t)
 	h.fake.Set(datapath.FakeHooks{BeforeRealize: g.realize})
-	create := h.future(h.sys.Endpoints, &messages.CreateEndpoint{Spec: podSpec(t, "c-dr", "ns", "dr"), Sync: true})
+	create := h.future(h.sys.PIDForTest("endpoints"), &messages.CreateEndpoint{Spec: podSpec(t, "c-dr", "ns", "dr"), Sync: true})
 	var id endpoint.ID
 	select {
 	case id = <-g.entered:
 	case <-time.After(waitTimeout):
 		t.Fatal("first regeneration never reached the datapath")
 	}
-	regen := h.future(h.sys.Endpoints, &messages.Regenerate{ID: id})
-	del := h.future(h.sys.Endpoints, &messages.DeleteEndpoint{ID: id})
+	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: id})
+	del := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: id})
 	// Both requests are queued behind the held realize; let it go.
 	waitFor(t, "the requests to reach the endpoint", func() bool {
 		cur, ok := h.indexed(id)

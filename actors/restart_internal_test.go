@@ -35,7 +35,7 @@ func TestEndpointActorRestartRebuildsFromIndex(t *testing.T) {
 	if id, ok := sys.Index.Identity(ep.Identity); !ok || id.RefCount != 1 {
 		t.Fatalf("identity after restart: %+v %v, want refcount 1", id, ok)
 	}
-	res := svAsk(t, sys, sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID}).(*messages.EndpointResult)
+	res := svAsk(t, sys, sys.endpoints, &messages.DeleteEndpoint{ID: ep.ID}).(*messages.EndpointResult)
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
@@ -49,26 +49,26 @@ func TestIPAMAndIdentityRestartRebuildFromIndex(t *testing.T) {
 	sys, _ := svSystem(t, nil)
 	a := svCreate(t, sys, "a")
 	b := svCreate(t, sys, "b")
-	free := svAsk(t, sys, sys.IPAM, &messages.IPAMAllocate{Family: "ipv4", Owner: "sv/pending"}).(*messages.IPAMAllocated)
+	free := svAsk(t, sys, sys.ipam, &messages.IPAMAllocate{Family: "ipv4", Owner: "sv/pending"}).(*messages.IPAMAllocated)
 
-	sys.Actors.Root.Send(sys.IPAM, &crashForTest{})
-	sys.Actors.Root.Send(sys.Identity, &crashForTest{})
+	sys.Actors.Root.Send(sys.ipam, &crashForTest{})
+	sys.Actors.Root.Send(sys.identity, &crashForTest{})
 
 	// The rebuilt IPAM must not hand out any address in use.
-	next := svAsk(t, sys, sys.IPAM, &messages.IPAMAllocate{Family: "ipv4", Owner: "sv/next"}).(*messages.IPAMAllocated)
+	next := svAsk(t, sys, sys.ipam, &messages.IPAMAllocate{Family: "ipv4", Owner: "sv/next"}).(*messages.IPAMAllocated)
 	for _, used := range []netip.Addr{a.IPv4, b.IPv4, free.IPv4} {
 		if next.IPv4 == used {
 			t.Fatalf("rebuilt IPAM handed out %s again", used)
 		}
 	}
 	// A claimed address is still protected after the rebuild.
-	rel := svAsk(t, sys, sys.IPAM, &messages.IPAMRelease{IP: a.IPv4}).(*messages.IPAMReleased)
+	rel := svAsk(t, sys, sys.ipam, &messages.IPAMRelease{IP: a.IPv4}).(*messages.IPAMReleased)
 	if rel.Err == nil {
 		t.Fatalf("release of a claimed address after rebuild succeeded")
 	}
 	// The rebuilt identity actor still counts a's reference and releases it
 	// when a is deleted; the death-watch of b was re-established.
-	res := svAsk(t, sys, sys.Endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult)
+	res := svAsk(t, sys, sys.endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult)
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
@@ -96,7 +96,7 @@ func TestIPAMRebuildReleasesDeadHolders(t *testing.T) {
 	}
 	txn.Commit()
 
-	sys.Actors.Root.Send(sys.IPAM, &crashForTest{})
+	sys.Actors.Root.Send(sys.ipam, &crashForTest{})
 	svWait(t, "the dead holder's address released", func() bool { _, ok := sys.Index.IP(dead); return !ok })
 	if row, ok := sys.Index.IP(live.IPv4); !ok || row.Endpoint != live.ID {
 		t.Fatalf("live endpoint's lease after the rebuild: %+v %v", row, ok)

@@ -118,7 +118,7 @@ func svAsk(tb testing.TB, sys *System, pid *actor.PID, msg any) any {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), svTimeout)
 	defer cancel()
-	res, err := sys.Ask(ctx, pid, msg)
+	res, err := sys.ask(ctx, pid, msg)
 	if err != nil {
 		tb.Fatalf("ask %T: %v", msg, err)
 	}
@@ -139,7 +139,7 @@ func svWait(tb testing.TB, what string, cond func() bool) {
 // svCreate allocates an IPv4 address and creates a ready endpoint with it.
 func svCreate(tb testing.TB, sys *System, name string) *endpoint.Endpoint {
 	tb.Helper()
-	alloc := svAsk(tb, sys, sys.IPAM, &messages.IPAMAllocate{Family: ipam.IPv4, Owner: "sv/" + name}).(*messages.IPAMAllocated)
+	alloc := svAsk(tb, sys, sys.ipam, &messages.IPAMAllocate{Family: ipam.IPv4, Owner: "sv/" + name}).(*messages.IPAMAllocated)
 	if alloc.Err != nil {
 		tb.Fatal(alloc.Err)
 	}
@@ -148,7 +148,7 @@ func svCreate(tb testing.TB, sys *System, name string) *endpoint.Endpoint {
 		tb.Fatal(err)
 	}
 	spec := &endpoint.Endpoint{ContainerID: "sv-" + name, Namespace: "sv", PodName: name, Labels: ls, IPv4: alloc.IPv4}
-	res := svAsk(tb, sys, sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: true}).(*messages.EndpointResult)
+	res := svAsk(tb, sys, sys.endpoints, &messages.CreateEndpoint{Spec: spec, Sync: true}).(*messages.EndpointResult)
 	if res.Err != nil {
 		tb.Fatal(res.Err)
 	}
@@ -156,7 +156,7 @@ func svCreate(tb testing.TB, sys *System, name string) *endpoint.Endpoint {
 }
 
 func svPID(sys *System, id endpoint.ID) *actor.PID {
-	return actor.NewPID(sys.Actors.Address(), sys.Endpoints.Id+"/"+endpointActorName(id))
+	return actor.NewPID(sys.Actors.Address(), sys.endpoints.Id+"/"+endpointActorName(id))
 }
 
 // svGate holds datapath operations until opened.
@@ -231,7 +231,7 @@ func TestEndpointRestartBudget(t *testing.T) {
 		_, ok := dp.IPCache()[netip.PrefixFrom(ep.IPv4, 32)]
 		return !ok
 	})
-	infos := svAsk(t, sys, sys.Endpoints, &GetActors{}).([]ActorInfo)
+	infos := svAsk(t, sys, sys.endpoints, &getActors{}).([]ActorInfo)
 	for _, info := range infos {
 		if info.Endpoint == ep.ID {
 			t.Fatalf("endpoint %d still has an actor after exceeding its restart budget", ep.ID)
@@ -246,10 +246,10 @@ func TestEndpointRestartDuringSyncCreate(t *testing.T) {
 	sys, dp, rec := svSystemLog(t, nil)
 	g := newSvGate(t)
 	dp.Set(datapath.FakeHooks{BeforeRealize: func(ctx context.Context, _ *endpoint.Endpoint, _ uint64) error { return g.hold(ctx) }})
-	alloc := svAsk(t, sys, sys.IPAM, &messages.IPAMAllocate{Family: ipam.IPv4, Owner: "sv/sync"}).(*messages.IPAMAllocated)
+	alloc := svAsk(t, sys, sys.ipam, &messages.IPAMAllocate{Family: ipam.IPv4, Owner: "sv/sync"}).(*messages.IPAMAllocated)
 	ls, _ := labels.ParseSet([]string{"k8s:app=sync"})
 	spec := &endpoint.Endpoint{ID: 33, ContainerID: "sv-sync", Namespace: "sv", PodName: "sync", Labels: ls, IPv4: alloc.IPv4}
-	create := sys.Actors.Root.RequestFuture(sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: true}, svTimeout)
+	create := sys.Actors.Root.RequestFuture(sys.endpoints, &messages.CreateEndpoint{Spec: spec, Sync: true}, svTimeout)
 	g.await(t)
 	// The restarted incarnation rebuilds from the index: wait for the
 	// manager's commit of the new row (a restart before it rebuilds an
@@ -289,7 +289,7 @@ func TestEndpointRestartDuringDelete(t *testing.T) {
 	ep := svCreate(t, sys, "del")
 	g := newSvGate(t)
 	dp.Set(datapath.FakeHooks{BeforeRemove: func(ctx context.Context, _ *endpoint.Endpoint) error { return g.hold(ctx) }})
-	del := sys.Actors.Root.RequestFuture(sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID}, svTimeout)
+	del := sys.Actors.Root.RequestFuture(sys.endpoints, &messages.DeleteEndpoint{ID: ep.ID}, svTimeout)
 	g.await(t)
 	sys.Actors.Root.Send(svPID(sys, ep.ID), &crashForTest{})
 	svWait(t, "the restart", func() bool { return rec.count(msgRebuilt) == 1 })
@@ -304,7 +304,7 @@ func TestEndpointRestartDuringDelete(t *testing.T) {
 	}
 	svLeasesGone(t, sys, ep)
 	svWait(t, "the endpoint's actor gone", func() bool {
-		for _, info := range svAsk(t, sys, sys.Endpoints, &GetActors{}).([]ActorInfo) {
+		for _, info := range svAsk(t, sys, sys.endpoints, &getActors{}).([]ActorInfo) {
 			if info.Endpoint == ep.ID {
 				return false
 			}

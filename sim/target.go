@@ -254,15 +254,12 @@ func (t *inProcess) Snapshot(ctx context.Context, deep bool) (*Snapshot, error) 
 		return s, nil
 	}
 	sys := a.System
-	res, err := sys.Ask(ctx, sys.Endpoints, &actors.GetActors{})
-	if err != nil {
+	if s.Actors, err = sys.EndpointActors(ctx); err != nil {
 		return nil, fmt.Errorf("snapshot: actors: %w", err)
 	}
-	s.Actors, _ = res.([]actors.ActorInfo)
-	if res, err = sys.Ask(ctx, sys.Pool, &actors.GetPoolStats{}); err != nil {
+	if s.Pool, err = sys.PoolStats(ctx); err != nil {
 		return nil, fmt.Errorf("snapshot: pool: %w", err)
 	}
-	s.Pool, _ = res.(*actors.PoolStats)
 	if t.fake != nil { // the linux datapath is checked by linuxTarget
 		s.Realized = make(map[endpoint.ID]uint64)
 		for id := endpoint.ID(1); id != 0; id++ {

@@ -19,7 +19,6 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
@@ -229,8 +228,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	// The collector starts once the index holds every restored endpoint;
 	// the kernel ipcache is pruned once every restored endpoint claimed
 	// its addresses (entries of endpoints deleted while no agent ran go).
-	sys.Actors.Root.Send(sys.GC, &messages.StartGC{})
-	sys.Actors.Root.Send(sys.IPCache, &messages.IPCachePrune{})
+	sys.StartGC()
+	sys.PruneIPCache()
 	a.startHealth(linux)
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -15,15 +14,11 @@ import (
 
 func runGC(t *testing.T, a *agent.Agent) datapath.GCReport {
 	t.Helper()
-	res, err := a.System.Ask(ctx10(t), a.System.GC, &messages.RunGC{})
+	rep, err := a.System.RunGC(ctx10(t))
 	if err != nil {
 		t.Fatalf("RunGC: %v", err)
 	}
-	r := res.(*messages.GCResult)
-	if r.Err != nil {
-		t.Fatalf("RunGC: %v", r.Err)
-	}
-	return r.Report
+	return rep
 }
 
 // TestGCDeletesOrphansAndMissing: through the agent's GC actor, a

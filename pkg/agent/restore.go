@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
@@ -67,11 +66,10 @@ func (a *Agent) restore(ctx context.Context) error {
 		valid = append(valid, ep)
 	}
 	if len(valid) > 0 {
-		res, err := a.System.Ask(ctx, a.System.Endpoints, &messages.RestoreEndpoints{Endpoints: valid})
+		r, err := a.System.RestoreEndpoints(ctx, valid)
 		if err != nil {
 			return fmt.Errorf("restore endpoints: %w", err)
 		}
-		r := res.(*messages.RestoreResult)
 		st.Restored = len(r.Restored)
 		for id, err := range r.Failed {
 			st.Invalid++

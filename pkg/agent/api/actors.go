@@ -88,7 +88,7 @@ func (s *Server) getActor(w http.ResponseWriter, r *http.Request) {
 			path = "ep-" + id
 		}
 		if strings.HasPrefix(path, "ep-") {
-			snap, ok = reg.Get(s.sys.Endpoints.Id + "/" + path)
+			snap, ok = reg.Get(s.sys.EndpointActorPath(path))
 		}
 	}
 	if !ok {

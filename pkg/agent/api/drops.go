@@ -3,12 +3,9 @@ package api
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"net/http"
 	"slices"
 
-	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
@@ -34,28 +31,13 @@ func (s *Server) listDrops(w http.ResponseWriter, r *http.Request) {
 // all is set, each entry naming its endpoint) in the worker pool, sorted
 // by endpoint, reason and direction.
 func (s *Server) readDrops(ctx context.Context, id endpoint.ID, all bool) ([]models.DropCounter, error) {
-	d, ok := s.sys.Datapath.(datapath.DropCounterReader)
-	if !ok {
-		return nil, fmt.Errorf("the %s datapath has no drop counters", s.sys.Datapath.Name())
+	if all {
+		id = 0
 	}
-	work := &messages.DatapathWork{Op: "read-drops", Endpoint: id, Run: func(c context.Context) (any, error) {
-		if all {
-			return d.DropCounters(c)
-		}
-		return d.EndpointDrops(c, id)
-	}}
-	res, err := s.sys.Ask(ctx, s.sys.Pool, work)
+	counters, err := s.sys.DropCounters(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	r, ok := res.(*messages.DatapathResult)
-	if !ok {
-		return nil, fmt.Errorf("unexpected answer %T", res)
-	}
-	if r.Err != nil {
-		return nil, r.Err
-	}
-	counters, _ := r.Value.(map[datapath.DropKey]datapath.Counter)
 	out := make([]models.DropCounter, 0, len(counters))
 	for k, c := range counters {
 		dc := models.DropCounter{Reason: k.Reason, Direction: k.Dir.String(), Packets: c.Packets, Bytes: c.Bytes}

@@ -56,7 +56,7 @@ func viewModel(v *identityView) *models.Identity {
 func checkRecord(tb testing.TB, e *endpoint.Endpoint, v *identityView) {
 	tb.Helper()
 	got, ok := appendEndpointRecord(nil, e, v)
-	want := encoderJSON(tb, e.Model(viewModel(v)))
+	want := encoderJSON(tb, endpointModel(e, viewModel(v)))
 	if !ok || string(got)+"\n" != want {
 		tb.Fatalf("hand encoder (ok %v)\n%s\njson.Encoder\n%s", ok, got, want)
 	}
@@ -113,7 +113,7 @@ func TestEndpointJSON(t *testing.T) {
 		if _, ok := appendEndpointRecord(nil, e, nil); ok {
 			t.Errorf("time %v: hand encoder took a time encoding/json refuses", bad)
 		}
-		if _, err := json.Marshal(e.Model(nil)); err == nil {
+		if _, err := json.Marshal(endpointModel(e, nil)); err == nil {
 			t.Errorf("time %v: encoding/json accepts it; the hand encoder need not refuse it", bad)
 		}
 	}
@@ -177,7 +177,7 @@ func FuzzEndpointJSON(f *testing.F) {
 		v := &identityView{id: sec, labels: ls}
 		got, ok := appendEndpointRecord(nil, e, v)
 		var buf bytes.Buffer
-		err := json.NewEncoder(&buf).Encode(e.Model(viewModel(v)))
+		err := json.NewEncoder(&buf).Encode(endpointModel(e, viewModel(v)))
 		switch {
 		case err != nil && ok:
 			t.Fatalf("hand encoder took what encoding/json refuses (%v)", err)
@@ -215,7 +215,7 @@ func BenchmarkEndpointJSON(b *testing.B) {
 		enc := json.NewEncoder(&buf)
 		for b.Loop() {
 			buf.Reset()
-			if err := enc.Encode(e.Model(viewModel(v))); err != nil {
+			if err := enc.Encode(endpointModel(e, viewModel(v))); err != nil {
 				b.Fatal(err)
 			}
 		}

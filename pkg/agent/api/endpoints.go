@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,9 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/asynkron/protoactor-go/actor"
-
-	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -57,24 +54,16 @@ func (s *Server) model(ep *endpoint.Endpoint) *models.Endpoint {
 	if ep.Identity != identity.IdentityUnknown {
 		ident = s.identityModel(ep.Identity)
 	}
-	return ep.Model(ident)
+	return endpointModel(ep, ident)
 }
 
-// endpointResult turns an actor answer into the endpoint or an error.
-func endpointResult(res any, err error) (*endpoint.Endpoint, error) {
-	if errors.Is(err, actor.ErrDeadLetter) {
-		// The endpoint's actor stopped between the lookup and the request:
-		// the endpoint is gone.
+// endpointResult maps the front door's answer: an endpoint whose actor
+// stopped between the lookup and the request is gone.
+func endpointResult(ep *endpoint.Endpoint, err error) (*endpoint.Endpoint, error) {
+	if errors.Is(err, actors.ErrEndpointGone) {
 		return nil, notFound("endpoint is gone")
 	}
-	if err != nil {
-		return nil, err
-	}
-	r, ok := res.(*messages.EndpointResult)
-	if !ok {
-		return nil, fmt.Errorf("unexpected answer %T", res)
-	}
-	return r.Endpoint, r.Err
+	return ep, err
 }
 
 func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
@@ -94,7 +83,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ep, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: req.SyncBuild || sync}))
+	ep, err := endpointResult(s.sys.CreateEndpoint(r.Context(), spec, req.SyncBuild || sync))
 	if err != nil {
 		return err
 	}
@@ -260,7 +249,7 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	gone, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID, Options: opts}))
+	gone, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, opts))
 	if err != nil {
 		return err
 	}
@@ -280,7 +269,7 @@ func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) err
 	if !ok {
 		return notFound(fmt.Sprintf("no endpoint for container %s", req.ContainerID))
 	}
-	if _, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.DeleteEndpoint{ID: ep.ID})); err != nil {
+	if _, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, endpoint.DeleteOptions{})); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: []int64{int64(ep.ID)}})
@@ -304,7 +293,7 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return badRequest("field \"delete\": " + err.Error())
 	}
-	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.PatchLabels{ID: ep.ID, Add: add, Delete: del}))
+	got, err := endpointResult(s.sys.PatchLabels(r.Context(), ep.ID, add, del))
 	if err != nil {
 		return err
 	}
@@ -317,7 +306,7 @@ func (s *Server) regenerate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	got, err := endpointResult(s.sys.Ask(r.Context(), s.sys.Endpoints, &messages.Regenerate{ID: ep.ID, Reason: "api"}))
+	got, err := endpointResult(s.sys.Regenerate(r.Context(), ep.ID, "api"))
 	if err != nil {
 		return err
 	}
@@ -333,16 +322,8 @@ func (s *Server) endpointHealth(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	dp := s.sys.Datapath
-	work := &messages.DatapathWork{Op: "check", Endpoint: ep.ID, Run: func(ctx context.Context) (any, error) {
-		return nil, dp.Check(ctx, ep)
-	}}
 	h := &models.EndpointHealth{ID: int64(ep.ID), State: string(ep.State), Datapath: "ok"}
-	res, err := s.sys.Ask(r.Context(), s.sys.Pool, work)
-	if err == nil {
-		err = res.(*messages.DatapathResult).Err
-	}
-	if err != nil {
+	if err = s.sys.CheckEndpoint(r.Context(), ep); err != nil {
 		h.Datapath, h.Message = "error", err.Error()
 	}
 	h.Healthy = err == nil && ep.State == endpoint.StateReady

@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
@@ -71,7 +70,7 @@ func (s *Server) deleteEndpoints(ctx context.Context, ids []endpoint.ID) ([]int6
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			_, err := endpointResult(s.sys.Ask(ctx, s.sys.Endpoints, &messages.DeleteEndpoint{ID: id}))
+			_, err := s.sys.DeleteEndpoint(ctx, id, endpoint.DeleteOptions{})
 			if errors.Is(err, actors.ErrEndpointNotFound) || errors.Is(err, actors.ErrEndpointDeleting) {
 				err = nil
 			}

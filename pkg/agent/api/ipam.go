@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 
-	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -30,19 +30,15 @@ func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
 	if len(owner) > 512 {
 		return badRequest("query parameter \"owner\": longer than 512 bytes")
 	}
-	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMAllocate{Family: fam, Owner: owner})
+	got, err := s.sys.AllocateIP(r.Context(), fam, owner)
 	if err != nil {
 		return err
-	}
-	got := res.(*messages.IPAMAllocated)
-	if got.Err != nil {
-		return got.Err
 	}
 	writeIPAM(w, http.StatusCreated, s.ipamResponse(got, owner))
 	return nil
 }
 
-func (s *Server) ipamResponse(got *messages.IPAMAllocated, owner string) *models.IPAMResponse {
+func (s *Server) ipamResponse(got actors.Allocation, owner string) *models.IPAMResponse {
 	out := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: s.text.host}
 	if t := s.text.ipv4; t != nil && got.IPv4.IsValid() {
 		out.Address.IPv4 = got.IPv4.String()
@@ -102,13 +98,9 @@ func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {
 		}
 		owner = vals[0]
 	}
-	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMRelease{IP: ip, Owner: owner})
+	got, err := s.sys.ReleaseIP(r.Context(), ip, owner)
 	if err != nil {
 		return err
-	}
-	got := res.(*messages.IPAMReleased)
-	if got.Err != nil {
-		return got.Err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"ip": ip.String(), "released": got.Released, "owner": got.Owner})
 	return nil

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -47,24 +46,12 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return &apiError{http.StatusBadRequest, CodeInvalidPolicy, err.Error()}
 	}
-	res, err := s.policyAsk(r.Context(), &messages.PolicyImport{Policies: pols})
+	res, err := s.sys.ImportPolicy(r.Context(), pols)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &models.PolicyImportResponse{Revision: res.Revision, Policies: res.Names})
 	return nil
-}
-
-func (s *Server) policyAsk(ctx context.Context, msg any) (*messages.PolicyResult, error) {
-	res, err := s.sys.Ask(ctx, s.sys.Policy, msg)
-	if err != nil {
-		return nil, err
-	}
-	r, ok := res.(*messages.PolicyResult)
-	if !ok {
-		return nil, fmt.Errorf("unexpected answer %T", res)
-	}
-	return r, r.Err
 }
 
 // listPolicies answers from the index.
@@ -88,11 +75,11 @@ func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request) {
 
 // deletePolicy deletes by ?name=ns/name or ?labels=k=v,...
 func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) error {
-	msg, err := policyDeleteQuery(r.URL.Query())
+	name, lbls, err := policyDeleteQuery(r.URL.Query())
 	if err != nil {
 		return err
 	}
-	res, err := s.policyAsk(r.Context(), msg)
+	res, err := s.sys.DeletePolicy(r.Context(), name, lbls)
 	if err != nil {
 		return err
 	}
@@ -100,31 +87,32 @@ func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func policyDeleteQuery(q url.Values) (*messages.PolicyDelete, error) {
+// policyDeleteQuery returns the name or the labels DELETE /policy names.
+func policyDeleteQuery(q url.Values) (name string, lbls map[string]string, err error) {
 	for k := range q {
 		if k != "name" && k != "labels" {
-			return nil, badRequest(fmt.Sprintf("unknown query parameter %q (want name or labels)", k))
+			return "", nil, badRequest(fmt.Sprintf("unknown query parameter %q (want name or labels)", k))
 		}
 	}
 	name, sel := q.Get("name"), q.Get("labels")
 	switch {
 	case (name == "") == (sel == ""):
-		return nil, badRequest("give exactly one of the query parameters name (namespace/name) or labels (k=v,...)")
+		return "", nil, badRequest("give exactly one of the query parameters name (namespace/name) or labels (k=v,...)")
 	case name != "":
 		if !strings.Contains(name, "/") {
 			name = policy.DefaultNamespace + "/" + name
 		}
-		return &messages.PolicyDelete{Name: name}, nil
+		return name, nil, nil
 	}
 	m := map[string]string{}
 	for _, kv := range strings.Split(sel, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, badRequest(fmt.Sprintf("query parameter labels: %q is not key=value", kv))
+			return "", nil, badRequest(fmt.Sprintf("query parameter labels: %q is not key=value", kv))
 		}
 		m[k] = v
 	}
-	return &messages.PolicyDelete{Labels: m}, nil
+	return "", m, nil
 }
 
 // getEndpointPolicy answers the computed policy (from the index) and the
@@ -160,35 +148,10 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// policyDump is the value a dump-policy pool job answers.
-type policyDump struct {
-	entries         []datapath.PolicyEntry
-	ingress, egress bool
-}
-
-// dumpPolicy reads an endpoint's policy map in the datapath worker pool.
+// dumpPolicy reads an endpoint's policy map back from the datapath.
 func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) ([]datapath.PolicyEntry, bool, bool, error) {
-	d, ok := s.sys.Datapath.(datapath.PolicyDumper)
-	if !ok {
-		return nil, false, false, fmt.Errorf("the %s datapath cannot read back policy", s.sys.Datapath.Name())
-	}
-	work := &messages.DatapathWork{Op: "dump-policy", Endpoint: id, Run: func(c context.Context) (any, error) {
-		e, in, eg, err := d.DumpPolicy(c, id)
-		return &policyDump{entries: e, ingress: in, egress: eg}, err
-	}}
-	res, err := s.sys.Ask(ctx, s.sys.Pool, work)
-	if err != nil {
-		return nil, false, false, err
-	}
-	r, ok := res.(*messages.DatapathResult)
-	if !ok {
-		return nil, false, false, fmt.Errorf("unexpected answer %T", res)
-	}
-	if r.Err != nil {
-		return nil, false, false, r.Err
-	}
-	pd := r.Value.(*policyDump)
-	return pd.entries, pd.ingress, pd.egress, nil
+	rp, err := s.sys.DumpPolicy(ctx, id)
+	return rp.Entries, rp.Ingress, rp.Egress, err
 }
 
 func entryModel(k policy.Key) models.PolicyEntry {

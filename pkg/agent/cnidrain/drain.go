@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
@@ -83,11 +82,7 @@ func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry) error {
 		if !ok || row.Endpoint != 0 || row.Owner != e.Owner() {
 			continue
 		}
-		res, err := sys.Ask(ctx, sys.IPAM, &messages.IPAMRelease{IP: ip.Unmap()})
-		if err == nil {
-			err = res.(*messages.IPAMReleased).Err
-		}
-		if err != nil {
+		if _, err := sys.ReleaseIP(ctx, ip.Unmap(), ""); err != nil {
 			return fmt.Errorf("release %s of container %s: %w", ip, e.ContainerID, err)
 		}
 	}
@@ -100,35 +95,23 @@ func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry) error {
 }
 
 func deleteEndpoint(ctx context.Context, sys *actors.System, id endpoint.ID) error {
-	res, err := sys.Ask(ctx, sys.Endpoints, &messages.DeleteEndpoint{ID: id})
-	if err != nil {
-		return err
+	_, err := sys.DeleteEndpoint(ctx, id, endpoint.DeleteOptions{})
+	if errors.Is(err, actors.ErrEndpointDeleting) {
+		return nil
 	}
-	if r, ok := res.(*messages.EndpointResult); ok && r.Err != nil {
-		if errors.Is(r.Err, actors.ErrEndpointDeleting) {
-			return nil
-		}
-		return r.Err
-	}
-	return nil
+	return err
 }
 
 // runInPool runs fn in the datapath worker pool and waits for it.
 func runInPool(ctx context.Context, sys *actors.System, op string, fn func(context.Context) error) error {
-	work := &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }}
-	res, err := sys.Ask(ctx, sys.Pool, work)
-	if err != nil {
-		return err
-	}
-	return res.(*messages.DatapathResult).Err
+	_, err := sys.RunBlocking(ctx, op, 0, func(ctx context.Context) (any, error) { return nil, fn(ctx) })
+	return err
 }
 
 // Submit returns a LinuxHooks.Submit that sends work to the pool without
 // waiting for it.
 func Submit(sys *actors.System) func(op string, fn func(context.Context) error) {
-	return func(op string, fn func(context.Context) error) {
-		sys.Actors.Root.Send(sys.Pool, &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }})
-	}
+	return sys.SubmitBlocking
 }
 
 // DrainLoop drains dir every interval until ctx ends (it catches entries

@@ -16,7 +16,6 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -261,12 +260,7 @@ func (m *Manager) replacePrevious(ctx context.Context) netip.Addr {
 	} else if old.IPv6.IsValid() {
 		prev = old.IPv6
 	}
-	res, err := m.sys.Ask(ctx, m.sys.Endpoints, &messages.DeleteEndpoint{ID: old.ID, Options: endpoint.DeleteOptions{NoIPRelease: true}})
-	if err == nil {
-		if r, ok := res.(*messages.EndpointResult); ok {
-			err = r.Err
-		}
-	}
+	_, err := m.sys.DeleteEndpoint(ctx, old.ID, endpoint.DeleteOptions{NoIPRelease: true})
 	if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
 		m.log.Warn("deleting the previous health endpoint failed", "endpoint", old.ID, "err", err)
 	} else {
@@ -296,7 +290,7 @@ func (m *Manager) address(ctx context.Context, prev netip.Addr) (ip, gw netip.Ad
 		case held && row.Endpoint == 0 && row.Owner == owner:
 			ip = prev
 		case !held:
-			ip, _ = m.allocate(ctx, &messages.IPAMAllocateIP{IP: prev, Owner: owner})
+			ip, _ = m.allocated(m.sys.AllocateSpecificIP(ctx, prev, owner))
 		}
 	}
 	if !ip.IsValid() {
@@ -304,7 +298,7 @@ func (m *Manager) address(ctx context.Context, prev netip.Addr) (ip, gw netip.Ad
 		if !m.sys.Config.IPAM.IPv4.IsValid() {
 			fam = ipam.IPv6
 		}
-		if ip, err = m.allocate(ctx, &messages.IPAMAllocate{Family: fam, Owner: owner}); err != nil {
+		if ip, err = m.allocated(m.sys.AllocateIP(ctx, fam, owner)); err != nil {
 			return ip, gw, err
 		}
 	}
@@ -319,14 +313,9 @@ func (m *Manager) address(ctx context.Context, prev netip.Addr) (ip, gw netip.Ad
 	return ip, r.Gateway(), nil
 }
 
-func (m *Manager) allocate(ctx context.Context, msg any) (netip.Addr, error) {
-	res, err := m.sys.Ask(ctx, m.sys.IPAM, msg)
+func (m *Manager) allocated(r actors.Allocation, err error) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("allocate health address: %w", err)
-	}
-	r := res.(*messages.IPAMAllocated)
-	if r.Err != nil {
-		return netip.Addr{}, fmt.Errorf("allocate health address: %w", r.Err)
 	}
 	if r.IPv4.IsValid() {
 		return r.IPv4, nil
@@ -348,13 +337,9 @@ func (m *Manager) createEndpoint(ctx context.Context, spec datapath.HealthSpec, 
 	} else {
 		ep.IPv6 = spec.IP
 	}
-	res, err := m.sys.Ask(ctx, m.sys.Endpoints, &messages.CreateEndpoint{Spec: ep, Sync: true})
+	got, err := m.sys.CreateEndpoint(ctx, ep, true)
 	if err == nil {
-		if r, ok := res.(*messages.EndpointResult); ok {
-			if err = r.Err; err == nil {
-				return r.Endpoint.ID, nil
-			}
-		}
+		return got.ID, nil
 	}
 	return 0, fmt.Errorf("create health endpoint: %w", err)
 }
@@ -380,10 +365,6 @@ func (m *Manager) serve(spec datapath.HealthSpec, id endpoint.ID) error {
 
 // inPool runs fn in the datapath worker pool and waits for it.
 func (m *Manager) inPool(ctx context.Context, op string, fn func(context.Context) error) error {
-	work := &messages.DatapathWork{Op: op, Run: func(c context.Context) (any, error) { return nil, fn(c) }}
-	res, err := m.sys.Ask(ctx, m.sys.Pool, work)
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return res.(*messages.DatapathResult).Err
+	_, err := m.sys.RunBlocking(ctx, op, 0, func(c context.Context) (any, error) { return nil, fn(c) })
+	return err
 }

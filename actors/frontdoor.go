@@ -1,0 +1,307 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// The front door: the only way code outside this package drives the
+// agent. Each method sends one message and waits for its answer through
+// System.ask, bounded by ctx (default 30 s); none may be called from
+// inside an actor. Reads go to the index (System.Index), not here.
+
+// ErrEndpointGone is returned for a request on an endpoint whose actor
+// stopped between the caller's lookup and the request: the endpoint is
+// gone. errors.Is(ErrEndpointGone, ErrEndpointNotFound) holds.
+var ErrEndpointGone = fmt.Errorf("endpoint is gone: %w", ErrEndpointNotFound)
+
+// CreateEndpoint creates an endpoint from spec (ID 0 picks one). Without
+// sync it returns once the endpoint is on disk and in the index; with
+// sync, once its first regeneration finished. A failed sync creation
+// leaves no endpoint behind and keeps the addresses allocated (the
+// caller owns them).
+func (s *System) CreateEndpoint(ctx context.Context, spec *endpoint.Endpoint, sync bool) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.CreateEndpoint{Spec: spec, Sync: sync}))
+}
+
+// DeleteEndpoint deletes endpoint id and returns its last record once it
+// is disconnected and out of the index.
+func (s *System) DeleteEndpoint(ctx context.Context, id endpoint.ID, opts endpoint.DeleteOptions) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.DeleteEndpoint{ID: id, Options: opts}))
+}
+
+// PatchLabels adds and deletes labels of endpoint id; it returns once the
+// new identity is resolved and the labels are durable.
+func (s *System) PatchLabels(ctx context.Context, id endpoint.ID, add, del labels.Labels) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del}))
+}
+
+// Regenerate requests a regeneration of endpoint id and returns once one
+// that started after the request completed (or failed).
+func (s *System) Regenerate(ctx context.Context, id endpoint.ID, reason string) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.Regenerate{ID: id, Reason: reason}))
+}
+
+// RestoreResult is what RestoreEndpoints did.
+type RestoreResult struct {
+	Restored []endpoint.ID
+	// Failed maps endpoints that could not be restored to why; they were
+	// deleted without releasing their addresses.
+	Failed map[endpoint.ID]error
+}
+
+// RestoreEndpoints re-creates endpoints read from the state directory and
+// returns once every one holds its leases again (IP and identity) or
+// failed; their regeneration continues afterwards.
+func (s *System) RestoreEndpoints(ctx context.Context, eps []*endpoint.Endpoint) (RestoreResult, error) {
+	res, err := s.ask(ctx, s.endpoints, &messages.RestoreEndpoints{Endpoints: eps})
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	r, ok := res.(*messages.RestoreResult)
+	if !ok {
+		return RestoreResult{}, unexpected(res)
+	}
+	return RestoreResult{Restored: r.Restored, Failed: r.Failed}, nil
+}
+
+// Allocation is the addresses AllocateIP handed out (invalid: none of
+// that family).
+type Allocation struct {
+	IPv4, IPv6 netip.Addr
+}
+
+// AllocateIP allocates the next free address of family ("" allocates one
+// of every configured family) to owner. The error satisfies
+// errors.Is(err, ipam.ErrExhausted) when the pool is full.
+func (s *System) AllocateIP(ctx context.Context, family ipam.Family, owner string) (Allocation, error) {
+	return allocation(s.ask(ctx, s.ipam, &messages.IPAMAllocate{Family: family, Owner: owner}))
+}
+
+// AllocateSpecificIP allocates ip to owner.
+func (s *System) AllocateSpecificIP(ctx context.Context, ip netip.Addr, owner string) (Allocation, error) {
+	return allocation(s.ask(ctx, s.ipam, &messages.IPAMAllocateIP{IP: ip, Owner: owner}))
+}
+
+func allocation(res any, err error) (Allocation, error) {
+	if err != nil {
+		return Allocation{}, err
+	}
+	r, ok := res.(*messages.IPAMAllocated)
+	if !ok {
+		return Allocation{}, unexpected(res)
+	}
+	return Allocation{IPv4: r.IPv4, IPv6: r.IPv6}, r.Err
+}
+
+// Release is what ReleaseIP did.
+type Release struct {
+	Released bool
+	// Owner is the released address's owner.
+	Owner string
+}
+
+// ReleaseIP releases ip. Releasing a free address is a no-op; an owner
+// other than "" must match the address's; an address a live endpoint
+// claims is refused with ErrIPInUse.
+func (s *System) ReleaseIP(ctx context.Context, ip netip.Addr, owner string) (Release, error) {
+	res, err := s.ask(ctx, s.ipam, &messages.IPAMRelease{IP: ip, Owner: owner})
+	if err != nil {
+		return Release{}, err
+	}
+	r, ok := res.(*messages.IPAMReleased)
+	if !ok {
+		return Release{}, unexpected(res)
+	}
+	return Release{Released: r.Released, Owner: r.Owner}, r.Err
+}
+
+// PolicyResult is what ImportPolicy and DeletePolicy did.
+type PolicyResult struct {
+	Revision uint64
+	Names    []string // imported, "namespace/name"
+	Deleted  int
+}
+
+// ImportPolicy adds or replaces policies, all in one revision, and
+// returns after the index commit.
+func (s *System) ImportPolicy(ctx context.Context, pols []*policy.Policy) (PolicyResult, error) {
+	return policyAnswer(s.ask(ctx, s.policy, &messages.PolicyImport{Policies: pols}))
+}
+
+// DeletePolicy deletes the policy name ("namespace/name"), or, with name
+// "", every policy whose metadata labels include lbls. The error wraps
+// policy.ErrNotFound when name matched nothing.
+func (s *System) DeletePolicy(ctx context.Context, name string, lbls map[string]string) (PolicyResult, error) {
+	return policyAnswer(s.ask(ctx, s.policy, &messages.PolicyDelete{Name: name, Labels: lbls}))
+}
+
+func policyAnswer(res any, err error) (PolicyResult, error) {
+	if err != nil {
+		return PolicyResult{}, err
+	}
+	r, ok := res.(*messages.PolicyResult)
+	if !ok {
+		return PolicyResult{}, unexpected(res)
+	}
+	return PolicyResult{Revision: r.Revision, Names: r.Names, Deleted: r.Deleted}, r.Err
+}
+
+// RunBlocking runs fn (netlink, BPF, disk) on one of the datapath pool's
+// workers, bounded by the pool's default timeout, and returns its result.
+// op names it in logs and metrics; ep (0: none) is the endpoint it
+// concerns.
+func (s *System) RunBlocking(ctx context.Context, op string, ep endpoint.ID, fn func(context.Context) (any, error)) (any, error) {
+	res, err := s.ask(ctx, s.pool, &messages.DatapathWork{Op: op, Endpoint: ep, Run: fn})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	r, ok := res.(*messages.DatapathResult)
+	if !ok {
+		return nil, unexpected(res)
+	}
+	return r.Value, r.Err
+}
+
+// SubmitBlocking queues fn in the datapath pool without waiting for it.
+func (s *System) SubmitBlocking(op string, fn func(context.Context) error) {
+	s.Actors.Root.Send(s.pool, &messages.DatapathWork{Op: op, Run: func(ctx context.Context) (any, error) { return nil, fn(ctx) }})
+}
+
+// CheckEndpoint checks ep's datapath in the pool.
+func (s *System) CheckEndpoint(ctx context.Context, ep *endpoint.Endpoint) error {
+	dp := s.Datapath
+	_, err := s.RunBlocking(ctx, "check", ep.ID, func(c context.Context) (any, error) { return nil, dp.Check(c, ep) })
+	return err
+}
+
+// ErrNotSupported is returned for a datapath operation the running
+// datapath does not offer.
+var ErrNotSupported = errors.New("not supported by this datapath")
+
+// DropCounters reads the drop counters of endpoint id (every endpoint's
+// when id is 0) in the pool.
+func (s *System) DropCounters(ctx context.Context, id endpoint.ID) (map[datapath.DropKey]datapath.Counter, error) {
+	d, ok := s.Datapath.(datapath.DropCounterReader)
+	if !ok {
+		return nil, fmt.Errorf("drop counters of the %s datapath: %w", s.Datapath.Name(), ErrNotSupported)
+	}
+	v, err := s.RunBlocking(ctx, "read-drops", id, func(c context.Context) (any, error) {
+		if id == 0 {
+			return d.DropCounters(c)
+		}
+		return d.EndpointDrops(c, id)
+	})
+	counters, _ := v.(map[datapath.DropKey]datapath.Counter)
+	return counters, err
+}
+
+// RealizedPolicy is an endpoint's policy map as the datapath holds it.
+type RealizedPolicy struct {
+	Entries []datapath.PolicyEntry
+	// Ingress and Egress say whether the endpoint enforces that direction.
+	Ingress, Egress bool
+}
+
+// DumpPolicy reads endpoint id's policy map back from the datapath in the
+// pool.
+func (s *System) DumpPolicy(ctx context.Context, id endpoint.ID) (RealizedPolicy, error) {
+	d, ok := s.Datapath.(datapath.PolicyDumper)
+	if !ok {
+		return RealizedPolicy{}, fmt.Errorf("read back policy of the %s datapath: %w", s.Datapath.Name(), ErrNotSupported)
+	}
+	v, err := s.RunBlocking(ctx, "dump-policy", id, func(c context.Context) (any, error) {
+		e, in, eg, err := d.DumpPolicy(c, id)
+		return RealizedPolicy{Entries: e, Ingress: in, Egress: eg}, err
+	})
+	rp, _ := v.(RealizedPolicy)
+	return rp, err
+}
+
+// StartGC turns the garbage collector's periodic passes on (once restore
+// has rebuilt the index, so restored endpoints are not taken for orphans).
+func (s *System) StartGC() { s.Actors.Root.Send(s.gc, &messages.StartGC{}) }
+
+// RunGC runs one garbage collection pass now.
+func (s *System) RunGC(ctx context.Context) (datapath.GCReport, error) {
+	res, err := s.ask(ctx, s.gc, &messages.RunGC{})
+	if err != nil {
+		return datapath.GCReport{}, err
+	}
+	r, ok := res.(*messages.GCResult)
+	if !ok {
+		return datapath.GCReport{}, unexpected(res)
+	}
+	return r.Report, r.Err
+}
+
+// PruneIPCache makes the datapath's ipcache hold exactly the agent's
+// entries (sent once restore re-created every endpoint).
+func (s *System) PruneIPCache() { s.Actors.Root.Send(s.ipcache, &messages.IPCachePrune{}) }
+
+// EndpointActorPath is the registry path of endpoint actor name
+// ("ep-12"), for System.Registry().Get.
+func (s *System) EndpointActorPath(name string) string { return s.endpoints.Id + "/" + name }
+
+// ProxyAck delivers a proxy's acknowledgement of an endpoint's revision
+// (the datapath's proxy calls it); it never blocks.
+func (s *System) ProxyAck(id endpoint.ID, revision uint64, proxyID string) {
+	s.Actors.Root.Send(s.endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
+}
+
+// endpointAnswer turns an endpoint actor's answer into the endpoint or an
+// error.
+func endpointAnswer(res any, err error) (*endpoint.Endpoint, error) {
+	if errors.Is(err, actor.ErrDeadLetter) {
+		// The endpoint's actor stopped between the lookup and the request.
+		return nil, ErrEndpointGone
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(*messages.EndpointResult)
+	if !ok {
+		return nil, unexpected(res)
+	}
+	return r.Endpoint, r.Err
+}
+
+func unexpected(res any) error { return fmt.Errorf("unexpected answer %T", res) }
+
+// EndpointActors lists the endpoint manager's children with their
+// mailbox counters.
+func (s *System) EndpointActors(ctx context.Context) ([]ActorInfo, error) {
+	res, err := s.ask(ctx, s.endpoints, &getActors{})
+	if err != nil {
+		return nil, err
+	}
+	infos, ok := res.([]ActorInfo)
+	if !ok {
+		return nil, unexpected(res)
+	}
+	return infos, nil
+}
+
+// PoolStats returns a snapshot of the datapath pool.
+func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
+	res, err := s.ask(ctx, s.pool, &getPoolStats{})
+	if err != nil {
+		return nil, err
+	}
+	ps, ok := res.(*PoolStats)
+	if !ok {
+		return nil, unexpected(res)
+	}
+	return ps, nil
+}

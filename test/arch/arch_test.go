@@ -1,0 +1,165 @@
+// Package arch holds the test that keeps the import rules of
+// ARCHITECTURE.md true: dependencies point one way, cmd -> outer ring
+// (pkg/agent) -> actors -> datapath/restore -> domain (pkg/domain), and
+// nothing outside actors/ touches messages or protoactor.
+package arch
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/membrane-cni/membrane"
+
+type pkg struct {
+	ImportPath                         string
+	Imports, TestImports, XTestImports []string
+	Deps                               []string
+}
+
+// layer names the layer of a package of this module by its path.
+func layer(path string) string {
+	rel := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
+	first, _, _ := strings.Cut(rel, "/")
+	switch {
+	case rel == "actors" || strings.HasPrefix(rel, "actors/"):
+		return "actors"
+	case rel == "messages":
+		return "messages"
+	case first == "datapath", first == "restore", first == "bpf":
+		return "kernel" // datapath, restore and bpf: kernel and disk
+	case strings.HasPrefix(rel, "pkg/domain/"):
+		return "domain"
+	case rel == "pkg/agent" || strings.HasPrefix(rel, "pkg/agent/"):
+		return "outer"
+	case strings.HasPrefix(rel, "pkg/clients/"):
+		return "clients"
+	case rel == "pkg/testutil":
+		return "testutil"
+	case first == "cmd", first == "sim", first == "test":
+		return "top"
+	}
+	return "unknown:" + rel
+}
+
+// allowed lists the layers each layer may import.
+var allowed = map[string][]string{
+	"domain":   {"domain"},
+	"kernel":   {"kernel", "domain"},
+	"messages": {"kernel", "domain"},
+	"actors":   {"actors", "messages", "kernel", "domain"},
+	"outer":    {"outer", "actors", "kernel", "domain", "clients"},
+	"clients":  {"clients", "domain"},
+	"testutil": {},
+	"top":      {"top", "outer", "actors", "kernel", "domain", "clients"},
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-e", "-deps=false", "-json=ImportPath,Imports,TestImports,XTestImports,Deps", "./...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("decode go list: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages; want the whole module", len(pkgs))
+	}
+	return pkgs
+}
+
+// TestImportRules checks every package's imports against the layer
+// table. Tests may also import the layers above theirs (an integration
+// test of the plugin runs an agent), but nothing outside actors/, tests
+// included, touches messages or protoactor.
+func TestImportRules(t *testing.T) {
+	for _, p := range listPackages(t) {
+		from := layer(p.ImportPath)
+		if strings.HasPrefix(from, "unknown:") {
+			t.Errorf("%s: no layer; place it in ARCHITECTURE.md's layout and this test", p.ImportPath)
+			continue
+		}
+		tests := slices.Concat(p.TestImports, p.XTestImports)
+		for _, imp := range slices.Concat(p.Imports, tests) {
+			isTest := !slices.Contains(p.Imports, imp)
+			if strings.HasPrefix(imp, "github.com/asynkron/protoactor-go") && from != "actors" && from != "messages" {
+				t.Errorf("%s imports %s: only actors/ and messages/ may use protoactor (use the System's front door)", p.ImportPath, imp)
+			}
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			to := layer(imp)
+			if to == from || (to == "testutil") {
+				continue
+			}
+			if to == "messages" && from != "actors" {
+				t.Errorf("%s imports messages: only actors/ may (use the System's front door)", p.ImportPath)
+				continue
+			}
+			if isTest && to != "messages" {
+				continue
+			}
+			if !slices.Contains(allowed[from], to) {
+				t.Errorf("%s (%s) imports %s (%s): not allowed", p.ImportPath, from, imp, to)
+			}
+		}
+	}
+}
+
+// TestPluginLinksNoAgent: the CNI plugin, exec'd per pod, links none of
+// the agent's layers, nor protoactor or the BPF library.
+func TestPluginLinksNoAgent(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./cmd/membrane-cni")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, module+"/") {
+			if l := layer(dep); l != "clients" && l != "domain" && l != "top" {
+				t.Errorf("membrane-cni links %s (%s)", dep, l)
+			}
+		}
+		for _, banned := range []string{"github.com/asynkron/protoactor-go", "github.com/cilium/ebpf", "github.com/hashicorp/go-memdb"} {
+			if strings.HasPrefix(dep, banned) {
+				t.Errorf("membrane-cni links %s", dep)
+			}
+		}
+	}
+}
+
+// TestLayerTable makes sure the test can fail: a made-up import of
+// messages from the outer ring, and of actors from the domain, are refused.
+func TestLayerTable(t *testing.T) {
+	for _, tc := range []struct{ from, to string }{
+		{module + "/pkg/domain/policy", module + "/actors"},
+		{module + "/datapath", module + "/pkg/agent/api"},
+		{module + "/pkg/clients/cni", module + "/actors"},
+		{module + "/actors", module + "/pkg/agent"},
+	} {
+		if slices.Contains(allowed[layer(tc.from)], layer(tc.to)) {
+			t.Errorf("%s -> %s is allowed; the table must refuse it", tc.from, tc.to)
+		}
+	}
+}
