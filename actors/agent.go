@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -297,17 +298,19 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	deps.registry.put(agentPID.Id, rootSlot)
-	res, err := sys.Root.RequestFuture(agentPID, &getChildren{}, 10*time.Second).Result()
-	if err != nil {
+	asks := newAsker(sys)
+	res, err := asks.ask(sys, agentPID, &getChildren{}, 10*time.Second)
+	children, ok := res.(map[string]*actor.PID)
+	if err != nil || !ok {
 		sys.Shutdown()
 		deps.writer.stop()
-		return nil, fmt.Errorf("start actor system: %w", err)
+		asks.stop()
+		return nil, fmt.Errorf("start actor system: %w", errors.Join(err, unexpected(res)))
 	}
-	children := res.(map[string]*actor.PID)
 	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
 		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
 		endpoints: children["endpoints"], gc: children["gc"], Index: ix, Datapath: dp,
-		Config: cfg, deps: deps, asker: newAsker(sys), log: log}
+		Config: cfg, deps: deps, asker: asks, log: log}
 	dp.SetProxyAck(s.ProxyAck)
 	return s, nil
 }
@@ -350,5 +353,4 @@ func (s *System) Stop() {
 	s.Actors.Shutdown()
 	s.deps.writer.stop()
 	s.asker.stop()
-	failFutures(s.Actors)
 }

@@ -21,8 +21,8 @@ import (
 // waits, label changes and deletion. It owns the endpoint's working record
 // and publishes immutable snapshots to the endpoint manager, which writes
 // them to the index. Blocking work runs in the datapath pool; results come
-// back through ReenterAfter continuations, which check that this
-// incarnation is still alive (dead) because other messages ran in between.
+// back as messages to the actor itself (requester, request.go), and a
+// restarted incarnation never sees its predecessor's answers.
 type endpointActor struct {
 	deps    *endpointDeps
 	manager *actor.PID
@@ -60,11 +60,9 @@ type endpointActor struct {
 
 	delReplies []messages.Reply // sent when the endpoint is disconnected
 
-	stateWait *stateWait // the state store operation in flight (nil: none)
-	// requests are the requests to other actors in flight; answersID
-	// names the process their answers come through (endpoint_request.go).
-	requests  *pendingRequest
-	answersID string
+	// req holds the requests in flight: to other actors, the pool and the
+	// state store (request.go).
+	req requester
 
 	// slot is where this actor publishes its snapshot (GET /v1/actors);
 	// op is the asynchronous operation it waits for, since opSince.
@@ -150,7 +148,7 @@ func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMod
 func (a *endpointActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
-		a.registerAnswers(ctx)
+		a.req.register(ctx)
 		a.started(ctx)
 	case *actor.Restarting:
 		a.restarting(ctx)
@@ -160,9 +158,12 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		// the whole stopped agent, reachable until it fires.
 		a.stopTimers()
 	case *actor.Stopped:
-		a.unregisterAnswers(ctx)
+		a.req.unregister(ctx)
 	case *requestAnswer:
-		a.answered(msg)
+		if cont := a.req.take(msg); cont != nil {
+			a.setOp("")
+			cont(msg.msg, msg.err)
+		}
 	case *reattach:
 		a.reattach(ctx, msg)
 	case *messages.Regenerate:
@@ -186,8 +187,6 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.patchLabels(ctx, msg)
 	case *messages.DeleteEndpoint:
 		a.delete(ctx, msg.Options, ctx.Sender())
-	case *stateDone:
-		a.stateDone(ctx, msg)
 	case *indexRemoved:
 		a.releaseLeases(ctx)
 	case *crashForTest:
@@ -297,7 +296,7 @@ func (a *endpointActor) reattach(ctx actor.Context, msg *reattach) {
 }
 
 func (a *endpointActor) stopTimers() {
-	a.dropRequests()
+	a.req.drop()
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
 		a.regen.proxyTimer = nil

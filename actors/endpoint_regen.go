@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -143,41 +142,35 @@ func (a *endpointActor) writeState(ep *endpoint.Endpoint) func(done func(error))
 	return func(done func(error)) { a.deps.store.Write(ep, done) }
 }
 
-// stateWait is the state store operation an endpoint actor waits for.
-type stateWait struct {
-	seq  uint64
-	op   string // "write" or "remove"
-	cont func(actor.Context, error)
+// request sends msg to another actor and continues with cont (request.go).
+func (a *endpointActor) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
+	a.req.request(ctx, pid, msg, timeout, cont)
+	a.setOp(endpointOpName(msg))
 }
-
-// stateDone is the store's answer to a stateWait, sent to the actor
-// itself. seq tells a late answer to an earlier incarnation (a restart
-// drops the operation it waited for) from the one awaited.
-type stateDone struct {
-	seq uint64
-	err error
-}
-
-// stateSeq numbers state operations across incarnations.
-var stateSeq atomic.Uint64
 
 // stateOp runs a state store operation (asynchronous, group-committed
 // by the store's writer) and continues with cont once it is durable or
-// failed. The store's answer comes back as a message to the actor, not
-// through a future: there are three per lifecycle, and a future costs a
-// timer and a process-registry entry. The store answers every request
-// (Close and Abort included), so there is no timeout; a disk that hangs
-// shows as an operation that lasts in GET /v1/actors.
+// failed. The store answers every request (Close and Abort included), so
+// the wait has no timeout; a disk that hangs shows as an operation that
+// lasts in GET /v1/actors.
 func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done func(error)), cont func(actor.Context, error)) {
 	if a.deps.store == nil {
 		cont(ctx, nil)
 		return
 	}
 	a.dpBusy = true
-	seq := stateSeq.Add(1)
-	a.stateWait = &stateWait{seq: seq, op: op, cont: cont}
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	submit(func(err error) { root.Send(self, &stateDone{seq: seq, err: err}) })
+	a.req.await(ctx, 0, func(reply func(any, error)) {
+		submit(func(err error) { reply(nil, err) })
+	}, func(_ any, err error) {
+		a.dpBusy = false
+		if err != nil {
+			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
+		}
+		if op == "write" {
+			a.labelWriteDone(ctx, err)
+		}
+		cont(ctx, err)
+	})
 	if op == "write" {
 		a.setOp(PhaseWriteState)
 	} else {
@@ -189,51 +182,29 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 // snapshots (a write is PhaseWriteState).
 const opRemoveState = "remove-state"
 
-// stateDone continues the awaited state operation.
-func (a *endpointActor) stateDone(ctx actor.Context, msg *stateDone) {
-	w := a.stateWait
-	if w == nil || w.seq != msg.seq {
-		return // an earlier incarnation's operation
-	}
-	a.stateWait = nil
-	a.dpBusy = false
-	a.setOp("")
-	err := msg.err
-	if err != nil {
-		err = fmt.Errorf("%s state: %w: %w", w.op, ErrStateWrite, err)
-	}
-	if w.op == "write" {
-		a.labelWriteDone(ctx, err)
-	}
-	w.cont(ctx, err)
-}
-
-// datapathOp runs fn in the datapath pool and continues with cont.
-func (a *endpointActor) datapathOp(ctx actor.Context, op string, fn func(context.Context) (any, error), cont func(actor.Context, *messages.DatapathResult)) {
+// datapathOp runs fn in the datapath pool and continues with its error.
+func (a *endpointActor) datapathOp(ctx actor.Context, op string, fn func(context.Context) (any, error), cont func(actor.Context, any, error)) {
 	a.dpBusy = true
 	work := &messages.DatapathWork{Op: op, Endpoint: a.ep.ID, Timeout: a.deps.cfg.DatapathTimeout, Run: fn}
-	a.request(ctx, a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout, func(res any, err error) {
+	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
 		a.dpBusy = false
-		r, ok := res.(*messages.DatapathResult)
-		if err != nil || !ok {
-			r = &messages.DatapathResult{Err: fmt.Errorf("%s: %w", op, err)}
-		}
-		cont(ctx, r)
+		cont(ctx, v, err)
 	})
+	a.setOp(op)
 }
 
-func (a *endpointActor) realized(ctx actor.Context, r *messages.DatapathResult) {
+func (a *endpointActor) realized(ctx actor.Context, v any, err error) {
 	if a.deleting {
 		a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
 		a.maybeTeardown(ctx)
 		return
 	}
-	if r.Err != nil {
-		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, r.Err))
+	if err != nil {
+		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, err))
 		return
 	}
 	a.phaseDone(1)
-	res, _ := r.Value.(datapath.Realized)
+	res, _ := v.(datapath.Realized)
 	if len(res.ProxyWaits) == 0 {
 		a.completeRegen(ctx, false)
 		return
@@ -486,14 +457,14 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 	snap, dp := a.ep, a.deps.dp
 	a.datapathOp(ctx, "remove", func(c context.Context) (any, error) {
 		return nil, dp.Remove(c, snap)
-	}, func(ctx actor.Context, r *messages.DatapathResult) {
-		if r.Err != nil && attempt < 2 {
-			a.logger().Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", r.Err)
+	}, func(ctx actor.Context, _ any, err error) {
+		if err != nil && attempt < 2 {
+			a.logger().Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", err)
 			a.removeDatapath(ctx, attempt+1)
 			return
 		}
-		if r.Err != nil {
-			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", r.Err)
+		if err != nil {
+			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", err)
 		}
 		a.dpGone = true
 		a.maybeTeardown(ctx)

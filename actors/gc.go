@@ -3,7 +3,6 @@ package actors
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -30,7 +29,7 @@ type gcTick struct{ gen int }
 // gcActor runs the datapath's Collector periodically in the worker pool
 // and deletes the endpoints it reports missing (their host interface
 // vanished in two consecutive passes). It never blocks: the pass runs in
-// the pool and the actor continues in a ReenterAfter continuation.
+// the pool and the actor continues when its answer comes back (request.go).
 type gcActor struct {
 	cfg     GCConfig
 	deps    *endpointDeps
@@ -42,6 +41,7 @@ type gcActor struct {
 	running bool
 	waiters []*actor.PID // RunGC callers waiting for the running pass
 	timer   *time.Timer
+	req     requester
 }
 
 func newGCActor(cfg GCConfig, deps *endpointDeps, manager *actor.PID, enabled *atomic.Bool, log *slog.Logger) *gcActor {
@@ -53,9 +53,15 @@ func newGCActor(cfg GCConfig, deps *endpointDeps, manager *actor.PID, enabled *a
 func (g *gcActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
+		g.req.register(ctx)
 		g.schedule(ctx) // a restarted incarnation resumes the passes
 	case *actor.Stopping, *actor.Restarting:
 		g.stopTimer()
+		g.req.drop()
+	case *actor.Stopped:
+		g.req.unregister(ctx)
+	case *requestAnswer:
+		g.req.answered(msg)
 	case *messages.StartGC:
 		if !g.enabled.Swap(true) {
 			g.schedule(ctx)
@@ -110,20 +116,10 @@ func (g *gcActor) pass(ctx actor.Context, waiter *actor.PID) {
 		// that the window in which a new endpoint looks orphaned is short.
 		return coll.GC(c, ix.Endpoints(index.EndpointFilter{}))
 	}}
-	f := ctx.RequestFuture(g.deps.pool, work, g.deps.cfg.DatapathTimeout+g.deps.cfg.RequestTimeout)
-	ctx.ReenterAfter(f, func(res any, err error) {
+	g.req.inPool(ctx, g.deps, work, func(v any, err error) {
 		g.running = false
-		r, ok := res.(*messages.DatapathResult)
-		if err == nil && !ok {
-			err = fmt.Errorf("gc: unexpected answer %T", res)
-		}
-		out := &messages.GCResult{}
-		if err != nil {
-			out.Err = fmt.Errorf("gc: %w", err)
-		} else {
-			out.Report, _ = r.Value.(datapath.GCReport)
-			out.Err = r.Err
-		}
+		out := &messages.GCResult{Err: err}
+		out.Report, _ = v.(datapath.GCReport)
 		g.finish(ctx, out)
 	})
 }

@@ -36,7 +36,6 @@ type ipcacheActor struct {
 	gateways []netip.Addr
 	log      *slog.Logger
 	batch    batcher
-	dead     bool
 
 	// entries are the desired rows (immutable, shared with the index).
 	// What the datapath holds is not tracked (heap per endpoint): every
@@ -47,6 +46,7 @@ type ipcacheActor struct {
 	prune   bool // a full sync (datapath.IPCacheSyncer) is due
 	retry   *time.Timer
 	backoff time.Duration // the next retry delay; 0 after a success
+	req     requester
 }
 
 // ipcacheRetrySync is the retry timer's message.
@@ -68,9 +68,14 @@ func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr) *ipcacheActor {
 func (a *ipcacheActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
+		a.req.register(ctx)
 		a.rebuild(ctx)
+	case *actor.Stopped:
+		a.req.unregister(ctx)
+	case *requestAnswer:
+		a.req.answered(msg)
 	case *actor.Restarting, *actor.Stopping:
-		a.dead = true
+		a.req.drop()
 		if a.retry != nil {
 			a.retry.Stop()
 		}
@@ -213,13 +218,7 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 	work := &messages.DatapathWork{Op: "ipcache", Run: func(c context.Context) (any, error) {
 		return writeIPCache(c, dp, ops), nil
 	}}
-	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
-	ctx.ReenterAfter(f, func(res any, err error) {
-		if a.dead {
-			return
-		}
-		a.synced(ctx, ops, res, err)
-	})
+	a.req.inPool(ctx, a.deps, work, func(v any, err error) { a.synced(ctx, ops, v, err) })
 }
 
 // syncAll makes the datapath's ipcache hold exactly the entries, in one
@@ -235,25 +234,14 @@ func (a *ipcacheActor) syncAll(ctx actor.Context) {
 	work := &messages.DatapathWork{Op: "ipcache-prune", Run: func(c context.Context) (any, error) {
 		return syncer.SyncIPCache(c, desired)
 	}}
-	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
-	ctx.ReenterAfter(f, func(res any, err error) {
-		if a.dead {
-			return
-		}
+	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
 		a.syncing = false
-		r, ok := res.(*messages.DatapathResult)
-		if ok && err == nil {
-			err = r.Err
-		}
-		if err == nil && !ok {
-			err = errors.New("no result")
-		}
 		if err != nil {
 			a.prune = true
 			a.retryLater(ctx, "ipcache prune failed; retrying", err)
 			return
 		}
-		st, _ := r.Value.(datapath.IPCacheSyncStats)
+		st, _ := v.(datapath.IPCacheSyncStats)
 		a.log.Info("ipcache pruned", "entries", len(desired), "deleted", st.Deleted, "written", st.Written)
 		a.backoff = 0
 		a.sync(ctx)
@@ -281,12 +269,11 @@ func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []
 	return ops
 }
 
-func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, res any, err error) {
+func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, v any, err error) {
 	a.syncing = false
 	var done []ipcacheOp
-	if r, ok := res.(*messages.DatapathResult); ok && err == nil {
-		err = r.Err
-		done, _ = r.Value.([]ipcacheOp)
+	if err == nil {
+		done, _ = v.([]ipcacheOp)
 	}
 	if done == nil {
 		if err == nil {

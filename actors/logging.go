@@ -2,7 +2,6 @@ package actors
 
 import (
 	"log/slog"
-	"strings"
 
 	"github.com/asynkron/protoactor-go/actor"
 	cmap "github.com/orcaman/concurrent-map"
@@ -44,24 +43,4 @@ func compactRegistry(reg *actor.ProcessRegistryValue) {
 		}
 	}
 	reg.LocalPIDs = next
-}
-
-// failFutures completes the futures still registered in a stopped system
-// as dead letters (actor.ErrDeadLetter). Their askers are gone or get
-// nothing more: a stopped actor drops the messages of its mailbox, and
-// the pool's work handed to a worker that saw the stop is never
-// answered. Until its timeout fired (DatapathTimeout+RequestTimeout, 40 s
-// by default), each such future's timer would keep the future and, with
-// it, the whole stopped system (and a crashed agent) reachable.
-func failFutures(sys *actor.ActorSystem) {
-	for _, bucket := range sys.ProcessRegistry.LocalPIDs.LocalPIDs {
-		for id, p := range bucket.Items() {
-			proc, ok := p.(actor.Process)
-			if !ok || !strings.HasPrefix(id, "future") { // protoactor names futures "future<n>"
-				continue
-			}
-			pid := sys.NewLocalPID(id)
-			proc.SendUserMessage(pid, &actor.DeadLetterResponse{Target: pid})
-		}
-	}
 }

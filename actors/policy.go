@@ -40,11 +40,11 @@ type policyActor struct {
 	// when it ends).
 	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
-	dead    bool
 	// restarted: this incarnation replaces a failed one (not the first
 	// start, where endpoints created before Started ran ask anyway).
 	restarted bool
 	persist   persistState
+	req       requester
 }
 
 // PolicyConfig configures the policy actor.
@@ -80,9 +80,16 @@ func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *acto
 func (a *policyActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
+		a.req.register(ctx)
 		a.rebuild(ctx)
+	case *actor.Stopped:
+		a.req.unregister(ctx)
+	case *requestAnswer:
+		a.req.answered(msg)
+	case *actor.Stopping:
+		a.req.drop()
 	case *actor.Restarting:
-		a.dead = true
+		a.req.drop()
 		// Answer the waiters of a write this incarnation will not see end;
 		// the change itself is applied (and in the index).
 		for _, r := range append(a.persist.inflight, a.persist.pending...) {
@@ -245,14 +252,7 @@ func (a *policyActor) writeFile(ctx actor.Context) {
 	work := &messages.DatapathWork{Op: "write-policy", Run: func(context.Context) (any, error) {
 		return nil, policy.WriteFile(path, data)
 	}}
-	f := ctx.RequestFuture(a.deps.pool, work, a.deps.cfg.DatapathTimeout+a.deps.cfg.RequestTimeout)
-	ctx.ReenterAfter(f, func(res any, err error) {
-		if a.dead {
-			return
-		}
-		if r, ok := res.(*messages.DatapathResult); ok && err == nil {
-			err = r.Err
-		}
+	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
 		if err != nil {
 			// The change is applied but would be lost at the next agent
 			// restart unless a later write succeeds: say so (re-importing

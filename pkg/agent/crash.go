@@ -30,10 +30,9 @@ import (
 //     errors from the stopped actors (dead letters answer 500 internal),
 //     and a request whose answer was already in may still succeed. A
 //     killed agent resets the connection. Clients must treat both alike;
-//   - ReenterAfter continuations of stopped actors may still run; whatever
-//     they send goes to dead letters (their timers, retry and proxy wait,
-//     are stopped with them, and futures left unanswered are completed as
-//     dead letters: an armed timer would keep this Agent reachable);
+//   - answers to stopped actors' requests go to dead letters; their
+//     timers (request timeouts, retry, proxy wait) are stopped with them,
+//     as an armed timer would keep this Agent reachable;
 //   - datapath work already running in a pool worker finishes or sees its
 //     context cancelled, so a fake operation without delay may complete
 //     just after Crash returns;

@@ -10,10 +10,10 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// requester is an actor that makes endpoint-actor requests (the code under
-// test) on command and reports each continuation.
-type requester struct {
-	ea      endpointActor
+// requestingActor is an actor that makes requests through a requester
+// (the code under test) on command and reports each continuation.
+type requestingActor struct {
+	req     requester
 	results chan requestResult
 }
 
@@ -29,20 +29,20 @@ type doRequest struct {
 	timeout time.Duration
 }
 
-func (r *requester) Receive(ctx actor.Context) {
+func (r *requestingActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
-		r.ea.registerAnswers(ctx)
+		r.req.register(ctx)
 	case *actor.Stopping:
-		r.ea.stopTimers()
+		r.req.drop()
 	case *actor.Stopped:
-		r.ea.unregisterAnswers(ctx)
+		r.req.unregister(ctx)
 	case *doRequest:
-		r.ea.request(ctx, msg.to, msg.msg, msg.timeout, func(res any, err error) {
+		r.req.request(ctx, msg.to, msg.msg, msg.timeout, func(res any, err error) {
 			r.results <- requestResult{res, err}
 		})
 	case *requestAnswer:
-		r.ea.answered(msg)
+		r.req.answered(msg)
 	}
 }
 
@@ -66,7 +66,7 @@ func TestEndpointRequests(t *testing.T) {
 	t.Cleanup(sys.Shutdown)
 	resp := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &responder{} }))
 	results := make(chan requestResult, 4)
-	req := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &requester{results: results} }))
+	req := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &requestingActor{results: results} }))
 	wait := func(t *testing.T) requestResult {
 		t.Helper()
 		select {

@@ -1,0 +1,186 @@
+package actors
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+)
+
+// requester is the one way an actor waits for an answer: from another
+// actor, from the datapath pool (inPool) or from a goroutine outside the
+// actor system such as the state store (await). It never blocks: the
+// answer comes back as a requestAnswer message in the actor's own
+// mailbox, and the actor continues in the request's continuation.
+//
+// Each actor registers one answers process for its life (answersID);
+// a request names it as its sender with the request's number in the
+// PID's RequestId, and the process forwards every answer, tagged with
+// that number, into the actor's mailbox. Responders are unchanged: they
+// answer ctx.Sender().
+//
+// The stale-answer guard: request numbers are process-wide and a restart
+// drops the pending requests (drop), so an answer meant for an earlier
+// incarnation, or for a request that timed out, matches nothing and is
+// dropped.
+type requester struct {
+	answersID string
+	pending   *pendingRequest // rarely more than two
+}
+
+// requestIDs numbers requests process-wide.
+var requestIDs atomic.Uint32
+
+func nextRequestID() uint32 {
+	for {
+		if id := requestIDs.Add(1); id != 0 {
+			return id
+		}
+	}
+}
+
+// pendingRequest is a request an actor waits for.
+type pendingRequest struct {
+	id    uint32
+	timer *time.Timer // nil: no timeout
+	cont  func(res any, err error)
+	next  *pendingRequest
+}
+
+// requestAnswer is an answer (or the timeout) of request id, delivered to
+// the actor itself.
+type requestAnswer struct {
+	id  uint32
+	msg any
+	err error
+}
+
+// answersProcess forwards the answers addressed to an actor's answers PID
+// into the actor's mailbox.
+type answersProcess struct {
+	actor *actor.PID
+	root  *actor.RootContext
+}
+
+var _ actor.Process = (*answersProcess)(nil)
+
+// SendUserMessage implements actor.Process.
+func (p *answersProcess) SendUserMessage(pid *actor.PID, msg any) {
+	p.root.Send(p.actor, &requestAnswer{id: pid.RequestId, msg: actor.UnwrapEnvelopeMessage(msg)})
+}
+
+// SendSystemMessage implements actor.Process.
+func (p *answersProcess) SendSystemMessage(*actor.PID, any) {}
+
+// Stop implements actor.Process.
+func (p *answersProcess) Stop(*actor.PID) {}
+
+// answersSuffix ends the ID of an actor's answers process.
+const answersSuffix = "$answers"
+
+// register registers the actor's answers process (in Started); a
+// restarted incarnation finds it registered.
+func (r *requester) register(ctx actor.Context) {
+	self := ctx.Self()
+	r.answersID = self.Id + answersSuffix
+	sys := ctx.ActorSystem()
+	sys.ProcessRegistry.Add(&answersProcess{actor: self, root: sys.Root}, r.answersID)
+}
+
+// unregister removes the answers process once the actor stopped.
+func (r *requester) unregister(ctx actor.Context) {
+	if r.answersID != "" {
+		ctx.ActorSystem().ProcessRegistry.Remove(&actor.PID{Address: ctx.Self().Address, Id: r.answersID})
+	}
+}
+
+// add registers a pending request; timeout 0 means none.
+func (r *requester) add(ctx actor.Context, timeout time.Duration, cont func(any, error)) uint32 {
+	id := nextRequestID()
+	p := &pendingRequest{id: id, cont: cont, next: r.pending}
+	if timeout > 0 {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		p.timer = time.AfterFunc(timeout, func() { root.Send(self, &requestAnswer{id: id, err: actor.ErrTimeout}) })
+	}
+	r.pending = p
+	return id
+}
+
+// request sends msg to pid and continues with cont once it is answered,
+// or with actor.ErrTimeout after timeout.
+func (r *requester) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
+	id := r.add(ctx, timeout, cont)
+	ctx.RequestWithCustomSender(pid, msg, &actor.PID{Address: ctx.Self().Address, Id: r.answersID, RequestId: id})
+}
+
+// await hands reply to submit, which passes it to code outside the actor
+// system that calls it exactly once (from any goroutine, without
+// blocking); the actor continues with cont when it is called, or with
+// actor.ErrTimeout after timeout (0: none).
+func (r *requester) await(ctx actor.Context, timeout time.Duration, submit func(reply func(any, error)), cont func(res any, err error)) {
+	id := r.add(ctx, timeout, cont)
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	submit(func(res any, err error) { root.Send(self, &requestAnswer{id: id, msg: res, err: err}) })
+}
+
+// inPool runs work in the datapath pool and continues with its value and
+// error (the pool's, the timeout's or the work's own). The wait is
+// bounded by the work's timeout (the pool's default when 0) plus slack.
+func (r *requester) inPool(ctx actor.Context, d *endpointDeps, work *messages.DatapathWork, cont func(value any, err error)) {
+	timeout := work.Timeout
+	if timeout == 0 {
+		timeout = d.cfg.DatapathTimeout
+	}
+	r.request(ctx, d.pool, work, timeout+d.cfg.RequestTimeout, func(res any, err error) {
+		if err != nil {
+			cont(nil, fmt.Errorf("%s: %w", work.Op, err))
+			return
+		}
+		dr, ok := res.(*messages.DatapathResult)
+		if !ok {
+			cont(nil, fmt.Errorf("%s: unexpected answer %T", work.Op, res))
+			return
+		}
+		cont(dr.Value, dr.Err)
+	})
+}
+
+// answered continues the request msg answers; an answer nobody waits
+// for is dropped.
+func (r *requester) answered(msg *requestAnswer) {
+	if cont := r.take(msg); cont != nil {
+		cont(msg.msg, msg.err)
+	}
+}
+
+// take removes the request msg answers and returns its continuation (nil
+// when no request matches).
+func (r *requester) take(msg *requestAnswer) func(any, error) {
+	for p := &r.pending; *p != nil; p = &(*p).next {
+		if q := *p; q.id == msg.id {
+			*p = q.next
+			if q.timer != nil {
+				q.timer.Stop()
+			}
+			return q.cont
+		}
+	}
+	return nil
+}
+
+// drop stops the timers of the pending requests and forgets them
+// (restart, stop): their answers will match nothing.
+func (r *requester) drop() {
+	for p := r.pending; p != nil; p = p.next {
+		if p.timer != nil {
+			p.timer.Stop()
+		}
+	}
+	r.pending = nil
+}
+
+// waiting reports whether a request is pending.
+func (r *requester) waiting() bool { return r.pending != nil }
