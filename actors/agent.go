@@ -202,6 +202,7 @@ type System struct {
 // leases.
 type agentActor struct {
 	deps     *endpointDeps
+	strategy *agentStrategy
 	cfg      Config
 	log      *slog.Logger
 	newAlloc func() (identity.Allocator, error)
@@ -239,10 +240,8 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
 	// The manager is spawned after the policy actor; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
-	policyStarts := 0 // the producer runs again for each restart
 	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor {
-		policyStarts++
-		return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache, policyStarts > 1)
+		return newPolicyActor(d, a.cfg.Policy, manager, d.ipcache)
 	})
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
 		ia := newIdentityActor(a.newAlloc, d.writer, d.policy, a.log)
@@ -250,6 +249,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		return ia
 	})
 	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
+	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)
 	spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
 }
@@ -257,6 +257,9 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 // agentStrategy resumes the endpoint manager and restarts other children
 // within a budget of 10 failures per 10 s, then stops them.
 type agentStrategy struct {
+	// resume is the endpoint manager, set when the agent actor spawned
+	// it (its Started runs before any child can fail).
+	resume   *actor.PID
 	restart  actor.SupervisorStrategy
 	log      *slog.Logger
 	registry *Registry
@@ -268,7 +271,7 @@ func (s *agentStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervis
 	if slot := s.registry.slot(child.Id); slot != nil {
 		slot.failed(reason)
 	}
-	if len(child.Id) >= len("/endpoints") && child.Id[len(child.Id)-len("/endpoints"):] == "/endpoints" {
+	if child.Equal(s.resume) {
 		sup.ResumeChildren(child)
 		return
 	}
@@ -286,8 +289,8 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	counters := &Counters{}
 	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
-	root := &agentActor{deps: deps, cfg: cfg, log: log, newAlloc: newAlloc}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
+	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
 	rootStats := &MailboxStats{}
 	rootSlot := newSlot(KindAgent, rootStats)
 	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy), actor.WithReceiverMiddleware(rootSlot.trackReceive))

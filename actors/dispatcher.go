@@ -10,7 +10,7 @@ import (
 // protoactor's default dispatcher starts a goroutine each time an idle
 // actor gets a message: with tens of thousands of short runs a second the
 // runtime spends its time creating goroutines and growing their stacks
-// (the index writes run deep), ~3% of the simulator's CPU. Here a run is
+// (the index writes run deep; BENCHMARKS.md has the cost). Here a run is
 // handed to a goroutine that waits for work, if one does, else to a new
 // one; a goroutine idle for workerIdle exits, so a stopped agent leaves
 // none behind. Nothing queues: a busy pool never delays a mailbox.

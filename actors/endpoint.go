@@ -377,7 +377,8 @@ func (a *endpointActor) ips() []netip.Addr {
 }
 
 // claimIPs binds the endpoint's addresses to this actor in IPAM (which
-// death-watches it), then resolves the identity. Claims are idempotent.
+// releases them if the actor stops without unclaiming: the manager tells
+// it, holderStopped), then resolves the identity. Claims are idempotent.
 func (a *endpointActor) claimIPs(ctx actor.Context) {
 	ips := a.ips()
 	if len(ips) == 0 {

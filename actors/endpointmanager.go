@@ -272,8 +272,8 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 
 // childStopped forgets an endpoint actor that stopped: after its delete
 // finished, or because it failed more often than its restart budget
-// allows (then its row is removed too; IPAM and identity release its
-// leases through their own death-watch).
+// allows (then its row is removed too, and IPAM and identity, told by
+// holderStopped, release its leases).
 func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	m.deps.registry.remove(who.Id)
 	// IPAM and identity end the leases the actor still holds.
@@ -414,7 +414,7 @@ var _ actor.SupervisorStrategy = (*managerActor)(nil)
 // HandleFailure implements actor.SupervisorStrategy: protoactor asks the
 // parent (this manager) how to handle a failing endpoint actor. It is
 // restarted in place RestartBudget times per 10 s, then stopped (its
-// leases are then released by the IPAM and identity death-watch).
+// leases are then released by IPAM and identity on holderStopped).
 func (m *managerActor) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, msg any) {
 	if slot := m.deps.registry.slot(child.Id); slot != nil {
 		slot.failed(reason)
@@ -434,8 +434,8 @@ func endpointEvent(t events.Type, ep *endpoint.Endpoint, prev endpoint.State, ms
 // holderStopped tells IPAM and identity that an endpoint actor (a lease
 // holder) stopped: the manager, its parent, learns it without watching.
 // Lease holders are not death-watched by IPAM and identity themselves:
-// a watch costs every endpoint actor a watcher set and context extras,
-// about 600 bytes of heap per endpoint (BenchmarkHeapPerEndpoint).
+// a watch costs every endpoint actor a watcher set and context extras
+// (heap per endpoint is a target: BenchmarkHeapPerEndpoint).
 type holderStopped struct{ who *actor.PID }
 
 // deadHolders returns the holders (PID IDs) that no longer run, for a

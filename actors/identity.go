@@ -19,8 +19,8 @@ import (
 // identity.Allocator (local today; a cluster-wide backend implements the
 // same interface). A holder (endpoint actor) holds at most one reference
 // per identity, so Acquire is idempotent and a restarted endpoint actor can
-// safely acquire again. Holders are death-watched: a stopped actor's
-// references are dropped. It is the single writer of the identities and
+// safely acquire again. A stopped holder's references are dropped when the
+// endpoint manager reports it (holderStopped). It is the single writer of the identities and
 // identity-leases tables.
 type identityActor struct {
 	newAlloc func() (identity.Allocator, error)

@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -146,26 +145,6 @@ func TestRegistryOrder(t *testing.T) {
 	if s, ok := sys.Registry().Get("agent"); !ok || s.Kind != KindAgent || s.Processed == 0 {
 		t.Fatalf("root snapshot %+v %v", s, ok)
 	}
-}
-
-// TestCompactRegistry: the process registry has registryBuckets buckets
-// and still resolves what the system registered before it was replaced.
-func TestCompactRegistry(t *testing.T) {
-	sys := NewSystem(slog.New(slog.DiscardHandler))
-	reg := sys.ProcessRegistry
-	if got := len(reg.LocalPIDs.LocalPIDs); got != registryBuckets {
-		t.Fatalf("registry buckets = %d, want %d", got, registryBuckets)
-	}
-	for _, id := range []string{"deadletter", "eventstream"} {
-		if _, ok := reg.GetLocal(id); !ok {
-			t.Errorf("%s not registered after compaction", id)
-		}
-	}
-	pid := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-	if _, ok := reg.Get(pid); !ok {
-		t.Fatalf("spawned actor %s not found", pid.Id)
-	}
-	sys.Root.Stop(pid)
 }
 
 // TestTrackReceiveOperation: a non-endpoint actor's snapshot names the

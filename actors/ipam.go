@@ -67,8 +67,8 @@ func (c IPAMConfig) newPool() (*ipam.Pool, error) {
 
 // ipamActor owns the address pools. Each address has an owner (who asked
 // for it) and, once an endpoint claimed it, a lease holder: the endpoint
-// actor, which this actor death-watches so that a stopped actor never
-// orphans an address. It is the single writer of the index's ipam table.
+// actor; the endpoint manager reports stopped holders (holderStopped),
+// so a stopped actor never orphans an address. It is the single writer of the index's ipam table.
 type ipamActor struct {
 	cfg     IPAMConfig
 	log     *slog.Logger

@@ -40,11 +40,8 @@ type policyActor struct {
 	// when it ends).
 	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
-	// restarted: this incarnation replaces a failed one (not the first
-	// start, where endpoints created before Started ran ask anyway).
-	restarted bool
-	persist   persistState
-	req       requester
+	persist persistState
+	req     requester
 }
 
 // PolicyConfig configures the policy actor.
@@ -71,9 +68,9 @@ type persistState struct {
 // policyWritten is the result of a policy file write.
 type policyWritten struct{ err error }
 
-func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID, restarted bool) *policyActor {
+func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: newBatcher(deps.writer, l), restarted: restarted}
+	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: newBatcher(deps.writer, l)}
 }
 
 // Receive implements actor.Actor.
@@ -157,9 +154,9 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	if len(rows) > 0 {
 		a.log.Info("rebuilt policies from the index", "policies", len(rows), "revision", a.repo.Revision())
 	}
-	if a.restarted {
-		a.reconcile(ctx)
-	}
+	// A restarted incarnation may have missed changes its endpoints must
+	// follow; at agent start the index holds no endpoints yet.
+	a.reconcile(ctx)
 }
 
 // reconcile runs after a restart: it regenerates the endpoints whose

@@ -8,8 +8,8 @@ import (
 )
 
 // IdentityAcquire asks the identity actor for the identity of a label set
-// and takes one reference on behalf of Holder, which the identity actor
-// death-watches. Reply: *IdentityAcquired.
+// and takes one reference on behalf of Holder (dropped if the holder
+// stops without releasing it). Reply: *IdentityAcquired.
 type IdentityAcquire struct {
 	Labels labels.Labels
 	Holder *actor.PID

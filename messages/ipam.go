@@ -48,9 +48,9 @@ type IPAMReleased struct {
 	Err      error
 }
 
-// IPAMClaim binds addresses to an endpoint actor (the lease holder), which
-// the IPAM actor then death-watches. Unallocated addresses are allocated to
-// Owner. Reply: *IPAMResult.
+// IPAMClaim binds addresses to an endpoint actor (the lease holder; the
+// lease ends if the holder stops without unclaiming). Unallocated
+// addresses are allocated to Owner. Reply: *IPAMResult.
 type IPAMClaim struct {
 	Endpoint endpoint.ID
 	IPs      []netip.Addr

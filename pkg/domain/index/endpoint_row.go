@@ -18,9 +18,8 @@ import (
 // Rows change several times in their life, and most changes (an
 // endpoint's state or revision, an address's claim, an identity's
 // reference count) leave every indexed field as it is. go-memdb rewrites
-// a row in every index (a path of radix nodes, each with a new watch
-// channel: ~30 KB and ~50 µs per endpoint row at 10,000 endpoints), so
-// such a change only replaces rec: the radix trees stay as they are. A
+// a row in every index (a path of radix nodes), so such a change only
+// replaces rec: the radix trees stay as they are. A
 // change to an indexed field (an endpoint's identity, say) inserts a new
 // row.
 //

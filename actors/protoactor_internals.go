@@ -22,11 +22,14 @@ func NewSystem(log *slog.Logger) *actor.ActorSystem {
 
 // registryBuckets is the number of buckets of the process registry (each
 // a concurrent map of 32 shards). protoactor's default of 1,024 buckets
-// makes 32,768 Go maps; every PID and every future lands in a random one,
-// so with thousands of actors and a steady stream of futures nearly all
-// of them allocate a table that never shrinks: ~8.6 MB, about 850 bytes
-// per endpoint at 10,000. 32 buckets (1,024 shards, ~10 entries each at
-// 10,000 actors) keep lock contention negligible on a node.
+// makes 32,768 Go maps; every PID lands in a random one, so with
+// thousands of actors nearly all of them allocate a table that never
+// shrinks (heap per endpoint is a target; BENCHMARKS.md). 32 buckets
+// (1,024 shards) keep lock contention negligible on a node.
+//
+// This file is the only place that reaches into protoactor's internals
+// (the registry's bucket slice); TestCompactRegistry fails if an upgrade
+// changes them.
 const registryBuckets = 32
 
 // compactRegistry replaces the process registry's buckets by
