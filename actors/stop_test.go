@@ -1,34 +1,34 @@
 package actors_test
 
 import (
+	"context"
 	"errors"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
-// TestStopFailsPendingFutures: Stop completes the futures nobody will
-// answer any more as dead letters, and the stopped system becomes
-// garbage. A future's timeout timer (an hour here) would otherwise keep
-// the whole system reachable until it fired.
-func TestStopFailsPendingFutures(t *testing.T) {
+// TestStopAnswersPendingRequests: Stop answers a caller whose request
+// the actors will never finish (a sync create held in the datapath, with
+// hour-long timeouts), and the stopped system becomes
+// garbage: no pending request's timer keeps it reachable.
+func TestStopAnswersPendingRequests(t *testing.T) {
 	errc := make(chan error, 1)
-	gone := stoppedWithPendingFuture(t, errc)
+	gone := stoppedWithPendingRequest(t, errc)
 	select {
 	case err := <-errc:
-		if !errors.Is(err, actor.ErrDeadLetter) {
-			t.Fatalf("pending future after Stop: got %v, want %v", err, actor.ErrDeadLetter)
+		if !errors.Is(err, actors.ErrEndpointGone) { // its actor stopped unanswered
+			t.Fatalf("pending create after Stop: got %v, want %v", err, actors.ErrEndpointGone)
 		}
 	case <-time.After(10 * time.Second): // bounded wait, not a timing assertion
-		t.Fatal("a pending future was not completed by Stop")
+		t.Fatal("a pending create was not answered by Stop")
 	}
 	for i := 0; i < 500 && !gone.Load(); i++ {
 		runtime.GC()
@@ -39,27 +39,45 @@ func TestStopFailsPendingFutures(t *testing.T) {
 	}
 }
 
-// stoppedWithPendingFuture starts a system, asks through a future that no
-// actor answers, stops the system and reports the future's result on
-// errc. The returned flag turns true once the actor system is collected.
-func stoppedWithPendingFuture(t *testing.T, errc chan<- error) *atomic.Bool {
+// stoppedWithPendingRequest starts a system, creates an endpoint whose
+// first regeneration is held in the datapath, stops the system and
+// reports the create's result on errc. The returned flag turns true once
+// the actor system is collected.
+func stoppedWithPendingRequest(t *testing.T, errc chan<- error) *atomic.Bool {
 	t.Helper()
 	ix, err := index.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := actors.Config{IPAM: actors.IPAMConfig{IPv4: testIPv4, Strategy: ipam.Sequential, Seed: 1}, Pool: actors.PoolConfig{Workers: 2}}
-	sys, err := actors.Start(cfg, ix, datapath.NewFake(1), testLogger(t))
+	cfg := actors.Config{IPAM: actors.IPAMConfig{IPv4: testIPv4, Strategy: ipam.Sequential, Seed: 1}, Pool: actors.PoolConfig{Workers: 2},
+		Endpoint: actors.EndpointConfig{DatapathTimeout: time.Hour, RequestTimeout: time.Hour}}
+	dp := datapath.NewFake(1)
+	held := make(chan struct{})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	dp.Set(datapath.FakeHooks{BeforeRealize: func(ctx context.Context, _ *endpoint.Endpoint, _ uint64) error {
+		close(held)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	sys, err := actors.Start(cfg, ix, dp, testLogger(t))
 	if err != nil {
 		t.Fatalf("actors.Start: %v", err)
 	}
 	gone := new(atomic.Bool)
 	runtime.AddCleanup(sys.Actors, func(g *atomic.Bool) { g.Store(true) }, gone)
-	f := actor.NewFuture(sys.Actors, time.Hour) // its answer never comes
 	go func() {
-		_, err := f.Result()
+		_, err := sys.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "held", Labels: mustLabels(t, "k8s:app=held")}, true)
 		errc <- err
 	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the regeneration never reached the datapath")
+	}
 	sys.Stop()
 	return gone
 }
