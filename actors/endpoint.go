@@ -41,14 +41,17 @@ type endpointActor struct {
 	// restoreReport: the manager waits for this endpoint's leases (IP,
 	// identity) before the agent serves mutating calls.
 	restoreReport bool
-	idBusy        bool // an identity acquisition is in flight
-	dpBusy        bool // a datapath operation is in flight
-	deleting      bool
-	tearingDown   bool
-	dpGone        bool // deleting: the datapath removal finished (or was left to GC)
-	stateGone     bool // deleting: the state removal finished (stateStays: and failed)
-	stateStays    bool
-	retries       uint16 // consecutive failed regenerations, for backoff
+	// leaseWait: an IPAM claim or an identity acquisition is in flight.
+	leaseWait bool
+	// ioWait: a datapath operation (pool) or a state write or removal
+	// (store) is in flight. Both waits may overlap (a relabel during a
+	// realise).
+	ioWait bool
+	// stateStays: deleting, the state removal failed (the endpoint may
+	// come back at the next start, so the delete is not acknowledged).
+	stateStays bool
+	life       lifecycle
+	retries    uint16 // consecutive failed regenerations, for backoff
 
 	// createWaiter is the PUT: answered after the first regeneration
 	// (sync) or once the state is on disk and in the index (not sync).
@@ -109,14 +112,38 @@ type (
 	}
 )
 
+// lifecycle is where an endpoint is in its life. Deletion runs its steps
+// in this order (endpoint_delete.go), each once nothing else is in flight.
+type lifecycle uint8
+
+const (
+	// lifeLive: serving regenerations, label changes and proxy waits.
+	lifeLive lifecycle = iota
+	// lifeDeleting: deletion requested; in-flight work ends first, then
+	// the datapath is removed.
+	lifeDeleting
+	// lifeDatapathRemoved: the datapath removal finished (or was left to
+	// the garbage collector); the state removal is next.
+	lifeDatapathRemoved
+	// lifeStateRemoved: the state removal finished (or failed:
+	// stateStays); the index row goes next.
+	lifeStateRemoved
+	// lifeLeavingIndex: the row is leaving the index; then the leases
+	// end and the actor stops.
+	lifeLeavingIndex
+)
+
+// deleting reports whether a delete was requested.
+func (a *endpointActor) deleting() bool { return a.life != lifeLive }
+
 // startMode says how an endpoint actor's incarnation starts.
 type startMode struct {
 	kind   startKind
 	waiter *actor.PID // create: the PUT's future
 	sync   bool       // create: answer after the first regeneration
-	// rebuild: the failed incarnation was deleting / tearing down.
-	deleting, tearingDown bool
-	stateStays            bool // the failed incarnation's state removal failed
+	// rebuild: where the failed incarnation was in its life.
+	life       lifecycle
+	stateStays bool // the failed incarnation's state removal failed
 }
 
 type startKind int
@@ -173,7 +200,7 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	case *retryRegen:
 		a.regen.retryTimer = nil
 		switch {
-		case a.deleting || a.regen.running || a.idBusy:
+		case a.deleting() || a.regen.running || a.leaseWait:
 		case a.ep.State == endpoint.StateWaitingForIdentity:
 			a.acquireIdentity(ctx) // the identity failed, not the datapath
 		default:
@@ -230,18 +257,20 @@ func (a *endpointActor) started(ctx actor.Context) {
 	a.mode = nil
 	switch mode.kind {
 	case startRebuild:
-		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !mode.tearingDown {
+		leaving := mode.life == lifeLeavingIndex
+		if cur, ok := a.deps.ix.Endpoint(a.ep.ID); ok && !leaving {
 			a.ep, a.shared = cur, true
 		}
-		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", mode.deleting)
-		if mode.tearingDown {
+		a.logger().Info("endpoint actor rebuilt from the index", "state", a.ep.State, "deleting", mode.life != lifeLive)
+		if leaving {
 			// The row is already out of the index: resume after it.
-			a.deleting, a.tearingDown, a.stateStays = true, true, mode.stateStays
+			a.life, a.stateStays = lifeLeavingIndex, mode.stateStays
 			a.releaseLeases(ctx)
 			return
 		}
-		if a.ep.State == endpoint.StateDisconnecting || mode.deleting {
-			a.deleting = true
+		if a.ep.State == endpoint.StateDisconnecting || mode.life != lifeLive {
+			// Deletion starts over: every step is idempotent.
+			a.life = lifeDeleting
 			a.maybeTeardown(ctx)
 			return
 		}
@@ -385,14 +414,14 @@ func (a *endpointActor) claimIPs(ctx actor.Context) {
 		a.acquireIdentity(ctx)
 		return
 	}
-	a.idBusy = true
+	a.leaseWait = true
 	owner := a.ep.PodKey()
 	if owner == "" {
 		owner = fmt.Sprintf("endpoint:%d", a.ep.ID)
 	}
 	msg := &messages.IPAMClaim{Endpoint: a.ep.ID, IPs: ips, Owner: owner, Holder: ctx.Self()}
 	a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
-		a.idBusy = false
+		a.leaseWait = false
 		if err == nil {
 			err = res.(*messages.IPAMResult).Err
 		}
@@ -409,14 +438,14 @@ func (a *endpointActor) claimIPs(ctx actor.Context) {
 
 // acquireIdentity resolves the identity of the current labels.
 func (a *endpointActor) acquireIdentity(ctx actor.Context) {
-	a.idBusy = true
+	a.leaseWait = true
 	ls := a.ep.Labels
 	msg := &messages.IdentityAcquire{Labels: ls, Holder: ctx.Self()}
 	if a.restoreReport {
 		msg.Preferred = a.ep.Identity // keep the identity number across restarts
 	}
 	a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
-		a.idBusy = false
+		a.leaseWait = false
 		var got identity.Identity
 		if err == nil {
 			r := res.(*messages.IdentityAcquired)
@@ -506,7 +535,7 @@ func (a *endpointActor) reportRestored(ctx actor.Context, err error) {
 }
 
 func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels) {
-	if a.deleting {
+	if a.deleting() {
 		ctx.Respond(a.result(fmt.Errorf("patch labels of endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
 		return
 	}
@@ -520,7 +549,7 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 	a.mut().Labels = next
 	a.labelsChanged()
 	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
-	if a.idBusy {
+	if a.leaseWait {
 		return // the acquisition in flight notices the change
 	}
 	a.setState(endpoint.StateWaitingForIdentity, "labels changed")

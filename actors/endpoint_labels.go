@@ -42,7 +42,7 @@ func (a *endpointActor) labelsNotDurable(waiter *actor.PID) bool {
 	switch {
 	case a.lw == nil || !a.lw.dirty:
 		return false
-	case a.idBusy && len(a.labelWaiters) > 0: // the identity for them is in flight
+	case a.leaseWait && len(a.labelWaiters) > 0: // the identity for them is in flight
 		a.labelWaiters = append(a.labelWaiters, waiter)
 	default:
 		a.lw.waiters = append(a.lw.waiters, waiter)

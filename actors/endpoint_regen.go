@@ -33,7 +33,7 @@ func (a *endpointActor) requestPolicyRegen(ctx actor.Context) {
 }
 
 func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) {
-	if a.deleting {
+	if a.deleting() {
 		if waiter != nil {
 			ctx.Send(waiter, a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
 		}
@@ -44,7 +44,7 @@ func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) 
 	if waiter != nil {
 		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
 	}
-	if a.regen.running || a.idBusy || a.dpBusy || a.ep.State == endpoint.StateWaitingForIdentity {
+	if a.regen.running || a.leaseWait || a.ioWait || a.ep.State == endpoint.StateWaitingForIdentity {
 		if a.regen.pending {
 			a.regen.coalesced++ // merged into the pending regeneration
 		}
@@ -88,9 +88,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.request(ctx, a.deps.policy, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
 		r, ok := res.(*messages.PolicyComputed)
 		switch {
-		case a.deleting:
-			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
-			a.maybeTeardown(ctx)
+		case a.abortRegenIfDeleting(ctx):
 		case err != nil || !ok:
 			a.regenFailed(ctx, fmt.Errorf("compute policy: %w", errors.Join(err, errUnexpected(res))))
 		default:
@@ -115,13 +113,11 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
 	realize := func(ctx actor.Context, err error) {
 		switch {
-		case a.deleting:
-			a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
-			a.maybeTeardown(ctx)
+		case a.abortRegenIfDeleting(ctx):
 		case err != nil:
 			a.regenFailed(ctx, err)
 		default:
-			a.phaseDone(0)
+			a.phaseDone(phaseWriteState)
 			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
 				return dp.Realize(c, snap, rev)
 			}, a.realized)
@@ -158,11 +154,11 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 		cont(ctx, nil)
 		return
 	}
-	a.dpBusy = true
+	a.ioWait = true
 	a.req.await(ctx, 0, func(reply func(any, error)) {
 		submit(func(err error) { reply(nil, err) })
 	}, func(_ any, err error) {
-		a.dpBusy = false
+		a.ioWait = false
 		if err != nil {
 			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
 		}
@@ -184,26 +180,36 @@ const opRemoveState = "remove-state"
 
 // datapathOp runs fn in the datapath pool and continues with its error.
 func (a *endpointActor) datapathOp(ctx actor.Context, op string, fn func(context.Context) (any, error), cont func(actor.Context, any, error)) {
-	a.dpBusy = true
+	a.ioWait = true
 	work := &messages.DatapathWork{Op: op, Endpoint: a.ep.ID, Timeout: a.deps.cfg.DatapathTimeout, Run: fn}
 	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
-		a.dpBusy = false
+		a.ioWait = false
 		cont(ctx, v, err)
 	})
 	a.setOp(op)
 }
 
+// abortRegenIfDeleting ends the running regeneration with
+// ErrEndpointDeleting and lets the teardown proceed, if a delete arrived
+// while one of its steps was in flight. It reports whether it did.
+func (a *endpointActor) abortRegenIfDeleting(ctx actor.Context) bool {
+	if !a.deleting() {
+		return false
+	}
+	a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
+	a.maybeTeardown(ctx)
+	return true
+}
+
 func (a *endpointActor) realized(ctx actor.Context, v any, err error) {
-	if a.deleting {
-		a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
-		a.maybeTeardown(ctx)
+	if a.abortRegenIfDeleting(ctx) {
 		return
 	}
 	if err != nil {
 		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, err))
 		return
 	}
-	a.phaseDone(1)
+	a.phaseDone(phaseRealize)
 	res, _ := v.(datapath.Realized)
 	if len(res.ProxyWaits) == 0 {
 		a.completeRegen(ctx, false)
@@ -260,7 +266,7 @@ func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
 // then starts the pending regeneration, if any.
 func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 	if a.op == PhaseProxyWait {
-		a.phaseDone(2)
+		a.phaseDone(phaseProxyWait)
 	}
 	a.regenTimed()
 	a.mut().RealizedRevision = a.regen.rev
@@ -274,7 +280,7 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 	if a.maybeTeardown(ctx) {
 		return
 	}
-	if a.regen.pending && a.ep.State != endpoint.StateWaitingForIdentity && !a.idBusy {
+	if a.regen.pending && a.ep.State != endpoint.StateWaitingForIdentity && !a.leaseWait {
 		a.startRegen(ctx)
 	}
 }
@@ -300,7 +306,7 @@ func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 		rs = append(rs, messages.Reply{To: a.createWaiter, Message: res})
 		a.createWaiter = nil
 	}
-	if !a.deleting {
+	if !a.deleting() {
 		a.publish(ctx, rs...)
 		return
 	}
@@ -344,155 +350,19 @@ func (a *endpointActor) scheduleRetry(ctx actor.Context) {
 	a.regen.retryTimer = time.AfterFunc(d, func() { system.Root.Send(self, &retryRegen{}) })
 }
 
-// delete starts deleting the endpoint; replyTo (may be nil) is answered
-// when it is disconnected.
-func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, replyTo *actor.PID) {
-	if replyTo != nil {
-		a.delReplies = append(a.delReplies, messages.Reply{To: replyTo})
-	}
-	if a.deleting {
-		return
-	}
-	a.deleting = true
-	a.mut().Deleting = opts
-	a.setState(endpoint.StateDisconnecting, "delete requested")
-	a.stopRetry()
-	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
-	rs := replies(a.regen.pendingWaiters, a.result(errDel))
-	rs = append(rs, replies(a.labelWaiters, a.result(errDel))...)
-	rs = append(rs, replies(a.labelDurableWaiters(), a.result(errDel))...)
-	if a.createWaiter != nil {
-		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
-		a.createWaiter = nil
-	}
-	a.regen.pendingWaiters, a.labelWaiters, a.regen.pending = nil, nil, false
-	a.publish(ctx, rs...)
-	a.maybeTeardown(ctx)
-}
+// regenPhase indexes RegenPhases (and the phase durations kept per
+// regeneration).
+type regenPhase uint8
 
-func (a *endpointActor) stopRetry() {
-	if a.regen.retryTimer != nil {
-		a.regen.retryTimer.Stop()
-		a.regen.retryTimer = nil
-	}
-}
+const (
+	phaseWriteState regenPhase = iota
+	phaseRealize
+	phaseProxyWait
+	phaseTotal
+)
 
-// maybeTeardown starts the teardown once deleting and nothing is in
-// flight (a running datapath operation, identity or proxy wait). It
-// reports whether the endpoint is deleting.
-func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
-	if !a.deleting {
-		return false
-	}
-	if a.tearingDown || a.dpBusy || a.idBusy || a.regen.running {
-		return true
-	}
-	// The datapath goes first, then the state, both while the row is
-	// still in the index: once the row is gone a DELETE answers 404, which
-	// a CNI DEL takes as done, so nothing may bring the endpoint back after
-	// that (a crash before the state removal restores it, and the retried
-	// DEL finds it); and nothing is left in the kernel for an endpoint
-	// that will not be restored.
-	if !a.dpGone {
-		a.removeDatapath(ctx, 0)
-		return true
-	}
-	if !a.stateGone && a.deps.store != nil {
-		id, store := a.ep.ID, a.deps.store
-		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
-			if err != nil {
-				a.logger().Error("removing endpoint state failed", "err", err)
-			}
-			a.stateGone, a.stateStays = true, err != nil
-			a.maybeTeardown(ctx)
-		})
-		return true
-	}
-	a.tearingDown = true
-	if ips := a.ips(); len(ips) > 0 {
-		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Deleted: true})
-	}
-	ctx.Send(a.deps.policy, &messages.EndpointPolicyGone{Endpoint: a.ep.ID})
-	// Leave the index before the leases end, so the endpoint's container
-	// ID and addresses are free in the manager's books before IPAM
-	// releases anything.
-	a.mut().State = endpoint.StateDisconnecting
-	a.shared = true
-	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
-		Replies: []messages.Reply{{To: ctx.Self(), Message: &indexRemoved{}}}})
-	return true
-}
-
-// releaseLeases ends the IP lease (releasing the addresses unless
-// NoIPRelease) and the identity reference (unless NoIdentityRelease), then
-// the endpoint is disconnected.
-func (a *endpointActor) releaseLeases(ctx actor.Context) {
-	done := func() {
-		var err error
-		if a.stateStays {
-			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
-		}
-		a.disconnected(ctx, err)
-	}
-	next := func() {
-		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
-			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
-			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { done() })
-			return
-		}
-		done()
-	}
-	if ips := a.ips(); len(ips) > 0 {
-		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
-		a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(any, error) { next() })
-		return
-	}
-	next()
-}
-
-// removeDatapath tears down the kernel side (idempotent), retrying a few
-// times; what still fails is left to the orphan garbage collector.
-func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
-	a.shared = true
-	snap, dp := a.ep, a.deps.dp
-	a.datapathOp(ctx, "remove", func(c context.Context) (any, error) {
-		return nil, dp.Remove(c, snap)
-	}, func(ctx actor.Context, _ any, err error) {
-		if err != nil && attempt < 2 {
-			a.logger().Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", err)
-			a.removeDatapath(ctx, attempt+1)
-			return
-		}
-		if err != nil {
-			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", err)
-		}
-		a.dpGone = true
-		a.maybeTeardown(ctx)
-	})
-}
-
-// disconnected answers the delete's waiters and stops the actor. With
-// err (the state removal failed, so the endpoint may come back at the
-// next start) every waiter gets the error: a delete is acknowledged only
-// once it is durable.
-func (a *endpointActor) disconnected(ctx actor.Context, err error) {
-	a.setState(endpoint.StateDisconnected, "delete completed")
-	res := a.result(err)
-	for _, r := range a.delReplies {
-		msg := r.Message
-		if msg == nil || err != nil {
-			msg = res
-		}
-		ctx.Send(r.To, msg)
-	}
-	a.delReplies = nil
-	a.stopTimers()
-	ctx.Stop(ctx.Self())
-}
-
-// phaseDone ends phase i (an index of RegenPhases) of the running
-// regeneration and starts the next.
-func (a *endpointActor) phaseDone(i int) {
+// phaseDone ends phase i of the running regeneration and starts the next.
+func (a *endpointActor) phaseDone(i regenPhase) {
 	now := time.Now().UnixNano()
 	d := time.Duration(now - a.regen.phaseStart)
 	a.regen.phases[i], a.regen.phaseStart = uint32(min(d.Microseconds(), math.MaxUint32)), now
@@ -506,7 +376,7 @@ func (a *endpointActor) phaseDone(i int) {
 func (a *endpointActor) regenTimed() {
 	now := time.Now().UnixNano()
 	total := time.Duration(now - a.regen.started)
-	a.regen.phases[3] = uint32(min(total.Microseconds(), math.MaxUint32))
+	a.regen.phases[phaseTotal] = uint32(min(total.Microseconds(), math.MaxUint32))
 	a.regen.lastPhases, a.regen.lastAt = a.regen.phases, now
 	if a.deps.observer != nil {
 		a.deps.observer.RegenPhase(PhaseTotal, total)

@@ -219,7 +219,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 		// teardown, or not yet committed right after a create).
 		rec, md := &endpoint.Endpoint{ID: id}, startMode{kind: startRebuild}
 		if prev != nil {
-			rec, md.deleting, md.tearingDown, md.stateStays = prev.ep, prev.deleting, prev.tearingDown, prev.stateStays
+			rec, md.life, md.stateStays = prev.ep, prev.life, prev.stateStays
 		}
 		prev = newEndpointActor(m.deps, rec, md, self, stats)
 		prev.slot = slot

@@ -1,0 +1,159 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+)
+
+// Deletion of an endpoint: the steps of lifecycle, in order.
+
+// delete starts deleting the endpoint; replyTo (may be nil) is answered
+// when it is disconnected.
+func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, replyTo *actor.PID) {
+	if replyTo != nil {
+		a.delReplies = append(a.delReplies, messages.Reply{To: replyTo})
+	}
+	if a.deleting() {
+		return
+	}
+	a.life = lifeDeleting
+	a.mut().Deleting = opts
+	a.setState(endpoint.StateDisconnecting, "delete requested")
+	a.stopRetry()
+	errDel := fmt.Errorf("endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)
+	rs := replies(a.regen.pendingWaiters, a.result(errDel))
+	rs = append(rs, replies(a.labelWaiters, a.result(errDel))...)
+	rs = append(rs, replies(a.labelDurableWaiters(), a.result(errDel))...)
+	if a.createWaiter != nil {
+		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
+		a.createWaiter = nil
+	}
+	a.regen.pendingWaiters, a.labelWaiters, a.regen.pending = nil, nil, false
+	a.publish(ctx, rs...)
+	a.maybeTeardown(ctx)
+}
+
+func (a *endpointActor) stopRetry() {
+	if a.regen.retryTimer != nil {
+		a.regen.retryTimer.Stop()
+		a.regen.retryTimer = nil
+	}
+}
+
+// maybeTeardown starts the teardown once deleting and nothing is in
+// flight (a running datapath operation, identity or proxy wait). It
+// reports whether the endpoint is deleting.
+func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
+	switch {
+	case !a.deleting():
+		return false
+	case a.life == lifeLeavingIndex || a.ioWait || a.leaseWait || a.regen.running:
+		return true
+	}
+	// The datapath goes first, then the state, both while the row is
+	// still in the index: once the row is gone a DELETE answers 404, which
+	// a CNI DEL takes as done, so nothing may bring the endpoint back after
+	// that (a crash before the state removal restores it, and the retried
+	// DEL finds it); and nothing is left in the kernel for an endpoint
+	// that will not be restored.
+	if a.life == lifeDeleting {
+		a.removeDatapath(ctx, 0)
+		return true
+	}
+	if a.life == lifeDatapathRemoved && a.deps.store != nil {
+		id, store := a.ep.ID, a.deps.store
+		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
+			if err != nil {
+				a.logger().Error("removing endpoint state failed", "err", err)
+			}
+			a.life, a.stateStays = lifeStateRemoved, err != nil
+			a.maybeTeardown(ctx)
+		})
+		return true
+	}
+	a.life = lifeLeavingIndex
+	if ips := a.ips(); len(ips) > 0 {
+		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Deleted: true})
+	}
+	ctx.Send(a.deps.policy, &messages.EndpointPolicyGone{Endpoint: a.ep.ID})
+	// Leave the index before the leases end, so the endpoint's container
+	// ID and addresses are free in the manager's books before IPAM
+	// releases anything.
+	a.mut().State = endpoint.StateDisconnecting
+	a.shared = true
+	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
+		Replies: []messages.Reply{{To: ctx.Self(), Message: &indexRemoved{}}}})
+	return true
+}
+
+// releaseLeases ends the IP lease (releasing the addresses unless
+// NoIPRelease) and the identity reference (unless NoIdentityRelease), then
+// the endpoint is disconnected.
+func (a *endpointActor) releaseLeases(ctx actor.Context) {
+	done := func() {
+		var err error
+		if a.stateStays {
+			err = fmt.Errorf("delete endpoint %d: %w", a.ep.ID, ErrStateStays)
+		}
+		a.disconnected(ctx, err)
+	}
+	next := func() {
+		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
+			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
+			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { done() })
+			return
+		}
+		done()
+	}
+	if ips := a.ips(); len(ips) > 0 {
+		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
+		a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(any, error) { next() })
+		return
+	}
+	next()
+}
+
+// removeDatapath tears down the kernel side (idempotent), retrying a few
+// times; what still fails is left to the orphan garbage collector.
+func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
+	a.shared = true
+	snap, dp := a.ep, a.deps.dp
+	a.datapathOp(ctx, "remove", func(c context.Context) (any, error) {
+		return nil, dp.Remove(c, snap)
+	}, func(ctx actor.Context, _ any, err error) {
+		if err != nil && attempt < 2 {
+			a.logger().Warn("datapath remove failed; retrying", "attempt", attempt+1, "err", err)
+			a.removeDatapath(ctx, attempt+1)
+			return
+		}
+		if err != nil {
+			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", err)
+		}
+		a.life = lifeDatapathRemoved
+		a.maybeTeardown(ctx)
+	})
+}
+
+// disconnected answers the delete's waiters and stops the actor. With
+// err (the state removal failed, so the endpoint may come back at the
+// next start) every waiter gets the error: a delete is acknowledged only
+// once it is durable.
+func (a *endpointActor) disconnected(ctx actor.Context, err error) {
+	a.setState(endpoint.StateDisconnected, "delete completed")
+	res := a.result(err)
+	for _, r := range a.delReplies {
+		msg := r.Message
+		if msg == nil || err != nil {
+			msg = res
+		}
+		ctx.Send(r.To, msg)
+	}
+	a.delReplies = nil
+	a.stopTimers()
+	ctx.Stop(ctx.Self())
+}
