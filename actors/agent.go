@@ -14,6 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -211,13 +212,23 @@ type agentActor struct {
 
 type getChildren struct{}
 
+// restartChildren is commitThenRestart's deferred restart, sent to the
+// agent actor by the index writer once the failed children's index
+// changes are committed.
+type restartChildren struct {
+	sup  actor.Supervisor
+	pids []*actor.PID
+}
+
 // Receive implements actor.Actor.
 func (a *agentActor) Receive(ctx actor.Context) {
-	switch ctx.Message().(type) {
+	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.spawnChildren(ctx)
 	case *getChildren:
 		ctx.Respond(a.children)
+	case *restartChildren:
+		msg.sup.RestartChildren(msg.pids...)
 	}
 }
 
@@ -261,6 +272,7 @@ type agentStrategy struct {
 	// it (its Started runs before any child can fail).
 	resume   *actor.PID
 	restart  actor.SupervisorStrategy
+	writer   *indexWriter
 	log      *slog.Logger
 	registry *Registry
 }
@@ -275,7 +287,27 @@ func (s *agentStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervis
 		sup.ResumeChildren(child)
 		return
 	}
-	s.restart.HandleFailure(sys, sup, child, rs, reason, msg)
+	s.restart.HandleFailure(sys, &commitThenRestart{Supervisor: sup, writer: s.writer}, child, rs, reason, msg)
+}
+
+// commitThenRestart restarts children only after the index writer
+// committed every group handed over before (a failing owner flushed its
+// batch as it panicked: batcher.flushOnPanic), so the next incarnation
+// rebuilds from its predecessor's writes. The failed child's mailbox
+// stays suspended meanwhile; nobody blocks.
+type commitThenRestart struct {
+	actor.Supervisor
+	writer *indexWriter
+}
+
+// RestartChildren implements actor.Supervisor.
+func (c *commitThenRestart) RestartChildren(pids ...*actor.PID) {
+	parent, ok := c.Supervisor.(interface{ Self() *actor.PID })
+	if !ok {
+		c.Supervisor.RestartChildren(pids...)
+		return
+	}
+	c.writer.submit(writeGroup{replies: []messages.Reply{{To: parent.Self(), Message: &restartChildren{sup: c.Supervisor, pids: pids}}}})
 }
 
 // Start validates cfg and starts the actor system on ix and dp.
@@ -289,7 +321,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	counters := &Counters{}
 	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
-	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), log: log, registry: deps.registry}
+	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), writer: deps.writer, log: log, registry: deps.registry}
 	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
 	rootStats := &MailboxStats{}
 	rootSlot := newSlot(KindAgent, rootStats)

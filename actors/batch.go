@@ -112,11 +112,17 @@ func (b *batcher) flush() {
 	b.replies = nil
 }
 
-// flushAndWait flushes and waits for the commit: an actor about to restart
-// calls it so that its next incarnation rebuilds from what it wrote.
-func (b *batcher) flushAndWait() {
-	b.flush()
-	b.w.sync()
+// flushOnPanic, deferred at the top of an owner's Receive, hands the
+// queued changes to the index writer when the handler panics, then lets
+// the panic go on to the supervisor. The root's strategy restarts the
+// owner only once everything handed over before is committed
+// (commitThenRestart), so the next incarnation rebuilds from what its
+// predecessor wrote, and nothing waits.
+func (b *batcher) flushOnPanic() {
+	if r := recover(); r != nil {
+		b.flush()
+		panic(r)
+	}
 }
 
 func isNotFound(err error) bool {

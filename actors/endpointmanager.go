@@ -62,8 +62,8 @@ func (m *managerActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		m.rebuild(ctx)
-	case *actor.Restarting:
-		m.batch.flushAndWait()
+	case *actor.Restarting: // never: the root resumes the manager
+		m.batch.flush()
 	case *flushIndex:
 		m.batch.flush()
 	case *messages.CreateEndpoint:

@@ -41,11 +41,12 @@ func newIdentityActor(newAlloc func() (identity.Allocator, error), w *indexWrite
 
 // Receive implements actor.Actor.
 func (a *identityActor) Receive(ctx actor.Context) {
+	defer a.batch.flushOnPanic()
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.rebuild(ctx)
 	case *actor.Restarting:
-		a.batch.flushAndWait()
+		a.batch.flush()
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.IdentityAcquire:

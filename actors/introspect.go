@@ -174,6 +174,9 @@ func (s *actorSlot) failed(reason any) {
 	s.fail.Store(f)
 }
 
+// restarted reports whether the actor's supervisor restarted it before.
+func (s *actorSlot) restarted() bool { return s.fail.Load() != nil }
+
 func anyString(v any) string {
 	switch x := v.(type) {
 	case error:

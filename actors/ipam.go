@@ -92,11 +92,12 @@ func newIPAMActor(cfg IPAMConfig, w *indexWriter, log *slog.Logger) *ipamActor {
 
 // Receive implements actor.Actor.
 func (a *ipamActor) Receive(ctx actor.Context) {
+	defer a.batch.flushOnPanic()
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.rebuild(ctx)
 	case *actor.Restarting, *actor.Stopping:
-		a.batch.flushAndWait()
+		a.batch.flush()
 		if a.sweep != nil {
 			a.sweep.Stop()
 		}

@@ -66,6 +66,7 @@ func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr) *ipcacheActor {
 
 // Receive implements actor.Actor.
 func (a *ipcacheActor) Receive(ctx actor.Context) {
+	defer a.batch.flushOnPanic()
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.req.register(ctx)
@@ -79,7 +80,7 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		if a.retry != nil {
 			a.retry.Stop()
 		}
-		a.batch.flushAndWait()
+		a.batch.flush()
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.IPCacheEndpoint:

@@ -75,6 +75,7 @@ func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *acto
 
 // Receive implements actor.Actor.
 func (a *policyActor) Receive(ctx actor.Context) {
+	defer a.batch.flushOnPanic()
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.req.register(ctx)
@@ -92,7 +93,7 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		for _, r := range append(a.persist.inflight, a.persist.pending...) {
 			a.batch.replies = append(a.batch.replies, r)
 		}
-		a.batch.flushAndWait()
+		a.batch.flush()
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.PolicyImport:
@@ -155,8 +156,11 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 		a.log.Info("rebuilt policies from the index", "policies", len(rows), "revision", a.repo.Revision())
 	}
 	// A restarted incarnation may have missed changes its endpoints must
-	// follow; at agent start the index holds no endpoints yet.
-	a.reconcile(ctx)
+	// follow. A first incarnation must not: endpoints created before its
+	// Started ran ask for their policy anyway.
+	if slot := a.deps.registry.slot(ctx.Self().Id); slot != nil && slot.restarted() {
+		a.reconcile(ctx)
+	}
 }
 
 // reconcile runs after a restart: it regenerates the endpoints whose
