@@ -262,7 +262,13 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)
-	spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
+	gc := spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
+	// The answers processes of the children with a requester, registered
+	// here rather than in their Started, so that every process of the
+	// system exists once Start returns.
+	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc} {
+		registerAnswers(ctx.ActorSystem(), pid)
+	}
 }
 
 // agentStrategy resumes the endpoint manager and restarts other children

@@ -82,12 +82,18 @@ func (p *answersProcess) Stop(*actor.PID) {}
 const answersSuffix = "$answers"
 
 // register registers the actor's answers process (in Started); a
-// restarted incarnation finds it registered.
+// restarted incarnation, or an actor whose parent registered it at spawn
+// (registerAnswers), finds it registered.
 func (r *requester) register(ctx actor.Context) {
-	self := ctx.Self()
-	r.answersID = self.Id + answersSuffix
-	sys := ctx.ActorSystem()
-	sys.ProcessRegistry.Add(&answersProcess{actor: self, root: sys.Root}, r.answersID)
+	r.answersID = registerAnswers(ctx.ActorSystem(), ctx.Self())
+}
+
+// registerAnswers registers the answers process of actor self, if it is
+// not yet, and returns its ID.
+func registerAnswers(sys *actor.ActorSystem, self *actor.PID) string {
+	id := self.Id + answersSuffix
+	sys.ProcessRegistry.Add(&answersProcess{actor: self, root: sys.Root}, id)
+	return id
 }
 
 // unregister removes the answers process once the actor stopped.
