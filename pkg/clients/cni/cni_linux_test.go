@@ -373,14 +373,31 @@ func TestInterfaceVanishes(t *testing.T) {
 	eventually(t, "the address to be released", func() bool { return !e.allocated(ip) })
 }
 
+// TestSpecVersions: every supported version, dual-stack: the result is
+// in the version asked for and lists both addresses with their gateways.
 func TestSpecVersions(t *testing.T) {
-	e := newEnv(t, "10.244.19.0/24")
+	e := newEnvStack(t, "10.244.19.0/24", "fd00:244:19::/120")
 	e.startAgent(nil)
+	gw4, gw6 := netip.MustParseAddr("10.244.19.1"), netip.MustParseAddr("fd00:244:19::1")
 	for _, v := range cni.SupportedVersions {
 		t.Run(v, func(t *testing.T) {
 			e.conf = e.conflist(v)
 			p := e.newPod("v" + strings.ReplaceAll(v, ".", ""))
-			e.mustAdd(p)
+			var raw types.Result
+			if err := e.inHost(func(ctx context.Context) (err error) {
+				raw, err = e.cni.AddNetworkList(ctx, e.conf, p.rt)
+				return err
+			}); err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if raw.Version() != v {
+				t.Fatalf("result version %s, want %s", raw.Version(), v)
+			}
+			res, err := types100.NewResultFromResult(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			podIPs(t, res, gw4, gw6)
 			if v != "0.3.1" {
 				if err := e.check(p); err != nil {
 					t.Fatalf("CHECK: %v", err)
