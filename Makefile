@@ -74,11 +74,13 @@ bench:
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).
-# BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers.
-BENCH_N    ?= 200
-BENCH_CONC ?= 8
+# BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers;
+# BENCH_STACK=dual gives both arms an IPv4 and an IPv6 range.
+BENCH_N     ?= 200
+BENCH_CONC  ?= 8
+BENCH_STACK ?= ipv4
 bench-cni:
-	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) \
+	MEMBRANE_BENCH_CNI=1 BENCH_N=$(BENCH_N) BENCH_CONC=$(BENCH_CONC) BENCH_STACK=$(BENCH_STACK) \
 		$(GO) test -run '^TestCNIBench$$' -count=1 -v -timeout 30m ./test/cnibench/
 
 # Time from PUT /v1/policy until BENCH_ENDPOINTS endpoints with real BPF

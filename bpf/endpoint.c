@@ -28,9 +28,12 @@
  *     entries. First fragments are ordinary packets.
  *   - Truncated/unparseable IP headers pass unless dir is enforced (the
  *     kernel's own stack drops them), then DROP_MALFORMED.
- *   - ICMPv6 neighbour discovery (types 133-137) always passes. ICMP and
- *     ICMPv6 echo use the echo identifier as both conntrack ports and
- *     port 0 in policy; ICMP errors are policy-checked like new traffic.
+ *   - Essential ICMPv6 always passes (RFC 4890 4.3.1/4.4.1): destination
+ *     unreachable, packet too big, time exceeded, parameter problem
+ *     (types 1-4), multicast listener discovery (130-132, 143) and
+ *     neighbour discovery (133-137). ICMP and ICMPv6 echo use the echo
+ *     identifier as both conntrack ports and port 0 in policy; other ICMP
+ *     (IPv4 errors included) is policy-checked like new traffic.
  *   - IPv6 extension headers: up to 4 of hop-by-hop, routing, fragment,
  *     destination options, AH; more is malformed.
  */
@@ -111,7 +114,7 @@ struct pkt {
 	__u8 family; /* 0 non-IP, 4, 6 */
 	__u8 proto;
 	__u8 frag; /* non-first fragment */
-	__u8 ndp;  /* ICMPv6 neighbour discovery */
+	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u16 sport, dport; /* network order; echo id for ICMP echo */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
@@ -146,7 +149,8 @@ static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 			__builtin_memcpy(&p->sport, &hdr[4], 2);
 			p->dport = p->sport;
 		}
-		if (p->proto == IPPROTO_ICMPV6 && hdr[0] >= 133 && hdr[0] <= 137)
+		if (p->proto == IPPROTO_ICMPV6 &&
+		    ((hdr[0] >= 1 && hdr[0] <= 4) || (hdr[0] >= 130 && hdr[0] <= 137) || hdr[0] == 143))
 			p->ndp = 1;
 		return PARSE_OK;
 	}

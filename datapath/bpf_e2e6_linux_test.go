@@ -64,13 +64,15 @@ func linkLocal(t *testing.T, nl *netlink.Handle, link netlink.Link) netip.Addr {
 // TestBPFEndToEndIPv6: the endpoint programs enforce policy on IPv6 TCP
 // between IPv6-only pods routed through the host (ipcache /128 entries,
 // conntrack for replies, drop notifications with IPv6 addresses).
-// Forwarding and DAD are the test's to set: the Linux datapath turns on
-// IPv4 forwarding only (the CNI plugin gives pods IPv4 only).
+// Init turns IPv6 forwarding on (the gateway is IPv6); the pods here are
+// wired by hand through the host veth's link-local address (the CNI
+// plugin's path, through the gateway, is pkg/clients/cni's tests), so DAD
+// is the test's to turn off.
 func TestBPFEndToEndIPv6(t *testing.T) {
 	testutil.RequireRoot(t)
 	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, GatewayDevice: "mbt_gw6",
 		Gateways: []netip.Addr{netip.MustParseAddr("fd00:60::1")}})
-	for _, kv := range [][2]string{{"all/forwarding", "1"}, {"default/accept_dad", "0"}} {
+	for _, kv := range [][2]string{{"default/accept_dad", "0"}} {
 		if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/"+kv[0], []byte(kv[1]), 0) }); err != nil {
 			t.Fatal(err)
 		}

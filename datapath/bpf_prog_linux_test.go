@@ -93,6 +93,12 @@ func TestBPFPolicyVerdicts(t *testing.T) {
 		{"ipv6 other port", exact(in), in, conn(in, peerA6, tcp, 8081), verdictDrop},
 		{"ipv6 unknown peer is world", allow(eg, policy.Key{Identity: identity.ReservedWorld, Dir: eg}), eg, conn(eg, netip.MustParseAddr("2001:db8::1"), udp, 53), verdictPass},
 		{"ipv6 neighbour solicitation passes", policy.NewMapState(1, true, true, nil), in, pkt{src: peerA6, dst: pod6, proto: policy.ProtoICMPv6, icmpType: 135}, verdictPass},
+		{"ipv6 router advertisement passes", policy.NewMapState(1, true, true, nil), in, pkt{src: peerA6, dst: pod6, proto: policy.ProtoICMPv6, icmpType: 134}, verdictPass},
+		{"ipv6 packet too big passes", policy.NewMapState(1, true, true, nil), in, pkt{src: peerA6, dst: pod6, proto: policy.ProtoICMPv6, icmpType: 2}, verdictPass},
+		{"ipv6 destination unreachable passes", policy.NewMapState(1, true, true, nil), eg, pkt{src: pod6, dst: peerA6, proto: policy.ProtoICMPv6, icmpType: 1}, verdictPass},
+		{"ipv6 MLDv2 report passes", policy.NewMapState(1, true, true, nil), eg, pkt{src: pod6, dst: peerA6, proto: policy.ProtoICMPv6, icmpType: 143}, verdictPass},
+		{"ipv6 echo request is policy-checked", policy.NewMapState(1, true, true, nil), in, pkt{src: peerA6, dst: pod6, proto: policy.ProtoICMPv6, icmpType: 128}, verdictDrop},
+		{"ipv6 node information query is policy-checked", policy.NewMapState(1, true, true, nil), in, pkt{src: peerA6, dst: pod6, proto: policy.ProtoICMPv6, icmpType: 139}, verdictDrop},
 		{"ARP passes enforced", policy.NewMapState(1, true, true, nil), in, pkt{ethType: 0x0806}, verdictPass},
 		{"other L2 passes when open", nil, in, pkt{ethType: 0x88cc}, verdictPass},
 		{"other L2 dropped when enforced", policy.NewMapState(1, true, true, nil), eg, pkt{ethType: 0x88cc}, verdictDrop},
@@ -105,13 +111,14 @@ func TestBPFPolicyVerdicts(t *testing.T) {
 			h.setPolicy(t, tt.policy)
 			p := tt.pkt
 			p.sport = uint16(20000 + i) // a new connection per case
-			if p.proto == policy.ProtoICMPv6 && p.icmpType == 135 {
+			essential := p.proto == policy.ProtoICMPv6 && icmpv6Essential(p.icmpType)
+			if essential {
 				p.sport = 0
 			}
 			if got := h.run(t, tt.dir, p); got != tt.want {
 				t.Fatalf("verdict = %d, want %d", got, tt.want)
 			}
-			if p.ethType == 0 && !p.badIHL && p.icmpType != 135 {
+			if p.ethType == 0 && !p.badIHL && !essential {
 				want := verdictPass
 				if !tt.policy.Allows(peerIdentity(p, tt.dir), policyPort(p), p.proto, tt.dir) {
 					want = verdictDrop
@@ -122,6 +129,12 @@ func TestBPFPolicyVerdicts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// icmpv6Essential is the ICMPv6 the endpoint programs never drop
+// (bpf/endpoint.c's header comment).
+func icmpv6Essential(typ uint8) bool {
+	return (typ >= 1 && typ <= 4) || (typ >= 130 && typ <= 137) || typ == 143
 }
 
 func exact(dir policy.Direction) *policy.MapState {

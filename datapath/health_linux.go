@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -50,7 +51,8 @@ func (l *Linux) CreateHealth(ctx context.Context, spec HealthSpec) (hl HealthLin
 		if err != nil {
 			return err
 		}
-		return configureHealth(spec, h)
+		hl.PodMAC, err = configureHealth(spec, h)
+		return err
 	})
 	if err != nil {
 		return hl, fmt.Errorf("create health endpoint: %w", err)
@@ -73,43 +75,62 @@ func (l *Linux) healthVeth(spec HealthSpec, h netns.NsHandle) (HealthLink, error
 	return HealthLink{HostIfName: spec.HostIfName, HostIfIndex: link.Attrs().Index, HostMAC: link.Attrs().HardwareAddr.String()}, nil
 }
 
-// configureHealth brings lo and eth0 up in the namespace with the /32
-// (/128), a link route to the gateway and the default route via it.
-func configureHealth(spec HealthSpec, h netns.NsHandle) error {
+// configureHealth brings lo and eth0 up in the namespace and gives eth0
+// each address (/32, /128), a link route to its gateway and the default
+// route of its family via it. IPv6 is turned on in the namespace and its
+// address skips duplicate address detection (the address is the agent's
+// to give). It returns eth0's MAC address.
+func configureHealth(spec HealthSpec, h netns.NsHandle) (string, error) {
+	for _, a := range spec.Addrs {
+		if a.IP.Is6() {
+			err := inNetns(spec.Netns, func() error {
+				return ensureSysctl("/proc/sys/net/ipv6/conf/all/disable_ipv6", "0")
+			})
+			if err != nil {
+				return "", fmt.Errorf("enable ipv6 in health netns: %w", err)
+			}
+		}
+	}
 	nl, err := netlink.NewHandleAt(h)
 	if err != nil {
-		return fmt.Errorf("netlink in health netns: %w", err)
+		return "", fmt.Errorf("netlink in health netns: %w", err)
 	}
 	defer nl.Close()
 	for _, name := range []string{"lo", healthPodIf} {
 		link, err := nl.LinkByName(name)
 		if err != nil {
-			return fmt.Errorf("look up %s in health netns: %w", name, err)
+			return "", fmt.Errorf("look up %s in health netns: %w", name, err)
 		}
 		if err := nl.LinkSetUp(link); err != nil {
-			return fmt.Errorf("set %s up in health netns: %w", name, err)
+			return "", fmt.Errorf("set %s up in health netns: %w", name, err)
 		}
 	}
 	eth, err := nl.LinkByName(healthPodIf)
 	if err != nil {
-		return fmt.Errorf("look up %s in health netns: %w", healthPodIf, err)
-	}
-	if err := nl.AddrAdd(eth, &netlink.Addr{IPNet: hostNet(spec.IP)}); err != nil {
-		return fmt.Errorf("add address %s: %w", spec.IP, err)
+		return "", fmt.Errorf("look up %s in health netns: %w", healthPodIf, err)
 	}
 	idx := eth.Attrs().Index
-	if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: hostNet(spec.Gateway), Scope: netlink.SCOPE_LINK}); err != nil {
-		return fmt.Errorf("add route to gateway %s: %w", spec.Gateway, err)
+	for _, a := range spec.Addrs {
+		addr := &netlink.Addr{IPNet: hostNet(a.IP)}
+		if a.IP.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := nl.AddrAdd(eth, addr); err != nil {
+			return "", fmt.Errorf("add address %s: %w", a.IP, err)
+		}
+		if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: hostNet(a.Gateway), Scope: netlink.SCOPE_LINK}); err != nil {
+			return "", fmt.Errorf("add route to gateway %s: %w", a.Gateway, err)
+		}
+		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if a.IP.Is6() {
+			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		dst := &net.IPNet{IP: def.Addr().AsSlice(), Mask: net.CIDRMask(0, def.Addr().BitLen())}
+		if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: dst, Gw: a.Gateway.AsSlice()}); err != nil {
+			return "", fmt.Errorf("add default route via %s: %w", a.Gateway, err)
+		}
 	}
-	def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-	if spec.IP.Is6() {
-		def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-	}
-	dst := &net.IPNet{IP: def.Addr().AsSlice(), Mask: net.CIDRMask(0, def.Addr().BitLen())}
-	if err := nl.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: dst, Gw: spec.Gateway.AsSlice()}); err != nil {
-		return fmt.Errorf("add default route via %s: %w", spec.Gateway, err)
-	}
-	return nil
+	return eth.Attrs().HardwareAddr.String(), nil
 }
 
 // DeleteHealth implements HealthDatapath.
@@ -130,7 +151,9 @@ func (l *Linux) DeleteHealth(ctx context.Context, spec HealthSpec) error {
 func (l *Linux) ListenHealth(spec HealthSpec, port int) (net.Listener, error) {
 	var lis net.Listener
 	err := inNetns(spec.Netns, func() (err error) {
-		lis, err = net.Listen("tcp", netip.AddrPortFrom(spec.IP, uint16(port)).String())
+		// The namespace holds only the endpoint's addresses: the
+		// wildcard (dual-stack) socket serves each of them.
+		lis, err = net.Listen("tcp", ":"+strconv.Itoa(port))
 		return err
 	})
 	if err != nil {

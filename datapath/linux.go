@@ -91,6 +91,17 @@ func (c LinuxConfig) Validate() error {
 	return nil
 }
 
+// hasFamily reports whether a gateway of IP version v (4 or 6) is
+// configured.
+func (c LinuxConfig) hasFamily(v int) bool {
+	for _, gw := range c.Gateways {
+		if (v == 4) == gw.Is4() {
+			return true
+		}
+	}
+	return false
+}
+
 // LinuxHooks connect the Linux datapath to the agent once the actor
 // system runs.
 type LinuxHooks struct {

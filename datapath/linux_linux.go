@@ -97,8 +97,7 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.initBPF(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
-	// Pods are routed through the host: IPv4 forwarding on (ip_forward).
-	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/conf/all/forwarding", "1") }); err != nil {
+	if err := l.inHost(l.setGlobalSysctls); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
@@ -151,7 +150,8 @@ func (l *Linux) open() error {
 // the kernel has no dummy driver) if needed and adds the
 // gateway addresses as host routes (/32, /128): pods reach the gateway
 // through their lxc device because the host answers ARP for its local
-// addresses on any interface.
+// addresses on any interface, and neighbour solicitations for the IPv6
+// gateways through the proxy entries neighbours6 adds per host veth.
 func (l *Linux) ensureGateway() error {
 	name := l.cfg.GatewayDevice
 	link, err := l.nl.LinkByName(name)
@@ -177,6 +177,9 @@ func (l *Linux) ensureGateway() error {
 	}
 	for _, gw := range l.cfg.Gateways {
 		addr := &netlink.Addr{IPNet: hostNet(gw), Scope: int(netlink.SCOPE_UNIVERSE)}
+		if gw.Is6() {
+			addr.Flags = unix.IFA_F_NODAD // usable at once (the bridge fallback would run DAD)
+		}
 		if err := l.nl.AddrReplace(link, addr); err != nil {
 			return fmt.Errorf("add gateway %s to %s: %w", gw, name, err)
 		}
@@ -284,6 +287,12 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 			return Realized{}, fmt.Errorf("realize endpoint %d: route %s dev %s: %w", ep.ID, ip, name, err)
 		}
 	}
+	if ep.IPv6.IsValid() {
+		if err := l.neighbours6(idx, ep); err != nil {
+			err = missingIf(err, errors.Is(err, unix.ENODEV), name)
+			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
+		}
+	}
 	if err := l.realizeBPF(ep, idx); err != nil {
 		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
 	}
@@ -355,6 +364,12 @@ func (l *Linux) unroute(h hostLink) error {
 		err := l.nl.RouteDel(&netlink.Route{LinkIndex: h.index, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK})
 		if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete route %s dev %s: %w", ip, h.name, err)
+		}
+		if ip.Is6() {
+			err := l.nl.NeighDel(&netlink.Neigh{LinkIndex: h.index, Family: netlink.FAMILY_V6, IP: ip.AsSlice()})
+			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+				return fmt.Errorf("delete neighbour %s dev %s: %w", ip, h.name, err)
+			}
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -218,5 +219,85 @@ func TestLinuxClosed(t *testing.T) {
 func TestLinuxConfigValidate(t *testing.T) {
 	if _, err := NewLinux(LinuxConfig{GatewayDevice: "a-very-long-device-name"}, slog.Default()); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("NewLinux with a 23-byte device name = %v", err)
+	}
+}
+
+// TestLinuxIPv6: on a dual-stack node Init turns on IPv6 forwarding and
+// proxy_ndp (and IPv4 forwarding) and puts the IPv6 gateway on the
+// gateway device; Realize gives an IPv6 endpoint its /128 route, a
+// permanent neighbour entry with the pod's MAC and a proxy entry for the
+// gateway on its host veth, with no proxy delay; removing the endpoint
+// drops the route and the neighbour entry. An IPv6-only node leaves IPv4
+// forwarding alone.
+func TestLinuxIPv6(t *testing.T) {
+	gw4, gw6 := netip.MustParseAddr("10.244.42.1"), netip.MustParseAddr("fd00:42::1")
+	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, GatewayDevice: "mbt_gw6", Gateways: []netip.Addr{gw4, gw6}})
+	for _, p := range []string{"/proc/sys/net/ipv4/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/proxy_ndp"} {
+		if v := readSysctl(t, host, p); v != "1" {
+			t.Fatalf("%s = %s after Init, want 1", p, v)
+		}
+	}
+	gwLink, err := nl.LinkByName("mbt_gw6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrs, err := nl.AddrList(gwLink, netlink.FAMILY_V6); err != nil || !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IPNet.String() == "fd00:42::1/128" }) {
+		t.Fatalf("gateway device's IPv6 addresses = %v, %v; want fd00:42::1/128", addrs, err)
+	}
+
+	ep := addVeth(t, nl, 9, "lxctest0000006", "10.244.42.5")
+	ep.IPv6, ep.MAC = netip.MustParseAddr("fd00:42::5"), "02:00:00:00:42:05"
+	for range 2 { // idempotent
+		if _, err := l.Realize(context.Background(), ep, 1); err != nil {
+			t.Fatalf("Realize: %v", err)
+		}
+	}
+	routes, err := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Dst: hostNet(ep.IPv6)}, netlink.RT_FILTER_DST)
+	if err != nil || len(routes) != 1 || routes[0].LinkIndex != ep.IfIndex {
+		t.Fatalf("routes to %s = %v, %v; want one through %s", ep.IPv6, routes, err, ep.IfName)
+	}
+	neigh := func() (perm, proxy bool) {
+		t.Helper()
+		ns, err := nl.NeighList(ep.IfIndex, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range ns {
+			perm = perm || (n.IP.Equal(ep.IPv6.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == ep.MAC)
+		}
+		px, err := nl.NeighProxyList(ep.IfIndex, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range px {
+			proxy = proxy || n.IP.Equal(gw6.AsSlice())
+		}
+		return perm, proxy
+	}
+	if perm, proxy := neigh(); !perm || !proxy {
+		t.Fatalf("neighbours on %s: permanent %s -> %s %v, proxy %s %v; want both", ep.IfName, ep.IPv6, ep.MAC, perm, gw6, proxy)
+	}
+	if v := readSysctl(t, host, "/proc/sys/net/ipv6/neigh/"+ep.IfName+"/proxy_delay"); v != "0" {
+		t.Fatalf("proxy_delay of %s = %s, want 0", ep.IfName, v)
+	}
+	if err := l.Remove(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the IPv6 route and neighbour to go", func() bool {
+		routes, _ := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Dst: hostNet(ep.IPv6)}, netlink.RT_FILTER_DST)
+		perm, _ := neigh()
+		return len(routes) == 0 && !perm
+	})
+}
+
+// TestLinuxIPv6OnlyForwarding: a node with only IPv6 gateways turns on
+// IPv6 forwarding and leaves IPv4 forwarding as it was.
+func TestLinuxIPv6OnlyForwarding(t *testing.T) {
+	_, host, _ := newTestLinux(t, LinuxConfig{GatewayDevice: "mbt_gw6o", Gateways: []netip.Addr{netip.MustParseAddr("fd00:43::1")}})
+	if v := readSysctl(t, host, "/proc/sys/net/ipv6/conf/all/forwarding"); v != "1" {
+		t.Fatalf("ipv6 forwarding = %s, want 1", v)
+	}
+	if v := readSysctl(t, host, "/proc/sys/net/ipv4/conf/all/forwarding"); v != "0" {
+		t.Fatalf("ipv4 forwarding = %s on an IPv6-only node, want it untouched (0)", v)
 	}
 }

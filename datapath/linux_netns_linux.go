@@ -78,8 +78,21 @@ var hostSysctls = []struct{ key, value string }{
 	{"forwarding", "1"},
 }
 
-// setHostSysctls makes hostSysctls hold for dev in the host netns,
-// writing only values that differ.
+// hostSysctls6 are set on every host veth when the node serves IPv6:
+// IPv6 on (a host whose default disables it would leave the veth
+// without), and no delay before the proxied neighbour advertisements of
+// the gateway (the kernel otherwise waits up to proxy_delay, 0.8 s by
+// default, before answering a multicast solicitation for a proxied
+// address: RFC 4861's anycast delay, pointless for the one gateway a pod
+// has). IPv6 has no rp_filter: the kernel checks no return path, so
+// nothing needs turning off.
+var hostSysctls6 = []struct{ path, value string }{
+	{"/proc/sys/net/ipv6/conf/%s/disable_ipv6", "0"},
+	{"/proc/sys/net/ipv6/neigh/%s/proxy_delay", "0"},
+}
+
+// setHostSysctls makes hostSysctls (and hostSysctls6 on an IPv6 node)
+// hold for dev in the host netns, writing only values that differ.
 func (l *Linux) setHostSysctls(dev string) error {
 	return l.inHost(func() error {
 		for _, s := range hostSysctls {
@@ -87,8 +100,41 @@ func (l *Linux) setHostSysctls(dev string) error {
 				return err
 			}
 		}
+		if !l.cfg.hasFamily(6) {
+			return nil
+		}
+		for _, s := range hostSysctls6 {
+			if err := ensureSysctl(fmt.Sprintf(s.path, dev), s.value); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
+}
+
+// setGlobalSysctls turns on what the host needs for the families it
+// serves: forwarding (pods are routed through the host) and, for IPv6,
+// proxy_ndp (net.ipv6.conf.all.proxy_ndp: the host answers neighbour
+// solicitations for the addresses it has proxy entries for; neighbours6
+// adds one per IPv6 gateway on each host veth, nowhere else). A node
+// without gateways (tests of the bare datapath) gets IPv4 forwarding.
+// Note net.ipv6.conf.all.forwarding makes every interface a router, which
+// stops it accepting router advertisements unless its accept_ra is 2
+// (README: IPv6).
+func (l *Linux) setGlobalSysctls() error {
+	if l.cfg.hasFamily(4) || len(l.cfg.Gateways) == 0 {
+		if err := ensureSysctl("/proc/sys/net/ipv4/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
+	if l.cfg.hasFamily(6) {
+		for _, p := range []string{"/proc/sys/net/ipv6/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/proxy_ndp"} {
+			if err := ensureSysctl(p, "1"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // ensureSysctl writes value to path unless it already holds it.

@@ -202,6 +202,9 @@ func (e *engine) setupLinux(cfg agent.Config) (undo func(), err error) {
 		env.tmpDir = e.dir
 	}
 	cfg.Datapath, cfg.Fake = "linux", nil
+	// Dual-stack: an IPv6 range as large as the IPv4 one, so that a pod
+	// gets an address of each family for as long as the IPv4 pool lasts.
+	cfg.IPv6Range = linuxIPv6Range(cfg.IPv4Range)
 	cfg.Linux = datapath.LinuxConfig{HostNetns: env.host.Path, BPFFS: env.bpffs, TeardownDelay: 200 * time.Millisecond}
 	cfg.DeleteQueueDir = filepath.Join(e.dir, "delete-queue")
 	cfg.DeleteQueueInterval = time.Second
@@ -283,13 +286,46 @@ func (t *linuxTarget) Crash() error {
 func (t *linuxTarget) SetFaults(Faults) {}
 
 // kernelFindings: every endpoint's host veth exists and its pins are
-// under <bpffs>/endpoints/<id>; no lxc veth and no pin directory belongs
-// to no endpoint.
+// under <bpffs>/endpoints/<id>; every endpoint has both addresses
+// (dual-stack), each routed to its host veth; no lxc veth and no pin
+// directory belongs to no endpoint.
 func (t *linuxTarget) kernelFindings(s *Snapshot) []finding {
 	var out []finding
 	links, err := t.env.nl.LinkList()
 	if err != nil {
 		return []finding{{invKernel, "links", "", "listing the host netns's links: " + err.Error()}}
+	}
+	routes := map[netip.Addr]int{} // host route destination -> interface index
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := t.env.nl.RouteList(nil, fam)
+		if err != nil {
+			return []finding{{invKernel, "routes", "", "listing the host netns's routes: " + err.Error()}}
+		}
+		for _, r := range rs {
+			if r.Dst == nil {
+				continue
+			}
+			if ones, bits := r.Dst.Mask.Size(); ones == bits {
+				if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+					routes[ip.Unmap()] = r.LinkIndex
+				}
+			}
+		}
+	}
+	for _, ep := range s.Endpoints {
+		if ep.ContainerID == "" {
+			continue
+		}
+		for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+			switch idx, ok := routes[ip]; {
+			case !ip.IsValid():
+				out = append(out, finding{invKernel, "endpoint " + strconv.Itoa(int(ep.ID)), ep.ContainerID,
+					fmt.Sprintf("%s: addresses %s, %s: want one of each family", epName(ep), ep.IPv4, ep.IPv6)})
+			case !ok || idx != ep.IfIndex:
+				out = append(out, finding{invKernel, "ip " + ip.String(), ep.ContainerID,
+					fmt.Sprintf("%s: no host route for %s through %s (index %d)", epName(ep), ip, ep.IfName, ep.IfIndex)})
+			}
+		}
 	}
 	veths := map[string]bool{}
 	for _, l := range links {
@@ -376,14 +412,12 @@ func (d *cniDriver) Add(ctx context.Context, p PodRef) (AddResult, error) {
 		return res, fmt.Errorf("add %s: cni: %w", p.ContainerID, err)
 	}
 	r, err := types100.NewResultFromResult(out)
-	if err != nil || len(r.IPs) == 0 {
-		return res, fmt.Errorf("add %s: cni result without an address (%v): %w", p.ContainerID, err, errBadAnswer)
+	if err != nil {
+		return res, fmt.Errorf("add %s: cni result (%v): %w", p.ContainerID, err, errBadAnswer)
 	}
-	ip, ok := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-	if !ok {
-		return res, fmt.Errorf("add %s: cni result address %s is not IPv4: %w", p.ContainerID, r.IPs[0].Address.IP, errBadAnswer)
+	if res.IPv4, err = dualStackResult(r); err != nil {
+		return res, fmt.Errorf("add %s: %w", p.ContainerID, err)
 	}
-	res.IPv4 = ip
 	var add []string
 	for _, l := range p.Labels {
 		if l != nsLabel { // the plugin set it
@@ -442,4 +476,36 @@ func (d *cniDriver) Del(ctx context.Context, p PodRef) (DelResult, error) {
 		return DelResult{}, fmt.Errorf("del %s: %w", p.ContainerID, err)
 	}
 	return DelResult{Found: found}, nil
+}
+
+// simIPv6Base is the IPv6 range's prefix in --datapath linux.
+var simIPv6Base = netip.MustParseAddr("fd00:5153::")
+
+// linuxIPv6Range is the IPv6 range of --datapath linux: as many
+// addresses as v4 (a prefix of 96 + v4's bits) under simIPv6Base.
+func linuxIPv6Range(v4 netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(simIPv6Base, 96+v4.Bits())
+}
+
+// dualStackResult checks that an ADD's result holds one IPv4 and one
+// IPv6 address, each on the pod's interface, and returns the IPv4 one
+// (the model tracks IPv4; the IPv6 addresses are checked through the
+// index: pool arithmetic, nothing owned twice, nothing left).
+func dualStackResult(r *types100.Result) (netip.Addr, error) {
+	var v4, v6 netip.Addr
+	for _, ipc := range r.IPs {
+		ip, ok := netip.AddrFromSlice(ipc.Address.IP)
+		if !ok || ipc.Interface == nil || *ipc.Interface != 1 {
+			return v4, fmt.Errorf("cni result address %+v: %w", ipc, errBadAnswer)
+		}
+		if ip = ip.Unmap(); ip.Is4() {
+			v4 = ip
+		} else {
+			v6 = ip
+		}
+	}
+	if len(r.IPs) != 2 || !v4.IsValid() || !v6.IsValid() {
+		return v4, fmt.Errorf("cni result %v: want an IPv4 and an IPv6 address: %w", r.IPs, errBadAnswer)
+	}
+	return v4, nil
 }

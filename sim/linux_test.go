@@ -4,12 +4,16 @@ package sim
 
 import (
 	"context"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -83,5 +87,38 @@ func TestRunLinux(t *testing.T) {
 	}
 	if left := simLeftovers(t); len(left) > before {
 		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestDualStackResult: the CNI driver takes a result only with one
+// address of each family on the pod's interface.
+func TestDualStackResult(t *testing.T) {
+	ipc := func(cidr string, iface int) *types100.IPConfig {
+		_, n, _ := net.ParseCIDR(cidr)
+		ip, _, _ := net.ParseCIDR(cidr)
+		n.IP = ip
+		return &types100.IPConfig{Address: *n, Interface: types100.Int(iface)}
+	}
+	tests := []struct {
+		name string
+		ips  []*types100.IPConfig
+		ok   bool
+	}{
+		{"both", []*types100.IPConfig{ipc("10.0.0.2/32", 1), ipc("fd00::2/128", 1)}, true},
+		{"ipv4 only", []*types100.IPConfig{ipc("10.0.0.2/32", 1)}, false},
+		{"ipv6 only", []*types100.IPConfig{ipc("fd00::2/128", 1)}, false},
+		{"two ipv4", []*types100.IPConfig{ipc("10.0.0.2/32", 1), ipc("10.0.0.3/32", 1)}, false},
+		{"host interface", []*types100.IPConfig{ipc("10.0.0.2/32", 1), ipc("fd00::2/128", 0)}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v4, err := dualStackResult(&types100.Result{IPs: tt.ips})
+			if (err == nil) != tt.ok || (tt.ok && v4 != netip.MustParseAddr("10.0.0.2")) {
+				t.Fatalf("dualStackResult = %s, %v; want ok %v", v4, err, tt.ok)
+			}
+		})
+	}
+	if got := linuxIPv6Range(netip.MustParsePrefix("10.200.0.0/16")); got != netip.MustParsePrefix("fd00:5153::/112") {
+		t.Fatalf("linuxIPv6Range(/16) = %s", got)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,50 @@ func TestParseFlagsIPAMExpiry(t *testing.T) {
 			}
 			if cfg.Actors.IPAM.Expiry != tc.want {
 				t.Errorf("expiry %v, want %v", cfg.Actors.IPAM.Expiry, tc.want)
+			}
+		})
+	}
+}
+
+// TestParseFlagsRanges: IPv4 by default, dual-stack with --ipv6-range,
+// IPv6-only with --ipv4-range ""; no range at all, a range of the wrong
+// family or a bad CIDR is refused naming the flag.
+func TestParseFlagsRanges(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		v4, v6  string // wanted ranges ("" none)
+		wantErr string
+	}{
+		{"default ipv4", nil, "10.200.0.0/16", "", ""},
+		{"dual-stack", []string{"--ipv6-range", "fd00:200::/112"}, "10.200.0.0/16", "fd00:200::/112", ""},
+		{"ipv6-only", []string{"--ipv4-range", "", "--ipv6-range", "fd00:200::/112"}, "", "fd00:200::/112", ""},
+		{"no range", []string{"--ipv4-range", ""}, "", "", "--ipv6-range"},
+		{"ipv6 as ipv4", []string{"--ipv4-range", "fd00::/112"}, "", "", "--ipv4-range"},
+		{"ipv4 as ipv6", []string{"--ipv6-range", "10.1.0.0/24"}, "", "", "--ipv6-range"},
+		{"blank", []string{"--ipv4-range", " "}, "", "", "--ipv4-range"},
+		{"host bits", []string{"--ipv6-range", "fd00::1/112"}, "", "", "--ipv6-range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)
+			cfg, _, err := parseFlags(args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			str := func(p netip.Prefix) string {
+				if !p.IsValid() {
+					return ""
+				}
+				return p.String()
+			}
+			if str(cfg.IPv4Range) != tc.v4 || str(cfg.IPv6Range) != tc.v6 {
+				t.Fatalf("ranges %v %v, want %q %q", cfg.IPv4Range, cfg.IPv6Range, tc.v4, tc.v6)
 			}
 		})
 	}

@@ -41,6 +41,7 @@ func startAgent(t *testing.T) *ctlEnv {
 		Socket:    filepath.Join(dir, "m.sock"),
 		StateDir:  filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.210.0.0/24"),
+		IPv6Range: netip.MustParsePrefix("fd00:210::/120"),
 		Datapath:  "fake",
 		Fake:      datapath.NewFake(1),
 		HTTPAddr:  "127.0.0.1:0",
@@ -58,7 +59,8 @@ func startAgent(t *testing.T) *ctlEnv {
 }
 
 // populate creates web-0, web-1 and db-0 in namespace default, one after
-// the other, so IDs, addresses and identities are deterministic.
+// the other, so IDs, addresses and identities are deterministic; each has
+// an address of both families.
 func (e *ctlEnv) populate(t *testing.T) {
 	t.Helper()
 	c := client.New(e.socket)
@@ -66,13 +68,13 @@ func (e *ctlEnv) populate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range []struct{ pod, app string }{{"web-0", "web"}, {"web-1", "web"}, {"db-0", "db"}} {
-		alloc, err := c.IPAMAllocate(ctx, "ipv4", "default/"+p.pod)
+		alloc, err := c.IPAMAllocate(ctx, "", "default/"+p.pod)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, err = c.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "ctr-" + p.pod, K8sNamespace: "default",
 			K8sPodName: p.pod, Labels: []string{"k8s:app=" + p.app, "k8s:tier=" + p.app}, SyncBuild: true,
-			Addressing: &models.AddressPair{IPv4: alloc.Address.IPv4}})
+			Addressing: &models.AddressPair{IPv4: alloc.Address.IPv4, IPv6: alloc.Address.IPv6}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -52,8 +52,30 @@ func (a *app) statusOut(st *models.Status) error {
 			}
 		}
 	}
+	if st.Health != nil {
+		t.row("Health:", healthText(st.Health))
+	}
 	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
 	return t.flush()
+}
+
+// healthText is the health endpoint's line: state, then its addresses
+// (both families on a dual-stack node) and endpoint, then the error.
+func healthText(h *models.HealthStatus) string {
+	out := h.State
+	var addrs []string
+	for _, ip := range []string{h.IP, h.IPv6} {
+		if ip != "" {
+			addrs = append(addrs, ip)
+		}
+	}
+	if len(addrs) > 0 {
+		out += fmt.Sprintf(" (%s, endpoint %d)", strings.Join(addrs, " "), h.Endpoint)
+	}
+	if h.Error != "" {
+		out += ": " + h.Error
+	}
+	return out
 }
 
 func msgSuffix(m string) string {

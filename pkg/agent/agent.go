@@ -84,7 +84,7 @@ func (c *Config) Validate() error {
 	case c.StateDir == "":
 		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
 	case !c.IPv4Range.IsValid() && !c.IPv6Range.IsValid():
-		return fmt.Errorf("--ipv4-range: an IPv4 or IPv6 range is required: %w", ErrInvalidConfig)
+		return fmt.Errorf("--ipv4-range, --ipv6-range: at least one range is required (--ipv4-range \"\" turns IPv4 off only with an --ipv6-range): %w", ErrInvalidConfig)
 	case c.IPv4Range.IsValid() && !c.IPv4Range.Addr().Is4():
 		return fmt.Errorf("--ipv4-range: %s is not an IPv4 prefix: %w", c.IPv4Range, ErrInvalidConfig)
 	case c.IPv6Range.IsValid() && (!c.IPv6Range.Addr().Is6() || c.IPv6Range.Addr().Is4In6()):

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -33,13 +34,23 @@ func waitHealth(t *testing.T, c *client.Client, state string) *models.HealthStat
 }
 
 // TestHealthEndpoint: with the Linux datapath the agent runs a health
-// endpoint (own netns, identity health) that answers HTTP and ping from
+// endpoint (own netns, identity health) holding an address of every
+// family the node serves, answering HTTP (probed on each) and ping from
 // the host netns; after a restart and after a crash it is replaced by a
-// new endpoint holding the same address, and the old one is gone.
+// new endpoint holding the same addresses, and the old one is gone. Runs
+// dual-stack and on an IPv6-only node.
 func TestHealthEndpoint(t *testing.T) {
 	testutil.RequireRoot(t)
+	t.Run("dual-stack", func(t *testing.T) { testHealthEndpoint(t, true) })
+	t.Run("ipv6-only", func(t *testing.T) { testHealthEndpoint(t, false) })
+}
+
+func testHealthEndpoint(t *testing.T, v4 bool) {
 	host := testutil.NewNS(t, "mbt-health")
 	env := newRestoreEnv(t)
+	if !v4 {
+		env.cfg.IPv4Range = netip.Prefix{}
+	}
 	env.cfg.Datapath = "linux"
 	// A bpffs of the test's own, so that nothing mounts one elsewhere.
 	bpffs := t.TempDir()
@@ -61,12 +72,8 @@ func TestHealthEndpoint(t *testing.T) {
 	if err != nil || ep.State != "ready" || ep.Identity == nil || ep.Identity.ID != 4 || ep.InterfaceName != health.HostIfName {
 		t.Fatalf("health endpoint %+v, %v; want ready, identity 4 on %s", ep, err, health.HostIfName)
 	}
-	if h1.IP != ep.Addressing.IPv4 || h1.Endpoint != ep.ID {
-		t.Fatalf("status %+v does not match endpoint %d %s", h1, ep.ID, ep.Addressing.IPv4)
-	}
-	if out, err := host.Exec("ping", "-c", "1", "-W", "2", h1.IP); err != nil {
-		t.Fatalf("ping health endpoint from the host netns: %v\n%s", err, out)
-	}
+	checkHealthAddrs(t, "first start", h1, ep, v4)
+	pingHealth(t, "first start", host, h1)
 
 	ep = healthVethVanishes(t, c, host, ep)
 
@@ -87,23 +94,57 @@ func TestHealthEndpoint(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A new endpoint (the ID may be reused), the same address.
-		if h.IP != prev.IP || !ep.Created.After(prevEP.Created) || ep.ContainerID != health.ContainerID {
-			t.Fatalf("after %s: health %+v on %+v, want IP %s on an endpoint newer than %v", r.name, h, ep, prev.IP, prevEP.Created)
+		// A new endpoint (the ID may be reused), the same addresses.
+		if h.IP != prev.IP || h.IPv6 != prev.IPv6 || !ep.Created.After(prevEP.Created) || ep.ContainerID != health.ContainerID {
+			t.Fatalf("after %s: health %+v on %+v, want IPs %s %s on an endpoint newer than %v", r.name, h, ep, prev.IP, prev.IPv6, prevEP.Created)
 		}
+		checkHealthAddrs(t, "after "+r.name, h, ep, v4)
 		if eps, _ := c2.EndpointList(context.Background(), nil); len(eps) != 1 {
 			t.Fatalf("after %s: %d endpoints, want only the new health endpoint", r.name, len(eps))
 		}
-		if out, err := host.Exec("ping", "-c", "1", "-W", "2", h.IP); err != nil {
-			t.Fatalf("after %s: ping health endpoint: %v\n%s", r.name, err, out)
-		}
+		pingHealth(t, "after "+r.name, host, h)
 		st, _ := c2.IPAMStatus(context.Background())
-		for _, al := range st.IPv4.Allocations {
-			if al.IP == h.IP && al.Endpoint != h.Endpoint {
-				t.Fatalf("after %s: health address allocated to %+v", r.name, al)
+		for _, fam := range []*models.IPAMFamilyStatus{st.IPv4, st.IPv6} {
+			if fam == nil {
+				continue
+			}
+			for _, al := range fam.Allocations {
+				if (al.IP == h.IP || al.IP == h.IPv6) && al.Endpoint != h.Endpoint {
+					t.Fatalf("after %s: health address allocated to %+v", r.name, al)
+				}
 			}
 		}
 		prev, prevEP = h, ep
+	}
+}
+
+// checkHealthAddrs: the status names the endpoint and its addresses: the
+// IPv4 and IPv6 one on a dual-stack node, the IPv6 one as "ip" on an
+// IPv6-only node.
+func checkHealthAddrs(t *testing.T, when string, h *models.HealthStatus, ep *models.Endpoint, v4 bool) {
+	t.Helper()
+	a := ep.Addressing
+	ok := h.Endpoint == ep.ID && a != nil && a.IPv6 != ""
+	if v4 {
+		ok = ok && a.IPv4 != "" && h.IP == a.IPv4 && h.IPv6 == a.IPv6
+	} else {
+		ok = ok && a.IPv4 == "" && h.IP == a.IPv6 && h.IPv6 == ""
+	}
+	if !ok {
+		t.Fatalf("%s: status %+v does not match endpoint %d %+v (ipv4 served: %v)", when, h, ep.ID, a, v4)
+	}
+}
+
+// pingHealth pings each of the health endpoint's addresses from the host.
+func pingHealth(t *testing.T, when string, host *testutil.NS, h *models.HealthStatus) {
+	t.Helper()
+	for _, ip := range []string{h.IP, h.IPv6} {
+		if ip == "" {
+			continue
+		}
+		if out, err := host.Exec("ping", "-c", "1", "-W", "2", ip); err != nil {
+			t.Fatalf("%s: ping health endpoint %s from the host netns: %v\n%s", when, ip, err, out)
+		}
 	}
 }
 
@@ -129,8 +170,8 @@ func healthVethVanishes(t *testing.T, c *client.Client, host *testutil.NS, ep *m
 		cur, err = c.EndpointGet(context.Background(), "container-id:"+health.ContainerID)
 		return err == nil && cur.Created.After(ep.Created) && cur.State == "ready"
 	})
-	if cur.Addressing.IPv4 != ep.Addressing.IPv4 {
-		t.Fatalf("health endpoint moved from %s to %s after its veth vanished", ep.Addressing.IPv4, cur.Addressing.IPv4)
+	if *cur.Addressing != *ep.Addressing {
+		t.Fatalf("health endpoint moved from %+v to %+v after its veth vanished", ep.Addressing, cur.Addressing)
 	}
 	return cur
 }

@@ -51,10 +51,21 @@ func TestCNIBench(t *testing.T) {
 		t.Fatalf("reference plugins missing (apt-get install containernetworking-plugins): %v", err)
 	}
 	n, conc := envInt("BENCH_N", 200), envInt("BENCH_CONC", 8)
+	dual := false
+	switch st := os.Getenv("BENCH_STACK"); st {
+	case "", "ipv4":
+	case "dual":
+		dual = true
+	default:
+		t.Fatalf("BENCH_STACK %q: want ipv4 or dual", st)
+	}
 	dir := t.TempDir()
 	host := testutil.NewNS(t, "mbb-host")
-	membrane := startMembrane(t, dir, host)
-	ptp := ptpArm(t, dir)
+	membrane := startMembrane(t, dir, host, dual)
+	ptp := ptpArm(t, dir, dual)
+	if dual {
+		fmt.Println("dual-stack: both arms give every pod an IPv4 and an IPv6 address")
+	}
 
 	if os.Getenv("BENCH_ONLY") == "concurrent" { // for profiling
 		for _, a := range []*arm{membrane, ptp} {
@@ -119,7 +130,9 @@ func report(n, conc, rounds int, m, p [2]stats, thr map[string]float64) string {
 		n, kernel(), refVersion(), strings.Join(rows, "\n"))
 }
 
-func startMembrane(t *testing.T, dir string, host *testutil.NS) *arm {
+// startMembrane starts the agent (dual: with an IPv6 range too) and
+// returns its arm.
+func startMembrane(t *testing.T, dir string, host *testutil.NS, dual bool) *arm {
 	t.Helper()
 	bin := filepath.Join(dir, "bin")
 	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni")
@@ -128,10 +141,14 @@ func startMembrane(t *testing.T, dir string, host *testutil.NS) *arm {
 		t.Fatalf("build membrane-cni: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	a, err := agent.Start(agent.Config{
+	cfg := agent.Config{
 		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.245.0.0/16"),
 		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)}, DeleteQueueDir: filepath.Join(dir, "queue"),
-	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}
+	if dual {
+		cfg.IPv6Range = netip.MustParsePrefix("fd00:245::/112")
+	}
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,9 +162,14 @@ func startMembrane(t *testing.T, dir string, host *testutil.NS) *arm {
 	return newArm(t, "membrane", []string{bin}, filepath.Join(dir, "cache-membrane"), raw)
 }
 
-func ptpArm(t *testing.T, dir string) *arm {
+// ptpArm is ptp with host-local (dual: a range of each family).
+func ptpArm(t *testing.T, dir string, dual bool) *arm {
+	ranges := `[[{"subnet":"10.246.0.0/16"}]]`
+	if dual {
+		ranges = `[[{"subnet":"10.246.0.0/16"}],[{"subnet":"fd00:246::/112"}]]`
+	}
 	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ptp-bench","plugins":[{"type":"ptp","ipMasq":false,"mtu":1500,
-		"ipam":{"type":"host-local","ranges":[[{"subnet":"10.246.0.0/16"}]],"dataDir":%q}}]}`, filepath.Join(dir, "host-local"))
+		"ipam":{"type":"host-local","ranges":%s,"dataDir":%q}}]}`, ranges, filepath.Join(dir, "host-local"))
 	return newArm(t, "ptp", []string{refPluginDir}, filepath.Join(dir, "cache-ptp"), raw)
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,53 +20,68 @@ import (
 // pingLoss matches ping's summary line.
 var pingLoss = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
-// TestTrafficAcrossRestart: two pods made by the CNI plugin exchange a
-// TCP stream and pings while the agent is killed with SIGKILL and
-// restarted, twice. No ping may be lost and the TCP connection must
-// carry every byte, in order, without a reset.
+// TestTrafficAcrossRestart: two dual-stack pods made by the CNI plugin
+// exchange a TCP stream over IPv6 and pings over both families while the
+// agent is killed with SIGKILL and restarted, twice. No ping may be lost
+// and the TCP connection must carry every byte, in order, without a
+// reset.
 func TestTrafficAcrossRestart(t *testing.T) {
-	ap, host := linuxAgent(t, "10.253.0.0/24", "--gc-interval", "300ms")
+	ap, host := linuxAgent(t, "10.253.0.0/24", "--gc-interval", "300ms", "--ipv6-range", "fd00:253::/120")
 	ap.start()
 	d := newCNIDriver(t, host, ap)
 	w := newWorld(3)
 	a, b := w.newPod(), w.newPod()
 	d.mustAdd(t, a)
-	ipB := d.mustAdd(t, b)
-	stream := startStream(tcpEcho(t, a, b, ipB))
+	ipB, ipB6 := d.mustAddBoth(t, b)
+	stream := startStream(tcpEcho(t, a, b, ipB6))
 
-	pingOut := make(chan string, 1)
-	go func() {
-		out, err := a.ns.Exec("ping", "-i", "0.01", "-c", "500", "-W", "1", ipB.String())
-		if err != nil {
-			out += err.Error()
-		}
-		pingOut <- out
-	}()
+	pingOut := make(chan string, 2)
+	for _, ip := range []net.IP{ipB, ipB6} {
+		go func() {
+			out, err := a.ns.Exec("ping", "-i", "0.01", "-c", "500", "-W", "1", ip.String())
+			if err != nil {
+				out += err.Error()
+			}
+			pingOut <- "ping " + ip.String() + "\n" + out
+		}()
+	}
 	for range 2 {
 		time.Sleep(800 * time.Millisecond)
 		ap.kill()
 		time.Sleep(300 * time.Millisecond) // traffic flows with no agent at all
 		ap.start()
 	}
-	out := <-pingOut
-	m := pingLoss.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("ping: %s", out)
+	for range 2 {
+		out := <-pingOut
+		m := pingLoss.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("ping: %s", out)
+		}
+		sent, _ := strconv.Atoi(m[1])
+		got, _ := strconv.Atoi(m[2])
+		what, _, _ := strings.Cut(out, "\n")
+		t.Logf("across 2 agent restarts (SIGKILL): %s: %d sent, %d lost", what, sent, sent-got)
+		if sent-got != 0 {
+			t.Errorf("%d of %d pings lost across agent restarts: %s", sent-got, sent, out)
+		}
 	}
-	sent, _ := strconv.Atoi(m[1])
-	got, _ := strconv.Atoi(m[2])
 	sentBytes, err := stream.stop()
-	t.Logf("across 2 agent restarts (SIGKILL): pings %d sent, %d lost; TCP %d bytes echoed in order", sent, sent-got, sentBytes)
+	t.Logf("TCP over IPv6: %d bytes echoed in order", sentBytes)
 	if err != nil {
 		t.Fatalf("TCP stream: %v", err)
 	}
-	if sent-got != 0 {
-		t.Fatalf("%d of %d pings lost across agent restarts", sent-got, sent)
-	}
 }
 
-// mustAdd runs ADD for p and returns its address.
+// mustAdd runs ADD for p and returns its IPv4 address.
 func (d *cniDriver) mustAdd(t *testing.T, p *pod) net.IP {
+	t.Helper()
+	v4, _ := d.mustAddBoth(t, p)
+	return v4
+}
+
+// mustAddBoth runs ADD for p and returns its IPv4 and IPv6 address (nil
+// for a family the agent does not serve).
+func (d *cniDriver) mustAddBoth(t *testing.T, p *pod) (v4, v6 net.IP) {
 	t.Helper()
 	if err := d.add(context.Background(), p); err != nil {
 		t.Fatalf("ADD %s: %v", p.name, err)
@@ -78,7 +94,14 @@ func (d *cniDriver) mustAdd(t *testing.T, p *pod) net.IP {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res.IPs[0].Address.IP
+	for _, ipc := range res.IPs {
+		if ipc.Address.IP.To4() != nil {
+			v4 = ipc.Address.IP
+		} else {
+			v6 = ipc.Address.IP
+		}
+	}
+	return v4, v6
 }
 
 // tcpEcho starts a TCP echo server in b and returns a connection to it

@@ -169,33 +169,43 @@ func (m *Manager) tick(ctx context.Context) {
 	m.probe(ctx)
 }
 
-// probe asks the responder over HTTP from the host netns.
+// probe asks the responder over HTTP from the host netns, on each of
+// its addresses: one family failing fails the endpoint.
 func (m *Manager) probe(ctx context.Context) {
 	m.mu.Lock()
-	url := "http://" + net.JoinHostPort(m.status.IP, strconv.Itoa(Port)) + Path
+	ips := []string{m.status.IP, m.status.IPv6}
 	m.mu.Unlock()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		m.setStatus(StateFailing, err)
-		return
-	}
-	resp, err := m.http.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
+	for _, ip := range ips {
+		if ip == "" {
+			continue
 		}
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return // stopping
+		if err := m.probeOne(ctx, "http://"+net.JoinHostPort(ip, strconv.Itoa(Port))+Path); err != nil {
+			if ctx.Err() != nil {
+				return // stopping
+			}
+			m.log.Warn("health endpoint does not answer", "ip", ip, "err", err)
+			m.setStatus(StateFailing, err)
+			return
 		}
-		m.log.Warn("health endpoint does not answer", "url", url, "err", err)
-		m.setStatus(StateFailing, err)
-		return
 	}
 	m.setStatus(StateOK, nil)
+}
+
+func (m *Manager) probeOne(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := m.http.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
+	}
+	return nil
 }
 
 func (m *Manager) setStatus(state string, err error) {
@@ -208,17 +218,17 @@ func (m *Manager) setStatus(state string, err error) {
 }
 
 // setup replaces the previous health endpoint (deleted with NoIPRelease)
-// with a new one on the recorded address and starts the responder.
+// with a new one on the recorded addresses and starts the responder.
 func (m *Manager) setup(ctx context.Context) (retErr error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	prev := m.replacePrevious(ctx)
-	ip, gw, err := m.address(ctx, prev)
+	addrs, err := m.addresses(ctx, prev)
 	if err != nil {
 		return err
 	}
 	spec := m.spec
-	spec.IP, spec.Gateway = ip, gw
+	spec.Addrs = addrs
 	var link datapath.HealthLink
 	if err := m.inPool(ctx, "health-create", func(c context.Context) (err error) {
 		link, err = m.dp.CreateHealth(c, spec)
@@ -235,19 +245,29 @@ func (m *Manager) setup(ctx context.Context) (retErr error) {
 	if err != nil {
 		return err
 	}
-	if err := writeRecord(m.cfg.Dir, record{IP: ip.String()}); err != nil {
-		m.log.Warn("recording the health endpoint's address failed; a restart may change it", "err", err)
+	var rec record
+	for _, a := range addrs {
+		if a.IP.Is4() {
+			rec.IP = a.IP.String()
+		} else {
+			rec.IPv6 = a.IP.String()
+		}
+	}
+	if err := writeRecord(m.cfg.Dir, rec); err != nil {
+		m.log.Warn("recording the health endpoint's addresses failed; a restart may change them", "err", err)
 	}
 	return m.serve(spec, id)
 }
 
 // replacePrevious deletes the health endpoint a previous agent left (its
-// address stays allocated, for the new one) and returns its address or
-// the recorded one.
-func (m *Manager) replacePrevious(ctx context.Context) netip.Addr {
-	var prev netip.Addr
+// addresses stay allocated, for the new one) and returns its addresses
+// or the recorded ones, by family.
+func (m *Manager) replacePrevious(ctx context.Context) map[ipam.Family]netip.Addr {
+	prev := map[ipam.Family]netip.Addr{}
 	if rec, err := readRecord(m.cfg.Dir); err == nil {
-		prev, _ = netip.ParseAddr(rec.IP)
+		for _, ip := range rec.addrs() {
+			prev[familyOf(ip)] = ip
+		}
 	} else if !errors.Is(err, errNoRecord) {
 		m.log.Warn("unreadable health record ignored", "err", err)
 	}
@@ -255,30 +275,63 @@ func (m *Manager) replacePrevious(ctx context.Context) netip.Addr {
 	if !ok {
 		return prev
 	}
-	if old.IPv4.IsValid() {
-		prev = old.IPv4
-	} else if old.IPv6.IsValid() {
-		prev = old.IPv6
+	for _, ip := range []netip.Addr{old.IPv4, old.IPv6} {
+		if ip.IsValid() {
+			prev[familyOf(ip)] = ip
+		}
 	}
 	_, err := m.sys.DeleteEndpoint(ctx, old.ID, endpoint.DeleteOptions{NoIPRelease: true})
 	if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
 		m.log.Warn("deleting the previous health endpoint failed", "endpoint", old.ID, "err", err)
 	} else {
-		m.log.Info("previous health endpoint replaced", "endpoint", old.ID, "ip", prev)
+		m.log.Info("previous health endpoint replaced", "endpoint", old.ID, "ipv4", old.IPv4, "ipv6", old.IPv6)
 	}
 	return prev
+}
+
+func familyOf(ip netip.Addr) ipam.Family {
+	if ip.Is4() {
+		return ipam.IPv4
+	}
+	return ipam.IPv6
 }
 
 // owner is the health endpoint's IPAM owner.
 const owner = Namespace + "/" + Pod
 
-// address returns the health endpoint's address (prev if it is still ours
-// or free) and its family's gateway.
-func (m *Manager) address(ctx context.Context, prev netip.Addr) (ip, gw netip.Addr, err error) {
-	if !prev.IsValid() {
+// addresses returns the health endpoint's address of every configured
+// family (prev's if it is still ours or free) with its gateway.
+func (m *Manager) addresses(ctx context.Context, prev map[ipam.Family]netip.Addr) ([]datapath.HealthAddr, error) {
+	var out []datapath.HealthAddr
+	for _, fam := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+		pfx := m.sys.Config.IPAM.IPv4
+		if fam == ipam.IPv6 {
+			pfx = m.sys.Config.IPAM.IPv6
+		}
+		if !pfx.IsValid() {
+			continue
+		}
+		ip, err := m.address(ctx, fam, pfx, prev[fam])
+		if err != nil {
+			return nil, err
+		}
+		r, err := ipam.NewRange(pfx, ipam.Sequential, nil)
+		if err != nil {
+			return nil, fmt.Errorf("health endpoint gateway: %w", err)
+		}
+		out = append(out, datapath.HealthAddr{IP: ip, Gateway: r.Gateway()})
+	}
+	return out, nil
+}
+
+// address returns the health endpoint's address of family fam: prev if
+// it is still ours or free, else a new one.
+func (m *Manager) address(ctx context.Context, fam ipam.Family, pfx netip.Prefix, prev netip.Addr) (netip.Addr, error) {
+	if !prev.IsValid() || !pfx.Contains(prev) {
+		prev = netip.Addr{}
 		// A setup that failed after the allocation left it unclaimed.
 		for _, row := range m.sys.Index.IPsByOwner(owner) {
-			if row.Endpoint == 0 {
+			if row.Endpoint == 0 && pfx.Contains(row.IP) {
 				prev = row.IP
 				break
 			}
@@ -288,29 +341,14 @@ func (m *Manager) address(ctx context.Context, prev netip.Addr) (ip, gw netip.Ad
 		row, held := m.sys.Index.IP(prev)
 		switch {
 		case held && row.Endpoint == 0 && row.Owner == owner:
-			ip = prev
+			return prev, nil
 		case !held:
-			ip, _ = m.allocated(m.sys.AllocateSpecificIP(ctx, prev, owner))
+			if ip, err := m.allocated(m.sys.AllocateSpecificIP(ctx, prev, owner)); err == nil {
+				return ip, nil
+			}
 		}
 	}
-	if !ip.IsValid() {
-		fam := ipam.IPv4
-		if !m.sys.Config.IPAM.IPv4.IsValid() {
-			fam = ipam.IPv6
-		}
-		if ip, err = m.allocated(m.sys.AllocateIP(ctx, fam, owner)); err != nil {
-			return ip, gw, err
-		}
-	}
-	pfx := m.sys.Config.IPAM.IPv4
-	if ip.Is6() {
-		pfx = m.sys.Config.IPAM.IPv6
-	}
-	r, err := ipam.NewRange(pfx, ipam.Sequential, nil)
-	if err != nil {
-		return ip, gw, fmt.Errorf("health endpoint gateway: %w", err)
-	}
-	return ip, r.Gateway(), nil
+	return m.allocated(m.sys.AllocateIP(ctx, fam, owner))
 }
 
 func (m *Manager) allocated(r actors.Allocation, err error) (netip.Addr, error) {
@@ -331,11 +369,13 @@ func (m *Manager) createEndpoint(ctx context.Context, spec datapath.HealthSpec, 
 		return 0, err
 	}
 	ep := &endpoint.Endpoint{ContainerID: ContainerID, Namespace: Namespace, PodName: Pod, Labels: ls,
-		IfName: link.HostIfName, IfIndex: link.HostIfIndex, HostMAC: link.HostMAC, Netns: spec.Netns}
-	if spec.IP.Is4() {
-		ep.IPv4 = spec.IP
-	} else {
-		ep.IPv6 = spec.IP
+		IfName: link.HostIfName, IfIndex: link.HostIfIndex, HostMAC: link.HostMAC, MAC: link.PodMAC, Netns: spec.Netns}
+	for _, a := range spec.Addrs {
+		if a.IP.Is4() {
+			ep.IPv4 = a.IP
+		} else {
+			ep.IPv6 = a.IP
+		}
 	}
 	got, err := m.sys.CreateEndpoint(ctx, ep, true)
 	if err == nil {
@@ -357,9 +397,17 @@ func (m *Manager) serve(spec datapath.HealthSpec, id endpoint.ID) error {
 	go func() { _ = srv.Serve(lis) }()
 	m.mu.Lock()
 	m.srv, m.ep = srv, id
-	m.status.IP, m.status.Endpoint = spec.IP.String(), int64(id)
+	m.status.IP, m.status.IPv6, m.status.Endpoint = "", "", int64(id)
+	for _, a := range spec.Addrs {
+		switch {
+		case a.IP.Is6() && m.status.IP != "":
+			m.status.IPv6 = a.IP.String()
+		default: // IPv4, or IPv6 on a node without IPv4
+			m.status.IP = a.IP.String()
+		}
+	}
 	m.mu.Unlock()
-	m.log.Info("health endpoint ready", "endpoint", id, "ip", spec.IP, "netns", spec.Netns)
+	m.log.Info("health endpoint ready", "endpoint", id, "addresses", spec.Addrs, "netns", spec.Netns)
 	return nil
 }
 

@@ -15,9 +15,23 @@ var errNoRecord = errors.New("no health record")
 // recordFile is the health endpoint's record in Config.Dir.
 const recordFile = "health.json"
 
-// record is what survives the agent: the health endpoint's address.
+// record is what survives the agent: the health endpoint's addresses.
+// IP holds the IPv4 address (or, written by an agent before dual-stack,
+// the IPv6 address of a node without IPv4), IPv6 the IPv6 address.
 type record struct {
-	IP string `json:"ip"`
+	IP   string `json:"ip,omitempty"`
+	IPv6 string `json:"ipv6,omitempty"`
+}
+
+// addrs returns the recorded addresses (decodeRecord checked them).
+func (r record) addrs() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range []string{r.IP, r.IPv6} {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
 }
 
 func readRecord(dir string) (record, error) {
@@ -38,8 +52,14 @@ func decodeRecord(data []byte) (record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return r, fmt.Errorf("read health record: %w", err)
 	}
-	if _, err := netip.ParseAddr(r.IP); err != nil {
+	if r.IP == "" && r.IPv6 == "" {
+		return r, fmt.Errorf("read health record: no address")
+	}
+	if _, err := netip.ParseAddr(r.IP); r.IP != "" && err != nil {
 		return r, fmt.Errorf("read health record: ip: %w", err)
+	}
+	if ip, err := netip.ParseAddr(r.IPv6); r.IPv6 != "" && (err != nil || !ip.Is6()) {
+		return r, fmt.Errorf("read health record: ipv6: %q is not an IPv6 address", r.IPv6)
 	}
 	return r, nil
 }

@@ -12,10 +12,11 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
-// cmdAdd attaches the pod: allocate an address, create the veth with its
-// peer already in the pod's netns, configure the pod side, register the
-// endpoint (sync: the agent's datapath has set up the host side when it
-// answers), print the result. Any failure undoes what this ADD made.
+// cmdAdd attaches the pod: allocate an address of every family the agent
+// serves, create the veth with its peer already in the pod's netns,
+// configure the pod side, register the endpoint (sync: the agent's
+// datapath has set up the host side when it answers), print the result.
+// Any failure undoes what this ADD made, every address included.
 func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	c, err := newCall(args)
 	if err != nil {
@@ -30,13 +31,13 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		return err
 	}
 	defer pod.Close()
-	// The address is allocated while the veth is made: the two are
+	// The addresses are allocated while the veth is made: the two are
 	// independent, and each is about a millisecond.
 	alloc := c.allocateAsync(ctx)
 	defer func() {
 		if retErr != nil {
-			if addr, err := alloc.wait(); err == nil {
-				c.release(addr.ip)
+			if addrs, err := alloc.wait(); err == nil {
+				c.release(addrs)
 			}
 		}
 	}()
@@ -58,11 +59,11 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 			veth.rollback()
 		}
 	}()
-	addr, err := alloc.wait()
+	addrs, err := alloc.wait()
 	if err != nil {
 		return err
 	}
-	if err := pod.configure(veth, addr); err != nil {
+	if err := pod.configure(veth, addrs); err != nil {
 		return err
 	}
 
@@ -72,87 +73,133 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 			c.removeEndpoint()
 		}
 	}()
-	if mayExist, err = c.putEndpoint(ctx, veth, addr); err != nil {
+	if mayExist, err = c.putEndpoint(ctx, veth, addrs); err != nil {
 		return err
 	}
-	res := buildResult(c.conf, args, veth, addr)
+	res := buildResult(c.conf, args, veth, addrs)
 	if err := types.PrintResult(res, c.conf.CNIVersion); err != nil {
 		return newError(types.ErrIOFailure, "print result: %v", err)
 	}
 	return nil
 }
 
-// podAddr is the pod's address and gateway from the agent's IPAM.
+// podAddr is one of the pod's addresses and its family's gateway, from
+// the agent's IPAM.
 type podAddr struct {
 	ip, gateway netip.Addr
 }
 
 // pendingAddr is an allocation in flight.
 type pendingAddr struct {
-	done chan struct{}
-	addr podAddr
-	err  error
+	done  chan struct{}
+	addrs []podAddr
+	err   error
 }
 
 // wait returns the allocation's outcome; it may be called more than once.
-func (p *pendingAddr) wait() (podAddr, error) {
+func (p *pendingAddr) wait() ([]podAddr, error) {
 	<-p.done
-	return p.addr, p.err
+	return p.addrs, p.err
 }
 
 func (c *call) allocateAsync(ctx context.Context) *pendingAddr {
 	p := &pendingAddr{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.addr, p.err = c.allocate(ctx)
+		p.addrs, p.err = c.allocate(ctx)
 	}()
 	return p
 }
 
-func (c *call) allocate(ctx context.Context) (podAddr, error) {
-	var a podAddr
+// allocate asks the agent for one address of every family it serves
+// (POST /v1/ipam without a family: both or neither, the IPv4 address
+// first). An answer without any address, or with one that does not
+// parse, is an error; the addresses it did carry are released.
+func (c *call) allocate(ctx context.Context) ([]podAddr, error) {
+	var addrs []podAddr
 	err := retryStarting(ctx, func() error {
-		res, err := c.client.ipamAllocate(ctx, "ipv4", c.k8s.Owner())
+		res, err := c.client.ipamAllocate(ctx, "", c.k8s.Owner())
 		if err != nil {
 			return err
 		}
-		if res.IPv4 == nil {
-			return fmt.Errorf("agent answered no ipv4 address")
+		addrs, err = parseAllocation(res)
+		if err != nil {
+			c.release(addrs)
+			addrs = nil
 		}
-		if a.ip, err = netip.ParseAddr(res.IPv4.IP); err != nil {
-			return fmt.Errorf("agent answered ip %q: %w", res.IPv4.IP, err)
-		}
-		if a.gateway, err = netip.ParseAddr(res.IPv4.Gateway); err != nil {
-			return fmt.Errorf("agent answered gateway %q: %w", res.IPv4.Gateway, err)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
-		return a, agentError("allocate address", err)
+		return nil, agentError("allocate address", err)
 	}
-	return a, nil
+	return addrs, nil
 }
 
-// release gives the address back during a rollback (the agent never
+// parseAllocation returns the addresses of an IPAM answer, IPv4 first.
+// On error it returns the addresses that parsed (for release).
+func parseAllocation(res *models.IPAMResponse) ([]podAddr, error) {
+	var addrs []podAddr
+	var errs []error
+	for _, f := range []struct {
+		name string
+		r    *models.IPAMAddressResponse
+		is4  bool
+	}{{"ipv4", res.IPv4, true}, {"ipv6", res.IPv6, false}} {
+		if f.r == nil {
+			continue
+		}
+		ip, err := netip.ParseAddr(f.r.IP)
+		if err != nil || ip.Is4() != f.is4 || ip.Zone() != "" {
+			errs = append(errs, fmt.Errorf("agent answered %s address %q", f.name, f.r.IP))
+			continue
+		}
+		addrs = append(addrs, podAddr{ip: ip})
+		gw, err := netip.ParseAddr(f.r.Gateway)
+		if err != nil || gw.Is4() != f.is4 || gw.Zone() != "" {
+			errs = append(errs, fmt.Errorf("agent answered %s gateway %q", f.name, f.r.Gateway))
+			continue
+		}
+		addrs[len(addrs)-1].gateway = gw
+	}
+	if len(addrs) == 0 && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("agent answered no address"))
+	}
+	return addrs, errors.Join(errs...)
+}
+
+// release gives the addresses back during a rollback (the agent never
 // releases an address whose endpoint creation failed: the plugin owns it).
-func (c *call) release(ip netip.Addr) {
+func (c *call) release(addrs []podAddr) {
+	if len(addrs) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
-	_ = c.client.ipamRelease(ctx, ip.String())
+	for _, a := range addrs {
+		_ = c.client.ipamRelease(ctx, a.ip.String())
+	}
 }
 
 // putEndpoint registers the endpoint and waits for its first
 // regeneration. mayExist is false when the agent answered an error: it
 // removes an endpoint whose creation failed, and a conflict means the
 // endpoint is someone else's.
-func (c *call) putEndpoint(ctx context.Context, v *veth, a podAddr) (mayExist bool, err error) {
+func (c *call) putEndpoint(ctx context.Context, v *veth, addrs []podAddr) (mayExist bool, err error) {
+	pair := &models.AddressPair{}
+	for _, a := range addrs {
+		if a.ip.Is4() {
+			pair.IPv4 = a.ip.String()
+		} else {
+			pair.IPv6 = a.ip.String()
+		}
+	}
 	req := &models.EndpointChangeRequest{
 		ContainerID:            c.args.ContainerID,
 		ContainerInterfaceName: c.args.IfName,
 		K8sNamespace:           c.k8s.Namespace,
 		K8sPodName:             c.k8s.Pod,
 		K8sUID:                 c.k8s.UID,
-		Addressing:             &models.AddressPair{IPv4: a.ip.String()},
+		Addressing:             pair,
 		InterfaceName:          v.hostName,
 		InterfaceIndex:         int64(v.hostIndex),
 		Mac:                    v.podMAC.String(),

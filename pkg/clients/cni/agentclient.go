@@ -284,8 +284,13 @@ func readChunked(r *bufio.Reader) ([]byte, error) {
 
 // The calls the plugin makes (same paths and bodies as pkg/clients/client).
 
+// ipamAllocate allocates an address of family, or of every family the
+// agent serves when family is "".
 func (c *agentClient) ipamAllocate(ctx context.Context, family, owner string) (*models.IPAMResponse, error) {
-	q := url.Values{"family": {family}}
+	q := url.Values{}
+	if family != "" {
+		q.Set("family", family)
+	}
 	if owner != "" {
 		q.Set("owner", owner)
 	}

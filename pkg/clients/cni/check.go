@@ -14,8 +14,8 @@ import (
 )
 
 // cmdCheck verifies the attachment: CNI_IFNAME exists in the netns with
-// prevResult's address, the link route to the gateway and the default
-// route via it, and the agent reports the endpoint healthy (ready, host
+// each of prevResult's addresses (IPv4 and IPv6), the link route to its
+// gateway and the default route via it, and the agent reports the endpoint healthy (ready, host
 // interface present). Anything else is error CodeCheckFailed.
 func cmdCheck(args *skel.CmdArgs) error {
 	c, err := newCall(args)
@@ -57,27 +57,39 @@ func cmdCheck(args *skel.CmdArgs) error {
 	return agentError("check endpoint", err)
 }
 
+// checkPod verifies every address of prev (both families) on ifName,
+// with the link route to its gateway and the default route via it.
 func checkPod(p *pod, ifName string, prev *types100.Result) error {
 	link, err := p.nl.LinkByName(ifName)
 	if err != nil {
 		return newError(CodeCheckFailed, "interface %s in netns %s: %v", ifName, p.path, err)
 	}
-	addrs, err := p.nl.AddrList(link, netlink.FAMILY_V4)
-	if err != nil {
-		return kernelError("list addresses of "+ifName, err)
+	// Listed once per family, and only for a family prev has.
+	type lists struct {
+		addrs  []netlink.Addr
+		routes []netlink.Route
 	}
-	routes, err := p.nl.RouteList(link, netlink.FAMILY_V4)
-	if err != nil {
-		return kernelError("list routes of "+ifName, err)
-	}
+	byFamily := map[int]*lists{}
 	for _, ipc := range prev.IPs {
+		fam := netlink.FAMILY_V4
 		if ipc.Address.IP.To4() == nil {
-			continue
+			fam = netlink.FAMILY_V6
 		}
-		if !hasAddr(addrs, ipc.Address) {
+		l := byFamily[fam]
+		if l == nil {
+			l = &lists{}
+			if l.addrs, err = p.nl.AddrList(link, fam); err != nil {
+				return kernelError("list addresses of "+ifName, err)
+			}
+			if l.routes, err = p.nl.RouteList(link, fam); err != nil {
+				return kernelError("list routes of "+ifName, err)
+			}
+			byFamily[fam] = l
+		}
+		if !hasAddr(l.addrs, ipc.Address) {
 			return newError(CodeCheckFailed, "interface %s lacks address %s", ifName, ipc.Address.String())
 		}
-		if ipc.Gateway != nil && !hasRoute(routes, ipc.Gateway) {
+		if ipc.Gateway != nil && !hasRoute(l.routes, ipc.Gateway) {
 			return newError(CodeCheckFailed, "interface %s lacks the route to gateway %s or the default route via it", ifName, ipc.Gateway)
 		}
 	}
@@ -99,7 +111,9 @@ func hasRoute(routes []netlink.Route, gw net.IP) bool {
 	var link, def bool
 	for _, r := range routes {
 		switch {
-		case r.Dst != nil && r.Dst.IP.Equal(gw) && r.Scope == netlink.SCOPE_LINK:
+		case r.Dst != nil && r.Dst.IP.Equal(gw) && (r.Scope == netlink.SCOPE_LINK || gw.To4() == nil):
+			// IPv6 routes have no scope: the kernel lists them all as
+			// universe.
 			link = true
 		case (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(gw):
 			def = true

@@ -187,11 +187,14 @@ func TestReAddSameNetns(t *testing.T) {
 	}
 }
 
+// TestDelWhileAgentDown: a DEL while the agent is down is queued with
+// both of the pod's addresses (dual-stack); the agent drains it at start:
+// endpoint, both addresses and host veth go.
 func TestDelWhileAgentDown(t *testing.T) {
-	e := newEnv(t, "10.244.12.0/24")
+	e := newEnvStack(t, "10.244.12.0/24", "fd00:244:12::/120")
 	e.startAgent(nil)
 	p := e.newPod("queued")
-	e.mustAdd(p)
+	v4, v6 := podIPs(t, e.mustAdd(p), netip.MustParseAddr("10.244.12.1"), netip.MustParseAddr("fd00:244:12::1"))
 	e.stopAgent()
 
 	if err := e.del(p); err != nil {
@@ -202,8 +205,8 @@ func TestDelWhileAgentDown(t *testing.T) {
 		t.Fatalf("delete queue = %v, %v; want one entry", paths, err)
 	}
 	entry, err := delqueue.Read(paths[0])
-	if err != nil || entry.ContainerID != p.rt.ContainerID || len(entry.IPs) != 1 {
-		t.Fatalf("queued entry = %+v, %v", entry, err)
+	if err != nil || entry.ContainerID != p.rt.ContainerID || len(entry.IPs) != 2 || entry.IPs[0] != v4.String() || entry.IPs[1] != v6.String() {
+		t.Fatalf("queued entry = %+v, %v; want addresses %s and %s", entry, err, v4, v6)
 	}
 	if !e.hostLinkExists(p) {
 		t.Fatal("host veth gone before the agent came back")
@@ -216,6 +219,9 @@ func TestDelWhileAgentDown(t *testing.T) {
 	eventually(t, "queued deletion to remove the host veth", func() bool { return !e.hostLinkExists(p) })
 	if _, err := p.ns.Netlink(t).LinkByName("eth0"); err == nil {
 		t.Fatal("eth0 still in the pod after the queued deletion")
+	}
+	if left := e.allocations(); len(left) != 0 {
+		t.Fatalf("allocations after the queued deletion = %+v, want neither %s nor %s", left, v4, v6)
 	}
 }
 
@@ -357,12 +363,13 @@ func TestStatusAndGC(t *testing.T) {
 }
 
 // TestInterfaceVanishes: when a pod's netns disappears without a DEL,
-// the agent's garbage collector deletes the endpoint (two passes) and frees its address.
+// the agent's garbage collector deletes the endpoint (two passes) and
+// frees its addresses, both families.
 func TestInterfaceVanishes(t *testing.T) {
-	e := newEnv(t, "10.244.18.0/24")
+	e := newEnvStack(t, "10.244.18.0/24", "fd00:244:18::/120")
 	e.startAgent(nil)
 	p := e.newPod("vanish")
-	ip := podIP(t, e.mustAdd(p), p, netip.MustParseAddr("10.244.18.1"))
+	v4, v6 := podIPs(t, e.mustAdd(p), netip.MustParseAddr("10.244.18.1"), netip.MustParseAddr("fd00:244:18::1"))
 	if err := p.ns.Remove(); err != nil {
 		t.Fatal(err)
 	}
@@ -370,17 +377,34 @@ func TestInterfaceVanishes(t *testing.T) {
 		_, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
 		return err != nil
 	})
-	eventually(t, "the address to be released", func() bool { return !e.allocated(ip) })
+	eventually(t, "the addresses to be released", func() bool { return !e.allocated(v4) && !e.allocated(v6) })
 }
 
+// TestSpecVersions: every supported version, dual-stack: the result is
+// in the version asked for and lists both addresses with their gateways.
 func TestSpecVersions(t *testing.T) {
-	e := newEnv(t, "10.244.19.0/24")
+	e := newEnvStack(t, "10.244.19.0/24", "fd00:244:19::/120")
 	e.startAgent(nil)
+	gw4, gw6 := netip.MustParseAddr("10.244.19.1"), netip.MustParseAddr("fd00:244:19::1")
 	for _, v := range cni.SupportedVersions {
 		t.Run(v, func(t *testing.T) {
 			e.conf = e.conflist(v)
 			p := e.newPod("v" + strings.ReplaceAll(v, ".", ""))
-			e.mustAdd(p)
+			var raw types.Result
+			if err := e.inHost(func(ctx context.Context) (err error) {
+				raw, err = e.cni.AddNetworkList(ctx, e.conf, p.rt)
+				return err
+			}); err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if raw.Version() != v {
+				t.Fatalf("result version %s, want %s", raw.Version(), v)
+			}
+			res, err := types100.NewResultFromResult(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			podIPs(t, res, gw4, gw6)
 			if v != "0.3.1" {
 				if err := e.check(p); err != nil {
 					t.Fatalf("CHECK: %v", err)

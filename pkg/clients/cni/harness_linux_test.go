@@ -22,6 +22,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -75,7 +76,8 @@ type env struct {
 	dir     string
 	socket  string
 	queue   string
-	cidr    netip.Prefix
+	cidr    netip.Prefix // the IPv4 range (invalid: none)
+	cidr6   netip.Prefix // the IPv6 range (invalid: none)
 	logs    *logBuffer
 	agent   *agent.Agent
 	fake    *datapath.Fake // set when the agent runs the fake datapath
@@ -87,11 +89,24 @@ type env struct {
 
 func newEnv(t *testing.T, cidr string) *env {
 	t.Helper()
+	return newEnvStack(t, cidr, "")
+}
+
+// newEnvStack is newEnv with an IPv4 range, an IPv6 range or both (""
+// leaves a family out).
+func newEnvStack(t *testing.T, cidr, cidr6 string) *env {
+	t.Helper()
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	e := &env{t: t, host: testutil.NewNS(t, "mbt-host"), dir: dir, socket: filepath.Join(dir, "agent.sock"),
-		queue: filepath.Join(dir, "delete-queue"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{},
+		queue: filepath.Join(dir, "delete-queue"), logs: &logBuffer{},
 		network: "membrane-test", bpffs: testutil.BPFFSDir(t)}
+	if cidr != "" {
+		e.cidr = netip.MustParsePrefix(cidr)
+	}
+	if cidr6 != "" {
+		e.cidr6 = netip.MustParsePrefix(cidr6)
+	}
 	e.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), nil)
 	e.conf = e.conflist("1.1.0")
 	t.Cleanup(func() {
@@ -119,7 +134,7 @@ func (e *env) conflist(version string) *libcni.NetworkConfigList {
 func (e *env) startAgent(mod func(*agent.Config)) {
 	e.t.Helper()
 	cfg := agent.Config{
-		Socket: e.socket, StateDir: filepath.Join(e.dir, "state"), IPv4Range: e.cidr, Datapath: "linux",
+		Socket: e.socket, StateDir: filepath.Join(e.dir, "state"), IPv4Range: e.cidr, IPv6Range: e.cidr6, Datapath: "linux",
 		Linux:          datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs, TeardownDelay: 200 * time.Millisecond},
 		DeleteQueueDir: e.queue, DeleteQueueInterval: time.Hour, GCInterval: time.Second,
 	}
@@ -244,16 +259,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // allocated reports whether ip is allocated in the agent's IPAM.
 func (e *env) allocated(ip netip.Addr) bool {
 	e.t.Helper()
-	st, err := e.client().IPAMStatus(context.Background())
-	if err != nil {
-		e.t.Fatalf("ipam status: %v", err)
-	}
-	for _, a := range st.IPv4.Allocations {
+	for _, a := range e.allocations() {
 		if a.IP == ip.String() {
 			return true
 		}
 	}
 	return false
+}
+
+// allocations returns every allocation of GET /v1/ipam, both families.
+func (e *env) allocations() []models.IPAMAllocation {
+	e.t.Helper()
+	st, err := e.client().IPAMStatus(context.Background())
+	if err != nil {
+		e.t.Fatalf("ipam status: %v", err)
+	}
+	var all []models.IPAMAllocation
+	for _, fam := range []*models.IPAMFamilyStatus{st.IPv4, st.IPv6} {
+		if fam != nil {
+			all = append(all, fam.Allocations...)
+		}
+	}
+	return all
 }
 
 // cniCode returns the CNI error code of err (0 if it is not a CNI error).

@@ -119,7 +119,7 @@ func TestHostAddressesAreHost(t *testing.T) {
 	})
 	err = e.host.Do(func() error {
 		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: nodeIP.AsSlice()}}
-		conn, err := d.Dial("tcp", net.JoinHostPort(h.ip.String(), "8080"))
+		conn, err := d.Dial("tcp", net.JoinHostPort(h.ips[0].String(), "8080"))
 		if err != nil {
 			return err
 		}

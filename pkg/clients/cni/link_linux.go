@@ -6,6 +6,9 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -156,26 +159,83 @@ func (v *veth) rollback() {
 	_ = v.hostNL.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: v.hostIndex, Name: v.hostName}})
 }
 
-// configure brings the pod side up with its /32, a link route to the
-// gateway and the default route via it.
-func (p *pod) configure(v *veth, a podAddr) error {
+// configure brings the pod side up with each address (/32, /128), a
+// link route to its gateway and the default route of its family via it,
+// IPv4 first. For IPv6 it first makes sure IPv6 is on in the pod's netns
+// (disable_ipv6=0 on lo and the interface: runtimes may create netns with
+// IPv6 off) and adds the address without duplicate address detection (the
+// agent's IPAM owns it; DAD would hold it tentative, unusable, for a
+// second).
+func (p *pod) configure(v *veth, addrs []podAddr) error {
 	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: v.podIndex, Name: v.podName}}
+	for _, a := range addrs {
+		if a.ip.Is6() {
+			if err := p.enableIPv6(v.podName); err != nil {
+				return err
+			}
+			break
+		}
+	}
 	if err := p.nl.LinkSetUp(link); err != nil {
 		return kernelError("set "+v.podName+" up", err)
 	}
-	addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a.ip, 32))}
-	if err := p.nl.AddrAdd(link, addr); err != nil {
-		return kernelError("add address "+a.ip.String(), err)
-	}
-	gw := ipNet(netip.PrefixFrom(a.gateway, 32))
-	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: v.podIndex, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
-		return kernelError("add route to gateway "+a.gateway.String(), err)
-	}
-	def := &netlink.Route{LinkIndex: v.podIndex, Dst: ipNet(netip.MustParsePrefix("0.0.0.0/0")), Gw: gw.IP}
-	if err := p.nl.RouteAdd(def); err != nil {
-		return kernelError("add default route via "+a.gateway.String(), err)
+	for _, a := range addrs {
+		addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a.ip, a.ip.BitLen()))}
+		if a.ip.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := p.nl.AddrAdd(link, addr); err != nil {
+			return kernelError("add address "+a.ip.String(), err)
+		}
+		gw := ipNet(netip.PrefixFrom(a.gateway, a.gateway.BitLen()))
+		if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: v.podIndex, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
+			return kernelError("add route to gateway "+a.gateway.String(), err)
+		}
+		def := &netlink.Route{LinkIndex: v.podIndex, Dst: defaultRoute(a.ip), Gw: gw.IP}
+		if err := p.nl.RouteAdd(def); err != nil {
+			return kernelError("add default route via "+a.gateway.String(), err)
+		}
 	}
 	return nil
+}
+
+// defaultRoute is the default destination of ip's family.
+func defaultRoute(ip netip.Addr) *net.IPNet {
+	if ip.Is4() {
+		return ipNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+	}
+	return ipNet(netip.PrefixFrom(netip.IPv6Unspecified(), 0))
+}
+
+// enableIPv6 sets disable_ipv6 to 0 for lo and ifName in the pod's netns
+// where it is not already. Sysctls under /proc/sys/net belong to the
+// netns of the thread that opens them: this runs on a thread of its own
+// that enters the pod's netns and is discarded afterwards.
+func (p *pod) enableIPv6(ifName string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := unix.Setns(int(p.ns), unix.CLONE_NEWNET); err != nil {
+			errc <- kernelError("enter netns "+p.path, err)
+			return
+		}
+		for _, dev := range []string{"lo", ifName} {
+			path := "/proc/sys/net/ipv6/conf/" + dev + "/disable_ipv6"
+			cur, err := os.ReadFile(path)
+			if err == nil && strings.TrimSpace(string(cur)) == "0" {
+				continue
+			}
+			if err == nil {
+				err = os.WriteFile(path, []byte("0"), 0o644)
+			}
+			if err != nil {
+				errc <- kernelError("enable ipv6 on "+dev+" in netns "+p.path, err)
+				return
+			}
+		}
+		errc <- nil
+	}()
+	return <-errc
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {

@@ -19,11 +19,12 @@ import (
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
-// policyPod is a pod made by the CNI plugin, with its endpoint.
+// policyPod is a pod made by the CNI plugin, with its endpoint and its
+// addresses (IPv4 then IPv6, those the agent serves).
 type policyPod struct {
 	*pod
-	ip netip.Addr
-	ep *models.Endpoint
+	ips []netip.Addr
+	ep  *models.Endpoint
 }
 
 // deniedDial bounds a connection attempt that policy drops (the SYN
@@ -37,40 +38,69 @@ func (e *env) addPolicyPod(c *client.Client, name string, labels ...string) *pol
 	e.t.Helper()
 	p := e.newPod(name)
 	res := e.mustAdd(p)
-	ip, ok := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-	if !ok {
-		e.t.Fatalf("pod %s: no IPv4 address in %v", name, res)
+	pp := &policyPod{pod: p}
+	for _, ipc := range res.IPs {
+		ip, ok := netip.AddrFromSlice(ipc.Address.IP)
+		if !ok {
+			e.t.Fatalf("pod %s: bad address in %v", name, res)
+		}
+		pp.ips = append(pp.ips, ip.Unmap())
+	}
+	if len(pp.ips) == 0 {
+		e.t.Fatalf("pod %s: no address in %v", name, res)
 	}
 	ep, err := c.EndpointPatchLabels(context.Background(), "container-id:"+p.rt.ContainerID, labels, nil)
 	if err != nil {
 		e.t.Fatalf("label pod %s: %v", name, err)
 	}
-	return &policyPod{pod: p, ip: ip, ep: ep}
+	pp.ep = ep
+	return pp
 }
 
-// listen serves an echo on ip:port inside the pod's netns.
+// ip returns the pod's address of dst's family.
+func (p *policyPod) ip(like netip.Addr) netip.Addr {
+	for _, ip := range p.ips {
+		if ip.Is4() == like.Is4() {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// listen serves an echo on port of each of the pod's addresses.
 func (p *policyPod) listen(t *testing.T, port int) {
 	t.Helper()
-	testutil.EchoServer(t, p.ns, p.ip, port)
-}
-
-// talk connects from p to dst:port and exchanges a message both ways:
-// the request passes dst's ingress policy and the reply p's (conntrack).
-func (p *policyPod) talk(dst *policyPod, port int, timeout time.Duration) error {
-	return testutil.Exchange(p.ns, dst.ip, port, timeout)
-}
-
-func mustTalk(t *testing.T, from, to *policyPod, port int) {
-	t.Helper()
-	if err := from.talk(to, port, 5*time.Second); err != nil {
-		t.Errorf("%s -> %s:%d: %v; want it to pass", from.rt.Args[2][1], to.rt.Args[2][1], port, err)
+	for _, ip := range p.ips {
+		testutil.EchoServer(t, p.ns, ip, port)
 	}
 }
 
+// talk connects from p to dst's address dstIP on port and exchanges a
+// message both ways: the request passes dst's ingress policy and the
+// reply p's (conntrack).
+func (p *policyPod) talk(dstIP netip.Addr, port int, timeout time.Duration) error {
+	return testutil.Exchange(p.ns, dstIP, port, timeout)
+}
+
+func podName(p *policyPod) string { return p.rt.Args[2][1] }
+
+// mustTalk checks from -> to:port over every family.
+func mustTalk(t *testing.T, from, to *policyPod, port int) {
+	t.Helper()
+	for _, ip := range to.ips {
+		if err := from.talk(ip, port, 5*time.Second); err != nil {
+			t.Errorf("%s -> %s [%s]:%d: %v; want it to pass", podName(from), podName(to), ip, port, err)
+		}
+	}
+}
+
+// mustNotTalk checks from -> to:port is dropped over every family.
 func mustNotTalk(t *testing.T, from, to *policyPod, port int) {
 	t.Helper()
-	if err := from.talk(to, port, deniedDial); err == nil {
-		t.Errorf("%s -> %s:%d passed; want it dropped", from.rt.Args[2][1], to.rt.Args[2][1], port)
+	for _, ip := range to.ips {
+		if err := from.talk(ip, port, deniedDial); err == nil {
+			t.Errorf("%s -> %s [%s]:%d passed; want it dropped", podName(from), podName(to), ip, port)
+		}
 	}
 }
 
@@ -143,10 +173,11 @@ func deniedPackets(t *testing.T, c *client.Client, id int64) uint64 {
 }
 
 // TestPolicyEndToEnd is issue #4's end-to-end test: three pods made by
-// the CNI plugin on an agent with the Linux datapath and its BPF
-// programs, policy imported through the API, real TCP between the pods.
+// the CNI plugin on a dual-stack agent with the Linux datapath and its
+// BPF programs, policy imported through the API, real TCP between the
+// pods over IPv4 and IPv6 (every check runs on both families).
 func TestPolicyEndToEnd(t *testing.T) {
-	e := newEnv(t, "10.231.0.0/24")
+	e := newEnvStack(t, "10.231.0.0/24", "fd00:231::/120")
 	e.startAgent(nil)
 	c := e.client()
 	a := e.addPolicyPod(c, "pod-a", "k8s:app=a", "k8s:instance=a")
@@ -187,28 +218,33 @@ func TestPolicyEndToEnd(t *testing.T) {
 		mustTalk(t, b, a, 9000) // B's egress and A's ingress are not enforced
 		// Both denied attempts reach the operators: drop events for B's
 		// endpoint and B's counters.
-		for _, d := range []struct {
-			from *policyPod
-			port uint16
-		}{{a, 8081}, {cc, 8080}} {
-			what := fmt.Sprintf("%s -> B:%d", d.from.ip, d.port)
-			ev := drops.wait(t, what, func(ev events.Event) bool {
-				return ev.Endpoint == uint16(b.ep.ID) && ev.Drop.Src == d.from.ip.String() && ev.Drop.DstPort == d.port
-			})
-			want := events.Drop{Reason: "policy-denied", Direction: "ingress", Src: d.from.ip.String(), Dst: b.ip.String(),
-				SrcPort: ev.Drop.SrcPort, DstPort: d.port, Proto: 6, PeerIdentity: uint32(d.from.ep.Identity.ID), Bytes: ev.Drop.Bytes}
-			if *ev.Drop != want || ev.Drop.SrcPort == 0 || ev.Drop.Bytes == 0 {
-				t.Errorf("drop event for %s = %+v, want %+v", what, *ev.Drop, want)
+		for _, bIP := range b.ips {
+			for _, d := range []struct {
+				from *policyPod
+				port uint16
+			}{{a, 8081}, {cc, 8080}} {
+				src := d.from.ip(bIP)
+				what := fmt.Sprintf("%s -> B %s:%d", src, bIP, d.port)
+				ev := drops.wait(t, what, func(ev events.Event) bool {
+					return ev.Endpoint == uint16(b.ep.ID) && ev.Drop.Src == src.String() && ev.Drop.DstPort == d.port
+				})
+				want := events.Drop{Reason: "policy-denied", Direction: "ingress", Src: src.String(), Dst: bIP.String(),
+					SrcPort: ev.Drop.SrcPort, DstPort: d.port, Proto: 6, PeerIdentity: uint32(d.from.ep.Identity.ID), Bytes: ev.Drop.Bytes}
+				if *ev.Drop != want || ev.Drop.SrcPort == 0 || ev.Drop.Bytes == 0 {
+					t.Errorf("drop event for %s = %+v, want %+v", what, *ev.Drop, want)
+				}
 			}
 		}
-		if after := deniedPackets(t, c, b.ep.ID); after < before+2 {
-			t.Errorf("B's policy-denied ingress counter went from %d to %d; want at least 2 more", before, after)
+		if after := deniedPackets(t, c, b.ep.ID); after < before+2*uint64(len(b.ips)) {
+			t.Errorf("B's policy-denied ingress counter went from %d to %d; want at least %d more", before, after, 2*len(b.ips))
 		}
 		drops.mu.Lock()
 		defer drops.mu.Unlock()
 		for _, ev := range drops.drops {
-			if ev.Endpoint == uint16(b.ep.ID) && ev.Drop != nil && ev.Drop.Src == a.ip.String() && ev.Drop.DstPort == 8080 {
-				t.Errorf("allowed A -> B:8080 reported dropped: %+v", *ev.Drop)
+			for _, ip := range a.ips {
+				if ev.Endpoint == uint16(b.ep.ID) && ev.Drop != nil && ev.Drop.Src == ip.String() && ev.Drop.DstPort == 8080 {
+					t.Errorf("allowed A -> B:8080 reported dropped: %+v", *ev.Drop)
+				}
 			}
 		}
 	})

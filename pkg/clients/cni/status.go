@@ -9,7 +9,8 @@ import (
 )
 
 // cmdStatus answers whether the plugin can serve ADD: the agent answers
-// and its pool has a free address. Otherwise error 50 (the kernel state
+// and serves a pool, and each of its pools (an ADD takes an address of
+// every family) has a free address. Otherwise error 50 (the kernel state
 // of running pods does not depend on the agent, so never 51).
 func cmdStatus(args *skel.CmdArgs) error {
 	c, err := newCall(args)
@@ -23,11 +24,13 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return newError(types.ErrPluginNotAvailable, "agent cannot serve ADD: %v", err)
 	}
-	if st.IPAM == nil || st.IPAM.IPv4 == nil {
-		return newError(types.ErrPluginNotAvailable, "agent has no IPv4 pool")
+	if st.IPAM == nil || (st.IPAM.IPv4 == nil && st.IPAM.IPv6 == nil) {
+		return newError(types.ErrPluginNotAvailable, "agent has no address pool")
 	}
-	if st.IPAM.IPv4.Free <= 0 {
-		return newError(types.ErrPluginNotAvailable, "agent's pool %s has no free address", st.IPAM.IPv4.Cidr)
+	for _, pool := range []*models.IPAMFamilyStatus{st.IPAM.IPv4, st.IPAM.IPv6} {
+		if pool != nil && pool.Free <= 0 {
+			return newError(types.ErrPluginNotAvailable, "agent's pool %s has no free address", pool.Cidr)
+		}
 	}
 	return nil
 }

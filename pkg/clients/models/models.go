@@ -173,8 +173,11 @@ type HealthStatus struct {
 	// State is "ok" (the last probe was answered), "failing", "starting"
 	// or "disabled" (no Linux datapath, or --enable-health=false).
 	State string `json:"state"`
-	// IP is the health endpoint's address.
+	// IP is the health endpoint's IPv4 address (its IPv6 address on a
+	// node without IPv4).
 	IP string `json:"ip,omitempty"`
+	// IPv6 is its IPv6 address on a dual-stack node.
+	IPv6 string `json:"ipv6,omitempty"`
 	// Endpoint is the health endpoint's ID.
 	Endpoint int64 `json:"endpoint,omitempty"`
 	// LastProbe is when the agent last probed it.
