@@ -35,6 +35,13 @@ func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	kept := netip.PrefixFrom(ip, 32)
+	// The ipcache actor writes the pod's entry after the ADD answered; a
+	// stop does not wait for it, so wait here.
+	running := e.agent.System.Datapath.(*datapath.Linux)
+	eventually(t, "the pod's ipcache entry in the pinned map", func() bool {
+		held, err := running.DumpIPCache(context.Background())
+		return err == nil && held[kept] == identity.NumericIdentity(ep.Identity.ID)
+	})
 	e.stopAgent()
 
 	// While no agent runs, something (here a second datapath on the same
