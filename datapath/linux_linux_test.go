@@ -291,9 +291,24 @@ func TestLinuxIPv6(t *testing.T) {
 }
 
 // TestLinuxIPv6OnlyForwarding: a node with only IPv6 gateways turns on
-// IPv6 forwarding and leaves IPv4 forwarding as it was.
+// IPv6 forwarding and leaves IPv4 forwarding as it was (off here: a new
+// netns may inherit the machine's IPv4 setting, so the test turns it off
+// first).
 func TestLinuxIPv6OnlyForwarding(t *testing.T) {
-	_, host, _ := newTestLinux(t, LinuxConfig{GatewayDevice: "mbt_gw6o", Gateways: []netip.Addr{netip.MustParseAddr("fd00:43::1")}})
+	testutil.RequireRoot(t)
+	host := testutil.NewNS(t, "mbt-dp6")
+	if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0) }); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLinux(LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), GatewayDevice: "mbt_gw6o",
+		Gateways: []netip.Addr{netip.MustParseAddr("fd00:43::1")}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	if err := l.Init(context.Background()); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
 	if v := readSysctl(t, host, "/proc/sys/net/ipv6/conf/all/forwarding"); v != "1" {
 		t.Fatalf("ipv6 forwarding = %s, want 1", v)
 	}
