@@ -11,10 +11,10 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
-	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // maxBody bounds request bodies.
@@ -26,6 +26,9 @@ func decodeStrict(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("request body is empty; want a JSON object")
 	}
+	if !utf8.Valid(body) {
+		return badRequest(fmt.Sprintf("request body is not valid UTF-8 (at byte %d)", invalidUTF8At(body)))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -35,6 +38,18 @@ func decodeStrict(body []byte, v any) error {
 		return badRequest("request body has data after the JSON object")
 	}
 	return nil
+}
+
+// invalidUTF8At returns the offset of the first invalid UTF-8 sequence in b.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // jsonSpace reports whether b is only JSON whitespace (RFC 8259: space,
@@ -111,9 +126,9 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	if err := applyRef(ref, req, spec); err != nil {
 		return nil, err
 	}
-	ls, err := labels.ParseSet(req.Labels)
+	ls, err := apiLabels("labels", req.Labels)
 	if err != nil {
-		return nil, badRequest("field \"labels\": " + err.Error())
+		return nil, err
 	}
 	spec.Labels = ls
 	if err := applyAddressing(req.Addressing, spec); err != nil {
@@ -139,6 +154,14 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 		if err := checkName(field, v); err != nil {
 			return nil, err
 		}
+	}
+	for field, v := range map[string]string{"container-name": spec.ContainerName, "k8s-uid": spec.PodUID} {
+		if err := checkText(field, v, maxTextField); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkNetns(spec.Netns); err != nil {
+		return nil, err
 	}
 	if (spec.Namespace == "") != (spec.PodName == "") {
 		return nil, badRequest("fields \"k8s-namespace\" and \"k8s-pod-name\": give both or neither")

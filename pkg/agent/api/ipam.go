@@ -27,8 +27,8 @@ func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("query parameter \"family\": no %s range configured", fam)}
 	}
 	owner := q.Get("owner")
-	if len(owner) > 512 {
-		return badRequest("query parameter \"owner\": longer than 512 bytes")
+	if err := checkOwner(owner); err != nil {
+		return err
 	}
 	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMAllocate{Family: fam, Owner: owner})
 	if err != nil {
@@ -101,6 +101,9 @@ func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {
 			return badRequest(fmt.Sprintf("unknown query parameter %q (want owner)", key))
 		}
 		owner = vals[0]
+	}
+	if err := checkOwner(owner); err != nil {
+		return err
 	}
 	res, err := s.sys.Ask(r.Context(), s.sys.IPAM, &messages.IPAMRelease{IP: ip, Owner: owner})
 	if err != nil {

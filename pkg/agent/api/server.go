@@ -180,6 +180,11 @@ func (s *Server) serve(w *codeWriter, r *http.Request) {
 		}
 	}()
 	if r.RequestURI != "*" { // the mux would answer "*" with a bare 400
+		if err := checkRequest(r); err != nil {
+			w.answering = true
+			writeError(w, err)
+			return
+		}
 		s.mux.ServeHTTP(w, r) // sets r.Pattern and the path values
 		if r.Pattern != "" {
 			return
