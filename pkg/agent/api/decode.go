@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
@@ -63,9 +65,12 @@ func jsonSpace(b []byte) bool {
 	return true
 }
 
-// decodeBody reads r's bounded body into a pooled buffer and decodes it
-// with decodeStrict.
+// decodeBody decodes r's body with decodeStrict: the body mutating read
+// already, else read here into a pooled buffer (bounded).
 func decodeBody(r *http.Request, v any) error {
+	if p, ok := r.Body.(*prereadBody); ok {
+		return decodeStrict(p.buf.Bytes(), v) // decoding copies what it keeps
+	}
 	buf := bodyBuffers.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledBody {
@@ -99,6 +104,54 @@ func describeJSONError(err error) string {
 		return "malformed JSON: unexpected end of body"
 	}
 	return "malformed JSON: " + err.Error()
+}
+
+// prereadBody is a request body read whole before the handler ran; it
+// replaces the request's Body. buf returns to bodyBuffers on release.
+type prereadBody struct {
+	buf *bytes.Buffer
+	*bytes.Reader
+}
+
+func (p *prereadBody) Close() error { return nil }
+
+func (p *prereadBody) release() {
+	if p.buf.Cap() <= maxPooledBody {
+		bodyBuffers.Put(p.buf)
+	}
+}
+
+// readBody reads r's body (at most limit bytes) within cfg.BodyTimeout.
+// Returns a 408 request-timeout apiError when the body does not arrive in
+// time, 413 when it is larger than limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int) (*prereadBody, error) {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	p := &prereadBody{buf: buf}
+	rc := http.NewResponseController(w)
+	// Not every ResponseWriter supports deadlines (httptest's does not):
+	// then the body is read without one.
+	timed := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) == nil
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, int64(limit)+1))
+	if timed {
+		// A deadline left in place would fire while the handler waits for
+		// the actors, and the server would cancel the request's context.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		p.release()
+		w.Header().Set("Connection", "close")
+		return nil, &apiError{http.StatusRequestTimeout, CodeBodyTimeout, fmt.Sprintf("request body not received within %s", s.cfg.BodyTimeout)}
+	case err != nil:
+		p.release()
+		return nil, badRequest("reading body: " + err.Error())
+	case buf.Len() > limit:
+		p.release()
+		return nil, &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", limit)}
+	}
+	p.Reader = bytes.NewReader(buf.Bytes())
+	return p, nil
 }
 
 // readBodyInto reads a bounded request body into buf. The content type

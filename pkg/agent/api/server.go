@@ -42,6 +42,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Pprof serves /debug/pprof/ (on the socket and the HTTP listener).
 	Pprof bool
+	// BodyTimeout bounds reading a mutating request's body, which happens
+	// before the request takes an in-flight slot (default 10 s); a body
+	// not received in time is answered 408 request-timeout.
+	BodyTimeout time.Duration
 }
 
 // Server is the REST API.
@@ -76,8 +80,11 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 60 * time.Second
 	}
-	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 {
-		return nil, fmt.Errorf("api config: MaxInFlight and RequestTimeout must not be negative: %w", ErrInvalidConfig)
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = 10 * time.Second
+	}
+	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 || cfg.BodyTimeout < 0 {
+		return nil, fmt.Errorf("api config: MaxInFlight, RequestTimeout and BodyTimeout must not be negative: %w", ErrInvalidConfig)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
@@ -128,7 +135,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/healthz", s.endpointHealth)
 	m.HandleFunc("GET /v1/identity", s.listIdentities)
 	m.HandleFunc("GET /v1/identity/{id}", s.getIdentity)
-	m.HandleFunc("PUT /v1/policy", s.mutating(s.putPolicy))
+	m.HandleFunc("PUT /v1/policy", s.mutatingLimit(maxPolicyBody, s.putPolicy))
 	m.HandleFunc("GET /v1/policy", s.listPolicies)
 	m.HandleFunc("DELETE /v1/policy", s.mutating(s.deletePolicy))
 	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.subresource("policy", s.getEndpointPolicy))
@@ -200,8 +207,15 @@ func (s *Server) serve(w *codeWriter, r *http.Request) {
 }
 
 // mutating refuses calls while starting or stopping and bounds how many
-// run at once; callers beyond the bound wait (back-pressure).
+// run at once; callers beyond the bound wait (back-pressure). The body
+// (at most maxBody bytes) is read before a slot is taken, within
+// Config.BodyTimeout: a client that stalls its upload never holds a slot.
 func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return s.mutatingLimit(maxBody, h)
+}
+
+// mutatingLimit is mutating for bodies of at most limit bytes.
+func (s *Server) mutatingLimit(limit int, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case s.closing.Load():
@@ -214,8 +228,16 @@ func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
+		body, err := s.readBody(w, r, limit)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer body.release()
+		r.Body = body
 		if !s.acquire(ctx) {
-			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
+			writeError(w, &apiError{http.StatusGatewayTimeout, CodeTimeout,
+				fmt.Sprintf("too many requests in flight: no slot within %s", s.cfg.RequestTimeout)})
 			return
 		}
 		defer func() { <-s.sem }()
