@@ -2,14 +2,17 @@ package api_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
 
 // stallUpload sends a PUT's headers announcing a body it never sends,
@@ -71,4 +74,47 @@ func TestStalledUploadTimesOut(t *testing.T) {
 	if !resp.Close {
 		t.Errorf("connection kept open after a body timeout")
 	}
+}
+
+// openStalledStream opens GET /v1/events on a raw connection that never
+// reads, and fills the ring with events larger than the socket buffers,
+// so the stream's writes block.
+func openStalledStream(tb testing.TB, e *apiEnv) {
+	tb.Helper()
+	conn, err := net.Dial("unix", e.socket)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	if _, err := conn.Write([]byte("GET /v1/events HTTP/1.1\r\nHost: membrane\r\n\r\n")); err != nil {
+		tb.Fatal(err)
+	}
+	hub := e.agent.System.Events()
+	waitFor(tb, "the stream subscribed", func() bool { return hub.Subscribers() == 1 })
+	big := strings.Repeat("x", 4096)
+	for range events.DefaultCapacity {
+		hub.Publish(events.Event{Type: events.DatapathDrop, Message: big})
+	}
+}
+
+// TestStalledStreamShutdown: an event stream whose client does not read
+// does not hold the agent's shutdown (issue 18.4): Stop returns without
+// error well within its deadline.
+func TestStalledStreamShutdown(t *testing.T) {
+	e := startHandlersAgent(t, func(c *agent.Config) { c.API.WriteTimeout = time.Hour })
+	openStalledStream(t, e)
+	ctx, cancel := context.WithTimeout(context.Background(), apiWait)
+	defer cancel()
+	if err := e.agent.Stop(ctx); err != nil {
+		t.Fatalf("stop with a stream that does not read: %v", err)
+	}
+}
+
+// TestStalledStreamDropped: a stream whose client stops reading ends once
+// a write does not complete within WriteTimeout.
+func TestStalledStreamDropped(t *testing.T) {
+	e := startHandlersAgent(t, func(c *agent.Config) { c.API.WriteTimeout = 100 * time.Millisecond })
+	openStalledStream(t, e)
+	hub := e.agent.System.Events()
+	waitFor(t, "the stalled stream to end", func() bool { return hub.Subscribers() == 0 })
 }

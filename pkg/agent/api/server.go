@@ -46,6 +46,13 @@ type Config struct {
 	// before the request takes an in-flight slot (default 10 s); a body
 	// not received in time is answered 408 request-timeout.
 	BodyTimeout time.Duration
+	// WriteTimeout bounds writing one answer, or one batch of events to an
+	// event stream, to a client (default 10 s). A connection's whole
+	// request may take RequestTimeout + WriteTimeout.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle for this long
+	// (default 2 min).
+	IdleTimeout time.Duration
 }
 
 // Server is the REST API.
@@ -83,8 +90,14 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = 10 * time.Second
 	}
-	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 || cfg.BodyTimeout < 0 {
-		return nil, fmt.Errorf("api config: MaxInFlight, RequestTimeout and BodyTimeout must not be negative: %w", ErrInvalidConfig)
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 2 * time.Minute
+	}
+	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 || cfg.BodyTimeout < 0 || cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("api config: MaxInFlight and the timeouts must not be negative: %w", ErrInvalidConfig)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
@@ -103,8 +116,23 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	}
 	s.text = newRangesText(s.ranges)
 	s.routes()
-	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	s.http = s.newHTTPServer(s)
 	return s, nil
+}
+
+// readHeaderTimeout bounds reading a request's headers.
+const readHeaderTimeout = 10 * time.Second
+
+// newHTTPServer returns an http.Server for h with the API's deadlines:
+// headers within readHeaderTimeout, a mutating call's body within
+// BodyTimeout (set by mutating), the answer written within
+// RequestTimeout + WriteTimeout of the headers (event streams move their
+// own deadline forward per batch), idle keep-alive connections closed
+// after IdleTimeout.
+func (s *Server) newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout,
+		WriteTimeout: s.cfg.RequestTimeout + s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 }
 
 // SetReady lets mutating calls through (after restore).
