@@ -53,6 +53,15 @@ type Config struct {
 	// IdleTimeout closes a keep-alive connection idle for this long
 	// (default 2 min).
 	IdleTimeout time.Duration
+	// MaxConns bounds the unix socket's open connections (default 1024,
+	// negative: no cap); MaxHTTPConns the TCP listener's (default 64,
+	// negative: no cap).
+	// Each listener has its own cap, so that the TCP listener's clients
+	// can never take the descriptors the socket needs.
+	MaxConns, MaxHTTPConns int
+	// AllowedHosts are the Host names, besides localhost and loopback
+	// addresses, the TCP listener answers for ("*": any).
+	AllowedHosts []string
 }
 
 // Server is the REST API.
@@ -95,6 +104,12 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = 2 * time.Minute
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.MaxHTTPConns == 0 {
+		cfg.MaxHTTPConns = 64
 	}
 	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 || cfg.BodyTimeout < 0 || cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("api config: MaxInFlight and the timeouts must not be negative: %w", ErrInvalidConfig)
@@ -378,9 +393,10 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 // terminating NUL included.
 const maxSocketPath = 108
 
-// Serve serves on l until Shutdown.
+// Serve serves on l (bounded to Config.MaxConns connections) until
+// Shutdown.
 func (s *Server) Serve(l net.Listener) error {
-	err := s.http.Serve(l)
+	err := s.http.Serve(LimitListener(l, s.cfg.MaxConns))
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
