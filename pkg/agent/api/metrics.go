@@ -145,10 +145,15 @@ func (c *codeWriter) Write(b []byte) (int, error) {
 	return c.ResponseWriter.Write(b)
 }
 
-func (c *codeWriter) Flush() {
-	if f, ok := c.ResponseWriter.(http.Flusher); ok && !c.swallow() {
-		f.Flush()
+func (c *codeWriter) Flush() { _ = c.FlushError() }
+
+// FlushError flushes and reports a failed write (an event stream's write
+// deadline), which http.Flusher cannot.
+func (c *codeWriter) FlushError() error {
+	if c.swallow() {
+		return nil
 	}
+	return http.NewResponseController(c.ResponseWriter).Flush()
 }
 
 // Unwrap lets http.ResponseController reach the connection.

@@ -269,8 +269,6 @@ func (s *Server) mutatingLimit(limit int, h func(http.ResponseWriter, *http.Requ
 			writeError(w, &apiError{http.StatusServiceUnavailable, CodeStarting, "agent is starting (restoring endpoints); retry"})
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-		defer cancel()
 		body, err := s.readBody(w, r, limit)
 		if err != nil {
 			writeError(w, err)
@@ -278,6 +276,8 @@ func (s *Server) mutatingLimit(limit int, h func(http.ResponseWriter, *http.Requ
 		}
 		defer body.release()
 		r.Body = body
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
 		if !s.acquire(ctx) {
 			writeError(w, &apiError{http.StatusGatewayTimeout, CodeTimeout,
 				fmt.Sprintf("too many requests in flight: no slot within %s", s.cfg.RequestTimeout)})
