@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -71,6 +72,10 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth is removed if its netns has not taken it (negative: at once)")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9890", "read-only HTTP listener: GET API calls, /metrics and (with --pprof) /debug/pprof; mutating calls are refused (\"\" disables)")
 	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener")
+	var allowedHosts string
+	fs.StringVar(&allowedHosts, "http-allowed-hosts", "", "comma-separated Host names the HTTP listener answers besides localhost and loopback addresses (\"*\": any; guards against DNS rebinding)")
+	fs.IntVar(&cfg.API.MaxHTTPConns, "http-max-connections", 64, "HTTP listener: most connections open at once; more are answered 503 and closed")
+	fs.IntVar(&cfg.API.MaxConns, "max-connections", 1024, "unix socket: most connections open at once; more are answered 503 and closed")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
 	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
@@ -82,6 +87,9 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	}
 	if fs.NArg() > 0 {
 		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if allowedHosts != "" {
+		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")
 	}
 	var err error
 	if cfg.IPv4Range, err = parsePrefix("--ipv4-range", v4); err != nil {

@@ -32,6 +32,12 @@ func TestFlags(t *testing.T) {
 			}
 		}},
 		{name: "bad address", args: []string{"--http-addr", "9890"}, wantErr: "--http-addr"},
+		{name: "allowed host with port", args: []string{"--http-allowed-hosts", "node1:9890"}, wantErr: "--http-allowed-hosts"},
+		{name: "empty allowed host", args: []string{"--http-allowed-hosts", "a,,b"}, wantErr: "--http-allowed-hosts"},
+		{name: "negative cap", args: []string{"--http-max-connections", "-1"}, wantErr: "--http-max-connections"},
+		{name: "negative socket cap", args: []string{"--max-connections", "-1"}, wantErr: "--max-connections"},
+		{name: "allowed hosts and caps", args: []string{"--http-allowed-hosts", "node1.example,10.0.0.5,fd00::5", "--http-max-connections", "8"},
+			check: func(t *testing.T, _ string, _ bool) {}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -105,6 +105,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--http-addr: %q: want host:port: %w", c.HTTPAddr, ErrInvalidConfig)
 		}
 	}
+	if err := c.validateListeners(); err != nil {
+		return err
+	}
 	switch c.Datapath {
 	case "fake", "linux":
 	default:

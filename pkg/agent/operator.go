@@ -7,12 +7,33 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"time"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
+
+// validateListeners checks the listeners' caps and the HTTP listener's
+// allowed hosts.
+func (c *Config) validateListeners() error {
+	switch {
+	case c.API.MaxConns < 0:
+		return fmt.Errorf("--max-connections: %d: must not be negative: %w", c.API.MaxConns, ErrInvalidConfig)
+	case c.API.MaxHTTPConns < 0:
+		return fmt.Errorf("--http-max-connections: %d: must not be negative: %w", c.API.MaxHTTPConns, ErrInvalidConfig)
+	}
+	for _, h := range c.API.AllowedHosts {
+		if _, err := netip.ParseAddr(h); err == nil {
+			continue
+		}
+		if h == "" || strings.ContainsAny(h, " \t/:@[]") || !utf8.ValidString(h) {
+			return fmt.Errorf("--http-allowed-hosts: %q: want host names or addresses without port, or \"*\": %w", h, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
 
 // startHTTP opens the read-only TCP listener (Config.HTTPAddr): reads,
 // /metrics and, with API.Pprof, /debug/pprof; mutating requests are
@@ -26,10 +47,11 @@ func (a *Agent) startHTTP() error {
 		return fmt.Errorf("--http-addr: listen %s: %w", a.cfg.HTTPAddr, err)
 	}
 	a.httpLis = l
-	a.httpSrv = &http.Server{Handler: a.Server.ReadOnly(), ReadHeaderTimeout: 10 * time.Second}
+	srv, limited := a.Server.ReadOnlyServer(l)
+	a.httpSrv = srv
 	a.httpServed = make(chan error, 1)
 	go func() {
-		err := a.httpSrv.Serve(l)
+		err := a.httpSrv.Serve(limited)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}

@@ -9,12 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
-	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // maxBody bounds request bodies.
@@ -26,6 +28,9 @@ func decodeStrict(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("request body is empty; want a JSON object")
 	}
+	if !utf8.Valid(body) {
+		return badRequest(fmt.Sprintf("request body is not valid UTF-8 (at byte %d)", invalidUTF8At(body)))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -35,6 +40,18 @@ func decodeStrict(body []byte, v any) error {
 		return badRequest("request body has data after the JSON object")
 	}
 	return nil
+}
+
+// invalidUTF8At returns the offset of the first invalid UTF-8 sequence in b.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // jsonSpace reports whether b is only JSON whitespace (RFC 8259: space,
@@ -48,9 +65,12 @@ func jsonSpace(b []byte) bool {
 	return true
 }
 
-// decodeBody reads r's bounded body into a pooled buffer and decodes it
-// with decodeStrict.
+// decodeBody decodes r's body with decodeStrict: the body mutating read
+// already, else read here into a pooled buffer (bounded).
 func decodeBody(r *http.Request, v any) error {
+	if p, ok := r.Body.(*prereadBody); ok {
+		return decodeStrict(p.buf.Bytes(), v) // decoding copies what it keeps
+	}
 	buf := bodyBuffers.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledBody {
@@ -86,6 +106,54 @@ func describeJSONError(err error) string {
 	return "malformed JSON: " + err.Error()
 }
 
+// prereadBody is a request body read whole before the handler ran; it
+// replaces the request's Body. buf returns to bodyBuffers on release.
+type prereadBody struct {
+	buf *bytes.Buffer
+	*bytes.Reader
+}
+
+func (p *prereadBody) Close() error { return nil }
+
+func (p *prereadBody) release() {
+	if p.buf.Cap() <= maxPooledBody {
+		bodyBuffers.Put(p.buf)
+	}
+}
+
+// readBody reads r's body (at most limit bytes) within cfg.BodyTimeout.
+// Returns a 408 request-timeout apiError when the body does not arrive in
+// time, 413 when it is larger than limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int) (*prereadBody, error) {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	p := &prereadBody{buf: buf}
+	rc := http.NewResponseController(w)
+	// Not every ResponseWriter supports deadlines (httptest's does not):
+	// then the body is read without one.
+	timed := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) == nil
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, int64(limit)+1))
+	if timed {
+		// A deadline left in place would fire while the handler waits for
+		// the actors, and the server would cancel the request's context.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		p.release()
+		w.Header().Set("Connection", "close")
+		return nil, &apiError{http.StatusRequestTimeout, CodeBodyTimeout, fmt.Sprintf("request body not received within %s", s.cfg.BodyTimeout)}
+	case err != nil:
+		p.release()
+		return nil, badRequest("reading body: " + err.Error())
+	case buf.Len() > limit:
+		p.release()
+		return nil, &apiError{http.StatusRequestEntityTooLarge, CodeRequestTooLarge, fmt.Sprintf("body larger than %d bytes", limit)}
+	}
+	p.Reader = bytes.NewReader(buf.Bytes())
+	return p, nil
+}
+
 // readBodyInto reads a bounded request body into buf. The content type
 // is not checked (curl -d sends a form type); the body must parse as JSON.
 func readBodyInto(buf *bytes.Buffer, r *http.Request) error {
@@ -111,9 +179,9 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	if err := applyRef(ref, req, spec); err != nil {
 		return nil, err
 	}
-	ls, err := labels.ParseSet(req.Labels)
+	ls, err := apiLabels("labels", req.Labels)
 	if err != nil {
-		return nil, badRequest("field \"labels\": " + err.Error())
+		return nil, err
 	}
 	spec.Labels = ls
 	if err := applyAddressing(req.Addressing, spec); err != nil {
@@ -139,6 +207,14 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 		if err := checkName(field, v); err != nil {
 			return nil, err
 		}
+	}
+	for field, v := range map[string]string{"container-name": spec.ContainerName, "k8s-uid": spec.PodUID} {
+		if err := checkText(field, v, maxTextField); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkNetns(spec.Netns); err != nil {
+		return nil, err
 	}
 	if (spec.Namespace == "") != (spec.PodName == "") {
 		return nil, badRequest("fields \"k8s-namespace\" and \"k8s-pod-name\": give both or neither")

@@ -83,6 +83,9 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkRanges(spec); err != nil {
+		return err
+	}
 	ep, err := endpointResult(s.sys.CreateEndpoint(r.Context(), spec, req.SyncBuild || sync))
 	if err != nil {
 		return err
@@ -285,13 +288,19 @@ func (s *Server) patchLabels(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
-	add, err := labels.ParseSet(req.Add)
+	add, err := apiLabels("add", req.Add)
 	if err != nil {
-		return badRequest("field \"add\": " + err.Error())
+		return err
 	}
-	del, err := labels.ParseSet(req.Delete)
+	del, err := apiLabels("delete", req.Delete)
 	if err != nil {
-		return badRequest("field \"delete\": " + err.Error())
+		return err
+	}
+	if agentManaged(ep) {
+		return badRequest(fmt.Sprintf("endpoint %d carries reserved labels: its labels are managed by the agent", ep.ID))
+	}
+	if len(ep.Labels)+len(add) > maxLabels {
+		return badRequest(fmt.Sprintf("field \"add\": the endpoint would have more than %d labels", maxLabels))
 	}
 	got, err := endpointResult(s.sys.PatchLabels(r.Context(), ep.ID, add, del))
 	if err != nil {

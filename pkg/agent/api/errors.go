@@ -33,6 +33,7 @@ const (
 	CodeInternal          = "internal"               // 500
 	CodeMethodNotAllowed  = "method-not-allowed"     // 405
 	CodeRequestTooLarge   = "request-too-large"      // 413
+	CodeBodyTimeout       = "request-timeout"        // 408: the body did not arrive within the body timeout
 )
 
 // apiError is an error with its HTTP status and code.

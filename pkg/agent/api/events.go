@@ -72,11 +72,12 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{http.StatusServiceUnavailable, CodeInternal, "the agent runs without an event hub"})
 		return
 	}
-	fl, ok := w.(http.Flusher)
-	if !ok {
+	if _, ok := w.(http.Flusher); !ok {
 		writeError(w, &apiError{http.StatusInternalServerError, CodeInternal, "streaming not supported by this connection"})
 		return
 	}
+	rc := http.NewResponseController(w)
+	defer s.abortOnShutdown(rc)()
 	sub := hub.Subscribe(after)
 	defer sub.Close()
 	h := w.Header()
@@ -89,13 +90,18 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
 	for {
+		// A client that stops reading fails the write within WriteTimeout
+		// and the stream ends, instead of holding the handler (and the
+		// agent's shutdown) for as long as it does not read.
+		if rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) != nil {
+			return
+		}
 		if err := writeReady(bw, sub, types); err != nil {
 			return
 		}
-		if bw.Flush() != nil {
+		if bw.Flush() != nil || rc.Flush() != nil {
 			return
 		}
-		fl.Flush()
 		select {
 		case <-sub.Ready():
 		case <-tick.C:
@@ -105,6 +111,26 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.streamsDone:
 			return
 		}
+	}
+}
+
+// abortOnShutdown makes a stream's write that is blocked on a client not
+// reading fail at once when Shutdown starts. The returned function stops
+// the watcher and waits for it: rc is never touched after the handler
+// returned.
+func (s *Server) abortOnShutdown(rc *http.ResponseController) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-s.streamsDone:
+			_ = rc.SetWriteDeadline(time.Now())
+		case <-done:
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
 	}
 }
 

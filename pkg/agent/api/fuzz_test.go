@@ -3,10 +3,14 @@ package api
 import (
 	"errors"
 	"net/http"
+	"path"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // FuzzEndpointChangeRequest feeds arbitrary PUT bodies and path references
@@ -35,6 +39,12 @@ func FuzzEndpointChangeRequest(f *testing.F) {
 		{`{"labels":null,"addressing":null}`, "65535"},
 		{`{"interface-index":9223372036854775807}`, "0"},
 		{`{"container-id":"a/b"}`, "0"},
+		{"{\"container-id\":\"\xff\",\"labels\":[\"k8s:a=b\"]}", "0"},
+		{`{"labels":["k8s:a=b"],"container-name":"a\u0000b","k8s-uid":"\u001b"}`, "0"},
+		{`{"labels":["k8s:a=b"],"netns":"/run/netns/../x"}`, "0"},
+		{`{"labels":["k8s:a=b"],"netns":"/proc/1/ns/net","container-name":"/web"}`, "container-id:c"},
+		{`{"labels":["reserved:world","k8s:a=b"]}`, "0"},
+		{`{"labels":["k8s:a=\udc80"]}`, "pod-name:ns/p"},
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s.body), s.ref)
@@ -86,7 +96,38 @@ func FuzzEndpointChangeRequest(f *testing.F) {
 		if spec.IfIndex < 0 {
 			t.Fatalf("spec interface index %d", spec.IfIndex)
 		}
+		checkAcceptedText(t, spec)
 	})
+}
+
+// checkAcceptedText fails unless every string of an accepted spec is
+// valid UTF-8 within its limits, free-text fields hold no control
+// characters, netns is a clean absolute path and no label is reserved.
+func checkAcceptedText(t *testing.T, spec *endpoint.Endpoint) {
+	t.Helper()
+	for name, v := range map[string]string{"container-id": spec.ContainerID, "container-name": spec.ContainerName,
+		"k8s-namespace": spec.Namespace, "k8s-pod-name": spec.PodName, "k8s-uid": spec.PodUID, "netns": spec.Netns,
+		"interface-name": spec.IfName, "container-interface-name": spec.ContainerInterfaceName} {
+		if !utf8.ValidString(v) || len(v) > maxNetnsPath {
+			t.Fatalf("accepted %s %q", name, v)
+		}
+		for _, r := range v {
+			if unicode.IsControl(r) {
+				t.Fatalf("accepted %s %q with a control character", name, v)
+			}
+		}
+	}
+	if spec.Netns != "" && (!path.IsAbs(spec.Netns) || path.Clean(spec.Netns) != spec.Netns) {
+		t.Fatalf("accepted netns %q", spec.Netns)
+	}
+	if len(spec.Labels) > maxLabels {
+		t.Fatalf("accepted %d labels", len(spec.Labels))
+	}
+	for _, l := range spec.Labels {
+		if l.Source == labels.SourceReserved {
+			t.Fatalf("accepted reserved label %s", l)
+		}
+	}
 }
 
 // checkBadRequest fails unless err is a 400 apiError with a message.

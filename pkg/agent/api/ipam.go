@@ -27,8 +27,8 @@ func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("query parameter \"family\": no %s range configured", fam)}
 	}
 	owner := q.Get("owner")
-	if len(owner) > 512 {
-		return badRequest("query parameter \"owner\": longer than 512 bytes")
+	if err := checkOwner(owner); err != nil {
+		return err
 	}
 	got, err := s.sys.AllocateIP(r.Context(), fam, owner)
 	if err != nil {
@@ -97,6 +97,9 @@ func (s *Server) releaseIP(w http.ResponseWriter, r *http.Request) error {
 			return badRequest(fmt.Sprintf("unknown query parameter %q (want owner)", key))
 		}
 		owner = vals[0]
+	}
+	if err := checkOwner(owner); err != nil {
+		return err
 	}
 	got, err := s.sys.ReleaseIP(r.Context(), ip, owner)
 	if err != nil {

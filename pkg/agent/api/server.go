@@ -42,6 +42,26 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Pprof serves /debug/pprof/ (on the socket and the HTTP listener).
 	Pprof bool
+	// BodyTimeout bounds reading a mutating request's body, which happens
+	// before the request takes an in-flight slot (default 10 s); a body
+	// not received in time is answered 408 request-timeout.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds writing one answer, or one batch of events to an
+	// event stream, to a client (default 10 s). A connection's whole
+	// request may take RequestTimeout + WriteTimeout.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle for this long
+	// (default 2 min).
+	IdleTimeout time.Duration
+	// MaxConns bounds the unix socket's open connections (default 1024,
+	// negative: no cap); MaxHTTPConns the TCP listener's (default 64,
+	// negative: no cap).
+	// Each listener has its own cap, so that the TCP listener's clients
+	// can never take the descriptors the socket needs.
+	MaxConns, MaxHTTPConns int
+	// AllowedHosts are the Host names, besides localhost and loopback
+	// addresses, the TCP listener answers for ("*": any).
+	AllowedHosts []string
 }
 
 // Server is the REST API.
@@ -76,8 +96,23 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 60 * time.Second
 	}
-	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 {
-		return nil, fmt.Errorf("api config: MaxInFlight and RequestTimeout must not be negative: %w", ErrInvalidConfig)
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = 10 * time.Second
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 2 * time.Minute
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.MaxHTTPConns == 0 {
+		cfg.MaxHTTPConns = 64
+	}
+	if cfg.MaxInFlight < 0 || cfg.RequestTimeout < 0 || cfg.BodyTimeout < 0 || cfg.WriteTimeout < 0 || cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("api config: MaxInFlight and the timeouts must not be negative: %w", ErrInvalidConfig)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
@@ -96,8 +131,23 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	}
 	s.text = newRangesText(s.ranges)
 	s.routes()
-	s.http = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	s.http = s.newHTTPServer(s)
 	return s, nil
+}
+
+// readHeaderTimeout bounds reading a request's headers.
+const readHeaderTimeout = 10 * time.Second
+
+// newHTTPServer returns an http.Server for h with the API's deadlines:
+// headers within readHeaderTimeout, a mutating call's body within
+// BodyTimeout (set by mutating), the answer written within
+// RequestTimeout + WriteTimeout of the headers (event streams move their
+// own deadline forward per batch), idle keep-alive connections closed
+// after IdleTimeout.
+func (s *Server) newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout,
+		WriteTimeout: s.cfg.RequestTimeout + s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 }
 
 // SetReady lets mutating calls through (after restore).
@@ -128,7 +178,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/healthz", s.endpointHealth)
 	m.HandleFunc("GET /v1/identity", s.listIdentities)
 	m.HandleFunc("GET /v1/identity/{id}", s.getIdentity)
-	m.HandleFunc("PUT /v1/policy", s.mutating(s.putPolicy))
+	m.HandleFunc("PUT /v1/policy", s.mutatingLimit(maxPolicyBody, s.putPolicy))
 	m.HandleFunc("GET /v1/policy", s.listPolicies)
 	m.HandleFunc("DELETE /v1/policy", s.mutating(s.deletePolicy))
 	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.subresource("policy", s.getEndpointPolicy))
@@ -180,6 +230,11 @@ func (s *Server) serve(w *codeWriter, r *http.Request) {
 		}
 	}()
 	if r.RequestURI != "*" { // the mux would answer "*" with a bare 400
+		if err := checkRequest(r); err != nil {
+			w.answering = true
+			writeError(w, err)
+			return
+		}
 		s.mux.ServeHTTP(w, r) // sets r.Pattern and the path values
 		if r.Pattern != "" {
 			return
@@ -195,8 +250,15 @@ func (s *Server) serve(w *codeWriter, r *http.Request) {
 }
 
 // mutating refuses calls while starting or stopping and bounds how many
-// run at once; callers beyond the bound wait (back-pressure).
+// run at once; callers beyond the bound wait (back-pressure). The body
+// (at most maxBody bytes) is read before a slot is taken, within
+// Config.BodyTimeout: a client that stalls its upload never holds a slot.
 func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return s.mutatingLimit(maxBody, h)
+}
+
+// mutatingLimit is mutating for bodies of at most limit bytes.
+func (s *Server) mutatingLimit(limit int, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case s.closing.Load():
@@ -207,10 +269,18 @@ func (s *Server) mutating(h func(http.ResponseWriter, *http.Request) error) http
 			writeError(w, &apiError{http.StatusServiceUnavailable, CodeStarting, "agent is starting (restoring endpoints); retry"})
 			return
 		}
+		body, err := s.readBody(w, r, limit)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer body.release()
+		r.Body = body
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
 		if !s.acquire(ctx) {
-			writeError(w, &apiError{http.StatusServiceUnavailable, CodeTimeout, "too many requests in flight"})
+			writeError(w, &apiError{http.StatusGatewayTimeout, CodeTimeout,
+				fmt.Sprintf("too many requests in flight: no slot within %s", s.cfg.RequestTimeout)})
 			return
 		}
 		defer func() { <-s.sem }()
@@ -323,9 +393,10 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 // terminating NUL included.
 const maxSocketPath = 108
 
-// Serve serves on l until Shutdown.
+// Serve serves on l (bounded to Config.MaxConns connections) until
+// Shutdown.
 func (s *Server) Serve(l net.Listener) error {
-	err := s.http.Serve(l)
+	err := s.http.Serve(LimitListener(l, s.cfg.MaxConns))
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

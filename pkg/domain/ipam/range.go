@@ -210,6 +210,23 @@ func (r *Range) Allocate(ip netip.Addr, owner string) error {
 	return nil
 }
 
+// Check reports whether ip could be allocated in the range, without
+// allocating it or looking at its owner.
+//
+// Returns ErrOutOfRange if ip is not inside the prefix (including an
+// address of the other family) and ErrReserved if ip is the network,
+// gateway or broadcast address.
+func (r *Range) Check(ip netip.Addr) error {
+	off, ok := r.offset(ip)
+	if !ok {
+		return fmt.Errorf("address %s outside %s: %w", ip, r.prefix, ErrOutOfRange)
+	}
+	if r.reserved(off) {
+		return fmt.Errorf("address %s is reserved in %s (network, gateway or broadcast): %w", ip, r.prefix, ErrReserved)
+	}
+	return nil
+}
+
 // Release frees ip and returns the owner it had. Releasing an address that is
 // not allocated, reserved or outside the range does nothing and returns
 // false.

@@ -524,3 +524,28 @@ func TestMemoryPerAllocation(t *testing.T) {
 		t.Errorf("%d bytes allocated per allocation, want at most %d", perAlloc, limit)
 	}
 }
+
+// TestCheck: Check agrees with Allocate on out-of-range and reserved
+// addresses, and allocates nothing.
+func TestCheck(t *testing.T) {
+	r, err := NewRange(netip.MustParsePrefix("10.9.0.0/24"), Sequential, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		ip   string
+		want error
+	}{
+		{"10.9.0.2", nil}, {"10.9.0.254", nil}, {"::ffff:10.9.0.7", nil},
+		{"10.9.0.0", ErrReserved}, {"10.9.0.1", ErrReserved}, {"10.9.0.255", ErrReserved},
+		{"10.9.1.2", ErrOutOfRange}, {"fd00::2", ErrOutOfRange},
+	} {
+		ip := netip.MustParseAddr(tt.ip)
+		if err := r.Check(ip); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+			t.Errorf("Check(%s) = %v, want %v", ip, err, tt.want)
+		}
+	}
+	if r.Used() != 0 {
+		t.Fatalf("Check allocated %d addresses", r.Used())
+	}
+}

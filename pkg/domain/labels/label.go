@@ -46,13 +46,30 @@ type Label struct {
 // Validate; the message quotes s and says what is wrong.
 func Parse(s string) (Label, error) {
 	if !utf8.ValidString(s) {
-		return Label{}, fmt.Errorf("parse label %q: not valid UTF-8: %w", s, ErrInvalidLabel)
+		return Label{}, fmt.Errorf("parse label %q: not valid UTF-8: %w", Clip(s), ErrInvalidLabel)
 	}
 	l := split(s)
 	if err := l.Validate(); err != nil {
-		return Label{}, fmt.Errorf("parse label %q: %w", s, err)
+		return Label{}, fmt.Errorf("parse label %q: %w", Clip(s), err)
 	}
 	return l, nil
+}
+
+// clipLen is the longest text an error message quotes whole.
+const clipLen = 96
+
+// Clip shortens s for an error message: a text longer than clipLen bytes
+// is cut to its first clipLen bytes (never inside a UTF-8 sequence)
+// followed by "...(N bytes)", so that a message never echoes a huge input.
+func Clip(s string) string {
+	if len(s) <= clipLen {
+		return s
+	}
+	cut := clipLen
+	for cut > clipLen-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:cut], len(s))
 }
 
 // split divides s into source, key and value without validating them.

@@ -2,9 +2,11 @@ package labels
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParse(t *testing.T) {
@@ -82,8 +84,8 @@ func TestParseInvalid(t *testing.T) {
 				t.Fatalf("Parse(%q) = %#v, %v; want ErrInvalidLabel", tt.in, got, err)
 			}
 			msg := err.Error()
-			if !strings.Contains(msg, strconv.Quote(tt.in)) || !strings.Contains(msg, tt.why) {
-				t.Fatalf("Parse(%q) error %q: want it to quote the input and say %q", tt.in, msg, tt.why)
+			if !strings.Contains(msg, strconv.Quote(Clip(tt.in))) || !strings.Contains(msg, tt.why) {
+				t.Fatalf("Parse(%q) error %q: want it to quote the (clipped) input and say %q", tt.in, msg, tt.why)
 			}
 		})
 	}
@@ -133,4 +135,33 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip of %q: %#v then %#v", s, l, again)
 		}
 	})
+}
+
+// TestErrorsClipInput checks that a refused huge label or selector is not
+// echoed whole in the error message.
+func TestErrorsClipInput(t *testing.T) {
+	huge := "k8s:app=" + strings.Repeat("v", 1<<20)
+	_, errParse := Parse(huge)
+	_, errSet := ParseSet([]string{huge})
+	_, errSel := ParseSelector("app=" + strings.Repeat("v", 1<<20))
+	_, errUTF := Parse(strings.Repeat("\xff", 1<<20))
+	for name, err := range map[string]error{"Parse": errParse, "ParseSet": errSet, "ParseSelector": errSel, "invalid UTF-8": errUTF} {
+		if err == nil {
+			t.Fatalf("%s accepted a 1 MiB label", name)
+		}
+		if msg := err.Error(); len(msg) > 600 || !strings.Contains(msg, "bytes") {
+			t.Errorf("%s error is %d bytes long (%.80q...), want a short message with the length", name, len(msg), msg)
+		}
+	}
+}
+
+func TestClip(t *testing.T) {
+	if got := Clip("short"); got != "short" {
+		t.Errorf("Clip(short) = %q", got)
+	}
+	long := strings.Repeat("a", clipLen-1) + "é" + strings.Repeat("b", 100) // é straddles the cut
+	got := Clip(long)
+	if !utf8.ValidString(got) || !strings.HasSuffix(got, fmt.Sprintf("...(%d bytes)", len(long))) || len(got) > clipLen+20 {
+		t.Errorf("Clip = %q", got)
+	}
 }

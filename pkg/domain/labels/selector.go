@@ -42,7 +42,7 @@ type Selector []Requirement
 // key or value is invalid (see Label.Validate), or s is not valid UTF-8.
 func ParseSelector(s string) (Selector, error) {
 	if !utf8.ValidString(s) {
-		return nil, fmt.Errorf("parse selector %q: not valid UTF-8: %w", s, ErrInvalidLabel)
+		return nil, fmt.Errorf("parse selector %q: not valid UTF-8: %w", Clip(s), ErrInvalidLabel)
 	}
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
@@ -51,7 +51,7 @@ func ParseSelector(s string) (Selector, error) {
 	for _, term := range strings.Split(s, ",") {
 		r, err := parseRequirement(strings.TrimSpace(term))
 		if err != nil {
-			return nil, fmt.Errorf("parse selector %q: %w", s, err)
+			return nil, fmt.Errorf("parse selector %q: %w", Clip(s), err)
 		}
 		sel = append(sel, r)
 	}
@@ -79,20 +79,20 @@ func parseRequirement(t string) (Requirement, error) {
 	}
 	if src, k, ok := strings.Cut(key, ":"); ok {
 		if err := validateSource(src); err != nil {
-			return r, fmt.Errorf("term %q: %w", t, err)
+			return r, fmt.Errorf("term %q: %w", Clip(t), err)
 		}
 		r.Source, key = src, k
 	}
 	r.Key = strings.TrimSpace(key)
 	r.Value = strings.TrimSpace(r.Value)
 	if err := validateKey(r.Key); err != nil {
-		return r, fmt.Errorf("term %q: %w", t, err)
+		return r, fmt.Errorf("term %q: %w", Clip(t), err)
 	}
 	if err := validateValue(r.Value); err != nil {
-		return r, fmt.Errorf("term %q: %w", t, err)
+		return r, fmt.Errorf("term %q: %w", Clip(t), err)
 	}
 	if strings.ContainsAny(r.Value, ",!=") || strings.ContainsAny(r.Key, ":!") {
-		return r, fmt.Errorf("term %q: a key or value holds a selector operator: %w", t, ErrInvalidLabel)
+		return r, fmt.Errorf("term %q: a key or value holds a selector operator: %w", Clip(t), ErrInvalidLabel)
 	}
 	return r, nil
 }

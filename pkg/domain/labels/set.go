@@ -49,7 +49,7 @@ func ParseSet(ss []string) (Labels, error) {
 func normalize(in []Label) (Labels, error) {
 	for _, l := range in {
 		if err := l.Validate(); err != nil {
-			return nil, fmt.Errorf("label %q: %w", l.String(), err)
+			return nil, fmt.Errorf("label %q: %w", Clip(l.String()), err)
 		}
 	}
 	if len(in) == 0 {
@@ -97,7 +97,7 @@ func compareSourceKey(a, b Label) int {
 func (ls Labels) Validate() error {
 	for i, l := range ls {
 		if err := l.Validate(); err != nil {
-			return fmt.Errorf("validate label set: label %q: %w", l.String(), err)
+			return fmt.Errorf("validate label set: label %q: %w", Clip(l.String()), err)
 		}
 		if i == 0 {
 			continue
