@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -136,15 +135,11 @@ func TestAgentAssignsReservedLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := &endpoint.Endpoint{ContainerID: "health", Labels: ls, IPv4: netip.MustParseAddr("10.201.0.9")}
-	res, err := sys.Ask(bg(t), sys.Endpoints, &messages.CreateEndpoint{Spec: spec, Sync: true})
-	if err != nil {
-		t.Fatal(err)
+	got, err := sys.CreateEndpoint(bg(t), spec, true)
+	if err != nil || got.Identity != identity.ReservedHealth {
+		t.Fatalf("health endpoint = %+v, %v; want identity %d", got, err, identity.ReservedHealth)
 	}
-	got := res.(*messages.EndpointResult)
-	if got.Err != nil || got.Endpoint.Identity != identity.ReservedHealth {
-		t.Fatalf("health endpoint = %+v, %v; want identity %d", got.Endpoint, got.Err, identity.ReservedHealth)
-	}
-	ref := fmt.Sprint(got.Endpoint.ID)
+	ref := fmt.Sprint(got.ID)
 	r := e.do(t, "PATCH", "/v1/endpoint/"+ref+"/labels", `{"add":["k8s:app=x"]}`)
 	expectError(t, r, http.StatusBadRequest, api.CodeInvalid, "managed by the agent")
 	ep, err := e.client.EndpointGet(bg(t), ref)
