@@ -43,35 +43,35 @@ test-short:
 # Each fuzz target for FUZZTIME (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/labels/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseSet$$' -fuzztime $(FUZZTIME) ./pkg/labels/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseSelector$$' -fuzztime $(FUZZTIME) ./pkg/labels/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/domain/labels/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSet$$' -fuzztime $(FUZZTIME) ./pkg/domain/labels/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSelector$$' -fuzztime $(FUZZTIME) ./pkg/domain/labels/
 	$(GO) test -run '^$$' -fuzz '^FuzzQueries$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestPath$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
-	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/ipam/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/endpoint/
-	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/api/
-	$(GO) test -run '^$$' -fuzz '^FuzzEndpointJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
-	$(GO) test -run '^$$' -fuzz '^FuzzIPAMJSON$$' -fuzztime $(FUZZTIME) ./pkg/api/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/client/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/client/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/cni/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/domain/ipam/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/domain/endpoint/
+	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzEndpointJSON$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzIPAMJSON$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/clients/client/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/clients/client/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/delqueue/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/policy/
-	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/domain/policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/domain/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeDrop$$' -fuzztime $(FUZZTIME) ./datapath/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./pkg/health/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./pkg/agent/health/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./restore/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./restore/
 
 # Benchmarks recorded in BENCHMARKS.md.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/ipam/
-	$(GO) test -run '^$$' -bench 'Lifecycle|HeapPerEndpoint' -benchtime 2s ./pkg/api/
-	$(GO) test -run '^$$' -bench OperatorQueries10k -benchtime 50x ./pkg/api/
-	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/policy/
+	$(GO) test -run '^$$' -bench . -benchtime 200000x ./pkg/domain/ipam/
+	$(GO) test -run '^$$' -bench 'Lifecycle|HeapPerEndpoint' -benchtime 2s ./pkg/agent/api/
+	$(GO) test -run '^$$' -bench OperatorQueries10k -benchtime 50x ./pkg/agent/api/
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/domain/policy/
 	$(GO) test -run '^$$' -bench BenchmarkPolicyPropagation -benchtime 20x ./test/policyscenario/
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
