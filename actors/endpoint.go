@@ -277,24 +277,33 @@ func (a *endpointActor) started(ctx actor.Context) {
 	case startRestore:
 		a.restoreReport = true
 		a.logger().Info("restoring endpoint", "identity", a.ep.Identity, "ipv4", a.ep.IPv4, "ipv6", a.ep.IPv6)
-	case startCreate:
-		if !a.createSync {
-			// The PUT answers once the endpoint is on disk; a sync PUT
-			// answers after the first regeneration, which writes it.
-			a.stateOp(ctx, "write", a.writeState(a.ep), func(ctx actor.Context, err error) {
-				if err != nil {
-					a.failCreate(ctx, fmt.Errorf("write state: %w", err))
-					return
-				}
-				w := a.createWaiter
-				a.createWaiter = nil
-				a.publish(ctx, messages.Reply{To: w, Message: a.result(nil)})
-				a.claimIPs(ctx)
-			})
-			return
-		}
 	}
 	a.claimIPs(ctx)
+}
+
+// leasesClaimed continues once the addresses are claimed: a non-sync PUT
+// answers now that the endpoint holds its addresses and is on disk (a
+// sync PUT answers after the first regeneration, which writes it); then
+// the identity is resolved.
+func (a *endpointActor) leasesClaimed(ctx actor.Context) {
+	if a.createWaiter == nil || a.createSync {
+		a.acquireIdentity(ctx)
+		return
+	}
+	a.stateOp(ctx, "write", a.writeState(a.ep), func(ctx actor.Context, err error) {
+		if err != nil {
+			a.failCreate(ctx, fmt.Errorf("write state: %w", err))
+			return
+		}
+		if w := a.createWaiter; w != nil {
+			a.createWaiter = nil
+			a.publish(ctx, messages.Reply{To: w, Message: a.result(nil)})
+		}
+		if a.maybeTeardown(ctx) {
+			return
+		}
+		a.acquireIdentity(ctx)
+	})
 }
 
 // restarting runs on the failed incarnation: it stops its timers and hands
@@ -411,7 +420,7 @@ func (a *endpointActor) ips() []netip.Addr {
 func (a *endpointActor) claimIPs(ctx actor.Context) {
 	ips := a.ips()
 	if len(ips) == 0 {
-		a.acquireIdentity(ctx)
+		a.leasesClaimed(ctx)
 		return
 	}
 	a.leaseWait = true
@@ -432,7 +441,7 @@ func (a *endpointActor) claimIPs(ctx actor.Context) {
 		if a.maybeTeardown(ctx) {
 			return
 		}
-		a.acquireIdentity(ctx)
+		a.leasesClaimed(ctx)
 	})
 }
 
