@@ -147,3 +147,28 @@ func TestAgentAssignsReservedLabels(t *testing.T) {
 		t.Fatalf("health endpoint after refused PATCH = %+v, %v", ep, err)
 	}
 }
+
+// TestNonSyncCreateClaimsFirst: a non-sync PUT whose address another pod
+// owns is refused (409 address-in-use) instead of answered 201 and then
+// lost when the claim fails; the owner keeps its address.
+func TestNonSyncCreateClaimsFirst(t *testing.T) {
+	e := startHandlersAgent(t, nil)
+	r := e.do(t, "POST", "/v1/ipam?family=ipv4&owner=ns/other", "")
+	if r.status != http.StatusCreated {
+		t.Fatalf("allocate: %d %s", r.status, r.body)
+	}
+	var alloc struct {
+		Address struct{ IPv4 string } `json:"address"`
+	}
+	decodeInto(t, r, &alloc)
+	body := fmt.Sprintf(`{"container-id":"c-steal","k8s-namespace":"ns","k8s-pod-name":"thief","labels":["k8s:app=thief"],"addressing":{"ipv4":%q}}`, alloc.Address.IPv4)
+	r = e.do(t, "PUT", "/v1/endpoint/0", body)
+	expectError(t, r, http.StatusConflict, api.CodeAddressInUse, "")
+	if _, err := e.client.EndpointGet(bg(t), "container-id:c-steal"); err == nil {
+		t.Fatal("the refused endpoint exists")
+	}
+	row, ok := e.agent.System.Index.IP(netip.MustParseAddr(alloc.Address.IPv4))
+	if !ok || row.Owner != "ns/other" || row.Endpoint != 0 {
+		t.Fatalf("address row %+v %v, want still owned by ns/other, unclaimed", row, ok)
+	}
+}
