@@ -33,6 +33,7 @@ const (
 	CodeInternal          = "internal"               // 500
 	CodeMethodNotAllowed  = "method-not-allowed"     // 405
 	CodeRequestTooLarge   = "request-too-large"      // 413
+	CodeUnhealthy         = "endpoint-unhealthy"     // 503: GET /v1/endpoint/{id}/healthz of an unhealthy endpoint
 )
 
 // apiError is an error with its HTTP status and code.

@@ -168,6 +168,18 @@ func expectError(tb testing.TB, r response, status int, code, inMessage string) 
 	}
 }
 
+// expectErrorFields checks that a body carrying more than an error (a
+// 503 status or health answer) still decodes as the API's error with code
+// and a message.
+func expectErrorFields(tb testing.TB, r response, code string) {
+	tb.Helper()
+	var e models.Error
+	decodeInto(tb, r, &e)
+	if e.Code != code || e.Message == "" {
+		tb.Errorf("body %s decodes as error %+v, want code %q and a message", r.body, e, code)
+	}
+}
+
 func bg(tb testing.TB) context.Context {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiWait)
@@ -430,6 +442,8 @@ func TestStarting(t *testing.T) {
 		if r.status != http.StatusServiceUnavailable || st.State != "starting" {
 			t.Errorf("GET /v1/status while starting = %d %+v", r.status, st)
 		}
+		// The 503 body is also the API's error shape with its code.
+		expectErrorFields(t, r, api.CodeStarting)
 	})
 	srv.SetReady()
 	t.Run("ready", func(t *testing.T) {
@@ -603,6 +617,7 @@ func TestEndpointHappyPaths(t *testing.T) {
 		if r.status != http.StatusServiceUnavailable || hh.Healthy || hh.Datapath != "error" || hh.Message == "" {
 			t.Fatalf("health of a vanished datapath = %d %+v", r.status, hh)
 		}
+		expectErrorFields(t, r, api.CodeUnhealthy)
 		if _, err := e.client.EndpointRegenerate(ctx, fmt.Sprint(web.ID)); err != nil { // realise it again
 			t.Fatal(err)
 		}

@@ -94,6 +94,9 @@ type LabelsPatch struct {
 
 // EndpointHealth is the body of GET /v1/endpoint/{id}/healthz.
 type EndpointHealth struct {
+	// Code is "endpoint-unhealthy" when the answer is 503, so the body is
+	// also an Error (Message says why).
+	Code     string `json:"code,omitempty"`
 	ID       int64  `json:"id"`
 	State    string `json:"state"`
 	Healthy  bool   `json:"healthy"`
@@ -155,6 +158,9 @@ type IPAMStatus struct {
 
 // Status is the body of GET /v1/status.
 type Status struct {
+	// Code is the API's error code when the answer is not 200 (503
+	// "starting" or "shutting-down"), so the body is also an Error.
+	Code       string      `json:"code,omitempty"`
 	State      string      `json:"state"`
 	Message    string      `json:"message,omitempty"`
 	Datapath   string      `json:"datapath"`
