@@ -24,6 +24,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -224,7 +225,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := a.restore(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
-	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
+	rs := a.restoreStats
+	cfg.API.Metrics.SetRestoreDuration(rs.Leases)
+	cfg.API.Metrics.SetRestoreCounts(rs.Found, rs.Restored, rs.Invalid, rs.Refused, rs.Quarantined)
+	srv.SetRestore(models.RestoreStatus{Found: rs.Found, Restored: rs.Restored, Invalid: rs.Invalid,
+		Refused: rs.Refused, Quarantined: rs.Quarantined})
 	a.stopCNI = a.startDeleteQueue()
 	// The collector starts once the index holds every restored endpoint;
 	// the kernel ipcache is pruned once every restored endpoint claimed

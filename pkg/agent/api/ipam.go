@@ -197,6 +197,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.health.Load(); fn != nil {
 		st.Health = (*fn)()
 	}
+	st.Restore = s.restore.Load()
 	status := http.StatusOK
 	// A 503 body is the status and the API's error shape at once.
 	switch {

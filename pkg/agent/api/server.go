@@ -67,10 +67,14 @@ type Server struct {
 	streamsDone chan struct{}
 	closeOnce   sync.Once
 	health      atomic.Pointer[func() *models.HealthStatus]
+	restore     atomic.Pointer[models.RestoreStatus]
 }
 
 // SetHealth installs the health endpoint's status for GET /v1/status.
 func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
+
+// SetRestore installs what the restore at start did, for GET /v1/status.
+func (s *Server) SetRestore(st models.RestoreStatus) { s.restore.Store(&st) }
 
 // New creates a server for sys. It refuses mutating calls until SetReady.
 func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
