@@ -3,7 +3,6 @@ package testutil
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/datapath/nsmount"
 )
 
 // netnsDir is where iproute2 (`ip netns`) keeps named network namespaces,
@@ -63,7 +64,14 @@ func CreateNS(name string) (*NS, error) {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
-	path := filepath.Join(netnsDir, name)
+	return CreateNSAt(filepath.Join(netnsDir, name))
+}
+
+// CreateNSAt creates a network namespace kept alive by a bind mount at
+// path (a file it creates; the directory must exist), named after the
+// file, with its loopback up. The caller removes it with Remove.
+func CreateNSAt(path string) (*NS, error) {
+	name := filepath.Base(path)
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
@@ -105,17 +113,12 @@ func unshareAndMount(path string) error {
 	return nil
 }
 
-// Remove unmounts and deletes the namespace. Removing a removed one is
-// success.
+// Remove unmounts and deletes the namespace (nsmount.Remove: every
+// stacked mount, lazily, retried while busy, so copies of the mount in
+// other mount namespaces do not stop it). Removing a removed one is
+// success; an error means the namespace's file is still there.
 func (ns *NS) Remove() error {
-	err := unix.Unmount(ns.Path, unix.MNT_DETACH)
-	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount %s: %w", ns.Path, err)
-	}
-	if err := os.Remove(ns.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", ns.Path, err)
-	}
-	return nil
+	return nsmount.Remove(ns.Path)
 }
 
 // Handle opens the namespace; the caller closes it.
