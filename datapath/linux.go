@@ -103,3 +103,10 @@ type LinuxHooks struct {
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
 }
+
+// HostAddrChange is an address of the host netns added or removed
+// (Linux.WatchHostAddrs).
+type HostAddrChange struct {
+	Addr    netip.Addr
+	Deleted bool
+}

@@ -125,6 +125,8 @@ type Agent struct {
 	lis     net.Listener
 	served  chan error
 	stopCNI context.CancelFunc // stops the delete queue drainer
+	// stopAddrs stops following the host's addresses (nil: not followed).
+	stopAddrs context.CancelFunc
 	store   *restore.Store
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
@@ -231,6 +233,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	srv.SetRestore(models.RestoreStatus{Found: rs.Found, Restored: rs.Restored, Invalid: rs.Invalid,
 		Refused: rs.Refused, Quarantined: rs.Quarantined})
 	a.stopCNI = a.startDeleteQueue()
+	a.watchHostAddrs(linux)
 	// The collector starts once the index holds every restored endpoint;
 	// the kernel ipcache is pruned once every restored endpoint claimed
 	// its addresses (entries of endpoints deleted while no agent ran go).
@@ -255,6 +258,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
+	if a.stopAddrs != nil {
+		a.stopAddrs()
+	}
 	if a.health != nil {
 		a.health.Stop()
 	}
@@ -271,6 +277,24 @@ func (a *Agent) stop(ctx context.Context) error {
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
+}
+
+// watchHostAddrs follows the host netns's addresses (Linux datapath): an
+// address added later is the host identity in the ipcache, not world, and
+// a removed one stops being the host's. The watcher's callback only sends
+// a message, so it never blocks an actor or the watcher.
+func (a *Agent) watchHostAddrs(linux *datapath.Linux) {
+	if linux == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sys := a.System
+	if err := linux.WatchHostAddrs(ctx, func(c datapath.HostAddrChange) { sys.HostAddrChanged(c.Addr, c.Deleted) }); err != nil {
+		cancel()
+		a.log.Error("not following host addresses; addresses added from now on are world until restart", "err", err)
+		return
+	}
+	a.stopAddrs = cancel
 }
 
 // PolicyFile is the name of the policy file in the state directory.
