@@ -37,9 +37,9 @@ type ipcacheActor struct {
 	// ranges are the pod ranges: host address changes inside them are
 	// not the host's to claim (gateways, endpoints).
 	ranges []netip.Prefix
-	log      *slog.Logger
-	batch    batcher
-	dead     bool
+	log    *slog.Logger
+	batch  batcher
+	dead   bool
 
 	// entries are the desired rows (immutable, shared with the index).
 	// What the datapath holds is not tracked (heap per endpoint): every

@@ -127,7 +127,7 @@ type Agent struct {
 	stopCNI context.CancelFunc // stops the delete queue drainer
 	// stopAddrs stops following the host's addresses (nil: not followed).
 	stopAddrs context.CancelFunc
-	store   *restore.Store
+	store     *restore.Store
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
 	stopErr  error
