@@ -3,6 +3,7 @@ package testutil
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,12 +11,11 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/membrane-cni/membrane/datapath/nsmount"
 )
 
 // netnsDir is where iproute2 (`ip netns`) keeps named network namespaces,
@@ -113,12 +113,52 @@ func unshareAndMount(path string) error {
 	return nil
 }
 
-// Remove unmounts and deletes the namespace (nsmount.Remove: every
-// stacked mount, lazily, retried while busy, so copies of the mount in
-// other mount namespaces do not stop it). Removing a removed one is
-// success; an error means the namespace's file is still there.
+// Remove unmounts and deletes the namespace: every stacked mount,
+// lazily, retried while busy, so copies of the mount in other mount
+// namespaces do not stop it. Removing a removed one is success; an error
+// means the namespace's file is still there. (The same steps as
+// datapath/nsmount.Remove, which testutil may not import.)
 func (ns *NS) Remove() error {
-	return nsmount.Remove(ns.Path)
+	var last error
+	wait := time.Millisecond
+	for i := range removeAttempts {
+		if i > 0 {
+			time.Sleep(wait)
+			wait = min(2*wait, 100*time.Millisecond)
+		}
+		if err := unmountAll(ns.Path); err != nil {
+			last = err
+			continue
+		}
+		err := os.Remove(ns.Path)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("remove netns %s: %w", ns.Path, err)
+		}
+		last = err
+	}
+	return fmt.Errorf("remove netns %s: still mounted after %d attempts: %w", ns.Path, removeAttempts, last)
+}
+
+// removeAttempts bounds NS.Remove's retries while the path is busy.
+const removeAttempts = 8
+
+// unmountAll lazily unmounts path until it is no mount point (at most 16
+// stacked mounts).
+func unmountAll(path string) error {
+	for range 16 {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		default:
+			return fmt.Errorf("unmount netns %s: %w", path, err)
+		}
+	}
+	return fmt.Errorf("unmount netns %s: more than 16 mounts stacked: %w", path, unix.EBUSY)
 }
 
 // Handle opens the namespace; the caller closes it.
