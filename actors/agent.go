@@ -116,6 +116,17 @@ func (c Config) gateways() []netip.Addr {
 	return out
 }
 
+// podRanges returns the configured pod ranges.
+func (c Config) podRanges() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{c.IPAM.IPv4, c.IPAM.IPv6} {
+		if p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // Validate names the bad field.
 func (c Config) Validate() error {
 	if err := c.IPAM.Validate(); err != nil {
@@ -248,7 +259,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d := a.deps
 	d.pool = spawn("datapath", &MailboxStats{}, func() actor.Actor { return newPoolActor(a.cfg.Pool, a.log) })
 	d.ipam = spawn("ipam", &MailboxStats{}, func() actor.Actor { return newIPAMActor(a.cfg.IPAM, d.writer, a.log) })
-	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways()) })
+	d.ipcache = spawn("ipcache", &MailboxStats{}, func() actor.Actor { return newIPCacheActor(d, a.cfg.gateways(), a.cfg.podRanges()) })
 	// The manager is spawned after the policy actor; its PID is known by name.
 	manager := actor.NewPID(ctx.ActorSystem().Address(), ctx.Self().Id+"/endpoints")
 	d.policy = spawn("policy", &MailboxStats{}, func() actor.Actor {

@@ -92,8 +92,12 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 }
 
 // releaseLeases ends the IP lease (releasing the addresses unless
-// NoIPRelease) and the identity reference (unless NoIdentityRelease), then
-// the endpoint is disconnected.
+// NoIPRelease, which keeps them reserved for their owner) and the identity
+// reference this actor holds, then the endpoint is disconnected. The
+// identity actor drops only a reference this actor took, which is what
+// Cilium's NoIdentityRelease protects (a restored endpoint cleaned up
+// before it re-acquired its identity must not drop another's reference),
+// so the flag needs no path of its own and never leaks a reference.
 func (a *endpointActor) releaseLeases(ctx actor.Context) {
 	done := func() {
 		var err error
@@ -104,7 +108,7 @@ func (a *endpointActor) releaseLeases(ctx actor.Context) {
 	}
 	next := func() {
 		if a.ep.Identity != 0 && !a.ep.Identity.IsReserved() {
-			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self(), Keep: a.ep.Deleting.NoIdentityRelease}
+			msg := &messages.IdentityRelease{ID: a.ep.Identity, Holder: ctx.Self()}
 			a.request(ctx, a.deps.identity, msg, a.deps.cfg.RequestTimeout, func(any, error) { done() })
 			return
 		}

@@ -250,6 +250,12 @@ func (s *System) RunGC(ctx context.Context) (datapath.GCReport, error) {
 // entries (sent once restore re-created every endpoint).
 func (s *System) PruneIPCache() { s.Actors.Root.Send(s.ipcache, &messages.IPCachePrune{}) }
 
+// HostAddrChanged tells the ipcache that the host netns gained or lost an
+// address (the datapath's address watcher calls it); it never blocks.
+func (s *System) HostAddrChanged(addr netip.Addr, deleted bool) {
+	s.Actors.Root.Send(s.ipcache, &messages.IPCacheHostAddr{Addr: addr, Deleted: deleted})
+}
+
 // EndpointActorPath is the registry path of endpoint actor name
 // ("ep-12"), for System.Registry().Get.
 func (s *System) EndpointActorPath(name string) string { return s.endpoints.Id + "/" + name }

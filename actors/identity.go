@@ -53,7 +53,7 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		id, isNew, err := a.acquire(ctx, msg)
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})
 	case *messages.IdentityRelease:
-		released, err := a.release(ctx, msg.ID, msg.Holder.Id, msg.Keep)
+		released, err := a.release(ctx, msg.ID, msg.Holder.Id)
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityReleased{Released: released, Err: err})
 	case *crashForTest:
 		panic("crash requested by a test")
@@ -68,7 +68,7 @@ func (a *identityActor) Receive(ctx actor.Context) {
 // actor still held.
 func (a *identityActor) holderStopped(ctx actor.Context, who *actor.PID) {
 	for _, id := range slices.Clone(a.holders[who.Id]) {
-		if _, err := a.release(ctx, id, who.Id, false); err != nil {
+		if _, err := a.release(ctx, id, who.Id); err != nil {
 			a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", who.Id, "err", err)
 		}
 	}
@@ -146,7 +146,11 @@ func (a *identityActor) allocate(msg *messages.IdentityAcquire) (identity.Identi
 	return a.alloc.Allocate(msg.Labels)
 }
 
-func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, holder string, keep bool) (bool, error) {
+// release drops holder's reference on id. It drops only a reference holder
+// holds (a lease): a holder that never acquired id, or already released
+// it, changes nothing, so no caller can drop a reference another holder
+// took, and every reference a holder took is dropped exactly once.
+func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, holder string) (bool, error) {
 	if id.IsReserved() || id == identity.IdentityUnknown {
 		return false, nil
 	}
@@ -160,10 +164,6 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		a.holders[holder] = rest
 	}
 	a.batch.delKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id, holder), &index.IdentityLease{ID: id, Holder: holder})
-	if keep {
-		a.log.Info("identity reference detached, not released (NoIdentityRelease)", "identity", id, "holder", holder)
-		return false, nil
-	}
 	var ls labels.Labels
 	if cur, ok := a.alloc.Lookup(id); ok {
 		ls = cur.Labels

@@ -76,7 +76,8 @@ type ipamActor struct {
 	rows    map[netip.Addr]*index.IP
 	holders map[string][]netip.Addr // holder PID ID -> claimed IPs (one or two)
 	// unclaimed holds when each allocated but unclaimed address was handed
-	// out, for the expiry sweep.
+	// out, for the expiry sweep; addresses kept for their owner by a
+	// delete with NoIPRelease (row.Kept) are never in it.
 	unclaimed map[netip.Addr]time.Time
 	sweep     *time.Timer
 	batch     batcher
@@ -148,9 +149,10 @@ func (a *ipamActor) rebuild(ctx actor.Context) {
 			continue
 		}
 		a.rows[row.IP] = row
-		if row.Holder != "" {
+		switch {
+		case row.Holder != "":
 			a.hold(ctx, row.Holder, row.IP)
-		} else {
+		case !row.Kept:
 			a.unclaimed[row.IP] = time.Now()
 		}
 	}
@@ -275,7 +277,7 @@ func (a *ipamActor) claim(ctx actor.Context, msg *messages.IPAMClaim) error {
 			row = &index.IP{IP: ip, Family: string(r.Family()), Owner: msg.Owner}
 		}
 		c := *row
-		c.Endpoint, c.Holder = msg.Endpoint, msg.Holder.Id
+		c.Endpoint, c.Holder, c.Kept = msg.Endpoint, msg.Holder.Id, false
 		a.record(ctx, &c)
 		a.hold(ctx, c.Holder, ip)
 		delete(a.unclaimed, ip)
@@ -293,11 +295,14 @@ func (a *ipamActor) unclaim(ctx actor.Context, msg *messages.IPAMUnclaim) {
 			a.drop(ctx, row.IP)
 			continue
 		}
+		// NoIPRelease: the caller provided the address and releases it
+		// (Cilium's meaning), so it stays reserved for its owner
+		// without expiry.
 		a.unhold(row.Holder, row.IP)
 		c := *row
-		c.Endpoint, c.Holder = 0, ""
+		c.Endpoint, c.Holder, c.Kept = 0, "", true
 		a.record(ctx, &c)
-		a.unclaimed[row.IP] = time.Now()
+		delete(a.unclaimed, row.IP)
 	}
 }
 

@@ -34,8 +34,11 @@ const (
 type ipcacheActor struct {
 	deps     *endpointDeps
 	gateways []netip.Addr
-	log      *slog.Logger
-	batch    batcher
+	// ranges are the pod ranges: host address changes inside them are
+	// not the host's to claim (gateways, endpoints).
+	ranges []netip.Prefix
+	log    *slog.Logger
+	batch  batcher
 
 	// entries are the desired rows (immutable, shared with the index).
 	// What the datapath holds is not tracked (heap per endpoint): every
@@ -59,9 +62,26 @@ type ipcacheOp struct {
 	err    error
 }
 
-func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr) *ipcacheActor {
+func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr, ranges []netip.Prefix) *ipcacheActor {
 	l := deps.log.With("actor", "ipcache")
-	return &ipcacheActor{deps: deps, gateways: gateways, log: l, batch: newBatcher(deps.writer, l)}
+	return &ipcacheActor{deps: deps, gateways: gateways, ranges: ranges, log: l, batch: newBatcher(deps.writer, l)}
+}
+
+// hostAddr claims (or drops) a host address as the host identity. The
+// claim is the reserved source's, like the gateways' and the addresses
+// found at start.
+func (a *ipcacheActor) hostAddr(ctx actor.Context, msg *messages.IPCacheHostAddr) {
+	ip := msg.Addr.Unmap()
+	if !ip.IsValid() || slices.ContainsFunc(a.ranges, func(r netip.Prefix) bool { return r.Contains(ip) }) {
+		return
+	}
+	p := netip.PrefixFrom(ip, ip.BitLen())
+	if msg.Deleted {
+		a.drop(ctx, p, func(c index.IPCacheClaim) bool { return c.Source == index.SourceReserved })
+	} else {
+		a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
+	}
+	a.sync(ctx)
 }
 
 // Receive implements actor.Actor.
@@ -93,6 +113,8 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 			a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceCIDRPolicy, Identity: id})
 		}
 		a.sync(ctx)
+	case *messages.IPCacheHostAddr:
+		a.hostAddr(ctx, msg)
 	case *messages.IPCachePrune:
 		if _, ok := a.deps.dp.(datapath.IPCacheSyncer); ok {
 			a.prune = true

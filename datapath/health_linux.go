@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/datapath/nsmount"
 )
 
 var _ HealthDatapath = (*Linux)(nil)
@@ -230,14 +231,7 @@ func createNetns(path string) error {
 }
 
 // removeNetns unmounts and removes the bind mount at path; a missing one
-// is success.
-func removeNetns(path string) error {
-	err := unix.Unmount(path, unix.MNT_DETACH)
-	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount netns %s: %w", path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove netns %s: %w", path, err)
-	}
-	return nil
-}
+// is success. Container runtimes make mount namespaces all the time, and
+// their copies of the mount can stack on it by propagation, so this is
+// nsmount.Remove (every stacked mount, retried while busy).
+func removeNetns(path string) error { return nsmount.Remove(path) }

@@ -51,6 +51,8 @@ type LinuxConfig struct {
 	// (netlink) even where TCX works; the fallback is otherwise used only
 	// when the kernel lacks TCX. For tests of the fallback.
 	ForceLegacyTC bool
+	// CTGC configures the conntrack garbage collector (CTGCConfig).
+	CTGC CTGCConfig
 }
 
 // Defaults of LinuxConfig.
@@ -72,6 +74,7 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	if c.BPFFS == "" {
 		c.BPFFS = DefaultBPFFS
 	}
+	c.CTGC = c.CTGC.WithDefaults()
 	return c
 }
 
@@ -82,6 +85,9 @@ func (c LinuxConfig) Validate() error {
 	}
 	if !filepath.IsAbs(c.BPFFS) || filepath.Clean(c.BPFFS) == "/" {
 		return fmt.Errorf("linux datapath: BPFFS %q: want an absolute path below /: %w", c.BPFFS, ErrInvalidConfig)
+	}
+	if err := c.CTGC.Validate(); err != nil {
+		return err
 	}
 	for _, gw := range c.Gateways {
 		if !gw.IsValid() {
@@ -113,4 +119,11 @@ type LinuxHooks struct {
 	// (a slow OnDrop delays later notifications; the kernel discards
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
+}
+
+// HostAddrChange is an address of the host netns added or removed
+// (Linux.WatchHostAddrs).
+type HostAddrChange struct {
+	Addr    netip.Addr
+	Deleted bool
 }

@@ -43,6 +43,11 @@ type Linux struct {
 	closed  bool
 
 	gc linuxGC // GC's two-pass bookkeeping (own lock)
+
+	// ctStats is the conntrack collector's (guarded by mu); ctStop ends
+	// its goroutine (closed by Close; nil: not started).
+	ctStats CTGCStats
+	ctStop  chan struct{}
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -115,6 +120,10 @@ func (l *Linux) initBPF() error {
 		}
 		l.bpf = b
 		go l.readDrops(b.events)
+		if l.cfg.CTGC.Interval > 0 {
+			l.ctStop = make(chan struct{})
+			go l.ctGCLoop(l.ctStop)
+		}
 	}
 	for _, gw := range l.cfg.Gateways {
 		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost); err != nil {
@@ -196,6 +205,9 @@ func (l *Linux) Close() error {
 		return nil
 	}
 	l.closed = true
+	if l.ctStop != nil {
+		close(l.ctStop)
+	}
 	var due []*teardown
 	for _, t := range l.pending {
 		if t.timer.Stop() {

@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 )
@@ -17,3 +18,8 @@ func NewLinux(cfg LinuxConfig, log *slog.Logger) (*Linux, error) {
 
 // SetHooks does nothing on platforms other than Linux.
 func (l *Linux) SetHooks(LinuxHooks) {}
+
+// WatchHostAddrs returns ErrNotSupported on platforms other than Linux.
+func (l *Linux) WatchHostAddrs(context.Context, func(HostAddrChange)) error {
+	return fmt.Errorf("watch host addresses: %w", ErrNotSupported)
+}

@@ -25,13 +25,12 @@ type IdentityAcquired struct {
 	Err      error
 }
 
-// IdentityRelease drops Holder's reference on an identity. With Keep
-// (delete with NoIdentityRelease) the reference is detached from Holder but
-// not dropped. Reply: *IdentityReleased.
+// IdentityRelease drops Holder's reference on an identity; a Holder that
+// holds none (never acquired it, or released it already) changes
+// nothing. Reply: *IdentityReleased.
 type IdentityRelease struct {
 	ID     identity.NumericIdentity
 	Holder *actor.PID
-	Keep   bool
 }
 
 // IdentityReleased answers IdentityRelease.

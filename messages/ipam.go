@@ -59,8 +59,9 @@ type IPAMClaim struct {
 }
 
 // IPAMUnclaim ends an endpoint's lease: with Release the addresses are
-// freed, without it (delete with NoIPRelease) they stay allocated to their
-// owner and are no longer watched. Reply: *IPAMResult.
+// freed, without it (delete with NoIPRelease) they stay reserved for their
+// owner, without expiry, until released or claimed again. Reply:
+// *IPAMResult.
 type IPAMUnclaim struct {
 	Endpoint endpoint.ID
 	IPs      []netip.Addr

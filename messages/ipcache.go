@@ -30,3 +30,12 @@ type IPCacheCIDRs struct {
 // has re-created every endpoint (whose claims then precede it in the
 // actor's mailbox). No reply.
 type IPCachePrune struct{}
+
+// IPCacheHostAddr tells the ipcache actor that the host netns gained
+// (or, with Deleted, lost) an address: the host identity's while the
+// host has it. Addresses inside the pod ranges are ignored (gateways and
+// endpoints claim those). No reply.
+type IPCacheHostAddr struct {
+	Addr    netip.Addr
+	Deleted bool
+}

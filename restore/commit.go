@@ -33,6 +33,8 @@ type result struct {
 	// trash holds the directories a removal moved to the trash.
 	trash  [2]trashEntry
 	ntrash int
+	// quarantined says a quarantine request found state and moved it.
+	quarantined bool
 }
 
 // newBatch takes the batch kept for reuse (or makes one) for group.
@@ -111,6 +113,8 @@ func (s *Store) apply(b *batch, flushErr error) {
 			res.err = flushErr
 		case r.data != nil:
 			res.err = s.swap(r.id)
+		case r.quarantine:
+			res.err = s.quarantineState(r.id, res)
 		default:
 			res.err = s.remove(r.id, res)
 		}
@@ -122,6 +126,9 @@ func (s *Store) apply(b *batch, flushErr error) {
 func (s *Store) finish(b *batch, flushErr error) {
 	for _, r := range b.group {
 		err := b.res[b.last[r.id]].err // a superseded request shares the outcome of the last
+		if r.moved != nil {
+			*r.moved = b.res[b.last[r.id]].quarantined
+		}
 		if err == nil {
 			err = flushErr
 		}

@@ -26,13 +26,17 @@ const (
 	trashDir = "trash"
 )
 
-// request is one queued write (data != nil) or removal.
+// request is one queued write (data != nil), removal or quarantine.
 type request struct {
 	id     endpoint.ID
 	data   []byte  // ep.json
 	header []byte  // ep_config.h
 	buf    *[]byte // the pooled buffer data and header are in
 	done   func(error)
+	// quarantine moves the state into the quarantine instead of the
+	// trash; moved (set before done runs) says whether there was state.
+	quarantine bool
+	moved      *bool
 }
 
 // Stats counts the store's work.

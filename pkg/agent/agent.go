@@ -23,6 +23,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -126,7 +127,9 @@ type Agent struct {
 	lis     net.Listener
 	served  chan error
 	stopCNI context.CancelFunc // stops the delete queue drainer
-	store   *restore.Store
+	// stopAddrs stops following the host's addresses (nil: not followed).
+	stopAddrs context.CancelFunc
+	store     *restore.Store
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
 	stopErr  error
@@ -226,8 +229,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := a.restore(context.Background()); err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
-	cfg.API.Metrics.SetRestoreDuration(a.restoreStats.Leases)
+	rs := a.restoreStats
+	cfg.API.Metrics.SetRestoreDuration(rs.Leases)
+	cfg.API.Metrics.SetRestoreCounts(rs.Found, rs.Restored, rs.Invalid, rs.Refused, rs.Quarantined)
+	srv.SetRestore(models.RestoreStatus{Found: rs.Found, Restored: rs.Restored, Invalid: rs.Invalid,
+		Refused: rs.Refused, Quarantined: rs.Quarantined})
 	a.stopCNI = a.startDeleteQueue()
+	a.watchHostAddrs(linux)
 	// The collector starts once the index holds every restored endpoint;
 	// the kernel ipcache is pruned once every restored endpoint claimed
 	// its addresses (entries of endpoints deleted while no agent ran go).
@@ -252,6 +260,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
+	if a.stopAddrs != nil {
+		a.stopAddrs()
+	}
 	if a.health != nil {
 		a.health.Stop()
 	}
@@ -268,6 +279,24 @@ func (a *Agent) stop(ctx context.Context) error {
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
+}
+
+// watchHostAddrs follows the host netns's addresses (Linux datapath): an
+// address added later is the host identity in the ipcache, not world, and
+// a removed one stops being the host's. The watcher's callback only sends
+// a message, so it never blocks an actor or the watcher.
+func (a *Agent) watchHostAddrs(linux *datapath.Linux) {
+	if linux == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sys := a.System
+	if err := linux.WatchHostAddrs(ctx, func(c datapath.HostAddrChange) { sys.HostAddrChanged(c.Addr, c.Deleted) }); err != nil {
+		cancel()
+		a.log.Error("not following host addresses; addresses added from now on are world until restart", "err", err)
+		return
+	}
+	a.stopAddrs = cancel
 }
 
 // PolicyFile is the name of the policy file in the state directory.

@@ -47,6 +47,9 @@ func (a *Agent) Crash() {
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
+	if a.stopAddrs != nil {
+		a.stopAddrs()
+	}
 	if a.health != nil {
 		a.health.Stop() // a killed agent's responder socket closes
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
@@ -31,10 +32,14 @@ type RevisionReporter interface {
 // RestoreStats says what the last restore did.
 type RestoreStats struct {
 	// Found is how many state directories were read; Restored how many
-	// endpoints came back; Invalid how many failed validation or their
-	// leases (deleted without releasing their IP); Quarantined how many
-	// directories were unreadable.
-	Found, Restored, Invalid, Quarantined int
+	// endpoints came back; Invalid how many failed validation (their
+	// datapath did not survive: deleted without releasing their IP);
+	// Refused how many the actors refused (a conflict with another
+	// endpoint's ID, container or address, or leases that could not be
+	// taken again); Quarantined how many directories were moved to
+	// <state-dir>/quarantine/ (unreadable, or refused), where no later
+	// start reads them.
+	Found, Restored, Invalid, Refused, Quarantined int
 	// Leases is how long it took until every restored endpoint held its IP
 	// and identity again (the API turns ready after it).
 	Leases time.Duration
@@ -72,10 +77,21 @@ func (a *Agent) restore(ctx context.Context) error {
 		}
 		st.Restored = len(r.Restored)
 		for id, err := range r.Failed {
-			st.Invalid++
-			a.log.Warn("endpoint could not be restored; deleted without releasing its IP", "endpoint", id, "err", err)
+			st.Refused++
 			if errors.Is(err, context.DeadlineExceeded) {
 				return fmt.Errorf("restore endpoints: %w", err)
+			}
+			moved, qerr := a.quarantine(id)
+			switch {
+			case qerr != nil:
+				a.log.Error("endpoint refused at restore; its state could not be quarantined and may come back at the next start",
+					"endpoint", id, "refused", err, "err", qerr)
+			case moved:
+				st.Quarantined++
+				a.log.Error("endpoint refused at restore; state quarantined", "endpoint", id, "err", err,
+					"quarantine", filepath.Join(a.store.Dir(), "quarantine"))
+			default: // its actor deleted it, state included
+				a.log.Warn("endpoint refused at restore; deleted without releasing its IP", "endpoint", id, "err", err)
 			}
 		}
 	}
@@ -83,7 +99,7 @@ func (a *Agent) restore(ctx context.Context) error {
 	a.restoreStats = st
 	if st.Found > 0 {
 		a.log.Info("restored endpoints", "found", st.Found, "restored", st.Restored, "invalid", st.Invalid,
-			"quarantined", st.Quarantined, "duration", st.Leases)
+			"refused", st.Refused, "quarantined", st.Quarantined, "duration", st.Leases)
 	}
 	return nil
 }
@@ -109,6 +125,19 @@ func (a *Agent) discard(ctx context.Context, ep *endpoint.Endpoint) {
 	if err := <-done; err != nil {
 		a.log.Error("removing endpoint state failed", "endpoint", ep.ID, "err", err)
 	}
+}
+
+// quarantine moves a refused endpoint's state aside (durably) and
+// reports whether there was any.
+func (a *Agent) quarantine(id endpoint.ID) (bool, error) {
+	type answer struct {
+		moved bool
+		err   error
+	}
+	done := make(chan answer, 1)
+	a.store.Quarantine(id, func(moved bool, err error) { done <- answer{moved, err} })
+	r := <-done
+	return r.moved, r.err
 }
 
 // RestoreStats returns what the restore at Start did.

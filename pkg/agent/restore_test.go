@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -311,5 +312,68 @@ func TestRestoreSkipsIntactEndpoints(t *testing.T) {
 	}
 	if got, _ := fake.Realized(behind); got <= rev {
 		t.Errorf("endpoint %d realised at %d after restore, want above %d", behind, got, rev)
+	}
+}
+
+// TestRestoreConflictQuarantined: state that reads fine but is refused at
+// restore (its address duplicates another endpoint's) is moved to the
+// quarantine and counted in the restore stats, GET /v1/status and
+// /metrics; a later start does not bring it back.
+func TestRestoreConflictQuarantined(t *testing.T) {
+	env := newRestoreEnv(t)
+	a, c := env.start(t, nil)
+	first := addPod(t, c, "first", "a", true)
+	dup := addPod(t, c, "dup", "b", true)
+	stop(t, a)
+
+	// dup's state now claims first's address (a higher ID: restored after first).
+	dir := env.cfg.StateDir
+	statePath := filepath.Join(dir, fmt.Sprint(dup.ID), "ep.json")
+	data, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.ReplaceAll(string(data), `"`+dup.Addressing.IPv4+`"`, `"`+first.Addressing.IPv4+`"`)
+	if edited == string(data) {
+		t.Fatalf("address %s not found in %s", dup.Addressing.IPv4, data)
+	}
+	if err := os.WriteFile(statePath, []byte(edited), 0o640); err != nil {
+		t.Fatal(err)
+	}
+
+	a2, c2 := env.start(t, nil)
+	if st := a2.RestoreStats(); st.Restored != 1 || st.Refused != 1 || st.Quarantined != 1 {
+		t.Fatalf("restore stats %+v, want 1 restored, 1 refused and quarantined", st)
+	}
+	waitReady(t, c2, "container-id:first")
+	if _, err := os.Stat(filepath.Join(dir, fmt.Sprint(dup.ID))); !os.IsNotExist(err) {
+		t.Fatalf("refused state still in the state directory: %v", err)
+	}
+	q, _ := os.ReadDir(filepath.Join(dir, "quarantine"))
+	if len(q) != 1 || !strings.HasPrefix(q[0].Name(), fmt.Sprint(dup.ID)+"-") {
+		t.Fatalf("quarantine holds %v, want the refused endpoint's state", q)
+	}
+	st, err := c2.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Restore == nil || st.Restore.Refused != 1 || st.Restore.Quarantined != 1 || st.Restore.Restored != 1 {
+		t.Fatalf("status restore %+v, want 1 restored, 1 refused, 1 quarantined", st.Restore)
+	}
+	m := httptest.NewRecorder()
+	a2.Metrics().Handler().ServeHTTP(m, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range []string{`membrane_restore_endpoints{result="refused"} 1`, `membrane_restore_endpoints{result="quarantined"} 1`} {
+		if !strings.Contains(m.Body.String(), line) {
+			t.Errorf("metrics lack %q", line)
+		}
+	}
+	stop(t, a2)
+
+	a3, c3 := env.start(t, nil)
+	if st := a3.RestoreStats(); st.Found != 1 || st.Restored != 1 || st.Refused != 0 {
+		t.Fatalf("restore stats after another restart %+v, want only first's state", st)
+	}
+	if _, err := c3.EndpointGet(context.Background(), "container-id:dup"); err == nil {
+		t.Fatalf("refused endpoint came back after another restart")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -63,7 +64,14 @@ func CreateNS(name string) (*NS, error) {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
-	path := filepath.Join(netnsDir, name)
+	return CreateNSAt(filepath.Join(netnsDir, name))
+}
+
+// CreateNSAt creates a network namespace kept alive by a bind mount at
+// path (a file it creates; the directory must exist), named after the
+// file, with its loopback up. The caller removes it with Remove.
+func CreateNSAt(path string) (*NS, error) {
+	name := filepath.Base(path)
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
@@ -105,17 +113,52 @@ func unshareAndMount(path string) error {
 	return nil
 }
 
-// Remove unmounts and deletes the namespace. Removing a removed one is
-// success.
+// Remove unmounts and deletes the namespace: every stacked mount,
+// lazily, retried while busy, so copies of the mount in other mount
+// namespaces do not stop it. Removing a removed one is success; an error
+// means the namespace's file is still there. (The same steps as
+// datapath/nsmount.Remove, which testutil may not import.)
 func (ns *NS) Remove() error {
-	err := unix.Unmount(ns.Path, unix.MNT_DETACH)
-	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount %s: %w", ns.Path, err)
+	var last error
+	wait := time.Millisecond
+	for i := range removeAttempts {
+		if i > 0 {
+			time.Sleep(wait)
+			wait = min(2*wait, 100*time.Millisecond)
+		}
+		if err := unmountAll(ns.Path); err != nil {
+			last = err
+			continue
+		}
+		err := os.Remove(ns.Path)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("remove netns %s: %w", ns.Path, err)
+		}
+		last = err
 	}
-	if err := os.Remove(ns.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", ns.Path, err)
+	return fmt.Errorf("remove netns %s: still mounted after %d attempts: %w", ns.Path, removeAttempts, last)
+}
+
+// removeAttempts bounds NS.Remove's retries while the path is busy.
+const removeAttempts = 8
+
+// unmountAll lazily unmounts path until it is no mount point (at most 16
+// stacked mounts).
+func unmountAll(path string) error {
+	for range 16 {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		default:
+			return fmt.Errorf("unmount netns %s: %w", path, err)
+		}
 	}
-	return nil
+	return fmt.Errorf("unmount netns %s: more than 16 mounts stacked: %w", path, unix.EBUSY)
 }
 
 // Handle opens the namespace; the caller closes it.

@@ -52,7 +52,10 @@ func newCNIDriver(t *testing.T, host *testutil.NS, ap *agentProc) *cniDriver {
 		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(ap.dir, "cni-cache"), exec)}
 	t.Cleanup(func() {
 		for _, ns := range d.nss {
-			_ = ns.Remove()
+			// Removed already after a DEL; an error means it leaked.
+			if err := ns.Remove(); err != nil {
+				t.Errorf("pod netns leaked: %v", err)
+			}
 		}
 	})
 	return d

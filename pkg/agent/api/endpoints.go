@@ -338,7 +338,11 @@ func (s *Server) endpointHealth(w http.ResponseWriter, r *http.Request) {
 	h.Healthy = err == nil && ep.State == endpoint.StateReady
 	status := http.StatusOK
 	if !h.Healthy {
-		status = http.StatusServiceUnavailable
+		// A 503 body is the health and the API's error shape at once.
+		status, h.Code = http.StatusServiceUnavailable, CodeUnhealthy
+		if h.Message == "" {
+			h.Message = fmt.Sprintf("endpoint %d is %s, not ready", ep.ID, ep.State)
+		}
 	}
 	writeJSON(w, status, h)
 }

@@ -34,6 +34,7 @@ const (
 	CodeMethodNotAllowed  = "method-not-allowed"     // 405
 	CodeRequestTooLarge   = "request-too-large"      // 413
 	CodeBodyTimeout       = "request-timeout"        // 408: the body did not arrive within the body timeout
+	CodeUnhealthy         = "endpoint-unhealthy"     // 503: GET /v1/endpoint/{id}/healthz of an unhealthy endpoint
 )
 
 // apiError is an error with its HTTP status and code.

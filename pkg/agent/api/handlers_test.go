@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -165,6 +166,18 @@ func expectError(tb testing.TB, r response, status int, code, inMessage string) 
 	}
 	if inMessage != "" && !strings.Contains(e.Message, inMessage) {
 		tb.Errorf("message %q does not mention %q", e.Message, inMessage)
+	}
+}
+
+// expectErrorFields checks that a body carrying more than an error (a
+// 503 status or health answer) still decodes as the API's error with code
+// and a message.
+func expectErrorFields(tb testing.TB, r response, code string) {
+	tb.Helper()
+	var e models.Error
+	decodeInto(tb, r, &e)
+	if e.Code != code || e.Message == "" {
+		tb.Errorf("body %s decodes as error %+v, want code %q and a message", r.body, e, code)
 	}
 }
 
@@ -430,6 +443,8 @@ func TestStarting(t *testing.T) {
 		if r.status != http.StatusServiceUnavailable || st.State != "starting" {
 			t.Errorf("GET /v1/status while starting = %d %+v", r.status, st)
 		}
+		// The 503 body is also the API's error shape with its code.
+		expectErrorFields(t, r, api.CodeStarting)
 	})
 	srv.SetReady()
 	t.Run("ready", func(t *testing.T) {
@@ -603,6 +618,7 @@ func TestEndpointHappyPaths(t *testing.T) {
 		if r.status != http.StatusServiceUnavailable || hh.Healthy || hh.Datapath != "error" || hh.Message == "" {
 			t.Fatalf("health of a vanished datapath = %d %+v", r.status, hh)
 		}
+		expectErrorFields(t, r, api.CodeUnhealthy)
 		if _, err := e.client.EndpointRegenerate(ctx, fmt.Sprint(web.ID)); err != nil { // realise it again
 			t.Fatal(err)
 		}
@@ -889,4 +905,62 @@ func TestDatapathFailure(t *testing.T) {
 	if r := e.do(t, "GET", "/v1/endpoint/container-id:c-broken", ""); r.status != http.StatusNotFound {
 		t.Errorf("endpoint after a failed sync PUT: %d %s", r.status, r.body)
 	}
+}
+
+// TestListenRefusesNonSocket: a path that names a regular file, a
+// directory or a symlink is refused with ErrNotSocket and left as it was;
+// a stale socket is replaced.
+func TestListenRefusesNonSocket(t *testing.T) {
+	base := t.TempDir()
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "dir")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, path, kind string }{
+		{"regular file", file, "regular file"},
+		{"directory", dir, "directory"},
+		{"symlink", link, "symlink"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before, err := os.Lstat(tt.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := api.Listen(tt.path, 0o660)
+			if err == nil {
+				l.Close()
+				t.Fatalf("Listen on a %s succeeded", tt.kind)
+			}
+			if !errors.Is(err, api.ErrNotSocket) || !strings.Contains(err.Error(), tt.kind) {
+				t.Fatalf("Listen on a %s = %v, want ErrNotSocket naming it", tt.kind, err)
+			}
+			after, err := os.Lstat(tt.path)
+			if err != nil || !os.SameFile(before, after) || after.Mode() != before.Mode() {
+				t.Fatalf("%s changed: %v %v", tt.path, after, err)
+			}
+		})
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "precious" {
+		t.Fatalf("file content %q, %v", b, err)
+	}
+	t.Run("stale socket", func(t *testing.T) {
+		path := filepath.Join(base, "s.sock")
+		l, err := api.Listen(path, 0o660)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close() // leaves the file: a stale socket
+		if l, err = api.Listen(path, 0o660); err != nil {
+			t.Fatalf("Listen over a stale socket: %v", err)
+		}
+		l.Close()
+	})
 }

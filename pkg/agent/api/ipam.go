@@ -192,12 +192,16 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.health.Load(); fn != nil {
 		st.Health = (*fn)()
 	}
+	st.Restore = s.restore.Load()
 	status := http.StatusOK
+	// A 503 body is the status and the API's error shape at once.
 	switch {
 	case s.closing.Load():
 		st.State, st.Message, status = "stopping", "agent is shutting down", http.StatusServiceUnavailable
+		st.Code = CodeShuttingDown
 	case !s.ready.Load():
 		st.State, st.Message, status = "starting", "restoring endpoints", http.StatusServiceUnavailable
+		st.Code = CodeStarting
 	}
 	writeJSON(w, status, st)
 }

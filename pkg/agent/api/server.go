@@ -27,6 +27,10 @@ import (
 var (
 	// ErrSocketInUse is returned by Listen when another process serves the socket.
 	ErrSocketInUse = errors.New("socket in use by another process")
+	// ErrNotSocket is returned by Listen when the path names something
+	// other than a unix socket (a regular file, a directory, a symlink),
+	// which Listen never removes.
+	ErrNotSocket = errors.New("exists and is not a unix socket")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid api config")
 )
@@ -83,10 +87,14 @@ type Server struct {
 	streamsDone chan struct{}
 	closeOnce   sync.Once
 	health      atomic.Pointer[func() *models.HealthStatus]
+	restore     atomic.Pointer[models.RestoreStatus]
 }
 
 // SetHealth installs the health endpoint's status for GET /v1/status.
 func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
+
+// SetRestore installs what the restore at start did, for GET /v1/status.
+func (s *Server) SetRestore(st models.RestoreStatus) { s.restore.Store(&st) }
 
 // New creates a server for sys. It refuses mutating calls until SetReady.
 func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
@@ -345,9 +353,17 @@ func writeError(w http.ResponseWriter, err error) {
 
 // Listen opens the unix socket at path with the given mode, removing a
 // stale socket file left by a previous agent. Returns ErrSocketInUse if
-// another process answers on it.
+// another process answers on it and ErrNotSocket if path exists and is not
+// a socket (it is left untouched).
 func Listen(path string, mode os.FileMode) (net.Listener, error) {
-	if _, err := os.Stat(path); err == nil {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	case fi.Mode().Type() != os.ModeSocket:
+		return nil, fmt.Errorf("listen %s: a %s: %w", path, fileKind(fi.Mode()), ErrNotSocket)
+	default:
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("listen %s: %w", path, ErrSocketInUse)
@@ -381,12 +397,28 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: chmod: %w", path, err)
 	}
 	if tmp != path {
-		if err := os.Rename(tmp, path); err != nil {
+		// A link, not a rename: whatever appeared at path since the check
+		// above stays (EEXIST) instead of being replaced.
+		if err := os.Link(tmp, path); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("listen %s: %w", path, err)
 		}
 	}
 	return l, nil
+}
+
+// fileKind names what a non-socket path is, for Listen's refusal.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "regular file"
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeSymlink != 0:
+		return "symlink"
+	default:
+		return "special file"
+	}
 }
 
 // maxSocketPath is the size of sockaddr_un's sun_path on Linux,

@@ -40,6 +40,7 @@ type Metrics struct {
 	apiLatency *prometheus.HistogramVec
 	regen      *prometheus.HistogramVec
 	restore    prometheus.Gauge
+	restored   *prometheus.GaugeVec
 	drops      *prometheus.CounterVec
 	sampler    atomic.Pointer[func() Sample]
 
@@ -70,6 +71,11 @@ func New() *Metrics {
 		Namespace: Namespace, Name: "restore_duration_seconds",
 		Help: "How long the last restore at agent start took until every restored endpoint held its leases.",
 	})
+	m.restored = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "restore_endpoints",
+		Help: "What the last restore at agent start did with the endpoint state it found, by result " +
+			"(found, restored, invalid, refused, quarantined: moved to <state-dir>/quarantine/, never read again).",
+	}, []string{"result"})
 	m.drops = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "datapath", Name: "drop_notifications_total",
 		Help: "Drop notifications received from the endpoint programs by reason and direction " +
@@ -86,7 +92,7 @@ func New() *Metrics {
 	m.ipamFree = desc("ipam_free_addresses", "Free addresses per family.", "family")
 	m.identities = desc("identities", "Allocated security identities (reserved ones excluded).")
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.drops, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -112,6 +118,16 @@ func (m *Metrics) Drop(reason, direction string) {
 
 // SetRestoreDuration records the last restore's duration.
 func (m *Metrics) SetRestoreDuration(d time.Duration) { m.restore.Set(d.Seconds()) }
+
+// SetRestoreCounts records what the last restore did, by result.
+func (m *Metrics) SetRestoreCounts(found, restored, invalid, refused, quarantined int) {
+	for _, c := range []struct {
+		result string
+		n      int
+	}{{"found", found}, {"restored", restored}, {"invalid", invalid}, {"refused", refused}, {"quarantined", quarantined}} {
+		m.restored.WithLabelValues(c.result).Set(float64(c.n))
+	}
+}
 
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {

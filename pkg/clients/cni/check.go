@@ -50,7 +50,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return nil
 	case isNotFound(err):
 		return newError(CodeCheckFailed, "agent has no endpoint for container %s", args.ContainerID)
-	case errors.As(err, &ae) && ae.Code == "http-503":
+	case errors.As(err, &ae) && ae.Code == "endpoint-unhealthy":
 		// The health answer of an unhealthy endpoint: its body says why.
 		return newError(CodeCheckFailed, "endpoint of container %s is not healthy: %s", args.ContainerID, strings.TrimSpace(ae.Message))
 	}

@@ -94,6 +94,9 @@ type LabelsPatch struct {
 
 // EndpointHealth is the body of GET /v1/endpoint/{id}/healthz.
 type EndpointHealth struct {
+	// Code is "endpoint-unhealthy" when the answer is 503, so the body is
+	// also an Error (Message says why).
+	Code     string `json:"code,omitempty"`
 	ID       int64  `json:"id"`
 	State    string `json:"state"`
 	Healthy  bool   `json:"healthy"`
@@ -155,6 +158,9 @@ type IPAMStatus struct {
 
 // Status is the body of GET /v1/status.
 type Status struct {
+	// Code is the API's error code when the answer is not 200 (503
+	// "starting" or "shutting-down"), so the body is also an Error.
+	Code       string      `json:"code,omitempty"`
 	State      string      `json:"state"`
 	Message    string      `json:"message,omitempty"`
 	Datapath   string      `json:"datapath"`
@@ -165,6 +171,28 @@ type Status struct {
 	Started    time.Time   `json:"started"`
 	// Health is the health endpoint's state, as the agent last probed it.
 	Health *HealthStatus `json:"health,omitempty"`
+	// Restore is what the restore at the agent's start did (absent
+	// until it finished).
+	Restore *RestoreStatus `json:"restore,omitempty"`
+}
+
+// RestoreStatus counts what the restore at the agent's start did with the
+// endpoint state it found.
+type RestoreStatus struct {
+	// Found is how many state directories were read.
+	Found int `json:"found"`
+	// Restored is how many endpoints came back.
+	Restored int `json:"restored"`
+	// Invalid is how many did not survive the agent's absence (their
+	// datapath was gone) and were deleted.
+	Invalid int `json:"invalid"`
+	// Refused is how many the agent refused (a conflict with another
+	// endpoint's ID, container or address, or leases it could not take).
+	Refused int `json:"refused"`
+	// Quarantined is how many state directories were moved to
+	// <state-dir>/quarantine/ (unreadable or refused); no later start
+	// reads them.
+	Quarantined int `json:"quarantined"`
 }
 
 // HealthStatus reports the agent's health endpoint (its own netns with a

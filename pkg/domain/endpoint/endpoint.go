@@ -57,10 +57,16 @@ type Endpoint struct {
 
 // DeleteOptions are Cilium's endpoint delete options.
 type DeleteOptions struct {
-	// NoIPRelease keeps the endpoint's addresses allocated (to their owner).
+	// NoIPRelease keeps the endpoint's addresses reserved for their owner
+	// (the caller), without expiry, until the owner releases them
+	// (DELETE /v1/ipam/{ip}) or an endpoint claims them again.
 	NoIPRelease bool
-	// NoIdentityRelease keeps the endpoint's identity reference (detached
-	// from the endpoint, not dropped).
+	// NoIdentityRelease is Cilium's flag for a delete that must not drop
+	// an identity reference the endpoint did not take itself (a restored
+	// endpoint cleaned up before it re-acquired its identity). References
+	// are counted per holder, so a delete drops exactly the references
+	// the endpoint's actor took, with or without it: the flag never
+	// leaks a reference and never drops another endpoint's.
 	NoIdentityRelease bool
 }
 

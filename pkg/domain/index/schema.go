@@ -61,6 +61,10 @@ type IP struct {
 	Endpoint endpoint.ID
 	// Holder is the PID ID of the endpoint actor holding the lease ("" if none).
 	Holder string
+	// Kept marks an address a delete with NoIPRelease left reserved for
+	// its owner: it never expires; it ends with the owner's release or
+	// becomes an ordinary claim again.
+	Kept bool
 }
 
 // IdentityLease is a row of the identity-leases table: Holder (the PID ID
