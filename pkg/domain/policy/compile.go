@@ -232,6 +232,7 @@ func compileCIDR(c cidrRule, path string) (*CIDRSelector, error) {
 	}
 	slices.SortFunc(s.Except, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
 	s.Except = slices.Compact(s.Except)
+	s.key = s.buildKey()
 	return s, nil
 }
 
