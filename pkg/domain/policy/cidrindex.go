@@ -12,8 +12,8 @@ import (
 // one merge before the next query: an import adds all its prefixes
 // before it asks about any.
 type prefixSet struct {
-	sorted  []netip.Prefix             // ordered, may hold removed prefixes
-	added   []netip.Prefix             // not merged yet, unordered
+	sorted  []netip.Prefix            // ordered, may hold removed prefixes
+	added   []netip.Prefix            // not merged yet, unordered
 	removed map[netip.Prefix]struct{} // still in sorted or added
 }
 
