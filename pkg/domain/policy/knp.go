@@ -95,7 +95,11 @@ func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
 	case peer.IPBlock != nil && (peer.PodSelector != nil || peer.NamespaceSelector != nil):
 		return nil, fmt.Errorf("%s: ipBlock cannot be combined with podSelector or namespaceSelector", path)
 	case peer.IPBlock != nil:
-		return compileCIDR(*peer.IPBlock, path+".ipBlock")
+		s, err := compileCIDR(*peer.IPBlock)
+		if err != nil {
+			return nil, fmt.Errorf("%s.ipBlock%w", path, err)
+		}
+		return s, nil
 	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
 		return nil, fmt.Errorf("%s: needs podSelector, namespaceSelector or ipBlock", path)
 	case peer.NamespaceSelector == nil:
