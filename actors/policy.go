@@ -95,9 +95,6 @@ type persistState struct {
 	inflight []messages.Reply // answered after the running write
 }
 
-// policyWritten is the result of a policy file write.
-type policyWritten struct{ err error }
-
 func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID, restarted bool) *policyActor {
 	l := deps.log.With("actor", "policy")
 	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: newBatcher(deps.writer, l), restarted: restarted}
@@ -112,9 +109,7 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		a.dead = true
 		// Answer the waiters of a write this incarnation will not see end;
 		// the change itself is applied (and in the index).
-		for _, r := range append(a.persist.inflight, a.persist.pending...) {
-			a.batch.replies = append(a.batch.replies, r)
-		}
+		a.batch.replies = append(a.batch.replies, append(a.persist.inflight, a.persist.pending...)...)
 		a.dropQueued()
 		a.batch.flushAndWait()
 	case *flushIndex:
