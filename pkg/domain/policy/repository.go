@@ -29,7 +29,8 @@ type cachedSelector struct {
 	users int
 	// subjectOf lists the rules it is the subject of.
 	subjectOf []ruleRef
-	// peerOf counts, per policy key, the peer references to it.
+	// peerOf counts, per policy key, the peer references to it (nil
+	// until the first).
 	peerOf map[string]int
 }
 

@@ -20,7 +20,13 @@ func (r *Repository) register(p *Policy, affected idSet) {
 		cs := r.ref(rule.Subject)
 		cs.subjectOf = append(cs.subjectOf, ruleRef{policy: p, rule: i})
 		r.subjects[cs] = struct{}{}
-		forPeers(rule, func(s Selector) { r.ref(s).peerOf[key]++ })
+		forPeers(rule, func(s Selector) {
+			ps := r.ref(s)
+			if ps.peerOf == nil {
+				ps.peerOf = map[string]int{}
+			}
+			ps.peerOf[key]++
+		})
 		for id := range cs.ids {
 			affected[id] = struct{}{}
 		}
@@ -72,7 +78,7 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		return cs
 	}
 	r.serial++
-	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, peerOf: map[string]int{}, serial: r.serial}
+	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, serial: r.serial}
 	if c, ok := sel.(*CIDRSelector); ok {
 		cs.cidr = c
 		r.cidrPrefixes.inside(c.Prefix, func(p netip.Prefix) {
@@ -117,12 +123,19 @@ func (r *Repository) unref(sel Selector) {
 // identities are matched by their prefix, never by parsing their label.
 func (r *Repository) matches(cs *cachedSelector, id identity.NumericIdentity, ls labels.Labels) bool {
 	if p, ok := r.cidrIDs[id]; ok {
-		switch s := cs.sel.(type) {
-		case *CIDRSelector:
-			return s.selects(p)
-		case *EntitySelector:
-			return s.Entity == EntityWorld
-		}
+		return matchesCIDR(cs, p, ls)
+	}
+	return cs.sel.Matches(ls)
+}
+
+// matchesCIDR reports whether cs selects the CIDR identity of prefix p
+// with labels ls.
+func matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.Labels) bool {
+	switch s := cs.sel.(type) {
+	case *CIDRSelector:
+		return s.selects(p)
+	case *EntitySelector:
+		return s.Entity == EntityWorld
 	}
 	return cs.sel.Matches(ls)
 }
@@ -203,8 +216,16 @@ func (r *Repository) allocCIDR() identity.NumericIdentity {
 // it is world or cidr-labelled, before or after.
 func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, affected idSet) {
 	ls, present := r.ids[id]
+	p, isCIDR := r.cidrIDs[id]
 	check := func(cs *cachedSelector) {
-		m := present && r.matches(cs, id, ls)
+		var m bool
+		switch {
+		case !present:
+		case isCIDR:
+			m = matchesCIDR(cs, p, ls)
+		default:
+			m = cs.sel.Matches(ls)
+		}
 		_, had := cs.ids[id]
 		if len(cs.subjectOf) > 0 && (m || had) {
 			affected[id] = struct{}{}
@@ -222,7 +243,7 @@ func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, af
 	for cs := range r.otherSels {
 		check(cs)
 	}
-	if p, ok := r.cidrIDs[id]; ok {
+	if isCIDR {
 		r.cidrSels.containing(p, check)
 	} else if cidrLike(ls) || cidrLike(old) {
 		r.cidrSels.all(check)
