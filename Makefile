@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet lint clean install sim
 
 all: build
 
@@ -34,7 +34,20 @@ vet:
 generate:
 	$(GO) generate ./bpf/
 
-test: build vet
+# staticcheck at a pinned version, installed with go install into a
+# cache directory outside the tree when missing (a fresh CI machine
+# installs it once; a new version installs next to the old one).
+STATICCHECK_VERSION ?= v0.8.2
+TOOLS_DIR ?= $(HOME)/.cache/membrane/tools
+STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+
+$(STATICCHECK):
+	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(STATICCHECK)
+	$(STATICCHECK) ./...
+
+test: build vet lint
 	$(GO) test $(TESTFLAGS) ./...
 
 test-short:

@@ -84,6 +84,9 @@ func (c Config) withDefaults() Config {
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
 	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
+	if c.Policy.ImportStep == 0 {
+		c.Policy.ImportStep = 1000
+	}
 	return c
 }
 
@@ -141,6 +144,9 @@ func (c Config) Validate() error {
 		if d < 0 {
 			return fmt.Errorf("endpoint config: %s is negative: %w", name, ErrInvalidConfig)
 		}
+	}
+	if c.Policy.ImportStep < 0 {
+		return fmt.Errorf("policy config: ImportStep %d is negative: %w", c.Policy.ImportStep, ErrInvalidConfig)
 	}
 	if c.Pool.Workers < 0 || c.Pool.Workers > 1024 {
 		return fmt.Errorf("pool config: Workers %d outside 1..1024: %w", c.Pool.Workers, ErrInvalidConfig)

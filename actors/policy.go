@@ -42,7 +42,30 @@ type policyActor struct {
 	written uint64 // the revision last written to the index
 	persist persistState
 	req     requester
+	// staging is the import being prepared in steps (policyImportStep
+	// messages), nil when none; queued holds the imports and deletes
+	// that arrived meanwhile, run in order after it.
+	staging *stagedImport
+	queued  []policyOp
 }
+
+// policyOp is an import or delete with the PID its answer goes to.
+type policyOp struct {
+	msg    any
+	sender *actor.PID
+}
+
+// stagedImport is an import whose selectors are prepared a step at a
+// time, so that ComputePolicy (endpoint creation) and identity changes
+// are answered between the steps instead of waiting for a large import.
+type stagedImport struct {
+	op      policyOp
+	staging *policy.Staging
+}
+
+// policyImportStep makes the policy actor run the next step of its
+// staged import.
+type policyImportStep struct{}
 
 // PolicyConfig configures the policy actor.
 type PolicyConfig struct {
@@ -54,6 +77,10 @@ type PolicyConfig struct {
 	// imported when the index holds no policies yet.
 	Initial         []*policy.Policy
 	InitialRevision uint64
+	// ImportStep is how many selectors an import prepares per mailbox
+	// pass (default 1000): the requests that arrive meanwhile wait for
+	// one step, not for the whole import.
+	ImportStep int
 }
 
 // persistState coalesces policy file writes: one in flight; changes
@@ -64,9 +91,6 @@ type persistState struct {
 	pending  []messages.Reply // answered after the next write
 	inflight []messages.Reply // answered after the running write
 }
-
-// policyWritten is the result of a policy file write.
-type policyWritten struct{ err error }
 
 func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
 	l := deps.log.With("actor", "policy")
@@ -90,16 +114,16 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		a.req.drop()
 		// Answer the waiters of a write this incarnation will not see end;
 		// the change itself is applied (and in the index).
-		for _, r := range append(a.persist.inflight, a.persist.pending...) {
-			a.batch.replies = append(a.batch.replies, r)
-		}
+		a.batch.replies = append(a.batch.replies, append(a.persist.inflight, a.persist.pending...)...)
+		a.dropQueued()
 		a.batch.flush()
 	case *flushIndex:
 		a.batch.flush()
-	case *messages.PolicyImport:
-		a.doImport(ctx, msg)
-	case *messages.PolicyDelete:
-		a.doDelete(ctx, msg)
+	case *messages.PolicyImport, *messages.PolicyDelete:
+		a.queued = append(a.queued, policyOp{msg: msg, sender: ctx.Sender()})
+		a.runQueued(ctx)
+	case *policyImportStep:
+		a.importStep(ctx)
 	case *messages.ComputePolicy:
 		a.computePolicy(ctx, msg)
 	case *messages.IdentityChanged:
@@ -183,8 +207,62 @@ func (a *policyActor) reconcile(ctx actor.Context) {
 	}
 }
 
-func (a *policyActor) doImport(ctx actor.Context, msg *messages.PolicyImport) {
-	res := a.repo.Import(msg.Policies)
+// runQueued runs the queued imports and deletes in order until one is
+// staged.
+func (a *policyActor) runQueued(ctx actor.Context) {
+	for a.staging == nil && len(a.queued) > 0 {
+		op := a.queued[0]
+		a.queued = a.queued[1:]
+		switch msg := op.msg.(type) {
+		case *messages.PolicyImport:
+			s := a.repo.Stage(msg.Policies)
+			if s.Step(a.cfg.ImportStep) {
+				a.doImport(ctx, op, s)
+				continue
+			}
+			a.staging = &stagedImport{op: op, staging: s}
+			ctx.Send(ctx.Self(), &policyImportStep{})
+		case *messages.PolicyDelete:
+			a.doDelete(ctx, op, msg)
+		}
+	}
+}
+
+// importStep prepares the next part of the staged import; the last one
+// imports it. Messages queued meanwhile ran before this step.
+func (a *policyActor) importStep(ctx actor.Context) {
+	st := a.staging
+	if st == nil {
+		return // sent to a predecessor
+	}
+	if !st.staging.Step(a.cfg.ImportStep) {
+		ctx.Send(ctx.Self(), &policyImportStep{})
+		return
+	}
+	a.staging = nil
+	a.doImport(ctx, st.op, st.staging)
+	a.runQueued(ctx)
+}
+
+// dropQueued answers the imports and deletes this incarnation will not
+// run (it is restarting): they were not applied.
+func (a *policyActor) dropQueued() {
+	ops := a.queued
+	if a.staging != nil {
+		ops = append([]policyOp{a.staging.op}, ops...)
+	}
+	for _, op := range ops {
+		if op.sender != nil {
+			a.batch.replies = append(a.batch.replies, messages.Reply{To: op.sender,
+				Message: &messages.PolicyResult{Err: fmt.Errorf("policy change not applied: %w", ErrActorRestarted)}})
+		}
+	}
+	a.staging, a.queued = nil, nil
+}
+
+func (a *policyActor) doImport(ctx actor.Context, op policyOp, s *policy.Staging) {
+	msg := op.msg.(*messages.PolicyImport)
+	res := s.Import()
 	names := make([]string, len(msg.Policies))
 	for i, p := range msg.Policies {
 		names[i] = p.Key()
@@ -192,10 +270,10 @@ func (a *policyActor) doImport(ctx actor.Context, msg *messages.PolicyImport) {
 	}
 	a.log.Info("policies imported", "policies", len(names), "revision", res.Revision, "regenerate-identities", len(res.Changed))
 	a.apply(ctx, res)
-	a.replyDurable(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Names: names})
+	a.replyDurable(ctx, op.sender, &messages.PolicyResult{Revision: res.Revision, Names: names})
 }
 
-func (a *policyActor) doDelete(ctx actor.Context, msg *messages.PolicyDelete) {
+func (a *policyActor) doDelete(ctx actor.Context, op policyOp, msg *messages.PolicyDelete) {
 	var (
 		res     policy.Result
 		deleted []string
@@ -204,7 +282,9 @@ func (a *policyActor) doDelete(ctx actor.Context, msg *messages.PolicyDelete) {
 		var err error
 		res, err = a.repo.DeleteByName(msg.Name)
 		if errors.Is(err, policy.ErrNotFound) {
-			ctx.Respond(&messages.PolicyResult{Revision: res.Revision, Err: fmt.Errorf("delete policy %s: %w", msg.Name, err)})
+			if op.sender != nil {
+				ctx.Send(op.sender, &messages.PolicyResult{Revision: res.Revision, Err: fmt.Errorf("delete policy %s: %w", msg.Name, err)})
+			}
 			return
 		}
 		deleted = []string{msg.Name}
@@ -216,7 +296,7 @@ func (a *policyActor) doDelete(ctx actor.Context, msg *messages.PolicyDelete) {
 	}
 	a.log.Info("policies deleted", "policies", len(deleted), "revision", res.Revision, "regenerate-identities", len(res.Changed))
 	a.apply(ctx, res)
-	a.replyDurable(ctx, ctx.Sender(), &messages.PolicyResult{Revision: res.Revision, Deleted: len(deleted)})
+	a.replyDurable(ctx, op.sender, &messages.PolicyResult{Revision: res.Revision, Deleted: len(deleted)})
 }
 
 // replyDurable answers to once the change is in the policy file (and

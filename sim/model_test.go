@@ -45,14 +45,12 @@ func TestPodNames(t *testing.T) {
 func TestModelLiveSet(t *testing.T) {
 	m := newModel(4, netip.MustParsePrefix("10.0.0.0/24"), time.Now())
 	rng := rand.New(rand.NewPCG(1, 2))
-	var pods []*pod
 	for i := 0; i < 4; i++ {
 		p := m.newPod()
 		if p == nil {
 			t.Fatalf("newPod %d = nil with free slots", i)
 		}
 		m.putLive(p)
-		pods = append(pods, p)
 	}
 	if m.newPod() != nil {
 		t.Fatal("newPod returned a pod with every slot taken")

@@ -58,13 +58,6 @@ func (t *table) row(cells ...any) {
 
 func (t *table) flush() error { return t.tw.Flush() }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 func shortID(s string) string {
 	if len(s) > 12 {
 		return s[:12]

@@ -17,8 +17,8 @@ func TestIPCachePrunedAtStart(t *testing.T) {
 	env := newRestoreEnv(t)
 	fake := datapath.NewFake(1)
 	a, c := env.start(t, fake)
-	p0 := addPod(t, c, "p0", "web", true)
-	p0 = waitReady(t, c, "container-id:p0")
+	addPod(t, c, "p0", "web", true)
+	p0 := waitReady(t, c, "container-id:p0")
 	stop(t, a)
 	stale := netip.MustParsePrefix("10.233.0.200/32")
 	if err := fake.UpsertIPCache(context.Background(), stale, 999); err != nil {

@@ -132,12 +132,6 @@ func (p *agentProc) stop() {
 	p.cmd = nil
 }
 
-// logContains reports whether the agent's log holds s.
-func (p *agentProc) logContains(s string) bool {
-	data, _ := os.ReadFile(p.log)
-	return bytes.Contains(data, []byte(s))
-}
-
 // cniDel runs the membrane-cni binary's DEL as a runtime would (used while
 // the agent is down: the plugin queues the deletion).
 func cniDel(t *testing.T, p *agentProc, network, containerID, pod string) {

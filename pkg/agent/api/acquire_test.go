@@ -14,7 +14,8 @@ import (
 func TestAcquire(t *testing.T) {
 	s := &Server{sem: make(chan struct{}, 2)}
 	bg := context.Background()
-	if !s.acquire(bg) || !s.acquire(bg) {
+	first, second := s.acquire(bg), s.acquire(bg)
+	if !first || !second {
 		t.Fatal("free slots refused")
 	}
 	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)

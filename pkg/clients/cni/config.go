@@ -1,7 +1,6 @@
 package cni
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,12 +97,4 @@ func supported(v string) bool {
 		}
 	}
 	return false
-}
-
-// hasPrevResult reports whether the raw config carries a prevResult.
-func hasPrevResult(data []byte) bool {
-	var probe struct {
-		Prev json.RawMessage `json:"prevResult"`
-	}
-	return json.Unmarshal(data, &probe) == nil && len(bytes.TrimSpace(probe.Prev)) > 0 && string(probe.Prev) != "null"
 }

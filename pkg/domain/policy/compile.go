@@ -124,16 +124,16 @@ func compileCNPPeers(path, ns, dir string, eps []labelSelector, cidrs []string, 
 		pr.Peers = append(pr.Peers, s)
 	}
 	for i, c := range cidrs {
-		s, err := compileCIDR(cidrRule{CIDR: c}, fmt.Sprintf("%s.%sCIDR[%d]", path, dir, i))
+		s, err := compileCIDR(cidrRule{CIDR: c})
 		if err != nil {
-			return pr, err
+			return pr, fmt.Errorf("%s.%sCIDR[%d]%w", path, dir, i, err)
 		}
 		pr.Peers = append(pr.Peers, s)
 	}
 	for i, c := range sets {
-		s, err := compileCIDR(c, fmt.Sprintf("%s.%sCIDRSet[%d]", path, dir, i))
+		s, err := compileCIDR(c)
 		if err != nil {
-			return pr, err
+			return pr, fmt.Errorf("%s.%sCIDRSet[%d]%w", path, dir, i, err)
 		}
 		pr.Peers = append(pr.Peers, s)
 	}
@@ -214,24 +214,27 @@ func compilePort(port portValue, end int, proto, defProto, path string) ([]PortP
 	return out, nil
 }
 
-func compileCIDR(c cidrRule, path string) (*CIDRSelector, error) {
+// compileCIDR compiles a cidr and its excepts; an error starts with the
+// field's path below the rule (".cidr: ...", ".except[1]: ...").
+func compileCIDR(c cidrRule) (*CIDRSelector, error) {
 	p, err := parseCIDR(c.CIDR)
 	if err != nil {
-		return nil, fmt.Errorf("%s.cidr: %w", path, err)
+		return nil, fmt.Errorf(".cidr: %w", err)
 	}
 	s := &CIDRSelector{Prefix: p}
 	for i, e := range c.Except {
 		ep, err := parseCIDR(e)
 		if err != nil {
-			return nil, fmt.Errorf("%s.except[%d]: %w", path, i, err)
+			return nil, fmt.Errorf(".except[%d]: %w", i, err)
 		}
 		if !contains(p, ep) {
-			return nil, fmt.Errorf("%s.except[%d]: %s is not inside %s", path, i, ep, p)
+			return nil, fmt.Errorf(".except[%d]: %s is not inside %s", i, ep, p)
 		}
 		s.Except = append(s.Except, ep)
 	}
 	slices.SortFunc(s.Except, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
 	s.Except = slices.Compact(s.Except)
+	s.key = s.buildKey()
 	return s, nil
 }
 

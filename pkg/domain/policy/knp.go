@@ -9,7 +9,8 @@ import (
 )
 
 // compileKNP compiles a Kubernetes NetworkPolicy. policyTypes defaults
-// as in Kubernetes: Ingress always, Egress when an egress section exists.
+// as in Kubernetes: Ingress always, Egress when the egress list has an
+// entry (an absent or empty egress leaves egress open).
 func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	p, err := newPolicy(KindKNP, d.Metadata, spec)
 	if err != nil {
@@ -29,7 +30,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	}
 	rule := Rule{Subject: subject}
 	if len(s.PolicyTypes) == 0 {
-		rule.IngressEnforced, rule.EgressEnforced = true, s.Egress != nil
+		rule.IngressEnforced, rule.EgressEnforced = true, s.Egress != nil && len(*s.Egress) > 0
 	}
 	for i, t := range s.PolicyTypes {
 		switch t {
@@ -41,10 +42,10 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 			return nil, fmt.Errorf("spec.policyTypes[%d]: unsupported policy type %q (want Ingress or Egress)", i, t)
 		}
 	}
-	if s.Ingress != nil && !rule.IngressEnforced {
+	if s.Ingress != nil && len(*s.Ingress) > 0 && !rule.IngressEnforced {
 		return nil, fmt.Errorf("spec.ingress: present but spec.policyTypes does not list Ingress")
 	}
-	if s.Egress != nil && !rule.EgressEnforced {
+	if s.Egress != nil && len(*s.Egress) > 0 && !rule.EgressEnforced {
 		return nil, fmt.Errorf("spec.egress: present but spec.policyTypes does not list Egress")
 	}
 	if s.Ingress != nil {
@@ -94,7 +95,11 @@ func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
 	case peer.IPBlock != nil && (peer.PodSelector != nil || peer.NamespaceSelector != nil):
 		return nil, fmt.Errorf("%s: ipBlock cannot be combined with podSelector or namespaceSelector", path)
 	case peer.IPBlock != nil:
-		return compileCIDR(*peer.IPBlock, path+".ipBlock")
+		s, err := compileCIDR(*peer.IPBlock)
+		if err != nil {
+			return nil, fmt.Errorf("%s.ipBlock%w", path, err)
+		}
+		return s, nil
 	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
 		return nil, fmt.Errorf("%s: needs podSelector, namespaceSelector or ipBlock", path)
 	case peer.NamespaceSelector == nil:

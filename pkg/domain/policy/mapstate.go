@@ -70,9 +70,29 @@ func Compare(a, b Key) int {
 // NewMapState returns a MapState with allow sorted and de-duplicated
 // (allow is reused).
 func NewMapState(rev uint64, ingress, egress bool, allow []Key) *MapState {
-	slices.SortFunc(allow, Compare)
-	allow = slices.Compact(allow)
+	// Sorted as packed integers, ordered as Compare orders keys: a
+	// policy with many CIDR peers has hundreds of thousands of keys.
+	packed := make([]uint64, len(allow))
+	for i, k := range allow {
+		packed[i] = k.pack()
+	}
+	slices.Sort(packed)
+	packed = slices.Compact(packed)
+	allow = allow[:len(packed)]
+	for i, v := range packed {
+		allow[i] = unpack(v)
+	}
 	return &MapState{Revision: rev, IngressEnforced: ingress, EgressEnforced: egress, Allow: allow}
+}
+
+// pack returns k as an integer ordered as Compare orders keys: Dir,
+// Identity, Proto, Port from the most significant bits down.
+func (k Key) pack() uint64 {
+	return uint64(k.Dir)<<56 | uint64(k.Identity)<<24 | uint64(k.Proto)<<16 | uint64(k.Port)
+}
+
+func unpack(v uint64) Key {
+	return Key{Dir: Direction(v >> 56), Identity: identity.NumericIdentity(v >> 24), Proto: uint8(v >> 16), Port: uint16(v)}
 }
 
 // Enforced reports whether dir is default-deny.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"slices"
 	"testing"
 
@@ -71,5 +72,30 @@ func TestDiff(t *testing.T) {
 	}
 	if !from.Equal(NewMapState(9, true, false, []Key{k(3, 80), k(1, 80), k(2, 80)})) {
 		t.Error("Equal must ignore revision and input order")
+	}
+}
+
+// TestKeyPackOrder: packed keys sort as Compare orders keys, and unpack
+// undoes pack, at the extremes of every field.
+func TestKeyPackOrder(t *testing.T) {
+	var keys []Key
+	for _, dir := range []Direction{Ingress, Egress} {
+		for _, id := range []identity.NumericIdentity{0, 1, 1 << 24, 1<<32 - 1} {
+			for _, proto := range []uint8{0, ProtoTCP, 255} {
+				for _, port := range []uint16{0, 80, 65535} {
+					keys = append(keys, Key{Identity: id, Port: port, Proto: proto, Dir: dir})
+				}
+			}
+		}
+	}
+	for _, a := range keys {
+		if got := unpack(a.pack()); got != a {
+			t.Fatalf("unpack(pack(%+v)) = %+v", a, got)
+		}
+		for _, b := range keys {
+			if got, want := cmp.Compare(a.pack(), b.pack()), Compare(a, b); got != want {
+				t.Fatalf("packed order of %+v, %+v = %d, Compare = %d", a, b, got, want)
+			}
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -311,9 +312,23 @@ func join(path, k string) string {
 	return path + "." + k
 }
 
+// fieldsByType caches structFields per document type (a few fixed
+// types; a large list of objects would otherwise rebuild the map per
+// element).
+var fieldsByType sync.Map // reflect.Type -> map[string]reflect.Type
+
 // structFields maps the JSON names of t's fields (embedded structs
-// flattened) to their types.
+// flattened) to their types. The map is shared: read only.
 func structFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldsByType.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := buildStructFields(t)
+	fieldsByType.Store(t, m)
+	return m
+}
+
+func buildStructFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)

@@ -53,7 +53,8 @@ func TestParseRefuses(t *testing.T) {
 		{"knp empty peer", knpHead + "spec:\n  podSelector: {}\n  ingress: [{from: [{}]}]\n", "needs podSelector, namespaceSelector or ipBlock"},
 		{"knp ipBlock with selector", knpHead + "spec:\n  podSelector: {}\n  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8}, podSelector: {}}]}]\n", "ipBlock cannot be combined"},
 		{"knp policy type", knpHead + "spec:\n  podSelector: {}\n  policyTypes: [Both]\n", `unsupported policy type "Both"`},
-		{"knp ingress not in types", knpHead + "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n  ingress: []\n", "does not list Ingress"},
+		{"knp ingress not in types", knpHead + "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n  ingress: [{}]\n", "does not list Ingress"},
+		{"knp egress not in types", knpHead + "spec:\n  podSelector: {}\n  policyTypes: [Ingress]\n  egress: [{}]\n", "does not list Egress"},
 		{"knp unknown field", knpHead + "spec:\n  podSelector: {}\n  ingress: [{from: [{serviceSelector: {}}]}]\n", `unsupported field "spec.ingress[0].from[0].serviceSelector"`},
 		{"duplicate name", cnpHead + "spec: {endpointSelector: {}}\n---\n" + cnpHead + "spec: {endpointSelector: {}}\n", "is also document 1"},
 		{"second document named", cnpHead + "spec: {endpointSelector: {}}\n---\n" + strings.Replace(cnpHead, "name: p", "name: q", 1) + "spec: {bogus: 1}\n", "document 2 (CiliumNetworkPolicy default/q)"},
@@ -183,12 +184,37 @@ func TestParseListAndDefaults(t *testing.T) {
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
-func FuzzParse(f *testing.F) {
-	for _, name := range []string{"good-cnp-multi.yaml", "good-list.json"} {
-		f.Add(readTestdata(f, name))
+// fuzzParseSeeds are small, one feature each: the fuzzer minimises
+// every new input it keeps, in time quadratic in its length (up to 60 s
+// an input), so large seeds (the 1.3 KB testdata documents) kept it
+// minimising for most of a run.
+var fuzzParseSeeds = []string{
+	cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: \"80\", endPort: 90}]}]}]\n",
+	knpHead + "spec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00::/8\"]}}]}]\n",
+	cnpHead + "spec:\n  endpointSelector: {matchLabels: {k8s:app: web}}\n  egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}], toEntities: [world]}]\n",
+	cnpHead + "specs:\n- endpointSelector: {matchExpressions: [{key: tier, operator: NotIn, values: [a]}]}\n  ingress: [{fromEndpoints: [{matchLabels: {app: x}}]}]\n",
+	knpHead + "spec:\n  podSelector: {}\n  policyTypes: [Ingress, Egress]\n  ingress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: a}}}], ports: [{port: 53, protocol: UDP}]}]\n",
+	`{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "p"}, "spec": {}}]}`,
+}
+
+// maxFuzzSeed bounds a FuzzParse seed's length.
+const maxFuzzSeed = 300
+
+func TestFuzzParseSeedsSmall(t *testing.T) {
+	for i, seed := range fuzzParseSeeds {
+		if len(seed) > maxFuzzSeed {
+			t.Errorf("FuzzParse seed %d: %d bytes, more than %d: the fuzzer would spend its time minimising", i, len(seed), maxFuzzSeed)
+		}
+		if _, err := Parse([]byte(seed)); err != nil {
+			t.Errorf("FuzzParse seed %d does not parse: %v", i, err)
+		}
 	}
-	f.Add([]byte(cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: \"80\", endPort: 90}]}]}]\n"))
-	f.Add([]byte(knpHead + "spec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00::/8\"]}}]}]\n"))
+}
+
+func FuzzParse(f *testing.F) {
+	for _, seed := range fuzzParseSeeds {
+		f.Add([]byte(seed))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pols, err := Parse(data)
 		if err != nil {

@@ -20,14 +20,17 @@ type idSet = map[identity.NumericIdentity]struct{}
 // matches, kept up to date as identities come and go.
 type cachedSelector struct {
 	sel Selector
-	ids idSet
+	// cidr is sel when it is a CIDR selector.
+	cidr *CIDRSelector
+	ids  idSet
 	// serial is unique per entry (the order subjects are combined in).
 	serial uint64
 	// users counts the rule references (subject or peer) holding it.
 	users int
 	// subjectOf lists the rules it is the subject of.
 	subjectOf []ruleRef
-	// peerOf counts, per policy key, the peer references to it.
+	// peerOf counts, per policy key, the peer references to it (nil
+	// until the first).
 	peerOf map[string]int
 }
 
@@ -81,6 +84,29 @@ type Repository struct {
 	// upserts collects the CIDR prefixes (re)gaining a reference during
 	// one change, reported by finish.
 	upserts map[netip.Prefix]identity.NumericIdentity
+
+	// The indexes below spare a scan of every identity or selector per
+	// change (cidrindex.go). cidrIDs maps each CIDR identity to its
+	// prefix (the inverse of cidrs); cidrPrefixes orders those prefixes.
+	cidrIDs      map[identity.NumericIdentity]netip.Prefix
+	cidrPrefixes prefixSet
+	// cidrSels holds the CIDR selector entries by prefix, otherSels the
+	// others (labels, entities), subjects those that are a rule's subject.
+	cidrSels  cidrSelectors
+	otherSels map[*cachedSelector]struct{}
+	subjects  map[*cachedSelector]struct{}
+	// oddIDs are the identities, other than CIDR identities, that a CIDR
+	// selector may match (world, labels of source cidr).
+	oddIDs map[identity.NumericIdentity]struct{}
+	// changed holds the entries whose set changed since the last finish,
+	// which marks the subjects of the rules peering them as affected.
+	changed map[*cachedSelector]struct{}
+	// unused holds the CIDR prefixes left without references (or seeded)
+	// since the last finish, which drops those still unreferenced.
+	unused map[netip.Prefix]struct{}
+	// staged holds the identities affected by a Staging's steps; the
+	// next finish recomputes them.
+	staged idSet
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -89,10 +115,13 @@ func NewRepository() *Repository {
 		policies: map[string]*Policy{}, ids: map[identity.NumericIdentity]labels.Labels{},
 		selectors: map[string]*cachedSelector{}, mapStates: map[identity.NumericIdentity]*MapState{},
 		cidrs: map[netip.Prefix]*cidrIdentity{}, nextCIDR: MinCIDRIdentity,
+		cidrIDs: map[identity.NumericIdentity]netip.Prefix{}, otherSels: map[*cachedSelector]struct{}{},
+		subjects: map[*cachedSelector]struct{}{}, oddIDs: map[identity.NumericIdentity]struct{}{},
+		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {
-			r.ids[id] = ls
+			r.setLabels(id, ls)
 		}
 	}
 	return r
@@ -118,21 +147,50 @@ func (r *Repository) SeedCIDR(p netip.Prefix, id identity.NumericIdentity) {
 	if _, ok := r.cidrs[p]; ok || id < MinCIDRIdentity {
 		return
 	}
-	r.cidrs[p] = &cidrIdentity{id: id}
-	r.ids[id] = CIDRLabels(p)
+	r.addCIDR(p, id)
+	r.unused[p] = struct{}{}
 	r.nextCIDR = max(r.nextCIDR, id+1)
 }
 
 // Import adds or replaces policies (by namespace/name) and bumps the
-// revision once.
+// revision once. Of several policies with one key, the last wins.
 func (r *Repository) Import(pols []*Policy) Result {
+	return r.importPolicies(pols, nil)
+}
+
+// importPolicies imports pols, calling release (if not nil) once their
+// rules hold their selectors.
+func (r *Repository) importPolicies(pols []*Policy, release func()) Result {
 	r.revision++
 	affected := idSet{}
+	last := make(map[string]int, len(pols))
+	for i, p := range pols {
+		last[p.Key()] = i
+	}
+	if len(last) < len(pols) {
+		var kept []*Policy
+		for i, p := range pols {
+			if last[p.Key()] == i {
+				kept = append(kept, p)
+			}
+		}
+		pols = kept
+	}
+	// Every CIDR identity first: then the index of CIDR prefixes is
+	// merged once, before the new selectors look into it.
 	for _, p := range pols {
 		if old, ok := r.policies[p.Key()]; ok {
 			r.unregister(old, affected)
 		}
+		for _, rule := range p.Rules {
+			forPeers(rule, func(s Selector) { r.refCIDRs(s, affected) })
+		}
+	}
+	for _, p := range pols {
 		r.register(p, affected)
+	}
+	if release != nil {
+		release()
 	}
 	return r.finish(affected)
 }
@@ -174,26 +232,39 @@ func (r *Repository) DeleteByLabels(sel map[string]string) (Result, []string) {
 // UpsertIdentity adds or relabels an identity and returns the identities
 // whose policy changed because selectors now match differently.
 func (r *Repository) UpsertIdentity(id identity.NumericIdentity, ls labels.Labels) Result {
-	if old, ok := r.ids[id]; ok && old.Equal(ls) {
+	old, ok := r.ids[id]
+	if ok && old.Equal(ls) {
 		return Result{Revision: r.revision}
 	}
-	r.ids[id] = ls
+	r.setLabels(id, ls)
 	affected := idSet{}
-	r.reselect(id, affected) // marks id itself if a subject selected it before or now
+	r.reselect(id, old, affected) // marks id itself if a subject selected it before or now
 	return r.finish(affected)
 }
 
 // RemoveIdentity forgets an identity (released).
 func (r *Repository) RemoveIdentity(id identity.NumericIdentity) Result {
-	if _, ok := r.ids[id]; !ok || id.IsReserved() {
+	old, ok := r.ids[id]
+	if !ok || id.IsReserved() {
 		return Result{Revision: r.revision}
 	}
 	delete(r.ids, id)
+	delete(r.oddIDs, id)
 	affected := idSet{}
-	r.reselect(id, affected)
+	r.reselect(id, old, affected)
 	delete(r.mapStates, id)
 	delete(affected, id)
 	return r.finish(affected)
+}
+
+// setLabels records the labels of an identity other than a CIDR identity.
+func (r *Repository) setLabels(id identity.NumericIdentity, ls labels.Labels) {
+	r.ids[id] = ls
+	if cidrLike(ls) {
+		r.oddIDs[id] = struct{}{}
+	} else {
+		delete(r.oddIDs, id)
+	}
 }
 
 // Known reports whether the repository knows identity id.

@@ -167,6 +167,8 @@ var fuzzPolicies = []string{
 	allowAToB,
 	`{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy","metadata":{"name":"k1"},"spec":{"podSelector":{"matchLabels":{"app":"a"}},"egress":[{"to":[{"podSelector":{"matchExpressions":[{"key":"app","operator":"In","values":["b","c"]}]}}],"ports":[{"port":53,"protocol":"UDP"}]}]}}`,
 	`{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy","metadata":{"name":"k2","namespace":"other"},"spec":{"podSelector":{},"ingress":[{"from":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"default"}}}]}]}}`,
+	`{"apiVersion":"cilium.io/v2","kind":"CiliumNetworkPolicy","metadata":{"name":"c3"},"spec":{"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[{"toCIDRSet":[{"cidr":"10.0.0.0/8","except":["10.1.0.0/16"]}],"toCIDR":["10.1.2.0/24","10.1.2.3/32"]},{"toEntities":["world"],"toPorts":[{"ports":[{"port":"53"}]}]}]}}`,
+	`{"apiVersion":"cilium.io/v2","kind":"CiliumNetworkPolicy","metadata":{"name":"c4"},"spec":{"endpointSelector":{"matchLabels":{"app":"b"}},"ingress":[{"fromCIDR":["10.1.0.0/16","0.0.0.0/0"],"fromCIDRSet":[{"cidr":"fd00::/8","except":["fd00:1::/32"]}]}],"egress":[{"toCIDR":["10.1.2.3","fd00:1::1"]}]}}`,
 	`{"apiVersion":"cilium.io/v2","kind":"CiliumNetworkPolicy","metadata":{"name":"c2"},"spec":{"endpointSelector":{"matchExpressions":[{"key":"app","operator":"NotIn","values":["a"]}]},"ingress":[{"fromEntities":["host","cluster"]},{"fromEndpoints":[{"matchExpressions":[{"key":"x","operator":"Exists"}]}]}],"egress":[{"toEndpoints":[{"matchExpressions":[{"key":"x","operator":"DoesNotExist"}]}]}]}}`,
 }
 
@@ -215,12 +217,29 @@ func checkAgainstScratch(t *testing.T, r *Repository, prev map[identity.NumericI
 	t.Helper()
 	fresh := NewRepository()
 	for id, ls := range r.ids {
-		fresh.UpsertIdentity(id, ls)
+		if _, isCIDR := r.cidrIDs[id]; !isCIDR {
+			fresh.UpsertIdentity(id, ls)
+		}
+	}
+	for p, c := range r.cidrs { // the same numbers, as after a restart
+		fresh.SeedCIDR(p, c.id)
 	}
 	fresh.Import(r.Policies())
 	changed := map[identity.NumericIdentity]bool{}
 	for _, c := range res.Changed {
 		changed[c.Identity] = true
+	}
+	for key, cs := range r.selectors {
+		for id, ls := range r.ids {
+			if _, got := cs.ids[id]; got != cs.sel.Matches(ls) {
+				t.Fatalf("selector %s: holds identity %d (%v) = %v, Matches says %v", key, id, ls, got, !got)
+			}
+		}
+		for id := range cs.ids {
+			if _, ok := r.ids[id]; !ok {
+				t.Fatalf("selector %s holds unknown identity %d", key, id)
+			}
+		}
 	}
 	for id := range r.ids {
 		got, want := r.MapState(id), fresh.MapState(id)

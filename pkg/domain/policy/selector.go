@@ -123,10 +123,18 @@ func (r Requirement) matches(ls labels.Labels) bool {
 type CIDRSelector struct {
 	Prefix netip.Prefix
 	Except []netip.Prefix // sorted
+	key    string         // Key, computed once by the parser (else per call)
 }
 
 // Key implements Selector.
 func (s *CIDRSelector) Key() string {
+	if s.key != "" {
+		return s.key
+	}
+	return s.buildKey()
+}
+
+func (s *CIDRSelector) buildKey() string {
 	var b strings.Builder
 	b.WriteString("cidr{" + s.Prefix.String())
 	for _, e := range s.Except {
@@ -142,7 +150,13 @@ func (s *CIDRSelector) Matches(ls labels.Labels) bool {
 		return true
 	}
 	p, ok := cidrOf(ls)
-	if !ok || !contains(s.Prefix, p) {
+	return ok && s.selects(p)
+}
+
+// selects reports whether s matches the CIDR identity of prefix p:
+// inside Prefix and outside every Except.
+func (s *CIDRSelector) selects(p netip.Prefix) bool {
+	if !contains(s.Prefix, p) {
 		return false
 	}
 	for _, e := range s.Except {
@@ -173,6 +187,17 @@ func cidrOf(ls labels.Labels) (netip.Prefix, bool) {
 
 func isWorld(ls labels.Labels) bool {
 	return ls.Has(labels.Label{Source: labels.SourceReserved, Key: "world"})
+}
+
+// cidrLike reports whether a CIDR selector may match ls: world or a
+// label of source cidr.
+func cidrLike(ls labels.Labels) bool {
+	for _, l := range ls {
+		if l.Source == SourceCIDR || (l.Source == labels.SourceReserved && l.Key == "world") {
+			return true
+		}
+	}
+	return false
 }
 
 // Entity names of fromEntities/toEntities.

@@ -8,20 +8,25 @@ import (
 	"slices"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
-// register adds p's rules: CIDR identities first (so new selectors see
-// them), then its selectors; the identities it selects are affected.
+// register adds p's rules (its CIDR identities exist: importPolicies
+// made them); the identities it selects are affected.
 func (r *Repository) register(p *Policy, affected idSet) {
 	key := p.Key()
 	r.policies[key] = p
-	for _, rule := range p.Rules {
-		forPeers(rule, func(s Selector) { r.refCIDRs(s, affected) })
-	}
 	for i, rule := range p.Rules {
 		cs := r.ref(rule.Subject)
 		cs.subjectOf = append(cs.subjectOf, ruleRef{policy: p, rule: i})
-		forPeers(rule, func(s Selector) { r.ref(s).peerOf[key]++ })
+		r.subjects[cs] = struct{}{}
+		forPeers(rule, func(s Selector) {
+			ps := r.ref(s)
+			if ps.peerOf == nil {
+				ps.peerOf = map[string]int{}
+			}
+			ps.peerOf[key]++
+		})
 		for id := range cs.ids {
 			affected[id] = struct{}{}
 		}
@@ -37,6 +42,9 @@ func (r *Repository) unregister(p *Policy, affected idSet) {
 			affected[id] = struct{}{}
 		}
 		cs.subjectOf = slices.DeleteFunc(cs.subjectOf, func(ref ruleRef) bool { return ref.policy == p && ref.rule == i })
+		if len(cs.subjectOf) == 0 {
+			delete(r.subjects, cs)
+		}
 		r.unref(rule.Subject)
 		forPeers(rule, func(s Selector) {
 			ps := r.selectors[s.Key()]
@@ -60,8 +68,9 @@ func forPeers(rule Rule, fn func(Selector)) {
 	}
 }
 
-// ref takes a reference on the cache entry of sel, creating it (one scan
-// of the known identities) when it is new.
+// ref takes a reference on the cache entry of sel, creating it when it
+// is new: a CIDR selector looks up the CIDR identities inside its prefix,
+// any other scans the known identities.
 func (r *Repository) ref(sel Selector) *cachedSelector {
 	key := sel.Key()
 	if cs, ok := r.selectors[key]; ok {
@@ -69,11 +78,27 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		return cs
 	}
 	r.serial++
-	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, peerOf: map[string]int{}, serial: r.serial}
-	for id, ls := range r.ids {
-		if sel.Matches(ls) {
-			cs.ids[id] = struct{}{}
+	cs := &cachedSelector{sel: sel, ids: idSet{}, users: 1, serial: r.serial}
+	if c, ok := sel.(*CIDRSelector); ok {
+		cs.cidr = c
+		r.cidrPrefixes.inside(c.Prefix, func(p netip.Prefix) {
+			if c.selects(p) {
+				cs.ids[r.cidrs[p].id] = struct{}{}
+			}
+		})
+		for id := range r.oddIDs {
+			if c.Matches(r.ids[id]) {
+				cs.ids[id] = struct{}{}
+			}
 		}
+		r.cidrSels.add(cs)
+	} else {
+		for id, ls := range r.ids {
+			if r.matches(cs, id, ls) {
+				cs.ids[id] = struct{}{}
+			}
+		}
+		r.otherSels[cs] = struct{}{}
 	}
 	r.selectors[key] = cs
 	return cs
@@ -82,9 +107,37 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 func (r *Repository) unref(sel Selector) {
 	key := sel.Key()
 	cs := r.selectors[key]
-	if cs.users--; cs.users == 0 {
-		delete(r.selectors, key)
+	if cs.users--; cs.users > 0 {
+		return
 	}
+	delete(r.selectors, key)
+	if cs.cidr != nil {
+		r.cidrSels.remove(cs)
+	} else {
+		delete(r.otherSels, cs)
+	}
+	delete(r.changed, cs)
+}
+
+// matches reports whether cs selects identity id with labels ls. CIDR
+// identities are matched by their prefix, never by parsing their label.
+func (r *Repository) matches(cs *cachedSelector, id identity.NumericIdentity, ls labels.Labels) bool {
+	if p, ok := r.cidrIDs[id]; ok {
+		return matchesCIDR(cs, p, ls)
+	}
+	return cs.sel.Matches(ls)
+}
+
+// matchesCIDR reports whether cs selects the CIDR identity of prefix p
+// with labels ls.
+func matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.Labels) bool {
+	switch s := cs.sel.(type) {
+	case *CIDRSelector:
+		return s.selects(p)
+	case *EntitySelector:
+		return s.Entity == EntityWorld
+	}
+	return cs.sel.Matches(ls)
 }
 
 // cidrPrefixes returns the prefixes of a CIDR selector that need their
@@ -111,17 +164,27 @@ func (r *Repository) refCIDRs(s Selector, affected idSet) {
 			continue
 		}
 		id := r.allocCIDR()
-		r.cidrs[p] = &cidrIdentity{id: id, refs: 1}
-		r.ids[id] = CIDRLabels(p)
-		r.reselect(id, affected)
+		r.addCIDR(p, id)
+		r.cidrs[p].refs = 1
+		r.reselect(id, nil, affected)
 		r.pendingUp()[p] = id
 	}
+}
+
+// addCIDR records the CIDR identity id of prefix p, without references.
+func (r *Repository) addCIDR(p netip.Prefix, id identity.NumericIdentity) {
+	r.cidrs[p] = &cidrIdentity{id: id}
+	r.ids[id] = CIDRLabels(p)
+	r.cidrIDs[id] = p
+	r.cidrPrefixes.add(p)
 }
 
 func (r *Repository) unrefCIDRs(s Selector) {
 	for _, p := range cidrPrefixes(s) {
 		if c, ok := r.cidrs[p]; ok && c.refs > 0 {
-			c.refs-- // dropped in finish when it stays 0
+			if c.refs--; c.refs == 0 {
+				r.unused[p] = struct{}{} // dropped in finish when it stays 0
+			}
 		}
 	}
 }
@@ -144,25 +207,76 @@ func (r *Repository) allocCIDR() identity.NumericIdentity {
 	return id
 }
 
-// reselect updates every selector's set for identity id (added, changed
-// or removed) and marks as affected the identities whose rules use a
-// selector whose set changed, and id itself if a subject selects it.
-func (r *Repository) reselect(id identity.NumericIdentity, affected idSet) {
+// reselect updates the selector sets for identity id (added, changed or
+// removed; old are its previous labels), marks id affected if a subject
+// selects it before or after, and records the entries whose set changed
+// (finish marks the subjects of the rules peering them). Only entries
+// that can match id are visited: for a CIDR identity the CIDR selectors
+// containing its prefix, for another identity the CIDR selectors only if
+// it is world or cidr-labelled, before or after.
+func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, affected idSet) {
 	ls, present := r.ids[id]
-	for _, cs := range r.selectors {
-		m := present && cs.sel.Matches(ls)
+	p, isCIDR := r.cidrIDs[id]
+	check := func(cs *cachedSelector) {
+		var m bool
+		switch {
+		case !present:
+		case isCIDR:
+			m = matchesCIDR(cs, p, ls)
+		default:
+			m = cs.sel.Matches(ls)
+		}
 		_, had := cs.ids[id]
 		if len(cs.subjectOf) > 0 && (m || had) {
 			affected[id] = struct{}{}
 		}
 		if m == had {
-			continue
+			return
 		}
 		if m {
 			cs.ids[id] = struct{}{}
 		} else {
 			delete(cs.ids, id)
 		}
+		r.changed[cs] = struct{}{}
+	}
+	for cs := range r.otherSels {
+		check(cs)
+	}
+	if isCIDR {
+		r.cidrSels.containing(p, check)
+	} else if cidrLike(ls) || cidrLike(old) {
+		r.cidrSels.all(check)
+	}
+}
+
+// finish drops unreferenced CIDR identities, recomputes the cached
+// policies of the affected identities and reports those that changed.
+func (r *Repository) finish(affected idSet) Result {
+	r.bySubjects = nil // selectors or rules changed
+	res := Result{Revision: r.revision}
+	var drop []netip.Prefix
+	for p := range r.unused {
+		if c, ok := r.cidrs[p]; ok && c.refs == 0 {
+			drop = append(drop, p)
+		}
+	}
+	clear(r.unused)
+	slices.SortFunc(drop, comparePrefix)
+	for _, p := range drop {
+		c := r.cidrs[p]
+		delete(r.cidrs, p)
+		delete(r.ids, c.id)
+		delete(r.mapStates, c.id)
+		delete(r.upserts, p)
+		r.reselect(c.id, nil, affected)
+		delete(r.cidrIDs, c.id)
+		r.cidrPrefixes.remove(p)
+		r.freeCIDR = append(r.freeCIDR, c.id)
+		res.CIDRDeletes = append(res.CIDRDeletes, p)
+	}
+	res.CIDRUpserts, r.upserts = r.upserts, nil
+	for cs := range r.changed {
 		for pk := range cs.peerOf {
 			for _, rule := range r.policies[pk].Rules {
 				if ss := r.selectors[rule.Subject.Key()]; ss != nil {
@@ -173,27 +287,11 @@ func (r *Repository) reselect(id identity.NumericIdentity, affected idSet) {
 			}
 		}
 	}
-}
-
-// finish drops unreferenced CIDR identities, recomputes the cached
-// policies of the affected identities and reports those that changed.
-func (r *Repository) finish(affected idSet) Result {
-	r.bySubjects = nil // selectors or rules changed
-	res := Result{Revision: r.revision}
-	for _, p := range slices.SortedFunc(maps.Keys(r.cidrs), comparePrefix) {
-		c := r.cidrs[p]
-		if c.refs > 0 {
-			continue
-		}
-		delete(r.cidrs, p)
-		delete(r.ids, c.id)
-		delete(r.mapStates, c.id)
-		delete(r.upserts, p)
-		r.reselect(c.id, affected)
-		r.freeCIDR = append(r.freeCIDR, c.id)
-		res.CIDRDeletes = append(res.CIDRDeletes, p)
+	clear(r.changed)
+	for id := range r.staged {
+		affected[id] = struct{}{}
 	}
-	res.CIDRUpserts, r.upserts = r.upserts, nil
+	clear(r.staged)
 	for _, id := range slices.Sorted(maps.Keys(affected)) {
 		old, had := r.mapStates[id]
 		if !had {
@@ -215,10 +313,7 @@ func (r *Repository) finish(affected idSet) Result {
 // so it is computed once per such set (per change) and shared.
 func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	var subjects []*cachedSelector
-	for _, cs := range r.selectors {
-		if len(cs.subjectOf) == 0 {
-			continue
-		}
+	for cs := range r.subjects {
 		if _, ok := cs.ids[id]; ok {
 			subjects = append(subjects, cs)
 		}
@@ -235,7 +330,14 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		return m
 	}
 	var ingress, egress bool
-	var keys []Key
+	n := 0
+	for _, cs := range subjects {
+		for _, ref := range cs.subjectOf {
+			rule := &ref.policy.Rules[ref.rule]
+			n += r.countKeys(rule.Ingress) + r.countKeys(rule.Egress)
+		}
+	}
+	keys := make([]Key, 0, n)
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
@@ -261,6 +363,22 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 }
 
 var anyPort = []PortProto{{0, ProtoAny}}
+
+// countKeys returns (at most) how many keys appendKeys adds for prs.
+func (r *Repository) countKeys(prs []PeerRule) int {
+	n := 0
+	for _, pr := range prs {
+		peers := 1
+		if !pr.Any {
+			peers = 0
+			for _, s := range pr.Peers {
+				peers += len(r.selectors[s.Key()].ids)
+			}
+		}
+		n += peers * max(len(pr.Ports), 1)
+	}
+	return n
+}
 
 func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key {
 	for _, pr := range prs {
