@@ -236,22 +236,26 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	}
 	var ingress, egress bool
 	var keys []Key
+	groups := map[cidrGroup][]*CIDRSelector{}
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
 				ingress = true
 				keys = r.appendKeys(keys, rule.Ingress, Ingress)
+				addCIDRGroups(groups, rule.Ingress, Ingress)
 			}
 			if rule.EgressEnforced {
 				egress = true
 				keys = r.appendKeys(keys, rule.Egress, Egress)
+				addCIDRGroups(groups, rule.Egress, Egress)
 			}
 		}
 	}
 	var m *MapState
 	if ingress || egress {
 		m = NewMapState(r.revision, ingress, egress, keys)
+		m.CIDR = cidrEntries(groups)
 	}
 	if r.bySubjects == nil {
 		r.bySubjects = map[string]*MapState{}
@@ -284,6 +288,29 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key
 		}
 	}
 	return keys
+}
+
+// addCIDRGroups adds the CIDR selectors of prs to the groups of their
+// ports. They also select CIDR identities (appendKeys), which decide
+// the same for addresses the ipcache maps to those identities; the CIDR
+// entries decide for every address, a pod's too.
+func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, prs []PeerRule, dir Direction) {
+	for _, pr := range prs {
+		ports := pr.Ports
+		if len(ports) == 0 {
+			ports = anyPort
+		}
+		for _, s := range pr.Peers {
+			c, ok := s.(*CIDRSelector)
+			if !ok {
+				continue
+			}
+			for _, pp := range ports {
+				g := cidrGroup{dir: dir, proto: pp.Proto, port: pp.Port}
+				groups[g] = append(groups[g], c)
+			}
+		}
+	}
 }
 
 func comparePrefix(a, b netip.Prefix) int {
