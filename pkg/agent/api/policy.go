@@ -135,24 +135,32 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := &models.EndpointPolicy{ID: int64(ep.ID), Identity: uint32(ep.Identity), Computed: []models.PolicyEntry{}}
+	out := &models.EndpointPolicy{ID: int64(ep.ID), Identity: uint32(ep.Identity), Computed: []models.PolicyEntry{},
+		ComputedCIDR: []models.CIDRPolicyEntry{}}
 	if m := ep.Policy; m != nil {
 		out.PolicyRevision, out.IngressEnforced, out.EgressEnforced = m.Revision, m.IngressEnforced, m.EgressEnforced
 		for _, k := range m.Allow {
 			out.Computed = append(out.Computed, entryModel(k))
 		}
+		for _, c := range m.CIDR {
+			out.ComputedCIDR = append(out.ComputedCIDR, cidrEntryModel(c))
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
-	entries, in, eg, err := s.dumpPolicy(ctx, ep.ID)
+	pd, err := s.dumpPolicy(ctx, ep.ID)
 	if err != nil {
 		out.RealizedError = err.Error()
 	} else {
-		out.Realized = make([]models.RealizedPolicyEntry, 0, len(entries))
-		for _, e := range entries {
+		out.Realized = make([]models.RealizedPolicyEntry, 0, len(pd.entries))
+		for _, e := range pd.entries {
 			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes})
 		}
-		out.RealizedIngressEnforced, out.RealizedEgressEnforced = in, eg
+		out.RealizedCIDR = make([]models.RealizedCIDRPolicyEntry, 0, len(pd.cidr))
+		for _, e := range pd.cidr {
+			out.RealizedCIDR = append(out.RealizedCIDR, models.RealizedCIDRPolicyEntry{CIDRPolicyEntry: cidrEntryModel(e.Entry), Packets: e.Packets, Bytes: e.Bytes})
+		}
+		out.RealizedIngressEnforced, out.RealizedEgressEnforced = pd.ingress, pd.egress
 	}
 	if out.Drops, err = s.readDrops(ctx, ep.ID, false); err != nil {
 		out.DropsError = err.Error()
@@ -163,36 +171,45 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 // policyDump is the value a dump-policy pool job answers.
 type policyDump struct {
 	entries         []datapath.PolicyEntry
+	cidr            []datapath.CIDRPolicyEntry
 	ingress, egress bool
 }
 
-// dumpPolicy reads an endpoint's policy map in the datapath worker pool.
-func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) ([]datapath.PolicyEntry, bool, bool, error) {
+// dumpPolicy reads an endpoint's policy maps in the datapath worker pool.
+func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) (*policyDump, error) {
 	d, ok := s.sys.Datapath.(datapath.PolicyDumper)
-	if !ok {
-		return nil, false, false, fmt.Errorf("the %s datapath cannot read back policy", s.sys.Datapath.Name())
+	cd, cok := s.sys.Datapath.(datapath.CIDRPolicyDumper)
+	if !ok || !cok {
+		return nil, fmt.Errorf("the %s datapath cannot read back policy", s.sys.Datapath.Name())
 	}
 	work := &messages.DatapathWork{Op: "dump-policy", Endpoint: id, Run: func(c context.Context) (any, error) {
 		e, in, eg, err := d.DumpPolicy(c, id)
-		return &policyDump{entries: e, ingress: in, egress: eg}, err
+		if err != nil {
+			return nil, err
+		}
+		cidr, err := cd.DumpCIDRPolicy(c, id)
+		return &policyDump{entries: e, cidr: cidr, ingress: in, egress: eg}, err
 	}}
 	res, err := s.sys.Ask(ctx, s.sys.Pool, work)
 	if err != nil {
-		return nil, false, false, err
+		return nil, err
 	}
 	r, ok := res.(*messages.DatapathResult)
 	if !ok {
-		return nil, false, false, fmt.Errorf("unexpected answer %T", res)
+		return nil, fmt.Errorf("unexpected answer %T", res)
 	}
 	if r.Err != nil {
-		return nil, false, false, r.Err
+		return nil, r.Err
 	}
-	pd := r.Value.(*policyDump)
-	return pd.entries, pd.ingress, pd.egress, nil
+	return r.Value.(*policyDump), nil
 }
 
 func entryModel(k policy.Key) models.PolicyEntry {
 	return models.PolicyEntry{Identity: uint32(k.Identity), Port: k.Port, Protocol: protoName(k.Proto), Direction: k.Dir.String()}
+}
+
+func cidrEntryModel(e policy.CIDREntry) models.CIDRPolicyEntry {
+	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: e.Port, Protocol: protoName(e.Proto), Direction: e.Dir.String(), Allow: e.Allow}
 }
 
 func protoName(p uint8) string {
