@@ -9,7 +9,8 @@ import (
 )
 
 // compileKNP compiles a Kubernetes NetworkPolicy. policyTypes defaults
-// as in Kubernetes: Ingress always, Egress when an egress section exists.
+// as in Kubernetes: Ingress always, Egress when there is an egress rule
+// (an empty egress list is none).
 func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	p, err := newPolicy(KindKNP, d.Metadata, spec)
 	if err != nil {
@@ -29,7 +30,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	}
 	rule := Rule{Subject: subject}
 	if len(s.PolicyTypes) == 0 {
-		rule.IngressEnforced, rule.EgressEnforced = true, s.Egress != nil
+		rule.IngressEnforced, rule.EgressEnforced = true, s.Egress != nil && len(*s.Egress) > 0
 	}
 	for i, t := range s.PolicyTypes {
 		switch t {
@@ -44,7 +45,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	if s.Ingress != nil && !rule.IngressEnforced {
 		return nil, fmt.Errorf("spec.ingress: present but spec.policyTypes does not list Ingress")
 	}
-	if s.Egress != nil && !rule.EgressEnforced {
+	if s.Egress != nil && !rule.EgressEnforced && len(s.PolicyTypes) > 0 {
 		return nil, fmt.Errorf("spec.egress: present but spec.policyTypes does not list Egress")
 	}
 	if s.Ingress != nil {

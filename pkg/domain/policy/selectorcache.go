@@ -88,7 +88,8 @@ func (r *Repository) unref(sel Selector) {
 }
 
 // cidrPrefixes returns the prefixes of a CIDR selector that need their
-// own identity: the prefix (unless /0, which is world) and the excepts.
+// own identity: the prefix (unless /0: nothing to tell apart from the
+// world) and the excepts.
 func cidrPrefixes(s Selector) []netip.Prefix {
 	c, ok := s.(*CIDRSelector)
 	if !ok {
