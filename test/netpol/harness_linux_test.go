@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
@@ -103,7 +105,10 @@ func newWorld(t *testing.T, cidr string) *world {
 	dir := t.TempDir()
 	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{}}
 	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
-	w.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), nil)
+	// An explicit exec: libcni sets its default lazily, racing when the
+	// pods are added in parallel.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	w.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), exec)
 	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-netpol","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q}]}`,
 		socket, queue)
 	conf, err := libcni.NetworkConfFromBytes([]byte(raw))

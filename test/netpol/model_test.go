@@ -89,6 +89,28 @@ func nsName(ns string) *labelSelector {
 
 func intp(n int) *int { return &n }
 
+// Builders of the cases.
+
+const (
+	ing = "Ingress"
+	eg  = "Egress"
+)
+
+var everyPod = labelSelector{}
+
+func selp(kv ...string) *labelSelector { s := podSel(kv...); return &s }
+
+func from(peers ...npPeer) npRule { return npRule{From: peers} }
+func to(peers ...npPeer) npRule   { return npRule{To: peers} }
+
+func (r npRule) on(ports ...npPort) npRule { r.Ports = ports; return r }
+
+func tcp(port int) npPort { return npPort{Protocol: "TCP", Port: intp(port)} }
+
+func block(cidr string, except ...string) npPeer {
+	return npPeer{IPBlock: &ipBlock{CIDR: cidr, Except: except}}
+}
+
 // --- The model: the NetworkPolicy spec, evaluated per connection. ---
 
 // modelPod is a pod as the model sees it.

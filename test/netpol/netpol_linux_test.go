@@ -18,26 +18,6 @@ type tableCase struct {
 	steps []step
 }
 
-const (
-	ing = "Ingress"
-	eg  = "Egress"
-)
-
-var everyPod = labelSelector{}
-
-func selp(kv ...string) *labelSelector { s := podSel(kv...); return &s }
-
-func from(peers ...npPeer) npRule { return npRule{From: peers} }
-func to(peers ...npPeer) npRule   { return npRule{To: peers} }
-
-func (r npRule) on(ports ...npPort) npRule { r.Ports = ports; return r }
-
-func tcp(port int) npPort { return npPort{Protocol: "TCP", Port: intp(port)} }
-
-func block(cidr string, except ...string) npPeer {
-	return npPeer{IPBlock: &ipBlock{CIDR: cidr, Except: except}}
-}
-
 // host32 is pod ns/name's address as a /32.
 func (w *world) host32(ns, name string) string { return w.pod(ns, name).ip.String() + "/32" }
 
