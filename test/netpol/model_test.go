@@ -72,8 +72,14 @@ func newPolicy(ns, name string, sel labelSelector, types ...string) *netPolicy {
 		Metadata: objectMeta{Name: name, Namespace: ns}, Spec: npSpec{PodSelector: sel, PolicyTypes: types}}
 }
 
-func (p *netPolicy) ingress(r ...npRule) *netPolicy { p.Spec.Ingress = append(p.Spec.Ingress, r...); return p }
-func (p *netPolicy) egress(r ...npRule) *netPolicy  { p.Spec.Egress = append(p.Spec.Egress, r...); return p }
+func (p *netPolicy) ingress(r ...npRule) *netPolicy {
+	p.Spec.Ingress = append(p.Spec.Ingress, r...)
+	return p
+}
+func (p *netPolicy) egress(r ...npRule) *netPolicy {
+	p.Spec.Egress = append(p.Spec.Egress, r...)
+	return p
+}
 
 func podSel(kv ...string) labelSelector {
 	m := map[string]string{}
