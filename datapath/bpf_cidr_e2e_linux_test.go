@@ -2,6 +2,9 @@ package datapath
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -128,4 +131,47 @@ func TestBPFCIDREndToEnd(t *testing.T) {
 		e.mustTalk(a, b, 8080)
 		clear(b)
 	})
+}
+
+// TestBPFCIDRRestart: a new datapath on the same bpffs reads the CIDR
+// map back (so the next policy applies by difference, removing what it
+// no longer wants) and adopts the programs, which use it.
+func TestBPFCIDRRestart(t *testing.T) {
+	e := newE2E(t, LinuxConfig{})
+	a, b, c := e.a, e.b, e.c
+	only := func(p *testPod) *policy.MapState {
+		m := policy.NewMapState(2, true, false, nil)
+		m.CIDR = []policy.CIDREntry{{Dir: policy.Ingress, Proto: policy.ProtoTCP, Port: 8080,
+			Prefix: netip.PrefixFrom(p.addr(), 32), Allow: true}}
+		return m
+	}
+	b.ep.Policy = only(c)
+	e.realize(b)
+	_, progBefore := e.linkInfo(b, pinLinkTo)
+	if err := e.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	e.l = l2
+	cidr, err := l2.DumpCIDRPolicy(context.Background(), b.ep.ID)
+	if err != nil || len(cidr) != 1 || cidr[0].Entry != b.ep.Policy.CIDR[0] {
+		t.Fatalf("DumpCIDRPolicy after restart = %+v, %v", cidr, err)
+	}
+	b.ep.Policy = only(a)
+	e.realize(b)
+	if _, p := e.linkInfo(b, pinLinkTo); p != progBefore {
+		t.Fatalf("program %d reloaded as %d after restart; want it adopted", progBefore, p)
+	}
+	e.mustTalk(a, b, 8080)
+	e.mustNotTalk(c, b, 8080)
+	if cidr, err := l2.DumpCIDRPolicy(context.Background(), b.ep.ID); err != nil || len(cidr) != 1 || cidr[0].Entry != b.ep.Policy.CIDR[0] {
+		t.Fatalf("DumpCIDRPolicy = %+v, %v; want only A's entry", cidr, err)
+	}
 }
