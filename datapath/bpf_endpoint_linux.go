@@ -156,8 +156,8 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 // openEndpoint opens (or creates) the endpoint's pinned policy maps and
 // reads back what they enforce; when a previous agent left this build's
 // programs attached for the same identity and interface, it adopts them
-// (nothing is reloaded). A policy map without its CIDR map (left by an
-// older build) is created anew, so that the programs are reloaded.
+// (nothing is reloaded). A map that is new (the other one left by an
+// older build) means the programs are reloaded.
 func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
 	pm, created, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir, pinPolicy)
 	if err != nil {
@@ -169,15 +169,18 @@ func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) 
 		return nil, err
 	}
 	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
-	if !created {
+	if !created || !cidrCreated {
+		// Either map may hold entries even when the other is new.
 		if e.have, err = realisedState(pm, cm); err != nil {
 			e.close()
 			return nil, err
 		}
+	}
+	if !created && !cidrCreated {
 		b.mu.Lock()
 		legacy := b.legacy
 		b.mu.Unlock()
-		if !legacy && !cidrCreated && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm, cm) {
+		if !legacy && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm, cm) {
 			e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 		}
 	}
