@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -174,4 +176,29 @@ func TestBPFCIDRRestart(t *testing.T) {
 	if cidr, err := l2.DumpCIDRPolicy(context.Background(), b.ep.ID); err != nil || len(cidr) != 1 || cidr[0].Entry != b.ep.Policy.CIDR[0] {
 		t.Fatalf("DumpCIDRPolicy = %+v, %v; want only A's entry", cidr, err)
 	}
+
+	// An endpoint directory without the CIDR map (as an older build
+	// leaves it): the identity policy is read back, the programs are
+	// reloaded with a new CIDR map, and the policy is enforced again.
+	if err := l2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(l2.bpf.endpointDir(b.ep.ID), pinCIDR)); err != nil {
+		t.Fatal(err)
+	}
+	l3, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l3.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l3.Close() })
+	e.l = l3
+	e.realize(b)
+	if _, p := e.linkInfo(b, pinLinkTo); p == progBefore {
+		t.Fatal("programs adopted without their CIDR map; want them reloaded")
+	}
+	e.mustTalk(a, b, 8080)
+	e.mustNotTalk(c, b, 8080)
 }
