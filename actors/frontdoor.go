@@ -207,23 +207,30 @@ func (s *System) DropCounters(ctx context.Context, id endpoint.ID) (map[datapath
 	return counters, err
 }
 
-// RealizedPolicy is an endpoint's policy map as the datapath holds it.
+// RealizedPolicy is an endpoint's policy maps as the datapath holds them.
 type RealizedPolicy struct {
 	Entries []datapath.PolicyEntry
+	// CIDR is the address-keyed part (CIDR rules decided on the address).
+	CIDR []datapath.CIDRPolicyEntry
 	// Ingress and Egress say whether the endpoint enforces that direction.
 	Ingress, Egress bool
 }
 
-// DumpPolicy reads endpoint id's policy map back from the datapath in the
-// pool.
+// DumpPolicy reads endpoint id's policy maps back from the datapath in
+// the pool.
 func (s *System) DumpPolicy(ctx context.Context, id endpoint.ID) (RealizedPolicy, error) {
 	d, ok := s.Datapath.(datapath.PolicyDumper)
-	if !ok {
+	cd, cok := s.Datapath.(datapath.CIDRPolicyDumper)
+	if !ok || !cok {
 		return RealizedPolicy{}, fmt.Errorf("read back policy of the %s datapath: %w", s.Datapath.Name(), ErrNotSupported)
 	}
 	v, err := s.RunBlocking(ctx, "dump-policy", id, func(c context.Context) (any, error) {
 		e, in, eg, err := d.DumpPolicy(c, id)
-		return RealizedPolicy{Entries: e, Ingress: in, Egress: eg}, err
+		if err != nil {
+			return nil, err
+		}
+		cidr, err := cd.DumpCIDRPolicy(c, id)
+		return RealizedPolicy{Entries: e, CIDR: cidr, Ingress: in, Egress: eg}, err
 	})
 	rp, _ := v.(RealizedPolicy)
 	return rp, err

@@ -1,8 +1,9 @@
 // Package bpf owns the eBPF C sources of the endpoint programs
 // (endpoint.c, endpoint.h), their bpf2go-generated Go bindings and the
 // committed objects (endpoint_bpfel.o, endpoint_bpfeb.o), and the map
-// layouts: the shared ipcache LPM trie, the per-endpoint policy map, the
-// shared conntrack LRU, the drop counters and the drop-notification ring
+// layouts: the shared ipcache LPM trie, the per-endpoint policy map
+// (identity rules) and CIDR policy map (CIDR rules, decided on the peer's
+// address), the shared conntrack LRU, the drop counters and the drop-notification ring
 // buffer. It only parses the embedded object (LoadEndpoint); datapath/
 // loads, attaches and pins it.
 //
@@ -13,7 +14,7 @@
 //
 // Kernel: TCX attach needs Linux 6.6 or later (developed and measured
 // on 6.18); datapath/ falls back to clsact + cls_bpf where TCX is
-// missing. The policy map is an LPM trie (see endpoint.c for why), the
+// missing. The policy maps are LPM tries (see endpoint.c for why), the
 // drop-notification ring buffer needs 5.8.
 //
 // Generation: `make generate` (go generate ./bpf/) runs bpf2go

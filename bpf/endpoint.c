@@ -12,7 +12,10 @@
  *      (conntrack hit on the reversed tuple) passes;
  *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}), the
  *      packet needs a policy entry, tried in policy.Lookups order (exact,
- *      port wildcard, L3-only, then the same with peer 0 = any); else drop;
+ *      port wildcard, L3-only, then the same with peer 0 = any), or an
+ *      allowing CIDR entry for the peer's address (cidr_lookup: CIDR
+ *      rules decide on the address whatever its identity, so a pod's
+ *      address is matched too); else drop;
  *   3. a passing packet records its connection in conntrack (ep, dir,
  *      tuple) so that the replies pass step 1.
  * Step 2 runs for every packet of the original direction, not only the
@@ -82,6 +85,16 @@ struct {
 	__uint(max_entries, 16384);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } policy SEC(".maps");
+
+/* Per endpoint, pinned at <bpffs>/endpoints/<id>/cidr: the CIDR rules
+ * (policy.CIDREntry), evaluated on the peer's address. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct cidr_key);
+	__type(value, struct cidr_value);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cidr_policy SEC(".maps");
 
 /* Shared, pinned at <bpffs>/ct. */
 struct {
@@ -293,6 +306,38 @@ static __always_inline struct policy_value *policy_lookup(__u32 peer, struct pkt
 	return bpf_map_lookup_elem(&policy, &k);
 }
 
+/* cidr_lookup returns the allowing CIDR entry of the peer's address:
+ * the longest match of the exact {proto, dport} group, else of the port
+ * wildcard group, else of the any-protocol group (policy.CIDRAllows). */
+static __always_inline struct cidr_value *cidr_lookup(struct pkt *p, __u8 dir)
+{
+	struct cidr_key k = {
+		.prefixlen = CIDR_PREFIX_BASE + (p->family == 4 ? 32 : 128),
+		.dir = dir,
+		.proto = p->proto,
+		.dport = p->policy_port,
+		.family = p->family,
+	};
+	struct cidr_value *v;
+
+	if (dir == DIR_EGRESS)
+		__builtin_memcpy(k.addr, p->daddr, 16);
+	else
+		__builtin_memcpy(k.addr, p->saddr, 16);
+	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	if (v && v->allow)
+		return v;
+	k.dport = 0;
+	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	if (v && v->allow)
+		return v;
+	k.proto = 0;
+	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	if (v && v->allow)
+		return v;
+	return NULL;
+}
+
 static __always_inline __u64 ct_lifetime(__u8 proto)
 {
 	return proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
@@ -387,6 +432,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
 	struct policy_value *v;
+	struct cidr_value *cv;
 	__u64 now;
 	__u32 peer;
 	int r;
@@ -410,10 +456,16 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (enforced(dir)) {
 		peer = peer_identity(&p, dir);
 		v = policy_lookup(peer, &p, dir);
-		if (!v)
-			return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
-		__sync_fetch_and_add(&v->packets, 1);
-		__sync_fetch_and_add(&v->bytes, skb->len);
+		if (v) {
+			__sync_fetch_and_add(&v->packets, 1);
+			__sync_fetch_and_add(&v->bytes, skb->len);
+		} else {
+			cv = cidr_lookup(&p, dir);
+			if (!cv)
+				return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
+			__sync_fetch_and_add(&cv->packets, 1);
+			__sync_fetch_and_add(&cv->bytes, skb->len);
+		}
 	}
 	if (!p.frag)
 		ct_record(&p, dir, now);

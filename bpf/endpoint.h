@@ -67,6 +67,35 @@ struct policy_value {
 	__u64 bytes;
 };
 
+/* cidr_key is an LPM trie key of an endpoint's CIDR policy map: {dir,
+ * proto, dport, family} are always matched whole (prefixlen counts their
+ * 64 bits), then prefixlen - 64 bits of the peer's address. Entries of one
+ * {dir, proto, dport} group form a trie of their own: a lookup returns the
+ * longest prefix of that group holding the address, whose value says
+ * allow or deny (an except carved out of a broader prefix). Port and
+ * protocol wildcards are groups with dport 0 and proto 0, looked up in
+ * turn; the packet passes if one group's longest match allows it. */
+struct cidr_key {
+	__u32 prefixlen;
+	__u8 dir;
+	__u8 proto;
+	__u16 dport; /* host byte order, matched whole */
+	__u8 family; /* 4 or 6 */
+	__u8 pad[3];
+	__u32 addr[4]; /* network byte order bytes */
+};
+
+#define CIDR_PREFIX_BASE 64
+
+/* cidr_value: allow is 1 or 0 (deny: the longest match is an except);
+ * the counters count what an allow entry allowed (atomic adds). */
+struct cidr_value {
+	__u64 packets;
+	__u64 bytes;
+	__u32 allow;
+	__u32 pad;
+};
+
 /* ct_key: the connection as first seen by endpoint ep in direction dir
  * (saddr/sport are the initiator's). A reply is looked up with the
  * reversed tuple and the other direction. */

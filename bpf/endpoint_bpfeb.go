@@ -13,6 +13,25 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type EndpointCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Dir       uint8
+	Proto     uint8
+	Dport     uint16
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [4]uint32
+}
+
+type EndpointCidrValue struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+	Allow   uint32
+	Pad     uint32
+}
+
 type EndpointCtKey struct {
 	_      structs.HostLayout
 	Ep     uint16
@@ -105,6 +124,7 @@ type EndpointPolicyValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	EndpointMapCidrPolicy        = "cidr_policy"
 	EndpointMapCt                = "ct"
 	EndpointMapDrops             = "drops"
 	EndpointMapEvents            = "events"
@@ -168,11 +188,12 @@ type EndpointProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointMapSpecs struct {
-	Ct      *ebpf.MapSpec `ebpf:"ct"`
-	Drops   *ebpf.MapSpec `ebpf:"drops"`
-	Events  *ebpf.MapSpec `ebpf:"events"`
-	Ipcache *ebpf.MapSpec `ebpf:"ipcache"`
-	Policy  *ebpf.MapSpec `ebpf:"policy"`
+	CidrPolicy *ebpf.MapSpec `ebpf:"cidr_policy"`
+	Ct         *ebpf.MapSpec `ebpf:"ct"`
+	Drops      *ebpf.MapSpec `ebpf:"drops"`
+	Events     *ebpf.MapSpec `ebpf:"events"`
+	Ipcache    *ebpf.MapSpec `ebpf:"ipcache"`
+	Policy     *ebpf.MapSpec `ebpf:"policy"`
 }
 
 // EndpointVariableSpecs contains global variables before they are loaded into the kernel.
@@ -205,15 +226,17 @@ func (o *EndpointObjects) Close() error {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointMaps struct {
-	Ct      *ebpf.Map `ebpf:"ct"`
-	Drops   *ebpf.Map `ebpf:"drops"`
-	Events  *ebpf.Map `ebpf:"events"`
-	Ipcache *ebpf.Map `ebpf:"ipcache"`
-	Policy  *ebpf.Map `ebpf:"policy"`
+	CidrPolicy *ebpf.Map `ebpf:"cidr_policy"`
+	Ct         *ebpf.Map `ebpf:"ct"`
+	Drops      *ebpf.Map `ebpf:"drops"`
+	Events     *ebpf.Map `ebpf:"events"`
+	Ipcache    *ebpf.Map `ebpf:"ipcache"`
+	Policy     *ebpf.Map `ebpf:"policy"`
 }
 
 func (m *EndpointMaps) Close() error {
 	return _EndpointClose(
+		m.CidrPolicy,
 		m.Ct,
 		m.Drops,
 		m.Events,

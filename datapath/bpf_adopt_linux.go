@@ -57,9 +57,9 @@ func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
 // adopt reports whether the programs a previous agent attached for
 // endpoint id through the TCX links pinned in dir run this build's code
 // with id and ident on ifindex and use exactly the maps open now (the
-// shared ones and pm): then they are kept and an agent restart reloads
+// shared ones, pm and cm): then they are kept and an agent restart reloads
 // nothing.
-func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) bool {
+func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm, cm *ebpf.Map) bool {
 	fromTag, toTag, err := b.tmpl.progTags(b.maps)
 	if err != nil {
 		return false
@@ -69,7 +69,7 @@ func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdent
 		if err != nil {
 			return false
 		}
-		prog := b.adoptable(lk, tag, id, ident, ifindex, pm)
+		prog := b.adoptable(lk, tag, id, ident, ifindex, pm, cm)
 		lk.Close()
 		if prog == nil {
 			return false
@@ -80,7 +80,7 @@ func (b *bpfState) adopt(dir string, id endpoint.ID, ident identity.NumericIdent
 }
 
 // adoptable returns the program of lk if it qualifies for adopt.
-func (b *bpfState) adoptable(lk link.Link, tag string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm *ebpf.Map) *ebpf.Program {
+func (b *bpfState) adoptable(lk link.Link, tag string, id endpoint.ID, ident identity.NumericIdentity, ifindex int, pm, cm *ebpf.Map) *ebpf.Program {
 	info, err := lk.Info()
 	if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != ifindex {
 		return nil
@@ -89,7 +89,7 @@ func (b *bpfState) adoptable(lk link.Link, tag string, id endpoint.ID, ident ide
 	if err != nil {
 		return nil
 	}
-	if !b.runs(prog, tag, id, ident, pm) {
+	if !b.runs(prog, tag, id, ident, pm, cm) {
 		prog.Close()
 		return nil
 	}
@@ -98,7 +98,7 @@ func (b *bpfState) adoptable(lk link.Link, tag string, id endpoint.ID, ident ide
 
 // runs reports whether prog has tag, uses the open maps and was loaded
 // with id and ident.
-func (b *bpfState) runs(prog *ebpf.Program, tag string, id endpoint.ID, ident identity.NumericIdentity, pm *ebpf.Map) bool {
+func (b *bpfState) runs(prog *ebpf.Program, tag string, id endpoint.ID, ident identity.NumericIdentity, pm, cm *ebpf.Map) bool {
 	pi, err := prog.Info()
 	if err != nil || pi.Tag != tag {
 		return false
@@ -108,7 +108,7 @@ func (b *bpfState) runs(prog *ebpf.Program, tag string, id endpoint.ID, ident id
 		return false
 	}
 	var mine []ebpf.MapID
-	for _, m := range []*ebpf.Map{b.maps.ipcache, b.maps.ct, b.maps.drops, b.maps.events, pm} {
+	for _, m := range []*ebpf.Map{b.maps.ipcache, b.maps.ct, b.maps.drops, b.maps.events, pm, cm} {
 		mi, err := m.Info()
 		if err != nil {
 			return false

@@ -63,7 +63,7 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 	}
 	mapOnly := measure(t, eps, func(ep *endpoint.Endpoint) error {
 		e := l.bpf.eps[ep.ID]
-		if err := syncPolicyMap(e.policyMap, e.have, ep.Policy); err != nil {
+		if err := syncPolicyMap(e.policyMap, e.cidrMap, e.have, ep.Policy); err != nil {
 			return err
 		}
 		e.have = ep.Policy
@@ -71,7 +71,7 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 	})
 	loadOnly := measure(t, eps, func(ep *endpoint.Endpoint) error {
 		e := l.bpf.eps[ep.ID]
-		p, err := l.bpf.tmpl.load(l.bpf.maps, e.policyMap, ep.ID, ep.Identity)
+		p, err := l.bpf.tmpl.load(l.bpf.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
 		p.close()
 		return err
 	})

@@ -36,10 +36,11 @@ type bpfState struct {
 
 // bpfEndpoint is what is realised for one endpoint. The agent never runs
 // two operations on one endpoint at once, so its fields need no lock.
-// Only the policy map's file descriptor is kept (one per endpoint): the
-// pinned TCX links or the cls_bpf filters hold the programs.
+// Only the policy maps' file descriptors are kept (two per endpoint):
+// the pinned TCX links or the cls_bpf filters hold the programs.
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
+	cidrMap   *ebpf.Map
 	// have is what the policy map enforces (never nil).
 	have *policy.MapState
 	// attached: programs loaded for identity run on ifindex (with
@@ -58,6 +59,9 @@ var noPolicy = &policy.MapState{}
 func (e *bpfEndpoint) close() {
 	if e.policyMap != nil {
 		e.policyMap.Close()
+	}
+	if e.cidrMap != nil {
+		e.cidrMap.Close()
 	}
 }
 
@@ -122,9 +126,12 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapPolicy].MaxEntries) - 2; len(want.Allow) > limit {
 		return fmt.Errorf("policy of %d entries, at most %d fit the policy map: %w", len(want.Allow), limit, ErrInvalidPolicy)
 	}
-	if err := syncPolicyMap(e.policyMap, e.have, want); err != nil {
-		// Partly applied: read back what the map holds now.
-		if have, rerr := realisedState(e.policyMap); rerr == nil {
+	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy].MaxEntries); len(want.CIDR) > limit {
+		return fmt.Errorf("policy of %d CIDR entries, at most %d fit the cidr policy map: %w", len(want.CIDR), limit, ErrInvalidPolicy)
+	}
+	if err := syncPolicyMap(e.policyMap, e.cidrMap, e.have, want); err != nil {
+		// Partly applied: read back what the maps hold now.
+		if have, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
 			e.have = have
 		}
 		return err
@@ -133,7 +140,7 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
 		return nil
 	}
-	progs, err := b.tmpl.load(b.maps, e.policyMap, ep.ID, ep.Identity)
+	progs, err := b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
 	if err != nil {
 		return err
 	}
@@ -146,25 +153,34 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	return nil
 }
 
-// openEndpoint opens (or creates) the endpoint's pinned policy map and
-// reads back what it enforces; when a previous agent left this build's
+// openEndpoint opens (or creates) the endpoint's pinned policy maps and
+// reads back what they enforce; when a previous agent left this build's
 // programs attached for the same identity and interface, it adopts them
-// (nothing is reloaded).
+// (nothing is reloaded). A map that is new (the other one left by an
+// older build) means the programs are reloaded.
 func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
-	pm, created, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir)
+	pm, created, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir, pinPolicy)
 	if err != nil {
 		return nil, err
 	}
-	e := &bpfEndpoint{policyMap: pm, have: noPolicy}
-	if !created {
-		if e.have, err = realisedState(pm); err != nil {
-			pm.Close()
+	cm, cidrCreated, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy], dir, pinCIDR)
+	if err != nil {
+		pm.Close()
+		return nil, err
+	}
+	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
+	if !created || !cidrCreated {
+		// Either map may hold entries even when the other is new.
+		if e.have, err = realisedState(pm, cm); err != nil {
+			e.close()
 			return nil, err
 		}
+	}
+	if !created && !cidrCreated {
 		b.mu.Lock()
 		legacy := b.legacy
 		b.mu.Unlock()
-		if !legacy && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm) {
+		if !legacy && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm, cm) {
 			e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 		}
 	}
@@ -291,6 +307,32 @@ func (l *Linux) closeLater(cs []io.Closer) {
 	}
 }
 
+// DumpCIDRPolicy implements CIDRPolicyDumper: the realised CIDR policy
+// map of endpoint id with its counters (also one pinned by a previous
+// agent). Returns ErrEndpointMissing if id has no CIDR policy map.
+func (l *Linux) DumpCIDRPolicy(_ context.Context, id endpoint.ID) (entries []CIDRPolicyEntry, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		b.mu.Lock()
+		e := b.eps[id]
+		b.mu.Unlock()
+		if e != nil {
+			entries, err = dumpCIDRMap(e.cidrMap)
+			return err
+		}
+		cm, lerr := ebpf.LoadPinnedMap(filepath.Join(b.endpointDir(id), pinCIDR), nil)
+		if errors.Is(lerr, os.ErrNotExist) {
+			return fmt.Errorf("dump cidr policy of endpoint %d: %w", id, ErrEndpointMissing)
+		}
+		if lerr != nil {
+			return fmt.Errorf("dump cidr policy of endpoint %d: %w", id, lerr)
+		}
+		defer cm.Close()
+		entries, err = dumpCIDRMap(cm)
+		return err
+	})
+	return entries, err
+}
+
 // DumpPolicy implements PolicyDumper: the realised policy map of
 // endpoint id with its counters (also one pinned by a previous agent).
 // Returns ErrEndpointMissing if id has no policy map.
@@ -351,5 +393,6 @@ func (l *Linux) guardBPF(fn func(b *bpfState) error) error {
 
 var (
 	_ PolicyDumper      = (*Linux)(nil)
+	_ CIDRPolicyDumper  = (*Linux)(nil)
 	_ DropCounterReader = (*Linux)(nil)
 )

@@ -21,6 +21,7 @@ const (
 	pinEvents    = "events"
 	pinEndpoints = "endpoints"
 	pinPolicy    = "policy"
+	pinCIDR      = "cidr"
 	pinLinkFrom  = "link_from_container"
 	pinLinkTo    = "link_to_container"
 )

@@ -25,6 +25,7 @@ type progHarness struct {
 	b     *bpfState
 	id    endpoint.ID
 	pm    *ebpf.Map
+	cm    *ebpf.Map
 	progs programs
 	have  *policy.MapState
 }
@@ -37,17 +38,22 @@ func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity
 		t.Fatalf("open bpf: %v", err)
 	}
 	t.Cleanup(b.close)
-	pm, _, err := openPolicyMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], b.endpointDir(id))
+	pm, _, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], b.endpointDir(id), pinPolicy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pm.Close() })
-	progs, err := b.tmpl.load(b.maps, pm, id, ident)
+	cm, _, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy], b.endpointDir(id), pinCIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cm.Close() })
+	progs, err := b.tmpl.load(b.maps, pm, cm, id, ident)
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(progs.close)
-	return &progHarness{b: b, id: id, pm: pm, progs: progs, have: noPolicy}
+	return &progHarness{b: b, id: id, pm: pm, cm: cm, progs: progs, have: noPolicy}
 }
 
 func (h *progHarness) setPolicy(t testing.TB, ms *policy.MapState) {
@@ -55,7 +61,7 @@ func (h *progHarness) setPolicy(t testing.TB, ms *policy.MapState) {
 	if ms == nil {
 		ms = noPolicy
 	}
-	if err := syncPolicyMap(h.pm, h.have, ms); err != nil {
+	if err := syncPolicyMap(h.pm, h.cm, h.have, ms); err != nil {
 		t.Fatalf("sync policy: %v", err)
 	}
 	h.have = ms

@@ -82,8 +82,8 @@ func (p programs) close() {
 }
 
 // load loads the endpoint programs for id with its identity, using the
-// shared maps and the endpoint's policy map.
-func (t *template) load(sm sharedMaps, pol *ebpf.Map, id endpoint.ID, ident identity.NumericIdentity) (programs, error) {
+// shared maps and the endpoint's policy maps.
+func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, ident identity.NumericIdentity) (programs, error) {
 	spec := t.spec.Copy()
 	if err := spec.Variables[bpf.EndpointVarENDPOINT_ID].Set(uint32(id)); err != nil {
 		return programs{}, fmt.Errorf("load endpoint %d programs: set id: %w", id, err)
@@ -93,11 +93,12 @@ func (t *template) load(sm sharedMaps, pol *ebpf.Map, id endpoint.ID, ident iden
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		MapReplacements: map[string]*ebpf.Map{
-			bpf.EndpointMapIpcache: sm.ipcache,
-			bpf.EndpointMapCt:      sm.ct,
-			bpf.EndpointMapDrops:   sm.drops,
-			bpf.EndpointMapEvents:  sm.events,
-			bpf.EndpointMapPolicy:  pol,
+			bpf.EndpointMapIpcache:    sm.ipcache,
+			bpf.EndpointMapCt:         sm.ct,
+			bpf.EndpointMapDrops:      sm.drops,
+			bpf.EndpointMapEvents:     sm.events,
+			bpf.EndpointMapPolicy:     pol,
+			bpf.EndpointMapCidrPolicy: cidr,
 		},
 		Cache: t.cache,
 	})

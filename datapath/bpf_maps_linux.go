@@ -126,10 +126,10 @@ func enforceKey(dir policy.Direction) bpf.EndpointPolicyKey {
 	return bpf.EndpointPolicyKey{Prefixlen: policyPrefixFull, Identity: enforceIdentity, Dir: uint8(dir)}
 }
 
-// openPolicyMap opens endpoint dir's pinned policy map, or creates and
-// pins it. created reports a new (empty) map.
-func openPolicyMap(spec *ebpf.MapSpec, dir string) (m *ebpf.Map, created bool, err error) {
-	path := filepath.Join(dir, pinPolicy)
+// openEndpointMap opens endpoint dir's map pinned as pin (pinPolicy or
+// pinCIDR), or creates and pins it. created reports a new (empty) map.
+func openEndpointMap(spec *ebpf.MapSpec, dir, pin string) (m *ebpf.Map, created bool, err error) {
+	path := filepath.Join(dir, pin)
 	if m, err := ebpf.LoadPinnedMap(path, nil); err == nil {
 		if spec.Compatible(m) == nil {
 			return m, false, nil
@@ -144,11 +144,11 @@ func openPolicyMap(spec *ebpf.MapSpec, dir string) (m *ebpf.Map, created bool, e
 	}
 	m, err = ebpf.NewMap(spec)
 	if err != nil {
-		return nil, false, fmt.Errorf("create policy map: %w", err)
+		return nil, false, fmt.Errorf("create %s map: %w", pin, err)
 	}
 	if err := m.Pin(path); err != nil {
 		m.Close()
-		return nil, false, fmt.Errorf("pin policy map %s: %w", path, err)
+		return nil, false, fmt.Errorf("pin %s map %s: %w", pin, path, err)
 	}
 	return m, true, nil
 }
@@ -187,9 +187,14 @@ func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, er
 	return entries, ingress, egress, nil
 }
 
-// realisedState rebuilds what a policy map enforces as a MapState.
-func realisedState(m *ebpf.Map) (*policy.MapState, error) {
+// realisedState rebuilds what a policy map and a CIDR policy map
+// enforce as a MapState.
+func realisedState(m, cm *ebpf.Map) (*policy.MapState, error) {
 	entries, in, eg, err := dumpPolicyMap(m)
+	if err != nil {
+		return nil, err
+	}
+	cidrs, err := dumpCIDRMap(cm)
 	if err != nil {
 		return nil, err
 	}
@@ -197,14 +202,19 @@ func realisedState(m *ebpf.Map) (*policy.MapState, error) {
 	for i, e := range entries {
 		keys[i] = e.Key
 	}
-	return policy.NewMapState(0, in, eg, keys), nil
+	ms := policy.NewMapState(0, in, eg, keys)
+	for _, c := range cidrs {
+		ms.CIDR = append(ms.CIDR, c.Entry)
+	}
+	return ms, nil
 }
 
-// syncPolicyMap makes m enforce want, given that it enforces have, by
-// difference. Order keeps every intermediate state between the two:
-// enforcement turned off first, then additions, removals, and
+// syncPolicyMap makes m (identity entries) and cm (CIDR entries) enforce
+// want, given that they enforce have, by difference. Order keeps every
+// intermediate state between the two: enforcement turned off first,
+// then additions, the CIDR entries (syncCIDRMap), removals, and
 // enforcement turned on last.
-func syncPolicyMap(m *ebpf.Map, have, want *policy.MapState) error {
+func syncPolicyMap(m, cm *ebpf.Map, have, want *policy.MapState) error {
 	add, remove := policy.Diff(have, want)
 	addKeys := make([]bpf.EndpointPolicyKey, 0, len(add))
 	for _, k := range add {
@@ -227,6 +237,9 @@ func syncPolicyMap(m *ebpf.Map, have, want *policy.MapState) error {
 		if err := m.Update(bk, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("update policy map: %w", err)
 		}
+	}
+	if err := syncCIDRMap(cm, have, want); err != nil {
+		return err
 	}
 	for _, k := range remove {
 		if err := deleteKey(m, encodePolicyKey(k)); err != nil {

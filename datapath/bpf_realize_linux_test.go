@@ -156,7 +156,7 @@ func TestBPFAdoptOnlyMatchingPrograms(t *testing.T) {
 	if got := pinnedProgID(t, l, ep.ID); got != first {
 		t.Fatalf("same identity after restart: program %d replaced by %d", first, got)
 	}
-	if l.bpf.adopt(l.bpf.endpointDir(ep.ID), ep.ID, ep.Identity, ep.IfIndex+1000, l.bpf.eps[ep.ID].policyMap) {
+	if l.bpf.adopt(l.bpf.endpointDir(ep.ID), ep.ID, ep.Identity, ep.IfIndex+1000, l.bpf.eps[ep.ID].policyMap, l.bpf.eps[ep.ID].cidrMap) {
 		t.Fatal("adopted programs attached to another interface")
 	}
 	l = reopen(t, l)

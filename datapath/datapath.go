@@ -66,6 +66,23 @@ type PolicyEntry struct {
 	Bytes   uint64
 }
 
+// CIDRPolicyEntry is one realised CIDR policy entry with its counters
+// (what it allowed; a deny entry counts nothing).
+type CIDRPolicyEntry struct {
+	Entry   policy.CIDREntry
+	Packets uint64
+	Bytes   uint64
+}
+
+// CIDRPolicyDumper is implemented by datapaths that can read back an
+// endpoint's realised CIDR policy (GET /v1/endpoint/{id}/policy).
+type CIDRPolicyDumper interface {
+	// DumpCIDRPolicy returns the endpoint's realised CIDR entries, sorted
+	// by policy.CompareCIDR. Returns ErrEndpointMissing if nothing is
+	// realised for id.
+	DumpCIDRPolicy(ctx context.Context, id endpoint.ID) ([]CIDRPolicyEntry, error)
+}
+
 // PolicyDumper is implemented by datapaths that can read back an
 // endpoint's realised policy (GET /v1/endpoint/{id}/policy).
 type PolicyDumper interface {

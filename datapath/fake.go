@@ -237,6 +237,24 @@ func (f *Fake) DumpPolicy(_ context.Context, id endpoint.ID) ([]PolicyEntry, boo
 	return out, m.IngressEnforced, m.EgressEnforced, nil
 }
 
+// DumpCIDRPolicy implements CIDRPolicyDumper: the realised CIDR
+// entries, with zero counters.
+func (f *Fake) DumpCIDRPolicy(_ context.Context, id endpoint.ID) ([]CIDRPolicyEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.endpoints[id]; !ok {
+		return nil, fmt.Errorf("dump cidr policy of endpoint %d: %w", id, ErrEndpointMissing)
+	}
+	m := f.policies[id]
+	out := []CIDRPolicyEntry{}
+	if m != nil {
+		for _, e := range m.CIDR {
+			out = append(out, CIDRPolicyEntry{Entry: e})
+		}
+	}
+	return out, nil
+}
+
 // DropCounters implements DropCounterReader: the Fake forwards no
 // packets, so it never drops any (an empty map).
 func (f *Fake) DropCounters(context.Context) (map[DropKey]Counter, error) {
@@ -251,6 +269,7 @@ func (f *Fake) EndpointDrops(context.Context, endpoint.ID) (map[DropKey]Counter,
 
 var (
 	_ PolicyDumper      = (*Fake)(nil)
+	_ CIDRPolicyDumper  = (*Fake)(nil)
 	_ DropCounterReader = (*Fake)(nil)
 	_ IPCacheSyncer     = (*Fake)(nil)
 )

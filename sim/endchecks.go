@@ -115,6 +115,15 @@ func policyDiff(p *models.EndpointPolicy) string {
 	for _, r := range p.Realized {
 		realized = append(realized, key(r.PolicyEntry))
 	}
+	cidr := func(e models.CIDRPolicyEntry) string {
+		return fmt.Sprintf("%s/%d/%s/%s/%v", e.CIDR, e.Port, e.Protocol, e.Direction, e.Allow)
+	}
+	for _, c := range p.ComputedCIDR {
+		computed = append(computed, cidr(c))
+	}
+	for _, r := range p.RealizedCIDR {
+		realized = append(realized, cidr(r.CIDRPolicyEntry))
+	}
 	slices.Sort(computed)
 	slices.Sort(realized)
 	if slices.Equal(computed, realized) {

@@ -42,6 +42,11 @@ func TestPolicyDiff(t *testing.T) {
 			Realized: []models.RealizedPolicyEntry{{PolicyEntry: other, Packets: 3}, {PolicyEntry: in}}}, ""},
 		{"entry missing", models.EndpointPolicy{IngressEnforced: true, RealizedIngressEnforced: true, Computed: []models.PolicyEntry{in, other},
 			Realized: []models.RealizedPolicyEntry{{PolicyEntry: in}}}, "computed 2 entries"},
+		{"cidr entry missing", models.EndpointPolicy{EgressEnforced: true, RealizedEgressEnforced: true,
+			ComputedCIDR: []models.CIDRPolicyEntry{{CIDR: "10.0.0.0/8", Protocol: "ANY", Direction: "egress", Allow: true}}}, "computed 1 entries"},
+		{"cidr verdict differs", models.EndpointPolicy{EgressEnforced: true, RealizedEgressEnforced: true,
+			ComputedCIDR: []models.CIDRPolicyEntry{{CIDR: "10.0.0.0/8", Protocol: "ANY", Direction: "egress", Allow: true}},
+			RealizedCIDR: []models.RealizedCIDRPolicyEntry{{CIDRPolicyEntry: models.CIDRPolicyEntry{CIDR: "10.0.0.0/8", Protocol: "ANY", Direction: "egress"}}}}, "computed 1 entries"},
 		{"enforcement differs", models.EndpointPolicy{EgressEnforced: true}, "enforcement"},
 		{"unreadable", models.EndpointPolicy{RealizedError: "boom"}, "unreadable"},
 	} {

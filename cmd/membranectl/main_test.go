@@ -273,6 +273,8 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"id": 3, "identity": 300, "policy-revision": 7, "ingress-enforced": true, "egress-enforced": false,
  "computed": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress"}],
  "realized": [{"identity": 257, "port": 80, "protocol": "TCP", "direction": "ingress", "packets": 12, "bytes": 960}],
+ "computed-cidr": [{"cidr": "10.0.0.0/8", "port": 443, "protocol": "TCP", "direction": "egress", "allow": true}],
+ "realized-cidr": [{"cidr": "10.0.0.0/8", "port": 443, "protocol": "TCP", "direction": "egress", "allow": true, "packets": 2, "bytes": 120}],
  "realized-ingress-enforced": true, "realized-egress-enforced": false,
  "drops": [{"reason": "policy-denied", "direction": "ingress", "packets": 3, "bytes": 180}]}`)
 	case r.Method == "GET" && r.URL.Path == "/v1/drops":

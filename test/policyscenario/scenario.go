@@ -110,7 +110,19 @@ func Realized(ctx context.Context, c *client.Client, id int64) (*policy.MapState
 		}
 		keys = append(keys, k)
 	}
-	return policy.NewMapState(0, ep.RealizedIngressEnforced, ep.RealizedEgressEnforced, keys), nil
+	m := policy.NewMapState(0, ep.RealizedIngressEnforced, ep.RealizedEgressEnforced, keys)
+	for _, e := range ep.RealizedCIDR {
+		k, err := keyOf(models.PolicyEntry{Port: e.Port, Protocol: e.Protocol, Direction: e.Direction})
+		if err != nil {
+			return nil, err
+		}
+		p, err := netip.ParsePrefix(e.CIDR)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %d: realized cidr entry: %w", id, err)
+		}
+		m.CIDR = append(m.CIDR, policy.CIDREntry{Dir: k.Dir, Proto: k.Proto, Port: k.Port, Prefix: p, Allow: e.Allow})
+	}
+	return m, nil
 }
 
 func keyOf(e models.PolicyEntry) (policy.Key, error) {

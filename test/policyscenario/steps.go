@@ -3,6 +3,7 @@ package policyscenario
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -185,6 +186,10 @@ func checkCIDR(t *testing.T, c *client.Client, p Pods) {
 		t.Errorf("A reaches world")
 	case m.Enforced(policy.Ingress):
 		t.Errorf("A's ingress is enforced by an egress-only rule")
+	case !m.CIDRAllows(netip.MustParseAddr("192.0.2.127"), 443, policy.ProtoTCP, policy.Egress):
+		t.Errorf("A's realised CIDR entries %v do not allow the address 192.0.2.127", m.CIDR)
+	case m.CIDRAllows(netip.MustParseAddr("192.0.2.128"), 443, policy.ProtoTCP, policy.Egress):
+		t.Errorf("A's realised CIDR entries %v allow the except address 192.0.2.128", m.CIDR)
 	}
 	if _, err := c.PolicyDelete(context.Background(), "a-egress"); err != nil {
 		t.Fatal(err)

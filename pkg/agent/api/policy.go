@@ -123,24 +123,32 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := &models.EndpointPolicy{ID: int64(ep.ID), Identity: uint32(ep.Identity), Computed: []models.PolicyEntry{}}
+	out := &models.EndpointPolicy{ID: int64(ep.ID), Identity: uint32(ep.Identity), Computed: []models.PolicyEntry{},
+		ComputedCIDR: []models.CIDRPolicyEntry{}}
 	if m := ep.Policy; m != nil {
 		out.PolicyRevision, out.IngressEnforced, out.EgressEnforced = m.Revision, m.IngressEnforced, m.EgressEnforced
 		for _, k := range m.Allow {
 			out.Computed = append(out.Computed, entryModel(k))
 		}
+		for _, c := range m.CIDR {
+			out.ComputedCIDR = append(out.ComputedCIDR, cidrEntryModel(c))
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
-	entries, in, eg, err := s.dumpPolicy(ctx, ep.ID)
+	pd, err := s.dumpPolicy(ctx, ep.ID)
 	if err != nil {
 		out.RealizedError = err.Error()
 	} else {
-		out.Realized = make([]models.RealizedPolicyEntry, 0, len(entries))
-		for _, e := range entries {
+		out.Realized = make([]models.RealizedPolicyEntry, 0, len(pd.entries))
+		for _, e := range pd.entries {
 			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes})
 		}
-		out.RealizedIngressEnforced, out.RealizedEgressEnforced = in, eg
+		out.RealizedCIDR = make([]models.RealizedCIDRPolicyEntry, 0, len(pd.cidr))
+		for _, e := range pd.cidr {
+			out.RealizedCIDR = append(out.RealizedCIDR, models.RealizedCIDRPolicyEntry{CIDRPolicyEntry: cidrEntryModel(e.Entry), Packets: e.Packets, Bytes: e.Bytes})
+		}
+		out.RealizedIngressEnforced, out.RealizedEgressEnforced = pd.ingress, pd.egress
 	}
 	if out.Drops, err = s.readDrops(ctx, ep.ID, false); err != nil {
 		out.DropsError = err.Error()
@@ -148,14 +156,28 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// dumpPolicy reads an endpoint's policy map back from the datapath.
-func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) ([]datapath.PolicyEntry, bool, bool, error) {
+// policyDump is an endpoint's policy maps as the datapath holds them.
+type policyDump struct {
+	entries         []datapath.PolicyEntry
+	cidr            []datapath.CIDRPolicyEntry
+	ingress, egress bool
+}
+
+// dumpPolicy reads an endpoint's policy maps back from the datapath.
+func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) (*policyDump, error) {
 	rp, err := s.sys.DumpPolicy(ctx, id)
-	return rp.Entries, rp.Ingress, rp.Egress, err
+	if err != nil {
+		return nil, err
+	}
+	return &policyDump{entries: rp.Entries, cidr: rp.CIDR, ingress: rp.Ingress, egress: rp.Egress}, nil
 }
 
 func entryModel(k policy.Key) models.PolicyEntry {
 	return models.PolicyEntry{Identity: uint32(k.Identity), Port: k.Port, Protocol: protoName(k.Proto), Direction: k.Dir.String()}
+}
+
+func cidrEntryModel(e policy.CIDREntry) models.CIDRPolicyEntry {
+	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: e.Port, Protocol: protoName(e.Proto), Direction: e.Dir.String(), Allow: e.Allow}
 }
 
 func protoName(p uint8) string {

@@ -3,6 +3,7 @@ package api_test
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +138,41 @@ func TestPolicyAPI(t *testing.T) {
 		waitFor(t, "web back to allow-all", func() bool {
 			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
 			return err == nil && !p.RealizedIngressEnforced && len(p.Realized) == 0 && len(p.Computed) == 0
+		})
+	})
+	t.Run("cidr entries", func(t *testing.T) {
+		const doc = `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-egress, namespace: ns}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}], ports: [{port: 443}]}]
+`
+		if _, err := e.client.PolicyImport(bg(t), []byte(doc), "application/yaml"); err != nil {
+			t.Fatal(err)
+		}
+		want := []models.CIDRPolicyEntry{
+			{CIDR: "10.0.0.0/8", Port: 443, Protocol: "TCP", Direction: "egress", Allow: true},
+			{CIDR: "10.1.0.0/16", Port: 443, Protocol: "TCP", Direction: "egress"},
+		}
+		waitFor(t, "web's CIDR entries realised", func() bool {
+			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
+			return err == nil && len(p.RealizedCIDR) == len(want)
+		})
+		p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p.ComputedCIDR, want) || p.RealizedCIDR[0].CIDRPolicyEntry != want[0] || p.RealizedCIDR[1].CIDRPolicyEntry != want[1] {
+			t.Fatalf("computed-cidr %+v, realized-cidr %+v, want %+v", p.ComputedCIDR, p.RealizedCIDR, want)
+		}
+		if _, err := e.client.PolicyDelete(bg(t), "ns/web-egress"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "web's CIDR entries gone", func() bool {
+			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
+			return err == nil && p.RealizedCIDR != nil && len(p.RealizedCIDR) == 0 && len(p.ComputedCIDR) == 0
 		})
 	})
 	t.Run("errors", func(t *testing.T) {

@@ -51,6 +51,27 @@ type RealizedPolicyEntry struct {
 	Bytes   uint64 `json:"bytes"`
 }
 
+// CIDRPolicyEntry is one CIDR policy entry, decided on the peer's
+// address whatever its identity: a connection in direction to port
+// (0: any) over protocol whose peer address's longest match among the
+// entries of the same direction, port and protocol is cidr is allowed
+// when allow is set (false: an except carved out of a broader entry).
+type CIDRPolicyEntry struct {
+	CIDR      string `json:"cidr"`
+	Port      uint16 `json:"port"`
+	Protocol  string `json:"protocol"`
+	Direction string `json:"direction"`
+	Allow     bool   `json:"allow"`
+}
+
+// RealizedCIDRPolicyEntry is a CIDR policy entry read back from the
+// datapath with its counters (what an allow entry allowed).
+type RealizedCIDRPolicyEntry struct {
+	CIDRPolicyEntry
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
 // EndpointPolicy answers GET /v1/endpoint/{id}/policy.
 type EndpointPolicy struct {
 	ID       int64  `json:"id"`
@@ -61,12 +82,18 @@ type EndpointPolicy struct {
 	IngressEnforced bool          `json:"ingress-enforced"`
 	EgressEnforced  bool          `json:"egress-enforced"`
 	Computed        []PolicyEntry `json:"computed"`
+	// ComputedCIDR are the computed CIDR entries (CIDR rules and
+	// ipBlocks, decided on the peer's address).
+	ComputedCIDR []CIDRPolicyEntry `json:"computed-cidr"`
 	// Realized is the datapath's policy map (null when it cannot be
 	// read: RealizedError says why).
 	Realized                []RealizedPolicyEntry `json:"realized"`
 	RealizedIngressEnforced bool                  `json:"realized-ingress-enforced"`
 	RealizedEgressEnforced  bool                  `json:"realized-egress-enforced"`
 	RealizedError           string                `json:"realized-error,omitempty"`
+	// RealizedCIDR is the datapath's CIDR policy map (null when it
+	// cannot be read: RealizedError says why).
+	RealizedCIDR []RealizedCIDRPolicyEntry `json:"realized-cidr"`
 	// Drops are the datapath's drop counters of this endpoint (null
 	// when they cannot be read: DropsError says why).
 	Drops      []DropCounter `json:"drops"`

@@ -59,6 +59,9 @@ type MapState struct {
 	IngressEnforced, EgressEnforced bool
 	// Allow is sorted (Compare) and free of duplicates.
 	Allow []Key
+	// CIDR are the CIDR rules' entries, decided on the peer's address
+	// (see CIDREntry), sorted by CompareCIDR, one per prefix and group.
+	CIDR []CIDREntry
 }
 
 // Compare orders keys by direction, identity, protocol, then port.
@@ -126,8 +129,9 @@ func Lookups(peer identity.NumericIdentity, port uint16, proto uint8, dir Direct
 }
 
 // Allows reports whether a new connection with peer on port/proto in
-// dir passes: always when dir is not enforced, else when one of Lookups
-// is an entry. The datapath's verdict must equal this one.
+// dir passes on identity entries alone: always when dir is not enforced,
+// else when one of Lookups is an entry. CIDR entries need the peer's
+// address: AllowsAddr is the datapath's verdict.
 func (m *MapState) Allows(peer identity.NumericIdentity, port uint16, proto uint8, dir Direction) bool {
 	if !m.Enforced(dir) {
 		return true
@@ -146,7 +150,7 @@ func (m *MapState) Equal(o *MapState) bool {
 		return m == o
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
-		slices.Equal(m.Allow, o.Allow)
+		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR)
 }
 
 // Diff returns the entries of to missing from from (add) and those of

@@ -243,3 +243,26 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestKNPDefaultPolicyTypes: without policyTypes, Egress is enforced
+// only when there is an egress rule, as Kubernetes defaults it.
+func TestKNPDefaultPolicyTypes(t *testing.T) {
+	for _, tc := range []struct {
+		name, egress string
+		want         bool
+	}{
+		{"no egress section", "", false},
+		{"empty egress list", "  egress: []\n", false},
+		{"an egress rule", "  egress: [{}]\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pols, err := Parse([]byte(knpHead + "spec:\n  podSelector: {}\n" + tc.egress))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := pols[0].Rules[0]; !r.IngressEnforced || r.EgressEnforced != tc.want {
+				t.Errorf("ingress %v egress %v, want true %v", r.IngressEnforced, r.EgressEnforced, tc.want)
+			}
+		})
+	}
+}

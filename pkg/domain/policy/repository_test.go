@@ -129,7 +129,7 @@ specs:
 	p8, p16 := netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")
 	id8, id16 := res.CIDRUpserts[p8], res.CIDRUpserts[p16]
 	if len(res.CIDRUpserts) != 2 || id8 < MinCIDRIdentity || id16 < MinCIDRIdentity || id8 == id16 {
-		t.Fatalf("CIDR upserts %v, want 10.0.0.0/8 and 10.1.0.0/16 (0.0.0.0/0 is world)", res.CIDRUpserts)
+		t.Fatalf("CIDR upserts %v, want 10.0.0.0/8 and 10.1.0.0/16 (0.0.0.0/0 needs no identity)", res.CIDRUpserts)
 	}
 	m := r.MapState(300)
 	tests := []struct {
@@ -142,7 +142,7 @@ specs:
 	}{
 		{"inside the cidr", id8, 443, ProtoTCP, Egress, true},
 		{"the except", id16, 443, ProtoTCP, Egress, false},
-		{"0.0.0.0/0 is world", identity.ReservedWorld, 53, ProtoUDP, Egress, true},
+		{"0.0.0.0/0 is not the world identity (it holds IPv6 too)", identity.ReservedWorld, 53, ProtoUDP, Egress, false},
 		{"0.0.0.0/0 covers cidr identities", id16, 53, ProtoUDP, Egress, true},
 		{"world port not allowed", identity.ReservedWorld, 443, ProtoTCP, Egress, false},
 		{"world entity ingress", identity.ReservedWorld, 1, ProtoTCP, Ingress, true},
@@ -155,6 +155,14 @@ specs:
 				t.Errorf("Allows(%d, %d, %d, %v) = %v, want %v", tt.peer, tt.port, tt.proto, tt.dir, got, tt.want)
 			}
 		})
+	}
+	for _, a := range []struct {
+		addr string
+		want bool
+	}{{"192.0.2.1", true}, {"10.1.2.3", true}, {"2001:db8::1", false}} {
+		if got := m.CIDRAllows(netip.MustParseAddr(a.addr), 53, ProtoUDP, Egress); got != a.want {
+			t.Errorf("0.0.0.0/0 on UDP 53: %s allowed = %v, want %v", a.addr, got, a.want)
+		}
 	}
 	res, _ = r.DeleteByName("default/cidr")
 	if len(res.CIDRDeletes) != 2 || len(r.CIDRs()) != 0 {

@@ -118,8 +118,9 @@ func (r Requirement) matches(ls labels.Labels) bool {
 }
 
 // CIDRSelector matches the CIDR identities of prefixes inside Prefix and
-// outside every Except; a /0 also matches the world identity (an ipcache
-// miss is world).
+// outside every Except. It never matches the world identity, which holds
+// addresses of both families: the CIDR entries (CIDREntry) decide on
+// the address itself, pods' and the world's alike.
 type CIDRSelector struct {
 	Prefix netip.Prefix
 	Except []netip.Prefix // sorted
@@ -146,9 +147,6 @@ func (s *CIDRSelector) buildKey() string {
 
 // Matches implements Selector.
 func (s *CIDRSelector) Matches(ls labels.Labels) bool {
-	if s.Prefix.Bits() == 0 && isWorld(ls) {
-		return true
-	}
 	p, ok := cidrOf(ls)
 	return ok && s.selects(p)
 }

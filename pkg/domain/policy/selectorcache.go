@@ -141,7 +141,8 @@ func matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.Labels) bool {
 }
 
 // cidrPrefixes returns the prefixes of a CIDR selector that need their
-// own identity: the prefix (unless /0, which is world) and the excepts.
+// own identity: the prefix (unless /0: nothing to tell apart from the
+// world) and the excepts.
 func cidrPrefixes(s Selector) []netip.Prefix {
 	c, ok := s.(*CIDRSelector)
 	if !ok {
@@ -338,22 +339,26 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		}
 	}
 	keys := make([]Key, 0, n)
+	groups := map[cidrGroup][]*CIDRSelector{}
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
 				ingress = true
 				keys = r.appendKeys(keys, rule.Ingress, Ingress)
+				addCIDRGroups(groups, rule.Ingress, Ingress)
 			}
 			if rule.EgressEnforced {
 				egress = true
 				keys = r.appendKeys(keys, rule.Egress, Egress)
+				addCIDRGroups(groups, rule.Egress, Egress)
 			}
 		}
 	}
 	var m *MapState
 	if ingress || egress {
 		m = NewMapState(r.revision, ingress, egress, keys)
+		m.CIDR = cidrEntries(groups)
 	}
 	if r.bySubjects == nil {
 		r.bySubjects = map[string]*MapState{}
@@ -402,6 +407,29 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key
 		}
 	}
 	return keys
+}
+
+// addCIDRGroups adds the CIDR selectors of prs to the groups of their
+// ports. They also select CIDR identities (appendKeys), which decide
+// the same for addresses the ipcache maps to those identities; the CIDR
+// entries decide for every address, a pod's too.
+func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, prs []PeerRule, dir Direction) {
+	for _, pr := range prs {
+		ports := pr.Ports
+		if len(ports) == 0 {
+			ports = anyPort
+		}
+		for _, s := range pr.Peers {
+			c, ok := s.(*CIDRSelector)
+			if !ok {
+				continue
+			}
+			for _, pp := range ports {
+				g := cidrGroup{dir: dir, proto: pp.Proto, port: pp.Port}
+				groups[g] = append(groups[g], c)
+			}
+		}
+	}
 }
 
 func comparePrefix(a, b netip.Prefix) int {

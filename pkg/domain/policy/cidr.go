@@ -1,0 +1,164 @@
+package policy
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// CIDREntry is one entry of an endpoint's CIDR policy: CIDR rules
+// (fromCIDR/toCIDR, CIDRSet and ipBlock) decide on the peer's address,
+// whatever identity the address has, so a pod's address is matched like
+// any other and a pod's identity is never widened to its siblings.
+//
+// Entries of one group {Dir, Proto, Port} (wildcards as in Key) form a
+// longest-prefix-match table of their own: a packet in Dir to Port over
+// Proto with peer address a is allowed by the group when the longest
+// Prefix of the group holding a has Allow set. The groups tried are the
+// exact one, the port wildcard and the protocol wildcard (CIDRAllows);
+// one allowing is enough. A group's table is exact (see cidrEntries):
+// the longest match of every address gives that address's verdict over
+// all the rules of the group, so an except of one rule is never undone by
+// a broader prefix of another rule, nor turned into a deny of an address
+// another rule allows.
+type CIDREntry struct {
+	Dir    Direction
+	Proto  uint8
+	Port   uint16
+	Prefix netip.Prefix // masked; IPv4 prefixes are 4-byte
+	Allow  bool
+}
+
+// CompareCIDR orders entries by direction, protocol, port, then prefix
+// (IPv4 first, then address, then length); Allow is not compared, so
+// the entries of one MapState never share the other fields.
+func CompareCIDR(a, b CIDREntry) int {
+	return cmp.Or(cmp.Compare(a.Dir, b.Dir), cmp.Compare(a.Proto, b.Proto),
+		cmp.Compare(a.Port, b.Port), comparePrefix(a.Prefix, b.Prefix))
+}
+
+// CIDRAllows reports whether the CIDR entries allow a new connection
+// with peer address addr on port/proto in dir (enforcement aside). The
+// BPF programs' cidr_lookup computes the same.
+func (m *MapState) CIDRAllows(addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
+	if m == nil || !addr.IsValid() {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, g := range [3][2]uint16{{uint16(proto), port}, {uint16(proto), 0}, {0, 0}} {
+		if e, ok := m.longestCIDR(dir, uint8(g[0]), g[1], addr); ok && e.Allow {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *MapState) longestCIDR(dir Direction, proto uint8, port uint16, addr netip.Addr) (CIDREntry, bool) {
+	var best CIDREntry
+	found := false
+	for _, e := range m.CIDR {
+		if e.Dir == dir && e.Proto == proto && e.Port == port && e.Prefix.Contains(addr) &&
+			(!found || e.Prefix.Bits() > best.Prefix.Bits()) {
+			best, found = e, true
+		}
+	}
+	return best, found
+}
+
+// AllowsAddr reports whether a new connection with the peer of identity
+// peer and address addr on port/proto in dir passes: always when dir is
+// not enforced, else when an identity entry (Allows) or the CIDR entries
+// (CIDRAllows) allow it. The datapath's verdict must equal this one.
+func (m *MapState) AllowsAddr(peer identity.NumericIdentity, addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
+	return m.Allows(peer, port, proto, dir) || m.CIDRAllows(addr, port, proto, dir)
+}
+
+// cidrGroup is one {Dir, Proto, Port} group's CIDR selectors.
+type cidrGroup struct {
+	dir   Direction
+	proto uint8
+	port  uint16
+}
+
+// cidrEntries compiles the CIDR selectors of each group into exact
+// longest-prefix-match tables. For the set S of every prefix and except
+// of a group's selectors, an address's longest match P in S decides:
+// selector C allows the address iff C.Prefix contains P and no except of
+// C contains P (every prefix of C is in S, so one holding the address is
+// either P or contains P). Entries whose verdict equals the one their
+// nearest enclosing entry gives (deny without one) are left out: removing
+// them changes no address's verdict.
+func cidrEntries(groups map[cidrGroup][]*CIDRSelector) []CIDREntry {
+	var out []CIDREntry
+	for g, sels := range groups {
+		var set []netip.Prefix
+		for _, s := range sels {
+			set = append(set, s.Prefix)
+			set = append(set, s.Except...)
+		}
+		slices.SortFunc(set, comparePrefix)
+		set = slices.Compact(set)
+		verdict := func(p netip.Prefix) bool {
+			return slices.ContainsFunc(sels, func(s *CIDRSelector) bool {
+				return contains(s.Prefix, p) && !slices.ContainsFunc(s.Except, func(e netip.Prefix) bool { return contains(e, p) })
+			})
+		}
+		for _, p := range set {
+			allow := verdict(p)
+			inherited := false
+			if parent, ok := nearestEnclosing(set, p); ok {
+				inherited = verdict(parent)
+			}
+			if allow != inherited {
+				out = append(out, CIDREntry{Dir: g.dir, Proto: g.proto, Port: g.port, Prefix: p, Allow: allow})
+			}
+		}
+	}
+	slices.SortFunc(out, CompareCIDR)
+	return out
+}
+
+// nearestEnclosing returns the longest prefix of set strictly containing p.
+func nearestEnclosing(set []netip.Prefix, p netip.Prefix) (netip.Prefix, bool) {
+	var best netip.Prefix
+	found := false
+	for _, q := range set {
+		if q.Bits() < p.Bits() && contains(q, p) && (!found || q.Bits() > best.Bits()) {
+			best, found = q, true
+		}
+	}
+	return best, found
+}
+
+// DiffCIDR returns the entries of to that from lacks or holds with
+// another verdict (upsert), and the entries of from whose fields other
+// than Allow are absent from to (remove).
+func DiffCIDR(from, to *MapState) (upsert, remove []CIDREntry) {
+	var a, b []CIDREntry
+	if from != nil {
+		a = from.CIDR
+	}
+	if to != nil {
+		b = to.CIDR
+	}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && CompareCIDR(a[i], b[j]) < 0):
+			remove = append(remove, a[i])
+			i++
+		case i == len(a) || CompareCIDR(a[i], b[j]) > 0:
+			upsert = append(upsert, b[j])
+			j++
+		default:
+			if a[i].Allow != b[j].Allow {
+				upsert = append(upsert, b[j])
+			}
+			i++
+			j++
+		}
+	}
+	return upsert, remove
+}

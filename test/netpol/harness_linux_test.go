@@ -1,0 +1,414 @@
+package netpol
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// pluginDir holds the membrane-cni binary built once for the package.
+var pluginDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "membrane-netpol-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
+		"github.com/membrane-cni/membrane/cmd/membrane-cni")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build membrane-cni: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	pluginDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// logBuffer collects the agent's log, printed when a test fails.
+type logBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// world is the 3x3 world: a netns standing in for the node, an agent on
+// the Linux datapath in it, and nine pods made by membrane-cni.
+type world struct {
+	t      *testing.T
+	host   *testutil.NS
+	cni    *libcni.CNIConfig
+	conf   *libcni.NetworkConfigList
+	agent  *agent.Agent
+	c      *client.Client
+	cidr   netip.Prefix
+	pods   []*worldPod
+	model  []modelPod
+	logs   *logBuffer
+	nextID int
+}
+
+// worldPod is one pod: its netns, runtime config and endpoint.
+type worldPod struct {
+	modelPod
+	ns *testutil.NS
+	rt *libcni.RuntimeConf
+	ep *models.Endpoint
+}
+
+var (
+	namespaces = []string{"x", "y", "z"}
+	podNames   = []string{"a", "b", "c"}
+	ports      = []int{80, 81}
+)
+
+func newWorld(t *testing.T, cidr string) *world {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{}}
+	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
+	// An explicit exec: libcni sets its default lazily, racing when the
+	// pods are added in parallel.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	w.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), exec)
+	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-netpol","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q}]}`,
+		socket, queue)
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		t.Fatalf("conflist: %v", err)
+	}
+	w.conf = conf
+	cfg := agent.Config{
+		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: w.cidr, Datapath: "linux",
+		Linux:          datapath.LinuxConfig{HostNetns: w.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
+		DeleteQueueDir: queue, DeleteQueueInterval: time.Hour, GCInterval: time.Hour,
+	}
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	w.agent = a
+	w.c = client.New(socket)
+	// Cleanups run last-in first-out: pods go (CNI DEL) before the agent
+	// stops; the pods' netns are removed by their own cleanups after.
+	t.Cleanup(func() {
+		w.c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", w.logs.String())
+		}
+	})
+	var wg sync.WaitGroup
+	errs := make([]error, len(namespaces)*len(podNames))
+	for _, ns := range namespaces {
+		for _, name := range podNames {
+			w.pods = append(w.pods, &worldPod{modelPod: modelPod{ns: ns, name: name, labels: map[string]string{"pod": name}},
+				ns: testutil.NewNS(t, "mbt-np")})
+		}
+	}
+	for i, p := range w.pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.addPod(p)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range w.pods {
+			if p.rt == nil {
+				continue
+			}
+			if err := w.inHost(func(ctx context.Context) error { return w.cni.DelNetworkList(ctx, w.conf, p.rt) }); err != nil {
+				t.Errorf("DEL %s: %v", p, err)
+			}
+		}
+	})
+	for _, p := range w.pods {
+		w.model = append(w.model, p.modelPod)
+		for _, port := range ports {
+			testutil.EchoServer(t, p.ns, p.ip, port)
+			udpEchoServer(t, p.ns, p.ip, port)
+		}
+	}
+	return w
+}
+
+// inHost runs fn on a thread in the world's host netns, so that the
+// plugins libcni execs run there.
+func (w *world) inHost(fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return w.host.Do(func() error { return fn(ctx) })
+}
+
+// addPod runs CNI ADD for p in its namespace and labels its endpoint
+// pod=<name>, as the agent's Kubernetes watcher would.
+func (w *world) addPod(p *worldPod) error {
+	id := "c" + testutil.RandomSuffix(24)
+	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: p.ns.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.modelPod.ns}, {"K8S_POD_NAME", p.name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + p.modelPod.ns + "-" + p.name}}}
+	var res *types100.Result
+	err := w.inHost(func(ctx context.Context) error {
+		r, err := w.cni.AddNetworkList(ctx, w.conf, rt)
+		if err != nil {
+			return err
+		}
+		res, err = types100.NewResultFromResult(r)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ADD %s: %w", p, err)
+	}
+	p.rt = rt
+	ip, ok := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
+	if !ok {
+		return fmt.Errorf("pod %s: no IPv4 address in %v", p, res)
+	}
+	p.ip = ip
+	ep, err := w.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:pod=" + p.name}, nil)
+	if err != nil {
+		return fmt.Errorf("label pod %s: %w", p, err)
+	}
+	p.ep = ep
+	return nil
+}
+
+// pod returns the world's pod ns/name.
+func (w *world) pod(ns, name string) *worldPod {
+	for _, p := range w.pods {
+		if p.modelPod.ns == ns && p.name == name {
+			return p
+		}
+	}
+	w.t.Fatalf("no pod %s/%s", ns, name)
+	return nil
+}
+
+// udpEchoServer answers every datagram to addr:port inside ns with
+// itself until tb ends.
+func udpEchoServer(tb testing.TB, ns *testutil.NS, addr netip.Addr, port int) {
+	tb.Helper()
+	var pc net.PacketConn
+	if err := ns.Do(func() error {
+		var err error
+		pc, err = net.ListenPacket("udp", net.JoinHostPort(addr.String(), strconv.Itoa(port)))
+		return err
+	}); err != nil {
+		tb.Fatalf("udp echo server on %s:%d: %v", addr, port, err)
+	}
+	tb.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// udpExchange sends a datagram from inside ns to addr:port and waits up
+// to timeout (a bound for a datagram policy drops, not a timing
+// assertion) for the echo.
+func udpExchange(ns *testutil.NS, addr netip.Addr, port int, timeout time.Duration) error {
+	return ns.Do(func() error {
+		c, err := net.Dial("udp", net.JoinHostPort(addr.String(), strconv.Itoa(port)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		msg := []byte("membrane-netpol")
+		if _, err := c.Write(msg); err != nil {
+			return err
+		}
+		got := make([]byte, 64)
+		n, err := c.Read(got)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got[:n], msg) {
+			return fmt.Errorf("echo %q, want %q", got[:n], msg)
+		}
+		return nil
+	})
+}
+
+// probe reports whether src reaches dst on k within timeout: a TCP
+// connection and an echo both ways, or a UDP datagram and its echo.
+func probe(src, dst *worldPod, k probeKey, timeout time.Duration) bool {
+	if k.proto == "UDP" {
+		return udpExchange(src.ns, dst.ip, k.port, timeout) == nil
+	}
+	return testutil.Exchange(src.ns, dst.ip, k.port, timeout) == nil
+}
+
+// Probe bounds. A denied probe costs its whole timeout, so the first
+// round is short; a cell that disagrees with the model is probed again
+// with retryTimeout before it counts (a slow allowed connection on a
+// loaded machine is not a denial). Neither is a timing assertion.
+const (
+	probeTimeout  = 700 * time.Millisecond
+	retryTimeout  = 3 * time.Second
+	probeParallel = 48
+)
+
+// observe probes every pair for k, at most probeParallel at once. want,
+// when given, selects the cells to probe again with retryTimeout.
+func (w *world) observe(k probeKey, want matrix) matrix {
+	n := len(w.pods)
+	got := newMatrix(n)
+	sem := make(chan struct{}, probeParallel)
+	var wg sync.WaitGroup
+	for i, src := range w.pods {
+		for j, dst := range w.pods {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				ok := probe(src, dst, k, probeTimeout)
+				if !ok && want != nil && want[i][j] {
+					ok = probe(src, dst, k, retryTimeout)
+				}
+				got[i][j] = ok
+			}()
+		}
+	}
+	wg.Wait()
+	return got
+}
+
+// apply replaces the agent's policies with pols (PUT /v1/policy of each,
+// DELETE of the others).
+func (w *world) apply(pols []*netPolicy) {
+	w.t.Helper()
+	ctx := context.Background()
+	list, err := w.c.PolicyList(ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	keep := map[string]bool{}
+	for _, p := range pols {
+		doc, err := json.Marshal(p)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if _, err := w.c.PolicyImport(ctx, doc, client.ContentTypeJSON); err != nil {
+			w.t.Fatalf("import %s/%s: %v\n%s", p.Metadata.Namespace, p.Metadata.Name, err, doc)
+		}
+		keep[p.Metadata.Namespace+"/"+p.Metadata.Name] = true
+	}
+	for _, p := range list.Policies {
+		if name := p.Namespace + "/" + p.Name; !keep[name] {
+			if _, err := w.c.PolicyDelete(ctx, name); err != nil {
+				w.t.Fatalf("delete %s: %v", name, err)
+			}
+		}
+	}
+}
+
+// settle waits (bounded) until every endpoint is ready and its realised
+// policy (identity and CIDR entries, enforcement) equals its computed
+// one, as GET /v1/endpoint/{id}/policy reports them.
+func (w *world) settle() {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pending := ""
+		for _, p := range w.pods {
+			if why := w.pending(p); why != "" {
+				pending = fmt.Sprintf("%s: %s", p, why)
+				break
+			}
+		}
+		if pending == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("policy not realised: %s", pending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (w *world) pending(p *worldPod) string {
+	ctx := context.Background()
+	ep, err := w.c.EndpointGet(ctx, strconv.FormatInt(p.ep.ID, 10))
+	if err != nil {
+		return err.Error()
+	}
+	if ep.State != "ready" {
+		return "state " + ep.State
+	}
+	pol, err := w.c.EndpointPolicy(ctx, strconv.FormatInt(p.ep.ID, 10))
+	switch {
+	case err != nil:
+		return err.Error()
+	case pol.RealizedError != "":
+		return pol.RealizedError
+	case pol.IngressEnforced != pol.RealizedIngressEnforced || pol.EgressEnforced != pol.RealizedEgressEnforced:
+		return "enforcement not realised"
+	case len(pol.Computed) != len(pol.Realized) || len(pol.ComputedCIDR) != len(pol.RealizedCIDR):
+		return "entries not realised"
+	}
+	for i := range pol.Computed {
+		if pol.Computed[i] != pol.Realized[i].PolicyEntry {
+			return "entries differ"
+		}
+	}
+	for i := range pol.ComputedCIDR {
+		if pol.ComputedCIDR[i] != pol.RealizedCIDR[i].CIDRPolicyEntry {
+			return "cidr entries differ"
+		}
+	}
+	return ""
+}
