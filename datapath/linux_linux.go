@@ -16,6 +16,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // Linux is the datapath on a Linux host: the host side of each pod's
@@ -259,6 +260,9 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 		return Realized{}, nil
 	}
 	idx, name := ep.IfIndex, ep.IfName
+	if name != "" && !ifname.ValidHost(name) {
+		return Realized{}, fmt.Errorf("realize endpoint %d: host interface %q: %w", ep.ID, name, ErrForeignInterface)
+	}
 	if idx == 0 || name == "" {
 		link, err := l.hostLink(ep)
 		if err != nil {
@@ -322,6 +326,12 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		}
 	}
 	if h.index == 0 && h.name == "" {
+		return nil
+	}
+	if h.name != "" && !ifname.ValidHost(h.name) {
+		// Not one of the plugin's veths (a record or queued deletion
+		// naming eth0, say): neither its routes nor the link are ours.
+		l.log.Warn("not removing a host interface membrane did not create", "endpoint", ep.ID, "interface", h.name)
 		return nil
 	}
 	if h.index == 0 { // known by name only (a queued deletion)
