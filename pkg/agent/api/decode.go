@@ -174,6 +174,13 @@ func applyRef(ref endpoint.Ref, req *models.EndpointChangeRequest, spec *endpoin
 		}
 		spec.ContainerID = ref.ContainerID
 		spec.ID = endpoint.ID(req.ID)
+	case endpoint.RefAttachment:
+		if (spec.ContainerID != "" && spec.ContainerID != ref.ContainerID) ||
+			(spec.ContainerInterfaceName != "" && spec.ContainerInterfaceName != ref.IfName) {
+			return badRequest("fields \"container-id\"/\"container-interface-name\": do not match the path")
+		}
+		spec.ContainerID, spec.ContainerInterfaceName = ref.ContainerID, ref.IfName
+		spec.ID = endpoint.ID(req.ID)
 	case endpoint.RefPodName:
 		if (spec.Namespace != "" && spec.Namespace != ref.Namespace) || (spec.PodName != "" && spec.PodName != ref.PodName) {
 			return badRequest("fields \"k8s-namespace\"/\"k8s-pod-name\": do not match the path")
