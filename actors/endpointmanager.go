@@ -34,7 +34,7 @@ type managerActor struct {
 	cursor     endpoint.ID
 	children   map[endpoint.ID]*actor.PID
 	eps        map[endpoint.ID]*endpoint.Endpoint // latest snapshot per live ID
-	containers map[attachment]endpoint.ID // CNI attachments: one endpoint each
+	containers map[attachment]endpoint.ID         // CNI attachments: one endpoint each
 	ips        map[netip.Addr]endpoint.ID
 	batch      batcher
 	strategy   actor.SupervisorStrategy // for the endpoint actors
