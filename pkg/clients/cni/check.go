@@ -23,6 +23,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
+	if err := checkIfName(args.IfName); err != nil {
+		return err
+	}
 	if c.conf.RawPrevResult == nil {
 		return configError("prevResult", "CHECK needs the ADD's result")
 	}
@@ -43,13 +46,13 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	err = c.client.endpointHealth(ctx, "container-id:"+args.ContainerID)
+	err = c.client.endpointHealth(ctx, attachmentRef(args.ContainerID, args.IfName))
 	var ae *apiError
 	switch {
 	case err == nil:
 		return nil
 	case isNotFound(err):
-		return newError(CodeCheckFailed, "agent has no endpoint for container %s", args.ContainerID)
+		return newError(CodeCheckFailed, "agent has no endpoint for container %s interface %s", args.ContainerID, args.IfName)
 	case errors.As(err, &ae) && ae.Code == "http-503":
 		// The health answer of an unhealthy endpoint: its body says why.
 		return newError(CodeCheckFailed, "endpoint of container %s is not healthy: %s", args.ContainerID, strings.TrimSpace(ae.Message))
