@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 func TestParseRef(t *testing.T) {
@@ -115,7 +117,7 @@ func TestRefString(t *testing.T) {
 func FuzzParseRef(f *testing.F) {
 	for _, s := range []string{"0", "42", "65535", "65536", "-1", "+5", "container-id:abc", "container-id:",
 		"pod-name:ns/pod", "pod-name:ns", "pod-name:/pod", "unknown:x", "container-id:a:b", "pod-name:a/b/c",
-		"container-id:\xff", strings.Repeat("9", 700)} {
+		"container-id:\xff", strings.Repeat("9", 700), "cni-attachment-id:a:eth0", "cni-attachment-id:a:b:c", "cni-attachment-id:a:"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -134,6 +136,10 @@ func FuzzParseRef(f *testing.F) {
 		case RefContainerID:
 			if ref.ContainerID == "" || strings.Contains(ref.ContainerID, "/") {
 				t.Fatalf("ParseRef(%q) = %+v: bad container id", s, ref)
+			}
+		case RefAttachment:
+			if ref.ContainerID == "" || strings.Contains(ref.ContainerID, "/") || !ifname.Valid(ref.IfName) {
+				t.Fatalf("ParseRef(%q) = %+v: bad attachment", s, ref)
 			}
 		case RefPodName:
 			if ref.Namespace == "" || ref.PodName == "" || strings.Contains(ref.PodName, "/") {
