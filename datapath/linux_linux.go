@@ -260,7 +260,7 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 		return Realized{}, nil
 	}
 	idx, name := ep.IfIndex, ep.IfName
-	if name != "" && !ifname.ValidHost(name) {
+	if name != "" && !ifname.Managed(name) {
 		return Realized{}, fmt.Errorf("realize endpoint %d: host interface %q: %w", ep.ID, name, ErrForeignInterface)
 	}
 	if idx == 0 || name == "" {
@@ -328,9 +328,10 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 	if h.index == 0 && h.name == "" {
 		return nil
 	}
-	if h.name != "" && !ifname.ValidHost(h.name) {
-		// Not one of the plugin's veths (a record or queued deletion
-		// naming eth0, say): neither its routes nor the link are ours.
+	if h.name != "" && !ifname.Managed(h.name) {
+		// Not an interface the agent manages (a record or queued
+		// deletion naming eth0, say): neither its routes nor the link
+		// are ours.
 		l.log.Warn("not removing a host interface membrane did not create", "endpoint", ep.ID, "interface", h.name)
 		return nil
 	}

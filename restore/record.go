@@ -107,7 +107,7 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 	}
 	// The names reach sysctl paths and link deletions (the API refuses
 	// others): a record naming the host's eth0 is corrupt, not obeyed.
-	if st.IfName != "" && !ifname.ValidHost(st.IfName) {
+	if st.IfName != "" && !ifname.Managed(st.IfName) {
 		return nil, fmt.Errorf("decode state of endpoint %d: interface-name %q: %w", st.ID, st.IfName, ErrCorrupt)
 	}
 	if st.ContainerInterfaceName != "" && !ifname.Valid(st.ContainerInterfaceName) {

@@ -55,7 +55,7 @@ func recordsEqual(a, b Record) bool {
 // instead of writing sysctls of or deleting that link.
 func TestDecodeInterfaceNames(t *testing.T) {
 	for _, tc := range []struct{ field, value string }{
-		{"interface-name", "eth0"}, {"interface-name", "../all"}, {"interface-name", "lxc_health"},
+		{"interface-name", "eth0"}, {"interface-name", "../all"}, {"interface-name", "lxc_other"},
 		{"container-interface-name", ".."}, {"container-interface-name", "eth0123456789abc"},
 	} {
 		data := []byte(`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"` + tc.field + `":"` + tc.value + `"}}`)

@@ -80,11 +80,33 @@ func checkPod(p *pod, ifName string, prev *types100.Result) error {
 		if !hasAddr(addrs, ipc.Address) {
 			return newError(CodeCheckFailed, "interface %s lacks address %s", ifName, ipc.Address.String())
 		}
-		if ipc.Gateway != nil && !hasRoute(routes, ipc.Gateway) {
+		if ipc.Gateway != nil && !hasRoute(routes, ipc.Gateway) && !podRoutesVia(p, ipc.Gateway) {
 			return newError(CodeCheckFailed, "interface %s lacks the route to gateway %s or the default route via it", ifName, ipc.Gateway)
 		}
 	}
 	return nil
+}
+
+// podRoutesVia reports whether the pod routes gw and the default route
+// through another interface (a second attachment in the netns, which ADD
+// gives no routes of its own).
+func podRoutesVia(p *pod, gw net.IP) bool {
+	routes, err := p.nl.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return false
+	}
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.Equal(gw) && r.Scope == netlink.SCOPE_LINK {
+			var same []netlink.Route
+			for _, o := range routes {
+				if o.LinkIndex == r.LinkIndex {
+					same = append(same, o)
+				}
+			}
+			return hasRoute(same, gw)
+		}
+	}
+	return false
 }
 
 func hasAddr(addrs []netlink.Addr, want net.IPNet) bool {

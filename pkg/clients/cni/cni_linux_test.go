@@ -221,6 +221,11 @@ func TestMultipleAttachments(t *testing.T) {
 	if eps, err := e.client().EndpointList(context.Background(), nil); err != nil || len(eps) != 2 {
 		t.Fatalf("endpoints = %+v, %v; want 2", eps, err)
 	}
+	for _, p := range []*pod{eth0, net1} {
+		if err := e.check(p); err != nil {
+			t.Fatalf("CHECK %s: %v", p.rt.IfName, err)
+		}
+	}
 	if err := e.del(net1); err != nil {
 		t.Fatalf("DEL net1: %v", err)
 	}

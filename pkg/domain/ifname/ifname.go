@@ -13,6 +13,9 @@ const (
 	// HostPrefix starts every host-side interface membrane-cni creates
 	// (lxc plus 12 hex digits of a hash of the attachment).
 	HostPrefix = "lxc"
+	// Health is the host side of the agent's health endpoint veth
+	// (Cilium's name). The agent makes it itself; no client may name it.
+	Health = "lxc_health"
 )
 
 // Valid reports whether name is a Linux interface name the kernel
@@ -37,9 +40,9 @@ func Valid(name string) bool {
 // ValidHost reports whether name has the pattern of the host-side
 // interfaces membrane-cni creates: "lxc" followed by 1..12 lowercase
 // letters or digits (the plugin uses 12 hex digits; tests and
-// benchmarks make their own veths with shorter suffixes). The agent
-// touches (sysctls, deletion) only interfaces of this pattern: never
-// the host's eth0, its own membrane_host or lxc_health.
+// benchmarks make their own veths with shorter suffixes). Clients
+// (API, delete queue) may name only these; the garbage collector deletes
+// only these; never the host's eth0, membrane_host or lxc_health.
 func ValidHost(name string) bool {
 	if len(name) <= len(HostPrefix) || len(name) > MaxLen || name[:len(HostPrefix)] != HostPrefix {
 		return false
@@ -51,4 +54,11 @@ func ValidHost(name string) bool {
 		}
 	}
 	return true
+}
+
+// Managed reports whether name is a host interface the agent manages:
+// one of the plugin's (ValidHost) or the health endpoint's. The datapath
+// realises and removes only these.
+func Managed(name string) bool {
+	return name == Health || ValidHost(name)
 }

@@ -25,3 +25,13 @@ func TestValidHost(t *testing.T) {
 		}
 	}
 }
+
+func TestManaged(t *testing.T) {
+	for name, want := range map[string]bool{
+		"lxc0123456789ab": true, "lxc_health": true, "lxc_other": false, "eth0": false, "membrane_host": false,
+	} {
+		if got := Managed(name); got != want {
+			t.Errorf("Managed(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
