@@ -269,6 +269,9 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
 		}
 		idx, name = link.Attrs().Index, link.Attrs().Name
+		if !ifname.Managed(name) {
+			return Realized{}, fmt.Errorf("realize endpoint %d: host interface %q (index %d): %w", ep.ID, name, idx, ErrForeignInterface)
+		}
 	}
 	// No lookup first: the sysctls name the interface and the routes its
 	// index, and both fail if it is gone.

@@ -248,17 +248,26 @@ func TestLinuxForeignInterfaces(t *testing.T) {
 	if _, err := l.Realize(ctx, foreign, 1); !errors.Is(err, ErrForeignInterface) {
 		t.Fatalf("Realize naming eth0 = %v, want ErrForeignInterface", err)
 	}
+	byIndex := &endpoint.Endpoint{ID: 15, IfIndex: eth0.Attrs().Index, IPv4: netip.MustParseAddr("10.244.43.2")}
+	if _, err := l.Realize(ctx, byIndex, 1); !errors.Is(err, ErrForeignInterface) {
+		t.Fatalf("Realize by eth0's index = %v, want ErrForeignInterface", err)
+	}
 	for _, ep := range []*endpoint.Endpoint{
 		foreign,
 		{ID: 12, IfName: "eth0", IfIndex: eth0.Attrs().Index},
 		{ID: 13, IfName: "lxc0000bridge"},
 		{ID: 14, IfName: "lxc0000bridge", IfIndex: fake.Attrs().Index},
+		byIndex,
 	} {
 		if err := l.Remove(ctx, ep); err != nil {
 			t.Fatalf("Remove %+v: %v", ep, err)
 		}
 	}
-	for _, name := range []string{"eth0", "lxc0000bridge"} {
+	other := addVeth(t, nl, 16, "vethforeign1", "10.244.43.3") // a veth, not of the pattern
+	if err := l.Remove(ctx, &endpoint.Endpoint{ID: 16, IfIndex: other.IfIndex}); err != nil {
+		t.Fatalf("Remove by a foreign veth's index: %v", err)
+	}
+	for _, name := range []string{"eth0", "lxc0000bridge", "vethforeign1"} {
 		if _, err := nl.LinkByName(name); err != nil {
 			t.Errorf("%s after Remove: %v (deleted a link membrane did not create)", name, err)
 		}
