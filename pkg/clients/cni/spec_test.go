@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
@@ -172,4 +176,69 @@ func TestDelBestEffort(t *testing.T) {
 			t.Fatalf("DEL with an unwritable queue and no agent = ok %v, %s; want error 107", ok, out)
 		}
 	})
+}
+
+// TestDelAgentAnswers: what DEL does with each kind of agent answer. A
+// failing agent (5xx) gets the deletion queued and DEL succeeds; an agent
+// without the attachment (404, or 400: it never created one with such an
+// ID) leaves nothing to queue.
+func TestDelAgentAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		code   string
+		queues bool
+	}{
+		{"deleted", 200, "", false},
+		{"not found", 404, "not-found", false},
+		{"refused", 400, "invalid-argument", false},
+		{"internal error", 500, "state-write-failed", true},
+		{"timeout", 504, "timeout", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "mbt-del-") // short: a socket path has 107 bytes
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			sock, queue := filepath.Join(dir, "a.sock"), filepath.Join(dir, "q")
+			var mu sync.Mutex // guards got
+			var got []string
+			lis, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				got = append(got, r.Method+" "+r.URL.Path+" "+string(body))
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				if tc.code != "" {
+					fmt.Fprintf(w, `{"code":%q,"message":"test"}`, tc.code)
+				} else {
+					fmt.Fprint(w, `{"deleted":[1]}`)
+				}
+			})}
+			go srv.Serve(lis)
+			t.Cleanup(func() { srv.Close() })
+			stdin := `{"cniVersion":"1.0.0","name":"n","type":"membrane-cni","socket":"` + sock + `","deleteQueueDir":"` + queue + `"}`
+			env := map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": filepath.Join(dir, "gone"),
+				"CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin"}
+			out, ok := runPlugin(t, env, stdin)
+			if !ok {
+				t.Fatalf("DEL failed: %s", out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 1 || !strings.Contains(got[0], `DELETE /v1/endpoint {"container-id":"c1","container-interface-name":"net1"}`) {
+				t.Fatalf("agent saw %q", got)
+			}
+			names, _ := delqueue.List(queue)
+			if (len(names) == 1) != tc.queues {
+				t.Fatalf("queued %d entries, want queued=%v", len(names), tc.queues)
+			}
+		})
+	}
 }
