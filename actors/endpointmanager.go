@@ -34,7 +34,7 @@ type managerActor struct {
 	cursor     endpoint.ID
 	children   map[endpoint.ID]*actor.PID
 	eps        map[endpoint.ID]*endpoint.Endpoint // latest snapshot per live ID
-	containers map[string]endpoint.ID
+	containers map[attachment]endpoint.ID         // CNI attachments: one endpoint each
 	ips        map[netip.Addr]endpoint.ID
 	batch      batcher
 	strategy   actor.SupervisorStrategy // for the endpoint actors
@@ -100,7 +100,7 @@ func (m *managerActor) Receive(ctx actor.Context) {
 func (m *managerActor) rebuild(ctx actor.Context) {
 	m.children = make(map[endpoint.ID]*actor.PID)
 	m.eps = make(map[endpoint.ID]*endpoint.Endpoint)
-	m.containers = make(map[string]endpoint.ID)
+	m.containers = make(map[attachment]endpoint.ID)
 	m.ips = make(map[netip.Addr]endpoint.ID)
 	m.ids = [len(m.ids)]uint64{}
 	m.ids[0] = 1 // ID 0 is never used
@@ -187,8 +187,8 @@ func (m *managerActor) checkUnique(spec *endpoint.Endpoint) error {
 		return fmt.Errorf("create endpoint %d: id in use: %w", spec.ID, ErrEndpointExists)
 	}
 	if spec.ContainerID != "" {
-		if other, ok := m.containers[spec.ContainerID]; ok {
-			return fmt.Errorf("create endpoint: container %s already has endpoint %d: %w", spec.ContainerID, other, ErrEndpointExists)
+		if other, ok := m.containers[attachmentOf(spec)]; ok {
+			return fmt.Errorf("create endpoint: container %s interface %q already has endpoint %d: %w", spec.ContainerID, spec.ContainerInterfaceName, other, ErrEndpointExists)
 		}
 	}
 	for _, ip := range []netip.Addr{spec.IPv4, spec.IPv6} {
@@ -332,7 +332,7 @@ func (m *managerActor) track(ep *endpoint.Endpoint) {
 	m.eps[ep.ID] = ep
 	m.ids[ep.ID/64] |= 1 << (ep.ID % 64)
 	if ep.ContainerID != "" {
-		m.containers[ep.ContainerID] = ep.ID
+		m.containers[attachmentOf(ep)] = ep.ID
 	}
 	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
 		if ip.IsValid() {
@@ -341,10 +341,19 @@ func (m *managerActor) track(ep *endpoint.Endpoint) {
 	}
 }
 
+// attachment is what the CNI spec keys an attachment by: the container
+// ID and the interface name in it. A container may have several (Multus,
+// or one container ID with two CNI_IFNAMEs), one endpoint each.
+type attachment struct{ containerID, ifName string }
+
+func attachmentOf(ep *endpoint.Endpoint) attachment {
+	return attachment{ep.ContainerID, ep.ContainerInterfaceName}
+}
+
 // untrack forgets the container and addresses of ep (if still ep's).
 func (m *managerActor) untrack(ep *endpoint.Endpoint) {
-	if m.containers[ep.ContainerID] == ep.ID {
-		delete(m.containers, ep.ContainerID)
+	if a := attachmentOf(ep); m.containers[a] == ep.ID {
+		delete(m.containers, a)
 	}
 	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
 		if ip.IsValid() && m.ips[ip] == ep.ID {

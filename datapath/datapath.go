@@ -18,6 +18,10 @@ var (
 	ErrInjected = errors.New("injected datapath fault")
 	// ErrNotSupported is returned for a datapath kind this build cannot run.
 	ErrNotSupported = errors.New("datapath not supported")
+	// ErrForeignInterface is returned by Realize for a host interface
+	// the agent does not manage (ifname.Managed: the plugin's veths and
+	// the health endpoint's); Remove leaves such an interface alone.
+	ErrForeignInterface = errors.New("interface not created by membrane")
 )
 
 // Realized is what realising one revision produced.

@@ -13,11 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
-
-// hostVethPrefix starts the name of every host-side pod veth membrane-cni
-// creates (lxc<hash>); GC deletes only veths with this prefix.
-const hostVethPrefix = "lxc"
 
 // endpointPinDir is the directory under LinuxConfig.BPFFS that holds one
 // directory of pinned objects per endpoint, named by its ID.
@@ -152,7 +149,7 @@ func (l *Linux) orphanVeths(live []*endpoint.Endpoint, links []netlink.Link) []s
 	var orphans []string
 	for _, link := range links {
 		a := link.Attrs()
-		if link.Type() != "veth" || !strings.HasPrefix(a.Name, hostVethPrefix) || names[a.Name] || indexes[a.Index] {
+		if link.Type() != "veth" || !ifname.ValidHost(a.Name) || names[a.Name] || indexes[a.Index] {
 			continue
 		}
 		if _, pending := l.pending[a.Index]; pending {

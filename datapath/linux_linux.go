@@ -16,6 +16,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // Linux is the datapath on a Linux host: the host side of each pod's
@@ -274,12 +275,18 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 		return Realized{}, nil
 	}
 	idx, name := ep.IfIndex, ep.IfName
+	if name != "" && !ifname.Managed(name) {
+		return Realized{}, fmt.Errorf("realize endpoint %d: host interface %q: %w", ep.ID, name, ErrForeignInterface)
+	}
 	if idx == 0 || name == "" {
 		link, err := l.hostLink(ep)
 		if err != nil {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
 		}
 		idx, name = link.Attrs().Index, link.Attrs().Name
+		if !ifname.Managed(name) {
+			return Realized{}, fmt.Errorf("realize endpoint %d: host interface %q (index %d): %w", ep.ID, name, idx, ErrForeignInterface)
+		}
 	}
 	// No lookup first: the sysctls name the interface and the routes its
 	// index, and both fail if it is gone.
@@ -343,6 +350,13 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		}
 	}
 	if h.index == 0 && h.name == "" {
+		return nil
+	}
+	if h.name != "" && !ifname.Managed(h.name) {
+		// Not an interface the agent manages (a record or queued
+		// deletion naming eth0, say): neither its routes nor the link
+		// are ours.
+		l.log.Warn("not removing a host interface membrane did not create", "endpoint", ep.ID, "interface", h.name)
 		return nil
 	}
 	if h.index == 0 { // known by name only (a queued deletion)

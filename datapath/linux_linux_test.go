@@ -316,3 +316,56 @@ func TestLinuxIPv6OnlyForwarding(t *testing.T) {
 		t.Fatalf("ipv4 forwarding = %s on an IPv6-only node, want it untouched (0)", v)
 	}
 }
+
+// TestLinuxForeignInterfaces: the datapath realises and deletes only
+// veths of the plugin's pattern. An endpoint naming the host's eth0 (a
+// tampered record or queued deletion) is refused by Realize and left
+// alone by Remove, and a non-veth link of the pattern survives Remove.
+func TestLinuxForeignInterfaces(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	addBridge := func(name string) netlink.Link {
+		t.Helper()
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = name
+		// A bridge: this kernel may lack the dummy driver.
+		if err := nl.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
+			t.Fatalf("add bridge %s: %v", name, err)
+		}
+		link, err := nl.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return link
+	}
+	eth0 := addBridge("eth0")
+	fake := addBridge("lxc0000bridge")
+	foreign := &endpoint.Endpoint{ID: 11, IfName: "eth0", IPv4: netip.MustParseAddr("10.244.43.1")}
+	if _, err := l.Realize(ctx, foreign, 1); !errors.Is(err, ErrForeignInterface) {
+		t.Fatalf("Realize naming eth0 = %v, want ErrForeignInterface", err)
+	}
+	byIndex := &endpoint.Endpoint{ID: 15, IfIndex: eth0.Attrs().Index, IPv4: netip.MustParseAddr("10.244.43.2")}
+	if _, err := l.Realize(ctx, byIndex, 1); !errors.Is(err, ErrForeignInterface) {
+		t.Fatalf("Realize by eth0's index = %v, want ErrForeignInterface", err)
+	}
+	for _, ep := range []*endpoint.Endpoint{
+		foreign,
+		{ID: 12, IfName: "eth0", IfIndex: eth0.Attrs().Index},
+		{ID: 13, IfName: "lxc0000bridge"},
+		{ID: 14, IfName: "lxc0000bridge", IfIndex: fake.Attrs().Index},
+		byIndex,
+	} {
+		if err := l.Remove(ctx, ep); err != nil {
+			t.Fatalf("Remove %+v: %v", ep, err)
+		}
+	}
+	other := addVeth(t, nl, 16, "vethforeign1", "10.244.43.3") // a veth, not of the pattern
+	if err := l.Remove(ctx, &endpoint.Endpoint{ID: 16, IfIndex: other.IfIndex}); err != nil {
+		t.Fatalf("Remove by a foreign veth's index: %v", err)
+	}
+	for _, name := range []string{"eth0", "lxc0000bridge", "vethforeign1"} {
+		if _, err := nl.LinkByName(name); err != nil {
+			t.Errorf("%s after Remove: %v (deleted a link membrane did not create)", name, err)
+		}
+	}
+}

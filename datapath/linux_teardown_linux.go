@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // teardown is a deferred deletion of a host veth.
@@ -42,7 +44,8 @@ func (l *Linux) runTeardown(t *teardown) {
 }
 
 // deleteLink deletes the host veth (and with it its peer) if index still
-// names it; gone is success.
+// names it and it is a veth the agent manages (ifname.Managed); gone is
+// success.
 func (l *Linux) deleteLink(index int, name string) error {
 	var link netlink.Link
 	var err error
@@ -59,6 +62,9 @@ func (l *Linux) deleteLink(index int, name string) error {
 	}
 	if name != "" && link.Attrs().Name != name {
 		return nil // the index was reused by another interface
+	}
+	if link.Type() != "veth" || !ifname.Managed(link.Attrs().Name) {
+		return nil // membrane creates only veths of its names; this one is not ours
 	}
 	if err := l.nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
 		return fmt.Errorf("delete host veth %s: %w", name, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
@@ -103,6 +104,14 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 	ls, err := labels.ParseSet(st.Labels)
 	if err != nil {
 		return nil, fmt.Errorf("decode state of endpoint %d: labels: %v: %w", st.ID, err, ErrCorrupt)
+	}
+	// The names reach sysctl paths and link deletions (the API refuses
+	// others): a record naming the host's eth0 is corrupt, not obeyed.
+	if st.IfName != "" && !ifname.Managed(st.IfName) {
+		return nil, fmt.Errorf("decode state of endpoint %d: interface-name %q: %w", st.ID, st.IfName, ErrCorrupt)
+	}
+	if st.ContainerInterfaceName != "" && !ifname.Valid(st.ContainerInterfaceName) {
+		return nil, fmt.Errorf("decode state of endpoint %d: container-interface-name %q: %w", st.ID, st.ContainerInterfaceName, ErrCorrupt)
 	}
 	ep := &endpoint.Endpoint{
 		ID: endpoint.ID(st.ID), ContainerID: st.ContainerID, ContainerName: st.ContainerName,

@@ -49,3 +49,22 @@ func recordsEqual(a, b Record) bool {
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)
 }
+
+// TestDecodeInterfaceNames: a record whose interface names the API would
+// refuse (the host's eth0, a path) is corrupt, so restore quarantines it
+// instead of writing sysctls of or deleting that link.
+func TestDecodeInterfaceNames(t *testing.T) {
+	for _, tc := range []struct{ field, value string }{
+		{"interface-name", "eth0"}, {"interface-name", "../all"}, {"interface-name", "lxc_other"},
+		{"container-interface-name", ".."}, {"container-interface-name", "eth0123456789abc"},
+	} {
+		data := []byte(`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"` + tc.field + `":"` + tc.value + `"}}`)
+		if _, err := Decode(data); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("Decode with %s %q = %v, want ErrCorrupt", tc.field, tc.value, err)
+		}
+	}
+	ok := []byte(`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"interface-name":"lxc0123456789ab","container-interface-name":"eth0"}}`)
+	if _, err := Decode(ok); err != nil {
+		t.Fatalf("Decode of valid names: %v", err)
+	}
+}

@@ -12,7 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
-const refHelp = "REF is an endpoint ID, container-id:<id> or pod-name:<namespace>/<pod>"
+const refHelp = "REF is an endpoint ID, container-id:<id>, cni-attachment-id:<id>:<ifname> or pod-name:<namespace>/<pod>"
 
 func (a *app) endpointCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "endpoint", Aliases: []string{"endpoints", "ep"}, Short: "List, inspect and change endpoints"}

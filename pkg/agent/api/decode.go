@@ -17,6 +17,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // maxBody bounds request bodies.
@@ -219,6 +220,14 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 	if (spec.Namespace == "") != (spec.PodName == "") {
 		return nil, badRequest("fields \"k8s-namespace\" and \"k8s-pod-name\": give both or neither")
 	}
+	// Interface names reach sysctl paths and netlink deletions: the host
+	// side must be one the plugin makes, the pod side a kernel name.
+	if spec.IfName != "" && !ifname.ValidHost(spec.IfName) {
+		return nil, badRequest(fmt.Sprintf("field \"interface-name\": %q: want %s followed by 1..12 lowercase letters or digits", spec.IfName, ifname.HostPrefix))
+	}
+	if spec.ContainerInterfaceName != "" && !ifname.Valid(spec.ContainerInterfaceName) {
+		return nil, badRequest(fmt.Sprintf("field \"container-interface-name\": %q: want an interface name of 1..%d bytes without '/', ':', '%%' or spaces, other than ., .., all and default", spec.ContainerInterfaceName, ifname.MaxLen))
+	}
 	if len(spec.Labels) == 0 {
 		return nil, badRequest("field \"labels\": at least one label is required (the identity derives from them)")
 	}
@@ -240,6 +249,13 @@ func applyRef(ref endpoint.Ref, req *models.EndpointChangeRequest, spec *endpoin
 			return badRequest("field \"container-id\": does not match the path")
 		}
 		spec.ContainerID = ref.ContainerID
+		spec.ID = endpoint.ID(req.ID)
+	case endpoint.RefAttachment:
+		if (spec.ContainerID != "" && spec.ContainerID != ref.ContainerID) ||
+			(spec.ContainerInterfaceName != "" && spec.ContainerInterfaceName != ref.IfName) {
+			return badRequest("fields \"container-id\"/\"container-interface-name\": do not match the path")
+		}
+		spec.ContainerID, spec.ContainerInterfaceName = ref.ContainerID, ref.IfName
 		spec.ID = endpoint.ID(req.ID)
 	case endpoint.RefPodName:
 		if (spec.Namespace != "" && spec.Namespace != ref.Namespace) || (spec.PodName != "" && spec.PodName != ref.PodName) {

@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
@@ -268,14 +269,30 @@ func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) err
 	if req.ContainerID == "" {
 		return badRequest("field \"container-id\": required")
 	}
-	ep, ok := s.ix.EndpointByContainerID(req.ContainerID)
-	if !ok {
+	if req.ContainerInterfaceName != "" && !ifname.Valid(req.ContainerInterfaceName) {
+		return badRequest(fmt.Sprintf("field \"container-interface-name\": %q is not an interface name", req.ContainerInterfaceName))
+	}
+	// Without container-interface-name: every attachment of the container.
+	var eps []*endpoint.Endpoint
+	for _, ep := range s.ix.EndpointsByContainerID(req.ContainerID) {
+		if req.ContainerInterfaceName == "" || ep.ContainerInterfaceName == req.ContainerInterfaceName {
+			eps = append(eps, ep)
+		}
+	}
+	if len(eps) == 0 {
+		if req.ContainerInterfaceName != "" {
+			return notFound(fmt.Sprintf("no endpoint for container %s interface %s", req.ContainerID, req.ContainerInterfaceName))
+		}
 		return notFound(fmt.Sprintf("no endpoint for container %s", req.ContainerID))
 	}
-	if _, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, endpoint.DeleteOptions{})); err != nil {
-		return err
+	deleted := make([]int64, 0, len(eps))
+	for _, ep := range eps {
+		if _, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, endpoint.DeleteOptions{})); err != nil {
+			return err
+		}
+		deleted = append(deleted, int64(ep.ID))
 	}
-	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: []int64{int64(ep.ID)}})
+	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: deleted})
 	return nil
 }
 

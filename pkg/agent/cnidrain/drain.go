@@ -22,8 +22,8 @@ import (
 // opTimeout bounds the handling of one queued deletion or lost endpoint.
 const opTimeout = 30 * time.Second
 
-// Drain handles every queued deletion in dir: the container's endpoint is
-// deleted (releasing its addresses and tearing its host veth down); if
+// Drain handles every queued deletion in dir: the attachment's endpoint
+// (container ID and interface) is deleted (releasing its addresses and tearing its host veth down); if
 // the agent has no such endpoint, the entry's addresses are released when
 // they are still allocated to the entry's pod and bound to no endpoint,
 // and the host veth is torn down. Handled entries are removed; entries
@@ -66,10 +66,10 @@ func Drain(ctx context.Context, sys *actors.System, dir string, log *slog.Logger
 func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if ep, ok := sys.Index.EndpointByContainerID(e.ContainerID); ok {
+	if ep, ok := sys.Index.EndpointByAttachment(e.ContainerID, e.IfName); ok {
 		err := deleteEndpoint(ctx, sys, ep.ID)
 		if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
-			return fmt.Errorf("delete endpoint of container %s: %w", e.ContainerID, err)
+			return fmt.Errorf("delete endpoint of container %s interface %s: %w", e.ContainerID, e.IfName, err)
 		}
 		return nil
 	}

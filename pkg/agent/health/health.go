@@ -18,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
@@ -27,7 +28,7 @@ const (
 	// ContainerID identifies the health endpoint in the index.
 	ContainerID = "membrane-health"
 	// HostIfName is the host side of its veth (Cilium: lxc_health).
-	HostIfName = "lxc_health"
+	HostIfName = ifname.Health
 	// Namespace and Pod make its IPAM owner, "membrane/membrane-health",
 	// which stays the same across replacements.
 	Namespace = "membrane"

@@ -23,6 +23,9 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		return err
 	}
 	defer c.client.close()
+	if err := checkIfName(args.IfName); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 
@@ -41,15 +44,18 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 			}
 		}
 	}()
-	hostName, tmpName := VethNames(args.ContainerID)
+	hostName, tmpName := VethNames(args.ContainerID, args.IfName)
 	veth, err := pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
 	if errors.Is(err, errVethExists) {
-		// A stale pair of this container (or a live attachment): look
-		// closer only now, so the usual ADD makes no lookups.
-		if err := c.clearStale(ctx, pod, hostName); err != nil {
+		// A name is taken (CNI_IFNAME, or this attachment's leftovers):
+		// look closer only now, so the usual ADD makes no lookups.
+		if err := c.clearStale(ctx, pod, hostName, tmpName); err != nil {
 			return err
 		}
 		veth, err = pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+	}
+	if errors.Is(err, errVethExists) {
+		return newError(CodeInterfaceExists, "interface %q in netns %s or %s in the host stays taken: %v", args.IfName, args.Netns, hostName, err)
 	}
 	if err != nil {
 		return err
@@ -214,7 +220,7 @@ func (c *call) putEndpoint(ctx context.Context, v *veth, addrs []podAddr) (mayEx
 		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
 	err = retryStarting(ctx, func() error {
-		return c.client.endpointCreate(ctx, "container-id:"+c.args.ContainerID, req)
+		return c.client.endpointCreate(ctx, attachmentRef(c.args.ContainerID, c.args.IfName), req)
 	})
 	if err != nil {
 		var ae *apiError
@@ -228,5 +234,5 @@ func (c *call) putEndpoint(ctx context.Context, v *veth, addrs []podAddr) (mayEx
 func (c *call) removeEndpoint() {
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
-	_ = c.client.endpointDeleteByContainer(ctx, c.args.ContainerID)
+	_ = c.client.endpointDeleteAttachment(ctx, c.args.ContainerID, c.args.IfName)
 }

@@ -311,8 +311,15 @@ func (c *agentClient) endpointGet(ctx context.Context, ref string) (*models.Endp
 	return &ep, c.do(ctx, "GET", "/v1/endpoint/"+url.PathEscape(ref), nil, nil, &ep)
 }
 
-func (c *agentClient) endpointDeleteByContainer(ctx context.Context, containerID string) error {
-	return c.do(ctx, "DELETE", "/v1/endpoint", nil, &models.EndpointBatchDeleteRequest{ContainerID: containerID}, nil)
+// endpointDeleteAttachment deletes the endpoint of one CNI attachment.
+func (c *agentClient) endpointDeleteAttachment(ctx context.Context, containerID, ifName string) error {
+	req := &models.EndpointBatchDeleteRequest{ContainerID: containerID, ContainerInterfaceName: ifName}
+	return c.do(ctx, "DELETE", "/v1/endpoint", nil, req, nil)
+}
+
+// attachmentRef names the endpoint of a CNI attachment in API paths.
+func attachmentRef(containerID, ifName string) string {
+	return "cni-attachment-id:" + containerID + ":" + ifName
 }
 
 func (c *agentClient) endpointHealth(ctx context.Context, ref string) error {

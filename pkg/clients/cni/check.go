@@ -23,6 +23,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
+	if err := checkIfName(args.IfName); err != nil {
+		return err
+	}
 	if c.conf.RawPrevResult == nil {
 		return configError("prevResult", "CHECK needs the ADD's result")
 	}
@@ -43,13 +46,13 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	err = c.client.endpointHealth(ctx, "container-id:"+args.ContainerID)
+	err = c.client.endpointHealth(ctx, attachmentRef(args.ContainerID, args.IfName))
 	var ae *apiError
 	switch {
 	case err == nil:
 		return nil
 	case isNotFound(err):
-		return newError(CodeCheckFailed, "agent has no endpoint for container %s", args.ContainerID)
+		return newError(CodeCheckFailed, "agent has no endpoint for container %s interface %s", args.ContainerID, args.IfName)
 	case errors.As(err, &ae) && ae.Code == "endpoint-unhealthy":
 		// The health answer of an unhealthy endpoint: its body says why.
 		return newError(CodeCheckFailed, "endpoint of container %s is not healthy: %s", args.ContainerID, strings.TrimSpace(ae.Message))
@@ -89,11 +92,33 @@ func checkPod(p *pod, ifName string, prev *types100.Result) error {
 		if !hasAddr(l.addrs, ipc.Address) {
 			return newError(CodeCheckFailed, "interface %s lacks address %s", ifName, ipc.Address.String())
 		}
-		if ipc.Gateway != nil && !hasRoute(l.routes, ipc.Gateway) {
+		if ipc.Gateway != nil && !hasRoute(l.routes, ipc.Gateway) && !podRoutesVia(p, ipc.Gateway, fam) {
 			return newError(CodeCheckFailed, "interface %s lacks the route to gateway %s or the default route via it", ifName, ipc.Gateway)
 		}
 	}
 	return nil
+}
+
+// podRoutesVia reports whether the pod routes gw and the default route
+// through another interface (a second attachment in the netns, which ADD
+// gives no routes of its own).
+func podRoutesVia(p *pod, gw net.IP, family int) bool {
+	routes, err := p.nl.RouteList(nil, family)
+	if err != nil {
+		return false
+	}
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.Equal(gw) && r.Scope == netlink.SCOPE_LINK {
+			var same []netlink.Route
+			for _, o := range routes {
+				if o.LinkIndex == r.LinkIndex {
+					same = append(same, o)
+				}
+			}
+			return hasRoute(same, gw)
+		}
+	}
+	return false
 }
 
 func hasAddr(addrs []netlink.Addr, want net.IPNet) bool {

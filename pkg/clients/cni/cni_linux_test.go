@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
@@ -27,7 +28,7 @@ func podIP(t *testing.T, res *types100.Result, p *pod, gw netip.Addr) netip.Addr
 	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "eth0" || res.Interfaces[1].Sandbox != p.ns.Path {
 		t.Fatalf("result interfaces = %+v", res.Interfaces)
 	}
-	host, _ := cni.VethNames(p.rt.ContainerID)
+	host, _ := cni.VethNames(p.rt.ContainerID, p.rt.IfName)
 	if res.Interfaces[0].Name != host || res.Interfaces[0].Sandbox != "" {
 		t.Fatalf("result host interface = %+v, want %s", res.Interfaces[0], host)
 	}
@@ -96,7 +97,7 @@ func TestAddCheckDel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, _ := cni.VethNames(a.rt.ContainerID)
+	host, _ := cni.VethNames(a.rt.ContainerID, a.rt.IfName)
 	if ep.State != "ready" || ep.InterfaceName != host || ep.InterfaceIndex == 0 || ep.Netns != a.ns.Path ||
 		ep.K8sNamespace != "default" || ep.K8sPodName != "web-a" || ep.Addressing.IPv4 != ipA.String() ||
 		ep.ContainerInterfaceName != "eth0" || ep.Mac != resA.Interfaces[1].Mac || ep.HostMac != resA.Interfaces[0].Mac {
@@ -158,32 +159,91 @@ func TestWithoutKubernetes(t *testing.T) {
 	}
 }
 
-// TestReAddSameNetns: DEL then ADD again in the same netns right away
-// (a runtime retrying a sandbox) works although the old pair is only torn
-// down lazily.
+// TestReAddSameNetns: DEL deletes CNI_IFNAME in a netns the runtime
+// keeps (and with it the pair, whatever the teardown delay), so an ADD in
+// the same netns starts clean; an ADD the runtime repeats without a DEL
+// (a retry after a partial failure or a lost answer) replaces the
+// attachment instead of failing.
 func TestReAddSameNetns(t *testing.T) {
 	e := newEnv(t, "10.244.11.0/24")
 	e.startAgent(func(c *agent.Config) { c.Linux.TeardownDelay = time.Hour })
+	gw := netip.MustParseAddr("10.244.11.1")
 	p := e.newPod("retry")
 	e.mustAdd(p)
 	if err := e.del(p); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if !e.hostLinkExists(p) {
-		t.Fatal("host veth gone before the teardown delay; the test does not exercise the stale path")
+	if _, err := p.ns.Netlink(t).LinkByName("eth0"); err == nil {
+		t.Fatal("eth0 still in the pod's netns after DEL")
 	}
-	res := e.mustAdd(p)
-	ip := podIP(t, res, p, netip.MustParseAddr("10.244.11.1"))
-	verifyPod(t, p, ip, netip.MustParseAddr("10.244.11.1"))
-	if out, err := p.ns.Exec("ping", "-c", "1", "-W", "5", "10.244.11.1"); err != nil {
-		t.Fatalf("ping gateway after re-ADD: %v\n%s", err, out)
+	if e.hostLinkExists(p) {
+		t.Fatal("host veth still there after DEL deleted its peer")
 	}
-	// A second ADD of a live attachment is refused and leaves it intact.
-	if _, err := e.add(p); cniCode(err) != cni.CodeInterfaceExists {
-		t.Fatalf("duplicate ADD = %v, want code %d", err, cni.CodeInterfaceExists)
+	first := podIP(t, e.mustAdd(p), p, gw)
+
+	// ADD again, no DEL: the attachment is replaced.
+	res, err := e.add(p)
+	if err != nil {
+		t.Fatalf("repeated ADD: %v", err)
+	}
+	second := podIP(t, res, p, gw)
+	verifyPod(t, p, second, gw)
+	if out, err := p.ns.Exec("ping", "-c", "1", "-W", "5", gw.String()); err != nil {
+		t.Fatalf("ping gateway after repeated ADD: %v\n%s", err, out)
 	}
 	if err := e.check(p); err != nil {
-		t.Fatalf("CHECK after refused duplicate ADD: %v", err)
+		t.Fatalf("CHECK after repeated ADD: %v", err)
+	}
+	eps, err := e.client().EndpointList(context.Background(), nil)
+	if err != nil || len(eps) != 1 || eps[0].Addressing == nil || eps[0].Addressing.IPv4 != second.String() {
+		t.Fatalf("endpoints after repeated ADD = %+v, %v; want one with %s", eps, err, second)
+	}
+	if first != second && e.allocated(first) {
+		t.Fatalf("address %s of the replaced attachment still allocated", first)
+	}
+}
+
+// TestMultipleAttachments: one container ID with two CNI_IFNAMEs (Multus)
+// gets two attachments, each with its own veth, address and endpoint, and
+// each deleted alone.
+func TestMultipleAttachments(t *testing.T) {
+	e := newEnv(t, "10.244.22.0/24")
+	e.startAgent(nil)
+	eth0 := e.newPod("multi")
+	net1 := &pod{ns: eth0.ns, rt: &libcni.RuntimeConf{ContainerID: eth0.rt.ContainerID, NetNS: eth0.rt.NetNS, IfName: "net1", Args: eth0.rt.Args}}
+	r0, r1 := e.mustAdd(eth0), e.mustAdd(net1)
+	if len(r1.Interfaces) != 2 || r1.Interfaces[1].Name != "net1" || r0.Interfaces[0].Name == r1.Interfaces[0].Name {
+		t.Fatalf("results: eth0 %+v, net1 %+v", r0.Interfaces, r1.Interfaces)
+	}
+	if r0.IPs[0].Address.IP.Equal(r1.IPs[0].Address.IP) {
+		t.Fatalf("both attachments got %s", r0.IPs[0].Address.IP)
+	}
+	if eps, err := e.client().EndpointList(context.Background(), nil); err != nil || len(eps) != 2 {
+		t.Fatalf("endpoints = %+v, %v; want 2", eps, err)
+	}
+	for _, p := range []*pod{eth0, net1} {
+		if err := e.check(p); err != nil {
+			t.Fatalf("CHECK %s: %v", p.rt.IfName, err)
+		}
+	}
+	if err := e.del(net1); err != nil {
+		t.Fatalf("DEL net1: %v", err)
+	}
+	nl := eth0.ns.Netlink(t)
+	if _, err := nl.LinkByName("net1"); err == nil {
+		t.Fatal("net1 still in the pod after its DEL")
+	}
+	if _, err := nl.LinkByName("eth0"); err != nil {
+		t.Fatalf("eth0 after net1's DEL: %v", err)
+	}
+	if err := e.check(eth0); err != nil {
+		t.Fatalf("CHECK eth0 after net1's DEL: %v", err)
+	}
+	if err := e.del(eth0); err != nil {
+		t.Fatalf("DEL eth0: %v", err)
+	}
+	if eps, err := e.client().EndpointList(context.Background(), nil); err != nil || len(eps) != 0 {
+		t.Fatalf("endpoints after both DELs = %+v, %v", eps, err)
 	}
 }
 
@@ -208,8 +268,8 @@ func TestDelWhileAgentDown(t *testing.T) {
 	if err != nil || entry.ContainerID != p.rt.ContainerID || len(entry.IPs) != 2 || entry.IPs[0] != v4.String() || entry.IPs[1] != v6.String() {
 		t.Fatalf("queued entry = %+v, %v; want addresses %s and %s", entry, err, v4, v6)
 	}
-	if !e.hostLinkExists(p) {
-		t.Fatal("host veth gone before the agent came back")
+	if _, err := p.ns.Netlink(t).LinkByName("eth0"); err == nil {
+		t.Fatal("eth0 still in the pod after DEL (the netns exists)")
 	}
 
 	e.startAgent(nil) // drains the queue before it turns ready
@@ -266,7 +326,7 @@ func TestAddFailureRollsBack(t *testing.T) {
 		}
 		assertNothingLeft(t, e, p)
 	})
-	t.Run("interface name taken in the netns", func(t *testing.T) {
+	t.Run("interface name taken in the netns is replaced", func(t *testing.T) {
 		e := newEnv(t, "10.244.21.0/24")
 		e.startAgent(nil)
 		p := e.newPod("taken")
@@ -276,19 +336,15 @@ func TestAddFailureRollsBack(t *testing.T) {
 		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "other0"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.add(p); cniCode(err) != cni.CodeInterfaceExists {
-			t.Fatalf("ADD = %v, want code %d", err, cni.CodeInterfaceExists)
+		// As Cilium's ADD: the existing CNI_IFNAME is deleted first.
+		res, err := e.add(p)
+		if err != nil {
+			t.Fatalf("ADD over an existing eth0: %v", err)
 		}
-		if e.hostLinkExists(p) {
-			t.Fatal("host veth left behind")
-		}
-		links, _ := nl.LinkList()
-		if len(links) != 3 { // lo, eth0, other0
-			t.Fatalf("pod netns links = %d, want the 3 it had", len(links))
-		}
-		st, err := e.client().IPAMStatus(context.Background())
-		if err != nil || len(st.IPv4.Allocations) != 0 {
-			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
+		gw := netip.MustParseAddr("10.244.21.1")
+		verifyPod(t, p, podIP(t, res, p, gw), gw)
+		if _, err := nl.LinkByName("other0"); err == nil {
+			t.Fatal("the old eth0's peer survived: the old eth0 was not deleted")
 		}
 	})
 	t.Run("endpoint fails after veth and address", func(t *testing.T) {

@@ -90,6 +90,20 @@ func (c *NetConf) validate() error {
 	return nil
 }
 
+// lenientConfig decodes what it can of a config ParseConfig refused and
+// keeps only the keys DEL needs, each valid or its default.
+func lenientConfig(data []byte) *NetConf {
+	conf := &NetConf{}
+	_ = json.Unmarshal(data, conf) // a partial decode is what is wanted here
+	if !filepath.IsAbs(conf.Socket) || len(conf.Socket) > maxSocketPath {
+		conf.Socket = DefaultSocket
+	}
+	if !filepath.IsAbs(conf.DeleteQueueDir) || filepath.Clean(conf.DeleteQueueDir) == "/" {
+		conf.DeleteQueueDir = DefaultDeleteQueueDir
+	}
+	return conf
+}
+
 func supported(v string) bool {
 	for _, s := range SupportedVersions {
 		if v == s {

@@ -10,37 +10,57 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
-// cmdDel detaches the pod. It only asks the agent to delete the endpoint
-// (which releases the address and tears the host veth down, lazily: see
-// docs/cni-notes.md); it does not touch the pod's netns, which the
-// runtime deletes next. Idempotent: a missing endpoint, netns or link is
-// success. When the agent is unreachable the deletion is queued on disk
-// for the agent to drain when it starts.
+// cmdDel detaches the pod, best effort by container ID and interface:
+// it succeeds whenever nothing of the attachment remains or its removal
+// is durably queued, and fails only when neither holds (the delete queue
+// cannot be written). The agent deletes the attachment's endpoint (which
+// releases the address and tears the host veth down, lazily: see
+// docs/cni-notes.md); CNI_IFNAME is then deleted in the pod's netns if
+// that still exists, so a later ADD there starts clean. A missing
+// endpoint, netns or link is success. When the agent is unreachable or
+// fails, the deletion is queued on disk for the agent to drain. A config
+// or CNI_ARGS detail the plugin dislikes does not fail DEL (newDelCall).
 func cmdDel(args *skel.CmdArgs) error {
-	c, err := newCall(args)
-	if err != nil {
-		return err
-	}
+	c := newDelCall(args)
 	defer c.client.close()
+	if !ifname.Valid(args.IfName) {
+		// ADD refuses such a name, so no attachment of it exists.
+		warnf("DEL %s: CNI_IFNAME %q is not an interface name; nothing to delete", args.ContainerID, args.IfName)
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	err = retryStarting(ctx, func() error {
-		return c.client.endpointDeleteByContainer(ctx, args.ContainerID)
+	err := retryStarting(ctx, func() error {
+		return c.client.endpointDeleteAttachment(ctx, args.ContainerID, args.IfName)
 	})
 	switch {
 	case err == nil, isCode(err, "endpoint-deleting"):
-		return nil
-	case isNotFound(err):
-		return c.deleteLeftoverVeth()
-	case unreachable(err):
-		return c.queue()
+	case isNotFound(err), isCode(err, "invalid-argument"):
+		// The agent has no such attachment (it refuses to create one with
+		// an ID it calls invalid): only a leftover veth may remain.
+		if err := c.deleteLeftoverVeth(); err != nil {
+			warnf("DEL %s: %v; queueing the deletion", args.ContainerID, err)
+			if err := c.queue(); err != nil {
+				return err
+			}
+		}
+	default:
+		if !unreachable(err) {
+			warnf("DEL %s: agent: %v; queueing the deletion", args.ContainerID, err)
+		}
+		if err := c.queue(); err != nil {
+			return err
+		}
 	}
-	return agentError("delete endpoint", err)
+	c.deletePodInterface()
+	return nil
 }
 
 // deleteLeftoverVeth removes the host veth of an attachment the agent
@@ -48,21 +68,68 @@ func cmdDel(args *skel.CmdArgs) error {
 // link is gone or already queued for lazy teardown; deleting it is
 // idempotent either way.
 func (c *call) deleteLeftoverVeth() error {
-	hostName, _ := VethNames(c.args.ContainerID)
+	hostName, _ := VethNames(c.args.ContainerID, c.args.IfName)
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return kernelError("netlink", err)
 	}
 	defer nl.Close()
-	link, err := nl.LinkByName(hostName)
+	return deleteVeth(nl, hostName)
+}
+
+// deleteVeth deletes the veth called name through nl; a missing link is
+// success and a link of that name that is not a veth is left alone.
+func deleteVeth(nl *netlink.Handle, name string) error {
+	link, err := nl.LinkByName(name)
 	if isLinkNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		return kernelError("look up "+hostName, err)
+		return kernelError("look up "+name, err)
+	}
+	if link.Type() != "veth" {
+		return nil
 	}
 	if err := nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
-		return kernelError("delete "+hostName, err)
+		return kernelError("delete "+name, err)
+	}
+	return nil
+}
+
+// deletePodInterface deletes CNI_IFNAME in the pod's netns, as Cilium's
+// DEL does, when the netns still exists. Failing is harmless (the netns's
+// removal deletes it, and an ADD replaces it), so it is only reported.
+func (c *call) deletePodInterface() {
+	if c.args.Netns == "" {
+		return
+	}
+	h, err := netns.GetFromPath(c.args.Netns)
+	if err != nil {
+		return // the runtime removed the netns: the interface went with it
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE)
+	if err != nil {
+		warnf("DEL %s: netlink in netns %s: %v", c.args.ContainerID, c.args.Netns, err)
+		return
+	}
+	defer nl.Close()
+	if err := deleteLink(nl, c.args.IfName); err != nil {
+		warnf("DEL %s: %v", c.args.ContainerID, err)
+	}
+}
+
+// deleteLink deletes the link called name through nl; missing is success.
+func deleteLink(nl *netlink.Handle, name string) error {
+	link, err := nl.LinkByName(name)
+	if isLinkNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return kernelError("look up "+name, err)
+	}
+	if err := nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
+		return kernelError("delete "+name, err)
 	}
 	return nil
 }
@@ -70,7 +137,7 @@ func (c *call) deleteLeftoverVeth() error {
 // queue persists the deletion for the agent. Returns CNI error 11 when
 // the queue is full, so the runtime retries later.
 func (c *call) queue() error {
-	hostName, _ := VethNames(c.args.ContainerID)
+	hostName, _ := VethNames(c.args.ContainerID, c.args.IfName)
 	e := &delqueue.Entry{
 		ContainerID: c.args.ContainerID, IfName: c.args.IfName, Netns: c.args.Netns,
 		Namespace: c.k8s.Namespace, Pod: c.k8s.Pod, HostInterface: hostName,

@@ -238,7 +238,7 @@ func (e *env) gc(valid ...*pod) error {
 // hostLinkExists reports whether the pod's lxc device exists in the host netns.
 func (e *env) hostLinkExists(p *pod) bool {
 	e.t.Helper()
-	name, _ := cni.VethNames(p.rt.ContainerID)
+	name, _ := cni.VethNames(p.rt.ContainerID, p.rt.IfName)
 	_, err := e.host.Netlink(e.t).LinkByName(name)
 	return err == nil
 }

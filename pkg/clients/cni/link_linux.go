@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -64,42 +65,30 @@ func isLinkNotFound(err error) bool {
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
-// errVethExists says creating the pair failed because a name is taken.
+// errVethExists says creating the pair failed because a name is taken
+// (the host veth's, the peer's temporary name or CNI_IFNAME).
 var errVethExists = errors.New("veth name exists")
 
 // clearStale makes room for this ADD after creating the pair found a name
-// taken. CNI_IFNAME must not exist in the pod's netns, unless it is the
-// peer of this container's own host veth left by an earlier attachment
-// whose endpoint is gone (the agent removes host veths lazily after DEL,
-// see docs/cni-notes.md): that pair is deleted. A host veth of this
-// container without an endpoint is deleted too.
-func (c *call) clearStale(ctx context.Context, p *pod, hostName string) error {
-	inPod, err := p.nl.LinkByName(c.args.IfName)
-	if err != nil && !isLinkNotFound(err) {
-		return kernelError("look up "+c.args.IfName+" in netns", err)
+// taken. As Cilium's ADD does (RemoveIfFromNetNSIfExists), an existing
+// CNI_IFNAME in the pod's netns is deleted whatever it is: the runtime
+// owns the netns and asks for that name. So are the attachment's own
+// leftovers: its endpoint (a runtime retrying an ADD after a partial
+// failure, or after losing the answer), its host veth (a veth of the
+// attachment's lxc<hash> name; any other link is left alone) and the
+// peer's temporary name.
+func (c *call) clearStale(ctx context.Context, p *pod, hostName, tmpName string) error {
+	err := c.client.endpointDeleteAttachment(ctx, c.args.ContainerID, c.args.IfName)
+	if err != nil && !isNotFound(err) && !isCode(err, "endpoint-deleting") {
+		return agentError("delete the attachment's earlier endpoint", err)
 	}
-	host, err := p.hostNL.LinkByName(hostName)
-	if err != nil && !isLinkNotFound(err) {
-		return kernelError("look up "+hostName, err)
+	if err := deleteVeth(p.hostNL, hostName); err != nil {
+		return err
 	}
-	if host == nil {
-		if inPod != nil {
-			return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
+	for _, name := range []string{c.args.IfName, tmpName} {
+		if err := deleteLink(p.nl, name); err != nil {
+			return err
 		}
-		return newError(CodeInterfaceExists, "veth names of container %s are taken", c.args.ContainerID)
-	}
-	if inPod != nil && host.Attrs().ParentIndex != inPod.Attrs().Index {
-		return newError(CodeInterfaceExists, "interface %q already exists in netns %s", c.args.IfName, p.path)
-	}
-	_, err = c.client.endpointGet(ctx, "container-id:"+c.args.ContainerID)
-	switch {
-	case err == nil:
-		return newError(CodeInterfaceExists, "container %s is already attached (endpoint exists, interface %s)", c.args.ContainerID, hostName)
-	case !isNotFound(err):
-		return agentError("look up endpoint", err)
-	}
-	if err := p.hostNL.LinkDel(host); err != nil && !isLinkNotFound(err) {
-		return kernelError("delete stale "+hostName, err)
 	}
 	return nil
 }
@@ -143,7 +132,7 @@ func (p *pod) createVeth(hostName, tmpName, ifName string, mtu int) (v *veth, re
 	}
 	if err := p.nl.LinkSetName(peer, ifName); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return v, newError(CodeInterfaceExists, "interface %q already exists in netns %s", ifName, p.path)
+			return v, fmt.Errorf("rename %s to %s: %w", tmpName, ifName, errVethExists)
 		}
 		return v, kernelError("rename "+tmpName+" to "+ifName, err)
 	}
@@ -165,7 +154,9 @@ func (v *veth) rollback() {
 // (disable_ipv6=0 on lo and the interface: runtimes may create netns with
 // IPv6 off) and adds the address without duplicate address detection (the
 // agent's IPAM owns it; DAD would hold it tentative, unusable, for a
-// second).
+// second). A pod that already routes a family's gateway through another
+// attachment (a second CNI_IFNAME in the same netns) keeps its routes:
+// this interface gets only its address of that family.
 func (p *pod) configure(v *veth, addrs []podAddr) error {
 	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: v.podIndex, Name: v.podName}}
 	for _, a := range addrs {
@@ -189,6 +180,9 @@ func (p *pod) configure(v *veth, addrs []podAddr) error {
 		}
 		gw := ipNet(netip.PrefixFrom(a.gateway, a.gateway.BitLen()))
 		if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: v.podIndex, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				continue // routed through another attachment already
+			}
 			return kernelError("add route to gateway "+a.gateway.String(), err)
 		}
 		def := &netlink.Route{LinkIndex: v.podIndex, Dst: defaultRoute(a.ip), Gw: gw.IP}

@@ -3,21 +3,28 @@ package cni
 import (
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
-// Veth names are derived from the container ID so that every CNI call
-// for the same attachment finds the same links: "lxc" or "tmp" plus the
-// first 12 hex digits of SHA-256(container ID) is 15 bytes, IFNAMSIZ-1.
+// Veth names are derived from the attachment (container ID and
+// CNI_IFNAME) so that every CNI call for the same attachment finds the
+// same links and two attachments of one container get different ones:
+// "lxc" or "tmp" plus the first 12 hex digits of SHA-256(container ID,
+// NUL, ifname) is 15 bytes, IFNAMSIZ-1.
 const (
-	hostPrefix = "lxc"
+	hostPrefix = ifname.HostPrefix
 	tmpPrefix  = "tmp"
 	hashLen    = 12
 )
 
 // VethNames returns the host-side name (lxc<hash>) and the temporary
 // name the peer has in the pod's netns before it is renamed (tmp<hash>).
-func VethNames(containerID string) (host, tmp string) {
-	sum := sha256.Sum256([]byte(containerID))
-	h := hex.EncodeToString(sum[:])[:hashLen]
-	return hostPrefix + h, tmpPrefix + h
+func VethNames(containerID, ifName string) (host, tmp string) {
+	h := sha256.New()
+	h.Write([]byte(containerID))
+	h.Write([]byte{0})
+	h.Write([]byte(ifName))
+	sum := hex.EncodeToString(h.Sum(nil))[:hashLen]
+	return hostPrefix + sum, tmpPrefix + sum
 }

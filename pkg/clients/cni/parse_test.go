@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 func code(err error) uint {
@@ -55,12 +57,22 @@ func TestParseArgs(t *testing.T) {
 }
 
 func TestVethNames(t *testing.T) {
-	host, tmp := VethNames(strings.Repeat("f", 64))
+	host, tmp := VethNames(strings.Repeat("f", 64), "eth0")
 	if len(host) != 15 || len(tmp) != 15 || !strings.HasPrefix(host, "lxc") || !strings.HasPrefix(tmp, "tmp") || host[3:] != tmp[3:] {
 		t.Fatalf("VethNames = %q, %q", host, tmp)
 	}
-	if h2, _ := VethNames("other"); h2 == host {
+	if !ifname.ValidHost(host) {
+		t.Fatalf("host name %q is not of the pattern the agent accepts", host)
+	}
+	if h2, _ := VethNames("other", "eth0"); h2 == host {
 		t.Fatal("different containers share a host veth name")
+	}
+	// Two attachments of one container, and IDs that join alike.
+	if h2, _ := VethNames(strings.Repeat("f", 64), "net1"); h2 == host {
+		t.Fatal("two attachments of one container share a host veth name")
+	}
+	if a, _ := VethNames("ab", "c"); a == func() string { b, _ := VethNames("a", "bc"); return b }() {
+		t.Fatal("attachments ab/c and a/bc share a host veth name")
 	}
 }
 

@@ -3,12 +3,17 @@ package cni
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // Timeouts of one CNI call. kubelet's own deadline is minutes; these keep
@@ -50,6 +55,41 @@ func newCall(args *skel.CmdArgs) (*call, error) {
 		return nil, err
 	}
 	return &call{args: args, conf: conf, k8s: k8s, client: &agentClient{socket: conf.Socket}}, nil
+}
+
+// checkIfName validates CNI_IFNAME before it names a link (ADD, CHECK).
+// Returns CNI error 4 naming the variable.
+func checkIfName(name string) error {
+	if !ifname.Valid(name) {
+		return envError("CNI_IFNAME", "%q: want an interface name of 1..%d bytes without '/', ':', '%%' or spaces, other than ., .., all and default", name, ifname.MaxLen)
+	}
+	return nil
+}
+
+// newDelCall is newCall for DEL, which must not wedge a pod (a runtime
+// retries a failing DEL forever): a config or CNI_ARGS detail the plugin
+// dislikes is reported on stderr and DEL goes on with what parsed and
+// the defaults for the rest. Only the socket and the delete queue matter
+// to DEL; CNI_ARGS only label a queued deletion.
+func newDelCall(args *skel.CmdArgs) *call {
+	conf, err := ParseConfig(args.StdinData)
+	if err != nil {
+		warnf("DEL %s: %v; going on with defaults", args.ContainerID, err)
+		conf = lenientConfig(args.StdinData)
+	}
+	k8s, err := ParseArgs(args.Args)
+	if err != nil {
+		warnf("DEL %s: %v; ignored", args.ContainerID, err)
+		k8s = Args{}
+	}
+	return &call{args: args, conf: conf, k8s: k8s, client: &agentClient{socket: conf.Socket}}
+}
+
+// stderr receives the plugin's warnings (runtimes log a plugin's stderr).
+var stderr io.Writer = os.Stderr
+
+func warnf(format string, args ...any) {
+	fmt.Fprintf(stderr, "membrane-cni: "+format+"\n", args...)
 }
 
 // unreachable reports whether err means the agent is not there to ask:

@@ -3,13 +3,19 @@ package cni_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 )
 
 // runPlugin execs the built plugin as a runtime would and returns its
@@ -58,12 +64,15 @@ func TestSpecErrors(t *testing.T) {
 		{"unknown command", base("FROB"), good, 4, "FROB"},
 		{"CNI_ARGS pair without =", with(base("ADD"), "CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME"), good, 4, "CNI_ARGS"},
 		{"CNI_ARGS pod without namespace", with(base("ADD"), "CNI_ARGS", "K8S_POD_NAME=p"), good, 4, "CNI_ARGS"},
-		{"CNI_ARGS bad value", with(base("DEL"), "CNI_ARGS", "K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=p"), good, 4, "K8S_POD_NAMESPACE"},
+		{"CNI_ARGS bad value", with(base("ADD"), "CNI_ARGS", "K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=p"), good, 4, "K8S_POD_NAMESPACE"},
+		{"ifname all", with(base("ADD"), "CNI_IFNAME", "all"), good, 4, "CNI_IFNAME"},
+		{"ifname template", with(base("ADD"), "CNI_IFNAME", "eth%d"), good, 4, "CNI_IFNAME"},
+		{"ifname default", with(base("CHECK"), "CNI_IFNAME", "default"), good, 4, "CNI_IFNAME"},
 		{"undecodable", base("ADD"), `{"cniVersion":`, 6, "network config"},
 		{"mtu wrong type", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","mtu":"big"}`, 6, "mtu"},
 		{"mtu out of range", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","mtu":10}`, 7, "mtu"},
 		{"relative socket", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","socket":"agent.sock"}`, 7, "socket"},
-		{"relative queue", base("DEL"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","deleteQueueDir":"q"}`, 7, "deleteQueueDir"},
+		{"relative queue", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","deleteQueueDir":"q"}`, 7, "deleteQueueDir"},
 		{"foreign ipam", base("ADD"), `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","ipam":{"type":"host-local"}}`, 7, "ipam"},
 		{"no name", base("ADD"), `{"cniVersion":"1.1.0","type":"membrane-cni"}`, 7, "name"},
 		{"old version", base("ADD"), `{"cniVersion":"0.2.0","name":"n","type":"membrane-cni"}`, 1, "0.2.0"},
@@ -106,5 +115,130 @@ func TestVersion(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil || strings.Join(v.Supported, ",") != "0.3.1,0.4.0,1.0.0,1.1.0" {
 		t.Fatalf("VERSION = %s (%v)", out, err)
+	}
+}
+
+// TestDelBestEffort: DEL must not wedge a pod (runtimes retry a failing
+// DEL forever). CNI_ARGS or config details the plugin dislikes do not
+// fail it: with the agent unreachable, each DEL below queues its
+// deletion and exits 0. It fails only when the deletion can neither be
+// done nor queued.
+func TestDelBestEffort(t *testing.T) {
+	dir := t.TempDir()
+	queue := filepath.Join(dir, "queue")
+	conf := func(extra string) string {
+		return `{"cniVersion":"1.1.0","name":"n","type":"membrane-cni","socket":"` + filepath.Join(dir, "none.sock") +
+			`","deleteQueueDir":"` + queue + `"` + extra + `}`
+	}
+	env := func(cid, ifname, args string) map[string]string {
+		return map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": cid, "CNI_NETNS": filepath.Join(dir, "gone-netns"),
+			"CNI_IFNAME": ifname, "CNI_PATH": "/opt/cni/bin", "CNI_ARGS": args}
+	}
+	queued := func() int {
+		t.Helper()
+		names, err := delqueue.List(queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(names)
+	}
+	for i, tc := range []struct {
+		name, ifname, args, stdin string
+		queues                    bool
+	}{
+		{"pod without namespace", "eth0", "IgnoreUnknown=1;K8S_POD_NAME=p", conf(""), true},
+		{"CNI_ARGS pair without =", "eth0", "IgnoreUnknown=1;K8S_POD_NAME", conf(""), true},
+		{"CNI_ARGS bad value", "eth0", "K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=p", conf(""), true},
+		{"mtu out of range", "eth0", "", conf(`,"mtu":10`), true},
+		{"foreign ipam", "eth0", "", conf(`,"ipam":{"type":"host-local"}`), true},
+		{"second attachment", "net1", "", conf(""), true},
+		{"interface name ADD refuses", "all", "", conf(""), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := queued()
+			out, ok := runPlugin(t, env(fmt.Sprintf("c%d", i), tc.ifname, tc.args), tc.stdin)
+			if !ok {
+				t.Fatalf("DEL failed: %s", out)
+			}
+			if got := queued() - before; (got == 1) != tc.queues {
+				t.Fatalf("DEL queued %d entries, want queued=%v", got, tc.queues)
+			}
+		})
+	}
+	t.Run("queue unwritable", func(t *testing.T) {
+		blocked := filepath.Join(dir, "file")
+		if err := os.WriteFile(blocked, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		stdin := strings.Replace(conf(""), queue, filepath.Join(blocked, "q"), 1)
+		out, ok := runPlugin(t, env("c-blocked", "eth0", ""), stdin)
+		if ok || !strings.Contains(out, `"code": 107`) && !strings.Contains(out, `"code":107`) {
+			t.Fatalf("DEL with an unwritable queue and no agent = ok %v, %s; want error 107", ok, out)
+		}
+	})
+}
+
+// TestDelAgentAnswers: what DEL does with each kind of agent answer. A
+// failing agent (5xx) gets the deletion queued and DEL succeeds; an agent
+// without the attachment (404, or 400: it never created one with such an
+// ID) leaves nothing to queue.
+func TestDelAgentAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		code   string
+		queues bool
+	}{
+		{"deleted", 200, "", false},
+		{"not found", 404, "not-found", false},
+		{"refused", 400, "invalid-argument", false},
+		{"internal error", 500, "state-write-failed", true},
+		{"timeout", 504, "timeout", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "mbt-del-") // short: a socket path has 107 bytes
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			sock, queue := filepath.Join(dir, "a.sock"), filepath.Join(dir, "q")
+			var mu sync.Mutex // guards got
+			var got []string
+			lis, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				got = append(got, r.Method+" "+r.URL.Path+" "+string(body))
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				if tc.code != "" {
+					fmt.Fprintf(w, `{"code":%q,"message":"test"}`, tc.code)
+				} else {
+					fmt.Fprint(w, `{"deleted":[1]}`)
+				}
+			})}
+			go srv.Serve(lis)
+			t.Cleanup(func() { srv.Close() })
+			stdin := `{"cniVersion":"1.0.0","name":"n","type":"membrane-cni","socket":"` + sock + `","deleteQueueDir":"` + queue + `"}`
+			env := map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": filepath.Join(dir, "gone"),
+				"CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin"}
+			out, ok := runPlugin(t, env, stdin)
+			if !ok {
+				t.Fatalf("DEL failed: %s", out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 1 || !strings.Contains(got[0], `DELETE /v1/endpoint {"container-id":"c1","container-interface-name":"net1"}`) {
+				t.Fatalf("agent saw %q", got)
+			}
+			names, _ := delqueue.List(queue)
+			if (len(names) == 1) != tc.queues {
+				t.Fatalf("queued %d entries, want queued=%v", len(names), tc.queues)
+			}
+		})
 	}
 }

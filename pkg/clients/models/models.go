@@ -79,6 +79,10 @@ type Endpoint struct {
 // EndpointBatchDeleteRequest is the body of DELETE /v1/endpoint.
 type EndpointBatchDeleteRequest struct {
 	ContainerID string `json:"container-id"`
+	// ContainerInterfaceName, when set, limits the deletion to the
+	// container's attachment with this interface (a Membrane addition to
+	// Cilium's model); without it every endpoint of the container goes.
+	ContainerInterfaceName string `json:"container-interface-name,omitempty"`
 }
 
 // EndpointBatchDeleteResponse reports what DELETE /v1/endpoint removed.

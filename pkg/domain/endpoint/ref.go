@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // RefKind says how a Ref names an endpoint.
@@ -16,6 +18,9 @@ const (
 	RefContainerID
 	// RefPodName names it by pod ("pod-name:default/web-0").
 	RefPodName
+	// RefAttachment names it by CNI attachment, container ID and interface
+	// in it ("cni-attachment-id:abc123:eth0", as Cilium spells it).
+	RefAttachment
 )
 
 // Ref is a parsed {id} path element of the API.
@@ -23,6 +28,7 @@ type Ref struct {
 	Kind        RefKind
 	ID          ID
 	ContainerID string
+	IfName      string // RefAttachment's container interface
 	Namespace   string
 	PodName     string
 }
@@ -31,7 +37,10 @@ type Ref struct {
 // Kubernetes names at most 253 characters each.
 const maxRefLen = 600
 
-// ParseRef parses "<number>", "container-id:<id>" or "pod-name:<ns>/<pod>".
+// ParseRef parses "<number>", "container-id:<id>",
+// "cni-attachment-id:<id>:<ifname>" or "pod-name:<ns>/<pod>". A container
+// ID with several attachments: container-id names the one with the lowest
+// endpoint ID.
 // A bare "0" is accepted (PUT uses it for "agent picks the ID").
 // Returns ErrInvalidID for anything else, saying what is wrong.
 func ParseRef(s string) (Ref, error) {
@@ -52,6 +61,12 @@ func ParseRef(s string) (Ref, error) {
 			return Ref{}, fmt.Errorf("parse endpoint id %q: bad container id: %w", s, ErrInvalidID)
 		}
 		return Ref{Kind: RefContainerID, ContainerID: rest}, nil
+	case "cni-attachment-id":
+		i := strings.LastIndexByte(rest, ':')
+		if i < 0 || !validName(rest[:i], false) || !ifname.Valid(rest[i+1:]) {
+			return Ref{}, fmt.Errorf("parse endpoint id %q: want cni-attachment-id:<container id>:<interface>: %w", s, ErrInvalidID)
+		}
+		return Ref{Kind: RefAttachment, ContainerID: rest[:i], IfName: rest[i+1:]}, nil
 	case "pod-name":
 		ns, pod, ok := strings.Cut(rest, "/")
 		if !ok || !validName(ns, false) || !validName(pod, false) {
@@ -59,7 +74,7 @@ func ParseRef(s string) (Ref, error) {
 		}
 		return Ref{Kind: RefPodName, Namespace: ns, PodName: pod}, nil
 	default:
-		return Ref{}, fmt.Errorf("parse endpoint id %q: unknown prefix %q (want container-id or pod-name): %w", s, prefix, ErrInvalidID)
+		return Ref{}, fmt.Errorf("parse endpoint id %q: unknown prefix %q (want container-id, cni-attachment-id or pod-name): %w", s, prefix, ErrInvalidID)
 	}
 }
 
@@ -68,6 +83,8 @@ func (r Ref) String() string {
 	switch r.Kind {
 	case RefContainerID:
 		return "container-id:" + r.ContainerID
+	case RefAttachment:
+		return "cni-attachment-id:" + r.ContainerID + ":" + r.IfName
 	case RefPodName:
 		return "pod-name:" + r.Namespace + "/" + r.PodName
 	default:

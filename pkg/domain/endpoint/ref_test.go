@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 func TestParseRef(t *testing.T) {
@@ -23,6 +25,8 @@ func TestParseRef(t *testing.T) {
 		{name: "container with colon", in: "container-id:a:b", want: Ref{Kind: RefContainerID, ContainerID: "a:b"}},
 		{name: "container 253", in: "container-id:" + long, want: Ref{Kind: RefContainerID, ContainerID: long}},
 		{name: "pod", in: "pod-name:ns/pod", want: Ref{Kind: RefPodName, Namespace: "ns", PodName: "pod"}},
+		{name: "attachment", in: "cni-attachment-id:abc:eth0", want: Ref{Kind: RefAttachment, ContainerID: "abc", IfName: "eth0"}},
+		{name: "attachment colon in container", in: "cni-attachment-id:a:b:net1", want: Ref{Kind: RefAttachment, ContainerID: "a:b", IfName: "net1"}},
 		{name: "pod long", in: "pod-name:" + long + "/" + long, want: Ref{Kind: RefPodName, Namespace: long, PodName: long}},
 
 		{name: "empty", in: "", wantErr: true},
@@ -41,6 +45,11 @@ func TestParseRef(t *testing.T) {
 		{name: "container control", in: "container-id:a\x00", wantErr: true},
 		{name: "container 254", in: "container-id:" + long + "a", wantErr: true},
 		{name: "pod no slash", in: "pod-name:ns", wantErr: true},
+		{name: "attachment no interface", in: "cni-attachment-id:abc", wantErr: true},
+		{name: "attachment empty interface", in: "cni-attachment-id:abc:", wantErr: true},
+		{name: "attachment empty container", in: "cni-attachment-id::eth0", wantErr: true},
+		{name: "attachment interface dotdot", in: "cni-attachment-id:abc:..", wantErr: true},
+		{name: "attachment interface too long", in: "cni-attachment-id:abc:eth0123456789abc", wantErr: true},
 		{name: "pod no namespace", in: "pod-name:/pod", wantErr: true},
 		{name: "pod no name", in: "pod-name:ns/", wantErr: true},
 		{name: "pod two slashes", in: "pod-name:ns/pod/x", wantErr: true},
@@ -108,7 +117,7 @@ func TestRefString(t *testing.T) {
 func FuzzParseRef(f *testing.F) {
 	for _, s := range []string{"0", "42", "65535", "65536", "-1", "+5", "container-id:abc", "container-id:",
 		"pod-name:ns/pod", "pod-name:ns", "pod-name:/pod", "unknown:x", "container-id:a:b", "pod-name:a/b/c",
-		"container-id:\xff", strings.Repeat("9", 700)} {
+		"container-id:\xff", strings.Repeat("9", 700), "cni-attachment-id:a:eth0", "cni-attachment-id:a:b:c", "cni-attachment-id:a:"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -127,6 +136,10 @@ func FuzzParseRef(f *testing.F) {
 		case RefContainerID:
 			if ref.ContainerID == "" || strings.Contains(ref.ContainerID, "/") {
 				t.Fatalf("ParseRef(%q) = %+v: bad container id", s, ref)
+			}
+		case RefAttachment:
+			if ref.ContainerID == "" || strings.Contains(ref.ContainerID, "/") || !ifname.Valid(ref.IfName) {
+				t.Fatalf("ParseRef(%q) = %+v: bad attachment", s, ref)
 			}
 		case RefPodName:
 			if ref.Namespace == "" || ref.PodName == "" || strings.Contains(ref.PodName, "/") {

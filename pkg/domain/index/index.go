@@ -53,9 +53,40 @@ func (ix *Index) Endpoint(id endpoint.ID) (*endpoint.Endpoint, bool) {
 	return firstEndpoint(ix.ReadTxn(), IndexID, id)
 }
 
-// EndpointByContainerID returns the endpoint of a container.
+// EndpointByContainerID returns the endpoint of a container (of several
+// attachments, the one with the lowest ID).
 func (ix *Index) EndpointByContainerID(cid string) (*endpoint.Endpoint, bool) {
-	return firstEndpoint(ix.ReadTxn(), IndexContainerID, cid)
+	if cid == "" {
+		return nil, false
+	}
+	return firstEndpoint(ix.ReadTxn(), IndexContainerID, containerKey(cid))
+}
+
+// EndpointsByContainerID returns every endpoint of a container, by ID.
+func (ix *Index) EndpointsByContainerID(cid string) []*endpoint.Endpoint {
+	if cid == "" {
+		return nil
+	}
+	var out []*endpoint.Endpoint
+	it, err := ix.ReadTxn().Get(TableEndpoints, IndexContainerID, containerKey(cid))
+	if err != nil {
+		return nil
+	}
+	for o := it.Next(); o != nil; o = it.Next() {
+		out = append(out, recOf[endpointKey, endpoint.Endpoint](o))
+	}
+	return out
+}
+
+// EndpointByAttachment returns the endpoint of a CNI attachment: the
+// container's endpoint whose container interface is ifName.
+func (ix *Index) EndpointByAttachment(cid, ifName string) (*endpoint.Endpoint, bool) {
+	for _, ep := range ix.EndpointsByContainerID(cid) {
+		if ep.ContainerInterfaceName == ifName {
+			return ep, true
+		}
+	}
+	return nil, false
 }
 
 // EndpointByPod returns the first endpoint of a pod.
@@ -78,6 +109,8 @@ func (ix *Index) Resolve(ref endpoint.Ref) (*endpoint.Endpoint, bool) {
 	switch ref.Kind {
 	case endpoint.RefContainerID:
 		return ix.EndpointByContainerID(ref.ContainerID)
+	case endpoint.RefAttachment:
+		return ix.EndpointByAttachment(ref.ContainerID, ref.IfName)
 	case endpoint.RefPodName:
 		return ix.EndpointByPod(ref.Namespace, ref.PodName)
 	default:

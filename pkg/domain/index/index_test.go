@@ -85,7 +85,8 @@ func TestSchema(t *testing.T) {
 			t.Errorf("endpoints table lacks index %q", name)
 		}
 	}
-	for _, name := range []string{IndexContainerID, IndexIPv4, IndexIPv6} {
+	// Not container-id: a container may have several attachments.
+	for _, name := range []string{IndexIPv4, IndexIPv6} {
 		if !s.Tables[TableEndpoints].Indexes[name].Unique {
 			t.Errorf("endpoints index %q is not unique", name)
 		}
@@ -108,6 +109,9 @@ func fixture(tb testing.TB) []*endpoint.Endpoint {
 			State: endpoint.StateWaitingForIdentity},
 		{ID: 65535, Labels: db, State: endpoint.StateReady, Identity: 301},
 		{ID: 1, ContainerID: "c1", Namespace: "n", PodName: "s", State: endpoint.StateDisconnecting, Identity: 302},
+		// Two attachments of one container.
+		{ID: 41, ContainerID: "c40", ContainerInterfaceName: "net1", Namespace: "m", PodName: "multi", State: endpoint.StateReady, Identity: 302},
+		{ID: 40, ContainerID: "c40", ContainerInterfaceName: "eth0", Namespace: "m", PodName: "multi", State: endpoint.StateReady, Identity: 302},
 	}
 }
 
@@ -127,6 +131,11 @@ func TestEndpointLookups(t *testing.T) {
 		{"container", func() (*endpoint.Endpoint, bool) { return ix.EndpointByContainerID("c12") }, 12},
 		{"container missing", func() (*endpoint.Endpoint, bool) { return ix.EndpointByContainerID("c") }, 0},
 		{"container prefix is not a match", func() (*endpoint.Endpoint, bool) { return ix.EndpointByContainerID("c3") }, 0},
+		{"container of two attachments: lowest id", func() (*endpoint.Endpoint, bool) { return ix.EndpointByContainerID("c40") }, 40},
+		{"attachment eth0", func() (*endpoint.Endpoint, bool) { return ix.EndpointByAttachment("c40", "eth0") }, 40},
+		{"attachment net1", func() (*endpoint.Endpoint, bool) { return ix.EndpointByAttachment("c40", "net1") }, 41},
+		{"attachment missing interface", func() (*endpoint.Endpoint, bool) { return ix.EndpointByAttachment("c40", "net2") }, 0},
+		{"attachment of a prefix", func() (*endpoint.Endpoint, bool) { return ix.EndpointByAttachment("c4", "eth0") }, 0},
 		{"ipv4", func() (*endpoint.Endpoint, bool) { return ix.EndpointByIP(netip.MustParseAddr("10.0.0.5")) }, 5},
 		{"ipv4 mapped", func() (*endpoint.Endpoint, bool) { return ix.EndpointByIP(netip.MustParseAddr("::ffff:10.0.0.30")) }, 30},
 		{"ipv4 missing", func() (*endpoint.Endpoint, bool) { return ix.EndpointByIP(netip.MustParseAddr("10.0.0.6")) }, 0},
@@ -168,14 +177,14 @@ func TestEndpointsFilter(t *testing.T) {
 		f    EndpointFilter
 		want []endpoint.ID
 	}{
-		{"all", EndpointFilter{}, []endpoint.ID{1, 5, 7, 12, 30, 65535}},
+		{"all", EndpointFilter{}, []endpoint.ID{1, 5, 7, 12, 30, 40, 41, 65535}},
 		{"namespace", EndpointFilter{Namespace: "ns"}, []endpoint.ID{5, 7, 30}},
 		{"namespace is not a prefix match", EndpointFilter{Namespace: "n"}, []endpoint.ID{1}},
 		{"namespace ns2", EndpointFilter{Namespace: "ns2"}, []endpoint.ID{12}},
 		{"namespace missing", EndpointFilter{Namespace: "nope"}, nil},
 		{"pod", EndpointFilter{Namespace: "ns", PodName: "web-0"}, []endpoint.ID{5}},
 		{"pod prefix", EndpointFilter{Namespace: "ns", PodName: "web"}, nil},
-		{"state", EndpointFilter{State: endpoint.StateReady}, []endpoint.ID{12, 30, 65535}},
+		{"state", EndpointFilter{State: endpoint.StateReady}, []endpoint.ID{12, 30, 40, 41, 65535}},
 		{"state none match", EndpointFilter{State: endpoint.StateRestoring}, nil},
 		{"identity", EndpointFilter{Identity: 301}, []endpoint.ID{7, 12, 65535}},
 		{"identity and state", EndpointFilter{Identity: 301, State: endpoint.StateReady}, []endpoint.ID{12, 65535}},

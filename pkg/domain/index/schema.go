@@ -25,8 +25,10 @@ const (
 const (
 	// IndexID ("id") is the primary key: GET/DELETE /v1/endpoint/<n>.
 	IndexID = "id"
-	// IndexContainerID serves container-id:<id> references, the CNI DEL
-	// batch delete and the duplicate-container check on PUT.
+	// IndexContainerID serves container-id:<id> and cni-attachment-id
+	// references and the CNI DEL batch delete. Not unique: a container may
+	// have several attachments (the endpoint manager keeps each (container
+	// ID, interface) to one endpoint).
 	IndexContainerID = "container-id"
 	// IndexIPv4 and IndexIPv6 serve "which endpoint has this IP" (duplicate
 	// check on PUT, refusing DELETE /v1/ipam of an IP in use).
@@ -91,8 +93,8 @@ func endpointsTable() *memdb.TableSchema {
 	key := func(o any) *endpointKey { return &o.(*endpointRow).key }
 	return &memdb.TableSchema{Name: TableEndpoints, Indexes: map[string]*memdb.IndexSchema{
 		IndexID: {Name: IndexID, Unique: true, Indexer: uint16Index(func(o any) uint16 { return uint16(key(o).id) })},
-		IndexContainerID: {Name: IndexContainerID, Unique: true, AllowMissing: true,
-			Indexer: stringIndex(func(o any) string { return key(o).containerID })},
+		IndexContainerID: {Name: IndexContainerID, AllowMissing: true,
+			Indexer: stringIndex(func(o any) string { return containerKey(key(o).containerID) })},
 		IndexIPv4: {Name: IndexIPv4, Unique: true, AllowMissing: true,
 			Indexer: addrIndex(func(o any) netip.Addr { return key(o).ipv4 })},
 		IndexIPv6: {Name: IndexIPv6, Unique: true, AllowMissing: true,
@@ -108,6 +110,15 @@ func endpointsTable() *memdb.TableSchema {
 
 // podKey is "ns/pod/" so that a prefix "ns/" selects a namespace without
 // matching "ns2/..." and the exact key of a pod never prefixes another pod's.
+// containerKey is the container-id index key: the ID and a '/' (which no
+// container ID holds), so a lookup of "abc" does not match "abcd".
+func containerKey(cid string) string {
+	if cid == "" {
+		return ""
+	}
+	return cid + "/"
+}
+
 func podKey(namespace, pod string) string {
 	if namespace == "" && pod == "" {
 		return ""

@@ -7,6 +7,8 @@
 package delqueue
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 var (
@@ -49,7 +53,8 @@ type Entry struct {
 	// Namespace and Pod come from CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME).
 	Namespace string `json:"namespace,omitempty"`
 	Pod       string `json:"pod,omitempty"`
-	// HostInterface is the host side of the veth (lxc<hash>).
+	// HostInterface is the host side of the veth (lxc<hash>); the agent
+	// deletes it only if it has the plugin's pattern and is a veth.
 	HostInterface string `json:"hostInterface"`
 	// IPs are the pod's addresses from the DEL's prevResult, if any.
 	IPs []string `json:"ips,omitempty"`
@@ -73,10 +78,10 @@ func (e *Entry) Validate() error {
 		return fmt.Errorf("field \"version\": %d, want %d: %w", e.Version, Version, ErrInvalidEntry)
 	case !safeName(e.ContainerID):
 		return fmt.Errorf("field \"containerID\": %q: %w", e.ContainerID, ErrInvalidEntry)
-	case !safeName(e.IfName):
+	case !ifname.Valid(e.IfName):
 		return fmt.Errorf("field \"ifname\": %q: %w", e.IfName, ErrInvalidEntry)
-	case e.HostInterface != "" && !safeName(e.HostInterface):
-		return fmt.Errorf("field \"hostInterface\": %q: %w", e.HostInterface, ErrInvalidEntry)
+	case e.HostInterface != "" && !ifname.ValidHost(e.HostInterface):
+		return fmt.Errorf("field \"hostInterface\": %q: not a host interface membrane-cni creates: %w", e.HostInterface, ErrInvalidEntry)
 	}
 	return nil
 }
@@ -97,8 +102,16 @@ func safeName(s string) bool {
 
 // FileName is the entry's file name: one file per attachment, so a DEL
 // the runtime repeats overwrites its earlier entry instead of adding one.
+// It is the SHA-256 of the attachment (container ID, NUL, interface name;
+// neither may hold a NUL), so distinct attachments get distinct names
+// and every name is 69 bytes whatever the container ID's length. The
+// attachment itself is inside the file.
 func (e *Entry) FileName() string {
-	return e.ContainerID + "_" + e.IfName + suffix
+	h := sha256.New()
+	h.Write([]byte(e.ContainerID))
+	h.Write([]byte{0})
+	h.Write([]byte(e.IfName))
+	return hex.EncodeToString(h.Sum(nil)) + suffix
 }
 
 // Write stores e in dir (created if missing) atomically. Returns ErrFull

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -62,12 +63,52 @@ func TestFull(t *testing.T) {
 	}
 }
 
+// TestFileNames: attachments whose IDs join to the same string keep
+// separate entries, and a container ID of 255 bytes still fits a file
+// name.
+func TestFileNames(t *testing.T) {
+	dir := t.TempDir()
+	entries := []*Entry{
+		{ContainerID: "a_b", IfName: "c", IPs: []string{"10.0.0.1"}},
+		{ContainerID: "a", IfName: "b_c", IPs: []string{"10.0.0.2"}},
+		{ContainerID: strings.Repeat("f", 255), IfName: "net1", IPs: []string{"10.0.0.3"}},
+	}
+	for _, e := range entries {
+		if _, err := Write(dir, e); err != nil {
+			t.Fatalf("Write %s/%s: %v", e.ContainerID, e.IfName, err)
+		}
+	}
+	names, err := List(dir)
+	if err != nil || len(names) != len(entries) {
+		t.Fatalf("List = %v, %v; want %d entries", names, err, len(entries))
+	}
+	got := map[string]string{}
+	for _, n := range names {
+		e, err := Read(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[e.ContainerID+"/"+e.IfName] = e.IPs[0]
+	}
+	for _, e := range entries {
+		if got[e.ContainerID+"/"+e.IfName] != e.IPs[0] {
+			t.Errorf("entry %s/%s lost: read back %v", e.ContainerID, e.IfName, got)
+		}
+	}
+}
+
 func TestInvalid(t *testing.T) {
 	for name, e := range map[string]*Entry{
-		"no container": {IfName: "eth0"},
-		"slash":        {ContainerID: "a/b", IfName: "eth0"},
-		"dot":          {ContainerID: "..", IfName: "eth0"},
-		"no ifname":    {ContainerID: "a"},
+		"no container":         {IfName: "eth0"},
+		"slash":                {ContainerID: "a/b", IfName: "eth0"},
+		"dot":                  {ContainerID: "..", IfName: "eth0"},
+		"no ifname":            {ContainerID: "a"},
+		"ifname dotdot":        {ContainerID: "a", IfName: ".."},
+		"ifname too long":      {ContainerID: "a", IfName: "eth0123456789abc"},
+		"ifname all":           {ContainerID: "a", IfName: "all"},
+		"host interface eth0":  {ContainerID: "a", IfName: "eth0", HostInterface: "eth0"},
+		"host interface long":  {ContainerID: "a", IfName: "eth0", HostInterface: "lxc0123456789abcd"},
+		"host interface other": {ContainerID: "a", IfName: "eth0", HostInterface: "membrane_host"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := Write(t.TempDir(), e); !errors.Is(err, ErrInvalidEntry) {
