@@ -93,23 +93,12 @@ type cidrGroup struct {
 func cidrEntries(groups map[cidrGroup][]*CIDRSelector) []CIDREntry {
 	var out []CIDREntry
 	for g, sels := range groups {
-		var set []netip.Prefix
-		for _, s := range sels {
-			set = append(set, s.Prefix)
-			set = append(set, s.Except...)
-		}
-		slices.SortFunc(set, comparePrefix)
-		set = slices.Compact(set)
-		verdict := func(p netip.Prefix) bool {
-			return slices.ContainsFunc(sels, func(s *CIDRSelector) bool {
-				return contains(s.Prefix, p) && !slices.ContainsFunc(s.Except, func(e netip.Prefix) bool { return contains(e, p) })
-			})
-		}
-		for _, p := range set {
-			allow := verdict(p)
+		t := newCIDRTable(sels)
+		for _, p := range t.set {
+			allow := t.verdict(p)
 			inherited := false
-			if parent, ok := nearestEnclosing(set, p); ok {
-				inherited = verdict(parent)
+			if parent, ok := t.nearestEnclosing(p); ok {
+				inherited = t.verdict(parent)
 			}
 			if allow != inherited {
 				out = append(out, CIDREntry{Dir: g.dir, Proto: g.proto, Port: g.port, Prefix: p, Allow: allow})
@@ -120,16 +109,89 @@ func cidrEntries(groups map[cidrGroup][]*CIDRSelector) []CIDREntry {
 	return out
 }
 
-// nearestEnclosing returns the longest prefix of set strictly containing p.
-func nearestEnclosing(set []netip.Prefix, p netip.Prefix) (netip.Prefix, bool) {
-	var best netip.Prefix
-	found := false
-	for _, q := range set {
-		if q.Bits() < p.Bits() && contains(q, p) && (!found || q.Bits() > best.Bits()) {
-			best, found = q, true
+// cidrTable answers, for one group, which selectors contain a prefix by
+// walking the prefix's ancestors (at most 33 or 129 map lookups) instead
+// of scanning every selector: a 50,000-CIDR policy compiles in time
+// linear in its size.
+type cidrTable struct {
+	set      []netip.Prefix                              // every prefix and except, sorted, unique
+	inSet    map[netip.Prefix]struct{}                   // set, for nearestEnclosing
+	bySel    map[netip.Prefix][]*CIDRSelector            // selectors by their (masked) prefix
+	excepts  map[*CIDRSelector]map[netip.Prefix]struct{} // large except lists, indexed
+	verdicts map[netip.Prefix]bool                       // memo
+}
+
+// cidrExceptScan is the except list length up to which a list is
+// scanned rather than indexed.
+const cidrExceptScan = 8
+
+func newCIDRTable(sels []*CIDRSelector) *cidrTable {
+	t := &cidrTable{inSet: map[netip.Prefix]struct{}{}, bySel: map[netip.Prefix][]*CIDRSelector{},
+		excepts: map[*CIDRSelector]map[netip.Prefix]struct{}{}, verdicts: map[netip.Prefix]bool{}}
+	for _, s := range sels {
+		t.set = append(t.set, s.Prefix)
+		t.set = append(t.set, s.Except...)
+		k := s.Prefix.Masked()
+		t.bySel[k] = append(t.bySel[k], s)
+		if len(s.Except) > cidrExceptScan {
+			m := make(map[netip.Prefix]struct{}, len(s.Except))
+			for _, e := range s.Except {
+				m[e.Masked()] = struct{}{}
+			}
+			t.excepts[s] = m
 		}
 	}
-	return best, found
+	slices.SortFunc(t.set, comparePrefix)
+	t.set = slices.Compact(t.set)
+	for _, p := range t.set {
+		t.inSet[p.Masked()] = struct{}{}
+	}
+	return t
+}
+
+// verdict reports whether some selector contains p and none of that
+// selector's excepts does.
+func (t *cidrTable) verdict(p netip.Prefix) bool {
+	if v, ok := t.verdicts[p]; ok {
+		return v
+	}
+	v := false
+	for bits := p.Bits(); bits >= 0 && !v; bits-- {
+		for _, s := range t.bySel[netip.PrefixFrom(p.Addr(), bits).Masked()] {
+			if !t.exceptContains(s, p) {
+				v = true
+				break
+			}
+		}
+	}
+	t.verdicts[p] = v
+	return v
+}
+
+// exceptContains reports whether an except of s contains p.
+func (t *cidrTable) exceptContains(s *CIDRSelector, p netip.Prefix) bool {
+	m, indexed := t.excepts[s]
+	if !indexed {
+		return slices.ContainsFunc(s.Except, func(e netip.Prefix) bool { return contains(e, p) })
+	}
+	for bits := p.Bits(); bits >= 0; bits-- {
+		if _, ok := m[netip.PrefixFrom(p.Addr(), bits).Masked()]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// nearestEnclosing returns the longest prefix of the set strictly
+// containing p.
+func (t *cidrTable) nearestEnclosing(p netip.Prefix) (netip.Prefix, bool) {
+	for bits := p.Bits() - 1; bits >= 0; bits-- {
+		q := netip.PrefixFrom(p.Addr(), bits).Masked()
+		if _, ok := t.inSet[q]; ok {
+			return q, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // DiffCIDR returns the entries of to that from lacks or holds with
