@@ -44,16 +44,29 @@ spec:
 // TestPolicyIPv6CIDRsAndSelectors: a CiliumNetworkPolicy with IPv6 CIDR
 // peers and label selectors, enforced on IPv6 traffic in both directions
 // of one pod. The "outside" addresses live on the test's host netns (on a
-// veth standing in for the node's NIC), added after the agent started so
-// that they are not host addresses: fd00:99::5 falls in the policy's CIDR,
-// fd00:98::5 is world. The CIDR is in the ipcache, the pods' /128s too,
-// and the drops are reported with their IPv6 addresses.
+// veth standing in for the node's NIC), so the agent, which follows the
+// host's addresses, gives them the host identity; the CIDR rules decide on
+// the address whatever its identity: fd00:99::5 falls in the policy's
+// CIDR, fd00:98::5 does not. The CIDR is in the ipcache, the pods' /128s
+// too, and the drops are reported with their IPv6 addresses.
 func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 	e := newEnvStack(t, "10.231.6.0/24", "fd00:231:6::/120")
 	e.startAgent(nil)
 	inCIDR, outside := netip.MustParseAddr("fd00:99::5"), netip.MustParseAddr("fd00:98::5")
 	outsideAddrs(t, e, inCIDR, outside)
 	c := e.client()
+	// The stand-ins for outside peers are addresses of the host netns,
+	// which the agent follows as the host identity.
+	eventually(t, "the stand-in addresses in the ipcache as host", func() bool {
+		entries, err := c.IPCache(context.Background())
+		n := 0
+		for _, en := range entries {
+			if (en.CIDR == netip.PrefixFrom(inCIDR, 128).String() || en.CIDR == netip.PrefixFrom(outside, 128).String()) && en.Identity == uint32(identity.ReservedHost) {
+				n++
+			}
+		}
+		return err == nil && n == 2
+	})
 	a := e.addPolicyPod(c, "pod-a", "k8s:app=a")
 	b := e.addPolicyPod(c, "pod-b", "k8s:app=b")
 	cc := e.addPolicyPod(c, "pod-c", "k8s:app=c")
@@ -97,7 +110,7 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 		t.Errorf("A -> %s:8081 (in the CIDR): %v; want it to pass", inCIDR, err)
 	}
 	if err := exchange(a.ns, netip.Addr{}, outside, 8081, deniedDial); err == nil {
-		t.Errorf("A -> %s:8081 (world) passed; want it dropped", outside)
+		t.Errorf("A -> %s:8081 (outside the CIDR) passed; want it dropped", outside)
 	}
 	if err := exchange(a.ns, netip.Addr{}, b6, 8080, 5*time.Second); err != nil {
 		t.Errorf("A -> B %s:8080: %v; want it to pass", b6, err)
@@ -126,9 +139,9 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 		port     uint16
 		peer     identity.NumericIdentity
 	}{
-		{"egress", a6, outside, 8081, identity.ReservedWorld},
+		{"egress", a6, outside, 8081, identity.ReservedHost},
 		{"egress", a6, c6, 8080, idC},
-		{"ingress", outside, a6, 9000, identity.ReservedWorld},
+		{"ingress", outside, a6, 9000, identity.ReservedHost},
 		{"ingress", b6, a6, 9000, idB},
 	} {
 		ev := drops.wait(t, d.dir+" "+d.src.String()+" -> "+d.dst.String(), func(ev events.Event) bool {
