@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -33,40 +32,15 @@ import (
 var pluginDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "membrane-netpol-bin-")
+	dir, err := testutil.BuildPlugin()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
-		"github.com/membrane-cni/membrane/cmd/membrane-cni")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build membrane-cni: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	pluginDir = dir
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// logBuffer collects the agent's log, printed when a test fails.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // world is the 3x3 world: a netns standing in for the node, an agent on
@@ -81,7 +55,7 @@ type world struct {
 	cidr   netip.Prefix
 	pods   []*worldPod
 	model  []modelPod
-	logs   *logBuffer
+	logs   *testutil.LogBuffer
 	nextID int
 }
 
@@ -103,7 +77,7 @@ func newWorld(t *testing.T, cidr string) *world {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
-	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &logBuffer{}}
+	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &testutil.LogBuffer{}}
 	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
 	// An explicit exec: libcni sets its default lazily, racing when the
 	// pods are added in parallel.

@@ -1,16 +1,13 @@
 package cni_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,41 +27,15 @@ import (
 var pluginDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "membrane-cni-bin-")
+	dir, err := testutil.BuildPlugin()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
-		"github.com/membrane-cni/membrane/cmd/membrane-cni")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build` builds it
-	out, err := build.CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build membrane-cni: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	pluginDir = dir
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// logBuffer collects the agent's log and prints it if the test failed.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // env is one test's world: a netns standing in for the host (where the
@@ -78,7 +49,7 @@ type env struct {
 	queue   string
 	cidr    netip.Prefix // the IPv4 range (invalid: none)
 	cidr6   netip.Prefix // the IPv6 range (invalid: none)
-	logs    *logBuffer
+	logs    *testutil.LogBuffer
 	agent   *agent.Agent
 	fake    *datapath.Fake // set when the agent runs the fake datapath
 	cni     *libcni.CNIConfig
@@ -99,7 +70,7 @@ func newEnvStack(t *testing.T, cidr, cidr6 string) *env {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	e := &env{t: t, host: testutil.NewNS(t, "mbt-host"), dir: dir, socket: filepath.Join(dir, "agent.sock"),
-		queue: filepath.Join(dir, "delete-queue"), logs: &logBuffer{},
+		queue: filepath.Join(dir, "delete-queue"), logs: &testutil.LogBuffer{},
 		network: "membrane-test", bpffs: testutil.BPFFSDir(t)}
 	if cidr != "" {
 		e.cidr = netip.MustParsePrefix(cidr)
