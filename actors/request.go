@@ -187,6 +187,3 @@ func (r *requester) drop() {
 	}
 	r.pending = nil
 }
-
-// waiting reports whether a request is pending.
-func (r *requester) waiting() bool { return r.pending != nil }

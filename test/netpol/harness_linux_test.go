@@ -46,17 +46,16 @@ func TestMain(m *testing.M) {
 // world is the 3x3 world: a netns standing in for the node, an agent on
 // the Linux datapath in it, and nine pods made by membrane-cni.
 type world struct {
-	t      *testing.T
-	host   *testutil.NS
-	cni    *libcni.CNIConfig
-	conf   *libcni.NetworkConfigList
-	agent  *agent.Agent
-	c      *client.Client
-	cidr   netip.Prefix
-	pods   []*worldPod
-	model  []modelPod
-	logs   *testutil.LogBuffer
-	nextID int
+	t     *testing.T
+	host  *testutil.NS
+	cni   *libcni.CNIConfig
+	conf  *libcni.NetworkConfigList
+	agent *agent.Agent
+	c     *client.Client
+	cidr  netip.Prefix
+	pods  []*worldPod
+	model []modelPod
+	logs  *testutil.LogBuffer
 }
 
 // worldPod is one pod: its netns, runtime config and endpoint.
