@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -160,6 +161,35 @@ func TestLayerTable(t *testing.T) {
 	} {
 		if slices.Contains(allowed[layer(tc.from)], layer(tc.to)) {
 			t.Errorf("%s -> %s is allowed; the table must refuse it", tc.from, tc.to)
+		}
+	}
+}
+
+// TestNothingWatchesTheIndex: the index's radix tree (the
+// third_party/go-immutable-radix fork) has no watch channels, so a watch
+// would wait forever; no production code of the module may use go-memdb's
+// watch API.
+func TestNothingWatchesTheIndex(t *testing.T) {
+	cmd := exec.Command("go", "list", "-f", `{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}`, "./...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	files := strings.Fields(string(out))
+	if len(files) < 100 {
+		t.Fatalf("go list found %d files; want the whole module", len(files))
+	}
+	watchAPI := []string{"FirstWatch(", "LastWatch(", "GetWatch(", "WatchCh(", "NewWatchSet(", "WatchSet{", "GetReverseWatch("}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range watchAPI {
+			if strings.Contains(string(src), w) {
+				t.Errorf("%s uses go-memdb's watch API (%s): the index cannot be watched", f, w)
+			}
 		}
 	}
 }
