@@ -100,15 +100,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // gateways returns the gateway of each configured range and the host's
 // addresses: the host in the ipcache.
 func (c Config) gateways() []netip.Addr {
-	var out []netip.Addr
-	for _, p := range []netip.Prefix{c.IPAM.IPv4, c.IPAM.IPv6} {
-		if !p.IsValid() {
-			continue
-		}
-		if r, err := ipam.NewRange(p, ipam.Sequential, nil); err == nil {
-			out = append(out, r.Gateway())
-		}
-	}
+	out, _ := ipam.Gateways(c.IPAM.IPv4, c.IPAM.IPv6) // Validate checked the ranges
 	for _, a := range c.HostAddrs {
 		a = a.Unmap()
 		// An address inside a pod range is an endpoint's to claim.

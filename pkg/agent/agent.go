@@ -342,15 +342,11 @@ func newDatapath(cfg *Config, log *slog.Logger) (dp datapath.Datapath, linux *da
 		return cfg.Fake, nil, nil
 	}
 	lc := cfg.Linux
-	for _, p := range []netip.Prefix{cfg.IPv4Range, cfg.IPv6Range} {
-		if p.IsValid() {
-			r, err := ipam.NewRange(p, ipam.Sequential, nil)
-			if err != nil {
-				return nil, nil, err
-			}
-			lc.Gateways = append(lc.Gateways, r.Gateway())
-		}
+	gws, err := ipam.Gateways(cfg.IPv4Range, cfg.IPv6Range)
+	if err != nil {
+		return nil, nil, err
 	}
+	lc.Gateways = append(lc.Gateways, gws...)
 	linux, err = datapath.NewLinux(lc, log)
 	if err != nil {
 		return nil, nil, err

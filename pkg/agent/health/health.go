@@ -316,11 +316,11 @@ func (m *Manager) addresses(ctx context.Context, prev map[ipam.Family]netip.Addr
 		if err != nil {
 			return nil, err
 		}
-		r, err := ipam.NewRange(pfx, ipam.Sequential, nil)
+		gw, err := ipam.Gateways(pfx)
 		if err != nil {
 			return nil, fmt.Errorf("health endpoint gateway: %w", err)
 		}
-		out = append(out, datapath.HealthAddr{IP: ip, Gateway: r.Gateway()})
+		out = append(out, datapath.HealthAddr{IP: ip, Gateway: gw[0]})
 	}
 	return out, nil
 }

@@ -337,3 +337,24 @@ func (r *Range) addr(off uint32) netip.Addr {
 	binary.BigEndian.PutUint32(a[12:], r.baseLow+off)
 	return netip.AddrFrom16(a)
 }
+
+// Gateways returns the gateway address of each valid prefix (the address
+// every Range of that prefix reserves for the node), in order; invalid
+// prefixes (a family the node does not serve) are skipped.
+func Gateways(prefixes ...netip.Prefix) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			continue
+		}
+		if err := checkPrefix(p); err != nil {
+			return nil, fmt.Errorf("gateway of %s: %w", p, err)
+		}
+		a := p.Masked().Addr()
+		for range gatewayOffset {
+			a = a.Next()
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -547,5 +548,29 @@ func TestCheck(t *testing.T) {
 	}
 	if r.Used() != 0 {
 		t.Fatalf("Check allocated %d addresses", r.Used())
+	}
+}
+
+// TestGateways: Gateways agrees with Range.Gateway for both families and
+// skips invalid prefixes.
+func TestGateways(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.200.0.0/16"), netip.MustParsePrefix("fd00:200::/112")
+	got, err := Gateways(v4, netip.Prefix{}, v6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []netip.Addr
+	for _, p := range []netip.Prefix{v4, v6} {
+		r, err := NewRange(p, Sequential, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, r.Gateway())
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Gateways = %v, want %v", got, want)
+	}
+	if _, err := Gateways(netip.MustParsePrefix("10.0.0.0/31")); err == nil {
+		t.Fatal("a /31 has a gateway")
 	}
 }
