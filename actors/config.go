@@ -1,0 +1,138 @@
+package actors
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+)
+
+// EndpointConfig tunes the endpoint actors.
+type EndpointConfig struct {
+	// ProxyWaitTimeout bounds the wait for proxy acknowledgements of a
+	// revision; the endpoint becomes ready without them after it.
+	ProxyWaitTimeout time.Duration
+	// DatapathTimeout bounds one datapath operation.
+	DatapathTimeout time.Duration
+	// RequestTimeout bounds an actor-to-actor request (IPAM, identity).
+	RequestTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between failed regenerations.
+	RetryMin, RetryMax time.Duration
+	// RestartBudget is how many panics within 10 s an endpoint actor
+	// survives (restart, state rebuilt from the index) before it is stopped.
+	RestartBudget int
+}
+
+// StateStore persists endpoint state (restore.Store). Both calls must not
+// block: done is called once the change is durable.
+type StateStore interface {
+	Write(ep *endpoint.Endpoint, done func(error))
+	Remove(id endpoint.ID, done func(error))
+}
+
+// Config configures the actor system.
+type Config struct {
+	// State persists endpoints; nil keeps them in memory only.
+	State    StateStore
+	IPAM     IPAMConfig
+	Identity identity.LocalConfig
+	Pool     PoolConfig
+	Endpoint EndpointConfig
+	Policy   PolicyConfig
+	// Events receives endpoint and identity events (nil: none).
+	Events *events.Hub
+	// Observer receives regeneration phase durations (nil: none).
+	Observer Observer
+	GC       GCConfig
+	// HostAddrs are the host's own addresses besides the gateways (the
+	// Linux datapath's host netns at start): the host identity in the
+	// ipcache, so traffic the host sends from them is not world.
+	HostAddrs []netip.Addr
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	if c.IPAM.Expiry == 0 {
+		c.IPAM.Expiry = 10 * time.Minute
+	}
+	e := &c.Endpoint
+	e.ProxyWaitTimeout = orDefault(e.ProxyWaitTimeout, 5*time.Second)
+	e.DatapathTimeout = orDefault(e.DatapathTimeout, 30*time.Second)
+	e.RequestTimeout = orDefault(e.RequestTimeout, 10*time.Second)
+	e.RetryMin = orDefault(e.RetryMin, 100*time.Millisecond)
+	e.RetryMax = orDefault(e.RetryMax, 30*time.Second)
+	if e.RestartBudget == 0 {
+		e.RestartBudget = 5
+	}
+	if c.Pool.Workers == 0 {
+		c.Pool.Workers = max(4, 2*runtime.GOMAXPROCS(0))
+	}
+	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
+	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
+	if c.Policy.ImportStep == 0 {
+		c.Policy.ImportStep = 1000
+	}
+	return c
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// gateways returns the gateway of each configured range and the host's
+// addresses: the host in the ipcache.
+func (c Config) gateways() []netip.Addr {
+	out, _ := ipam.Gateways(c.IPAM.IPv4, c.IPAM.IPv6) // Validate checked the ranges
+	for _, a := range c.HostAddrs {
+		a = a.Unmap()
+		// An address inside a pod range is an endpoint's to claim.
+		if a.IsValid() && !slices.Contains(out, a) && !c.IPAM.IPv4.Contains(a) && !c.IPAM.IPv6.Contains(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// podRanges returns the configured pod ranges.
+func (c Config) podRanges() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{c.IPAM.IPv4, c.IPAM.IPv6} {
+		if p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Validate names the bad field.
+func (c Config) Validate() error {
+	if err := c.IPAM.Validate(); err != nil {
+		return err
+	}
+	if err := c.Identity.Validate(); err != nil {
+		return fmt.Errorf("identity config: %w", err)
+	}
+	e := c.Endpoint
+	for name, d := range map[string]time.Duration{"ProxyWaitTimeout": e.ProxyWaitTimeout, "DatapathTimeout": e.DatapathTimeout,
+		"RequestTimeout": e.RequestTimeout, "RetryMin": e.RetryMin, "RetryMax": e.RetryMax} {
+		if d < 0 {
+			return fmt.Errorf("endpoint config: %s is negative: %w", name, ErrInvalidConfig)
+		}
+	}
+	if c.Policy.ImportStep < 0 {
+		return fmt.Errorf("policy config: ImportStep %d is negative: %w", c.Policy.ImportStep, ErrInvalidConfig)
+	}
+	if c.Pool.Workers < 0 || c.Pool.Workers > 1024 {
+		return fmt.Errorf("pool config: Workers %d outside 1..1024: %w", c.Pool.Workers, ErrInvalidConfig)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+)
+
+// System is a running actor system: the agent root actor and its
+// children. Callers outside actors drive it only through its typed
+// methods (frontdoor.go); readers use the index directly.
+type System struct {
+	Actors *actor.ActorSystem
+	// The children's PIDs; endpoints is the endpoint manager.
+	agent, pool, ipam, identity, policy, ipcache, endpoints, gc *actor.PID
+
+	Index    *index.Index
+	Datapath datapath.Datapath
+	Config   Config
+
+	deps  *endpointDeps
+	asker *asker // answers Ask
+	log   *slog.Logger
+}
+
+// Counters are the actor system's cumulative counters.
+type Counters struct {
+	regenRequested, regenRun, regenFailed, proxyTimeouts atomic.Uint64
+	indexTxns, indexRows                                 atomic.Uint64
+}
+
+// CounterValues is a snapshot of Counters.
+type CounterValues struct {
+	RegenerationsRequested, RegenerationsRun, RegenerationsFailed, ProxyTimeouts uint64
+	// IndexTransactions and IndexRows count the index writer's commits
+	// and the row changes they held.
+	IndexTransactions, IndexRows uint64
+}
+
+// endpointDeps is what the manager and every endpoint actor share. Only
+// immutable values and goroutine-safe registries live here.
+type endpointDeps struct {
+	cfg      EndpointConfig
+	ix       *index.Index
+	writer   *indexWriter // commits every table owner's index changes
+	dp       datapath.Datapath
+	log      *slog.Logger
+	ipam     *actor.PID
+	identity *actor.PID
+	pool     *actor.PID
+	policy   *actor.PID
+	ipcache  *actor.PID
+	counters *Counters
+	store    StateStore
+	registry *Registry // every actor's snapshot slot, with its mailbox counters
+	events   *events.Hub
+	observer Observer
+}
+
+func (d *endpointDeps) stats(id string) *MailboxStats {
+	if s := d.registry.slot(id); s != nil {
+		return s.stats
+	}
+	return nil
+}
+
+// Start validates cfg and starts the actor system on ix and dp.
+func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) (*System, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
+	sys := NewSystem(log)
+	counters := &Counters{}
+	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
+		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
+	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), writer: deps.writer, log: log, registry: deps.registry}
+	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
+	rootStats := &MailboxStats{}
+	rootSlot := newSlot(KindAgent, rootStats)
+	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy), actor.WithReceiverMiddleware(rootSlot.trackReceive))
+	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
+	if err != nil {
+		sys.Shutdown()
+		deps.writer.stop()
+		return nil, fmt.Errorf("start actor system: %w", err)
+	}
+	deps.registry.put(agentPID.Id, rootSlot)
+	asks := newAsker(sys)
+	res, err := asks.ask(sys, agentPID, &getChildren{}, 10*time.Second)
+	children, ok := res.(map[string]*actor.PID)
+	if err != nil || !ok {
+		sys.Shutdown()
+		deps.writer.stop()
+		asks.stop()
+		return nil, fmt.Errorf("start actor system: %w", errors.Join(err, unexpected(res)))
+	}
+	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
+		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
+		endpoints: children["endpoints"], gc: children["gc"], Index: ix, Datapath: dp,
+		Config: cfg, deps: deps, asker: asks, log: log}
+	dp.SetProxyAck(s.ProxyAck)
+	return s, nil
+}
+
+// ask sends msg to pid and waits for the reply, bounded by ctx (default
+// 30 s). Never called from inside an actor.
+func (s *System) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
+	timeout := 30 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	return s.asker.ask(s.Actors, pid, msg, timeout)
+}
+
+// Counters returns the cumulative counters.
+func (s *System) Counters() CounterValues {
+	c := s.deps.counters
+	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
+		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(),
+		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load()}
+}
+
+// Registry returns the snapshots every actor publishes (GET /v1/actors).
+func (s *System) Registry() *Registry { return s.deps.registry }
+
+// Events returns the event hub (nil if the system was started without one).
+func (s *System) Events() *events.Hub { return s.deps.events }
+
+// MailboxStats returns the mailbox counters of an actor by PID ID.
+func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(pidID) }
+
+// Stop stops every actor without deleting anything: endpoints, leases and
+// datapath state stay as they are, for the next start to restore.
+func (s *System) Stop() {
+	s.Datapath.SetProxyAck(nil)
+	_ = s.Actors.Root.StopFuture(s.agent).Wait()
+	s.Actors.Shutdown()
+	s.deps.writer.stop()
+	s.asker.stop()
+}
