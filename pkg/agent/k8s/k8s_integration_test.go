@@ -150,6 +150,12 @@ func (k *cluster) identityLabels(t *testing.T, ep *models.Endpoint) []string {
 	return id.Labels
 }
 
+// identityResolved reports whether ep's identity is the one of its
+// current labels (a relabel publishes the labels before the identity).
+func identityResolved(ep *models.Endpoint) bool {
+	return ep.Identity != nil && slices.Equal(ep.Identity.Labels, ep.Labels)
+}
+
 func hasAll(got []string, want ...string) bool {
 	for _, w := range want {
 		if !slices.Contains(got, w) {
@@ -193,7 +199,8 @@ func TestPodAndNamespaceLabels(t *testing.T) {
 	}
 	k.eventually(t, "pod relabel reaches the endpoint", func() (bool, string) {
 		ep = k.get(t, ep.ID)
-		return hasAll(ep.Labels, "k8s:app=web2") && !hasAll(ep.Labels, "k8s:tier=front") && !hasAll(ep.Labels, "k8s:app=web"), fmt.Sprint(ep.Labels)
+		return hasAll(ep.Labels, "k8s:app=web2") && !hasAll(ep.Labels, "k8s:tier=front") && !hasAll(ep.Labels, "k8s:app=web") &&
+			identityResolved(ep), fmt.Sprint(ep.Labels, ep.Identity)
 	})
 	if ep.Identity == nil || ep.Identity.ID == first {
 		t.Fatalf("identity after relabel = %+v, want a new one (was %d)", ep.Identity, first)
@@ -214,7 +221,7 @@ func TestPodAndNamespaceLabels(t *testing.T) {
 	}
 	k.eventually(t, "namespace relabel reaches the endpoint", func() (bool, string) {
 		ep = k.get(t, ep.ID)
-		return hasAll(ep.Labels, "k8s:io.cilium.k8s.namespace.labels.team=b", "k8s:app=web2"), fmt.Sprint(ep.Labels)
+		return hasAll(ep.Labels, "k8s:io.cilium.k8s.namespace.labels.team=b", "k8s:app=web2") && identityResolved(ep), fmt.Sprint(ep.Labels, ep.Identity)
 	})
 	if ep.Identity == nil || ep.Identity.ID == second || ep.Identity.ID == first {
 		t.Fatalf("identity after namespace relabel = %+v, want a new one", ep.Identity)
@@ -232,7 +239,7 @@ func TestInitIdentityUntilPodCached(t *testing.T) {
 	k.eventually(t, "init endpoint relabelled once its pod is cached", func() (bool, string) {
 		ep = k.get(t, ep.ID)
 		return hasAll(ep.Labels, "k8s:app=slow", "cni:network=test", "k8s:io.kubernetes.pod.namespace=late") &&
-			!hasAll(ep.Labels, "reserved:init"), fmt.Sprint(ep.Labels)
+			!hasAll(ep.Labels, "reserved:init") && identityResolved(ep), fmt.Sprint(ep.Labels, ep.Identity)
 	})
 	if ep.Identity == nil || ep.Identity.ID < 256 {
 		t.Fatalf("identity after relabel = %+v, want an allocated one", ep.Identity)
@@ -337,7 +344,7 @@ func TestNetworkPolicy(t *testing.T) {
 	k.eventually(t, "namespace relabel withdraws the admission", func() (bool, string) {
 		cb = k.get(t, cb.ID)
 		c, r, enf := k.ingressFrom(t, web.ID, 80)
-		relabelled := hasAll(cb.Labels, "k8s:io.cilium.k8s.namespace.labels.team=c") && uint32(cb.Identity.ID) != idB
+		relabelled := hasAll(cb.Labels, "k8s:io.cilium.k8s.namespace.labels.team=c") && identityResolved(cb) && uint32(cb.Identity.ID) != idB
 		return relabelled && enf && len(c) == 0 && len(r) == 0, fmt.Sprintf("client-b labels %v computed %v realized %v", cb.Labels, c, r)
 	})
 
