@@ -115,9 +115,12 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if kc.Kubeconfig != "" || inCluster {
 		kc.InCluster = kc.Kubeconfig == ""
 		if kc.NodeName == "" {
-			if kc.NodeName, err = os.Hostname(); err != nil {
+			// kubelet names the node after the lowercased hostname.
+			host, err := os.Hostname()
+			if err != nil {
 				return cfg, nil, fmt.Errorf("--node-name: hostname: %w", err)
 			}
+			kc.NodeName = strings.ToLower(host)
 		}
 		cfg.K8s = &kc
 	} else if kc.NodeName != "" {
