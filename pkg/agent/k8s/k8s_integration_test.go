@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,8 +44,15 @@ type cluster struct {
 // the package's API server.
 func startK8sAgent(t *testing.T, podWait time.Duration) *cluster {
 	t.Helper()
+	k, _ := startK8sAgentIn(t, t.TempDir(), podWait)
+	return k
+}
+
+// startK8sAgentIn starts the agent on state in dir; stop (idempotent, also
+// run at cleanup) stops it.
+func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluster, stop func()) {
+	t.Helper()
 	env := kubetest.Require(t)
-	dir := t.TempDir()
 	cfg := agent.Config{
 		Socket:    filepath.Join(dir, "run", "a.sock"),
 		StateDir:  filepath.Join(dir, "state"),
@@ -58,21 +66,25 @@ func startK8sAgent(t *testing.T, podWait time.Duration) *cluster {
 		t.Fatalf("agent.Start: %v", err)
 	}
 	c := client.New(cfg.Socket)
-	t.Cleanup(func() {
-		c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("agent stop: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := a.Stop(ctx); err != nil {
+				t.Errorf("agent stop: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &cluster{cs: cs, c: c, ctx: ctx}
+	return &cluster{cs: cs, c: c, ctx: ctx}, stop
 }
 
 func (k *cluster) namespace(t *testing.T, name string, lbls map[string]string) {
@@ -388,4 +400,40 @@ func TestNetworkPolicyRefused(t *testing.T) {
 	if names := k.policyNames(t); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "np-bad/") }) {
 		t.Fatalf("policies = %v, want none of np-bad", names)
 	}
+}
+
+// A NetworkPolicy deleted while the agent was down is deleted at the next
+// start's sync; one PUT through the agent's API stays. The persisted
+// Kubernetes policy selects namespaces by label, so the restart also
+// proves policy.json reloads with the Kubernetes parser options.
+func TestNetworkPolicyPrunedAtSync(t *testing.T) {
+	dir := t.TempDir()
+	k, stop := startK8sAgentIn(t, dir, 10*time.Second)
+	k.namespace(t, "np-prune", nil)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "np-prune", Name: "gone-while-down"},
+		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}},
+		}}}}},
+	}
+	nps := k.cs.NetworkingV1().NetworkPolicies("np-prune")
+	if _, err := nps.Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.c.PolicyImport(k.ctx, []byte(`{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy","metadata":{"name":"put-by-api","namespace":"np-prune"},"spec":{"podSelector":{}}}`), "application/json"); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually(t, "both policies in the repository", func() (bool, string) {
+		names := k.policyNames(t)
+		return hasAll(names, "np-prune/gone-while-down", "np-prune/put-by-api"), fmt.Sprint(names)
+	})
+	stop()
+	if err := nps.Delete(k.ctx, "gone-while-down", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k2, _ := startK8sAgentIn(t, dir, 10*time.Second)
+	k2.eventually(t, "the deleted policy pruned, the API's kept", func() (bool, string) {
+		names := k2.policyNames(t)
+		return !slices.Contains(names, "np-prune/gone-while-down") && slices.Contains(names, "np-prune/put-by-api"), fmt.Sprint(names)
+	})
 }
