@@ -20,6 +20,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
@@ -81,6 +82,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 10*time.Second, "how often the health endpoint is probed")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	var kc k8s.Config
+	var inCluster bool
+	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
+	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
+	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
+	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
+	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
@@ -103,6 +111,20 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	}
 	if cfg.Actors.IPAM.Expiry, err = parseExpiry(expiry); err != nil {
 		return cfg, nil, err
+	}
+	if kc.Kubeconfig != "" || inCluster {
+		kc.InCluster = kc.Kubeconfig == ""
+		if kc.NodeName == "" {
+			// kubelet names the node after the lowercased hostname.
+			host, err := os.Hostname()
+			if err != nil {
+				return cfg, nil, fmt.Errorf("--node-name: hostname: %w", err)
+			}
+			kc.NodeName = strings.ToLower(host)
+		}
+		cfg.K8s = &kc
+	} else if kc.NodeName != "" {
+		return cfg, nil, fmt.Errorf("--node-name: only with --k8s-kubeconfig or --k8s")
 	}
 	log, err := newLogger(level, format, stderr)
 	if err != nil {

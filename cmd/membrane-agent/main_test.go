@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +129,50 @@ func TestParseFlagsRanges(t *testing.T) {
 			}
 			if str(cfg.IPv4Range) != tc.v4 || str(cfg.IPv6Range) != tc.v6 {
 				t.Fatalf("ranges %v %v, want %q %q", cfg.IPv4Range, cfg.IPv6Range, tc.v4, tc.v6)
+			}
+		})
+	}
+}
+
+func TestParseFlagsK8s(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	host = strings.ToLower(host) // as kubelet names the node
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		node      string // "" : standalone (cfg.K8s nil)
+		incluster bool
+		wantErr   string
+	}{
+		{"standalone", nil, "", false, ""},
+		{"kubeconfig", []string{"--k8s-kubeconfig", kc, "--node-name", "node-1"}, "node-1", false, ""},
+		{"hostname", []string{"--k8s-kubeconfig", kc}, host, false, ""},
+		{"in cluster", []string{"--k8s", "--node-name", "n"}, "n", true, ""},
+		{"missing kubeconfig", []string{"--k8s-kubeconfig", kc + ".missing", "--node-name", "n"}, "", false, "--k8s-kubeconfig"},
+		{"bad node name", []string{"--k8s-kubeconfig", kc, "--node-name", "Node_1"}, "", false, "--node-name"},
+		{"node name alone", []string{"--node-name", "n"}, "", false, "--node-name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)
+			cfg, _, err := parseFlags(args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.node == "" && cfg.K8s != nil:
+				t.Fatalf("K8s = %+v, want standalone", cfg.K8s)
+			case tc.node != "" && (cfg.K8s == nil || cfg.K8s.NodeName != tc.node || cfg.K8s.InCluster != tc.incluster):
+				t.Fatalf("K8s = %+v, want node %q in-cluster %v", cfg.K8s, tc.node, tc.incluster)
 			}
 		})
 	}

@@ -55,6 +55,9 @@ func (a *app) statusOut(st *models.Status) error {
 	if st.Health != nil {
 		t.row("Health:", healthText(st.Health))
 	}
+	if st.K8s != nil {
+		t.row("Kubernetes:", k8sText(st.K8s))
+	}
 	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
 	return t.flush()
 }
@@ -74,6 +77,29 @@ func healthText(h *models.HealthStatus) string {
 	}
 	if h.Error != "" {
 		out += ": " + h.Error
+	}
+	return out
+}
+
+// k8sText is the Kubernetes connection's line: state, node and server,
+// the caches not synced yet, then the cached counts.
+func k8sText(k *models.K8sStatus) string {
+	out := fmt.Sprintf("%s (node %s, %s)", k.State, k.Node, k.Server)
+	var pending []string
+	for _, name := range []string{"pods", "namespaces", "networkpolicies"} {
+		if synced, ok := k.Synced[name]; ok && !synced {
+			pending = append(pending, name)
+		}
+	}
+	if len(pending) > 0 {
+		out += ", not synced: " + strings.Join(pending, " ")
+	}
+	out += fmt.Sprintf(", %d pods, %d namespaces, %d networkpolicies", k.Pods, k.Namespaces, k.Policies)
+	if k.PolicyErrors > 0 {
+		out += fmt.Sprintf(", %d refused", k.PolicyErrors)
+	}
+	if k.Queue > 0 {
+		out += fmt.Sprintf(", %d queued", k.Queue)
 	}
 	return out
 }

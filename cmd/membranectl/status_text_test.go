@@ -25,3 +25,25 @@ func TestHealthText(t *testing.T) {
 		})
 	}
 }
+
+func TestK8sText(t *testing.T) {
+	tests := []struct {
+		name string
+		k    models.K8sStatus
+		want string
+	}{
+		{"synced", models.K8sStatus{State: "synced", Node: "n1", Server: "https://10.0.0.1:6443",
+			Synced: map[string]bool{"pods": true, "namespaces": true, "networkpolicies": true}, Pods: 3, Namespaces: 4, Policies: 1},
+			"synced (node n1, https://10.0.0.1:6443), 3 pods, 4 namespaces, 1 networkpolicies"},
+		{"syncing", models.K8sStatus{State: "sync-timeout", Node: "n1", Server: "s",
+			Synced: map[string]bool{"pods": false, "namespaces": true, "networkpolicies": false}, PolicyErrors: 2, Queue: 5},
+			"sync-timeout (node n1, s), not synced: pods networkpolicies, 0 pods, 0 namespaces, 0 networkpolicies, 2 refused, 5 queued"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := k8sText(&tt.k); got != tt.want {
+				t.Fatalf("k8sText = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

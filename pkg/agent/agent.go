@@ -22,6 +22,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
@@ -72,6 +73,9 @@ type Config struct {
 	Actors actors.Config
 	// API tunes the REST server (API.Pprof: --pprof).
 	API api.Config
+	// K8s turns the Kubernetes mode on (nil: standalone): pods, namespaces
+	// and NetworkPolicies come from the API server.
+	K8s *k8s.Config
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
 	HTTPAddr string
@@ -104,6 +108,11 @@ func (c *Config) Validate() error {
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 			return fmt.Errorf("--http-addr: %q: want host:port: %w", c.HTTPAddr, ErrInvalidConfig)
+		}
+	}
+	if c.K8s != nil {
+		if err := c.K8s.Validate(); err != nil {
+			return err
 		}
 	}
 	if err := c.validateListeners(); err != nil {
@@ -141,6 +150,7 @@ type Agent struct {
 	httpServed chan error
 	poolSizes  map[ipam.Family]int
 	health     *health.Manager // nil: disabled
+	k8s        *k8s.Watcher    // nil: standalone
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -195,7 +205,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, store.Close)
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
-	ac.Policy = loadPolicies(cfg.StateDir, log)
+	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()
 	}
@@ -242,6 +252,15 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	sys.StartGC()
 	sys.PruneIPCache()
 	a.startHealth(linux)
+	// CNI ADDs are served once the k8s caches synced (or the bounded wait
+	// for them ended), so a pod's endpoint starts with the pod's labels.
+	if cfg.K8s != nil {
+		if a.k8s, err = k8s.Start(context.Background(), *cfg.K8s, sys, log); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+		srv.SetLabeler(a.k8s.Labels)
+		srv.SetK8s(a.k8s.Status)
+	}
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -257,6 +276,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 }
 
 func (a *Agent) stop(ctx context.Context) error {
+	if a.k8s != nil {
+		a.k8s.Stop()
+	}
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
@@ -305,9 +327,10 @@ const PolicyFile = "policy.json"
 // loadPolicies reads the policies persisted in the state directory. An
 // unreadable file is set aside (policy.json.corrupt) and the agent
 // starts without policies, loudly.
-func loadPolicies(stateDir string, log *slog.Logger) actors.PolicyConfig {
+func loadPolicies(stateDir string, k8sMode bool, log *slog.Logger) actors.PolicyConfig {
 	path := filepath.Join(stateDir, PolicyFile)
-	rev, pols, err := policy.ReadFile(path)
+	// Policies from the API server may select namespaces by any label.
+	rev, pols, err := policy.ReadFileWith(path, policy.ParseOptions{NamespaceLabels: k8sMode})
 	if err != nil {
 		log.Error("policy file unreadable; set aside, starting without policies", "file", path, "err", err)
 		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {

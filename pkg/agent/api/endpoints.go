@@ -87,6 +87,11 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkRanges(spec); err != nil {
 		return err
 	}
+	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
+		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
+			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
+		}
+	}
 	ep, err := endpointResult(s.sys.CreateEndpoint(r.Context(), spec, req.SyncBuild || sync))
 	if err != nil {
 		return err

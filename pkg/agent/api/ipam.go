@@ -193,6 +193,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		st.Health = (*fn)()
 	}
 	st.Restore = s.restore.Load()
+	if fn := s.k8s.Load(); fn != nil {
+		st.K8s = (*fn)()
+	}
 	status := http.StatusOK
 	// A 503 body is the status and the API's error shape at once.
 	switch {

@@ -20,8 +20,10 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 var (
@@ -88,7 +90,21 @@ type Server struct {
 	closeOnce   sync.Once
 	health      atomic.Pointer[func() *models.HealthStatus]
 	restore     atomic.Pointer[models.RestoreStatus]
+	k8s         atomic.Pointer[func() *models.K8sStatus]
+	labeler     atomic.Pointer[EndpointLabeler]
 }
+
+// EndpointLabeler gives a pod's endpoint its labels before it is created
+// (Kubernetes mode): it returns spec's labels with the pod's own. It may
+// wait (bounded) for the pod and must honour ctx.
+type EndpointLabeler func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, error)
+
+// SetLabeler installs the labeler PUT /v1/endpoint calls for endpoints
+// that name a pod.
+func (s *Server) SetLabeler(fn EndpointLabeler) { s.labeler.Store(&fn) }
+
+// SetK8s installs the Kubernetes connection's status for GET /v1/status.
+func (s *Server) SetK8s(fn func() *models.K8sStatus) { s.k8s.Store(&fn) }
 
 // SetHealth installs the health endpoint's status for GET /v1/status.
 func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }

@@ -178,6 +178,32 @@ type Status struct {
 	// Restore is what the restore at the agent's start did (absent
 	// until it finished).
 	Restore *RestoreStatus `json:"restore,omitempty"`
+	// K8s is the connection to the Kubernetes API server (absent in
+	// standalone mode).
+	K8s *K8sStatus `json:"k8s,omitempty"`
+}
+
+// K8sStatus reports the agent's Kubernetes watchers.
+type K8sStatus struct {
+	// Node is the node whose pods the agent watches.
+	Node string `json:"node"`
+	// Server is the API server's address.
+	Server string `json:"server"`
+	// State is "syncing" (caches not synced yet), "synced", or
+	// "sync-timeout" (the bounded wait at start ended first; the agent
+	// serves anyway and keeps syncing).
+	State string `json:"state"`
+	// Synced says per watched resource (pods, namespaces,
+	// networkpolicies) whether its cache synced.
+	Synced map[string]bool `json:"synced"`
+	// Pods, Namespaces and Policies count the cached objects.
+	Pods       int `json:"pods"`
+	Namespaces int `json:"namespaces"`
+	Policies   int `json:"networkpolicies"`
+	// PolicyErrors counts NetworkPolicies the agent refused (see the log).
+	PolicyErrors int `json:"policy-errors"`
+	// Queue is the number of changes waiting to be applied.
+	Queue int `json:"queue"`
 }
 
 // RestoreStatus counts what the restore at the agent's start did with the

@@ -30,7 +30,10 @@ func MarshalFile(rev uint64, pols []*Policy) ([]byte, error) {
 
 // ReadFile reads policy.json; a missing file is no policies at revision 0.
 // Returns an error wrapping ErrInvalidPolicy if the file does not parse.
-func ReadFile(path string) (uint64, []*Policy, error) {
+func ReadFile(path string) (uint64, []*Policy, error) { return ReadFileWith(path, ParseOptions{}) }
+
+// ReadFileWith is ReadFile parsing with opts.
+func ReadFileWith(path string, opts ParseOptions) (uint64, []*Policy, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil, nil
@@ -46,7 +49,7 @@ func ReadFile(path string) (uint64, []*Policy, error) {
 		return f.Revision, nil, nil
 	}
 	list, _ := json.Marshal(f.Policies)
-	pols, err := Parse(list)
+	pols, err := ParseWith(list, opts)
 	if err != nil {
 		return 0, nil, fmt.Errorf("read policy file %s: %w", path, err)
 	}

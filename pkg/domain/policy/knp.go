@@ -3,6 +3,7 @@ package policy
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
@@ -11,7 +12,7 @@ import (
 // compileKNP compiles a Kubernetes NetworkPolicy. policyTypes defaults
 // as in Kubernetes: Ingress always, Egress when the egress list has an
 // entry (an absent or empty egress leaves egress open).
-func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
+func compileKNP(d *knpDoc, spec json.RawMessage, nsLabels bool) (*Policy, error) {
 	p, err := newPolicy(KindKNP, d.Metadata, spec)
 	if err != nil {
 		return nil, err
@@ -50,7 +51,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	}
 	if s.Ingress != nil {
 		for i, in := range *s.Ingress {
-			pr, err := compileKNPPeers(fmt.Sprintf("spec.ingress[%d]", i), "from", p.Namespace, in.From, in.Ports)
+			pr, err := compileKNPPeers(fmt.Sprintf("spec.ingress[%d]", i), "from", p.Namespace, in.From, in.Ports, nsLabels)
 			if err != nil {
 				return nil, err
 			}
@@ -59,7 +60,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	}
 	if s.Egress != nil {
 		for i, eg := range *s.Egress {
-			pr, err := compileKNPPeers(fmt.Sprintf("spec.egress[%d]", i), "to", p.Namespace, eg.To, eg.Ports)
+			pr, err := compileKNPPeers(fmt.Sprintf("spec.egress[%d]", i), "to", p.Namespace, eg.To, eg.Ports, nsLabels)
 			if err != nil {
 				return nil, err
 			}
@@ -70,11 +71,11 @@ func compileKNP(d *knpDoc, spec json.RawMessage) (*Policy, error) {
 	return p, nil
 }
 
-func compileKNPPeers(path, dir, ns string, peers []knpPeer, ports []knpPort) (PeerRule, error) {
+func compileKNPPeers(path, dir, ns string, peers []knpPeer, ports []knpPort, nsLabels bool) (PeerRule, error) {
 	pr := PeerRule{Any: len(peers) == 0}
 	for i, peer := range peers {
 		pp := fmt.Sprintf("%s.%s[%d]", path, dir, i)
-		s, err := compileKNPPeer(&peer, pp, ns)
+		s, err := compileKNPPeer(&peer, pp, ns, nsLabels)
 		if err != nil {
 			return pr, err
 		}
@@ -90,7 +91,7 @@ func compileKNPPeers(path, dir, ns string, peers []knpPeer, ports []knpPort) (Pe
 	return pr, nil
 }
 
-func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
+func compileKNPPeer(peer *knpPeer, path, ns string, nsLabels bool) (Selector, error) {
 	switch {
 	case peer.IPBlock != nil && (peer.PodSelector != nil || peer.NamespaceSelector != nil):
 		return nil, fmt.Errorf("%s: ipBlock cannot be combined with podSelector or namespaceSelector", path)
@@ -105,7 +106,7 @@ func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
 	case peer.NamespaceSelector == nil:
 		return compileSelector(peer.PodSelector, path+".podSelector", ns, false)
 	}
-	nsReqs, err := namespaceRequirements(peer.NamespaceSelector, path+".namespaceSelector")
+	nsReqs, err := namespaceRequirements(peer.NamespaceSelector, path+".namespaceSelector", nsLabels)
 	if err != nil {
 		return nil, err
 	}
@@ -122,31 +123,44 @@ func compileKNPPeer(peer *knpPeer, path, ns string) (Selector, error) {
 	return NewLabelSelector(append(slices.Clone(pod.Reqs), nsReqs...)), nil
 }
 
-// namespaceRequirements translates a namespaceSelector. Endpoints carry
-// their namespace's name only, so the only namespace label it may use is
-// kubernetes.io/metadata.name; the result always requires a namespace
-// (so it never selects the host or world).
-func namespaceRequirements(ls *labelSelector, path string) ([]Requirement, error) {
+// namespaceRequirements translates a namespaceSelector. kubernetes.io/
+// metadata.name matches the namespace name every pod endpoint carries;
+// with nsLabels any other key matches the namespace label copied onto the
+// endpoint (NamespaceLabelsPrefix + key), without it such a key is
+// refused (endpoints carry only their namespace name). The result always
+// requires a namespace (so it never selects the host or world).
+func namespaceRequirements(ls *labelSelector, path string, nsLabels bool) ([]Requirement, error) {
 	reqs := []Requirement{{Source: labels.SourceK8s, Key: NamespaceLabel, Op: OpExists}}
-	unsupported := func(p, key string) error {
-		return fmt.Errorf("%s: namespace label %q cannot be matched: endpoints carry only their namespace name (use %s)", p, key, K8sNamespaceNameLabel)
-	}
-	for k, v := range ls.MatchLabels {
-		if k != K8sNamespaceNameLabel {
-			return nil, unsupported(path+".matchLabels", k)
+	keyOf := func(p, key string) (string, error) {
+		switch {
+		case key == K8sNamespaceNameLabel:
+			return NamespaceLabel, nil
+		case !nsLabels:
+			return "", fmt.Errorf("%s: namespace label %q cannot be matched: endpoints carry only their namespace name (use %s)", p, key, K8sNamespaceNameLabel)
 		}
-		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: OpIn, Values: []string{v}})
+		if err := (labels.Label{Source: labels.SourceK8s, Key: NamespaceLabelsPrefix + key}).Validate(); err != nil {
+			return "", fmt.Errorf("%s: namespace label %q: %w", p, key, err)
+		}
+		return NamespaceLabelsPrefix + key, nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
+		key, err := keyOf(path+".matchLabels", k)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: key, Op: OpIn, Values: []string{ls.MatchLabels[k]}})
 	}
 	for i, e := range ls.MatchExpressions {
 		p := fmt.Sprintf("%s.matchExpressions[%d]", path, i)
-		if e.Key != K8sNamespaceNameLabel {
-			return nil, unsupported(p+".key", e.Key)
+		key, err := keyOf(p+".key", e.Key)
+		if err != nil {
+			return nil, err
 		}
 		op := Operator(e.Operator)
 		if err := checkOperator(op, e.Values, p); err != nil {
 			return nil, err
 		}
-		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: NamespaceLabel, Op: op, Values: e.Values})
+		reqs = append(reqs, Requirement{Source: labels.SourceK8s, Key: key, Op: op, Values: e.Values})
 	}
 	return reqs, nil
 }

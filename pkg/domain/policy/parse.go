@@ -61,7 +61,19 @@ const maxDocuments = 10000
 //
 // Returns an error wrapping ErrInvalidPolicy if a document is malformed,
 // of an unsupported kind, or uses a field this agent does not support.
-func Parse(data []byte) ([]*Policy, error) {
+func Parse(data []byte) ([]*Policy, error) { return ParseWith(data, ParseOptions{}) }
+
+// ParseOptions tune how documents compile.
+type ParseOptions struct {
+	// NamespaceLabels lets a NetworkPolicy's namespaceSelector match any
+	// namespace label (Kubernetes mode, where endpoints carry their
+	// namespace's labels under NamespaceLabelsPrefix). Without it only
+	// kubernetes.io/metadata.name is accepted.
+	NamespaceLabels bool
+}
+
+// ParseWith is Parse with options.
+func ParseWith(data []byte, opts ParseOptions) ([]*Policy, error) {
 	objs, err := splitDocuments(data)
 	if err != nil {
 		return nil, fmt.Errorf("parse policy: %w: %w", ErrInvalidPolicy, err)
@@ -75,7 +87,7 @@ func Parse(data []byte) ([]*Policy, error) {
 	out := make([]*Policy, 0, len(objs))
 	seen := make(map[string]int, len(objs))
 	for i, obj := range objs {
-		p, err := parseObject(obj)
+		p, err := parseObject(obj, opts)
 		if err != nil {
 			return nil, fmt.Errorf("parse policy: document %d%s: %w: %w", i+1, describe(obj), ErrInvalidPolicy, err)
 		}
@@ -210,7 +222,7 @@ func splitYAML(data []byte) [][]byte {
 }
 
 // parseObject decodes and compiles one document.
-func parseObject(obj map[string]any) (*Policy, error) {
+func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 	apiVersion, _ := obj["apiVersion"].(string)
 	kind, _ := obj["kind"].(string)
 	raw, err := json.Marshal(obj)
@@ -247,7 +259,7 @@ func parseObject(obj map[string]any) (*Policy, error) {
 	case *cnpDoc:
 		p, err = compileCNP(d, specRaw)
 	default:
-		p, err = compileKNP(doc.(*knpDoc), specRaw)
+		p, err = compileKNP(doc.(*knpDoc), specRaw, opts.NamespaceLabels)
 	}
 	if err != nil {
 		return nil, err

@@ -15,9 +15,14 @@ const (
 	// (source k8s) with the pod's namespace.
 	NamespaceLabel = "io.kubernetes.pod.namespace"
 	// K8sNamespaceNameLabel is the namespace label Kubernetes sets on every
-	// namespace; the only one a namespaceSelector can match (endpoints
-	// carry their namespace's name, not its labels).
+	// namespace; without ParseOptions.NamespaceLabels the only one a
+	// namespaceSelector can match (endpoints carry their namespace's name,
+	// not its labels).
 	K8sNamespaceNameLabel = "kubernetes.io/metadata.name"
+	// NamespaceLabelsPrefix prefixes the key of a namespace label copied
+	// onto the namespace's endpoints (source k8s), as Cilium names them:
+	// k8s:io.cilium.k8s.namespace.labels.team=a.
+	NamespaceLabelsPrefix = "io.cilium.k8s.namespace.labels."
 	// SourceCIDR is the label source of the local identities allocated
 	// for the CIDR prefixes of policies ("cidr:10.0.0.0/8").
 	SourceCIDR = "cidr"

@@ -1,0 +1,74 @@
+package k8s
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// ErrInvalidConfig is wrapped by Config validation errors, which name the
+// bad field by its flag.
+var ErrInvalidConfig = errors.New("invalid k8s config")
+
+// Config configures the Kubernetes mode.
+type Config struct {
+	// Kubeconfig is a kubeconfig file (--k8s-kubeconfig); "" with
+	// InCluster uses the pod's service account.
+	Kubeconfig string
+	// InCluster uses the in-cluster configuration (--k8s, or
+	// KUBERNETES_SERVICE_HOST set and no --k8s-kubeconfig).
+	InCluster bool
+	// NodeName is this node's name (--node-name): the agent watches the
+	// pods whose spec.nodeName it is.
+	NodeName string
+	// SyncTimeout bounds the wait for the caches at start (default 2 min);
+	// the agent then serves anyway and keeps syncing.
+	SyncTimeout time.Duration
+	// PodWait bounds how long a CNI ADD waits for its pod to be cached
+	// (default 10 s) before the endpoint gets the init identity.
+	PodWait time.Duration
+	// REST, when set, is used as is (tests).
+	REST *rest.Config
+}
+
+// Validate names the bad field by its flag.
+func (c *Config) Validate() error {
+	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
+		return fmt.Errorf("--node-name: %q: %s: %w", c.NodeName, errs[0], ErrInvalidConfig)
+	}
+	if c.REST == nil && c.Kubeconfig == "" && !c.InCluster {
+		return fmt.Errorf("--k8s-kubeconfig: empty path and not in a cluster: %w", ErrInvalidConfig)
+	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return fmt.Errorf("--k8s-kubeconfig: %w", err)
+		}
+	}
+	if c.SyncTimeout < 0 || c.PodWait < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait: negative: %w", ErrInvalidConfig)
+	}
+	return nil
+}
+
+func (c *Config) restConfig() (*rest.Config, error) {
+	switch {
+	case c.REST != nil:
+		return rest.CopyConfig(c.REST), nil
+	case c.Kubeconfig != "":
+		rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", c.Kubeconfig, err)
+		}
+		return rc, nil
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster config: %w", err)
+	}
+	return rc, nil
+}

@@ -1,0 +1,13 @@
+// Package k8s makes the agent a Kubernetes node agent (outer ring): it
+// watches the pods of its node, namespaces and NetworkPolicies through
+// client-go shared informers and drives the actor system through its front
+// door. Pod and namespace labels become endpoint labels in Cilium's naming
+// (PodLabels); a CNI ADD takes the cached pod's labels (Watcher.Labels),
+// or the reserved init identity when the pod is not cached in time, and a
+// later change relabels the endpoint. NetworkPolicies are imported into the
+// policy repository and deleted from it as they come and go.
+//
+// Invariants: informer callbacks never block (they only queue keys); one
+// worker applies the queue in order, so two changes of one pod never race;
+// the k8s label source of a pod's endpoints is owned by this package.
+package k8s

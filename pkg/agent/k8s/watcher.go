@@ -1,0 +1,482 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	netlisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// kind is what a queued key names.
+type kind uint8
+
+const (
+	kindPod kind = iota
+	kindNamespace
+	kindPolicy
+)
+
+// key is one queued change: the object is read from the cache when the
+// worker gets to it, so repeated changes collapse into one.
+type key struct {
+	kind      kind
+	namespace string // "" for a namespace
+	name      string
+}
+
+func (k key) String() string { return k.namespace + "/" + k.name }
+
+// maxRetries bounds the retries of a change the actors refused (a timeout,
+// an endpoint busy deleting); the next change of the object retries too.
+const maxRetries = 15
+
+// Watcher watches the API server and applies what it sees.
+type Watcher struct {
+	cfg    Config
+	log    *slog.Logger
+	sys    *actors.System
+	ix     *index.Index
+	server string
+
+	pods     corelisters.PodLister
+	nss      corelisters.NamespaceLister
+	nps      netlisters.NetworkPolicyLister
+	synced   map[string]cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[key]
+	cancel   context.CancelFunc
+	done     chan struct{}
+	stopOnce sync.Once
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// podWaiters are closed when their pod ("ns/name") enters the cache.
+	podWaiters map[string][]chan struct{}
+	// initBase holds, per pod ("ns/name"), the labels the CNI ADD sent for
+	// an endpoint created with the init identity, until it is relabelled
+	// (or the pod is deleted).
+	initBase     map[string]labels.Labels
+	state        string
+	policyErrors int
+}
+
+// Start connects to the API server, starts the informers and waits
+// (bounded by cfg.SyncTimeout) for their caches, then applies what they
+// hold: pods' labels to their endpoints, NetworkPolicies to the policy
+// repository (policies imported by an earlier run and gone since are
+// deleted). On a sync timeout it logs, reports "sync-timeout" and carries
+// on syncing in the background.
+func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger) (*Watcher, error) {
+	if cfg.SyncTimeout == 0 {
+		cfg.SyncTimeout = 2 * time.Minute
+	}
+	if cfg.PodWait == 0 {
+		cfg.PodWait = 10 * time.Second
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc, err := cfg.restConfig()
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	rc.UserAgent = "membrane-agent/" + cfg.NodeName
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	log = log.With("component", "k8s", "node", cfg.NodeName)
+	w := &Watcher{cfg: cfg, log: log, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}),
+		podWaiters: map[string][]chan struct{}{}, initBase: map[string]labels.Labels{}, state: "syncing",
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
+			workqueue.TypedRateLimitingQueueConfig[key]{Name: "membrane-k8s"})}
+	all := informers.NewSharedInformerFactory(client, 0)
+	local := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	}))
+	podInf, nsInf, npInf := local.Core().V1().Pods(), all.Core().V1().Namespaces(), all.Networking().V1().NetworkPolicies()
+	w.pods, w.nss, w.nps = podInf.Lister(), nsInf.Lister(), npInf.Lister()
+	for _, h := range []struct {
+		inf cache.SharedIndexInformer
+		fn  cache.ResourceEventHandler
+	}{
+		{podInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.podAdded, UpdateFunc: w.podUpdated, DeleteFunc: w.podDeleted}},
+		{nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.nsChanged(nil), UpdateFunc: func(o, n any) { w.nsChanged(o)(n) }}},
+		{npInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.npChanged, UpdateFunc: func(_, n any) { w.npChanged(n) }, DeleteFunc: w.npChanged}},
+	} {
+		if _, err := h.inf.AddEventHandler(h.fn); err != nil {
+			return nil, fmt.Errorf("start k8s watcher: %w", err)
+		}
+	}
+	w.synced = map[string]cache.InformerSynced{"pods": podInf.Informer().HasSynced,
+		"namespaces": nsInf.Informer().HasSynced, "networkpolicies": npInf.Informer().HasSynced}
+	runCtx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	all.Start(runCtx.Done())
+	local.Start(runCtx.Done())
+	go func() {
+		<-runCtx.Done()
+		w.queue.ShutDown()
+		all.Shutdown()
+		local.Shutdown()
+	}()
+	log.Info("waiting for the k8s caches", "server", rc.Host, "timeout", cfg.SyncTimeout)
+	syncCtx, stop := context.WithTimeout(ctx, cfg.SyncTimeout)
+	defer stop()
+	if !cache.WaitForCacheSync(syncCtx.Done(), podInf.Informer().HasSynced, nsInf.Informer().HasSynced, npInf.Informer().HasSynced) {
+		w.setState("sync-timeout")
+		log.Error("k8s caches not synced in time; serving anyway, pods not cached yet get the init identity", "timeout", cfg.SyncTimeout)
+		go w.finishSync(runCtx)
+	} else {
+		w.markSynced()
+	}
+	go w.run(runCtx)
+	return w, nil
+}
+
+// finishSync waits for the caches after a sync timeout.
+func (w *Watcher) finishSync(ctx context.Context) {
+	if cache.WaitForCacheSync(ctx.Done(), w.synced["pods"], w.synced["namespaces"], w.synced["networkpolicies"]) {
+		w.markSynced()
+	}
+}
+
+// markSynced runs once the caches synced: it prunes the policies an earlier
+// run imported that the API server no longer has.
+func (w *Watcher) markSynced() {
+	for _, row := range w.ix.Policies() {
+		p := row.Policy
+		if p.Kind != policy.KindKNP || !fromKubernetes(p) {
+			continue
+		}
+		if _, err := w.nps.NetworkPolicies(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) {
+			w.queue.Add(key{kind: kindPolicy, namespace: p.Namespace, name: p.Name})
+		}
+	}
+	w.setState("synced")
+	w.log.Info("k8s caches synced")
+}
+
+func (w *Watcher) setState(s string) {
+	w.mu.Lock()
+	w.state = s
+	w.mu.Unlock()
+}
+
+// Stop stops the informers and the worker and waits for the worker.
+func (w *Watcher) Stop() {
+	w.stopOnce.Do(func() {
+		w.cancel()
+		<-w.done
+	})
+}
+
+// Status is the k8s part of GET /v1/status.
+func (w *Watcher) Status() *models.K8sStatus {
+	st := &models.K8sStatus{Node: w.cfg.NodeName, Server: w.server, Synced: map[string]bool{}, Queue: w.queue.Len()}
+	for name, fn := range w.synced {
+		st.Synced[name] = fn()
+	}
+	if ps, err := w.pods.List(k8slabels.Everything()); err == nil {
+		st.Pods = len(ps)
+	}
+	if ns, err := w.nss.List(k8slabels.Everything()); err == nil {
+		st.Namespaces = len(ns)
+	}
+	if nps, err := w.nps.List(k8slabels.Everything()); err == nil {
+		st.Policies = len(nps)
+	}
+	w.mu.Lock()
+	st.State, st.PolicyErrors = w.state, w.policyErrors
+	w.mu.Unlock()
+	return st
+}
+
+// The informer callbacks below only queue keys and wake waiters: they
+// never block.
+
+func (w *Watcher) podAdded(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	name := pod.Namespace + "/" + pod.Name
+	w.mu.Lock()
+	for _, ch := range w.podWaiters[name] {
+		close(ch)
+	}
+	delete(w.podWaiters, name)
+	w.mu.Unlock()
+	w.queue.Add(key{kind: kindPod, namespace: pod.Namespace, name: pod.Name})
+}
+
+func (w *Watcher) podUpdated(oldObj, newObj any) {
+	o, ok1 := oldObj.(*corev1.Pod)
+	n, ok2 := newObj.(*corev1.Pod)
+	if ok1 && ok2 && equality.Semantic.DeepEqual(o.Labels, n.Labels) && o.Spec.ServiceAccountName == n.Spec.ServiceAccountName {
+		return // nothing an endpoint's labels derive from changed
+	}
+	w.podAdded(newObj)
+}
+
+func (w *Watcher) podDeleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		w.mu.Lock()
+		delete(w.initBase, pod.Namespace+"/"+pod.Name)
+		w.mu.Unlock()
+	}
+}
+
+func (w *Watcher) nsChanged(oldObj any) func(any) {
+	return func(obj any) {
+		n, ok := obj.(*corev1.Namespace)
+		if !ok {
+			return
+		}
+		if o, ok := oldObj.(*corev1.Namespace); ok && equality.Semantic.DeepEqual(o.Labels, n.Labels) {
+			return
+		}
+		w.queue.Add(key{kind: kindNamespace, name: n.Name})
+	}
+}
+
+func (w *Watcher) npChanged(obj any) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	ns, name, err := cache.SplitMetaNamespaceKey(k)
+	if err != nil {
+		return
+	}
+	w.queue.Add(key{kind: kindPolicy, namespace: ns, name: name})
+}
+
+// run is the single worker: it applies queued changes one by one.
+func (w *Watcher) run(ctx context.Context) {
+	defer close(w.done)
+	for {
+		k, shutdown := w.queue.Get()
+		if shutdown {
+			return
+		}
+		err := w.apply(ctx, k)
+		switch {
+		case err == nil:
+			w.queue.Forget(k)
+		case ctx.Err() != nil:
+		case w.queue.NumRequeues(k) < maxRetries:
+			w.log.Debug("k8s change not applied; retrying", "object", k.String(), "err", err)
+			w.queue.AddRateLimited(k)
+		default:
+			w.log.Error("k8s change not applied; giving up until the object changes again", "object", k.String(), "err", err)
+			w.queue.Forget(k)
+		}
+		w.queue.Done(k)
+	}
+}
+
+// applyTimeout bounds one change's wait for the actors.
+const applyTimeout = 30 * time.Second
+
+func (w *Watcher) apply(ctx context.Context, k key) error {
+	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	switch k.kind {
+	case kindPod:
+		return w.syncPod(ctx, k.namespace, k.name)
+	case kindNamespace:
+		pods, err := w.pods.Pods(k.name).List(k8slabels.Everything())
+		if err != nil {
+			return err
+		}
+		for _, p := range pods {
+			w.queue.Add(key{kind: kindPod, namespace: p.Namespace, name: p.Name})
+		}
+		return nil
+	default:
+		return w.syncPolicy(ctx, k.namespace, k.name)
+	}
+}
+
+// errNoEndpointYet is a pod whose init endpoint is not in the index yet
+// (its CNI ADD is still creating it): retried.
+var errNoEndpointYet = errors.New("endpoint of an init pod not created yet")
+
+// syncPod relabels the endpoints of a pod to its current labels.
+func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
+	pod, err := w.pods.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil // deleting the endpoint is the CNI DEL's
+	}
+	if err != nil {
+		return err
+	}
+	eps := w.ix.Endpoints(index.EndpointFilter{Namespace: ns, PodName: name})
+	w.mu.Lock()
+	base, pending := w.initBase[ns+"/"+name]
+	w.mu.Unlock()
+	if len(eps) == 0 {
+		if pending {
+			return errNoEndpointYet
+		}
+		return nil
+	}
+	podLabels := PodLabels(pod, w.namespace(ns), w.log)
+	for _, ep := range eps {
+		cur := ep.Labels
+		b := cur
+		if cur.Equal(initLabels) {
+			b = base // the labels the ADD sent (none if the agent restarted since)
+		}
+		add, del := diffLabels(cur, desiredLabels(b, podLabels))
+		if len(add) == 0 && len(del) == 0 {
+			continue
+		}
+		if _, err := w.sys.PatchLabels(ctx, ep.ID, add, del); err != nil {
+			if errors.Is(err, actors.ErrEndpointNotFound) {
+				continue
+			}
+			return fmt.Errorf("relabel endpoint %d of pod %s/%s: %w", ep.ID, ns, name, err)
+		}
+		w.log.Info("endpoint relabelled", "endpoint", ep.ID, "pod", ns+"/"+name, "added", labels.Labels(add).String(), "deleted", labels.Labels(del).String())
+	}
+	w.mu.Lock()
+	delete(w.initBase, ns+"/"+name)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Watcher) namespace(name string) *corev1.Namespace {
+	ns, err := w.nss.Get(name)
+	if err != nil {
+		return nil
+	}
+	return ns
+}
+
+// syncPolicy imports the NetworkPolicy ns/name, or deletes it when the
+// API server no longer has it. A policy the agent cannot compile is
+// logged and counted; its previous version (if any) stays in force.
+func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
+	np, err := w.nps.NetworkPolicies(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		_, err := w.sys.DeletePolicy(ctx, ns+"/"+name, nil)
+		if err != nil && !errors.Is(err, policy.ErrNotFound) {
+			return fmt.Errorf("delete networkpolicy %s/%s: %w", ns, name, err)
+		}
+		if err == nil {
+			w.log.Info("networkpolicy deleted", "policy", ns+"/"+name)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	p, err := convertPolicy(np)
+	if err != nil {
+		w.mu.Lock()
+		w.policyErrors++
+		w.mu.Unlock()
+		w.log.Error("networkpolicy refused", "policy", ns+"/"+name, "err", err)
+		return nil // retrying cannot help; the next update of it will
+	}
+	res, err := w.sys.ImportPolicy(ctx, []*policy.Policy{p})
+	if err != nil {
+		return fmt.Errorf("import networkpolicy %s/%s: %w", ns, name, err)
+	}
+	w.log.Info("networkpolicy imported", "policy", ns+"/"+name, "revision", res.Revision)
+	return nil
+}
+
+// Labels is the API's endpoint labeler: it returns spec's labels with its
+// pod's, waiting up to Config.PodWait for the pod to be cached. A pod not
+// cached in time gets the init identity's labels and is relabelled when
+// it appears.
+func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, error) {
+	pod, err := w.waitPod(ctx, spec.Namespace, spec.PodName)
+	if err != nil {
+		return nil, err
+	}
+	if pod == nil {
+		w.mu.Lock()
+		w.initBase[spec.Namespace+"/"+spec.PodName] = spec.Labels
+		w.mu.Unlock()
+		w.log.Warn("pod not in the cache; endpoint gets the init identity until it is", "pod", spec.Namespace+"/"+spec.PodName, "waited", w.cfg.PodWait)
+		// The pod may have arrived between the wait and the line above:
+		// its worker pass then retries until the endpoint exists.
+		w.queue.Add(key{kind: kindPod, namespace: spec.Namespace, name: spec.PodName})
+		return initLabels, nil
+	}
+	return desiredLabels(spec.Labels, PodLabels(pod, w.namespace(spec.Namespace), w.log)), nil
+}
+
+// waitPod returns the cached pod, waiting up to PodWait for it (nil: not
+// cached in time).
+func (w *Watcher) waitPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	if pod, err := w.pods.Pods(ns).Get(name); err == nil {
+		return pod, nil
+	}
+	ch := make(chan struct{})
+	full := ns + "/" + name
+	w.mu.Lock()
+	w.podWaiters[full] = append(w.podWaiters[full], ch)
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		ws := w.podWaiters[full]
+		for i, c := range ws {
+			if c == ch {
+				ws = append(ws[:i], ws[i+1:]...)
+				break
+			}
+		}
+		if len(ws) == 0 {
+			delete(w.podWaiters, full)
+		} else {
+			w.podWaiters[full] = ws
+		}
+		w.mu.Unlock()
+	}()
+	// Checked again: the pod may have been added before the waiter was.
+	if pod, err := w.pods.Pods(ns).Get(name); err == nil {
+		return pod, nil
+	}
+	t := time.NewTimer(w.cfg.PodWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for pod %s: %w", full, ctx.Err())
+	}
+	pod, err := w.pods.Pods(ns).Get(name)
+	if err != nil {
+		return nil, nil //nolint:nilerr // not cached: the init identity
+	}
+	return pod, nil
+}
