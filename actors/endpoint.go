@@ -88,16 +88,27 @@ type regenState struct {
 	// running and the last successful regeneration, by phase (RegenPhases).
 	runs, coalesced, failed uint32
 
+	// running: a regeneration is in flight. want: what the endpoint owes
+	// besides it (requests coalesce into one pending regeneration).
 	running bool
-	pending bool
-	// pendingFull: a pending request needs a full regeneration (state
-	// write + realise); otherwise it is policy-only (realise).
-	pendingFull bool
+	want    regenWant
 
 	started, phaseStart int64     // unix nanoseconds
 	phases, lastPhases  [4]uint32 // microseconds
 	lastAt              int64     // unix nanoseconds; 0: none yet
 }
+
+// regenWant is the regeneration an endpoint owes, none or the level of
+// the next one; requests raise it, starting a regeneration consumes it.
+type regenWant uint8
+
+const (
+	wantNone regenWant = iota
+	// wantPolicy: realise the identity's new policy (nothing on disk changed).
+	wantPolicy
+	// wantFull: write the state, then realise.
+	wantFull
+)
 
 // Internal messages of the endpoint actor.
 type (
@@ -329,7 +340,7 @@ func (a *endpointActor) reattach(ctx actor.Context, msg *reattach) {
 	a.labelWaiters = append(a.labelWaiters, msg.label...)
 	a.delReplies = append(a.delReplies, msg.del...)
 	if len(msg.regen) > 0 && !a.regen.running {
-		a.regen.pending = true
+		a.regen.want = max(a.regen.want, wantPolicy)
 	}
 }
 

@@ -33,7 +33,7 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 		rs = append(rs, messages.Reply{To: a.createWaiter, Message: a.result(errDel)})
 		a.createWaiter = nil
 	}
-	a.regen.pendingWaiters, a.labelWaiters, a.regen.pending = nil, nil, false
+	a.regen.pendingWaiters, a.labelWaiters, a.regen.want = nil, nil, wantNone
 	a.publish(ctx, rs...)
 	a.maybeTeardown(ctx)
 }

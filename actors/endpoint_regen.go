@@ -19,20 +19,22 @@ import (
 // is pending, and every request merged into it bumps the desired revision
 // and waits for it.
 func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
-	a.regen.pendingFull = true
-	a.requestRegenLevel(ctx, waiter)
+	a.requestRegenLevel(ctx, waiter, wantFull)
 }
 
 // requestPolicyRegen requests a policy-only regeneration: the policy of
 // the endpoint's identity changed, nothing on disk did.
 func (a *endpointActor) requestPolicyRegen(ctx actor.Context) {
+	level := wantPolicy
 	if a.ep.Regenerations == 0 && !a.regen.running {
-		a.regen.pendingFull = true // never built: the first build is full
+		level = wantFull // never built: the first build is full
 	}
-	a.requestRegenLevel(ctx, nil)
+	a.requestRegenLevel(ctx, nil, level)
 }
 
-func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) {
+// requestRegenLevel owes a regeneration of at least level and starts it
+// unless one runs or the endpoint cannot regenerate yet.
+func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID, level regenWant) {
 	if a.deleting() {
 		if waiter != nil {
 			ctx.Send(waiter, a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
@@ -44,11 +46,12 @@ func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID) 
 	if waiter != nil {
 		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
 	}
+	owed := a.regen.want != wantNone
+	a.regen.want = max(a.regen.want, level)
 	if a.regen.running || a.leaseWait || a.ioWait || a.ep.State == endpoint.StateWaitingForIdentity {
-		if a.regen.pending {
+		if owed {
 			a.regen.coalesced++ // merged into the pending regeneration
 		}
-		a.regen.pending = true
 		return
 	}
 	a.startRegen(ctx)
@@ -67,11 +70,11 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		a.setState(endpoint.StateWaitingToRegenerate, "regeneration requested")
 	}
 	if !a.setState(endpoint.StateRegenerating, "regeneration started") {
-		a.regen.pending = true // retried when the state allows it
+		a.regen.want = max(a.regen.want, wantPolicy) // retried when the state allows it
 		return
 	}
-	full := a.regen.pendingFull || a.ep.Regenerations == 0
-	a.regen.running, a.regen.pending, a.regen.pendingFull = true, false, false
+	full := a.regen.want == wantFull || a.ep.Regenerations == 0
+	a.regen.running, a.regen.want = true, wantNone
 	a.regen.rev = a.ep.DesiredRevision
 	a.regen.waiters, a.regen.pendingWaiters = a.regen.pendingWaiters, nil
 	a.deps.counters.regenRun.Add(1)
@@ -280,7 +283,7 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 	if a.maybeTeardown(ctx) {
 		return
 	}
-	if a.regen.pending && a.ep.State != endpoint.StateWaitingForIdentity && !a.leaseWait {
+	if a.regen.want != wantNone && a.ep.State != endpoint.StateWaitingForIdentity && !a.leaseWait {
 		a.startRegen(ctx)
 	}
 }
@@ -327,7 +330,7 @@ func (a *endpointActor) regenFailed(ctx actor.Context, err error) {
 		a.failCreate(ctx, err)
 		return
 	}
-	if a.regen.pending {
+	if a.regen.want != wantNone {
 		a.startRegen(ctx)
 		return
 	}

@@ -15,7 +15,7 @@ import (
 func (a *endpointActor) resumeRealized(ctx actor.Context) bool {
 	ep := a.ep
 	if ep.State != endpoint.StateRestoring || ep.RealizedRevision == 0 || ep.RealizedRevision != ep.DesiredRevision ||
-		a.regen.running || a.regen.pending || len(a.regen.pendingWaiters) > 0 || a.deleting() {
+		a.regen.running || a.regen.want != wantNone || len(a.regen.pendingWaiters) > 0 || a.deleting() {
 		return false
 	}
 	// restoring -> regenerating -> ready: a regeneration with nothing to do.
