@@ -65,13 +65,9 @@ type RestoreResult struct {
 // returns once every one holds its leases again (IP and identity) or
 // failed; their regeneration continues afterwards.
 func (s *System) RestoreEndpoints(ctx context.Context, eps []*endpoint.Endpoint) (RestoreResult, error) {
-	res, err := s.ask(ctx, s.endpoints, &messages.RestoreEndpoints{Endpoints: eps})
+	r, err := answer[*messages.RestoreResult](s.ask(ctx, s.endpoints, &messages.RestoreEndpoints{Endpoints: eps}))
 	if err != nil {
 		return RestoreResult{}, err
-	}
-	r, ok := res.(*messages.RestoreResult)
-	if !ok {
-		return RestoreResult{}, unexpected(res)
 	}
 	return RestoreResult{Restored: r.Restored, Failed: r.Failed}, nil
 }
@@ -95,12 +91,9 @@ func (s *System) AllocateSpecificIP(ctx context.Context, ip netip.Addr, owner st
 }
 
 func allocation(res any, err error) (Allocation, error) {
+	r, err := answer[*messages.IPAMAllocated](res, err)
 	if err != nil {
 		return Allocation{}, err
-	}
-	r, ok := res.(*messages.IPAMAllocated)
-	if !ok {
-		return Allocation{}, unexpected(res)
 	}
 	return Allocation{IPv4: r.IPv4, IPv6: r.IPv6}, r.Err
 }
@@ -116,13 +109,9 @@ type Release struct {
 // other than "" must match the address's; an address a live endpoint
 // claims is refused with ErrIPInUse.
 func (s *System) ReleaseIP(ctx context.Context, ip netip.Addr, owner string) (Release, error) {
-	res, err := s.ask(ctx, s.ipam, &messages.IPAMRelease{IP: ip, Owner: owner})
+	r, err := answer[*messages.IPAMReleased](s.ask(ctx, s.ipam, &messages.IPAMRelease{IP: ip, Owner: owner}))
 	if err != nil {
 		return Release{}, err
-	}
-	r, ok := res.(*messages.IPAMReleased)
-	if !ok {
-		return Release{}, unexpected(res)
 	}
 	return Release{Released: r.Released, Owner: r.Owner}, r.Err
 }
@@ -148,12 +137,9 @@ func (s *System) DeletePolicy(ctx context.Context, name string, lbls map[string]
 }
 
 func policyAnswer(res any, err error) (PolicyResult, error) {
+	r, err := answer[*messages.PolicyResult](res, err)
 	if err != nil {
 		return PolicyResult{}, err
-	}
-	r, ok := res.(*messages.PolicyResult)
-	if !ok {
-		return PolicyResult{}, unexpected(res)
 	}
 	return PolicyResult{Revision: r.Revision, Names: r.Names, Deleted: r.Deleted}, r.Err
 }
@@ -163,13 +149,9 @@ func policyAnswer(res any, err error) (PolicyResult, error) {
 // op names it in logs and metrics; ep (0: none) is the endpoint it
 // concerns.
 func (s *System) RunBlocking(ctx context.Context, op string, ep endpoint.ID, fn func(context.Context) (any, error)) (any, error) {
-	res, err := s.ask(ctx, s.pool, &messages.DatapathWork{Op: op, Endpoint: ep, Run: fn})
+	r, err := answer[*messages.DatapathResult](s.ask(ctx, s.pool, &messages.DatapathWork{Op: op, Endpoint: ep, Run: fn}))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	r, ok := res.(*messages.DatapathResult)
-	if !ok {
-		return nil, unexpected(res)
 	}
 	return r.Value, r.Err
 }
@@ -242,13 +224,9 @@ func (s *System) StartGC() { s.Actors.Root.Send(s.gc, &messages.StartGC{}) }
 
 // RunGC runs one garbage collection pass now.
 func (s *System) RunGC(ctx context.Context) (datapath.GCReport, error) {
-	res, err := s.ask(ctx, s.gc, &messages.RunGC{})
+	r, err := answer[*messages.GCResult](s.ask(ctx, s.gc, &messages.RunGC{}))
 	if err != nil {
 		return datapath.GCReport{}, err
-	}
-	r, ok := res.(*messages.GCResult)
-	if !ok {
-		return datapath.GCReport{}, unexpected(res)
 	}
 	return r.Report, r.Err
 }
@@ -280,14 +258,24 @@ func endpointAnswer(res any, err error) (*endpoint.Endpoint, error) {
 		// The endpoint's actor stopped between the lookup and the request.
 		return nil, ErrEndpointGone
 	}
+	r, err := answer[*messages.EndpointResult](res, err)
 	if err != nil {
 		return nil, err
 	}
-	r, ok := res.(*messages.EndpointResult)
-	if !ok {
-		return nil, unexpected(res)
-	}
 	return r.Endpoint, r.Err
+}
+
+// answer is an ask's answer as the type its request is answered with.
+func answer[T any](res any, err error) (T, error) {
+	var zero T
+	if err != nil {
+		return zero, err
+	}
+	r, ok := res.(T)
+	if !ok {
+		return zero, unexpected(res)
+	}
+	return r, nil
 }
 
 func unexpected(res any) error { return fmt.Errorf("unexpected answer %T", res) }
@@ -295,26 +283,10 @@ func unexpected(res any) error { return fmt.Errorf("unexpected answer %T", res) 
 // EndpointActors lists the endpoint manager's children with their
 // mailbox counters.
 func (s *System) EndpointActors(ctx context.Context) ([]ActorInfo, error) {
-	res, err := s.ask(ctx, s.endpoints, &getActors{})
-	if err != nil {
-		return nil, err
-	}
-	infos, ok := res.([]ActorInfo)
-	if !ok {
-		return nil, unexpected(res)
-	}
-	return infos, nil
+	return answer[[]ActorInfo](s.ask(ctx, s.endpoints, &getActors{}))
 }
 
 // PoolStats returns a snapshot of the datapath pool.
 func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
-	res, err := s.ask(ctx, s.pool, &getPoolStats{})
-	if err != nil {
-		return nil, err
-	}
-	ps, ok := res.(*PoolStats)
-	if !ok {
-		return nil, unexpected(res)
-	}
-	return ps, nil
+	return answer[*PoolStats](s.ask(ctx, s.pool, &getPoolStats{}))
 }

@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -98,13 +97,12 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	deps.registry.put(agentPID.Id, rootSlot)
 	asks := newAsker(sys)
-	res, err := asks.ask(sys, agentPID, &getChildren{}, 10*time.Second)
-	children, ok := res.(map[string]*actor.PID)
-	if err != nil || !ok {
+	children, err := answer[map[string]*actor.PID](asks.ask(sys, agentPID, &getChildren{}, 10*time.Second))
+	if err != nil {
 		sys.Shutdown()
 		deps.writer.stop()
 		asks.stop()
-		return nil, fmt.Errorf("start actor system: %w", errors.Join(err, unexpected(res)))
+		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
 		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
