@@ -1,0 +1,70 @@
+package identity
+
+import (
+	"context"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// ClusterBackend is a cluster-wide identity store: the same label set gets
+// the same number on every node. Two backends implement it: Kubernetes
+// (a cluster-scoped identity CRD whose object name is the number) and the
+// kvstore (etcd). Every method may block on the network, so the identity
+// actor calls them only from worker goroutines, never inside Receive, and
+// continues with a message when the call returns.
+//
+// Numbers handed out lie in [MinLocalIdentity, 65535]; reserved identities
+// never reach a backend.
+type ClusterBackend interface {
+	// Acquire returns the cluster-wide identity of ls, creating it when no
+	// node has yet, and records that this node uses it. Racing callers on
+	// any node agree on one number. Acquire is idempotent per node.
+	Acquire(ctx context.Context, ls labels.Labels) (id NumericIdentity, isNew bool, err error)
+	// Release records that this node no longer uses id (its last local
+	// reference went). The identity itself is removed only by the
+	// backend's garbage collection, after a grace period, and never while
+	// any node still uses it.
+	Release(ctx context.Context, id NumericIdentity) error
+	// Watch calls fn for every identity in the cluster: first the full set
+	// (a ClusterEvent with Kind ClusterSynced ends it), then changes, until
+	// ctx is done. fn is called from one goroutine and must not block.
+	Watch(ctx context.Context, fn func(ClusterEvent)) error
+	// Status reports the backend's health for /v1/status.
+	Status() ClusterStatus
+	// Close stops background work (heartbeats, GC) and releases the client.
+	Close() error
+}
+
+// ClusterEventKind says what a ClusterEvent reports.
+type ClusterEventKind int
+
+const (
+	// ClusterUpsert: the identity exists with these labels.
+	ClusterUpsert ClusterEventKind = iota
+	// ClusterDelete: the identity was removed (garbage collected).
+	ClusterDelete
+	// ClusterSynced: the initial list has been delivered.
+	ClusterSynced
+)
+
+// ClusterEvent is one identity seen in the cluster store.
+type ClusterEvent struct {
+	Kind   ClusterEventKind
+	ID     NumericIdentity
+	Labels labels.Labels
+}
+
+// ClusterStatus is a backend's health as /v1/status shows it.
+type ClusterStatus struct {
+	// Backend is "kubernetes" or "etcd".
+	Backend string `json:"backend"`
+	// Healthy is false while the store cannot be reached.
+	Healthy bool `json:"healthy"`
+	// Synced is true once the initial list has been delivered.
+	Synced bool `json:"synced"`
+	// LastError is the most recent failure, empty when none.
+	LastError string `json:"lastError,omitempty"`
+	// Since is when Healthy last changed.
+	Since time.Time `json:"since"`
+}
