@@ -12,8 +12,16 @@ if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd-embed" ]; then
 	echo "$BIN"
 	exit 0
 fi
-cd "$(dirname "$0")/../tools/kube"
 mkdir -p "$BIN"
+# One build per machine: a second caller waits for the first, then finds the
+# binaries.
+exec 9>"$KUBE_DIR/.lock"
+flock 9
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd-embed" ]; then
+	echo "$BIN"
+	exit 0
+fi
+cd "$(dirname "$0")/../tools/kube"
 # The Kubernetes build cache (~2 GB) stays apart from the project's.
 export GOCACHE=$KUBE_DIR/gocache
 export GOFLAGS=-buildvcs=false
