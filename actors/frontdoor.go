@@ -290,3 +290,16 @@ func (s *System) EndpointActors(ctx context.Context) ([]ActorInfo, error) {
 func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
 	return answer[*PoolStats](s.ask(ctx, s.pool, &getPoolStats{}))
 }
+
+// SyncNodes replaces the set of remote nodes source ("k8s", "kvstore",
+// "file", ...) knows with nodes (the full set; empty: none). It returns
+// once the set is in the index (GET /v1/nodes); the union of every
+// source's set reaches the datapath's NodeRouter asynchronously, retried
+// until it succeeds. A bad set is refused whole.
+func (s *System) SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error {
+	r, err := answer[*messages.NodesResult](s.ask(ctx, s.nodes, &messages.SyncNodes{Source: source, Nodes: nodes}))
+	if err != nil {
+		return err
+	}
+	return r.Err
+}

@@ -29,6 +29,8 @@ type FakeHooks struct {
 	// BeforeIPCache runs first in UpsertIPCache and DeleteIPCache; a
 	// non-nil error fails the write.
 	BeforeIPCache func(ctx context.Context, prefix netip.Prefix) error
+	// BeforeSyncNodes runs first in SyncNodes; a non-nil error fails it.
+	BeforeSyncNodes func(ctx context.Context, nodes []RemoteNode) error
 	// ProxyAcks is how many proxies must acknowledge each revision.
 	ProxyAcks int
 	// ProxyAckDelay is how long after Realize each acknowledgement arrives.
@@ -53,6 +55,8 @@ type Fake struct {
 	gcPasses  int
 	gcOrphans sweep[endpoint.ID] // realised, not live
 	gcMissing sweep[endpoint.ID] // live, Forgotten
+	nodes     []RemoteNode       // the last SyncNodes set
+	nodeSyncs int
 }
 
 var _ Datapath = (*Fake)(nil)

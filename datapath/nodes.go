@@ -2,7 +2,10 @@ package datapath
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // RemoteNode is another node of the cluster as the datapath needs it: its
@@ -21,4 +24,83 @@ type RemoteNode struct {
 // and runs in the worker pool (it blocks on netlink).
 type NodeRouter interface {
 	SyncNodes(ctx context.Context, nodes []RemoteNode) error
+}
+
+// ErrInvalidNode is wrapped by ValidateNodes' errors.
+var ErrInvalidNode = errors.New("invalid remote node")
+
+// maxNodes bounds one source's node set.
+const maxNodes = 5000
+
+// ValidateNodes checks one source's full set: unique non-empty names
+// (DNS-label-like, at most 253 bytes), at most one address per family,
+// every address a valid unicast one, pod CIDRs masked, and no pod CIDR
+// overlapping another's (of this node or another).
+func ValidateNodes(nodes []RemoteNode) error {
+	if len(nodes) > maxNodes {
+		return fmt.Errorf("%d nodes: at most %d: %w", len(nodes), maxNodes, ErrInvalidNode)
+	}
+	names := make(map[string]bool, len(nodes))
+	var cidrs []netip.Prefix
+	for i, n := range nodes {
+		if err := validateNode(n); err != nil {
+			return fmt.Errorf("node %d (%q): %w", i, n.Name, err)
+		}
+		if names[n.Name] {
+			return fmt.Errorf("node %q listed twice: %w", n.Name, ErrInvalidNode)
+		}
+		names[n.Name] = true
+		for _, p := range n.PodCIDRs {
+			for _, q := range cidrs {
+				if p.Overlaps(q) {
+					return fmt.Errorf("node %q: pod CIDR %s overlaps %s: %w", n.Name, p, q, ErrInvalidNode)
+				}
+			}
+			cidrs = append(cidrs, p)
+		}
+	}
+	return nil
+}
+
+func validateNode(n RemoteNode) error {
+	if n.Name == "" || len(n.Name) > 253 || strings.ContainsAny(n.Name, "/ \t\n") {
+		return fmt.Errorf("name: want 1-253 bytes without '/' or spaces: %w", ErrInvalidNode)
+	}
+	if len(n.Addrs) == 0 || len(n.Addrs) > 2 {
+		return fmt.Errorf("addresses: want 1 or 2 (one per family), got %d: %w", len(n.Addrs), ErrInvalidNode)
+	}
+	fams := map[bool]bool{}
+	for _, a := range n.Addrs {
+		if !a.IsValid() || a.Zone() != "" || !a.Unmap().IsGlobalUnicast() && !a.Unmap().IsPrivate() {
+			return fmt.Errorf("address %s: want a unicast address: %w", a, ErrInvalidNode)
+		}
+		if fams[a.Unmap().Is4()] {
+			return fmt.Errorf("two addresses of one family: %w", ErrInvalidNode)
+		}
+		fams[a.Unmap().Is4()] = true
+	}
+	if len(n.PodCIDRs) == 0 || len(n.PodCIDRs) > 4 {
+		return fmt.Errorf("pod CIDRs: want 1 to 4, got %d: %w", len(n.PodCIDRs), ErrInvalidNode)
+	}
+	for _, p := range n.PodCIDRs {
+		if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() {
+			return fmt.Errorf("pod CIDR %s: want a masked prefix: %w", p, ErrInvalidNode)
+		}
+	}
+	return nil
+}
+
+// PodCIDROverlap returns the first pod CIDR of nodes that overlaps one of
+// local (this node's own pod ranges), with its node's name.
+func PodCIDROverlap(nodes []RemoteNode, local []netip.Prefix) (string, netip.Prefix, bool) {
+	for _, n := range nodes {
+		for _, p := range n.PodCIDRs {
+			for _, l := range local {
+				if l.IsValid() && p.Overlaps(l) {
+					return n.Name, p, true
+				}
+			}
+		}
+	}
+	return "", netip.Prefix{}, false
 }

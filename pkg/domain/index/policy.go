@@ -54,7 +54,11 @@ type IPCacheEntry struct {
 	Prefix   netip.Prefix
 	Identity identity.NumericIdentity
 	Source   string
-	Claims   []IPCacheClaim
+	// TunnelEndpoint is the node address of the winning claim when it is
+	// a remote endpoint's (invalid otherwise): where tunnel mode sends
+	// traffic for Prefix.
+	TunnelEndpoint netip.Addr
+	Claims         []IPCacheClaim
 }
 
 func policiesTable() *memdb.TableSchema {

@@ -1,0 +1,145 @@
+package actors_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/membrane-cni/membrane/datapath"
+)
+
+func remoteNode(name, addr string, cidrs ...string) datapath.RemoteNode {
+	n := datapath.RemoteNode{Name: name, Addrs: []netip.Addr{netip.MustParseAddr(addr)}}
+	for _, c := range cidrs {
+		n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix(c))
+	}
+	return n
+}
+
+func nodeNames(ns []datapath.RemoteNode) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.Name+"@"+n.Addrs[0].String())
+	}
+	return out
+}
+
+// TestSyncNodesUnionOfSources: each source's set replaces only its own
+// rows; the datapath gets the union, a node reported twice from the
+// source first by name; the index shows every row with its active flag.
+func TestSyncNodesUnionOfSources(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	a := remoteNode("a", "192.0.2.1", "10.1.0.0/24")
+	b := remoteNode("b", "192.0.2.2", "10.2.0.0/24", "fd00:2::/64")
+	bFile := remoteNode("b", "192.0.2.22", "10.2.0.0/24")
+	if err := h.sys.SyncNodes(ctx, "k8s", []datapath.RemoteNode{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sys.SyncNodes(ctx, "file", []datapath.RemoteNode{bFile}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a@192.0.2.1", "b@192.0.2.22"} // "file" < "k8s"
+	waitFor(t, "datapath union", func() bool {
+		got, _ := h.fake.Nodes()
+		return slices.Equal(nodeNames(got), want)
+	})
+	rows := h.ix.Nodes()
+	var keys []string
+	for _, r := range rows {
+		k := r.Key()
+		if r.Active {
+			k += "*"
+		}
+		keys = append(keys, k)
+	}
+	if w := []string{"file/b*", "k8s/a*", "k8s/b"}; !slices.Equal(keys, w) {
+		t.Fatalf("index rows %v, want %v", keys, w)
+	}
+	// k8s forgets a; file's b goes: k8s's b becomes active.
+	if err := h.sys.SyncNodes(ctx, "k8s", []datapath.RemoteNode{b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sys.SyncNodes(ctx, "file", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "datapath after removal", func() bool {
+		got, _ := h.fake.Nodes()
+		return slices.Equal(nodeNames(got), []string{"b@192.0.2.2"})
+	})
+	if rows := h.ix.Nodes(); len(rows) != 1 || !rows[0].Active || rows[0].Source != "k8s" {
+		t.Fatalf("index rows %+v, want k8s/b active", rows)
+	}
+}
+
+// TestSyncNodesRefusesBadSets: a bad set is refused whole, naming the
+// problem, and changes nothing.
+func TestSyncNodesRefusesBadSets(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	ok := remoteNode("a", "192.0.2.1", "10.1.0.0/24")
+	if err := h.sys.SyncNodes(ctx, "file", []datapath.RemoteNode{ok}); err != nil {
+		t.Fatal(err)
+	}
+	local := testIPv4.Masked().String()
+	cases := map[string]struct {
+		source string
+		nodes  []datapath.RemoteNode
+		is     error
+	}{
+		"empty source":      {"", nil, nil},
+		"slash in source":   {"a/b", nil, nil},
+		"no name":           {"file", []datapath.RemoteNode{remoteNode("", "192.0.2.1", "10.1.0.0/24")}, datapath.ErrInvalidNode},
+		"duplicate":         {"file", []datapath.RemoteNode{ok, ok}, datapath.ErrInvalidNode},
+		"unmasked":          {"file", []datapath.RemoteNode{remoteNode("x", "192.0.2.1", "10.1.0.1/24")}, datapath.ErrInvalidNode},
+		"overlap":           {"file", []datapath.RemoteNode{ok, remoteNode("y", "192.0.2.2", "10.1.0.0/16")}, datapath.ErrInvalidNode},
+		"local range":       {"file", []datapath.RemoteNode{remoteNode("z", "192.0.2.3", local)}, datapath.ErrInvalidNode},
+		"no pod CIDR":       {"file", []datapath.RemoteNode{remoteNode("w", "192.0.2.3")}, datapath.ErrInvalidNode},
+		"multicast address": {"file", []datapath.RemoteNode{remoteNode("v", "224.0.0.1", "10.9.0.0/24")}, datapath.ErrInvalidNode},
+	}
+	for name, c := range cases {
+		err := h.sys.SyncNodes(ctx, c.source, c.nodes)
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+			continue
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%s: %v, want %v", name, err, c.is)
+		}
+	}
+	if rows := h.ix.Nodes(); len(rows) != 1 || rows[0].Name != "a" {
+		t.Fatalf("rows after refusals: %+v", rows)
+	}
+}
+
+// TestSyncNodesRetriesFailedDatapath: a failing NodeRouter is retried
+// until it takes the set; SyncNodes itself does not wait for it.
+func TestSyncNodesRetriesFailedDatapath(t *testing.T) {
+	h := startSystem(t, nil)
+	fail := make(chan struct{})
+	h.fake.Set(datapath.FakeHooks{BeforeSyncNodes: func(context.Context, []datapath.RemoteNode) error {
+		select {
+		case <-fail:
+			return nil
+		default:
+			return datapath.ErrInjected
+		}
+	}})
+	n := remoteNode("a", "192.0.2.1", "10.1.0.0/24")
+	if err := h.sys.SyncNodes(context.Background(), "file", []datapath.RemoteNode{n}); err != nil {
+		t.Fatal(err)
+	}
+	if rows := h.ix.Nodes(); len(rows) != 1 {
+		t.Fatalf("index rows %+v, want 1 before the datapath took it", rows)
+	}
+	if got, _ := h.fake.Nodes(); len(got) != 0 {
+		t.Fatalf("datapath took %v while failing", got)
+	}
+	close(fail)
+	waitFor(t, "retried sync", func() bool {
+		got, _ := h.fake.Nodes()
+		return len(got) == 1
+	})
+}
