@@ -59,6 +59,7 @@ type ipcacheRetrySync struct{}
 type ipcacheOp struct {
 	prefix netip.Prefix
 	id     identity.NumericIdentity // 0: delete
+	tunnel netip.Addr               // the remote node (tunnel mode)
 	err    error
 }
 
@@ -199,7 +200,7 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 	e := &index.IPCacheEntry{Prefix: p, Identity: best.Identity, Source: best.Source, Claims: claims}
 	a.entries[p] = e
 	a.batch.putKeyed(ctx, index.TableIPCache, p, e)
-	if old == nil || old.Identity != e.Identity {
+	if old == nil || old.Identity != e.Identity || old.TunnelEndpoint != e.TunnelEndpoint {
 		a.dirty[p] = struct{}{}
 	}
 }
@@ -230,10 +231,11 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 	ops := make([]ipcacheOp, 0, len(a.dirty))
 	for p := range a.dirty {
 		var id identity.NumericIdentity
+		var tunnel netip.Addr
 		if e := a.entries[p]; e != nil {
-			id = e.Identity
+			id, tunnel = e.Identity, e.TunnelEndpoint
 		}
-		ops = append(ops, ipcacheOp{prefix: p, id: id})
+		ops = append(ops, ipcacheOp{prefix: p, id: id, tunnel: tunnel})
 	}
 	a.dirty = map[netip.Prefix]struct{}{} // a burst's buckets go
 	a.syncing = true
@@ -247,9 +249,9 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 // syncAll makes the datapath's ipcache hold exactly the entries, in one
 // pool job (it covers every dirty prefix). A failure retries it.
 func (a *ipcacheActor) syncAll(ctx actor.Context) {
-	desired := make(map[netip.Prefix]identity.NumericIdentity, len(a.entries))
+	desired := make(map[netip.Prefix]datapath.IPCacheValue, len(a.entries))
 	for p, e := range a.entries {
-		desired[p] = e.Identity
+		desired[p] = datapath.IPCacheValue{Identity: e.Identity, TunnelEndpoint: e.TunnelEndpoint}
 	}
 	a.prune, a.syncing = false, true
 	a.dirty = map[netip.Prefix]struct{}{}
@@ -286,7 +288,7 @@ func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []
 		if ops[i].id == 0 {
 			ops[i].err = dp.DeleteIPCache(ctx, ops[i].prefix)
 		} else {
-			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id)
+			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id, ops[i].tunnel)
 		}
 	}
 	return ops

@@ -127,7 +127,7 @@ func (l *Linux) initBPF() error {
 		}
 	}
 	for _, gw := range l.cfg.Gateways {
-		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost); err != nil {
+		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost, netip.Addr{}); err != nil {
 			return err
 		}
 	}
