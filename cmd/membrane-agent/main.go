@@ -90,11 +90,28 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	var clusterCIDRs string
+	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelMTU, "tunnel-mtu", 1450, "tunnel routing: the VXLAN device's MTU (the underlay's minus 50)")
+	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", false, "linux datapath: SNAT pod traffic leaving the --cluster-cidr ranges to the node's address (nftables)")
+	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (every node's ranges): traffic between them is not masqueraded")
+	fs.StringVar(&cfg.NodesFile, "nodes-file", "", "standalone mode: JSON or YAML list of the other nodes (name, addresses, podCIDRs), re-read when it changes")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, s := range strings.Split(clusterCIDRs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := parsePrefix("--cluster-cidr", s)
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Linux.Nodes.ClusterCIDRs = append(cfg.Linux.Nodes.ClusterCIDRs, p)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")
