@@ -74,8 +74,8 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 8 })
-	if _, depth := reg.MailboxByKind(); len(depth) != 8 {
+	svWait(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 9 })
+	if _, depth := reg.MailboxByKind(); len(depth) != 9 {
 		t.Errorf("mailbox kinds %v", depth)
 	}
 	var types []string

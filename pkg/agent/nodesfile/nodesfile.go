@@ -1,9 +1,9 @@
 // Package nodesfile feeds the agent the remote nodes listed in a static
 // file (standalone mode, --nodes-file): a JSON or YAML list of
 //
-//	- name: node-b
-//	  addresses: [192.168.50.2, "fd50::2"]
-//	  podCIDRs: [10.1.0.0/24, "fd01::/64"]
+//   - name: node-b
+//     addresses: [192.168.50.2, "fd50::2"]
+//     podCIDRs: [10.1.0.0/24, "fd01::/64"]
 //
 // The file is polled and re-read when its content changes; each valid
 // content is the full set of source "file" (actors.System.SyncNodes). The
