@@ -57,6 +57,9 @@ type LinuxConfig struct {
 	Nodes NodesConfig
 }
 
+// DefaultTunnelDevice is NodesConfig.TunnelDevice's default.
+const DefaultTunnelDevice = "membrane_vxlan"
+
 // Routing modes (NodesConfig.Routing).
 const (
 	// RoutingTunnel sends other nodes' pod traffic through one VXLAN
@@ -89,7 +92,7 @@ func (c NodesConfig) WithDefaults() NodesConfig {
 		c.Routing = RoutingTunnel
 	}
 	if c.TunnelDevice == "" {
-		c.TunnelDevice = "membrane_vxlan"
+		c.TunnelDevice = DefaultTunnelDevice
 	}
 	if c.TunnelPort == 0 {
 		c.TunnelPort = 8472
