@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet lint clean install sim
+.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode generate demo vet lint clean install sim
 
 all: build
 
@@ -118,6 +118,11 @@ RESTORE_N ?= 100
 bench-restore:
 	MEMBRANE_BENCH_RESTORE=1 RESTORE_N=$(RESTORE_N) \
 		$(GO) test -run '^TestRestoreTime$$' -count=1 -v -timeout 10m ./test/crash/
+
+# Cross-node TCP throughput and latency, native and tunnel mode against
+# plain veths and routes without BPF (root; BENCHMARKS.md).
+bench-xnode:
+	MEMBRANE_XNODE_BENCH=1 $(GO) test -run '^TestCrossNodeNumbers$$' -count=1 -v -timeout 15m ./test/multinode/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.
