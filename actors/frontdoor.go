@@ -297,6 +297,9 @@ func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
 // source's set reaches the datapath's NodeRouter asynchronously, retried
 // until it succeeds. A bad set is refused whole.
 func (s *System) SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error {
+	if err := validateNodes(source, nodes); err != nil {
+		return err
+	}
 	r, err := answer[*messages.NodesResult](s.ask(ctx, s.nodes, &messages.SyncNodes{Source: source, Nodes: nodes}))
 	if err != nil {
 		return err

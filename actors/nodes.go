@@ -102,15 +102,21 @@ func (a *nodesActor) rebuild(ctx actor.Context) {
 	a.sync(ctx)
 }
 
-// validate checks the source name and the set, and that no node claims
-// this node's own pod ranges.
+// validateNodes checks the source name and the set (in the caller's
+// goroutine: the front door, not the actor).
+func validateNodes(source string, nodes []datapath.RemoteNode) error {
+	if source == "" || len(source) > 63 || strings.ContainsAny(source, "/ \t\n") {
+		return fmt.Errorf("sync nodes: source %q: want 1-63 bytes without '/' or spaces: %w", source, ErrInvalidSource)
+	}
+	if err := datapath.ValidateNodes(nodes); err != nil {
+		return fmt.Errorf("sync nodes from %s: %w", source, err)
+	}
+	return nil
+}
+
+// validate checks that no node claims this node's own pod ranges (the
+// front door validated the rest).
 func (a *nodesActor) validate(msg *messages.SyncNodes) error {
-	if msg.Source == "" || len(msg.Source) > 63 || strings.ContainsAny(msg.Source, "/ \t\n") {
-		return fmt.Errorf("sync nodes: source %q: want 1-63 bytes without '/' or spaces: %w", msg.Source, ErrInvalidSource)
-	}
-	if err := datapath.ValidateNodes(msg.Nodes); err != nil {
-		return fmt.Errorf("sync nodes from %s: %w", msg.Source, err)
-	}
 	if name, p, ok := datapath.PodCIDROverlap(msg.Nodes, a.local); ok {
 		return fmt.Errorf("sync nodes from %s: node %q: pod CIDR %s overlaps this node's pod range: %w",
 			msg.Source, name, p, datapath.ErrInvalidNode)
@@ -185,17 +191,15 @@ func (a *nodesActor) union() []datapath.RemoteNode {
 		}
 	}
 	slices.SortFunc(out, func(x, y datapath.RemoteNode) int { return strings.Compare(x.Name, y.Name) })
-	var taken []netip.Prefix
-	kept := out[:0]
-	for _, n := range out {
-		if _, p, ok := datapath.PodCIDROverlap([]datapath.RemoteNode{n}, taken); ok {
-			a.log.Warn("node left out: its pod CIDR overlaps another node's", "node", n.Name, "cidr", p)
-			continue
+	for {
+		x, y, ok := datapath.FirstOverlap(out)
+		if !ok {
+			return out
 		}
-		taken = append(taken, n.PodCIDRs...)
-		kept = append(kept, n)
+		drop := max(x.Node, y.Node)
+		a.log.Warn("node left out: its pod CIDR overlaps another node's", "node", drop, "cidrs", []netip.Prefix{x.Prefix, y.Prefix})
+		out = slices.DeleteFunc(out, func(n datapath.RemoteNode) bool { return n.Name == drop })
 	}
-	return kept
 }
 
 // sync hands the union to the datapath in one pool job, unless one is in

@@ -143,3 +143,23 @@ func TestSyncNodesRetriesFailedDatapath(t *testing.T) {
 		return len(got) == 1
 	})
 }
+
+// TestSyncNodesOverlapAcrossSources: two sources whose nodes claim
+// overlapping pod CIDRs: the datapath gets the node first by name only.
+func TestSyncNodesOverlapAcrossSources(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	if err := h.sys.SyncNodes(ctx, "file", []datapath.RemoteNode{remoteNode("x", "192.0.2.1", "10.5.0.0/16")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sys.SyncNodes(ctx, "k8s", []datapath.RemoteNode{remoteNode("y", "192.0.2.2", "10.5.1.0/24"), remoteNode("z", "192.0.2.3", "10.6.0.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "union without y", func() bool {
+		got, _ := h.fake.Nodes()
+		return slices.Equal(nodeNames(got), []string{"x@192.0.2.1", "z@192.0.2.3"})
+	})
+	if rows := h.ix.Nodes(); len(rows) != 3 {
+		t.Fatalf("index rows %+v, want all 3 reported rows", rows)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -41,7 +42,6 @@ func ValidateNodes(nodes []RemoteNode) error {
 		return fmt.Errorf("%d nodes: at most %d: %w", len(nodes), maxNodes, ErrInvalidNode)
 	}
 	names := make(map[string]bool, len(nodes))
-	var cidrs []netip.Prefix
 	for i, n := range nodes {
 		if err := validateNode(n); err != nil {
 			return fmt.Errorf("node %d (%q): %w", i, n.Name, err)
@@ -50,16 +50,57 @@ func ValidateNodes(nodes []RemoteNode) error {
 			return fmt.Errorf("node %q listed twice: %w", n.Name, ErrInvalidNode)
 		}
 		names[n.Name] = true
-		for _, p := range n.PodCIDRs {
-			for _, q := range cidrs {
-				if p.Overlaps(q) {
-					return fmt.Errorf("node %q: pod CIDR %s overlaps %s: %w", n.Name, p, q, ErrInvalidNode)
-				}
-			}
-			cidrs = append(cidrs, p)
-		}
+	}
+	if a, b, ok := FirstOverlap(nodes); ok {
+		return fmt.Errorf("node %q: pod CIDR %s overlaps node %q's %s: %w", a.Node, a.Prefix, b.Node, b.Prefix, ErrInvalidNode)
 	}
 	return nil
+}
+
+// NodeCIDR is one pod CIDR of a node.
+type NodeCIDR struct {
+	Node   string
+	Prefix netip.Prefix
+}
+
+// FirstOverlap finds two overlapping pod CIDRs among nodes' (of one node
+// or of two), in O(n log n): the CIDRs sorted by first address, each is
+// compared with the one reaching furthest among those before it.
+func FirstOverlap(nodes []RemoteNode) (a, b NodeCIDR, ok bool) {
+	var all []NodeCIDR
+	for _, n := range nodes {
+		for _, p := range n.PodCIDRs {
+			all = append(all, NodeCIDR{n.Name, p.Masked()})
+		}
+	}
+	slices.SortFunc(all, func(x, y NodeCIDR) int {
+		if c := x.Prefix.Addr().Compare(y.Prefix.Addr()); c != 0 {
+			return c
+		}
+		return x.Prefix.Bits() - y.Prefix.Bits()
+	})
+	var reach NodeCIDR // the CIDR ending furthest so far (same family)
+	for _, c := range all {
+		if reach.Prefix.IsValid() && reach.Prefix.Addr().BitLen() == c.Prefix.Addr().BitLen() &&
+			c.Prefix.Addr().Compare(lastAddr(reach.Prefix)) <= 0 {
+			return reach, c, true
+		}
+		if !reach.Prefix.IsValid() || reach.Prefix.Addr().BitLen() != c.Prefix.Addr().BitLen() ||
+			lastAddr(c.Prefix).Compare(lastAddr(reach.Prefix)) > 0 {
+			reach = c
+		}
+	}
+	return NodeCIDR{}, NodeCIDR{}, false
+}
+
+// lastAddr is the last address of p (masked).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func validateNode(n RemoteNode) error {
