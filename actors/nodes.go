@@ -43,6 +43,9 @@ type nodesActor struct {
 
 	rows    map[string]*index.Node // by Key(); immutable, shared with the index
 	dirty   bool                   // the union changed since the last sync started
+	// heard is set by the first SyncNodes: until a source spoke, the
+	// datapath keeps what a previous agent left (no route flap at start).
+	heard bool
 	syncing bool
 	retry   *time.Timer
 	backoff time.Duration
@@ -83,6 +86,9 @@ func (a *nodesActor) Receive(ctx actor.Context) {
 			return
 		}
 		a.replace(ctx, msg.Source, msg.Nodes)
+		if !a.heard {
+			a.heard, a.dirty = true, true // the first set is synced even if empty
+		}
 		a.batch.reply(ctx, ctx.Sender(), &messages.NodesResult{})
 		a.sync(ctx)
 	case *nodesRetrySync:
@@ -98,7 +104,11 @@ func (a *nodesActor) rebuild(ctx actor.Context) {
 	for _, n := range a.deps.ix.Nodes() {
 		a.rows[n.Key()] = n
 	}
-	a.dirty = true
+	// At agent start the table is empty: nothing is synced until a source
+	// reports, so the routes a previous agent left keep working. After a
+	// restart of this actor the table holds what the sources said.
+	a.heard = len(a.rows) > 0
+	a.dirty = a.heard
 	a.sync(ctx)
 }
 

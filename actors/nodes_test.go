@@ -163,3 +163,14 @@ func TestSyncNodesOverlapAcrossSources(t *testing.T) {
 		t.Fatalf("index rows %+v, want all 3 reported rows", rows)
 	}
 }
+
+// TestSyncNodesFirstEmptySetSyncs: the datapath is left alone until a
+// source reports; the first report is synced even when it is empty (the
+// routes a previous agent left for nodes since gone are removed then).
+func TestSyncNodesFirstEmptySetSyncs(t *testing.T) {
+	h := startSystem(t, nil)
+	if err := h.sys.SyncNodes(context.Background(), "file", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the empty set synced", func() bool { _, n := h.fake.Nodes(); return n == 1 })
+}
