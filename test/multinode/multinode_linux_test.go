@@ -30,6 +30,7 @@ func TestMultiNode(t *testing.T) {
 			t.Run("same-node", func(t *testing.T) { reach(t, pa1, pa2) })
 			t.Run("cross-node", func(t *testing.T) { reach(t, pa1, pb); reach(t, pb, pc); reach(t, pc, pa2) })
 			t.Run("masquerade", func(t *testing.T) { masquerade(t, c, pa1, a) })
+			t.Run("agent-restart", func(t *testing.T) { agentRestart(t, b, pa1, pb) })
 			t.Run("node-removed", func(t *testing.T) { removeNode(t, c, a, cn, pa1, pc) })
 		})
 	}
@@ -124,6 +125,29 @@ func masquerade(t *testing.T, c *cluster, p *pod, nd *node) {
 		if host != want.String() {
 			t.Fatalf("outside saw peer %s, want the node's address %s", got, want)
 		}
+	}
+}
+
+// agentRestart stops nd's agent: pods keep reaching each other across
+// nodes (routes, tunnel device and programs outlive the agent); after
+// the restart they still do and nd's routes are unchanged.
+func agentRestart(t *testing.T, nd *node, x, y *pod) {
+	before, err := nd.nodeRoutes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.stop()
+	reach(t, x, y)
+	if err := nd.start(); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, x, y)
+	after, err := nd.nodeRoutes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if jsonString(after) != jsonString(before) {
+		t.Fatalf("%s's routes after the restart %v, before %v", nd.name, after, before)
 	}
 }
 
