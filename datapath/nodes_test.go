@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -37,6 +38,56 @@ func TestFirstOverlap(t *testing.T) {
 		}
 		if got != c.want {
 			t.Errorf("case %d: %q (%v %v), want %q", i, got, x, y, c.want)
+		}
+	}
+}
+
+func TestNodesConfigValidate(t *testing.T) {
+	ok := NodesConfig{}.WithDefaults()
+	if ok.Routing != RoutingTunnel || ok.TunnelDevice != DefaultTunnelDevice || ok.TunnelPort != 8472 || ok.TunnelMTU != 1450 {
+		t.Fatalf("defaults %+v", ok)
+	}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]func(*NodesConfig){
+		"routing":            func(c *NodesConfig) { c.Routing = "bgp" },
+		"device name":        func(c *NodesConfig) { c.TunnelDevice = "a-very-long-device-name" },
+		"port":               func(c *NodesConfig) { c.TunnelPort = 70000 },
+		"mtu":                func(c *NodesConfig) { c.TunnelMTU = 500 },
+		"masquerade no cidr": func(c *NodesConfig) { c.Masquerade = true },
+		"unmasked cidr":      func(c *NodesConfig) { c.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.1/8")} },
+	}
+	for name, mut := range bad {
+		c := ok
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+func TestValidateNodes(t *testing.T) {
+	n := RemoteNode{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("2001:db8::2")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}}
+	if err := ValidateNodes([]RemoteNode{n}); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]func(*RemoteNode){
+		"space in name":     func(n *RemoteNode) { n.Name = "a b" },
+		"no address":        func(n *RemoteNode) { n.Addrs = nil },
+		"two IPv4":          func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")} },
+		"loopback":          func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")} },
+		"zone":              func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("fe80::1%eth0")} },
+		"no CIDR":           func(n *RemoteNode) { n.PodCIDRs = nil },
+		"mapped CIDR":       func(n *RemoteNode) { n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("::ffff:10.2.0.0/120")} },
+		"overlap with self": func(n *RemoteNode) { n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix("10.2.0.128/25")) },
+	}
+	for name, mut := range bad {
+		c := n
+		mut(&c)
+		if err := ValidateNodes([]RemoteNode{c}); !errors.Is(err, ErrInvalidNode) {
+			t.Errorf("%s: %v, want ErrInvalidNode", name, err)
 		}
 	}
 }
