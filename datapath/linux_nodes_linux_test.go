@@ -41,7 +41,11 @@ func underlayPair(t *testing.T, a, b *tunnelNode) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := n.nl.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: n.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+		if n.addr.Is6() {
+			addr.IPNet.Mask, addr.Flags = net.CIDRMask(64, 128), unix.IFA_F_NODAD
+		}
+		if err := n.nl.AddrAdd(l, addr); err != nil {
 			t.Fatal(err)
 		}
 		if err := n.nl.LinkSetUp(l); err != nil {
@@ -56,13 +60,24 @@ func underlayPair(t *testing.T, a, b *tunnelNode) {
 // maps the pod's address to another identity, and later to 2001 while A
 // sends 2005: the first is admitted, the second dropped. A's ipcache
 // entry for B's pod carries B as tunnel endpoint, which wins over the
-// (wrong) node address in A's tunnel map.
+// (wrong) node address in A's tunnel map. Over an IPv4 and an IPv6
+// underlay.
 func TestTunnelIdentity(t *testing.T) {
+	for _, underlay := range []string{"ipv4", "ipv6"} {
+		t.Run(underlay+"-underlay", func(t *testing.T) { testTunnelIdentity(t, underlay == "ipv6") })
+	}
+}
+
+func testTunnelIdentity(t *testing.T, v6 bool) {
 	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingTunnel}, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
 	var nodes [2]*tunnelNode
 	for i := range nodes {
 		l, host, nl := newTestLinux(t, cfg)
-		nodes[i] = &tunnelNode{l: l, host: host, nl: nl, addr: netip.AddrFrom4([4]byte{192, 168, 90, byte(i + 1)})}
+		addr := netip.AddrFrom4([4]byte{192, 168, 90, byte(i + 1)})
+		if v6 {
+			addr = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i + 1)})
+		}
+		nodes[i] = &tunnelNode{l: l, host: host, nl: nl, addr: addr}
 	}
 	a, b := nodes[0], nodes[1]
 	underlayPair(t, a, b)
@@ -70,7 +85,11 @@ func TestTunnelIdentity(t *testing.T) {
 	cidrA, cidrB := netip.MustParsePrefix("10.244.60.0/25"), netip.MustParsePrefix("10.244.60.128/25")
 	// A's tunnel map points B's CIDR at an address nobody has: only the
 	// ipcache's tunnel endpoint for B's pod gets its traffic there.
-	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.90.99")}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
+	nowhere := netip.MustParseAddr("192.168.90.99")
+	if v6 {
+		nowhere = netip.MustParseAddr("2001:db8::99")
+	}
+	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{nowhere}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.l.SyncNodes(ctx, []RemoteNode{{Name: "a", Addrs: []netip.Addr{a.addr}, PodCIDRs: []netip.Prefix{cidrA}}}); err != nil {
