@@ -85,8 +85,43 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 		if err := l.syncNodeRoutes(l.nodeRoutes(nodes, linkIndex)); err != nil {
 			return fmt.Errorf("sync nodes: %w", err)
 		}
+		if l.cfg.Nodes.Routing == RoutingNative {
+			// A tunnel device left by a tunnel-mode agent goes (its routes went above).
+			if err := l.removeTunnel(b); err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
+		}
 		return nil
 	})
+}
+
+// removeTunnel deletes the tunnel device if it is ours (an external-mode
+// vxlan of that name) and the overlay programs' pinned links.
+func (l *Linux) removeTunnel(b *bpfState) error {
+	dev, err := l.nl.LinkByName(l.cfg.Nodes.TunnelDevice)
+	if isLinkNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up tunnel device: %w", err)
+	}
+	if vx, ok := dev.(*netlink.Vxlan); !ok || !vx.FlowBased {
+		return nil // not ours
+	}
+	for _, h := range []hook{hookToOverlay, hookFromOverlay} {
+		lk, err := detachTCX(filepath.Join(b.dir, pinOverlayDir), h)
+		if err != nil {
+			return err
+		}
+		if lk != nil {
+			lk.Close()
+		}
+	}
+	if err := l.nl.LinkDel(dev); err != nil && !isLinkNotFound(err) {
+		return fmt.Errorf("delete tunnel device %s: %w", l.cfg.Nodes.TunnelDevice, err)
+	}
+	l.log.Info("tunnel device removed (native routing)", "device", l.cfg.Nodes.TunnelDevice)
+	return nil
 }
 
 // nodeRoutes are the desired routes by destination: into the tunnel

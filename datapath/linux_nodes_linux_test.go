@@ -153,3 +153,73 @@ func dropsOf(t *testing.T, l *Linux, id uint16) uint64 {
 	}
 	return n
 }
+
+// TestNodeRoutesNativeAfterTunnel: a tunnel-mode datapath routes remote
+// pod CIDRs into its VXLAN device; a native-mode one started on the same
+// host netns and bpffs (an agent restarted with --routing native)
+// replaces those routes with routes via the nodes and removes the device;
+// an empty set removes every node route.
+func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
+	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingTunnel}, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
+	l, host, nl := newTestLinux(t, cfg)
+	ctx := context.Background()
+	ul := netlink.NewLinkAttrs()
+	ul.Name = "ul0"
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: ul, PeerName: "ul1"}); err != nil {
+		t.Fatal(err)
+	}
+	peer, _ := nl.LinkByName("ul1")
+	if err := nl.LinkSetUp(peer); err != nil {
+		t.Fatal(err)
+	}
+	under, _ := nl.LinkByName("ul0")
+	if err := nl.AddrAdd(under, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(192, 168, 91, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkSetUp(under); err != nil {
+		t.Fatal(err)
+	}
+	nodes := []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.91.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.61.0/24")}}}
+	if err := l.SyncNodes(ctx, nodes); err != nil {
+		t.Fatal(err)
+	}
+	vx, err := nl.LinkByName(DefaultTunnelDevice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := func() []netlink.Route {
+		rs, err := nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: nodeRouteProto}, netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	if rs := routes(); len(rs) != 1 || rs[0].LinkIndex != vx.Attrs().Index || rs[0].Gw != nil {
+		t.Fatalf("tunnel mode routes %v, want one into %s", rs, DefaultTunnelDevice)
+	}
+	_ = l.Close()
+	cfg.HostNetns, cfg.BPFFS, cfg.Nodes.Routing = host.Path, l.cfg.BPFFS, RoutingNative
+	n, err := NewLinux(cfg, l.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	if err := n.SyncNodes(ctx, nodes); err != nil {
+		t.Fatal(err)
+	}
+	if rs := routes(); len(rs) != 1 || !rs[0].Gw.Equal(net.IPv4(192, 168, 91, 2)) {
+		t.Fatalf("native mode routes %v, want one via 192.168.91.2", rs)
+	}
+	if _, err := nl.LinkByName(DefaultTunnelDevice); !isLinkNotFound(err) {
+		t.Fatalf("tunnel device after native sync: %v, want gone", err)
+	}
+	if err := n.SyncNodes(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rs := routes(); len(rs) != 0 {
+		t.Fatalf("routes after an empty set: %v", rs)
+	}
+}
