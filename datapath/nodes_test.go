@@ -74,9 +74,11 @@ func TestValidateNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := map[string]func(*RemoteNode){
-		"space in name":     func(n *RemoteNode) { n.Name = "a b" },
-		"no address":        func(n *RemoteNode) { n.Addrs = nil },
-		"two IPv4":          func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")} },
+		"space in name": func(n *RemoteNode) { n.Name = "a b" },
+		"no address":    func(n *RemoteNode) { n.Addrs = nil },
+		"two IPv4": func(n *RemoteNode) {
+			n.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")}
+		},
 		"loopback":          func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")} },
 		"zone":              func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("fe80::1%eth0")} },
 		"no CIDR":           func(n *RemoteNode) { n.PodCIDRs = nil },
