@@ -41,11 +41,11 @@ type nodesActor struct {
 	log    *slog.Logger
 	batch  batcher
 
-	rows    map[string]*index.Node // by Key(); immutable, shared with the index
-	dirty   bool                   // the union changed since the last sync started
+	rows  map[string]*index.Node // by Key(); immutable, shared with the index
+	dirty bool                   // the union changed since the last sync started
 	// heard is set by the first SyncNodes: until a source spoke, the
 	// datapath keeps what a previous agent left (no route flap at start).
-	heard bool
+	heard   bool
 	syncing bool
 	retry   *time.Timer
 	backoff time.Duration
