@@ -47,6 +47,7 @@ type node struct {
 	i            int
 	name         string
 	ns           *testutil.NS
+	nl           *netlink.Handle // in ns
 	addr4, addr6 netip.Addr
 	cidr4, cidr6 netip.Prefix
 	dir          string
@@ -180,6 +181,7 @@ func (c *cluster) newNode(i int) *node {
 	t := c.t
 	nd := &node{c: c, i: i, name: fmt.Sprintf("node-%c", 'a'+i), dir: filepath.Join(c.dir, fmt.Sprintf("node%d", i))}
 	nd.ns = c.attach("mbm-node", i, "eth0")
+	nd.nl = nd.ns.Netlink(t)
 	nd.addr4, nd.addr6 = c.underlayAddrs(i)
 	nd.cidr4 = netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", c.net, i))
 	nd.cidr6 = netip.MustParsePrefix(fmt.Sprintf("fd91:%d:0:%d::/112", c.net, i))
@@ -337,17 +339,7 @@ func (nd *node) addPod(name string) *pod {
 // nodeRoutes returns the node's routes to other nodes' pod CIDRs (the
 // datapath marks them with protocol 0x4d).
 func (nd *node) nodeRoutes() (map[netip.Prefix]string, error) {
-	h, err := nd.ns.Handle()
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		return nil, err
-	}
-	defer nl.Close()
-	rs, err := nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: 0x4d}, netlink.RT_FILTER_PROTOCOL)
+	rs, err := nd.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: 0x4d}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
 		return nil, err
 	}
@@ -371,7 +363,7 @@ func (nd *node) nodeRoutes() (map[netip.Prefix]string, error) {
 // mode), failing the test if it is missing or not one.
 func (nd *node) tunnelIndex(t *testing.T) int {
 	t.Helper()
-	l, err := nd.ns.Netlink(t).LinkByName("membrane_vxlan")
+	l, err := nd.nl.LinkByName("membrane_vxlan")
 	if err != nil {
 		t.Fatalf("%s: tunnel device: %v", nd.name, err)
 	}
