@@ -295,7 +295,10 @@ func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
 // "file", ...) knows with nodes (the full set; empty: none). It returns
 // once the set is in the index (GET /v1/nodes); the union of every
 // source's set reaches the datapath's NodeRouter asynchronously, retried
-// until it succeeds. A bad set is refused whole.
+// until it succeeds. A bad set is refused whole (datapath.ValidateNodes),
+// and so is a set with a node whose pod CIDRs overlap this node's own
+// ranges: callers leave this node out (by name, or as the nodes file
+// does, by that overlap).
 func (s *System) SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error {
 	if err := validateNodes(source, nodes); err != nil {
 		return err
