@@ -223,3 +223,58 @@ func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 		t.Fatalf("routes after an empty set: %v", rs)
 	}
 }
+
+// TestNativeRoutingIdentity: with native routing the receiving node's
+// policy decides on its ipcache's identity for the source address (a
+// remote endpoint's entry): B admits A's pod on 8080 from identity 2001
+// while its ipcache maps the pod's address to 2001, and drops it once
+// the entry says 2005, whatever A's own ipcache says.
+func TestNativeRoutingIdentity(t *testing.T) {
+	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
+	var nodes [2]*tunnelNode
+	for i := range nodes {
+		l, host, nl := newTestLinux(t, cfg)
+		nodes[i] = &tunnelNode{l: l, host: host, nl: nl, addr: netip.AddrFrom4([4]byte{192, 168, 92, byte(i + 1)})}
+	}
+	a, b := nodes[0], nodes[1]
+	underlayPair(t, a, b)
+	ctx := context.Background()
+	cidrA, cidrB := netip.MustParsePrefix("10.244.60.0/25"), netip.MustParsePrefix("10.244.60.128/25")
+	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{b.addr}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.l.SyncNodes(ctx, []RemoteNode{{Name: "a", Addrs: []netip.Addr{a.addr}, PodCIDRs: []netip.Prefix{cidrA}}}); err != nil {
+		t.Fatal(err)
+	}
+	podA := addPod(t, a.nl, 31, 2001, "10.244.60.11")
+	podB := addPod(t, b.nl, 32, 2002, "10.244.60.130")
+	upsert := func(n *tunnelNode, ip netip.Addr, id identity.NumericIdentity) {
+		t.Helper()
+		if err := n.l.UpsertIPCache(ctx, netip.PrefixFrom(ip, 32), id, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	upsert(a, podA.addr(), 2001)
+	upsert(b, podB.addr(), 2002)
+	upsert(b, podA.addr(), 2001) // a remote endpoint in B's ipcache
+	podB.ep.Policy = policy.NewMapState(2, true, false, []policy.Key{{Identity: 2001, Port: 8080, Proto: policy.ProtoTCP, Dir: policy.Ingress}})
+	for _, x := range []struct {
+		n *tunnelNode
+		p *testPod
+	}{{a, podA}, {b, podB}} {
+		if _, err := x.n.l.Realize(ctx, x.p.ep, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podB.listen(t, 8080)
+	if err := podA.talk(podB, 8080, connectTimeout); err != nil {
+		t.Fatalf("A -> B:8080 with B's ipcache saying 2001: %v, want admitted", err)
+	}
+	upsert(b, podA.addr(), 2005)
+	if err := podA.talk(podB, 8080, dropTimeout); err == nil {
+		t.Fatal("A -> B:8080 with B's ipcache saying 2005 connected, want dropped")
+	}
+	if _, err := b.nl.LinkByName(DefaultTunnelDevice); !isLinkNotFound(err) {
+		t.Fatalf("native routing made a tunnel device: %v", err)
+	}
+}
