@@ -286,4 +286,3 @@ func (n *nodeWatch) sync(ctx context.Context) error {
 	n.mu.Unlock()
 	return nil
 }
-
