@@ -271,7 +271,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	// CNI ADDs are served once the k8s caches synced (or the bounded wait
 	// for them ended), so a pod's endpoint starts with the pod's labels.
 	if cfg.K8s != nil {
-		if a.k8s, err = k8s.Start(context.Background(), *cfg.K8s, sys, log); err != nil {
+		kc := *cfg.K8s
+		if ns, ok := any(sys).(k8s.NodeSink); ok && kc.Nodes == nil {
+			kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
+		}
+		if a.k8s, err = k8s.Start(context.Background(), kc, sys, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)
 		}
 		srv.SetLabeler(a.k8s.Labels)

@@ -18,8 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -261,7 +261,9 @@ func TestEndpointStatusOrphansDeleted(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mep-orphans"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), "mep-orphans", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Namespaces().Delete(context.Background(), "mep-orphans", metav1.DeleteOptions{})
+	})
 	createMEP(t, dyn, "mep-orphans", "ghost", nodeName, "10.204.0.250", 1234, "")
 	createMEP(t, dyn, "mep-orphans", "elsewhere", "node-z", "10.230.0.9", 1235, "192.0.2.30")
 	k := startAgent(t, nodeName, nil)
