@@ -83,7 +83,7 @@ type testAgent struct {
 
 // startAgent starts a fake-datapath agent in Kubernetes mode for node;
 // mutate adjusts the config. The CRD is installed first.
-func startAgent(t *testing.T, node string, mutate func(*agent.Config)) *testAgent {
+func startAgent(t testing.TB, node string, mutate func(*agent.Config)) *testAgent {
 	t.Helper()
 	ta, err := tryStartAgent(t, node, mutate)
 	if err != nil {
@@ -92,7 +92,7 @@ func startAgent(t *testing.T, node string, mutate func(*agent.Config)) *testAgen
 	return ta
 }
 
-func tryStartAgent(t *testing.T, node string, mutate func(*agent.Config)) (*testAgent, error) {
+func tryStartAgent(t testing.TB, node string, mutate func(*agent.Config)) (*testAgent, error) {
 	t.Helper()
 	env := kubetest.Require(t)
 	dyn, err := dynamic.NewForConfig(env.Config)
@@ -133,7 +133,7 @@ func tryStartAgent(t *testing.T, node string, mutate func(*agent.Config)) (*test
 	return &testAgent{cluster: k, a: a, fake: cfg.Fake, dyn: dyn, stop: stop}, nil
 }
 
-func startK8sClients(t *testing.T, env *kubetest.Env, c *client.Client) *cluster {
+func startK8sClients(t testing.TB, env *kubetest.Env, c *client.Client) *cluster {
 	t.Helper()
 	k := &cluster{c: c}
 	var err error
