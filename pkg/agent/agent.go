@@ -274,6 +274,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		kc := *cfg.K8s
 		if ns, ok := any(sys).(k8s.NodeSink); ok && kc.Nodes == nil {
 			kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
+		} else if kc.Nodes == nil {
+			log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
 		}
 		if a.k8s, err = k8s.Start(context.Background(), kc, sys, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)

@@ -197,6 +197,9 @@ func (w *endpointWriter) sync(ctx context.Context, key string) error {
 	}
 	pod, err := w.pods.Pods(ns).Get(name)
 	if err != nil {
+		if exists {
+			return nil // the pod is gone: its object goes with it (owner) or with the endpoint
+		}
 		return fmt.Errorf("membraneendpoint %s: %w", key, errNoPod)
 	}
 	want, err := w.desired(ep, pod)
