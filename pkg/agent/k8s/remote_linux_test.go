@@ -40,7 +40,9 @@ func TestRemoteEndpointsInKernelFromAPIServer(t *testing.T) {
 	if _, err := k.cs.CoreV1().Namespaces().Create(k.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kernel-remote"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k.cs.CoreV1().Namespaces().Delete(context.Background(), "kernel-remote", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = k.cs.CoreV1().Namespaces().Delete(context.Background(), "kernel-remote", metav1.DeleteOptions{})
+	})
 	createMEP(t, k.dyn, "kernel-remote", "db", "kernel-b", "10.233.7.9", 70707, "192.0.2.99")
 	p := netip.MustParsePrefix("10.233.7.9/32")
 	inKernel := func() (identity.NumericIdentity, string) {
