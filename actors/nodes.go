@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -23,9 +22,6 @@ const KindNodes = "nodes"
 // The nodes actor sorts after the other node-wide owners. (Set here, not
 // in kindOrder's literal, to keep the cluster branches' merges apart.)
 func init() { kindOrder[KindNodes] = kindOrder[KindGC] }
-
-// ErrInvalidSource is returned by SyncNodes for a bad source name.
-var ErrInvalidSource = errors.New("invalid node source")
 
 // nodesActor owns the remote nodes: the full set each source ("k8s",
 // "kvstore", "file", ...) last reported, one index row per (source,

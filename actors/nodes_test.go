@@ -96,7 +96,7 @@ func TestSyncNodesRefusesBadSets(t *testing.T) {
 		"unmasked":          {"file", []datapath.RemoteNode{remoteNode("x", "192.0.2.1", "10.1.0.1/24")}, datapath.ErrInvalidNode},
 		"overlap":           {"file", []datapath.RemoteNode{ok, remoteNode("y", "192.0.2.2", "10.1.0.0/16")}, datapath.ErrInvalidNode},
 		"local range":       {"file", []datapath.RemoteNode{remoteNode("z", "192.0.2.3", local)}, datapath.ErrInvalidNode},
-		"no pod CIDR":       {"file", []datapath.RemoteNode{remoteNode("w", "192.0.2.3")}, datapath.ErrInvalidNode},
+		"two IPv4":          {"file", []datapath.RemoteNode{{Name: "w", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.3"), netip.MustParseAddr("192.0.2.4")}}}, datapath.ErrInvalidNode},
 		"multicast address": {"file", []datapath.RemoteNode{remoteNode("v", "224.0.0.1", "10.9.0.0/24")}, datapath.ErrInvalidNode},
 	}
 	for name, c := range cases {

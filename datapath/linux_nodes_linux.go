@@ -129,6 +129,9 @@ func (l *Linux) removeTunnel(b *bpfState) error {
 func (l *Linux) nodeRoutes(nodes []RemoteNode, linkIndex int) map[netip.Prefix]*netlink.Route {
 	out := map[netip.Prefix]*netlink.Route{}
 	for _, n := range nodes {
+		if len(n.Addrs) == 0 {
+			continue // nowhere to send its pods' traffic yet
+		}
 		for _, p := range n.PodCIDRs {
 			r := &netlink.Route{Dst: prefixNet(p), Protocol: nodeRouteProto, Table: unix.RT_TABLE_MAIN}
 			if linkIndex != 0 {
@@ -279,6 +282,9 @@ func (l *Linux) syncTunnelMap(nodes []RemoteNode) error {
 	m := l.nodes.tunnel
 	want := map[bpf.EndpointIpcacheKey]bpf.OverlayTunnelValue{}
 	for _, n := range nodes {
+		if len(n.Addrs) == 0 {
+			continue
+		}
 		addr, ok := addrOfFamily(n.Addrs, true)
 		if !ok {
 			addr = n.Addrs[0]

@@ -158,7 +158,8 @@ func dropsOf(t *testing.T, l *Linux, id uint16) uint64 {
 // pod CIDRs into its VXLAN device; a native-mode one started on the same
 // host netns and bpffs (an agent restarted with --routing native)
 // replaces those routes with routes via the nodes and removes the device;
-// an empty set removes every node route.
+// an empty set removes every node route. Nodes without an address or a
+// pod CIDR get no route.
 func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingTunnel}, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
 	l, host, nl := newTestLinux(t, cfg)
@@ -179,7 +180,9 @@ func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 	if err := nl.LinkSetUp(under); err != nil {
 		t.Fatal(err)
 	}
-	nodes := []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.91.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.61.0/24")}}}
+	nodes := []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.91.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.61.0/24")}},
+		{Name: "c"}, // no podCIDR yet
+		{Name: "d", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.62.0/24")}}} // no address yet: not routed
 	if err := l.SyncNodes(ctx, nodes); err != nil {
 		t.Fatal(err)
 	}

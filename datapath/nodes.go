@@ -34,9 +34,11 @@ var ErrInvalidNode = errors.New("invalid remote node")
 const maxNodes = 5000
 
 // ValidateNodes checks one source's full set: unique non-empty names
-// (DNS-label-like, at most 253 bytes), at most one address per family,
+// (at most 253 bytes, no '/' or spaces), at most one address per family,
 // every address a valid unicast one, pod CIDRs masked, and no pod CIDR
-// overlapping another's (of this node or another).
+// overlapping another's (of this node or another). A node without
+// addresses or pod CIDRs (a Kubernetes node before its podCIDR is
+// assigned) is valid: there is nothing to route to it yet.
 func ValidateNodes(nodes []RemoteNode) error {
 	if len(nodes) > maxNodes {
 		return fmt.Errorf("%d nodes: at most %d: %w", len(nodes), maxNodes, ErrInvalidNode)
@@ -107,8 +109,8 @@ func validateNode(n RemoteNode) error {
 	if n.Name == "" || len(n.Name) > 253 || strings.ContainsAny(n.Name, "/ \t\n") {
 		return fmt.Errorf("name: want 1-253 bytes without '/' or spaces: %w", ErrInvalidNode)
 	}
-	if len(n.Addrs) == 0 || len(n.Addrs) > 2 {
-		return fmt.Errorf("addresses: want 1 or 2 (one per family), got %d: %w", len(n.Addrs), ErrInvalidNode)
+	if len(n.Addrs) > 2 {
+		return fmt.Errorf("addresses: want at most 2 (one per family), got %d: %w", len(n.Addrs), ErrInvalidNode)
 	}
 	fams := map[bool]bool{}
 	for _, a := range n.Addrs {
@@ -120,8 +122,8 @@ func validateNode(n RemoteNode) error {
 		}
 		fams[a.Unmap().Is4()] = true
 	}
-	if len(n.PodCIDRs) == 0 || len(n.PodCIDRs) > 4 {
-		return fmt.Errorf("pod CIDRs: want 1 to 4, got %d: %w", len(n.PodCIDRs), ErrInvalidNode)
+	if len(n.PodCIDRs) > 4 {
+		return fmt.Errorf("pod CIDRs: want at most 4, got %d: %w", len(n.PodCIDRs), ErrInvalidNode)
 	}
 	for _, p := range n.PodCIDRs {
 		if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() {

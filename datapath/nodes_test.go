@@ -70,18 +70,19 @@ func TestNodesConfigValidate(t *testing.T) {
 func TestValidateNodes(t *testing.T) {
 	n := RemoteNode{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("2001:db8::2")},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}}
-	if err := ValidateNodes([]RemoteNode{n}); err != nil {
+	bare := RemoteNode{Name: "c"} // no podCIDR assigned yet: valid, nothing routed
+	if err := ValidateNodes([]RemoteNode{n, bare}); err != nil {
 		t.Fatal(err)
 	}
 	bad := map[string]func(*RemoteNode){
-		"space in name": func(n *RemoteNode) { n.Name = "a b" },
-		"no address":    func(n *RemoteNode) { n.Addrs = nil },
+		"space in name":   func(n *RemoteNode) { n.Name = "a b" },
+		"three addresses": func(n *RemoteNode) { n.Addrs = append(n.Addrs, netip.MustParseAddr("192.0.2.9")) },
 		"two IPv4": func(n *RemoteNode) {
 			n.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")}
 		},
 		"loopback":          func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")} },
 		"zone":              func(n *RemoteNode) { n.Addrs = []netip.Addr{netip.MustParseAddr("fe80::1%eth0")} },
-		"no CIDR":           func(n *RemoteNode) { n.PodCIDRs = nil },
+		"invalid CIDR":      func(n *RemoteNode) { n.PodCIDRs = []netip.Prefix{{}} },
 		"mapped CIDR":       func(n *RemoteNode) { n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("::ffff:10.2.0.0/120")} },
 		"overlap with self": func(n *RemoteNode) { n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix("10.2.0.128/25")) },
 	}
