@@ -295,10 +295,11 @@ func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
 // "file", ...) knows with nodes (the full set; empty: none). It returns
 // once the set is in the index (GET /v1/nodes); the union of every
 // source's set reaches the datapath's NodeRouter asynchronously, retried
-// until it succeeds. A bad set is refused whole (datapath.ValidateNodes),
-// and so is a set with a node whose pod CIDRs overlap this node's own
-// ranges: callers leave this node out (by name, or as the nodes file
-// does, by that overlap).
+// until it succeeds. A malformed set is refused whole
+// (datapath.CheckNodes). Conflicts are resolved, not refused: a node
+// whose pod CIDRs overlap this node's own ranges, or another node's, is
+// left out of the datapath's set with a warning (of two, the later by
+// name); callers should leave this node out.
 func (s *System) SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error {
 	if err := validateNodes(source, nodes); err != nil {
 		return err

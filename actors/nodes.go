@@ -77,10 +77,6 @@ func (a *nodesActor) Receive(ctx actor.Context) {
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.SyncNodes:
-		if err := a.validate(msg); err != nil {
-			ctx.Respond(&messages.NodesResult{Err: err})
-			return
-		}
 		a.replace(ctx, msg.Source, msg.Nodes)
 		if !a.heard {
 			a.heard, a.dirty = true, true // the first set is synced even if empty
@@ -114,21 +110,12 @@ func validateNodes(source string, nodes []datapath.RemoteNode) error {
 	if source == "" || len(source) > 63 || strings.ContainsAny(source, "/ \t\n") {
 		return fmt.Errorf("sync nodes: source %q: want 1-63 bytes without '/' or spaces: %w", source, ErrInvalidSource)
 	}
-	if err := datapath.ValidateNodes(nodes); err != nil {
+	if err := datapath.CheckNodes(nodes); err != nil {
 		return fmt.Errorf("sync nodes from %s: %w", source, err)
 	}
 	return nil
 }
 
-// validate checks that no node claims this node's own pod ranges (the
-// front door validated the rest).
-func (a *nodesActor) validate(msg *messages.SyncNodes) error {
-	if name, p, ok := datapath.PodCIDROverlap(msg.Nodes, a.local); ok {
-		return fmt.Errorf("sync nodes from %s: node %q: pod CIDR %s overlaps this node's pod range: %w",
-			msg.Source, name, p, datapath.ErrInvalidNode)
-	}
-	return nil
-}
 
 // replace makes source's rows the given set and recomputes which row of
 // each node is active.
@@ -186,9 +173,10 @@ func (a *nodesActor) indexed(k string) (*index.Node, bool) {
 	return n, ok
 }
 
-// union is what the datapath gets: the active rows, by name. A node
-// whose pod CIDR overlaps an earlier node's (two sources disagreeing) is
-// left out, with a warning.
+// union is what the datapath gets: the active rows, by name. Conflicts
+// are resolved, with a warning: a node whose pod CIDR overlaps this
+// node's own ranges is left out, and of two nodes whose pod CIDRs
+// overlap, the one later by name.
 func (a *nodesActor) union() []datapath.RemoteNode {
 	var out []datapath.RemoteNode
 	for _, r := range a.rows {
@@ -197,13 +185,14 @@ func (a *nodesActor) union() []datapath.RemoteNode {
 		}
 	}
 	slices.SortFunc(out, func(x, y datapath.RemoteNode) int { return strings.Compare(x.Name, y.Name) })
+	self := datapath.RemoteNode{PodCIDRs: a.local} // named "": never dropped
 	for {
-		x, y, ok := datapath.FirstOverlap(out)
+		x, y, ok := datapath.FirstOverlap(append(out, self))
 		if !ok {
 			return out
 		}
 		drop := max(x.Node, y.Node)
-		a.log.Warn("node left out: its pod CIDR overlaps another node's", "node", drop, "cidrs", []netip.Prefix{x.Prefix, y.Prefix})
+		a.log.Warn("node left out: its pod CIDR overlaps this node's or another node's", "node", drop, "cidrs", []netip.Prefix{x.Prefix, y.Prefix})
 		out = slices.DeleteFunc(out, func(n datapath.RemoteNode) bool { return n.Name == drop })
 	}
 }

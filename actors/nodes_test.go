@@ -83,7 +83,6 @@ func TestSyncNodesRefusesBadSets(t *testing.T) {
 	if err := h.sys.SyncNodes(ctx, "file", []datapath.RemoteNode{ok}); err != nil {
 		t.Fatal(err)
 	}
-	local := testIPv4.Masked().String()
 	cases := map[string]struct {
 		source string
 		nodes  []datapath.RemoteNode
@@ -94,8 +93,6 @@ func TestSyncNodesRefusesBadSets(t *testing.T) {
 		"no name":           {"file", []datapath.RemoteNode{remoteNode("", "192.0.2.1", "10.1.0.0/24")}, datapath.ErrInvalidNode},
 		"duplicate":         {"file", []datapath.RemoteNode{ok, ok}, datapath.ErrInvalidNode},
 		"unmasked":          {"file", []datapath.RemoteNode{remoteNode("x", "192.0.2.1", "10.1.0.1/24")}, datapath.ErrInvalidNode},
-		"overlap":           {"file", []datapath.RemoteNode{ok, remoteNode("y", "192.0.2.2", "10.1.0.0/16")}, datapath.ErrInvalidNode},
-		"local range":       {"file", []datapath.RemoteNode{remoteNode("z", "192.0.2.3", local)}, datapath.ErrInvalidNode},
 		"two IPv4":          {"file", []datapath.RemoteNode{{Name: "w", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.3"), netip.MustParseAddr("192.0.2.4")}}}, datapath.ErrInvalidNode},
 		"multicast address": {"file", []datapath.RemoteNode{remoteNode("v", "224.0.0.1", "10.9.0.0/24")}, datapath.ErrInvalidNode},
 	}
@@ -173,4 +170,27 @@ func TestSyncNodesFirstEmptySetSyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the empty set synced", func() bool { _, n := h.fake.Nodes(); return n == 1 })
+}
+
+// TestSyncNodesConflictsResolved: a node claiming this node's pod range
+// and the later of two overlapping nodes of one source are accepted
+// (listed) but left out of the datapath's set.
+func TestSyncNodesConflictsResolved(t *testing.T) {
+	h := startSystem(t, nil)
+	nodes := []datapath.RemoteNode{
+		remoteNode("a", "192.0.2.1", "10.1.0.0/24"),
+		remoteNode("b", "192.0.2.2", "10.1.0.0/16"),                // overlaps a: left out
+		remoteNode("c", "192.0.2.3", testIPv4.Masked().String()),   // this node's range: left out
+		remoteNode("d", "192.0.2.4", "10.4.0.0/24", "fd00:4::/64"), // fine
+	}
+	if err := h.sys.SyncNodes(context.Background(), "k8s", nodes); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the datapath's set", func() bool {
+		got, _ := h.fake.Nodes()
+		return slices.Equal(nodeNames(got), []string{"a@192.0.2.1", "d@192.0.2.4"})
+	})
+	if rows := h.ix.Nodes(); len(rows) != 4 {
+		t.Fatalf("index rows %+v, want the 4 reported", rows)
+	}
 }

@@ -40,6 +40,19 @@ const maxNodes = 5000
 // addresses or pod CIDRs (a Kubernetes node before its podCIDR is
 // assigned) is valid: there is nothing to route to it yet.
 func ValidateNodes(nodes []RemoteNode) error {
+	if err := CheckNodes(nodes); err != nil {
+		return err
+	}
+	if a, b, ok := FirstOverlap(nodes); ok {
+		return fmt.Errorf("node %q: pod CIDR %s overlaps node %q's %s: %w", a.Node, a.Prefix, b.Node, b.Prefix, ErrInvalidNode)
+	}
+	return nil
+}
+
+// CheckNodes is ValidateNodes without the overlap check: every node's
+// fields and unique names. (Overlaps between otherwise valid nodes are a
+// conflict the nodes actor resolves, not malformed input.)
+func CheckNodes(nodes []RemoteNode) error {
 	if len(nodes) > maxNodes {
 		return fmt.Errorf("%d nodes: at most %d: %w", len(nodes), maxNodes, ErrInvalidNode)
 	}
@@ -52,9 +65,6 @@ func ValidateNodes(nodes []RemoteNode) error {
 			return fmt.Errorf("node %q listed twice: %w", n.Name, ErrInvalidNode)
 		}
 		names[n.Name] = true
-	}
-	if a, b, ok := FirstOverlap(nodes); ok {
-		return fmt.Errorf("node %q: pod CIDR %s overlaps node %q's %s: %w", a.Node, a.Prefix, b.Node, b.Prefix, ErrInvalidNode)
 	}
 	return nil
 }
