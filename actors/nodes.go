@@ -116,7 +116,6 @@ func validateNodes(source string, nodes []datapath.RemoteNode) error {
 	return nil
 }
 
-
 // replace makes source's rows the given set and recomputes which row of
 // each node is active.
 func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.RemoteNode) {
