@@ -2,8 +2,9 @@
 # Builds Kubernetes binaries (tools/kube, a module of its own that requires
 # k8s.io/kubernetes) into a per-machine cache, once. Prints the bin directory
 # on stdout; a no-op when the wanted binaries exist.
-#   scripts/kube-bin.sh        kube-apiserver, etcd-embed (test/kubetest)
-#   scripts/kube-bin.sh node   also kubelet and kubectl (test/e2e, make e2e)
+#   scripts/kube-bin.sh                  kube-apiserver, etcd-embed (test/kubetest)
+#   scripts/kube-bin.sh kubelet          also kubelet (test/e2e: .ci/run, make e2e-smoke)
+#   scripts/kube-bin.sh kubelet kubectl  also kubectl (make e2e: debugging a kept cluster)
 #   KUBE_DIR  cache root (default $HOME/.cache/membrane/kube-v1.35.4)
 # The k8s integration tests find the binaries in $KUBE_DIR/bin, or in KUBETEST_BIN.
 set -euo pipefail
@@ -18,14 +19,15 @@ declare -A PKG=(
 	[kubectl]=k8s.io/kubernetes/cmd/kubectl
 )
 WANT=(etcd-embed kube-apiserver)
-case "${1:-}" in
-"") ;;
-node) WANT+=(kubelet kubectl) ;;
-*)
-	echo "usage: $0 [node]" >&2
-	exit 2
-	;;
-esac
+for extra in "$@"; do
+	case "$extra" in
+	kubelet | kubectl) WANT+=("$extra") ;;
+	*)
+		echo "usage: $0 [kubelet] [kubectl]" >&2
+		exit 2
+		;;
+	esac
+done
 missing() {
 	local n
 	for n in "${WANT[@]}"; do [ -x "$BIN/$n" ] || echo "$n"; done

@@ -11,6 +11,6 @@
 // cluster comes up once per test binary in TestMain and is torn down at
 // the end, leaving no process, namespace, mount, cgroup or link behind,
 // unless E2E_KEEP=1 keeps it for debugging (make e2e-down removes it).
-// Kubelet and kubectl come from scripts/kube-bin.sh node. Under CI=true a
+// Kubelet comes from scripts/kube-bin.sh kubelet. Under CI=true a
 // missing binary or capability fails instead of skipping.
 package e2e

@@ -100,7 +100,7 @@ func prepare() error {
 	}
 	for _, b := range []string{"etcd-embed", "kube-apiserver", "kubelet"} {
 		if _, err := os.Stat(filepath.Join(kubetest.BinDir(), b)); err != nil {
-			return fmt.Errorf("%s missing: run scripts/kube-bin.sh node (%w)", b, err)
+			return fmt.Errorf("%s missing: run scripts/kube-bin.sh kubelet (%w)", b, err)
 		}
 	}
 	tools = map[string]string{}
