@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -352,6 +353,9 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 		if err != nil {
 			return false
 		}
+		if no.Spec.PodCIDR == "" && c.setPodCIDR(ctx, n) != nil {
+			return false
+		}
 		for _, cond := range no.Status.Conditions {
 			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
 				return true
@@ -366,6 +370,15 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 		return fmt.Errorf("node %s not Ready: %w (logs in %s)", n.name, err, n.dir)
 	}
 	return nil
+}
+
+// setPodCIDR sets the Node's spec.podCIDR(s) to the node's range, as
+// kube-controller-manager's node IPAM would (this cluster does not run
+// it): the agents' --ipv4-range and the Node object agree.
+func (c *cluster) setPodCIDR(ctx context.Context, n *node) error {
+	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.cidr, n.cidr)
+	_, err := c.client.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
 }
 
 // errExited reports a cluster process that exited.
