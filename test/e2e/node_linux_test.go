@@ -20,17 +20,16 @@ import (
 // node is one worker: a network+mount namespace with containerd, kubelet
 // and (CNI membrane) membrane-agent, its files under dir.
 type node struct {
-	c       *cluster
-	name    string
-	idx     int
-	ip      netip.Addr
-	cidr    netip.Prefix
-	pid     int // namespace holder
-	dir     string
-	cgroup  string
-	built   string
-	procs   map[string]*proc // containerd, kubelet, agent
-	sysctls []string
+	c      *cluster
+	name   string
+	idx    int
+	ip     netip.Addr
+	cidr   netip.Prefix
+	pid    int // namespace holder
+	dir    string
+	cgroup string
+	built  string
+	procs  map[string]*proc // containerd, kubelet, agent
 }
 
 // nodeMounts is the node's private view of the host: /run (sockets,

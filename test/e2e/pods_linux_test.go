@@ -17,7 +17,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -120,7 +119,7 @@ func (c *cluster) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod
 	err := waitFor(3*time.Minute, func() bool {
 		p, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return apierrors.IsNotFound(err) && false
+			return false
 		}
 		pod = p
 		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
