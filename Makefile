@@ -69,7 +69,7 @@ e2e-smoke:
 		$(GO) test -count=1 -v -timeout 15m -run '^TestSmoke$$' ./test/e2e/
 
 e2e-down:
-	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -run '^$$' ./test/e2e/
+	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -v -run '^$$' ./test/e2e/
 
 test-short:
 	$(GO) test -short -count=1 ./...

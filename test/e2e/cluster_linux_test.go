@@ -57,6 +57,9 @@ type state struct {
 	Cgroups []string `json:"cgroups"`
 	// Nodes are the nodes' names.
 	Nodes []string `json:"nodes"`
+	// Built is the directory of the agent, plugin and images when the
+	// cluster was kept (E2E_KEEP=1); teardown removes it too.
+	Built string `json:"built,omitempty"`
 }
 
 // cluster is a running control plane and its nodes.

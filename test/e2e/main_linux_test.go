@@ -54,7 +54,10 @@ func run(m *testing.M) int {
 		}
 		return m.Run()
 	}
-	defer os.RemoveAll(built)
+	keep := os.Getenv("E2E_KEEP") == "1"
+	if !keep {
+		defer os.RemoveAll(built)
+	}
 	nodes := 2
 	if v := os.Getenv("E2E_NODES"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -73,7 +76,12 @@ func run(m *testing.M) int {
 	}
 	theCluster = c
 	code := m.Run()
-	if os.Getenv("E2E_KEEP") == "1" {
+	if keep {
+		// The kept cluster's agents run from built: make e2e-down removes it.
+		c.Built = built
+		if err := c.saveState(); err != nil {
+			logf("save state: %v", err)
+		}
 		logf("E2E_KEEP=1: cluster %s stays up; kubectl: nsenter -t %d -n %s --kubeconfig %s get pods -A -o wide; remove with make e2e-down",
 			c.Dir, c.cpPid, filepath.Join(c.bin, "kubectl"), filepath.Join(c.Dir, "admin.kubeconfig"))
 		return code

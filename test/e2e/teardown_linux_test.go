@@ -90,22 +90,34 @@ func teardown(st state) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if st.Dir != "" {
-		if err := os.RemoveAll(st.Dir); err != nil {
-			return fmt.Errorf("remove %s: %w", st.Dir, err)
+	for _, d := range []string{st.Dir, st.Built} {
+		if d == "" {
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("remove %s: %w", d, err)
 		}
 	}
 	return nil
 }
 
 // clusterProcesses lists the pids in the cluster's namespaces (the
-// holders included) or pod cgroups.
+// holders included) or pod cgroups. Namespace ids can be reused once a
+// namespace is gone, so a recorded namespace counts only while one of
+// its processes is a recorded holder or runs with the cluster's
+// directory in its arguments (a stale cluster.json never names someone
+// else's processes).
 func clusterProcesses(st state) []int {
-	ours := map[string]bool{}
+	recorded := map[string]bool{}
 	for _, ns := range append(append([]string{}, st.NetNS...), st.MntNS...) {
-		ours[ns] = true
+		recorded[ns] = true
 	}
-	seen := map[int]bool{}
+	holders := map[int]bool{}
+	for _, pid := range st.Holders {
+		holders[pid] = true
+	}
+	inNS := map[string][]int{}
+	trusted := map[string]bool{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -113,9 +125,23 @@ func clusterProcesses(st state) []int {
 			continue
 		}
 		for _, kind := range []string{"net", "mnt"} {
-			if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, kind)); err == nil && ours[ns] {
-				seen[pid] = true
+			ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, kind))
+			if err != nil || !recorded[ns] {
+				continue
 			}
+			inNS[ns] = append(inNS[ns], pid)
+			if holders[pid] || mentions(pid, st.Dir) {
+				trusted[ns] = true
+			}
+		}
+	}
+	seen := map[int]bool{}
+	for ns, pids := range inNS {
+		if !trusted[ns] {
+			continue
+		}
+		for _, pid := range pids {
+			seen[pid] = true
 		}
 	}
 	for _, cg := range st.Cgroups {
@@ -128,6 +154,15 @@ func clusterProcesses(st state) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// mentions reports whether process pid has dir in its command line.
+func mentions(pid int, dir string) bool {
+	if dir == "" {
+		return false
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(cmd), dir)
 }
 
 // cgroupDirs lists the directories of cgroup cg under every hierarchy.
