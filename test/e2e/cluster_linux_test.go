@@ -118,6 +118,9 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	if err := c.startControlPlane(ctx); err != nil {
 		return c, err
 	}
+	if err := c.installCRDs(ctx); err != nil {
+		return c, err
+	}
 	for i := range cc.Nodes {
 		n, err := c.startNode(ctx, i, cc.Built)
 		if err != nil {

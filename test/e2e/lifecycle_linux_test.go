@@ -329,6 +329,12 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 	if !n1.cidr.Contains(podIP(t, b)) {
 		t.Fatalf("pod b on %s has %s, outside its range %s", n1.name, b.Status.PodIP, n1.cidr)
 	}
+	// The control-plane half, on main: node-1's agent publishes b's
+	// MembraneEndpoint, node-0's agent puts it in its ipcache as remote,
+	// with b's identity on node-1.
+	eventually(t, "b in node-0's ipcache as a remote endpoint", func() error {
+		return remoteInIPCache(n0, n1, b)
+	})
 	route, err := exec.Command(c.tools["nsenter"], "-t", strconv.Itoa(n0.pid), "-n", "--",
 		c.tools["ip"], "-o", "route", "get", b.Status.PodIP).CombinedOutput()
 	if err != nil {
@@ -340,4 +346,41 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 	}
 	eventually(t, "a -> b across nodes", func() error { return reachable(mustNetns(t, a), b, 80, "tcp", true) })
 	eventually(t, "b -> a across nodes", func() error { return reachable(mustNetns(t, b), a, 81, "udp", true) })
+}
+
+// remoteInIPCache checks that on's ipcache has pod p (an endpoint of
+// owner) as source remote with the identity owner's agent gave it.
+func remoteInIPCache(on, owner *node, p podLike) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	oc := client.New(owner.agentSocket())
+	defer oc.Close()
+	eps, err := oc.EndpointList(ctx, nil)
+	if err != nil {
+		return err
+	}
+	var id int64 = -1
+	for _, ep := range eps {
+		if ep.K8sNamespace == p.Namespace && ep.K8sPodName == p.Name && ep.Identity != nil {
+			id = ep.Identity.ID
+		}
+	}
+	if id < 0 {
+		return fmt.Errorf("no endpoint with an identity for %s/%s on %s", p.Namespace, p.Name, owner.name)
+	}
+	c := client.New(on.agentSocket())
+	defer c.Close()
+	entries, err := c.IPCache(ctx)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.CIDR == p.Status.PodIP+"/32" {
+			if e.Source != "remote" || int64(e.Identity) != id {
+				return fmt.Errorf("%s's ipcache: %+v, want source remote identity %d", on.name, e, id)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%s not in %s's ipcache (%d entries)", p.Status.PodIP, on.name, len(entries))
 }
