@@ -32,6 +32,9 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// ProbeInterval is how often the agent asks the API server's /readyz
+	// to report the connection state (default 5 s).
+	ProbeInterval time.Duration
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
 }
@@ -49,8 +52,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
-	if c.SyncTimeout < 0 || c.PodWait < 0 {
-		return fmt.Errorf("SyncTimeout, PodWait: negative: %w", ErrInvalidConfig)
+	if c.SyncTimeout < 0 || c.PodWait < 0 || c.ProbeInterval < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait, ProbeInterval: negative: %w", ErrInvalidConfig)
 	}
 	return nil
 }
