@@ -66,6 +66,11 @@ type Env struct {
 	Kubeconfig string
 	apiserver  *exec.Cmd
 	etcd       *exec.Cmd
+	// apiserverBin and apiserverArgs restart the API server (StartAPIServer)
+	// on the same etcd, port and certificates.
+	apiserverBin  string
+	apiserverArgs []string
+	caPEM         []byte
 }
 
 var (
@@ -151,31 +156,28 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 		return nil, fmt.Errorf("start kubetest: etcd: %w (see %s)", err, filepath.Join(dir, "etcd.log"))
 	}
 	port := freePort()
-	e.apiserver, err = e.run(ctx, filepath.Join(binDir, "kube-apiserver"), "apiserver.log",
-		"--etcd-servers="+etcdURL,
+	e.caPEM, e.apiserverBin = caPEM, filepath.Join(binDir, "kube-apiserver")
+	e.apiserverArgs = []string{"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--tls-cert-file="+filepath.Join(dir, "tls.crt"),
-		"--tls-private-key-file="+filepath.Join(dir, "tls.key"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--tls-cert-file=" + filepath.Join(dir, "tls.crt"),
+		"--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubetest.local",
-		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-account-key-file=" + filepath.Join(dir, "sa.key"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--allow-privileged=true",
 		"--disable-admission-plugins=ServiceAccount",
-		"--v="+envOr("KUBETEST_V", "1"))
-	if err != nil {
-		return nil, err
-	}
+		"--v=" + envOr("KUBETEST_V", "1")}
 	host := fmt.Sprintf("https://127.0.0.1:%d", port)
-	if err := waitReady(ctx, host, token, caPEM, 120*time.Second); err != nil {
-		return nil, fmt.Errorf("start kubetest: kube-apiserver: %w (see %s)", err, filepath.Join(dir, "apiserver.log"))
-	}
 	e.Config = &rest.Config{Host: host, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}, QPS: 100, Burst: 200}
+	if err := e.StartAPIServer(ctx); err != nil {
+		return nil, fmt.Errorf("start kubetest: %w", err)
+	}
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: caPEM}
@@ -188,10 +190,36 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 	return e, nil
 }
 
+// StopAPIServer kills the API server (SIGKILL, as a crash) and waits for
+// it; etcd keeps running. Idempotent.
+func (e *Env) StopAPIServer() {
+	if c := e.apiserver; c != nil && c.Process != nil && c.ProcessState == nil {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+}
+
+// StartAPIServer (re)starts the API server on the same etcd, port and
+// certificates and waits until /readyz answers ok. Its log is appended to
+// apiserver.log. Returns an error if it is running already.
+func (e *Env) StartAPIServer(ctx context.Context) error {
+	if c := e.apiserver; c != nil && c.Process != nil && c.ProcessState == nil {
+		return errors.New("start kube-apiserver: already running")
+	}
+	var err error
+	if e.apiserver, err = e.run(ctx, e.apiserverBin, "apiserver.log", e.apiserverArgs...); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, e.Config.Host, e.Config.BearerToken, e.caPEM, 120*time.Second); err != nil {
+		return fmt.Errorf("kube-apiserver: %w (see %s)", err, filepath.Join(e.Dir, "apiserver.log"))
+	}
+	return nil
+}
+
 // run starts one of the binaries, killed with the test process
 // (Pdeathsig) if that dies first.
 func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*exec.Cmd, error) {
-	logf, err := os.Create(filepath.Join(e.Dir, logName))
+	logf, err := os.OpenFile(filepath.Join(e.Dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start kubetest: %w", err)
 	}
