@@ -351,3 +351,19 @@ func envOr(k, d string) string {
 	}
 	return d
 }
+
+// StartOwn starts an API server for tb alone (a test that stops and
+// restarts it must not share the package's), stopped at cleanup. Without
+// the binaries it skips tb, or fails it under CI.
+func StartOwn(tb testing.TB) *Env {
+	tb.Helper()
+	e, err := Start(context.Background(), BinDir())
+	switch {
+	case errors.Is(err, ErrNoBinaries) && !testutil.InCI():
+		tb.Skipf("kubetest: %v", err)
+	case err != nil:
+		tb.Fatalf("kubetest: %v", err)
+	}
+	tb.Cleanup(e.Stop)
+	return e
+}

@@ -23,7 +23,7 @@ func (k *cluster) apply(t *testing.T, doc string) *unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := kubetest.Apply(k.ctx, kubetest.Require(t).Config, kubetest.FieldManager, objs)
+	got, err := kubetest.Apply(k.ctx, k.rc, kubetest.FieldManager, objs)
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -32,7 +32,7 @@ func (k *cluster) apply(t *testing.T, doc string) *unstructured.Unstructured {
 
 func (k *cluster) dyn(t *testing.T) dynamic.Interface {
 	t.Helper()
-	d, err := dynamic.NewForConfig(kubetest.Require(t).Config)
+	d, err := dynamic.NewForConfig(k.rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
@@ -39,6 +40,8 @@ type cluster struct {
 	cs  kubernetes.Interface
 	c   *client.Client
 	ctx context.Context
+	// rc is the API server's admin configuration.
+	rc *rest.Config
 }
 
 // startK8sAgent starts a fake-datapath agent in Kubernetes mode against
@@ -86,7 +89,7 @@ func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluste
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &cluster{cs: cs, c: c, ctx: ctx}, stop
+	return &cluster{cs: cs, c: c, ctx: ctx, rc: env.Config}, stop
 }
 
 func (k *cluster) namespace(t *testing.T, name string, lbls map[string]string) {
