@@ -71,18 +71,18 @@ type Watcher struct {
 	ix     *index.Index
 	server string
 
-	pods     corelisters.PodLister
-	nss      corelisters.NamespaceLister
-	nps      netlisters.NetworkPolicyLister
-	dyn      dynamic.Interface
-	events   record.EventRecorder
+	pods   corelisters.PodLister
+	nss    corelisters.NamespaceLister
+	nps    netlisters.NetworkPolicyLister
+	dyn    dynamic.Interface
+	events record.EventRecorder
 	// crdListers are the policy custom resources' caches by queue kind.
 	crdListers map[kind]cache.GenericLister
 	synced     map[string]cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[key]
-	cancel   context.CancelFunc
-	done     chan struct{}
-	stopOnce sync.Once
+	queue      workqueue.TypedRateLimitingInterface[key]
+	cancel     context.CancelFunc
+	done       chan struct{}
+	stopOnce   sync.Once
 
 	// mu guards the fields below.
 	mu sync.Mutex
