@@ -35,6 +35,9 @@ type Config struct {
 	// ProbeInterval is how often the agent asks the API server's /readyz
 	// to report the connection state (default 5 s).
 	ProbeInterval time.Duration
+	// Workers is how many changes are applied at once (default 4; one
+	// object's changes are never applied concurrently).
+	Workers int
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
 }
@@ -52,8 +55,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
-	if c.SyncTimeout < 0 || c.PodWait < 0 || c.ProbeInterval < 0 {
-		return fmt.Errorf("SyncTimeout, PodWait, ProbeInterval: negative: %w", ErrInvalidConfig)
+	if c.SyncTimeout < 0 || c.PodWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
 	return nil
 }

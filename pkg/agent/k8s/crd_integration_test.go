@@ -201,3 +201,33 @@ spec:
 		t.Fatalf("status k8s = %+v, want a refusal counted and the MNP cache synced", st.K8s)
 	}
 }
+
+// A NetworkPolicy and a MembraneNetworkPolicy of one namespace/name are
+// two policies: deleting one leaves the other in force.
+func TestSameNameNetworkPolicyAndMNP(t *testing.T) {
+	k := startK8sAgent(t, 10*time.Second)
+	k.namespace(t, "mnp-same", nil)
+	k.pod(t, "mnp-same", "backend", map[string]string{"role": "backend"})
+	k.pod(t, "mnp-same", "frontend", map[string]string{"role": "frontend"})
+	be, fe := k.endpoint(t, "mnp-same", "backend"), k.endpoint(t, "mnp-same", "frontend")
+	idFE := uint32(fe.Identity.ID)
+	k.apply(t, mnpDoc("mnp-same", "frontend")) // port 80
+	np := ingressNP("mnp-same", "l3-l4-rule", map[string]string{"role": "backend"}, map[string]string{"role": "frontend"}, 81)
+	if _, err := k.cs.NetworkingV1().NetworkPolicies("mnp-same").Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually(t, "both policies in force", func() (bool, string) {
+		c80, r80, _ := k.ingressFrom(t, be.ID, 80)
+		c81, r81, _ := k.ingressFrom(t, be.ID, 81)
+		return slices.Equal(r80, []uint32{idFE}) && slices.Equal(r81, []uint32{idFE}) && slices.Equal(c80, r80) && slices.Equal(c81, r81),
+			fmt.Sprint(r80, r81)
+	})
+	if err := k.cs.NetworkingV1().NetworkPolicies("mnp-same").Delete(k.ctx, "l3-l4-rule", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually(t, "the MNP stays when the NetworkPolicy goes", func() (bool, string) {
+		_, r80, _ := k.ingressFrom(t, be.ID, 80)
+		_, r81, _ := k.ingressFrom(t, be.ID, 81)
+		return slices.Equal(r80, []uint32{idFE}) && len(r81) == 0, fmt.Sprint(r80, r81)
+	})
+}

@@ -67,13 +67,12 @@ func (w *Watcher) crdChanged(k kind) cache.ResourceEventHandlerFuncs {
 
 func key2(k kind, ns, name string) key { return key{kind: k, namespace: ns, name: name} }
 
-// crdPolicyKey is the policy repository's key of a custom resource
-// ("/name" for a cluster-wide one).
+// crdPolicyKey is the policy repository's key of a custom resource.
 func crdPolicyKey(k kind, ns, name string) string {
 	if !crdKinds[k].namespaced {
 		ns = ""
 	}
-	return ns + "/" + name
+	return policy.KeyOf(crdKinds[k].policyKind, ns, name)
 }
 
 // getCRD reads a policy custom resource from its informer's cache.

@@ -198,7 +198,19 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	} else {
 		w.markSynced()
 	}
-	go w.run(runCtx)
+	workers := cmp.Or(cfg.Workers, defaultWorkers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(runCtx)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(w.done)
+	}()
 	return w, nil
 }
 
@@ -372,9 +384,14 @@ func (w *Watcher) npChanged(obj any) {
 	w.queue.Add(key{kind: kindPolicy, namespace: ns, name: name})
 }
 
-// run is the single worker: it applies queued changes one by one.
+// defaultWorkers is how many workers apply queued changes: a relabel
+// waits for its endpoint's regeneration (a BPF program load), so one
+// worker would serialise a burst of pod changes. The workqueue never
+// hands one key to two workers at once.
+const defaultWorkers = 4
+
+// run is one worker: it applies queued changes one by one.
 func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
 	for {
 		k, shutdown := w.queue.Get()
 		if shutdown {

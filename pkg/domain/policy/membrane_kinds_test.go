@@ -40,7 +40,7 @@ func TestMembraneNetworkPolicyIsCNP(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := pols[0]
-	if p.Kind != KindMNP || p.Key() != "shop/l3-l4-rule" || len(p.Rules) != 1 {
+	if p.Kind != KindMNP || p.Key() != "MembraneNetworkPolicy:shop/l3-l4-rule" || len(p.Rules) != 1 {
 		t.Fatalf("policy = %s %s with %d rules", p.Kind, p.Key(), len(p.Rules))
 	}
 	r := p.Rules[0]
@@ -77,7 +77,7 @@ specs:
 		t.Fatal(err)
 	}
 	p := pols[0]
-	if p.Namespace != "" || p.Key() != "/db-from-web" || !Clusterwide(p.Kind) {
+	if p.Namespace != "" || p.Key() != "MembraneClusterwideNetworkPolicy:/db-from-web" || !Clusterwide(p.Kind) {
 		t.Fatalf("policy %s %q: want cluster-wide", p.Kind, p.Key())
 	}
 	db := labels.Labels{{Source: "k8s", Key: "app", Value: "db"}, {Source: "k8s", Key: NamespaceLabel, Value: "any"}}

@@ -58,9 +58,22 @@ type Policy struct {
 	Rules []Rule
 }
 
-// Key returns "namespace/name", the policy's unique name ("/name" for a
-// cluster-wide policy, whose Namespace is "").
-func (p *Policy) Key() string { return p.Namespace + "/" + p.Name }
+// Key returns the policy's unique name (KeyOf).
+func (p *Policy) Key() string { return KeyOf(p.Kind, p.Namespace, p.Name) }
+
+// KeyOf is the unique name of a policy: "namespace/name" ("/name" for a
+// cluster-wide one, whose namespace is ""), prefixed with "<kind>:" for
+// Membrane's own kinds, so that a NetworkPolicy and a
+// MembraneNetworkPolicy of one name are two policies (as Cilium keeps a
+// NetworkPolicy and a CiliumNetworkPolicy apart). CiliumNetworkPolicy and
+// NetworkPolicy documents of one name replace each other, as they always
+// did through PUT /v1/policy.
+func KeyOf(kind, namespace, name string) string {
+	if kind == KindMNP || kind == KindMCNP {
+		return kind + ":" + namespace + "/" + name
+	}
+	return namespace + "/" + name
+}
 
 // Clusterwide reports whether kind is a cluster-wide CNP-shaped kind.
 func Clusterwide(kind string) bool { return kind == KindCCNP || kind == KindMCNP }
