@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -64,8 +65,8 @@ type Env struct {
 	Config *rest.Config
 	// Kubeconfig is a kubeconfig file for Config, inside Dir.
 	Kubeconfig string
-	apiserver  *exec.Cmd
-	etcd       *exec.Cmd
+	apiserver  *proc
+	etcd       *proc
 	// apiserverBin and apiserverArgs restart the API server (StartAPIServer)
 	// on the same etcd, port and certificates.
 	apiserverBin  string
@@ -193,17 +194,14 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 // StopAPIServer kills the API server (SIGKILL, as a crash) and waits for
 // it; etcd keeps running. Idempotent.
 func (e *Env) StopAPIServer() {
-	if c := e.apiserver; c != nil && c.Process != nil && c.ProcessState == nil {
-		_ = c.Process.Kill()
-		_ = c.Wait()
-	}
+	e.apiserver.kill()
 }
 
 // StartAPIServer (re)starts the API server on the same etcd, port and
 // certificates and waits until /readyz answers ok. Its log is appended to
 // apiserver.log. Returns an error if it is running already.
 func (e *Env) StartAPIServer(ctx context.Context) error {
-	if c := e.apiserver; c != nil && c.Process != nil && c.ProcessState == nil {
+	if e.apiserver.running() {
 		return errors.New("start kube-apiserver: already running")
 	}
 	var err error
@@ -216,9 +214,40 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 	return nil
 }
 
+// proc is a started binary; done is closed once it exited and was waited
+// for.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) running() bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill kills the process and waits for it. Idempotent; nil is a no-op.
+func (p *proc) kill() {
+	if !p.running() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
 // run starts one of the binaries, killed with the test process
-// (Pdeathsig) if that dies first.
-func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*exec.Cmd, error) {
+// (Pdeathsig) if that dies first. Pdeathsig fires when the thread that
+// started the child exits, and tests lock and end threads (netns work),
+// so the child is started and waited for by a goroutine locked to its
+// own thread, which lives exactly as long as the child.
+func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*proc, error) {
 	logf, err := os.OpenFile(filepath.Join(e.Dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start kubetest: %w", err)
@@ -227,22 +256,29 @@ func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*ex
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, after the child
+		defer close(p.done)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+	}()
+	if err := <-started; err != nil {
 		return nil, fmt.Errorf("start kubetest: %s: %w", filepath.Base(bin), err)
 	}
-	return cmd, nil
+	return p, nil
 }
 
 // Stop kills the API server and etcd (their state is thrown away), waits
 // for them and removes Dir (kept with KUBETEST_KEEP=1). Idempotent.
 func (e *Env) Stop() {
-	for _, c := range []*exec.Cmd{e.apiserver, e.etcd} {
-		if c == nil || c.Process == nil || c.ProcessState != nil {
-			continue
-		}
-		_ = c.Process.Kill()
-		_ = c.Wait()
-	}
+	e.apiserver.kill()
+	e.etcd.kill()
 	if os.Getenv("KUBETEST_KEEP") == "" {
 		_ = os.RemoveAll(e.Dir)
 	} else {
