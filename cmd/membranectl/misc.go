@@ -117,6 +117,12 @@ func k8sText(k *models.K8sStatus) string {
 	if k.Queue > 0 {
 		out += fmt.Sprintf(", %d queued", k.Queue)
 	}
+	if k.RemoteEndpointsSynced {
+		out += fmt.Sprintf(", %d remote endpoints", k.RemoteEndpoints)
+	}
+	if k.PodCIDRWarning != "" {
+		out += ", pod CIDRs changed (" + k.PodCIDRWarning + ")"
+	}
 	return out
 }
 

@@ -44,6 +44,10 @@ func TestK8sText(t *testing.T) {
 			LastError: "connection refused", LastErrorAt: &at, MembranePolicies: 2,
 			Synced: map[string]bool{"pods": true, "membranenetworkpolicies": false}},
 			"synced (node n1, s), disconnected (connection refused at 2026-11-27T05:00:00Z), not synced: membranenetworkpolicies, 0 pods, 0 namespaces, 0 networkpolicies, 2 membrane policies"},
+		{"cluster", models.K8sStatus{State: "synced", Node: "n1", Server: "s",
+			Synced:                map[string]bool{"pods": true, "nodes": true, "membraneendpoints": false},
+			RemoteEndpointsSynced: true, RemoteEndpoints: 7, PodCIDRWarning: "now [10.0.1.0/24]"},
+			"synced (node n1, s), not synced: membraneendpoints, 0 pods, 0 namespaces, 0 networkpolicies, 7 remote endpoints, pod CIDRs changed (now [10.0.1.0/24])"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,6 +83,11 @@ type Watcher struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	stopOnce   sync.Once
+	workers    sync.WaitGroup // the endpoint, remote and node workers
+
+	eps    *endpointWriter
+	remote *remoteEndpoints
+	nodes  *nodeWatch
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -145,6 +150,10 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	crds := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	podInf, nsInf, npInf := local.Core().V1().Pods(), all.Core().V1().Namespaces(), all.Networking().V1().NetworkPolicies()
 	w.pods, w.nss, w.nps = podInf.Lister(), nsInf.Lister(), npInf.Lister()
+	nodeInf, err := w.startClusterWatches(rc, all, sys)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
 	handlers := []struct {
 		name string
 		inf  cache.SharedIndexInformer
@@ -173,12 +182,17 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 		}
 		w.synced[h.name] = h.inf.HasSynced
 	}
+	if err := nodeInf.SetWatchErrorHandlerWithContext(w.watchError("nodes")); err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	w.synced["nodes"], w.synced["membraneendpoints"] = nodeInf.HasSynced, w.eps.own.HasSynced
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	all.Start(runCtx.Done())
 	local.Start(runCtx.Done())
 	crds.Start(runCtx.Done())
 	go w.probe(runCtx, client, cmp.Or(cfg.ProbeInterval, 5*time.Second))
+	w.runWorkers(runCtx, rc)
 	go func() {
 		<-runCtx.Done()
 		w.queue.ShutDown()
@@ -221,10 +235,15 @@ func (w *Watcher) finishSync(ctx context.Context) {
 	}
 }
 
+// syncedFuncs are the caches the start waits for: every one but the
+// local endpoint status objects', which the endpoint writer syncs on its
+// own.
 func (w *Watcher) syncedFuncs() []cache.InformerSynced {
 	out := make([]cache.InformerSynced, 0, len(w.synced))
 	for _, name := range slices.Sorted(maps.Keys(w.synced)) {
-		out = append(out, w.synced[name])
+		if name != "membraneendpoints" {
+			out = append(out, w.synced[name])
+		}
 	}
 	return out
 }
@@ -271,6 +290,7 @@ func (w *Watcher) Stop() {
 	w.stopOnce.Do(func() {
 		w.cancel()
 		<-w.done
+		w.workers.Wait()
 	})
 }
 
@@ -306,6 +326,7 @@ func (w *Watcher) Status() *models.K8sStatus {
 		st.LastContact = &t
 	}
 	w.mu.Unlock()
+	w.clusterStatus(st)
 	return st
 }
 
