@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s generate demo vet lint clean install sim
 
 all: build
 
@@ -126,6 +126,12 @@ BENCH_ROUNDS    ?= 5
 bench-policy:
 	MEMBRANE_BENCH_POLICY=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
 		$(GO) test -run '^TestPolicyBench$$' -count=1 -v -timeout 30m ./test/policybench/
+
+# Kubernetes mode (root, kube-apiserver from scripts/kube-bin.sh): pod
+# relabel until the new identity is realised with 100 pods, NetworkPolicy
+# creation until 200 endpoints with real BPF programs enforce it.
+bench-k8s:
+	MEMBRANE_BENCH_K8S=1 $(GO) test -run '^TestK8sBench$$' -count=1 -v -timeout 30m ./test/k8sbench/
 
 # Endpoint BPF programs (root): first realise (load + attach), identity
 # change, policy-only regeneration and kernel memory per endpoint, with

@@ -91,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
+	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	var clusterCIDRs string
 	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
