@@ -89,6 +89,10 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
+	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
+	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
+	fs.DurationVar(&kc.Identity.GCInterval, "identity-gc-interval", time.Minute, "Kubernetes mode, crd identities: time between garbage collection passes (negative disables this agent's)")
+	fs.StringVar(&kc.Identity.LeaseNamespace, "identity-lease-namespace", "kube-system", "Kubernetes mode, crd identities: namespace of the nodes' heartbeat leases")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err

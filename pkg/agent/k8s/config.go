@@ -34,6 +34,8 @@ type Config struct {
 	PodWait time.Duration
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
+	// Identity configures cluster-wide identities (identity.go).
+	Identity IdentityConfig
 }
 
 // Validate names the bad field by its flag.
@@ -52,7 +54,7 @@ func (c *Config) Validate() error {
 	if c.SyncTimeout < 0 || c.PodWait < 0 {
 		return fmt.Errorf("SyncTimeout, PodWait: negative: %w", ErrInvalidConfig)
 	}
-	return nil
+	return c.Identity.validate()
 }
 
 func (c *Config) restConfig() (*rest.Config, error) {
