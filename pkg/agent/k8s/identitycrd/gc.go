@@ -18,10 +18,16 @@ type unusedMark struct {
 	since time.Time
 }
 
+// Marks carries what one collector saw unused from pass to pass.
+type Marks struct{ unused map[string]unusedMark }
+
+// NewMarks returns empty marks: nothing has been seen unused yet.
+func NewMarks() *Marks { return &Marks{unused: make(map[string]unusedMark)} }
+
 // collect runs a garbage collection pass every GCInterval until ctx is
 // done.
 func (b *Backend) collect(ctx context.Context) {
-	unused := make(map[string]unusedMark)
+	marks := NewMarks()
 	t := time.NewTicker(b.cfg.GCInterval)
 	defer t.Stop()
 	for {
@@ -33,22 +39,19 @@ func (b *Backend) collect(ctx context.Context) {
 		if !b.informer.HasSynced() {
 			continue
 		}
-		if err := b.CollectOnce(ctx, unused); err != nil && ctx.Err() == nil {
+		if err := b.CollectOnce(ctx, marks); err != nil && ctx.Err() == nil {
 			b.log.Warn("identity garbage collection pass failed", "err", err)
 		}
 	}
 }
 
-// CollectOnce is one garbage collection pass; unused carries the marks
-// from pass to pass (nil: a fresh map, so nothing is old enough to go).
-// An identity goes when no counting usage entry was seen on it, at the
+// CollectOnce is one garbage collection pass with marks from the
+// earlier passes of the same collector. An identity goes when no counting usage entry was seen on it, at the
 // same resourceVersion, for GCGrace; its delete carries that
 // resourceVersion as a precondition, so any Acquire marking it meanwhile
 // makes the delete fail.
-func (b *Backend) CollectOnce(ctx context.Context, unused map[string]unusedMark) error {
-	if unused == nil {
-		unused = make(map[string]unusedMark)
-	}
+func (b *Backend) CollectOnce(ctx context.Context, marks *Marks) error {
+	unused := marks.unused
 	live, err := b.liveNodes(ctx)
 	if err != nil {
 		return err
