@@ -45,9 +45,10 @@ type raceResult struct {
 	Phase1, Phase2 map[string]identity.NumericIdentity
 	// Held is what the agent holds at the end.
 	Held map[string]identity.NumericIdentity
-	// Seconds is phase 1's wall time; Stats the backend's counters after it.
-	Seconds float64
-	Stats   identitycrd.Stats
+	// Seconds is phase 1's wall time; Stats the backend's counters after
+	// it, Final at the end (garbage collection ran in between).
+	Seconds      float64
+	Stats, Final identitycrd.Stats
 	// Collected is true when every label set released by all and not
 	// acquired again was garbage collected.
 	Collected bool
@@ -217,11 +218,11 @@ func report(t *testing.T, results []raceResult, agents, n int) {
 		created += r.Stats.Created
 		adopted += r.Stats.Adopted
 		retries += r.Stats.Retries
-		collected += r.Stats.Collected
-		gcConflicts += r.Stats.GCConflicts
+		collected += r.Final.Collected
+		gcConflicts += r.Final.GCConflicts
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d gc-collected=%d gc-refused=%d disagreements=0 loadavg=%s",
+	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d (phase 1) gc-collected=%d gc-refused=%d (whole run) disagreements=0 loadavg=%s",
 		agents, n, slowest, float64(agents*n)/slowest, created, adopted, conflicts, retries, collected, gcConflicts, strings.TrimSpace(string(load)))
 	t.Log(line)
 	if out := os.Getenv("IDENTITY_BENCH_OUT"); out != "" {
@@ -305,7 +306,9 @@ func runChild(res *raceResult) error {
 		return err
 	}
 	res.Seconds, res.Stats = time.Since(start).Seconds(), b.Stats()
-	return churn(b, sets, rng, res)
+	err = churn(b, sets, rng, res)
+	res.Final = b.Stats()
+	return err
 }
 
 // churn releases every fifth label set, acquires every tenth again at
