@@ -10,11 +10,13 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // memBackend is an in-memory identity.ClusterBackend for the actor
@@ -116,13 +118,18 @@ func (b *memBackend) set(fail error, gate chan struct{}) {
 
 func clusterSystem(tb testing.TB, b *memBackend, hub *events.Hub) *System {
 	tb.Helper()
-	sys, _ := svSystem(tb, func(c *Config) {
+	sys, _ := clusterSystemDP(tb, b, hub)
+	return sys
+}
+
+func clusterSystemDP(tb testing.TB, b *memBackend, hub *events.Hub) (*System, *datapath.Fake) {
+	tb.Helper()
+	return svSystem(tb, func(c *Config) {
 		c.IdentityBackend = b
 		c.ClusterIdentity.RetryMin = 10 * time.Millisecond
 		c.ClusterIdentity.RetryMax = 50 * time.Millisecond
 		c.Events = hub
 	})
-	return sys
 }
 
 func ciLabels(tb testing.TB, s ...string) labels.Labels {
@@ -321,4 +328,32 @@ func sawEvent(tb testing.TB, sub *events.Subscription, typ events.Type) bool {
 			return true
 		}
 	}
+}
+
+// TestClusterIdentityRemoteInPolicy: an identity allocated on another
+// node (known only from the watch) is selected by policy here, and stops
+// being selected when the store removes it.
+func TestClusterIdentityRemoteInPolicy(t *testing.T) {
+	b := newMemBackend()
+	sys, dp := clusterSystemDP(t, b, nil)
+	target := svCreate(t, sys, "b")
+	pols, err := policy.Parse([]byte(svPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := svAsk(t, sys, sys.policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	const remote identity.NumericIdentity = 6000
+	allowed := func() bool {
+		return dp.Policy(target.ID) != nil && dp.Policy(target.ID).Allows(remote, 8080, policy.ProtoTCP, policy.Ingress)
+	}
+	svWait(t, "the policy enforced", func() bool { return dp.Policy(target.ID) != nil && dp.Policy(target.ID).Enforced(policy.Ingress) })
+	if allowed() {
+		t.Fatal("identity 6000 allowed before any node allocated it")
+	}
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: remote, Labels: ciLabels(t, "k8s:app=a")})
+	svWait(t, "the remote identity allowed by the policy", allowed)
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterDelete, ID: remote})
+	svWait(t, "the removed identity no longer allowed", func() bool { return !allowed() })
 }
