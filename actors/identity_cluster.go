@@ -43,10 +43,17 @@ type pendingAcquire struct {
 	inFlight bool
 	retry    *time.Timer
 	attempts int
+	// confirm: the label set was bound here without the store (see
+	// bindProvisional); retried until the store records the node's use.
+	confirm bool
 }
 
 // acquireWaiter is one IdentityAcquire waiting for the backend.
-type acquireWaiter struct{ holder, replyTo *actor.PID }
+type acquireWaiter struct {
+	holder, replyTo *actor.PID
+	// preferred is the restored endpoint's number (0: none).
+	preferred identity.NumericIdentity
+}
 
 func newClusterMode(w *backendWorkers, cfg ClusterIdentityConfig, status *atomic.Pointer[ClusterIdentityStatus]) *clusterMode {
 	return &clusterMode{w: w, cfg: cfg, status: status}
@@ -81,6 +88,13 @@ func (a *identityActor) learn(ctx actor.Context, id identity.NumericIdentity, ls
 	local, inUse := a.alloc.Lookup(id)
 	if inUse && local.Labels.Key() != key {
 		a.log.Error("cluster identity store binds an identity in use here to other labels", "identity", id, "local", local.Labels.Key(), "store", key)
+		return false
+	}
+	if bound, ok := a.alloc.LookupByLabels(ls); ok && bound.ID != id {
+		a.log.Error("cluster identity store numbers a label set in use here differently; the endpoints keep the number they have",
+			"labels", key, "here", bound.ID, "store", id)
+		a.events.Publish(events.Event{Type: events.IdentityWaiting, Identity: uint32(id), Labels: ls.Strings(),
+			Message: fmt.Sprintf("the store numbers these labels %d, endpoints here use %d", id, bound.ID)})
 		return false
 	}
 	c.known[id] = ls
@@ -136,7 +150,7 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 		p = &pendingAcquire{labels: msg.Labels}
 		a.cluster.pending[key] = p
 	}
-	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender()})
+	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender(), preferred: msg.Preferred})
 	if !p.inFlight && p.retry == nil {
 		a.startAcquire(ctx, key, p)
 	}
@@ -239,18 +253,63 @@ func (a *identityActor) acquireFailed(ctx actor.Context, key string, p *pendingA
 		a.events.Publish(events.Event{Type: events.IdentityWaiting, Labels: p.labels.Strings(), Message: err.Error()})
 	}
 	p.attempts++
+	if id := a.provisional(key, p); id != identity.IdentityUnknown {
+		a.bindProvisional(ctx, id, p)
+	}
 	werr := fmt.Errorf("acquire identity for %s (attempt %d, retrying): %w: %w", key, p.attempts, ErrIdentityStoreUnavailable, err)
 	for _, w := range p.waiters {
 		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: werr})
 	}
 	p.waiters = nil
-	if p.attempts >= c.cfg.Attempts {
+	if p.attempts >= c.cfg.Attempts && !p.confirm {
 		delete(c.pending, key)
 	} else {
 		self, root := ctx.Self(), ctx.ActorSystem().Root
 		p.retry = time.AfterFunc(backoff(c.cfg.RetryMin, c.cfg.RetryMax, p.attempts-1), func() { root.Send(self, &clusterRetry{key: key}) })
 	}
 	a.publishClusterStatus()
+}
+
+// provisional returns the number a label set the store cannot be asked
+// about may use meanwhile: the one the watch reported for it, else a
+// restored endpoint's own number (an agent restarted while the API server
+// is unreachable keeps its endpoints' numbers, as with the local
+// allocator) when nothing here binds that number otherwise. 0: none; the
+// label set waits.
+func (a *identityActor) provisional(key string, p *pendingAcquire) identity.NumericIdentity {
+	if id, ok := a.cluster.knownByKey[key]; ok {
+		if cur, used := a.alloc.Lookup(id); !used || cur.Labels.Key() == key {
+			return id
+		}
+	}
+	for _, w := range p.waiters {
+		id := w.preferred
+		if id < identity.MinLocalIdentity || id.IsReserved() {
+			continue
+		}
+		if _, used := a.alloc.Lookup(id); used {
+			continue
+		}
+		if ls, ok := a.cluster.known[id]; ok && ls.Key() != key {
+			continue
+		}
+		return id
+	}
+	return identity.IdentityUnknown
+}
+
+// bindProvisional binds the waiting label set to id without the store
+// and answers the waiters; the pending entry stays and is retried until
+// the store records this node's use (then the number is confirmed, or a
+// differing one is logged and reported).
+func (a *identityActor) bindProvisional(ctx actor.Context, id identity.NumericIdentity, p *pendingAcquire) {
+	if _, known := a.cluster.known[id]; !known && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Labels: p.labels})
+	}
+	a.log.Warn("cluster identity store unavailable; label set bound to its known number until the store confirms it", "labels", p.labels.Key(), "identity", id)
+	a.bindHolders(ctx, id, p.labels, p.waiters, false)
+	p.waiters = nil
+	p.confirm = true
 }
 
 // clusterRetried starts the next attempt of a pending label set.

@@ -357,3 +357,42 @@ func TestClusterIdentityRemoteInPolicy(t *testing.T) {
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterDelete, ID: remote})
 	svWait(t, "the removed identity no longer allowed", func() bool { return !allowed() })
 }
+
+// TestClusterIdentityRestoreDuringOutage: a restored endpoint's label set
+// (an agent restarted while the store is unreachable) keeps its number
+// at once; the node's use is recorded once the store answers, and the
+// number is then confirmed as a cluster identity.
+func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
+	b := newMemBackend()
+	b.set(errors.New("connection refused"), nil)
+	sys := clusterSystem(t, b, nil)
+	ls := ciLabels(t, "k8s:app=restored")
+	h := ciHolder(t, sys)
+	r := svAsk(t, sys, sys.identity, &messages.IdentityAcquire{Labels: ls, Holder: h, Preferred: 7777}).(*messages.IdentityAcquired)
+	if r.Err != nil || r.Identity.ID != 7777 {
+		t.Fatalf("restore during the outage: %+v, want 7777", r)
+	}
+	if row, ok := sys.Index.Identity(7777); !ok || row.RefCount != 1 || row.Cluster {
+		t.Fatalf("row %+v %v, want a local reference, not yet confirmed", row, ok)
+	}
+	if st, _ := sys.ClusterIdentities(); st.Waiting != 1 {
+		t.Fatalf("status %+v, want the label set waiting for confirmation", st)
+	}
+	// Another endpoint with the same labels is answered from the local
+	// reference, without the store.
+	if r2 := ciAcquire(t, sys, ciHolder(t, sys), ls); r2.Err != nil || r2.Identity.ID != 7777 {
+		t.Fatalf("second endpoint: %+v", r2)
+	}
+	b.mu.Lock()
+	b.byKey[ls.Key()], b.byID[7777] = 7777, ls // the store numbered it so before
+	b.mu.Unlock()
+	b.set(nil, nil)
+	svWait(t, "the number confirmed by the store", func() bool {
+		row, ok := sys.Index.Identity(7777)
+		st, _ := sys.ClusterIdentities()
+		return ok && row.Cluster && row.RefCount == 2 && st.Waiting == 0
+	})
+	if _, rel := b.counts(ls.Key(), 7777); rel != 0 {
+		t.Fatalf("the confirmed identity was released %d times", rel)
+	}
+}
