@@ -142,9 +142,9 @@ type Stats struct {
 	// Created counts identities this backend created; Adopted counts
 	// Acquires answered with an existing identity.
 	Created, Adopted uint64
-	// Conflicts counts candidates lost to another agent or held by other
-	// labels (AlreadyExists, a failed labels test); Retries counts marks
-	// retried because the object changed or vanished.
+	// Conflicts counts Creates answered AlreadyExists (another agent won
+	// the name, or other labels hold it); Retries counts identities found
+	// in the cache whose mark failed (deleted or changed meanwhile).
 	Conflicts, Retries uint64
 	// Collected counts identities this agent's GC deleted; GCConflicts
 	// counts GC deletes refused because the identity changed (a
@@ -431,7 +431,7 @@ func (b *Backend) acquire(ctx context.Context, ls labels.Labels) (identity.Numer
 			b.adopted.Add(1)
 			return id, false, nil
 		}
-		b.conflicts.Add(1)
+		// Held by other labels (create counted the conflict): next.
 	}
 	return 0, false, fmt.Errorf("no free identity after %d candidates: %w", tries, identity.ErrExhausted)
 }
@@ -578,7 +578,7 @@ func leaseName(node string) string { return "membrane-identity-" + node }
 // start.
 func (b *Backend) renew(ctx context.Context) error {
 	leases := b.cs.CoordinationV1().Leases(b.cfg.LeaseNamespace)
-	cctx, cancel := context.WithTimeout(ctx, b.cfg.Heartbeat)
+	cctx, cancel := context.WithTimeout(ctx, max(b.cfg.Heartbeat, 10*time.Second))
 	defer cancel()
 	name, holder := leaseName(b.cfg.Node), b.cfg.Node
 	secs := int32(min(b.cfg.GCGrace/time.Second, 1<<30))
