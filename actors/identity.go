@@ -127,6 +127,9 @@ func (a *identityActor) rebuild(ctx actor.Context) {
 	for _, holder := range deadHolders(ctx, maps.Keys(a.holders)) {
 		a.holderStopped(ctx, holder)
 	}
+	if a.cluster != nil {
+		a.confirmUnconfirmed(ctx, rows)
+	}
 	if len(rows) > 0 {
 		a.log.Info("rebuilt identities from the index", "identities", len(rows))
 	}

@@ -365,6 +365,21 @@ func (a *identityActor) publishClusterStatus() {
 	c.status.Store(st)
 }
 
+// confirmUnconfirmed asks the store again, after a rebuild, for the label
+// sets bound here without it (bindProvisional): the earlier incarnation's
+// retries died with it.
+func (a *identityActor) confirmUnconfirmed(ctx actor.Context, rows []*index.Identity) {
+	for _, row := range rows {
+		if _, inUse := a.alloc.Lookup(row.ID); !inUse || row.Cluster {
+			continue
+		}
+		p := &pendingAcquire{labels: row.Labels, confirm: true}
+		a.cluster.pending[row.Key] = p
+		a.startAcquire(ctx, row.Key, p)
+	}
+	a.publishClusterStatus()
+}
+
 // rebuildCluster restores the known identities recorded in the index.
 func (a *identityActor) rebuildCluster(rows []*index.Identity) {
 	a.cluster.reset()

@@ -360,7 +360,8 @@ func TestClusterIdentityRemoteInPolicy(t *testing.T) {
 
 // TestClusterIdentityRestoreDuringOutage: a restored endpoint's label set
 // (an agent restarted while the store is unreachable) keeps its number
-// at once; the node's use is recorded once the store answers, and the
+// at once; the identity actor keeps asking the store, across its own
+// restart; the node's use is recorded once the store answers, and the
 // number is then confirmed as a cluster identity.
 func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
 	b := newMemBackend()
@@ -383,6 +384,14 @@ func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
 	if r2 := ciAcquire(t, sys, ciHolder(t, sys), ls); r2.Err != nil || r2.Identity.ID != 7777 {
 		t.Fatalf("second endpoint: %+v", r2)
 	}
+	// A restart of the identity actor keeps asking the store.
+	before, _ := b.counts(ls.Key(), 0)
+	sys.Actors.Root.Send(sys.identity, &crashForTest{})
+	svWait(t, "the restarted actor asking the store again", func() bool {
+		n, _ := b.counts(ls.Key(), 0)
+		st, _ := sys.ClusterIdentities()
+		return n > before && st.Waiting == 1
+	})
 	b.mu.Lock()
 	b.byKey[ls.Key()], b.byID[7777] = 7777, ls // the store numbered it so before
 	b.mu.Unlock()
