@@ -237,12 +237,13 @@ func (b *Backend) Status() identity.ClusterStatus {
 	return st
 }
 
-// setHealth records the outcome of a call to the API server; errors that
-// are the server's answer to a valid request (not found, conflict) are
-// not failures.
+// setHealth records the outcome of a call to the API server (the calls
+// handle the answers that are part of the protocol, such as not found
+// and conflicts, themselves; a 404 that reaches here means the CRD is not
+// served). A cancelled call says nothing.
 func (b *Backend) setHealth(err error) {
-	if err != nil && (apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err) || errors.Is(err, context.Canceled)) {
-		err = nil
+	if errors.Is(err, context.Canceled) {
+		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
