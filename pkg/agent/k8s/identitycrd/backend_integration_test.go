@@ -3,6 +3,8 @@ package identitycrd_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -306,4 +308,54 @@ func waitForRelease(tb testing.TB, b *identitycrd.Backend, id identity.NumericId
 		_, used := usage[node]
 		return ok && !used
 	})
+}
+
+// TestGCNodeGoneAndRestarted: a node's entries stop counting when its
+// heartbeat stops (the node is gone) and when its agent restarted
+// (entries older than the new agent's start): a restarted agent keeps
+// only what it acquires again.
+func TestGCNodeGoneAndRestarted(t *testing.T) {
+	e := env(t)
+	grace := time.Second
+	cfg := func(node string) identitycrd.Config {
+		c := noGC(node)
+		c.GCGrace, c.Heartbeat = grace, 100*time.Millisecond
+		return c
+	}
+	gone, restarted := uniq("node-gone"), uniq("node-restarted")
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	g, err := identitycrd.New(e.Config, cfg(gone), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneID, _ := acquire(t, g, "k8s:app="+uniq("gone"))
+	if err := g.Close(); err != nil { // the node goes: no release, no heartbeat
+		t.Fatal(err)
+	}
+	r1, err := identitycrd.New(e.Config, cfg(restarted), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped, _ := acquire(t, r1, "k8s:app="+uniq("dropped"))
+	keptLabels := "k8s:app=" + uniq("kept")
+	kept, _ := acquire(t, r1, keptLabels)
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r2 := newBackend(t, e.Config, cfg(restarted)) // the same node's next agent
+	if again, _ := acquire(t, r2, keptLabels); again != kept {
+		t.Fatalf("the restarted agent got %d for its label set, want %d", again, kept)
+	}
+	collector := newBackend(t, e.Config, cfg(uniq("node-collector")))
+	marks := identitycrd.NewMarks()
+	waitFor(t, "the gone node's and the previous agent's identities collected", func() bool {
+		if err := collector.CollectOnce(ctx, marks); err != nil {
+			t.Fatal(err)
+		}
+		return getIdentity(t, e.Config, goneID) == nil && getIdentity(t, e.Config, dropped) == nil
+	})
+	if mi := getIdentity(t, e.Config, kept); mi == nil || mi.Usage[restarted] == "" {
+		t.Fatalf("the identity the restarted agent acquired again: %+v", mi)
+	}
 }
