@@ -5,11 +5,13 @@
 //
 // Allocation is create-with-name. A label set's candidate numbers are a
 // fixed probe sequence from a hash of the label set, the same on every
-// node: the first candidate the informer cache does not hold with other
-// labels is created; AlreadyExists re-reads it: the same labels are
+// node. Each candidate is created, or, when it exists, touched (an
+// annotation write whose answer carries its labels): the same labels are
 // adopted, others move to the next candidate. Racing agents therefore
-// try the same names in the same order and agree. A label set already
-// in the cache (indexer by label-set key) is adopted directly.
+// try the same names in the same order and agree; the touch keeps a
+// skipped candidate from being collected while they race (see claim). A
+// label set already in the cache (indexer by label-set key) is adopted
+// directly.
 //
 // Use marking: the object's usage map holds one entry per node using the
 // identity (node name -> time it took its reference), written with a JSON
@@ -410,31 +412,92 @@ func (b *Backend) acquire(ctx context.Context, ls labels.Labels) (identity.Numer
 			b.retries.Add(1)
 		}
 		id := b.cfg.MinID + identity.NumericIdentity((start+i)%span)
-		if obj, ok := b.get(id); ok {
-			if _, cur, ok := decode(obj); ok && cur.Key() != key {
-				continue // another label set's
-			}
-		}
 		tries++
-		created, err := b.create(ctx, id, want)
-		switch {
+		switch got, err := b.claim(ctx, id, key, want); {
 		case err != nil:
 			return 0, false, err
-		case created:
+		case got == claimCreated:
 			b.created.Add(1)
 			return id, true, nil
-		}
-		// Taken: by these labels (adopt it) or by others (next candidate).
-		switch marked, err := b.mark(ctx, id, want); {
-		case err != nil:
-			return 0, false, err
-		case marked:
+		case got == claimAdopted:
 			b.adopted.Add(1)
 			return id, false, nil
 		}
-		// Held by other labels (create counted the conflict): next.
 	}
 	return 0, false, fmt.Errorf("no free identity after %d candidates: %w", tries, identity.ErrExhausted)
+}
+
+// claimResult is what claim did with a candidate.
+type claimResult int
+
+const (
+	claimOther   claimResult = iota // held by other labels: next candidate
+	claimCreated                    // created for these labels
+	claimAdopted                    // held by these labels, marked used
+)
+
+// claim tries candidate id for the label set key: Create it, or, when it
+// exists, touch it (an annotation write that changes its
+// resourceVersion) and read its labels from the answer: these labels
+// are adopted, others skip it. The touch is what makes the skip safe: a
+// collector deletes an identity only after seeing one resourceVersion
+// unused for the grace period, so the candidate stays for at least that
+// long, and any agent racing for the same label set meanwhile skips it
+// too and lands on the same next candidate; later ones find the label
+// set in their cache.
+func (b *Backend) claim(ctx context.Context, id identity.NumericIdentity, key string, want map[string]string) (claimResult, error) {
+	for range 3 { // the candidate deleted (and created again) under us: retry it
+		obj, cachedOther := b.get(id)
+		if cachedOther {
+			_, cur, ok := decode(obj)
+			cachedOther = ok && cur.Key() != key
+		}
+		if !cachedOther {
+			created, err := b.create(ctx, id, want)
+			if err != nil || created {
+				return claimCreated, err
+			}
+		}
+		curKey, found, err := b.touch(ctx, id)
+		switch {
+		case err != nil:
+			return claimOther, err
+		case !found:
+			continue
+		case curKey != key:
+			return claimOther, nil
+		}
+		marked, err := b.mark(ctx, id, want)
+		if err != nil || marked {
+			return claimAdopted, err
+		}
+	}
+	return claimOther, nil
+}
+
+// ProbedAnnotation is the annotation a probe writes on a candidate held
+// by other labels (see claim).
+const ProbedAnnotation = "membrane.io/probed"
+
+// touch writes the probe annotation on id and returns its label-set key
+// from the answer; found is false when id does not exist.
+func (b *Backend) touch(ctx context.Context, id identity.NumericIdentity) (string, bool, error) {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{ProbedAnnotation: now()}}})
+	if err != nil {
+		return "", false, fmt.Errorf("probe identity %d: %w", id, err)
+	}
+	u, err := b.res.Patch(ctx, strconv.Itoa(int(id)), types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("probe identity %d: %w", id, err)
+	}
+	mi, _ := toIdentity(u)
+	if _, ls, ok := decode(mi.(*v2.MembraneIdentity)); ok {
+		return ls.Key(), true, nil
+	}
+	return "", true, nil // malformed: not ours to adopt
 }
 
 // slot is the label set's first candidate, as an offset into the range.

@@ -108,8 +108,8 @@ func TestConflictMovesToNextCandidate(t *testing.T) {
 	if id == slot || !isNew {
 		t.Fatalf("acquire: %d new=%v; the first candidate %d holds other labels", id, isNew, slot)
 	}
-	if got := getIdentity(t, e.Config, slot); got == nil || got.SecurityLabels["k8s:app"] != squat {
-		t.Fatalf("the squatter's object changed: %+v", got)
+	if got := getIdentity(t, e.Config, slot); got == nil || got.SecurityLabels["k8s:app"] != squat || got.Annotations[identitycrd.ProbedAnnotation] == "" {
+		t.Fatalf("the squatter's object: %+v, want its labels, touched by the probe", got)
 	}
 	if a.Stats().Conflicts == before {
 		// The cache may have listed the squatter already and skipped it
