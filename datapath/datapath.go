@@ -35,6 +35,17 @@ type Realized struct {
 // to the agent. It must not block.
 type ProxyAckFunc func(id endpoint.ID, revision uint64, proxyID string)
 
+// ProxyNackFunc delivers a proxy's rejection of the configuration an
+// endpoint revision needs. It must not block.
+type ProxyNackFunc func(id endpoint.ID, revision uint64, proxyID, reason string)
+
+// ProxyNacker is implemented by datapaths whose proxies can reject a
+// configuration (the Linux datapath's L7 proxy).
+type ProxyNacker interface {
+	// SetProxyNack installs the function rejections are delivered with.
+	SetProxyNack(fn ProxyNackFunc)
+}
+
 // Datapath realises endpoints in the kernel. Implementations are safe for
 // concurrent use on different endpoints; the agent never runs two
 // operations on the same endpoint at once.

@@ -49,6 +49,8 @@ type Linux struct {
 	// its goroutine (closed by Close; nil: not started).
 	ctStats CTGCStats
 	ctStop  chan struct{}
+
+	l7 linuxL7 // the L7 proxy (linux_l7_linux.go; own lock)
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -85,9 +87,6 @@ func (l *Linux) SetHooks(h LinuxHooks) {
 	l.mu.Unlock()
 }
 
-// SetProxyAck implements Datapath (no proxies yet: nothing to acknowledge).
-func (l *Linux) SetProxyAck(ProxyAckFunc) {}
-
 // Init implements Datapath: it opens the host netns, makes sure the
 // gateway device exists, is up and holds every gateway address.
 // Idempotent.
@@ -104,6 +103,9 @@ func (l *Linux) Init(ctx context.Context) error {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	if err := l.inHost(l.setGlobalSysctls); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	}
+	if err := l.initL7(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
@@ -206,6 +208,7 @@ func (l *Linux) Close() error {
 		return nil
 	}
 	l.closed = true
+	defer l.closeL7()
 	if l.ctStop != nil {
 		close(l.ctStop)
 	}
@@ -243,12 +246,19 @@ func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) 
 		r, err = l.realize(ep)
 		return err
 	})
-	return r, err
+	if err != nil {
+		return r, err
+	}
+	return l.realizeL7(ep, rev)
 }
 
 // Remove implements Datapath (see remove).
 func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
-	return l.guard(func() error { return l.remove(ep) })
+	err := l.guard(func() error { return l.remove(ep) })
+	if err == nil {
+		l.removeL7(ep.ID)
+	}
+	return err
 }
 
 // Check implements Datapath: ErrEndpointMissing if the host interface is
