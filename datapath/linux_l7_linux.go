@@ -10,6 +10,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // ProxyName is the name of the L7 proxy in Realized.ProxyWaits.
@@ -193,4 +194,27 @@ func (l *Linux) L7Status() *L7Status {
 		return nil
 	}
 	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
+}
+
+// l4ForProxy is the policy the BPF programs enforce for an endpoint with
+// L7 entries while they cannot redirect to the proxy transparently: a
+// redirected ingress entry admits the host (the proxy's connections
+// come from it) instead of the peer, and a redirected egress entry is
+// left out. Traffic on L7 ports thus passes only through the proxy
+// (fail closed), never around it.
+func l4ForProxy(m *policy.MapState) *policy.MapState {
+	keys := make([]policy.Key, 0, len(m.Allow))
+	for _, k := range m.Allow {
+		if !m.Redirected(k) {
+			keys = append(keys, k)
+			continue
+		}
+		if k.Dir == policy.Ingress {
+			k.Identity = identity.ReservedHost
+			keys = append(keys, k)
+		}
+	}
+	out := policy.NewMapState(m.Revision, m.IngressEnforced, m.EgressEnforced, keys)
+	out.CIDR = m.CIDR
+	return out
 }

@@ -242,8 +242,14 @@ func (l *Linux) Close() error {
 
 // Realize implements Datapath (see realize).
 func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
+	kernel := ep
+	if ep.Policy.HasL7() {
+		cp := *ep
+		cp.Policy = l4ForProxy(ep.Policy)
+		kernel = &cp
+	}
 	err = l.guard(func() error {
-		r, err = l.realize(ep)
+		r, err = l.realize(kernel)
 		return err
 	})
 	if err != nil {
