@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os/exec"
 	"sync"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
@@ -64,7 +65,18 @@ func (l *Linux) initL7() error {
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
 	l.l7.srv, l.l7.ipcache, l.l7.withL7 = srv, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
-	l.l7.sup = &l7proxy.Supervisor{Path: c.ProxyPath, Args: []string{"--xds", c.XDSSocket, "--listen", c.Listen},
+	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen}
+	if l.cfg.HostNetns != "" {
+		// The proxy runs in the host netns the datapath manages.
+		nsenter, err := exec.LookPath("nsenter")
+		if err != nil {
+			srv.Close()
+			l.l7.srv = nil
+			return fmt.Errorf("l7 proxy in netns %s: %w", l.cfg.HostNetns, err)
+		}
+		path, args = nsenter, append([]string{"--net=" + l.cfg.HostNetns, "--", c.ProxyPath}, args...)
+	}
+	l.l7.sup = &l7proxy.Supervisor{Path: path, Args: args,
 		MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff, StableAfter: c.StableAfter, Log: l.log.With("component", "proxy-supervisor")}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.l7.stop, l.l7.done = cancel, make(chan struct{})
