@@ -24,7 +24,7 @@ import (
 )
 
 // buildProxy builds cmd/membrane-proxy into a temporary directory.
-func buildProxy(t *testing.T) string {
+func buildProxy(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "membrane-proxy")
 	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/membrane-proxy").CombinedOutput()
@@ -34,7 +34,7 @@ func buildProxy(t *testing.T) string {
 	return bin
 }
 
-func freePort(t *testing.T, host string) string {
+func freePort(t testing.TB, host string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", host+":0")
 	if err != nil {
@@ -47,7 +47,7 @@ func freePort(t *testing.T, host string) string {
 
 // eventually polls cond (no timing assertion: the deadline only ends a
 // test that would otherwise hang).
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
@@ -90,7 +90,7 @@ func (w *waits) nacked(rev uint64) string {
 }
 
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *Server
 	w      *waits
 	sup    *Supervisor
@@ -102,7 +102,7 @@ const idA, idB, idC identity.NumericIdentity = 300, 301, 302
 
 // newRig starts the xDS server, the proxy process under a supervisor and
 // a backend "B" on 127.0.0.4; A is 127.0.0.2, C 127.0.0.3 (loopback).
-func newRig(t *testing.T, extra ...string) *rig {
+func newRig(t testing.TB, extra ...string) *rig {
 	bin := buildProxy(t)
 	dir := t.TempDir()
 	r := &rig{t: t, w: &waits{}}
