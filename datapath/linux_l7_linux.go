@@ -191,13 +191,6 @@ func (l *Linux) ipcacheL7(prefix netip.Prefix, id identity.NumericIdentity, del 
 	}
 }
 
-// L7Status is the L7 proxy's state (nil: L7 off).
-type L7Status struct {
-	Process l7proxy.SupervisorStatus `json:"process"`
-	Version uint64                   `json:"version"`
-	Acks    l7proxy.TrackerStatus    `json:"acks"`
-}
-
 // L7Status returns the L7 proxy's state, or nil when L7 is off.
 func (l *Linux) L7Status() *L7Status {
 	l.l7.mu.Lock()
