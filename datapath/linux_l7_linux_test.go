@@ -76,7 +76,7 @@ func TestLinuxL7ProxyWaits(t *testing.T) {
 	ev.install(l)
 	ep := addVeth(t, nl, 9, "lxcl7000000001", "10.244.47.5")
 	ctx := context.Background()
-	if err := l.UpsertIPCache(ctx, netip.MustParsePrefix("10.244.47.6/32"), identity.NumericIdentity(300)); err != nil {
+	if err := l.UpsertIPCache(ctx, netip.MustParsePrefix("10.244.47.6/32"), identity.NumericIdentity(300), netip.Addr{}); err != nil {
 		t.Fatal(err)
 	}
 	ep.Policy = l7MapState(80)

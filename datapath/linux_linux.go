@@ -50,7 +50,8 @@ type Linux struct {
 	ctStats CTGCStats
 	ctStop  chan struct{}
 
-	l7 linuxL7 // the L7 proxy (linux_l7_linux.go; own lock)
+	l7    linuxL7   // the L7 proxy (linux_l7_linux.go; own lock)
+	nodes nodeState // the node router's (own lock)
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -105,6 +106,11 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.inHost(l.setGlobalSysctls); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
+	if l.cfg.Nodes.Masquerade {
+		if err := l.ensureMasquerade(); err != nil {
+			return fmt.Errorf("linux datapath init: %w", err)
+		}
+	}
 	if err := l.initL7(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
@@ -129,7 +135,7 @@ func (l *Linux) initBPF() error {
 		}
 	}
 	for _, gw := range l.cfg.Gateways {
-		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost); err != nil {
+		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost, netip.Addr{}); err != nil {
 			return err
 		}
 	}
@@ -231,6 +237,7 @@ func (l *Linux) Close() error {
 		l.nl.Close()
 	}
 	if l.bpf != nil {
+		l.closeNodes()
 		l.bpf.close()
 	}
 	l.life.Unlock()
