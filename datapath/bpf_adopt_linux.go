@@ -30,13 +30,7 @@ type tags struct {
 func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
 	t.tags.once.Do(func() {
 		spec := t.spec.Copy()
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-			MapReplacements: map[string]*ebpf.Map{
-				bpf.EndpointMapIpcache: sm.ipcache, bpf.EndpointMapCt: sm.ct,
-				bpf.EndpointMapDrops: sm.drops, bpf.EndpointMapEvents: sm.events,
-			},
-			Cache: t.cache,
-		})
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: sm.replacements(), Cache: t.cache})
 		if err != nil {
 			t.tags.err = fmt.Errorf("probe load: %w", err)
 			return
