@@ -167,7 +167,10 @@ func (f Frontend) Validate() error {
 		return fmt.Errorf("frontend %s: port 0: %w", f, ErrInvalid)
 	}
 	switch f.Proto {
-	case TCP, UDP, SCTP:
+	case TCP, UDP:
+	case SCTP:
+		// Its CRC32c covers the ports: not rewritten by the datapath.
+		return fmt.Errorf("frontend %s: SCTP is not translated: %w", f, ErrInvalid)
 	default:
 		return fmt.Errorf("frontend %s: protocol %d: %w", f, f.Proto, ErrInvalid)
 	}
