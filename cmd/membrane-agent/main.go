@@ -89,6 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
+	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too (no kube-proxy on the node); cluster addresses are always translated")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
@@ -125,6 +126,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.K8s = &kc
 	} else if kc.NodeName != "" {
 		return cfg, nil, fmt.Errorf("--node-name: only with --k8s-kubeconfig or --k8s")
+	} else if kc.KubeProxyReplacement {
+		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
 	}
 	log, err := newLogger(level, format, stderr)
 	if err != nil {

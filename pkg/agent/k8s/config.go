@@ -32,8 +32,21 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// KubeProxyReplacement (--kube-proxy-replacement) translates NodePort
+	// and external addresses too; without it kube-proxy serves those and
+	// the agent translates cluster addresses only (at the pod's veth,
+	// before kube-proxy's rules could see them).
+	KubeProxyReplacement bool
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
+}
+
+// syncTimeout is SyncTimeout or its default.
+func (c *Config) syncTimeout() time.Duration {
+	if c.SyncTimeout == 0 {
+		return 2 * time.Minute
+	}
+	return c.SyncTimeout
 }
 
 // Validate names the bad field by its flag.
