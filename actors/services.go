@@ -42,7 +42,7 @@ type servicesActor struct {
 	adopted    map[service.Frontend]uint32
 	adoptedIDs map[uint32]bool
 	adopting   bool
-	stash    []stashed
+	stash      []stashed
 
 	seq     uint64 // numbers the requests that changed rows
 	waiters []serviceWaiter

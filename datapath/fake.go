@@ -53,7 +53,7 @@ type Fake struct {
 	gcPasses  int
 	gcOrphans sweep[endpoint.ID] // realised, not live
 	gcMissing sweep[endpoint.ID] // live, Forgotten
-	lb        fakeLB                 // fake_services.go
+	lb        fakeLB             // fake_services.go
 }
 
 var _ Datapath = (*Fake)(nil)

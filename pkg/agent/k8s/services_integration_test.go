@@ -2,7 +2,7 @@ package k8s_test
 
 import (
 	"context"
-	"io"
+
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -38,7 +38,7 @@ func TestServicesFromAPIServer(t *testing.T) {
 		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.205.0.0/24"), Datapath: "linux",
 		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)},
-		K8s:   &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, SyncTimeout: time.Minute, KubeProxyReplacement: true},
+		K8s:   &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, SyncTimeout: 20 * time.Second, KubeProxyReplacement: true},
 	}
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -46,13 +46,7 @@ func TestServicesFromAPIServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nodeIP := netip.MustParseAddr("192.0.2.77")
-	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
-		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeIP.String()}}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)
 	}
@@ -63,6 +57,14 @@ func TestServicesFromAPIServer(t *testing.T) {
 			t.Errorf("agent stop: %v", err)
 		}
 	})
+	// The Node after the agent: its addresses reach the NodePort
+	// frontends through the Node informer's update.
+	nodeIP := netip.MustParseAddr("192.0.2.77")
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeIP.String()}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
 	ns := "svc-" + testutil.RandomSuffix(6)
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -159,3 +161,11 @@ func mapsHold(m datapath.LBMaps, want map[service.Frontend][]string) bool {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// testWriter sends the agent's warnings to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
