@@ -304,12 +304,18 @@ func TestServiceEndToEnd(t *testing.T) {
 		})
 	}
 	t.Run("the API and the maps agree", func(t *testing.T) {
-		m, err := sys.DumpServiceMaps(ctx)
+		l, err := c.Services(ctx, true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(m.Frontends) != len(svcs) || m.Connections == 0 || m.ReverseNAT == 0 {
-			t.Errorf("maps hold %d frontends, %d connections, %d reverse NAT entries; want %d frontends and traffic", len(m.Frontends), m.Connections, m.ReverseNAT, len(svcs))
+		if len(l.Services) != len(svcs) || l.Maps == nil || l.Maps.Frontends != len(svcs) || l.Maps.Connections == 0 || l.Maps.ReverseNAT == 0 || len(l.Maps.Orphans) != 0 {
+			t.Fatalf("GET /v1/service?maps=true = %d services, maps %+v (%s); want %d frontends with traffic", len(l.Services), l.Maps, l.MapsError, len(svcs))
+		}
+		for _, s := range l.Services {
+			if s.State != "realized" || s.Source != "test" || s.Realized == nil || s.Realized.ID != s.ID ||
+				strings.Join(s.Realized.Backends, ",") != strings.Join(s.Backends, ",") {
+				t.Errorf("service %+v: the maps hold %+v", s, s.Realized)
+			}
 		}
 	})
 }
