@@ -303,6 +303,20 @@ func TestServiceEndToEnd(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a service without backends drops new connections", func(t *testing.T) {
+		empty := svcOf("empty", netip.MustParseAddr("10.96.33.30"), 80, service.TCP)
+		if _, err := sys.UpsertService(ctx, "test", empty); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = sys.DeleteService(ctx, "test", empty.Frontend) })
+		if s, err := cl.dialService(empty.Frontend.Addr, 80, deniedDial); err == nil {
+			s.c.Close()
+			t.Fatal("connected to a service without backends")
+		}
+		drops.wait(t, "no-backend drop", func(ev events.Event) bool {
+			return ev.Endpoint == uint16(cl.ep.ID) && ev.Drop.Reason == "no-backend" && ev.Drop.Dst == "10.96.33.30" && ev.Drop.DstPort == 80
+		})
+	})
 	t.Run("the API and the maps agree", func(t *testing.T) {
 		l, err := c.Services(ctx, true)
 		if err != nil {
