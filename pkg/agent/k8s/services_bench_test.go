@@ -68,7 +68,7 @@ func TestServiceMapUpdateBenchmark(t *testing.T) {
 		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.206.0.0/16"), Datapath: "linux",
 		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)},
-		K8s:   &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: "node-bench", SyncTimeout: time.Minute},
+		K8s:   &k8s.Config{REST: env.Config, NodeName: "node-bench", SyncTimeout: time.Minute},
 	}
 	start := time.Now()
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
