@@ -71,15 +71,8 @@ type serviceWaiter struct {
 	res       *messages.ServiceResult
 }
 
-// servicesRetry is the retry timer's message; servicesAdopted carries
-// the maps read back at start.
-type (
-	servicesRetry   struct{}
-	servicesAdopted struct {
-		maps datapath.LBMaps
-		err  error
-	}
-)
+// servicesRetry is the retry timer's message.
+type servicesRetry struct{}
 
 // serviceOp is one datapath write of a batch.
 type serviceOp struct {

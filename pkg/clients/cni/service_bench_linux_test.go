@@ -151,7 +151,8 @@ func (p *policyPod) connectTimes(t *testing.T, vip netip.Addr, port, n int) []ti
 			if err != nil {
 				return err
 			}
-			if _, err := c.Write(b); err == nil {
+			_, err = c.Write(b)
+			if err == nil {
 				_, err = io.ReadFull(c, b)
 			}
 			out = append(out, time.Since(start))
