@@ -29,7 +29,8 @@ import (
 // update acknowledged by the API server to the service table row holding
 // the new backend in state realized (set only after the BPF map write),
 // with 1,000 Services on the Linux datapath. Numbers in BENCHMARKS.md.
-// Runs only with MEMBRANE_BENCH_SERVICES=1:
+// MEMBRANE_BENCH_DATAPATH=fake runs it on the fake datapath. Runs only
+// with MEMBRANE_BENCH_SERVICES=1:
 //
 //	MEMBRANE_BENCH_SERVICES=1 go test -count=1 -v -run TestServiceMapUpdateBenchmark ./pkg/agent/k8s/
 func TestServiceMapUpdateBenchmark(t *testing.T) {
@@ -70,6 +71,9 @@ func TestServiceMapUpdateBenchmark(t *testing.T) {
 		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)},
 		K8s:   &k8s.Config{REST: env.Config, NodeName: "node-bench", SyncTimeout: time.Minute},
 	}
+	if os.Getenv("MEMBRANE_BENCH_DATAPATH") == "fake" {
+		cfg.Datapath, cfg.Linux, cfg.Fake = "fake", datapath.LinuxConfig{}, datapath.NewFake(1)
+	}
 	start := time.Now()
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
@@ -94,7 +98,7 @@ func TestServiceMapUpdateBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("EndpointSlice update -> BPF map written, %d updates over %d services (maps: %d frontends): p50 %v p90 %v p99 %v max %v; load average %s",
+	t.Logf("%s datapath: EndpointSlice update -> map written,", a.System.Datapath.Name(), %d updates over %d services (maps: %d frontends): p50 %v p90 %v p99 %v max %v; load average %s",
 		updates, services, len(m.Frontends), took[len(took)/2], took[len(took)*9/10], took[len(took)*99/100], took[len(took)-1], b)
 }
 
