@@ -98,8 +98,8 @@ func TestServiceMapUpdateBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("%s datapath: EndpointSlice update -> map written,", a.System.Datapath.Name(), %d updates over %d services (maps: %d frontends): p50 %v p90 %v p99 %v max %v; load average %s",
-		updates, services, len(m.Frontends), took[len(took)/2], took[len(took)*9/10], took[len(took)*99/100], took[len(took)-1], b)
+	t.Logf("%s datapath: EndpointSlice update -> map written, %d updates over %d services (maps: %d frontends): p50 %v p90 %v p99 %v max %v; load average %s",
+		a.System.Datapath.Name(), updates, services, len(m.Frontends), took[len(took)/2], took[len(took)*9/10], took[len(took)*99/100], took[len(took)-1], b)
 }
 
 // benchSlice is service i's slice with n backends 10.206.x.y:8080.
