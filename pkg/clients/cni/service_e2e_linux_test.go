@@ -303,6 +303,21 @@ func TestServiceEndToEnd(t *testing.T) {
 			}
 		})
 	}
+	t.Run("ClientIP affinity keeps the client on one backend", func(t *testing.T) {
+		sticky := svcOf("sticky", netip.MustParseAddr("10.96.33.40"), 5432, service.TCP, db1, db2)
+		sticky.Affinity = time.Minute
+		if _, err := sys.UpsertService(ctx, "test", sticky); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = sys.DeleteService(ctx, "test", sticky.Frontend) })
+		seen := map[string]int{}
+		for range conns {
+			seen[cl.whoTCP(t, netip.AddrPortFrom(sticky.Frontend.Addr, 5432))]++
+		}
+		if len(seen) != 1 {
+			t.Errorf("%d connections with ClientIP affinity reached %v; want one backend", conns, seen)
+		}
+	})
 	t.Run("a service without backends drops new connections", func(t *testing.T) {
 		empty := svcOf("empty", netip.MustParseAddr("10.96.33.30"), 80, service.TCP)
 		if _, err := sys.UpsertService(ctx, "test", empty); err != nil {
