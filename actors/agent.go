@@ -74,8 +74,12 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
 		ia := newIdentityActor(a.newAlloc, d.writer, d.policy, a.log)
 		ia.events = d.events
+		if d.backend != nil {
+			ia.cluster = newClusterMode(d.backend, a.cfg.ClusterIdentity, &d.clusterStatus)
+		}
 		return ia
 	})
+	nodes := spawn(KindNodes, &MailboxStats{}, func() actor.Actor { return newNodesActor(d, a.cfg.podRanges()) })
 	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)
@@ -84,7 +88,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	// The answers processes of the children with a requester, registered
 	// here rather than in their Started, so that every process of the
 	// system exists once Start returns.
-	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc, svcs} {
+	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc, nodes, svcs} {
 		registerAnswers(ctx.ActorSystem(), pid)
 	}
 }

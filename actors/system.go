@@ -21,8 +21,8 @@ import (
 type System struct {
 	Actors *actor.ActorSystem
 	// The children's PIDs; endpoints is the endpoint manager.
-	agent, pool, ipam, identity, policy, ipcache, endpoints, gc *actor.PID
-	services                                                    *actor.PID
+	agent, pool, ipam, identity, policy, ipcache, endpoints, gc, nodes *actor.PID
+	services                                                           *actor.PID
 
 	Index    *index.Index
 	Datapath datapath.Datapath
@@ -65,6 +65,17 @@ type endpointDeps struct {
 	registry *Registry // every actor's snapshot slot, with its mailbox counters
 	events   *events.Hub
 	observer Observer
+	// backend runs the cluster identity backend's calls (nil: local
+	// allocator); clusterStatus is what the identity actor publishes.
+	backend       *backendWorkers
+	clusterStatus atomic.Pointer[ClusterIdentityStatus]
+}
+
+// stopBackend stops the cluster identity backend's workers and watch.
+func (d *endpointDeps) stopBackend() {
+	if d.backend != nil {
+		d.backend.stop()
+	}
 }
 
 func (d *endpointDeps) stats(id string) *MailboxStats {
@@ -85,6 +96,10 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	counters := &Counters{}
 	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
+	if cfg.IdentityBackend != nil {
+		target := identityPID(sys)
+		deps.backend = newBackendWorkers(cfg.IdentityBackend, cfg.ClusterIdentity, func(m any) { sys.Root.Send(target, m) }, log)
+	}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), writer: deps.writer, log: log, registry: deps.registry}
 	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
 	rootStats := &MailboxStats{}
@@ -93,6 +108,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
 	if err != nil {
 		sys.Shutdown()
+		deps.stopBackend()
 		deps.writer.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
@@ -101,15 +117,19 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	children, err := answer[map[string]*actor.PID](asks.ask(sys, agentPID, &getChildren{}, 10*time.Second))
 	if err != nil {
 		sys.Shutdown()
+		deps.stopBackend()
 		deps.writer.stop()
 		asks.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
 	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
 		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
-		endpoints: children["endpoints"], gc: children["gc"], services: children["services"], Index: ix, Datapath: dp,
+		endpoints: children["endpoints"], gc: children["gc"], nodes: children["nodes"], services: children["services"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, asker: asks, log: log}
 	dp.SetProxyAck(s.ProxyAck)
+	if deps.backend != nil {
+		deps.backend.startWatch()
+	}
 	return s, nil
 }
 
@@ -148,6 +168,7 @@ func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(
 func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
 	_ = s.Actors.Root.StopFuture(s.agent).Wait()
+	s.deps.stopBackend()
 	s.Actors.Shutdown()
 	s.deps.writer.stop()
 	s.asker.stop()

@@ -92,12 +92,34 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too (no kube-proxy on the node); cluster addresses are always translated")
+	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
+	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
+	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
+	fs.DurationVar(&kc.Identity.GCInterval, "identity-gc-interval", time.Minute, "Kubernetes mode, crd identities: time between garbage collection passes (negative disables this agent's)")
+	fs.StringVar(&kc.Identity.LeaseNamespace, "identity-lease-namespace", "kube-system", "Kubernetes mode, crd identities: namespace of the nodes' heartbeat leases")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	var clusterCIDRs string
+	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelMTU, "tunnel-mtu", 1450, "tunnel routing: the VXLAN device's MTU (the underlay's minus 50)")
+	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", false, "linux datapath: SNAT pod traffic leaving the --cluster-cidr ranges to the node's address (nftables)")
+	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (every node's ranges): traffic between them is not masqueraded")
+	fs.StringVar(&cfg.NodesFile, "nodes-file", "", "standalone mode: JSON or YAML list of the other nodes (name, addresses, podCIDRs), re-read when it changes")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, s := range strings.Split(clusterCIDRs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := parsePrefix("--cluster-cidr", s)
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Linux.Nodes.ClusterCIDRs = append(cfg.Linux.Nodes.ClusterCIDRs, p)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")

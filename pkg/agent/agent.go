@@ -24,8 +24,10 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -84,6 +86,10 @@ type Config struct {
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
 	HTTPAddr string
+	// NodesFile lists the remote nodes in standalone mode (--nodes-file;
+	// "" none): polled every NodesFileInterval (default 1 s).
+	NodesFile         string
+	NodesFileInterval time.Duration
 }
 
 // Validate names the bad field by its flag.
@@ -149,6 +155,7 @@ type Agent struct {
 	stopCNI context.CancelFunc // stops the delete queue drainer
 	// stopAddrs stops following the host's addresses (nil: not followed).
 	stopAddrs context.CancelFunc
+	stopNodes func() // ends the nodes file watcher
 	store     *restore.Store
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
@@ -163,6 +170,24 @@ type Agent struct {
 	health     *health.Manager // nil: disabled
 	k8s        *k8s.Watcher    // nil: standalone
 	k8sSvc     *k8s.ServiceWatcher
+	// idBackend is the cluster identity backend the agent started (nil:
+	// none, or one the caller passed in Actors.IdentityBackend).
+	idBackend identity.ClusterBackend
+}
+
+// startIdentityBackend starts the MembraneIdentity backend in Kubernetes
+// mode unless the identity allocation mode is local or the caller gave
+// a backend (kvstore mode); nil when it started none.
+func startIdentityBackend(cfg *Config, ac *actors.Config, log *slog.Logger) (identity.ClusterBackend, error) {
+	if cfg.K8s == nil || !cfg.K8s.CRDIdentities() || ac.IdentityBackend != nil {
+		return nil, nil
+	}
+	b, err := k8s.NewIdentityBackend(cfg.K8s, log)
+	if err != nil {
+		return nil, err
+	}
+	ac.IdentityBackend = b
+	return b, nil
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -228,6 +253,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
 	ac.GC.Interval = cfg.GCInterval
+	idBackend, err := startIdentityBackend(&cfg, &ac, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if idBackend != nil {
+		undo = append(undo, func() { _ = idBackend.Close() })
+	}
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
@@ -245,7 +277,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg)}
+		poolSizes: poolSizesOf(&cfg), idBackend: idBackend}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
 	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
@@ -269,6 +301,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	sys.StartGC()
 	sys.PruneIPCache()
 	a.startHealth(linux)
+	a.watchNodesFile()
 	// CNI ADDs are served once the k8s caches synced (or the bounded wait
 	// for them ended), so a pod's endpoint starts with the pod's labels.
 	if cfg.K8s != nil {
@@ -318,6 +351,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	if a.stopAddrs != nil {
 		a.stopAddrs()
 	}
+	if a.stopNodes != nil {
+		a.stopNodes()
+	}
 	if a.health != nil {
 		a.health.Stop()
 	}
@@ -329,6 +365,9 @@ func (a *Agent) stop(ctx context.Context) error {
 		err = herr
 	}
 	a.System.Stop()
+	if a.idBackend != nil {
+		_ = a.idBackend.Close()
+	}
 	a.store.Close()
 	_ = a.System.Datapath.Close()
 	_ = os.Remove(a.cfg.Socket)
@@ -352,6 +391,25 @@ func (a *Agent) watchHostAddrs(linux *datapath.Linux) {
 		return
 	}
 	a.stopAddrs = cancel
+}
+
+// watchNodesFile starts polling the nodes file (standalone mode).
+func (a *Agent) watchNodesFile() {
+	if a.cfg.NodesFile == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var local []netip.Prefix
+	for _, p := range []netip.Prefix{a.cfg.IPv4Range, a.cfg.IPv6Range} {
+		if p.IsValid() {
+			local = append(local, p)
+		}
+	}
+	w := &nodesfile.Watcher{Path: a.cfg.NodesFile, Interval: a.cfg.NodesFileInterval, Local: local, Sink: a.System,
+		Log: a.log.With("component", "nodes-file")}
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	a.stopNodes = func() { cancel(); <-done }
 }
 
 // PolicyFile is the name of the policy file in the state directory.

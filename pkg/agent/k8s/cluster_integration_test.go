@@ -45,6 +45,9 @@ var (
 // (once per API server) and waits until objects of it can be listed.
 func installEndpointCRD(t testing.TB, dyn dynamic.Interface) {
 	t.Helper()
+	// Every CRD of deploy/crds: the agent waits for its policy CRDs'
+	// caches at start.
+	kubetest.Require(t).InstallCRDs(t)
 	crdMu.Lock()
 	defer crdMu.Unlock()
 	raw, err := os.ReadFile("../../../deploy/crds/membraneendpoints.membrane.io.yaml")
@@ -107,7 +110,10 @@ func tryStartAgent(t testing.TB, node string, mutate func(*agent.Config)) (*test
 		IPv4Range: netip.MustParsePrefix("10.204.0.0/24"),
 		Datapath:  "fake",
 		Fake:      datapath.NewFake(1),
-		K8s:       &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, PodWait: 10 * time.Second, SyncTimeout: time.Minute},
+		// Identities per node: cluster identities (MembraneIdentity) are
+		// tested in pkg/agent/k8s/identitycrd.
+		K8s: &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, PodWait: 10 * time.Second, SyncTimeout: time.Minute,
+			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}},
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -38,6 +38,12 @@ type Config struct {
 	// the agent translates cluster addresses only (at the pod's veth,
 	// before kube-proxy's rules could see them).
 	KubeProxyReplacement bool
+	// ProbeInterval is how often the agent asks the API server's /readyz
+	// to report the connection state (default 5 s).
+	ProbeInterval time.Duration
+	// Workers is how many changes are applied at once (default 4; one
+	// object's changes are never applied concurrently).
+	Workers int
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
 	// PodCIDRWait bounds the wait at start for this node's Node object
@@ -50,6 +56,8 @@ type Config struct {
 	// Nodes receives the other nodes (addresses, pod CIDRs) after each
 	// change; nil: they are only counted in the status.
 	Nodes NodeSink
+	// Identity configures cluster-wide identities (identity.go).
+	Identity IdentityConfig
 }
 
 // syncTimeout is SyncTimeout or its default.
@@ -73,10 +81,10 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
-	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 {
-		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait: negative: %w", ErrInvalidConfig)
+	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
-	return nil
+	return c.Identity.validate()
 }
 
 func (c *Config) restConfig() (*rest.Config, error) {
