@@ -169,6 +169,7 @@ type Agent struct {
 	poolSizes  map[ipam.Family]int
 	health     *health.Manager // nil: disabled
 	k8s        *k8s.Watcher    // nil: standalone
+	k8sSvc     *k8s.ServiceWatcher
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend
@@ -318,6 +319,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		}
 		srv.SetLabeler(a.k8s.Labels)
 		srv.SetK8s(a.k8s.Status)
+		if a.k8sSvc, err = k8s.StartServices(context.Background(), *cfg.K8s, sys, log); err != nil {
+			a.k8s.Stop()
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	} else {
+		// No feeder: what an earlier agent left in the service maps goes.
+		sys.PruneServices()
 	}
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
@@ -334,6 +342,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 }
 
 func (a *Agent) stop(ctx context.Context) error {
+	if a.k8sSvc != nil {
+		a.k8sSvc.Stop()
+	}
 	if a.k8s != nil {
 		a.k8s.Stop()
 	}
