@@ -23,6 +23,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
@@ -76,6 +77,13 @@ type Config struct {
 	// K8s turns the Kubernetes mode on (nil: standalone): pods, namespaces
 	// and NetworkPolicies come from the API server.
 	K8s *k8s.Config
+	// Kvstore turns the kvstore mode on (--kvstore etcd; nil: off): this
+	// node and its endpoints are published in etcd, the other nodes'
+	// are mirrored into the agent.
+	Kvstore *kvstore.Config
+	// NodeAddrs are this node's underlay addresses
+	// (--kvstore-node-addrs), published for other nodes to route to.
+	NodeAddrs []netip.Addr
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
 	HTTPAddr string
@@ -115,6 +123,16 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if c.Kvstore != nil {
+		if err := c.Kvstore.Validate(); err != nil {
+			return err
+		}
+	}
+	for _, a := range c.NodeAddrs {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("--kvstore-node-addrs: %s: not a node address: %w", a, ErrInvalidConfig)
+		}
+	}
 	if err := c.validateListeners(); err != nil {
 		return err
 	}
@@ -151,6 +169,8 @@ type Agent struct {
 	poolSizes  map[ipam.Family]int
 	health     *health.Manager // nil: disabled
 	k8s        *k8s.Watcher    // nil: standalone
+	kvstore    *kvstoreMode    // nil: no kvstore
+	events     *events.Hub
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -228,7 +248,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg)}
+		poolSizes: poolSizesOf(&cfg), events: ac.Events}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
 	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
@@ -261,6 +281,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		srv.SetLabeler(a.k8s.Labels)
 		srv.SetK8s(a.k8s.Status)
 	}
+	if cfg.Kvstore != nil {
+		if err := a.startKvstore(); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	}
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -278,6 +303,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 func (a *Agent) stop(ctx context.Context) error {
 	if a.k8s != nil {
 		a.k8s.Stop()
+	}
+	if a.kvstore != nil {
+		a.kvstore.stop()
 	}
 	if a.stopCNI != nil {
 		a.stopCNI()

@@ -196,6 +196,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.k8s.Load(); fn != nil {
 		st.K8s = (*fn)()
 	}
+	if fn := s.kvstore.Load(); fn != nil {
+		st.Kvstore = (*fn)()
+	}
 	status := http.StatusOK
 	// A 503 body is the status and the API's error shape at once.
 	switch {

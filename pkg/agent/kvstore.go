@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+)
+
+// kvstoreMode is the agent's kvstore side (Config.Kvstore non-nil): the
+// connection, this node's endpoints published, other nodes' mirrored.
+type kvstoreMode struct {
+	client *kvstore.Client
+	pub    *kvstore.Publisher
+	mirror *kvstore.Mirror
+}
+
+// startKvstore connects to etcd (without waiting for it: the agent serves
+// its existing endpoints while etcd is away), publishes this node and its
+// endpoints from the index, and feeds the other nodes' endpoints and
+// routes to the actor system through its front door where the system
+// offers the methods (remote endpoints, SyncNodes).
+func (a *Agent) startKvstore() error {
+	cfg := a.cfg.Kvstore
+	c, err := kvstore.Connect(*cfg, a.log)
+	if err != nil {
+		return fmt.Errorf("kvstore: %w", err)
+	}
+	k := &kvstoreMode{client: c}
+	k.pub, err = kvstore.StartPublisher(c, kvstore.PublisherConfig{Addrs: a.cfg.NodeAddrs, PodCIDRs: a.podCIDRs(),
+		Source: a.Index, Hub: a.events})
+	if err != nil {
+		_ = c.Close()
+		return fmt.Errorf("kvstore: %w", err)
+	}
+	eps, _ := any(a.System).(kvstore.RemoteSink)
+	nodes, _ := any(a.System).(kvstore.NodeSink)
+	if eps == nil {
+		a.log.Warn("kvstore: this agent cannot take remote endpoints into its ipcache; other nodes' pods stay world")
+	}
+	if nodes == nil {
+		a.log.Warn("kvstore: this agent cannot route to other nodes; their pod CIDRs are not routed")
+	}
+	k.mirror = kvstore.StartMirror(c, eps, nodes)
+	a.kvstore = k
+	a.Server.SetKvstore(k.status)
+	return nil
+}
+
+// stop stops publishing and mirroring and closes the connection; the
+// node's keys stay until its lease expires, so a restarting agent's pods
+// do not flap on other nodes.
+func (k *kvstoreMode) stop() {
+	k.mirror.Stop()
+	k.pub.Stop()
+	_ = k.client.Close()
+}
+
+func (k *kvstoreMode) status() *models.KvstoreStatus {
+	h, p, m := k.client.Health(), k.pub.Stats(), k.mirror.Stats()
+	st := &models.KvstoreStatus{Backend: "etcd", Endpoints: k.client.Endpoints(), Node: k.client.NodeName(),
+		Healthy: h.Healthy, Since: h.Since, LastError: h.LastError, Lease: h.Lease, LeaseRegrants: h.Regrants,
+		Synced: m.Synced, Published: p.Published, RemoteEndpoints: m.RemoteEndpoints, RemoteNodes: m.RemoteNodes}
+	for _, e := range []string{p.LastError, m.LastError} {
+		if st.LastError == "" {
+			st.LastError = e
+		}
+	}
+	return st
+}
+
+// podCIDRs are this node's pod ranges (the IPAM ranges).
+func (a *Agent) podCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{a.cfg.IPv4Range, a.cfg.IPv6Range} {
+		if p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}

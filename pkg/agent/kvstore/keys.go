@@ -1,0 +1,66 @@
+package kvstore
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// Key layout, under Config.Prefix (default "membrane/"):
+//
+//	state/identities/v1/id/<N>            labels key of identity N (labels.Labels.Key())
+//	state/identities/v1/labels/<labels>   N, decimal
+//	state/identities/v1/refs/<N>/<node>   "" under <node>'s lease: <node> uses N
+//	state/identities/v1/gc/<N>            GC mark: N had no reference when marked
+//	state/nodes/v1/<node>                 the node (JSON nodeRecord) under its lease
+//	state/endpoints/v1/<node>/<id>        a local endpoint of <node> (JSON endpointRecord) under its lease
+//
+// id/<N> and labels/<labels> are created in one transaction and deleted
+// in one, so their CreateRevisions are equal; that revision is the
+// identity's incarnation, which references and sweeps compare.
+const (
+	identitiesDir = "state/identities/v1/"
+	idDir         = identitiesDir + "id/"
+	labelsDir     = identitiesDir + "labels/"
+	refsDir       = identitiesDir + "refs/"
+	gcDir         = identitiesDir + "gc/"
+	nodesDir      = "state/nodes/v1/"
+	endpointsDir  = "state/endpoints/v1/"
+)
+
+// keys builds the keys of one prefix.
+type keys struct{ prefix string }
+
+func (k keys) id(n identity.NumericIdentity) string { return k.prefix + idDir + itoa(n) }
+func (k keys) labels(lk string) string              { return k.prefix + labelsDir + lk }
+func (k keys) refs(n identity.NumericIdentity) string {
+	return k.prefix + refsDir + itoa(n) + "/"
+}
+func (k keys) ref(n identity.NumericIdentity, node string) string { return k.refs(n) + node }
+func (k keys) gc(n identity.NumericIdentity) string               { return k.prefix + gcDir + itoa(n) }
+func (k keys) identities() string                                 { return k.prefix + identitiesDir }
+func (k keys) ids() string                                        { return k.prefix + idDir }
+func (k keys) nodes() string                                      { return k.prefix + nodesDir }
+func (k keys) node(name string) string                            { return k.prefix + nodesDir + name }
+func (k keys) endpoints() string                                  { return k.prefix + endpointsDir }
+func (k keys) nodeEndpoints(node string) string                   { return k.prefix + endpointsDir + node + "/" }
+func (k keys) endpoint(node string, id uint16) string {
+	return k.nodeEndpoints(node) + strconv.FormatUint(uint64(id), 10)
+}
+
+func itoa(n identity.NumericIdentity) string { return strconv.FormatUint(uint64(n), 10) }
+
+// parseID parses the <N> of an id/, refs/ or gc/ key's remainder (up to
+// the next '/'); ok is false for anything not a valid cluster identity.
+func parseID(s string) (identity.NumericIdentity, bool) {
+	s, _, _ = strings.Cut(s, "/")
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || v < uint64(identity.MinLocalIdentity) || v > uint64(maxID) {
+		return 0, false
+	}
+	return identity.NumericIdentity(v), true
+}
+
+// maxID is the largest cluster identity (the datapath's 16-bit range).
+const maxID identity.NumericIdentity = 65535
