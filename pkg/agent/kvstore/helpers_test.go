@@ -48,7 +48,9 @@ func newNode(tb testing.TB, endpoint, name string) *node {
 	return &node{c: c, id: b}
 }
 
-func prefixOf(tb testing.TB) string { return "t-" + fmt.Sprint(len(tb.Name())) + "-" + sanitize(tb.Name()) + "/" }
+func prefixOf(tb testing.TB) string {
+	return "t-" + fmt.Sprint(len(tb.Name())) + "-" + sanitize(tb.Name()) + "/"
+}
 
 func sanitize(s string) string {
 	b := []byte(s)

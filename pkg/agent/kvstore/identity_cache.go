@@ -19,13 +19,13 @@ import (
 // transaction, so a stale cache costs a retry, never a wrong answer.
 type idCache struct {
 	// mu guards everything below.
-	mu       sync.Mutex
-	byNum    map[identity.NumericIdentity]string
-	byLabel  map[string]identity.NumericIdentity
-	takenNums   map[identity.NumericIdentity]struct{}
-	synced   bool
-	prefix   string
-	onChange func() // tests: called after every watch delivery
+	mu        sync.Mutex
+	byNum     map[identity.NumericIdentity]string
+	byLabel   map[string]identity.NumericIdentity
+	takenNums map[identity.NumericIdentity]struct{}
+	synced    bool
+	prefix    string
+	onChange  func() // tests: called after every watch delivery
 }
 
 func newIDCache() *idCache {

@@ -189,4 +189,3 @@ func assertIdentity(t *testing.T, cli *clientv3.Client, p string, id identity.Nu
 		t.Errorf("identity %d held by %s has no reference key", id, node)
 	}
 }
-

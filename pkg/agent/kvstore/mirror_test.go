@@ -179,7 +179,9 @@ func startAgentNode(tb testing.TB, endpoint, name string, i int) *agentNode {
 	return n
 }
 
-func podIP(node, pod int) netip.Addr { return netip.AddrFrom4([4]byte{10, byte(node + 1), 0, byte(pod + 1)}) }
+func podIP(node, pod int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, byte(node + 1), 0, byte(pod + 1)})
+}
 
 // expectView waits until every node's sink shows exactly the other
 // nodes' ready endpoints and the other nodes.

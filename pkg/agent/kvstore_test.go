@@ -1,0 +1,112 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/test/etcdtest"
+)
+
+// kvAgent starts an agent in kvstore mode against etcd.
+func kvAgent(t *testing.T, endpoint, name string, i int) (*agent.Agent, *client.Client) {
+	t.Helper()
+	cfg := agentConfig(filepath.Join(t.TempDir(), name))
+	cfg.IPv4Range = netip.MustParsePrefix(fmt.Sprintf("10.204.%d.0/24", i))
+	cfg.Kvstore = &kvstore.Config{Endpoints: []string{endpoint}, NodeName: name, Prefix: "agent-test/", LeaseTTL: 2 * time.Second}
+	cfg.NodeAddrs = []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 90, byte(i)})}
+	a, c, _ := startAgentT(t, cfg)
+	return a, c
+}
+
+// TestKvstoreMode: two agents on one etcd. An endpoint created on one is
+// published (IP, identity, node) and the other's status counts it and the
+// node; deleting it withdraws it; both report etcd healthy with a lease.
+func TestKvstoreMode(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	_, ca := kvAgent(t, srv.Endpoint, "agent-a", 1)
+	_, cb := kvAgent(t, srv.Endpoint, "agent-b", 2)
+	ctx := ctx10(t)
+	ip, err := ca.IPAMAllocate(ctx, "ipv4", "default/pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := ca.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "kv-c1", K8sNamespace: "default", K8sPodName: "pod-a", Labels: []string{"k8s:app=kv"},
+		Addressing: &models.AddressPair{IPv4: ip.Address.IPv4}, SyncBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	key := fmt.Sprintf("agent-test/state/endpoints/v1/agent-a/%d", ep.ID)
+	waitKey(t, etcd, key, func(v []byte) bool {
+		var rec struct {
+			IPs      []string `json:"ips"`
+			Identity int64    `json:"identity"`
+			Node     string   `json:"node"`
+			NodeIP   string   `json:"nodeIP"`
+		}
+		return json.Unmarshal(v, &rec) == nil && len(rec.IPs) == 1 && rec.IPs[0] == ip.Address.IPv4 &&
+			rec.Identity == ep.Identity.ID && rec.Node == "agent-a" && rec.NodeIP == "192.168.90.1"
+	})
+	waitStatus(t, cb, func(k *models.KvstoreStatus) bool {
+		return k.Healthy && k.Lease != 0 && k.Synced && k.RemoteEndpoints == 1 && k.RemoteNodes == 1
+	})
+	if err := ca.EndpointDelete(ctx, fmt.Sprint(ep.ID)); err != nil {
+		t.Fatal(err)
+	}
+	waitKey(t, etcd, key, nil)
+	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.RemoteEndpoints == 0 && k.RemoteNodes == 1 })
+	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return k.Healthy && k.Node == "agent-a" && k.Published == 1 })
+}
+
+// waitKey waits until key holds a value ok accepts (ok nil: until the
+// key is gone).
+func waitKey(t *testing.T, etcd *clientv3.Client, key string, ok func([]byte) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := etcd.Get(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (ok == nil && len(resp.Kvs) == 0) || (ok != nil && len(resp.Kvs) == 1 && ok(resp.Kvs[0].Value)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s: %v", key, resp.Kvs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitStatus(t *testing.T, c *client.Client, ok func(*models.KvstoreStatus) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Kvstore != nil && ok(st.Kvstore) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvstore status: %+v", st.Kvstore)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
