@@ -47,7 +47,7 @@ type IdentityBackend struct {
 	// held is what this node references: number -> labels key.
 	held map[identity.NumericIdentity]string
 	// releasing are references whose removal failed; the refs loop retries.
-	releasing map[identity.NumericIdentity]struct{}
+	releasing map[identity.NumericIdentity]string
 	rnd       *rand.Rand
 
 	gc gcState
@@ -62,7 +62,7 @@ func NewIdentityBackend(c *Client) *IdentityBackend {
 	ctx, stop := context.WithCancel(c.ctx)
 	b := &IdentityBackend{c: c, keys: c.keys, node: c.cfg.NodeName, log: c.log.With("kvstore", "identities"),
 		cache: newIDCache(), ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
-		held: map[identity.NumericIdentity]string{}, releasing: map[identity.NumericIdentity]struct{}{},
+		held: map[identity.NumericIdentity]string{}, releasing: map[identity.NumericIdentity]string{},
 		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 	b.gc.seen = map[int64]time.Time{}
 	b.wg.Add(2)
@@ -123,7 +123,7 @@ func (b *IdentityBackend) addRef(ctx context.Context, n identity.NumericIdentity
 	err := b.c.call(ctx, "add identity reference", func(ctx context.Context) (err error) {
 		resp, err = b.c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.Value(b.keys.id(n)), "=", lk)).
-			Then(clientv3.OpPut(b.keys.ref(n, b.node), "", clientv3.WithLease(lease)), clientv3.OpDelete(b.keys.gc(n))).
+			Then(clientv3.OpPut(b.keys.ref(lk, b.node), "", clientv3.WithLease(lease)), clientv3.OpDelete(b.keys.gc(lk))).
 			Commit()
 		return err
 	})
@@ -134,8 +134,11 @@ func (b *IdentityBackend) addRef(ctx context.Context, n identity.NumericIdentity
 	return true, nil
 }
 
-// create tries one free number for lk. It returns n == 0 (and no error)
-// when it lost a race; the cache has then learnt why.
+// create tries one free number for lk, in one transaction: create the
+// label set with that number and this node's reference if neither the
+// label set nor the number exists; else, if the label set exists, add
+// this node's reference to it and read its number. It returns n == 0
+// (and no error) when the number was taken; the cache has then learnt it.
 func (b *IdentityBackend) create(ctx context.Context, lk string, lease clientv3.LeaseID) (identity.NumericIdentity, bool, error) {
 	b.mu.Lock()
 	n, ok := b.cache.pickFree(b.rnd)
@@ -143,14 +146,16 @@ func (b *IdentityBackend) create(ctx context.Context, lk string, lease clientv3.
 	if !ok {
 		return 0, false, fmt.Errorf("acquire cluster identity: %w", ErrExhausted)
 	}
-	lkey, ikey := b.keys.labels(lk), b.keys.id(n)
+	lkey, ikey, ref := b.keys.labels(lk), b.keys.id(n), b.keys.ref(lk, b.node)
+	exists := clientv3.Compare(clientv3.CreateRevision(lkey), ">", 0)
 	var resp *clientv3.TxnResponse
 	err := b.c.call(ctx, "create identity", func(ctx context.Context) (err error) {
 		resp, err = b.c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0), clientv3.Compare(clientv3.CreateRevision(ikey), "=", 0)).
-			Then(clientv3.OpPut(lkey, itoa(n)), clientv3.OpPut(ikey, lk),
-				clientv3.OpPut(b.keys.ref(n, b.node), "", clientv3.WithLease(lease))).
-			Else(clientv3.OpGet(lkey)).
+			Then(clientv3.OpPut(lkey, itoa(n)), clientv3.OpPut(ikey, lk), clientv3.OpPut(ref, "", clientv3.WithLease(lease)),
+				clientv3.OpDelete(b.keys.gc(lk))).
+			Else(clientv3.OpTxn([]clientv3.Cmp{exists},
+				[]clientv3.Op{clientv3.OpGet(lkey), clientv3.OpPut(ref, "", clientv3.WithLease(lease)), clientv3.OpDelete(b.keys.gc(lk))}, nil)).
 			Commit()
 		return err
 	})
@@ -162,15 +167,19 @@ func (b *IdentityBackend) create(ctx context.Context, lk string, lease clientv3.
 		b.hold(n, lk, lease)
 		return n, true, nil
 	}
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		if other, ok := parseID(string(kvs[0].Value)); ok {
-			b.cache.add(other, lk) // someone else created lk: reference theirs
-			return 0, false, nil
-		}
+	inner := resp.Responses[0].GetResponseTxn()
+	if !inner.GetSucceeded() {
+		b.cache.taken(n) // n was taken by another label set
+		return 0, false, nil
+	}
+	kvs := inner.Responses[0].GetResponseRange().GetKvs()
+	other, ok := parseID(string(kvs[0].Value))
+	if !ok {
 		return 0, false, fmt.Errorf("acquire cluster identity: %s holds %q: %w", lkey, kvs[0].Value, ErrConflict)
 	}
-	b.cache.taken(n) // n was taken by another label set
-	return 0, false, nil
+	b.cache.add(other, lk) // another node created lk: this node now references it
+	b.hold(other, lk, lease)
+	return other, false, nil
 }
 
 // hold records that this node references n. If the lease changed while
@@ -186,13 +195,23 @@ func (b *IdentityBackend) hold(n identity.NumericIdentity, lk string, lease clie
 }
 
 // Release removes this node's reference to id. A failure is retried in
-// the background (and returned).
+// the background (and returned). Releasing an identity this node does not
+// hold does nothing.
 func (b *IdentityBackend) Release(ctx context.Context, id identity.NumericIdentity) error {
 	b.mu.Lock()
+	lk, ok := b.held[id]
+	if !ok {
+		lk, ok = b.releasing[id]
+	}
 	delete(b.held, id)
-	b.releasing[id] = struct{}{}
+	if ok {
+		b.releasing[id] = lk
+	}
 	b.mu.Unlock()
-	if err := b.dropRef(ctx, id); err != nil {
+	if !ok {
+		return nil
+	}
+	if err := b.dropRef(ctx, id, lk); err != nil {
 		b.poke()
 		return fmt.Errorf("release cluster identity %d: %w", id, err)
 	}
@@ -201,9 +220,9 @@ func (b *IdentityBackend) Release(ctx context.Context, id identity.NumericIdenti
 
 // dropRef deletes this node's reference to id unless it was acquired
 // again meanwhile.
-func (b *IdentityBackend) dropRef(ctx context.Context, id identity.NumericIdentity) error {
+func (b *IdentityBackend) dropRef(ctx context.Context, id identity.NumericIdentity, lk string) error {
 	err := b.c.call(ctx, "delete identity reference", func(ctx context.Context) error {
-		_, err := b.c.cli.Delete(ctx, b.keys.ref(id, b.node))
+		_, err := b.c.cli.Delete(ctx, b.keys.ref(lk, b.node))
 		return err
 	})
 	if err != nil {

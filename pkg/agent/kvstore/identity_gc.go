@@ -59,9 +59,9 @@ func (b *IdentityBackend) syncRefs() error {
 	for n, lk := range b.held {
 		held[n] = lk
 	}
-	var rel []identity.NumericIdentity
-	for n := range b.releasing {
-		rel = append(rel, n)
+	rel := make(map[identity.NumericIdentity]string, len(b.releasing))
+	for n, lk := range b.releasing {
+		rel[n] = lk
 	}
 	b.mu.Unlock()
 	for n, lk := range held {
@@ -69,8 +69,8 @@ func (b *IdentityBackend) syncRefs() error {
 			return err
 		}
 	}
-	for _, n := range rel {
-		if err := b.dropRef(b.ctx, n); err != nil {
+	for n, lk := range rel {
+		if err := b.dropRef(b.ctx, n, lk); err != nil {
 			return err
 		}
 	}
@@ -86,15 +86,16 @@ func (b *IdentityBackend) syncRefs() error {
 // when both are still free; otherwise the number now means something
 // else, which is logged and reported in the status.
 func (b *IdentityBackend) restoreRef(n identity.NumericIdentity, lk string, lease clientv3.LeaseID) error {
-	ikey, lkey, ref := b.keys.id(n), b.keys.labels(lk), b.keys.ref(n, b.node)
+	ikey, lkey, ref := b.keys.id(n), b.keys.labels(lk), b.keys.ref(lk, b.node)
 	var resp *clientv3.TxnResponse
 	err := b.c.call(b.ctx, "restore identity reference", func(ctx context.Context) (err error) {
 		resp, err = b.c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.Value(ikey), "=", lk)).
-			Then(clientv3.OpPut(ref, "", clientv3.WithLease(lease)), clientv3.OpDelete(b.keys.gc(n))).
+			Then(clientv3.OpPut(ref, "", clientv3.WithLease(lease)), clientv3.OpDelete(b.keys.gc(lk))).
 			Else(clientv3.OpTxn(
 				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ikey), "=", 0), clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(lkey, itoa(n)), clientv3.OpPut(ikey, lk), clientv3.OpPut(ref, "", clientv3.WithLease(lease))},
+				[]clientv3.Op{clientv3.OpPut(lkey, itoa(n)), clientv3.OpPut(ikey, lk), clientv3.OpPut(ref, "", clientv3.WithLease(lease)),
+					clientv3.OpDelete(b.keys.gc(lk))},
 				nil)).
 			Commit()
 		return err
@@ -130,19 +131,24 @@ func (b *IdentityBackend) gcLoop() {
 
 // gcView is one read of the identities directory.
 type gcView struct {
-	ids   map[identity.NumericIdentity]string
-	refs  map[identity.NumericIdentity]int
-	marks map[identity.NumericIdentity]int64 // mark's CreateRevision
+	ids   map[identity.NumericIdentity]string // number -> labels key
+	refs  map[string]int                      // refHash -> references
+	marks map[string]gcMark                   // refHash -> mark
+}
+
+// gcMark is a GC mark as read.
+type gcMark struct {
+	rev int64  // its CreateRevision
+	lk  string // the labels key it marks
 }
 
 // CollectGarbage runs one pass of the two-phase collection: an identity
 // that no node references is marked (a transaction guarded on "no
 // reference, not marked, same labels"); a mark this node has seen for
 // GCGrace is swept (guarded on "same mark, still no reference, same
-// labels"). An Acquire that adds a reference deletes the mark, and a
-// reference added after the pass read the store fails the guard, so a
-// referenced identity is never removed. Every node may run passes
-// concurrently.
+// labels"). Adding a reference deletes the mark, and a reference added
+// after the pass read the store fails the guard, so a referenced
+// identity is never removed. Every node may run passes concurrently.
 func (b *IdentityBackend) CollectGarbage(ctx context.Context) (GCStats, error) {
 	b.gc.mu.Lock()
 	defer b.gc.mu.Unlock()
@@ -154,10 +160,12 @@ func (b *IdentityBackend) CollectGarbage(ctx context.Context) (GCStats, error) {
 	now := time.Now()
 	live := map[int64]bool{}
 	for n, lk := range v.ids {
-		if v.refs[n] > 0 { // an Acquire deletes the mark with its reference
+		h := refHash(lk)
+		if v.refs[h] > 0 {
 			continue
 		}
-		rev, marked := v.marks[n]
+		m, marked := v.marks[h]
+		delete(v.marks, h)
 		if !marked {
 			cmps, ops := b.markOps(n, lk)
 			rev, err := b.gcTxn(ctx, cmps, ops)
@@ -170,31 +178,29 @@ func (b *IdentityBackend) CollectGarbage(ctx context.Context) (GCStats, error) {
 			}
 			continue
 		}
-		live[rev] = true
-		first, ok := b.gc.seen[rev]
+		live[m.rev] = true
+		first, ok := b.gc.seen[m.rev]
 		if !ok {
-			b.gc.seen[rev] = now
+			b.gc.seen[m.rev] = now
 			continue
 		}
 		if now.Sub(first) < b.c.cfg.GCGrace {
 			continue
 		}
-		cmps, ops := b.sweepOps(n, lk, rev)
-		done, err := b.gcTxn(ctx, cmps, ops)
+		cmps, ops := b.sweepOps(n, lk, m.rev)
+		rev, err := b.gcTxn(ctx, cmps, ops)
 		if err != nil {
 			return st, err
 		}
-		st.Swept += btoi(done != 0)
+		st.Swept += btoi(rev != 0)
 	}
-	for n, rev := range v.marks { // marks of vanished identities
-		if _, ok := v.ids[n]; !ok {
-			done, err := b.gcTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(b.keys.gc(n)), "=", rev),
-				clientv3.Compare(clientv3.CreateRevision(b.keys.id(n)), "=", 0)}, []clientv3.Op{clientv3.OpDelete(b.keys.gc(n))})
-			if err != nil {
-				return st, err
-			}
-			st.Unmarked += btoi(done != 0)
+	for _, m := range v.marks { // marks of label sets that are gone
+		rev, err := b.gcTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(b.keys.gc(m.lk)), "=", m.rev),
+			clientv3.Compare(clientv3.CreateRevision(b.keys.labels(m.lk)), "=", 0)}, []clientv3.Op{clientv3.OpDelete(b.keys.gc(m.lk))})
+		if err != nil {
+			return st, err
 		}
+		st.Unmarked += btoi(rev != 0)
 	}
 	for rev := range b.gc.seen {
 		if !live[rev] {
@@ -207,18 +213,18 @@ func (b *IdentityBackend) CollectGarbage(ctx context.Context) (GCStats, error) {
 func (b *IdentityBackend) markOps(n identity.NumericIdentity, lk string) ([]clientv3.Cmp, []clientv3.Op) {
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(b.keys.id(n)), "=", lk),
-		clientv3.Compare(clientv3.CreateRevision(b.keys.refs(n)), "=", 0).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(b.keys.gc(n)), "=", 0),
-	}, []clientv3.Op{clientv3.OpPut(b.keys.gc(n), b.node)}
+		clientv3.Compare(clientv3.CreateRevision(b.keys.refs(lk)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(b.keys.gc(lk)), "=", 0),
+	}, []clientv3.Op{clientv3.OpPut(b.keys.gc(lk), lk)}
 }
 
 func (b *IdentityBackend) sweepOps(n identity.NumericIdentity, lk string, rev int64) ([]clientv3.Cmp, []clientv3.Op) {
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(b.keys.gc(n)), "=", rev),
-		clientv3.Compare(clientv3.CreateRevision(b.keys.refs(n)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(b.keys.gc(lk)), "=", rev),
+		clientv3.Compare(clientv3.CreateRevision(b.keys.refs(lk)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.Value(b.keys.id(n)), "=", lk),
 		clientv3.Compare(clientv3.Value(b.keys.labels(lk)), "=", itoa(n)),
-	}, []clientv3.Op{clientv3.OpDelete(b.keys.id(n)), clientv3.OpDelete(b.keys.labels(lk)), clientv3.OpDelete(b.keys.gc(n))}
+	}, []clientv3.Op{clientv3.OpDelete(b.keys.id(n)), clientv3.OpDelete(b.keys.labels(lk)), clientv3.OpDelete(b.keys.gc(lk))}
 }
 
 // gcTxn commits If(cmps) Then(ops); rev is the revision it wrote, 0 when
@@ -245,22 +251,23 @@ func (b *IdentityBackend) gcRead(ctx context.Context) (gcView, error) {
 	if err != nil {
 		return gcView{}, err
 	}
-	v := gcView{ids: map[identity.NumericIdentity]string{}, refs: map[identity.NumericIdentity]int{}, marks: map[identity.NumericIdentity]int64{}}
+	v := gcView{ids: map[identity.NumericIdentity]string{}, refs: map[string]int{}, marks: map[string]gcMark{}}
 	base := b.keys.identities()
 	for _, kv := range resp.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), base)
 		dir, tail, _ := strings.Cut(rest, "/")
-		n, ok := parseID(tail)
-		if !ok {
-			continue
-		}
 		switch dir {
 		case "id":
-			v.ids[n] = string(kv.Value)
+			if n, ok := parseID(tail); ok {
+				v.ids[n] = string(kv.Value)
+			}
 		case "refs":
-			v.refs[n]++
+			h, _, _ := strings.Cut(tail, "/")
+			v.refs[h]++
 		case "gc":
-			v.marks[n] = kv.CreateRevision
+			if refHash(string(kv.Value)) == tail { // else not a mark this code wrote
+				v.marks[tail] = gcMark{rev: kv.CreateRevision, lk: string(kv.Value)}
+			}
 		}
 	}
 	return v, nil

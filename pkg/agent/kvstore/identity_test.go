@@ -181,7 +181,7 @@ func assertIdentity(t *testing.T, cli *clientv3.Client, p string, id identity.Nu
 		t.Errorf("identity %d (%s) held by %s is gone or changed: %v", id, ls.Key(), node, resp.Kvs)
 		return
 	}
-	ref, err := cli.Get(ctx, fmt.Sprintf("%srefs/%d/%s", p, id, node))
+	ref, err := cli.Get(ctx, p+"refs/"+kvstore.RefHash(ls.Key())+"/"+node)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package kvstore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 
@@ -11,14 +13,17 @@ import (
 //
 //	state/identities/v1/id/<N>            labels key of identity N (labels.Labels.Key())
 //	state/identities/v1/labels/<labels>   N, decimal
-//	state/identities/v1/refs/<N>/<node>   "" under <node>'s lease: <node> uses N
-//	state/identities/v1/gc/<N>            GC mark: N had no reference when marked
+//	state/identities/v1/refs/<H>/<node>   N, under <node>'s lease: <node> uses the labels' identity
+//	state/identities/v1/gc/<H>            GC mark (value: the labels key): no reference when marked
 //	state/nodes/v1/<node>                 the node (JSON nodeRecord) under its lease
 //	state/endpoints/v1/<node>/<id>        a local endpoint of <node> (JSON endpointRecord) under its lease
 //
-// id/<N> and labels/<labels> are created in one transaction and deleted
-// in one, so their CreateRevisions are equal; that revision is the
-// identity's incarnation, which references and sweeps compare.
+// <H> is refHash(labels key): references and marks hang off the label set
+// (as Cilium's value/<labels>/<node> keys do) so that a node that lost the
+// race to create a label set adds its reference in the same transaction,
+// without knowing the number; the hash keeps those keys short and free of
+// '/' from label keys. id/<N> and labels/<labels> are created in one
+// transaction and deleted in one.
 const (
 	identitiesDir = "state/identities/v1/"
 	idDir         = identitiesDir + "id/"
@@ -34,11 +39,9 @@ type keys struct{ prefix string }
 
 func (k keys) id(n identity.NumericIdentity) string { return k.prefix + idDir + itoa(n) }
 func (k keys) labels(lk string) string              { return k.prefix + labelsDir + lk }
-func (k keys) refs(n identity.NumericIdentity) string {
-	return k.prefix + refsDir + itoa(n) + "/"
-}
-func (k keys) ref(n identity.NumericIdentity, node string) string { return k.refs(n) + node }
-func (k keys) gc(n identity.NumericIdentity) string               { return k.prefix + gcDir + itoa(n) }
+func (k keys) refs(lk string) string            { return k.prefix + refsDir + refHash(lk) + "/" }
+func (k keys) ref(lk string, node string) string { return k.refs(lk) + node }
+func (k keys) gc(lk string) string               { return k.prefix + gcDir + refHash(lk) }
 func (k keys) identities() string                                 { return k.prefix + identitiesDir }
 func (k keys) ids() string                                        { return k.prefix + idDir }
 func (k keys) nodes() string                                      { return k.prefix + nodesDir }
@@ -47,6 +50,13 @@ func (k keys) endpoints() string                                  { return k.pre
 func (k keys) nodeEndpoints(node string) string                   { return k.prefix + endpointsDir + node + "/" }
 func (k keys) endpoint(node string, id uint16) string {
 	return k.nodeEndpoints(node) + strconv.FormatUint(uint64(id), 10)
+}
+
+// refHash names a label set in refs/ and gc/: 128 bits of its SHA-256,
+// hex.
+func refHash(lk string) string {
+	sum := sha256.Sum256([]byte(lk))
+	return hex.EncodeToString(sum[:16])
 }
 
 func itoa(n identity.NumericIdentity) string { return strconv.FormatUint(uint64(n), 10) }
