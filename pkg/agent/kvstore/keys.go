@@ -39,15 +39,15 @@ type keys struct{ prefix string }
 
 func (k keys) id(n identity.NumericIdentity) string { return k.prefix + idDir + itoa(n) }
 func (k keys) labels(lk string) string              { return k.prefix + labelsDir + lk }
-func (k keys) refs(lk string) string            { return k.prefix + refsDir + refHash(lk) + "/" }
-func (k keys) ref(lk string, node string) string { return k.refs(lk) + node }
-func (k keys) gc(lk string) string               { return k.prefix + gcDir + refHash(lk) }
-func (k keys) identities() string                                 { return k.prefix + identitiesDir }
-func (k keys) ids() string                                        { return k.prefix + idDir }
-func (k keys) nodes() string                                      { return k.prefix + nodesDir }
-func (k keys) node(name string) string                            { return k.prefix + nodesDir + name }
-func (k keys) endpoints() string                                  { return k.prefix + endpointsDir }
-func (k keys) nodeEndpoints(node string) string                   { return k.prefix + endpointsDir + node + "/" }
+func (k keys) refs(lk string) string                { return k.prefix + refsDir + refHash(lk) + "/" }
+func (k keys) ref(lk string, node string) string    { return k.refs(lk) + node }
+func (k keys) gc(lk string) string                  { return k.prefix + gcDir + refHash(lk) }
+func (k keys) identities() string                   { return k.prefix + identitiesDir }
+func (k keys) ids() string                          { return k.prefix + idDir }
+func (k keys) nodes() string                        { return k.prefix + nodesDir }
+func (k keys) node(name string) string              { return k.prefix + nodesDir + name }
+func (k keys) endpoints() string                    { return k.prefix + endpointsDir }
+func (k keys) nodeEndpoints(node string) string     { return k.prefix + endpointsDir + node + "/" }
 func (k keys) endpoint(node string, id uint16) string {
 	return k.nodeEndpoints(node) + strconv.FormatUint(uint64(id), 10)
 }
