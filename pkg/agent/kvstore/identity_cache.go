@@ -24,8 +24,6 @@ type idCache struct {
 	byLabel   map[string]identity.NumericIdentity
 	takenNums map[identity.NumericIdentity]struct{}
 	synced    bool
-	prefix    string
-	onChange  func() // tests: called after every watch delivery
 }
 
 func newIDCache() *idCache {
@@ -118,11 +116,7 @@ func (c *idCache) list(kvs []*mvccpb.KeyValue) {
 		}
 	}
 	c.synced = true
-	fn := c.onChange
 	c.mu.Unlock()
-	if fn != nil {
-		fn()
-	}
 }
 
 func (c *idCache) events(evs []*clientv3.Event) {
@@ -138,11 +132,7 @@ func (c *idCache) events(evs []*clientv3.Event) {
 			delete(c.takenNums, n)
 		}
 	}
-	fn := c.onChange
 	c.mu.Unlock()
-	if fn != nil {
-		fn()
-	}
 }
 
 // parse reads an id/<N> key; its value is set on puts only.
