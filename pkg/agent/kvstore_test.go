@@ -71,6 +71,24 @@ func TestKvstoreMode(t *testing.T) {
 	waitKey(t, etcd, key, nil)
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.RemoteEndpoints == 0 && k.RemoteNodes == 1 })
 	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return k.Healthy && k.Node == "agent-a" && k.Published == 1 })
+
+	// etcd goes away: the status says so, the agent keeps serving, and
+	// an endpoint created meanwhile is published once etcd is back (the
+	// same data directory: nothing of before is lost).
+	srv.Stop()
+	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return !k.Healthy && k.LastError != "" })
+	ip2, err := ca.IPAMAllocate(ctx, "ipv4", "default/pod-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep2, err := ca.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "kv-c2", K8sNamespace: "default", K8sPodName: "pod-b",
+		Labels: []string{"k8s:app=kv"}, Addressing: &models.AddressPair{IPv4: ip2.Address.IPv4}, SyncBuild: true})
+	if err != nil {
+		t.Fatalf("create while etcd is down: %v", err)
+	}
+	srv.Restart()
+	waitKey(t, etcd, fmt.Sprintf("agent-test/state/endpoints/v1/agent-a/%d", ep2.ID), func([]byte) bool { return true })
+	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.Healthy && k.RemoteEndpoints == 1 && k.RemoteNodes == 1 })
 }
 
 // waitKey waits until key holds a value ok accepts (ok nil: until the

@@ -28,6 +28,20 @@ type memSink struct {
 	nodes map[string]datapath.RemoteNode
 	fail  bool // answer every call with an error
 	calls int
+	seen  map[netip.Addr]time.Time // first arrival of each address (after stamp)
+}
+
+// stamp starts recording when each address first arrives.
+func (s *memSink) stamp() {
+	s.mu.Lock()
+	s.seen = map[netip.Addr]time.Time{}
+	s.mu.Unlock()
+}
+
+func (s *memSink) firstSeen() map[netip.Addr]time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.seen)
 }
 
 func newMemSink() *memSink {
@@ -69,9 +83,13 @@ func (s *memSink) UpsertRemoteEndpoints(_ context.Context, source string, eps []
 }
 
 func (s *memSink) upsertLocked(eps []endpoint.Remote) {
+	now := time.Now()
 	for _, r := range eps {
 		for _, ip := range r.IPs {
 			s.ips[ip] = r
+			if _, ok := s.seen[ip]; !ok && s.seen != nil {
+				s.seen[ip] = now
+			}
 		}
 	}
 }
