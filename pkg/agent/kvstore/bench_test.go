@@ -3,8 +3,8 @@ package kvstore_test
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"sync"
 	"syscall"
