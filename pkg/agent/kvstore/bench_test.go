@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
@@ -102,6 +103,16 @@ func BenchmarkEndpointFootprint(b *testing.B) {
 	b.ReportMetric(float64(keys)/float64(b.N), "keys/endpoint")
 	b.ReportMetric(float64(bytes)/float64(b.N), "bytes/endpoint")
 	b.ReportMetric(el.Seconds()*1000, "ms-to-mirror-all")
+	_, nodeBytes := countKeys(b, pub.c.Etcd(), prefixOf(b)+"state/nodes/v1/foot-a")
+	b.ReportMetric(float64(nodeBytes), "bytes/node")
+	ids := kvstore.NewIdentityBackend(pub.c)
+	defer ids.Close()
+	ls := labelSet(b, "k8s:app=web", "k8s:io.kubernetes.pod.namespace=default")
+	if _, _, err := ids.Acquire(context.Background(), ls); err != nil {
+		b.Fatal(err)
+	}
+	_, idBytes := countKeys(b, pub.c.Etcd(), prefixOf(b)+"state/identities/v1/")
+	b.ReportMetric(float64(idBytes), "bytes/identity-1-node")
 }
 
 // BenchmarkConvergence: 10 nodes each publish 1,000 endpoints (from
