@@ -240,3 +240,55 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseLostAndRegranted cuts one node off etcd for longer than its
+// lease: the other nodes drop its endpoints and its identity references
+// go, and GC even collects its identity; when the node reaches etcd
+// again it is granted a new lease and writes everything again: its node
+// entry and endpoints reappear everywhere and its identity comes back
+// with the same number and labels.
+func TestLeaseLostAndRegranted(t *testing.T) {
+	srv := startEtcd(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint[len("http://"):])
+	a := startAgentNode(t, "http://"+proxy.Addr, "regrant-a", 0)
+	aIDs := kvstore.NewIdentityBackend(a.c)
+	t.Cleanup(func() { _ = aIDs.Close() })
+	b := startAgentNode(t, srv.Endpoint, "regrant-b", 1)
+	gcClient := connect(t, srv.Endpoint, "regrant-gc", func(c *kvstore.Config) { c.GCGrace = time.Nanosecond })
+	gc := kvstore.NewIdentityBackend(gcClient)
+	t.Cleanup(func() { _ = gc.Close() })
+
+	ls := labelSet(t, "k8s:app=regrant")
+	id, _, err := aIDs.Acquire(context.Background(), ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.src.set(1, podIP(0, 0), id, endpoint.StateReady)
+	nodes := []*agentNode{a, b}
+	want, owner := map[netip.Addr]identity.NumericIdentity{podIP(0, 0): id}, map[netip.Addr]int{podIP(0, 0): 0}
+	expectView(t, nodes, want, owner, []int{0, 1})
+
+	proxy.Cut()
+	p := prefixOf(t) + "state/identities/v1/"
+	waitFor(t, "a's lease expires: b drops a", func() bool {
+		ips, names := b.sink.view()
+		return len(ips) == 0 && len(names) == 0
+	})
+	waitFor(t, "gc collects a's identity", func() bool {
+		if _, err := gc.CollectGarbage(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		n, _ := countKeys(t, gcClient.Etcd(), fmt.Sprintf("%sid/%d", p, id))
+		return n == 0
+	})
+	proxy.Restore()
+	expectView(t, nodes, want, owner, []int{0, 1})
+	waitFor(t, "a's reference and identity are back", func() bool {
+		n, _ := countKeys(t, gcClient.Etcd(), p+"refs/"+kvstore.RefHash(ls.Key())+"/regrant-a")
+		return n == 1
+	})
+	assertIdentity(t, gcClient.Etcd(), p, id, ls, "regrant-a")
+	if h := a.c.Health(); h.Regrants == 0 {
+		t.Errorf("a's health counts no new lease: %+v", h)
+	}
+}
