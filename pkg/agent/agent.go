@@ -231,6 +231,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
 	ac.GC.Interval = cfg.GCInterval
+	kv, err := connectKvstore(cfg.Kvstore, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if kv != nil {
+		undo = append(undo, kv.stop)
+	}
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
@@ -248,7 +255,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg), events: ac.Events}
+		poolSizes: poolSizesOf(&cfg), events: ac.Events, kvstore: kv}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
 	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
@@ -281,7 +288,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		srv.SetLabeler(a.k8s.Labels)
 		srv.SetK8s(a.k8s.Status)
 	}
-	if cfg.Kvstore != nil {
+	if kv != nil {
 		if err := a.startKvstore(); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)
 		}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
@@ -12,26 +13,35 @@ import (
 // connection, this node's endpoints published, other nodes' mirrored.
 type kvstoreMode struct {
 	client *kvstore.Client
-	pub    *kvstore.Publisher
-	mirror *kvstore.Mirror
+	pub    *kvstore.Publisher // nil until startKvstore
+	mirror *kvstore.Mirror    // nil until startKvstore
 }
 
-// startKvstore connects to etcd (without waiting for it: the agent serves
-// its existing endpoints while etcd is away), publishes this node and its
-// endpoints from the index, and feeds the other nodes' endpoints and
-// routes to the actor system through its front door where the system
-// offers the methods (remote endpoints, SyncNodes).
-func (a *Agent) startKvstore() error {
-	cfg := a.cfg.Kvstore
-	c, err := kvstore.Connect(*cfg, a.log)
-	if err != nil {
-		return fmt.Errorf("kvstore: %w", err)
+// connectKvstore connects to etcd (without waiting for it: the agent
+// serves its existing endpoints while etcd is away); nil when cfg is nil.
+// It runs before the actor system starts, which takes its identity
+// backend.
+func connectKvstore(cfg *kvstore.Config, log *slog.Logger) (*kvstoreMode, error) {
+	if cfg == nil {
+		return nil, nil
 	}
-	k := &kvstoreMode{client: c}
-	k.pub, err = kvstore.StartPublisher(c, kvstore.PublisherConfig{Addrs: a.cfg.NodeAddrs, PodCIDRs: a.podCIDRs(),
+	c, err := kvstore.Connect(*cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: %w", err)
+	}
+	return &kvstoreMode{client: c}, nil
+}
+
+// startKvstore publishes this node and its endpoints from the index, and
+// feeds the other nodes' endpoints and routes to the actor system through
+// its front door where the system offers the methods (remote endpoints,
+// SyncNodes).
+func (a *Agent) startKvstore() error {
+	k := a.kvstore
+	var err error
+	k.pub, err = kvstore.StartPublisher(k.client, kvstore.PublisherConfig{Addrs: a.cfg.NodeAddrs, PodCIDRs: a.podCIDRs(),
 		Source: a.Index, Hub: a.events})
 	if err != nil {
-		_ = c.Close()
 		return fmt.Errorf("kvstore: %w", err)
 	}
 	eps, _ := any(a.System).(kvstore.RemoteSink)
@@ -42,18 +52,21 @@ func (a *Agent) startKvstore() error {
 	if nodes == nil {
 		a.log.Warn("kvstore: this agent cannot route to other nodes; their pod CIDRs are not routed")
 	}
-	k.mirror = kvstore.StartMirror(c, eps, nodes)
-	a.kvstore = k
+	k.mirror = kvstore.StartMirror(k.client, eps, nodes)
 	a.Server.SetKvstore(k.status)
 	return nil
 }
 
 // stop stops publishing and mirroring and closes the connection; the
 // node's keys stay until its lease expires, so a restarting agent's pods
-// do not flap on other nodes.
+// do not flap on other nodes. Idempotent.
 func (k *kvstoreMode) stop() {
-	k.mirror.Stop()
-	k.pub.Stop()
+	if k.mirror != nil {
+		k.mirror.Stop()
+	}
+	if k.pub != nil {
+		k.pub.Stop()
+	}
 	_ = k.client.Close()
 }
 

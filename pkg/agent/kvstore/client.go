@@ -25,6 +25,9 @@ type Client struct {
 	ctx  context.Context
 	stop context.CancelFunc
 	done chan struct{}
+	// closeOnce makes Close idempotent; closeErr is its result.
+	closeOnce sync.Once
+	closeErr  error
 
 	// mu guards everything below.
 	mu       sync.Mutex
@@ -219,11 +222,14 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 
 // Close revokes nothing (the lease expires on its own, so a restarted
 // agent's keys stay meanwhile), stops the lease loop and closes the
-// connection.
+// connection. Idempotent.
 func (c *Client) Close() error {
-	c.stop()
-	<-c.done
-	return c.cli.Close()
+	c.closeOnce.Do(func() {
+		c.stop()
+		<-c.done
+		c.closeErr = c.cli.Close()
+	})
+	return c.closeErr
 }
 
 // sleep waits d or until ctx ends; false when ctx ended.
