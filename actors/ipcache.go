@@ -50,6 +50,10 @@ type ipcacheActor struct {
 	retry   *time.Timer
 	backoff time.Duration // the next retry delay; 0 after a success
 	req     requester
+
+	// replacing holds, per origin, the replacement run in progress
+	// (ReplaceRemoteEndpoints): the addresses it set so far.
+	replacing map[string]*remoteReplace
 }
 
 // ipcacheRetrySync is the retry timer's message.
@@ -115,6 +119,8 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		a.sync(ctx)
 	case *messages.IPCacheHostAddr:
 		a.hostAddr(ctx, msg)
+	case *messages.IPCacheRemote:
+		a.remote(ctx, msg)
 	case *messages.IPCachePrune:
 		if _, ok := a.deps.dp.(datapath.IPCacheSyncer); ok {
 			a.prune = true
@@ -133,6 +139,7 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
 	a.dirty = map[netip.Prefix]struct{}{}
+	a.replacing = map[string]*remoteReplace{}
 	for _, e := range a.deps.ix.IPCache() {
 		a.entries[e.Prefix] = e
 		a.dirty[e.Prefix] = struct{}{}
@@ -157,13 +164,14 @@ func (a *ipcacheActor) endpoint(ctx actor.Context, msg *messages.IPCacheEndpoint
 	a.sync(ctx)
 }
 
-// claim sets c's claim on p (replacing the same source's, and for
-// endpoints the same endpoint's) and recomputes the entry.
+// claim sets c's claim on p (replacing the same source's, for
+// endpoints the same endpoint's, for remote endpoints the same origin's)
+// and recomputes the entry.
 func (a *ipcacheActor) claim(ctx actor.Context, p netip.Prefix, c index.IPCacheClaim) {
 	var claims []index.IPCacheClaim
 	if e := a.entries[p]; e != nil {
 		claims = slices.DeleteFunc(slices.Clone(e.Claims), func(o index.IPCacheClaim) bool {
-			return o.Source == c.Source && o.Endpoint == c.Endpoint
+			return o.Source == c.Source && o.Endpoint == c.Endpoint && o.Origin == c.Origin
 		})
 	}
 	a.set(ctx, p, append(claims, c))
@@ -178,8 +186,10 @@ func (a *ipcacheActor) drop(ctx actor.Context, p netip.Prefix, match func(index.
 	a.set(ctx, p, slices.DeleteFunc(slices.Clone(e.Claims), match))
 }
 
-// set writes p's entry from its claims: the endpoint claim wins over a
-// policy CIDR, which wins over a reserved one.
+// set writes p's entry from its claims: a local endpoint's claim wins
+// over a remote endpoint's, which wins over a policy CIDR, which wins
+// over a reserved one; between remote claims of two origins the origin
+// first by name wins (deterministic across restarts).
 func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPCacheClaim) {
 	old := a.entries[p]
 	if len(claims) == 0 {
@@ -192,14 +202,17 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 	}
 	best := claims[0]
 	for _, c := range claims[1:] {
-		if sourceRank(c.Source) < sourceRank(best.Source) {
+		if r, br := sourceRank(c.Source), sourceRank(best.Source); r < br || (r == br && c.Origin < best.Origin) {
 			best = c
 		}
 	}
 	e := &index.IPCacheEntry{Prefix: p, Identity: best.Identity, Source: best.Source, Claims: claims}
+	if best.Source == index.SourceRemote {
+		e.TunnelEndpoint = best.NodeIP
+	}
 	a.entries[p] = e
 	a.batch.putKeyed(ctx, index.TableIPCache, p, e)
-	if old == nil || old.Identity != e.Identity {
+	if old == nil || old.Identity != e.Identity || old.TunnelEndpoint != e.TunnelEndpoint {
 		a.dirty[p] = struct{}{}
 	}
 }
@@ -208,10 +221,12 @@ func sourceRank(s string) int {
 	switch s {
 	case index.SourceEndpoint:
 		return 0
-	case index.SourceCIDRPolicy:
+	case index.SourceRemote:
 		return 1
+	case index.SourceCIDRPolicy:
+		return 2
 	}
-	return 2
+	return 3
 }
 
 // sync writes the dirty prefixes to the datapath in one pool job, unless

@@ -39,3 +39,26 @@ type IPCacheHostAddr struct {
 	Addr    netip.Addr
 	Deleted bool
 }
+
+// IPCacheRemote tells the ipcache actor about endpoints on other nodes
+// reported by Origin: Upserts set (or replace) Origin's claims on their
+// addresses, Deletes drop Origin's claims. A full replacement arrives as
+// a run of messages sharing Replace (non-zero): the first has First, the
+// last has Last, and the last drops every claim of Origin that no message
+// of the run (nor an upsert meanwhile) set. The front door bounds each
+// message's size. Reply: *IPCacheRemoteResult, after the index commit.
+type IPCacheRemote struct {
+	Origin  string
+	Upserts []endpoint.Remote
+	Deletes []netip.Addr
+	Replace uint64
+	First   bool
+	Last    bool
+}
+
+// IPCacheRemoteResult answers IPCacheRemote. Err is set when a
+// replacement run was interrupted (a newer run of the same origin began,
+// or the actor restarted); the caller repeats it.
+type IPCacheRemoteResult struct {
+	Err error
+}

@@ -66,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/run/membrane/state", "directory of per-endpoint state")
 	fs.StringVar(&v4, "ipv4-range", "10.200.0.0/16", "IPv4 pod CIDR (\"\" disables IPv4)")
 	fs.StringVar(&v6, "ipv6-range", "", "IPv6 pod CIDR, e.g. fd00:200::/112 (at most 2^24 addresses)")
+	fs.StringVar(&cfg.IPAM, "ipam", agent.IPAMStatic, "where the pod CIDRs come from: static (--ipv4-range, --ipv6-range) or kubernetes (this node's spec.podCIDRs; Kubernetes mode only)")
 	fs.StringVar(&strategy, "ipam-strategy", "sequential", "address allocation: sequential or random")
 	fs.DurationVar(&expiry, "ipam-expiry", 10*time.Minute, "release an address allocated through the API that no endpoint claimed within this long (0 disables; at least 1s)")
 	fs.StringVar(&cfg.Datapath, "datapath", "linux", "datapath: linux (needs root: CAP_NET_ADMIN) or fake (in memory, for demos and tests)")
@@ -89,6 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
+	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	var kv kvstore.Config

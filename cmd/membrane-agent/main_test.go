@@ -156,6 +156,10 @@ func TestParseFlagsK8s(t *testing.T) {
 		{"missing kubeconfig", []string{"--k8s-kubeconfig", kc + ".missing", "--node-name", "n"}, "", false, "--k8s-kubeconfig"},
 		{"bad node name", []string{"--k8s-kubeconfig", kc, "--node-name", "Node_1"}, "", false, "--node-name"},
 		{"node name alone", []string{"--node-name", "n"}, "", false, "--node-name"},
+		{"ipam kubernetes", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--ipam", "kubernetes", "--k8s-pod-cidr-wait", "30s"}, "n", false, ""},
+		{"ipam kubernetes standalone", []string{"--ipam", "kubernetes"}, "", false, "--ipam"},
+		{"ipam unknown", []string{"--ipam", "dhcp"}, "", false, "--ipam"},
+		{"negative pod cidr wait", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--k8s-pod-cidr-wait", "-1s"}, "", false, "PodCIDRWait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)

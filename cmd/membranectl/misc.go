@@ -89,7 +89,7 @@ func healthText(h *models.HealthStatus) string {
 func k8sText(k *models.K8sStatus) string {
 	out := fmt.Sprintf("%s (node %s, %s)", k.State, k.Node, k.Server)
 	var pending []string
-	for _, name := range []string{"pods", "namespaces", "networkpolicies"} {
+	for _, name := range []string{"pods", "namespaces", "networkpolicies", "nodes", "membraneendpoints"} {
 		if synced, ok := k.Synced[name]; ok && !synced {
 			pending = append(pending, name)
 		}
@@ -103,6 +103,12 @@ func k8sText(k *models.K8sStatus) string {
 	}
 	if k.Queue > 0 {
 		out += fmt.Sprintf(", %d queued", k.Queue)
+	}
+	if k.RemoteEndpointsSynced {
+		out += fmt.Sprintf(", %d remote endpoints", k.RemoteEndpoints)
+	}
+	if k.PodCIDRWarning != "" {
+		out += ", pod CIDRs changed (" + k.PodCIDRWarning + ")"
 	}
 	return out
 }

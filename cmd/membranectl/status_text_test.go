@@ -38,6 +38,10 @@ func TestK8sText(t *testing.T) {
 		{"syncing", models.K8sStatus{State: "sync-timeout", Node: "n1", Server: "s",
 			Synced: map[string]bool{"pods": false, "namespaces": true, "networkpolicies": false}, PolicyErrors: 2, Queue: 5},
 			"sync-timeout (node n1, s), not synced: pods networkpolicies, 0 pods, 0 namespaces, 0 networkpolicies, 2 refused, 5 queued"},
+		{"cluster", models.K8sStatus{State: "synced", Node: "n1", Server: "s",
+			Synced:                map[string]bool{"pods": true, "nodes": true, "membraneendpoints": false},
+			RemoteEndpointsSynced: true, RemoteEndpoints: 7, PodCIDRWarning: "now [10.0.1.0/24]"},
+			"synced (node n1, s), not synced: membraneendpoints, 0 pods, 0 namespaces, 0 networkpolicies, 7 remote endpoints, pod CIDRs changed (now [10.0.1.0/24])"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -49,6 +49,11 @@ type Config struct {
 	IPv4Range, IPv6Range netip.Prefix
 	// IPAMStrategy is sequential or random.
 	IPAMStrategy ipam.Strategy
+	// IPAM is where the ranges come from (--ipam): IPAMStatic (""
+	// too) takes IPv4Range and IPv6Range; IPAMKubernetes takes this
+	// node's spec.podCIDRs from its Node object (Kubernetes mode only),
+	// waiting for them at start up to K8s.PodCIDRWait.
+	IPAM string
 	// Datapath is "fake" or "linux" (--datapath).
 	Datapath string
 	// Fake is used (and may be pre-configured by tests) when Datapath is "fake".
@@ -96,6 +101,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--socket: empty path: %w", ErrInvalidConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
+	case c.IPAM != "" && c.IPAM != IPAMStatic && c.IPAM != IPAMKubernetes:
+		return fmt.Errorf("--ipam: %q: want %s or %s: %w", c.IPAM, IPAMStatic, IPAMKubernetes, ErrInvalidConfig)
+	case c.IPAM == IPAMKubernetes && c.K8s == nil:
+		return fmt.Errorf("--ipam: %s needs the Kubernetes mode (--k8s-kubeconfig or --k8s): %w", IPAMKubernetes, ErrInvalidConfig)
+	case c.IPAM == IPAMKubernetes && !c.IPv4Range.IsValid() && !c.IPv6Range.IsValid():
+		// The ranges come from the Node object at start.
 	case !c.IPv4Range.IsValid() && !c.IPv6Range.IsValid():
 		return fmt.Errorf("--ipv4-range, --ipv6-range: at least one range is required (--ipv4-range \"\" turns IPv4 off only with an --ipv6-range): %w", ErrInvalidConfig)
 	case c.IPv4Range.IsValid() && !c.IPv4Range.Addr().Is4():
@@ -183,6 +194,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.IPAM == IPAMKubernetes {
+		if err := podCIDRRanges(&cfg, log); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
 	}
 	for _, dir := range []string{filepath.Dir(cfg.Socket), cfg.StateDir} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -282,7 +298,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	// CNI ADDs are served once the k8s caches synced (or the bounded wait
 	// for them ended), so a pod's endpoint starts with the pod's labels.
 	if cfg.K8s != nil {
-		if a.k8s, err = k8s.Start(context.Background(), *cfg.K8s, sys, log); err != nil {
+		kc := *cfg.K8s
+		if ns, ok := any(sys).(k8s.NodeSink); ok && kc.Nodes == nil {
+			kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
+		} else if kc.Nodes == nil {
+			log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
+		}
+		if a.k8s, err = k8s.Start(context.Background(), kc, sys, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)
 		}
 		srv.SetLabeler(a.k8s.Labels)

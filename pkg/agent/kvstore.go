@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
@@ -33,9 +34,9 @@ func connectKvstore(cfg *kvstore.Config, log *slog.Logger) (*kvstoreMode, error)
 }
 
 // startKvstore publishes this node and its endpoints from the index, and
-// feeds the other nodes' endpoints and routes to the actor system through
-// its front door where the system offers the methods (remote endpoints,
-// SyncNodes).
+// feeds the other nodes' endpoints into the ipcache through the front
+// door (source "kvstore"), and their nodes to SyncNodes where the system
+// offers it.
 func (a *Agent) startKvstore() error {
 	k := a.kvstore
 	var err error
@@ -44,15 +45,13 @@ func (a *Agent) startKvstore() error {
 	if err != nil {
 		return fmt.Errorf("kvstore: %w", err)
 	}
-	eps, _ := any(a.System).(kvstore.RemoteSink)
+	// SyncNodes arrives with the cross-node datapath; until then other
+	// nodes' pod CIDRs are not routed from kvstore data.
 	nodes, _ := any(a.System).(kvstore.NodeSink)
-	if eps == nil {
-		a.log.Warn("kvstore: this agent cannot take remote endpoints into its ipcache; other nodes' pods stay world")
-	}
 	if nodes == nil {
 		a.log.Warn("kvstore: this agent cannot route to other nodes; their pod CIDRs are not routed")
 	}
-	k.mirror = kvstore.StartMirror(k.client, eps, nodes)
+	k.mirror = kvstore.StartMirror(k.client, a.System, nodes)
 	a.Server.SetKvstore(k.status)
 	return nil
 }
@@ -82,6 +81,8 @@ func (k *kvstoreMode) status() *models.KvstoreStatus {
 	}
 	return st
 }
+
+var _ kvstore.RemoteSink = (*actors.System)(nil)
 
 // podCIDRs are this node's pod ranges (the IPAM ranges).
 func (a *Agent) podCIDRs() []netip.Prefix {

@@ -15,6 +15,8 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -30,12 +32,13 @@ func kvAgent(t *testing.T, endpoint, name string, i int) (*agent.Agent, *client.
 }
 
 // TestKvstoreMode: two agents on one etcd. An endpoint created on one is
-// published (IP, identity, node) and the other's status counts it and the
-// node; deleting it withdraws it; both report etcd healthy with a lease.
+// published (IP, identity, node) and reaches the other's ipcache (origin
+// kvstore, tunnel endpoint the first node's address) and status; deleting
+// it withdraws it from both; both report etcd healthy with a lease.
 func TestKvstoreMode(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	_, ca := kvAgent(t, srv.Endpoint, "agent-a", 1)
-	_, cb := kvAgent(t, srv.Endpoint, "agent-b", 2)
+	b, cb := kvAgent(t, srv.Endpoint, "agent-b", 2)
 	ctx := ctx10(t)
 	ip, err := ca.IPAMAllocate(ctx, "ipv4", "default/pod-a")
 	if err != nil {
@@ -65,11 +68,18 @@ func TestKvstoreMode(t *testing.T) {
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool {
 		return k.Healthy && k.Lease != 0 && k.Synced && k.RemoteEndpoints == 1 && k.RemoteNodes == 1
 	})
+	// B's ipcache holds A's pod with A's identity, tunnelled to A.
+	podIP := netip.MustParseAddr(ip.Address.IPv4)
+	waitIPCache(t, b, podIP, func(e *index.IPCacheEntry) bool {
+		return e != nil && e.Identity == identity.NumericIdentity(ep.Identity.ID) && len(e.Claims) == 1 &&
+			e.Claims[0].Origin == kvstore.Source && e.TunnelEndpoint == netip.MustParseAddr("192.168.90.1")
+	})
 	if err := ca.EndpointDelete(ctx, fmt.Sprint(ep.ID)); err != nil {
 		t.Fatal(err)
 	}
 	waitKey(t, etcd, key, nil)
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.RemoteEndpoints == 0 && k.RemoteNodes == 1 })
+	waitIPCache(t, b, podIP, func(e *index.IPCacheEntry) bool { return e == nil })
 	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return k.Healthy && k.Node == "agent-a" && k.Published == 1 })
 
 	// etcd goes away: the status says so, the agent keeps serving, and
@@ -89,6 +99,9 @@ func TestKvstoreMode(t *testing.T) {
 	srv.Restart()
 	waitKey(t, etcd, fmt.Sprintf("agent-test/state/endpoints/v1/agent-a/%d", ep2.ID), func([]byte) bool { return true })
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.Healthy && k.RemoteEndpoints == 1 && k.RemoteNodes == 1 })
+	waitIPCache(t, b, netip.MustParseAddr(ip2.Address.IPv4), func(e *index.IPCacheEntry) bool {
+		return e != nil && e.Identity == identity.NumericIdentity(ep2.Identity.ID)
+	})
 }
 
 // waitKey waits until key holds a value ok accepts (ok nil: until the
@@ -106,6 +119,28 @@ func waitKey(t *testing.T, etcd *clientv3.Client, key string, ok func([]byte) bo
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("key %s: %v", key, resp.Kvs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitIPCache waits until ok accepts ip's /32 ipcache entry in a's index
+// (nil: none).
+func waitIPCache(t *testing.T, a *agent.Agent, ip netip.Addr, ok func(*index.IPCacheEntry) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var found *index.IPCacheEntry
+		for _, e := range a.Index.IPCache() {
+			if e.Prefix == netip.PrefixFrom(ip, ip.BitLen()) {
+				found = e
+			}
+		}
+		if ok(found) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ipcache entry of %s: %+v", ip, found)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

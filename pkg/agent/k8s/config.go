@@ -3,6 +3,7 @@ package k8s
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"time"
 
@@ -34,6 +35,16 @@ type Config struct {
 	PodWait time.Duration
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
+	// PodCIDRWait bounds the wait at start for this node's Node object
+	// to have spec.podCIDRs (--ipam kubernetes; default 2 min).
+	PodCIDRWait time.Duration
+	// PodCIDRs are the IPAM ranges taken from this node's Node object
+	// (--ipam kubernetes; nil otherwise): a later change of the Node's
+	// spec.podCIDRs is logged and reported in the status, not applied.
+	PodCIDRs []netip.Prefix
+	// Nodes receives the other nodes (addresses, pod CIDRs) after each
+	// change; nil: they are only counted in the status.
+	Nodes NodeSink
 }
 
 // Validate names the bad field by its flag.
@@ -49,8 +60,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
-	if c.SyncTimeout < 0 || c.PodWait < 0 {
-		return fmt.Errorf("SyncTimeout, PodWait: negative: %w", ErrInvalidConfig)
+	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait: negative: %w", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -7,7 +7,14 @@
 // later change relabels the endpoint. NetworkPolicies are imported into the
 // policy repository and deleted from it as they come and go.
 //
+// Towards the cluster: each local pod endpoint is published as a
+// MembraneEndpoint (endpoints.go), other nodes' MembraneEndpoints enter
+// the ipcache as remote endpoints (remote.go), and Node objects give this
+// node's pod CIDRs and address and the other nodes (nodes.go).
+//
 // Invariants: informer callbacks never block (they only queue keys); one
-// worker applies the queue in order, so two changes of one pod never race;
-// the k8s label source of a pod's endpoints is owned by this package.
+// worker per concern (labels and policies, endpoint status writes,
+// remote endpoints, nodes) applies its queue in order, so two changes of
+// one pod never race; the k8s label source of a pod's endpoints is owned
+// by this package; nothing here runs inside an actor.
 package k8s

@@ -68,6 +68,11 @@ type Watcher struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
+	workers  sync.WaitGroup // the endpoint, remote and node workers
+
+	eps    *endpointWriter
+	remote *remoteEndpoints
+	nodes  *nodeWatch
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -117,6 +122,10 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	}))
 	podInf, nsInf, npInf := local.Core().V1().Pods(), all.Core().V1().Namespaces(), all.Networking().V1().NetworkPolicies()
 	w.pods, w.nss, w.nps = podInf.Lister(), nsInf.Lister(), npInf.Lister()
+	nodeInf, err := w.startClusterWatches(rc, all, sys)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
 	for _, h := range []struct {
 		inf cache.SharedIndexInformer
 		fn  cache.ResourceEventHandler
@@ -130,11 +139,13 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 		}
 	}
 	w.synced = map[string]cache.InformerSynced{"pods": podInf.Informer().HasSynced,
-		"namespaces": nsInf.Informer().HasSynced, "networkpolicies": npInf.Informer().HasSynced}
+		"namespaces": nsInf.Informer().HasSynced, "networkpolicies": npInf.Informer().HasSynced,
+		"nodes": nodeInf.HasSynced, "membraneendpoints": w.eps.own.HasSynced}
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	all.Start(runCtx.Done())
 	local.Start(runCtx.Done())
+	w.runWorkers(runCtx, rc)
 	go func() {
 		<-runCtx.Done()
 		w.queue.ShutDown()
@@ -144,7 +155,7 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	log.Info("waiting for the k8s caches", "server", rc.Host, "timeout", cfg.SyncTimeout)
 	syncCtx, stop := context.WithTimeout(ctx, cfg.SyncTimeout)
 	defer stop()
-	if !cache.WaitForCacheSync(syncCtx.Done(), podInf.Informer().HasSynced, nsInf.Informer().HasSynced, npInf.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(syncCtx.Done(), podInf.Informer().HasSynced, nsInf.Informer().HasSynced, npInf.Informer().HasSynced, nodeInf.HasSynced) {
 		w.setState("sync-timeout")
 		log.Error("k8s caches not synced in time; serving anyway, pods not cached yet get the init identity", "timeout", cfg.SyncTimeout)
 		go w.finishSync(runCtx)
@@ -157,7 +168,7 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 
 // finishSync waits for the caches after a sync timeout.
 func (w *Watcher) finishSync(ctx context.Context) {
-	if cache.WaitForCacheSync(ctx.Done(), w.synced["pods"], w.synced["namespaces"], w.synced["networkpolicies"]) {
+	if cache.WaitForCacheSync(ctx.Done(), w.synced["pods"], w.synced["namespaces"], w.synced["networkpolicies"], w.synced["nodes"]) {
 		w.markSynced()
 	}
 }
@@ -189,6 +200,7 @@ func (w *Watcher) Stop() {
 	w.stopOnce.Do(func() {
 		w.cancel()
 		<-w.done
+		w.workers.Wait()
 	})
 }
 
@@ -210,6 +222,7 @@ func (w *Watcher) Status() *models.K8sStatus {
 	w.mu.Lock()
 	st.State, st.PolicyErrors = w.state, w.policyErrors
 	w.mu.Unlock()
+	w.clusterStatus(st)
 	return st
 }
 

@@ -231,6 +231,23 @@ type K8sStatus struct {
 	PolicyErrors int `json:"policy-errors"`
 	// Queue is the number of changes waiting to be applied.
 	Queue int `json:"queue"`
+	// RemoteEndpoints counts the other nodes' endpoint objects held;
+	// RemoteEndpointsSynced says whether their first full set reached
+	// the ipcache.
+	RemoteEndpoints       int  `json:"remote-endpoints"`
+	RemoteEndpointsSynced bool `json:"remote-endpoints-synced"`
+	// EndpointStatusQueue is the number of endpoint status objects
+	// waiting to be written.
+	EndpointStatusQueue int `json:"endpoint-status-queue"`
+	// Nodes counts the other nodes last handed to the datapath;
+	// NodeSyncError is why the last hand-over failed ("" if it did not).
+	Nodes         int    `json:"nodes"`
+	NodeSyncError string `json:"node-sync-error,omitempty"`
+	// PodCIDRs are the IPAM ranges taken from the Node object (--ipam
+	// kubernetes); PodCIDRWarning says that the Node's spec.podCIDRs
+	// changed since (the agent keeps allocating from PodCIDRs).
+	PodCIDRs       []string `json:"pod-cidrs,omitempty"`
+	PodCIDRWarning string   `json:"pod-cidr-warning,omitempty"`
 }
 
 // RestoreStatus counts what the restore at the agent's start did with the

@@ -36,7 +36,10 @@ type PolicyRevision struct {
 
 // IPCache sources, highest priority first.
 const (
-	SourceEndpoint   = "endpoint"
+	SourceEndpoint = "endpoint"
+	// SourceRemote is an endpoint on another node, claimed per origin
+	// (IPCacheClaim.Origin: "k8s", "kvstore", ...).
+	SourceRemote     = "remote"
 	SourceCIDRPolicy = "cidr-policy"
 	SourceReserved   = "reserved"
 )
@@ -46,6 +49,10 @@ type IPCacheClaim struct {
 	Source   string
 	Identity identity.NumericIdentity
 	Endpoint endpoint.ID // SourceEndpoint only
+	// Origin and NodeIP are SourceRemote's: who reported the remote
+	// endpoint, and the node that hosts it (invalid: unknown).
+	Origin string
+	NodeIP netip.Addr
 }
 
 // IPCacheEntry is a row of the ipcache table: the effective identity of
@@ -54,7 +61,11 @@ type IPCacheEntry struct {
 	Prefix   netip.Prefix
 	Identity identity.NumericIdentity
 	Source   string
-	Claims   []IPCacheClaim
+	// TunnelEndpoint is the node address of the winning claim when it is
+	// a remote endpoint's (invalid otherwise): where tunnel mode sends
+	// traffic for Prefix.
+	TunnelEndpoint netip.Addr
+	Claims         []IPCacheClaim
 }
 
 func policiesTable() *memdb.TableSchema {

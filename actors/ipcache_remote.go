@@ -1,0 +1,90 @@
+package actors
+
+import (
+	"errors"
+	"net/netip"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+)
+
+// errReplaceInterrupted answers the last message of a replacement run
+// whose beginning the ipcache actor no longer holds.
+var errReplaceInterrupted = errors.New("remote endpoint replacement interrupted (a newer one began or the ipcache restarted); repeat it")
+
+// remoteReplace is a replacement run in progress for one origin: the
+// addresses it (or an upsert of the origin meanwhile) set.
+type remoteReplace struct {
+	token uint64
+	seen  map[netip.Addr]struct{}
+}
+
+// remote applies one IPCacheRemote: remote endpoints are another claim
+// source (index.SourceRemote), one claim per origin and address.
+func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
+	run := a.replacing[msg.Origin]
+	if msg.Replace != 0 && msg.First {
+		run = &remoteReplace{token: msg.Replace, seen: map[netip.Addr]struct{}{}}
+		a.replacing[msg.Origin] = run
+	}
+	for _, ip := range msg.Deletes {
+		ip = ip.Unmap()
+		if run != nil {
+			delete(run.seen, ip)
+		}
+		a.drop(ctx, netip.PrefixFrom(ip, ip.BitLen()), a.remoteClaimOf(msg.Origin))
+	}
+	for i := range msg.Upserts {
+		r := &msg.Upserts[i]
+		c := index.IPCacheClaim{Source: index.SourceRemote, Identity: r.Identity, Origin: msg.Origin, NodeIP: r.NodeIP.Unmap()}
+		for _, ip := range r.IPs {
+			ip = ip.Unmap()
+			if run != nil {
+				run.seen[ip] = struct{}{}
+			}
+			a.claim(ctx, netip.PrefixFrom(ip, ip.BitLen()), c)
+		}
+	}
+	var err error
+	if msg.Replace != 0 && msg.Last {
+		if run == nil || run.token != msg.Replace {
+			err = errReplaceInterrupted
+		} else {
+			a.sweepRemote(ctx, msg.Origin, run.seen)
+			delete(a.replacing, msg.Origin)
+		}
+	}
+	a.sync(ctx)
+	if ctx.Sender() != nil {
+		a.batch.reply(ctx, ctx.Sender(), &messages.IPCacheRemoteResult{Err: err})
+	}
+}
+
+// sweepRemote drops origin's claims on every address not in keep.
+func (a *ipcacheActor) sweepRemote(ctx actor.Context, origin string, keep map[netip.Addr]struct{}) {
+	match := a.remoteClaimOf(origin)
+	var stale []netip.Prefix
+	for p, e := range a.entries {
+		if _, ok := keep[p.Addr()]; ok {
+			continue
+		}
+		for _, c := range e.Claims {
+			if match(c) {
+				stale = append(stale, p)
+				break
+			}
+		}
+	}
+	for _, p := range stale {
+		a.drop(ctx, p, match)
+	}
+	if len(stale) > 0 {
+		a.log.Info("remote endpoints swept", "origin", origin, "deleted", len(stale), "kept", len(keep))
+	}
+}
+
+func (a *ipcacheActor) remoteClaimOf(origin string) func(index.IPCacheClaim) bool {
+	return func(c index.IPCacheClaim) bool { return c.Source == index.SourceRemote && c.Origin == origin }
+}

@@ -1,0 +1,288 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+
+	"github.com/membrane-cni/membrane/datapath"
+)
+
+// NodeSource is the source name under which the Kubernetes Node objects
+// reach the node sink.
+const NodeSource = "k8s"
+
+// NodeSink takes the full set of other nodes from one source
+// (*actors.System's SyncNodes once the cross-node datapath is merged).
+type NodeSink interface {
+	SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error
+}
+
+// ErrNoPodCIDRs is returned by WaitPodCIDRs when the node got no
+// spec.podCIDRs in time.
+var ErrNoPodCIDRs = errors.New("node has no spec.podCIDRs")
+
+// nodeCoalesce gathers a burst of node changes into one SyncNodes.
+const nodeCoalesce = 200 * time.Millisecond
+
+// PodCIDRs returns node's pod CIDRs (spec.podCIDRs, else spec.podCIDR),
+// at most one per family, IPv4 first. Returns an error naming the field
+// for a CIDR that does not parse.
+func PodCIDRs(node *corev1.Node) (v4, v6 netip.Prefix, err error) {
+	cidrs := node.Spec.PodCIDRs
+	if len(cidrs) == 0 && node.Spec.PodCIDR != "" {
+		cidrs = []string{node.Spec.PodCIDR}
+	}
+	for _, s := range cidrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return v4, v6, fmt.Errorf("node %s: spec.podCIDRs: %w", node.Name, err)
+		}
+		p = p.Masked()
+		switch {
+		case p.Addr().Is4() && !v4.IsValid():
+			v4 = p
+		case p.Addr().Is6() && !v6.IsValid():
+			v6 = p
+		}
+	}
+	return v4, v6, nil
+}
+
+// InternalIPs returns node's InternalIP addresses (status.addresses), at
+// most one per family, IPv4 first.
+func InternalIPs(node *corev1.Node) []netip.Addr {
+	var v4, v6 netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is4() && !v4.IsValid() {
+			v4 = ip
+		} else if ip.Is6() && !v6.IsValid() {
+			v6 = ip
+		}
+	}
+	var out []netip.Addr
+	for _, ip := range []netip.Addr{v4, v6} {
+		if ip.IsValid() {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// WaitPodCIDRs waits, at most timeout, for this node's Node object to
+// have pod CIDRs and returns them (--ipam kubernetes). While waiting it
+// logs why every 10 s; it then fails with ErrNoPodCIDRs, naming the node.
+func WaitPodCIDRs(ctx context.Context, cfg Config, timeout time.Duration, log *slog.Logger) (v4, v6 netip.Prefix, err error) {
+	if err := cfg.Validate(); err != nil {
+		return v4, v6, err
+	}
+	rc, err := cfg.restConfig()
+	if err != nil {
+		return v4, v6, fmt.Errorf("wait for pod cidrs: %w", err)
+	}
+	rc.UserAgent = "membrane-agent/" + cfg.NodeName
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return v4, v6, fmt.Errorf("wait for pod cidrs: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var why string
+	lastLog := time.Time{}
+	for {
+		node, gerr := cs.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		switch {
+		case gerr == nil:
+			v4, v6, err = PodCIDRs(node)
+			if err != nil {
+				return v4, v6, err
+			}
+			if v4.IsValid() || v6.IsValid() {
+				log.Info("pod CIDRs from the Node object", "node", cfg.NodeName, "ipv4", v4, "ipv6", v6)
+				return v4, v6, nil
+			}
+			why = "spec.podCIDRs is empty (is the controller manager's --allocate-node-cidrs on?)"
+		case apierrors.IsNotFound(gerr):
+			why = "the Node object does not exist yet"
+		default:
+			why = gerr.Error()
+		}
+		if time.Since(lastLog) >= 10*time.Second {
+			log.Warn("waiting for this node's pod CIDRs before serving CNI ADDs (--ipam kubernetes)", "node", cfg.NodeName, "reason", why)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return v4, v6, fmt.Errorf("node %s after %s: %s: %w", cfg.NodeName, timeout, why, ErrNoPodCIDRs)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// nodeWatch follows the Node objects: this node's address goes to the
+// endpoint status writer and its pod CIDRs are compared with the ones in
+// use; the other nodes go to the NodeSink as one full set per change
+// burst.
+type nodeWatch struct {
+	self   string
+	nodes  corelisters.NodeLister
+	sink   NodeSink // nil: other nodes are only counted
+	inUse  []netip.Prefix
+	onAddr func(string)
+	log    *slog.Logger
+	wake   chan struct{}
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// cidrMismatch describes a change of this node's pod CIDRs away from
+	// the ones in use ("" while they agree).
+	cidrMismatch string
+	synced       int // other nodes in the last SyncNodes that succeeded
+	syncErr      string
+}
+
+func (n *nodeWatch) changed(obj any) {
+	node, ok := obj.(*corev1.Node)
+	if ok && node.Name == n.self {
+		n.selfChanged(node)
+		return
+	}
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// selfChanged handles this node's object: the node address for the
+// endpoint objects, and a pod CIDR change, which is logged and reported
+// (live pods keep their addresses; the agent does not renumber).
+func (n *nodeWatch) selfChanged(node *corev1.Node) {
+	if ips := InternalIPs(node); len(ips) > 0 && n.onAddr != nil {
+		n.onAddr(ips[0].String())
+	}
+	if len(n.inUse) == 0 {
+		return
+	}
+	v4, v6, err := PodCIDRs(node)
+	var got []netip.Prefix
+	for _, p := range []netip.Prefix{v4, v6} {
+		if p.IsValid() {
+			got = append(got, p)
+		}
+	}
+	msg := ""
+	switch {
+	case err != nil:
+		msg = err.Error()
+	case !slices.Equal(got, n.inUse):
+		msg = fmt.Sprintf("node spec.podCIDRs are %v, the agent allocates from %v; restart the agent to use them (live pods keep their addresses)", got, n.inUse)
+	}
+	n.mu.Lock()
+	prev := n.cidrMismatch
+	n.cidrMismatch = msg
+	n.mu.Unlock()
+	if msg != "" && msg != prev {
+		n.log.Error("this node's pod CIDRs changed while running", "node", n.self, "detail", msg)
+	}
+}
+
+// run hands the sink the other nodes after each burst of changes.
+func (n *nodeWatch) run(ctx context.Context) {
+	var backoff time.Duration
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.wake:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(nodeCoalesce):
+		}
+		if err := n.sync(ctx); err != nil {
+			backoff = min(max(2*backoff, 100*time.Millisecond), remoteRetryMax)
+			n.log.Warn("nodes not handed to the datapath; retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			select {
+			case n.wake <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		backoff = 0
+	}
+}
+
+// others is the set of other nodes as the datapath needs them.
+func (n *nodeWatch) others() ([]datapath.RemoteNode, error) {
+	all, err := n.nodes.List(k8slabels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]datapath.RemoteNode, 0, len(all))
+	for _, node := range all {
+		if node.Name == n.self {
+			continue
+		}
+		rn := datapath.RemoteNode{Name: node.Name, Addrs: InternalIPs(node)}
+		v4, v6, err := PodCIDRs(node)
+		if err != nil {
+			n.log.Warn("node with a bad pod CIDR; its pods are not routed", "node", node.Name, "err", err)
+		}
+		for _, p := range []netip.Prefix{v4, v6} {
+			if p.IsValid() {
+				rn.PodCIDRs = append(rn.PodCIDRs, p)
+			}
+		}
+		out = append(out, rn)
+	}
+	slices.SortFunc(out, func(a, b datapath.RemoteNode) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+func (n *nodeWatch) sync(ctx context.Context) error {
+	nodes, err := n.others()
+	if err != nil {
+		return err
+	}
+	if n.sink != nil {
+		ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+		defer cancel()
+		if err := n.sink.SyncNodes(ctx, NodeSource, nodes); err != nil {
+			n.mu.Lock()
+			n.syncErr = err.Error()
+			n.mu.Unlock()
+			return fmt.Errorf("sync nodes: %w", err)
+		}
+	}
+	n.mu.Lock()
+	n.synced, n.syncErr = len(nodes), ""
+	n.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,313 @@
+package k8s
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
+
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// RemoteSource is the source name under which the Kubernetes endpoint
+// objects of other nodes enter the ipcache.
+const RemoteSource = "k8s"
+
+// RemoteSink takes the endpoints of other nodes (*actors.System is one).
+type RemoteSink interface {
+	UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
+	DeleteRemoteEndpoints(ctx context.Context, source string, ips []netip.Addr) error
+	ReplaceRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
+}
+
+// remoteRetryMax bounds the backoff of a failed sink call.
+const remoteRetryMax = 30 * time.Second
+
+// slimEndpoint is what the agent keeps of another node's MembraneEndpoint:
+// no metadata beyond its key, no labels, no state.
+type slimEndpoint struct {
+	ips      []netip.Addr
+	identity identity.NumericIdentity
+	node     string // interned
+	nodeIP   netip.Addr
+}
+
+// remoteEndpoints mirrors the MembraneEndpoints of other nodes into a
+// RemoteSink. It is the store of a client-go reflector (list + watch with
+// relists after errors): the store converts each object to a
+// slimEndpoint at once (the informer's transform), so only that is kept.
+// The reflector's calls never wait for the sink: they mark keys dirty and
+// wake the one worker, which hands the sink bounded batches. A relist
+// (Replace, the first one at start) makes the next round a full
+// ReplaceRemoteEndpoints; later ones are upserts and deletes.
+type remoteEndpoints struct {
+	sink RemoteSink
+	log  *slog.Logger
+	wake chan struct{}
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// objs are the current objects by "namespace/name"; owners maps each
+	// address to the key of the object that claims it.
+	objs   map[string]*slimEndpoint
+	owners map[netip.Addr]string
+	// dirty are the keys changed since the last round; gone the
+	// addresses no object claims any more; full asks for a replacement.
+	dirty  map[string]struct{}
+	gone   map[netip.Addr]struct{}
+	full   bool
+	synced bool // the first replacement reached the sink
+	nodes  map[string]string
+}
+
+var _ cache.ReflectorStore = (*remoteEndpoints)(nil)
+
+func newRemoteEndpoints(sink RemoteSink, log *slog.Logger) *remoteEndpoints {
+	return &remoteEndpoints{sink: sink, log: log.With("worker", "remote-endpoints"), wake: make(chan struct{}, 1),
+		objs: map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, dirty: map[string]struct{}{},
+		gone: map[netip.Addr]struct{}{}, nodes: map[string]string{}}
+}
+
+// run lists and watches the other nodes' objects and feeds the sink until
+// ctx ends.
+func (r *remoteEndpoints) run(ctx context.Context, dyn dynamic.Interface, node string) {
+	sel := v2.EndpointNodeLabel + "!=" + node
+	res := dyn.Resource(endpointsGVR)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return res.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return res.Watch(ctx, o)
+		},
+	}
+	refl := cache.NewReflectorWithOptions(lw, &unstructured.Unstructured{}, r, cache.ReflectorOptions{Name: "membrane-remote-endpoints"})
+	go refl.RunWithContext(ctx)
+	r.work(ctx)
+}
+
+// slim is the transform: the object's key and what the ipcache needs.
+// ok is false for an object that claims nothing (no identity or address).
+func (r *remoteEndpoints) slim(obj any) (key string, ep *slimEndpoint, ok bool) {
+	if d, isTomb := obj.(cache.DeletedFinalStateUnknown); isTomb {
+		return d.Key, nil, false
+	}
+	u, isU := obj.(*unstructured.Unstructured)
+	if !isU {
+		return "", nil, false
+	}
+	key = u.GetNamespace() + "/" + u.GetName()
+	id, _, _ := unstructured.NestedInt64(u.Object, "status", "identity", "id")
+	ep = &slimEndpoint{identity: identity.NumericIdentity(id)}
+	for _, f := range []string{"ipv4", "ipv6"} {
+		s, _, _ := unstructured.NestedString(u.Object, "status", "networking", f)
+		if a, err := netip.ParseAddr(s); err == nil && !a.IsUnspecified() {
+			ep.ips = append(ep.ips, a.Unmap())
+		}
+	}
+	name, _, _ := unstructured.NestedString(u.Object, "status", "networking", "nodeName")
+	ip, _, _ := unstructured.NestedString(u.Object, "status", "networking", "nodeIP")
+	ep.nodeIP, _ = netip.ParseAddr(ip)
+	ep.nodeIP = ep.nodeIP.Unmap()
+	ep.node = r.intern(name)
+	return key, ep, id > 0 && id <= int64(^uint32(0)) && len(ep.ips) > 0
+}
+
+// intern shares node name strings between the endpoints of one node.
+// Called with mu held.
+func (r *remoteEndpoints) intern(s string) string {
+	if v, ok := r.nodes[s]; ok {
+		return v
+	}
+	r.nodes[s] = s
+	return s
+}
+
+// Add implements cache.ReflectorStore.
+func (r *remoteEndpoints) Add(obj any) error {
+	r.mu.Lock()
+	key, ep, ok := r.slim(obj)
+	r.dropLocked(key)
+	if ok {
+		r.objs[key] = ep
+		for _, ip := range ep.ips {
+			r.owners[ip] = key
+			delete(r.gone, ip)
+		}
+	}
+	r.dirty[key] = struct{}{}
+	r.mu.Unlock()
+	r.signal()
+	return nil
+}
+
+// Update implements cache.ReflectorStore.
+func (r *remoteEndpoints) Update(obj any) error { return r.Add(obj) }
+
+// Delete implements cache.ReflectorStore.
+func (r *remoteEndpoints) Delete(obj any) error {
+	r.mu.Lock()
+	key, _, _ := r.slim(obj)
+	r.dropLocked(key)
+	delete(r.dirty, key)
+	r.mu.Unlock()
+	r.signal()
+	return nil
+}
+
+// dropLocked forgets key's object; the addresses it alone claimed go.
+func (r *remoteEndpoints) dropLocked(key string) {
+	old := r.objs[key]
+	if old == nil {
+		return
+	}
+	delete(r.objs, key)
+	for _, ip := range old.ips {
+		if r.owners[ip] == key {
+			delete(r.owners, ip)
+			r.gone[ip] = struct{}{}
+		}
+	}
+}
+
+// Replace implements cache.ReflectorStore: a (re)list.
+func (r *remoteEndpoints) Replace(list []any, _ string) error {
+	r.mu.Lock()
+	r.objs = make(map[string]*slimEndpoint, len(list))
+	r.owners = make(map[netip.Addr]string, len(list))
+	for _, obj := range list {
+		if key, ep, ok := r.slim(obj); ok {
+			r.objs[key] = ep
+			for _, ip := range ep.ips {
+				r.owners[ip] = key
+			}
+		}
+	}
+	r.dirty, r.gone, r.full = map[string]struct{}{}, map[netip.Addr]struct{}{}, true
+	r.mu.Unlock()
+	r.signal()
+	return nil
+}
+
+// Resync implements cache.ReflectorStore.
+func (r *remoteEndpoints) Resync() error { return nil }
+
+func (r *remoteEndpoints) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// work applies the changes in rounds until ctx ends; a failed round is
+// retried with backoff.
+func (r *remoteEndpoints) work(ctx context.Context) {
+	var backoff time.Duration
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		}
+		if err := r.round(ctx); err != nil {
+			backoff = min(max(2*backoff, 100*time.Millisecond), remoteRetryMax)
+			r.log.Warn("remote endpoints not applied; retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			r.signal()
+			continue
+		}
+		backoff = 0
+	}
+}
+
+// round hands the sink what changed since the last round. On failure the
+// changes are put back (a newer change of a key wins).
+func (r *remoteEndpoints) round(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	r.mu.Lock()
+	full, dirty, gone := r.full, r.dirty, r.gone
+	var ups []endpoint.Remote
+	if full {
+		ups = make([]endpoint.Remote, 0, len(r.objs))
+		for _, ep := range r.objs {
+			ups = append(ups, ep.remote())
+		}
+	} else {
+		for k := range dirty {
+			if ep := r.objs[k]; ep != nil {
+				ups = append(ups, ep.remote())
+			}
+		}
+	}
+	r.full, r.dirty, r.gone = false, map[string]struct{}{}, map[netip.Addr]struct{}{}
+	r.mu.Unlock()
+	if full {
+		start := time.Now()
+		if err := r.sink.ReplaceRemoteEndpoints(ctx, RemoteSource, ups); err != nil {
+			r.putBack(true, nil, nil)
+			return err
+		}
+		r.mu.Lock()
+		first := !r.synced
+		r.synced = true
+		r.mu.Unlock()
+		r.log.Info("remote endpoints replaced", "endpoints", len(ups), "took", time.Since(start), "first", first)
+		return nil
+	}
+	del := make([]netip.Addr, 0, len(gone))
+	for ip := range gone {
+		del = append(del, ip)
+	}
+	if err := r.sink.DeleteRemoteEndpoints(ctx, RemoteSource, del); err != nil {
+		r.putBack(false, dirty, gone)
+		return err
+	}
+	if err := r.sink.UpsertRemoteEndpoints(ctx, RemoteSource, ups); err != nil {
+		r.putBack(false, dirty, nil)
+		return err
+	}
+	return nil
+}
+
+func (r *remoteEndpoints) putBack(full bool, dirty map[string]struct{}, gone map[netip.Addr]struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.full = r.full || full
+	for k := range dirty {
+		r.dirty[k] = struct{}{}
+	}
+	for ip := range gone {
+		if _, claimed := r.owners[ip]; !claimed {
+			r.gone[ip] = struct{}{}
+		}
+	}
+}
+
+func (ep *slimEndpoint) remote() endpoint.Remote {
+	return endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP}
+}
+
+// stats returns how many remote endpoints are held and whether the first
+// replacement reached the sink.
+func (r *remoteEndpoints) stats() (n int, synced bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.objs), r.synced
+}

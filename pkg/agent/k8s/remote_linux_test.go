@@ -1,0 +1,66 @@
+package k8s_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// TestRemoteEndpointsInKernelFromAPIServer: another node's
+// MembraneEndpoint reaches the Linux datapath's BPF ipcache map of an
+// agent in Kubernetes mode, and leaves it when the object is deleted.
+func TestRemoteEndpointsInKernelFromAPIServer(t *testing.T) {
+	testutil.RequireRoot(t)
+	host := testutil.NewNS(t, "mbt-k8sremote")
+	bpffs := t.TempDir()
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
+	k := startAgent(t, "kernel-a", func(c *agent.Config) {
+		c.Datapath, c.Fake = "linux", nil
+		c.Linux = datapath.LinuxConfig{HostNetns: host.Path, BPFFS: bpffs, TeardownDelay: -1}
+	})
+	dumper, ok := k.a.System.Datapath.(interface {
+		DumpIPCache(context.Context) (map[netip.Prefix]identity.NumericIdentity, error)
+	})
+	if !ok {
+		t.Fatalf("datapath %T cannot dump its ipcache", k.a.System.Datapath)
+	}
+	if _, err := k.cs.CoreV1().Namespaces().Create(k.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kernel-remote"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = k.cs.CoreV1().Namespaces().Delete(context.Background(), "kernel-remote", metav1.DeleteOptions{})
+	})
+	createMEP(t, k.dyn, "kernel-remote", "db", "kernel-b", "10.233.7.9", 70707, "192.0.2.99")
+	p := netip.MustParsePrefix("10.233.7.9/32")
+	inKernel := func() (identity.NumericIdentity, string) {
+		m, err := dumper.DumpIPCache(k.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m[p], fmt.Sprintf("kernel map has %d entries, %s -> %d", len(m), p, m[p])
+	}
+	k.eventually(t, "remote endpoint in the kernel ipcache", func() (bool, string) {
+		id, why := inKernel()
+		return id == 70707, why
+	})
+	if err := k.dyn.Resource(mepGVR).Namespace("kernel-remote").Delete(k.ctx, "db", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.eventually(t, "deleted remote endpoint leaves the kernel ipcache", func() (bool, string) {
+		id, why := inKernel()
+		return id == 0, why
+	})
+}
