@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -20,12 +22,19 @@ import (
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 // kvAgent starts an agent in kvstore mode against etcd.
 func kvAgent(t *testing.T, endpoint, name string, i int) (*agent.Agent, *client.Client) {
 	t.Helper()
+	return kvAgentPrefix(t, endpoint, name, i, "agent-test/")
+}
+
+func kvAgentPrefix(t *testing.T, endpoint, name string, i int, prefix string) (*agent.Agent, *client.Client) {
+	t.Helper()
 	cfg := agentConfig(filepath.Join(t.TempDir(), name))
 	cfg.IPv4Range = netip.MustParsePrefix(fmt.Sprintf("10.204.%d.0/24", i))
-	cfg.Kvstore = &kvstore.Config{Endpoints: []string{endpoint}, NodeName: name, Prefix: "agent-test/", LeaseTTL: 2 * time.Second}
+	cfg.Kvstore = &kvstore.Config{Endpoints: []string{endpoint}, NodeName: name, Prefix: prefix, LeaseTTL: 2 * time.Second}
 	cfg.NodeAddrs = []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 90, byte(i)})}
 	a, c, _ := startAgentT(t, cfg)
 	return a, c
@@ -162,4 +171,44 @@ func waitStatus(t *testing.T, c *client.Client, ok func(*models.KvstoreStatus) b
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestKvstoreAgentCrash: an agent killed (simulated SIGKILL) withdraws
+// nothing; once its lease expires the other agent drops its endpoint from
+// the ipcache; restarted on the same state, it restores the endpoint and
+// publishes it again.
+func TestKvstoreAgentCrash(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	cfg := agentConfig(filepath.Join(t.TempDir(), "crash-a"))
+	cfg.IPv4Range = netip.MustParsePrefix("10.204.7.0/24")
+	cfg.Kvstore = &kvstore.Config{Endpoints: []string{srv.Endpoint}, NodeName: "crash-a", Prefix: "agent-crash/", LeaseTTL: 2 * time.Second}
+	cfg.NodeAddrs = []netip.Addr{netip.MustParseAddr("192.168.91.1")}
+	a, err := agent.Start(cfg, quietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := client.New(cfg.Socket)
+	defer ca.Close()
+	b, _ := kvAgentPrefix(t, srv.Endpoint, "crash-b", 8, "agent-crash/")
+	ctx := ctx10(t)
+	ip, err := ca.IPAMAllocate(ctx, "ipv4", "default/pod-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := ca.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "crash-c1", K8sNamespace: "default", K8sPodName: "pod-c",
+		Labels: []string{"k8s:app=crash"}, Addressing: &models.AddressPair{IPv4: ip.Address.IPv4}, SyncBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podIP := netip.MustParseAddr(ip.Address.IPv4)
+	has := func(e *index.IPCacheEntry) bool { return e != nil && e.Identity == identity.NumericIdentity(ep.Identity.ID) }
+	waitIPCache(t, b, podIP, has)
+	a.Crash()
+	waitIPCache(t, b, podIP, func(e *index.IPCacheEntry) bool { return e == nil })
+	a2, err := agent.Start(cfg, quietLog)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	t.Cleanup(func() { _ = a2.Stop(context.Background()) })
+	waitIPCache(t, b, podIP, has)
 }
