@@ -201,7 +201,9 @@ func TestKvstoreAgentCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	podIP := netip.MustParseAddr(ip.Address.IPv4)
-	has := func(e *index.IPCacheEntry) bool { return e != nil && e.Identity == identity.NumericIdentity(ep.Identity.ID) }
+	has := func(e *index.IPCacheEntry) bool {
+		return e != nil && e.Identity == identity.NumericIdentity(ep.Identity.ID)
+	}
 	waitIPCache(t, b, podIP, has)
 	a.Crash()
 	waitIPCache(t, b, podIP, func(e *index.IPCacheEntry) bool { return e == nil })
