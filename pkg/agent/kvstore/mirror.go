@@ -168,8 +168,10 @@ func (l *epLister) events(evs []*clientv3.Event) {
 	m := (*Mirror)(l)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var ups []endpoint.Remote
-	var dels []netip.Addr
+	// Each address's last change wins: a response may carry an endpoint's
+	// creation and its deletion, which must not reach the agent as a
+	// delete followed by an upsert.
+	final := map[netip.Addr]*endpoint.Remote{} // nil: delete
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
 		if m.ownKey(key) {
@@ -182,12 +184,20 @@ func (l *epLister) events(evs []*clientv3.Event) {
 		} else {
 			u, d = m.putLocked(key, ev.Kv.Value)
 		}
-		ups, dels = append(ups, u...), append(dels, d...)
+		for _, ip := range d {
+			final[ip] = nil
+		}
+		for i := range u {
+			for _, ip := range u[i].IPs {
+				final[ip] = &u[i]
+			}
+		}
 	}
 	if m.epStale || m.eps == nil {
 		m.epStale = m.eps != nil
 		return
 	}
+	ups, dels := splitFinal(final)
 	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
 	defer cancel()
 	if len(dels) > 0 {
@@ -203,6 +213,32 @@ func (l *epLister) events(evs []*clientv3.Event) {
 			m.failLocked(err)
 		}
 	}
+}
+
+// splitFinal turns each address's last change into the deletions and the
+// upserts (addresses of one record together) the agent gets.
+func splitFinal(final map[netip.Addr]*endpoint.Remote) ([]endpoint.Remote, []netip.Addr) {
+	var dels []netip.Addr
+	byRec := map[*endpoint.Remote][]netip.Addr{}
+	var recs []*endpoint.Remote
+	for ip, r := range final {
+		if r == nil {
+			dels = append(dels, ip)
+			continue
+		}
+		if _, ok := byRec[r]; !ok {
+			recs = append(recs, r)
+		}
+		byRec[r] = append(byRec[r], ip)
+	}
+	ups := make([]endpoint.Remote, 0, len(recs))
+	for _, r := range recs {
+		u := *r
+		u.IPs = byRec[r]
+		slices.SortFunc(u.IPs, func(a, b netip.Addr) int { return a.Compare(b) })
+		ups = append(ups, u)
+	}
+	return ups, dels
 }
 
 // putLocked records key's endpoint; it returns what the sink must upsert

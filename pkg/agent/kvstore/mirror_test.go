@@ -334,3 +334,34 @@ func TestMirrorRetriesFailedSink(t *testing.T) {
 	b.sink.setFail(false)
 	expectView(t, []*agentNode{a, b}, want, owner, []int{0, 1})
 }
+
+// TestMirrorCreateAndDeleteInOneResponse: an endpoint created and deleted
+// while a node's watch was behind (its catch-up response carries both
+// events) never reaches the node's agent.
+func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
+	srv := startEtcd(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint[len("http://"):])
+	n := startAgentNode(t, "http://"+proxy.Addr, "batch-a", 0)
+	writer := connect(t, srv.Endpoint, "batch-w", nil)
+	waitFor(t, "mirror synced", func() bool { return n.mir.Stats().Synced })
+	p := prefixOf(t) + "state/endpoints/v1/other/"
+	ctx := context.Background()
+	put := func(k, v string) {
+		if _, err := writer.Etcd().Put(ctx, p+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("0", `{"ips":["10.9.0.9"],"identity":299,"node":"other"}`)
+	waitFor(t, "first endpoint", func() bool { ips, _ := n.sink.view(); return len(ips) == 1 })
+	proxy.Cut()
+	put("1", `{"ips":["10.9.0.1"],"identity":300,"node":"other"}`)
+	put("2", `{"ips":["10.9.0.2"],"identity":301,"node":"other"}`)
+	if _, err := writer.Etcd().Delete(ctx, p+"1"); err != nil {
+		t.Fatal(err)
+	}
+	put("3", `{"ips":["10.9.0.3"],"identity":302,"node":"other"}`)
+	proxy.Restore()
+	want := map[netip.Addr]identity.NumericIdentity{netip.MustParseAddr("10.9.0.9"): 299,
+		netip.MustParseAddr("10.9.0.2"): 301, netip.MustParseAddr("10.9.0.3"): 302}
+	waitFor(t, "the agent holds what etcd holds", func() bool { ips, _ := n.sink.view(); return maps.Equal(ips, want) })
+}
