@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,8 @@ type MultiReport struct {
 	Deletes          int               `json:"deletes"`
 	Errors           int               `json:"errors"` // failed requests (expected around crashes)
 	FirstError       string            `json:"first-error,omitempty"`
+	// ErrorKinds counts failed requests by the start of their message.
+	ErrorKinds map[string]int `json:"error-kinds,omitempty"`
 	Crashes          int               `json:"crashes"`
 	EtcdRestarts     int               `json:"etcd-restarts"`
 	Settle           time.Duration     `json:"settle-ns"` // churn end -> every invariant held
@@ -179,8 +182,14 @@ func churn(ctx context.Context, cfg MultiConfig, nodes []*simNode, etcd *simEtcd
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, d, e, first := driveNode(ctx, cfg, i, n)
+			c, d, e, first, kinds := driveNode(ctx, cfg, i, n)
 			mu.Lock()
+			if rep.ErrorKinds == nil {
+				rep.ErrorKinds = map[string]int{}
+			}
+			for k, v := range kinds {
+				rep.ErrorKinds[k] += v
+			}
 			rep.Creates, rep.Deletes, rep.Errors = rep.Creates+c, rep.Deletes+d, rep.Errors+e
 			if rep.FirstError == "" && first != nil {
 				rep.FirstError = first.Error()
@@ -235,8 +244,16 @@ func crashNode(cfg MultiConfig, n *simNode, down time.Duration) error {
 
 // driveNode keeps EndpointsPerNode endpoints on node i, replacing one at
 // a time once there, until ctx ends.
-func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates, deletes, errs int, first error) {
+func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates, deletes, errs int, first error, kinds map[string]int) {
 	rnd := rand.New(rand.NewPCG(cfg.Seed, uint64(i)+100))
+	kinds = map[string]int{}
+	kind := func(err error) {
+		msg := err.Error()
+		if j := strings.Index(msg, ": "); j > 0 && j < 40 {
+			msg = msg[j+2:]
+		}
+		kinds[msg[:min(len(msg), 40)]]++
+	}
 	var live []int64
 	seq := 0
 	for ctx.Err() == nil {
@@ -251,6 +268,7 @@ func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates
 			if err := c.EndpointDelete(rctx, fmt.Sprint(live[k])); err != nil && ctx.Err() == nil {
 				errs++
 				first = cmp.Or(first, err)
+				kind(err)
 			} else if err == nil {
 				deletes++
 			}
@@ -265,13 +283,14 @@ func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates
 			}
 			errs++
 			first = cmp.Or(first, err)
+			kind(err)
 		} else {
 			live = append(live, id)
 			creates++
 		}
 		cancel()
 	}
-	return creates, deletes, errs, first
+	return creates, deletes, errs, first, kinds
 }
 
 func createEndpoint(ctx context.Context, c *client.Client, pod, label string) (int64, error) {

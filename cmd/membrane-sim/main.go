@@ -130,6 +130,9 @@ func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr 
 	if rep.FirstError != "" {
 		fmt.Fprintf(stdout, "  first failed request: %s\n", rep.FirstError)
 	}
+	for k, v := range rep.ErrorKinds {
+		fmt.Fprintf(stdout, "  failed: %d x %s\n", v, k)
+	}
 	for _, n := range rep.PerNode {
 		fmt.Fprintf(stdout, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache\n", n.Name, n.Endpoints, n.Published, n.RemoteEntries)
 	}
