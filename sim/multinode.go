@@ -47,19 +47,19 @@ type MultiConfig struct {
 
 // MultiReport is what a multi-node run did and found.
 type MultiReport struct {
-	Nodes            int               `json:"nodes"`
-	EndpointsPerNode int               `json:"endpoints-per-node"`
-	Creates          int               `json:"creates"`
-	Deletes          int               `json:"deletes"`
-	Errors           int               `json:"errors"` // failed requests (expected around crashes)
-	FirstError       string            `json:"first-error,omitempty"`
+	Nodes            int    `json:"nodes"`
+	EndpointsPerNode int    `json:"endpoints-per-node"`
+	Creates          int    `json:"creates"`
+	Deletes          int    `json:"deletes"`
+	Errors           int    `json:"errors"` // failed requests (expected around crashes)
+	FirstError       string `json:"first-error,omitempty"`
 	// ErrorKinds counts failed requests by the start of their message.
-	ErrorKinds map[string]int `json:"error-kinds,omitempty"`
-	Crashes          int               `json:"crashes"`
-	EtcdRestarts     int               `json:"etcd-restarts"`
-	Settle           time.Duration     `json:"settle-ns"` // churn end -> every invariant held
-	PerNode          []MultiNodeReport `json:"per-node"`
-	Violations       []string          `json:"violations"`
+	ErrorKinds   map[string]int    `json:"error-kinds,omitempty"`
+	Crashes      int               `json:"crashes"`
+	EtcdRestarts int               `json:"etcd-restarts"`
+	Settle       time.Duration     `json:"settle-ns"` // churn end -> every invariant held
+	PerNode      []MultiNodeReport `json:"per-node"`
+	Violations   []string          `json:"violations"`
 	// IdentityAgreement says whether "one label set, one identity on
 	// every node" was checked.
 	IdentityAgreement string `json:"identity-agreement"`
