@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet lint clean install sim
 
 all: build
 
@@ -49,6 +49,27 @@ lint: $(STATICCHECK)
 
 test: build vet lint
 	$(GO) test $(TESTFLAGS) ./...
+	$(MAKE) e2e-smoke
+
+# The end-to-end suite (test/e2e, root): a control plane and NODES worker
+# namespaces with containerd, kubelet and membrane-agent each; kubelet
+# and kubectl are built once per machine by scripts/kube-bin.sh. KEEP=1
+# leaves the cluster up (make e2e-down removes it). e2e-smoke is the
+# one-node subset `make test` (and so CI) runs.
+NODES ?= 2
+KEEP  ?=
+E2E_RUN ?= .
+e2e:
+	scripts/kube-bin.sh kubelet kubectl >/dev/null
+	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) \
+		$(GO) test -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./test/e2e/
+
+e2e-smoke:
+	MEMBRANE_E2E=1 E2E_NODES=1 E2E_KEEP=$(KEEP) \
+		$(GO) test -count=1 -v -timeout 15m -run '^TestSmoke$$' ./test/e2e/
+
+e2e-down:
+	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -v -run '^$$' ./test/e2e/
 
 test-short:
 	$(GO) test -short -count=1 ./...

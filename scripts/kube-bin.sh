@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd-embed (tools/kube, a module of its own that
-# requires k8s.io/kubernetes) into a per-machine cache, once. A no-op when both
-# binaries exist. Prints the bin directory on stdout.
+# Builds Kubernetes binaries (tools/kube, a module of its own that requires
+# k8s.io/kubernetes) into a per-machine cache, once. Prints the bin directory
+# on stdout; a no-op when the wanted binaries exist.
+#   scripts/kube-bin.sh                  kube-apiserver, etcd-embed (test/kubetest)
+#   scripts/kube-bin.sh kubelet          also kubelet (test/e2e: .ci/run, make e2e-smoke)
+#   scripts/kube-bin.sh kubelet kubectl  also kubectl (make e2e: debugging a kept cluster)
 #   KUBE_DIR  cache root (default $HOME/.cache/membrane/kube-v1.35.4)
 # The k8s integration tests find the binaries in $KUBE_DIR/bin, or in KUBETEST_BIN.
 set -euo pipefail
 V=v1.35.4
 KUBE_DIR=${KUBE_DIR:-$HOME/.cache/membrane/kube-$V}
 BIN=$KUBE_DIR/bin
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd-embed" ]; then
+# name -> package, in build order.
+declare -A PKG=(
+	[etcd-embed]=./cmd/etcd-embed
+	[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+	[kubelet]=k8s.io/kubernetes/cmd/kubelet
+	[kubectl]=k8s.io/kubernetes/cmd/kubectl
+)
+WANT=(etcd-embed kube-apiserver)
+for extra in "$@"; do
+	case "$extra" in
+	kubelet | kubectl) WANT+=("$extra") ;;
+	*)
+		echo "usage: $0 [kubelet] [kubectl]" >&2
+		exit 2
+		;;
+	esac
+done
+missing() {
+	local n
+	for n in "${WANT[@]}"; do [ -x "$BIN/$n" ] || echo "$n"; done
+}
+if [ -z "$(missing)" ]; then
 	echo "$BIN"
 	exit 0
 fi
@@ -17,7 +41,8 @@ mkdir -p "$BIN"
 # binaries.
 exec 9>"$KUBE_DIR/.lock"
 flock 9
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd-embed" ]; then
+todo=$(missing)
+if [ -z "$todo" ]; then
 	echo "$BIN"
 	exit 0
 fi
@@ -26,12 +51,14 @@ cd "$(dirname "$0")/../tools/kube"
 export GOCACHE=$KUBE_DIR/gocache
 export GOFLAGS=-buildvcs=false
 LDF="-s -w -X k8s.io/component-base/version.gitVersion=$V -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$V"
-start=$(date +%s)
 # Build into a temporary directory and rename, so an interrupted build never
 # leaves a binary that makes the next run a no-op.
 tmp=$(mktemp -d "$KUBE_DIR/build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-go build -trimpath -ldflags="$LDF" -o "$tmp/" k8s.io/kubernetes/cmd/kube-apiserver ./cmd/etcd-embed
-mv "$tmp/kube-apiserver" "$tmp/etcd-embed" "$BIN/"
-echo "kube-bin: built in $(( $(date +%s) - start ))s" >&2
+for n in $todo; do
+	start=$(date +%s)
+	go build -trimpath -ldflags="$LDF" -o "$tmp/$n" "${PKG[$n]}"
+	mv "$tmp/$n" "$BIN/"
+	echo "kube-bin: $n built in $(($(date +%s) - start))s (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+done
 echo "$BIN"

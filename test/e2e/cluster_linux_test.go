@@ -1,0 +1,391 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Addresses inside the cluster. They live only in the cluster's own
+// network namespaces, so parallel clusters on one machine do not collide.
+var (
+	apiIP     = netip.MustParseAddr("10.99.0.1") // the underlay bridge, in the control-plane netns
+	underlay  = netip.MustParsePrefix("10.99.0.0/24")
+	apiServer = "https://" + apiIP.String() + ":6443"
+)
+
+// nodeIP is the underlay address of node i (0-based).
+func nodeIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 99, 0, byte(11 + i)}) }
+
+// podCIDR is node i's pod range (--ipv4-range of its agent, host-local's
+// range in the ptp arm).
+func podCIDR(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
+}
+
+// state is what teardown needs, also from another process (make
+// e2e-down): written to <dir>/cluster.json as the cluster comes up.
+type state struct {
+	Dir string `json:"dir"`
+	// Holders are the pids of the namespace holders (control plane first).
+	Holders []int `json:"holders"`
+	// NetNS and MntNS identify the cluster's namespaces (readlink of
+	// /proc/<pid>/ns/*): every process in one of them is the cluster's.
+	NetNS []string `json:"netns"`
+	MntNS []string `json:"mntns"`
+	// Cgroups are the pod cgroup roots, one per node, under every hierarchy.
+	Cgroups []string `json:"cgroups"`
+	// Nodes are the nodes' names.
+	Nodes []string `json:"nodes"`
+	// Built is the directory of the agent, plugin and images when the
+	// cluster was kept (E2E_KEEP=1); teardown removes it too.
+	Built string `json:"built,omitempty"`
+}
+
+// cluster is a running control plane and its nodes.
+type cluster struct {
+	state
+	id     string
+	bin    string // kube binaries
+	tools  map[string]string
+	tokens map[string]string
+	cpPid  int
+	procs  []*proc // etcd, kube-apiserver
+	nodes  []*node
+	cfg    *rest.Config
+	client kubernetes.Interface
+	cni    string // "membrane" or "ptp"
+	// UpTime is how long up took (control plane start to every node Ready).
+	UpTime time.Duration
+}
+
+// clusterConfig says what to bring up.
+type clusterConfig struct {
+	Nodes int
+	// CNI is "membrane" (the agent and membrane-cni on every node) or
+	// "ptp" (the reference ptp + host-local plugins; the comparison arm).
+	CNI string
+	// Bin is the directory with etcd-embed, kube-apiserver and kubelet.
+	Bin string
+	// Tools are the host programs by name (containerd, runc, ctr, ...).
+	Tools map[string]string
+	// Built holds membrane-agent, membrane-cni, pause and probe.
+	Built string
+}
+
+// up starts a cluster in a fresh directory; on error it tears down what
+// it started.
+func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
+	t0 := time.Now()
+	dir, err := os.MkdirTemp("", "membrane-e2e-")
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{state: state{Dir: dir}, id: filepath.Base(dir)[len("membrane-e2e-"):], bin: cc.Bin, tools: cc.Tools, cni: cc.CNI}
+	defer func() {
+		if retErr != nil {
+			logf("cluster up failed: %v; logs in %s", retErr, dir)
+			if os.Getenv("E2E_KEEP") != "1" {
+				if err := teardown(c.state); err != nil {
+					logf("teardown: %v", err)
+				}
+			}
+		}
+	}()
+	for i := range cc.Nodes {
+		c.Nodes = append(c.Nodes, fmt.Sprintf("node-%d", i))
+	}
+	if err := c.startControlPlane(ctx); err != nil {
+		return c, err
+	}
+	if err := c.installCRDs(ctx); err != nil {
+		return c, err
+	}
+	for i := range cc.Nodes {
+		n, err := c.startNode(ctx, i, cc.Built)
+		if err != nil {
+			return c, fmt.Errorf("node %d: %w", i, err)
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	for _, n := range c.nodes {
+		if err := c.waitNodeReady(ctx, n); err != nil {
+			return c, err
+		}
+	}
+	c.UpTime = time.Since(t0)
+	logf("cluster %s up in %s: %d nodes (%s); state in %s", c.id, c.UpTime.Round(time.Millisecond), len(c.nodes), c.cni, dir)
+	return c, nil
+}
+
+// saveState writes cluster.json (make e2e-down reads it).
+func (c *cluster) saveState() error {
+	data, err := json.MarshalIndent(c.state, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.Dir, "cluster.json"), data, 0o644)
+}
+
+// holder starts a process that only holds new namespaces (unshare ...
+// sleep); script runs first inside them. Setsid: the cluster outlives a
+// killed test binary until make e2e-down.
+func (c *cluster) holder(name string, unshareArgs []string, script string) (int, error) {
+	ready := filepath.Join(c.Dir, name+".ready")
+	args := append(unshareArgs, "sh", "-c", script+"\ntouch \"$0\"\nexec sleep infinity", ready)
+	cmd := exec.Command(c.tools["unshare"], args...)
+	log, err := os.Create(filepath.Join(c.Dir, name+".log"))
+	if err != nil {
+		return 0, err
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start %s namespaces: %w", name, err)
+	}
+	pid := cmd.Process.Pid
+	go func() { _ = cmd.Wait() }()
+	c.Holders = append(c.Holders, pid)
+	// The namespaces exist once the script has run inside them; before
+	// that /proc/<pid>/ns/* still names the host's.
+	if err := waitFor(30*time.Second, func() bool { _, err := os.Stat(ready); return err == nil }); err != nil {
+		out, _ := os.ReadFile(filepath.Join(c.Dir, name+".log"))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return 0, fmt.Errorf("%s namespaces not ready: %w\n%s", name, err, out)
+	}
+	kinds := []string{"net"}
+	if len(unshareArgs) > 1 { // a private mount namespace too
+		kinds = append(kinds, "mnt")
+	}
+	for _, kind := range kinds {
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, kind))
+		if err != nil {
+			return 0, fmt.Errorf("%s namespace of %s: %w", kind, name, err)
+		}
+		if isHostNS(ns) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return 0, fmt.Errorf("%s of %s is the host's %s namespace: unshare failed", ns, name, kind)
+		}
+		if kind == "net" {
+			c.NetNS = append(c.NetNS, ns)
+		} else {
+			c.MntNS = append(c.MntNS, ns)
+		}
+	}
+	if err := c.saveState(); err != nil {
+		return 0, err
+	}
+	return pid, nil
+}
+
+// run starts a long-lived program inside the namespaces of pid (nsenter
+// -m too when mnt), logging to <dir>/<name>.log.
+func (c *cluster) run(name string, pid int, mnt bool, args ...string) (*proc, error) {
+	ns := []string{"-t", strconv.Itoa(pid), "-n"}
+	if mnt {
+		ns = append(ns, "-m")
+	}
+	cmd := exec.Command(c.tools["nsenter"], append(append(ns, "--"), args...)...)
+	log, err := os.OpenFile(filepath.Join(c.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return newProc(cmd), nil
+}
+
+// nsexec runs a short command inside pid's network (and mount) namespace.
+func (c *cluster) nsexec(pid int, mnt bool, args ...string) error {
+	ns := []string{"-t", strconv.Itoa(pid), "-n"}
+	if mnt {
+		ns = append(ns, "-m")
+	}
+	out, err := exec.Command(c.tools["nsenter"], append(append(ns, "--"), args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// startControlPlane makes the control-plane network namespace with the
+// underlay bridge and starts etcd and kube-apiserver in it.
+func (c *cluster) startControlPlane(ctx context.Context) error {
+	script := fmt.Sprintf(`set -e
+ip link set lo up
+ip link add br-underlay type bridge
+ip addr add %s/%d dev br-underlay
+ip link set br-underlay up`, apiIP, underlay.Bits())
+	pid, err := c.holder("cp", []string{"-n"}, script)
+	if err != nil {
+		return err
+	}
+	c.cpPid = pid
+	tokens, err := writeCredentials(c.Dir, net.IP(apiIP.AsSlice()), c.Nodes)
+	if err != nil {
+		return err
+	}
+	c.tokens = tokens
+	d := c.Dir
+	etcd, err := c.run("etcd", pid, false, filepath.Join(c.bin, "etcd-embed"), "-data-dir", filepath.Join(d, "etcd"),
+		"-listen-client", "http://127.0.0.1:2379", "-listen-peer", "http://127.0.0.1:2380")
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, etcd)
+	api, err := c.run("kube-apiserver", pid, false, filepath.Join(c.bin, "kube-apiserver"),
+		"--etcd-servers=http://127.0.0.1:2379",
+		"--bind-address=0.0.0.0", "--advertise-address="+apiIP.String(), "--secure-port=6443",
+		"--cert-dir="+filepath.Join(d, "certs"),
+		"--tls-cert-file="+filepath.Join(d, "tls.crt"), "--tls-private-key-file="+filepath.Join(d, "tls.key"),
+		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		// No kube-controller-manager: nothing would create the default
+		// ServiceAccounts or publish kube-root-ca.crt for token volumes.
+		"--disable-admission-plugins=ServiceAccount",
+		"--service-account-issuer=https://membrane-e2e.local",
+		"--service-account-key-file="+filepath.Join(d, "sa.key"),
+		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false", "--v=1")
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, api)
+	c.cfg = &rest.Config{
+		Host:            apiServer,
+		BearerToken:     tokens["admin"],
+		TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(d, "tls.crt")},
+		Dial:            netnsDialer(fmt.Sprintf("/proc/%d/ns/net", pid)),
+		QPS:             200,
+		Burst:           400,
+	}
+	if c.client, err = kubernetes.NewForConfig(c.cfg); err != nil {
+		return err
+	}
+	if err := writeKubeconfig(filepath.Join(d, "admin.kubeconfig"), apiServer, filepath.Join(d, "tls.crt"), tokens["admin"]); err != nil {
+		return err
+	}
+	return waitFor(2*time.Minute, func() bool {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(rctx)
+		return err == nil && string(body) == "ok"
+	})
+}
+
+// netnsDialer dials from inside the network namespace at path: the API
+// server listens only on the underlay, which the host's namespace cannot
+// reach (nothing of the cluster touches the host's network).
+func netnsDialer(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := inNetns(path, func() error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}
+}
+
+// inNetns runs fn on a locked OS thread inside the network namespace at
+// path; sockets fn opens stay in that namespace. The thread is discarded
+// afterwards rather than switched back.
+func inNetns(path string, fn func() error) error {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer h.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// waitFor polls cond every 100 ms for at most limit (a bound against
+// hangs, not a timing assertion).
+func waitFor(limit time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done after %s", limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+// waitNodeReady waits until the Node reports Ready (kubelet registered,
+// the runtime's CNI config loaded).
+func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
+	err := waitFor(3*time.Minute, func() bool {
+		if n.failed() != nil {
+			return true
+		}
+		no, err := c.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if no.Spec.PodCIDR == "" && c.setPodCIDR(ctx, n) != nil {
+			return false
+		}
+		for _, cond := range no.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return true
+			}
+		}
+		return false
+	})
+	if err == nil {
+		err = n.failed()
+	}
+	if err != nil {
+		return fmt.Errorf("node %s not Ready: %w (logs in %s)", n.name, err, n.dir)
+	}
+	return nil
+}
+
+// setPodCIDR sets the Node's spec.podCIDR(s) to the node's range, as
+// kube-controller-manager's node IPAM would (this cluster does not run
+// it): the agents' --ipv4-range and the Node object agree.
+func (c *cluster) setPodCIDR(ctx context.Context, n *node) error {
+	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.cidr, n.cidr)
+	_, err := c.client.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// errExited reports a cluster process that exited.
+var errExited = errors.New("exited")

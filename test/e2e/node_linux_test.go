@@ -1,0 +1,303 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+)
+
+// node is one worker: a network+mount namespace with containerd, kubelet
+// and (CNI membrane) membrane-agent, its files under dir.
+type node struct {
+	c      *cluster
+	name   string
+	idx    int
+	ip     netip.Addr
+	cidr   netip.Prefix
+	pid    int // namespace holder
+	dir    string
+	cgroup string
+	built  string
+	procs  map[string]*proc // containerd, kubelet, agent
+}
+
+// nodeMounts is the node's private view of the host: /run (sockets,
+// netns files, the agent's state), /var/lib and /var/log (paths kubelet
+// hard-codes) are tmpfs, bpffs is its own instance, and the host-global
+// sysctls kubelet checks are masked read-only with the values it wants
+// (protectKernelDefaults: it never writes the host's).
+const nodeMounts = `set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/netns /run/containerd /run/membrane
+mount -t tmpfs tmpfs /var/lib
+mkdir -p /var/lib/cni /var/lib/kubelet
+mount -t tmpfs tmpfs /var/log
+mount -t bpf bpf /sys/fs/bpf
+for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
+          kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+  k=${kv%%=*}; f=SYSCTL/$(echo $k | tr / .); echo ${kv#*=} > $f
+  mount --bind $f /proc/sys/$k
+  mount -o remount,bind,ro /proc/sys/$k
+done
+ip link set lo up`
+
+// startNode makes node i's namespaces, plugs it into the underlay and
+// starts containerd, the agent (CNI membrane) and kubelet.
+func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, error) {
+	n := &node{c: c, name: c.Nodes[i], idx: i, ip: nodeIP(i), cidr: podCIDR(i), built: built,
+		dir: filepath.Join(c.Dir, c.Nodes[i]), cgroup: "membrane-e2e-" + c.id + "-" + strconv.Itoa(i),
+		procs: map[string]*proc{}}
+	for _, d := range []string{"sysctl", "net.d", "cni-bin", "kubelet", "pod-logs", "ipam"} {
+		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	c.Cgroups = append(c.Cgroups, n.cgroup)
+	if err := c.saveState(); err != nil {
+		return nil, err
+	}
+	script := strings.ReplaceAll(nodeMounts, "SYSCTL", filepath.Join(n.dir, "sysctl"))
+	pid, err := c.holder(n.name, []string{"-m", "-n", "--propagation", "private"}, script)
+	if err != nil {
+		return nil, err
+	}
+	n.pid = pid
+	if err := n.plugUnderlay(); err != nil {
+		return nil, err
+	}
+	if err := n.makeCgroups(); err != nil {
+		return nil, err
+	}
+	if err := n.writeConfig(); err != nil {
+		return nil, err
+	}
+	if err := n.startContainerd(); err != nil {
+		return nil, err
+	}
+	if c.cni == "membrane" {
+		if err := n.startAgent(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return n, n.startKubelet()
+}
+
+// plugUnderlay adds a veth from the underlay bridge (control-plane netns)
+// to the node's eth0 and addresses it.
+func (n *node) plugUnderlay() error {
+	c := n.c
+	port := "ul-" + n.name
+	if err := c.nsexec(c.cpPid, false, "ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", strconv.Itoa(n.pid)); err != nil {
+		return err
+	}
+	if err := c.nsexec(c.cpPid, false, "ip", "link", "set", port, "master", "br-underlay", "up"); err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"ip", "addr", "add", fmt.Sprintf("%s/%d", n.ip, underlay.Bits()), "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", "default", "via", apiIP.String()},
+	} {
+		if err := c.nsexec(n.pid, false, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// makeCgroups creates the node's pod cgroup root under every v1
+// hierarchy (cgroupfs is host-global; teardown removes it).
+func (n *node) makeCgroups() error {
+	hs := cgroupHierarchies()
+	for _, h := range hs {
+		if err := os.MkdirAll(filepath.Join(h, n.cgroup), 0o755); err != nil {
+			return fmt.Errorf("cgroup %s: %w", n.cgroup, err)
+		}
+	}
+	if cs := "/sys/fs/cgroup/cpuset"; dirExists(cs) {
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			v, err := os.ReadFile(filepath.Join(cs, f))
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(cs, n.cgroup, f), v, 0o644); err != nil {
+				return fmt.Errorf("cgroup %s %s: %w", n.cgroup, f, err)
+			}
+		}
+	}
+	return nil
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
+}
+
+// writeConfig writes containerd.toml, kubelet.yaml, the CNI binaries and
+// the conflist: the shipped deploy/05-membrane.conflist unchanged (its
+// socket /var/run/membrane/membrane.sock is the node's own /run), or ptp
+// + host-local on the node's pod range.
+func (n *node) writeConfig() error {
+	d := n.dir
+	toml := fmt.Sprintf(containerdTOML, filepath.Join(d, "root"), filepath.Join(d, "state"), n.sock(),
+		filepath.Join(d, "opt"), n.c.tools["runc"], filepath.Join(d, "cni-bin"), filepath.Join(d, "net.d"))
+	if err := os.WriteFile(filepath.Join(d, "containerd.toml"), []byte(toml), 0o644); err != nil {
+		return err
+	}
+	nofile := hardNofile()
+	kubelet := fmt.Sprintf(kubeletYAML, n.sock(), n.cgroup, filepath.Join(d, "pod-logs"), filepath.Join(d, "kubelet", "volume-plugins"), nofile)
+	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
+		return err
+	}
+	if err := writeKubeconfig(filepath.Join(d, "kubelet.kubeconfig"), apiServer, filepath.Join(n.c.Dir, "tls.crt"), n.c.tokens[n.name]); err != nil {
+		return err
+	}
+	links := map[string]string{"loopback": n.c.tools["loopback"]}
+	var conf []byte
+	if n.c.cni == "membrane" {
+		links["membrane-cni"] = filepath.Join(n.built, "membrane-cni")
+		raw, err := os.ReadFile("../../deploy/05-membrane.conflist")
+		if err != nil {
+			return err
+		}
+		conf = raw
+	} else {
+		dir := filepath.Dir(n.c.tools["loopback"])
+		links["ptp"], links["host-local"] = filepath.Join(dir, "ptp"), filepath.Join(dir, "host-local")
+		conf = fmt.Appendf(nil, ptpConflist, filepath.Join(d, "ipam"), n.cidr)
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(d, "cni-bin", name)); err != nil {
+			return err
+		}
+	}
+	name := "05-membrane.conflist"
+	if n.c.cni != "membrane" {
+		name = "10-ptp.conflist"
+	}
+	var check map[string]any
+	if err := json.Unmarshal(conf, &check); err != nil {
+		return fmt.Errorf("conflist: %w", err)
+	}
+	return os.WriteFile(filepath.Join(d, "net.d", name), conf, 0o644)
+}
+
+func (n *node) sock() string { return filepath.Join(n.dir, "containerd.sock") }
+
+// agentSocket is the agent's API socket seen from the host.
+func (n *node) agentSocket() string {
+	return fmt.Sprintf("/proc/%d/root/run/membrane/membrane.sock", n.pid)
+}
+
+// netnsPath is the node's network namespace seen from the host.
+func (n *node) netnsPath() string { return fmt.Sprintf("/proc/%d/ns/net", n.pid) }
+
+func (n *node) startContainerd() error {
+	cmd, err := n.c.run(n.name+"/containerd", n.pid, true, n.c.tools["containerd"], "--config", filepath.Join(n.dir, "containerd.toml"))
+	if err != nil {
+		return err
+	}
+	n.procs["containerd"] = cmd
+	if err := waitFor(60*time.Second, func() bool {
+		st, err := os.Stat(n.sock())
+		return (err == nil && st.Mode()&os.ModeSocket != 0) || n.failed() != nil
+	}); err != nil || n.failed() != nil {
+		return fmt.Errorf("containerd not up: %v %v", err, n.failed())
+	}
+	for _, img := range []string{"pause.tar", "probe.tar"} {
+		out, err := exec.Command(n.c.tools["ctr"], "--address", n.sock(), "-n", "k8s.io", "images", "import",
+			filepath.Join(n.built, img)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("import %s: %w: %s", img, err, out)
+		}
+	}
+	return nil
+}
+
+// agentArgs are the DaemonSet's container arguments
+// (deploy/kubernetes/membrane.yaml) plus the Kubernetes mode: the same
+// socket, state and delete-queue paths (the node's own /run), the node's
+// pod range, and the API server through a kubeconfig instead of the
+// in-cluster service account.
+func (n *node) agentArgs() []string {
+	return []string{filepath.Join(n.built, "membrane-agent"),
+		"--datapath=linux",
+		"--socket=/var/run/membrane/membrane.sock",
+		"--state-dir=/var/run/membrane/state",
+		"--delete-queue-dir=/var/run/membrane/delete-queue",
+		"--ipv4-range=" + n.cidr.String(),
+		"--log-format=json",
+		"--k8s-kubeconfig=" + filepath.Join(n.c.Dir, "admin.kubeconfig"),
+		"--node-name=" + n.name,
+	}
+}
+
+// startAgent starts membrane-agent in the node's namespaces and waits for
+// its API.
+func (n *node) startAgent(ctx context.Context) error {
+	cmd, err := n.c.run(n.name+"/agent", n.pid, true, n.agentArgs()...)
+	if err != nil {
+		return err
+	}
+	n.procs["agent"] = cmd
+	cl := client.New(n.agentSocket())
+	defer cl.Close()
+	err = waitFor(2*time.Minute, func() bool {
+		if n.failed() != nil {
+			return true
+		}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := cl.Status(sctx)
+		return err == nil
+	})
+	if err == nil {
+		err = n.failed()
+	}
+	if err != nil {
+		return fmt.Errorf("agent not ready: %w", err)
+	}
+	return nil
+}
+
+// stopAgent stops the agent (SIGTERM, as kubelet stops a DaemonSet pod).
+func (n *node) stopAgent() error {
+	cmd := n.procs["agent"]
+	delete(n.procs, "agent")
+	return cmd.stop(30 * time.Second)
+}
+
+func (n *node) startKubelet() error {
+	cmd, err := n.c.run(n.name+"/kubelet", n.pid, true, filepath.Join(n.c.bin, "kubelet"),
+		"--config="+filepath.Join(n.dir, "kubelet.yaml"),
+		"--kubeconfig="+filepath.Join(n.dir, "kubelet.kubeconfig"),
+		"--root-dir="+filepath.Join(n.dir, "kubelet"),
+		"--cert-dir="+filepath.Join(n.dir, "kubelet", "pki"),
+		"--hostname-override="+n.name, "--node-ip="+n.ip.String(), "--v=1")
+	if err != nil {
+		return err
+	}
+	n.procs["kubelet"] = cmd
+	return nil
+}
+
+// failed returns an error when one of the node's processes has exited.
+func (n *node) failed() error {
+	for name, p := range n.procs {
+		if p.exited() {
+			return fmt.Errorf("%s %w (see %s.log)", name, errExited, filepath.Join(n.c.Dir, n.name, name))
+		}
+	}
+	return nil
+}
