@@ -182,7 +182,8 @@ func churn(ctx context.Context, cfg MultiConfig, nodes []*simNode, etcd *simEtcd
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, d, e, first, kinds := driveNode(ctx, cfg, i, n)
+			r := driveNode(ctx, cfg, i, n)
+			c, d, e, first, kinds := r.creates, r.deletes, r.errs, r.first, r.kinds
 			mu.Lock()
 			if rep.ErrorKinds == nil {
 				rep.ErrorKinds = map[string]int{}
@@ -242,17 +243,26 @@ func crashNode(cfg MultiConfig, n *simNode, down time.Duration) error {
 	return nil
 }
 
+// driveResult is what one node's driver did.
+type driveResult struct {
+	creates, deletes, errs int
+	first                  error          // the first failed request
+	kinds                  map[string]int // failed requests by message start
+}
+
 // driveNode keeps EndpointsPerNode endpoints on node i, replacing one at
 // a time once there, until ctx ends.
-func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates, deletes, errs int, first error, kinds map[string]int) {
+func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) driveResult {
 	rnd := rand.New(rand.NewPCG(cfg.Seed, uint64(i)+100))
-	kinds = map[string]int{}
-	kind := func(err error) {
+	r := driveResult{kinds: map[string]int{}}
+	fail := func(err error) {
+		r.errs++
+		r.first = cmp.Or(r.first, err)
 		msg := err.Error()
 		if j := strings.Index(msg, ": "); j > 0 && j < 40 {
 			msg = msg[j+2:]
 		}
-		kinds[msg[:min(len(msg), 40)]]++
+		r.kinds[msg[:min(len(msg), 40)]]++
 	}
 	var live []int64
 	seq := 0
@@ -265,32 +275,26 @@ func driveNode(ctx context.Context, cfg MultiConfig, i int, n *simNode) (creates
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if len(live) >= cfg.EndpointsPerNode {
 			k := rnd.IntN(len(live))
-			if err := c.EndpointDelete(rctx, fmt.Sprint(live[k])); err != nil && ctx.Err() == nil {
-				errs++
-				first = cmp.Or(first, err)
-				kind(err)
-			} else if err == nil {
-				deletes++
+			if err := c.EndpointDelete(rctx, fmt.Sprint(live[k])); err == nil {
+				r.deletes++
+			} else if ctx.Err() == nil {
+				fail(err)
 			}
 			live = slices.Delete(live, k, k+1)
 		}
 		seq++
 		pod := fmt.Sprintf("pod-%d", seq)
-		if id, err := createEndpoint(rctx, c, pod, fmt.Sprintf("k8s:app=app%d", rnd.IntN(cfg.Identities))); err != nil {
-			if ctx.Err() != nil { // the churn ended mid-request
-				cancel()
-				break
-			}
-			errs++
-			first = cmp.Or(first, err)
-			kind(err)
-		} else {
-			live = append(live, id)
-			creates++
-		}
+		id, err := createEndpoint(rctx, c, pod, fmt.Sprintf("k8s:app=app%d", rnd.IntN(cfg.Identities)))
 		cancel()
+		switch {
+		case err == nil:
+			live = append(live, id)
+			r.creates++
+		case ctx.Err() == nil: // else the churn ended mid-request
+			fail(err)
+		}
 	}
-	return creates, deletes, errs, first, kinds
+	return r
 }
 
 func createEndpoint(ctx context.Context, c *client.Client, pod, label string) (int64, error) {
