@@ -36,7 +36,8 @@ type Client struct {
 	healthy  bool
 	lastErr  string
 	since    time.Time
-	regrants int // leases granted after the first
+	regrants int  // leases granted after the first
+	granted  bool // a lease was ever granted
 }
 
 // Health is the connection's state for /v1/status.
@@ -87,6 +88,21 @@ func (c *Client) Lease() (id clientv3.LeaseID, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lease, c.lease != 0
+}
+
+// awaitLease waits (bounded by ctx and the request timeout) until the
+// node holds a lease other than old; false when it does not in time.
+func (c *Client) awaitLease(ctx context.Context, old clientv3.LeaseID) bool {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	for {
+		if l, ok := c.Lease(); ok && l != old {
+			return true
+		}
+		if !sleep(ctx, 10*time.Millisecond) {
+			return false
+		}
+	}
 }
 
 // OnLease registers fn, called on the lease goroutine with every lease
@@ -188,10 +204,10 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 		return
 	}
 	c.mu.Lock()
-	if c.lease != 0 {
+	if c.granted {
 		c.regrants++
 	}
-	c.lease = lease
+	c.lease, c.granted = lease, true
 	fns := append([]func(clientv3.LeaseID){}, c.onLease...)
 	c.mu.Unlock()
 	c.log.Info("node lease granted", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", c.cfg.LeaseTTL)
@@ -206,6 +222,9 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 			if !ok {
 				if c.ctx.Err() == nil {
 					c.log.Warn("node lease lost; granting a new one", "lease", fmt.Sprintf("%x", int64(lease)))
+					c.mu.Lock()
+					c.lease = 0 // writes wait for the next one
+					c.mu.Unlock()
 				}
 				return
 			}

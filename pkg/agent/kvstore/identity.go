@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -102,6 +103,9 @@ func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identi
 		}
 		if n, ok := b.cache.byLabels(lk); ok {
 			done, err := b.addRef(ctx, n, lk, lease)
+			if b.leaseLost(ctx, err, lease) {
+				continue
+			}
 			if err != nil || done {
 				return n, false, err
 			}
@@ -109,11 +113,21 @@ func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identi
 			continue
 		}
 		n, isNew, err := b.create(ctx, lk, lease)
+		if b.leaseLost(ctx, err, lease) {
+			continue
+		}
 		if err != nil || n != 0 {
 			return n, isNew, err
 		}
 	}
 	return 0, false, fmt.Errorf("acquire cluster identity for %s: %d lost races: %w", labels.Clip(lk), acquireAttempts, ErrConflict)
+}
+
+// leaseLost reports whether err says the node lease used expired (the
+// node could not renew it in time); it then waits for the next lease, so
+// that the caller tries again under it.
+func (b *IdentityBackend) leaseLost(ctx context.Context, err error, lease clientv3.LeaseID) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) && b.c.awaitLease(ctx, lease)
 }
 
 // addRef adds this node's reference to n if id/<n> still names lk;
