@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s generate demo vet lint clean install sim
 
 all: build
 
@@ -127,6 +127,12 @@ bench-policy:
 	MEMBRANE_BENCH_POLICY=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
 		$(GO) test -run '^TestPolicyBench$$' -count=1 -v -timeout 30m ./test/policybench/
 
+# Kubernetes mode (root, kube-apiserver from scripts/kube-bin.sh): pod
+# relabel until the new identity is realised with 100 pods, NetworkPolicy
+# creation until 200 endpoints with real BPF programs enforce it.
+bench-k8s:
+	MEMBRANE_BENCH_K8S=1 $(GO) test -run '^TestK8sBench$$' -count=1 -v -timeout 30m ./test/k8sbench/
+
 # Endpoint BPF programs (root): first realise (load + attach), identity
 # change, policy-only regeneration and kernel memory per endpoint, with
 # TCX and with the cls_bpf fallback, over BENCH_N endpoints.
@@ -139,6 +145,11 @@ RESTORE_N ?= 100
 bench-restore:
 	MEMBRANE_BENCH_RESTORE=1 RESTORE_N=$(RESTORE_N) \
 		$(GO) test -run '^TestRestoreTime$$' -count=1 -v -timeout 10m ./test/crash/
+
+# Cross-node TCP throughput and latency, native and tunnel mode against
+# plain veths and routes without BPF (root; BENCHMARKS.md).
+bench-xnode:
+	MEMBRANE_XNODE_BENCH=1 $(GO) test -run '^TestCrossNodeNumbers$$' -count=1 -v -timeout 15m ./test/multinode/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.

@@ -76,6 +76,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		ia.events = d.events
 		return ia
 	})
+	nodes := spawn(KindNodes, &MailboxStats{}, func() actor.Actor { return newNodesActor(d, a.cfg.podRanges()) })
 	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)
@@ -83,7 +84,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	// The answers processes of the children with a requester, registered
 	// here rather than in their Started, so that every process of the
 	// system exists once Start returns.
-	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc} {
+	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc, nodes} {
 		registerAnswers(ctx.ActorSystem(), pid)
 	}
 }

@@ -290,3 +290,23 @@ func (s *System) EndpointActors(ctx context.Context) ([]ActorInfo, error) {
 func (s *System) PoolStats(ctx context.Context) (*PoolStats, error) {
 	return answer[*PoolStats](s.ask(ctx, s.pool, &getPoolStats{}))
 }
+
+// SyncNodes replaces the set of remote nodes source ("k8s", "kvstore",
+// "file", ...) knows with nodes (the full set; empty: none). It returns
+// once the set is in the index (GET /v1/nodes); the union of every
+// source's set reaches the datapath's NodeRouter asynchronously, retried
+// until it succeeds. A malformed set is refused whole
+// (datapath.CheckNodes). Conflicts are resolved, not refused: a node
+// whose pod CIDRs overlap this node's own ranges, or another node's, is
+// left out of the datapath's set with a warning (of two, the later by
+// name); callers should leave this node out.
+func (s *System) SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error {
+	if err := validateNodes(source, nodes); err != nil {
+		return err
+	}
+	r, err := answer[*messages.NodesResult](s.ask(ctx, s.nodes, &messages.SyncNodes{Source: source, Nodes: nodes}))
+	if err != nil {
+		return err
+	}
+	return r.Err
+}

@@ -63,6 +63,7 @@ type ipcacheRetrySync struct{}
 type ipcacheOp struct {
 	prefix netip.Prefix
 	id     identity.NumericIdentity // 0: delete
+	tunnel netip.Addr               // the remote node (tunnel mode)
 	err    error
 }
 
@@ -245,10 +246,11 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 	ops := make([]ipcacheOp, 0, len(a.dirty))
 	for p := range a.dirty {
 		var id identity.NumericIdentity
+		var tunnel netip.Addr
 		if e := a.entries[p]; e != nil {
-			id = e.Identity
+			id, tunnel = e.Identity, e.TunnelEndpoint
 		}
-		ops = append(ops, ipcacheOp{prefix: p, id: id})
+		ops = append(ops, ipcacheOp{prefix: p, id: id, tunnel: tunnel})
 	}
 	a.dirty = map[netip.Prefix]struct{}{} // a burst's buckets go
 	a.syncing = true
@@ -262,9 +264,9 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 // syncAll makes the datapath's ipcache hold exactly the entries, in one
 // pool job (it covers every dirty prefix). A failure retries it.
 func (a *ipcacheActor) syncAll(ctx actor.Context) {
-	desired := make(map[netip.Prefix]identity.NumericIdentity, len(a.entries))
+	desired := make(map[netip.Prefix]datapath.IPCacheValue, len(a.entries))
 	for p, e := range a.entries {
-		desired[p] = e.Identity
+		desired[p] = datapath.IPCacheValue{Identity: e.Identity, TunnelEndpoint: e.TunnelEndpoint}
 	}
 	a.prune, a.syncing = false, true
 	a.dirty = map[netip.Prefix]struct{}{}
@@ -301,7 +303,7 @@ func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []
 		if ops[i].id == 0 {
 			ops[i].err = dp.DeleteIPCache(ctx, ops[i].prefix)
 		} else {
-			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id)
+			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id, ops[i].tunnel)
 		}
 	}
 	return ops

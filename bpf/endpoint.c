@@ -285,6 +285,16 @@ static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
 	return v ? v->identity : IDENTITY_WORLD;
 }
 
+/* tunnel_identity is the source identity a tunnel delivered for a
+ * packet entering the endpoint (overlay.c's from_overlay put it in the
+ * mark), 0 if none: then the ipcache decides on the source address. */
+static __always_inline __u32 tunnel_identity(struct __sk_buff *skb, __u8 dir)
+{
+	if (dir != DIR_INGRESS || (skb->mark & 0xff) != MARK_IDENTITY_MAGIC)
+		return 0;
+	return skb->mark >> 8;
+}
+
 /* policy_lookup tries the peer's entries, then any peer's (identity 0):
  * the longest prefix is exact, then port wildcard, then L3-only, which is
  * policy.Lookups' order. */
@@ -454,7 +464,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (!p.frag && ct_is_reply(&p, dir, now))
 		return TC_ACT_OK;
 	if (enforced(dir)) {
-		peer = peer_identity(&p, dir);
+		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
 		v = policy_lookup(peer, &p, dir);
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);

@@ -38,9 +38,32 @@ struct ipcache_key {
 	__u32 addr[4]; /* network byte order bytes; u32 for aligned copies */
 };
 
+/* tunnel_endpoint is the node a destination is tunnelled to (tunnel
+ * mode): family 0 is none. */
+struct tunnel_endpoint {
+	__u8 family; /* 0, 4 or 6 */
+	__u8 pad[3];
+	__u32 addr[4]; /* network byte order bytes */
+};
+
 struct ipcache_value {
 	__u32 identity;
+	/* tunnel is the node hosting a remote endpoint (index.IPCacheEntry.
+	 * TunnelEndpoint); none for local and policy entries. */
+	struct tunnel_endpoint tunnel;
 };
+
+/* tunnel_value is a value of the tunnel map (overlay.c): a remote node's
+ * pod CIDR (keyed like the ipcache) -> that node. */
+struct tunnel_value {
+	struct tunnel_endpoint node;
+};
+
+/* MARK_IDENTITY_MAGIC in the low byte of skb->mark says the upper 24
+ * bits carry the source identity a tunnel delivered (overlay.c's
+ * from_overlay sets it; the endpoint programs read it). */
+#define MARK_IDENTITY_MAGIC 0x4d
+#define MARK_IDENTITY_MAX 0xffffff
 
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter

@@ -103,6 +103,7 @@ type EndpointIpcacheKey struct {
 type EndpointIpcacheValue struct {
 	_        structs.HostLayout
 	Identity uint32
+	Tunnel   EndpointTunnelEndpoint
 }
 
 type EndpointPolicyKey struct {
@@ -118,6 +119,13 @@ type EndpointPolicyValue struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type EndpointTunnelEndpoint struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Addr   [4]uint32
 }
 
 // Names of all BPF objects in the ELF.

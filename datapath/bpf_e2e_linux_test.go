@@ -163,7 +163,7 @@ func newE2E(t *testing.T, cfg LinuxConfig) *e2eEnv {
 
 func (e *e2eEnv) ipcache(p *testPod) {
 	e.t.Helper()
-	if err := e.l.UpsertIPCache(context.Background(), netip.PrefixFrom(p.addr(), p.addr().BitLen()), p.ep.Identity); err != nil {
+	if err := e.l.UpsertIPCache(context.Background(), netip.PrefixFrom(p.addr(), p.addr().BitLen()), p.ep.Identity, netip.Addr{}); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -53,7 +53,10 @@ type Datapath interface {
 	Check(ctx context.Context, ep *endpoint.Endpoint) error
 	// UpsertIPCache maps prefix to the security identity id in the
 	// node-wide ipcache (IP -> identity), replacing any previous entry.
-	UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity) error
+	// tunnelEndpoint is the node hosting prefix when it is a remote
+	// endpoint (index.IPCacheEntry.TunnelEndpoint; invalid: none): where
+	// tunnel mode sends traffic for it.
+	UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity, tunnelEndpoint netip.Addr) error
 	// DeleteIPCache removes prefix from the ipcache; a missing entry is
 	// success.
 	DeleteIPCache(ctx context.Context, prefix netip.Prefix) error
@@ -119,5 +122,13 @@ type IPCacheSyncStats struct {
 // exactly desired, removing what endpoints deleted while no agent ran
 // left behind. The agent calls it once after restore.
 type IPCacheSyncer interface {
-	SyncIPCache(ctx context.Context, desired map[netip.Prefix]identity.NumericIdentity) (IPCacheSyncStats, error)
+	SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCacheValue) (IPCacheSyncStats, error)
+}
+
+// IPCacheValue is what the ipcache holds for a prefix.
+type IPCacheValue struct {
+	Identity identity.NumericIdentity
+	// TunnelEndpoint is the node hosting the prefix (remote endpoints;
+	// invalid: none).
+	TunnelEndpoint netip.Addr
 }

@@ -29,6 +29,8 @@ type FakeHooks struct {
 	// BeforeIPCache runs first in UpsertIPCache and DeleteIPCache; a
 	// non-nil error fails the write.
 	BeforeIPCache func(ctx context.Context, prefix netip.Prefix) error
+	// BeforeSyncNodes runs first in SyncNodes; a non-nil error fails it.
+	BeforeSyncNodes func(ctx context.Context, nodes []RemoteNode) error
 	// ProxyAcks is how many proxies must acknowledge each revision.
 	ProxyAcks int
 	// ProxyAckDelay is how long after Realize each acknowledgement arrives.
@@ -51,8 +53,11 @@ type Fake struct {
 	realizes  uint64
 	removes   uint64
 	gcPasses  int
-	gcOrphans sweep[endpoint.ID] // realised, not live
-	gcMissing sweep[endpoint.ID] // live, Forgotten
+	gcOrphans sweep[endpoint.ID]          // realised, not live
+	gcMissing sweep[endpoint.ID]          // live, Forgotten
+	nodes     []RemoteNode                // the last SyncNodes set
+	tunnels   map[netip.Prefix]netip.Addr // ipcache tunnel endpoints
+	nodeSyncs int
 }
 
 var _ Datapath = (*Fake)(nil)
@@ -154,7 +159,7 @@ func (f *Fake) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 }
 
 // UpsertIPCache implements Datapath.
-func (f *Fake) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity) error {
+func (f *Fake) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity, tunnel netip.Addr) error {
 	if h := f.Hooks(); h.BeforeIPCache != nil {
 		if err := h.BeforeIPCache(ctx, prefix); err != nil {
 			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
@@ -162,6 +167,7 @@ func (f *Fake) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identi
 	}
 	f.mu.Lock()
 	f.ipcache[prefix.Masked()] = id
+	f.setTunnel(prefix.Masked(), tunnel)
 	f.mu.Unlock()
 	return nil
 }
@@ -175,15 +181,16 @@ func (f *Fake) DeleteIPCache(ctx context.Context, prefix netip.Prefix) error {
 	}
 	f.mu.Lock()
 	delete(f.ipcache, prefix.Masked())
+	delete(f.tunnels, prefix.Masked())
 	f.mu.Unlock()
 	return nil
 }
 
 // SyncIPCache implements IPCacheSyncer: the ipcache becomes desired.
-func (f *Fake) SyncIPCache(_ context.Context, desired map[netip.Prefix]identity.NumericIdentity) (IPCacheSyncStats, error) {
-	want := make(map[netip.Prefix]identity.NumericIdentity, len(desired))
-	for p, id := range desired {
-		want[p.Masked()] = id
+func (f *Fake) SyncIPCache(_ context.Context, desired map[netip.Prefix]IPCacheValue) (IPCacheSyncStats, error) {
+	want := make(map[netip.Prefix]IPCacheValue, len(desired))
+	for p, v := range desired {
+		want[p.Masked()] = v
 	}
 	var st IPCacheSyncStats
 	f.mu.Lock()
@@ -191,16 +198,37 @@ func (f *Fake) SyncIPCache(_ context.Context, desired map[netip.Prefix]identity.
 	for p := range f.ipcache {
 		if _, ok := want[p]; !ok {
 			delete(f.ipcache, p)
+			delete(f.tunnels, p)
 			st.Deleted++
 		}
 	}
-	for p, id := range want {
-		if cur, ok := f.ipcache[p]; !ok || cur != id {
-			f.ipcache[p] = id
+	for p, v := range want {
+		if cur, ok := f.ipcache[p]; !ok || cur != v.Identity || f.tunnels[p] != v.TunnelEndpoint {
+			f.ipcache[p] = v.Identity
+			f.setTunnel(p, v.TunnelEndpoint)
 			st.Written++
 		}
 	}
 	return st, nil
+}
+
+// setTunnel records p's tunnel endpoint (invalid: none). f.mu held.
+func (f *Fake) setTunnel(p netip.Prefix, tunnel netip.Addr) {
+	if !tunnel.IsValid() {
+		delete(f.tunnels, p)
+		return
+	}
+	if f.tunnels == nil {
+		f.tunnels = map[netip.Prefix]netip.Addr{}
+	}
+	f.tunnels[p] = tunnel
+}
+
+// IPCacheTunnels returns the ipcache's tunnel endpoints by prefix.
+func (f *Fake) IPCacheTunnels() map[netip.Prefix]netip.Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.tunnels)
 }
 
 // IPCache returns a copy of the ipcache.

@@ -53,6 +53,76 @@ type LinuxConfig struct {
 	ForceLegacyTC bool
 	// CTGC configures the conntrack garbage collector (CTGCConfig).
 	CTGC CTGCConfig
+	// Nodes configures the routes to other nodes' pods (NodeRouter).
+	Nodes NodesConfig
+}
+
+// DefaultTunnelDevice is NodesConfig.TunnelDevice's default.
+const DefaultTunnelDevice = "membrane_vxlan"
+
+// Routing modes (NodesConfig.Routing).
+const (
+	// RoutingTunnel sends other nodes' pod traffic through one VXLAN
+	// device (external mode), the source identity in the VNI.
+	RoutingTunnel = "tunnel"
+	// RoutingNative routes each remote pod CIDR via its node's address.
+	RoutingNative = "native"
+)
+
+// NodesConfig configures cross-node routing and masquerading.
+type NodesConfig struct {
+	// Routing is RoutingTunnel (default) or RoutingNative.
+	Routing string
+	// TunnelDevice is the VXLAN device's name (default "membrane_vxlan");
+	// TunnelPort its UDP port (default 8472, as Cilium's).
+	TunnelDevice string
+	TunnelPort   int
+	// TunnelMTU is the VXLAN device's MTU (default 1450: a 1500-byte
+	// underlay minus the 50 bytes of VXLAN over IPv4).
+	TunnelMTU int
+	// Masquerade SNATs pod traffic to destinations outside ClusterCIDRs
+	// to the node's address on the way out (nftables).
+	Masquerade   bool
+	ClusterCIDRs []netip.Prefix
+}
+
+// WithDefaults fills zero fields.
+func (c NodesConfig) WithDefaults() NodesConfig {
+	if c.Routing == "" {
+		c.Routing = RoutingTunnel
+	}
+	if c.TunnelDevice == "" {
+		c.TunnelDevice = DefaultTunnelDevice
+	}
+	if c.TunnelPort == 0 {
+		c.TunnelPort = 8472
+	}
+	if c.TunnelMTU == 0 {
+		c.TunnelMTU = 1450
+	}
+	return c
+}
+
+// Validate names the bad field.
+func (c NodesConfig) Validate() error {
+	switch {
+	case c.Routing != RoutingTunnel && c.Routing != RoutingNative:
+		return fmt.Errorf("linux datapath: Routing %q: want %q or %q: %w", c.Routing, RoutingTunnel, RoutingNative, ErrInvalidConfig)
+	case len(c.TunnelDevice) == 0 || len(c.TunnelDevice) > 15:
+		return fmt.Errorf("linux datapath: TunnelDevice %q: want 1..15 bytes: %w", c.TunnelDevice, ErrInvalidConfig)
+	case c.TunnelPort < 1 || c.TunnelPort > 65535:
+		return fmt.Errorf("linux datapath: TunnelPort %d: want 1..65535: %w", c.TunnelPort, ErrInvalidConfig)
+	case c.TunnelMTU < 1280 || c.TunnelMTU > 65485:
+		return fmt.Errorf("linux datapath: TunnelMTU %d: want 1280..65485: %w", c.TunnelMTU, ErrInvalidConfig)
+	case c.Masquerade && len(c.ClusterCIDRs) == 0:
+		return fmt.Errorf("linux datapath: Masquerade needs ClusterCIDRs: %w", ErrInvalidConfig)
+	}
+	for _, p := range c.ClusterCIDRs {
+		if !p.IsValid() || p != p.Masked() {
+			return fmt.Errorf("linux datapath: ClusterCIDRs: %s: want a masked prefix: %w", p, ErrInvalidConfig)
+		}
+	}
+	return nil
 }
 
 // Defaults of LinuxConfig.
@@ -75,6 +145,7 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 		c.BPFFS = DefaultBPFFS
 	}
 	c.CTGC = c.CTGC.WithDefaults()
+	c.Nodes = c.Nodes.WithDefaults()
 	return c
 }
 
@@ -87,6 +158,9 @@ func (c LinuxConfig) Validate() error {
 		return fmt.Errorf("linux datapath: BPFFS %q: want an absolute path below /: %w", c.BPFFS, ErrInvalidConfig)
 	}
 	if err := c.CTGC.Validate(); err != nil {
+		return err
+	}
+	if err := c.Nodes.Validate(); err != nil {
 		return err
 	}
 	for _, gw := range c.Gateways {

@@ -14,13 +14,14 @@ import (
 )
 
 // UpsertIPCache implements Datapath: the shared ipcache LPM trie maps
-// prefix to id for every endpoint program (a miss is world).
-func (l *Linux) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity.NumericIdentity) error {
+// prefix to id (and the remote node hosting it, for tunnel mode) for
+// every endpoint program (a miss is world).
+func (l *Linux) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity.NumericIdentity, tunnel netip.Addr) error {
 	if !prefix.IsValid() {
 		return fmt.Errorf("upsert ipcache: invalid prefix: %w", ErrInvalidConfig)
 	}
 	return l.guardBPF(func(b *bpfState) error {
-		v := bpf.EndpointIpcacheValue{Identity: uint32(id)}
+		v := ipcacheValue(IPCacheValue{Identity: id, TunnelEndpoint: tunnel})
 		if err := b.maps.ipcache.Update(ipcacheKey(prefix), v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
 		}
@@ -48,22 +49,67 @@ func (l *Linux) DumpIPCache(context.Context) (out map[netip.Prefix]identity.Nume
 	err = l.guardBPF(func(b *bpfState) error {
 		held, err := dumpIPCacheMap(b.maps.ipcache)
 		out = make(map[netip.Prefix]identity.NumericIdentity, len(held))
-		for k, id := range held {
-			out[ipcachePrefix(k)] = identity.NumericIdentity(id)
+		for k, v := range held {
+			out[ipcachePrefix(k)] = identity.NumericIdentity(v.Identity)
 		}
 		return err
 	})
 	return out, err
 }
 
+// DumpIPCacheValues is DumpIPCache with the tunnel endpoints.
+func (l *Linux) DumpIPCacheValues(context.Context) (out map[netip.Prefix]IPCacheValue, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		held, err := dumpIPCacheMap(b.maps.ipcache)
+		out = make(map[netip.Prefix]IPCacheValue, len(held))
+		for k, v := range held {
+			out[ipcachePrefix(k)] = IPCacheValue{Identity: identity.NumericIdentity(v.Identity), TunnelEndpoint: tunnelAddr(v.Tunnel)}
+		}
+		return err
+	})
+	return out, err
+}
+
+// ipcacheValue encodes v.
+func ipcacheValue(v IPCacheValue) bpf.EndpointIpcacheValue {
+	return bpf.EndpointIpcacheValue{Identity: uint32(v.Identity), Tunnel: tunnelEndpoint(v.TunnelEndpoint)}
+}
+
+// tunnelEndpoint encodes a node address (invalid: none).
+func tunnelEndpoint(a netip.Addr) bpf.EndpointTunnelEndpoint {
+	a = a.Unmap()
+	if !a.IsValid() {
+		return bpf.EndpointTunnelEndpoint{}
+	}
+	var b [16]byte
+	copy(b[:], a.AsSlice())
+	t := bpf.EndpointTunnelEndpoint{Family: familyV6, Addr: addrWords(b)}
+	if a.Is4() {
+		t.Family = familyV4
+	}
+	return t
+}
+
+// tunnelAddr decodes tunnelEndpoint's encoding.
+func tunnelAddr(t bpf.EndpointTunnelEndpoint) netip.Addr {
+	b := addrBytes(t.Addr)
+	switch t.Family {
+	case familyV4:
+		return netip.AddrFrom4([4]byte(b[:4]))
+	case familyV6:
+		return netip.AddrFrom16(b)
+	}
+	return netip.Addr{}
+}
+
 // dumpIPCacheMap reads the ipcache map by key.
-func dumpIPCacheMap(m *ebpf.Map) (map[bpf.EndpointIpcacheKey]uint32, error) {
-	held := map[bpf.EndpointIpcacheKey]uint32{}
+func dumpIPCacheMap(m *ebpf.Map) (map[bpf.EndpointIpcacheKey]bpf.EndpointIpcacheValue, error) {
+	held := map[bpf.EndpointIpcacheKey]bpf.EndpointIpcacheValue{}
 	var k bpf.EndpointIpcacheKey
 	var v bpf.EndpointIpcacheValue
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		held[k] = v.Identity
+		held[k] = v
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("dump ipcache: %w", err)
@@ -75,13 +121,13 @@ func dumpIPCacheMap(m *ebpf.Map) (map[bpf.EndpointIpcacheKey]uint32, error) {
 // not in desired are deleted, desired ones that are missing or differ
 // are written. Prefixes are compared masked, IPv4-mapped IPv6 as IPv4
 // (as UpsertIPCache stores them).
-func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]identity.NumericIdentity) (st IPCacheSyncStats, err error) {
-	want := make(map[bpf.EndpointIpcacheKey]uint32, len(desired))
-	for p, id := range desired {
+func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCacheValue) (st IPCacheSyncStats, err error) {
+	want := make(map[bpf.EndpointIpcacheKey]bpf.EndpointIpcacheValue, len(desired))
+	for p, v := range desired {
 		if !p.IsValid() {
 			return st, fmt.Errorf("sync ipcache: invalid prefix: %w", ErrInvalidConfig)
 		}
-		want[ipcacheKey(p)] = uint32(id)
+		want[ipcacheKey(p)] = ipcacheValue(v)
 	}
 	err = l.guardBPF(func(b *bpfState) error {
 		m := b.maps.ipcache
@@ -101,11 +147,11 @@ func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]identi
 			}
 			st.Deleted++
 		}
-		for k, id := range want {
-			if cur, ok := held[k]; ok && cur == id {
+		for k, v := range want {
+			if cur, ok := held[k]; ok && cur == v {
 				continue
 			}
-			if err := m.Update(k, bpf.EndpointIpcacheValue{Identity: id}, ebpf.UpdateAny); err != nil {
+			if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
 				return fmt.Errorf("sync ipcache: write %s: %w", ipcachePrefix(k), err)
 			}
 			st.Written++

@@ -37,34 +37,39 @@ func TestLinuxSyncIPCache(t *testing.T) {
 		pfx("::ffff:10.9.9.9/128"): 303, // stored as 10.9.9.9/32
 	}
 	for p, id := range held {
-		if err := l.UpsertIPCache(ctx, p, id); err != nil {
+		var tun netip.Addr
+		if p == pfx("10.244.9.3/32") {
+			tun = netip.MustParseAddr("192.0.2.7") // a remote endpoint: its node
+		}
+		if err := l.UpsertIPCache(ctx, p, id, tun); err != nil {
 			t.Fatal(err)
 		}
 	}
 	base := dumpIPCache(t, l)
-	desired := map[netip.Prefix]identity.NumericIdentity{
-		pfx("10.244.9.3/32"):  301,
-		pfx("10.244.9.4/32"):  402,
-		pfx("fd00:9::4/128"):  302,
-		pfx("203.0.113.0/24"): 1<<24 + 1,
-		pfx("10.9.9.9/32"):    303,
-		pfx("10.244.9.5/32"):  403, // new
+	node, node6 := netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::7")
+	desired := map[netip.Prefix]IPCacheValue{
+		pfx("10.244.9.3/32"):  {Identity: 301, TunnelEndpoint: node},
+		pfx("10.244.9.4/32"):  {Identity: 402},
+		pfx("fd00:9::4/128"):  {Identity: 302, TunnelEndpoint: node6}, // tunnel endpoint added
+		pfx("203.0.113.0/24"): {Identity: 1<<24 + 1},
+		pfx("10.9.9.9/32"):    {Identity: 303},
+		pfx("10.244.9.5/32"):  {Identity: 403}, // new
 	}
 	st, err := l.SyncIPCache(ctx, desired)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (IPCacheSyncStats{Deleted: len(base) - 5, Written: 2}); st != want {
+	if want := (IPCacheSyncStats{Deleted: len(base) - 5, Written: 3}); st != want {
 		t.Errorf("first sync = %+v, want %+v", st, want)
 	}
-	if got := dumpIPCache(t, l); !maps.Equal(got, desired) {
+	if got, err := l.DumpIPCacheValues(ctx); err != nil || !maps.Equal(got, desired) {
 		t.Errorf("ipcache after sync = %v, want %v", got, desired)
 	}
 	st, err = l.SyncIPCache(ctx, desired)
 	if err != nil || st != (IPCacheSyncStats{}) {
 		t.Errorf("second sync = %+v, %v; want no change", st, err)
 	}
-	if _, err := l.SyncIPCache(ctx, map[netip.Prefix]identity.NumericIdentity{{}: 2}); err == nil {
+	if _, err := l.SyncIPCache(ctx, map[netip.Prefix]IPCacheValue{{}: {Identity: 2}}); err == nil {
 		t.Error("sync with an invalid prefix succeeded")
 	}
 }

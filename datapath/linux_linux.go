@@ -49,6 +49,8 @@ type Linux struct {
 	// its goroutine (closed by Close; nil: not started).
 	ctStats CTGCStats
 	ctStop  chan struct{}
+
+	nodes nodeState // the node router's (own lock)
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -106,6 +108,11 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.inHost(l.setGlobalSysctls); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
+	if l.cfg.Nodes.Masquerade {
+		if err := l.ensureMasquerade(); err != nil {
+			return fmt.Errorf("linux datapath init: %w", err)
+		}
+	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
 		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
 	return nil
@@ -127,7 +134,7 @@ func (l *Linux) initBPF() error {
 		}
 	}
 	for _, gw := range l.cfg.Gateways {
-		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost); err != nil {
+		if err := l.UpsertIPCache(context.Background(), netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost, netip.Addr{}); err != nil {
 			return err
 		}
 	}
@@ -228,6 +235,7 @@ func (l *Linux) Close() error {
 		l.nl.Close()
 	}
 	if l.bpf != nil {
+		l.closeNodes()
 		l.bpf.close()
 	}
 	l.life.Unlock()

@@ -2,7 +2,11 @@ package datapath
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 )
 
 // RemoteNode is another node of the cluster as the datapath needs it: its
@@ -21,4 +25,135 @@ type RemoteNode struct {
 // and runs in the worker pool (it blocks on netlink).
 type NodeRouter interface {
 	SyncNodes(ctx context.Context, nodes []RemoteNode) error
+}
+
+// ErrInvalidNode is wrapped by ValidateNodes' errors.
+var ErrInvalidNode = errors.New("invalid remote node")
+
+// maxNodes bounds one source's node set.
+const maxNodes = 5000
+
+// ValidateNodes checks one source's full set: unique non-empty names
+// (at most 253 bytes, no '/' or spaces), at most one address per family,
+// every address a valid unicast one, pod CIDRs masked, and no pod CIDR
+// overlapping another's (of this node or another). A node without
+// addresses or pod CIDRs (a Kubernetes node before its podCIDR is
+// assigned) is valid: there is nothing to route to it yet.
+func ValidateNodes(nodes []RemoteNode) error {
+	if err := CheckNodes(nodes); err != nil {
+		return err
+	}
+	if a, b, ok := FirstOverlap(nodes); ok {
+		return fmt.Errorf("node %q: pod CIDR %s overlaps node %q's %s: %w", a.Node, a.Prefix, b.Node, b.Prefix, ErrInvalidNode)
+	}
+	return nil
+}
+
+// CheckNodes is ValidateNodes without the overlap check: every node's
+// fields and unique names. (Overlaps between otherwise valid nodes are a
+// conflict the nodes actor resolves, not malformed input.)
+func CheckNodes(nodes []RemoteNode) error {
+	if len(nodes) > maxNodes {
+		return fmt.Errorf("%d nodes: at most %d: %w", len(nodes), maxNodes, ErrInvalidNode)
+	}
+	names := make(map[string]bool, len(nodes))
+	for i, n := range nodes {
+		if err := validateNode(n); err != nil {
+			return fmt.Errorf("node %d (%q): %w", i, n.Name, err)
+		}
+		if names[n.Name] {
+			return fmt.Errorf("node %q listed twice: %w", n.Name, ErrInvalidNode)
+		}
+		names[n.Name] = true
+	}
+	return nil
+}
+
+// NodeCIDR is one pod CIDR of a node.
+type NodeCIDR struct {
+	Node   string
+	Prefix netip.Prefix
+}
+
+// FirstOverlap finds two overlapping pod CIDRs among nodes' (of one node
+// or of two), in O(n log n): the CIDRs sorted by first address, each is
+// compared with the one reaching furthest among those before it.
+func FirstOverlap(nodes []RemoteNode) (a, b NodeCIDR, ok bool) {
+	var all []NodeCIDR
+	for _, n := range nodes {
+		for _, p := range n.PodCIDRs {
+			all = append(all, NodeCIDR{n.Name, p.Masked()})
+		}
+	}
+	slices.SortFunc(all, func(x, y NodeCIDR) int {
+		if c := x.Prefix.Addr().Compare(y.Prefix.Addr()); c != 0 {
+			return c
+		}
+		return x.Prefix.Bits() - y.Prefix.Bits()
+	})
+	var reach NodeCIDR // the CIDR ending furthest so far (same family)
+	for _, c := range all {
+		if reach.Prefix.IsValid() && reach.Prefix.Addr().BitLen() == c.Prefix.Addr().BitLen() &&
+			c.Prefix.Addr().Compare(lastAddr(reach.Prefix)) <= 0 {
+			return reach, c, true
+		}
+		if !reach.Prefix.IsValid() || reach.Prefix.Addr().BitLen() != c.Prefix.Addr().BitLen() ||
+			lastAddr(c.Prefix).Compare(lastAddr(reach.Prefix)) > 0 {
+			reach = c
+		}
+	}
+	return NodeCIDR{}, NodeCIDR{}, false
+}
+
+// lastAddr is the last address of p (masked).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func validateNode(n RemoteNode) error {
+	if n.Name == "" || len(n.Name) > 253 || strings.ContainsAny(n.Name, "/ \t\n") {
+		return fmt.Errorf("name: want 1-253 bytes without '/' or spaces: %w", ErrInvalidNode)
+	}
+	if len(n.Addrs) > 2 {
+		return fmt.Errorf("addresses: want at most 2 (one per family), got %d: %w", len(n.Addrs), ErrInvalidNode)
+	}
+	fams := map[bool]bool{}
+	for _, a := range n.Addrs {
+		if !a.IsValid() || a.Zone() != "" || !a.Unmap().IsGlobalUnicast() && !a.Unmap().IsPrivate() {
+			return fmt.Errorf("address %s: want a unicast address: %w", a, ErrInvalidNode)
+		}
+		if fams[a.Unmap().Is4()] {
+			return fmt.Errorf("two addresses of one family: %w", ErrInvalidNode)
+		}
+		fams[a.Unmap().Is4()] = true
+	}
+	if len(n.PodCIDRs) > 4 {
+		return fmt.Errorf("pod CIDRs: want at most 4, got %d: %w", len(n.PodCIDRs), ErrInvalidNode)
+	}
+	for _, p := range n.PodCIDRs {
+		if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() {
+			return fmt.Errorf("pod CIDR %s: want a masked prefix: %w", p, ErrInvalidNode)
+		}
+	}
+	return nil
+}
+
+// PodCIDROverlap returns the first pod CIDR of nodes that overlaps one of
+// local (this node's own pod ranges), with its node's name.
+func PodCIDROverlap(nodes []RemoteNode, local []netip.Prefix) (string, netip.Prefix, bool) {
+	for _, n := range nodes {
+		for _, p := range n.PodCIDRs {
+			for _, l := range local {
+				if l.IsValid() && p.Overlaps(l) {
+					return n.Name, p, true
+				}
+			}
+		}
+	}
+	return "", netip.Prefix{}, false
 }

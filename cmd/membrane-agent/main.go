@@ -92,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
+	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	var kv kvstore.Config
 	var kvMode, etcdEndpoints, nodeAddrs string
@@ -102,11 +103,28 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&kv.KeyFile, "etcd-key", "", "kvstore mode: client key file (with --etcd-cert)")
 	fs.DurationVar(&kv.LeaseTTL, "kvstore-lease-ttl", kvstore.DefaultLeaseTTL, "kvstore mode: node lease TTL: how long after this agent stops renewing it other nodes keep its endpoints (at least 2s)")
 	fs.StringVar(&nodeAddrs, "kvstore-node-addrs", "", "kvstore mode: comma-separated underlay addresses of this node, published for other nodes to route to")
+	var clusterCIDRs string
+	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
+	fs.IntVar(&cfg.Linux.Nodes.TunnelMTU, "tunnel-mtu", 1450, "tunnel routing: the VXLAN device's MTU (the underlay's minus 50)")
+	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", false, "linux datapath: SNAT pod traffic leaving the --cluster-cidr ranges to the node's address (nftables)")
+	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (every node's ranges): traffic between them is not masqueraded")
+	fs.StringVar(&cfg.NodesFile, "nodes-file", "", "standalone mode: JSON or YAML list of the other nodes (name, addresses, podCIDRs), re-read when it changes")
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, s := range strings.Split(clusterCIDRs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := parsePrefix("--cluster-cidr", s)
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Linux.Nodes.ClusterCIDRs = append(cfg.Linux.Nodes.ClusterCIDRs, p)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")

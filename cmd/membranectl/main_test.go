@@ -282,6 +282,9 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
  {"endpoint": 7, "reason": "fragment", "direction": "egress", "packets": 1, "bytes": 1500}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
+	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
+		fmt.Fprint(w, `[{"name": "b", "source": "file", "addresses": ["192.0.2.2"], "podCIDRs": ["10.2.0.0/24", "fd00:2::/64"], "active": true},
+ {"name": "b", "source": "k8s", "addresses": ["192.0.2.22"], "podCIDRs": ["10.2.0.0/24"], "active": false}]`)
 	default:
 		w.WriteHeader(http.StatusNotFound)
 		fmt.Fprint(w, `{"code": "not-found", "message": "no route"}`)
@@ -316,6 +319,8 @@ func TestPolicyCommands(t *testing.T) {
 		{"drops-json", []string{"drops", "-o", "json"}, exitOK},
 		{"ipcache-list", []string{"ipcache", "list"}, exitOK},
 		{"ipcache-list-json", []string{"ipcache", "list", "-o", "json"}, exitOK},
+		{"node-list", []string{"node", "list"}, exitOK},
+		{"node-list-json", []string{"node", "list", "-o", "json"}, exitOK},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -85,12 +87,23 @@ func healthText(h *models.HealthStatus) string {
 }
 
 // k8sText is the Kubernetes connection's line: state, node and server,
-// the caches not synced yet, then the cached counts.
+// the connection (with the last error while disconnected), the caches not
+// synced yet, then the cached counts.
 func k8sText(k *models.K8sStatus) string {
 	out := fmt.Sprintf("%s (node %s, %s)", k.State, k.Node, k.Server)
+	if k.Connection != "" {
+		out += ", " + k.Connection
+		if k.Connection == "disconnected" && k.LastError != "" {
+			out += fmt.Sprintf(" (%s", k.LastError)
+			if k.LastErrorAt != nil {
+				out += " at " + k.LastErrorAt.UTC().Format(time.RFC3339)
+			}
+			out += ")"
+		}
+	}
 	var pending []string
-	for _, name := range []string{"pods", "namespaces", "networkpolicies", "nodes", "membraneendpoints"} {
-		if synced, ok := k.Synced[name]; ok && !synced {
+	for _, name := range slices.Sorted(maps.Keys(k.Synced)) {
+		if !k.Synced[name] {
 			pending = append(pending, name)
 		}
 	}
@@ -98,6 +111,9 @@ func k8sText(k *models.K8sStatus) string {
 		out += ", not synced: " + strings.Join(pending, " ")
 	}
 	out += fmt.Sprintf(", %d pods, %d namespaces, %d networkpolicies", k.Pods, k.Namespaces, k.Policies)
+	if k.MembranePolicies > 0 {
+		out += fmt.Sprintf(", %d membrane policies", k.MembranePolicies)
+	}
 	if k.PolicyErrors > 0 {
 		out += fmt.Sprintf(", %d refused", k.PolicyErrors)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
@@ -27,6 +28,7 @@ func TestHealthText(t *testing.T) {
 }
 
 func TestK8sText(t *testing.T) {
+	at := time.Date(2026, 11, 27, 5, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name string
 		k    models.K8sStatus
@@ -37,7 +39,11 @@ func TestK8sText(t *testing.T) {
 			"synced (node n1, https://10.0.0.1:6443), 3 pods, 4 namespaces, 1 networkpolicies"},
 		{"syncing", models.K8sStatus{State: "sync-timeout", Node: "n1", Server: "s",
 			Synced: map[string]bool{"pods": false, "namespaces": true, "networkpolicies": false}, PolicyErrors: 2, Queue: 5},
-			"sync-timeout (node n1, s), not synced: pods networkpolicies, 0 pods, 0 namespaces, 0 networkpolicies, 2 refused, 5 queued"},
+			"sync-timeout (node n1, s), not synced: networkpolicies pods, 0 pods, 0 namespaces, 0 networkpolicies, 2 refused, 5 queued"},
+		{"disconnected", models.K8sStatus{State: "synced", Node: "n1", Server: "s", Connection: "disconnected",
+			LastError: "connection refused", LastErrorAt: &at, MembranePolicies: 2,
+			Synced: map[string]bool{"pods": true, "membranenetworkpolicies": false}},
+			"synced (node n1, s), disconnected (connection refused at 2026-11-27T05:00:00Z), not synced: membranenetworkpolicies, 0 pods, 0 namespaces, 0 networkpolicies, 2 membrane policies"},
 		{"cluster", models.K8sStatus{State: "synced", Node: "n1", Server: "s",
 			Synced:                map[string]bool{"pods": true, "nodes": true, "membraneendpoints": false},
 			RemoteEndpointsSynced: true, RemoteEndpoints: 7, PodCIDRWarning: "now [10.0.1.0/24]"},

@@ -25,6 +25,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
@@ -92,6 +93,10 @@ type Config struct {
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
 	HTTPAddr string
+	// NodesFile lists the remote nodes in standalone mode (--nodes-file;
+	// "" none): polled every NodesFileInterval (default 1 s).
+	NodesFile         string
+	NodesFileInterval time.Duration
 }
 
 // Validate names the bad field by its flag.
@@ -167,6 +172,7 @@ type Agent struct {
 	stopCNI context.CancelFunc // stops the delete queue drainer
 	// stopAddrs stops following the host's addresses (nil: not followed).
 	stopAddrs context.CancelFunc
+	stopNodes func() // ends the nodes file watcher
 	store     *restore.Store
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
@@ -295,6 +301,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	sys.StartGC()
 	sys.PruneIPCache()
 	a.startHealth(linux)
+	a.watchNodesFile()
 	// CNI ADDs are served once the k8s caches synced (or the bounded wait
 	// for them ended), so a pod's endpoint starts with the pod's labels.
 	if cfg.K8s != nil {
@@ -342,6 +349,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	if a.stopAddrs != nil {
 		a.stopAddrs()
 	}
+	if a.stopNodes != nil {
+		a.stopNodes()
+	}
 	if a.health != nil {
 		a.health.Stop()
 	}
@@ -376,6 +386,25 @@ func (a *Agent) watchHostAddrs(linux *datapath.Linux) {
 		return
 	}
 	a.stopAddrs = cancel
+}
+
+// watchNodesFile starts polling the nodes file (standalone mode).
+func (a *Agent) watchNodesFile() {
+	if a.cfg.NodesFile == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var local []netip.Prefix
+	for _, p := range []netip.Prefix{a.cfg.IPv4Range, a.cfg.IPv6Range} {
+		if p.IsValid() {
+			local = append(local, p)
+		}
+	}
+	w := &nodesfile.Watcher{Path: a.cfg.NodesFile, Interval: a.cfg.NodesFileInterval, Local: local, Sink: a.System,
+		Log: a.log.With("component", "nodes-file")}
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	a.stopNodes = func() { cancel(); <-done }
 }
 
 // PolicyFile is the name of the policy file in the state directory.

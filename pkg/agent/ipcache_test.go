@@ -21,7 +21,7 @@ func TestIPCachePrunedAtStart(t *testing.T) {
 	p0 := waitReady(t, c, "container-id:p0")
 	stop(t, a)
 	stale := netip.MustParsePrefix("10.233.0.200/32")
-	if err := fake.UpsertIPCache(context.Background(), stale, 999); err != nil {
+	if err := fake.UpsertIPCache(context.Background(), stale, 999, netip.Addr{}); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = env.start(t, fake)

@@ -34,9 +34,8 @@ func connectKvstore(cfg *kvstore.Config, log *slog.Logger) (*kvstoreMode, error)
 }
 
 // startKvstore publishes this node and its endpoints from the index, and
-// feeds the other nodes' endpoints into the ipcache through the front
-// door (source "kvstore"), and their nodes to SyncNodes where the system
-// offers it.
+// feeds the other nodes' endpoints into the ipcache and the other nodes
+// to the datapath's routes, through the front door (source "kvstore").
 func (a *Agent) startKvstore() error {
 	k := a.kvstore
 	var err error
@@ -45,13 +44,7 @@ func (a *Agent) startKvstore() error {
 	if err != nil {
 		return fmt.Errorf("kvstore: %w", err)
 	}
-	// SyncNodes arrives with the cross-node datapath; until then other
-	// nodes' pod CIDRs are not routed from kvstore data.
-	nodes, _ := any(a.System).(kvstore.NodeSink)
-	if nodes == nil {
-		a.log.Warn("kvstore: this agent cannot route to other nodes; their pod CIDRs are not routed")
-	}
-	k.mirror = kvstore.StartMirror(k.client, a.System, nodes)
+	k.mirror = kvstore.StartMirror(k.client, a.System, a.System)
 	a.Server.SetKvstore(k.status)
 	return nil
 }
@@ -82,7 +75,10 @@ func (k *kvstoreMode) status() *models.KvstoreStatus {
 	return st
 }
 
-var _ kvstore.RemoteSink = (*actors.System)(nil)
+var (
+	_ kvstore.RemoteSink = (*actors.System)(nil)
+	_ kvstore.NodeSink   = (*actors.System)(nil)
+)
 
 // podCIDRs are this node's pod ranges (the IPAM ranges).
 func (a *Agent) podCIDRs() []netip.Prefix {

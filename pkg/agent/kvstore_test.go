@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -76,6 +77,16 @@ func TestKvstoreMode(t *testing.T) {
 	})
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool {
 		return k.Healthy && k.Lease != 0 && k.Synced && k.RemoteEndpoints == 1 && k.RemoteNodes == 1
+	})
+	// B routes to A: A's node from the kvstore is in B's nodes table.
+	waitFor(t, "agent-a in agent-b's nodes", func() bool {
+		for _, n := range b.Index.Nodes() {
+			if n.Source == kvstore.Source && n.Name == "agent-a" && slices.Contains(n.Addrs, netip.MustParseAddr("192.168.90.1")) &&
+				slices.Contains(n.PodCIDRs, netip.MustParsePrefix("10.204.1.0/24")) {
+				return true
+			}
+		}
+		return false
 	})
 	// B's ipcache holds A's pod with A's identity, tunnelled to A.
 	podIP := netip.MustParseAddr(ip.Address.IPv4)
@@ -150,6 +161,17 @@ func waitIPCache(t *testing.T, a *agent.Agent, ip netip.Addr, ok func(*index.IPC
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("ipcache entry of %s: %+v", ip, found)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -64,8 +65,13 @@ type Env struct {
 	Config *rest.Config
 	// Kubeconfig is a kubeconfig file for Config, inside Dir.
 	Kubeconfig string
-	apiserver  *exec.Cmd
-	etcd       *exec.Cmd
+	apiserver  *proc
+	etcd       *proc
+	// apiserverBin and apiserverArgs restart the API server (StartAPIServer)
+	// on the same etcd, port and certificates.
+	apiserverBin  string
+	apiserverArgs []string
+	caPEM         []byte
 }
 
 var (
@@ -151,31 +157,28 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 		return nil, fmt.Errorf("start kubetest: etcd: %w (see %s)", err, filepath.Join(dir, "etcd.log"))
 	}
 	port := freePort()
-	e.apiserver, err = e.run(ctx, filepath.Join(binDir, "kube-apiserver"), "apiserver.log",
-		"--etcd-servers="+etcdURL,
+	e.caPEM, e.apiserverBin = caPEM, filepath.Join(binDir, "kube-apiserver")
+	e.apiserverArgs = []string{"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--tls-cert-file="+filepath.Join(dir, "tls.crt"),
-		"--tls-private-key-file="+filepath.Join(dir, "tls.key"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--tls-cert-file=" + filepath.Join(dir, "tls.crt"),
+		"--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubetest.local",
-		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-account-key-file=" + filepath.Join(dir, "sa.key"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--allow-privileged=true",
 		"--disable-admission-plugins=ServiceAccount",
-		"--v="+envOr("KUBETEST_V", "1"))
-	if err != nil {
-		return nil, err
-	}
+		"--v=" + envOr("KUBETEST_V", "1")}
 	host := fmt.Sprintf("https://127.0.0.1:%d", port)
-	if err := waitReady(ctx, host, token, caPEM, 120*time.Second); err != nil {
-		return nil, fmt.Errorf("start kubetest: kube-apiserver: %w (see %s)", err, filepath.Join(dir, "apiserver.log"))
-	}
 	e.Config = &rest.Config{Host: host, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}, QPS: 100, Burst: 200}
+	if err := e.StartAPIServer(ctx); err != nil {
+		return nil, fmt.Errorf("start kubetest: %w", err)
+	}
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: caPEM}
@@ -188,10 +191,64 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 	return e, nil
 }
 
+// StopAPIServer kills the API server (SIGKILL, as a crash) and waits for
+// it; etcd keeps running. Idempotent.
+func (e *Env) StopAPIServer() {
+	e.apiserver.kill()
+}
+
+// StartAPIServer (re)starts the API server on the same etcd, port and
+// certificates and waits until /readyz answers ok. Its log is appended to
+// apiserver.log. Returns an error if it is running already.
+func (e *Env) StartAPIServer(ctx context.Context) error {
+	if e.apiserver.running() {
+		return errors.New("start kube-apiserver: already running")
+	}
+	var err error
+	if e.apiserver, err = e.run(ctx, e.apiserverBin, "apiserver.log", e.apiserverArgs...); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, e.Config.Host, e.Config.BearerToken, e.caPEM, 120*time.Second); err != nil {
+		return fmt.Errorf("kube-apiserver: %w (see %s)", err, filepath.Join(e.Dir, "apiserver.log"))
+	}
+	return nil
+}
+
+// proc is a started binary; done is closed once it exited and was waited
+// for.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) running() bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill kills the process and waits for it. Idempotent; nil is a no-op.
+func (p *proc) kill() {
+	if !p.running() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
 // run starts one of the binaries, killed with the test process
-// (Pdeathsig) if that dies first.
-func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*exec.Cmd, error) {
-	logf, err := os.Create(filepath.Join(e.Dir, logName))
+// (Pdeathsig) if that dies first. Pdeathsig fires when the thread that
+// started the child exits, and tests lock and end threads (netns work),
+// so the child is started and waited for by a goroutine locked to its
+// own thread, which lives exactly as long as the child.
+func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*proc, error) {
+	logf, err := os.OpenFile(filepath.Join(e.Dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start kubetest: %w", err)
 	}
@@ -199,22 +256,29 @@ func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*ex
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, after the child
+		defer close(p.done)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+	}()
+	if err := <-started; err != nil {
 		return nil, fmt.Errorf("start kubetest: %s: %w", filepath.Base(bin), err)
 	}
-	return cmd, nil
+	return p, nil
 }
 
 // Stop kills the API server and etcd (their state is thrown away), waits
 // for them and removes Dir (kept with KUBETEST_KEEP=1). Idempotent.
 func (e *Env) Stop() {
-	for _, c := range []*exec.Cmd{e.apiserver, e.etcd} {
-		if c == nil || c.Process == nil || c.ProcessState != nil {
-			continue
-		}
-		_ = c.Process.Kill()
-		_ = c.Wait()
-	}
+	e.apiserver.kill()
+	e.etcd.kill()
 	if os.Getenv("KUBETEST_KEEP") == "" {
 		_ = os.RemoveAll(e.Dir)
 	} else {
@@ -322,4 +386,20 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
+}
+
+// StartOwn starts an API server for tb alone (a test that stops and
+// restarts it must not share the package's), stopped at cleanup. Without
+// the binaries it skips tb, or fails it under CI.
+func StartOwn(tb testing.TB) *Env {
+	tb.Helper()
+	e, err := Start(context.Background(), BinDir())
+	switch {
+	case errors.Is(err, ErrNoBinaries) && !testutil.InCI():
+		tb.Skipf("kubetest: %v", err)
+	case err != nil:
+		tb.Fatalf("kubetest: %v", err)
+	}
+	tb.Cleanup(e.Stop)
+	return e
 }

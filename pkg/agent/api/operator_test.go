@@ -42,13 +42,13 @@ func TestActors(t *testing.T) {
 	for _, a := range all {
 		kinds = append(kinds, a.Kind)
 	}
-	if got := strings.Join(kinds, ","); got != "agent,datapath,ipam,ipcache,policy,identity,gc,endpoints,endpoint,endpoint" {
+	if got := strings.Join(kinds, ","); got != "agent,datapath,ipam,ipcache,policy,identity,gc,nodes,endpoints,endpoint,endpoint" {
 		t.Fatalf("actor kinds in tree order = %s", got)
 	}
-	if all[0].Path != "agent" || all[0].Processed == 0 || all[7].Path != "agent/endpoints" {
-		t.Errorf("root or manager: %+v %+v", all[0], all[7])
+	if all[0].Path != "agent" || all[0].Processed == 0 || all[8].Path != "agent/endpoints" {
+		t.Errorf("root or manager: %+v %+v", all[0], all[8])
 	}
-	ep := all[9]
+	ep := all[len(all)-1]
 	if ep.Endpoint == nil || ep.Endpoint.ID != db.ID || ep.Path != fmt.Sprintf("agent/endpoints/ep-%d", db.ID) {
 		t.Fatalf("last actor %+v, want endpoint %d", ep, db.ID)
 	}
@@ -71,7 +71,7 @@ func TestActors(t *testing.T) {
 		{"?kind=endpoint", 2},
 		{"?kind=ipam", 1},
 		{"?state=ready", 2},
-		{"?state=running", 8},
+		{"?state=running", 9},
 		{"?kind=endpoint&state=ready", 2},
 		{"?min-mailbox=1000", 0},
 		{"?stuck=1h", 0},

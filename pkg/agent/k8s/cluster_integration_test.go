@@ -45,6 +45,9 @@ var (
 // (once per API server) and waits until objects of it can be listed.
 func installEndpointCRD(t testing.TB, dyn dynamic.Interface) {
 	t.Helper()
+	// Every CRD of deploy/crds: the agent waits for its policy CRDs'
+	// caches at start.
+	kubetest.Require(t).InstallCRDs(t)
 	crdMu.Lock()
 	defer crdMu.Unlock()
 	raw, err := os.ReadFile("../../../deploy/crds/membraneendpoints.membrane.io.yaml")

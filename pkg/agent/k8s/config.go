@@ -33,6 +33,12 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// ProbeInterval is how often the agent asks the API server's /readyz
+	// to report the connection state (default 5 s).
+	ProbeInterval time.Duration
+	// Workers is how many changes are applied at once (default 4; one
+	// object's changes are never applied concurrently).
+	Workers int
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
 	// PodCIDRWait bounds the wait at start for this node's Node object
@@ -60,8 +66,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
-	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 {
-		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait: negative: %w", ErrInvalidConfig)
+	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
+		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -19,10 +19,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/test/kubetest"
@@ -38,6 +40,8 @@ type cluster struct {
 	cs  kubernetes.Interface
 	c   *client.Client
 	ctx context.Context
+	// rc is the API server's admin configuration.
+	rc *rest.Config
 }
 
 // startK8sAgent starts a fake-datapath agent in Kubernetes mode against
@@ -53,6 +57,7 @@ func startK8sAgent(t *testing.T, podWait time.Duration) *cluster {
 func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluster, stop func()) {
 	t.Helper()
 	env := kubetest.Require(t)
+	env.InstallCRDs(t)
 	cfg := agent.Config{
 		Socket:    filepath.Join(dir, "run", "a.sock"),
 		StateDir:  filepath.Join(dir, "state"),
@@ -84,7 +89,7 @@ func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluste
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &cluster{cs: cs, c: c, ctx: ctx}, stop
+	return &cluster{cs: cs, c: c, ctx: ctx, rc: env.Config}, stop
 }
 
 func (k *cluster) namespace(t *testing.T, name string, lbls map[string]string) {
@@ -402,7 +407,7 @@ func TestNetworkPolicyRefused(t *testing.T) {
 	}
 }
 
-// A NetworkPolicy deleted while the agent was down is deleted at the next
+// A NetworkPolicy and a MembraneNetworkPolicy deleted while the agent was down are deleted at the next
 // start's sync; one PUT through the agent's API stays. The persisted
 // Kubernetes policy selects namespaces by label, so the restart also
 // proves policy.json reloads with the Kubernetes parser options.
@@ -423,17 +428,22 @@ func TestNetworkPolicyPrunedAtSync(t *testing.T) {
 	if _, err := k.c.PolicyImport(k.ctx, []byte(`{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy","metadata":{"name":"put-by-api","namespace":"np-prune"},"spec":{"podSelector":{}}}`), "application/json"); err != nil {
 		t.Fatal(err)
 	}
-	k.eventually(t, "both policies in the repository", func() (bool, string) {
+	k.apply(t, mnpDoc("np-prune", "frontend"))
+	k.eventually(t, "the three policies in the repository", func() (bool, string) {
 		names := k.policyNames(t)
-		return hasAll(names, "np-prune/gone-while-down", "np-prune/put-by-api"), fmt.Sprint(names)
+		return hasAll(names, "np-prune/gone-while-down", "np-prune/put-by-api", "np-prune/l3-l4-rule"), fmt.Sprint(names)
 	})
 	stop()
 	if err := nps.Delete(k.ctx, "gone-while-down", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := k.dyn(t).Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("np-prune").Delete(k.ctx, "l3-l4-rule", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	k2, _ := startK8sAgentIn(t, dir, 10*time.Second)
 	k2.eventually(t, "the deleted policy pruned, the API's kept", func() (bool, string) {
 		names := k2.policyNames(t)
-		return !slices.Contains(names, "np-prune/gone-while-down") && slices.Contains(names, "np-prune/put-by-api"), fmt.Sprint(names)
+		return !slices.Contains(names, "np-prune/gone-while-down") && !slices.Contains(names, "np-prune/l3-l4-rule") &&
+			slices.Contains(names, "np-prune/put-by-api"), fmt.Sprint(names)
 	})
 }

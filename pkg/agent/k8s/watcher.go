@@ -1,24 +1,33 @@
 package k8s
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	k8slabels "k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	netlisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -36,6 +45,8 @@ const (
 	kindPod kind = iota
 	kindNamespace
 	kindPolicy
+	kindMNP  // MembraneNetworkPolicy
+	kindMCNP // MembraneClusterwideNetworkPolicy
 )
 
 // key is one queued change: the object is read from the cache when the
@@ -60,15 +71,19 @@ type Watcher struct {
 	ix     *index.Index
 	server string
 
-	pods     corelisters.PodLister
-	nss      corelisters.NamespaceLister
-	nps      netlisters.NetworkPolicyLister
-	synced   map[string]cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[key]
-	cancel   context.CancelFunc
-	done     chan struct{}
-	stopOnce sync.Once
-	workers  sync.WaitGroup // the endpoint, remote and node workers
+	pods   corelisters.PodLister
+	nss    corelisters.NamespaceLister
+	nps    netlisters.NetworkPolicyLister
+	dyn    dynamic.Interface
+	events record.EventRecorder
+	// crdListers are the policy custom resources' caches by queue kind.
+	crdListers map[kind]cache.GenericLister
+	synced     map[string]cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[key]
+	cancel     context.CancelFunc
+	done       chan struct{}
+	stopOnce   sync.Once
+	workers    sync.WaitGroup // the endpoint, remote and node workers
 
 	eps    *endpointWriter
 	remote *remoteEndpoints
@@ -84,6 +99,10 @@ type Watcher struct {
 	initBase     map[string]labels.Labels
 	state        string
 	policyErrors int
+	conn         conn
+	// statusWritten is the verdict last written to each policy custom
+	// resource's status.nodes[node] (by policy key).
+	statusWritten map[string]string
 }
 
 // Start connects to the API server, starts the informers and waits
@@ -111,66 +130,133 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
 	log = log.With("component", "k8s", "node", cfg.NodeName)
-	w := &Watcher{cfg: cfg, log: log, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}),
+	w := &Watcher{cfg: cfg, log: log, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}), dyn: dyn,
 		podWaiters: map[string][]chan struct{}{}, initBase: map[string]labels.Labels{}, state: "syncing",
+		conn: conn{state: connConnecting}, statusWritten: map[string]string{}, crdListers: map[kind]cache.GenericLister{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
 			workqueue.TypedRateLimitingQueueConfig[key]{Name: "membrane-k8s"})}
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	w.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "membrane-agent", Host: cfg.NodeName})
 	all := informers.NewSharedInformerFactory(client, 0)
 	local := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 	}))
+	crds := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	podInf, nsInf, npInf := local.Core().V1().Pods(), all.Core().V1().Namespaces(), all.Networking().V1().NetworkPolicies()
 	w.pods, w.nss, w.nps = podInf.Lister(), nsInf.Lister(), npInf.Lister()
 	nodeInf, err := w.startClusterWatches(rc, all, sys)
 	if err != nil {
 		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
-	for _, h := range []struct {
-		inf cache.SharedIndexInformer
-		fn  cache.ResourceEventHandler
+	handlers := []struct {
+		name string
+		inf  cache.SharedIndexInformer
+		fn   cache.ResourceEventHandler
 	}{
-		{podInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.podAdded, UpdateFunc: w.podUpdated, DeleteFunc: w.podDeleted}},
-		{nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.nsChanged(nil), UpdateFunc: func(o, n any) { w.nsChanged(o)(n) }}},
-		{npInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.npChanged, UpdateFunc: func(_, n any) { w.npChanged(n) }, DeleteFunc: w.npChanged}},
-	} {
+		{"pods", podInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.podAdded, UpdateFunc: w.podUpdated, DeleteFunc: w.podDeleted}},
+		{"namespaces", nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.nsChanged(nil), UpdateFunc: func(o, n any) { w.nsChanged(o)(n) }}},
+		{"networkpolicies", npInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.npChanged, UpdateFunc: w.npUpdated, DeleteFunc: w.npChanged}},
+	}
+	for _, k := range []kind{kindMNP, kindMCNP} {
+		inf := crds.ForResource(crdKinds[k].gvr)
+		w.crdListers[k] = inf.Lister()
+		handlers = append(handlers, struct {
+			name string
+			inf  cache.SharedIndexInformer
+			fn   cache.ResourceEventHandler
+		}{crdKinds[k].gvr.Resource, inf.Informer(), w.crdChanged(k)})
+	}
+	w.synced = map[string]cache.InformerSynced{}
+	for _, h := range handlers {
 		if _, err := h.inf.AddEventHandler(h.fn); err != nil {
 			return nil, fmt.Errorf("start k8s watcher: %w", err)
 		}
+		if err := h.inf.SetWatchErrorHandlerWithContext(w.watchError(h.name)); err != nil {
+			return nil, fmt.Errorf("start k8s watcher: %w", err)
+		}
+		w.synced[h.name] = h.inf.HasSynced
 	}
-	w.synced = map[string]cache.InformerSynced{"pods": podInf.Informer().HasSynced,
-		"namespaces": nsInf.Informer().HasSynced, "networkpolicies": npInf.Informer().HasSynced,
-		"nodes": nodeInf.HasSynced, "membraneendpoints": w.eps.own.HasSynced}
+	if err := nodeInf.SetWatchErrorHandlerWithContext(w.watchError("nodes")); err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	w.synced["nodes"], w.synced["membraneendpoints"] = nodeInf.HasSynced, w.eps.own.HasSynced
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	all.Start(runCtx.Done())
 	local.Start(runCtx.Done())
+	crds.Start(runCtx.Done())
+	go w.probe(runCtx, client, cmp.Or(cfg.ProbeInterval, 5*time.Second))
 	w.runWorkers(runCtx, rc)
 	go func() {
 		<-runCtx.Done()
 		w.queue.ShutDown()
 		all.Shutdown()
 		local.Shutdown()
+		crds.Shutdown()
+		broadcaster.Shutdown()
 	}()
 	log.Info("waiting for the k8s caches", "server", rc.Host, "timeout", cfg.SyncTimeout)
 	syncCtx, stop := context.WithTimeout(ctx, cfg.SyncTimeout)
 	defer stop()
-	if !cache.WaitForCacheSync(syncCtx.Done(), podInf.Informer().HasSynced, nsInf.Informer().HasSynced, npInf.Informer().HasSynced, nodeInf.HasSynced) {
+	if !cache.WaitForCacheSync(syncCtx.Done(), w.syncedFuncs()...) {
 		w.setState("sync-timeout")
-		log.Error("k8s caches not synced in time; serving anyway, pods not cached yet get the init identity", "timeout", cfg.SyncTimeout)
+		log.Error("k8s caches not synced in time; serving anyway, pods not cached yet get the init identity",
+			"timeout", cfg.SyncTimeout, "not-synced", w.notSynced())
 		go w.finishSync(runCtx)
 	} else {
 		w.markSynced()
 	}
-	go w.run(runCtx)
+	workers := cmp.Or(cfg.Workers, defaultWorkers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(runCtx)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(w.done)
+	}()
 	return w, nil
 }
 
 // finishSync waits for the caches after a sync timeout.
 func (w *Watcher) finishSync(ctx context.Context) {
-	if cache.WaitForCacheSync(ctx.Done(), w.synced["pods"], w.synced["namespaces"], w.synced["networkpolicies"], w.synced["nodes"]) {
+	if cache.WaitForCacheSync(ctx.Done(), w.syncedFuncs()...) {
 		w.markSynced()
 	}
+}
+
+// syncedFuncs are the caches the start waits for: every one but the
+// local endpoint status objects', which the endpoint writer syncs on its
+// own.
+func (w *Watcher) syncedFuncs() []cache.InformerSynced {
+	out := make([]cache.InformerSynced, 0, len(w.synced))
+	for _, name := range slices.Sorted(maps.Keys(w.synced)) {
+		if name != "membraneendpoints" {
+			out = append(out, w.synced[name])
+		}
+	}
+	return out
+}
+
+// notSynced names the caches not synced yet.
+func (w *Watcher) notSynced() []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(w.synced)) {
+		if !w.synced[name]() {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // markSynced runs once the caches synced: it prunes the policies an earlier
@@ -178,7 +264,11 @@ func (w *Watcher) finishSync(ctx context.Context) {
 func (w *Watcher) markSynced() {
 	for _, row := range w.ix.Policies() {
 		p := row.Policy
-		if p.Kind != policy.KindKNP || !fromKubernetes(p) {
+		if !fromKubernetes(p) {
+			continue
+		}
+		if p.Kind != policy.KindKNP {
+			w.pruneCRDPolicy(p)
 			continue
 		}
 		if _, err := w.nps.NetworkPolicies(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) {
@@ -219,8 +309,22 @@ func (w *Watcher) Status() *models.K8sStatus {
 	if nps, err := w.nps.List(k8slabels.Everything()); err == nil {
 		st.Policies = len(nps)
 	}
+	for _, l := range w.crdListers {
+		if objs, err := l.List(k8slabels.Everything()); err == nil {
+			st.MembranePolicies += len(objs)
+		}
+	}
 	w.mu.Lock()
 	st.State, st.PolicyErrors = w.state, w.policyErrors
+	st.Connection, st.LastError, st.Disconnects = w.conn.state, w.conn.lastError, w.conn.disconnects
+	if !w.conn.lastErrorAt.IsZero() {
+		t := w.conn.lastErrorAt.UTC()
+		st.LastErrorAt = &t
+	}
+	if !w.conn.lastContact.IsZero() {
+		t := w.conn.lastContact.UTC()
+		st.LastContact = &t
+	}
 	w.mu.Unlock()
 	w.clusterStatus(st)
 	return st
@@ -277,6 +381,18 @@ func (w *Watcher) nsChanged(oldObj any) func(any) {
 	}
 }
 
+// npUpdated queues a NetworkPolicy update unless it is the same object
+// version (a relist after an API outage): re-importing an unchanged policy
+// would regenerate every endpoint it selects.
+func (w *Watcher) npUpdated(oldObj, newObj any) {
+	o, ok1 := oldObj.(*networkingv1.NetworkPolicy)
+	n, ok2 := newObj.(*networkingv1.NetworkPolicy)
+	if ok1 && ok2 && o.ResourceVersion == n.ResourceVersion {
+		return
+	}
+	w.npChanged(newObj)
+}
+
 func (w *Watcher) npChanged(obj any) {
 	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
@@ -289,9 +405,14 @@ func (w *Watcher) npChanged(obj any) {
 	w.queue.Add(key{kind: kindPolicy, namespace: ns, name: name})
 }
 
-// run is the single worker: it applies queued changes one by one.
+// defaultWorkers is how many workers apply queued changes: a relabel
+// waits for its endpoint's regeneration (a BPF program load), so one
+// worker would serialise a burst of pod changes. The workqueue never
+// hands one key to two workers at once.
+const defaultWorkers = 4
+
+// run is one worker: it applies queued changes one by one.
 func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
 	for {
 		k, shutdown := w.queue.Get()
 		if shutdown {
@@ -331,6 +452,8 @@ func (w *Watcher) apply(ctx context.Context, k key) error {
 			w.queue.Add(key{kind: kindPod, namespace: p.Namespace, name: p.Name})
 		}
 		return nil
+	case kindMNP, kindMCNP:
+		return w.syncCRDPolicy(ctx, k.kind, k.namespace, k.name)
 	default:
 		return w.syncPolicy(ctx, k.namespace, k.name)
 	}

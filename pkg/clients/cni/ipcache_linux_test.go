@@ -54,7 +54,7 @@ func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 	if err := l.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.UpsertIPCache(context.Background(), stale, 4242); err != nil {
+	if err := l.UpsertIPCache(context.Background(), stale, 4242, netip.Addr{}); err != nil {
 		t.Fatal(err)
 	}
 	held, err := l.DumpIPCache(context.Background())

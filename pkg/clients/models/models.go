@@ -227,8 +227,24 @@ type K8sStatus struct {
 	Pods       int `json:"pods"`
 	Namespaces int `json:"namespaces"`
 	Policies   int `json:"networkpolicies"`
-	// PolicyErrors counts NetworkPolicies the agent refused (see the log).
+	// MembranePolicies counts the cached MembraneNetworkPolicies and
+	// MembraneClusterwideNetworkPolicies.
+	MembranePolicies int `json:"membrane-policies"`
+	// PolicyErrors counts policies the agent refused (see the log, and the
+	// custom resources' status and events).
 	PolicyErrors int `json:"policy-errors"`
+	// Connection is "connecting" (no answer yet), "connected" or
+	// "disconnected": the last /readyz probe's outcome. While
+	// disconnected, running endpoints keep working and CNI ADDs use the
+	// cached pods; the informers resume when the API server is back.
+	Connection string `json:"connection"`
+	// LastError is the last probe or watch error, LastErrorAt its time.
+	LastError   string     `json:"last-error,omitempty"`
+	LastErrorAt *time.Time `json:"last-error-at,omitempty"`
+	// LastContact is the last successful probe.
+	LastContact *time.Time `json:"last-contact,omitempty"`
+	// Disconnects counts the times the connection was lost.
+	Disconnects int `json:"disconnects"`
 	// Queue is the number of changes waiting to be applied.
 	Queue int `json:"queue"`
 	// RemoteEndpoints counts the other nodes' endpoint objects held;

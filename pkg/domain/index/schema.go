@@ -86,6 +86,7 @@ func Schema() *memdb.DBSchema {
 		TablePolicies:       policiesTable(),
 		TablePolicyRevision: policyRevisionTable(),
 		TableIPCache:        ipcacheTable(),
+		TableNodes:          nodesTable(),
 	}}
 }
 

@@ -37,10 +37,19 @@ type PortProto struct {
 // maxPortRange bounds the ports one port/endPort range expands to.
 const maxPortRange = 1024
 
-func compileCNP(d *cnpDoc, spec json.RawMessage) (*Policy, error) {
-	p, err := newPolicy(KindCNP, d.Metadata, spec)
+// compileCNP compiles the CNP-shaped kinds. A cluster-wide kind has no
+// namespace and its selectors are not restricted to one.
+func compileCNP(d *cnpDoc, kind string, spec json.RawMessage) (*Policy, error) {
+	clusterwide := Clusterwide(kind)
+	if clusterwide && d.Metadata.Namespace != "" {
+		return nil, fmt.Errorf("metadata.namespace: %q given, but %s is cluster-scoped", d.Metadata.Namespace, kind)
+	}
+	p, err := newPolicy(kind, d.Metadata, spec)
 	if err != nil {
 		return nil, err
+	}
+	if clusterwide {
+		p.Namespace = ""
 	}
 	var rules []cnpRule
 	base := "spec"
@@ -59,7 +68,7 @@ func compileCNP(d *cnpDoc, spec json.RawMessage) (*Policy, error) {
 		if base == "specs" {
 			path = fmt.Sprintf("specs[%d]", i)
 		}
-		rule, err := compileCNPRule(&r, p.Namespace, path)
+		rule, err := compileCNPRule(&r, p.Namespace, path, clusterwide)
 		if err != nil {
 			return nil, err
 		}
@@ -82,18 +91,20 @@ func newPolicy(kind string, md objectMeta, spec json.RawMessage) (*Policy, error
 	return &Policy{Kind: kind, Name: md.Name, Namespace: ns, Labels: maps.Clone(md.Labels), Spec: spec}, nil
 }
 
-func compileCNPRule(r *cnpRule, ns, path string) (Rule, error) {
+// compileCNPRule compiles one rule; nsFree (cluster-wide) leaves its
+// selectors unrestricted, else they are restricted to namespace ns.
+func compileCNPRule(r *cnpRule, ns, path string, nsFree bool) (Rule, error) {
 	if r.EndpointSelector == nil {
 		return Rule{}, fmt.Errorf("%s.endpointSelector: missing", path)
 	}
-	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", ns, false)
+	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", ns, nsFree)
 	if err != nil {
 		return Rule{}, err
 	}
 	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil, EgressEnforced: r.Egress != nil}
 	if r.Ingress != nil {
 		for i, in := range *r.Ingress {
-			pr, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, "from",
+			pr, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, nsFree, "from",
 				in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
 			if err != nil {
 				return Rule{}, err
@@ -103,7 +114,7 @@ func compileCNPRule(r *cnpRule, ns, path string) (Rule, error) {
 	}
 	if r.Egress != nil {
 		for i, eg := range *r.Egress {
-			pr, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, "to",
+			pr, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, nsFree, "to",
 				eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
 			if err != nil {
 				return Rule{}, err
@@ -114,10 +125,10 @@ func compileCNPRule(r *cnpRule, ns, path string) (Rule, error) {
 	return rule, nil
 }
 
-func compileCNPPeers(path, ns, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) (PeerRule, error) {
+func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) (PeerRule, error) {
 	var pr PeerRule
 	for i := range eps {
-		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, false)
+		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, nsFree)
 		if err != nil {
 			return pr, err
 		}

@@ -26,9 +26,18 @@ var (
 const (
 	KindCNP = "CiliumNetworkPolicy"
 	KindKNP = "NetworkPolicy"
+	// KindCCNP is Cilium's cluster-wide policy: the CNP spec, no
+	// namespace, selectors not restricted to one.
+	KindCCNP = "CiliumClusterwideNetworkPolicy"
+	// KindMNP and KindMCNP are Membrane's custom resources (apiVersion
+	// APIVersionMembrane) with the spec of KindCNP and KindCCNP.
+	KindMNP  = "MembraneNetworkPolicy"
+	KindMCNP = "MembraneClusterwideNetworkPolicy"
 	// APIVersionCNP and APIVersionKNP are the accepted apiVersions.
 	APIVersionCNP = "cilium.io/v2"
 	APIVersionKNP = "networking.k8s.io/v1"
+	// APIVersionMembrane is the apiVersion of KindMNP and KindMCNP.
+	APIVersionMembrane = "membrane.io/v2"
 	// DefaultNamespace is the namespace of a policy that names none.
 	DefaultNamespace = "default"
 )
@@ -49,8 +58,25 @@ type Policy struct {
 	Rules []Rule
 }
 
-// Key returns "namespace/name", the policy's unique name.
-func (p *Policy) Key() string { return p.Namespace + "/" + p.Name }
+// Key returns the policy's unique name (KeyOf).
+func (p *Policy) Key() string { return KeyOf(p.Kind, p.Namespace, p.Name) }
+
+// KeyOf is the unique name of a policy: "namespace/name" ("/name" for a
+// cluster-wide one, whose namespace is ""), prefixed with "<kind>:" for
+// Membrane's own kinds, so that a NetworkPolicy and a
+// MembraneNetworkPolicy of one name are two policies (as Cilium keeps a
+// NetworkPolicy and a CiliumNetworkPolicy apart). CiliumNetworkPolicy and
+// NetworkPolicy documents of one name replace each other, as they always
+// did through PUT /v1/policy.
+func KeyOf(kind, namespace, name string) string {
+	if kind == KindMNP || kind == KindMCNP {
+		return kind + ":" + namespace + "/" + name
+	}
+	return namespace + "/" + name
+}
+
+// Clusterwide reports whether kind is a cluster-wide CNP-shaped kind.
+func Clusterwide(kind string) bool { return kind == KindCCNP || kind == KindMCNP }
 
 // maxDocuments bounds the documents of one import.
 const maxDocuments = 10000
@@ -234,7 +260,8 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 		spec any
 	)
 	switch {
-	case kind == KindCNP && apiVersion == APIVersionCNP:
+	case (kind == KindCNP || kind == KindCCNP) && apiVersion == APIVersionCNP,
+		(kind == KindMNP || kind == KindMCNP) && apiVersion == APIVersionMembrane:
 		doc = &cnpDoc{}
 		spec = obj["spec"]
 		if spec == nil {
@@ -244,8 +271,8 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 		doc = &knpDoc{}
 		spec = obj["spec"]
 	default:
-		return nil, fmt.Errorf("unsupported kind %q apiVersion %q (want %s %s or %s %s)",
-			kind, apiVersion, KindCNP, APIVersionCNP, KindKNP, APIVersionKNP)
+		return nil, fmt.Errorf("unsupported kind %q apiVersion %q (want %s or %s %s, %s or %s %s, or %s %s)",
+			kind, apiVersion, KindCNP, KindCCNP, APIVersionCNP, KindMNP, KindMCNP, APIVersionMembrane, KindKNP, APIVersionKNP)
 	}
 	if err := checkFields(obj, reflect.TypeOf(doc).Elem(), ""); err != nil {
 		return nil, err
@@ -257,7 +284,7 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 	var p *Policy
 	switch d := doc.(type) {
 	case *cnpDoc:
-		p, err = compileCNP(d, specRaw)
+		p, err = compileCNP(d, kind, specRaw)
 	default:
 		p, err = compileKNP(doc.(*knpDoc), specRaw, opts.NamespaceLabels)
 	}

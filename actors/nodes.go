@@ -1,0 +1,227 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+)
+
+// KindNodes is the nodes actor's kind (GET /v1/actors).
+const KindNodes = "nodes"
+
+// The nodes actor sorts after the other node-wide owners. (Set here, not
+// in kindOrder's literal, to keep the cluster branches' merges apart.)
+func init() { kindOrder[KindNodes] = kindOrder[KindGC] }
+
+// nodesActor owns the remote nodes: the full set each source ("k8s",
+// "kvstore", "file", ...) last reported, one index row per (source,
+// node). The union (a node reported by several sources is taken from the
+// source first by name) goes to the datapath's NodeRouter through the
+// worker pool, one sync in flight at a time; a failed sync retries with
+// backoff. A restart rebuilds from the table and syncs again (SyncNodes
+// is idempotent).
+type nodesActor struct {
+	deps   *endpointDeps
+	local  []netip.Prefix // this node's pod ranges: no remote node may claim them
+	router datapath.NodeRouter
+	log    *slog.Logger
+	batch  batcher
+
+	rows  map[string]*index.Node // by Key(); immutable, shared with the index
+	dirty bool                   // the union changed since the last sync started
+	// heard is set by the first SyncNodes: until a source spoke, the
+	// datapath keeps what a previous agent left (no route flap at start).
+	heard   bool
+	syncing bool
+	retry   *time.Timer
+	backoff time.Duration
+	req     requester
+}
+
+// nodesRetrySync is the retry timer's message.
+type nodesRetrySync struct{}
+
+func newNodesActor(deps *endpointDeps, local []netip.Prefix) *nodesActor {
+	l := deps.log.With("actor", "nodes")
+	router, _ := deps.dp.(datapath.NodeRouter)
+	return &nodesActor{deps: deps, local: local, router: router, log: l, batch: newBatcher(deps.writer, l)}
+}
+
+// Receive implements actor.Actor.
+func (a *nodesActor) Receive(ctx actor.Context) {
+	defer a.batch.flushOnPanic()
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		a.req.register(ctx)
+		a.rebuild(ctx)
+	case *actor.Stopped:
+		a.req.unregister(ctx)
+	case *requestAnswer:
+		a.req.answered(msg)
+	case *actor.Restarting, *actor.Stopping:
+		a.req.drop()
+		if a.retry != nil {
+			a.retry.Stop()
+		}
+		a.batch.flush()
+	case *flushIndex:
+		a.batch.flush()
+	case *messages.SyncNodes:
+		a.replace(ctx, msg.Source, msg.Nodes)
+		if !a.heard {
+			a.heard, a.dirty = true, true // the first set is synced even if empty
+		}
+		a.batch.reply(ctx, ctx.Sender(), &messages.NodesResult{})
+		a.sync(ctx)
+	case *nodesRetrySync:
+		a.retry = nil
+		a.sync(ctx)
+	case *crashForTest:
+		panic("nodes: crash requested by a test")
+	}
+}
+
+func (a *nodesActor) rebuild(ctx actor.Context) {
+	a.rows = map[string]*index.Node{}
+	for _, n := range a.deps.ix.Nodes() {
+		a.rows[n.Key()] = n
+	}
+	// At agent start the table is empty: nothing is synced until a source
+	// reports, so the routes a previous agent left keep working. After a
+	// restart of this actor the table holds what the sources said.
+	a.heard = len(a.rows) > 0
+	a.dirty = a.heard
+	a.sync(ctx)
+}
+
+// validateNodes checks the source name and the set (in the caller's
+// goroutine: the front door, not the actor).
+func validateNodes(source string, nodes []datapath.RemoteNode) error {
+	if source == "" || len(source) > 63 || strings.ContainsAny(source, "/ \t\n") {
+		return fmt.Errorf("sync nodes: source %q: want 1-63 bytes without '/' or spaces: %w", source, ErrInvalidSource)
+	}
+	if err := datapath.CheckNodes(nodes); err != nil {
+		return fmt.Errorf("sync nodes from %s: %w", source, err)
+	}
+	return nil
+}
+
+// replace makes source's rows the given set and recomputes which row of
+// each node is active.
+func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.RemoteNode) {
+	want := make(map[string]*index.Node, len(nodes))
+	for _, n := range nodes {
+		r := &index.Node{Source: source, Name: n.Name, Addrs: slices.Clone(n.Addrs), PodCIDRs: slices.Clone(n.PodCIDRs)}
+		want[r.Key()] = r
+	}
+	for k, r := range a.rows {
+		if r.Source == source && want[k] == nil {
+			delete(a.rows, k)
+			a.batch.delKeyed(ctx, index.TableNodes, k, r)
+			a.dirty = true
+		}
+	}
+	for k, r := range want {
+		if old := a.rows[k]; old != nil && slices.Equal(old.Addrs, r.Addrs) && slices.Equal(old.PodCIDRs, r.PodCIDRs) {
+			continue
+		}
+		a.rows[k] = r
+		a.dirty = true
+	}
+	a.activate(ctx)
+}
+
+// activate marks, for every node name, the row of the source first by
+// name active (and writes every row whose flag changed or is new).
+func (a *nodesActor) activate(ctx actor.Context) {
+	winner := map[string]string{} // name -> source
+	for _, r := range a.rows {
+		if s, ok := winner[r.Name]; !ok || r.Source < s {
+			winner[r.Name] = r.Source
+		}
+	}
+	for k, r := range a.rows {
+		active := winner[r.Name] == r.Source
+		if in, ok := a.indexed(k); ok && in == r && r.Active == active {
+			continue
+		}
+		c := *r
+		c.Active = active
+		a.rows[k] = &c
+		a.batch.putKeyed(ctx, index.TableNodes, k, &c)
+	}
+}
+
+// indexed returns the row the index holds for key k.
+func (a *nodesActor) indexed(k string) (*index.Node, bool) {
+	o, err := a.deps.ix.ReadTxn().First(index.TableNodes, index.IndexID, k)
+	if err != nil || o == nil {
+		return nil, false
+	}
+	n, ok := o.(*index.Node)
+	return n, ok
+}
+
+// union is what the datapath gets: the active rows, by name. Conflicts
+// are resolved, with a warning: a node whose pod CIDR overlaps this
+// node's own ranges is left out, and of two nodes whose pod CIDRs
+// overlap, the one later by name.
+func (a *nodesActor) union() []datapath.RemoteNode {
+	var out []datapath.RemoteNode
+	for _, r := range a.rows {
+		if r.Active {
+			out = append(out, datapath.RemoteNode{Name: r.Name, Addrs: r.Addrs, PodCIDRs: r.PodCIDRs})
+		}
+	}
+	slices.SortFunc(out, func(x, y datapath.RemoteNode) int { return strings.Compare(x.Name, y.Name) })
+	self := datapath.RemoteNode{PodCIDRs: a.local} // named "": never dropped
+	for {
+		x, y, ok := datapath.FirstOverlap(append(out, self))
+		if !ok {
+			return out
+		}
+		drop := max(x.Node, y.Node)
+		a.log.Warn("node left out: its pod CIDR overlaps this node's or another node's", "node", drop, "cidrs", []netip.Prefix{x.Prefix, y.Prefix})
+		out = slices.DeleteFunc(out, func(n datapath.RemoteNode) bool { return n.Name == drop })
+	}
+}
+
+// sync hands the union to the datapath in one pool job, unless one is in
+// flight (it runs again when that one finishes).
+func (a *nodesActor) sync(ctx actor.Context) {
+	if a.router == nil || a.syncing || !a.dirty {
+		return
+	}
+	nodes := a.union()
+	a.dirty, a.syncing = false, true
+	router := a.router
+	work := &messages.DatapathWork{Op: "sync-nodes", Run: func(c context.Context) (any, error) {
+		return nil, router.SyncNodes(c, nodes)
+	}}
+	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
+		a.syncing = false
+		if err != nil {
+			a.dirty = true
+			a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
+			a.log.Warn("node sync failed; retrying", "err", err, "in", a.backoff)
+			if a.retry == nil {
+				self, system := ctx.Self(), ctx.ActorSystem()
+				a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &nodesRetrySync{}) })
+			}
+			return
+		}
+		a.backoff = 0
+		a.log.Debug("nodes synced", "nodes", len(nodes))
+		a.sync(ctx)
+	})
+}

@@ -1,0 +1,357 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/bpf"
+)
+
+// nodeRouteProto marks the routes to other nodes' pod CIDRs (rtm_protocol),
+// so that a sync finds the ones it owns, also those a previous agent left.
+const nodeRouteProto = netlink.RouteProtocol(0x4d)
+
+// Pins of the overlay programs' links and the tunnel map under BPFFS.
+const (
+	pinOverlayDir = "overlay"
+	pinTunnelMap  = "tunnel"
+)
+
+var (
+	hookToOverlay   = hook{pin: "to", tcx: ebpf.AttachTCXEgress, parent: netlink.HANDLE_MIN_EGRESS, name: "membrane-to-ovl"}
+	hookFromOverlay = hook{pin: "from", tcx: ebpf.AttachTCXIngress, parent: netlink.HANDLE_MIN_INGRESS, name: "membrane-from-ovl"}
+)
+
+var _ NodeRouter = (*Linux)(nil)
+
+// nodeState is the node router's: the overlay programs and the tunnel
+// map, loaded on the first tunnel-mode sync.
+type nodeState struct {
+	mu       sync.Mutex // one sync at a time
+	from, to *ebpf.Program
+	tunnel   *ebpf.Map
+}
+
+func (n *nodeState) close() {
+	for _, p := range []*ebpf.Program{n.from, n.to} {
+		if p != nil {
+			p.Close()
+		}
+	}
+	if n.tunnel != nil {
+		n.tunnel.Close()
+	}
+	n.from, n.to, n.tunnel = nil, nil, nil
+}
+
+// SyncNodes implements NodeRouter. Native routing: a route per remote
+// pod CIDR via the node's address of that family. Tunnel mode: the
+// VXLAN device (created on first use, external mode, the overlay
+// programs on it), a route per remote pod CIDR into it, and the tunnel
+// map (pod CIDR -> node) the overlay program picks the outer destination
+// from when the ipcache has no tunnel endpoint for the destination.
+// Routes (and tunnel map entries) of nodes no longer in the set go.
+func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
+	if err := ValidateNodes(nodes); err != nil {
+		return fmt.Errorf("sync nodes: %w", err)
+	}
+	return l.guardBPF(func(b *bpfState) error {
+		l.nodes.mu.Lock()
+		defer l.nodes.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("sync nodes: %w", err)
+		}
+		linkIndex := 0
+		if l.cfg.Nodes.Routing == RoutingTunnel {
+			dev, err := l.ensureTunnel(b)
+			if err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
+			linkIndex = dev.Attrs().Index
+			if err := l.syncTunnelMap(nodes); err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
+		}
+		if err := l.syncNodeRoutes(l.nodeRoutes(nodes, linkIndex)); err != nil {
+			return fmt.Errorf("sync nodes: %w", err)
+		}
+		if l.cfg.Nodes.Routing == RoutingNative {
+			// A tunnel device left by a tunnel-mode agent goes (its routes went above).
+			if err := l.removeTunnel(b); err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// removeTunnel deletes the tunnel device if it is ours (an external-mode
+// vxlan of that name) and the overlay programs' pinned links.
+func (l *Linux) removeTunnel(b *bpfState) error {
+	dev, err := l.nl.LinkByName(l.cfg.Nodes.TunnelDevice)
+	if isLinkNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up tunnel device: %w", err)
+	}
+	if vx, ok := dev.(*netlink.Vxlan); !ok || !vx.FlowBased {
+		return nil // not ours
+	}
+	for _, h := range []hook{hookToOverlay, hookFromOverlay} {
+		lk, err := detachTCX(filepath.Join(b.dir, pinOverlayDir), h)
+		if err != nil {
+			return err
+		}
+		if lk != nil {
+			lk.Close()
+		}
+	}
+	if err := l.nl.LinkDel(dev); err != nil && !isLinkNotFound(err) {
+		return fmt.Errorf("delete tunnel device %s: %w", l.cfg.Nodes.TunnelDevice, err)
+	}
+	l.log.Info("tunnel device removed (native routing)", "device", l.cfg.Nodes.TunnelDevice)
+	return nil
+}
+
+// nodeRoutes are the desired routes by destination: into the tunnel
+// device (linkIndex != 0) or via the node's address of the CIDR's family.
+func (l *Linux) nodeRoutes(nodes []RemoteNode, linkIndex int) map[netip.Prefix]*netlink.Route {
+	out := map[netip.Prefix]*netlink.Route{}
+	for _, n := range nodes {
+		if len(n.Addrs) == 0 {
+			continue // nowhere to send its pods' traffic yet
+		}
+		for _, p := range n.PodCIDRs {
+			r := &netlink.Route{Dst: prefixNet(p), Protocol: nodeRouteProto, Table: unix.RT_TABLE_MAIN}
+			if linkIndex != 0 {
+				r.LinkIndex, r.Scope = linkIndex, netlink.SCOPE_LINK
+				out[p] = r
+				continue
+			}
+			gw, ok := addrOfFamily(n.Addrs, p.Addr().Is4())
+			if !ok {
+				l.log.Warn("native routing: node has no address of its pod CIDR's family; CIDR not routed", "node", n.Name, "cidr", p)
+				continue
+			}
+			r.Gw = gw.AsSlice()
+			out[p] = r
+		}
+	}
+	return out
+}
+
+// syncNodeRoutes deletes the node routes not in want (or different) and
+// replaces the wanted ones.
+func (l *Linux) syncNodeRoutes(want map[netip.Prefix]*netlink.Route) error {
+	have, err := l.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: nodeRouteProto, Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list node routes: %w", err)
+	}
+	for i := range have {
+		r := &have[i]
+		p, ok := netPrefix(r.Dst)
+		if w := want[p]; ok && w != nil && w.LinkIndex == r.LinkIndex && (w.LinkIndex != 0 || net.IP(w.Gw).Equal(r.Gw)) {
+			continue
+		}
+		if err := l.nl.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("delete node route %s: %w", r.Dst, err)
+		}
+	}
+	for p, r := range want {
+		if err := l.nl.RouteReplace(r); err != nil {
+			return fmt.Errorf("route %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// ensureTunnel creates the VXLAN device (external mode, NOARP, up) if
+// needed and attaches the overlay programs to it.
+func (l *Linux) ensureTunnel(b *bpfState) (netlink.Link, error) {
+	c := l.cfg.Nodes
+	dev, err := l.nl.LinkByName(c.TunnelDevice)
+	if isLinkNotFound(err) {
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name, attrs.MTU = c.TunnelDevice, c.TunnelMTU
+		vx := &netlink.Vxlan{LinkAttrs: attrs, FlowBased: true, Port: c.TunnelPort, Learning: false}
+		if err := l.nl.LinkAdd(vx); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create tunnel device %s: %w", c.TunnelDevice, err)
+		}
+		dev, err = l.nl.LinkByName(c.TunnelDevice)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up tunnel device %s: %w", c.TunnelDevice, err)
+	}
+	if vx, ok := dev.(*netlink.Vxlan); !ok || !vx.FlowBased {
+		return nil, fmt.Errorf("tunnel device %s exists and is not an external-mode vxlan device: %w", c.TunnelDevice, ErrForeignInterface)
+	}
+	if dev.Attrs().RawFlags&unix.IFF_NOARP == 0 {
+		if err := l.nl.LinkSetARPOff(dev); err != nil {
+			return nil, fmt.Errorf("tunnel device %s: arp off: %w", c.TunnelDevice, err)
+		}
+	}
+	if dev.Attrs().Flags&net.FlagUp == 0 {
+		if err := l.nl.LinkSetUp(dev); err != nil {
+			return nil, fmt.Errorf("set tunnel device %s up: %w", c.TunnelDevice, err)
+		}
+	}
+	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/conf/"+c.TunnelDevice+"/rp_filter", "0") }); err != nil {
+		return nil, err
+	}
+	if err := l.attachOverlay(b, dev.Attrs().Index); err != nil {
+		return nil, err
+	}
+	return dev, nil
+}
+
+// attachOverlay loads the overlay programs (once) and attaches them to
+// the tunnel device (pinned TCX links, updated in place; cls_bpf where
+// the endpoints use it).
+func (l *Linux) attachOverlay(b *bpfState, ifindex int) error {
+	if err := l.loadOverlay(b); err != nil {
+		return err
+	}
+	dir := filepath.Join(b.dir, pinOverlayDir)
+	for _, a := range []struct {
+		h    hook
+		prog *ebpf.Program
+	}{{hookToOverlay, l.nodes.to}, {hookFromOverlay, l.nodes.from}} {
+		if b.legacy {
+			if err := attachLegacy(l.nl, a.h, ifindex, a.prog); err != nil {
+				return err
+			}
+			continue
+		}
+		lk, err := attachTCX(dir, a.h, ifindex, a.prog, l.inHost)
+		if err != nil {
+			return err
+		}
+		lk.Close() // the pin holds it
+	}
+	return nil
+}
+
+// loadOverlay loads the overlay object with the shared ipcache and the
+// pinned tunnel map.
+func (l *Linux) loadOverlay(b *bpfState) error {
+	if l.nodes.to != nil {
+		return nil
+	}
+	spec, err := bpf.LoadOverlay()
+	if err != nil {
+		return fmt.Errorf("parse overlay object: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(b.dir, pinOverlayDir), 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", pinOverlayDir, err)
+	}
+	tspec := spec.Maps[bpf.OverlayMapTunnel].Copy()
+	tspec.Pinning = ebpf.PinNone
+	tunnel, err := openSharedMap(tspec, filepath.Join(b.dir, pinTunnelMap))
+	if err != nil {
+		return err
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		MapReplacements: map[string]*ebpf.Map{bpf.OverlayMapIpcache: b.maps.ipcache, bpf.OverlayMapTunnel: tunnel},
+	})
+	if err != nil {
+		tunnel.Close()
+		return fmt.Errorf("load overlay programs: %w", err)
+	}
+	defer coll.Close()
+	l.nodes.tunnel = tunnel
+	l.nodes.to = coll.DetachProgram(bpf.OverlayProgToOverlay)
+	l.nodes.from = coll.DetachProgram(bpf.OverlayProgFromOverlay)
+	return nil
+}
+
+// syncTunnelMap makes the tunnel map hold each node's pod CIDRs -> its
+// underlay address (IPv4 preferred).
+func (l *Linux) syncTunnelMap(nodes []RemoteNode) error {
+	m := l.nodes.tunnel
+	want := map[bpf.EndpointIpcacheKey]bpf.OverlayTunnelValue{}
+	for _, n := range nodes {
+		if len(n.Addrs) == 0 {
+			continue
+		}
+		addr, ok := addrOfFamily(n.Addrs, true)
+		if !ok {
+			addr = n.Addrs[0]
+		}
+		t := tunnelEndpoint(addr)
+		v := bpf.OverlayTunnelValue{Node: bpf.OverlayTunnelEndpoint{Family: t.Family, Addr: t.Addr}}
+		for _, p := range n.PodCIDRs {
+			want[ipcacheKey(p)] = v
+		}
+	}
+	var k bpf.EndpointIpcacheKey
+	var v bpf.OverlayTunnelValue
+	var stale []bpf.EndpointIpcacheKey
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("dump tunnel map: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete tunnel map %s: %w", ipcachePrefix(k), err)
+		}
+	}
+	for k, v := range want {
+		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update tunnel map %s: %w", ipcachePrefix(k), err)
+		}
+	}
+	return nil
+}
+
+// closeNodes releases the node router's BPF objects (the pinned links
+// keep the programs attached).
+func (l *Linux) closeNodes() {
+	l.nodes.mu.Lock()
+	l.nodes.close()
+	l.nodes.mu.Unlock()
+}
+
+func addrOfFamily(addrs []netip.Addr, v4 bool) (netip.Addr, bool) {
+	for _, a := range addrs {
+		if a.Unmap().Is4() == v4 {
+			return a.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func netPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	if a.Is4In6() && len(n.Mask) == net.IPv4len {
+		a = a.Unmap()
+	}
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}

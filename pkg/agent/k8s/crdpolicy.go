@@ -1,0 +1,238 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
+
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// crdKinds maps the queue kinds of the policy custom resources to their
+// resources and policy kinds.
+var crdKinds = map[kind]struct {
+	gvr        schema.GroupVersionResource
+	policyKind string
+	namespaced bool
+}{
+	kindMNP:  {v2.Resource(v2.ResourceNetworkPolicies), policy.KindMNP, true},
+	kindMCNP: {v2.Resource(v2.ResourceClusterwideNetworkPolicies), policy.KindMCNP, false},
+}
+
+// crdChanged queues a policy custom resource. An update that changed
+// neither the generation (the spec) nor the labels (a status write, a
+// relist after an API outage) is not queued: re-importing an unchanged
+// policy would regenerate every endpoint it selects.
+func (w *Watcher) crdChanged(k kind) cache.ResourceEventHandlerFuncs {
+	add := func(obj any) {
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		if err != nil {
+			return
+		}
+		ns, name, err := cache.SplitMetaNamespaceKey(key)
+		if err != nil {
+			return
+		}
+		w.queue.Add(key2(k, ns, name))
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: add,
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*unstructured.Unstructured)
+			n, ok2 := newObj.(*unstructured.Unstructured)
+			if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && maps.Equal(o.GetLabels(), n.GetLabels()) {
+				return
+			}
+			add(newObj)
+		},
+		DeleteFunc: add,
+	}
+}
+
+func key2(k kind, ns, name string) key { return key{kind: k, namespace: ns, name: name} }
+
+// crdPolicyKey is the policy repository's key of a custom resource.
+func crdPolicyKey(k kind, ns, name string) string {
+	if !crdKinds[k].namespaced {
+		ns = ""
+	}
+	return policy.KeyOf(crdKinds[k].policyKind, ns, name)
+}
+
+// getCRD reads a policy custom resource from its informer's cache.
+func (w *Watcher) getCRD(k kind, ns, name string) (*unstructured.Unstructured, error) {
+	lister := w.crdListers[k]
+	var (
+		obj runtime.Object
+		err error
+	)
+	if crdKinds[k].namespaced {
+		obj, err = lister.ByNamespace(ns).Get(name)
+	} else {
+		obj, err = lister.Get(name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("%s %s: unexpected cache object %T", crdKinds[k].policyKind, name, obj)
+	}
+	return u, nil
+}
+
+// syncCRDPolicy imports a MembraneNetworkPolicy or
+// MembraneClusterwideNetworkPolicy, or deletes it when the API server no
+// longer has it. A policy the agent cannot compile is refused: counted,
+// reported on the object's status.nodes[node] and as a Warning event; its
+// previous generation (if any) stays in force.
+func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) error {
+	pkey := crdPolicyKey(k, ns, name)
+	u, err := w.getCRD(k, ns, name)
+	if apierrors.IsNotFound(err) {
+		w.forgetStatus(pkey)
+		_, err := w.sys.DeletePolicy(ctx, pkey, nil)
+		if err != nil && !errors.Is(err, policy.ErrNotFound) {
+			return fmt.Errorf("delete %s %s: %w", crdKinds[k].policyKind, pkey, err)
+		}
+		if err == nil {
+			w.log.Info("policy deleted", "kind", crdKinds[k].policyKind, "policy", pkey)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	p, err := convertCRDPolicy(crdKinds[k].policyKind, u)
+	if err != nil {
+		w.mu.Lock()
+		w.policyErrors++
+		w.mu.Unlock()
+		w.log.Error("policy refused", "kind", crdKinds[k].policyKind, "policy", pkey, "err", err)
+		inForce := slices.ContainsFunc(w.ix.Policies(), func(r *index.PolicyRow) bool { return r.Key == pkey })
+		w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{Error: err.Error(), Enforcing: inForce})
+		return nil // retrying cannot help; the next update of it will
+	}
+	res, err := w.sys.ImportPolicy(ctx, []*policy.Policy{p})
+	if err != nil {
+		return fmt.Errorf("import %s %s: %w", crdKinds[k].policyKind, pkey, err)
+	}
+	w.log.Info("policy imported", "kind", crdKinds[k].policyKind, "policy", pkey, "revision", res.Revision)
+	w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{OK: true, Enforcing: true, LocalPolicyRevision: res.Revision})
+	return nil
+}
+
+// convertCRDPolicy turns a policy custom resource into the policy
+// repository's input by way of the policy parser, as convertPolicy does
+// for NetworkPolicies: the document keeps name, namespace, labels and
+// spec/specs, and gets SourceAnnotation. Returns an error wrapping
+// policy.ErrInvalidPolicy naming the field the agent does not support.
+func convertCRDPolicy(policyKind string, u *unstructured.Unstructured) (*policy.Policy, error) {
+	md := map[string]any{"name": u.GetName(), "annotations": map[string]string{SourceAnnotation: "kubernetes"}}
+	if len(u.GetLabels()) > 0 {
+		md["labels"] = u.GetLabels()
+	}
+	if ns := u.GetNamespace(); ns != "" {
+		md["namespace"] = ns
+	}
+	doc := map[string]any{"apiVersion": policy.APIVersionMembrane, "kind": policyKind, "metadata": md}
+	for _, f := range []string{"spec", "specs"} {
+		if v, ok := u.Object[f]; ok {
+			doc[f] = v
+		}
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("convert %s %s: %w", policyKind, u.GetName(), err)
+	}
+	pols, err := policy.ParseWith(b, policy.ParseOptions{NamespaceLabels: true})
+	if err != nil {
+		return nil, fmt.Errorf("convert %s: %w", policyKind, err)
+	}
+	return pols[0], nil
+}
+
+// statusTimeout bounds one status write; a failed write is logged and
+// retried with the policy's next change (the verdict stays in the agent's
+// log, events and GET /v1/status meanwhile).
+const statusTimeout = 10 * time.Second
+
+// reportPolicy writes this node's entry of the object's status (a merge
+// patch of status.nodes[node], so agents on other nodes never conflict)
+// when the verdict changed, and records a Warning event for a refusal.
+func (w *Watcher) reportPolicy(ctx context.Context, k kind, u *unstructured.Unstructured, st v2.PolicyNodeStatus) {
+	pkey := crdPolicyKey(k, u.GetNamespace(), u.GetName())
+	st.Generation = u.GetGeneration()
+	st.LastUpdated = metav1.Now()
+	if !st.OK {
+		w.events.Eventf(u, corev1.EventTypeWarning, "PolicyRefused", "node %s: %s", w.cfg.NodeName, st.Error)
+	}
+	verdict := fmt.Sprintf("%t|%s|%d", st.OK, st.Error, st.Generation)
+	w.mu.Lock()
+	same := w.statusWritten[pkey] == verdict
+	w.mu.Unlock()
+	if same {
+		return
+	}
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"nodes": map[string]any{w.cfg.NodeName: st}}})
+	if err != nil {
+		w.log.Error("policy status not written", "policy", pkey, "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	if _, err := namespacedResource(w.dyn, k, u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, body,
+		metav1.PatchOptions{FieldManager: fieldManager}, "status"); err != nil {
+		w.log.Warn("policy status not written", "policy", pkey, "err", err)
+		return
+	}
+	w.mu.Lock()
+	w.statusWritten[pkey] = verdict
+	w.mu.Unlock()
+}
+
+func (w *Watcher) forgetStatus(pkey string) {
+	w.mu.Lock()
+	delete(w.statusWritten, pkey)
+	w.mu.Unlock()
+}
+
+// fieldManager names the agent's writes (server-side apply, patches).
+const fieldManager = "membrane-agent"
+
+func namespacedResource(dyn dynamic.Interface, k kind, ns string) dynamic.ResourceInterface {
+	r := dyn.Resource(crdKinds[k].gvr)
+	if crdKinds[k].namespaced {
+		return r.Namespace(ns)
+	}
+	return r
+}
+
+// pruneCRDPolicy queues a policy an earlier run imported from a custom
+// resource the API server no longer has (so that the worker deletes it).
+func (w *Watcher) pruneCRDPolicy(p *policy.Policy) {
+	for k, c := range crdKinds {
+		if c.policyKind != p.Kind {
+			continue
+		}
+		if _, err := w.getCRD(k, p.Namespace, p.Name); apierrors.IsNotFound(err) {
+			w.queue.Add(key2(k, p.Namespace, p.Name))
+		}
+	}
+}

@@ -1,0 +1,364 @@
+// Package deploy_test applies deploy/ to a real kube-apiserver with
+// server-side apply and checks the agent's RBAC as its ServiceAccount.
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/test/kubetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+const (
+	saNamespace = "membrane-system"
+	saName      = "membrane-agent"
+)
+
+// manifests are every Kubernetes manifest in deploy/: deploy/*.yaml and
+// deploy/*/*.yaml, so the CRDs other features add to deploy/crds/ are
+// covered without listing them.
+func manifests(t *testing.T) []string {
+	t.Helper()
+	root := filepath.Join(kubetest.RepoRoot(), "deploy")
+	var files []string
+	for _, pat := range []string{"*.yaml", "*/*.yaml"} {
+		m, err := filepath.Glob(filepath.Join(root, pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	crds, err := kubetest.CRDFiles()
+	if err != nil || len(crds) < 2 {
+		t.Fatalf("deploy/crds: %v %v", crds, err)
+	}
+	return files
+}
+
+// applyAll server-side applies deploy/ (twice: a second apply of the same
+// manifests must be a clean no-op, not a conflict) and returns the
+// objects.
+func applyAll(t *testing.T, env *kubetest.Env) []*unstructured.Unstructured {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	files := manifests(t)
+	var got []*unstructured.Unstructured
+	for range 2 {
+		var err error
+		if got, err = kubetest.ApplyFiles(ctx, env.Config, "membrane-deploy-test", files...); err != nil {
+			t.Fatalf("server-side apply of %v: %v", files, err)
+		}
+	}
+	return got
+}
+
+func TestManifestsApply(t *testing.T) {
+	env := kubetest.Require(t)
+	objs := applyAll(t, env)
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+	}
+	crds, _ := kubetest.CRDFiles()
+	for kind, min := range map[string]int{"DaemonSet": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
+		"ConfigMap": 1, "CustomResourceDefinition": len(crds)} {
+		if kinds[kind] < min {
+			t.Fatalf("applied %v: want at least %d %s", kinds, min, kind)
+		}
+	}
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, o := range objs {
+		if o.GetKind() == "CustomResourceDefinition" {
+			if err := kubetest.WaitEstablished(ctx, dyn, o.GetName()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := cs.AppsV1().DaemonSets(saNamespace).Get(ctx, "membrane-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDaemonSet(t, ds.Spec.Template.Spec)
+}
+
+// checkDaemonSet checks what the agent needs from its pod: host network,
+// its ServiceAccount, the node name, the host paths.
+func checkDaemonSet(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	if !spec.HostNetwork || spec.ServiceAccountName != saName || len(spec.InitContainers) != 1 {
+		t.Fatalf("pod spec: hostNetwork %v serviceAccount %q init containers %d", spec.HostNetwork, spec.ServiceAccountName, len(spec.InitContainers))
+	}
+	paths := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			paths[v.HostPath.Path] = true
+		}
+	}
+	for _, p := range []string{"/sys/fs/bpf", "/var/run/membrane", "/var/lib/membrane", "/opt/cni/bin", "/etc/cni/net.d"} {
+		if !paths[p] {
+			t.Errorf("no hostPath volume %s (have %v)", p, paths)
+		}
+	}
+	agentC := spec.Containers[0]
+	args := strings.Join(agentC.Command, " ")
+	for _, want := range []string{"--k8s", "--node-name=$(NODE_NAME)", "--ipam=$(MEMBRANE_IPAM)", "--state-dir=/var/lib/membrane/state"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("agent command %q lacks %s", args, want)
+		}
+	}
+	nodeFromDownward := false
+	for _, e := range agentC.Env {
+		nodeFromDownward = nodeFromDownward || e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+	}
+	if !nodeFromDownward {
+		t.Error("NODE_NAME does not come from spec.nodeName")
+	}
+}
+
+// The conflist the ConfigMap installs is deploy/05-membrane.conflist (the
+// one the plugin's tests and `make install` use).
+func TestConfigMapConflist(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(kubetest.RepoRoot(), "deploy", "kubernetes", "membrane.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.ReadObjects(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inMap string
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" {
+			inMap, _, _ = unstructured.NestedString(o.Object, "data", "05-membrane.conflist")
+		}
+	}
+	file, err := os.ReadFile(filepath.Join(kubetest.RepoRoot(), "deploy", "05-membrane.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b2 any
+	if err := json.Unmarshal([]byte(inMap), &a); err != nil {
+		t.Fatalf("ConfigMap conflist: %v", err)
+	}
+	if err := json.Unmarshal(file, &b2); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a, b2) {
+		t.Fatalf("ConfigMap conflist %v differs from deploy/05-membrane.conflist %v", a, b2)
+	}
+}
+
+// asServiceAccount is env's configuration impersonating the agent's
+// ServiceAccount (as its token would authenticate).
+func asServiceAccount(env *kubetest.Env) *rest.Config {
+	c := rest.CopyConfig(env.Config)
+	c.Impersonate = rest.ImpersonationConfig{
+		UserName: fmt.Sprintf("system:serviceaccount:%s:%s", saNamespace, saName),
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+	}
+	return c
+}
+
+// TestAgentRBAC runs the agent's Kubernetes mode as the ServiceAccount:
+// every informer syncs and a refused policy's status and event are
+// written; what the agent never needs is refused.
+func TestAgentRBAC(t *testing.T) {
+	env := kubetest.Require(t)
+	applyAll(t, env)
+	sa := asServiceAccount(env)
+	dir := t.TempDir()
+	cfg := agent.Config{
+		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
+		IPv4Range: netip.MustParsePrefix("10.205.0.0/24"), Datapath: "fake", Fake: datapath.NewFake(1),
+		K8s: &k8s.Config{REST: sa, NodeName: "rbac-node", SyncTimeout: time.Minute, PodWait: time.Second},
+	}
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(cfg.Socket)
+	t.Cleanup(func() {
+		c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			t.Errorf("agent stop: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.K8s == nil || st.K8s.State != "synced" {
+		t.Fatalf("agent as the ServiceAccount: k8s status %+v, want every cache synced", st.K8s)
+	}
+
+	admin, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rbac-test"}}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.ReadObjects([]byte(`apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: refused, namespace: rbac-test}
+spec:
+  endpointSelector: {}
+  egressDeny: [{toEntities: [world]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubetest.Apply(ctx, env.Config, kubetest.FieldManager, objs); err != nil {
+		t.Fatal(err)
+	}
+	adminDyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, "status.nodes[rbac-node] written as the ServiceAccount", func() (bool, string) {
+		u, err := adminDyn.Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("rbac-test").Get(ctx, "refused", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		e, _, _ := unstructured.NestedString(u.Object, "status", "nodes", "rbac-node", "error")
+		return strings.Contains(e, "spec.egressDeny"), fmt.Sprint(u.Object["status"])
+	})
+	eventually(ctx, t, "event created as the ServiceAccount", func() (bool, string) {
+		evs, err := admin.CoreV1().Events("rbac-test").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "PolicyRefused" && e.Source.Host == "rbac-node" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(evs.Items))
+	})
+	checkRefused(ctx, t, sa)
+}
+
+// checkRefused asserts that the ServiceAccount can do nothing the agent
+// does not need.
+func checkRefused(ctx context.Context, t *testing.T, sa *rest.Config) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "rbac-test"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
+	mnps := dyn.Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("rbac-test")
+	for name, call := range map[string]func() error{
+		"list secrets": func() error { _, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err },
+		"get secret": func() error {
+			_, err := cs.CoreV1().Secrets("kube-system").Get(ctx, "x", metav1.GetOptions{})
+			return err
+		},
+		"create pod": func() error {
+			_, err := cs.CoreV1().Pods("rbac-test").Create(ctx, pod, metav1.CreateOptions{})
+			return err
+		},
+		"delete pod": func() error { return cs.CoreV1().Pods("rbac-test").Delete(ctx, "p", metav1.DeleteOptions{}) },
+		"patch node": func() error {
+			_, err := cs.CoreV1().Nodes().Patch(ctx, "rbac-node", types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`), metav1.PatchOptions{})
+			return err
+		},
+		"delete namespace": func() error { return cs.CoreV1().Namespaces().Delete(ctx, "rbac-test", metav1.DeleteOptions{}) },
+		"delete networkpolicy": func() error {
+			return cs.NetworkingV1().NetworkPolicies("rbac-test").Delete(ctx, "x", metav1.DeleteOptions{})
+		},
+		"patch policy spec": func() error {
+			_, err := mnps.Patch(ctx, "refused", types.MergePatchType, []byte(`{"spec":{"description":"x"}}`), metav1.PatchOptions{})
+			return err
+		},
+		"delete policy":       func() error { return mnps.Delete(ctx, "refused", metav1.DeleteOptions{}) },
+		"list configmaps":     func() error { _, err := cs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{}); return err },
+		"list serviceaccount": func() error { _, err := cs.CoreV1().ServiceAccounts("").List(ctx, metav1.ListOptions{}); return err },
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("%s as the agent's ServiceAccount: err = %v, want Forbidden", name, err)
+		}
+	}
+	// And what it needs is allowed (the informers' lists, explicitly).
+	for name, call := range map[string]func() error{
+		"list pods":       func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
+		"watch nodes":     func() error { w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{}); stopWatch(w); return err },
+		"list namespaces": func() error { _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
+		"list mcnps": func() error {
+			_, err := dyn.Resource(v2.Resource(v2.ResourceClusterwideNetworkPolicies)).List(ctx, metav1.ListOptions{})
+			return err
+		},
+	} {
+		if err := call(); err != nil {
+			t.Errorf("%s as the agent's ServiceAccount: %v", name, err)
+		}
+	}
+}
+
+func stopWatch(w interface{ Stop() }) {
+	if w != nil && !reflect.ValueOf(w).IsNil() {
+		w.Stop()
+	}
+}
+
+func eventually(ctx context.Context, t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: never happened; last: %s", what, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

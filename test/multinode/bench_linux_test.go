@@ -1,0 +1,229 @@
+package multinode
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// Sizes of the measurement: bytes streamed per throughput run, runs, and
+// round trips per latency run.
+const (
+	benchBytes      = 256 << 20
+	benchRuns       = 3
+	benchRoundTrips = 5000
+)
+
+// TestCrossNodeNumbers measures cross-node TCP throughput and latency
+// between two pods on two nodes in native and tunnel mode, and on plain
+// veths and routes without BPF or agent (the baseline), in one run.
+// Measurement, not a test: it runs only with MEMBRANE_XNODE_BENCH=1.
+func TestCrossNodeNumbers(t *testing.T) {
+	if os.Getenv("MEMBRANE_XNODE_BENCH") != "1" {
+		t.Skip("set MEMBRANE_XNODE_BENCH=1 to measure (BENCHMARKS.md)")
+	}
+	testutil.RequireRoot(t)
+	t.Logf("load average at start: %s", loadavg())
+	type result struct {
+		name     string
+		gbps     float64
+		p50, p99 time.Duration
+	}
+	var res []result
+	for i, mode := range []string{"baseline", "native", "tunnel"} {
+		t.Run(mode, func(t *testing.T) {
+			var a, b *pod
+			if mode == "baseline" {
+				a, b = plainPair(t, 91)
+			} else {
+				c := newCluster(t, mode, 2, 91+i)
+				waitRoutes(t, c.nodes...)
+				a, b = c.nodes[0].addPod("bench-a"), c.nodes[1].addPod("bench-b")
+			}
+			gbps := throughput(t, a, b)
+			p50, p99 := latency(t, a, b)
+			res = append(res, result{mode, gbps, p50, p99})
+		})
+	}
+	t.Logf("load average at end: %s", loadavg())
+	if len(res) != 3 {
+		t.Fatal("a mode failed")
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n| mode | throughput (Gbit/s, median of %d x %d MiB) | vs baseline | RTT p50 | RTT p99 | p50 vs baseline |\n|---|---|---|---|---|---|\n", benchRuns, benchBytes>>20)
+	for _, r := range res {
+		fmt.Fprintf(&sb, "| %s | %.2f | %.2f | %v | %v | %.2f |\n", r.name, r.gbps, r.gbps/res[0].gbps, r.p50, r.p99, float64(r.p50)/float64(res[0].p50))
+	}
+	t.Log(sb.String())
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
+}
+
+// dial connects from a to b's IPv4 address on port (b listening), both
+// sockets made in the pods' netns.
+func dial(t *testing.T, a, b *pod, port int, serve func(net.Conn)) net.Conn {
+	t.Helper()
+	addr := net.JoinHostPort(b.ip4.String(), fmt.Sprint(port))
+	var ln net.Listener
+	if err := b.ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); serve(c) }()
+		}
+	}()
+	var conn net.Conn
+	if err := a.ns.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, 10*time.Second); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// throughput streams benchBytes from a to b benchRuns times (a new
+// connection each) and returns the median in Gbit/s.
+func throughput(t *testing.T, a, b *pod) float64 {
+	t.Helper()
+	var rates []float64
+	buf := make([]byte, 128<<10)
+	for run := range benchRuns {
+		done := make(chan int64, 1)
+		conn := dial(t, a, b, 9100+run, func(c net.Conn) {
+			n, _ := io.Copy(io.Discard, c)
+			done <- n
+		})
+		start := time.Now()
+		for sent := 0; sent < benchBytes; sent += len(buf) {
+			if _, err := conn.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conn.Close()
+		if n := <-done; n != benchBytes {
+			t.Fatalf("received %d bytes, want %d", n, benchBytes)
+		}
+		rates = append(rates, float64(benchBytes)*8/time.Since(start).Seconds()/1e9)
+	}
+	slices.Sort(rates)
+	return rates[len(rates)/2]
+}
+
+// latency runs benchRoundTrips 1-byte request/response exchanges on one
+// connection and returns the median and 99th percentile round trip.
+func latency(t *testing.T, a, b *pod) (p50, p99 time.Duration) {
+	t.Helper()
+	conn := dial(t, a, b, 9200, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	one := []byte{1}
+	rtts := make([]time.Duration, 0, benchRoundTrips)
+	for range benchRoundTrips {
+		start := time.Now()
+		if _, err := conn.Write(one); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, one); err != nil {
+			t.Fatal(err)
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2], rtts[len(rtts)*99/100]
+}
+
+// plainPair makes the baseline: two node netns on an underlay bridge,
+// one pod each on a plain veth (gateway address on the host side, a /32
+// route to the pod), the other node's pod range routed via its address.
+// No agent, no BPF, no masquerade.
+func plainPair(t *testing.T, netNum int) (*pod, *pod) {
+	t.Helper()
+	c := &cluster{t: t, net: netNum, dir: t.TempDir()}
+	c.underlay = testutil.NewNS(t, "mbm-ul")
+	unl := c.underlay.Netlink(t)
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: underlayMTU}}
+	if err := unl.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	if err := unl.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	var nodes [2]*testutil.NS
+	var pods [2]*pod
+	for i := range nodes {
+		nodes[i] = c.attach("mbm-plain", i, "eth0")
+		if err := nodes[i].Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+			t.Fatal(err)
+		}
+		pods[i] = plainPod(t, nodes[i], netNum, i)
+	}
+	for i, nd := range nodes {
+		o := 1 - i
+		gw, _ := c.underlayAddrs(o)
+		r := &netlink.Route{Dst: prefixNet(netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", netNum, o))), Gw: gw.AsSlice()}
+		if err := nd.Netlink(t).RouteAdd(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pods[0], pods[1]
+}
+
+func plainPod(t *testing.T, node *testutil.NS, netNum, i int) *pod {
+	t.Helper()
+	p := &pod{name: fmt.Sprintf("plain-%d", i), ns: testutil.NewNS(t, "mbm-pod")}
+	p.ip4 = netip.AddrFrom4([4]byte{10, byte(netNum), byte(i), 10})
+	gw := netip.AddrFrom4([4]byte{10, byte(netNum), byte(i), 1})
+	h, err := p.ns.Handle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	nl := node.Netlink(t)
+	name := "veth" + testutil.RandomSuffix(6)
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: podMTU}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(h))}); err != nil {
+		t.Fatal(err)
+	}
+	host, err := nl.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pnl := p.ns.Netlink(t)
+	eth0, err := pnl.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{
+		nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(gw, 32))}),
+		nl.LinkSetUp(host),
+		nl.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(p.ip4, 32)), Scope: netlink.SCOPE_LINK}),
+		pnl.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(p.ip4, 32))}),
+		pnl.LinkSetUp(eth0),
+		pnl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(gw, 32)), Scope: netlink.SCOPE_LINK}),
+		pnl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}),
+	} {
+		if err != nil {
+			t.Fatalf("plain pod: %v", err)
+		}
+	}
+	return p
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
