@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -150,6 +150,16 @@ bench-restore:
 # plain veths and routes without BPF (root; BENCHMARKS.md).
 bench-xnode:
 	MEMBRANE_XNODE_BENCH=1 $(GO) test -run '^TestCrossNodeNumbers$$' -count=1 -v -timeout 15m ./test/multinode/
+
+# Cluster identities through the API server (issue 14): two, then four
+# agent processes race to allocate IDRACE_COUNT label sets as
+# MembraneIdentity objects on a real kube-apiserver (scripts/kube-bin.sh);
+# the numbers go to the test log and to IDENTITY_BENCH_OUT.
+IDRACE_COUNT ?= 1000
+IDENTITY_BENCH_OUT ?= /dev/null
+bench-identity:
+	IDRACE_COUNT=$(IDRACE_COUNT) IDENTITY_BENCH_OUT=$(IDENTITY_BENCH_OUT) \
+		$(GO) test -run '^TestRaceAgents$$' -count=1 -v -timeout 20m ./pkg/agent/k8s/identitycrd/
 
 # Installs the binaries under PREFIX, membrane-cni into CNI_BIN_DIR, the
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.

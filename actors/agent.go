@@ -74,6 +74,9 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	d.identity = spawn("identity", &MailboxStats{}, func() actor.Actor {
 		ia := newIdentityActor(a.newAlloc, d.writer, d.policy, a.log)
 		ia.events = d.events
+		if d.backend != nil {
+			ia.cluster = newClusterMode(d.backend, a.cfg.ClusterIdentity, &d.clusterStatus)
+		}
 		return ia
 	})
 	nodes := spawn(KindNodes, &MailboxStats{}, func() actor.Actor { return newNodesActor(d, a.cfg.podRanges()) })

@@ -42,9 +42,18 @@ type Config struct {
 	State    StateStore
 	IPAM     IPAMConfig
 	Identity identity.LocalConfig
-	Pool     PoolConfig
-	Endpoint EndpointConfig
-	Policy   PolicyConfig
+	// IdentityBackend, when set, makes identities cluster-wide: the
+	// identity actor acquires and releases label sets through it (from
+	// worker goroutines, never inside Receive) and binds the identities
+	// its Watch reports. nil keeps the node-local allocator (standalone
+	// mode, the simulator). The caller owns the backend: it closes it
+	// after System.Stop.
+	IdentityBackend identity.ClusterBackend
+	// ClusterIdentity tunes the calls to IdentityBackend.
+	ClusterIdentity ClusterIdentityConfig
+	Pool            PoolConfig
+	Endpoint        EndpointConfig
+	Policy          PolicyConfig
 	// Events receives endpoint and identity events (nil: none).
 	Events *events.Hub
 	// Observer receives regeneration phase durations (nil: none).
@@ -75,6 +84,19 @@ func (c Config) withDefaults() Config {
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
 	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
+	ci := &c.ClusterIdentity
+	ci.CallTimeout = orDefault(ci.CallTimeout, 10*time.Second)
+	ci.RetryMin = orDefault(ci.RetryMin, 200*time.Millisecond)
+	ci.RetryMax = orDefault(ci.RetryMax, 10*time.Second)
+	if ci.Attempts == 0 {
+		ci.Attempts = 20
+	}
+	if ci.Workers == 0 {
+		ci.Workers = 4
+	}
+	if ci.Queue == 0 {
+		ci.Queue = 4096
+	}
 	if c.Policy.ImportStep == 0 {
 		c.Policy.ImportStep = 1000
 	}
@@ -128,11 +150,50 @@ func (c Config) Validate() error {
 			return fmt.Errorf("endpoint config: %s is negative: %w", name, ErrInvalidConfig)
 		}
 	}
+	if err := c.ClusterIdentity.validate(); err != nil {
+		return err
+	}
 	if c.Policy.ImportStep < 0 {
 		return fmt.Errorf("policy config: ImportStep %d is negative: %w", c.Policy.ImportStep, ErrInvalidConfig)
 	}
 	if c.Pool.Workers < 0 || c.Pool.Workers > 1024 {
 		return fmt.Errorf("pool config: Workers %d outside 1..1024: %w", c.Pool.Workers, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// ClusterIdentityConfig tunes the identity actor's calls to a cluster
+// identity backend (Config.IdentityBackend).
+type ClusterIdentityConfig struct {
+	// CallTimeout bounds one backend call (default 10 s).
+	CallTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between failed attempts to
+	// acquire a label set (defaults 200 ms, 10 s).
+	RetryMin, RetryMax time.Duration
+	// Attempts bounds the identity actor's own retries of a label set
+	// (default 20); the endpoints that want it retry on their own after.
+	Attempts int
+	// Workers is the number of goroutines calling the backend (default
+	// 4); calls for one label set always run on the same one, in order.
+	Workers int
+	// Queue bounds the calls waiting per worker (default 4096); a full
+	// queue fails the request, which is retried.
+	Queue int
+}
+
+func (c ClusterIdentityConfig) validate() error {
+	for name, d := range map[string]time.Duration{"CallTimeout": c.CallTimeout, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax} {
+		if d < 0 {
+			return fmt.Errorf("cluster identity config: %s is negative: %w", name, ErrInvalidConfig)
+		}
+	}
+	switch {
+	case c.Attempts < 0 || c.Attempts > 1000:
+		return fmt.Errorf("cluster identity config: Attempts %d outside 1..1000: %w", c.Attempts, ErrInvalidConfig)
+	case c.Workers < 0 || c.Workers > 64:
+		return fmt.Errorf("cluster identity config: Workers %d outside 1..64: %w", c.Workers, ErrInvalidConfig)
+	case c.Queue < 0 || c.Queue > 1<<20:
+		return fmt.Errorf("cluster identity config: Queue %d outside 1..1048576: %w", c.Queue, ErrInvalidConfig)
 	}
 	return nil
 }

@@ -33,6 +33,12 @@ var (
 	// the endpoint is gone from the agent but may come back at the next
 	// start, so the delete is not acknowledged.
 	ErrStateStays = errors.New("endpoint state could not be removed")
+	// ErrIdentityStoreUnavailable is wrapped by the error an identity
+	// request gets while the cluster identity store cannot be reached; the
+	// identity actor keeps retrying (bounded, with backoff) and the
+	// endpoint retries too, so the label set gets its identity when the
+	// store is back.
+	ErrIdentityStoreUnavailable = errors.New("cluster identity store unavailable")
 	// ErrInvalidConfig is wrapped by Config validation errors.
 	ErrInvalidConfig = errors.New("invalid actor system config")
 )

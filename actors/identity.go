@@ -32,6 +32,9 @@ type identityActor struct {
 	// selector cache follows them); nil in tests without one.
 	policy *actor.PID
 	events *events.Hub // identity allocated / released; may be nil
+	// cluster is the state with a cluster identity backend; nil with the
+	// node-local allocator.
+	cluster *clusterMode
 }
 
 func newIdentityActor(newAlloc func() (identity.Allocator, error), w *indexWriter, policy *actor.PID, log *slog.Logger) *identityActor {
@@ -50,6 +53,10 @@ func (a *identityActor) Receive(ctx actor.Context) {
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.IdentityAcquire:
+		if a.cluster != nil {
+			a.clusterAcquire(ctx, msg)
+			return
+		}
 		id, isNew, err := a.acquire(ctx, msg)
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Identity: id, IsNew: isNew, Err: err})
 	case *messages.IdentityRelease:
@@ -57,6 +64,19 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityReleased{Released: released, Err: err})
 	case *crashForTest:
 		panic("crash requested by a test")
+	case *clusterAcquired:
+		if a.cluster != nil {
+			a.clusterAcquired(ctx, msg)
+		}
+	case *clusterRetry:
+		if a.cluster != nil {
+			a.clusterRetried(ctx, msg.key)
+		}
+	case *clusterWatched:
+		if a.cluster != nil {
+			a.clusterWatched(ctx, msg.ev)
+		}
+	case *clusterReleased: // failures are logged by the worker
 	case *holderStopped:
 		a.holderStopped(ctx, msg.who)
 	case *actor.Terminated:
@@ -67,6 +87,11 @@ func (a *identityActor) Receive(ctx actor.Context) {
 // holderStopped releases every identity reference a stopped endpoint
 // actor still held.
 func (a *identityActor) holderStopped(ctx actor.Context, who *actor.PID) {
+	if a.cluster != nil {
+		for _, p := range a.cluster.pending {
+			p.waiters = slices.DeleteFunc(p.waiters, func(w acquireWaiter) bool { return w.holder != nil && w.holder.Id == who.Id })
+		}
+	}
 	for _, id := range slices.Clone(a.holders[who.Id]) {
 		if _, err := a.release(ctx, id, who.Id); err != nil {
 			a.log.Error("releasing identity of a stopped endpoint actor", "identity", id, "holder", who.Id, "err", err)
@@ -85,7 +110,13 @@ func (a *identityActor) rebuild(ctx actor.Context) {
 	a.alloc = alloc
 	a.holders = make(map[string][]identity.NumericIdentity)
 	rows := a.batch.ix.Identities()
+	if a.cluster != nil {
+		a.rebuildCluster(rows)
+	}
 	for _, row := range rows {
+		if row.RefCount == 0 { // known from the cluster store only
+			continue
+		}
 		if err := a.alloc.Restore(identity.Identity{ID: row.ID, Labels: row.Labels, RefCount: row.RefCount}); err != nil {
 			a.log.Error("restoring identity failed", "identity", row.ID, "err", err)
 		}
@@ -95,6 +126,9 @@ func (a *identityActor) rebuild(ctx actor.Context) {
 	}
 	for _, holder := range deadHolders(ctx, maps.Keys(a.holders)) {
 		a.holderStopped(ctx, holder)
+	}
+	if a.cluster != nil {
+		a.confirmUnconfirmed(ctx, rows)
 	}
 	if len(rows) > 0 {
 		a.log.Info("rebuilt identities from the index", "identities", len(rows))
@@ -176,20 +210,36 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		a.events.Publish(events.Event{Type: events.IdentityReleased, Identity: uint32(id), Labels: ls.Strings()})
 	}
 	a.writeRow(ctx, id)
+	if released && a.cluster != nil {
+		// The last local reference: the node no longer uses it. The
+		// identity stays known while the store holds it.
+		a.backendRelease(id, ls)
+		if _, known := a.cluster.known[id]; known {
+			return released, nil
+		}
+	}
 	if released && a.policy != nil {
 		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
 	}
 	return released, nil
 }
 
-// writeRow mirrors the allocator's view of id into the identities table.
+// writeRow mirrors the allocator's view of id (and, with a cluster
+// backend, whether the store holds it) into the identities table.
 func (a *identityActor) writeRow(ctx actor.Context, id identity.NumericIdentity) {
 	cur, ok := a.alloc.Lookup(id)
-	if !ok {
+	var inCluster bool
+	if a.cluster != nil {
+		var ls labels.Labels
+		if ls, inCluster = a.cluster.known[id]; inCluster && !ok {
+			cur = identity.Identity{ID: id, Labels: ls}
+		}
+	}
+	if !ok && !inCluster {
 		a.batch.delKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: id})
 		return
 	}
-	a.batch.putKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount})
+	a.batch.putKeyed(ctx, index.TableIdentities, id, &index.Identity{ID: cur.ID, Labels: cur.Labels, Key: cur.Labels.Key(), RefCount: cur.RefCount, Cluster: inCluster})
 }
 
 // hold records holder as holding a reference to id (see ipamActor.hold

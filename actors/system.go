@@ -64,6 +64,17 @@ type endpointDeps struct {
 	registry *Registry // every actor's snapshot slot, with its mailbox counters
 	events   *events.Hub
 	observer Observer
+	// backend runs the cluster identity backend's calls (nil: local
+	// allocator); clusterStatus is what the identity actor publishes.
+	backend       *backendWorkers
+	clusterStatus atomic.Pointer[ClusterIdentityStatus]
+}
+
+// stopBackend stops the cluster identity backend's workers and watch.
+func (d *endpointDeps) stopBackend() {
+	if d.backend != nil {
+		d.backend.stop()
+	}
 }
 
 func (d *endpointDeps) stats(id string) *MailboxStats {
@@ -84,6 +95,10 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	counters := &Counters{}
 	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
+	if cfg.IdentityBackend != nil {
+		target := identityPID(sys)
+		deps.backend = newBackendWorkers(cfg.IdentityBackend, cfg.ClusterIdentity, func(m any) { sys.Root.Send(target, m) }, log)
+	}
 	strategy := &agentStrategy{restart: actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider), writer: deps.writer, log: log, registry: deps.registry}
 	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
 	rootStats := &MailboxStats{}
@@ -92,6 +107,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
 	if err != nil {
 		sys.Shutdown()
+		deps.stopBackend()
 		deps.writer.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
 	}
@@ -100,6 +116,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	children, err := answer[map[string]*actor.PID](asks.ask(sys, agentPID, &getChildren{}, 10*time.Second))
 	if err != nil {
 		sys.Shutdown()
+		deps.stopBackend()
 		deps.writer.stop()
 		asks.stop()
 		return nil, fmt.Errorf("start actor system: %w", err)
@@ -109,6 +126,9 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 		endpoints: children["endpoints"], gc: children["gc"], nodes: children["nodes"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, asker: asks, log: log}
 	dp.SetProxyAck(s.ProxyAck)
+	if deps.backend != nil {
+		deps.backend.startWatch()
+	}
 	return s, nil
 }
 
@@ -147,6 +167,7 @@ func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(
 func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
 	_ = s.Actors.Root.StopFuture(s.agent).Wait()
+	s.deps.stopBackend()
 	s.Actors.Shutdown()
 	s.deps.writer.stop()
 	s.asker.stop()

@@ -93,6 +93,10 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
+	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
+	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
+	fs.DurationVar(&kc.Identity.GCInterval, "identity-gc-interval", time.Minute, "Kubernetes mode, crd identities: time between garbage collection passes (negative disables this agent's)")
+	fs.StringVar(&kc.Identity.LeaseNamespace, "identity-lease-namespace", "kube-system", "Kubernetes mode, crd identities: namespace of the nodes' heartbeat leases")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	var kv kvstore.Config
 	var kvMode, etcdEndpoints, nodeAddrs string

@@ -183,6 +183,42 @@ func TestParseFlagsK8s(t *testing.T) {
 	}
 }
 
+func TestParseFlagsIdentityMode(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x", "--k8s-kubeconfig", kc, "--node-name", "n1"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		crd     bool
+		wantErr string
+	}{
+		{"default crd", nil, true, ""},
+		{"local", []string{"--identity-allocation-mode", "local"}, false, ""},
+		{"crd with gc flags", []string{"--identity-allocation-mode", "crd", "--identity-gc-grace", "1m", "--identity-gc-interval", "-1s"}, true, ""},
+		{"bad mode", []string{"--identity-allocation-mode", "etcd"}, false, "--identity-allocation-mode"},
+		{"negative grace", []string{"--identity-gc-grace", "-1m"}, false, "--identity-gc-grace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := parseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.K8s == nil || cfg.K8s.CRDIdentities() != tc.crd {
+				t.Fatalf("K8s = %+v, want crd identities %v", cfg.K8s, tc.crd)
+			}
+		})
+	}
+}
+
 func TestParseFlagsKvstore(t *testing.T) {
 	ca := filepath.Join(t.TempDir(), "missing-ca.pem")
 	for _, tc := range []struct {

@@ -63,6 +63,9 @@ func (a *app) statusOut(st *models.Status) error {
 	if st.Kvstore != nil {
 		t.row("Kvstore:", kvstoreText(st.Kvstore))
 	}
+	if st.ClusterIdentity != nil {
+		t.row("Cluster identities:", clusterIdentityText(st.ClusterIdentity))
+	}
 	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
 	return t.flush()
 }
@@ -292,4 +295,25 @@ func (a *app) dropsCommand() *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+// clusterIdentityText is the cluster identity store's line: backend and
+// health, sync, counts, the label sets waiting and the last error.
+func clusterIdentityText(c *models.ClusterIdentityStatus) string {
+	health := "healthy"
+	if !c.Healthy {
+		health = "unreachable since " + c.Since.UTC().Format(time.RFC3339)
+	}
+	sync := "synced"
+	if !c.Synced {
+		sync = "not synced"
+	}
+	out := fmt.Sprintf("%s, %s, %s, %d known, %d in use", c.Backend, health, sync, c.Known, c.InUse)
+	if c.Waiting > 0 {
+		out += fmt.Sprintf(", %d waiting (%s)", c.Waiting, strings.Join(c.WaitingLabels, " "))
+	}
+	if c.LastError != "" {
+		out += ": " + c.LastError
+	}
+	return out
 }

@@ -58,6 +58,28 @@ func TestK8sText(t *testing.T) {
 	}
 }
 
+func TestClusterIdentityText(t *testing.T) {
+	since := time.Date(2026, 11, 27, 5, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		c    models.ClusterIdentityStatus
+		want string
+	}{
+		{"healthy", models.ClusterIdentityStatus{Backend: "kubernetes", Healthy: true, Synced: true, Known: 12, InUse: 3},
+			"kubernetes, healthy, synced, 12 known, 3 in use"},
+		{"waiting", models.ClusterIdentityStatus{Backend: "kubernetes", Since: since, Synced: true, Known: 12, InUse: 3,
+			Waiting: 1, WaitingLabels: []string{"k8s:app=web;"}, LastError: "connection refused"},
+			"kubernetes, unreachable since 2026-11-27T05:00:00Z, synced, 12 known, 3 in use, 1 waiting (k8s:app=web;): connection refused"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := clusterIdentityText(&tt.c); got != tt.want {
+				t.Fatalf("clusterIdentityText = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestKvstoreText(t *testing.T) {
 	tests := []struct {
 		name string

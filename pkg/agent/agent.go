@@ -28,6 +28,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -188,6 +189,24 @@ type Agent struct {
 	k8s        *k8s.Watcher    // nil: standalone
 	kvstore    *kvstoreMode    // nil: no kvstore
 	events     *events.Hub
+	// idBackend is the cluster identity backend the agent started (nil:
+	// none, or one the caller passed in Actors.IdentityBackend).
+	idBackend identity.ClusterBackend
+}
+
+// startIdentityBackend starts the MembraneIdentity backend in Kubernetes
+// mode unless the identity allocation mode is local or the caller gave
+// a backend (kvstore mode); nil when it started none.
+func startIdentityBackend(cfg *Config, ac *actors.Config, log *slog.Logger) (identity.ClusterBackend, error) {
+	if cfg.K8s == nil || !cfg.K8s.CRDIdentities() || ac.IdentityBackend != nil {
+		return nil, nil
+	}
+	b, err := k8s.NewIdentityBackend(cfg.K8s, log)
+	if err != nil {
+		return nil, err
+	}
+	ac.IdentityBackend = b
+	return b, nil
 }
 
 // Start validates cfg, starts the actor system and serves the API. The
@@ -259,6 +278,17 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	if kv != nil {
 		undo = append(undo, kv.stop)
+		if ac.IdentityBackend == nil { // kvstore mode: identities through etcd
+			kv.identities = kvstore.NewIdentityBackend(kv.client)
+			ac.IdentityBackend = kv.identities
+		}
+	}
+	idBackend, err := startIdentityBackend(&cfg, &ac, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if idBackend != nil {
+		undo = append(undo, func() { _ = idBackend.Close() })
 	}
 	sys, err := actors.Start(ac, ix, dp, log)
 	if err != nil {
@@ -277,7 +307,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg), events: ac.Events, kvstore: kv}
+		poolSizes: poolSizesOf(&cfg), events: ac.Events, kvstore: kv, idBackend: idBackend}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
 	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
@@ -363,6 +393,9 @@ func (a *Agent) stop(ctx context.Context) error {
 		err = herr
 	}
 	a.System.Stop()
+	if a.idBackend != nil {
+		_ = a.idBackend.Close()
+	}
 	a.store.Close()
 	_ = a.System.Datapath.Close()
 	_ = os.Remove(a.cfg.Socket)

@@ -14,6 +14,9 @@ import (
 // connection, this node's endpoints published, other nodes' mirrored.
 type kvstoreMode struct {
 	client *kvstore.Client
+	// identities is the etcd identity backend the actor system uses (nil
+	// when the caller passed its own in Actors.IdentityBackend).
+	identities *kvstore.IdentityBackend
 	pub    *kvstore.Publisher // nil until startKvstore
 	mirror *kvstore.Mirror    // nil until startKvstore
 }
@@ -58,6 +61,9 @@ func (k *kvstoreMode) stop() {
 	}
 	if k.pub != nil {
 		k.pub.Stop()
+	}
+	if k.identities != nil {
+		_ = k.identities.Close()
 	}
 	_ = k.client.Close()
 }

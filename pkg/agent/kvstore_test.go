@@ -78,6 +78,22 @@ func TestKvstoreMode(t *testing.T) {
 	waitStatus(t, cb, func(k *models.KvstoreStatus) bool {
 		return k.Healthy && k.Lease != 0 && k.Synced && k.RemoteEndpoints == 1 && k.RemoteNodes == 1
 	})
+	// The same label set gets the same cluster identity on B.
+	ipb, err := cb.IPAMAllocate(ctx, "ipv4", "default/pod-b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epb, err := cb.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "kv-b1", K8sNamespace: "default", K8sPodName: "pod-b1",
+		Labels: []string{"k8s:app=kv"}, Addressing: &models.AddressPair{IPv4: ipb.Address.IPv4}, SyncBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epb.Identity.ID != ep.Identity.ID || ep.Identity.ID < 256 {
+		t.Fatalf("k8s:app=kv is identity %d on agent-a and %d on agent-b", ep.Identity.ID, epb.Identity.ID)
+	}
+	if err := cb.EndpointDelete(ctx, fmt.Sprint(epb.ID)); err != nil {
+		t.Fatal(err)
+	}
 	// B routes to A: A's node from the kvstore is in B's nodes table.
 	waitFor(t, "agent-a in agent-b's nodes", func() bool {
 		for _, n := range b.Index.Nodes() {
@@ -102,26 +118,44 @@ func TestKvstoreMode(t *testing.T) {
 	waitIPCache(t, b, podIP, func(e *index.IPCacheEntry) bool { return e == nil })
 	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return k.Healthy && k.Node == "agent-a" && k.Published == 1 })
 
-	// etcd goes away: the status says so, the agent keeps serving, and
-	// an endpoint created meanwhile is published once etcd is back (the
-	// same data directory: nothing of before is lost).
-	srv.Stop()
-	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return !k.Healthy && k.LastError != "" })
-	ip2, err := ca.IPAMAllocate(ctx, "ipv4", "default/pod-b")
-	if err != nil {
+	// etcd goes away: the status says so, the agent keeps serving (an
+	// endpoint of a label set it holds is created from its cache), an
+	// endpoint of a new label set waits, and both are published once etcd
+	// is back (the same data directory: nothing of before is lost).
+	create := func(ctx context.Context, pod, label string) (*models.Endpoint, error) {
+		ipx, err := ca.IPAMAllocate(ctx, "ipv4", "default/"+pod)
+		if err != nil {
+			return nil, err
+		}
+		return ca.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "kv-" + pod, K8sNamespace: "default", K8sPodName: pod,
+			Labels: []string{label}, Addressing: &models.AddressPair{IPv4: ipx.Address.IPv4}, SyncBuild: true})
+	}
+	if _, err := create(ctx, "keep", "k8s:app=keep"); err != nil {
 		t.Fatal(err)
 	}
-	ep2, err := ca.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "kv-c2", K8sNamespace: "default", K8sPodName: "pod-b",
-		Labels: []string{"k8s:app=kv"}, Addressing: &models.AddressPair{IPv4: ip2.Address.IPv4}, SyncBuild: true})
+	srv.Stop()
+	waitStatus(t, ca, func(k *models.KvstoreStatus) bool { return !k.Healthy && k.LastError != "" })
+	ep2, err := create(ctx, "pod-b", "k8s:app=keep")
 	if err != nil {
-		t.Fatalf("create while etcd is down: %v", err)
+		t.Fatalf("create of a held label set while etcd is down: %v", err)
 	}
+	ip2 := &models.IPAMResponse{Address: ep2.Addressing}
+	waiting := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, err := create(wctx, "pod-new", "k8s:app=new-during-outage")
+		waiting <- err
+	}()
 	srv.Restart()
 	waitKey(t, etcd, fmt.Sprintf("agent-test/state/endpoints/v1/agent-a/%d", ep2.ID), func([]byte) bool { return true })
-	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.Healthy && k.RemoteEndpoints == 1 && k.RemoteNodes == 1 })
+	waitStatus(t, cb, func(k *models.KvstoreStatus) bool { return k.Healthy && k.RemoteEndpoints >= 2 && k.RemoteNodes == 1 })
 	waitIPCache(t, b, netip.MustParseAddr(ip2.Address.IPv4), func(e *index.IPCacheEntry) bool {
 		return e != nil && e.Identity == identity.NumericIdentity(ep2.Identity.ID)
 	})
+	if err := <-waiting; err != nil {
+		t.Fatalf("create of a new label set across the outage: %v", err)
+	}
 }
 
 // waitKey waits until key holds a value ok accepts (ok nil: until the

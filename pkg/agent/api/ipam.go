@@ -9,6 +9,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
@@ -146,7 +147,19 @@ func (s *Server) identityModel(id identity.NumericIdentity) *models.Identity {
 	if !ok {
 		return &models.Identity{ID: int64(id), Labels: []string{}}
 	}
-	return &models.Identity{ID: int64(row.ID), Labels: row.Labels.Strings(), RefCount: row.RefCount}
+	return identityRowModel(row)
+}
+
+// identityRowModel is an identities row as the API shows it.
+func identityRowModel(row *index.Identity) *models.Identity {
+	var scope string // the node-local allocator's rows have none
+	switch {
+	case row.Cluster && row.RefCount > 0:
+		scope = "cluster"
+	case row.Cluster:
+		scope = "remote"
+	}
+	return &models.Identity{ID: int64(row.ID), Labels: row.Labels.Strings(), RefCount: row.RefCount, Scope: scope}
 }
 
 func (s *Server) listIdentities(w http.ResponseWriter, r *http.Request) {
@@ -159,7 +172,7 @@ func (s *Server) listIdentities(w http.ResponseWriter, r *http.Request) {
 		out = append(out, s.identityModel(id))
 	}
 	for _, row := range s.ix.Identities() {
-		out = append(out, &models.Identity{ID: int64(row.ID), Labels: row.Labels.Strings(), RefCount: row.RefCount})
+		out = append(out, identityRowModel(row))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -198,6 +211,13 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	}
 	if fn := s.kvstore.Load(); fn != nil {
 		st.Kvstore = (*fn)()
+	}
+	if ci, ok := s.sys.ClusterIdentities(); ok {
+		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,
+			Synced: ci.Store.Synced, Known: ci.Known, InUse: ci.InUse, Waiting: ci.Waiting, WaitingLabels: ci.WaitingLabels, LastError: ci.Store.LastError}
+		if ci.LastError != "" {
+			st.ClusterIdentity.LastError = ci.LastError
+		}
 	}
 	status := http.StatusOK
 	// A 503 body is the status and the API's error shape at once.

@@ -110,7 +110,10 @@ func tryStartAgent(t testing.TB, node string, mutate func(*agent.Config)) (*test
 		IPv4Range: netip.MustParsePrefix("10.204.0.0/24"),
 		Datapath:  "fake",
 		Fake:      datapath.NewFake(1),
-		K8s:       &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, PodWait: 10 * time.Second, SyncTimeout: time.Minute},
+		// Identities per node: cluster identities (MembraneIdentity) are
+		// tested in pkg/agent/k8s/identitycrd.
+		K8s: &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, PodWait: 10 * time.Second, SyncTimeout: time.Minute,
+			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}},
 	}
 	if mutate != nil {
 		mutate(&cfg)

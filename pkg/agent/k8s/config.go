@@ -51,6 +51,8 @@ type Config struct {
 	// Nodes receives the other nodes (addresses, pod CIDRs) after each
 	// change; nil: they are only counted in the status.
 	Nodes NodeSink
+	// Identity configures cluster-wide identities (identity.go).
+	Identity IdentityConfig
 }
 
 // Validate names the bad field by its flag.
@@ -69,7 +71,7 @@ func (c *Config) Validate() error {
 	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
 		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
-	return nil
+	return c.Identity.validate()
 }
 
 func (c *Config) restConfig() (*rest.Config, error) {

@@ -64,7 +64,10 @@ func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluste
 		IPv4Range: netip.MustParsePrefix("10.204.0.0/24"),
 		Datapath:  "fake",
 		Fake:      datapath.NewFake(1),
-		K8s:       &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: nodeName, PodWait: podWait, SyncTimeout: time.Minute},
+		// Identities per node: cluster identities (MembraneIdentity) are
+		// tested in pkg/agent/k8s/identitycrd.
+		K8s: &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: nodeName, PodWait: podWait, SyncTimeout: time.Minute,
+			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}},
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -45,6 +45,10 @@ type Identity struct {
 	Labels   []string `json:"labels"`
 	RefCount int      `json:"ref-count,omitempty"`
 	Reserved bool     `json:"reserved,omitempty"`
+	// Scope is set with a cluster identity store: "cluster" (in the store
+	// and used on this node) or "remote" (in the store, used only on
+	// other nodes).
+	Scope string `json:"scope,omitempty"`
 }
 
 // Endpoint is the agent's view of one endpoint (GET /v1/endpoint/{id}).
@@ -181,6 +185,9 @@ type Status struct {
 	// K8s is the connection to the Kubernetes API server (absent in
 	// standalone mode).
 	K8s *K8sStatus `json:"k8s,omitempty"`
+	// ClusterIdentity is the cluster-wide identity store (absent with the
+	// node-local allocator).
+	ClusterIdentity *ClusterIdentityStatus `json:"cluster-identity,omitempty"`
 	// Kvstore is the connection to etcd (absent unless --kvstore etcd).
 	Kvstore *KvstoreStatus `json:"kvstore,omitempty"`
 }
@@ -313,3 +320,25 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// ClusterIdentityStatus reports the cluster-wide identity store.
+type ClusterIdentityStatus struct {
+	// Backend is "kubernetes" or "etcd".
+	Backend string `json:"backend"`
+	// Healthy is false while the store cannot be reached; Since is when
+	// that last changed.
+	Healthy bool      `json:"healthy"`
+	Since   time.Time `json:"since"`
+	// Synced is true once the store's identities were listed.
+	Synced bool `json:"synced"`
+	// Known counts the identities in the store; InUse those endpoints on
+	// this node hold.
+	Known int `json:"known"`
+	InUse int `json:"in-use"`
+	// Waiting counts label sets waiting for the store; WaitingLabels
+	// names some of them.
+	Waiting       int      `json:"waiting"`
+	WaitingLabels []string `json:"waiting-labels,omitempty"`
+	// LastError is the store's or the identity actor's latest failure.
+	LastError string `json:"last-error,omitempty"`
+}

@@ -17,15 +17,18 @@ const (
 	EndpointDeleted      Type = "endpoint-deleted"
 	IdentityAllocated    Type = "identity-allocated"
 	IdentityReleased     Type = "identity-released"
-	PolicyRevision       Type = "policy-revision"
-	DatapathDrop         Type = "datapath-drop"
+	// IdentityWaiting: a label set waits for the cluster identity store
+	// (unreachable); Labels and Message say which and why.
+	IdentityWaiting Type = "identity-waiting"
+	PolicyRevision  Type = "policy-revision"
+	DatapathDrop    Type = "datapath-drop"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, PolicyRevision, DatapathDrop}
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.

@@ -48,10 +48,15 @@ const (
 
 // Identity is a row of the identities table.
 type Identity struct {
-	ID       identity.NumericIdentity
-	Labels   labels.Labels
-	Key      string // Labels.Key(), the unique label-set key
+	ID     identity.NumericIdentity
+	Labels labels.Labels
+	Key    string // Labels.Key(), the unique label-set key
+	// RefCount is the number of local references (endpoint actors on
+	// this node); 0 for an identity known only from the cluster store.
 	RefCount int
+	// Cluster marks an identity the cluster-wide store holds (set only
+	// when the agent runs with an identity backend).
+	Cluster bool
 }
 
 // IP is a row of the ipam table.

@@ -1,0 +1,393 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// clusterMode is the identity actor's state with a cluster identity
+// backend. The actor's allocator then only counts local references
+// (bindings are restored with the backend's numbers); known holds what
+// the store holds. A label set's first local reference sends Acquire to
+// the backend workers and its waiters are answered when the answer comes
+// back as a message; its last local release sends Release the same way.
+type clusterMode struct {
+	w      *backendWorkers
+	cfg    ClusterIdentityConfig
+	status *atomic.Pointer[ClusterIdentityStatus]
+	// known holds the identities the store holds (watch, or an Acquire's
+	// answer), knownByKey the same by label-set key.
+	known      map[identity.NumericIdentity]labels.Labels
+	knownByKey map[string]identity.NumericIdentity
+	// pending holds the label sets waiting for the store, by key.
+	pending map[string]*pendingAcquire
+	lastErr string
+}
+
+// pendingAcquire is a label set whose first local reference waits for
+// the backend: every endpoint actor asking for it meanwhile waits on the
+// same call.
+type pendingAcquire struct {
+	labels   labels.Labels
+	waiters  []acquireWaiter
+	inFlight bool
+	retry    *time.Timer
+	attempts int
+	// confirm: the label set was bound here without the store (see
+	// bindProvisional); retried until the store records the node's use.
+	confirm bool
+}
+
+// acquireWaiter is one IdentityAcquire waiting for the backend.
+type acquireWaiter struct {
+	holder, replyTo *actor.PID
+	// preferred is the restored endpoint's number (0: none).
+	preferred identity.NumericIdentity
+}
+
+func newClusterMode(w *backendWorkers, cfg ClusterIdentityConfig, status *atomic.Pointer[ClusterIdentityStatus]) *clusterMode {
+	return &clusterMode{w: w, cfg: cfg, status: status}
+}
+
+// reset empties the state before a rebuild from the index; the calls in
+// flight of an earlier incarnation answer into nothing pending.
+func (c *clusterMode) reset() {
+	for _, p := range c.pending {
+		if p.retry != nil {
+			p.retry.Stop()
+		}
+	}
+	c.known = make(map[identity.NumericIdentity]labels.Labels)
+	c.knownByKey = make(map[string]identity.NumericIdentity)
+	c.pending = make(map[string]*pendingAcquire)
+}
+
+// learn records that the store holds id with ls and tells the policy
+// actor when the identity is new to this node. It returns false (and
+// records nothing) when ls or id is bound differently here.
+func (a *identityActor) learn(ctx actor.Context, id identity.NumericIdentity, ls labels.Labels) bool {
+	c := a.cluster
+	key := ls.Key()
+	if cur, ok := c.known[id]; ok {
+		return cur.Key() == key
+	}
+	if other, ok := c.knownByKey[key]; ok && other != id {
+		a.log.Error("cluster identity store holds one label set under two identities; keeping the first", "labels", key, "kept", other, "ignored", id)
+		return false
+	}
+	local, inUse := a.alloc.Lookup(id)
+	if inUse && local.Labels.Key() != key {
+		a.log.Error("cluster identity store binds an identity in use here to other labels", "identity", id, "local", local.Labels.Key(), "store", key)
+		return false
+	}
+	if bound, ok := a.alloc.LookupByLabels(ls); ok && bound.ID != id {
+		a.log.Error("cluster identity store numbers a label set in use here differently; the endpoints keep the number they have",
+			"labels", key, "here", bound.ID, "store", id)
+		a.events.Publish(events.Event{Type: events.IdentityWaiting, Identity: uint32(id), Labels: ls.Strings(),
+			Message: fmt.Sprintf("the store numbers these labels %d, endpoints here use %d", id, bound.ID)})
+		return false
+	}
+	c.known[id] = ls
+	c.knownByKey[key] = id
+	if !inUse && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Labels: ls})
+	}
+	a.writeRow(ctx, id)
+	return true
+}
+
+// forget drops id from the known set (the store removed it).
+func (a *identityActor) forget(ctx actor.Context, id identity.NumericIdentity) {
+	c := a.cluster
+	ls, ok := c.known[id]
+	if !ok {
+		return
+	}
+	delete(c.known, id)
+	delete(c.knownByKey, ls.Key())
+	if _, inUse := a.alloc.Lookup(id); inUse {
+		a.log.Error("cluster identity store removed an identity in use on this node; it stays bound here", "identity", id)
+	} else if a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
+	}
+	a.writeRow(ctx, id)
+}
+
+// clusterAcquire answers an IdentityAcquire from the local references
+// when the label set is in use here, else waits (with every other
+// acquirer of the label set) for the backend.
+func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.IdentityAcquire) {
+	if id, ok := identity.LookupReserved(msg.Labels); ok {
+		ls, _ := identity.ReservedLabels(id)
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Identity: identity.Identity{ID: id, Labels: ls}})
+		return
+	}
+	if len(msg.Labels) == 0 {
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Err: fmt.Errorf("acquire identity: empty label set: %w", identity.ErrInvalidLabels)})
+		return
+	}
+	if err := msg.Labels.Validate(); err != nil {
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Err: fmt.Errorf("acquire identity: %w: %w", identity.ErrInvalidLabels, err)})
+		return
+	}
+	if cur, ok := a.alloc.LookupByLabels(msg.Labels); ok { // in use here: the node's use is recorded
+		a.bindHolders(ctx, cur.ID, cur.Labels, []acquireWaiter{{holder: msg.Holder, replyTo: ctx.Sender()}}, false)
+		return
+	}
+	key := msg.Labels.Key()
+	p := a.cluster.pending[key]
+	if p == nil {
+		p = &pendingAcquire{labels: msg.Labels}
+		a.cluster.pending[key] = p
+	}
+	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender(), preferred: msg.Preferred})
+	if !p.inFlight && p.retry == nil {
+		a.startAcquire(ctx, key, p)
+	}
+	a.publishClusterStatus()
+}
+
+// startAcquire hands the backend Acquire of a pending label set to its
+// worker.
+func (a *identityActor) startAcquire(ctx actor.Context, key string, p *pendingAcquire) {
+	p.inFlight = true
+	if err := a.cluster.w.acquire(p.labels); err != nil {
+		p.inFlight = false
+		a.acquireFailed(ctx, key, p, err)
+	}
+}
+
+// clusterAcquired continues a pending label set with the backend's answer.
+func (a *identityActor) clusterAcquired(ctx actor.Context, msg *clusterAcquired) {
+	c := a.cluster
+	p := c.pending[msg.key]
+	if p != nil {
+		p.inFlight = false
+	}
+	err := msg.err
+	if err == nil && (msg.id < identity.MinLocalIdentity || msg.id.IsReserved()) {
+		err = fmt.Errorf("backend answered identity %d, outside the cluster range: %w", msg.id, identity.ErrInvalidIdentity)
+	}
+	if err != nil {
+		if p != nil {
+			a.acquireFailed(ctx, msg.key, p, err)
+		}
+		return
+	}
+	c.lastErr = ""
+	learned := a.learn(ctx, msg.id, msg.labels)
+	if p == nil || len(p.waiters) == 0 {
+		// Nobody here wants it any more (the holders went, or the actor
+		// restarted): drop the node's use unless it is in use anyway.
+		delete(c.pending, msg.key)
+		if _, inUse := a.alloc.Lookup(msg.id); !inUse {
+			a.backendRelease(msg.id, msg.labels)
+		}
+		a.publishClusterStatus()
+		return
+	}
+	delete(c.pending, msg.key)
+	if p.retry != nil {
+		p.retry.Stop()
+	}
+	if !learned {
+		err := fmt.Errorf("acquire identity for %s: backend answered %d, bound differently on this node: %w", msg.key, msg.id, identity.ErrConflict)
+		for _, w := range p.waiters {
+			a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: err})
+		}
+		a.publishClusterStatus()
+		return
+	}
+	a.bindHolders(ctx, msg.id, msg.labels, p.waiters, msg.isNew)
+	a.publishClusterStatus()
+}
+
+// bindHolders gives each waiter one local reference on id (a holder holds
+// at most one) and answers it.
+func (a *identityActor) bindHolders(ctx actor.Context, id identity.NumericIdentity, ls labels.Labels, ws []acquireWaiter, isNew bool) {
+	refs := 0
+	if cur, ok := a.alloc.Lookup(id); ok {
+		refs, ls = cur.RefCount, cur.Labels
+	}
+	for _, w := range ws {
+		if w.holder != nil && !slices.Contains(a.holders[w.holder.Id], id) {
+			refs++
+			a.hold(ctx, w.holder.Id, id)
+			a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id, w.holder.Id), &index.IdentityLease{ID: id, Holder: w.holder.Id})
+		}
+	}
+	var err error
+	if refs > 0 {
+		err = a.alloc.Restore(identity.Identity{ID: id, Labels: ls, RefCount: refs})
+	}
+	if err != nil {
+		err = fmt.Errorf("acquire identity for %s: %w", ls.Key(), err)
+	} else if isNew {
+		a.events.Publish(events.Event{Type: events.IdentityAllocated, Identity: uint32(id), Labels: ls.Strings()})
+	}
+	a.writeRow(ctx, id)
+	got, _ := a.alloc.Lookup(id)
+	for i, w := range ws {
+		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Identity: got, IsNew: isNew && i == 0, Err: err})
+	}
+}
+
+// acquireFailed answers the waiters of a pending label set with the
+// failure (their endpoints show it and retry) and retries with backoff,
+// at most Attempts times.
+func (a *identityActor) acquireFailed(ctx actor.Context, key string, p *pendingAcquire, err error) {
+	c := a.cluster
+	c.lastErr = err.Error()
+	if p.attempts == 0 {
+		a.log.Warn("cluster identity store unavailable; the label set waits for it", "labels", key, "err", err)
+		a.events.Publish(events.Event{Type: events.IdentityWaiting, Labels: p.labels.Strings(), Message: err.Error()})
+	}
+	p.attempts++
+	if id := a.provisional(key, p); id != identity.IdentityUnknown {
+		a.bindProvisional(ctx, id, p)
+	}
+	werr := fmt.Errorf("acquire identity for %s (attempt %d, retrying): %w: %w", key, p.attempts, ErrIdentityStoreUnavailable, err)
+	for _, w := range p.waiters {
+		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: werr})
+	}
+	p.waiters = nil
+	if p.attempts >= c.cfg.Attempts && !p.confirm {
+		delete(c.pending, key)
+	} else {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		p.retry = time.AfterFunc(backoff(c.cfg.RetryMin, c.cfg.RetryMax, p.attempts-1), func() { root.Send(self, &clusterRetry{key: key}) })
+	}
+	a.publishClusterStatus()
+}
+
+// provisional returns the number a label set the store cannot be asked
+// about may use meanwhile: the one the watch reported for it, else a
+// restored endpoint's own number (an agent restarted while the API server
+// is unreachable keeps its endpoints' numbers, as with the local
+// allocator) when nothing here binds that number otherwise. 0: none; the
+// label set waits.
+func (a *identityActor) provisional(key string, p *pendingAcquire) identity.NumericIdentity {
+	if id, ok := a.cluster.knownByKey[key]; ok {
+		if cur, used := a.alloc.Lookup(id); !used || cur.Labels.Key() == key {
+			return id
+		}
+	}
+	for _, w := range p.waiters {
+		id := w.preferred
+		if id < identity.MinLocalIdentity || id.IsReserved() {
+			continue
+		}
+		if _, used := a.alloc.Lookup(id); used {
+			continue
+		}
+		if ls, ok := a.cluster.known[id]; ok && ls.Key() != key {
+			continue
+		}
+		return id
+	}
+	return identity.IdentityUnknown
+}
+
+// bindProvisional binds the waiting label set to id without the store
+// and answers the waiters; the pending entry stays and is retried until
+// the store records this node's use (then the number is confirmed, or a
+// differing one is logged and reported).
+func (a *identityActor) bindProvisional(ctx actor.Context, id identity.NumericIdentity, p *pendingAcquire) {
+	if _, known := a.cluster.known[id]; !known && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Labels: p.labels})
+	}
+	a.log.Warn("cluster identity store unavailable; label set bound to its known number until the store confirms it", "labels", p.labels.Key(), "identity", id)
+	a.bindHolders(ctx, id, p.labels, p.waiters, false)
+	p.waiters = nil
+	p.confirm = true
+}
+
+// clusterRetried starts the next attempt of a pending label set.
+func (a *identityActor) clusterRetried(ctx actor.Context, key string) {
+	p := a.cluster.pending[key]
+	if p == nil || p.inFlight {
+		return
+	}
+	p.retry = nil
+	a.startAcquire(ctx, key, p)
+}
+
+// backendRelease hands the backend Release of id to its worker.
+func (a *identityActor) backendRelease(id identity.NumericIdentity, ls labels.Labels) {
+	if err := a.cluster.w.release(id, ls); err != nil {
+		// Only keeps the identity alive in the store; GC never removes
+		// an identity a node marks as used.
+		a.log.Error("releasing a cluster identity: not queued", "identity", id, "err", err)
+	}
+}
+
+// clusterWatched applies one event of the store's watch.
+func (a *identityActor) clusterWatched(ctx actor.Context, ev identity.ClusterEvent) {
+	switch ev.Kind {
+	case identity.ClusterUpsert:
+		if ev.ID < identity.MinLocalIdentity || ev.ID.IsReserved() || ev.Labels.Validate() != nil || len(ev.Labels) == 0 {
+			a.log.Error("cluster identity store reports an invalid identity; ignored", "identity", ev.ID, "labels", ev.Labels.Key())
+			return
+		}
+		if cur, ok := a.cluster.known[ev.ID]; ok && cur.Key() != ev.Labels.Key() {
+			a.forget(ctx, ev.ID)
+		}
+		a.learn(ctx, ev.ID, ev.Labels)
+	case identity.ClusterDelete:
+		a.forget(ctx, ev.ID)
+	case identity.ClusterSynced:
+		a.log.Info("cluster identities synced", "known", len(a.cluster.known))
+	}
+	a.publishClusterStatus()
+}
+
+// publishClusterStatus publishes the state /v1/status shows.
+func (a *identityActor) publishClusterStatus() {
+	c := a.cluster
+	st := &ClusterIdentityStatus{Known: len(c.known), Waiting: len(c.pending), LastError: c.lastErr}
+	for key := range c.pending {
+		if len(st.WaitingLabels) == 10 {
+			break
+		}
+		st.WaitingLabels = append(st.WaitingLabels, key)
+	}
+	slices.Sort(st.WaitingLabels)
+	c.status.Store(st)
+}
+
+// confirmUnconfirmed asks the store again, after a rebuild, for the label
+// sets bound here without it (bindProvisional): the earlier incarnation's
+// retries died with it.
+func (a *identityActor) confirmUnconfirmed(ctx actor.Context, rows []*index.Identity) {
+	for _, row := range rows {
+		if _, inUse := a.alloc.Lookup(row.ID); !inUse || row.Cluster {
+			continue
+		}
+		p := &pendingAcquire{labels: row.Labels, confirm: true}
+		a.cluster.pending[row.Key] = p
+		a.startAcquire(ctx, row.Key, p)
+	}
+	a.publishClusterStatus()
+}
+
+// rebuildCluster restores the known identities recorded in the index.
+func (a *identityActor) rebuildCluster(rows []*index.Identity) {
+	a.cluster.reset()
+	for _, row := range rows {
+		if row.Cluster {
+			a.cluster.known[row.ID] = row.Labels
+			a.cluster.knownByKey[row.Key] = row.ID
+		}
+	}
+	a.publishClusterStatus()
+}
