@@ -17,8 +17,8 @@ type kvstoreMode struct {
 	// identities is the etcd identity backend the actor system uses (nil
 	// when the caller passed its own in Actors.IdentityBackend).
 	identities *kvstore.IdentityBackend
-	pub    *kvstore.Publisher // nil until startKvstore
-	mirror *kvstore.Mirror    // nil until startKvstore
+	pub        *kvstore.Publisher // nil until startKvstore
+	mirror     *kvstore.Mirror    // nil until startKvstore
 }
 
 // connectKvstore connects to etcd (without waiting for it: the agent
