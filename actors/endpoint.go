@@ -81,6 +81,7 @@ type regenState struct {
 	pendingWaiters []*actor.PID
 	proxyWait      map[string]struct{} // proxies yet to acknowledge rev
 	earlyAcks      map[string]struct{} // acks of rev that beat the realize result
+	rejected       string              // a proxy rejection of rev that beat the realize result
 	proxyTimer     *time.Timer
 	retryTimer     *time.Timer
 

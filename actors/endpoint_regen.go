@@ -213,6 +213,11 @@ func (a *endpointActor) realized(ctx actor.Context, v any, err error) {
 		return
 	}
 	a.phaseDone(phaseRealize)
+	if r := a.regen.rejected; r != "" {
+		a.regen.rejected = ""
+		a.regenFailed(ctx, fmt.Errorf("%w: %s", ErrProxyRejected, r))
+		return
+	}
 	res, _ := v.(datapath.Realized)
 	if len(res.ProxyWaits) == 0 {
 		a.completeRegen(ctx, false)
@@ -237,6 +242,10 @@ func (a *endpointActor) realized(ctx actor.Context, v any, err error) {
 }
 
 func (a *endpointActor) proxyAck(ctx actor.Context, msg *messages.ProxyAck) {
+	if msg.Rejected != "" {
+		a.proxyRejected(ctx, msg)
+		return
+	}
 	if a.regen.running && msg.Revision == a.regen.rev && a.regen.proxyWait == nil {
 		// Acknowledged before the realize result came back: remember it.
 		if a.regen.earlyAcks == nil {
@@ -253,6 +262,25 @@ func (a *endpointActor) proxyAck(ctx actor.Context, msg *messages.ProxyAck) {
 	if len(a.regen.proxyWait) == 0 {
 		a.completeRegen(ctx, false)
 	}
+}
+
+// proxyRejected fails the running regeneration whose configuration the
+// proxy rejected (before or after the realize result came back).
+func (a *endpointActor) proxyRejected(ctx actor.Context, msg *messages.ProxyAck) {
+	if !a.regen.running || msg.Revision != a.regen.rev {
+		a.logger().Debug("ignoring stale proxy rejection", "revision", msg.Revision, "proxy", msg.ProxyID)
+		return
+	}
+	a.deps.counters.proxyRejects.Add(1)
+	if a.regen.proxyWait == nil {
+		// The realize step is still running: fail when it comes back.
+		a.regen.rejected = fmt.Sprintf("proxy %s rejected the configuration: %s", msg.ProxyID, msg.Rejected)
+		return
+	}
+	if a.op == PhaseProxyWait {
+		a.phaseDone(phaseProxyWait)
+	}
+	a.regenFailed(ctx, fmt.Errorf("%w: proxy %s rejected the configuration: %s", ErrProxyRejected, msg.ProxyID, msg.Rejected))
 }
 
 func (a *endpointActor) proxyTimedOut(ctx actor.Context, msg *proxyTimeout) {
@@ -294,7 +322,7 @@ func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 	if a.op == PhaseProxyWait {
 		a.setOp("")
 	}
-	a.regen.proxyWait, a.regen.earlyAcks = nil, nil
+	a.regen.proxyWait, a.regen.earlyAcks, a.regen.rejected = nil, nil, ""
 	if a.regen.proxyTimer != nil {
 		a.regen.proxyTimer.Stop()
 		a.regen.proxyTimer = nil

@@ -29,6 +29,9 @@ var (
 	// ErrDatapath is wrapped by errors of a regeneration whose datapath
 	// operation (realise) failed; the underlying error says why.
 	ErrDatapath = errors.New("datapath operation failed")
+	// ErrProxyRejected is wrapped by errors of a regeneration whose proxy
+	// configuration the proxy rejected (an xDS NACK).
+	ErrProxyRejected = errors.New("proxy rejected the configuration")
 	// ErrStateStays is returned by a delete whose state removal failed:
 	// the endpoint is gone from the agent but may come back at the next
 	// start, so the delete is not acknowledged.

@@ -251,6 +251,16 @@ func (s *System) ProxyAck(id endpoint.ID, revision uint64, proxyID string) {
 	s.Actors.Root.Send(s.endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
 }
 
+// ProxyNack delivers a proxy's rejection of the configuration an
+// endpoint's revision needs: that regeneration fails (and is retried
+// with backoff). It never blocks.
+func (s *System) ProxyNack(id endpoint.ID, revision uint64, proxyID, reason string) {
+	if reason == "" {
+		reason = "rejected without a reason"
+	}
+	s.Actors.Root.Send(s.endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID, Rejected: reason})
+}
+
 // endpointAnswer turns an endpoint actor's answer into the endpoint or an
 // error.
 func endpointAnswer(res any, err error) (*endpoint.Endpoint, error) {

@@ -34,13 +34,13 @@ type System struct {
 
 // Counters are the actor system's cumulative counters.
 type Counters struct {
-	regenRequested, regenRun, regenFailed, proxyTimeouts atomic.Uint64
-	indexTxns, indexRows                                 atomic.Uint64
+	regenRequested, regenRun, regenFailed, proxyTimeouts, proxyRejects atomic.Uint64
+	indexTxns, indexRows                                               atomic.Uint64
 }
 
 // CounterValues is a snapshot of Counters.
 type CounterValues struct {
-	RegenerationsRequested, RegenerationsRun, RegenerationsFailed, ProxyTimeouts uint64
+	RegenerationsRequested, RegenerationsRun, RegenerationsFailed, ProxyTimeouts, ProxyRejects uint64
 	// IndexTransactions and IndexRows count the index writer's commits
 	// and the row changes they held.
 	IndexTransactions, IndexRows uint64
@@ -126,6 +126,9 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 		endpoints: children["endpoints"], gc: children["gc"], nodes: children["nodes"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, asker: asks, log: log}
 	dp.SetProxyAck(s.ProxyAck)
+	if n, ok := dp.(datapath.ProxyNacker); ok {
+		n.SetProxyNack(s.ProxyNack)
+	}
 	if deps.backend != nil {
 		deps.backend.startWatch()
 	}
@@ -149,7 +152,7 @@ func (s *System) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) 
 func (s *System) Counters() CounterValues {
 	c := s.deps.counters
 	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
-		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(),
+		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(), ProxyRejects: c.proxyRejects.Load(),
 		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load()}
 }
 
@@ -166,6 +169,9 @@ func (s *System) MailboxStats(pidID string) *MailboxStats { return s.deps.stats(
 // datapath state stay as they are, for the next start to restore.
 func (s *System) Stop() {
 	s.Datapath.SetProxyAck(nil)
+	if n, ok := s.Datapath.(datapath.ProxyNacker); ok {
+		n.SetProxyNack(nil)
+	}
 	_ = s.Actors.Root.StopFuture(s.agent).Wait()
 	s.deps.stopBackend()
 	s.Actors.Shutdown()

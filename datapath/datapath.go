@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -34,6 +35,30 @@ type Realized struct {
 // ProxyAckFunc delivers a proxy's acknowledgement of an endpoint revision
 // to the agent. It must not block.
 type ProxyAckFunc func(id endpoint.ID, revision uint64, proxyID string)
+
+// L7Status is the L7 proxy's state (see L7StatusReader).
+type L7Status struct {
+	Process l7proxy.SupervisorStatus `json:"process"`
+	Version uint64                   `json:"version"`
+	Acks    l7proxy.TrackerStatus    `json:"acks"`
+}
+
+// L7StatusReader is implemented by datapaths with an L7 proxy (the
+// Linux datapath); L7Status is nil when L7 is off.
+type L7StatusReader interface {
+	L7Status() *L7Status
+}
+
+// ProxyNackFunc delivers a proxy's rejection of the configuration an
+// endpoint revision needs. It must not block.
+type ProxyNackFunc func(id endpoint.ID, revision uint64, proxyID, reason string)
+
+// ProxyNacker is implemented by datapaths whose proxies can reject a
+// configuration (the Linux datapath's L7 proxy).
+type ProxyNacker interface {
+	// SetProxyNack installs the function rejections are delivered with.
+	SetProxyNack(fn ProxyNackFunc)
+}
 
 // Datapath realises endpoints in the kernel. Implementations are safe for
 // concurrent use on different endpoints; the agent never runs two

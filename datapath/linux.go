@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,17 @@ type LinuxConfig struct {
 	CTGC CTGCConfig
 	// Nodes configures the routes to other nodes' pods (NodeRouter).
 	Nodes NodesConfig
+	// L7 configures the L7 proxy (off unless ProxyPath is set).
+	L7 L7Config
+}
+
+// L7Config configures the Linux datapath's L7 proxy: the agent serves
+// xDS on XDSSocket and runs ProxyPath (cmd/membrane-proxy) listening on
+// Listen, restarting it with a backoff between MinBackoff and MaxBackoff
+// (reset after a run of StableAfter).
+type L7Config struct {
+	ProxyPath, XDSSocket, Listen        string
+	MinBackoff, MaxBackoff, StableAfter time.Duration
 }
 
 // DefaultTunnelDevice is NodesConfig.TunnelDevice's default.
@@ -145,12 +157,48 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 		c.BPFFS = DefaultBPFFS
 	}
 	c.CTGC = c.CTGC.WithDefaults()
+	c.L7 = c.L7.withDefaults()
 	c.Nodes = c.Nodes.WithDefaults()
 	return c
 }
 
+func (c L7Config) withDefaults() L7Config {
+	if c.ProxyPath == "" {
+		return c
+	}
+	if c.XDSSocket == "" {
+		c.XDSSocket = "/var/run/membrane/xds.sock"
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:15001"
+	}
+	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 10*time.Second)
+	c.StableAfter = cmp.Or(c.StableAfter, 30*time.Second)
+	return c
+}
+
+func (c L7Config) validate() error {
+	if c.ProxyPath == "" {
+		return nil
+	}
+	if !filepath.IsAbs(c.ProxyPath) || !filepath.IsAbs(c.XDSSocket) {
+		return fmt.Errorf("linux datapath: L7 ProxyPath %q and XDSSocket %q: want absolute paths: %w", c.ProxyPath, c.XDSSocket, ErrInvalidConfig)
+	}
+	if _, err := netip.ParseAddrPort(c.Listen); err != nil {
+		return fmt.Errorf("linux datapath: L7 Listen %q: %w: %w", c.Listen, err, ErrInvalidConfig)
+	}
+	if c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
+		return fmt.Errorf("linux datapath: L7 backoff %v..%v: %w", c.MinBackoff, c.MaxBackoff, ErrInvalidConfig)
+	}
+	return nil
+}
+
 // Validate names the bad field.
 func (c LinuxConfig) Validate() error {
+	if err := c.L7.validate(); err != nil {
+		return err
+	}
 	if n := len(c.GatewayDevice); n == 0 || n > 15 {
 		return fmt.Errorf("linux datapath: GatewayDevice %q: want 1..15 bytes: %w", c.GatewayDevice, ErrInvalidConfig)
 	}

@@ -25,6 +25,7 @@ func (l *Linux) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identit
 		if err := b.maps.ipcache.Update(ipcacheKey(prefix), v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
 		}
+		l.ipcacheL7(prefix, id, false)
 		return nil
 	})
 }
@@ -39,6 +40,7 @@ func (l *Linux) DeleteIPCache(_ context.Context, prefix netip.Prefix) error {
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete ipcache %s: %w", prefix, err)
 		}
+		l.ipcacheL7(prefix, 0, true)
 		return nil
 	})
 }

@@ -50,6 +50,7 @@ type Linux struct {
 	ctStats CTGCStats
 	ctStop  chan struct{}
 
+	l7    linuxL7   // the L7 proxy (linux_l7_linux.go; own lock)
 	nodes nodeState // the node router's (own lock)
 }
 
@@ -87,9 +88,6 @@ func (l *Linux) SetHooks(h LinuxHooks) {
 	l.mu.Unlock()
 }
 
-// SetProxyAck implements Datapath (no proxies yet: nothing to acknowledge).
-func (l *Linux) SetProxyAck(ProxyAckFunc) {}
-
 // Init implements Datapath: it opens the host netns, makes sure the
 // gateway device exists, is up and holds every gateway address.
 // Idempotent.
@@ -112,6 +110,9 @@ func (l *Linux) Init(ctx context.Context) error {
 		if err := l.ensureMasquerade(); err != nil {
 			return fmt.Errorf("linux datapath init: %w", err)
 		}
+	}
+	if err := l.initL7(); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
 		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
@@ -213,6 +214,7 @@ func (l *Linux) Close() error {
 		return nil
 	}
 	l.closed = true
+	defer l.closeL7()
 	if l.ctStop != nil {
 		close(l.ctStop)
 	}
@@ -247,16 +249,29 @@ func (l *Linux) Close() error {
 
 // Realize implements Datapath (see realize).
 func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
+	kernel := ep
+	if ep.Policy.HasL7() {
+		cp := *ep
+		cp.Policy = l4ForProxy(ep.Policy)
+		kernel = &cp
+	}
 	err = l.guard(func() error {
-		r, err = l.realize(ep)
+		r, err = l.realize(kernel)
 		return err
 	})
-	return r, err
+	if err != nil {
+		return r, err
+	}
+	return l.realizeL7(ep, rev)
 }
 
 // Remove implements Datapath (see remove).
 func (l *Linux) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
-	return l.guard(func() error { return l.remove(ep) })
+	err := l.guard(func() error { return l.remove(ep) })
+	if err == nil {
+		l.removeL7(ep.ID)
+	}
+	return err
 }
 
 // Check implements Datapath: ErrEndpointMissing if the host interface is

@@ -48,11 +48,14 @@ type Regenerate struct {
 	Reason string
 }
 
-// ProxyAck acknowledges that a proxy realised an endpoint's revision. No reply.
+// ProxyAck acknowledges that a proxy realised an endpoint's revision,
+// or, with Rejected set, that it rejected the configuration the revision
+// needs (Rejected is the proxy's reason). No reply.
 type ProxyAck struct {
 	ID       endpoint.ID
 	Revision uint64
 	ProxyID  string
+	Rejected string
 }
 
 // EndpointResult answers the endpoint messages. Endpoint is the snapshot

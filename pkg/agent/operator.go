@@ -92,6 +92,8 @@ func (a *Agent) sample() metrics.Sample {
 	_, byState := a.Index.CountEndpoints()
 	smp := metrics.Sample{EndpointsByState: make(map[string]int, len(byState)), IPAM: map[string]metrics.IPAMSample{},
 		Identities: len(a.Index.Identities()), DeleteQueue: -1}
+	c := a.System.Counters()
+	smp.ProxyWaitTimeouts, smp.ProxyRejects = c.ProxyTimeouts, c.ProxyRejects
 	for st, n := range byState {
 		smp.EndpointsByState[string(st)] = n
 	}

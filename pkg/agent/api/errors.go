@@ -15,26 +15,27 @@ import (
 
 // Error codes of the API, in the "code" field of error bodies.
 const (
-	CodeInvalid           = "invalid-argument"       // 400: bad JSON, unknown or bad field, bad ID
-	CodeInvalidAddress    = "invalid-address"        // 400: address outside the pool or reserved
-	CodeNotFound          = "not-found"              // 404
-	CodeConflict          = "conflict"               // 409: duplicate endpoint ID, container or address
-	CodeAddressInUse      = "address-in-use"         // 409: address allocated or claimed
-	CodeDeleting          = "endpoint-deleting"      // 409: the endpoint is being deleted
-	CodeIPAMExhausted     = "ipam-exhausted"         // 507: no free address in the pool
-	CodeIDsExhausted      = "endpoint-ids-exhausted" // 507: all endpoint IDs in use
-	CodeIdentityExhausted = "identity-exhausted"     // 507: no free security identity
-	CodeStarting          = "starting"               // 503: the agent is restoring
-	CodeShuttingDown      = "shutting-down"          // 503: the agent is stopping
-	CodeTimeout           = "timeout"                // 504: the actors did not answer in time
-	CodeDatapath          = "datapath-error"         // 502: realising the endpoint failed
-	CodeStateDiskFull     = "state-disk-full"        // 507: the state directory's file system is full
-	CodeStateWrite        = "state-write-failed"     // 500: writing the endpoint's state failed otherwise
-	CodeInternal          = "internal"               // 500
-	CodeMethodNotAllowed  = "method-not-allowed"     // 405
-	CodeRequestTooLarge   = "request-too-large"      // 413
-	CodeBodyTimeout       = "request-timeout"        // 408: the body did not arrive within the body timeout
-	CodeUnhealthy         = "endpoint-unhealthy"     // 503: GET /v1/endpoint/{id}/healthz of an unhealthy endpoint
+	CodeInvalid           = "invalid-argument"           // 400: bad JSON, unknown or bad field, bad ID
+	CodeInvalidAddress    = "invalid-address"            // 400: address outside the pool or reserved
+	CodeNotFound          = "not-found"                  // 404
+	CodeConflict          = "conflict"                   // 409: duplicate endpoint ID, container or address
+	CodeAddressInUse      = "address-in-use"             // 409: address allocated or claimed
+	CodeDeleting          = "endpoint-deleting"          // 409: the endpoint is being deleted
+	CodeIPAMExhausted     = "ipam-exhausted"             // 507: no free address in the pool
+	CodeIDsExhausted      = "endpoint-ids-exhausted"     // 507: all endpoint IDs in use
+	CodeIdentityExhausted = "identity-exhausted"         // 507: no free security identity
+	CodeStarting          = "starting"                   // 503: the agent is restoring
+	CodeShuttingDown      = "shutting-down"              // 503: the agent is stopping
+	CodeIdentityStore     = "identity-store-unavailable" // 503: a new label set waits for the cluster identity store; retry
+	CodeTimeout           = "timeout"                    // 504: the actors did not answer in time
+	CodeDatapath          = "datapath-error"             // 502: realising the endpoint failed
+	CodeStateDiskFull     = "state-disk-full"            // 507: the state directory's file system is full
+	CodeStateWrite        = "state-write-failed"         // 500: writing the endpoint's state failed otherwise
+	CodeInternal          = "internal"                   // 500
+	CodeMethodNotAllowed  = "method-not-allowed"         // 405
+	CodeRequestTooLarge   = "request-too-large"          // 413
+	CodeBodyTimeout       = "request-timeout"            // 408: the body did not arrive within the body timeout
+	CodeUnhealthy         = "endpoint-unhealthy"         // 503: GET /v1/endpoint/{id}/healthz of an unhealthy endpoint
 )
 
 // apiError is an error with its HTTP status and code.
@@ -82,6 +83,8 @@ func classify(err error) (int, string) {
 		return http.StatusInternalServerError, CodeStateWrite
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, CodeTimeout
+	case errors.Is(err, actors.ErrIdentityStoreUnavailable):
+		return http.StatusServiceUnavailable, CodeIdentityStore
 	case errors.Is(err, actors.ErrPoolClosed):
 		return http.StatusServiceUnavailable, CodeShuttingDown
 	case errors.Is(err, actors.ErrDatapath):

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
@@ -212,6 +213,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.kvstore.Load(); fn != nil {
 		st.Kvstore = (*fn)()
 	}
+	st.L7Proxy = l7Status(s.sys.Datapath)
 	if ci, ok := s.sys.ClusterIdentities(); ok {
 		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,
 			Synced: ci.Store.Synced, Known: ci.Known, InUse: ci.InUse, Waiting: ci.Waiting, WaitingLabels: ci.WaitingLabels, LastError: ci.Store.LastError}
@@ -230,4 +232,19 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		st.Code = CodeStarting
 	}
 	writeJSON(w, status, st)
+}
+
+// l7Status is the datapath's L7 proxy state for GET /v1/status (nil when
+// the datapath has none or L7 is off).
+func l7Status(dp datapath.Datapath) *models.L7ProxyStatus {
+	r, ok := dp.(datapath.L7StatusReader)
+	if !ok {
+		return nil
+	}
+	st := r.L7Status()
+	if st == nil {
+		return nil
+	}
+	return &models.L7ProxyStatus{PID: st.Process.PID, Restarts: st.Process.Restarts, LastExit: st.Process.LastExit,
+		Version: st.Version, Acked: st.Acks.Acked, Pending: st.Acks.Pending, Nacks: st.Acks.Nacks, LastNack: st.Acks.LastNack}
 }

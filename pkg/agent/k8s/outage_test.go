@@ -34,7 +34,11 @@ func startOwnAgent(t *testing.T, env *kubetest.Env) *cluster {
 		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.206.0.0/24"), Datapath: "fake", Fake: datapath.NewFake(1),
 		K8s: &k8s.Config{REST: env.Config, NodeName: nodeName, PodWait: 5 * time.Second, SyncTimeout: time.Minute,
-			ProbeInterval: 100 * time.Millisecond},
+			ProbeInterval: 100 * time.Millisecond,
+			// Node-local identities: this test creates a pod with a new
+			// label set during the outage, which crd identities make wait
+			// for the API server (identitycrd's outage tests cover that).
+			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}},
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -29,6 +29,9 @@ type Sample struct {
 	// DeleteQueue is the number of queued CNI DELs; negative if unknown
 	// (no queue directory configured).
 	DeleteQueue int
+	// ProxyWaitTimeouts and ProxyRejects count regenerations whose proxy
+	// acknowledgement timed out or whose configuration the proxy rejected.
+	ProxyWaitTimeouts, ProxyRejects uint64
 }
 
 // IPAMSample is one family's pool usage.
@@ -51,6 +54,7 @@ type Metrics struct {
 	ipamFree    *prometheus.Desc
 	identities  *prometheus.Desc
 	deleteQueue *prometheus.Desc
+	proxyWaits  *prometheus.Desc
 }
 
 // New creates the metrics on a fresh registry, with the Go runtime and
@@ -92,6 +96,8 @@ func New() *Metrics {
 	m.ipamFree = desc("ipam_free_addresses", "Free addresses per family.", "family")
 	m.identities = desc("identities", "Allocated security identities (reserved ones excluded).")
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
+	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
+		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -142,7 +148,7 @@ type sampled Metrics
 
 // Describe implements prometheus.Collector.
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue} {
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits} {
 		ch <- d
 	}
 }
@@ -174,4 +180,6 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 	if smp.DeleteQueue >= 0 {
 		gauge(s.deleteQueue, float64(smp.DeleteQueue))
 	}
+	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyWaitTimeouts), "timeout")
+	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyRejects), "rejected")
 }

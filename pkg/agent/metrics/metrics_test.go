@@ -30,7 +30,7 @@ func TestScrape(t *testing.T) {
 			EndpointsByState: map[string]int{"ready": 7, "regenerating": 1},
 			MailboxDepth:     map[string]int64{"endpoint": 4}, MailboxDepthMax: map[string]int64{"endpoint": 3},
 			IPAM:       map[string]IPAMSample{"ipv4": {Used: 8, Free: 245}},
-			Identities: 2, DeleteQueue: -1,
+			Identities: 2, DeleteQueue: -1, ProxyWaitTimeouts: 3, ProxyRejects: 1,
 		}
 	})
 	m.ObserveRequest("GET /v1/endpoint", "GET", 200, 3*time.Millisecond)
@@ -49,6 +49,8 @@ func TestScrape(t *testing.T) {
 		`membrane_ipam_used_addresses{family="ipv4"} 8`,
 		`membrane_ipam_free_addresses{family="ipv4"} 245`,
 		`membrane_identities 2`,
+		`membrane_proxy_wait_failures_total{result="timeout"} 3`,
+		`membrane_proxy_wait_failures_total{result="rejected"} 1`,
 		`membrane_restore_duration_seconds 1.5`,
 		`membrane_api_request_duration_seconds_count{code="200",method="GET",route="GET /v1/endpoint"} 2`,
 		`membrane_api_request_duration_seconds_bucket{code="200",method="GET",route="GET /v1/endpoint",le="0.005"} 1`,

@@ -132,6 +132,8 @@ func (p *parser) identity(id *models.Identity) bool {
 			return 4, ok
 		case "reserved":
 			return 8, p.bool(&id.Reserved)
+		case "scope":
+			return 16, p.str(&id.Scope)
 		}
 		return 0, false
 	}, &seen)

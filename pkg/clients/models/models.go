@@ -185,6 +185,8 @@ type Status struct {
 	// K8s is the connection to the Kubernetes API server (absent in
 	// standalone mode).
 	K8s *K8sStatus `json:"k8s,omitempty"`
+	// L7Proxy is the L7 proxy's state (absent when L7 is off).
+	L7Proxy *L7ProxyStatus `json:"l7Proxy,omitempty"`
 	// ClusterIdentity is the cluster-wide identity store (absent with the
 	// node-local allocator).
 	ClusterIdentity *ClusterIdentityStatus `json:"cluster-identity,omitempty"`
@@ -215,6 +217,20 @@ type KvstoreStatus struct {
 	Published       int `json:"published"`
 	RemoteEndpoints int `json:"remote-endpoints"`
 	RemoteNodes     int `json:"remote-nodes"`
+}
+
+// L7ProxyStatus reports the L7 proxy process and its configuration
+// versions: the current one, the highest it acknowledged, the endpoint
+// revisions waiting for an acknowledgement, and its rejections.
+type L7ProxyStatus struct {
+	PID      int    `json:"pid"`
+	Restarts int    `json:"restarts"`
+	LastExit string `json:"lastExit,omitempty"`
+	Version  uint64 `json:"version"`
+	Acked    uint64 `json:"acked"`
+	Pending  int    `json:"pending"`
+	Nacks    uint64 `json:"nacks"`
+	LastNack string `json:"lastNack,omitempty"`
 }
 
 // K8sStatus reports the agent's Kubernetes watchers.

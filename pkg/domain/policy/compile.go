@@ -26,6 +26,9 @@ type PeerRule struct {
 	Any   bool
 	Peers []Selector
 	Ports []PortProto
+	// HTTP, when not nil, redirects Ports to the L7 proxy, which allows
+	// only requests matching one of the rules (toPorts[].rules.http[]).
+	HTTP []HTTPRule
 }
 
 // PortProto is a destination port (0: any) and an IP protocol.
@@ -104,28 +107,104 @@ func compileCNPRule(r *cnpRule, ns, path string, nsFree bool) (Rule, error) {
 	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil, EgressEnforced: r.Egress != nil}
 	if r.Ingress != nil {
 		for i, in := range *r.Ingress {
-			pr, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, nsFree, "from",
+			prs, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, nsFree, "from",
 				in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
 			if err != nil {
 				return Rule{}, err
 			}
-			rule.Ingress = append(rule.Ingress, pr)
+			rule.Ingress = append(rule.Ingress, prs...)
 		}
 	}
 	if r.Egress != nil {
 		for i, eg := range *r.Egress {
-			pr, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, nsFree, "to",
+			prs, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, nsFree, "to",
 				eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
 			if err != nil {
 				return Rule{}, err
 			}
-			rule.Egress = append(rule.Egress, pr)
+			rule.Egress = append(rule.Egress, prs...)
 		}
 	}
 	return rule, nil
 }
 
-func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) (PeerRule, error) {
+// compileCNPPeers compiles one ingress or egress entry: one peer rule
+// for its L4 ports, and one per toPorts entry with L7 rules.
+func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) ([]PeerRule, error) {
+	pr, err := compilePeers(path, ns, nsFree, dir, eps, cidrs, sets, entities)
+	if err != nil {
+		return nil, err
+	}
+	var out []PeerRule
+	l4 := pr
+	for i, p := range ports {
+		pp := fmt.Sprintf("%s.toPorts[%d]", path, i)
+		got, err := compilePortRule(p, pp)
+		if err != nil {
+			return nil, err
+		}
+		if p.Rules == nil {
+			l4.Ports = append(l4.Ports, got...)
+			continue
+		}
+		http, err := compileHTTPRules(p.Rules, pp+".rules")
+		if err != nil {
+			return nil, err
+		}
+		l7 := pr
+		l7.Ports, l7.HTTP = got, http
+		out = append(out, l7)
+	}
+	if len(ports) == 0 || len(l4.Ports) > 0 {
+		out = append([]PeerRule{l4}, out...)
+	}
+	return out, nil
+}
+
+func compilePortRule(p portRule, path string) ([]PortProto, error) {
+	var out []PortProto
+	for j, pp := range p.Ports {
+		got, err := compilePort(pp.Port, pp.EndPort, pp.Protocol, "ANY", fmt.Sprintf("%s.ports[%d]", path, j))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	if p.Rules == nil {
+		return out, nil
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s.rules: L7 rules need at least one port", path)
+	}
+	for _, pp := range out {
+		if pp.Port == 0 || pp.Proto != ProtoTCP {
+			return nil, fmt.Errorf("%s.ports: L7 rules need TCP ports (give protocol: TCP and a port)", path)
+		}
+	}
+	return out, nil
+}
+
+func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
+	if r.HTTP == nil {
+		return nil, fmt.Errorf("%s.http: missing (the only supported L7 protocol)", path)
+	}
+	if len(r.HTTP) > maxHTTPRules {
+		return nil, fmt.Errorf("%s.http: %d rules, more than %d", path, len(r.HTTP), maxHTTPRules)
+	}
+	out := make([]HTTPRule, 0, max(len(r.HTTP), 1))
+	for i, h := range r.HTTP {
+		if _, err := CompileHTTPRule(h, fmt.Sprintf("%s.http[%d]", path, i)); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	if len(out) == 0 {
+		out = append(out, HTTPRule{}) // http: [] allows every request, through the proxy
+	}
+	return out, nil
+}
+
+func compilePeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string) (PeerRule, error) {
 	var pr PeerRule
 	for i := range eps {
 		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, nsFree)
@@ -163,15 +242,6 @@ func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelect
 	}
 	if pr.Any {
 		pr.Peers = nil
-	}
-	for i, p := range ports {
-		for j, pp := range p.Ports {
-			got, err := compilePort(pp.Port, pp.EndPort, pp.Protocol, "ANY", fmt.Sprintf("%s.toPorts[%d].ports[%d]", path, i, j))
-			if err != nil {
-				return pr, err
-			}
-			pr.Ports = append(pr.Ports, got...)
-		}
 	}
 	return pr, nil
 }

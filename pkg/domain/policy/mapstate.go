@@ -62,6 +62,9 @@ type MapState struct {
 	// CIDR are the CIDR rules' entries, decided on the peer's address
 	// (see CIDREntry), sorted by CompareCIDR, one per prefix and group.
 	CIDR []CIDREntry
+	// L7 are the entries of Allow redirected to the L7 proxy with their
+	// HTTP rules, sorted by Key (Compare).
+	L7 []L7Entry
 }
 
 // Compare orders keys by direction, identity, protocol, then port.
@@ -150,7 +153,7 @@ func (m *MapState) Equal(o *MapState) bool {
 		return m == o
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
-		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR)
+		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7)
 }
 
 // Diff returns the entries of to missing from from (add) and those of

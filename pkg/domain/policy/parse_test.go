@@ -30,7 +30,7 @@ func TestParseRefuses(t *testing.T) {
 		{"slash in name", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: a/b}\nspec: {endpointSelector: {}}\n", "contains '/'"},
 		{"unknown top field", cnpHead + "status: {}\nspec: {endpointSelector: {}}\n", `unsupported field "status"`},
 		{"unknown metadata field", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: x, uid: u}\nspec: {endpointSelector: {}}\n", `unsupported field "metadata.uid"`},
-		{"L7 rules refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n    - ports: [{port: \"80\"}]\n      rules: {http: [{method: GET}]}\n", `unsupported field "spec.ingress[0].toPorts[0].rules"`},
+		{"L7 dns rules refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n    - ports: [{port: \"53\"}]\n      rules: {dns: [{matchName: x}]}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.dns"`},
 		{"ingressDeny refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingressDeny: []\n", `unsupported field "spec.ingressDeny"`},
 		{"toFQDNs refused", cnpHead + "spec:\n  endpointSelector: {}\n  egress:\n  - toFQDNs: [{matchName: x.com}]\n", `unsupported field "spec.egress[0].toFQDNs"`},
 		{"specs field path", cnpHead + "specs:\n- endpointSelector: {}\n- endpointSelector: {}\n  nodeSelector: {}\n", `unsupported field "specs[1].nodeSelector"`},

@@ -340,17 +340,26 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	}
 	keys := make([]Key, 0, n)
 	groups := map[cidrGroup][]*CIDRSelector{}
+	var l7 *l7Builder
+	for _, cs := range subjects {
+		for _, ref := range cs.subjectOf {
+			rule := &ref.policy.Rules[ref.rule]
+			if l7 == nil && (anyL7(rule.Ingress) || anyL7(rule.Egress)) {
+				l7 = &l7Builder{}
+			}
+		}
+	}
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
 				ingress = true
-				keys = r.appendKeys(keys, rule.Ingress, Ingress)
+				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7)
 				addCIDRGroups(groups, rule.Ingress, Ingress)
 			}
 			if rule.EgressEnforced {
 				egress = true
-				keys = r.appendKeys(keys, rule.Egress, Egress)
+				keys = r.appendKeys(keys, rule.Egress, Egress, l7)
 				addCIDRGroups(groups, rule.Egress, Egress)
 			}
 		}
@@ -359,6 +368,7 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	if ingress || egress {
 		m = NewMapState(r.revision, ingress, egress, keys)
 		m.CIDR = cidrEntries(groups)
+		m.L7 = l7.entries()
 	}
 	if r.bySubjects == nil {
 		r.bySubjects = map[string]*MapState{}
@@ -385,7 +395,8 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 	return n
 }
 
-func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key {
+// appendKeys appends the keys of prs and records their L7 rules in l7.
+func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -393,7 +404,9 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction) []Key
 		}
 		emit := func(peer identity.NumericIdentity) {
 			for _, pp := range ports {
-				keys = append(keys, Key{Identity: peer, Port: pp.Port, Proto: pp.Proto, Dir: dir})
+				k := Key{Identity: peer, Port: pp.Port, Proto: pp.Proto, Dir: dir}
+				keys = append(keys, k)
+				l7.add(k, pr.HTTP)
 			}
 		}
 		if pr.Any {

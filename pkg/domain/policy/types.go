@@ -65,6 +65,13 @@ type cidrRule struct {
 
 type portRule struct {
 	Ports []portProtocol `json:"ports"`
+	Rules *l7Rules       `json:"rules"`
+}
+
+// l7Rules are a port rule's L7 rules: only http is supported (dns,
+// kafka and l7proto are refused by name).
+type l7Rules struct {
+	HTTP []HTTPRule `json:"http"`
 }
 
 type portProtocol struct {

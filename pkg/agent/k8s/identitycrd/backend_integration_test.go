@@ -248,6 +248,12 @@ func TestWatch(t *testing.T) {
 	cfg.GCGrace, cfg.Heartbeat = time.Second, 100*time.Millisecond
 	a := newBackend(t, e.Config, cfg)
 	before, _ := acquire(t, a, "k8s:app="+uniq("before"))
+	// Watch lists what the backend's informer holds; Acquire answers
+	// after the Create, which the informer may not have seen yet.
+	waitFor(t, "the informer holds the existing identity", func() bool {
+		_, ok := a.CachedUsageForTest(before)
+		return ok
+	})
 	var mu sync.Mutex
 	var evs []identity.ClusterEvent
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,40 @@
+// Command membrane-proxy is the L7 (HTTP) proxy of the Membrane agent:
+// a process of its own, configured by the agent over xDS on a unix
+// socket and supervised (restarted) by it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "membrane-proxy:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("membrane-proxy", flag.ContinueOnError)
+	xds := fs.String("xds", "/var/run/membrane/xds.sock", "the agent's xDS unix socket")
+	listen := fs.String("listen", "127.0.0.1:15001", "HTTP listening address")
+	reject := fs.Bool("reject-config", false, "reject every configuration (testing)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
+	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, Log: log, Reject: *reject})
+}

@@ -1,0 +1,295 @@
+package l7proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// ProxyConfig configures RunProxy.
+type ProxyConfig struct {
+	// XDS is the agent's xDS unix socket.
+	XDS string
+	// Listen is the proxy's HTTP listening address (host:port).
+	Listen string
+	// Log receives the proxy's log.
+	Log *slog.Logger
+	// Reject, when set, makes the proxy reject every configuration
+	// (testing the agent's handling of rejections).
+	Reject bool
+}
+
+// RunProxy runs the proxy until ctx ends: it subscribes to the agent's
+// xDS server (reconnecting with backoff) and serves HTTP on cfg.Listen,
+// enforcing the configuration last applied.
+func RunProxy(ctx context.Context, cfg ProxyConfig) error {
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("proxy listen %s: %w", cfg.Listen, err)
+	}
+	p := &proxy{log: cfg.Log, reject: cfg.Reject}
+	p.state.Store(&state{})
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go p.subscribe(ctx, cfg.XDS)
+	cfg.Log.Info("proxy serving", "listen", lis.Addr().String(), "xds", cfg.XDS)
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("proxy serve: %w", err)
+	}
+	return nil
+}
+
+type proxy struct {
+	log    *slog.Logger
+	reject bool
+	state  atomic.Pointer[state]
+}
+
+// state is one applied configuration version, immutable.
+type state struct {
+	version string
+	byIP    map[netip.Addr]*compiledEndpoint
+	ipcache map[netip.Prefix]identity.NumericIdentity
+}
+
+type compiledEndpoint struct {
+	l7 map[policy.Key][]*policy.CompiledHTTPRule
+}
+
+// buildState decodes and compiles every resource; any error rejects the
+// whole version.
+func buildState(version string, resources [][]byte) (*state, error) {
+	st := &state{version: version, byIP: map[netip.Addr]*compiledEndpoint{}}
+	for i, raw := range resources {
+		var r Resource
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		switch {
+		case r.IPCache != nil:
+			st.ipcache = r.IPCache.Entries
+		case r.Endpoint != nil:
+			ce, err := compileEndpoint(r.Endpoint)
+			if err != nil {
+				return nil, err
+			}
+			for _, ip := range r.Endpoint.IPs {
+				st.byIP[ip.Unmap()] = ce
+			}
+		default:
+			return nil, fmt.Errorf("resource %d: neither endpoint nor ipcache", i)
+		}
+	}
+	return st, nil
+}
+
+func compileEndpoint(ep *EndpointPolicy) (*compiledEndpoint, error) {
+	ce := &compiledEndpoint{l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
+	for i, e := range ep.L7 {
+		for j, h := range e.HTTP {
+			c, err := policy.CompileHTTPRule(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j))
+			if err != nil {
+				return nil, err
+			}
+			ce.l7[e.Key] = append(ce.l7[e.Key], c)
+		}
+	}
+	return ce, nil
+}
+
+// identityOf returns the identity of addr by longest-prefix match
+// (world when the ipcache has no entry).
+func (s *state) identityOf(addr netip.Addr) identity.NumericIdentity {
+	addr = addr.Unmap()
+	for bits := addr.BitLen(); bits >= 0; bits-- {
+		p, _ := addr.Prefix(bits)
+		if id, ok := s.ipcache[p]; ok {
+			return id
+		}
+	}
+	return identity.ReservedWorld
+}
+
+// verdict decides a request from src to dst:port: every side with L7
+// rules on the connection (dst's ingress, src's egress) must allow it,
+// and at least one side must have L7 rules (else it is not the proxy's
+// traffic).
+func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) (bool, string) {
+	srcID, dstID := s.identityOf(src), s.identityOf(dst)
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	checked := false
+	for _, side := range []struct {
+		ep   *compiledEndpoint
+		peer identity.NumericIdentity
+		dir  policy.Direction
+	}{{s.byIP[dst.Unmap()], srcID, policy.Ingress}, {s.byIP[src.Unmap()], dstID, policy.Egress}} {
+		if side.ep == nil {
+			continue
+		}
+		rules, ok := side.ep.rules(side.peer, port, side.dir)
+		if !ok {
+			continue
+		}
+		checked = true
+		if !matchAny(rules, r.Method, r.URL.Path, host, r.Header) {
+			return false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+		}
+	}
+	if !checked {
+		return false, "no L7 policy for this connection"
+	}
+	return true, ""
+}
+
+func (e *compiledEndpoint) rules(peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]*policy.CompiledHTTPRule, bool) {
+	var out []*policy.CompiledHTTPRule
+	found := false
+	for _, k := range []policy.Key{{Identity: peer, Port: port, Proto: policy.ProtoTCP, Dir: dir}, {Port: port, Proto: policy.ProtoTCP, Dir: dir}} {
+		if rs, ok := e.l7[k]; ok {
+			out, found = append(out, rs...), true
+		}
+	}
+	return out, found
+}
+
+func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h http.Header) bool {
+	for _, c := range rules {
+		if c.Matches(method, path, host, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// ServeHTTP enforces and forwards one request. The destination is the
+// request's absolute URL (a forward proxy: the proxy is not yet
+// transparent, see ARCHITECTURE.md).
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st := p.state.Load()
+	src, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil || r.URL.Host == "" || r.URL.Scheme != "http" {
+		http.Error(w, "membrane-proxy: want an absolute http:// URL", http.StatusBadRequest)
+		return
+	}
+	dst, err := netip.ParseAddrPort(r.URL.Host)
+	if err != nil {
+		if a, aerr := netip.ParseAddr(r.URL.Host); aerr == nil {
+			dst = netip.AddrPortFrom(a, 80)
+		} else {
+			http.Error(w, "membrane-proxy: destination must be an address", http.StatusBadRequest)
+			return
+		}
+	}
+	ok, why := st.verdict(src.Addr(), dst.Addr(), dst.Port(), r)
+	p.log.Info("l7 access", "src", src.Addr(), "dst", dst, "method", r.Method, "path", r.URL.Path, "allowed", ok, "version", st.version)
+	if !ok {
+		http.Error(w, "Access denied ("+why+")", http.StatusForbidden)
+		return
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
+		pr.Out.Host = r.Host
+	}}
+	rp.ServeHTTP(w, r)
+}
+
+// subscribe keeps an ADS stream to the agent open, reconnecting with
+// backoff, and applies every response.
+func (p *proxy) subscribe(ctx context.Context, path string) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := p.stream(ctx, path)
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("xds stream ended; reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (p *proxy) stream(ctx context.Context, path string) error {
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("xds dial: %w", err)
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+	if err != nil {
+		return fmt.Errorf("xds stream: %w", err)
+	}
+	node := &core.Node{Id: "membrane-proxy"}
+	if err := ads.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL}); err != nil {
+		return fmt.Errorf("xds subscribe: %w", err)
+	}
+	for {
+		resp, err := ads.Recv()
+		if err != nil {
+			return fmt.Errorf("xds receive: %w", err)
+		}
+		ack := &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}
+		if err := p.apply(resp); err != nil {
+			// The rejected version stays in version_info so that the
+			// server waits for a new one instead of resending it.
+			p.log.Warn("rejecting configuration", "version", resp.GetVersionInfo(), "err", err)
+			ack.ErrorDetail = &status.Status{Code: 3, Message: err.Error()}
+		}
+		if err := ads.Send(ack); err != nil {
+			return fmt.Errorf("xds acknowledge: %w", err)
+		}
+	}
+}
+
+func (p *proxy) apply(resp *discovery.DiscoveryResponse) error {
+	if p.reject {
+		return errors.New("configured to reject every configuration")
+	}
+	var rs [][]byte
+	for _, a := range resp.GetResources() {
+		var b wrapperspb.BytesValue
+		if a.GetTypeUrl() != TypeURL {
+			return fmt.Errorf("resource of type %q, want %s", a.GetTypeUrl(), TypeURL)
+		}
+		if err := a.UnmarshalTo(&b); err != nil {
+			return fmt.Errorf("decode resource: %w", err)
+		}
+		rs = append(rs, b.GetValue())
+	}
+	st, err := buildState(resp.GetVersionInfo(), rs)
+	if err != nil {
+		return err
+	}
+	p.state.Store(st)
+	p.log.Info("configuration applied", "version", st.version, "resources", len(rs))
+	return nil
+}

@@ -1,0 +1,185 @@
+package l7proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	xds "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+)
+
+// maxStreams bounds the concurrent xDS streams (one proxy process, and
+// a restart's overlap); maxNonces the nonces remembered per stream.
+const (
+	maxStreams = 4
+	maxNonces  = 64
+)
+
+// Server is the agent's xDS server for the proxy, on a unix socket. Every
+// change of the configuration is a new version; Tracker learns which
+// versions the proxy acknowledged or rejected.
+type Server struct {
+	tracker *Tracker
+	log     *slog.Logger
+	cache   *cache.LinearCache
+	grpc    *grpc.Server
+	lis     net.Listener
+
+	mu      sync.Mutex // serialises cache updates, so version mirrors the cache's counter
+	version uint64
+	nonces  map[int64]map[string]uint64 // stream -> nonce -> version sent
+	streams int
+}
+
+// NewServer listens on the unix socket path (replacing a stale one) and
+// serves xDS until Close.
+func NewServer(path string, tracker *Tracker, log *slog.Logger) (*Server, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("xds socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("xds listen %s: %w", path, err)
+	}
+	s := &Server{tracker: tracker, log: log, lis: lis, nonces: map[int64]map[string]uint64{},
+		cache: cache.NewLinearCache(TypeURL, cache.WithVersionPrefix(versionPrefix))}
+	cb := xds.CallbackFuncs{
+		StreamOpenFunc:     s.streamOpen,
+		StreamClosedFunc:   s.streamClosed,
+		StreamRequestFunc:  s.streamRequest,
+		StreamResponseFunc: s.streamResponse,
+	}
+	s.grpc = grpc.NewServer(grpc.MaxConcurrentStreams(maxStreams))
+	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, xds.NewServer(context.Background(), s.cache, cb))
+	go func() {
+		if err := s.grpc.Serve(lis); err != nil {
+			log.Warn("xds server stopped", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// Close stops the server and removes its socket.
+func (s *Server) Close() {
+	s.grpc.Stop()
+	_ = os.Remove(s.lis.Addr().String())
+}
+
+// Version returns the current configuration version.
+func (s *Server) Version() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
+}
+
+// SetEndpoint publishes p (nil: removes endpoint id's configuration)
+// and returns the version that holds it.
+func (s *Server) SetEndpoint(id uint64, p *EndpointPolicy) (uint64, error) {
+	if p == nil {
+		return s.update(endpointName(id), nil)
+	}
+	return s.update(endpointName(id), &Resource{Endpoint: p})
+}
+
+// SetIPCache publishes the ipcache and returns the version holding it.
+func (s *Server) SetIPCache(c IPCache) (uint64, error) {
+	return s.update(IPCacheResource, &Resource{IPCache: &c})
+}
+
+func (s *Server) update(name string, v *Resource) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v == nil {
+		if _, ok := s.cache.GetResources()[name]; !ok {
+			return s.version, nil
+		}
+		if err := s.cache.DeleteResource(name); err != nil {
+			return 0, fmt.Errorf("xds delete %s: %w", name, err)
+		}
+		s.version++
+		return s.version, nil
+	}
+	res, err := encode(v)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.cache.UpdateResource(name, types.Resource(res)); err != nil {
+		return 0, fmt.Errorf("xds update %s: %w", name, err)
+	}
+	s.version++
+	return s.version, nil
+}
+
+func (s *Server) streamOpen(_ context.Context, id int64, typ string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.streams >= maxStreams {
+		return fmt.Errorf("xds: %d streams open, limit reached", s.streams)
+	}
+	s.streams++
+	s.nonces[id] = map[string]uint64{}
+	s.log.Info("proxy connected", "stream", id)
+	return nil
+}
+
+func (s *Server) streamClosed(id int64, _ *core.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.nonces[id]; ok {
+		s.streams--
+		delete(s.nonces, id)
+	}
+	s.log.Info("proxy disconnected", "stream", id)
+}
+
+func (s *Server) streamResponse(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+	v, err := parseVersion(resp.GetVersionInfo())
+	if err != nil {
+		s.log.Warn("xds response with a foreign version", "err", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nonces[id]
+	if n == nil {
+		return
+	}
+	if len(n) >= maxNonces {
+		clear(n) // older nonces answered long ago: acknowledgements name the newest
+	}
+	n[resp.GetNonce()] = v
+}
+
+// streamRequest sees every request: the first one (no nonce) opens the
+// subscription; the others acknowledge (no error_detail) or reject the
+// version sent with their response_nonce.
+func (s *Server) streamRequest(id int64, req *discovery.DiscoveryRequest) error {
+	if req.GetTypeUrl() != TypeURL {
+		return fmt.Errorf("xds: type %q is not served (want %s)", req.GetTypeUrl(), TypeURL)
+	}
+	if req.GetResponseNonce() == "" {
+		return nil
+	}
+	s.mu.Lock()
+	v, ok := s.nonces[id][req.GetResponseNonce()]
+	s.mu.Unlock()
+	if !ok {
+		return nil // a stale nonce: a newer response is on its way
+	}
+	if d := req.GetErrorDetail(); d != nil {
+		s.log.Warn("proxy rejected configuration", "version", v, "reason", d.GetMessage())
+		s.tracker.Nack(v, d.GetMessage())
+		return nil
+	}
+	s.tracker.Ack(v)
+	return nil
+}

@@ -1,0 +1,225 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os/exec"
+	"sync"
+
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// ProxyName is the name of the L7 proxy in Realized.ProxyWaits.
+const ProxyName = "membrane-proxy"
+
+// linuxL7 is the Linux datapath's L7 proxy state: the xDS server, the
+// version tracker and the supervised proxy process (nil srv: L7 off).
+type linuxL7 struct {
+	mu      sync.Mutex
+	ack     ProxyAckFunc
+	nack    ProxyNackFunc
+	srv     *l7proxy.Server
+	tracker *l7proxy.Tracker
+	sup     *l7proxy.Supervisor
+	stop    context.CancelFunc
+	done    chan struct{}
+	ipcache map[netip.Prefix]identity.NumericIdentity
+	withL7  map[endpoint.ID]bool // endpoints whose proxy configuration is published
+}
+
+// SetProxyAck implements Datapath: the proxy's acknowledgements of the
+// versions endpoints wait for are delivered through fn.
+func (l *Linux) SetProxyAck(fn ProxyAckFunc) {
+	l.l7.mu.Lock()
+	l.l7.ack = fn
+	l.l7.mu.Unlock()
+}
+
+// SetProxyNack implements ProxyNacker.
+func (l *Linux) SetProxyNack(fn ProxyNackFunc) {
+	l.l7.mu.Lock()
+	l.l7.nack = fn
+	l.l7.mu.Unlock()
+}
+
+// initL7 starts the xDS server and the proxy process (once) when
+// LinuxConfig.L7 names a proxy executable.
+func (l *Linux) initL7() error {
+	c := l.cfg.L7
+	if c.ProxyPath == "" {
+		return nil
+	}
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	if l.l7.srv != nil {
+		return nil
+	}
+	l.l7.tracker = l7proxy.NewTracker(l.proxyAcked, l.proxyNacked)
+	srv, err := l7proxy.NewServer(c.XDSSocket, l.l7.tracker, l.log.With("component", "xds"))
+	if err != nil {
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	l.l7.srv, l.l7.ipcache, l.l7.withL7 = srv, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
+	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen}
+	if l.cfg.HostNetns != "" {
+		// The proxy runs in the host netns the datapath manages.
+		nsenter, err := exec.LookPath("nsenter")
+		if err != nil {
+			srv.Close()
+			l.l7.srv = nil
+			return fmt.Errorf("l7 proxy in netns %s: %w", l.cfg.HostNetns, err)
+		}
+		path, args = nsenter, append([]string{"--net=" + l.cfg.HostNetns, "--", c.ProxyPath}, args...)
+	}
+	l.l7.sup = &l7proxy.Supervisor{Path: path, Args: args,
+		MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff, StableAfter: c.StableAfter, Log: l.log.With("component", "proxy-supervisor")}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.l7.stop, l.l7.done = cancel, make(chan struct{})
+	go func() {
+		defer close(l.l7.done)
+		_ = l.l7.sup.Run(ctx)
+	}()
+	return nil
+}
+
+func (l *Linux) closeL7() {
+	l.l7.mu.Lock()
+	stop, done, srv := l.l7.stop, l.l7.done, l.l7.srv
+	l.l7.stop, l.l7.srv = nil, nil
+	l.l7.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	if srv != nil {
+		srv.Close()
+	}
+}
+
+func (l *Linux) proxyAcked(ep, rev uint64) {
+	l.l7.mu.Lock()
+	fn := l.l7.ack
+	l.l7.mu.Unlock()
+	if fn != nil {
+		fn(endpoint.ID(ep), rev, ProxyName)
+	}
+}
+
+func (l *Linux) proxyNacked(ep, rev uint64, reason string) {
+	l.l7.mu.Lock()
+	fn := l.l7.nack
+	l.l7.mu.Unlock()
+	if fn != nil {
+		fn(endpoint.ID(ep), rev, ProxyName, reason)
+	}
+}
+
+// realizeL7 publishes ep's L7 configuration when its policy has L7
+// entries (or had: then it is withdrawn) and reports the wait for the
+// proxy's acknowledgement of that version.
+func (l *Linux) realizeL7(ep *endpoint.Endpoint, rev uint64) (Realized, error) {
+	l.l7.mu.Lock()
+	srv, tracker := l.l7.srv, l.l7.tracker
+	had := l.l7.withL7[ep.ID]
+	l.l7.mu.Unlock()
+	has := ep.Policy.HasL7()
+	if !has && !had {
+		return Realized{}, nil
+	}
+	if srv == nil {
+		return Realized{}, fmt.Errorf("endpoint %d: policy has L7 rules but no L7 proxy is configured (--l7-proxy): %w", ep.ID, ErrNotSupported)
+	}
+	var doc *l7proxy.EndpointPolicy
+	if has {
+		doc = &l7proxy.EndpointPolicy{ID: uint64(ep.ID), IPs: endpointIPs(ep), L7: ep.Policy.L7}
+	}
+	v, err := srv.SetEndpoint(uint64(ep.ID), doc)
+	if err != nil {
+		return Realized{}, err
+	}
+	l.l7.mu.Lock()
+	if has {
+		l.l7.withL7[ep.ID] = true
+	} else {
+		delete(l.l7.withL7, ep.ID)
+	}
+	l.l7.mu.Unlock()
+	wait, err := tracker.Wait(uint64(ep.ID), rev, v)
+	if err != nil || !wait {
+		return Realized{}, err
+	}
+	return Realized{ProxyWaits: []string{ProxyName}}, nil
+}
+
+// removeL7 withdraws ep's configuration and drops its waits.
+func (l *Linux) removeL7(id endpoint.ID) {
+	l.l7.mu.Lock()
+	srv, tracker, had := l.l7.srv, l.l7.tracker, l.l7.withL7[id]
+	delete(l.l7.withL7, id)
+	l.l7.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	tracker.Forget(uint64(id))
+	if had {
+		if _, err := srv.SetEndpoint(uint64(id), nil); err != nil {
+			l.log.Warn("withdraw endpoint from the L7 proxy", "endpoint", id, "err", err)
+		}
+	}
+}
+
+// ipcacheL7 mirrors an ipcache change to the proxy (published under the
+// lock, so that versions follow the order of the changes).
+func (l *Linux) ipcacheL7(prefix netip.Prefix, id identity.NumericIdentity, del bool) {
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	if l.l7.srv == nil {
+		return
+	}
+	if del {
+		delete(l.l7.ipcache, prefix)
+	} else {
+		l.l7.ipcache[prefix] = id
+	}
+	if _, err := l.l7.srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+		l.log.Warn("publish ipcache to the L7 proxy", "err", err)
+	}
+}
+
+// L7Status returns the L7 proxy's state, or nil when L7 is off.
+func (l *Linux) L7Status() *L7Status {
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	if l.l7.srv == nil {
+		return nil
+	}
+	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
+}
+
+// l4ForProxy is the policy the BPF programs enforce for an endpoint with
+// L7 entries while they cannot redirect to the proxy transparently: a
+// redirected ingress entry admits the host (the proxy's connections
+// come from it) instead of the peer, and a redirected egress entry is
+// left out. Traffic on L7 ports thus passes only through the proxy
+// (fail closed), never around it.
+func l4ForProxy(m *policy.MapState) *policy.MapState {
+	keys := make([]policy.Key, 0, len(m.Allow))
+	for _, k := range m.Allow {
+		if !m.Redirected(k) {
+			keys = append(keys, k)
+			continue
+		}
+		if k.Dir == policy.Ingress {
+			k.Identity = identity.ReservedHost
+			keys = append(keys, k)
+		}
+	}
+	out := policy.NewMapState(m.Revision, m.IngressEnforced, m.EgressEnforced, keys)
+	out.CIDR = m.CIDR
+	return out
+}

@@ -1,0 +1,169 @@
+package datapath
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+type proxyEvents struct {
+	mu    sync.Mutex
+	acks  map[uint64]bool
+	nacks map[uint64]string
+}
+
+func (p *proxyEvents) install(l *Linux) {
+	p.acks, p.nacks = map[uint64]bool{}, map[uint64]string{}
+	l.SetProxyAck(func(_ endpoint.ID, rev uint64, proxy string) {
+		p.mu.Lock()
+		p.acks[rev] = proxy == ProxyName
+		p.mu.Unlock()
+	})
+	l.SetProxyNack(func(_ endpoint.ID, rev uint64, _, reason string) {
+		p.mu.Lock()
+		p.nacks[rev] = reason
+		p.mu.Unlock()
+	})
+}
+
+func (p *proxyEvents) acked(rev uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.acks[rev]
+}
+
+func l7Config(t *testing.T, bin string) LinuxConfig {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return LinuxConfig{TeardownDelay: -1, L7: L7Config{ProxyPath: bin, XDSSocket: filepath.Join(t.TempDir(), "xds.sock"), Listen: addr}}
+}
+
+func l7MapState(port uint16) *policy.MapState {
+	k := policy.Key{Identity: 300, Port: port, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	m := policy.NewMapState(1, true, false, []policy.Key{k})
+	m.L7 = []policy.L7Entry{{Key: k, HTTP: []policy.HTTPRule{{Method: "GET", Path: "/public"}}}}
+	return m
+}
+
+// TestLinuxL7ProxyWaits: the Linux datapath runs the proxy process; a
+// realize whose policy has L7 entries waits for the proxy's
+// acknowledgement of the version holding them, as does the realize that
+// withdraws them; a realize without L7 waits for nothing; a killed proxy
+// is restarted and acknowledges what was published meanwhile.
+func TestLinuxL7ProxyWaits(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := filepath.Join(t.TempDir(), "membrane-proxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
+		t.Fatalf("build proxy: %v\n%s", err, out)
+	}
+	l, _, nl := newTestLinux(t, l7Config(t, bin))
+	var ev proxyEvents
+	ev.install(l)
+	ep := addVeth(t, nl, 9, "lxcl7000000001", "10.244.47.5")
+	ctx := context.Background()
+	if err := l.UpsertIPCache(ctx, netip.MustParsePrefix("10.244.47.6/32"), identity.NumericIdentity(300), netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	ep.Policy = l7MapState(80)
+	r, err := l.Realize(ctx, ep, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.ProxyWaits) != 1 || r.ProxyWaits[0] != ProxyName {
+		t.Fatalf("ProxyWaits = %v, want [%s]", r.ProxyWaits, ProxyName)
+	}
+	waitFor(t, "revision 1 acknowledged", func() bool { return ev.acked(1) })
+
+	st := l.L7Status()
+	if st == nil || st.Process.PID == 0 || st.Acks.Acked < 1 {
+		t.Fatalf("L7 status %+v", st)
+	}
+	if err := syscall.Kill(st.Process.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ep.Policy = l7MapState(8080)
+	if r, err = l.Realize(ctx, ep, 2); err != nil || len(r.ProxyWaits) != 1 {
+		t.Fatalf("Realize 2: %v, %v", r, err)
+	}
+	waitFor(t, "the restarted proxy acknowledges revision 2", func() bool { return ev.acked(2) })
+	if s := l.L7Status(); s.Process.Restarts < 1 || s.Process.PID == st.Process.PID {
+		t.Errorf("status after kill %+v, want a restarted process", s.Process)
+	}
+
+	ep.Policy = policy.NewMapState(2, true, false, []policy.Key{{Identity: 300, Port: 80, Proto: policy.ProtoTCP}})
+	if r, err = l.Realize(ctx, ep, 3); err != nil || len(r.ProxyWaits) != 1 {
+		t.Fatalf("Realize 3 (L7 withdrawn): %v, %v; want a wait", r, err)
+	}
+	waitFor(t, "revision 3 acknowledged", func() bool { return ev.acked(3) })
+	if r, err = l.Realize(ctx, ep, 4); err != nil || len(r.ProxyWaits) != 0 {
+		t.Fatalf("Realize 4 (no L7): %v, %v; want no wait", r, err)
+	}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLinuxL7AckNeverComes: a proxy that never acknowledges (here an
+// executable that is no proxy and exits) leaves the wait pending and
+// visible in the status while the supervisor keeps restarting it; the
+// endpoint actor's timeout ends such waits (actors.TestProxyAcks).
+func TestLinuxL7AckNeverComes(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false(1)")
+	}
+	l, _, nl := newTestLinux(t, l7Config(t, bin))
+	var ev proxyEvents
+	ev.install(l)
+	ep := addVeth(t, nl, 10, "lxcl7000000002", "10.244.47.9")
+	ep.Policy = l7MapState(80)
+	r, err := l.Realize(context.Background(), ep, 1)
+	if err != nil || len(r.ProxyWaits) != 1 {
+		t.Fatalf("Realize: %v, %v", r, err)
+	}
+	waitFor(t, "the supervisor to restart the failing proxy", func() bool { return l.L7Status().Process.Restarts >= 2 })
+	if st := l.L7Status(); st.Acks.Pending != 1 || ev.acked(1) || st.Process.LastExit == "" {
+		t.Errorf("status %+v: want one pending wait, no acknowledgement, the last exit", st)
+	}
+}
+
+// TestLinuxL7Off: without a proxy, a policy with L7 entries is refused
+// naming the missing flag (never silently enforced as L4).
+func TestLinuxL7Off(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ep := addVeth(t, nl, 11, "lxcl7000000003", "10.244.47.13")
+	ep.Policy = l7MapState(80)
+	if _, err := l.Realize(context.Background(), ep, 1); err == nil || l.L7Status() != nil {
+		t.Fatalf("Realize with L7 and no proxy: %v, want an error", err)
+	}
+}
+
+func TestL4ForProxy(t *testing.T) {
+	m := l7MapState(80)
+	eg := policy.Key{Identity: 300, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Egress}
+	plain := policy.Key{Identity: 300, Port: 9090, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	m = policy.NewMapState(1, true, true, append(append([]policy.Key(nil), m.Allow...), eg, plain))
+	m.L7 = []policy.L7Entry{{Key: policy.Key{Identity: 300, Port: 80, Proto: policy.ProtoTCP}, HTTP: []policy.HTTPRule{{}}}, {Key: eg, HTTP: []policy.HTTPRule{{}}}}
+	got := l4ForProxy(m)
+	want := []policy.Key{{Identity: 300, Port: 9090, Proto: policy.ProtoTCP}, {Identity: identity.ReservedHost, Port: 80, Proto: policy.ProtoTCP}}
+	want = policy.NewMapState(1, true, true, want).Allow
+	if !slices.Equal(got.Allow, want) || got.HasL7() {
+		t.Errorf("l4ForProxy = %v, want %v (peer replaced by host on ingress, egress L7 entry dropped)", got.Allow, want)
+	}
+}

@@ -1,0 +1,113 @@
+package policy
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+const l7Policy = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: l7}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: a}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http:
+        - {method: GET, path: "/public.*"}
+        - {method: PUT, path: /x, host: "b\\.test", headers: ["X-Token: t1", X-Trace]}
+    - ports: [{port: "9090", protocol: TCP}]
+`
+
+func TestL7MapState(t *testing.T) {
+	r := NewRepository()
+	const a, b, c identity.NumericIdentity = 300, 301, 302
+	r.UpsertIdentity(a, podLabels(t, "default", "app=a"))
+	r.UpsertIdentity(b, podLabels(t, "default", "app=b"))
+	r.UpsertIdentity(c, podLabels(t, "default", "app=c"))
+	r.Import(mustParse(t, l7Policy))
+	m := r.MapState(b)
+	k80 := Key{a, 80, ProtoTCP, Ingress}
+	k9090 := Key{a, 9090, ProtoTCP, Ingress}
+	if !m.Has(k80) || !m.Has(k9090) || !m.Redirected(k80) || m.Redirected(k9090) {
+		t.Fatalf("80 must be allowed and redirected, 9090 allowed and not: %+v", m)
+	}
+	if len(m.L7) != 1 || len(m.L7[0].HTTP) != 2 || !m.HasL7() {
+		t.Fatalf("L7 = %+v, want one entry with 2 rules", m.L7)
+	}
+	if m.Allows(c, 80, ProtoTCP, Ingress) {
+		t.Error("c must not reach port 80")
+	}
+	// An L4-only rule on the same key allows every request (still through the proxy).
+	r.Import(mustParse(t, strings.Replace(l7Policy, "name: l7", "name: l4", 1)+"    - ports: [{port: \"80\", protocol: TCP}]\n"))
+	m = r.MapState(b)
+	if !m.Redirected(k80) || len(m.L7[0].HTTP) != 1 || compareHTTPRule(m.L7[0].HTTP[0], HTTPRule{}) != 0 {
+		t.Errorf("L4 rule on an L7 port: L7 = %+v, want one allow-all rule", m.L7)
+	}
+	if _, err := r.DeleteByName("default/l7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.DeleteByName("default/l4"); err != nil {
+		t.Fatal(err)
+	}
+	if m := r.MapState(b); m.HasL7() {
+		t.Errorf("rules removed: L7 = %+v", m.L7)
+	}
+}
+
+func TestL7ParseErrors(t *testing.T) {
+	head := "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: x}\nspec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n"
+	tests := []struct{ name, doc, want string }{
+		{"bad path regexp", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"/(\"}]}\n", "spec.ingress[0].toPorts[0].rules.http[0].path"},
+		{"relative path", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"x\"}]}\n", "must start with '/'"},
+		{"headerMatches", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: []}]}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.http[0].headerMatches"`},
+		{"kafka", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {kafka: []}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.kafka"`},
+		{"udp", "    - ports: [{port: \"80\", protocol: UDP}]\n      rules: {http: [{}]}\n", "need TCP ports"},
+		{"no port", "    - rules: {http: [{}]}\n", "need at least one port"},
+		{"bad header", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headers: [\": v\"]}]}\n", "headers[0]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(head + tt.doc))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHTTPRuleMatches(t *testing.T) {
+	c, err := CompileHTTPRule(HTTPRule{Method: "GET|HEAD", Path: "/public(/.*)?", Host: `b\.test`, Headers: []string{"x-token: t1", "X-Trace"}}, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"X-Token": {"t1"}, "X-Trace": {""}}
+	tests := []struct {
+		name, method, path, host string
+		header                   http.Header
+		want                     bool
+	}{
+		{"all match", "GET", "/public/a", "b.test", h, true},
+		{"head", "HEAD", "/public", "b.test", h, true},
+		{"method anchored", "GETX", "/public", "b.test", h, false},
+		{"path anchored", "GET", "/x/public", "b.test", h, false},
+		{"private", "GET", "/private", "b.test", h, false},
+		{"host", "GET", "/public", "c.test", h, false},
+		{"header value", "GET", "/public", "b.test", http.Header{"X-Token": {"t2"}, "X-Trace": {""}}, false},
+		{"header missing", "GET", "/public", "b.test", http.Header{"X-Token": {"t1"}}, false},
+	}
+	for _, tt := range tests {
+		if got := c.Matches(tt.method, tt.path, tt.host, tt.header); got != tt.want {
+			t.Errorf("%s: Matches = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	all, _ := CompileHTTPRule(HTTPRule{}, "r")
+	if !all.Matches("POST", "/anything", "", nil) {
+		t.Error("an empty rule must match every request")
+	}
+}
