@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin
 PREFIX  ?= /usr/local
 DESTDIR ?=
-CMDS    := membrane-agent membrane-cni membranectl membrane-sim
+CMDS    := membrane-agent membrane-cni membranectl membrane-sim membrane-proxy
 # Tests share 2 cores with the build; -p 2 keeps root tests from starving.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 20m
 
@@ -165,7 +165,7 @@ bench-identity:
 # conflist into CNI_CONF_DIR and the agent's systemd unit, all under DESTDIR.
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(CNI_CONF_DIR) $(DESTDIR)$(SYSTEMD_DIR)
-	install -m 0755 $(BIN)/membrane-agent $(BIN)/membranectl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN)/membrane-agent $(BIN)/membranectl $(BIN)/membrane-proxy $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(BIN)/membrane-cni $(DESTDIR)$(CNI_BIN_DIR)/membrane-cni
 	install -m 0644 deploy/05-membrane.conflist $(DESTDIR)$(CNI_CONF_DIR)/05-membrane.conflist
 	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' deploy/membrane-agent.service > $(DESTDIR)$(SYSTEMD_DIR)/membrane-agent.service

@@ -49,6 +49,11 @@ type Config struct {
 	// mode, the simulator). The caller owns the backend: it closes it
 	// after System.Stop.
 	IdentityBackend identity.ClusterBackend
+	// NoL7 refuses policies with L7 (toPorts[].rules.http) rules at
+	// import: set when no proxy can enforce them (the Linux datapath
+	// without --l7-proxy), so such a policy is a 400 at PUT instead of
+	// endpoints failing to regenerate.
+	NoL7 bool
 	// ClusterIdentity tunes the calls to IdentityBackend.
 	ClusterIdentity ClusterIdentityConfig
 	Pool            PoolConfig

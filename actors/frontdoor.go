@@ -126,6 +126,13 @@ type PolicyResult struct {
 // ImportPolicy adds or replaces policies, all in one revision, and
 // returns after the index commit.
 func (s *System) ImportPolicy(ctx context.Context, pols []*policy.Policy) (PolicyResult, error) {
+	if s.Config.NoL7 {
+		for _, p := range pols {
+			if p.HasHTTPRules() {
+				return PolicyResult{}, fmt.Errorf("policy %s: toPorts[].rules.http needs the L7 proxy (start the agent with --l7-proxy): %w", p.Key(), policy.ErrInvalidPolicy)
+			}
+		}
+	}
 	return policyAnswer(s.ask(ctx, s.policy, &messages.PolicyImport{Policies: pols}))
 }
 

@@ -266,6 +266,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, store.Close)
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
+	// L7 rules need a proxy: the Linux datapath runs one only with
+	// --l7-proxy (the fake datapath simulates it).
+	ac.NoL7 = cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == ""
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()

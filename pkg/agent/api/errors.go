@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Error codes of the API, in the "code" field of error bodies.
@@ -59,6 +60,8 @@ func classify(err error) (int, string) {
 		return ae.status, ae.code
 	case errors.Is(err, actors.ErrEndpointExists):
 		return http.StatusConflict, CodeConflict
+	case errors.Is(err, policy.ErrInvalidPolicy):
+		return http.StatusBadRequest, CodeInvalidPolicy
 	case isPolicyNotFound(err):
 		return http.StatusNotFound, CodeNotFound
 	case errors.Is(err, actors.ErrEndpointNotFound):

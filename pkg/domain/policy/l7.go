@@ -186,3 +186,15 @@ func compareHTTPRule(a, b HTTPRule) int {
 func anyL7(prs []PeerRule) bool {
 	return slices.ContainsFunc(prs, func(pr PeerRule) bool { return pr.HTTP != nil })
 }
+
+// HasHTTPRules reports whether any of p's rules has L7 (HTTP) rules.
+func (p *Policy) HasHTTPRules() bool {
+	for _, r := range p.Rules {
+		for _, pr := range slices.Concat(r.Ingress, r.Egress) {
+			if pr.HTTP != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
