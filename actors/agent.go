@@ -84,10 +84,11 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)
 	gc := spawn("gc", &MailboxStats{}, func() actor.Actor { return newGCActor(a.cfg.GC, d, mgr, gcOn, a.log) })
+	svcs := spawn("services", &MailboxStats{}, func() actor.Actor { return newServicesActor(d) })
 	// The answers processes of the children with a requester, registered
 	// here rather than in their Started, so that every process of the
 	// system exists once Start returns.
-	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc, nodes} {
+	for _, pid := range []*actor.PID{d.ipcache, d.policy, gc, nodes, svcs} {
 		registerAnswers(ctx.ActorSystem(), pid)
 	}
 }

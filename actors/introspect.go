@@ -41,13 +41,14 @@ const (
 	KindIPCache   = "ipcache"
 	KindPolicy    = "policy"
 	KindGC        = "gc"
+	KindServices  = "services"
 	KindEndpoints = "endpoints"
 	KindEndpoint  = "endpoint"
 )
 
 // kindOrder sorts the tree: the root, its children, then the endpoints.
 var kindOrder = map[string]int{KindAgent: 0, KindDatapath: 1, KindIPAM: 2, KindIPCache: 3, KindPolicy: 4, KindIdentity: 5,
-	KindGC: 6, KindEndpoints: 7, KindEndpoint: 8}
+	KindGC: 6, KindServices: 7, KindEndpoints: 8, KindEndpoint: 9}
 
 // ActorSnapshot is what operators see of one actor. The actor publishes
 // it without being asked (no mailbox round trip); MailboxDepth and

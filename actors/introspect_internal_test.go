@@ -29,8 +29,8 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	hub := events.New(64)
 	sys, _ := svSystem(t, func(c *Config) { c.Observer, c.Events = obs, hub })
 	reg := sys.Registry()
-	if n := reg.Len(); n != 9 {
-		t.Fatalf("registry holds %d actors before any endpoint, want 9", n)
+	if n := reg.Len(); n != 10 {
+		t.Fatalf("registry holds %d actors before any endpoint, want 10", n)
 	}
 	ep := svCreate(t, sys, "snap")
 	for _, want := range []string{PhaseWriteState, PhaseRealize, PhaseTotal} {
@@ -74,8 +74,8 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 9 })
-	if _, depth := reg.MailboxByKind(); len(depth) != 9 {
+	svWait(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 10 })
+	if _, depth := reg.MailboxByKind(); len(depth) != 10 {
 		t.Errorf("mailbox kinds %v", depth)
 	}
 	var types []string
@@ -132,7 +132,7 @@ func TestRegistryOrder(t *testing.T) {
 	}
 	var paths []string
 	sys.Registry().Visit(ActorFilter{}, time.Now(), func(s *ActorSnapshot) { paths = append(paths, s.Path) })
-	want := "agent agent/datapath agent/ipam agent/ipcache agent/policy agent/identity agent/gc agent/nodes agent/endpoints agent/endpoints/ep-1 agent/endpoints/ep-2 agent/endpoints/ep-3"
+	want := "agent agent/datapath agent/ipam agent/ipcache agent/policy agent/identity agent/gc agent/nodes agent/services agent/endpoints agent/endpoints/ep-1 agent/endpoints/ep-2 agent/endpoints/ep-3"
 	if got := strings.Join(paths, " "); got != want {
 		t.Fatalf("order %s\nwant  %s", got, want)
 	}

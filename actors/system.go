@@ -22,6 +22,7 @@ type System struct {
 	Actors *actor.ActorSystem
 	// The children's PIDs; endpoints is the endpoint manager.
 	agent, pool, ipam, identity, policy, ipcache, endpoints, gc, nodes *actor.PID
+	services                                                           *actor.PID
 
 	Index    *index.Index
 	Datapath datapath.Datapath
@@ -123,7 +124,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	}
 	s := &System{Actors: sys, agent: agentPID, pool: children["datapath"], ipam: children["ipam"],
 		identity: children["identity"], policy: children["policy"], ipcache: children["ipcache"],
-		endpoints: children["endpoints"], gc: children["gc"], nodes: children["nodes"], Index: ix, Datapath: dp,
+		endpoints: children["endpoints"], gc: children["gc"], nodes: children["nodes"], services: children["services"], Index: ix, Datapath: dp,
 		Config: cfg, deps: deps, asker: asks, log: log}
 	dp.SetProxyAck(s.ProxyAck)
 	if n, ok := dp.(datapath.ProxyNacker); ok {

@@ -18,6 +18,9 @@
  *      address is matched too); else drop;
  *   3. a passing packet records its connection in conntrack (ep, dir,
  *      tuple) so that the replies pass step 1.
+ * Before step 1, a packet the pod sends to a service frontend is
+ * translated to a backend (lb.h), so every step sees the backend; a
+ * reply from it gets the frontend back as its source after step 3.
  * Step 2 runs for every packet of the original direction, not only the
  * first: a policy change applies to established connections at once.
  *
@@ -131,6 +134,7 @@ struct pkt {
 	__u16 sport, dport; /* network order; echo id for ICMP echo */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
+	__u16 l4off;        /* the transport header's offset (lb.h) */
 	__u32 saddr[4];
 	__u32 daddr[4];
 };
@@ -141,6 +145,7 @@ static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
 	__u8 hdr[8];
 
+	p->l4off = off;
 	if (p->frag)
 		return PARSE_OK;
 	switch (p->proto) {
@@ -438,6 +443,17 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 	return TC_ACT_SHOT;
 }
 
+#include "lb.h"
+
+/* lb_out finishes a passing packet: a reply reaching the pod from a
+ * service backend gets the service frontend as its source (lb.h). */
+static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
+{
+	if (dir == DIR_INGRESS && lb_reverse(skb, p))
+		return drop(skb, p, dir, DROP_MALFORMED, 0);
+	return TC_ACT_OK;
+}
+
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
@@ -460,9 +476,15 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (p.ndp)
 		return TC_ACT_OK;
+	if (dir == DIR_EGRESS) {
+		/* Services first: policy and conntrack see the backend. */
+		r = lb_translate(skb, &p);
+		if (r != LB_PASS)
+			return drop(skb, &p, dir, r == LB_NO_BACKEND ? DROP_NO_BACKEND : DROP_MALFORMED, 0);
+	}
 	now = bpf_ktime_get_ns();
 	if (!p.frag && ct_is_reply(&p, dir, now))
-		return TC_ACT_OK;
+		return lb_out(skb, &p, dir);
 	if (enforced(dir)) {
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
 		v = policy_lookup(peer, &p, dir);
@@ -479,7 +501,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (!p.frag)
 		ct_record(&p, dir, now);
-	return TC_ACT_OK;
+	return lb_out(skb, &p, dir);
 }
 
 SEC("tc")

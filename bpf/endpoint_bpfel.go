@@ -106,6 +106,82 @@ type EndpointIpcacheValue struct {
 	Tunnel   EndpointTunnelEndpoint
 }
 
+type EndpointLbAffinityKey struct {
+	_      structs.HostLayout
+	Id     uint32
+	Family uint8
+	Pad    [3]uint8
+	Client [4]uint32
+}
+
+type EndpointLbAffinityValue struct {
+	_        structs.HostLayout
+	LastUsed uint64
+	Backend  EndpointLbBackend
+	Slot     uint32
+	Pad      uint32
+	_        [4]byte
+}
+
+type EndpointLbBackend struct {
+	_      structs.HostLayout
+	Addr   [4]uint32
+	Port   uint16
+	Family uint8
+	Pad    uint8
+}
+
+type EndpointLbCtValue struct {
+	_        structs.HostLayout
+	LastSeen uint64
+	Backend  EndpointLbBackend
+	Id       uint32
+	Slot     uint32
+	_        [4]byte
+}
+
+type EndpointLbKey struct {
+	_      structs.HostLayout
+	Addr   [4]uint32
+	Dport  uint16
+	Proto  uint8
+	Family uint8
+}
+
+type EndpointLbRevnatValue struct {
+	_        structs.HostLayout
+	LastSeen uint64
+	Addr     [4]uint32
+	Port     uint16
+	Pad      uint16
+	Pad2     uint32
+}
+
+type EndpointLbService struct {
+	_        structs.HostLayout
+	Id       uint32
+	Count    uint32
+	Affinity uint32
+	Flags    uint32
+}
+
+type EndpointLbSlotKey struct {
+	_    structs.HostLayout
+	Id   uint32
+	Slot uint32
+}
+
+type EndpointLbTuple struct {
+	_      structs.HostLayout
+	Saddr  [4]uint32
+	Daddr  [4]uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Family uint8
+	Pad    uint16
+}
+
 type EndpointPolicyKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -137,6 +213,11 @@ const (
 	EndpointMapDrops             = "drops"
 	EndpointMapEvents            = "events"
 	EndpointMapIpcache           = "ipcache"
+	EndpointMapLbAffinity        = "lb_affinity"
+	EndpointMapLbBackends        = "lb_backends"
+	EndpointMapLbCt              = "lb_ct"
+	EndpointMapLbFrontends       = "lb_frontends"
+	EndpointMapLbRevnat          = "lb_revnat"
 	EndpointMapPolicy            = "policy"
 	EndpointProgFromContainer    = "from_container"
 	EndpointProgToContainer      = "to_container"
@@ -196,12 +277,17 @@ type EndpointProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointMapSpecs struct {
-	CidrPolicy *ebpf.MapSpec `ebpf:"cidr_policy"`
-	Ct         *ebpf.MapSpec `ebpf:"ct"`
-	Drops      *ebpf.MapSpec `ebpf:"drops"`
-	Events     *ebpf.MapSpec `ebpf:"events"`
-	Ipcache    *ebpf.MapSpec `ebpf:"ipcache"`
-	Policy     *ebpf.MapSpec `ebpf:"policy"`
+	CidrPolicy  *ebpf.MapSpec `ebpf:"cidr_policy"`
+	Ct          *ebpf.MapSpec `ebpf:"ct"`
+	Drops       *ebpf.MapSpec `ebpf:"drops"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
+	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
+	LbAffinity  *ebpf.MapSpec `ebpf:"lb_affinity"`
+	LbBackends  *ebpf.MapSpec `ebpf:"lb_backends"`
+	LbCt        *ebpf.MapSpec `ebpf:"lb_ct"`
+	LbFrontends *ebpf.MapSpec `ebpf:"lb_frontends"`
+	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
+	Policy      *ebpf.MapSpec `ebpf:"policy"`
 }
 
 // EndpointVariableSpecs contains global variables before they are loaded into the kernel.
@@ -234,12 +320,17 @@ func (o *EndpointObjects) Close() error {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointMaps struct {
-	CidrPolicy *ebpf.Map `ebpf:"cidr_policy"`
-	Ct         *ebpf.Map `ebpf:"ct"`
-	Drops      *ebpf.Map `ebpf:"drops"`
-	Events     *ebpf.Map `ebpf:"events"`
-	Ipcache    *ebpf.Map `ebpf:"ipcache"`
-	Policy     *ebpf.Map `ebpf:"policy"`
+	CidrPolicy  *ebpf.Map `ebpf:"cidr_policy"`
+	Ct          *ebpf.Map `ebpf:"ct"`
+	Drops       *ebpf.Map `ebpf:"drops"`
+	Events      *ebpf.Map `ebpf:"events"`
+	Ipcache     *ebpf.Map `ebpf:"ipcache"`
+	LbAffinity  *ebpf.Map `ebpf:"lb_affinity"`
+	LbBackends  *ebpf.Map `ebpf:"lb_backends"`
+	LbCt        *ebpf.Map `ebpf:"lb_ct"`
+	LbFrontends *ebpf.Map `ebpf:"lb_frontends"`
+	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
+	Policy      *ebpf.Map `ebpf:"policy"`
 }
 
 func (m *EndpointMaps) Close() error {
@@ -249,6 +340,11 @@ func (m *EndpointMaps) Close() error {
 		m.Drops,
 		m.Events,
 		m.Ipcache,
+		m.LbAffinity,
+		m.LbBackends,
+		m.LbCt,
+		m.LbFrontends,
+		m.LbRevnat,
 		m.Policy,
 	)
 }

@@ -30,13 +30,7 @@ type tags struct {
 func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
 	t.tags.once.Do(func() {
 		spec := t.spec.Copy()
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-			MapReplacements: map[string]*ebpf.Map{
-				bpf.EndpointMapIpcache: sm.ipcache, bpf.EndpointMapCt: sm.ct,
-				bpf.EndpointMapDrops: sm.drops, bpf.EndpointMapEvents: sm.events,
-			},
-			Cache: t.cache,
-		})
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: sm.replacements(), Cache: t.cache})
 		if err != nil {
 			t.tags.err = fmt.Errorf("probe load: %w", err)
 			return
@@ -107,22 +101,28 @@ func (b *bpfState) runs(prog *ebpf.Program, tag string, id endpoint.ID, ident id
 	if !ok {
 		return false
 	}
-	var mine []ebpf.MapID
-	for _, m := range []*ebpf.Map{b.maps.ipcache, b.maps.ct, b.maps.drops, b.maps.events, pm, cm} {
-		mi, err := m.Info()
-		if err != nil {
-			return false
-		}
-		mid, _ := mi.ID()
-		mine = append(mine, mid)
+	// Every program uses the core maps; the service maps only where its
+	// code does (to-container: lb_revnat). Anything else is its .rodata.
+	core, err := mapIDs(b.maps.ipcache, b.maps.ct, b.maps.drops, b.maps.events, pm, cm)
+	if err != nil {
+		return false
+	}
+	lb, err := mapIDs(b.maps.lb.all()...)
+	if err != nil {
+		return false
 	}
 	var rodata []ebpf.MapID
 	for _, mid := range ids {
-		if !slices.Contains(mine, mid) {
+		if !slices.Contains(core, mid) && !slices.Contains(lb, mid) {
 			rodata = append(rodata, mid)
 		}
 	}
-	if len(rodata) != 1 || len(ids) != len(mine)+1 {
+	for _, mid := range core {
+		if !slices.Contains(ids, mid) {
+			return false
+		}
+	}
+	if len(rodata) != 1 {
 		return false
 	}
 	gotID, gotIdent, err := b.constants(rodata[0])
@@ -155,4 +155,18 @@ func (b *bpfState) constants(mid ebpf.MapID) (id, ident uint32, err error) {
 	}
 	ident, err = read(bpf.EndpointVarENDPOINT_IDENTITY)
 	return id, ident, err
+}
+
+// mapIDs returns the kernel IDs of ms.
+func mapIDs(ms ...*ebpf.Map) ([]ebpf.MapID, error) {
+	out := make([]ebpf.MapID, 0, len(ms))
+	for _, m := range ms {
+		mi, err := m.Info()
+		if err != nil {
+			return nil, err
+		}
+		mid, _ := mi.ID()
+		out = append(out, mid)
+	}
+	return out, nil
 }

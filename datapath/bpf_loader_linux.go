@@ -31,6 +31,7 @@ func newTemplate() (*template, error) {
 // sharedMaps are the node-wide maps every endpoint program uses.
 type sharedMaps struct {
 	ipcache, ct, drops, events *ebpf.Map
+	lb                         lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // openShared opens (or creates) the shared maps pinned under dir.
@@ -40,15 +41,12 @@ func (t *template) openShared(dir string) (sm sharedMaps, retErr error) {
 			sm.close()
 		}
 	}()
-	for _, m := range []struct {
-		name string
-		dst  **ebpf.Map
-	}{
+	for _, m := range append([]namedMap{
 		{bpf.EndpointMapIpcache, &sm.ipcache},
 		{bpf.EndpointMapCt, &sm.ct},
 		{bpf.EndpointMapDrops, &sm.drops},
 		{bpf.EndpointMapEvents, &sm.events},
-	} {
+	}, sm.lb.named()...) {
 		spec := t.spec.Maps[m.name].Copy()
 		spec.Pinning = ebpf.PinNone
 		mp, err := openSharedMap(spec, filepath.Join(dir, m.name))
@@ -60,8 +58,28 @@ func (t *template) openShared(dir string) (sm sharedMaps, retErr error) {
 	return sm, nil
 }
 
+// namedMap is a shared map's name in the object and where it is kept.
+type namedMap struct {
+	name string
+	dst  **ebpf.Map
+}
+
+// replacements are the shared maps by name, for a program load.
+func (sm sharedMaps) replacements() map[string]*ebpf.Map {
+	r := map[string]*ebpf.Map{
+		bpf.EndpointMapIpcache: sm.ipcache,
+		bpf.EndpointMapCt:      sm.ct,
+		bpf.EndpointMapDrops:   sm.drops,
+		bpf.EndpointMapEvents:  sm.events,
+	}
+	for _, m := range sm.lb.named() {
+		r[m.name] = *m.dst
+	}
+	return r
+}
+
 func (sm sharedMaps) close() {
-	for _, m := range []*ebpf.Map{sm.ipcache, sm.ct, sm.drops, sm.events} {
+	for _, m := range append([]*ebpf.Map{sm.ipcache, sm.ct, sm.drops, sm.events}, sm.lb.all()...) {
 		if m != nil {
 			m.Close()
 		}
@@ -91,17 +109,10 @@ func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, iden
 	if err := spec.Variables[bpf.EndpointVarENDPOINT_IDENTITY].Set(uint32(ident)); err != nil {
 		return programs{}, fmt.Errorf("load endpoint %d programs: set identity: %w", id, err)
 	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{
-			bpf.EndpointMapIpcache:    sm.ipcache,
-			bpf.EndpointMapCt:         sm.ct,
-			bpf.EndpointMapDrops:      sm.drops,
-			bpf.EndpointMapEvents:     sm.events,
-			bpf.EndpointMapPolicy:     pol,
-			bpf.EndpointMapCidrPolicy: cidr,
-		},
-		Cache: t.cache,
-	})
+	repl := sm.replacements()
+	repl[bpf.EndpointMapPolicy] = pol
+	repl[bpf.EndpointMapCidrPolicy] = cidr
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl, Cache: t.cache})
 	if err != nil {
 		return programs{}, fmt.Errorf("load endpoint %d programs: %w", id, err)
 	}

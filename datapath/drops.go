@@ -22,10 +22,13 @@ const (
 	DropMalformed = "malformed"
 	// DropUnknownL3: a frame neither IP nor ARP in an enforced direction.
 	DropUnknownL3 = "unknown-l3"
+	// DropNoBackend: a new connection to a service frontend without
+	// backends (bpf/lb.h).
+	DropNoBackend = "no-backend"
 )
 
 // dropReasons maps the programs' reason numbers to names.
-var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3}
+var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
 func dropReasonName(reason uint8) string {

@@ -58,6 +58,7 @@ type Fake struct {
 	nodes     []RemoteNode                // the last SyncNodes set
 	tunnels   map[netip.Prefix]netip.Addr // ipcache tunnel endpoints
 	nodeSyncs int
+	lb        fakeLB // fake_services.go
 }
 
 var _ Datapath = (*Fake)(nil)

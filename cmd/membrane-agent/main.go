@@ -95,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
+	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too (no kube-proxy on the node); cluster addresses are always translated")
 	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
 	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
 	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
@@ -160,6 +161,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 			kc.NodeName = strings.ToLower(host)
 		}
 		cfg.K8s = &kc
+	} else if kc.KubeProxyReplacement {
+		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
 	}
 	if err := kvstoreFlags(&cfg, kv, kvMode, etcdEndpoints, nodeAddrs, kc.NodeName); err != nil {
 		return cfg, nil, err

@@ -280,6 +280,12 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == "GET" && r.URL.Path == "/v1/drops":
 		fmt.Fprint(w, `[{"endpoint": 3, "reason": "policy-denied", "direction": "ingress", "packets": 3, "bytes": 180},
  {"endpoint": 7, "reason": "fragment", "direction": "egress", "packets": 1, "bytes": 1500}]`)
+	case r.Method == "GET" && r.URL.Path == "/v1/service":
+		fmt.Fprint(w, `{"services": [{"frontend": "10.96.0.10:5432/TCP", "name": "default/db", "port-name": "sql", "kind": "ClusterIP",
+ "source": "k8s", "id": 1, "backends": ["10.200.0.5:5432", "10.200.0.6:5432"], "state": "realized",
+ "realized": {"id": 1, "backends": ["10.200.0.5:5432", "10.200.0.6:5432"]}},
+ {"frontend": "10.96.0.11:80/TCP", "name": "default/empty", "kind": "ClusterIP", "source": "k8s", "id": 2, "backends": [], "state": "failed", "error": "injected"}],
+ "maps": {"frontends": 1, "backends": 2, "connections": 4, "reverse-nat": 4, "affinity": 0}}`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
@@ -319,6 +325,8 @@ func TestPolicyCommands(t *testing.T) {
 		{"drops-json", []string{"drops", "-o", "json"}, exitOK},
 		{"ipcache-list", []string{"ipcache", "list"}, exitOK},
 		{"ipcache-list-json", []string{"ipcache", "list", "-o", "json"}, exitOK},
+		{"service-list-maps", []string{"service", "list", "--maps"}, exitOK},
+		{"service-list-json", []string{"service", "list", "-o", "json"}, exitOK},
 		{"node-list", []string{"node", "list"}, exitOK},
 		{"node-list-json", []string{"node", "list", "-o", "json"}, exitOK},
 	}

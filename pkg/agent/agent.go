@@ -189,6 +189,7 @@ type Agent struct {
 	k8s        *k8s.Watcher    // nil: standalone
 	kvstore    *kvstoreMode    // nil: no kvstore
 	events     *events.Hub
+	k8sSvc     *k8s.ServiceWatcher
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend
@@ -349,6 +350,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		}
 		srv.SetLabeler(a.k8s.Labels)
 		srv.SetK8s(a.k8s.Status)
+		if a.k8sSvc, err = k8s.StartServices(context.Background(), *cfg.K8s, sys, log); err != nil {
+			a.k8s.Stop()
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	} else {
+		// No feeder: what an earlier agent left in the service maps goes.
+		sys.PruneServices()
 	}
 	if kv != nil {
 		if err := a.startKvstore(); err != nil {
@@ -370,6 +378,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 }
 
 func (a *Agent) stop(ctx context.Context) error {
+	if a.k8sSvc != nil {
+		a.k8sSvc.Stop()
+	}
 	if a.k8s != nil {
 		a.k8s.Stop()
 	}

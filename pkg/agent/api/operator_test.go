@@ -42,11 +42,11 @@ func TestActors(t *testing.T) {
 	for _, a := range all {
 		kinds = append(kinds, a.Kind)
 	}
-	if got := strings.Join(kinds, ","); got != "agent,datapath,ipam,ipcache,policy,identity,gc,nodes,endpoints,endpoint,endpoint" {
+	if got := strings.Join(kinds, ","); got != "agent,datapath,ipam,ipcache,policy,identity,gc,nodes,services,endpoints,endpoint,endpoint" {
 		t.Fatalf("actor kinds in tree order = %s", got)
 	}
-	if all[0].Path != "agent" || all[0].Processed == 0 || all[8].Path != "agent/endpoints" {
-		t.Errorf("root or manager: %+v %+v", all[0], all[8])
+	if all[0].Path != "agent" || all[0].Processed == 0 || all[9].Path != "agent/endpoints" {
+		t.Errorf("root or manager: %+v %+v", all[0], all[9])
 	}
 	ep := all[len(all)-1]
 	if ep.Endpoint == nil || ep.Endpoint.ID != db.ID || ep.Path != fmt.Sprintf("agent/endpoints/ep-%d", db.ID) {
@@ -71,7 +71,7 @@ func TestActors(t *testing.T) {
 		{"?kind=endpoint", 2},
 		{"?kind=ipam", 1},
 		{"?state=ready", 2},
-		{"?state=running", 9},
+		{"?state=running", 10},
 		{"?kind=endpoint&state=ready", 2},
 		{"?min-mailbox=1000", 0},
 		{"?stuck=1h", 0},

@@ -212,6 +212,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/endpoint/{id}/policy", s.subresource("policy", s.getEndpointPolicy))
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}/policy", s.getEndpointPolicy)
 	m.HandleFunc("GET /v1/ipcache", s.listIPCache)
+	m.HandleFunc("GET /v1/service", s.listServices)
 	m.HandleFunc("GET /v1/nodes", s.listNodes)
 	m.HandleFunc("GET /v1/drops", s.listDrops)
 	s.operatorRoutes(m)

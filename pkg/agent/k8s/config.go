@@ -33,6 +33,11 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// KubeProxyReplacement (--kube-proxy-replacement) translates NodePort
+	// and external addresses too; without it kube-proxy serves those and
+	// the agent translates cluster addresses only (at the pod's veth,
+	// before kube-proxy's rules could see them).
+	KubeProxyReplacement bool
 	// ProbeInterval is how often the agent asks the API server's /readyz
 	// to report the connection state (default 5 s).
 	ProbeInterval time.Duration
@@ -53,6 +58,14 @@ type Config struct {
 	Nodes NodeSink
 	// Identity configures cluster-wide identities (identity.go).
 	Identity IdentityConfig
+}
+
+// syncTimeout is SyncTimeout or its default.
+func (c *Config) syncTimeout() time.Duration {
+	if c.SyncTimeout == 0 {
+		return 2 * time.Minute
+	}
+	return c.SyncTimeout
 }
 
 // Validate names the bad field by its flag.

@@ -84,3 +84,14 @@ func (c *Client) IPCache(ctx context.Context) ([]models.IPCacheEntry, error) {
 	var out []models.IPCacheEntry
 	return out, c.do(ctx, http.MethodGet, "/v1/ipcache", "", nil, &out)
 }
+
+// Services returns the service table; with maps, what the BPF service
+// maps hold for each frontend too.
+func (c *Client) Services(ctx context.Context, maps bool) (models.ServiceList, error) {
+	var out models.ServiceList
+	path := "/v1/service"
+	if maps {
+		path += "?maps=true"
+	}
+	return out, c.do(ctx, http.MethodGet, path, "", nil, &out)
+}

@@ -91,6 +91,7 @@ func Schema() *memdb.DBSchema {
 		TablePolicies:       policiesTable(),
 		TablePolicyRevision: policyRevisionTable(),
 		TableIPCache:        ipcacheTable(),
+		TableServices:       servicesTable(),
 		TableNodes:          nodesTable(),
 	}}
 }

@@ -1,0 +1,337 @@
+/* Service load balancing of the endpoint programs: a packet a pod sends
+ * to a service frontend (virtual address, port, protocol) is translated
+ * to one of the frontend's backends (DNAT) before conntrack and policy
+ * see it, and the replies are translated back (the backend's address
+ * and port become the frontend's again) as they reach the pod. Included
+ * by endpoint.c after struct pkt and drop(); kept apart from it so that
+ * the service code is one unit.
+ *
+ *   lb_frontends  frontend -> {id, backend count, affinity}
+ *   lb_backends   {id, slot 1..count} -> backend (address, port)
+ *   lb_ct         the client's tuple (to the frontend) -> its backend
+ *   lb_revnat     the reply's tuple (from the backend) -> the frontend
+ *   lb_affinity   {id, client address} -> the backend it used last
+ *
+ * Backend choice: a TCP SYN (no ACK) or a packet of no known connection
+ * picks slot hash(flow) % count + 1 (the ClientIP affinity entry's slot
+ * instead while fresh and still holding the same backend); any other
+ * packet of a known connection keeps the backend it has (lb_ct), also
+ * after the backend left the service: established connections are
+ * drained, not reset, and only new connections avoid a removed backend.
+ * count 0 (no ready backend) drops new connections (DROP_NO_BACKEND).
+ * Non-first fragments carry no ports and are not translated.
+ */
+#ifndef MEMBRANE_LB_H
+#define MEMBRANE_LB_H
+
+/* lb_service.flags */
+#define LB_FLAG_AFFINITY 1
+
+/* A drop reason of enum drop_reason's numbering (datapath.DropNoBackend). */
+#define DROP_NO_BACKEND 5
+
+/* lb_key is a frontend. IPv4 uses addr[0] and zeroes the rest. */
+struct lb_key {
+	__u32 addr[4]; /* network byte order bytes */
+	__u16 dport;   /* network byte order */
+	__u8 proto;
+	__u8 family; /* 4 or 6 */
+};
+
+/* lb_service: the frontend's backends are lb_backends {id, 1..count}. */
+struct lb_service {
+	__u32 id;
+	__u32 count;
+	__u32 affinity; /* ClientIP affinity timeout, seconds (0: none) */
+	__u32 flags;
+};
+
+struct lb_slot_key {
+	__u32 id;
+	__u32 slot;
+};
+
+struct lb_backend {
+	__u32 addr[4];
+	__u16 port; /* network byte order */
+	__u8 family;
+	__u8 pad;
+};
+
+/* lb_tuple is a connection's tuple in one direction. */
+struct lb_tuple {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport; /* network byte order */
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+/* lb_ct_value: the backend the connection (keyed by the client's tuple
+ * to the frontend) was translated to. */
+struct lb_ct_value {
+	__u64 last_seen; /* bpf_ktime_get_ns */
+	struct lb_backend backend;
+	__u32 id;
+	__u32 slot;
+};
+
+/* lb_revnat_value: the frontend the replies' source is rewritten to. */
+struct lb_revnat_value {
+	__u64 last_seen;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct lb_affinity_key {
+	__u32 id;
+	__u8 family;
+	__u8 pad[3];
+	__u32 client[4];
+};
+
+struct lb_affinity_value {
+	__u64 last_used; /* bpf_ktime_get_ns */
+	struct lb_backend backend;
+	__u32 slot;
+	__u32 pad;
+};
+
+#ifdef __BPF__
+
+/* Shared, pinned at <bpffs>/lb_frontends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_key);
+	__type(value, struct lb_service);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} lb_frontends SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_backends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_slot_key);
+	__type(value, struct lb_backend);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} lb_backends SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_ct. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_tuple);
+	__type(value, struct lb_ct_value);
+	__uint(max_entries, 65536);
+} lb_ct SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_revnat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_tuple);
+	__type(value, struct lb_revnat_value);
+	__uint(max_entries, 65536);
+} lb_revnat SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_affinity. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_affinity_key);
+	__type(value, struct lb_affinity_value);
+	__uint(max_entries, 65536);
+} lb_affinity SEC(".maps");
+
+#define IP4_CSUM_OFF (ETH_HLEN_ + 10)
+#define IP4_SADDR_OFF (ETH_HLEN_ + 12)
+#define IP4_DADDR_OFF (ETH_HLEN_ + 16)
+#define IP6_SADDR_OFF (ETH_HLEN_ + 8)
+#define IP6_DADDR_OFF (ETH_HLEN_ + 24)
+
+enum { LB_PASS, LB_NO_BACKEND, LB_ERROR };
+
+static __always_inline int lb_proto_ok(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+}
+
+/* lb_rewrite sets the packet's source (src) or destination address and
+ * port to addr/port, with the IP and transport checksums. */
+static __noinline int lb_rewrite(struct __sk_buff *skb, struct pkt *p, __u32 *addr, __u16 port, int src)
+{
+	__u32 *old = src ? p->saddr : p->daddr;
+	__u16 oldport = src ? p->sport : p->dport;
+	__u32 csum_off = p->l4off + (p->proto == IPPROTO_TCP ? 16 : 6);
+	__u32 port_off = p->l4off + (src ? 0 : 2);
+	__u64 flags = BPF_F_PSEUDO_HDR;
+	__u32 addr_off;
+	__s64 diff;
+	__u16 csum;
+
+	if (p->proto == IPPROTO_UDP) {
+		/* A zero UDP checksum (IPv4: none) stays zero. */
+		if (bpf_skb_load_bytes(skb, csum_off, &csum, 2))
+			return -1;
+		if (csum == 0 && p->family == 4)
+			csum_off = 0;
+		flags |= BPF_F_MARK_MANGLED_0;
+	}
+	if (p->family == 4) {
+		addr_off = src ? IP4_SADDR_OFF : IP4_DADDR_OFF;
+		if (bpf_l3_csum_replace(skb, IP4_CSUM_OFF, old[0], addr[0], 4))
+			return -1;
+		if (csum_off && bpf_l4_csum_replace(skb, csum_off, old[0], addr[0], flags | 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, addr, 4, 0))
+			return -1;
+	} else {
+		addr_off = src ? IP6_SADDR_OFF : IP6_DADDR_OFF;
+		diff = bpf_csum_diff(old, 16, addr, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, flags))
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, addr, 16, 0))
+			return -1;
+	}
+	if (port != oldport) {
+		if (csum_off && bpf_l4_csum_replace(skb, csum_off, oldport, port, 2 | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
+			return -1;
+	}
+	__builtin_memcpy(old, addr, 16);
+	if (src)
+		p->sport = port;
+	else
+		p->dport = port;
+	return 0;
+}
+
+/* lb_tcp_new reports a TCP SYN without ACK: a new connection. */
+static __always_inline int lb_tcp_new(struct __sk_buff *skb, struct pkt *p)
+{
+	__u8 flags;
+
+	if (p->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4off + 13, &flags, 1))
+		return 0;
+	return (flags & 0x12) == 0x02;
+}
+
+/* lb_pick returns the backend slot for a new connection of svc, or 0. */
+static __always_inline __u32 lb_pick(struct __sk_buff *skb, struct pkt *p, struct lb_service *svc,
+				     struct lb_affinity_key *ak, __u64 now, struct lb_backend **out)
+{
+	struct lb_affinity_value *av;
+	struct lb_slot_key sk = { .id = svc->id };
+	struct lb_backend *b;
+
+	if (svc->flags & LB_FLAG_AFFINITY) {
+		av = bpf_map_lookup_elem(&lb_affinity, ak);
+		if (av && now - av->last_used < (__u64)svc->affinity * 1000000000ULL && av->slot <= svc->count) {
+			sk.slot = av->slot;
+			b = bpf_map_lookup_elem(&lb_backends, &sk);
+			if (b && b->port == av->backend.port && b->addr[0] == av->backend.addr[0] &&
+			    b->addr[1] == av->backend.addr[1] && b->addr[2] == av->backend.addr[2] &&
+			    b->addr[3] == av->backend.addr[3]) {
+				*out = b;
+				return sk.slot;
+			}
+		}
+	}
+	sk.slot = bpf_get_hash_recalc(skb) % svc->count + 1;
+	b = bpf_map_lookup_elem(&lb_backends, &sk);
+	if (!b)
+		return 0;
+	*out = b;
+	return sk.slot;
+}
+
+/* lb_translate translates a packet the pod sends to a frontend (DNAT),
+ * recording the connection and its reverse translation. */
+static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
+{
+	struct lb_key fk = { .dport = p->dport, .proto = p->proto, .family = p->family };
+	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
+	struct lb_affinity_key ak = { .family = p->family };
+	struct lb_revnat_value rv = {};
+	struct lb_ct_value nv = {};
+	struct lb_ct_value *cv;
+	struct lb_service *svc;
+	struct lb_backend *b = NULL;
+	__u64 now;
+	__u32 slot;
+
+	if (p->frag || !lb_proto_ok(p->proto))
+		return LB_PASS;
+	__builtin_memcpy(fk.addr, p->daddr, 16);
+	svc = bpf_map_lookup_elem(&lb_frontends, &fk);
+	if (!svc)
+		return LB_PASS;
+	now = bpf_ktime_get_ns();
+	__builtin_memcpy(t.saddr, p->saddr, 16);
+	__builtin_memcpy(t.daddr, p->daddr, 16);
+	cv = bpf_map_lookup_elem(&lb_ct, &t);
+	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) &&
+	    now - cv->last_seen < ct_lifetime(p->proto)) {
+		cv->last_seen = now;
+		nv.backend = cv->backend;
+	} else {
+		if (svc->count == 0)
+			return LB_NO_BACKEND;
+		ak.id = svc->id;
+		__builtin_memcpy(ak.client, p->saddr, 16);
+		slot = lb_pick(skb, p, svc, &ak, now, &b);
+		if (!slot || !b)
+			return LB_NO_BACKEND;
+		nv.last_seen = now;
+		nv.backend = *b;
+		nv.id = svc->id;
+		nv.slot = slot;
+		bpf_map_update_elem(&lb_ct, &t, &nv, BPF_ANY);
+		if (svc->flags & LB_FLAG_AFFINITY) {
+			struct lb_affinity_value av = { .last_used = now, .backend = *b, .slot = slot };
+
+			bpf_map_update_elem(&lb_affinity, &ak, &av, BPF_ANY);
+		}
+		/* The replies' tuple: from the backend to the client. Lookups
+		 * of every reply keep it in the LRU while the connection lives. */
+		__builtin_memcpy(t.saddr, nv.backend.addr, 16);
+		__builtin_memcpy(t.daddr, p->saddr, 16);
+		t.sport = nv.backend.port;
+		t.dport = p->sport;
+		rv.last_seen = now;
+		__builtin_memcpy(rv.addr, p->daddr, 16);
+		rv.port = p->dport;
+		bpf_map_update_elem(&lb_revnat, &t, &rv, BPF_ANY);
+	}
+	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
+		return LB_ERROR;
+	p->policy_port = bpf_ntohs(p->dport);
+	return LB_PASS;
+}
+
+/* lb_reverse gives a reply from a backend the frontend's address and
+ * port as its source (the client connected to the frontend). */
+static __noinline int lb_reverse(struct __sk_buff *skb, struct pkt *p)
+{
+	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
+	struct lb_revnat_value *rv;
+	__u32 addr[4];
+	__u16 port;
+
+	if (p->frag || !lb_proto_ok(p->proto))
+		return 0;
+	__builtin_memcpy(t.saddr, p->saddr, 16);
+	__builtin_memcpy(t.daddr, p->daddr, 16);
+	rv = bpf_map_lookup_elem(&lb_revnat, &t);
+	if (!rv)
+		return 0;
+	__builtin_memcpy(addr, rv->addr, 16);
+	port = rv->port;
+	return lb_rewrite(skb, p, addr, port, 1);
+}
+
+#endif /* __BPF__ */
+#endif

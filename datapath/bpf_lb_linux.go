@@ -1,0 +1,247 @@
+package datapath
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
+)
+
+// lbFlagAffinity is bpf/lb.h's LB_FLAG_AFFINITY.
+const lbFlagAffinity = 1
+
+// lbMaps are the shared service maps (bpf/lb.h), pinned under the bpffs
+// directory by their names.
+type lbMaps struct {
+	frontends, backends, ct, revnat, affinity *ebpf.Map
+}
+
+func (m *lbMaps) named() []namedMap {
+	return []namedMap{
+		{bpf.EndpointMapLbFrontends, &m.frontends},
+		{bpf.EndpointMapLbBackends, &m.backends},
+		{bpf.EndpointMapLbCt, &m.ct},
+		{bpf.EndpointMapLbRevnat, &m.revnat},
+		{bpf.EndpointMapLbAffinity, &m.affinity},
+	}
+}
+
+func (m *lbMaps) all() []*ebpf.Map {
+	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity}
+}
+
+var _ ServiceDatapath = (*Linux)(nil)
+
+// lbKey encodes a frontend.
+func lbKey(f service.Frontend) bpf.EndpointLbKey {
+	k := bpf.EndpointLbKey{Dport: htons(f.Port), Proto: f.Proto, Family: familyV6}
+	if f.Addr.Is4() {
+		k.Family = familyV4
+	}
+	k.Addr = addrWords(addr16(f.Addr))
+	return k
+}
+
+// lbBackend encodes a backend.
+func lbBackend(b service.Backend) bpf.EndpointLbBackend {
+	v := bpf.EndpointLbBackend{Port: htons(b.Port), Family: familyV6}
+	if b.Addr.Is4() {
+		v.Family = familyV4
+	}
+	v.Addr = addrWords(addr16(b.Addr))
+	return v
+}
+
+// addr16 is a's bytes, IPv4 in the first four.
+func addr16(a netip.Addr) (b [16]byte) {
+	copy(b[:], a.AsSlice())
+	return b
+}
+
+// addrOf decodes an address of family from the programs' words.
+func addrOf(family uint8, w [4]uint32) netip.Addr {
+	b := addrBytes(w)
+	if family == familyV4 {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+// htons and ntohs convert a port to and from the programs' network byte
+// order as it sits in a native-endian u16.
+func htons(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func ntohs(p uint16) uint16 { return htons(p) }
+
+func lbServiceValue(s LBService) bpf.EndpointLbService {
+	v := bpf.EndpointLbService{Id: s.ID, Count: uint32(len(s.Backends))}
+	if s.Affinity > 0 {
+		v.Flags = lbFlagAffinity
+		v.Affinity = uint32(min(math.Ceil(s.Affinity.Seconds()), math.MaxUint32))
+	}
+	return v
+}
+
+// UpsertService implements ServiceDatapath: slots first, then the
+// frontend (its count), then the slots beyond the new count.
+func (l *Linux) UpsertService(_ context.Context, s LBService, prevBackends int) error {
+	if err := s.Frontend.Validate(); err != nil || s.ID == 0 {
+		return fmt.Errorf("upsert service %s (id %d): %w", s.Frontend, s.ID, ErrInvalidConfig)
+	}
+	return l.guardBPF(func(b *bpfState) error {
+		return writeLBService(&b.maps.lb, s, prevBackends)
+	})
+}
+
+func writeLBService(m *lbMaps, s LBService, prevBackends int) error {
+	for i, be := range s.Backends {
+		k := bpf.EndpointLbSlotKey{Id: s.ID, Slot: uint32(i + 1)}
+		if err := m.backends.Update(k, lbBackend(be), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("upsert service %s: backend slot %d: %w", s.Frontend, i+1, err)
+		}
+	}
+	if err := m.frontends.Update(lbKey(s.Frontend), lbServiceValue(s), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("upsert service %s: frontend: %w", s.Frontend, err)
+	}
+	return deleteSlots(m, s.ID, len(s.Backends)+1, prevBackends)
+}
+
+// deleteSlots deletes service id's slots from..to; missing ones are fine.
+func deleteSlots(m *lbMaps, id uint32, from, to int) error {
+	for slot := from; slot <= to; slot++ {
+		err := m.backends.Delete(bpf.EndpointLbSlotKey{Id: id, Slot: uint32(slot)})
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete service %d slot %d: %w", id, slot, err)
+		}
+	}
+	return nil
+}
+
+// DeleteService implements ServiceDatapath: the frontend first, so no new
+// connection looks at the slots being deleted.
+func (l *Linux) DeleteService(_ context.Context, f service.Frontend, id uint32, prevBackends int) error {
+	return l.guardBPF(func(b *bpfState) error {
+		err := b.maps.lb.frontends.Delete(lbKey(f))
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete service %s: %w", f, err)
+		}
+		return deleteSlots(&b.maps.lb, id, 1, prevBackends)
+	})
+}
+
+// SyncServices implements ServiceDatapath.
+func (l *Linux) SyncServices(_ context.Context, desired []LBService) error {
+	return l.guardBPF(func(b *bpfState) error {
+		m := &b.maps.lb
+		want := make(map[bpf.EndpointLbKey]bool, len(desired))
+		slots := make(map[bpf.EndpointLbSlotKey]bool)
+		for _, s := range desired {
+			want[lbKey(s.Frontend)] = true
+			for i := range s.Backends {
+				slots[bpf.EndpointLbSlotKey{Id: s.ID, Slot: uint32(i + 1)}] = true
+			}
+			if err := writeLBService(m, s, 0); err != nil {
+				return err
+			}
+		}
+		if err := pruneMap(m.frontends, func(k bpf.EndpointLbKey) bool { return want[k] }); err != nil {
+			return fmt.Errorf("sync services: %w", err)
+		}
+		if err := pruneMap(m.backends, func(k bpf.EndpointLbSlotKey) bool { return slots[k] }); err != nil {
+			return fmt.Errorf("sync services: %w", err)
+		}
+		return nil
+	})
+}
+
+// pruneMap deletes m's keys that keep refuses.
+func pruneMap[K comparable](m *ebpf.Map, keep func(K) bool) error {
+	var (
+		k    K
+		dead []K
+	)
+	it := m.Iterate()
+	var v []byte
+	for it.Next(&k, &v) {
+		if !keep(k) {
+			dead = append(dead, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate %s: %w", m, err)
+	}
+	for _, k := range dead {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// DumpServices implements ServiceDatapath.
+func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		m := &b.maps.lb
+		var (
+			fk bpf.EndpointLbKey
+			fv bpf.EndpointLbService
+		)
+		it := m.frontends.Iterate()
+		for it.Next(&fk, &fv) {
+			out.Frontends = append(out.Frontends, LBFrontendEntry{
+				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto},
+				ID:       fv.Id, Count: fv.Count, Affinity: fv.Affinity,
+			})
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("dump services: %w", err)
+		}
+		var (
+			sk bpf.EndpointLbSlotKey
+			sv bpf.EndpointLbBackend
+		)
+		it = m.backends.Iterate()
+		for it.Next(&sk, &sv) {
+			out.Backends = append(out.Backends, LBBackendEntry{ID: sk.Id, Slot: sk.Slot,
+				Backend: service.Backend{Addr: addrOf(sv.Family, sv.Addr), Port: ntohs(sv.Port)}})
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("dump services: %w", err)
+		}
+		for _, c := range []struct {
+			m *ebpf.Map
+			n *int
+		}{{m.ct, &out.Connections}, {m.revnat, &out.ReverseNAT}, {m.affinity, &out.Affinity}} {
+			n, err := countEntries(c.m)
+			if err != nil {
+				return fmt.Errorf("dump services: %w", err)
+			}
+			*c.n = n
+		}
+		return nil
+	})
+	sortLBMaps(&out)
+	return out, err
+}
+
+// countEntries counts m's keys.
+func countEntries(m *ebpf.Map) (int, error) {
+	var k, v []byte
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
+}

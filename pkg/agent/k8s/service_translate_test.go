@@ -1,0 +1,135 @@
+package k8s
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/membrane-cni/membrane/pkg/domain/service"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func testSlice(family discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, AddressType: family, Ports: ports, Endpoints: eps}
+}
+
+func ep(addr, node string, ready *bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: ptr(node), Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+}
+
+// summary is frontend -> "backend,backend" for compact comparisons.
+func summary(svcs []service.Service) map[string]string {
+	out := map[string]string{}
+	for _, s := range svcs {
+		v := s.Kind + ":"
+		for i, b := range s.Backends {
+			if i > 0 {
+				v += ","
+			}
+			v += b.String()
+		}
+		out[s.Frontend.String()] = v
+	}
+	return out
+}
+
+func TestTranslateService(t *testing.T) {
+	ports := []discoveryv1.EndpointPort{
+		{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)},
+		{Name: ptr("dns"), Port: ptr[int32](5353), Protocol: ptr(corev1.ProtocolUDP)},
+	}
+	v4 := testSlice(discoveryv1.AddressTypeIPv4, ports,
+		ep("10.0.0.1", "n1", nil), ep("10.0.0.2", "n2", ptr(true)), ep("10.0.0.3", "n1", ptr(false)))
+	v6 := testSlice(discoveryv1.AddressTypeIPv6, ports, ep("fd00::1", "n1", ptr(true)))
+	base := func() *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1", "fd00:96::1"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080},
+				{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+				{Name: "sctp", Port: 9, Protocol: corev1.ProtocolSCTP},
+			}}}
+	}
+	node := []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	for _, tc := range []struct {
+		name   string
+		view   serviceView
+		mutate func(*corev1.Service)
+		want   map[string]string
+	}{
+		{"cluster IPs, ready endpoints, ports by name; no NodePort without replacement", serviceView{node: "n1", nodeAddrs: node}, nil, map[string]string{
+			"10.96.0.1:80/TCP":    "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+			"10.96.0.1:53/UDP":    "ClusterIP:10.0.0.1:5353,10.0.0.2:5353",
+			"[fd00:96::1]:80/TCP": "ClusterIP:[fd00::1]:8080",
+			"[fd00:96::1]:53/UDP": "ClusterIP:[fd00::1]:5353",
+		}},
+		{"replacement adds the NodePort", serviceView{node: "n1", nodeAddrs: node, replacement: true}, nil, map[string]string{
+			"10.96.0.1:80/TCP":    "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+			"10.96.0.1:53/UDP":    "ClusterIP:10.0.0.1:5353,10.0.0.2:5353",
+			"[fd00:96::1]:80/TCP": "ClusterIP:[fd00::1]:8080",
+			"[fd00:96::1]:53/UDP": "ClusterIP:[fd00::1]:5353",
+			"192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+		}},
+		{"externalTrafficPolicy Local: the NodePort keeps this node's endpoints", serviceView{node: "n1", nodeAddrs: node, replacement: true},
+			func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+				s.Spec.Ports = s.Spec.Ports[:1]
+			}, map[string]string{
+				"10.96.0.1:80/TCP":    "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+				"192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080",
+			}},
+		{"internalTrafficPolicy Local: the cluster IP keeps this node's endpoints", serviceView{node: "n2"},
+			func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+				s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+				s.Spec.Ports = s.Spec.Ports[:1]
+			}, map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.2:8080"}},
+		{"a port no slice names has no backends", serviceView{node: "n1"},
+			func(s *corev1.Service) {
+				s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+				s.Spec.Ports = []corev1.ServicePort{{Name: "other", Port: 81, Protocol: corev1.ProtocolTCP}}
+			}, map[string]string{"10.96.0.1:81/TCP": "ClusterIP:"}},
+		{"headless", serviceView{}, func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }, map[string]string{}},
+		{"external name", serviceView{}, func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base()
+			if tc.mutate != nil {
+				tc.mutate(s)
+			}
+			got := summary(tc.view.translate(s, []*discoveryv1.EndpointSlice{v4, v6}))
+			if len(got) != len(tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			for k, w := range tc.want {
+				if got[k] != w {
+					t.Errorf("%s: got %q, want %q", k, got[k], w)
+				}
+			}
+		})
+	}
+}
+
+func TestTranslateAffinity(t *testing.T) {
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
+		ClusterIP: "10.96.0.1", SessionAffinity: corev1.ServiceAffinityClientIP,
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	v := serviceView{}
+	if got := v.translate(s, nil); len(got) != 1 || got[0].Affinity != defaultAffinity {
+		t.Fatalf("ClientIP without a timeout: %+v, want %s", got, defaultAffinity)
+	}
+	s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr[int32](60)}}
+	got := v.translate(s, nil)
+	if len(got) != 1 || got[0].Affinity != time.Minute {
+		t.Fatalf("ClientIP 60 s: %+v", got)
+	}
+	if err := got[0].Validate(); err != nil {
+		t.Errorf("translated service invalid: %v", err)
+	}
+}
