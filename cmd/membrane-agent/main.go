@@ -21,6 +21,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
@@ -101,6 +102,15 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.Identity.GCInterval, "identity-gc-interval", time.Minute, "Kubernetes mode, crd identities: time between garbage collection passes (negative disables this agent's)")
 	fs.StringVar(&kc.Identity.LeaseNamespace, "identity-lease-namespace", "kube-system", "Kubernetes mode, crd identities: namespace of the nodes' heartbeat leases")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	var kv kvstore.Config
+	var kvMode, etcdEndpoints, nodeAddrs string
+	fs.StringVar(&kvMode, "kvstore", "", "kvstore mode: \"etcd\" shares identities, endpoints and nodes through etcd (\"\": off)")
+	fs.StringVar(&etcdEndpoints, "etcd-endpoints", "", "kvstore mode: comma-separated etcd client URLs (http:// or https://)")
+	fs.StringVar(&kv.CAFile, "etcd-ca", "", "kvstore mode: CA file verifying etcd's certificate (turns TLS on)")
+	fs.StringVar(&kv.CertFile, "etcd-cert", "", "kvstore mode: client certificate file (with --etcd-key)")
+	fs.StringVar(&kv.KeyFile, "etcd-key", "", "kvstore mode: client key file (with --etcd-cert)")
+	fs.DurationVar(&kv.LeaseTTL, "kvstore-lease-ttl", kvstore.DefaultLeaseTTL, "kvstore mode: node lease TTL: how long after this agent stops renewing it other nodes keep its endpoints (at least 2s)")
+	fs.StringVar(&nodeAddrs, "kvstore-node-addrs", "", "kvstore mode: comma-separated underlay addresses of this node, published for other nodes to route to")
 	var clusterCIDRs string
 	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
 	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
@@ -151,16 +161,56 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 			kc.NodeName = strings.ToLower(host)
 		}
 		cfg.K8s = &kc
-	} else if kc.NodeName != "" {
-		return cfg, nil, fmt.Errorf("--node-name: only with --k8s-kubeconfig or --k8s")
 	} else if kc.KubeProxyReplacement {
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
+	}
+	if err := kvstoreFlags(&cfg, kv, kvMode, etcdEndpoints, nodeAddrs, kc.NodeName); err != nil {
+		return cfg, nil, err
+	}
+	if kc.NodeName != "" && cfg.K8s == nil && cfg.Kvstore == nil {
+		return cfg, nil, fmt.Errorf("--node-name: only with --k8s-kubeconfig, --k8s or --kvstore")
 	}
 	log, err := newLogger(level, format, stderr)
 	if err != nil {
 		return cfg, nil, err
 	}
 	return cfg, log, cfg.Validate()
+}
+
+// kvstoreFlags fills cfg.Kvstore from the kvstore flags.
+func kvstoreFlags(cfg *agent.Config, kv kvstore.Config, mode, endpoints, nodeAddrs, nodeName string) error {
+	switch mode {
+	case "":
+		if endpoints != "" || kv.CAFile != "" || kv.CertFile != "" || kv.KeyFile != "" || nodeAddrs != "" {
+			return fmt.Errorf("--etcd-*, --kvstore-node-addrs: only with --kvstore etcd")
+		}
+		return nil
+	case "etcd":
+	default:
+		return fmt.Errorf("--kvstore: %q: want etcd or \"\"", mode)
+	}
+	if endpoints != "" {
+		kv.Endpoints = strings.Split(endpoints, ",")
+	}
+	kv.NodeName = nodeName
+	if kv.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("--node-name: hostname: %w", err)
+		}
+		kv.NodeName = strings.ToLower(host)
+	}
+	if nodeAddrs != "" {
+		for _, s := range strings.Split(nodeAddrs, ",") {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return fmt.Errorf("--kvstore-node-addrs: %q: %w", s, err)
+			}
+			cfg.NodeAddrs = append(cfg.NodeAddrs, a)
+		}
+	}
+	cfg.Kvstore = &kv
+	return nil
 }
 
 // parseExpiry maps --ipam-expiry to the IPAM config: 0 disables expiry

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,6 +214,51 @@ func TestParseFlagsIdentityMode(t *testing.T) {
 			}
 			if cfg.K8s == nil || cfg.K8s.CRDIdentities() != tc.crd {
 				t.Fatalf("K8s = %+v, want crd identities %v", cfg.K8s, tc.crd)
+			}
+		})
+	}
+}
+
+func TestParseFlagsKvstore(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "missing-ca.pem")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    []string // etcd endpoints; nil: kvstore off
+		wantErr string
+	}{
+		{"off", nil, nil, ""},
+		{"etcd", []string{"--kvstore", "etcd", "--etcd-endpoints", "http://10.0.0.1:2379,https://10.0.0.2:2379", "--node-name", "n1",
+			"--kvstore-node-addrs", "192.168.1.1,fd00::1"}, []string{"http://10.0.0.1:2379", "https://10.0.0.2:2379"}, ""},
+		{"no endpoints", []string{"--kvstore", "etcd", "--node-name", "n1"}, nil, "--etcd-endpoints"},
+		{"bad endpoint", []string{"--kvstore", "etcd", "--etcd-endpoints", "10.0.0.1:2379", "--node-name", "n1"}, nil, "--etcd-endpoints"},
+		{"unknown kvstore", []string{"--kvstore", "consul"}, nil, "--kvstore"},
+		{"etcd flags without kvstore", []string{"--etcd-endpoints", "http://a:1"}, nil, "--kvstore etcd"},
+		{"cert without key", []string{"--kvstore", "etcd", "--etcd-endpoints", "https://a:1", "--node-name", "n1", "--etcd-cert", "c.pem"}, nil, "--etcd-cert"},
+		{"missing CA file", []string{"--kvstore", "etcd", "--etcd-endpoints", "https://a:1", "--node-name", "n1", "--etcd-ca", ca}, nil, "--etcd-ca"},
+		{"bad node addr", []string{"--kvstore", "etcd", "--etcd-endpoints", "http://a:1", "--node-name", "n1", "--kvstore-node-addrs", "x"}, nil, "--kvstore-node-addrs"},
+		{"short lease", []string{"--kvstore", "etcd", "--etcd-endpoints", "http://a:1", "--node-name", "n1", "--kvstore-lease-ttl", "1s"}, nil, "--kvstore-lease-ttl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)
+			cfg, _, err := parseFlags(args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				if cfg.Kvstore != nil {
+					t.Fatalf("Kvstore = %+v, want off", cfg.Kvstore)
+				}
+				return
+			}
+			if cfg.Kvstore == nil || !slices.Equal(cfg.Kvstore.Endpoints, tc.want) || cfg.Kvstore.NodeName != "n1" || len(cfg.NodeAddrs) != 2 {
+				t.Fatalf("Kvstore = %+v, NodeAddrs %v", cfg.Kvstore, cfg.NodeAddrs)
 			}
 		})
 	}

@@ -60,6 +60,9 @@ func (a *app) statusOut(st *models.Status) error {
 	if st.K8s != nil {
 		t.row("Kubernetes:", k8sText(st.K8s))
 	}
+	if st.Kvstore != nil {
+		t.row("Kvstore:", kvstoreText(st.Kvstore))
+	}
 	if st.ClusterIdentity != nil {
 		t.row("Cluster identities:", clusterIdentityText(st.ClusterIdentity))
 	}
@@ -125,6 +128,27 @@ func k8sText(k *models.K8sStatus) string {
 	}
 	if k.PodCIDRWarning != "" {
 		out += ", pod CIDRs changed (" + k.PodCIDRWarning + ")"
+	}
+	return out
+}
+
+// kvstoreText is the kvstore connection's line: health, node and
+// endpoints, then what is published and mirrored, then the last error.
+func kvstoreText(k *models.KvstoreStatus) string {
+	state := "healthy"
+	if !k.Healthy {
+		state = "unreachable"
+	}
+	out := fmt.Sprintf("%s %s (node %s, %s)", k.Backend, state, k.Node, strings.Join(k.Endpoints, ","))
+	if !k.Synced {
+		out += ", not synced"
+	}
+	out += fmt.Sprintf(", %d published, %d remote endpoints, %d remote nodes", k.Published, k.RemoteEndpoints, k.RemoteNodes)
+	if k.LeaseRegrants > 0 {
+		out += fmt.Sprintf(", lease lost %d times", k.LeaseRegrants)
+	}
+	if k.LastError != "" {
+		out += ": " + k.LastError
 	}
 	return out
 }

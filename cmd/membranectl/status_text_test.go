@@ -79,3 +79,24 @@ func TestClusterIdentityText(t *testing.T) {
 		})
 	}
 }
+
+func TestKvstoreText(t *testing.T) {
+	tests := []struct {
+		name string
+		k    models.KvstoreStatus
+		want string
+	}{
+		{"healthy", models.KvstoreStatus{Backend: "etcd", Healthy: true, Synced: true, Node: "n1", Endpoints: []string{"https://a:2379", "https://b:2379"},
+			Published: 4, RemoteEndpoints: 30, RemoteNodes: 2},
+			"etcd healthy (node n1, https://a:2379,https://b:2379), 4 published, 30 remote endpoints, 2 remote nodes"},
+		{"down", models.KvstoreStatus{Backend: "etcd", Node: "n1", Endpoints: []string{"http://a:2379"}, LeaseRegrants: 1, LastError: "context deadline exceeded"},
+			"etcd unreachable (node n1, http://a:2379), not synced, 0 published, 0 remote endpoints, 0 remote nodes, lease lost 1 times: context deadline exceeded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := kvstoreText(&tt.k); got != tt.want {
+				t.Fatalf("kvstoreText = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

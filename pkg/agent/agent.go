@@ -23,6 +23,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
@@ -83,6 +84,13 @@ type Config struct {
 	// K8s turns the Kubernetes mode on (nil: standalone): pods, namespaces
 	// and NetworkPolicies come from the API server.
 	K8s *k8s.Config
+	// Kvstore turns the kvstore mode on (--kvstore etcd; nil: off): this
+	// node and its endpoints are published in etcd, the other nodes'
+	// are mirrored into the agent.
+	Kvstore *kvstore.Config
+	// NodeAddrs are this node's underlay addresses
+	// (--kvstore-node-addrs), published for other nodes to route to.
+	NodeAddrs []netip.Addr
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
 	HTTPAddr string
@@ -132,6 +140,16 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if c.Kvstore != nil {
+		if err := c.Kvstore.Validate(); err != nil {
+			return err
+		}
+	}
+	for _, a := range c.NodeAddrs {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("--kvstore-node-addrs: %s: not a node address: %w", a, ErrInvalidConfig)
+		}
+	}
 	if err := c.validateListeners(); err != nil {
 		return err
 	}
@@ -169,6 +187,8 @@ type Agent struct {
 	poolSizes  map[ipam.Family]int
 	health     *health.Manager // nil: disabled
 	k8s        *k8s.Watcher    // nil: standalone
+	kvstore    *kvstoreMode    // nil: no kvstore
+	events     *events.Hub
 	k8sSvc     *k8s.ServiceWatcher
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
@@ -256,6 +276,17 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
 	ac.GC.Interval = cfg.GCInterval
+	kv, err := connectKvstore(cfg.Kvstore, log)
+	if err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if kv != nil {
+		undo = append(undo, kv.stop)
+		if ac.IdentityBackend == nil { // kvstore mode: identities through etcd
+			kv.identities = kvstore.NewIdentityBackend(kv.client)
+			ac.IdentityBackend = kv.identities
+		}
+	}
 	idBackend, err := startIdentityBackend(&cfg, &ac, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
@@ -280,7 +311,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg), idBackend: idBackend}
+		poolSizes: poolSizesOf(&cfg), events: ac.Events, kvstore: kv, idBackend: idBackend}
 	cfg.API.Metrics.SetSampler(a.sample)
 	go func() { a.served <- srv.Serve(lis) }()
 	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
@@ -327,6 +358,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		// No feeder: what an earlier agent left in the service maps goes.
 		sys.PruneServices()
 	}
+	if kv != nil {
+		if err := a.startKvstore(); err != nil {
+			return nil, fmt.Errorf("start agent: %w", err)
+		}
+	}
 	srv.SetReady()
 	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
 		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
@@ -347,6 +383,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	}
 	if a.k8s != nil {
 		a.k8s.Stop()
+	}
+	if a.kvstore != nil {
+		a.kvstore.stop()
 	}
 	if a.stopCNI != nil {
 		a.stopCNI()

@@ -53,6 +53,9 @@ func (a *Agent) Crash() {
 	if a.health != nil {
 		a.health.Stop() // a killed agent's responder socket closes
 	}
+	if a.kvstore != nil {
+		a.kvstore.stop() // its etcd connection dies; the lease runs out unless a restart renews it
+	}
 	if ul, ok := a.lis.(*net.UnixListener); ok {
 		ul.SetUnlinkOnClose(false)
 	}

@@ -193,3 +193,23 @@ func TestNothingWatchesTheIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentLinksNoEtcdServer: the agent talks to etcd through the client
+// only; the server (embedded by tests) must never reach its binary.
+func TestAgentLinksNoEtcdServer(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./cmd/membrane-agent")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "go.etcd.io/etcd/client/v3") {
+		t.Errorf("membrane-agent does not link the etcd client: is kvstore mode wired in?")
+	}
+	for _, dep := range deps {
+		if strings.HasPrefix(dep, "go.etcd.io/etcd/server") || strings.HasPrefix(dep, "go.etcd.io/raft") || strings.HasPrefix(dep, "go.etcd.io/bbolt") {
+			t.Errorf("membrane-agent links %s", dep)
+		}
+	}
+}

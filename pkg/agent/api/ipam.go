@@ -210,6 +210,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.k8s.Load(); fn != nil {
 		st.K8s = (*fn)()
 	}
+	if fn := s.kvstore.Load(); fn != nil {
+		st.Kvstore = (*fn)()
+	}
 	st.L7Proxy = l7Status(s.sys.Datapath)
 	if ci, ok := s.sys.ClusterIdentities(); ok {
 		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,

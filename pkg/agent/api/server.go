@@ -91,6 +91,7 @@ type Server struct {
 	health      atomic.Pointer[func() *models.HealthStatus]
 	restore     atomic.Pointer[models.RestoreStatus]
 	k8s         atomic.Pointer[func() *models.K8sStatus]
+	kvstore     atomic.Pointer[func() *models.KvstoreStatus]
 	labeler     atomic.Pointer[EndpointLabeler]
 }
 
@@ -105,6 +106,9 @@ func (s *Server) SetLabeler(fn EndpointLabeler) { s.labeler.Store(&fn) }
 
 // SetK8s installs the Kubernetes connection's status for GET /v1/status.
 func (s *Server) SetK8s(fn func() *models.K8sStatus) { s.k8s.Store(&fn) }
+
+// SetKvstore installs the kvstore connection's status for GET /v1/status.
+func (s *Server) SetKvstore(fn func() *models.KvstoreStatus) { s.kvstore.Store(&fn) }
 
 // SetHealth installs the health endpoint's status for GET /v1/status.
 func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }

@@ -190,6 +190,33 @@ type Status struct {
 	// ClusterIdentity is the cluster-wide identity store (absent with the
 	// node-local allocator).
 	ClusterIdentity *ClusterIdentityStatus `json:"cluster-identity,omitempty"`
+	// Kvstore is the connection to etcd (absent unless --kvstore etcd).
+	Kvstore *KvstoreStatus `json:"kvstore,omitempty"`
+}
+
+// KvstoreStatus reports the agent's kvstore (etcd) connection.
+type KvstoreStatus struct {
+	// Backend is "etcd".
+	Backend string `json:"backend"`
+	// Endpoints are etcd's client URLs; Node is this node's name.
+	Endpoints []string `json:"endpoints"`
+	Node      string   `json:"node"`
+	// Healthy is false while etcd cannot be reached; Since is when it
+	// last changed; LastError is the most recent failure.
+	Healthy   bool      `json:"healthy"`
+	Since     time.Time `json:"since"`
+	LastError string    `json:"last-error,omitempty"`
+	// Lease is the node lease's ID (0: none granted yet); LeaseRegrants
+	// counts leases granted after the first (each one a lost lease).
+	Lease         int64 `json:"lease"`
+	LeaseRegrants int   `json:"lease-regrants"`
+	// Synced is true once the remote endpoints and nodes were listed.
+	Synced bool `json:"synced"`
+	// Published counts this node's keys (itself and its endpoints);
+	// RemoteEndpoints and RemoteNodes what the other nodes published.
+	Published       int `json:"published"`
+	RemoteEndpoints int `json:"remote-endpoints"`
+	RemoteNodes     int `json:"remote-nodes"`
 }
 
 // L7ProxyStatus reports the L7 proxy process and its configuration

@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+)
+
+// kvstoreMode is the agent's kvstore side (Config.Kvstore non-nil): the
+// connection, this node's endpoints published, other nodes' mirrored.
+type kvstoreMode struct {
+	client *kvstore.Client
+	// identities is the etcd identity backend the actor system uses (nil
+	// when the caller passed its own in Actors.IdentityBackend).
+	identities *kvstore.IdentityBackend
+	pub        *kvstore.Publisher // nil until startKvstore
+	mirror     *kvstore.Mirror    // nil until startKvstore
+}
+
+// connectKvstore connects to etcd (without waiting for it: the agent
+// serves its existing endpoints while etcd is away); nil when cfg is nil.
+// It runs before the actor system starts, which takes its identity
+// backend.
+func connectKvstore(cfg *kvstore.Config, log *slog.Logger) (*kvstoreMode, error) {
+	if cfg == nil {
+		return nil, nil
+	}
+	c, err := kvstore.Connect(*cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("kvstore: %w", err)
+	}
+	return &kvstoreMode{client: c}, nil
+}
+
+// startKvstore publishes this node and its endpoints from the index, and
+// feeds the other nodes' endpoints into the ipcache and the other nodes
+// to the datapath's routes, through the front door (source "kvstore").
+func (a *Agent) startKvstore() error {
+	k := a.kvstore
+	var err error
+	k.pub, err = kvstore.StartPublisher(k.client, kvstore.PublisherConfig{Addrs: a.cfg.NodeAddrs, PodCIDRs: a.podCIDRs(),
+		Source: a.Index, Hub: a.events})
+	if err != nil {
+		return fmt.Errorf("kvstore: %w", err)
+	}
+	k.mirror = kvstore.StartMirror(k.client, a.System, a.System)
+	a.Server.SetKvstore(k.status)
+	return nil
+}
+
+// stop stops publishing and mirroring and closes the connection; the
+// node's keys stay until its lease expires, so a restarting agent's pods
+// do not flap on other nodes. Idempotent.
+func (k *kvstoreMode) stop() {
+	if k.mirror != nil {
+		k.mirror.Stop()
+	}
+	if k.pub != nil {
+		k.pub.Stop()
+	}
+	if k.identities != nil {
+		_ = k.identities.Close()
+	}
+	_ = k.client.Close()
+}
+
+func (k *kvstoreMode) status() *models.KvstoreStatus {
+	h, p, m := k.client.Health(), k.pub.Stats(), k.mirror.Stats()
+	st := &models.KvstoreStatus{Backend: "etcd", Endpoints: k.client.Endpoints(), Node: k.client.NodeName(),
+		Healthy: h.Healthy, Since: h.Since, LastError: h.LastError, Lease: h.Lease, LeaseRegrants: h.Regrants,
+		Synced: m.Synced, Published: p.Published, RemoteEndpoints: m.RemoteEndpoints, RemoteNodes: m.RemoteNodes}
+	for _, e := range []string{p.LastError, m.LastError} {
+		if st.LastError == "" {
+			st.LastError = e
+		}
+	}
+	return st
+}
+
+var (
+	_ kvstore.RemoteSink = (*actors.System)(nil)
+	_ kvstore.NodeSink   = (*actors.System)(nil)
+)
+
+// podCIDRs are this node's pod ranges (the IPAM ranges).
+func (a *Agent) podCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{a.cfg.IPv4Range, a.cfg.IPv6Range} {
+		if p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}

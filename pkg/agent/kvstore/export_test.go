@@ -1,0 +1,4 @@
+package kvstore
+
+// RefHash exposes refHash to the tests.
+var RefHash = refHash

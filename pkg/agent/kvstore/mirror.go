@@ -1,0 +1,392 @@
+package kvstore
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+)
+
+// Source is the name the mirror gives the agent for what it feeds.
+const Source = "kvstore"
+
+// RemoteSink takes other nodes' endpoints into the ipcache
+// (*actors.System's front door once the remote-endpoint methods exist).
+type RemoteSink interface {
+	ReplaceRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
+	UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
+	DeleteRemoteEndpoints(ctx context.Context, source string, ips []netip.Addr) error
+}
+
+// NodeSink takes the full set of other nodes (*actors.System's SyncNodes).
+type NodeSink interface {
+	SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error
+}
+
+// Mirror watches every other node's endpoints and node entry and feeds
+// them to the agent: the full set after each (re-)list, changes in
+// between. A node whose lease expired loses its keys, and so its
+// endpoints and routes. A failed hand-over is retried as a full
+// replacement. An address claimed by two nodes' endpoints (a pod moved
+// and the old node has not withdrawn it yet) goes to the latest claim;
+// when that one goes, the other takes it back.
+type Mirror struct {
+	c     *Client
+	eps   RemoteSink
+	nodes NodeSink
+	self  string
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	kick  chan struct{}
+
+	// mu guards everything below; the sinks are called with mu held, so
+	// their calls happen in the order of etcd's revisions.
+	mu       sync.Mutex
+	recs     map[string]endpointRecord // endpoint key -> record
+	owners   map[netip.Addr][]string   // address -> keys claiming it, latest last
+	nodeRecs map[string]nodeRecord
+	epStale  bool // the sink missed something: replace everything
+	nodeSent bool // the node set was handed over since it last changed
+	synced   [2]bool
+	lastErr  error
+}
+
+// StartMirror starts watching; nil sinks are skipped.
+func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
+	ctx, stop := context.WithCancel(c.ctx)
+	m := &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
+		recs: map[string]endpointRecord{}, owners: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{}}
+	m.wg.Add(3)
+	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
+	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
+	go func() { defer m.wg.Done(); m.retryLoop() }()
+	return m
+}
+
+// Stop stops watching.
+func (m *Mirror) Stop() {
+	m.stop()
+	m.wg.Wait()
+}
+
+// MirrorStats is what a Mirror knows.
+type MirrorStats struct {
+	RemoteEndpoints, RemoteNodes int
+	Synced                       bool
+	LastError                    string
+}
+
+// Stats returns what the mirror knows.
+func (m *Mirror) Stats() MirrorStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := MirrorStats{RemoteEndpoints: len(m.recs), RemoteNodes: len(m.nodeRecs), Synced: m.synced[0] && m.synced[1]}
+	if m.lastErr != nil {
+		st.LastError = m.lastErr.Error()
+	}
+	return st
+}
+
+func (m *Mirror) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// retryLoop hands everything over again after a sink failed.
+func (m *Mirror) retryLoop() {
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.kick:
+		}
+		for !m.retry() {
+			if !sleep(m.ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// retry replaces the sinks' state with the mirror's; true when done.
+func (m *Mirror) retry() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.epStale {
+		m.replaceEndpointsLocked()
+	}
+	if !m.nodeSent {
+		m.syncNodesLocked()
+	}
+	return !m.epStale && m.nodeSent
+}
+
+// ownKey reports whether key is under this node (its own endpoints are
+// local, not remote).
+func (m *Mirror) ownKey(key string) bool {
+	return strings.HasPrefix(key, m.c.keys.nodeEndpoints(m.self))
+}
+
+// fail records a sink failure and schedules a full hand-over.
+func (m *Mirror) failLocked(err error) {
+	m.lastErr = err
+	m.c.log.Warn("handing kvstore state to the agent failed; retrying", "err", err)
+	m.poke()
+}
+
+// epLister receives the endpoints prefix.
+type epLister Mirror
+
+func (l *epLister) list(kvs []*mvccpb.KeyValue) {
+	m := (*Mirror)(l)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.recs)
+	clear(m.owners)
+	for _, kv := range kvs {
+		m.putLocked(string(kv.Key), kv.Value)
+	}
+	m.synced[0] = true
+	m.replaceEndpointsLocked()
+}
+
+func (l *epLister) events(evs []*clientv3.Event) {
+	m := (*Mirror)(l)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Each address's last change wins: a response may carry an endpoint's
+	// creation and its deletion, which must not reach the agent as a
+	// delete followed by an upsert.
+	final := map[netip.Addr]*endpoint.Remote{} // nil: delete
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		if m.ownKey(key) {
+			continue
+		}
+		var u []endpoint.Remote
+		var d []netip.Addr
+		if ev.Type == clientv3.EventTypeDelete {
+			u, d = m.deleteLocked(key)
+		} else {
+			u, d = m.putLocked(key, ev.Kv.Value)
+		}
+		for _, ip := range d {
+			final[ip] = nil
+		}
+		for i := range u {
+			for _, ip := range u[i].IPs {
+				final[ip] = &u[i]
+			}
+		}
+	}
+	if m.epStale || m.eps == nil {
+		m.epStale = m.eps != nil
+		return
+	}
+	ups, dels := splitFinal(final)
+	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
+	defer cancel()
+	if len(dels) > 0 {
+		if err := m.eps.DeleteRemoteEndpoints(ctx, Source, dels); err != nil {
+			m.epStale = true
+			m.failLocked(err)
+			return
+		}
+	}
+	if len(ups) > 0 {
+		if err := m.eps.UpsertRemoteEndpoints(ctx, Source, ups); err != nil {
+			m.epStale = true
+			m.failLocked(err)
+		}
+	}
+}
+
+// splitFinal turns each address's last change into the deletions and the
+// upserts (addresses of one record together) the agent gets.
+func splitFinal(final map[netip.Addr]*endpoint.Remote) ([]endpoint.Remote, []netip.Addr) {
+	var dels []netip.Addr
+	byRec := map[*endpoint.Remote][]netip.Addr{}
+	var recs []*endpoint.Remote
+	for ip, r := range final {
+		if r == nil {
+			dels = append(dels, ip)
+			continue
+		}
+		if _, ok := byRec[r]; !ok {
+			recs = append(recs, r)
+		}
+		byRec[r] = append(byRec[r], ip)
+	}
+	ups := make([]endpoint.Remote, 0, len(recs))
+	for _, r := range recs {
+		u := *r
+		u.IPs = byRec[r]
+		slices.SortFunc(u.IPs, func(a, b netip.Addr) int { return a.Compare(b) })
+		ups = append(ups, u)
+	}
+	return ups, dels
+}
+
+// putLocked records key's endpoint; it returns what the sink must upsert
+// and delete.
+func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Addr) {
+	if m.ownKey(key) {
+		return nil, nil
+	}
+	rec, err := decodeEndpoint(v)
+	if err != nil {
+		m.c.log.Warn("unreadable endpoint record ignored", "key", key, "err", err)
+		return m.deleteLocked(key)
+	}
+	var ups []endpoint.Remote
+	var dels []netip.Addr
+	if old, ok := m.recs[key]; ok { // addresses the endpoint no longer has
+		for _, ip := range old.IPs {
+			if !slices.Contains(rec.IPs, ip) {
+				u, d := m.disownLocked(ip, key)
+				ups, dels = append(ups, u...), append(dels, d...)
+			}
+		}
+	}
+	m.recs[key] = rec
+	for _, ip := range rec.IPs {
+		o := slices.DeleteFunc(m.owners[ip], func(k string) bool { return k == key })
+		m.owners[ip] = append(o, key)
+	}
+	return append(ups, rec.remote()), dels
+}
+
+// deleteLocked forgets key's endpoint.
+func (m *Mirror) deleteLocked(key string) ([]endpoint.Remote, []netip.Addr) {
+	rec, ok := m.recs[key]
+	if !ok {
+		return nil, nil
+	}
+	delete(m.recs, key)
+	var ups []endpoint.Remote
+	var dels []netip.Addr
+	for _, ip := range rec.IPs {
+		u, d := m.disownLocked(ip, key)
+		ups, dels = append(ups, u...), append(dels, d...)
+	}
+	return ups, dels
+}
+
+// disownLocked removes key's claim on ip: the address is deleted, or
+// handed to the latest remaining claim.
+func (m *Mirror) disownLocked(ip netip.Addr, key string) ([]endpoint.Remote, []netip.Addr) {
+	o := slices.DeleteFunc(m.owners[ip], func(k string) bool { return k == key })
+	if len(o) == 0 {
+		delete(m.owners, ip)
+		return nil, []netip.Addr{ip}
+	}
+	m.owners[ip] = o
+	r := m.recs[o[len(o)-1]].remote()
+	r.IPs = []netip.Addr{ip}
+	return []endpoint.Remote{r}, nil
+}
+
+// replaceEndpointsLocked hands the full set over (each address with its
+// latest claim).
+func (m *Mirror) replaceEndpointsLocked() {
+	if m.eps == nil {
+		return
+	}
+	byKey := map[string][]netip.Addr{}
+	for ip, o := range m.owners {
+		k := o[len(o)-1]
+		byKey[k] = append(byKey[k], ip)
+	}
+	all := make([]endpoint.Remote, 0, len(byKey))
+	for k, ips := range byKey {
+		r := m.recs[k].remote()
+		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
+		r.IPs = ips
+		all = append(all, r)
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
+	defer cancel()
+	if err := m.eps.ReplaceRemoteEndpoints(ctx, Source, all); err != nil {
+		m.epStale = true
+		m.failLocked(err)
+		return
+	}
+	m.epStale = false
+}
+
+// nodeLister receives the nodes prefix.
+type nodeLister Mirror
+
+func (l *nodeLister) list(kvs []*mvccpb.KeyValue) {
+	m := (*Mirror)(l)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.nodeRecs)
+	for _, kv := range kvs {
+		m.putNodeLocked(string(kv.Key), kv.Value)
+	}
+	m.synced[1] = true
+	m.syncNodesLocked()
+}
+
+func (l *nodeLister) events(evs []*clientv3.Event) {
+	m := (*Mirror)(l)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(m.nodeRecs, string(ev.Kv.Key))
+			continue
+		}
+		m.putNodeLocked(string(ev.Kv.Key), ev.Kv.Value)
+	}
+	m.syncNodesLocked()
+}
+
+func (m *Mirror) putNodeLocked(key string, v []byte) {
+	rec, err := decodeNode(v)
+	if err != nil || key != m.c.keys.node(rec.Name) {
+		m.c.log.Warn("unreadable node record ignored", "key", key, "err", err)
+		delete(m.nodeRecs, key)
+		return
+	}
+	if rec.Name == m.self {
+		return
+	}
+	m.nodeRecs[key] = rec
+}
+
+// syncNodesLocked hands the full node set over.
+func (m *Mirror) syncNodesLocked() {
+	if m.nodes == nil {
+		m.nodeSent = true
+		return
+	}
+	all := make([]datapath.RemoteNode, 0, len(m.nodeRecs))
+	for _, r := range m.nodeRecs {
+		all = append(all, r.remoteNode())
+	}
+	slices.SortFunc(all, func(a, b datapath.RemoteNode) int { return strings.Compare(a.Name, b.Name) })
+	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
+	defer cancel()
+	if err := m.nodes.SyncNodes(ctx, Source, all); err != nil {
+		m.nodeSent = false
+		m.failLocked(err)
+		return
+	}
+	m.nodeSent = true
+}

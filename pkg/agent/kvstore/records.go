@@ -1,0 +1,77 @@
+package kvstore
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// endpointRecord is the value of state/endpoints/v1/<node>/<id>: a local
+// endpoint of <node> as other nodes' ipcaches need it. Stable wire form.
+type endpointRecord struct {
+	IPs      []netip.Addr `json:"ips"`
+	Identity uint32       `json:"identity"`
+	Node     string       `json:"node"`
+	NodeIP   netip.Addr   `json:"nodeIP,omitzero"`
+}
+
+// nodeRecord is the value of state/nodes/v1/<node>. Stable wire form.
+type nodeRecord struct {
+	Name     string         `json:"name"`
+	Addrs    []netip.Addr   `json:"addrs"`
+	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+}
+
+func (r endpointRecord) remote() endpoint.Remote {
+	return endpoint.Remote{IPs: r.IPs, Identity: identity.NumericIdentity(r.Identity), Node: r.Node, NodeIP: r.NodeIP}
+}
+
+func (r nodeRecord) remoteNode() datapath.RemoteNode {
+	return datapath.RemoteNode{Name: r.Name, Addrs: r.Addrs, PodCIDRs: r.PodCIDRs}
+}
+
+// decodeEndpoint reads and checks a record another node wrote.
+func decodeEndpoint(v []byte) (endpointRecord, error) {
+	var r endpointRecord
+	if err := json.Unmarshal(v, &r); err != nil {
+		return r, fmt.Errorf("decode endpoint record: %w", err)
+	}
+	if len(r.IPs) == 0 || len(r.IPs) > 2 {
+		return r, fmt.Errorf("decode endpoint record: %d addresses", len(r.IPs))
+	}
+	for _, ip := range r.IPs {
+		if !ip.IsValid() || ip.IsUnspecified() {
+			return r, fmt.Errorf("decode endpoint record: address %s", ip)
+		}
+	}
+	if r.Identity == 0 || r.Identity > uint32(maxID) {
+		return r, fmt.Errorf("decode endpoint record: identity %d", r.Identity)
+	}
+	return r, nil
+}
+
+// decodeNode reads and checks a node record.
+func decodeNode(v []byte) (nodeRecord, error) {
+	var r nodeRecord
+	if err := json.Unmarshal(v, &r); err != nil {
+		return r, fmt.Errorf("decode node record: %w", err)
+	}
+	if len(r.Name) > 253 || !nodeName.MatchString(r.Name) {
+		return r, fmt.Errorf("decode node record: name %q", r.Name)
+	}
+	for _, a := range r.Addrs {
+		if !a.IsValid() {
+			return r, fmt.Errorf("decode node record %s: invalid address", r.Name)
+		}
+	}
+	for _, p := range r.PodCIDRs {
+		if !p.IsValid() {
+			return r, fmt.Errorf("decode node record %s: invalid pod CIDR", r.Name)
+		}
+	}
+	return r, nil
+}
