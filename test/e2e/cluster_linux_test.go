@@ -37,8 +37,8 @@ var (
 // nodeIP is the underlay address of node i (0-based).
 func nodeIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 99, 0, byte(11 + i)}) }
 
-// podCIDR is node i's pod range (--ipv4-range of its agent, host-local's
-// range in the ptp arm).
+// podCIDR is node i's pod range (its Node's spec.podCIDR, which its
+// agent takes with --ipam=kubernetes; host-local's range in the ptp arm).
 func podCIDR(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
 }
@@ -378,9 +378,29 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 	return nil
 }
 
+// registerPodCIDR waits until kubelet has registered n's Node and sets
+// its pod range, before the agent starts.
+func (c *cluster) registerPodCIDR(ctx context.Context, n *node) error {
+	var last error
+	err := waitFor(2*time.Minute, func() bool {
+		if n.failed() != nil {
+			return true
+		}
+		last = c.setPodCIDR(ctx, n)
+		return last == nil
+	})
+	if err == nil {
+		err = n.failed()
+	}
+	if err != nil {
+		return fmt.Errorf("node %s: pod CIDR: %w (last: %v; logs in %s)", n.name, err, last, n.dir)
+	}
+	return nil
+}
+
 // setPodCIDR sets the Node's spec.podCIDR(s) to the node's range, as
 // kube-controller-manager's node IPAM would (this cluster does not run
-// it): the agents' --ipv4-range and the Node object agree.
+// it); the agent (--ipam=kubernetes) takes its range from there.
 func (c *cluster) setPodCIDR(ctx context.Context, n *node) error {
 	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.cidr, n.cidr)
 	_, err := c.client.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})

@@ -85,12 +85,21 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 	if err := n.startContainerd(); err != nil {
 		return nil, err
 	}
+	if err := n.startKubelet(); err != nil {
+		return nil, err
+	}
 	if c.cni == "membrane" {
+		// The agent runs with --ipam=kubernetes, as the DaemonSet does: it
+		// waits for its Node's podCIDRs, which kubelet's registration and
+		// then the node IPAM (here the harness) provide.
+		if err := c.registerPodCIDR(ctx, n); err != nil {
+			return nil, err
+		}
 		if err := n.startAgent(ctx); err != nil {
 			return nil, err
 		}
 	}
-	return n, n.startKubelet()
+	return n, nil
 }
 
 // plugUnderlay adds a veth from the underlay bridge (control-plane netns)
@@ -227,16 +236,16 @@ func (n *node) startContainerd() error {
 
 // agentArgs are the DaemonSet's container arguments
 // (deploy/kubernetes/membrane.yaml) plus the Kubernetes mode: the same
-// socket, state and delete-queue paths (the node's own /run), the node's
-// pod range, and the API server through a kubeconfig instead of the
-// in-cluster service account.
+// socket and delete-queue paths (the node's own /run), --ipam=kubernetes
+// (the pod range from the Node object), and the API server through a
+// kubeconfig instead of the in-cluster service account.
 func (n *node) agentArgs() []string {
 	return []string{filepath.Join(n.built, "membrane-agent"),
 		"--datapath=linux",
 		"--socket=/var/run/membrane/membrane.sock",
 		"--state-dir=/var/run/membrane/state",
 		"--delete-queue-dir=/var/run/membrane/delete-queue",
-		"--ipv4-range=" + n.cidr.String(),
+		"--ipam=kubernetes",
 		"--log-format=json",
 		"--k8s-kubeconfig=" + filepath.Join(n.c.Dir, "admin.kubeconfig"),
 		"--node-name=" + n.name,
