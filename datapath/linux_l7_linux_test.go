@@ -126,7 +126,7 @@ func TestLinuxL7AckNeverComes(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin, err := exec.LookPath("false")
 	if err != nil {
-		t.Skip("no false(1)")
+		t.Fatalf("false(1), the stand-in proxy: %v", err)
 	}
 	l, _, nl := newTestLinux(t, l7Config(t, bin))
 	var ev proxyEvents
