@@ -269,7 +269,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	ac.State = store
 	// L7 rules need a proxy: the Linux datapath runs one only with
 	// --l7-proxy (the fake datapath simulates it).
-	ac.NoL7 = cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == ""
+	ac.NoL7 = ac.NoL7 || (cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == "")
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()

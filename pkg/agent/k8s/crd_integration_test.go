@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/membrane-cni/membrane/pkg/agent"
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
@@ -199,6 +200,32 @@ spec:
 	}
 	if st.K8s.PolicyErrors == 0 || st.K8s.MembranePolicies == 0 || !st.K8s.Synced[v2.ResourceNetworkPolicies] {
 		t.Fatalf("status k8s = %+v, want a refusal counted and the MNP cache synced", st.K8s)
+	}
+}
+
+// A custom resource with L7 rules on an agent that runs no proxy is
+// refused by the repository at import: reported on status.nodes[node]
+// like a conversion refusal, not retried, and not in force.
+func TestMembraneNetworkPolicyL7WithoutProxy(t *testing.T) {
+	k := startK8sAgent(t, 10*time.Second, func(c *agent.Config) { c.Actors.NoL7 = true })
+	k.namespace(t, "mnp-l7", nil)
+	k.apply(t, `apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: http-only, namespace: mnp-l7}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules: {http: [{method: GET, path: /public}]}
+`)
+	k.eventually(t, "refusal on status.nodes[node]", func() (bool, string) {
+		st, ok := k.nodeStatus(t, v2.ResourceNetworkPolicies, "mnp-l7", "http-only")
+		errMsg, _ := st["error"].(string)
+		return ok && st["ok"] == false && strings.Contains(errMsg, "rules.http needs the L7 proxy"), fmt.Sprint(st)
+	})
+	if names := k.policyNames(t); slices.Contains(names, "mnp-l7/http-only") {
+		t.Fatalf("policies = %v, want the refused one absent", names)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/membrane-cni/membrane/actors"
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -120,6 +121,16 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 		return err
 	}
 	p, err := convertCRDPolicy(crdKinds[k].policyKind, u)
+	var res actors.PolicyResult
+	if err == nil {
+		// The repository refuses what this agent cannot enforce (e.g. L7
+		// rules without a proxy) as an invalid policy: refused like a
+		// conversion error, not retried.
+		res, err = w.sys.ImportPolicy(ctx, []*policy.Policy{p})
+		if err != nil && !errors.Is(err, policy.ErrInvalidPolicy) {
+			return fmt.Errorf("import %s %s: %w", crdKinds[k].policyKind, pkey, err)
+		}
+	}
 	if err != nil {
 		w.mu.Lock()
 		w.policyErrors++
@@ -128,10 +139,6 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 		inForce := slices.ContainsFunc(w.ix.Policies(), func(r *index.PolicyRow) bool { return r.Key == pkey })
 		w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{Error: err.Error(), Enforcing: inForce})
 		return nil // retrying cannot help; the next update of it will
-	}
-	res, err := w.sys.ImportPolicy(ctx, []*policy.Policy{p})
-	if err != nil {
-		return fmt.Errorf("import %s %s: %w", crdKinds[k].policyKind, pkey, err)
 	}
 	w.log.Info("policy imported", "kind", crdKinds[k].policyKind, "policy", pkey, "revision", res.Revision)
 	w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{OK: true, Enforcing: true, LocalPolicyRevision: res.Revision})

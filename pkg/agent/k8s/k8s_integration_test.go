@@ -46,15 +46,15 @@ type cluster struct {
 
 // startK8sAgent starts a fake-datapath agent in Kubernetes mode against
 // the package's API server.
-func startK8sAgent(t *testing.T, podWait time.Duration) *cluster {
+func startK8sAgent(t *testing.T, podWait time.Duration, mutate ...func(*agent.Config)) *cluster {
 	t.Helper()
-	k, _ := startK8sAgentIn(t, t.TempDir(), podWait)
+	k, _ := startK8sAgentIn(t, t.TempDir(), podWait, mutate...)
 	return k
 }
 
 // startK8sAgentIn starts the agent on state in dir; stop (idempotent, also
 // run at cleanup) stops it.
-func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluster, stop func()) {
+func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration, mutate ...func(*agent.Config)) (k *cluster, stop func()) {
 	t.Helper()
 	env := kubetest.Require(t)
 	env.InstallCRDs(t)
@@ -68,6 +68,9 @@ func startK8sAgentIn(t *testing.T, dir string, podWait time.Duration) (k *cluste
 		// tested in pkg/agent/k8s/identitycrd.
 		K8s: &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: nodeName, PodWait: podWait, SyncTimeout: time.Minute,
 			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}},
+	}
+	for _, m := range mutate {
+		m(&cfg)
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
