@@ -6,6 +6,8 @@
  *
  *   from_container  TCX ingress of the host veth: the pod's egress
  *   to_container    TCX egress of the host veth: the pod's ingress
+ *   from_netdev     TCX ingress of the node's uplinks (kube-proxy-free
+ *                   mode only; loaded once per node, nodeport.h)
  *
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
@@ -446,11 +448,19 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 #include "lb.h"
 
 /* lb_out finishes a passing packet: a reply reaching the pod from a
- * service backend gets the service frontend as its source (lb.h). */
+ * service backend gets the service frontend as its source (lb.h); a
+ * backend's reply to a NodePort client from outside gets the NodePort
+ * frontend as its source and goes straight to the uplink (nodeport.h). */
 static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
 {
-	if (dir == DIR_INGRESS && lb_reverse(skb, p))
+	int r = lb_reverse(skb, p, dir == DIR_INGRESS ? 0 : LB_REVNAT_NODEPORT);
+
+	if (r < 0)
 		return drop(skb, p, dir, DROP_MALFORMED, 0);
+	if (r > 0 && dir == DIR_EGRESS) {
+		r = lb_fib_redirect(skb, p);
+		return r < 0 ? drop(skb, p, dir, DROP_NO_ROUTE, 0) : r;
+	}
 	return TC_ACT_OK;
 }
 
@@ -514,4 +524,30 @@ SEC("tc")
 int to_container(struct __sk_buff *skb)
 {
 	return handle(skb, DIR_INGRESS);
+}
+
+/* from_netdev runs at TCX ingress of the node's uplink devices in the
+ * kube-proxy-free mode (nodeport.h); it is not loaded per endpoint.
+ * Drops count under endpoint 0. */
+SEC("tc")
+int from_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int r;
+
+	if (parse(skb, &p) != PARSE_OK || p.ndp)
+		return TC_ACT_OK;
+	r = lb_nodeport(skb, &p);
+	switch (r) {
+	case LB_PASS:
+		return TC_ACT_OK;
+	case LB_REDIRECT:
+		r = lb_fib_redirect(skb, &p);
+		return r < 0 ? drop(skb, &p, DIR_INGRESS, DROP_NO_ROUTE, 0) : r;
+	case LB_NO_BACKEND:
+		return drop(skb, &p, DIR_INGRESS, DROP_NO_BACKEND, 0);
+	case LB_NAT_EXHAUSTED:
+		return drop(skb, &p, DIR_INGRESS, DROP_NAT_EXHAUSTED, 0);
+	}
+	return drop(skb, &p, DIR_INGRESS, DROP_MALFORMED, 0);
 }

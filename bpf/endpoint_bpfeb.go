@@ -128,7 +128,7 @@ type EndpointLbBackend struct {
 	Addr   [4]uint32
 	Port   uint16
 	Family uint8
-	Pad    uint8
+	Flags  uint8
 }
 
 type EndpointLbCtValue struct {
@@ -148,12 +148,32 @@ type EndpointLbKey struct {
 	Family uint8
 }
 
+type EndpointLbNatValue struct {
+	_        structs.HostLayout
+	LastSeen uint64
+	Backend  EndpointLbBackend
+	Id       uint32
+	NatPort  uint16
+	Pad      uint16
+	_        [4]byte
+}
+
+type EndpointLbNatrevValue struct {
+	_            structs.HostLayout
+	LastSeen     uint64
+	Client       [4]uint32
+	Frontend     [4]uint32
+	ClientPort   uint16
+	FrontendPort uint16
+	Closing      uint32
+}
+
 type EndpointLbRevnatValue struct {
 	_        structs.HostLayout
 	LastSeen uint64
 	Addr     [4]uint32
 	Port     uint16
-	Pad      uint16
+	Flags    uint16
 	Pad2     uint32
 }
 
@@ -169,6 +189,23 @@ type EndpointLbSlotKey struct {
 	_    structs.HostLayout
 	Id   uint32
 	Slot uint32
+}
+
+type EndpointLbSockKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   [4]uint32
+	Port   uint16
+	Family uint8
+	Pad    uint8
+	Pad2   uint32
+}
+
+type EndpointLbSockValue struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
 }
 
 type EndpointLbTuple struct {
@@ -217,9 +254,13 @@ const (
 	EndpointMapLbBackends        = "lb_backends"
 	EndpointMapLbCt              = "lb_ct"
 	EndpointMapLbFrontends       = "lb_frontends"
+	EndpointMapLbNat             = "lb_nat"
+	EndpointMapLbNatRev          = "lb_nat_rev"
 	EndpointMapLbRevnat          = "lb_revnat"
+	EndpointMapLbSock            = "lb_sock"
 	EndpointMapPolicy            = "policy"
 	EndpointProgFromContainer    = "from_container"
+	EndpointProgFromNetdev       = "from_netdev"
 	EndpointProgToContainer      = "to_container"
 	EndpointVarENDPOINT_ID       = "ENDPOINT_ID"
 	EndpointVarENDPOINT_IDENTITY = "ENDPOINT_IDENTITY"
@@ -270,6 +311,7 @@ type EndpointSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointProgramSpecs struct {
 	FromContainer *ebpf.ProgramSpec `ebpf:"from_container"`
+	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
 	ToContainer   *ebpf.ProgramSpec `ebpf:"to_container"`
 }
 
@@ -286,7 +328,10 @@ type EndpointMapSpecs struct {
 	LbBackends  *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbCt        *ebpf.MapSpec `ebpf:"lb_ct"`
 	LbFrontends *ebpf.MapSpec `ebpf:"lb_frontends"`
+	LbNat       *ebpf.MapSpec `ebpf:"lb_nat"`
+	LbNatRev    *ebpf.MapSpec `ebpf:"lb_nat_rev"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
+	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
 }
 
@@ -329,7 +374,10 @@ type EndpointMaps struct {
 	LbBackends  *ebpf.Map `ebpf:"lb_backends"`
 	LbCt        *ebpf.Map `ebpf:"lb_ct"`
 	LbFrontends *ebpf.Map `ebpf:"lb_frontends"`
+	LbNat       *ebpf.Map `ebpf:"lb_nat"`
+	LbNatRev    *ebpf.Map `ebpf:"lb_nat_rev"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
+	LbSock      *ebpf.Map `ebpf:"lb_sock"`
 	Policy      *ebpf.Map `ebpf:"policy"`
 }
 
@@ -344,7 +392,10 @@ func (m *EndpointMaps) Close() error {
 		m.LbBackends,
 		m.LbCt,
 		m.LbFrontends,
+		m.LbNat,
+		m.LbNatRev,
 		m.LbRevnat,
+		m.LbSock,
 		m.Policy,
 	)
 }
@@ -364,12 +415,14 @@ type EndpointVariables struct {
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointPrograms struct {
 	FromContainer *ebpf.Program `ebpf:"from_container"`
+	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
 	ToContainer   *ebpf.Program `ebpf:"to_container"`
 }
 
 func (p *EndpointPrograms) Close() error {
 	return _EndpointClose(
 		p.FromContainer,
+		p.FromNetdev,
 		p.ToContainer,
 	)
 }

@@ -11,6 +11,8 @@
  *   lb_ct         the client's tuple (to the frontend) -> its backend
  *   lb_revnat     the reply's tuple (from the backend) -> the frontend
  *   lb_affinity   {id, client address} -> the backend it used last
+ *   lb_nat, lb_nat_rev  NodePort connections from outside (nodeport.h)
+ *   lb_sock       socket-level translations (sock.c)
  *
  * Backend choice: a TCP SYN (no ACK) or a packet of no known connection
  * picks slot hash(flow) % count + 1 (the ClientIP affinity entry's slot
@@ -26,9 +28,24 @@
 
 /* lb_service.flags */
 #define LB_FLAG_AFFINITY 1
+/* The frontend is reached from outside the node (NodePort, external
+ * address): from_netdev translates it on the node's uplink. */
+#define LB_FLAG_EXTERNAL 2
 
-/* A drop reason of enum drop_reason's numbering (datapath.DropNoBackend). */
+/* lb_backend.flags: the backend is a pod on this node (NodePort traffic
+ * to it is only DNATed; to a remote one also SNATed). */
+#define LB_BACKEND_LOCAL 1
+
+/* lb_revnat_value.flags: a NodePort connection to a local backend,
+ * reverse-translated at the backend's from-container (not at a client
+ * pod's to-container) and sent to the uplink from there. */
+#define LB_REVNAT_NODEPORT 1
+
+/* Drop reasons of enum drop_reason's numbering (datapath.DropNoBackend,
+ * DropNoRoute, DropNATExhausted). */
 #define DROP_NO_BACKEND 5
+#define DROP_NO_ROUTE 16
+#define DROP_NAT_EXHAUSTED 17
 
 /* lb_key is a frontend. IPv4 uses addr[0] and zeroes the rest. */
 struct lb_key {
@@ -55,7 +72,7 @@ struct lb_backend {
 	__u32 addr[4];
 	__u16 port; /* network byte order */
 	__u8 family;
-	__u8 pad;
+	__u8 flags; /* LB_BACKEND_* */
 };
 
 /* lb_tuple is a connection's tuple in one direction. */
@@ -83,7 +100,7 @@ struct lb_revnat_value {
 	__u64 last_seen;
 	__u32 addr[4];
 	__u16 port;
-	__u16 pad;
+	__u16 flags; /* LB_REVNAT_* */
 	__u32 pad2;
 };
 
@@ -99,6 +116,46 @@ struct lb_affinity_value {
 	struct lb_backend backend;
 	__u32 slot;
 	__u32 pad;
+};
+
+/* lb_nat_value: a NodePort connection (keyed by the client's tuple to
+ * the frontend, as it arrives on the uplink) and its backend. */
+struct lb_nat_value {
+	__u64 last_seen;
+	struct lb_backend backend;
+	__u32 id;
+	__u16 nat_port; /* network byte order; 0: local backend, no SNAT */
+	__u16 pad;
+};
+
+/* lb_natrev_value: the reply of a SNATed NodePort connection (keyed by
+ * its tuple from the backend to the node address and NAT port) goes back
+ * to the client from the frontend. */
+struct lb_natrev_value {
+	__u64 last_seen;
+	__u32 client[4];
+	__u32 frontend[4];
+	__u16 client_port;
+	__u16 frontend_port;
+	__u32 closing; /* a FIN or RST was seen: the NAT port frees sooner */
+};
+
+/* lb_sock_key: a socket the socket-level hooks translated (its cookie)
+ * and the backend it was given. */
+struct lb_sock_key {
+	__u64 cookie;
+	__u32 addr[4];
+	__u16 port; /* network byte order */
+	__u8 family;
+	__u8 pad;
+	__u32 pad2;
+};
+
+/* lb_sock_value: the frontend the socket asked for. */
+struct lb_sock_value {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
 };
 
 #ifdef __BPF__
@@ -145,13 +202,40 @@ struct {
 	__uint(max_entries, 65536);
 } lb_affinity SEC(".maps");
 
+/* Shared, pinned at <bpffs>/lb_nat: NodePort connections (from_netdev). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_tuple);
+	__type(value, struct lb_nat_value);
+	__uint(max_entries, 65536);
+} lb_nat SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_nat_rev: SNATed NodePort replies. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_tuple);
+	__type(value, struct lb_natrev_value);
+	__uint(max_entries, 65536);
+} lb_nat_rev SEC(".maps");
+
+/* Shared, pinned at <bpffs>/lb_sock: the socket-level translations
+ * (sock.c), for recvmsg and getpeername. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_sock_key);
+	__type(value, struct lb_sock_value);
+	__uint(max_entries, 65536);
+} lb_sock SEC(".maps");
+
+#ifndef LB_MAPS_ONLY
+
 #define IP4_CSUM_OFF (ETH_HLEN_ + 10)
 #define IP4_SADDR_OFF (ETH_HLEN_ + 12)
 #define IP4_DADDR_OFF (ETH_HLEN_ + 16)
 #define IP6_SADDR_OFF (ETH_HLEN_ + 8)
 #define IP6_DADDR_OFF (ETH_HLEN_ + 24)
 
-enum { LB_PASS, LB_NO_BACKEND, LB_ERROR };
+enum { LB_PASS, LB_NO_BACKEND, LB_ERROR, LB_REDIRECT, LB_NAT_EXHAUSTED };
 
 static __always_inline int lb_proto_ok(__u8 proto)
 {
@@ -313,8 +397,10 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* lb_reverse gives a reply from a backend the frontend's address and
- * port as its source (the client connected to the frontend). */
-static __noinline int lb_reverse(struct __sk_buff *skb, struct pkt *p)
+ * port as its source (the client connected to the frontend), for the
+ * revnat entries whose flags are want. Returns 1 if it did, 0 if the
+ * packet is no such reply, -1 on error. */
+static __noinline int lb_reverse(struct __sk_buff *skb, struct pkt *p, __u16 want)
 {
 	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
 	struct lb_revnat_value *rv;
@@ -326,12 +412,15 @@ static __noinline int lb_reverse(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	rv = bpf_map_lookup_elem(&lb_revnat, &t);
-	if (!rv)
+	if (!rv || rv->flags != want)
 		return 0;
 	__builtin_memcpy(addr, rv->addr, 16);
 	port = rv->port;
-	return lb_rewrite(skb, p, addr, port, 1);
+	return lb_rewrite(skb, p, addr, port, 1) ? -1 : 1;
 }
 
+#include "nodeport.h"
+
+#endif /* LB_MAPS_ONLY */
 #endif /* __BPF__ */
 #endif

@@ -14,13 +14,18 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
-// lbFlagAffinity is bpf/lb.h's LB_FLAG_AFFINITY.
-const lbFlagAffinity = 1
+// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL and LB_BACKEND_LOCAL.
+const (
+	lbFlagAffinity = 1
+	lbFlagExternal = 2
+	lbBackendLocal = 1
+)
 
 // lbMaps are the shared service maps (bpf/lb.h), pinned under the bpffs
 // directory by their names.
 type lbMaps struct {
 	frontends, backends, ct, revnat, affinity *ebpf.Map
+	nat, natRev, sock                         *ebpf.Map // nodeport.h, sock.c
 }
 
 func (m *lbMaps) named() []namedMap {
@@ -30,11 +35,14 @@ func (m *lbMaps) named() []namedMap {
 		{bpf.EndpointMapLbCt, &m.ct},
 		{bpf.EndpointMapLbRevnat, &m.revnat},
 		{bpf.EndpointMapLbAffinity, &m.affinity},
+		{bpf.EndpointMapLbNat, &m.nat},
+		{bpf.EndpointMapLbNatRev, &m.natRev},
+		{bpf.EndpointMapLbSock, &m.sock},
 	}
 }
 
 func (m *lbMaps) all() []*ebpf.Map {
-	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity}
+	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity, m.nat, m.natRev, m.sock}
 }
 
 var _ ServiceDatapath = (*Linux)(nil)
@@ -56,6 +64,9 @@ func lbBackend(b service.Backend) bpf.EndpointLbBackend {
 		v.Family = familyV4
 	}
 	v.Addr = addrWords(addr16(b.Addr))
+	if b.Local {
+		v.Flags = lbBackendLocal
+	}
 	return v
 }
 
@@ -89,6 +100,9 @@ func lbServiceValue(s LBService) bpf.EndpointLbService {
 	if s.Affinity > 0 {
 		v.Flags = lbFlagAffinity
 		v.Affinity = uint32(min(math.Ceil(s.Affinity.Seconds()), math.MaxUint32))
+	}
+	if s.External {
+		v.Flags |= lbFlagExternal
 	}
 	return v
 }
@@ -201,7 +215,7 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		for it.Next(&fk, &fv) {
 			out.Frontends = append(out.Frontends, LBFrontendEntry{
 				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto},
-				ID:       fv.Id, Count: fv.Count, Affinity: fv.Affinity,
+				ID:       fv.Id, Count: fv.Count, Affinity: fv.Affinity, External: fv.Flags&lbFlagExternal != 0,
 			})
 		}
 		if err := it.Err(); err != nil {
@@ -214,7 +228,7 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		it = m.backends.Iterate()
 		for it.Next(&sk, &sv) {
 			out.Backends = append(out.Backends, LBBackendEntry{ID: sk.Id, Slot: sk.Slot,
-				Backend: service.Backend{Addr: addrOf(sv.Family, sv.Addr), Port: ntohs(sv.Port)}})
+				Backend: service.Backend{Addr: addrOf(sv.Family, sv.Addr), Port: ntohs(sv.Port), Local: sv.Flags&lbBackendLocal != 0}})
 		}
 		if err := it.Err(); err != nil {
 			return fmt.Errorf("dump services: %w", err)
@@ -222,7 +236,8 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		for _, c := range []struct {
 			m *ebpf.Map
 			n *int
-		}{{m.ct, &out.Connections}, {m.revnat, &out.ReverseNAT}, {m.affinity, &out.Affinity}} {
+		}{{m.ct, &out.Connections}, {m.revnat, &out.ReverseNAT}, {m.affinity, &out.Affinity},
+			{m.nat, &out.NodePortNAT}, {m.natRev, &out.NodePortSNAT}, {m.sock, &out.Sockets}} {
 			n, err := countEntries(c.m)
 			if err != nil {
 				return fmt.Errorf("dump services: %w", err)
@@ -232,6 +247,7 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		return nil
 	})
 	sortLBMaps(&out)
+	out.Hooks = l.serviceHooks()
 	return out, err
 }
 

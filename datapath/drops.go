@@ -25,10 +25,18 @@ const (
 	// DropNoBackend: a new connection to a service frontend without
 	// backends (bpf/lb.h).
 	DropNoBackend = "no-backend"
+	// DropNoRoute: a NodePort packet translated on the uplink (or a
+	// backend's reply to it) whose destination the FIB cannot route
+	// (bpf/nodeport.h).
+	DropNoRoute = "no-route"
+	// DropNATExhausted: a new NodePort connection to a remote backend
+	// found no free SNAT port.
+	DropNATExhausted = "nat-exhausted"
 )
 
 // dropReasons maps the programs' reason numbers to names.
-var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend}
+var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend,
+	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
 func dropReasonName(reason uint8) string {

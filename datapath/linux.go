@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -58,6 +59,36 @@ type LinuxConfig struct {
 	Nodes NodesConfig
 	// L7 configures the L7 proxy (off unless ProxyPath is set).
 	L7 L7Config
+	// Services configures the kube-proxy-free mode's hooks.
+	Services ServicesConfig
+}
+
+// ServicesConfig configures the kube-proxy-free mode: socket-level
+// translation for the processes of a cgroup (host processes) and the
+// NodePort program on the node's uplinks (bpf/sock.c, bpf/nodeport.h).
+type ServicesConfig struct {
+	// KubeProxyReplacement attaches both; off (kube-proxy translates
+	// those paths), Init detaches what a previous agent attached.
+	KubeProxyReplacement bool
+	// Cgroup is the cgroup2 directory the socket hooks attach to
+	// (default: the root of the cgroup2 mount).
+	Cgroup string
+	// Devices are the uplinks from_netdev runs on (default: the host
+	// netns's up devices holding a global unicast address, except the
+	// gateway and tunnel devices), resolved at Init.
+	Devices []string
+}
+
+func (c ServicesConfig) validate() error {
+	if c.Cgroup != "" && !filepath.IsAbs(c.Cgroup) {
+		return fmt.Errorf("linux datapath: Services.Cgroup %q: want an absolute path: %w", c.Cgroup, ErrInvalidConfig)
+	}
+	for _, d := range c.Devices {
+		if len(d) == 0 || len(d) > 15 || strings.ContainsAny(d, "/ ") {
+			return fmt.Errorf("linux datapath: Services.Devices: %q: want an interface name: %w", d, ErrInvalidConfig)
+		}
+	}
+	return nil
 }
 
 // L7Config configures the Linux datapath's L7 proxy: the agent serves
@@ -197,6 +228,9 @@ func (c L7Config) validate() error {
 // Validate names the bad field.
 func (c LinuxConfig) Validate() error {
 	if err := c.L7.validate(); err != nil {
+		return err
+	}
+	if err := c.Services.validate(); err != nil {
 		return err
 	}
 	if n := len(c.GatewayDevice); n == 0 || n > 15 {

@@ -52,6 +52,7 @@ type Linux struct {
 
 	l7    linuxL7   // the L7 proxy (linux_l7_linux.go; own lock)
 	nodes nodeState // the node router's (own lock)
+	kpr   kprState  // the kube-proxy-free mode's hooks (bpf_kpr_linux.go; own lock)
 }
 
 // hostLink is what Linux remembers of a realised endpoint.
@@ -112,6 +113,9 @@ func (l *Linux) Init(ctx context.Context) error {
 		}
 	}
 	if err := l.initL7(); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	}
+	if err := l.initKPR(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,

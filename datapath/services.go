@@ -15,6 +15,9 @@ type LBService struct {
 	Backends []service.Backend
 	// Affinity is the ClientIP affinity timeout (0: none).
 	Affinity time.Duration
+	// External frontends (NodePort, external addresses) are translated
+	// on the node's uplinks too in the kube-proxy-free mode.
+	External bool
 }
 
 // LBFrontendEntry is one entry of the frontend map as read back.
@@ -24,6 +27,8 @@ type LBFrontendEntry struct {
 	Count    uint32
 	// Affinity is the ClientIP affinity timeout in seconds (0: none).
 	Affinity uint32
+	// External: translated on the uplinks too.
+	External bool
 }
 
 // LBBackendEntry is one entry of the backend slot map as read back.
@@ -41,6 +46,25 @@ type LBMaps struct {
 	// ReverseNAT the replies' translations (lb_revnat entries),
 	// Affinity the ClientIP affinity entries; stale ones included.
 	Connections, ReverseNAT, Affinity int
+	// NodePortNAT counts the NodePort connections from outside (lb_nat),
+	// NodePortSNAT their SNATed replies' entries (lb_nat_rev), Sockets
+	// the socket-level translations (lb_sock); stale ones included.
+	NodePortNAT, NodePortSNAT, Sockets int
+	// Hooks is what the kube-proxy-free mode has attached.
+	Hooks ServiceHooks
+}
+
+// ServiceHooks is what the kube-proxy-free mode attached: the socket
+// programs on a cgroup and from_netdev on the uplinks (none of it with
+// kube-proxy).
+type ServiceHooks struct {
+	KubeProxyReplacement bool
+	// Cgroup is the cgroup2 directory holding the socket programs,
+	// SocketPrograms their attach points ("connect4", ...).
+	Cgroup         string
+	SocketPrograms []string
+	// Devices are the uplinks running from_netdev.
+	Devices []string
 }
 
 // ServiceDatapath is implemented by datapaths that translate services

@@ -152,7 +152,7 @@ func (v *serviceView) backends(eps []*discoveryv1.EndpointSlice, p corev1.Servic
 				continue
 			}
 			for _, a := range parseAddrs(ep.Addresses) {
-				b := service.Backend{Addr: a, Port: port}
+				b := service.Backend{Addr: a, Port: port, Local: ep.NodeName != nil && *ep.NodeName == v.node}
 				if a.Is4() == v4 && !slices.Contains(out, b) && len(out) < service.MaxBackends {
 					out = append(out, b)
 				}

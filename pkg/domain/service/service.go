@@ -72,6 +72,10 @@ func (f Frontend) Compare(o Frontend) int {
 type Backend struct {
 	Addr netip.Addr
 	Port uint16
+	// Local: the backend runs on this node. NodePort traffic from
+	// outside reaches a local backend by DNAT alone (the client's address
+	// preserved), a remote one with SNAT to the node's address too.
+	Local bool
 }
 
 // String is "addr:port".

@@ -1,0 +1,309 @@
+package datapath
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/bpf"
+)
+
+// Pins of the kube-proxy-free mode's links under BPFFS: one per socket
+// program (by attach point) and one per uplink (by device name).
+const (
+	pinSockDir   = "socklb"
+	pinNetdevDir = "netdev"
+)
+
+// sockHooks are the socket programs and where they attach.
+var sockHooks = []struct {
+	name, prog string
+	attach     ebpf.AttachType
+}{
+	{"connect4", bpf.SockProgSockConnect4, ebpf.AttachCGroupInet4Connect},
+	{"sendmsg4", bpf.SockProgSockSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+	{"recvmsg4", bpf.SockProgSockRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+	{"getpeername4", bpf.SockProgSockGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+	{"connect6", bpf.SockProgSockConnect6, ebpf.AttachCGroupInet6Connect},
+	{"sendmsg6", bpf.SockProgSockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg6", bpf.SockProgSockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+	{"getpeername6", bpf.SockProgSockGetpeername6, ebpf.AttachCgroupInet6GetPeername},
+}
+
+// kprState is what initKPR attached, for DumpServices.
+type kprState struct {
+	// mu guards hooks.
+	mu    sync.Mutex
+	hooks ServiceHooks
+}
+
+func (l *Linux) serviceHooks() ServiceHooks {
+	l.kpr.mu.Lock()
+	defer l.kpr.mu.Unlock()
+	h := l.kpr.hooks
+	h.SocketPrograms, h.Devices = slices.Clone(h.SocketPrograms), slices.Clone(h.Devices)
+	return h
+}
+
+// initKPR attaches the socket programs to the configured cgroup and
+// from_netdev to the uplinks in the kube-proxy-free mode; otherwise it
+// detaches what an earlier agent (run in that mode) left pinned, so
+// kube-proxy is the only one translating those paths.
+func (l *Linux) initKPR() error {
+	c := l.cfg.Services
+	var h ServiceHooks
+	err := l.guardBPF(func(b *bpfState) error {
+		if !c.KubeProxyReplacement {
+			return l.detachKPR(b)
+		}
+		h.KubeProxyReplacement = true
+		cg := c.Cgroup
+		if cg == "" {
+			root, err := cgroup2Root()
+			if err != nil {
+				return err
+			}
+			cg = root
+		}
+		if err := attachSocketLB(b, cg); err != nil {
+			return err
+		}
+		h.Cgroup = cg
+		for _, s := range sockHooks {
+			h.SocketPrograms = append(h.SocketPrograms, s.name)
+		}
+		devs := c.Devices
+		if len(devs) == 0 {
+			d, err := l.detectDevices()
+			if err != nil {
+				return err
+			}
+			devs = d
+		}
+		if err := l.attachNetdev(b, devs); err != nil {
+			return err
+		}
+		h.Devices = devs
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-proxy replacement: %w", err)
+	}
+	l.kpr.mu.Lock()
+	l.kpr.hooks = h
+	l.kpr.mu.Unlock()
+	if h.KubeProxyReplacement {
+		l.log.Info("kube-proxy replacement attached", "cgroup", h.Cgroup, "devices", h.Devices)
+	}
+	return nil
+}
+
+// cgroup2Root is the mount point of the cgroup2 hierarchy (the unified
+// one on a hybrid host), from /proc/self/mountinfo.
+func cgroup2Root() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("find cgroup2 mount: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// "... mountpoint ... - fstype source options"
+		fields := strings.Fields(sc.Text())
+		i := slices.Index(fields, "-")
+		if i > 4 && i+1 < len(fields) && fields[i+1] == "cgroup2" {
+			return fields[4], nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("find cgroup2 mount: %w", err)
+	}
+	return "", fmt.Errorf("find cgroup2 mount: none mounted: %w", ErrInvalidConfig)
+}
+
+// attachSocketLB loads the socket programs with the shared service maps
+// and attaches them to cgroup dir cg (pinned links, updated in place
+// when they already hold that cgroup, so translation never stops).
+func attachSocketLB(b *bpfState, cg string) error {
+	spec, err := bpf.LoadSock()
+	if err != nil {
+		return fmt.Errorf("parse socket object: %w", err)
+	}
+	repl := map[string]*ebpf.Map{}
+	for _, m := range b.maps.lb.named() {
+		repl[m.name] = *m.dst
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl, Cache: b.tmpl.cache})
+	if err != nil {
+		return fmt.Errorf("load socket programs: %w", err)
+	}
+	defer coll.Close()
+	var st unix.Stat_t
+	if err := unix.Stat(cg, &st); err != nil {
+		return fmt.Errorf("cgroup %s: %w", cg, err)
+	}
+	dir := filepath.Join(b.dir, pinSockDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for _, s := range sockHooks {
+		if err := attachCgroup(filepath.Join(dir, s.name), cg, st.Ino, s.attach, coll.Programs[s.prog]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attachCgroup makes the link pinned at path run prog at attach on the
+// cgroup cg (inode ino).
+func attachCgroup(path, cg string, ino uint64, attach ebpf.AttachType, prog *ebpf.Program) error {
+	if lk, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := lk.Info()
+		same := ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == ino
+		if same && lk.Update(prog) == nil {
+			lk.Close()
+			return nil
+		}
+		_ = lk.Unpin()
+		lk.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		if err := unpin(path); err != nil {
+			return err
+		}
+	}
+	lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: attach, Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s to cgroup %s: %w", attach, cg, err)
+	}
+	defer lk.Close()
+	if err := lk.Pin(path); err != nil {
+		return fmt.Errorf("pin %s: %w", path, err)
+	}
+	return nil
+}
+
+// hookNetdev is from_netdev's attach point on an uplink.
+func hookNetdev(dev string) hook {
+	return hook{pin: dev, tcx: ebpf.AttachTCXIngress, parent: netlink.HANDLE_MIN_INGRESS, name: "membrane-netdev"}
+}
+
+// attachNetdev loads from_netdev with the shared maps and attaches it at
+// ingress of each device; pins of devices no longer listed are removed.
+func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
+	spec := b.tmpl.spec.Copy()
+	for name := range spec.Programs {
+		if name != bpf.EndpointProgFromNetdev {
+			delete(spec.Programs, name)
+		}
+	}
+	delete(spec.Maps, bpf.EndpointMapPolicy)
+	delete(spec.Maps, bpf.EndpointMapCidrPolicy)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
+	if err != nil {
+		return fmt.Errorf("load uplink program: %w", err)
+	}
+	defer coll.Close()
+	prog := coll.Programs[bpf.EndpointProgFromNetdev]
+	dir := filepath.Join(b.dir, pinNetdevDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for _, d := range devs {
+		dev, err := l.nl.LinkByName(d)
+		if err != nil {
+			return fmt.Errorf("uplink %s: %w", d, err)
+		}
+		if b.legacy {
+			if err := attachLegacy(l.nl, hookNetdev(d), dev.Attrs().Index, prog); err != nil {
+				return err
+			}
+			continue
+		}
+		lk, err := attachTCX(dir, hookNetdev(d), dev.Attrs().Index, prog, l.inHost)
+		if err != nil {
+			return err
+		}
+		lk.Close() // the pin holds it
+	}
+	return l.prunePins(dir, devs)
+}
+
+// prunePins detaches the links pinned in dir not named in keep.
+func (l *Linux) prunePins(dir string, keep []string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if !slices.Contains(keep, e.Name()) {
+			if err := unpin(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// detachKPR removes the socket and uplink links a previous agent in the
+// kube-proxy-free mode pinned (unpinning the last reference detaches),
+// and the legacy filters of the configured devices.
+func (l *Linux) detachKPR(b *bpfState) error {
+	for _, d := range []string{pinSockDir, pinNetdevDir} {
+		if err := l.prunePins(filepath.Join(b.dir, d), nil); err != nil {
+			return err
+		}
+	}
+	if !b.legacy {
+		return nil
+	}
+	for _, d := range l.cfg.Services.Devices {
+		if dev, err := l.nl.LinkByName(d); err == nil {
+			if err := detachLegacy(l.nl, hookNetdev(d), dev.Attrs().Index); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// detectDevices are the host netns's up devices holding a global unicast
+// address (the node's addresses), except the gateway and tunnel devices.
+func (l *Linux) detectDevices() ([]string, error) {
+	links, err := l.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("detect uplinks: %w", err)
+	}
+	var out []string
+	for _, lk := range links {
+		a := lk.Attrs()
+		if a.Flags&net.FlagUp == 0 || a.Flags&net.FlagLoopback != 0 ||
+			a.Name == l.cfg.GatewayDevice || a.Name == l.cfg.Nodes.TunnelDevice {
+			continue
+		}
+		addrs, err := l.nl.AddrList(lk, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("detect uplinks: addresses of %s: %w", a.Name, err)
+		}
+		if slices.ContainsFunc(addrs, func(ad netlink.Addr) bool { return ad.IP.IsGlobalUnicast() }) {
+			out = append(out, a.Name)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("detect uplinks: no device holds a node address; set the devices: %w", ErrInvalidConfig)
+	}
+	return out, nil
+}
