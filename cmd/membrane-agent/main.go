@@ -60,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs := flag.NewFlagSet("membrane-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg agent.Config
-	var v4, v6, strategy, level, format string
+	var v4, v6, strategy, level, format, devices string
 	var expiry time.Duration
 	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/run/membrane/state", "directory of per-endpoint state")
@@ -95,7 +95,9 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
-	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too (no kube-proxy on the node); cluster addresses are always translated")
+	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too, host processes' connections (socket hooks on --socket-lb-cgroup) and NodePort traffic from outside (a program on --devices); no kube-proxy on the node. Cluster addresses from pods are always translated")
+	fs.StringVar(&cfg.Linux.Services.Cgroup, "socket-lb-cgroup", "", "--kube-proxy-replacement: cgroup2 directory whose processes get socket-level service translation (default: the cgroup2 mount's root)")
+	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement: comma-separated uplinks translating NodePort traffic from outside (default: the devices holding the node's addresses)")
 	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
 	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
 	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
@@ -163,6 +165,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.K8s = &kc
 	} else if kc.KubeProxyReplacement {
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
+	}
+	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
+	if devices != "" {
+		cfg.Linux.Services.Devices = strings.Split(devices, ",")
+	}
+	if !kc.KubeProxyReplacement && (devices != "" || cfg.Linux.Services.Cgroup != "") {
+		return cfg, nil, fmt.Errorf("--devices, --socket-lb-cgroup: only with --kube-proxy-replacement")
 	}
 	if err := kvstoreFlags(&cfg, kv, kvMode, etcdEndpoints, nodeAddrs, kc.NodeName); err != nil {
 		return cfg, nil, err

@@ -263,3 +263,29 @@ func TestParseFlagsKvstore(t *testing.T) {
 		})
 	}
 }
+
+// TestParseFlagsKubeProxyReplacement: the mode reaches the datapath's
+// config with its cgroup and devices; those need the mode, which needs
+// Kubernetes mode.
+func TestParseFlagsKubeProxyReplacement(t *testing.T) {
+	base := []string{"--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k8s := []string{"--k8s-kubeconfig", kubeconfig, "--node-name", "n1"}
+	cfg, _, err := parseFlags(slices.Concat(base, k8s, []string{"--kube-proxy-replacement", "--socket-lb-cgroup", "/sys/fs/cgroup/x", "--devices", "eth0,eth1"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Linux.Services
+	if !s.KubeProxyReplacement || s.Cgroup != "/sys/fs/cgroup/x" || !slices.Equal(s.Devices, []string{"eth0", "eth1"}) || !cfg.K8s.KubeProxyReplacement {
+		t.Fatalf("services config %+v", s)
+	}
+	if cfg, _, err = parseFlags(slices.Concat(base, k8s), io.Discard); err != nil || cfg.Linux.Services.KubeProxyReplacement {
+		t.Fatalf("default: %+v, %v: want the mode off", cfg.Linux.Services, err)
+	}
+	if _, _, err = parseFlags(slices.Concat(base, k8s, []string{"--devices", "eth0"}), io.Discard); err == nil || !strings.Contains(err.Error(), "--devices") {
+		t.Fatalf("--devices without the mode: %v, want refused", err)
+	}
+}

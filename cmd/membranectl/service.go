@@ -2,9 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 func (a *app) serviceCommand() *cobra.Command {
@@ -34,6 +37,9 @@ func (a *app) serviceCommand() *cobra.Command {
 					in := "-"
 					if s.Realized != nil {
 						in = orNone(strings.Join(s.Realized.Backends, ","))
+						if s.Realized.External {
+							in += " (uplinks)"
+						}
 					}
 					row = append(row, in)
 				}
@@ -45,6 +51,7 @@ func (a *app) serviceCommand() *cobra.Command {
 			if l.Maps != nil {
 				fmt.Fprintf(a.out, "maps: %d frontends, %d backend slots, %d connections, %d reverse NAT, %d affinity entries\n",
 					l.Maps.Frontends, l.Maps.Backends, l.Maps.Connections, l.Maps.ReverseNAT, l.Maps.Affinity)
+				printHooks(a.out, l.Maps)
 			}
 			if l.MapsError != "" {
 				fmt.Fprintf(a.out, "maps: %s\n", l.MapsError)
@@ -62,4 +69,17 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// printHooks prints the kube-proxy-free mode's state.
+func printHooks(w io.Writer, m *models.ServiceMapCounts) {
+	h := m.Hooks
+	if !h.KubeProxyReplacement {
+		fmt.Fprintln(w, "kube-proxy replacement: off (no socket or uplink programs attached)")
+		return
+	}
+	fmt.Fprintf(w, "kube-proxy replacement: socket programs %s on cgroup %s; NodePort program on %s\n",
+		strings.Join(h.SocketPrograms, ","), h.Cgroup, orNone(strings.Join(h.Devices, ",")))
+	fmt.Fprintf(w, "maps: %d NodePort connections, %d SNAT reply entries, %d socket translations\n",
+		m.NodePortNAT, m.NodePortSNAT, m.Sockets)
 }

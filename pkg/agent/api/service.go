@@ -56,16 +56,22 @@ func serviceModel(row *index.ServiceRow) models.Service {
 
 // addRealized sets each service's Realized from the maps and counts them.
 func addRealized(out []models.Service, rows []*index.ServiceRow, m datapath.LBMaps) *models.ServiceMapCounts {
-	byID := map[uint32][]string{}
+	byID, localByID := map[uint32][]string{}, map[uint32][]string{}
 	for _, b := range m.Backends {
 		byID[b.ID] = append(byID[b.ID], b.Backend.String()) // slot order: sorted
+		if b.Backend.Local {
+			localByID[b.ID] = append(localByID[b.ID], b.Backend.String())
+		}
 	}
 	held := map[service.Frontend]datapath.LBFrontendEntry{}
 	for _, fe := range m.Frontends {
 		held[fe.Frontend] = fe
 	}
 	counts := &models.ServiceMapCounts{Frontends: len(m.Frontends), Backends: len(m.Backends),
-		Connections: m.Connections, ReverseNAT: m.ReverseNAT, Affinity: m.Affinity}
+		Connections: m.Connections, ReverseNAT: m.ReverseNAT, Affinity: m.Affinity,
+		NodePortNAT: m.NodePortNAT, NodePortSNAT: m.NodePortSNAT, Sockets: m.Sockets,
+		Hooks: models.ServiceHooks{KubeProxyReplacement: m.Hooks.KubeProxyReplacement, Cgroup: m.Hooks.Cgroup,
+			SocketPrograms: m.Hooks.SocketPrograms, Devices: m.Hooks.Devices}}
 	inTable := map[service.Frontend]bool{}
 	for i, row := range rows {
 		f := row.Service.Frontend
@@ -78,7 +84,8 @@ func addRealized(out []models.Service, rows []*index.ServiceRow, m datapath.LBMa
 		if len(bs) > int(fe.Count) {
 			bs = bs[:fe.Count]
 		}
-		out[i].Realized = &models.ServiceRealized{ID: fe.ID, Backends: append([]string{}, bs...), AffinitySeconds: fe.Affinity}
+		out[i].Realized = &models.ServiceRealized{ID: fe.ID, Backends: append([]string{}, bs...), AffinitySeconds: fe.Affinity,
+			External: fe.External, Local: localByID[fe.ID]}
 	}
 	for _, fe := range m.Frontends {
 		if !inTable[fe.Frontend] {

@@ -133,3 +133,25 @@ func TestTranslateAffinity(t *testing.T) {
 		t.Errorf("translated service invalid: %v", err)
 	}
 }
+
+// TestTranslateLocalBackends: a backend whose endpoint names this node is
+// Local (NodePort traffic from outside reaches it without SNAT), others
+// are not.
+func TestTranslateLocalBackends(t *testing.T) {
+	port := []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)}}
+	slice := testSlice(discoveryv1.AddressTypeIPv4, port, ep("10.0.0.1", "n1", nil), ep("10.0.0.2", "n2", nil))
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.1",
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}}}
+	v := serviceView{node: "n1", nodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, replacement: true}
+	got := v.translate(svc, []*discoveryv1.EndpointSlice{slice})
+	if len(got) != 2 {
+		t.Fatalf("frontends %v, want the cluster IP and the NodePort", summary(got))
+	}
+	for _, s := range got {
+		want := []service.Backend{{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080, Local: true}, {Addr: netip.MustParseAddr("10.0.0.2"), Port: 8080}}
+		if len(s.Backends) != 2 || s.Backends[0] != want[0] || s.Backends[1] != want[1] {
+			t.Errorf("%s: backends %+v, want %+v", s.Frontend, s.Backends, want)
+		}
+	}
+}

@@ -27,6 +27,11 @@ type ServiceRealized struct {
 	ID              uint32   `json:"id"`
 	Backends        []string `json:"backends"`
 	AffinitySeconds uint32   `json:"affinity-seconds,omitempty"`
+	// External: translated on the uplinks too (kube-proxy-free mode).
+	External bool `json:"external,omitempty"`
+	// Local lists the backends flagged as on this node (NodePort traffic
+	// to them is not SNATed).
+	Local []string `json:"local,omitempty"`
 }
 
 // ServiceList is GET /v1/service's answer.
@@ -47,4 +52,21 @@ type ServiceMapCounts struct {
 	Affinity    int `json:"affinity"`
 	// Orphans are frontends the maps hold that the table does not.
 	Orphans []string `json:"orphans,omitempty"`
+	// NodePortNAT counts NodePort connections from outside, NodePortSNAT
+	// the SNATed ones' reply entries, Sockets the socket-level
+	// translations (kube-proxy-free mode).
+	NodePortNAT  int `json:"nodeport-nat"`
+	NodePortSNAT int `json:"nodeport-snat"`
+	Sockets      int `json:"sockets"`
+	// Hooks is what the kube-proxy-free mode attached.
+	Hooks ServiceHooks `json:"hooks"`
+}
+
+// ServiceHooks is what the kube-proxy-free mode attached: the socket
+// programs on a cgroup and the NodePort program on the uplinks.
+type ServiceHooks struct {
+	KubeProxyReplacement bool     `json:"kube-proxy-replacement"`
+	Cgroup               string   `json:"cgroup,omitempty"`
+	SocketPrograms       []string `json:"socket-programs,omitempty"`
+	Devices              []string `json:"devices,omitempty"`
 }
