@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-kpr bench-policy bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -139,6 +139,12 @@ bench-k8s:
 bench-bpf:
 	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
 		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
+
+# The kube-proxy-free mode against kube-proxy's iptables rules, one run
+# (root): host connect() to a ClusterIP, NodePort from outside.
+bench-kpr:
+	MEMBRANE_BENCH_KPR=1 BENCH_N=$(or $(KPR_N),2000) \
+		$(GO) test -run '^TestKPRBench$$' -count=1 -v -timeout 30m ./datapath/
 
 # Agent restart time with RESTORE_N endpoints on the Linux datapath (root).
 RESTORE_N ?= 100

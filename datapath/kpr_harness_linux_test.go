@@ -43,7 +43,21 @@ func sockClientMain() int {
 	}
 	n, _ := strconv.Atoi(os.Getenv(sockClientN))
 	for range n {
-		peer, backend, err := sockExchange(os.Getenv(sockClientEnv), addr)
+		mode := os.Getenv(sockClientEnv)
+		if mode == "connect" {
+			// connect() alone, timed (make bench-kpr).
+			start := time.Now()
+			c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+			if err != nil {
+				fmt.Println("error=" + strings.ReplaceAll(err.Error(), " ", "_"))
+				continue
+			}
+			d := time.Since(start)
+			c.Close()
+			fmt.Printf("peer=%s backend=%d\n", addr, d.Nanoseconds())
+			continue
+		}
+		peer, backend, err := sockExchange(mode, addr)
 		if err != nil {
 			fmt.Println("error=" + strings.ReplaceAll(err.Error(), " ", "_"))
 			continue

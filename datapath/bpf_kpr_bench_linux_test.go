@@ -1,0 +1,201 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/domain/service"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// TestKPRBench measures the kube-proxy-free mode against kube-proxy's
+// iptables rules in one run (make bench-kpr; MEMBRANE_BENCH_KPR=1,
+// BENCH_N connections per case, default 2000):
+//   - a host process's connect() to a ClusterIP: socket-level
+//     translation vs a kube-proxy-shaped nat OUTPUT DNAT chain;
+//   - a client outside the node to nodeIP:nodePort: from_netdev vs
+//     kube-proxy-shaped PREROUTING NodePort chains (with its
+//     mark-and-masquerade): connection setup p50/p99 and one TCP
+//     stream's throughput.
+//
+// Both target the same backend pod; the cases alternate.
+func TestKPRBench(t *testing.T) {
+	if os.Getenv("MEMBRANE_BENCH_KPR") == "" {
+		t.Skip("set MEMBRANE_BENCH_KPR=1 (make bench-kpr)")
+	}
+	n := 2000
+	if v, err := strconv.Atoi(os.Getenv("BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	iptables := testutil.RequireTool(t, "iptables")
+	cg := newCgroup(t)
+	l, host, nl, client := clientNode(t, LinuxConfig{Services: ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}}, nil)
+	pod := addPod(t, nl, 11, 1001, "10.244.60.11")
+	if _, err := l.Realize(context.Background(), pod.ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	benchServers(t, pod)
+	upsertSvc(t, l, 1, "10.96.0.10:80", service.TCP, false, true, 0, "10.244.60.11:8080")
+	upsertSvc(t, l, 2, "192.168.93.1:30080", service.TCP, true, true, 0, "10.244.60.11:8080")
+	upsertSvc(t, l, 3, "192.168.93.1:30090", service.TCP, true, true, 0, "10.244.60.11:9000")
+	kubeProxyRules(t, host, nl, iptables)
+
+	for round := range 3 {
+		for _, c := range []struct{ name, addr string }{{"socket LB", "10.96.0.10:80"}, {"iptables DNAT", "10.96.0.20:80"}} {
+			res := runSockClient(t, host, cg, "connect", netip.MustParseAddrPort(c.addr), n)
+			t.Logf("round %d host connect() to ClusterIP via %s: %s", round, c.name, latencies(t, res))
+		}
+		for _, c := range []struct{ name, addr, stream string }{
+			{"Membrane from_netdev", "192.168.93.1:30080", "192.168.93.1:30090"},
+			{"kube-proxy iptables", "192.168.93.1:30081", "192.168.93.1:30091"}} {
+			setup := clientConnects(t, client, c.addr, n)
+			mbps := clientStream(t, client, c.stream, 512<<20)
+			t.Logf("round %d NodePort from outside via %s: connect %s; one stream %.0f MB/s", round, c.name, setup, mbps)
+		}
+	}
+}
+
+// benchServers: 8080 accepts and closes, 9000 discards a stream.
+func benchServers(t *testing.T, pod *testPod) {
+	t.Helper()
+	for _, port := range []int{8080, 9000} {
+		var ln net.Listener
+		if err := pod.ns.Do(func() error {
+			var err error
+			ln, err = net.Listen("tcp", net.JoinHostPort(pod.addr().String(), strconv.Itoa(port)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+			}
+		}()
+	}
+}
+
+// kubeProxyRules installs kube-proxy's iptables shape in host's netns:
+// ClusterIP 10.96.0.20:80 and NodePorts 30081/30091 to the pod, through
+// KUBE-SERVICES, KUBE-NODEPORTS, KUBE-SVC-*, KUBE-SEP-* and the
+// mark-masquerade of NodePort traffic.
+func kubeProxyRules(t *testing.T, host *testutil.NS, nl *netlink.Handle, iptables string) {
+	t.Helper()
+	gw, err := nl.LinkByName("mbt_gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: gw.Attrs().Index, Dst: &net.IPNet{IP: net.IP{10, 96, 0, 0}, Mask: net.CIDRMask(16, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	rules := [][]string{
+		{"-N", "KUBE-SERVICES"}, {"-N", "KUBE-NODEPORTS"}, {"-N", "KUBE-MARK-MASQ"}, {"-N", "KUBE-POSTROUTING"},
+		{"-N", "KUBE-SVC-A"}, {"-N", "KUBE-SEP-A"}, {"-N", "KUBE-SVC-B"}, {"-N", "KUBE-SEP-B"},
+		{"-A", "PREROUTING", "-j", "KUBE-SERVICES"}, {"-A", "OUTPUT", "-j", "KUBE-SERVICES"},
+		{"-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"},
+		{"-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", "0x4000"},
+		{"-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x4000/0x4000", "-j", "RETURN"},
+		{"-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", "0x4000"},
+		{"-A", "KUBE-POSTROUTING", "-j", "MASQUERADE", "--random-fully"},
+		{"-A", "KUBE-SERVICES", "-d", "10.96.0.20/32", "-p", "tcp", "--dport", "80", "-j", "KUBE-SVC-A"},
+		{"-A", "KUBE-SERVICES", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "KUBE-NODEPORTS"},
+		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30081", "-j", "KUBE-MARK-MASQ"},
+		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30081", "-j", "KUBE-SVC-A"},
+		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30091", "-j", "KUBE-MARK-MASQ"},
+		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30091", "-j", "KUBE-SVC-B"},
+		{"-A", "KUBE-SVC-A", "-j", "KUBE-SEP-A"},
+		{"-A", "KUBE-SEP-A", "-p", "tcp", "-j", "DNAT", "--to-destination", "10.244.60.11:8080"},
+		{"-A", "KUBE-SVC-B", "-j", "KUBE-SEP-B"},
+		{"-A", "KUBE-SEP-B", "-p", "tcp", "-j", "DNAT", "--to-destination", "10.244.60.11:9000"},
+	}
+	for _, r := range rules {
+		if out, err := host.Exec(iptables, append([]string{"-w", "-t", "nat"}, r...)...); err != nil {
+			t.Fatalf("iptables %v: %v: %s", r, err, out)
+		}
+	}
+}
+
+// latencies summarises the client process's timed connects.
+func latencies(t *testing.T, res []sockResult) string {
+	t.Helper()
+	d := make([]time.Duration, 0, len(res))
+	for _, r := range res {
+		if r.err != "" {
+			t.Fatalf("connect: %s", r.err)
+		}
+		ns, err := strconv.ParseInt(r.backend, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d = append(d, time.Duration(ns))
+	}
+	return pcts(d)
+}
+
+func pcts(d []time.Duration) string {
+	slices.Sort(d)
+	p := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))].Round(time.Microsecond) }
+	return fmt.Sprintf("p50 %v p99 %v (n=%d)", p(0.5), p(0.99), len(d))
+}
+
+// clientConnects times n connects from the client netns to addr.
+func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) string {
+	t.Helper()
+	d := make([]time.Duration, 0, n)
+	if err := client.Do(func() error {
+		for range n {
+			start := time.Now()
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			d = append(d, time.Since(start))
+			c.Close()
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("connect %s: %v", addr, err)
+	}
+	return pcts(d)
+}
+
+// clientStream sends size bytes over one connection to addr, in MB/s.
+func clientStream(t *testing.T, client *testutil.NS, addr string, size int) float64 {
+	t.Helper()
+	var mbps float64
+	buf := make([]byte, 256<<10)
+	if err := client.Do(func() error {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		start := time.Now()
+		for sent := 0; sent < size; sent += len(buf) {
+			if _, err := c.Write(buf); err != nil {
+				return err
+			}
+		}
+		mbps = float64(size) / 1e6 / time.Since(start).Seconds()
+		return nil
+	}); err != nil {
+		t.Fatalf("stream to %s: %v", addr, err)
+	}
+	return mbps
+}
+
