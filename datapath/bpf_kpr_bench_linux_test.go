@@ -198,4 +198,3 @@ func clientStream(t *testing.T, client *testutil.NS, addr string, size int) floa
 	}
 	return mbps
 }
-
