@@ -322,3 +322,58 @@ func TestKubeProxyReplacementOff(t *testing.T) {
 		t.Fatalf("host process reached the ClusterIP without the mode (%+v), want it untranslated", res[0])
 	}
 }
+
+// TestKPRIPv6: the same paths over IPv6: a host process in the cgroup
+// reaches an IPv6 ClusterIP (TCP, unconnected UDP) with the frontend as
+// its peer, and a client outside reaches [nodeIP]:nodePort (TCP, UDP),
+// DNATed to local IPv6 pods that see the client's address.
+func TestKPRIPv6(t *testing.T) {
+	testutil.RequireRoot(t)
+	cg := newCgroup(t)
+	client := testutil.NewNS(t, "mbt-cl6")
+	cfg := LinuxConfig{GatewayDevice: "mbt_gw6", Gateways: []netip.Addr{netip.MustParseAddr("fd00:60::1")},
+		Services: ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}}
+	l, node, nl := newKPRNode(t, cfg, func(host *testutil.NS, nl *netlink.Handle) {
+		if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
+			t.Fatal(err)
+		}
+		linkNS(t, host, nl, "up0", "2001:db8:93::1/64", client, "eth0", "2001:db8:93::2/64")
+	})
+	cnl := client.Netlink(t)
+	if err := cnl.RouteAdd(&netlink.Route{Gw: net.ParseIP("2001:db8:93::1")}); err != nil {
+		t.Fatal(err)
+	}
+	a := addPod6(t, nl, 21, 2001, "fd00:60::11")
+	b := addPod6(t, nl, 22, 2002, "fd00:60::12")
+	for _, p := range []*testPod{a, b} {
+		if _, err := l.Realize(context.Background(), p.ep, 1); err != nil {
+			t.Fatal(err)
+		}
+		whoServer(t, p.ns, p.addr(), 8080)
+	}
+	upsertSvc(t, l, 1, "[fd00:96::10]:80", service.TCP, false, true, 0, "[fd00:60::11]:8080", "[fd00:60::12]:8080")
+	upsertSvc(t, l, 2, "[fd00:96::10]:53", service.UDP, false, true, 0, "[fd00:60::11]:8080", "[fd00:60::12]:8080")
+	upsertSvc(t, l, 3, "[2001:db8:93::1]:30080", service.TCP, true, true, 0, "[fd00:60::11]:8080", "[fd00:60::12]:8080")
+	upsertSvc(t, l, 4, "[2001:db8:93::1]:30053", service.UDP, true, true, 0, "[fd00:60::11]:8080", "[fd00:60::12]:8080")
+	for _, x := range []struct{ mode, fe string }{{"tcp", "[fd00:96::10]:80"}, {"udp", "[fd00:96::10]:53"}} {
+		seen := backendsSeen(t, x.mode, runSockClient(t, node, cg, x.mode, netip.MustParseAddrPort(x.fe), 30), x.fe)
+		if len(seen) != 2 {
+			t.Fatalf("host %s: backends %v, want both pods", x.mode, seen)
+		}
+	}
+	for _, network := range []string{"tcp", "udp"} {
+		fe := map[string]string{"tcp": "[2001:db8:93::1]:30080", "udp": "[2001:db8:93::1]:30053"}[network]
+		seen := map[string]bool{}
+		for range 20 {
+			from, reply := dialWho(t, client, network, fe)
+			f := strings.Fields(reply)
+			if from != fe || len(f) != 2 || !strings.HasPrefix(f[1], "[2001:db8:93::2]:") {
+				t.Fatalf("%s: reply %q from %s, want from %s and the client's address seen by the pod", network, reply, from, fe)
+			}
+			seen[f[0]] = true
+		}
+		if len(seen) != 2 {
+			t.Fatalf("NodePort %s: backends %v, want both", network, seen)
+		}
+	}
+}
