@@ -301,14 +301,17 @@ func TestKubeProxyReplacementOff(t *testing.T) {
 	if err := l2.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range sockHooks {
-		if got := cgroupProgs(t, cg, s.attach); got != 0 {
-			t.Fatalf("%s programs on the cgroup with kube-proxy: %d, want 0", s.name, got)
+	// Unpinning the last reference detaches; the kernel frees the links
+	// in a work item, so wait (bounded) for them to go.
+	waitFor(t, "socket programs detached from the cgroup", func() bool {
+		for _, s := range sockHooks {
+			if cgroupProgs(t, cg, s.attach) != 0 {
+				return false
+			}
 		}
-	}
-	if got := tcxProgs(t, host, nl, "up0"); got != 0 {
-		t.Fatalf("uplink programs with kube-proxy: %d, want 0", got)
-	}
+		return true
+	})
+	waitFor(t, "uplink program detached", func() bool { return tcxProgs(t, host, nl, "up0") == 0 })
 	if m, err := l2.DumpServices(context.Background()); err != nil || m.Hooks.KubeProxyReplacement || len(m.Hooks.Devices) != 0 {
 		t.Fatalf("hooks %+v (%v), want none", m.Hooks, err)
 	}
