@@ -3,7 +3,6 @@ package datapath
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -183,31 +181,10 @@ func runSockClient(t *testing.T, ns *testutil.NS, cg, mode string, addr netip.Ad
 	return res
 }
 
-// newCgroup makes a cgroup2 directory for the test's client processes,
-// removed at cleanup (the hooks attached to it go with it).
+// newCgroup makes a cgroup2 directory for the test's client processes.
 func newCgroup(t *testing.T) string {
 	t.Helper()
-	root, err := cgroup2Root()
-	if err != nil {
-		if testutil.InCI() {
-			t.Fatal(err)
-		}
-		t.Skipf("no cgroup2: %v", err)
-	}
-	dir := filepath.Join(root, "mbt-"+testutil.RandomSuffix(8))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for range 50 {
-			if err := os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-				return
-			}
-			time.Sleep(100 * time.Millisecond) // a client process still exiting
-		}
-		t.Errorf("remove cgroup %s", dir)
-	})
-	return dir
+	return testutil.Cgroup2Dir(t)
 }
 
 // whoServer answers every TCP connection and UDP datagram on addr:port

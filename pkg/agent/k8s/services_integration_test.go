@@ -2,13 +2,17 @@ package k8s_test
 
 import (
 	"context"
-
+	"errors"
 	"log/slog"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -28,17 +32,29 @@ import (
 // through the real API server reach the service table and the Linux
 // datapath's BPF maps (kube-proxy replacement mode: the NodePort on the
 // Node's address too); a slice change and the Service's deletion follow.
+// The datapath runs the mode's hooks (socket programs on a cgroup of the
+// test's, the uplink program on the device holding the node's address):
+// the NodePort frontend is flagged for the uplinks, the backends that
+// name this node as local.
 func TestServicesFromAPIServer(t *testing.T) {
 	env := kubetest.Require(t)
 	testutil.RequireRoot(t)
 	host := testutil.NewNS(t, "mbt-svck8s")
+	nodeIP := netip.MustParseAddr("192.0.2.77")
+	hnl := host.Netlink(t)
+	up := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "mbt_up"}} // a port-less bridge: no dummy driver here
+	if err := errors.Join(hnl.LinkAdd(up), hnl.AddrAdd(up, &netlink.Addr{IPNet: &net.IPNet{IP: nodeIP.AsSlice(), Mask: net.CIDRMask(24, 32)}}), hnl.LinkSetUp(up)); err != nil {
+		t.Fatal(err)
+	}
+	cg := testutil.Cgroup2Dir(t)
 	dir := t.TempDir()
 	node := "node-svc-" + testutil.RandomSuffix(6)
 	cfg := agent.Config{
 		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.205.0.0/24"), Datapath: "linux",
-		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)},
-		K8s:   &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, SyncTimeout: 20 * time.Second, KubeProxyReplacement: true},
+		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t),
+			Services: datapath.ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}},
+		K8s: &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: node, SyncTimeout: 20 * time.Second, KubeProxyReplacement: true},
 	}
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -59,7 +75,6 @@ func TestServicesFromAPIServer(t *testing.T) {
 	})
 	// The Node after the agent: its addresses reach the NodePort
 	// frontends through the Node informer's update.
-	nodeIP := netip.MustParseAddr("192.0.2.77")
 	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeIP.String()}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -98,6 +113,23 @@ func TestServicesFromAPIServer(t *testing.T) {
 	np := service.Frontend{Addr: nodeIP, Port: nodePort, Proto: service.TCP}
 	want := []string{"10.205.0.10:15432", "10.205.0.11:15432"}
 	waitMaps(t, a, "the service's two ready backends", []netip.Addr{vip, nodeIP}, map[service.Frontend][]string{cluster: want, np: want})
+	m, err := a.System.DumpServiceMaps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fe := range m.Frontends {
+		if (fe.Frontend == np) != fe.External && (fe.Frontend == np || fe.Frontend == cluster) {
+			t.Errorf("frontend %s external %v, want only the NodePort", fe.Frontend, fe.External)
+		}
+	}
+	for _, b := range m.Backends {
+		if strings.HasPrefix(b.Backend.Addr.String(), "10.205.0.") && !b.Backend.Local {
+			t.Errorf("backend %s of this node not flagged local", b.Backend)
+		}
+	}
+	if h := m.Hooks; !h.KubeProxyReplacement || h.Cgroup != cg || !slices.Equal(h.Devices, []string{"mbt_up"}) {
+		t.Errorf("hooks %+v, want the test's cgroup and mbt_up", h)
+	}
 	row, ok := a.Index.Service(cluster)
 	if !ok || row.State != index.ServiceRealized || row.Source != k8s.ServiceSource || row.Service.Name != ns+"/db" || row.Service.PortName != "sql" {
 		t.Errorf("service table row = %+v, %v", row, ok)
