@@ -143,7 +143,7 @@ bench-bpf:
 # The kube-proxy-free mode against kube-proxy's iptables rules, one run
 # (root): host connect() to a ClusterIP, NodePort from outside.
 bench-kpr:
-	MEMBRANE_BENCH_KPR=1 BENCH_N=$(or $(KPR_N),2000) \
+	MEMBRANE_BENCH_KPR=1 BENCH_N=$(or $(KPR_N),1000) \
 		$(GO) test -run '^TestKPRBench$$' -count=1 -v -timeout 30m ./datapath/
 
 # Agent restart time with RESTORE_N endpoints on the Linux datapath (root).

@@ -20,7 +20,7 @@ import (
 
 // TestKPRBench measures the kube-proxy-free mode against kube-proxy's
 // iptables rules in one run (make bench-kpr; MEMBRANE_BENCH_KPR=1,
-// BENCH_N connections per case, default 2000):
+// BENCH_N connections per case and round, default 1000; five rounds):
 //   - a host process's connect() to a ClusterIP: socket-level
 //     translation vs a kube-proxy-shaped nat OUTPUT DNAT chain;
 //   - a client outside the node to nodeIP:nodePort: from_netdev vs
@@ -33,7 +33,7 @@ func TestKPRBench(t *testing.T) {
 	if os.Getenv("MEMBRANE_BENCH_KPR") == "" {
 		t.Skip("set MEMBRANE_BENCH_KPR=1 (make bench-kpr)")
 	}
-	n := 2000
+	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("BENCH_N")); err == nil && v > 0 {
 		n = v
 	}
@@ -50,19 +50,46 @@ func TestKPRBench(t *testing.T) {
 	upsertSvc(t, l, 3, "192.168.93.1:30090", service.TCP, true, true, 0, "10.244.60.11:9000")
 	kubeProxyRules(t, host, nl, iptables)
 
-	for round := range 3 {
-		for _, c := range []struct{ name, addr string }{{"socket LB", "10.96.0.10:80"}, {"iptables DNAT", "10.96.0.20:80"}} {
-			res := runSockClient(t, host, cg, "connect", netip.MustParseAddrPort(c.addr), n)
-			t.Logf("round %d host connect() to ClusterIP via %s: %s", round, c.name, latencies(t, res))
+	hostLat := map[string][]time.Duration{}
+	npLat := map[string][]time.Duration{}
+	npMBps := map[string][]float64{}
+	for round := range 5 {
+		hostCases := []struct{ name, addr string }{{"socket LB", "10.96.0.10:80"}, {"iptables DNAT", "10.96.0.20:80"}}
+		if round%2 == 1 {
+			slices.Reverse(hostCases)
 		}
-		for _, c := range []struct{ name, addr, stream string }{
-			{"Membrane from_netdev", "192.168.93.1:30080", "192.168.93.1:30090"},
-			{"kube-proxy iptables", "192.168.93.1:30081", "192.168.93.1:30091"}} {
-			setup := clientConnects(t, client, c.addr, n)
+		for _, c := range hostCases {
+			d := latencies(t, runSockClient(t, host, cg, "connect", netip.MustParseAddrPort(c.addr), n))
+			hostLat[c.name] = append(hostLat[c.name], d...)
+			t.Logf("round %d host connect() to ClusterIP via %s: %s", round, c.name, pcts(d))
+		}
+		cases := []struct{ name, addr, stream string }{
+			{"Membrane", "192.168.93.1:30080", "192.168.93.1:30090"},
+			{"kube-proxy", "192.168.93.1:30081", "192.168.93.1:30091"}}
+		if round%2 == 1 {
+			slices.Reverse(cases) // neither goes first every time
+		}
+		for _, c := range cases {
+			d := clientConnects(t, client, c.addr, n)
 			mbps := clientStream(t, client, c.stream, 512<<20)
-			t.Logf("round %d NodePort from outside via %s: connect %s; one stream %.0f MB/s", round, c.name, setup, mbps)
+			npLat[c.name] = append(npLat[c.name], d...)
+			npMBps[c.name] = append(npMBps[c.name], mbps)
+			t.Logf("round %d NodePort from outside via %s: connect %s; one stream %.0f MB/s", round, c.name, pcts(d), mbps)
 		}
 	}
+	ratio := func(a, b []time.Duration, q float64) string {
+		pa, pb := pct(a, q), pct(b, q)
+		return fmt.Sprintf("%v vs %v = %.2f", pa, pb, float64(pa)/float64(pb))
+	}
+	t.Logf("SUMMARY host connect() socket LB vs iptables DNAT: p50 %s, p99 %s", ratio(hostLat["socket LB"], hostLat["iptables DNAT"], 0.5), ratio(hostLat["socket LB"], hostLat["iptables DNAT"], 0.99))
+	t.Logf("SUMMARY NodePort connect Membrane vs kube-proxy: p50 %s, p99 %s", ratio(npLat["Membrane"], npLat["kube-proxy"], 0.5), ratio(npLat["Membrane"], npLat["kube-proxy"], 0.99))
+	mm, mk := median(npMBps["Membrane"]), median(npMBps["kube-proxy"])
+	t.Logf("SUMMARY NodePort one stream, median of 5: Membrane %.0f MB/s vs kube-proxy %.0f MB/s = %.2f", mm, mk, mm/mk)
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // benchServers: 8080 accepts and closes, 9000 discards a stream.
@@ -130,8 +157,8 @@ func kubeProxyRules(t *testing.T, host *testutil.NS, nl *netlink.Handle, iptable
 	}
 }
 
-// latencies summarises the client process's timed connects.
-func latencies(t *testing.T, res []sockResult) string {
+// latencies are the client process's timed connects.
+func latencies(t *testing.T, res []sockResult) []time.Duration {
 	t.Helper()
 	d := make([]time.Duration, 0, len(res))
 	for _, r := range res {
@@ -144,17 +171,21 @@ func latencies(t *testing.T, res []sockResult) string {
 		}
 		d = append(d, time.Duration(ns))
 	}
-	return pcts(d)
+	return d
+}
+
+// pct is d's q quantile (d is sorted in place).
+func pct(d []time.Duration, q float64) time.Duration {
+	slices.Sort(d)
+	return d[int(q*float64(len(d)-1))].Round(time.Microsecond)
 }
 
 func pcts(d []time.Duration) string {
-	slices.Sort(d)
-	p := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))].Round(time.Microsecond) }
-	return fmt.Sprintf("p50 %v p99 %v (n=%d)", p(0.5), p(0.99), len(d))
+	return fmt.Sprintf("p50 %v p99 %v (n=%d)", pct(d, 0.5), pct(d, 0.99), len(d))
 }
 
 // clientConnects times n connects from the client netns to addr.
-func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) string {
+func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) []time.Duration {
 	t.Helper()
 	d := make([]time.Duration, 0, n)
 	if err := client.Do(func() error {
@@ -171,7 +202,7 @@ func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) strin
 	}); err != nil {
 		t.Fatalf("connect %s: %v", addr, err)
 	}
-	return pcts(d)
+	return d
 }
 
 // clientStream sends size bytes over one connection to addr, in MB/s.
