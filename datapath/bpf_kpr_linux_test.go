@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -197,24 +198,63 @@ func TestNodePortFromOutside(t *testing.T) {
 // TestNodePortRemoteBackend: node A's NodePort with its only backend on
 // node B (native routing over ul0): A DNATs and SNATs to the address the
 // client reached, B's pod sees A's address, the reply is translated back
-// on A's ul0 and reaches the client from nodeIP:nodePort. TCP and UDP.
+// on A's ul0 and reaches the client from nodeIP:nodePort. TCP and UDP,
+// over IPv4 and IPv6.
 func TestNodePortRemoteBackend(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) { testNodePortRemote(t, v6) })
+	}
+}
+
+// remoteAddrs are one family's addresses of the remote-backend test.
+type remoteAddrs struct {
+	nodeA, client, ulA, ulB, clientNet, podCIDR, pod, gw string
+	bits                                                  int
+}
+
+func testNodePortRemote(t *testing.T, v6 bool) {
+	testutil.RequireRoot(t)
+	ad := remoteAddrs{nodeA: "192.168.93.1", client: "192.168.93.2", ulA: "192.168.94.1", ulB: "192.168.94.2",
+		clientNet: "192.168.93.0/24", podCIDR: "10.244.60.128/25", pod: "10.244.60.130", gw: "10.244.60.1", bits: 24}
+	if v6 {
+		ad = remoteAddrs{nodeA: "2001:db8:93::1", client: "2001:db8:93::2", ulA: "2001:db8:94::1", ulB: "2001:db8:94::2",
+			clientNet: "2001:db8:93::/64", podCIDR: "fd00:60::80/121", pod: "fd00:60::82", gw: "fd00:60::1", bits: 64}
+	}
+	hp := func(a string, port int) string { return netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port)).String() }
+	pfx := func(a string) string { return a + "/" + strconv.Itoa(ad.bits) }
+	noDAD := func(host *testutil.NS) {
+		if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cg := newCgroup(t)
-	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}}
+	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}, Gateways: []netip.Addr{netip.MustParseAddr(ad.gw)}, GatewayDevice: "mbt_gw"}
 	cfgA := cfg
 	cfgA.Services = ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}
-	nodeB, hostB, nlB := newKPRNode(t, cfg, nil)
-	nodeA, _, _, client := clientNode(t, cfgA, func(host *testutil.NS, nl *netlink.Handle) {
-		linkNS(t, host, nl, "ul0", "192.168.94.1/24", hostB, "ul0", "192.168.94.2/24")
+	nodeB, hostB, nlB := newKPRNode(t, cfg, func(host *testutil.NS, _ *netlink.Handle) { noDAD(host) })
+	client := testutil.NewNS(t, "mbt-cl")
+	nodeA, _, _ := newKPRNode(t, cfgA, func(host *testutil.NS, nl *netlink.Handle) {
+		noDAD(host)
+		linkNS(t, host, nl, "up0", pfx(ad.nodeA), client, "eth0", pfx(ad.client))
+		linkNS(t, host, nl, "ul0", pfx(ad.ulA), hostB, "ul0", pfx(ad.ulB))
 	})
+	if err := client.Netlink(t).RouteAdd(&netlink.Route{Gw: net.ParseIP(ad.nodeA)}); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
-	if err := nodeA.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.94.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.60.128/25")}}}); err != nil {
+	if err := nodeA.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr(ad.ulB)}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix(ad.podCIDR)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := nlB.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("192.168.93.0").To4(), Mask: net.CIDRMask(24, 32)}, Gw: net.ParseIP("192.168.94.1")}); err != nil {
+	cn := netip.MustParsePrefix(ad.clientNet)
+	if err := nlB.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: cn.Addr().AsSlice(), Mask: net.CIDRMask(cn.Bits(), cn.Addr().BitLen())}, Gw: net.ParseIP(ad.ulA)}); err != nil {
 		t.Fatal(err)
 	}
-	pod := addPod(t, nlB, 32, 2002, "10.244.60.130")
+	var pod *testPod
+	if v6 {
+		pod = addPod6(t, nlB, 32, 2002, ad.pod)
+	} else {
+		pod = addPod(t, nlB, 32, 2002, ad.pod)
+	}
 	if _, err := nodeB.Realize(ctx, pod.ep, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -223,15 +263,17 @@ func TestNodePortRemoteBackend(t *testing.T) {
 	if err != nil || len(m.Hooks.Devices) != 2 {
 		t.Fatalf("uplinks %v (%v), want up0 and ul0", m.Hooks.Devices, err)
 	}
-	upsertSvc(t, nodeA, 1, "192.168.93.1:30080", service.TCP, true, false, 0, "10.244.60.130:8080")
-	upsertSvc(t, nodeA, 2, "192.168.93.1:30053", service.UDP, true, false, 0, "10.244.60.130:8080")
+	upsertSvc(t, nodeA, 1, hp(ad.nodeA, 30080), service.TCP, true, false, 0, hp(ad.pod, 8080))
+	upsertSvc(t, nodeA, 2, hp(ad.nodeA, 30053), service.UDP, true, false, 0, hp(ad.pod, 8080))
+	seenFrom := hp(ad.nodeA, 0)
+	seenFrom = seenFrom[:len(seenFrom)-1] // "addr:" or "[addr]:"
 	for _, network := range []string{"tcp", "udp"} {
-		fe := map[string]string{"tcp": "192.168.93.1:30080", "udp": "192.168.93.1:30053"}[network]
+		fe := map[string]string{"tcp": hp(ad.nodeA, 30080), "udp": hp(ad.nodeA, 30053)}[network]
 		for range 10 {
 			from, reply := dialWho(t, client, network, fe)
 			f := strings.Fields(reply)
-			if from != fe || len(f) != 2 || f[0] != "10.244.60.130" || !strings.HasPrefix(f[1], "192.168.93.1:") {
-				t.Fatalf("%s: reply %q from %s, want from %s, served by 10.244.60.130 seeing node A's address", network, reply, from, fe)
+			if from != fe || len(f) != 2 || f[0] != ad.pod || !strings.HasPrefix(f[1], seenFrom) {
+				t.Fatalf("%s: reply %q from %s, want from %s, served by %s seeing node A's address", network, reply, from, fe, ad.pod)
 			}
 		}
 	}
