@@ -284,8 +284,11 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"services": [{"frontend": "10.96.0.10:5432/TCP", "name": "default/db", "port-name": "sql", "kind": "ClusterIP",
  "source": "k8s", "id": 1, "backends": ["10.200.0.5:5432", "10.200.0.6:5432"], "state": "realized",
  "realized": {"id": 1, "backends": ["10.200.0.5:5432", "10.200.0.6:5432"]}},
- {"frontend": "10.96.0.11:80/TCP", "name": "default/empty", "kind": "ClusterIP", "source": "k8s", "id": 2, "backends": [], "state": "failed", "error": "injected"}],
- "maps": {"frontends": 1, "backends": 2, "connections": 4, "reverse-nat": 4, "affinity": 0}}`)
+ {"frontend": "10.96.0.11:80/TCP", "name": "default/empty", "kind": "ClusterIP", "source": "k8s", "id": 2, "backends": [], "state": "failed", "error": "injected"},
+ {"frontend": "192.0.2.1:30432/TCP", "name": "default/db", "port-name": "sql", "kind": "NodePort", "source": "k8s", "id": 3,
+ "backends": ["10.200.0.5:5432"], "state": "realized", "realized": {"id": 3, "backends": ["10.200.0.5:5432"], "external": true, "local": ["10.200.0.5:5432"]}}],
+ "maps": {"frontends": 2, "backends": 3, "connections": 4, "reverse-nat": 4, "affinity": 0, "nodeport-nat": 2, "nodeport-snat": 0, "sockets": 7,
+ "hooks": {"kube-proxy-replacement": true, "cgroup": "/sys/fs/cgroup", "socket-programs": ["connect4", "sendmsg4", "recvmsg4", "getpeername4"], "devices": ["eth0"]}}}`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
