@@ -16,7 +16,8 @@
  * before the stack routes them); a pod's socket in the cgroup is given
  * the backend too, and its from-container program then sees a packet to
  * the backend, which is no frontend: nothing is translated twice.
- * The backend is drawn at random among the frontend's slots (ClientIP
+ * connect() draws the backend at random among the frontend's slots, an
+ * unconnected UDP socket's sendmsg() by its cookie (ClientIP
  * affinity: the one the network namespace used last, keyed by its
  * cookie); no backend fails connect()/sendmsg() with EPERM. A dual-stack
  * IPv6 socket reaching an IPv4-mapped address is translated as IPv4.
@@ -37,8 +38,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SOCK_REJECT 0
 
 /* sock_pick returns the backend for a socket of netns cookie ns to
- * frontend fk: NULL if fk is no frontend; *reject if it has none. */
-static __always_inline struct lb_backend *sock_pick(struct lb_key *fk, __u64 ns, int *reject)
+ * frontend fk (slot seed % count + 1 without affinity): NULL if fk is no
+ * frontend; *reject if it has none. */
+static __always_inline struct lb_backend *sock_pick(struct lb_key *fk, __u64 ns, __u32 seed, int *reject)
 {
 	struct lb_affinity_key ak = { .family = 0 };
 	struct lb_slot_key sk = {};
@@ -71,7 +73,7 @@ static __always_inline struct lb_backend *sock_pick(struct lb_key *fk, __u64 ns,
 			}
 		}
 	}
-	sk.slot = bpf_get_prandom_u32() % svc->count + 1;
+	sk.slot = seed % svc->count + 1;
 	b = bpf_map_lookup_elem(&lb_backends, &sk);
 	if (!b) {
 		*reject = 1;
@@ -101,7 +103,20 @@ static __always_inline int sock_proto_ok(__u32 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
 }
 
-static __always_inline int sock4_xlate(struct bpf_sock_addr *ctx)
+/* sock_seed: connect() draws at random; sendmsg() (unconnected UDP)
+ * hashes the socket's cookie, so one socket's datagrams keep going to one
+ * backend while the backends stay the same. */
+static __always_inline __u32 sock_seed(struct bpf_sock_addr *ctx, int send)
+{
+	__u64 c;
+
+	if (!send)
+		return bpf_get_prandom_u32();
+	c = bpf_get_socket_cookie(ctx) * 0x9e3779b97f4a7c15ULL;
+	return (__u32)(c >> 32);
+}
+
+static __always_inline int sock4_xlate(struct bpf_sock_addr *ctx, int send)
 {
 	struct lb_key fk = { .family = 4 };
 	struct lb_backend *b;
@@ -112,7 +127,7 @@ static __always_inline int sock4_xlate(struct bpf_sock_addr *ctx)
 	fk.proto = ctx->protocol;
 	fk.dport = (__u16)ctx->user_port;
 	fk.addr[0] = ctx->user_ip4;
-	b = sock_pick(&fk, bpf_get_netns_cookie(ctx), &reject);
+	b = sock_pick(&fk, bpf_get_netns_cookie(ctx), sock_seed(ctx, send), &reject);
 	if (!b)
 		return reject ? SOCK_REJECT : SOCK_PASS;
 	ctx->user_ip4 = b->addr[0];
@@ -128,7 +143,7 @@ static __always_inline int sock6_mapped(struct bpf_sock_addr *ctx)
 	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 && ctx->user_ip6[2] == bpf_htonl(0xffff);
 }
 
-static __always_inline int sock6_xlate(struct bpf_sock_addr *ctx)
+static __always_inline int sock6_xlate(struct bpf_sock_addr *ctx, int send)
 {
 	struct lb_key fk = { .family = 6 };
 	struct lb_backend *b;
@@ -148,7 +163,7 @@ static __always_inline int sock6_xlate(struct bpf_sock_addr *ctx)
 		fk.addr[2] = ctx->user_ip6[2];
 		fk.addr[3] = ctx->user_ip6[3];
 	}
-	b = sock_pick(&fk, bpf_get_netns_cookie(ctx), &reject);
+	b = sock_pick(&fk, bpf_get_netns_cookie(ctx), sock_seed(ctx, send), &reject);
 	if (!b)
 		return reject ? SOCK_REJECT : SOCK_PASS;
 	if (mapped) {
@@ -212,10 +227,10 @@ static __always_inline int sock6_reverse(struct bpf_sock_addr *ctx)
 }
 
 SEC("cgroup/connect4")
-int sock_connect4(struct bpf_sock_addr *ctx) { return sock4_xlate(ctx); }
+int sock_connect4(struct bpf_sock_addr *ctx) { return sock4_xlate(ctx, 0); }
 
 SEC("cgroup/sendmsg4")
-int sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock4_xlate(ctx); }
+int sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock4_xlate(ctx, 1); }
 
 SEC("cgroup/recvmsg4")
 int sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock4_reverse(ctx); }
@@ -224,10 +239,10 @@ SEC("cgroup/getpeername4")
 int sock_getpeername4(struct bpf_sock_addr *ctx) { return sock4_reverse(ctx); }
 
 SEC("cgroup/connect6")
-int sock_connect6(struct bpf_sock_addr *ctx) { return sock6_xlate(ctx); }
+int sock_connect6(struct bpf_sock_addr *ctx) { return sock6_xlate(ctx, 0); }
 
 SEC("cgroup/sendmsg6")
-int sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock6_xlate(ctx); }
+int sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock6_xlate(ctx, 1); }
 
 SEC("cgroup/recvmsg6")
 int sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock6_reverse(ctx); }

@@ -44,7 +44,7 @@ func backendsSeen(t *testing.T, what string, res []sockResult, frontend string) 
 		if r.peer != frontend {
 			t.Fatalf("%s: socket reports peer %s, want the frontend %s", what, r.peer, frontend)
 		}
-		seen[strings.Fields(r.backend)[0]]++
+		seen[strings.Fields(strings.ReplaceAll(r.backend, "_", " "))[0]]++
 	}
 	return seen
 }
@@ -77,6 +77,11 @@ func TestSocketLBHostProcess(t *testing.T) {
 		if seen["10.244.60.11"] == 0 || seen["10.244.60.12"] == 0 || len(seen) != 2 {
 			t.Fatalf("%s: backends %v, want both pods", x.mode, seen)
 		}
+	}
+	// One unconnected UDP socket keeps its backend.
+	seen := backendsSeen(t, "udpsock", runSockClient(t, host, cg, "udpsock", netip.MustParseAddrPort("10.96.0.10:53"), 10), "10.96.0.10:53")
+	if len(seen) != 1 {
+		t.Fatalf("one unconnected UDP socket reached backends %v, want one", seen)
 	}
 	m, err := l.DumpServices(context.Background())
 	if err != nil {

@@ -23,7 +23,9 @@ import (
 )
 
 // The socket-LB client process: sockClientEnv is "tcp", "udp" (unconnected
-// sendto/recvfrom) or "udpconn" (connect, send, recv); it makes
+// sendto/recvfrom, a new socket each time), "udpsock" (all from one
+// unconnected socket), "udpconn" (connect, send, recv) or "connect"
+// (connect() alone, timed); it makes
 // sockClientN exchanges with sockClientAddr and prints one line each:
 // "peer=<address the socket reports> backend=<what the server said>", or
 // "error=<err>".
@@ -40,6 +42,9 @@ func sockClientMain() int {
 		return 2
 	}
 	n, _ := strconv.Atoi(os.Getenv(sockClientN))
+	if os.Getenv(sockClientEnv) == "udpsock" {
+		return udpOneSocket(addr, n)
+	}
 	for range n {
 		mode := os.Getenv(sockClientEnv)
 		if mode == "connect" {
@@ -61,6 +66,31 @@ func sockClientMain() int {
 			continue
 		}
 		fmt.Printf("peer=%s backend=%s\n", peer, backend)
+	}
+	return 0
+}
+
+// udpOneSocket makes n exchanges from one unconnected UDP socket.
+func udpOneSocket(addr netip.AddrPort, n int) int {
+	c, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		fmt.Println("error=" + err.Error())
+		return 2
+	}
+	defer c.Close()
+	buf := make([]byte, 128)
+	for range n {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.WriteToUDPAddrPort([]byte("who"), addr); err != nil {
+			fmt.Println("error=" + strings.ReplaceAll(err.Error(), " ", "_"))
+			continue
+		}
+		k, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			fmt.Println("error=" + strings.ReplaceAll(err.Error(), " ", "_"))
+			continue
+		}
+		fmt.Printf("peer=%s backend=%s\n", netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), strings.ReplaceAll(strings.TrimSpace(string(buf[:k])), " ", "_"))
 	}
 	return 0
 }
