@@ -214,7 +214,7 @@ func TestNodePortRemoteBackend(t *testing.T) {
 // remoteAddrs are one family's addresses of the remote-backend test.
 type remoteAddrs struct {
 	nodeA, client, ulA, ulB, clientNet, podCIDR, pod, gw string
-	bits                                                  int
+	bits                                                 int
 }
 
 func testNodePortRemote(t *testing.T, v6 bool) {
@@ -225,7 +225,9 @@ func testNodePortRemote(t *testing.T, v6 bool) {
 		ad = remoteAddrs{nodeA: "2001:db8:93::1", client: "2001:db8:93::2", ulA: "2001:db8:94::1", ulB: "2001:db8:94::2",
 			clientNet: "2001:db8:93::/64", podCIDR: "fd00:60::80/121", pod: "fd00:60::82", gw: "fd00:60::1", bits: 64}
 	}
-	hp := func(a string, port int) string { return netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port)).String() }
+	hp := func(a string, port int) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port)).String()
+	}
 	pfx := func(a string) string { return a + "/" + strconv.Itoa(ad.bits) }
 	noDAD := func(host *testutil.NS) {
 		if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
