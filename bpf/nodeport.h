@@ -18,8 +18,8 @@
  *
  * externalTrafficPolicy: Local is the backend list (only this node's
  * pods), so it never SNATs and the client's address is preserved.
- * The forwarded packets' TTL is not decremented (the node is one hop
- * the client does not see, as with Cilium's DSR-less default).
+ * Redirected packets get their TTL (hop limit) decremented, as the
+ * stack's forwarding would; one that runs out is dropped (no ICMP).
  */
 #ifndef MEMBRANE_NODEPORT_H
 #define MEMBRANE_NODEPORT_H
@@ -43,13 +43,43 @@ static __always_inline int lb_tcp_closing(struct __sk_buff *skb, struct pkt *p)
 	return (flags & 0x05) != 0;
 }
 
+/* lb_ttl_dec decrements the TTL (hop limit) of a packet the node
+ * forwards past the stack, as the stack's forwarding would. Returns -1
+ * for a packet whose TTL runs out (dropped). */
+static __always_inline int lb_ttl_dec(struct __sk_buff *skb, struct pkt *p)
+{
+	__u8 ttl;
+	__u16 oldw, neww;
+
+	if (p->family == 6) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 7, &ttl, 1) || ttl <= 1)
+			return -1;
+		ttl--;
+		return bpf_skb_store_bytes(skb, ETH_HLEN_ + 7, &ttl, 1, 0) ? -1 : 0;
+	}
+	if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 8, &oldw, 2))
+		return -1;
+	ttl = ((__u8 *)&oldw)[0];
+	if (ttl <= 1)
+		return -1;
+	neww = oldw;
+	((__u8 *)&neww)[0] = ttl - 1;
+	if (bpf_l3_csum_replace(skb, IP4_CSUM_OFF, oldw, neww, 2))
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN_ + 8, &neww, 2, 0) ? -1 : 0;
+}
+
 /* lb_fib_redirect sends a translated packet out of the device the FIB
- * names for its destination, resolving the next hop's neighbour. */
+ * names for its destination, resolving the next hop's neighbour, with
+ * its TTL decremented. */
 static __noinline int lb_fib_redirect(struct __sk_buff *skb, struct pkt *p)
 {
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
 	struct bpf_redir_neigh nh = {};
 	long r;
+
+	if (lb_ttl_dec(skb, p))
+		return -1;
 
 	fib.ifindex = skb->ifindex;
 	if (p->family == 4) {
