@@ -26,7 +26,9 @@ import (
 //   - a client outside the node to nodeIP:nodePort: from_netdev vs
 //     kube-proxy-shaped PREROUTING NodePort chains (with its
 //     mark-and-masquerade): connection setup p50/p99 and one TCP
-//     stream's throughput.
+//     stream's throughput;
+//   - the same to a backend on a second node: from_netdev's DNAT + SNAT
+//     vs kube-proxy's DNAT + masquerade.
 //
 // Both target the same backend pod; the cases alternate.
 func TestKPRBench(t *testing.T) {
@@ -48,7 +50,7 @@ func TestKPRBench(t *testing.T) {
 	upsertSvc(t, l, 1, "10.96.0.10:80", service.TCP, false, true, 0, "10.244.60.11:8080")
 	upsertSvc(t, l, 2, "192.168.93.1:30080", service.TCP, true, true, 0, "10.244.60.11:8080")
 	upsertSvc(t, l, 3, "192.168.93.1:30090", service.TCP, true, true, 0, "10.244.60.11:9000")
-	kubeProxyRules(t, host, nl, iptables)
+	kubeProxyRules(t, host, nl, iptables, "10.244.60.11")
 
 	hostLat := map[string][]time.Duration{}
 	npLat := map[string][]time.Duration{}
@@ -85,6 +87,58 @@ func TestKPRBench(t *testing.T) {
 	t.Logf("SUMMARY NodePort connect Membrane vs kube-proxy: p50 %s, p99 %s", ratio(npLat["Membrane"], npLat["kube-proxy"], 0.5), ratio(npLat["Membrane"], npLat["kube-proxy"], 0.99))
 	mm, mk := median(npMBps["Membrane"]), median(npMBps["kube-proxy"])
 	t.Logf("SUMMARY NodePort one stream, median of 5: Membrane %.0f MB/s vs kube-proxy %.0f MB/s = %.2f", mm, mk, mm/mk)
+	benchRemote(t, iptables, n)
+}
+
+// benchRemote: NodePort from outside to a backend on another node
+// (native routing): from_netdev's DNAT + SNAT and FIB redirect against
+// kube-proxy's DNAT + masquerade and the stack's forwarding.
+func benchRemote(t *testing.T, iptables string, n int) {
+	cg := newCgroup(t)
+	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}}
+	cfgA := cfg
+	cfgA.Services = ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}
+	nodeB, hostB, nlB := newKPRNode(t, cfg, nil)
+	nodeA, hostA, nlA, client := clientNode(t, cfgA, func(host *testutil.NS, nl *netlink.Handle) {
+		linkNS(t, host, nl, "ul0", "192.168.94.1/24", hostB, "ul0", "192.168.94.2/24")
+	})
+	ctx := context.Background()
+	if err := nodeA.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.168.94.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.60.128/25")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nlB.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IP{192, 168, 93, 0}, Mask: net.CIDRMask(24, 32)}, Gw: net.ParseIP("192.168.94.1")}); err != nil {
+		t.Fatal(err)
+	}
+	pod := addPod(t, nlB, 32, 2002, "10.244.60.130")
+	if _, err := nodeB.Realize(ctx, pod.ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	benchServers(t, pod)
+	upsertSvc(t, nodeA, 2, "192.168.93.1:30080", service.TCP, true, false, 0, "10.244.60.130:8080")
+	upsertSvc(t, nodeA, 3, "192.168.93.1:30090", service.TCP, true, false, 0, "10.244.60.130:9000")
+	kubeProxyRules(t, hostA, nlA, iptables, "10.244.60.130")
+	lat := map[string][]time.Duration{}
+	mbps := map[string][]float64{}
+	for round := range 5 {
+		cases := []struct{ name, addr, stream string }{
+			{"Membrane", "192.168.93.1:30080", "192.168.93.1:30090"},
+			{"kube-proxy", "192.168.93.1:30081", "192.168.93.1:30091"}}
+		if round%2 == 1 {
+			slices.Reverse(cases)
+		}
+		for _, c := range cases {
+			d := clientConnects(t, client, c.addr, n)
+			m := clientStream(t, client, c.stream, 512<<20)
+			lat[c.name] = append(lat[c.name], d...)
+			mbps[c.name] = append(mbps[c.name], m)
+			t.Logf("round %d NodePort to a remote backend via %s: connect %s; one stream %.0f MB/s", round, c.name, pcts(d), m)
+		}
+	}
+	pa, pk := pct(lat["Membrane"], 0.5), pct(lat["kube-proxy"], 0.5)
+	qa, qk := pct(lat["Membrane"], 0.99), pct(lat["kube-proxy"], 0.99)
+	mm, mk := median(mbps["Membrane"]), median(mbps["kube-proxy"])
+	t.Logf("SUMMARY NodePort remote backend connect Membrane vs kube-proxy: p50 %v vs %v = %.2f, p99 %v vs %v = %.2f", pa, pk, float64(pa)/float64(pk), qa, qk, float64(qa)/float64(qk))
+	t.Logf("SUMMARY NodePort remote backend one stream, median of 5: Membrane %.0f MB/s vs kube-proxy %.0f MB/s = %.2f", mm, mk, mm/mk)
 }
 
 func median(v []float64) float64 {
@@ -121,7 +175,7 @@ func benchServers(t *testing.T, pod *testPod) {
 // ClusterIP 10.96.0.20:80 and NodePorts 30081/30091 to the pod, through
 // KUBE-SERVICES, KUBE-NODEPORTS, KUBE-SVC-*, KUBE-SEP-* and the
 // mark-masquerade of NodePort traffic.
-func kubeProxyRules(t *testing.T, host *testutil.NS, nl *netlink.Handle, iptables string) {
+func kubeProxyRules(t *testing.T, host *testutil.NS, nl *netlink.Handle, iptables, backend string) {
 	t.Helper()
 	gw, err := nl.LinkByName("mbt_gw")
 	if err != nil {
@@ -146,9 +200,9 @@ func kubeProxyRules(t *testing.T, host *testutil.NS, nl *netlink.Handle, iptable
 		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30091", "-j", "KUBE-MARK-MASQ"},
 		{"-A", "KUBE-NODEPORTS", "-p", "tcp", "--dport", "30091", "-j", "KUBE-SVC-B"},
 		{"-A", "KUBE-SVC-A", "-j", "KUBE-SEP-A"},
-		{"-A", "KUBE-SEP-A", "-p", "tcp", "-j", "DNAT", "--to-destination", "10.244.60.11:8080"},
+		{"-A", "KUBE-SEP-A", "-p", "tcp", "-j", "DNAT", "--to-destination", backend + ":8080"},
 		{"-A", "KUBE-SVC-B", "-j", "KUBE-SEP-B"},
-		{"-A", "KUBE-SEP-B", "-p", "tcp", "-j", "DNAT", "--to-destination", "10.244.60.11:9000"},
+		{"-A", "KUBE-SEP-B", "-p", "tcp", "-j", "DNAT", "--to-destination", backend + ":9000"},
 	}
 	for _, r := range rules {
 		if out, err := host.Exec(iptables, append([]string{"-w", "-t", "nat"}, r...)...); err != nil {
