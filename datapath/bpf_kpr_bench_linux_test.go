@@ -73,7 +73,7 @@ func TestKPRBench(t *testing.T) {
 		}
 		for _, c := range cases {
 			d := clientConnects(t, client, c.addr, n)
-			mbps := clientStream(t, client, c.stream, 512<<20)
+			mbps := clientStream(t, client, c.stream, 1<<30)
 			npLat[c.name] = append(npLat[c.name], d...)
 			npMBps[c.name] = append(npMBps[c.name], mbps)
 			t.Logf("round %d NodePort from outside via %s: connect %s; one stream %.0f MB/s", round, c.name, pcts(d), mbps)
@@ -128,7 +128,7 @@ func benchRemote(t *testing.T, iptables string, n int) {
 		}
 		for _, c := range cases {
 			d := clientConnects(t, client, c.addr, n)
-			m := clientStream(t, client, c.stream, 512<<20)
+			m := clientStream(t, client, c.stream, 1<<30)
 			lat[c.name] = append(lat[c.name], d...)
 			mbps[c.name] = append(mbps[c.name], m)
 			t.Logf("round %d NodePort to a remote backend via %s: connect %s; one stream %.0f MB/s", round, c.name, pcts(d), m)
