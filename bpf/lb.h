@@ -137,7 +137,7 @@ struct lb_natrev_value {
 	__u32 frontend[4];
 	__u16 client_port;
 	__u16 frontend_port;
-	__u32 closing; /* a FIN or RST was seen: the NAT port frees sooner */
+	__u32 closing; /* 1: a FIN was seen, 2: an RST: the NAT port frees sooner */
 };
 
 /* lb_sock_key: a socket the socket-level hooks translated (its cookie)

@@ -26,21 +26,28 @@
 
 #define LB_NAT_PORT_MIN 61000
 #define LB_NAT_PORT_COUNT 4536 /* 61000..65535 */
-#define LB_NAT_TRIES 32
-/* A NAT port of a connection that saw a FIN or RST frees after this. */
+#define LB_NAT_TRIES 64
+/* A NAT port of a connection that saw a FIN frees after this without
+ * traffic (as Cilium's CT close timeout), after an RST sooner. */
 #define LB_NAT_CLOSING_NS (10ULL * 1000000000ULL)
+#define LB_NAT_RESET_NS (1ULL * 1000000000ULL)
+#define LB_CLOSING_FIN 1
+#define LB_CLOSING_RST 2
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
 
-/* lb_tcp_closing reports a TCP FIN or RST. */
-static __always_inline int lb_tcp_closing(struct __sk_buff *skb, struct pkt *p)
+/* lb_tcp_closing reports a TCP RST (LB_CLOSING_RST) or FIN
+ * (LB_CLOSING_FIN), else 0. */
+static __always_inline __u32 lb_tcp_closing(struct __sk_buff *skb, struct pkt *p)
 {
 	__u8 flags;
 
 	if (p->proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4off + 13, &flags, 1))
 		return 0;
-	return (flags & 0x05) != 0;
+	if (flags & 0x04)
+		return LB_CLOSING_RST;
+	return (flags & 0x01) ? LB_CLOSING_FIN : 0;
 }
 
 /* lb_ttl_dec decrements the TTL (hop limit) of a packet the node
@@ -111,7 +118,7 @@ static __noinline int lb_nat_reply(struct __sk_buff *skb, struct pkt *p)
 {
 	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
 	struct lb_natrev_value *rv;
-	__u32 client[4], fe[4];
+	__u32 client[4], fe[4], closing;
 	__u16 cport, fport;
 
 	__builtin_memcpy(t.saddr, p->saddr, 16);
@@ -120,8 +127,9 @@ static __noinline int lb_nat_reply(struct __sk_buff *skb, struct pkt *p)
 	if (!rv)
 		return 0;
 	rv->last_seen = bpf_ktime_get_ns();
-	if (lb_tcp_closing(skb, p))
-		rv->closing = 1;
+	closing = lb_tcp_closing(skb, p);
+	if (closing > rv->closing)
+		rv->closing = closing;
 	__builtin_memcpy(client, rv->client, 16);
 	__builtin_memcpy(fe, rv->frontend, 16);
 	cport = rv->client_port;
@@ -136,6 +144,8 @@ static __noinline int lb_nat_reply(struct __sk_buff *skb, struct pkt *p)
 static __always_inline int lb_nat_free(struct lb_natrev_value *e, struct pkt *p, __u64 now)
 {
 	if (!e)
+		return 1;
+	if (e->closing == LB_CLOSING_RST && now - e->last_seen > LB_NAT_RESET_NS)
 		return 1;
 	if (e->closing && now - e->last_seen > LB_NAT_CLOSING_NS)
 		return 1;
@@ -162,7 +172,8 @@ static __noinline __u16 lb_nat_claim(struct __sk_buff *skb, struct pkt *p, struc
 	__builtin_memcpy(rv.client, p->saddr, 16);
 	__builtin_memcpy(rv.frontend, p->daddr, 16);
 	for (i = 0; i < LB_NAT_TRIES; i++) {
-		rt.dport = bpf_htons(LB_NAT_PORT_MIN + (h + i * 7919) % LB_NAT_PORT_COUNT);
+		/* Linear probing from the flow's hash. */
+		rt.dport = bpf_htons(LB_NAT_PORT_MIN + (h + i) % LB_NAT_PORT_COUNT);
 		e = bpf_map_lookup_elem(&lb_nat_rev, &rt);
 		if (lb_nat_free(e, p, now) && !bpf_map_update_elem(&lb_nat_rev, &rt, &rv, BPF_ANY))
 			return rt.dport;
@@ -220,8 +231,9 @@ static __noinline int lb_nodeport_new(struct __sk_buff *skb, struct pkt *p, stru
 	return nv->nat_port ? LB_PASS : LB_NAT_EXHAUSTED;
 }
 
-/* lb_nat_closing marks a SNATed connection's reply entry closing. */
-static __noinline void lb_nat_closing(struct pkt *p, struct lb_nat_value *nv, __u32 *fe)
+/* lb_nat_closing marks a SNATed connection's reply entry closing (how:
+ * LB_CLOSING_*). */
+static __noinline void lb_nat_closing(struct pkt *p, struct lb_nat_value *nv, __u32 *fe, __u32 how)
 {
 	struct lb_tuple rt = { .sport = nv->backend.port, .dport = nv->nat_port, .proto = p->proto, .family = p->family };
 	struct lb_natrev_value *e;
@@ -229,8 +241,8 @@ static __noinline void lb_nat_closing(struct pkt *p, struct lb_nat_value *nv, __
 	__builtin_memcpy(rt.saddr, nv->backend.addr, 16);
 	__builtin_memcpy(rt.daddr, fe, 16);
 	e = bpf_map_lookup_elem(&lb_nat_rev, &rt);
-	if (e)
-		e->closing = 1;
+	if (e && how > e->closing)
+		e->closing = how;
 }
 
 /* lb_nodeport translates a packet arriving on the uplink: the reply of
@@ -274,8 +286,9 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 		return LB_ERROR;
 	if (!nv.nat_port)
 		return LB_PASS;
-	if (lb_tcp_closing(skb, p))
-		lb_nat_closing(p, &nv, fe);
+	r = lb_tcp_closing(skb, p);
+	if (r)
+		lb_nat_closing(p, &nv, fe, r);
 	if (lb_rewrite(skb, p, fe, nv.nat_port, 1))
 		return LB_ERROR;
 	return LB_REDIRECT;

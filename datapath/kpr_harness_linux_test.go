@@ -47,6 +47,16 @@ func sockClientMain() int {
 	}
 	for range n {
 		mode := os.Getenv(sockClientEnv)
+		if mode == "stream" {
+			// 1 GiB over one connection, in MB/s (make bench-kpr).
+			mbps, err := streamTo(addr.String(), 1<<30)
+			if err != nil {
+				fmt.Println("error=" + strings.ReplaceAll(err.Error(), " ", "_"))
+				continue
+			}
+			fmt.Printf("peer=%s backend=%.0f\n", addr, mbps)
+			continue
+		}
 		if mode == "connect" {
 			// connect() alone, timed (make bench-kpr).
 			start := time.Now()
@@ -68,6 +78,23 @@ func sockClientMain() int {
 		fmt.Printf("peer=%s backend=%s\n", peer, backend)
 	}
 	return 0
+}
+
+// streamTo sends size bytes over one TCP connection to addr, in MB/s.
+func streamTo(addr string, size int) (float64, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for sent := 0; sent < size; sent += len(buf) {
+		if _, err := c.Write(buf); err != nil {
+			return 0, err
+		}
+	}
+	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
 }
 
 // udpOneSocket makes n exchanges from one unconnected UDP socket.
