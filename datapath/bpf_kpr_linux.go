@@ -201,20 +201,11 @@ func hookNetdev(dev string) hook {
 // attachNetdev loads from_netdev with the shared maps and attaches it at
 // ingress of each device; pins of devices no longer listed are removed.
 func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
-	spec := b.tmpl.spec.Copy()
-	for name := range spec.Programs {
-		if name != bpf.EndpointProgFromNetdev {
-			delete(spec.Programs, name)
-		}
-	}
-	delete(spec.Maps, bpf.EndpointMapPolicy)
-	delete(spec.Maps, bpf.EndpointMapCidrPolicy)
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
+	prog, err := loadNetdev(b)
 	if err != nil {
-		return fmt.Errorf("load uplink program: %w", err)
+		return err
 	}
-	defer coll.Close()
-	prog := coll.Programs[bpf.EndpointProgFromNetdev]
+	defer prog.Close()
 	dir := filepath.Join(b.dir, pinNetdevDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
@@ -237,6 +228,25 @@ func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
 		lk.Close() // the pin holds it
 	}
 	return l.prunePins(dir, devs)
+}
+
+// loadNetdev loads from_netdev alone from the endpoint object, with the
+// shared maps.
+func loadNetdev(b *bpfState) (*ebpf.Program, error) {
+	spec := b.tmpl.spec.Copy()
+	for name := range spec.Programs {
+		if name != bpf.EndpointProgFromNetdev {
+			delete(spec.Programs, name)
+		}
+	}
+	delete(spec.Maps, bpf.EndpointMapPolicy)
+	delete(spec.Maps, bpf.EndpointMapCidrPolicy)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
+	if err != nil {
+		return nil, fmt.Errorf("load uplink program: %w", err)
+	}
+	defer coll.Close()
+	return coll.DetachProgram(bpf.EndpointProgFromNetdev), nil
 }
 
 // prunePins detaches the links pinned in dir not named in keep.
