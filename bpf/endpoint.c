@@ -8,6 +8,8 @@
  *   to_container    TCX egress of the host veth: the pod's ingress
  *   from_netdev     TCX ingress of the node's uplinks (kube-proxy-free
  *                   mode only; loaded once per node, nodeport.h)
+ *   nodeport_reply  tail-called by from_container for a local backend's
+ *                   reply to a NodePort client (loaded with from_netdev)
  *
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
@@ -449,18 +451,18 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 
 /* lb_out finishes a passing packet: a reply reaching the pod from a
  * service backend gets the service frontend as its source (lb.h); a
- * backend's reply to a NodePort client from outside gets the NodePort
- * frontend as its source and goes straight to the uplink (nodeport.h). */
+ * backend's reply to a NodePort client from outside goes on in
+ * nodeport_reply (a tail call; without the kube-proxy-free mode the slot
+ * is empty and the packet passes untranslated). */
 static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
 {
-	int r = lb_reverse(skb, p, dir == DIR_INGRESS ? 0 : LB_REVNAT_NODEPORT);
-
-	if (r < 0)
-		return drop(skb, p, dir, DROP_MALFORMED, 0);
-	if (r > 0 && dir == DIR_EGRESS) {
-		r = lb_fib_redirect(skb, p);
-		return r < 0 ? drop(skb, p, dir, DROP_NO_ROUTE, 0) : r;
+	if (dir == DIR_EGRESS) {
+		if (lb_nodeport_reply(p))
+			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
+		return TC_ACT_OK;
 	}
+	if (lb_reverse(skb, p, 0) < 0)
+		return drop(skb, p, dir, DROP_MALFORMED, 0);
 	return TC_ACT_OK;
 }
 
@@ -550,4 +552,25 @@ int from_netdev(struct __sk_buff *skb)
 		return drop(skb, &p, DIR_INGRESS, DROP_NAT_EXHAUSTED, 0);
 	}
 	return drop(skb, &p, DIR_INGRESS, DROP_MALFORMED, 0);
+}
+
+/* nodeport_reply: a local backend's reply to a NodePort client from
+ * outside, tail-called from its from-container after policy: the
+ * NodePort frontend becomes its source and it is redirected to the
+ * uplink (nodeport.h). Loaded once per node with from_netdev. */
+SEC("tc")
+int nodeport_reply(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int r;
+
+	if (parse(skb, &p) != PARSE_OK)
+		return TC_ACT_OK;
+	r = lb_reverse(skb, &p, LB_REVNAT_NODEPORT);
+	if (r < 0)
+		return drop(skb, &p, DIR_EGRESS, DROP_MALFORMED, 0);
+	if (r == 0)
+		return TC_ACT_OK;
+	r = lb_fib_redirect(skb, &p);
+	return r < 0 ? drop(skb, &p, DIR_EGRESS, DROP_NO_ROUTE, 0) : r;
 }

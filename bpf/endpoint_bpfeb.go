@@ -256,11 +256,13 @@ const (
 	EndpointMapLbFrontends       = "lb_frontends"
 	EndpointMapLbNat             = "lb_nat"
 	EndpointMapLbNatRev          = "lb_nat_rev"
+	EndpointMapLbProgs           = "lb_progs"
 	EndpointMapLbRevnat          = "lb_revnat"
 	EndpointMapLbSock            = "lb_sock"
 	EndpointMapPolicy            = "policy"
 	EndpointProgFromContainer    = "from_container"
 	EndpointProgFromNetdev       = "from_netdev"
+	EndpointProgNodeportReply    = "nodeport_reply"
 	EndpointProgToContainer      = "to_container"
 	EndpointVarENDPOINT_ID       = "ENDPOINT_ID"
 	EndpointVarENDPOINT_IDENTITY = "ENDPOINT_IDENTITY"
@@ -312,6 +314,7 @@ type EndpointSpecs struct {
 type EndpointProgramSpecs struct {
 	FromContainer *ebpf.ProgramSpec `ebpf:"from_container"`
 	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
+	NodeportReply *ebpf.ProgramSpec `ebpf:"nodeport_reply"`
 	ToContainer   *ebpf.ProgramSpec `ebpf:"to_container"`
 }
 
@@ -330,6 +333,7 @@ type EndpointMapSpecs struct {
 	LbFrontends *ebpf.MapSpec `ebpf:"lb_frontends"`
 	LbNat       *ebpf.MapSpec `ebpf:"lb_nat"`
 	LbNatRev    *ebpf.MapSpec `ebpf:"lb_nat_rev"`
+	LbProgs     *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
 	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
@@ -376,6 +380,7 @@ type EndpointMaps struct {
 	LbFrontends *ebpf.Map `ebpf:"lb_frontends"`
 	LbNat       *ebpf.Map `ebpf:"lb_nat"`
 	LbNatRev    *ebpf.Map `ebpf:"lb_nat_rev"`
+	LbProgs     *ebpf.Map `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
 	LbSock      *ebpf.Map `ebpf:"lb_sock"`
 	Policy      *ebpf.Map `ebpf:"policy"`
@@ -394,6 +399,7 @@ func (m *EndpointMaps) Close() error {
 		m.LbFrontends,
 		m.LbNat,
 		m.LbNatRev,
+		m.LbProgs,
 		m.LbRevnat,
 		m.LbSock,
 		m.Policy,
@@ -416,6 +422,7 @@ type EndpointVariables struct {
 type EndpointPrograms struct {
 	FromContainer *ebpf.Program `ebpf:"from_container"`
 	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
+	NodeportReply *ebpf.Program `ebpf:"nodeport_reply"`
 	ToContainer   *ebpf.Program `ebpf:"to_container"`
 }
 
@@ -423,6 +430,7 @@ func (p *EndpointPrograms) Close() error {
 	return _EndpointClose(
 		p.FromContainer,
 		p.FromNetdev,
+		p.NodeportReply,
 		p.ToContainer,
 	)
 }

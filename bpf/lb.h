@@ -218,6 +218,18 @@ struct {
 	__uint(max_entries, 65536);
 } lb_nat_rev SEC(".maps");
 
+/* Shared, pinned at <bpffs>/lb_progs: slot LB_PROG_NODEPORT_REPLY holds
+ * nodeport_reply while the kube-proxy-free mode runs (datapath fills it
+ * with the uplink program). A tail call keeps the FIB redirect out of
+ * every endpoint's from-container, which the kernel verifies per load. */
+#define LB_PROG_NODEPORT_REPLY 0
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, 1);
+} lb_progs SEC(".maps");
+
 /* Shared, pinned at <bpffs>/lb_sock: the socket-level translations
  * (sock.c), for recvmsg and getpeername. */
 struct {
@@ -394,6 +406,22 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 		return LB_ERROR;
 	p->policy_port = bpf_ntohs(p->dport);
 	return LB_PASS;
+}
+
+/* lb_nodeport_reply reports a backend's reply to a NodePort client from
+ * outside (an lb_revnat entry flagged LB_REVNAT_NODEPORT): a lookup
+ * only, the translation is nodeport_reply's. */
+static __always_inline int lb_nodeport_reply(struct pkt *p)
+{
+	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
+	struct lb_revnat_value *rv;
+
+	if (p->frag || !lb_proto_ok(p->proto))
+		return 0;
+	__builtin_memcpy(t.saddr, p->saddr, 16);
+	__builtin_memcpy(t.daddr, p->daddr, 16);
+	rv = bpf_map_lookup_elem(&lb_revnat, &t);
+	return rv && rv->flags == LB_REVNAT_NODEPORT;
 }
 
 /* lb_reverse gives a reply from a backend the frontend's address and

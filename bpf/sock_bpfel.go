@@ -136,6 +136,7 @@ const (
 	SockMapLbFrontends       = "lb_frontends"
 	SockMapLbNat             = "lb_nat"
 	SockMapLbNatRev          = "lb_nat_rev"
+	SockMapLbProgs           = "lb_progs"
 	SockMapLbRevnat          = "lb_revnat"
 	SockMapLbSock            = "lb_sock"
 	SockProgSockConnect4     = "sock_connect4"
@@ -210,6 +211,7 @@ type SockMapSpecs struct {
 	LbFrontends *ebpf.MapSpec `ebpf:"lb_frontends"`
 	LbNat       *ebpf.MapSpec `ebpf:"lb_nat"`
 	LbNatRev    *ebpf.MapSpec `ebpf:"lb_nat_rev"`
+	LbProgs     *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
 	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
 }
@@ -246,6 +248,7 @@ type SockMaps struct {
 	LbFrontends *ebpf.Map `ebpf:"lb_frontends"`
 	LbNat       *ebpf.Map `ebpf:"lb_nat"`
 	LbNatRev    *ebpf.Map `ebpf:"lb_nat_rev"`
+	LbProgs     *ebpf.Map `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
 	LbSock      *ebpf.Map `ebpf:"lb_sock"`
 }
@@ -258,6 +261,7 @@ func (m *SockMaps) Close() error {
 		m.LbFrontends,
 		m.LbNat,
 		m.LbNatRev,
+		m.LbProgs,
 		m.LbRevnat,
 		m.LbSock,
 	)

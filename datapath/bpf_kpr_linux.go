@@ -201,11 +201,15 @@ func hookNetdev(dev string) hook {
 // attachNetdev loads from_netdev with the shared maps and attaches it at
 // ingress of each device; pins of devices no longer listed are removed.
 func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
-	prog, err := loadNetdev(b)
+	prog, reply, err := loadNetdev(b)
 	if err != nil {
 		return err
 	}
 	defer prog.Close()
+	defer reply.Close()
+	if err := b.maps.lb.progs.Update(uint32(0), reply, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("install nodeport_reply: %w", err)
+	}
 	dir := filepath.Join(b.dir, pinNetdevDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
@@ -230,12 +234,13 @@ func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
 	return l.prunePins(dir, devs)
 }
 
-// loadNetdev loads from_netdev alone from the endpoint object, with the
-// shared maps.
-func loadNetdev(b *bpfState) (*ebpf.Program, error) {
+// loadNetdev loads from_netdev and nodeport_reply (the tail call of the
+// endpoints' from-container) from the endpoint object, with the shared
+// maps.
+func loadNetdev(b *bpfState) (netdev, reply *ebpf.Program, err error) {
 	spec := b.tmpl.spec.Copy()
 	for name := range spec.Programs {
-		if name != bpf.EndpointProgFromNetdev {
+		if name != bpf.EndpointProgFromNetdev && name != bpf.EndpointProgNodeportReply {
 			delete(spec.Programs, name)
 		}
 	}
@@ -243,10 +248,10 @@ func loadNetdev(b *bpfState) (*ebpf.Program, error) {
 	delete(spec.Maps, bpf.EndpointMapCidrPolicy)
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
 	if err != nil {
-		return nil, fmt.Errorf("load uplink program: %w", err)
+		return nil, nil, fmt.Errorf("load uplink program: %w", err)
 	}
 	defer coll.Close()
-	return coll.DetachProgram(bpf.EndpointProgFromNetdev), nil
+	return coll.DetachProgram(bpf.EndpointProgFromNetdev), coll.DetachProgram(bpf.EndpointProgNodeportReply), nil
 }
 
 // prunePins detaches the links pinned in dir not named in keep.
@@ -270,8 +275,12 @@ func (l *Linux) prunePins(dir string, keep []string) error {
 
 // detachKPR removes the socket and uplink links a previous agent in the
 // kube-proxy-free mode pinned (unpinning the last reference detaches),
-// and the legacy filters of the configured devices.
+// the legacy filters of the configured devices and nodeport_reply from
+// the endpoints' tail-call slot.
 func (l *Linux) detachKPR(b *bpfState) error {
+	if err := b.maps.lb.progs.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("remove nodeport_reply: %w", err)
+	}
 	for _, d := range []string{pinSockDir, pinNetdevDir} {
 		if err := l.prunePins(filepath.Join(b.dir, d), nil); err != nil {
 			return err

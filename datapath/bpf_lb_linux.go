@@ -26,6 +26,7 @@ const (
 type lbMaps struct {
 	frontends, backends, ct, revnat, affinity *ebpf.Map
 	nat, natRev, sock                         *ebpf.Map // nodeport.h, sock.c
+	progs                                     *ebpf.Map // lb_progs: nodeport_reply's slot
 }
 
 func (m *lbMaps) named() []namedMap {
@@ -38,11 +39,12 @@ func (m *lbMaps) named() []namedMap {
 		{bpf.EndpointMapLbNat, &m.nat},
 		{bpf.EndpointMapLbNatRev, &m.natRev},
 		{bpf.EndpointMapLbSock, &m.sock},
+		{bpf.EndpointMapLbProgs, &m.progs},
 	}
 }
 
 func (m *lbMaps) all() []*ebpf.Map {
-	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity, m.nat, m.natRev, m.sock}
+	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity, m.nat, m.natRev, m.sock, m.progs}
 }
 
 var _ ServiceDatapath = (*Linux)(nil)

@@ -104,6 +104,7 @@ func (p programs) close() {
 func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, ident identity.NumericIdentity) (programs, error) {
 	spec := t.spec.Copy()
 	delete(spec.Programs, bpf.EndpointProgFromNetdev) // the uplinks' (bpf_kpr_linux.go)
+	delete(spec.Programs, bpf.EndpointProgNodeportReply)
 	if err := spec.Variables[bpf.EndpointVarENDPOINT_ID].Set(uint32(id)); err != nil {
 		return programs{}, fmt.Errorf("load endpoint %d programs: set id: %w", id, err)
 	}
