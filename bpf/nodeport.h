@@ -3,12 +3,15 @@
  * the node's uplink devices and translates packets to a frontend flagged
  * LB_FLAG_EXTERNAL, as Cilium's nodeport.h does:
  *
- *   - a local backend (LB_BACKEND_LOCAL): DNAT only; the stack routes
- *     the packet to the pod, whose programs see the client's address.
- *     The reply is reverse-translated at the backend's from-container
- *     (an lb_revnat entry flagged LB_REVNAT_NODEPORT) and sent to the
- *     uplink with a FIB lookup and bpf_redirect_neigh: the stack would
- *     drop a forwarded packet whose source is the node's own address.
+ *   - a local backend (LB_BACKEND_LOCAL): DNAT only, then a FIB lookup
+ *     and bpf_redirect_neigh to the pod's host veth (its to-container
+ *     program sees the client's address). The reply is
+ *     reverse-translated after the backend's from-container (an
+ *     lb_revnat entry flagged LB_REVNAT_NODEPORT; nodeport_reply) and
+ *     sent to the uplink the same way: the stack would drop a forwarded
+ *     packet whose source is the node's own address. Neither direction
+ *     passes the stack's forwarding (nor netfilter), so no half-open
+ *     conntrack entry is left behind.
  *   - a remote backend: DNAT and SNAT to the frontend's address (the
  *     node address the client reached) with a NAT port from
  *     LB_NAT_PORT_MIN.. (outside the kernel's default ephemeral range),
@@ -247,8 +250,8 @@ static __noinline void lb_nat_closing(struct pkt *p, struct lb_nat_value *nv, __
 
 /* lb_nodeport translates a packet arriving on the uplink: the reply of
  * a SNATed connection, or a packet to an external frontend. Returns
- * LB_PASS (not ours, or DNATed to a local pod: the stack routes it),
- * LB_REDIRECT (translated; lb_fib_redirect sends it) or an error. */
+ * LB_PASS (not ours), LB_REDIRECT (translated; lb_fib_redirect sends
+ * it) or an error. */
 static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 {
 	struct lb_key fk = { .dport = p->dport, .proto = p->proto, .family = p->family };
@@ -285,7 +288,7 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
 		return LB_ERROR;
 	if (!nv.nat_port)
-		return LB_PASS;
+		return LB_REDIRECT; /* to the local pod's veth */
 	r = lb_tcp_closing(skb, p);
 	if (r)
 		lb_nat_closing(p, &nv, fe, r);
