@@ -8,7 +8,11 @@
 // loads, attaches and pins it.
 //
 // Programs: from_container runs at TCX ingress of the host veth (the
-// pod's egress), to_container at TCX egress (the pod's ingress). The
+// pod's egress), to_container at TCX egress (the pod's ingress). In the
+// kube-proxy-free mode from_netdev (nodeport.h) runs at TCX ingress of
+// the node's uplinks and nodeport_reply is from_container's tail call
+// (lb_progs), and sock.c's cgroup programs translate at the socket
+// (Sock, its own object and bindings, sharing the lb_* maps). The
 // verdict rules and the decisions for fragments, non-IP frames, IPv6
 // extension headers and ICMP are in endpoint.c's header comment.
 //
