@@ -98,6 +98,10 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 			if a.ep.Policy != r.Policy {
 				a.mut().Policy = r.Policy
 			}
+			if a.deps.observer != nil {
+				// Part of PhaseWriteState, reported on its own too.
+				a.deps.observer.RegenPhase(PhaseComputePolicy, time.Duration(time.Now().UnixNano()-a.regen.started))
+			}
 			a.writeAndRealize(ctx, full)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -112,11 +113,14 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	e := b.eps[ep.ID]
 	b.mu.Unlock()
 	dir := b.endpointDir(ep.ID)
+	start := time.Now()
 	if e == nil {
 		var err error
 		if e, err = b.openEndpoint(ep, dir, ifindex); err != nil {
 			return err
 		}
+		l.phase(PhaseBPFMaps, start)
+		start = time.Now()
 	}
 	want := ep.Policy
 	if want == nil {
@@ -137,18 +141,23 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	e.have = want
+	l.phase(PhaseBPFPolicy, start)
 	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
 		return nil
 	}
+	start = time.Now()
 	progs, err := b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
 	if err != nil {
 		return err
 	}
 	defer progs.close() // the links or filters hold them
+	l.phase(PhaseBPFLoad, start)
+	start = time.Now()
 	e.attached = false
 	if err := l.attach(e, dir, ifindex, progs); err != nil {
 		return err
 	}
+	l.phase(PhaseBPFAttach, start)
 	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 	return nil
 }

@@ -241,7 +241,29 @@ type LinuxHooks struct {
 	// (a slow OnDrop delays later notifications; the kernel discards
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
+	// Phase receives how long each step of a Realize or Remove took
+	// (LinuxPhases); it must not block.
+	Phase func(phase string, d time.Duration)
 }
+
+// The steps of Linux.Realize and Linux.Remove reported to LinuxHooks.Phase.
+const (
+	// PhaseHostSetup: the host veth's sysctls, routes and neighbours.
+	PhaseHostSetup = "host-setup"
+	// PhaseBPFMaps: opening (creating) the endpoint's pinned policy maps.
+	PhaseBPFMaps = "bpf-maps"
+	// PhaseBPFPolicy: writing the policy map difference.
+	PhaseBPFPolicy = "bpf-policy"
+	// PhaseBPFLoad: loading the two programs (the kernel's verifier).
+	PhaseBPFLoad = "bpf-load"
+	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).
+	PhaseBPFAttach = "bpf-attach"
+	// PhaseRemove: a whole Remove on the caller's path.
+	PhaseRemove = "remove"
+)
+
+// LinuxPhases lists the phases in the order they run.
+var LinuxPhases = []string{PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).
