@@ -263,3 +263,34 @@ func TestParseFlagsKvstore(t *testing.T) {
 		})
 	}
 }
+
+func TestParseFlagsBPFAttach(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		legacy  bool
+		wantErr string
+	}{
+		{"default tcx", nil, false, ""},
+		{"tcx", []string{"--bpf-attach", "tcx"}, false, ""},
+		{"tc", []string{"--bpf-attach", "tc"}, true, ""},
+		{"bad", []string{"--bpf-attach", "xdp"}, false, "--bpf-attach"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := parseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Linux.ForceLegacyTC != tc.legacy {
+				t.Fatalf("ForceLegacyTC = %v, want %v", cfg.Linux.ForceLegacyTC, tc.legacy)
+			}
+		})
+	}
+}
