@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -39,18 +40,22 @@ func (l *Linux) Prepare(_ context.Context, ep *endpoint.Endpoint) {
 	if l.bpf == nil || ep.IfIndex == 0 {
 		return
 	}
+	start := time.Now()
 	_ = l.guard(func() error {
-		l.bpf.prepare(ep)
+		if l.bpf.prepare(ep) {
+			l.phase(PhaseBPFPrepare, start)
+		}
 		return nil
 	})
 }
 
-func (b *bpfState) prepare(ep *endpoint.Endpoint) {
+// prepare reports whether it loaded the programs.
+func (b *bpfState) prepare(ep *endpoint.Endpoint) bool {
 	b.mu.Lock()
 	e := b.eps[ep.ID]
 	if _, busy := b.prep[ep.ID]; busy || (e != nil && e.attached) {
 		b.mu.Unlock()
-		return
+		return false
 	}
 	p := &prepared{identity: ep.Identity, done: make(chan struct{})}
 	b.prep[ep.ID] = p
@@ -58,13 +63,14 @@ func (b *bpfState) prepare(ep *endpoint.Endpoint) {
 	defer close(p.done)
 	if e == nil {
 		if e, p.err = b.openEndpoint(ep, b.endpointDir(ep.ID), ep.IfIndex); p.err != nil {
-			return
+			return false
 		}
 	}
 	if e.attached { // adopted from a previous agent
-		return
+		return false
 	}
 	p.progs, p.err = b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
+	return p.err == nil
 }
 
 // claim marks id's Realize as running and returns the programs a

@@ -254,8 +254,12 @@ const (
 	PhaseBPFMaps = "bpf-maps"
 	// PhaseBPFPolicy: writing the policy map difference.
 	PhaseBPFPolicy = "bpf-policy"
-	// PhaseBPFLoad: loading the two programs (the kernel's verifier).
+	// PhaseBPFLoad: loading the two programs (the kernel's verifier) on
+	// Realize's path (near zero when a Prepare loaded them).
 	PhaseBPFLoad = "bpf-load"
+	// PhaseBPFPrepare: a Prepare's maps and load, while the state is
+	// written (Preparer).
+	PhaseBPFPrepare = "bpf-prepare"
 	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).
 	PhaseBPFAttach = "bpf-attach"
 	// PhaseRemove: a whole Remove on the caller's path.
@@ -263,7 +267,7 @@ const (
 )
 
 // LinuxPhases lists the phases in the order they run.
-var LinuxPhases = []string{PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

@@ -193,6 +193,7 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		pol, _ := mean(before, after, "regen compute-policy", n)
 		ws, _ := mean(before, after, "regen write-state", n)
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
+		row("-- bpf-prepare: maps + program load, in the pool alongside the state write", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
 		for _, p := range []string{"host-setup", "bpf-maps", "bpf-policy", "bpf-load", "bpf-attach"} {
 			row("--- "+p, "dp "+p)
