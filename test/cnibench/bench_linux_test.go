@@ -116,6 +116,7 @@ func TestCNIBench(t *testing.T) {
 			ms(c.cpu[0]/time.Duration(total)), ms(c.cpu[1]/time.Duration(total)))
 	}
 	b.WriteString(report(n, conc, rounds, arms, seq, res, load0, loadAvg()))
+	b.WriteString(headlines(arms, conc, seq, res))
 	b.WriteString(breakdown(t, arms, calls, phasesFile, snaps))
 	out := b.String()
 	fmt.Print(out)
@@ -202,6 +203,32 @@ func report(n, conc, rounds int, arms []*arm, seq map[string][2]stats, res map[s
 		"%s\n%s\n%s\n",
 		n, total, conc, rounds, kernel(), refVersion(), time.Now().UTC().Format("2006-01-02 15:04 UTC"), load0, load1,
 		head, sep, strings.Join(rows, "\n"))
+}
+
+// headlines are the ratios scripts/bench-headline.sh collects, one
+// "headline: what | value | target" line each.
+func headlines(arms []*arm, conc int, seq map[string][2]stats, res map[string]*concResult) string {
+	ref := arms[len(arms)-1].name
+	var b strings.Builder
+	b.WriteString("\n")
+	for _, a := range arms[:len(arms)-1] {
+		mode := map[string]string{"membrane": "TCX", "membrane-tc": "tc"}[a.name]
+		c, p := summarize(res[a.name].lat), summarize(res[ref].lat)
+		for _, h := range []struct {
+			what   string
+			r      float64
+			target string
+		}{
+			{"CNI ADD p50 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p50, seq[ref][0].p50), "<= 0.6"},
+			{"CNI ADD p99 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p99, seq[ref][0].p99), "<= 1.0"},
+			{fmt.Sprintf("CNI ADD p50 / ptp+host-local, %d concurrent", conc), ratio(c.p50, p.p50), "<= 0.6"},
+			{fmt.Sprintf("CNI ADD p99 / ptp+host-local, %d concurrent", conc), ratio(c.p99, p.p99), "<= 1.0"},
+			{"CNI DEL p50 / ptp, 1 at a time", ratio(seq[a.name][1].p50, seq[ref][1].p50), "<= 1.0"},
+		} {
+			fmt.Fprintf(&b, "headline: %s (%s attach) | %.2f | %s\n", h.what, mode, h.r, h.target)
+		}
+	}
+	return b.String()
 }
 
 // buildPlugin builds membrane-cni as `make build` does into dir/bin.
