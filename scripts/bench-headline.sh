@@ -36,7 +36,7 @@ echo "membrane headline run, $start_date, load average $start_load; logs in $LOG
 # 1. CNI ADD/DEL against ptp + host-local, both attach modes.
 if [ $root = 1 ]; then
 	echo "cni bench (BENCH_N=$CNI_N)..." >&2
-	MEMBRANE_BENCH_CNI=1 BENCH_N=$CNI_N BENCH_CONC=8 \
+	BENCH_OUT= MEMBRANE_BENCH_CNI=1 BENCH_N=$CNI_N BENCH_CONC=8 \
 		$GO test -run '^TestCNIBench$' -count=1 -v -timeout 30m ./test/cnibench/ >"$LOGDIR/cni.txt" 2>&1
 	found=0
 	while IFS='|' read -r what value target; do
