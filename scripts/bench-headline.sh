@@ -40,7 +40,8 @@ if [ $root = 1 ]; then
 		$GO test -run '^TestCNIBench$' -count=1 -v -timeout 30m ./test/cnibench/ >"$LOGDIR/cni.txt" 2>&1
 	found=0
 	while IFS='|' read -r what value target; do
-		row "${what#headline: }" "${value// /}" "${target# }"
+		what=${what#headline: }
+		row "${what% }" "${value// /}" "${target# }"
 		found=1
 	done < <(grep '^headline: ' "$LOGDIR/cni.txt")
 	[ $found = 1 ] || row "CNI ADD/DEL vs ptp" "FAILED (see $LOGDIR/cni.txt)" ""
