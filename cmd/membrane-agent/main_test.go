@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/membrane-cni/membrane/pkg/agent"
 )
 
 func TestFlags(t *testing.T) {
@@ -292,5 +294,26 @@ func TestParseFlagsBPFAttach(t *testing.T) {
 				t.Fatalf("ForceLegacyTC = %v, want %v", cfg.Linux.ForceLegacyTC, tc.legacy)
 			}
 		})
+	}
+}
+
+func TestParseFlagsGCPercent(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	cfg, _, err := parseFlags(base, io.Discard)
+	if err != nil || cfg.GCPercent != agent.DefaultGCPercent {
+		t.Fatalf("default: GCPercent %d, err %v; want %d", cfg.GCPercent, err, agent.DefaultGCPercent)
+	}
+	cfg, _, err = parseFlags(append(append([]string{}, base...), "--gc-percent", "100"), io.Discard)
+	if err != nil || cfg.GCPercent != 100 {
+		t.Fatalf("--gc-percent 100: GCPercent %d, err %v", cfg.GCPercent, err)
+	}
+	for _, bad := range []string{"10", "5000", "-1"} {
+		cfg, _, err = parseFlags(append(append([]string{}, base...), "--gc-percent", bad), io.Discard)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), "--gc-percent") {
+			t.Fatalf("--gc-percent %s: err %v, want one naming the flag", bad, err)
+		}
 	}
 }
