@@ -30,6 +30,8 @@ type tags struct {
 func (t *template) progTags(sm sharedMaps) (from, to string, err error) {
 	t.tags.once.Do(func() {
 		spec := t.spec.Copy()
+		delete(spec.Programs, bpf.EndpointProgFromNetdev) // not an endpoint's (bpf_kpr_linux.go)
+		delete(spec.Programs, bpf.EndpointProgNodeportReply)
 		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: sm.replacements(), Cache: t.cache})
 		if err != nil {
 			t.tags.err = fmt.Errorf("probe load: %w", err)
