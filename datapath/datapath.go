@@ -43,6 +43,9 @@ type L7Status struct {
 	Acks    l7proxy.TrackerStatus    `json:"acks"`
 }
 
+// L7AccessEvent is one request the L7 proxy decided (LinuxHooks.OnL7Access).
+type L7AccessEvent = l7proxy.AccessRecord
+
 // L7StatusReader is implemented by datapaths with an L7 proxy (the
 // Linux datapath); L7Status is nil when L7 is off.
 type L7StatusReader interface {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -73,8 +74,24 @@ func request(p, dst *testPod, method, path string, timeout time.Duration) (int, 
 // 127.0.0.1:15001 of the test host netns.
 type l7E2E struct {
 	*e2eEnv
-	ev  *proxyEvents
-	rev uint64
+	ev     *proxyEvents
+	rev    uint64
+	mu     sync.Mutex
+	access []L7AccessEvent
+}
+
+// accessed reports whether an access record matching want (Time, Src
+// port ignored) arrived.
+func (e *l7E2E) accessed(want L7AccessEvent) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.access {
+		r.Time, r.Src = time.Time{}, netip.AddrPortFrom(r.Src.Addr(), 0)
+		if r == want {
+			return true
+		}
+	}
+	return false
 }
 
 const e2eProxyPort = 15001
@@ -90,6 +107,11 @@ func newL7E2E(t *testing.T) *l7E2E {
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}}
 	e := &l7E2E{e2eEnv: newE2E(t, cfg), ev: &proxyEvents{}, rev: 1}
 	e.ev.install(e.l)
+	e.l.SetHooks(LinuxHooks{OnDrop: e.drops.add, OnL7Access: func(r L7AccessEvent) {
+		e.mu.Lock()
+		e.access = append(e.access, r)
+		e.mu.Unlock()
+	}})
 	httpServer(t, e.b, 80)
 	return e
 }
@@ -151,6 +173,10 @@ func TestL7RedirectIngress(t *testing.T) {
 	}
 	e.set(e.b, l7(), true)
 	e.enforced()
+	denied := L7AccessEvent{Endpoint: uint64(e.b.ep.ID), Direction: "ingress", Src: netip.AddrPortFrom(e.a.addr(), 0),
+		Dst: netip.AddrPortFrom(e.b.addr(), 80), SrcIdentity: uint32(a), DstIdentity: uint32(e.b.ep.Identity),
+		Method: "GET", Path: "/private", Host: netip.AddrPortFrom(e.b.addr(), 80).String(), Reason: fmt.Sprintf("ingress rules deny identity %d", a)}
+	waitFor(t, "the proxy's access record of A's GET /private", func() bool { return e.accessed(denied) })
 	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
 		t.Errorf("C reached B:80, want its connection dropped")
 	}
