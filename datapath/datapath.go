@@ -41,6 +41,8 @@ type L7Status struct {
 	Process l7proxy.SupervisorStatus `json:"process"`
 	Version uint64                   `json:"version"`
 	Acks    l7proxy.TrackerStatus    `json:"acks"`
+	// Port is the proxy's listening port (the policy maps' proxy port).
+	Port uint16 `json:"port"`
 }
 
 // L7AccessEvent is one request the L7 proxy decided (LinuxHooks.OnL7Access).

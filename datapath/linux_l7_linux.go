@@ -227,7 +227,8 @@ func (l *Linux) L7Status() *L7Status {
 	if l.l7.srv == nil {
 		return nil
 	}
-	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
+	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status(),
+		Port: l.proxyPorts()[policy.ParserHTTP]}
 }
 
 // Proxy redirect routing: packets the endpoint programs hand to a
