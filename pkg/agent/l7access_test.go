@@ -61,3 +61,25 @@ func TestOnL7Access(t *testing.T) {
 		}
 	}
 }
+
+// TestNoL7: L7 rules are refused on the Linux datapath without a proxy
+// and accepted with --l7-proxy (and on the fake datapath) unless the
+// configuration refuses them.
+func TestNoL7(t *testing.T) {
+	withProxy := Config{Datapath: "linux", Linux: datapath.LinuxConfig{L7: datapath.L7Config{ProxyPath: "/usr/bin/membrane-proxy"}}}
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		refuse bool
+		want   bool
+	}{
+		{"linux without proxy", Config{Datapath: "linux"}, false, true},
+		{"linux with --l7-proxy", withProxy, false, false},
+		{"fake", Config{Datapath: "fake"}, false, false},
+		{"refused by configuration", withProxy, true, true},
+	} {
+		if got := noL7(tc.cfg, tc.refuse); got != tc.want {
+			t.Errorf("%s: noL7 = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
