@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -330,11 +331,39 @@ func origDst(oob []byte) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// tcpConnect opens (and closes) a TCP connection from p to dst:port.
-func (p *testPod) tcpConnect(dst *testPod, port int, timeout time.Duration) error {
-	c, err := dialFrom(p, timeout)(context.Background(), "tcp", netip.AddrPortFrom(dst.addr(), uint16(port)).String())
-	if err == nil {
-		c.Close()
+// TestL7RedirectIPv6 (root, real traffic): the redirect on IPv6, B's
+// ingress L7 rule enforced by the proxy listening dual-stack ([::]:port,
+// found by the programs at ::1).
+func TestL7RedirectIPv6(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := filepath.Join(t.TempDir(), "membrane-proxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
+		t.Fatalf("build proxy: %v\n%s", err, out)
 	}
-	return err
+	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, GatewayDevice: "mbt_gw6",
+		Gateways: []netip.Addr{netip.MustParseAddr("fd00:61::1")},
+		L7: L7Config{ProxyPath: bin, XDSSocket: filepath.Join(t.TempDir(), "xds.sock"), Listen: fmt.Sprintf("[::]:%d", e2eProxyPort),
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}})
+	if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
+		t.Fatal(err)
+	}
+	e := &l7E2E{e2eEnv: &e2eEnv{t: t, l: l, host: host, nl: nl, drops: &dropLog{}}, ev: &proxyEvents{}, rev: 1}
+	e.ev.install(l)
+	l.SetHooks(LinuxHooks{OnDrop: e.drops.add})
+	e.a = addPod6(t, nl, 31, 3001, "fd00:61::11")
+	e.b = addPod6(t, nl, 32, 3002, "fd00:61::12")
+	e.c = addPod6(t, nl, 33, 3003, "fd00:61::13")
+	for _, p := range []*testPod{e.a, e.b, e.c} {
+		e.ipcache(p)
+		e.realize(p)
+	}
+	httpServer(t, e.b, 80)
+	k80 := policy.Key{Identity: e.a.ep.Identity, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	m := policy.NewMapState(e.rev, true, false, []policy.Key{k80})
+	m.L7 = []policy.L7Entry{{Key: k80, HTTP: []policy.HTTPRule{{Method: "GET", Path: "/public"}}}}
+	e.set(e.b, m, true)
+	e.enforced()
+	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
+		t.Errorf("C reached B:80, want its connection dropped")
+	}
 }

@@ -178,7 +178,7 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decis
 		}
 		d.endpoint, d.dir = side.ep.id, side.dir
 		if !matchAny(rules, r.Method, r.URL.Path, host, r.Header) {
-			d.reason = fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+			d.allowed, d.reason = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
 			return d
 		}
 		d.allowed = true

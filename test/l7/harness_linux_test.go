@@ -61,18 +61,17 @@ const (
 // node is a netns standing in for the node with an agent on the Linux
 // datapath and its L7 proxy, and pods a, b, c made by membrane-cni.
 type node struct {
-	t       *testing.T
-	host    *testutil.NS
-	cni     *libcni.CNIConfig
-	conf    *libcni.NetworkConfigList
-	agent   *agent.Agent
-	c       *client.Client
-	socket  string
-	logs    *testutil.LogBuffer
-	pods    map[string]*pod
-	mu      sync.Mutex
-	events  []events.Event
-	stopEvs context.CancelFunc
+	t      *testing.T
+	host   *testutil.NS
+	cni    *libcni.CNIConfig
+	conf   *libcni.NetworkConfigList
+	agent  *agent.Agent
+	c      *client.Client
+	socket string
+	logs   *testutil.LogBuffer
+	pods   map[string]*pod
+	mu     sync.Mutex
+	events []events.Event
 }
 
 type pod struct {
