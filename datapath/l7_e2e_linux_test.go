@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -17,8 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -265,70 +263,28 @@ func TestL7RedirectUDP(t *testing.T) {
 }
 
 // udpProxy answers one datagram at 127.0.0.1:port of ns's netns from
-// the datagram's original destination, reporting that destination.
+// the datagram's original destination (l7proxy's transparent UDP
+// helpers, as a DNS proxy uses them), reporting that destination.
 func udpProxy(t *testing.T, ns *testutil.NS, port int, got chan<- netip.AddrPort) {
 	t.Helper()
-	var fd int
+	var conn *net.UDPConn
 	err := ns.Do(func() (err error) {
-		fd, err = transparentUDP(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
-		if err == nil {
-			err = unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1)
-		}
+		conn, err = l7proxy.ListenTransparentUDP(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(fd) })
+	t.Cleanup(func() { conn.Close() })
 	go func() {
-		buf, oob := make([]byte, 100), make([]byte, 128)
-		n, oobn, _, from, err := unix.Recvmsg(fd, buf, oob, 0)
+		buf := make([]byte, 100)
+		n, from, orig, err := l7proxy.ReadOriginal(conn, buf)
 		if err != nil {
 			return
 		}
-		dst := origDst(oob[:oobn])
-		got <- dst
-		_ = ns.Do(func() error {
-			rfd, err := transparentUDP(dst)
-			if err != nil {
-				return err
-			}
-			defer unix.Close(rfd)
-			return unix.Sendto(rfd, append([]byte("proxied "), buf[:n]...), 0, from)
-		})
+		got <- orig
+		_ = ns.Do(func() error { return l7proxy.ReplyFrom(orig, from, append([]byte("proxied "), buf[:n]...)) })
 	}()
-}
-
-// transparentUDP is a UDP socket bound to ap with IP_TRANSPARENT (ap
-// need not be local).
-func transparentUDP(ap netip.AddrPort) (int, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("bind %s: %w", ap, err)
-	}
-	return fd, nil
-}
-
-// origDst parses the IP_ORIGDSTADDR control message.
-func origDst(oob []byte) netip.AddrPort {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return netip.AddrPort{}
-	}
-	for _, m := range msgs {
-		if m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= 8 {
-			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Data[4:8])), binary.BigEndian.Uint16(m.Data[2:4]))
-		}
-	}
-	return netip.AddrPort{}
 }
 
 // TestL7RedirectIPv6 (root, real traffic): the redirect on IPv6, B's
