@@ -101,7 +101,7 @@ func TestBenchHTTPLatency(t *testing.T) {
 		t.Skip("set MEMBRANE_BENCH_L7=1 (make bench-l7-http) to run the L7 benchmark")
 	}
 	rounds, n, conc := envInt("BENCH_ROUNDS", 5), envInt("BENCH_N", 400), envInt("BENCH_CONC", 8)
-	nd := newNode(t, "10.244.76.0/24", nodeOpts{pods: []string{"a", "b"}})
+	nd := newNode(t, "10.244.76.0/24", nodeOpts{pods: []string{"a", "b"}, noEvents: true})
 	a, b := nd.pods["a"], nd.pods["b"]
 	httpServer(t, b)
 	var plain, proxied []time.Duration

@@ -88,6 +88,9 @@ type nodeOpts struct {
 	proxy     string
 	proxyWait time.Duration
 	pods      []string
+	// noEvents: no event stream subscriber (benchmarks: the test's own
+	// reader would compete for the CPU).
+	noEvents bool
 }
 
 func newNode(t *testing.T, cidr string, o nodeOpts) *node {
@@ -135,7 +138,9 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 			t.Logf("agent log:\n%s", n.logs.String())
 		}
 	})
-	n.watchEvents()
+	if !o.noEvents {
+		n.watchEvents()
+	}
 	for _, name := range o.pods {
 		n.addPod(name)
 	}
