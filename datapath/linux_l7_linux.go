@@ -80,7 +80,7 @@ func (l *Linux) initL7() error {
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
 	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
-	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket}
+	path, args := c.ProxyPath, append([]string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket}, c.ProxyArgs...)
 	if l.cfg.HostNetns != "" {
 		// The proxy runs in the host netns the datapath manages.
 		nsenter, err := exec.LookPath("nsenter")

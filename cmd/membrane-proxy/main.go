@@ -27,6 +27,8 @@ func run(args []string) error {
 	xds := fs.String("xds", "/var/run/membrane/xds.sock", "the agent's xDS unix socket")
 	listen := fs.String("listen", "127.0.0.1:15001", "HTTP listening address")
 	access := fs.String("access-log", "", "the agent's unixgram socket for access records (none if empty)")
+	ackDelay := fs.Duration("ack-delay", 0, "delay every acknowledgement (fault injection, testing)")
+	ackDrop := fs.Float64("ack-drop-rate", 0, "lose acknowledgements with this probability (fault injection, testing)")
 	reject := fs.Bool("reject-config", false, "reject every configuration (testing)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -37,5 +39,6 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
-	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject})
+	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject,
+		AckDelay: *ackDelay, AckDropRate: *ackDrop})
 }
