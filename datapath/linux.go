@@ -93,10 +93,18 @@ func (c ServicesConfig) validate() error {
 
 // L7Config configures the Linux datapath's L7 proxy: the agent serves
 // xDS on XDSSocket and runs ProxyPath (cmd/membrane-proxy) listening on
-// Listen, restarting it with a backoff between MinBackoff and MaxBackoff
+// Listen (a loopback or unspecified address: the BPF programs redirect
+// L7 traffic to the socket at 127.0.0.1 or ::1 and Listen's port),
+// restarting it with a backoff between MinBackoff and MaxBackoff
 // (reset after a run of StableAfter).
 type L7Config struct {
-	ProxyPath, XDSSocket, Listen        string
+	ProxyPath, XDSSocket, Listen string
+	// AccessSocket is the unixgram socket the proxy sends its access
+	// records to (default: XDSSocket's name with "-access" before ".sock").
+	AccessSocket string
+	// ProxyArgs are appended to the proxy's command line (the
+	// simulator's fault flags).
+	ProxyArgs                           []string
 	MinBackoff, MaxBackoff, StableAfter time.Duration
 }
 
@@ -203,6 +211,9 @@ func (c L7Config) withDefaults() L7Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:15001"
 	}
+	if c.AccessSocket == "" {
+		c.AccessSocket = strings.TrimSuffix(c.XDSSocket, ".sock") + "-access.sock"
+	}
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 10*time.Second)
 	c.StableAfter = cmp.Or(c.StableAfter, 30*time.Second)
@@ -216,8 +227,13 @@ func (c L7Config) validate() error {
 	if !filepath.IsAbs(c.ProxyPath) || !filepath.IsAbs(c.XDSSocket) {
 		return fmt.Errorf("linux datapath: L7 ProxyPath %q and XDSSocket %q: want absolute paths: %w", c.ProxyPath, c.XDSSocket, ErrInvalidConfig)
 	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil {
+	ap, err := netip.ParseAddrPort(c.Listen)
+	if err != nil {
 		return fmt.Errorf("linux datapath: L7 Listen %q: %w: %w", c.Listen, err, ErrInvalidConfig)
+	}
+	// The BPF programs find the proxy's socket at the loopback address.
+	if !ap.Addr().IsLoopback() && !ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return fmt.Errorf("linux datapath: L7 Listen %q: want a loopback or unspecified address and a port: %w", c.Listen, ErrInvalidConfig)
 	}
 	if c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
 		return fmt.Errorf("linux datapath: L7 backoff %v..%v: %w", c.MinBackoff, c.MaxBackoff, ErrInvalidConfig)
@@ -270,6 +286,9 @@ type LinuxHooks struct {
 	// Submit runs fn in the agent's datapath worker pool without waiting
 	// (deferred teardowns). It must not block.
 	Submit func(op string, fn func(ctx context.Context) error)
+	// OnL7Access receives the L7 proxy's access records, from one
+	// goroutine; it must not block.
+	OnL7Access func(L7AccessEvent)
 	// OnDrop receives the drop notifications of the endpoint programs. It
 	// is called from the ring-buffer reader goroutine and must not block
 	// (a slow OnDrop delays later notifications; the kernel discards
