@@ -9,9 +9,11 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
+
+// EndpointID is an endpoint's ID (EndpointID, which this package cannot
+// import: the endpoint record carries a policy, and policy imports this).
+type EndpointID = uint16
 
 var (
 	// ErrLimit is returned by Learn when the endpoint would hold more
@@ -43,7 +45,7 @@ type CacheConfig struct {
 // normalized. Not goroutine safe: the policy actor owns it.
 type Cache struct {
 	cfg CacheConfig
-	eps map[endpoint.ID]*epCache
+	eps map[EndpointID]*epCache
 	// union counts, per name and address, the endpoints holding it.
 	union map[string]map[netip.Addr]int
 	next  time.Time // the earliest expiry (zero: none)
@@ -56,7 +58,7 @@ type epCache struct {
 
 // Entry is one learned (endpoint, name, address) with its expiry.
 type Entry struct {
-	Endpoint endpoint.ID `json:"endpoint"`
+	Endpoint EndpointID `json:"endpoint"`
 	Name     string      `json:"name"`
 	IP       netip.Addr  `json:"ip"`
 	Expires  time.Time   `json:"expires"`
@@ -67,7 +69,7 @@ func NewCache(cfg CacheConfig) *Cache {
 	if cfg.MaxIPsPerEndpoint <= 0 {
 		cfg.MaxIPsPerEndpoint = DefaultMaxIPsPerEndpoint
 	}
-	return &Cache{cfg: cfg, eps: map[endpoint.ID]*epCache{}, union: map[string]map[netip.Addr]int{}}
+	return &Cache{cfg: cfg, eps: map[EndpointID]*epCache{}, union: map[string]map[netip.Addr]int{}}
 }
 
 // Lifetime returns how long an answer with ttl is kept.
@@ -81,7 +83,7 @@ func (c *Cache) Lifetime(ttl time.Duration) time.Duration {
 //
 // Returns ErrLimit (and records nothing) if the endpoint would hold more
 // than MaxIPsPerEndpoint pairs.
-func (c *Cache) Learn(ep endpoint.ID, name string, ips []netip.Addr, ttl time.Duration, now time.Time) (bool, error) {
+func (c *Cache) Learn(ep EndpointID, name string, ips []netip.Addr, ttl time.Duration, now time.Time) (bool, error) {
 	name = Normalize(name)
 	e := c.eps[ep]
 	if e == nil {
@@ -184,7 +186,7 @@ func (c *Cache) Expire(now time.Time) []string {
 
 // Forget drops endpoint ep's entries (the endpoint is gone) and returns
 // the names whose addresses changed, sorted.
-func (c *Cache) Forget(ep endpoint.ID) []string {
+func (c *Cache) Forget(ep EndpointID) []string {
 	e := c.eps[ep]
 	if e == nil {
 		return nil

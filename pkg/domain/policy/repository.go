@@ -107,6 +107,11 @@ type Repository struct {
 	// staged holds the identities affected by a Staging's steps; the
 	// next finish recomputes them.
 	staged idSet
+	// fqdnAddrs are the addresses learned for each (normalized) name
+	// (SetFQDN), fqdnNames the names of each address: every address with
+	// a name holds a reference on the CIDR identity of its host prefix.
+	fqdnAddrs map[string][]netip.Addr
+	fqdnNames map[netip.Addr]map[string]struct{}
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -118,6 +123,7 @@ func NewRepository() *Repository {
 		cidrIDs: map[identity.NumericIdentity]netip.Prefix{}, otherSels: map[*cachedSelector]struct{}{},
 		subjects: map[*cachedSelector]struct{}{}, oddIDs: map[identity.NumericIdentity]struct{}{},
 		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
+		fqdnAddrs: map[string][]netip.Addr{}, fqdnNames: map[netip.Addr]map[string]struct{}{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {
