@@ -60,6 +60,7 @@ type endpointActor struct {
 	lw           *labelWrite  // label changes not yet durable (nil: none)
 
 	regen regenState
+	fqdn  *fqdnWaits // DNS answers held (endpoint_fqdn.go); nil: none
 
 	delReplies []messages.Reply // sent when the endpoint is disconnected
 
@@ -220,6 +221,12 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		}
 	case *messages.ProxyAck:
 		a.proxyAck(ctx, msg)
+	case *messages.EndpointFQDN:
+		a.learnFQDN(ctx, msg)
+	case *messages.PolicyFQDNLearned:
+		a.fqdnLearned(ctx, msg)
+	case *messages.IPCacheBarrierDone:
+		a.fqdnBarrier(ctx, msg)
 	case *proxyTimeout:
 		a.proxyTimedOut(ctx, msg)
 	case *messages.PatchLabels:

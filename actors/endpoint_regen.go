@@ -330,6 +330,7 @@ func (a *endpointActor) endRegen(ctx actor.Context, err error) {
 	if err == nil && a.ep.State == endpoint.StateRegenerating {
 		a.setState(endpoint.StateReady, "regeneration completed")
 	}
+	a.fqdnRegenEnded(ctx, a.regen.rev, err)
 	res := a.result(err)
 	rs := replies(a.regen.waiters, res)
 	a.regen.waiters = nil

@@ -22,13 +22,18 @@ const (
 	IdentityWaiting Type = "identity-waiting"
 	PolicyRevision  Type = "policy-revision"
 	DatapathDrop    Type = "datapath-drop"
+	// DNSQuery is a query the DNS proxy answered or refused (Event.DNS);
+	// FQDNExpired: a name's learned addresses reached their TTL.
+	DNSQuery    Type = "dns-query"
+	FQDNExpired Type = "fqdn-expired"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop}
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop,
+	DNSQuery, FQDNExpired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -57,6 +62,30 @@ type Event struct {
 	Missed uint64 `json:"missed,omitempty"`
 	// Drop describes the dropped packet (datapath-drop events).
 	Drop *Drop `json:"drop,omitempty"`
+	// DNS describes a query (dns-query events).
+	DNS *DNS `json:"dns,omitempty"`
+}
+
+// DNS is the query of a dns-query event; Event.Endpoint is the endpoint
+// that asked.
+type DNS struct {
+	// Query is the queried name, QType its type ("A", "AAAA", ...).
+	Query string `json:"query"`
+	QType string `json:"qtype"`
+	// Verdict is "allowed" (answered), "denied" (refused by rules.dns)
+	// or "error" (the server failed or the answer could not be held).
+	Verdict string `json:"verdict"`
+	// RCode is the answer's response code ("NOERROR", "REFUSED", ...).
+	RCode string `json:"rcode,omitempty"`
+	// Server is the server the query was sent to (original destination).
+	Server string `json:"server,omitempty"`
+	// IPs are the answer's addresses, TTL its lowest TTL in seconds.
+	IPs []string `json:"ips,omitempty"`
+	TTL uint32   `json:"ttl,omitempty"`
+	// Identity is the asking endpoint's identity.
+	Identity uint32 `json:"identity,omitempty"`
+	// Error says why, for the "error" verdict.
+	Error string `json:"error,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the
