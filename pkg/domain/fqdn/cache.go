@@ -59,9 +59,9 @@ type epCache struct {
 // Entry is one learned (endpoint, name, address) with its expiry.
 type Entry struct {
 	Endpoint EndpointID `json:"endpoint"`
-	Name     string      `json:"name"`
-	IP       netip.Addr  `json:"ip"`
-	Expires  time.Time   `json:"expires"`
+	Name     string     `json:"name"`
+	IP       netip.Addr `json:"ip"`
+	Expires  time.Time  `json:"expires"`
 }
 
 // NewCache returns an empty cache.

@@ -74,7 +74,7 @@ type portRule struct {
 // l7Rules are a port rule's L7 rules: http or dns (kafka and l7proto
 // are refused by name).
 type l7Rules struct {
-	HTTP []HTTPRule     `json:"http"`
+	HTTP []HTTPRule      `json:"http"`
 	DNS  []fqdn.Selector `json:"dns"`
 }
 
