@@ -41,8 +41,10 @@ type bpfState struct {
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	cidrMap   *ebpf.Map
-	// have is what the policy map enforces (never nil).
-	have *policy.MapState
+	// have is what the policy map enforces (never nil), ports the
+	// proxy ports of its redirected entries.
+	have  *policy.MapState
+	ports map[policy.Key]uint16
 	// attached: programs loaded for identity run on ifindex (with
 	// cls_bpf filters when legacy).
 	attached bool
@@ -129,14 +131,18 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy].MaxEntries); len(want.CIDR) > limit {
 		return fmt.Errorf("policy of %d CIDR entries, at most %d fit the cidr policy map: %w", len(want.CIDR), limit, ErrInvalidPolicy)
 	}
-	if err := syncPolicyMap(e.policyMap, e.cidrMap, e.have, want); err != nil {
+	ports, err := want.Redirects(l.proxyPorts())
+	if err != nil {
+		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+	}
+	if err := syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports}); err != nil {
 		// Partly applied: read back what the maps hold now.
-		if have, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
-			e.have = have
+		if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
+			e.have, e.ports = have, hports
 		}
 		return err
 	}
-	e.have = want
+	e.have, e.ports = want, ports
 	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
 		return nil
 	}
@@ -171,7 +177,7 @@ func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) 
 	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
 	if !created || !cidrCreated {
 		// Either map may hold entries even when the other is new.
-		if e.have, err = realisedState(pm, cm); err != nil {
+		if e.have, e.ports, err = realisedState(pm, cm); err != nil {
 			e.close()
 			return nil, err
 		}

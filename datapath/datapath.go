@@ -91,11 +91,13 @@ type Datapath interface {
 	Close() error
 }
 
-// PolicyEntry is one realised policy map entry with its counters.
+// PolicyEntry is one realised policy map entry with its counters and
+// the L7 proxy port it redirects to (0: none).
 type PolicyEntry struct {
-	Key     policy.Key
-	Packets uint64
-	Bytes   uint64
+	Key       policy.Key
+	Packets   uint64
+	Bytes     uint64
+	ProxyPort uint16
 }
 
 // CIDRPolicyEntry is one realised CIDR policy entry with its counters

@@ -62,7 +62,9 @@ type LinuxConfig struct {
 
 // L7Config configures the Linux datapath's L7 proxy: the agent serves
 // xDS on XDSSocket and runs ProxyPath (cmd/membrane-proxy) listening on
-// Listen, restarting it with a backoff between MinBackoff and MaxBackoff
+// Listen (a loopback or unspecified address: the BPF programs redirect
+// L7 traffic to the socket at 127.0.0.1 or ::1 and Listen's port),
+// restarting it with a backoff between MinBackoff and MaxBackoff
 // (reset after a run of StableAfter).
 type L7Config struct {
 	ProxyPath, XDSSocket, Listen        string
@@ -185,8 +187,13 @@ func (c L7Config) validate() error {
 	if !filepath.IsAbs(c.ProxyPath) || !filepath.IsAbs(c.XDSSocket) {
 		return fmt.Errorf("linux datapath: L7 ProxyPath %q and XDSSocket %q: want absolute paths: %w", c.ProxyPath, c.XDSSocket, ErrInvalidConfig)
 	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil {
+	ap, err := netip.ParseAddrPort(c.Listen)
+	if err != nil {
 		return fmt.Errorf("linux datapath: L7 Listen %q: %w: %w", c.Listen, err, ErrInvalidConfig)
+	}
+	// The BPF programs find the proxy's socket at the loopback address.
+	if !ap.Addr().IsLoopback() && !ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return fmt.Errorf("linux datapath: L7 Listen %q: want a loopback or unspecified address and a port: %w", c.Listen, ErrInvalidConfig)
 	}
 	if c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
 		return fmt.Errorf("linux datapath: L7 backoff %v..%v: %w", c.MinBackoff, c.MaxBackoff, ErrInvalidConfig)

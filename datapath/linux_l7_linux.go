@@ -1,12 +1,17 @@
 package datapath
 
 import (
+	"errors"
+
 	"context"
 	"fmt"
 	"maps"
 	"net/netip"
 	"os/exec"
 	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -62,6 +67,10 @@ func (l *Linux) initL7() error {
 	l.l7.tracker = l7proxy.NewTracker(l.proxyAcked, l.proxyNacked)
 	srv, err := l7proxy.NewServer(c.XDSSocket, l.l7.tracker, l.log.With("component", "xds"))
 	if err != nil {
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	if err := l.proxyRoute(); err != nil {
+		srv.Close()
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
 	l.l7.srv, l.l7.ipcache, l.l7.withL7 = srv, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
@@ -201,25 +210,66 @@ func (l *Linux) L7Status() *L7Status {
 	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
 }
 
-// l4ForProxy is the policy the BPF programs enforce for an endpoint with
-// L7 entries while they cannot redirect to the proxy transparently: a
-// redirected ingress entry admits the host (the proxy's connections
-// come from it) instead of the peer, and a redirected egress entry is
-// left out. Traffic on L7 ports thus passes only through the proxy
-// (fail closed), never around it.
-func l4ForProxy(m *policy.MapState) *policy.MapState {
-	keys := make([]policy.Key, 0, len(m.Allow))
-	for _, k := range m.Allow {
-		if !m.Redirected(k) {
-			keys = append(keys, k)
-			continue
+// Proxy redirect routing: packets the endpoint programs hand to a
+// proxy's socket (bpf_sk_assign) carry MARK_TO_PROXY_MAGIC in the low
+// byte of their mark (bpf/endpoint.h); this rule sends them to a table
+// whose default route is local, so the host delivers them to the
+// assigned socket whatever their destination (as Cilium's table 2004).
+const (
+	markToProxy       = 0x4f
+	markMagicMask     = 0xff
+	proxyRouteTable   = 2040
+	proxyRulePriority = 90
+)
+
+// proxyPorts is the listening port of each L7 proxy the datapath runs
+// (policy.ProxyPorts): the BPF programs redirect an entry's traffic to
+// the port of its parser. None when L7 is off.
+func (l *Linux) proxyPorts() policy.ProxyPorts {
+	if l.cfg.L7.ProxyPath == "" {
+		return nil
+	}
+	return policy.ProxyPorts{policy.ParserHTTP: netip.MustParseAddrPort(l.cfg.L7.Listen).Port()}
+}
+
+// proxyRoute installs (idempotently) the rule and local routes of the
+// redirect in the host netns, brings lo up (the proxies listen on the
+// loopback address) and turns early demultiplexing off there.
+//
+// Early demux would break ingress redirects: the proxy's socket of a
+// redirected connection has the tuple of the client's packets, so the
+// host's IP input would attach them to it (skb->sk) on the interface
+// they arrive by, before any endpoint program ran, and then route them
+// towards the endpoint, which drops a packet with a socket (ip_forward).
+// Without it, every packet reaches the destination's to_container,
+// whose verdict hairpins it to the proxy's socket.
+func (l *Linux) proxyRoute() error {
+	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/ip_early_demux", "0") }); err != nil {
+		return fmt.Errorf("proxy route: %w", err)
+	}
+	lo, err := l.nl.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("proxy route: %w", err)
+	}
+	if err := l.nl.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("proxy route: set lo up: %w", err)
+	}
+	for _, dst := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		r := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(dst), Type: unix.RTN_LOCAL,
+			Table: proxyRouteTable, Scope: netlink.SCOPE_HOST}
+		if err := l.nl.RouteReplace(r); err != nil {
+			return fmt.Errorf("proxy route: local %s table %d: %w", dst, proxyRouteTable, err)
 		}
-		if k.Dir == policy.Ingress {
-			k.Identity = identity.ReservedHost
-			keys = append(keys, k)
+		rule := netlink.NewRule()
+		rule.Family = unix.AF_INET
+		if dst.Addr().Is6() {
+			rule.Family = unix.AF_INET6
+		}
+		mask := uint32(markMagicMask)
+		rule.Mark, rule.Mask, rule.Table, rule.Priority = markToProxy, &mask, proxyRouteTable, proxyRulePriority
+		if err := l.nl.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("proxy route: rule fwmark %#x/%#x: %w", markToProxy, markMagicMask, err)
 		}
 	}
-	out := policy.NewMapState(m.Revision, m.IngressEnforced, m.EgressEnforced, keys)
-	out.CIDR = m.CIDR
-	return out
+	return nil
 }

@@ -248,21 +248,19 @@ func (l *Linux) Close() error {
 }
 
 // Realize implements Datapath (see realize).
+// The proxy gets the endpoint's L7 configuration first, then the policy
+// map redirects to it: the proxy is configured before traffic arrives
+// (whether it acknowledged is the revision's proxy wait).
 func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
-	kernel := ep
-	if ep.Policy.HasL7() {
-		cp := *ep
-		cp.Policy = l4ForProxy(ep.Policy)
-		kernel = &cp
+	r, err = l.realizeL7(ep, rev)
+	if err != nil {
+		return Realized{}, err
 	}
 	err = l.guard(func() error {
-		r, err = l.realize(kernel)
+		_, err := l.realize(ep)
 		return err
 	})
-	if err != nil {
-		return r, err
-	}
-	return l.realizeL7(ep, rev)
+	return r, err
 }
 
 // Remove implements Datapath (see remove).

@@ -41,11 +41,15 @@ type ProxyConfig struct {
 // xDS server (reconnecting with backoff) and serves HTTP on cfg.Listen,
 // enforcing the configuration last applied.
 func RunProxy(ctx context.Context, cfg ProxyConfig) error {
-	lis, err := net.Listen("tcp", cfg.Listen)
+	ap, err := netip.ParseAddrPort(cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy listen %s: %w", cfg.Listen, err)
 	}
-	p := &proxy{log: cfg.Log, reject: cfg.Reject}
+	lis, err := transparentListen(ap)
+	if err != nil {
+		return err
+	}
+	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams()}
 	p.state.Store(&state{})
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	go func() {
@@ -61,9 +65,11 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) error {
 }
 
 type proxy struct {
-	log    *slog.Logger
-	reject bool
-	state  atomic.Pointer[state]
+	log      *slog.Logger
+	reject   bool
+	port     uint16 // the listening port: a connection to it is explicit
+	upstream *upstreams
+	state    atomic.Pointer[state]
 }
 
 // state is one applied configuration version, immutable.
@@ -185,35 +191,58 @@ func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h htt
 	return false
 }
 
-// ServeHTTP enforces and forwards one request. The destination is the
-// request's absolute URL (a forward proxy: the proxy is not yet
-// transparent, see ARCHITECTURE.md).
+// destination returns where r goes: the accepted connection's local
+// address when the BPF programs redirected it (transparent: the
+// original destination), else (a connection to the proxy's own port,
+// explicit) the request's absolute http:// URL.
+func (p *proxy) destination(r *http.Request) (netip.AddrPort, error) {
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		if local := la.AddrPort(); local.Port() != p.port {
+			return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), nil
+		}
+	}
+	if r.URL.Host == "" || r.URL.Scheme != "http" {
+		return netip.AddrPort{}, errors.New("want an absolute http:// URL")
+	}
+	if dst, err := netip.ParseAddrPort(r.URL.Host); err == nil {
+		return dst, nil
+	}
+	a, err := netip.ParseAddr(r.URL.Host)
+	if err != nil {
+		return netip.AddrPort{}, errors.New("destination must be an address")
+	}
+	return netip.AddrPortFrom(a, 80), nil
+}
+
+// ServeHTTP enforces and forwards one request. The upstream connection
+// carries the client's identity in its mark (upstreams), so the
+// destination's L4 policy sees the client, not the node.
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := p.state.Load()
 	src, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil || r.URL.Host == "" || r.URL.Scheme != "http" {
-		http.Error(w, "membrane-proxy: want an absolute http:// URL", http.StatusBadRequest)
+	if err != nil {
+		http.Error(w, "membrane-proxy: bad client address", http.StatusBadRequest)
 		return
 	}
-	dst, err := netip.ParseAddrPort(r.URL.Host)
+	dst, err := p.destination(r)
 	if err != nil {
-		if a, aerr := netip.ParseAddr(r.URL.Host); aerr == nil {
-			dst = netip.AddrPortFrom(a, 80)
-		} else {
-			http.Error(w, "membrane-proxy: destination must be an address", http.StatusBadRequest)
-			return
-		}
+		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusBadRequest)
+		return
 	}
-	ok, why := st.verdict(src.Addr(), dst.Addr(), dst.Port(), r)
-	p.log.Info("l7 access", "src", src.Addr(), "dst", dst, "method", r.Method, "path", r.URL.Path, "allowed", ok, "version", st.version)
+	srcAddr := src.Addr().Unmap()
+	ok, why := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
+	if p.log.Enabled(r.Context(), slog.LevelDebug) {
+		p.log.Debug("l7 access", "src", srcAddr, "dst", dst, "method", r.Method, "path", r.URL.Path, "allowed", ok, "version", st.version)
+	}
 	if !ok {
 		http.Error(w, "Access denied ("+why+")", http.StatusForbidden)
 		return
 	}
-	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
-		pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
-		pr.Out.Host = r.Host
-	}}
+	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(st.identityOf(srcAddr)),
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
+			pr.Out.Host = r.Host
+		}}
 	rp.ServeHTTP(w, r)
 }
 
