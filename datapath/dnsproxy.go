@@ -10,8 +10,8 @@ import (
 // proxy's sockets in the host netns (LinuxConfig.HostNetns), where the
 // BPF programs assign the endpoints' DNS traffic to them.
 type TransparentSockets interface {
-	// ListenTransparent opens UDP and TCP sockets on port of every IPv4
-	// address with IP_TRANSPARENT, so they accept what is assigned to
+	// ListenTransparent opens UDP and TCP sockets on 127.0.0.1:port
+	// (where the BPF programs look for the proxy) with IP_TRANSPARENT, so they accept what is assigned to
 	// them whatever its destination; the UDP socket reports each
 	// datagram's original destination (OrigDst).
 	ListenTransparent(port uint16) (*net.UDPConn, *net.TCPListener, error)

@@ -53,7 +53,8 @@ func (n NetnsSockets) DialHost(ctx context.Context, network, addr string) (net.C
 
 // ListenTransparent implements TransparentSockets.
 func (n NetnsSockets) ListenTransparent(port uint16) (udp *net.UDPConn, tcp *net.TCPListener, err error) {
-	addr := net.JoinHostPort("0.0.0.0", strconv.Itoa(int(port)))
+	// The BPF programs assign to the socket found at 127.0.0.1:port.
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
 	err = n.in(func() error {
 		lc := net.ListenConfig{Control: transparentControl(true)}
 		pc, err := lc.ListenPacket(context.Background(), "udp4", addr)
