@@ -202,6 +202,9 @@ func eventText(ev events.Event) string {
 	if d := ev.Drop; d != nil {
 		parts = append(parts, dropText(d))
 	}
+	if d := ev.DNS; d != nil {
+		parts = append(parts, dnsText(d))
+	}
 	if ev.Message != "" {
 		parts = append(parts, fmt.Sprintf("%q", ev.Message))
 	}

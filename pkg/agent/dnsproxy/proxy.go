@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,11 +107,11 @@ type Proxy struct {
 	events  *events.Hub
 	log     *slog.Logger
 	sem     chan struct{}
+	udp     *net.UDPConn
+	tcp     *net.TCPListener
 
 	allowed, denied, errs, dropped, holdTimeouts atomic.Uint64
-	// delays records the delay each allowed answer spent in the proxy
-	// minus the upstream exchange (hold + parse), for /metrics.
-	observe func(held time.Duration)
+	obs                                          Observer
 
 	// mu guards compiled (rules.dns selectors by their String) and
 	// replies (reply sockets by server address).
@@ -130,8 +130,22 @@ func New(cfg Config, ix *index.Index, learner Learner, sockets datapath.Transpar
 		replies: map[netip.AddrPort]*replySocket{}}, nil
 }
 
-// SetObserver sets the function given each allowed answer's hold time.
-func (p *Proxy) SetObserver(fn func(time.Duration)) { p.observe = fn }
+// Observer gets each query's verdict (the Verdict constants, "dropped"
+// and "hold-timeout") and each allowed answer's hold time (/metrics).
+type Observer interface {
+	DNSQuery(verdict string)
+	DNSHold(d time.Duration)
+}
+
+// SetObserver sets the observer (before Serve).
+func (p *Proxy) SetObserver(o Observer) { p.obs = o }
+
+func (p *Proxy) count(c *atomic.Uint64, verdict string) {
+	c.Add(1)
+	if p.obs != nil {
+		p.obs.DNSQuery(verdict)
+	}
+}
 
 // Stats returns the counters.
 func (p *Proxy) Stats() Stats {
@@ -167,7 +181,7 @@ func (p *Proxy) Resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPo
 	}
 	epID, ev.Identity = ep.ID, uint32(ep.Identity)
 	if !p.allowedName(ep.Policy, q, ev.Query) {
-		p.denied.Add(1)
+		p.count(&p.denied, VerdictDenied)
 		ev.Verdict = VerdictDenied
 		code := dns.RcodeRefused
 		if p.cfg.RejectCode == RejectNameError {
@@ -192,7 +206,7 @@ func (p *Proxy) Resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPo
 			return p.fail(req, dns.RcodeServerFailure, ev)
 		}
 	}
-	p.allowed.Add(1)
+	p.count(&p.allowed, VerdictAllowed)
 	ev.Verdict = VerdictAllowed
 	resp.Id = req.Id
 	return resp
@@ -206,18 +220,18 @@ func (p *Proxy) hold(ctx context.Context, id endpoint.ID, name string, ips []net
 	defer cancel()
 	err := p.learner.LearnFQDN(hctx, id, name, ips, time.Duration(ttl)*time.Second)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		p.holdTimeouts.Add(1)
+		p.count(&p.holdTimeouts, "hold-timeout")
 		p.log.Warn("dns answer released before its addresses were realised", "endpoint", id, "name", name, "after", p.cfg.HoldTimeout)
 		err = nil
 	}
-	if err == nil && p.observe != nil {
-		p.observe(time.Since(start))
+	if err == nil && p.obs != nil {
+		p.obs.DNSHold(time.Since(start))
 	}
 	return err
 }
 
 func (p *Proxy) fail(req *dns.Msg, code int, ev *events.DNS) *dns.Msg {
-	p.errs.Add(1)
+	p.count(&p.errs, VerdictError)
 	ev.RCode = dns.RcodeToString[code]
 	return reply(req, code)
 }
@@ -323,17 +337,11 @@ func answerAddrs(m *dns.Msg) ([]netip.Addr, uint32) {
 }
 
 func (p *Proxy) publish(id endpoint.ID, ev *events.DNS) {
-	switch ev.Verdict {
-	case VerdictAllowed:
-	case VerdictDenied:
-	default:
-		if ev.Error != "" {
-			p.log.Debug("dns query failed", "endpoint", id, "query", ev.Query, "err", ev.Error)
-		}
+	if ev.Error != "" {
+		p.log.Debug("dns query failed", "endpoint", id, "query", ev.Query, "err", ev.Error)
 	}
 	if p.events == nil {
 		return
 	}
-	msg := fmt.Sprintf("%s %s %s -> %s", ev.QType, strings.TrimSuffix(ev.Query, "."), ev.Verdict, ev.RCode)
-	p.events.Publish(events.Event{Type: events.DNSQuery, Endpoint: uint16(id), Identity: ev.Identity, Message: msg, DNS: ev})
+	p.events.Publish(events.Event{Type: events.DNSQuery, Endpoint: uint16(id), Identity: ev.Identity, DNS: ev})
 }

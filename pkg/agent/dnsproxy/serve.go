@@ -26,12 +26,22 @@ const tcpIdle = 10 * time.Second
 // pods from it.
 type replySocket struct{ conn *net.UDPConn }
 
-// Serve opens the transparent sockets and serves until ctx ends; it
-// returns once every handler finished.
-func (p *Proxy) Serve(ctx context.Context) error {
+// Listen opens the transparent sockets.
+func (p *Proxy) Listen() error {
 	udp, tcp, err := p.sockets.ListenTransparent(p.cfg.Port)
 	if err != nil {
 		return err
+	}
+	p.udp, p.tcp = udp, tcp
+	return nil
+}
+
+// Serve serves on the sockets Listen opened until ctx ends; it returns
+// once every handler finished.
+func (p *Proxy) Serve(ctx context.Context) error {
+	udp, tcp := p.udp, p.tcp
+	if udp == nil {
+		return errors.New("dns proxy: serve before listen")
 	}
 	var wg sync.WaitGroup
 	go func() {
@@ -53,7 +63,7 @@ func (p *Proxy) acquire() bool {
 	case p.sem <- struct{}{}:
 		return true
 	default:
-		p.dropped.Add(1)
+		p.count(&p.dropped, "dropped")
 		return false
 	}
 }
@@ -79,7 +89,7 @@ func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGr
 		}
 		req := new(dns.Msg)
 		if err := req.Unpack(buf[:n]); err != nil {
-			p.errs.Add(1)
+			p.count(&p.errs, VerdictError)
 			continue // not DNS: nothing to answer
 		}
 		if !p.acquire() {
