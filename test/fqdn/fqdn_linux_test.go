@@ -60,7 +60,7 @@ const answerTTL = 8
 // env is one node netns with an agent and its DNS proxy, a world netns
 // and pod A.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	host  *testutil.NS
 	world *testutil.NS
 	agent *agent.Agent
@@ -69,9 +69,13 @@ type env struct {
 	podIP netip.Addr
 	epID  int64
 	logs  *testutil.LogBuffer
+	// cacheDir and socket are libcni's cache and the agent's socket.
+	cacheDir, socket string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvTB(t) }
+
+func newEnvTB(t testing.TB) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
@@ -103,7 +107,8 @@ func newEnv(t *testing.T) *env {
 			t.Logf("agent log:\n%s", e.logs.String())
 		}
 	})
-	e.addPod(filepath.Join(dir, "cache"), socket)
+	e.cacheDir, e.socket = filepath.Join(dir, "cache"), socket
+	e.pod, e.podIP, e.epID = e.addPod("a")
 	return e
 }
 
@@ -164,13 +169,17 @@ func hostPrefixes(as []netip.Addr) []netip.Prefix {
 
 // dnsServer answers allowed.test and denied.test with their servers'
 // addresses (TTL answerTTL) on dnsAddr:53, UDP and TCP, in ns.
-func dnsServer(t *testing.T, ns *testutil.NS) {
+func dnsServer(t testing.TB, ns *testutil.NS) {
 	t.Helper()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP}
-		if ip, ok := ips[strings.ToLower(r.Question[0].Name)]; ok && r.Question[0].Qtype == dns.TypeA {
+		ip, ok := ips[strings.ToLower(r.Question[0].Name)]
+		if !ok {
+			ip, ok = benchName(r.Question[0].Name)
+		}
+		if ok && r.Question[0].Qtype == dns.TypeA {
 			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: answerTTL},
 				A: ip.AsSlice()})
 		} else if !ok {
@@ -199,21 +208,22 @@ func dnsServer(t *testing.T, ns *testutil.NS) {
 	}
 }
 
-// addPod runs CNI ADD for pod A (namespace default) and labels it app=a.
-func (e *env) addPod(cacheDir, socket string) {
+// addPod runs CNI ADD for pod name (namespace default) and labels it
+// app=<name>.
+func (e *env) addPod(name string) (*testutil.NS, netip.Addr, int64) {
 	t := e.t
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	cni := libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, cacheDir, exec)
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-fqdn","plugins":[{"type":"membrane-cni","socket":%q}]}`, socket)
+	cni := libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, e.cacheDir, exec)
+	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-fqdn","plugins":[{"type":"membrane-cni","socket":%q}]}`, e.socket)
 	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.pod = testutil.NewNS(t, "mbt-fqdnp")
+	pod := testutil.NewNS(t, "mbt-fqdnp")
 	id := "c" + testutil.RandomSuffix(24)
-	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: e.pod.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", "a"},
-			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-a"}}}
+	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + name}}}
 	var res *types100.Result
 	err = e.inHost(func(ctx context.Context) error {
 		r, err := cni.AddNetworkList(ctx, conf, rt)
@@ -231,12 +241,12 @@ func (e *env) addPod(cacheDir, socket string) {
 			t.Errorf("CNI DEL: %v", err)
 		}
 	})
-	e.podIP, _ = netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:app=a"}, nil)
+	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
+	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:app=" + name}, nil)
 	if err != nil {
 		t.Fatalf("label pod: %v", err)
 	}
-	e.epID = ep.ID
+	return pod, ip, ep.ID
 }
 
 func (e *env) inHost(fn func(ctx context.Context) error) error {
@@ -245,11 +255,15 @@ func (e *env) inHost(fn func(ctx context.Context) error) error {
 	return e.host.Do(func() error { return fn(ctx) })
 }
 
-// resolve asks the test DNS server for name's A record from the pod
-// over network (udp or tcp), as the pod would: to dnsAddr:53.
+// resolve asks the test DNS server for name's A record from pod A over
+// network (udp or tcp), as the pod would: to dnsAddr:53.
 func (e *env) resolve(network, name string) (*dns.Msg, error) {
+	return resolveFrom(e.pod, network, name)
+}
+
+func resolveFrom(pod *testutil.NS, network, name string) (*dns.Msg, error) {
 	var resp *dns.Msg
-	err := e.pod.Do(func() error {
+	err := pod.Do(func() error {
 		c := &dns.Client{Net: network, Timeout: 10 * time.Second}
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
@@ -323,7 +337,7 @@ func answerIP(m *dns.Msg) (netip.Addr, bool) {
 	return ip, ok
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
