@@ -190,6 +190,7 @@ func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 // an input), so large seeds (the 1.3 KB testdata documents) kept it
 // minimising for most of a run.
 var fuzzParseSeeds = []string{
+	cnpHead + "spec:\n  endpointSelector: {}\n  egress: [{toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchPattern: \"*.x\"}]}}]}, {toFQDNs: [{matchName: a.x}]}]\n",
 	cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: \"80\", endPort: 90}]}]}]\n",
 	knpHead + "spec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00::/8\"]}}]}]\n",
 	cnpHead + "spec:\n  endpointSelector: {matchLabels: {k8s:app: web}}\n  egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}], toEntities: [world]}]\n",
@@ -231,6 +232,9 @@ func FuzzParse(f *testing.F) {
 		r.UpsertIdentity(300, mustLabels(t, "k8s:app=x", "k8s:"+NamespaceLabel+"=default"))
 		r.MapState(300)
 		res := r.Import(pols)
+		// A learned name, then forgotten: its identity goes.
+		r.SetFQDN("a.x", []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+		r.SetFQDN("a.x", nil)
 		for _, p := range pols {
 			if p.Name == "" || p.Namespace == "" || len(p.Rules) == 0 {
 				t.Fatalf("policy %+v lacks a name, namespace or rules", p)
