@@ -32,8 +32,9 @@ type fqdnWait struct {
 	deadline        time.Time
 }
 
-// fqdnWaits are an endpoint's held DNS answers (nil for most endpoints:
-// heap per endpoint).
+// fqdnWaits are an endpoint's held DNS answers (nil for endpoints that
+// never had one: heap per endpoint). Kept once made, so that seq never
+// repeats: a late answer of a dropped wait matches no other.
 type fqdnWaits struct {
 	seq   uint64
 	waits []*fqdnWait
@@ -157,9 +158,6 @@ func (a *endpointActor) removeFQDNWait(w *fqdnWait) {
 			break
 		}
 	}
-	if len(a.fqdn.waits) == 0 {
-		a.fqdn = nil
-	}
 }
 
 // sweepFQDN drops waits whose answers never came.
@@ -170,8 +168,5 @@ func (a *endpointActor) sweepFQDN(ctx actor.Context) {
 			ctx.Send(w.to, &messages.EndpointFQDNResult{Err: fmt.Errorf("endpoint %d: dns answer not realised: %w", a.ep.ID, ErrFQDNBusy)})
 			a.removeFQDNWait(w)
 		}
-	}
-	if a.fqdn == nil {
-		a.fqdn = &fqdnWaits{}
 	}
 }

@@ -20,6 +20,9 @@ func TestEventText(t *testing.T) {
 			"datapath-drop endpoint=2 reason=fragment direction=egress fd00::2 -> fd00::3 proto=17"},
 		{"drop-non-ip", events.Event{Type: events.DatapathDrop, Endpoint: 2, Drop: &events.Drop{Reason: "unknown-l3", Direction: "egress"}},
 			"datapath-drop endpoint=2 reason=unknown-l3 direction=egress"},
+		{"dns", events.Event{Type: events.DNSQuery, Endpoint: 3, Identity: 300, DNS: &events.DNS{Query: "allowed.test.", QType: "A",
+			Verdict: "allowed", RCode: "NOERROR", Server: "192.0.2.53:53", IPs: []string{"192.0.2.10"}, TTL: 30}},
+			"dns-query endpoint=3 identity=300 query=allowed.test. qtype=A verdict=allowed rcode=NOERROR server=192.0.2.53:53 ips=192.0.2.10 ttl=30"},
 		{"policy-revision", events.Event{Type: events.PolicyRevision, Revision: 4, Message: "1 identities with changed policy"},
 			`policy-revision revision=4 "1 identities with changed policy"`},
 	}

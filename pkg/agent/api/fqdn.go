@@ -33,9 +33,9 @@ func (s *Server) listFQDNCache(w http.ResponseWriter, r *http.Request) {
 	}
 	var match *fqdn.Compiled
 	if v := q.Get("matchpattern"); v != "" {
-		c, err := fqdn.Compile(fqdn.Selector{MatchPattern: v}, "query parameter \"matchpattern\"")
+		c, err := fqdn.Compile(fqdn.Selector{MatchPattern: v}, "query")
 		if err != nil {
-			writeError(w, badRequest(err.Error()))
+			writeError(w, badRequest(fmt.Sprintf("query parameter \"matchpattern\": %v", err)))
 			return
 		}
 		match = c

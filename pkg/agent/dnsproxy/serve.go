@@ -22,6 +22,10 @@ const maxReplySockets = 64
 // tcpIdle bounds a TCP connection's wait for its next query.
 const tcpIdle = 10 * time.Second
 
+// maxQuerySize is the largest UDP query read (a query is one question;
+// a longer datagram is cut and fails to unpack).
+const maxQuerySize = 4096
+
 // replySocket is a UDP socket bound to a server's address, to answer
 // pods from it.
 type replySocket struct{ conn *net.UDPConn }
@@ -72,8 +76,8 @@ func (p *Proxy) release() { <-p.sem }
 
 func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGroup) {
 	oob := make([]byte, datapath.OrigDstOOBSize)
+	buf := make([]byte, maxQuerySize)
 	for {
-		buf := make([]byte, dns.MaxMsgSize)
 		n, oobn, _, src, err := conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
@@ -88,7 +92,8 @@ func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGr
 			continue
 		}
 		req := new(dns.Msg)
-		if err := req.Unpack(buf[:n]); err != nil {
+		// A copy: the handler outlives this read, buf does not.
+		if err := req.Unpack(append([]byte(nil), buf[:n]...)); err != nil {
 			p.count(&p.errs, VerdictError)
 			continue // not DNS: nothing to answer
 		}
@@ -100,16 +105,22 @@ func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGr
 			defer wg.Done()
 			defer p.release()
 			resp := p.Resolve(ctx, req, src, dst, policy.ProtoUDP)
-			if err := p.replyUDP(dst, src, resp); err != nil {
+			if err := p.replyUDP(dst, src, req, resp); err != nil {
 				p.log.Warn("dns proxy: udp reply", "to", src, "from", dst, "err", err)
 			}
 		}()
 	}
 }
 
-// replyUDP sends resp from the server's address (from) to the pod.
-func (p *Proxy) replyUDP(from, to netip.AddrPort, resp *dns.Msg) error {
-	resp.Truncate(dns.MinMsgSize) // a plain UDP client reads 512 bytes; TC makes it retry over TCP
+// replyUDP sends resp from the server's address (from) to the pod, cut
+// to the size the query allows (512 bytes, or its EDNS0 buffer size):
+// the TC bit makes the client retry over TCP.
+func (p *Proxy) replyUDP(from, to netip.AddrPort, req, resp *dns.Msg) error {
+	size := dns.MinMsgSize
+	if opt := req.IsEdns0(); opt != nil {
+		size = max(size, int(opt.UDPSize()))
+	}
+	resp.Truncate(size)
 	b, err := resp.Pack()
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
