@@ -28,7 +28,9 @@ func newDNSMetrics() *dnsMetrics {
 	}
 }
 
-func (d *dnsMetrics) collectors() []prometheus.Collector { return []prometheus.Collector{d.queries, d.hold} }
+func (d *dnsMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{d.queries, d.hold}
+}
 
 // DNSQuery counts a query of the DNS proxy by verdict.
 func (m *Metrics) DNSQuery(verdict string) { m.dns.queries.WithLabelValues(verdict).Inc() }
