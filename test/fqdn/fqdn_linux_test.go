@@ -23,6 +23,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
@@ -71,6 +72,7 @@ type env struct {
 	logs  *testutil.LogBuffer
 	// cacheDir and socket are libcni's cache and the agent's socket.
 	cacheDir, socket string
+	metrics          *metrics.Metrics
 }
 
 func newEnv(t *testing.T) *env { return newEnvTB(t) }
@@ -91,6 +93,8 @@ func newEnvTB(t testing.TB) *env {
 		GCInterval: time.Hour,
 		DNSProxy:   &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second},
 	}
+	cfg.API.Metrics = metrics.New()
+	e.metrics = cfg.API.Metrics
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatalf("start agent: %v", err)
