@@ -2,21 +2,21 @@ package datapath
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -73,8 +73,24 @@ func request(p, dst *testPod, method, path string, timeout time.Duration) (int, 
 // 127.0.0.1:15001 of the test host netns.
 type l7E2E struct {
 	*e2eEnv
-	ev  *proxyEvents
-	rev uint64
+	ev     *proxyEvents
+	rev    uint64
+	mu     sync.Mutex
+	access []L7AccessEvent
+}
+
+// accessed reports whether an access record matching want (Time, Src
+// port ignored) arrived.
+func (e *l7E2E) accessed(want L7AccessEvent) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.access {
+		r.Time, r.Src = time.Time{}, netip.AddrPortFrom(r.Src.Addr(), 0)
+		if r == want {
+			return true
+		}
+	}
+	return false
 }
 
 const e2eProxyPort = 15001
@@ -90,6 +106,11 @@ func newL7E2E(t *testing.T) *l7E2E {
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}}
 	e := &l7E2E{e2eEnv: newE2E(t, cfg), ev: &proxyEvents{}, rev: 1}
 	e.ev.install(e.l)
+	e.l.SetHooks(LinuxHooks{OnDrop: e.drops.add, OnL7Access: func(r L7AccessEvent) {
+		e.mu.Lock()
+		e.access = append(e.access, r)
+		e.mu.Unlock()
+	}})
 	httpServer(t, e.b, 80)
 	return e
 }
@@ -151,6 +172,10 @@ func TestL7RedirectIngress(t *testing.T) {
 	}
 	e.set(e.b, l7(), true)
 	e.enforced()
+	denied := L7AccessEvent{Endpoint: uint64(e.b.ep.ID), Direction: "ingress", Src: netip.AddrPortFrom(e.a.addr(), 0),
+		Dst: netip.AddrPortFrom(e.b.addr(), 80), SrcIdentity: uint32(a), DstIdentity: uint32(e.b.ep.Identity),
+		Method: "GET", Path: "/private", Host: netip.AddrPortFrom(e.b.addr(), 80).String(), Reason: fmt.Sprintf("ingress rules deny identity %d", a)}
+	waitFor(t, "the proxy's access record of A's GET /private", func() bool { return e.accessed(denied) })
 	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
 		t.Errorf("C reached B:80, want its connection dropped")
 	}
@@ -238,77 +263,63 @@ func TestL7RedirectUDP(t *testing.T) {
 }
 
 // udpProxy answers one datagram at 127.0.0.1:port of ns's netns from
-// the datagram's original destination, reporting that destination.
+// the datagram's original destination (l7proxy's transparent UDP
+// helpers, as a DNS proxy uses them), reporting that destination.
 func udpProxy(t *testing.T, ns *testutil.NS, port int, got chan<- netip.AddrPort) {
 	t.Helper()
-	var fd int
+	var conn *net.UDPConn
 	err := ns.Do(func() (err error) {
-		fd, err = transparentUDP(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
-		if err == nil {
-			err = unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1)
-		}
+		conn, err = l7proxy.ListenTransparentUDP(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(fd) })
+	t.Cleanup(func() { conn.Close() })
 	go func() {
-		buf, oob := make([]byte, 100), make([]byte, 128)
-		n, oobn, _, from, err := unix.Recvmsg(fd, buf, oob, 0)
+		buf := make([]byte, 100)
+		n, from, orig, err := l7proxy.ReadOriginal(conn, buf)
 		if err != nil {
 			return
 		}
-		dst := origDst(oob[:oobn])
-		got <- dst
-		_ = ns.Do(func() error {
-			rfd, err := transparentUDP(dst)
-			if err != nil {
-				return err
-			}
-			defer unix.Close(rfd)
-			return unix.Sendto(rfd, append([]byte("proxied "), buf[:n]...), 0, from)
-		})
+		got <- orig
+		_ = ns.Do(func() error { return l7proxy.ReplyFrom(orig, from, append([]byte("proxied "), buf[:n]...)) })
 	}()
 }
 
-// transparentUDP is a UDP socket bound to ap with IP_TRANSPARENT (ap
-// need not be local).
-func transparentUDP(ap netip.AddrPort) (int, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
+// TestL7RedirectIPv6 (root, real traffic): the redirect on IPv6, B's
+// ingress L7 rule enforced by the proxy listening dual-stack ([::]:port,
+// found by the programs at ::1).
+func TestL7RedirectIPv6(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := filepath.Join(t.TempDir(), "membrane-proxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
+		t.Fatalf("build proxy: %v\n%s", err, out)
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
-		unix.Close(fd)
-		return -1, err
+	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, GatewayDevice: "mbt_gw6",
+		Gateways: []netip.Addr{netip.MustParseAddr("fd00:61::1")},
+		L7: L7Config{ProxyPath: bin, XDSSocket: filepath.Join(t.TempDir(), "xds.sock"), Listen: fmt.Sprintf("[::]:%d", e2eProxyPort),
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}})
+	if err := host.Do(func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0) }); err != nil {
+		t.Fatal(err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("bind %s: %w", ap, err)
+	e := &l7E2E{e2eEnv: &e2eEnv{t: t, l: l, host: host, nl: nl, drops: &dropLog{}}, ev: &proxyEvents{}, rev: 1}
+	e.ev.install(l)
+	l.SetHooks(LinuxHooks{OnDrop: e.drops.add})
+	e.a = addPod6(t, nl, 31, 3001, "fd00:61::11")
+	e.b = addPod6(t, nl, 32, 3002, "fd00:61::12")
+	e.c = addPod6(t, nl, 33, 3003, "fd00:61::13")
+	for _, p := range []*testPod{e.a, e.b, e.c} {
+		e.ipcache(p)
+		e.realize(p)
 	}
-	return fd, nil
-}
-
-// origDst parses the IP_ORIGDSTADDR control message.
-func origDst(oob []byte) netip.AddrPort {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return netip.AddrPort{}
+	httpServer(t, e.b, 80)
+	k80 := policy.Key{Identity: e.a.ep.Identity, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	m := policy.NewMapState(e.rev, true, false, []policy.Key{k80})
+	m.L7 = []policy.L7Entry{{Key: k80, HTTP: []policy.HTTPRule{{Method: "GET", Path: "/public"}}}}
+	e.set(e.b, m, true)
+	e.enforced()
+	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
+		t.Errorf("C reached B:80, want its connection dropped")
 	}
-	for _, m := range msgs {
-		if m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= 8 {
-			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Data[4:8])), binary.BigEndian.Uint16(m.Data[2:4]))
-		}
-	}
-	return netip.AddrPort{}
-}
-
-// tcpConnect opens (and closes) a TCP connection from p to dst:port.
-func (p *testPod) tcpConnect(dst *testPod, port int, timeout time.Duration) error {
-	c, err := dialFrom(p, timeout)(context.Background(), "tcp", netip.AddrPortFrom(dst.addr(), uint16(port)).String())
-	if err == nil {
-		c.Close()
-	}
-	return err
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -71,7 +72,10 @@ type LinuxConfig struct {
 // restarting it with a backoff between MinBackoff and MaxBackoff
 // (reset after a run of StableAfter).
 type L7Config struct {
-	ProxyPath, XDSSocket, Listen        string
+	ProxyPath, XDSSocket, Listen string
+	// AccessSocket is the unixgram socket the proxy sends its access
+	// records to (default: XDSSocket's name with "-access" before ".sock").
+	AccessSocket                        string
 	MinBackoff, MaxBackoff, StableAfter time.Duration
 }
 
@@ -178,6 +182,9 @@ func (c L7Config) withDefaults() L7Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:15001"
 	}
+	if c.AccessSocket == "" {
+		c.AccessSocket = strings.TrimSuffix(c.XDSSocket, ".sock") + "-access.sock"
+	}
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 10*time.Second)
 	c.StableAfter = cmp.Or(c.StableAfter, 30*time.Second)
@@ -247,6 +254,9 @@ type LinuxHooks struct {
 	// Submit runs fn in the agent's datapath worker pool without waiting
 	// (deferred teardowns). It must not block.
 	Submit func(op string, fn func(ctx context.Context) error)
+	// OnL7Access receives the L7 proxy's access records, from one
+	// goroutine; it must not block.
+	OnL7Access func(L7AccessEvent)
 	// OnDrop receives the drop notifications of the endpoint programs. It
 	// is called from the ring-buffer reader goroutine and must not block
 	// (a slow OnDrop delays later notifications; the kernel discards

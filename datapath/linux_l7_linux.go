@@ -29,6 +29,7 @@ type linuxL7 struct {
 	ack     ProxyAckFunc
 	nack    ProxyNackFunc
 	srv     *l7proxy.Server
+	access  *l7proxy.AccessServer
 	tracker *l7proxy.Tracker
 	sup     *l7proxy.Supervisor
 	stop    context.CancelFunc
@@ -73,14 +74,20 @@ func (l *Linux) initL7() error {
 		srv.Close()
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
-	l.l7.srv, l.l7.ipcache, l.l7.withL7 = srv, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
-	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen}
+	access, err := l7proxy.NewAccessServer(c.AccessSocket, l.onL7Access, l.log.With("component", "l7-access"))
+	if err != nil {
+		srv.Close()
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
+	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket}
 	if l.cfg.HostNetns != "" {
 		// The proxy runs in the host netns the datapath manages.
 		nsenter, err := exec.LookPath("nsenter")
 		if err != nil {
 			srv.Close()
-			l.l7.srv = nil
+			access.Close()
+			l.l7.srv, l.l7.access = nil, nil
 			return fmt.Errorf("l7 proxy in netns %s: %w", l.cfg.HostNetns, err)
 		}
 		path, args = nsenter, append([]string{"--net=" + l.cfg.HostNetns, "--", c.ProxyPath}, args...)
@@ -98,8 +105,8 @@ func (l *Linux) initL7() error {
 
 func (l *Linux) closeL7() {
 	l.l7.mu.Lock()
-	stop, done, srv := l.l7.stop, l.l7.done, l.l7.srv
-	l.l7.stop, l.l7.srv = nil, nil
+	stop, done, srv, access := l.l7.stop, l.l7.done, l.l7.srv, l.l7.access
+	l.l7.stop, l.l7.srv, l.l7.access = nil, nil, nil
 	l.l7.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -107,6 +114,19 @@ func (l *Linux) closeL7() {
 	}
 	if srv != nil {
 		srv.Close()
+	}
+	if access != nil {
+		access.Close()
+	}
+}
+
+// onL7Access hands an access record to LinuxHooks.OnL7Access.
+func (l *Linux) onL7Access(r l7proxy.AccessRecord) {
+	l.mu.Lock()
+	fn := l.hooks.OnL7Access
+	l.mu.Unlock()
+	if fn != nil {
+		fn(r)
 	}
 }
 
@@ -207,7 +227,8 @@ func (l *Linux) L7Status() *L7Status {
 	if l.l7.srv == nil {
 		return nil
 	}
-	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
+	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status(),
+		Port: l.proxyPorts()[policy.ParserHTTP]}
 }
 
 // Proxy redirect routing: packets the endpoint programs hand to a

@@ -26,6 +26,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("membrane-proxy", flag.ContinueOnError)
 	xds := fs.String("xds", "/var/run/membrane/xds.sock", "the agent's xDS unix socket")
 	listen := fs.String("listen", "127.0.0.1:15001", "HTTP listening address")
+	access := fs.String("access-log", "", "the agent's unixgram socket for access records (none if empty)")
 	reject := fs.Bool("reject-config", false, "reject every configuration (testing)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,5 +37,5 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
-	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, Log: log, Reject: *reject})
+	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject})
 }

@@ -23,6 +23,9 @@ func TestEventText(t *testing.T) {
 		{"dns", events.Event{Type: events.DNSQuery, Endpoint: 3, Identity: 300, DNS: &events.DNS{Query: "allowed.test.", QType: "A",
 			Verdict: "allowed", RCode: "NOERROR", Server: "192.0.2.53:53", IPs: []string{"192.0.2.10"}, TTL: 30}},
 			"dns-query endpoint=3 identity=300 query=allowed.test. qtype=A verdict=allowed rcode=NOERROR server=192.0.2.53:53 ips=192.0.2.10 ttl=30"},
+		{"l7-denied", events.Event{Type: events.L7Access, Endpoint: 12, L7: &events.L7{Protocol: "http", Verdict: "denied", Reason: "ingress rules deny identity 1001",
+			Direction: "ingress", Src: "10.0.0.2:40000", Dst: "10.0.0.3:80", SrcIdentity: 1001, DstIdentity: 1002, Method: "GET", Path: "/private"}},
+			`l7-access endpoint=12 http verdict=denied direction=ingress 10.0.0.2:40000 (identity 1001) -> 10.0.0.3:80 (identity 1002) GET /private reason="ingress rules deny identity 1001"`},
 		{"policy-revision", events.Event{Type: events.PolicyRevision, Revision: 4, Message: "1 identities with changed policy"},
 			`policy-revision revision=4 "1 identities with changed policy"`},
 	}

@@ -32,6 +32,9 @@ type ProxyConfig struct {
 	Listen string
 	// Log receives the proxy's log.
 	Log *slog.Logger
+	// AccessLog is the agent's unixgram socket for access records (""
+	// sends none).
+	AccessLog string
 	// Reject, when set, makes the proxy reject every configuration
 	// (testing the agent's handling of rejections).
 	Reject bool
@@ -49,7 +52,8 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) error {
 	if err != nil {
 		return err
 	}
-	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams()}
+	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams(), access: newAccessLog(cfg.AccessLog)}
+	go p.access.run(ctx)
 	p.state.Store(&state{})
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	go func() {
@@ -69,6 +73,7 @@ type proxy struct {
 	reject   bool
 	port     uint16 // the listening port: a connection to it is explicit
 	upstream *upstreams
+	access   *accessLog
 	state    atomic.Pointer[state]
 }
 
@@ -80,6 +85,7 @@ type state struct {
 }
 
 type compiledEndpoint struct {
+	id uint64
 	l7 map[policy.Key][]*policy.CompiledHTTPRule
 }
 
@@ -111,7 +117,7 @@ func buildState(version string, resources [][]byte) (*state, error) {
 }
 
 func compileEndpoint(ep *EndpointPolicy) (*compiledEndpoint, error) {
-	ce := &compiledEndpoint{l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
+	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
 	for i, e := range ep.L7 {
 		for j, h := range e.HTTP {
 			c, err := policy.CompileHTTPRule(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j))
@@ -137,22 +143,32 @@ func (s *state) identityOf(addr netip.Addr) identity.NumericIdentity {
 	return identity.ReservedWorld
 }
 
+// decision is a verdict and what it was decided on.
+type decision struct {
+	allowed bool
+	reason  string
+	// endpoint is the endpoint whose rules decided (the denying one, else
+	// the last allowing one; 0 if none had rules), dir their direction.
+	endpoint     uint64
+	dir          policy.Direction
+	srcID, dstID identity.NumericIdentity
+}
+
 // verdict decides a request from src to dst:port: every side with L7
 // rules on the connection (dst's ingress, src's egress) must allow it,
 // and at least one side must have L7 rules (else it is not the proxy's
 // traffic).
-func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) (bool, string) {
-	srcID, dstID := s.identityOf(src), s.identityOf(dst)
+func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decision {
+	d := decision{srcID: s.identityOf(src), dstID: s.identityOf(dst)}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	checked := false
 	for _, side := range []struct {
 		ep   *compiledEndpoint
 		peer identity.NumericIdentity
 		dir  policy.Direction
-	}{{s.byIP[dst.Unmap()], srcID, policy.Ingress}, {s.byIP[src.Unmap()], dstID, policy.Egress}} {
+	}{{s.byIP[dst.Unmap()], d.srcID, policy.Ingress}, {s.byIP[src.Unmap()], d.dstID, policy.Egress}} {
 		if side.ep == nil {
 			continue
 		}
@@ -160,15 +176,17 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) (bool
 		if !ok {
 			continue
 		}
-		checked = true
+		d.endpoint, d.dir = side.ep.id, side.dir
 		if !matchAny(rules, r.Method, r.URL.Path, host, r.Header) {
-			return false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+			d.allowed, d.reason = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+			return d
 		}
+		d.allowed = true
 	}
-	if !checked {
-		return false, "no L7 policy for this connection"
+	if d.endpoint == 0 {
+		d.reason = "no L7 policy for this connection"
 	}
-	return true, ""
+	return d
 }
 
 func (e *compiledEndpoint) rules(peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]*policy.CompiledHTTPRule, bool) {
@@ -230,15 +248,15 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	srcAddr := src.Addr().Unmap()
-	ok, why := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
-	if p.log.Enabled(r.Context(), slog.LevelDebug) {
-		p.log.Debug("l7 access", "src", srcAddr, "dst", dst, "method", r.Method, "path", r.URL.Path, "allowed", ok, "version", st.version)
-	}
-	if !ok {
-		http.Error(w, "Access denied ("+why+")", http.StatusForbidden)
+	d := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
+	p.access.log(AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
+		Src: netip.AddrPortFrom(srcAddr, src.Port()), Dst: dst, SrcIdentity: uint32(d.srcID), DstIdentity: uint32(d.dstID),
+		Method: r.Method, Path: r.URL.Path, Host: r.Host, Allowed: d.allowed, Reason: d.reason})
+	if !d.allowed {
+		http.Error(w, "Access denied ("+d.reason+")", http.StatusForbidden)
 		return
 	}
-	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(st.identityOf(srcAddr)),
+	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
 			pr.Out.Host = r.Host

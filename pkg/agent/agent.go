@@ -279,9 +279,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, store.Close)
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
-	// L7 rules need a proxy: the Linux datapath runs one only with
-	// --l7-proxy (the fake datapath simulates it).
-	ac.NoL7 = ac.NoL7 || (cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == "")
+	ac.NoL7 = noL7(cfg, ac.NoL7)
 	ac.NoDNSProxy = ac.NoDNSProxy || cfg.DNSProxy == nil
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	ac.Policy.FQDN = cfg.FQDN
@@ -314,7 +312,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
+			OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
@@ -549,4 +548,12 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	}
 	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.log)
 	return cancel
+}
+
+// noL7 reports whether the agent refuses L7 rules at import (PUT
+// /v1/policy and the Kubernetes policy watchers alike): L7 rules need a
+// proxy, which the Linux datapath runs only with --l7-proxy (the fake
+// datapath simulates it); refuse is the configured refusal.
+func noL7(cfg Config, refuse bool) bool {
+	return refuse || (cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == "")
 }

@@ -45,6 +45,7 @@ type Metrics struct {
 	restore    prometheus.Gauge
 	restored   *prometheus.GaugeVec
 	drops      *prometheus.CounterVec
+	l7         *prometheus.CounterVec
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -88,6 +89,11 @@ func New() *Metrics {
 			"(the kernel discards notifications while the ring buffer is full; the per-endpoint counters of " +
 			"GET /v1/endpoint/{id}/policy count every drop).",
 	}, []string{"reason", "direction"})
+	m.l7 = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "l7", Name: "requests_total",
+		Help: "Requests the L7 proxy decided, by protocol, verdict (allowed, denied) and the direction of the rules " +
+			"that decided (ingress, egress; none when no rule applied).",
+	}, []string{"protocol", "verdict", "direction"})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -100,7 +106,7 @@ func New() *Metrics {
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
 	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
 		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -122,6 +128,12 @@ func (m *Metrics) RegenPhase(phase string, d time.Duration) {
 // ring-buffer reader calls it per notification).
 func (m *Metrics) Drop(reason, direction string) {
 	m.drops.WithLabelValues(reason, direction).Inc()
+}
+
+// L7Request counts one request the L7 proxy decided. It never blocks
+// on I/O.
+func (m *Metrics) L7Request(protocol, verdict, direction string) {
+	m.l7.WithLabelValues(protocol, verdict, direction).Inc()
 }
 
 // SetRestoreDuration records the last restore's duration.

@@ -26,6 +26,8 @@ const (
 	// FQDNExpired: a name's learned addresses reached their TTL.
 	DNSQuery    Type = "dns-query"
 	FQDNExpired Type = "fqdn-expired"
+	// L7Access is one request an L7 proxy decided (Event.L7).
+	L7Access Type = "l7-access"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
@@ -33,7 +35,7 @@ const (
 
 // Types lists every publishable type (not Missed), for filters and docs.
 var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop,
-	DNSQuery, FQDNExpired}
+	L7Access, DNSQuery, FQDNExpired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -64,6 +66,8 @@ type Event struct {
 	Drop *Drop `json:"drop,omitempty"`
 	// DNS describes a query (dns-query events).
 	DNS *DNS `json:"dns,omitempty"`
+	// L7 describes the request (l7-access events).
+	L7 *L7 `json:"l7,omitempty"`
 }
 
 // DNS is the query of a dns-query event; Event.Endpoint is the endpoint
@@ -86,6 +90,31 @@ type DNS struct {
 	Identity uint32 `json:"identity,omitempty"`
 	// Error says why, for the "error" verdict.
 	Error string `json:"error,omitempty"`
+}
+
+// L7 is the request of an l7-access event; Event.Endpoint is the
+// endpoint whose rules decided it (the destination for ingress rules,
+// the source for egress rules).
+type L7 struct {
+	// Protocol is the proxy's parser ("http").
+	Protocol string `json:"protocol"`
+	// Verdict is "allowed" or "denied"; Reason says why a request was
+	// denied.
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	// Direction is "ingress" or "egress", relative to Event.Endpoint.
+	Direction string `json:"direction,omitempty"`
+	// Src and Dst are the connection's addresses (host:port), the
+	// destination as the client addressed it.
+	Src string `json:"src"`
+	Dst string `json:"dst"`
+	// SrcIdentity and DstIdentity are both sides' identities.
+	SrcIdentity uint32 `json:"src-identity"`
+	DstIdentity uint32 `json:"dst-identity"`
+	// Method, Path and Host are the HTTP request's.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Host   string `json:"host,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the
