@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -112,4 +114,70 @@ func TestImportRefusesDNSWithoutProxy(t *testing.T) {
 	if _, err := h.sys.ImportPolicy(context.Background(), pols); !errors.Is(err, policy.ErrInvalidPolicy) {
 		t.Fatalf("import without a DNS proxy: %v", err)
 	}
+}
+
+// TestLearnFQDNHeldUntilRealised: the answer is not released while the
+// endpoint's regeneration (which adds the learned address to its policy
+// map) is held in the datapath, nor while the ipcache write fails (it is
+// retried); a failed regeneration fails the answer.
+func TestLearnFQDNHeldUntilRealised(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	pols, err := policy.Parse([]byte(fqdnPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sys.ImportPolicy(ctx, pols); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+	addr := netip.MustParseAddr("192.0.2.10")
+	prefix := netip.PrefixFrom(addr, 32)
+
+	entered, gate := make(chan struct{}, 1), make(chan struct{})
+	failures := 2
+	h.fake.Set(datapath.FakeHooks{
+		BeforeRealize: func(ctx context.Context, e *endpoint.Endpoint, _ uint64) error {
+			if e.ID == ep.ID {
+				select {
+				case entered <- struct{}{}:
+				default:
+				}
+				<-gate
+			}
+			return nil
+		},
+		BeforeIPCache: func(_ context.Context, p netip.Prefix) error {
+			if p == prefix && failures > 0 {
+				failures--
+				return errors.New("injected ipcache failure")
+			}
+			return nil
+		},
+	})
+	done := make(chan error, 1)
+	go func() { done <- h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour) }()
+	<-entered // the regeneration realising the address is in the datapath
+	select {
+	case err := <-done:
+		t.Fatalf("answer released (%v) while the regeneration is held", err)
+	default:
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := h.fake.IPCache()[prefix]; !ok || !h.fake.Policy(ep.ID).AllowsAddr(id, addr, 443, policy.ProtoTCP, policy.Egress) {
+		t.Fatalf("released before the datapath holds the address: ipcache %v", ok)
+	}
+	// A failing regeneration fails the answer.
+	h.fake.Set(datapath.FakeHooks{BeforeRealize: func(context.Context, *endpoint.Endpoint, uint64) error {
+		return errors.New("injected realize failure")
+	}})
+	err = h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{netip.MustParseAddr("192.0.2.11")}, time.Hour)
+	if err == nil || !strings.Contains(err.Error(), "injected realize failure") {
+		t.Fatalf("learn with a failing regeneration: %v", err)
+	}
+	h.fake.Set(datapath.FakeHooks{})
 }
