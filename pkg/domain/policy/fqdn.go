@@ -8,12 +8,14 @@ import (
 )
 
 // SetFQDN sets the addresses learned from DNS answers for name (an empty
-// ips forgets the name). Each address with a name gets the CIDR identity
-// of its host prefix (allocated as for a policy's CIDR, reported in
-// CIDRUpserts for the ipcache), which the FQDN selectors matching one of
-// its names select; an address without names left gives its reference
-// back (CIDRDeletes once unreferenced). The revision is not bumped:
-// learned addresses change what selectors select, not the rules.
+// ips forgets the name). An address with a name some cached FQDN
+// selector (toFQDNs) matches gets the CIDR identity of its host prefix
+// (allocated as for a policy's CIDR, reported in CIDRUpserts for the
+// ipcache), which those selectors select; an address no selector wants
+// any more gives its reference back (CIDRDeletes once unreferenced).
+// Names no selector matches are kept, for a selector imported later.
+// The revision is not bumped: learned addresses change what selectors
+// select, not the rules.
 func (r *Repository) SetFQDN(name string, ips []netip.Addr) Result {
 	name = fqdn.Normalize(name)
 	want := make([]netip.Addr, 0, len(ips))
@@ -59,22 +61,59 @@ func (r *Repository) fqdnLink(name string, ip netip.Addr, affected idSet) {
 		r.fqdnNames[ip] = names
 	}
 	names[name] = struct{}{}
-	p := netip.PrefixFrom(ip, ip.BitLen())
-	if len(names) == 1 {
-		r.refPrefix(p, affected)
-	}
-	r.reselectPrefix(p, affected)
+	r.fqdnSync(ip, affected)
 }
 
 func (r *Repository) fqdnUnlink(name string, ip netip.Addr, affected idSet) {
 	names := r.fqdnNames[ip]
 	delete(names, name)
-	p := netip.PrefixFrom(ip, ip.BitLen())
-	r.reselectPrefix(p, affected)
 	if len(names) == 0 {
 		delete(r.fqdnNames, ip)
-		r.reselectPrefix(p, affected)
+	}
+	r.fqdnSync(ip, affected)
+}
+
+// fqdnSync gives ip's host prefix a CIDR identity reference while a
+// cached FQDN selector selects one of ip's names, takes it back when none
+// does, and re-evaluates the selectors for that identity.
+func (r *Repository) fqdnSync(ip netip.Addr, affected idSet) {
+	p := netip.PrefixFrom(ip, ip.BitLen())
+	want := r.fqdnWanted(ip)
+	_, held := r.fqdnHeld[ip]
+	switch {
+	case want && !held:
+		r.fqdnHeld[ip] = struct{}{}
+		r.refPrefix(p, affected)
+	case !want && held:
+		delete(r.fqdnHeld, ip)
 		r.unrefPrefix(p)
+	}
+	r.reselectPrefix(p, affected)
+}
+
+// fqdnWanted reports whether a cached FQDN selector matches a name of ip.
+func (r *Repository) fqdnWanted(ip netip.Addr) bool {
+	for name := range r.fqdnNames[ip] {
+		for cs := range r.fqdnSels {
+			if cs.sel.(*FQDNSelector).MatchesName(name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fqdnSelectorChanged syncs the addresses with a name f matches, after
+// f's cache entry was made or dropped (the identities affected are
+// recomputed by the next finish).
+func (r *Repository) fqdnSelectorChanged(f *FQDNSelector) {
+	for ip, names := range r.fqdnNames {
+		for name := range names {
+			if f.MatchesName(name) {
+				r.fqdnSync(ip, r.staged)
+				break
+			}
+		}
 	}
 }
 

@@ -53,11 +53,10 @@ func TestFQDNMapState(t *testing.T) {
 	if !m.Allows(id, 80, ProtoTCP, Egress) || m.Allows(id, 81, ProtoTCP, Egress) {
 		t.Fatalf("learned address: %+v", m.Allow)
 	}
-	// A name no selector matches gets an identity nothing selects.
+	// A name no selector matches gets no identity (nothing could select it).
 	res = r.SetFQDN("denied.test", []netip.Addr{other})
-	oid := res.CIDRUpserts[netip.PrefixFrom(other, 32)]
-	if len(res.Changed) != 0 || r.MapState(a).Allows(oid, 80, ProtoTCP, Egress) {
-		t.Fatalf("denied.test selected: %+v", res)
+	if len(res.Changed) != 0 || len(res.CIDRUpserts) != 0 {
+		t.Fatalf("denied.test: %+v", res)
 	}
 	// The same address under a second name keeps its identity.
 	if res := r.SetFQDN("alias.test", []netip.Addr{allowed}); len(res.CIDRUpserts) != 0 || len(res.Changed) != 0 {
@@ -72,12 +71,27 @@ func TestFQDNMapState(t *testing.T) {
 	if r.MapState(a).Allows(id, 80, ProtoTCP, Egress) {
 		t.Fatal("forgotten address still allowed")
 	}
-	// A selector imported after the answer selects what was learned.
-	r.SetFQDN("late.test", []netip.Addr{allowed})
-	r.Import(mustParse(t, strings.ReplaceAll(strings.Replace(fqdnPolicy, "name: fqdn", "name: late", 1), "allowed.test", "late.test")))
-	lid := r.CIDRs()[netip.PrefixFrom(allowed, 32)]
-	if !r.MapState(a).Allows(lid, 80, ProtoTCP, Egress) {
-		t.Fatal("selector added after the answer does not select the learned address")
+	// A selector imported after the answer selects what was learned: the
+	// address gets its identity then, and loses it with the selector.
+	if res := r.SetFQDN("late.test", []netip.Addr{other}); len(res.CIDRUpserts) != 0 {
+		t.Fatalf("late.test before its selector: %+v", res)
+	}
+	res = r.Import(mustParse(t, strings.ReplaceAll(strings.Replace(fqdnPolicy, "name: fqdn", "name: late", 1), "allowed.test", "late.test")))
+	lid, ok := res.CIDRUpserts[netip.PrefixFrom(other, 32)]
+	if !ok || !r.MapState(a).Allows(lid, 80, ProtoTCP, Egress) {
+		t.Fatalf("selector added after the answer does not select the learned address: %+v", res)
+	}
+	res, err := r.DeleteByName("default/late")
+	if err != nil || len(res.CIDRDeletes) != 1 || res.CIDRDeletes[0] != netip.PrefixFrom(other, 32) {
+		t.Fatalf("selector deleted: %+v %v", res, err)
+	}
+	// Staged imports take the same path.
+	st := r.Stage(mustParse(t, strings.ReplaceAll(strings.Replace(fqdnPolicy, "name: fqdn", "name: late2", 1), "allowed.test", "late.test")))
+	for !st.Step(1) {
+	}
+	res = st.Import()
+	if lid, ok := res.CIDRUpserts[netip.PrefixFrom(other, 32)]; !ok || !r.MapState(a).Allows(lid, 80, ProtoTCP, Egress) {
+		t.Fatalf("staged import: %+v", res)
 	}
 }
 

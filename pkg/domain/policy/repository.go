@@ -108,10 +108,14 @@ type Repository struct {
 	// next finish recomputes them.
 	staged idSet
 	// fqdnAddrs are the addresses learned for each (normalized) name
-	// (SetFQDN), fqdnNames the names of each address: every address with
-	// a name holds a reference on the CIDR identity of its host prefix.
+	// (SetFQDN), fqdnNames the names of each address. fqdnHeld are the
+	// addresses a cached FQDN selector (fqdnSels) selects by one of their
+	// names: each holds a reference on the CIDR identity of its host
+	// prefix (the others have none: nothing could select it).
 	fqdnAddrs map[string][]netip.Addr
 	fqdnNames map[netip.Addr]map[string]struct{}
+	fqdnHeld  map[netip.Addr]struct{}
+	fqdnSels  map[*cachedSelector]struct{}
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -124,6 +128,7 @@ func NewRepository() *Repository {
 		subjects: map[*cachedSelector]struct{}{}, oddIDs: map[identity.NumericIdentity]struct{}{},
 		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
 		fqdnAddrs: map[string][]netip.Addr{}, fqdnNames: map[netip.Addr]map[string]struct{}{},
+		fqdnHeld: map[netip.Addr]struct{}{}, fqdnSels: map[*cachedSelector]struct{}{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {

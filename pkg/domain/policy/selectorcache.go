@@ -101,6 +101,10 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		r.otherSels[cs] = struct{}{}
 	}
 	r.selectors[key] = cs
+	if f, ok := sel.(*FQDNSelector); ok {
+		r.fqdnSels[cs] = struct{}{}
+		r.fqdnSelectorChanged(f)
+	}
 	return cs
 }
 
@@ -117,6 +121,10 @@ func (r *Repository) unref(sel Selector) {
 		delete(r.otherSels, cs)
 	}
 	delete(r.changed, cs)
+	if f, ok := sel.(*FQDNSelector); ok {
+		delete(r.fqdnSels, cs)
+		r.fqdnSelectorChanged(f)
+	}
 }
 
 // matches reports whether cs selects identity id with labels ls. CIDR
