@@ -280,7 +280,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
 	ac.NoL7 = noL7(cfg, ac.NoL7)
-	ac.NoDNSProxy = ac.NoDNSProxy || cfg.DNSProxy == nil
+	// Likewise DNS rules and toFQDNs need the DNS proxy (the fake
+	// datapath takes them: nothing is redirected, nothing learned).
+	ac.NoDNSProxy = ac.NoDNSProxy || (cfg.Datapath == "linux" && cfg.DNSProxy == nil)
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	ac.Policy.FQDN = cfg.FQDN
 	if cfg.API.Metrics == nil {

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"testing"
@@ -39,4 +40,29 @@ func TestFQDNCacheAPI(t *testing.T) {
 	expectError(t, e.do(t, http.MethodGet, "/v1/fqdn/cache?endpoint=x", ""), http.StatusBadRequest, "invalid-argument", `"endpoint"`)
 	expectError(t, e.do(t, http.MethodGet, "/v1/fqdn/cache?matchpattern=a**", ""), http.StatusBadRequest, "invalid-argument", "matchpattern")
 	expectError(t, e.do(t, http.MethodGet, "/v1/fqdn/cache?x=1", ""), http.StatusBadRequest, "invalid-argument", "unknown query parameter")
+
+	// The endpoint's policy view shows the entries redirected to the DNS
+	// proxy with their names.
+	doc := `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: dns, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toEntities: [world]
+    toPorts: [{ports: [{port: "53", protocol: UDP}], rules: {dns: [{matchPattern: "*.test"}]}}]
+`
+	if _, err := e.client.PolicyImport(ctx, []byte(doc), "application/yaml"); err != nil {
+		t.Fatal(err)
+	}
+	var pol models.EndpointPolicy
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		decodeInto(t, e.do(t, http.MethodGet, fmt.Sprintf("/v1/endpoint/%d/policy", pod.ID), ""), &pol)
+		if len(pol.ComputedDNS) > 0 || time.Now().After(deadline) {
+			break // the regeneration published the new policy, or never will
+		}
+	}
+	if len(pol.ComputedDNS) != 1 || pol.ComputedDNS[0].Port != 53 || len(pol.ComputedDNS[0].Names) != 1 || pol.ComputedDNS[0].Names[0] != "pattern:*.test." {
+		t.Fatalf("computed-dns = %+v", pol.ComputedDNS)
+	}
 }

@@ -15,3 +15,10 @@ type FQDNCacheEntry struct {
 	ExpirationTime time.Time `json:"expiration-time"`
 	TTL            int       `json:"ttl"`
 }
+
+// DNSPolicyEntry is a policy entry redirected to the DNS proxy: Names
+// are its rules.dns ("name:<n>" or "pattern:<p>", normalized).
+type DNSPolicyEntry struct {
+	PolicyEntry
+	Names []string `json:"names"`
+}
