@@ -412,6 +412,39 @@ func TestFQDNPolicy(t *testing.T) {
 	if err := e.connect(allowedIP); err == nil {
 		t.Fatal("A reaches allowed.test's address after its TTL")
 	}
+	expired := false
+	for ev, ok := sub.TryNext(); ok; ev, ok = sub.TryNext() {
+		expired = expired || (ev.Type == events.FQDNExpired && strings.Contains(ev.Message, "allowed.test."))
+	}
+	if !expired {
+		t.Error("no fqdn-expired event for allowed.test.")
+	}
+	for verdict, least := range map[string]float64{"allowed": 3, "denied": 1} {
+		if n := e.queries(verdict); n < least {
+			t.Errorf("membrane_dns_proxy_queries_total{verdict=%q} = %v, want at least %v", verdict, n, least)
+		}
+	}
+}
+
+// queries reads membrane_dns_proxy_queries_total{verdict}.
+func (e *env) queries(verdict string) float64 {
+	mfs, err := e.metrics.Registry().Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "membrane_dns_proxy_queries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "verdict" && l.GetValue() == verdict {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func hasEntry(es []models.FQDNCacheEntry, name string, ip netip.Addr) bool {
