@@ -60,7 +60,6 @@ type endpointActor struct {
 	lw           *labelWrite  // label changes not yet durable (nil: none)
 
 	regen regenState
-	fqdn  *fqdnWaits // DNS answers held (endpoint_fqdn.go); nil: none
 
 	delReplies []messages.Reply // sent when the endpoint is disconnected
 
@@ -209,7 +208,11 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	case *messages.Regenerate:
 		a.requestRegen(ctx, ctx.Sender())
 	case *messages.RegeneratePolicy:
-		a.requestPolicyRegen(ctx)
+		var waiter *actor.PID
+		if msg.Wait {
+			waiter = ctx.Sender()
+		}
+		a.requestPolicyRegen(ctx, waiter)
 	case *retryRegen:
 		a.regen.retryTimer = nil
 		switch {
@@ -221,12 +224,6 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		}
 	case *messages.ProxyAck:
 		a.proxyAck(ctx, msg)
-	case *messages.EndpointFQDN:
-		a.learnFQDN(ctx, msg)
-	case *messages.PolicyFQDNLearned:
-		a.fqdnLearned(ctx, msg)
-	case *messages.IPCacheBarrierDone:
-		a.fqdnBarrier(ctx, msg)
 	case *proxyTimeout:
 		a.proxyTimedOut(ctx, msg)
 	case *messages.PatchLabels:

@@ -22,7 +22,6 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 		return
 	}
 	a.life = lifeDeleting
-	a.failFQDN(ctx, ErrEndpointDeleting)
 	a.mut().Deleting = opts
 	a.setState(endpoint.StateDisconnecting, "delete requested")
 	a.stopRetry()

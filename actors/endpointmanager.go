@@ -78,18 +78,14 @@ func (m *managerActor) Receive(ctx actor.Context) {
 		m.forward(ctx, msg.ID)
 	case *messages.Regenerate:
 		m.forward(ctx, msg.ID)
-	case *messages.EndpointFQDN:
-		if pid, ok := m.children[msg.ID]; ok {
-			ctx.Forward(pid)
-		} else {
-			ctx.Respond(&messages.EndpointFQDNResult{Err: fmt.Errorf("endpoint %d: %w", msg.ID, ErrEndpointNotFound)})
-		}
 	case *messages.ProxyAck:
 		if pid, ok := m.children[msg.ID]; ok {
 			ctx.Send(pid, msg)
 		}
 	case *messages.RegeneratePolicy:
-		if pid, ok := m.children[msg.ID]; ok {
+		if msg.Wait {
+			m.forward(ctx, msg.ID)
+		} else if pid, ok := m.children[msg.ID]; ok {
 			ctx.Send(pid, msg)
 		}
 	case *messages.EndpointChanged:

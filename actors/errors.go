@@ -32,9 +32,6 @@ var (
 	// ErrProxyRejected is wrapped by errors of a regeneration whose proxy
 	// configuration the proxy rejected (an xDS NACK).
 	ErrProxyRejected = errors.New("proxy rejected the configuration")
-	// ErrFQDNBusy is returned when an endpoint holds too many DNS
-	// answers waiting for their addresses to be realised.
-	ErrFQDNBusy = errors.New("too many dns answers held")
 	// ErrFQDNNoIdentity is returned for a DNS answer of an endpoint
 	// whose identity is not resolved yet.
 	ErrFQDNNoIdentity = errors.New("endpoint has no identity yet")

@@ -158,7 +158,11 @@ func TestLearnFQDNHeldUntilRealised(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() { done <- h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour) }()
-	<-entered // the regeneration realising the address is in the datapath
+	select {
+	case <-entered: // the regeneration realising the address is in the datapath
+	case err := <-done:
+		t.Fatalf("answer released (%v) without the regeneration that realises the address", err)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("answer released (%v) while the regeneration is held", err)

@@ -10,29 +10,13 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// EndpointFQDN tells endpoint ID (through the endpoint manager) that a
-// DNS answer it asked for resolved Name to IPs with TTL. Reply:
-// *EndpointFQDNResult once the addresses are in the datapath's ipcache
-// and the endpoint realised the policy that selects them (or failed).
-type EndpointFQDN struct {
-	ID   endpoint.ID
-	Name string
-	IPs  []netip.Addr
-	TTL  time.Duration
-}
-
-// EndpointFQDNResult answers EndpointFQDN.
-type EndpointFQDNResult struct {
-	Err error
-}
-
-// PolicyFQDNLearn is sent by an endpoint actor to the policy actor with
-// a DNS answer; Seq is echoed in the reply. Reply: *PolicyFQDNLearned,
-// after the learned addresses changed the selectors (the ipcache actor
-// has the CIDR changes in its mailbox and the endpoints whose policy
-// changed were told to regenerate, except Endpoint).
+// PolicyFQDNLearn is sent by the front door (LearnFQDN) to the policy
+// actor with a DNS answer of endpoint Endpoint. Reply:
+// *PolicyFQDNLearned, after the learned addresses changed the selectors
+// (the ipcache actor has the CIDR changes in its mailbox and the
+// endpoints whose policy changed were told to regenerate, except
+// Endpoint, whose wait the front door runs).
 type PolicyFQDNLearn struct {
-	Seq      uint64
 	Endpoint endpoint.ID
 	Identity identity.NumericIdentity
 	Name     string
@@ -44,7 +28,6 @@ type PolicyFQDNLearn struct {
 // policy after the change (the endpoint regenerates unless it realised
 // exactly that one).
 type PolicyFQDNLearned struct {
-	Seq    uint64
 	Policy *policy.MapState
 	Err    error
 }
