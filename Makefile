@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -107,6 +107,12 @@ bench:
 	$(GO) test -run '^$$' -bench OperatorQueries10k -benchtime 50x ./pkg/agent/api/
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/domain/policy/
 	$(GO) test -run '^$$' -bench BenchmarkPolicyPropagation -benchtime 20x ./test/policyscenario/
+
+# Every headline number of BENCHMARKS.md from one run, as one table with
+# its targets, the date and the load average (root for the CNI, restore
+# and policy parts; see scripts/bench-headline.sh for the sizes).
+bench-headline:
+	BENCH_OUT=$(BENCH_OUT) scripts/bench-headline.sh
 
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).

@@ -262,7 +262,33 @@ type LinuxHooks struct {
 	// (a slow OnDrop delays later notifications; the kernel discards
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
+	// Phase receives how long each step of a Realize or Remove took
+	// (LinuxPhases); it must not block.
+	Phase func(phase string, d time.Duration)
 }
+
+// The steps of Linux.Realize and Linux.Remove reported to LinuxHooks.Phase.
+const (
+	// PhaseHostSetup: the host veth's sysctls, routes and neighbours.
+	PhaseHostSetup = "host-setup"
+	// PhaseBPFMaps: opening (creating) the endpoint's pinned policy maps.
+	PhaseBPFMaps = "bpf-maps"
+	// PhaseBPFPolicy: writing the policy map difference.
+	PhaseBPFPolicy = "bpf-policy"
+	// PhaseBPFLoad: loading the two programs (the kernel's verifier) on
+	// Realize's path (near zero when a Prepare loaded them).
+	PhaseBPFLoad = "bpf-load"
+	// PhaseBPFPrepare: a Prepare's maps and load, while the state is
+	// written (Preparer).
+	PhaseBPFPrepare = "bpf-prepare"
+	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).
+	PhaseBPFAttach = "bpf-attach"
+	// PhaseRemove: a whole Remove on the caller's path.
+	PhaseRemove = "remove"
+)
+
+// LinuxPhases lists the phases in the order they run.
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

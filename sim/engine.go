@@ -146,7 +146,7 @@ func newEngine(sc Scenario, opts Options) (*engine, func(), error) {
 	pool := netip.MustParsePrefix(sc.IPv4Range)
 	cfg := agent.Config{
 		Socket: filepath.Join(dir, "membrane.sock"), StateDir: filepath.Join(dir, "state"),
-		IPv4Range: pool, Datapath: "fake",
+		IPv4Range: pool, Datapath: "fake", GCPercent: agent.DefaultGCPercent, // as membrane-agent's default
 		Actors: actors.Config{IPAM: actors.IPAMConfig{Seed: sc.Seed},
 			Endpoint: actors.EndpointConfig{ProxyWaitTimeout: sc.ProxyWaitTimeout.D()}},
 	}

@@ -74,6 +74,10 @@ type Config struct {
 	// default 1 min; negative disables): orphan host veths and pin
 	// directories go, endpoints whose host interface vanished are deleted.
 	GCInterval time.Duration
+	// GCPercent is the Go garbage collector's target (--gc-percent,
+	// default DefaultGCPercent): Start applies it process-wide unless it
+	// is 0 or the GOGC environment variable is set (GOGC wins).
+	GCPercent int
 	// EnableHealth runs the health endpoint (--enable-health; Linux
 	// datapath only, else reported disabled), probed every HealthInterval
 	// (default 10 s).
@@ -115,6 +119,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--socket: empty path: %w", ErrInvalidConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
+	case c.GCPercent != 0 && (c.GCPercent < 25 || c.GCPercent > 1000):
+		return fmt.Errorf("--gc-percent %d: want 25..1000: %w", c.GCPercent, ErrInvalidConfig)
 	case c.IPAM != "" && c.IPAM != IPAMStatic && c.IPAM != IPAMKubernetes:
 		return fmt.Errorf("--ipam: %q: want %s or %s: %w", c.IPAM, IPAMStatic, IPAMKubernetes, ErrInvalidConfig)
 	case c.IPAM == IPAMKubernetes && c.K8s == nil:
@@ -230,6 +236,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	applyGCPercent(cfg.GCPercent)
 	if cfg.IPAM == IPAMKubernetes {
 		if err := podCIDRRanges(&cfg, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)
@@ -315,7 +322,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, sys.Stop)
 	if linux != nil {
 		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
-			OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
+			OnL7Access: onL7Access(ac.Events, cfg.API.Metrics), Phase: cfg.API.Metrics.DatapathPhase})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {

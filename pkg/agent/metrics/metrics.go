@@ -42,6 +42,7 @@ type Metrics struct {
 	reg        *prometheus.Registry
 	apiLatency *prometheus.HistogramVec
 	regen      *prometheus.HistogramVec
+	dpPhase    *prometheus.HistogramVec
 	restore    prometheus.Gauge
 	restored   *prometheus.GaugeVec
 	drops      *prometheus.CounterVec
@@ -72,6 +73,12 @@ func New() *Metrics {
 	m.regen = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Subsystem: "endpoint", Name: "regeneration_duration_seconds",
 		Help:    "Duration of successful endpoint regenerations by phase (write-state, realize, proxy-wait, total).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"phase"})
+	m.dpPhase = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "phase_duration_seconds",
+		Help: "Duration of the Linux datapath's steps of an endpoint's realise and removal by phase " +
+			"(bpf-prepare, host-setup, bpf-maps, bpf-policy, bpf-load, bpf-attach, remove).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"phase"})
 	m.restore = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -106,7 +113,7 @@ func New() *Metrics {
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
 	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
 		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -123,6 +130,16 @@ func (m *Metrics) ObserveRequest(route, method string, code int, d time.Duration
 func (m *Metrics) RegenPhase(phase string, d time.Duration) {
 	m.regen.WithLabelValues(phase).Observe(d.Seconds())
 }
+
+// DatapathPhase records one step of the Linux datapath
+// (datapath.LinuxHooks.Phase).
+func (m *Metrics) DatapathPhase(phase string, d time.Duration) {
+	m.dpPhase.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// Gatherer returns the registry, for callers that read the metrics in
+// process (benchmarks) instead of scraping Handler.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }
 
 // Drop counts one drop notification. It never blocks on I/O (the
 // ring-buffer reader calls it per notification).
