@@ -39,7 +39,8 @@ const benchQueries = 400
 
 // BenchmarkDNSProxyDelay measures the DNS answer delay the proxy adds:
 // the same queries from pod A (toFQDNs policy: its DNS is redirected to
-// the proxy, which holds each answer until its address is realised) and
+// the proxy, which holds each answer until its address is realised;
+// toFQDNs *.test selects every answer) and
 // from pod B (no policy: straight to the server), interleaved in one run.
 // Series: "cached" repeats allowed.test (the address is known: the hold
 // is the policy actor's learn and an ipcache barrier); "new" asks a new
@@ -49,7 +50,7 @@ const benchQueries = 400
 //	go test -run XXX -bench DNSProxyDelay -benchtime 1x ./test/fqdn/
 func BenchmarkDNSProxyDelay(b *testing.B) {
 	e := newEnvTB(b)
-	e.importPolicy(`matchPattern: "*.test"`)
+	e.importPolicyFQDN(`matchPattern: "*.test"`, `matchPattern: "*.test"`)
 	podB, _, _ := e.addPod("b")
 	for range b.N {
 		for _, series := range []string{"cached", "new"} {

@@ -283,7 +283,11 @@ func (e *env) connect(ip netip.Addr) error {
 	return testutil.Exchange(e.pod, ip, 80, 2*time.Second)
 }
 
-func (e *env) importPolicy(dnsRule string) {
+func (e *env) importPolicy(dnsRule string) { e.importPolicyFQDN(dnsRule, "matchName: allowed.test") }
+
+// importPolicyFQDN imports A's policy: rules.dns dnsRule towards the
+// world's port 53, toFQDNs fqdnSel on port 80.
+func (e *env) importPolicyFQDN(dnsRule, fqdnSel string) {
 	e.t.Helper()
 	doc := fmt.Sprintf(`apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
@@ -296,10 +300,10 @@ spec:
     - ports: [{port: "53", protocol: ANY}]
       rules:
         dns: [{%s}]
-  - toFQDNs: [{matchName: allowed.test}]
+  - toFQDNs: [{%s}]
     toPorts:
     - ports: [{port: "80", protocol: TCP}]
-`, dnsRule)
+`, dnsRule, fqdnSel)
 	if _, err := e.c.PolicyImport(context.Background(), []byte(doc), "application/yaml"); err != nil {
 		e.t.Fatalf("import policy: %v", err)
 	}
