@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -321,5 +322,28 @@ func TestL7RedirectIPv6(t *testing.T) {
 	e.enforced()
 	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
 		t.Errorf("C reached B:80, want its connection dropped")
+	}
+}
+
+// TestL7RedirectFromHost (root, real traffic): a client on the node
+// itself (identity host, as kubelet's probes) reaching B's L7 port goes
+// through the proxy too: to_container hairpins the host's packets like
+// a pod's.
+func TestL7RedirectFromHost(t *testing.T) {
+	e := newL7E2E(t)
+	k80 := policy.Key{Identity: identity.ReservedHost, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	m := policy.NewMapState(e.rev, true, false, []policy.Key{k80})
+	m.L7 = []policy.L7Entry{{Key: k80, HTTP: []policy.HTTPRule{{Method: "GET", Path: "/public"}}}}
+	e.set(e.b, m, true)
+	host := &testPod{ns: e.host, ep: e.a.ep} // requests from the host netns (its routes to the pods)
+	for _, c := range []struct {
+		path string
+		want int
+		body string
+	}{{"/public", 200, "B GET /public"}, {"/private", 403, "Access denied"}} {
+		code, body, err := request(host, e.b, "GET", c.path, connectTimeout)
+		if err != nil || code != c.want || !strings.Contains(body, c.body) {
+			t.Errorf("host GET %s to B:80 = %d %q %v, want %d %q", c.path, code, body, err, c.want, c.body)
+		}
 	}
 }

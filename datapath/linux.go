@@ -75,7 +75,10 @@ type L7Config struct {
 	ProxyPath, XDSSocket, Listen string
 	// AccessSocket is the unixgram socket the proxy sends its access
 	// records to (default: XDSSocket's name with "-access" before ".sock").
-	AccessSocket                        string
+	AccessSocket string
+	// ProxyArgs are appended to the proxy's command line (the
+	// simulator's fault flags).
+	ProxyArgs                           []string
 	MinBackoff, MaxBackoff, StableAfter time.Duration
 }
 

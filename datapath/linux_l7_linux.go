@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"errors"
+	"os"
+	"strconv"
 
 	"context"
 	"fmt"
@@ -80,7 +82,20 @@ func (l *Linux) initL7() error {
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
 	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
-	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket}
+	// The gateways are the host (initBPF put them in the ipcache before
+	// the proxy's mirror existed).
+	for _, gw := range l.cfg.Gateways {
+		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
+	}
+	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+		srv.Close()
+		access.Close()
+		l.l7.srv, l.l7.access = nil, nil
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	// nsenter (below) execs the proxy: the agent stays its parent.
+	path, args := c.ProxyPath, append([]string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket,
+		"--parent-pid", strconv.Itoa(os.Getpid())}, c.ProxyArgs...)
 	if l.cfg.HostNetns != "" {
 		// The proxy runs in the host netns the datapath manages.
 		nsenter, err := exec.LookPath("nsenter")

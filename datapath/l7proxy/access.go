@@ -124,6 +124,12 @@ func NewAccessServer(path string, fn func(AccessRecord), log *slog.Logger) (*Acc
 	if err != nil {
 		return nil, fmt.Errorf("access socket %s: %w", path, err)
 	}
+	// Only root (the proxy) may send records: they become events and
+	// metrics.
+	if err := os.Chmod(path, 0o600); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("access socket %s: %w", path, err)
+	}
 	s := &AccessServer{conn: conn, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)

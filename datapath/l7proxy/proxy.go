@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -38,6 +39,12 @@ type ProxyConfig struct {
 	// Reject, when set, makes the proxy reject every configuration
 	// (testing the agent's handling of rejections).
 	Reject bool
+	// AckDelay delays, and AckDropRate (0..1) loses, the proxy's
+	// acknowledgements (fault injection: the simulator's proxy faults
+	// against the real proxy). A lost acknowledgement is covered by the
+	// next version's.
+	AckDelay    time.Duration
+	AckDropRate float64
 }
 
 // RunProxy runs the proxy until ctx ends: it subscribes to the agent's
@@ -52,7 +59,11 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) error {
 	if err != nil {
 		return err
 	}
-	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams(), access: newAccessLog(cfg.AccessLog)}
+	if cfg.AckDelay < 0 || cfg.AckDropRate < 0 || cfg.AckDropRate > 1 {
+		return fmt.Errorf("proxy: ack delay %v and drop rate %v: want >= 0 and a rate in [0, 1]", cfg.AckDelay, cfg.AckDropRate)
+	}
+	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams(), access: newAccessLog(cfg.AccessLog),
+		ackDelay: cfg.AckDelay, ackDrop: cfg.AckDropRate}
 	go p.access.run(ctx)
 	p.state.Store(&state{})
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
@@ -74,6 +85,8 @@ type proxy struct {
 	port     uint16 // the listening port: a connection to it is explicit
 	upstream *upstreams
 	access   *accessLog
+	ackDelay time.Duration
+	ackDrop  float64
 	state    atomic.Pointer[state]
 }
 
@@ -311,10 +324,29 @@ func (p *proxy) stream(ctx context.Context, path string) error {
 			p.log.Warn("rejecting configuration", "version", resp.GetVersionInfo(), "err", err)
 			ack.ErrorDetail = &status.Status{Code: 3, Message: err.Error()}
 		}
+		if !p.ackFault(ctx) {
+			continue
+		}
 		if err := ads.Send(ack); err != nil {
 			return fmt.Errorf("xds acknowledge: %w", err)
 		}
 	}
+}
+
+// ackFault applies the injected acknowledgement faults: it waits
+// AckDelay and reports false for an acknowledgement to lose.
+func (p *proxy) ackFault(ctx context.Context) bool {
+	if p.ackDelay > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.ackDelay):
+		}
+	}
+	if p.ackDrop > 0 && rand.Float64() < p.ackDrop {
+		p.log.Info("losing an acknowledgement (--ack-drop-rate)")
+		return false
+	}
+	return true
 }
 
 func (p *proxy) apply(resp *discovery.DiscoveryResponse) error {

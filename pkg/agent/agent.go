@@ -322,7 +322,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, sys.Stop)
 	if linux != nil {
 		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
-			OnL7Access: onL7Access(ac.Events, cfg.API.Metrics), Phase: cfg.API.Metrics.DatapathPhase})
+			Phase: cfg.API.Metrics.DatapathPhase, OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {

@@ -68,6 +68,7 @@ type node struct {
 	agent  *agent.Agent
 	c      *client.Client
 	socket string
+	cfg    agent.Config
 	logs   *testutil.LogBuffer
 	pods   map[string]*pod
 	mu     sync.Mutex
@@ -122,18 +123,10 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 		DeleteQueueDir: queue, DeleteQueueInterval: time.Hour, GCInterval: time.Hour,
 	}
 	cfg.Actors.Endpoint.ProxyWaitTimeout = o.proxyWait
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	if err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	n.agent, n.c, n.socket = a, client.New(socket), socket
+	n.cfg, n.socket = cfg, socket
+	n.start()
 	t.Cleanup(func() {
-		n.c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
+		n.stop()
 		if t.Failed() {
 			t.Logf("agent log:\n%s", n.logs.String())
 		}
@@ -145,6 +138,27 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 		n.addPod(name)
 	}
 	return n
+}
+
+// start starts an agent on the node's configuration (and state).
+func (n *node) start() {
+	n.t.Helper()
+	a, err := agent.Start(n.cfg, slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		n.t.Fatalf("start agent: %v", err)
+	}
+	n.agent, n.c = a, client.New(n.socket)
+}
+
+// stop stops the agent (gracefully: endpoints stay in the kernel).
+func (n *node) stop() {
+	n.t.Helper()
+	n.c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.agent.Stop(ctx); err != nil {
+		n.t.Errorf("stop agent: %v", err)
+	}
 }
 
 // watchEvents collects the event stream (as membranectl monitor reads

@@ -200,3 +200,29 @@ func script(t *testing.T, body string) string {
 	}
 	return p
 }
+
+// TestAgentRestart: an agent restarted on the same state and host netns
+// restores B with its L7 policy: the policy maps kept their proxy ports,
+// the new agent's proxy gets B's configuration again and acknowledges
+// it, and A's requests are enforced as before.
+func TestAgentRestart(t *testing.T) {
+	n := newNode(t, "10.244.77.0/24", nodeOpts{pods: []string{"a", "b"}, noEvents: true})
+	a, b := n.pods["a"], n.pods["b"]
+	httpServer(t, b)
+	n.importPolicy(ingressPolicy)
+	n.l7Acked(b)
+	n.enforced()
+	old := n.proxyRow().L7Proxy.PID
+	n.stop()
+	n.start()
+	waitFor(t, "the restarted agent serving", func() bool { _, err := n.c.Status(context.Background()); return err == nil })
+	if row := n.proxyRow(); row.L7Proxy.PID == old {
+		t.Errorf("the new agent's proxy has the old pid %d", old)
+	}
+	n.l7Acked(b)
+	waitFor(t, "the new proxy serving a's GET /public", func() bool {
+		code, _, err := a.request(b, "GET", "/public", dropTimeout)
+		return err == nil && code == 200
+	})
+	n.enforced()
+}
