@@ -13,6 +13,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
@@ -56,12 +57,17 @@ type Publisher struct {
 	done chan struct{}
 	kick chan struct{}
 
-	// mu guards published, lease and the counters.
+	// mu guards published, records, lease and the counters.
 	mu        sync.Mutex
 	published map[string]string // key -> value as etcd holds it
-	lease     clientv3.LeaseID  // the lease published was written under
-	writes    int
-	lastErr   error
+	// records caches each endpoint's record as last encoded: a sync
+	// encodes only the endpoints that changed, and an unchanged value is
+	// the very string published holds (compared without reading it).
+	records map[endpoint.ID]pubRecord
+	gen     uint64           // the sync that last saw a record
+	lease   clientv3.LeaseID // the lease published was written under
+	writes  int
+	lastErr error
 }
 
 // StartPublisher starts publishing.
@@ -81,7 +87,7 @@ func StartPublisher(c *Client, cfg PublisherConfig) (*Publisher, error) {
 	}
 	ctx, stop := context.WithCancel(c.ctx)
 	p := &Publisher{c: c, cfg: cfg, self: string(self), ctx: ctx, stop: stop, done: make(chan struct{}),
-		kick: make(chan struct{}, 1), published: map[string]string{}}
+		kick: make(chan struct{}, 1), published: map[string]string{}, records: map[endpoint.ID]pubRecord{}}
 	c.OnLease(func(clientv3.LeaseID) { p.poke() })
 	go p.run()
 	return p, nil
@@ -182,7 +188,15 @@ func drain(sub *events.Subscription) bool {
 	}
 }
 
-// desired is what etcd should hold for this node.
+// pubRecord is an endpoint's record as last encoded.
+type pubRecord struct {
+	identity   identity.NumericIdentity
+	ip4, ip6   netip.Addr
+	key, value string
+	gen        uint64
+}
+
+// desired is what etcd should hold for this node; p.mu is held.
 func (p *Publisher) desired() map[string]string {
 	node := p.c.cfg.NodeName
 	var nodeIP netip.Addr
@@ -191,22 +205,33 @@ func (p *Publisher) desired() map[string]string {
 			nodeIP = a
 		}
 	}
-	want := map[string]string{p.c.keys.node(node): p.self}
+	p.gen++
+	want := make(map[string]string, len(p.records)+1)
+	want[p.c.keys.node(node)] = p.self
 	for _, ep := range p.cfg.Source.Endpoints(index.EndpointFilter{}) {
-		if ep.Identity == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
+		if ep.Identity == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected ||
+			(!ep.IPv4.IsValid() && !ep.IPv6.IsValid()) {
 			continue
 		}
-		rec := endpointRecord{Identity: uint32(ep.Identity), Node: node, NodeIP: nodeIP}
-		for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
-			if ip.IsValid() {
-				rec.IPs = append(rec.IPs, ip)
+		r, ok := p.records[ep.ID]
+		if !ok || r.identity != ep.Identity || r.ip4 != ep.IPv4 || r.ip6 != ep.IPv6 {
+			rec := endpointRecord{Identity: uint32(ep.Identity), Node: node, NodeIP: nodeIP}
+			for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+				if ip.IsValid() {
+					rec.IPs = append(rec.IPs, ip)
+				}
 			}
+			v, _ := json.Marshal(rec) // addresses and numbers always marshal
+			r = pubRecord{identity: ep.Identity, ip4: ep.IPv4, ip6: ep.IPv6, key: p.c.keys.endpoint(node, uint16(ep.ID)), value: string(v)}
 		}
-		if len(rec.IPs) == 0 {
-			continue
+		r.gen = p.gen
+		p.records[ep.ID] = r
+		want[r.key] = r.value
+	}
+	for id, r := range p.records {
+		if r.gen != p.gen {
+			delete(p.records, id)
 		}
-		v, _ := json.Marshal(rec) // addresses and numbers always marshal
-		want[p.c.keys.endpoint(node, uint16(ep.ID))] = string(v)
 	}
 	return want
 }

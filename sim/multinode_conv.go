@@ -1,0 +1,242 @@
+package sim
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+)
+
+// convPoll is how often each node's ipcache is looked at for the
+// endpoints it still waits for (the resolution of the convergence times).
+const convPoll = 2 * time.Millisecond
+
+// convTracker measures convergence through the real agents: for every
+// endpoint created on one node, the time from its creation request's
+// answer (the endpoint is in its node's index with its identity) until
+// each other node's actor-system ipcache (its index) holds the address
+// with that identity. A pair is given up (not timed) when the endpoint is
+// deleted first, or either node crashes while it waits; an endpoint with
+// a pair given up has no "everywhere" time.
+type convTracker struct {
+	// mu guards everything below.
+	mu      sync.Mutex
+	pending []map[netip.Addr]*convEP // per observing node
+	eps     map[netip.Addr]*convEP   // endpoints still waited for somewhere
+	down    []bool
+	// perNode times the arrival at each node; everywhere the arrival at
+	// the last of the other nodes.
+	perNode    []histogram
+	everywhere histogram
+	abandoned  int
+	// Once every worker has reached its endpoints (the ramp-up is over),
+	// endpoints are timed in the steady histograms as well.
+	toFull                         int
+	steadyToNode, steadyEverywhere histogram
+}
+
+// convEP is one created endpoint being waited for.
+type convEP struct {
+	origin    int
+	id        identity.NumericIdentity
+	created   time.Time
+	remaining int  // nodes it has not reached yet
+	abandoned bool // a pair was given up
+	steady    bool // created after the ramp-up
+}
+
+// newConvTracker tracks nodes nodes whose workers drivers ramp up.
+func newConvTracker(nodes, workers int) *convTracker {
+	t := &convTracker{pending: make([]map[netip.Addr]*convEP, nodes), eps: map[netip.Addr]*convEP{},
+		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers}
+	for i := range t.pending {
+		t.pending[i] = map[netip.Addr]*convEP{}
+	}
+	return t
+}
+
+// created starts the clock for ip (identity id) created on node origin.
+func (t *convTracker) created(origin int, ip netip.Addr, id identity.NumericIdentity, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropLocked(ip) // an address reused before its old endpoint arrived everywhere
+	ep := &convEP{origin: origin, id: id, created: at, steady: t.toFull <= 0}
+	for j := range t.pending {
+		if j == origin {
+			continue
+		}
+		if t.down[j] {
+			ep.abandoned = true
+			t.abandoned++
+			continue
+		}
+		t.pending[j][ip] = ep
+		ep.remaining++
+	}
+	if ep.remaining > 0 {
+		t.eps[ip] = ep
+	}
+}
+
+// workerFull notes that a driver reached its endpoints.
+func (t *convTracker) workerFull() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.toFull--
+}
+
+// deleted gives up ip's pairs still waiting (its endpoint is being
+// deleted).
+func (t *convTracker) deleted(ip netip.Addr) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropLocked(ip)
+}
+
+func (t *convTracker) dropLocked(ip netip.Addr) {
+	ep, ok := t.eps[ip]
+	if !ok {
+		return
+	}
+	delete(t.eps, ip)
+	for j := range t.pending {
+		if t.pending[j][ip] == ep {
+			delete(t.pending[j], ip)
+			t.abandoned++
+		}
+	}
+}
+
+// nodeDown gives up every pair node j observes or originated, until
+// nodeUp.
+func (t *convTracker) nodeDown(j int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.down[j] = true
+	for ip, ep := range t.pending[j] {
+		delete(t.pending[j], ip)
+		t.abandoned++
+		ep.abandoned = true
+		if ep.remaining--; ep.remaining == 0 {
+			delete(t.eps, ip)
+		}
+	}
+	for ip, ep := range t.eps {
+		if ep.origin == j {
+			t.dropLocked(ip)
+		}
+	}
+}
+
+func (t *convTracker) nodeUp(j int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.down[j] = false
+}
+
+// arrivedLocked records that ep reached node j at now.
+func (t *convTracker) arrivedLocked(j int, ip netip.Addr, ep *convEP, now time.Time) {
+	delete(t.pending[j], ip)
+	d := now.Sub(ep.created)
+	t.perNode[j].observe(d)
+	if ep.steady {
+		t.steadyToNode.observe(d)
+	}
+	if ep.remaining--; ep.remaining == 0 {
+		delete(t.eps, ip)
+		if !ep.abandoned {
+			t.everywhere.observe(d)
+			if ep.steady {
+				t.steadyEverywhere.observe(d)
+			}
+		}
+	}
+}
+
+// watch polls node j's index for the endpoints it waits for until ctx
+// ends.
+func (t *convTracker) watch(ctx context.Context, j int, n *simNode) {
+	tick := time.NewTicker(convPoll)
+	defer tick.Stop()
+	type want struct {
+		ip netip.Addr
+		ep *convEP
+	}
+	var wants []want
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		wants = wants[:0]
+		t.mu.Lock()
+		for ip, ep := range t.pending[j] {
+			wants = append(wants, want{ip, ep})
+		}
+		t.mu.Unlock()
+		a, _, up := n.current()
+		if len(wants) == 0 || !up || a == nil {
+			continue
+		}
+		now := time.Now()
+		txn := a.Index.ReadTxn()
+		var got []want
+		for _, w := range wants {
+			raw, err := txn.First(index.TableIPCache, index.IndexID, netip.PrefixFrom(w.ip, w.ip.BitLen()))
+			if e, ok := raw.(*index.IPCacheEntry); err == nil && ok && e.Identity == w.ep.id {
+				got = append(got, w)
+			}
+		}
+		t.mu.Lock()
+		for _, w := range got {
+			if t.pending[j][w.ip] == w.ep { // not given up meanwhile
+				t.arrivedLocked(j, w.ip, w.ep, now)
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+// ConvergenceReport is what the convergence tracker measured (latencies
+// in ms, histograms as the single-node report's).
+type ConvergenceReport struct {
+	// ToNode: the endpoint's arrival at one other node, over all (endpoint,
+	// node) pairs; Everywhere: its arrival at the last of the other nodes.
+	ToNode     *OpStats `json:"to-node"`
+	Everywhere *OpStats `json:"everywhere"`
+	// SteadyToNode and SteadyEverywhere are the same for the endpoints
+	// created after every node reached its endpoints (the churn at full
+	// size, without the ramp-up).
+	SteadyToNode     *OpStats `json:"steady-to-node"`
+	SteadyEverywhere *OpStats `json:"steady-everywhere"`
+	// Abandoned counts pairs not timed: the endpoint was deleted, or a
+	// node crashed, before it arrived; Pending pairs still waiting at the
+	// end of the run (counted as violations when the run settled).
+	Abandoned int `json:"abandoned-pairs"`
+	Pending   int `json:"pending-pairs"`
+	// PollMS is the resolution: how often the ipcaches were looked at.
+	PollMS float64 `json:"poll-ms"`
+}
+
+// report summarises the tracker (nodeP99 per node, in ms).
+func (t *convTracker) report() (*ConvergenceReport, []float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var all histogram
+	p99 := make([]float64, len(t.perNode))
+	for j := range t.perNode {
+		all.merge(&t.perNode[j])
+		p99[j] = histStats(&t.perNode[j]).P99
+	}
+	r := &ConvergenceReport{ToNode: histStats(&all), Everywhere: histStats(&t.everywhere), SteadyToNode: histStats(&t.steadyToNode),
+		SteadyEverywhere: histStats(&t.steadyEverywhere), Abandoned: t.abandoned,
+		PollMS: float64(convPoll) / float64(time.Millisecond)}
+	for j := range t.pending {
+		r.Pending += len(t.pending[j])
+	}
+	return r, p99
+}
