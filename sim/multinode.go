@@ -49,11 +49,15 @@ type MultiConfig struct {
 	// 2 s): after the churn, the run waits for the GC to remove every
 	// identity the drain left without a reference.
 	GCInterval, GCGrace time.Duration
-	Identities          int          // label sets endpoints draw from (default 16)
-	WorkersPerNode      int          // concurrent drivers per node (default 4)
-	Dir                 string       // agents' sockets, state and etcd's data
-	Log                 *slog.Logger // the agents' log (nil: discarded)
-	Seed                uint64
+	Identities          int // label sets endpoints draw from (default 16)
+	WorkersPerNode      int // concurrent drivers per node (default 4)
+	// ChurnRate paces the replacements once a worker holds its endpoints:
+	// lifecycles (a delete and a create) per second over all nodes; 0: as
+	// fast as the agents answer.
+	ChurnRate float64
+	Dir       string       // agents' sockets, state and etcd's data
+	Log       *slog.Logger // the agents' log (nil: discarded)
+	Seed      uint64
 }
 
 // MultiReport is what a multi-node run did and found.
@@ -132,7 +136,8 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 		return nil, err
 	}
 	defer etcd.stop()
-	nodes, err := startNodes(cfg, etcd.endpoint())
+	conv := newConvTracker(cfg.Nodes, cfg.Nodes*min(cfg.WorkersPerNode, cfg.EndpointsPerNode))
+	nodes, err := startNodes(cfg, etcd.endpoint(), conv)
 	defer stopNodes(nodes)
 	if err != nil {
 		return nil, err
@@ -141,18 +146,11 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 	if cfg.EtcdBin != "" {
 		rep.EtcdMode = "process " + cfg.EtcdBin + " (restarts: SIGKILL)"
 	}
-	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: newConvTracker(cfg.Nodes, cfg.Nodes*min(cfg.WorkersPerNode, cfg.EndpointsPerNode))}
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	var watchers sync.WaitGroup
-	for j, n := range nodes {
-		watchers.Add(1)
-		go func() { defer watchers.Done(); r.conv.watch(watchCtx, j, n) }()
-	}
+	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: conv}
 	live := r.churn(ctx)
 	r.drain(ctx, live)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint()}, DialTimeout: 5 * time.Second})
 	if err != nil {
-		stopWatch()
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
@@ -165,9 +163,6 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	rep.Settle = time.Since(start)
-	time.Sleep(5 * convPoll) // the watchers' last look
-	stopWatch()
-	watchers.Wait()
 	var p99 []float64
 	rep.Convergence, p99 = r.conv.report()
 	for i := range rep.PerNode {
@@ -186,9 +181,9 @@ func (cfg MultiConfig) withDefaults() (MultiConfig, error) {
 	if cfg.EndpointsPerNode < 1 || cfg.EndpointsPerNode > maxEndpointsPerNode {
 		return cfg, fmt.Errorf("--endpoints: %d per node: want 1..%d", cfg.EndpointsPerNode, maxEndpointsPerNode)
 	}
-	if cfg.Crashes < 0 || cfg.EtcdRestarts < 0 || cfg.Duration <= 0 {
-		return cfg, fmt.Errorf("crashes %d, etcd restarts %d, duration %s: want counts >= 0 and a positive duration",
-			cfg.Crashes, cfg.EtcdRestarts, cfg.Duration)
+	if cfg.Crashes < 0 || cfg.EtcdRestarts < 0 || cfg.Duration <= 0 || cfg.ChurnRate < 0 {
+		return cfg, fmt.Errorf("crashes %d, etcd restarts %d, churn rate %g, duration %s: want them >= 0 and a positive duration",
+			cfg.Crashes, cfg.EtcdRestarts, cfg.ChurnRate, cfg.Duration)
 	}
 	if cfg.EtcdBin != "" {
 		if fi, err := os.Stat(cfg.EtcdBin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
@@ -226,7 +221,7 @@ func podRange(i int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(128 + i/16), byte(i%16) << 4, 0}), 20)
 }
 
-func startNodes(cfg MultiConfig, etcdEndpoint string) ([]*simNode, error) {
+func startNodes(cfg MultiConfig, etcdEndpoint string, conv *convTracker) ([]*simNode, error) {
 	var nodes []*simNode
 	for i := range cfg.Nodes {
 		name := fmt.Sprintf("sim-node-%d", i)
@@ -235,7 +230,8 @@ func startNodes(cfg MultiConfig, etcdEndpoint string) ([]*simNode, error) {
 			IPv4Range: podRange(i), Datapath: "fake", GCInterval: -1, Fake: datapath.NewFake(cfg.Seed + uint64(i)),
 			Kvstore: &kvstore.Config{Endpoints: []string{etcdEndpoint}, NodeName: name, Prefix: simPrefix, LeaseTTL: cfg.LeaseTTL,
 				GCInterval: cfg.GCInterval, GCGrace: cfg.GCGrace},
-			NodeAddrs: []netip.Addr{netip.AddrFrom4([4]byte{192, 168, byte(220 + i/250), byte(i%250 + 1)})}}
+			NodeAddrs:       []netip.Addr{netip.AddrFrom4([4]byte{192, 168, byte(220 + i/250), byte(i%250 + 1)})},
+			KvstoreObserver: func(eps []endpoint.Remote) { conv.observe(i, eps) }}
 		n := &simNode{name: name, cfg: ac}
 		nodes = append(nodes, n)
 		a, err := agent.Start(ac, cfg.Log.With("node", name))
@@ -451,6 +447,11 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 	rnd := rand.New(rand.NewPCG(cfg.Seed, uint64(i)<<16|uint64(w)+100))
 	d := driveResult{kinds: map[string]int{}}
 	seq, full := 0, false
+	var pace time.Duration // between two lifecycles of this worker
+	if cfg.ChurnRate > 0 {
+		pace = time.Duration(float64(time.Second) * float64(cfg.Nodes*min(cfg.WorkersPerNode, cfg.EndpointsPerNode)) / cfg.ChurnRate)
+	}
+	var next time.Time
 	for ctx.Err() == nil {
 		_, c, up := n.current()
 		if !up {
@@ -458,8 +459,15 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			continue
 		}
 		if len(d.live) >= share && !full {
-			full = true
+			full, next = true, time.Now()
 			r.conv.workerFull()
+		}
+		if full && pace > 0 {
+			next = next.Add(pace)
+			sleepCtx(ctx, time.Until(next))
+			if ctx.Err() != nil {
+				break
+			}
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if len(d.live) >= share {

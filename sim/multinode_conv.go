@@ -1,24 +1,21 @@
 package sim
 
 import (
-	"context"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
-	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
-
-// convPoll is how often each node's ipcache is looked at for the
-// endpoints it still waits for (the resolution of the convergence times).
-const convPoll = 2 * time.Millisecond
 
 // convTracker measures convergence through the real agents: for every
 // endpoint created on one node, the time from its creation request's
 // answer (the endpoint is in its node's index with its identity) until
 // each other node's actor-system ipcache (its index) holds the address
-// with that identity. A pair is given up (not timed) when the endpoint is
+// with that identity: the moment that node's kvstore mirror's call to the
+// front door (UpsertRemoteEndpoints, ReplaceRemoteEndpoints) returned,
+// which it does once the index holds them (agent.Config.KvstoreObserver). A pair is given up (not timed) when the endpoint is
 // deleted first, or either node crashes while it waits; an endpoint with
 // a pair given up has no "everywhere" time.
 type convTracker struct {
@@ -156,48 +153,18 @@ func (t *convTracker) arrivedLocked(j int, ip netip.Addr, ep *convEP, now time.T
 	}
 }
 
-// watch polls node j's index for the endpoints it waits for until ctx
-// ends.
-func (t *convTracker) watch(ctx context.Context, j int, n *simNode) {
-	tick := time.NewTicker(convPoll)
-	defer tick.Stop()
-	type want struct {
-		ip netip.Addr
-		ep *convEP
-	}
-	var wants []want
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		wants = wants[:0]
-		t.mu.Lock()
-		for ip, ep := range t.pending[j] {
-			wants = append(wants, want{ip, ep})
-		}
-		t.mu.Unlock()
-		a, _, up := n.current()
-		if len(wants) == 0 || !up || a == nil {
-			continue
-		}
-		now := time.Now()
-		txn := a.Index.ReadTxn()
-		var got []want
-		for _, w := range wants {
-			raw, err := txn.First(index.TableIPCache, index.IndexID, netip.PrefixFrom(w.ip, w.ip.BitLen()))
-			if e, ok := raw.(*index.IPCacheEntry); err == nil && ok && e.Identity == w.ep.id {
-				got = append(got, w)
+// observe is node j's agent telling that its ipcache (the actor system's
+// index) holds eps: the kvstore mirror's call to the front door returned.
+func (t *convTracker) observe(j int, eps []endpoint.Remote) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range eps {
+		for _, ip := range r.IPs {
+			if ep := t.pending[j][ip]; ep != nil && ep.id == r.Identity {
+				t.arrivedLocked(j, ip, ep, now)
 			}
 		}
-		t.mu.Lock()
-		for _, w := range got {
-			if t.pending[j][w.ip] == w.ep { // not given up meanwhile
-				t.arrivedLocked(j, w.ip, w.ep, now)
-			}
-		}
-		t.mu.Unlock()
 	}
 }
 
@@ -218,8 +185,6 @@ type ConvergenceReport struct {
 	// end of the run (counted as violations when the run settled).
 	Abandoned int `json:"abandoned-pairs"`
 	Pending   int `json:"pending-pairs"`
-	// PollMS is the resolution: how often the ipcaches were looked at.
-	PollMS float64 `json:"poll-ms"`
 }
 
 // report summarises the tracker (nodeP99 per node, in ms).
@@ -233,8 +198,7 @@ func (t *convTracker) report() (*ConvergenceReport, []float64) {
 		p99[j] = histStats(&t.perNode[j]).P99
 	}
 	r := &ConvergenceReport{ToNode: histStats(&all), Everywhere: histStats(&t.everywhere), SteadyToNode: histStats(&t.steadyToNode),
-		SteadyEverywhere: histStats(&t.steadyEverywhere), Abandoned: t.abandoned,
-		PollMS: float64(convPoll) / float64(time.Millisecond)}
+		SteadyEverywhere: histStats(&t.steadyEverywhere), Abandoned: t.abandoned}
 	for j := range t.pending {
 		r.Pending += len(t.pending[j])
 	}

@@ -21,7 +21,7 @@ func (r *MultiReport) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  failed: %d x %s\n", r.ErrorKinds[k], k)
 	}
 	if c := r.Convergence; c != nil {
-		fmt.Fprintf(w, "convergence (creation answered -> the other nodes' ipcaches hold it with its identity; polled every %.0f ms):\n", c.PollMS)
+		fmt.Fprintln(w, "convergence (creation answered -> the other nodes' ipcaches hold it with its identity):")
 		fmt.Fprintf(w, "  at each other node: %d pairs, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", c.ToNode.Count, c.ToNode.P50, c.ToNode.P99, c.ToNode.Max)
 		fmt.Fprintf(w, "  at every other node: %d endpoints, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
 			c.Everywhere.Count, c.Everywhere.P50, c.Everywhere.P99, c.Everywhere.Max)

@@ -105,7 +105,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runMulti runs membrane-sim --nodes N and prints its report.
 func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr io.Writer) int {
 	mc := sim.MultiConfig{Nodes: cfg.nodes, EndpointsPerNode: cfg.sc.Endpoints, Duration: cfg.sc.Duration.D(),
-		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, EtcdBin: cfg.etcdBin, Identities: cfg.sc.Identities,
+		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, EtcdBin: cfg.etcdBin, Identities: cfg.sc.Identities, ChurnRate: cfg.sc.ChurnRate,
 		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir}
 	if !cfg.perNodeSet {
 		mc.EndpointsPerNode = 100
@@ -202,7 +202,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&d.ForceLinux, "force", false, "let --datapath linux run more than 500 endpoints")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
 	fs.StringVar(&cfg.memProf, "memprofile", "", "write an allocation profile of the whole run (harness and agent) to this file at the end")
-	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --workers too (default 4), --crashes crashes agents")
+	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --workers too (default 4), --churn-rate paces the replacements once the nodes are full (over all nodes), --crashes crashes agents")
 	fs.IntVar(&cfg.etcdRestarts, "etcd-restarts", 0, "multi-node run: etcd stops and restarts on its data directory during the churn")
 	fs.StringVar(&cfg.etcdBin, "etcd-bin", "", "multi-node run: run etcd as a child process from this binary (etcd-embed from scripts/kube-bin.sh, or etcd); --etcd-restarts then SIGKILL it (default: embedded, stopped gracefully)")
 	if err := fs.Parse(args); err != nil {
