@@ -482,7 +482,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 		}
 		seq++
 		pod, set := fmt.Sprintf("pod-%d-%d", w, seq), rnd.IntN(cfg.Identities)
-		ep, err := createEndpoint(rctx, c, pod, fmt.Sprintf("k8s:app=app%d", set))
+		ep, err := createEndpoint(rctx, c, pod, fmt.Sprintf("k8s:app=app%d", set), r.conv)
 		cancel()
 		switch {
 		case err == nil:
@@ -500,14 +500,20 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 	return d
 }
 
-func createEndpoint(ctx context.Context, c *client.Client, pod, label string) (*models.Endpoint, error) {
+func createEndpoint(ctx context.Context, c *client.Client, pod, label string, conv *convTracker) (*models.Endpoint, error) {
 	ip, err := c.IPAMAllocate(ctx, "ipv4", "sim/"+pod)
 	if err != nil {
 		return nil, err
 	}
+	addr, err := netip.ParseAddr(ip.Address.IPv4)
+	if err != nil {
+		return nil, fmt.Errorf("IPAM answered address %q: %w", ip.Address.IPv4, err)
+	}
+	conv.creating(addr)
 	ep, err := c.EndpointCreate(ctx, "0", &models.EndpointChangeRequest{ContainerID: "sim-" + pod, K8sNamespace: "sim",
 		K8sPodName: pod, Labels: []string{label}, Addressing: &models.AddressPair{IPv4: ip.Address.IPv4}, SyncBuild: true})
 	if err != nil {
+		conv.failed(addr)
 		_ = c.IPAMRelease(ctx, ip.Address.IPv4)
 		return nil, err
 	}

@@ -24,6 +24,9 @@ type convTracker struct {
 	pending []map[netip.Addr]*convEP // per observing node
 	eps     map[netip.Addr]*convEP   // endpoints still waited for somewhere
 	down    []bool
+	// early holds, for endpoints being created, what nodes took before
+	// the creation was answered (the answer and the first hand-over race).
+	early map[netip.Addr]map[int]identity.NumericIdentity
 	// perNode times the arrival at each node; everywhere the arrival at
 	// the last of the other nodes.
 	perNode    []histogram
@@ -48,19 +51,45 @@ type convEP struct {
 // newConvTracker tracks nodes nodes whose workers drivers ramp up.
 func newConvTracker(nodes, workers int) *convTracker {
 	t := &convTracker{pending: make([]map[netip.Addr]*convEP, nodes), eps: map[netip.Addr]*convEP{},
-		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers}
+		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers, early: map[netip.Addr]map[int]identity.NumericIdentity{}}
 	for i := range t.pending {
 		t.pending[i] = map[netip.Addr]*convEP{}
 	}
 	return t
 }
 
-// created starts the clock for ip (identity id) created on node origin.
-func (t *convTracker) created(origin int, ip netip.Addr, id identity.NumericIdentity, at time.Time) {
+// creating notes that an endpoint with address ip is being created
+// (until created or failed).
+func (t *convTracker) creating(ip netip.Addr) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.dropLocked(ip) // an address reused before its old endpoint arrived everywhere
+	t.early[ip] = map[int]identity.NumericIdentity{}
+}
+
+// failed forgets an endpoint whose creation failed.
+func (t *convTracker) failed(ip netip.Addr) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.early, ip)
+}
+
+// created starts the clock for ip (identity id) created on node origin; a
+// node that took it before the answer counts as 0.
+func (t *convTracker) created(origin int, ip netip.Addr, id identity.NumericIdentity, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropLocked(ip)
+	early := t.early[ip]
+	delete(t.early, ip)
 	ep := &convEP{origin: origin, id: id, created: at, steady: t.toFull <= 0}
+	defer func() {
+		for j, got := range early {
+			if got == id && t.pending[j][ip] == ep {
+				t.arrivedLocked(j, ip, ep, at)
+			}
+		}
+	}()
 	for j := range t.pending {
 		if j == origin {
 			continue
@@ -163,6 +192,8 @@ func (t *convTracker) observe(j int, eps []endpoint.Remote) {
 		for _, ip := range r.IPs {
 			if ep := t.pending[j][ip]; ep != nil && ep.id == r.Identity {
 				t.arrivedLocked(j, ip, ep, now)
+			} else if e, ok := t.early[ip]; ok {
+				e[j] = r.Identity
 			}
 		}
 	}
