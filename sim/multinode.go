@@ -575,6 +575,7 @@ func checkNodes(ctx context.Context, cli *clientv3.Client, nodes []*simNode, rep
 		}
 		rep.PerNode[i].Published = len(published)
 		v = append(v, diffRemote(n.name+" etcd", eps[i], published)...)
+		v = append(v, strayEndpoints(n.name, a.Index, eps[i], published)...)
 	}
 	iv, count, err := checkEtcdIdentities(ctx, cli, used, states)
 	if err != nil {
@@ -657,6 +658,24 @@ func etcdEndpoints(ctx context.Context, cli *clientv3.Client, node string) (map[
 		}
 	}
 	return out, nil
+}
+
+// strayEndpoints says, for up to three addresses etcd holds for a node
+// that does not hold them live, what its index holds there (the detail
+// of diffRemote's "outlived" for the etcd side).
+func strayEndpoints(node string, ix *index.Index, live, published map[netip.Addr]identity.NumericIdentity) []string {
+	var v []string
+	for ip := range published {
+		if _, ok := live[ip]; ok || len(v) == 3 {
+			continue
+		}
+		if ep, ok := ix.EndpointByIP(ip); ok {
+			v = append(v, fmt.Sprintf("%s etcd: %s is endpoint %d in its index: state %s, identity %d", node, ip, ep.ID, ep.State, ep.Identity))
+		} else {
+			v = append(v, fmt.Sprintf("%s etcd: %s is no endpoint in its index", node, ip))
+		}
+	}
+	return v
 }
 
 // diffRemote lists up to three differences between want and got.
