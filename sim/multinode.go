@@ -96,8 +96,9 @@ type MultiNodeReport struct {
 	Endpoints     int    `json:"endpoints"`
 	RemoteEntries int    `json:"remote-entries"`
 	Published     int    `json:"published-keys"`
-	// Creates, Deletes and Failures are this node's driver's requests
-	// (endpoint creates and deletes that succeeded, and failed ones).
+	// Requests counts this node's driver's endpoint creates and deletes:
+	// Creates and Deletes succeeded, Failures failed.
+	Requests int `json:"requests"`
 	Creates  int `json:"creates"`
 	Deletes  int `json:"deletes"`
 	Failures int `json:"failures"`
@@ -315,6 +316,7 @@ func (r *multiRun) account(i int, d driveResult) {
 	rep.Creates, rep.Deletes, rep.Errors = rep.Creates+d.creates, rep.Deletes+d.deletes, rep.Errors+d.errs
 	pn := &rep.PerNode[i]
 	pn.Creates, pn.Deletes, pn.Failures = pn.Creates+d.creates, pn.Deletes+d.deletes, pn.Failures+d.errs
+	pn.Requests = pn.Creates + pn.Deletes + pn.Failures
 	if rep.FirstError == "" && d.first != nil {
 		rep.FirstError = d.first.Error()
 	}

@@ -2,6 +2,9 @@ package sim
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,5 +47,40 @@ func TestConvTracker(t *testing.T) {
 	r, _ = tr.report()
 	if r.ToNode.Count != 5 || r.Everywhere.Count != 1 || r.Abandoned != 3 || r.Pending != 0 || r.SteadyToNode.Count != 2 || r.SteadyEverywhere.Count != 0 {
 		t.Fatalf("after a delete and a crash: %+v", r)
+	}
+}
+
+// TestMultiReportWriters: the text and HTML reports carry the convergence
+// figures and a row per node, and a violation.
+func TestMultiReportWriters(t *testing.T) {
+	tr := newConvTracker(2, 1)
+	ip := netip.MustParseAddr("10.0.0.1")
+	tr.created(0, ip, 300, time.Now().Add(-250*time.Millisecond))
+	tr.observe(1, []endpoint.Remote{{IPs: []netip.Addr{ip}, Identity: 300}})
+	conv, p99 := tr.report()
+	rep := &MultiReport{Nodes: 2, Convergence: conv, Violations: []string{"sim-node-1 ipcache: 10.0.0.9 outlived its endpoint"},
+		PerNode: []MultiNodeReport{{Name: "sim-node-0", Requests: 3, ConvergenceP99MS: p99[0]}, {Name: "sim-node-1", ConvergenceP99MS: p99[1]}}}
+	var b strings.Builder
+	rep.WriteText(&b)
+	for _, want := range []string{"at every other node: 1 endpoints", "sim-node-1:", "3 requests", "VIOLATION sim-node-1 ipcache"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, b.String())
+		}
+	}
+	path := filepath.Join(t.TempDir(), "r.html")
+	if err := rep.WriteHTMLFile(path); err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<td>sim-node-0</td>", "arrival at every other node: 1 calls", "1 violations"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("HTML report lacks %q", want)
+		}
+	}
+	if rep.OK() {
+		t.Error("a report with a violation is OK")
 	}
 }

@@ -32,8 +32,8 @@ func (r *MultiReport) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  not timed: %d pairs (deleted or a node crashed first), %d still pending at the end\n", c.Abandoned, c.Pending)
 	}
 	for _, n := range r.PerNode {
-		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d creates, %d deletes, %d failures\n",
-			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Creates, n.Deletes, n.Failures)
+		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d requests (%d creates, %d deletes, %d failed)\n",
+			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
 	}
 	fmt.Fprintf(w, "settled %s after the drain; %d identities in etcd; identity agreement: %s\n",
 		r.Settle.Round(time.Millisecond), r.EtcdIdentities, r.IdentityAgreement)
@@ -75,10 +75,10 @@ th:first-child,td:first-child{text-align:left}.bad{color:#b00020}.ok{color:#1b7f
 	} else {
 		fmt.Fprintf(&b, `<p class="bad">%d violations.</p>`, len(r.Violations))
 	}
-	b.WriteString("<table><tr><th>node</th><th>endpoints</th><th>published</th><th>remote entries</th><th>convergence p99 (ms)</th><th>creates</th><th>deletes</th><th>failures</th></tr>")
+	b.WriteString("<table><tr><th>node</th><th>endpoints</th><th>published</th><th>remote entries</th><th>convergence p99 (ms)</th><th>requests</th><th>creates</th><th>deletes</th><th>failures</th></tr>")
 	for _, n := range r.PerNode {
-		fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%d</td><td>%d</td><td>%.1f</td><td>%d</td><td>%d</td><td>%d</td></tr>", esc(n.Name),
-			n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Creates, n.Deletes, n.Failures)
+		fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%d</td><td>%d</td><td>%.1f</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td></tr>", esc(n.Name),
+			n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
 	}
 	b.WriteString("</table>")
 	if c := r.Convergence; c != nil {
