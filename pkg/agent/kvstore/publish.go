@@ -351,12 +351,26 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 	return nil
 }
 
+// unknownValue stands in published for a key whose write failed: no
+// record encodes to it.
+const unknownValue = "?"
+
 // record notes a batch's outcome (keys[i] is batch[i]'s key).
 func (p *Publisher) record(batch []clientv3.Op, keys []string, want map[string]string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lastErr = err
 	if err != nil {
+		// A failed transaction may still have been applied (etcd killed
+		// before it answered): a put's key is then in etcd whatever this
+		// map says. Marking it unknown makes the next comparison write it
+		// again, or delete it if its endpoint went meanwhile, instead of
+		// leaving it under the lease for as long as the node lives.
+		for i, op := range batch {
+			if !op.IsDelete() {
+				p.published[keys[i]] = unknownValue
+			}
+		}
 		return
 	}
 	p.writes++
