@@ -228,7 +228,8 @@ func startNodes(cfg MultiConfig, etcdEndpoint string, conv *convTracker) ([]*sim
 		name := fmt.Sprintf("sim-node-%d", i)
 		dir := filepath.Join(cfg.Dir, name)
 		ac := agent.Config{Socket: filepath.Join(dir, "run", "a.sock"), StateDir: filepath.Join(dir, "state"),
-			IPv4Range: podRange(i), Datapath: "fake", GCInterval: -1, Fake: datapath.NewFake(cfg.Seed + uint64(i)),
+			IPv4Range: podRange(i), Datapath: "fake", GCInterval: -1, GCPercent: agent.DefaultGCPercent,
+			Fake: datapath.NewFake(cfg.Seed + uint64(i)),
 			Kvstore: &kvstore.Config{Endpoints: []string{etcdEndpoint}, NodeName: name, Prefix: simPrefix, LeaseTTL: cfg.LeaseTTL,
 				GCInterval: cfg.GCInterval, GCGrace: cfg.GCGrace},
 			NodeAddrs:       []netip.Addr{netip.AddrFrom4([4]byte{192, 168, byte(220 + i/250), byte(i%250 + 1)})},
