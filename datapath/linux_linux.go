@@ -125,6 +125,11 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.initL7(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
+	if l.cfg.DNSProxyPort != 0 {
+		if err := l.proxyRoute(); err != nil {
+			return fmt.Errorf("linux datapath init: dns proxy: %w", err)
+		}
+	}
 	if err := l.initKPR(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}

@@ -289,6 +289,8 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
  "backends": ["10.200.0.5:5432"], "state": "realized", "realized": {"id": 3, "backends": ["10.200.0.5:5432"], "external": true, "local": ["10.200.0.5:5432"]}}],
  "maps": {"frontends": 2, "backends": 3, "connections": 4, "reverse-nat": 4, "affinity": 0, "nodeport-nat": 2, "nodeport-snat": 0, "sockets": 7,
  "hooks": {"kube-proxy-replacement": true, "cgroup": "/sys/fs/cgroup", "socket-programs": ["connect4", "sendmsg4", "recvmsg4", "getpeername4"], "devices": ["eth0"]}}}`)
+	case r.Method == "GET" && r.URL.Path == "/v1/fqdn/cache":
+		fmt.Fprint(w, `[{"endpoint": 3, "fqdn": "allowed.test.", "ip": "192.0.2.10", "expiration-time": "2026-11-27T08:00:30Z", "ttl": 30}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
@@ -332,6 +334,7 @@ func TestPolicyCommands(t *testing.T) {
 		{"service-list-json", []string{"service", "list", "-o", "json"}, exitOK},
 		{"node-list", []string{"node", "list"}, exitOK},
 		{"node-list-json", []string{"node", "list", "-o", "json"}, exitOK},
+		{"fqdn-list", []string{"fqdn", "list", "-e", "3", "-p", "*.test"}, exitOK},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
