@@ -1,0 +1,675 @@
+package multinode
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// TestMultiNodeKvstore runs a 3-node cluster per routing mode in kvstore
+// mode: a real etcd process on the underlay, every agent with --kvstore
+// etcd (nodes, routes, identities and the ipcache from etcd; no nodes
+// file). The cases, in order on one cluster:
+//   - reach: pods reach each other on one node and across nodes (TCP and
+//     ICMP, IPv4 and IPv6) with the nodes learned from etcd, and every
+//     node's ipcache (agent and BPF map) is the union of all endpoints;
+//   - policy: a CiliumNetworkPolicy app=a -> app=b:8080 imported on every
+//     node holds across nodes (same identity everywhere, remote pods in
+//     the BPF ipcache) and denies app=c, seen as a policy drop;
+//   - identity-race: label sets created at once on all nodes get one
+//     number each, the same on every node and in etcd;
+//   - etcd-restart: etcd SIGKILLed and restarted on its data directory;
+//     traffic keeps working meanwhile, a pod with a known label set is
+//     made, one with a new label set waits visibly and completes after;
+//     afterwards nothing is lost;
+//   - agent-killed: a node's agent SIGKILLed: its pods keep their traffic
+//     (pinned programs), and once its lease expired the other nodes drop
+//     its endpoints and routes;
+//   - node-removed: a node's agent stopped and its lease revoked: its
+//     routes and ipcache entries go on the others.
+func TestMultiNodeKvstore(t *testing.T) {
+	for i, mode := range []string{"native", "tunnel"} {
+		t.Run(mode, func(t *testing.T) {
+			c := newKvCluster(t, mode, 3, 85+i)
+			a, b, cn := c.nodes[0], c.nodes[1], c.nodes[2]
+			waitRoutes(t, a, b, cn)
+			pa1, pa2 := a.addPod("a1"), a.addPod("a2")
+			pb, pc, pc2 := b.addPod("b1"), cn.addPod("c1"), cn.addPod("c2")
+			steps := []struct {
+				name string
+				fn   func(t *testing.T)
+			}{
+				{"reach", func(t *testing.T) { kvReach(t, c, pa1, pa2, pb, pc) }},
+				{"policy", func(t *testing.T) { kvPolicy(t, c) }},
+				{"identity-race", func(t *testing.T) { identityRace(t, c, 6) }},
+				{"etcd-restart", func(t *testing.T) { etcdRestart(t, c, pa1, pb, pc) }},
+				{"agent-killed", func(t *testing.T) { agentKilled(t, c, cn, pc, pc2, pa1) }},
+				{"node-removed", func(t *testing.T) { kvNodeRemoved(t, c, b, pa1, pb) }},
+			}
+			for _, s := range steps {
+				if !t.Run(s.name, s.fn) {
+					return // later cases build on the cluster's state
+				}
+			}
+		})
+	}
+}
+
+// kvReach: same-node and cross-node traffic, the other nodes listed from
+// the kvstore, ipcaches converged.
+func kvReach(t *testing.T, c *cluster, pa1, pa2, pb, pc *pod) {
+	for _, nd := range c.nodes {
+		waitFor(t, nd.name+"'s nodes from the kvstore", func() error { return kvNodesListed(nd, c.nodes) })
+	}
+	reach(t, pa1, pa2)
+	reach(t, pa1, pb)
+	reach(t, pb, pc)
+	reach(t, pc, pa2)
+	waitIPCache(t, c, c.nodes)
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kvNodesListed: GET /v1/nodes on nd lists every other of want, from the
+// kvstore, active.
+func kvNodesListed(nd *node, want []*node) error {
+	ns, err := nd.api.Nodes(context.Background())
+	if err != nil {
+		return err
+	}
+	for _, o := range want {
+		if o == nd {
+			continue
+		}
+		if !slices.ContainsFunc(ns, func(n models.Node) bool { return n.Name == o.name && n.Source == "kvstore" && n.Active }) {
+			return fmt.Errorf("%s not listed active from the kvstore: %s", o.name, jsonString(ns))
+		}
+	}
+	return nil
+}
+
+// ipEntry is what an ipcache should map one address to.
+type ipEntry struct {
+	id     uint32
+	tunnel netip.Addr // tunnel mode, remote: the hosting node
+}
+
+// expectedIPCache is the union of live's endpoints (with an identity), as
+// node nd's ipcache should hold it.
+func expectedIPCache(c *cluster, nd *node, live []*node) (map[netip.Prefix]ipEntry, error) {
+	want := map[netip.Prefix]ipEntry{}
+	for _, o := range live {
+		eps, err := o.api.EndpointList(context.Background(), nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: list endpoints: %w", o.name, err)
+		}
+		for _, ep := range eps {
+			if ep.Identity == nil || ep.Addressing == nil {
+				continue
+			}
+			e := ipEntry{id: uint32(ep.Identity.ID)}
+			if o != nd { // the publishing node's address (its IPv4 one when it has both)
+				e.tunnel = o.addr4
+			}
+			for _, s := range []string{ep.Addressing.IPv4, ep.Addressing.IPv6} {
+				if a, err := netip.ParseAddr(s); err == nil {
+					want[netip.PrefixFrom(a, a.BitLen())] = e
+				}
+			}
+		}
+	}
+	return want, nil
+}
+
+// inPodRanges reports whether p is a pod address of any node of c.
+func (c *cluster) inPodRanges(p netip.Prefix) bool {
+	for _, o := range c.nodes {
+		if (o.cidr4.Contains(p.Addr()) || o.cidr6.Contains(p.Addr())) && p.IsSingleIP() {
+			return true
+		}
+	}
+	return false
+}
+
+// checkIPCache compares nd's ipcaches (the BPF map pinned by its agent,
+// and GET /v1/ipcache) with the union of live's endpoints: exactly those
+// pod addresses, with their identities (and tunnel endpoints).
+func checkIPCache(c *cluster, nd *node, live []*node) error {
+	want, err := expectedIPCache(c, nd, live)
+	if err != nil {
+		return err
+	}
+	held, err := datapath.ReadPinnedIPCache(filepath.Join(nd.bpffs, "membrane"))
+	if err != nil {
+		return err
+	}
+	got := map[netip.Prefix]ipEntry{}
+	for p, v := range held {
+		if c.inPodRanges(p) && !nd.ownGateway(p, uint32(v.Identity)) {
+			got[p] = ipEntry{id: uint32(v.Identity), tunnel: v.TunnelEndpoint}
+		}
+	}
+	if d := diffIPCache(want, got); d != "" {
+		return fmt.Errorf("%s's BPF ipcache: %s", nd.name, d)
+	}
+	rows, err := nd.api.IPCache(context.Background())
+	if err != nil {
+		return err
+	}
+	clear(got)
+	for _, r := range rows {
+		p, err := netip.ParsePrefix(r.CIDR)
+		if err != nil {
+			return fmt.Errorf("%s: GET /v1/ipcache row %q: %w", nd.name, r.CIDR, err)
+		}
+		if c.inPodRanges(p) && !nd.ownGateway(p, r.Identity) {
+			got[p] = ipEntry{id: r.Identity, tunnel: want[p].tunnel} // the API does not show tunnel endpoints
+		}
+	}
+	if d := diffIPCache(want, got); d != "" {
+		return fmt.Errorf("%s's GET /v1/ipcache: %s", nd.name, d)
+	}
+	return nil
+}
+
+// ownGateway reports nd's own gateway address in its pod range (the
+// host identity, 1), which is no endpoint.
+func (nd *node) ownGateway(p netip.Prefix, id uint32) bool {
+	return id == 1 && (nd.cidr4.Contains(p.Addr()) || nd.cidr6.Contains(p.Addr()))
+}
+
+func diffIPCache(want, got map[netip.Prefix]ipEntry) string {
+	var d []string
+	for p, w := range want {
+		if g, ok := got[p]; !ok {
+			d = append(d, fmt.Sprintf("missing %s (identity %d)", p, w.id))
+		} else if g != w {
+			d = append(d, fmt.Sprintf("%s is %d via %v, want %d via %v", p, g.id, g.tunnel, w.id, w.tunnel))
+		}
+	}
+	for p, g := range got {
+		if _, ok := want[p]; !ok {
+			d = append(d, fmt.Sprintf("stale %s (identity %d)", p, g.id))
+		}
+	}
+	slices.Sort(d)
+	return strings.Join(d, "; ")
+}
+
+// waitIPCache waits until every live node's ipcaches hold exactly the
+// union of live's endpoints.
+func waitIPCache(t *testing.T, c *cluster, live []*node) {
+	t.Helper()
+	for _, nd := range live {
+		waitFor(t, nd.name+"'s ipcache = every live node's endpoints", func() error { return checkIPCache(c, nd, live) })
+	}
+}
+
+// identitiesAgree: every label set has one number on all nodes (GET
+// /v1/identity on each) and no number stands for two label sets.
+func identitiesAgree(nodes []*node) error {
+	byLabels := map[string]int64{}
+	byID := map[int64]string{}
+	seen := map[string]string{} // labels -> node that reported it first
+	for _, nd := range nodes {
+		ids, err := nd.api.Identities(context.Background())
+		if err != nil {
+			return fmt.Errorf("%s: GET /v1/identity: %w", nd.name, err)
+		}
+		for _, id := range ids {
+			if id.Reserved {
+				continue
+			}
+			key := labelsKey(id.Labels)
+			if n, ok := byLabels[key]; ok && n != id.ID {
+				return fmt.Errorf("labels %s: identity %d on %s, %d on %s", key, n, seen[key], id.ID, nd.name)
+			}
+			if k, ok := byID[id.ID]; ok && k != key {
+				return fmt.Errorf("identity %d: labels %s and %s (%s)", id.ID, k, key, nd.name)
+			}
+			byLabels[key], byID[id.ID] = id.ID, key
+			if _, ok := seen[key]; !ok {
+				seen[key] = nd.name
+			}
+		}
+	}
+	return nil
+}
+
+func labelsKey(ls []string) string {
+	s := slices.Clone(ls)
+	slices.Sort(s)
+	return strings.Join(s, ",")
+}
+
+// endpointOf returns p's endpoint on its node.
+func endpointOf(t *testing.T, p *pod) *models.Endpoint {
+	t.Helper()
+	ep, err := p.node.api.EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
+	if err != nil {
+		t.Fatalf("%s: endpoint of %s: %v", p.node.name, p.name, err)
+	}
+	return ep
+}
+
+// labelPod adds labels to p's endpoint and waits until it has an identity
+// with them.
+func labelPod(t *testing.T, p *pod, add ...string) *models.Endpoint {
+	t.Helper()
+	ep, err := p.node.api.EndpointPatchLabels(context.Background(), "container-id:"+p.rt.ContainerID, add, nil)
+	if err != nil {
+		t.Fatalf("%s: label %s %v: %v", p.node.name, p.name, add, err)
+	}
+	waitFor(t, p.name+"'s identity with "+strings.Join(add, ","), func() error {
+		ep = endpointOf(t, p)
+		if ep.Identity == nil || !slices.Contains(ep.Identity.Labels, add[0]) {
+			return fmt.Errorf("identity %+v", ep.Identity)
+		}
+		return nil
+	})
+	return ep
+}
+
+// kvPolicyDoc allows app=a to app=b on TCP 8080 (CiliumNetworkPolicy).
+const kvPolicyDoc = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: kv-a-to-b
+  namespace: default
+spec:
+  endpointSelector:
+    matchLabels:
+      app: b
+  ingress:
+  - fromEndpoints:
+    - matchLabels:
+        app: a
+    toPorts:
+    - ports:
+      - port: "8080"
+        protocol: TCP
+`
+
+// kvPolicy: pods app=a, app=b, app=c on three nodes; the policy imported
+// on every node lets a reach b on 8080 and not c, across nodes.
+func kvPolicy(t *testing.T, c *cluster) {
+	a, b, cn := c.nodes[0], c.nodes[1], c.nodes[2]
+	pa, pb, pc := a.addPod("pol-a"), b.addPod("pol-b"), cn.addPod("pol-c")
+	ida, idb, idc := labelPod(t, pa, "k8s:app=a"), labelPod(t, pb, "k8s:app=b"), labelPod(t, pc, "k8s:app=c")
+	var rev uint64
+	for _, nd := range c.nodes {
+		res, err := nd.api.PolicyImport(context.Background(), []byte(kvPolicyDoc), "")
+		if err != nil {
+			t.Fatalf("%s: PUT /v1/policy: %v", nd.name, err)
+		}
+		if nd == b {
+			rev = res.Revision
+		}
+		t.Cleanup(func() {
+			if nd.cmd != nil {
+				_, _ = nd.api.PolicyDelete(context.Background(), "kv-a-to-b")
+			}
+		})
+	}
+	// Same identity on every node: b knows a's and c's numbers from etcd,
+	// and its BPF ipcache maps their addresses to them.
+	waitIPCache(t, c, c.nodes)
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+	held, err := datapath.ReadPinnedIPCache(filepath.Join(b.bpffs, "membrane"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		p  *pod
+		id int64
+	}{{pa, ida.Identity.ID}, {pc, idc.Identity.ID}} {
+		for _, ip := range []netip.Addr{x.p.ip4, x.p.ip6} {
+			if v := held[netip.PrefixFrom(ip, ip.BitLen())]; int64(v.Identity) != x.id {
+				t.Fatalf("%s's BPF ipcache maps %s (%s) to %d, want %d", b.name, ip, x.p.name, v.Identity, x.id)
+			}
+		}
+	}
+	waitFor(t, "pol-b realises the policy", func() error {
+		ep := endpointOf(t, pb)
+		if ep.PolicyRevision < rev {
+			return fmt.Errorf("policy revision %d < %d", ep.PolicyRevision, rev)
+		}
+		return nil
+	})
+	for _, ip := range []netip.Addr{pb.ip4, pb.ip6} {
+		testutil.EchoServer(t, pb.ns, ip, 8080)
+		if err := testutil.Exchange(pa.ns, ip, 8080, 10*time.Second); err != nil {
+			t.Fatalf("app=a -> app=b %s:8080 across nodes: %v", ip, err)
+		}
+		if err := testutil.Exchange(pc.ns, ip, 8080, 2*time.Second); err == nil {
+			t.Fatalf("app=c -> app=b %s:8080 across nodes was allowed", ip)
+		}
+	}
+	waitFor(t, "a policy drop on "+b.name+" for pol-b", func() error {
+		ds, err := b.api.Drops(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, d := range ds {
+			if d.Endpoint == idb.ID && d.Reason == datapath.DropPolicy && d.Direction == "ingress" && d.Packets > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("drops %s", jsonString(ds))
+	})
+}
+
+// identityRace makes sets label sets at once on every node (one pod per
+// label set and node, all ADDs concurrent) and checks that each label set
+// got one number, the same on every node and in etcd.
+func identityRace(t *testing.T, c *cluster, sets int) {
+	type made struct {
+		p   *pod
+		set int
+	}
+	var mu sync.Mutex
+	var pods []made
+	var wg sync.WaitGroup
+	errs := make(chan error, sets*len(c.nodes))
+	for _, nd := range c.nodes {
+		for i := range sets {
+			p := nd.newPod(fmt.Sprintf("race-%d", i), fmt.Sprintf("race-%d-%d", c.net, i))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := nd.runAdd(p); err != nil {
+					errs <- fmt.Errorf("%s: ADD %s: %w", nd.name, p.name, err)
+					return
+				}
+				mu.Lock()
+				pods = append(pods, made{p, i})
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	ids := map[int]map[int64]string{} // set -> number -> nodes
+	for _, m := range pods {
+		ep := endpointOf(t, m.p)
+		if ep.Identity == nil {
+			t.Fatalf("%s: %s has no identity", m.p.node.name, m.p.name)
+		}
+		if ids[m.set] == nil {
+			ids[m.set] = map[int64]string{}
+		}
+		ids[m.set][ep.Identity.ID] += m.p.node.name + " "
+	}
+	for set, byID := range ids {
+		if len(byID) != 1 {
+			t.Errorf("label set race-%d has several numbers: %v", set, byID)
+		}
+	}
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+	// etcd: each label set under one number, both directions.
+	idKeys, err := c.etcd.keys("state/identities/v1/id/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lblKeys, err := c.etcd.keys("state/identities/v1/labels/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, lk := range idKeys {
+		if lblKeys[lk] != n {
+			t.Errorf("etcd: id/%s has labels %s, whose labels key holds %q", n, lk, lblKeys[lk])
+		}
+	}
+	if len(idKeys) != len(lblKeys) {
+		t.Errorf("etcd: %d id keys, %d labels keys", len(idKeys), len(lblKeys))
+	}
+	t.Logf("%d pods on %d nodes, %d label sets raced; etcd holds %d identities", len(pods), len(c.nodes), sets, len(idKeys))
+	// The race pods go now, so the later cases start from the first pods.
+	for _, m := range pods {
+		if err := m.p.node.runDel(m.p); err != nil {
+			t.Errorf("%s: DEL %s: %v", m.p.node.name, m.p.name, err)
+		}
+	}
+	waitIPCache(t, c, c.nodes)
+}
+
+// etcdRestart kills etcd mid-run and starts it again on its data.
+func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
+	a, b := c.nodes[0], c.nodes[1]
+	c.etcd.kill()
+	for _, nd := range c.nodes {
+		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
+			st, err := nd.api.Status(context.Background())
+			if err != nil {
+				return err
+			}
+			if st.Kvstore == nil || st.Kvstore.Healthy {
+				return fmt.Errorf("kvstore status %s", jsonString(st.Kvstore))
+			}
+			return nil
+		})
+	}
+	// Existing pods keep reaching each other.
+	reach(t, pa, pb)
+	reach(t, pb, pc)
+	// A pod whose label set is in use on its node: made at once.
+	known := a.addPod("outage-known")
+	reach(t, known, pa)
+	// A pod with a new label set waits (the plugin's ADD fails with
+	// identity-store-unavailable; retried as kubelet would) until etcd
+	// returns.
+	newNS := fmt.Sprintf("outage-new-%d", c.net)
+	fresh := b.newPod("outage-new", newNS)
+	done := make(chan error, 1)
+	firstErr := make(chan error, 1)
+	go func() { done <- addRetrying(b, fresh, firstErr) }()
+	select {
+	case err := <-firstErr:
+		if !strings.Contains(err.Error(), "identity-store-unavailable") && !strings.Contains(err.Error(), "cluster identity store unavailable") {
+			t.Errorf("ADD during the outage failed with %v, want the identity store's unavailability", err)
+		}
+	case err := <-done:
+		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
+	}
+	waitFor(t, b.name+" shows the label set waiting", func() error {
+		st, err := b.api.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if ci := st.ClusterIdentity; ci == nil || ci.Waiting == 0 || !strings.Contains(strings.Join(ci.WaitingLabels, " "), newNS) {
+			return fmt.Errorf("cluster identity status %s", jsonString(st.ClusterIdentity))
+		}
+		return nil
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
+	default:
+	}
+	start := time.Now()
+	if err := c.etcd.start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("ADD of a new label set after etcd returned: %v", err)
+	}
+	t.Logf("etcd restarted; the waiting ADD completed %v later", time.Since(start).Round(time.Millisecond))
+	waitIPCache(t, c, c.nodes)
+	t.Logf("every ipcache again the union of all endpoints %v after the restart", time.Since(start).Round(time.Millisecond))
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, fresh, pa)
+	reach(t, known, pc)
+	// Nothing lost: etcd holds every node and every node's endpoints.
+	nodes, err := c.etcd.keys("state/nodes/v1/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.nodes {
+		if _, ok := nodes[nd.name]; !ok {
+			t.Errorf("etcd lost node %s (has %v)", nd.name, nodes)
+		}
+		waitFor(t, nd.name+"'s endpoints in etcd", func() error { return publishedAll(c, nd) })
+	}
+}
+
+// addRetrying runs ADD for p until it succeeds (DEL after each failure,
+// as kubelet does), bounded at 2 minutes; the first failure goes to
+// first.
+func addRetrying(nd *node, p *pod, first chan<- error) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for n := 0; ; n++ {
+		err := nd.runAdd(p)
+		if err == nil {
+			return nil
+		}
+		if n == 0 {
+			first <- err
+		}
+		_ = nd.runDel(p)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %d attempts: %w", n+1, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// publishedAll: etcd holds exactly nd's endpoints with an identity.
+func publishedAll(c *cluster, nd *node) error {
+	keys, err := c.etcd.keys("state/endpoints/v1/" + nd.name + "/")
+	if err != nil {
+		return err
+	}
+	eps, err := nd.api.EndpointList(context.Background(), nil)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, ep := range eps {
+		if ep.Identity == nil {
+			continue
+		}
+		n++
+		if _, ok := keys[fmt.Sprint(ep.ID)]; !ok {
+			return fmt.Errorf("endpoint %d not in etcd (keys %v)", ep.ID, keys)
+		}
+	}
+	if len(keys) != n {
+		return fmt.Errorf("etcd holds %d endpoints of %s, it has %d", len(keys), nd.name, n)
+	}
+	return nil
+}
+
+// agentKilled SIGKILLs nd's agent. While its lease lives its pods keep
+// their traffic, same node and across nodes (the programs and maps are
+// pinned); the test holds the dead agent's lease meanwhile, so that check
+// does not race the TTL. Released, the lease expires and the other nodes
+// drop nd's endpoints from their ipcaches and its routes; nd's own pods
+// still reach each other.
+func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
+	st, err := nd.api.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := st.Kvstore.Lease
+	nd.kill()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.etcd.cli.KeepAlive(ctx, leaseID(lease)); err != nil {
+		t.Fatalf("hold %s's lease: %v", nd.name, err)
+	}
+	reach(t, p1, p2)
+	reach(t, p1, remote)
+	cancel()
+	released := time.Now()
+	var live []*node
+	for _, o := range c.nodes {
+		if o != nd {
+			live = append(live, o)
+		}
+	}
+	waitIPCache(t, c, live)
+	for _, o := range live {
+		waitFor(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
+	}
+	t.Logf("lease released: %s's entries gone from every ipcache and route table %v later (TTL %v)", nd.name,
+		time.Since(released).Round(time.Millisecond), leaseTTL)
+	reach(t, p1, p2)
+}
+
+// kvNodeRemoved stops nd's agent cleanly and revokes its lease, as an
+// operator removing the node would: the others lose its routes, its
+// ipcache entries and its row in GET /v1/nodes.
+func kvNodeRemoved(t *testing.T, c *cluster, nd *node, from, to *pod) {
+	var live []*node
+	for _, o := range c.nodes {
+		if o != nd && o.cmd != nil {
+			live = append(live, o)
+		}
+	}
+	// Before: the others route to nd and hold its endpoints.
+	waitRoutes(t, append(slices.Clone(live), nd)...)
+	waitIPCache(t, c, append(slices.Clone(live), nd))
+	st, err := nd.api.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.stop()
+	if err := c.etcd.revoke(st.Kvstore.Lease); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	waitIPCache(t, c, live)
+	for _, o := range live {
+		waitFor(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
+		ns, err := o.api.Nodes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(jsonString(ns), nd.name) {
+			t.Fatalf("%s: GET /v1/nodes still lists %s: %s", o.name, nd.name, jsonString(ns))
+		}
+	}
+	t.Logf("lease revoked: %s's entries gone from every ipcache and route table %v later", nd.name, time.Since(revoked).Round(time.Millisecond))
+	port := int(nextPort.Add(1))
+	testutil.EchoServer(t, to.ns, to.ip4, port)
+	if err := testutil.Exchange(from.ns, to.ip4, port, 2*time.Second); err == nil {
+		t.Fatalf("TCP to %s on removed node %s still works", to.ip4, nd.name)
+	}
+}
+
+// noRoutesTo: o routes none of gone's pod CIDRs.
+func noRoutesTo(o, gone *node) error {
+	rs, err := o.nodeRoutes()
+	if err != nil {
+		return err
+	}
+	for _, p := range []netip.Prefix{gone.cidr4, gone.cidr6} {
+		if via, ok := rs[p]; ok {
+			return fmt.Errorf("route to %s still %s", p, via)
+		}
+	}
+	return nil
+}
