@@ -2,7 +2,11 @@ package multinode
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -32,6 +36,9 @@ import (
 //     traffic keeps working meanwhile, a pod with a known label set is
 //     made, one with a new label set waits visibly and completes after;
 //     afterwards nothing is lost;
+//   - agent-restart: a node's agent SIGKILLed and restarted at once keeps
+//     its entries on the other nodes and its identity references in etcd
+//     after its old lease expired (the restart wrote them again);
 //   - agent-killed: a node's agent SIGKILLed: its pods keep their traffic
 //     (pinned programs), and once its lease expired the other nodes drop
 //     its endpoints and routes;
@@ -51,8 +58,9 @@ func TestMultiNodeKvstore(t *testing.T) {
 			}{
 				{"reach", func(t *testing.T) { kvReach(t, c, pa1, pa2, pb, pc) }},
 				{"policy", func(t *testing.T) { kvPolicy(t, c) }},
-				{"identity-race", func(t *testing.T) { identityRace(t, c, 6) }},
+				{"identity-race", func(t *testing.T) { identityRace(t, c, 10) }},
 				{"etcd-restart", func(t *testing.T) { etcdRestart(t, c, pa1, pb, pc) }},
+				{"agent-restart", func(t *testing.T) { kvAgentRestart(t, c, b, pa1, pb) }},
 				{"agent-killed", func(t *testing.T) { agentKilled(t, c, cn, pc, pc2, pa1) }},
 				{"node-removed", func(t *testing.T) { kvNodeRemoved(t, c, b, pa1, pb) }},
 			}
@@ -457,6 +465,9 @@ func identityRace(t *testing.T, c *cluster, sets int) {
 // etcdRestart kills etcd mid-run and starts it again on its data.
 func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	a, b := c.nodes[0], c.nodes[1]
+	// A connection open across the outage.
+	conn := dial(t, pa, pb, int(nextPort.Add(1)), func(c net.Conn) { _, _ = io.Copy(c, c) })
+	roundTrip(t, conn, "before the outage")
 	c.etcd.kill()
 	for _, nd := range c.nodes {
 		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
@@ -470,7 +481,8 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 			return nil
 		})
 	}
-	// Existing pods keep reaching each other.
+	// Existing pods keep reaching each other, on the open connection too.
+	roundTrip(t, conn, "during the outage")
 	reach(t, pa, pb)
 	reach(t, pb, pc)
 	// A pod whose label set is in use on its node: made at once.
@@ -522,6 +534,7 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	}
 	reach(t, fresh, pa)
 	reach(t, known, pc)
+	roundTrip(t, conn, "after the outage")
 	// Nothing lost: etcd holds every node and every node's endpoints.
 	nodes, err := c.etcd.keys("state/nodes/v1/")
 	if err != nil {
@@ -532,6 +545,22 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 			t.Errorf("etcd lost node %s (has %v)", nd.name, nodes)
 		}
 		waitFor(t, nd.name+"'s endpoints in etcd", func() error { return publishedAll(c, nd) })
+		if err := refsCover(c, nd); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// roundTrip sends a few bytes on conn (an echo) and reads them back.
+func roundTrip(t *testing.T, conn net.Conn, when string) {
+	t.Helper()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("kvstore " + when)
+	if _, err := conn.Write(msg); err != nil {
+		t.Fatalf("open connection %s: write: %v", when, err)
+	}
+	if _, err := io.ReadFull(conn, make([]byte, len(msg))); err != nil {
+		t.Fatalf("open connection %s: read: %v", when, err)
 	}
 }
 
@@ -582,6 +611,78 @@ func publishedAll(c *cluster, nd *node) error {
 	return nil
 }
 
+// kvAgentRestart SIGKILLs nd's agent and starts it again before its
+// lease expires. Once the old lease is gone from etcd, the other nodes
+// still route to nd and hold its endpoints, etcd still holds its node,
+// endpoints and identity references (all written again under the new
+// lease), and its pods reach across nodes.
+func kvAgentRestart(t *testing.T, c *cluster, nd *node, remote, local *pod) {
+	st, err := nd.api.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := st.Kvstore.Lease
+	nd.kill()
+	if err := nd.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, nd.name+"'s old lease expired", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := c.etcd.cli.TimeToLive(ctx, leaseID(old))
+		if err != nil {
+			return err
+		}
+		if r.TTL != -1 {
+			return fmt.Errorf("lease %x has %d s left", old, r.TTL)
+		}
+		return nil
+	})
+	waitRoutes(t, c.nodes...)
+	waitIPCache(t, c, c.nodes)
+	for _, o := range c.nodes {
+		if err := publishedAll(c, o); err != nil {
+			t.Fatal(err)
+		}
+		if err := refsCover(c, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reach(t, local, remote)
+}
+
+// refsCover: etcd holds nd's reference to every identity its endpoints
+// use (refs/<hash of the labels>/<node>; without it the identity GC may
+// collect a number in use).
+func refsCover(c *cluster, nd *node) error {
+	refs, err := c.etcd.keys("state/identities/v1/refs/")
+	if err != nil {
+		return err
+	}
+	labelsOf, err := c.etcd.keys("state/identities/v1/id/")
+	if err != nil {
+		return err
+	}
+	eps, err := nd.api.EndpointList(context.Background(), nil)
+	if err != nil {
+		return err
+	}
+	for _, ep := range eps {
+		if ep.Identity == nil || ep.Identity.Reserved {
+			continue
+		}
+		lk, ok := labelsOf[fmt.Sprint(ep.Identity.ID)]
+		if !ok {
+			return fmt.Errorf("etcd lost identity %d of %s's endpoint %d", ep.Identity.ID, nd.name, ep.ID)
+		}
+		sum := sha256.Sum256([]byte(lk))
+		if _, ok := refs[hex.EncodeToString(sum[:16])+"/"+nd.name]; !ok {
+			return fmt.Errorf("etcd holds no reference of %s to identity %d (%s) its endpoint %d uses", nd.name, ep.Identity.ID, lk, ep.ID)
+		}
+	}
+	return nil
+}
+
 // agentKilled SIGKILLs nd's agent. While its lease lives its pods keep
 // their traffic, same node and across nodes (the programs and maps are
 // pinned); the test holds the dead agent's lease meanwhile, so that check
@@ -617,6 +718,17 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	t.Logf("lease released: %s's entries gone from every ipcache and route table %v later (TTL %v)", nd.name,
 		time.Since(released).Round(time.Millisecond), leaseTTL)
 	reach(t, p1, p2)
+	// Restarted on its state, the agent publishes its node and endpoints
+	// under a new lease: the others route to it and hold them again.
+	if err := nd.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitRoutes(t, c.nodes...)
+	waitIPCache(t, c, c.nodes)
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, p1, remote)
 }
 
 // kvNodeRemoved stops nd's agent cleanly and revokes its lease, as an
