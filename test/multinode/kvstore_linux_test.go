@@ -468,6 +468,14 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	// A connection open across the outage.
 	conn := dial(t, pa, pb, int(nextPort.Add(1)), func(c net.Conn) { _, _ = io.Copy(c, c) })
 	roundTrip(t, conn, "before the outage")
+	leases := map[*node]int64{}
+	for _, nd := range c.nodes {
+		st, err := nd.api.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[nd] = st.Kvstore.Lease
+	}
 	c.etcd.kill()
 	for _, nd := range c.nodes {
 		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
@@ -519,16 +527,23 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
 	default:
 	}
-	start := time.Now()
 	if err := c.etcd.start(); err != nil {
 		t.Fatal(err)
 	}
+	ready := time.Now() // etcd answers again
 	if err := <-done; err != nil {
 		t.Fatalf("ADD of a new label set after etcd returned: %v", err)
 	}
-	t.Logf("etcd restarted; the waiting ADD completed %v later", time.Since(start).Round(time.Millisecond))
+	t.Logf("etcd back: the waiting ADD completed %v later", time.Since(ready).Round(time.Millisecond))
 	waitIPCache(t, c, c.nodes)
-	t.Logf("every ipcache again the union of all endpoints %v after the restart", time.Since(start).Round(time.Millisecond))
+	t.Logf("etcd back: every ipcache the union of all endpoints %v later", time.Since(ready).Round(time.Millisecond))
+	// The leases of before the outage: each is still the node's, or gone
+	// (a node that lost it wrote everything again under a new one); only
+	// then is what etcd holds final.
+	for _, nd := range c.nodes {
+		waitFor(t, nd.name+"'s lease of before the outage kept or expired", func() error { return leaseSettled(c, nd, leases[nd]) })
+	}
+	waitIPCache(t, c, c.nodes)
 	if err := identitiesAgree(c.nodes); err != nil {
 		t.Fatal(err)
 	}
@@ -562,6 +577,28 @@ func roundTrip(t *testing.T, conn net.Conn, when string) {
 	if _, err := io.ReadFull(conn, make([]byte, len(msg))); err != nil {
 		t.Fatalf("open connection %s: read: %v", when, err)
 	}
+}
+
+// leaseSettled: nd's lease old is still its lease, or etcd holds it no
+// more.
+func leaseSettled(c *cluster, nd *node, old int64) error {
+	st, err := nd.api.Status(context.Background())
+	if err != nil {
+		return err
+	}
+	if st.Kvstore.Lease == old {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := c.etcd.cli.TimeToLive(ctx, leaseID(old))
+	if err != nil {
+		return err
+	}
+	if r.TTL != -1 {
+		return fmt.Errorf("lease %x (now %x) has %d s left", old, st.Kvstore.Lease, r.TTL)
+	}
+	return nil
 }
 
 // addRetrying runs ADD for p until it succeeds (DEL after each failure,
