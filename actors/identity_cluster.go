@@ -322,6 +322,24 @@ func (a *identityActor) clusterRetried(ctx actor.Context, key string) {
 	a.startAcquire(ctx, key, p)
 }
 
+// retryPending starts the next attempt of every pending label set that
+// waits for its backoff (the store is reachable again).
+func (a *identityActor) retryPending(ctx actor.Context) {
+	n := 0
+	for key, p := range a.cluster.pending {
+		if p.inFlight || p.retry == nil {
+			continue
+		}
+		p.retry.Stop()
+		p.retry = nil
+		a.startAcquire(ctx, key, p)
+		n++
+	}
+	if n > 0 {
+		a.log.Info("cluster identity store reachable again; waiting label sets retried", "label-sets", n)
+	}
+}
+
 // backendRelease hands the backend Release of id to its worker.
 func (a *identityActor) backendRelease(id identity.NumericIdentity, ls labels.Labels) {
 	if err := a.cluster.w.release(id, ls); err != nil {
@@ -347,6 +365,8 @@ func (a *identityActor) clusterWatched(ctx actor.Context, ev identity.ClusterEve
 		a.forget(ctx, ev.ID)
 	case identity.ClusterSynced:
 		a.log.Info("cluster identities synced", "known", len(a.cluster.known))
+	case identity.ClusterResumed:
+		a.retryPending(ctx)
 	}
 	a.publishClusterStatus()
 }

@@ -314,6 +314,32 @@ func TestClusterIdentityStoreUnavailable(t *testing.T) {
 	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
 }
 
+// TestClusterIdentityRetriedOnResume: a label set waiting for the store
+// is asked for again as soon as the backend reports the store reachable
+// (ClusterResumed), not at its next backoff (an hour here).
+func TestClusterIdentityRetriedOnResume(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin, c.ClusterIdentity.RetryMax = time.Hour, time.Hour
+	})
+	ep := svCreate(t, sys, "resume")
+	b.set(errors.New("connection refused"), nil)
+	add := ciLabels(t, "k8s:tier=resumed")
+	ctx, cancel := context.WithTimeout(context.Background(), svTimeout)
+	defer cancel()
+	if _, err := sys.PatchLabels(ctx, ep.ID, add, nil); !errors.Is(err, ErrIdentityStoreUnavailable) {
+		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
+	}
+	b.set(nil, nil)
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed})
+	svWait(t, "the endpoint's new identity", func() bool {
+		cur, _ := sys.Index.Endpoint(ep.ID)
+		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
+	})
+	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
+}
+
 // sawEvent reads sub until an event of type typ (true) or a quiet end.
 func sawEvent(tb testing.TB, sub *events.Subscription, typ events.Type) bool {
 	tb.Helper()

@@ -38,6 +38,9 @@ type Client struct {
 	since    time.Time
 	regrants int  // leases granted after the first
 	granted  bool // a lease was ever granted
+	// resumed is closed (and replaced) when etcd becomes reachable again
+	// after it was not.
+	resumed chan struct{}
 }
 
 // Health is the connection's state for /v1/status.
@@ -72,7 +75,7 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, keys: keys{cfg.Prefix}, log: log.With("subsys", "kvstore"), cli: cli,
-		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now()}
+		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{})}
 	go c.leaseLoop()
 	return c, nil
 }
@@ -143,10 +146,20 @@ func (c *Client) observe(err error) {
 		c.healthy, c.since = healthy, time.Now()
 		if healthy {
 			c.log.Info("etcd reachable")
+			close(c.resumed)
+			c.resumed = make(chan struct{})
 		} else {
 			c.log.Warn("etcd unreachable", "err", err)
 		}
 	}
+}
+
+// Resumed returns a channel closed the next time etcd becomes reachable
+// after a failed call (the first success counts too).
+func (c *Client) Resumed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resumed
 }
 
 // observeConflict records a problem that is not etcd's health.
