@@ -38,7 +38,7 @@ type cluster struct {
 	underlay *testutil.NS
 	outside  *testutil.NS
 	nodes    []*node
-	file     string // the shared nodes file ("" in kvstore mode)
+	file     string    // the shared nodes file ("" in kvstore mode)
 	etcd     *etcdProc // kvstore mode: the nodes share this etcd; nil: nodes file
 	netName  string    // CNI network name of every node ("": per node)
 }
