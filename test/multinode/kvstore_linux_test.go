@@ -47,6 +47,7 @@ import (
 func TestMultiNodeKvstore(t *testing.T) {
 	for i, mode := range []string{"native", "tunnel"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Logf("load average: %s", loadavg())
 			c := newKvCluster(t, mode, 3, 85+i)
 			a, b, cn := c.nodes[0], c.nodes[1], c.nodes[2]
 			waitRoutes(t, a, b, cn)
