@@ -34,7 +34,8 @@ import (
 //     number each, the same on every node and in etcd;
 //   - etcd-restart: etcd SIGKILLed and restarted on its data directory;
 //     traffic keeps working meanwhile, a pod with a known label set is
-//     made, one with a new label set waits visibly and completes after;
+//     made, one with a new label set waits visibly and completes after,
+//     a pod deleted meanwhile goes from etcd and every ipcache after;
 //     afterwards nothing is lost;
 //   - agent-restart: a node's agent SIGKILLed and restarted at once keeps
 //     its entries on the other nodes and its identity references in etcd
@@ -469,6 +470,9 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	// A connection open across the outage.
 	conn := dial(t, pa, pb, int(nextPort.Add(1)), func(c net.Conn) { _, _ = io.Copy(c, c) })
 	roundTrip(t, conn, "before the outage")
+	// A pod deleted during the outage: its key goes once etcd is back.
+	gone := c.nodes[2].addPod("outage-gone")
+	waitIPCache(t, c, c.nodes)
 	leases := map[*node]int64{}
 	for _, nd := range c.nodes {
 		st, err := nd.api.Status(context.Background())
@@ -494,9 +498,15 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	roundTrip(t, conn, "during the outage")
 	reach(t, pa, pb)
 	reach(t, pb, pc)
-	// A pod whose label set is in use on its node: made at once.
+	if err := gone.node.runDel(gone); err != nil {
+		t.Fatalf("DEL during the outage: %v", err)
+	}
+	// A pod whose label set is in use on its node: made at once, reaches
+	// pods on its node and on others (which route its node's pod range;
+	// its address reaches their ipcaches once etcd is back).
 	known := a.addPod("outage-known")
 	reach(t, known, pa)
+	reach(t, known, pb)
 	// A pod with a new label set waits (the plugin's ADD fails with
 	// identity-store-unavailable; retried as kubelet would) until etcd
 	// returns.
