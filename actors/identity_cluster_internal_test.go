@@ -340,6 +340,45 @@ func TestClusterIdentityRetriedOnResume(t *testing.T) {
 	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
 }
 
+// TestClusterIdentityResumedDuringAttempt: the store reported reachable
+// while an attempt is in flight; that attempt fails (it began during the
+// outage) and the next one follows at once, not after the backoff (an
+// hour here).
+func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin, c.ClusterIdentity.RetryMax = time.Hour, time.Hour
+	})
+	ep := svCreate(t, sys, "resume-inflight")
+	down := errors.New("connection refused")
+	b.set(down, nil)
+	add := ciLabels(t, "k8s:tier=inflight")
+	ctx, cancel := context.WithTimeout(context.Background(), svTimeout)
+	defer cancel()
+	if _, err := sys.PatchLabels(ctx, ep.ID, add, nil); !errors.Is(err, ErrIdentityStoreUnavailable) {
+		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
+	}
+	for len(b.entered) > 0 {
+		<-b.entered
+	}
+	gate := make(chan struct{})
+	b.set(down, gate)
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // starts an attempt, held at the gate
+	select {
+	case <-b.entered:
+	case <-ctx.Done():
+		t.Fatal("no attempt after ClusterResumed")
+	}
+	b.set(nil, nil)
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // while it is in flight
+	close(gate)                                                  // it fails: it read the outage
+	svWait(t, "the endpoint's new identity", func() bool {
+		cur, _ := sys.Index.Endpoint(ep.ID)
+		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
+	})
+}
+
 // sawEvent reads sub until an event of type typ (true) or a quiet end.
 func sawEvent(tb testing.TB, sub *events.Subscription, typ events.Type) bool {
 	tb.Helper()

@@ -38,9 +38,10 @@ type Client struct {
 	since    time.Time
 	regrants int  // leases granted after the first
 	granted  bool // a lease was ever granted
-	// resumed is closed (and replaced) when etcd becomes reachable again
-	// after it was not.
-	resumed chan struct{}
+	// resumed is closed (and replaced) when etcd is reachable and a lease
+	// is held again after either was not (interrupted).
+	resumed     chan struct{}
+	interrupted bool
 }
 
 // Health is the connection's state for /v1/status.
@@ -146,16 +147,27 @@ func (c *Client) observe(err error) {
 		c.healthy, c.since = healthy, time.Now()
 		if healthy {
 			c.log.Info("etcd reachable")
-			close(c.resumed)
-			c.resumed = make(chan struct{})
+			c.maybeResumedLocked()
 		} else {
+			c.interrupted = true
 			c.log.Warn("etcd unreachable", "err", err)
 		}
 	}
 }
 
-// Resumed returns a channel closed the next time etcd becomes reachable
-// after a failed call (the first success counts too).
+// maybeResumedLocked closes resumed if etcd is reachable and a lease is
+// held after an interruption: what waited for the store (an identity
+// Acquire needs both) may go on at once.
+func (c *Client) maybeResumedLocked() {
+	if c.interrupted && c.healthy && c.lease != 0 {
+		c.interrupted = false
+		close(c.resumed)
+		c.resumed = make(chan struct{})
+	}
+}
+
+// Resumed returns a channel closed the next time etcd is reachable and
+// the node holds a lease after a failed call or a lost lease.
 func (c *Client) Resumed() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -221,6 +233,7 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 		c.regrants++
 	}
 	c.lease, c.granted = lease, true
+	c.maybeResumedLocked()
 	fns := append([]func(clientv3.LeaseID){}, c.onLease...)
 	c.mu.Unlock()
 	c.log.Info("node lease granted", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", c.cfg.LeaseTTL)
@@ -237,6 +250,7 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 					c.log.Warn("node lease lost; granting a new one", "lease", fmt.Sprintf("%x", int64(lease)))
 					c.mu.Lock()
 					c.lease = 0 // writes wait for the next one
+					c.interrupted = true
 					c.mu.Unlock()
 				}
 				return
