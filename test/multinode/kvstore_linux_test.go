@@ -514,7 +514,9 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	fresh := b.newPod("outage-new", newNS)
 	done := make(chan error, 1)
 	firstErr := make(chan error, 1)
-	go func() { done <- addRetrying(b, fresh, firstErr) }()
+	var attempts int
+	var lastStart time.Time
+	go func() { done <- addRetrying(b, fresh, firstErr, &attempts, &lastStart) }()
 	select {
 	case err := <-firstErr:
 		if !strings.Contains(err.Error(), "identity-store-unavailable") && !strings.Contains(err.Error(), "cluster identity store unavailable") {
@@ -545,7 +547,8 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	if err := <-done; err != nil {
 		t.Fatalf("ADD of a new label set after etcd returned: %v", err)
 	}
-	t.Logf("etcd back: the waiting ADD completed %v later", time.Since(ready).Round(time.Millisecond))
+	t.Logf("etcd back: the waiting ADD completed %v later (ADD attempt %d, begun %v after etcd was back)",
+		time.Since(ready).Round(time.Millisecond), attempts, lastStart.Sub(ready).Round(time.Millisecond))
 	waitIPCache(t, c, c.nodes)
 	t.Logf("etcd back: every ipcache the union of all endpoints %v later", time.Since(ready).Round(time.Millisecond))
 	// The leases of before the outage: each is still the node's, or gone
@@ -614,10 +617,12 @@ func leaseSettled(c *cluster, nd *node, old int64) error {
 
 // addRetrying runs ADD for p until it succeeds (DEL after each failure,
 // as kubelet does), bounded at 2 minutes; the first failure goes to
-// first.
-func addRetrying(nd *node, p *pod, first chan<- error) error {
+// first; attempts and last record the attempts and when the last began
+// (read after the result).
+func addRetrying(nd *node, p *pod, first chan<- error, attempts *int, last *time.Time) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for n := 0; ; n++ {
+		*attempts, *last = n+1, time.Now()
 		err := nd.runAdd(p)
 		if err == nil {
 			return nil
