@@ -42,6 +42,9 @@ type Client struct {
 	// is held again after either was not (interrupted).
 	resumed     chan struct{}
 	interrupted bool
+	// reachable is closed (and replaced) whenever etcd becomes reachable
+	// (the lease loop then grants at once).
+	reachable chan struct{}
 }
 
 // Health is the connection's state for /v1/status.
@@ -76,7 +79,7 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, keys: keys{cfg.Prefix}, log: log.With("subsys", "kvstore"), cli: cli,
-		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{})}
+		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{}), reachable: make(chan struct{})}
 	go c.leaseLoop()
 	return c, nil
 }
@@ -147,6 +150,8 @@ func (c *Client) observe(err error) {
 		c.healthy, c.since = healthy, time.Now()
 		if healthy {
 			c.log.Info("etcd reachable")
+			close(c.reachable)
+			c.reachable = make(chan struct{})
 			c.maybeResumedLocked()
 		} else {
 			c.interrupted = true
@@ -200,6 +205,9 @@ func (c *Client) leaseLoop() {
 	defer close(c.done)
 	backoff := 100 * time.Millisecond
 	for c.ctx.Err() == nil {
+		c.mu.Lock()
+		reachable := c.reachable
+		c.mu.Unlock()
 		var grant *clientv3.LeaseGrantResponse
 		err := c.call(c.ctx, "grant node lease", func(ctx context.Context) (err error) {
 			grant, err = c.cli.Grant(ctx, int64(c.cfg.LeaseTTL/time.Second))
@@ -207,7 +215,7 @@ func (c *Client) leaseLoop() {
 		})
 		if err != nil {
 			c.log.Debug("granting the node lease", "err", err)
-			if !sleep(c.ctx, backoff) {
+			if !sleepOr(c.ctx, backoff, reachable, nil) { // another call reaching etcd ends the wait
 				return
 			}
 			backoff = min(2*backoff, 2*time.Second)
@@ -288,6 +296,22 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// sleepOr is sleep that also ends early (true) when wake or kick fires
+// (a nil channel never does): a retry need not sit out its backoff once
+// etcd is back or a new lease was granted.
+func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}, kick <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-kick:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // Endpoints are etcd's client URLs.

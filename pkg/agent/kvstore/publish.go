@@ -140,8 +140,10 @@ func (p *Publisher) run() {
 	dirty, backoff := true, 100*time.Millisecond
 	for {
 		if dirty {
+			resumed := p.c.Resumed()
 			if err := p.sync(); err != nil {
-				if !sleep(p.ctx, backoff) {
+				// A new lease (kick) or etcd back ends the wait.
+				if !sleepOr(p.ctx, backoff, resumed, p.kick) {
 					return
 				}
 				backoff = min(2*backoff, 2*time.Second)
