@@ -10,7 +10,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
+
+// reconnectMax bounds the wait between attempts to reconnect to etcd.
+const reconnectMax = time.Second
 
 // Client is this node's connection to etcd and its lease. Keys that live
 // as long as the node does (identity references, the node entry, its
@@ -72,6 +77,13 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, TLS: tlsCfg,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 5 * time.Second,
+		// gRPC's default reconnect backoff grows to 2 minutes: after an
+		// outage of a few seconds etcd would be back long before the
+		// client tried again. At most 1 s between attempts.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMax},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
 		Logger: zap.NewNop(),
 	})
 	if err != nil {
