@@ -352,12 +352,8 @@ func kvPolicy(t *testing.T, c *cluster) {
 			}
 		}
 	}
-	waitFor(t, "pol-b realises the policy", func() error {
-		ep := endpointOf(t, pb)
-		if ep.PolicyRevision < rev {
-			return fmt.Errorf("policy revision %d < %d", ep.PolicyRevision, rev)
-		}
-		return nil
+	waitFor(t, "pol-b's BPF policy map allows app=a on 8080", func() error {
+		return realised(pb, rev, uint32(ida.Identity.ID))
 	})
 	for _, ip := range []netip.Addr{pb.ip4, pb.ip6} {
 		testutil.EchoServer(t, pb.ns, ip, 8080)
@@ -380,6 +376,36 @@ func kvPolicy(t *testing.T, c *cluster) {
 		}
 		return fmt.Errorf("drops %s", jsonString(ds))
 	})
+}
+
+// realised: p's endpoint computed the policy of repository revision rev
+// (or later), enforces ingress, and its BPF policy map holds exactly the
+// computed entries, among them ingress TCP 8080 from identity from.
+func realised(p *pod, rev uint64, from uint32) error {
+	pol, err := p.node.api.EndpointPolicy(context.Background(), "container-id:"+p.rt.ContainerID)
+	switch {
+	case err != nil:
+		return err
+	case pol.PolicyRevision < rev:
+		return fmt.Errorf("computed revision %d < %d", pol.PolicyRevision, rev)
+	case pol.RealizedError != "":
+		return fmt.Errorf("realised: %s", pol.RealizedError)
+	case !pol.IngressEnforced || !pol.RealizedIngressEnforced:
+		return fmt.Errorf("ingress enforcement: computed %v, realised %v", pol.IngressEnforced, pol.RealizedIngressEnforced)
+	case len(pol.Computed) != len(pol.Realized):
+		return fmt.Errorf("%d entries computed, %d realised", len(pol.Computed), len(pol.Realized))
+	}
+	found := false
+	for i, e := range pol.Computed {
+		if pol.Realized[i].PolicyEntry != e {
+			return fmt.Errorf("entry %d computed %+v, realised %+v", i, e, pol.Realized[i].PolicyEntry)
+		}
+		found = found || (e.Identity == from && e.Port == 8080 && strings.EqualFold(e.Protocol, "tcp") && e.Direction == "ingress")
+	}
+	if !found {
+		return fmt.Errorf("no ingress TCP 8080 entry for identity %d in %s", from, jsonString(pol.Computed))
+	}
+	return nil
 }
 
 // identityRace makes sets label sets at once on every node (one pod per
