@@ -44,6 +44,19 @@ import (
 // shared Fake now delivers to the agent started next).
 func (a *Agent) Crash() {
 	a.stopOnce.Do(func() {})
+	// A killed agent's watchers die with it: no informer, workqueue
+	// worker or identity heartbeat of this incarnation may act on the
+	// actors, the API server or the state directory the next one uses.
+	// None of these writes anything on the way out.
+	if a.k8sSvc != nil {
+		a.k8sSvc.Stop()
+	}
+	if a.k8s != nil {
+		a.k8s.Stop()
+	}
+	if a.stopNodes != nil {
+		a.stopNodes()
+	}
 	if a.stopCNI != nil {
 		a.stopCNI()
 	}
@@ -70,5 +83,8 @@ func (a *Agent) Crash() {
 	a.served <- serr
 	a.store.Abort()
 	a.System.Stop()
+	if a.idBackend != nil {
+		_ = a.idBackend.Close() // stops its goroutines; heartbeats end, nothing is released
+	}
 	a.log.Warn("agent crashed (simulated SIGKILL)", "socket", a.cfg.Socket, "state-dir", a.cfg.StateDir)
 }

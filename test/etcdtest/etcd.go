@@ -11,10 +11,12 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -120,13 +122,13 @@ func (s *Server) Restart() {
 	s.tb.Fatalf("restart etcd: %v", err)
 }
 
-// freePort returns a loopback host:port that was free a moment ago.
+// freePort returns a loopback host:port that was free a moment ago
+// (testutil.FreePort: outside the ephemeral range, random).
 func freePort(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.FreePort("127.0.0.1")
 	if err != nil {
 		tb.Fatalf("free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }

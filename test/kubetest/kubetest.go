@@ -333,12 +333,11 @@ func waitTCP(addr string, timeout time.Duration) error {
 }
 
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.FreePort("127.0.0.1")
 	if err != nil {
 		return 0
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func writePEM(path, typ string, der []byte) error {

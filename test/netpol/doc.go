@@ -6,7 +6,7 @@
 // pod; per case, NetworkPolicy objects imported through PUT /v1/policy
 // and the full 9x9 reachability matrix per port and protocol, probed
 // with real traffic and compared with an independent model of the
-// NetworkPolicy spec written in the test (model_test.go), not with the
+// NetworkPolicy spec (test/netpolmodel), not with the
 // agent's policy code. A mismatch prints the expected, observed and
 // comparison matrices as the upstream suite does.
 //

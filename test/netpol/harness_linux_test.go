@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/test/netpolmodel"
+
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
@@ -54,13 +56,13 @@ type world struct {
 	c     *client.Client
 	cidr  netip.Prefix
 	pods  []*worldPod
-	model []modelPod
+	model []netpolmodel.Pod
 	logs  *testutil.LogBuffer
 }
 
 // worldPod is one pod: its netns, runtime config and endpoint.
 type worldPod struct {
-	modelPod
+	netpolmodel.Pod
 	ns *testutil.NS
 	rt *libcni.RuntimeConf
 	ep *models.Endpoint
@@ -117,7 +119,7 @@ func newWorld(t *testing.T, cidr string) *world {
 	errs := make([]error, len(namespaces)*len(podNames))
 	for _, ns := range namespaces {
 		for _, name := range podNames {
-			w.pods = append(w.pods, &worldPod{modelPod: modelPod{ns: ns, name: name, labels: map[string]string{"pod": name}},
+			w.pods = append(w.pods, &worldPod{Pod: netpolmodel.Pod{NS: ns, Name: name, Labels: map[string]string{"pod": name}},
 				ns: testutil.NewNS(t, "mbt-np")})
 		}
 	}
@@ -143,10 +145,10 @@ func newWorld(t *testing.T, cidr string) *world {
 		}
 	})
 	for _, p := range w.pods {
-		w.model = append(w.model, p.modelPod)
+		w.model = append(w.model, p.Pod)
 		for _, port := range ports {
-			testutil.EchoServer(t, p.ns, p.ip, port)
-			udpEchoServer(t, p.ns, p.ip, port)
+			testutil.EchoServer(t, p.ns, p.IP, port)
+			udpEchoServer(t, p.ns, p.IP, port)
 		}
 	}
 	return w
@@ -165,8 +167,8 @@ func (w *world) inHost(fn func(ctx context.Context) error) error {
 func (w *world) addPod(p *worldPod) error {
 	id := "c" + testutil.RandomSuffix(24)
 	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.modelPod.ns}, {"K8S_POD_NAME", p.name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + p.modelPod.ns + "-" + p.name}}}
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.NS}, {"K8S_POD_NAME", p.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + p.NS + "-" + p.Name}}}
 	var res *types100.Result
 	err := w.inHost(func(ctx context.Context) error {
 		r, err := w.cni.AddNetworkList(ctx, w.conf, rt)
@@ -184,8 +186,8 @@ func (w *world) addPod(p *worldPod) error {
 	if !ok {
 		return fmt.Errorf("pod %s: no IPv4 address in %v", p, res)
 	}
-	p.ip = ip
-	ep, err := w.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:pod=" + p.name}, nil)
+	p.IP = ip
+	ep, err := w.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:pod=" + p.Name}, nil)
 	if err != nil {
 		return fmt.Errorf("label pod %s: %w", p, err)
 	}
@@ -196,7 +198,7 @@ func (w *world) addPod(p *worldPod) error {
 // pod returns the world's pod ns/name.
 func (w *world) pod(ns, name string) *worldPod {
 	for _, p := range w.pods {
-		if p.modelPod.ns == ns && p.name == name {
+		if p.NS == ns && p.Name == name {
 			return p
 		}
 	}
@@ -258,11 +260,11 @@ func udpExchange(ns *testutil.NS, addr netip.Addr, port int, timeout time.Durati
 
 // probe reports whether src reaches dst on k within timeout: a TCP
 // connection and an echo both ways, or a UDP datagram and its echo.
-func probe(src, dst *worldPod, k probeKey, timeout time.Duration) bool {
-	if k.proto == "UDP" {
-		return udpExchange(src.ns, dst.ip, k.port, timeout) == nil
+func probe(src, dst *worldPod, k netpolmodel.ProbeKey, timeout time.Duration) bool {
+	if k.Proto == "UDP" {
+		return udpExchange(src.ns, dst.IP, k.Port, timeout) == nil
 	}
-	return testutil.Exchange(src.ns, dst.ip, k.port, timeout) == nil
+	return testutil.Exchange(src.ns, dst.IP, k.Port, timeout) == nil
 }
 
 // Probe bounds. A denied probe costs its whole timeout, so the first
@@ -277,9 +279,9 @@ const (
 
 // observe probes every pair for k, at most probeParallel at once. want,
 // when given, selects the cells to probe again with retryTimeout.
-func (w *world) observe(k probeKey, want matrix) matrix {
+func (w *world) observe(k netpolmodel.ProbeKey, want netpolmodel.Matrix) netpolmodel.Matrix {
 	n := len(w.pods)
-	got := newMatrix(n)
+	got := netpolmodel.NewMatrix(n)
 	sem := make(chan struct{}, probeParallel)
 	var wg sync.WaitGroup
 	for i, src := range w.pods {
@@ -302,7 +304,7 @@ func (w *world) observe(k probeKey, want matrix) matrix {
 
 // apply replaces the agent's policies with pols (PUT /v1/policy of each,
 // DELETE of the others).
-func (w *world) apply(pols []*netPolicy) {
+func (w *world) apply(pols []*netpolmodel.Policy) {
 	w.t.Helper()
 	ctx := context.Background()
 	list, err := w.c.PolicyList(ctx)
