@@ -499,27 +499,9 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	// A pod deleted during the outage: its key goes once etcd is back.
 	gone := c.nodes[2].addPod("outage-gone")
 	waitIPCache(t, c, c.nodes)
-	leases := map[*node]int64{}
-	for _, nd := range c.nodes {
-		st, err := nd.api.Status(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		leases[nd] = st.Kvstore.Lease
-	}
+	leases := nodeLeases(t, c.nodes)
 	c.etcd.kill()
-	for _, nd := range c.nodes {
-		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
-			st, err := nd.api.Status(context.Background())
-			if err != nil {
-				return err
-			}
-			if st.Kvstore == nil || st.Kvstore.Healthy {
-				return fmt.Errorf("kvstore status %s", jsonString(st.Kvstore))
-			}
-			return nil
-		})
-	}
+	waitKvstoreUnhealthy(t, c.nodes)
 	// Existing pods keep reaching each other, on the open connection too.
 	roundTrip(t, conn, "during the outage")
 	reach(t, pa, pb)
@@ -533,48 +515,17 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	known := a.addPod("outage-known")
 	reach(t, known, pa)
 	reach(t, known, pb)
-	// A pod with a new label set waits (the plugin's ADD fails with
-	// identity-store-unavailable; retried as kubelet would) until etcd
-	// returns.
-	newNS := fmt.Sprintf("outage-new-%d", c.net)
-	fresh := b.newPod("outage-new", newNS)
-	done := make(chan error, 1)
-	firstErr := make(chan error, 1)
-	var attempts int
-	var lastStart time.Time
-	go func() { done <- addRetrying(b, fresh, firstErr, &attempts, &lastStart) }()
-	select {
-	case err := <-firstErr:
-		if !strings.Contains(err.Error(), "identity-store-unavailable") && !strings.Contains(err.Error(), "cluster identity store unavailable") {
-			t.Errorf("ADD during the outage failed with %v, want the identity store's unavailability", err)
-		}
-	case err := <-done:
-		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
-	}
-	waitFor(t, b.name+" shows the label set waiting", func() error {
-		st, err := b.api.Status(context.Background())
-		if err != nil {
-			return err
-		}
-		if ci := st.ClusterIdentity; ci == nil || ci.Waiting == 0 || !strings.Contains(strings.Join(ci.WaitingLabels, " "), newNS) {
-			return fmt.Errorf("cluster identity status %s", jsonString(st.ClusterIdentity))
-		}
-		return nil
-	})
-	select {
-	case err := <-done:
-		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
-	default:
-	}
+	// A pod with a new label set waits until etcd returns.
+	w := startWaitingAdd(t, b, fmt.Sprintf("outage-new-%d", c.net))
 	if err := c.etcd.start(); err != nil {
 		t.Fatal(err)
 	}
 	ready := time.Now() // etcd answers again
-	if err := <-done; err != nil {
+	if err := <-w.done; err != nil {
 		t.Fatalf("ADD of a new label set after etcd returned: %v", err)
 	}
 	t.Logf("etcd back: the waiting ADD completed %v later (ADD attempt %d, begun %v after etcd was back)",
-		time.Since(ready).Round(time.Millisecond), attempts, lastStart.Sub(ready).Round(time.Millisecond))
+		time.Since(ready).Round(time.Millisecond), w.attempts, w.lastStart.Sub(ready).Round(time.Millisecond))
 	waitIPCache(t, c, c.nodes)
 	t.Logf("etcd back: every ipcache the union of all endpoints %v later", time.Since(ready).Round(time.Millisecond))
 	// The leases of before the outage: each is still the node's, or gone
@@ -587,10 +538,94 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	if err := identitiesAgree(c.nodes); err != nil {
 		t.Fatal(err)
 	}
-	reach(t, fresh, pa)
+	reach(t, w.p, pa)
 	reach(t, known, pc)
 	roundTrip(t, conn, "after the outage")
-	// Nothing lost: etcd holds every node and every node's endpoints.
+	nothingLost(t, c)
+}
+
+// nodeLeases returns each node's current lease.
+func nodeLeases(t *testing.T, nodes []*node) map[*node]int64 {
+	t.Helper()
+	leases := map[*node]int64{}
+	for _, nd := range nodes {
+		st, err := nd.api.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[nd] = st.Kvstore.Lease
+	}
+	return leases
+}
+
+// waitKvstoreUnhealthy waits until every node's /v1/status says etcd is
+// unreachable.
+func waitKvstoreUnhealthy(t *testing.T, nodes []*node) {
+	t.Helper()
+	for _, nd := range nodes {
+		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
+			st, err := nd.api.Status(context.Background())
+			if err != nil {
+				return err
+			}
+			if st.Kvstore == nil || st.Kvstore.Healthy {
+				return fmt.Errorf("kvstore status %s", jsonString(st.Kvstore))
+			}
+			return nil
+		})
+	}
+}
+
+// waitingAdd is a pod's ADD retried in the background (as kubelet would)
+// while its new label set waits for the identity store.
+type waitingAdd struct {
+	p    *pod
+	done chan error
+	// attempts and lastStart are read after done answered.
+	attempts  int
+	lastStart time.Time
+}
+
+// startWaitingAdd starts ADDs of a pod in Kubernetes namespace namespace
+// (a label set new to the cluster) on nd while etcd is away, and checks
+// that it waits visibly: the plugin's ADD fails with the identity store's
+// unavailability, /v1/status lists the label set as waiting, and no ADD
+// succeeds.
+func startWaitingAdd(t *testing.T, nd *node, namespace string) *waitingAdd {
+	t.Helper()
+	w := &waitingAdd{p: nd.newPod("outage-new", namespace), done: make(chan error, 1)}
+	first := make(chan error, 1)
+	go func() { w.done <- addRetrying(nd, w.p, first, &w.attempts, &w.lastStart) }()
+	select {
+	case err := <-first:
+		if !strings.Contains(err.Error(), "identity-store-unavailable") && !strings.Contains(err.Error(), "cluster identity store unavailable") {
+			t.Errorf("ADD during the outage failed with %v, want the identity store's unavailability", err)
+		}
+	case err := <-w.done:
+		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
+	}
+	waitFor(t, nd.name+" shows the label set waiting", func() error {
+		st, err := nd.api.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if ci := st.ClusterIdentity; ci == nil || ci.Waiting == 0 || !strings.Contains(strings.Join(ci.WaitingLabels, " "), namespace) {
+			return fmt.Errorf("cluster identity status %s", jsonString(st.ClusterIdentity))
+		}
+		return nil
+	})
+	select {
+	case err := <-w.done:
+		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
+	default:
+	}
+	return w
+}
+
+// nothingLost: etcd holds every node, exactly each node's endpoints and
+// each node's reference to every identity it uses.
+func nothingLost(t *testing.T, c *cluster) {
+	t.Helper()
 	nodes, err := c.etcd.keys("state/nodes/v1/")
 	if err != nil {
 		t.Fatal(err)
