@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-cni bench-bpf bench-policy bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -108,6 +108,12 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./pkg/domain/policy/
 	$(GO) test -run '^$$' -bench BenchmarkPolicyPropagation -benchtime 20x ./test/policyscenario/
 
+# Every headline number of BENCHMARKS.md from one run, as one table with
+# its targets, the date and the load average (root for the CNI, restore
+# and policy parts; see scripts/bench-headline.sh for the sizes).
+bench-headline:
+	BENCH_OUT=$(BENCH_OUT) scripts/bench-headline.sh
+
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).
 # BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers;
@@ -126,6 +132,16 @@ BENCH_ROUNDS    ?= 5
 bench-policy:
 	MEMBRANE_BENCH_POLICY=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
 		$(GO) test -run '^TestPolicyBench$$' -count=1 -v -timeout 30m ./test/policybench/
+
+# L7 (issue 21, root): HTTP latency through the transparent proxy
+# against the same request without L7 policy (same run) and requests/s;
+# time from an L7 policy import to the proxy's acknowledgement with
+# BENCH_ENDPOINTS endpoints.
+bench-l7-http:
+	MEMBRANE_BENCH_L7=1 $(GO) test -run '^TestBenchHTTPLatency$$' -count=1 -v -timeout 20m ./test/l7/
+bench-l7-ack:
+	MEMBRANE_BENCH_L7=1 BENCH_ENDPOINTS=$(BENCH_ENDPOINTS) BENCH_ROUNDS=$(BENCH_ROUNDS) \
+		$(GO) test -run '^TestBenchImportToAck$$' -count=1 -v -timeout 30m ./test/l7/
 
 # Kubernetes mode (root, kube-apiserver from scripts/kube-bin.sh): pod
 # relabel until the new identity is realised with 100 pods, NetworkPolicy

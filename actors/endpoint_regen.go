@@ -98,6 +98,10 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 			if a.ep.Policy != r.Policy {
 				a.mut().Policy = r.Policy
 			}
+			if a.deps.observer != nil {
+				// Part of PhaseWriteState, reported on its own too.
+				a.deps.observer.RegenPhase(PhaseComputePolicy, time.Duration(time.Now().UnixNano()-a.regen.started))
+			}
 			a.writeAndRealize(ctx, full)
 		}
 	})
@@ -130,9 +134,27 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 		realize(ctx, nil)
 		return
 	}
+	a.prepare(ctx, snap)
 	// State on disk first, so that a crash after the datapath changed
 	// still finds the endpoint at restore.
 	a.stateOp(ctx, "write", a.writeState(snap), realize)
+}
+
+// prepare lets a datapath that can (datapath.Preparer) start the first
+// build's work that changes nothing traffic sees (the Linux datapath
+// loads the BPF programs) in the worker pool while the state is
+// written; nobody waits for it, the realise that follows uses what it
+// did.
+func (a *endpointActor) prepare(ctx actor.Context, ep *endpoint.Endpoint) {
+	p, ok := a.deps.dp.(datapath.Preparer)
+	if !ok || ep.Regenerations > 0 || ep.IfIndex == 0 {
+		return
+	}
+	ctx.Send(a.deps.pool, &messages.DatapathWork{Op: "prepare", Endpoint: ep.ID, Timeout: a.deps.cfg.DatapathTimeout,
+		Run: func(c context.Context) (any, error) {
+			p.Prepare(c, ep)
+			return nil, nil
+		}})
 }
 
 // writeState returns the submit function writing ep's state.

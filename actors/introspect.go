@@ -27,6 +27,9 @@ const (
 	PhaseRealize    = "realize"
 	PhaseProxyWait  = "proxy-wait"
 	PhaseTotal      = "total"
+	// PhaseComputePolicy is the policy actor's answer, the first part of
+	// PhaseWriteState; only the Observer sees it.
+	PhaseComputePolicy = "compute-policy"
 )
 
 // RegenPhases lists the phases in the order of EndpointActorSnapshot.LastPhases.

@@ -24,6 +24,25 @@
  * Step 2 runs for every packet of the original direction, not only the
  * first: a policy change applies to established connections at once.
  *
+ * L7 redirect: when the entry that allows a packet carries a proxy port
+ * (policy_value.proxy_port), the packet goes to the proxy's transparent
+ * socket in the node's netns instead of its destination, which it keeps
+ * (the proxy reads it as the accepted socket's local address):
+ *   - from_container (TC ingress: bpf_sk_assign works there) assigns it
+ *     to the socket (proxy_assign) and marks it MARK_TO_PROXY_MAGIC, which
+ *     the datapath's ip rule routes to the local table;
+ *   - to_container runs at TC egress, where bpf_sk_assign cannot, so it
+ *     marks the packet and redirects it to the ingress of the same host
+ *     veth (proxy_hairpin): from_container then sees the mark and assigns
+ *     it without a second verdict (Cilium's ctx_redirect_to_proxy_hairpin
+ *     does the same through cilium_host).
+ * The proxy's replies come from the original destination address (an
+ * IP_TRANSPARENT socket) and pass as conntrack replies of the recorded
+ * connection. Its upstream connections carry MARK_PROXY_MAGIC and the
+ * client's identity in the mark: the peer's verdict uses that identity and
+ * never redirects them again. Packets of entries without a proxy port are
+ * untouched.
+ *
  * Decisions (tested in datapath/bpf_prog_linux_test.go):
  *   - ARP always passes. Other non-IP frames pass unless dir is enforced
  *     (then DROP_UNKNOWN_L3): VLAN tags and the like would bypass policy.
@@ -290,14 +309,23 @@ static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
 	return v ? v->identity : IDENTITY_WORLD;
 }
 
-/* tunnel_identity is the source identity a tunnel delivered for a
- * packet entering the endpoint (overlay.c's from_overlay put it in the
- * mark), 0 if none: then the ipcache decides on the source address. */
+/* tunnel_identity is the source identity a tunnel (overlay.c's
+ * from_overlay) or the L7 proxy delivered for a packet entering the
+ * endpoint in its mark, 0 if none: then the ipcache decides on the
+ * source address. */
 static __always_inline __u32 tunnel_identity(struct __sk_buff *skb, __u8 dir)
 {
-	if (dir != DIR_INGRESS || (skb->mark & 0xff) != MARK_IDENTITY_MAGIC)
+	__u32 magic = skb->mark & MARK_MAGIC_MASK;
+
+	if (dir != DIR_INGRESS || (magic != MARK_IDENTITY_MAGIC && magic != MARK_PROXY_MAGIC))
 		return 0;
 	return skb->mark >> 8;
+}
+
+/* from_proxy reports whether the L7 proxy sent the packet. */
+static __always_inline int from_proxy(struct __sk_buff *skb)
+{
+	return (skb->mark & MARK_MAGIC_MASK) == MARK_PROXY_MAGIC;
 }
 
 /* policy_lookup tries the peer's entries, then any peer's (identity 0):
@@ -445,6 +473,94 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 
 #include "lb.h"
 
+/* proxy_sock looks up the socket p goes to at the proxy port: the
+ * connection's own socket when the proxy already has it (TCP: a request
+ * or established socket with p's tuple; never a listener or a TIME_WAIT
+ * socket, which would be some other process's port), else the proxy's
+ * listener at the loopback address. UDP always goes to the proxy's one
+ * socket per port. The caller releases the socket. */
+static __always_inline struct bpf_sock *proxy_sock(struct __sk_buff *skb, struct pkt *p, __u16 port)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk = NULL;
+	__u32 len = sizeof(t.ipv4);
+
+	if (p->family == 4) {
+		t.ipv4.saddr = p->saddr[0];
+		t.ipv4.daddr = p->daddr[0];
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+	} else {
+		len = sizeof(t.ipv6);
+		__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
+		t.ipv6.sport = p->sport;
+		t.ipv6.dport = p->dport;
+	}
+	if (p->proto == IPPROTO_TCP) {
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+		if (sk && (sk->state == BPF_TCP_LISTEN || sk->state == BPF_TCP_TIME_WAIT)) {
+			bpf_sk_release(sk);
+			sk = NULL;
+		}
+		if (sk)
+			return sk;
+	}
+	__builtin_memset(&t, 0, sizeof(t));
+	if (p->family == 4) {
+		t.ipv4.daddr = bpf_htonl(0x7f000001);
+		t.ipv4.dport = bpf_htons(port);
+	} else {
+		t.ipv6.daddr[3] = bpf_htonl(1);
+		t.ipv6.dport = bpf_htons(port);
+	}
+	if (p->proto == IPPROTO_TCP)
+		return bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	return bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+}
+
+/* proxy_assign hands p (TC ingress of the host veth) to the proxy's
+ * socket at port, marked for local delivery; no socket (the proxy is
+ * down, or listens elsewhere) drops it: L7 policy fails closed. */
+static __noinline int proxy_assign(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer)
+{
+	struct bpf_sock *sk;
+	long err;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return drop(skb, p, dir, DROP_PROXY, peer);
+	sk = proxy_sock(skb, p, port);
+	if (!sk)
+		return drop(skb, p, dir, DROP_PROXY, peer);
+	err = bpf_sk_assign(skb, sk, 0);
+	bpf_sk_release(sk);
+	if (err)
+		return drop(skb, p, dir, DROP_PROXY, peer);
+	skb->mark = MARK_TO_PROXY_MAGIC | ((__u32)port << 16);
+	/* A hairpinned frame still has the pod's MAC as destination. */
+	bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
+	return TC_ACT_OK;
+}
+
+/* proxy_hairpin sends a packet to_container redirects to the proxy back
+ * to the ingress of its host veth, marked with the port: from_container
+ * assigns it there (handle). The mark survives: the redirect stays in the
+ * node's netns. */
+static __always_inline int proxy_hairpin(struct __sk_buff *skb, __u16 port)
+{
+	skb->mark = MARK_TO_PROXY_MAGIC | ((__u32)port << 16);
+	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+}
+
+/* redirect sends an allowed packet of the original direction to the
+ * proxy at port. */
+static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer)
+{
+	if (dir == DIR_EGRESS)
+		return proxy_assign(skb, p, port, dir, peer);
+	return proxy_hairpin(skb, port);
+}
+
 /* lb_out finishes a passing packet: a reply reaching the pod from a
  * service backend gets the service frontend as its source (lb.h). */
 static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
@@ -459,8 +575,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	struct pkt p = {};
 	struct policy_value *v;
 	struct cidr_value *cv;
+	__u16 proxy_port = 0;
 	__u64 now;
-	__u32 peer;
+	__u32 peer = 0;
 	int r;
 
 	r = parse(skb, &p);
@@ -476,6 +593,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (p.ndp)
 		return TC_ACT_OK;
+	if (dir == DIR_EGRESS && (skb->mark & MARK_MAGIC_MASK) == MARK_TO_PROXY_MAGIC)
+		/* Hairpinned by to_container, which decided the verdict. */
+		return proxy_assign(skb, &p, skb->mark >> 16, DIR_INGRESS, 0);
 	if (dir == DIR_EGRESS) {
 		/* Services first: policy and conntrack see the backend. */
 		r = lb_translate(skb, &p);
@@ -491,6 +611,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);
 			__sync_fetch_and_add(&v->bytes, skb->len);
+			if (!from_proxy(skb))
+				proxy_port = v->proxy_port;
 		} else {
 			cv = cidr_lookup(&p, dir);
 			if (!cv)
@@ -501,6 +623,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (!p.frag)
 		ct_record(&p, dir, now);
+	if (proxy_port && !p.frag)
+		return redirect(skb, &p, proxy_port, dir, peer);
 	return lb_out(skb, &p, dir);
 }
 

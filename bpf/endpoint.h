@@ -26,6 +26,8 @@ enum drop_reason {
 	DROP_FRAGMENT = 2,   /* non-first fragment with no L3/proto-wide entry */
 	DROP_MALFORMED = 3,  /* truncated or unparseable IP header */
 	DROP_UNKNOWN_L3 = 4, /* non-IP, non-ARP frame in an enforced direction */
+	/* 5 is DROP_NO_BACKEND (lb.h) */
+	DROP_PROXY = 6, /* redirected to an L7 proxy port no socket listens on */
 };
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
@@ -64,6 +66,24 @@ struct tunnel_value {
  * from_overlay sets it; the endpoint programs read it). */
 #define MARK_IDENTITY_MAGIC 0x4d
 #define MARK_IDENTITY_MAX 0xffffff
+#define MARK_MAGIC_MASK 0xff
+
+/* MARK_PROXY_MAGIC in the low byte says the packet comes from the L7
+ * proxy (the SO_MARK of its upstream connections), on behalf of the
+ * source identity in the upper 24 bits (0: unknown, the ipcache decides
+ * on the source address). The endpoint programs take that identity as
+ * the peer and never redirect such a packet again: the proxy checked
+ * both sides' L7 rules. Pods cannot forge marks: crossing the veth out
+ * of their netns clears skb->mark. */
+#define MARK_PROXY_MAGIC 0x4e
+
+/* MARK_TO_PROXY_MAGIC in the low byte, the proxy port in the upper 16
+ * bits: a packet handed to the proxy's socket (bpf_sk_assign). The
+ * datapath's ip rule (fwmark MARK_TO_PROXY_MAGIC/MARK_MAGIC_MASK ->
+ * table PROXY_ROUTE_TABLE, "local default dev lo") makes the host
+ * deliver it locally whatever its destination. to_container also sets
+ * it on the packets it hairpins to from_container (see endpoint.c). */
+#define MARK_TO_PROXY_MAGIC 0x4f
 
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
@@ -84,10 +104,14 @@ struct policy_key {
 #define POLICY_PREFIX_PROTO 48
 #define POLICY_PREFIX_FULL 64
 
-/* policy_value counts what each entry allowed (atomic adds). */
+/* policy_value counts what each entry allowed (atomic adds) and says
+ * where allowed traffic goes: proxy_port 0 is straight on, otherwise the
+ * L7 proxy listening on that port of the node (policy.Redirect). */
 struct policy_value {
 	__u64 packets;
 	__u64 bytes;
+	__u16 proxy_port; /* host byte order */
+	__u16 pad[3];
 };
 
 /* cidr_key is an LPM trie key of an endpoint's CIDR policy map: {dir,

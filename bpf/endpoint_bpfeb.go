@@ -84,6 +84,7 @@ const (
 	EndpointDropReasonDROP_FRAGMENT   EndpointDropReason = 2
 	EndpointDropReasonDROP_MALFORMED  EndpointDropReason = 3
 	EndpointDropReasonDROP_UNKNOWN_L3 EndpointDropReason = 4
+	EndpointDropReasonDROP_PROXY      EndpointDropReason = 6
 )
 
 type EndpointDropValue struct {
@@ -192,9 +193,11 @@ type EndpointPolicyKey struct {
 }
 
 type EndpointPolicyValue struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
+	_         structs.HostLayout
+	Packets   uint64
+	Bytes     uint64
+	ProxyPort uint16
+	Pad       [3]uint16
 }
 
 type EndpointTunnelEndpoint struct {

@@ -63,7 +63,7 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 	}
 	mapOnly := measure(t, eps, func(ep *endpoint.Endpoint) error {
 		e := l.bpf.eps[ep.ID]
-		if err := syncPolicyMap(e.policyMap, e.cidrMap, e.have, ep.Policy); err != nil {
+		if err := syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{ep.Policy, nil}); err != nil {
 			return err
 		}
 		e.have = ep.Policy

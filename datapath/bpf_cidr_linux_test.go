@@ -136,7 +136,7 @@ spec:
 		r.Import(pols)
 		ms := r.MapState(300)
 		h.setPolicy(t, ms)
-		got, err := realisedState(h.pm, h.cm)
+		got, _, err := realisedState(h.pm, h.cm)
 		if err != nil || !slices.Equal(got.CIDR, ms.CIDR) {
 			t.Fatalf("round %d: read back %v (%v), want %v", round, got, err, ms.CIDR)
 		}

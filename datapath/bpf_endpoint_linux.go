@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -32,6 +33,9 @@ type bpfState struct {
 	// legacy: attach with clsact + cls_bpf (forced, or TCX missing).
 	legacy bool
 	eps    map[endpoint.ID]*bpfEndpoint
+	// prep holds the loads Prepare started and the endpoints whose
+	// Realize runs (bpf_prepare_linux.go).
+	prep map[endpoint.ID]*prepared
 }
 
 // bpfEndpoint is what is realised for one endpoint. The agent never runs
@@ -41,8 +45,10 @@ type bpfState struct {
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	cidrMap   *ebpf.Map
-	// have is what the policy map enforces (never nil).
-	have *policy.MapState
+	// have is what the policy map enforces (never nil), ports the
+	// proxy ports of its redirected entries.
+	have  *policy.MapState
+	ports map[policy.Key]uint16
 	// attached: programs loaded for identity run on ifindex (with
 	// cls_bpf filters when legacy).
 	attached bool
@@ -85,7 +91,7 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 		return nil, fmt.Errorf("open drop notification reader: %w", err)
 	}
 	return &bpfState{dir: cfg.BPFFS, tmpl: tmpl, maps: sm, events: rd, legacy: cfg.ForceLegacyTC,
-		eps: map[endpoint.ID]*bpfEndpoint{}}, nil
+		eps: map[endpoint.ID]*bpfEndpoint{}, prep: map[endpoint.ID]*prepared{}}, nil
 }
 
 // close releases the file descriptors; pinned objects (and with them the
@@ -97,7 +103,13 @@ func (b *bpfState) close() {
 		e.close()
 	}
 	b.eps = map[endpoint.ID]*bpfEndpoint{}
+	prep := b.prep
+	b.prep = map[endpoint.ID]*prepared{}
 	b.mu.Unlock()
+	for _, p := range prep {
+		<-p.done
+		p.progs.close()
+	}
 	b.maps.close()
 }
 
@@ -108,15 +120,25 @@ func (b *bpfState) close() {
 // and attaches them (or updates the pinned links in place).
 func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	b := l.bpf
+	pre, loaded := b.claim(ep.ID, ep.Identity)
+	defer b.release(ep.ID)
+	defer func() {
+		if loaded {
+			pre.close() // unused, or held by the links or filters now
+		}
+	}()
 	b.mu.Lock()
 	e := b.eps[ep.ID]
 	b.mu.Unlock()
 	dir := b.endpointDir(ep.ID)
+	start := time.Now()
 	if e == nil {
 		var err error
 		if e, err = b.openEndpoint(ep, dir, ifindex); err != nil {
 			return err
 		}
+		l.phase(PhaseBPFMaps, start)
+		start = time.Now()
 	}
 	want := ep.Policy
 	if want == nil {
@@ -129,26 +151,38 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy].MaxEntries); len(want.CIDR) > limit {
 		return fmt.Errorf("policy of %d CIDR entries, at most %d fit the cidr policy map: %w", len(want.CIDR), limit, ErrInvalidPolicy)
 	}
-	if err := syncPolicyMap(e.policyMap, e.cidrMap, e.have, want); err != nil {
+	ports, err := want.Redirects(l.proxyPorts())
+	if err != nil {
+		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+	}
+	if err := syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports}); err != nil {
 		// Partly applied: read back what the maps hold now.
-		if have, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
-			e.have = have
+		if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
+			e.have, e.ports = have, hports
 		}
 		return err
 	}
-	e.have = want
+	e.have, e.ports = want, ports
+	l.phase(PhaseBPFPolicy, start)
 	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
 		return nil
 	}
-	progs, err := b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
-	if err != nil {
-		return err
+	start = time.Now()
+	progs := pre
+	if !loaded {
+		var err error
+		if progs, err = b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity); err != nil {
+			return err
+		}
+		defer progs.close() // the links or filters hold them
 	}
-	defer progs.close() // the links or filters hold them
+	l.phase(PhaseBPFLoad, start)
+	start = time.Now()
 	e.attached = false
 	if err := l.attach(e, dir, ifindex, progs); err != nil {
 		return err
 	}
+	l.phase(PhaseBPFAttach, start)
 	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 	return nil
 }
@@ -171,7 +205,7 @@ func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) 
 	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
 	if !created || !cidrCreated {
 		// Either map may hold entries even when the other is new.
-		if e.have, err = realisedState(pm, cm); err != nil {
+		if e.have, e.ports, err = realisedState(pm, cm); err != nil {
 			e.close()
 			return nil, err
 		}
@@ -239,6 +273,7 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) erro
 // left to the worker pool. Removing a missing endpoint is success.
 func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	b := l.bpf
+	b.dropPrepared(id)
 	b.mu.Lock()
 	e := b.eps[id]
 	delete(b.eps, id)

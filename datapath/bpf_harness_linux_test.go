@@ -28,6 +28,7 @@ type progHarness struct {
 	cm    *ebpf.Map
 	progs programs
 	have  *policy.MapState
+	ports map[policy.Key]uint16
 }
 
 func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity) *progHarness {
@@ -61,11 +62,19 @@ func (h *progHarness) setPolicy(t testing.TB, ms *policy.MapState) {
 	if ms == nil {
 		ms = noPolicy
 	}
-	if err := syncPolicyMap(h.pm, h.cm, h.have, ms); err != nil {
+	ports, err := ms.Redirects(harnessProxyPorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syncPolicyMap(h.pm, h.cm, policyTarget{h.have, h.ports}, policyTarget{ms, ports}); err != nil {
 		t.Fatalf("sync policy: %v", err)
 	}
-	h.have = ms
+	h.have, h.ports = ms, ports
 }
+
+// harnessProxyPorts are the proxy ports the harness's policies redirect
+// their L7 entries to.
+var harnessProxyPorts = policy.ProxyPorts{policy.ParserHTTP: 15001}
 
 func (h *progHarness) ipcache(t testing.TB, prefix string, id identity.NumericIdentity) {
 	t.Helper()

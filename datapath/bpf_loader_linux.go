@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -99,9 +100,16 @@ func (p programs) close() {
 	}
 }
 
+// rodata is the object's constants section: ENDPOINT_ID and
+// ENDPOINT_IDENTITY, frozen before the programs are verified.
+const rodata = ".rodata"
+
 // load loads the endpoint programs for id with its identity, using the
-// shared maps and the endpoint's policy maps.
-func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, ident identity.NumericIdentity) (programs, error) {
+// shared maps and the endpoint's policy maps. The constants map is made
+// first; then the two programs go through the kernel's verifier at once,
+// each on a goroutine of its own (most of a load is the verifier, and
+// the programs are independent), sharing it.
+func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, ident identity.NumericIdentity) (p programs, retErr error) {
 	spec := t.spec.Copy()
 	if err := spec.Variables[bpf.EndpointVarENDPOINT_ID].Set(uint32(id)); err != nil {
 		return programs{}, fmt.Errorf("load endpoint %d programs: set id: %w", id, err)
@@ -112,13 +120,53 @@ func (t *template) load(sm sharedMaps, pol, cidr *ebpf.Map, id endpoint.ID, iden
 	repl := sm.replacements()
 	repl[bpf.EndpointMapPolicy] = pol
 	repl[bpf.EndpointMapCidrPolicy] = cidr
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl, Cache: t.cache})
-	if err != nil {
+	var consts struct {
+		Map *ebpf.Map `ebpf:".rodata"`
+	}
+	if err := spec.LoadAndAssign(&consts, &ebpf.CollectionOptions{Cache: t.cache}); err != nil {
+		return programs{}, fmt.Errorf("load endpoint %d programs: constants: %w", id, err)
+	}
+	defer consts.Map.Close() // the programs hold it
+	repl[rodata] = consts.Map
+	opts := &ebpf.CollectionOptions{MapReplacements: repl, Cache: t.cache}
+	other := spec.Copy()
+	var toErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.to, toErr = loadOne(other, bpf.EndpointProgToContainer, opts)
+	}()
+	var fromErr error
+	p.from, fromErr = loadOne(spec, bpf.EndpointProgFromContainer, opts)
+	<-done
+	if err := errors.Join(fromErr, toErr); err != nil {
+		p.close()
 		return programs{}, fmt.Errorf("load endpoint %d programs: %w", id, err)
 	}
-	defer coll.Close()
-	return programs{
-		from: coll.DetachProgram(bpf.EndpointProgFromContainer),
-		to:   coll.DetachProgram(bpf.EndpointProgToContainer),
-	}, nil
+	return p, nil
+}
+
+// loadOne loads the program called name from spec (and, with it, only
+// the maps it uses; opts replaces them all).
+func loadOne(spec *ebpf.CollectionSpec, name string, opts *ebpf.CollectionOptions) (*ebpf.Program, error) {
+	var prog *ebpf.Program
+	var err error
+	switch name {
+	case bpf.EndpointProgFromContainer:
+		var obj struct {
+			Prog *ebpf.Program `ebpf:"from_container"`
+		}
+		err, prog = spec.LoadAndAssign(&obj, opts), obj.Prog
+	case bpf.EndpointProgToContainer:
+		var obj struct {
+			Prog *ebpf.Program `ebpf:"to_container"`
+		}
+		err, prog = spec.LoadAndAssign(&obj, opts), obj.Prog
+	default:
+		err = errors.New("not an endpoint program")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return prog, nil
 }

@@ -178,6 +178,7 @@ func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, er
 		entries = append(entries, PolicyEntry{
 			Key:     pk,
 			Packets: v.Packets, Bytes: v.Bytes,
+			ProxyPort: v.ProxyPort,
 		})
 	}
 	if err := it.Err(); err != nil {
@@ -188,33 +189,49 @@ func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, er
 }
 
 // realisedState rebuilds what a policy map and a CIDR policy map
-// enforce as a MapState.
-func realisedState(m, cm *ebpf.Map) (*policy.MapState, error) {
+// enforce as a MapState, and the proxy ports of its redirected entries.
+func realisedState(m, cm *ebpf.Map) (*policy.MapState, map[policy.Key]uint16, error) {
 	entries, in, eg, err := dumpPolicyMap(m)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cidrs, err := dumpCIDRMap(cm)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keys := make([]policy.Key, len(entries))
+	var ports map[policy.Key]uint16
 	for i, e := range entries {
 		keys[i] = e.Key
+		if e.ProxyPort != 0 {
+			if ports == nil {
+				ports = map[policy.Key]uint16{}
+			}
+			ports[e.Key] = e.ProxyPort
+		}
 	}
 	ms := policy.NewMapState(0, in, eg, keys)
 	for _, c := range cidrs {
 		ms.CIDR = append(ms.CIDR, c.Entry)
 	}
-	return ms, nil
+	return ms, ports, nil
+}
+
+// policyTarget is what a policy map is synced to: the entries and the
+// proxy port of each redirected one (policy.MapState.Redirects).
+type policyTarget struct {
+	state *policy.MapState
+	ports map[policy.Key]uint16
 }
 
 // syncPolicyMap makes m (identity entries) and cm (CIDR entries) enforce
 // want, given that they enforce have, by difference. Order keeps every
 // intermediate state between the two: enforcement turned off first,
-// then additions, the CIDR entries (syncCIDRMap), removals, and
-// enforcement turned on last.
-func syncPolicyMap(m, cm *ebpf.Map, have, want *policy.MapState) error {
+// then additions (with their proxy ports), proxy port changes of kept
+// entries, the CIDR entries (syncCIDRMap), removals, and enforcement
+// turned on last.
+func syncPolicyMap(m, cm *ebpf.Map, haveT, wantT policyTarget) error {
+	have, want := haveT.state, wantT.state
 	add, remove := policy.Diff(have, want)
 	addKeys := make([]bpf.EndpointPolicyKey, 0, len(add))
 	for _, k := range add {
@@ -232,11 +249,16 @@ func syncPolicyMap(m, cm *ebpf.Map, have, want *policy.MapState) error {
 		}
 	}
 	var zero bpf.EndpointPolicyValue
-	for _, bk := range addKeys {
-		// NoExist keeps the counters of an entry that is already there.
-		if err := m.Update(bk, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	for i, bk := range addKeys {
+		// NoExist keeps the counters of an entry that is already there
+		// (its port is then set below).
+		v := bpf.EndpointPolicyValue{ProxyPort: wantT.ports[add[i]]}
+		if err := m.Update(bk, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("update policy map: %w", err)
 		}
+	}
+	if err := syncProxyPorts(m, haveT, wantT); err != nil {
+		return err
 	}
 	if err := syncCIDRMap(cm, have, want); err != nil {
 		return err
@@ -250,6 +272,43 @@ func syncPolicyMap(m, cm *ebpf.Map, have, want *policy.MapState) error {
 		if want.Enforced(dir) && !have.Enforced(dir) {
 			if err := m.Update(enforceKey(dir), zero, ebpf.UpdateAny); err != nil {
 				return fmt.Errorf("update policy map: enforce %s: %w", dir, err)
+			}
+		}
+	}
+	return nil
+}
+
+// syncProxyPorts sets the proxy port of every entry of want whose port
+// differs from have's (redirect turned on, off, or moved), keeping its
+// counters. New entries got theirs with the addition.
+func syncProxyPorts(m *ebpf.Map, haveT, wantT policyTarget) error {
+	changed := func(k policy.Key) error {
+		if haveT.ports[k] == wantT.ports[k] {
+			return nil
+		}
+		if _, ok := slices.BinarySearchFunc(wantT.state.Allow, k, policy.Compare); !ok {
+			return nil // removed
+		}
+		bk := encodePolicyKey(k)
+		var v bpf.EndpointPolicyValue
+		if err := m.Lookup(bk, &v); err != nil {
+			return fmt.Errorf("read policy map entry %+v: %w", k, err)
+		}
+		v.ProxyPort = wantT.ports[k]
+		if err := m.Update(bk, v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("set proxy port of policy map entry %+v: %w", k, err)
+		}
+		return nil
+	}
+	for k := range wantT.ports {
+		if err := changed(k); err != nil {
+			return err
+		}
+	}
+	for k := range haveT.ports {
+		if _, ok := wantT.ports[k]; !ok {
+			if err := changed(k); err != nil {
+				return err
 			}
 		}
 	}

@@ -365,7 +365,7 @@ func TestBPFPolicySyncRejectsReserved(t *testing.T) {
 		{Identity: identA, Port: 80, Dir: policy.Ingress},
 	}
 	for _, k := range bad {
-		err := syncPolicyMap(h.pm, h.cm, noPolicy, policy.NewMapState(1, true, false, []policy.Key{k}))
+		err := syncPolicyMap(h.pm, h.cm, policyTarget{noPolicy, nil}, policyTarget{policy.NewMapState(1, true, false, []policy.Key{k}), nil})
 		if !errors.Is(err, ErrInvalidPolicy) {
 			t.Fatalf("sync of %+v = %v, want ErrInvalidPolicy", k, err)
 		}

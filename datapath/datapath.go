@@ -41,7 +41,12 @@ type L7Status struct {
 	Process l7proxy.SupervisorStatus `json:"process"`
 	Version uint64                   `json:"version"`
 	Acks    l7proxy.TrackerStatus    `json:"acks"`
+	// Port is the proxy's listening port (the policy maps' proxy port).
+	Port uint16 `json:"port"`
 }
+
+// L7AccessEvent is one request the L7 proxy decided (LinuxHooks.OnL7Access).
+type L7AccessEvent = l7proxy.AccessRecord
 
 // L7StatusReader is implemented by datapaths with an L7 proxy (the
 // Linux datapath); L7Status is nil when L7 is off.
@@ -91,11 +96,13 @@ type Datapath interface {
 	Close() error
 }
 
-// PolicyEntry is one realised policy map entry with its counters.
+// PolicyEntry is one realised policy map entry with its counters and
+// the L7 proxy port it redirects to (0: none).
 type PolicyEntry struct {
-	Key     policy.Key
-	Packets uint64
-	Bytes   uint64
+	Key       policy.Key
+	Packets   uint64
+	Bytes     uint64
+	ProxyPort uint16
 }
 
 // CIDRPolicyEntry is one realised CIDR policy entry with its counters

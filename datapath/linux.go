@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -62,10 +63,18 @@ type LinuxConfig struct {
 
 // L7Config configures the Linux datapath's L7 proxy: the agent serves
 // xDS on XDSSocket and runs ProxyPath (cmd/membrane-proxy) listening on
-// Listen, restarting it with a backoff between MinBackoff and MaxBackoff
+// Listen (a loopback or unspecified address: the BPF programs redirect
+// L7 traffic to the socket at 127.0.0.1 or ::1 and Listen's port),
+// restarting it with a backoff between MinBackoff and MaxBackoff
 // (reset after a run of StableAfter).
 type L7Config struct {
-	ProxyPath, XDSSocket, Listen        string
+	ProxyPath, XDSSocket, Listen string
+	// AccessSocket is the unixgram socket the proxy sends its access
+	// records to (default: XDSSocket's name with "-access" before ".sock").
+	AccessSocket string
+	// ProxyArgs are appended to the proxy's command line (the
+	// simulator's fault flags).
+	ProxyArgs                           []string
 	MinBackoff, MaxBackoff, StableAfter time.Duration
 }
 
@@ -172,6 +181,9 @@ func (c L7Config) withDefaults() L7Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:15001"
 	}
+	if c.AccessSocket == "" {
+		c.AccessSocket = strings.TrimSuffix(c.XDSSocket, ".sock") + "-access.sock"
+	}
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 10*time.Second)
 	c.StableAfter = cmp.Or(c.StableAfter, 30*time.Second)
@@ -185,8 +197,13 @@ func (c L7Config) validate() error {
 	if !filepath.IsAbs(c.ProxyPath) || !filepath.IsAbs(c.XDSSocket) {
 		return fmt.Errorf("linux datapath: L7 ProxyPath %q and XDSSocket %q: want absolute paths: %w", c.ProxyPath, c.XDSSocket, ErrInvalidConfig)
 	}
-	if _, err := netip.ParseAddrPort(c.Listen); err != nil {
+	ap, err := netip.ParseAddrPort(c.Listen)
+	if err != nil {
 		return fmt.Errorf("linux datapath: L7 Listen %q: %w: %w", c.Listen, err, ErrInvalidConfig)
+	}
+	// The BPF programs find the proxy's socket at the loopback address.
+	if !ap.Addr().IsLoopback() && !ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return fmt.Errorf("linux datapath: L7 Listen %q: want a loopback or unspecified address and a port: %w", c.Listen, ErrInvalidConfig)
 	}
 	if c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
 		return fmt.Errorf("linux datapath: L7 backoff %v..%v: %w", c.MinBackoff, c.MaxBackoff, ErrInvalidConfig)
@@ -236,12 +253,41 @@ type LinuxHooks struct {
 	// Submit runs fn in the agent's datapath worker pool without waiting
 	// (deferred teardowns). It must not block.
 	Submit func(op string, fn func(ctx context.Context) error)
+	// OnL7Access receives the L7 proxy's access records, from one
+	// goroutine; it must not block.
+	OnL7Access func(L7AccessEvent)
 	// OnDrop receives the drop notifications of the endpoint programs. It
 	// is called from the ring-buffer reader goroutine and must not block
 	// (a slow OnDrop delays later notifications; the kernel discards
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
+	// Phase receives how long each step of a Realize or Remove took
+	// (LinuxPhases); it must not block.
+	Phase func(phase string, d time.Duration)
 }
+
+// The steps of Linux.Realize and Linux.Remove reported to LinuxHooks.Phase.
+const (
+	// PhaseHostSetup: the host veth's sysctls, routes and neighbours.
+	PhaseHostSetup = "host-setup"
+	// PhaseBPFMaps: opening (creating) the endpoint's pinned policy maps.
+	PhaseBPFMaps = "bpf-maps"
+	// PhaseBPFPolicy: writing the policy map difference.
+	PhaseBPFPolicy = "bpf-policy"
+	// PhaseBPFLoad: loading the two programs (the kernel's verifier) on
+	// Realize's path (near zero when a Prepare loaded them).
+	PhaseBPFLoad = "bpf-load"
+	// PhaseBPFPrepare: a Prepare's maps and load, while the state is
+	// written (Preparer).
+	PhaseBPFPrepare = "bpf-prepare"
+	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).
+	PhaseBPFAttach = "bpf-attach"
+	// PhaseRemove: a whole Remove on the caller's path.
+	PhaseRemove = "remove"
+)
+
+// LinuxPhases lists the phases in the order they run.
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

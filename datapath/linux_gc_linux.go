@@ -199,6 +199,15 @@ func (l *Linux) forgetEndpointState(name string) error {
 	}
 	id := endpoint.ID(n)
 	return l.guardBPF(func(b *bpfState) error {
+		// What a Prepare that ran after the endpoint's removal opened
+		// and loaded (bpf_prepare_linux.go).
+		b.dropPrepared(id)
+		b.mu.Lock()
+		if e := b.eps[id]; e != nil {
+			e.close()
+			delete(b.eps, id)
+		}
+		b.mu.Unlock()
 		if err := deleteDropCounters(b.maps.drops, id); err != nil {
 			return err
 		}

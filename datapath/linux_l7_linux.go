@@ -1,12 +1,19 @@
 package datapath
 
 import (
+	"errors"
+	"os"
+	"strconv"
+
 	"context"
 	"fmt"
 	"maps"
 	"net/netip"
 	"os/exec"
 	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -24,6 +31,7 @@ type linuxL7 struct {
 	ack     ProxyAckFunc
 	nack    ProxyNackFunc
 	srv     *l7proxy.Server
+	access  *l7proxy.AccessServer
 	tracker *l7proxy.Tracker
 	sup     *l7proxy.Supervisor
 	stop    context.CancelFunc
@@ -64,14 +72,37 @@ func (l *Linux) initL7() error {
 	if err != nil {
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
-	l.l7.srv, l.l7.ipcache, l.l7.withL7 = srv, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
-	path, args := c.ProxyPath, []string{"--xds", c.XDSSocket, "--listen", c.Listen}
+	if err := l.proxyRoute(); err != nil {
+		srv.Close()
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	access, err := l7proxy.NewAccessServer(c.AccessSocket, l.onL7Access, l.log.With("component", "l7-access"))
+	if err != nil {
+		srv.Close()
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
+	// The gateways are the host (initBPF put them in the ipcache before
+	// the proxy's mirror existed).
+	for _, gw := range l.cfg.Gateways {
+		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
+	}
+	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+		srv.Close()
+		access.Close()
+		l.l7.srv, l.l7.access = nil, nil
+		return fmt.Errorf("l7 proxy: %w", err)
+	}
+	// nsenter (below) execs the proxy: the agent stays its parent.
+	path, args := c.ProxyPath, append([]string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket,
+		"--parent-pid", strconv.Itoa(os.Getpid())}, c.ProxyArgs...)
 	if l.cfg.HostNetns != "" {
 		// The proxy runs in the host netns the datapath manages.
 		nsenter, err := exec.LookPath("nsenter")
 		if err != nil {
 			srv.Close()
-			l.l7.srv = nil
+			access.Close()
+			l.l7.srv, l.l7.access = nil, nil
 			return fmt.Errorf("l7 proxy in netns %s: %w", l.cfg.HostNetns, err)
 		}
 		path, args = nsenter, append([]string{"--net=" + l.cfg.HostNetns, "--", c.ProxyPath}, args...)
@@ -89,8 +120,8 @@ func (l *Linux) initL7() error {
 
 func (l *Linux) closeL7() {
 	l.l7.mu.Lock()
-	stop, done, srv := l.l7.stop, l.l7.done, l.l7.srv
-	l.l7.stop, l.l7.srv = nil, nil
+	stop, done, srv, access := l.l7.stop, l.l7.done, l.l7.srv, l.l7.access
+	l.l7.stop, l.l7.srv, l.l7.access = nil, nil, nil
 	l.l7.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -98,6 +129,19 @@ func (l *Linux) closeL7() {
 	}
 	if srv != nil {
 		srv.Close()
+	}
+	if access != nil {
+		access.Close()
+	}
+}
+
+// onL7Access hands an access record to LinuxHooks.OnL7Access.
+func (l *Linux) onL7Access(r l7proxy.AccessRecord) {
+	l.mu.Lock()
+	fn := l.hooks.OnL7Access
+	l.mu.Unlock()
+	if fn != nil {
+		fn(r)
 	}
 }
 
@@ -198,28 +242,70 @@ func (l *Linux) L7Status() *L7Status {
 	if l.l7.srv == nil {
 		return nil
 	}
-	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status()}
+	return &L7Status{Process: l.l7.sup.Status(), Version: l.l7.srv.Version(), Acks: l.l7.tracker.Status(),
+		Port: l.proxyPorts()[policy.ParserHTTP]}
 }
 
-// l4ForProxy is the policy the BPF programs enforce for an endpoint with
-// L7 entries while they cannot redirect to the proxy transparently: a
-// redirected ingress entry admits the host (the proxy's connections
-// come from it) instead of the peer, and a redirected egress entry is
-// left out. Traffic on L7 ports thus passes only through the proxy
-// (fail closed), never around it.
-func l4ForProxy(m *policy.MapState) *policy.MapState {
-	keys := make([]policy.Key, 0, len(m.Allow))
-	for _, k := range m.Allow {
-		if !m.Redirected(k) {
-			keys = append(keys, k)
-			continue
+// Proxy redirect routing: packets the endpoint programs hand to a
+// proxy's socket (bpf_sk_assign) carry MARK_TO_PROXY_MAGIC in the low
+// byte of their mark (bpf/endpoint.h); this rule sends them to a table
+// whose default route is local, so the host delivers them to the
+// assigned socket whatever their destination (as Cilium's table 2004).
+const (
+	markToProxy       = 0x4f
+	markMagicMask     = 0xff
+	proxyRouteTable   = 2040
+	proxyRulePriority = 90
+)
+
+// proxyPorts is the listening port of each L7 proxy the datapath runs
+// (policy.ProxyPorts): the BPF programs redirect an entry's traffic to
+// the port of its parser. None when L7 is off.
+func (l *Linux) proxyPorts() policy.ProxyPorts {
+	if l.cfg.L7.ProxyPath == "" {
+		return nil
+	}
+	return policy.ProxyPorts{policy.ParserHTTP: netip.MustParseAddrPort(l.cfg.L7.Listen).Port()}
+}
+
+// proxyRoute installs (idempotently) the rule and local routes of the
+// redirect in the host netns, brings lo up (the proxies listen on the
+// loopback address) and turns early demultiplexing off there.
+//
+// Early demux would break ingress redirects: the proxy's socket of a
+// redirected connection has the tuple of the client's packets, so the
+// host's IP input would attach them to it (skb->sk) on the interface
+// they arrive by, before any endpoint program ran, and then route them
+// towards the endpoint, which drops a packet with a socket (ip_forward).
+// Without it, every packet reaches the destination's to_container,
+// whose verdict hairpins it to the proxy's socket.
+func (l *Linux) proxyRoute() error {
+	if err := l.inHost(func() error { return ensureSysctl("/proc/sys/net/ipv4/ip_early_demux", "0") }); err != nil {
+		return fmt.Errorf("proxy route: %w", err)
+	}
+	lo, err := l.nl.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("proxy route: %w", err)
+	}
+	if err := l.nl.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("proxy route: set lo up: %w", err)
+	}
+	for _, dst := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		r := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(dst), Type: unix.RTN_LOCAL,
+			Table: proxyRouteTable, Scope: netlink.SCOPE_HOST}
+		if err := l.nl.RouteReplace(r); err != nil {
+			return fmt.Errorf("proxy route: local %s table %d: %w", dst, proxyRouteTable, err)
 		}
-		if k.Dir == policy.Ingress {
-			k.Identity = identity.ReservedHost
-			keys = append(keys, k)
+		rule := netlink.NewRule()
+		rule.Family = unix.AF_INET
+		if dst.Addr().Is6() {
+			rule.Family = unix.AF_INET6
+		}
+		mask := uint32(markMagicMask)
+		rule.Mark, rule.Mask, rule.Table, rule.Priority = markToProxy, &mask, proxyRouteTable, proxyRulePriority
+		if err := l.nl.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("proxy route: rule fwmark %#x/%#x: %w", markToProxy, markMagicMask, err)
 		}
 	}
-	out := policy.NewMapState(m.Revision, m.IngressEnforced, m.EgressEnforced, keys)
-	out.CIDR = m.CIDR
-	return out
+	return nil
 }

@@ -6,11 +6,12 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sync"
 	"syscall"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -154,16 +155,47 @@ func TestLinuxL7Off(t *testing.T) {
 	}
 }
 
-func TestL4ForProxy(t *testing.T) {
-	m := l7MapState(80)
-	eg := policy.Key{Identity: 300, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Egress}
+// TestPolicyMapProxyPorts (root): a redirected entry carries the proxy
+// port in its policy map value; turning the redirect on, moving it and
+// off rewrites the port and keeps the entry's counters; the realised
+// state reads the ports back.
+func TestPolicyMapProxyPorts(t *testing.T) {
+	h := newProgHarness(t, 61, 1061)
+	k := policy.Key{Identity: 300, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
 	plain := policy.Key{Identity: 300, Port: 9090, Proto: policy.ProtoTCP, Dir: policy.Ingress}
-	m = policy.NewMapState(1, true, true, append(append([]policy.Key(nil), m.Allow...), eg, plain))
-	m.L7 = []policy.L7Entry{{Key: policy.Key{Identity: 300, Port: 80, Proto: policy.ProtoTCP}, HTTP: []policy.HTTPRule{{}}}, {Key: eg, HTTP: []policy.HTTPRule{{}}}}
-	got := l4ForProxy(m)
-	want := []policy.Key{{Identity: 300, Port: 9090, Proto: policy.ProtoTCP}, {Identity: identity.ReservedHost, Port: 80, Proto: policy.ProtoTCP}}
-	want = policy.NewMapState(1, true, true, want).Allow
-	if !slices.Equal(got.Allow, want) || got.HasL7() {
-		t.Errorf("l4ForProxy = %v, want %v (peer replaced by host on ingress, egress L7 entry dropped)", got.Allow, want)
+	l4 := policy.NewMapState(1, true, false, []policy.Key{k, plain})
+	l7 := policy.NewMapState(2, true, false, []policy.Key{k, plain})
+	l7.L7 = []policy.L7Entry{{Key: k, HTTP: []policy.HTTPRule{{Path: "/public"}}}}
+	readPorts := func() map[policy.Key]uint16 {
+		t.Helper()
+		_, ports, err := realisedState(h.pm, h.cm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ports
+	}
+	h.setPolicy(t, l4)
+	bk := encodePolicyKey(k)
+	if err := h.pm.Update(bk, bpf.EndpointPolicyValue{Packets: 7}, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	h.setPolicy(t, l7)
+	if got := readPorts(); len(got) != 1 || got[k] != 15001 {
+		t.Errorf("after the redirect: ports %v, want only %v -> 15001", got, k)
+	}
+	var v bpf.EndpointPolicyValue
+	if err := h.pm.Lookup(bk, &v); err != nil || v.Packets != 7 {
+		t.Errorf("entry after the redirect: %+v %v, want the counters kept", v, err)
+	}
+	old := harnessProxyPorts
+	harnessProxyPorts = policy.ProxyPorts{policy.ParserHTTP: 15002}
+	t.Cleanup(func() { harnessProxyPorts = old })
+	h.setPolicy(t, l7)
+	if got := readPorts(); got[k] != 15002 {
+		t.Errorf("after moving the proxy: ports %v, want %v -> 15002", got, k)
+	}
+	h.setPolicy(t, l4)
+	if got := readPorts(); len(got) != 0 {
+		t.Errorf("after withdrawing L7: ports %v, want none", got)
 	}
 }

@@ -80,6 +80,16 @@ func NewLinux(cfg LinuxConfig, log *slog.Logger) (*Linux, error) {
 // Name implements Datapath.
 func (l *Linux) Name() string { return "linux" }
 
+// phase reports that step name, begun at start, ended (LinuxHooks.Phase).
+func (l *Linux) phase(name string, start time.Time) {
+	l.mu.Lock()
+	f := l.hooks.Phase
+	l.mu.Unlock()
+	if f != nil {
+		f(name, time.Since(start))
+	}
+}
+
 // SetHooks connects the datapath to the agent's worker pool and endpoint
 // deletion; until then deferred teardowns run on timer goroutines.
 func (l *Linux) SetHooks(h LinuxHooks) {
@@ -248,21 +258,19 @@ func (l *Linux) Close() error {
 }
 
 // Realize implements Datapath (see realize).
+// The proxy gets the endpoint's L7 configuration first, then the policy
+// map redirects to it: the proxy is configured before traffic arrives
+// (whether it acknowledged is the revision's proxy wait).
 func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
-	kernel := ep
-	if ep.Policy.HasL7() {
-		cp := *ep
-		cp.Policy = l4ForProxy(ep.Policy)
-		kernel = &cp
+	r, err = l.realizeL7(ep, rev)
+	if err != nil {
+		return Realized{}, err
 	}
 	err = l.guard(func() error {
-		r, err = l.realize(kernel)
+		_, err := l.realize(ep)
 		return err
 	})
-	if err != nil {
-		return r, err
-	}
-	return l.realizeL7(ep, rev)
+	return r, err
 }
 
 // Remove implements Datapath (see remove).
@@ -313,6 +321,7 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	}
 	// No lookup first: the sysctls name the interface and the routes its
 	// index, and both fail if it is gone.
+	start := time.Now()
 	l.mu.Lock()
 	prev, known := l.live[ep.ID]
 	l.mu.Unlock()
@@ -335,6 +344,7 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
 		}
 	}
+	l.phase(PhaseHostSetup, start)
 	if err := l.realizeBPF(ep, idx); err != nil {
 		return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, err)
 	}
@@ -360,6 +370,7 @@ func missingIf(err error, gone bool, name string) error {
 // pod's netns (and with it the pair) has not gone by then. Negative
 // TeardownDelay does both at once. Removing a missing endpoint is success.
 func (l *Linux) remove(ep *endpoint.Endpoint) error {
+	defer l.phase(PhaseRemove, time.Now())
 	l.mu.Lock()
 	h, known := l.live[ep.ID]
 	delete(l.live, ep.ID)

@@ -100,6 +100,14 @@ func (l *Linux) setHostSysctls(dev string) error {
 				return err
 			}
 		}
+		// With the L7 proxy, to_container hairpins redirected packets to
+		// the veth's ingress, the node's own included (a host client):
+		// their local source address must not make them martians.
+		if l.cfg.L7.ProxyPath != "" {
+			if err := ensureSysctl("/proc/sys/net/ipv4/conf/"+dev+"/accept_local", "1"); err != nil {
+				return err
+			}
+		}
 		if !l.cfg.hasFamily(6) {
 			return nil
 		}

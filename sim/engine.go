@@ -97,6 +97,9 @@ type engine struct {
 	timeline []Sample // written by the sampler only; read after it stopped
 
 	pol atomic.Pointer[policyChurn] // set when the policy churn runs (policychurn.go)
+	// l7 is set for a linux run with the real L7 proxy (faults.proxy_acks
+	// > 0): the policy churn then writes HTTP rules too.
+	l7 bool
 }
 
 // epoch is the agent incarnation calls are made against: a crash cancels
@@ -146,7 +149,7 @@ func newEngine(sc Scenario, opts Options) (*engine, func(), error) {
 	pool := netip.MustParsePrefix(sc.IPv4Range)
 	cfg := agent.Config{
 		Socket: filepath.Join(dir, "membrane.sock"), StateDir: filepath.Join(dir, "state"),
-		IPv4Range: pool, Datapath: "fake",
+		IPv4Range: pool, Datapath: "fake", GCPercent: agent.DefaultGCPercent, // as membrane-agent's default
 		Actors: actors.Config{IPAM: actors.IPAMConfig{Seed: sc.Seed},
 			Endpoint: actors.EndpointConfig{ProxyWaitTimeout: sc.ProxyWaitTimeout.D()}},
 	}

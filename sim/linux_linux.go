@@ -206,6 +206,10 @@ func (e *engine) setupLinux(cfg agent.Config) (undo func(), err error) {
 	// gets an address of each family for as long as the IPv4 pool lasts.
 	cfg.IPv6Range = linuxIPv6Range(cfg.IPv4Range)
 	cfg.Linux = datapath.LinuxConfig{HostNetns: env.host.Path, BPFFS: env.bpffs, TeardownDelay: 200 * time.Millisecond}
+	if cfg.Linux.L7, err = e.linuxProxy(binDir); err != nil {
+		_ = env.cleanup()
+		return nil, err
+	}
 	cfg.DeleteQueueDir = filepath.Join(e.dir, "delete-queue")
 	cfg.DeleteQueueInterval = time.Second
 	// Two passes remove an orphan: the interval must exceed the longest ADD.
@@ -226,6 +230,27 @@ func (e *engine) setupLinux(cfg agent.Config) (undo func(), err error) {
 			e.log.Warn("linux cleanup", "err", err)
 		}
 	}, nil
+}
+
+// linuxProxy configures the real L7 proxy for the proxy faults
+// (faults.proxy_acks > 0): membrane-proxy from the membrane-cni
+// directory, its acknowledgements delayed by faults.proxy_ack_delay and
+// lost with faults.proxy_ack_drop_rate (one proxy, whatever proxy_acks
+// says). None without proxy faults.
+func (e *engine) linuxProxy(binDir string) (datapath.L7Config, error) {
+	f := e.sc.Faults
+	if f.ProxyAcks == 0 {
+		return datapath.L7Config{}, nil
+	}
+	proxy := filepath.Join(binDir, "membrane-proxy")
+	if st, err := os.Stat(proxy); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return datapath.L7Config{}, fmt.Errorf("faults.proxy_acks with --datapath linux runs the real proxy: no membrane-proxy in %s (make build): %w",
+			binDir, ErrLinuxUnavailable)
+	}
+	e.l7 = true
+	return datapath.L7Config{ProxyPath: proxy, XDSSocket: filepath.Join(e.dir, "xds.sock"), Listen: "127.0.0.1:15001",
+		ProxyArgs:  []string{"--ack-delay", f.ProxyAckDelay.D().String(), "--ack-drop-rate", strconv.FormatFloat(f.ProxyAckDropRate, 'g', -1, 64)},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: time.Second}, nil
 }
 
 // LocateCNI returns the directory holding the membrane-cni binary: dir if

@@ -122,3 +122,42 @@ func TestDualStackResult(t *testing.T) {
 		t.Fatalf("linuxIPv6Range(/16) = %s", got)
 	}
 }
+
+// TestRunLinuxProxyFaults: the proxy faults (slow and lost
+// acknowledgements) against the real membrane-proxy on the Linux
+// datapath: the policy churn writes HTTP rules, regenerations wait for
+// the proxy's acknowledgements, some of which are lost (then the wait
+// times out, or a later version's acknowledgement covers it); every
+// invariant holds and nothing is left behind.
+func TestRunLinuxProxyFaults(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildCNI(t)
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "membrane-proxy"), "github.com/membrane-cni/membrane/cmd/membrane-proxy").CombinedOutput(); err != nil {
+		t.Fatalf("build membrane-proxy: %v\n%s", err, out)
+	}
+	before := len(simLeftovers(t))
+	sc := testScenario("linux-proxy-faults")
+	sc.Datapath = "linux"
+	sc.Endpoints, sc.Workers, sc.Identities, sc.Duration = 20, 4, 4, Duration(5*time.Second)
+	sc.PolicyChurn, sc.LabelChurn = 0.5, 0
+	sc.APIRequestTimeout = Duration(5 * time.Second)
+	sc.Faults.ProxyAcks, sc.Faults.ProxyAckDelay, sc.Faults.ProxyAckDropRate = 1, Duration(5*time.Millisecond), 0.5
+	r, err := Run(context.Background(), sc, Options{Dir: t.TempDir(), CNIBinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireClean(t, r)
+	var b strings.Builder
+	r.WriteText(&b)
+	t.Log(b.String())
+	// Regenerations wait only for a real proxy here (no fake hooks): a
+	// timeout proves they did and that lost acknowledgements end in one.
+	// Half the acknowledgements are lost: a run without any timeout would
+	// mean the proxy or the HTTP rules are not in play.
+	if r.ProxyTimeouts == 0 {
+		t.Errorf("no proxy wait timed out with half the acknowledgements lost")
+	}
+	if left := simLeftovers(t); len(left) > before {
+		t.Errorf("left behind: %v", left)
+	}
+}

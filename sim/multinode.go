@@ -142,7 +142,7 @@ func startNodes(cfg MultiConfig, etcdEndpoint string) ([]*simNode, error) {
 		dir := filepath.Join(cfg.Dir, name)
 		ac := agent.Config{Socket: filepath.Join(dir, "run", "a.sock"), StateDir: filepath.Join(dir, "state"),
 			IPv4Range: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 220, byte(i), 0}), 24), Datapath: "fake",
-			GCInterval: -1, Fake: datapath.NewFake(cfg.Seed + uint64(i)),
+			GCInterval: -1, GCPercent: agent.DefaultGCPercent, Fake: datapath.NewFake(cfg.Seed + uint64(i)),
 			Kvstore:   &kvstore.Config{Endpoints: []string{etcdEndpoint}, NodeName: name, Prefix: simPrefix, LeaseTTL: cfg.LeaseTTL},
 			NodeAddrs: []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 220, byte(i + 1)})}}
 		n := &simNode{name: name, cfg: ac}

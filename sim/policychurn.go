@@ -190,9 +190,14 @@ func (e *engine) policyDoc(rng *rand.Rand, kind, name string) ([]byte, error) {
 	peerSel := map[string]any{"matchLabels": map[string]string{"shard": peer}}
 	var doc map[string]any
 	if kind == "cnp" {
+		toPort := map[string]any{"ports": []any{map[string]any{"port": strconv.Itoa(port), "protocol": proto}}}
+		if e.l7 && proto == "TCP" && rng.IntN(2) == 0 {
+			// With the real proxy (linux proxy faults): an L7 rule, so
+			// regenerations wait for its acknowledgements.
+			toPort["rules"] = map[string]any{"http": []any{map[string]any{"method": "GET", "path": "/sim/" + strconv.Itoa(rng.IntN(8))}}}
+		}
 		spec := map[string]any{"endpointSelector": subject,
-			"ingress": []any{map[string]any{"fromEndpoints": []any{peerSel},
-				"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": strconv.Itoa(port), "protocol": proto}}}}}}}
+			"ingress": []any{map[string]any{"fromEndpoints": []any{peerSel}, "toPorts": []any{toPort}}}}
 		if rng.IntN(3) == 0 {
 			spec["egress"] = []any{map[string]any{"toEndpoints": []any{map[string]any{"matchLabels": map[string]string{"app": "sim"}}},
 				"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "53", "protocol": "UDP"}}}}}}

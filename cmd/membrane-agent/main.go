@@ -79,8 +79,11 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&allowedHosts, "http-allowed-hosts", "", "comma-separated Host names the HTTP listener answers besides localhost and loopback addresses (\"*\": any; guards against DNS rebinding)")
 	fs.IntVar(&cfg.API.MaxHTTPConns, "http-max-connections", 64, "HTTP listener: most connections open at once; more are answered 503 and closed")
 	fs.IntVar(&cfg.API.MaxConns, "max-connections", 1024, "unix socket: most connections open at once; more are answered 503 and closed")
+	fs.IntVar(&cfg.GCPercent, "gc-percent", agent.DefaultGCPercent, "Go garbage collector target: collect when the heap has grown by this percentage of the live heap (25..1000; the GOGC environment variable, when set, wins): higher costs memory and saves CPU")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
+	var attach string
+	fs.StringVar(&attach, "bpf-attach", "tcx", "linux datapath: how endpoint programs attach to the host veths: tcx (BPF links, pinned: nothing else can replace them; each attach waits for an RCU grace period under the rtnl lock, about 10-30 ms of every CNI ADD) or tc (clsact + cls_bpf filters, about 1 ms; the fallback where TCX is missing)")
 	fs.StringVar(&cfg.Linux.L7.ProxyPath, "l7-proxy", "", "linux datapath: absolute path of membrane-proxy; enables L7 (HTTP) policy, the agent runs and restarts it")
 	fs.StringVar(&cfg.Linux.L7.XDSSocket, "l7-xds-socket", "/var/run/membrane/xds.sock", "linux datapath: unix socket of the xDS server configuring the L7 proxy")
 	fs.StringVar(&cfg.Linux.L7.Listen, "l7-proxy-listen", "127.0.0.1:15001", "linux datapath: the L7 proxy's listening address")
@@ -133,6 +136,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 			return cfg, nil, err
 		}
 		cfg.Linux.Nodes.ClusterCIDRs = append(cfg.Linux.Nodes.ClusterCIDRs, p)
+	}
+	switch attach {
+	case "tcx":
+	case "tc":
+		cfg.Linux.ForceLegacyTC = true
+	default:
+		return cfg, nil, fmt.Errorf("--bpf-attach %q: want tcx or tc", attach)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/membrane-cni/membrane/pkg/agent"
 )
 
 func TestFlags(t *testing.T) {
@@ -261,5 +263,57 @@ func TestParseFlagsKvstore(t *testing.T) {
 				t.Fatalf("Kvstore = %+v, NodeAddrs %v", cfg.Kvstore, cfg.NodeAddrs)
 			}
 		})
+	}
+}
+
+func TestParseFlagsBPFAttach(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		legacy  bool
+		wantErr string
+	}{
+		{"default tcx", nil, false, ""},
+		{"tcx", []string{"--bpf-attach", "tcx"}, false, ""},
+		{"tc", []string{"--bpf-attach", "tc"}, true, ""},
+		{"bad", []string{"--bpf-attach", "xdp"}, false, "--bpf-attach"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := parseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Linux.ForceLegacyTC != tc.legacy {
+				t.Fatalf("ForceLegacyTC = %v, want %v", cfg.Linux.ForceLegacyTC, tc.legacy)
+			}
+		})
+	}
+}
+
+func TestParseFlagsGCPercent(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	cfg, _, err := parseFlags(base, io.Discard)
+	if err != nil || cfg.GCPercent != agent.DefaultGCPercent {
+		t.Fatalf("default: GCPercent %d, err %v; want %d", cfg.GCPercent, err, agent.DefaultGCPercent)
+	}
+	cfg, _, err = parseFlags(append(append([]string{}, base...), "--gc-percent", "100"), io.Discard)
+	if err != nil || cfg.GCPercent != 100 {
+		t.Fatalf("--gc-percent 100: GCPercent %d, err %v", cfg.GCPercent, err)
+	}
+	for _, bad := range []string{"10", "5000", "-1"} {
+		cfg, _, err = parseFlags(append(append([]string{}, base...), "--gc-percent", bad), io.Discard)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), "--gc-percent") {
+			t.Fatalf("--gc-percent %s: err %v, want one naming the flag", bad, err)
+		}
 	}
 }

@@ -4,11 +4,14 @@
 package main
 
 import (
+	"time"
+
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 )
 
 func main() {
+	cni.ProcessStart = time.Now()
 	skel.PluginMainFuncs(cni.Funcs(), cni.VersionInfo(), cni.About)
 }

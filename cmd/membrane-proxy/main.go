@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
 )
@@ -26,6 +27,10 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("membrane-proxy", flag.ContinueOnError)
 	xds := fs.String("xds", "/var/run/membrane/xds.sock", "the agent's xDS unix socket")
 	listen := fs.String("listen", "127.0.0.1:15001", "HTTP listening address")
+	access := fs.String("access-log", "", "the agent's unixgram socket for access records (none if empty)")
+	ackDelay := fs.Duration("ack-delay", 0, "delay every acknowledgement (fault injection, testing)")
+	ackDrop := fs.Float64("ack-drop-rate", 0, "lose acknowledgements with this probability (fault injection, testing)")
+	parentPID := fs.Int("parent-pid", 0, "exit when this process (the agent) is no longer the parent (0: the parent at start)")
 	reject := fs.Bool("reject-config", false, "reject every configuration (testing)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -35,6 +40,34 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, orphaned := context.WithCancel(ctx)
+	defer orphaned()
+	go exitWithParent(ctx, orphaned, *parentPID)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
-	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, Log: log, Reject: *reject})
+	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject,
+		AckDelay: *ackDelay, AckDropRate: *ackDrop})
+}
+
+// exitWithParent ends the proxy when the agent that started it is gone
+// (the process is re-parented): a killed agent's proxy would otherwise
+// keep the listening port, and the next agent's proxy could not bind it.
+func exitWithParent(ctx context.Context, orphaned context.CancelFunc, parent int) {
+	if parent == 0 {
+		parent = os.Getppid()
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if os.Getppid() != parent {
+				// Also when the agent died before the proxy started.
+				fmt.Fprintln(os.Stderr, "membrane-proxy: the agent that started it is gone; exiting")
+				orphaned()
+				return
+			}
+		}
+	}
 }

@@ -202,6 +202,9 @@ func eventText(ev events.Event) string {
 	if d := ev.Drop; d != nil {
 		parts = append(parts, dropText(d))
 	}
+	if l := ev.L7; l != nil {
+		parts = append(parts, l7Text(l))
+	}
 	if ev.Message != "" {
 		parts = append(parts, fmt.Sprintf("%q", ev.Message))
 	}
@@ -220,6 +223,23 @@ func dropText(d *events.Drop) string {
 	}
 	if d.PeerIdentity != 0 {
 		s += fmt.Sprintf(" peer-identity=%d", d.PeerIdentity)
+	}
+	return s
+}
+
+// l7Text renders an L7 access: verdict, direction, the flow with both
+// identities and the request.
+func l7Text(l *events.L7) string {
+	s := fmt.Sprintf("%s verdict=%s direction=%s %s (identity %d) -> %s (identity %d)",
+		l.Protocol, l.Verdict, l.Direction, l.Src, l.SrcIdentity, l.Dst, l.DstIdentity)
+	if l.Method != "" {
+		s += fmt.Sprintf(" %s %s", l.Method, l.Path)
+	}
+	if l.Host != "" {
+		s += " host=" + l.Host
+	}
+	if l.Reason != "" {
+		s += fmt.Sprintf(" reason=%q", l.Reason)
 	}
 	return s
 }

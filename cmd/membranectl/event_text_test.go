@@ -20,6 +20,9 @@ func TestEventText(t *testing.T) {
 			"datapath-drop endpoint=2 reason=fragment direction=egress fd00::2 -> fd00::3 proto=17"},
 		{"drop-non-ip", events.Event{Type: events.DatapathDrop, Endpoint: 2, Drop: &events.Drop{Reason: "unknown-l3", Direction: "egress"}},
 			"datapath-drop endpoint=2 reason=unknown-l3 direction=egress"},
+		{"l7-denied", events.Event{Type: events.L7Access, Endpoint: 12, L7: &events.L7{Protocol: "http", Verdict: "denied", Reason: "ingress rules deny identity 1001",
+			Direction: "ingress", Src: "10.0.0.2:40000", Dst: "10.0.0.3:80", SrcIdentity: 1001, DstIdentity: 1002, Method: "GET", Path: "/private"}},
+			`l7-access endpoint=12 http verdict=denied direction=ingress 10.0.0.2:40000 (identity 1001) -> 10.0.0.3:80 (identity 1002) GET /private reason="ingress rules deny identity 1001"`},
 		{"policy-revision", events.Event{Type: events.PolicyRevision, Revision: 4, Message: "1 identities with changed policy"},
 			`policy-revision revision=4 "1 identities with changed policy"`},
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -32,20 +33,38 @@ type ProxyConfig struct {
 	Listen string
 	// Log receives the proxy's log.
 	Log *slog.Logger
+	// AccessLog is the agent's unixgram socket for access records (""
+	// sends none).
+	AccessLog string
 	// Reject, when set, makes the proxy reject every configuration
 	// (testing the agent's handling of rejections).
 	Reject bool
+	// AckDelay delays, and AckDropRate (0..1) loses, the proxy's
+	// acknowledgements (fault injection: the simulator's proxy faults
+	// against the real proxy). A lost acknowledgement is covered by the
+	// next version's.
+	AckDelay    time.Duration
+	AckDropRate float64
 }
 
 // RunProxy runs the proxy until ctx ends: it subscribes to the agent's
 // xDS server (reconnecting with backoff) and serves HTTP on cfg.Listen,
 // enforcing the configuration last applied.
 func RunProxy(ctx context.Context, cfg ProxyConfig) error {
-	lis, err := net.Listen("tcp", cfg.Listen)
+	ap, err := netip.ParseAddrPort(cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy listen %s: %w", cfg.Listen, err)
 	}
-	p := &proxy{log: cfg.Log, reject: cfg.Reject}
+	lis, err := transparentListen(ap)
+	if err != nil {
+		return err
+	}
+	if cfg.AckDelay < 0 || cfg.AckDropRate < 0 || cfg.AckDropRate > 1 {
+		return fmt.Errorf("proxy: ack delay %v and drop rate %v: want >= 0 and a rate in [0, 1]", cfg.AckDelay, cfg.AckDropRate)
+	}
+	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams(), access: newAccessLog(cfg.AccessLog),
+		ackDelay: cfg.AckDelay, ackDrop: cfg.AckDropRate}
+	go p.access.run(ctx)
 	p.state.Store(&state{})
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	go func() {
@@ -61,9 +80,14 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) error {
 }
 
 type proxy struct {
-	log    *slog.Logger
-	reject bool
-	state  atomic.Pointer[state]
+	log      *slog.Logger
+	reject   bool
+	port     uint16 // the listening port: a connection to it is explicit
+	upstream *upstreams
+	access   *accessLog
+	ackDelay time.Duration
+	ackDrop  float64
+	state    atomic.Pointer[state]
 }
 
 // state is one applied configuration version, immutable.
@@ -74,6 +98,7 @@ type state struct {
 }
 
 type compiledEndpoint struct {
+	id uint64
 	l7 map[policy.Key][]*policy.CompiledHTTPRule
 }
 
@@ -105,7 +130,7 @@ func buildState(version string, resources [][]byte) (*state, error) {
 }
 
 func compileEndpoint(ep *EndpointPolicy) (*compiledEndpoint, error) {
-	ce := &compiledEndpoint{l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
+	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
 	for i, e := range ep.L7 {
 		for j, h := range e.HTTP {
 			c, err := policy.CompileHTTPRule(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j))
@@ -131,22 +156,32 @@ func (s *state) identityOf(addr netip.Addr) identity.NumericIdentity {
 	return identity.ReservedWorld
 }
 
+// decision is a verdict and what it was decided on.
+type decision struct {
+	allowed bool
+	reason  string
+	// endpoint is the endpoint whose rules decided (the denying one, else
+	// the last allowing one; 0 if none had rules), dir their direction.
+	endpoint     uint64
+	dir          policy.Direction
+	srcID, dstID identity.NumericIdentity
+}
+
 // verdict decides a request from src to dst:port: every side with L7
 // rules on the connection (dst's ingress, src's egress) must allow it,
 // and at least one side must have L7 rules (else it is not the proxy's
 // traffic).
-func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) (bool, string) {
-	srcID, dstID := s.identityOf(src), s.identityOf(dst)
+func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decision {
+	d := decision{srcID: s.identityOf(src), dstID: s.identityOf(dst)}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	checked := false
 	for _, side := range []struct {
 		ep   *compiledEndpoint
 		peer identity.NumericIdentity
 		dir  policy.Direction
-	}{{s.byIP[dst.Unmap()], srcID, policy.Ingress}, {s.byIP[src.Unmap()], dstID, policy.Egress}} {
+	}{{s.byIP[dst.Unmap()], d.srcID, policy.Ingress}, {s.byIP[src.Unmap()], d.dstID, policy.Egress}} {
 		if side.ep == nil {
 			continue
 		}
@@ -154,15 +189,17 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) (bool
 		if !ok {
 			continue
 		}
-		checked = true
+		d.endpoint, d.dir = side.ep.id, side.dir
 		if !matchAny(rules, r.Method, r.URL.Path, host, r.Header) {
-			return false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+			d.allowed, d.reason = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+			return d
 		}
+		d.allowed = true
 	}
-	if !checked {
-		return false, "no L7 policy for this connection"
+	if d.endpoint == 0 {
+		d.reason = "no L7 policy for this connection"
 	}
-	return true, ""
+	return d
 }
 
 func (e *compiledEndpoint) rules(peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]*policy.CompiledHTTPRule, bool) {
@@ -185,35 +222,58 @@ func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h htt
 	return false
 }
 
-// ServeHTTP enforces and forwards one request. The destination is the
-// request's absolute URL (a forward proxy: the proxy is not yet
-// transparent, see ARCHITECTURE.md).
+// destination returns where r goes: the accepted connection's local
+// address when the BPF programs redirected it (transparent: the
+// original destination), else (a connection to the proxy's own port,
+// explicit) the request's absolute http:// URL.
+func (p *proxy) destination(r *http.Request) (netip.AddrPort, error) {
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		if local := la.AddrPort(); local.Port() != p.port {
+			return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), nil
+		}
+	}
+	if r.URL.Host == "" || r.URL.Scheme != "http" {
+		return netip.AddrPort{}, errors.New("want an absolute http:// URL")
+	}
+	if dst, err := netip.ParseAddrPort(r.URL.Host); err == nil {
+		return dst, nil
+	}
+	a, err := netip.ParseAddr(r.URL.Host)
+	if err != nil {
+		return netip.AddrPort{}, errors.New("destination must be an address")
+	}
+	return netip.AddrPortFrom(a, 80), nil
+}
+
+// ServeHTTP enforces and forwards one request. The upstream connection
+// carries the client's identity in its mark (upstreams), so the
+// destination's L4 policy sees the client, not the node.
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := p.state.Load()
 	src, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil || r.URL.Host == "" || r.URL.Scheme != "http" {
-		http.Error(w, "membrane-proxy: want an absolute http:// URL", http.StatusBadRequest)
-		return
-	}
-	dst, err := netip.ParseAddrPort(r.URL.Host)
 	if err != nil {
-		if a, aerr := netip.ParseAddr(r.URL.Host); aerr == nil {
-			dst = netip.AddrPortFrom(a, 80)
-		} else {
-			http.Error(w, "membrane-proxy: destination must be an address", http.StatusBadRequest)
-			return
-		}
-	}
-	ok, why := st.verdict(src.Addr(), dst.Addr(), dst.Port(), r)
-	p.log.Info("l7 access", "src", src.Addr(), "dst", dst, "method", r.Method, "path", r.URL.Path, "allowed", ok, "version", st.version)
-	if !ok {
-		http.Error(w, "Access denied ("+why+")", http.StatusForbidden)
+		http.Error(w, "membrane-proxy: bad client address", http.StatusBadRequest)
 		return
 	}
-	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
-		pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
-		pr.Out.Host = r.Host
-	}}
+	dst, err := p.destination(r)
+	if err != nil {
+		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	srcAddr := src.Addr().Unmap()
+	d := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
+	p.access.log(AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
+		Src: netip.AddrPortFrom(srcAddr, src.Port()), Dst: dst, SrcIdentity: uint32(d.srcID), DstIdentity: uint32(d.dstID),
+		Method: r.Method, Path: r.URL.Path, Host: r.Host, Allowed: d.allowed, Reason: d.reason})
+	if !d.allowed {
+		http.Error(w, "Access denied ("+d.reason+")", http.StatusForbidden)
+		return
+	}
+	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID),
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
+			pr.Out.Host = r.Host
+		}}
 	rp.ServeHTTP(w, r)
 }
 
@@ -264,10 +324,29 @@ func (p *proxy) stream(ctx context.Context, path string) error {
 			p.log.Warn("rejecting configuration", "version", resp.GetVersionInfo(), "err", err)
 			ack.ErrorDetail = &status.Status{Code: 3, Message: err.Error()}
 		}
+		if !p.ackFault(ctx) {
+			continue
+		}
 		if err := ads.Send(ack); err != nil {
 			return fmt.Errorf("xds acknowledge: %w", err)
 		}
 	}
+}
+
+// ackFault applies the injected acknowledgement faults: it waits
+// AckDelay and reports false for an acknowledgement to lose.
+func (p *proxy) ackFault(ctx context.Context) bool {
+	if p.ackDelay > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.ackDelay):
+		}
+	}
+	if p.ackDrop > 0 && rand.Float64() < p.ackDrop {
+		p.log.Info("losing an acknowledgement (--ack-drop-rate)")
+		return false
+	}
+	return true
 }
 
 func (p *proxy) apply(resp *discovery.DiscoveryResponse) error {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // buildProxy builds cmd/membrane-proxy into a temporary directory.
@@ -102,7 +103,10 @@ const idA, idB, idC identity.NumericIdentity = 300, 301, 302
 
 // newRig starts the xDS server, the proxy process under a supervisor and
 // a backend "B" on 127.0.0.4; A is 127.0.0.2, C 127.0.0.3 (loopback).
+// Root: the proxy's listener is transparent and its upstream connections
+// marked (CAP_NET_ADMIN).
 func newRig(t testing.TB, extra ...string) *rig {
+	testutil.RequireRoot(t)
 	bin := buildProxy(t)
 	dir := t.TempDir()
 	r := &rig{t: t, w: &waits{}}

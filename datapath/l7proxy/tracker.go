@@ -1,7 +1,9 @@
 package l7proxy
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -18,6 +20,9 @@ type Tracker struct {
 	onNack  func(ep, rev uint64, reason string)
 	nacks   uint64
 	lastErr string
+	// needs is the version of each endpoint's current configuration
+	// (Wait), for the per-endpoint status.
+	needs map[uint64]uint64
 }
 
 type waitKey struct{ ep, rev uint64 }
@@ -25,7 +30,7 @@ type waitKey struct{ ep, rev uint64 }
 // NewTracker returns a tracker calling onAck when a wait is acknowledged
 // and onNack when the version it needs is rejected.
 func NewTracker(onAck func(ep, rev uint64), onNack func(ep, rev uint64, reason string)) *Tracker {
-	return &Tracker{waits: map[waitKey]uint64{}, onAck: onAck, onNack: onNack}
+	return &Tracker{waits: map[waitKey]uint64{}, needs: map[uint64]uint64{}, onAck: onAck, onNack: onNack}
 }
 
 // maxWaits bounds the pending waits (one per endpoint revision in
@@ -38,6 +43,7 @@ const maxWaits = 1 << 16
 func (t *Tracker) Wait(ep, rev, v uint64) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.needs[ep] = v
 	if v <= t.acked {
 		return false, nil
 	}
@@ -57,11 +63,29 @@ func (t *Tracker) Wait(ep, rev, v uint64) (bool, error) {
 func (t *Tracker) Forget(ep uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.needs, ep)
 	for k := range t.waits {
 		if k.ep == ep {
 			delete(t.waits, k)
 		}
 	}
+}
+
+// EndpointAck is one endpoint's configuration version and whether the
+// proxy acknowledged it.
+type EndpointAck struct {
+	Endpoint uint64 `json:"endpoint"`
+	Version  uint64 `json:"version"`
+	Acked    bool   `json:"acked"`
+}
+
+// Endpoint returns endpoint ep's configuration version and whether it
+// is acknowledged; false if ep never had L7 configuration.
+func (t *Tracker) Endpoint(ep uint64) (EndpointAck, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.needs[ep]
+	return EndpointAck{Endpoint: ep, Version: v, Acked: v <= t.acked}, ok
 }
 
 // Ack records that the proxy applied version v and completes the waits
@@ -112,11 +136,18 @@ type TrackerStatus struct {
 	// Nacks counts rejections; LastNack is the last one's reason.
 	Nacks    uint64 `json:"nacks"`
 	LastNack string `json:"lastNack,omitempty"`
+	// Endpoints are the endpoints' configuration versions, by ID.
+	Endpoints []EndpointAck `json:"endpoints,omitempty"`
 }
 
 // Status returns the tracker's state.
 func (t *Tracker) Status() TrackerStatus {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return TrackerStatus{Acked: t.acked, Pending: len(t.waits), Nacks: t.nacks, LastNack: t.lastErr}
+	st := TrackerStatus{Acked: t.acked, Pending: len(t.waits), Nacks: t.nacks, LastNack: t.lastErr}
+	for ep, v := range t.needs {
+		st.Endpoints = append(st.Endpoints, EndpointAck{Endpoint: ep, Version: v, Acked: v <= t.acked})
+	}
+	slices.SortFunc(st.Endpoints, func(a, b EndpointAck) int { return cmp.Compare(a.Endpoint, b.Endpoint) })
+	return st
 }

@@ -65,3 +65,28 @@ func TestTrackerAckNack(t *testing.T) {
 		t.Errorf("status = %+v", st)
 	}
 }
+
+// TestTrackerEndpoints: the per-endpoint status names each endpoint's
+// configuration version and whether the proxy acknowledged it.
+func TestTrackerEndpoints(t *testing.T) {
+	var l ackLog
+	tr := l.tracker()
+	if _, err := tr.Wait(1, 10, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Wait(2, 10, 5); err != nil {
+		t.Fatal(err)
+	}
+	tr.Ack(4)
+	want := []EndpointAck{{Endpoint: 1, Version: 3, Acked: true}, {Endpoint: 2, Version: 5}}
+	if got := tr.Status().Endpoints; !slices.Equal(got, want) {
+		t.Errorf("Status().Endpoints = %+v, want %+v", got, want)
+	}
+	if got, ok := tr.Endpoint(2); !ok || got != want[1] {
+		t.Errorf("Endpoint(2) = %+v %v, want %+v", got, ok, want[1])
+	}
+	tr.Forget(2)
+	if _, ok := tr.Endpoint(2); ok || len(tr.Status().Endpoints) != 1 {
+		t.Errorf("after Forget(2): still listed")
+	}
+}

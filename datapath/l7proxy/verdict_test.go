@@ -55,8 +55,8 @@ func TestVerdict(t *testing.T) {
 	for _, tt := range tests {
 		r := httptest.NewRequest(tt.method, "http://x"+tt.path, nil)
 		r.Header = http.Header{}
-		if got, why := st.verdict(tt.src, tt.dst, tt.port, r); got != tt.want {
-			t.Errorf("%s: verdict = %v (%s), want %v", tt.name, got, why, tt.want)
+		if d := st.verdict(tt.src, tt.dst, tt.port, r); d.allowed != tt.want {
+			t.Errorf("%s: verdict = %v (%s), want %v", tt.name, d.allowed, d.reason, tt.want)
 		}
 	}
 }

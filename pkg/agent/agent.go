@@ -72,6 +72,10 @@ type Config struct {
 	// default 1 min; negative disables): orphan host veths and pin
 	// directories go, endpoints whose host interface vanished are deleted.
 	GCInterval time.Duration
+	// GCPercent is the Go garbage collector's target (--gc-percent,
+	// default DefaultGCPercent): Start applies it process-wide unless it
+	// is 0 or the GOGC environment variable is set (GOGC wins).
+	GCPercent int
 	// EnableHealth runs the health endpoint (--enable-health; Linux
 	// datapath only, else reported disabled), probed every HealthInterval
 	// (default 10 s).
@@ -107,6 +111,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--socket: empty path: %w", ErrInvalidConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
+	case c.GCPercent != 0 && (c.GCPercent < 25 || c.GCPercent > 1000):
+		return fmt.Errorf("--gc-percent %d: want 25..1000: %w", c.GCPercent, ErrInvalidConfig)
 	case c.IPAM != "" && c.IPAM != IPAMStatic && c.IPAM != IPAMKubernetes:
 		return fmt.Errorf("--ipam: %q: want %s or %s: %w", c.IPAM, IPAMStatic, IPAMKubernetes, ErrInvalidConfig)
 	case c.IPAM == IPAMKubernetes && c.K8s == nil:
@@ -221,6 +227,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	applyGCPercent(cfg.GCPercent)
 	if cfg.IPAM == IPAMKubernetes {
 		if err := podCIDRRanges(&cfg, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)
@@ -267,9 +274,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	undo = append(undo, store.Close)
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
-	// L7 rules need a proxy: the Linux datapath runs one only with
-	// --l7-proxy (the fake datapath simulates it).
-	ac.NoL7 = ac.NoL7 || (cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == "")
+	ac.NoL7 = noL7(cfg, ac.NoL7)
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()
@@ -300,7 +305,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	}
 	undo = append(undo, sys.Stop)
 	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics)})
+		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
+			Phase: cfg.API.Metrics.DatapathPhase, OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
 	}
 	srv, err := api.New(cfg.API, sys, log)
 	if err != nil {
@@ -529,4 +535,12 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	}
 	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.log)
 	return cancel
+}
+
+// noL7 reports whether the agent refuses L7 rules at import (PUT
+// /v1/policy and the Kubernetes policy watchers alike): L7 rules need a
+// proxy, which the Linux datapath runs only with --l7-proxy (the fake
+// datapath simulates it); refuse is the configured refusal.
+func noL7(cfg Config, refuse bool) bool {
+	return refuse || (cfg.Datapath == "linux" && cfg.Linux.L7.ProxyPath == "")
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -28,11 +29,14 @@ import (
 // and host-local.
 const refPluginDir = "/usr/lib/cni"
 
-// arm is one plugin set under test.
+// arm is one plugin set under test: its plugins run in host (the
+// netns standing in for the host); agent is Membrane's, nil for ptp.
 type arm struct {
-	name string
-	cni  *libcni.CNIConfig
-	conf *libcni.NetworkConfigList
+	name  string
+	cni   *libcni.CNIConfig
+	conf  *libcni.NetworkConfigList
+	host  *testutil.NS
+	agent *agent.Agent
 }
 
 func envInt(name string, def int) int {
@@ -61,92 +65,203 @@ func TestCNIBench(t *testing.T) {
 	}
 	dir := t.TempDir()
 	host := testutil.NewNS(t, "mbb-host")
-	membrane := startMembrane(t, dir, host, dual)
-	ptp := ptpArm(t, dir, dual)
+	phasesFile := filepath.Join(dir, "plugin-phases.jsonl")
+	t.Setenv(cni.PhasesEnv, phasesFile) // libcni passes the environment on
+	bin := buildPlugin(t, dir)
+	// Both attach modes of the endpoint programs, each agent in a host
+	// netns of its own: TCX (the default) and cls_bpf (--bpf-attach tc).
+	arms := []*arm{
+		startMembrane(t, dir, bin, host, "membrane", false, dual),
+		startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", true, dual),
+		ptpArm(t, dir, host, dual),
+	}
 	if dual {
-		fmt.Println("dual-stack: both arms give every pod an IPv4 and an IPv6 address")
+		fmt.Println("dual-stack: every arm gives every pod an IPv4 and an IPv6 address")
 	}
 
 	if os.Getenv("BENCH_ONLY") == "concurrent" { // for profiling
-		for _, a := range []*arm{membrane, ptp} {
-			fmt.Printf("%s: %.0f ADDs/s\n", a.name, concurrent(t, host, a, n, conc))
+		for _, a := range arms {
+			elapsed, _, _ := concurrentRound(t, a, n, conc)
+			fmt.Printf("%s: %.0f ADDs/s\n", a.name, float64(n)/elapsed.Seconds())
 		}
 		return
 	}
-	// The arms alternate, call by call and round by round, so that both
+	// The arms alternate, call by call and round by round, so that all
 	// see the same machine (other work, the kernel's netns cleanups).
-	seq := sequential(t, host, []*arm{membrane, ptp}, n)
-	thr := map[string]float64{}
+	load0 := loadAvg()
+	snaps := [3]map[string]phaseSums{agentPhases(arms)}
+	seq, calls := sequential(t, arms, n, func() { snaps[1] = agentPhases(arms) })
+	snaps[2] = agentPhases(arms)
 	const rounds = 4
-	busy := map[string]time.Duration{}
-	cpu := map[string][2]time.Duration{} // this process (libcni, agent), the plugin processes
+	res := map[string]*concResult{}
+	for _, a := range arms {
+		res[a.name] = &concResult{}
+	}
 	for r := range rounds {
-		order := []*arm{membrane, ptp}
-		if r%2 == 1 {
-			order[0], order[1] = ptp, membrane
-		}
-		for _, a := range order {
-			elapsed, used := concurrentRound(t, host, a, n/rounds, conc)
-			busy[a.name] += elapsed
-			c := cpu[a.name]
-			c[0], c[1] = c[0]+used[0], c[1]+used[1]
-			cpu[a.name] = c
+		for _, a := range rotate(arms, r) {
+			elapsed, used, lat := concurrentRound(t, a, n/rounds, conc)
+			c := res[a.name]
+			c.busy += elapsed
+			c.cpu[0], c.cpu[1] = c.cpu[0]+used[0], c.cpu[1]+used[1]
+			c.lat = append(c.lat, lat...)
 		}
 	}
-	for name, d := range busy {
-		thr[name] = float64(n/rounds*rounds) / d.Seconds()
+	total := n / rounds * rounds
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nCPU per concurrent ADD (user+sys, from getrusage):\n")
+	for _, a := range arms {
+		c := res[a.name]
+		fmt.Fprintf(&b, "  %-11s this process (libcni%s) %s, plugin processes %s\n", a.name,
+			map[bool]string{true: " and the agents", false: ""}[a.agent != nil],
+			ms(c.cpu[0]/time.Duration(total)), ms(c.cpu[1]/time.Duration(total)))
 	}
-	fmt.Printf("\nCPU per concurrent ADD (user+sys, from getrusage):\n")
-	for _, name := range []string{"membrane", "ptp"} {
-		c := cpu[name]
-		fmt.Printf("  %-8s this process (libcni%s) %s, plugin processes %s\n", name,
-			map[string]string{"membrane": " and the agent", "ptp": ""}[name],
-			ms(c[0]/time.Duration(n/rounds*rounds)), ms(c[1]/time.Duration(n/rounds*rounds)))
-	}
-	m, p := seq["membrane"], seq["ptp"]
-	out := report(n, conc, rounds, m, p, thr)
+	b.WriteString(report(n, conc, rounds, arms, seq, res, load0, loadAvg()))
+	b.WriteString(headlines(arms, conc, seq, res))
+	b.WriteString(breakdown(t, arms, calls, phasesFile, snaps))
+	out := b.String()
 	fmt.Print(out)
 	if path := os.Getenv("BENCH_OUT"); path != "" {
 		_ = os.WriteFile(path, []byte(out), 0o644)
 	}
-	if m[0].p50 > p[0].p50 || m[1].p50 > p[1].p50 || thr["membrane"] < 1.5*thr["ptp"] {
-		t.Logf("a target was missed (ADD p50 <= ptp, DEL p50 <= ptp, throughput >= 1.5x ptp)")
-	}
 }
 
-// report formats the results as a markdown table; m and p are the
-// sequential ADD and DEL stats of Membrane and ptp.
-func report(n, conc, rounds int, m, p [2]stats, thr map[string]float64) string {
+// concResult is one arm's concurrent rounds: time spent, CPU (this
+// process, the plugin processes) and every ADD's latency.
+type concResult struct {
+	busy time.Duration
+	cpu  [2]time.Duration
+	lat  []time.Duration
+}
+
+// rotate returns arms starting at index r (mod len).
+func rotate(arms []*arm, r int) []*arm {
+	k := r % len(arms)
+	return append(append([]*arm(nil), arms[k:]...), arms[:k]...)
+}
+
+// loadAvg is /proc/loadavg's three load averages.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// report formats the results as a markdown table: every Membrane arm
+// against ptp (the last arm), sequential ADD and DEL, and ADDs with conc
+// workers.
+func report(n, conc, rounds int, arms []*arm, seq map[string][2]stats, res map[string]*concResult, load0, load1 string) string {
+	ref := arms[len(arms)-1]
+	head := "| what |"
+	sep := "|---|"
+	for _, a := range arms {
+		head += " " + a.name + " |"
+		sep += "---|"
+	}
+	for _, a := range arms[:len(arms)-1] {
+		head += " " + a.name + "/ptp |"
+		sep += "---|"
+	}
+	total := n / rounds * rounds
+	conc8 := map[string]stats{}
+	for name, c := range res {
+		conc8[name] = summarize(c.lat)
+	}
+	row := func(what string, get func(name string) time.Duration) string {
+		r := "| " + what + " |"
+		for _, a := range arms {
+			r += " " + ms(get(a.name)) + " |"
+		}
+		for _, a := range arms[:len(arms)-1] {
+			r += fmt.Sprintf(" %.2f |", ratio(get(a.name), get(ref.name)))
+		}
+		return r
+	}
 	rows := []string{
-		fmt.Sprintf("| ADD p50 | %s | %s | %.2f |", ms(m[0].p50), ms(p[0].p50), ratio(m[0].p50, p[0].p50)),
-		fmt.Sprintf("| ADD p99 | %s | %s | %.2f |", ms(m[0].p99), ms(p[0].p99), ratio(m[0].p99, p[0].p99)),
-		fmt.Sprintf("| DEL p50 | %s | %s | %.2f |", ms(m[1].p50), ms(p[1].p50), ratio(m[1].p50, p[1].p50)),
-		fmt.Sprintf("| DEL p99 | %s | %s | %.2f |", ms(m[1].p99), ms(p[1].p99), ratio(m[1].p99, p[1].p99)),
-		fmt.Sprintf("| ADDs/s, %d concurrent (%d rounds of %d) | %.0f | %.0f | %.2f |", conc, rounds, n/rounds,
-			thr["membrane"], thr["ptp"], thr["membrane"]/thr["ptp"]),
+		row("ADD p50, 1 at a time", func(m string) time.Duration { return seq[m][0].p50 }),
+		row("ADD p99, 1 at a time", func(m string) time.Duration { return seq[m][0].p99 }),
+		row(fmt.Sprintf("ADD p50, %d concurrent", conc), func(m string) time.Duration { return conc8[m].p50 }),
+		row(fmt.Sprintf("ADD p99, %d concurrent", conc), func(m string) time.Duration { return conc8[m].p99 }),
+		row("DEL p50, 1 at a time", func(m string) time.Duration { return seq[m][1].p50 }),
+		row("DEL p99, 1 at a time", func(m string) time.Duration { return seq[m][1].p99 }),
 	}
-	return fmt.Sprintf("\n%d sequential ADDs then DELs per plugin (arms alternating), kernel %s, %s\n\n"+
-		"| what | membrane-cni | ptp + host-local | membrane/ptp |\n|---|---|---|---|\n%s\n",
-		n, kernel(), refVersion(), strings.Join(rows, "\n"))
+	thr := "| ADDs/s, " + strconv.Itoa(conc) + " concurrent |"
+	for _, a := range arms {
+		thr += fmt.Sprintf(" %.0f |", float64(total)/res[a.name].busy.Seconds())
+	}
+	for _, a := range arms[:len(arms)-1] {
+		thr += fmt.Sprintf(" %.2f |", res[ref.name].busy.Seconds()/res[a.name].busy.Seconds())
+	}
+	rows = append(rows, thr)
+	return fmt.Sprintf("\n%d sequential ADDs then DELs per arm, %d concurrent ADDs per arm with %d workers "+
+		"(%d rounds; arms alternating), kernel %s, %s, %s, load average %s at the start, %s at the end\n\n"+
+		"%s\n%s\n%s\n",
+		n, total, conc, rounds, kernel(), refVersion(), time.Now().UTC().Format("2006-01-02 15:04 UTC"), load0, load1,
+		head, sep, strings.Join(rows, "\n"))
 }
 
-// startMembrane starts the agent (dual: with an IPv6 range too) and
-// returns its arm.
-func startMembrane(t *testing.T, dir string, host *testutil.NS, dual bool) *arm {
+// headlines are the ratios scripts/bench-headline.sh collects, one
+// "headline: what | value | target" line each.
+func headlines(arms []*arm, conc int, seq map[string][2]stats, res map[string]*concResult) string {
+	ref := arms[len(arms)-1].name
+	var b strings.Builder
+	b.WriteString("\n")
+	for _, a := range arms[:len(arms)-1] {
+		mode := map[string]string{"membrane": "TCX", "membrane-tc": "tc"}[a.name]
+		c, p := summarize(res[a.name].lat), summarize(res[ref].lat)
+		for _, h := range []struct {
+			what   string
+			r      float64
+			target string
+		}{
+			{"CNI ADD p50 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p50, seq[ref][0].p50), "<= 0.6"},
+			{"CNI ADD p99 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p99, seq[ref][0].p99), "<= 1.0"},
+			{fmt.Sprintf("CNI ADD p50 / ptp+host-local, %d concurrent", conc), ratio(c.p50, p.p50), "<= 0.6"},
+			{fmt.Sprintf("CNI ADD p99 / ptp+host-local, %d concurrent", conc), ratio(c.p99, p.p99), "<= 1.0"},
+			{"CNI DEL p50 / ptp, 1 at a time", ratio(seq[a.name][1].p50, seq[ref][1].p50), "<= 1.0"},
+		} {
+			fmt.Fprintf(&b, "headline: %s (%s attach) | %.2f | %s\n", h.what, mode, h.r, h.target)
+		}
+	}
+	return b.String()
+}
+
+// buildPlugin builds membrane-cni as `make build` does into dir/bin.
+func buildPlugin(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "bin")
 	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build` builds it
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build membrane-cni: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// armRanges are each Membrane arm's pod CIDRs.
+var armRanges = map[string][2]string{
+	"membrane":    {"10.245.0.0/16", "fd00:245::/112"},
+	"membrane-tc": {"10.247.0.0/16", "fd00:247::/112"},
+}
+
+// startMembrane starts an agent in host (dual: with an IPv6 range too;
+// legacyTC: endpoint programs attached with cls_bpf) and returns its arm.
+func startMembrane(t *testing.T, dir, bin string, host *testutil.NS, name string, legacyTC, dual bool) *arm {
+	t.Helper()
+	dir = filepath.Join(dir, name)
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := agent.Config{
-		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.245.0.0/16"),
-		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t)}, DeleteQueueDir: filepath.Join(dir, "queue"),
+		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix(armRanges[name][0]),
+		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), ForceLegacyTC: legacyTC},
+		DeleteQueueDir: filepath.Join(dir, "queue"),
 	}
 	if dual {
-		cfg.IPv6Range = netip.MustParsePrefix("fd00:245::/112")
+		cfg.IPv6Range = netip.MustParsePrefix(armRanges[name][1])
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -159,27 +274,29 @@ func startMembrane(t *testing.T, dir string, host *testutil.NS, dual bool) *arm 
 	})
 	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"membrane-bench","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1500}]}`,
 		sock, filepath.Join(dir, "queue"))
-	return newArm(t, "membrane", []string{bin}, filepath.Join(dir, "cache-membrane"), raw)
+	ar := newArm(t, name, host, []string{bin}, filepath.Join(dir, "cache"), raw)
+	ar.agent = a
+	return ar
 }
 
 // ptpArm is ptp with host-local (dual: a range of each family).
-func ptpArm(t *testing.T, dir string, dual bool) *arm {
+func ptpArm(t *testing.T, dir string, host *testutil.NS, dual bool) *arm {
 	ranges := `[[{"subnet":"10.246.0.0/16"}]]`
 	if dual {
 		ranges = `[[{"subnet":"10.246.0.0/16"}],[{"subnet":"fd00:246::/112"}]]`
 	}
 	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ptp-bench","plugins":[{"type":"ptp","ipMasq":false,"mtu":1500,
 		"ipam":{"type":"host-local","ranges":%s,"dataDir":%q}}]}`, ranges, filepath.Join(dir, "host-local"))
-	return newArm(t, "ptp", []string{refPluginDir}, filepath.Join(dir, "cache-ptp"), raw)
+	return newArm(t, "ptp", host, []string{refPluginDir}, filepath.Join(dir, "cache-ptp"), raw)
 }
 
-func newArm(t *testing.T, name string, path []string, cache, raw string) *arm {
+func newArm(t *testing.T, name string, host *testutil.NS, path []string, cache, raw string) *arm {
 	t.Helper()
 	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &arm{name: name, cni: libcni.NewCNIConfigWithCacheDir(path, cache, nil), conf: conf}
+	return &arm{name: name, cni: libcni.NewCNIConfigWithCacheDir(path, cache, nil), conf: conf, host: host}
 }
 
 // sandbox is one pod: its netns and runtime config.
@@ -206,54 +323,65 @@ func newSandboxes(t *testing.T, n int, prefix string) []*sandbox {
 }
 
 // timed runs op in the host netns (where plugins are exec'd) and returns
-// how long it took.
-func timed(t *testing.T, host *testutil.NS, what string, op func(ctx context.Context) error) time.Duration {
+// when it started and ended.
+func timed(t *testing.T, host *testutil.NS, what string, op func(ctx context.Context) error) call {
 	t.Helper()
-	var d time.Duration
+	var c call
 	err := host.Do(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		start := time.Now()
+		c.start = time.Now()
 		err := op(ctx)
-		d = time.Since(start)
+		c.end = time.Now()
 		return err
 	})
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
-	return d
+	return c
 }
 
-// sequential runs n ADDs per arm, then n DELs per arm, each DEL followed
+// call is one timed CNI call: when libcni was asked and when it answered.
+type call struct {
+	arm        string
+	start, end time.Time
+}
+
+// calls are the sequential ADDs and DELs by container ID.
+type calls struct{ add, del map[string]call }
+
+// sequential runs n ADDs per arm, calls addsDone, then n DELs per arm, each DEL followed
 // (unmeasured) by the runtime's next step, removing the netns. Arms
-// alternate call by call, the first of each pair alternating too.
-func sequential(t *testing.T, host *testutil.NS, arms []*arm, n int) map[string][2]stats {
+// alternate call by call, the first of each turn rotating too.
+func sequential(t *testing.T, arms []*arm, n int, addsDone func()) (map[string][2]stats, calls) {
 	pods := map[string][]*sandbox{}
 	adds, dels := map[string][]time.Duration{}, map[string][]time.Duration{}
+	cs := calls{add: map[string]call{}, del: map[string]call{}}
 	for _, a := range arms {
 		pods[a.name] = newSandboxes(t, n, "mbb-"+a.name)
 	}
-	order := func(i int) []*arm {
-		if i%2 == 0 {
-			return arms
-		}
-		return []*arm{arms[1], arms[0]}
-	}
 	for i := range n {
-		for _, a := range order(i) {
+		for _, a := range rotate(arms, i) {
 			p := pods[a.name][i]
-			adds[a.name] = append(adds[a.name], timed(t, host, a.name+" ADD", func(ctx context.Context) error {
+			c := timed(t, a.host, a.name+" ADD", func(ctx context.Context) error {
 				_, err := a.cni.AddNetworkList(ctx, a.conf, p.rt)
 				return err
-			}))
+			})
+			c.arm = a.name
+			cs.add[p.rt.ContainerID] = c
+			adds[a.name] = append(adds[a.name], c.end.Sub(c.start))
 		}
 	}
+	addsDone()
 	for i := range n {
-		for _, a := range order(i) {
+		for _, a := range rotate(arms, i) {
 			p := pods[a.name][i]
-			dels[a.name] = append(dels[a.name], timed(t, host, a.name+" DEL", func(ctx context.Context) error {
+			c := timed(t, a.host, a.name+" DEL", func(ctx context.Context) error {
 				return a.cni.DelNetworkList(ctx, a.conf, p.rt)
-			}))
+			})
+			c.arm = a.name
+			cs.del[p.rt.ContainerID] = c
+			dels[a.name] = append(dels[a.name], c.end.Sub(c.start))
 			if err := p.ns.Remove(); err != nil {
 				t.Fatal(err)
 			}
@@ -263,24 +391,19 @@ func sequential(t *testing.T, host *testutil.NS, arms []*arm, n int) map[string]
 	for _, a := range arms {
 		out[a.name] = [2]stats{summarize(adds[a.name]), summarize(dels[a.name])}
 	}
-	return out
-}
-
-// concurrent runs n ADDs with conc workers and returns ADDs per second.
-func concurrent(t *testing.T, host *testutil.NS, a *arm, n, conc int) float64 {
-	elapsed, _ := concurrentRound(t, host, a, n, conc)
-	return float64(n) / elapsed.Seconds()
+	return out, cs
 }
 
 // concurrentRound runs n ADDs with conc workers and returns how long they
-// took and the CPU time this process (libcni, and the agent for
-// Membrane) and the plugin processes used; the pods are deleted
+// took, the CPU time this process (libcni, and the agents) and the
+// plugin processes used, and each ADD's latency; the pods are deleted
 // afterwards, unmeasured.
-func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) (time.Duration, [2]time.Duration) {
+func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [2]time.Duration, []time.Duration) {
 	pods := newSandboxes(t, n, "mbc-"+a.name)
 	work := make(chan *sandbox)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
+	lat := make(chan time.Duration, n)
 	self0, kids0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
 	start := time.Now()
 	for range conc {
@@ -288,10 +411,12 @@ func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) (time
 		go func() {
 			defer wg.Done()
 			for p := range work {
-				err := host.Do(func() error {
+				err := a.host.Do(func() error {
 					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 					defer cancel()
+					t0 := time.Now()
 					_, err := a.cni.AddNetworkList(ctx, a.conf, p.rt)
+					lat <- time.Since(t0)
 					return err
 				})
 				if err != nil {
@@ -308,14 +433,19 @@ func concurrentRound(t *testing.T, host *testutil.NS, a *arm, n, conc int) (time
 	elapsed := time.Since(start)
 	used := [2]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0}
 	close(errs)
+	close(lat)
 	for err := range errs {
 		t.Fatalf("%s concurrent ADD: %v", a.name, err)
 	}
+	var ls []time.Duration
+	for d := range lat {
+		ls = append(ls, d)
+	}
 	for _, p := range pods {
-		timed(t, host, a.name+" DEL", func(ctx context.Context) error { return a.cni.DelNetworkList(ctx, a.conf, p.rt) })
+		timed(t, a.host, a.name+" DEL", func(ctx context.Context) error { return a.cni.DelNetworkList(ctx, a.conf, p.rt) })
 		_ = p.ns.Remove()
 	}
-	return elapsed, used
+	return elapsed, used, ls
 }
 
 // cpuTime is the user+sys time of this process or its reaped children.

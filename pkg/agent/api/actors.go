@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -72,15 +73,52 @@ func (s *Server) listActors(w http.ResponseWriter, r *http.Request) {
 			failed, buf = err != nil, buf[:0]
 		}
 	})
+	if row := s.l7ProxyRow(f); row != nil && !failed {
+		if !first {
+			buf = append(buf, ',')
+		}
+		b, _ := json.Marshal(row)
+		buf = append(buf, b...)
+	}
 	if !failed {
 		_, _ = w.Write(append(buf, "]\n"...))
 	}
+}
+
+// l7ProxyPath is the L7 proxy's row in GET /v1/actors.
+const l7ProxyPath = "agent/l7-proxy"
+
+// l7ProxyRow is the L7 proxy's row (nil when L7 is off or f excludes
+// it): the process the agent supervises, with the configuration
+// versions it acknowledged, per endpoint too. It has no mailbox.
+func (s *Server) l7ProxyRow(f actors.ActorFilter) *models.Actor {
+	st := l7Status(s.sys.Datapath)
+	if st == nil {
+		return nil
+	}
+	row := &models.Actor{Path: l7ProxyPath, Kind: "l7-proxy", State: "running", Restarts: int64(st.Restarts), L7Proxy: st}
+	if st.PID == 0 {
+		row.State, row.LastError = "down", st.LastExit
+	}
+	if st.LastNack != "" {
+		row.LastError = "rejected: " + st.LastNack
+	}
+	if (f.Kind != "" && f.Kind != row.Kind) || (f.State != "" && f.State != row.State) || f.MinMailbox > 0 || f.StuckFor > 0 {
+		return nil
+	}
+	return row
 }
 
 // getActor answers one actor by path ("agent/endpoints/ep-12"); "ep-12"
 // and "endpoint/12" are accepted for endpoint actors.
 func (s *Server) getActor(w http.ResponseWriter, r *http.Request) {
 	path := strings.Trim(r.PathValue("path"), "/")
+	if path == l7ProxyPath || path == "l7-proxy" {
+		if row := s.l7ProxyRow(actors.ActorFilter{}); row != nil {
+			writeJSON(w, http.StatusOK, row)
+			return
+		}
+	}
 	reg := s.sys.Registry()
 	snap, ok := reg.Get(path)
 	if !ok {

@@ -21,13 +21,19 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // startBenchAgent starts an in-process agent with the fake datapath on a
 // socket in a temp dir; the ranges are large enough for 10,000 endpoints.
+// With MEMBRANE_BENCH_EXT4 set the state is on ext4 for certain (a
+// loop-mounted image when the temp dir is elsewhere: testutil.Ext4Dir).
 func startBenchAgent(tb testing.TB) (*agent.Agent, *client.Client) {
 	tb.Helper()
 	dir := tb.TempDir()
+	if os.Getenv("MEMBRANE_BENCH_EXT4") != "" {
+		dir = testutil.Ext4Dir(tb)
+	}
 	cfg := agent.Config{
 		Socket:    filepath.Join(dir, "membrane.sock"),
 		StateDir:  filepath.Join(dir, "state"),

@@ -245,6 +245,10 @@ func l7Status(dp datapath.Datapath) *models.L7ProxyStatus {
 	if st == nil {
 		return nil
 	}
-	return &models.L7ProxyStatus{PID: st.Process.PID, Restarts: st.Process.Restarts, LastExit: st.Process.LastExit,
-		Version: st.Version, Acked: st.Acks.Acked, Pending: st.Acks.Pending, Nacks: st.Acks.Nacks, LastNack: st.Acks.LastNack}
+	out := &models.L7ProxyStatus{PID: st.Process.PID, Restarts: st.Process.Restarts, LastExit: st.Process.LastExit,
+		Version: st.Version, Acked: st.Acks.Acked, Pending: st.Acks.Pending, Nacks: st.Acks.Nacks, LastNack: st.Acks.LastNack, Port: st.Port}
+	for _, e := range st.Acks.Endpoints {
+		out.Endpoints = append(out.Endpoints, models.L7EndpointVersion{ID: int64(e.Endpoint), Version: e.Version, Acked: e.Acked})
+	}
+	return out
 }

@@ -133,6 +133,20 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 		for _, c := range m.CIDR {
 			out.ComputedCIDR = append(out.ComputedCIDR, cidrEntryModel(c))
 		}
+		for _, e := range m.L7 {
+			l7 := models.L7PolicyEntry{PolicyEntry: entryModel(e.Key), HTTP: make([]models.HTTPRule, 0, len(e.HTTP))}
+			for _, h := range e.HTTP {
+				l7.HTTP = append(l7.HTTP, models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers})
+			}
+			out.ComputedL7 = append(out.ComputedL7, l7)
+		}
+	}
+	if st := l7Status(s.sys.Datapath); st != nil {
+		for _, e := range st.Endpoints {
+			if e.ID == int64(ep.ID) {
+				out.L7Proxy = &e
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
@@ -142,7 +156,7 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 	} else {
 		out.Realized = make([]models.RealizedPolicyEntry, 0, len(pd.entries))
 		for _, e := range pd.entries {
-			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes})
+			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes, ProxyPort: e.ProxyPort})
 		}
 		out.RealizedCIDR = make([]models.RealizedCIDRPolicyEntry, 0, len(pd.cidr))
 		for _, e := range pd.cidr {

@@ -229,6 +229,31 @@ spec:
 	}
 }
 
+// The same custom resource on an agent whose datapath has a proxy (the
+// fake one simulates it, as --l7-proxy on the Linux datapath does) is
+// accepted and in force.
+func TestMembraneNetworkPolicyL7WithProxy(t *testing.T) {
+	k := startK8sAgent(t, 10*time.Second)
+	k.namespace(t, "mnp-l7p", nil)
+	k.apply(t, `apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: http-only, namespace: mnp-l7p}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules: {http: [{method: GET, path: /public}]}
+`)
+	k.eventually(t, "accepted on status.nodes[node]", func() (bool, string) {
+		st, ok := k.nodeStatus(t, v2.ResourceNetworkPolicies, "mnp-l7p", "http-only")
+		return ok && st["ok"] == true, fmt.Sprint(st)
+	})
+	if names := k.policyNames(t); !slices.Contains(names, "mnp-l7p/http-only") {
+		t.Fatalf("policies = %v, want mnp-l7p/http-only in force", names)
+	}
+}
+
 // A NetworkPolicy and a MembraneNetworkPolicy of one namespace/name are
 // two policies: deleting one leaves the other in force.
 func TestSameNameNetworkPolicyAndMNP(t *testing.T) {

@@ -42,9 +42,11 @@ type Metrics struct {
 	reg        *prometheus.Registry
 	apiLatency *prometheus.HistogramVec
 	regen      *prometheus.HistogramVec
+	dpPhase    *prometheus.HistogramVec
 	restore    prometheus.Gauge
 	restored   *prometheus.GaugeVec
 	drops      *prometheus.CounterVec
+	l7         *prometheus.CounterVec
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -71,6 +73,12 @@ func New() *Metrics {
 		Help:    "Duration of successful endpoint regenerations by phase (write-state, realize, proxy-wait, total).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"phase"})
+	m.dpPhase = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "phase_duration_seconds",
+		Help: "Duration of the Linux datapath's steps of an endpoint's realise and removal by phase " +
+			"(bpf-prepare, host-setup, bpf-maps, bpf-policy, bpf-load, bpf-attach, remove).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"phase"})
 	m.restore = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "restore_duration_seconds",
 		Help: "How long the last restore at agent start took until every restored endpoint held its leases.",
@@ -86,6 +94,11 @@ func New() *Metrics {
 			"(the kernel discards notifications while the ring buffer is full; the per-endpoint counters of " +
 			"GET /v1/endpoint/{id}/policy count every drop).",
 	}, []string{"reason", "direction"})
+	m.l7 = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "l7", Name: "requests_total",
+		Help: "Requests the L7 proxy decided, by protocol, verdict (allowed, denied) and the direction of the rules " +
+			"that decided (ingress, egress; none when no rule applied).",
+	}, []string{"protocol", "verdict", "direction"})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -98,7 +111,7 @@ func New() *Metrics {
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
 	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
 		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.restore, m.restored, m.drops, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -116,10 +129,26 @@ func (m *Metrics) RegenPhase(phase string, d time.Duration) {
 	m.regen.WithLabelValues(phase).Observe(d.Seconds())
 }
 
+// DatapathPhase records one step of the Linux datapath
+// (datapath.LinuxHooks.Phase).
+func (m *Metrics) DatapathPhase(phase string, d time.Duration) {
+	m.dpPhase.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// Gatherer returns the registry, for callers that read the metrics in
+// process (benchmarks) instead of scraping Handler.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }
+
 // Drop counts one drop notification. It never blocks on I/O (the
 // ring-buffer reader calls it per notification).
 func (m *Metrics) Drop(reason, direction string) {
 	m.drops.WithLabelValues(reason, direction).Inc()
+}
+
+// L7Request counts one request the L7 proxy decided. It never blocks
+// on I/O.
+func (m *Metrics) L7Request(protocol, verdict, direction string) {
+	m.l7.WithLabelValues(protocol, verdict, direction).Inc()
 }
 
 // SetRestoreDuration records the last restore's duration.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -18,6 +19,8 @@ import (
 // datapath has set up the host side when it answers), print the result.
 // Any failure undoes what this ADD made, every address included.
 func cmdAdd(args *skel.CmdArgs) (retErr error) {
+	pt := newPhaseTimer("ADD", args.ContainerID, args.IfName)
+	defer func() { pt.write(retErr != nil) }()
 	c, err := newCall(args)
 	if err != nil {
 		return err
@@ -29,11 +32,13 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 
+	pt.mark("parse")
 	pod, err := openPod(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer pod.Close()
+	pt.mark("netns")
 	// The addresses are allocated while the veth is made: the two are
 	// independent, and each is about a millisecond.
 	alloc := c.allocateAsync(ctx)
@@ -65,13 +70,17 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 			veth.rollback()
 		}
 	}()
+	pt.mark("veth")
 	addrs, err := alloc.wait()
 	if err != nil {
 		return err
 	}
+	pt.mark("ipam-wait")
+	pt.span("ipam-call (overlaps veth)", alloc.start, alloc.end)
 	if err := pod.configure(veth, addrs); err != nil {
 		return err
 	}
+	pt.mark("configure")
 
 	mayExist := false // an endpoint this ADD may have created
 	defer func() {
@@ -82,10 +91,12 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if mayExist, err = c.putEndpoint(ctx, veth, addrs); err != nil {
 		return err
 	}
+	pt.mark("put-endpoint")
 	res := buildResult(c.conf, args, veth, addrs)
 	if err := types.PrintResult(res, c.conf.CNIVersion); err != nil {
 		return newError(types.ErrIOFailure, "print result: %v", err)
 	}
+	pt.mark("result")
 	return nil
 }
 
@@ -95,11 +106,12 @@ type podAddr struct {
 	ip, gateway netip.Addr
 }
 
-// pendingAddr is an allocation in flight.
+// pendingAddr is an allocation in flight; start and end time it.
 type pendingAddr struct {
-	done  chan struct{}
-	addrs []podAddr
-	err   error
+	done       chan struct{}
+	addrs      []podAddr
+	err        error
+	start, end time.Time
 }
 
 // wait returns the allocation's outcome; it may be called more than once.
@@ -109,10 +121,11 @@ func (p *pendingAddr) wait() ([]podAddr, error) {
 }
 
 func (c *call) allocateAsync(ctx context.Context) *pendingAddr {
-	p := &pendingAddr{done: make(chan struct{})}
+	p := &pendingAddr{done: make(chan struct{}), start: time.Now()}
 	go func() {
 		defer close(p.done)
 		p.addrs, p.err = c.allocate(ctx)
+		p.end = time.Now()
 	}()
 	return p
 }

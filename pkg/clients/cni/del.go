@@ -27,9 +27,12 @@ import (
 // endpoint, netns or link is success. When the agent is unreachable or
 // fails, the deletion is queued on disk for the agent to drain. A config
 // or CNI_ARGS detail the plugin dislikes does not fail DEL (newDelCall).
-func cmdDel(args *skel.CmdArgs) error {
+func cmdDel(args *skel.CmdArgs) (retErr error) {
+	pt := newPhaseTimer("DEL", args.ContainerID, args.IfName)
+	defer func() { pt.write(retErr != nil) }()
 	c := newDelCall(args)
 	defer c.client.close()
+	pt.mark("parse")
 	if !ifname.Valid(args.IfName) {
 		// ADD refuses such a name, so no attachment of it exists.
 		warnf("DEL %s: CNI_IFNAME %q is not an interface name; nothing to delete", args.ContainerID, args.IfName)
@@ -40,6 +43,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	err := retryStarting(ctx, func() error {
 		return c.client.endpointDeleteAttachment(ctx, args.ContainerID, args.IfName)
 	})
+	pt.mark("delete-endpoint")
 	switch {
 	case err == nil, isCode(err, "endpoint-deleting"):
 	case isNotFound(err), isCode(err, "invalid-argument"):
@@ -59,7 +63,9 @@ func cmdDel(args *skel.CmdArgs) error {
 			return err
 		}
 	}
+	pt.mark("queue-or-leftovers")
 	c.deletePodInterface()
+	pt.mark("delete-pod-interface")
 	return nil
 }
 

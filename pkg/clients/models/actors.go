@@ -23,6 +23,9 @@ type Actor struct {
 	LastError    string  `json:"last-error,omitempty"`
 	// Endpoint is set for endpoint actors.
 	Endpoint *ActorEndpoint `json:"endpoint,omitempty"`
+	// L7Proxy is set for the L7 proxy's row (kind "l7-proxy", path
+	// "agent/l7-proxy"): a process the agent supervises, not an actor.
+	L7Proxy *L7ProxyStatus `json:"l7-proxy,omitempty"`
 }
 
 // ActorEndpoint is what an endpoint actor adds to its snapshot.

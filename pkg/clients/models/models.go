@@ -231,6 +231,20 @@ type L7ProxyStatus struct {
 	Pending  int    `json:"pending"`
 	Nacks    uint64 `json:"nacks"`
 	LastNack string `json:"lastNack,omitempty"`
+	// Port is the proxy's listening port, the one the policy maps
+	// redirect L7 entries to.
+	Port uint16 `json:"port,omitempty"`
+	// Endpoints are the endpoints with L7 configuration: the version of
+	// each one's and whether the proxy acknowledged it.
+	Endpoints []L7EndpointVersion `json:"endpoints,omitempty"`
+}
+
+// L7EndpointVersion is an endpoint's L7 configuration version and
+// whether the proxy acknowledged it.
+type L7EndpointVersion struct {
+	ID      int64  `json:"id"`
+	Version uint64 `json:"version"`
+	Acked   bool   `json:"acked"`
 }
 
 // K8sStatus reports the agent's Kubernetes watchers.

@@ -49,6 +49,24 @@ type RealizedPolicyEntry struct {
 	PolicyEntry
 	Packets uint64 `json:"packets"`
 	Bytes   uint64 `json:"bytes"`
+	// ProxyPort is the L7 proxy port the entry redirects to (0: none).
+	ProxyPort uint16 `json:"proxy-port,omitempty"`
+}
+
+// L7PolicyEntry is a computed policy entry redirected to the L7 proxy
+// with the HTTP rules the proxy enforces on it (an empty rule allows
+// every request).
+type L7PolicyEntry struct {
+	PolicyEntry
+	HTTP []HTTPRule `json:"http"`
+}
+
+// HTTPRule is one rules.http[] entry (regular expressions).
+type HTTPRule struct {
+	Method  string   `json:"method,omitempty"`
+	Path    string   `json:"path,omitempty"`
+	Host    string   `json:"host,omitempty"`
+	Headers []string `json:"headers,omitempty"`
 }
 
 // CIDRPolicyEntry is one CIDR policy entry, decided on the peer's
@@ -82,6 +100,11 @@ type EndpointPolicy struct {
 	IngressEnforced bool          `json:"ingress-enforced"`
 	EgressEnforced  bool          `json:"egress-enforced"`
 	Computed        []PolicyEntry `json:"computed"`
+	// ComputedL7 are the computed entries redirected to the L7 proxy.
+	ComputedL7 []L7PolicyEntry `json:"computed-l7,omitempty"`
+	// L7Proxy is the endpoint's L7 configuration version and whether
+	// the proxy acknowledged it (absent: no L7 configuration).
+	L7Proxy *L7EndpointVersion `json:"l7-proxy,omitempty"`
 	// ComputedCIDR are the computed CIDR entries (CIDR rules and
 	// ipBlocks, decided on the peer's address).
 	ComputedCIDR []CIDRPolicyEntry `json:"computed-cidr"`

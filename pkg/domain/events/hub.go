@@ -22,13 +22,15 @@ const (
 	IdentityWaiting Type = "identity-waiting"
 	PolicyRevision  Type = "policy-revision"
 	DatapathDrop    Type = "datapath-drop"
+	// L7Access is one request an L7 proxy decided (Event.L7).
+	L7Access Type = "l7-access"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop}
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop, L7Access}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -57,6 +59,33 @@ type Event struct {
 	Missed uint64 `json:"missed,omitempty"`
 	// Drop describes the dropped packet (datapath-drop events).
 	Drop *Drop `json:"drop,omitempty"`
+	// L7 describes the request (l7-access events).
+	L7 *L7 `json:"l7,omitempty"`
+}
+
+// L7 is the request of an l7-access event; Event.Endpoint is the
+// endpoint whose rules decided it (the destination for ingress rules,
+// the source for egress rules).
+type L7 struct {
+	// Protocol is the proxy's parser ("http").
+	Protocol string `json:"protocol"`
+	// Verdict is "allowed" or "denied"; Reason says why a request was
+	// denied.
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	// Direction is "ingress" or "egress", relative to Event.Endpoint.
+	Direction string `json:"direction,omitempty"`
+	// Src and Dst are the connection's addresses (host:port), the
+	// destination as the client addressed it.
+	Src string `json:"src"`
+	Dst string `json:"dst"`
+	// SrcIdentity and DstIdentity are both sides' identities.
+	SrcIdentity uint32 `json:"src-identity"`
+	DstIdentity uint32 `json:"dst-identity"`
+	// Method, Path and Host are the HTTP request's.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Host   string `json:"host,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the

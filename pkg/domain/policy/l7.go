@@ -112,6 +112,41 @@ type L7Entry struct {
 	HTTP []HTTPRule
 }
 
+// L7Parser names the proxy an L7 entry is redirected to; each parser's
+// proxy listens on its own port of the node (ProxyPorts).
+type L7Parser string
+
+// ParserHTTP is the HTTP proxy (cmd/membrane-proxy).
+const ParserHTTP L7Parser = "http"
+
+// Parser is the proxy e's traffic goes to. Every entry is HTTP today;
+// another protocol's rules on L7Entry name their parser here.
+func (e L7Entry) Parser() L7Parser { return ParserHTTP }
+
+// ProxyPorts maps each parser to its proxy's listening port on the node
+// (the proxies' configuration, not the policy's).
+type ProxyPorts map[L7Parser]uint16
+
+// Redirects returns the proxy port of each redirected entry of m: the
+// value the datapath writes into the policy map entry (0 everywhere
+// else). Returns ErrNoProxy, naming the entry, if no proxy of an entry's
+// parser listens (ports has no port for it): the entry must not allow
+// traffic around the proxy.
+func (m *MapState) Redirects(ports ProxyPorts) (map[Key]uint16, error) {
+	if !m.HasL7() {
+		return nil, nil
+	}
+	out := make(map[Key]uint16, len(m.L7))
+	for _, e := range m.L7 {
+		p := ports[e.Parser()]
+		if p == 0 {
+			return nil, fmt.Errorf("entry %+v: %w for parser %q", e.Key, ErrNoProxy, e.Parser())
+		}
+		out[e.Key] = p
+	}
+	return out, nil
+}
+
 // Redirected reports whether the entry k is redirected to the proxy.
 func (m *MapState) Redirected(k Key) bool {
 	if m == nil {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -109,5 +110,22 @@ func TestHTTPRuleMatches(t *testing.T) {
 	all, _ := CompileHTTPRule(HTTPRule{}, "r")
 	if !all.Matches("POST", "/anything", "", nil) {
 		t.Error("an empty rule must match every request")
+	}
+}
+
+func TestRedirects(t *testing.T) {
+	k80 := Key{Identity: 1001, Port: 80, Proto: ProtoTCP, Dir: Ingress}
+	k81 := Key{Identity: 1001, Port: 81, Proto: ProtoTCP, Dir: Ingress}
+	m := NewMapState(1, true, false, []Key{k80, k81})
+	m.L7 = []L7Entry{{Key: k80, HTTP: []HTTPRule{{Path: "/public"}}}}
+	got, err := m.Redirects(ProxyPorts{ParserHTTP: 15001})
+	if err != nil || len(got) != 1 || got[k80] != 15001 || got[k81] != 0 {
+		t.Errorf("Redirects = %v, %v; want only %v -> 15001", got, err, k80)
+	}
+	if _, err := m.Redirects(ProxyPorts{}); !errors.Is(err, ErrNoProxy) {
+		t.Errorf("Redirects without an HTTP proxy port: %v, want ErrNoProxy", err)
+	}
+	if got, err := NewMapState(1, true, false, []Key{k80}).Redirects(nil); got != nil || err != nil {
+		t.Errorf("Redirects of an L4-only policy = %v, %v; want none", got, err)
 	}
 }

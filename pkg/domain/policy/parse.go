@@ -20,6 +20,9 @@ var (
 	ErrInvalidPolicy = errors.New("invalid policy")
 	// ErrNotFound is returned when a delete by name matches no policy.
 	ErrNotFound = errors.New("policy not found")
+	// ErrNoProxy is returned by MapState.Redirects when no proxy listens
+	// for an entry's L7 parser.
+	ErrNoProxy = errors.New("no L7 proxy port")
 )
 
 // Kinds of policy documents.

@@ -1,0 +1,113 @@
+package l7proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// Marks of the proxy's upstream connections (bpf/endpoint.h): the low
+// byte says "from the proxy", the upper 24 bits carry the client's
+// identity, which the destination endpoint's program takes as the peer
+// (and never redirects the connection to the proxy again).
+const (
+	markProxyMagic  = 0x4e
+	markIdentityMax = 0xffffff
+)
+
+// maxUpstreams bounds the per-identity upstream transports (each keeps
+// its own idle connections); beyond it, an identity's requests use a
+// transport of their own without kept-alive connections.
+const maxUpstreams = 4096
+
+// transparentListen listens on ap with IP_TRANSPARENT (and
+// IPV6_TRANSPARENT): the BPF programs assign connections for any
+// destination to this socket (bpf_sk_assign), and the accepted sockets
+// answer from that destination's address.
+func transparentListen(ap netip.AddrPort) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if ap.Addr().Is6() {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+				if serr != nil {
+					return
+				}
+			}
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	network := "tcp4"
+	if ap.Addr().Is6() {
+		network = "tcp"
+	}
+	lis, err := lc.Listen(context.Background(), network, ap.String())
+	if err != nil {
+		return nil, fmt.Errorf("proxy listen %s (transparent): %w", ap, err)
+	}
+	return lis, nil
+}
+
+// upstreams holds one HTTP transport per client identity: the dialer of
+// each marks its connections with that identity, and connection reuse
+// never crosses identities.
+type upstreams struct {
+	mu sync.Mutex
+	// byID guards nothing else; bounded by maxUpstreams.
+	byID map[identity.NumericIdentity]*http.Transport
+}
+
+func newUpstreams() *upstreams {
+	return &upstreams{byID: map[identity.NumericIdentity]*http.Transport{}}
+}
+
+// markOf is the SO_MARK of an upstream connection for id: an identity
+// too large for the mark is left out (the destination then sees the
+// node's address).
+func markOf(id identity.NumericIdentity) int {
+	if uint64(id) > markIdentityMax {
+		return markProxyMagic
+	}
+	return int(id)<<8 | markProxyMagic
+}
+
+func newTransport(id identity.NumericIdentity, keepAlive bool) *http.Transport {
+	mark := markOf(id)
+	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
+		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
+}
+
+// forIdentity returns the transport of the client identity id.
+func (u *upstreams) forIdentity(id identity.NumericIdentity) *http.Transport {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if t, ok := u.byID[id]; ok {
+		return t
+	}
+	if len(u.byID) >= maxUpstreams {
+		return newTransport(id, false)
+	}
+	t := newTransport(id, true)
+	u.byID[id] = t
+	return t
+}

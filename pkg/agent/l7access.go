@@ -1,0 +1,77 @@
+package agent
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+)
+
+// l7EventsPerSecond bounds the l7-access events published per second,
+// for the reason dropEventsPerSecond bounds drops: a busy service would
+// otherwise overwrite the event ring. The counter counts every request.
+const l7EventsPerSecond = 1000
+
+// l7Publisher turns the proxy's access records into l7-access events and
+// counts them. It is called from the access socket's reader goroutine;
+// its work is O(1) under a short mutex, never I/O.
+type l7Publisher struct {
+	hub   *events.Hub
+	m     *metrics.Metrics
+	limit int
+	now   func() time.Time
+
+	// mu guards window, shown and suppressed.
+	mu         sync.Mutex
+	window     time.Time
+	shown      int
+	suppressed int
+}
+
+// onL7Access returns the datapath's LinuxHooks.OnL7Access.
+func onL7Access(hub *events.Hub, m *metrics.Metrics) func(datapath.L7AccessEvent) {
+	p := &l7Publisher{hub: hub, m: m, limit: l7EventsPerSecond, now: time.Now}
+	return p.access
+}
+
+func (p *l7Publisher) access(r datapath.L7AccessEvent) {
+	ev := l7Event(r)
+	dir := ev.L7.Direction
+	if dir == "" {
+		dir = "none"
+	}
+	p.m.L7Request(ev.L7.Protocol, ev.L7.Verdict, dir)
+	p.mu.Lock()
+	now := p.now()
+	if now.Sub(p.window) >= time.Second {
+		p.window, p.shown = now, 0
+	}
+	if p.shown >= p.limit {
+		p.suppressed++
+		p.mu.Unlock()
+		return
+	}
+	p.shown++
+	if p.suppressed > 0 {
+		ev.Message = fmt.Sprintf("%d earlier l7 access records not published (more than %d per second)", p.suppressed, p.limit)
+		p.suppressed = 0
+	}
+	p.mu.Unlock()
+	p.hub.Publish(ev)
+}
+
+// l7Event converts an access record into its event.
+func l7Event(r datapath.L7AccessEvent) events.Event {
+	l := &events.L7{Protocol: "http", Verdict: "denied", Reason: r.Reason, Src: r.Src.String(), Dst: r.Dst.String(),
+		SrcIdentity: r.SrcIdentity, DstIdentity: r.DstIdentity, Method: r.Method, Path: r.Path, Host: r.Host}
+	if r.Allowed {
+		l.Verdict = "allowed"
+	}
+	if r.Endpoint != 0 {
+		l.Direction = r.Direction
+	}
+	return events.Event{Type: events.L7Access, Time: r.Time, Endpoint: uint16(r.Endpoint), L7: l}
+}

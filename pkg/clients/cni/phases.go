@@ -1,0 +1,105 @@
+package cni
+
+import (
+	"encoding/json"
+	"os"
+	"time"
+)
+
+// PhasesEnv names the file to which the plugin appends one JSON line
+// (PhaseRecord) per ADD or DEL with the wall-clock time of each phase.
+// Unset (the normal case) records nothing. make bench-cni sets it to
+// print where an ADD's time goes.
+const PhasesEnv = "MEMBRANE_CNI_PHASES"
+
+// ProcessStart is when the plugin's main package started (after the Go
+// runtime and every imported package initialised); cmd/membrane-cni sets
+// it first thing in main.
+var ProcessStart time.Time
+
+// PhaseRecord is one call's phases: Command, ContainerID and IfName
+// name the call; Start is ProcessStart and End when the plugin finished,
+// both in Unix nanoseconds, so a caller that knows when it exec'd the
+// plugin and when the plugin exited can account for the process start
+// and exit. Phases are the plugin's steps in order, in microseconds.
+type PhaseRecord struct {
+	Command     string  `json:"command"`
+	ContainerID string  `json:"containerID"`
+	IfName      string  `json:"ifName"`
+	Start       int64   `json:"start"`
+	End         int64   `json:"end"`
+	Phases      []Phase `json:"phases"`
+	Failed      bool    `json:"failed,omitempty"`
+}
+
+// Phase is one named step of a call and how long it took.
+type Phase struct {
+	Name string `json:"name"`
+	Us   int64  `json:"us"`
+}
+
+// phaseTimer keeps the phases of one call when PhasesEnv is set; a nil
+// timer records nothing.
+type phaseTimer struct {
+	path string
+	rec  PhaseRecord
+	last time.Time
+}
+
+func newPhaseTimer(command, containerID, ifName string) *phaseTimer {
+	path := os.Getenv(PhasesEnv)
+	if path == "" {
+		return nil
+	}
+	start := ProcessStart
+	if start.IsZero() {
+		start = time.Now()
+	}
+	return &phaseTimer{path: path, last: start, rec: PhaseRecord{
+		Command: command, ContainerID: containerID, IfName: ifName, Start: start.UnixNano(),
+	}}
+}
+
+// mark ends the phase called name (it began where the previous one
+// ended, or at ProcessStart).
+func (t *phaseTimer) mark(name string) {
+	if t == nil {
+		return
+	}
+	now := time.Now()
+	t.rec.Phases = append(t.rec.Phases, Phase{Name: name, Us: now.Sub(t.last).Microseconds()})
+	t.last = now
+}
+
+// span records the phase called name that ran from start to end
+// alongside others: it does not move the timer.
+func (t *phaseTimer) span(name string, start, end time.Time) {
+	if t == nil {
+		return
+	}
+	t.rec.Phases = append(t.rec.Phases, Phase{Name: name, Us: end.Sub(start).Microseconds()})
+}
+
+// write appends the record; failing to is only reported (timing must
+// never fail a call).
+func (t *phaseTimer) write(failed bool) {
+	if t == nil {
+		return
+	}
+	t.rec.End, t.rec.Failed = time.Now().UnixNano(), failed
+	line, err := json.Marshal(&t.rec)
+	if err != nil {
+		return
+	}
+	f, err := os.OpenFile(t.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		warnf("%s: %v", PhasesEnv, err)
+		return
+	}
+	defer f.Close()
+	// One write of the whole line: O_APPEND keeps concurrent calls'
+	// lines whole.
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		warnf("%s: %v", PhasesEnv, err)
+	}
+}

@@ -1,0 +1,208 @@
+package cnibench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
+)
+
+// sumCount is a histogram's sum (seconds) and count.
+type sumCount struct {
+	sum   float64
+	count uint64
+}
+
+// phaseSums are one agent's phase histograms by key: "api <method>
+// <route>", "regen <phase>" and "dp <phase>".
+type phaseSums map[string]sumCount
+
+// agentPhases reads every Membrane arm's phase histograms, by arm.
+func agentPhases(arms []*arm) map[string]phaseSums {
+	out := map[string]phaseSums{}
+	for _, a := range arms {
+		if a.agent == nil {
+			continue
+		}
+		out[a.name] = readPhases(a)
+	}
+	return out
+}
+
+func readPhases(a *arm) phaseSums {
+	ps := phaseSums{}
+	mfs, err := a.agent.Metrics().Gatherer().Gather()
+	if err != nil {
+		return ps
+	}
+	for _, mf := range mfs {
+		var prefix string
+		switch mf.GetName() {
+		case "membrane_api_request_duration_seconds":
+			prefix = "api"
+		case "membrane_endpoint_regeneration_duration_seconds":
+			prefix = "regen"
+		case "membrane_datapath_phase_duration_seconds":
+			prefix = "dp"
+		default:
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			key := prefix + " " + labels["phase"]
+			if prefix == "api" {
+				key = "api " + labels["route"]
+			}
+			h := m.GetHistogram()
+			sc := ps[key]
+			sc.sum += h.GetSampleSum()
+			sc.count += h.GetSampleCount()
+			ps[key] = sc
+		}
+	}
+	return ps
+}
+
+// mean is the mean of key between two snapshots, per n calls (0: per
+// observation).
+func mean(before, after phaseSums, key string, n int) (time.Duration, uint64) {
+	d := after[key].sum - before[key].sum
+	c := after[key].count - before[key].count
+	if n == 0 {
+		if c == 0 {
+			return 0, 0
+		}
+		n = int(c)
+	}
+	return time.Duration(d / float64(n) * float64(time.Second)), c
+}
+
+// pluginPhases reads the plugin's phase records by command and container ID.
+func pluginPhases(t *testing.T, path string) map[string]cni.PhaseRecord {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("plugin phases: %v", err)
+	}
+	defer f.Close()
+	out := map[string]cni.PhaseRecord{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var r cni.PhaseRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("plugin phases: %v", err)
+		}
+		out[r.Command+" "+r.ContainerID] = r
+	}
+	return out
+}
+
+// phaseTable accumulates named durations in first-seen order.
+type phaseTable struct {
+	names []string
+	sum   map[string]time.Duration
+	n     map[string]int
+}
+
+func newPhaseTable() *phaseTable {
+	return &phaseTable{sum: map[string]time.Duration{}, n: map[string]int{}}
+}
+
+func (p *phaseTable) add(name string, d time.Duration) {
+	if _, ok := p.sum[name]; !ok {
+		p.names = append(p.names, name)
+	}
+	p.sum[name] += d
+	p.n[name]++
+}
+
+// breakdown prints, per Membrane arm, where the mean sequential ADD's and
+// DEL's time went: the caller's and the plugin's phases (the plugin's
+// MEMBRANE_CNI_PHASES records, matched to the calls by container ID) and,
+// inside the plugin's agent calls, the agent's (its API, regeneration and
+// datapath histograms, read before the ADDs, between ADDs and DELs and
+// after the DELs).
+func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[string]phaseSums) string {
+	recs := pluginPhases(t, path)
+	var b strings.Builder
+	for _, a := range arms {
+		if a.agent == nil {
+			continue
+		}
+		for k, cmd := range []string{"ADD", "DEL"} {
+			byID := cs.add
+			if cmd == "DEL" {
+				byID = cs.del
+			}
+			pt := newPhaseTable()
+			n := 0
+			for id, c := range byID {
+				if c.arm != a.name {
+					continue
+				}
+				r, ok := recs[cmd+" "+id]
+				if !ok {
+					t.Errorf("%s %s %s: no plugin phase record", a.name, cmd, id)
+					continue
+				}
+				n++
+				pt.add("libcni, fork+exec, Go runtime start", time.Unix(0, r.Start).Sub(c.start))
+				for _, p := range r.Phases {
+					pt.add("plugin: "+p.Name, time.Duration(p.Us)*time.Microsecond)
+				}
+				pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
+				pt.add("= whole call", c.end.Sub(c.start))
+			}
+			if n == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "\n%s %s, mean of %d sequential calls:\n\n| phase | mean |\n|---|---|\n", a.name, cmd, n)
+			for _, name := range pt.names {
+				fmt.Fprintf(&b, "| %s | %s |\n", name, ms(pt.sum[name]/time.Duration(pt.n[name])))
+			}
+			before, after := snaps[k][a.name], snaps[k+1][a.name]
+			agentRows(&b, cmd, before, after, n)
+		}
+	}
+	return b.String()
+}
+
+// agentRows prints the agent's side of n calls of cmd.
+func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
+	row := func(what, key string) {
+		d, c := mean(before, after, key, n)
+		fmt.Fprintf(b, "| %s | %s (%d observations) |\n", what, ms(d), c)
+	}
+	fmt.Fprintf(b, "\nagent side of those %d calls (from its histograms; means per call):\n\n| phase | mean |\n|---|---|\n", n)
+	if cmd == "ADD" {
+		row("POST /v1/ipam (overlaps the veth)", "api POST /v1/ipam")
+		row("PUT /v1/endpoint/{id} (sync)", "api PUT /v1/endpoint/{id}")
+		put, _ := mean(before, after, "api PUT /v1/endpoint/{id}", n)
+		total, _ := mean(before, after, "regen total", n)
+		fmt.Fprintf(b, "| - API, actor hops, identity, index (PUT minus regeneration) | %s |\n", ms(put-total))
+		row("- regeneration total", "regen total")
+		row("-- compute policy (policy actor round trip)", "regen compute-policy")
+		pol, _ := mean(before, after, "regen compute-policy", n)
+		ws, _ := mean(before, after, "regen write-state", n)
+		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
+		row("-- bpf-prepare: maps + program load, in the pool alongside the state write", "dp bpf-prepare")
+		row("-- realize (datapath, in the worker pool)", "regen realize")
+		for _, p := range []string{"host-setup", "bpf-maps", "bpf-policy", "bpf-load", "bpf-attach"} {
+			row("--- "+p, "dp "+p)
+		}
+		return
+	}
+	row("DELETE /v1/endpoint (by attachment)", "api DELETE /v1/endpoint")
+	del, _ := mean(before, after, "api DELETE /v1/endpoint", n)
+	rm, _ := mean(before, after, "dp remove", n)
+	fmt.Fprintf(b, "| - API, actor hops, state removal, durable (DELETE minus datapath) | %s |\n", ms(del-rm))
+	row("- datapath remove (on the DEL's path)", "dp remove")
+}
