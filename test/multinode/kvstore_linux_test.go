@@ -802,13 +802,17 @@ func refsCover(c *cluster, nd *node) error {
 // pinned); the test holds the dead agent's lease meanwhile, so that check
 // does not race the TTL. Released, the lease expires and the other nodes
 // drop nd's endpoints from their ipcaches and its routes; nd's own pods
-// still reach each other.
+// still reach each other. The identities only nd used are then removed
+// from etcd (as the GC would after its grace) and nd restarted: it is
+// routed to and mirrored again, and its identities are back in etcd,
+// numbered as on every node.
 func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	st, err := nd.api.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease := st.Kvstore.Lease
+	numbers := endpointNumbers(t, nd)
 	nd.kill()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -832,8 +836,15 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	t.Logf("lease released: %s's entries gone from every ipcache and route table %v later (TTL %v)", nd.name,
 		time.Since(released).Round(time.Millisecond), leaseTTL)
 	reach(t, p1, p2)
+	// Down longer than the identity GC's grace: the identities no live
+	// node references go (the test removes them as the GC would; the
+	// agents' GC runs every minute with a 5 minute grace).
+	collected := collectUnreferenced(t, c)
+	t.Logf("identities no node references, removed while %s is down: %d", nd.name, len(collected))
 	// Restarted on its state, the agent publishes its node and endpoints
-	// under a new lease: the others route to it and hold them again.
+	// under a new lease: the others route to it and hold them again, and
+	// the identities its endpoints use are in etcd again with its
+	// references, numbered as on every node.
 	if err := nd.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -842,7 +853,83 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	if err := identitiesAgree(c.nodes); err != nil {
 		t.Fatal(err)
 	}
+	for _, o := range c.nodes {
+		waitFor(t, o.name+"'s identity references in etcd", func() error { return refsCover(c, o) })
+	}
+	// An endpoint keeps its number unless the GC took it meanwhile; then
+	// it gets the one the store gives its labels now (the same on every
+	// node, checked above).
+	after := endpointNumbers(t, nd)
+	renumbered := 0
+	for ep, n := range numbers {
+		if _, gone := collected[fmt.Sprint(n)]; gone {
+			if after[ep] != n {
+				renumbered++
+			}
+			continue
+		}
+		if after[ep] != n {
+			t.Fatalf("%s's endpoint %d: identity %d after the restart, %d before (not collected)", nd.name, ep, after[ep], n)
+		}
+	}
+	t.Logf("%s restarted: %d of its %d endpoints renumbered (their identities were collected)", nd.name, renumbered, len(numbers))
 	reach(t, p1, remote)
+}
+
+// endpointNumbers maps nd's endpoints to their identities.
+func endpointNumbers(t *testing.T, nd *node) map[int64]int64 {
+	t.Helper()
+	eps, err := nd.api.EndpointList(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]int64{}
+	for _, ep := range eps {
+		if ep.Identity != nil {
+			out[ep.ID] = ep.Identity.ID
+		}
+	}
+	return out
+}
+
+// collectUnreferenced deletes from etcd every identity (id/ and labels/
+// keys) no node holds a reference to, as the identity GC does once its
+// grace ran out; it returns them (number -> labels).
+func collectUnreferenced(t *testing.T, c *cluster) map[string]string {
+	t.Helper()
+	refs, err := c.etcd.keys("state/identities/v1/refs/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := c.etcd.keys("state/identities/v1/id/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for n, lk := range ids {
+		sum := sha256.Sum256([]byte(lk))
+		h := hex.EncodeToString(sum[:16]) + "/"
+		used := false
+		for k := range refs {
+			if strings.HasPrefix(k, h) {
+				used = true
+			}
+		}
+		if used {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.etcd.cli.Delete(ctx, "membrane/state/identities/v1/id/"+n)
+		if err == nil {
+			_, err = c.etcd.cli.Delete(ctx, "membrane/state/identities/v1/labels/"+lk)
+		}
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = lk
+	}
+	return out
 }
 
 // kvNodeRemoved stops nd's agent cleanly and revokes its lease, as an
