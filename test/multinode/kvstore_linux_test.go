@@ -42,7 +42,8 @@ import (
 //     after its old lease expired (the restart wrote them again);
 //   - agent-killed: a node's agent SIGKILLed: its pods keep their traffic
 //     (pinned programs), and once its lease expired the other nodes drop
-//     its endpoints and routes;
+//     its endpoints and routes; restarted after the identities only it
+//     used were collected, it is back everywhere with agreeing numbers;
 //   - node-removed: a node's agent stopped and its lease revoked: its
 //     routes and ipcache entries go on the others.
 func TestMultiNodeKvstore(t *testing.T) {
