@@ -95,10 +95,21 @@ func (b *memBackend) Status() identity.ClusterStatus {
 
 func (b *memBackend) Close() error { return nil }
 
-// emit sends a watch event as the store would.
+// emit changes the store as another node would and sends the watch
+// event. The store keeps the change, so a Watch that starts later (the
+// actor's watch runs asynchronously to the test) lists it.
 func (b *memBackend) emit(ev identity.ClusterEvent) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	switch ev.Kind {
+	case identity.ClusterUpsert:
+		b.byKey[ev.Labels.Key()], b.byID[ev.ID] = ev.ID, ev.Labels
+	case identity.ClusterDelete:
+		if ls, ok := b.byID[ev.ID]; ok {
+			delete(b.byKey, ls.Key())
+			delete(b.byID, ev.ID)
+		}
+	}
 	if b.watch != nil {
 		b.watch(ev)
 	}
