@@ -115,6 +115,13 @@ func (b *memBackend) emit(ev identity.ClusterEvent) {
 	}
 }
 
+// watching reports whether a Watch receives events.
+func (b *memBackend) watching() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.watch != nil
+}
+
 func (b *memBackend) counts(key string, id identity.NumericIdentity) (acquires, releases int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -343,6 +350,7 @@ func TestClusterIdentityRetriedOnResume(t *testing.T) {
 		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
 	}
 	b.set(nil, nil)
+	svWait(t, "the actor's watch", b.watching) // an event before it would be lost
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed})
 	svWait(t, "the endpoint's new identity", func() bool {
 		cur, _ := sys.Index.Endpoint(ep.ID)
@@ -375,6 +383,7 @@ func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	b.set(down, gate)
+	svWait(t, "the actor's watch", b.watching) // an event before it would be lost
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // starts an attempt, held at the gate
 	select {
 	case <-b.entered:
