@@ -383,7 +383,7 @@ func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	b.set(down, gate)
-	svWait(t, "the actor's watch", b.watching) // an event before it would be lost
+	svWait(t, "the actor's watch", b.watching)                   // an event before it would be lost
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // starts an attempt, held at the gate
 	select {
 	case <-b.entered:
