@@ -115,6 +115,10 @@ func (w *backendWorkers) watch() {
 		if w.ctx.Err() != nil {
 			return
 		}
+		if err == nil { // the backend was closed (the agent is stopping)
+			w.log.Info("cluster identity watch ended: the store's client closed")
+			return
+		}
 		w.log.Error("cluster identity watch ended; restarting", "err", err)
 		if !w.sleep(w.ctx, backoff(w.cfg.RetryMin, w.cfg.RetryMax, attempt)) {
 			return

@@ -27,4 +27,11 @@
 // linux). Invariant checks (checks.go) are pure functions over a
 // Snapshot; endchecks.go adds realised policy, ipcache and kernel checks;
 // policychurn.go changes policies during the churn.
+//
+// RunMultiNode (multinode*.go, membrane-sim --nodes N) is the multi-node
+// run: N agents in kvstore mode sharing one etcd (embedded, or a child
+// process whose restarts are SIGKILLs), churn, agent crashes, etcd
+// restarts and a drain, then cross-node checks (identities, ipcaches,
+// etcd's endpoints and, after the identity GC, its identities), with
+// each endpoint's convergence to the other nodes' ipcaches timed.
 package sim

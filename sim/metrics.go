@@ -102,6 +102,16 @@ func (h *histogram) observe(d time.Duration) {
 	}
 }
 
+// merge adds o's observations to h.
+func (h *histogram) merge(o *histogram) {
+	for i := range o.buckets {
+		h.buckets[i].Add(o.buckets[i].Load())
+	}
+	h.count.Add(o.count.Load())
+	h.sumUS.Add(o.sumUS.Load())
+	h.maxUS.Store(max(h.maxUS.Load(), o.maxUS.Load()))
+}
+
 // counts copies the buckets (a consistent-enough snapshot for reporting).
 func (h *histogram) counts() []uint64 {
 	out := make([]uint64, nBuckets)
@@ -203,9 +213,7 @@ func (r *recorder) stats() map[string]*OpStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for o := op(0); o < numOps; o++ {
-		h := &r.ok[o]
-		counts := h.counts()
-		s := &OpStats{Count: h.count.Load()}
+		s := histStats(&r.ok[o])
 		if len(r.errs[o]) > 0 {
 			s.Errors = make(map[string]uint64, len(r.errs[o]))
 			for k, v := range r.errs[o] {
@@ -215,21 +223,28 @@ func (r *recorder) stats() map[string]*OpStats {
 		if s.Count == 0 && len(s.Errors) == 0 {
 			continue
 		}
-		// A bucket reports its middle, which may exceed the largest value seen.
-		s.Max = float64(h.maxUS.Load()) / 1000
-		s.P50, s.P90 = min(quantile(counts, 0.50), s.Max), min(quantile(counts, 0.90), s.Max)
-		s.P99, s.P999 = min(quantile(counts, 0.99), s.Max), min(quantile(counts, 0.999), s.Max)
-		if s.Count > 0 {
-			s.Mean = float64(h.sumUS.Load()) / float64(s.Count) / 1000
-		}
-		for i, c := range counts {
-			if c > 0 {
-				s.Histogram = append(s.Histogram, HistBucket{LowMS: float64(bucketLow(i)) / 1000, Count: c})
-			}
-		}
 		out[o.String()] = s
 	}
 	return out
+}
+
+// histStats summarises h (no errors).
+func histStats(h *histogram) *OpStats {
+	counts := h.counts()
+	s := &OpStats{Count: h.count.Load()}
+	// A bucket reports its middle, which may exceed the largest value seen.
+	s.Max = float64(h.maxUS.Load()) / 1000
+	s.P50, s.P90 = min(quantile(counts, 0.50), s.Max), min(quantile(counts, 0.90), s.Max)
+	s.P99, s.P999 = min(quantile(counts, 0.99), s.Max), min(quantile(counts, 0.999), s.Max)
+	if s.Count > 0 {
+		s.Mean = float64(h.sumUS.Load()) / float64(s.Count) / 1000
+	}
+	for i, c := range counts {
+		if c > 0 {
+			s.Histogram = append(s.Histogram, HistBucket{LowMS: float64(bucketLow(i)) / 1000, Count: c})
+		}
+	}
+	return s
 }
 
 // sortedOps returns the operation names of stats in a stable order.

@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -41,7 +40,9 @@ type config struct {
 	cniBin   string
 	// nodes > 0 is the multi-node run (kvstore mode, shared etcd).
 	nodes, etcdRestarts int
+	etcdBin             string
 	perNodeSet          bool // --endpoints was given
+	workersSet          bool // --workers was given
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -61,9 +62,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer closeLog()
 	ctx, stop := interruptible(stderr)
 	defer stop()
-	if cfg.nodes > 0 {
-		return runMulti(ctx, cfg, opts, stdout, stderr)
-	}
 	if cfg.cpuProf != "" {
 		stopProf, err := startCPUProfile(cfg.cpuProf)
 		if err != nil {
@@ -71,6 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		defer stopProf()
+	}
+	if cfg.nodes > 0 {
+		return runMulti(ctx, cfg, opts, stdout, stderr)
 	}
 	rep, err := sim.Run(ctx, cfg.sc, opts)
 	if cfg.memProf != "" {
@@ -104,9 +105,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runMulti runs membrane-sim --nodes N and prints its report.
 func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr io.Writer) int {
 	mc := sim.MultiConfig{Nodes: cfg.nodes, EndpointsPerNode: cfg.sc.Endpoints, Duration: cfg.sc.Duration.D(),
-		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, Identities: cfg.sc.Identities, Seed: uint64(cfg.sc.Seed), Dir: cfg.dir}
+		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, EtcdBin: cfg.etcdBin, Identities: cfg.sc.Identities, ChurnRate: cfg.sc.ChurnRate,
+		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir}
 	if !cfg.perNodeSet {
 		mc.EndpointsPerNode = 100
+	}
+	if cfg.workersSet {
+		mc.WorkersPerNode = cfg.sc.Workers
 	}
 	if opts.AgentLog != nil {
 		mc.Log = slog.New(opts.AgentLog)
@@ -125,29 +130,17 @@ func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr 
 		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "nodes %d, %d endpoints per node: %d creates, %d deletes, %d failed requests, %d agent crashes, %d etcd restarts\n",
-		rep.Nodes, rep.EndpointsPerNode, rep.Creates, rep.Deletes, rep.Errors, rep.Crashes, rep.EtcdRestarts)
-	if rep.FirstError != "" {
-		fmt.Fprintf(stdout, "  first failed request: %s\n", rep.FirstError)
-	}
-	for k, v := range rep.ErrorKinds {
-		fmt.Fprintf(stdout, "  failed: %d x %s\n", v, k)
-	}
-	for _, n := range rep.PerNode {
-		fmt.Fprintf(stdout, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache\n", n.Name, n.Endpoints, n.Published, n.RemoteEntries)
-	}
-	fmt.Fprintf(stdout, "settled %s after the churn; identity agreement: %s\n", rep.Settle.Round(time.Millisecond), rep.IdentityAgreement)
-	for _, v := range rep.Violations {
-		fmt.Fprintf(stdout, "VIOLATION %s\n", v)
-	}
-	if cfg.report != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(cfg.report, b, 0o644); err != nil {
-			fmt.Fprintf(stderr, "membrane-sim: --report: %v\n", err)
+	rep.WriteText(stdout)
+	for path, write := range map[string]func(string) error{cfg.report: rep.WriteJSONFile, cfg.html: rep.WriteHTMLFile} {
+		if path == "" {
+			continue
+		}
+		if err := write(path); err != nil {
+			fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
 			return 1
 		}
 	}
-	if len(rep.Violations) > 0 {
+	if !rep.OK() {
 		return 1
 	}
 	return 0
@@ -209,12 +202,19 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&d.ForceLinux, "force", false, "let --datapath linux run more than 500 endpoints")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
 	fs.StringVar(&cfg.memProf, "memprofile", "", "write an allocation profile of the whole run (harness and agent) to this file at the end")
-	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --crashes crashes agents")
+	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --workers too (default 4), --churn-rate paces the replacements once the nodes are full (over all nodes), --crashes crashes agents")
 	fs.IntVar(&cfg.etcdRestarts, "etcd-restarts", 0, "multi-node run: etcd stops and restarts on its data directory during the churn")
+	fs.StringVar(&cfg.etcdBin, "etcd-bin", "", "multi-node run: run etcd as a child process from this binary (etcd-embed from scripts/kube-bin.sh, or etcd); --etcd-restarts then SIGKILL it (default: embedded, stopped gracefully)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	fs.Visit(func(f *flag.Flag) { cfg.perNodeSet = cfg.perNodeSet || f.Name == "endpoints" })
+	fs.Visit(func(f *flag.Flag) {
+		cfg.perNodeSet = cfg.perNodeSet || f.Name == "endpoints"
+		cfg.workersSet = cfg.workersSet || f.Name == "workers"
+	})
+	if cfg.nodes == 0 && (cfg.etcdRestarts != 0 || cfg.etcdBin != "") {
+		return cfg, errors.New("--etcd-restarts and --etcd-bin need --nodes")
+	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}

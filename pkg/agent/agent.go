@@ -27,6 +27,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
@@ -92,6 +93,10 @@ type Config struct {
 	// node and its endpoints are published in etcd, the other nodes'
 	// are mirrored into the agent.
 	Kvstore *kvstore.Config
+	// KvstoreObserver (the simulator's convergence clock; nil: none) is
+	// told of every set of remote endpoints the kvstore mirror handed to
+	// the ipcache, once the front door returned: the index holds them.
+	KvstoreObserver func(eps []endpoint.Remote)
 	// NodeAddrs are this node's underlay addresses
 	// (--kvstore-node-addrs), published for other nodes to route to.
 	NodeAddrs []netip.Addr

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // kvstoreMode is the agent's kvstore side (Config.Kvstore non-nil): the
@@ -47,7 +49,11 @@ func (a *Agent) startKvstore() error {
 	if err != nil {
 		return fmt.Errorf("kvstore: %w", err)
 	}
-	k.mirror = kvstore.StartMirror(k.client, a.System, a.System)
+	var sink kvstore.RemoteSink = a.System
+	if a.cfg.KvstoreObserver != nil {
+		sink = observedSink{RemoteSink: a.System, observe: a.cfg.KvstoreObserver}
+	}
+	k.mirror = kvstore.StartMirror(k.client, sink, a.System)
 	a.Server.SetKvstore(k.status)
 	return nil
 }
@@ -95,4 +101,26 @@ func (a *Agent) podCIDRs() []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// observedSink tells Config.KvstoreObserver of what the ipcache took.
+type observedSink struct {
+	kvstore.RemoteSink
+	observe func(eps []endpoint.Remote)
+}
+
+func (o observedSink) ReplaceRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error {
+	err := o.RemoteSink.ReplaceRemoteEndpoints(ctx, source, eps)
+	if err == nil {
+		o.observe(eps)
+	}
+	return err
+}
+
+func (o observedSink) UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error {
+	err := o.RemoteSink.UpsertRemoteEndpoints(ctx, source, eps)
+	if err == nil {
+		o.observe(eps)
+	}
+	return err
 }

@@ -43,6 +43,10 @@ type IdentityBackend struct {
 	// lease) and to retry failed releases.
 	kick chan struct{}
 
+	// refsMu orders the refs loop's rewrite of a held reference against
+	// Release's delete: a rewrite must never land after the delete of a
+	// reference released meanwhile (it would outlive every endpoint).
+	refsMu sync.Mutex
 	// mu guards held, releasing and rnd.
 	mu sync.Mutex
 	// held is what this node references: number -> labels key.
@@ -217,6 +221,8 @@ func (b *IdentityBackend) hold(n identity.NumericIdentity, lk string, lease clie
 // the background (and returned). Releasing an identity this node does not
 // hold does nothing.
 func (b *IdentityBackend) Release(ctx context.Context, id identity.NumericIdentity) error {
+	b.refsMu.Lock()
+	defer b.refsMu.Unlock()
 	b.mu.Lock()
 	lk, ok := b.held[id]
 	if !ok {

@@ -65,7 +65,7 @@ func (b *IdentityBackend) syncRefs() error {
 	}
 	b.mu.Unlock()
 	for n, lk := range held {
-		if err := b.restoreRef(n, lk, lease); err != nil {
+		if err := b.restoreHeld(n, lk, lease); err != nil {
 			return err
 		}
 	}
@@ -78,6 +78,20 @@ func (b *IdentityBackend) syncRefs() error {
 		b.poke()
 	}
 	return nil
+}
+
+// restoreHeld rewrites the reference to n unless it was released since
+// the refs loop read the held set.
+func (b *IdentityBackend) restoreHeld(n identity.NumericIdentity, lk string, lease clientv3.LeaseID) error {
+	b.refsMu.Lock()
+	defer b.refsMu.Unlock()
+	b.mu.Lock()
+	_, still := b.held[n]
+	b.mu.Unlock()
+	if !still {
+		return nil
+	}
+	return b.restoreRef(n, lk, lease)
 }
 
 // restoreRef writes this node's reference to n under lease. If the

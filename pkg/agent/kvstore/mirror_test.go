@@ -154,6 +154,13 @@ func (f *fakeSource) Endpoints(index.EndpointFilter) []*endpoint.Endpoint {
 	return slices.Collect(maps.Values(f.eps))
 }
 
+func (f *fakeSource) Endpoint(id endpoint.ID) (*endpoint.Endpoint, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ep, ok := f.eps[id]
+	return ep, ok
+}
+
 func (f *fakeSource) set(id endpoint.ID, ip netip.Addr, ident identity.NumericIdentity, st endpoint.State) {
 	f.mu.Lock()
 	f.eps[id] = &endpoint.Endpoint{ID: id, IPv4: ip, Identity: ident, State: st}
@@ -364,4 +371,33 @@ func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
 	want := map[netip.Addr]identity.NumericIdentity{netip.MustParseAddr("10.9.0.9"): 299,
 		netip.MustParseAddr("10.9.0.2"): 301, netip.MustParseAddr("10.9.0.3"): 302}
 	waitFor(t, "the agent holds what etcd holds", func() bool { ips, _ := n.sink.view(); return maps.Equal(ips, want) })
+}
+
+// TestPublisherComparesAllAfterEvents: the publisher writes what the
+// events name, and a full comparison follows within FullEvery: a change
+// the index holds without its event having named it (an event can come
+// before the index commit) is published without waiting for the
+// one-minute resync.
+func TestPublisherComparesAllAfterEvents(t *testing.T) {
+	srv := startEtcd(t)
+	a := &agentNode{name: "pub-a", c: connect(t, srv.Endpoint, "pub-a", nil), src: newFakeSource()}
+	pub, err := kvstore.StartPublisher(a.c, kvstore.PublisherConfig{Source: a.src, Hub: a.src.hub,
+		Coalesce: 5 * time.Millisecond, Resync: time.Hour}) // only the comparison after events can find endpoint 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pub.Stop)
+	b := startAgentNode(t, srv.Endpoint, "pub-b", 1)
+	a.src.set(1, podIP(0, 1), 300, endpoint.StateReady)
+	waitFor(t, "endpoint 1 mirrored", func() bool { ips, _ := b.sink.view(); return ips[podIP(0, 1)] == 300 })
+	a.src.mu.Lock() // endpoint 2 enters the index; its event is lost
+	a.src.eps[2] = &endpoint.Endpoint{ID: 2, IPv4: podIP(0, 2), Identity: 301, State: endpoint.StateReady}
+	a.src.mu.Unlock()
+	a.src.set(3, podIP(0, 3), 302, endpoint.StateReady)
+	waitFor(t, "endpoints 2 and 3 mirrored", func() bool {
+		ips, _ := b.sink.view()
+		return ips[podIP(0, 2)] == 301 && ips[podIP(0, 3)] == 302
+	})
+	a.src.remove(1)
+	waitFor(t, "endpoint 1 withdrawn", func() bool { ips, _ := b.sink.view(); _, ok := ips[podIP(0, 1)]; return !ok })
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -13,12 +12,14 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
 // EndpointSource lists the agent's local endpoints (*index.Index).
 type EndpointSource interface {
 	Endpoints(f index.EndpointFilter) []*endpoint.Endpoint
+	Endpoint(id endpoint.ID) (*endpoint.Endpoint, bool)
 }
 
 // PublisherConfig configures a Publisher.
@@ -33,8 +34,10 @@ type PublisherConfig struct {
 	Hub    *events.Hub
 	// Coalesce is how long a change waits for more before the publisher
 	// writes (default 50 ms); Resync is the time between full
-	// comparisons without any event (default 1 min).
-	Coalesce, Resync time.Duration
+	// comparisons without any event (default 1 min). Changes are written
+	// by comparing only the endpoints their events name, and FullEvery
+	// (default 1 s) after such a write the index is compared in full.
+	Coalesce, Resync, FullEvery time.Duration
 }
 
 // maxTxnOps is how many operations one transaction carries (etcd's
@@ -56,12 +59,17 @@ type Publisher struct {
 	done chan struct{}
 	kick chan struct{}
 
-	// mu guards published, lease and the counters.
+	// mu guards published, records, lease and the counters.
 	mu        sync.Mutex
 	published map[string]string // key -> value as etcd holds it
-	lease     clientv3.LeaseID  // the lease published was written under
-	writes    int
-	lastErr   error
+	// records caches each endpoint's record as last encoded: a sync
+	// encodes only the endpoints that changed, and an unchanged value is
+	// the very string published holds (compared without reading it).
+	records map[endpoint.ID]pubRecord
+	gen     uint64           // the sync that last saw a record
+	lease   clientv3.LeaseID // the lease published was written under
+	writes  int
+	lastErr error
 }
 
 // StartPublisher starts publishing.
@@ -75,13 +83,16 @@ func StartPublisher(c *Client, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Resync <= 0 {
 		cfg.Resync = time.Minute
 	}
+	if cfg.FullEvery <= 0 {
+		cfg.FullEvery = time.Second
+	}
 	self, err := json.Marshal(nodeRecord{Name: c.cfg.NodeName, Addrs: nonNil(cfg.Addrs), PodCIDRs: nonNil(cfg.PodCIDRs)})
 	if err != nil {
 		return nil, fmt.Errorf("start publisher: %w", err)
 	}
 	ctx, stop := context.WithCancel(c.ctx)
 	p := &Publisher{c: c, cfg: cfg, self: string(self), ctx: ctx, stop: stop, done: make(chan struct{}),
-		kick: make(chan struct{}, 1), published: map[string]string{}}
+		kick: make(chan struct{}, 1), published: map[string]string{}, records: map[endpoint.ID]pubRecord{}}
 	c.OnLease(func(clientv3.LeaseID) { p.poke() })
 	go p.run()
 	return p, nil
@@ -137,11 +148,14 @@ func (p *Publisher) run() {
 	}
 	resync := time.NewTicker(p.cfg.Resync)
 	defer resync.Stop()
-	dirty, backoff := true, 100*time.Millisecond
+	full, backoff := true, 100*time.Millisecond
+	dirty := map[endpoint.ID]struct{}{}
+	var owed <-chan time.Time // a full comparison after incremental ones
 	for {
-		if dirty {
+		if full || len(dirty) > 0 {
 			resumed := p.c.Resumed()
-			if err := p.sync(); err != nil {
+			if err := p.sync(full, dirty); err != nil {
+				full = true // what failed is found again by comparing everything
 				// A new lease (kick) or etcd back ends the wait.
 				if !sleepOr(p.ctx, backoff, resumed, p.kick) {
 					return
@@ -149,72 +163,144 @@ func (p *Publisher) run() {
 				backoff = min(2*backoff, 2*time.Second)
 				continue
 			}
-			dirty, backoff = false, 100*time.Millisecond
+			if !full && owed == nil {
+				owed = time.After(p.cfg.FullEvery)
+			}
+			full, backoff = false, 100*time.Millisecond
+			clear(dirty)
 		}
 		select {
 		case <-p.ctx.Done():
 			return
 		case <-p.kick:
-			dirty = true
+			full = true
 		case <-resync.C:
-			dirty = true
+			full = true
+		case <-owed:
+			full, owed = true, nil
 		case <-ready:
-			dirty = drain(sub)
-			if dirty && !sleep(p.ctx, p.cfg.Coalesce) {
+			if drain(sub, dirty) {
+				full = true
+			}
+			if (full || len(dirty) > 0) && !sleep(p.ctx, p.cfg.Coalesce) {
 				return
 			}
-			drain(sub)
+			if drain(sub, dirty) {
+				full = true
+			}
 		}
 	}
 }
 
-// drain reads every pending event; it reports whether one concerns
-// endpoints (or events were missed).
-func drain(sub *events.Subscription) bool {
-	relevant := false
+// drain reads every pending event and adds the endpoints they concern to
+// dirty; it reports whether events were missed (compare everything).
+func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}) (missed bool) {
 	for {
 		ev, ok := sub.TryNext()
 		if !ok {
-			return relevant
+			return missed
 		}
 		switch ev.Type {
-		case events.EndpointCreated, events.EndpointStateChanged, events.EndpointDeleted, events.Missed:
-			relevant = true
+		case events.EndpointCreated, events.EndpointStateChanged, events.EndpointDeleted:
+			dirty[endpoint.ID(ev.Endpoint)] = struct{}{}
+		case events.Missed:
+			missed = true
 		}
 	}
 }
 
-// desired is what etcd should hold for this node.
-func (p *Publisher) desired() map[string]string {
-	node := p.c.cfg.NodeName
+// pubRecord is an endpoint's record as last encoded.
+type pubRecord struct {
+	identity   identity.NumericIdentity
+	ip4, ip6   netip.Addr
+	key, value string
+	gen        uint64
+}
+
+// nodeIP is the address other nodes reach this one at (IPv4 first).
+func (p *Publisher) nodeIP() netip.Addr {
 	var nodeIP netip.Addr
 	for _, a := range p.cfg.Addrs {
 		if !nodeIP.IsValid() || (a.Is4() && !nodeIP.Is4()) {
 			nodeIP = a
 		}
 	}
-	want := map[string]string{p.c.keys.node(node): p.self}
+	return nodeIP
+}
+
+// recordOf returns ep's record (from the cache when ep did not change);
+// false when ep is not published (no identity, no address, going away).
+// p.mu is held.
+func (p *Publisher) recordOf(ep *endpoint.Endpoint, nodeIP netip.Addr) (pubRecord, bool) {
+	if ep.Identity == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected ||
+		(!ep.IPv4.IsValid() && !ep.IPv6.IsValid()) {
+		return pubRecord{}, false
+	}
+	r, ok := p.records[ep.ID]
+	if ok && r.identity == ep.Identity && r.ip4 == ep.IPv4 && r.ip6 == ep.IPv6 {
+		return r, true
+	}
+	node := p.c.cfg.NodeName
+	rec := endpointRecord{Identity: uint32(ep.Identity), Node: node, NodeIP: nodeIP}
+	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if ip.IsValid() {
+			rec.IPs = append(rec.IPs, ip)
+		}
+	}
+	v, _ := json.Marshal(rec) // addresses and numbers always marshal
+	r = pubRecord{identity: ep.Identity, ip4: ep.IPv4, ip6: ep.IPv6, key: p.c.keys.endpoint(node, uint16(ep.ID)), value: string(v)}
+	p.records[ep.ID] = r
+	return r, true
+}
+
+// desired is what etcd should hold for this node; p.mu is held.
+func (p *Publisher) desired() map[string]string {
+	nodeIP := p.nodeIP()
+	p.gen++
+	want := make(map[string]string, len(p.records)+1)
+	want[p.c.keys.node(p.c.cfg.NodeName)] = p.self
 	for _, ep := range p.cfg.Source.Endpoints(index.EndpointFilter{}) {
-		if ep.Identity == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
-			continue
+		if r, ok := p.recordOf(ep, nodeIP); ok {
+			r.gen = p.gen
+			p.records[ep.ID] = r
+			want[r.key] = r.value
 		}
-		rec := endpointRecord{Identity: uint32(ep.Identity), Node: node, NodeIP: nodeIP}
-		for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
-			if ip.IsValid() {
-				rec.IPs = append(rec.IPs, ip)
-			}
+	}
+	for id, r := range p.records {
+		if r.gen != p.gen {
+			delete(p.records, id)
 		}
-		if len(rec.IPs) == 0 {
-			continue
-		}
-		v, _ := json.Marshal(rec) // addresses and numbers always marshal
-		want[p.c.keys.endpoint(node, uint16(ep.ID))] = string(v)
 	}
 	return want
 }
 
-// sync writes the difference between the index and what etcd holds.
-func (p *Publisher) sync() error {
+// changed is what etcd should hold for the endpoints in ids (a missing
+// key: none); p.mu is held.
+func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
+	nodeIP := p.nodeIP()
+	want := make(map[string]string, len(ids))
+	for id := range ids {
+		key := p.c.keys.endpoint(p.c.cfg.NodeName, uint16(id))
+		if ep, ok := p.cfg.Source.Endpoint(id); ok {
+			if r, ok := p.recordOf(ep, nodeIP); ok {
+				want[r.key] = r.value
+				continue
+			}
+		}
+		if r, ok := p.records[id]; ok {
+			key = r.key // the string published holds
+		}
+		delete(p.records, id)
+		want[key] = ""
+	}
+	return want
+}
+
+// sync writes the difference between the index and what etcd holds: of
+// every endpoint (full), or of the endpoints in ids. An event may reach
+// the publisher before the index holds its change, so incremental syncs
+// are followed by a full one within FullEvery.
+func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 	lease, ok := p.c.Lease()
 	if !ok {
 		return ErrUnavailable
@@ -223,29 +309,43 @@ func (p *Publisher) sync() error {
 	if p.lease != lease { // a new lease: everything is written again
 		clear(p.published)
 		p.lease = lease
+		full = true
 	}
 	var ops []clientv3.Op
-	want := p.desired()
-	for k, v := range want {
-		if p.published[k] != v {
-			ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease)))
+	var opKeys []string // ops' keys as want holds them (published shares the strings)
+	var want map[string]string
+	if full {
+		want = p.desired()
+		for k := range p.published {
+			if _, ok := want[k]; !ok {
+				ops, opKeys = append(ops, clientv3.OpDelete(k)), append(opKeys, k)
+			}
 		}
+	} else {
+		want = p.changed(ids)
 	}
-	for k := range p.published {
-		if _, ok := want[k]; !ok {
-			ops = append(ops, clientv3.OpDelete(k))
+	for k, v := range want {
+		_, was := p.published[k]
+		switch {
+		case v == "" && was:
+			ops, opKeys = append(ops, clientv3.OpDelete(k)), append(opKeys, k)
+		case v != "" && p.published[k] != v:
+			ops, opKeys = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease))), append(opKeys, k)
 		}
 	}
 	p.mu.Unlock()
-	for batch := range slices.Chunk(ops, maxTxnOps) {
+	for len(ops) > 0 {
+		n := min(len(ops), maxTxnOps)
+		batch := ops[:n]
 		err := p.c.call(p.ctx, "publish endpoints", func(ctx context.Context) error {
 			_, err := p.c.cli.Txn(ctx).Then(batch...).Commit()
 			return err
 		})
-		p.record(batch, want, err)
+		p.record(batch, opKeys[:n], want, err)
 		if err != nil {
 			return err
 		}
+		ops, opKeys = ops[n:], opKeys[n:]
 	}
 	if cur, _ := p.c.Lease(); cur != lease {
 		p.poke()
@@ -253,17 +353,31 @@ func (p *Publisher) sync() error {
 	return nil
 }
 
-// record notes a batch's outcome.
-func (p *Publisher) record(batch []clientv3.Op, want map[string]string, err error) {
+// unknownValue stands in published for a key whose write failed: no
+// record encodes to it.
+const unknownValue = "?"
+
+// record notes a batch's outcome (keys[i] is batch[i]'s key).
+func (p *Publisher) record(batch []clientv3.Op, keys []string, want map[string]string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lastErr = err
 	if err != nil {
+		// A failed transaction may still have been applied (etcd killed
+		// before it answered): a put's key is then in etcd whatever this
+		// map says. Marking it unknown makes the next comparison write it
+		// again, or delete it if its endpoint went meanwhile, instead of
+		// leaving it under the lease for as long as the node lives.
+		for i, op := range batch {
+			if !op.IsDelete() {
+				p.published[keys[i]] = unknownValue
+			}
+		}
 		return
 	}
 	p.writes++
-	for _, op := range batch {
-		k := string(op.KeyBytes())
+	for i, op := range batch {
+		k := keys[i]
 		if op.IsDelete() {
 			delete(p.published, k)
 		} else {

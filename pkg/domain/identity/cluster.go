@@ -28,7 +28,9 @@ type ClusterBackend interface {
 	Release(ctx context.Context, id NumericIdentity) error
 	// Watch calls fn for every identity in the cluster: first the full set
 	// (a ClusterEvent with Kind ClusterSynced ends it), then changes, until
-	// ctx is done. fn is never called concurrently and must not block.
+	// ctx is done. fn is never called concurrently and must not block. It
+	// returns nil only when ctx is done or the backend was closed, and an
+	// error when the watch failed (the caller watches again).
 	Watch(ctx context.Context, fn func(ClusterEvent)) error
 	// Status reports the backend's health for /v1/status.
 	Status() ClusterStatus

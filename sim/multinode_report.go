@@ -1,0 +1,98 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// WriteText writes the multi-node report as text.
+func (r *MultiReport) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "nodes %d, %d endpoints per node: %d creates, %d deletes (%d drained), %d failed requests, %d agent crashes, %d etcd restarts (%s)\n",
+		r.Nodes, r.EndpointsPerNode, r.Creates, r.Deletes, r.Drained, r.Errors, r.Crashes, r.EtcdRestarts, r.EtcdMode)
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "  first failed request: %s\n", r.FirstError)
+	}
+	for _, k := range sortedKeys(r.ErrorKinds) {
+		fmt.Fprintf(w, "  failed: %d x %s\n", r.ErrorKinds[k], k)
+	}
+	if c := r.Convergence; c != nil {
+		fmt.Fprintln(w, "convergence (creation answered -> the other nodes' ipcaches hold it with its identity):")
+		fmt.Fprintf(w, "  at each other node: %d pairs, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", c.ToNode.Count, c.ToNode.P50, c.ToNode.P99, c.ToNode.Max)
+		fmt.Fprintf(w, "  at every other node: %d endpoints, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			c.Everywhere.Count, c.Everywhere.P50, c.Everywhere.P99, c.Everywhere.Max)
+		fmt.Fprintf(w, "  after the ramp-up, at each other node: %d pairs, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			c.SteadyToNode.Count, c.SteadyToNode.P50, c.SteadyToNode.P99, c.SteadyToNode.Max)
+		fmt.Fprintf(w, "  after the ramp-up, at every other node: %d endpoints, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			c.SteadyEverywhere.Count, c.SteadyEverywhere.P50, c.SteadyEverywhere.P99, c.SteadyEverywhere.Max)
+		fmt.Fprintf(w, "  not timed: %d pairs (deleted or a node crashed first), %d still pending at the end\n", c.Abandoned, c.Pending)
+	}
+	for _, n := range r.PerNode {
+		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d requests (%d creates, %d deletes, %d failed)\n",
+			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
+	}
+	fmt.Fprintf(w, "settled %s after the drain; %d identities in etcd; identity agreement: %s\n",
+		r.Settle.Round(time.Millisecond), r.EtcdIdentities, r.IdentityAgreement)
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "VIOLATION %s\n", v)
+	}
+}
+
+// WriteJSONFile writes the multi-node report as JSON.
+func (r *MultiReport) WriteJSONFile(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+// WriteHTMLFile writes the multi-node report as one self-contained page:
+// the summary, the per-node table, the convergence histograms and the
+// violations.
+func (r *MultiReport) WriteHTMLFile(path string) error {
+	var b strings.Builder
+	esc := html.EscapeString
+	b.WriteString(`<!DOCTYPE html><html><head><meta charset="utf-8"><title>membrane-sim --nodes</title><style>
+body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
+table{border-collapse:collapse;margin:1em 0}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}
+th:first-child,td:first-child{text-align:left}.bad{color:#b00020}.ok{color:#1b7f3b}svg{background:#fff;border:1px solid #ddd;margin:6px 0}
+</style></head><body>`)
+	fmt.Fprintf(&b, "<h1>membrane-sim: %d nodes in kvstore mode</h1><pre>", r.Nodes)
+	var txt strings.Builder
+	r.WriteText(&txt)
+	b.WriteString(esc(txt.String()))
+	b.WriteString("</pre>")
+	if len(r.Violations) == 0 {
+		b.WriteString(`<p class="ok">No violations.</p>`)
+	} else {
+		fmt.Fprintf(&b, `<p class="bad">%d violations.</p>`, len(r.Violations))
+	}
+	b.WriteString("<table><tr><th>node</th><th>endpoints</th><th>published</th><th>remote entries</th><th>convergence p99 (ms)</th><th>requests</th><th>creates</th><th>deletes</th><th>failures</th></tr>")
+	for _, n := range r.PerNode {
+		fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%d</td><td>%d</td><td>%.1f</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td></tr>", esc(n.Name),
+			n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
+	}
+	b.WriteString("</table>")
+	if c := r.Convergence; c != nil {
+		b.WriteString("<h2>Convergence</h2>")
+		b.WriteString(histChart("arrival at each other node", c.ToNode))
+		b.WriteString(histChart("arrival at every other node", c.Everywhere))
+		b.WriteString(histChart("after the ramp-up: arrival at every other node", c.SteadyEverywhere))
+	}
+	b.WriteString("</body></html>\n")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("write html report: %w", err)
+	}
+	return nil
+}
+
+// OK reports whether no invariant was violated.
+func (r *MultiReport) OK() bool { return len(r.Violations) == 0 }
