@@ -219,8 +219,10 @@ func (b *IdentityBackend) Watch(ctx context.Context, fn func(identity.ClusterEve
 	}
 	w := &identityWatch{log: b.log.Warn, fn: call, known: map[identity.NumericIdentity]string{}, first: true}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	done := make(chan struct{})
+	defer func() { cancel(); <-done }() // no call after Watch returns
 	go func() {
+		defer close(done)
 		for {
 			select {
 			case <-b.ctx.Done():
@@ -229,6 +231,9 @@ func (b *IdentityBackend) Watch(ctx context.Context, fn func(identity.ClusterEve
 			case <-ctx.Done():
 				return
 			case <-b.c.Resumed():
+				if ctx.Err() != nil {
+					return
+				}
 				// etcd is back: waiting label sets need not wait for
 				// their next backoff.
 				call(identity.ClusterEvent{Kind: identity.ClusterResumed})
