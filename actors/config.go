@@ -54,6 +54,9 @@ type Config struct {
 	// without --l7-proxy), so such a policy is a 400 at PUT instead of
 	// endpoints failing to regenerate.
 	NoL7 bool
+	// NoDNSProxy refuses policies with toFQDNs or rules.dns at import:
+	// set when no DNS proxy runs (--dns-proxy off).
+	NoDNSProxy bool
 	// ClusterIdentity tunes the calls to IdentityBackend.
 	ClusterIdentity ClusterIdentityConfig
 	Pool            PoolConfig

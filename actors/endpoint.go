@@ -208,7 +208,11 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	case *messages.Regenerate:
 		a.requestRegen(ctx, ctx.Sender())
 	case *messages.RegeneratePolicy:
-		a.requestPolicyRegen(ctx)
+		var waiter *actor.PID
+		if msg.Wait {
+			waiter = ctx.Sender()
+		}
+		a.requestPolicyRegen(ctx, waiter)
 	case *retryRegen:
 		a.regen.retryTimer = nil
 		switch {

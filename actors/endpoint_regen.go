@@ -23,13 +23,15 @@ func (a *endpointActor) requestRegen(ctx actor.Context, waiter *actor.PID) {
 }
 
 // requestPolicyRegen requests a policy-only regeneration: the policy of
-// the endpoint's identity changed, nothing on disk did.
-func (a *endpointActor) requestPolicyRegen(ctx actor.Context) {
+// the endpoint's identity changed, nothing on disk did. waiter (if not
+// nil) is answered once a regeneration that started after the request
+// ended.
+func (a *endpointActor) requestPolicyRegen(ctx actor.Context, waiter *actor.PID) {
 	level := wantPolicy
 	if a.ep.Regenerations == 0 && !a.regen.running {
 		level = wantFull // never built: the first build is full
 	}
-	a.requestRegenLevel(ctx, nil, level)
+	a.requestRegenLevel(ctx, waiter, level)
 }
 
 // requestRegenLevel owes a regeneration of at least level and starts it

@@ -83,7 +83,9 @@ func (m *managerActor) Receive(ctx actor.Context) {
 			ctx.Send(pid, msg)
 		}
 	case *messages.RegeneratePolicy:
-		if pid, ok := m.children[msg.ID]; ok {
+		if msg.Wait {
+			m.forward(ctx, msg.ID)
+		} else if pid, ok := m.children[msg.ID]; ok {
 			ctx.Send(pid, msg)
 		}
 	case *messages.EndpointChanged:

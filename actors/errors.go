@@ -32,6 +32,9 @@ var (
 	// ErrProxyRejected is wrapped by errors of a regeneration whose proxy
 	// configuration the proxy rejected (an xDS NACK).
 	ErrProxyRejected = errors.New("proxy rejected the configuration")
+	// ErrFQDNNoIdentity is returned for a DNS answer of an endpoint
+	// whose identity is not resolved yet.
+	ErrFQDNNoIdentity = errors.New("endpoint has no identity yet")
 	// ErrStateStays is returned by a delete whose state removal failed:
 	// the endpoint is gone from the agent but may come back at the next
 	// start, so the delete is not acknowledged.

@@ -133,6 +133,13 @@ func (s *System) ImportPolicy(ctx context.Context, pols []*policy.Policy) (Polic
 			}
 		}
 	}
+	if s.Config.NoDNSProxy {
+		for _, p := range pols {
+			if p.HasDNSRules() {
+				return PolicyResult{}, fmt.Errorf("policy %s: toFQDNs and toPorts[].rules.dns need the DNS proxy (start the agent with --dns-proxy): %w", p.Key(), policy.ErrInvalidPolicy)
+			}
+		}
+	}
 	return policyAnswer(s.ask(ctx, s.policy, &messages.PolicyImport{Policies: pols}))
 }
 

@@ -54,6 +54,19 @@ type ipcacheActor struct {
 	// replacing holds, per origin, the replacement run in progress
 	// (ReplaceRemoteEndpoints): the addresses it set so far.
 	replacing map[string]*remoteReplace
+
+	// batches counts the datapath writes started; barriers wait for the
+	// success of batch need (IPCacheBarrier).
+	batches  uint64
+	barriers []ipcacheBarrier
+}
+
+// ipcacheBarrier is an IPCacheBarrier waiting for the batch that writes
+// every change received before it.
+type ipcacheBarrier struct {
+	to   *actor.PID
+	seq  uint64
+	need uint64
 }
 
 // ipcacheRetrySync is the retry timer's message.
@@ -130,6 +143,8 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 	case *ipcacheRetrySync:
 		a.retry = nil
 		a.sync(ctx)
+	case *messages.IPCacheBarrier:
+		a.barrier(ctx, msg)
 	case *crashForTest:
 		panic("ipcache: crash requested by a test")
 	}
@@ -254,6 +269,7 @@ func (a *ipcacheActor) sync(ctx actor.Context) {
 	}
 	a.dirty = map[netip.Prefix]struct{}{} // a burst's buckets go
 	a.syncing = true
+	a.batches++
 	dp := a.deps.dp
 	work := &messages.DatapathWork{Op: "ipcache", Run: func(c context.Context) (any, error) {
 		return writeIPCache(c, dp, ops), nil
@@ -269,6 +285,7 @@ func (a *ipcacheActor) syncAll(ctx actor.Context) {
 		desired[p] = datapath.IPCacheValue{Identity: e.Identity, TunnelEndpoint: e.TunnelEndpoint}
 	}
 	a.prune, a.syncing = false, true
+	a.batches++
 	a.dirty = map[netip.Prefix]struct{}{}
 	syncer := a.deps.dp.(datapath.IPCacheSyncer)
 	work := &messages.DatapathWork{Op: "ipcache-prune", Run: func(c context.Context) (any, error) {
@@ -278,9 +295,11 @@ func (a *ipcacheActor) syncAll(ctx actor.Context) {
 		a.syncing = false
 		if err != nil {
 			a.prune = true
+			a.barriersFailed()
 			a.retryLater(ctx, "ipcache prune failed; retrying", err)
 			return
 		}
+		a.barriersDone(ctx)
 		st, _ := v.(datapath.IPCacheSyncStats)
 		a.log.Info("ipcache pruned", "entries", len(desired), "deleted", st.Deleted, "written", st.Written)
 		a.backoff = 0
@@ -332,6 +351,7 @@ func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, v any, err er
 		}
 	}
 	if failed > 0 {
+		a.barriersFailed()
 		a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
 		a.log.Warn("ipcache writes failed; retrying", "failed", failed, "err", firstErr(done), "in", a.backoff)
 		if a.retry == nil {
@@ -341,7 +361,44 @@ func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, v any, err er
 		return
 	}
 	a.backoff = 0
+	a.barriersDone(ctx)
 	a.sync(ctx)
+}
+
+// barrier answers at once when the datapath holds every change, else
+// once the batch writing the changes pending now succeeded.
+func (a *ipcacheActor) barrier(ctx actor.Context, msg *messages.IPCacheBarrier) {
+	pending := len(a.dirty) > 0 || a.prune
+	if !a.syncing && !pending {
+		ctx.Respond(&messages.IPCacheBarrierDone{Seq: msg.Seq})
+		return
+	}
+	need := a.batches
+	if pending {
+		need++
+	}
+	a.barriers = append(a.barriers, ipcacheBarrier{to: ctx.Sender(), seq: msg.Seq, need: need})
+}
+
+// barriersDone answers the barriers the finished batch satisfies.
+func (a *ipcacheActor) barriersDone(ctx actor.Context) {
+	kept := a.barriers[:0]
+	for _, b := range a.barriers {
+		if b.need <= a.batches {
+			ctx.Send(b.to, &messages.IPCacheBarrierDone{Seq: b.seq})
+			continue
+		}
+		kept = append(kept, b)
+	}
+	clear(a.barriers[len(kept):])
+	a.barriers = kept
+}
+
+// barriersFailed moves the barriers of a failed batch to its retry.
+func (a *ipcacheActor) barriersFailed() {
+	for i := range a.barriers {
+		a.barriers[i].need = max(a.barriers[i].need, a.batches+1)
+	}
 }
 
 func firstErr(ops []ipcacheOp) error {

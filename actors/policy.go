@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -47,6 +48,10 @@ type policyActor struct {
 	// that arrived meanwhile, run in order after it.
 	staging *stagedImport
 	queued  []policyOp
+	// fqdn holds the names learned from DNS answers (policy_fqdn.go);
+	// skip is the endpoint apply does not tell (0: none).
+	fqdn fqdnState
+	skip endpoint.ID
 }
 
 // policyOp is an import or delete with the PID its answer goes to.
@@ -81,6 +86,8 @@ type PolicyConfig struct {
 	// pass (default 1000): the requests that arrive meanwhile wait for
 	// one step, not for the whole import.
 	ImportStep int
+	// FQDN bounds and tunes the cache of names learned from DNS answers.
+	FQDN fqdn.CacheConfig
 }
 
 // persistState coalesces policy file writes: one in flight; changes
@@ -110,8 +117,10 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		a.req.answered(msg)
 	case *actor.Stopping:
 		a.req.drop()
+		a.stopFQDNTimer()
 	case *actor.Restarting:
 		a.req.drop()
+		a.stopFQDNTimer()
 		// Answer the waiters of a write this incarnation will not see end;
 		// the change itself is applied (and in the index).
 		a.batch.replies = append(a.batch.replies, append(a.persist.inflight, a.persist.pending...)...)
@@ -134,6 +143,17 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		}
 	case *messages.EndpointPolicyGone:
 		a.untrack(msg.Endpoint)
+		a.forgetFQDN(ctx, msg.Endpoint)
+	case *messages.PolicyFQDNLearn:
+		a.learnFQDN(ctx, msg)
+	case *fqdnExpire:
+		a.expireFQDN(ctx)
+	case *messages.FQDNCacheDump:
+		var es []fqdn.Entry
+		if a.fqdn.cache != nil {
+			es = a.fqdn.cache.Entries(nil)
+		}
+		ctx.Respond(&messages.FQDNCacheEntries{Entries: es})
 	case *crashForTest:
 		panic("policy: crash requested by a test")
 	}
@@ -402,6 +422,7 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 			targets[endpoint.ID(ep)] = struct{}{}
 		}
 	}
+	delete(targets, a.skip)
 	for id := range targets {
 		ctx.Send(a.manager, &messages.RegeneratePolicy{ID: id, Revision: res.Revision})
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -170,11 +171,17 @@ func (l *Linux) DialHost(ctx context.Context, network, addr string) (net.Conn, e
 		return d.DialContext(ctx, network, addr)
 	}
 	var conn net.Conn
-	err := inNetns(l.cfg.HostNetns, func() (err error) {
+	dial := func() (err error) {
 		conn, err = d.DialContext(ctx, network, addr)
 		return err
-	})
-	return conn, err
+	}
+	if strings.HasPrefix(network, "udp") && l.ns != nil {
+		// A UDP dial never waits: the host netns's thread makes the
+		// socket, sparing a new thread per dial (the DNS proxy's
+		// upstream queries).
+		return conn, l.inHost(dial)
+	}
+	return conn, inNetns(l.cfg.HostNetns, dial)
 }
 
 // inNetns runs fn on a new OS thread inside the namespace at path; the

@@ -59,6 +59,10 @@ type LinuxConfig struct {
 	Nodes NodesConfig
 	// L7 configures the L7 proxy (off unless ProxyPath is set).
 	L7 L7Config
+	// DNSProxyPort is the port of the agent's DNS proxy at 127.0.0.1 in
+	// the host netns (0: no DNS proxy): the BPF programs redirect the
+	// policy map entries with DNS rules to it.
+	DNSProxyPort uint16
 }
 
 // L7Config configures the Linux datapath's L7 proxy: the agent serves

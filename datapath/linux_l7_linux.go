@@ -262,10 +262,14 @@ const (
 // (policy.ProxyPorts): the BPF programs redirect an entry's traffic to
 // the port of its parser. None when L7 is off.
 func (l *Linux) proxyPorts() policy.ProxyPorts {
-	if l.cfg.L7.ProxyPath == "" {
-		return nil
+	ports := policy.ProxyPorts{}
+	if l.cfg.L7.ProxyPath != "" {
+		ports[policy.ParserHTTP] = netip.MustParseAddrPort(l.cfg.L7.Listen).Port()
 	}
-	return policy.ProxyPorts{policy.ParserHTTP: netip.MustParseAddrPort(l.cfg.L7.Listen).Port()}
+	if l.cfg.DNSProxyPort != 0 {
+		ports[policy.ParserDNS] = l.cfg.DNSProxyPort
+	}
+	return ports
 }
 
 // proxyRoute installs (idempotently) the rule and local routes of the

@@ -124,6 +124,11 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.initL7(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
+	if l.cfg.DNSProxyPort != 0 {
+		if err := l.proxyRoute(); err != nil {
+			return fmt.Errorf("linux datapath init: dns proxy: %w", err)
+		}
+	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
 		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
 	return nil

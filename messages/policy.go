@@ -62,8 +62,11 @@ type EndpointPolicyGone struct {
 // RegeneratePolicy is sent by the policy actor to the endpoint manager,
 // which forwards it to endpoint ID's actor: the policy of its identity
 // changed at Revision. It requests a policy-only regeneration (coalesced
-// like every regeneration; no state write). No reply.
+// like every regeneration; no state write). No reply, unless Wait (the
+// front door's LearnFQDN): then *EndpointResult once a regeneration that
+// started after the request ended.
 type RegeneratePolicy struct {
 	ID       endpoint.ID
 	Revision uint64
+	Wait     bool
 }

@@ -121,7 +121,11 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", false, "linux datapath: SNAT pod traffic leaving the --cluster-cidr ranges to the node's address (nftables)")
 	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (every node's ranges): traffic between them is not masqueraded")
 	fs.StringVar(&cfg.NodesFile, "nodes-file", "", "standalone mode: JSON or YAML list of the other nodes (name, addresses, podCIDRs), re-read when it changes")
+	dnsFlags := addDNSFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return cfg, nil, err
+	}
+	if err := dnsFlags.apply(&cfg); err != nil {
 		return cfg, nil, err
 	}
 	if fs.NArg() > 0 {

@@ -202,6 +202,9 @@ func eventText(ev events.Event) string {
 	if d := ev.Drop; d != nil {
 		parts = append(parts, dropText(d))
 	}
+	if d := ev.DNS; d != nil {
+		parts = append(parts, dnsText(d))
+	}
 	if l := ev.L7; l != nil {
 		parts = append(parts, l7Text(l))
 	}

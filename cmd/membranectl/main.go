@@ -117,7 +117,8 @@ func (a *app) rootCommand() *cobra.Command {
 	f.DurationVar(&a.timeout, "timeout", 60*time.Second, "request timeout (monitor: none unless set)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	root.AddCommand(a.statusCommand(), a.endpointCommand(), a.identityCommand(), a.ipamCommand(),
-		a.policyCommand(), a.ipcacheCommand(), a.nodeCommand(), a.serviceCommand(), a.dropsCommand(), a.actorsCommand(), a.actorCommand(), a.monitorCommand())
+		a.policyCommand(), a.ipcacheCommand(), a.nodeCommand(), a.serviceCommand(), a.dropsCommand(), a.actorsCommand(), a.actorCommand(), a.monitorCommand(),
+		a.fqdnCommand())
 	return root
 }
 

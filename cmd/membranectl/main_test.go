@@ -286,6 +286,8 @@ func (p *policyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
  "realized": {"id": 1, "backends": ["10.200.0.5:5432", "10.200.0.6:5432"]}},
  {"frontend": "10.96.0.11:80/TCP", "name": "default/empty", "kind": "ClusterIP", "source": "k8s", "id": 2, "backends": [], "state": "failed", "error": "injected"}],
  "maps": {"frontends": 1, "backends": 2, "connections": 4, "reverse-nat": 4, "affinity": 0}}`)
+	case r.Method == "GET" && r.URL.Path == "/v1/fqdn/cache":
+		fmt.Fprint(w, `[{"endpoint": 3, "fqdn": "allowed.test.", "ip": "192.0.2.10", "expiration-time": "2026-11-27T08:00:30Z", "ttl": 30}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/ipcache":
 		fmt.Fprint(w, `[{"cidr": "10.200.0.5/32", "identity": 257, "source": "endpoint"}, {"cidr": "0.0.0.0/0", "identity": 2, "source": "reserved"}]`)
 	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
@@ -329,6 +331,7 @@ func TestPolicyCommands(t *testing.T) {
 		{"service-list-json", []string{"service", "list", "-o", "json"}, exitOK},
 		{"node-list", []string{"node", "list"}, exitOK},
 		{"node-list-json", []string{"node", "list", "-o", "json"}, exitOK},
+		{"fqdn-list", []string{"fqdn", "list", "-e", "3", "-p", "*.test"}, exitOK},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
+	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
@@ -29,6 +30,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -107,6 +109,12 @@ type Config struct {
 	// "" none): polled every NodesFileInterval (default 1 s).
 	NodesFile         string
 	NodesFileInterval time.Duration
+	// DNSProxy runs the DNS proxy (--dns-proxy; nil: off, and toFQDNs
+	// and rules.dns are refused at import); Linux datapath only.
+	DNSProxy *dnsproxy.Config
+	// FQDN bounds the names learned from DNS answers (--tofqdns-min-ttl,
+	// --tofqdns-endpoint-max-ips).
+	FQDN fqdn.CacheConfig
 }
 
 // Validate names the bad field by its flag.
@@ -169,7 +177,7 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("--datapath: %q: want fake or linux: %w", c.Datapath, ErrInvalidConfig)
 	}
-	return nil
+	return c.validateDNS()
 }
 
 // Agent is a running agent.
@@ -201,6 +209,7 @@ type Agent struct {
 	kvstore    *kvstoreMode    // nil: no kvstore
 	events     *events.Hub
 	k8sSvc     *k8s.ServiceWatcher
+	stopDNS    func() // stops the DNS proxy (nil: not running)
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend
@@ -256,6 +265,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 			}
 		}
 	}()
+	if cfg.DNSProxy != nil {
+		cfg.Linux.DNSProxyPort = cfg.DNSProxy.Port
+	}
 	dp, linux, err := newDatapath(&cfg, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
@@ -280,7 +292,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
 	ac.State = store
 	ac.NoL7 = noL7(cfg, ac.NoL7)
+	// Likewise DNS rules and toFQDNs need the DNS proxy (the fake
+	// datapath takes them: nothing is redirected, nothing learned).
+	ac.NoDNSProxy = ac.NoDNSProxy || (cfg.Datapath == "linux" && cfg.DNSProxy == nil)
 	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
+	ac.Policy.FQDN = cfg.FQDN
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()
 	}
@@ -347,6 +363,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	sys.PruneIPCache()
 	a.startHealth(linux)
 	a.watchNodesFile()
+	if err := a.startDNSProxy(linux); err != nil {
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
 	// CNI ADDs are served once the k8s caches synced (or the bounded wait
 	// for them ended), so a pod's endpoint starts with the pod's labels.
 	if cfg.K8s != nil {
@@ -409,6 +428,9 @@ func (a *Agent) stop(ctx context.Context) error {
 	}
 	if a.health != nil {
 		a.health.Stop()
+	}
+	if a.stopDNS != nil {
+		a.stopDNS()
 	}
 	err := a.Server.Shutdown(ctx)
 	if serr := <-a.served; serr != nil && err == nil {

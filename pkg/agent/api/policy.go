@@ -140,6 +140,13 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 			}
 			out.ComputedL7 = append(out.ComputedL7, l7)
 		}
+		for _, e := range m.DNS {
+			d := models.DNSPolicyEntry{PolicyEntry: entryModel(e.Key), Names: make([]string, 0, len(e.Names))}
+			for _, n := range e.Names {
+				d.Names = append(d.Names, n.String())
+			}
+			out.ComputedDNS = append(out.ComputedDNS, d)
+		}
 	}
 	if st := l7Status(s.sys.Datapath); st != nil {
 		for _, e := range st.Endpoints {

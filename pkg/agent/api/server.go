@@ -215,6 +215,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/service", s.listServices)
 	m.HandleFunc("GET /v1/nodes", s.listNodes)
 	m.HandleFunc("GET /v1/drops", s.listDrops)
+	m.HandleFunc("GET /v1/fqdn/cache", s.listFQDNCache)
 	s.operatorRoutes(m)
 	s.mux = m
 }

@@ -57,12 +57,14 @@ type Metrics struct {
 	identities  *prometheus.Desc
 	deleteQueue *prometheus.Desc
 	proxyWaits  *prometheus.Desc
+	dns         *dnsMetrics
 }
 
 // New creates the metrics on a fresh registry, with the Go runtime and
 // process collectors.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), dns: newDNSMetrics()}
+	m.reg.MustRegister(m.dns.collectors()...)
 	m.apiLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Subsystem: "api", Name: "request_duration_seconds",
 		Help:    "REST API request latency by route pattern, method and status code.",

@@ -102,6 +102,9 @@ type EndpointPolicy struct {
 	Computed        []PolicyEntry `json:"computed"`
 	// ComputedL7 are the computed entries redirected to the L7 proxy.
 	ComputedL7 []L7PolicyEntry `json:"computed-l7,omitempty"`
+	// ComputedDNS are the computed egress entries redirected to the DNS
+	// proxy, with the names the endpoint may resolve there.
+	ComputedDNS []DNSPolicyEntry `json:"computed-dns,omitempty"`
 	// L7Proxy is the endpoint's L7 configuration version and whether
 	// the proxy acknowledged it (absent: no L7 configuration).
 	L7Proxy *L7EndpointVersion `json:"l7-proxy,omitempty"`

@@ -22,6 +22,10 @@ const (
 	IdentityWaiting Type = "identity-waiting"
 	PolicyRevision  Type = "policy-revision"
 	DatapathDrop    Type = "datapath-drop"
+	// DNSQuery is a query the DNS proxy answered or refused (Event.DNS);
+	// FQDNExpired: a name's learned addresses reached their TTL.
+	DNSQuery    Type = "dns-query"
+	FQDNExpired Type = "fqdn-expired"
 	// L7Access is one request an L7 proxy decided (Event.L7).
 	L7Access Type = "l7-access"
 	// Missed is the marker a subscriber gets when the ring overwrote
@@ -30,7 +34,8 @@ const (
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop, L7Access}
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop,
+	L7Access, DNSQuery, FQDNExpired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -59,8 +64,32 @@ type Event struct {
 	Missed uint64 `json:"missed,omitempty"`
 	// Drop describes the dropped packet (datapath-drop events).
 	Drop *Drop `json:"drop,omitempty"`
+	// DNS describes a query (dns-query events).
+	DNS *DNS `json:"dns,omitempty"`
 	// L7 describes the request (l7-access events).
 	L7 *L7 `json:"l7,omitempty"`
+}
+
+// DNS is the query of a dns-query event; Event.Endpoint is the endpoint
+// that asked.
+type DNS struct {
+	// Query is the queried name, QType its type ("A", "AAAA", ...).
+	Query string `json:"query"`
+	QType string `json:"qtype"`
+	// Verdict is "allowed" (answered), "denied" (refused by rules.dns)
+	// or "error" (the server failed or the answer could not be held).
+	Verdict string `json:"verdict"`
+	// RCode is the answer's response code ("NOERROR", "REFUSED", ...).
+	RCode string `json:"rcode,omitempty"`
+	// Server is the server the query was sent to (original destination).
+	Server string `json:"server,omitempty"`
+	// IPs are the answer's addresses, TTL its lowest TTL in seconds.
+	IPs []string `json:"ips,omitempty"`
+	TTL uint32   `json:"ttl,omitempty"`
+	// Identity is the asking endpoint's identity.
+	Identity uint32 `json:"identity,omitempty"`
+	// Error says why, for the "error" verdict.
+	Error string `json:"error,omitempty"`
 }
 
 // L7 is the request of an l7-access event; Event.Endpoint is the

@@ -123,3 +123,17 @@ func (ix *Index) PolicyRevisionNow() uint64 {
 func (ix *Index) IPCache() []*IPCacheEntry {
 	return all[*IPCacheEntry](ix.ReadTxn(), TableIPCache, IndexID)
 }
+
+// IPCacheLookup returns the identity of addr as the datapath's ipcache
+// resolves it (longest prefix match; false: none, the world identity).
+func (ix *Index) IPCacheLookup(addr netip.Addr) (identity.NumericIdentity, bool) {
+	addr = addr.Unmap()
+	txn := ix.ReadTxn()
+	for bits := addr.BitLen(); bits >= 0; bits-- {
+		p, _ := addr.Prefix(bits)
+		if e, ok := first[*IPCacheEntry](txn, TableIPCache, IndexID, p); ok {
+			return e.Identity, true
+		}
+	}
+	return 0, false
+}

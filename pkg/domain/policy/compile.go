@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
@@ -29,6 +30,10 @@ type PeerRule struct {
 	// HTTP, when not nil, redirects Ports to the L7 proxy, which allows
 	// only requests matching one of the rules (toPorts[].rules.http[]).
 	HTTP []HTTPRule
+	// DNS, when not nil, redirects Ports (egress) to the DNS proxy, which
+	// lets the endpoint resolve only names matching one of the selectors
+	// (toPorts[].rules.dns[]).
+	DNS []fqdn.Selector
 }
 
 // PortProto is a destination port (0: any) and an IP protocol.
@@ -117,9 +122,12 @@ func compileCNPRule(r *cnpRule, ns, path string, nsFree bool) (Rule, error) {
 	}
 	if r.Egress != nil {
 		for i, eg := range *r.Egress {
-			prs, err := compileCNPPeers(fmt.Sprintf("%s.egress[%d]", path, i), ns, nsFree, "to",
-				eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
+			p := fmt.Sprintf("%s.egress[%d]", path, i)
+			prs, err := compileCNPPeers(p, ns, nsFree, "to", eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
 			if err != nil {
+				return Rule{}, err
+			}
+			if prs, err = withFQDNs(prs, eg, p); err != nil {
 				return Rule{}, err
 			}
 			rule.Egress = append(rule.Egress, prs...)
@@ -147,12 +155,18 @@ func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelect
 			l4.Ports = append(l4.Ports, got...)
 			continue
 		}
-		http, err := compileHTTPRules(p.Rules, pp+".rules")
-		if err != nil {
+		l7 := pr
+		l7.Ports = got
+		if p.Rules.DNS != nil {
+			if dir != "to" {
+				return nil, fmt.Errorf("%s.rules.dns: DNS rules are egress rules", pp)
+			}
+			if l7.DNS, err = compileDNSRules(p.Rules, pp+".rules"); err != nil {
+				return nil, err
+			}
+		} else if l7.HTTP, err = compileHTTPRules(p.Rules, pp+".rules"); err != nil {
 			return nil, err
 		}
-		l7 := pr
-		l7.Ports, l7.HTTP = got, http
 		out = append(out, l7)
 	}
 	if len(ports) == 0 || len(l4.Ports) > 0 {
@@ -176,6 +190,9 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s.rules: L7 rules need at least one port", path)
 	}
+	if p.Rules.DNS != nil {
+		return dnsPorts(out, path)
+	}
 	for _, pp := range out {
 		if pp.Port == 0 || pp.Proto != ProtoTCP {
 			return nil, fmt.Errorf("%s.ports: L7 rules need TCP ports (give protocol: TCP and a port)", path)
@@ -186,7 +203,7 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 
 func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 	if r.HTTP == nil {
-		return nil, fmt.Errorf("%s.http: missing (the only supported L7 protocol)", path)
+		return nil, fmt.Errorf("%s.http: missing (http or dns are the supported L7 protocols)", path)
 	}
 	if len(r.HTTP) > maxHTTPRules {
 		return nil, fmt.Errorf("%s.http: %d rules, more than %d", path, len(r.HTTP), maxHTTPRules)

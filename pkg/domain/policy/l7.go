@@ -116,8 +116,12 @@ type L7Entry struct {
 // proxy listens on its own port of the node (ProxyPorts).
 type L7Parser string
 
-// ParserHTTP is the HTTP proxy (cmd/membrane-proxy).
-const ParserHTTP L7Parser = "http"
+// ParserHTTP is the HTTP proxy (cmd/membrane-proxy); ParserDNS the
+// agent's DNS proxy (DNSEntry).
+const (
+	ParserHTTP L7Parser = "http"
+	ParserDNS  L7Parser = "dns"
+)
 
 // Parser is the proxy e's traffic goes to. Every entry is HTTP today;
 // another protocol's rules on L7Entry name their parser here.
@@ -133,10 +137,17 @@ type ProxyPorts map[L7Parser]uint16
 // parser listens (ports has no port for it): the entry must not allow
 // traffic around the proxy.
 func (m *MapState) Redirects(ports ProxyPorts) (map[Key]uint16, error) {
-	if !m.HasL7() {
+	if !m.HasL7() && !m.HasDNS() {
 		return nil, nil
 	}
-	out := make(map[Key]uint16, len(m.L7))
+	out := make(map[Key]uint16, len(m.L7)+len(m.DNS))
+	for _, e := range m.DNS {
+		p := ports[ParserDNS]
+		if p == 0 {
+			return nil, fmt.Errorf("entry %+v: %w for parser %q", e.Key, ErrNoProxy, ParserDNS)
+		}
+		out[e.Key] = p
+	}
 	for _, e := range m.L7 {
 		p := ports[e.Parser()]
 		if p == 0 {

@@ -65,6 +65,9 @@ type MapState struct {
 	// L7 are the entries of Allow redirected to the L7 proxy with their
 	// HTTP rules, sorted by Key (Compare).
 	L7 []L7Entry
+	// DNS are the egress entries of Allow redirected to the DNS proxy
+	// with the names the endpoint may resolve, sorted by Key.
+	DNS []DNSEntry
 }
 
 // Compare orders keys by direction, identity, protocol, then port.
@@ -153,7 +156,8 @@ func (m *MapState) Equal(o *MapState) bool {
 		return m == o
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
-		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7)
+		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
+		dnsEqual(m.DNS, o.DNS)
 }
 
 // Diff returns the entries of to missing from from (add) and those of

@@ -30,9 +30,9 @@ func TestParseRefuses(t *testing.T) {
 		{"slash in name", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: a/b}\nspec: {endpointSelector: {}}\n", "contains '/'"},
 		{"unknown top field", cnpHead + "status: {}\nspec: {endpointSelector: {}}\n", `unsupported field "status"`},
 		{"unknown metadata field", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: x, uid: u}\nspec: {endpointSelector: {}}\n", `unsupported field "metadata.uid"`},
-		{"L7 dns rules refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n    - ports: [{port: \"53\"}]\n      rules: {dns: [{matchName: x}]}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.dns"`},
+		{"ingress dns rules refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n    - ports: [{port: \"53\"}]\n      rules: {dns: [{matchName: x}]}\n", `spec.ingress[0].toPorts[0].rules.dns: DNS rules are egress rules`},
 		{"ingressDeny refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingressDeny: []\n", `unsupported field "spec.ingressDeny"`},
-		{"toFQDNs refused", cnpHead + "spec:\n  endpointSelector: {}\n  egress:\n  - toFQDNs: [{matchName: x.com}]\n", `unsupported field "spec.egress[0].toFQDNs"`},
+		{"ingress toFQDNs refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toFQDNs: [{matchName: x.com}]\n", `unsupported field "spec.ingress[0].toFQDNs"`},
 		{"specs field path", cnpHead + "specs:\n- endpointSelector: {}\n- endpointSelector: {}\n  nodeSelector: {}\n", `unsupported field "specs[1].nodeSelector"`},
 		{"no spec", cnpHead, "spec: missing"},
 		{"spec and specs", cnpHead + "spec: {endpointSelector: {}}\nspecs: [{endpointSelector: {}}]\n", "give one, not both"},
@@ -190,6 +190,7 @@ func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 // an input), so large seeds (the 1.3 KB testdata documents) kept it
 // minimising for most of a run.
 var fuzzParseSeeds = []string{
+	cnpHead + "spec:\n  endpointSelector: {}\n  egress: [{toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchPattern: \"*.x\"}]}}]}, {toFQDNs: [{matchName: a.x}]}]\n",
 	cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: \"80\", endPort: 90}]}]}]\n",
 	knpHead + "spec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00::/8\"]}}]}]\n",
 	cnpHead + "spec:\n  endpointSelector: {matchLabels: {k8s:app: web}}\n  egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}], toEntities: [world]}]\n",
@@ -231,6 +232,9 @@ func FuzzParse(f *testing.F) {
 		r.UpsertIdentity(300, mustLabels(t, "k8s:app=x", "k8s:"+NamespaceLabel+"=default"))
 		r.MapState(300)
 		res := r.Import(pols)
+		// A learned name, then forgotten: its identity goes.
+		r.SetFQDN("a.x", []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+		r.SetFQDN("a.x", nil)
 		for _, p := range pols {
 			if p.Name == "" || p.Namespace == "" || len(p.Rules) == 0 {
 				t.Fatalf("policy %+v lacks a name, namespace or rules", p)

@@ -107,6 +107,15 @@ type Repository struct {
 	// staged holds the identities affected by a Staging's steps; the
 	// next finish recomputes them.
 	staged idSet
+	// fqdnAddrs are the addresses learned for each (normalized) name
+	// (SetFQDN), fqdnNames the names of each address. fqdnHeld are the
+	// addresses a cached FQDN selector (fqdnSels) selects by one of their
+	// names: each holds a reference on the CIDR identity of its host
+	// prefix (the others have none: nothing could select it).
+	fqdnAddrs map[string][]netip.Addr
+	fqdnNames map[netip.Addr]map[string]struct{}
+	fqdnHeld  map[netip.Addr]struct{}
+	fqdnSels  map[*cachedSelector]struct{}
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -118,6 +127,8 @@ func NewRepository() *Repository {
 		cidrIDs: map[identity.NumericIdentity]netip.Prefix{}, otherSels: map[*cachedSelector]struct{}{},
 		subjects: map[*cachedSelector]struct{}{}, oddIDs: map[identity.NumericIdentity]struct{}{},
 		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
+		fqdnAddrs: map[string][]netip.Addr{}, fqdnNames: map[netip.Addr]map[string]struct{}{},
+		fqdnHeld: map[netip.Addr]struct{}{}, fqdnSels: map[*cachedSelector]struct{}{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {

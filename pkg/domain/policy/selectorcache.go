@@ -101,6 +101,10 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		r.otherSels[cs] = struct{}{}
 	}
 	r.selectors[key] = cs
+	if f, ok := sel.(*FQDNSelector); ok {
+		r.fqdnSels[cs] = struct{}{}
+		r.fqdnSelectorChanged(f)
+	}
 	return cs
 }
 
@@ -117,25 +121,32 @@ func (r *Repository) unref(sel Selector) {
 		delete(r.otherSels, cs)
 	}
 	delete(r.changed, cs)
+	if f, ok := sel.(*FQDNSelector); ok {
+		delete(r.fqdnSels, cs)
+		r.fqdnSelectorChanged(f)
+	}
 }
 
 // matches reports whether cs selects identity id with labels ls. CIDR
 // identities are matched by their prefix, never by parsing their label.
 func (r *Repository) matches(cs *cachedSelector, id identity.NumericIdentity, ls labels.Labels) bool {
 	if p, ok := r.cidrIDs[id]; ok {
-		return matchesCIDR(cs, p, ls)
+		return r.matchesCIDR(cs, p, ls)
 	}
 	return cs.sel.Matches(ls)
 }
 
 // matchesCIDR reports whether cs selects the CIDR identity of prefix p
-// with labels ls.
-func matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.Labels) bool {
+// with labels ls. An FQDN selector selects a host prefix learned for a
+// name it matches.
+func (r *Repository) matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.Labels) bool {
 	switch s := cs.sel.(type) {
 	case *CIDRSelector:
 		return s.selects(p)
 	case *EntitySelector:
 		return s.Entity == EntityWorld
+	case *FQDNSelector:
+		return r.fqdnSelects(s, p)
 	}
 	return cs.sel.Matches(ls)
 }
@@ -157,19 +168,25 @@ func cidrPrefixes(s Selector) []netip.Prefix {
 
 func (r *Repository) refCIDRs(s Selector, affected idSet) {
 	for _, p := range cidrPrefixes(s) {
-		if c, ok := r.cidrs[p]; ok {
-			if c.refs == 0 {
-				r.pendingUp()[p] = c.id // a seed or a prefix about to be dropped
-			}
-			c.refs++
-			continue
-		}
-		id := r.allocCIDR()
-		r.addCIDR(p, id)
-		r.cidrs[p].refs = 1
-		r.reselect(id, nil, affected)
-		r.pendingUp()[p] = id
+		r.refPrefix(p, affected)
 	}
+}
+
+// refPrefix takes a reference on the CIDR identity of p, allocating it
+// when p has none.
+func (r *Repository) refPrefix(p netip.Prefix, affected idSet) {
+	if c, ok := r.cidrs[p]; ok {
+		if c.refs == 0 {
+			r.pendingUp()[p] = c.id // a seed or a prefix about to be dropped
+		}
+		c.refs++
+		return
+	}
+	id := r.allocCIDR()
+	r.addCIDR(p, id)
+	r.cidrs[p].refs = 1
+	r.reselect(id, nil, affected)
+	r.pendingUp()[p] = id
 }
 
 // addCIDR records the CIDR identity id of prefix p, without references.
@@ -182,10 +199,16 @@ func (r *Repository) addCIDR(p netip.Prefix, id identity.NumericIdentity) {
 
 func (r *Repository) unrefCIDRs(s Selector) {
 	for _, p := range cidrPrefixes(s) {
-		if c, ok := r.cidrs[p]; ok && c.refs > 0 {
-			if c.refs--; c.refs == 0 {
-				r.unused[p] = struct{}{} // dropped in finish when it stays 0
-			}
+		r.unrefPrefix(p)
+	}
+}
+
+// unrefPrefix drops a reference on the CIDR identity of p; finish drops
+// the identity when none is left.
+func (r *Repository) unrefPrefix(p netip.Prefix) {
+	if c, ok := r.cidrs[p]; ok && c.refs > 0 {
+		if c.refs--; c.refs == 0 {
+			r.unused[p] = struct{}{} // dropped in finish when it stays 0
 		}
 	}
 }
@@ -223,7 +246,7 @@ func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, af
 		switch {
 		case !present:
 		case isCIDR:
-			m = matchesCIDR(cs, p, ls)
+			m = r.matchesCIDR(cs, p, ls)
 		default:
 			m = cs.sel.Matches(ls)
 		}
@@ -340,12 +363,18 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	}
 	keys := make([]Key, 0, n)
 	groups := map[cidrGroup][]*CIDRSelector{}
-	var l7 *l7Builder
+	var (
+		l7  *l7Builder
+		dns *dnsBuilder
+	)
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if l7 == nil && (anyL7(rule.Ingress) || anyL7(rule.Egress)) {
 				l7 = &l7Builder{}
+			}
+			if dns == nil && anyDNS(rule.Egress) {
+				dns = &dnsBuilder{}
 			}
 		}
 	}
@@ -354,12 +383,12 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
 				ingress = true
-				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7)
+				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil)
 				addCIDRGroups(groups, rule.Ingress, Ingress)
 			}
 			if rule.EgressEnforced {
 				egress = true
-				keys = r.appendKeys(keys, rule.Egress, Egress, l7)
+				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns)
 				addCIDRGroups(groups, rule.Egress, Egress)
 			}
 		}
@@ -369,6 +398,7 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		m = NewMapState(r.revision, ingress, egress, keys)
 		m.CIDR = cidrEntries(groups)
 		m.L7 = l7.entries()
+		m.DNS = dns.entries()
 	}
 	if r.bySubjects == nil {
 		r.bySubjects = map[string]*MapState{}
@@ -395,8 +425,9 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 	return n
 }
 
-// appendKeys appends the keys of prs and records their L7 rules in l7.
-func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder) []Key {
+// appendKeys appends the keys of prs and records their L7 rules in l7
+// and their DNS rules in dns.
+func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -407,6 +438,7 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 				k := Key{Identity: peer, Port: pp.Port, Proto: pp.Proto, Dir: dir}
 				keys = append(keys, k)
 				l7.add(k, pr.HTTP)
+				dns.add(k, pr.DNS)
 			}
 		}
 		if pr.Any {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 )
 
 // The document types below are the accepted input formats. Only the
@@ -55,6 +57,7 @@ type cnpEgress struct {
 	ToCIDR      []string        `json:"toCIDR"`
 	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
 	ToEntities  []string        `json:"toEntities"`
+	ToFQDNs     []fqdn.Selector `json:"toFQDNs"`
 	ToPorts     []portRule      `json:"toPorts"`
 }
 
@@ -68,10 +71,11 @@ type portRule struct {
 	Rules *l7Rules       `json:"rules"`
 }
 
-// l7Rules are a port rule's L7 rules: only http is supported (dns,
-// kafka and l7proto are refused by name).
+// l7Rules are a port rule's L7 rules: http or dns (kafka and l7proto
+// are refused by name).
 type l7Rules struct {
-	HTTP []HTTPRule `json:"http"`
+	HTTP []HTTPRule      `json:"http"`
+	DNS  []fqdn.Selector `json:"dns"`
 }
 
 type portProtocol struct {

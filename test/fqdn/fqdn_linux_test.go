@@ -1,0 +1,481 @@
+package fqdn
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// pluginDir holds the membrane-cni binary built once for the package.
+var pluginDir string
+
+func TestMain(m *testing.M) {
+	dir, err := testutil.BuildPlugin()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pluginDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Addresses of the world netns (a documentation range, only ever inside
+// the test's namespaces): the DNS server and the two names' servers.
+var (
+	nodeSide  = netip.MustParsePrefix("192.0.2.1/24")
+	worldSide = netip.MustParsePrefix("192.0.2.2/24")
+	dnsAddr   = netip.MustParseAddr("192.0.2.53")
+	allowedIP = netip.MustParseAddr("192.0.2.10")
+	deniedIP  = netip.MustParseAddr("192.0.2.20")
+)
+
+// answerTTL is the TTL of the test server's answers (seconds).
+const answerTTL = 8
+
+// env is one node netns with an agent and its DNS proxy, a world netns
+// and pod A.
+type env struct {
+	t     testing.TB
+	host  *testutil.NS
+	world *testutil.NS
+	agent *agent.Agent
+	c     *client.Client
+	pod   *testutil.NS
+	podIP netip.Addr
+	epID  int64
+	logs  *testutil.LogBuffer
+	// cacheDir and socket are libcni's cache and the agent's socket.
+	cacheDir, socket string
+	metrics          *metrics.Metrics
+}
+
+func newEnv(t *testing.T) *env { return newEnvTB(t) }
+
+func newEnvTB(t testing.TB) *env {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	e := &env{t: t, host: testutil.NewNS(t, "mbt-fqdn"), world: testutil.NewNS(t, "mbt-fqdnw"), logs: &testutil.LogBuffer{}}
+	e.link()
+	dnsServer(t, e.world)
+	testutil.EchoServer(t, e.world, allowedIP, 80)
+	testutil.EchoServer(t, e.world, deniedIP, 80)
+	socket := filepath.Join(dir, "agent.sock")
+	cfg := agent.Config{
+		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.231.0.0/24"), Datapath: "linux",
+		Linux:      datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
+		GCInterval: time.Hour,
+		DNSProxy:   &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second},
+	}
+	cfg.API.Metrics = metrics.New()
+	e.metrics = cfg.API.Metrics
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	e.agent, e.c = a, client.New(socket)
+	t.Cleanup(func() {
+		e.c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", e.logs.String())
+		}
+	})
+	e.cacheDir, e.socket = filepath.Join(dir, "cache"), socket
+	e.pod, e.podIP, e.epID = e.addPod("a")
+	return e
+}
+
+// link connects the world netns to the node netns by a veth: the node
+// reaches 192.0.2.0/24 through it, the world routes everything back.
+func (e *env) link() {
+	t := e.t
+	hnl, wnl := e.host.Netlink(t), e.world.Netlink(t)
+	name := "mbtw" + testutil.RandomSuffix(6)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
+	if err := hnl.LinkAdd(veth); err != nil {
+		t.Fatalf("world veth: %v", err)
+	}
+	peer, err := hnl.LinkByName(name + "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wh, err := e.world.Handle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wh.Close()
+	if err := hnl.LinkSetNsFd(peer, int(wh)); err != nil {
+		t.Fatalf("move veth peer: %v", err)
+	}
+	addr := func(nl *netlink.Handle, link string, p netip.Prefix, extra ...netip.Addr) {
+		l, err := nl.LinkByName(link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range append([]netip.Prefix{p}, hostPrefixes(extra)...) {
+			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), 32)}}); err != nil {
+				t.Fatalf("address %s on %s: %v", a, link, err)
+			}
+		}
+		if err := nl.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr(hnl, name, nodeSide)
+	addr(wnl, name+"p", worldSide, dnsAddr, allowedIP, deniedIP)
+	lo, _ := wnl.LinkByName("lo")
+	_ = wnl.LinkSetUp(lo)
+	wl, _ := wnl.LinkByName(name + "p")
+	gw := nodeSide.Addr().AsSlice()
+	if err := wnl.RouteAdd(&netlink.Route{LinkIndex: wl.Attrs().Index, Gw: gw}); err != nil {
+		t.Fatalf("world default route: %v", err)
+	}
+}
+
+func hostPrefixes(as []netip.Addr) []netip.Prefix {
+	out := make([]netip.Prefix, len(as))
+	for i, a := range as {
+		out[i] = netip.PrefixFrom(a, 32)
+	}
+	return out
+}
+
+// dnsServer answers allowed.test and denied.test with their servers'
+// addresses (TTL answerTTL) on dnsAddr:53, UDP and TCP, in ns.
+func dnsServer(t testing.TB, ns *testutil.NS) {
+	t.Helper()
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP}
+		ip, ok := ips[strings.ToLower(r.Question[0].Name)]
+		if !ok {
+			ip, ok = benchName(r.Question[0].Name)
+		}
+		if ok && r.Question[0].Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: answerTTL},
+				A: ip.AsSlice()})
+		} else if !ok {
+			m.Rcode = dns.RcodeNameError
+		}
+		_ = w.WriteMsg(m)
+	})
+	addr := netip.AddrPortFrom(dnsAddr, 53).String()
+	for _, network := range []string{"udp", "tcp"} {
+		srv := &dns.Server{Net: network, Handler: h}
+		err := ns.Do(func() error {
+			if network == "udp" {
+				pc, err := net.ListenPacket("udp4", addr)
+				srv.PacketConn = pc
+				return err
+			}
+			ln, err := net.Listen("tcp4", addr)
+			srv.Listener = ln
+			return err
+		})
+		if err != nil {
+			t.Fatalf("dns server %s %s: %v", network, addr, err)
+		}
+		go func() { _ = srv.ActivateAndServe() }()
+		t.Cleanup(func() { _ = srv.Shutdown() })
+	}
+}
+
+// addPod runs CNI ADD for pod name (namespace default) and labels it
+// app=<name>.
+func (e *env) addPod(name string) (*testutil.NS, netip.Addr, int64) {
+	t := e.t
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	cni := libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, e.cacheDir, exec)
+	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-fqdn","plugins":[{"type":"membrane-cni","socket":%q}]}`, e.socket)
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := testutil.NewNS(t, "mbt-fqdnp")
+	id := "c" + testutil.RandomSuffix(24)
+	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + name}}}
+	var res *types100.Result
+	err = e.inHost(func(ctx context.Context) error {
+		r, err := cni.AddNetworkList(ctx, conf, rt)
+		if err != nil {
+			return err
+		}
+		res, err = types100.NewResultFromResult(r)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("CNI ADD: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.inHost(func(ctx context.Context) error { return cni.DelNetworkList(ctx, conf, rt) }); err != nil {
+			t.Errorf("CNI DEL: %v", err)
+		}
+	})
+	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
+	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:app=" + name}, nil)
+	if err != nil {
+		t.Fatalf("label pod: %v", err)
+	}
+	return pod, ip, ep.ID
+}
+
+func (e *env) inHost(fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return e.host.Do(func() error { return fn(ctx) })
+}
+
+// resolve asks the test DNS server for name's A record from pod A over
+// network (udp or tcp), as the pod would: to dnsAddr:53.
+func (e *env) resolve(network, name string) (*dns.Msg, error) {
+	return resolveFrom(e.pod, network, name)
+}
+
+func resolveFrom(pod *testutil.NS, network, name string) (*dns.Msg, error) {
+	var resp *dns.Msg
+	err := pod.Do(func() error {
+		c := &dns.Client{Net: network, Timeout: 10 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		var err error
+		resp, _, err = c.Exchange(m, netip.AddrPortFrom(dnsAddr, 53).String())
+		return err
+	})
+	return resp, err
+}
+
+// connect reports whether the pod reaches ip:80 (a bounded attempt).
+func (e *env) connect(ip netip.Addr) error {
+	return testutil.Exchange(e.pod, ip, 80, 2*time.Second)
+}
+
+func (e *env) importPolicy(dnsRule string) { e.importPolicyFQDN(dnsRule, "matchName: allowed.test") }
+
+// importPolicyFQDN imports A's policy: rules.dns dnsRule towards the
+// world's port 53, toFQDNs fqdnSel on port 80.
+func (e *env) importPolicyFQDN(dnsRule, fqdnSel string) {
+	e.t.Helper()
+	doc := fmt.Sprintf(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: fqdn, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toEntities: [world]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns: [{%s}]
+  - toFQDNs: [{%s}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+`, dnsRule, fqdnSel)
+	if _, err := e.c.PolicyImport(context.Background(), []byte(doc), "application/yaml"); err != nil {
+		e.t.Fatalf("import policy: %v", err)
+	}
+	e.settle()
+}
+
+// settle waits until pod A realised the policy it was computed.
+func (e *env) settle() {
+	e.t.Helper()
+	id := strconv.FormatInt(e.epID, 10)
+	waitFor(e.t, "policy realised", func() bool {
+		ep, err := e.c.EndpointGet(context.Background(), id)
+		if err != nil || ep.State != "ready" {
+			return false
+		}
+		pol, err := e.c.EndpointPolicy(context.Background(), id)
+		if err != nil || pol.RealizedError != "" || !pol.EgressEnforced || !pol.RealizedEgressEnforced || len(pol.Computed) != len(pol.Realized) {
+			return false
+		}
+		for i := range pol.Computed {
+			if pol.Computed[i] != pol.Realized[i].PolicyEntry {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// answerIP returns the single A address of an answer.
+func answerIP(m *dns.Msg) (netip.Addr, bool) {
+	if m == nil || m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 {
+		return netip.Addr{}, false
+	}
+	a, ok := m.Answer[0].(*dns.A)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	ip, ok := netip.AddrFromSlice(a.A.To4())
+	return ip, ok
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestFQDNPolicy (root, real traffic): with toFQDNs allowed.test and
+// rules.dns *.test, pod A resolves allowed.test through the proxy and
+// connects to its address (not before); it resolves denied.test but its
+// connection there is dropped; with rules.dns allowed.test only, the
+// resolution of denied.test is refused. After the TTL the learned
+// address is removed and the connection is dropped again.
+func TestFQDNPolicy(t *testing.T) {
+	e := newEnv(t)
+	sub := e.agent.System.Events().Subscribe(0)
+	defer sub.Close()
+	e.importPolicy(`matchPattern: "*.test"`)
+	if err := e.connect(allowedIP); err == nil {
+		t.Fatal("A reaches allowed.test's address before resolving it")
+	}
+	for _, network := range []string{"udp", "tcp"} {
+		resp, err := e.resolve(network, "allowed.test")
+		if ip, ok := answerIP(resp); err != nil || !ok || ip != allowedIP {
+			t.Fatalf("%s: allowed.test = %v, %v; want %s", network, resp, err, allowedIP)
+		}
+		// The answer was held until the address was realised: the very
+		// first connection passes.
+		if err := e.connect(allowedIP); err != nil {
+			t.Fatalf("after resolving allowed.test over %s: connect: %v", network, err)
+		}
+	}
+	resp, err := e.resolve("udp", "denied.test")
+	if ip, ok := answerIP(resp); err != nil || !ok || ip != deniedIP {
+		t.Fatalf("denied.test under *.test = %v, %v; want %s", resp, err, deniedIP)
+	}
+	if err := e.connect(deniedIP); err == nil {
+		t.Fatal("A reaches denied.test's address: toFQDNs selects only allowed.test")
+	}
+	entries, err := e.c.FQDNCache(context.Background(), int(e.epID), "")
+	if err != nil || !hasEntry(entries, "allowed.test.", allowedIP) || !hasEntry(entries, "denied.test.", deniedIP) {
+		t.Fatalf("GET /v1/fqdn/cache = %+v, %v", entries, err)
+	}
+	e.importPolicy(`matchName: allowed.test`)
+	resp, err = e.resolve("udp", "denied.test")
+	if err != nil || resp.Rcode != dns.RcodeRefused {
+		t.Fatalf("denied.test under rules.dns allowed.test = %v, %v; want REFUSED", resp, err)
+	}
+	checkEvents(t, sub)
+	// After the TTL (min TTL 0) the address is gone from the cache, the
+	// ipcache and the policy map: the connection is dropped.
+	waitFor(t, "learned addresses to expire", func() bool {
+		es, err := e.c.FQDNCache(context.Background(), -1, "")
+		return err == nil && len(es) == 0
+	})
+	ipc, err := e.c.IPCache(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range ipc {
+		if en.CIDR == netip.PrefixFrom(allowedIP, 32).String() {
+			t.Fatalf("expired address still in the ipcache: %+v", en)
+		}
+	}
+	if err := e.connect(allowedIP); err == nil {
+		t.Fatal("A reaches allowed.test's address after its TTL")
+	}
+	expired := false
+	for ev, ok := sub.TryNext(); ok; ev, ok = sub.TryNext() {
+		expired = expired || (ev.Type == events.FQDNExpired && strings.Contains(ev.Message, "allowed.test."))
+	}
+	if !expired {
+		t.Error("no fqdn-expired event for allowed.test.")
+	}
+	for verdict, least := range map[string]float64{"allowed": 3, "denied": 1} {
+		if n := e.queries(verdict); n < least {
+			t.Errorf("membrane_dns_proxy_queries_total{verdict=%q} = %v, want at least %v", verdict, n, least)
+		}
+	}
+}
+
+// queries reads membrane_dns_proxy_queries_total{verdict}.
+func (e *env) queries(verdict string) float64 {
+	mfs, err := e.metrics.Registry().Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "membrane_dns_proxy_queries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "verdict" && l.GetValue() == verdict {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func hasEntry(es []models.FQDNCacheEntry, name string, ip netip.Addr) bool {
+	for _, e := range es {
+		if e.FQDN == name && e.IP == ip.String() && e.TTL <= answerTTL+1 {
+			return true
+		}
+	}
+	return false
+}
+
+// checkEvents finds an allowed and a denied dns-query event.
+func checkEvents(t *testing.T, sub *events.Subscription) {
+	t.Helper()
+	seen := map[string]bool{}
+	for {
+		ev, ok := sub.TryNext()
+		if !ok {
+			break
+		}
+		if ev.Type == events.DNSQuery && ev.DNS != nil {
+			seen[ev.DNS.Verdict+" "+ev.DNS.Query] = true
+		}
+	}
+	for _, want := range []string{"allowed allowed.test.", "denied denied.test."} {
+		if !seen[want] {
+			t.Errorf("no dns-query event %q in %v", want, seen)
+		}
+	}
+}
