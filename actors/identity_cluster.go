@@ -43,6 +43,9 @@ type pendingAcquire struct {
 	inFlight bool
 	retry    *time.Timer
 	attempts int
+	// resumed: the store was reported reachable while an attempt was in
+	// flight; if that attempt fails, the next one follows at once.
+	resumed bool
 	// confirm: the label set was bound here without the store (see
 	// bindProvisional); retried until the store records the node's use.
 	confirm bool
@@ -265,7 +268,11 @@ func (a *identityActor) acquireFailed(ctx actor.Context, key string, p *pendingA
 		delete(c.pending, key)
 	} else {
 		self, root := ctx.Self(), ctx.ActorSystem().Root
-		p.retry = time.AfterFunc(backoff(c.cfg.RetryMin, c.cfg.RetryMax, p.attempts-1), func() { root.Send(self, &clusterRetry{key: key}) })
+		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, p.attempts-1)
+		if p.resumed { // began before the store came back
+			wait, p.resumed = 0, false
+		}
+		p.retry = time.AfterFunc(wait, func() { root.Send(self, &clusterRetry{key: key}) })
 	}
 	a.publishClusterStatus()
 }
@@ -322,6 +329,28 @@ func (a *identityActor) clusterRetried(ctx actor.Context, key string) {
 	a.startAcquire(ctx, key, p)
 }
 
+// retryPending starts the next attempt of every pending label set that
+// waits for its backoff (the store is reachable again).
+func (a *identityActor) retryPending(ctx actor.Context) {
+	n := 0
+	for key, p := range a.cluster.pending {
+		if p.inFlight {
+			p.resumed = true
+			continue
+		}
+		if p.retry == nil {
+			continue
+		}
+		p.retry.Stop()
+		p.retry = nil
+		a.startAcquire(ctx, key, p)
+		n++
+	}
+	if n > 0 {
+		a.log.Info("cluster identity store reachable again; waiting label sets retried", "label-sets", n)
+	}
+}
+
 // backendRelease hands the backend Release of id to its worker.
 func (a *identityActor) backendRelease(id identity.NumericIdentity, ls labels.Labels) {
 	if err := a.cluster.w.release(id, ls); err != nil {
@@ -347,6 +376,8 @@ func (a *identityActor) clusterWatched(ctx actor.Context, ev identity.ClusterEve
 		a.forget(ctx, ev.ID)
 	case identity.ClusterSynced:
 		a.log.Info("cluster identities synced", "known", len(a.cluster.known))
+	case identity.ClusterResumed:
+		a.retryPending(ctx)
 	}
 	a.publishClusterStatus()
 }

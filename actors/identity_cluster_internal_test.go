@@ -115,6 +115,13 @@ func (b *memBackend) emit(ev identity.ClusterEvent) {
 	}
 }
 
+// watching reports whether a Watch receives events.
+func (b *memBackend) watching() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.watch != nil
+}
+
 func (b *memBackend) counts(key string, id identity.NumericIdentity) (acquires, releases int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -323,6 +330,73 @@ func TestClusterIdentityStoreUnavailable(t *testing.T) {
 		t.Fatalf("new identity row %+v %v, want %s", row, ok, want.Key())
 	}
 	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
+}
+
+// TestClusterIdentityRetriedOnResume: a label set waiting for the store
+// is asked for again as soon as the backend reports the store reachable
+// (ClusterResumed), not at its next backoff (an hour here).
+func TestClusterIdentityRetriedOnResume(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin, c.ClusterIdentity.RetryMax = time.Hour, time.Hour
+	})
+	ep := svCreate(t, sys, "resume")
+	b.set(errors.New("connection refused"), nil)
+	add := ciLabels(t, "k8s:tier=resumed")
+	ctx, cancel := context.WithTimeout(context.Background(), svTimeout)
+	defer cancel()
+	if _, err := sys.PatchLabels(ctx, ep.ID, add, nil); !errors.Is(err, ErrIdentityStoreUnavailable) {
+		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
+	}
+	b.set(nil, nil)
+	svWait(t, "the actor's watch", b.watching) // an event before it would be lost
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed})
+	svWait(t, "the endpoint's new identity", func() bool {
+		cur, _ := sys.Index.Endpoint(ep.ID)
+		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
+	})
+	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
+}
+
+// TestClusterIdentityResumedDuringAttempt: the store reported reachable
+// while an attempt is in flight; that attempt fails (it began during the
+// outage) and the next one follows at once, not after the backoff (an
+// hour here).
+func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin, c.ClusterIdentity.RetryMax = time.Hour, time.Hour
+	})
+	ep := svCreate(t, sys, "resume-inflight")
+	down := errors.New("connection refused")
+	b.set(down, nil)
+	add := ciLabels(t, "k8s:tier=inflight")
+	ctx, cancel := context.WithTimeout(context.Background(), svTimeout)
+	defer cancel()
+	if _, err := sys.PatchLabels(ctx, ep.ID, add, nil); !errors.Is(err, ErrIdentityStoreUnavailable) {
+		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
+	}
+	for len(b.entered) > 0 {
+		<-b.entered
+	}
+	gate := make(chan struct{})
+	b.set(down, gate)
+	svWait(t, "the actor's watch", b.watching)                   // an event before it would be lost
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // starts an attempt, held at the gate
+	select {
+	case <-b.entered:
+	case <-ctx.Done():
+		t.Fatal("no attempt after ClusterResumed")
+	}
+	b.set(nil, nil)
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // while it is in flight
+	close(gate)                                                  // it fails: it read the outage
+	svWait(t, "the endpoint's new identity", func() bool {
+		cur, _ := sys.Index.Endpoint(ep.ID)
+		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
+	})
 }
 
 // sawEvent reads sub until an event of type typ (true) or a quiet end.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -194,4 +195,25 @@ func (l *Linux) HostAddrs(context.Context) (out []netip.Addr, err error) {
 		return nil
 	})
 	return out, err
+}
+
+// ReadPinnedIPCache reads the ipcache map an agent pinned under its
+// bpffs directory (LinuxConfig.BPFFS, the agent's --bpffs) without a
+// Linux datapath of its own: tests and diagnostics that look at another
+// process's kernel state.
+func ReadPinnedIPCache(bpffs string) (map[netip.Prefix]IPCacheValue, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, pinIPCache), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open pinned ipcache under %s: %w", bpffs, err)
+	}
+	defer m.Close()
+	held, err := dumpIPCacheMap(m)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[netip.Prefix]IPCacheValue, len(held))
+	for k, v := range held {
+		out[ipcachePrefix(k)] = IPCacheValue{Identity: identity.NumericIdentity(v.Identity), TunnelEndpoint: tunnelAddr(v.Tunnel)}
+	}
+	return out, nil
 }

@@ -38,7 +38,9 @@ type cluster struct {
 	underlay *testutil.NS
 	outside  *testutil.NS
 	nodes    []*node
-	file     string // the shared nodes file
+	file     string    // the shared nodes file ("" in kvstore mode)
+	etcd     *etcdProc // kvstore mode: the nodes share this etcd; nil: nodes file
+	netName  string    // CNI network name of every node ("": per node)
 }
 
 // node is one Membrane node: a netns with its agent process.
@@ -67,6 +69,8 @@ type pod struct {
 	name     string
 	ns       *testutil.NS
 	ip4, ip6 netip.Addr
+	node     *node               // nil: not made by the plugin
+	rt       *libcni.RuntimeConf // the plugin's runtime config (nil: not made by the plugin)
 }
 
 const (
@@ -84,6 +88,19 @@ func newCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 	testutil.RequireRoot(t)
 	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir()}
 	c.file = filepath.Join(c.dir, "nodes.yaml")
+	c.makeUnderlay()
+	for i := range n {
+		c.nodes = append(c.nodes, c.newNode(i))
+	}
+	c.outside = c.attach("mbm-out", 199, "eth0")
+	c.writeNodesFile(c.nodes)
+	c.startNodes()
+	return c
+}
+
+// makeUnderlay makes the harness netns with the underlay bridge.
+func (c *cluster) makeUnderlay() {
+	t := c.t
 	c.underlay = testutil.NewNS(t, "mbm-ul")
 	unl := c.underlay.Netlink(t)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: underlayMTU}}
@@ -93,11 +110,11 @@ func newCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 	if err := unl.LinkSetUp(br); err != nil {
 		t.Fatal(err)
 	}
-	for i := range n {
-		c.nodes = append(c.nodes, c.newNode(i))
-	}
-	c.outside = c.attach("mbm-out", 199, "eth0")
-	c.writeNodesFile(c.nodes)
+}
+
+// startNodes starts every node's agent at once and waits until all are ready.
+func (c *cluster) startNodes() {
+	n := len(c.nodes)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i, nd := range c.nodes {
@@ -106,9 +123,8 @@ func newCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
+		c.t.Fatal(err)
 	}
-	return c
 }
 
 // attach makes a netns with a port of the underlay bridge named ifname,
@@ -196,8 +212,12 @@ func (c *cluster) newNode(i int) *node {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(nd.bpffs, unix.MNT_DETACH) })
 	t.Cleanup(func() { nd.stop() }) // runs before the unmount and the netns removal
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mn-%s","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":%d}]}`,
-		nd.name, nd.socket, filepath.Join(nd.dir, "delete-queue"), podMTU)
+	netName := c.netName
+	if netName == "" {
+		netName = "mn-" + nd.name
+	}
+	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":%d}]}`,
+		netName, nd.socket, filepath.Join(nd.dir, "delete-queue"), podMTU)
 	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +236,12 @@ func (nd *node) start() error {
 	args := []string{"--socket", nd.socket, "--state-dir", nd.state, "--delete-queue-dir", filepath.Join(nd.dir, "delete-queue"),
 		"--ipv4-range", nd.cidr4.String(), "--ipv6-range", nd.cidr6.String(), "--bpffs", filepath.Join(nd.bpffs, "membrane"),
 		"--datapath", "linux", "--http-addr", "", "--enable-health=false", "--gc-interval", "-1s",
-		"--routing", c.routing, "--nodes-file", c.file, "--masquerade", "--cluster-cidr", c.clusterCIDRs(), "--log-level", "debug"}
+		"--routing", c.routing, "--masquerade", "--cluster-cidr", c.clusterCIDRs(), "--log-level", "debug"}
+	if c.etcd != nil {
+		args = append(args, c.etcd.agentArgs(nd)...)
+	} else {
+		args = append(args, "--nodes-file", c.file)
+	}
 	f, err := os.OpenFile(nd.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -277,6 +302,17 @@ func (nd *node) stop() {
 	}
 }
 
+// kill SIGKILLs the node's agent (a crash: nothing is cleaned up) and
+// waits for it to exit.
+func (nd *node) kill() {
+	if nd.cmd == nil {
+		return
+	}
+	_ = nd.cmd.Process.Kill()
+	<-nd.exited
+	nd.cmd = nil
+}
+
 // writeNodesFile lists nodes in the shared file (YAML), atomically.
 func (c *cluster) writeNodesFile(nodes []*node) {
 	var b strings.Builder
@@ -293,18 +329,43 @@ func (c *cluster) writeNodesFile(nodes []*node) {
 }
 
 // addPod runs the plugin's ADD for a new pod netns on nd (the plugin
-// runs in the node's netns, as kubelet's would on the node).
+// runs in the node's netns, as kubelet's would on the node), in the
+// Kubernetes namespace "default".
 func (nd *node) addPod(name string) *pod {
 	t := nd.c.t
 	t.Helper()
-	p := &pod{name: name, ns: testutil.NewNS(t, "mbm-pod")}
-	rt := &libcni.RuntimeConf{ContainerID: "c" + testutil.RandomSuffix(16), NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name}}}
+	p := nd.newPod(name, "default")
+	if err := nd.runAdd(p); err != nil {
+		t.Fatalf("%s: ADD %s: %v", nd.name, name, err)
+	}
+	return p
+}
+
+// newPod makes the netns of a pod in Kubernetes namespace namespace (its
+// label) and registers its DEL, which runs before the netns goes
+// (cleanups run last-in first-out). Safe from any goroutine.
+func (nd *node) newPod(name, namespace string) *pod {
+	t := nd.c.t
+	p := &pod{name: name, ns: testutil.NewNS(t, "mbm-pod"), node: nd}
+	p.rt = &libcni.RuntimeConf{ContainerID: "c" + testutil.RandomSuffix(16), NetNS: p.ns.Path, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", name}}}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := nd.ns.Do(func() error { return nd.cni.DelNetworkList(ctx, nd.conf, p.rt) }); err != nil && nd.cmd != nil {
+			t.Errorf("%s: DEL %s: %v", nd.name, name, err)
+		}
+	})
+	return p
+}
+
+// runAdd runs the plugin's ADD for p once and records its addresses.
+func (nd *node) runAdd(p *pod) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var res *types100.Result
 	err := nd.ns.Do(func() error {
-		r, err := nd.cni.AddNetworkList(ctx, nd.conf, rt)
+		r, err := nd.cni.AddNetworkList(ctx, nd.conf, p.rt)
 		if err != nil {
 			return err
 		}
@@ -312,16 +373,8 @@ func (nd *node) addPod(name string) *pod {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("%s: ADD %s: %v", nd.name, name, err)
+		return err
 	}
-	// DEL before the pod netns goes (cleanups run last-in first-out).
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := nd.ns.Do(func() error { return nd.cni.DelNetworkList(ctx, nd.conf, rt) }); err != nil && nd.cmd != nil {
-			t.Errorf("%s: DEL %s: %v", nd.name, name, err)
-		}
-	})
 	for _, ipc := range res.IPs {
 		a, _ := netip.AddrFromSlice(ipc.Address.IP)
 		if a.Unmap().Is4() {
@@ -331,9 +384,16 @@ func (nd *node) addPod(name string) *pod {
 		}
 	}
 	if !p.ip4.IsValid() || !p.ip6.IsValid() {
-		t.Fatalf("%s: pod %s got %v, want both families", nd.name, name, res.IPs)
+		return fmt.Errorf("pod %s got %v, want both families", p.name, res.IPs)
 	}
-	return p
+	return nil
+}
+
+// runDel runs the plugin's DEL for p (kubelet's call after a failed ADD).
+func (nd *node) runDel(p *pod) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return nd.ns.Do(func() error { return nd.cni.DelNetworkList(ctx, nd.conf, p.rt) })
 }
 
 // nodeRoutes returns the node's routes to other nodes' pod CIDRs (the

@@ -10,7 +10,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
+
+// reconnectMax bounds the wait between attempts to reconnect to etcd.
+const reconnectMax = time.Second
 
 // Client is this node's connection to etcd and its lease. Keys that live
 // as long as the node does (identity references, the node entry, its
@@ -38,6 +43,13 @@ type Client struct {
 	since    time.Time
 	regrants int  // leases granted after the first
 	granted  bool // a lease was ever granted
+	// resumed is closed (and replaced) when etcd is reachable and a lease
+	// is held again after either was not (interrupted).
+	resumed     chan struct{}
+	interrupted bool
+	// reachable is closed (and replaced) whenever etcd becomes reachable
+	// (the lease loop then grants at once).
+	reachable chan struct{}
 }
 
 // Health is the connection's state for /v1/status.
@@ -65,6 +77,13 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, TLS: tlsCfg,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 5 * time.Second,
+		// gRPC's default reconnect backoff grows to 2 minutes: after an
+		// outage of a few seconds etcd would be back long before the
+		// client tried again. At most 1 s between attempts.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMax},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
 		Logger: zap.NewNop(),
 	})
 	if err != nil {
@@ -72,7 +91,7 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, keys: keys{cfg.Prefix}, log: log.With("subsys", "kvstore"), cli: cli,
-		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now()}
+		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{}), reachable: make(chan struct{})}
 	go c.leaseLoop()
 	return c, nil
 }
@@ -143,10 +162,33 @@ func (c *Client) observe(err error) {
 		c.healthy, c.since = healthy, time.Now()
 		if healthy {
 			c.log.Info("etcd reachable")
+			close(c.reachable)
+			c.reachable = make(chan struct{})
+			c.maybeResumedLocked()
 		} else {
+			c.interrupted = true
 			c.log.Warn("etcd unreachable", "err", err)
 		}
 	}
+}
+
+// maybeResumedLocked closes resumed if etcd is reachable and a lease is
+// held after an interruption: what waited for the store (an identity
+// Acquire needs both) may go on at once.
+func (c *Client) maybeResumedLocked() {
+	if c.interrupted && c.healthy && c.lease != 0 {
+		c.interrupted = false
+		close(c.resumed)
+		c.resumed = make(chan struct{})
+	}
+}
+
+// Resumed returns a channel closed the next time etcd is reachable and
+// the node holds a lease after a failed call or a lost lease.
+func (c *Client) Resumed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resumed
 }
 
 // observeConflict records a problem that is not etcd's health.
@@ -175,6 +217,9 @@ func (c *Client) leaseLoop() {
 	defer close(c.done)
 	backoff := 100 * time.Millisecond
 	for c.ctx.Err() == nil {
+		c.mu.Lock()
+		reachable := c.reachable
+		c.mu.Unlock()
 		var grant *clientv3.LeaseGrantResponse
 		err := c.call(c.ctx, "grant node lease", func(ctx context.Context) (err error) {
 			grant, err = c.cli.Grant(ctx, int64(c.cfg.LeaseTTL/time.Second))
@@ -182,7 +227,7 @@ func (c *Client) leaseLoop() {
 		})
 		if err != nil {
 			c.log.Debug("granting the node lease", "err", err)
-			if !sleep(c.ctx, backoff) {
+			if !sleepOr(c.ctx, backoff, reachable, nil) { // another call reaching etcd ends the wait
 				return
 			}
 			backoff = min(2*backoff, 2*time.Second)
@@ -208,6 +253,7 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 		c.regrants++
 	}
 	c.lease, c.granted = lease, true
+	c.maybeResumedLocked()
 	fns := append([]func(clientv3.LeaseID){}, c.onLease...)
 	c.mu.Unlock()
 	c.log.Info("node lease granted", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", c.cfg.LeaseTTL)
@@ -224,6 +270,7 @@ func (c *Client) keepAlive(lease clientv3.LeaseID) {
 					c.log.Warn("node lease lost; granting a new one", "lease", fmt.Sprintf("%x", int64(lease)))
 					c.mu.Lock()
 					c.lease = 0 // writes wait for the next one
+					c.interrupted = true
 					c.mu.Unlock()
 				}
 				return
@@ -261,6 +308,22 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// sleepOr is sleep that also ends early (true) when wake or kick fires
+// (a nil channel never does): a retry need not sit out its backoff once
+// etcd is back or a new lease was granted.
+func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}, kick <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-kick:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // Endpoints are etcd's client URLs.

@@ -102,6 +102,11 @@ func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identi
 	lk := ls.Key()
 	for range acquireAttempts {
 		lease, ok := b.c.Lease()
+		if !ok && b.c.Health().Healthy && b.c.awaitLease(ctx, 0) {
+			// etcd answers and the lease is being granted (at start, or
+			// after it lapsed in an outage): one call away.
+			lease, ok = b.c.Lease()
+		}
 		if !ok {
 			return 0, false, fmt.Errorf("acquire cluster identity: no node lease yet: %w", ErrUnavailable)
 		}

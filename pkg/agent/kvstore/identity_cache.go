@@ -211,14 +211,33 @@ func (w *identityWatch) upsert(n identity.NumericIdentity, lk string) {
 // until ctx ends (see identity.ClusterBackend). It returns nil when ctx
 // ends.
 func (b *IdentityBackend) Watch(ctx context.Context, fn func(identity.ClusterEvent)) error {
-	w := &identityWatch{log: b.log.Warn, fn: fn, known: map[identity.NumericIdentity]string{}, first: true}
+	var mu sync.Mutex // the list-watch and the resumption goroutine take turns
+	call := func(ev identity.ClusterEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		fn(ev)
+	}
+	w := &identityWatch{log: b.log.Warn, fn: call, known: map[identity.NumericIdentity]string{}, first: true}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	done := make(chan struct{})
+	defer func() { cancel(); <-done }() // no call after Watch returns
 	go func() {
-		select {
-		case <-b.ctx.Done():
-			cancel()
-		case <-ctx.Done():
+		defer close(done)
+		for {
+			select {
+			case <-b.ctx.Done():
+				cancel()
+				return
+			case <-ctx.Done():
+				return
+			case <-b.c.Resumed():
+				if ctx.Err() != nil {
+					return
+				}
+				// etcd is back: waiting label sets need not wait for
+				// their next backoff.
+				call(identity.ClusterEvent{Kind: identity.ClusterResumed})
+			}
 		}
 	}()
 	b.c.listWatch(ctx, b.keys.ids(), w)

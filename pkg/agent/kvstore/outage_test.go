@@ -292,3 +292,45 @@ func TestLeaseLostAndRegranted(t *testing.T) {
 		t.Errorf("a's health counts no new lease: %+v", h)
 	}
 }
+
+// TestWatchSendsResumed: once etcd answers again after an outage, the
+// identity watch sends ClusterResumed, so the agent retries waiting label
+// sets at once.
+func TestWatchSendsResumed(t *testing.T) {
+	srv := startEtcd(t)
+	n := newNode(t, srv.Endpoint, "resumed")
+	var mu sync.Mutex
+	resumed, synced := 0, false
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = n.id.Watch(ctx, func(ev identity.ClusterEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch ev.Kind {
+			case identity.ClusterSynced:
+				synced = true
+			case identity.ClusterResumed:
+				resumed++
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "synced and healthy", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return synced && n.id.Status().Healthy
+	})
+	mu.Lock()
+	before := resumed
+	mu.Unlock()
+	srv.Stop()
+	waitFor(t, "status unhealthy", func() bool { return !n.id.Status().Healthy })
+	srv.Restart()
+	waitFor(t, "ClusterResumed after the restart", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return resumed > before
+	})
+}

@@ -153,9 +153,11 @@ func (p *Publisher) run() {
 	var owed <-chan time.Time // a full comparison after incremental ones
 	for {
 		if full || len(dirty) > 0 {
+			resumed := p.c.Resumed()
 			if err := p.sync(full, dirty); err != nil {
 				full = true // what failed is found again by comparing everything
-				if !sleep(p.ctx, backoff) {
+				// A new lease (kick) or etcd back ends the wait.
+				if !sleepOr(p.ctx, backoff, resumed, p.kick) {
 					return
 				}
 				backoff = min(2*backoff, 2*time.Second)

@@ -24,13 +24,14 @@ type lister interface {
 func (c *Client) listWatch(ctx context.Context, prefix string, l lister) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		resumed := c.Resumed()
 		var resp *clientv3.GetResponse
 		err := c.call(ctx, "list "+prefix, func(ctx context.Context) (err error) {
 			resp, err = c.cli.Get(ctx, prefix, clientv3.WithPrefix())
 			return err
 		})
 		if err != nil {
-			if !sleep(ctx, backoff) {
+			if !sleepOr(ctx, backoff, resumed, nil) {
 				return
 			}
 			backoff = min(2*backoff, 2*time.Second)

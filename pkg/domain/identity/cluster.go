@@ -28,7 +28,7 @@ type ClusterBackend interface {
 	Release(ctx context.Context, id NumericIdentity) error
 	// Watch calls fn for every identity in the cluster: first the full set
 	// (a ClusterEvent with Kind ClusterSynced ends it), then changes, until
-	// ctx is done. fn is called from one goroutine and must not block. It
+	// ctx is done. fn is never called concurrently and must not block. It
 	// returns nil only when ctx is done or the backend was closed, and an
 	// error when the watch failed (the caller watches again).
 	Watch(ctx context.Context, fn func(ClusterEvent)) error
@@ -48,6 +48,10 @@ const (
 	ClusterDelete
 	// ClusterSynced: the initial list has been delivered.
 	ClusterSynced
+	// ClusterResumed: the store is reachable again after it was not (a
+	// backend that can tell sends it): label sets waiting for it are
+	// retried at once instead of at their next backoff.
+	ClusterResumed
 )
 
 // ClusterEvent is one identity seen in the cluster store.
