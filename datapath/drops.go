@@ -25,6 +25,9 @@ const (
 	// DropNoBackend: a new connection to a service frontend without
 	// backends (bpf/lb.h).
 	DropNoBackend = "no-backend"
+	// DropProxy: a packet redirected to an L7 or DNS proxy port on which
+	// no socket listens (the proxy is down; the port fails closed).
+	DropProxy = "proxy-unavailable"
 	// DropNoRoute: a NodePort packet translated on the uplink (or a
 	// backend's reply to it) whose destination the FIB cannot route
 	// (bpf/nodeport.h).
@@ -35,7 +38,7 @@ const (
 )
 
 // dropReasons maps the programs' reason numbers to names.
-var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend,
+var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy,
 	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
