@@ -130,9 +130,17 @@ func TestServicesFromAPIServer(t *testing.T) {
 	if h := m.Hooks; !h.KubeProxyReplacement || h.Cgroup != cg || !slices.Equal(h.Devices, []string{"mbt_up"}) {
 		t.Errorf("hooks %+v, want the test's cgroup and mbt_up", h)
 	}
-	row, ok := a.Index.Service(cluster)
-	if !ok || row.State != index.ServiceRealized || row.Source != k8s.ServiceSource || row.Service.Name != ns+"/db" || row.Service.PortName != "sql" {
-		t.Errorf("service table row = %+v, %v", row, ok)
+	// The row turns realized when the services actor hears the write
+	// finished, just after the maps hold it.
+	var row *index.ServiceRow
+	deadline := time.Now().Add(30 * time.Second)
+	for ok := false; time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if row, ok = a.Index.Service(cluster); ok && row.State == index.ServiceRealized {
+			break
+		}
+	}
+	if row == nil || row.State != index.ServiceRealized || row.Source != k8s.ServiceSource || row.Service.Name != ns+"/db" || row.Service.PortName != "sql" {
+		t.Errorf("service table row = %+v", row)
 	}
 
 	slice.Endpoints = slice.Endpoints[1:]
