@@ -43,6 +43,10 @@ type managerActor struct {
 	restoreWaiter  *actor.PID
 	restorePending map[endpoint.ID]bool
 	restoreResult  *messages.RestoreResult
+
+	// stopping: the manager (with the agent) is stopping, so its children
+	// stop too; their leases are kept for the next start, not released.
+	stopping bool
 }
 
 // restoreReport is sent by a restored endpoint actor once it holds its
@@ -90,6 +94,8 @@ func (m *managerActor) Receive(ctx actor.Context) {
 		}
 	case *messages.EndpointChanged:
 		m.changed(ctx, msg)
+	case *actor.Stopping:
+		m.stopping = true
 	case *actor.Terminated:
 		m.childStopped(ctx, msg.Who)
 	case *getActors:
@@ -278,6 +284,12 @@ func (m *managerActor) changed(ctx actor.Context, msg *messages.EndpointChanged)
 // holderStopped, release its leases).
 func (m *managerActor) childStopped(ctx actor.Context, who *actor.PID) {
 	m.deps.registry.remove(who.Id)
+	if m.stopping {
+		// The agent stops: endpoints, addresses and identities stay for
+		// the next start to restore (a release here would delete the
+		// pod's ipcache entry from the pinned map on the way out).
+		return
+	}
 	// IPAM and identity end the leases the actor still holds.
 	ctx.Send(m.deps.ipam, &holderStopped{who: who})
 	ctx.Send(m.deps.identity, &holderStopped{who: who})

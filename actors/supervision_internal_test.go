@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"log/slog"
 	"net/netip"
@@ -311,4 +312,57 @@ func TestEndpointRestartDuringDelete(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestStopReleasesNothing: stopping the system (the agent stops) stops
+// the endpoint actors without releasing what they hold: the endpoint
+// rows, their addresses and their ipcache entries stay for the next
+// start to restore. The manager hears each child's Terminated while it
+// stops; it must not treat that as an endpoint gone.
+func TestStopReleasesNothing(t *testing.T) {
+	ix, err := index.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := datapath.NewFake(11)
+	sys, err := Start(Config{IPAM: IPAMConfig{IPv4: netip.MustParsePrefix("10.78.0.0/24")}}, ix, dp, slog.New(&svLog{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			sys.Stop()
+		}
+	})
+	var eps []*endpoint.Endpoint
+	for i := range 16 {
+		eps = append(eps, svCreate(t, sys, fmt.Sprintf("stop-%d", i)))
+	}
+	svWait(t, "every endpoint's ipcache entry", func() bool {
+		held := dp.IPCache()
+		for _, ep := range eps {
+			if _, ok := held[netip.PrefixFrom(ep.IPv4, 32)]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	sys.Stop()
+	stopped = true
+	// Work a release would have queued runs in the pool; give it the
+	// time it would take before looking (a bound, not an assertion).
+	time.Sleep(200 * time.Millisecond)
+	held := dp.IPCache()
+	for _, ep := range eps {
+		if _, ok := held[netip.PrefixFrom(ep.IPv4, 32)]; !ok {
+			t.Errorf("endpoint %d: ipcache entry %s deleted by the stop", ep.ID, ep.IPv4)
+		}
+		if _, ok := sys.Index.Endpoint(ep.ID); !ok {
+			t.Errorf("endpoint %d: row deleted by the stop", ep.ID)
+		}
+	}
+	if n := len(sys.Index.IPs("")); n != len(eps) {
+		t.Errorf("%d address leases after the stop, want %d", n, len(eps))
+	}
 }
