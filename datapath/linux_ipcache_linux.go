@@ -159,6 +159,10 @@ func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCach
 			}
 			st.Written++
 		}
+		// The proxy's mirror follows the whole desired set: entries the
+		// pinned map already held (an agent restart) are written to no
+		// map, yet a new proxy knows nothing of them.
+		l.replaceIPCacheL7(desired)
 		return nil
 	})
 	return st, err

@@ -235,6 +235,26 @@ func (l *Linux) ipcacheL7(prefix netip.Prefix, id identity.NumericIdentity, del 
 	}
 }
 
+// replaceIPCacheL7 makes desired the proxy's whole ipcache mirror and
+// publishes it once (SyncIPCache: the ipcache actor's full set).
+func (l *Linux) replaceIPCacheL7(desired map[netip.Prefix]IPCacheValue) {
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	if l.l7.srv == nil {
+		return
+	}
+	l.l7.ipcache = make(map[netip.Prefix]identity.NumericIdentity, len(desired))
+	for _, gw := range l.cfg.Gateways { // as at start; desired holds them too when the actor knows them
+		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
+	}
+	for p, v := range desired {
+		l.l7.ipcache[p] = v.Identity
+	}
+	if _, err := l.l7.srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+		l.log.Warn("publish ipcache to the L7 proxy", "err", err)
+	}
+}
+
 // L7Status returns the L7 proxy's state, or nil when L7 is off.
 func (l *Linux) L7Status() *L7Status {
 	l.l7.mu.Lock()
