@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"golang.org/x/sys/unix"
 )
 
@@ -117,22 +118,9 @@ func transparentControl(origDst bool) func(string, string, syscall.RawConn) erro
 }
 
 // OrigDst returns the original destination in a UDP datagram's control
-// messages (IP_RECVORIGDSTADDR).
-func OrigDst(oob []byte) (netip.AddrPort, error) {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("parse control messages: %w", err)
-	}
-	for _, m := range msgs {
-		if m.Header.Level != unix.SOL_IP || m.Header.Type != unix.IP_ORIGDSTADDR || len(m.Data) < unix.SizeofSockaddrInet4 {
-			continue
-		}
-		// struct sockaddr_in: family (2 bytes), port (big endian), address.
-		port := uint16(m.Data[2])<<8 | uint16(m.Data[3])
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Data[4:8])), port), nil
-	}
-	return netip.AddrPort{}, errors.New("no original destination in the control messages")
-}
+// messages (IP_RECVORIGDSTADDR): l7proxy.OrigDst, shared with the L7
+// proxy's UDP path.
+func OrigDst(oob []byte) (netip.AddrPort, error) { return l7proxy.OrigDst(oob) }
 
 // OrigDstOOBSize is the control buffer size OrigDst needs.
 var OrigDstOOBSize = unix.CmsgSpace(unix.SizeofSockaddrInet4)

@@ -3,6 +3,7 @@ package l7proxy
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -46,10 +47,20 @@ func ReadOriginal(conn *net.UDPConn, b []byte) (n int, from, orig netip.AddrPort
 	if err != nil {
 		return 0, from, orig, fmt.Errorf("read udp: %w", err)
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil {
-		return 0, from, orig, fmt.Errorf("read udp: control messages: %w", err)
+	if orig, err = OrigDst(oob[:oobn]); err != nil {
+		return 0, from, orig, fmt.Errorf("read udp from %s: %w (not a redirected datagram?)", from, err)
 	}
+	return n, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), orig, nil
+}
+
+// OrigDst returns the original destination in a datagram's control
+// messages (IP_ORIGDSTADDR or IPV6_ORIGDSTADDR), IPv4 unmapped.
+func OrigDst(oob []byte) (netip.AddrPort, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("control messages: %w", err)
+	}
+	var orig netip.AddrPort
 	for _, m := range msgs {
 		switch {
 		case m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= 8:
@@ -59,9 +70,9 @@ func ReadOriginal(conn *net.UDPConn, b []byte) (n int, from, orig netip.AddrPort
 		}
 	}
 	if !orig.IsValid() {
-		return 0, from, orig, fmt.Errorf("read udp from %s: no original destination (not a redirected datagram?)", from)
+		return orig, errors.New("no original destination in the control messages")
 	}
-	return n, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), netip.AddrPortFrom(orig.Addr().Unmap(), orig.Port()), nil
+	return netip.AddrPortFrom(orig.Addr().Unmap(), orig.Port()), nil
 }
 
 // ReplyFrom sends b to the client to from the address it sent its
