@@ -93,7 +93,8 @@ func BenchmarkStoreLifecycle(b *testing.B) {
 			b.ReportMetric(q(0.5), "p50-ms")
 			b.ReportMetric(q(0.99), "p99-ms")
 			b.ReportMetric(float64(st.Requests)/float64(max(st.Groups, 1)), "reqs/group")
-			b.ReportMetric(float64(st.Flushing)/float64(max(st.Busy, 1)), "flush-share")
+			b.ReportMetric(float64(st.Syncing.Microseconds())/1000/float64(max(st.Syncs, 1)), "fdatasync-ms")
+			b.ReportMetric(float64(st.Applied)/float64(max(st.Checkpoints, 1)), "recs/checkpoint")
 			b.ReportMetric(float64(cpu.Microseconds())/float64(len(all)), "cpu-µs/op")
 		})
 	}

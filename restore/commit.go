@@ -65,11 +65,12 @@ func (s *Store) newBatch(group []request) *batch {
 	return b
 }
 
-// recycleBatch drops a finished batch's references and keeps it for reuse.
-func (s *Store) recycleBatch(b *batch) {
-	clear(b.group) // the callbacks and buffers
-	if cap(b.group) <= maxFreeQueue {
-		s.freeQueue = b.group[:0]
+// recycleBatch keeps a finished batch for reuse; done says its requests
+// are finished (their references are dropped), else they are kept by the
+// caller for a retry.
+func (s *Store) recycleBatch(b *batch, done bool) {
+	if done {
+		clear(b.group) // the callbacks and buffers
 	}
 	clear(b.last)
 	clear(b.res)
@@ -77,12 +78,13 @@ func (s *Store) recycleBatch(b *batch) {
 	s.freeBatch = b
 }
 
-// maxFreeQueue bounds the request arrays kept for reuse (a burst, such as
-// the writes of a restore, is not worth keeping its array for).
+// maxFreeQueue bounds the request arrays the appender keeps for reuse (a
+// burst, such as the writes of a restore, is not worth keeping its array
+// for).
 const maxFreeQueue = 1024
 
 // prepare writes the files of every write of group into <id>_next. The
-// directories are taken (renamed or made) by the writer alone: each
+// directories are taken (renamed or made) by the checkpointer alone: each
 // rename or mkdir locks the state directory (a cross-directory rename the
 // whole filesystem's rename lock), so workers doing them would only spin
 // on the lock. The files, each in its own directory, are written in
@@ -101,8 +103,8 @@ func (s *Store) prepare(group []request) *batch {
 	return b
 }
 
-// apply swaps the written states in and moves removed ones to the trash,
-// once the flush that followed prepare succeeded (else it fails them).
+// apply swaps the written states in and moves removed ones to the trash
+// (flushErr, if not nil, fails them instead).
 // Renames all, so one goroutine does them (see prepare).
 func (s *Store) apply(b *batch, flushErr error) {
 	for _, i := range b.final {
@@ -118,38 +120,6 @@ func (s *Store) apply(b *batch, flushErr error) {
 		default:
 			res.err = s.remove(r.id, res)
 		}
-	}
-}
-
-// finish answers a batch after the flush that followed its apply (err is
-// that flush's outcome), and recycles its removed directories.
-func (s *Store) finish(b *batch, flushErr error) {
-	for _, r := range b.group {
-		err := b.res[b.last[r.id]].err // a superseded request shares the outcome of the last
-		if r.moved != nil {
-			*r.moved = b.res[b.last[r.id]].quarantined
-		}
-		if err == nil {
-			err = flushErr
-		}
-		if err != nil {
-			s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", err)
-		}
-		r.done(err)
-		r.release()
-	}
-	for _, i := range b.final {
-		if res := &b.res[i]; res.ntrash > 0 {
-			s.recycle(res.trash[:res.ntrash])
-		}
-	}
-	s.recycleBatch(b)
-}
-
-// abandon answers a batch whose changes were not flushed, at Abort.
-func (s *Store) abandon(b *batch) {
-	for _, r := range b.group {
-		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, ErrClosed))
 	}
 }
 
@@ -211,10 +181,10 @@ func (s *Store) setSpare(id endpoint.ID, on bool) { s.spare.set(id, on) }
 
 // applyScannedSpares takes over the <id>_next directories Scan found.
 func (s *Store) applyScannedSpares() {
-	s.mu.Lock()
+	s.cpMu.Lock()
 	ids := s.scannedSpares
 	s.scannedSpares = nil
-	s.mu.Unlock()
+	s.cpMu.Unlock()
 	for _, id := range ids {
 		s.setSpare(id, true)
 	}

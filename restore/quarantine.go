@@ -21,6 +21,17 @@ func (s *Store) Quarantine(id endpoint.ID, done func(moved bool, err error)) {
 	s.submit(request{id: id, quarantine: true, moved: moved, done: func(err error) { done(*moved, err) }})
 }
 
+// writeQuarantine writes data as a file named name in the quarantine and
+// returns its path.
+func (s *Store) writeQuarantine(name string, data []byte) (string, error) {
+	qdir := filepath.Join(s.dir, quarantineDir)
+	if err := os.MkdirAll(qdir, 0o750); err != nil {
+		return "", err
+	}
+	p := filepath.Join(qdir, name)
+	return p, os.WriteFile(p, data, 0o640)
+}
+
 // quarantineState moves <id> into the quarantine with one rename, then
 // removes the spare as a removal would. Missing state is success.
 func (s *Store) quarantineState(id endpoint.ID, res *result) error {

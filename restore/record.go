@@ -24,6 +24,8 @@ var (
 	ErrCorrupt = errors.New("corrupt endpoint state")
 	// ErrClosed is returned for requests submitted after Close.
 	ErrClosed = errors.New("state store closed")
+	// ErrBusy is returned for requests beyond the store's queue bound.
+	ErrBusy = errors.New("state store queue full")
 )
 
 // Record is the on-disk form of an endpoint (ep.json).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,28 +21,32 @@ type ScanError struct {
 }
 
 // Scan cleans the leftovers of interrupted writes and reads every
-// endpoint's state. Unreadable state (corrupt, truncated, unknown
-// version) is moved to <dir>/quarantine/ and reported, never fatal. An
-// <id>_next next to its <id> is kept as the spare the next write
-// overwrites; the trash is recycled. Call it before the first
-// Write or Remove.
+// endpoint's state: its directory, or what the journal holds for it
+// beyond the last checkpoint (the newer; its directory, possibly torn by
+// the crash, is rewritten by the first checkpoint and not read).
+// Unreadable state (corrupt, truncated, unknown version) is moved to
+// <dir>/quarantine/ and reported, never fatal, as are journal records
+// that could not be used. An <id>_next next to its <id> is kept as the
+// spare the next write overwrites; the trash is recycled. Call it before
+// the first Write or Remove: the checkpointer waits for it.
 func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
+	defer s.ready()
 	s.emptyTrash()
+	bad := slices.Clone(s.replayBad)
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
-		return nil, []ScanError{{Dir: s.dir, Err: fmt.Errorf("scan state: %w", err)}}
+		return nil, append(bad, ScanError{Dir: s.dir, Err: fmt.Errorf("scan state: %w", err)})
 	}
 	present := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		present[e.Name()] = true
 	}
 	var eps []*endpoint.Endpoint
-	var bad []ScanError
 	var spares []endpoint.ID
 	defer func() {
-		s.mu.Lock()
+		s.cpMu.Lock()
 		s.scannedSpares = append(s.scannedSpares, spares...)
-		s.mu.Unlock()
+		s.cpMu.Unlock()
 	}()
 	for _, e := range entries {
 		name := e.Name()
@@ -74,6 +79,10 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 				continue
 			}
 		}
+		if _, ok := s.replay[endpoint.ID(id)]; ok && id > 0 {
+			s.present.set(endpoint.ID(id), true)
+			continue // the journal's state is newer
+		}
 		ep, err := s.read(base)
 		if err != nil {
 			bad = append(bad, s.quarantine(base, err))
@@ -82,6 +91,15 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 		s.present.set(ep.ID, true)
 		eps = append(eps, ep)
 	}
+	for _, ep := range s.replay {
+		if ep != nil {
+			eps = append(eps, ep)
+		}
+	}
+	// In the order of the directories' names, as they always came.
+	slices.SortFunc(eps, func(a, b *endpoint.Endpoint) int {
+		return strings.Compare(strconv.Itoa(int(a.ID)), strconv.Itoa(int(b.ID)))
+	})
 	return eps, bad
 }
 

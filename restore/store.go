@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,41 +36,87 @@ type request struct {
 	// trash; moved (set before done runs) says whether there was state.
 	quarantine bool
 	moved      *bool
+	// queued is when it was submitted (unix nanoseconds), seq its
+	// journal record's sequence number, err why it failed before its
+	// record was appended.
+	queued int64
+	seq    uint64
+	err    error
+	// barrier is a Checkpoint waiting for the records before it.
+	barrier bool
 }
 
-// Stats counts the store's work.
+// Stats counts the store's work. Durations are sums: divide by the
+// matching count for a mean.
 type Stats struct {
-	// Groups is the number of group commits, Requests the requests they
-	// carried (Requests/Groups is the mean group size).
-	Groups, Requests uint64
-	// Flushes is the number of syncfs calls.
-	Flushes uint64
-	// Busy is the writer's time spent committing groups (files, renames
-	// and flushes); Flushing the part of it spent in syncfs.
-	Busy, Flushing time.Duration
+	// Groups is the number of journal group commits, Requests the
+	// requests they carried (Requests/Groups is the mean group size),
+	// Syncs the fdatasync calls (a group that crosses into a new segment
+	// takes two).
+	Groups, Requests, Syncs uint64
+	// Waiting is the requests' time in the queue until their group was
+	// taken; Appending the groups' record encoding and write; Syncing
+	// their fdatasync; Answering the done callbacks.
+	Waiting, Appending, Syncing, Answering time.Duration
+	// Stalls counts groups that waited for a checkpoint to free journal
+	// space or queue room (back-pressure); Stalled is that time.
+	Stalls  uint64
+	Stalled time.Duration
+	// Checkpoints is the number of checkpoints (directory writes and one
+	// syncfs each), Applied the records they carried, Flushes the syncfs
+	// calls; Checkpointing their time, Flushing the syncfs part of it.
+	Checkpoints, Applied, Flushes uint64
+	Checkpointing, Flushing       time.Duration
+	// CheckpointFailures counts checkpoints that failed (and were retried).
+	CheckpointFailures uint64
 }
 
-// Store reads and writes endpoint state under one directory.
+// Store reads and writes endpoint state under one directory: a write or
+// removal is durable once its journal record is (see doc.go), the
+// endpoint directories follow in checkpoints.
 type Store struct {
 	dir string
 	log *slog.Logger
+	j   *journal
 
-	// mu guards queue, closed, aborted, stats and scannedSpares; cond signals
-	// the writer.
+	// mu guards queue, closed, aborted and stats; cond signals the
+	// appender.
 	mu      sync.Mutex
 	cond    *sync.Cond
 	queue   []request
 	closed  bool
 	aborted bool
 	stats   Stats
-	done    chan struct{}
-	// scannedSpares are the <id>_next directories Scan left in place for
-	// the writer to reuse (it takes them over before its next group).
-	scannedSpares []endpoint.ID
+	appDone chan struct{}
+	// jbuf is the appender's record buffer.
+	jbuf []byte
 
-	// The writer and its workers use these (a group holds each ID once,
-	// so workers never touch the same ID; the words are shared, hence
-	// atomics). spare marks IDs whose <id>_next directory exists and
+	// cpMu guards cpQueue (records durable in the journal, not yet in
+	// the directories, in seq order) and scannedSpares; cpRoom signals
+	// room in cpQueue.
+	cpMu    sync.Mutex
+	cpRoom  *sync.Cond
+	cpQueue []request
+	cpKick  chan struct{}
+	cpStop  chan struct{}
+	cpDone  chan struct{}
+	// cpReady opens once Scan ran (or the first request came, or Close):
+	// the checkpointer must not change directories Scan reads.
+	cpReady   chan struct{}
+	readyOnce sync.Once
+	cpEvery   time.Duration
+	// scannedSpares are the <id>_next directories Scan left in place for
+	// the checkpointer to reuse (it takes them over before its next group).
+	scannedSpares []endpoint.ID
+	// replay is what Open found in the journal beyond the last
+	// checkpoint, for Scan: the state per endpoint (nil: removed), and
+	// the records it could not use.
+	replay    map[endpoint.ID]*endpoint.Endpoint
+	replayBad []ScanError
+
+	// The checkpointer and its workers use these (a group holds each ID
+	// once, so workers never touch the same ID; the words are shared,
+	// hence atomics). spare marks IDs whose <id>_next directory exists and
 	// holds the previous state after an exchange: the next write reuses
 	// it instead of creating and deleting a directory. present marks IDs
 	// whose <id> exists, as far as the store knows (a hint: a write
@@ -84,19 +129,18 @@ type Store struct {
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
 	trashSeq   atomic.Uint64
-	// sd is the state directory's fd, which the writer's paths are
-	// relative to and syncfs flushes; closed once the writer and the
-	// janitor stopped.
-	sd      stateDir
-	closeSd sync.Once
-	// freeBatch is a finished batch the writer reuses, and freeQueue the
-	// emptied array of a finished group, the next queue's (writer only).
+	// sd is the state directory's fd, which the checkpointer's paths are
+	// relative to and syncfs flushes; closed once the checkpointer and
+	// the janitor stopped.
+	sd       stateDir
+	closeSd  sync.Once
+	stopOnce sync.Once
+	// freeBatch is a finished batch the checkpointer reuses.
 	freeBatch *batch
-	freeQueue []request
 
 	// work feeds the workers that write a group's files in parallel
 	// (each file is in its own directory: no lock shared with the
-	// others; the renames are the writer's, see prepare).
+	// others; the renames are the checkpointer's, see prepare).
 	work chan chunk
 	jan  *janitor
 
@@ -108,7 +152,14 @@ type Store struct {
 // workers is the number of goroutines that write a group's files.
 const workers = 8
 
-// Open creates dir if needed and starts the writer.
+// checkpointEvery is how long the directories may lag the journal when
+// it is not filling up.
+const checkpointEvery = 200 * time.Millisecond
+
+// Open creates dir if needed, reads the journal (what it holds beyond the
+// last checkpoint is applied to the directories by the first checkpoint,
+// and is what Scan reports for those endpoints) and starts the appender,
+// the checkpointer and the janitor.
 func Open(dir string, log *slog.Logger) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, trashDir), 0o750); err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
@@ -117,15 +168,25 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state dir: %w", err)
 	}
-	s := &Store{dir: dir, log: log.With("component", "state"), done: make(chan struct{}), sd: sd,
-		work: make(chan chunk), sizes: newSizeTable()}
+	log = log.With("component", "state")
+	j, rp, err := openJournal(dir, log)
+	if err != nil {
+		sd.close()
+		return nil, err
+	}
+	s := &Store{dir: dir, log: log, j: j, appDone: make(chan struct{}), sd: sd,
+		work: make(chan chunk), sizes: newSizeTable(), cpKick: make(chan struct{}, 1), cpStop: make(chan struct{}),
+		cpDone: make(chan struct{}), cpReady: make(chan struct{}), cpEvery: checkpointEvery}
 	s.trashSeq.Store(uint64(time.Now().UnixNano()))
 	s.cond = sync.NewCond(&s.mu)
+	s.cpRoom = sync.NewCond(&s.cpMu)
 	s.jan = newJanitor(s.log, sd)
+	s.loadReplay(rp)
 	for range workers {
 		go s.worker()
 	}
-	go s.writer()
+	go s.appender()
+	go s.checkpointer()
 	return s, nil
 }
 
@@ -178,34 +239,68 @@ func (s *Store) Remove(id endpoint.ID, done func(error)) {
 	s.submit(request{id: id, done: done})
 }
 
+// Checkpoint waits until every request submitted before it is durable
+// and written to the endpoint directories (which are then flushed): for
+// tests and tools that read the directories while the store runs.
+func (s *Store) Checkpoint() error {
+	ch := make(chan error, 1)
+	s.submit(request{barrier: true, done: func(err error) { ch <- err }})
+	return <-ch
+}
+
+// maxQueued bounds the requests waiting for the appender: beyond it a
+// request fails at once (the caller retries) rather than queue.
+const maxQueued = 1 << 16
+
 func (s *Store) submit(r request) {
+	r.queued = time.Now().UnixNano()
 	s.mu.Lock()
-	if s.closed {
+	var err error
+	switch {
+	case s.closed:
+		err = ErrClosed
+	case len(s.queue) >= maxQueued:
+		err = ErrBusy
+	}
+	if err != nil {
 		s.mu.Unlock()
-		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, ErrClosed))
+		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, err))
 		return
 	}
 	s.queue = append(s.queue, r)
 	s.mu.Unlock()
 	s.cond.Signal()
+	s.ready()
 }
 
-// Close finishes queued requests and stops the writer and the janitor
-// (which finishes deleting what was removed).
+// ready lets the checkpointer start.
+func (s *Store) ready() { s.readyOnce.Do(func() { close(s.cpReady) }) }
+
+// Close finishes queued requests, checkpoints everything (the directories
+// then hold all state and the journal nothing beyond the checkpoint), and
+// stops the appender, the checkpointer and the janitor (which finishes
+// deleting what was removed).
 func (s *Store) Close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.cond.Signal()
-	<-s.done
-	s.jan.stop(false)
-	s.closeSd.Do(s.sd.close)
+	s.ready()
+	s.stopOnce.Do(func() {
+		<-s.appDone
+		s.stopCheckpointer()
+		s.j.stop()
+		s.jan.stop(false)
+		s.closeFiles()
+	})
 }
 
 // Abort drops queued requests (answering them with ErrClosed) and stops
-// the writer after the group in progress, as a crash would: used by the
-// simulator's in-process crash so a dead agent stops writing. The janitor
-// stops without finishing (the next Scan hands it the trash again).
+// the appender after the group in progress and the checkpointer without a
+// checkpoint, as a crash would: used by the simulator's in-process crash
+// so a dead agent stops writing. The next Open replays the journal; the
+// janitor stops without finishing (the next Scan hands it the trash
+// again).
 func (s *Store) Abort() {
 	s.mu.Lock()
 	dropped := s.queue
@@ -215,9 +310,21 @@ func (s *Store) Abort() {
 	for _, r := range dropped {
 		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, ErrClosed))
 	}
-	<-s.done
-	s.jan.stop(true)
-	s.closeSd.Do(s.sd.close)
+	s.ready()
+	s.stopOnce.Do(func() {
+		s.j.stop() // wakes an appender waiting for a segment
+		<-s.appDone
+		s.stopCheckpointer()
+		s.jan.stop(true)
+		s.closeFiles()
+	})
+}
+
+func (s *Store) closeFiles() {
+	s.closeSd.Do(func() {
+		s.j.closeFiles()
+		s.sd.close()
+	})
 }
 
 // Stats returns the store's counters.
@@ -225,81 +332,4 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.stats
-}
-
-// writer commits groups, pipelined: one flush makes the files of the new
-// group durable and, with them, the swaps of the previous group, which is
-// then answered. So under load each group costs one syncfs, while every
-// request still sees its files flushed before its swap, and its swap
-// flushed before its answer. A new group never holds an ID of the group
-// awaiting its flush (those requests wait one round).
-func (s *Store) writer() {
-	defer close(s.done)
-	defer close(s.work)
-	var pending *batch // applied, not yet flushed
-	for {
-		// Let the goroutines whose answers finish just sent (and others
-		// about to submit) run first: on a busy machine the next group is
-		// then bigger, and each group costs a flush and a round of
-		// handoffs. (The writer otherwise blocks on nothing while it
-		// renames, and takes groups of two or three.)
-		runtime.Gosched()
-		s.mu.Lock()
-		for len(s.queue) == 0 && !s.closed && pending == nil {
-			s.cond.Wait()
-		}
-		if s.aborted {
-			s.mu.Unlock()
-			if pending != nil {
-				s.abandon(pending)
-			}
-			return
-		}
-		group := s.queue
-		s.queue, s.freeQueue = s.freeQueue, nil
-		if pending != nil {
-			group, s.queue = splitBusy(group, pending.last, s.queue)
-		}
-		closed := s.closed
-		if len(group) > 0 {
-			s.stats.Groups++
-			s.stats.Requests += uint64(len(group))
-		}
-		s.mu.Unlock()
-		start := time.Now()
-		var next *batch
-		if len(group) > 0 {
-			next = s.prepare(group)
-		}
-		flushErr := s.flush()
-		if pending != nil {
-			s.finish(pending, flushErr)
-			pending = nil
-		}
-		if next != nil {
-			s.apply(next, flushErr)
-			pending = next
-		}
-		s.mu.Lock()
-		s.stats.Busy += time.Since(start)
-		s.mu.Unlock()
-		if closed && pending == nil && len(group) == 0 {
-			return
-		}
-	}
-}
-
-// splitBusy keeps the requests whose ID is not in busy, in order and in
-// place, and appends the others to later, to wait for the next round.
-func splitBusy(group []request, busy map[endpoint.ID]int, later []request) (now, _ []request) {
-	now = group[:0]
-	for _, r := range group {
-		if _, ok := busy[r.id]; ok {
-			later = append(later, r)
-		} else {
-			now = append(now, r)
-		}
-	}
-	clear(group[len(now):])
-	return now, later
 }

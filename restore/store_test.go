@@ -48,6 +48,14 @@ func mustWrite(tb testing.TB, s *Store, ep *endpoint.Endpoint) {
 	}
 }
 
+// mustCheckpoint waits until the directories hold everything written.
+func mustCheckpoint(tb testing.TB, s *Store) {
+	tb.Helper()
+	if err := s.Checkpoint(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 func mustRemove(tb testing.TB, s *Store, id endpoint.ID) {
 	tb.Helper()
 	if err := wait(tb, func(done func(error)) { s.Remove(id, done) }); err != nil {
@@ -65,17 +73,23 @@ func names(tb testing.TB, dir string) []string {
 	}
 	var out []string
 	for _, e := range es {
-		if e.Name() != trashDir && e.Name() != quarantineDir {
+		if e.Name() != trashDir && e.Name() != quarantineDir && e.Name() != journalDir {
 			out = append(out, e.Name())
 		}
 	}
 	return out
 }
 
-// scanIDs returns the endpoints a fresh store finds, with their revisions.
+// scanIDs returns the endpoints a fresh store finds, with their
+// revisions. The fresh store is aborted, not closed: it must not apply
+// the journal to the directories under the store the test runs.
 func scanIDs(tb testing.TB, dir string) map[endpoint.ID]uint64 {
 	tb.Helper()
-	s := openTestStore(tb, dir)
+	s, err := Open(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer s.Abort()
 	eps, bad := s.Scan()
 	if len(bad) > 0 {
 		tb.Fatalf("scan: %+v", bad)
@@ -105,6 +119,7 @@ func TestStoreWriteRemove(t *testing.T) {
 				mustWrite(t, s, a)
 			}
 			mustWrite(t, s, b)
+			mustCheckpoint(t, s) // directories to remove (else the checkpoint coalesces them away)
 			if got, want := scanIDs(t, dir), map[endpoint.ID]uint64{1: 3, 2: 1}; !mapsEqual(got, want) {
 				t.Fatalf("scan after writes: %v, want %v", got, want)
 			}
@@ -121,6 +136,7 @@ func TestStoreWriteRemove(t *testing.T) {
 				es, _ := os.ReadDir(filepath.Join(dir, trashDir))
 				return len(es)
 			}
+			mustCheckpoint(t, s)
 			kept := trash()
 			if kept == 0 {
 				t.Fatal("removed directories were not kept for reuse")
@@ -129,6 +145,7 @@ func TestStoreWriteRemove(t *testing.T) {
 			// state must replace the old files entirely.
 			small := &endpoint.Endpoint{ID: 3, DesiredRevision: 4}
 			mustWrite(t, s, small)
+			mustCheckpoint(t, s)
 			if got := scanIDs(t, dir); !mapsEqual(got, map[endpoint.ID]uint64{3: 4}) {
 				t.Fatalf("scan after reuse: %v", got)
 			}
@@ -241,6 +258,7 @@ func TestFileOpsDoNotAllocate(t *testing.T) {
 	s := openTestStore(t, dir)
 	ep := benchEndpoint(t, 9)
 	mustWrite(t, s, ep)
+	mustCheckpoint(t, s)
 	r, err := s.encode(ep)
 	if err != nil {
 		t.Fatal(err)
@@ -287,6 +305,7 @@ func TestWriteOverUnknownState(t *testing.T) {
 			for _, rev := range []uint64{2, 3} {
 				ep.DesiredRevision = rev
 				mustWrite(t, s, ep)
+				mustCheckpoint(t, s)
 				if got := scanIDs(t, dir); got[5] != rev {
 					t.Fatalf("after writing revision %d: %v", rev, got)
 				}
@@ -316,9 +335,11 @@ func TestRewritesKeepFilesExact(t *testing.T) {
 				ep.DesiredRevision = uint64(step * step * 997 % 100003)
 				if step%7 == 6 {
 					mustRemove(t, s, id)
+					mustCheckpoint(t, s)
 					continue
 				}
 				mustWrite(t, s, ep)
+				mustCheckpoint(t, s)
 				want, err := encodeState(nil, ep)
 				if err != nil {
 					t.Fatal(err)
