@@ -83,6 +83,9 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	now := time.Now().UnixNano()
 	a.regen.runs++
 	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]uint32{}
+	if a.deps.observer != nil && a.createWaiter != nil && a.regen.runs == 1 {
+		a.deps.observer.RegenPhase(PhaseAccept, time.Duration(now-a.ep.Created.UnixNano()))
+	}
 	if a.ep.Regenerations > 0 {
 		// The first build is not published as regenerating: its waiter
 		// (sync PUT) sees the outcome, and it saves an index write per

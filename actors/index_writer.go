@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -175,6 +176,7 @@ func (w *indexWriter) round() {
 
 // commit applies groups in one write transaction and sends their replies.
 func (w *indexWriter) commit(groups []writeGroup) {
+	start := time.Now()
 	txn := w.ix.WriteTxn()
 	rows := 0
 	for _, g := range groups {
@@ -198,6 +200,9 @@ func (w *indexWriter) commit(groups []writeGroup) {
 	}
 	for _, g := range groups {
 		w.answer(g.replies)
+	}
+	if w.counters != nil {
+		w.counters.indexCommitNs.Add(int64(time.Since(start)))
 	}
 }
 

@@ -30,6 +30,10 @@ const (
 	// PhaseComputePolicy is the policy actor's answer, the first part of
 	// PhaseWriteState; only the Observer sees it.
 	PhaseComputePolicy = "compute-policy"
+	// PhaseAccept is a created endpoint's time from the manager's create
+	// to its first regeneration's start (actor spawn, identity); only
+	// the Observer sees it.
+	PhaseAccept = "accept"
 )
 
 // RegenPhases lists the phases in the order of EndpointActorSnapshot.LastPhases.

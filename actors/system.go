@@ -37,6 +37,7 @@ type System struct {
 type Counters struct {
 	regenRequested, regenRun, regenFailed, proxyTimeouts, proxyRejects atomic.Uint64
 	indexTxns, indexRows                                               atomic.Uint64
+	indexCommitNs                                                      atomic.Int64
 }
 
 // CounterValues is a snapshot of Counters.
@@ -45,6 +46,9 @@ type CounterValues struct {
 	// IndexTransactions and IndexRows count the index writer's commits
 	// and the row changes they held.
 	IndexTransactions, IndexRows uint64
+	// IndexCommitTime is the index writer's time in those commits (the
+	// transactions and the replies they release).
+	IndexCommitTime time.Duration
 }
 
 // endpointDeps is what the manager and every endpoint actor share. Only
@@ -154,7 +158,7 @@ func (s *System) Counters() CounterValues {
 	c := s.deps.counters
 	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
 		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(), ProxyRejects: c.proxyRejects.Load(),
-		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load()}
+		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load(), IndexCommitTime: time.Duration(c.indexCommitNs.Load())}
 }
 
 // Registry returns the snapshots every actor publishes (GET /v1/actors).

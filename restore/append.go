@@ -79,6 +79,8 @@ func (s *Store) commit(group []request) {
 		i = s.appendChunk(seg, group, i, &t)
 	}
 	answer := time.Now()
+	var latency time.Duration
+	var lh Hist
 	var barriers []request
 	for i := range group {
 		r := &group[i]
@@ -94,6 +96,11 @@ func (s *Store) commit(group []request) {
 		case !r.quarantine: // a quarantine is answered by its checkpoint
 			r.done(nil)
 		}
+		if !r.barrier {
+			l := answer.Sub(time.Unix(0, r.queued))
+			latency += l
+			lh.Add(l)
+		}
 	}
 	t.answer = time.Since(answer)
 	if len(barriers) > 0 {
@@ -106,6 +113,10 @@ func (s *Store) commit(group []request) {
 	st.Appending += t.append
 	st.Syncing += t.sync
 	st.Answering += t.answer
+	st.Latency += latency
+	for b, n := range lh {
+		st.LatencyHist[b] += n
+	}
 	st.Syncs += t.syncs
 	st.Stalls += t.stalls
 	st.Stalled += t.stalled
@@ -141,8 +152,12 @@ func (s *Store) appendChunk(seg *segment, group []request, i int, t *commitTimes
 	t.append += wrote.Sub(start)
 	if err == nil {
 		err = fdatasync(seg.fd)
-		t.sync += time.Since(wrote)
+		d := time.Since(wrote)
+		t.sync += d
 		t.syncs++
+		s.mu.Lock()
+		s.stats.SyncHist.Add(d)
+		s.mu.Unlock()
 	}
 	if err != nil {
 		s.j.seal(seg)

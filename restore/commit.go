@@ -329,6 +329,7 @@ func (s *Store) flush() error {
 	s.mu.Lock()
 	s.stats.Flushes++
 	s.stats.Flushing += took
+	s.stats.FlushHist.Add(took)
 	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("flush state: syncfs: %w", err)

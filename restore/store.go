@@ -58,6 +58,11 @@ type Stats struct {
 	// taken; Appending the groups' record encoding and write; Syncing
 	// their fdatasync; Answering the done callbacks.
 	Waiting, Appending, Syncing, Answering time.Duration
+	// Latency is the requests' time from submit to their answer (queue,
+	// append, fdatasync; callbacks excluded), LatencyHist its
+	// distribution, SyncHist the fdatasyncs'.
+	Latency               time.Duration
+	LatencyHist, SyncHist Hist
 	// Stalls counts groups that waited for a checkpoint to free journal
 	// space or queue room (back-pressure); Stalled is that time.
 	Stalls  uint64
@@ -69,6 +74,8 @@ type Stats struct {
 	Checkpointing, Flushing       time.Duration
 	// CheckpointFailures counts checkpoints that failed (and were retried).
 	CheckpointFailures uint64
+	// FlushHist is the syncfs calls' distribution.
+	FlushHist Hist
 }
 
 // Store reads and writes endpoint state under one directory: a write or

@@ -9,6 +9,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/restore"
 )
 
 // Validator is implemented by datapaths that can tell, at restore, whether
@@ -142,3 +143,7 @@ func (a *Agent) quarantine(id endpoint.ID) (bool, error) {
 
 // RestoreStats returns what the restore at Start did.
 func (a *Agent) RestoreStats() RestoreStats { return a.restoreStats }
+
+// StateStats returns the state store's counters (journal group commits,
+// fdatasyncs, checkpoints and their times).
+func (a *Agent) StateStats() restore.Stats { return a.store.Stats() }

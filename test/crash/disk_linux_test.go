@@ -124,9 +124,10 @@ func checkRolledBack(t *testing.T, ctx context.Context, c *client.Client, stateD
 	for _, ep := range eps {
 		known[fmt.Sprint(ep.ID)] = true
 	}
-	// trash/ and <id>_next are the store's scratch, never read as state
-	// (restore/doc.go); anything else is a half-made endpoint.
-	known["trash"] = true
+	// trash/ and <id>_next are the store's scratch, never read as state,
+	// journal/ its write-ahead journal (restore/doc.go); anything else is
+	// a half-made endpoint.
+	known["trash"], known["journal"] = true, true
 	entries, _ := os.ReadDir(stateDir)
 	for _, e := range entries {
 		if !known[e.Name()] && !strings.HasSuffix(e.Name(), "_next") {

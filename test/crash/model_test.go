@@ -2,13 +2,11 @@ package crash
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/restore"
 )
 
 // podState is what the test knows about a pod's attachment.
@@ -149,26 +148,18 @@ func (w *world) churn(ctx context.Context, d driver, workers int) *sync.WaitGrou
 	return &wg
 }
 
-// persisted returns the endpoint IDs that have state on disk, resolved as
-// restore.Scan does (an <id>_stale without <id> is the state).
+// persisted returns the endpoint IDs that have durable state, as the
+// next start finds them (restore.Persisted: the directories, and the
+// journal's records the directories do not hold yet).
 func persisted(t *testing.T, dir string) map[int]bool {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	ps, err := restore.Persisted(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	names := map[string]bool{}
-	for _, e := range entries {
-		names[e.Name()] = true
-	}
 	ids := map[int]bool{}
-	for name := range names {
-		base, stale := strings.CutSuffix(name, "_stale")
-		id, err := strconv.Atoi(base)
-		if err != nil || (stale && names[base]) {
-			continue
-		}
-		ids[id] = true
+	for id := range ps {
+		ids[int(id)] = true
 	}
 	return ids
 }

@@ -11,17 +11,20 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/restore"
 )
 
 // startBenchAgent starts an in-process agent with the fake datapath on a
@@ -76,7 +79,8 @@ func lifecycle(ctx context.Context, c *client.Client, n int64) (put, del time.Du
 // runLifecycles runs b.N lifecycles from `clients` closed-loop clients and
 // reports p50/p99 of the sync PUT and the DELETE and cycles per second.
 func runLifecycles(b *testing.B, clients int) {
-	_, c := startBenchAgent(b)
+	a, c := startBenchAgent(b)
+	before := takePhases(b, a)
 	ctx := context.Background()
 	var next atomic.Int64
 	puts := make([][]time.Duration, clients)
@@ -112,9 +116,11 @@ func runLifecycles(b *testing.B, clients int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
-	report(b, "put", slices.Concat(puts...))
+	allPuts := slices.Concat(puts...)
+	report(b, "put", allPuts)
 	report(b, "delete", slices.Concat(dels...))
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
+	reportPhases(b, before, takePhases(b, a), allPuts)
 }
 
 func report(b *testing.B, name string, ds []time.Duration) {
@@ -218,4 +224,121 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// phases is a snapshot of the agent's own timers: the regeneration phase
+// and API latency histograms (sums and counts), the state store's
+// counters and the index writer's.
+type phases struct {
+	sum, count map[string]float64 // by phase; "api-put" is the server's PUT
+	state      restore.Stats
+	indexTxns  uint64
+	indexTime  time.Duration
+}
+
+func takePhases(b *testing.B, a *agent.Agent) phases {
+	p := phases{sum: map[string]float64{}, count: map[string]float64{}, state: a.StateStats()}
+	ctr := a.System.Counters()
+	p.indexTxns, p.indexTime = ctr.IndexTransactions, ctr.IndexCommitTime
+	mfs, err := a.Metrics().Gatherer().Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			if h == nil {
+				continue
+			}
+			lbl := map[string]string{}
+			for _, l := range m.GetLabel() {
+				lbl[l.GetName()] = l.GetValue()
+			}
+			key := ""
+			switch {
+			case mf.GetName() == "membrane_endpoint_regeneration_duration_seconds":
+				key = lbl["phase"]
+			case mf.GetName() == "membrane_api_request_duration_seconds" && lbl["method"] == "PUT" &&
+				strings.HasPrefix(lbl["route"], "PUT /v1/endpoint/"):
+				key = "api-put"
+			}
+			if key != "" {
+				p.sum[key] += h.GetSampleSum()
+				p.count[key] += float64(h.GetSampleCount())
+			}
+		}
+	}
+	return p
+}
+
+// reportPhases prints where a sync PUT spent its time, from the agent's
+// timers over the run (means, ms), and reports the durable write's group
+// size and fdatasync time as metrics.
+func reportPhases(b *testing.B, p0, p1 phases, puts []time.Duration) {
+	mean := func(k string) float64 {
+		n := p1.count[k] - p0.count[k]
+		if n == 0 {
+			return 0
+		}
+		return (p1.sum[k] - p0.sum[k]) / n * 1000
+	}
+	var client float64
+	for _, d := range puts {
+		client += float64(d.Microseconds()) / 1000
+	}
+	client /= float64(max(len(puts), 1))
+	s0, s1 := p0.state, p1.state
+	per := func(d1, d0 time.Duration, n1, n0 uint64) float64 {
+		if n1 == n0 {
+			return 0
+		}
+		return float64((d1 - d0).Microseconds()) / 1000 / float64(n1-n0)
+	}
+	groups, reqs := s1.Groups-s0.Groups, s1.Requests-s0.Requests
+	group := float64(reqs) / float64(max(groups, 1))
+	queue := per(s1.Waiting, s0.Waiting, s1.Requests, s0.Requests)
+	appendMs := per(s1.Appending, s0.Appending, s1.Groups, s0.Groups)
+	syncMs := per(s1.Syncing, s0.Syncing, s1.Syncs, s0.Syncs)
+	answer := per(s1.Answering, s0.Answering, s1.Groups, s0.Groups)
+	api, accept, policy := mean("api-put"), mean(actors.PhaseAccept), mean(actors.PhaseComputePolicy)
+	write, realize, total := mean(actors.PhaseWriteState), mean(actors.PhaseRealize), mean(actors.PhaseTotal)
+	inStore := per(s1.Latency, s0.Latency, s1.Requests, s0.Requests)
+	syncH := s1.SyncHist.Sub(s0.SyncHist)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	idx := per(p1.indexTime, p0.indexTime, p1.indexTxns, p0.indexTxns)
+	if len(puts) < 10 {
+		return // the benchmark's probing run
+	}
+	// Printed, not logged: the testing package cuts a benchmark's log to
+	// ten lines.
+	fmt.Printf("%s: sync PUT phases (means, ms; %d PUTs):\n"+
+		"  client, whole PUT                              %7.3f\n"+
+		"  - HTTP client, transport (client - server)     %7.3f\n"+
+		"  - server: PUT handler                          %7.3f\n"+
+		"    - accept: manager, spawn, identity           %7.3f\n"+
+		"    - regeneration                               %7.3f\n"+
+		"      - compute policy (policy actor hop)        %7.3f\n"+
+		"      - durable write (write-state - policy)     %7.3f\n"+
+		"        - in the store, submit to answer (per request; p99 %.2f)  %7.3f\n"+
+		"        - journal queue (per request)            %7.3f\n"+
+		"        - record append (per group)              %7.3f\n"+
+		"        - fdatasync (per sync; %.1f requests/group)  %7.3f\n"+
+		"        - answer callbacks (per group)           %7.3f\n"+
+		"        - hop back to the endpoint actor (rest)  %7.3f\n"+
+		"        (fdatasync p50 %.2f, p99 %.2f, max bucket %.2f ms)\n"+
+		"      - realize (fake datapath)                  %7.3f\n"+
+		"    - answer: index commit, reply, HTTP (rest)   %7.3f\n"+
+		"      (index writer: %.3f ms per commit)\n"+
+		"  checkpoints: %d, %.0f records each, %.2f ms each (syncfs mean %.2f, p99 %.2f ms); stalls %d (%.1f ms)\n",
+		b.Name(), len(puts), client, client-api, api, accept, total, policy, write-policy,
+		ms(s1.LatencyHist.Sub(s0.LatencyHist).Quantile(0.99)), inStore,
+		queue, appendMs, group, syncMs, answer, write-policy-inStore,
+		ms(syncH.Quantile(0.5)), ms(syncH.Quantile(0.99)), ms(syncH.Quantile(1)),
+		realize, api-accept-total, idx,
+		s1.Checkpoints-s0.Checkpoints, float64(s1.Applied-s0.Applied)/float64(max(s1.Checkpoints-s0.Checkpoints, 1)),
+		per(s1.Checkpointing, s0.Checkpointing, s1.Checkpoints, s0.Checkpoints),
+		per(s1.Flushing, s0.Flushing, s1.Flushes, s0.Flushes), ms(s1.FlushHist.Sub(s0.FlushHist).Quantile(0.99)), s1.Stalls-s0.Stalls,
+		float64((s1.Stalled-s0.Stalled).Microseconds())/1000)
+	b.ReportMetric(group, "journal-reqs/group")
+	b.ReportMetric(syncMs, "fdatasync-ms")
 }
