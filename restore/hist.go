@@ -1,6 +1,7 @@
 package restore
 
 import (
+	"math"
 	"math/bits"
 	"time"
 )
@@ -50,7 +51,7 @@ func (h Hist) Quantile(q float64) time.Duration {
 	if n == 0 {
 		return 0
 	}
-	rank := uint64(q*float64(n-1)) + 1
+	rank := max(uint64(math.Ceil(q*float64(n))), 1)
 	var seen uint64
 	for b, c := range h {
 		if seen += c; seen >= rank {

@@ -428,6 +428,9 @@ func (j *journal) take(n int, kick func()) (*segment, error) {
 		} else {
 			j.free = append(j.free, c)
 		}
+		if len(j.sealed) >= maxSegments/4 {
+			kick() // a quarter of the journal waits: checkpoint before it fills
+		}
 	}
 	for len(j.free) == 0 {
 		j.freeCheckpointed()

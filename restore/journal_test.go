@@ -386,3 +386,58 @@ func FuzzJournalSegment(f *testing.F) {
 		}
 	})
 }
+
+// TestJournalBackPressure: with every segment sealed (all waiting for a
+// checkpoint) an append waits: it asks for a checkpoint and gets a
+// segment once the checkpoint frees one, the one whose records are all
+// in the directories.
+func TestJournalBackPressure(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := openJournal(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		j.stop()
+		j.closeFiles()
+	}()
+	j.mu.Lock()
+	for j.nsegs < maxSegments || len(j.free) < maxSegments { // let the preallocator make them all
+		j.need = true
+		j.cond.Broadcast()
+		j.cond.Wait()
+	}
+	for i, s := range j.free {
+		s.maxSeq = uint64(10 + i)
+	}
+	j.sealed, j.free = j.free, nil
+	j.mu.Unlock()
+
+	kicked := make(chan struct{}, 1)
+	got := make(chan *segment, 1)
+	go func() {
+		s, err := j.take(100, func() {
+			select {
+			case kicked <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- s
+	}()
+	<-kicked // it waits for a checkpoint, and asked for one
+	if err := j.checkpointed(10); err != nil {
+		t.Fatal(err)
+	}
+	s := <-got
+	if s == nil || s.used != 0 || s.gen == 0 {
+		t.Fatalf("took %+v, want the freed segment started with a new generation", s)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.sealed) != maxSegments-1 {
+		t.Fatalf("%d segments sealed, want %d (only the checkpointed one freed)", len(j.sealed), maxSegments-1)
+	}
+}

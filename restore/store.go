@@ -161,7 +161,7 @@ const workers = 8
 
 // checkpointEvery is how long the directories may lag the journal when
 // it is not filling up.
-const checkpointEvery = 200 * time.Millisecond
+const checkpointEvery = time.Second
 
 // Open creates dir if needed, reads the journal (what it holds beyond the
 // last checkpoint is applied to the directories by the first checkpoint,
