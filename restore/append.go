@@ -3,6 +3,7 @@ package restore
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -199,14 +200,15 @@ func kindOf(r *request) recKind {
 }
 
 // spaceBlocks is the filesystem blocks a checkpoint may need per write:
-// two files and a directory.
-const spaceBlocks = 3
+// its two files (its directory is usually a spare or recycled one).
+const spaceBlocks = 2
 
 // checkRecords fails the writes that cannot be journaled (too large) or
 // that the directories would have no room for: a write is refused when
 // the state directory's filesystem lacks the blocks to checkpoint it and
-// the writes before it (ENOSPC, as a full disk would answer), rather than
-// accepted into the journal and stuck there. Removals always go on.
+// the writes waiting before it (ENOSPC, as a full disk would answer),
+// rather than accepted into the journal and stuck there. Removals always
+// go on.
 func (s *Store) checkRecords(group []request) {
 	writes := 0
 	for i := range group {
@@ -227,17 +229,21 @@ func (s *Store) checkRecords(group []request) {
 	if err := unix.Fstatfs(s.sd.fd, &st); err != nil {
 		return // no answer: the writes go on, a failing checkpoint retries
 	}
+	free := st.Bavail
+	if os.Geteuid() == 0 {
+		free = st.Bfree // root may use the blocks reserved for it
+	}
 	s.cpMu.Lock()
-	pending := min(len(s.cpQueue), 1024)
+	pending := min(s.cpWrites, 1024)
 	s.cpMu.Unlock()
 	need := uint64(writes+pending) * spaceBlocks
-	if st.Bavail >= need {
+	if free >= need {
 		return
 	}
 	for i := range group {
 		if r := &group[i]; r.data != nil && r.err == nil {
 			r.err = fmt.Errorf("write state of endpoint %d: %d blocks free in the state directory's filesystem, %d needed: %w",
-				r.id, st.Bavail, need, unix.ENOSPC)
+				r.id, free, need, unix.ENOSPC)
 		}
 	}
 }

@@ -22,6 +22,7 @@ func (s *Store) addCheckpoint(rs []request) {
 	}
 	s.cpMu.Lock()
 	s.cpQueue = append(s.cpQueue, rs...)
+	s.cpWrites += countWrites(rs)
 	long := len(s.cpQueue) >= maxCheckpointQueue/4
 	s.cpMu.Unlock()
 	if long || slices.ContainsFunc(rs, func(r request) bool { return r.quarantine }) {
@@ -136,7 +137,7 @@ func (s *Store) checkpointer() {
 func (s *Store) takeCheckpoint() []request {
 	s.cpMu.Lock()
 	group := s.cpQueue
-	s.cpQueue = nil
+	s.cpQueue, s.cpWrites = nil, 0
 	s.cpMu.Unlock()
 	s.cpRoom.Broadcast()
 	return group
@@ -146,7 +147,19 @@ func (s *Store) takeCheckpoint() []request {
 func (s *Store) putBack(group []request) {
 	s.cpMu.Lock()
 	s.cpQueue = append(group, s.cpQueue...)
+	s.cpWrites += countWrites(group)
 	s.cpMu.Unlock()
+}
+
+// countWrites counts the writes among rs.
+func countWrites(rs []request) int {
+	n := 0
+	for i := range rs {
+		if rs[i].data != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // settleAll answers the quarantines of a group that will not be
@@ -273,6 +286,7 @@ func (s *Store) loadReplay(rp replayed) {
 		}
 		s.cpQueue = append(s.cpQueue, req)
 	}
+	s.cpWrites = countWrites(s.cpQueue)
 	s.log.Info("replaying the state journal", "records", len(rp.recs), "endpoints", len(s.replay))
 }
 

@@ -35,7 +35,7 @@ const (
 	maxSegments = 16
 	// minSegSize and maxSegSize bound a segment's size, which is 1/64 of
 	// the filesystem's (a small tmpfs gets small segments).
-	minSegSize = 64 << 10
+	minSegSize = 16 << 10
 	maxSegSize = 1 << 20
 	// markerSlot is the size of one of the checkpoint file's two slots.
 	markerSlot = 512

@@ -99,14 +99,16 @@ type Store struct {
 	jbuf []byte
 
 	// cpMu guards cpQueue (records durable in the journal, not yet in
-	// the directories, in seq order) and scannedSpares; cpRoom signals
+	// the directories, in seq order), cpWrites and scannedSpares; cpRoom signals
 	// room in cpQueue.
 	cpMu    sync.Mutex
 	cpRoom  *sync.Cond
 	cpQueue []request
-	cpKick  chan struct{}
-	cpStop  chan struct{}
-	cpDone  chan struct{}
+	// cpWrites counts the writes in cpQueue.
+	cpWrites int
+	cpKick   chan struct{}
+	cpStop   chan struct{}
+	cpDone   chan struct{}
 	// cpReady opens once Scan ran (or the first request came, or Close):
 	// the checkpointer must not change directories Scan reads.
 	cpReady   chan struct{}
