@@ -152,12 +152,17 @@ func (s *Store) appendChunk(seg *segment, group []request, i int, t *commitTimes
 	wrote := time.Now()
 	t.append += wrote.Sub(start)
 	if err == nil {
+		during := s.flushing.Load() != 0
 		err = fdatasync(seg.fd)
+		during = during || s.flushing.Load() != 0
 		d := time.Since(wrote)
 		t.sync += d
 		t.syncs++
 		s.mu.Lock()
 		s.stats.SyncHist.Add(d)
+		if during {
+			s.stats.SyncHistOverlap.Add(d)
+		}
 		s.mu.Unlock()
 	}
 	if err != nil {

@@ -321,10 +321,12 @@ func (s *Store) renameDance(id endpoint.ID) error {
 // one syncfs(2).
 func (s *Store) flush() error {
 	start := time.Now()
+	s.flushing.Add(1)
 	err := unix.Syncfs(s.sd.fd)
 	for errors.Is(err, unix.EINTR) {
 		err = unix.Syncfs(s.sd.fd)
 	}
+	s.flushing.Add(-1)
 	took := time.Since(start)
 	s.mu.Lock()
 	s.stats.Flushes++

@@ -63,6 +63,9 @@ type Stats struct {
 	// distribution, SyncHist the fdatasyncs'.
 	Latency               time.Duration
 	LatencyHist, SyncHist Hist
+	// SyncHistOverlap is the part of SyncHist whose fdatasync started or
+	// ended while a checkpoint's syncfs ran.
+	SyncHistOverlap Hist
 	// Stalls counts groups that waited for a checkpoint to free journal
 	// space or queue room (back-pressure); Stalled is that time.
 	Stalls  uint64
@@ -137,6 +140,9 @@ type Store struct {
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
+	// flushing is non-zero while a checkpoint's syncfs runs (for
+	// SyncHistOverlap).
+	flushing atomic.Int32
 	trashSeq   atomic.Uint64
 	// sd is the state directory's fd, which the checkpointer's paths are
 	// relative to and syncfs flushes; closed once the checkpointer and

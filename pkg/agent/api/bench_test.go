@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -231,13 +232,14 @@ func cpuTime() time.Duration {
 // counters and the index writer's.
 type phases struct {
 	sum, count map[string]float64 // by phase; "api-put" is the server's PUT
+	buckets    map[string][]bucket
 	state      restore.Stats
 	indexTxns  uint64
 	indexTime  time.Duration
 }
 
 func takePhases(b *testing.B, a *agent.Agent) phases {
-	p := phases{sum: map[string]float64{}, count: map[string]float64{}, state: a.StateStats()}
+	p := phases{sum: map[string]float64{}, count: map[string]float64{}, buckets: map[string][]bucket{}, state: a.StateStats()}
 	ctr := a.System.Counters()
 	p.indexTxns, p.indexTime = ctr.IndexTransactions, ctr.IndexCommitTime
 	mfs, err := a.Metrics().Gatherer().Gather()
@@ -265,10 +267,41 @@ func takePhases(b *testing.B, a *agent.Agent) phases {
 			if key != "" {
 				p.sum[key] += h.GetSampleSum()
 				p.count[key] += float64(h.GetSampleCount())
+				bs := p.buckets[key]
+				for i, hb := range h.GetBucket() {
+					if i == len(bs) {
+						bs = append(bs, bucket{le: hb.GetUpperBound()})
+					}
+					bs[i].n += float64(hb.GetCumulativeCount())
+				}
+				p.buckets[key] = bs
 			}
 		}
 	}
 	return p
+}
+
+// bucket is a histogram bucket: cumulative count n of samples <= le.
+type bucket struct{ le, n float64 }
+
+// p99 is the bucket bound (ms) holding the 99th percentile of what key's
+// histogram counted between two snapshots.
+func p99(p0, p1 phases, key string) float64 {
+	b0, b1 := p0.buckets[key], p1.buckets[key]
+	if len(b1) == 0 {
+		return 0
+	}
+	total := p1.count[key] - p0.count[key]
+	for i, b := range b1 {
+		n := b.n
+		if i < len(b0) {
+			n -= b0[i].n
+		}
+		if n >= 0.99*total {
+			return b.le * 1000
+		}
+	}
+	return math.Inf(1)
 }
 
 // reportPhases prints where a sync PUT spent its time, from the agent's
@@ -303,7 +336,13 @@ func reportPhases(b *testing.B, p0, p1 phases, puts []time.Duration) {
 	api, accept, policy := mean("api-put"), mean(actors.PhaseAccept), mean(actors.PhaseComputePolicy)
 	write, realize, total := mean(actors.PhaseWriteState), mean(actors.PhaseRealize), mean(actors.PhaseTotal)
 	inStore := per(s1.Latency, s0.Latency, s1.Requests, s0.Requests)
-	syncH := s1.SyncHist.Sub(s0.SyncHist)
+	syncH, overH := s1.SyncHist.Sub(s0.SyncHist), s1.SyncHistOverlap.Sub(s0.SyncHistOverlap)
+	count := func(h restore.Hist) (n uint64) {
+		for _, c := range h {
+			n += c
+		}
+		return n
+	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	idx := per(p1.indexTime, p0.indexTime, p1.indexTxns, p0.indexTxns)
 	if len(puts) < 10 {
@@ -314,26 +353,28 @@ func reportPhases(b *testing.B, p0, p1 phases, puts []time.Duration) {
 	fmt.Printf("%s: sync PUT phases (means, ms; %d PUTs):\n"+
 		"  client, whole PUT                              %7.3f\n"+
 		"  - HTTP client, transport (client - server)     %7.3f\n"+
-		"  - server: PUT handler                          %7.3f\n"+
+		"  - server: PUT handler (p99 <= %.0f)              %7.3f\n"+
 		"    - accept: manager, spawn, identity           %7.3f\n"+
-		"    - regeneration                               %7.3f\n"+
+		"    - regeneration (p99 <= %.1f)                  %7.3f\n"+
 		"      - compute policy (policy actor hop)        %7.3f\n"+
-		"      - durable write (write-state - policy)     %7.3f\n"+
+		"      - durable write (write-state - policy; write-state p99 <= %.1f)  %7.3f\n"+
 		"        - in the store, submit to answer (per request; p99 %.2f)  %7.3f\n"+
 		"        - journal queue (per request)            %7.3f\n"+
 		"        - record append (per group)              %7.3f\n"+
 		"        - fdatasync (per sync; %.1f requests/group)  %7.3f\n"+
 		"        - answer callbacks (per group)           %7.3f\n"+
 		"        - hop back to the endpoint actor (rest)  %7.3f\n"+
-		"        (fdatasync p50 %.2f, p99 %.2f, max bucket %.2f ms)\n"+
+		"        (fdatasync p50 %.2f, p99 %.2f, max bucket %.2f ms; %d of %d during a checkpoint's syncfs: p50 %.2f, p99 %.2f)\n"+
 		"      - realize (fake datapath)                  %7.3f\n"+
 		"    - answer: index commit, reply, HTTP (rest)   %7.3f\n"+
 		"      (index writer: %.3f ms per commit)\n"+
 		"  checkpoints: %d, %.0f records each, %.2f ms each (syncfs mean %.2f, p99 %.2f ms); stalls %d (%.1f ms)\n",
-		b.Name(), len(puts), client, client-api, api, accept, total, policy, write-policy,
+		b.Name(), len(puts), client, client-api, p99(p0, p1, "api-put"), api, accept, p99(p0, p1, actors.PhaseTotal), total, policy,
+		p99(p0, p1, actors.PhaseWriteState), write-policy,
 		ms(s1.LatencyHist.Sub(s0.LatencyHist).Quantile(0.99)), inStore,
 		queue, appendMs, group, syncMs, answer, write-policy-inStore,
-		ms(syncH.Quantile(0.5)), ms(syncH.Quantile(0.99)), ms(syncH.Quantile(1)),
+		ms(syncH.Quantile(0.5)), ms(syncH.Quantile(0.99)), ms(syncH.Quantile(1)), count(overH), count(syncH),
+		ms(overH.Quantile(0.5)), ms(overH.Quantile(0.99)),
 		realize, api-accept-total, idx,
 		s1.Checkpoints-s0.Checkpoints, float64(s1.Applied-s0.Applied)/float64(max(s1.Checkpoints-s0.Checkpoints, 1)),
 		per(s1.Checkpointing, s0.Checkpointing, s1.Checkpoints, s0.Checkpoints),
