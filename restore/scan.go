@@ -100,6 +100,7 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 	slices.SortFunc(eps, func(a, b *endpoint.Endpoint) int {
 		return strings.Compare(strconv.Itoa(int(a.ID)), strconv.Itoa(int(b.ID)))
 	})
+	s.scanned.Store(true)
 	return eps, bad
 }
 

@@ -140,10 +140,13 @@ type Store struct {
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool
+	// scanned is set once Scan ran: from then on present and spare
+	// describe every endpoint directory (the store makes them all).
+	scanned atomic.Bool
 	// flushing is non-zero while a checkpoint's syncfs runs (for
 	// SyncHistOverlap).
 	flushing atomic.Int32
-	trashSeq   atomic.Uint64
+	trashSeq atomic.Uint64
 	// sd is the state directory's fd, which the checkpointer's paths are
 	// relative to and syncfs flushes; closed once the checkpointer and
 	// the janitor stopped.
