@@ -96,6 +96,9 @@ func (s *Store) commit(group []request) {
 			r.release()
 		case !r.quarantine: // a quarantine is answered by its checkpoint
 			r.done(nil)
+			r.release() // its bytes are in the arena now
+		default:
+			r.release()
 		}
 		if !r.barrier {
 			l := answer.Sub(time.Unix(0, r.queued))
@@ -171,17 +174,25 @@ func (s *Store) appendChunk(seg *segment, group []request, i int, t *commitTimes
 		return i
 	}
 	seg.used += len(buf)
-	var durable []request
+	durable := s.durable[:0]
 	for k := lo; k < i; k++ {
 		if r := group[k]; r.err == nil && !r.barrier {
 			seg.maxSeq = r.seq
 			if !r.quarantine {
 				r.done = nil // answered by commit
 			}
+			if r.data != nil {
+				// The encoding buffer goes back to the pool now (commit
+				// releases it); the checkpoint reads the arena's copy.
+				r.data, r.header, r.slab = s.arena.copy(r.data, r.header)
+				r.buf = nil
+			}
 			durable = append(durable, r)
 		}
 	}
 	s.addCheckpoint(durable)
+	clear(durable)
+	s.durable = durable[:0]
 	return i
 }
 

@@ -14,6 +14,11 @@ import (
 // appender waits for a checkpoint (back-pressure).
 const maxCheckpointQueue = 1 << 15
 
+// kickWrites is how many writes may wait for a checkpoint before one is
+// asked for: their bytes (about a KiB each) stay in the arena until then,
+// and the arena's free slabs (maxFreeSlabs) should cover them.
+const kickWrites = 2048
+
 // addCheckpoint queues durable records for the checkpointer, and asks for
 // a checkpoint now when the queue is getting long.
 func (s *Store) addCheckpoint(rs []request) {
@@ -23,7 +28,7 @@ func (s *Store) addCheckpoint(rs []request) {
 	s.cpMu.Lock()
 	s.cpQueue = append(s.cpQueue, rs...)
 	s.cpWrites += countWrites(rs)
-	long := len(s.cpQueue) >= maxCheckpointQueue/4
+	long := len(s.cpQueue) >= maxCheckpointQueue/4 || s.cpWrites >= kickWrites
 	s.cpMu.Unlock()
 	if long || slices.ContainsFunc(rs, func(r request) bool { return r.quarantine }) {
 		s.kickCheckpoint()
@@ -104,16 +109,17 @@ func (s *Store) checkpointer() {
 		s.mu.Unlock()
 		group := s.takeCheckpoint()
 		if aborted {
-			settleAll(group, fmt.Errorf("quarantine: %w", ErrClosed))
+			s.settleAll(group, fmt.Errorf("quarantine: %w", ErrClosed))
 			return
 		}
 		err := s.checkpoint(group)
 		switch {
 		case err == nil:
 			backoff = 0
+			s.spareQueue(group)
 		case stopping:
 			s.log.Error("stopping with state not yet written to the endpoint directories; the next start replays it from the journal", "err", err)
-			settleAll(group, err)
+			s.settleAll(group, err)
 			return
 		default:
 			s.putBack(group)
@@ -137,10 +143,21 @@ func (s *Store) checkpointer() {
 func (s *Store) takeCheckpoint() []request {
 	s.cpMu.Lock()
 	group := s.cpQueue
-	s.cpQueue, s.cpWrites = nil, 0
+	s.cpQueue, s.cpSpare, s.cpWrites = s.cpSpare, nil, 0
 	s.cpMu.Unlock()
 	s.cpRoom.Broadcast()
 	return group
+}
+
+// spareQueue keeps a checkpointed group's array for the next queue.
+func (s *Store) spareQueue(group []request) {
+	if cap(group) > maxCheckpointQueue {
+		return
+	}
+	clear(group)
+	s.cpMu.Lock()
+	s.cpSpare = group[:0]
+	s.cpMu.Unlock()
 }
 
 // putBack queues a failed checkpoint's records again, ahead of newer ones.
@@ -164,13 +181,14 @@ func countWrites(rs []request) int {
 
 // settleAll answers the quarantines of a group that will not be
 // checkpointed in this run, and releases its buffers.
-func settleAll(group []request, err error) {
+func (s *Store) settleAll(group []request, err error) {
 	for i := range group {
 		if r := &group[i]; r.done != nil {
 			r.done(err)
 		}
 		group[i].release()
 	}
+	s.arena.drop(group)
 }
 
 // checkpoint applies group (records in seq order) to the directories and
@@ -246,6 +264,7 @@ func (s *Store) settle(b *batch, err error) {
 			}
 			r.release()
 		}
+		s.arena.drop(b.group)
 	}
 	for _, i := range b.final {
 		if res := &b.res[i]; res.ntrash > 0 {

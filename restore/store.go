@@ -44,6 +44,8 @@ type request struct {
 	err    error
 	// barrier is a Checkpoint waiting for the records before it.
 	barrier bool
+	// slab holds data and header once the record is durable (arena.go).
+	slab *slab
 }
 
 // Stats counts the store's work. Durations are sums: divide by the
@@ -98,8 +100,12 @@ type Store struct {
 	aborted bool
 	stats   Stats
 	appDone chan struct{}
-	// jbuf is the appender's record buffer.
-	jbuf []byte
+	// jbuf is the appender's record buffer, durable its list of the
+	// records a chunk made durable.
+	jbuf    []byte
+	durable []request
+	// arena keeps the bytes of the records waiting for a checkpoint.
+	arena arena
 
 	// cpMu guards cpQueue (records durable in the journal, not yet in
 	// the directories, in seq order), cpWrites and scannedSpares; cpRoom signals
@@ -107,6 +113,8 @@ type Store struct {
 	cpMu    sync.Mutex
 	cpRoom  *sync.Cond
 	cpQueue []request
+	// cpSpare is an emptied queue array for the next swap.
+	cpSpare []request
 	// cpWrites counts the writes in cpQueue.
 	cpWrites int
 	cpKick   chan struct{}
