@@ -471,15 +471,22 @@ func (j *journal) take(n int, kick func()) (*segment, error) {
 }
 
 // seal retires the current segment after a failed write: what it holds
-// is uncertain, so nothing more is appended to it.
+// past its durable records is uncertain, so nothing more is appended to
+// it. It is freed once its durable records are checkpointed (at once if
+// it has none): reused with a new generation, the failed records are
+// never read.
 func (j *journal) seal(s *segment) {
 	j.mu.Lock()
 	if j.cur == s {
 		j.cur = nil
-		s.maxSeq = max(s.maxSeq, j.nextSeq-1) // freed by a checkpoint beyond what was written
-		j.sealed = append(j.sealed, s)
+		if s.maxSeq > 0 {
+			j.sealed = append(j.sealed, s)
+		} else {
+			j.free = append(j.free, s)
+		}
 	}
 	j.mu.Unlock()
+	j.cond.Broadcast()
 }
 
 // seqs reserves n sequence numbers and returns the first.
