@@ -89,6 +89,7 @@ func (s *Store) stopCheckpointer() {
 // that fails is retried (its records stay in the journal meanwhile).
 func (s *Store) checkpointer() {
 	defer close(s.cpDone)
+	defer close(s.work) // its workers end with it
 	select {
 	case <-s.cpReady:
 	case <-s.cpStop:
