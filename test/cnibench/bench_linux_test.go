@@ -37,6 +37,7 @@ type arm struct {
 	conf  *libcni.NetworkConfigList
 	host  *testutil.NS
 	agent *agent.Agent
+	exec  *timedExec // libcni's plugin executor, timed
 }
 
 func envInt(name string, def int) int {
@@ -296,7 +297,8 @@ func newArm(t *testing.T, name string, host *testutil.NS, path []string, cache, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &arm{name: name, cni: libcni.NewCNIConfigWithCacheDir(path, cache, nil), conf: conf, host: host}
+	ex := newTimedExec()
+	return &arm{name: name, cni: libcni.NewCNIConfigWithCacheDir(path, cache, ex), conf: conf, host: host, exec: ex}
 }
 
 // sandbox is one pod: its netns and runtime config.

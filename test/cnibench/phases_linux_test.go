@@ -143,7 +143,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				byID = cs.del
 			}
 			pt := newPhaseTable()
-			n := 0
+			n, threads := 0, 0
 			for id, c := range byID {
 				if c.arm != a.name {
 					continue
@@ -158,8 +158,14 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				for _, p := range r.Phases {
 					pt.add("plugin: "+p.Name, time.Duration(p.Us)*time.Microsecond)
 				}
-				pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
+				if ret, ok := a.exec.returnedAt(cmd, id); ok {
+					pt.add("plugin exit (until libcni's exec returns)", ret.Sub(time.Unix(0, r.End)))
+					pt.add("libcni after the plugin (result, cache file)", c.end.Sub(ret))
+				} else {
+					pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
+				}
 				pt.add("= whole call", c.end.Sub(c.start))
+				threads += r.Threads
 			}
 			if n == 0 {
 				continue
@@ -168,6 +174,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			for _, name := range pt.names {
 				fmt.Fprintf(&b, "| %s | %s |\n", name, ms(pt.sum[name]/time.Duration(pt.n[name])))
 			}
+			fmt.Fprintf(&b, "\nplugin OS threads at its end (each runs once more to exit): %.1f on average\n", float64(threads)/float64(n))
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
 			agentRows(&b, cmd, before, after, n)
 		}

@@ -50,14 +50,14 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		}
 	}()
 	hostName, tmpName := VethNames(args.ContainerID, args.IfName)
-	veth, err := pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+	veth, err := pod.createVeth(hostName, args.IfName, c.conf.MTU)
 	if errors.Is(err, errVethExists) {
 		// A name is taken (CNI_IFNAME, or this attachment's leftovers):
 		// look closer only now, so the usual ADD makes no lookups.
 		if err := c.clearStale(ctx, pod, hostName, tmpName); err != nil {
 			return err
 		}
-		veth, err = pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+		veth, err = pod.createVeth(hostName, args.IfName, c.conf.MTU)
 	}
 	if errors.Is(err, errVethExists) {
 		return newError(CodeInterfaceExists, "interface %q in netns %s or %s in the host stays taken: %v", args.IfName, args.Netns, hostName, err)
