@@ -71,11 +71,22 @@ func TestCNIBench(t *testing.T) {
 	bin := buildPlugin(t, dir)
 	// Both attach modes of the endpoint programs, each agent in a host
 	// netns of its own: TCX (the default) and cls_bpf (--bpf-attach tc).
-	arms := []*arm{
-		startMembrane(t, dir, bin, host, "membrane", false, dual),
-		startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", true, dual),
-		ptpArm(t, dir, host, dual),
+	var arms []*arm
+	if os.Getenv("BENCH_TCX") != "0" {
+		arms = append(arms, startMembrane(t, dir, bin, host, "membrane", false, dual))
 	}
+	arms = append(arms, startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", true, dual))
+	// An A/B of the plugin alone: another plugin binary (say, one built
+	// from main) against an agent of its own, tc attach, in the same
+	// alternation as the others.
+	if base := os.Getenv("BENCH_BASE_PLUGIN"); base != "" {
+		baseBin := basePluginDir(t, dir, base)
+		if os.Getenv("BENCH_TCX") != "0" {
+			arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbtcx"), "base", false, dual))
+		}
+		arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbase"), "base-tc", true, dual))
+	}
+	arms = append(arms, ptpArm(t, dir, host, dual))
 	if dual {
 		fmt.Println("dual-stack: every arm gives every pod an IPv4 and an IPv6 address")
 	}
@@ -213,7 +224,7 @@ func headlines(arms []*arm, conc int, seq map[string][2]stats, res map[string]*c
 	var b strings.Builder
 	b.WriteString("\n")
 	for _, a := range arms[:len(arms)-1] {
-		mode := map[string]string{"membrane": "TCX", "membrane-tc": "tc"}[a.name]
+		mode := map[string]string{"membrane": "TCX", "membrane-tc": "tc", "base": "TCX, BENCH_BASE_PLUGIN", "base-tc": "tc, BENCH_BASE_PLUGIN"}[a.name]
 		c, p := summarize(res[a.name].lat), summarize(res[ref].lat)
 		for _, h := range []struct {
 			what   string
@@ -244,10 +255,30 @@ func buildPlugin(t *testing.T, dir string) string {
 	return bin
 }
 
+// basePluginDir copies the plugin binary at path into a directory of
+// its own under dir, as membrane-cni, and returns that directory.
+func basePluginDir(t *testing.T, dir, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("BENCH_BASE_PLUGIN: %v", err)
+	}
+	bin := filepath.Join(dir, "bin-base")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "membrane-cni"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
 // armRanges are each Membrane arm's pod CIDRs.
 var armRanges = map[string][2]string{
 	"membrane":    {"10.245.0.0/16", "fd00:245::/112"},
 	"membrane-tc": {"10.247.0.0/16", "fd00:247::/112"},
+	"base":        {"10.249.0.0/16", "fd00:249::/112"},
+	"base-tc":     {"10.248.0.0/16", "fd00:248::/112"},
 }
 
 // startMembrane starts an agent in host (dual: with an IPv6 range too;

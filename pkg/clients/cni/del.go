@@ -22,15 +22,11 @@ import (
 // is durably queued, and fails only when neither holds (the delete queue
 // cannot be written). The agent deletes the attachment's endpoint (which
 // releases the address and tears the host veth down, lazily: see
-// docs/cni-notes.md); meanwhile CNI_IFNAME is deleted in the pod's netns
-// if that still exists, so a later ADD there starts clean: that deletion
-// waits for RCU grace periods in the kernel, the agent's side for its
-// state's removal to be durable, and neither needs the other (the agent
-// takes a host veth already gone as removed). DEL returns when both
-// ended. A missing endpoint, netns or link is success. When the agent is
-// unreachable or fails, the deletion is queued on disk for the agent to
-// drain. A config or CNI_ARGS detail the plugin dislikes does not fail
-// DEL (newDelCall).
+// docs/cni-notes.md); CNI_IFNAME is then deleted in the pod's netns if
+// that still exists, so a later ADD there starts clean. A missing
+// endpoint, netns or link is success. When the agent is unreachable or
+// fails, the deletion is queued on disk for the agent to drain. A config
+// or CNI_ARGS detail the plugin dislikes does not fail DEL (newDelCall).
 func cmdDel(args *skel.CmdArgs) (retErr error) {
 	pt := newPhaseTimer("DEL", args.ContainerID, args.IfName)
 	defer func() { pt.write(retErr != nil) }()
@@ -44,16 +40,6 @@ func cmdDel(args *skel.CmdArgs) (retErr error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	podStart, podDone := time.Now(), make(chan time.Time, 1)
-	go func() {
-		c.deletePodInterface()
-		podDone <- time.Now()
-	}()
-	defer func() { // on every return: DEL ends after the deletion
-		podEnd := <-podDone
-		pt.mark("delete-pod-interface-wait")
-		pt.span("delete-pod-interface (overlaps the agent call)", podStart, podEnd)
-	}()
 	err := retryStarting(ctx, func() error {
 		return c.client.endpointDeleteAttachment(ctx, args.ContainerID, args.IfName)
 	})
@@ -78,6 +64,8 @@ func cmdDel(args *skel.CmdArgs) (retErr error) {
 		}
 	}
 	pt.mark("queue-or-leftovers")
+	c.deletePodInterface()
+	pt.mark("delete-pod-interface")
 	return nil
 }
 
