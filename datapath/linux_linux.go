@@ -338,6 +338,7 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 		if err := l.setHostSysctls(name); err != nil {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, missingIf(err, errors.Is(err, os.ErrNotExist), name))
 		}
+		l.phase(PhaseHostSysctls, start)
 	}
 	ips := endpointIPs(ep)
 	for _, ip := range ips {

@@ -202,7 +202,7 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
 		row("-- bpf-prepare: maps + program load, in the pool alongside the state write", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
-		for _, p := range []string{"host-setup", "bpf-maps", "bpf-policy", "bpf-load", "bpf-attach"} {
+		for _, p := range []string{"host-setup", "host-sysctls", "bpf-maps", "bpf-policy", "bpf-load", "bpf-attach"} {
 			row("--- "+p, "dp "+p)
 		}
 		return
