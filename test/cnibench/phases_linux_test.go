@@ -108,20 +108,28 @@ func pluginPhases(t *testing.T, path string) map[string]cni.PhaseRecord {
 // phaseTable accumulates named durations in first-seen order.
 type phaseTable struct {
 	names []string
-	sum   map[string]time.Duration
-	n     map[string]int
+	all   map[string][]time.Duration
 }
 
 func newPhaseTable() *phaseTable {
-	return &phaseTable{sum: map[string]time.Duration{}, n: map[string]int{}}
+	return &phaseTable{all: map[string][]time.Duration{}}
 }
 
 func (p *phaseTable) add(name string, d time.Duration) {
-	if _, ok := p.sum[name]; !ok {
+	if _, ok := p.all[name]; !ok {
 		p.names = append(p.names, name)
 	}
-	p.sum[name] += d
-	p.n[name]++
+	p.all[name] = append(p.all[name], d)
+}
+
+// row is name's mean and median.
+func (p *phaseTable) row(name string) string {
+	ds := p.all[name]
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return fmt.Sprintf("| %s | %s | %s |", name, ms(sum/time.Duration(len(ds))), ms(summarize(ds).p50))
 }
 
 // breakdown prints, per Membrane arm, where the mean sequential ADD's and
@@ -170,9 +178,9 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			if n == 0 {
 				continue
 			}
-			fmt.Fprintf(&b, "\n%s %s, mean of %d sequential calls:\n\n| phase | mean |\n|---|---|\n", a.name, cmd, n)
+			fmt.Fprintf(&b, "\n%s %s, mean and median of %d sequential calls:\n\n| phase | mean | median |\n|---|---|---|\n", a.name, cmd, n)
 			for _, name := range pt.names {
-				fmt.Fprintf(&b, "| %s | %s |\n", name, ms(pt.sum[name]/time.Duration(pt.n[name])))
+				fmt.Fprintln(&b, pt.row(name))
 			}
 			fmt.Fprintf(&b, "\nplugin OS threads at its end (each runs once more to exit): %.1f on average\n", float64(threads)/float64(n))
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
