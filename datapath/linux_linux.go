@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -30,6 +32,10 @@ type Linux struct {
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 	bpf *bpfState       // set by Init, closed by Close (with nl)
+
+	// devconf reads host veths' sysctls by netlink (hostSysctlsHold), in
+	// the host netns; closed with nl.
+	devconf *nl.SocketHandle
 
 	// life is held for reading by every operation that uses nl, and for
 	// writing by Close when it closes nl; nlClosed is set then.
@@ -167,6 +173,10 @@ func (l *Linux) open() error {
 		if err != nil {
 			return fmt.Errorf("linux datapath init: netlink: %w", err)
 		}
+		if l.devconf, err = openDevconf(netns.None()); err != nil {
+			nl.Close()
+			return err
+		}
 		l.nl = nl
 		return nil
 	}
@@ -178,6 +188,11 @@ func (l *Linux) open() error {
 	if err != nil {
 		r.close()
 		return fmt.Errorf("linux datapath init: netlink in %s: %w", l.cfg.HostNetns, err)
+	}
+	if l.devconf, err = openDevconf(r.handle); err != nil {
+		nl.Close()
+		r.close()
+		return err
 	}
 	l.nl, l.ns = nl, r
 	return nil
@@ -254,6 +269,9 @@ func (l *Linux) Close() error {
 	l.nlClosed = true
 	if l.nl != nil {
 		l.nl.Close()
+	}
+	if l.devconf != nil {
+		l.devconf.Close()
 	}
 	if l.bpf != nil {
 		l.closeNodes()
@@ -335,7 +353,7 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	prev, known := l.live[ep.ID]
 	l.mu.Unlock()
 	if !known || prev.index != idx || prev.name != name {
-		if err := l.setHostSysctls(name); err != nil {
+		if err := l.setHostSysctls(idx, name); err != nil {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, missingIf(err, errors.Is(err, os.ErrNotExist), name))
 		}
 		l.phase(PhaseHostSysctls, start)

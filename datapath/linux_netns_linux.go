@@ -92,8 +92,25 @@ var hostSysctls6 = []struct{ path, value string }{
 }
 
 // setHostSysctls makes hostSysctls (and hostSysctls6 on an IPv6 node)
-// hold for dev in the host netns, writing only values that differ.
-func (l *Linux) setHostSysctls(dev string) error {
+// hold for dev (interface index) in the host netns, writing only values
+// that differ. On an IPv4-only node, where a new veth inherits them all
+// (Init sets net.ipv4.conf.all.forwarding, and rp_filter's default is
+// 0), one netlink read usually shows there is nothing to write
+// (hostSysctlsHold); /proc/sys is read (and written) only when it does
+// not.
+func (l *Linux) setHostSysctls(index int, dev string) error {
+	if !l.cfg.hasFamily(6) {
+		want := make(map[string]string, len(hostSysctls)+1)
+		for _, s := range hostSysctls {
+			want[s.key] = s.value
+		}
+		if l.cfg.L7.ProxyPath != "" {
+			want["accept_local"] = "1"
+		}
+		if hold, err := l.hostSysctlsHold(index, dev, want); hold || err != nil {
+			return err
+		}
+	}
 	return l.inHost(func() error {
 		for _, s := range hostSysctls {
 			if err := ensureSysctl("/proc/sys/net/ipv4/conf/"+dev+"/"+s.key, s.value); err != nil {
