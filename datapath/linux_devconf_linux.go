@@ -21,7 +21,7 @@ var ipv4Devconf = map[string]uint16{
 }
 
 // openDevconf opens the netlink socket hostSysctlsHold reads through, in
-// the host netns (h; netns.None(): the agent's own).
+// the host netns h.
 func openDevconf(h netns.NsHandle) (*nl.SocketHandle, error) {
 	s, err := nl.GetNetlinkSocketAt(h, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {

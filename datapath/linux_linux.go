@@ -13,7 +13,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -33,8 +32,9 @@ type Linux struct {
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 	bpf *bpfState       // set by Init, closed by Close (with nl)
 
-	// devconf reads host veths' sysctls by netlink (hostSysctlsHold), in
-	// the host netns; closed with nl.
+	// devconf reads host veths' sysctls by netlink (hostSysctlsHold) in
+	// a host netns other than the agent's (nil in the agent's own);
+	// closed with nl.
 	devconf *nl.SocketHandle
 
 	// life is held for reading by every operation that uses nl, and for
@@ -172,10 +172,6 @@ func (l *Linux) open() error {
 		nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 		if err != nil {
 			return fmt.Errorf("linux datapath init: netlink: %w", err)
-		}
-		if l.devconf, err = openDevconf(netns.None()); err != nil {
-			nl.Close()
-			return err
 		}
 		l.nl = nl
 		return nil

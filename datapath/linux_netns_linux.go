@@ -93,13 +93,16 @@ var hostSysctls6 = []struct{ path, value string }{
 
 // setHostSysctls makes hostSysctls (and hostSysctls6 on an IPv6 node)
 // hold for dev (interface index) in the host netns, writing only values
-// that differ. On an IPv4-only node, where a new veth inherits them all
-// (Init sets net.ipv4.conf.all.forwarding, and rp_filter's default is
-// 0), one netlink read usually shows there is nothing to write
-// (hostSysctlsHold); /proc/sys is read (and written) only when it does
-// not.
+// that differ. A new veth usually inherits them all (Init sets
+// net.ipv4.conf.all.forwarding; rp_filter's default is 0), so this is
+// two reads of /proc/sys. Where the host netns is not the agent's own
+// (LinuxConfig.HostNetns: tests and benchmarks), /proc/sys is only
+// reachable from the thread that entered it, and on an IPv4-only node
+// one RTM_GETLINK through a socket in that netns reads the same values
+// instead (hostSysctlsHold), sparing two hand-overs between threads;
+// /proc/sys is used when it shows a value to write.
 func (l *Linux) setHostSysctls(index int, dev string) error {
-	if !l.cfg.hasFamily(6) {
+	if l.ns != nil && !l.cfg.hasFamily(6) {
 		want := make(map[string]string, len(hostSysctls)+1)
 		for _, s := range hostSysctls {
 			want[s.key] = s.value
