@@ -146,6 +146,7 @@ type failure struct {
 type actorSlot struct {
 	path   string
 	kind   string
+	pid    *actor.PID // an endpoint actor's, set before the slot is shared
 	stats  *MailboxStats
 	report atomic.Pointer[report]
 	// op names the message a non-endpoint actor is handling (nil: none),
@@ -352,6 +353,14 @@ func (r *Registry) slot(path string) *actorSlot {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.others[path]
+}
+
+// endpointPID returns the PID of endpoint id's actor, nil if it has none.
+func (r *Registry) endpointPID(id endpoint.ID) *actor.PID {
+	if s := r.endpoints[id].Load(); s != nil {
+		return s.pid
+	}
+	return nil
 }
 
 // endpointIDFromPath parses the ID of an endpoint actor's path (".../ep-<id>").

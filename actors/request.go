@@ -155,9 +155,12 @@ func (r *requester) expire() *pendingRequest {
 		}
 		p = &q.next
 	}
-	if next != nil {
+	switch {
+	case next != nil:
 		r.armed = next.deadline
 		r.timer.Reset(time.Until(next.deadline))
+	case r.pending == nil:
+		r.timer = nil // fired and not needed: an idle actor keeps no timer
 	}
 	return expired
 }
