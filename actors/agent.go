@@ -53,8 +53,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 	a.children = make(map[string]*actor.PID)
 	spawn := func(name string, stats *MailboxStats, produce func() actor.Actor) *actor.PID {
 		slot := newSlot(name, stats)
-		opts := append(mailboxOptions(stats), actor.WithReceiverMiddleware(slot.trackReceive))
-		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(produce, opts...), name)
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(slot.track(produce), mailboxOptions(stats)...), name)
 		if err != nil {
 			panic(fmt.Sprintf("spawn %s: %v", name, err))
 		}

@@ -51,30 +51,52 @@ func (a *asker) SendSystemMessage(*actor.PID, any) {}
 // Stop implements actor.Process.
 func (a *asker) Stop(*actor.PID) {}
 
+// askWait is what an ask waits with: its answer channel and its timer,
+// reused from askWaits by later asks (an API call allocated both).
+type askWait struct {
+	ch    chan any // capacity 1, empty when pooled
+	timer *time.Timer
+}
+
+var askWaits sync.Pool
+
 // ask sends msg to pid and waits for the answer, at most timeout.
 func (a *asker) ask(sys *actor.ActorSystem, pid *actor.PID, msg any, timeout time.Duration) (any, error) {
 	id := nextRequestID()
-	ch := make(chan any, 1)
+	w, _ := askWaits.Get().(*askWait)
+	if w == nil {
+		w = &askWait{ch: make(chan any, 1)}
+	}
 	a.mu.Lock()
 	if a.stopped {
 		a.mu.Unlock()
+		askWaits.Put(w)
 		return nil, fmt.Errorf("ask %s: %w", pid.Id, actor.ErrDeadLetter)
 	}
-	a.waiting[id] = ch
+	a.waiting[id] = w.ch
 	a.mu.Unlock()
 	sys.Root.RequestWithCustomSender(pid, msg, &actor.PID{Address: sys.Address(), Id: a.id, RequestId: id})
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	if w.timer == nil {
+		w.timer = time.NewTimer(timeout)
+	} else {
+		w.timer.Reset(timeout) // stopped, and since Go 1.23 nothing stale in C
+	}
 	select {
-	case res := <-ch:
+	case res := <-w.ch:
+		w.timer.Stop()
+		askWaits.Put(w)
 		if _, dead := res.(*actor.DeadLetterResponse); dead {
 			return nil, actor.ErrDeadLetter
 		}
 		return res, nil
-	case <-timer.C:
+	case <-w.timer.C:
 		a.mu.Lock()
+		_, mine := a.waiting[id]
 		delete(a.waiting, id)
 		a.mu.Unlock()
+		if mine { // no answer is on its way into w.ch
+			askWaits.Put(w)
+		}
 		return nil, fmt.Errorf("ask %s: %w", pid.Id, context.DeadlineExceeded)
 	}
 }

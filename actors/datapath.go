@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -28,10 +29,32 @@ type job struct {
 	queued  time.Time
 }
 
-// workerDone tells the pool actor a worker of incarnation gen finished a job.
+// workerDone tells the pool actor that a worker of incarnation gen
+// finished a job while work waited in the backlog.
 type workerDone struct {
-	gen    int
-	failed bool
+	gen int
+}
+
+// workerSet is what the pool actor and one incarnation of its workers
+// share. A worker that finishes a job frees its slot here and wakes the
+// pool actor (workerDone) only when work is waiting: a message per job
+// back to the pool cost a mailbox pass per datapath call.
+type workerSet struct {
+	busy       atomic.Int32
+	backlogged atomic.Bool // the pool actor has work waiting for a slot
+	done       atomic.Uint64
+	failed     atomic.Uint64
+}
+
+// finished frees a worker's slot and reports whether the pool actor must
+// be woken to hand out waiting work.
+func (w *workerSet) finished(failed bool) bool {
+	w.done.Add(1)
+	if failed {
+		w.failed.Add(1)
+	}
+	w.busy.Add(-1)
+	return w.backlogged.Load()
 }
 
 // PoolStats is a snapshot of the pool, answered to *getPoolStats.
@@ -50,10 +73,8 @@ type poolActor struct {
 	cfg     PoolConfig
 	log     *slog.Logger
 	jobs    chan job // capacity Workers; never full when the actor sends
-	busy    int
+	workers *workerSet
 	backlog []job
-	done    uint64
-	failed  uint64
 	gen     int // incarnation of the worker set; stale workerDone are ignored
 	stop    context.CancelFunc
 }
@@ -76,17 +97,13 @@ func (p *poolActor) Receive(ctx actor.Context) {
 		p.backlog = append(p.backlog, job{work: msg, replyTo: ctx.Sender(), queued: time.Now()})
 		p.dispatch()
 	case *workerDone:
-		if msg.gen != p.gen {
-			return
+		if msg.gen == p.gen {
+			p.dispatch()
 		}
-		p.busy--
-		p.done++
-		if msg.failed {
-			p.failed++
-		}
-		p.dispatch()
 	case *getPoolStats:
-		ctx.Respond(&PoolStats{Workers: p.cfg.Workers, Busy: p.busy, Backlog: len(p.backlog), Done: p.done, Failed: p.failed})
+		w := p.workers
+		ctx.Respond(&PoolStats{Workers: p.cfg.Workers, Busy: int(w.busy.Load()), Backlog: len(p.backlog),
+			Done: w.done.Load(), Failed: w.failed.Load()})
 	}
 }
 
@@ -96,22 +113,35 @@ func (p *poolActor) start(ctx actor.Context) {
 	p.stop = cancel
 	p.gen++
 	self, system := ctx.Self(), ctx.ActorSystem()
+	p.workers = &workerSet{} // workers of an earlier incarnation keep theirs
 	for i := 0; i < p.cfg.Workers; i++ {
-		go p.worker(wctx, system, self, p.jobs, p.gen)
+		go p.worker(wctx, system, self, p.jobs, p.workers, p.gen)
 	}
-	p.busy = 0
 }
 
+// dispatch hands backlog work to free workers. With work left it marks
+// the set backlogged, then looks again: a worker frees its slot before
+// it reads the mark, so one that finished meanwhile is seen here or
+// wakes the actor.
 func (p *poolActor) dispatch() {
-	for p.busy < p.cfg.Workers && len(p.backlog) > 0 {
-		j := p.backlog[0]
-		p.backlog[0] = job{}
-		p.backlog = p.backlog[1:]
-		p.busy++
-		p.jobs <- j // never blocks: busy < Workers == cap(jobs)
-	}
-	if len(p.backlog) == 0 {
-		p.backlog = nil // let a large backlog's array go
+	w := p.workers
+	for {
+		for len(p.backlog) > 0 && int(w.busy.Load()) < p.cfg.Workers {
+			j := p.backlog[0]
+			p.backlog[0] = job{}
+			p.backlog = p.backlog[1:]
+			w.busy.Add(1)
+			p.jobs <- j // never blocks: busy < Workers == cap(jobs)
+		}
+		if len(p.backlog) == 0 {
+			p.backlog = nil // let a large backlog's array go
+			w.backlogged.Store(false)
+			return
+		}
+		w.backlogged.Store(true)
+		if int(w.busy.Load()) >= p.cfg.Workers {
+			return // a finishing worker sees the mark and wakes the actor
+		}
 	}
 }
 
@@ -124,17 +154,20 @@ func (p *poolActor) failBacklog(ctx actor.Context) {
 	p.backlog = nil
 }
 
-func (p *poolActor) worker(ctx context.Context, system *actor.ActorSystem, self *actor.PID, jobs <-chan job, gen int) {
+func (p *poolActor) worker(ctx context.Context, system *actor.ActorSystem, self *actor.PID, jobs <-chan job, w *workerSet, gen int) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case j := <-jobs:
 			res := p.run(ctx, j)
+			wake := w.finished(res.Err != nil) // counted before anyone hears the answer
 			if j.replyTo != nil {
 				system.Root.Send(j.replyTo, res)
 			}
-			system.Root.Send(self, &workerDone{gen: gen, failed: res.Err != nil})
+			if wake {
+				system.Root.Send(self, &workerDone{gen: gen})
+			}
 		}
 	}
 }

@@ -244,6 +244,7 @@ func (m *managerActor) spawn(ctx actor.Context, ep *endpoint.Endpoint, mode star
 		return
 	}
 	m.children[ep.ID] = pid
+	slot.pid = pid
 	m.deps.registry.put(pid.Id, slot)
 }
 

@@ -262,7 +262,18 @@ func (s *System) EndpointActorPath(name string) string { return s.endpoints.Id +
 // ProxyAck delivers a proxy's acknowledgement of an endpoint's revision
 // (the datapath's proxy calls it); it never blocks.
 func (s *System) ProxyAck(id endpoint.ID, revision uint64, proxyID string) {
-	s.Actors.Root.Send(s.endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
+	s.proxyAck(&messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID})
+}
+
+// proxyAck sends an acknowledgement straight to the endpoint's actor (the
+// registry holds the PID the manager spawned; two hops through the
+// manager cost two mailbox passes per regeneration). With no actor
+// for the ID it is dropped, as the manager drops it; an actor that
+// stopped meanwhile drops it as a dead letter.
+func (s *System) proxyAck(msg *messages.ProxyAck) {
+	if pid := s.deps.registry.endpointPID(msg.ID); pid != nil {
+		s.Actors.Root.Send(pid, msg)
+	}
 }
 
 // ProxyNack delivers a proxy's rejection of the configuration an
@@ -272,7 +283,7 @@ func (s *System) ProxyNack(id endpoint.ID, revision uint64, proxyID, reason stri
 	if reason == "" {
 		reason = "rejected without a reason"
 	}
-	s.Actors.Root.Send(s.endpoints, &messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID, Rejected: reason})
+	s.proxyAck(&messages.ProxyAck{ID: id, Revision: revision, ProxyID: proxyID, Rejected: reason})
 }
 
 // endpointAnswer turns an endpoint actor's answer into the endpoint or an

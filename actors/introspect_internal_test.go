@@ -147,15 +147,17 @@ func TestRegistryOrder(t *testing.T) {
 	}
 }
 
-// TestTrackReceiveOperation: a non-endpoint actor's snapshot names the
+// TestTrackedOperation: a non-endpoint actor's snapshot names the
 // message it is handling, since when, and nothing once it is done.
-func TestTrackReceiveOperation(t *testing.T) {
+func TestTrackedOperation(t *testing.T) {
 	s := newSlot(KindIPAM, &MailboxStats{})
 	var during ActorSnapshot
 	before := time.Now()
-	recv := s.trackReceive(func(actor.ReceiverContext, *actor.MessageEnvelope) { during = s.snapshot() })
+	tracked := s.track(func() actor.Actor {
+		return actor.ReceiveFunc(func(actor.Context) { during = s.snapshot() })
+	})()
 	for range 2 { // the second time through the interned name
-		recv(nil, &actor.MessageEnvelope{Message: &messages.IPAMAllocate{}})
+		tracked.Receive(messageContext{msg: &messages.IPAMAllocate{}})
 		if during.Operation != "*messages.IPAMAllocate" || during.OperationSince.Before(before.Add(-time.Second)) {
 			t.Fatalf("during the message: operation %q since %v", during.Operation, during.OperationSince)
 		}
@@ -164,3 +166,11 @@ func TestTrackReceiveOperation(t *testing.T) {
 		}
 	}
 }
+
+// messageContext is an actor.Context that only knows its message.
+type messageContext struct {
+	actor.Context
+	msg any
+}
+
+func (c messageContext) Message() any { return c.msg }

@@ -100,6 +100,38 @@ func TestEndpointRequests(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	})
+	t.Run("the timer of an answered request fires harmlessly", func(t *testing.T) {
+		sys.Root.Send(req, &doRequest{to: resp, msg: "ping", timeout: 20 * time.Millisecond})
+		if r := wait(t); r.err != nil || r.res != "pong" {
+			t.Fatalf("continued with %v, %v; want pong", r.res, r.err)
+		}
+		select {
+		case r := <-results:
+			t.Fatalf("a second continuation after the deadline: %v, %v", r.res, r.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	})
+	t.Run("each expired request times out once, a later one waits", func(t *testing.T) {
+		sys.Root.Send(req, &doRequest{to: resp, msg: "hold", timeout: time.Hour})
+		sys.Root.Send(req, &doRequest{to: resp, msg: "hold", timeout: 10 * time.Millisecond})
+		sys.Root.Send(req, &doRequest{to: resp, msg: "hold", timeout: 30 * time.Millisecond})
+		for range 2 {
+			if r := wait(t); !errors.Is(r.err, actor.ErrTimeout) {
+				t.Fatalf("continued with %v, %v; want a timeout", r.res, r.err)
+			}
+		}
+		select {
+		case r := <-results:
+			t.Fatalf("the hour-long request continued with %v, %v", r.res, r.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		sys.Root.Send(resp, "release") // answers the last held request, the 30 ms one: dropped
+		select {
+		case r := <-results:
+			t.Fatalf("a late answer continued a request: %v, %v", r.res, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	})
 	t.Run("answers process removed at stop", func(t *testing.T) {
 		if err := sys.Root.StopFuture(req).Wait(); err != nil {
 			t.Fatal(err)

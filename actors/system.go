@@ -108,8 +108,8 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	root := &agentActor{deps: deps, strategy: strategy, cfg: cfg, log: log, newAlloc: newAlloc}
 	rootStats := &MailboxStats{}
 	rootSlot := newSlot(KindAgent, rootStats)
-	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy), actor.WithReceiverMiddleware(rootSlot.trackReceive))
-	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return root }, opts...), "agent")
+	opts := append(mailboxOptions(rootStats), actor.WithSupervisor(strategy))
+	agentPID, err := sys.Root.SpawnNamed(actor.PropsFromProducer(rootSlot.track(func() actor.Actor { return root }), opts...), "agent")
 	if err != nil {
 		sys.Shutdown()
 		deps.stopBackend()

@@ -150,6 +150,12 @@ func (t *Txn) trackChannel(ch chan struct{}) {
 // forLeafUpdate to true if you are getting a write node to update the leaf,
 // which will set leaf mutation tracking appropriately as well.
 func (t *Txn) writeNode(n *Node, forLeafUpdate bool) *Node {
+	return t.writeNodeGrow(n, forLeafUpdate, 0)
+}
+
+// writeNodeGrow is writeNode for a node that is about to get extra more
+// edges (Membrane patch: its copy has room for them).
+func (t *Txn) writeNodeGrow(n *Node, forLeafUpdate bool, extra int) *Node {
 	// Ensure the writable set exists.
 	if t.writable == nil {
 		t.writable = make(map[*Node]struct{})
@@ -181,18 +187,15 @@ func (t *Txn) writeNode(n *Node, forLeafUpdate bool) *Node {
 	// safe to replace this leaf with another after you get your node for
 	// writing. You MUST replace it, because the channel associated with
 	// this leaf will be closed when this transaction is committed.
-	nc := &Node{
-		mutateCh: nil, // Membrane patch: no watches
-		leaf:     n.leaf,
-	}
+	// Membrane patch: the copy and its edges are one allocation
+	// (newNodeEdges), with room for extra more edges.
+	nc := newNodeEdges(len(n.edges) + extra)
+	nc.leaf = n.leaf
 	// Membrane patch: the prefix is shared, not copied. No code here
 	// writes into a prefix's bytes (prefixes are re-sliced or replaced by
 	// concat's fresh slice), and insert already shares the caller's key.
 	nc.prefix = n.prefix
-	if len(n.edges) != 0 {
-		nc.edges = make([]edge, len(n.edges))
-		copy(nc.edges, n.edges)
-	}
+	nc.edges = append(nc.edges, n.edges...)
 
 	// Mark this node as writable.
 	if len(t.writable) >= defaultModifiedCache {
@@ -277,17 +280,9 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	if child == nil {
 		e := edge{
 			label: search[0],
-			node: &Node{
-				mutateCh: nil, // Membrane patch: no watches
-				leaf: &leafNode{
-					mutateCh: nil, // Membrane patch: no watches
-					key:      k,
-					val:      v,
-				},
-				prefix: search,
-			},
+			node:  newLeafNode(k, v, search), // Membrane patch: one allocation, no watches
 		}
-		nc := t.writeNode(n, false)
+		nc := t.writeNodeGrow(n, false, 1)
 		nc.addEdge(e)
 		return nc, nil, false
 	}
@@ -307,10 +302,8 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 
 	// Split the node
 	nc := t.writeNode(n, false)
-	splitNode := &Node{
-		mutateCh: nil, // Membrane patch: no watches
-		prefix:   search[:commonPrefix],
-	}
+	splitNode := newNodeEdges(2) // Membrane patch: one allocation, no watches
+	splitNode.prefix = search[:commonPrefix]
 	nc.replaceEdge(edge{
 		label: search[0],
 		node:  splitNode,
@@ -324,28 +317,22 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	})
 	modChild.prefix = modChild.prefix[commonPrefix:]
 
-	// Create a new leaf node
-	leaf := &leafNode{
-		mutateCh: nil, // Membrane patch: no watches
-		key:      k,
-		val:      v,
-	}
-
 	// If the new key is a subset, add to to this node
 	search = search[commonPrefix:]
 	if len(search) == 0 {
-		splitNode.leaf = leaf
+		splitNode.leaf = &leafNode{
+			mutateCh: nil, // Membrane patch: no watches
+			key:      k,
+			val:      v,
+		}
 		return nc, nil, false
 	}
 
-	// Create a new edge for the node
+	// Create a new edge for the node (Membrane patch: the new node and
+	// its leaf are one allocation)
 	splitNode.addEdge(edge{
 		label: search[0],
-		node: &Node{
-			mutateCh: nil, // Membrane patch: no watches
-			leaf:     leaf,
-			prefix:   search,
-		},
+		node:  newLeafNode(k, v, search),
 	})
 	return nc, nil, false
 }

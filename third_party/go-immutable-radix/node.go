@@ -332,3 +332,69 @@ func reverseRecursiveWalk(n *Node, fn WalkFn) bool {
 	}
 	return false
 }
+
+// Membrane patch: nodes allocated with their edges or their leaf.
+
+// nodeAndEdges is a node with its edges' array in the same allocation.
+type nodeAndEdges[A any] struct {
+	node  Node
+	edges A
+}
+
+func nodeWith[A any](edgesOf func(*A) []edge) *Node {
+	x := new(nodeAndEdges[A])
+	x.node.edges = edgesOf(&x.edges)[:0]
+	return &x.node
+}
+
+// newNodeEdges returns an empty node with room for k edges: one
+// allocation instead of a node and an edge slice (with 4-bit keys a
+// node has at most 16 edges; more go to a separate slice).
+func newNodeEdges(k int) *Node {
+	switch k {
+	case 0:
+		return &Node{}
+	case 1:
+		return nodeWith(func(a *[1]edge) []edge { return a[:] })
+	case 2:
+		return nodeWith(func(a *[2]edge) []edge { return a[:] })
+	case 3:
+		return nodeWith(func(a *[3]edge) []edge { return a[:] })
+	case 4:
+		return nodeWith(func(a *[4]edge) []edge { return a[:] })
+	case 5:
+		return nodeWith(func(a *[5]edge) []edge { return a[:] })
+	case 6:
+		return nodeWith(func(a *[6]edge) []edge { return a[:] })
+	case 7:
+		return nodeWith(func(a *[7]edge) []edge { return a[:] })
+	case 8:
+		return nodeWith(func(a *[8]edge) []edge { return a[:] })
+	case 9:
+		return nodeWith(func(a *[9]edge) []edge { return a[:] })
+	case 10:
+		return nodeWith(func(a *[10]edge) []edge { return a[:] })
+	case 11:
+		return nodeWith(func(a *[11]edge) []edge { return a[:] })
+	case 12:
+		return nodeWith(func(a *[12]edge) []edge { return a[:] })
+	case 13, 14:
+		return nodeWith(func(a *[14]edge) []edge { return a[:] })
+	case 15, 16:
+		return nodeWith(func(a *[16]edge) []edge { return a[:] })
+	}
+	return &Node{edges: make(edges, 0, k)}
+}
+
+// nodeAndLeaf is a new leaf node with its leaf in the same allocation.
+type nodeAndLeaf struct {
+	node Node
+	leaf leafNode
+}
+
+// newLeafNode returns a node holding a new leaf (k, v) under prefix.
+func newLeafNode(k []byte, v interface{}, prefix []byte) *Node {
+	x := &nodeAndLeaf{leaf: leafNode{key: k, val: v}}
+	x.node.leaf, x.node.prefix = &x.leaf, prefix
+	return &x.node
+}
