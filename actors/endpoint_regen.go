@@ -84,7 +84,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 	a.regen.runs++
 	a.regen.started, a.regen.phaseStart, a.regen.phases = now, now, [4]uint32{}
 	if a.deps.observer != nil && a.createWaiter != nil && a.regen.runs == 1 {
-		a.deps.observer.RegenPhase(PhaseAccept, time.Duration(now-a.ep.Created.UnixNano()))
+		a.deps.observer.RegenPhase(PhaseAccept, time.Duration(max(now-a.ep.Created.UnixNano(), 0)))
 	}
 	if a.ep.Regenerations > 0 {
 		// The first build is not published as regenerating: its waiter

@@ -33,7 +33,7 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 		t.Fatalf("registry holds %d actors before any endpoint, want 10", n)
 	}
 	ep := svCreate(t, sys, "snap")
-	for _, want := range []string{PhaseComputePolicy, PhaseWriteState, PhaseRealize, PhaseTotal} {
+	for _, want := range []string{PhaseAccept, PhaseComputePolicy, PhaseWriteState, PhaseRealize, PhaseTotal} {
 		if got := <-obs.phases; got != want {
 			t.Fatalf("observed phase %s, want %s", got, want)
 		}
