@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -36,7 +37,7 @@ func tcxPrograms(t *testing.T, l *Linux, ifindex int) int {
 }
 
 func TestBPFRealizeMovesToNewInterface(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: true})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 21, "lxcbpfmove01", "10.244.70.2")
 	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
@@ -70,7 +71,7 @@ func TestBPFRealizeMovesToNewInterface(t *testing.T) {
 }
 
 func TestBPFRemoveDetachesInBackground(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour, EndpointTCX: true})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 22, "lxcbpfremove1", "10.244.70.3")
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
@@ -138,33 +139,92 @@ func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
 	return info.Program
 }
 
-// TestBPFAdoptOnlyMatchingPrograms: after a restart the attached
-// programs are kept only when they were loaded for the same identity.
-func TestBPFAdoptOnlyMatchingPrograms(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+// TestBPFAdoptOnlyCurrentPrograms: after a restart of the same build the
+// node's pinned programs are reused and the endpoints' attachments
+// adopted (a new identity is only a map write); after a restart with a
+// changed object the programs are loaded again and each endpoint's
+// attachment is replaced in place (the same TCX link, or the same
+// cls_bpf filter, now running the new program).
+func TestBPFAdoptOnlyCurrentPrograms(t *testing.T) {
+	for _, tcx := range []bool{true, false} {
+		name := "tc"
+		if tcx {
+			name = "tcx"
+		}
+		t.Run(name, func(t *testing.T) { testAdoptOnlyCurrent(t, tcx) })
+	}
+}
+
+func testAdoptOnlyCurrent(t *testing.T, tcx bool) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: tcx})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 24, "lxcbpfadopt01", "10.244.70.5")
 	ep.Identity = 1500
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
 		t.Fatal(err)
 	}
-	first := pinnedProgID(t, l, ep.ID)
+	first := l.bpf.progID
+	if got, gotTCX, _ := l.attachedIDs(l.bpf.endpointDir(ep.ID), ep.IfIndex); got != first || gotTCX != tcx {
+		t.Fatalf("attached %v (tcx %v), want the node's %v (tcx %v)", got, gotTCX, first, tcx)
+	}
+	linkBefore := pinnedLinkID(t, l, ep.ID, tcx)
+
 	l = reopen(t, l)
+	if l.bpf.progID != first {
+		t.Fatalf("same build after restart: node programs %v reloaded as %v", first, l.bpf.progID)
+	}
+	var attaches int
+	l.SetHooks(LinuxHooks{Phase: func(p string, _ time.Duration) {
+		if p == PhaseBPFAttach {
+			attaches++
+		}
+	}})
+	ep.Identity = 1600
 	if _, err := l.Realize(ctx, ep, 2); err != nil {
 		t.Fatal(err)
 	}
-	if got := pinnedProgID(t, l, ep.ID); got != first {
-		t.Fatalf("same identity after restart: program %d replaced by %d", first, got)
+	if attaches != 0 {
+		t.Fatal("same build after restart: the endpoint was attached again instead of adopted")
 	}
-	if l.bpf.adopt(l.bpf.endpointDir(ep.ID), ep.ID, ep.Identity, ep.IfIndex+1000, l.bpf.eps[ep.ID].policyMap, l.bpf.eps[ep.ID].cidrMap) {
-		t.Fatal("adopted programs attached to another interface")
+	if v, ok := endpointEntry(t, l, ep.IfIndex); !ok || v.Id != uint32(ep.ID) || v.Identity != 1600 {
+		t.Fatalf("endpoints entry after an identity change = %+v, %v", v, ok)
 	}
+
+	objectDigest = func() string { return "changed-object" }
+	t.Cleanup(func() { objectDigest = bpf.EndpointObjectDigest })
 	l = reopen(t, l)
-	ep.Identity = 1600
+	if l.bpf.progID == first {
+		t.Fatal("changed object after restart: the old programs were kept")
+	}
+	if ents, err := os.ReadDir(filepath.Join(l.cfg.BPFFS, pinProgramsDir)); err != nil || len(ents) != 1 || ents[0].Name() != "changed-object" {
+		t.Fatalf("program pin directories after an upgrade = %v, %v; want only the new object's", ents, err)
+	}
 	if _, err := l.Realize(ctx, ep, 3); err != nil {
 		t.Fatal(err)
 	}
-	if got := pinnedProgID(t, l, ep.ID); got == first {
-		t.Fatal("new identity after restart: the old program was adopted")
+	if got, _, _ := l.attachedIDs(l.bpf.endpointDir(ep.ID), ep.IfIndex); got != l.bpf.progID {
+		t.Fatalf("changed object: attached %v, want the new programs %v", got, l.bpf.progID)
 	}
+	if after := pinnedLinkID(t, l, ep.ID, tcx); after != linkBefore {
+		t.Fatalf("changed object: attachment %d replaced by %d, want it updated in place", linkBefore, after)
+	}
+}
+
+// pinnedLinkID identifies the endpoint's from-container attachment: its
+// TCX link's ID, or (cls_bpf) the filter's handle, which a replace keeps.
+func pinnedLinkID(t *testing.T, l *Linux, id endpoint.ID, tcx bool) uint32 {
+	t.Helper()
+	if !tcx {
+		return legacyHandle
+	}
+	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	info, err := lk.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(info.ID)
 }
