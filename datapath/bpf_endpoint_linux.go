@@ -242,7 +242,9 @@ func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*b
 	b.mu.Lock()
 	e.legacy = b.epLegacy
 	b.mu.Unlock()
-	if ifindex != 0 {
+	if ifindex != 0 && (!created || !cidrCreated) {
+		// A previous agent's endpoint (a new one has nothing attached:
+		// spare its ADD the netlink queries).
 		l.adopt(e, ep.ID, dir, ifindex)
 	}
 	b.mu.Lock()
