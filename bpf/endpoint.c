@@ -1,15 +1,35 @@
 //go:build ignore
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* Membrane's endpoint programs. One object, loaded once per endpoint with
- * the endpoint's constants (ENDPOINT_ID, ENDPOINT_IDENTITY):
+/* Membrane's endpoint programs. One object, its endpoint programs loaded
+ * ONCE PER NODE and attached to every endpoint's host veth:
  *
- *   from_container  TCX ingress of the host veth: the pod's egress
- *   to_container    TCX egress of the host veth: the pod's ingress
+ *   from_container  ingress of the host veth: the pod's egress
+ *   to_container    egress of the host veth: the pod's ingress
  *   from_netdev     TCX ingress of the node's uplinks (kube-proxy-free
  *                   mode only; loaded once per node, nodeport.h)
  *   nodeport_reply  tail-called by from_container for a local backend's
  *                   reply to a NodePort client (loaded with from_netdev)
+ *
+ * Whose packet: the endpoint is looked up in the per-node endpoints map
+ * by skb->ifindex, the host veth's ifindex at TC ingress and egress alike
+ * (also for a packet to_container hairpins to the L7 proxy: it re-enters
+ * the ingress of the same veth). Its value gives the endpoint ID (the
+ * conntrack and drop-counter key, the drop events' endpoint) and its
+ * identity (the drop events'); the ID keys the outer maps policy_maps and
+ * cidr_maps, whose values are the endpoint's own policy LPM tries, pinned
+ * at <bpffs>/endpoints/<id>/. A CNI ADD therefore loads nothing: user
+ * space creates the endpoint's two maps, writes the outer entries and the
+ * ifindex entry, and attaches the node's programs (datapath/).
+ *
+ * An interface without an endpoints entry (or whose endpoint lacks either
+ * policy map) drops every frame, ARP included, with DROP_NO_ENDPOINT,
+ * counted and reported under endpoint 0: nothing says which policy
+ * applies, so fail closed. The agent writes the entries before it
+ * attaches and detaches cls_bpf filters before it deletes them; between
+ * a Remove and the deferred close of a TCX link the pod's last packets
+ * are dropped this way. nodeport_reply runs after from_container's
+ * verdict and counts its drops under endpoint 0, as before.
  *
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -168,6 +169,9 @@ func testAdoptOnlyCurrent(t *testing.T, tcx bool) {
 		t.Fatalf("attached %v (tcx %v), want the node's %v (tcx %v)", got, gotTCX, first, tcx)
 	}
 	linkBefore := pinnedLinkID(t, l, ep.ID, tcx)
+	if !tcx && linkBefore != 11 {
+		t.Fatalf("cls_bpf filters per hook = %d, want one each (11)", linkBefore)
+	}
 
 	l = reopen(t, l)
 	if l.bpf.progID != first {
@@ -211,11 +215,20 @@ func testAdoptOnlyCurrent(t *testing.T, tcx bool) {
 }
 
 // pinnedLinkID identifies the endpoint's from-container attachment: its
-// TCX link's ID, or (cls_bpf) the filter's handle, which a replace keeps.
+// TCX link's ID or (cls_bpf) the number of filters on each hook, which
+// a replace in place keeps at one.
 func pinnedLinkID(t *testing.T, l *Linux, id endpoint.ID, tcx bool) uint32 {
 	t.Helper()
 	if !tcx {
-		return legacyHandle
+		var n uint32
+		for _, h := range hooks {
+			filters, err := l.nl.FilterList(&netlink.GenericLink{LinkAttrs: netlink.LinkAttrs{Index: l.bpf.eps[id].ifindex}}, h.parent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n = n*10 + uint32(len(filters))
+		}
+		return n
 	}
 	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
 	if err != nil {
