@@ -344,7 +344,7 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int) error {
 	if !e.legacy {
 		return nil
 	}
-	if e.attached && e.ifindex != 0 && e.ifindex != ifindex {
+	if e.ifindex != 0 && e.ifindex != ifindex { // moved: off the old interface
 		for _, h := range hooks {
 			if err := detachLegacy(l.nl, h, e.ifindex); err != nil {
 				l.log.Warn("detach legacy filter from the old interface", "ifindex", e.ifindex, "err", err)

@@ -37,15 +37,41 @@ func tcxPrograms(t *testing.T, l *Linux, ifindex int) int {
 	return n
 }
 
+// attachedCount counts the endpoint programs on ifindex: TCX programs,
+// or Membrane's cls_bpf filters.
+func attachedCount(t *testing.T, l *Linux, ifindex int, tcx bool) int {
+	t.Helper()
+	if tcx {
+		return tcxPrograms(t, l, ifindex)
+	}
+	n := 0
+	lk, err := l.nl.LinkByIndex(ifindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if _, ok := legacyProgram(l.nl, lk, h); ok {
+			n++
+		}
+	}
+	return n
+}
+
 func TestBPFRealizeMovesToNewInterface(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: true})
+	for _, tcx := range []bool{true, false} {
+		t.Run(map[bool]string{false: "tc", true: "tcx"}[tcx], func(t *testing.T) { testMovesToNewInterface(t, tcx) })
+	}
+}
+
+func testMovesToNewInterface(t *testing.T, tcx bool) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: tcx})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 21, "lxcbpfmove01", "10.244.70.2")
 	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := tcxPrograms(t, l, ep.IfIndex); n != 2 {
+	if n := attachedCount(t, l, ep.IfIndex, tcx); n != 2 {
 		t.Fatalf("programs on the first interface = %d, want 2", n)
 	}
 	old := ep.IfIndex
@@ -54,11 +80,17 @@ func TestBPFRealizeMovesToNewInterface(t *testing.T) {
 	if _, err := l.Realize(ctx, moved, 2); err != nil {
 		t.Fatal(err)
 	}
-	if n := tcxPrograms(t, l, moved.IfIndex); n != 2 {
+	if n := attachedCount(t, l, moved.IfIndex, tcx); n != 2 {
 		t.Fatalf("programs on the new interface = %d, want 2", n)
 	}
-	if n := tcxPrograms(t, l, old); n != 0 {
+	if n := attachedCount(t, l, old, tcx); n != 0 {
 		t.Fatalf("programs left on the old interface = %d, want 0", n)
+	}
+	if _, ok := endpointEntry(t, l, old); ok {
+		t.Fatal("endpoints entry of the old interface left")
+	}
+	if v, ok := endpointEntry(t, l, moved.IfIndex); !ok || v.Id != 21 {
+		t.Fatalf("endpoints entry of the new interface = %+v, %v", v, ok)
 	}
 	if err := l.Remove(ctx, moved); err != nil {
 		t.Fatal(err)
