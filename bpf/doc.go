@@ -12,7 +12,7 @@
 // egress), to_container at egress (the pod's ingress); both are loaded
 // once per node and find the endpoint by the host veth's ifindex in the
 // endpoints map, its policy maps through the policy_maps and cidr_maps
-// outer maps (HASH_OF_MAPS keyed by endpoint ID; see endpoint.c). In the
+// outer maps (HASH_OF_MAPS keyed by a slot; see endpoint.c). In the
 // kube-proxy-free mode from_netdev (nodeport.h) runs at TCX ingress of
 // the node's uplinks and nodeport_reply is from_container's tail call
 // (lb_progs), and sock.c's cgroup programs translate at the socket

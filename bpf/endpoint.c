@@ -15,12 +15,16 @@
  * by skb->ifindex, the host veth's ifindex at TC ingress and egress alike
  * (also for a packet to_container hairpins to the L7 proxy: it re-enters
  * the ingress of the same veth). Its value gives the endpoint ID (the
- * conntrack and drop-counter key, the drop events' endpoint) and its
- * identity (the drop events'); the ID keys the outer maps policy_maps and
- * cidr_maps, whose values are the endpoint's own policy LPM tries, pinned
- * at <bpffs>/endpoints/<id>/. A CNI ADD therefore loads nothing: user
- * space creates the endpoint's two maps, writes the outer entries and the
- * ifindex entry, and attaches the node's programs (datapath/).
+ * conntrack and drop-counter key, the drop events' endpoint), its
+ * identity (the drop events') and its slot, the key of the outer maps
+ * policy_maps and cidr_maps, whose values are the endpoint's own policy
+ * LPM tries, pinned at <bpffs>/endpoints/<id>/. The slot and not the ID
+ * keys them because every user-space write to a map of maps waits for an
+ * RCU grace period (~12 ms): the agent fills slots (empty tries in the
+ * outer maps) ahead of time. A CNI ADD therefore loads nothing and waits
+ * for no grace period: user space takes a filled slot, pins its tries
+ * under the endpoint's directory, writes the policy and the ifindex entry,
+ * and attaches the node's programs (datapath/).
  *
  * An interface without an endpoints entry (or whose endpoint lacks either
  * policy map) drops every frame, ARP included, with DROP_NO_ENDPOINT,
@@ -130,7 +134,7 @@ struct {
 
 /* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy and reached
  * through the shared outer map policy_maps (<bpffs>/policy_maps, keyed
- * by endpoint ID). An LPM trie and not a hash: a BPF_F_NO_PREALLOC hash
+ * by the endpoint's slot, struct endpoint_info). An LPM trie and not a hash: a BPF_F_NO_PREALLOC hash
  * still allocates its bucket array up front (16 bytes x max_entries
  * rounded up to a power of two: 256 KiB at 16384 entries), a trie only
  * its entries (about 2 KiB for 20). It also resolves the three wildcard
@@ -644,19 +648,19 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
  * leaves p->ep 0. */
 static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, void **cidr)
 {
-	__u32 ifindex = skb->ifindex, id;
+	__u32 ifindex = skb->ifindex, slot;
 	struct endpoint_info *ep;
 	void *pol;
 
 	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
 	if (!ep)
 		return NULL;
-	id = ep->id;
-	pol = bpf_map_lookup_elem(&policy_maps, &id);
-	*cidr = bpf_map_lookup_elem(&cidr_maps, &id);
+	slot = ep->slot;
+	pol = bpf_map_lookup_elem(&policy_maps, &slot);
+	*cidr = bpf_map_lookup_elem(&cidr_maps, &slot);
 	if (!pol || !*cidr)
 		return NULL;
-	p->ep = id;
+	p->ep = ep->id;
 	p->identity = ep->identity;
 	return pol;
 }

@@ -37,12 +37,17 @@ enum drop_reason {
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
  * the ifindex of the endpoint's host veth in the node's netns. */
 struct endpoint_info {
-	__u32 id;       /* endpoint.ID: the key of policy_maps and cidr_maps */
+	__u32 id;       /* endpoint.ID: conntrack, drop counters, events */
 	__u32 identity; /* the endpoint's security identity (drop events) */
+	/* slot: the key of the endpoint's policy maps in policy_maps and
+	 * cidr_maps. Not the endpoint ID: every user-space write to a map of
+	 * maps waits for an RCU grace period (maybe_wait_bpf_programs), so
+	 * the agent fills slots ahead of time, off the CNI ADD's path, and
+	 * hands one to each new endpoint (datapath/bpf_slots_linux.go). */
+	__u32 slot;
 	/* flags: reserved for per-endpoint switches; no flag is defined,
 	 * user space writes 0 and the programs ignore it. */
 	__u32 flags;
-	__u32 pad;
 };
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of

@@ -98,8 +98,8 @@ type EndpointEndpointInfo struct {
 	_        structs.HostLayout
 	Id       uint32
 	Identity uint32
+	Slot     uint32
 	Flags    uint32
-	Pad      uint32
 }
 
 type EndpointIpcacheKey struct {

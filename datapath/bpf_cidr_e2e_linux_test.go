@@ -203,13 +203,13 @@ func TestBPFCIDRRestart(t *testing.T) {
 		t.Fatalf("program %d replaced by %d: the programs are the node's, only the CIDR map is new", progBefore, p)
 	}
 	var inner ebpf.MapID
-	if err := l3.bpf.maps.cidrMaps.Lookup(uint32(b.ep.ID), &inner); err != nil {
+	if err := l3.bpf.maps.cidrMaps.Lookup(slotOf(l3, b.ep.ID), &inner); err != nil {
 		t.Fatal(err)
 	}
 	if info, err := l3.bpf.eps[b.ep.ID].cidrMap.Info(); err != nil {
 		t.Fatal(err)
 	} else if id, _ := info.ID(); id != inner {
-		t.Fatalf("cidr_maps entry of b = map %d, want the new CIDR map %d", inner, id)
+		t.Fatalf("cidr_maps entry of b's slot = map %d, want the new CIDR map %d", inner, id)
 	}
 	e.mustTalk(a, b, 8080)
 	e.mustNotTalk(c, b, 8080)

@@ -29,6 +29,7 @@ type bpfState struct {
 	progs  programs          // the node's endpoint programs (nodePrograms)
 	progID [2]ebpf.ProgramID // their kernel IDs (from, to)
 	events *ringbuf.Reader
+	slots  slotPool // the outer maps' slots (bpf_slots_linux.go)
 
 	// mu guards everything below.
 	mu sync.Mutex
@@ -50,6 +51,7 @@ type bpfState struct {
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	cidrMap   *ebpf.Map
+	slot      uint32 // their key in the outer maps
 	// have is what the policy map enforces (never nil), ports the
 	// proxy ports of its redirected entries.
 	have  *policy.MapState
@@ -110,6 +112,11 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if b.events, err = ringbuf.NewReader(sm.events); err != nil {
 		return nil, fmt.Errorf("open drop notification reader: %w", err)
 	}
+	if err := b.initSlots(); err != nil {
+		b.events.Close()
+		b.closeSlots()
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -128,6 +135,7 @@ func (b *bpfState) close() {
 	for _, p := range prep {
 		<-p.done
 	}
+	b.closeSlots()
 	b.progs.close()
 	b.maps.close()
 }
@@ -164,7 +172,7 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return nil
 	}
 	start = time.Now()
-	if err := b.setEndpointInfo(ep.ID, ep.Identity, ifindex, e.ifindex); err != nil {
+	if err := b.setEndpointInfo(ep.ID, ep.Identity, e.slot, ifindex, e.ifindex); err != nil {
 		return err
 	}
 	l.phase(PhaseBPFLoad, start)
@@ -212,37 +220,29 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 	return nil
 }
 
-// openEndpoint opens (or creates) the endpoint's pinned policy maps,
-// reads back what they enforce and makes the outer maps point at them;
-// when a previous agent left the node's current programs attached to
-// ifindex for this endpoint (adopt), nothing is attached again.
+// openEndpoint opens endpoint ep's policy maps: a new endpoint takes a
+// filled slot (bpf_slots_linux.go) and pins its maps under dir; a
+// previous agent's endpoint has them pinned there already, and they are
+// read back and found in (or written to) a slot. When a previous agent
+// left the node's current programs attached to ifindex for this
+// endpoint (adopt), nothing is attached again.
 func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
 	b := l.bpf
-	pm, created, err := openEndpointMap(b.tmpl.policySpec(), dir, pinPolicy)
+	pm, cm := loadEndpointMaps(b.tmpl, dir)
+	var e *bpfEndpoint
+	var err error
+	if pm == nil && cm == nil {
+		e, err = b.newEndpointMaps(dir)
+	} else {
+		e, err = b.reopenEndpointMaps(ep.ID, dir, ifindex, pm, cm)
+	}
 	if err != nil {
-		return nil, err
-	}
-	cm, cidrCreated, err := openEndpointMap(b.tmpl.cidrSpec(), dir, pinCIDR)
-	if err != nil {
-		pm.Close()
-		return nil, err
-	}
-	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
-	if !created || !cidrCreated {
-		// Either map may hold entries even when the other is new.
-		if e.have, e.ports, err = realisedState(pm, cm); err != nil {
-			e.close()
-			return nil, err
-		}
-	}
-	if err := b.setPolicyMaps(ep.ID, pm, cm); err != nil {
-		e.close()
 		return nil, err
 	}
 	b.mu.Lock()
 	e.legacy = b.epLegacy
 	b.mu.Unlock()
-	if ifindex != 0 && (!created || !cidrCreated) {
+	if ifindex != 0 && pm != nil && cm != nil {
 		// A previous agent's endpoint (a new one has nothing attached:
 		// spare its ADD the netlink queries).
 		l.adopt(e, ep.ID, dir, ifindex)
@@ -253,22 +253,86 @@ func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*b
 	return e, nil
 }
 
-// setPolicyMaps points endpoint id's outer map entries at its policy
-// maps.
-func (b *bpfState) setPolicyMaps(id endpoint.ID, pm, cm *ebpf.Map) error {
-	if err := b.maps.policyMaps.Update(uint32(id), pm, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("endpoint %d: policy_maps entry: %w", id, err)
+// loadEndpointMaps opens the policy maps pinned in dir that have this
+// build's layout (nil where none is).
+func loadEndpointMaps(t *template, dir string) (pm, cm *ebpf.Map) {
+	load := func(spec *ebpf.MapSpec, pin string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pin), nil)
+		if err != nil {
+			return nil
+		}
+		if spec.Compatible(m) != nil {
+			m.Close()
+			return nil
+		}
+		return m
 	}
-	if err := b.maps.cidrMaps.Update(uint32(id), cm, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("endpoint %d: cidr_maps entry: %w", id, err)
+	return load(t.policySpec(), pinPolicy), load(t.cidrSpec(), pinCIDR)
+}
+
+// newEndpointMaps gives a new endpoint a filled slot, its maps pinned in
+// dir.
+func (b *bpfState) newEndpointMaps(dir string) (*bpfEndpoint, error) {
+	s, err := b.takeSlot()
+	if err != nil {
+		return nil, err
+	}
+	e := &bpfEndpoint{policyMap: s.pm, cidrMap: s.cm, slot: s.n, have: noPolicy}
+	if err := pinEndpointMaps(dir, s.pm, s.cm); err != nil {
+		e.close()
+		_ = b.releaseSlot(s.n)
+		return nil, err
+	}
+	return e, nil
+}
+
+// pinEndpointMaps pins pm and cm in dir.
+func pinEndpointMaps(dir string, pm, cm *ebpf.Map) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for pin, m := range map[string]*ebpf.Map{pinPolicy: pm, pinCIDR: cm} {
+		path := filepath.Join(dir, pin)
+		if err := unpin(path); err != nil {
+			return err
+		}
+		if err := m.Pin(path); err != nil {
+			return fmt.Errorf("pin %s map %s: %w", pin, path, err)
+		}
 	}
 	return nil
 }
 
-// setEndpointInfo writes endpoint id's entry for ifindex and deletes the
-// one of its previous interface old (0: none).
-func (b *bpfState) setEndpointInfo(id endpoint.ID, ident identity.NumericIdentity, ifindex, old int) error {
-	v := bpf.EndpointEndpointInfo{Id: uint32(id), Identity: uint32(ident)}
+// reopenEndpointMaps takes a previous agent's maps pinned in dir (making
+// the one missing, as an older build leaves it), reads back what they
+// enforce and finds their slot.
+func (b *bpfState) reopenEndpointMaps(id endpoint.ID, dir string, ifindex int, pm, cm *ebpf.Map) (*bpfEndpoint, error) {
+	var err error
+	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
+	if pm == nil {
+		e.policyMap, _, err = openEndpointMap(b.tmpl.policySpec(), dir, pinPolicy)
+	} else if cm == nil {
+		e.cidrMap, _, err = openEndpointMap(b.tmpl.cidrSpec(), dir, pinCIDR)
+	}
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.have, e.ports, err = realisedState(e.policyMap, e.cidrMap); err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.slot, err = b.endpointSlot(uint32(id), ifindex, e.policyMap, e.cidrMap); err != nil {
+		e.close()
+		return nil, fmt.Errorf("endpoint %d: %w", id, err)
+	}
+	return e, nil
+}
+
+// setEndpointInfo writes endpoint id's entry (its identity and slot) for
+// ifindex and deletes the one of its previous interface old (0: none).
+func (b *bpfState) setEndpointInfo(id endpoint.ID, ident identity.NumericIdentity, slot uint32, ifindex, old int) error {
+	v := bpf.EndpointEndpointInfo{Id: uint32(id), Identity: uint32(ident), Slot: slot}
 	if err := b.maps.endpoints.Update(uint32(ifindex), v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("endpoint %d: endpoints entry of ifindex %d: %w", id, ifindex, err)
 	}
@@ -290,30 +354,29 @@ func (b *bpfState) deleteEndpointInfo(id endpoint.ID, ifindex int) error {
 	return nil
 }
 
-// forgetEndpoint deletes endpoint id's entries from the per-node maps:
-// the outer maps' and every endpoints entry naming it.
+// forgetEndpoint deletes every endpoints entry naming endpoint id and
+// empties their slots; for an endpoint this agent never realised (GC of
+// an orphan pin directory, the Remove of one unknown since a restart).
 func (b *bpfState) forgetEndpoint(id endpoint.ID) error {
-	var errs []error
-	for _, m := range []*ebpf.Map{b.maps.policyMaps, b.maps.cidrMaps} {
-		if err := m.Delete(uint32(id)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("endpoint %d: delete outer map entry: %w", id, err))
-		}
-	}
 	var k uint32
 	var v bpf.EndpointEndpointInfo
-	var stale []uint32
+	stale := map[uint32]uint32{}
 	it := b.maps.endpoints.Iterate()
 	for it.Next(&k, &v) {
 		if v.Id == uint32(id) {
-			stale = append(stale, k)
+			stale[k] = v.Slot
 		}
 	}
 	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("endpoint %d: read endpoints map: %w", id, err))
+		return fmt.Errorf("endpoint %d: read endpoints map: %w", id, err)
 	}
-	for _, k := range stale {
+	var errs []error
+	for k, n := range stale {
 		if err := b.maps.endpoints.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("endpoint %d: delete endpoints entry of ifindex %d: %w", id, k, err))
+		}
+		if n != 0 {
+			errs = append(errs, b.releaseSlot(n))
 		}
 	}
 	return errors.Join(errs...)
@@ -360,12 +423,13 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int) error {
 }
 
 // removeBPF detaches endpoint id's programs from ifindex (0: unknown,
-// the filters die with the interface), deletes its entries from the
-// per-node maps and unpins its objects. cls_bpf filters go first, so
-// that no packet of the interface finds its entry gone; closing TCX
-// links (which detaches them and waits for an RCU grace period) is left
-// to the worker pool, and until then the interface's packets are
-// dropped as no-endpoint. Removing a missing endpoint is success.
+// the filters die with the interface), deletes its endpoints entry and
+// unpins its objects. cls_bpf filters go first, so that no packet of the
+// interface finds its entry gone; closing TCX links (which detaches them
+// and waits for an RCU grace period) and emptying the endpoint's slot
+// from the outer maps (which waits for one too) are left to the worker
+// pool; until the links are closed the interface's packets are dropped
+// as no-endpoint. Removing a missing endpoint is success.
 func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	b := l.bpf
 	b.dropPrepared(id)
@@ -380,7 +444,7 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 		if ifindex == 0 {
 			ifindex = e.ifindex
 		}
-		e.close()
+		e.close() // the slot (emptied below) holds the maps meanwhile
 	}
 	var closers []io.Closer
 	for _, h := range hooks {
@@ -397,8 +461,12 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 			}
 		}
 	}
-	if err := b.removeEntries(id, ifindex, e); err != nil {
+	release, err := b.removeEntries(id, ifindex, e)
+	if err != nil {
 		return err
+	}
+	if release != nil {
+		closers = append(closers, release)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove endpoint %d programs: %w", id, err)
@@ -417,27 +485,22 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	return nil
 }
 
-// removeEntries deletes endpoint id's entries from the per-node maps:
-// its ifindex's (known: ifindex, or e's) or, for an endpoint this agent
-// never realised, any naming it.
-func (b *bpfState) removeEntries(id endpoint.ID, ifindex int, e *bpfEndpoint) error {
-	if e == nil || ifindex == 0 {
-		return b.forgetEndpoint(id)
+// removeEntries deletes endpoint id's endpoints entry (its ifindex's:
+// ifindex, or e's) and returns its slot's release, for closeLater; for
+// an endpoint this agent never realised, every entry naming it (and
+// their slots, emptied at once).
+func (b *bpfState) removeEntries(id endpoint.ID, ifindex int, e *bpfEndpoint) (io.Closer, error) {
+	if e == nil {
+		return nil, b.forgetEndpoint(id)
 	}
-	if err := b.deleteEndpointInfo(id, ifindex); err != nil {
-		return err
-	}
-	if e.ifindex != 0 && e.ifindex != ifindex {
-		if err := b.deleteEndpointInfo(id, e.ifindex); err != nil {
-			return err
+	for _, i := range []int{ifindex, e.ifindex} {
+		if i != 0 {
+			if err := b.deleteEndpointInfo(id, i); err != nil {
+				return nil, err
+			}
 		}
 	}
-	for _, m := range []*ebpf.Map{b.maps.policyMaps, b.maps.cidrMaps} {
-		if err := m.Delete(uint32(id)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("endpoint %d: delete outer map entry: %w", id, err)
-		}
-	}
-	return nil
+	return slotRelease{b, e.slot}, nil
 }
 
 // closeLater closes cs in the worker pool (LinuxHooks.Submit) or on a

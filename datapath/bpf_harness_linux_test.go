@@ -45,21 +45,14 @@ func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity
 		t.Fatalf("open bpf: %v", err)
 	}
 	t.Cleanup(b.close)
-	pm, _, err := openEndpointMap(b.tmpl.policySpec(), b.endpointDir(id), pinPolicy)
+	e, err := b.newEndpointMaps(b.endpointDir(id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pm.Close() })
-	cm, _, err := openEndpointMap(b.tmpl.cidrSpec(), b.endpointDir(id), pinCIDR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cm.Close() })
-	if err := b.setPolicyMaps(id, pm, cm); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(e.close)
+	pm, cm := e.policyMap, e.cidrMap
 	// BPF_PROG_TEST_RUN runs a packet on the loopback device.
-	if err := b.setEndpointInfo(id, ident, harnessIfindex, 0); err != nil {
+	if err := b.setEndpointInfo(id, ident, e.slot, harnessIfindex, 0); err != nil {
 		t.Fatal(err)
 	}
 	progs := b.progs

@@ -17,25 +17,35 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// hasOuterEntries reports whether both outer maps hold an entry for id
-// (failing the test if they disagree).
-func hasOuterEntries(t *testing.T, l *Linux, id endpoint.ID) bool {
+// slotOf is endpoint id's slot (0: not open).
+func slotOf(l *Linux, id endpoint.ID) uint32 {
+	l.bpf.mu.Lock()
+	defer l.bpf.mu.Unlock()
+	if e := l.bpf.eps[id]; e != nil {
+		return e.slot
+	}
+	return 0
+}
+
+// hasOuterEntries reports whether both outer maps hold slot n (failing
+// the test if they disagree).
+func hasOuterEntries(t *testing.T, l *Linux, n uint32) bool {
 	t.Helper()
-	var n int
+	var k int
 	for _, m := range []*ebpf.Map{l.bpf.maps.policyMaps, l.bpf.maps.cidrMaps} {
 		var inner ebpf.MapID
-		err := m.Lookup(uint32(id), &inner)
+		err := m.Lookup(n, &inner)
 		switch {
 		case err == nil:
-			n++
+			k++
 		case !errors.Is(err, ebpf.ErrKeyNotExist):
 			t.Fatalf("outer map lookup: %v", err)
 		}
 	}
-	if n == 1 {
-		t.Fatalf("endpoint %d is in one outer map only", id)
+	if k == 1 {
+		t.Fatalf("slot %d is in one outer map only", n)
 	}
-	return n == 2
+	return k == 2
 }
 
 // endpointEntry returns the endpoints map entry of ifindex.
@@ -114,23 +124,25 @@ func TestBPFInterfaceWithoutEndpointDrops(t *testing.T) {
 	if e.dropCount(0, DropNoEndpoint, policy.Ingress) == 0 {
 		t.Fatal("no no-endpoint drop counted under endpoint 0")
 	}
-	if err := e.l.bpf.setEndpointInfo(b.ep.ID, b.ep.Identity, b.ep.IfIndex, 0); err != nil {
+	if err := e.l.bpf.setEndpointInfo(b.ep.ID, b.ep.Identity, slotOf(e.l, b.ep.ID), b.ep.IfIndex, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.mustTalk(a, b, 8080)
 }
 
 // TestBPFRemoveDeletesEntries: Remove deletes the endpoint's endpoints
-// entry and outer map entries (and only its own).
+// entry and empties its slot from the outer maps (in the worker pool;
+// at once here, TeardownDelay < 0), and only its own.
 func TestBPFRemoveDeletesEntries(t *testing.T) {
 	for _, tcx := range []bool{false, true} {
 		t.Run(map[bool]string{false: "tc", true: "tcx"}[tcx], func(t *testing.T) {
 			e := newE2E(t, LinuxConfig{EndpointTCX: tcx})
 			a, b := e.a, e.b
-			if v, ok := endpointEntry(t, e.l, b.ep.IfIndex); !ok || v.Id != uint32(b.ep.ID) || v.Identity != uint32(b.ep.Identity) {
-				t.Fatalf("endpoints entry of b = %+v, %v", v, ok)
+			bSlot := slotOf(e.l, b.ep.ID)
+			if v, ok := endpointEntry(t, e.l, b.ep.IfIndex); !ok || v.Id != uint32(b.ep.ID) || v.Identity != uint32(b.ep.Identity) || v.Slot != bSlot {
+				t.Fatalf("endpoints entry of b = %+v, %v; want slot %d", v, ok, bSlot)
 			}
-			if !hasOuterEntries(t, e.l, b.ep.ID) {
+			if bSlot == 0 || !hasOuterEntries(t, e.l, bSlot) {
 				t.Fatal("no outer map entries for b")
 			}
 			if err := e.l.Remove(context.Background(), b.ep); err != nil {
@@ -139,10 +151,10 @@ func TestBPFRemoveDeletesEntries(t *testing.T) {
 			if _, ok := endpointEntry(t, e.l, b.ep.IfIndex); ok {
 				t.Fatal("endpoints entry left after Remove")
 			}
-			if hasOuterEntries(t, e.l, b.ep.ID) {
+			if hasOuterEntries(t, e.l, bSlot) {
 				t.Fatal("outer map entries left after Remove")
 			}
-			if _, ok := endpointEntry(t, e.l, a.ep.IfIndex); !ok || !hasOuterEntries(t, e.l, a.ep.ID) {
+			if _, ok := endpointEntry(t, e.l, a.ep.IfIndex); !ok || !hasOuterEntries(t, e.l, slotOf(e.l, a.ep.ID)) {
 				t.Fatal("Remove of b deleted a's entries")
 			}
 			e.mustTalk(e.c, a, 8080)

@@ -9,8 +9,8 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// TestBPFPrepareThenRealize: Prepare creates the endpoint's policy maps
-// and its outer map entries but attaches nothing and names no interface;
+// TestBPFPrepareThenRealize: Prepare gives the endpoint its policy maps
+// (a filled slot of the outer maps) but attaches nothing and names no interface;
 // the next Realize uses those maps and attaches the node's programs; a
 // Prepare of a realised endpoint, or of one without an interface index,
 // does nothing; Remove of a prepared endpoint leaves nothing behind.
@@ -24,7 +24,7 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 	l.bpf.mu.Lock()
 	prepared := l.bpf.eps[ep.ID]
 	l.bpf.mu.Unlock()
-	if prepared == nil || !hasOuterEntries(t, l, ep.ID) {
+	if prepared == nil || prepared.slot == 0 || !hasOuterEntries(t, l, prepared.slot) {
 		t.Fatal("Prepare opened no policy maps or wrote no outer map entries")
 	}
 	if _, ok := endpointEntry(t, l, ep.IfIndex); ok {
@@ -53,8 +53,9 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 	// Prepared, never realised, removed.
 	gone := addVeth(t, nl, 33, "lxcbpfprep03", "10.244.71.4")
 	l.Prepare(ctx, gone)
-	if !hasOuterEntries(t, l, gone.ID) {
-		t.Fatal("Prepare wrote no outer map entries")
+	goneSlot := slotOf(l, gone.ID)
+	if goneSlot == 0 || !hasOuterEntries(t, l, goneSlot) {
+		t.Fatal("Prepare gave the endpoint no slot")
 	}
 	if err := l.Remove(ctx, gone); err != nil {
 		t.Fatal(err)
@@ -62,8 +63,8 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 	if _, err := os.Stat(l.bpf.endpointDir(gone.ID)); !os.IsNotExist(err) {
 		t.Fatalf("pin directory of a prepared, removed endpoint: %v", err)
 	}
-	if hasOuterEntries(t, l, gone.ID) {
-		t.Fatal("outer map entries of a prepared, removed endpoint left")
+	if hasOuterEntries(t, l, goneSlot) {
+		t.Fatal("slot of a prepared, removed endpoint left in the outer maps")
 	}
 	l.bpf.mu.Lock()
 	_, prep := l.bpf.prep[gone.ID]
@@ -75,7 +76,7 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 
 	noIndex := &endpoint.Endpoint{ID: 34, Identity: 1500, IfName: "lxcbpfprep04"}
 	l.Prepare(ctx, noIndex)
-	if hasOuterEntries(t, l, noIndex.ID) || l.bpf.eps[noIndex.ID] != nil {
+	if slotOf(l, noIndex.ID) != 0 {
 		t.Fatal("Prepare of an endpoint without an interface index opened its maps")
 	}
 	if err := l.Remove(ctx, ep); err != nil {

@@ -201,6 +201,7 @@ func testAdoptOnlyCurrent(t *testing.T, tcx bool) {
 		t.Fatalf("attached %v (tcx %v), want the node's %v (tcx %v)", got, gotTCX, first, tcx)
 	}
 	linkBefore := pinnedLinkID(t, l, ep.ID, tcx)
+	firstSlot := slotOf(l, ep.ID)
 	if !tcx && linkBefore != 11 {
 		t.Fatalf("cls_bpf filters per hook = %d, want one each (11)", linkBefore)
 	}
@@ -221,6 +222,9 @@ func testAdoptOnlyCurrent(t *testing.T, tcx bool) {
 	}
 	if attaches != 0 {
 		t.Fatal("same build after restart: the endpoint was attached again instead of adopted")
+	}
+	if got := slotOf(l, ep.ID); got != firstSlot {
+		t.Fatalf("slot after restart = %d, want the endpoint's %d", got, firstSlot)
 	}
 	if v, ok := endpointEntry(t, l, ep.IfIndex); !ok || v.Id != uint32(ep.ID) || v.Identity != 1600 {
 		t.Fatalf("endpoints entry after an identity change = %+v, %v", v, ok)
