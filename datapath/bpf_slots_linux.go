@@ -44,9 +44,11 @@ type slotPool struct {
 }
 
 const (
-	// spareSlots are kept filled; fillers write up to this many at once
-	// (their grace periods overlap).
-	spareSlots = 16
+	// spareSlots are kept filled; a filler writes up to this many at
+	// once (their grace periods overlap, so a refill of all of them takes
+	// about one). An empty slot costs two map file descriptors and a few
+	// hundred bytes of kernel memory (the tries allocate per entry).
+	spareSlots = 64
 	// maxSlot: the outer maps hold 65,536 entries; slot 0 is none.
 	maxSlot = 65535
 )
