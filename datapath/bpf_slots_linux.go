@@ -41,6 +41,11 @@ type slotPool struct {
 	filling bool
 	closed  bool
 	wg      sync.WaitGroup
+	// life: a release (in the worker pool, maybe after the agent closed
+	// the outer maps) holds it for reading; gone says the maps are
+	// closed: the release is left to the next agent (initSlots).
+	life sync.RWMutex
+	gone bool
 }
 
 const (
@@ -210,6 +215,11 @@ func (b *bpfState) writeSlot(n uint32, pm, cm *ebpf.Map) error {
 // its number. It waits for grace periods: callers run it off the
 // caller's path.
 func (b *bpfState) releaseSlot(n uint32) error {
+	b.slots.life.RLock()
+	defer b.slots.life.RUnlock()
+	if b.slots.gone {
+		return nil
+	}
 	var cerr error
 	done := make(chan struct{})
 	go func() {
@@ -275,6 +285,9 @@ func (b *bpfState) closeSlots() {
 	}
 	p.spare = nil
 	p.mu.Unlock()
+	p.life.Lock()
+	p.gone = true
+	p.life.Unlock()
 }
 
 // endpointSlot returns the slot of a previous agent's endpoint id on
