@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -260,4 +261,87 @@ func testReloadKeepsTraffic(t *testing.T, tcx bool) {
 	}
 	e.mustTalk(a, b, 8080)
 	e.mustNotTalk(e.c, b, 8080)
+}
+
+// outerMapIDs returns the inner map IDs policy_maps holds.
+func outerMapIDs(t *testing.T, l *Linux) map[ebpf.MapID]bool {
+	t.Helper()
+	ids := map[ebpf.MapID]bool{}
+	var k uint32
+	var inner ebpf.MapID
+	it := l.bpf.maps.policyMaps.Iterate()
+	for it.Next(&k, &inner) {
+		ids[inner] = true
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// spareIDs waits for the spare slots to be filled and returns their
+// policy maps' IDs.
+func spareIDs(t *testing.T, l *Linux) []ebpf.MapID {
+	t.Helper()
+	p := &l.bpf.slots
+	waitFor(t, "the spare slots to be filled", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.spare) == spareSlots && !p.filling
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []ebpf.MapID
+	for _, s := range p.spare {
+		info, err := s.pm.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TestBPFSlotsAcrossRestart: a new endpoint takes a filled slot (the
+// spares are refilled); a restarted agent keeps the endpoint's slot and
+// empties the previous agent's spares from the outer maps.
+func TestBPFSlotsAcrossRestart(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	before := spareIDs(t, l)
+	ep := addVeth(t, nl, 41, "lxcbpfslot01", "10.244.72.2")
+	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	info, err := l.bpf.eps[ep.ID].policyMap.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	epMap, _ := info.ID()
+	if !slices.Contains(before, epMap) {
+		t.Fatalf("the endpoint's policy map %d is not one of the spares %v", epMap, before)
+	}
+	epSlot := slotOf(l, ep.ID)
+	old := spareIDs(t, l)
+	if slices.Contains(old, epMap) {
+		t.Fatal("the endpoint's slot is still a spare")
+	}
+	l = reopen(t, l)
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := slotOf(l, ep.ID); got != epSlot {
+		t.Fatalf("slot after restart = %d, want %d", got, epSlot)
+	}
+	waitFor(t, "the previous agent's spares to leave the outer maps", func() bool {
+		ids := outerMapIDs(t, l)
+		for _, id := range old {
+			if ids[id] {
+				return false
+			}
+		}
+		return ids[epMap]
+	})
 }
