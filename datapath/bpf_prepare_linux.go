@@ -22,8 +22,9 @@ var claimed = func() *prepared {
 
 var _ Preparer = (*Linux)(nil)
 
-// Prepare implements Preparer: it creates (or opens) the endpoint's
-// pinned policy maps and points the per-node outer maps at them, so that
+// Prepare implements Preparer: it gives the endpoint its policy maps (a
+// filled slot of the per-node outer maps, pinned in its directory; or a
+// previous agent's, read back), so that
 // the Realize that follows (once the endpoint's state is durable) only
 // writes the policy, the endpoint's ifindex entry and attaches the
 // node's programs (there is nothing to load: they are loaded once per
@@ -32,8 +33,8 @@ var _ Preparer = (*Linux)(nil)
 // interface index, one already open, or one whose Realize runs. A
 // Prepare the worker pool runs only after the endpoint's Remove (a
 // DELETE right after the PUT) leaves its pinned maps as an orphan pin
-// directory: the garbage collector removes it and the outer map entries
-// (forgetEndpointState).
+// directory: the garbage collector removes it; its slot, which no
+// endpoints entry names, is emptied by the next agent's start.
 func (l *Linux) Prepare(_ context.Context, ep *endpoint.Endpoint) {
 	if l.bpf == nil || ep.IfIndex == 0 {
 		return

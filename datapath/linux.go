@@ -314,9 +314,8 @@ type LinuxHooks struct {
 const (
 	// PhaseHostSetup: the host veth's sysctls, routes and neighbours.
 	PhaseHostSetup = "host-setup"
-	// PhaseBPFMaps: opening (creating) the endpoint's pinned policy maps
-	// and pointing the per-node outer maps at them (near zero when a
-	// Prepare did).
+	// PhaseBPFMaps: opening the endpoint's policy maps: a filled slot's,
+	// pinned, or a previous agent's (zero when a Prepare did).
 	PhaseBPFMaps = "bpf-maps"
 	// PhaseBPFPolicy: writing the policy map difference.
 	PhaseBPFPolicy = "bpf-policy"
@@ -324,7 +323,7 @@ const (
 	// host veth's ifindex in the per-node endpoints map. Nothing is
 	// loaded per endpoint: the programs are loaded once per node.
 	PhaseBPFLoad = "bpf-load"
-	// PhaseBPFPrepare: a Prepare's map creation and outer map entries,
+	// PhaseBPFPrepare: a Prepare taking a filled slot and pinning its maps,
 	// while the state is written (Preparer).
 	PhaseBPFPrepare = "bpf-prepare"
 	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).

@@ -8,8 +8,8 @@ import (
 
 // Preparer is implemented by a datapath that can do part of an
 // endpoint's first Realize ahead of it, while the agent writes the
-// endpoint's state (the Linux datapath creates the endpoint's policy
-// maps and points the per-node outer maps at them; its programs are
+// endpoint's state (the Linux datapath gives the endpoint its policy
+// maps, a filled slot of the per-node outer maps; its programs are
 // loaded once per node). Prepare changes nothing traffic
 // sees, never fails (Realize does whatever Prepare did not) and may run
 // at the same time as the endpoint's Realize or Remove.

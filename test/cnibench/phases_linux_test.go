@@ -193,7 +193,7 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		pol, _ := mean(before, after, "regen compute-policy", n)
 		ws, _ := mean(before, after, "regen write-state", n)
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
-		row("-- bpf-prepare: policy maps + outer map entries, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
+		row("-- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
 		for _, p := range []struct{ name, what string }{{"host-setup", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
 			{"bpf-load", " (the endpoints map entry by ifindex)"}, {"bpf-attach", ""}} {
