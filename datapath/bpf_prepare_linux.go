@@ -33,8 +33,8 @@ var _ Preparer = (*Linux)(nil)
 // interface index, one already open, or one whose Realize runs. A
 // Prepare the worker pool runs only after the endpoint's Remove (a
 // DELETE right after the PUT) leaves its pinned maps as an orphan pin
-// directory: the garbage collector removes it; its slot, which no
-// endpoints entry names, is emptied by the next agent's start.
+// directory: the garbage collector removes it and empties its slot
+// (forgetEndpointState).
 func (l *Linux) Prepare(_ context.Context, ep *endpoint.Endpoint) {
 	if l.bpf == nil || ep.IfIndex == 0 {
 		return

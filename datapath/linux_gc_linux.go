@@ -204,11 +204,15 @@ func (l *Linux) forgetEndpointState(name string) error {
 		// (bpf_prepare_linux.go).
 		b.dropPrepared(id)
 		b.mu.Lock()
-		if e := b.eps[id]; e != nil {
-			e.close()
-			delete(b.eps, id)
-		}
+		e := b.eps[id]
+		delete(b.eps, id)
 		b.mu.Unlock()
+		if e != nil {
+			e.close()
+			if err := b.releaseSlot(e.slot); err != nil {
+				return err
+			}
+		}
 		if err := b.forgetEndpoint(id); err != nil {
 			return err
 		}
