@@ -126,13 +126,13 @@ func (e *l7E2E) set(p *testPod, m *policy.MapState, wantWait bool) {
 	if err != nil {
 		e.t.Fatalf("Realize endpoint %d revision %d: %v", p.ep.ID, e.rev, err)
 	}
-	if wantWait != (len(r.ProxyWaits) == 1) {
-		e.t.Fatalf("revision %d: ProxyWaits %v, want a wait: %v", e.rev, r.ProxyWaits, wantWait)
+	if !wantWait {
+		if len(r.ProxyWaits) != 0 {
+			e.t.Fatalf("revision %d: ProxyWaits %v, want none", e.rev, r.ProxyWaits)
+		}
+		return
 	}
-	if wantWait {
-		rev := e.rev
-		waitFor(e.t, fmt.Sprintf("revision %d acknowledged", rev), func() bool { return e.ev.acked(rev) })
-	}
+	e.ev.waitAcked(e.t, e.l, p.ep.ID, r, e.rev)
 }
 
 // expect checks the answer to method path from p to B:80.

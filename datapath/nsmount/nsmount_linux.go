@@ -42,7 +42,9 @@ func Remove(path string) error {
 			time.Sleep(wait)
 			wait = min(2*wait, maxWait)
 		}
-		if err := unmountAll(path); err != nil {
+		if err := unmountAll(path); errors.Is(err, errIsDir) {
+			return err
+		} else if err != nil {
 			last = err
 			continue
 		}
@@ -59,7 +61,16 @@ func Remove(path string) error {
 }
 
 // unmountAll lazily unmounts path until it is no mount point.
+// errIsDir is unmountAll's refusal of a directory.
+var errIsDir = errors.New("a directory, not a namespace file")
+
 func unmountAll(path string) error {
+	// A directory is never a namespace's file: unmounting it would take
+	// a mount point such as /run/netns itself (a path built from an
+	// empty name) away from every test and runtime on the machine.
+	if fi, err := os.Lstat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("unmount netns %s: %w", path, errIsDir)
+	}
 	for range maxStacked {
 		err := unix.Unmount(path, unix.MNT_DETACH)
 		switch {

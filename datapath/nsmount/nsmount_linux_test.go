@@ -8,6 +8,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath/nsmount"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // TestRemoveWithCopyInAnotherMountNamespace: the health endpoint's netns
@@ -45,5 +46,23 @@ func TestRemoveReportsWhatStays(t *testing.T) {
 	err := nsmount.Remove(dir)
 	if err == nil || errors.Is(err, nsmount.ErrLeaked) {
 		t.Fatalf("Remove(non-empty dir) = %v, want the unlink error", err)
+	}
+}
+
+// TestRemoveRefusesMountedDir: a directory that is a mount point (as
+// /run/netns is: what a path built from an empty name points at) is
+// never unmounted.
+func TestRemoveRefusesMountedDir(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind %s: %v", dir, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := nsmount.Remove(dir); err == nil {
+		t.Fatal("Remove(mounted dir) = nil, want a refusal")
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatalf("the directory's own mount is gone after Remove: %v", err)
 	}
 }

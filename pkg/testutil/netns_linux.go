@@ -126,7 +126,9 @@ func (ns *NS) Remove() error {
 			time.Sleep(wait)
 			wait = min(2*wait, 100*time.Millisecond)
 		}
-		if err := unmountAll(ns.Path); err != nil {
+		if err := unmountAll(ns.Path); errors.Is(err, errIsDir) {
+			return err
+		} else if err != nil {
 			last = err
 			continue
 		}
@@ -147,7 +149,16 @@ const removeAttempts = 8
 
 // unmountAll lazily unmounts path until it is no mount point (at most 16
 // stacked mounts).
+// errIsDir is unmountAll's refusal of a directory.
+var errIsDir = errors.New("a directory, not a namespace file")
+
 func unmountAll(path string) error {
+	// A directory is never a namespace's file: unmounting it would take
+	// a mount point such as /run/netns itself (a path built from an
+	// empty name) away from every test and runtime on the machine.
+	if fi, err := os.Lstat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("unmount netns %s: %w", path, errIsDir)
+	}
 	for range 16 {
 		err := unix.Unmount(path, unix.MNT_DETACH)
 		switch {
