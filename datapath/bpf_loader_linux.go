@@ -17,7 +17,8 @@ import (
 // endpoint programs are loaded once per node (nodePrograms) and shared by
 // every endpoint: the programs find the endpoint of a packet in the
 // endpoints map by the host veth's ifindex, and its policy maps in the
-// policy_maps and cidr_maps outer maps by endpoint ID.
+// policy_maps and cidr_maps outer maps by the slot its entry names
+// (bpf_slots_linux.go).
 type template struct {
 	spec   *ebpf.CollectionSpec
 	cache  *btf.Cache // kernel BTF decoded once for all loads
@@ -63,7 +64,7 @@ func (t *template) innerSpec(outer, name string) *ebpf.MapSpec {
 type sharedMaps struct {
 	ipcache, ct, drops, events *ebpf.Map
 	// endpoints: host veth ifindex -> endpoint (bpf.EndpointEndpointInfo);
-	// policyMaps, cidrMaps: endpoint ID -> its policy maps.
+	// policyMaps, cidrMaps: slot -> an endpoint's policy maps.
 	endpoints, policyMaps, cidrMaps *ebpf.Map
 	lb                              lbMaps // the service maps (bpf_lb_linux.go)
 }
