@@ -16,8 +16,8 @@ import (
 // ifindex: TCX links pinned in dir, or Membrane's cls_bpf filters. The
 // endpoint keeps that mode. When both hooks run the node's current
 // programs (same program IDs: the pinned programs of this object,
-// bpf_loader_linux.go) and the endpoints map names id for ifindex, the
-// attachment is adopted and an agent restart attaches nothing;
+// bpf_loader_linux.go) and the endpoints map names id and its slot for
+// ifindex, the attachment is adopted and an agent restart attaches nothing;
 // otherwise Realize replaces it in place (TCX link update, cls_bpf
 // filter replace), so that traffic never runs without a program.
 func (l *Linux) adopt(e *bpfEndpoint, id endpoint.ID, dir string, ifindex int) {
@@ -27,7 +27,7 @@ func (l *Linux) adopt(e *bpfEndpoint, id endpoint.ID, dir string, ifindex int) {
 	}
 	e.legacy = !tcx
 	var v bpf.EndpointEndpointInfo
-	if err := l.bpf.maps.endpoints.Lookup(uint32(ifindex), &v); err != nil || v.Id != uint32(id) {
+	if err := l.bpf.maps.endpoints.Lookup(uint32(ifindex), &v); err != nil || v.Id != uint32(id) || v.Slot != e.slot {
 		return
 	}
 	if ids == l.bpf.progID {
