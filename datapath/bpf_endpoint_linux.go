@@ -228,6 +228,8 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 // endpoint (adopt), nothing is attached again.
 func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
 	b := l.bpf
+	_, statErr := os.Stat(dir)
+	existed := statErr == nil // a previous agent's endpoint
 	pm, cm := loadEndpointMaps(b.tmpl, dir)
 	var e *bpfEndpoint
 	var err error
@@ -242,9 +244,9 @@ func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*b
 	b.mu.Lock()
 	e.legacy = b.epLegacy
 	b.mu.Unlock()
-	if ifindex != 0 && pm != nil && cm != nil {
-		// A previous agent's endpoint (a new one has nothing attached:
-		// spare its ADD the netlink queries).
+	if ifindex != 0 && existed {
+		// Only a previous agent's endpoint can have programs attached
+		// (a new one's ADD is spared the netlink queries).
 		l.adopt(e, ep.ID, dir, ifindex)
 	}
 	b.mu.Lock()
