@@ -277,3 +277,48 @@ func pinnedLinkID(t *testing.T, l *Linux, id endpoint.ID, tcx bool) uint32 {
 	}
 	return uint32(info.ID)
 }
+
+// TestBPFAttachModeSticksAcrossRestart: an endpoint keeps the attach mode
+// it was first attached with when the agent restarts in another mode
+// (no second program on its veth); new endpoints get the new mode.
+func TestBPFAttachModeSticksAcrossRestart(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: true})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 25, "lxcbpfmode01", "10.244.70.6")
+	ep.Identity = 1500
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := l.cfg
+	cfg.EndpointTCX = false // the default: cls_bpf for endpoints
+	l, err := NewLinux(cfg, l.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	if ids, tcx, _ := l.attachedIDs(l.bpf.endpointDir(ep.ID), ep.IfIndex); !tcx || ids != l.bpf.progID {
+		t.Fatalf("restarted in cls_bpf mode: endpoint runs %v (tcx %v), want the node's %v on its TCX links", ids, tcx, l.bpf.progID)
+	}
+	if n := attachedCount(t, l, ep.IfIndex, false); n != 0 {
+		t.Fatalf("%d cls_bpf filters added next to the TCX links", n)
+	}
+	fresh := addVeth(t, nl, 26, "lxcbpfmode02", "10.244.70.7")
+	if _, err := l.Realize(ctx, fresh, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := attachedCount(t, l, fresh.IfIndex, false); n != 2 {
+		t.Fatalf("new endpoint: %d cls_bpf filters, want 2", n)
+	}
+	if n := tcxPrograms(t, l, fresh.IfIndex); n != 0 {
+		t.Fatalf("new endpoint: %d TCX programs, want 0", n)
+	}
+}
