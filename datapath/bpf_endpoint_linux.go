@@ -357,9 +357,11 @@ func (b *bpfState) deleteEndpointInfo(id endpoint.ID, ifindex int) error {
 }
 
 // forgetEndpoint deletes every endpoints entry naming endpoint id and
-// empties their slots; for an endpoint this agent never realised (GC of
-// an orphan pin directory, the Remove of one unknown since a restart).
-func (b *bpfState) forgetEndpoint(id endpoint.ID) error {
+// empties their slots but released (emptied by the caller already: a
+// slot is emptied once, its number may be in use again right after); for
+// an endpoint this agent never realised (GC of an orphan pin directory,
+// the Remove of one unknown since a restart).
+func (b *bpfState) forgetEndpoint(id endpoint.ID, released uint32) error {
 	var k uint32
 	var v bpf.EndpointEndpointInfo
 	stale := map[uint32]uint32{}
@@ -377,7 +379,7 @@ func (b *bpfState) forgetEndpoint(id endpoint.ID) error {
 		if err := b.maps.endpoints.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("endpoint %d: delete endpoints entry of ifindex %d: %w", id, k, err))
 		}
-		if n != 0 {
+		if n != 0 && n != released {
 			errs = append(errs, b.releaseSlot(n))
 		}
 	}
@@ -493,7 +495,7 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 // their slots, emptied at once).
 func (b *bpfState) removeEntries(id endpoint.ID, ifindex int, e *bpfEndpoint) (io.Closer, error) {
 	if e == nil {
-		return nil, b.forgetEndpoint(id)
+		return nil, b.forgetEndpoint(id, 0)
 	}
 	for _, i := range []int{ifindex, e.ifindex} {
 		if i != 0 {

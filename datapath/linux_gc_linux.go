@@ -207,13 +207,15 @@ func (l *Linux) forgetEndpointState(name string) error {
 		e := b.eps[id]
 		delete(b.eps, id)
 		b.mu.Unlock()
+		var released uint32
 		if e != nil {
 			e.close()
 			if err := b.releaseSlot(e.slot); err != nil {
 				return err
 			}
+			released = e.slot
 		}
-		if err := b.forgetEndpoint(id); err != nil {
+		if err := b.forgetEndpoint(id, released); err != nil {
 			return err
 		}
 		if err := deleteDropCounters(b.maps.drops, id); err != nil {
