@@ -117,7 +117,9 @@ bench-headline:
 # CNI ADD/DEL latency and concurrent ADD throughput, Membrane against the
 # reference ptp + host-local plugins (root; see docs/cni-bench.md).
 # BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers;
-# BENCH_STACK=dual gives both arms an IPv4 and an IPv6 range.
+# BENCH_STACK=dual gives both arms an IPv4 and an IPv6 range. From the
+# environment: BENCH_TCX=0 drops the TCX arm; BENCH_BASE_PLUGIN=<binary>
+# adds arms running that plugin binary (an A/B of the plugin alone).
 BENCH_N     ?= 200
 BENCH_CONC  ?= 8
 BENCH_STACK ?= ipv4

@@ -314,6 +314,9 @@ type LinuxHooks struct {
 const (
 	// PhaseHostSetup: the host veth's sysctls, routes and neighbours.
 	PhaseHostSetup = "host-setup"
+	// PhaseHostSysctls: the sysctls part of PhaseHostSetup (read, and
+	// written where they differ, in the host netns).
+	PhaseHostSysctls = "host-sysctls"
 	// PhaseBPFMaps: opening the endpoint's policy maps: a filled slot's,
 	// pinned, or a previous agent's (zero when a Prepare did).
 	PhaseBPFMaps = "bpf-maps"
@@ -333,7 +336,7 @@ const (
 )
 
 // LinuxPhases lists the phases in the order they run.
-var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseHostSysctls, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

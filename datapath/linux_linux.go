@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -30,6 +31,11 @@ type Linux struct {
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 	bpf *bpfState       // set by Init, closed by Close (with nl)
+
+	// devconf reads host veths' sysctls by netlink (hostSysctlsHold) in
+	// a host netns other than the agent's (nil in the agent's own);
+	// closed with nl.
+	devconf *nl.SocketHandle
 
 	// life is held for reading by every operation that uses nl, and for
 	// writing by Close when it closes nl; nlClosed is set then.
@@ -179,6 +185,11 @@ func (l *Linux) open() error {
 		r.close()
 		return fmt.Errorf("linux datapath init: netlink in %s: %w", l.cfg.HostNetns, err)
 	}
+	if l.devconf, err = openDevconf(r.handle); err != nil {
+		nl.Close()
+		r.close()
+		return err
+	}
 	l.nl, l.ns = nl, r
 	return nil
 }
@@ -254,6 +265,9 @@ func (l *Linux) Close() error {
 	l.nlClosed = true
 	if l.nl != nil {
 		l.nl.Close()
+	}
+	if l.devconf != nil {
+		l.devconf.Close()
 	}
 	if l.bpf != nil {
 		l.closeNodes()
@@ -335,9 +349,10 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	prev, known := l.live[ep.ID]
 	l.mu.Unlock()
 	if !known || prev.index != idx || prev.name != name {
-		if err := l.setHostSysctls(name); err != nil {
+		if err := l.setHostSysctls(idx, name); err != nil {
 			return Realized{}, fmt.Errorf("realize endpoint %d: %w", ep.ID, missingIf(err, errors.Is(err, os.ErrNotExist), name))
 		}
+		l.phase(PhaseHostSysctls, start)
 	}
 	ips := endpointIPs(ep)
 	for _, ip := range ips {

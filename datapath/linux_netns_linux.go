@@ -92,8 +92,28 @@ var hostSysctls6 = []struct{ path, value string }{
 }
 
 // setHostSysctls makes hostSysctls (and hostSysctls6 on an IPv6 node)
-// hold for dev in the host netns, writing only values that differ.
-func (l *Linux) setHostSysctls(dev string) error {
+// hold for dev (interface index) in the host netns, writing only values
+// that differ. A new veth usually inherits them all (Init sets
+// net.ipv4.conf.all.forwarding; rp_filter's default is 0), so this is
+// two reads of /proc/sys. Where the host netns is not the agent's own
+// (LinuxConfig.HostNetns: tests and benchmarks), /proc/sys is only
+// reachable from the thread that entered it, and on an IPv4-only node
+// one RTM_GETLINK through a socket in that netns reads the same values
+// instead (hostSysctlsHold), sparing two hand-overs between threads;
+// /proc/sys is used when it shows a value to write.
+func (l *Linux) setHostSysctls(index int, dev string) error {
+	if l.ns != nil && !l.cfg.hasFamily(6) {
+		want := make(map[string]string, len(hostSysctls)+1)
+		for _, s := range hostSysctls {
+			want[s.key] = s.value
+		}
+		if l.cfg.L7.ProxyPath != "" {
+			want["accept_local"] = "1"
+		}
+		if hold, err := l.hostSysctlsHold(index, dev, want); hold || err != nil {
+			return err
+		}
+	}
 	return l.inHost(func() error {
 		for _, s := range hostSysctls {
 			if err := ensureSysctl("/proc/sys/net/ipv4/conf/"+dev+"/"+s.key, s.value); err != nil {

@@ -108,20 +108,28 @@ func pluginPhases(t *testing.T, path string) map[string]cni.PhaseRecord {
 // phaseTable accumulates named durations in first-seen order.
 type phaseTable struct {
 	names []string
-	sum   map[string]time.Duration
-	n     map[string]int
+	all   map[string][]time.Duration
 }
 
 func newPhaseTable() *phaseTable {
-	return &phaseTable{sum: map[string]time.Duration{}, n: map[string]int{}}
+	return &phaseTable{all: map[string][]time.Duration{}}
 }
 
 func (p *phaseTable) add(name string, d time.Duration) {
-	if _, ok := p.sum[name]; !ok {
+	if _, ok := p.all[name]; !ok {
 		p.names = append(p.names, name)
 	}
-	p.sum[name] += d
-	p.n[name]++
+	p.all[name] = append(p.all[name], d)
+}
+
+// row is name's mean and median.
+func (p *phaseTable) row(name string) string {
+	ds := p.all[name]
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return fmt.Sprintf("| %s | %s | %s |", name, ms(sum/time.Duration(len(ds))), ms(summarize(ds).p50))
 }
 
 // breakdown prints, per Membrane arm, where the mean sequential ADD's and
@@ -143,7 +151,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				byID = cs.del
 			}
 			pt := newPhaseTable()
-			n := 0
+			n, threads := 0, 0
 			for id, c := range byID {
 				if c.arm != a.name {
 					continue
@@ -158,16 +166,23 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				for _, p := range r.Phases {
 					pt.add("plugin: "+p.Name, time.Duration(p.Us)*time.Microsecond)
 				}
-				pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
+				if ret, ok := a.exec.returnedAt(cmd, id); ok {
+					pt.add("plugin exit (until libcni's exec returns)", ret.Sub(time.Unix(0, r.End)))
+					pt.add("libcni after the plugin (result, cache file)", c.end.Sub(ret))
+				} else {
+					pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
+				}
 				pt.add("= whole call", c.end.Sub(c.start))
+				threads += r.Threads
 			}
 			if n == 0 {
 				continue
 			}
-			fmt.Fprintf(&b, "\n%s %s, mean of %d sequential calls:\n\n| phase | mean |\n|---|---|\n", a.name, cmd, n)
+			fmt.Fprintf(&b, "\n%s %s, mean and median of %d sequential calls:\n\n| phase | mean | median |\n|---|---|---|\n", a.name, cmd, n)
 			for _, name := range pt.names {
-				fmt.Fprintf(&b, "| %s | %s |\n", name, ms(pt.sum[name]/time.Duration(pt.n[name])))
+				fmt.Fprintln(&b, pt.row(name))
 			}
+			fmt.Fprintf(&b, "\nplugin OS threads at its end (each runs once more to exit): %.1f on average\n", float64(threads)/float64(n))
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
 			agentRows(&b, cmd, before, after, n)
 		}
@@ -195,7 +210,7 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
 		row("-- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
-		for _, p := range []struct{ name, what string }{{"host-setup", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
+		for _, p := range []struct{ name, what string }{{"host-setup", ""}, {"host-sysctls", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
 			{"bpf-load", " (the endpoints map entry by ifindex)"}, {"bpf-attach", ""}} {
 			row("--- "+p.name+p.what, "dp "+p.name)
 		}

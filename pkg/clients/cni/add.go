@@ -40,7 +40,9 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	defer pod.Close()
 	pt.mark("netns")
 	// The addresses are allocated while the veth is made: the two are
-	// independent, and each is about a millisecond.
+	// independent, and each is about a millisecond. (Started before the
+	// netns is opened, the call slowed that step by as much as it could
+	// gain: measured in BENCHMARKS.md.)
 	alloc := c.allocateAsync(ctx)
 	defer func() {
 		if retErr != nil {
@@ -50,14 +52,14 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		}
 	}()
 	hostName, tmpName := VethNames(args.ContainerID, args.IfName)
-	veth, err := pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+	veth, err := pod.createVeth(hostName, args.IfName, c.conf.MTU)
 	if errors.Is(err, errVethExists) {
 		// A name is taken (CNI_IFNAME, or this attachment's leftovers):
 		// look closer only now, so the usual ADD makes no lookups.
 		if err := c.clearStale(ctx, pod, hostName, tmpName); err != nil {
 			return err
 		}
-		veth, err = pod.createVeth(hostName, tmpName, args.IfName, c.conf.MTU)
+		veth, err = pod.createVeth(hostName, args.IfName, c.conf.MTU)
 	}
 	if errors.Is(err, errVethExists) {
 		return newError(CodeInterfaceExists, "interface %q in netns %s or %s in the host stays taken: %v", args.IfName, args.Netns, hostName, err)

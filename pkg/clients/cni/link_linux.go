@@ -10,8 +10,10 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -66,7 +68,7 @@ func isLinkNotFound(err error) bool {
 }
 
 // errVethExists says creating the pair failed because a name is taken
-// (the host veth's, the peer's temporary name or CNI_IFNAME).
+// (the host veth's or CNI_IFNAME in the pod's netns).
 var errVethExists = errors.New("veth name exists")
 
 // clearStale makes room for this ADD after creating the pair found a name
@@ -76,7 +78,7 @@ var errVethExists = errors.New("veth name exists")
 // leftovers: its endpoint (a runtime retrying an ADD after a partial
 // failure, or after losing the answer), its host veth (a veth of the
 // attachment's lxc<hash> name; any other link is left alone) and the
-// peer's temporary name.
+// peer's temporary name of earlier plugins (VethNames).
 func (c *call) clearStale(ctx context.Context, p *pod, hostName, tmpName string) error {
 	err := c.client.endpointDeleteAttachment(ctx, c.args.ContainerID, c.args.IfName)
 	if err != nil && !isNotFound(err) && !isCode(err, "endpoint-deleting") {
@@ -103,45 +105,121 @@ func randomMAC() (net.HardwareAddr, error) {
 	return mac, nil
 }
 
-// createVeth creates hostName up in the host netns with its peer tmpName
-// already in the pod's netns (no move between namespaces: that waits for
-// an RCU grace period), then renames the peer to ifName there.
-func (p *pod) createVeth(hostName, tmpName, ifName string, mtu int) (v *veth, retErr error) {
+// createVeth creates hostName in the host netns, up, with its peer
+// ifName already in the pod's netns (no move between namespaces: that
+// waits for an RCU grace period), both with their MTU and MACs, in one
+// netlink request (vethRequest); configure brings the peer up. The
+// kernel's echo of the new host link carries both interface indexes (the
+// peer's is the host link's IFLA_LINK); a kernel that does not echo a new
+// link (before 6.2) costs one lookup. A taken name (either) is
+// errVethExists.
+func (p *pod) createVeth(hostName, ifName string, mtu int) (*veth, error) {
 	hostMAC, err := randomMAC()
 	if err != nil {
 		return nil, kernelError("create veth", err)
 	}
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name, attrs.MTU, attrs.Flags, attrs.HardwareAddr = hostName, mtu, net.FlagUp, hostMAC
-	link := &netlink.Veth{LinkAttrs: attrs, PeerName: tmpName, PeerNamespace: netlink.NsFd(int(p.ns)), PeerMTU: uint32(mtu)}
-	if err := p.hostNL.LinkAdd(link); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, errVethExists
-		}
+	podMAC, err := randomMAC()
+	if err != nil {
+		return nil, kernelError("create veth", err)
+	}
+	echo, err := p.execEcho(vethRequest(hostName, ifName, mtu, hostMAC, podMAC, int(p.ns)))
+	if errors.Is(err, unix.EEXIST) {
+		return nil, errVethExists
+	}
+	if err != nil {
 		return nil, kernelError("create veth "+hostName, err)
 	}
-	v = &veth{hostNL: p.hostNL, hostName: hostName, podName: ifName, hostIndex: link.Attrs().Index, hostMAC: hostMAC}
-	defer func() {
-		if retErr != nil {
+	// Until its index is known, the pair is rolled back by name.
+	v := &veth{hostNL: p.hostNL, hostName: hostName, podName: ifName, hostMAC: hostMAC, podMAC: podMAC}
+	if echo == nil {
+		if echo, err = p.hostNL.LinkByName(hostName); err != nil {
 			v.rollback()
+			return nil, kernelError("look up "+hostName, err)
 		}
-	}()
-	peer, err := p.nl.LinkByName(tmpName)
-	if err != nil {
-		return v, kernelError("look up "+tmpName+" in netns", err)
 	}
-	if err := p.nl.LinkSetName(peer, ifName); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return v, fmt.Errorf("rename %s to %s: %w", tmpName, ifName, errVethExists)
-		}
-		return v, kernelError("rename "+tmpName+" to "+ifName, err)
+	a := echo.Attrs()
+	if a.Name != hostName || a.Index == 0 || a.ParentIndex == 0 {
+		v.rollback()
+		return nil, kernelError("create veth "+hostName, fmt.Errorf("kernel answered link %q index %d, peer index %d", a.Name, a.Index, a.ParentIndex))
 	}
-	v.podIndex, v.podMAC = peer.Attrs().Index, peer.Attrs().HardwareAddr
-	if v.hostIndex == 0 {
-		return v, kernelError("create veth "+hostName, errors.New("no interface index"))
-	}
+	v.hostIndex, v.podIndex = a.Index, a.ParentIndex
 	return v, nil
 }
+
+// vethRequest is RTM_NEWLINK for a veth hostName (in the netns of the
+// socket that sends it), up, whose peer ifName is created in the netns
+// nsFD; both get mtu and their MAC.
+func vethRequest(hostName, ifName string, mtu int, hostMAC, podMAC net.HardwareAddr, nsFD int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
+	host := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	host.Flags, host.Change = unix.IFF_UP, unix.IFF_UP
+	req.AddData(host)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu))))
+	req.AddData(nl.NewRtAttr(unix.IFLA_ADDRESS, hostMAC))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	peer := data.AddRtAttr(nl.VETH_INFO_PEER, nil)
+	peer.AddChild(nl.NewIfInfomsg(unix.AF_UNSPEC)) // not up: its own peer is not there yet (ENOTCONN)
+	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(ifName))
+	peer.AddRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu)))
+	peer.AddRtAttr(unix.IFLA_ADDRESS, podMAC)
+	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(nsFD)))
+	req.AddData(info)
+	return req
+}
+
+// execEcho sends req (with NLM_F_ECHO and NLM_F_ACK) on a new netlink
+// socket in the plugin's netns and reads until the kernel's
+// acknowledgement, returning the echoed link (nil when the kernel sent
+// none) or the request's error.
+func (p *pod) execEcho(req *nl.NetlinkRequest) (netlink.Link, error) {
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.SetReceiveTimeout(&netlinkTimeout); err != nil {
+		return nil, err
+	}
+	if err := s.Send(req); err != nil {
+		return nil, err
+	}
+	var echo netlink.Link
+	for {
+		msgs, from, err := s.Receive()
+		if err != nil {
+			return nil, err
+		}
+		if from.Pid != nl.PidKernel {
+			continue
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != req.Seq {
+				continue
+			}
+			switch m.Header.Type {
+			case unix.NLMSG_ERROR:
+				if len(m.Data) < 4 {
+					return nil, errors.New("short netlink error message")
+				}
+				if errno := int32(nl.NativeEndian().Uint32(m.Data[:4])); errno != 0 {
+					return nil, unix.Errno(-errno)
+				}
+				return echo, nil
+			case unix.RTM_NEWLINK:
+				hdr := unix.NlMsghdr{Len: m.Header.Len, Type: m.Header.Type, Flags: m.Header.Flags, Seq: m.Header.Seq, Pid: m.Header.Pid}
+				if echo, err = netlink.LinkDeserialize(&hdr, m.Data); err != nil {
+					return nil, fmt.Errorf("parse the kernel's echo: %w", err)
+				}
+			}
+		}
+	}
+}
+
+// netlinkTimeout bounds a wait for the kernel's answer.
+var netlinkTimeout = unix.NsecToTimeval((30 * time.Second).Nanoseconds())
 
 // rollback deletes the pair (deleting one end deletes both).
 func (v *veth) rollback() {

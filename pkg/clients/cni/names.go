@@ -19,7 +19,10 @@ const (
 )
 
 // VethNames returns the host-side name (lxc<hash>) and the temporary
-// name the peer has in the pod's netns before it is renamed (tmp<hash>).
+// name (tmp<hash>) plugins before this one gave the peer in the pod's
+// netns until they renamed it: the peer is now created with its final
+// name, and an ADD over a stale attachment still deletes a tmp<hash>
+// such a plugin left when it was killed between the two.
 func VethNames(containerID, ifName string) (host, tmp string) {
 	h := sha256.New()
 	h.Write([]byte(containerID))

@@ -3,6 +3,8 @@ package cni
 import (
 	"encoding/json"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -30,6 +32,10 @@ type PhaseRecord struct {
 	End         int64   `json:"end"`
 	Phases      []Phase `json:"phases"`
 	Failed      bool    `json:"failed,omitempty"`
+	// Threads is how many OS threads the plugin had when it finished:
+	// each must be scheduled once more to exit before the runtime sees
+	// the plugin gone, which a loaded machine makes slow.
+	Threads int `json:"threads,omitempty"`
 }
 
 // Phase is one named step of a call and how long it took.
@@ -87,6 +93,7 @@ func (t *phaseTimer) write(failed bool) {
 		return
 	}
 	t.rec.End, t.rec.Failed = time.Now().UnixNano(), failed
+	t.rec.Threads = osThreads()
 	line, err := json.Marshal(&t.rec)
 	if err != nil {
 		return
@@ -102,4 +109,20 @@ func (t *phaseTimer) write(failed bool) {
 	if _, err := f.Write(append(line, '\n')); err != nil {
 		warnf("%s: %v", PhasesEnv, err)
 	}
+}
+
+// osThreads is the process's thread count from /proc/self/status (0 if
+// unreadable).
+func osThreads() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
