@@ -147,7 +147,7 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 
 // prepare lets a datapath that can (datapath.Preparer) start the first
 // build's work that changes nothing traffic sees (the Linux datapath
-// loads the BPF programs) in the worker pool while the state is
+// creates the endpoint's policy maps) in the worker pool while the state is
 // written; nobody waits for it, the realise that follows uses what it
 // did.
 func (a *endpointActor) prepare(ctx actor.Context, ep *endpoint.Endpoint) {

@@ -1,14 +1,18 @@
 // Package bpf owns the eBPF C sources of the endpoint programs
 // (endpoint.c, endpoint.h), their bpf2go-generated Go bindings and the
 // committed objects (endpoint_bpfel.o, endpoint_bpfeb.o), and the map
-// layouts: the shared ipcache LPM trie, the per-endpoint policy map
+// layouts: the shared ipcache LPM trie, the endpoints map (host veth
+// ifindex -> endpoint ID, identity), the per-endpoint policy map
 // (identity rules) and CIDR policy map (CIDR rules, decided on the peer's
 // address), the shared conntrack LRU, the drop counters and the drop-notification ring
 // buffer. It only parses the embedded object (LoadEndpoint); datapath/
 // loads, attaches and pins it.
 //
-// Programs: from_container runs at TCX ingress of the host veth (the
-// pod's egress), to_container at TCX egress (the pod's ingress). In the
+// Programs: from_container runs at ingress of the host veth (the pod's
+// egress), to_container at egress (the pod's ingress); both are loaded
+// once per node and find the endpoint by the host veth's ifindex in the
+// endpoints map, its policy maps through the policy_maps and cidr_maps
+// outer maps (HASH_OF_MAPS keyed by a slot; see endpoint.c). In the
 // kube-proxy-free mode from_netdev (nodeport.h) runs at TCX ingress of
 // the node's uplinks and nodeport_reply is from_container's tail call
 // (lb_progs), and sock.c's cgroup programs translate at the socket
@@ -17,8 +21,9 @@
 // extension headers and ICMP are in endpoint.c's header comment.
 //
 // Kernel: TCX attach needs Linux 6.6 or later (developed and measured
-// on 6.18); datapath/ falls back to clsact + cls_bpf where TCX is
-// missing. The policy maps are LPM tries (see endpoint.c for why), the
+// on 6.18); datapath/ attaches the endpoint programs with clsact +
+// cls_bpf by default, and the shared devices' with clsact + cls_bpf
+// where TCX is missing. The policy maps are LPM tries (see endpoint.c for why), the
 // drop-notification ring buffer needs 5.8.
 //
 // Generation: `make generate` (go generate ./bpf/) runs bpf2go

@@ -1,15 +1,39 @@
 //go:build ignore
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* Membrane's endpoint programs. One object, loaded once per endpoint with
- * the endpoint's constants (ENDPOINT_ID, ENDPOINT_IDENTITY):
+/* Membrane's endpoint programs. One object, its endpoint programs loaded
+ * ONCE PER NODE and attached to every endpoint's host veth:
  *
- *   from_container  TCX ingress of the host veth: the pod's egress
- *   to_container    TCX egress of the host veth: the pod's ingress
+ *   from_container  ingress of the host veth: the pod's egress
+ *   to_container    egress of the host veth: the pod's ingress
  *   from_netdev     TCX ingress of the node's uplinks (kube-proxy-free
  *                   mode only; loaded once per node, nodeport.h)
  *   nodeport_reply  tail-called by from_container for a local backend's
  *                   reply to a NodePort client (loaded with from_netdev)
+ *
+ * Whose packet: the endpoint is looked up in the per-node endpoints map
+ * by skb->ifindex, the host veth's ifindex at TC ingress and egress alike
+ * (also for a packet to_container hairpins to the L7 proxy: it re-enters
+ * the ingress of the same veth). Its value gives the endpoint ID (the
+ * conntrack and drop-counter key, the drop events' endpoint), its
+ * identity (the drop events') and its slot, the key of the outer maps
+ * policy_maps and cidr_maps, whose values are the endpoint's own policy
+ * LPM tries, pinned at <bpffs>/endpoints/<id>/. The slot and not the ID
+ * keys them because every user-space write to a map of maps waits for an
+ * RCU grace period (~12 ms): the agent fills slots (empty tries in the
+ * outer maps) ahead of time. A CNI ADD therefore loads nothing and waits
+ * for no grace period: user space takes a filled slot, pins its tries
+ * under the endpoint's directory, writes the policy and the ifindex entry,
+ * and attaches the node's programs (datapath/).
+ *
+ * An interface without an endpoints entry (or whose endpoint lacks either
+ * policy map) drops every frame, ARP included, with DROP_NO_ENDPOINT,
+ * counted and reported under endpoint 0: nothing says which policy
+ * applies, so fail closed. The agent writes the entries before it
+ * attaches and detaches cls_bpf filters before it deletes them; between
+ * a Remove and the deferred close of a TCX link the pod's last packets
+ * are dropped this way. nodeport_reply runs after from_container's
+ * verdict and counts its drops under endpoint 0, as before.
  *
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
@@ -79,9 +103,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Per-endpoint constants, set through CollectionSpec.Variables. */
-volatile const __u32 ENDPOINT_ID = 0;
-volatile const __u32 ENDPOINT_IDENTITY = 0;
 
 /* Connection lifetimes without traffic. */
 #define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)
@@ -99,28 +120,56 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } ipcache SEC(".maps");
 
-/* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy. An LPM trie and
- * not a hash: a BPF_F_NO_PREALLOC hash still allocates its bucket array
- * up front (16 bytes x max_entries rounded up to a power of two: 256 KiB
- * at 16384 entries), a trie only its entries (about 2 KiB for 20). It
- * also resolves the three wildcard levels of one peer in one lookup. */
+/* Shared, pinned at <bpffs>/endpoints_by_ifindex: the host veth's ifindex (in
+ * the node's netns) -> the endpoint on it (struct endpoint_info). The
+ * programs are loaded once per node; this map, not a program constant,
+ * says whose packet it is. Sized like the endpoint IDs (uint16). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct policy_key);
-	__type(value, struct policy_value);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct endpoint_info);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-} policy SEC(".maps");
+} endpoints SEC(".maps");
 
-/* Per endpoint, pinned at <bpffs>/endpoints/<id>/cidr: the CIDR rules
+/* Per endpoint, pinned at <bpffs>/endpoints/<id>/policy and reached
+ * through the shared outer map policy_maps (<bpffs>/policy_maps, keyed
+ * by the endpoint's slot, struct endpoint_info). An LPM trie and not a hash: a BPF_F_NO_PREALLOC hash
+ * still allocates its bucket array up front (16 bytes x max_entries
+ * rounded up to a power of two: 256 KiB at 16384 entries), a trie only
+ * its entries (about 2 KiB for 20). It also resolves the three wildcard
+ * levels of one peer in one lookup. Every inner map has this template's
+ * type, key and value sizes, flags and max_entries (the kernel checks). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__type(key, struct policy_key);
+		__type(value, struct policy_value);
+		__uint(max_entries, 16384);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+	});
+} policy_maps SEC(".maps");
+
+/* Per endpoint, pinned at <bpffs>/endpoints/<id>/cidr and reached
+ * through cidr_maps (<bpffs>/cidr_maps): the CIDR rules
  * (policy.CIDREntry), evaluated on the peer's address. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct cidr_key);
-	__type(value, struct cidr_value);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-} cidr_policy SEC(".maps");
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__type(key, struct cidr_key);
+		__type(value, struct cidr_value);
+		__uint(max_entries, 16384);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+	});
+} cidr_maps SEC(".maps");
 
 /* Shared, pinned at <bpffs>/ct. */
 struct {
@@ -148,6 +197,12 @@ struct {
 /* Anchors for bpf2go -type: types only user space reads need BTF. */
 const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
+/* The inner map templates' key and value types (else clang emits them as
+ * forward declarations, which the loader cannot size). */
+const struct policy_key *const unused_policy_key __attribute__((unused)) = 0;
+const struct policy_value *const unused_policy_value __attribute__((unused)) = 0;
+const struct cidr_key *const unused_cidr_key __attribute__((unused)) = 0;
+const struct cidr_value *const unused_cidr_value __attribute__((unused)) = 0;
 
 struct pkt {
 	__u8 family; /* 0 non-IP, 4, 6 */
@@ -158,6 +213,8 @@ struct pkt {
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
 	__u16 l4off;        /* the transport header's offset (lb.h) */
+	__u32 ep;           /* the endpoint's ID (endpoint_info; 0: none) */
+	__u32 identity;     /* the endpoint's identity */
 	__u32 saddr[4];
 	__u32 daddr[4];
 };
@@ -288,7 +345,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return PARSE_NOT_IP;
 }
 
-static __always_inline int enforced(__u8 dir)
+static __always_inline int enforced(void *policy, __u8 dir)
 {
 	struct policy_key k = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -296,7 +353,7 @@ static __always_inline int enforced(__u8 dir)
 		.dir = dir,
 	};
 
-	return bpf_map_lookup_elem(&policy, &k) != NULL;
+	return bpf_map_lookup_elem(policy, &k) != NULL;
 }
 
 static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
@@ -335,7 +392,7 @@ static __always_inline int from_proxy(struct __sk_buff *skb)
 /* policy_lookup tries the peer's entries, then any peer's (identity 0):
  * the longest prefix is exact, then port wildcard, then L3-only, which is
  * policy.Lookups' order. */
-static __always_inline struct policy_value *policy_lookup(__u32 peer, struct pkt *p, __u8 dir)
+static __always_inline struct policy_value *policy_lookup(void *policy, __u32 peer, struct pkt *p, __u8 dir)
 {
 	struct policy_key k = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -346,17 +403,17 @@ static __always_inline struct policy_value *policy_lookup(__u32 peer, struct pkt
 	};
 	struct policy_value *v;
 
-	v = bpf_map_lookup_elem(&policy, &k);
+	v = bpf_map_lookup_elem(policy, &k);
 	if (v)
 		return v;
 	k.identity = 0;
-	return bpf_map_lookup_elem(&policy, &k);
+	return bpf_map_lookup_elem(policy, &k);
 }
 
 /* cidr_lookup returns the allowing CIDR entry of the peer's address:
  * the longest match of the exact {proto, dport} group, else of the port
  * wildcard group, else of the any-protocol group (policy.CIDRAllows). */
-static __always_inline struct cidr_value *cidr_lookup(struct pkt *p, __u8 dir)
+static __always_inline struct cidr_value *cidr_lookup(void *cidr_policy, struct pkt *p, __u8 dir)
 {
 	struct cidr_key k = {
 		.prefixlen = CIDR_PREFIX_BASE + (p->family == 4 ? 32 : 128),
@@ -371,15 +428,15 @@ static __always_inline struct cidr_value *cidr_lookup(struct pkt *p, __u8 dir)
 		__builtin_memcpy(k.addr, p->daddr, 16);
 	else
 		__builtin_memcpy(k.addr, p->saddr, 16);
-	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
 		return v;
 	k.dport = 0;
-	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
 		return v;
 	k.proto = 0;
-	v = bpf_map_lookup_elem(&cidr_policy, &k);
+	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
 		return v;
 	return NULL;
@@ -395,7 +452,7 @@ static __always_inline __u64 ct_lifetime(__u8 proto)
 static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
-		.ep = ENDPOINT_ID,
+		.ep = p->ep,
 		.dir = dir ^ 1,
 		.family = p->family,
 		.proto = p->proto,
@@ -418,7 +475,7 @@ static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
-		.ep = ENDPOINT_ID,
+		.ep = p->ep,
 		.dir = dir,
 		.family = p->family,
 		.proto = p->proto,
@@ -441,7 +498,7 @@ static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
 
 static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 reason, __u32 peer)
 {
-	struct drop_key k = { .ep = ENDPOINT_ID, .reason = reason, .dir = dir };
+	struct drop_key k = { .ep = p->ep, .reason = reason, .dir = dir };
 	struct drop_value zero = {}, *v;
 	struct drop_event *e;
 
@@ -457,7 +514,7 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (e) {
 		e->time_ns = bpf_ktime_get_ns();
-		e->ep = ENDPOINT_ID;
+		e->ep = p->ep;
 		e->reason = reason;
 		e->dir = dir;
 		e->family = p->family;
@@ -466,7 +523,7 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 		e->dport = bpf_ntohs(p->dport);
 		e->pad = 0;
 		e->peer_identity = peer;
-		e->identity = ENDPOINT_IDENTITY;
+		e->identity = p->identity;
 		e->len = skb->len;
 		__builtin_memcpy(e->saddr, p->saddr, 16);
 		__builtin_memcpy(e->daddr, p->daddr, 16);
@@ -582,24 +639,55 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
 	return TC_ACT_OK;
 }
 
+/* endpoint_of fills in p's endpoint from the host veth the packet is on
+ * and returns its policy maps (NULL: the interface has no endpoint).
+ * skb->ifindex is the host veth at TC ingress (from_container) and
+ * egress (to_container) alike, and still is for a packet to_container
+ * hairpins to the ingress of the same veth (proxy_hairpin redirects to
+ * skb->ifindex). A missing endpoints entry, or one without both policy maps,
+ * leaves p->ep 0. */
+static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, void **cidr)
+{
+	__u32 ifindex = skb->ifindex, slot;
+	struct endpoint_info *ep;
+	void *pol;
+
+	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
+	if (!ep)
+		return NULL;
+	slot = ep->slot;
+	pol = bpf_map_lookup_elem(&policy_maps, &slot);
+	*cidr = bpf_map_lookup_elem(&cidr_maps, &slot);
+	if (!pol || !*cidr)
+		return NULL;
+	p->ep = ep->id;
+	p->identity = ep->identity;
+	return pol;
+}
+
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
 	struct policy_value *v;
 	struct cidr_value *cv;
+	void *pol, *cidr = NULL;
 	__u16 proxy_port = 0;
 	__u64 now;
 	__u32 peer = 0;
 	int r;
 
 	r = parse(skb, &p);
+	pol = endpoint_of(skb, &p, &cidr);
+	if (!pol || !cidr)
+		/* Fail closed: no policy is known for this interface. */
+		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
 	if (r == PARSE_NOT_IP) {
-		if (p.l3proto == ETH_P_ARP || !enforced(dir))
+		if (p.l3proto == ETH_P_ARP || !enforced(pol, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	}
 	if (r == PARSE_BAD) {
-		if (!enforced(dir))
+		if (!enforced(pol, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_MALFORMED, 0);
 	}
@@ -617,16 +705,16 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	now = bpf_ktime_get_ns();
 	if (!p.frag && ct_is_reply(&p, dir, now))
 		return lb_out(skb, &p, dir);
-	if (enforced(dir)) {
+	if (enforced(pol, dir)) {
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
-		v = policy_lookup(peer, &p, dir);
+		v = policy_lookup(pol, peer, &p, dir);
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);
 			__sync_fetch_and_add(&v->bytes, skb->len);
 			if (!from_proxy(skb))
 				proxy_port = v->proxy_port;
 		} else {
-			cv = cidr_lookup(&p, dir);
+			cv = cidr_lookup(cidr, &p, dir);
 			if (!cv)
 				return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
 			__sync_fetch_and_add(&cv->packets, 1);
@@ -681,7 +769,9 @@ int from_netdev(struct __sk_buff *skb)
 /* nodeport_reply: a local backend's reply to a NodePort client from
  * outside, tail-called from its from-container after policy: the
  * NodePort frontend becomes its source and it is redirected to the
- * uplink (nodeport.h). Loaded once per node with from_netdev. */
+ * uplink (nodeport.h). Loaded once per node with from_netdev. Its drops
+ * count under endpoint 0, as from_netdev's (skb->ifindex is still the
+ * endpoint's host veth here, but the verdict was from_container's). */
 SEC("tc")
 int nodeport_reply(struct __sk_buff *skb)
 {

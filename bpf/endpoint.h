@@ -28,6 +28,26 @@ enum drop_reason {
 	DROP_UNKNOWN_L3 = 4, /* non-IP, non-ARP frame in an enforced direction */
 	/* 5 is DROP_NO_BACKEND (lb.h) */
 	DROP_PROXY = 6, /* redirected to an L7 proxy port no socket listens on */
+	/* The interface the program runs on has no endpoint_info entry (or
+	 * its endpoint no policy maps): every frame is dropped, counted under
+	 * endpoint 0. Fail closed: nothing says which policy applies. */
+	DROP_NO_ENDPOINT = 7,
+};
+
+/* endpoint_info is the value of the per-node endpoint_info map, keyed by
+ * the ifindex of the endpoint's host veth in the node's netns. */
+struct endpoint_info {
+	__u32 id;       /* endpoint.ID: conntrack, drop counters, events */
+	__u32 identity; /* the endpoint's security identity (drop events) */
+	/* slot: the key of the endpoint's policy maps in policy_maps and
+	 * cidr_maps. Not the endpoint ID: every user-space write to a map of
+	 * maps waits for an RCU grace period (maybe_wait_bpf_programs), so
+	 * the agent fills slots ahead of time, off the CNI ADD's path, and
+	 * hands one to each new endpoint (datapath/bpf_slots_linux.go). */
+	__u32 slot;
+	/* flags: reserved for per-endpoint switches; no flag is defined,
+	 * user space writes 0 and the programs ignore it. */
+	__u32 flags;
 };
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of

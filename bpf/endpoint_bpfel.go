@@ -80,17 +80,26 @@ type EndpointDropKey struct {
 type EndpointDropReason uint32
 
 const (
-	EndpointDropReasonDROP_POLICY     EndpointDropReason = 1
-	EndpointDropReasonDROP_FRAGMENT   EndpointDropReason = 2
-	EndpointDropReasonDROP_MALFORMED  EndpointDropReason = 3
-	EndpointDropReasonDROP_UNKNOWN_L3 EndpointDropReason = 4
-	EndpointDropReasonDROP_PROXY      EndpointDropReason = 6
+	EndpointDropReasonDROP_POLICY      EndpointDropReason = 1
+	EndpointDropReasonDROP_FRAGMENT    EndpointDropReason = 2
+	EndpointDropReasonDROP_MALFORMED   EndpointDropReason = 3
+	EndpointDropReasonDROP_UNKNOWN_L3  EndpointDropReason = 4
+	EndpointDropReasonDROP_PROXY       EndpointDropReason = 6
+	EndpointDropReasonDROP_NO_ENDPOINT EndpointDropReason = 7
 )
 
 type EndpointDropValue struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type EndpointEndpointInfo struct {
+	_        structs.HostLayout
+	Id       uint32
+	Identity uint32
+	Slot     uint32
+	Flags    uint32
 }
 
 type EndpointIpcacheKey struct {
@@ -248,9 +257,10 @@ type EndpointTunnelEndpoint struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	EndpointMapCidrPolicy        = "cidr_policy"
+	EndpointMapCidrMaps          = "cidr_maps"
 	EndpointMapCt                = "ct"
 	EndpointMapDrops             = "drops"
+	EndpointMapEndpoints         = "endpoints"
 	EndpointMapEvents            = "events"
 	EndpointMapIpcache           = "ipcache"
 	EndpointMapLbAffinity        = "lb_affinity"
@@ -262,15 +272,17 @@ const (
 	EndpointMapLbProgs           = "lb_progs"
 	EndpointMapLbRevnat          = "lb_revnat"
 	EndpointMapLbSock            = "lb_sock"
-	EndpointMapPolicy            = "policy"
+	EndpointMapPolicyMaps        = "policy_maps"
 	EndpointProgFromContainer    = "from_container"
 	EndpointProgFromNetdev       = "from_netdev"
 	EndpointProgNodeportReply    = "nodeport_reply"
 	EndpointProgToContainer      = "to_container"
-	EndpointVarENDPOINT_ID       = "ENDPOINT_ID"
-	EndpointVarENDPOINT_IDENTITY = "ENDPOINT_IDENTITY"
+	EndpointVarUnusedCidrKey     = "unused_cidr_key"
+	EndpointVarUnusedCidrValue   = "unused_cidr_value"
 	EndpointVarUnusedDropEvent   = "unused_drop_event"
 	EndpointVarUnusedDropReason  = "unused_drop_reason"
+	EndpointVarUnusedPolicyKey   = "unused_policy_key"
+	EndpointVarUnusedPolicyValue = "unused_policy_value"
 )
 
 // LoadEndpoint returns the embedded CollectionSpec for Endpoint.
@@ -325,9 +337,10 @@ type EndpointProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointMapSpecs struct {
-	CidrPolicy  *ebpf.MapSpec `ebpf:"cidr_policy"`
+	CidrMaps    *ebpf.MapSpec `ebpf:"cidr_maps"`
 	Ct          *ebpf.MapSpec `ebpf:"ct"`
 	Drops       *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	LbAffinity  *ebpf.MapSpec `ebpf:"lb_affinity"`
@@ -339,17 +352,19 @@ type EndpointMapSpecs struct {
 	LbProgs     *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
 	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
-	Policy      *ebpf.MapSpec `ebpf:"policy"`
+	PolicyMaps  *ebpf.MapSpec `ebpf:"policy_maps"`
 }
 
 // EndpointVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointVariableSpecs struct {
-	ENDPOINT_ID       *ebpf.VariableSpec `ebpf:"ENDPOINT_ID"`
-	ENDPOINT_IDENTITY *ebpf.VariableSpec `ebpf:"ENDPOINT_IDENTITY"`
+	UnusedCidrKey     *ebpf.VariableSpec `ebpf:"unused_cidr_key"`
+	UnusedCidrValue   *ebpf.VariableSpec `ebpf:"unused_cidr_value"`
 	UnusedDropEvent   *ebpf.VariableSpec `ebpf:"unused_drop_event"`
 	UnusedDropReason  *ebpf.VariableSpec `ebpf:"unused_drop_reason"`
+	UnusedPolicyKey   *ebpf.VariableSpec `ebpf:"unused_policy_key"`
+	UnusedPolicyValue *ebpf.VariableSpec `ebpf:"unused_policy_value"`
 }
 
 // EndpointObjects contains all objects after they have been loaded into the kernel.
@@ -372,9 +387,10 @@ func (o *EndpointObjects) Close() error {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointMaps struct {
-	CidrPolicy  *ebpf.Map `ebpf:"cidr_policy"`
+	CidrMaps    *ebpf.Map `ebpf:"cidr_maps"`
 	Ct          *ebpf.Map `ebpf:"ct"`
 	Drops       *ebpf.Map `ebpf:"drops"`
+	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	LbAffinity  *ebpf.Map `ebpf:"lb_affinity"`
@@ -386,14 +402,15 @@ type EndpointMaps struct {
 	LbProgs     *ebpf.Map `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
 	LbSock      *ebpf.Map `ebpf:"lb_sock"`
-	Policy      *ebpf.Map `ebpf:"policy"`
+	PolicyMaps  *ebpf.Map `ebpf:"policy_maps"`
 }
 
 func (m *EndpointMaps) Close() error {
 	return _EndpointClose(
-		m.CidrPolicy,
+		m.CidrMaps,
 		m.Ct,
 		m.Drops,
+		m.Endpoints,
 		m.Events,
 		m.Ipcache,
 		m.LbAffinity,
@@ -405,7 +422,7 @@ func (m *EndpointMaps) Close() error {
 		m.LbProgs,
 		m.LbRevnat,
 		m.LbSock,
-		m.Policy,
+		m.PolicyMaps,
 	)
 }
 
@@ -413,10 +430,12 @@ func (m *EndpointMaps) Close() error {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointVariables struct {
-	ENDPOINT_ID       *ebpf.Variable `ebpf:"ENDPOINT_ID"`
-	ENDPOINT_IDENTITY *ebpf.Variable `ebpf:"ENDPOINT_IDENTITY"`
+	UnusedCidrKey     *ebpf.Variable `ebpf:"unused_cidr_key"`
+	UnusedCidrValue   *ebpf.Variable `ebpf:"unused_cidr_value"`
 	UnusedDropEvent   *ebpf.Variable `ebpf:"unused_drop_event"`
 	UnusedDropReason  *ebpf.Variable `ebpf:"unused_drop_reason"`
+	UnusedPolicyKey   *ebpf.Variable `ebpf:"unused_policy_key"`
+	UnusedPolicyValue *ebpf.Variable `ebpf:"unused_policy_value"`
 }
 
 // EndpointPrograms contains all programs after they have been loaded into the kernel.

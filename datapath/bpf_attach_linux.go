@@ -139,3 +139,28 @@ func detachLegacy(nl *netlink.Handle, h hook, ifindex int) error {
 	}
 	return nil
 }
+
+// attachDevice makes a shared device (uplink, tunnel device) run prog at
+// h: a TCX link pinned in dir (updated in place), which nothing else on
+// the node can detach or displace, or a cls_bpf filter when forced or
+// where the kernel lacks TCX.
+func (l *Linux) attachDevice(b *bpfState, dir string, h hook, ifindex int, prog *ebpf.Program) error {
+	b.mu.Lock()
+	legacy := b.devLegacy
+	b.mu.Unlock()
+	if !legacy {
+		lk, err := attachTCX(dir, h, ifindex, prog, l.inHost)
+		if err == nil {
+			lk.Close() // the pin holds it
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		l.log.Warn("kernel has no TCX: attaching device programs with clsact + cls_bpf", "err", err)
+		b.mu.Lock()
+		b.devLegacy = true
+		b.mu.Unlock()
+	}
+	return attachLegacy(l.nl, h, ifindex, prog)
+}

@@ -22,9 +22,10 @@ import (
 )
 
 // TestBPFBench measures the numbers of BENCHMARKS.md (make bench-bpf):
-// per-endpoint first realise (policy map, program load, TCX or cls_bpf
-// attach, plus the host route and sysctls), identity change (reload +
-// link update), policy-only regeneration, and kernel memory per endpoint.
+// per-endpoint first realise (policy maps, per-node map entries, TCX or
+// cls_bpf attach of the node's programs, plus the host route and
+// sysctls), the node's program load, identity change (a map write),
+// policy-only regeneration, and kernel memory per endpoint and per node.
 // Runs only with MEMBRANE_BENCH_BPF=1; BENCH_N endpoints (default 200).
 func TestBPFBench(t *testing.T) {
 	if os.Getenv("MEMBRANE_BENCH_BPF") == "" {
@@ -44,7 +45,7 @@ func TestBPFBench(t *testing.T) {
 }
 
 func benchRealize(t *testing.T, n int, legacy bool) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, ForceLegacyTC: legacy})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, ForceLegacyTC: legacy, EndpointTCX: !legacy})
 	ctx := context.Background()
 	eps := make([]*endpoint.Endpoint, n)
 	for i := range eps {
@@ -69,9 +70,8 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 		e.have = ep.Policy
 		return nil
 	})
-	loadOnly := measure(t, eps, func(ep *endpoint.Endpoint) error {
-		e := l.bpf.eps[ep.ID]
-		p, err := l.bpf.tmpl.load(l.bpf.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
+	loadOnly := measure(t, eps, func(*endpoint.Endpoint) error {
+		p, err := l.bpf.tmpl.load(l.bpf.maps)
 		p.close()
 		return err
 	})
@@ -84,9 +84,9 @@ func benchRealize(t *testing.T, n int, legacy bool) {
 	l = reopen(t, l)
 	restart := measure(t, eps, func(ep *endpoint.Endpoint) error { _, err := l.Realize(ctx, ep, 5); return err })
 	t.Logf("endpoints %d (%d policy entries each)", n, len(benchPolicy(1, 0).Allow))
-	t.Logf("first realise (policy map + load + attach + route/sysctls): %s", first)
-	t.Logf("program load alone (both programs, from the template):     %s", loadOnly)
-	t.Logf("identity change (load + link update / filter replace):      %s", reload)
+	t.Logf("first realise (policy maps + entries + attach + route/sysctls): %s", first)
+	t.Logf("node program load (both programs; once per node, not per endpoint): %s", loadOnly)
+	t.Logf("identity change (the endpoints map entry):                  %s", reload)
 	t.Logf("first realise after an agent restart:                       %s", restart)
 	t.Logf("policy-only regeneration (Realize, 2 adds + 2 removes):     %s", policyOnly)
 	t.Logf("policy map diff alone:                                      %s", mapOnly)
@@ -136,15 +136,15 @@ func measure(t *testing.T, eps []*endpoint.Endpoint, fn func(*endpoint.Endpoint)
 	return stats{p50: d[len(d)/2], p99: d[(len(d)*99)/100], max: d[len(d)-1], total: total}
 }
 
-// endpointMemory sums what the kernel holds for one endpoint: the two
-// programs (memlock: instructions and aux data; plus the JIT images),
-// the policy map (memlock: its current entries, BPF_F_NO_PREALLOC), the
-// .rodata map of the constants and the BTF blob uploaded with the load.
+// endpointMemory sums what the kernel holds per endpoint (its policy
+// map: memlock of its current entries, BPF_F_NO_PREALLOC; the empty CIDR
+// map) and, apart, per node: the two shared programs (memlock:
+// instructions and aux data; plus the JIT images) and the BTF blob
+// uploaded with the load.
 func endpointMemory(t *testing.T, l *Linux, ep *endpoint.Endpoint) string {
 	t.Helper()
 	e := l.bpf.eps[ep.ID]
-	var progMem, jit, rodata, btfSize uint64
-	seenMaps := map[ebpf.MapID]bool{}
+	var progMem, jit, btfSize uint64
 	for _, p := range attachedPrograms(t, l, ep) {
 		info, err := p.Info()
 		if err != nil {
@@ -154,35 +154,22 @@ func endpointMemory(t *testing.T, l *Linux, ep *endpoint.Endpoint) string {
 		progMem += m
 		j, _ := info.JitedSize()
 		jit += uint64(j)
-		ids, _ := info.MapIDs()
-		for _, id := range ids {
-			if seenMaps[id] {
-				continue
-			}
-			seenMaps[id] = true
-			mp, err := ebpf.NewMapFromID(id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mi, err := mp.Info()
-			if err == nil && mi.Type == ebpf.Array { // .rodata: the only array
-				ml, _ := mi.Memlock()
-				rodata += ml
-			}
-			mp.Close()
-		}
 		if id, ok := info.BTFID(); ok && btfSize == 0 {
 			btfSize = btfObjectSize(t, uint32(id))
 		}
 	}
-	pmInfo, err := e.policyMap.Info()
-	if err != nil {
-		t.Fatal(err)
+	var maps uint64
+	for _, m := range []*ebpf.Map{e.policyMap, e.cidrMap} {
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml, _ := info.Memlock()
+		maps += ml
 	}
-	pol, _ := pmInfo.Memlock()
-	total := progMem + jit + pol + rodata + btfSize
-	return fmt.Sprintf("%d bytes (%.1f KiB): programs %d + JIT images %d + policy map (20 entries) %d + .rodata %d + BTF %d",
-		total, float64(total)/1024, progMem, jit, pol, rodata, btfSize)
+	node := progMem + jit + btfSize
+	return fmt.Sprintf("per endpoint %d bytes (%.1f KiB): policy map (20 entries) + empty CIDR map; per node (shared by every endpoint) %d bytes (%.1f KiB): programs %d + JIT images %d + BTF %d",
+		maps, float64(maps)/1024, node, float64(node)/1024, progMem, jit, btfSize)
 }
 
 // btfObjectSize returns the size of the kernel BTF object id

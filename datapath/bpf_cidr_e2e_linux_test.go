@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -137,9 +139,9 @@ func TestBPFCIDREndToEnd(t *testing.T) {
 
 // TestBPFCIDRRestart: a new datapath on the same bpffs reads the CIDR
 // map back (so the next policy applies by difference, removing what it
-// no longer wants) and adopts the programs, which use it.
+// no longer wants) and adopts the attached node programs.
 func TestBPFCIDRRestart(t *testing.T) {
-	e := newE2E(t, LinuxConfig{})
+	e := newE2E(t, LinuxConfig{EndpointTCX: true})
 	a, b, c := e.a, e.b, e.c
 	only := func(p *testPod) *policy.MapState {
 		m := policy.NewMapState(2, true, false, nil)
@@ -178,8 +180,9 @@ func TestBPFCIDRRestart(t *testing.T) {
 	}
 
 	// An endpoint directory without the CIDR map (as an older build
-	// leaves it): the identity policy is read back, the programs are
-	// reloaded with a new CIDR map, and the policy is enforced again.
+	// leaves it): the identity policy is read back, a new CIDR map is
+	// created and the outer map points the node's programs (kept) at it,
+	// and the policy is enforced again.
 	if err := l2.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -196,8 +199,17 @@ func TestBPFCIDRRestart(t *testing.T) {
 	t.Cleanup(func() { _ = l3.Close() })
 	e.l = l3
 	e.realize(b)
-	if _, p := e.linkInfo(b, pinLinkTo); p == progBefore {
-		t.Fatal("programs adopted without their CIDR map; want them reloaded")
+	if _, p := e.linkInfo(b, pinLinkTo); p != progBefore {
+		t.Fatalf("program %d replaced by %d: the programs are the node's, only the CIDR map is new", progBefore, p)
+	}
+	var inner ebpf.MapID
+	if err := l3.bpf.maps.cidrMaps.Lookup(slotOf(l3, b.ep.ID), &inner); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := l3.bpf.eps[b.ep.ID].cidrMap.Info(); err != nil {
+		t.Fatal(err)
+	} else if id, _ := info.ID(); id != inner {
+		t.Fatalf("cidr_maps entry of b's slot = map %d, want the new CIDR map %d", inner, id)
 	}
 	e.mustTalk(a, b, 8080)
 	e.mustNotTalk(c, b, 8080)

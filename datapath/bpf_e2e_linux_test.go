@@ -277,7 +277,7 @@ func TestBPFEndToEnd(t *testing.T) {
 }
 
 func testEndToEnd(t *testing.T, legacy bool) {
-	e := newE2E(t, LinuxConfig{ForceLegacyTC: legacy})
+	e := newE2E(t, LinuxConfig{ForceLegacyTC: legacy, EndpointTCX: !legacy})
 	a, b, c := e.a, e.b, e.c
 	// No policy: TCP passes both ways.
 	e.mustTalk(a, b, 8080)
@@ -377,7 +377,7 @@ func TestBPFRestartContinuityLegacy(t *testing.T) {
 // agent runs, and a new datapath on the same bpffs takes them over
 // without detaching (the pinned link is updated in place).
 func TestBPFRestartContinuity(t *testing.T) {
-	e := newE2E(t, LinuxConfig{})
+	e := newE2E(t, LinuxConfig{EndpointTCX: true})
 	a, b := e.a, e.b
 	b.ep.Policy = bOnly8080From(a.ep.Identity)
 	e.realize(b)
@@ -422,11 +422,15 @@ func TestBPFRestartContinuity(t *testing.T) {
 	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p != progAfter {
 		t.Fatal("policy-only change after restart reloaded the program")
 	}
-	// A new identity after restart reloads and updates the link in place.
+	// A new identity after restart is a write of the endpoints map entry:
+	// the same link runs the same (the node's) program.
 	b.ep.Identity = 1099
 	e.realize(b)
-	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p == progAfter {
-		t.Fatalf("identity change after restart: link %d->%d, program %d->%d; want the same link, a new program", linkAfter, l, progAfter, p)
+	if l, p := e.linkInfo(b, pinLinkTo); l != linkAfter || p != progAfter {
+		t.Fatalf("identity change after restart: link %d->%d, program %d->%d; want both kept", linkAfter, l, progAfter, p)
+	}
+	if v, ok := endpointEntry(t, e.l, b.ep.IfIndex); !ok || v.Identity != 1099 {
+		t.Fatalf("endpoints entry after the identity change = %+v, %v", v, ok)
 	}
 	e.mustTalk(a, b, 8081)
 	e.mustNotTalk(e.c, b, 8080)

@@ -20,37 +20,45 @@ import (
 )
 
 // bpfState is the Linux datapath's BPF side: the parsed template, the
-// shared maps, the drop-notification reader and what is realised per
-// endpoint.
+// shared maps, the node's endpoint programs, the drop-notification reader
+// and what is realised per endpoint.
 type bpfState struct {
 	dir    string // LinuxConfig.BPFFS
 	tmpl   *template
 	maps   sharedMaps
+	progs  programs          // the node's endpoint programs (nodePrograms)
+	progID [2]ebpf.ProgramID // their kernel IDs (from, to)
 	events *ringbuf.Reader
+	slots  slotPool // the outer maps' slots (bpf_slots_linux.go)
 
 	// mu guards everything below.
 	mu sync.Mutex
-	// legacy: attach with clsact + cls_bpf (forced, or TCX missing).
-	legacy bool
-	eps    map[endpoint.ID]*bpfEndpoint
-	// prep holds the loads Prepare started and the endpoints whose
-	// Realize runs (bpf_prepare_linux.go).
+	// epLegacy: new endpoints attach with clsact + cls_bpf (the default,
+	// or TCX missing); devLegacy: so do the shared devices (uplinks,
+	// tunnel device) (forced, or TCX missing).
+	epLegacy, devLegacy bool
+	eps                 map[endpoint.ID]*bpfEndpoint
+	// prep holds the Prepares that run and the endpoints whose Realize
+	// runs (bpf_prepare_linux.go).
 	prep map[endpoint.ID]*prepared
 }
 
 // bpfEndpoint is what is realised for one endpoint. The agent never runs
 // two operations on one endpoint at once, so its fields need no lock.
 // Only the policy maps' file descriptors are kept (two per endpoint):
-// the pinned TCX links or the cls_bpf filters hold the programs.
+// the outer maps, the pinned TCX links or the cls_bpf filters hold the
+// rest.
 type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	cidrMap   *ebpf.Map
+	slot      uint32 // their key in the outer maps
 	// have is what the policy map enforces (never nil), ports the
 	// proxy ports of its redirected entries.
 	have  *policy.MapState
 	ports map[policy.Key]uint16
-	// attached: programs loaded for identity run on ifindex (with
-	// cls_bpf filters when legacy).
+	// attached: the node's programs run on ifindex (with cls_bpf
+	// filters when legacy, else TCX links); identity is what the
+	// endpoints map says for ifindex.
 	attached bool
 	identity identity.NumericIdentity
 	ifindex  int
@@ -71,8 +79,9 @@ func (e *bpfEndpoint) close() {
 	}
 }
 
-// openBPF mounts the bpffs if needed, parses the template and opens the
-// shared maps and the drop-notification reader.
+// openBPF mounts the bpffs if needed, parses the template, opens the
+// shared maps, the node's endpoint programs (loading them unless this
+// build's are pinned) and the drop-notification reader.
 func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if err := ensureBPFFS(cfg.BPFFS); err != nil {
 		return nil, err
@@ -85,13 +94,30 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	rd, err := ringbuf.NewReader(sm.events)
-	if err != nil {
-		sm.close()
+	b = &bpfState{dir: cfg.BPFFS, tmpl: tmpl, maps: sm,
+		epLegacy: cfg.ForceLegacyTC || !cfg.EndpointTCX, devLegacy: cfg.ForceLegacyTC,
+		eps: map[endpoint.ID]*bpfEndpoint{}, prep: map[endpoint.ID]*prepared{}}
+	defer func() {
+		if retErr != nil {
+			b.progs.close()
+			sm.close()
+		}
+	}()
+	if b.progs, err = b.nodePrograms(); err != nil {
+		return nil, err
+	}
+	if b.progID, err = b.progs.ids(); err != nil {
+		return nil, err
+	}
+	if b.events, err = ringbuf.NewReader(sm.events); err != nil {
 		return nil, fmt.Errorf("open drop notification reader: %w", err)
 	}
-	return &bpfState{dir: cfg.BPFFS, tmpl: tmpl, maps: sm, events: rd, legacy: cfg.ForceLegacyTC,
-		eps: map[endpoint.ID]*bpfEndpoint{}, prep: map[endpoint.ID]*prepared{}}, nil
+	if err := b.initSlots(); err != nil {
+		b.events.Close()
+		b.closeSlots()
+		return nil, err
+	}
+	return b, nil
 }
 
 // close releases the file descriptors; pinned objects (and with them the
@@ -108,25 +134,23 @@ func (b *bpfState) close() {
 	b.mu.Unlock()
 	for _, p := range prep {
 		<-p.done
-		p.progs.close()
 	}
+	b.closeSlots()
+	b.progs.close()
 	b.maps.close()
 }
 
-// realizeBPF makes endpoint ep's programs run on ifindex enforcing
-// ep.Policy. A policy-only change updates the policy map by difference;
-// a first realise (also after an agent restart, when the pinned policy
-// map is read back) or a new identity or interface loads the programs
-// and attaches them (or updates the pinned links in place).
+// realizeBPF makes the node's endpoint programs run on ifindex for
+// endpoint ep, enforcing ep.Policy. A policy-only change updates the
+// policy map by difference; a new identity rewrites the endpoint's
+// entry in the endpoints map; a first realise (also after an agent
+// restart, when the pinned policy maps are read back) or a new interface
+// writes the entry and attaches the programs (or updates the attachment
+// in place). Nothing is loaded: the programs are the node's.
 func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	b := l.bpf
-	pre, loaded := b.claim(ep.ID, ep.Identity)
+	b.claim(ep.ID)
 	defer b.release(ep.ID)
-	defer func() {
-		if loaded {
-			pre.close() // unused, or held by the links or filters now
-		}
-	}()
 	b.mu.Lock()
 	e := b.eps[ep.ID]
 	b.mu.Unlock()
@@ -134,21 +158,51 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	start := time.Now()
 	if e == nil {
 		var err error
-		if e, err = b.openEndpoint(ep, dir, ifindex); err != nil {
+		if e, err = l.openEndpoint(ep, dir, ifindex); err != nil {
 			return err
 		}
 		l.phase(PhaseBPFMaps, start)
 		start = time.Now()
 	}
+	if err := l.syncEndpointPolicy(e, ep); err != nil {
+		return err
+	}
+	l.phase(PhaseBPFPolicy, start)
+	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
+		return nil
+	}
+	start = time.Now()
+	if err := b.setEndpointInfo(ep.ID, ep.Identity, e.slot, ifindex, e.ifindex); err != nil {
+		return err
+	}
+	l.phase(PhaseBPFLoad, start)
+	if e.attached && e.ifindex == ifindex {
+		e.identity = ep.Identity // the entry was all there was to change
+		return nil
+	}
+	start = time.Now()
+	e.attached = false
+	if err := l.attach(e, dir, ifindex); err != nil {
+		return err
+	}
+	l.phase(PhaseBPFAttach, start)
+	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
+	return nil
+}
+
+// syncEndpointPolicy writes the difference between what e's policy maps
+// hold and ep.Policy.
+func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error {
+	b := l.bpf
 	want := ep.Policy
 	if want == nil {
 		want = noPolicy
 	}
 	// Two entries are the enforcement flags.
-	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapPolicy].MaxEntries) - 2; len(want.Allow) > limit {
+	if limit := int(b.tmpl.policySpec().MaxEntries) - 2; len(want.Allow) > limit {
 		return fmt.Errorf("policy of %d entries, at most %d fit the policy map: %w", len(want.Allow), limit, ErrInvalidPolicy)
 	}
-	if limit := int(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy].MaxEntries); len(want.CIDR) > limit {
+	if limit := int(b.tmpl.cidrSpec().MaxEntries); len(want.CIDR) > limit {
 		return fmt.Errorf("policy of %d CIDR entries, at most %d fit the cidr policy map: %w", len(want.CIDR), limit, ErrInvalidPolicy)
 	}
 	ports, err := want.Redirects(l.proxyPorts())
@@ -163,60 +217,37 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	e.have, e.ports = want, ports
-	l.phase(PhaseBPFPolicy, start)
-	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
-		return nil
-	}
-	start = time.Now()
-	progs := pre
-	if !loaded {
-		var err error
-		if progs, err = b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity); err != nil {
-			return err
-		}
-		defer progs.close() // the links or filters hold them
-	}
-	l.phase(PhaseBPFLoad, start)
-	start = time.Now()
-	e.attached = false
-	if err := l.attach(e, dir, ifindex, progs); err != nil {
-		return err
-	}
-	l.phase(PhaseBPFAttach, start)
-	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
 	return nil
 }
 
-// openEndpoint opens (or creates) the endpoint's pinned policy maps and
-// reads back what they enforce; when a previous agent left this build's
-// programs attached for the same identity and interface, it adopts them
-// (nothing is reloaded). A map that is new (the other one left by an
-// older build) means the programs are reloaded.
-func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
-	pm, created, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], dir, pinPolicy)
+// openEndpoint opens endpoint ep's policy maps: a new endpoint takes a
+// filled slot (bpf_slots_linux.go) and pins its maps under dir; a
+// previous agent's endpoint has them pinned there already, and they are
+// read back and found in (or written to) a slot. When a previous agent
+// left the node's current programs attached to ifindex for this
+// endpoint (adopt), nothing is attached again.
+func (l *Linux) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) (*bpfEndpoint, error) {
+	b := l.bpf
+	_, statErr := os.Stat(dir)
+	existed := statErr == nil // a previous agent's endpoint
+	pm, cm := loadEndpointMaps(b.tmpl, dir)
+	var e *bpfEndpoint
+	var err error
+	if pm == nil && cm == nil {
+		e, err = b.newEndpointMaps(dir)
+	} else {
+		e, err = b.reopenEndpointMaps(ep.ID, dir, ifindex, pm, cm)
+	}
 	if err != nil {
 		return nil, err
 	}
-	cm, cidrCreated, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy], dir, pinCIDR)
-	if err != nil {
-		pm.Close()
-		return nil, err
-	}
-	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
-	if !created || !cidrCreated {
-		// Either map may hold entries even when the other is new.
-		if e.have, e.ports, err = realisedState(pm, cm); err != nil {
-			e.close()
-			return nil, err
-		}
-	}
-	if !created && !cidrCreated {
-		b.mu.Lock()
-		legacy := b.legacy
-		b.mu.Unlock()
-		if !legacy && b.adopt(dir, ep.ID, ep.Identity, ifindex, pm, cm) {
-			e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
-		}
+	b.mu.Lock()
+	e.legacy = b.epLegacy
+	b.mu.Unlock()
+	if ifindex != 0 && existed {
+		// Only a previous agent's endpoint can have programs attached
+		// (a new one's ADD is spared the netlink queries).
+		l.adopt(e, ep.ID, dir, ifindex)
 	}
 	b.mu.Lock()
 	b.eps[ep.ID] = e
@@ -224,22 +255,152 @@ func (b *bpfState) openEndpoint(ep *endpoint.Endpoint, dir string, ifindex int) 
 	return e, nil
 }
 
-// attach runs progs on ifindex with TCX (updating the links in place)
-// or, where TCX is missing or ForceLegacyTC is set, cls_bpf filters.
-func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) error {
-	progs := [2]*ebpf.Program{p.from, p.to}
+// loadEndpointMaps opens the policy maps pinned in dir that have this
+// build's layout (nil where none is).
+func loadEndpointMaps(t *template, dir string) (pm, cm *ebpf.Map) {
+	load := func(spec *ebpf.MapSpec, pin string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pin), nil)
+		if err != nil {
+			return nil
+		}
+		if spec.Compatible(m) != nil {
+			m.Close()
+			return nil
+		}
+		return m
+	}
+	return load(t.policySpec(), pinPolicy), load(t.cidrSpec(), pinCIDR)
+}
+
+// newEndpointMaps gives a new endpoint a filled slot, its maps pinned in
+// dir.
+func (b *bpfState) newEndpointMaps(dir string) (*bpfEndpoint, error) {
+	s, err := b.takeSlot()
+	if err != nil {
+		return nil, err
+	}
+	e := &bpfEndpoint{policyMap: s.pm, cidrMap: s.cm, slot: s.n, have: noPolicy}
+	if err := pinEndpointMaps(dir, s.pm, s.cm); err != nil {
+		e.close()
+		_ = b.releaseSlot(s.n)
+		return nil, err
+	}
+	return e, nil
+}
+
+// pinEndpointMaps pins pm and cm in dir.
+func pinEndpointMaps(dir string, pm, cm *ebpf.Map) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for pin, m := range map[string]*ebpf.Map{pinPolicy: pm, pinCIDR: cm} {
+		path := filepath.Join(dir, pin)
+		if err := unpin(path); err != nil {
+			return err
+		}
+		if err := m.Pin(path); err != nil {
+			return fmt.Errorf("pin %s map %s: %w", pin, path, err)
+		}
+	}
+	return nil
+}
+
+// reopenEndpointMaps takes a previous agent's maps pinned in dir (making
+// the one missing, as an older build leaves it), reads back what they
+// enforce and finds their slot.
+func (b *bpfState) reopenEndpointMaps(id endpoint.ID, dir string, ifindex int, pm, cm *ebpf.Map) (*bpfEndpoint, error) {
+	var err error
+	e := &bpfEndpoint{policyMap: pm, cidrMap: cm, have: noPolicy}
+	if pm == nil {
+		e.policyMap, _, err = openEndpointMap(b.tmpl.policySpec(), dir, pinPolicy)
+	} else if cm == nil {
+		e.cidrMap, _, err = openEndpointMap(b.tmpl.cidrSpec(), dir, pinCIDR)
+	}
+	if err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.have, e.ports, err = realisedState(e.policyMap, e.cidrMap); err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.slot, err = b.endpointSlot(uint32(id), ifindex, e.policyMap, e.cidrMap); err != nil {
+		e.close()
+		return nil, fmt.Errorf("endpoint %d: %w", id, err)
+	}
+	return e, nil
+}
+
+// setEndpointInfo writes endpoint id's entry (its identity and slot) for
+// ifindex and deletes the one of its previous interface old (0: none).
+func (b *bpfState) setEndpointInfo(id endpoint.ID, ident identity.NumericIdentity, slot uint32, ifindex, old int) error {
+	v := bpf.EndpointEndpointInfo{Id: uint32(id), Identity: uint32(ident), Slot: slot}
+	if err := b.maps.endpoints.Update(uint32(ifindex), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("endpoint %d: endpoints entry of ifindex %d: %w", id, ifindex, err)
+	}
+	if old != 0 && old != ifindex {
+		return b.deleteEndpointInfo(id, old)
+	}
+	return nil
+}
+
+// deleteEndpointInfo deletes the entry of ifindex if it is endpoint id's.
+func (b *bpfState) deleteEndpointInfo(id endpoint.ID, ifindex int) error {
+	var v bpf.EndpointEndpointInfo
+	if err := b.maps.endpoints.Lookup(uint32(ifindex), &v); err != nil || v.Id != uint32(id) {
+		return nil
+	}
+	if err := b.maps.endpoints.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("endpoint %d: delete endpoints entry of ifindex %d: %w", id, ifindex, err)
+	}
+	return nil
+}
+
+// forgetEndpoint deletes every endpoints entry naming endpoint id and
+// empties their slots but released (emptied by the caller already: a
+// slot is emptied once, its number may be in use again right after); for
+// an endpoint this agent never realised (GC of an orphan pin directory,
+// the Remove of one unknown since a restart).
+func (b *bpfState) forgetEndpoint(id endpoint.ID, released uint32) error {
+	var k uint32
+	var v bpf.EndpointEndpointInfo
+	stale := map[uint32]uint32{}
+	it := b.maps.endpoints.Iterate()
+	for it.Next(&k, &v) {
+		if v.Id == uint32(id) {
+			stale[k] = v.Slot
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("endpoint %d: read endpoints map: %w", id, err)
+	}
+	var errs []error
+	for k, n := range stale {
+		if err := b.maps.endpoints.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("endpoint %d: delete endpoints entry of ifindex %d: %w", id, k, err))
+		}
+		if n != 0 && n != released {
+			errs = append(errs, b.releaseSlot(n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// attach runs the node's programs on ifindex for e: with TCX links
+// (updated in place when pinned) or, for a legacy endpoint, cls_bpf
+// filters (replaced in place). An endpoint keeps the mode it was first
+// attached with; where the kernel lacks TCX, TCX endpoints fall back.
+func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int) error {
+	progs := [2]*ebpf.Program{l.bpf.progs.from, l.bpf.progs.to}
 	b := l.bpf
-	b.mu.Lock()
-	legacy := b.legacy
-	b.mu.Unlock()
-	for i := 0; i < len(hooks) && !legacy; i++ {
+	for i := 0; i < len(hooks) && !e.legacy; i++ {
 		lk, err := attachTCX(dir, hooks[i], ifindex, progs[i], l.inHost)
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			l.log.Warn("kernel has no TCX: attaching endpoint programs with clsact + cls_bpf", "err", err)
 			b.mu.Lock()
-			b.legacy = true
+			b.epLegacy, b.devLegacy = true, true
 			b.mu.Unlock()
-			legacy = true
+			e.legacy = true
 			break
 		}
 		if err != nil {
@@ -247,11 +408,10 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) erro
 		}
 		lk.Close() // pinned
 	}
-	if !legacy {
-		e.legacy = false
+	if !e.legacy {
 		return nil
 	}
-	if e.legacy && e.ifindex != 0 && e.ifindex != ifindex {
+	if e.ifindex != 0 && e.ifindex != ifindex { // moved: off the old interface
 		for _, h := range hooks {
 			if err := detachLegacy(l.nl, h, e.ifindex); err != nil {
 				l.log.Warn("detach legacy filter from the old interface", "ifindex", e.ifindex, "err", err)
@@ -263,31 +423,34 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int, p programs) erro
 			return err
 		}
 	}
-	e.legacy = true
 	return nil
 }
 
-// removeBPF unpins endpoint id's objects and detaches its programs from
-// ifindex (0: unknown, the filters die with the interface). Closing the
-// TCX links (which detaches them and waits for an RCU grace period) is
-// left to the worker pool. Removing a missing endpoint is success.
+// removeBPF detaches endpoint id's programs from ifindex (0: unknown,
+// the filters die with the interface), deletes its endpoints entry and
+// unpins its objects. cls_bpf filters go first, so that no packet of the
+// interface finds its entry gone; closing TCX links (which detaches them
+// and waits for an RCU grace period) and emptying the endpoint's slot
+// from the outer maps (which waits for one too) are left to the worker
+// pool; until the links are closed the interface's packets are dropped
+// as no-endpoint. Removing a missing endpoint is success.
 func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 	b := l.bpf
 	b.dropPrepared(id)
 	b.mu.Lock()
 	e := b.eps[id]
 	delete(b.eps, id)
-	legacy := b.legacy
 	b.mu.Unlock()
 	dir := b.endpointDir(id)
-	var closers []io.Closer
+	legacy := true // unknown: a previous agent's filters may be there
 	if e != nil {
-		legacy = legacy || e.legacy
+		legacy = e.legacy
 		if ifindex == 0 {
 			ifindex = e.ifindex
 		}
-		e.close()
+		e.close() // the slot (emptied below) holds the maps meanwhile
 	}
+	var closers []io.Closer
 	for _, h := range hooks {
 		lk, err := detachTCX(dir, h)
 		if err != nil {
@@ -301,6 +464,13 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 				return fmt.Errorf("remove endpoint %d programs: %w", id, err)
 			}
 		}
+	}
+	release, err := b.removeEntries(id, ifindex, e)
+	if err != nil {
+		return err
+	}
+	if release != nil {
+		closers = append(closers, release)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove endpoint %d programs: %w", id, err)
@@ -317,6 +487,24 @@ func (l *Linux) removeBPF(id endpoint.ID, ifindex int) error {
 		l.closeLater(closers)
 	}
 	return nil
+}
+
+// removeEntries deletes endpoint id's endpoints entry (its ifindex's:
+// ifindex, or e's) and returns its slot's release, for closeLater; for
+// an endpoint this agent never realised, every entry naming it (and
+// their slots, emptied at once).
+func (b *bpfState) removeEntries(id endpoint.ID, ifindex int, e *bpfEndpoint) (io.Closer, error) {
+	if e == nil {
+		return nil, b.forgetEndpoint(id, 0)
+	}
+	for _, i := range []int{ifindex, e.ifindex} {
+		if i != 0 {
+			if err := b.deleteEndpointInfo(id, i); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return slotRelease{b, e.slot}, nil
 }
 
 // closeLater closes cs in the worker pool (LinuxHooks.Submit) or on a

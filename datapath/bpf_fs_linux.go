@@ -24,6 +24,12 @@ const (
 	pinCIDR      = "cidr"
 	pinLinkFrom  = "link_from_container"
 	pinLinkTo    = "link_to_container"
+	// Per node: the endpoint map by ifindex, the outer policy maps and
+	// the endpoint programs (under programs/<object digest>/).
+	pinEndpointInfo = "endpoints_by_ifindex"
+	pinPolicyMaps   = "policy_maps"
+	pinCIDRMaps     = "cidr_maps"
+	pinProgramsDir  = "programs"
 )
 
 // bpffsRoot is the conventional bpffs mount point, the only place Init

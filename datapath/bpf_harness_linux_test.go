@@ -13,14 +13,20 @@ import (
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
+// harnessIfindex is the interface BPF_PROG_TEST_RUN runs a packet on
+// (the loopback device, whose ifindex is 1 in every netns): the
+// harness's endpoint entry is for it.
+const harnessIfindex = 1
+
 // TC verdicts of the programs.
 const (
 	verdictPass uint32 = 0 // TC_ACT_OK
 	verdictDrop uint32 = 2 // TC_ACT_SHOT
 )
 
-// progHarness loads one endpoint's programs for BPF_PROG_TEST_RUN,
-// without attaching them, on maps pinned in a test bpffs directory.
+// progHarness runs the node's endpoint programs (BPF_PROG_TEST_RUN,
+// not attached) for one endpoint, on maps pinned in a test bpffs
+// directory: the endpoints entry of the loopback device names it.
 type progHarness struct {
 	b     *bpfState
 	id    endpoint.ID
@@ -39,21 +45,17 @@ func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity
 		t.Fatalf("open bpf: %v", err)
 	}
 	t.Cleanup(b.close)
-	pm, _, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapPolicy], b.endpointDir(id), pinPolicy)
+	e, err := b.newEndpointMaps(b.endpointDir(id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pm.Close() })
-	cm, _, err := openEndpointMap(b.tmpl.spec.Maps[bpf.EndpointMapCidrPolicy], b.endpointDir(id), pinCIDR)
-	if err != nil {
+	t.Cleanup(e.close)
+	pm, cm := e.policyMap, e.cidrMap
+	// BPF_PROG_TEST_RUN runs a packet on the loopback device.
+	if err := b.setEndpointInfo(id, ident, e.slot, harnessIfindex, 0); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cm.Close() })
-	progs, err := b.tmpl.load(b.maps, pm, cm, id, ident)
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(progs.close)
+	progs := b.progs
 	return &progHarness{b: b, id: id, pm: pm, cm: cm, progs: progs, have: noPolicy}
 }
 

@@ -219,17 +219,9 @@ func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", d, err)
 		}
-		if b.legacy {
-			if err := attachLegacy(l.nl, hookNetdev(d), dev.Attrs().Index, prog); err != nil {
-				return err
-			}
-			continue
-		}
-		lk, err := attachTCX(dir, hookNetdev(d), dev.Attrs().Index, prog, l.inHost)
-		if err != nil {
+		if err := l.attachDevice(b, dir, hookNetdev(d), dev.Attrs().Index, prog); err != nil {
 			return err
 		}
-		lk.Close() // the pin holds it
 	}
 	return l.prunePins(dir, devs)
 }
@@ -244,8 +236,6 @@ func loadNetdev(b *bpfState) (netdev, reply *ebpf.Program, err error) {
 			delete(spec.Programs, name)
 		}
 	}
-	delete(spec.Maps, bpf.EndpointMapPolicy)
-	delete(spec.Maps, bpf.EndpointMapCidrPolicy)
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
 	if err != nil {
 		return nil, nil, fmt.Errorf("load uplink program: %w", err)
@@ -286,7 +276,7 @@ func (l *Linux) detachKPR(b *bpfState) error {
 			return err
 		}
 	}
-	if !b.legacy {
+	if !b.devLegacy {
 		return nil
 	}
 	for _, d := range l.cfg.Services.Devices {

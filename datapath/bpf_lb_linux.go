@@ -31,15 +31,15 @@ type lbMaps struct {
 
 func (m *lbMaps) named() []namedMap {
 	return []namedMap{
-		{bpf.EndpointMapLbFrontends, &m.frontends},
-		{bpf.EndpointMapLbBackends, &m.backends},
-		{bpf.EndpointMapLbCt, &m.ct},
-		{bpf.EndpointMapLbRevnat, &m.revnat},
-		{bpf.EndpointMapLbAffinity, &m.affinity},
-		{bpf.EndpointMapLbNat, &m.nat},
-		{bpf.EndpointMapLbNatRev, &m.natRev},
-		{bpf.EndpointMapLbSock, &m.sock},
-		{bpf.EndpointMapLbProgs, &m.progs},
+		{name: bpf.EndpointMapLbFrontends, dst: &m.frontends},
+		{name: bpf.EndpointMapLbBackends, dst: &m.backends},
+		{name: bpf.EndpointMapLbCt, dst: &m.ct},
+		{name: bpf.EndpointMapLbRevnat, dst: &m.revnat},
+		{name: bpf.EndpointMapLbAffinity, dst: &m.affinity},
+		{name: bpf.EndpointMapLbNat, dst: &m.nat},
+		{name: bpf.EndpointMapLbNatRev, dst: &m.natRev},
+		{name: bpf.EndpointMapLbSock, dst: &m.sock},
+		{name: bpf.EndpointMapLbProgs, dst: &m.progs},
 	}
 }
 

@@ -5,16 +5,11 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
-	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
-// prepared is a program load that Linux.Prepare started ahead of the
-// endpoint's first Realize: done closes when progs (or err) are set.
+// prepared is a Prepare that runs: done closes when it has finished.
 type prepared struct {
-	identity identity.NumericIdentity
-	done     chan struct{}
-	progs    programs
-	err      error
+	done chan struct{}
 }
 
 // claimed marks an endpoint whose Realize runs (a Prepare then does
@@ -27,69 +22,60 @@ var claimed = func() *prepared {
 
 var _ Preparer = (*Linux)(nil)
 
-// Prepare implements Preparer: it opens the endpoint's policy maps and
-// loads its programs for ep.Identity, so that the Realize that follows
-// (once the endpoint's state is durable) only attaches them. It changes
-// nothing the endpoint's traffic sees. It does nothing for an endpoint
-// without a host interface index, one whose programs run already, or one
-// whose Realize runs. A Prepare the worker pool runs only after the
-// endpoint's Remove (a DELETE right after the PUT) leaves its pinned
-// maps as an orphan pin directory: the garbage collector removes it and
-// what this Prepare loaded (forgetEndpointState).
+// Prepare implements Preparer: it gives the endpoint its policy maps (a
+// filled slot of the per-node outer maps, pinned in its directory; or a
+// previous agent's, read back), so that
+// the Realize that follows (once the endpoint's state is durable) only
+// writes the policy, the endpoint's ifindex entry and attaches the
+// node's programs (there is nothing to load: they are loaded once per
+// node). It changes nothing the endpoint's traffic sees: no interface
+// names the endpoint yet. It does nothing for an endpoint without a host
+// interface index, one already open, or one whose Realize runs. A
+// Prepare the worker pool runs only after the endpoint's Remove (a
+// DELETE right after the PUT) leaves its pinned maps as an orphan pin
+// directory: the garbage collector removes it and empties its slot
+// (forgetEndpointState).
 func (l *Linux) Prepare(_ context.Context, ep *endpoint.Endpoint) {
 	if l.bpf == nil || ep.IfIndex == 0 {
 		return
 	}
 	start := time.Now()
 	_ = l.guard(func() error {
-		if l.bpf.prepare(ep) {
+		if l.prepare(ep) {
 			l.phase(PhaseBPFPrepare, start)
 		}
 		return nil
 	})
 }
 
-// prepare reports whether it loaded the programs.
-func (b *bpfState) prepare(ep *endpoint.Endpoint) bool {
+// prepare reports whether it opened the endpoint's maps.
+func (l *Linux) prepare(ep *endpoint.Endpoint) bool {
+	b := l.bpf
 	b.mu.Lock()
 	e := b.eps[ep.ID]
-	if _, busy := b.prep[ep.ID]; busy || (e != nil && e.attached) {
+	if _, busy := b.prep[ep.ID]; busy || e != nil {
 		b.mu.Unlock()
 		return false
 	}
-	p := &prepared{identity: ep.Identity, done: make(chan struct{})}
+	p := &prepared{done: make(chan struct{})}
 	b.prep[ep.ID] = p
 	b.mu.Unlock()
 	defer close(p.done)
-	if e == nil {
-		if e, p.err = b.openEndpoint(ep, b.endpointDir(ep.ID), ep.IfIndex); p.err != nil {
-			return false
-		}
-	}
-	if e.attached { // adopted from a previous agent
-		return false
-	}
-	p.progs, p.err = b.tmpl.load(b.maps, e.policyMap, e.cidrMap, ep.ID, ep.Identity)
-	return p.err == nil
+	_, err := l.openEndpoint(ep, b.endpointDir(ep.ID), ep.IfIndex)
+	return err == nil
 }
 
-// claim marks id's Realize as running and returns the programs a
-// Prepare loaded for ident, if any (waiting for a Prepare that runs).
-// release ends the claim.
-func (b *bpfState) claim(id endpoint.ID, ident identity.NumericIdentity) (programs, bool) {
+// claim marks id's Realize as running, waiting for a Prepare that runs
+// (a Prepare registers itself only once it runs). release ends the
+// claim.
+func (b *bpfState) claim(id endpoint.ID) {
 	b.mu.Lock()
 	p := b.prep[id]
 	b.prep[id] = claimed
 	b.mu.Unlock()
-	if p == nil || p == claimed {
-		return programs{}, false
+	if p != nil && p != claimed {
+		<-p.done
 	}
-	<-p.done // a Prepare registers itself only once it runs
-	if p.err != nil || p.identity != ident || p.progs.from == nil {
-		p.progs.close()
-		return programs{}, false
-	}
-	return p.progs, true
 }
 
 func (b *bpfState) release(id endpoint.ID) {
@@ -100,8 +86,8 @@ func (b *bpfState) release(id endpoint.ID) {
 	b.mu.Unlock()
 }
 
-// dropPrepared closes what a Prepare of id loaded and nobody used
-// (waiting for one that runs); for the endpoint's removal.
+// dropPrepared waits for a Prepare of id that runs; for the endpoint's
+// removal.
 func (b *bpfState) dropPrepared(id endpoint.ID) {
 	b.mu.Lock()
 	p := b.prep[id]
@@ -109,6 +95,5 @@ func (b *bpfState) dropPrepared(id endpoint.ID) {
 	b.mu.Unlock()
 	if p != nil && p != claimed {
 		<-p.done
-		p.progs.close()
 	}
 }

@@ -5,48 +5,30 @@ import (
 	"os"
 	"testing"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// preparedID is the ID of the from-container program a Prepare of id
-// loaded (0: none waiting).
-func preparedID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
-	t.Helper()
-	l.bpf.mu.Lock()
-	p := l.bpf.prep[id]
-	l.bpf.mu.Unlock()
-	if p == nil || p == claimed {
-		return 0
-	}
-	<-p.done
-	if p.progs.from == nil {
-		return 0
-	}
-	info, err := p.progs.from.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, _ := info.ID()
-	return pid
-}
-
-// TestBPFPrepareThenRealize: the programs Prepare loads are the ones the
-// next Realize attaches, for the same identity only; a Prepare after the
-// programs run, or of an endpoint without an interface index, does
-// nothing; Remove of a prepared endpoint leaves nothing behind.
+// TestBPFPrepareThenRealize: Prepare gives the endpoint its policy maps
+// (a filled slot of the outer maps) but attaches nothing and names no interface;
+// the next Realize uses those maps and attaches the node's programs; a
+// Prepare of a realised endpoint, or of one without an interface index,
+// does nothing; Remove of a prepared endpoint leaves nothing behind.
 func TestBPFPrepareThenRealize(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, EndpointTCX: true})
 	ctx := context.Background()
 	ep := addVeth(t, nl, 31, "lxcbpfprep01", "10.244.71.2")
 	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
 
 	l.Prepare(ctx, ep)
-	want := preparedID(t, l, ep.ID)
-	if want == 0 {
-		t.Fatal("Prepare loaded no programs")
+	l.bpf.mu.Lock()
+	prepared := l.bpf.eps[ep.ID]
+	l.bpf.mu.Unlock()
+	if prepared == nil || prepared.slot == 0 || !hasOuterEntries(t, l, prepared.slot) {
+		t.Fatal("Prepare opened no policy maps or wrote no outer map entries")
+	}
+	if _, ok := endpointEntry(t, l, ep.IfIndex); ok {
+		t.Fatal("Prepare wrote the endpoints entry before Realize")
 	}
 	if n := tcxPrograms(t, l, ep.IfIndex); n != 0 {
 		t.Fatalf("programs attached by Prepare = %d, want 0", n)
@@ -54,41 +36,35 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 	if _, err := l.Realize(ctx, ep, 1); err != nil {
 		t.Fatal(err)
 	}
-	if got := pinnedProgID(t, l, ep.ID); got != want {
-		t.Fatalf("attached program %d, want the prepared %d", got, want)
+	if l.bpf.eps[ep.ID] != prepared {
+		t.Fatal("Realize opened the policy maps again instead of using the prepared ones")
+	}
+	if got := pinnedProgID(t, l, ep.ID); got != l.bpf.progID[0] {
+		t.Fatalf("attached program %d, want the node's %d", got, l.bpf.progID[0])
 	}
 	if n := len(l.bpf.prep); n != 0 {
 		t.Fatalf("%d prepared entries left after Realize", n)
 	}
-	l.Prepare(ctx, ep) // programs run already: nothing to do
+	l.Prepare(ctx, ep) // realised already: nothing to do
 	if n := len(l.bpf.prep); n != 0 {
 		t.Fatalf("Prepare of a realised endpoint left %d entries", n)
-	}
-
-	// Prepared for another identity than the one realised: reloaded.
-	other := addVeth(t, nl, 32, "lxcbpfprep02", "10.244.71.3")
-	other.Identity = 1500
-	l.Prepare(ctx, other)
-	stale := preparedID(t, l, other.ID)
-	other.Identity = 1600
-	if _, err := l.Realize(ctx, other, 1); err != nil {
-		t.Fatal(err)
-	}
-	if got := pinnedProgID(t, l, other.ID); got == stale || got == 0 {
-		t.Fatalf("attached program %d, want a new one (prepared %d for another identity)", got, stale)
 	}
 
 	// Prepared, never realised, removed.
 	gone := addVeth(t, nl, 33, "lxcbpfprep03", "10.244.71.4")
 	l.Prepare(ctx, gone)
-	if preparedID(t, l, gone.ID) == 0 {
-		t.Fatal("Prepare loaded no programs")
+	goneSlot := slotOf(l, gone.ID)
+	if goneSlot == 0 || !hasOuterEntries(t, l, goneSlot) {
+		t.Fatal("Prepare gave the endpoint no slot")
 	}
 	if err := l.Remove(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(l.bpf.endpointDir(gone.ID)); !os.IsNotExist(err) {
 		t.Fatalf("pin directory of a prepared, removed endpoint: %v", err)
+	}
+	if hasOuterEntries(t, l, goneSlot) {
+		t.Fatal("slot of a prepared, removed endpoint left in the outer maps")
 	}
 	l.bpf.mu.Lock()
 	_, prep := l.bpf.prep[gone.ID]
@@ -100,12 +76,10 @@ func TestBPFPrepareThenRealize(t *testing.T) {
 
 	noIndex := &endpoint.Endpoint{ID: 34, Identity: 1500, IfName: "lxcbpfprep04"}
 	l.Prepare(ctx, noIndex)
-	if preparedID(t, l, noIndex.ID) != 0 {
-		t.Fatal("Prepare of an endpoint without an interface index loaded programs")
+	if slotOf(l, noIndex.ID) != 0 {
+		t.Fatal("Prepare of an endpoint without an interface index opened its maps")
 	}
-	for _, e := range []*endpoint.Endpoint{ep, other} {
-		if err := l.Remove(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
 	}
 }

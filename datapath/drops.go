@@ -35,10 +35,14 @@ const (
 	// DropNATExhausted: a new NodePort connection to a remote backend
 	// found no free SNAT port.
 	DropNATExhausted = "nat-exhausted"
+	// DropNoEndpoint: a frame on an interface running the endpoint
+	// programs without an endpoint entry for its ifindex (or whose
+	// endpoint has no policy maps): dropped, counted under endpoint 0.
+	DropNoEndpoint = "no-endpoint"
 )
 
 // dropReasons maps the programs' reason numbers to names.
-var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy,
+var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
 	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".

@@ -49,10 +49,17 @@ type LinuxConfig struct {
 	// directly under it, each endpoint's links and policy map under
 	// endpoints/<id>/. Init mounts a bpffs at its parent if there is none.
 	BPFFS string
-	// ForceLegacyTC attaches the endpoint programs with clsact + cls_bpf
-	// (netlink) even where TCX works; the fallback is otherwise used only
-	// when the kernel lacks TCX. For tests of the fallback.
+	// ForceLegacyTC attaches every program (endpoints, uplinks, tunnel
+	// device) with clsact + cls_bpf (netlink) even where TCX works
+	// (--bpf-attach tc).
 	ForceLegacyTC bool
+	// EndpointTCX attaches the endpoint programs with TCX links, as the
+	// shared devices' (--bpf-attach tcx). By default (--bpf-attach auto)
+	// the endpoint veths, which the agent creates and owns, use clsact +
+	// cls_bpf: a TCX attach waits for an RCU grace period per direction
+	// (BENCHMARKS.md, "Per-node endpoint programs"), and TCX's ownership
+	// guarantees matter on the shared devices, not on our own veths.
+	EndpointTCX bool
 	// CTGC configures the conntrack garbage collector (CTGCConfig).
 	CTGC CTGCConfig
 	// Nodes configures the routes to other nodes' pods (NodeRouter).
@@ -310,15 +317,17 @@ const (
 	// PhaseHostSysctls: the sysctls part of PhaseHostSetup (read, and
 	// written where they differ, in the host netns).
 	PhaseHostSysctls = "host-sysctls"
-	// PhaseBPFMaps: opening (creating) the endpoint's pinned policy maps.
+	// PhaseBPFMaps: opening the endpoint's policy maps: a filled slot's,
+	// pinned, or a previous agent's (zero when a Prepare did).
 	PhaseBPFMaps = "bpf-maps"
 	// PhaseBPFPolicy: writing the policy map difference.
 	PhaseBPFPolicy = "bpf-policy"
-	// PhaseBPFLoad: loading the two programs (the kernel's verifier) on
-	// Realize's path (near zero when a Prepare loaded them).
+	// PhaseBPFLoad: writing the endpoint's entry (ID, identity) for its
+	// host veth's ifindex in the per-node endpoints map. Nothing is
+	// loaded per endpoint: the programs are loaded once per node.
 	PhaseBPFLoad = "bpf-load"
-	// PhaseBPFPrepare: a Prepare's maps and load, while the state is
-	// written (Preparer).
+	// PhaseBPFPrepare: a Prepare taking a filled slot and pinning its maps,
+	// while the state is written (Preparer).
 	PhaseBPFPrepare = "bpf-prepare"
 	// PhaseBPFAttach: attaching them (TCX links or cls_bpf filters).
 	PhaseBPFAttach = "bpf-attach"

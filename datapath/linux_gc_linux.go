@@ -190,8 +190,9 @@ func (l *Linux) orphanPins(live []*endpoint.Endpoint) ([]string, error) {
 	return orphans, nil
 }
 
-// forgetEndpointState drops the shared-map state (conntrack entries,
-// drop counters) of the endpoint whose orphan pin directory is name.
+// forgetEndpointState drops the shared-map state (outer map and
+// endpoints entries, conntrack entries, drop counters) of the endpoint
+// whose orphan pin directory is name.
 func (l *Linux) forgetEndpointState(name string) error {
 	n, err := strconv.ParseUint(name, 10, 16)
 	if err != nil {
@@ -200,14 +201,23 @@ func (l *Linux) forgetEndpointState(name string) error {
 	id := endpoint.ID(n)
 	return l.guardBPF(func(b *bpfState) error {
 		// What a Prepare that ran after the endpoint's removal opened
-		// and loaded (bpf_prepare_linux.go).
+		// (bpf_prepare_linux.go).
 		b.dropPrepared(id)
 		b.mu.Lock()
-		if e := b.eps[id]; e != nil {
-			e.close()
-			delete(b.eps, id)
-		}
+		e := b.eps[id]
+		delete(b.eps, id)
 		b.mu.Unlock()
+		var released uint32
+		if e != nil {
+			e.close()
+			if err := b.releaseSlot(e.slot); err != nil {
+				return err
+			}
+			released = e.slot
+		}
+		if err := b.forgetEndpoint(id, released); err != nil {
+			return err
+		}
 		if err := deleteDropCounters(b.maps.drops, id); err != nil {
 			return err
 		}

@@ -156,7 +156,7 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 }
 
 func TestLinuxDeferredTeardown(t *testing.T) {
-	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond})
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond, EndpointTCX: true})
 	var mu sync.Mutex
 	var ops []string
 	l.SetHooks(LinuxHooks{Submit: func(op string, fn func(context.Context) error) {

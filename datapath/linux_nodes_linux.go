@@ -217,8 +217,8 @@ func (l *Linux) ensureTunnel(b *bpfState) (netlink.Link, error) {
 }
 
 // attachOverlay loads the overlay programs (once) and attaches them to
-// the tunnel device (pinned TCX links, updated in place; cls_bpf where
-// the endpoints use it).
+// the tunnel device (pinned TCX links, updated in place; cls_bpf when
+// forced or where TCX is missing: attachDevice).
 func (l *Linux) attachOverlay(b *bpfState, ifindex int) error {
 	if err := l.loadOverlay(b); err != nil {
 		return err
@@ -228,17 +228,9 @@ func (l *Linux) attachOverlay(b *bpfState, ifindex int) error {
 		h    hook
 		prog *ebpf.Program
 	}{{hookToOverlay, l.nodes.to}, {hookFromOverlay, l.nodes.from}} {
-		if b.legacy {
-			if err := attachLegacy(l.nl, a.h, ifindex, a.prog); err != nil {
-				return err
-			}
-			continue
-		}
-		lk, err := attachTCX(dir, a.h, ifindex, a.prog, l.inHost)
-		if err != nil {
+		if err := l.attachDevice(b, dir, a.h, ifindex, a.prog); err != nil {
 			return err
 		}
-		lk.Close() // the pin holds it
 	}
 	return nil
 }

@@ -83,7 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
 	var attach string
-	fs.StringVar(&attach, "bpf-attach", "tcx", "linux datapath: how endpoint programs attach to the host veths: tcx (BPF links, pinned: nothing else can replace them; each attach waits for an RCU grace period under the rtnl lock, about 10-30 ms of every CNI ADD) or tc (clsact + cls_bpf filters, about 1 ms; the fallback where TCX is missing)")
+	fs.StringVar(&attach, "bpf-attach", "auto", "linux datapath: how BPF programs attach: auto (endpoint veths, which the agent creates and owns, with clsact + cls_bpf filters, about 1 ms per CNI ADD; shared devices, uplinks and the tunnel device, with pinned TCX links that nothing else on the node can replace or detach), tcx (TCX everywhere; each endpoint attach waits for an RCU grace period per direction under the rtnl lock, about 10-30 ms of every CNI ADD) or tc (cls_bpf everywhere). TCX falls back to cls_bpf where the kernel lacks it")
 	fs.StringVar(&cfg.Linux.L7.ProxyPath, "l7-proxy", "", "linux datapath: absolute path of membrane-proxy; enables L7 (HTTP) policy, the agent runs and restarts it")
 	fs.StringVar(&cfg.Linux.L7.XDSSocket, "l7-xds-socket", "/var/run/membrane/xds.sock", "linux datapath: unix socket of the xDS server configuring the L7 proxy")
 	fs.StringVar(&cfg.Linux.L7.Listen, "l7-proxy-listen", "127.0.0.1:15001", "linux datapath: the L7 proxy's listening address")
@@ -144,11 +144,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.Linux.Nodes.ClusterCIDRs = append(cfg.Linux.Nodes.ClusterCIDRs, p)
 	}
 	switch attach {
+	case "auto":
 	case "tcx":
+		cfg.Linux.EndpointTCX = true
 	case "tc":
 		cfg.Linux.ForceLegacyTC = true
 	default:
-		return cfg, nil, fmt.Errorf("--bpf-attach %q: want tcx or tc", attach)
+		return cfg, nil, fmt.Errorf("--bpf-attach %q: want auto, tcx or tc", attach)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")

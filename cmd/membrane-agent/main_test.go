@@ -298,12 +298,14 @@ func TestParseFlagsBPFAttach(t *testing.T) {
 		name    string
 		args    []string
 		legacy  bool
+		epTCX   bool
 		wantErr string
 	}{
-		{"default tcx", nil, false, ""},
-		{"tcx", []string{"--bpf-attach", "tcx"}, false, ""},
-		{"tc", []string{"--bpf-attach", "tc"}, true, ""},
-		{"bad", []string{"--bpf-attach", "xdp"}, false, "--bpf-attach"},
+		{"default auto", nil, false, false, ""},
+		{"auto", []string{"--bpf-attach", "auto"}, false, false, ""},
+		{"tcx", []string{"--bpf-attach", "tcx"}, false, true, ""},
+		{"tc", []string{"--bpf-attach", "tc"}, true, false, ""},
+		{"bad", []string{"--bpf-attach", "xdp"}, false, false, "--bpf-attach"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, _, err := parseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
@@ -316,8 +318,8 @@ func TestParseFlagsBPFAttach(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.Linux.ForceLegacyTC != tc.legacy {
-				t.Fatalf("ForceLegacyTC = %v, want %v", cfg.Linux.ForceLegacyTC, tc.legacy)
+			if cfg.Linux.ForceLegacyTC != tc.legacy || cfg.Linux.EndpointTCX != tc.epTCX {
+				t.Fatalf("ForceLegacyTC = %v, EndpointTCX = %v; want %v, %v", cfg.Linux.ForceLegacyTC, cfg.Linux.EndpointTCX, tc.legacy, tc.epTCX)
 			}
 		})
 	}

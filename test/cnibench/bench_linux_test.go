@@ -70,21 +70,22 @@ func TestCNIBench(t *testing.T) {
 	t.Setenv(cni.PhasesEnv, phasesFile) // libcni passes the environment on
 	bin := buildPlugin(t, dir)
 	// Both attach modes of the endpoint programs, each agent in a host
-	// netns of its own: TCX (the default) and cls_bpf (--bpf-attach tc).
+	// netns of its own: TCX (--bpf-attach tcx) and cls_bpf (the default,
+	// --bpf-attach auto).
 	var arms []*arm
 	if os.Getenv("BENCH_TCX") != "0" {
-		arms = append(arms, startMembrane(t, dir, bin, host, "membrane", false, dual))
+		arms = append(arms, startMembrane(t, dir, bin, host, "membrane", true, dual))
 	}
-	arms = append(arms, startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", true, dual))
+	arms = append(arms, startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", false, dual))
 	// An A/B of the plugin alone: another plugin binary (say, one built
 	// from main) against an agent of its own, tc attach, in the same
 	// alternation as the others.
 	if base := os.Getenv("BENCH_BASE_PLUGIN"); base != "" {
 		baseBin := basePluginDir(t, dir, base)
 		if os.Getenv("BENCH_TCX") != "0" {
-			arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbtcx"), "base", false, dual))
+			arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbtcx"), "base", true, dual))
 		}
-		arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbase"), "base-tc", true, dual))
+		arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbase"), "base-tc", false, dual))
 	}
 	arms = append(arms, ptpArm(t, dir, host, dual))
 	if dual {
@@ -303,14 +304,15 @@ var armRanges = map[string][2]string{
 }
 
 // startMembrane starts an agent in host (dual: with an IPv6 range too;
-// legacyTC: endpoint programs attached with cls_bpf) and returns its arm.
-func startMembrane(t *testing.T, dir, bin string, host *testutil.NS, name string, legacyTC, dual bool) *arm {
+// endpointTCX: endpoint programs attached with TCX, else with cls_bpf as
+// by default) and returns its arm.
+func startMembrane(t *testing.T, dir, bin string, host *testutil.NS, name string, endpointTCX, dual bool) *arm {
 	t.Helper()
 	dir = filepath.Join(dir, name)
 	sock := filepath.Join(dir, "agent.sock")
 	cfg := agent.Config{
 		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix(armRanges[name][0]),
-		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), ForceLegacyTC: legacyTC},
+		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), EndpointTCX: endpointTCX},
 		DeleteQueueDir: filepath.Join(dir, "queue"),
 	}
 	if dual {

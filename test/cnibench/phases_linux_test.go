@@ -208,10 +208,11 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		pol, _ := mean(before, after, "regen compute-policy", n)
 		ws, _ := mean(before, after, "regen write-state", n)
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
-		row("-- bpf-prepare: maps + program load, in the pool alongside the state write", "dp bpf-prepare")
+		row("-- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
-		for _, p := range []string{"host-setup", "host-sysctls", "bpf-maps", "bpf-policy", "bpf-load", "bpf-attach"} {
-			row("--- "+p, "dp "+p)
+		for _, p := range []struct{ name, what string }{{"host-setup", ""}, {"host-sysctls", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
+			{"bpf-load", " (the endpoints map entry by ifindex)"}, {"bpf-attach", ""}} {
+			row("--- "+p.name+p.what, "dp "+p.name)
 		}
 		return
 	}

@@ -1,0 +1,347 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// slotOf is endpoint id's slot (0: not open).
+func slotOf(l *Linux, id endpoint.ID) uint32 {
+	l.bpf.mu.Lock()
+	defer l.bpf.mu.Unlock()
+	if e := l.bpf.eps[id]; e != nil {
+		return e.slot
+	}
+	return 0
+}
+
+// hasOuterEntries reports whether both outer maps hold slot n (failing
+// the test if they disagree).
+func hasOuterEntries(t *testing.T, l *Linux, n uint32) bool {
+	t.Helper()
+	var k int
+	for _, m := range []*ebpf.Map{l.bpf.maps.policyMaps, l.bpf.maps.cidrMaps} {
+		var inner ebpf.MapID
+		err := m.Lookup(n, &inner)
+		switch {
+		case err == nil:
+			k++
+		case !errors.Is(err, ebpf.ErrKeyNotExist):
+			t.Fatalf("outer map lookup: %v", err)
+		}
+	}
+	if k == 1 {
+		t.Fatalf("slot %d is in one outer map only", n)
+	}
+	return k == 2
+}
+
+// endpointEntry returns the endpoints map entry of ifindex.
+func endpointEntry(t *testing.T, l *Linux, ifindex int) (bpf.EndpointEndpointInfo, bool) {
+	t.Helper()
+	var v bpf.EndpointEndpointInfo
+	err := l.bpf.maps.endpoints.Lookup(uint32(ifindex), &v)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return v, false
+	}
+	if err != nil {
+		t.Fatalf("endpoints lookup: %v", err)
+	}
+	return v, true
+}
+
+// attachedNode checks that p's interface runs the node's programs.
+func (e *e2eEnv) attachedNode(p *testPod) {
+	e.t.Helper()
+	ids, _, found := e.l.attachedIDs(e.l.bpf.endpointDir(p.ep.ID), p.ep.IfIndex)
+	if !found || ids != e.l.bpf.progID {
+		e.t.Fatalf("endpoint %d runs %v, want the node's programs %v", p.ep.ID, ids, e.l.bpf.progID)
+	}
+}
+
+// TestBPFSharedProgramsOwnPolicies: the three endpoints run the same two
+// programs, and each enforces its own policy, counts its own drops and
+// reports its own identity: the endpoint comes from the endpoints map.
+func TestBPFSharedProgramsOwnPolicies(t *testing.T) {
+	for _, tcx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tc", true: "tcx"}[tcx], func(t *testing.T) {
+			e := newE2E(t, LinuxConfig{EndpointTCX: tcx})
+			a, b, c := e.a, e.b, e.c
+			for _, p := range []*testPod{a, b, c} {
+				e.attachedNode(p)
+			}
+			b.ep.Policy = bOnly8080From(a.ep.Identity) // b: only a, port 8080
+			e.realize(b)
+			a.ep.Policy = policy.NewMapState(2, true, false, []policy.Key{ // a: only c
+				{Identity: c.ep.Identity, Port: 8080, Proto: policy.ProtoTCP, Dir: policy.Ingress}})
+			e.realize(a)
+
+			e.mustTalk(a, b, 8080)
+			e.mustNotTalk(c, b, 8080)
+			e.mustNotTalk(a, b, 8081)
+			e.mustTalk(c, a, 8080)
+			e.mustNotTalk(b, a, 8080)
+			e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress,
+				Src: c.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6, PeerIdentity: c.ep.Identity})
+			e.waitDrop(DropEvent{Endpoint: a.ep.ID, Reason: DropPolicy, Dir: policy.Ingress,
+				Src: b.addr(), Dst: a.addr(), DstPort: 8080, Proto: 6, PeerIdentity: b.ep.Identity})
+			if e.dropCount(c.ep.ID, DropPolicy, policy.Ingress) != 0 {
+				t.Fatal("drops counted under endpoint c, which enforces nothing")
+			}
+			if e.dropCount(0, DropNoEndpoint, policy.Ingress)+e.dropCount(0, DropNoEndpoint, policy.Egress) != 0 {
+				t.Fatal("no-endpoint drops on realised endpoints")
+			}
+		})
+	}
+}
+
+// TestBPFInterfaceWithoutEndpointDrops: a packet on an interface running
+// the endpoint programs without an endpoints entry is dropped (fail
+// closed), counted and reported under endpoint 0 as no-endpoint; the
+// entry back, traffic passes again.
+func TestBPFInterfaceWithoutEndpointDrops(t *testing.T) {
+	e := newE2E(t, LinuxConfig{})
+	a, b := e.a, e.b
+	e.mustTalk(a, b, 8080)
+	if err := e.l.bpf.maps.endpoints.Delete(uint32(b.ep.IfIndex)); err != nil {
+		t.Fatal(err)
+	}
+	e.mustNotTalk(a, b, 8080)
+	e.waitDrop(DropEvent{Endpoint: 0, Reason: DropNoEndpoint, Dir: policy.Ingress,
+		Src: a.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6})
+	if e.dropCount(0, DropNoEndpoint, policy.Ingress) == 0 {
+		t.Fatal("no no-endpoint drop counted under endpoint 0")
+	}
+	if err := e.l.bpf.setEndpointInfo(b.ep.ID, b.ep.Identity, slotOf(e.l, b.ep.ID), b.ep.IfIndex, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.mustTalk(a, b, 8080)
+}
+
+// TestBPFRemoveDeletesEntries: Remove deletes the endpoint's endpoints
+// entry and empties its slot from the outer maps (in the worker pool;
+// at once here, TeardownDelay < 0), and only its own.
+func TestBPFRemoveDeletesEntries(t *testing.T) {
+	for _, tcx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tc", true: "tcx"}[tcx], func(t *testing.T) {
+			e := newE2E(t, LinuxConfig{EndpointTCX: tcx})
+			a, b := e.a, e.b
+			bSlot := slotOf(e.l, b.ep.ID)
+			if v, ok := endpointEntry(t, e.l, b.ep.IfIndex); !ok || v.Id != uint32(b.ep.ID) || v.Identity != uint32(b.ep.Identity) || v.Slot != bSlot {
+				t.Fatalf("endpoints entry of b = %+v, %v; want slot %d", v, ok, bSlot)
+			}
+			if bSlot == 0 || !hasOuterEntries(t, e.l, bSlot) {
+				t.Fatal("no outer map entries for b")
+			}
+			if err := e.l.Remove(context.Background(), b.ep); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := endpointEntry(t, e.l, b.ep.IfIndex); ok {
+				t.Fatal("endpoints entry left after Remove")
+			}
+			if hasOuterEntries(t, e.l, bSlot) {
+				t.Fatal("outer map entries left after Remove")
+			}
+			if _, ok := endpointEntry(t, e.l, a.ep.IfIndex); !ok || !hasOuterEntries(t, e.l, slotOf(e.l, a.ep.ID)) {
+				t.Fatal("Remove of b deleted a's entries")
+			}
+			e.mustTalk(e.c, a, 8080)
+		})
+	}
+}
+
+// TestBPFReloadOnRestartKeepsTraffic: an agent restart with a changed
+// object loads the programs again and replaces each endpoint's
+// attachment in place; an established connection keeps working across
+// the swap, the programs drop nothing meanwhile, and the policies still
+// hold afterwards.
+func TestBPFReloadOnRestartKeepsTraffic(t *testing.T) {
+	for _, tcx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tc", true: "tcx"}[tcx], func(t *testing.T) { testReloadKeepsTraffic(t, tcx) })
+	}
+}
+
+func testReloadKeepsTraffic(t *testing.T, tcx bool) {
+	e := newE2E(t, LinuxConfig{EndpointTCX: tcx})
+	a, b := e.a, e.b
+	b.ep.Policy = bOnly8080From(a.ep.Identity)
+	e.realize(b)
+	old := e.l.bpf.progID
+	var conn net.Conn
+	if err := a.ns.Do(func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(b.addr().String(), "8080"), connectTimeout)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	echo := func(msg string) error {
+		_ = conn.SetDeadline(time.Now().Add(connectTimeout))
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			return err
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(conn, got); err != nil {
+			return err
+		}
+		if string(got) != msg {
+			return fmt.Errorf("echo %q, want %q", got, msg)
+		}
+		return nil
+	}
+	if err := echo("before"); err != nil {
+		t.Fatal(err)
+	}
+	// Traffic on the connection all through the restart.
+	stop := make(chan struct{})
+	echoed := make(chan error, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				echoed <- nil
+				return
+			default:
+			}
+			if err := echo(fmt.Sprintf("during-%06d", n)); err != nil {
+				echoed <- err
+				return
+			}
+			n++
+		}
+	}()
+	objectDigest = func() string { return "changed-object" }
+	t.Cleanup(func() { objectDigest = bpf.EndpointObjectDigest })
+	if err := e.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	e.l = l2
+	if l2.bpf.progID == old {
+		t.Fatal("changed object: programs not reloaded")
+	}
+	for _, p := range []*testPod{e.a, b, e.c} {
+		e.realize(p)
+		e.attachedNode(p)
+	}
+	close(stop)
+	if err := <-echoed; err != nil {
+		t.Fatalf("established connection across the reload: %v", err)
+	}
+	if err := echo("after"); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []DropKey{{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress},
+		{Endpoint: 0, Reason: DropNoEndpoint, Dir: policy.Ingress}, {Endpoint: 0, Reason: DropNoEndpoint, Dir: policy.Egress}} {
+		if n := e.dropCount(k.Endpoint, k.Reason, k.Dir); n != 0 {
+			t.Fatalf("%d drops %+v during the reload, want none", n, k)
+		}
+	}
+	e.mustTalk(a, b, 8080)
+	e.mustNotTalk(e.c, b, 8080)
+}
+
+// outerMapIDs returns the inner map IDs policy_maps holds.
+func outerMapIDs(t *testing.T, l *Linux) map[ebpf.MapID]bool {
+	t.Helper()
+	ids := map[ebpf.MapID]bool{}
+	var k uint32
+	var inner ebpf.MapID
+	it := l.bpf.maps.policyMaps.Iterate()
+	for it.Next(&k, &inner) {
+		ids[inner] = true
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// spareIDs waits for the spare slots to be filled and returns their
+// policy maps' IDs.
+func spareIDs(t *testing.T, l *Linux) []ebpf.MapID {
+	t.Helper()
+	p := &l.bpf.slots
+	waitFor(t, "the spare slots to be filled", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.spare) == spareSlots && !p.filling
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []ebpf.MapID
+	for _, s := range p.spare {
+		info, err := s.pm.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TestBPFSlotsAcrossRestart: a new endpoint takes a filled slot (the
+// spares are refilled); a restarted agent keeps the endpoint's slot and
+// empties the previous agent's spares from the outer maps.
+func TestBPFSlotsAcrossRestart(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	before := spareIDs(t, l)
+	ep := addVeth(t, nl, 41, "lxcbpfslot01", "10.244.72.2")
+	ep.Identity, ep.Policy = 1500, policy.NewMapState(1, true, false, nil)
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	info, err := l.bpf.eps[ep.ID].policyMap.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	epMap, _ := info.ID()
+	if !slices.Contains(before, epMap) {
+		t.Fatalf("the endpoint's policy map %d is not one of the spares %v", epMap, before)
+	}
+	epSlot := slotOf(l, ep.ID)
+	old := spareIDs(t, l)
+	if slices.Contains(old, epMap) {
+		t.Fatal("the endpoint's slot is still a spare")
+	}
+	l = reopen(t, l)
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := slotOf(l, ep.ID); got != epSlot {
+		t.Fatalf("slot after restart = %d, want %d", got, epSlot)
+	}
+	waitFor(t, "the previous agent's spares to leave the outer maps", func() bool {
+		ids := outerMapIDs(t, l)
+		for _, id := range old {
+			if ids[id] {
+				return false
+			}
+		}
+		return ids[epMap]
+	})
+}
