@@ -9,7 +9,8 @@
 # output goes to $LOGDIR; the table also to $BENCH_OUT when set.
 #
 # Sizes (environment): HEADLINE_CNI_N (default 100), HEADLINE_PUT_N
-# (2000 cycles per client count), HEADLINE_SIM_DURATION (30s),
+# (20000 cycles per client count: several seconds, so that the state
+# journal's checkpoints run inside the measurement), HEADLINE_SIM_DURATION (30s),
 # HEADLINE_RESTORE_N (100), HEADLINE_POLICY_ENDPOINTS (200).
 set -uo pipefail
 
@@ -18,7 +19,7 @@ GO=${GO:-go}
 LOGDIR=${LOGDIR:-$(mktemp -d /tmp/membrane-headline.XXXXXX)}
 mkdir -p "$LOGDIR"
 CNI_N=${HEADLINE_CNI_N:-100}
-PUT_N=${HEADLINE_PUT_N:-2000}
+PUT_N=${HEADLINE_PUT_N:-20000}
 SIM_DURATION=${HEADLINE_SIM_DURATION:-30s}
 RESTORE_N=${HEADLINE_RESTORE_N:-100}
 POLICY_N=${HEADLINE_POLICY_ENDPOINTS:-200}
@@ -56,8 +57,11 @@ MEMBRANE_BENCH_EXT4=1 $GO test -run '^$' -bench 'Lifecycle/clients=(8|64)$' -ben
 metric() { # metric <benchmark line> <unit>: the value before unit
 	awk -v unit="$2" '{for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1)}' <<<"$1"
 }
-c8=$(grep 'Lifecycle/clients=8-' "$LOGDIR/put.txt" | head -1)
-c64=$(grep 'Lifecycle/clients=64-' "$LOGDIR/put.txt" | head -1)
+# The result line of a client count: the first line with cycles/s after
+# its name (the benchmark prints its phase breakdown in between).
+result() { awk -v name="Lifecycle/clients=$1-" 'index($0, name) { on = 1 } on && /cycles\/s/ { print; exit }' "$LOGDIR/put.txt"; }
+c8=$(result 8)
+c64=$(result 64)
 if [ -n "$c8" ] && [ -n "$c64" ]; then
 	row "sync PUT p99, 8 clients, state on ext4 (ms)" "$(metric "$c8" put-p99-ms)" "<= 5"
 	row "create+delete cycles/s, 64 clients, state on ext4" "$(metric "$c64" cycles/s)" ">= 2,500"
