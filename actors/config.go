@@ -88,7 +88,7 @@ func (c Config) withDefaults() Config {
 		e.RestartBudget = 5
 	}
 	if c.Pool.Workers == 0 {
-		c.Pool.Workers = max(4, 2*runtime.GOMAXPROCS(0))
+		c.Pool.Workers = max(DefaultPoolWorkers, 2*runtime.GOMAXPROCS(0))
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
 	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)

@@ -14,13 +14,20 @@ import (
 
 // PoolConfig configures the datapath worker pool actor.
 type PoolConfig struct {
-	// Workers is the number of goroutines running blocking work. Blocking
-	// syscalls in many goroutines serialise at GOMAXPROCS and delay
-	// everything else, so keep it small (default 2x GOMAXPROCS, at least 4).
+	// Workers is the number of goroutines running blocking work
+	// (default DefaultPoolWorkers, at least 2x GOMAXPROCS; 1..1024).
 	Workers int
 	// DefaultTimeout bounds work that sets no Timeout (default 30 s).
 	DefaultTimeout time.Duration
 }
+
+// DefaultPoolWorkers is the datapath pool's default size. The pool's
+// work mostly waits (netlink answers, RCU grace periods in the kernel, a
+// slow call), not computes: a waiting worker costs a parked goroutine,
+// and with 4 workers (the earlier default) membrane-sim's 1% of datapath
+// calls slowed by 50 ms kept three of them asleep, throttling every other
+// endpoint behind them (BENCHMARKS.md, "Datapath pool size").
+const DefaultPoolWorkers = 16
 
 // job is a DatapathWork with who asked and when.
 type job struct {

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/membrane-cni/membrane/actors"
+
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
@@ -79,6 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&allowedHosts, "http-allowed-hosts", "", "comma-separated Host names the HTTP listener answers besides localhost and loopback addresses (\"*\": any; guards against DNS rebinding)")
 	fs.IntVar(&cfg.API.MaxHTTPConns, "http-max-connections", 64, "HTTP listener: most connections open at once; more are answered 503 and closed")
 	fs.IntVar(&cfg.API.MaxConns, "max-connections", 1024, "unix socket: most connections open at once; more are answered 503 and closed")
+	fs.IntVar(&cfg.Actors.Pool.Workers, "datapath-workers", actors.DefaultPoolWorkers, "goroutines running the datapath's blocking calls (netlink, BPF, disk) for the actors, 1..1024: more let slow calls wait side by side, each costs a parked goroutine")
 	fs.IntVar(&cfg.GCPercent, "gc-percent", agent.DefaultGCPercent, "Go garbage collector target: collect when the heap has grown by this percentage of the live heap (25..1000; the GOGC environment variable, when set, wins): higher costs memory and saves CPU")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
@@ -151,6 +154,9 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.Linux.ForceLegacyTC = true
 	default:
 		return cfg, nil, fmt.Errorf("--bpf-attach %q: want auto, tcx or tc", attach)
+	}
+	if w := cfg.Actors.Pool.Workers; w < 1 || w > 1024 {
+		return cfg, nil, fmt.Errorf("--datapath-workers %d: want 1..1024", w)
 	}
 	if allowedHosts != "" {
 		cfg.API.AllowedHosts = strings.Split(allowedHosts, ",")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/agent"
 )
 
@@ -342,6 +343,31 @@ func TestParseFlagsGCPercent(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), "--gc-percent") {
 			t.Fatalf("--gc-percent %s: err %v, want one naming the flag", bad, err)
+		}
+	}
+}
+
+func TestParseFlagsDatapathWorkers(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	for _, tc := range []struct {
+		args    []string
+		want    int
+		wantErr bool
+	}{
+		{nil, actors.DefaultPoolWorkers, false},
+		{[]string{"--datapath-workers", "4"}, 4, false},
+		{[]string{"--datapath-workers", "1024"}, 1024, false},
+		{[]string{"--datapath-workers", "0"}, 0, true},
+		{[]string{"--datapath-workers", "1025"}, 0, true},
+	} {
+		cfg, _, err := parseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
+		switch {
+		case tc.wantErr && (err == nil || !strings.Contains(err.Error(), "--datapath-workers")):
+			t.Errorf("%v: err %v, want one naming --datapath-workers", tc.args, err)
+		case !tc.wantErr && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case !tc.wantErr && cfg.Actors.Pool.Workers != tc.want:
+			t.Errorf("%v: workers %d, want %d", tc.args, cfg.Actors.Pool.Workers, tc.want)
 		}
 	}
 }
