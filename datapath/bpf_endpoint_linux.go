@@ -149,13 +149,15 @@ func (b *bpfState) close() {
 // in place). Nothing is loaded: the programs are the node's.
 func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	b := l.bpf
+	start := time.Now()
 	b.claim(ep.ID)
 	defer b.release(ep.ID)
+	l.phase(PhaseBPFClaim, start)
 	b.mu.Lock()
 	e := b.eps[ep.ID]
 	b.mu.Unlock()
 	dir := b.endpointDir(ep.ID)
-	start := time.Now()
+	start = time.Now()
 	if e == nil {
 		var err error
 		if e, err = l.openEndpoint(ep, dir, ifindex); err != nil {

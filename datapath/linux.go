@@ -333,10 +333,16 @@ const (
 	PhaseBPFAttach = "bpf-attach"
 	// PhaseRemove: a whole Remove on the caller's path.
 	PhaseRemove = "remove"
+	// PhaseRealize: a whole Realize in the datapath (the L7 proxy's
+	// configuration, the host setup, the BPF steps and the waits between
+	// them), without the worker pool's queue and the actor hops.
+	PhaseRealize = "realize"
+	// PhaseBPFClaim: a Realize waiting for the endpoint's Prepare to end.
+	PhaseBPFClaim = "bpf-claim"
 )
 
 // LinuxPhases lists the phases in the order they run.
-var LinuxPhases = []string{PhaseBPFPrepare, PhaseHostSetup, PhaseHostSysctls, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseRealize, PhaseHostSetup, PhaseHostSysctls, PhaseBPFClaim, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

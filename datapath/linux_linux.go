@@ -285,6 +285,7 @@ func (l *Linux) Close() error {
 // map redirects to it: the proxy is configured before traffic arrives
 // (whether it acknowledged is the revision's proxy wait).
 func (l *Linux) Realize(ctx context.Context, ep *endpoint.Endpoint, rev uint64) (r Realized, err error) {
+	defer l.phase(PhaseRealize, time.Now())
 	r, err = l.realizeL7(ep, rev)
 	if err != nil {
 		return Realized{}, err

@@ -210,7 +210,8 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
 		row("-- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
 		row("-- realize (datapath, in the worker pool)", "regen realize")
-		for _, p := range []struct{ name, what string }{{"host-setup", ""}, {"host-sysctls", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
+		row("--- the datapath's Realize (realize minus this: pool queue, actor hops)", "dp realize")
+		for _, p := range []struct{ name, what string }{{"bpf-claim", " (waiting for the Prepare)"}, {"host-setup", ""}, {"host-sysctls", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
 			{"bpf-load", " (the endpoints map entry by ifindex)"}, {"bpf-attach", ""}} {
 			row("--- "+p.name+p.what, "dp "+p.name)
 		}
