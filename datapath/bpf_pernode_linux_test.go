@@ -279,15 +279,15 @@ func outerMapIDs(t *testing.T, l *Linux) map[ebpf.MapID]bool {
 	return ids
 }
 
-// spareIDs waits for the spare slots to be filled and returns their
-// policy maps' IDs.
+// spareIDs waits for no filler to run (the spares are refilled once no
+// more than refillAt are left) and returns their policy maps' IDs.
 func spareIDs(t *testing.T, l *Linux) []ebpf.MapID {
 	t.Helper()
 	p := &l.bpf.slots
 	waitFor(t, "the spare slots to be filled", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return len(p.spare) == spareSlots && !p.filling
+		return len(p.spare) > refillAt && !p.filling
 	})
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -303,8 +303,7 @@ func spareIDs(t *testing.T, l *Linux) []ebpf.MapID {
 	return ids
 }
 
-// TestBPFSlotsAcrossRestart: a new endpoint takes a filled slot (the
-// spares are refilled); a restarted agent keeps the endpoint's slot and
+// TestBPFSlotsAcrossRestart: a new endpoint takes a filled slot; a restarted agent keeps the endpoint's slot and
 // empties the previous agent's spares from the outer maps.
 func TestBPFSlotsAcrossRestart(t *testing.T) {
 	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
@@ -344,4 +343,45 @@ func TestBPFSlotsAcrossRestart(t *testing.T) {
 		}
 		return ids[epMap]
 	})
+}
+
+// TestBPFSlotsRefill: taking spares down to refillAt refills all of them
+// (one batch per outer map), and the slots written are in the outer maps.
+func TestBPFSlotsRefill(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	b, p := l.bpf, &l.bpf.slots
+	spareIDs(t, l)
+	var taken []slot
+	t.Cleanup(func() {
+		for _, s := range taken {
+			if err := b.releaseSlot(s.n); err != nil {
+				t.Error(err)
+			}
+			s.close()
+		}
+	})
+	for range spareSlots - refillAt {
+		s, err := b.takeSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken = append(taken, s)
+	}
+	waitFor(t, "the spares to be refilled", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.spare) == spareSlots && !p.filling
+	})
+	ids := outerMapIDs(t, l)
+	p.mu.Lock()
+	spares := slices.Clone(p.spare)
+	p.mu.Unlock()
+	for _, s := range append(spares, taken...) {
+		if !slotHolds(b.maps.policyMaps, s.n, s.pm) || !slotHolds(b.maps.cidrMaps, s.n, s.cm) {
+			t.Fatalf("slot %d does not hold its maps", s.n)
+		}
+	}
+	if len(ids) < spareSlots+len(taken) {
+		t.Fatalf("outer policy map holds %d maps, want at least %d", len(ids), spareSlots+len(taken))
+	}
 }

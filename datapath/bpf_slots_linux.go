@@ -54,6 +54,11 @@ const (
 	// about one). An empty slot costs two map file descriptors and a few
 	// hundred bytes of kernel memory (the tries allocate per entry).
 	spareSlots = 64
+	// refillAt: the spares are refilled once no more than this many are
+	// left, not after every take: a refill holds a Go processor for two
+	// grace periods (newSlots), and one per CNI ADD made every ADD's
+	// realize run beside it.
+	refillAt = spareSlots / 2
 	// maxSlot: the outer maps hold 65,536 entries; slot 0 is none.
 	maxSlot = 65535
 )
@@ -102,7 +107,8 @@ func (b *bpfState) initSlots() error {
 }
 
 // takeSlot hands out a filled slot (filling one on the caller's path
-// only when no spare is left) and starts refilling the spares.
+// only when no spare is left) and starts refilling the spares when few
+// are left.
 func (b *bpfState) takeSlot() (slot, error) {
 	p := &b.slots
 	p.mu.Lock()
@@ -118,12 +124,13 @@ func (b *bpfState) takeSlot() (slot, error) {
 	return b.newSlot()
 }
 
-// fillSlots starts a filler unless one runs or the spares are full.
+// fillSlots starts a filler unless one runs or more than refillAt spares
+// are left.
 func (b *bpfState) fillSlots() {
 	p := &b.slots
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.filling || p.closed || len(p.spare) >= spareSlots {
+	if p.filling || p.closed || len(p.spare) > refillAt {
 		return
 	}
 	p.filling = true
@@ -145,25 +152,10 @@ func (b *bpfState) fill() {
 			return
 		}
 		p.mu.Unlock()
-		got := make(chan slot, want)
-		var wg sync.WaitGroup
-		for range want {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if s, err := b.newSlot(); err == nil {
-					got <- s
-				}
-			}()
-		}
-		wg.Wait()
-		close(got)
+		got := b.newSlots(want)
 		p.mu.Lock()
-		n := 0
-		for s := range got {
-			p.spare = append(p.spare, s)
-			n++
-		}
+		p.spare = append(p.spare, got...)
+		n := len(got)
 		if n < want {
 			p.filling = false
 			p.mu.Unlock()
@@ -175,6 +167,21 @@ func (b *bpfState) fill() {
 
 // newSlot creates two empty policy maps and writes them to a free slot.
 func (b *bpfState) newSlot() (slot, error) {
+	s, err := b.emptySlot()
+	if err != nil {
+		return slot{}, err
+	}
+	if err := b.writeSlot(s.n, s.pm, s.cm); err != nil {
+		s.close()
+		b.freeSlot(s.n)
+		return slot{}, fmt.Errorf("fill policy map slot: %w", err)
+	}
+	return s, nil
+}
+
+// emptySlot reserves a slot number and creates its two empty policy maps
+// (not yet in the outer maps).
+func (b *bpfState) emptySlot() (slot, error) {
 	n, err := b.allocSlot()
 	if err != nil {
 		return slot{}, err
@@ -183,15 +190,76 @@ func (b *bpfState) newSlot() (slot, error) {
 	if s.pm, err = ebpf.NewMap(b.tmpl.policySpec()); err == nil {
 		s.cm, err = ebpf.NewMap(b.tmpl.cidrSpec())
 	}
-	if err == nil {
-		err = b.writeSlot(n, s.pm, s.cm)
-	}
 	if err != nil {
 		s.close()
 		b.freeSlot(n)
 		return slot{}, fmt.Errorf("fill policy map slot: %w", err)
 	}
 	return s, nil
+}
+
+// newSlots creates up to want slots and writes them to the outer maps
+// with one batch update per outer map, one after the other: a batch
+// waits for one RCU grace period whatever its size, and one blocking
+// syscall at a time leaves the agent's other Go processors free. Writing
+// each slot's two entries at once (a goroutine per entry) held both
+// processors of a 2-CPU machine for a grace period (~12 ms) right after
+// a CNI ADD's Prepare took a slot, and that ADD's realize waited in the
+// worker pool's channel until the Go scheduler took a processor back
+// from a syscall (1-15 ms for one ADD in five). Slots the batches did
+// not write completely are emptied again and not returned.
+func (b *bpfState) newSlots(want int) []slot {
+	slots := make([]slot, 0, want)
+	for range want {
+		s, err := b.emptySlot()
+		if err != nil {
+			break
+		}
+		slots = append(slots, s)
+	}
+	keys := make([]uint32, len(slots))
+	pfds, cfds := make([]uint32, len(slots)), make([]uint32, len(slots))
+	for i, s := range slots {
+		keys[i], pfds[i], cfds[i] = s.n, uint32(s.pm.FD()), uint32(s.cm.FD())
+	}
+	written := len(slots)
+	for _, w := range []struct {
+		outer *ebpf.Map
+		fds   []uint32
+	}{{b.maps.policyMaps, pfds}, {b.maps.cidrMaps, cfds}} {
+		if written == 0 {
+			break
+		}
+		n, err := w.outer.BatchUpdate(keys[:written], w.fds[:written], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return b.writeSlots(slots)
+		}
+		if err != nil {
+			written = min(written, n)
+		}
+	}
+	for _, s := range slots[written:] {
+		// The policy batch may have written it: empty it again (a
+		// missing entry is success).
+		_ = b.releaseSlot(s.n)
+		s.close()
+	}
+	return slots[:written]
+}
+
+// writeSlots writes slots one at a time (kernels without batch updates
+// of hash-of-maps maps) and returns those written; the others are freed.
+func (b *bpfState) writeSlots(slots []slot) []slot {
+	var ok []slot
+	for _, s := range slots {
+		if err := b.writeSlot(s.n, s.pm, s.cm); err != nil {
+			_ = b.releaseSlot(s.n)
+			s.close()
+			continue
+		}
+		ok = append(ok, s)
+	}
+	return ok
 }
 
 // writeSlot writes pm and cm to slot n of the outer maps: both writes at
