@@ -78,7 +78,7 @@ func New() *Metrics {
 	m.dpPhase = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Subsystem: "datapath", Name: "phase_duration_seconds",
 		Help: "Duration of the Linux datapath's steps of an endpoint's realise and removal by phase " +
-			"(bpf-prepare, host-setup, host-sysctls, bpf-maps, bpf-policy, bpf-load, bpf-attach, remove).",
+			"(bpf-prepare, realize, host-setup, host-sysctls, bpf-claim, bpf-maps, bpf-policy, bpf-load, bpf-attach, remove).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"phase"})
 	m.restore = prometheus.NewGauge(prometheus.GaugeOpts{
