@@ -64,7 +64,31 @@ func CreateNS(name string) (*NS, error) {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
+	if err := sharedMountPoint(netnsDir); err != nil {
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
 	return CreateNSAt(filepath.Join(netnsDir, name))
+}
+
+// sharedMountPoint makes dir a shared mount point, as `ip netns add`
+// does with /run/netns before its first namespace. Without it, the
+// namespaces' mounts sit on the parent filesystem's directory, and the
+// first `ip netns` call afterwards (from any tool on the machine) binds
+// the directory onto itself recursively: every earlier mount is then
+// hidden beneath a copy, and Remove can neither unmount nor unlink it
+// (EBUSY), leaking the namespaces. Idempotent.
+func sharedMountPoint(dir string) error {
+	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == nil || !errors.Is(err, unix.EINVAL) {
+		return err // EINVAL: dir is no mount point yet
+	}
+	if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s onto itself: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }
 
 // CreateNSAt creates a network namespace kept alive by a bind mount at
