@@ -20,12 +20,8 @@ import (
 // they do between two checkpoints.
 func openLagging(tb testing.TB, dir string) *Store {
 	tb.Helper()
-	s, err := Open(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		tb.Fatal(err)
-	}
+	s := openTestStore(tb, dir)
 	s.cpEvery = time.Hour // before the checkpointer starts (the first request)
-	tb.Cleanup(s.Close)
 	return s
 }
 

@@ -10,12 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -141,7 +141,7 @@ type procEtcd struct {
 // waited for.
 type etcdProc struct {
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 func (s *procEtcd) endpoint() string { return s.client.String() }
@@ -191,22 +191,11 @@ func (s *procEtcd) spawn() (*etcdProc, error) {
 	cmd := exec.Command(s.bin, s.args()...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	p := &etcdProc{cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, after the child
-		defer close(p.done)
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	done, err := testutil.StartPinned(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start etcd: %s: %w", s.bin, err)
 	}
-	return p, nil
+	return &etcdProc{cmd: cmd, done: done}, nil
 }
 
 // kill sends SIGKILL and waits for the process.

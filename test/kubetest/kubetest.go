@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -218,7 +217,7 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 // for.
 type proc struct {
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 func (p *proc) running() bool {
@@ -256,22 +255,11 @@ func (e *Env) run(ctx context.Context, bin, logName string, args ...string) (*pr
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, after the child
-		defer close(p.done)
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	done, err := testutil.StartPinned(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start kubetest: %s: %w", filepath.Base(bin), err)
 	}
-	return p, nil
+	return &proc{cmd: cmd, done: done}, nil
 }
 
 // Stop kills the API server and etcd (their state is thrown away), waits
