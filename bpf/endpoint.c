@@ -72,7 +72,15 @@
  * untouched.
  *
  * Decisions (tested in datapath/bpf_prog_linux_test.go):
- *   - ARP always passes. Other non-IP frames pass unless dir is enforced
+ *   - What the pod sends (from_container) must come from its own
+ *     address, checked before anything else (source_ok): an IP packet
+ *     from another source, of a family the endpoint has no address of,
+ *     or an ARP frame with another sender address is dropped with
+ *     DROP_INVALID_SOURCE. IPv6 link-local sources, and :: on essential
+ *     ICMPv6, are exempt (neighbour discovery). Packets to_container
+ *     hairpins to the proxy are traffic to the pod and are not checked.
+ *   - ARP passes (from the pod: with its IPv4 sender address). Other
+ *     non-IP frames pass unless dir is enforced
  *     (then DROP_UNKNOWN_L3): VLAN tags and the like would bypass policy.
  *   - Non-first fragments (IPv4 offset != 0, IPv6 fragment header offset
  *     != 0) carry no ports: they are looked up with port 0, so only
@@ -645,8 +653,9 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
  * egress (to_container) alike, and still is for a packet to_container
  * hairpins to the ingress of the same veth (proxy_hairpin redirects to
  * skb->ifindex). A missing endpoints entry, or one without both policy maps,
- * leaves p->ep 0. */
-static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, void **cidr)
+ * leaves p->ep 0. *epp is the entry (the endpoint's addresses). */
+static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, void **cidr,
+					 struct endpoint_info **epp)
 {
 	__u32 ifindex = skb->ifindex, slot;
 	struct endpoint_info *ep;
@@ -655,6 +664,7 @@ static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, v
 	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
 	if (!ep)
 		return NULL;
+	*epp = ep;
 	slot = ep->slot;
 	pol = bpf_map_lookup_elem(&policy_maps, &slot);
 	*cidr = bpf_map_lookup_elem(&cidr_maps, &slot);
@@ -665,9 +675,72 @@ static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, v
 	return pol;
 }
 
+/* hairpinned reports whether to_container sent the packet back to the
+ * ingress of its host veth for the L7 proxy (proxy_hairpin): it is
+ * traffic to the pod, with the peer's source. Pods cannot forge the
+ * mark: crossing the veth out of their netns clears skb->mark. */
+static __always_inline int hairpinned(struct __sk_buff *skb)
+{
+	return (skb->mark & MARK_MAGIC_MASK) == MARK_TO_PROXY_MAGIC;
+}
+
+/* arp_source_ok reports whether an ARP frame from the pod is an
+ * Ethernet/IPv4 one whose sender address is the endpoint's IPv4
+ * address: the host would otherwise learn a neighbour entry for another
+ * pod's address from it. */
+static __always_inline int arp_source_ok(struct __sk_buff *skb, struct endpoint_info *ep)
+{
+	struct {
+		__be16 htype, ptype;
+		__u8 hlen, plen;
+		__be16 op;
+		__u8 sha[6];
+		__u32 spa; /* unaligned in the frame, copied whole */
+	} __attribute__((packed)) arp;
+
+	if (!(ep->flags & ENDPOINT_F_IPV4) || bpf_skb_load_bytes(skb, ETH_HLEN_, &arp, sizeof(arp)))
+		return 0;
+	return arp.htype == bpf_htons(1) && arp.ptype == bpf_htons(ETH_P_IP) && arp.hlen == 6 &&
+	       arp.plen == 4 && arp.spa == ep->ipv4;
+}
+
+/* source_ok reports whether the pod may send p (from_container): an IP
+ * packet's source must be the endpoint's address of its family
+ * (Cilium's DROP_INVALID_SIP); a family the endpoint has no address of
+ * has no valid source. Exceptions, IPv6 only:
+ *   - a link-local source (fe80::/10): neighbour discovery, router
+ *     solicitation, MLD; the host never forwards such a packet off the
+ *     link and the ipcache holds no link-local address, so it can claim
+ *     no other endpoint's identity;
+ *   - the unspecified address (::) on essential ICMPv6 (p->ndp): the
+ *     neighbour solicitations of duplicate address detection and MLD
+ *     reports before the pod has an address.
+ * IPv4 has none: 0.0.0.0 would be DHCP, which pods do not use. ARP
+ * frames must carry the IPv4 address as sender (arp_source_ok); other
+ * non-IP frames, and IP frames whose header has no readable source (the
+ * kernel drops them), are left to the rest of the verdict. */
+static __always_inline int source_ok(struct __sk_buff *skb, struct endpoint_info *ep, struct pkt *p)
+{
+	switch (p->family) {
+	case 4:
+		return (ep->flags & ENDPOINT_F_IPV4) && p->saddr[0] == ep->ipv4;
+	case 6:
+		if ((p->saddr[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
+			return 1;
+		if (p->ndp && !(p->saddr[0] | p->saddr[1] | p->saddr[2] | p->saddr[3]))
+			return 1;
+		return (ep->flags & ENDPOINT_F_IPV6) && p->saddr[0] == ep->ipv6[0] && p->saddr[1] == ep->ipv6[1] &&
+		       p->saddr[2] == ep->ipv6[2] && p->saddr[3] == ep->ipv6[3];
+	}
+	if (p->l3proto == ETH_P_ARP)
+		return arp_source_ok(skb, ep);
+	return 1;
+}
+
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
+	struct endpoint_info *ep = NULL;
 	struct policy_value *v;
 	struct cidr_value *cv;
 	void *pol, *cidr = NULL;
@@ -677,10 +750,12 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	int r;
 
 	r = parse(skb, &p);
-	pol = endpoint_of(skb, &p, &cidr);
-	if (!pol || !cidr)
+	pol = endpoint_of(skb, &p, &cidr, &ep);
+	if (!pol || !cidr || !ep)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
+	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
+		return drop(skb, &p, dir, DROP_INVALID_SOURCE, 0);
 	if (r == PARSE_NOT_IP) {
 		if (p.l3proto == ETH_P_ARP || !enforced(pol, dir))
 			return TC_ACT_OK;
@@ -693,7 +768,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (p.ndp)
 		return TC_ACT_OK;
-	if (dir == DIR_EGRESS && (skb->mark & MARK_MAGIC_MASK) == MARK_TO_PROXY_MAGIC)
+	if (dir == DIR_EGRESS && hairpinned(skb))
 		/* Hairpinned by to_container, which decided the verdict. */
 		return proxy_assign(skb, &p, skb->mark >> 16, DIR_INGRESS, 0);
 	if (dir == DIR_EGRESS) {

@@ -32,10 +32,18 @@ enum drop_reason {
 	 * its endpoint no policy maps): every frame is dropped, counted under
 	 * endpoint 0. Fail closed: nothing says which policy applies. */
 	DROP_NO_ENDPOINT = 7,
+	/* A packet from the pod whose source is not one of the endpoint's
+	 * addresses (Cilium's DROP_INVALID_SIP), or of a family the endpoint
+	 * has no address of; an ARP frame whose sender is not its IPv4
+	 * address. */
+	DROP_INVALID_SOURCE = 8,
 };
 
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
- * the ifindex of the endpoint's host veth in the node's netns. */
+ * the ifindex of the endpoint's host veth in the node's netns. The
+ * addresses made it 36 bytes, from 16: the agent carries the entries of
+ * a map pinned with the old layout over to a new map
+ * (datapath/bpf_maps_linux.go, openEndpointsMap). */
 struct endpoint_info {
 	__u32 id;       /* endpoint.ID: conntrack, drop counters, events */
 	__u32 identity; /* the endpoint's security identity (drop events) */
@@ -45,10 +53,17 @@ struct endpoint_info {
 	 * the agent fills slots ahead of time, off the CNI ADD's path, and
 	 * hands one to each new endpoint (datapath/bpf_slots_linux.go). */
 	__u32 slot;
-	/* flags: reserved for per-endpoint switches; no flag is defined,
-	 * user space writes 0 and the programs ignore it. */
-	__u32 flags;
+	__u32 flags; /* ENDPOINT_F_* */
+	/* The endpoint's addresses (network byte order bytes), each valid
+	 * with its flag: from_container drops what the pod sends from any
+	 * other source (DROP_INVALID_SOURCE), all of a family without one. */
+	__u32 ipv4;
+	__u32 ipv6[4];
 };
+
+/* endpoint_info.flags */
+#define ENDPOINT_F_IPV4 1 /* ipv4 holds the endpoint's IPv4 address */
+#define ENDPOINT_F_IPV6 2 /* ipv6 holds the endpoint's IPv6 address */
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
  * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4

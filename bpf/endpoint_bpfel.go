@@ -80,12 +80,13 @@ type EndpointDropKey struct {
 type EndpointDropReason uint32
 
 const (
-	EndpointDropReasonDROP_POLICY      EndpointDropReason = 1
-	EndpointDropReasonDROP_FRAGMENT    EndpointDropReason = 2
-	EndpointDropReasonDROP_MALFORMED   EndpointDropReason = 3
-	EndpointDropReasonDROP_UNKNOWN_L3  EndpointDropReason = 4
-	EndpointDropReasonDROP_PROXY       EndpointDropReason = 6
-	EndpointDropReasonDROP_NO_ENDPOINT EndpointDropReason = 7
+	EndpointDropReasonDROP_POLICY         EndpointDropReason = 1
+	EndpointDropReasonDROP_FRAGMENT       EndpointDropReason = 2
+	EndpointDropReasonDROP_MALFORMED      EndpointDropReason = 3
+	EndpointDropReasonDROP_UNKNOWN_L3     EndpointDropReason = 4
+	EndpointDropReasonDROP_PROXY          EndpointDropReason = 6
+	EndpointDropReasonDROP_NO_ENDPOINT    EndpointDropReason = 7
+	EndpointDropReasonDROP_INVALID_SOURCE EndpointDropReason = 8
 )
 
 type EndpointDropValue struct {
@@ -100,6 +101,8 @@ type EndpointEndpointInfo struct {
 	Identity uint32
 	Slot     uint32
 	Flags    uint32
+	Ipv4     uint32
+	Ipv6     [4]uint32
 }
 
 type EndpointIpcacheKey struct {

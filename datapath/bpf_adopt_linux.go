@@ -17,8 +17,9 @@ import (
 // endpoint keeps that mode. When both hooks run the node's current
 // programs (same program IDs: the pinned programs of this object,
 // bpf_loader_linux.go) and the endpoints map names id and its slot for
-// ifindex, the attachment is adopted and an agent restart attaches nothing;
-// otherwise Realize replaces it in place (TCX link update, cls_bpf
+// ifindex, the attachment is adopted and an agent restart attaches nothing
+// (Realize rewrites the entry if its identity or addresses are not the
+// endpoint's); otherwise Realize replaces it in place (TCX link update, cls_bpf
 // filter replace), so that traffic never runs without a program.
 func (l *Linux) adopt(e *bpfEndpoint, id endpoint.ID, dir string, ifindex int) {
 	ids, tcx, found := l.attachedIDs(dir, ifindex)
@@ -31,7 +32,7 @@ func (l *Linux) adopt(e *bpfEndpoint, id endpoint.ID, dir string, ifindex int) {
 		return
 	}
 	if ids == l.bpf.progID {
-		e.attached, e.identity, e.ifindex = true, identity.NumericIdentity(v.Identity), ifindex
+		e.attached, e.identity, e.addrs, e.ifindex = true, identity.NumericIdentity(v.Identity), infoAddrs(v), ifindex
 	}
 }
 

@@ -57,10 +57,11 @@ type bpfEndpoint struct {
 	have  *policy.MapState
 	ports map[policy.Key]uint16
 	// attached: the node's programs run on ifindex (with cls_bpf
-	// filters when legacy, else TCX links); identity is what the
-	// endpoints map says for ifindex.
+	// filters when legacy, else TCX links); identity and addrs are what
+	// the endpoints map says for ifindex.
 	attached bool
 	identity identity.NumericIdentity
+	addrs    epAddrs
 	ifindex  int
 	legacy   bool
 }
@@ -170,16 +171,19 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	l.phase(PhaseBPFPolicy, start)
-	if e.attached && e.identity == ep.Identity && e.ifindex == ifindex {
+	addrs := addrsOf(ep)
+	if e.attached && e.identity == ep.Identity && e.addrs == addrs && e.ifindex == ifindex {
 		return nil
 	}
 	start = time.Now()
-	if err := b.setEndpointInfo(ep.ID, ep.Identity, e.slot, ifindex, e.ifindex); err != nil {
+	// One map write: the entry carries the addresses the programs hold
+	// the pod's packets to (bpf/endpoint.c, source_ok).
+	if err := b.setEndpointInfo(endpointInfo(ep.ID, ep.Identity, e.slot, addrs), ifindex, e.ifindex); err != nil {
 		return err
 	}
 	l.phase(PhaseBPFLoad, start)
 	if e.attached && e.ifindex == ifindex {
-		e.identity = ep.Identity // the entry was all there was to change
+		e.identity, e.addrs = ep.Identity, addrs // the entry was all there was to change
 		return nil
 	}
 	start = time.Now()
@@ -188,7 +192,7 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	l.phase(PhaseBPFAttach, start)
-	e.attached, e.identity, e.ifindex = true, ep.Identity, ifindex
+	e.attached, e.identity, e.addrs, e.ifindex = true, ep.Identity, addrs, ifindex
 	return nil
 }
 
@@ -333,10 +337,11 @@ func (b *bpfState) reopenEndpointMaps(id endpoint.ID, dir string, ifindex int, p
 	return e, nil
 }
 
-// setEndpointInfo writes endpoint id's entry (its identity and slot) for
-// ifindex and deletes the one of its previous interface old (0: none).
-func (b *bpfState) setEndpointInfo(id endpoint.ID, ident identity.NumericIdentity, slot uint32, ifindex, old int) error {
-	v := bpf.EndpointEndpointInfo{Id: uint32(id), Identity: uint32(ident), Slot: slot}
+// setEndpointInfo writes an endpoint's entry v (endpointInfo: its
+// identity, slot and addresses) for ifindex and deletes the one of its
+// previous interface old (0: none).
+func (b *bpfState) setEndpointInfo(v bpf.EndpointEndpointInfo, ifindex, old int) error {
+	id := endpoint.ID(v.Id)
 	if err := b.maps.endpoints.Update(uint32(ifindex), v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("endpoint %d: endpoints entry of ifindex %d: %w", id, ifindex, err)
 	}

@@ -52,7 +52,9 @@ func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity
 	t.Cleanup(e.close)
 	pm, cm := e.policyMap, e.cidrMap
 	// BPF_PROG_TEST_RUN runs a packet on the loopback device.
-	if err := b.setEndpointInfo(id, ident, e.slot, harnessIfindex, 0); err != nil {
+	// The endpoint's addresses are podIP and pod6: from_container drops
+	// what it sends from any other.
+	if err := b.setEndpointInfo(endpointInfo(id, ident, e.slot, epAddrs{podIP, pod6}), harnessIfindex, 0); err != nil {
 		t.Fatal(err)
 	}
 	progs := b.progs

@@ -88,7 +88,11 @@ func (t *template) openShared(dir string) (sm sharedMaps, retErr error) {
 		if pin == "" {
 			pin = m.name
 		}
-		mp, err := openSharedMap(spec, filepath.Join(dir, pin))
+		open := openSharedMap
+		if m.name == bpf.EndpointMapEndpoints {
+			open = openEndpointsMap // carries an old layout's entries over
+		}
+		mp, err := open(spec, filepath.Join(dir, pin))
 		if err != nil {
 			return sm, err
 		}

@@ -125,7 +125,7 @@ func TestBPFInterfaceWithoutEndpointDrops(t *testing.T) {
 	if e.dropCount(0, DropNoEndpoint, policy.Ingress) == 0 {
 		t.Fatal("no no-endpoint drop counted under endpoint 0")
 	}
-	if err := e.l.bpf.setEndpointInfo(b.ep.ID, b.ep.Identity, slotOf(e.l, b.ep.ID), b.ep.IfIndex, 0); err != nil {
+	if err := e.l.bpf.setEndpointInfo(endpointInfo(b.ep.ID, b.ep.Identity, slotOf(e.l, b.ep.ID), addrsOf(b.ep)), b.ep.IfIndex, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.mustTalk(a, b, 8080)

@@ -39,11 +39,18 @@ const (
 	// programs without an endpoint entry for its ifindex (or whose
 	// endpoint has no policy maps): dropped, counted under endpoint 0.
 	DropNoEndpoint = "no-endpoint"
+	// DropInvalidSource: a packet from the pod whose source address is
+	// not the endpoint's address of its family (Cilium's "Invalid source
+	// ip"), of a family the endpoint has no address of, or an ARP frame
+	// whose sender is not its IPv4 address: a pod cannot pose as
+	// another. IPv6 link-local sources, and :: on neighbour discovery
+	// and MLD, pass.
+	DropInvalidSource = "invalid-source"
 )
 
 // dropReasons maps the programs' reason numbers to names.
 var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
-	16: DropNoRoute, 17: DropNATExhausted}
+	8: DropInvalidSource, 16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
 func dropReasonName(reason uint8) string {
