@@ -30,6 +30,7 @@ const (
 type progHarness struct {
 	b     *bpfState
 	id    endpoint.ID
+	slot  uint32 // its policy maps' slot
 	pm    *ebpf.Map
 	cm    *ebpf.Map
 	progs programs
@@ -58,7 +59,7 @@ func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity
 		t.Fatal(err)
 	}
 	progs := b.progs
-	return &progHarness{b: b, id: id, pm: pm, cm: cm, progs: progs, have: noPolicy}
+	return &progHarness{b: b, id: id, slot: e.slot, pm: pm, cm: cm, progs: progs, have: noPolicy}
 }
 
 func (h *progHarness) setPolicy(t testing.TB, ms *policy.MapState) {

@@ -109,16 +109,16 @@ func checkFrame(t *testing.T, f []byte, proto uint8) parsedFrame {
 // destination to the backend, to-container rewrites the reply's source
 // back to the frontend, and every checksum stays correct.
 func TestBPFServiceTranslationChecksums(t *testing.T) {
-	h := newProgHarness(t, 41, 1000)
+	h := newProgHarness(t, 41, 1000) // the client is the harness's pod (podIP, pod6)
 	for _, tc := range []struct {
 		name                 string
 		client, vip, backend string
 		proto                uint8
 	}{
-		{"tcp4", "10.200.0.2:40000", "10.96.0.10:80", "10.200.0.9:8080", service.TCP},
-		{"udp4", "10.200.0.2:40001", "10.96.0.10:53", "10.200.0.9:5353", service.UDP},
-		{"tcp6", "[fd00::2]:40002", "[fd00:96::10]:80", "[fd00::9]:8080", service.TCP},
-		{"udp6", "[fd00::2]:40003", "[fd00:96::10]:53", "[fd00::9]:5353", service.UDP},
+		{"tcp4", "10.0.0.10:40000", "10.96.0.10:80", "10.200.0.9:8080", service.TCP},
+		{"udp4", "10.0.0.10:40001", "10.96.0.10:53", "10.200.0.9:5353", service.UDP},
+		{"tcp6", "[fd00::10]:40002", "[fd00:96::10]:80", "[fd00::9]:8080", service.TCP},
+		{"udp6", "[fd00::10]:40003", "[fd00:96::10]:53", "[fd00::9]:5353", service.UDP},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client, vip, backend := netip.MustParseAddrPort(tc.client), netip.MustParseAddrPort(tc.vip), netip.MustParseAddrPort(tc.backend)
