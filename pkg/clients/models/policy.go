@@ -127,7 +127,8 @@ type EndpointPolicy struct {
 }
 
 // DropCounter counts the packets an endpoint's programs dropped for one
-// reason ("policy-denied", "fragment", "malformed", "unknown-l3") in one
+// reason ("policy-denied", "fragment", "malformed", "unknown-l3",
+// "invalid-source", ...: datapath/drops.go) in one
 // direction ("ingress" or "egress"). Endpoint is set in GET /v1/drops.
 type DropCounter struct {
 	Endpoint  int64  `json:"endpoint,omitempty"`

@@ -121,7 +121,7 @@ type L7 struct {
 // endpoint whose program dropped it.
 type Drop struct {
 	// Reason is the datapath's drop reason ("policy-denied", "fragment",
-	// "malformed", "unknown-l3").
+	// "malformed", "unknown-l3", "invalid-source", ...: datapath/drops.go).
 	Reason string `json:"reason"`
 	// Direction is "ingress" or "egress", relative to the endpoint.
 	Direction string `json:"direction"`
