@@ -76,8 +76,8 @@
  *     address, checked before anything else (source_ok): an IP packet
  *     from another source, of a family the endpoint has no address of,
  *     or an ARP frame with another sender address is dropped with
- *     DROP_INVALID_SOURCE. IPv6 link-local sources, and :: on essential
- *     ICMPv6, are exempt (neighbour discovery). Packets to_container
+ *     DROP_INVALID_SOURCE. Essential ICMPv6 from a link-local source or
+ *     from :: is exempt (neighbour discovery). Packets to_container
  *     hairpins to the proxy are traffic to the pod and are not checked.
  *   - ARP passes (from the pod: with its IPv4 sender address). Other
  *     non-IP frames pass unless dir is enforced
@@ -707,15 +707,14 @@ static __always_inline int arp_source_ok(struct __sk_buff *skb, struct endpoint_
 /* source_ok reports whether the pod may send p (from_container): an IP
  * packet's source must be the endpoint's address of its family
  * (Cilium's DROP_INVALID_SIP); a family the endpoint has no address of
- * has no valid source. Exceptions, IPv6 only:
- *   - a link-local source (fe80::/10): neighbour discovery, router
- *     solicitation, MLD; the host never forwards such a packet off the
- *     link and the ipcache holds no link-local address, so it can claim
- *     no other endpoint's identity;
- *   - the unspecified address (::) on essential ICMPv6 (p->ndp): the
- *     neighbour solicitations of duplicate address detection and MLD
- *     reports before the pod has an address.
- * IPv4 has none: 0.0.0.0 would be DHCP, which pods do not use. ARP
+ * has no valid source. The one exception is essential ICMPv6 (p->ndp:
+ * neighbour discovery, MLD, errors) from a link-local source (fe80::/10,
+ * which the host never forwards off the link and the ipcache never
+ * holds) or from :: (duplicate address detection, MLD before the pod has
+ * an address): without it the pod could not resolve its gateway. Other
+ * traffic from link-local sources is dropped, as Cilium does (it handles
+ * ICMPv6 before its source check). IPv4 has no exception: 0.0.0.0 would
+ * be DHCP, which pods do not use. ARP
  * frames must carry the IPv4 address as sender (arp_source_ok); other
  * non-IP frames, and IP frames whose header has no readable source (the
  * kernel drops them), are left to the rest of the verdict. */
@@ -725,9 +724,8 @@ static __always_inline int source_ok(struct __sk_buff *skb, struct endpoint_info
 	case 4:
 		return (ep->flags & ENDPOINT_F_IPV4) && p->saddr[0] == ep->ipv4;
 	case 6:
-		if ((p->saddr[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
-			return 1;
-		if (p->ndp && !(p->saddr[0] | p->saddr[1] | p->saddr[2] | p->saddr[3]))
+		if (p->ndp && ((p->saddr[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000) ||
+			       !(p->saddr[0] | p->saddr[1] | p->saddr[2] | p->saddr[3])))
 			return 1;
 		return (ep->flags & ENDPOINT_F_IPV6) && p->saddr[0] == ep->ipv6[0] && p->saddr[1] == ep->ipv6[1] &&
 		       p->saddr[2] == ep->ipv6[2] && p->saddr[3] == ep->ipv6[3];

@@ -35,7 +35,7 @@ enum drop_reason {
 	/* A packet from the pod whose source is not one of the endpoint's
 	 * addresses (Cilium's DROP_INVALID_SIP), or of a family the endpoint
 	 * has no address of; an ARP frame whose sender is not its IPv4
-	 * address. */
+	 * address. Essential ICMPv6 from fe80::/10 or :: passes. */
 	DROP_INVALID_SOURCE = 8,
 };
 

@@ -36,26 +36,33 @@ var (
 	llPod   = netip.MustParseAddr("fe80::10")
 	llHost  = netip.MustParseAddr("fe80::1")
 	unspec6 = netip.IPv6Unspecified()
-	// ns is a neighbour solicitation from src.
-	ns = func(src netip.Addr) []byte {
-		return pkt{src: src, dst: netip.MustParseAddr("ff02::1:ff00:1"), proto: policy.ProtoICMPv6, icmpType: 135}.bytes()
+	// icmp6 is an ICMPv6 message of type typ from src to a multicast
+	// group; ns a neighbour solicitation.
+	icmp6 = func(src netip.Addr, typ uint8) []byte {
+		return pkt{src: src, dst: netip.MustParseAddr("ff02::1:ff00:1"), proto: policy.ProtoICMPv6, icmpType: typ}.bytes()
 	}
+	ns = func(src netip.Addr) []byte { return icmp6(src, 135) }
 )
 
 // TestBPFSourceCheck: from_container passes what the pod sends from its
 // own addresses and drops anything else as invalid-source (counted and
 // notified under the endpoint, before policy), for a dual-stack and
-// both single-stack endpoints; IPv6 link-local sources and :: on
-// neighbour discovery pass; ARP must carry the IPv4 address as sender.
+// both single-stack endpoints; essential ICMPv6 from a link-local source
+// or :: passes, other link-local traffic does not; ARP must carry the
+// IPv4 address as sender.
 // The other direction is not checked.
 func TestBPFSourceCheck(t *testing.T) {
 	h := newPolicyHarness(t)
 	udp, tcp := policy.ProtoUDP, policy.ProtoTCP
 	common := []sourceCase{
-		{"ipv6 link-local source", srcPkt(llPod, llHost, udp), verdictPass},
 		{"ipv6 neighbour solicitation from link-local", ns(llPod), verdictPass},
+		{"ipv6 router solicitation from link-local", icmp6(llPod, 133), verdictPass},
+		{"ipv6 MLDv2 report from link-local", icmp6(llPod, 143), verdictPass},
 		{"ipv6 DAD solicitation from ::", ns(unspec6), verdictPass},
+		{"ipv6 udp from link-local", srcPkt(llPod, llHost, udp), verdictDrop},
+		{"ipv6 echo from link-local", pkt{src: llPod, dst: llHost, proto: policy.ProtoICMPv6, icmpType: 128}.bytes(), verdictDrop},
 		{"ipv6 udp from ::", srcPkt(unspec6, peerA6, udp), verdictDrop},
+		{"ipv6 neighbour solicitation from another pod's address", ns(peerA6), verdictDrop},
 		{"ipv4 from another pod's address", srcPkt(peerA, worldIP, udp), verdictDrop},
 		{"ipv4 from 0.0.0.0", srcPkt(netip.IPv4Unspecified(), netip.MustParseAddr("255.255.255.255"), udp), verdictDrop},
 		{"ipv6 from another pod's address", srcPkt(peerA6, pod6, tcp), verdictDrop},

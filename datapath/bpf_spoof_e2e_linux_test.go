@@ -272,7 +272,8 @@ func (e *srcEnv) dstAddr(src netip.Addr) netip.Addr {
 // address inside the pod), or of a family the pod has no address of,
 // they are dropped as invalid-source, notified and counted under the
 // pod's endpoint; a dual-stack and both single-stack pods; neighbour
-// discovery from the pod's link-local address still resolves; after an
+// discovery from the pod's link-local address still resolves (other
+// link-local traffic is dropped); after an
 // agent restart (same build: the attachments are adopted) the check
 // still holds.
 func TestBPFSourceSpoofingDropped(t *testing.T) {
@@ -289,6 +290,11 @@ func testSourceSpoofing(t *testing.T, tcx bool) {
 	e.mustPass(e.dual, e.dual.ep.IPv6)
 	e.mustPass(e.v4, e.v4.ep.IPv4)
 	e.mustPass(e.v6, e.v6.ep.IPv6)
+	for _, p := range e.pods() {
+		if n := e.dropCount(p.ep.ID, DropInvalidSource, policy.Egress); n != 0 {
+			t.Fatalf("endpoint %d: %d invalid-source drops of its own traffic", p.ep.ID, n)
+		}
+	}
 	e.neighbourResolves(e.v6)
 
 	// Another pod's address, and a family without an address.
@@ -304,7 +310,7 @@ func testSourceSpoofing(t *testing.T, tcx bool) {
 		t.Fatalf("%d no-endpoint drops, want none", n)
 	}
 	if n := e.dropCount(e.dst.ep.ID, DropInvalidSource, policy.Egress); n != 0 {
-		t.Fatalf("the target (its replies, its neighbour discovery) dropped as invalid-source %d times", n)
+		t.Fatalf("the target (its neighbour discovery, its port unreachables) dropped as invalid-source %d times", n)
 	}
 
 	// An agent restart of the same build adopts the attachments; the
@@ -325,9 +331,11 @@ func testSourceSpoofing(t *testing.T, tcx bool) {
 }
 
 // neighbourResolves flushes the pod's neighbour entry of the host veth's
-// link-local address and sends to that address from the pod's
-// link-local one: the pod's neighbour solicitation (from fe80::/10) must
-// reach the host, whose advertisement resolves the entry.
+// link-local address and sends a datagram to that address from the
+// pod's link-local one: the pod's neighbour solicitation (from
+// fe80::/10) must reach the host, whose advertisement resolves the
+// entry; the datagram itself, link-local traffic that is not neighbour
+// discovery, is dropped as invalid-source.
 func (e *srcEnv) neighbourResolves(p *stackPod) {
 	e.t.Helper()
 	nl := p.ns.Netlink(e.t)
@@ -363,8 +371,20 @@ func (e *srcEnv) neighbourResolves(p *stackPod) {
 		}
 		return false
 	})
-	if n := e.dropCount(p.ep.ID, DropInvalidSource, policy.Egress); n != 0 {
-		e.t.Fatalf("endpoint %d: %d invalid-source drops of its own traffic", p.ep.ID, n)
+	var src netip.Addr
+	waitFor(e.t, "the link-local datagram's invalid-source drop", func() bool {
+		e.drops.mu.Lock()
+		defer e.drops.mu.Unlock()
+		for _, ev := range e.drops.events {
+			if ev.Endpoint == p.ep.ID && ev.Reason == DropInvalidSource && ev.Dst == p.ll && ev.DstPort == 9 {
+				src = ev.Src
+				return true
+			}
+		}
+		return false
+	})
+	if !src.IsLinkLocalUnicast() {
+		e.t.Fatalf("link-local datagram dropped with source %s, want the pod's link-local address", src)
 	}
 }
 

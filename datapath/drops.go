@@ -43,8 +43,8 @@ const (
 	// not the endpoint's address of its family (Cilium's "Invalid source
 	// ip"), of a family the endpoint has no address of, or an ARP frame
 	// whose sender is not its IPv4 address: a pod cannot pose as
-	// another. IPv6 link-local sources, and :: on neighbour discovery
-	// and MLD, pass.
+	// another. Essential ICMPv6 (neighbour discovery, MLD, errors) from
+	// an IPv6 link-local source or :: passes.
 	DropInvalidSource = "invalid-source"
 )
 
