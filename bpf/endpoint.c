@@ -71,7 +71,8 @@
  * never redirects them again. Packets of entries without a proxy port are
  * untouched.
  *
- * Decisions (tested in datapath/bpf_prog_linux_test.go):
+ * Decisions (tested in datapath/bpf_prog_linux_test.go; the source check
+ * in bpf_source_prog_linux_test.go and bpf_spoof_e2e_linux_test.go):
  *   - What the pod sends (from_container) must come from its own
  *     address, checked before anything else (source_ok): an IP packet
  *     from another source, of a family the endpoint has no address of,
@@ -714,10 +715,10 @@ static __always_inline int arp_source_ok(struct __sk_buff *skb, struct endpoint_
  * an address): without it the pod could not resolve its gateway. Other
  * traffic from link-local sources is dropped, as Cilium does (it handles
  * ICMPv6 before its source check). IPv4 has no exception: 0.0.0.0 would
- * be DHCP, which pods do not use. ARP
- * frames must carry the IPv4 address as sender (arp_source_ok); other
- * non-IP frames, and IP frames whose header has no readable source (the
- * kernel drops them), are left to the rest of the verdict. */
+ * be DHCP, which pods do not use. ARP frames must carry the IPv4 address
+ * as sender (arp_source_ok); other non-IP frames, and IP frames whose
+ * header has no readable source (the kernel drops them), are left to the
+ * rest of the verdict. */
 static __always_inline int source_ok(struct __sk_buff *skb, struct endpoint_info *ep, struct pkt *p)
 {
 	switch (p->family) {
