@@ -43,10 +43,11 @@ type endpointActor struct {
 	restoreReport bool
 	// leaseWait: an IPAM claim or an identity acquisition is in flight.
 	leaseWait bool
-	// ioWait: a datapath operation (pool) or a state write or removal
-	// (store) is in flight. Both waits may overlap (a relabel during a
-	// realise).
-	ioWait bool
+	// ioWait: how many datapath operations (pool) and state writes or
+	// removals (store) are in flight: a full regeneration runs its state
+	// write and its realise at once. leaseWait may overlap them (a relabel
+	// during a realise).
+	ioWait int
 	// stateStays: deleting, the state removal failed (the endpoint may
 	// come back at the next start, so the delete is not acknowledged).
 	stateStays bool

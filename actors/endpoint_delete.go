@@ -52,7 +52,7 @@ func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
 	switch {
 	case !a.deleting():
 		return false
-	case a.life == lifeLeavingIndex || a.ioWait || a.leaseWait || a.regen.running:
+	case a.life == lifeLeavingIndex || a.ioWait > 0 || a.leaseWait || a.regen.running:
 		return true
 	}
 	// The datapath goes first, then the state, both while the row is

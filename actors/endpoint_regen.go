@@ -50,7 +50,7 @@ func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID, 
 	}
 	owed := a.regen.want != wantNone
 	a.regen.want = max(a.regen.want, level)
-	if a.regen.running || a.leaseWait || a.ioWait || a.ep.State == endpoint.StateWaitingForIdentity {
+	if a.regen.running || a.leaseWait || a.ioWait > 0 || a.ep.State == endpoint.StateWaitingForIdentity {
 		if owed {
 			a.regen.coalesced++ // merged into the pending regeneration
 		}
@@ -119,37 +119,77 @@ func errUnexpected(res any) error {
 	return fmt.Errorf("unexpected answer %T", res)
 }
 
-// writeAndRealize writes the state (full only) and realises the datapath.
+// writeAndRealize writes the state (full only) and realises the datapath,
+// the two at once: the regeneration ends, and its waiters are answered,
+// once both are done, so what a sync PUT's answer promises is unchanged
+// (the state is durable, the datapath realised). A crash between the
+// two leaves either a state the restore regenerates from, or, for a new
+// endpoint, datapath leftovers of an endpoint no state names: the
+// datapath GC's orphan passes remove those (host veth, pin directory,
+// endpoints map entry and slot). Cilium's order is the same: it commits
+// an endpoint's state directory after the BPF load.
 func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 	a.shared = true
 	snap, rev, dp := a.ep, a.regen.rev, a.deps.dp
-	realize := func(ctx actor.Context, err error) {
-		switch {
-		case a.abortRegenIfDeleting(ctx):
-		case err != nil:
-			a.regenFailed(ctx, err)
-		default:
-			a.phaseDone(phaseWriteState)
-			a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
-				return dp.Realize(c, snap, rev)
-			}, a.realized)
-		}
+	realize := func(ctx actor.Context, cont func(actor.Context, any, error)) {
+		a.datapathOp(ctx, "realize", func(c context.Context) (any, error) {
+			return dp.Realize(c, snap, rev)
+		}, cont)
 	}
 	if !full {
-		realize(ctx, nil)
+		a.phaseDone(phaseWriteState)
+		realize(ctx, a.realized)
 		return
 	}
 	a.prepare(ctx, snap)
-	// State on disk first, so that a crash after the datapath changed
-	// still finds the endpoint at restore.
-	a.stateOp(ctx, "write", a.writeState(snap), realize)
+	j := &regenJoin{start: a.regen.phaseStart}
+	a.stateOp(ctx, "write", a.writeState(snap), func(ctx actor.Context, err error) {
+		j.stateDone, j.stateErr = true, err
+		a.phaseSpan(phaseWriteState, time.Now().UnixNano()-j.start)
+		a.joinRegen(ctx, j)
+	})
+	realize(ctx, func(ctx actor.Context, v any, err error) {
+		j.realizeDone, j.realized, j.realizeErr = true, v, err
+		j.realizeTook = time.Now().UnixNano() - j.start
+		a.joinRegen(ctx, j)
+	})
+	j.since = a.opSince
+}
+
+// regenJoin is what a full regeneration's two concurrent steps, the state
+// write and the realise, returned.
+type regenJoin struct {
+	start, realizeTook     int64 // unix nanoseconds; nanoseconds
+	since                  int64 // when both began, as the actor's opSince
+	stateDone, realizeDone bool
+	stateErr, realizeErr   error
+	realized               any
+}
+
+// joinRegen continues the regeneration once both of j's steps are done.
+// A failed state write fails it even when the realise succeeded (a sync
+// PUT must not answer before the state is durable); the next
+// regeneration or the teardown brings the datapath in line.
+func (a *endpointActor) joinRegen(ctx actor.Context, j *regenJoin) {
+	switch {
+	case !j.realizeDone:
+		a.op, a.opSince = PhaseRealize, j.since // what is still in flight
+	case !j.stateDone:
+		a.op, a.opSince = PhaseWriteState, j.since
+	case j.stateErr != nil && !a.abortRegenIfDeleting(ctx):
+		a.regenFailed(ctx, j.stateErr)
+	case j.stateErr == nil && !a.realizeFailed(ctx, j.realizeErr):
+		a.phaseSpan(phaseRealize, j.realizeTook)
+		a.regen.phaseStart = time.Now().UnixNano()
+		a.awaitProxies(ctx, j.realized)
+	}
 }
 
 // prepare lets a datapath that can (datapath.Preparer) start the first
 // build's work that changes nothing traffic sees (the Linux datapath
-// creates the endpoint's policy maps) in the worker pool while the state is
-// written; nobody waits for it, the realise that follows uses what it
-// did.
+// opens the endpoint's policy maps) in the worker pool, alongside the
+// realise's first steps (host routes and sysctls); nobody waits for it,
+// the realise waits for it where it needs what it did.
 func (a *endpointActor) prepare(ctx actor.Context, ep *endpoint.Endpoint) {
 	p, ok := a.deps.dp.(datapath.Preparer)
 	if !ok || ep.Regenerations > 0 || ep.IfIndex == 0 {
@@ -184,11 +224,11 @@ func (a *endpointActor) stateOp(ctx actor.Context, op string, submit func(done f
 		cont(ctx, nil)
 		return
 	}
-	a.ioWait = true
+	a.ioWait++
 	a.req.await(ctx, 0, func(reply func(any, error)) {
 		submit(func(err error) { reply(nil, err) })
 	}, func(_ any, err error) {
-		a.ioWait = false
+		a.ioWait--
 		if err != nil {
 			err = fmt.Errorf("%s state: %w: %w", op, ErrStateWrite, err)
 		}
@@ -210,10 +250,10 @@ const opRemoveState = "remove-state"
 
 // datapathOp runs fn in the datapath pool and continues with its error.
 func (a *endpointActor) datapathOp(ctx actor.Context, op string, fn func(context.Context) (any, error), cont func(actor.Context, any, error)) {
-	a.ioWait = true
+	a.ioWait++
 	work := &messages.DatapathWork{Op: op, Endpoint: a.ep.ID, Timeout: a.deps.cfg.DatapathTimeout, Run: fn}
 	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
-		a.ioWait = false
+		a.ioWait--
 		cont(ctx, v, err)
 	})
 	a.setOp(op)
@@ -231,15 +271,31 @@ func (a *endpointActor) abortRegenIfDeleting(ctx actor.Context) bool {
 	return true
 }
 
+// realized continues a regeneration whose realise (alone) came back.
 func (a *endpointActor) realized(ctx actor.Context, v any, err error) {
-	if a.abortRegenIfDeleting(ctx) {
-		return
-	}
-	if err != nil {
-		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, err))
+	if a.realizeFailed(ctx, err) {
 		return
 	}
 	a.phaseDone(phaseRealize)
+	a.awaitProxies(ctx, v)
+}
+
+// realizeFailed ends the regeneration if a delete arrived or the realise
+// failed, and reports whether it did.
+func (a *endpointActor) realizeFailed(ctx actor.Context, err error) bool {
+	if a.abortRegenIfDeleting(ctx) {
+		return true
+	}
+	if err != nil {
+		a.regenFailed(ctx, fmt.Errorf("%w: %w", ErrDatapath, err))
+		return true
+	}
+	return false
+}
+
+// awaitProxies completes the realised regeneration, or waits for the
+// proxies the datapath reported to acknowledge its revision first.
+func (a *endpointActor) awaitProxies(ctx actor.Context, v any) {
 	if r := a.regen.rejected; r != "" {
 		a.regen.rejected = ""
 		a.regenFailed(ctx, fmt.Errorf("%w: %s", ErrProxyRejected, r))
@@ -422,8 +478,16 @@ const (
 // phaseDone ends phase i of the running regeneration and starts the next.
 func (a *endpointActor) phaseDone(i regenPhase) {
 	now := time.Now().UnixNano()
-	d := time.Duration(now - a.regen.phaseStart)
-	a.regen.phases[i], a.regen.phaseStart = uint32(min(d.Microseconds(), math.MaxUint32)), now
+	a.phaseSpan(i, now-a.regen.phaseStart)
+	a.regen.phaseStart = now
+}
+
+// phaseSpan records that phase i of the running regeneration took ns
+// nanoseconds (phases that overlap: the state write and the realise of
+// a full regeneration).
+func (a *endpointActor) phaseSpan(i regenPhase, ns int64) {
+	d := time.Duration(max(ns, 0))
+	a.regen.phases[i] = uint32(min(d.Microseconds(), math.MaxUint32))
 	if a.deps.observer != nil {
 		a.deps.observer.RegenPhase(RegenPhases[i], d)
 	}

@@ -65,15 +65,25 @@ func (g *gateStore) heldWith(l labels.Label) bool {
 }
 
 // release completes the held writes (and stops holding).
-func (g *gateStore) release() {
+func (g *gateStore) release() { g.complete(nil) }
+
+// complete completes the held writes with err (and stops holding).
+func (g *gateStore) complete(err error) {
 	g.mu.Lock()
 	held := g.held
 	g.held, g.hold = nil, false
 	g.events = append(g.events, "released")
 	g.mu.Unlock()
 	for _, done := range held {
-		done(nil)
+		done(err)
 	}
+}
+
+// heldWrites is how many writes are held.
+func (g *gateStore) heldWrites() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.held)
 }
 
 // TestPatchLabelsAnswersWhenDurable: a PATCH of labels (and a repeated

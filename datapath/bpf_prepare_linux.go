@@ -25,7 +25,7 @@ var _ Preparer = (*Linux)(nil)
 // Prepare implements Preparer: it gives the endpoint its policy maps (a
 // filled slot of the per-node outer maps, pinned in its directory; or a
 // previous agent's, read back), so that
-// the Realize that follows (once the endpoint's state is durable) only
+// the Realize that runs alongside (while the state is written) only
 // writes the policy, the endpoint's ifindex entry and attaches the
 // node's programs (there is nothing to load: they are loaded once per
 // node). It changes nothing the endpoint's traffic sees: no interface

@@ -3,9 +3,6 @@ package cnibench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +16,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/membrane-cni/membrane/datapath"
-	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -36,7 +31,7 @@ type arm struct {
 	cni   *libcni.CNIConfig
 	conf  *libcni.NetworkConfigList
 	host  *testutil.NS
-	agent *agent.Agent
+	agent *agentProc
 	exec  *timedExec // libcni's plugin executor, timed
 }
 
@@ -69,23 +64,27 @@ func TestCNIBench(t *testing.T) {
 	phasesFile := filepath.Join(phasesDir(t, dir), "plugin-phases.jsonl")
 	t.Setenv(cni.PhasesEnv, phasesFile) // libcni passes the environment on
 	bin := buildPlugin(t, dir)
+	agentBin := os.Getenv("BENCH_AGENT") // an A/B of the agent: a prebuilt membrane-agent
+	if agentBin == "" {
+		agentBin = buildAgent(t, dir)
+	}
 	// Both attach modes of the endpoint programs, each agent in a host
 	// netns of its own: TCX (--bpf-attach tcx) and cls_bpf (the default,
 	// --bpf-attach auto).
 	var arms []*arm
 	if os.Getenv("BENCH_TCX") != "0" {
-		arms = append(arms, startMembrane(t, dir, bin, host, "membrane", true, dual))
+		arms = append(arms, startMembrane(t, dir, bin, agentBin, host, "membrane", true, dual))
 	}
-	arms = append(arms, startMembrane(t, dir, bin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", false, dual))
+	arms = append(arms, startMembrane(t, dir, bin, agentBin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", false, dual))
 	// An A/B of the plugin alone: another plugin binary (say, one built
 	// from main) against an agent of its own, tc attach, in the same
 	// alternation as the others.
 	if base := os.Getenv("BENCH_BASE_PLUGIN"); base != "" {
 		baseBin := basePluginDir(t, dir, base)
 		if os.Getenv("BENCH_TCX") != "0" {
-			arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbtcx"), "base", true, dual))
+			arms = append(arms, startMembrane(t, dir, baseBin, agentBin, testutil.NewNS(t, "mbb-hbtcx"), "base", true, dual))
 		}
-		arms = append(arms, startMembrane(t, dir, baseBin, testutil.NewNS(t, "mbb-hbase"), "base-tc", false, dual))
+		arms = append(arms, startMembrane(t, dir, baseBin, agentBin, testutil.NewNS(t, "mbb-hbase"), "base-tc", false, dual))
 	}
 	arms = append(arms, ptpArm(t, dir, host, dual))
 	if dual {
@@ -115,18 +114,23 @@ func TestCNIBench(t *testing.T) {
 			elapsed, used, lat := concurrentRound(t, a, n/rounds, conc)
 			c := res[a.name]
 			c.busy += elapsed
-			c.cpu[0], c.cpu[1] = c.cpu[0]+used[0], c.cpu[1]+used[1]
+			for i := range used {
+				c.cpu[i] += used[i]
+			}
 			c.lat = append(c.lat, lat...)
 		}
 	}
 	total := n / rounds * rounds
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nCPU per concurrent ADD (user+sys, from getrusage):\n")
+	fmt.Fprintf(&b, "\nCPU per concurrent ADD (user+sys: getrusage, the agent's /proc/<pid>/stat):\n")
 	for _, a := range arms {
 		c := res[a.name]
-		fmt.Fprintf(&b, "  %-11s this process (libcni%s) %s, plugin processes %s\n", a.name,
-			map[bool]string{true: " and the agents", false: ""}[a.agent != nil],
-			ms(c.cpu[0]/time.Duration(total)), ms(c.cpu[1]/time.Duration(total)))
+		per := func(d time.Duration) string { return ms(d / time.Duration(total)) }
+		agentCPU := ""
+		if a.agent != nil {
+			agentCPU = ", agent process " + per(c.cpu[2])
+		}
+		fmt.Fprintf(&b, "  %-11s this process (libcni) %s, plugin processes %s%s\n", a.name, per(c.cpu[0]), per(c.cpu[1]), agentCPU)
 	}
 	b.WriteString(report(n, conc, rounds, arms, seq, res, load0, loadAvg()))
 	b.WriteString(headlines(arms, conc, seq, res))
@@ -163,7 +167,7 @@ const tmpfsMagic = 0x01021994
 // process, the plugin processes) and every ADD's latency.
 type concResult struct {
 	busy time.Duration
-	cpu  [2]time.Duration
+	cpu  [3]time.Duration // this process, plugin processes, the agent process
 	lat  []time.Duration
 }
 
@@ -306,29 +310,22 @@ var armRanges = map[string][2]string{
 // startMembrane starts an agent in host (dual: with an IPv6 range too;
 // endpointTCX: endpoint programs attached with TCX, else with cls_bpf as
 // by default) and returns its arm.
-func startMembrane(t *testing.T, dir, bin string, host *testutil.NS, name string, endpointTCX, dual bool) *arm {
+func startMembrane(t *testing.T, dir, bin, agentBin string, host *testutil.NS, name string, endpointTCX, dual bool) *arm {
 	t.Helper()
 	dir = filepath.Join(dir, name)
-	sock := filepath.Join(dir, "agent.sock")
-	cfg := agent.Config{
-		Socket: sock, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix(armRanges[name][0]),
-		Datapath: "linux", Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), EndpointTCX: endpointTCX},
-		DeleteQueueDir: filepath.Join(dir, "queue"),
-	}
-	if dual {
-		cfg.IPv6Range = netip.MustParsePrefix(armRanges[name][1])
-	}
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		_ = a.Stop(ctx)
-	})
+	attach := map[bool]string{true: "tcx", false: "auto"}[endpointTCX]
+	args := []string{"--state-dir", filepath.Join(dir, "state"), "--ipv4-range", armRanges[name][0],
+		"--datapath", "linux", "--bpffs", testutil.BPFFSDir(t), "--bpf-attach", attach,
+		"--delete-queue-dir", filepath.Join(dir, "queue"), "--http-addr", "", "--enable-health=false", "--log-level", "warn"}
+	if dual {
+		args = append(args, "--ipv6-range", armRanges[name][1])
+	}
+	a := startAgent(t, host, agentBin, dir, args...)
 	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"membrane-bench","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1500}]}`,
-		sock, filepath.Join(dir, "queue"))
+		a.socket, filepath.Join(dir, "queue"))
 	ar := newArm(t, name, host, []string{bin}, filepath.Join(dir, "cache"), raw)
 	ar.agent = a
 	return ar
@@ -454,13 +451,13 @@ func sequential(t *testing.T, arms []*arm, n int, addsDone func()) (map[string][
 // took, the CPU time this process (libcni, and the agents) and the
 // plugin processes used, and each ADD's latency; the pods are deleted
 // afterwards, unmeasured.
-func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [2]time.Duration, []time.Duration) {
+func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [3]time.Duration, []time.Duration) {
 	pods := newSandboxes(t, n, "mbc-"+a.name)
 	work := make(chan *sandbox)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	lat := make(chan time.Duration, n)
-	self0, kids0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN)
+	self0, kids0, agent0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN), a.agentCPU()
 	start := time.Now()
 	for range conc {
 		wg.Add(1)
@@ -487,7 +484,7 @@ func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [2]time.
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
-	used := [2]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0}
+	used := [3]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0, a.agentCPU() - agent0}
 	close(errs)
 	close(lat)
 	for err := range errs {
@@ -502,6 +499,14 @@ func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [2]time.
 		_ = p.ns.Remove()
 	}
 	return elapsed, used, ls
+}
+
+// agentCPU is the arm's agent process's CPU time so far (0 for ptp).
+func (a *arm) agentCPU() time.Duration {
+	if a.agent == nil {
+		return 0
+	}
+	return a.agent.cpu()
 }
 
 // cpuTime is the user+sys time of this process or its reaped children.

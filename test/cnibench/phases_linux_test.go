@@ -36,7 +36,7 @@ func agentPhases(arms []*arm) map[string]phaseSums {
 
 func readPhases(a *arm) phaseSums {
 	ps := phaseSums{}
-	mfs, err := a.agent.Metrics().Gatherer().Gather()
+	mfs, err := a.agent.metrics()
 	if err != nil {
 		return ps
 	}
