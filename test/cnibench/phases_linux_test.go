@@ -152,6 +152,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			}
 			pt := newPhaseTable()
 			n, threads := 0, 0
+			var rss, faults int64
 			for id, c := range byID {
 				if c.arm != a.name {
 					continue
@@ -174,6 +175,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				}
 				pt.add("= whole call", c.end.Sub(c.start))
 				threads += r.Threads
+				rss, faults = rss+r.MaxRSSKiB, faults+r.MinorFaults
 			}
 			if n == 0 {
 				continue
@@ -182,7 +184,8 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			for _, name := range pt.names {
 				fmt.Fprintln(&b, pt.row(name))
 			}
-			fmt.Fprintf(&b, "\nplugin OS threads at its end (each runs once more to exit): %.1f on average\n", float64(threads)/float64(n))
+			fmt.Fprintf(&b, "\nplugin at its end, on average (each thread runs once more to exit, and the exit frees the memory): %.1f OS threads, peak RSS %d KiB, %d minor page faults\n",
+				float64(threads)/float64(n), rss/int64(n), faults/int64(n))
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
 			agentRows(&b, cmd, before, after, n)
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +37,11 @@ type PhaseRecord struct {
 	// each must be scheduled once more to exit before the runtime sees
 	// the plugin gone, which a loaded machine makes slow.
 	Threads int `json:"threads,omitempty"`
+	// MaxRSSKiB and MinorFaults are the plugin's peak resident memory and
+	// page faults when it finished (getrusage): the exit frees that
+	// memory before the runtime sees the plugin gone.
+	MaxRSSKiB   int64 `json:"maxRSSKiB,omitempty"`
+	MinorFaults int64 `json:"minorFaults,omitempty"`
 }
 
 // Phase is one named step of a call and how long it took.
@@ -94,6 +100,10 @@ func (t *phaseTimer) write(failed bool) {
 	}
 	t.rec.End, t.rec.Failed = time.Now().UnixNano(), failed
 	t.rec.Threads = osThreads()
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		t.rec.MaxRSSKiB, t.rec.MinorFaults = ru.Maxrss, ru.Minflt
+	}
 	line, err := json.Marshal(&t.rec)
 	if err != nil {
 		return
