@@ -142,17 +142,20 @@ func (a *endpointActor) writeAndRealize(ctx actor.Context, full bool) {
 		return
 	}
 	a.prepare(ctx, snap)
+	// The realise is handed to the pool first: the state's encoding and
+	// submission then run while a worker already works.
 	j := &regenJoin{start: a.regen.phaseStart}
-	a.stateOp(ctx, "write", a.writeState(snap), func(ctx actor.Context, err error) {
-		j.stateDone, j.stateErr = true, err
-		a.phaseSpan(phaseWriteState, time.Now().UnixNano()-j.start)
-		a.joinRegen(ctx, j)
-	})
 	realize(ctx, func(ctx actor.Context, v any, err error) {
 		j.realizeDone, j.realized, j.realizeErr = true, v, err
 		j.realizeTook = time.Now().UnixNano() - j.start
 		a.joinRegen(ctx, j)
 	})
+	a.stateOp(ctx, "write", a.writeState(snap), func(ctx actor.Context, err error) {
+		j.stateDone, j.stateErr = true, err
+		a.phaseSpan(phaseWriteState, time.Now().UnixNano()-j.start)
+		a.joinRegen(ctx, j)
+	})
+	a.setOp(PhaseRealize)
 	j.since = a.opSince
 }
 

@@ -385,3 +385,91 @@ func TestBPFSlotsRefill(t *testing.T) {
 		t.Fatalf("outer policy map holds %d maps, want at least %d", len(ids), spareSlots+len(taken))
 	}
 }
+
+// TestBPFSlotsReleaseBatched: slots released at once (a burst of DELs)
+// all leave both outer maps and their numbers are freed; a release of a
+// slot that is not in the outer maps succeeds, and a missing key in the
+// middle of a batch does not stop the keys after it.
+func TestBPFSlotsReleaseBatched(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	b, p := l.bpf, &l.bpf.slots
+	spareIDs(t, l)
+	const n = 20
+	var taken []slot
+	for range n {
+		s, err := b.takeSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken = append(taken, s)
+	}
+	t.Cleanup(func() {
+		for _, s := range taken {
+			s.close()
+		}
+	})
+	missing, err := b.allocSlot() // reserved, never written
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, n+1)
+	for _, k := range append([]uint32{missing}, slotNumbers(taken)...) {
+		go func() { errs <- b.releaseSlot(k) }()
+	}
+	for range n + 1 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, s := range taken {
+		for _, outer := range []*ebpf.Map{b.maps.policyMaps, b.maps.cidrMaps} {
+			var id ebpf.MapID
+			if err := outer.Lookup(s.n, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("slot %d still in an outer map (lookup: %v)", s.n, err)
+			}
+		}
+	}
+	p.mu.Lock()
+	for _, k := range append([]uint32{missing}, slotNumbers(taken)...) {
+		if p.used[k] {
+			t.Errorf("slot number %d not freed", k)
+		}
+	}
+	p.mu.Unlock()
+
+	// A batch with a missing key between two present ones.
+	var pair []slot
+	for range 2 {
+		s, err := b.newSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair = append(pair, s)
+		t.Cleanup(s.close)
+	}
+	keys := []uint32{pair[0].n, missing, pair[1].n}
+	kerrs := make([]error, len(keys))
+	for _, outer := range []*ebpf.Map{b.maps.policyMaps, b.maps.cidrMaps} {
+		deleteOuterKeys(outer, keys, kerrs)
+		for _, s := range pair {
+			var id ebpf.MapID
+			if err := outer.Lookup(s.n, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("slot %d still in an outer map after the batch (lookup: %v)", s.n, err)
+			}
+		}
+	}
+	if err := errors.Join(kerrs...); err != nil {
+		t.Errorf("batch with a missing key: %v", err)
+	}
+	for _, s := range pair {
+		b.freeSlot(s.n)
+	}
+}
+
+func slotNumbers(ss []slot) []uint32 {
+	ns := make([]uint32, len(ss))
+	for i, s := range ss {
+		ns[i] = s.n
+	}
+	return ns
+}

@@ -46,6 +46,8 @@ type slotPool struct {
 	// closed: the release is left to the next agent (initSlots).
 	life sync.RWMutex
 	gone bool
+	// release batches the slots being emptied (releaseSlot).
+	release slotReleases
 }
 
 const (
@@ -279,34 +281,101 @@ func (b *bpfState) writeSlot(n uint32, pm, cm *ebpf.Map) error {
 	return nil
 }
 
-// releaseSlot deletes slot n from the outer maps (both at once) and frees
-// its number. It waits for grace periods: callers run it off the
-// caller's path.
+// releaseSlot deletes slot n from the outer maps and frees its number.
+// It waits for grace periods: callers run it off the caller's path.
+// Releases made at once share them: the first caller deletes every
+// waiting slot with one batch delete per outer map, one map after the
+// other, while later callers wait for their batch (a burst of DELs
+// emptied their slots two goroutines each, every delete blocking a Go
+// processor in bpf() for a grace period, like the refills did before
+// newSlots). Deleting a slot that is not in the outer maps is success.
 func (b *bpfState) releaseSlot(n uint32) error {
 	b.slots.life.RLock()
 	defer b.slots.life.RUnlock()
 	if b.slots.gone {
 		return nil
 	}
-	var cerr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cerr = b.maps.cidrMaps.Delete(n)
-	}()
-	perr := b.maps.policyMaps.Delete(n)
-	<-done
-	var errs []error
-	for _, err := range []error{perr, cerr} {
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
+	r := &b.slots.release
+	done := make(chan error, 1)
+	r.mu.Lock()
+	r.pending = append(r.pending, slotReleaseReq{n: n, done: done})
+	lead := !r.running
+	r.running = true
+	r.mu.Unlock()
+	if lead {
+		b.releaseBatches()
+	}
+	return <-done
+}
+
+// slotReleases are the releases waiting for a batch; running says a
+// caller is deleting batches.
+type slotReleases struct {
+	mu      sync.Mutex
+	pending []slotReleaseReq
+	running bool
+}
+
+type slotReleaseReq struct {
+	n    uint32
+	done chan error
+}
+
+// releaseBatches deletes batches of waiting slots until none waits.
+func (b *bpfState) releaseBatches() {
+	r := &b.slots.release
+	for {
+		r.mu.Lock()
+		batch := r.pending
+		r.pending = nil
+		if len(batch) == 0 {
+			r.running = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		keys := make([]uint32, len(batch))
+		for i, req := range batch {
+			keys[i] = req.n
+		}
+		errs := make([]error, len(keys))
+		for _, outer := range []*ebpf.Map{b.maps.policyMaps, b.maps.cidrMaps} {
+			deleteOuterKeys(outer, keys, errs)
+		}
+		for i, req := range batch {
+			if errs[i] == nil {
+				b.freeSlot(req.n)
+				req.done <- nil
+				continue
+			}
+			req.done <- fmt.Errorf("empty slot %d: %w", req.n, errs[i])
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("empty slot %d: %w", n, err)
+}
+
+// deleteOuterKeys deletes keys from outer, in batches where the kernel can;
+// errs[i] records key i's failure (a missing key is not one). A batch
+// stops at its first failing key: the rest go in the next.
+func deleteOuterKeys(outer *ebpf.Map, keys []uint32, errs []error) {
+	for i := 0; i < len(keys); {
+		n, err := outer.BatchDelete(keys[i:], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			for ; i < len(keys); i++ {
+				if err := outer.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs[i] = errors.Join(errs[i], err)
+				}
+			}
+			return
+		}
+		i += n
+		if err == nil || i >= len(keys) {
+			return
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs[i] = errors.Join(errs[i], err)
+		}
+		i++ // key i failed (or was missing): the batch goes on after it
 	}
-	b.freeSlot(n)
-	return nil
 }
 
 // slotRelease is releaseSlot as an io.Closer (closeLater).
