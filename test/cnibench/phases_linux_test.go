@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			pt := newPhaseTable()
 			n, threads := 0, 0
 			var rss, faults int64
+			var slow []slowCall
 			for id, c := range byID {
 				if c.arm != a.name {
 					continue
@@ -174,6 +176,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 					pt.add("plugin exit, libcni", c.end.Sub(time.Unix(0, r.End)))
 				}
 				pt.add("= whole call", c.end.Sub(c.start))
+				slow = append(slow, slowCall{c, r})
 				threads += r.Threads
 				rss, faults = rss+r.MaxRSSKiB, faults+r.MinorFaults
 			}
@@ -186,11 +189,52 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			}
 			fmt.Fprintf(&b, "\nplugin at its end, on average (each thread runs once more to exit, and the exit frees the memory): %.1f OS threads, peak RSS %d KiB, %d minor page faults\n",
 				float64(threads)/float64(n), rss/int64(n), faults/int64(n))
+			printSlowest(&b, slow, 3)
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
 			agentRows(&b, cmd, before, after, n)
 		}
 	}
 	return b.String()
+}
+
+// slowCall is one sequential call with its plugin phase record.
+type slowCall struct {
+	c call
+	r cni.PhaseRecord
+}
+
+// printSlowest prints the k slowest calls (they make the p99): when each
+// started and its phases of 1 ms or more, so that a tail shows where it
+// comes from.
+func printSlowest(b *strings.Builder, calls []slowCall, k int) {
+	if len(calls) == 0 {
+		return
+	}
+	first := calls[0].c.start
+	for _, s := range calls {
+		if s.c.start.Before(first) {
+			first = s.c.start
+		}
+	}
+	sort.Slice(calls, func(i, j int) bool {
+		return calls[i].c.end.Sub(calls[i].c.start) > calls[j].c.end.Sub(calls[j].c.start)
+	})
+	fmt.Fprintf(b, "slowest calls (phases of 1 ms or more):\n")
+	for _, s := range calls[:min(k, len(calls))] {
+		var long []string
+		if d := time.Unix(0, s.r.Start).Sub(s.c.start); d >= time.Millisecond {
+			long = append(long, "start "+ms(d))
+		}
+		for _, p := range s.r.Phases {
+			if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
+				long = append(long, p.Name+" "+ms(d))
+			}
+		}
+		if d := s.c.end.Sub(time.Unix(0, s.r.End)); d >= time.Millisecond {
+			long = append(long, "exit and libcni "+ms(d))
+		}
+		fmt.Fprintf(b, "  %s at %.1f s: %s\n", ms(s.c.end.Sub(s.c.start)), s.c.start.Sub(first).Seconds(), strings.Join(long, ", "))
+	}
 }
 
 // agentRows prints the agent's side of n calls of cmd.

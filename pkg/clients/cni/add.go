@@ -15,8 +15,9 @@ import (
 
 // cmdAdd attaches the pod: allocate an address of every family the agent
 // serves, create the veth with its peer already in the pod's netns,
-// configure the pod side, register the endpoint (sync: the agent's
-// datapath has set up the host side when it answers), print the result.
+// configure the pod side while registering the endpoint (sync: the
+// agent's datapath has set up the host side when it answers), print the
+// result.
 // Any failure undoes what this ADD made, every address included.
 func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	pt := newPhaseTimer("ADD", args.ContainerID, args.IfName)
@@ -79,21 +80,34 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	}
 	pt.mark("ipam-wait")
 	pt.span("ipam-call (overlaps veth)", alloc.start, alloc.end)
-	if err := pod.configure(veth, addrs); err != nil {
-		return err
-	}
-	pt.mark("configure")
 
+	// The endpoint is registered while the pod side is configured: the
+	// agent's work (state, routes and programs on the host side) needs
+	// the host veth and the addresses, not the pod's addresses and
+	// routes. The ADD answers once both are done; if either failed, the
+	// rollback removes the endpoint the PUT may have created.
 	mayExist := false // an endpoint this ADD may have created
 	defer func() {
 		if retErr != nil && mayExist {
 			c.removeEndpoint()
 		}
 	}()
-	if mayExist, err = c.putEndpoint(ctx, veth, addrs); err != nil {
-		return err
+	put := make(chan error, 1)
+	go func() {
+		var err error
+		mayExist, err = c.putEndpoint(ctx, veth, addrs)
+		put <- err
+	}()
+	cerr := pod.configure(veth, addrs)
+	pt.mark("configure (the endpoint PUT runs alongside)")
+	perr := <-put // mayExist is set
+	if cerr != nil {
+		return cerr
 	}
-	pt.mark("put-endpoint")
+	if perr != nil {
+		return perr
+	}
+	pt.mark("put-endpoint (what was left after configure)")
 	res := buildResult(c.conf, args, veth, addrs)
 	if err := types.PrintResult(res, c.conf.CNIVersion); err != nil {
 		return newError(types.ErrIOFailure, "print result: %v", err)

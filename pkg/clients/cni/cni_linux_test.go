@@ -365,6 +365,45 @@ func TestAddFailureRollsBack(t *testing.T) {
 			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
 		}
 	})
+	t.Run("configure fails while the endpoint is created", func(t *testing.T) {
+		e := newEnv(t, "10.244.22.0/24")
+		e.startAgent(nil)
+		p := e.newPod("noroute")
+		// A default route already in the pod's netns: the ADD's own
+		// default route fails (EEXIST), while its endpoint PUT runs.
+		nl := p.ns.Netlink(t)
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = "side0"
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "side1"}); err != nil {
+			t.Fatal(err)
+		}
+		d, err := nl.LinkByName("side0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.LinkSetUp(d); err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.RouteAdd(&netlink.Route{LinkIndex: d.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, Scope: netlink.SCOPE_LINK}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.add(p); err == nil || !strings.Contains(err.Error(), "default route") {
+			t.Fatalf("ADD with a default route taken = %v, want a default-route error", err)
+		}
+		if e.hostLinkExists(p) {
+			t.Fatal("host veth left behind")
+		}
+		if _, err := nl.LinkByName("eth0"); err == nil {
+			t.Fatal("eth0 left in the pod's netns")
+		}
+		if _, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID); err == nil {
+			t.Fatal("endpoint left behind")
+		}
+		st, err := e.client().IPAMStatus(context.Background())
+		if err != nil || len(st.IPv4.Allocations) != 0 {
+			t.Fatalf("allocations after failed ADD = %+v, %v", st.IPv4.Allocations, err)
+		}
+	})
 }
 
 // assertNothingLeft checks a failed ADD left no veth and no endpoint.
