@@ -101,23 +101,10 @@ func (p *agentProc) waitReady(t *testing.T) {
 	t.Helper()
 	c := client.New(p.socket)
 	defer c.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := c.Status(ctx)
-		cancel()
-		if err == nil && st.State == "ok" {
-			return
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("membrane-agent exited during start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("membrane-agent not ready after 60 s: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx, p.done); err != nil {
+		t.Fatalf("membrane-agent: %v", err)
 	}
 }
 

@@ -84,23 +84,10 @@ func (p *agentProc) waitReady() {
 	p.t.Helper()
 	c := client.New(p.socket)
 	defer c.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := c.Status(ctx)
-		cancel()
-		if err == nil && st.State == "ok" {
-			return
-		}
-		select {
-		case <-p.exited:
-			p.t.Fatalf("agent exited during start (%v): %v", p.cmd.ProcessState, err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("agent not ready after 60 s: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx, p.exited); err != nil {
+		p.t.Fatalf("start agent (%v): %v", p.cmd.ProcessState, err)
 	}
 }
 

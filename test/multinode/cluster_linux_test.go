@@ -255,24 +255,12 @@ func (nd *node) start() error {
 	}
 	nd.cmd, nd.exited = cmd, make(chan struct{})
 	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(nd.exited)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := nd.api.Status(ctx)
-		cancel()
-		if err == nil && st.State == "ok" {
-			return nil
-		}
-		select {
-		case <-nd.exited:
-			return fmt.Errorf("%s: agent exited during start: %v\n%s", nd.name, err, nd.tail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: agent not ready after 60 s: %v\n%s", nd.name, err, nd.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := nd.api.WaitReady(ctx, nd.exited); err != nil {
+		return fmt.Errorf("%s: %w\n%s", nd.name, err, nd.tail())
 	}
+	return nil
 }
 
 func (nd *node) tail() string {

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
@@ -179,6 +180,32 @@ func (c *Client) Healthz(ctx context.Context) error {
 func (c *Client) Status(ctx context.Context) (*models.Status, error) {
 	var st models.Status
 	return &st, c.do(ctx, http.MethodGet, "/v1/status", "", nil, &st)
+}
+
+// WaitReady polls Status until the agent reports "ok" (restore done, the
+// delete queue drained), ctx ends, or gone closes (the agent's process
+// exited); it returns the last error seen with the reason it stopped.
+func (c *Client) WaitReady(ctx context.Context, gone <-chan struct{}) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := c.Status(sctx)
+		cancel()
+		if err == nil && st.State == "ok" {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("agent state %q", st.State)
+		}
+		select {
+		case <-gone:
+			return fmt.Errorf("agent exited before it was ready: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("agent not ready: %w (last: %w)", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
 }
 
 // EndpointCreate creates an endpoint; ref is "0" (agent picks the ID), a

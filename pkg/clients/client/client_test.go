@@ -311,3 +311,43 @@ func TestContextCancel(t *testing.T) {
 		t.Fatalf("Healthz with a cancelled context = %v, want context.Canceled", err)
 	}
 }
+
+// TestWaitReady: WaitReady waits through a starting agent until its
+// status is ok, and stops with an error when the agent's process is gone
+// or the context ends.
+func TestWaitReady(t *testing.T) {
+	f, c, _ := startFakeAgent(t)
+	f.answer(503, `{"state":"starting","message":"restoring endpoints"}`)
+	done := make(chan error, 1)
+	go func() { done <- c.WaitReady(bgCtx(t), nil) }()
+	for { // a few polls while starting
+		f.mu.Lock()
+		n := len(f.requests)
+		f.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("WaitReady returned %v while the agent was starting", err)
+	default:
+	}
+	f.answer(200, `{"state":"ok"}`)
+	if err := <-done; err != nil {
+		t.Fatalf("WaitReady = %v once ok", err)
+	}
+
+	f.answer(503, `{"state":"starting"}`)
+	gone := make(chan struct{})
+	close(gone)
+	if err := c.WaitReady(bgCtx(t), gone); err == nil || !strings.Contains(err.Error(), "exited") {
+		t.Fatalf("WaitReady with the process gone = %v, want an exit error", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.WaitReady(ctx, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitReady with the context done = %v, want context.Canceled", err)
+	}
+}
