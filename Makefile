@@ -119,7 +119,8 @@ bench-headline:
 # BENCH_N sequential ADDs then DELs, BENCH_CONC concurrent ADD workers;
 # BENCH_STACK=dual gives both arms an IPv4 and an IPv6 range. From the
 # environment: BENCH_TCX=0 drops the TCX arm; BENCH_BASE_PLUGIN=<binary>
-# adds arms running that plugin binary (an A/B of the plugin alone).
+# adds arms running that plugin binary (an A/B of the plugin alone);
+# BENCH_AGENT=<binary> runs that membrane-agent for every arm.
 BENCH_N     ?= 200
 BENCH_CONC  ?= 8
 BENCH_STACK ?= ipv4
