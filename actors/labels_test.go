@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -79,6 +80,20 @@ func (g *gateStore) complete(err error) {
 	}
 }
 
+// answered sends f's endpoint result to out once it comes, recording
+// the event "answered" first.
+func (g *gateStore) answered(f *actor.Future, out chan<- *messages.EndpointResult) {
+	go func() {
+		res, err := f.Result()
+		g.event("answered")
+		r, _ := res.(*messages.EndpointResult)
+		if err != nil {
+			r = &messages.EndpointResult{Err: err}
+		}
+		out <- r
+	}()
+}
+
 // heldWrites is how many writes are held.
 func (g *gateStore) heldWrites() int {
 	g.mu.Lock()
@@ -101,16 +116,7 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 			add := mustLabels(t, "k8s:tier=new")
 			results := make(chan *messages.EndpointResult, 2)
 			for range 2 {
-				f := h.future(h.sys.PIDForTest("endpoints"), &messages.PatchLabels{ID: ep.ID, Add: add})
-				go func() {
-					res, err := f.Result()
-					g.event("answered")
-					r, _ := res.(*messages.EndpointResult)
-					if err != nil {
-						r = &messages.EndpointResult{Err: err}
-					}
-					results <- r
-				}()
+				g.answered(h.future(h.sys.PIDForTest("endpoints"), &messages.PatchLabels{ID: ep.ID, Add: add}), results)
 				waitFor(t, "a held write with the new labels", func() bool { return g.heldWith(add[0]) })
 			}
 			time.Sleep(lockedWindow) // an early answer would arrive now

@@ -23,15 +23,7 @@ func TestCreateWritesAndRealizesAtOnce(t *testing.T) {
 			f := h.future(h.sys.PIDForTest("endpoints"), &messages.CreateEndpoint{
 				Spec: podSpec(t, "c-join-"+name, "default", "p", "k8s:app=web"), Sync: true})
 			answered := make(chan *messages.EndpointResult, 1)
-			go func() {
-				res, err := f.Result()
-				g.event("answered")
-				r, _ := res.(*messages.EndpointResult)
-				if err != nil {
-					r = &messages.EndpointResult{Err: err}
-				}
-				answered <- r
-			}()
+			g.answered(f, answered)
 			waitFor(t, "a realise while the state write is held", func() bool {
 				return h.realizes() == 1 && g.heldWrites() == 1
 			})

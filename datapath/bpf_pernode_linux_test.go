@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"slices"
 	"testing"
@@ -227,17 +226,7 @@ func testReloadKeepsTraffic(t *testing.T, tcx bool) {
 	}()
 	objectDigest = func() string { return "changed-object" }
 	t.Cleanup(func() { objectDigest = bpf.EndpointObjectDigest })
-	if err := e.l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := NewLinux(e.l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l2.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l2.Close() })
+	l2 := reopen(t, e.l)
 	e.l = l2
 	if l2.bpf.progID == old {
 		t.Fatal("changed object: programs not reloaded")

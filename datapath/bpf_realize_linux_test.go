@@ -160,6 +160,12 @@ func reopen(t *testing.T, l *Linux) *Linux {
 
 func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
 	t.Helper()
+	return pinnedLinkInfo(t, l, id).Program
+}
+
+// pinnedLinkInfo is the endpoint's pinned from-container TCX link's info.
+func pinnedLinkInfo(t *testing.T, l *Linux, id endpoint.ID) *link.Info {
+	t.Helper()
 	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +175,7 @@ func pinnedProgID(t *testing.T, l *Linux, id endpoint.ID) ebpf.ProgramID {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info.Program
+	return info
 }
 
 // TestBPFAdoptOnlyCurrentPrograms: after a restart of the same build the
@@ -266,16 +272,7 @@ func pinnedLinkID(t *testing.T, l *Linux, id endpoint.ID, tcx bool) uint32 {
 		}
 		return n
 	}
-	lk, err := link.LoadPinnedLink(filepath.Join(l.bpf.endpointDir(id), pinLinkFrom), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lk.Close()
-	info, err := lk.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return uint32(info.ID)
+	return uint32(pinnedLinkInfo(t, l, id).ID)
 }
 
 // TestBPFAttachModeSticksAcrossRestart: an endpoint keeps the attach mode

@@ -85,18 +85,9 @@ func names(tb testing.TB, dir string) []string {
 // the journal to the directories under the store the test runs.
 func scanIDs(tb testing.TB, dir string) map[endpoint.ID]uint64 {
 	tb.Helper()
-	s, err := Open(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer s.Abort()
-	eps, bad := s.Scan()
+	out, bad := scanAll(tb, dir)
 	if len(bad) > 0 {
 		tb.Fatalf("scan: %+v", bad)
-	}
-	out := map[endpoint.ID]uint64{}
-	for _, ep := range eps {
-		out[ep.ID] = ep.DesiredRevision
 	}
 	return out
 }

@@ -61,24 +61,10 @@ func startAgent(t *testing.T, host *testutil.NS, bin, dir string, args ...string
 	p.cmd = exec.Command(bin, append([]string{"--socket", p.socket}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// The child inherits the netns of the thread that starts it, and
-		// that thread waits for it (Pdeathsig).
-		err := host.Do(func() error {
-			if err := p.cmd.Start(); err != nil {
-				return err
-			}
-			started <- nil
-			return p.cmd.Wait()
-		})
-		if p.cmd.Process == nil {
-			started <- err
-		}
-	}()
-	if err := <-started; err != nil {
+	// It dies with the thread that started it (Pdeathsig), which entered
+	// the host netns for it.
+	done, err := host.StartPinned(p.cmd)
+	if err != nil {
 		t.Fatalf("start membrane-agent: %v", err)
 	}
 	p.done = done
@@ -108,15 +94,7 @@ func (p *agentProc) waitReady(t *testing.T) {
 	}
 }
 
-func (p *agentProc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(60 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *agentProc) stop() { testutil.Stop(p.cmd.Process, p.done, 60*time.Second) }
 
 // metrics reads the agent's GET /metrics.
 func (p *agentProc) metrics() (map[string]*dto.MetricFamily, error) {

@@ -109,13 +109,7 @@ func (p *agentProc) stop() {
 	if p.cmd == nil {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
+	testutil.Stop(p.cmd.Process, p.exited, 30*time.Second)
 	p.cmd = nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -277,13 +276,7 @@ func (nd *node) stop() {
 	if nd.cmd == nil {
 		return
 	}
-	_ = nd.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-nd.exited:
-	case <-time.After(30 * time.Second):
-		_ = nd.cmd.Process.Kill()
-		<-nd.exited
-	}
+	testutil.Stop(nd.cmd.Process, nd.exited, 30*time.Second)
 	nd.cmd = nil
 	if nd.c.t.Failed() {
 		nd.c.t.Logf("%s agent log (tail):\n%s", nd.name, nd.tail())
