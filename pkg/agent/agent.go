@@ -329,7 +329,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
 			Phase: cfg.API.Metrics.DatapathPhase, OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
 	}
-	srv, err := api.New(cfg.API, sys, log)
+	apiCfg := cfg.API
+	apiCfg.HostNetns = cfg.Linux.HostNetns // where pods' veths get their host end
+	srv, err := api.New(apiCfg, sys, log)
 	if err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
 	}

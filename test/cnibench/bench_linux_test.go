@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,20 +92,21 @@ func TestCNIBench(t *testing.T) {
 		fmt.Println("dual-stack: every arm gives every pod an IPv4 and an IPv6 address")
 	}
 
-	if os.Getenv("BENCH_ONLY") == "concurrent" { // for profiling
-		for _, a := range arms {
-			elapsed, _, _ := concurrentRound(t, a, n, conc)
-			fmt.Printf("%s: %.0f ADDs/s\n", a.name, float64(n)/elapsed.Seconds())
-		}
-		return
-	}
 	// The arms alternate, call by call and round by round, so that all
 	// see the same machine (other work, the kernel's netns cleanups).
+	// BENCH_ONLY=concurrent skips the sequential calls and the breakdown
+	// (for profiles, and for A/Bs of CPU per ADD).
+	only := os.Getenv("BENCH_ONLY") == "concurrent"
 	warmUp(t, arms)
 	load0 := loadAvg()
-	snaps := [3]map[string]phaseSums{agentPhases(arms)}
-	seq, calls := sequential(t, arms, n, func() { snaps[1] = agentPhases(arms) })
-	snaps[2] = agentPhases(arms)
+	var snaps [3]map[string]phaseSums
+	var seq map[string][2]stats
+	var calls calls
+	if !only {
+		snaps[0] = agentPhases(arms)
+		seq, calls = sequential(t, arms, n, func() { snaps[1] = agentPhases(arms) })
+		snaps[2] = agentPhases(arms)
+	}
 	// The concurrent rounds are not broken down: the plugins run without
 	// their phase records (a file append and a /proc read per call,
 	// which only Membrane's plugin makes).
@@ -119,9 +121,10 @@ func TestCNIBench(t *testing.T) {
 			elapsed, used, lat := concurrentRound(t, a, n/rounds, conc)
 			c := res[a.name]
 			c.busy += elapsed
-			for i := range used {
+			for i := range c.cpu {
 				c.cpu[i] += used[i]
 			}
+			c.machine += used[3]
 			c.lat = append(c.lat, lat...)
 		}
 	}
@@ -136,6 +139,17 @@ func TestCNIBench(t *testing.T) {
 			agentCPU = ", agent process " + per(c.cpu[2])
 		}
 		fmt.Fprintf(&b, "  %-11s this process (libcni) %s, plugin processes %s%s\n", a.name, per(c.cpu[0]), per(c.cpu[1]), agentCPU)
+		own := c.cpu[0] + c.cpu[1] + c.cpu[2]
+		fmt.Fprintf(&b, "  %-11s the machine: %s busy per ADD (%s on no process's account), %.2f of %d CPUs busy\n",
+			"", per(c.machine), per(c.machine-own), c.machine.Seconds()/c.busy.Seconds(), runtime.NumCPU())
+	}
+	if only {
+		for _, a := range arms {
+			c := res[a.name]
+			fmt.Fprintf(&b, "  %-11s %.0f ADDs/s, ADD p50 %s\n", a.name, float64(total)/c.busy.Seconds(), ms(summarize(c.lat).p50))
+		}
+		fmt.Print(b.String())
+		return
 	}
 	b.WriteString(report(n, conc, rounds, arms, seq, res, load0, loadAvg()))
 	b.WriteString(headlines(arms, conc, seq, res))
@@ -173,7 +187,12 @@ const tmpfsMagic = 0x01021994
 type concResult struct {
 	busy time.Duration
 	cpu  [3]time.Duration // this process, plugin processes, the agent process
-	lat  []time.Duration
+	// machine is the CPU time the whole machine spent busy (every CPU,
+	// /proc/stat) during the rounds: with cpu it shows the kernel's work
+	// on nobody's account (netns cleanups, RCU callbacks, softirqs) and
+	// how much of the processors the arm left idle.
+	machine time.Duration
+	lat     []time.Duration
 }
 
 // rotate returns arms starting at index r (mod len).
@@ -491,13 +510,14 @@ func warmUp(t *testing.T, arms []*arm) {
 // took, the CPU time this process (libcni, and the agents) and the
 // plugin processes used, and each ADD's latency; the pods are deleted
 // afterwards, unmeasured.
-func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [3]time.Duration, []time.Duration) {
+func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [4]time.Duration, []time.Duration) {
 	pods := newSandboxes(t, n, "mbc-"+a.name)
 	work := make(chan *sandbox)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	lat := make(chan time.Duration, n)
 	self0, kids0, agent0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN), a.agentCPU()
+	busy0 := machineBusy(t)
 	start := time.Now()
 	for range conc {
 		wg.Add(1)
@@ -524,7 +544,7 @@ func concurrentRound(t *testing.T, a *arm, n, conc int) (time.Duration, [3]time.
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
-	used := [3]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0, a.agentCPU() - agent0}
+	used := [4]time.Duration{cpuTime(syscall.RUSAGE_SELF) - self0, cpuTime(syscall.RUSAGE_CHILDREN) - kids0, a.agentCPU() - agent0, machineBusy(t) - busy0}
 	close(errs)
 	close(lat)
 	for err := range errs {
@@ -547,6 +567,31 @@ func (a *arm) agentCPU() time.Duration {
 		return 0
 	}
 	return a.agent.cpu()
+}
+
+// machineBusy is the time every CPU together spent neither idle nor
+// waiting for I/O (/proc/stat, in USER_HZ ticks of 10 ms).
+func machineBusy(t *testing.T) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		t.Fatalf("/proc/stat: first line %q", line)
+	}
+	var busy int64
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/stat: %q: %v", line, err)
+		}
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return time.Duration(busy) * 10 * time.Millisecond
 }
 
 // cpuTime is the user+sys time of this process or its reaped children.

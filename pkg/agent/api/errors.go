@@ -37,6 +37,9 @@ const (
 	CodeRequestTooLarge   = "request-too-large"          // 413
 	CodeBodyTimeout       = "request-timeout"            // 408: the body did not arrive within the body timeout
 	CodeUnhealthy         = "endpoint-unhealthy"         // 503: GET /v1/endpoint/{id}/healthz of an unhealthy endpoint
+	CodeNetns             = "netns-unavailable"          // 400: POST /v1/attach: the pod's netns cannot be opened or entered
+	CodeInterfaceExists   = "interface-exists"           // 409: POST /v1/attach: an interface name stays taken
+	CodeKernel            = "kernel-error"               // 500: POST /v1/attach: a netlink or sysctl call failed
 )
 
 // apiError is an error with its HTTP status and code.

@@ -68,6 +68,10 @@ type Config struct {
 	// AllowedHosts are the Host names, besides localhost and loopback
 	// addresses, the TCP listener answers for ("*": any).
 	AllowedHosts []string
+	// HostNetns is the path of the netns in which POST /v1/attach creates
+	// the host end of a pod's veth (the one the datapath works in); ""
+	// is the agent's own.
+	HostNetns string
 }
 
 // Server is the REST API.
@@ -197,6 +201,7 @@ func (s *Server) routes() {
 	m.HandleFunc("DELETE /v1/ipam/{ip}", s.mutating(s.releaseIP))
 	m.HandleFunc("GET /v1/ipam", s.ipamStatus)
 	m.HandleFunc("POST /v1/gc", s.mutating(s.gc))
+	m.HandleFunc("POST /v1/attach", s.mutating(s.attach))
 	// pod-name:<ns>/<pod> references with an unescaped '/'.
 	m.HandleFunc("PUT /v1/endpoint/{id}/{pod}", s.mutating(s.putEndpoint))
 	m.HandleFunc("GET /v1/endpoint/{id}/{pod}", s.getEndpoint)

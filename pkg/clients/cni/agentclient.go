@@ -284,26 +284,9 @@ func readChunked(r *bufio.Reader) ([]byte, error) {
 
 // The calls the plugin makes (same paths and bodies as pkg/clients/client).
 
-// ipamAllocate allocates an address of family, or of every family the
-// agent serves when family is "".
-func (c *agentClient) ipamAllocate(ctx context.Context, family, owner string) (*models.IPAMResponse, error) {
-	q := url.Values{}
-	if family != "" {
-		q.Set("family", family)
-	}
-	if owner != "" {
-		q.Set("owner", owner)
-	}
-	var r models.IPAMResponse
-	return &r, c.do(ctx, "POST", "/v1/ipam", q, nil, &r)
-}
-
-func (c *agentClient) ipamRelease(ctx context.Context, ip string) error {
-	return c.do(ctx, "DELETE", "/v1/ipam/"+url.PathEscape(ip), nil, nil, nil)
-}
-
-func (c *agentClient) endpointCreate(ctx context.Context, ref string, req *models.EndpointChangeRequest) error {
-	return c.do(ctx, "PUT", "/v1/endpoint/"+url.PathEscape(ref), nil, req, nil)
+// attach is POST /v1/attach: the agent does the ADD.
+func (c *agentClient) attach(ctx context.Context, req *models.AttachRequest, out *models.AttachResponse) error {
+	return c.do(ctx, "POST", "/v1/attach", nil, req, out)
 }
 
 func (c *agentClient) endpointGet(ctx context.Context, ref string) (*models.Endpoint, error) {

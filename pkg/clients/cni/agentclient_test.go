@@ -3,6 +3,7 @@ package cni
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -51,13 +52,14 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 		switch r.URL.Path {
 		case "/v1/status":
 			w.Write([]byte(`{"state":"ok","message":"` + big + `"}`)) // no length: chunked
-		case "/v1/ipam":
-			if r.URL.Query().Get("owner") != "ns/pod" || r.Method != "POST" {
+		case "/v1/attach":
+			var req models.AttachRequest
+			if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Owner != "ns/pod" || r.Method != "POST" {
 				w.WriteHeader(400)
 				return
 			}
 			w.WriteHeader(201)
-			w.Write([]byte(`{"ipv4":{"ip":"10.0.0.2","gateway":"10.0.0.1"}}`))
+			w.Write([]byte(`{"endpoint-id":3,"ipv4":{"ip":"10.0.0.2","gateway":"10.0.0.1"}}`))
 		default:
 			w.WriteHeader(404)
 			w.Write([]byte(`{"code":"not-found","message":"nope"}`))
@@ -78,15 +80,15 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 	if err != nil || st.State != "ok" || len(st.Message) != len(big) {
 		t.Fatalf("status = %v (message %d bytes)", err, len(st.Message))
 	}
-	r, err := c.ipamAllocate(ctx, "ipv4", "ns/pod")
-	if err != nil || r.IPv4 == nil || r.IPv4.IP != "10.0.0.2" {
-		t.Fatalf("ipamAllocate = %+v, %v", r, err)
+	var r models.AttachResponse
+	if err := c.attach(ctx, &models.AttachRequest{Owner: "ns/pod"}, &r); err != nil || r.IPv4 == nil || r.IPv4.IP != "10.0.0.2" {
+		t.Fatalf("attach = %+v, %v", r, err)
 	}
 	if _, err := c.endpointGet(ctx, "container-id:x"); !isNotFound(err) || !isCode(err, "not-found") {
 		t.Fatalf("endpointGet = %v, want the 404", err)
 	}
-	if err := c.endpointCreate(ctx, "0", &models.EndpointChangeRequest{}); !isNotFound(err) {
-		t.Fatalf("endpointCreate = %v", err)
+	if err := c.endpointDeleteAttachment(ctx, "x", "eth0"); !isNotFound(err) {
+		t.Fatalf("endpointDeleteAttachment = %v", err)
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections for 4 requests, want 1 kept alive", n)

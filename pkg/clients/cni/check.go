@@ -63,9 +63,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 // checkPod verifies every address of prev (both families) on ifName,
 // with the link route to its gateway and the default route via it.
 func checkPod(p *pod, ifName string, prev *types100.Result) error {
-	link, err := p.nl.LinkByName(ifName)
+	link, err := p.NL.LinkByName(ifName)
 	if err != nil {
-		return newError(CodeCheckFailed, "interface %s in netns %s: %v", ifName, p.path, err)
+		return newError(CodeCheckFailed, "interface %s in netns %s: %v", ifName, p.Path, err)
 	}
 	// Listed once per family, and only for a family prev has.
 	type lists struct {
@@ -81,10 +81,10 @@ func checkPod(p *pod, ifName string, prev *types100.Result) error {
 		l := byFamily[fam]
 		if l == nil {
 			l = &lists{}
-			if l.addrs, err = p.nl.AddrList(link, fam); err != nil {
+			if l.addrs, err = p.NL.AddrList(link, fam); err != nil {
 				return kernelError("list addresses of "+ifName, err)
 			}
-			if l.routes, err = p.nl.RouteList(link, fam); err != nil {
+			if l.routes, err = p.NL.RouteList(link, fam); err != nil {
 				return kernelError("list routes of "+ifName, err)
 			}
 			byFamily[fam] = l
@@ -103,7 +103,7 @@ func checkPod(p *pod, ifName string, prev *types100.Result) error {
 // through another interface (a second attachment in the netns, which ADD
 // gives no routes of its own).
 func podRoutesVia(p *pod, gw net.IP, family int) bool {
-	routes, err := p.nl.RouteList(nil, family)
+	routes, err := p.NL.RouteList(nil, family)
 	if err != nil {
 		return false
 	}

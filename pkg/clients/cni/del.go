@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
@@ -80,24 +81,8 @@ func (c *call) deleteLeftoverVeth() error {
 		return kernelError("netlink", err)
 	}
 	defer nl.Close()
-	return deleteVeth(nl, hostName)
-}
-
-// deleteVeth deletes the veth called name through nl; a missing link is
-// success and a link of that name that is not a veth is left alone.
-func deleteVeth(nl *netlink.Handle, name string) error {
-	link, err := nl.LinkByName(name)
-	if isLinkNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return kernelError("look up "+name, err)
-	}
-	if link.Type() != "veth" {
-		return nil
-	}
-	if err := nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
-		return kernelError("delete "+name, err)
+	if err := podnet.DeleteVeth(nl, hostName); err != nil {
+		return podnetError(err)
 	}
 	return nil
 }
@@ -120,24 +105,9 @@ func (c *call) deletePodInterface() {
 		return
 	}
 	defer nl.Close()
-	if err := deleteLink(nl, c.args.IfName); err != nil {
+	if err := podnet.DeleteLink(nl, c.args.IfName); err != nil {
 		warnf("DEL %s: %v", c.args.ContainerID, err)
 	}
-}
-
-// deleteLink deletes the link called name through nl; missing is success.
-func deleteLink(nl *netlink.Handle, name string) error {
-	link, err := nl.LinkByName(name)
-	if isLinkNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return kernelError("look up "+name, err)
-	}
-	if err := nl.LinkDel(link); err != nil && !isLinkNotFound(err) {
-		return kernelError("delete "+name, err)
-	}
-	return nil
 }
 
 // queue persists the deletion for the agent. Returns CNI error 11 when

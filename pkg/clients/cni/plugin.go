@@ -128,6 +128,12 @@ func agentError(op string, err error) *types.Error {
 		return te
 	case isCode(err, "ipam-exhausted"):
 		return newError(CodeIPAMExhausted, "%s: no free address in the agent's pool: %v", op, err)
+	case isCode(err, "netns-unavailable"):
+		return newError(CodeNetns, "%s: %v", op, err)
+	case isCode(err, "interface-exists"):
+		return newError(CodeInterfaceExists, "%s: %v", op, err)
+	case isCode(err, "kernel-error"):
+		return newError(CodeKernel, "%s: %v", op, err)
 	case unreachable(err):
 		return newError(CodeAgentUnreachable, "%s: agent unreachable: %v", op, err)
 	}
@@ -138,6 +144,9 @@ func kernelError(op string, err error) *types.Error {
 	var te *types.Error
 	if errors.As(err, &te) {
 		return te
+	}
+	if op == "" {
+		return newError(CodeKernel, "%v", err)
 	}
 	return newError(CodeKernel, "%s: %v", op, err)
 }

@@ -372,3 +372,48 @@ type ClusterIdentityStatus struct {
 	// LastError is the store's or the identity actor's latest failure.
 	LastError string `json:"last-error,omitempty"`
 }
+
+// AttachRequest is the body of POST /v1/attach: a CNI ADD carried out by
+// the agent. It allocates an address of every family it serves, creates
+// the veth (host end ContainerID's lxc<hash>, peer ContainerInterfaceName
+// created in the netns Netns), configures the pod's side and creates the
+// endpoint, answering once its first regeneration is done; on any failure
+// it undoes all of it.
+type AttachRequest struct {
+	ContainerID            string `json:"container-id"`
+	ContainerInterfaceName string `json:"container-interface-name"`
+	// Netns is the path of the pod's network namespace (CNI_NETNS).
+	Netns string `json:"netns"`
+	// MTU of both ends of the veth; 0 is 1500.
+	MTU          int64  `json:"mtu,omitempty"`
+	K8sNamespace string `json:"k8s-namespace,omitempty"`
+	K8sPodName   string `json:"k8s-pod-name,omitempty"`
+	K8sUID       string `json:"k8s-uid,omitempty"`
+	// Labels are source-prefixed labels of the endpoint (at least one).
+	Labels []string `json:"labels,omitempty"`
+	// Owner is recorded with the addresses (as POST /v1/ipam's owner).
+	Owner string `json:"owner,omitempty"`
+}
+
+// AttachResponse is POST /v1/attach's answer (201).
+type AttachResponse struct {
+	EndpointID    int64           `json:"endpoint-id"`
+	HostInterface AttachInterface `json:"host-interface"`
+	PodInterface  AttachInterface `json:"pod-interface"`
+	// IPv4 and IPv6 are the pod's addresses; at least one is set.
+	IPv4 *AttachAddress `json:"ipv4,omitempty"`
+	IPv6 *AttachAddress `json:"ipv6,omitempty"`
+}
+
+// AttachInterface is one end of the veth.
+type AttachInterface struct {
+	Name  string `json:"name"`
+	Index int64  `json:"index"`
+	Mac   string `json:"mac"`
+}
+
+// AttachAddress is one of the pod's addresses and its gateway.
+type AttachAddress struct {
+	IP      string `json:"ip"`
+	Gateway string `json:"gateway"`
+}

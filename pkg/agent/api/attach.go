@@ -1,0 +1,246 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+)
+
+// attachRollbackTimeout bounds the undoing of a failed attach.
+const attachRollbackTimeout = 15 * time.Second
+
+// defaultMTU is the veth's MTU when the request gives none.
+const defaultMTU = 1500
+
+// attach is POST /v1/attach, a CNI ADD done in the agent: the plugin
+// sends the attachment and prints the answer, one round trip instead of
+// an address allocation and an endpoint PUT around its own netlink
+// calls (and a short-lived process without the netlink work: measured in
+// BENCHMARKS.md). Everything the request names is validated before any
+// of it reaches a netlink call. The addresses are allocated while the
+// veth is made; the endpoint is created (sync: its first regeneration
+// done) while the pod's side is configured. Any failure undoes what this
+// request made: the endpoint, the veth, every address.
+//
+// The handler runs on the request's goroutine (bounded by MaxInFlight),
+// never in an actor: the netlink calls block only this request.
+func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
+	if len(r.URL.Query()) != 0 {
+		return badRequest("POST /v1/attach takes no query parameters")
+	}
+	var req models.AttachRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if req.ContainerID == "" || req.ContainerInterfaceName == "" || req.Netns == "" {
+		return badRequest("fields \"container-id\", \"container-interface-name\" and \"netns\": required")
+	}
+	if req.MTU == 0 {
+		req.MTU = defaultMTU
+	}
+	if req.MTU < 68 || req.MTU > 65535 {
+		return badRequest(fmt.Sprintf("field \"mtu\": %d outside 68..65535", req.MTU))
+	}
+	if err := checkOwner(req.Owner); err != nil {
+		return err
+	}
+	ref := endpoint.Ref{Kind: endpoint.RefAttachment, ContainerID: req.ContainerID, IfName: req.ContainerInterfaceName}
+	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
+	// The spec is validated in full now; the veth and the addresses
+	// complete it below.
+	spec, err := specFromRequest(ref, &models.EndpointChangeRequest{
+		ContainerID: req.ContainerID, ContainerInterfaceName: req.ContainerInterfaceName,
+		K8sNamespace: req.K8sNamespace, K8sPodName: req.K8sPodName, K8sUID: req.K8sUID,
+		Labels: req.Labels, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
+	})
+	if err != nil {
+		return err
+	}
+	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
+		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
+			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
+		}
+	}
+
+	host := netns.None()
+	if s.cfg.HostNetns != "" {
+		if host, err = netns.GetFromPath(s.cfg.HostNetns); err != nil {
+			return podnetError(&podnet.Error{Kind: podnet.KindKernel, Op: "open host netns " + s.cfg.HostNetns, Err: err})
+		}
+		defer host.Close()
+	}
+	pod, err := podnet.Open(req.Netns, host)
+	if err != nil {
+		return podnetError(err)
+	}
+	defer pod.Close()
+
+	ctx := r.Context()
+	alloc := make(chan struct{})
+	var got actors.Allocation
+	var allocErr error
+	go func() {
+		defer close(alloc)
+		got, allocErr = s.sys.AllocateIP(ctx, "", req.Owner)
+	}()
+	defer func() {
+		if retErr != nil {
+			<-alloc
+			s.releaseAll(got, req.Owner)
+		}
+	}()
+	veth, err := pod.CreateVeth(hostName, req.ContainerInterfaceName, int(req.MTU))
+	if errors.Is(err, podnet.ErrVethExists) {
+		// A name is taken (the interface in the pod, or this attachment's
+		// leftovers): the attachment's earlier endpoint goes, then its
+		// host veth, the interface and the temporary name of older
+		// plugins, as Cilium's ADD does.
+		if err := s.deleteAttachment(ctx, req.ContainerID, req.ContainerInterfaceName); err != nil {
+			return err
+		}
+		if err := pod.ClearLinks(hostName, req.ContainerInterfaceName, tmpName); err != nil {
+			return podnetError(err)
+		}
+		veth, err = pod.CreateVeth(hostName, req.ContainerInterfaceName, int(req.MTU))
+	}
+	if errors.Is(err, podnet.ErrVethExists) {
+		return &apiError{http.StatusConflict, CodeInterfaceExists,
+			fmt.Sprintf("interface %q in netns %s or %s in the host stays taken", req.ContainerInterfaceName, req.Netns, hostName)}
+	}
+	if err != nil {
+		return podnetError(err)
+	}
+	defer func() {
+		if retErr != nil {
+			veth.Rollback()
+		}
+	}()
+	<-alloc
+	if allocErr != nil {
+		return fmt.Errorf("allocate address: %w", allocErr)
+	}
+	var addrs []podnet.Addr
+	for _, a := range []struct {
+		ip  *netip.Addr
+		fam ipam.Family
+	}{{&got.IPv4, ipam.IPv4}, {&got.IPv6, ipam.IPv6}} {
+		if a.ip.IsValid() {
+			addrs = append(addrs, podnet.Addr{IP: *a.ip, Gateway: s.ranges[a.fam].Gateway()})
+		}
+	}
+	if len(addrs) == 0 {
+		return &apiError{http.StatusInternalServerError, CodeInternal, "allocate address: the pool answered no address"}
+	}
+	spec.IPv4, spec.IPv6 = got.IPv4, got.IPv6
+	spec.IfIndex = veth.HostIndex
+	spec.MAC, spec.HostMAC = veth.PodMAC.String(), veth.HostMAC.String()
+	if err := s.checkRanges(spec); err != nil {
+		return err
+	}
+
+	// The endpoint is created while the pod's side is configured: the
+	// datapath's work (state, host routes, programs) needs the host veth
+	// and the addresses, not the pod's addresses and routes.
+	mayExist := false
+	defer func() {
+		if retErr != nil && mayExist {
+			s.deleteAttachmentQuietly(req.ContainerID, req.ContainerInterfaceName)
+		}
+	}()
+	created := make(chan error, 1)
+	var ep *endpoint.Endpoint
+	go func() {
+		var err error
+		ep, err = endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
+		// An error answer means no endpoint of this request: a failed
+		// creation is removed by the agent, and a conflict is someone
+		// else's. A cancelled wait may leave one.
+		mayExist = err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		created <- err
+	}()
+	cerr := pod.Configure(veth, addrs)
+	perr := <-created // mayExist is set
+	if cerr != nil {
+		return podnetError(cerr)
+	}
+	if perr != nil {
+		return fmt.Errorf("create endpoint: %w", perr)
+	}
+	out := &models.AttachResponse{
+		EndpointID:    int64(ep.ID),
+		HostInterface: models.AttachInterface{Name: veth.HostName, Index: int64(veth.HostIndex), Mac: veth.HostMAC.String()},
+		PodInterface:  models.AttachInterface{Name: veth.PodName, Index: int64(veth.PodIndex), Mac: veth.PodMAC.String()},
+	}
+	for _, a := range addrs {
+		aa := &models.AttachAddress{IP: a.IP.String(), Gateway: a.Gateway.String()}
+		if a.IP.Is4() {
+			out.IPv4 = aa
+		} else {
+			out.IPv6 = aa
+		}
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// podnetError gives a podnet failure its status and code.
+func podnetError(err error) error {
+	var pe *podnet.Error
+	if errors.As(err, &pe) && pe.Kind == podnet.KindNetns {
+		return &apiError{http.StatusBadRequest, CodeNetns, err.Error()}
+	}
+	return &apiError{http.StatusInternalServerError, CodeKernel, err.Error()}
+}
+
+// deleteAttachment deletes the endpoints of one CNI attachment; none, or
+// one already being deleted, is fine.
+func (s *Server) deleteAttachment(ctx context.Context, containerID, ifName string) error {
+	for _, ep := range s.ix.EndpointsByContainerID(containerID) {
+		if ep.ContainerInterfaceName != ifName {
+			continue
+		}
+		_, err := s.sys.DeleteEndpoint(ctx, ep.ID, endpoint.DeleteOptions{})
+		if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) && !errors.Is(err, actors.ErrEndpointGone) &&
+			!errors.Is(err, actors.ErrEndpointDeleting) {
+			return fmt.Errorf("delete the attachment's earlier endpoint: %w", err)
+		}
+	}
+	return nil
+}
+
+// deleteAttachmentQuietly is deleteAttachment during a rollback, on its
+// own deadline (the request's may be what failed).
+func (s *Server) deleteAttachmentQuietly(containerID, ifName string) {
+	ctx, cancel := context.WithTimeout(context.Background(), attachRollbackTimeout)
+	defer cancel()
+	if err := s.deleteAttachment(ctx, containerID, ifName); err != nil {
+		s.log.Warn("attach rollback: endpoint left", "container", containerID, "interface", ifName, "err", err)
+	}
+}
+
+// releaseAll gives back the addresses of a failed attach (the agent
+// never releases an address whose endpoint creation failed: the
+// allocator owns it).
+func (s *Server) releaseAll(got actors.Allocation, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), attachRollbackTimeout)
+	defer cancel()
+	for _, ip := range []netip.Addr{got.IPv4, got.IPv6} {
+		if !ip.IsValid() {
+			continue
+		}
+		if _, err := s.sys.ReleaseIP(ctx, ip, owner); err != nil {
+			s.log.Warn("attach rollback: address left", "ip", ip, "err", err)
+		}
+	}
+}
