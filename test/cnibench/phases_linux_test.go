@@ -245,22 +245,23 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 	}
 	fmt.Fprintf(b, "\nagent side of those %d calls (from its histograms; means per call):\n\n| phase | mean |\n|---|---|\n", n)
 	if cmd == "ADD" {
-		row("POST /v1/ipam (overlaps the veth)", "api POST /v1/ipam")
-		row("PUT /v1/endpoint/{id} (sync)", "api PUT /v1/endpoint/{id}")
-		put, _ := mean(before, after, "api PUT /v1/endpoint/{id}", n)
-		total, _ := mean(before, after, "regen total", n)
-		fmt.Fprintf(b, "| - API, actor hops, identity, index (PUT minus regeneration) | %s |\n", ms(put-total))
-		row("- regeneration total", "regen total")
-		row("-- compute policy (policy actor round trip)", "regen compute-policy")
+		row("POST /v1/attach (the ADD in the agent)", "api POST /v1/attach")
+		row("- open the pod's netns, netlink handles", "dp attach-netns")
+		row("- veth (peer created in the pod's netns; the address allocation alongside)", "dp attach-veth")
+		row("- address allocation: what was left after the veth", "dp attach-ipam-wait")
+		row("- pod side: up, addresses, routes (the endpoint creation alongside)", "dp attach-configure")
+		row("- endpoint creation (sync): what was left after the pod side", "dp attach-endpoint-wait")
+		row("the endpoint's regeneration (alongside the pod side)", "regen total")
+		row("- compute policy (policy actor round trip)", "regen compute-policy")
 		pol, _ := mean(before, after, "regen compute-policy", n)
 		ws, _ := mean(before, after, "regen write-state", n)
-		fmt.Fprintf(b, "| -- state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
-		row("-- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
-		row("-- realize (datapath, in the worker pool)", "regen realize")
-		row("--- the datapath's Realize (realize minus this: pool queue, actor hops)", "dp realize")
+		fmt.Fprintf(b, "| - state write, durable (group commit, syncfs) | %s |\n", ms(ws-pol))
+		row("- bpf-prepare: a filled slot's policy maps pinned, in the pool alongside the state write (programs: once per node)", "dp bpf-prepare")
+		row("- realize (datapath, in the worker pool)", "regen realize")
+		row("-- the datapath's Realize (realize minus this: pool queue, actor hops)", "dp realize")
 		for _, p := range []struct{ name, what string }{{"bpf-claim", " (waiting for the Prepare)"}, {"host-setup", ""}, {"host-sysctls", ""}, {"bpf-maps", ""}, {"bpf-policy", ""},
 			{"bpf-load", " (the endpoints map entry by ifindex)"}, {"bpf-attach", ""}} {
-			row("--- "+p.name+p.what, "dp "+p.name)
+			row("-- "+p.name+p.what, "dp "+p.name)
 		}
 		return
 	}

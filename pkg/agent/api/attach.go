@@ -73,6 +73,12 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		}
 	}
 
+	start := time.Now()
+	phase := func(name string) { // one step of the attach, as a datapath phase
+		now := time.Now()
+		s.cfg.Metrics.DatapathPhase("attach-"+name, now.Sub(start))
+		start = now
+	}
 	host := netns.None()
 	if s.cfg.HostNetns != "" {
 		if host, err = netns.GetFromPath(s.cfg.HostNetns); err != nil {
@@ -85,6 +91,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		return podnetError(err)
 	}
 	defer pod.Close()
+	phase("netns")
 
 	ctx := r.Context()
 	alloc := make(chan struct{})
@@ -126,7 +133,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 			veth.Rollback()
 		}
 	}()
+	phase("veth")
 	<-alloc
+	phase("ipam-wait")
 	if allocErr != nil {
 		return fmt.Errorf("allocate address: %w", allocErr)
 	}
@@ -170,7 +179,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		created <- err
 	}()
 	cerr := pod.Configure(veth, addrs)
+	phase("configure")
 	perr := <-created // mayExist is set
+	phase("endpoint-wait")
 	if cerr != nil {
 		return podnetError(cerr)
 	}
