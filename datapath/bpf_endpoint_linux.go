@@ -52,6 +52,10 @@ type bpfEndpoint struct {
 	policyMap *ebpf.Map
 	cidrMap   *ebpf.Map
 	slot      uint32 // their key in the outer maps
+	// staleSlot is the slot a previous agent's endpoints entry named
+	// without holding these maps (reopenEndpointMaps); released once the
+	// entry names slot.
+	staleSlot uint32
 	// have is what the policy map enforces (never nil), ports the
 	// proxy ports of its redirected entries.
 	have  *policy.MapState
@@ -180,6 +184,12 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	// the pod's packets to (bpf/endpoint.c, source_ok).
 	if err := b.setEndpointInfo(endpointInfo(ep.ID, ep.Identity, e.slot, addrs), ifindex, e.ifindex); err != nil {
 		return err
+	}
+	if e.staleSlot != 0 {
+		if err := l.releaseStaleSlot(e.staleSlot); err != nil {
+			return err
+		}
+		e.staleSlot = 0
 	}
 	l.phase(PhaseBPFLoad, start)
 	if e.attached && e.ifindex == ifindex {
@@ -330,7 +340,7 @@ func (b *bpfState) reopenEndpointMaps(id endpoint.ID, dir string, ifindex int, p
 		e.close()
 		return nil, err
 	}
-	if e.slot, err = b.endpointSlot(uint32(id), ifindex, e.policyMap, e.cidrMap); err != nil {
+	if e.slot, e.staleSlot, err = b.endpointSlot(uint32(id), ifindex, e.policyMap, e.cidrMap); err != nil {
 		e.close()
 		return nil, fmt.Errorf("endpoint %d: %w", id, err)
 	}

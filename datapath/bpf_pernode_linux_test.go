@@ -462,3 +462,56 @@ func slotNumbers(ss []slot) []uint32 {
 	}
 	return ns
 }
+
+// TestBPFSlotsInconsistentReleasedAtRestart: a restarted agent that finds
+// an endpoint's slot holding other maps than the endpoint's pinned ones
+// writes them to a new slot and empties the old one once the endpoints
+// entry names the new slot (before, it stayed until the next restart).
+func TestBPFSlotsInconsistentReleasedAtRestart(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	ep := addVeth(t, nl, 42, "lxcbpfslot02", "10.244.72.3")
+	ep.Identity, ep.Policy = 1501, policy.NewMapState(1, true, false, nil)
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatal(err)
+	}
+	old := slotOf(l, ep.ID)
+	// The slot now holds maps of nobody's (a crash between writing a slot
+	// and the endpoints entry leaves such a state).
+	for _, c := range []struct {
+		outer *ebpf.Map
+		spec  *ebpf.MapSpec
+	}{{l.bpf.maps.policyMaps, l.bpf.tmpl.policySpec()}, {l.bpf.maps.cidrMaps, l.bpf.tmpl.cidrSpec()}} {
+		m, err := ebpf.NewMap(c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.outer.Update(old, m, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	l = reopen(t, l)
+	if _, err := l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	got := slotOf(l, ep.ID)
+	if got == old || got == 0 {
+		t.Fatalf("slot after restart = %d, want a new one (old %d)", got, old)
+	}
+	if v, ok := endpointEntry(t, l, ep.IfIndex); !ok || v.Slot != got {
+		t.Fatalf("endpoints entry %+v (%v), want slot %d", v, ok, got)
+	}
+	if !hasOuterEntries(t, l, got) {
+		t.Fatalf("new slot %d not in the outer maps", got)
+	}
+	if hasOuterEntries(t, l, old) {
+		t.Fatalf("inconsistent slot %d still in the outer maps", old)
+	}
+	l.bpf.slots.mu.Lock()
+	inUse := l.bpf.slots.used[old]
+	l.bpf.slots.mu.Unlock()
+	if inUse {
+		t.Fatalf("slot %d still marked in use", old)
+	}
+}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -429,23 +430,46 @@ func (b *bpfState) closeSlots() {
 
 // endpointSlot returns the slot of a previous agent's endpoint id on
 // ifindex holding exactly pm and cm, or writes them to a new slot (on the
-// caller's path: restart and repair only).
-func (b *bpfState) endpointSlot(id uint32, ifindex int, pm, cm *ebpf.Map) (uint32, error) {
+// caller's path: restart and repair only). stale is the slot the
+// endpoints entry named when it did not hold them (0: none): the caller
+// releases it once the entry names the new one (releaseStaleSlot).
+func (b *bpfState) endpointSlot(id uint32, ifindex int, pm, cm *ebpf.Map) (slot, stale uint32, err error) {
 	var v bpf.EndpointEndpointInfo
 	if ifindex != 0 && b.maps.endpoints.Lookup(uint32(ifindex), &v) == nil && v.Id == id && v.Slot != 0 {
 		if slotHolds(b.maps.policyMaps, v.Slot, pm) && slotHolds(b.maps.cidrMaps, v.Slot, cm) {
-			return v.Slot, nil
+			return v.Slot, 0, nil
 		}
+		stale = v.Slot
 	}
 	n, err := b.allocSlot()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := b.writeSlot(n, pm, cm); err != nil {
 		b.freeSlot(n)
-		return 0, err
+		return 0, 0, err
 	}
-	return n, nil
+	return n, stale, nil
+}
+
+// releaseStaleSlot empties slot n, found inconsistent at a restart,
+// unless an endpoints entry still names it; later, in the pool
+// (closeLater: emptying waits for grace periods).
+func (l *Linux) releaseStaleSlot(n uint32) error {
+	b := l.bpf
+	var k uint32
+	var v bpf.EndpointEndpointInfo
+	it := b.maps.endpoints.Iterate()
+	for it.Next(&k, &v) {
+		if v.Slot == n {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read endpoints map: %w", err)
+	}
+	l.closeLater([]io.Closer{slotRelease{b, n}})
+	return nil
 }
 
 // slotHolds reports whether outer holds m at slot n.
