@@ -60,6 +60,9 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	var att models.AttachResponse
 	err = retryStarting(ctx, func() error { return c.client.attach(ctx, req, &att) })
 	pt.mark("attach (the agent: address, veth, pod side, endpoint)")
+	if isNotFound(err) && isCode(err, "not-found") {
+		return newError(CodeAgentError, "attach: the agent does not serve POST /v1/attach (older than this plugin? upgrade it): %v", err)
+	}
 	if err != nil {
 		return agentError("attach", err)
 	}

@@ -209,6 +209,12 @@ func vethRequest(hostName, ifName string, mtu int, hostMAC, podMAC net.HardwareA
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
 	req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu))))
 	req.AddData(nl.NewRtAttr(unix.IFLA_ADDRESS, hostMAC))
+	// One queue each way, said outright: without these the kernel makes
+	// a veth with a queue per possible CPU and then cuts it to one, and
+	// that cut waits for an RCU grace period under the rtnl lock
+	// (veth_init_queues, netif_set_real_num_tx_queues), once per end.
+	req.AddData(nl.NewRtAttr(unix.IFLA_NUM_TX_QUEUES, nl.Uint32Attr(1)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_NUM_RX_QUEUES, nl.Uint32Attr(1)))
 	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
 	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
 	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
@@ -217,6 +223,8 @@ func vethRequest(hostName, ifName string, mtu int, hostMAC, podMAC net.HardwareA
 	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(ifName))
 	peer.AddRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu)))
 	peer.AddRtAttr(unix.IFLA_ADDRESS, podMAC)
+	peer.AddRtAttr(unix.IFLA_NUM_TX_QUEUES, nl.Uint32Attr(1))
+	peer.AddRtAttr(unix.IFLA_NUM_RX_QUEUES, nl.Uint32Attr(1))
 	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(nsFD)))
 	req.AddData(info)
 	return req

@@ -78,6 +78,11 @@ func TestAttachInNetns(t *testing.T) {
 			t.Fatalf("%s: address %v, default route via %s %v (addresses %v, routes %v)", a.IP, found, a.Gateway, def, got, routes)
 		}
 	}
+	for _, l := range []netlink.Link{hl, pl} {
+		if a := l.Attrs(); a.NumTxQueues != 1 || a.NumRxQueues != 1 {
+			t.Fatalf("%s: %d tx and %d rx queues, want one each (no cut under the rtnl lock)", a.Name, a.NumTxQueues, a.NumRxQueues)
+		}
+	}
 	if _, err := netlink.LinkByName(hostName); err == nil {
 		t.Fatal("host end in the caller's netns, want it in the host netns only")
 	}
