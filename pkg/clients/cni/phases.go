@@ -82,15 +82,6 @@ func (t *phaseTimer) mark(name string) {
 	t.last = now
 }
 
-// span records the phase called name that ran from start to end
-// alongside others: it does not move the timer.
-func (t *phaseTimer) span(name string, start, end time.Time) {
-	if t == nil {
-		return
-	}
-	t.rec.Phases = append(t.rec.Phases, Phase{Name: name, Us: end.Sub(start).Microseconds()})
-}
-
 // write appends the record; failing to is only reported (timing must
 // never fail a call).
 func (t *phaseTimer) write(failed bool) {
