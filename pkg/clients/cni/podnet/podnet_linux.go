@@ -382,31 +382,22 @@ func IPNet(p netip.Prefix) *net.IPNet {
 
 // DeleteVeth deletes the veth called name through h; a missing link is
 // success and a link of that name that is not a veth is left alone.
-func DeleteVeth(h *netlink.Handle, name string) error {
-	link, err := h.LinkByName(name)
-	if IsLinkNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return kernelError("look up "+name, err)
-	}
-	if link.Type() != "veth" {
-		return nil
-	}
-	if err := h.LinkDel(link); err != nil && !IsLinkNotFound(err) {
-		return kernelError("delete "+name, err)
-	}
-	return nil
-}
+func DeleteVeth(h *netlink.Handle, name string) error { return deleteLink(h, name, "veth") }
 
 // DeleteLink deletes the link called name through h; missing is success.
-func DeleteLink(h *netlink.Handle, name string) error {
+func DeleteLink(h *netlink.Handle, name string) error { return deleteLink(h, name, "") }
+
+// deleteLink deletes the link called name if it is of kind ("": any).
+func deleteLink(h *netlink.Handle, name, kind string) error {
 	link, err := h.LinkByName(name)
 	if IsLinkNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return kernelError("look up "+name, err)
+	}
+	if kind != "" && link.Type() != kind {
+		return nil
 	}
 	if err := h.LinkDel(link); err != nil && !IsLinkNotFound(err) {
 		return kernelError("delete "+name, err)

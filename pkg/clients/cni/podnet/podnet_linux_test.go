@@ -100,6 +100,27 @@ func TestAttachInNetns(t *testing.T) {
 	if _, err := p.NL.LinkByName("eth0"); !IsLinkNotFound(err) {
 		t.Fatalf("pod end after Rollback: %v", err)
 	}
+	// A link of the host veth's name that is not a veth (a bridge: this
+	// kernel may lack the dummy driver) is left alone by
+	// DeleteVeth, deleted by DeleteLink; a missing one is success.
+	d := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: hostName}}
+	if err := p.HostNL.LinkAdd(d); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteVeth(p.HostNL, hostName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.HostNL.LinkByName(hostName); err != nil {
+		t.Fatalf("DeleteVeth removed a bridge: %v", err)
+	}
+	for range 2 {
+		if err := DeleteLink(p.HostNL, hostName); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.HostNL.LinkByName(hostName); !IsLinkNotFound(err) {
+		t.Fatalf("after DeleteLink: %v", err)
+	}
 }
 
 // TestOpenRefusesWhatIsNotANetns: a missing path, a plain file and a
