@@ -153,7 +153,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			}
 			pt := newPhaseTable()
 			n, threads := 0, 0
-			var rss, faults int64
+			var faults int64
 			var slow []slowCall
 			for id, c := range byID {
 				if c.arm != a.name {
@@ -178,7 +178,7 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 				pt.add("= whole call", c.end.Sub(c.start))
 				slow = append(slow, slowCall{c, r})
 				threads += r.Threads
-				rss, faults = rss+r.MaxRSSKiB, faults+r.MinorFaults
+				faults += r.MinorFaults
 			}
 			if n == 0 {
 				continue
@@ -187,8 +187,8 @@ func breakdown(t *testing.T, arms []*arm, cs calls, path string, snaps [3]map[st
 			for _, name := range pt.names {
 				fmt.Fprintln(&b, pt.row(name))
 			}
-			fmt.Fprintf(&b, "\nplugin at its end, on average (each thread runs once more to exit, and the exit frees the memory): %.1f OS threads, peak RSS %d KiB, %d minor page faults\n",
-				float64(threads)/float64(n), rss/int64(n), faults/int64(n))
+			fmt.Fprintf(&b, "\nplugin at its end, on average (each thread runs once more to exit, and the exit frees the memory): %.1f OS threads, %d minor page faults\n",
+				float64(threads)/float64(n), faults/int64(n))
 			printSlowest(&b, slow, 3)
 			before, after := snaps[k][a.name], snaps[k+1][a.name]
 			agentRows(&b, cmd, before, after, n)

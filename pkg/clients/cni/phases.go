@@ -36,10 +36,9 @@ type PhaseRecord struct {
 	// each must be scheduled once more to exit before the runtime sees
 	// the plugin gone, which a loaded machine makes slow.
 	Threads int `json:"threads,omitempty"`
-	// MaxRSSKiB and MinorFaults are the plugin's peak resident memory and
-	// page faults when it finished (getrusage): the exit frees that
-	// memory before the runtime sees the plugin gone.
-	MaxRSSKiB   int64 `json:"maxRSSKiB,omitempty"`
+	// MinorFaults is the plugin's page faults when it finished
+	// (getrusage). (No peak RSS: getrusage's carries the peak of the
+	// memory the exec replaced, the runtime's that forked it.)
 	MinorFaults int64 `json:"minorFaults,omitempty"`
 }
 
@@ -92,7 +91,7 @@ func (t *phaseTimer) write(failed bool) {
 	t.rec.Threads = osThreads()
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		t.rec.MaxRSSKiB, t.rec.MinorFaults = ru.Maxrss, ru.Minflt
+		t.rec.MinorFaults = ru.Minflt
 	}
 	line, err := json.Marshal(&t.rec)
 	if err != nil {
