@@ -86,6 +86,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/domain/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/domain/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
+	$(GO) test -run '^$$' -fuzz '^FuzzAttachRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointJSON$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzIPAMJSON$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/clients/client/

@@ -43,30 +43,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
-	if req.ContainerID == "" || req.ContainerInterfaceName == "" || req.Netns == "" {
-		return badRequest("fields \"container-id\", \"container-interface-name\" and \"netns\": required")
-	}
-	if req.MTU == 0 {
-		req.MTU = defaultMTU
-	}
-	if req.MTU < 68 || req.MTU > 65535 {
-		return badRequest(fmt.Sprintf("field \"mtu\": %d outside 68..65535", req.MTU))
-	}
-	if err := checkOwner(req.Owner); err != nil {
-		return err
-	}
-	ref := endpoint.Ref{Kind: endpoint.RefAttachment, ContainerID: req.ContainerID, IfName: req.ContainerInterfaceName}
-	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
-	// The spec is validated in full now; the veth and the addresses
-	// complete it below.
-	spec, err := specFromRequest(ref, &models.EndpointChangeRequest{
-		ContainerID: req.ContainerID, ContainerInterfaceName: req.ContainerInterfaceName,
-		K8sNamespace: req.K8sNamespace, K8sPodName: req.K8sPodName, K8sUID: req.K8sUID,
-		Labels: req.Labels, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
-	})
+	spec, err := attachSpec(&req)
 	if err != nil {
 		return err
 	}
+	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
 		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
@@ -203,6 +184,31 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	}
 	writeJSON(w, http.StatusCreated, out)
 	return nil
+}
+
+// attachSpec validates an attach request in full (its MTU defaulted)
+// and returns the endpoint it asks for, still without the veth and the
+// addresses; every refusal is a 400.
+func attachSpec(req *models.AttachRequest) (*endpoint.Endpoint, error) {
+	if req.ContainerID == "" || req.ContainerInterfaceName == "" || req.Netns == "" {
+		return nil, badRequest("fields \"container-id\", \"container-interface-name\" and \"netns\": required")
+	}
+	if req.MTU == 0 {
+		req.MTU = defaultMTU
+	}
+	if req.MTU < 68 || req.MTU > 65535 {
+		return nil, badRequest(fmt.Sprintf("field \"mtu\": %d outside 68..65535", req.MTU))
+	}
+	if err := checkOwner(req.Owner); err != nil {
+		return nil, err
+	}
+	ref := endpoint.Ref{Kind: endpoint.RefAttachment, ContainerID: req.ContainerID, IfName: req.ContainerInterfaceName}
+	hostName, _ := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
+	return specFromRequest(ref, &models.EndpointChangeRequest{
+		ContainerID: req.ContainerID, ContainerInterfaceName: req.ContainerInterfaceName,
+		K8sNamespace: req.K8sNamespace, K8sPodName: req.K8sPodName, K8sUID: req.K8sUID,
+		Labels: req.Labels, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
+	})
 }
 
 // podnetError gives a podnet failure its status and code.

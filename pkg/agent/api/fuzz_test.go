@@ -10,6 +10,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
@@ -192,4 +193,52 @@ func contains(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// FuzzAttachRequest feeds arbitrary POST /v1/attach bodies through its
+// validation (decodeStrict + attachSpec), all of which runs before any
+// netlink call. It must never panic; a refusal is a 400 apiError; an
+// accepted request names a kernel interface, a clean absolute netns path,
+// an MTU in range and a valid label set.
+func FuzzAttachRequest(f *testing.F) {
+	for _, s := range []string{
+		`{}`,
+		`{"container-id":"c1","container-interface-name":"eth0","netns":"/run/netns/p","labels":["cni:network=n"]}`,
+		`{"container-id":"c1","container-interface-name":"eth0","netns":"/run/netns/p","labels":["k8s:io.kubernetes.pod.namespace=ns"],"k8s-namespace":"ns","k8s-pod-name":"p","owner":"ns/p","mtu":9000}`,
+		`{"container-id":"c1","container-interface-name":"a/b","netns":"/run/netns/p","labels":["cni:network=n"]}`,
+		`{"container-id":"c1","container-interface-name":"eth0","netns":"run/../x","labels":["cni:network=n"]}`,
+		`{"container-id":"c1","container-interface-name":"eth0","netns":"/p","labels":["cni:network=n"],"mtu":-1}`,
+		`{"container-id":"c1","container-interface-name":"eth0","netns":"/p","labels":["cni:network=n"],"owner":"a b"}`,
+		`{"container-id":"\u0000","container-interface-name":"eth0","netns":"/p","labels":["cni:network=n"]}`,
+		`{"bogus":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var req models.AttachRequest
+		if err := decodeStrict(body, &req); err != nil {
+			checkBadRequest(t, "decodeStrict", err)
+			return
+		}
+		spec, err := attachSpec(&req)
+		if err != nil {
+			checkBadRequest(t, "attachSpec", err)
+			return
+		}
+		if req.MTU < 68 || req.MTU > 65535 {
+			t.Fatalf("accepted MTU %d", req.MTU)
+		}
+		if !path.IsAbs(spec.Netns) || path.Clean(spec.Netns) != spec.Netns {
+			t.Fatalf("accepted netns %q", spec.Netns)
+		}
+		if !ifname.Valid(spec.ContainerInterfaceName) || !ifname.ValidHost(spec.IfName) {
+			t.Fatalf("accepted interfaces %q, host %q", spec.ContainerInterfaceName, spec.IfName)
+		}
+		if spec.ContainerID != req.ContainerID || spec.ContainerInterfaceName != req.ContainerInterfaceName {
+			t.Fatalf("spec names %q/%q from %q/%q", spec.ContainerID, spec.ContainerInterfaceName, req.ContainerID, req.ContainerInterfaceName)
+		}
+		if err := spec.Labels.Validate(); err != nil || len(spec.Labels) == 0 {
+			t.Fatalf("spec labels %q: %v", spec.Labels.Strings(), err)
+		}
+	})
 }
