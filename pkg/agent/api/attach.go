@@ -122,11 +122,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	}
 	var addrs []podnet.Addr
 	for _, a := range []struct {
-		ip  *netip.Addr
+		ip  netip.Addr
 		fam ipam.Family
-	}{{&got.IPv4, ipam.IPv4}, {&got.IPv6, ipam.IPv6}} {
+	}{{got.IPv4, ipam.IPv4}, {got.IPv6, ipam.IPv6}} {
 		if a.ip.IsValid() {
-			addrs = append(addrs, podnet.Addr{IP: *a.ip, Gateway: s.ranges[a.fam].Gateway()})
+			addrs = append(addrs, podnet.Addr{IP: a.ip, Gateway: s.ranges[a.fam].Gateway()})
 		}
 	}
 	if len(addrs) == 0 {
@@ -223,10 +223,7 @@ func podnetError(err error) error {
 // deleteAttachment deletes the endpoints of one CNI attachment; none, or
 // one already being deleted, is fine.
 func (s *Server) deleteAttachment(ctx context.Context, containerID, ifName string) error {
-	for _, ep := range s.ix.EndpointsByContainerID(containerID) {
-		if ep.ContainerInterfaceName != ifName {
-			continue
-		}
+	for _, ep := range s.attachmentEndpoints(containerID, ifName) {
 		_, err := s.sys.DeleteEndpoint(ctx, ep.ID, endpoint.DeleteOptions{})
 		if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) && !errors.Is(err, actors.ErrEndpointGone) &&
 			!errors.Is(err, actors.ErrEndpointDeleting) {

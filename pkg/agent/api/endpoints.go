@@ -266,6 +266,18 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// attachmentEndpoints are the endpoints of container containerID with
+// interface ifName ("": every attachment of the container).
+func (s *Server) attachmentEndpoints(containerID, ifName string) []*endpoint.Endpoint {
+	var eps []*endpoint.Endpoint
+	for _, ep := range s.ix.EndpointsByContainerID(containerID) {
+		if ifName == "" || ep.ContainerInterfaceName == ifName {
+			eps = append(eps, ep)
+		}
+	}
+	return eps
+}
+
 func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) error {
 	var req models.EndpointBatchDeleteRequest
 	if err := decodeBody(r, &req); err != nil {
@@ -277,13 +289,7 @@ func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) err
 	if req.ContainerInterfaceName != "" && !ifname.Valid(req.ContainerInterfaceName) {
 		return badRequest(fmt.Sprintf("field \"container-interface-name\": %q is not an interface name", req.ContainerInterfaceName))
 	}
-	// Without container-interface-name: every attachment of the container.
-	var eps []*endpoint.Endpoint
-	for _, ep := range s.ix.EndpointsByContainerID(req.ContainerID) {
-		if req.ContainerInterfaceName == "" || ep.ContainerInterfaceName == req.ContainerInterfaceName {
-			eps = append(eps, ep)
-		}
-	}
+	eps := s.attachmentEndpoints(req.ContainerID, req.ContainerInterfaceName)
 	if len(eps) == 0 {
 		if req.ContainerInterfaceName != "" {
 			return notFound(fmt.Sprintf("no endpoint for container %s interface %s", req.ContainerID, req.ContainerInterfaceName))

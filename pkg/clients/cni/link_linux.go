@@ -1,6 +1,8 @@
 package cni
 
 import (
+	"errors"
+
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netns"
 
@@ -21,8 +23,9 @@ func openPod(path string) (*pod, error) {
 
 // podnetError gives a podnet failure its CNI code.
 func podnetError(err error) *types.Error {
-	if pe, ok := err.(*podnet.Error); ok && pe.Kind == podnet.KindNetns {
+	var pe *podnet.Error
+	if errors.As(err, &pe) && pe.Kind == podnet.KindNetns {
 		return newError(CodeNetns, "%v", err)
 	}
-	return kernelError("", err)
+	return newError(CodeKernel, "%v", err)
 }

@@ -145,8 +145,5 @@ func kernelError(op string, err error) *types.Error {
 	if errors.As(err, &te) {
 		return te
 	}
-	if op == "" {
-		return newError(CodeKernel, "%v", err)
-	}
 	return newError(CodeKernel, "%s: %v", op, err)
 }
