@@ -515,3 +515,43 @@ func TestBPFSlotsInconsistentReleasedAtRestart(t *testing.T) {
 		t.Fatalf("slot %d still marked in use", old)
 	}
 }
+
+// TestBPFSlotsFillStopsAboveRefillAt: a filler that finds more than
+// refillAt spares (slots were taken while its batch was written, but
+// not enough to need another) writes no batch for the few missing: each
+// batch waits two grace periods whatever its size.
+func TestBPFSlotsFillStopsAboveRefillAt(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	b, p := l.bpf, &l.bpf.slots
+	spareIDs(t, l)
+	var taken []slot
+	t.Cleanup(func() {
+		for _, s := range taken {
+			if err := b.releaseSlot(s.n); err != nil {
+				t.Error(err)
+			}
+			s.close()
+		}
+	})
+	for range spareSlots - refillAt - 1 { // refillAt+1 left: no refill starts
+		s, err := b.takeSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken = append(taken, s)
+	}
+	p.mu.Lock()
+	left, filling := len(p.spare), p.filling
+	p.filling = true // as a filler whose batch just ended
+	p.mu.Unlock()
+	if left != refillAt+1 || filling {
+		t.Fatalf("%d spares (filling %v), want %d and no filler", left, filling, refillAt+1)
+	}
+	p.wg.Add(1)
+	b.fill()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.spare) != refillAt+1 || p.filling {
+		t.Fatalf("after fill: %d spares (filling %v), want %d spares and the filler done", len(p.spare), p.filling, refillAt+1)
+	}
+}
