@@ -73,13 +73,21 @@ func (w *backendWorkers) submit(key string, job func(context.Context)) error {
 	}
 }
 
-// acquire calls Acquire for ls on its worker; the answer is a
+// acquire calls Acquire for ls on its worker (AcquirePreferred when
+// preferred is set and the backend can honour it); the answer is a
 // *clusterAcquired.
-func (w *backendWorkers) acquire(ls labels.Labels) error {
+func (w *backendWorkers) acquire(ls labels.Labels, preferred identity.NumericIdentity) error {
 	key := ls.Key()
 	return w.submit(key, func(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
-		id, isNew, err := w.backend.Acquire(cctx, ls)
+		var id identity.NumericIdentity
+		var isNew bool
+		var err error
+		if pb, ok := w.backend.(identity.PreferringBackend); ok && preferred != identity.IdentityUnknown {
+			id, isNew, err = pb.AcquirePreferred(cctx, ls, preferred)
+		} else {
+			id, isNew, err = w.backend.Acquire(cctx, ls)
+		}
 		cancel()
 		w.send(&clusterAcquired{key: key, labels: ls, id: id, isNew: isNew, err: err})
 	})

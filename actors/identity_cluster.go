@@ -164,10 +164,29 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 // worker.
 func (a *identityActor) startAcquire(ctx actor.Context, key string, p *pendingAcquire) {
 	p.inFlight = true
-	if err := a.cluster.w.acquire(p.labels); err != nil {
+	if err := a.cluster.w.acquire(p.labels, a.preferredNumber(p)); err != nil {
 		p.inFlight = false
 		a.acquireFailed(ctx, key, p, err)
 	}
+}
+
+// preferredNumber is the number the store should give the pending label
+// set if it numbers it anew: the one endpoints here already hold for it
+// (bound without the store, see bindProvisional: the store may have
+// collected it meanwhile, and the endpoints keep it), else a restored
+// endpoint's own number. 0: none.
+func (a *identityActor) preferredNumber(p *pendingAcquire) identity.NumericIdentity {
+	if cur, ok := a.alloc.LookupByLabels(p.labels); ok {
+		return cur.ID
+	}
+	for _, w := range p.waiters {
+		if w.preferred >= identity.MinLocalIdentity && !w.preferred.IsReserved() {
+			if _, used := a.alloc.Lookup(w.preferred); !used {
+				return w.preferred
+			}
+		}
+	}
+	return identity.IdentityUnknown
 }
 
 // clusterAcquired continues a pending label set with the backend's answer.

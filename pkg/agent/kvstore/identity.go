@@ -58,7 +58,7 @@ type IdentityBackend struct {
 	gc gcState
 }
 
-var _ identity.ClusterBackend = (*IdentityBackend)(nil)
+var _ identity.PreferringBackend = (*IdentityBackend)(nil)
 
 // NewIdentityBackend starts the backend on c: its cache watch, the loop
 // that keeps this node's references under the current lease, and (unless
@@ -93,6 +93,25 @@ func (b *IdentityBackend) poke() {
 // or no lease is held yet, ErrConflict after too many lost races,
 // ErrExhausted when no number is free.
 func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, bool, error) {
+	return b.acquire(ctx, ls, 0)
+}
+
+// AcquirePreferred is Acquire, except that a label set the store does
+// not number yet is created with preferred when that number is free (see
+// identity.PreferringBackend): the number this node's endpoints already
+// hold for it. Returns identity.ErrInvalidIdentity (wrapped) for a
+// preferred number outside the cluster range.
+func (b *IdentityBackend) AcquirePreferred(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
+	if _, ok := parseID(itoa(preferred)); !ok || preferred.IsReserved() {
+		return 0, false, fmt.Errorf("acquire cluster identity: preferred number %d outside %d..%d: %w",
+			preferred, identity.MinLocalIdentity, maxID, identity.ErrInvalidIdentity)
+	}
+	return b.acquire(ctx, ls, preferred)
+}
+
+// acquire is Acquire trying preferred first for a new label set (0: a
+// free number at random).
+func (b *IdentityBackend) acquire(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
 	if len(ls) == 0 {
 		return 0, false, fmt.Errorf("acquire cluster identity: empty label set: %w", labels.ErrInvalidLabel)
 	}
@@ -121,13 +140,14 @@ func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identi
 			b.cache.forget(n, lk) // collected meanwhile
 			continue
 		}
-		n, isNew, err := b.create(ctx, lk, lease)
+		n, isNew, err := b.create(ctx, lk, lease, preferred)
 		if b.leaseLost(ctx, err, lease) {
 			continue
 		}
 		if err != nil || n != 0 {
 			return n, isNew, err
 		}
+		preferred = 0 // taken by another label set: any free number
 	}
 	return 0, false, fmt.Errorf("acquire cluster identity for %s: %d lost races: %w", labels.Clip(lk), acquireAttempts, ErrConflict)
 }
@@ -157,15 +177,19 @@ func (b *IdentityBackend) addRef(ctx context.Context, n identity.NumericIdentity
 	return true, nil
 }
 
-// create tries one free number for lk, in one transaction: create the
-// label set with that number and this node's reference if neither the
-// label set nor the number exists; else, if the label set exists, add
-// this node's reference to it and read its number. It returns n == 0
-// (and no error) when the number was taken; the cache has then learnt it.
-func (b *IdentityBackend) create(ctx context.Context, lk string, lease clientv3.LeaseID) (identity.NumericIdentity, bool, error) {
-	b.mu.Lock()
-	n, ok := b.cache.pickFree(b.rnd)
-	b.mu.Unlock()
+// create tries one number for lk (want, else a free one), in one
+// transaction: create the label set with that number and this node's
+// reference if neither the label set nor the number exists; else, if the
+// label set exists, add this node's reference to it and read its number.
+// It returns n == 0 (and no error) when the number was taken; the cache
+// has then learnt it.
+func (b *IdentityBackend) create(ctx context.Context, lk string, lease clientv3.LeaseID, want identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
+	n, ok := want, want != 0
+	if !ok {
+		b.mu.Lock()
+		n, ok = b.cache.pickFree(b.rnd)
+		b.mu.Unlock()
+	}
 	if !ok {
 		return 0, false, fmt.Errorf("acquire cluster identity: %w", ErrExhausted)
 	}

@@ -38,6 +38,22 @@ type ClusterBackend interface {
 	Close() error
 }
 
+// PreferringBackend is a ClusterBackend that can number a label set it
+// does not hold with the number this node already uses for it: an
+// endpoint bound to a number while the store could not be asked (or
+// restored with its number), whose identity the store collected
+// meanwhile. Without it, the store would give the label set a new number
+// while the node's endpoints keep the old one, which then exists nowhere
+// in the store (another node would not know it, and could reuse it).
+type PreferringBackend interface {
+	ClusterBackend
+	// AcquirePreferred is Acquire, except that when the store holds no
+	// number for ls it creates ls with preferred if that number is free
+	// (else with any free number). When the store numbers ls already,
+	// that number is returned, whatever preferred is.
+	AcquirePreferred(ctx context.Context, ls labels.Labels, preferred NumericIdentity) (id NumericIdentity, isNew bool, err error)
+}
+
 // ClusterEventKind says what a ClusterEvent reports.
 type ClusterEventKind int
 
