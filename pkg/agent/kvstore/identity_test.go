@@ -2,6 +2,7 @@ package kvstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -187,5 +188,37 @@ func assertIdentity(t *testing.T, cli *clientv3.Client, p string, id identity.Nu
 	}
 	if len(ref.Kvs) != 1 {
 		t.Errorf("identity %d held by %s has no reference key", id, node)
+	}
+}
+
+// TestAcquirePreferred: a label set the store does not number is created
+// with the preferred number when it is free; one it numbers keeps its
+// number; a preferred number another label set holds is not taken; a
+// number outside the cluster range is refused.
+func TestAcquirePreferred(t *testing.T) {
+	srv := startEtcd(t)
+	a, b := newNode(t, srv.Endpoint, "node-a"), newNode(t, srv.Endpoint, "node-b")
+	ctx := context.Background()
+	ls := labelSet(t, "k8s:app=preferred")
+	id, isNew, err := a.id.AcquirePreferred(ctx, ls, 4242)
+	if err != nil || id != 4242 || !isNew {
+		t.Fatalf("new label set with a free preferred number: %d %t %v, want 4242 new", id, isNew, err)
+	}
+	if id, isNew, err := b.id.AcquirePreferred(ctx, ls, 4343); err != nil || id != 4242 || isNew {
+		t.Fatalf("numbered label set: %d %t %v, want the store's 4242", id, isNew, err)
+	}
+	other := labelSet(t, "k8s:app=other")
+	id, isNew, err = b.id.AcquirePreferred(ctx, other, 4242)
+	if err != nil || id == 4242 || id < identity.MinLocalIdentity || !isNew {
+		t.Fatalf("preferred number held by another label set: %d %t %v, want a new other number", id, isNew, err)
+	}
+	resp, err := a.c.Etcd().Get(ctx, prefixOf(t)+"state/identities/v1/id/4242")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != ls.Key() {
+		t.Fatalf("id/4242: %v %v, want %s", resp, err, ls.Key())
+	}
+	for _, bad := range []identity.NumericIdentity{1, 70000} {
+		if _, _, err := a.id.AcquirePreferred(ctx, ls, bad); !errors.Is(err, identity.ErrInvalidIdentity) {
+			t.Errorf("preferred %d: %v, want ErrInvalidIdentity", bad, err)
+		}
 	}
 }
