@@ -50,7 +50,7 @@ func TestAddPhaseRecord(t *testing.T) {
 		}
 		names = append(names, ph.Name)
 	}
-	if want := []string{"netns", "veth", "ipam-wait", "configure", "endpoint-wait"}; !slices.Equal(names, want) {
+	if want := []string{"netns", "veth", "ipam-wait", "configure", "endpoint-wait", "total"}; !slices.Equal(names, want) {
 		t.Fatalf("the ADD's agent steps = %v, want %v", names, want)
 	}
 }
