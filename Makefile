@@ -93,6 +93,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeIPAM$$' -fuzztime $(FUZZTIME) ./pkg/clients/client/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadAnswer$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseServerTiming$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/delqueue/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./pkg/domain/policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRepository$$' -fuzztime $(FUZZTIME) ./pkg/domain/policy/

@@ -340,22 +340,7 @@ func TestBPFSlotsRefill(t *testing.T) {
 	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	b, p := l.bpf, &l.bpf.slots
 	spareIDs(t, l)
-	var taken []slot
-	t.Cleanup(func() {
-		for _, s := range taken {
-			if err := b.releaseSlot(s.n); err != nil {
-				t.Error(err)
-			}
-			s.close()
-		}
-	})
-	for range spareSlots - refillAt {
-		s, err := b.takeSlot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		taken = append(taken, s)
-	}
+	taken := takeSlots(t, b, spareSlots-refillAt)
 	waitFor(t, "the spares to be refilled", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -524,22 +509,7 @@ func TestBPFSlotsFillStopsAboveRefillAt(t *testing.T) {
 	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	b, p := l.bpf, &l.bpf.slots
 	spareIDs(t, l)
-	var taken []slot
-	t.Cleanup(func() {
-		for _, s := range taken {
-			if err := b.releaseSlot(s.n); err != nil {
-				t.Error(err)
-			}
-			s.close()
-		}
-	})
-	for range spareSlots - refillAt - 1 { // refillAt+1 left: no refill starts
-		s, err := b.takeSlot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		taken = append(taken, s)
-	}
+	takeSlots(t, b, spareSlots-refillAt-1) // refillAt+1 left: no refill starts
 	p.mu.Lock()
 	left, filling := len(p.spare), p.filling
 	p.filling = true // as a filler whose batch just ended
@@ -554,4 +524,26 @@ func TestBPFSlotsFillStopsAboveRefillAt(t *testing.T) {
 	if len(p.spare) != refillAt+1 || p.filling {
 		t.Fatalf("after fill: %d spares (filling %v), want %d spares and the filler done", len(p.spare), p.filling, refillAt+1)
 	}
+}
+
+// takeSlots takes n slots, released and closed when the test ends.
+func takeSlots(t *testing.T, b *bpfState, n int) []slot {
+	t.Helper()
+	var taken []slot
+	t.Cleanup(func() {
+		for _, s := range taken {
+			if err := b.releaseSlot(s.n); err != nil {
+				t.Error(err)
+			}
+			s.close()
+		}
+	})
+	for range n {
+		s, err := b.takeSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken = append(taken, s)
+	}
+	return taken
 }

@@ -8,9 +8,11 @@
 # Root-only parts are reported as skipped when not root. Each part's full
 # output goes to $LOGDIR; the table also to $BENCH_OUT when set.
 #
-# Sizes (environment): HEADLINE_CNI_N (default 200: the p99 of 1-at-a-time ADDs is the 198th of 200 calls, not nearly the slowest), HEADLINE_PUT_N
-# (20000 cycles per client count: several seconds, so that the state
-# journal's checkpoints run inside the measurement), HEADLINE_SIM_DURATION (30s),
+# Sizes (environment): HEADLINE_CNI_N (default 200 calls per arm: the
+# nearest-rank p99 of 1-at-a-time ADDs is then the 198th, where of 100 it
+# would be the 99th, next to the slowest), HEADLINE_PUT_N (20000 cycles
+# per client count: several seconds, so that the state journal's
+# checkpoints run inside the measurement), HEADLINE_SIM_DURATION (30s),
 # HEADLINE_RESTORE_N (100), HEADLINE_POLICY_ENDPOINTS (200).
 set -uo pipefail
 

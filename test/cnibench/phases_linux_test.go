@@ -204,7 +204,8 @@ type slowCall struct {
 }
 
 // printSlowest prints the k slowest calls (they make the p99): when each
-// started and its phases of 1 ms or more, so that a tail shows where it
+// started and its phases of 1 ms or more, the agent's steps among them
+// (in parentheses, part of the attach), so that a tail shows where it
 // comes from.
 func printSlowest(b *strings.Builder, calls []slowCall, k int) {
 	if len(calls) == 0 {
@@ -228,6 +229,11 @@ func printSlowest(b *strings.Builder, calls []slowCall, k int) {
 		for _, p := range s.r.Phases {
 			if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
 				long = append(long, p.Name+" "+ms(d))
+			}
+		}
+		for _, p := range s.r.Agent { // the agent's steps of the attach (Server-Timing)
+			if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
+				long = append(long, "(agent "+p.Name+" "+ms(d)+")")
 			}
 		}
 		if d := s.c.end.Sub(time.Unix(0, s.r.End)); d >= time.Millisecond {

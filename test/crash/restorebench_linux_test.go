@@ -56,6 +56,9 @@ func TestRestoreTime(t *testing.T) {
 		inAgent := "?"
 		if len(ms) > 0 {
 			inAgent = string(ms[len(ms)-1][3])
+			if d, err := time.ParseDuration(inAgent); err == nil { // as logged: 8.703492ms
+				inAgent = d.Round(100 * time.Microsecond).String()
+			}
 		}
 		fmt.Printf("restart after %s with %d endpoints: restore in the agent %s, process start to serving %v, to all ready %v\n",
 			map[bool]string{false: "SIGTERM", true: "SIGKILL"}[kill], want, inAgent, serving.Round(time.Millisecond), allReady.Round(time.Millisecond))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -36,6 +37,8 @@ const defaultMTU = 1500
 // The handler runs on the request's goroutine (bounded by MaxInFlight),
 // never in an actor: the netlink calls block only this request.
 func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
+	begin := time.Now()
+	var timing serverTiming
 	if len(r.URL.Query()) != 0 {
 		return badRequest("POST /v1/attach takes no query parameters")
 	}
@@ -49,15 +52,18 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	}
 	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
+		start := time.Now()
 		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
 		}
+		timing.add("labels", time.Since(start))
 	}
 
 	start := time.Now()
 	phase := func(name string) { // one step of the attach, as a datapath phase
 		now := time.Now()
 		s.cfg.Metrics.DatapathPhase("attach-"+name, now.Sub(start))
+		timing.add(name, now.Sub(start))
 		start = now
 	}
 	host := netns.None()
@@ -182,9 +188,30 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 			out.IPv6 = aa
 		}
 	}
+	timing.add("total", time.Since(begin))
+	w.Header().Set("Server-Timing", timing.String())
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
+
+// serverTiming is a Server-Timing header value (W3C Server Timing): the
+// attach's steps with their durations in milliseconds (labels: the pod's
+// labels from the API server, when they are read; total: from the
+// request's body to the answer), so that a caller can tell which step
+// made a slow call slow (the plugin's phase record, make bench-cni's
+// slowest calls). Names are fixed tokens.
+type serverTiming []byte
+
+func (t *serverTiming) add(name string, d time.Duration) {
+	if len(*t) > 0 {
+		*t = append(*t, ", "...)
+	}
+	*t = append(*t, name...)
+	*t = append(*t, ";dur="...)
+	*t = strconv.AppendFloat(*t, float64(d.Microseconds())/1000, 'f', 3, 64)
+}
+
+func (t serverTiming) String() string { return string(t) }
 
 // attachSpec validates an attach request in full (its MTU defaulted)
 // and returns the endpoint it asks for, still without the veth and the

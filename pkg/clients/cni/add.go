@@ -58,8 +58,13 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
 	var att models.AttachResponse
-	err = retryStarting(ctx, func() error { return c.client.attach(ctx, req, &att) })
+	var timing string
+	err = retryStarting(ctx, func() (err error) {
+		timing, err = c.client.attach(ctx, req, &att)
+		return err
+	})
 	pt.mark("attach (the agent: address, veth, pod side, endpoint)")
+	pt.agent(timing)
 	if isNotFound(err) && isCode(err, "not-found") {
 		return newError(CodeAgentError, "attach: the agent does not serve POST /v1/attach (older than this plugin? upgrade it): %v", err)
 	}

@@ -111,14 +111,26 @@ func isNotFound(err error) bool {
 
 // do sends one request and decodes a 2xx JSON answer into out (may be nil).
 func (c *agentClient) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	_, err := c.doTimed(ctx, method, path, query, body, out)
+	return err
+}
+
+// doTimed is do that also returns the answer's Server-Timing header.
+func (c *agentClient) doTimed(ctx context.Context, method, path string, query url.Values, body, out any) (string, error) {
 	req, err := encodeRequest(method, path, query, body)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return "", fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	status, data, err := c.roundTrip(ctx, req)
+	a, err := c.roundTrip(ctx, req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return "", fmt.Errorf("%s %s: %w", method, path, err)
 	}
+	return a.timing, decodeAnswer(method, path, a.status, a.body, out)
+}
+
+// decodeAnswer turns a non-2xx answer into an *apiError and decodes a
+// 2xx answer's JSON into out (may be nil).
+func decodeAnswer(method, path string, status int, data []byte, out any) error {
 	if status/100 != 2 {
 		var me models.Error
 		if json.Unmarshal(data, &me) != nil || me.Code == "" {
@@ -138,37 +150,37 @@ func (c *agentClient) do(ctx context.Context, method, path string, query url.Val
 // roundTrip sends req and reads the answer. A kept-alive connection the
 // agent closed in the meantime (nothing written back) is replaced by a
 // new one once.
-func (c *agentClient) roundTrip(ctx context.Context, req []byte) (int, []byte, error) {
+func (c *agentClient) roundTrip(ctx context.Context, req []byte) (answer, error) {
 	for attempt := 0; ; attempt++ {
 		ac, reused, err := c.conn(ctx)
 		if err != nil {
-			return 0, nil, err
+			return answer{}, err
 		}
 		if dl, ok := ctx.Deadline(); ok {
 			_ = ac.SetDeadline(dl)
 		}
-		status, data, keep, err := send(ac, req)
+		a, err := send(ac, req)
 		if err != nil {
 			ac.Close()
 			if reused && attempt == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
 				continue
 			}
-			return 0, nil, err
+			return answer{}, err
 		}
-		c.release(ac, keep)
-		return status, data, nil
+		c.release(ac, a.keep)
+		return a, nil
 	}
 }
 
-func send(ac *agentConn, req []byte) (status int, data []byte, keep bool, err error) {
+func send(ac *agentConn, req []byte) (answer, error) {
 	if _, err := ac.Write(req); err != nil {
-		return 0, nil, false, fmt.Errorf("send: %w", err)
+		return answer{}, fmt.Errorf("send: %w", err)
 	}
-	status, data, keep, err = readAnswer(ac.r)
+	a, err := readAnswer(ac.r)
 	if err != nil {
-		return 0, nil, false, fmt.Errorf("read answer: %w", err)
+		return answer{}, fmt.Errorf("read answer: %w", err)
 	}
-	return status, data, keep, nil
+	return a, nil
 }
 
 func encodeRequest(method, path string, query url.Values, body any) ([]byte, error) {
@@ -193,26 +205,39 @@ func encodeRequest(method, path string, query url.Values, body any) ([]byte, err
 	return b.Bytes(), nil
 }
 
-// readAnswer parses an HTTP/1.1 answer: status, headers, body. keep says
-// the connection may carry another request (the body's end was framed and
-// the agent did not ask to close).
-func readAnswer(r *bufio.Reader) (status int, body []byte, keep bool, err error) {
+// answer is an agent's HTTP answer. keep says the connection may carry
+// another request (the body's end was framed and the agent did not ask
+// to close); timing is its Server-Timing header (POST /v1/attach's
+// steps), at most maxTiming bytes.
+type answer struct {
+	status int
+	body   []byte
+	keep   bool
+	timing string
+}
+
+// maxTiming bounds the Server-Timing value kept (the attach's is ~120
+// bytes).
+const maxTiming = 512
+
+// readAnswer parses an HTTP/1.1 answer: status, headers, body.
+func readAnswer(r *bufio.Reader) (answer, error) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return 0, nil, false, err
+		return answer{}, err
 	}
 	proto, rest, _ := strings.Cut(strings.TrimRight(line, "\r\n"), " ")
 	code, _, _ := strings.Cut(rest, " ")
-	status, err = strconv.Atoi(code)
+	status, err := strconv.Atoi(code)
 	if !strings.HasPrefix(proto, "HTTP/1.") || err != nil || status < 100 || status > 999 {
-		return 0, nil, false, fmt.Errorf("malformed status line %q", line)
+		return answer{}, fmt.Errorf("malformed status line %q", line)
 	}
+	a := answer{status: status, keep: proto == "HTTP/1.1"}
 	length, chunked := -1, false
-	keep = proto == "HTTP/1.1"
 	for {
 		h, err := r.ReadString('\n')
 		if err != nil {
-			return 0, nil, false, err
+			return answer{}, err
 		}
 		h = strings.TrimRight(h, "\r\n")
 		if h == "" {
@@ -223,16 +248,21 @@ func readAnswer(r *bufio.Reader) (status int, body []byte, keep bool, err error)
 		switch strings.ToLower(k) {
 		case "content-length":
 			if length, err = strconv.Atoi(v); err != nil || length < 0 || length > maxAnswer {
-				return 0, nil, false, fmt.Errorf("bad content-length %q", v)
+				return answer{}, fmt.Errorf("bad content-length %q", v)
 			}
 		case "transfer-encoding":
 			chunked = strings.EqualFold(v, "chunked")
 		case "connection":
-			keep = keep && !strings.EqualFold(v, "close")
+			a.keep = a.keep && !strings.EqualFold(v, "close")
+		case "server-timing":
+			if len(v) <= maxTiming {
+				a.timing = v
+			}
 		}
 	}
-	body, err = readBody(r, length, chunked)
-	return status, body, keep && (chunked || length >= 0), err
+	a.keep = a.keep && (chunked || length >= 0)
+	a.body, err = readBody(r, length, chunked)
+	return a, err
 }
 
 func readBody(r *bufio.Reader, length int, chunked bool) ([]byte, error) {
@@ -284,9 +314,10 @@ func readChunked(r *bufio.Reader) ([]byte, error) {
 
 // The calls the plugin makes (same paths and bodies as pkg/clients/client).
 
-// attach is POST /v1/attach: the agent does the ADD.
-func (c *agentClient) attach(ctx context.Context, req *models.AttachRequest, out *models.AttachResponse) error {
-	return c.do(ctx, "POST", "/v1/attach", nil, req, out)
+// attach is POST /v1/attach: the agent does the ADD. It also returns
+// the answer's Server-Timing (the agent's steps).
+func (c *agentClient) attach(ctx context.Context, req *models.AttachRequest, out *models.AttachResponse) (string, error) {
+	return c.doTimed(ctx, "POST", "/v1/attach", nil, req, out)
 }
 
 func (c *agentClient) endpointGet(ctx context.Context, ref string) (*models.Endpoint, error) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,23 +18,24 @@ import (
 
 func TestReadAnswer(t *testing.T) {
 	for name, tc := range map[string]struct {
-		raw    string
-		status int
-		body   string
+		raw          string
+		status       int
+		body, timing string
 	}{
-		"content-length": {"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello", 201, "hello"},
-		"chunked":        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n", 200, "abcde"},
-		"until EOF":      {"HTTP/1.0 404 Not Found\r\n\r\n{\"code\":\"not-found\"}", 404, `{"code":"not-found"}`},
+		"content-length":  {"HTTP/1.1 201 Created\r\nContent-Length: 5\r\nServer-Timing: veth;dur=0.5\r\n\r\nhello", 201, "hello", "veth;dur=0.5"},
+		"chunked":         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n", 200, "abcde", ""},
+		"until EOF":       {"HTTP/1.0 404 Not Found\r\n\r\n{\"code\":\"not-found\"}", 404, `{"code":"not-found"}`, ""},
+		"timing too long": {"HTTP/1.1 200 OK\r\nServer-Timing: " + strings.Repeat("a", maxTiming+1) + "\r\nContent-Length: 0\r\n\r\n", 200, "", ""},
 	} {
 		t.Run(name, func(t *testing.T) {
-			status, body, _, err := readAnswer(bufio.NewReader(strings.NewReader(tc.raw)))
-			if err != nil || status != tc.status || string(body) != tc.body {
-				t.Fatalf("readAnswer = %d %q %v; want %d %q", status, body, err, tc.status, tc.body)
+			a, err := readAnswer(bufio.NewReader(strings.NewReader(tc.raw)))
+			if err != nil || a.status != tc.status || string(a.body) != tc.body || a.timing != tc.timing {
+				t.Fatalf("readAnswer = %d %q (timing %q) %v; want %d %q (timing %q)", a.status, a.body, a.timing, err, tc.status, tc.body, tc.timing)
 			}
 		})
 	}
 	for _, bad := range []string{"", "SMTP 220 hi\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"} {
-		if _, _, _, err := readAnswer(bufio.NewReader(strings.NewReader(bad))); err == nil {
+		if _, err := readAnswer(bufio.NewReader(strings.NewReader(bad))); err == nil {
 			t.Errorf("readAnswer(%q) succeeded", bad)
 		}
 	}
@@ -58,6 +60,7 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 				w.WriteHeader(400)
 				return
 			}
+			w.Header().Set("Server-Timing", "netns;dur=0.100, veth;dur=1.250")
 			w.WriteHeader(201)
 			w.Write([]byte(`{"endpoint-id":3,"ipv4":{"ip":"10.0.0.2","gateway":"10.0.0.1"}}`))
 		default:
@@ -81,8 +84,12 @@ func TestAgentClientAgainstNetHTTP(t *testing.T) {
 		t.Fatalf("status = %v (message %d bytes)", err, len(st.Message))
 	}
 	var r models.AttachResponse
-	if err := c.attach(ctx, &models.AttachRequest{Owner: "ns/pod"}, &r); err != nil || r.IPv4 == nil || r.IPv4.IP != "10.0.0.2" {
+	timing, err := c.attach(ctx, &models.AttachRequest{Owner: "ns/pod"}, &r)
+	if err != nil || r.IPv4 == nil || r.IPv4.IP != "10.0.0.2" {
 		t.Fatalf("attach = %+v, %v", r, err)
+	}
+	if got := parseServerTiming(timing); !slices.Equal(got, []Phase{{"netns", 100}, {"veth", 1250}}) {
+		t.Fatalf("attach timing %q = %v", timing, got)
 	}
 	if _, err := c.endpointGet(ctx, "container-id:x"); !isNotFound(err) || !isCode(err, "not-found") {
 		t.Fatalf("endpointGet = %v, want the 404", err)
@@ -104,9 +111,37 @@ func FuzzReadAnswer(f *testing.F) {
 	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
 	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		_, body, _, err := readAnswer(bufio.NewReader(strings.NewReader(string(raw))))
-		if err == nil && len(body) > maxAnswer {
-			t.Fatalf("body of %d bytes accepted", len(body))
+		a, err := readAnswer(bufio.NewReader(strings.NewReader(string(raw))))
+		if err == nil && len(a.body) > maxAnswer {
+			t.Fatalf("body of %d bytes accepted", len(a.body))
+		}
+		if len(a.timing) > maxTiming {
+			t.Fatalf("Server-Timing of %d bytes kept", len(a.timing))
+		}
+	})
+}
+
+func TestParseServerTiming(t *testing.T) {
+	for v, want := range map[string][]Phase{
+		"":                                       nil,
+		"netns;dur=0.109, veth;dur=0.787":        {{"netns", 109}, {"veth", 787}},
+		"a;desc=\"x\";dur=2, b, c;dur=x, ;dur=1": {{"a", 2000}},
+		"d;DUR=1.5;dur=9":                        {{"d", 1500}},
+		"e;dur=-1, f;dur=1e12":                   nil,
+	} {
+		if got := parseServerTiming(v); !slices.Equal(got, want) {
+			t.Errorf("parseServerTiming(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func FuzzParseServerTiming(f *testing.F) {
+	f.Add("netns;dur=0.109, veth;dur=0.787")
+	f.Fuzz(func(t *testing.T, v string) {
+		for _, p := range parseServerTiming(v) {
+			if p.Name == "" || p.Us < 0 {
+				t.Fatalf("%q gave %+v", v, p)
+			}
 		}
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os"
 	"runtime/metrics"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -31,7 +33,10 @@ type PhaseRecord struct {
 	Start       int64   `json:"start"`
 	End         int64   `json:"end"`
 	Phases      []Phase `json:"phases"`
-	Failed      bool    `json:"failed,omitempty"`
+	// Agent is the agent's steps of the call, from its answer's
+	// Server-Timing header (POST /v1/attach), in microseconds.
+	Agent  []Phase `json:"agent,omitempty"`
+	Failed bool    `json:"failed,omitempty"`
 	// Threads is how many OS threads the plugin had when it finished:
 	// each must be scheduled once more to exit before the runtime sees
 	// the plugin gone, which a loaded machine makes slow.
@@ -79,6 +84,38 @@ func (t *phaseTimer) mark(name string) {
 	now := time.Now()
 	t.rec.Phases = append(t.rec.Phases, Phase{Name: name, Us: now.Sub(t.last).Microseconds()})
 	t.last = now
+}
+
+// agent records the agent's steps from a Server-Timing value.
+func (t *phaseTimer) agent(timing string) {
+	if t == nil {
+		return
+	}
+	t.rec.Agent = parseServerTiming(timing)
+}
+
+// parseServerTiming reads the name;dur=<ms> entries of a Server-Timing
+// value (W3C Server Timing); entries without a duration, or with one
+// that is not a number of milliseconds, are left out.
+func parseServerTiming(v string) []Phase {
+	var out []Phase
+	for _, entry := range strings.Split(v, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(entry), ";")
+		if name == "" {
+			continue
+		}
+		for _, p := range strings.Split(params, ";") {
+			k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if !strings.EqualFold(k, "dur") {
+				continue
+			}
+			if d, err := strconv.ParseFloat(val, 64); err == nil && d >= 0 && d < 1e9 {
+				out = append(out, Phase{Name: name, Us: int64(d * 1000)})
+			}
+			break
+		}
+	}
+	return out
 }
 
 // write appends the record; failing to is only reported (timing must
