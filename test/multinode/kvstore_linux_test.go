@@ -806,7 +806,7 @@ func refsCover(c *cluster, nd *node) error {
 // still reach each other. The identities only nd used are then removed
 // from etcd (as the GC would after its grace) and nd restarted: it is
 // routed to and mirrored again, and its identities are back in etcd,
-// numbered as on every node.
+// numbered as on every node and as before.
 func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	st, err := nd.api.Status(context.Background())
 	if err != nil {
@@ -857,23 +857,20 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	for _, o := range c.nodes {
 		waitFor(t, o.name+"'s identity references in etcd", func() error { return refsCover(c, o) })
 	}
-	// An endpoint keeps its number unless the GC took it meanwhile; then
-	// it gets the one the store gives its labels now (the same on every
-	// node, checked above).
+	// Every endpoint keeps its number: one whose identity the GC took
+	// meanwhile gets it back (the agent asks the store for the number its
+	// endpoints hold, and no node numbered those labels anew meanwhile).
 	after := endpointNumbers(t, nd)
-	renumbered := 0
+	back := 0
 	for ep, n := range numbers {
-		if _, gone := collected[fmt.Sprint(n)]; gone {
-			if after[ep] != n {
-				renumbered++
-			}
-			continue
-		}
 		if after[ep] != n {
-			t.Fatalf("%s's endpoint %d: identity %d after the restart, %d before (not collected)", nd.name, ep, after[ep], n)
+			t.Fatalf("%s's endpoint %d: identity %d after the restart, %d before", nd.name, ep, after[ep], n)
+		}
+		if _, gone := collected[fmt.Sprint(n)]; gone {
+			back++
 		}
 	}
-	t.Logf("%s restarted: %d of its %d endpoints renumbered (their identities were collected)", nd.name, renumbered, len(numbers))
+	t.Logf("%s restarted: %d of its %d endpoints had their collected identity re-created with its number", nd.name, back, len(numbers))
 	reach(t, p1, remote)
 }
 
