@@ -173,7 +173,7 @@ type Backend struct {
 	created, adopted, conflicts, retries, collected, gcConflicts atomic.Uint64
 }
 
-var _ identity.ClusterBackend = (*Backend)(nil)
+var _ identity.PreferringBackend = (*Backend)(nil)
 
 // labelsIndex is the informer index by label-set key.
 const labelsIndex = "labels"
@@ -368,6 +368,24 @@ func (b *Backend) Watch(ctx context.Context, fn func(identity.ClusterEvent)) err
 
 // Acquire implements identity.ClusterBackend.
 func (b *Backend) Acquire(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, bool, error) {
+	return b.acquirePreferring(ctx, ls, identity.IdentityUnknown)
+}
+
+// AcquirePreferred implements identity.PreferringBackend: a label set no
+// object holds is created with preferred when that number is free (the
+// number this node's endpoints hold for it: bound while the API server
+// could not be asked, or restored, and collected meanwhile); else the
+// candidates follow as for Acquire. A preferred number outside
+// MinID..MaxID is refused with identity.ErrInvalidIdentity.
+func (b *Backend) AcquirePreferred(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
+	if preferred < b.cfg.MinID || preferred > b.cfg.MaxID || preferred.IsReserved() {
+		return 0, false, fmt.Errorf("acquire identity: preferred number %d outside %d..%d: %w",
+			preferred, b.cfg.MinID, b.cfg.MaxID, identity.ErrInvalidIdentity)
+	}
+	return b.acquirePreferring(ctx, ls, preferred)
+}
+
+func (b *Backend) acquirePreferring(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
 	if len(ls) == 0 {
 		return 0, false, fmt.Errorf("acquire identity: empty label set: %w", identity.ErrInvalidLabels)
 	}
@@ -382,7 +400,7 @@ func (b *Backend) Acquire(ctx context.Context, ls labels.Labels) (identity.Numer
 	syncCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	cache.WaitForCacheSync(syncCtx.Done(), b.informer.HasSynced)
 	cancel()
-	id, isNew, err := b.acquire(ctx, ls)
+	id, isNew, err := b.acquire(ctx, ls, preferred)
 	b.setHealth(err)
 	if err != nil {
 		return 0, false, fmt.Errorf("acquire identity for %s: %w", ls.Key(), err)
@@ -390,11 +408,27 @@ func (b *Backend) Acquire(ctx context.Context, ls labels.Labels) (identity.Numer
 	return id, isNew, nil
 }
 
-func (b *Backend) acquire(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, bool, error) {
+// acquire adopts the label set's object or creates one: with preferred
+// first when the cache holds none for it (0: no preference), then at the
+// label set's candidates.
+func (b *Backend) acquire(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
 	key, want := ls.Key(), toSecurityLabels(ls)
+	tries := 0
+	if _, held := b.cached(key); !held && preferred != identity.IdentityUnknown {
+		tries++
+		switch got, err := b.claim(ctx, preferred, key, want); {
+		case err != nil:
+			return 0, false, err
+		case got == claimCreated:
+			b.created.Add(1)
+			return preferred, true, nil
+		case got == claimAdopted:
+			b.adopted.Add(1)
+			return preferred, false, nil
+		}
+	}
 	start := b.slot(key)
 	span := uint64(b.cfg.MaxID-b.cfg.MinID) + 1
-	tries := 0
 	for i := uint64(0); i < span && tries < b.cfg.MaxAttempts; i++ {
 		if err := ctx.Err(); err != nil {
 			return 0, false, err
