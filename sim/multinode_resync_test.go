@@ -76,7 +76,7 @@ func TestProvisionalIdentityRecreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.ids[n] != lk || st.labels[lk] != itoaID(n) || !slices.Contains(st.refs[refHash(lk)], "resync-node") {
+	if st.ids[n] != lk || st.labels[lk] != n.String() || !slices.Contains(st.refs[refHash(lk)], "resync-node") {
 		t.Fatalf("the node's endpoint holds identity %d (%s): id/%d is %q, labels/ says %q, references %v; want it back with the node's reference",
 			n, lk, n, st.ids[n], st.labels[lk], st.refs[refHash(lk)])
 	}
@@ -84,8 +84,6 @@ func TestProvisionalIdentityRecreated(t *testing.T) {
 		t.Fatalf("identity %d on the node: %+v %v, want confirmed by the store with one reference", n, row, ok)
 	}
 }
-
-func itoaID(n identity.NumericIdentity) string { return strconv.FormatUint(uint64(n), 10) }
 
 // startResyncAgent starts one agent (fake datapath) in kvstore mode on
 // endpoint, stopped at cleanup.

@@ -226,16 +226,15 @@ func printSlowest(b *strings.Builder, calls []slowCall, k int) {
 		if d := time.Unix(0, s.r.Start).Sub(s.c.start); d >= time.Millisecond {
 			long = append(long, "start "+ms(d))
 		}
-		for _, p := range s.r.Phases {
-			if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
-				long = append(long, p.Name+" "+ms(d))
+		phases := func(ps []cni.Phase, format string) {
+			for _, p := range ps {
+				if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
+					long = append(long, fmt.Sprintf(format, p.Name, ms(d)))
+				}
 			}
 		}
-		for _, p := range s.r.Agent { // the agent's steps of the attach (Server-Timing)
-			if d := time.Duration(p.Us) * time.Microsecond; d >= time.Millisecond {
-				long = append(long, "(agent "+p.Name+" "+ms(d)+")")
-			}
-		}
+		phases(s.r.Phases, "%s %s")
+		phases(s.r.Agent, "(agent %s %s)") // the agent's steps of the attach (Server-Timing)
 		if d := s.c.end.Sub(time.Unix(0, s.r.End)); d >= time.Millisecond {
 			long = append(long, "exit and libcni "+ms(d))
 		}

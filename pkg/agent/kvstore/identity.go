@@ -102,7 +102,7 @@ func (b *IdentityBackend) Acquire(ctx context.Context, ls labels.Labels) (identi
 // hold for it. Returns identity.ErrInvalidIdentity (wrapped) for a
 // preferred number outside the cluster range.
 func (b *IdentityBackend) AcquirePreferred(ctx context.Context, ls labels.Labels, preferred identity.NumericIdentity) (identity.NumericIdentity, bool, error) {
-	if _, ok := parseID(itoa(preferred)); !ok || preferred.IsReserved() {
+	if preferred < identity.MinLocalIdentity || preferred > maxID {
 		return 0, false, fmt.Errorf("acquire cluster identity: preferred number %d outside %d..%d: %w",
 			preferred, identity.MinLocalIdentity, maxID, identity.ErrInvalidIdentity)
 	}
