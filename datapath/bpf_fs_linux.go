@@ -92,3 +92,21 @@ func unpin(path string) error {
 	}
 	return nil
 }
+
+// MountBPFFS makes sure a bpffs is mounted at /sys/fs/bpf, mounting one
+// when the directory is not on a bpffs yet. It is what the DaemonSet's
+// privileged init container runs (membrane-agent mount-bpffs), so the
+// agent container needs no mount rights: the host's mount reaches it
+// through a HostToContainer volume.
+func MountBPFFS() error {
+	if isBPFFS(bpffsRoot) {
+		return nil
+	}
+	if err := os.MkdirAll(bpffsRoot, 0o755); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", bpffsRoot, err)
+	}
+	if err := unix.Mount("bpf", bpffsRoot, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", bpffsRoot, err)
+	}
+	return nil
+}

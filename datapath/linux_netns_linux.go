@@ -3,11 +3,12 @@ package datapath
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/membrane-cni/membrane/datapath/sysctl"
 )
 
 // nsRunner runs functions on one OS thread that lives in another network
@@ -167,17 +168,7 @@ func (l *Linux) setGlobalSysctls() error {
 
 // ensureSysctl writes value to path unless it already holds it.
 func ensureSysctl(path, value string) error {
-	cur, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("sysctl %s: %w", path, err)
-	}
-	if strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s: %w", path, err)
-	}
-	return nil
+	return sysctl.Ensure(strings.TrimPrefix(path, "/proc/sys/"), value)
 }
 
 // inHost runs fn in the host netns: directly when that is the agent's

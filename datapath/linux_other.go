@@ -23,3 +23,6 @@ func (l *Linux) SetHooks(LinuxHooks) {}
 func (l *Linux) WatchHostAddrs(context.Context, func(HostAddrChange)) error {
 	return fmt.Errorf("watch host addresses: %w", ErrNotSupported)
 }
+
+// MountBPFFS returns ErrNotSupported on platforms other than Linux.
+func MountBPFFS() error { return fmt.Errorf("mount bpffs: %w", ErrNotSupported) }

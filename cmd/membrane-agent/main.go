@@ -32,6 +32,11 @@ func main() {
 }
 
 func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 {
+		if sub, ok := subcommands[args[0]]; ok {
+			return sub(args[1:], stderr)
+		}
+	}
 	cfg, log, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -66,6 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	var expiry time.Duration
 	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/run/membrane/state", "directory of per-endpoint state")
+	fs.StringVar(&cfg.ProcFS, "procfs", "", "where the host's /proc is mounted, for sysctls (a container's own /proc/sys is read-only; \"\" is /proc)")
 	fs.StringVar(&v4, "ipv4-range", "10.200.0.0/16", "IPv4 pod CIDR (\"\" disables IPv4)")
 	fs.StringVar(&v6, "ipv6-range", "", "IPv6 pod CIDR, e.g. fd00:200::/112 (at most 2^24 addresses)")
 	fs.StringVar(&cfg.IPAM, "ipam", agent.IPAMStatic, "where the pod CIDRs come from: static (--ipv4-range, --ipv6-range) or kubernetes (this node's spec.podCIDRs; Kubernetes mode only)")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/datapath/sysctl"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
@@ -50,6 +51,11 @@ type Config struct {
 	SocketMode os.FileMode
 	// StateDir holds per-endpoint state (--state-dir).
 	StateDir string
+	// ProcFS is where the host's /proc is reachable (--procfs; "" is
+	// /proc). A containerised agent gets the host's /proc/sys/net at
+	// <ProcFS>/sys/net, writable where the container's /proc/sys is not.
+	// Process-wide: Start applies it to every sysctl the agent writes.
+	ProcFS string
 	// IPv4Range and IPv6Range are the pod CIDRs (--ipv4-range, --ipv6-range).
 	IPv4Range, IPv6Range netip.Prefix
 	// IPAMStrategy is sequential or random.
@@ -124,6 +130,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--socket: empty path: %w", ErrInvalidConfig)
 	case c.StateDir == "":
 		return fmt.Errorf("--state-dir: empty path: %w", ErrInvalidConfig)
+	case c.ProcFS != "" && !filepath.IsAbs(c.ProcFS):
+		return fmt.Errorf("--procfs: %q is not an absolute path: %w", c.ProcFS, ErrInvalidConfig)
 	case c.GCPercent != 0 && (c.GCPercent < 25 || c.GCPercent > 1000):
 		return fmt.Errorf("--gc-percent %d: want 25..1000: %w", c.GCPercent, ErrInvalidConfig)
 	case c.IPAM != "" && c.IPAM != IPAMStatic && c.IPAM != IPAMKubernetes:
@@ -242,6 +250,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 		return nil, err
 	}
 	applyGCPercent(cfg.GCPercent)
+	if cfg.ProcFS != "" {
+		sysctl.SetProcFS(cfg.ProcFS)
+	}
 	if cfg.IPAM == IPAMKubernetes {
 		if err := podCIDRRanges(&cfg, log); err != nil {
 			return nil, fmt.Errorf("start agent: %w", err)

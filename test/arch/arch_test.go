@@ -32,6 +32,8 @@ func layer(path string) string {
 		return "actors"
 	case rel == "messages":
 		return "messages"
+	case rel == "datapath/podnet", rel == "datapath/sysctl":
+		return "podnet" // the pod's side of an attachment: the agent's ADD and the plugin's CHECK and DEL
 	case first == "datapath", first == "restore", first == "bpf":
 		return "kernel" // datapath, restore and bpf: kernel and disk
 	case strings.HasPrefix(rel, "pkg/domain/"):
@@ -51,13 +53,14 @@ func layer(path string) string {
 // allowed lists the layers each layer may import.
 var allowed = map[string][]string{
 	"domain":   {"domain"},
-	"kernel":   {"kernel", "domain"},
+	"kernel":   {"kernel", "podnet", "domain"},
 	"messages": {"kernel", "domain"},
 	"actors":   {"actors", "messages", "kernel", "domain"},
-	"outer":    {"outer", "actors", "kernel", "domain", "clients"},
-	"clients":  {"clients", "domain"},
+	"podnet":   {"domain"},
+	"outer":    {"outer", "actors", "kernel", "podnet", "domain", "clients"},
+	"clients":  {"clients", "podnet", "domain"},
 	"testutil": {},
-	"top":      {"top", "outer", "actors", "kernel", "domain", "clients"},
+	"top":      {"top", "outer", "actors", "kernel", "podnet", "domain", "clients"},
 }
 
 func listPackages(t *testing.T) []pkg {
@@ -138,7 +141,7 @@ func TestPluginLinksNoAgent(t *testing.T) {
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		if strings.HasPrefix(dep, module+"/") {
-			if l := layer(dep); l != "clients" && l != "domain" && l != "top" {
+			if l := layer(dep); l != "clients" && l != "podnet" && l != "domain" && l != "top" {
 				t.Errorf("membrane-cni links %s (%s)", dep, l)
 			}
 		}

@@ -120,7 +120,7 @@ func TestManifestsApply(t *testing.T) {
 // its ServiceAccount, the node name, the host paths.
 func checkDaemonSet(t *testing.T, spec corev1.PodSpec) {
 	t.Helper()
-	if !spec.HostNetwork || spec.ServiceAccountName != saName || len(spec.InitContainers) != 1 {
+	if !spec.HostNetwork || spec.ServiceAccountName != saName || len(spec.InitContainers) != 2 {
 		t.Fatalf("pod spec: hostNetwork %v serviceAccount %q init containers %d", spec.HostNetwork, spec.ServiceAccountName, len(spec.InitContainers))
 	}
 	paths := map[string]bool{}
@@ -129,7 +129,7 @@ func checkDaemonSet(t *testing.T, spec corev1.PodSpec) {
 			paths[v.HostPath.Path] = true
 		}
 	}
-	for _, p := range []string{"/sys/fs/bpf", "/var/run/membrane", "/var/lib/membrane", "/opt/cni/bin", "/etc/cni/net.d"} {
+	for _, p := range []string{"/sys/fs/bpf", "/var/run/membrane", "/var/lib/membrane", "/opt/cni/bin", "/etc/cni/net.d", "/proc/sys/net"} {
 		if !paths[p] {
 			t.Errorf("no hostPath volume %s (have %v)", p, paths)
 		}
@@ -141,12 +141,41 @@ func checkDaemonSet(t *testing.T, spec corev1.PodSpec) {
 			t.Errorf("agent command %q lacks %s", args, want)
 		}
 	}
+	checkPrivileges(t, spec)
 	nodeFromDownward := false
 	for _, e := range agentC.Env {
 		nodeFromDownward = nodeFromDownward || e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
 	}
 	if !nodeFromDownward {
 		t.Error("NODE_NAME does not come from spec.nodeName")
+	}
+}
+
+// checkPrivileges checks that only the bpffs mount runs privileged: the
+// agent has a list of capabilities (all others dropped), the CNI install
+// none, and every container runs a binary of the image, no shell.
+func checkPrivileges(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		sc := c.SecurityContext
+		privileged := sc != nil && sc.Privileged != nil && *sc.Privileged
+		if privileged != (c.Name == "mount-bpffs") {
+			t.Errorf("container %s: privileged %v; only mount-bpffs may be", c.Name, privileged)
+		}
+		if len(c.Command) == 0 || !strings.HasPrefix(c.Command[0], "/usr/local/bin/membrane-") {
+			t.Errorf("container %s runs %v, want a membrane binary (the image has no shell)", c.Name, c.Command)
+		}
+		if privileged {
+			continue
+		}
+		if sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+			t.Errorf("container %s does not drop ALL capabilities", c.Name)
+		}
+		for _, m := range c.VolumeMounts {
+			if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+				t.Errorf("container %s mounts %s Bidirectional (needs privileged)", c.Name, m.MountPath)
+			}
+		}
 	}
 }
 
@@ -184,12 +213,22 @@ func TestConfigMapConflist(t *testing.T) {
 }
 
 // asServiceAccount is env's configuration impersonating the agent's
-// ServiceAccount (as its token would authenticate).
+// ServiceAccount on node rbac-node (as its pod-bound token would
+// authenticate).
 func asServiceAccount(env *kubetest.Env) *rest.Config {
+	return asAgentOn(env, "rbac-node")
+}
+
+// asAgentOn impersonates the agent's ServiceAccount with the node name a
+// pod-bound token on that node carries ("" for a token bound to no node).
+func asAgentOn(env *kubetest.Env, node string) *rest.Config {
 	c := rest.CopyConfig(env.Config)
 	c.Impersonate = rest.ImpersonationConfig{
 		UserName: fmt.Sprintf("system:serviceaccount:%s:%s", saNamespace, saName),
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+	}
+	if node != "" {
+		c.Impersonate.Extra = map[string][]string{nodeNameExtra: {node}}
 	}
 	return c
 }

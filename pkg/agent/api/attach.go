@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/datapath/podnet"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"

@@ -10,7 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/datapath/podnet"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
-	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/datapath/podnet"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 

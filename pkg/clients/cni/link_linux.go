@@ -6,7 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netns"
 
-	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/datapath/podnet"
 )
 
 // pod is an open pod netns (CHECK, DEL); the ADD's pod work is the

@@ -1,6 +1,6 @@
 package cni
 
-import "github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+import "github.com/membrane-cni/membrane/datapath/podnet"
 
 // VethNames returns the host-side name (lxc<hash>) and the temporary
 // name (tmp<hash>) of an attachment's veth (podnet.VethNames).

@@ -8,7 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/membrane-cni/membrane/pkg/clients/cni/podnet"
+	"github.com/membrane-cni/membrane/datapath/podnet"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 

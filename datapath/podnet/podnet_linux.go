@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/datapath/sysctl"
 )
 
 // Kind says what an Error is about.
@@ -357,7 +359,7 @@ func (p *Pod) enableIPv6(ifName string) error {
 			return
 		}
 		for _, dev := range []string{"lo", ifName} {
-			path := "/proc/sys/net/ipv6/conf/" + dev + "/disable_ipv6"
+			path := sysctl.Path("net/ipv6/conf/" + dev + "/disable_ipv6")
 			cur, err := os.ReadFile(path)
 			if err == nil && strings.TrimSpace(string(cur)) == "0" {
 				continue

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/membrane-cni/membrane/datapath"
+)
+
+// The node-setup subcommands the DaemonSet's init containers run, so the
+// image needs no shell: install-cni copies the plugin and its conflist
+// onto the host, mount-bpffs mounts the host's bpffs (the one step that
+// needs a privileged container; the agent itself runs with a list of
+// capabilities).
+var subcommands = map[string]func(args []string, stderr io.Writer) int{
+	"install-cni": runInstallCNI,
+	"mount-bpffs": runMountBPFFS,
+}
+
+// runInstallCNI copies --plugin into --cni-bin-dir and --conflist into
+// --cni-conf-dir, each written beside its target and renamed over it, so
+// the runtime never executes or reads a half-written file.
+func runInstallCNI(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("membrane-agent install-cni", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	self, _ := os.Executable()
+	plugin := fs.String("plugin", filepath.Join(filepath.Dir(self), "membrane-cni"), "the membrane-cni binary to install")
+	conflist := fs.String("conflist", "/etc/membrane-config/05-membrane.conflist", "the conflist to install")
+	binDir := fs.String("cni-bin-dir", "/host/opt/cni/bin", "the host's CNI plugin directory, as mounted")
+	confDir := fs.String("cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
+	if err := fs.Parse(args); err != nil {
+		return exitParse(err)
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "membrane-agent install-cni: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	for _, c := range []struct{ src, dir string }{{*plugin, *binDir}, {*conflist, *confDir}} {
+		if err := installFile(c.src, c.dir); err != nil {
+			fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// installFile copies src into dir under its base name, keeping src's
+// permission bits, through a temporary file renamed over the target.
+func installFile(src, dir string) (retErr error) {
+	name := filepath.Base(src)
+	if name == "." || name == ".." || name == "/" {
+		return fmt.Errorf("install %s: invalid file name", src)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("install %s: %w", src, err)
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return fmt.Errorf("install %s: %w", src, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("install %s: not a regular file", src)
+	}
+	tmp, err := os.CreateTemp(dir, "."+name+".new-*")
+	if err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	defer func() {
+		if retErr != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := io.Copy(tmp, in); err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	if err := tmp.Chmod(st.Mode().Perm()); err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("install %s into %s: %w", src, dir, err)
+	}
+	return nil
+}
+
+func runMountBPFFS(args []string, stderr io.Writer) int {
+	if len(args) != 0 {
+		fmt.Fprintf(stderr, "membrane-agent mount-bpffs: takes no arguments\n")
+		return 2
+	}
+	if err := datapath.MountBPFFS(); err != nil {
+		fmt.Fprintf(stderr, "membrane-agent mount-bpffs: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func exitParse(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
