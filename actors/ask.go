@@ -9,8 +9,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 )
 
-// asker answers System.Ask without futures, as endpoint actors' requests
-// are (endpoint_request.go): one process registered for the system's
+// asker answers the front door's waits (System.ask) without futures, as
+// the actors' requester does (request.go): one process registered for the system's
 // life is every ask's sender, with the ask's number in the PID's
 // RequestId, and hands each answer to the channel its asker waits on. A
 // protoactor future per API call registered and removed a process, and

@@ -152,7 +152,7 @@ func (a *endpointActor) deleting() bool { return a.life != lifeLive }
 // startMode says how an endpoint actor's incarnation starts.
 type startMode struct {
 	kind   startKind
-	waiter *actor.PID // create: the PUT's future
+	waiter *actor.PID // create: the front door's asker, to answer the create
 	sync   bool       // create: answer after the first regeneration
 	// rebuild: where the failed incarnation was in its life.
 	life       lifecycle
@@ -177,7 +177,7 @@ func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMod
 	}
 	// The waiter lives on in createWaiter only until it is answered: a
 	// PID caches the process it was sent to, so a kept copy would hold
-	// the PUT's future and its answer (an old record) for good. The mode
+	// the asker's process and its answer (an old record) for good. The mode
 	// itself is dropped once the actor started.
 	mode.waiter = nil
 	a.mode = &mode

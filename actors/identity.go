@@ -50,6 +50,9 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		a.rebuild(ctx)
 	case *actor.Restarting:
 		a.batch.flush()
+		a.stopTimers()
+	case *actor.Stopping:
+		a.stopTimers()
 	case *flushIndex:
 		a.batch.flush()
 	case *messages.IdentityAcquire:
@@ -79,8 +82,22 @@ func (a *identityActor) Receive(ctx actor.Context) {
 	case *clusterReleased: // failures are logged by the worker
 	case *holderStopped:
 		a.holderStopped(ctx, msg.who)
-	case *actor.Terminated:
-		a.holderStopped(ctx, msg.Who)
+	}
+}
+
+// stopTimers stops the cluster mode's retry timers: an armed timer's
+// closure holds the actor system, which a stopped or restarted actor
+// must not keep reachable (a restart rebuilds the pending set from the
+// index and retries at once).
+func (a *identityActor) stopTimers() {
+	if a.cluster == nil {
+		return
+	}
+	for _, p := range a.cluster.pending {
+		if p.retry != nil {
+			p.retry.Stop()
+			p.retry = nil
+		}
 	}
 }
 

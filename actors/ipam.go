@@ -121,13 +121,13 @@ func (a *ipamActor) Receive(ctx actor.Context) {
 		panic("crash requested by a test")
 	case *holderStopped:
 		a.holderStopped(ctx, msg.who)
-	case *actor.Terminated:
-		a.holderStopped(ctx, msg.Who)
 	}
 }
 
 // rebuild creates the pools and, after a restart, re-reserves every
-// address recorded in the index and re-watches the lease holders.
+// address recorded in the index, and releases the leases of holders that
+// no longer run (the endpoint manager tells it, holderStopped, of those
+// that stop later).
 func (a *ipamActor) rebuild(ctx actor.Context) {
 	pool, err := a.cfg.newPool()
 	if err != nil {
