@@ -235,10 +235,6 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.releaseLeases(ctx)
 	case *crashForTest:
 		panic("endpoint actor: crash requested by a test")
-	case *messages.IdentityReleased:
-		if msg.Err != nil {
-			a.logger().Warn("releasing previous identity failed", "err", msg.Err)
-		}
 	}
 	a.report()
 }
@@ -523,7 +519,14 @@ func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericId
 	if id == identity.IdentityUnknown || id.IsReserved() {
 		return
 	}
-	ctx.Request(a.deps.identity, &messages.IdentityRelease{ID: id, Holder: ctx.Self()})
+	a.request(ctx, a.deps.identity, &messages.IdentityRelease{ID: id, Holder: ctx.Self()}, a.deps.cfg.RequestTimeout, func(res any, err error) {
+		if r, ok := res.(*messages.IdentityReleased); ok && err == nil {
+			err = r.Err
+		}
+		if err != nil {
+			a.logger().Warn("releasing previous identity failed", "identity", id, "err", err)
+		}
+	})
 }
 
 // identityResolved sets the identity (Cilium: waiting-for-identity ->

@@ -72,10 +72,6 @@ func (g *gcActor) Receive(ctx actor.Context) {
 		}
 	case *messages.RunGC:
 		g.pass(ctx, ctx.Sender())
-	case *messages.EndpointResult:
-		if msg.Err != nil && !errors.Is(msg.Err, ErrEndpointNotFound) && !errors.Is(msg.Err, ErrEndpointDeleting) {
-			g.log.Warn("deleting endpoint without host interface failed", "err", msg.Err)
-		}
 	}
 }
 
@@ -132,7 +128,14 @@ func (g *gcActor) finish(ctx actor.Context, res *messages.GCResult) {
 	}
 	for _, id := range res.Report.Missing {
 		g.log.Info("deleting endpoint whose host interface vanished", "endpoint", id)
-		ctx.Request(g.manager, &messages.DeleteEndpoint{ID: id})
+		g.req.request(ctx, g.manager, &messages.DeleteEndpoint{ID: id}, g.deps.cfg.RequestTimeout, func(res any, err error) {
+			if r, ok := res.(*messages.EndpointResult); ok && err == nil {
+				err = r.Err
+			}
+			if err != nil && !errors.Is(err, ErrEndpointNotFound) && !errors.Is(err, ErrEndpointDeleting) {
+				g.log.Warn("deleting endpoint without host interface failed", "endpoint", id, "err", err)
+			}
+		})
 	}
 	g.answer(ctx, res)
 	g.schedule(ctx)

@@ -6,4 +6,175 @@
 // namespaces, veths, eBPF programs) lives in *_linux.go files. Every
 // operation is idempotent: realising twice changes nothing, removing a
 // missing endpoint is success.
+//
+// How it works (ARCHITECTURE.md has the map):
+//
+// `datapath/` — the `Datapath` interface, the in-memory `Fake` (hooks for
+// errors, delays, proxy acks) and the Linux datapath (`linux*.go`: host
+// veth settings, /32 and /128 routes, the `membrane_host` device holding
+// each range's gateway — chosen over proxy ARP; IPv6 gateways answered by
+// proxy NDP entries per host veth and pods entered as permanent
+// neighbours, `linux_neigh_linux.go` — and deferred host-side teardown).
+// Details: docs/cni-notes.md. Its BPF side is `bpf_*.go`: `bpf_loader`
+// (template parsed once; the two endpoint programs loaded once per node
+// with the shared maps and pinned under `<bpffs>/programs/<object
+// digest>/`, reused by a restarted agent of the same build, loaded again
+// after an upgrade), `bpf_maps` (shared maps, policy map sync by
+// difference, ipcache keys, drop counters), `bpf_cidr` (the CIDR policy
+// map: keys, read-back, sync by difference in an order that never allows
+// what neither side allows), `bpf_attach` (endpoint veths: clsact +
+// cls_bpf filters replaced in place, by default, or TCX links with
+// `--bpf-attach tcx`; shared devices: TCX links updated in place, cls_bpf
+// where TCX is missing or with `--bpf-attach tc`), `bpf_slots` (the outer
+// maps' slots: 64 kept filled off the ADD's path with one batch update per
+// outer map, emptied in the worker pool after a DEL with releases made at
+// once sharing one batch delete per outer map, a previous agent's spares
+// emptied at start), `bpf_adopt` (a restarted agent keeps attachments that
+// run the node's current programs, compared by program ID), `bpf_endpoint`
+// (Realize/ Remove/DumpPolicy: an endpoint's entry in the per-node
+// `endpoints` map, keyed by its host veth's ifindex, naming its slot of
+// the `policy_maps` and `cidr_maps` outer maps), `bpf_prepare`
+// (`datapath.Preparer`: a new endpoint's slot taken and its maps pinned in
+// the worker pool, beside the Realize's host routes and sysctls while the
+// state is written; phases timed through `LinuxHooks.Phase`), `bpf_events`
+// (drop ring buffer -> `LinuxHooks.OnDrop`, which `pkg/agent/drops.go`
+// turns into `datapath-drop` events and the Prometheus drop counter),
+// `bpf_fs` (bpffs mount only at /sys/fs/bpf, pin layout), `bpf_ct` (an
+// endpoint's conntrack entries flushed on Remove), `bpf_ctgc` + `ctgc.go`
+// (the conntrack collector goroutine: bounded passes over the `ct` map,
+// interval adapted to the dead share); `hostaddrs_linux.go` (the host
+// address watcher); `nsmount/` (netns bind-mount removal, shared with test
+// helpers); `linux_ipcache_linux.go` (ipcache writes, `SyncIPCache` prune,
+// `HostAddrs`); `drops.go` the `DropEvent` types; `linux_gc_linux.go` the
+// orphan sweep of veths and `<bpffs>/endpoints/<id>` pins;
+// `health_linux.go` the health endpoint's netns and veth; `nodes.go`
+// (`RemoteNode`, `NodeRouter`, `ValidateNodes`), `linux_nodes_linux.go`
+// (cross-node routing: native routes per remote pod CIDR via the node's
+// address, or the VXLAN device in external mode with the overlay programs
+// on it and the `tunnel` map; routes marked with rtm_protocol 0x4d so a
+// sync finds its own, also a previous agent's), `linux_masq_linux.go`
+// (masquerade: the nftables table `inet membrane`). Notes:
+// docs/bpf-notes.md.
+//
+// Sources of nodes ("file": `--nodes-file`; "k8s": the Node watcher of
+// Kubernetes mode; the kvstore feeds the same front door) -> the nodes
+// actor (union, index rows behind `GET /v1/nodes`) ->
+// `NodeRouter.SyncNodes` in the worker pool.
+//
+// Native routing (`--routing native`): one route per remote pod CIDR via
+// that node's address of the CIDR's family. A remote source's identity is
+// the ipcache's for its address (remote endpoints enter the ipcache
+// through the remote/kvstore/k8s branches; unknown is world).
+//
+// Tunnel (`--routing tunnel`, the default, as Cilium's): one VXLAN device
+// in external (collect_md) mode made through netlink, NOARP, port 8472,
+// MTU 1450; remote pod CIDRs routed into it (scope link). The kernel's
+// neighbour entry on a NOARP device carries the device's own MAC, so
+// `from_overlay` marks decapsulated frames PACKET_HOST for the stack to
+// route them. The outer destination comes from the ipcache entry's tunnel
+// endpoint (a remote endpoint's node) or, for addresses the ipcache does
+// not know, from the `tunnel` map (remote pod CIDR -> node, Cilium's old
+// tunnel map), so pods reach each other before any remote endpoint is
+// known. The VNI carries the source identity (24 bits; the sending node's
+// host identity goes as world: the receiver must not take it for its own
+// host). The receiving side hands it to the endpoint programs in skb->mark
+// (low byte 0x4d, identity in the upper 24 bits); a pod cannot forge it
+// (the veth crossing scrubs the mark). The device is created lazily on the
+// first tunnel-mode sync, so an agent with no remote nodes adds no link; a
+// native-mode sync removes one an earlier tunnel-mode run left.
+//
+// Masquerade (`--masquerade --cluster-cidr ...`): nftables, not BPF. SNAT
+// needs a connection table with port allocation and the reverse
+// translation of replies before the endpoint programs see them; the
+// kernel's conntrack + `masquerade` (which also picks the outgoing
+// interface's address and follows its changes) does all of it, where a BPF
+// SNAT would be a second NAT engine with its own port allocator and GC.
+// The cost is one nftables rule walk per new connection leaving the
+// cluster, not per pod-to-pod packet (those return at the first rules).
+// The table `inet membrane` is Membrane's whole and rewritten at Init
+// (netlink, github.com/google/nftables; no `nft` binary needed).
+//
+// BPF pins live under `--bpffs` (default /sys/fs/bpf/membrane): shared
+// maps `ipcache`, `ct`, `drops`, `events`, `endpoints_by_ifindex`,
+// `policy_maps`, `cidr_maps` and the service maps `lb_*` directly under
+// it, the node's two endpoint programs under `programs/<object digest>/`;
+// each endpoint's `policy` and `cidr` maps (and, in TCX mode, its links)
+// under `endpoints/<id>/` and nothing else there (GC removes directories
+// that name no live endpoint, with their `endpoints` entries and slots).
+// An endpoint's rows in the shared `ct` and `drops` maps go with its
+// Remove (and with GC of its directory), so a later endpoint with the same
+// ID inherits neither connections nor counters. Pinned programs, links and
+// maps keep traffic enforced while no agent runs; a new agent of the same
+// build reuses the pinned programs (same object digest, same shared maps)
+// and adopts every attachment running them (same program IDs); after an
+// upgrade it loads the new object once and swaps it in per endpoint with
+// `link.Update` or a cls_bpf filter replace, never detaching. A pinned
+// shared map of another layout is replaced by a new one (the running
+// programs keep theirs); the `endpoints_by_ifindex` map of the layout
+// before the addresses has its entries carried over, so that its endpoints
+// keep their slots (`openEndpointsMap`). The agent keeps two file
+// descriptors per endpoint (its policy maps); the outer maps, pins and the
+// cls_bpf filters hold the rest.
+//
+// Policy-only changes never reload a program. Enforcement per direction is
+// an entry of the policy map (`{0xffffffff, dir}`), not a program
+// constant; Realize diffs the wanted `MapState` against what the map holds
+// (enforcement off first, adds, removes, enforcement on last). No endpoint
+// change loads a program: a new identity rewrites the endpoint's
+// `endpoints` entry, a new interface writes one and attaches the node's
+// programs there.
+//
+// Services are translated before policy. A packet a pod sends to a
+// frontend gets its backend as destination in the pod's from-container
+// program before conntrack and the policy lookup, so egress policy sees
+// the backend's identity and the backend's ingress policy the client's
+// address; kube-proxy (if installed) never sees a cluster address, as TCX
+// ingress runs before netfilter. Established connections keep their
+// backend after it leaves the service (drained, not reset); a new
+// connection (TCP SYN, or an unknown flow) never picks a removed one.
+// Three places translate, each because the others cannot see its traffic:
+// per packet at the pod's veth (every pod has its program already, and
+// policy must see the backend there); at the socket for host processes
+// (`bpf/sock.c`, cgroup connect/sendmsg/recvmsg/ getpeername: a host
+// process's packets meet no Membrane program before the stack routes them,
+// and translating once per connection at connect() beats per-packet DNAT);
+// per packet at the uplink for NodePort traffic from outside
+// (`from_netdev`: no socket of ours exists there). The socket hooks run
+// only in the kube-proxy-free mode and only on the configured cgroup (a
+// hook on the root cgroup acts on every process of the node, so tests
+// attach to a cgroup of their own). They never make a pod's flow translate
+// twice: a socket they translated sends to the backend, which the pod's
+// program finds in no frontend. With kube-proxy
+// (`--kube-proxy-replacement=false`) neither the socket programs nor
+// `from_netdev` is attached, and Init detaches pinned ones. Measured with
+// both in the same runs (BENCHMARKS.md "kube-proxy-free mode"): a host
+// process's connect() to a ClusterIP p50 0.87-1.13x of kube-proxy-shaped
+// iptables DNAT and its stream throughput 0.81-1.08x (parity within this
+// loaded machine's noise: the gain is no per-packet NAT or conntrack and
+// no kube-proxy, not a faster connect()); NodePort from outside at parity
+// with kube-proxy's rules at the median. The veth path against iptables
+// DNAT for pods: BENCHMARKS.md "Services (issue 19)".
+//
+// NodePort replies never go through the stack's forwarding. A reply whose
+// source becomes the node's own address (a local backend's reply,
+// translated in `nodeport_reply` after its from-container's policy, a
+// remote backend's reply translated on the uplink) is sent by
+// `bpf_fib_lookup` + `bpf_redirect_neigh`: the stack would drop a
+// forwarded packet with a local source address as martian. The request to
+// a local backend does go through the stack (its source is the client's).
+//
+// Kernel verdict = `policy.MapState.AllowsAddr`: identity entries (the
+// lookup order of `policy.Lookups`) or CIDR entries (`CIDRAllows`: the
+// longest match of the exact, port-wildcard and any-protocol groups),
+// checked by randomized BPF_PROG_TEST_RUN tests.
+//
+// CIDR rules never widen an identity. An ipBlock or CIDR rule is decided
+// on the packet's address in the endpoint's `cidr` map, so a pod's /32
+// admits that pod only, never the siblings sharing its identity; pod
+// identities are untouched by CIDR rules.
+//
+// Orphans need two passes. The garbage collector removes a veth, pin
+// directory or endpoint only when two consecutive passes saw it orphaned
+// (or missing): a CNI ADD creates its veth before its endpoint exists. It
+// starts after restore.
 package datapath

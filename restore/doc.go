@@ -54,4 +54,54 @@
 // The files are encoded by hand (byte-identical to encoding/json) and the
 // checkpoint's files written with raw syscalls relative to the state
 // directory's fd, without allocating per request.
+//
+// How it works (ARCHITECTURE.md has the map):
+//
+// `restore/` — endpoint state on disk (`<state-dir>/<id>/ep.json` +
+// `ep_config.h`), written behind a write-ahead journal (`doc.go`).
+// `journal.go`, `journal_format.go`: `<state-dir>/journal/`, segment files
+// preallocated (zeros written and flushed once, by a goroutine ahead of
+// need) holding CRC'd records, and the checkpoint file. `append.go`: the
+// appender goroutine group-commits requests (one pwrite and one fdatasync
+// per group) and answers them. `checkpoint.go`: the checkpointer writes
+// the journaled records into the directories (one goroutine does every
+// mkdir and rename, as they lock the state directory; a fixed set of 8
+// workers writes the group's files in parallel; one syncfs), then advances
+// the checkpoint and frees segments. `peek.go`: `Persisted`, the read-only
+// view of what a restart finds. `encode.go`: both files appended by hand
+// into pooled buffers, byte-identical to `encoding/json` (fuzzed).
+// `fs.go`: raw syscalls relative to the state directory's fd, paths built
+// on the stack (no allocation per call); `sizes.go`: the sizes of what
+// each directory holds, so a rewritten file is cut only when it shrank.
+// `commit.go`: a write fills `<id>_next` and swaps it in with
+// renameat2(RENAME_EXCHANGE), leaving the previous state in `<id>_next` as
+// the spare the next write overwrites (the `<id>_stale` rename dance where
+// the filesystem cannot exchange); a removal renames `<id>` into `trash/`,
+// whose directories are recycled as new `<id>_next` (`trash.go`; the
+// `janitor.go` goroutine deletes the surplus). `scan.go`: `Scan` resolves
+// interrupted writes, keeps spares, recycles the trash, quarantines
+// unreadable state (`quarantine.go`: `Quarantine` moves refused state
+// aside through the journal and a checkpoint); Open reads the journal's
+// records beyond the checkpoint, Scan reports them over the directories.
+// `pkg/agent/restore.go` runs restore at start: validate, note the
+// revision the datapath still realises (`RevisionReporter`), re-create
+// endpoint actors in `restoring` (they re-claim IPs and re-acquire their
+// identity numbers; those whose datapath realises their recorded revision
+// with the same identity become ready without regenerating,
+// `actors/endpoint_restore.go`), then the API turns ready.
+//
+// Durable before acknowledged. An endpoint's state is on disk (flushed)
+// before its PUT answers, a label PATCH answers once a state write
+// carrying the new labels is flushed (`actors/endpoint_labels.go`: the
+// regeneration after the identity change writes it), and the state
+// directory is gone (renamed into the trash, flushed) before its DELETE
+// answers. A regeneration writes state before it touches the datapath. At
+// every instant `<id>` holds the last acknowledged state or a newer
+// complete one; `<id>_next` and `trash/` are scratch that Scan never reads
+// state from.
+//
+// State changes are atomic on disk: a write fills `<id>_next` and
+// exchanges it with `<id>` in one rename, a removal renames `<id>` into
+// `trash/` in one step, so a crash leaves the old or the new state, never
+// half of one.
 package restore

@@ -34,4 +34,24 @@
 // restarts and a drain, then cross-node checks (identities, ipcaches,
 // etcd's endpoints and, after the identity GC, its identities), with
 // each endpoint's convergence to the other nodes' ipcaches timed.
+//
+// How it works (ARCHITECTURE.md has the map):
+//
+// `sim/`, `cmd/membrane-sim` — the load, fault and crash harness.
+// `linux_linux.go` is `--datapath linux`: the in-process agent on the
+// Linux datapath in a netns the harness made, pins on a bpffs it mounted,
+// pods attached by the real membrane-cni through libcni in a netns each
+// (all removed at the end, `AbortCleanup` on a second interrupt);
+// `policychurn.go` imports/replaces/deletes policies during churn;
+// `endchecks.go` checks realised against computed policy, the ipcache and
+// (linux) host veths and pins against the endpoints. `multinode.go` is
+// `--nodes N`: N in-process agents in kvstore mode sharing one etcd
+// (`multinode_etcd.go`: embedded, or a child process that restarts
+// SIGKILL), churn, agent crashes and etcd restarts, a drain, then the
+// cross-node checks (ipcache = the other nodes' live endpoints, etcd =
+// each node's, `multinode_gc.go`: etcd's identities = those live endpoints
+// hold, after the identity GC); `multinode_conv.go` times each endpoint's
+// arrival in the other nodes' ipcaches (the agents'
+// `Config.KvstoreObserver`, called when the mirror's front-door call
+// returned).
 package sim

@@ -7,4 +7,20 @@
 // wait outside the actors); then the answer goes back to the pod from
 // the server's address. It runs in the agent (not its own process) so
 // that the hold is one front door call.
+//
+// How it works (ARCHITECTURE.md has the map):
+//
+// `pkg/agent/dnsproxy` — the DNS proxy (`--dns-proxy`, miekg/dns):
+// `serve.go` reads the transparent UDP and TCP sockets the datapath opens
+// in the host netns (`datapath.TransparentSockets`: IP_TRANSPARENT,
+// IP_RECVORIGDSTADDR; UDP answers leave from a socket bound to the
+// server's address), `proxy.go` decides each query from the asking
+// endpoint's `MapState.DNS` entry for the server (index reads: endpoint by
+// address, ipcache lookup), forwards it to the original destination from
+// the host netns, and holds the answer on `System.LearnFQDN` (bounded). In
+// the agent, not its own process: the hold is one front door call that
+// ends when the endpoint actor realised the addresses; a separate process
+// would need a second versioned channel (as xDS for the HTTP proxy) just
+// to learn that, and Cilium keeps its DNS proxy in the agent for the same
+// reason.
 package dnsproxy

@@ -16,4 +16,40 @@
 // The key layout is keys.go (and ARCHITECTURE.md). Watches re-list with
 // mark-and-sweep after a compaction. Nothing here runs inside an actor:
 // every etcd call happens on this package's goroutines.
+//
+// How it works (ARCHITECTURE.md has the map):
+//
+// `pkg/agent/kvstore` — kvstore mode (Config.Kvstore non-nil, `--kvstore
+// etcd`) on go.etcd.io/etcd/client/v3: `client.go` the connection (TLS),
+// the node lease kept alive (a lost lease is granted again and its keys
+// written again through `OnLease` callbacks) and the health of /v1/status;
+// `identity*.go` the etcd `identity.ClusterBackend` (allocation,
+// references, the watched cache of used numbers, the GC); `publish.go`
+// this node and its endpoints, from the index, woken by the event hub;
+// `mirror.go` the other nodes' endpoints and nodes, fed to the agent
+// through the `RemoteSink`/`NodeSink` interfaces it declares; `watch.go`
+// the list-then-watch with re-list after compaction; `keys.go` the key
+// layout. `pkg/agent/kvstore.go` wires it into the agent. Its tests embed
+// etcd through `test/etcdtest` (embed server on loopback, TLS
+// certificates, restart on the same data directory, a TCP proxy that cuts
+// one client off).
+//
+// Kvstore keys (under `membrane/`, `pkg/agent/kvstore/keys.go`):
+// `state/identities/v1/id/<N>` = labels key, `.../labels/<labels>` = N
+// (created together only if both are absent, deleted together),
+// `.../refs/<H>/<node>` under the node's lease (H: 128 bits of the label
+// set's SHA-256), `.../gc/<H>` a GC mark; `state/nodes/v1/<node>` and
+// `state/endpoints/v1/<node>/<id>` (JSON) under the node's lease. An
+// allocation is one transaction: create labels/, id/ and the reference if
+// labels/ and id/ are absent, else, if labels/ exists, add the reference
+// and read the number (the loser of a race pays nothing more). The number
+// is drawn at random among those a watched cache believes free; a taken
+// one costs a retry. No locks anywhere. GC is two-phase and every step a
+// guarded transaction: mark an identity with no reference; sweep it once
+// this node has seen the mark for the grace period and there is still no
+// reference and the same mark; adding a reference deletes the mark, so a
+// referenced identity is never removed. Watches list, then watch from the
+// listed revision; a compaction or a broken watch re-lists and the
+// consumer replaces what it knew (mark-and-sweep). Nothing in kvstore runs
+// inside an actor.
 package kvstore

@@ -13,8 +13,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/datapath/podnet"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
