@@ -26,6 +26,7 @@ type agentProc struct {
 	queue  string
 	bpffs  string
 	args   []string     // extra flags
+	wrap   []string     // a command the agent runs under (its path and flags follow), or none
 	ns     *testutil.NS // where the process runs; nil: the test's own netns
 	log    string       // the agent's stderr, appended across restarts
 	cmd    *exec.Cmd
@@ -63,7 +64,8 @@ func (p *agentProc) start() {
 	}
 	p.starts++
 	fmt.Fprintf(f, "\n===== start %d =====\n", p.starts)
-	cmd := exec.Command(filepath.Join(binDir, "membrane-agent"), p.args...)
+	argv := append(append(append([]string{}, p.wrap...), filepath.Join(binDir, "membrane-agent")), p.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	start := func() error { return cmd.Start() }
 	if p.ns != nil {
