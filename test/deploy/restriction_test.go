@@ -68,20 +68,30 @@ func TestAgentNodeRestriction(t *testing.T) {
 		_, err := eps(nodeA).Create(ctx, endpointObject("own", "node-a", "node-a", "10.9.0.10"), metav1.CreateOptions{})
 		return err
 	})
-	mustRefuse(t, "node-b takes over node-a's endpoint", func() error {
-		_, err := eps(nodeB).Patch(ctx, "own", types.MergePatchType,
-			[]byte(`{"metadata":{"labels":{"membrane.io/node":"node-b"}},"status":{"networking":{"nodeName":"node-b"}}}`), metav1.PatchOptions{})
-		return err
-	})
-	mustRefuse(t, "node-b rewrites node-a's endpoint's identity", func() error {
-		_, err := eps(nodeB).Patch(ctx, "own", types.MergePatchType, []byte(`{"status":{"identity":{"id":1}}}`), metav1.PatchOptions{})
-		return err
-	})
+	// update changes the current object with edit and writes it as c (the
+	// agent writes whole objects: RBAC gives it update, not patch).
+	update := func(c dynamic.ResourceInterface, name string, edit func(*unstructured.Unstructured)) func() error {
+		return func() error {
+			cur, err := eps(admin).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			edit(cur)
+			_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		}
+	}
+	mustRefuse(t, "node-b takes over node-a's endpoint", update(eps(nodeB), "own", func(u *unstructured.Unstructured) {
+		u.SetLabels(map[string]string{v2.EndpointNodeLabel: "node-b"})
+		_ = unstructured.SetNestedField(u.Object, "node-b", "status", "networking", "nodeName")
+	}))
+	mustRefuse(t, "node-b rewrites node-a's endpoint's identity", update(eps(nodeB), "own", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, int64(1), "status", "identity", "id")
+	}))
 	mustRefuse(t, "node-b deletes node-a's endpoint", func() error { return eps(nodeB).Delete(ctx, "own", metav1.DeleteOptions{}) })
-	mustAllow(t, "node-a updates its own endpoint", func() error {
-		_, err := eps(nodeA).Patch(ctx, "own", types.MergePatchType, []byte(`{"status":{"state":"ready"}}`), metav1.PatchOptions{})
-		return err
-	})
+	mustAllow(t, "node-a updates its own endpoint", update(eps(nodeA), "own", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "regenerating", "status", "state")
+	}))
 	mustAllow(t, "node-a deletes its own endpoint", func() error { return eps(nodeA).Delete(ctx, "own", metav1.DeleteOptions{}) })
 
 	// Identities: node-b's usage entry is node-b's alone.
@@ -126,7 +136,12 @@ func TestAgentNodeRestriction(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRefuse(t, "node-a renews node-b's heartbeat", func() error {
-		_, err := leases(nodeA).Patch(ctx, "membrane-identity-node-b", types.MergePatchType, []byte(`{"spec":{"holderIdentity":"node-a"}}`), metav1.PatchOptions{})
+		cur, err := leases(admin).Get(ctx, "membrane-identity-node-b", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_ = unstructured.SetNestedField(cur.Object, "node-a", "spec", "holderIdentity")
+		_, err = leases(nodeA).Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
 	mustAllow(t, "node-a creates its own heartbeat", func() error {
@@ -146,15 +161,15 @@ func TestAgentNodeRestriction(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustAllow(t, "node-b writes its own policy status", func() error {
-		_, err := pols(nodeB).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-b":{"ok":true}}}}`), metav1.PatchOptions{}, "status")
+		_, err := pols(nodeB).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-b":{"ok":true,"enforcing":true}}}}`), metav1.PatchOptions{}, "status")
 		return err
 	})
 	mustRefuse(t, "node-a overwrites node-b's policy status", func() error {
-		_, err := pols(nodeA).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-b":{"ok":false,"error":"forged"}}}}`), metav1.PatchOptions{}, "status")
+		_, err := pols(nodeA).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-b":{"ok":false,"enforcing":false,"error":"forged"}}}}`), metav1.PatchOptions{}, "status")
 		return err
 	})
 	mustAllow(t, "node-a writes its own policy status", func() error {
-		_, err := pols(nodeA).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-a":{"ok":true}}}}`), metav1.PatchOptions{}, "status")
+		_, err := pols(nodeA).Patch(ctx, "p", types.MergePatchType, []byte(`{"status":{"nodes":{"node-a":{"ok":true,"enforcing":true}}}}`), metav1.PatchOptions{}, "status")
 		return err
 	})
 }
