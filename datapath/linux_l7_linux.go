@@ -109,6 +109,13 @@ func (l *Linux) initL7() error {
 	}
 	l.l7.sup = &l7proxy.Supervisor{Path: path, Args: args,
 		MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff, StableAfter: c.StableAfter, Log: l.log.With("component", "proxy-supervisor")}
+	// Only the process the supervisor runs may subscribe (nsenter execs
+	// the proxy in its own PID): another process cannot take the
+	// streams or acknowledge a version the proxy never applied.
+	sup := l.l7.sup
+	srv.SetPeerCheck(func(cred *unix.Ucred) bool {
+		return l7proxy.SameUser(cred) && cred.Pid != 0 && int(cred.Pid) == sup.Status().PID
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	l.l7.stop, l.l7.done = cancel, make(chan struct{})
 	go func() {

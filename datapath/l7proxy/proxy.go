@@ -222,15 +222,29 @@ func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h htt
 	return false
 }
 
+// errExplicitRefused: a connection to the proxy's own port that did not
+// come from the node itself (a pod or an underlay host using the proxy
+// as a forward proxy would send with the proxy's identity mark, around
+// its own egress policy).
+var errExplicitRefused = errors.New("explicit proxy requests are accepted on the loopback address only")
+
 // destination returns where r goes: the accepted connection's local
 // address when the BPF programs redirected it (transparent: the
-// original destination), else (a connection to the proxy's own port,
-// explicit) the request's absolute http:// URL.
+// original destination), else (a connection to the proxy's own port on
+// a loopback address: explicit, from the node itself) the request's
+// absolute http:// URL. Any other connection to the proxy's own port is
+// refused.
 func (p *proxy) destination(r *http.Request) (netip.AddrPort, error) {
-	if la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
-		if local := la.AddrPort(); local.Port() != p.port {
-			return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), nil
-		}
+	la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, errors.New("no local address")
+	}
+	local := la.AddrPort()
+	if local.Port() != p.port {
+		return netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), nil
+	}
+	if !local.Addr().Unmap().IsLoopback() {
+		return netip.AddrPort{}, errExplicitRefused
 	}
 	if r.URL.Host == "" || r.URL.Scheme != "http" {
 		return netip.AddrPort{}, errors.New("want an absolute http:// URL")
@@ -256,10 +270,22 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dst, err := p.destination(r)
+	if errors.Is(err, errExplicitRefused) {
+		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusForbidden)
+		return
+	}
 	if err != nil {
 		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if why := refusedRequest(r); why != "" {
+		http.Error(w, "membrane-proxy: "+why, http.StatusBadRequest)
+		return
+	}
+	// Rules match, and the server receives, the one normalised path: a
+	// server that resolved "..", "%2e%2e" or doubled slashes itself would
+	// otherwise serve a path the rules never saw.
+	r.URL.Path, r.URL.RawPath = normalizePath(r.URL.Path), ""
 	srcAddr := src.Addr().Unmap()
 	d := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
 	p.access.log(AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
@@ -272,6 +298,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
+			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, ""
 			pr.Out.Host = r.Host
 		}}
 	rp.ServeHTTP(w, r)

@@ -97,6 +97,16 @@ type rig struct {
 	sup    *Supervisor
 	listen string
 	b      string // backend address (endpoint B)
+
+	mu   sync.Mutex
+	seen []string // the paths B received, as sent on the wire
+}
+
+// received returns the paths B received.
+func (r *rig) received() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.seen...)
 }
 
 const idA, idB, idC identity.NumericIdentity = 300, 301, 302
@@ -117,6 +127,9 @@ func newRig(t testing.TB, extra ...string) *rig {
 	t.Cleanup(srv.Close)
 	r.srv = srv
 	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.seen = append(r.seen, req.RequestURI)
+		r.mu.Unlock()
 		fmt.Fprintf(w, "B %s %s", req.Method, req.URL.Path)
 	}))
 	l, err := net.Listen("tcp", "127.0.0.4:0")
@@ -264,7 +277,7 @@ func TestProxyWaitPending(t *testing.T) {
 	if st := srv.tracker.Status(); st.Pending != 1 {
 		t.Errorf("status %+v, want 1 pending", st)
 	}
-	if _, err := os.Stat(srv.lis.Addr().String()); err != nil {
+	if _, err := os.Stat(srv.Path()); err != nil {
 		t.Errorf("socket: %v", err)
 	}
 }

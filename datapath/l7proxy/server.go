@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"sync"
 
@@ -32,7 +31,8 @@ type Server struct {
 	log     *slog.Logger
 	cache   *cache.LinearCache
 	grpc    *grpc.Server
-	lis     net.Listener
+	lis     *peerListener
+	path    string
 
 	mu      sync.Mutex // serialises cache updates, so version mirrors the cache's counter
 	version uint64
@@ -46,11 +46,14 @@ func NewServer(path string, tracker *Tracker, log *slog.Logger) (*Server, error)
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("xds socket %s: %w", path, err)
 	}
-	lis, err := net.Listen("unix", path)
+	raw, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("xds listen %s: %w", path, err)
 	}
-	s := &Server{tracker: tracker, log: log, lis: lis, nonces: map[int64]map[string]uint64{},
+	lis := &peerListener{Listener: raw, log: log}
+	same := PeerCheck(SameUser)
+	lis.check.Store(&same)
+	s := &Server{tracker: tracker, log: log, lis: lis, path: path, nonces: map[int64]map[string]uint64{},
 		cache: cache.NewLinearCache(TypeURL, cache.WithVersionPrefix(versionPrefix))}
 	cb := xds.CallbackFuncs{
 		StreamOpenFunc:     s.streamOpen,
@@ -68,10 +71,19 @@ func NewServer(path string, tracker *Tracker, log *slog.Logger) (*Server, error)
 	return s, nil
 }
 
+// SetPeerCheck replaces the check of new connections' peers (SameUser
+// until then). The Linux datapath accepts only the process its
+// supervisor runs, so no other process can take the proxy's streams or
+// acknowledge a version for it.
+func (s *Server) SetPeerCheck(check PeerCheck) { s.lis.check.Store(&check) }
+
+// Path returns the socket's path.
+func (s *Server) Path() string { return s.path }
+
 // Close stops the server and removes its socket.
 func (s *Server) Close() {
 	s.grpc.Stop()
-	_ = os.Remove(s.lis.Addr().String())
+	_ = os.Remove(s.path)
 }
 
 // Version returns the current configuration version.
