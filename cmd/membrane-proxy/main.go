@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/membrane-cni/membrane/datapath/l7proxy"
+	"github.com/membrane-cni/membrane/datapath/l7proxy/proxy"
 )
 
 func main() {
@@ -44,7 +44,7 @@ func run(args []string) error {
 	defer orphaned()
 	go exitWithParent(ctx, orphaned, *parentPID)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
-	return l7proxy.RunProxy(ctx, l7proxy.ProxyConfig{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject,
+	return proxy.Run(ctx, proxy.Config{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject,
 		AckDelay: *ackDelay, AckDropRate: *ackDrop})
 }
 

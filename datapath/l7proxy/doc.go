@@ -1,9 +1,12 @@
-// Package l7proxy is the L7 (HTTP) proxy of the Linux datapath: the
-// proxy itself (a process of its own, cmd/membrane-proxy, which runs
-// RunProxy), the xDS server the agent configures it through (Server, on
-// a unix socket), the tracking of the configuration versions it
-// acknowledged or rejected (Tracker), and the supervisor that starts and
-// restarts it (Supervisor).
+// Package l7proxy is the agent's half of the L7 (HTTP) proxy: the xDS
+// server the agent configures the proxy through (Server, on a unix
+// socket), the tracking of the configuration versions it acknowledged or
+// rejected (Tracker), the supervisor that starts and restarts it
+// (Supervisor), the socket its access records arrive on (AccessServer)
+// and the transparent UDP sockets the DNS proxy uses. The proxy process
+// itself (cmd/membrane-proxy) is package proxy, below this one; what both
+// agree on is package xdsapi. Neither binary links the other's half
+// (test/arch TestProxyHalves).
 //
 // The configuration is one xDS resource type served over the aggregated
 // discovery service (go-control-plane's server and LinearCache): one
@@ -17,9 +20,9 @@
 //
 // How it works (ARCHITECTURE.md has the map):
 //
-// `datapath/l7proxy` — the L7 proxy: `proxy.go` (what `cmd/membrane-proxy`
+// The halves: `proxy/proxy.go` (what `cmd/membrane-proxy`
 // runs: a transparent HTTP proxy enforcing each endpoint's HTTP rules per
-// peer identity, 403 otherwise, and its xDS client), `transparent.go` (the
+// peer identity, 403 otherwise, and its xDS client), `proxy/transparent.go` (the
 // IP_TRANSPARENT listener; upstream connections marked with the client's
 // identity), `access.go` (access records: the proxy queues one per
 // request, never waiting, and sends it as a JSON datagram to the agent's

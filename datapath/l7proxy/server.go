@@ -14,6 +14,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	xds "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+
+	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
 )
 
 // maxStreams bounds the concurrent xDS streams (one proxy process, and
@@ -54,7 +56,7 @@ func NewServer(path string, tracker *Tracker, log *slog.Logger) (*Server, error)
 	same := PeerCheck(SameUser)
 	lis.check.Store(&same)
 	s := &Server{tracker: tracker, log: log, lis: lis, path: path, nonces: map[int64]map[string]uint64{},
-		cache: cache.NewLinearCache(TypeURL, cache.WithVersionPrefix(versionPrefix))}
+		cache: cache.NewLinearCache(xdsapi.TypeURL, cache.WithVersionPrefix(xdsapi.VersionPrefix))}
 	cb := xds.CallbackFuncs{
 		StreamOpenFunc:     s.streamOpen,
 		StreamClosedFunc:   s.streamClosed,
@@ -86,6 +88,23 @@ func (s *Server) Close() {
 	_ = os.Remove(s.path)
 }
 
+// The resources the server publishes (xdsapi).
+type (
+	EndpointPolicy = xdsapi.EndpointPolicy
+	IPCache        = xdsapi.IPCache
+	Resource       = xdsapi.Resource
+)
+
+// Tracker returns the tracker of the proxy's acknowledgements.
+func (s *Server) Tracker() *Tracker { return s.tracker }
+
+// Streams returns how many xDS streams are open.
+func (s *Server) Streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams
+}
+
 // Version returns the current configuration version.
 func (s *Server) Version() uint64 {
 	s.mu.Lock()
@@ -97,14 +116,14 @@ func (s *Server) Version() uint64 {
 // and returns the version that holds it.
 func (s *Server) SetEndpoint(id uint64, p *EndpointPolicy) (uint64, error) {
 	if p == nil {
-		return s.update(endpointName(id), nil)
+		return s.update(xdsapi.EndpointName(id), nil)
 	}
-	return s.update(endpointName(id), &Resource{Endpoint: p})
+	return s.update(xdsapi.EndpointName(id), &Resource{Endpoint: p})
 }
 
 // SetIPCache publishes the ipcache and returns the version holding it.
 func (s *Server) SetIPCache(c IPCache) (uint64, error) {
-	return s.update(IPCacheResource, &Resource{IPCache: &c})
+	return s.update(xdsapi.IPCacheResource, &Resource{IPCache: &c})
 }
 
 func (s *Server) update(name string, v *Resource) (uint64, error) {
@@ -120,7 +139,7 @@ func (s *Server) update(name string, v *Resource) (uint64, error) {
 		s.version++
 		return s.version, nil
 	}
-	res, err := encode(v)
+	res, err := xdsapi.Encode(v)
 	if err != nil {
 		return 0, err
 	}
@@ -154,7 +173,7 @@ func (s *Server) streamClosed(id int64, _ *core.Node) {
 }
 
 func (s *Server) streamResponse(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-	v, err := parseVersion(resp.GetVersionInfo())
+	v, err := xdsapi.ParseVersion(resp.GetVersionInfo())
 	if err != nil {
 		s.log.Warn("xds response with a foreign version", "err", err)
 		return
@@ -175,8 +194,8 @@ func (s *Server) streamResponse(_ context.Context, id int64, _ *discovery.Discov
 // subscription; the others acknowledge (no error_detail) or reject the
 // version sent with their response_nonce.
 func (s *Server) streamRequest(id int64, req *discovery.DiscoveryRequest) error {
-	if req.GetTypeUrl() != TypeURL {
-		return fmt.Errorf("xds: type %q is not served (want %s)", req.GetTypeUrl(), TypeURL)
+	if req.GetTypeUrl() != xdsapi.TypeURL {
+		return fmt.Errorf("xds: type %q is not served (want %s)", req.GetTypeUrl(), xdsapi.TypeURL)
 	}
 	if req.GetResponseNonce() == "" {
 		return nil

@@ -130,6 +130,32 @@ func TestImportRules(t *testing.T) {
 	}
 }
 
+// TestProxyHalves: membrane-proxy links the proxy's half and the wire
+// types, never the agent's xDS server; the agent never links the proxy
+// process's half.
+func TestProxyHalves(t *testing.T) {
+	deps := func(cmd string) []string {
+		c := exec.Command("go", "list", "-deps", cmd)
+		c.Dir = "../.."
+		out, err := c.Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", cmd, err)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, d := range deps("./cmd/membrane-proxy") {
+		if d == module+"/datapath/l7proxy" || strings.HasPrefix(d, "github.com/envoyproxy/go-control-plane/pkg/server") ||
+			strings.HasPrefix(d, "github.com/envoyproxy/go-control-plane/pkg/cache") {
+			t.Errorf("membrane-proxy links the agent's half: %s", d)
+		}
+	}
+	for _, d := range deps("./cmd/membrane-agent") {
+		if d == module+"/datapath/l7proxy/proxy" {
+			t.Errorf("membrane-agent links the proxy process's half: %s", d)
+		}
+	}
+}
+
 // TestPluginLinksNoAgent: the CNI plugin, exec'd per pod, links none of
 // the agent's layers, nor protoactor or the BPF library.
 func TestPluginLinksNoAgent(t *testing.T) {

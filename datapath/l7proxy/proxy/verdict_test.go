@@ -1,4 +1,4 @@
-package l7proxy
+package proxy
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
@@ -15,14 +16,14 @@ import (
 // peers are found by longest prefix in the ipcache.
 func TestVerdict(t *testing.T) {
 	a, b, c := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.4"), netip.MustParseAddr("10.0.1.3")
-	egress := &EndpointPolicy{ID: 1, IPs: []netip.Addr{a}, L7: []policy.L7Entry{
+	egress := &l7proxy.EndpointPolicy{ID: 1, IPs: []netip.Addr{a}, L7: []policy.L7Entry{
 		{Key: policy.Key{Identity: idB, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Egress}, HTTP: []policy.HTTPRule{{Method: "GET"}}}}}
-	ingress := &EndpointPolicy{ID: 2, IPs: []netip.Addr{b}, L7: []policy.L7Entry{
+	ingress := &l7proxy.EndpointPolicy{ID: 2, IPs: []netip.Addr{b}, L7: []policy.L7Entry{
 		{Key: policy.Key{Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}, HTTP: []policy.HTTPRule{{Path: "/public"}}}}}
 	st := &state{byIP: map[netip.Addr]*compiledEndpoint{},
 		ipcache: map[netip.Prefix]identity.NumericIdentity{
 			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC}}
-	for _, ep := range []*EndpointPolicy{egress, ingress} {
+	for _, ep := range []*l7proxy.EndpointPolicy{egress, ingress} {
 		ce, err := compileEndpoint(ep)
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package l7proxy
+package proxy
 
 import (
 	"bufio"
@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -114,7 +115,7 @@ func TestProxyRefusesExplicitFromOffNode(t *testing.T) {
 	}
 	dir := t.TempDir()
 	w := &waits{}
-	srv, err := NewServer(filepath.Join(dir, "xds.sock"), w.tracker(), slog.Default())
+	srv, err := l7proxy.NewServer(filepath.Join(dir, "xds.sock"), w.tracker(), slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,24 +130,24 @@ func TestProxyRefusesExplicitFromOffNode(t *testing.T) {
 	backend.Start()
 	t.Cleanup(backend.Close)
 	const port = "15099"
-	sup := &Supervisor{Path: "nsenter", Args: []string{"--net=" + ns.Path, "--", buildProxy(t), "--xds", srv.Path(), "--listen", "0.0.0.0:" + port},
+	sup := &l7proxy.Supervisor{Path: "nsenter", Args: []string{"--net=" + ns.Path, "--", buildProxy(t), "--xds", srv.Path(), "--listen", "0.0.0.0:" + port},
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StableAfter: time.Second, Log: slog.Default()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sup.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	if _, err := srv.SetIPCache(IPCache{Entries: map[netip.Prefix]identity.NumericIdentity{
+	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: map[netip.Prefix]identity.NumericIdentity{
 		netip.MustParsePrefix("127.0.0.0/8"): identity.ReservedHost, netip.MustParsePrefix("192.0.2.0/24"): idA,
 		netip.MustParsePrefix("127.0.0.4/32"): idB,
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	v, err := srv.SetEndpoint(1, &EndpointPolicy{ID: 1, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4")},
+	v, err := srv.SetEndpoint(1, &l7proxy.EndpointPolicy{ID: 1, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4")},
 		L7: []policy.L7Entry{{Key: policy.Key{Port: 8080, Proto: policy.ProtoTCP, Dir: policy.Ingress}, HTTP: []policy.HTTPRule{{}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, _ := srv.tracker.Wait(1, 1, v); wait {
+	if wait, _ := srv.Tracker().Wait(1, 1, v); wait {
 		eventually(t, "the proxy applied the policy", func() bool { return w.isAcked(1) })
 	}
 	status := func(proxyAddr, from string) string {
@@ -193,7 +194,7 @@ func TestXDSSocketPrivate(t *testing.T) {
 	old := unix.Umask(0)
 	t.Cleanup(func() { unix.Umask(old) })
 	w := &waits{}
-	srv, err := NewServer(filepath.Join(t.TempDir(), "xds.sock"), w.tracker(), slog.Default())
+	srv, err := l7proxy.NewServer(filepath.Join(t.TempDir(), "xds.sock"), w.tracker(), slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,11 +208,11 @@ func TestXDSSocketPrivate(t *testing.T) {
 		t.Errorf("xds socket mode %o, want 600", st.Mode&0o777)
 	}
 	srv.SetPeerCheck(func(cred *unix.Ucred) bool { return false }) // nobody is the supervised proxy
-	v, err := srv.SetEndpoint(3, &EndpointPolicy{ID: 3})
+	v, err := srv.SetEndpoint(3, &l7proxy.EndpointPolicy{ID: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, _ := srv.tracker.Wait(3, 1, v); !wait {
+	if wait, _ := srv.Tracker().Wait(3, 1, v); !wait {
 		t.Fatal("no wait registered")
 	}
 	// Five impostors subscribe and would acknowledge everything.
@@ -226,13 +227,11 @@ func TestXDSSocketPrivate(t *testing.T) {
 	if w.isAcked(1) {
 		t.Fatal("a refused peer acknowledged a version")
 	}
-	srv.mu.Lock()
-	streams := srv.streams
-	srv.mu.Unlock()
+	streams := srv.Streams()
 	if streams != 0 {
 		t.Fatalf("%d streams open from refused peers", streams)
 	}
 	// The real proxy (accepted) still subscribes and acknowledges.
-	srv.SetPeerCheck(SameUser)
+	srv.SetPeerCheck(l7proxy.SameUser)
 	eventually(t, "an accepted peer's acknowledgement", func() bool { return w.isAcked(1) })
 }

@@ -1,7 +1,8 @@
-package l7proxy
+package proxy
 
 import (
 	"context"
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -15,8 +16,8 @@ import (
 // path nothing is queued.
 func TestAccessLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.sock")
-	got := make(chan AccessRecord, 4)
-	srv, err := NewAccessServer(path, func(r AccessRecord) { got <- r }, slog.Default())
+	got := make(chan l7proxy.AccessRecord, 4)
+	srv, err := l7proxy.NewAccessServer(path, func(r l7proxy.AccessRecord) { got <- r }, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ func TestAccessLog(t *testing.T) {
 	defer cancel()
 	a := newAccessLog(path)
 	go a.run(ctx)
-	want := []AccessRecord{
+	want := []l7proxy.AccessRecord{
 		{Endpoint: 12, Direction: "ingress", Src: netip.MustParseAddrPort("10.0.0.2:4000"), Dst: netip.MustParseAddrPort("10.0.0.3:80"),
 			SrcIdentity: 1001, DstIdentity: 1002, Method: "GET", Path: "/private", Reason: "denied"},
 		{Endpoint: 12, Direction: "ingress", Method: "GET", Path: "/public", Allowed: true},

@@ -1,4 +1,4 @@
-package l7proxy
+package proxy
 
 import (
 	"io"

@@ -1,4 +1,4 @@
-package l7proxy
+package proxy
 
 import (
 	"context"
@@ -21,12 +21,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// ProxyConfig configures RunProxy.
-type ProxyConfig struct {
+// Config configures Run.
+type Config struct {
 	// XDS is the agent's xDS unix socket.
 	XDS string
 	// Listen is the proxy's HTTP listening address (host:port).
@@ -47,10 +48,10 @@ type ProxyConfig struct {
 	AckDropRate float64
 }
 
-// RunProxy runs the proxy until ctx ends: it subscribes to the agent's
+// Run runs the proxy until ctx ends: it subscribes to the agent's
 // xDS server (reconnecting with backoff) and serves HTTP on cfg.Listen,
 // enforcing the configuration last applied.
-func RunProxy(ctx context.Context, cfg ProxyConfig) error {
+func Run(ctx context.Context, cfg Config) error {
 	ap, err := netip.ParseAddrPort(cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("proxy listen %s: %w", cfg.Listen, err)
@@ -107,7 +108,7 @@ type compiledEndpoint struct {
 func buildState(version string, resources [][]byte) (*state, error) {
 	st := &state{version: version, byIP: map[netip.Addr]*compiledEndpoint{}}
 	for i, raw := range resources {
-		var r Resource
+		var r xdsapi.Resource
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return nil, fmt.Errorf("resource %d: %w", i, err)
 		}
@@ -129,7 +130,7 @@ func buildState(version string, resources [][]byte) (*state, error) {
 	return st, nil
 }
 
-func compileEndpoint(ep *EndpointPolicy) (*compiledEndpoint, error) {
+func compileEndpoint(ep *xdsapi.EndpointPolicy) (*compiledEndpoint, error) {
 	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
 	for i, e := range ep.L7 {
 		for j, h := range e.HTTP {
@@ -288,7 +289,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.URL.Path, r.URL.RawPath = normalizePath(r.URL.Path), ""
 	srcAddr := src.Addr().Unmap()
 	d := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
-	p.access.log(AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
+	p.access.log(xdsapi.AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
 		Src: netip.AddrPortFrom(srcAddr, src.Port()), Dst: dst, SrcIdentity: uint32(d.srcID), DstIdentity: uint32(d.dstID),
 		Method: r.Method, Path: r.URL.Path, Host: r.Host, Allowed: d.allowed, Reason: d.reason})
 	if !d.allowed {
@@ -336,7 +337,7 @@ func (p *proxy) stream(ctx context.Context, path string) error {
 		return fmt.Errorf("xds stream: %w", err)
 	}
 	node := &core.Node{Id: "membrane-proxy"}
-	if err := ads.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL}); err != nil {
+	if err := ads.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: xdsapi.TypeURL}); err != nil {
 		return fmt.Errorf("xds subscribe: %w", err)
 	}
 	for {
@@ -344,7 +345,7 @@ func (p *proxy) stream(ctx context.Context, path string) error {
 		if err != nil {
 			return fmt.Errorf("xds receive: %w", err)
 		}
-		ack := &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}
+		ack := &discovery.DiscoveryRequest{Node: node, TypeUrl: xdsapi.TypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}
 		if err := p.apply(resp); err != nil {
 			// The rejected version stays in version_info so that the
 			// server waits for a new one instead of resending it.
@@ -383,8 +384,8 @@ func (p *proxy) apply(resp *discovery.DiscoveryResponse) error {
 	var rs [][]byte
 	for _, a := range resp.GetResources() {
 		var b wrapperspb.BytesValue
-		if a.GetTypeUrl() != TypeURL {
-			return fmt.Errorf("resource of type %q, want %s", a.GetTypeUrl(), TypeURL)
+		if a.GetTypeUrl() != xdsapi.TypeURL {
+			return fmt.Errorf("resource of type %q, want %s", a.GetTypeUrl(), xdsapi.TypeURL)
 		}
 		if err := a.UnmarshalTo(&b); err != nil {
 			return fmt.Errorf("decode resource: %w", err)

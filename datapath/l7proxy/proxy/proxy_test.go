@@ -1,4 +1,4 @@
-package l7proxy
+package proxy
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -28,7 +29,7 @@ import (
 func buildProxy(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/membrane-proxy").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../../../cmd/membrane-proxy").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build proxy: %v\n%s", err, out)
 	}
@@ -65,9 +66,9 @@ type waits struct {
 	nack  map[uint64]string
 }
 
-func (w *waits) tracker() *Tracker {
+func (w *waits) tracker() *l7proxy.Tracker {
 	w.acked, w.nack = map[uint64]bool{}, map[uint64]string{}
-	return NewTracker(func(ep, rev uint64) {
+	return l7proxy.NewTracker(func(ep, rev uint64) {
 		w.mu.Lock()
 		w.acked[rev] = true
 		w.mu.Unlock()
@@ -92,9 +93,9 @@ func (w *waits) nacked(rev uint64) string {
 
 type rig struct {
 	t      testing.TB
-	srv    *Server
+	srv    *l7proxy.Server
 	w      *waits
-	sup    *Supervisor
+	sup    *l7proxy.Supervisor
 	listen string
 	b      string // backend address (endpoint B)
 
@@ -120,7 +121,7 @@ func newRig(t testing.TB, extra ...string) *rig {
 	bin := buildProxy(t)
 	dir := t.TempDir()
 	r := &rig{t: t, w: &waits{}}
-	srv, err := NewServer(filepath.Join(dir, "xds.sock"), r.w.tracker(), slog.Default())
+	srv, err := l7proxy.NewServer(filepath.Join(dir, "xds.sock"), r.w.tracker(), slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,13 +142,13 @@ func newRig(t testing.TB, extra ...string) *rig {
 	t.Cleanup(backend.Close)
 	r.b = l.Addr().String()
 	r.listen = freePort(t, "127.0.0.1")
-	r.sup = &Supervisor{Path: bin, Args: append([]string{"--xds", filepath.Join(dir, "xds.sock"), "--listen", r.listen}, extra...),
+	r.sup = &l7proxy.Supervisor{Path: bin, Args: append([]string{"--xds", filepath.Join(dir, "xds.sock"), "--listen", r.listen}, extra...),
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StableAfter: time.Second, Log: slog.Default()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.sup.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	if _, err := srv.SetIPCache(IPCache{Entries: map[netip.Prefix]identity.NumericIdentity{
+	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: map[netip.Prefix]identity.NumericIdentity{
 		netip.MustParsePrefix("127.0.0.2/32"): idA, netip.MustParsePrefix("127.0.0.3/32"): idC,
 		netip.MustParsePrefix("127.0.0.4/32"): idB,
 	}}); err != nil {
@@ -163,11 +164,11 @@ func (r *rig) backendPort() uint16 {
 // setB publishes B's L7 entries as revision rev and registers the wait.
 func (r *rig) setB(rev uint64, l7 []policy.L7Entry) {
 	r.t.Helper()
-	v, err := r.srv.SetEndpoint(1, &EndpointPolicy{ID: 1, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4")}, L7: l7})
+	v, err := r.srv.SetEndpoint(1, &l7proxy.EndpointPolicy{ID: 1, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4")}, L7: l7})
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	wait, err := r.srv.tracker.Wait(1, rev, v)
+	wait, err := r.srv.Tracker().Wait(1, rev, v)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -253,7 +254,7 @@ func TestProxyRejects(t *testing.T) {
 	if r.w.isAcked(1) || !strings.Contains(r.w.nacked(1), "reject") {
 		t.Errorf("acked=%v nack=%q", r.w.isAcked(1), r.w.nacked(1))
 	}
-	if st := r.srv.tracker.Status(); st.Nacks == 0 || st.Acked != 0 {
+	if st := r.srv.Tracker().Status(); st.Nacks == 0 || st.Acked != 0 {
 		t.Errorf("tracker status %+v", st)
 	}
 }
@@ -262,19 +263,19 @@ func TestProxyRejects(t *testing.T) {
 // (the endpoint actor's timeout then makes it visible).
 func TestProxyWaitPending(t *testing.T) {
 	w := &waits{}
-	srv, err := NewServer(filepath.Join(t.TempDir(), "xds.sock"), w.tracker(), slog.Default())
+	srv, err := l7proxy.NewServer(filepath.Join(t.TempDir(), "xds.sock"), w.tracker(), slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	v, err := srv.SetEndpoint(7, &EndpointPolicy{ID: 7})
+	v, err := srv.SetEndpoint(7, &l7proxy.EndpointPolicy{ID: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, err := srv.tracker.Wait(7, 1, v); !wait || err != nil {
+	if wait, err := srv.Tracker().Wait(7, 1, v); !wait || err != nil {
 		t.Fatalf("Wait = %v, %v; want a pending wait", wait, err)
 	}
-	if st := srv.tracker.Status(); st.Pending != 1 {
+	if st := srv.Tracker().Status(); st.Pending != 1 {
 		t.Errorf("status %+v, want 1 pending", st)
 	}
 	if _, err := os.Stat(srv.Path()); err != nil {

@@ -1,0 +1,101 @@
+// Package xdsapi is what the agent's xDS server and the membrane-proxy
+// process agree on: the resources (one endpoint's L7 entries, or the
+// ipcache) as JSON documents in google.protobuf.BytesValue, their names
+// and versions, and the access record the proxy sends back per request.
+package xdsapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// TypeURL is the xDS type of every resource the proxy subscribes to.
+const TypeURL = "type.googleapis.com/google.protobuf.BytesValue"
+
+// Resource names: "ep/<id>" per endpoint, IPCacheResource for the
+// ipcache; versions are VersionPrefix and a number.
+const (
+	endpointPrefix  = "ep/"
+	IPCacheResource = "ipcache"
+	VersionPrefix   = "v"
+)
+
+// EndpointPolicy is the proxy's configuration for one endpoint: its
+// addresses and the L7 entries of its policy (ingress entries decide
+// traffic to IPs, egress entries traffic from them).
+type EndpointPolicy struct {
+	ID  uint64           `json:"id"`
+	IPs []netip.Addr     `json:"ips"`
+	L7  []policy.L7Entry `json:"l7"`
+}
+
+// IPCache maps prefixes to security identities (the proxy finds a
+// connection's peer identity with it).
+type IPCache struct {
+	Entries map[netip.Prefix]identity.NumericIdentity `json:"entries"`
+}
+
+// Resource is the document in every resource (sotw responses carry no
+// resource names): exactly one of its fields is set.
+type Resource struct {
+	Endpoint *EndpointPolicy `json:"endpoint,omitempty"`
+	IPCache  *IPCache        `json:"ipcache,omitempty"`
+}
+
+// EndpointName is endpoint id's resource name.
+func EndpointName(id uint64) string { return endpointPrefix + strconv.FormatUint(id, 10) }
+
+// Encode wraps a Resource as the BytesValue the xDS cache serves.
+func Encode(v any) (*wrapperspb.BytesValue, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode proxy resource: %w", err)
+	}
+	return wrapperspb.Bytes(b), nil
+}
+
+// ParseVersion parses "v<N>"; "" (nothing applied yet) is 0.
+func ParseVersion(s string) (uint64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(s, VersionPrefix), 10, 64)
+	if err != nil || !strings.HasPrefix(s, VersionPrefix) {
+		return 0, fmt.Errorf("version %q is not v<N>", s)
+	}
+	return n, nil
+}
+
+// AccessRecord is one request the proxy decided. The proxy sends each
+// as a JSON datagram to the agent's access socket (AccessServer); the
+// agent publishes it (events, metrics). Fields as in events.L7.
+type AccessRecord struct {
+	Time time.Time `json:"time"`
+	// Endpoint is the endpoint whose rules decided (0: none had rules),
+	// Direction theirs ("ingress", "egress").
+	Endpoint    uint64         `json:"endpoint"`
+	Direction   string         `json:"direction"`
+	Src         netip.AddrPort `json:"src"`
+	Dst         netip.AddrPort `json:"dst"`
+	SrcIdentity uint32         `json:"srcIdentity"`
+	DstIdentity uint32         `json:"dstIdentity"`
+	Method      string         `json:"method,omitempty"`
+	Path        string         `json:"path,omitempty"`
+	Host        string         `json:"host,omitempty"`
+	Allowed     bool           `json:"allowed"`
+	Reason      string         `json:"reason,omitempty"`
+}
+
+// MaxAccessDatagram bounds one record (the path and host are the
+// client's; longer records are cut to their first bytes by truncation
+// of the path).
+const MaxAccessDatagram = 16 << 10
