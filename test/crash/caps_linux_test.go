@@ -3,9 +3,7 @@ package crash
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +13,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
 // TestDaemonSetCapabilities runs the agent as the DaemonSet does, not
@@ -120,24 +120,20 @@ func lastLine(s string) string {
 // from the shipped DaemonSet, lowercased as setpriv names them.
 func daemonSetCapabilities(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../deploy/kubernetes/membrane.yaml")
+	b, err := os.ReadFile(filepath.Join(kubetest.RepoRoot(), "deploy", "kubernetes", "membrane.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	for {
-		var raw map[string]any
-		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if raw["kind"] != "DaemonSet" {
+	objs, err := kubetest.ReadObjects(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" {
 			continue
 		}
-		doc, _ := json.Marshal(raw)
 		var ds appsv1.DaemonSet
-		if err := json.Unmarshal(doc, &ds); err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds); err != nil {
 			t.Fatal(err)
 		}
 		sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
