@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -98,10 +97,7 @@ const e2eProxyPort = 15001
 
 func newL7E2E(t *testing.T) *l7E2E {
 	testutil.RequireRoot(t)
-	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
-		t.Fatalf("build proxy: %v\n%s", err, out)
-	}
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
 	cfg := LinuxConfig{L7: L7Config{ProxyPath: bin, XDSSocket: filepath.Join(t.TempDir(), "xds.sock"),
 		Listen:     netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), e2eProxyPort).String(),
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}}
@@ -293,10 +289,7 @@ func udpProxy(t *testing.T, ns *testutil.NS, port int, got chan<- netip.AddrPort
 // found by the programs at ::1).
 func TestL7RedirectIPv6(t *testing.T) {
 	testutil.RequireRoot(t)
-	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
-		t.Fatalf("build proxy: %v\n%s", err, out)
-	}
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
 	l, host, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1, GatewayDevice: "mbt_gw6",
 		Gateways: []netip.Addr{netip.MustParseAddr("fd00:61::1")},
 		L7: L7Config{ProxyPath: bin, XDSSocket: filepath.Join(t.TempDir(), "xds.sock"), Listen: fmt.Sprintf("[::]:%d", e2eProxyPort),

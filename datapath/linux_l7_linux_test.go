@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
@@ -96,10 +97,7 @@ func l7MapState(port uint16) *policy.MapState {
 // is restarted and acknowledges what was published meanwhile.
 func TestLinuxL7ProxyWaits(t *testing.T) {
 	testutil.RequireRoot(t)
-	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/membrane-proxy").CombinedOutput(); err != nil {
-		t.Fatalf("build proxy: %v\n%s", err, out)
-	}
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
 	l, _, nl := newTestLinux(t, l7Config(t, bin))
 	var ev proxyEvents
 	ev.install(l)

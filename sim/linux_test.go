@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,13 +20,7 @@ import (
 // build` does (static).
 func buildCNI(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build membrane-cni: %v\n%s", err, out)
-	}
-	return dir
+	return testutil.BuildBinariesT(t, "membrane-cni")
 }
 
 // simLeftovers lists what linux runs leave in the kernel if they do not
@@ -131,10 +123,7 @@ func TestDualStackResult(t *testing.T) {
 // invariant holds and nothing is left behind.
 func TestRunLinuxProxyFaults(t *testing.T) {
 	testutil.RequireRoot(t)
-	bin := buildCNI(t)
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "membrane-proxy"), "github.com/membrane-cni/membrane/cmd/membrane-proxy").CombinedOutput(); err != nil {
-		t.Fatalf("build membrane-proxy: %v\n%s", err, out)
-	}
+	bin := testutil.BuildBinariesT(t, "membrane-cni", "membrane-proxy")
 	before := len(simLeftovers(t))
 	sc := testScenario("linux-proxy-faults")
 	sc.Datapath = "linux"

@@ -19,10 +19,7 @@ import (
 // agent's proxy.
 func TestExitsWithParent(t *testing.T) {
 	testutil.RequireRoot(t)
-	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
 	xds := filepath.Join(t.TempDir(), "none.sock")
 	// The shell starts the proxy in the background, naming itself the
 	// parent to watch, and exits.

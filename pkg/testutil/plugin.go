@@ -2,10 +2,7 @@ package testutil
 
 import (
 	"bytes"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 )
 
@@ -17,12 +14,9 @@ func BuildPlugin() (dir string, err error) {
 	if err != nil {
 		return "", err
 	}
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "membrane-cni"),
-		"github.com/membrane-cni/membrane/cmd/membrane-cni")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
+	if err := BuildBinaries(dir, "membrane-cni"); err != nil {
 		os.RemoveAll(dir)
-		return "", fmt.Errorf("build membrane-cni: %w\n%s", err, out)
+		return "", err
 	}
 	return dir, nil
 }

@@ -37,12 +37,10 @@ type agentProc struct {
 // buildAgent builds membrane-agent into dir/bin, as make build does.
 func buildAgent(t *testing.T, dir string) string {
 	t.Helper()
-	out := filepath.Join(dir, "bin", "membrane-agent")
-	build := exec.Command("go", "build", "-trimpath", "-o", out, "github.com/membrane-cni/membrane/cmd/membrane-agent")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build membrane-agent: %v\n%s", err, b)
+	if err := testutil.BuildBinaries(filepath.Join(dir, "bin"), "membrane-agent"); err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return filepath.Join(dir, "bin", "membrane-agent")
 }
 
 // startAgent starts bin with args in host and waits until it is ready;

@@ -298,13 +298,10 @@ func headlines(arms []*arm, conc int, seq map[string][2]stats, res map[string]*c
 // buildPlugin builds membrane-cni as `make build` does into dir/bin.
 func buildPlugin(t *testing.T, dir string) string {
 	t.Helper()
-	built := filepath.Join(dir, "build", "membrane-cni")
-	build := exec.Command("go", "build", "-trimpath", "-o", built, "github.com/membrane-cni/membrane/cmd/membrane-cni")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build membrane-cni: %v\n%s", err, out)
+	if err := testutil.BuildBinaries(filepath.Join(dir, "build"), "membrane-cni"); err != nil {
+		t.Fatal(err)
 	}
-	return installPlugin(t, built, filepath.Join(dir, "bin"))
+	return installPlugin(t, filepath.Join(dir, "build", "membrane-cni"), filepath.Join(dir, "bin"))
 }
 
 // basePluginDir installs the plugin binary at path into a directory of

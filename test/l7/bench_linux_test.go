@@ -17,6 +17,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func envInt(name string, def int) int {
@@ -108,7 +109,7 @@ func TestBenchHTTPLatency(t *testing.T) {
 	var rpsPlain, rpsProxy float64
 	for r := range rounds {
 		nd.importPolicy(ingressL4)
-		waitFor(t, "L4 policy realised", func() bool { return !nd.hasL7(b) })
+		testutil.Eventually(t, "L4 policy realised", func() bool { return !nd.hasL7(b) })
 		plain = append(plain, gets(t, a, b, "/public", n)...)
 		if r == 0 {
 			rpsPlain = throughput(t, a, b, conc, 20*n)
@@ -176,7 +177,7 @@ func TestBenchImportToAck(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := map[uint16]time.Duration{}
-		waitFor(t, fmt.Sprintf("round %d: %d endpoints ready after the proxy's acknowledgement", r, count), func() bool {
+		testutil.Eventually(t, fmt.Sprintf("round %d: %d endpoints ready after the proxy's acknowledgement", r, count), func() bool {
 			nd.mu.Lock()
 			defer nd.mu.Unlock()
 			for _, ev := range nd.events[seen:] {

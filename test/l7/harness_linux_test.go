@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -34,21 +33,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := testutil.BuildPlugin()
-	if err == nil {
-		out, berr := exec.Command("go", "build", "-o", filepath.Join(dir, "membrane-proxy"), "../../cmd/membrane-proxy").CombinedOutput()
-		if berr != nil {
-			err = fmt.Errorf("build membrane-proxy: %w\n%s", berr, out)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testutil.RunWithBinaries(m, &binDir, "membrane-cni", "membrane-proxy"))
 }
 
 // Bounds of requests (not timing assertions): one policy should drop is
@@ -306,25 +291,12 @@ func (n *node) deletePolicy(name string) {
 	}
 }
 
-// waitFor polls cond for up to 30 s (a bound against hangs, not a
-// timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // l7Acked waits until p's policy view shows L7 entries redirected in
 // the policy map and its L7 configuration acknowledged by the proxy.
 func (n *node) l7Acked(p *pod) *models.EndpointPolicy {
 	n.t.Helper()
 	var view *models.EndpointPolicy
-	waitFor(n.t, fmt.Sprintf("pod %s's L7 policy realised and acknowledged", p.name), func() bool {
+	testutil.Eventually(n.t, fmt.Sprintf("pod %s's L7 policy realised and acknowledged", p.name), func() bool {
 		v, err := n.c.EndpointPolicy(context.Background(), fmt.Sprint(p.ep.ID))
 		if err != nil || len(v.ComputedL7) == 0 || v.L7Proxy == nil || !v.L7Proxy.Acked {
 			return false

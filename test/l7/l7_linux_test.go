@@ -11,6 +11,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // ingressPolicy lets app=a GET /public on app=b's port 80 (L7).
@@ -119,8 +120,8 @@ func TestHTTPIngress(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the proxy restarted", func() bool { r := n.proxyRow(); return r.L7Proxy.PID != 0 && r.L7Proxy.PID != pid })
-	waitFor(t, "the restarted proxy serving a's GET /public", func() bool {
+	testutil.Eventually(t, "the proxy restarted", func() bool { r := n.proxyRow(); return r.L7Proxy.PID != 0 && r.L7Proxy.PID != pid })
+	testutil.Eventually(t, "the restarted proxy serving a's GET /public", func() bool {
 		code, _, err := a.request(b, "GET", "/public", dropTimeout)
 		return err == nil && code == 200
 	})
@@ -130,7 +131,7 @@ func TestHTTPIngress(t *testing.T) {
 	}
 
 	n.importPolicy(ingressL4)
-	waitFor(t, "b's L7 entries withdrawn", func() bool {
+	testutil.Eventually(t, "b's L7 entries withdrawn", func() bool {
 		v, err := n.c.EndpointPolicy(context.Background(), fmt.Sprint(b.ep.ID))
 		if err != nil || len(v.ComputedL7) != 0 || len(v.Realized) == 0 {
 			return false
@@ -166,7 +167,7 @@ func TestHTTPEgress(t *testing.T) {
 		t.Errorf("no allowed egress l7-access event for a")
 	}
 	n.deletePolicy("default/a-http")
-	waitFor(t, "a's L7 configuration withdrawn", func() bool {
+	testutil.Eventually(t, "a's L7 configuration withdrawn", func() bool {
 		v, err := n.c.EndpointPolicy(context.Background(), fmt.Sprint(a.ep.ID))
 		return err == nil && len(v.ComputedL7) == 0 && !v.EgressEnforced && len(v.Realized) == 0
 	})
@@ -178,7 +179,7 @@ func (n *node) waitEvent(match func(events.Event) bool) (events.Event, bool) {
 	n.t.Helper()
 	var ev events.Event
 	ok := false
-	waitFor(n.t, "the event", func() bool { ev, ok = n.event(match); return ok })
+	testutil.Eventually(n.t, "the event", func() bool { ev, ok = n.event(match); return ok })
 	return ev, ok
 }
 
@@ -215,12 +216,12 @@ func TestAgentRestart(t *testing.T) {
 	old := n.proxyRow().L7Proxy.PID
 	n.stop()
 	n.start()
-	waitFor(t, "the restarted agent serving", func() bool { _, err := n.c.Status(context.Background()); return err == nil })
+	testutil.Eventually(t, "the restarted agent serving", func() bool { _, err := n.c.Status(context.Background()); return err == nil })
 	if row := n.proxyRow(); row.L7Proxy.PID == old {
 		t.Errorf("the new agent's proxy has the old pid %d", old)
 	}
 	n.l7Acked(b)
-	waitFor(t, "the new proxy serving a's GET /public", func() bool {
+	testutil.Eventually(t, "the new proxy serving a's GET /public", func() bool {
 		code, _, err := a.request(b, "GET", "/public", dropTimeout)
 		return err == nil && code == 200
 	})

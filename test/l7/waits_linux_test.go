@@ -12,6 +12,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // endpointActor is p's endpoint actor row of GET /v1/actors.
@@ -29,7 +30,7 @@ func (n *node) endpointActor(p *pod) *models.Actor {
 // row counting a pending wait and p's version unacknowledged.
 func (n *node) waitingForProxy(p *pod) {
 	n.t.Helper()
-	waitFor(n.t, fmt.Sprintf("pod %s waiting for the proxy", p.name), func() bool {
+	testutil.Eventually(n.t, fmt.Sprintf("pod %s waiting for the proxy", p.name), func() bool {
 		ep, err := n.c.EndpointGet(context.Background(), fmt.Sprint(p.ep.ID))
 		if err != nil || ep.State != "regenerating" || n.endpointActor(p).Operation != "proxy-wait" {
 			return false
@@ -108,7 +109,7 @@ func TestProxyRejects(t *testing.T) {
 	b := n.pods["b"]
 	n.importPolicy(ingressPolicy)
 	n.waitEvent(stateEvent(b, "waiting-to-regenerate", "rejected"))
-	waitFor(t, "b's regeneration retried and failed again", func() bool {
+	testutil.Eventually(t, "b's regeneration retried and failed again", func() bool {
 		e := n.endpointActor(b).Endpoint
 		return e != nil && e.RegenerationsFailed >= 2
 	})
@@ -141,7 +142,7 @@ func TestProxyRestartCompletesWait(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		t.Fatal(err)
 	}
-	waitFor(t, "b ready after the restarted proxy's acknowledgement", func() bool {
+	testutil.Eventually(t, "b ready after the restarted proxy's acknowledgement", func() bool {
 		ep, err := n.c.EndpointGet(context.Background(), fmt.Sprint(b.ep.ID))
 		return err == nil && ep.State == "ready"
 	})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // BenchmarkHTTP: one GET over a kept-alive connection to the backend,
@@ -16,7 +17,7 @@ import (
 func BenchmarkHTTP(b *testing.B) {
 	r := newRig(b)
 	r.setB(1, r.l7(idA, policy.HTTPRule{Method: "GET", Path: "/public"}))
-	eventually(b, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
+	testutil.Eventually(b, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
 	proxyURL, _ := url.Parse("http://" + r.listen)
 	for _, tc := range []struct {
 		name  string

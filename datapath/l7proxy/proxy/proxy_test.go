@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,12 +27,7 @@ import (
 // buildProxy builds cmd/membrane-proxy into a temporary directory.
 func buildProxy(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "membrane-proxy")
-	out, err := exec.Command("go", "build", "-o", bin, "../../../cmd/membrane-proxy").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build proxy: %v\n%s", err, out)
-	}
-	return bin
+	return filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
 }
 
 func freePort(t testing.TB, host string) string {
@@ -45,19 +39,6 @@ func freePort(t testing.TB, host string) string {
 	addr := l.Addr().String()
 	l.Close()
 	return addr
-}
-
-// eventually polls cond (no timing assertion: the deadline only ends a
-// test that would otherwise hang).
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 type waits struct {
@@ -206,7 +187,7 @@ func (r *rig) l7(peer identity.NumericIdentity, rules ...policy.HTTPRule) []poli
 func TestProxyEnforcesAndRestarts(t *testing.T) {
 	r := newRig(t)
 	r.setB(1, r.l7(idA, policy.HTTPRule{Method: "GET", Path: "/public"}))
-	eventually(t, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
+	testutil.Eventually(t, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
 	check := func() {
 		t.Helper()
 		if code, body := r.do("127.0.0.2", "GET", "/public"); code != 200 || body != "B GET /public" {
@@ -228,15 +209,15 @@ func TestProxyEnforcesAndRestarts(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "proxy restarted", func() bool { s := r.sup.Status(); return s.PID != 0 && s.PID != pid && s.Restarts == 1 })
+	testutil.Eventually(t, "proxy restarted", func() bool { s := r.sup.Status(); return s.PID != 0 && s.PID != pid && s.Restarts == 1 })
 	// A revision published while the proxy was down (or is starting) is
 	// acknowledged by the restarted proxy.
 	r.setB(2, r.l7(idA, policy.HTTPRule{Method: "GET", Path: "/public"}))
-	eventually(t, "revision 2 acknowledged by the restarted proxy", func() bool { return r.w.isAcked(2) })
+	testutil.Eventually(t, "revision 2 acknowledged by the restarted proxy", func() bool { return r.w.isAcked(2) })
 	check()
 
 	r.setB(3, r.l7(idA, policy.HTTPRule{}))
-	eventually(t, "revision 3 acknowledged", func() bool { return r.w.isAcked(3) })
+	testutil.Eventually(t, "revision 3 acknowledged", func() bool { return r.w.isAcked(3) })
 	if code, _ := r.do("127.0.0.2", "POST", "/private"); code != 200 {
 		t.Errorf("allow-all: A POST /private = %d, want 200", code)
 	}
@@ -250,7 +231,7 @@ func TestProxyEnforcesAndRestarts(t *testing.T) {
 func TestProxyRejects(t *testing.T) {
 	r := newRig(t, "--reject-config")
 	r.setB(1, r.l7(idA, policy.HTTPRule{Path: "/public"}))
-	eventually(t, "revision 1 rejected", func() bool { return r.w.nacked(1) != "" })
+	testutil.Eventually(t, "revision 1 rejected", func() bool { return r.w.nacked(1) != "" })
 	if r.w.isAcked(1) || !strings.Contains(r.w.nacked(1), "reject") {
 		t.Errorf("acked=%v nack=%q", r.w.isAcked(1), r.w.nacked(1))
 	}

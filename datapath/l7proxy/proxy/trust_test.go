@@ -58,7 +58,7 @@ func (r *rig) rawRequest(target string, headers ...string) string {
 func TestProxyPathNormalised(t *testing.T) {
 	r := newRig(t)
 	r.setB(1, r.l7(idA, policy.HTTPRule{Method: "GET", Path: "/public/.*"}))
-	eventually(t, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
+	testutil.Eventually(t, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
 	for _, c := range []struct {
 		target, want string
 		headers      []string
@@ -148,7 +148,7 @@ func TestProxyRefusesExplicitFromOffNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	if wait, _ := srv.Tracker().Wait(1, 1, v); wait {
-		eventually(t, "the proxy applied the policy", func() bool { return w.isAcked(1) })
+		testutil.Eventually(t, "the proxy applied the policy", func() bool { return w.isAcked(1) })
 	}
 	status := func(proxyAddr, from string) string {
 		var line string
@@ -233,5 +233,5 @@ func TestXDSSocketPrivate(t *testing.T) {
 	}
 	// The real proxy (accepted) still subscribes and acknowledges.
 	srv.SetPeerCheck(l7proxy.SameUser)
-	eventually(t, "an accepted peer's acknowledgement", func() bool { return w.isAcked(1) })
+	testutil.Eventually(t, "an accepted peer's acknowledgement", func() bool { return w.isAcked(1) })
 }

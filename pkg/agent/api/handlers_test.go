@@ -28,6 +28,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // apiWait bounds every request and wait of these tests.
@@ -687,7 +688,7 @@ func TestEndpointHappyPaths(t *testing.T) {
 		if _, err := e.client.EndpointGet(ctx, fmt.Sprint(web.ID)); !client.IsNotFound(err) {
 			t.Fatalf("GET after DELETE = %v, want 404", err)
 		}
-		waitFor(t, "the address released", func() bool {
+		testutil.Eventually(t, "the address released", func() bool {
 			st, err := e.client.IPAMStatus(ctx)
 			return err == nil && st.IPv4.Used == 0
 		})
@@ -801,7 +802,7 @@ func TestConcurrentCreates(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	waitFor(t, "every identity released", func() bool {
+	testutil.Eventually(t, "every identity released", func() bool {
 		ids, err := e.client.Identities(ctx)
 		return err == nil && len(ids) == 5
 	})
@@ -810,22 +811,10 @@ func TestConcurrentCreates(t *testing.T) {
 // waitReady polls GET until the endpoint is ready.
 func waitReady(tb testing.TB, e *apiEnv, ref string) {
 	tb.Helper()
-	waitFor(tb, "endpoint "+ref+" ready", func() bool {
+	testutil.Eventually(tb, "endpoint "+ref+" ready", func() bool {
 		ep, err := e.client.EndpointGet(bg(tb), ref)
 		return err == nil && ep.State == "ready"
 	})
-}
-
-// waitFor polls cond until it holds or apiWait passes.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(apiWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", apiWait, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestListenModes: the socket gets the requested mode whether it is made

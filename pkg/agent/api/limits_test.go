@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // stallUpload sends a PUT's headers announcing a body it never sends,
@@ -90,7 +91,7 @@ func openStalledStream(tb testing.TB, e *apiEnv) {
 		tb.Fatal(err)
 	}
 	hub := e.agent.System.Events()
-	waitFor(tb, "the stream subscribed", func() bool { return hub.Subscribers() == 1 })
+	testutil.Eventually(tb, "the stream subscribed", func() bool { return hub.Subscribers() == 1 })
 	big := strings.Repeat("x", 4096)
 	for range events.DefaultCapacity {
 		hub.Publish(events.Event{Type: events.DatapathDrop, Message: big})
@@ -116,5 +117,5 @@ func TestStalledStreamDropped(t *testing.T) {
 	e := startHandlersAgent(t, func(c *agent.Config) { c.API.WriteTimeout = 100 * time.Millisecond })
 	openStalledStream(t, e)
 	hub := e.agent.System.Events()
-	waitFor(t, "the stalled stream to end", func() bool { return hub.Subscribers() == 0 })
+	testutil.Eventually(t, "the stalled stream to end", func() bool { return hub.Subscribers() == 0 })
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // heldConn is a raw connection that made one request and stays open,
@@ -104,7 +105,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		}
 	}
 	held[0].Close()
-	waitFor(t, "a slot freed by a closed connection", func() bool {
+	testutil.Eventually(t, "a slot freed by a closed connection", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return false
@@ -127,7 +128,7 @@ func TestSocketConnectionCap(t *testing.T) {
 	}
 	expectRefused(t, "unix", e.socket)
 	held[0].Close()
-	waitFor(t, "a socket slot freed", func() bool {
+	testutil.Eventually(t, "a socket slot freed", func() bool {
 		c, err := net.Dial("unix", e.socket)
 		if err != nil {
 			return false

@@ -17,6 +17,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func getActors(tb testing.TB, e *apiEnv, query string) []models.Actor {
@@ -122,7 +123,7 @@ func TestActorsShowStuckEndpoint(t *testing.T) {
 		created <- err
 	}()
 	var stuck []models.Actor
-	waitFor(t, "an endpoint stuck in realize", func() bool {
+	testutil.Eventually(t, "an endpoint stuck in realize", func() bool {
 		stuck = getActors(t, e, "?kind=endpoint&stuck=1ms")
 		return len(stuck) == 1 && stuck[0].Operation == "realize"
 	})

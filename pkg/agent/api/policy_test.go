@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 const apiPolicy = `apiVersion: cilium.io/v2
@@ -73,7 +74,7 @@ func TestPolicyAPI(t *testing.T) {
 			list.Policies[1].Labels["team"] != "web" || !json.Valid(list.Policies[1].Spec) || !strings.Contains(string(list.Policies[1].Spec), "endpointSelector") {
 			t.Fatalf("list = %+v", list)
 		}
-		waitFor(t, "web's policy realised", func() bool {
+		testutil.Eventually(t, "web's policy realised", func() bool {
 			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
 			return err == nil && p.RealizedIngressEnforced && len(p.Realized) == 1
 		})
@@ -135,7 +136,7 @@ func TestPolicyAPI(t *testing.T) {
 		if err != nil || res.Deleted != 1 || res.Revision != 3 {
 			t.Fatalf("delete by name = %+v, %v", res, err)
 		}
-		waitFor(t, "web back to allow-all", func() bool {
+		testutil.Eventually(t, "web back to allow-all", func() bool {
 			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
 			return err == nil && !p.RealizedIngressEnforced && len(p.Realized) == 0 && len(p.Computed) == 0
 		})
@@ -156,7 +157,7 @@ spec:
 			{CIDR: "10.0.0.0/8", Port: 443, Protocol: "TCP", Direction: "egress", Allow: true},
 			{CIDR: "10.1.0.0/16", Port: 443, Protocol: "TCP", Direction: "egress"},
 		}
-		waitFor(t, "web's CIDR entries realised", func() bool {
+		testutil.Eventually(t, "web's CIDR entries realised", func() bool {
 			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
 			return err == nil && len(p.RealizedCIDR) == len(want)
 		})
@@ -170,7 +171,7 @@ spec:
 		if _, err := e.client.PolicyDelete(bg(t), "ns/web-egress"); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "web's CIDR entries gone", func() bool {
+		testutil.Eventually(t, "web's CIDR entries gone", func() bool {
 			p, err := e.client.EndpointPolicy(bg(t), "pod-name:ns/web")
 			return err == nil && p.RealizedCIDR != nil && len(p.RealizedCIDR) == 0 && len(p.ComputedCIDR) == 0
 		})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func TestParse(t *testing.T) {
@@ -76,17 +77,6 @@ func (s *sink) last() (string, int) {
 	return strings.Join(names, ","), len(s.sets)
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestWatcher: this node's own entry is skipped; a change is applied; an
 // invalid file keeps the last set; a failed sync is retried.
 func TestWatcher(t *testing.T) {
@@ -110,11 +100,11 @@ func TestWatcher(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitUntil(t, "b applied after the failed sync", func() bool { got, _ := s.last(); return got == "b" })
+	testutil.Eventually(t, "b applied after the failed sync", func() bool { got, _ := s.last(); return got == "b" })
 	write(self + b + c)
-	waitUntil(t, "b,c applied", func() bool { got, _ := s.last(); return got == "b,c" })
+	testutil.Eventually(t, "b,c applied", func() bool { got, _ := s.last(); return got == "b,c" })
 	write(self + c)
-	waitUntil(t, "c applied", func() bool { got, _ := s.last(); return got == "c" })
+	testutil.Eventually(t, "c applied", func() bool { got, _ := s.last(); return got == "c" })
 	// An invalid content applies nothing and is not retried.
 	_, n := s.last()
 	if !w.apply(ctx, []byte("- {name: broken\n")) {

@@ -20,6 +20,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // podIP returns the address of the ADD's result and checks its shape.
@@ -131,7 +132,7 @@ func TestAddCheckDel(t *testing.T) {
 	if e.allocated(ipA) {
 		t.Fatalf("%s still allocated after DEL", ipA)
 	}
-	eventually(t, "host veth of pod a to go", func() bool { return !e.hostLinkExists(a) })
+	testutil.Eventually(t, "host veth of pod a to go", func() bool { return !e.hostLinkExists(a) })
 
 	// CHECK of a deleted attachment fails; pod b is untouched.
 	if err := e.check(b); err != nil {
@@ -276,7 +277,7 @@ func TestDelWhileAgentDown(t *testing.T) {
 	if paths, _ := delqueue.List(e.queue); len(paths) != 0 {
 		t.Fatalf("delete queue after start = %v", paths)
 	}
-	eventually(t, "queued deletion to remove the host veth", func() bool { return !e.hostLinkExists(p) })
+	testutil.Eventually(t, "queued deletion to remove the host veth", func() bool { return !e.hostLinkExists(p) })
 	if _, err := p.ns.Netlink(t).LinkByName("eth0"); err == nil {
 		t.Fatal("eth0 still in the pod after the queued deletion")
 	}
@@ -451,7 +452,7 @@ func TestStatusAndGC(t *testing.T) {
 	if e.allocated(dropIP) {
 		t.Fatalf("GC kept %s allocated", dropIP)
 	}
-	eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(drop) })
+	testutil.Eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(drop) })
 	if err := e.check(keep); err != nil {
 		t.Fatalf("CHECK of the kept pod after GC: %v", err)
 	}
@@ -468,11 +469,11 @@ func TestInterfaceVanishes(t *testing.T) {
 	if err := p.ns.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the endpoint to be deleted", func() bool {
+	testutil.Eventually(t, "the endpoint to be deleted", func() bool {
 		_, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
 		return err != nil
 	})
-	eventually(t, "the addresses to be released", func() bool { return !e.allocated(v4) && !e.allocated(v6) })
+	testutil.Eventually(t, "the addresses to be released", func() bool { return !e.allocated(v4) && !e.allocated(v6) })
 }
 
 // TestSpecVersions: every supported version, dual-stack: the result is

@@ -295,7 +295,7 @@ func TestIPv6OnlyNode(t *testing.T) {
 	if e.allocated(c6) {
 		t.Fatalf("GC kept %s allocated", c6)
 	}
-	eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(c) })
+	testutil.Eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(c) })
 	for _, p := range []*pod{a, b} {
 		if err := e.del(p); err != nil {
 			t.Fatalf("DEL: %v", err)

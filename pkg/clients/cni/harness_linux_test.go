@@ -27,15 +27,7 @@ import (
 var pluginDir string
 
 func TestMain(m *testing.M) {
-	dir, err := testutil.BuildPlugin()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	pluginDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testutil.RunWithBinaries(m, &pluginDir, "membrane-cni"))
 }
 
 // env is one test's world: a netns standing in for the host (where the
@@ -212,19 +204,6 @@ func (e *env) hostLinkExists(p *pod) bool {
 	name, _ := cni.VethNames(p.rt.ContainerID, p.rt.IfName)
 	_, err := e.host.Netlink(e.t).LinkByName(name)
 	return err == nil
-}
-
-// eventually polls cond until it holds or 10 s pass (no timing is
-// asserted: the bound only keeps a broken build from hanging).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // allocated reports whether ip is allocated in the agent's IPAM.

@@ -16,6 +16,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
@@ -38,7 +39,7 @@ func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 	// The ipcache actor writes the pod's entry after the ADD answered; a
 	// stop does not wait for it, so wait here.
 	running := e.agent.System.Datapath.(*datapath.Linux)
-	eventually(t, "the pod's ipcache entry in the pinned map", func() bool {
+	testutil.Eventually(t, "the pod's ipcache entry in the pinned map", func() bool {
 		held, err := running.DumpIPCache(context.Background())
 		return err == nil && held[kept] == identity.NumericIdentity(ep.Identity.ID)
 	})
@@ -65,7 +66,7 @@ func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 
 	e.startAgent(nil)
 	linux := e.agent.System.Datapath.(*datapath.Linux)
-	eventually(t, "the stale ipcache entry to go", func() bool {
+	testutil.Eventually(t, "the stale ipcache entry to go", func() bool {
 		got, err := linux.DumpIPCache(context.Background())
 		_, left := got[stale]
 		return err == nil && !left

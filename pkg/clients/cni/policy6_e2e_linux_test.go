@@ -57,7 +57,7 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 	c := e.client()
 	// The stand-ins for outside peers are addresses of the host netns,
 	// which the agent follows as the host identity.
-	eventually(t, "the stand-in addresses in the ipcache as host", func() bool {
+	testutil.Eventually(t, "the stand-in addresses in the ipcache as host", func() bool {
 		entries, err := c.IPCache(context.Background())
 		n := 0
 		for _, en := range entries {

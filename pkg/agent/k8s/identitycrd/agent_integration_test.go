@@ -25,6 +25,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // node is an in-process agent in Kubernetes mode (fake datapath) with
@@ -166,7 +167,7 @@ func TestAgentsShareClusterIdentity(t *testing.T) {
 		t.Fatalf("GET /v1/identity on %s: %+v, want scope cluster, one reference", na, row)
 	}
 	db := b.endpoint(t, ns, "db-b")
-	waitFor(t, "node B's db identity on node A", func() bool {
+	testutil.Eventually(t, "node B's db identity on node A", func() bool {
 		row := a.identities(t)[db.Identity.ID]
 		return row != nil && row.Scope == "remote" && row.RefCount == 0
 	})
@@ -264,7 +265,7 @@ func TestAPIServerOutage(t *testing.T) {
 	createPod(t, cs, ns, "web-1", name, "web", map[string]string{"app": "web"})
 	createPod(t, cs, ns, "web-2", name, "web", map[string]string{"app": "web"})
 	ep1 := n.endpoint(t, ns, "web-1")
-	waitFor(t, "web-2 in the agent's pod cache", func() bool { return n.status(t).K8s.Pods >= 2 })
+	testutil.Eventually(t, "web-2 in the agent's pod cache", func() bool { return n.status(t).K8s.Pods >= 2 })
 
 	p.stop()
 	ep2 := n.endpoint(t, ns, "web-2") // known label set: no API call needed
@@ -276,7 +277,7 @@ func TestAPIServerOutage(t *testing.T) {
 	if _, err := n.c.EndpointPatchLabels(ctx, fmt.Sprint(ep1.ID), []string{"container:outage=" + ns}, nil); err == nil {
 		t.Fatal("relabel to a new label set succeeded with the API server unreachable")
 	}
-	waitFor(t, "the waiting state in the endpoint and the status", func() bool {
+	testutil.Eventually(t, "the waiting state in the endpoint and the status", func() bool {
 		cur := n.get(t, ep1.ID)
 		ci := n.status(t).ClusterIdentity
 		return strings.Contains(cur.LastError, "cluster identity store unavailable") && ci != nil && ci.Waiting >= 1 && !ci.Healthy
@@ -288,7 +289,7 @@ func TestAPIServerOutage(t *testing.T) {
 	if err := p.start(p.addr); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the new label set bound after the API server came back", func() bool {
+	testutil.Eventually(t, "the new label set bound after the API server came back", func() bool {
 		cur := n.get(t, ep1.ID)
 		return cur.Identity != nil && cur.Identity.ID != ep1.Identity.ID && slices.Contains(cur.Identity.Labels, "container:outage="+ns) && cur.State == "ready"
 	})
@@ -296,7 +297,7 @@ func TestAPIServerOutage(t *testing.T) {
 	if mi := getIdentity(t, e.Config, identity.NumericIdentity(cur.Identity.ID)); mi == nil || mi.Usage[name] == "" {
 		t.Fatalf("MembraneIdentity %d after the outage: %+v", cur.Identity.ID, mi)
 	}
-	waitFor(t, "nothing waiting, store healthy", func() bool {
+	testutil.Eventually(t, "nothing waiting, store healthy", func() bool {
 		ci := n.status(t).ClusterIdentity
 		return ci != nil && ci.Waiting == 0 && ci.Healthy
 	})

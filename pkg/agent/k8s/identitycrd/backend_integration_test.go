@@ -19,6 +19,7 @@ import (
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s/identitycrd"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
@@ -191,7 +192,7 @@ func TestGCGraceAndInUse(t *testing.T) {
 	if getIdentity(t, e.Config, unused) == nil {
 		t.Fatal("an unused identity was deleted by the pass that first saw it unused")
 	}
-	waitFor(t, "the unused identity collected", func() bool {
+	testutil.Eventually(t, "the unused identity collected", func() bool {
 		if err := a.CollectOnce(ctx, marks); err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +251,7 @@ func TestWatch(t *testing.T) {
 	before, _ := acquire(t, a, "k8s:app="+uniq("before"))
 	// Watch lists what the backend's informer holds; Acquire answers
 	// after the Create, which the informer may not have seen yet.
-	waitFor(t, "the informer holds the existing identity", func() bool {
+	testutil.Eventually(t, "the informer holds the existing identity", func() bool {
 		_, ok := a.CachedUsageForTest(before)
 		return ok
 	})
@@ -276,13 +277,13 @@ func TestWatch(t *testing.T) {
 		}
 		return -1
 	}
-	waitFor(t, "synced", func() bool { return seen(identity.ClusterSynced, 0) >= 0 })
+	testutil.Eventually(t, "synced", func() bool { return seen(identity.ClusterSynced, 0) >= 0 })
 	if i := seen(identity.ClusterUpsert, before); i < 0 || i > seen(identity.ClusterSynced, 0) {
 		t.Fatalf("the existing identity %d was not reported before Synced: %v", before, evs)
 	}
 	newLabels := "k8s:app=" + uniq("after")
 	after, _ := acquire(t, a, newLabels)
-	waitFor(t, "the new identity reported", func() bool { return seen(identity.ClusterUpsert, after) >= 0 })
+	testutil.Eventually(t, "the new identity reported", func() bool { return seen(identity.ClusterUpsert, after) >= 0 })
 	i := seen(identity.ClusterUpsert, after)
 	mu.Lock()
 	ev := evs[i]
@@ -294,7 +295,7 @@ func TestWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	marks := identitycrd.NewMarks()
-	waitFor(t, "the released identity collected and reported", func() bool {
+	testutil.Eventually(t, "the released identity collected and reported", func() bool {
 		if err := a.CollectOnce(context.Background(), marks); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +310,7 @@ func TestWatch(t *testing.T) {
 // waitForRelease waits until b's cache shows id without node's entry.
 func waitForRelease(tb testing.TB, b *identitycrd.Backend, id identity.NumericIdentity, node string) {
 	tb.Helper()
-	waitFor(tb, "the release in the cache", func() bool {
+	testutil.Eventually(tb, "the release in the cache", func() bool {
 		usage, ok := b.CachedUsageForTest(id)
 		_, used := usage[node]
 		return ok && !used
@@ -355,7 +356,7 @@ func TestGCNodeGoneAndRestarted(t *testing.T) {
 	}
 	collector := newBackend(t, e.Config, cfg(uniq("node-collector")))
 	marks := identitycrd.NewMarks()
-	waitFor(t, "the gone node's and the previous agent's identities collected", func() bool {
+	testutil.Eventually(t, "the gone node's and the previous agent's identities collected", func() bool {
 		if err := collector.CollectOnce(ctx, marks); err != nil {
 			t.Fatal(err)
 		}

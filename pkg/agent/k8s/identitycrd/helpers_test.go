@@ -154,18 +154,6 @@ func getIdentity(tb testing.TB, rc *rest.Config, id identity.NumericIdentity) *v
 	return mi
 }
 
-// waitFor polls cond until it holds or waitTimeout passes.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // keyOf is the label-set key of an object's security labels.
 func keyOf(mi *v2.MembraneIdentity) string {
 	var ss []string

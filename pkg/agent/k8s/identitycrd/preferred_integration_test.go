@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestAcquirePreferred: a label set no object holds is created with the
@@ -35,7 +36,7 @@ func TestAcquirePreferred(t *testing.T) {
 	if mi := getIdentity(t, e.Config, free); mi == nil || keyOf(mi) != ls.Key() {
 		t.Fatalf("object %d = %+v, want %s", free, mi, ls.Key())
 	}
-	waitFor(t, "b's cache to hold the label set", func() bool {
+	testutil.Eventually(t, "b's cache to hold the label set", func() bool {
 		id, _, err := b.Acquire(ctx, ls)
 		return err == nil && id == free
 	})

@@ -1,0 +1,108 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// EventuallyBound ends a wait that would otherwise hang a test. It is a
+// bound, never a measurement: no test asserts how long a wait took.
+const EventuallyBound = 60 * time.Second
+
+// Eventually polls cond until it holds and fails tb, naming what, if it
+// never does within EventuallyBound. The poll interval starts at 1 ms
+// and doubles up to 20 ms, so a condition that holds at once costs
+// nothing and a long wait does not spin.
+func Eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	EventuallyErr(tb, what, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+}
+
+var errNotYet = fmt.Errorf("condition not met")
+
+// EventuallyErr is Eventually for a condition that says why it does not
+// hold yet (nil: it holds); the failure reports the last reason.
+func EventuallyErr(tb testing.TB, what string, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(EventuallyBound)
+	wait := time.Millisecond
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s: %v", EventuallyBound, what, err)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// BuildBinaries builds the named programs of cmd/ (membrane-agent,
+// membrane-cni, ...) into dir as `make build` does: -trimpath, and
+// membrane-cni static. It runs the go tool once for all of them.
+func BuildBinaries(dir string, names ...string) error {
+	var static, dynamic []string
+	for _, n := range names {
+		pkg := "github.com/membrane-cni/membrane/cmd/" + n
+		if n == "membrane-cni" {
+			static = append(static, pkg)
+		} else {
+			dynamic = append(dynamic, pkg)
+		}
+	}
+	for _, set := range []struct {
+		pkgs []string
+		env  []string
+	}{{dynamic, nil}, {static, []string{"CGO_ENABLED=0"}}} {
+		if len(set.pkgs) == 0 {
+			continue
+		}
+		cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", dir + string(filepath.Separator)}, set.pkgs...)...)
+		cmd.Env = append(os.Environ(), set.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %v: %w\n%s", set.pkgs, err, out)
+		}
+	}
+	return nil
+}
+
+// BuildBinariesT is BuildBinaries into a directory of tb's, failing tb
+// on an error; it returns the directory.
+func BuildBinariesT(tb testing.TB, names ...string) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := BuildBinaries(dir, names...); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// RunWithBinaries is a package's TestMain body: it builds the named
+// programs once into a temporary directory, stores its path in *dir, runs
+// the tests and removes the directory, returning the exit code.
+func RunWithBinaries(m *testing.M, dir *string, names ...string) int {
+	d, err := os.MkdirTemp("", "membrane-test-bin-")
+	if err == nil {
+		if err = BuildBinaries(d, names...); err != nil {
+			os.RemoveAll(d)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*dir = d
+	defer os.RemoveAll(d)
+	return m.Run()
+}
