@@ -267,8 +267,8 @@ type K8sStatus struct {
 	// MembranePolicies counts the cached MembraneNetworkPolicies and
 	// MembraneClusterwideNetworkPolicies.
 	MembranePolicies int `json:"membrane-policies"`
-	// PolicyErrors counts policies the agent refused (see the log, and the
-	// custom resources' status and events).
+	// PolicyErrors counts policies the agent refused whole (see the log,
+	// the objects' events and the custom resources' status).
 	PolicyErrors int `json:"policy-errors"`
 	// PoliciesPartial counts policies imported with parts refused: the
 	// rest is in force and the pods they select stay isolated; the
