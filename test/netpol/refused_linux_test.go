@@ -45,6 +45,9 @@ func TestRefusedFieldIsolates(t *testing.T) {
 	if _, err := w.kube.NetworkingV1().NetworkPolicies("x").Create(ctx, np, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		_ = w.kube.NetworkingV1().NetworkPolicies("x").Delete(context.Background(), np.Name, metav1.DeleteOptions{})
+	})
 	server := w.pod("x", "a")
 	// Bounded wait for the policy to reach x/a; without it (the policy
 	// refused whole) the probes below show the traffic that gets through.

@@ -18,6 +18,32 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
+// deleteAtCleanup deletes the policy custom resource resource ns/name
+// ("" ns: cluster-scoped) when the test ends: the package's API server
+// runs no namespace controller, so deleting a namespace leaves its
+// objects, which later tests' agents would import.
+func (k *cluster) deleteAtCleanup(t *testing.T, resource, ns, name string) {
+	t.Helper()
+	r := k.dyn(t).Resource(v2.Resource(resource))
+	t.Cleanup(func() {
+		if ns == "" {
+			_ = r.Delete(context.Background(), name, metav1.DeleteOptions{})
+			return
+		}
+		_ = r.Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// createNetworkPolicy creates np and deletes it when the test ends.
+func (k *cluster) createNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy) {
+	t.Helper()
+	nps := k.cs.NetworkingV1().NetworkPolicies(np.Namespace)
+	if _, err := nps.Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nps.Delete(context.Background(), np.Name, metav1.DeleteOptions{}) })
+}
+
 // endpointPolicy returns the computed and realised policy of endpoint id.
 func (k *cluster) endpointPolicy(t *testing.T, id int64) *models.EndpointPolicy {
 	t.Helper()
@@ -66,7 +92,6 @@ func TestNamespacedPolicyConfinedToItsNamespace(t *testing.T) {
 	})
 	epA, epB, epSys := k.endpoint(t, "sec-a", "x"), k.endpoint(t, "sec-b", "y"), k.endpoint(t, "kube-system", "sec-z")
 
-	nps := k.cs.NetworkingV1().NetworkPolicies("sec-a")
 	for _, np := range []*networkingv1.NetworkPolicy{
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "sec-a", Name: "reach-b"}, Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"io.kubernetes.pod.namespace": "sec-b"}},
@@ -76,10 +101,9 @@ func TestNamespacedPolicyConfinedToItsNamespace(t *testing.T) {
 				{Key: "io.kubernetes.pod.namespace", Operator: metav1.LabelSelectorOpExists}}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}},
 	} {
-		if _, err := nps.Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		k.createNetworkPolicy(t, np)
 	}
+	k.deleteAtCleanup(t, v2.ResourceNetworkPolicies, "sec-a", "reach-others")
 	k.apply(t, `apiVersion: membrane.io/v2
 kind: MembraneNetworkPolicy
 metadata: {name: reach-others, namespace: sec-a}
@@ -103,9 +127,7 @@ spec:
   endpointSelector: {matchLabels: {canary: "yes"}}
   egress: []
 `)
-	t.Cleanup(func() {
-		_ = k.dyn(t).Resource(v2.Resource(v2.ResourceClusterwideNetworkPolicies)).Delete(context.Background(), "sec-canary", metav1.DeleteOptions{})
-	})
+	k.deleteAtCleanup(t, v2.ResourceClusterwideNetworkPolicies, "", "sec-canary")
 	for _, ep := range []*models.Endpoint{epB, epSys} {
 		k.eventually(t, fmt.Sprintf("endpoint %d's policy includes the canary", ep.ID), func() (bool, string) {
 			p := k.endpointPolicy(t, ep.ID)
@@ -137,9 +159,7 @@ func TestNetworkPolicyPartiallyRefusedIsolates(t *testing.T) {
 			Ingress:     []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &named}}}},
 		},
 	}
-	if _, err := k.cs.NetworkingV1().NetworkPolicies("np-bad").Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	k.createNetworkPolicy(t, np)
 	k.eventually(t, "the policy in force, the server isolated with nothing allowed", func() (bool, string) {
 		p := k.endpointPolicy(t, server.ID)
 		return slices.Contains(k.policyNames(t), "np-bad/named-port") && p.IngressEnforced && p.RealizedIngressEnforced &&
@@ -170,6 +190,7 @@ func TestMembraneNetworkPolicyPartiallyRefused(t *testing.T) {
 	k.pod(t, "mnp-part", "server", map[string]string{"app": "server"})
 	k.pod(t, "mnp-part", "client", map[string]string{"app": "client"})
 	server, client := k.endpoint(t, "mnp-part", "server"), k.endpoint(t, "mnp-part", "client")
+	k.deleteAtCleanup(t, v2.ResourceNetworkPolicies, "mnp-part", "part")
 	k.apply(t, `apiVersion: membrane.io/v2
 kind: MembraneNetworkPolicy
 metadata: {name: part, namespace: mnp-part}
@@ -214,6 +235,7 @@ func TestMembraneNetworkPolicyL7WithoutProxy(t *testing.T) {
 	k.namespace(t, "mnp-l7", nil)
 	k.pod(t, "mnp-l7", "b", map[string]string{"app": "b"})
 	b := k.endpoint(t, "mnp-l7", "b")
+	k.deleteAtCleanup(t, v2.ResourceNetworkPolicies, "mnp-l7", "http-only")
 	k.apply(t, `apiVersion: membrane.io/v2
 kind: MembraneNetworkPolicy
 metadata: {name: http-only, namespace: mnp-l7}
