@@ -52,7 +52,9 @@ func compileKNP(d *knpDoc, spec json.RawMessage, opts ParseOptions, rf *refusals
 	if s.Egress != nil && len(*s.Egress) > 0 && !rule.EgressEnforced {
 		return nil, fmt.Errorf("spec.egress: present but spec.policyTypes does not list Egress")
 	}
-	if s.Ingress != nil {
+	if rf.refused("spec.ingress") {
+		rule.IngressEnforced = true
+	} else if s.Ingress != nil {
 		for i, in := range *s.Ingress {
 			path := fmt.Sprintf("spec.ingress[%d]", i)
 			if rf.refused(path) {
@@ -68,7 +70,9 @@ func compileKNP(d *knpDoc, spec json.RawMessage, opts ParseOptions, rf *refusals
 			rule.Ingress = append(rule.Ingress, pr)
 		}
 	}
-	if s.Egress != nil {
+	if rf.refused("spec.egress") {
+		rule.EgressEnforced = true
+	} else if s.Egress != nil {
 		for i, eg := range *s.Egress {
 			path := fmt.Sprintf("spec.egress[%d]", i)
 			if rf.refused(path) {

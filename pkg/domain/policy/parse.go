@@ -309,6 +309,9 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 	default:
 		p, err = compileKNP(doc.(*knpDoc), specRaw, opts, rf)
 	}
+	if err == nil {
+		err = rf.unconsumed()
+	}
 	if err != nil {
 		return nil, err
 	}

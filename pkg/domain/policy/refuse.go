@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -69,7 +72,17 @@ func (rf *refusals) refused(path string) bool {
 		return false
 	}
 	rf.list = append(rf.list, Refusal{Path: path, Reason: strings.Join(rf.pre[path], "; ")})
+	delete(rf.pre, path)
 	return true
+}
+
+// unconsumed returns the error refusing the document when checkFields
+// refused a part compile never looked at: nothing is silently ignored.
+func (rf *refusals) unconsumed() error {
+	for _, part := range slices.Sorted(maps.Keys(rf.pre)) {
+		return errors.New(rf.pre[part][0])
+	}
+	return nil
 }
 
 var (

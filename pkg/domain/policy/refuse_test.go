@@ -64,6 +64,26 @@ spec:
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
   - fromRequires: [{matchLabels: {env: prod}}]
 `, ParseOptions{}, []string{"spec.ingress"}, nil},
+		{"CNP deny rules refuse the whole direction", `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: a}
+spec:
+  endpointSelector: {matchLabels: {app: server}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+    toPorts: [{ports: [{port: "22", protocol: TCP}]}]
+`, ParseOptions{}, []string{"spec.ingress"}, nil},
+		{"NetworkPolicy unknown narrowing field refuses the direction", `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: client}}}]
+    fromRequires: [{matchLabels: {env: prod}}]
+`, ParseOptions{}, []string{"spec.ingress"}, nil},
 		{"CNP L7 rules without a proxy", `apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
 metadata: {name: p, namespace: a}
