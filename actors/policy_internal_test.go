@@ -17,10 +17,11 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
-// svPolicy lets app=a reach app=b on TCP 8080 (sv endpoints carry no
-// namespace label, so the selectors say so).
+// svPolicy lets app=a reach app=b on TCP 8080. sv endpoints carry no
+// namespace label, so the policy is cluster-wide (a namespaced policy
+// selects only endpoints of its namespace) and its selectors say so.
 const svPolicy = `apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
+kind: CiliumClusterwideNetworkPolicy
 metadata: {name: sv}
 spec:
   endpointSelector:
@@ -76,7 +77,7 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 		t.Errorf("B regenerated %d times after the restart; its policy did not change", n-regB)
 	}
 
-	del := svAsk(t, sys, sys.policy, &messages.PolicyDelete{Name: "default/sv"}).(*messages.PolicyResult)
+	del := svAsk(t, sys, sys.policy, &messages.PolicyDelete{Name: "/sv"}).(*messages.PolicyResult)
 	if del.Err != nil || del.Deleted != 1 || del.Revision != 2 {
 		t.Fatalf("delete after restart = %+v", del)
 	}

@@ -120,6 +120,9 @@ func k8sText(k *models.K8sStatus) string {
 	if k.PolicyErrors > 0 {
 		out += fmt.Sprintf(", %d refused", k.PolicyErrors)
 	}
+	if k.PoliciesPartial > 0 {
+		out += fmt.Sprintf(", %d partially refused", k.PoliciesPartial)
+	}
 	if k.Queue > 0 {
 		out += fmt.Sprintf(", %d queued", k.Queue)
 	}

@@ -306,7 +306,10 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	// Likewise DNS rules and toFQDNs need the DNS proxy (the fake
 	// datapath takes them: nothing is redirected, nothing learned).
 	ac.NoDNSProxy = ac.NoDNSProxy || (cfg.Datapath == "linux" && cfg.DNSProxy == nil)
-	ac.Policy = loadPolicies(cfg.StateDir, cfg.K8s != nil, log)
+	// Policies from the API server may select namespaces by any label;
+	// rules no proxy of this agent can enforce are refused parts (the
+	// file is read with policy.ParseOptions.PartialRefusal).
+	ac.Policy = loadPolicies(cfg.StateDir, policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy}, log)
 	ac.Policy.FQDN = cfg.FQDN
 	if cfg.API.Metrics == nil {
 		cfg.API.Metrics = metrics.New()
@@ -503,19 +506,23 @@ func (a *Agent) watchNodesFile() {
 // PolicyFile is the name of the policy file in the state directory.
 const PolicyFile = "policy.json"
 
-// loadPolicies reads the policies persisted in the state directory. An
-// unreadable file is set aside (policy.json.corrupt) and the agent
-// starts without policies, loudly.
-func loadPolicies(stateDir string, k8sMode bool, log *slog.Logger) actors.PolicyConfig {
+// loadPolicies reads the policies persisted in the state directory with
+// opts. An unreadable file is set aside (policy.json.corrupt) and the
+// agent starts without policies, loudly.
+func loadPolicies(stateDir string, opts policy.ParseOptions, log *slog.Logger) actors.PolicyConfig {
 	path := filepath.Join(stateDir, PolicyFile)
-	// Policies from the API server may select namespaces by any label.
-	rev, pols, err := policy.ReadFileWith(path, policy.ParseOptions{NamespaceLabels: k8sMode})
+	rev, pols, err := policy.ReadFileWith(path, opts)
 	if err != nil {
 		log.Error("policy file unreadable; set aside, starting without policies", "file", path, "err", err)
 		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
 			log.Error("setting the policy file aside failed", "file", path, "err", rerr)
 		}
 		rev, pols = 0, nil
+	}
+	for _, p := range pols {
+		if p.Partial() {
+			log.Warn("persisted policy partially refused: the refused parts allow nothing", "policy", p.Key(), "refused", p.RefusedSummary())
+		}
 	}
 	return actors.PolicyConfig{File: path, Initial: pols, InitialRevision: rev}
 }

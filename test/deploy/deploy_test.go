@@ -308,7 +308,9 @@ spec:
 			return false, err.Error()
 		}
 		for _, e := range evs.Items {
-			if e.Reason == "PolicyRefused" && e.Source.Host == "rbac-node" {
+			// egressDeny is a refused part (the egress direction allows
+			// nothing; the rest is in force): PolicyPartiallyRefused.
+			if e.Reason == "PolicyPartiallyRefused" && e.Source.Host == "rbac-node" {
 				return true, ""
 			}
 		}

@@ -12,19 +12,25 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/netpolmodel"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -40,7 +46,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	pluginDir = dir
-	code := m.Run()
+	code := kubetest.Main(m) // an API server for the Kubernetes-mode worlds
+
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -58,6 +65,10 @@ type world struct {
 	pods  []*worldPod
 	model []netpolmodel.Pod
 	logs  *testutil.LogBuffer
+	// kube is the API server of a Kubernetes-mode world (nil: policies
+	// go in through PUT /v1/policy and pods are labelled through the
+	// agent's API).
+	kube kubernetes.Interface
 }
 
 // worldPod is one pod: its netns, runtime config and endpoint.
@@ -74,11 +85,24 @@ var (
 	ports      = []int{80, 81}
 )
 
-func newWorld(t *testing.T, cidr string) *world {
+func newWorld(t *testing.T, cidr string) *world { return newWorldWith(t, cidr, nil) }
+
+// kubeNode is the node name of a Kubernetes-mode world's agent.
+const kubeNode = "netpol-node"
+
+// newWorldWith makes a world; with env it is in Kubernetes mode: the
+// agent watches env's API server, the namespaces and pods are objects
+// there (each pod's container declares the named ports serve-<port>-tcp
+// and serve-<port>-udp, as upstream's pods do) and the agent labels the
+// endpoints from them.
+func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &testutil.LogBuffer{}}
+	if env != nil {
+		w.kubeObjects(env)
+	}
 	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
 	// An explicit exec: libcni sets its default lazily, racing when the
 	// pods are added in parallel.
@@ -95,6 +119,10 @@ func newWorld(t *testing.T, cidr string) *world {
 		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: w.cidr, Datapath: "linux",
 		Linux:          datapath.LinuxConfig{HostNetns: w.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
 		DeleteQueueDir: queue, DeleteQueueInterval: time.Hour, GCInterval: time.Hour,
+	}
+	if env != nil {
+		cfg.K8s = &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: kubeNode, PodWait: 30 * time.Second, SyncTimeout: time.Minute,
+			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}}
 	}
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
@@ -187,12 +215,51 @@ func (w *world) addPod(p *worldPod) error {
 		return fmt.Errorf("pod %s: no IPv4 address in %v", p, res)
 	}
 	p.IP = ip
-	ep, err := w.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:pod=" + p.Name}, nil)
+	var ep *models.Endpoint
+	if w.kube != nil {
+		ep, err = w.c.EndpointGet(context.Background(), "container-id:"+id) // labelled from its pod object
+	} else {
+		ep, err = w.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:pod=" + p.Name}, nil)
+	}
 	if err != nil {
 		return fmt.Errorf("label pod %s: %w", p, err)
 	}
 	p.ep = ep
 	return nil
+}
+
+// kubeObjects creates the world's namespaces and pods in env's API
+// server (removed at cleanup) and installs the CRDs the agent watches.
+func (w *world) kubeObjects(env *kubetest.Env) {
+	w.t.Helper()
+	env.InstallCRDs(w.t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.kube = cs
+	ctx := context.Background()
+	var cports []corev1.ContainerPort
+	for _, port := range ports {
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			cports = append(cports, corev1.ContainerPort{Name: fmt.Sprintf("serve-%d-%s", port, strings.ToLower(string(proto))),
+				ContainerPort: int32(port), Protocol: proto})
+		}
+	}
+	for _, ns := range namespaces {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			w.t.Fatal(err)
+		}
+		w.t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+		for _, name := range podNames {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"pod": name}},
+				Spec: corev1.PodSpec{NodeName: kubeNode, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause", Ports: cports}}}}
+			if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				w.t.Fatal(err)
+			}
+			w.t.Cleanup(func() { _ = cs.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		}
+	}
 }
 
 // pod returns the world's pod ns/name.

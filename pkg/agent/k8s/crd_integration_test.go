@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/membrane-cni/membrane/pkg/agent"
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
@@ -159,9 +157,12 @@ specs:
 	})
 }
 
-// A custom resource using what the policy engine cannot enforce (deny
-// rules) is refused: the error names the field on status.nodes[node] and
-// in a Warning event, and nothing enters the repository.
+// A custom resource whose subject the agent cannot understand (a host
+// policy's nodeSelector) is refused whole: the error names the field on
+// status.nodes[node] (Accepted False, PolicyRefused) and in a Warning
+// event, and nothing enters the repository. (A refused field inside an
+// ingress or egress entry refuses only that entry:
+// TestMembraneNetworkPolicyPartiallyRefused.)
 func TestMembraneNetworkPolicyRefused(t *testing.T) {
 	k := startK8sAgent(t, 10*time.Second)
 	k.namespace(t, "mnp-deny", nil)
@@ -169,27 +170,24 @@ func TestMembraneNetworkPolicyRefused(t *testing.T) {
 kind: MembraneNetworkPolicy
 metadata: {name: deny-world, namespace: mnp-deny}
 spec:
-  endpointSelector: {}
-  ingressDeny:
+  nodeSelector: {}
+  ingress:
   - fromEntities: [world]
 `)
 	k.eventually(t, "refusal on status.nodes[node]", func() (bool, string) {
 		st, ok := k.nodeStatus(t, v2.ResourceNetworkPolicies, "mnp-deny", "deny-world")
 		errMsg, _ := st["error"].(string)
-		return ok && st["ok"] == false && st["enforcing"] == false && strings.Contains(errMsg, `unsupported field "spec.ingressDeny"`), fmt.Sprint(st)
+		conds, _ := st["conditions"].([]any)
+		reason := ""
+		if len(conds) == 1 {
+			c, _ := conds[0].(map[string]any)
+			reason, _ = c["reason"].(string)
+		}
+		return ok && st["ok"] == false && st["enforcing"] == false && strings.Contains(errMsg, `unsupported field "spec.nodeSelector"`) &&
+			reason == "PolicyRefused", fmt.Sprint(st)
 	})
 	k.eventually(t, "Warning event naming the field", func() (bool, string) {
-		evs, err := k.cs.CoreV1().Events("mnp-deny").List(k.ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && e.Reason == "PolicyRefused" && e.InvolvedObject.Name == "deny-world" &&
-				e.InvolvedObject.Kind == v2.KindNetworkPolicy && strings.Contains(e.Message, "spec.ingressDeny") {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d events", len(evs.Items))
+		return k.warningEvent(t, "mnp-deny", v2.KindNetworkPolicy, "deny-world", "PolicyRefused", "spec.nodeSelector")
 	})
 	if names := k.policyNames(t); slices.Contains(names, "mnp-deny/deny-world") {
 		t.Fatalf("policies = %v, want the refused one absent", names)
@@ -200,32 +198,6 @@ spec:
 	}
 	if st.K8s.PolicyErrors == 0 || st.K8s.MembranePolicies == 0 || !st.K8s.Synced[v2.ResourceNetworkPolicies] {
 		t.Fatalf("status k8s = %+v, want a refusal counted and the MNP cache synced", st.K8s)
-	}
-}
-
-// A custom resource with L7 rules on an agent that runs no proxy is
-// refused by the repository at import: reported on status.nodes[node]
-// like a conversion refusal, not retried, and not in force.
-func TestMembraneNetworkPolicyL7WithoutProxy(t *testing.T) {
-	k := startK8sAgent(t, 10*time.Second, func(c *agent.Config) { c.Actors.NoL7 = true })
-	k.namespace(t, "mnp-l7", nil)
-	k.apply(t, `apiVersion: membrane.io/v2
-kind: MembraneNetworkPolicy
-metadata: {name: http-only, namespace: mnp-l7}
-spec:
-  endpointSelector: {matchLabels: {app: b}}
-  ingress:
-  - toPorts:
-    - ports: [{port: "80", protocol: TCP}]
-      rules: {http: [{method: GET, path: /public}]}
-`)
-	k.eventually(t, "refusal on status.nodes[node]", func() (bool, string) {
-		st, ok := k.nodeStatus(t, v2.ResourceNetworkPolicies, "mnp-l7", "http-only")
-		errMsg, _ := st["error"].(string)
-		return ok && st["ok"] == false && strings.Contains(errMsg, "rules.http needs the L7 proxy"), fmt.Sprint(st)
-	})
-	if names := k.policyNames(t); slices.Contains(names, "mnp-l7/http-only") {
-		t.Fatalf("policies = %v, want the refused one absent", names)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -100,9 +99,13 @@ func (w *Watcher) getCRD(k kind, ns, name string) (*unstructured.Unstructured, e
 
 // syncCRDPolicy imports a MembraneNetworkPolicy or
 // MembraneClusterwideNetworkPolicy, or deletes it when the API server no
-// longer has it. A policy the agent cannot compile is refused: counted,
-// reported on the object's status.nodes[node] and as a Warning event; its
-// previous generation (if any) stays in force.
+// longer has it. A policy with parts the agent refuses is imported
+// without them (they allow nothing; its pods stay isolated); a policy
+// whose subject or directions the agent cannot understand is refused
+// whole and its previous generation (if any) stays in force. Either is
+// counted, logged, published, reported on the object's
+// status.nodes[node] (Refused, ConditionAccepted) and recorded as a
+// Warning event.
 func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) error {
 	pkey := crdPolicyKey(k, ns, name)
 	u, err := w.getCRD(k, ns, name)
@@ -120,28 +123,32 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 	if err != nil {
 		return err
 	}
-	p, err := convertCRDPolicy(crdKinds[k].policyKind, u)
+	p, err := convertCRDPolicy(crdKinds[k].policyKind, u, w.parseOptions())
 	var res actors.PolicyResult
 	if err == nil {
-		// The repository refuses what this agent cannot enforce (e.g. L7
-		// rules without a proxy) as an invalid policy: refused like a
-		// conversion error, not retried.
+		// The repository refuses what this agent cannot enforce as an
+		// invalid policy: refused like a conversion error, not retried.
 		res, err = w.sys.ImportPolicy(ctx, []*policy.Policy{p})
 		if err != nil && !errors.Is(err, policy.ErrInvalidPolicy) {
 			return fmt.Errorf("import %s %s: %w", crdKinds[k].policyKind, pkey, err)
 		}
 	}
 	if err != nil {
-		w.mu.Lock()
-		w.policyErrors++
-		w.mu.Unlock()
-		w.log.Error("policy refused", "kind", crdKinds[k].policyKind, "policy", pkey, "err", err)
+		w.recordRefusal(u, crdKinds[k].policyKind, u.GetNamespace(), pkey, nil, err)
 		inForce := slices.ContainsFunc(w.ix.Policies(), func(r *index.PolicyRow) bool { return r.Key == pkey })
 		w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{Error: err.Error(), Enforcing: inForce})
 		return nil // retrying cannot help; the next update of it will
 	}
-	w.log.Info("policy imported", "kind", crdKinds[k].policyKind, "policy", pkey, "revision", res.Revision)
-	w.reportPolicy(ctx, k, u, v2.PolicyNodeStatus{OK: true, Enforcing: true, LocalPolicyRevision: res.Revision})
+	w.log.Info("policy imported", "kind", crdKinds[k].policyKind, "policy", pkey, "revision", res.Revision, "refused-parts", len(p.Refused))
+	st := v2.PolicyNodeStatus{OK: true, Enforcing: true, LocalPolicyRevision: res.Revision}
+	if p.Partial() {
+		w.recordRefusal(u, crdKinds[k].policyKind, u.GetNamespace(), pkey, p, nil)
+		st.OK, st.Error = false, "partially refused: "+p.RefusedSummary()
+		for _, r := range p.Refused {
+			st.Refused = append(st.Refused, r.String())
+		}
+	}
+	w.reportPolicy(ctx, k, u, st)
 	return nil
 }
 
@@ -150,7 +157,7 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 // for NetworkPolicies: the document keeps name, namespace, labels and
 // spec/specs, and gets SourceAnnotation. Returns an error wrapping
 // policy.ErrInvalidPolicy naming the field the agent does not support.
-func convertCRDPolicy(policyKind string, u *unstructured.Unstructured) (*policy.Policy, error) {
+func convertCRDPolicy(policyKind string, u *unstructured.Unstructured, opts policy.ParseOptions) (*policy.Policy, error) {
 	md := map[string]any{"name": u.GetName(), "annotations": map[string]string{SourceAnnotation: "kubernetes"}}
 	if len(u.GetLabels()) > 0 {
 		md["labels"] = u.GetLabels()
@@ -168,7 +175,7 @@ func convertCRDPolicy(policyKind string, u *unstructured.Unstructured) (*policy.
 	if err != nil {
 		return nil, fmt.Errorf("convert %s %s: %w", policyKind, u.GetName(), err)
 	}
-	pols, err := policy.ParseWith(b, policy.ParseOptions{NamespaceLabels: true})
+	pols, err := policy.ParseWith(b, opts)
 	if err != nil {
 		return nil, fmt.Errorf("convert %s: %w", policyKind, err)
 	}
@@ -182,14 +189,21 @@ const statusTimeout = 10 * time.Second
 
 // reportPolicy writes this node's entry of the object's status (a merge
 // patch of status.nodes[node], so agents on other nodes never conflict)
-// when the verdict changed, and records a Warning event for a refusal.
+// when the verdict changed. Refusals are recorded as events by
+// recordRefusal.
 func (w *Watcher) reportPolicy(ctx context.Context, k kind, u *unstructured.Unstructured, st v2.PolicyNodeStatus) {
 	pkey := crdPolicyKey(k, u.GetNamespace(), u.GetName())
 	st.Generation = u.GetGeneration()
 	st.LastUpdated = metav1.Now()
-	if !st.OK {
-		w.events.Eventf(u, corev1.EventTypeWarning, "PolicyRefused", "node %s: %s", w.cfg.NodeName, st.Error)
+	cond := metav1.Condition{Type: v2.ConditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted",
+		Message: "in force whole", ObservedGeneration: st.Generation, LastTransitionTime: st.LastUpdated}
+	switch {
+	case len(st.Refused) > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonPolicyPartiallyRefused, st.Error
+	case !st.OK:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonPolicyRefused, st.Error
 	}
+	st.Conditions = []metav1.Condition{cond}
 	verdict := fmt.Sprintf("%t|%s|%d", st.OK, st.Error, st.Generation)
 	w.mu.Lock()
 	same := w.statusWritten[pkey] == verdict

@@ -7,7 +7,15 @@
 // later change relabels the endpoint. NetworkPolicies, MembraneNetworkPolicies
 // and MembraneClusterwideNetworkPolicies (crdpolicy.go; verdict on their
 // status.nodes[node] and as events) are imported into the policy
-// repository and deleted from it as they come and go. conn.go reports the
+// repository and deleted from it as they come and go. They compile with
+// partial refusal (Watcher.parseOptions): a part the agent refuses (a
+// named port, L7 rules without a proxy, an unknown field in a rule)
+// allows nothing while the rest is in force, so the pods such an object
+// selects are isolated, never left open; only an object whose subject or
+// directions cannot be understood is refused whole. Both are reported as
+// Warning events on the object (PolicyPartiallyRefused, PolicyRefused),
+// on the agent's event stream (policy-refused), in GET /v1/status and,
+// for the custom resources, on status.nodes[node]. conn.go reports the
 // API server connection.
 //
 // Towards the cluster: each local pod endpoint is published as a

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -384,33 +383,6 @@ func TestNetworkPolicy(t *testing.T) {
 		return !slices.Contains(names, "np-a/web-from-team") && !p.IngressEnforced && !p.RealizedIngressEnforced,
 			fmt.Sprintf("policies %v ingress enforced %v/%v", names, p.IngressEnforced, p.RealizedIngressEnforced)
 	})
-}
-
-// A NetworkPolicy the agent cannot compile is refused, counted and
-// leaves the repository as it was.
-func TestNetworkPolicyRefused(t *testing.T) {
-	k := startK8sAgent(t, 10*time.Second)
-	k.namespace(t, "np-bad", nil)
-	named := intstr.FromString("http") // named ports are not supported
-	np := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "np-bad", Name: "named-port"},
-		Spec: networkingv1.NetworkPolicySpec{
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &named}}}},
-		},
-	}
-	if _, err := k.cs.NetworkingV1().NetworkPolicies("np-bad").Create(k.ctx, np, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	k.eventually(t, "refused policy counted", func() (bool, string) {
-		st, err := k.c.Status(k.ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		return st.K8s.PolicyErrors > 0, fmt.Sprintf("%+v", st.K8s)
-	})
-	if names := k.policyNames(t); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "np-bad/") }) {
-		t.Fatalf("policies = %v, want none of np-bad", names)
-	}
 }
 
 // A NetworkPolicy and a MembraneNetworkPolicy deleted while the agent was down are deleted at the next

@@ -99,7 +99,9 @@ type Watcher struct {
 	initBase     map[string]labels.Labels
 	state        string
 	policyErrors int
-	conn         conn
+	// policiesPartial counts policies imported with refused parts.
+	policiesPartial int
+	conn            conn
 	// statusWritten is the verdict last written to each policy custom
 	// resource's status.nodes[node] (by policy key).
 	statusWritten map[string]string
@@ -315,7 +317,7 @@ func (w *Watcher) Status() *models.K8sStatus {
 		}
 	}
 	w.mu.Lock()
-	st.State, st.PolicyErrors = w.state, w.policyErrors
+	st.State, st.PolicyErrors, st.PoliciesPartial = w.state, w.policyErrors, w.policiesPartial
 	st.Connection, st.LastError, st.Disconnects = w.conn.state, w.conn.lastError, w.conn.disconnects
 	if !w.conn.lastErrorAt.IsZero() {
 		t := w.conn.lastErrorAt.UTC()
@@ -516,8 +518,12 @@ func (w *Watcher) namespace(name string) *corev1.Namespace {
 }
 
 // syncPolicy imports the NetworkPolicy ns/name, or deletes it when the
-// API server no longer has it. A policy the agent cannot compile is
-// logged and counted; its previous version (if any) stays in force.
+// API server no longer has it. A policy with parts the agent refuses is
+// imported without them (they allow nothing; its pods stay isolated). A
+// policy whose subject or policy types the agent cannot understand is
+// refused whole; its previous version (if any) stays in force. Either is
+// counted, logged, published and recorded as a Warning event on the
+// NetworkPolicy (recordRefusal).
 func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
 	np, err := w.nps.NetworkPolicies(ns).Get(name)
 	if apierrors.IsNotFound(err) {
@@ -533,17 +539,21 @@ func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
 	if err != nil {
 		return err
 	}
-	p, err := convertPolicy(np)
+	p, err := convertPolicy(np, w.parseOptions())
 	if err != nil {
-		w.mu.Lock()
-		w.policyErrors++
-		w.mu.Unlock()
-		w.log.Error("networkpolicy refused", "policy", ns+"/"+name, "err", err)
+		w.recordRefusal(np, policy.KindKNP, ns, ns+"/"+name, nil, err)
 		return nil // retrying cannot help; the next update of it will
 	}
 	res, err := w.sys.ImportPolicy(ctx, []*policy.Policy{p})
+	if errors.Is(err, policy.ErrInvalidPolicy) {
+		w.recordRefusal(np, policy.KindKNP, ns, ns+"/"+name, nil, err)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("import networkpolicy %s/%s: %w", ns, name, err)
+	}
+	if p.Partial() {
+		w.recordRefusal(np, policy.KindKNP, ns, ns+"/"+name, p, nil)
 	}
 	w.log.Info("networkpolicy imported", "policy", ns+"/"+name, "revision", res.Revision)
 	return nil

@@ -267,9 +267,13 @@ type K8sStatus struct {
 	// MembranePolicies counts the cached MembraneNetworkPolicies and
 	// MembraneClusterwideNetworkPolicies.
 	MembranePolicies int `json:"membrane-policies"`
-	// PolicyErrors counts policies the agent refused (see the log, and the
-	// custom resources' status and events).
+	// PolicyErrors counts policies the agent refused whole (see the log,
+	// the objects' events and the custom resources' status).
 	PolicyErrors int `json:"policy-errors"`
+	// PoliciesPartial counts policies imported with parts refused: the
+	// rest is in force and the pods they select stay isolated; the
+	// refused parts allow nothing (see the objects' events and status).
+	PoliciesPartial int `json:"policies-partial"`
 	// Connection is "connecting" (no answer yet), "connected" or
 	// "disconnected": the last /readyz probe's outcome. While
 	// disconnected, running endpoints keep working and CNI ADDs use the

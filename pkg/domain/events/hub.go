@@ -21,7 +21,12 @@ const (
 	// (unreachable); Labels and Message say which and why.
 	IdentityWaiting Type = "identity-waiting"
 	PolicyRevision  Type = "policy-revision"
-	DatapathDrop    Type = "datapath-drop"
+	// PolicyRefused: the agent refused a Kubernetes policy object, or
+	// parts of it (then the rest is in force and its pods stay
+	// isolated); Namespace names the policy's namespace and Message the
+	// policy and the refused fields.
+	PolicyRefused Type = "policy-refused"
+	DatapathDrop  Type = "datapath-drop"
 	// DNSQuery is a query the DNS proxy answered or refused (Event.DNS);
 	// FQDNExpired: a name's learned addresses reached their TTL.
 	DNSQuery    Type = "dns-query"
@@ -34,7 +39,7 @@ const (
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, DatapathDrop,
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, PolicyRefused, DatapathDrop,
 	L7Access, DNSQuery, FQDNExpired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the

@@ -46,8 +46,9 @@ type PortProto struct {
 const maxPortRange = 1024
 
 // compileCNP compiles the CNP-shaped kinds. A cluster-wide kind has no
-// namespace and its selectors are not restricted to one.
-func compileCNP(d *cnpDoc, kind string, spec json.RawMessage) (*Policy, error) {
+// namespace and its selectors are not restricted to one. rf collects
+// the entries refused in partial mode.
+func compileCNP(d *cnpDoc, kind string, spec json.RawMessage, opts ParseOptions, rf *refusals) (*Policy, error) {
 	clusterwide := Clusterwide(kind)
 	if clusterwide && d.Metadata.Namespace != "" {
 		return nil, fmt.Errorf("metadata.namespace: %q given, but %s is cluster-scoped", d.Metadata.Namespace, kind)
@@ -76,7 +77,8 @@ func compileCNP(d *cnpDoc, kind string, spec json.RawMessage) (*Policy, error) {
 		if base == "specs" {
 			path = fmt.Sprintf("specs[%d]", i)
 		}
-		rule, err := compileCNPRule(&r, p.Namespace, path, clusterwide)
+		c := cnpCompiler{ns: p.Namespace, nsFree: clusterwide, opts: opts, rf: rf}
+		rule, err := c.rule(&r, path)
 		if err != nil {
 			return nil, err
 		}
@@ -99,35 +101,84 @@ func newPolicy(kind string, md objectMeta, spec json.RawMessage) (*Policy, error
 	return &Policy{Kind: kind, Name: md.Name, Namespace: ns, Labels: maps.Clone(md.Labels), Spec: spec}, nil
 }
 
-// compileCNPRule compiles one rule; nsFree (cluster-wide) leaves its
-// selectors unrestricted, else they are restricted to namespace ns.
-func compileCNPRule(r *cnpRule, ns, path string, nsFree bool) (Rule, error) {
+// cnpCompiler compiles the rules of one CNP-shaped document.
+type cnpCompiler struct {
+	// ns is the policy's namespace; nsFree (cluster-wide) leaves its
+	// selectors unrestricted, else they are confined to ns.
+	ns     string
+	nsFree bool
+	opts   ParseOptions
+	rf     *refusals
+}
+
+// subjectScope and peerScope say how the rule's subject and peer
+// selectors are confined to the namespace.
+func (c *cnpCompiler) subjectScope() nsScope {
+	if c.nsFree {
+		return scopeFree
+	}
+	return scopeConfined
+}
+
+func (c *cnpCompiler) peerScope() nsScope {
+	if c.nsFree {
+		return scopeFree
+	}
+	return scopePeer
+}
+
+// rule compiles one rule. An error in its subject refuses the document;
+// an error in one ingress or egress entry refuses only that entry in
+// partial mode (refuse.go).
+func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if r.EndpointSelector == nil {
 		return Rule{}, fmt.Errorf("%s.endpointSelector: missing", path)
 	}
-	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", ns, nsFree)
+	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", c.ns, c.subjectScope())
 	if err != nil {
 		return Rule{}, err
 	}
 	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil, EgressEnforced: r.Egress != nil}
-	if r.Ingress != nil {
+	if c.rf.refused(path + ".ingress") {
+		rule.IngressEnforced = true
+	} else if r.Ingress != nil {
 		for i, in := range *r.Ingress {
-			prs, err := compileCNPPeers(fmt.Sprintf("%s.ingress[%d]", path, i), ns, nsFree, "from",
-				in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
+			p := fmt.Sprintf("%s.ingress[%d]", path, i)
+			if c.rf.refused(p) {
+				continue
+			}
+			prs, err := c.peers(p, "from", in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
+			if err == nil {
+				err = c.checkProxies(prs, p)
+			}
 			if err != nil {
+				if c.rf.refuse(p, err) {
+					continue
+				}
 				return Rule{}, err
 			}
 			rule.Ingress = append(rule.Ingress, prs...)
 		}
 	}
-	if r.Egress != nil {
+	if c.rf.refused(path + ".egress") {
+		rule.EgressEnforced = true
+	} else if r.Egress != nil {
 		for i, eg := range *r.Egress {
 			p := fmt.Sprintf("%s.egress[%d]", path, i)
-			prs, err := compileCNPPeers(p, ns, nsFree, "to", eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
-			if err != nil {
-				return Rule{}, err
+			if c.rf.refused(p) {
+				continue
 			}
-			if prs, err = withFQDNs(prs, eg, p); err != nil {
+			prs, err := c.peers(p, "to", eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
+			if err == nil {
+				prs, err = withFQDNs(prs, eg, p)
+			}
+			if err == nil {
+				err = c.checkProxies(prs, p)
+			}
+			if err != nil {
+				if c.rf.refuse(p, err) {
+					continue
+				}
 				return Rule{}, err
 			}
 			rule.Egress = append(rule.Egress, prs...)
@@ -136,10 +187,24 @@ func compileCNPRule(r *cnpRule, ns, path string, nsFree bool) (Rule, error) {
 	return rule, nil
 }
 
-// compileCNPPeers compiles one ingress or egress entry: one peer rule
+// checkProxies refuses the L7 and DNS rules of an entry at path that no
+// proxy of this agent can enforce (ParseOptions.NoL7, NoDNSProxy).
+func (c *cnpCompiler) checkProxies(prs []PeerRule, path string) error {
+	for _, pr := range prs {
+		switch {
+		case c.opts.NoL7 && pr.HTTP != nil:
+			return fmt.Errorf("%s.toPorts: rules.http needs the L7 proxy (start the agent with --l7-proxy)", path)
+		case c.opts.NoDNSProxy && (pr.DNS != nil || slices.ContainsFunc(pr.Peers, func(s Selector) bool { _, ok := s.(*FQDNSelector); return ok })):
+			return fmt.Errorf("%s: toFQDNs and toPorts[].rules.dns need the DNS proxy (start the agent with --dns-proxy)", path)
+		}
+	}
+	return nil
+}
+
+// peers compiles one ingress or egress entry: one peer rule
 // for its L4 ports, and one per toPorts entry with L7 rules.
-func compileCNPPeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) ([]PeerRule, error) {
-	pr, err := compilePeers(path, ns, nsFree, dir, eps, cidrs, sets, entities)
+func (c *cnpCompiler) peers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) ([]PeerRule, error) {
+	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, eps, cidrs, sets, entities)
 	if err != nil {
 		return nil, err
 	}
@@ -221,10 +286,10 @@ func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 	return out, nil
 }
 
-func compilePeers(path, ns string, nsFree bool, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string) (PeerRule, error) {
+func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string) (PeerRule, error) {
 	var pr PeerRule
 	for i := range eps {
-		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, nsFree)
+		s, err := compileSelector(&eps[i], fmt.Sprintf("%s.%sEndpoints[%d]", path, dir, i), ns, scope)
 		if err != nil {
 			return pr, err
 		}
@@ -355,10 +420,32 @@ func parseCIDR(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// compileSelector turns a label selector into requirements. Unless the
-// selector names the namespace label itself (or only reserved labels),
-// it is restricted to namespace ns, as Cilium does for namespaced rules.
-func compileSelector(ls *labelSelector, path, ns string, nsFree bool) (*LabelSelector, error) {
+// nsScope says how compileSelector confines a selector to the policy's
+// namespace.
+type nsScope int
+
+const (
+	// scopeConfined always adds namespace == ns (ANDed with whatever the
+	// selector says, its own namespace terms included): the subject of
+	// a namespaced policy, and a NetworkPolicy peer's podSelector
+	// without namespaceSelector. A namespaced policy never selects, or
+	// through a bare podSelector admits, pods of another namespace (the
+	// Kubernetes spec; Cilium forces the policy's namespace into a CNP's
+	// endpointSelector).
+	scopeConfined nsScope = iota
+	// scopePeer confines a namespaced CNP's peer selector unless it
+	// names the namespace label itself or only reserved labels, as
+	// Cilium does for fromEndpoints/toEndpoints: such a peer may select
+	// other namespaces (allowing traffic, never selecting subjects).
+	scopePeer
+	// scopeFree adds nothing: cluster-wide policies, and the pod part of
+	// a NetworkPolicy peer whose namespaceSelector gives the namespaces.
+	scopeFree
+)
+
+// compileSelector turns a label selector into requirements, confined to
+// namespace ns as scope says.
+func compileSelector(ls *labelSelector, path, ns string, scope nsScope) (*LabelSelector, error) {
 	var reqs []Requirement
 	for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
 		src, key, err := selectorKey(k, path+".matchLabels")
@@ -384,8 +471,15 @@ func compileSelector(ls *labelSelector, path, ns string, nsFree bool) (*LabelSel
 		reqs = append(reqs, Requirement{Source: src, Key: key, Op: op, Values: e.Values})
 	}
 	sel := NewLabelSelector(reqs)
-	reserved := len(reqs) > 0 && !slices.ContainsFunc(reqs, func(r Requirement) bool { return r.Source != labels.SourceReserved })
-	if !nsFree && !reserved && !sel.HasKey(NamespaceLabel) {
+	confine := false
+	switch scope {
+	case scopeConfined:
+		confine = true
+	case scopePeer:
+		reserved := len(reqs) > 0 && !slices.ContainsFunc(reqs, func(r Requirement) bool { return r.Source != labels.SourceReserved })
+		confine = !reserved && !sel.HasKey(NamespaceLabel)
+	}
+	if confine {
 		reqs = append(reqs, nsRequirement(ns))
 		sel = NewLabelSelector(reqs)
 	}

@@ -32,8 +32,12 @@ func MarshalFile(rev uint64, pols []*Policy) ([]byte, error) {
 // Returns an error wrapping ErrInvalidPolicy if the file does not parse.
 func ReadFile(path string) (uint64, []*Policy, error) { return ReadFileWith(path, ParseOptions{}) }
 
-// ReadFileWith is ReadFile parsing with opts.
+// ReadFileWith is ReadFile parsing with opts. The file holds only
+// documents the agent accepted, some of them partially (Policy.Refused):
+// it is always read with PartialRefusal, so that such a document comes
+// back as it was in force instead of failing the agent's start.
 func ReadFileWith(path string, opts ParseOptions) (uint64, []*Policy, error) {
+	opts.PartialRefusal = true
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil, nil

@@ -11,8 +11,11 @@ import (
 
 // compileKNP compiles a Kubernetes NetworkPolicy. policyTypes defaults
 // as in Kubernetes: Ingress always, Egress when the egress list has an
-// entry (an absent or empty egress leaves egress open).
-func compileKNP(d *knpDoc, spec json.RawMessage, nsLabels bool) (*Policy, error) {
+// entry (an absent or empty egress leaves egress open). The podSelector
+// is always confined to the policy's namespace. An error in the
+// podSelector or policyTypes refuses the document; one in an ingress or
+// egress entry refuses only that entry in partial mode (refuse.go).
+func compileKNP(d *knpDoc, spec json.RawMessage, opts ParseOptions, rf *refusals) (*Policy, error) {
 	p, err := newPolicy(KindKNP, d.Metadata, spec)
 	if err != nil {
 		return nil, err
@@ -25,7 +28,7 @@ func compileKNP(d *knpDoc, spec json.RawMessage, nsLabels bool) (*Policy, error)
 	if podSel == nil {
 		podSel = &labelSelector{}
 	}
-	subject, err := compileSelector(podSel, "spec.podSelector", p.Namespace, false)
+	subject, err := compileSelector(podSel, "spec.podSelector", p.Namespace, scopeConfined)
 	if err != nil {
 		return nil, err
 	}
@@ -49,19 +52,37 @@ func compileKNP(d *knpDoc, spec json.RawMessage, nsLabels bool) (*Policy, error)
 	if s.Egress != nil && len(*s.Egress) > 0 && !rule.EgressEnforced {
 		return nil, fmt.Errorf("spec.egress: present but spec.policyTypes does not list Egress")
 	}
-	if s.Ingress != nil {
+	if rf.refused("spec.ingress") {
+		rule.IngressEnforced = true
+	} else if s.Ingress != nil {
 		for i, in := range *s.Ingress {
-			pr, err := compileKNPPeers(fmt.Sprintf("spec.ingress[%d]", i), "from", p.Namespace, in.From, in.Ports, nsLabels)
+			path := fmt.Sprintf("spec.ingress[%d]", i)
+			if rf.refused(path) {
+				continue
+			}
+			pr, err := compileKNPPeers(path, "from", p.Namespace, in.From, in.Ports, opts.NamespaceLabels)
 			if err != nil {
+				if rf.refuse(path, err) {
+					continue
+				}
 				return nil, err
 			}
 			rule.Ingress = append(rule.Ingress, pr)
 		}
 	}
-	if s.Egress != nil {
+	if rf.refused("spec.egress") {
+		rule.EgressEnforced = true
+	} else if s.Egress != nil {
 		for i, eg := range *s.Egress {
-			pr, err := compileKNPPeers(fmt.Sprintf("spec.egress[%d]", i), "to", p.Namespace, eg.To, eg.Ports, nsLabels)
+			path := fmt.Sprintf("spec.egress[%d]", i)
+			if rf.refused(path) {
+				continue
+			}
+			pr, err := compileKNPPeers(path, "to", p.Namespace, eg.To, eg.Ports, opts.NamespaceLabels)
 			if err != nil {
+				if rf.refuse(path, err) {
+					continue
+				}
 				return nil, err
 			}
 			rule.Egress = append(rule.Egress, pr)
@@ -104,7 +125,7 @@ func compileKNPPeer(peer *knpPeer, path, ns string, nsLabels bool) (Selector, er
 	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
 		return nil, fmt.Errorf("%s: needs podSelector, namespaceSelector or ipBlock", path)
 	case peer.NamespaceSelector == nil:
-		return compileSelector(peer.PodSelector, path+".podSelector", ns, false)
+		return compileSelector(peer.PodSelector, path+".podSelector", ns, scopeConfined)
 	}
 	nsReqs, err := namespaceRequirements(peer.NamespaceSelector, path+".namespaceSelector", nsLabels)
 	if err != nil {
@@ -113,7 +134,7 @@ func compileKNPPeer(peer *knpPeer, path, ns string, nsLabels bool) (Selector, er
 	if peer.PodSelector == nil {
 		return NewLabelSelector(nsReqs), nil
 	}
-	pod, err := compileSelector(peer.PodSelector, path+".podSelector", ns, true)
+	pod, err := compileSelector(peer.PodSelector, path+".podSelector", ns, scopeFree)
 	if err != nil {
 		return nil, err
 	}

@@ -59,6 +59,10 @@ type Policy struct {
 	Raw json.RawMessage
 	// Rules are the compiled rules.
 	Rules []Rule
+	// Refused are the parts of the document the agent refused while
+	// enforcing the rest (ParseOptions.PartialRefusal; empty otherwise):
+	// each allows nothing.
+	Refused []Refusal
 }
 
 // Key returns the policy's unique name (KeyOf).
@@ -99,6 +103,19 @@ type ParseOptions struct {
 	// namespace's labels under NamespaceLabelsPrefix). Without it only
 	// kubernetes.io/metadata.name is accepted.
 	NamespaceLabels bool
+	// PartialRefusal keeps a document one of whose ingress or egress
+	// entries the agent refuses: that entry (or, for a field restricting
+	// the other entries, the rule's direction) allows nothing, the rest
+	// stays in force and Policy.Refused says what was refused
+	// (refuse.go). For documents the agent must enforce whatever they
+	// hold (Kubernetes objects): refusing the whole document would leave
+	// the pods it selects unisolated. Without it (PUT /v1/policy, whose
+	// caller sees the error) any refusal refuses the document.
+	PartialRefusal bool
+	// NoL7 refuses toPorts[].rules.http (no L7 proxy runs) and
+	// NoDNSProxy toFQDNs and toPorts[].rules.dns (no DNS proxy runs) as
+	// fields the agent cannot enforce.
+	NoL7, NoDNSProxy bool
 }
 
 // ParseWith is Parse with options.
@@ -277,7 +294,8 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 		return nil, fmt.Errorf("unsupported kind %q apiVersion %q (want %s or %s %s, %s or %s %s, or %s %s)",
 			kind, apiVersion, KindCNP, KindCCNP, APIVersionCNP, KindMNP, KindMCNP, APIVersionMembrane, KindKNP, APIVersionKNP)
 	}
-	if err := checkFields(obj, reflect.TypeOf(doc).Elem(), ""); err != nil {
+	rf := &refusals{partial: opts.PartialRefusal}
+	if err := rf.sortUnknown(checkFields(obj, reflect.TypeOf(doc).Elem(), "", nil)); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(raw, doc); err != nil {
@@ -287,14 +305,18 @@ func parseObject(obj map[string]any, opts ParseOptions) (*Policy, error) {
 	var p *Policy
 	switch d := doc.(type) {
 	case *cnpDoc:
-		p, err = compileCNP(d, kind, specRaw)
+		p, err = compileCNP(d, kind, specRaw, opts, rf)
 	default:
-		p, err = compileKNP(doc.(*knpDoc), specRaw, opts.NamespaceLabels)
+		p, err = compileKNP(doc.(*knpDoc), specRaw, opts, rf)
+	}
+	if err == nil {
+		err = rf.unconsumed()
 	}
 	if err != nil {
 		return nil, err
 	}
 	p.Raw = raw
+	p.Refused = rf.list
 	return p, nil
 }
 
@@ -308,43 +330,41 @@ func describeJSONError(err error) error {
 
 var portValueType = reflect.TypeOf(portValue{})
 
-// checkFields refuses every key of v that the Go type t does not declare,
-// naming it by its path ("spec.ingress[0].toPorts[0].rules").
-func checkFields(v any, t reflect.Type, path string) error {
+// checkFields returns the path of every key of v that the Go type t
+// does not declare ("spec.ingress[0].toPorts[0].rules"), in document
+// order (keys sorted), appended to out.
+func checkFields(v any, t reflect.Type, path string, out []string) []string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if t == portValueType {
-			return nil
+			return out
 		}
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil // a type error, reported by the decoder
+			return out // a type error, reported by the decoder
 		}
 		fields := structFields(t)
 		for _, k := range slices.Sorted(maps.Keys(m)) {
 			ft, ok := fields[k]
 			if !ok {
-				return fmt.Errorf("unsupported field %q", join(path, k))
+				out = append(out, join(path, k))
+				continue
 			}
-			if err := checkFields(m[k], ft, join(path, k)); err != nil {
-				return err
-			}
+			out = checkFields(m[k], ft, join(path, k), out)
 		}
 	case reflect.Slice:
 		l, ok := v.([]any)
 		if !ok {
-			return nil
+			return out
 		}
 		for i, item := range l {
-			if err := checkFields(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
+			out = checkFields(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
 		}
 	}
-	return nil
+	return out
 }
 
 func join(path, k string) string {

@@ -11,9 +11,14 @@ import (
 // (TestCRDSchemas, -update), so every field below reaches the agent: the
 // API server prunes nothing a user wrote in a Cilium document. Fields the
 // agent cannot enforce (deny rules, nodeSelector, L7 rules, FQDNs, ...)
-// are declared so that the agent refuses the object naming the field
-// (status.nodes[node].error and a Warning event) instead of the API server
-// silently dropping them.
+// are declared so that the agent refuses them naming the field
+// (status.nodes[node] and a Warning event) instead of the API server
+// silently dropping them: a refused field inside an ingress or egress
+// entry makes that entry allow nothing (deny rules and
+// fromRequires/toRequires: the rule's whole direction) while the rest of
+// the object is in force and its pods stay isolated; a refused field
+// outside them (nodeSelector, enableDefaultDeny, labels) refuses the
+// object.
 
 // Policy kinds and their resources.
 const (
@@ -27,8 +32,9 @@ const (
 )
 
 // MembraneNetworkPolicy is a namespaced CiliumNetworkPolicy: its rules'
-// selectors are restricted to its namespace unless they name the
-// namespace label themselves.
+// endpointSelectors always select in its namespace only (whatever they
+// say about the namespace label); its peer selectors are restricted to
+// its namespace unless they name the namespace label themselves.
 type MembraneNetworkPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -152,14 +158,22 @@ type PolicyStatus struct {
 
 // PolicyNodeStatus is one node's verdict on the policy.
 type PolicyNodeStatus struct {
-	// OK is true when the agent imported the policy's current generation.
+	// OK is true when the agent imported the policy's current generation
+	// whole.
 	OK bool `json:"ok"`
-	// Error says why it did not, naming the refused field.
+	// Error says why it did not, naming the refused fields.
 	Error string `json:"error,omitempty"`
-	// Enforcing is true when the policy's rules are in force on the node
-	// (false while refused; an earlier accepted generation stays in
-	// force, see Generation).
+	// Enforcing is true when the policy's rules are in force on the node:
+	// also when parts of it are refused (Refused), and false while it is
+	// refused whole (an earlier accepted generation stays in force, see
+	// Generation).
 	Enforcing bool `json:"enforcing"`
+	// Refused lists the parts of the current generation the agent
+	// refused while enforcing the rest: each allows nothing, and the
+	// pods the policy selects stay isolated in its directions.
+	Refused []string `json:"refused,omitempty"`
+	// Conditions are this node's conditions on the policy: ConditionAccepted.
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 	// Generation is the object generation this entry is about.
 	Generation int64 `json:"generation,omitempty"`
 	// LocalPolicyRevision is the agent's policy revision that includes it.
@@ -167,3 +181,10 @@ type PolicyNodeStatus struct {
 	// LastUpdated is when the agent wrote this entry.
 	LastUpdated metav1.Time `json:"lastUpdated,omitempty"`
 }
+
+// ConditionAccepted is True when the node's agent enforces the current
+// generation whole; False with reason PolicyPartiallyRefused (parts
+// refused, the rest in force, the selected pods isolated) or
+// PolicyRefused (refused whole: its subject or directions cannot be
+// understood), the message naming the refused fields.
+const ConditionAccepted = "Accepted"
