@@ -16,8 +16,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/testutil"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
+	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
 // simEtcd is the etcd the nodes of a multi-node run share; it can be
@@ -44,17 +43,8 @@ func startSimEtcd(dir, bin string) (simEtcd, error) {
 		p := &procEtcd{bin: bin, data: data, log: filepath.Join(dir, "etcd.log"), client: cu, peer: pu}
 		return p, p.start()
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = "membrane-sim"
-	cfg.Dir = data
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	cfg.UnsafeNoFsync = true
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	s := &embeddedEtcd{cfg: cfg, url: cu.String()}
-	return s, s.start()
+	s := embeddedEtcd{etcdtest.NewMember("membrane-sim", data, cu, pu, nil)}
+	return s, s.Start()
 }
 
 func freePorts(n int) ([]string, error) {
@@ -70,60 +60,13 @@ func freePorts(n int) ([]string, error) {
 	return ports, nil
 }
 
-// embeddedEtcd runs etcd in this process (go.etcd.io/etcd/server/v3/embed);
-// its restarts are graceful stops.
-type embeddedEtcd struct {
-	cfg *embed.Config
-	url string
-	// mu guards e.
-	mu sync.Mutex
-	e  *embed.Etcd
-}
+// embeddedEtcd runs etcd in this process (test/etcdtest's Member); its
+// restarts are graceful stops.
+type embeddedEtcd struct{ *etcdtest.Member }
 
-func (s *embeddedEtcd) endpoint() string { return s.url }
-
-func (s *embeddedEtcd) start() error {
-	e, err := embed.StartEtcd(s.cfg)
-	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(60 * time.Second):
-		e.Close()
-		return fmt.Errorf("start etcd: not ready after 60 s")
-	}
-	s.mu.Lock()
-	s.e = e
-	s.mu.Unlock()
-	return nil
-}
-
-func (s *embeddedEtcd) stop() {
-	s.mu.Lock()
-	e := s.e
-	s.e = nil
-	s.mu.Unlock()
-	if e != nil {
-		e.Close()
-	}
-}
-
-// restart stops etcd, waits down, and starts it on the same data
-// directory and ports (retrying while the ports linger).
-func (s *embeddedEtcd) restart(down time.Duration) error {
-	s.stop()
-	time.Sleep(down)
-	s.cfg.ClusterState = embed.ClusterStateFlagExisting
-	var err error
-	for range 50 {
-		if err = s.start(); err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return err
-}
+func (s embeddedEtcd) endpoint() string                 { return s.Endpoint }
+func (s embeddedEtcd) stop()                            { s.Stop() }
+func (s embeddedEtcd) restart(down time.Duration) error { return s.Restart(down) }
 
 // procEtcd runs an etcd binary as a child process: etcd-embed (built by
 // scripts/kube-bin.sh; Go-style flags) or etcd itself (Debian's etcd-server

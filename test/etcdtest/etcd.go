@@ -2,8 +2,10 @@
 // tests, on loopback ports of its own, with a data directory that survives
 // Stop so that Restart brings the same store back, optionally with TLS
 // (client certificates required), and a TCP Proxy that a test can cut to
-// make etcd unreachable for one client only. Only tests import it: the
-// agent binary never links the etcd server (test/arch checks that).
+// make etcd unreachable for one client only. Member, without a
+// testing.TB, is what membrane-sim's multi-node runs embed too. Only tests
+// and the simulator import it: the agent binary never links the etcd
+// server (test/arch checks that).
 package etcdtest
 
 import (
@@ -29,15 +31,88 @@ type Options struct {
 	TLS bool
 }
 
-// Server is one embedded etcd member.
-type Server struct {
-	tb  testing.TB
+// Member is one embedded etcd member, tuned for tests and simulations
+// (fast ticks, no fsync, no logs), that can be stopped and started again
+// on its data directory and ports.
+type Member struct {
 	cfg *embed.Config
 	// mu guards e.
 	mu sync.Mutex
 	e  *embed.Etcd
 	// Endpoint is the client URL (http:// or https://).
 	Endpoint string
+}
+
+// NewMember configures (without starting) a single-member cluster named
+// name with its data in dir, serving clients on cu and peers on pu;
+// tlsInfo, when not nil, serves clients over TLS.
+func NewMember(name, dir string, cu, pu url.URL, tlsInfo *transport.TLSInfo) *Member {
+	cfg := embed.NewConfig()
+	cfg.Name = name
+	cfg.Dir = dir
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.UnsafeNoFsync = true
+	if tlsInfo != nil {
+		cfg.ClientTLSInfo = *tlsInfo
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	return &Member{cfg: cfg, Endpoint: cu.String()}
+}
+
+// Start starts the member and waits until it serves (at most 60 s).
+func (m *Member) Start() error {
+	e, err := embed.StartEtcd(m.cfg)
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return fmt.Errorf("start etcd: not ready after 60 s")
+	}
+	m.mu.Lock()
+	m.e = e
+	m.mu.Unlock()
+	return nil
+}
+
+// Stop stops the member (idempotent); its data directory stays.
+func (m *Member) Stop() {
+	m.mu.Lock()
+	e := m.e
+	m.e = nil
+	m.mu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// Restart stops the member, waits down, and starts it again on the same
+// data directory and ports, retrying while the old listener's ports
+// linger (up to 5 s).
+func (m *Member) Restart(down time.Duration) error {
+	m.Stop()
+	time.Sleep(down)
+	m.cfg.ClusterState = embed.ClusterStateFlagExisting
+	var err error
+	for range 50 {
+		if err = m.Start(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// Server is one embedded etcd member of a test.
+type Server struct {
+	*Member
+	tb testing.TB
 	// DataDir is the member's data directory.
 	DataDir string
 	// TLS holds the certificate files when Options.TLS is set.
@@ -48,61 +123,23 @@ type Server struct {
 func Start(tb testing.TB, opts Options) *Server {
 	tb.Helper()
 	dir := tb.TempDir()
-	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	cfg.UnsafeNoFsync = true
+	s := &Server{tb: tb, DataDir: filepath.Join(dir, "data")}
 	scheme := "http"
-	s := &Server{tb: tb, cfg: cfg, DataDir: cfg.Dir}
+	var tlsInfo *transport.TLSInfo
 	if opts.TLS {
 		s.TLS = WriteCerts(tb, filepath.Join(dir, "pki"))
-		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: s.TLS.ServerCert, KeyFile: s.TLS.ServerKey,
+		tlsInfo = &transport.TLSInfo{CertFile: s.TLS.ServerCert, KeyFile: s.TLS.ServerKey,
 			TrustedCAFile: s.TLS.CA, ClientCertAuth: true}
 		scheme = "https"
 	}
-	client, peer := freePort(tb), freePort(tb)
-	cu := url.URL{Scheme: scheme, Host: client}
-	pu := url.URL{Scheme: "http", Host: peer}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	s.Endpoint = cu.String()
-	if err := s.start(); err != nil {
-		tb.Fatalf("start etcd: %v", err)
+	cu := url.URL{Scheme: scheme, Host: freePort(tb)}
+	pu := url.URL{Scheme: "http", Host: freePort(tb)}
+	s.Member = NewMember("etcdtest", s.DataDir, cu, pu, tlsInfo)
+	if err := s.Member.Start(); err != nil {
+		tb.Fatal(err)
 	}
 	tb.Cleanup(s.Stop)
 	return s
-}
-
-func (s *Server) start() error {
-	e, err := embed.StartEtcd(s.cfg)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(60 * time.Second):
-		e.Close()
-		return fmt.Errorf("etcd not ready after 60 s")
-	}
-	s.mu.Lock()
-	s.e = e
-	s.mu.Unlock()
-	return nil
-}
-
-// Stop stops the member (idempotent); its data directory stays.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	e := s.e
-	s.e = nil
-	s.mu.Unlock()
-	if e != nil {
-		e.Close()
-	}
 }
 
 // Restart starts the member again on the same data directory and ports.
@@ -110,16 +147,9 @@ func (s *Server) Stop() {
 // them again fails the test.
 func (s *Server) Restart() {
 	s.tb.Helper()
-	s.Stop()
-	s.cfg.ClusterState = embed.ClusterStateFlagExisting
-	var err error
-	for range 50 { // the old listener's port may linger for a moment
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := s.Member.Restart(0); err != nil {
+		s.tb.Fatalf("restart etcd: %v", err)
 	}
-	s.tb.Fatalf("restart etcd: %v", err)
 }
 
 // freePort returns a loopback host:port that was free a moment ago
