@@ -30,10 +30,12 @@
  *   2. the VNI is an identity to_overlay sends (overlay_identity_ok),
  *      else DROP_TUNNEL_IDENTITY: host above all, which would pose as
  *      the receiving node itself;
- *   3. the inner source belongs to that node: in one of its pod CIDRs
- *      (the tunnel map's entry names the same node) or one of its
- *      addresses (the host's own traffic, sent as world), else
- *      DROP_TUNNEL_SOURCE.
+ *   3. the inner source belongs to that node, by the data to_overlay
+ *      sends by: its ipcache entry's tunnel endpoint is that node (a
+ *      remote endpoint the agent placed there), or it is in one of the
+ *      node's pod CIDRs (the tunnel map's entry names the same node), or
+ *      it is one of the node's addresses (its host's own traffic, sent
+ *      as world); else DROP_TUNNEL_SOURCE.
  * Non-IP inner frames are dropped (DROP_UNKNOWN_L3). Drops count under
  * endpoint 0, direction ingress, in the endpoint programs' shared drops
  * map, with a drop event. Pods cannot write VXLAN themselves: the
@@ -241,14 +243,28 @@ static __always_inline int same_node(struct tunnel_endpoint *a, struct tunnel_en
 	       a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3];
 }
 
-/* inner_source_ok reports whether saddr belongs to node (its tunnel
- * address): in one of its pod CIDRs, or one of its own addresses. */
-static __always_inline int inner_source_ok(struct tunnel_endpoint *node, __u8 family, __u32 *saddr)
+/* inner_source_ok reports whether saddr belongs to node (the tunnel
+ * address of the node the packet came from; outer: the address it came
+ * from), on the data to_overlay sends by: the ipcache entry's tunnel
+ * endpoint (the node hosting a remote endpoint) is that node, or saddr
+ * is in one of its pod CIDRs (tunnel map), or saddr is one of its own
+ * addresses (tunnel_nodes: its host's traffic). */
+static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct tunnel_endpoint *outer, __u8 family,
+					   __u32 *saddr)
 {
 	struct ipcache_key k = { .family = family };
 	struct tunnel_endpoint a = { .family = family };
+	struct ipcache_value *v;
 	struct tunnel_value *t;
 
+	v = ipcache_lookup(family, saddr);
+	if (v && v->tunnel.family) {
+		if (same_node(&v->tunnel, outer))
+			return 1;
+		t = bpf_map_lookup_elem(&tunnel_nodes, &v->tunnel);
+		if (t && same_node(&t->node, node))
+			return 1;
+	}
 	k.prefixlen = 32 + (family == 4 ? 32 : 128);
 	__builtin_memcpy(k.addr, saddr, 16);
 	t = bpf_map_lookup_elem(&tunnel, &k);
@@ -279,7 +295,7 @@ int from_overlay(struct __sk_buff *skb)
 		return overlay_drop(skb, DROP_UNKNOWN_NODE, family, saddr, daddr, id);
 	if (!overlay_identity_ok(id))
 		return overlay_drop(skb, DROP_TUNNEL_IDENTITY, family, saddr, daddr, id);
-	if (!inner_source_ok(&node->node, family, saddr))
+	if (!inner_source_ok(&node->node, &outer, family, saddr))
 		return overlay_drop(skb, DROP_TUNNEL_SOURCE, family, saddr, daddr, id);
 	skb->mark = (id << 8) | MARK_IDENTITY_MAGIC;
 	bpf_skb_change_type(skb, PACKET_HOST_);

@@ -83,13 +83,17 @@ func testTunnelIdentity(t *testing.T, v6 bool) {
 	underlayPair(t, a, b)
 	ctx := context.Background()
 	cidrA, cidrB := netip.MustParsePrefix("10.244.60.0/25"), netip.MustParsePrefix("10.244.60.128/25")
-	// A's tunnel map points B's CIDR at an address nobody has: only the
-	// ipcache's tunnel endpoint for B's pod gets its traffic there.
+	// A's tunnel map points B's CIDR at an address nobody has (node c):
+	// only the ipcache's tunnel endpoint for B's pod gets its traffic
+	// there. A knows B as a node (without pod CIDRs): its overlay takes
+	// packets only from known nodes, and B's pod's replies as B's
+	// because A's ipcache places the pod there.
 	nowhere := netip.MustParseAddr("192.168.90.99")
 	if v6 {
 		nowhere = netip.MustParseAddr("2001:db8::99")
 	}
-	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{nowhere}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
+	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{b.addr}},
+		{Name: "c", Addrs: []netip.Addr{nowhere}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.l.SyncNodes(ctx, []RemoteNode{{Name: "a", Addrs: []netip.Addr{a.addr}, PodCIDRs: []netip.Prefix{cidrA}}}); err != nil {
