@@ -79,19 +79,11 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 		}
 		linkIndex := 0
 		if l.cfg.Nodes.Routing == RoutingTunnel {
-			// Before the device exists: no moment in which a pod can
-			// reach the VXLAN socket.
-			if err := setTunnelPort(b, l.cfg.Nodes.TunnelPort); err != nil {
-				return fmt.Errorf("sync nodes: %w", err)
-			}
-			dev, err := l.ensureTunnel(b)
+			dev, err := l.syncTunnel(b, nodes)
 			if err != nil {
 				return fmt.Errorf("sync nodes: %w", err)
 			}
 			linkIndex = dev.Attrs().Index
-			if err := l.syncTunnelMap(nodes); err != nil {
-				return fmt.Errorf("sync nodes: %w", err)
-			}
 		}
 		if err := l.syncNodeRoutes(l.nodeRoutes(nodes, linkIndex)); err != nil {
 			return fmt.Errorf("sync nodes: %w", err)
@@ -108,6 +100,24 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 		}
 		return nil
 	})
+}
+
+// syncTunnel makes the tunnel mode's kernel state: the endpoint
+// programs told the tunnel port before the device exists (no moment in
+// which a pod reaches the VXLAN socket), the overlay maps filled before
+// the programs are attached (a from_overlay replacing an older one knows
+// the nodes at once), then the device with the programs on it.
+func (l *Linux) syncTunnel(b *bpfState, nodes []RemoteNode) (netlink.Link, error) {
+	if err := setTunnelPort(b, l.cfg.Nodes.TunnelPort); err != nil {
+		return nil, err
+	}
+	if err := l.loadOverlay(b); err != nil {
+		return nil, err
+	}
+	if err := l.syncTunnelMap(nodes); err != nil {
+		return nil, err
+	}
+	return l.ensureTunnel(b)
 }
 
 // removeTunnel deletes the tunnel device if it is ours (an external-mode
