@@ -777,7 +777,7 @@ static __always_inline int l3_ok(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* to_tunnel_port reports whether p is UDP to the node's tunnel port
- * (tunnel mode only: the port is 0 without a tunnel device). Non-first
+ * (tunnel mode only: the port is 0 in native routing). Non-first
  * fragments have no port: without their first fragment, which this
  * drops, they are never reassembled. */
 static __always_inline int to_tunnel_port(struct pkt *p)

@@ -115,7 +115,7 @@ struct ipcache_value {
  * of the node the datapath writes when they change. */
 struct node_config_value {
 	/* The tunnel device's UDP port in tunnel mode (host byte order), 0
-	 * without a tunnel device: from_container drops UDP to it
+	 * in native routing: from_container drops UDP to it
 	 * (DROP_TUNNEL_PORT). */
 	__u32 tunnel_port;
 };
