@@ -45,15 +45,18 @@ const (
 // TestTunnelForgery (issue 32, item 1): in tunnel mode the receiving
 // node takes the VNI as the source identity, so nobody but a known node
 // may choose it. Two nodes (and a third, "ghost", listed in the nodes
-// file with its pod CIDRs but never started); on node B a target pod
+// file with its pod CIDRs but never started); on each node a target pod
 // (app=target) whose ingress admits only the host and app=friend (a
-// pod on B) on UDP 9000, and a UDP listener in it. Each case sends a
+// pod on the same node) on UDP 9000, and a UDP listener in it; an
+// attacker pod on A. Each case sends a
 // real VXLAN datagram (a UDP socket writing the VXLAN header and an
 // inner Ethernet/IP/UDP frame to the target) to a node address on 8472,
 // over IPv4 and over IPv6 (inner and outer of one family):
 //   - pod-vni-host, pod-vni-friend: a pod on A sends it to B's address
 //     (the node masquerades it to A's address, a real node's): A's
 //     endpoint program drops it as tunnel-port under the pod's endpoint;
+//   - pod-own-node: the same pod sends it to its own node's address, for
+//     a target on A (with the same policy): tunnel-port;
 //   - outsider: a host on the underlay that is no node: B's overlay
 //     program drops it as tunnel-unknown-node;
 //   - node-vni-host: node A itself with VNI 1 (host), which to_overlay
@@ -77,42 +80,60 @@ func TestTunnelForgery(t *testing.T) {
 	waitRoutes(t, a, b)
 	waitFor(t, b.name+"'s route to the ghost node's pods", func() error { return routedTo(b, ghost) })
 	attacker := a.addPod("attacker")
-	target, friend := b.addPod("target"), b.addPod("friend")
-	labelPod(t, target, "k8s:app=target")
-	friendID := uint32(labelPod(t, friend, "k8s:app=friend").Identity.ID)
-	rev := importPolicy(t, b, tunnelPolicyDoc, "tunnel-target")
-	waitFor(t, "the target's policy admitting host and app=friend", func() error {
-		return admits(target, rev, []uint32{hostID, friendID}, targetPort)
-	})
-	sink := listenSink(t, target, targetPort)
+	va, vb := newVictim(t, a), newVictim(t, b)
 	attackerEP := endpointOf(t, attacker).ID
 	for _, v6 := range []bool{false, true} {
 		fam := map[bool]string{false: "ipv4", true: "ipv6"}[v6]
 		pick := func(x4, x6 netip.Addr) netip.Addr { return map[bool]netip.Addr{false: x4, true: x6}[v6] }
-		g4, g6 := ghost.cidr4.Addr().Next(), ghost.cidr6.Addr().Next()
+		own, foreign := pick(attacker.ip4, attacker.ip6), pick(ghost.cidr4.Addr().Next(), ghost.cidr6.Addr().Next())
 		cases := []forgery{
-			{name: "pod-vni-host", from: attacker.ns, vni: hostID, src: pick(attacker.ip4, attacker.ip6),
+			{name: "pod-vni-host", from: attacker.ns, v: vb, vni: hostID, src: own,
 				dropAt: a, ep: attackerEP, reason: "tunnel-port", dir: "egress"},
-			{name: "pod-vni-friend", from: attacker.ns, vni: friendID, src: pick(attacker.ip4, attacker.ip6),
+			{name: "pod-vni-friend", from: attacker.ns, v: vb, vni: vb.friendID, src: own,
 				dropAt: a, ep: attackerEP, reason: "tunnel-port", dir: "egress"},
-			{name: "outsider", from: c.outside, vni: friendID, src: pick(attacker.ip4, attacker.ip6),
+			{name: "pod-own-node", from: attacker.ns, v: va, vni: va.friendID, src: own,
+				dropAt: a, ep: attackerEP, reason: "tunnel-port", dir: "egress"},
+			{name: "outsider", from: c.outside, v: vb, vni: vb.friendID, src: own,
 				dropAt: b, reason: "tunnel-unknown-node", dir: "ingress"},
-			{name: "node-vni-host", from: a.ns, vni: hostID, src: pick(attacker.ip4, attacker.ip6),
+			{name: "node-vni-host", from: a.ns, v: vb, vni: hostID, src: own,
 				dropAt: b, reason: "tunnel-reserved-identity", dir: "ingress"},
-			{name: "node-foreign-source", from: a.ns, vni: friendID, src: pick(g4, g6),
+			{name: "node-foreign-source", from: a.ns, v: vb, vni: vb.friendID, src: foreign,
 				dropAt: b, reason: "tunnel-invalid-source", dir: "ingress"},
 		}
 		for _, f := range cases {
-			f.to, f.dst = pick(b.addr4, b.addr6), pick(target.ip4, target.ip6)
-			t.Run(f.name+"-"+fam, func(t *testing.T) { f.mustDrop(t, sink, friend) })
+			f.to, f.dst = pick(f.v.node.addr4, f.v.node.addr6), pick(f.v.target.ip4, f.v.target.ip6)
+			t.Run(f.name+"-"+fam, func(t *testing.T) { f.mustDrop(t) })
 		}
 		t.Run("node-legit-"+fam, func(t *testing.T) {
-			f := forgery{from: a.ns, to: pick(b.addr4, b.addr6), vni: friendID, src: pick(attacker.ip4, attacker.ip6),
-				dst: pick(target.ip4, target.ip6)}
+			f := forgery{from: a.ns, to: pick(b.addr4, b.addr6), vni: vb.friendID, src: own, dst: pick(vb.target.ip4, vb.target.ip6)}
 			payload := f.send(t)
-			waitFor(t, payload+" at the target", func() error { return sink.has(payload) })
+			waitFor(t, payload+" at the target", func() error { return vb.sink.has(payload) })
 		})
 	}
+}
+
+// victim is a node's target pod (app=target, admitting only the host
+// and app=friend on UDP 9000, a listener on that port) and its friend.
+type victim struct {
+	node           *node
+	target, friend *pod
+	friendID       uint32 // app=friend's identity on node (its own numbering)
+	sink           *sink
+}
+
+// newVictim makes nd's target and friend, imports the policy on nd and
+// waits until the target's policy map admits the host and the friend.
+func newVictim(t *testing.T, nd *node) *victim {
+	t.Helper()
+	v := &victim{node: nd, target: nd.addPod("target"), friend: nd.addPod("friend")}
+	labelPod(t, v.target, "k8s:app=target")
+	v.friendID = uint32(labelPod(t, v.friend, "k8s:app=friend").Identity.ID)
+	rev := importPolicy(t, nd, tunnelPolicyDoc, "tunnel-target")
+	waitFor(t, nd.name+"'s target admitting host and app=friend", func() error {
+		return admits(v.target, rev, []uint32{hostID, v.friendID}, targetPort)
+	})
+	v.sink = listenSink(t, v.target, targetPort)
+	return v
 }
 
 // ghostNode is a node of c's addressing (index i) that is listed in the
@@ -225,6 +246,7 @@ func (s *sink) has(payload string) error {
 type forgery struct {
 	name     string
 	from     *testutil.NS // the sender's netns
+	v        *victim      // whose target the inner packet goes to
 	to       netip.Addr   // the outer destination, a node's address
 	vni      uint32
 	src, dst netip.Addr // the inner packet's
@@ -268,10 +290,11 @@ func (f forgery) send(t *testing.T) string {
 }
 
 // mustDrop sends f, which f.dropAt must count as f.reason and which must
-// never reach the target: a datagram friend sends after the drop
-// arrives, the forged one not.
-func (f forgery) mustDrop(t *testing.T, s *sink, friend *pod) {
+// never reach the target: a datagram the target's friend sends after the
+// drop arrives, the forged one not.
+func (f forgery) mustDrop(t *testing.T) {
 	t.Helper()
+	s, friend := f.v.sink, f.v.friend
 	before := dropCount(t, f.dropAt, f.ep, f.reason, f.dir)
 	payload := f.send(t)
 	waitFor(t, fmt.Sprintf("%s's %s drop on %s", payload, f.reason, f.dropAt.name), func() error {
