@@ -17,8 +17,17 @@
 // the node's uplinks and nodeport_reply is from_container's tail call
 // (lb_progs), and sock.c's cgroup programs translate at the socket
 // (Sock, its own object and bindings, sharing the lb_* maps). The
-// verdict rules and the decisions for fragments, non-IP frames, IPv6
-// extension headers and ICMP are in endpoint.c's header comment.
+// verdict rules and the decisions for fragments, non-IP and VLAN-tagged
+// frames, the tunnel port, IPv6 extension headers and ICMP are in
+// endpoint.c's header comment; node_config (one entry) tells the
+// endpoint programs the node's tunnel port.
+//
+// Tunnel mode: overlay.c (Overlay, its own object) runs on the VXLAN
+// device: to_overlay puts the source identity in the VNI, from_overlay
+// believes it only from a known node's address (tunnel_nodes), for a
+// source that node hosts (the ipcache, the tunnel map of pod CIDRs, its
+// addresses) and never a reserved identity to_overlay does not send; its
+// drops count in the endpoint programs' drops map under endpoint 0.
 //
 // Kernel: TCX attach needs Linux 6.6 or later (developed and measured
 // on 6.18); datapath/ attaches the endpoint programs with clsact +

@@ -74,15 +74,33 @@
  * Decisions (tested in datapath/bpf_prog_linux_test.go; the source check
  * in bpf_source_prog_linux_test.go and bpf_spoof_e2e_linux_test.go):
  *   - What the pod sends (from_container) must come from its own
- *     address, checked before anything else (source_ok): an IP packet
+ *     address, checked right after its ethertype (l3_ok, below) and
+ *     before anything else (source_ok): an IP packet
  *     from another source, of a family the endpoint has no address of,
  *     or an ARP frame with another sender address is dropped with
  *     DROP_INVALID_SOURCE. Essential ICMPv6 from a link-local source or
  *     from :: is exempt (neighbour discovery). Packets to_container
  *     hairpins to the proxy are traffic to the pod and are not checked.
- *   - ARP passes (from the pod: with its IPv4 sender address). Other
- *     non-IP frames pass unless dir is enforced
- *     (then DROP_UNKNOWN_L3): VLAN tags and the like would bypass policy.
+ *   - From the pod, only untagged IPv4, IPv6 and ARP frames pass the
+ *     first check (l3_ok): every other ethertype, and any frame with a
+ *     VLAN tag, is dropped with DROP_UNKNOWN_L3 whether or not egress is
+ *     enforced. The verdict must be about the packet the kernel delivers:
+ *     the host veth's receive path pulls a VLAN tag into skb metadata
+ *     before TC and, after TC, strips priority tags (VID 0) one after the
+ *     other, so a QinQ frame with two such tags shows TC an 802.1Q
+ *     ethertype yet reaches the IP stack as the IPv4 packet it carries,
+ *     with whatever source it names. Pods have no business sending VLAN
+ *     tags, LLDP, 802.3 length-field frames, MPLS or PPPoE: a pod that
+ *     needs another L2 protocol needs another network attachment.
+ *   - ARP passes (from the pod: with its IPv4 sender address). To the
+ *     pod, non-IP frames pass unless ingress is enforced (then
+ *     DROP_UNKNOWN_L3): the node sends them, not a peer.
+ *   - In tunnel mode, UDP from the pod to the node's tunnel port
+ *     (node_config.tunnel_port; after service translation, any
+ *     destination) is dropped with DROP_TUNNEL_PORT: the receiving
+ *     node's overlay program takes the VNI as the source identity, and a
+ *     pod must not choose its own (Cilium, CVE-2019-13119). Pods cannot
+ *     use that UDP port to reach anything, in the cluster or outside.
  *   - Non-first fragments (IPv4 offset != 0, IPv6 fragment header offset
  *     != 0) carry no ports: they are looked up with port 0, so only
  *     L3-only or protocol-wide (port wildcard) entries allow them;
@@ -203,9 +221,20 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+/* Shared, pinned at <bpffs>/node_config: one entry (key 0), the node's
+ * settings (struct node_config_value), written by the datapath when they
+ * change, read by every program on every packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct node_config_value);
+	__uint(max_entries, 1);
+} node_config SEC(".maps");
+
 /* Anchors for bpf2go -type: types only user space reads need BTF. */
 const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
+const struct node_config_value *const unused_node_config_value __attribute__((unused)) = 0;
 /* The inner map templates' key and value types (else clang emits them as
  * forward declarations, which the loader cannot size). */
 const struct policy_key *const unused_policy_key __attribute__((unused)) = 0;
@@ -716,9 +745,9 @@ static __always_inline int arp_source_ok(struct __sk_buff *skb, struct endpoint_
  * traffic from link-local sources is dropped, as Cilium does (it handles
  * ICMPv6 before its source check). IPv4 has no exception: 0.0.0.0 would
  * be DHCP, which pods do not use. ARP frames must carry the IPv4 address
- * as sender (arp_source_ok); other non-IP frames, and IP frames whose
- * header has no readable source (the kernel drops them), are left to the
- * rest of the verdict. */
+ * as sender (arp_source_ok); other non-IP frames never get here (l3_ok
+ * dropped them), and IP frames whose header has no readable source (the
+ * kernel drops them) are left to the rest of the verdict. */
 static __always_inline int source_ok(struct __sk_buff *skb, struct endpoint_info *ep, struct pkt *p)
 {
 	switch (p->family) {
@@ -734,6 +763,29 @@ static __always_inline int source_ok(struct __sk_buff *skb, struct endpoint_info
 	if (p->l3proto == ETH_P_ARP)
 		return arp_source_ok(skb, ep);
 	return 1;
+}
+
+/* l3_ok reports whether the pod may send a frame of p's ethertype: an
+ * untagged IPv4, IPv6 or ARP frame (see the header comment: a VLAN tag
+ * skb->vlan_present shows was pulled off before TC, and the kernel strips
+ * more of them after TC). */
+static __always_inline int l3_ok(struct __sk_buff *skb, struct pkt *p)
+{
+	if (skb->vlan_present)
+		return 0;
+	return p->l3proto == ETH_P_IP || p->l3proto == ETH_P_IPV6 || p->l3proto == ETH_P_ARP;
+}
+
+/* to_tunnel_port reports whether p is UDP to the node's tunnel port
+ * (tunnel mode only: the port is 0 in native routing). Non-first
+ * fragments have no port: without their first fragment, which this
+ * drops, they are never reassembled. */
+static __always_inline int to_tunnel_port(struct pkt *p)
+{
+	__u32 zero = 0;
+	struct node_config_value *c = bpf_map_lookup_elem(&node_config, &zero);
+
+	return c && c->tunnel_port && p->proto == IPPROTO_UDP && !p->frag && bpf_ntohs(p->dport) == c->tunnel_port;
 }
 
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
@@ -753,6 +805,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (!pol || !cidr || !ep)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
+	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
+		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
 		return drop(skb, &p, dir, DROP_INVALID_SOURCE, 0);
 	if (r == PARSE_NOT_IP) {
@@ -775,6 +829,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		r = lb_translate(skb, &p);
 		if (r != LB_PASS)
 			return drop(skb, &p, dir, r == LB_NO_BACKEND ? DROP_NO_BACKEND : DROP_MALFORMED, 0);
+		if (to_tunnel_port(&p))
+			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
 	now = bpf_ktime_get_ns();
 	if (!p.frag && ct_is_reply(&p, dir, now))

@@ -10,8 +10,13 @@
 #define DIR_INGRESS 0 /* to-container */
 #define DIR_EGRESS 1  /* from-container */
 
-/* Reserved identities (pkg/identity). */
+/* Reserved identities (pkg/identity): 1 to 255 are reserved, cluster
+ * identities start at IDENTITY_MIN_CLUSTER. */
+#define IDENTITY_HOST 1
 #define IDENTITY_WORLD 2
+#define IDENTITY_HEALTH 4
+#define IDENTITY_INIT 5
+#define IDENTITY_MIN_CLUSTER 256
 
 /* POLICY_ENFORCE_IDENTITY marks the per-direction enforcement entry of a
  * policy map: {POLICY_ENFORCE_IDENTITY, 0, 0, dir} present means dir is
@@ -25,7 +30,10 @@ enum drop_reason {
 	DROP_POLICY = 1,     /* no policy entry allows a new connection */
 	DROP_FRAGMENT = 2,   /* non-first fragment with no L3/proto-wide entry */
 	DROP_MALFORMED = 3,  /* truncated or unparseable IP header */
-	DROP_UNKNOWN_L3 = 4, /* non-IP, non-ARP frame in an enforced direction */
+	/* A frame from the pod that is not an untagged IPv4, IPv6 or ARP
+	 * frame (VLAN tags included); to the pod: neither IP nor ARP, in an
+	 * enforced direction. */
+	DROP_UNKNOWN_L3 = 4,
 	/* 5 is DROP_NO_BACKEND (lb.h) */
 	DROP_PROXY = 6, /* redirected to an L7 proxy port no socket listens on */
 	/* The interface the program runs on has no endpoint_info entry (or
@@ -37,6 +45,19 @@ enum drop_reason {
 	 * has no address of; an ARP frame whose sender is not its IPv4
 	 * address. Essential ICMPv6 from fe80::/10 or :: passes. */
 	DROP_INVALID_SOURCE = 8,
+	/* A UDP datagram from the pod to the node's tunnel port
+	 * (node_config.tunnel_port): a VXLAN header written by a pod would
+	 * carry an identity of its choosing (Cilium's fix of CVE-2019-13119). */
+	DROP_TUNNEL_PORT = 9,
+	/* from_overlay (counted under endpoint 0, ingress): the outer source
+	 * is no known node's address (tunnel_nodes). */
+	DROP_UNKNOWN_NODE = 10,
+	/* from_overlay: the inner source is neither in the sending node's pod
+	 * CIDRs (tunnel) nor one of its addresses (tunnel_nodes). */
+	DROP_TUNNEL_SOURCE = 11,
+	/* from_overlay: the VNI is a reserved identity to_overlay never sends
+	 * (overlay_identity_ok): host, unmanaged, 0, 6..255. */
+	DROP_TUNNEL_IDENTITY = 12,
 };
 
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
@@ -90,8 +111,29 @@ struct ipcache_value {
 	struct tunnel_endpoint tunnel;
 };
 
+/* node_config_value is the one value (key 0) of the node_config map: settings
+ * of the node the datapath writes when they change. */
+struct node_config_value {
+	/* The tunnel device's UDP port in tunnel mode (host byte order), 0
+	 * in native routing: from_container drops UDP to it
+	 * (DROP_TUNNEL_PORT). */
+	__u32 tunnel_port;
+};
+
+/* overlay_identity_ok reports whether id may cross the overlay as a VNI:
+ * world, health and init among the reserved identities, and every
+ * cluster identity. to_overlay sends world instead of any other, and
+ * from_overlay drops any other (DROP_TUNNEL_IDENTITY): above all host,
+ * which would let the sender pose as the receiving node itself. */
+static inline int overlay_identity_ok(__u32 id)
+{
+	return id == IDENTITY_WORLD || id == IDENTITY_HEALTH || id == IDENTITY_INIT || id >= IDENTITY_MIN_CLUSTER;
+}
+
 /* tunnel_value is a value of the tunnel map (overlay.c): a remote node's
- * pod CIDR (keyed like the ipcache) -> that node. */
+ * pod CIDR (keyed like the ipcache) -> that node (the address to_overlay
+ * sends to: its IPv4 one if it has one); and of the tunnel_nodes map:
+ * each address of a remote node -> the same. */
 struct tunnel_value {
 	struct tunnel_endpoint node;
 };

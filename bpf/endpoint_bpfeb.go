@@ -80,13 +80,17 @@ type EndpointDropKey struct {
 type EndpointDropReason uint32
 
 const (
-	EndpointDropReasonDROP_POLICY         EndpointDropReason = 1
-	EndpointDropReasonDROP_FRAGMENT       EndpointDropReason = 2
-	EndpointDropReasonDROP_MALFORMED      EndpointDropReason = 3
-	EndpointDropReasonDROP_UNKNOWN_L3     EndpointDropReason = 4
-	EndpointDropReasonDROP_PROXY          EndpointDropReason = 6
-	EndpointDropReasonDROP_NO_ENDPOINT    EndpointDropReason = 7
-	EndpointDropReasonDROP_INVALID_SOURCE EndpointDropReason = 8
+	EndpointDropReasonDROP_POLICY          EndpointDropReason = 1
+	EndpointDropReasonDROP_FRAGMENT        EndpointDropReason = 2
+	EndpointDropReasonDROP_MALFORMED       EndpointDropReason = 3
+	EndpointDropReasonDROP_UNKNOWN_L3      EndpointDropReason = 4
+	EndpointDropReasonDROP_PROXY           EndpointDropReason = 6
+	EndpointDropReasonDROP_NO_ENDPOINT     EndpointDropReason = 7
+	EndpointDropReasonDROP_INVALID_SOURCE  EndpointDropReason = 8
+	EndpointDropReasonDROP_TUNNEL_PORT     EndpointDropReason = 9
+	EndpointDropReasonDROP_UNKNOWN_NODE    EndpointDropReason = 10
+	EndpointDropReasonDROP_TUNNEL_SOURCE   EndpointDropReason = 11
+	EndpointDropReasonDROP_TUNNEL_IDENTITY EndpointDropReason = 12
 )
 
 type EndpointDropValue struct {
@@ -232,6 +236,11 @@ type EndpointLbTuple struct {
 	Pad    uint16
 }
 
+type EndpointNodeConfigValue struct {
+	_          structs.HostLayout
+	TunnelPort uint32
+}
+
 type EndpointPolicyKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -260,32 +269,34 @@ type EndpointTunnelEndpoint struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	EndpointMapCidrMaps          = "cidr_maps"
-	EndpointMapCt                = "ct"
-	EndpointMapDrops             = "drops"
-	EndpointMapEndpoints         = "endpoints"
-	EndpointMapEvents            = "events"
-	EndpointMapIpcache           = "ipcache"
-	EndpointMapLbAffinity        = "lb_affinity"
-	EndpointMapLbBackends        = "lb_backends"
-	EndpointMapLbCt              = "lb_ct"
-	EndpointMapLbFrontends       = "lb_frontends"
-	EndpointMapLbNat             = "lb_nat"
-	EndpointMapLbNatRev          = "lb_nat_rev"
-	EndpointMapLbProgs           = "lb_progs"
-	EndpointMapLbRevnat          = "lb_revnat"
-	EndpointMapLbSock            = "lb_sock"
-	EndpointMapPolicyMaps        = "policy_maps"
-	EndpointProgFromContainer    = "from_container"
-	EndpointProgFromNetdev       = "from_netdev"
-	EndpointProgNodeportReply    = "nodeport_reply"
-	EndpointProgToContainer      = "to_container"
-	EndpointVarUnusedCidrKey     = "unused_cidr_key"
-	EndpointVarUnusedCidrValue   = "unused_cidr_value"
-	EndpointVarUnusedDropEvent   = "unused_drop_event"
-	EndpointVarUnusedDropReason  = "unused_drop_reason"
-	EndpointVarUnusedPolicyKey   = "unused_policy_key"
-	EndpointVarUnusedPolicyValue = "unused_policy_value"
+	EndpointMapCidrMaps              = "cidr_maps"
+	EndpointMapCt                    = "ct"
+	EndpointMapDrops                 = "drops"
+	EndpointMapEndpoints             = "endpoints"
+	EndpointMapEvents                = "events"
+	EndpointMapIpcache               = "ipcache"
+	EndpointMapLbAffinity            = "lb_affinity"
+	EndpointMapLbBackends            = "lb_backends"
+	EndpointMapLbCt                  = "lb_ct"
+	EndpointMapLbFrontends           = "lb_frontends"
+	EndpointMapLbNat                 = "lb_nat"
+	EndpointMapLbNatRev              = "lb_nat_rev"
+	EndpointMapLbProgs               = "lb_progs"
+	EndpointMapLbRevnat              = "lb_revnat"
+	EndpointMapLbSock                = "lb_sock"
+	EndpointMapNodeConfig            = "node_config"
+	EndpointMapPolicyMaps            = "policy_maps"
+	EndpointProgFromContainer        = "from_container"
+	EndpointProgFromNetdev           = "from_netdev"
+	EndpointProgNodeportReply        = "nodeport_reply"
+	EndpointProgToContainer          = "to_container"
+	EndpointVarUnusedCidrKey         = "unused_cidr_key"
+	EndpointVarUnusedCidrValue       = "unused_cidr_value"
+	EndpointVarUnusedDropEvent       = "unused_drop_event"
+	EndpointVarUnusedDropReason      = "unused_drop_reason"
+	EndpointVarUnusedNodeConfigValue = "unused_node_config_value"
+	EndpointVarUnusedPolicyKey       = "unused_policy_key"
+	EndpointVarUnusedPolicyValue     = "unused_policy_value"
 )
 
 // LoadEndpoint returns the embedded CollectionSpec for Endpoint.
@@ -355,6 +366,7 @@ type EndpointMapSpecs struct {
 	LbProgs     *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
 	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
+	NodeConfig  *ebpf.MapSpec `ebpf:"node_config"`
 	PolicyMaps  *ebpf.MapSpec `ebpf:"policy_maps"`
 }
 
@@ -362,12 +374,13 @@ type EndpointMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointVariableSpecs struct {
-	UnusedCidrKey     *ebpf.VariableSpec `ebpf:"unused_cidr_key"`
-	UnusedCidrValue   *ebpf.VariableSpec `ebpf:"unused_cidr_value"`
-	UnusedDropEvent   *ebpf.VariableSpec `ebpf:"unused_drop_event"`
-	UnusedDropReason  *ebpf.VariableSpec `ebpf:"unused_drop_reason"`
-	UnusedPolicyKey   *ebpf.VariableSpec `ebpf:"unused_policy_key"`
-	UnusedPolicyValue *ebpf.VariableSpec `ebpf:"unused_policy_value"`
+	UnusedCidrKey         *ebpf.VariableSpec `ebpf:"unused_cidr_key"`
+	UnusedCidrValue       *ebpf.VariableSpec `ebpf:"unused_cidr_value"`
+	UnusedDropEvent       *ebpf.VariableSpec `ebpf:"unused_drop_event"`
+	UnusedDropReason      *ebpf.VariableSpec `ebpf:"unused_drop_reason"`
+	UnusedNodeConfigValue *ebpf.VariableSpec `ebpf:"unused_node_config_value"`
+	UnusedPolicyKey       *ebpf.VariableSpec `ebpf:"unused_policy_key"`
+	UnusedPolicyValue     *ebpf.VariableSpec `ebpf:"unused_policy_value"`
 }
 
 // EndpointObjects contains all objects after they have been loaded into the kernel.
@@ -405,6 +418,7 @@ type EndpointMaps struct {
 	LbProgs     *ebpf.Map `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
 	LbSock      *ebpf.Map `ebpf:"lb_sock"`
+	NodeConfig  *ebpf.Map `ebpf:"node_config"`
 	PolicyMaps  *ebpf.Map `ebpf:"policy_maps"`
 }
 
@@ -425,6 +439,7 @@ func (m *EndpointMaps) Close() error {
 		m.LbProgs,
 		m.LbRevnat,
 		m.LbSock,
+		m.NodeConfig,
 		m.PolicyMaps,
 	)
 }
@@ -433,12 +448,13 @@ func (m *EndpointMaps) Close() error {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointVariables struct {
-	UnusedCidrKey     *ebpf.Variable `ebpf:"unused_cidr_key"`
-	UnusedCidrValue   *ebpf.Variable `ebpf:"unused_cidr_value"`
-	UnusedDropEvent   *ebpf.Variable `ebpf:"unused_drop_event"`
-	UnusedDropReason  *ebpf.Variable `ebpf:"unused_drop_reason"`
-	UnusedPolicyKey   *ebpf.Variable `ebpf:"unused_policy_key"`
-	UnusedPolicyValue *ebpf.Variable `ebpf:"unused_policy_value"`
+	UnusedCidrKey         *ebpf.Variable `ebpf:"unused_cidr_key"`
+	UnusedCidrValue       *ebpf.Variable `ebpf:"unused_cidr_value"`
+	UnusedDropEvent       *ebpf.Variable `ebpf:"unused_drop_event"`
+	UnusedDropReason      *ebpf.Variable `ebpf:"unused_drop_reason"`
+	UnusedNodeConfigValue *ebpf.Variable `ebpf:"unused_node_config_value"`
+	UnusedPolicyKey       *ebpf.Variable `ebpf:"unused_policy_key"`
+	UnusedPolicyValue     *ebpf.Variable `ebpf:"unused_policy_value"`
 }
 
 // EndpointPrograms contains all programs after they have been loaded into the kernel.

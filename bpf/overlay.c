@@ -19,7 +19,31 @@
  *                 made PACKET_HOST so the stack routes it.
  *
  * The host's own traffic (identity host on the sending node) is sent as
- * world: the receiving node must not take it for its own host.
+ * world: the receiving node must not take it for its own host. So is
+ * every reserved identity but health and init (overlay_identity_ok).
+ *
+ * Trust: the VNI is believed only from a known node, for its own pods.
+ * from_overlay accepts a packet when
+ *   1. the outer source (the tunnel key's remote address) is an address
+ *      of a known node (tunnel_nodes: every address of every remote node
+ *      -> the node's tunnel address), else DROP_UNKNOWN_NODE;
+ *   2. the VNI is an identity to_overlay sends (overlay_identity_ok),
+ *      else DROP_TUNNEL_IDENTITY: host above all, which would pose as
+ *      the receiving node itself;
+ *   3. the inner source belongs to that node, by the data to_overlay
+ *      sends by: its ipcache entry's tunnel endpoint is that node (a
+ *      remote endpoint the agent placed there), or it is in one of the
+ *      node's pod CIDRs (the tunnel map's entry names the same node), or
+ *      it is one of the node's addresses (its host's own traffic, sent
+ *      as world); else DROP_TUNNEL_SOURCE.
+ * Non-IP inner frames are dropped (DROP_UNKNOWN_L3). Drops count under
+ * endpoint 0, direction ingress, in the endpoint programs' shared drops
+ * map, with a drop event. Pods cannot write VXLAN themselves: the
+ * endpoint program drops their UDP to the tunnel port (DROP_TUNNEL_PORT).
+ * What this cannot stop: a host on the underlay sending VXLAN from a
+ * node's address (spoofed or on the same segment) passes all three
+ * checks; only authenticated encryption between nodes would (Cilium:
+ * IPsec or WireGuard).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -34,7 +58,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-#define IDENTITY_HOST 1
 #define OVERLAY_TTL 64
 #define PACKET_HOST_ 0
 
@@ -56,6 +79,32 @@ struct {
 	__uint(max_entries, 16 * 1024);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } tunnel SEC(".maps");
+
+/* Pinned at <bpffs>/tunnel_nodes: each address of each remote node ->
+ * that node's entry in the tunnel map (datapath.SyncNodes). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct tunnel_endpoint);
+	__type(value, struct tunnel_value);
+	__uint(max_entries, 16 * 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} tunnel_nodes SEC(".maps");
+
+/* The endpoint programs' drop counters and events (<bpffs>/drops and
+ * <bpffs>/events; the loader replaces these with the pinned maps, so the
+ * definitions must stay identical to endpoint.c's). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct drop_key);
+	__type(value, struct drop_value);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
 
 /* inner_addrs reads the inner IP header's family and addresses. */
 static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u32 *saddr, __u32 *daddr)
@@ -124,7 +173,7 @@ int to_overlay(struct __sk_buff *skb)
 	if (!node)
 		return TC_ACT_SHOT;
 	src = ipcache_lookup(family, saddr);
-	if (src && src->identity != IDENTITY_HOST && src->identity <= MARK_IDENTITY_MAX)
+	if (src && src->identity <= MARK_IDENTITY_MAX && overlay_identity_ok(src->identity))
 		id = src->identity;
 	key.tunnel_id = id;
 	if (node->family == 4) {
@@ -138,18 +187,116 @@ int to_overlay(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* overlay_drop counts a packet from_overlay drops under endpoint 0,
+ * ingress, and reports it (peer: the VNI). */
+static __always_inline int overlay_drop(struct __sk_buff *skb, __u8 reason, __u8 family, __u32 *saddr, __u32 *daddr,
+					__u32 peer)
+{
+	struct drop_key k = { .ep = 0, .reason = reason, .dir = DIR_INGRESS };
+	struct drop_value zero = {}, *v;
+	struct drop_event *e;
+
+	v = bpf_map_lookup_elem(&drops, &k);
+	if (!v) {
+		bpf_map_update_elem(&drops, &k, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&drops, &k);
+	}
+	if (v) {
+		__sync_fetch_and_add(&v->packets, 1);
+		__sync_fetch_and_add(&v->bytes, skb->len);
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e)
+		return TC_ACT_SHOT;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->time_ns = bpf_ktime_get_ns();
+	e->reason = reason;
+	e->dir = DIR_INGRESS;
+	e->family = family;
+	e->peer_identity = peer;
+	e->len = skb->len;
+	__builtin_memcpy(e->saddr, saddr, 16);
+	__builtin_memcpy(e->daddr, daddr, 16);
+	bpf_ringbuf_submit(e, 0);
+	return TC_ACT_SHOT;
+}
+
+/* outer_source reads the tunnel key and its remote (the outer source)
+ * address as a tunnel_endpoint. */
+static __always_inline int outer_source(struct __sk_buff *skb, struct bpf_tunnel_key *key, struct tunnel_endpoint *src)
+{
+	if (!bpf_skb_get_tunnel_key(skb, key, sizeof(*key), 0)) {
+		src->family = 4;
+		src->addr[0] = bpf_htonl(key->remote_ipv4);
+		return 0;
+	}
+	if (bpf_skb_get_tunnel_key(skb, key, sizeof(*key), BPF_F_TUNINFO_IPV6))
+		return -1;
+	src->family = 6;
+	__builtin_memcpy(src->addr, key->remote_ipv6, 16);
+	return 0;
+}
+
+static __always_inline int same_node(struct tunnel_endpoint *a, struct tunnel_endpoint *b)
+{
+	return a->family == b->family && a->addr[0] == b->addr[0] && a->addr[1] == b->addr[1] &&
+	       a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3];
+}
+
+/* inner_source_ok reports whether saddr belongs to node (the tunnel
+ * address of the node the packet came from; outer: the address it came
+ * from), on the data to_overlay sends by: the ipcache entry's tunnel
+ * endpoint (the node hosting a remote endpoint) is that node, or saddr
+ * is in one of its pod CIDRs (tunnel map), or saddr is one of its own
+ * addresses (tunnel_nodes: its host's traffic). */
+static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct tunnel_endpoint *outer, __u8 family,
+					   __u32 *saddr)
+{
+	struct ipcache_key k = { .family = family };
+	struct tunnel_endpoint a = { .family = family };
+	struct ipcache_value *v;
+	struct tunnel_value *t;
+
+	v = ipcache_lookup(family, saddr);
+	if (v && v->tunnel.family) {
+		if (same_node(&v->tunnel, outer))
+			return 1;
+		t = bpf_map_lookup_elem(&tunnel_nodes, &v->tunnel);
+		if (t && same_node(&t->node, node))
+			return 1;
+	}
+	k.prefixlen = 32 + (family == 4 ? 32 : 128);
+	__builtin_memcpy(k.addr, saddr, 16);
+	t = bpf_map_lookup_elem(&tunnel, &k);
+	if (t && same_node(&t->node, node))
+		return 1;
+	__builtin_memcpy(a.addr, saddr, 16);
+	t = bpf_map_lookup_elem(&tunnel_nodes, &a);
+	return t && same_node(&t->node, node);
+}
+
 SEC("tc")
 int from_overlay(struct __sk_buff *skb)
 {
 	struct bpf_tunnel_key key = {};
+	struct tunnel_endpoint outer = {};
+	__u32 saddr[4] = {}, daddr[4] = {};
+	struct tunnel_value *node;
+	__u8 family = 0;
 	__u32 id;
 
-	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) &&
-	    bpf_skb_get_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6))
-		return TC_ACT_SHOT;
+	if (outer_source(skb, &key, &outer))
+		return TC_ACT_SHOT; /* no tunnel metadata: not from the VXLAN socket */
 	id = key.tunnel_id & MARK_IDENTITY_MAX;
-	if (id == 0)
-		id = IDENTITY_WORLD;
+	if (inner_addrs(skb, &family, saddr, daddr))
+		return overlay_drop(skb, DROP_UNKNOWN_L3, 0, saddr, daddr, id);
+	node = bpf_map_lookup_elem(&tunnel_nodes, &outer);
+	if (!node)
+		return overlay_drop(skb, DROP_UNKNOWN_NODE, family, saddr, daddr, id);
+	if (!overlay_identity_ok(id))
+		return overlay_drop(skb, DROP_TUNNEL_IDENTITY, family, saddr, daddr, id);
+	if (!inner_source_ok(&node->node, &outer, family, saddr))
+		return overlay_drop(skb, DROP_TUNNEL_SOURCE, family, saddr, daddr, id);
 	skb->mark = (id << 8) | MARK_IDENTITY_MAGIC;
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	return TC_ACT_OK;

@@ -13,6 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type OverlayDropKey struct {
+	_      structs.HostLayout
+	Ep     uint16
+	Reason uint8
+	Dir    uint8
+}
+
+type OverlayDropValue struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+}
+
 type OverlayIpcacheKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -43,8 +56,11 @@ type OverlayTunnelValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	OverlayMapDrops        = "drops"
+	OverlayMapEvents       = "events"
 	OverlayMapIpcache      = "ipcache"
 	OverlayMapTunnel       = "tunnel"
+	OverlayMapTunnelNodes  = "tunnel_nodes"
 	OverlayProgFromOverlay = "from_overlay"
 	OverlayProgToOverlay   = "to_overlay"
 )
@@ -99,8 +115,11 @@ type OverlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type OverlayMapSpecs struct {
-	Ipcache *ebpf.MapSpec `ebpf:"ipcache"`
-	Tunnel  *ebpf.MapSpec `ebpf:"tunnel"`
+	Drops       *ebpf.MapSpec `ebpf:"drops"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
+	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
+	Tunnel      *ebpf.MapSpec `ebpf:"tunnel"`
+	TunnelNodes *ebpf.MapSpec `ebpf:"tunnel_nodes"`
 }
 
 // OverlayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -129,14 +148,20 @@ func (o *OverlayObjects) Close() error {
 //
 // It can be passed to LoadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type OverlayMaps struct {
-	Ipcache *ebpf.Map `ebpf:"ipcache"`
-	Tunnel  *ebpf.Map `ebpf:"tunnel"`
+	Drops       *ebpf.Map `ebpf:"drops"`
+	Events      *ebpf.Map `ebpf:"events"`
+	Ipcache     *ebpf.Map `ebpf:"ipcache"`
+	Tunnel      *ebpf.Map `ebpf:"tunnel"`
+	TunnelNodes *ebpf.Map `ebpf:"tunnel_nodes"`
 }
 
 func (m *OverlayMaps) Close() error {
 	return _OverlayClose(
+		m.Drops,
+		m.Events,
 		m.Ipcache,
 		m.Tunnel,
+		m.TunnelNodes,
 	)
 }
 

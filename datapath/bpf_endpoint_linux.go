@@ -108,6 +108,13 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 			sm.close()
 		}
 	}()
+	if cfg.Nodes.Routing == RoutingTunnel {
+		// From the start, not from the first SyncNodes: a previous
+		// agent's tunnel device may be up already.
+		if err := setTunnelPort(b, cfg.Nodes.TunnelPort); err != nil {
+			return nil, err
+		}
+	}
 	if b.progs, err = b.nodePrograms(); err != nil {
 		return nil, err
 	}

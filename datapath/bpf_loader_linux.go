@@ -66,12 +66,21 @@ type sharedMaps struct {
 	// endpoints: host veth ifindex -> endpoint (bpf.EndpointEndpointInfo);
 	// policyMaps, cidrMaps: slot -> an endpoint's policy maps.
 	endpoints, policyMaps, cidrMaps *ebpf.Map
-	lb                              lbMaps // the service maps (bpf_lb_linux.go)
+	// config: the node's settings (bpf.EndpointNodeConfig at key 0; the
+	// tunnel port, written by SyncNodes).
+	config *ebpf.Map
+	lb     lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // core are the maps both endpoint programs use.
 func (sm sharedMaps) core() []*ebpf.Map {
 	return []*ebpf.Map{sm.ipcache, sm.ct, sm.drops, sm.events, sm.endpoints, sm.policyMaps, sm.cidrMaps}
+}
+
+// all are the shared maps: core, those only one program uses (config:
+// from_container) and the service maps.
+func (sm sharedMaps) all() []*ebpf.Map {
+	return append(append(sm.core(), sm.config), sm.lb.all()...)
 }
 
 // openShared opens (or creates) the shared maps pinned under dir.
@@ -111,6 +120,7 @@ func (sm *sharedMaps) named() []namedMap {
 		{name: bpf.EndpointMapEndpoints, pin: pinEndpointInfo, dst: &sm.endpoints},
 		{name: bpf.EndpointMapPolicyMaps, pin: pinPolicyMaps, dst: &sm.policyMaps},
 		{name: bpf.EndpointMapCidrMaps, pin: pinCIDRMaps, dst: &sm.cidrMaps},
+		{name: bpf.EndpointMapNodeConfig, dst: &sm.config},
 	}
 }
 
@@ -132,7 +142,7 @@ func (sm sharedMaps) replacements() map[string]*ebpf.Map {
 }
 
 func (sm sharedMaps) close() {
-	for _, m := range append(sm.core(), sm.lb.all()...) {
+	for _, m := range sm.all() {
 		if m != nil {
 			m.Close()
 		}
@@ -266,7 +276,7 @@ func (b *bpfState) pinnedPrograms(dir string) (programs, bool) {
 		p.close()
 		return programs{}, false
 	}
-	all, err := mapIDs(append(b.maps.core(), b.maps.lb.all()...)...)
+	all, err := mapIDs(b.maps.all()...)
 	if err != nil {
 		p.close()
 		return programs{}, false

@@ -20,7 +20,11 @@ const (
 	// DropMalformed: a truncated or unparseable IP header in an enforced
 	// direction.
 	DropMalformed = "malformed"
-	// DropUnknownL3: a frame neither IP nor ARP in an enforced direction.
+	// DropUnknownL3: a frame from the pod that is not an untagged IPv4,
+	// IPv6 or ARP frame (any VLAN tag included: the kernel strips
+	// priority tags after TC), whether egress is enforced or not; a frame
+	// to the pod neither IP nor ARP, in an enforced ingress; and a
+	// non-IP frame out of the tunnel (endpoint 0).
 	DropUnknownL3 = "unknown-l3"
 	// DropNoBackend: a new connection to a service frontend without
 	// backends (bpf/lb.h).
@@ -46,11 +50,27 @@ const (
 	// another. Essential ICMPv6 (neighbour discovery, MLD, errors) from
 	// an IPv6 link-local source or :: passes.
 	DropInvalidSource = "invalid-source"
+	// DropTunnelPort: a UDP datagram from the pod to the node's tunnel
+	// port (tunnel mode): a pod could otherwise write a VXLAN header with
+	// an identity of its choosing (Cilium's fix of CVE-2019-13119).
+	DropTunnelPort = "tunnel-port"
+	// DropUnknownNode: a packet out of the tunnel whose outer source is
+	// no known node's address (counted under endpoint 0, ingress).
+	DropUnknownNode = "tunnel-unknown-node"
+	// DropTunnelSource: a packet out of the tunnel whose inner source is
+	// neither in the sending node's pod CIDRs nor one of its addresses
+	// (endpoint 0, ingress).
+	DropTunnelSource = "tunnel-invalid-source"
+	// DropTunnelIdentity: a packet out of the tunnel whose VNI is a
+	// reserved identity the sending side never puts there (host above
+	// all; endpoint 0, ingress).
+	DropTunnelIdentity = "tunnel-reserved-identity"
 )
 
 // dropReasons maps the programs' reason numbers to names.
 var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
-	8: DropInvalidSource, 16: DropNoRoute, 17: DropNATExhausted}
+	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity,
+	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
 func dropReasonName(reason uint8) string {

@@ -23,8 +23,9 @@ const nodeRouteProto = netlink.RouteProtocol(0x4d)
 
 // Pins of the overlay programs' links and the tunnel map under BPFFS.
 const (
-	pinOverlayDir = "overlay"
-	pinTunnelMap  = "tunnel"
+	pinOverlayDir     = "overlay"
+	pinTunnelMap      = "tunnel"
+	pinTunnelNodesMap = "tunnel_nodes"
 )
 
 var (
@@ -34,12 +35,15 @@ var (
 
 var _ NodeRouter = (*Linux)(nil)
 
-// nodeState is the node router's: the overlay programs and the tunnel
-// map, loaded on the first tunnel-mode sync.
+// nodeState is the node router's: the overlay programs, the tunnel map
+// and the tunnel_nodes map, loaded on the first tunnel-mode sync.
 type nodeState struct {
 	mu       sync.Mutex // one sync at a time
 	from, to *ebpf.Program
-	tunnel   *ebpf.Map
+	tunnel   *ebpf.Map // remote pod CIDR -> node (to_overlay's destination)
+	// tunnelNodes: each address of each remote node -> the node's tunnel
+	// address; from_overlay accepts only these as outer sources.
+	tunnelNodes *ebpf.Map
 }
 
 func (n *nodeState) close() {
@@ -48,10 +52,12 @@ func (n *nodeState) close() {
 			p.Close()
 		}
 	}
-	if n.tunnel != nil {
-		n.tunnel.Close()
+	for _, m := range []*ebpf.Map{n.tunnel, n.tunnelNodes} {
+		if m != nil {
+			m.Close()
+		}
 	}
-	n.from, n.to, n.tunnel = nil, nil, nil
+	n.from, n.to, n.tunnel, n.tunnelNodes = nil, nil, nil, nil
 }
 
 // SyncNodes implements NodeRouter. Native routing: a route per remote
@@ -73,14 +79,11 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 		}
 		linkIndex := 0
 		if l.cfg.Nodes.Routing == RoutingTunnel {
-			dev, err := l.ensureTunnel(b)
+			dev, err := l.syncTunnel(b, nodes)
 			if err != nil {
 				return fmt.Errorf("sync nodes: %w", err)
 			}
 			linkIndex = dev.Attrs().Index
-			if err := l.syncTunnelMap(nodes); err != nil {
-				return fmt.Errorf("sync nodes: %w", err)
-			}
 		}
 		if err := l.syncNodeRoutes(l.nodeRoutes(nodes, linkIndex)); err != nil {
 			return fmt.Errorf("sync nodes: %w", err)
@@ -90,9 +93,31 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 			if err := l.removeTunnel(b); err != nil {
 				return fmt.Errorf("sync nodes: %w", err)
 			}
+			// Without a tunnel device, pods may use the port again.
+			if err := setTunnelPort(b, 0); err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
 		}
 		return nil
 	})
+}
+
+// syncTunnel makes the tunnel mode's kernel state: the endpoint
+// programs told the tunnel port before the device exists (no moment in
+// which a pod reaches the VXLAN socket), the overlay maps filled before
+// the programs are attached (a from_overlay replacing an older one knows
+// the nodes at once), then the device with the programs on it.
+func (l *Linux) syncTunnel(b *bpfState, nodes []RemoteNode) (netlink.Link, error) {
+	if err := setTunnelPort(b, l.cfg.Nodes.TunnelPort); err != nil {
+		return nil, err
+	}
+	if err := l.loadOverlay(b); err != nil {
+		return nil, err
+	}
+	if err := l.syncTunnelMap(nodes); err != nil {
+		return nil, err
+	}
+	return l.ensureTunnel(b)
 }
 
 // removeTunnel deletes the tunnel device if it is ours (an external-mode
@@ -248,31 +273,56 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	if err := os.MkdirAll(filepath.Join(b.dir, pinOverlayDir), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", pinOverlayDir, err)
 	}
-	tspec := spec.Maps[bpf.OverlayMapTunnel].Copy()
-	tspec.Pinning = ebpf.PinNone
-	tunnel, err := openSharedMap(tspec, filepath.Join(b.dir, pinTunnelMap))
+	tunnel, err := openOverlayMap(spec, bpf.OverlayMapTunnel, filepath.Join(b.dir, pinTunnelMap))
 	if err != nil {
 		return err
 	}
+	tnodes, err := openOverlayMap(spec, bpf.OverlayMapTunnelNodes, filepath.Join(b.dir, pinTunnelNodesMap))
+	if err != nil {
+		tunnel.Close()
+		return err
+	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{bpf.OverlayMapIpcache: b.maps.ipcache, bpf.OverlayMapTunnel: tunnel},
+		MapReplacements: map[string]*ebpf.Map{bpf.OverlayMapIpcache: b.maps.ipcache, bpf.OverlayMapTunnel: tunnel,
+			bpf.OverlayMapTunnelNodes: tnodes, bpf.OverlayMapDrops: b.maps.drops, bpf.OverlayMapEvents: b.maps.events},
 	})
 	if err != nil {
 		tunnel.Close()
+		tnodes.Close()
 		return fmt.Errorf("load overlay programs: %w", err)
 	}
 	defer coll.Close()
-	l.nodes.tunnel = tunnel
+	l.nodes.tunnel, l.nodes.tunnelNodes = tunnel, tnodes
 	l.nodes.to = coll.DetachProgram(bpf.OverlayProgToOverlay)
 	l.nodes.from = coll.DetachProgram(bpf.OverlayProgFromOverlay)
 	return nil
 }
 
+// openOverlayMap opens (or creates) the overlay object's map name pinned
+// at path.
+func openOverlayMap(spec *ebpf.CollectionSpec, name, path string) (*ebpf.Map, error) {
+	ms := spec.Maps[name].Copy()
+	ms.Pinning = ebpf.PinNone
+	return openSharedMap(ms, path)
+}
+
+// setTunnelPort tells the endpoint programs the tunnel device's UDP port
+// (0: none), whose traffic from pods they drop.
+func setTunnelPort(b *bpfState, port int) error {
+	if err := b.maps.config.Update(uint32(0), bpf.EndpointNodeConfigValue{TunnelPort: uint32(port)}, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("set tunnel port %d: %w", port, err)
+	}
+	return nil
+}
+
 // syncTunnelMap makes the tunnel map hold each node's pod CIDRs -> its
-// underlay address (IPv4 preferred).
+// tunnel address (its underlay address, IPv4 preferred), and the
+// tunnel_nodes map each of its addresses -> the same: from_overlay takes
+// a packet only from a node's address, for that node's pods' or own
+// addresses.
 func (l *Linux) syncTunnelMap(nodes []RemoteNode) error {
-	m := l.nodes.tunnel
-	want := map[bpf.EndpointIpcacheKey]bpf.OverlayTunnelValue{}
+	cidrs := map[bpf.EndpointIpcacheKey]bpf.OverlayTunnelValue{}
+	addrs := map[bpf.OverlayTunnelEndpoint]bpf.OverlayTunnelValue{}
 	for _, n := range nodes {
 		if len(n.Addrs) == 0 {
 			continue
@@ -281,15 +331,33 @@ func (l *Linux) syncTunnelMap(nodes []RemoteNode) error {
 		if !ok {
 			addr = n.Addrs[0]
 		}
-		t := tunnelEndpoint(addr)
-		v := bpf.OverlayTunnelValue{Node: bpf.OverlayTunnelEndpoint{Family: t.Family, Addr: t.Addr}}
+		v := bpf.OverlayTunnelValue{Node: overlayEndpoint(addr)}
 		for _, p := range n.PodCIDRs {
-			want[ipcacheKey(p)] = v
+			cidrs[ipcacheKey(p)] = v
+		}
+		for _, a := range n.Addrs {
+			addrs[overlayEndpoint(a)] = v
 		}
 	}
-	var k bpf.EndpointIpcacheKey
-	var v bpf.OverlayTunnelValue
-	var stale []bpf.EndpointIpcacheKey
+	// Addresses first: a node's new pod CIDR is accepted once it is routed.
+	if err := syncMap(l.nodes.tunnelNodes, addrs, "tunnel_nodes"); err != nil {
+		return err
+	}
+	return syncMap(l.nodes.tunnel, cidrs, "tunnel")
+}
+
+// overlayEndpoint encodes a node address for the overlay maps.
+func overlayEndpoint(a netip.Addr) bpf.OverlayTunnelEndpoint {
+	t := tunnelEndpoint(a.Unmap())
+	return bpf.OverlayTunnelEndpoint{Family: t.Family, Addr: t.Addr}
+}
+
+// syncMap makes m hold exactly want: stale keys go, the wanted ones are
+// written.
+func syncMap[K comparable, V any](m *ebpf.Map, want map[K]V, name string) error {
+	var k K
+	var v V
+	var stale []K
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if _, ok := want[k]; !ok {
@@ -297,16 +365,16 @@ func (l *Linux) syncTunnelMap(nodes []RemoteNode) error {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("dump tunnel map: %w", err)
+		return fmt.Errorf("dump %s map: %w", name, err)
 	}
 	for _, k := range stale {
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete tunnel map %s: %w", ipcachePrefix(k), err)
+			return fmt.Errorf("delete %s map entry %+v: %w", name, k, err)
 		}
 	}
 	for k, v := range want {
 		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("update tunnel map %s: %w", ipcachePrefix(k), err)
+			return fmt.Errorf("update %s map entry %+v: %w", name, k, err)
 		}
 	}
 	return nil

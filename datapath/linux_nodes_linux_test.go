@@ -2,13 +2,16 @@ package datapath
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -83,13 +86,17 @@ func testTunnelIdentity(t *testing.T, v6 bool) {
 	underlayPair(t, a, b)
 	ctx := context.Background()
 	cidrA, cidrB := netip.MustParsePrefix("10.244.60.0/25"), netip.MustParsePrefix("10.244.60.128/25")
-	// A's tunnel map points B's CIDR at an address nobody has: only the
-	// ipcache's tunnel endpoint for B's pod gets its traffic there.
+	// A's tunnel map points B's CIDR at an address nobody has (node c):
+	// only the ipcache's tunnel endpoint for B's pod gets its traffic
+	// there. A knows B as a node (without pod CIDRs): its overlay takes
+	// packets only from known nodes, and B's pod's replies as B's
+	// because A's ipcache places the pod there.
 	nowhere := netip.MustParseAddr("192.168.90.99")
 	if v6 {
 		nowhere = netip.MustParseAddr("2001:db8::99")
 	}
-	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{nowhere}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
+	if err := a.l.SyncNodes(ctx, []RemoteNode{{Name: "b", Addrs: []netip.Addr{b.addr}},
+		{Name: "c", Addrs: []netip.Addr{nowhere}, PodCIDRs: []netip.Prefix{cidrB}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.l.SyncNodes(ctx, []RemoteNode{{Name: "a", Addrs: []netip.Addr{a.addr}, PodCIDRs: []netip.Prefix{cidrA}}}); err != nil {
@@ -159,7 +166,9 @@ func dropsOf(t *testing.T, l *Linux, id uint16) uint64 {
 // host netns and bpffs (an agent restarted with --routing native)
 // replaces those routes with routes via the nodes and removes the device;
 // an empty set removes every node route. Nodes without an address or a
-// pod CIDR get no route.
+// pod CIDR get no route. The endpoint programs drop pods' UDP to the
+// tunnel port in tunnel mode only, and from_overlay knows the nodes with
+// an address.
 func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 	cfg := LinuxConfig{Nodes: NodesConfig{Routing: RoutingTunnel}, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
 	l, host, nl := newTestLinux(t, cfg)
@@ -200,6 +209,15 @@ func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 	if rs := routes(); len(rs) != 1 || rs[0].LinkIndex != vx.Attrs().Index || rs[0].Gw != nil {
 		t.Fatalf("tunnel mode routes %v, want one into %s", rs, DefaultTunnelDevice)
 	}
+	if p := tunnelPortOf(t, l); p != 8472 {
+		t.Fatalf("tunnel mode: the endpoint programs' tunnel port is %d, want 8472", p)
+	}
+	want := map[bpf.OverlayTunnelEndpoint]bpf.OverlayTunnelValue{}
+	b := overlayEndpoint(netip.MustParseAddr("192.168.91.2"))
+	want[b] = bpf.OverlayTunnelValue{Node: b}
+	if got := dumpMap[bpf.OverlayTunnelEndpoint, bpf.OverlayTunnelValue](t, l.nodes.tunnelNodes); !maps.Equal(got, want) {
+		t.Fatalf("tunnel_nodes %+v, want only b's address", got)
+	}
 	_ = l.Close()
 	cfg.HostNetns, cfg.BPFFS, cfg.Nodes.Routing = host.Path, l.cfg.BPFFS, RoutingNative
 	n, err := NewLinux(cfg, l.log)
@@ -219,12 +237,42 @@ func TestNodeRoutesNativeAfterTunnel(t *testing.T) {
 	if _, err := nl.LinkByName(DefaultTunnelDevice); !isLinkNotFound(err) {
 		t.Fatalf("tunnel device after native sync: %v, want gone", err)
 	}
+	if p := tunnelPortOf(t, n); p != 0 {
+		t.Fatalf("native mode: the endpoint programs' tunnel port is %d, want 0 (pods may use it)", p)
+	}
 	if err := n.SyncNodes(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	if rs := routes(); len(rs) != 0 {
 		t.Fatalf("routes after an empty set: %v", rs)
 	}
+}
+
+// tunnelPortOf is the tunnel port l's endpoint programs drop pods' UDP
+// to (node_config).
+func tunnelPortOf(t *testing.T, l *Linux) uint32 {
+	t.Helper()
+	var v bpf.EndpointNodeConfigValue
+	if err := l.bpf.maps.config.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.TunnelPort
+}
+
+// dumpMap reads every entry of m.
+func dumpMap[K comparable, V any](t *testing.T, m *ebpf.Map) map[K]V {
+	t.Helper()
+	out := map[K]V{}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestNativeRoutingIdentity: with native routing the receiving node's
