@@ -97,15 +97,36 @@ func TestKvstoreForgedClaims(t *testing.T) {
 	put("endpoints/v1/late/1", rec("10.204.77.5", 60004, "late", "192.168.90.77"))                     // no node yet
 	put("endpoints/v1/forger/6", rec("10.204.66.8", 60005, "forger", "192.168.90.66"))                 // its own: believed
 	waitIPCache(t, b, netip.MustParseAddr("10.204.66.8"), func(e *index.IPCacheEntry) bool { return e != nil && e.Identity == 60005 })
-	// The watch delivers in revision order: every forged record was seen.
-	waitIPCache(t, b, podA, isTrue)
-	waitIPCache(t, b, gwB, isHost)
-	for _, a := range []string{"10.204.66.5", "10.204.66.6", "10.204.66.7", "10.204.77.5"} {
-		waitIPCache(t, b, netip.MustParseAddr(a), func(e *index.IPCacheEntry) bool { return e == nil })
+	// The watch delivers in revision order: every forged record was
+	// handled. Each attack is checked on its own.
+	row := func(ip netip.Addr) *index.IPCacheEntry {
+		for _, e := range b.Index.IPCache() {
+			if e.Prefix == netip.PrefixFrom(ip, 32) {
+				return e
+			}
+		}
+		return nil
+	}
+	if e := row(podA); !isTrue(e) {
+		t.Errorf("another node's pod: the forger's claim displaced the true entry: %+v", e)
+	}
+	if e := row(gwB); !isHost(e) {
+		t.Errorf("this node's gateway after a forged claim: %+v; want host", e)
+	}
+	for a, attack := range map[string]string{"10.204.66.5": "a reserved identity", "10.204.66.6": "another node's name in the record",
+		"10.204.66.7": "another node's address as node IP", "10.204.77.5": "a node that does not exist"} {
+		if e := row(netip.MustParseAddr(a)); e != nil {
+			t.Errorf("forged record with %s entered the ipcache: %+v", attack, e)
+		}
 	}
 	for reason, n := range map[string]float64{endpoint.RefusedOutsideNode: 2, endpoint.RefusedReserved: 1,
 		endpoint.RefusedNoOwner: 1, endpoint.RefusedNodeIP: 1, endpoint.RefusedUnknownNode: 1} {
-		waitFor(t, "refusals counted: "+reason, func() bool { return refusedClaims(t, b, kvstore.Source, reason) == n })
+		if got := refusedClaims(t, b, kvstore.Source, reason); got != n {
+			t.Errorf("membrane_remote_claims_refused_total{source=kvstore,reason=%q} = %v, want %v", reason, got, n)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	// The late node appears: its record is believed.
 	put("nodes/v1/late", `{"name":"late","addrs":["192.168.90.77"],"podCIDRs":["10.204.77.0/24"]}`)
