@@ -163,14 +163,31 @@ func (r *remoteEndpoints) slim(obj any) (key string, ep *slimEndpoint, ok bool) 
 	return key, ep, id > 0 && id <= int64(^uint32(0)) && len(ep.ips) > 0
 }
 
+// nodeCache holds the nodes looked up during one call (a relist checks
+// many objects of each node); nil: no caching.
+type nodeCache map[string]*endpoint.OwnerNode
+
+// node returns name's node from the registry (nil: unknown).
+func (r *remoteEndpoints) node(name string, cache nodeCache) *endpoint.OwnerNode {
+	if r.lookup == nil || name == "" {
+		return nil
+	}
+	if cache == nil {
+		return r.lookup(name)
+	}
+	n, ok := cache[name]
+	if !ok {
+		n = r.lookup(name)
+		cache[name] = n
+	}
+	return n
+}
+
 // evalLocked checks ep's claim against its node and records the verdict
 // in ep.refused; a refusal for a reason other than prev (the reason last
 // logged for the object) is logged and counted. True when accepted.
-func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string) bool {
-	var node *endpoint.OwnerNode
-	if r.lookup != nil && ep.node != "" {
-		node = r.lookup(ep.node)
-	}
+func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, cache nodeCache) bool {
+	node := r.node(ep.node, cache)
 	rem := endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.statusNode, NodeIP: ep.nodeIP}
 	err := rem.CheckOwner(ep.node, node)
 	var re *endpoint.RefusedError
@@ -191,7 +208,7 @@ func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string) 
 
 // addLocked records key's object and, if its claim is accepted, makes it
 // the owner of its addresses.
-func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string) {
+func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string, cache nodeCache) {
 	r.objs[key] = ep
 	keys := r.byNode[ep.node]
 	if keys == nil {
@@ -199,7 +216,7 @@ func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string) {
 		r.byNode[ep.node] = keys
 	}
 	keys[key] = struct{}{}
-	if r.evalLocked(key, ep, prev) {
+	if r.evalLocked(key, ep, prev, cache) {
 		r.ownLocked(key, ep)
 	}
 }
@@ -227,10 +244,11 @@ func (r *remoteEndpoints) releaseLocked(key string, ep *slimEndpoint) {
 func (r *remoteEndpoints) nodeChanged(node string) {
 	r.mu.Lock()
 	changed := false
+	cache := nodeCache{}
 	for key := range r.byNode[node] {
 		ep := r.objs[key]
 		was := ep.refused == ""
-		now := r.evalLocked(key, ep, ep.refused)
+		now := r.evalLocked(key, ep, ep.refused, cache)
 		switch {
 		case now && !was:
 			r.ownLocked(key, ep)
@@ -267,7 +285,7 @@ func (r *remoteEndpoints) Add(obj any) error {
 	}
 	r.dropLocked(key)
 	if ok {
-		r.addLocked(key, ep, prev)
+		r.addLocked(key, ep, prev, nil)
 	}
 	r.dirty[key] = struct{}{}
 	r.mu.Unlock()
@@ -314,13 +332,14 @@ func (r *remoteEndpoints) Replace(list []any, _ string) error {
 	r.objs = make(map[string]*slimEndpoint, len(list))
 	r.owners = make(map[netip.Addr]string, len(list))
 	r.byNode = map[string]map[string]struct{}{}
+	cache := nodeCache{}
 	for _, obj := range list {
 		if key, ep, ok := r.slim(obj); ok {
 			prev := ""
 			if o := old[key]; o != nil {
 				prev = o.refused
 			}
-			r.addLocked(key, ep, prev)
+			r.addLocked(key, ep, prev, cache)
 		}
 	}
 	r.dirty, r.gone, r.full = map[string]struct{}{}, map[netip.Addr]struct{}{}, true
