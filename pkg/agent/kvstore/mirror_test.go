@@ -386,7 +386,8 @@ func TestPublisherComparesAllAfterEvents(t *testing.T) {
 	srv := startEtcd(t)
 	a := &agentNode{name: "pub-a", c: connect(t, srv.Endpoint, "pub-a", nil), src: newFakeSource()}
 	pub, err := kvstore.StartPublisher(a.c, kvstore.PublisherConfig{Source: a.src, Hub: a.src.hub,
-		Coalesce: 5 * time.Millisecond, Resync: time.Hour}) // only the comparison after events can find endpoint 2
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, // podIP(0, _): other nodes believe them
+		Coalesce: 5 * time.Millisecond, Resync: time.Hour})             // only the comparison after events can find endpoint 2
 	if err != nil {
 		t.Fatal(err)
 	}
