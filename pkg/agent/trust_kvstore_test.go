@@ -133,6 +133,15 @@ func TestKvstoreForgedClaims(t *testing.T) {
 	waitIPCache(t, b, netip.MustParseAddr("10.204.77.5"), func(e *index.IPCacheEntry) bool {
 		return e != nil && e.Identity == 60004 && e.TunnelEndpoint == netip.MustParseAddr("192.168.90.77")
 	})
+	// The late node's record goes: its endpoint is withdrawn (not a
+	// refusal: the count stays).
+	if _, err := etcd.Delete(ctx, "agent-test/state/nodes/v1/late"); err != nil {
+		t.Fatal(err)
+	}
+	waitIPCache(t, b, netip.MustParseAddr("10.204.77.5"), func(e *index.IPCacheEntry) bool { return e == nil })
+	if got := refusedClaims(t, b, kvstore.Source, endpoint.RefusedUnknownNode); got != 1 {
+		t.Errorf("unknown-node refusals %v after the node went, want still 1", got)
+	}
 	// The forger's record of agent-a's pod goes: the true entry is untouched.
 	if _, err := etcd.Delete(ctx, "agent-test/state/endpoints/v1/forger/1"); err != nil {
 		t.Fatal(err)

@@ -185,8 +185,11 @@ func (r *remoteEndpoints) node(name string, cache nodeCache) *endpoint.OwnerNode
 
 // evalLocked checks ep's claim against its node and records the verdict
 // in ep.refused; a refusal for a reason other than prev (the reason last
-// logged for the object) is logged and counted. True when accepted.
-func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, cache nodeCache) bool {
+// logged for the object; "" for a new or accepted one) is logged and
+// counted, except that an object accepted before (wasAccepted) whose Node
+// went away is withdrawn quietly (nodeChanged logs one line for the
+// node). True when accepted.
+func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, wasAccepted bool, cache nodeCache) bool {
 	node := r.node(ep.node, cache)
 	rem := endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.statusNode, NodeIP: ep.nodeIP}
 	err := rem.CheckOwner(ep.node, node)
@@ -199,6 +202,9 @@ func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, 
 		return true
 	}
 	ep.refused = re.Reason
+	if re.Reason == endpoint.RefusedUnknownNode && wasAccepted {
+		return false
+	}
 	if re.Reason != prev {
 		r.refusals[re.Reason]++
 		r.log.Warn("remote endpoint refused", "object", key, "node", ep.node, "reason", re.Reason, "detail", re.Detail)
@@ -208,7 +214,7 @@ func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, 
 
 // addLocked records key's object and, if its claim is accepted, makes it
 // the owner of its addresses.
-func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string, cache nodeCache) {
+func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string, wasAccepted bool, cache nodeCache) {
 	r.objs[key] = ep
 	keys := r.byNode[ep.node]
 	if keys == nil {
@@ -216,7 +222,7 @@ func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string, c
 		r.byNode[ep.node] = keys
 	}
 	keys[key] = struct{}{}
-	if r.evalLocked(key, ep, prev, cache) {
+	if r.evalLocked(key, ep, prev, wasAccepted, cache) {
 		r.ownLocked(key, ep)
 	}
 }
@@ -245,10 +251,14 @@ func (r *remoteEndpoints) nodeChanged(node string) {
 	r.mu.Lock()
 	changed := false
 	cache := nodeCache{}
+	withdrawn := 0
 	for key := range r.byNode[node] {
 		ep := r.objs[key]
 		was := ep.refused == ""
-		now := r.evalLocked(key, ep, ep.refused, cache)
+		now := r.evalLocked(key, ep, ep.refused, was, cache)
+		if was && !now && ep.refused == endpoint.RefusedUnknownNode {
+			withdrawn++
+		}
 		switch {
 		case now && !was:
 			r.ownLocked(key, ep)
@@ -260,6 +270,9 @@ func (r *remoteEndpoints) nodeChanged(node string) {
 		}
 	}
 	r.mu.Unlock()
+	if withdrawn > 0 {
+		r.log.Info("node gone: its remote endpoints withdrawn", "node", node, "endpoints", withdrawn)
+	}
 	if changed {
 		r.signal()
 	}
@@ -279,13 +292,13 @@ func (r *remoteEndpoints) intern(s string) string {
 func (r *remoteEndpoints) Add(obj any) error {
 	r.mu.Lock()
 	key, ep, ok := r.slim(obj)
-	prev := ""
+	prev, wasAccepted := "", false
 	if old := r.objs[key]; old != nil {
-		prev = old.refused
+		prev, wasAccepted = old.refused, old.refused == ""
 	}
 	r.dropLocked(key)
 	if ok {
-		r.addLocked(key, ep, prev, nil)
+		r.addLocked(key, ep, prev, wasAccepted, nil)
 	}
 	r.dirty[key] = struct{}{}
 	r.mu.Unlock()
@@ -335,11 +348,11 @@ func (r *remoteEndpoints) Replace(list []any, _ string) error {
 	cache := nodeCache{}
 	for _, obj := range list {
 		if key, ep, ok := r.slim(obj); ok {
-			prev := ""
+			prev, wasAccepted := "", false
 			if o := old[key]; o != nil {
-				prev = o.refused
+				prev, wasAccepted = o.refused, o.refused == ""
 			}
-			r.addLocked(key, ep, prev, cache)
+			r.addLocked(key, ep, prev, wasAccepted, cache)
 		}
 	}
 	r.dirty, r.gone, r.full = map[string]struct{}{}, map[netip.Addr]struct{}{}, true

@@ -182,6 +182,9 @@ func TestRemoteStoreRefuses(t *testing.T) {
 		{"its node appears", func() { nodes.set("n4", "10.9.2.0/24", "192.0.2.4"); r.nodeChanged("n4") },
 			map[netip.Addr]identity.NumericIdentity{ip("10.9.0.1"): 1100, ip("10.9.2.1"): 1300}},
 		{"its node loses the CIDR", func() { nodes.set("n4", "10.9.3.0/24", "192.0.2.4"); r.nodeChanged("n4") }, truth},
+		{"its node gets it back", func() { nodes.set("n4", "10.9.2.0/24", "192.0.2.4"); r.nodeChanged("n4") },
+			map[netip.Addr]identity.NumericIdentity{ip("10.9.0.1"): 1100, ip("10.9.2.1"): 1300}},
+		{"its node is deleted (withdrawn, not counted)", func() { nodes.set("n4", "", ""); r.nodeChanged("n4") }, truth},
 		{"relist keeps the verdicts", func() {
 			_ = r.Replace([]any{mepOn("true", "n2", "n2", "10.9.0.1", "192.0.2.2", 1100),
 				mepOn("f-cidr", "n3", "n3", "10.9.0.1", "192.0.2.3", 1667)}, "2")

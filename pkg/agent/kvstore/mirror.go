@@ -297,7 +297,7 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 	var ups []endpoint.Remote
 	var dels []netip.Addr
 	_, wasRefused := m.refused[key]
-	accepted := m.checkLocked(key, rec)
+	accepted := m.checkLocked(key, rec, false)
 	if old, ok := m.recs[key]; ok && !wasRefused { // addresses the endpoint no longer claims
 		for _, ip := range old.IPs {
 			if !accepted || !slices.Contains(rec.IPs, ip) {
@@ -324,8 +324,10 @@ func (m *Mirror) ownLocked(key string, rec endpointRecord) {
 
 // checkLocked checks key's record against the node its key names and
 // records the verdict in m.refused; a refusal for a new reason is logged
-// and counted. True when accepted.
-func (m *Mirror) checkLocked(key string, rec endpointRecord) bool {
+// and counted, except (pending, with reason "") a record whose node is
+// not known while the nodes are not listed yet or, with withdrawn, whose
+// node went away. True when accepted.
+func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) bool {
 	owner := m.c.keys.endpointNode(key)
 	var node *endpoint.OwnerNode
 	if n, ok := m.nodeRecs[m.c.keys.node(owner)]; ok && owner != "" {
@@ -347,8 +349,8 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord) bool {
 		}
 		return true
 	}
-	if re.Reason == endpoint.RefusedUnknownNode && !m.synced[1] {
-		m.refused[key] = "" // pending: the nodes are not listed yet
+	if re.Reason == endpoint.RefusedUnknownNode && (!m.synced[1] || withdrawn) {
+		m.refused[key] = "" // pending: no node to check against yet, or any more
 		return false
 	}
 	m.refused[key] = re.Reason
@@ -364,12 +366,16 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord) bool {
 func (m *Mirror) recheckNodeLocked(node string) {
 	prefix := m.c.keys.nodeEndpoints(node)
 	final := finalChanges{}
+	withdrawn := 0
 	for key, rec := range m.recs {
 		if !strings.HasPrefix(key, prefix) {
 			continue
 		}
 		_, was := m.refused[key]
-		now := m.checkLocked(key, rec)
+		now := m.checkLocked(key, rec, !was)
+		if !now && !was && m.refused[key] == "" {
+			withdrawn++
+		}
 		switch {
 		case now && was:
 			m.ownLocked(key, rec)
@@ -379,6 +385,9 @@ func (m *Mirror) recheckNodeLocked(node string) {
 				final.add(m.disownLocked(ip, key))
 			}
 		}
+	}
+	if withdrawn > 0 {
+		m.c.log.Info("node record gone: its endpoints withdrawn", "node", node, "endpoints", withdrawn)
 	}
 	if len(final) > 0 {
 		m.sendLocked(final)
