@@ -119,12 +119,16 @@ func TestKvstoreForgedClaims(t *testing.T) {
 			t.Errorf("forged record with %s entered the ipcache: %+v", attack, e)
 		}
 	}
+	// The node and endpoint watches are two streams: a forger's record
+	// may be seen before the forger's node record, refused as of an
+	// unknown node first.
 	for reason, n := range map[string]float64{endpoint.RefusedOutsideNode: 2, endpoint.RefusedReserved: 1,
 		endpoint.RefusedNoOwner: 1, endpoint.RefusedNodeIP: 1, endpoint.RefusedUnknownNode: 1} {
-		if got := refusedClaims(t, b, kvstore.Source, reason); got != n {
+		if got := refusedClaims(t, b, kvstore.Source, reason); got != n && (reason != endpoint.RefusedUnknownNode || got < n) {
 			t.Errorf("membrane_remote_claims_refused_total{source=kvstore,reason=%q} = %v, want %v", reason, got, n)
 		}
 	}
+	unknown := refusedClaims(t, b, kvstore.Source, endpoint.RefusedUnknownNode)
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -139,8 +143,8 @@ func TestKvstoreForgedClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitIPCache(t, b, netip.MustParseAddr("10.204.77.5"), func(e *index.IPCacheEntry) bool { return e == nil })
-	if got := refusedClaims(t, b, kvstore.Source, endpoint.RefusedUnknownNode); got != 1 {
-		t.Errorf("unknown-node refusals %v after the node went, want still 1", got)
+	if got := refusedClaims(t, b, kvstore.Source, endpoint.RefusedUnknownNode); got != unknown {
+		t.Errorf("unknown-node refusals %v after the node went, want still %v", got, unknown)
 	}
 	// The forger's record of agent-a's pod goes: the true entry is untouched.
 	if _, err := etcd.Delete(ctx, "agent-test/state/endpoints/v1/forger/1"); err != nil {

@@ -207,7 +207,7 @@ func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, 
 	}
 	if re.Reason != prev {
 		r.refusals[re.Reason]++
-		r.log.Warn("remote endpoint refused", "object", key, "node", ep.node, "reason", re.Reason, "detail", re.Detail)
+		r.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "object", key, "node", ep.node, "reason", re.Reason, "detail", re.Detail)
 	}
 	return false
 }

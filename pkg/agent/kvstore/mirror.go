@@ -356,7 +356,7 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) boo
 	m.refused[key] = re.Reason
 	if re.Reason != prev {
 		m.refusals[re.Reason]++
-		m.c.log.Warn("remote endpoint refused", "key", key, "node", owner, "reason", re.Reason, "detail", re.Detail)
+		m.c.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "key", key, "node", owner, "reason", re.Reason, "detail", re.Detail)
 	}
 	return false
 }

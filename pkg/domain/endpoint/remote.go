@@ -3,6 +3,7 @@ package endpoint
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 
@@ -60,6 +61,17 @@ const (
 	// health, ...), which only this node assigns.
 	RefusedReserved = "reserved-identity"
 )
+
+// RefusalLevel is the log level of a refusal: Info for an unknown node
+// (the node may just not be seen yet: its claims are held and believed
+// when it appears), Warn for the others (a claim that contradicts the
+// node registry or takes a reserved identity).
+func RefusalLevel(reason string) slog.Level {
+	if reason == RefusedUnknownNode {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
 
 // RefusedError is a remote claim the agent does not believe: Reason is
 // one of the Refused* constants, Detail says what disagreed.
