@@ -40,14 +40,43 @@ const remoteRetryMax = 30 * time.Second
 type slimEndpoint struct {
 	ips      []netip.Addr
 	identity identity.NumericIdentity
-	// node is the owning node: the object's membrane.io/node label
-	// ("" without one); statusNode is status.networking.nodeName. Both
-	// interned.
-	node, statusNode string
-	nodeIP           netip.Addr
-	// refused is why the claim is not believed ("" when it is; one of
-	// endpoint.Refused*), the reason last logged for the object.
-	refused string
+	// refused is why the claim is not believed (0 when it is), the
+	// reason last logged for the object.
+	refused refusal
+	// mismatch: status.networking.nodeName names another node than the
+	// label.
+	mismatch bool
+	// node is the owning node: the object's membrane.io/node label ("" without
+	// one), interned.
+	node   string
+	nodeIP netip.Addr
+}
+
+// refusal is a refusal reason as a slimEndpoint keeps it (one byte, not a
+// string: there is one per remote endpoint).
+type refusal uint8
+
+// refusalPending: the node registry is not listed yet (not logged).
+const refusalPending refusal = 1
+
+// refusalReasons are the reasons by refusal (0: accepted).
+var refusalReasons = []string{"", "pending", endpoint.RefusedNoOwner, endpoint.RefusedUnknownNode,
+	endpoint.RefusedOutsideNode, endpoint.RefusedNodeIP, endpoint.RefusedReserved}
+
+func refusalOf(reason string) refusal {
+	for i, r := range refusalReasons {
+		if r == reason {
+			return refusal(i)
+		}
+	}
+	return refusal(len(refusalReasons)) // unknown: still refused
+}
+
+func (f refusal) String() string {
+	if int(f) < len(refusalReasons) {
+		return refusalReasons[f]
+	}
+	return "refused"
 }
 
 // nodeLookup finds a node of the registry (the Node objects) by name; nil
@@ -93,7 +122,10 @@ type remoteEndpoints struct {
 	gone   map[netip.Addr]struct{}
 	full   bool
 	synced bool // the first replacement reached the sink
-	nodes  map[string]string
+	// ready is set once the node registry is listed: before, every claim
+	// is pending and nothing reaches the sink.
+	ready bool
+	nodes map[string]string
 }
 
 var _ cache.ReflectorStore = (*remoteEndpoints)(nil)
@@ -101,7 +133,8 @@ var _ cache.ReflectorStore = (*remoteEndpoints)(nil)
 func newRemoteEndpoints(sink RemoteSink, lookup nodeLookup, log *slog.Logger) *remoteEndpoints {
 	return &remoteEndpoints{sink: sink, lookup: lookup, log: log.With("worker", "remote-endpoints"), wake: make(chan struct{}, 1),
 		objs: map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, byNode: map[string]map[string]struct{}{},
-		refusals: map[string]uint64{}, dirty: map[string]struct{}{}, gone: map[netip.Addr]struct{}{}, nodes: map[string]string{}}
+		refusals: map[string]uint64{}, dirty: map[string]struct{}{}, gone: map[netip.Addr]struct{}{}, nodes: map[string]string{},
+		ready: true}
 }
 
 // remoteSelector selects the other nodes' objects: those with a node
@@ -112,11 +145,19 @@ func remoteSelector(self string) string {
 }
 
 // run lists and watches the other nodes' objects and feeds the sink until
-// ctx ends. It starts once nodesSynced (nil: at once) reports the node
-// registry listed, so claims are not refused for nodes not listed yet.
+// ctx ends. The objects are listed at once; their claims are checked
+// (and the sink fed) once nodesSynced (nil: at once) reports the node
+// registry listed, so no claim is refused for a node not listed yet.
 func (r *remoteEndpoints) run(ctx context.Context, dyn dynamic.Interface, node string, nodesSynced cache.InformerSynced) {
-	if nodesSynced != nil && !cache.WaitForCacheSync(ctx.Done(), nodesSynced) {
-		return
+	if nodesSynced != nil {
+		r.mu.Lock()
+		r.ready = false
+		r.mu.Unlock()
+		go func() {
+			if cache.WaitForCacheSync(ctx.Done(), nodesSynced) {
+				r.nodesReady()
+			}
+		}()
 	}
 	sel := remoteSelector(node)
 	res := dyn.Resource(endpointsGVR)
@@ -159,7 +200,7 @@ func (r *remoteEndpoints) slim(obj any) (key string, ep *slimEndpoint, ok bool) 
 	ep.nodeIP, _ = netip.ParseAddr(ip)
 	ep.nodeIP = ep.nodeIP.Unmap()
 	ep.node = r.intern(u.GetLabels()[v2.EndpointNodeLabel])
-	ep.statusNode = r.intern(name)
+	ep.mismatch = name != "" && name != ep.node
 	return key, ep, id > 0 && id <= int64(^uint32(0)) && len(ep.ips) > 0
 }
 
@@ -185,27 +226,36 @@ func (r *remoteEndpoints) node(name string, cache nodeCache) *endpoint.OwnerNode
 
 // evalLocked checks ep's claim against its node and records the verdict
 // in ep.refused; a refusal for a reason other than prev (the reason last
-// logged for the object; "" for a new or accepted one) is logged and
+// logged for the object; 0 for a new or accepted one) is logged and
 // counted, except that an object accepted before (wasAccepted) whose Node
 // went away is withdrawn quietly (nodeChanged logs one line for the
-// node). True when accepted.
-func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, wasAccepted bool, cache nodeCache) bool {
-	node := r.node(ep.node, cache)
-	rem := endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.statusNode, NodeIP: ep.nodeIP}
-	err := rem.CheckOwner(ep.node, node)
+// node). Until the node registry is listed every claim is pending (not
+// logged). True when accepted.
+func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev refusal, wasAccepted bool, cache nodeCache) bool {
+	if !r.ready {
+		ep.refused = refusalPending
+		return false
+	}
+	var err error
+	if ep.mismatch {
+		err = &endpoint.RefusedError{Reason: endpoint.RefusedNoOwner, Detail: "status.networking.nodeName is not the node label's node " + ep.node}
+	} else {
+		rem := endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP}
+		err = rem.CheckOwner(ep.node, r.node(ep.node, cache))
+	}
 	var re *endpoint.RefusedError
 	if !errors.As(err, &re) {
-		if prev != "" {
+		if prev > refusalPending {
 			r.log.Info("remote endpoint accepted", "object", key, "node", ep.node, "refused-before", prev)
 		}
-		ep.refused = ""
+		ep.refused = 0
 		return true
 	}
-	ep.refused = re.Reason
+	ep.refused = refusalOf(re.Reason)
 	if re.Reason == endpoint.RefusedUnknownNode && wasAccepted {
 		return false
 	}
-	if re.Reason != prev {
+	if ep.refused != prev {
 		r.refusals[re.Reason]++
 		r.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "object", key, "node", ep.node, "reason", re.Reason, "detail", re.Detail)
 	}
@@ -214,7 +264,7 @@ func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev string, 
 
 // addLocked records key's object and, if its claim is accepted, makes it
 // the owner of its addresses.
-func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev string, wasAccepted bool, cache nodeCache) {
+func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev refusal, wasAccepted bool, cache nodeCache) {
 	r.objs[key] = ep
 	keys := r.byNode[ep.node]
 	if keys == nil {
@@ -244,6 +294,22 @@ func (r *remoteEndpoints) releaseLocked(key string, ep *slimEndpoint) {
 	}
 }
 
+// nodesReady checks every claim held (all pending until now) and asks
+// for a full replacement.
+func (r *remoteEndpoints) nodesReady() {
+	r.mu.Lock()
+	r.ready = true
+	cache := nodeCache{}
+	for key, ep := range r.objs {
+		if r.evalLocked(key, ep, ep.refused, false, cache) {
+			r.ownLocked(key, ep)
+		}
+	}
+	r.full = true
+	r.mu.Unlock()
+	r.signal()
+}
+
 // nodeChanged checks the claims of node's objects again (its Node
 // appeared, changed or went): newly accepted ones are upserted, newly
 // refused ones withdrawn.
@@ -254,9 +320,9 @@ func (r *remoteEndpoints) nodeChanged(node string) {
 	withdrawn := 0
 	for key := range r.byNode[node] {
 		ep := r.objs[key]
-		was := ep.refused == ""
+		was := ep.refused == 0
 		now := r.evalLocked(key, ep, ep.refused, was, cache)
-		if was && !now && ep.refused == endpoint.RefusedUnknownNode {
+		if was && !now && ep.refused == refusalOf(endpoint.RefusedUnknownNode) {
 			withdrawn++
 		}
 		switch {
@@ -292,9 +358,9 @@ func (r *remoteEndpoints) intern(s string) string {
 func (r *remoteEndpoints) Add(obj any) error {
 	r.mu.Lock()
 	key, ep, ok := r.slim(obj)
-	prev, wasAccepted := "", false
+	prev, wasAccepted := refusal(0), false
 	if old := r.objs[key]; old != nil {
-		prev, wasAccepted = old.refused, old.refused == ""
+		prev, wasAccepted = old.refused, old.refused == 0
 	}
 	r.dropLocked(key)
 	if ok {
@@ -333,7 +399,7 @@ func (r *remoteEndpoints) dropLocked(key string) {
 			delete(r.byNode, old.node)
 		}
 	}
-	if old.refused == "" {
+	if old.refused == 0 {
 		r.releaseLocked(key, old)
 	}
 }
@@ -348,9 +414,9 @@ func (r *remoteEndpoints) Replace(list []any, _ string) error {
 	cache := nodeCache{}
 	for _, obj := range list {
 		if key, ep, ok := r.slim(obj); ok {
-			prev, wasAccepted := "", false
+			prev, wasAccepted := refusal(0), false
 			if o := old[key]; o != nil {
-				prev, wasAccepted = o.refused, o.refused == ""
+				prev, wasAccepted = o.refused, o.refused == 0
 			}
 			r.addLocked(key, ep, prev, wasAccepted, cache)
 		}
@@ -402,18 +468,22 @@ func (r *remoteEndpoints) round(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	r.mu.Lock()
+	if !r.ready {
+		r.mu.Unlock()
+		return nil // nodesReady asks again
+	}
 	full, dirty, gone := r.full, r.dirty, r.gone
 	var ups []endpoint.Remote
 	if full {
 		ups = make([]endpoint.Remote, 0, len(r.objs))
 		for _, ep := range r.objs {
-			if ep.refused == "" {
+			if ep.refused == 0 {
 				ups = append(ups, ep.remote())
 			}
 		}
 	} else {
 		for k := range dirty {
-			if ep := r.objs[k]; ep != nil && ep.refused == "" {
+			if ep := r.objs[k]; ep != nil && ep.refused == 0 {
 				ups = append(ups, ep.remote())
 			}
 		}

@@ -212,3 +212,29 @@ func TestRemoteStoreRefuses(t *testing.T) {
 		t.Fatalf("selector %q does not require the node label", sel)
 	}
 }
+
+// TestRemoteStoreWaitsForNodes: objects listed before the node registry
+// are held (nothing reaches the sink, nothing is refused) and checked
+// once the registry is listed.
+func TestRemoteStoreWaitsForNodes(t *testing.T) {
+	sink := &memSink{ips: map[netip.Addr]identity.NumericIdentity{}}
+	nodes := &memNodes{nodes: map[string]*endpoint.OwnerNode{}}
+	nodes.set("n2", "10.9.0.0/24", "192.0.2.2")
+	r := newRemoteEndpoints(sink, nodes.lookup, discard())
+	r.ready = false // as run does until the Node cache synced
+	_ = r.Replace([]any{mepOn("ok", "n2", "n2", "10.9.0.1", "192.0.2.2", 1100), mepOn("bad", "n2", "n2", "10.8.0.1", "192.0.2.2", 1101)}, "1")
+	if err := r.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, synced := r.stats(); synced || sink.replaces != 0 || len(r.refused()) != 0 {
+		t.Fatalf("before the nodes: synced %v, %d replaces, refusals %v; want nothing", synced, sink.replaces, r.refused())
+	}
+	r.nodesReady()
+	if err := r.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[netip.Addr]identity.NumericIdentity{netip.MustParseAddr("10.9.0.1"): 1100}
+	if !maps.Equal(sink.ips, want) || !maps.Equal(r.refused(), map[string]uint64{endpoint.RefusedOutsideNode: 1}) {
+		t.Fatalf("after the nodes: sink %v, refusals %v", sink.ips, r.refused())
+	}
+}
