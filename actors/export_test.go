@@ -22,3 +22,6 @@ func (s *System) AskForTest(ctx context.Context, pid *actor.PID, msg any) (any, 
 
 // GetActorsForTest is the endpoint manager's children query.
 type GetActorsForTest = getActors
+
+// SourceRankForTest is the ipcache's claim source order.
+var SourceRankForTest = sourceRank

@@ -202,10 +202,9 @@ func (a *ipcacheActor) drop(ctx actor.Context, p netip.Prefix, match func(index.
 	a.set(ctx, p, slices.DeleteFunc(slices.Clone(e.Claims), match))
 }
 
-// set writes p's entry from its claims: a local endpoint's claim wins
-// over a remote endpoint's, which wins over a policy CIDR, which wins
-// over a reserved one; between remote claims of two origins the origin
-// first by name wins (deterministic across restarts).
+// set writes p's entry from its claims, the best by sourceRank; between
+// remote claims of two origins the origin first by name wins
+// (deterministic across restarts).
 func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPCacheClaim) {
 	old := a.entries[p]
 	if len(claims) == 0 {
@@ -233,16 +232,28 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 	}
 }
 
+// sourceRank orders the claim sources, lowest first. What this node
+// knows first-hand wins: its local endpoints, then its own reserved
+// addresses (gateways, host addresses: reserved:host). Other nodes'
+// claims come next: they can never displace this node's own entries
+// (another node, or whoever writes its endpoint objects, cannot relabel
+// the host or a local pod). Policy CIDRs, FQDN-learned addresses
+// included, come last: a DNS answer naming the node or a pod never
+// gives it a CIDR identity (the address keeps its identity and the
+// toFQDN or toCIDR rule simply does not match it), as Cilium's ipcache
+// prefers its host and API server sources over fqdn ones.
 func sourceRank(s string) int {
 	switch s {
 	case index.SourceEndpoint:
 		return 0
-	case index.SourceRemote:
+	case index.SourceReserved:
 		return 1
-	case index.SourceCIDRPolicy:
+	case index.SourceRemote:
 		return 2
+	case index.SourceCIDRPolicy:
+		return 3
 	}
-	return 3
+	return 4
 }
 
 // sync writes the dirty prefixes to the datapath in one pool job, unless

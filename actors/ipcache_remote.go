@@ -22,7 +22,9 @@ type remoteReplace struct {
 }
 
 // remote applies one IPCacheRemote: remote endpoints are another claim
-// source (index.SourceRemote), one claim per origin and address.
+// source (index.SourceRemote), one claim per origin and address, ranked
+// below this node's endpoints and reserved addresses (sourceRank). A
+// remote endpoint with a reserved identity is ignored.
 func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 	run := a.replacing[msg.Origin]
 	if msg.Replace != 0 && msg.First {
@@ -38,6 +40,12 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 	}
 	for i := range msg.Upserts {
 		r := &msg.Upserts[i]
+		if r.Identity.IsReserved() {
+			// Only this node assigns reserved identities (the sources
+			// refuse them already, endpoint.Remote.CheckOwner).
+			a.log.Warn("remote endpoint with a reserved identity ignored", "origin", msg.Origin, "node", r.Node, "ips", r.IPs, "identity", r.Identity)
+			continue
+		}
 		c := index.IPCacheClaim{Source: index.SourceRemote, Identity: r.Identity, Origin: msg.Origin, NodeIP: r.NodeIP.Unmap()}
 		for _, ip := range r.IPs {
 			ip = ip.Unmap()

@@ -95,9 +95,9 @@ func BenchmarkRemoteEndpointHeap(b *testing.B) {
 	}
 }
 
-// putRemoteEndpoints writes n endpoint records of node heap-b as its
-// publisher would (pkg/agent/kvstore's record format), 100 per
-// transaction.
+// putRemoteEndpoints writes node heap-b's record and n endpoint records
+// of it as its publisher would (pkg/agent/kvstore's record format), 100
+// per transaction.
 func putRemoteEndpoints(b *testing.B, cli *clientv3.Client, n int) {
 	b.Helper()
 	var ops []clientv3.Op
@@ -109,6 +109,10 @@ func putRemoteEndpoints(b *testing.B, cli *clientv3.Client, n int) {
 		}
 		ops = ops[:0]
 	}
+	// heap-b's node record: its pod CIDR holds the records' addresses
+	// (heap-a believes no claim outside it).
+	ops = append(ops, clientv3.OpPut(simPrefix+"state/nodes/v1/heap-b",
+		`{"name":"heap-b","addrs":["192.168.221.2"],"podCIDRs":["10.64.0.0/10"]}`))
 	for i := range n {
 		ip := fmt.Sprintf("10.%d.%d.%d", 64+i>>16, (i>>8)&255, i&255)
 		v := fmt.Sprintf(`{"ips":[%q],"identity":%d,"node":"heap-b","nodeIP":"192.168.221.2"}`, ip, 256+i%500)

@@ -120,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	var kvMode, etcdEndpoints, nodeAddrs string
 	fs.StringVar(&kvMode, "kvstore", "", "kvstore mode: \"etcd\" shares identities, endpoints and nodes through etcd (\"\": off)")
 	fs.StringVar(&etcdEndpoints, "etcd-endpoints", "", "kvstore mode: comma-separated etcd client URLs (http:// or https://)")
-	fs.StringVar(&kv.CAFile, "etcd-ca", "", "kvstore mode: CA file verifying etcd's certificate (turns TLS on)")
+	fs.StringVar(&kv.CAFile, "etcd-ca", "", "kvstore mode: CA file verifying etcd's certificate (turns TLS on; every --etcd-endpoints must then be https://)")
 	fs.StringVar(&kv.CertFile, "etcd-cert", "", "kvstore mode: client certificate file (with --etcd-key)")
 	fs.StringVar(&kv.KeyFile, "etcd-key", "", "kvstore mode: client key file (with --etcd-cert)")
 	fs.DurationVar(&kv.LeaseTTL, "kvstore-lease-ttl", kvstore.DefaultLeaseTTL, "kvstore mode: node lease TTL: how long after this agent stops renewing it other nodes keep its endpoints (at least 2s)")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
@@ -94,6 +96,13 @@ func (a *Agent) sample() metrics.Sample {
 		Identities: len(a.Index.Identities()), DeleteQueue: -1}
 	c := a.System.Counters()
 	smp.ProxyWaitTimeouts, smp.ProxyRejects = c.ProxyTimeouts, c.ProxyRejects
+	smp.RemoteClaimsRefused = map[string]map[string]uint64{}
+	if a.k8s != nil {
+		smp.RemoteClaimsRefused[k8s.RemoteSource] = a.k8s.RefusedRemoteClaims()
+	}
+	if a.kvstore != nil && a.kvstore.mirror != nil {
+		smp.RemoteClaimsRefused[kvstore.Source] = a.kvstore.mirror.Stats().Refused
+	}
 	for st, n := range byState {
 		smp.EndpointsByState[string(st)] = n
 	}

@@ -172,13 +172,14 @@ func hostPrefixes(as []netip.Addr) []netip.Prefix {
 }
 
 // dnsServer answers allowed.test and denied.test with their servers'
-// addresses (TTL answerTTL) on dnsAddr:53, UDP and TCP, in ns.
+// addresses, node.test with the node's own address (TTL answerTTL) on
+// dnsAddr:53, UDP and TCP, in ns.
 func dnsServer(t testing.TB, ns *testutil.NS) {
 	t.Helper()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
-		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP}
+		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP, "node.test.": nodeSide.Addr()}
 		ip, ok := ips[strings.ToLower(r.Question[0].Name)]
 		if !ok {
 			ip, ok = benchName(r.Question[0].Name)

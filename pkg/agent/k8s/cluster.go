@@ -8,11 +8,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
 
 // startClusterWatches builds what connects this agent to the rest of the
@@ -26,15 +28,16 @@ func (w *Watcher) startClusterWatches(rc *rest.Config, all informers.SharedInfor
 		return nil, err
 	}
 	w.eps = newEndpointWriter(w.cfg.NodeName, dyn, sys.Index, sys.Events(), w.pods, w.log)
-	w.remote = newRemoteEndpoints(sys, w.log)
 	nodeInf := all.Core().V1().Nodes()
 	inf := nodeInf.Informer()
+	w.remote = newRemoteEndpoints(sys, listerLookup(nodeInf.Lister()), w.log)
+	w.nodesSynced = inf.HasSynced
 	// Nodes carry image lists and managed fields the agent never reads.
 	if err := inf.SetTransform(slimNode); err != nil {
 		return nil, err
 	}
 	w.nodes = &nodeWatch{self: w.cfg.NodeName, nodes: nodeInf.Lister(), sink: w.cfg.Nodes, inUse: validPrefixes(w.cfg.PodCIDRs),
-		onAddr: w.eps.setNodeIP, log: w.log.With("worker", "nodes"), wake: make(chan struct{}, 1)}
+		onAddr: w.eps.setNodeIP, onNode: w.remote.nodeChanged, log: w.log.With("worker", "nodes"), wake: make(chan struct{}, 1)}
 	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: w.nodes.changed,
 		UpdateFunc: func(_, n any) { w.nodes.changed(n) }, DeleteFunc: w.nodes.changed})
 	return inf, err
@@ -52,8 +55,41 @@ func (w *Watcher) runWorkers(ctx context.Context, rc *rest.Config) {
 			w.log.Error("remote endpoints not watched", "err", fmt.Errorf("dynamic client: %w", err))
 			return
 		}
-		w.remote.run(ctx, dyn, w.cfg.NodeName)
+		w.remote.run(ctx, dyn, w.cfg.NodeName, w.nodesSynced)
 	}()
+}
+
+// listerLookup finds a node in the Node cache: the registry remote
+// claims are checked against (endpoint.Remote.CheckOwner).
+func listerLookup(l corelisters.NodeLister) nodeLookup {
+	return func(name string) *endpoint.OwnerNode {
+		n, err := l.Get(name)
+		if err != nil {
+			return nil
+		}
+		return ownerNode(n)
+	}
+}
+
+// ownerNode is node as remote claims are checked against it: its pod
+// CIDRs (as routed, PodCIDRs) and every InternalIP and ExternalIP.
+func ownerNode(node *corev1.Node) *endpoint.OwnerNode {
+	o := &endpoint.OwnerNode{Name: node.Name}
+	v4, v6, _ := PodCIDRs(node) // a bad CIDR leaves the good ones
+	for _, p := range []netip.Prefix{v4, v6} {
+		if p.IsValid() {
+			o.PodCIDRs = append(o.PodCIDRs, p)
+		}
+	}
+	for _, a := range node.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			o.Addrs = append(o.Addrs, ip.Unmap())
+		}
+	}
+	return o
 }
 
 func slimNode(obj any) (any, error) {
@@ -71,6 +107,16 @@ func validPrefixes(ps []netip.Prefix) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// RefusedRemoteClaims counts the other nodes' MembraneEndpoints refused
+// so far, by reason (one of endpoint.Refused*), each object once per
+// reason; nil before the watches started.
+func (w *Watcher) RefusedRemoteClaims() map[string]uint64 {
+	if w.remote == nil {
+		return nil
+	}
+	return w.remote.refused()
 }
 
 // clusterStatus fills the status's cluster part.

@@ -335,6 +335,8 @@ func TestRemoteEndpointsFromAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), "remote-a", metav1.DeleteOptions{}) })
+	// The objects' node: their addresses lie in its pod CIDR.
+	createNode(t, cs, "node-r", []string{"10.231.0.0/24"}, "192.0.2.51")
 	// Present before the agent starts: the first full replacement.
 	createMEP(t, dyn, "remote-a", "before", "node-r", "10.231.0.1", 50001, "192.0.2.51")
 	k := startAgent(t, "node-q", nil)

@@ -23,6 +23,16 @@
 // the ipcache as remote endpoints (remote.go), and Node objects give this
 // node's pod CIDRs and address and the other nodes (nodes.go).
 //
+// Trust: another node's MembraneEndpoint is believed only as a claim of
+// the node its membrane.io/node label names (objects without the label
+// are not watched), while that node's Node object exists, its
+// spec.podCIDRs hold every claimed address, its status.addresses hold the
+// claimed node IP, and the identity is not a reserved one
+// (endpoint.Remote.CheckOwner). Refused objects are logged once per
+// reason, counted (RefusedRemoteClaims) and checked again whenever their
+// Node changes. The ipcache ranks these claims below this node's own
+// endpoints and reserved addresses.
+//
 // Invariants: informer callbacks never block (they only queue keys, and
 // only for changes the agent derives something from: a relist after an
 // API outage regenerates nothing); labels and policies are applied by

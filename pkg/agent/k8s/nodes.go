@@ -17,6 +17,7 @@ import (
 	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/membrane-cni/membrane/datapath"
 )
@@ -150,6 +151,9 @@ type nodeWatch struct {
 	sink   NodeSink // nil: other nodes are only counted
 	inUse  []netip.Prefix
 	onAddr func(string)
+	// onNode is told the name of every other node that changed (added,
+	// updated or deleted): its remote claims are checked again.
+	onNode func(string)
 	log    *slog.Logger
 	wake   chan struct{}
 
@@ -163,10 +167,19 @@ type nodeWatch struct {
 }
 
 func (n *nodeWatch) changed(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		if n.onNode != nil && d.Key != n.self {
+			n.onNode(d.Key)
+		}
+		obj = nil
+	}
 	node, ok := obj.(*corev1.Node)
 	if ok && node.Name == n.self {
 		n.selfChanged(node)
 		return
+	}
+	if ok && n.onNode != nil {
+		n.onNode(node.Name)
 	}
 	select {
 	case n.wake <- struct{}{}:

@@ -2,7 +2,9 @@ package k8s
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -34,13 +36,52 @@ type RemoteSink interface {
 const remoteRetryMax = 30 * time.Second
 
 // slimEndpoint is what the agent keeps of another node's MembraneEndpoint:
-// no metadata beyond its key, no labels, no state.
+// no metadata beyond its key and owning node, no state.
 type slimEndpoint struct {
 	ips      []netip.Addr
 	identity identity.NumericIdentity
-	node     string // interned
-	nodeIP   netip.Addr
+	// refused is why the claim is not believed (0 when it is), the
+	// reason last logged for the object.
+	refused refusal
+	// mismatch: status.networking.nodeName names another node than the
+	// label.
+	mismatch bool
+	// node is the owning node: the object's membrane.io/node label ("" without
+	// one), interned.
+	node   string
+	nodeIP netip.Addr
 }
+
+// refusal is a refusal reason as a slimEndpoint keeps it (one byte, not a
+// string: there is one per remote endpoint).
+type refusal uint8
+
+// refusalPending: the node registry is not listed yet (not logged).
+const refusalPending refusal = 1
+
+// refusalReasons are the reasons by refusal (0: accepted).
+var refusalReasons = []string{"", "pending", endpoint.RefusedNoOwner, endpoint.RefusedUnknownNode,
+	endpoint.RefusedOutsideNode, endpoint.RefusedNodeIP, endpoint.RefusedReserved}
+
+func refusalOf(reason string) refusal {
+	for i, r := range refusalReasons {
+		if r == reason {
+			return refusal(i)
+		}
+	}
+	return refusal(len(refusalReasons)) // unknown: still refused
+}
+
+func (f refusal) String() string {
+	if int(f) < len(refusalReasons) {
+		return refusalReasons[f]
+	}
+	return "refused"
+}
+
+// nodeLookup finds a node of the registry (the Node objects) by name; nil
+// when there is none.
+type nodeLookup func(name string) *endpoint.OwnerNode
 
 // remoteEndpoints mirrors the MembraneEndpoints of other nodes into a
 // RemoteSink. It is the store of a client-go reflector (list + watch with
@@ -50,38 +91,75 @@ type slimEndpoint struct {
 // wake the one worker, which hands the sink bounded batches. A relist
 // (Replace, the first one at start) makes the next round a full
 // ReplaceRemoteEndpoints; later ones are upserts and deletes.
+//
+// A claim reaches the sink only while the node its label names is a
+// known Node whose pod CIDRs hold every claimed address and whose
+// addresses include the claimed node IP, and its identity is not a
+// reserved one (endpoint.Remote.CheckOwner). Refused objects are kept,
+// logged once per reason and counted, and checked again whenever their
+// node changes: a claim that arrives before its Node is accepted when
+// the Node appears, and one whose node loses the CIDR is withdrawn.
 type remoteEndpoints struct {
-	sink RemoteSink
-	log  *slog.Logger
-	wake chan struct{}
+	sink   RemoteSink
+	lookup nodeLookup // nil: no node is known, every claim is refused
+	log    *slog.Logger
+	wake   chan struct{}
 
 	// mu guards the fields below.
 	mu sync.Mutex
-	// objs are the current objects by "namespace/name"; owners maps each
-	// address to the key of the object that claims it.
+	// objs are the current objects by "namespace/name" (refused ones
+	// too); owners maps each address to the key of the accepted object
+	// that claims it; byNode indexes objs by owning node.
 	objs   map[string]*slimEndpoint
 	owners map[netip.Addr]string
+	byNode map[string]map[string]struct{}
+	// refusals counts refused claims by reason (each object once per
+	// reason it was refused for).
+	refusals map[string]uint64
 	// dirty are the keys changed since the last round; gone the
 	// addresses no object claims any more; full asks for a replacement.
 	dirty  map[string]struct{}
 	gone   map[netip.Addr]struct{}
 	full   bool
 	synced bool // the first replacement reached the sink
-	nodes  map[string]string
+	// ready is set once the node registry is listed: before, every claim
+	// is pending and nothing reaches the sink.
+	ready bool
+	nodes map[string]string
 }
 
 var _ cache.ReflectorStore = (*remoteEndpoints)(nil)
 
-func newRemoteEndpoints(sink RemoteSink, log *slog.Logger) *remoteEndpoints {
-	return &remoteEndpoints{sink: sink, log: log.With("worker", "remote-endpoints"), wake: make(chan struct{}, 1),
-		objs: map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, dirty: map[string]struct{}{},
-		gone: map[netip.Addr]struct{}{}, nodes: map[string]string{}}
+func newRemoteEndpoints(sink RemoteSink, lookup nodeLookup, log *slog.Logger) *remoteEndpoints {
+	return &remoteEndpoints{sink: sink, lookup: lookup, log: log.With("worker", "remote-endpoints"), wake: make(chan struct{}, 1),
+		objs: map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, byNode: map[string]map[string]struct{}{},
+		refusals: map[string]uint64{}, dirty: map[string]struct{}{}, gone: map[netip.Addr]struct{}{}, nodes: map[string]string{},
+		ready: true}
+}
+
+// remoteSelector selects the other nodes' objects: those with a node
+// label that names another node (an object without the label is no
+// node's and claims nothing).
+func remoteSelector(self string) string {
+	return v2.EndpointNodeLabel + "," + v2.EndpointNodeLabel + "!=" + self
 }
 
 // run lists and watches the other nodes' objects and feeds the sink until
-// ctx ends.
-func (r *remoteEndpoints) run(ctx context.Context, dyn dynamic.Interface, node string) {
-	sel := v2.EndpointNodeLabel + "!=" + node
+// ctx ends. The objects are listed at once; their claims are checked
+// (and the sink fed) once nodesSynced (nil: at once) reports the node
+// registry listed, so no claim is refused for a node not listed yet.
+func (r *remoteEndpoints) run(ctx context.Context, dyn dynamic.Interface, node string, nodesSynced cache.InformerSynced) {
+	if nodesSynced != nil {
+		r.mu.Lock()
+		r.ready = false
+		r.mu.Unlock()
+		go func() {
+			if cache.WaitForCacheSync(ctx.Done(), nodesSynced) {
+				r.nodesReady()
+			}
+		}()
+	}
+	sel := remoteSelector(node)
 	res := dyn.Resource(endpointsGVR)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -121,8 +199,149 @@ func (r *remoteEndpoints) slim(obj any) (key string, ep *slimEndpoint, ok bool) 
 	ip, _, _ := unstructured.NestedString(u.Object, "status", "networking", "nodeIP")
 	ep.nodeIP, _ = netip.ParseAddr(ip)
 	ep.nodeIP = ep.nodeIP.Unmap()
-	ep.node = r.intern(name)
+	ep.node = r.intern(u.GetLabels()[v2.EndpointNodeLabel])
+	ep.mismatch = name != "" && name != ep.node
 	return key, ep, id > 0 && id <= int64(^uint32(0)) && len(ep.ips) > 0
+}
+
+// nodeCache holds the nodes looked up during one call (a relist checks
+// many objects of each node); nil: no caching.
+type nodeCache map[string]*endpoint.OwnerNode
+
+// node returns name's node from the registry (nil: unknown).
+func (r *remoteEndpoints) node(name string, cache nodeCache) *endpoint.OwnerNode {
+	if r.lookup == nil || name == "" {
+		return nil
+	}
+	if cache == nil {
+		return r.lookup(name)
+	}
+	n, ok := cache[name]
+	if !ok {
+		n = r.lookup(name)
+		cache[name] = n
+	}
+	return n
+}
+
+// evalLocked checks ep's claim against its node and records the verdict
+// in ep.refused; a refusal for a reason other than prev (the reason last
+// logged for the object; 0 for a new or accepted one) is logged and
+// counted, except that an object accepted before (wasAccepted) whose Node
+// went away is withdrawn quietly (nodeChanged logs one line for the
+// node). Until the node registry is listed every claim is pending (not
+// logged). True when accepted.
+func (r *remoteEndpoints) evalLocked(key string, ep *slimEndpoint, prev refusal, wasAccepted bool, cache nodeCache) bool {
+	if !r.ready {
+		ep.refused = refusalPending
+		return false
+	}
+	var err error
+	if ep.mismatch {
+		err = &endpoint.RefusedError{Reason: endpoint.RefusedNoOwner, Detail: "status.networking.nodeName is not the node label's node " + ep.node}
+	} else {
+		rem := endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP}
+		err = rem.CheckOwner(ep.node, r.node(ep.node, cache))
+	}
+	var re *endpoint.RefusedError
+	if !errors.As(err, &re) {
+		if prev > refusalPending {
+			r.log.Info("remote endpoint accepted", "object", key, "node", ep.node, "refused-before", prev)
+		}
+		ep.refused = 0
+		return true
+	}
+	ep.refused = refusalOf(re.Reason)
+	if re.Reason == endpoint.RefusedUnknownNode && wasAccepted {
+		return false
+	}
+	if ep.refused != prev {
+		r.refusals[re.Reason]++
+		r.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "object", key, "node", ep.node, "reason", re.Reason, "detail", re.Detail)
+	}
+	return false
+}
+
+// addLocked records key's object and, if its claim is accepted, makes it
+// the owner of its addresses.
+func (r *remoteEndpoints) addLocked(key string, ep *slimEndpoint, prev refusal, wasAccepted bool, cache nodeCache) {
+	r.objs[key] = ep
+	keys := r.byNode[ep.node]
+	if keys == nil {
+		keys = map[string]struct{}{}
+		r.byNode[ep.node] = keys
+	}
+	keys[key] = struct{}{}
+	if r.evalLocked(key, ep, prev, wasAccepted, cache) {
+		r.ownLocked(key, ep)
+	}
+}
+
+func (r *remoteEndpoints) ownLocked(key string, ep *slimEndpoint) {
+	for _, ip := range ep.ips {
+		r.owners[ip] = key
+		delete(r.gone, ip)
+	}
+}
+
+// releaseLocked gives up the addresses key alone owns: they go.
+func (r *remoteEndpoints) releaseLocked(key string, ep *slimEndpoint) {
+	for _, ip := range ep.ips {
+		if r.owners[ip] == key {
+			delete(r.owners, ip)
+			r.gone[ip] = struct{}{}
+		}
+	}
+}
+
+// nodesReady checks every claim held (all pending until now) and asks
+// for a full replacement.
+func (r *remoteEndpoints) nodesReady() {
+	r.mu.Lock()
+	r.ready = true
+	cache := nodeCache{}
+	for key, ep := range r.objs {
+		if r.evalLocked(key, ep, ep.refused, false, cache) {
+			r.ownLocked(key, ep)
+		}
+	}
+	r.full = true
+	r.mu.Unlock()
+	r.signal()
+}
+
+// nodeChanged checks the claims of node's objects again (its Node
+// appeared, changed or went): newly accepted ones are upserted, newly
+// refused ones withdrawn.
+func (r *remoteEndpoints) nodeChanged(node string) {
+	r.mu.Lock()
+	changed := false
+	cache := nodeCache{}
+	withdrawn := 0
+	for key := range r.byNode[node] {
+		ep := r.objs[key]
+		was := ep.refused == 0
+		now := r.evalLocked(key, ep, ep.refused, was, cache)
+		if was && !now && ep.refused == refusalOf(endpoint.RefusedUnknownNode) {
+			withdrawn++
+		}
+		switch {
+		case now && !was:
+			r.ownLocked(key, ep)
+			r.dirty[key] = struct{}{}
+			changed = true
+		case !now && was:
+			r.releaseLocked(key, ep)
+			changed = true
+		}
+	}
+	r.mu.Unlock()
+	if withdrawn > 0 {
+		r.log.Info("node gone: its remote endpoints withdrawn", "node", node, "endpoints", withdrawn)
+	}
+	if changed {
+		r.signal()
+	}
 }
 
 // intern shares node name strings between the endpoints of one node.
@@ -139,13 +358,13 @@ func (r *remoteEndpoints) intern(s string) string {
 func (r *remoteEndpoints) Add(obj any) error {
 	r.mu.Lock()
 	key, ep, ok := r.slim(obj)
+	prev, wasAccepted := refusal(0), false
+	if old := r.objs[key]; old != nil {
+		prev, wasAccepted = old.refused, old.refused == 0
+	}
 	r.dropLocked(key)
 	if ok {
-		r.objs[key] = ep
-		for _, ip := range ep.ips {
-			r.owners[ip] = key
-			delete(r.gone, ip)
-		}
+		r.addLocked(key, ep, prev, wasAccepted, nil)
 	}
 	r.dirty[key] = struct{}{}
 	r.mu.Unlock()
@@ -174,25 +393,32 @@ func (r *remoteEndpoints) dropLocked(key string) {
 		return
 	}
 	delete(r.objs, key)
-	for _, ip := range old.ips {
-		if r.owners[ip] == key {
-			delete(r.owners, ip)
-			r.gone[ip] = struct{}{}
+	if keys := r.byNode[old.node]; keys != nil {
+		delete(keys, key)
+		if len(keys) == 0 {
+			delete(r.byNode, old.node)
 		}
+	}
+	if old.refused == 0 {
+		r.releaseLocked(key, old)
 	}
 }
 
 // Replace implements cache.ReflectorStore: a (re)list.
 func (r *remoteEndpoints) Replace(list []any, _ string) error {
 	r.mu.Lock()
+	old := r.objs
 	r.objs = make(map[string]*slimEndpoint, len(list))
 	r.owners = make(map[netip.Addr]string, len(list))
+	r.byNode = map[string]map[string]struct{}{}
+	cache := nodeCache{}
 	for _, obj := range list {
 		if key, ep, ok := r.slim(obj); ok {
-			r.objs[key] = ep
-			for _, ip := range ep.ips {
-				r.owners[ip] = key
+			prev, wasAccepted := refusal(0), false
+			if o := old[key]; o != nil {
+				prev, wasAccepted = o.refused, o.refused == 0
 			}
+			r.addLocked(key, ep, prev, wasAccepted, cache)
 		}
 	}
 	r.dirty, r.gone, r.full = map[string]struct{}{}, map[netip.Addr]struct{}{}, true
@@ -242,16 +468,22 @@ func (r *remoteEndpoints) round(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	r.mu.Lock()
+	if !r.ready {
+		r.mu.Unlock()
+		return nil // nodesReady asks again
+	}
 	full, dirty, gone := r.full, r.dirty, r.gone
 	var ups []endpoint.Remote
 	if full {
 		ups = make([]endpoint.Remote, 0, len(r.objs))
 		for _, ep := range r.objs {
-			ups = append(ups, ep.remote())
+			if ep.refused == 0 {
+				ups = append(ups, ep.remote())
+			}
 		}
 	} else {
 		for k := range dirty {
-			if ep := r.objs[k]; ep != nil {
+			if ep := r.objs[k]; ep != nil && ep.refused == 0 {
 				ups = append(ups, ep.remote())
 			}
 		}
@@ -304,10 +536,17 @@ func (ep *slimEndpoint) remote() endpoint.Remote {
 	return endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP}
 }
 
-// stats returns how many remote endpoints are held and whether the first
-// replacement reached the sink.
+// stats returns how many remote endpoints are held (refused ones too)
+// and whether the first replacement reached the sink.
 func (r *remoteEndpoints) stats() (n int, synced bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.objs), r.synced
+}
+
+// refused returns the refused claims counted so far, by reason.
+func (r *remoteEndpoints) refused() map[string]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.refusals)
 }

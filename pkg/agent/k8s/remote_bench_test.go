@@ -48,6 +48,8 @@ func BenchmarkRemoteEndpoints(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The node whose pod CIDR holds the objects' addresses (10.64.0.0 on).
+	createNode(b, cs, "bench-b", []string{"10.64.0.0/10"}, "192.0.2.200")
 	b.Logf("loadavg at start: %s", loadavg())
 	var nss []string
 	for i := range 10 {

@@ -43,6 +43,7 @@ func TestRemoteEndpointsInKernelFromAPIServer(t *testing.T) {
 	t.Cleanup(func() {
 		_ = k.cs.CoreV1().Namespaces().Delete(context.Background(), "kernel-remote", metav1.DeleteOptions{})
 	})
+	createNode(t, k.cs, "kernel-b", []string{"10.233.7.0/24"}, "192.0.2.99")
 	createMEP(t, k.dyn, "kernel-remote", "db", "kernel-b", "10.233.7.9", 70707, "192.0.2.99")
 	p := netip.MustParsePrefix("10.233.7.9/32")
 	inKernel := func() (identity.NumericIdentity, string) {

@@ -88,6 +88,8 @@ type Watcher struct {
 	eps    *endpointWriter
 	remote *remoteEndpoints
 	nodes  *nodeWatch
+	// nodesSynced reports the Node cache listed (remote claims wait for it).
+	nodesSynced cache.InformerSynced
 
 	// mu guards the fields below.
 	mu sync.Mutex

@@ -44,7 +44,8 @@ type Config struct {
 	// CAFile, CertFile and KeyFile configure TLS (--etcd-ca, --etcd-cert,
 	// --etcd-key): CAFile verifies the server; CertFile and KeyFile (both
 	// or neither) are this node's client certificate. Any of them turns
-	// TLS on.
+	// TLS on, and then every endpoint must be https:// (Validate refuses
+	// http://: the client would silently connect in plaintext).
 	CAFile, CertFile, KeyFile string
 	// NodeName is this node's name (--node-name): a DNS-1123 subdomain.
 	NodeName string
@@ -97,6 +98,12 @@ func (c Config) Validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			return fmt.Errorf("--etcd-endpoints: %q: want http://host:port or https://host:port: %w", ep, ErrInvalidConfig)
 		}
+		// TLS files with an http:// endpoint would connect in plaintext:
+		// the client only uses TLS for https:// endpoints.
+		if u.Scheme == "http" && (c.CAFile != "" || c.CertFile != "" || c.KeyFile != "") {
+			return fmt.Errorf("--etcd-endpoints: %q is plaintext http:// but %s is given: use https:// (TLS is never applied to http:// endpoints): %w",
+				ep, c.tlsFlags(), ErrInvalidConfig)
+		}
 	}
 	switch {
 	case len(c.NodeName) > 253 || !nodeName.MatchString(c.NodeName):
@@ -114,6 +121,17 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--etcd-ca, --etcd-cert, --etcd-key: %w: %w", err, ErrInvalidConfig)
 	}
 	return nil
+}
+
+// tlsFlags names the TLS flags that are set.
+func (c Config) tlsFlags() string {
+	var set []string
+	for _, f := range []struct{ flag, v string }{{"--etcd-ca", c.CAFile}, {"--etcd-cert", c.CertFile}, {"--etcd-key", c.KeyFile}} {
+		if f.v != "" {
+			set = append(set, f.flag)
+		}
+	}
+	return strings.Join(set, ", ")
 }
 
 // tlsConfig loads the TLS files; nil when none is given.

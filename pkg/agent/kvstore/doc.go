@@ -12,6 +12,12 @@
 //     under the lease from the agent's index, woken by its event hub.
 //   - Mirror (mirror.go): every other node and its endpoints, watched and
 //     handed to the agent through the RemoteSink and NodeSink interfaces.
+//     An endpoint record is believed only as a claim of the node its key
+//     names, inside that node's record's pod CIDRs, with one of its
+//     addresses and a non-reserved identity; refused records are counted
+//     (MirrorStats.Refused) and checked again when their node changes.
+//     etcd holds no per-node authority: any agent with the etcd client
+//     certificate can write any node's keys, node records included.
 //
 // The key layout is keys.go (and ARCHITECTURE.md). Watches re-list with
 // mark-and-sweep after a compaction. Nothing here runs inside an actor:

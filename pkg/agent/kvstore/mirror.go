@@ -2,6 +2,8 @@ package kvstore
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -38,6 +40,17 @@ type NodeSink interface {
 // replacement. An address claimed by two nodes' endpoints (a pod moved
 // and the old node has not withdrawn it yet) goes to the latest claim;
 // when that one goes, the other takes it back.
+//
+// An endpoint record is believed only as a claim of the node its key
+// names (state/endpoints/v1/<node>/...; the record's node must agree),
+// while that node's record is known, holds every claimed address in its
+// pod CIDRs and lists the claimed node address, and its identity is not
+// a reserved one (endpoint.Remote.CheckOwner). A refused record is kept,
+// logged once per reason and counted, and checked again when its node's
+// record changes: a record that arrives before its node is accepted when
+// the node appears.
+// etcd itself holds no per-node authority: any agent with the
+// cluster's etcd credentials can write any node's keys.
 type Mirror struct {
 	c     *Client
 	eps   RemoteSink
@@ -51,9 +64,14 @@ type Mirror struct {
 	// mu guards everything below; the sinks are called with mu held, so
 	// their calls happen in the order of etcd's revisions.
 	mu       sync.Mutex
-	recs     map[string]endpointRecord // endpoint key -> record
-	owners   map[netip.Addr][]string   // address -> keys claiming it, latest last
+	recs     map[string]endpointRecord // endpoint key -> record (refused ones too)
+	owners   map[netip.Addr][]string   // address -> accepted keys claiming it, latest last
 	nodeRecs map[string]nodeRecord
+	// refused holds, per refused endpoint key, the reason (one of
+	// endpoint.Refused*) last logged; refusals counts refusals by reason
+	// (each record once per reason it was refused for).
+	refused  map[string]string
+	refusals map[string]uint64
 	epStale  bool // the sink missed something: replace everything
 	nodeSent bool // the node set was handed over since it last changed
 	synced   [2]bool
@@ -64,7 +82,8 @@ type Mirror struct {
 func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	ctx, stop := context.WithCancel(c.ctx)
 	m := &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
-		recs: map[string]endpointRecord{}, owners: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{}}
+		recs: map[string]endpointRecord{}, owners: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
+		refused: map[string]string{}, refusals: map[string]uint64{}}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
@@ -80,16 +99,22 @@ func (m *Mirror) Stop() {
 
 // MirrorStats is what a Mirror knows.
 type MirrorStats struct {
+	// RemoteEndpoints counts the other nodes' endpoint records, refused
+	// ones included.
 	RemoteEndpoints, RemoteNodes int
 	Synced                       bool
 	LastError                    string
+	// Refused counts the refused endpoint records by reason (one of
+	// endpoint.Refused*), each record once per reason.
+	Refused map[string]uint64
 }
 
 // Stats returns what the mirror knows.
 func (m *Mirror) Stats() MirrorStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := MirrorStats{RemoteEndpoints: len(m.recs), RemoteNodes: len(m.nodeRecs), Synced: m.synced[0] && m.synced[1]}
+	st := MirrorStats{RemoteEndpoints: len(m.recs), RemoteNodes: len(m.nodeRecs), Synced: m.synced[0] && m.synced[1],
+		Refused: maps.Clone(m.refusals)}
 	if m.lastErr != nil {
 		st.LastError = m.lastErr.Error()
 	}
@@ -157,8 +182,14 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 	defer m.mu.Unlock()
 	clear(m.recs)
 	clear(m.owners)
+	prev := m.refused // keeps the reasons logged: a relist logs no refusal again
+	m.refused = map[string]string{}
 	for _, kv := range kvs {
-		m.putLocked(string(kv.Key), kv.Value)
+		key := string(kv.Key)
+		if r, ok := prev[key]; ok {
+			m.refused[key] = r
+		}
+		m.putLocked(key, kv.Value)
 	}
 	m.synced[0] = true
 	m.replaceEndpointsLocked()
@@ -171,28 +202,39 @@ func (l *epLister) events(evs []*clientv3.Event) {
 	// Each address's last change wins: a response may carry an endpoint's
 	// creation and its deletion, which must not reach the agent as a
 	// delete followed by an upsert.
-	final := map[netip.Addr]*endpoint.Remote{} // nil: delete
+	final := finalChanges{}
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
 		if m.ownKey(key) {
 			continue
 		}
-		var u []endpoint.Remote
-		var d []netip.Addr
 		if ev.Type == clientv3.EventTypeDelete {
-			u, d = m.deleteLocked(key)
+			final.add(m.deleteLocked(key))
 		} else {
-			u, d = m.putLocked(key, ev.Kv.Value)
-		}
-		for _, ip := range d {
-			final[ip] = nil
-		}
-		for i := range u {
-			for _, ip := range u[i].IPs {
-				final[ip] = &u[i]
-			}
+			final.add(m.putLocked(key, ev.Kv.Value))
 		}
 	}
+	m.sendLocked(final)
+}
+
+// finalChanges are each address's last change (nil: delete).
+type finalChanges map[netip.Addr]*endpoint.Remote
+
+// add records upserts and deletions as each address's last change.
+func (final finalChanges) add(u []endpoint.Remote, d []netip.Addr) {
+	for _, ip := range d {
+		final[ip] = nil
+	}
+	for i := range u {
+		for _, ip := range u[i].IPs {
+			final[ip] = &u[i]
+		}
+	}
+}
+
+// sendLocked hands each address's last change to the sink (unless a
+// full replacement is due).
+func (m *Mirror) sendLocked(final finalChanges) {
 	if m.epStale || m.eps == nil {
 		m.epStale = m.eps != nil
 		return
@@ -217,7 +259,7 @@ func (l *epLister) events(evs []*clientv3.Event) {
 
 // splitFinal turns each address's last change into the deletions and the
 // upserts (addresses of one record together) the agent gets.
-func splitFinal(final map[netip.Addr]*endpoint.Remote) ([]endpoint.Remote, []netip.Addr) {
+func splitFinal(final finalChanges) ([]endpoint.Remote, []netip.Addr) {
 	var dels []netip.Addr
 	byRec := map[*endpoint.Remote][]netip.Addr{}
 	var recs []*endpoint.Remote
@@ -254,20 +296,102 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 	}
 	var ups []endpoint.Remote
 	var dels []netip.Addr
-	if old, ok := m.recs[key]; ok { // addresses the endpoint no longer has
+	_, wasRefused := m.refused[key]
+	accepted := m.checkLocked(key, rec, false)
+	if old, ok := m.recs[key]; ok && !wasRefused { // addresses the endpoint no longer claims
 		for _, ip := range old.IPs {
-			if !slices.Contains(rec.IPs, ip) {
+			if !accepted || !slices.Contains(rec.IPs, ip) {
 				u, d := m.disownLocked(ip, key)
 				ups, dels = append(ups, u...), append(dels, d...)
 			}
 		}
 	}
 	m.recs[key] = rec
+	if !accepted {
+		return ups, dels
+	}
+	m.ownLocked(key, rec)
+	return append(ups, rec.remote()), dels
+}
+
+// ownLocked makes key the latest claim of each of rec's addresses.
+func (m *Mirror) ownLocked(key string, rec endpointRecord) {
 	for _, ip := range rec.IPs {
 		o := slices.DeleteFunc(m.owners[ip], func(k string) bool { return k == key })
 		m.owners[ip] = append(o, key)
 	}
-	return append(ups, rec.remote()), dels
+}
+
+// checkLocked checks key's record against the node its key names and
+// records the verdict in m.refused; a refusal for a new reason is logged
+// and counted, except (pending, with reason "") a record whose node is
+// not known while the nodes are not listed yet or, with withdrawn, whose
+// node went away. True when accepted.
+func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) bool {
+	owner := m.c.keys.endpointNode(key)
+	var node *endpoint.OwnerNode
+	if n, ok := m.nodeRecs[m.c.keys.node(owner)]; ok && owner != "" {
+		node = &endpoint.OwnerNode{Name: n.Name, Addrs: n.Addrs, PodCIDRs: n.PodCIDRs}
+	}
+	r := rec.remote()
+	if r.Node == "" {
+		r.Node = owner // an unnamed record is its key's node's
+	}
+	err := r.CheckOwner(owner, node)
+	prev, wasRefused := m.refused[key]
+	var re *endpoint.RefusedError
+	if !errors.As(err, &re) {
+		if wasRefused {
+			delete(m.refused, key)
+			if prev != "" {
+				m.c.log.Info("remote endpoint accepted", "key", key, "node", owner, "refused-before", prev)
+			}
+		}
+		return true
+	}
+	if re.Reason == endpoint.RefusedUnknownNode && (!m.synced[1] || withdrawn) {
+		m.refused[key] = "" // pending: no node to check against yet, or any more
+		return false
+	}
+	m.refused[key] = re.Reason
+	if re.Reason != prev {
+		m.refusals[re.Reason]++
+		m.c.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "key", key, "node", owner, "reason", re.Reason, "detail", re.Detail)
+	}
+	return false
+}
+
+// recheckNodeLocked checks the records of node again after its node
+// record changed, and hands what changed to the sink.
+func (m *Mirror) recheckNodeLocked(node string) {
+	prefix := m.c.keys.nodeEndpoints(node)
+	final := finalChanges{}
+	withdrawn := 0
+	for key, rec := range m.recs {
+		if !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		_, was := m.refused[key]
+		now := m.checkLocked(key, rec, !was)
+		if !now && !was && m.refused[key] == "" {
+			withdrawn++
+		}
+		switch {
+		case now && was:
+			m.ownLocked(key, rec)
+			final.add([]endpoint.Remote{rec.remote()}, nil)
+		case !now && !was:
+			for _, ip := range rec.IPs {
+				final.add(m.disownLocked(ip, key))
+			}
+		}
+	}
+	if withdrawn > 0 {
+		m.c.log.Info("node record gone: its endpoints withdrawn", "node", node, "endpoints", withdrawn)
+	}
+	if len(final) > 0 {
+		m.sendLocked(final)
+	}
 }
 
 // deleteLocked forgets key's endpoint.
@@ -277,6 +401,10 @@ func (m *Mirror) deleteLocked(key string) ([]endpoint.Remote, []netip.Addr) {
 		return nil, nil
 	}
 	delete(m.recs, key)
+	if _, refused := m.refused[key]; refused {
+		delete(m.refused, key)
+		return nil, nil
+	}
 	var ups []endpoint.Remote
 	var dels []netip.Addr
 	for _, ip := range rec.IPs {
@@ -341,20 +469,33 @@ func (l *nodeLister) list(kvs []*mvccpb.KeyValue) {
 	}
 	m.synced[1] = true
 	m.syncNodesLocked()
+	nodes := map[string]struct{}{}
+	for key := range m.recs {
+		nodes[m.c.keys.endpointNode(key)] = struct{}{}
+	}
+	for n := range nodes {
+		m.recheckNodeLocked(n)
+	}
 }
 
 func (l *nodeLister) events(evs []*clientv3.Event) {
 	m := (*Mirror)(l)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	changed := map[string]struct{}{}
 	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		changed[strings.TrimPrefix(key, m.c.keys.nodes())] = struct{}{}
 		if ev.Type == clientv3.EventTypeDelete {
-			delete(m.nodeRecs, string(ev.Kv.Key))
+			delete(m.nodeRecs, key)
 			continue
 		}
-		m.putNodeLocked(string(ev.Kv.Key), ev.Kv.Value)
+		m.putNodeLocked(key, ev.Kv.Value)
 	}
 	m.syncNodesLocked()
+	for n := range changed {
+		m.recheckNodeLocked(n)
+	}
 }
 
 func (m *Mirror) putNodeLocked(key string, v []byte) {

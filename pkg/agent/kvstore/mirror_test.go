@@ -358,6 +358,10 @@ func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node whose pod CIDR holds the addresses: its endpoints are believed.
+	if _, err := writer.Etcd().Put(ctx, prefixOf(t)+"state/nodes/v1/other", `{"name":"other","addrs":["192.0.2.50"],"podCIDRs":["10.9.0.0/24"]}`); err != nil {
+		t.Fatal(err)
+	}
 	put("0", `{"ips":["10.9.0.9"],"identity":299,"node":"other"}`)
 	waitFor(t, "first endpoint", func() bool { ips, _ := n.sink.view(); return len(ips) == 1 })
 	proxy.Cut()
@@ -382,7 +386,8 @@ func TestPublisherComparesAllAfterEvents(t *testing.T) {
 	srv := startEtcd(t)
 	a := &agentNode{name: "pub-a", c: connect(t, srv.Endpoint, "pub-a", nil), src: newFakeSource()}
 	pub, err := kvstore.StartPublisher(a.c, kvstore.PublisherConfig{Source: a.src, Hub: a.src.hub,
-		Coalesce: 5 * time.Millisecond, Resync: time.Hour}) // only the comparison after events can find endpoint 2
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, // podIP(0, _): other nodes believe them
+		Coalesce: 5 * time.Millisecond, Resync: time.Hour})             // only the comparison after events can find endpoint 2
 	if err != nil {
 		t.Fatal(err)
 	}

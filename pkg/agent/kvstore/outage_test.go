@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -220,13 +221,16 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("good config: %v", err)
 	}
 	for name, mod := range map[string]func(*kvstore.Config){
-		"no endpoints":   func(c *kvstore.Config) { c.Endpoints = nil },
-		"bad scheme":     func(c *kvstore.Config) { c.Endpoints = []string{"unix:///x"} },
-		"no host":        func(c *kvstore.Config) { c.Endpoints = []string{"http://"} },
-		"bad node":       func(c *kvstore.Config) { c.NodeName = "Node/1" },
-		"empty node":     func(c *kvstore.Config) { c.NodeName = "" },
-		"cert alone":     func(c *kvstore.Config) { c.CertFile = "/x.pem" },
-		"missing CA":     func(c *kvstore.Config) { c.CAFile = "/nonexistent/ca.pem" },
+		"no endpoints": func(c *kvstore.Config) { c.Endpoints = nil },
+		"bad scheme":   func(c *kvstore.Config) { c.Endpoints = []string{"unix:///x"} },
+		"no host":      func(c *kvstore.Config) { c.Endpoints = []string{"http://"} },
+		"bad node":     func(c *kvstore.Config) { c.NodeName = "Node/1" },
+		"empty node":   func(c *kvstore.Config) { c.NodeName = "" },
+		"cert alone":   func(c *kvstore.Config) { c.CertFile = "/x.pem" },
+		"missing CA": func(c *kvstore.Config) {
+			c.CAFile = "/nonexistent/ca.pem"
+			c.Endpoints = []string{"https://127.0.0.1:2379"}
+		},
 		"short ttl":      func(c *kvstore.Config) { c.LeaseTTL = time.Second },
 		"prefix no /":    func(c *kvstore.Config) { c.Prefix = "membrane" },
 		"absolute /pref": func(c *kvstore.Config) { c.Prefix = "/membrane/" },
@@ -238,6 +242,42 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("Validate = %v; want ErrInvalidConfig", err)
 			}
 		})
+	}
+}
+
+// TestConfigRefusesTLSWithHTTP: TLS files with an http:// endpoint are a
+// configuration error naming the flags and the endpoint (the etcd client
+// would connect to it in plaintext, ignoring the files).
+func TestConfigRefusesTLSWithHTTP(t *testing.T) {
+	pki := etcdtest.WriteCerts(t, t.TempDir())
+	for name, tc := range map[string]struct {
+		mod  func(*kvstore.Config)
+		want []string
+	}{
+		"ca":          {func(c *kvstore.Config) { c.CAFile = pki.CA }, []string{"--etcd-ca", "http://10.0.0.1:2379"}},
+		"client cert": {func(c *kvstore.Config) { c.CertFile, c.KeyFile = pki.ClientCert, pki.ClientKey }, []string{"--etcd-cert", "--etcd-key", "http://10.0.0.1:2379"}},
+		"one of two": {func(c *kvstore.Config) {
+			c.CAFile = pki.CA
+			c.Endpoints = []string{"https://10.0.0.2:2379", "http://10.0.0.1:2379"}
+		}, []string{"--etcd-ca", "http://10.0.0.1:2379"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := kvstore.Config{Endpoints: []string{"http://10.0.0.1:2379"}, NodeName: "n1"}
+			tc.mod(&c)
+			err := c.Validate()
+			if !errors.Is(err, kvstore.ErrInvalidConfig) {
+				t.Fatalf("Validate = %v; want ErrInvalidConfig", err)
+			}
+			for _, w := range append(tc.want, "--etcd-endpoints") {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %s", err, w)
+				}
+			}
+		})
+	}
+	https := kvstore.Config{Endpoints: []string{"https://10.0.0.1:2379"}, NodeName: "n1", CAFile: pki.CA, CertFile: pki.ClientCert, KeyFile: pki.ClientKey}
+	if err := https.Validate(); err != nil {
+		t.Fatalf("https with TLS files: %v", err)
 	}
 }
 

@@ -32,6 +32,10 @@ type Sample struct {
 	// ProxyWaitTimeouts and ProxyRejects count regenerations whose proxy
 	// acknowledgement timed out or whose configuration the proxy rejected.
 	ProxyWaitTimeouts, ProxyRejects uint64
+	// RemoteClaimsRefused counts the other nodes' endpoint claims the
+	// agent refused, by source ("k8s", "kvstore") and reason (one of
+	// endpoint.Refused*): each object once per reason.
+	RemoteClaimsRefused map[string]map[string]uint64
 }
 
 // IPAMSample is one family's pool usage.
@@ -57,6 +61,7 @@ type Metrics struct {
 	identities  *prometheus.Desc
 	deleteQueue *prometheus.Desc
 	proxyWaits  *prometheus.Desc
+	refused     *prometheus.Desc
 	dns         *dnsMetrics
 }
 
@@ -113,6 +118,9 @@ func New() *Metrics {
 	m.deleteQueue = desc("cni_delete_queue_length", "CNI DELs queued on disk while the agent was unreachable, not yet drained.")
 	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
 		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
+	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
+		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
+		"each object counts once per reason.", "source", "reason")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -179,7 +187,7 @@ type sampled Metrics
 
 // Describe implements prometheus.Collector.
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits} {
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused} {
 		ch <- d
 	}
 }
@@ -213,4 +221,9 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyWaitTimeouts), "timeout")
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyRejects), "rejected")
+	for src, byReason := range smp.RemoteClaimsRefused {
+		for reason, n := range byReason {
+			ch <- prometheus.MustNewConstMetric(s.refused, prometheus.CounterValue, float64(n), src, reason)
+		}
+	}
 }

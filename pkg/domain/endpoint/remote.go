@@ -3,7 +3,9 @@ package endpoint
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
@@ -39,6 +41,78 @@ func (r *Remote) Validate() error {
 	}
 	if r.Identity == identity.IdentityUnknown {
 		return fmt.Errorf("%w: %s has no identity", ErrInvalidRemote, r.IPs[0])
+	}
+	return nil
+}
+
+// Reasons a remote claim is refused: the values of RefusedError.Reason
+// and of the refused-claims metric's reason label.
+const (
+	// RefusedNoOwner: the claim names no owning node (a MembraneEndpoint
+	// without the node label, a record whose node disagrees with its key).
+	RefusedNoOwner = "no-owner"
+	// RefusedUnknownNode: the owning node is not in the node registry.
+	RefusedUnknownNode = "unknown-node"
+	// RefusedOutsideNode: an address lies outside the node's pod CIDRs.
+	RefusedOutsideNode = "outside-node-cidrs"
+	// RefusedNodeIP: the node address is not one of the node's.
+	RefusedNodeIP = "foreign-node-ip"
+	// RefusedReserved: the identity is a reserved one (host, world,
+	// health, ...), which only this node assigns.
+	RefusedReserved = "reserved-identity"
+)
+
+// RefusalLevel is the log level of a refusal: Info for an unknown node
+// (the node may just not be seen yet: its claims are held and believed
+// when it appears), Warn for the others (a claim that contradicts the
+// node registry or takes a reserved identity).
+func RefusalLevel(reason string) slog.Level {
+	if reason == RefusedUnknownNode {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
+// RefusedError is a remote claim the agent does not believe: Reason is
+// one of the Refused* constants, Detail says what disagreed.
+type RefusedError struct {
+	Reason, Detail string
+}
+
+func (e *RefusedError) Error() string { return "remote claim refused: " + e.Reason + ": " + e.Detail }
+
+// OwnerNode is a node as the node registry (Node objects, kvstore node
+// records) knows it: what a remote claim of that node is checked against.
+type OwnerNode struct {
+	Name     string
+	Addrs    []netip.Addr
+	PodCIDRs []netip.Prefix
+}
+
+// CheckOwner returns nil when r may enter the ipcache as a claim of the
+// node owner names (nil: the node is not known), else a *RefusedError.
+// The trust model: another node (or whoever can write its endpoint
+// objects) is believed only about addresses inside its own pod CIDRs, and
+// only with a non-reserved identity and one of its own addresses as the
+// tunnel endpoint (an unknown node address is allowed: no tunnel then).
+func (r *Remote) CheckOwner(owner string, node *OwnerNode) error {
+	if r.Identity.IsReserved() {
+		return &RefusedError{Reason: RefusedReserved, Detail: fmt.Sprintf("identity %s", r.Identity)}
+	}
+	if owner == "" || (r.Node != "" && r.Node != owner) {
+		return &RefusedError{Reason: RefusedNoOwner, Detail: fmt.Sprintf("owner %q, node %q", owner, r.Node)}
+	}
+	if node == nil || node.Name != owner {
+		return &RefusedError{Reason: RefusedUnknownNode, Detail: fmt.Sprintf("node %q", owner)}
+	}
+	for _, ip := range r.IPs {
+		ip = ip.Unmap()
+		if !slices.ContainsFunc(node.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+			return &RefusedError{Reason: RefusedOutsideNode, Detail: fmt.Sprintf("%s not in node %s's pod CIDRs %v", ip, owner, node.PodCIDRs)}
+		}
+	}
+	if nip := r.NodeIP.Unmap(); nip.IsValid() && !slices.ContainsFunc(node.Addrs, func(a netip.Addr) bool { return a.Unmap() == nip }) {
+		return &RefusedError{Reason: RefusedNodeIP, Detail: fmt.Sprintf("node IP %s not one of node %s's addresses %v", nip, owner, node.Addrs)}
 	}
 	return nil
 }

@@ -34,14 +34,17 @@ type PolicyRevision struct {
 	Revision uint64
 }
 
-// IPCache sources, highest priority first.
+// IPCache sources, highest priority first: what this node knows
+// first-hand (its endpoints, its reserved host addresses) always wins
+// over other nodes' claims, which win over policy CIDRs and FQDN-learned
+// addresses (the ipcache actor's sourceRank).
 const (
 	SourceEndpoint = "endpoint"
+	SourceReserved = "reserved"
 	// SourceRemote is an endpoint on another node, claimed per origin
 	// (IPCacheClaim.Origin: "k8s", "kvstore", ...).
 	SourceRemote     = "remote"
 	SourceCIDRPolicy = "cidr-policy"
-	SourceReserved   = "reserved"
 )
 
 // IPCacheClaim is one source's wish for a prefix.

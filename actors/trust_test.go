@@ -1,0 +1,142 @@
+package actors_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// TestSourceRank: this node's endpoints and reserved addresses outrank
+// every other node's claims, which outrank policy CIDRs (FQDN-learned
+// addresses included).
+func TestSourceRank(t *testing.T) {
+	order := []string{index.SourceEndpoint, index.SourceReserved, index.SourceRemote, index.SourceCIDRPolicy}
+	for i, hi := range order {
+		for _, lo := range order[i+1:] {
+			if actors.SourceRankForTest(hi) >= actors.SourceRankForTest(lo) {
+				t.Errorf("%s does not outrank %s", hi, lo)
+			}
+		}
+	}
+}
+
+// TestRemoteClaimsCannotDisplaceHost: another node's claim on this
+// node's gateway or on a host address never displaces reserved:host,
+// whichever arrives first; a remote claim with a reserved identity is
+// ignored.
+func TestRemoteClaimsCannotDisplaceHost(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	gw := netip.MustParsePrefix("10.200.0.1/32") // testIPv4's gateway
+	hostAddr := netip.MustParseAddr("192.0.2.9")
+	later := netip.MustParseAddr("192.0.2.8") // claimed remotely before the host has it
+	h.sys.HostAddrChanged(hostAddr, false)
+	waitFor(t, "gateway and host address are host", func() bool {
+		return h.ipcacheIdentity(gw) == identity.ReservedHost && h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost
+	})
+	forged := []endpoint.Remote{
+		{IPs: []netip.Addr{gw.Addr()}, Identity: 70010, Node: "evil", NodeIP: netip.MustParseAddr("192.0.2.66")},
+		{IPs: []netip.Addr{hostAddr, later}, Identity: 70011, Node: "evil", NodeIP: netip.MustParseAddr("192.0.2.66")},
+		{IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")}, Identity: identity.ReservedHost, Node: "evil"},
+		{IPs: []netip.Addr{netip.MustParseAddr("10.99.0.2")}, Identity: identity.ReservedHealth, Node: "evil"},
+		{IPs: []netip.Addr{netip.MustParseAddr("10.99.0.3")}, Identity: 200, Node: "evil"},
+	}
+	if err := h.sys.UpsertRemoteEndpoints(ctx, "k8s", forged); err != nil {
+		t.Fatal(err)
+	}
+	h.sys.HostAddrChanged(later, false)
+	waitFor(t, "host takes the address claimed remotely first", func() bool { return h.ipcacheIdentity(host32(later)) == identity.ReservedHost })
+	for _, p := range []netip.Prefix{gw, host32(hostAddr), host32(later)} {
+		e := h.ipcacheRow(p)
+		if e == nil || e.Identity != identity.ReservedHost || e.Source != index.SourceReserved || e.TunnelEndpoint.IsValid() {
+			t.Fatalf("row for %s = %+v; want reserved:host, no tunnel", p, e)
+		}
+		waitFor(t, "datapath maps "+p.String()+" to host", func() bool { return h.fake.IPCache()[p] == identity.ReservedHost })
+	}
+	for _, ip := range []string{"10.99.0.1", "10.99.0.2", "10.99.0.3"} {
+		if e := h.ipcacheRow(host32(netip.MustParseAddr(ip))); e != nil {
+			t.Fatalf("remote claim with a reserved identity entered the ipcache: %+v", e)
+		}
+	}
+	// The host address goes: the remote claim may have it then.
+	h.sys.HostAddrChanged(later, true)
+	waitFor(t, "remote claim takes the address the host lost", func() bool { return h.ipcacheIdentity(host32(later)) == 70011 })
+}
+
+const hostFQDNPolicies = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: fqdn}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toEntities: [world]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules: {dns: [{matchPattern: "*.test"}]}
+  - toFQDNs: [{matchName: node.test}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: host-in}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - fromEntities: [host]
+`
+
+// TestFQDNAnswerNamingHost: a DNS answer naming the node's gateway and a
+// host address does not give them a CIDR identity: the ipcache keeps
+// reserved:host, an endpoint allowing fromEntities host still accepts
+// the host, and the toFQDN endpoint is not allowed to the node.
+func TestFQDNAnswerNamingHost(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	pols, err := policy.Parse([]byte(hostFQDNPolicies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sys.ImportPolicy(ctx, pols); err != nil {
+		t.Fatal(err)
+	}
+	gw := netip.MustParseAddr("10.200.0.1")
+	hostAddr := netip.MustParseAddr("192.0.2.9")
+	h.sys.HostAddrChanged(hostAddr, false)
+	waitFor(t, "host address is host", func() bool { return h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost })
+	a := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+	b := h.mustCreate(t, podSpec(t, "c2", "default", "b", "k8s:app=b", "k8s:io.kubernetes.pod.namespace=default"))
+	if err := h.sys.LearnFQDN(ctx, a.ID, "node.test", []netip.Addr{gw, hostAddr}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []netip.Addr{gw, hostAddr} {
+		p := host32(ip)
+		if e := h.ipcacheRow(p); e == nil || e.Identity != identity.ReservedHost || e.Source != index.SourceReserved {
+			t.Fatalf("row for %s after the DNS answer = %+v; want reserved:host", ip, e)
+		}
+		if id := h.fake.IPCache()[p]; id != identity.ReservedHost {
+			t.Fatalf("datapath maps %s to %d after the DNS answer; want host", ip, id)
+		}
+		if m := h.fake.Policy(a.ID); m.AllowsAddr(identity.ReservedHost, ip, 443, policy.ProtoTCP, policy.Egress) {
+			t.Fatalf("the toFQDN endpoint is allowed to the node at %s", ip)
+		}
+		if m := h.fake.Policy(b.ID); !m.AllowsAddr(identity.ReservedHost, ip, 10250, policy.ProtoTCP, policy.Ingress) {
+			t.Fatalf("fromEntities host no longer admits the host from %s", ip)
+		}
+	}
+	// The rule still works for an address that is nobody's.
+	out := netip.MustParseAddr("198.51.100.7")
+	if err := h.sys.LearnFQDN(ctx, a.ID, "node.test", []netip.Addr{gw, hostAddr, out}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	id := h.fake.IPCache()[host32(out)]
+	if id < policy.MinCIDRIdentity || !h.fake.Policy(a.ID).AllowsAddr(id, out, 443, policy.ProtoTCP, policy.Egress) {
+		t.Fatalf("learned address %s (identity %d) not allowed", out, id)
+	}
+}
