@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // checkReady checks a ready endpoint's record against its index row, the
@@ -40,7 +41,7 @@ func checkReady(tb testing.TB, h *harness, ep *endpoint.Endpoint) {
 	// The identity and ipam rows are written by other actors; their answers
 	// to the endpoint do not wait for the commit (see
 	// TestAnswersAfterIndexCommit), so wait for them here.
-	waitFor(tb, fmt.Sprintf("identity row %d of endpoint %d", ep.Identity, ep.ID), func() bool {
+	testutil.Eventually(tb, fmt.Sprintf("identity row %d of endpoint %d", ep.Identity, ep.ID), func() bool {
 		id, ok := h.ix.Identity(ep.Identity)
 		return ok && id.Labels.Equal(ep.Labels) && id.RefCount >= 1
 	})
@@ -48,7 +49,7 @@ func checkReady(tb testing.TB, h *harness, ep *endpoint.Endpoint) {
 		if !ip.IsValid() {
 			continue
 		}
-		waitFor(tb, fmt.Sprintf("ipam row of %s claimed by endpoint %d", ip, ep.ID), func() bool {
+		testutil.Eventually(tb, fmt.Sprintf("ipam row of %s claimed by endpoint %d", ip, ep.ID), func() bool {
 			r, ok := h.ix.IP(ip)
 			return ok && r.Endpoint == ep.ID && r.Holder != ""
 		})
@@ -208,16 +209,16 @@ func TestDelete(t *testing.T) {
 			}
 
 			if tt.opts.NoIPRelease {
-				waitFor(t, "address unclaimed but kept", func() bool {
+				testutil.Eventually(t, "address unclaimed but kept", func() bool {
 					r, ok := h.ix.IP(v4)
 					return ok && r.Endpoint == 0 && r.Holder == "" && r.Owner == owner && r.Kept
 				})
 			} else {
-				waitFor(t, "address released", func() bool { _, ok := h.ix.IP(v4); return !ok })
+				testutil.Eventually(t, "address released", func() bool { _, ok := h.ix.IP(v4); return !ok })
 			}
 			// The endpoint's own reference ends with or without
 			// NoIdentityRelease (TestIdentityReferencesAfterDeleteCycles).
-			waitFor(t, "identity freed", func() bool {
+			testutil.Eventually(t, "identity freed", func() bool {
 				_, ok := h.ix.Identity(ep.Identity)
 				return !ok && len(h.leasesOf(ep.Identity)) == 0
 			})

@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 const fqdnPolicy = `apiVersion: cilium.io/v2
@@ -83,11 +84,11 @@ func TestLearnFQDN(t *testing.T) {
 		t.Fatal(err)
 	}
 	// After the TTL the address leaves the ipcache and the policy map.
-	waitFor(t, "learned address to expire", func() bool {
+	testutil.Eventually(t, "learned address to expire", func() bool {
 		_, ok := h.fake.IPCache()[prefix]
 		return !ok && !h.fake.Policy(ep.ID).AllowsAddr(id, addr, 443, policy.ProtoTCP, policy.Egress)
 	})
-	waitFor(t, "cache to empty", func() bool {
+	testutil.Eventually(t, "cache to empty", func() bool {
 		es, err := h.sys.FQDNCache(ctx)
 		return err == nil && len(es) == 0
 	})
@@ -98,7 +99,7 @@ func TestLearnFQDN(t *testing.T) {
 	if _, err := h.remove(t, ep.ID, endpoint.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "deleted endpoint's address to leave the ipcache", func() bool {
+	testutil.Eventually(t, "deleted endpoint's address to leave the ipcache", func() bool {
 		_, ok := h.fake.IPCache()[prefix]
 		return !ok
 	})

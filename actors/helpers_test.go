@@ -19,6 +19,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // waitTimeout bounds every wait for a condition or an answer. It is
@@ -204,23 +205,11 @@ func (h *harness) realizes() uint64 {
 	return n
 }
 
-// waitFor polls cond until it holds or waitTimeout passes.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // waitState waits until the endpoint's index row is in state st.
 func (h *harness) waitState(tb testing.TB, id endpoint.ID, st endpoint.State) *endpoint.Endpoint {
 	tb.Helper()
 	var ep *endpoint.Endpoint
-	waitFor(tb, fmt.Sprintf("endpoint %d %s", id, st), func() bool {
+	testutil.Eventually(tb, fmt.Sprintf("endpoint %d %s", id, st), func() bool {
 		cur, ok := h.indexed(id)
 		ep = cur
 		return ok && cur.State == st
@@ -231,7 +220,7 @@ func (h *harness) waitState(tb testing.TB, id endpoint.ID, st endpoint.State) *e
 // waitGone waits until the endpoint's actor and index row are gone.
 func (h *harness) waitGone(tb testing.TB, id endpoint.ID) {
 	tb.Helper()
-	waitFor(tb, fmt.Sprintf("endpoint %d gone", id), func() bool {
+	testutil.Eventually(tb, fmt.Sprintf("endpoint %d gone", id), func() bool {
 		_, ok := h.indexed(id)
 		return !ok && h.endpointPID(tb, id) == nil
 	})

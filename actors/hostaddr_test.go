@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // ipcacheIdentity is p's identity in the index's ipcache (0: absent).
@@ -23,12 +24,12 @@ func (h *harness) ipcacheIdentity(p netip.Prefix) identity.NumericIdentity {
 func TestHostAddrChanged(t *testing.T) {
 	h := startSystem(t, nil)
 	gw := netip.MustParsePrefix("10.200.0.1/32") // testIPv4's gateway
-	waitFor(t, "gateway is host", func() bool { return h.ipcacheIdentity(gw) == identity.ReservedHost })
+	testutil.Eventually(t, "gateway is host", func() bool { return h.ipcacheIdentity(gw) == identity.ReservedHost })
 
 	added := netip.MustParseAddr("192.0.2.9")
 	p := netip.PrefixFrom(added, 32)
 	h.sys.HostAddrChanged(added, false)
-	waitFor(t, "added address is host", func() bool { return h.ipcacheIdentity(p) == identity.ReservedHost })
+	testutil.Eventually(t, "added address is host", func() bool { return h.ipcacheIdentity(p) == identity.ReservedHost })
 
 	h.sys.HostAddrChanged(gw.Addr(), true) // ignored: inside the pod range
 	inRange := netip.MustParseAddr("10.200.0.77")
@@ -36,7 +37,7 @@ func TestHostAddrChanged(t *testing.T) {
 	h.sys.HostAddrChanged(added, true)
 	// The messages are handled in order: once the last one took effect,
 	// the ignored ones were handled before it.
-	waitFor(t, "removed address gone", func() bool { return h.ipcacheIdentity(p) == 0 })
+	testutil.Eventually(t, "removed address gone", func() bool { return h.ipcacheIdentity(p) == 0 })
 	if id := h.ipcacheIdentity(gw); id != identity.ReservedHost {
 		t.Fatalf("gateway identity %d after a host address change in the pod range, want host", id)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // memBackend is an in-memory identity.ClusterBackend for the actor
@@ -218,7 +219,7 @@ func TestClusterIdentityCoalescesWithoutBlocking(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 	}
-	svWait(t, "the backend Release", func() bool { _, n := b.counts(ls.Key(), got); return n == 1 })
+	testutil.Eventually(t, "the backend Release", func() bool { _, n := b.counts(ls.Key(), got); return n == 1 })
 	if row, ok := sys.Index.Identity(got); !ok || row.RefCount != 0 || !row.Cluster {
 		t.Fatalf("after the last release: %+v %v, want a cluster row without local references", row, ok)
 	}
@@ -241,7 +242,7 @@ func TestClusterIdentityRestartKeepsNumbers(t *testing.T) {
 		t.Fatalf("first acquire: %+v", first)
 	}
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: 7000, Labels: ciLabels(t, "k8s:app=elsewhere")})
-	svWait(t, "the remote identity indexed", func() bool { _, ok := sys.Index.Identity(7000); return ok })
+	testutil.Eventually(t, "the remote identity indexed", func() bool { _, ok := sys.Index.Identity(7000); return ok })
 	sys.Actors.Root.Send(sys.identity, &crashForTest{})
 	again := ciAcquire(t, sys, h, ls)
 	if again.Err != nil || again.Identity.ID != first.Identity.ID {
@@ -266,7 +267,7 @@ func TestClusterIdentityRemoteFromWatch(t *testing.T) {
 	remote := ciLabels(t, "k8s:app=remote")
 	b.byKey[remote.Key()], b.byID[4242] = 4242, remote
 	sys := clusterSystem(t, b, nil)
-	svWait(t, "the remote identity indexed", func() bool { _, ok := sys.Index.Identity(4242); return ok })
+	testutil.Eventually(t, "the remote identity indexed", func() bool { _, ok := sys.Index.Identity(4242); return ok })
 	if row, _ := sys.Index.Identity(4242); !row.Cluster || row.RefCount != 0 || row.Key != remote.Key() {
 		t.Fatalf("remote row %+v", row)
 	}
@@ -280,9 +281,9 @@ func TestClusterIdentityRemoteFromWatch(t *testing.T) {
 	}
 	gone := ciLabels(t, "k8s:app=gone")
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: 4300, Labels: gone})
-	svWait(t, "identity 4300 indexed", func() bool { _, ok := sys.Index.Identity(4300); return ok })
+	testutil.Eventually(t, "identity 4300 indexed", func() bool { _, ok := sys.Index.Identity(4300); return ok })
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterDelete, ID: 4300})
-	svWait(t, "identity 4300 removed", func() bool { _, ok := sys.Index.Identity(4300); return !ok })
+	testutil.Eventually(t, "identity 4300 removed", func() bool { _, ok := sys.Index.Identity(4300); return !ok })
 	st, ok := sys.ClusterIdentities()
 	if !ok || st.Known != 1 || st.InUse != 1 || st.Store.Backend != "memory" {
 		t.Fatalf("cluster status %+v %v, want 1 known (4300 went), 1 in use", st, ok)
@@ -320,7 +321,7 @@ func TestClusterIdentityStoreUnavailable(t *testing.T) {
 		t.Fatal("no identity-waiting event")
 	}
 	b.set(nil, nil)
-	svWait(t, "the endpoint's new identity", func() bool {
+	testutil.Eventually(t, "the endpoint's new identity", func() bool {
 		cur, _ := sys.Index.Endpoint(ep.ID)
 		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
 	})
@@ -329,7 +330,7 @@ func TestClusterIdentityStoreUnavailable(t *testing.T) {
 	if row, ok := sys.Index.Identity(cur.Identity); !ok || row.Key != want.Key() || row.RefCount != 1 {
 		t.Fatalf("new identity row %+v %v, want %s", row, ok, want.Key())
 	}
-	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
+	testutil.Eventually(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
 }
 
 // TestClusterIdentityRetriedOnResume: a label set waiting for the store
@@ -350,13 +351,13 @@ func TestClusterIdentityRetriedOnResume(t *testing.T) {
 		t.Fatalf("relabel while the store is down: %v, want ErrIdentityStoreUnavailable", err)
 	}
 	b.set(nil, nil)
-	svWait(t, "the actor's watch", b.watching) // an event before it would be lost
+	testutil.Eventually(t, "the actor's watch", b.watching) // an event before it would be lost
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed})
-	svWait(t, "the endpoint's new identity", func() bool {
+	testutil.Eventually(t, "the endpoint's new identity", func() bool {
 		cur, _ := sys.Index.Endpoint(ep.ID)
 		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
 	})
-	svWait(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
+	testutil.Eventually(t, "nothing waiting", func() bool { st, _ := sys.ClusterIdentities(); return st.Waiting == 0 })
 }
 
 // TestClusterIdentityResumedDuringAttempt: the store reported reachable
@@ -383,7 +384,7 @@ func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	b.set(down, gate)
-	svWait(t, "the actor's watch", b.watching)                   // an event before it would be lost
+	testutil.Eventually(t, "the actor's watch", b.watching)      // an event before it would be lost
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // starts an attempt, held at the gate
 	select {
 	case <-b.entered:
@@ -393,7 +394,7 @@ func TestClusterIdentityResumedDuringAttempt(t *testing.T) {
 	b.set(nil, nil)
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterResumed}) // while it is in flight
 	close(gate)                                                  // it fails: it read the outage
-	svWait(t, "the endpoint's new identity", func() bool {
+	testutil.Eventually(t, "the endpoint's new identity", func() bool {
 		cur, _ := sys.Index.Endpoint(ep.ID)
 		return cur.Identity != ep.Identity && cur.State == endpoint.StateReady
 	})
@@ -433,14 +434,14 @@ func TestClusterIdentityRemoteInPolicy(t *testing.T) {
 	allowed := func() bool {
 		return dp.Policy(target.ID) != nil && dp.Policy(target.ID).Allows(remote, 8080, policy.ProtoTCP, policy.Ingress)
 	}
-	svWait(t, "the policy enforced", func() bool { return dp.Policy(target.ID) != nil && dp.Policy(target.ID).Enforced(policy.Ingress) })
+	testutil.Eventually(t, "the policy enforced", func() bool { return dp.Policy(target.ID) != nil && dp.Policy(target.ID).Enforced(policy.Ingress) })
 	if allowed() {
 		t.Fatal("identity 6000 allowed before any node allocated it")
 	}
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: remote, Labels: ciLabels(t, "k8s:app=a")})
-	svWait(t, "the remote identity allowed by the policy", allowed)
+	testutil.Eventually(t, "the remote identity allowed by the policy", allowed)
 	b.emit(identity.ClusterEvent{Kind: identity.ClusterDelete, ID: remote})
-	svWait(t, "the removed identity no longer allowed", func() bool { return !allowed() })
+	testutil.Eventually(t, "the removed identity no longer allowed", func() bool { return !allowed() })
 }
 
 // TestClusterIdentityRestoreDuringOutage: a restored endpoint's label set
@@ -472,7 +473,7 @@ func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
 	// A restart of the identity actor keeps asking the store.
 	before, _ := b.counts(ls.Key(), 0)
 	sys.Actors.Root.Send(sys.identity, &crashForTest{})
-	svWait(t, "the restarted actor asking the store again", func() bool {
+	testutil.Eventually(t, "the restarted actor asking the store again", func() bool {
 		n, _ := b.counts(ls.Key(), 0)
 		st, _ := sys.ClusterIdentities()
 		return n > before && st.Waiting == 1
@@ -481,7 +482,7 @@ func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
 	b.byKey[ls.Key()], b.byID[7777] = 7777, ls // the store numbered it so before
 	b.mu.Unlock()
 	b.set(nil, nil)
-	svWait(t, "the number confirmed by the store", func() bool {
+	testutil.Eventually(t, "the number confirmed by the store", func() bool {
 		row, ok := sys.Index.Identity(7777)
 		st, _ := sys.ClusterIdentities()
 		return ok && row.Cluster && row.RefCount == 2 && st.Waiting == 0

@@ -9,6 +9,7 @@ import (
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // recordingObserver counts the regeneration phases it is told about.
@@ -43,7 +44,7 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 		sys.Actors.Root.Send(sys.endpoints, &messages.Regenerate{ID: ep.ID})
 	}
 	path := svPID(sys, ep.ID).Id
-	svWait(t, "three regenerations requested and at most two run", func() bool {
+	testutil.Eventually(t, "three regenerations requested and at most two run", func() bool {
 		s, ok := reg.Get(path)
 		return ok && s.Endpoint.DesiredRevision == 4 && s.Endpoint.RealizedRevision == 4 && s.State == "ready"
 	})
@@ -60,12 +61,12 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	}
 
 	sys.Actors.Root.Send(svPID(sys, ep.ID), &crashForTest{})
-	svWait(t, "the restart in the snapshot", func() bool {
+	testutil.Eventually(t, "the restart in the snapshot", func() bool {
 		s, ok := reg.Get(path)
 		return ok && s.Restarts == 1 && strings.Contains(s.LastError, "crash requested") && s.State == "ready"
 	})
 	sys.Actors.Root.Send(sys.ipam, &crashForTest{})
-	svWait(t, "the IPAM restart in its snapshot", func() bool {
+	testutil.Eventually(t, "the IPAM restart in its snapshot", func() bool {
 		s, ok := reg.Get(sys.ipam.Id)
 		return ok && s.Restarts == 1 && strings.Contains(s.LastError, "crash requested")
 	})
@@ -74,7 +75,7 @@ func TestSnapshotsFollowTheActors(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 10 })
+	testutil.Eventually(t, "the snapshot gone with the actor", func() bool { _, ok := reg.Get(path); return !ok && reg.Len() == 10 })
 	if _, depth := reg.MailboxByKind(); len(depth) != 10 {
 		t.Errorf("mailbox kinds %v", depth)
 	}

@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // gateStore is a StateStore whose writes complete at once, or, while
@@ -117,7 +119,7 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 			results := make(chan *messages.EndpointResult, 2)
 			for range 2 {
 				g.answered(h.future(h.sys.PIDForTest("endpoints"), &messages.PatchLabels{ID: ep.ID, Add: add}), results)
-				waitFor(t, "a held write with the new labels", func() bool { return g.heldWith(add[0]) })
+				testutil.Eventually(t, "a held write with the new labels", func() bool { return g.heldWith(add[0]) })
 			}
 			time.Sleep(lockedWindow) // an early answer would arrive now
 			if deleteMeanwhile {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func remoteNode(name, addr string, cidrs ...string) datapath.RemoteNode {
@@ -42,7 +43,7 @@ func TestSyncNodesUnionOfSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"a@192.0.2.1", "b@192.0.2.22"} // "file" < "k8s"
-	waitFor(t, "datapath union", func() bool {
+	testutil.Eventually(t, "datapath union", func() bool {
 		got, _ := h.fake.Nodes()
 		return slices.Equal(nodeNames(got), want)
 	})
@@ -65,7 +66,7 @@ func TestSyncNodesUnionOfSources(t *testing.T) {
 	if err := h.sys.SyncNodes(ctx, "file", nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "datapath after removal", func() bool {
+	testutil.Eventually(t, "datapath after removal", func() bool {
 		got, _ := h.fake.Nodes()
 		return slices.Equal(nodeNames(got), []string{"b@192.0.2.2"})
 	})
@@ -135,7 +136,7 @@ func TestSyncNodesRetriesFailedDatapath(t *testing.T) {
 		t.Fatalf("datapath took %v while failing", got)
 	}
 	close(fail)
-	waitFor(t, "retried sync", func() bool {
+	testutil.Eventually(t, "retried sync", func() bool {
 		got, _ := h.fake.Nodes()
 		return len(got) == 1
 	})
@@ -152,7 +153,7 @@ func TestSyncNodesOverlapAcrossSources(t *testing.T) {
 	if err := h.sys.SyncNodes(ctx, "k8s", []datapath.RemoteNode{remoteNode("y", "192.0.2.2", "10.5.1.0/24"), remoteNode("z", "192.0.2.3", "10.6.0.0/24")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "union without y", func() bool {
+	testutil.Eventually(t, "union without y", func() bool {
 		got, _ := h.fake.Nodes()
 		return slices.Equal(nodeNames(got), []string{"x@192.0.2.1", "z@192.0.2.3"})
 	})
@@ -169,7 +170,7 @@ func TestSyncNodesFirstEmptySetSyncs(t *testing.T) {
 	if err := h.sys.SyncNodes(context.Background(), "file", nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the empty set synced", func() bool { _, n := h.fake.Nodes(); return n == 1 })
+	testutil.Eventually(t, "the empty set synced", func() bool { _, n := h.fake.Nodes(); return n == 1 })
 }
 
 // TestSyncNodesConflictsResolved: a node claiming this node's pod range
@@ -186,7 +187,7 @@ func TestSyncNodesConflictsResolved(t *testing.T) {
 	if err := h.sys.SyncNodes(context.Background(), "k8s", nodes); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the datapath's set", func() bool {
+	testutil.Eventually(t, "the datapath's set", func() bool {
 		got, _ := h.fake.Nodes()
 		return slices.Equal(nodeNames(got), []string{"a@192.0.2.1", "d@192.0.2.4"})
 	})

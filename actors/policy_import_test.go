@@ -9,6 +9,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // cidrPolicy returns a CNP named name for app=web in namespace default
@@ -71,7 +72,7 @@ func TestEndpointCreateDuringLargeImport(t *testing.T) {
 		t.Fatalf("endpoint built with the policy of revision %d (%d keys), want %d (before the import, revision %d): its policy waited for the import",
 			ep.Policy.Revision, len(ep.Policy.Allow), small.Revision, r.Revision)
 	}
-	waitFor(t, "the endpoint regenerated with the imported policy", func() bool {
+	testutil.Eventually(t, "the endpoint regenerated with the imported policy", func() bool {
 		cur, ok := h.indexed(ep.ID)
 		return ok && cur.Policy != nil && cur.Policy.Revision == r.Revision && len(cur.Policy.Allow) == 50000 // small's CIDR is big's first
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // svPolicy lets app=a reach app=b on TCP 8080. sv endpoints carry no
@@ -51,15 +52,15 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	if res.Err != nil || res.Revision != 1 {
 		t.Fatalf("import = %+v", res)
 	}
-	svWait(t, "B enforcing the policy", func() bool {
+	testutil.Eventually(t, "B enforcing the policy", func() bool {
 		return dp.Policy(b.ID).Allows(a.Identity, 8080, policy.ProtoTCP, policy.Ingress) && dp.Policy(b.ID).Enforced(policy.Ingress)
 	})
 	cidr := netip.MustParsePrefix("198.51.100.0/24")
-	svWait(t, "the CIDR in the ipcache", func() bool { return dp.IPCache()[cidr] >= policy.MinCIDRIdentity })
+	testutil.Eventually(t, "the CIDR in the ipcache", func() bool { return dp.IPCache()[cidr] >= policy.MinCIDRIdentity })
 	cidrID := dp.IPCache()[cidr]
 	before := dp.Policy(b.ID)
 	// The index row is published after the datapath realised it.
-	svWait(t, "B's row with the policy, ready", func() bool {
+	testutil.Eventually(t, "B's row with the policy, ready", func() bool {
 		ep := mustEndpoint(t, sys, b.ID)
 		return ep.Policy.Equal(before) && ep.State == endpoint.StateReady
 	})
@@ -81,8 +82,8 @@ func TestPolicyActorRestartKeepsRules(t *testing.T) {
 	if del.Err != nil || del.Deleted != 1 || del.Revision != 2 {
 		t.Fatalf("delete after restart = %+v", del)
 	}
-	svWait(t, "B back to allow-all", func() bool { return dp.Policy(b.ID) == nil })
-	svWait(t, "the CIDR out of the ipcache", func() bool { _, ok := dp.IPCache()[cidr]; return !ok })
+	testutil.Eventually(t, "B back to allow-all", func() bool { return dp.Policy(b.ID) == nil })
+	testutil.Eventually(t, "the CIDR out of the ipcache", func() bool { _, ok := dp.IPCache()[cidr]; return !ok })
 	if rows := sys.Index.Policies(); len(rows) != 0 {
 		t.Errorf("policies table after delete: %v", rows)
 	}
@@ -94,15 +95,15 @@ func TestIPCacheActorRestart(t *testing.T) {
 	sys, dp := svSystem(t, nil)
 	a := svCreate(t, sys, "a")
 	pa := netip.PrefixFrom(a.IPv4, 32)
-	svWait(t, "A in the ipcache", func() bool { return dp.IPCache()[pa] == a.Identity })
+	testutil.Eventually(t, "A in the ipcache", func() bool { return dp.IPCache()[pa] == a.Identity })
 	sys.Actors.Root.Send(sys.ipcache, &crashForTest{})
 	b := svCreate(t, sys, "b")
 	pb := netip.PrefixFrom(b.IPv4, 32)
-	svWait(t, "B in the ipcache", func() bool { return dp.IPCache()[pb] == b.Identity })
+	testutil.Eventually(t, "B in the ipcache", func() bool { return dp.IPCache()[pb] == b.Identity })
 	if res := svAsk(t, sys, sys.endpoints, &messages.DeleteEndpoint{ID: a.ID}).(*messages.EndpointResult); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "A out of the ipcache", func() bool { _, ok := dp.IPCache()[pa]; return !ok })
+	testutil.Eventually(t, "A out of the ipcache", func() bool { _, ok := dp.IPCache()[pa]; return !ok })
 	rows := sys.Index.IPCache()
 	for _, r := range rows {
 		if r.Prefix == pa {
@@ -149,8 +150,8 @@ func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
 		}
 	}
 	importPort(1000)
-	svWait(t, "B enforcing port 1000", func() bool { return dp.Policy(b.ID).Allows(a.Identity, 1000, policy.ProtoTCP, policy.Ingress) })
-	svWait(t, "B's row ready", func() bool {
+	testutil.Eventually(t, "B enforcing port 1000", func() bool { return dp.Policy(b.ID).Allows(a.Identity, 1000, policy.ProtoTCP, policy.Ingress) })
+	testutil.Eventually(t, "B's row ready", func() bool {
 		ep := mustEndpoint(t, sys, b.ID)
 		return ep.State == endpoint.StateReady && ep.Policy != nil
 	})
@@ -172,9 +173,9 @@ func TestPolicyRegenerationsCoalesceAndSkipState(t *testing.T) {
 	}
 	// The five requests reach B through the manager: wait until B took
 	// them all in (nothing else arrives while its realise is held).
-	svWait(t, "B handling the five requests", func() bool { return stats.Processed() >= handled+5 })
+	testutil.Eventually(t, "B handling the five requests", func() bool { return stats.Processed() >= handled+5 })
 	gate.open()
-	svWait(t, "B enforcing port 1006", func() bool {
+	testutil.Eventually(t, "B enforcing port 1006", func() bool {
 		ep := mustEndpoint(t, sys, b.ID)
 		return dp.Policy(b.ID).Allows(a.Identity, 1006, policy.ProtoTCP, policy.Ingress) && ep.State == endpoint.StateReady &&
 			ep.Policy.Allows(a.Identity, 1006, policy.ProtoTCP, policy.Ingress)
@@ -200,7 +201,7 @@ func TestIPCacheRetriesFailedWrites(t *testing.T) {
 	}})
 	a := svCreate(t, sys, "a")
 	pa := netip.PrefixFrom(a.IPv4, 32)
-	svWait(t, "A in the ipcache after retries", func() bool { return dp.IPCache()[pa] == a.Identity })
+	testutil.Eventually(t, "A in the ipcache after retries", func() bool { return dp.IPCache()[pa] == a.Identity })
 	if failures.Load() < 4 {
 		t.Errorf("%d ipcache writes, want the 3 injected failures and a success", failures.Load())
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestProxyNack: a proxy's rejection of the configuration a revision
@@ -23,7 +24,7 @@ func TestProxyNack(t *testing.T) {
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 1, ProxyAckDropRate: 1})
 	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "test"})
 	var rev1 uint64
-	waitFor(t, "the regeneration's realize", func() bool {
+	testutil.Eventually(t, "the regeneration's realize", func() bool {
 		rev1, _ = h.fake.Realized(ep.ID)
 		return rev1 > ep.RealizedRevision
 	})
@@ -49,12 +50,12 @@ func TestProxyNack(t *testing.T) {
 	}
 	// The retry waits again; its acknowledgement realises the endpoint.
 	var rev2 uint64
-	waitFor(t, "the retry's realize", func() bool {
+	testutil.Eventually(t, "the retry's realize", func() bool {
 		rev2, _ = h.fake.Realized(ep.ID)
 		return rev2 > rev1
 	})
 	h.sys.ProxyAck(ep.ID, rev2, "proxy-0")
-	waitFor(t, "the retry realised", func() bool {
+	testutil.Eventually(t, "the retry realised", func() bool {
 		cur, err := h.endpointCall(t, &messages.PatchLabels{ID: ep.ID})
 		return err == nil && cur.RealizedRevision == rev2 && cur.LastError == ""
 	})

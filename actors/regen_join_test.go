@@ -8,6 +8,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestCreateWritesAndRealizesAtOnce: a sync create's state write and its
@@ -24,11 +25,11 @@ func TestCreateWritesAndRealizesAtOnce(t *testing.T) {
 				Spec: podSpec(t, "c-join-"+name, "default", "p", "k8s:app=web"), Sync: true})
 			answered := make(chan *messages.EndpointResult, 1)
 			g.answered(f, answered)
-			waitFor(t, "a realise while the state write is held", func() bool {
+			testutil.Eventually(t, "a realise while the state write is held", func() bool {
 				return h.realizes() == 1 && g.heldWrites() == 1
 			})
 			// The realise is done: the actor shows the write it still waits for.
-			waitFor(t, "the endpoint actor's operation write-state", func() bool {
+			testutil.Eventually(t, "the endpoint actor's operation write-state", func() bool {
 				list := h.sys.Registry().List(actors.ActorFilter{Kind: actors.KindEndpoint}, time.Now())
 				return len(list) == 1 && list[0].Operation == actors.PhaseWriteState
 			})
@@ -54,7 +55,7 @@ func TestCreateWritesAndRealizesAtOnce(t *testing.T) {
 			if !errors.Is(r.Err, actors.ErrStateWrite) || !errors.Is(r.Err, errDisk) {
 				t.Fatalf("create with a failed state write: %v, want ErrStateWrite wrapping %v", r.Err, errDisk)
 			}
-			waitFor(t, "the realised endpoint removed from the datapath", func() bool {
+			testutil.Eventually(t, "the realised endpoint removed from the datapath", func() bool {
 				live, _, removes := h.fakeStats()
 				return live == 0 && removes == 1
 			})

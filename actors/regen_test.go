@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // gate is a BeforeRealize/BeforeRemove hook that holds operations until
@@ -106,7 +107,7 @@ func TestRegenerationCoalescing(t *testing.T) {
 		futures[i] = h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "burst"})
 	}
 	// Every request reached the endpoint while the first one is held.
-	waitFor(t, "the burst to reach the endpoint", func() bool {
+	testutil.Eventually(t, "the burst to reach the endpoint", func() bool {
 		return h.sys.Counters().RegenerationsRequested >= requested+n+1
 	})
 	g.open()
@@ -219,7 +220,7 @@ func TestProxyWaitDoesNotBlockMailbox(t *testing.T) {
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 2, ProxyAckDropRate: 1})
 	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "test"})
 	var rev1 uint64
-	waitFor(t, "the regeneration's realize", func() bool {
+	testutil.Eventually(t, "the regeneration's realize", func() bool {
 		rev, _ := h.fake.Realized(ep.ID)
 		rev1 = rev
 		return rev > ep.RealizedRevision
@@ -262,7 +263,7 @@ func TestProxyWaitDoesNotBlockMailbox(t *testing.T) {
 
 	// The pending regeneration (new identity) now runs and waits in turn.
 	var rev2 uint64
-	waitFor(t, "the pending regeneration's realize", func() bool {
+	testutil.Eventually(t, "the pending regeneration's realize", func() bool {
 		rev, _ := h.fake.Realized(ep.ID)
 		rev2 = rev
 		return rev > rev1
@@ -278,7 +279,7 @@ func TestProxyWaitDoesNotBlockMailbox(t *testing.T) {
 		t.Fatalf("after stale acks and one of two: realized %d state %s, want %d regenerating", cur.RealizedRevision, cur.State, rev1)
 	}
 	ack(rev2, "proxy-1")
-	waitFor(t, "ready at the second revision", func() bool {
+	testutil.Eventually(t, "ready at the second revision", func() bool {
 		cur, ok := h.indexed(ep.ID)
 		return ok && cur.State == endpoint.StateReady && cur.RealizedRevision == rev2
 	})
@@ -298,7 +299,7 @@ func TestDeleteWaitsForProxyAcks(t *testing.T) {
 	ep := h.mustCreate(t, podSpec(t, "c-delwait", "ns", "delwait"))
 	h.fake.Set(datapath.FakeHooks{ProxyAcks: 1, ProxyAckDropRate: 1})
 	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: ep.ID, Reason: "test"})
-	waitFor(t, "the regeneration's realize", func() bool {
+	testutil.Eventually(t, "the regeneration's realize", func() bool {
 		rev, _ := h.fake.Realized(ep.ID)
 		return rev > ep.RealizedRevision
 	})
@@ -347,7 +348,7 @@ func TestCreateFailsOnDatapathError(t *testing.T) {
 		t.Fatalf("delete of the failed endpoint = %v, want ErrEndpointNotFound", err)
 	}
 	// ...but its address is not released: the caller owns it.
-	waitFor(t, "the address unclaimed but kept for its owner", func() bool {
+	testutil.Eventually(t, "the address unclaimed but kept for its owner", func() bool {
 		row, ok := h.ix.IP(ip)
 		return ok && row.Owner == owner && row.Endpoint == 0 && row.Holder == ""
 	})
@@ -388,7 +389,7 @@ func TestRegenerationRetry(t *testing.T) {
 		t.Errorf("LastError empty after a failed regeneration")
 	}
 	h.fake.Set(datapath.FakeHooks{})
-	waitFor(t, "a successful retry", func() bool {
+	testutil.Eventually(t, "a successful retry", func() bool {
 		cur, ok := h.indexed(ep.ID)
 		return ok && cur.State == endpoint.StateReady && cur.RealizedRevision > ep.RealizedRevision && cur.LastError == ""
 	})
@@ -417,11 +418,11 @@ func TestPatchLabels(t *testing.T) {
 	if !got.Labels.Equal(mustLabels(t, "k8s:app=shared", "k8s:tier=fe")) {
 		t.Fatalf("labels %s", got.Labels)
 	}
-	waitFor(t, "shared identity refcount 1", func() bool {
+	testutil.Eventually(t, "shared identity refcount 1", func() bool {
 		row, ok := h.ix.Identity(shared)
 		return ok && row.RefCount == 1
 	})
-	waitFor(t, "a regenerated with the new identity", func() bool {
+	testutil.Eventually(t, "a regenerated with the new identity", func() bool {
 		cur, ok := h.indexed(a.ID)
 		return ok && cur.State == endpoint.StateReady && cur.Identity == got.Identity &&
 			cur.RealizedRevision > a.RealizedRevision && cur.RealizedRevision == cur.DesiredRevision
@@ -435,8 +436,8 @@ func TestPatchLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "shared identity freed", func() bool { _, ok := h.ix.Identity(shared); return !ok })
-	waitFor(t, "b ready with its new identity", func() bool {
+	testutil.Eventually(t, "shared identity freed", func() bool { _, ok := h.ix.Identity(shared); return !ok })
+	testutil.Eventually(t, "b ready with its new identity", func() bool {
 		cur, ok := h.indexed(b.ID)
 		return ok && cur.State == endpoint.StateReady && cur.Identity == got.Identity && cur.RealizedRevision > b.RealizedRevision
 	})
@@ -488,7 +489,7 @@ func TestRequestsWhileDeleting(t *testing.T) {
 	// (sent later, it may find the endpoint gone: ErrEndpointNotFound).
 	handled := h.handled(t, ep.ID)
 	del2 := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: ep.ID})
-	waitFor(t, "the second delete to reach the endpoint", func() bool { return h.handled(t, ep.ID) > handled })
+	testutil.Eventually(t, "the second delete to reach the endpoint", func() bool { return h.handled(t, ep.ID) > handled })
 	g.open()
 	for i, f := range []*actor.Future{del1, del2} {
 		r, err := futureResult(t, f)
@@ -518,7 +519,7 @@ func TestDeleteDuringRegeneration(t *testing.T) {
 	regen := h.future(h.sys.PIDForTest("endpoints"), &messages.Regenerate{ID: id})
 	del := h.future(h.sys.PIDForTest("endpoints"), &messages.DeleteEndpoint{ID: id})
 	// Both requests are queued behind the held realize; let it go.
-	waitFor(t, "the requests to reach the endpoint", func() bool {
+	testutil.Eventually(t, "the requests to reach the endpoint", func() bool {
 		cur, ok := h.indexed(id)
 		return ok && cur.State == endpoint.StateDisconnecting
 	})
@@ -552,14 +553,14 @@ func TestIdentityRetryAfterExhaustion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b's identity failure recorded", func() bool {
+	testutil.Eventually(t, "b's identity failure recorded", func() bool {
 		cur, ok := h.indexed(b.ID)
 		return ok && cur.LastError != ""
 	})
 	if _, err := h.remove(t, a.ID, endpoint.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b ready once an identity is free", func() bool {
+	testutil.Eventually(t, "b ready once an identity is free", func() bool {
 		cur, ok := h.indexed(b.ID)
 		return ok && cur.State == endpoint.StateReady && cur.Identity == 256
 	})
@@ -591,12 +592,12 @@ func TestDeathWatch(t *testing.T) {
 	}
 	h.waitGone(t, dead.ID)
 	h.waitGone(t, only.ID)
-	waitFor(t, "the stopped actor's address released", func() bool { _, ok := h.ix.IP(ip); return !ok })
-	waitFor(t, "the shared identity down to the peer's reference", func() bool {
+	testutil.Eventually(t, "the stopped actor's address released", func() bool { _, ok := h.ix.IP(ip); return !ok })
+	testutil.Eventually(t, "the shared identity down to the peer's reference", func() bool {
 		row, ok := h.ix.Identity(dead.Identity)
 		return ok && row.RefCount == 1 && len(h.leasesOf(dead.Identity)) == 1
 	})
-	waitFor(t, "the unshared identity freed", func() bool {
+	testutil.Eventually(t, "the unshared identity freed", func() bool {
 		_, ok := h.ix.Identity(only.Identity)
 		return !ok && len(h.leasesOf(only.Identity)) == 0
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // refCount is the identity's reference count in the index, 0 when the
@@ -98,7 +99,7 @@ func TestNoIPReleaseKeepsAddressForOwner(t *testing.T) {
 	// sweep released it, that sweep also saw the kept address, which
 	// became unclaimed earlier.
 	young := h.mustAllocate(t, ipam.IPv4, "ns/young")
-	waitFor(t, "the unclaimed address expired", func() bool { _, ok := h.ix.IP(young); return !ok })
+	testutil.Eventually(t, "the unclaimed address expired", func() bool { _, ok := h.ix.IP(young); return !ok })
 	row, ok := h.ix.IP(kept)
 	if !ok || row.Owner != owner || row.Endpoint != 0 || !row.Kept {
 		t.Fatalf("kept address after a sweep: %+v (present %v), want it reserved for %s", row, ok, owner)

@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // ipcacheRow is p's row in the index's ipcache (nil: absent).
@@ -54,7 +55,7 @@ func TestRemoteEndpointsUpsertDelete(t *testing.T) {
 		if e == nil || e.Identity != 70001 || e.Source != index.SourceRemote || e.TunnelEndpoint != r.NodeIP {
 			t.Fatalf("row for %s = %+v; want identity 70001 from remote via %s", ip, e, r.NodeIP)
 		}
-		waitFor(t, "datapath holds "+ip.String(), func() bool { return h.fake.IPCache()[host32(ip)] == 70001 })
+		testutil.Eventually(t, "datapath holds "+ip.String(), func() bool { return h.fake.IPCache()[host32(ip)] == 70001 })
 	}
 	if err := h.sys.DeleteRemoteEndpoints(ctx, "k8s", r.IPs); err != nil {
 		t.Fatal(err)
@@ -63,7 +64,7 @@ func TestRemoteEndpointsUpsertDelete(t *testing.T) {
 		if e := h.ipcacheRow(host32(ip)); e != nil {
 			t.Fatalf("row for %s after delete: %+v", ip, e)
 		}
-		waitFor(t, "datapath drops "+ip.String(), func() bool { _, ok := h.fake.IPCache()[host32(ip)]; return !ok })
+		testutil.Eventually(t, "datapath drops "+ip.String(), func() bool { _, ok := h.fake.IPCache()[host32(ip)]; return !ok })
 	}
 }
 
@@ -78,7 +79,7 @@ func TestRemoteEndpointLocalWins(t *testing.T) {
 	spec.IPv4 = ip
 	ep := h.mustCreate(t, spec)
 	p := host32(ip)
-	waitFor(t, "local endpoint in ipcache", func() bool { return h.ipcacheIdentity(p) == ep.Identity })
+	testutil.Eventually(t, "local endpoint in ipcache", func() bool { return h.ipcacheIdentity(p) == ep.Identity })
 	if err := h.sys.UpsertRemoteEndpoints(ctx, "k8s", []endpoint.Remote{{IPs: []netip.Addr{ip}, Identity: 70002, NodeIP: netip.MustParseAddr("192.0.2.3")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +89,8 @@ func TestRemoteEndpointLocalWins(t *testing.T) {
 	if _, err := h.remove(t, ep.ID, endpoint.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "remote claim takes the address", func() bool { return h.ipcacheIdentity(p) == 70002 })
-	waitFor(t, "datapath follows", func() bool { return h.fake.IPCache()[p] == 70002 })
+	testutil.Eventually(t, "remote claim takes the address", func() bool { return h.ipcacheIdentity(p) == 70002 })
+	testutil.Eventually(t, "datapath follows", func() bool { return h.fake.IPCache()[p] == 70002 })
 }
 
 // TestRemoteEndpointsReplace: a replacement larger than one batch sets
@@ -129,7 +130,7 @@ func TestRemoteEndpointsReplace(t *testing.T) {
 		t.Fatalf("other source's row swept: %d", id)
 	}
 	gone := all[len(all)-1].IPs[0]
-	waitFor(t, "datapath drops swept "+gone.String(), func() bool { _, ok := h.fake.IPCache()[host32(gone)]; return !ok })
+	testutil.Eventually(t, "datapath drops swept "+gone.String(), func() bool { _, ok := h.fake.IPCache()[host32(gone)]; return !ok })
 	if err := h.sys.ReplaceRemoteEndpoints(ctx, "k8s", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestRemoteEndpointsInvalid(t *testing.T) {
 	}
 	// The two gateways' rows are committed asynchronously after start;
 	// a refused remote would make a third.
-	waitFor(t, "only the two gateways in the ipcache", func() bool { return len(h.ix.IPCache()) == 2 })
+	testutil.Eventually(t, "only the two gateways in the ipcache", func() bool { return len(h.ix.IPCache()) == 2 })
 	if n := len(h.ix.IPCache()); n != 2 {
 		t.Fatalf("%d ipcache rows after refused input, want 2: %v", n, fmt.Sprint(h.ix.IPCache()))
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestEndpointActorRestartRebuildsFromIndex: a panicking endpoint actor is
@@ -19,7 +20,7 @@ func TestEndpointActorRestartRebuildsFromIndex(t *testing.T) {
 	_, realizesBefore, _ := dp.Stats()
 
 	sys.Actors.Root.Send(pid, &crashForTest{})
-	svWait(t, "a regeneration after the restart", func() bool {
+	testutil.Eventually(t, "a regeneration after the restart", func() bool {
 		_, n, _ := dp.Stats()
 		cur, ok := sys.Index.Endpoint(ep.ID)
 		return n > realizesBefore && ok && cur.State == endpoint.StateReady
@@ -39,8 +40,8 @@ func TestEndpointActorRestartRebuildsFromIndex(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "IP released", func() bool { _, ok := sys.Index.IP(ep.IPv4); return !ok })
-	svWait(t, "identity released", func() bool { _, ok := sys.Index.Identity(ep.Identity); return !ok })
+	testutil.Eventually(t, "IP released", func() bool { _, ok := sys.Index.IP(ep.IPv4); return !ok })
+	testutil.Eventually(t, "identity released", func() bool { _, ok := sys.Index.Identity(ep.Identity); return !ok })
 }
 
 // TestIPAMAndIdentityRestartRebuildFromIndex: the IPAM and identity actors
@@ -72,14 +73,14 @@ func TestIPAMAndIdentityRestartRebuildFromIndex(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	svWait(t, "a's identity freed", func() bool { _, ok := sys.Index.Identity(a.Identity); return !ok })
+	testutil.Eventually(t, "a's identity freed", func() bool { _, ok := sys.Index.Identity(a.Identity); return !ok })
 	pidB := svPID(sys, b.ID)
 	if err := sys.Actors.Root.StopFuture(pidB).Wait(); err != nil {
 		t.Fatal(err)
 	}
-	svWait(t, "b's lease released by death-watch", func() bool { _, ok := sys.Index.IP(b.IPv4); return !ok })
-	svWait(t, "b's identity released by death-watch", func() bool { _, ok := sys.Index.Identity(b.Identity); return !ok })
-	svWait(t, "b's row removed", func() bool { _, ok := sys.Index.Endpoint(b.ID); return !ok })
+	testutil.Eventually(t, "b's lease released by death-watch", func() bool { _, ok := sys.Index.IP(b.IPv4); return !ok })
+	testutil.Eventually(t, "b's identity released by death-watch", func() bool { _, ok := sys.Index.Identity(b.Identity); return !ok })
+	testutil.Eventually(t, "b's row removed", func() bool { _, ok := sys.Index.Endpoint(b.ID); return !ok })
 }
 
 // TestIPAMRebuildReleasesDeadHolders: a rebuilt IPAM actor releases the
@@ -97,7 +98,7 @@ func TestIPAMRebuildReleasesDeadHolders(t *testing.T) {
 	txn.Commit()
 
 	sys.Actors.Root.Send(sys.ipam, &crashForTest{})
-	svWait(t, "the dead holder's address released", func() bool { _, ok := sys.Index.IP(dead); return !ok })
+	testutil.Eventually(t, "the dead holder's address released", func() bool { _, ok := sys.Index.IP(dead); return !ok })
 	if row, ok := sys.Index.IP(live.IPv4); !ok || row.Endpoint != live.ID {
 		t.Fatalf("live endpoint's lease after the rebuild: %+v %v", row, ok)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func testService(vip string, port uint16, backends ...string) service.Service {
@@ -120,7 +121,7 @@ func TestServicesRetryFailedWrites(t *testing.T) {
 		t.Fatalf("row = %+v, want failed", row)
 	}
 	h.fake.SetServiceFault(nil)
-	waitFor(t, "the retried write", func() bool {
+	testutil.Eventually(t, "the retried write", func() bool {
 		row, _ := h.ix.Service(a.Frontend)
 		return row != nil && row.State == index.ServiceRealized && len(h.fake.FakeServices()) == 1
 	})
@@ -152,7 +153,7 @@ func TestServicesAdoptIDs(t *testing.T) {
 		t.Errorf("new frontend got an adopted ID %d", held[b.Frontend].ID)
 	}
 	h.sys.PruneServices()
-	waitFor(t, "the prune", func() bool { _, ok := h.fake.FakeServices()[stale.Frontend]; return !ok })
+	testutil.Eventually(t, "the prune", func() bool { _, ok := h.fake.FakeServices()[stale.Frontend]; return !ok })
 	if n := len(h.fake.FakeServices()); n != 2 {
 		t.Errorf("after prune the datapath holds %d services, want 2", n)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // svTimeout bounds every wait of the supervision tests.
@@ -126,17 +127,6 @@ func svAsk(tb testing.TB, sys *System, pid *actor.PID, msg any) any {
 	return res
 }
 
-func svWait(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(svTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", svTimeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // svCreate allocates an IPv4 address and creates a ready endpoint with it.
 func svCreate(tb testing.TB, sys *System, name string) *endpoint.Endpoint {
 	tb.Helper()
@@ -202,9 +192,9 @@ func (g *svGate) await(tb testing.TB) {
 // svLeasesGone waits until ep's address and identity are released.
 func svLeasesGone(tb testing.TB, sys *System, ep *endpoint.Endpoint) {
 	tb.Helper()
-	svWait(tb, "the endpoint's row removed", func() bool { _, ok := sys.Index.Endpoint(ep.ID); return !ok })
-	svWait(tb, "the address released", func() bool { _, ok := sys.Index.IP(ep.IPv4); return !ok })
-	svWait(tb, "the identity released", func() bool { _, ok := sys.Index.Identity(ep.Identity); return !ok })
+	testutil.Eventually(tb, "the endpoint's row removed", func() bool { _, ok := sys.Index.Endpoint(ep.ID); return !ok })
+	testutil.Eventually(tb, "the address released", func() bool { _, ok := sys.Index.IP(ep.IPv4); return !ok })
+	testutil.Eventually(tb, "the identity released", func() bool { _, ok := sys.Index.Identity(ep.Identity); return !ok })
 }
 
 // TestEndpointRestartBudget: an endpoint actor that keeps failing is
@@ -219,7 +209,7 @@ func TestEndpointRestartBudget(t *testing.T) {
 	for i := 1; i <= budget; i++ {
 		_, before, _ := dp.Stats()
 		sys.Actors.Root.Send(pid, &crashForTest{})
-		svWait(t, "the restarted incarnation's regeneration", func() bool {
+		testutil.Eventually(t, "the restarted incarnation's regeneration", func() bool {
 			_, n, _ := dp.Stats()
 			cur, ok := sys.Index.Endpoint(ep.ID)
 			return n > before && ok && cur.State == endpoint.StateReady
@@ -228,7 +218,7 @@ func TestEndpointRestartBudget(t *testing.T) {
 	// One failure more than the budget within 10 s: the actor is stopped.
 	sys.Actors.Root.Send(pid, &crashForTest{})
 	svLeasesGone(t, sys, ep)
-	svWait(t, "the address out of the ipcache", func() bool {
+	testutil.Eventually(t, "the address out of the ipcache", func() bool {
 		_, ok := dp.IPCache()[netip.PrefixFrom(ep.IPv4, 32)]
 		return !ok
 	})
@@ -255,9 +245,9 @@ func TestEndpointRestartDuringSyncCreate(t *testing.T) {
 	// The restarted incarnation rebuilds from the index: wait for the
 	// manager's commit of the new row (a restart before it rebuilds an
 	// empty record; see the report).
-	svWait(t, "the endpoint's row", func() bool { _, ok := sys.Index.Endpoint(33); return ok })
+	testutil.Eventually(t, "the endpoint's row", func() bool { _, ok := sys.Index.Endpoint(33); return ok })
 	sys.Actors.Root.Send(svPID(sys, 33), &crashForTest{})
-	svWait(t, "the restart", func() bool { return rec.count(msgRebuilt) == 1 })
+	testutil.Eventually(t, "the restart", func() bool { return rec.count(msgRebuilt) == 1 })
 	g.await(t) // the rebuilt incarnation regenerates again
 	g.open()
 
@@ -272,11 +262,11 @@ func TestEndpointRestartDuringSyncCreate(t *testing.T) {
 	if r.Endpoint.State != endpoint.StateReady || r.Endpoint.RealizedRevision == 0 {
 		t.Fatalf("sync create answered %+v, want ready", r.Endpoint)
 	}
-	svWait(t, "one identity reference", func() bool {
+	testutil.Eventually(t, "one identity reference", func() bool {
 		row, ok := sys.Index.Identity(r.Endpoint.Identity)
 		return ok && row.RefCount == 1
 	})
-	svWait(t, "the address claimed", func() bool {
+	testutil.Eventually(t, "the address claimed", func() bool {
 		row, ok := sys.Index.IP(alloc.IPv4)
 		return ok && row.Endpoint == 33
 	})
@@ -293,7 +283,7 @@ func TestEndpointRestartDuringDelete(t *testing.T) {
 	del := sys.Actors.Root.RequestFuture(sys.endpoints, &messages.DeleteEndpoint{ID: ep.ID}, svTimeout)
 	g.await(t)
 	sys.Actors.Root.Send(svPID(sys, ep.ID), &crashForTest{})
-	svWait(t, "the restart", func() bool { return rec.count(msgRebuilt) == 1 })
+	testutil.Eventually(t, "the restart", func() bool { return rec.count(msgRebuilt) == 1 })
 	g.open()
 
 	res, err := del.Result()
@@ -304,7 +294,7 @@ func TestEndpointRestartDuringDelete(t *testing.T) {
 		t.Fatalf("delete: %v", r.Err)
 	}
 	svLeasesGone(t, sys, ep)
-	svWait(t, "the endpoint's actor gone", func() bool {
+	testutil.Eventually(t, "the endpoint's actor gone", func() bool {
 		for _, info := range svAsk(t, sys, sys.endpoints, &getActors{}).([]ActorInfo) {
 			if info.Endpoint == ep.ID {
 				return false
@@ -339,7 +329,7 @@ func TestStopReleasesNothing(t *testing.T) {
 	for i := range 16 {
 		eps = append(eps, svCreate(t, sys, fmt.Sprintf("stop-%d", i)))
 	}
-	svWait(t, "every endpoint's ipcache entry", func() bool {
+	testutil.Eventually(t, "every endpoint's ipcache entry", func() bool {
 		held := dp.IPCache()
 		for _, ep := range eps {
 			if _, ok := held[netip.PrefixFrom(ep.IPv4, 32)]; !ok {

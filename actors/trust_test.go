@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestSourceRank: this node's endpoints and reserved addresses outrank
@@ -38,7 +39,7 @@ func TestRemoteClaimsCannotDisplaceHost(t *testing.T) {
 	hostAddr := netip.MustParseAddr("192.0.2.9")
 	later := netip.MustParseAddr("192.0.2.8") // claimed remotely before the host has it
 	h.sys.HostAddrChanged(hostAddr, false)
-	waitFor(t, "gateway and host address are host", func() bool {
+	testutil.Eventually(t, "gateway and host address are host", func() bool {
 		return h.ipcacheIdentity(gw) == identity.ReservedHost && h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost
 	})
 	forged := []endpoint.Remote{
@@ -52,13 +53,13 @@ func TestRemoteClaimsCannotDisplaceHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.sys.HostAddrChanged(later, false)
-	waitFor(t, "host takes the address claimed remotely first", func() bool { return h.ipcacheIdentity(host32(later)) == identity.ReservedHost })
+	testutil.Eventually(t, "host takes the address claimed remotely first", func() bool { return h.ipcacheIdentity(host32(later)) == identity.ReservedHost })
 	for _, p := range []netip.Prefix{gw, host32(hostAddr), host32(later)} {
 		e := h.ipcacheRow(p)
 		if e == nil || e.Identity != identity.ReservedHost || e.Source != index.SourceReserved || e.TunnelEndpoint.IsValid() {
 			t.Fatalf("row for %s = %+v; want reserved:host, no tunnel", p, e)
 		}
-		waitFor(t, "datapath maps "+p.String()+" to host", func() bool { return h.fake.IPCache()[p] == identity.ReservedHost })
+		testutil.Eventually(t, "datapath maps "+p.String()+" to host", func() bool { return h.fake.IPCache()[p] == identity.ReservedHost })
 	}
 	for _, ip := range []string{"10.99.0.1", "10.99.0.2", "10.99.0.3"} {
 		if e := h.ipcacheRow(host32(netip.MustParseAddr(ip))); e != nil {
@@ -67,7 +68,7 @@ func TestRemoteClaimsCannotDisplaceHost(t *testing.T) {
 	}
 	// The host address goes: the remote claim may have it then.
 	h.sys.HostAddrChanged(later, true)
-	waitFor(t, "remote claim takes the address the host lost", func() bool { return h.ipcacheIdentity(host32(later)) == 70011 })
+	testutil.Eventually(t, "remote claim takes the address the host lost", func() bool { return h.ipcacheIdentity(host32(later)) == 70011 })
 }
 
 const hostFQDNPolicies = `apiVersion: cilium.io/v2
@@ -109,7 +110,7 @@ func TestFQDNAnswerNamingHost(t *testing.T) {
 	gw := netip.MustParseAddr("10.200.0.1")
 	hostAddr := netip.MustParseAddr("192.0.2.9")
 	h.sys.HostAddrChanged(hostAddr, false)
-	waitFor(t, "host address is host", func() bool { return h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost })
+	testutil.Eventually(t, "host address is host", func() bool { return h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost })
 	a := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
 	b := h.mustCreate(t, podSpec(t, "c2", "default", "b", "k8s:app=b", "k8s:io.kubernetes.pod.namespace=default"))
 	if err := h.sys.LearnFQDN(ctx, a.ID, "node.test", []netip.Addr{gw, hostAddr}, time.Hour); err != nil {

@@ -48,7 +48,7 @@ func addPod6(t *testing.T, hostNL *netlink.Handle, id endpoint.ID, ident identit
 func linkLocal(t *testing.T, nl *netlink.Handle, link netlink.Link) netip.Addr {
 	t.Helper()
 	var ll netip.Addr
-	waitFor(t, "a link-local address on "+link.Attrs().Name, func() bool {
+	testutil.Eventually(t, "a link-local address on "+link.Attrs().Name, func() bool {
 		addrs, err := nl.AddrList(link, netlink.FAMILY_V6)
 		for _, a := range addrs {
 			if ip, ok := netip.AddrFromSlice(a.IP); err == nil && ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {

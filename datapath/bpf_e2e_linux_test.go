@@ -192,7 +192,7 @@ func (e *e2eEnv) mustNotTalk(from, to *testPod, port int) {
 // waitDrop waits (bounded) for a drop notification.
 func (e *e2eEnv) waitDrop(want DropEvent) {
 	e.t.Helper()
-	waitFor(e.t, fmt.Sprintf("drop notification %+v", want), func() bool { return e.drops.has(want) })
+	testutil.Eventually(e.t, fmt.Sprintf("drop notification %+v", want), func() bool { return e.drops.has(want) })
 }
 
 func (e *e2eEnv) dropCount(id endpoint.ID, reason string, dir policy.Direction) uint64 {

@@ -352,7 +352,7 @@ func TestKubeProxyReplacementOff(t *testing.T) {
 	}
 	// Unpinning the last reference detaches; the kernel frees the links
 	// in a work item, so wait (bounded) for them to go.
-	waitFor(t, "socket programs detached from the cgroup", func() bool {
+	testutil.Eventually(t, "socket programs detached from the cgroup", func() bool {
 		for _, s := range sockHooks {
 			if cgroupProgs(t, cg, s.attach) != 0 {
 				return false
@@ -360,7 +360,7 @@ func TestKubeProxyReplacementOff(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, "uplink program detached", func() bool { return tcxProgs(t, host, nl, "up0") == 0 })
+	testutil.Eventually(t, "uplink program detached", func() bool { return tcxProgs(t, host, nl, "up0") == 0 })
 	if m, err := l2.DumpServices(context.Background()); err != nil || m.Hooks.KubeProxyReplacement || len(m.Hooks.Devices) != 0 {
 		t.Fatalf("hooks %+v (%v), want none", m.Hooks, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // slotOf is endpoint id's slot (0: not open).
@@ -273,7 +274,7 @@ func outerMapIDs(t *testing.T, l *Linux) map[ebpf.MapID]bool {
 func spareIDs(t *testing.T, l *Linux) []ebpf.MapID {
 	t.Helper()
 	p := &l.bpf.slots
-	waitFor(t, "the spare slots to be filled", func() bool {
+	testutil.Eventually(t, "the spare slots to be filled", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.spare) > refillAt && !p.filling
@@ -323,7 +324,7 @@ func TestBPFSlotsAcrossRestart(t *testing.T) {
 	if got := slotOf(l, ep.ID); got != epSlot {
 		t.Fatalf("slot after restart = %d, want %d", got, epSlot)
 	}
-	waitFor(t, "the previous agent's spares to leave the outer maps", func() bool {
+	testutil.Eventually(t, "the previous agent's spares to leave the outer maps", func() bool {
 		ids := outerMapIDs(t, l)
 		for _, id := range old {
 			if ids[id] {
@@ -341,7 +342,7 @@ func TestBPFSlotsRefill(t *testing.T) {
 	b, p := l.bpf, &l.bpf.slots
 	spareIDs(t, l)
 	taken := takeSlots(t, b, spareSlots-refillAt)
-	waitFor(t, "the spares to be refilled", func() bool {
+	testutil.Eventually(t, "the spares to be refilled", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.spare) == spareSlots && !p.filling

@@ -16,6 +16,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // tcxPrograms lists the TCX programs attached to ifindex in the host
@@ -113,7 +114,7 @@ func TestBPFRemoveDetachesInBackground(t *testing.T) {
 	if err := l.Remove(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the programs to be detached", func() bool { return tcxPrograms(t, l, ep.IfIndex) == 0 })
+	testutil.Eventually(t, "the programs to be detached", func() bool { return tcxPrograms(t, l, ep.IfIndex) == 0 })
 	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
 		t.Fatalf("host veth gone before its teardown delay: %v", err)
 	}

@@ -231,7 +231,7 @@ func (e *srcEnv) mustPass(p *stackPod, src netip.Addr) {
 	e.n++
 	payload := fmt.Sprintf("pass-%d-%s", e.n, src)
 	p.sendUDP(e.t, src, e.dstAddr(src), e.sink.port, payload)
-	waitFor(e.t, payload+" at the target", func() bool { ok, _ := e.sink.received(payload); return ok })
+	testutil.Eventually(e.t, payload+" at the target", func() bool { ok, _ := e.sink.received(payload); return ok })
 }
 
 // mustDrop sends a datagram from p's src, which the programs must drop
@@ -360,7 +360,7 @@ func (e *srcEnv) neighbourResolves(p *stackPod) {
 		e.t.Fatalf("send to %s: %v", dst, err)
 	}
 	want := p.host.Attrs().HardwareAddr.String()
-	waitFor(e.t, "the pod's neighbour entry of "+p.ll.String(), func() bool {
+	testutil.Eventually(e.t, "the pod's neighbour entry of "+p.ll.String(), func() bool {
 		ns, err := nl.NeighList(eth0.Attrs().Index, netlink.FAMILY_V6)
 		for _, x := range ns {
 			ip, _ := netip.AddrFromSlice(x.IP)
@@ -372,7 +372,7 @@ func (e *srcEnv) neighbourResolves(p *stackPod) {
 		return false
 	})
 	var src netip.Addr
-	waitFor(e.t, "the link-local datagram's invalid-source drop", func() bool {
+	testutil.Eventually(e.t, "the link-local datagram's invalid-source drop", func() bool {
 		e.drops.mu.Lock()
 		defer e.drops.mu.Unlock()
 		for _, ev := range e.drops.events {

@@ -35,7 +35,7 @@ func testTaggedFrames(t *testing.T, tcx bool) {
 	own4, own6 := p.ep.IPv4, p.ep.IPv6
 	qinq, dot1q := []uint16{testutil.TPID8021AD, testutil.TPID8021Q}, []uint16{testutil.TPID8021Q}
 	payload := e.sendFrame(p, nil, own4)
-	waitFor(t, payload+" (untagged, own source, raw socket) at the target", func() bool { ok, _ := e.sink.received(payload); return ok })
+	testutil.Eventually(t, payload+" (untagged, own source, raw socket) at the target", func() bool { ok, _ := e.sink.received(payload); return ok })
 	for _, c := range []struct {
 		name string
 		tags []uint16
@@ -58,7 +58,7 @@ func testTaggedFrames(t *testing.T, tcx bool) {
 	if err := testutil.SendFrame(p.ns, "eth0", lldp); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the LLDP frame's unknown-l3 drop", func() bool { return e.dropCount(p.ep.ID, DropUnknownL3, policy.Egress) > before })
+	testutil.Eventually(t, "the LLDP frame's unknown-l3 drop", func() bool { return e.dropCount(p.ep.ID, DropUnknownL3, policy.Egress) > before })
 }
 
 // sendFrame writes a UDP datagram from src to the target's address of
@@ -98,7 +98,7 @@ func (e *srcEnv) frameDropped(p *stackPod, tags []uint16, src netip.Addr) error 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	waitFor(e.t, fmt.Sprintf("an unknown-l3 drop event of endpoint %d", p.ep.ID), func() bool {
+	testutil.Eventually(e.t, fmt.Sprintf("an unknown-l3 drop event of endpoint %d", p.ep.ID), func() bool {
 		e.drops.mu.Lock()
 		defer e.drops.mu.Unlock()
 		for _, ev := range e.drops.events {

@@ -172,7 +172,7 @@ func TestL7RedirectIngress(t *testing.T) {
 	denied := L7AccessEvent{Endpoint: uint64(e.b.ep.ID), Direction: "ingress", Src: netip.AddrPortFrom(e.a.addr(), 0),
 		Dst: netip.AddrPortFrom(e.b.addr(), 80), SrcIdentity: uint32(a), DstIdentity: uint32(e.b.ep.Identity),
 		Method: "GET", Path: "/private", Host: netip.AddrPortFrom(e.b.addr(), 80).String(), Reason: fmt.Sprintf("ingress rules deny identity %d", a)}
-	waitFor(t, "the proxy's access record of A's GET /private", func() bool { return e.accessed(denied) })
+	testutil.Eventually(t, "the proxy's access record of A's GET /private", func() bool { return e.accessed(denied) })
 	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
 		t.Errorf("C reached B:80, want its connection dropped")
 	}
@@ -191,8 +191,8 @@ func TestL7RedirectIngress(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the proxy restarted", func() bool { s := e.l.L7Status().Process; return s.PID != 0 && s.PID != pid })
-	waitFor(t, "the restarted proxy answers A", func() bool {
+	testutil.Eventually(t, "the proxy restarted", func() bool { s := e.l.L7Status().Process; return s.PID != 0 && s.PID != pid })
+	testutil.Eventually(t, "the restarted proxy answers A", func() bool {
 		code, _, err := request(e.a, e.b, "GET", "/public", dropTimeout)
 		return err == nil && code == 200
 	})

@@ -56,7 +56,7 @@ func (p *proxyEvents) waitAcked(t *testing.T, l *Linux, id endpoint.ID, r Realiz
 	t.Helper()
 	switch {
 	case len(r.ProxyWaits) == 1 && r.ProxyWaits[0] == ProxyName:
-		waitFor(t, fmt.Sprintf("revision %d acknowledged", rev), func() bool { return p.acked(rev) })
+		testutil.Eventually(t, fmt.Sprintf("revision %d acknowledged", rev), func() bool { return p.acked(rev) })
 	case len(r.ProxyWaits) == 0:
 		st := l.L7Status()
 		for _, e := range st.Acks.Endpoints {
@@ -161,7 +161,7 @@ func TestLinuxL7AckNeverComes(t *testing.T) {
 	if err != nil || len(r.ProxyWaits) != 1 {
 		t.Fatalf("Realize: %v, %v", r, err)
 	}
-	waitFor(t, "the supervisor to restart the failing proxy", func() bool { return l.L7Status().Process.Restarts >= 2 })
+	testutil.Eventually(t, "the supervisor to restart the failing proxy", func() bool { return l.L7Status().Process.Restarts >= 2 })
 	if st := l.L7Status(); st.Acks.Pending != 1 || ev.acked(1) || st.Process.LastExit == "" {
 		t.Errorf("status %+v: want one pending wait, no acknowledgement, the last exit", st)
 	}

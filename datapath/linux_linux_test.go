@@ -59,19 +59,6 @@ func addVeth(t *testing.T, nl *netlink.Handle, id endpoint.ID, name string, ip s
 	return &endpoint.Endpoint{ID: id, IfName: name, IfIndex: link.Attrs().Index, IPv4: netip.MustParseAddr(ip)}
 }
 
-// waitFor polls cond for up to 10 s (a bound against hangs, not a timing
-// assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func routeTo(t *testing.T, nl *netlink.Handle, ip string) *netlink.Route {
 	t.Helper()
 	routes, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: hostNet(netip.MustParseAddr(ip))}, netlink.RT_FILTER_DST)
@@ -140,7 +127,7 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 			t.Fatalf("Remove: %v", err)
 		}
 	}
-	waitFor(t, "the route to go", func() bool { return routeTo(t, nl, "10.244.41.5") == nil })
+	testutil.Eventually(t, "the route to go", func() bool { return routeTo(t, nl, "10.244.41.5") == nil })
 	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
 		t.Fatal("host veth deleted before the teardown delay")
 	}
@@ -173,7 +160,7 @@ func TestLinuxDeferredTeardown(t *testing.T) {
 	if err := l.Remove(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the host veth to be torn down", func() bool {
+	testutil.Eventually(t, "the host veth to be torn down", func() bool {
 		_, err := nl.LinkByIndex(ep.IfIndex)
 		return err != nil
 	})
@@ -283,7 +270,7 @@ func TestLinuxIPv6(t *testing.T) {
 	if err := l.Remove(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the IPv6 route and neighbour to go", func() bool {
+	testutil.Eventually(t, "the IPv6 route and neighbour to go", func() bool {
 		routes, _ := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Dst: hostNet(ep.IPv6)}, netlink.RT_FILTER_DST)
 		perm, _ := neigh()
 		return len(routes) == 0 && !perm

@@ -10,6 +10,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 func runGC(t *testing.T, a *agent.Agent) datapath.GCReport {
@@ -49,11 +50,11 @@ func TestGCDeletesOrphansAndMissing(t *testing.T) {
 	if _, ok := fake.Realized(999); ok {
 		t.Fatal("orphan still realised")
 	}
-	eventuallyT(t, "the lost endpoint deleted", func() bool {
+	testutil.Eventually(t, "the lost endpoint deleted", func() bool {
 		_, err := c.EndpointGet(context.Background(), "container-id:lost")
 		return client.IsNotFound(err)
 	})
-	eventuallyT(t, "the lost endpoint's IP released", func() bool {
+	testutil.Eventually(t, "the lost endpoint's IP released", func() bool {
 		st, err := c.IPAMStatus(context.Background())
 		if err != nil {
 			return false
@@ -71,19 +72,6 @@ func TestGCDeletesOrphansAndMissing(t *testing.T) {
 	}
 }
 
-// eventuallyT polls cond until it holds; the 10 s bound only keeps a
-// broken build from hanging (no timing is asserted).
-func eventuallyT(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestGCRunsPeriodically: with an interval the passes run on their own
 // (after restore), and an endpoint whose interface vanished goes.
 func TestGCRunsPeriodically(t *testing.T) {
@@ -93,10 +81,10 @@ func TestGCRunsPeriodically(t *testing.T) {
 	_, c := env.start(t, fake)
 	lost := addPod(t, c, "lost", "web", true)
 	fake.Forget(endpoint.ID(lost.ID))
-	eventuallyT(t, "the lost endpoint deleted", func() bool {
+	testutil.Eventually(t, "the lost endpoint deleted", func() bool {
 		_, err := c.EndpointGet(context.Background(), "container-id:lost")
 		return client.IsNotFound(err)
 	})
 	before := fake.GCPasses()
-	eventuallyT(t, "more passes", func() bool { return fake.GCPasses() >= before+2 })
+	testutil.Eventually(t, "more passes", func() bool { return fake.GCPasses() >= before+2 })
 }

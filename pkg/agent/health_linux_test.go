@@ -22,7 +22,7 @@ import (
 func waitHealth(t *testing.T, c *client.Client, state string) *models.HealthStatus {
 	t.Helper()
 	var last *models.HealthStatus
-	eventuallyT(t, "health "+state, func() bool {
+	testutil.Eventually(t, "health "+state, func() bool {
 		st, err := c.Status(context.Background())
 		if err != nil || st.Health == nil {
 			return false
@@ -162,7 +162,7 @@ func healthVethVanishes(t *testing.T, c *client.Client, host *testutil.NS, ep *m
 		t.Fatal(err)
 	}
 	var cur *models.Endpoint
-	eventuallyT(t, "a new health endpoint", func() bool {
+	testutil.Eventually(t, "a new health endpoint", func() bool {
 		st, err := c.Status(context.Background())
 		if err != nil || st.Health == nil || st.Health.State != health.StateOK {
 			return false

@@ -20,6 +20,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -95,7 +96,7 @@ func TestKvstoreMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B routes to A: A's node from the kvstore is in B's nodes table.
-	waitFor(t, "agent-a in agent-b's nodes", func() bool {
+	testutil.Eventually(t, "agent-a in agent-b's nodes", func() bool {
 		for _, n := range b.Index.Nodes() {
 			if n.Source == kvstore.Source && n.Name == "agent-a" && slices.Contains(n.Addrs, netip.MustParseAddr("192.168.90.1")) &&
 				slices.Contains(n.PodCIDRs, netip.MustParsePrefix("10.204.1.0/24")) {
@@ -195,17 +196,6 @@ func waitIPCache(t *testing.T, a *agent.Agent, ip netip.Addr, ok func(*index.IPC
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("ipcache entry of %s: %+v", ip, found)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

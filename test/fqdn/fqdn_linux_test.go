@@ -315,7 +315,7 @@ spec:
 func (e *env) settle() {
 	e.t.Helper()
 	id := strconv.FormatInt(e.epID, 10)
-	waitFor(e.t, "policy realised", func() bool {
+	testutil.Eventually(e.t, "policy realised", func() bool {
 		ep, err := e.c.EndpointGet(context.Background(), id)
 		if err != nil || ep.State != "ready" {
 			return false
@@ -344,17 +344,6 @@ func answerIP(m *dns.Msg) (netip.Addr, bool) {
 	}
 	ip, ok := netip.AddrFromSlice(a.A.To4())
 	return ip, ok
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestFQDNPolicy (root, real traffic): with toFQDNs allowed.test and
@@ -401,7 +390,7 @@ func TestFQDNPolicy(t *testing.T) {
 	checkEvents(t, sub)
 	// After the TTL (min TTL 0) the address is gone from the cache, the
 	// ipcache and the policy map: the connection is dropped.
-	waitFor(t, "learned addresses to expire", func() bool {
+	testutil.Eventually(t, "learned addresses to expire", func() bool {
 		es, err := e.c.FQDNCache(context.Background(), -1, "")
 		return err == nil && len(es) == 0
 	})

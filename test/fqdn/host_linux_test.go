@@ -72,11 +72,11 @@ spec:
 		t.Fatalf("import policy: %v", err)
 	}
 	e.importPolicyFQDN(`matchPattern: "*.test"`, "matchName: node.test")
-	waitFor(t, "the node's address is host", func() bool {
+	testutil.Eventually(t, "the node's address is host", func() bool {
 		id, src := e.ipcacheOf(node)
 		return id == uint32(identity.ReservedHost) && src == index.SourceReserved
 	})
-	waitFor(t, "B admits the host", func() bool { return e.fromHost(node, ipB, 80) == nil })
+	testutil.Eventually(t, "B admits the host", func() bool { return e.fromHost(node, ipB, 80) == nil })
 	if err := e.connect(node); err == nil {
 		t.Fatal("A reaches the node before resolving node.test")
 	}

@@ -414,22 +414,6 @@ func (nd *node) tunnelIndex(t *testing.T) int {
 	return l.Attrs().Index
 }
 
-// waitFor polls cond (bounded: 60 s) until it returns nil.
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)

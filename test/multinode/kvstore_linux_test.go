@@ -80,7 +80,7 @@ func TestMultiNodeKvstore(t *testing.T) {
 // the kvstore, ipcaches converged.
 func kvReach(t *testing.T, c *cluster, pa1, pa2, pb, pc *pod) {
 	for _, nd := range c.nodes {
-		waitFor(t, nd.name+"'s nodes from the kvstore", func() error { return kvNodesListed(nd, c.nodes) })
+		testutil.EventuallyErr(t, nd.name+"'s nodes from the kvstore", func() error { return kvNodesListed(nd, c.nodes) })
 	}
 	reach(t, pa1, pa2)
 	reach(t, pa1, pb)
@@ -223,7 +223,7 @@ func diffIPCache(want, got map[netip.Prefix]ipEntry) string {
 func waitIPCache(t *testing.T, c *cluster, live []*node) {
 	t.Helper()
 	for _, nd := range live {
-		waitFor(t, nd.name+"'s ipcache = every live node's endpoints", func() error { return checkIPCache(c, nd, live) })
+		testutil.EventuallyErr(t, nd.name+"'s ipcache = every live node's endpoints", func() error { return checkIPCache(c, nd, live) })
 	}
 }
 
@@ -282,7 +282,7 @@ func labelPod(t *testing.T, p *pod, add ...string) *models.Endpoint {
 	if err != nil {
 		t.Fatalf("%s: label %s %v: %v", p.node.name, p.name, add, err)
 	}
-	waitFor(t, p.name+"'s identity with "+strings.Join(add, ","), func() error {
+	testutil.EventuallyErr(t, p.name+"'s identity with "+strings.Join(add, ","), func() error {
 		ep = endpointOf(t, p)
 		if ep.Identity == nil || !slices.Contains(ep.Identity.Labels, add[0]) {
 			return fmt.Errorf("identity %+v", ep.Identity)
@@ -353,7 +353,7 @@ func kvPolicy(t *testing.T, c *cluster) {
 			}
 		}
 	}
-	waitFor(t, "pol-b's BPF policy map allows app=a on 8080", func() error {
+	testutil.EventuallyErr(t, "pol-b's BPF policy map allows app=a on 8080", func() error {
 		return realised(pb, rev, uint32(ida.Identity.ID))
 	})
 	for _, ip := range []netip.Addr{pb.ip4, pb.ip6} {
@@ -365,7 +365,7 @@ func kvPolicy(t *testing.T, c *cluster) {
 			t.Fatalf("app=c -> app=b %s:8080 across nodes was allowed", ip)
 		}
 	}
-	waitFor(t, "a policy drop on "+b.name+" for pol-b", func() error {
+	testutil.EventuallyErr(t, "a policy drop on "+b.name+" for pol-b", func() error {
 		ds, err := b.api.Drops(context.Background())
 		if err != nil {
 			return err
@@ -533,7 +533,7 @@ func etcdRestart(t *testing.T, c *cluster, pa, pb, pc *pod) {
 	// (a node that lost it wrote everything again under a new one); only
 	// then is what etcd holds final.
 	for _, nd := range c.nodes {
-		waitFor(t, nd.name+"'s lease of before the outage kept or expired", func() error { return leaseSettled(c, nd, leases[nd]) })
+		testutil.EventuallyErr(t, nd.name+"'s lease of before the outage kept or expired", func() error { return leaseSettled(c, nd, leases[nd]) })
 	}
 	waitIPCache(t, c, c.nodes)
 	if err := identitiesAgree(c.nodes); err != nil {
@@ -564,7 +564,7 @@ func nodeLeases(t *testing.T, nodes []*node) map[*node]int64 {
 func waitKvstoreUnhealthy(t *testing.T, nodes []*node) {
 	t.Helper()
 	for _, nd := range nodes {
-		waitFor(t, nd.name+" reports etcd unhealthy", func() error {
+		testutil.EventuallyErr(t, nd.name+" reports etcd unhealthy", func() error {
 			st, err := nd.api.Status(context.Background())
 			if err != nil {
 				return err
@@ -605,7 +605,7 @@ func startWaitingAdd(t *testing.T, nd *node, namespace string) *waitingAdd {
 	case err := <-w.done:
 		t.Fatalf("ADD of a new label set completed without etcd: %v", err)
 	}
-	waitFor(t, nd.name+" shows the label set waiting", func() error {
+	testutil.EventuallyErr(t, nd.name+" shows the label set waiting", func() error {
 		st, err := nd.api.Status(context.Background())
 		if err != nil {
 			return err
@@ -635,7 +635,7 @@ func nothingLost(t *testing.T, c *cluster) {
 		if _, ok := nodes[nd.name]; !ok {
 			t.Errorf("etcd lost node %s (has %v)", nd.name, nodes)
 		}
-		waitFor(t, nd.name+"'s endpoints in etcd", func() error { return publishedAll(c, nd) })
+		testutil.EventuallyErr(t, nd.name+"'s endpoints in etcd", func() error { return publishedAll(c, nd) })
 		if err := refsCover(c, nd); err != nil {
 			t.Error(err)
 		}
@@ -741,7 +741,7 @@ func kvAgentRestart(t *testing.T, c *cluster, nd *node, remote, local *pod) {
 	if err := nd.start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, nd.name+"'s old lease expired", func() error {
+	testutil.EventuallyErr(t, nd.name+"'s old lease expired", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		r, err := c.etcd.cli.TimeToLive(ctx, leaseID(old))
@@ -832,7 +832,7 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	}
 	waitIPCache(t, c, live)
 	for _, o := range live {
-		waitFor(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
+		testutil.EventuallyErr(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
 	}
 	t.Logf("lease released: %s's entries gone from every ipcache and route table %v later (TTL %v)", nd.name,
 		time.Since(released).Round(time.Millisecond), leaseTTL)
@@ -855,7 +855,7 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 		t.Fatal(err)
 	}
 	for _, o := range c.nodes {
-		waitFor(t, o.name+"'s identity references in etcd", func() error { return refsCover(c, o) })
+		testutil.EventuallyErr(t, o.name+"'s identity references in etcd", func() error { return refsCover(c, o) })
 	}
 	// Every endpoint keeps its number: one whose identity the GC took
 	// meanwhile gets it back (the agent asks the store for the number its
@@ -954,7 +954,7 @@ func kvNodeRemoved(t *testing.T, c *cluster, nd *node, from, to *pod) {
 	revoked := time.Now()
 	waitIPCache(t, c, live)
 	for _, o := range live {
-		waitFor(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
+		testutil.EventuallyErr(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
 		ns, err := o.api.Nodes(context.Background())
 		if err != nil {
 			t.Fatal(err)

@@ -40,7 +40,7 @@ func TestMultiNode(t *testing.T) {
 func waitRoutes(t *testing.T, nodes ...*node) {
 	t.Helper()
 	for _, nd := range nodes {
-		waitFor(t, nd.name+"'s routes to the other nodes", func() error {
+		testutil.EventuallyErr(t, nd.name+"'s routes to the other nodes", func() error {
 			rs, err := nd.nodeRoutes()
 			if err != nil {
 				return err
@@ -162,7 +162,7 @@ func removeNode(t *testing.T, c *cluster, keep, gone *node, from *pod, to *pod) 
 		}
 	}
 	c.writeNodesFile(rest)
-	waitFor(t, "the removed node's routes gone", func() error {
+	testutil.EventuallyErr(t, "the removed node's routes gone", func() error {
 		rs, err := keep.nodeRoutes()
 		if err != nil {
 			return err

@@ -78,7 +78,7 @@ func TestTunnelForgery(t *testing.T) {
 	ghost := c.ghostNode(2)
 	c.writeNodesFile(append(slices.Clone(c.nodes), ghost))
 	waitRoutes(t, a, b)
-	waitFor(t, b.name+"'s route to the ghost node's pods", func() error { return routedTo(b, ghost) })
+	testutil.EventuallyErr(t, b.name+"'s route to the ghost node's pods", func() error { return routedTo(b, ghost) })
 	attacker := a.addPod("attacker")
 	va, vb := newVictim(t, a), newVictim(t, b)
 	attackerEP := endpointOf(t, attacker).ID
@@ -107,7 +107,7 @@ func TestTunnelForgery(t *testing.T) {
 		t.Run("node-legit-"+fam, func(t *testing.T) {
 			f := forgery{from: a.ns, to: pick(b.addr4, b.addr6), vni: vb.friendID, src: own, dst: pick(vb.target.ip4, vb.target.ip6)}
 			payload := f.send(t)
-			waitFor(t, payload+" at the target", func() error { return vb.sink.has(payload) })
+			testutil.EventuallyErr(t, payload+" at the target", func() error { return vb.sink.has(payload) })
 		})
 	}
 }
@@ -129,7 +129,7 @@ func newVictim(t *testing.T, nd *node) *victim {
 	labelPod(t, v.target, "k8s:app=target")
 	v.friendID = uint32(labelPod(t, v.friend, "k8s:app=friend").Identity.ID)
 	rev := importPolicy(t, nd, tunnelPolicyDoc, "tunnel-target")
-	waitFor(t, nd.name+"'s target admitting host and app=friend", func() error {
+	testutil.EventuallyErr(t, nd.name+"'s target admitting host and app=friend", func() error {
 		return admits(v.target, rev, []uint32{hostID, v.friendID}, targetPort)
 	})
 	v.sink = listenSink(t, v.target, targetPort)
@@ -297,7 +297,7 @@ func (f forgery) mustDrop(t *testing.T) {
 	s, friend := f.v.sink, f.v.friend
 	before := dropCount(t, f.dropAt, f.ep, f.reason, f.dir)
 	payload := f.send(t)
-	waitFor(t, fmt.Sprintf("%s's %s drop on %s", payload, f.reason, f.dropAt.name), func() error {
+	testutil.EventuallyErr(t, fmt.Sprintf("%s's %s drop on %s", payload, f.reason, f.dropAt.name), func() error {
 		if s.has(payload) == nil {
 			t.Fatalf("forged %q (VNI %d, inner source %s) delivered to the target", payload, f.vni, f.src)
 		}
@@ -318,7 +318,7 @@ func (f forgery) mustDrop(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, control+" at the target", func() error { return s.has(control) })
+	testutil.EventuallyErr(t, control+" at the target", func() error { return s.has(control) })
 	if s.has(payload) == nil {
 		t.Fatalf("forged %q delivered to the target", payload)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // BenchmarkClusterAllocate: 8 nodes (8 clients of one embedded etcd)
@@ -96,7 +97,7 @@ func BenchmarkEndpointFootprint(b *testing.B) {
 		ip := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 		pub.src.set(endpoint.ID(i+1), ip, identity.NumericIdentity(256+i%1000), endpoint.StateReady)
 	}
-	waitFor(b, "mirror holds every endpoint", func() bool { ips, _ := sub.sink.view(); return len(ips) == b.N })
+	testutil.Eventually(b, "mirror holds every endpoint", func() bool { ips, _ := sub.sink.view(); return len(ips) == b.N })
 	el := time.Since(start)
 	b.StopTimer()
 	keys, bytes := countKeys(b, pub.c.Etcd(), prefixOf(b)+"state/endpoints/v1/")
@@ -141,7 +142,7 @@ func BenchmarkConvergence(b *testing.B) {
 	}
 	converged := func(total int) {
 		for _, n := range nodes {
-			waitFor(b, n.name+" converged", func() bool { ips, _ := n.sink.view(); return len(ips) >= total-perNode })
+			testutil.Eventually(b, n.name+" converged", func() bool { ips, _ := n.sink.view(); return len(ips) >= total-perNode })
 		}
 	}
 	converged(nodesN * perNode)
@@ -159,7 +160,7 @@ func BenchmarkConvergence(b *testing.B) {
 	}
 	var lat []time.Duration
 	for i, n := range nodes {
-		waitFor(b, n.name+" has every new endpoint", func() bool {
+		testutil.Eventually(b, n.name+" has every new endpoint", func() bool {
 			seen := n.sink.firstSeen()
 			for ip := range created {
 				if _, ok := seen[ip]; !ok && owner[ip] != i {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -36,7 +37,7 @@ func connect(tb testing.TB, endpoint, name string, mod func(*kvstore.Config)) *k
 		tb.Fatalf("connect: %v", err)
 	}
 	tb.Cleanup(func() { _ = c.Close() })
-	waitFor(tb, "node lease of "+name, func() bool { _, ok := c.Lease(); return ok })
+	testutil.Eventually(tb, "node lease of "+name, func() bool { _, ok := c.Lease(); return ok })
 	return c
 }
 
@@ -60,19 +61,6 @@ func sanitize(s string) string {
 		}
 	}
 	return string(b)
-}
-
-// waitFor polls cond until it holds (bounded by a generous deadline that
-// only a broken implementation reaches).
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func labelSet(tb testing.TB, ss ...string) labels.Labels {

@@ -17,6 +17,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -229,7 +230,7 @@ func expectView(tb testing.TB, nodes []*agentNode, want map[netip.Addr]identity.
 			}
 		}
 		slices.Sort(wantNodes)
-		waitFor(tb, n.name+" converged", func() bool {
+		testutil.Eventually(tb, n.name+" converged", func() bool {
 			ips, names := n.sink.view()
 			return maps.Equal(ips, wantIPs) && slices.Equal(names, wantNodes)
 		})
@@ -304,7 +305,7 @@ func TestMirrorRelistsAfterCompaction(t *testing.T) {
 	delete(want, podIP(0, 1))
 	a.src.set(9, podIP(0, 9), 501, endpoint.StateReady)
 	want[podIP(0, 9)], owner[podIP(0, 9)] = 501, 0
-	waitFor(t, "a published", func() bool { return a.pub.Stats().Published == 4 }) // node + 3 endpoints
+	testutil.Eventually(t, "a published", func() bool { return a.pub.Stats().Published == 4 }) // node + 3 endpoints
 	resp, err := a.c.Etcd().Get(context.Background(), "compaction-probe")
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestMirrorRetriesFailedSink(t *testing.T) {
 	b.sink.setFail(true)
 	a.src.set(2, podIP(0, 1), 601, endpoint.StateReady)
 	want[podIP(0, 1)], owner[podIP(0, 1)] = 601, 0
-	waitFor(t, "b's mirror saw the failure", func() bool { return b.mir.Stats().LastError != "" })
+	testutil.Eventually(t, "b's mirror saw the failure", func() bool { return b.mir.Stats().LastError != "" })
 	b.sink.setFail(false)
 	expectView(t, []*agentNode{a, b}, want, owner, []int{0, 1})
 }
@@ -350,7 +351,7 @@ func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
 	proxy := etcdtest.NewProxy(t, srv.Endpoint[len("http://"):])
 	n := startAgentNode(t, "http://"+proxy.Addr, "batch-a", 0)
 	writer := connect(t, srv.Endpoint, "batch-w", nil)
-	waitFor(t, "mirror synced", func() bool { return n.mir.Stats().Synced })
+	testutil.Eventually(t, "mirror synced", func() bool { return n.mir.Stats().Synced })
 	p := prefixOf(t) + "state/endpoints/v1/other/"
 	ctx := context.Background()
 	put := func(k, v string) {
@@ -363,7 +364,7 @@ func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
 		t.Fatal(err)
 	}
 	put("0", `{"ips":["10.9.0.9"],"identity":299,"node":"other"}`)
-	waitFor(t, "first endpoint", func() bool { ips, _ := n.sink.view(); return len(ips) == 1 })
+	testutil.Eventually(t, "first endpoint", func() bool { ips, _ := n.sink.view(); return len(ips) == 1 })
 	proxy.Cut()
 	put("1", `{"ips":["10.9.0.1"],"identity":300,"node":"other"}`)
 	put("2", `{"ips":["10.9.0.2"],"identity":301,"node":"other"}`)
@@ -374,7 +375,7 @@ func TestMirrorCreateAndDeleteInOneResponse(t *testing.T) {
 	proxy.Restore()
 	want := map[netip.Addr]identity.NumericIdentity{netip.MustParseAddr("10.9.0.9"): 299,
 		netip.MustParseAddr("10.9.0.2"): 301, netip.MustParseAddr("10.9.0.3"): 302}
-	waitFor(t, "the agent holds what etcd holds", func() bool { ips, _ := n.sink.view(); return maps.Equal(ips, want) })
+	testutil.Eventually(t, "the agent holds what etcd holds", func() bool { ips, _ := n.sink.view(); return maps.Equal(ips, want) })
 }
 
 // TestPublisherComparesAllAfterEvents: the publisher writes what the
@@ -394,15 +395,15 @@ func TestPublisherComparesAllAfterEvents(t *testing.T) {
 	t.Cleanup(pub.Stop)
 	b := startAgentNode(t, srv.Endpoint, "pub-b", 1)
 	a.src.set(1, podIP(0, 1), 300, endpoint.StateReady)
-	waitFor(t, "endpoint 1 mirrored", func() bool { ips, _ := b.sink.view(); return ips[podIP(0, 1)] == 300 })
+	testutil.Eventually(t, "endpoint 1 mirrored", func() bool { ips, _ := b.sink.view(); return ips[podIP(0, 1)] == 300 })
 	a.src.mu.Lock() // endpoint 2 enters the index; its event is lost
 	a.src.eps[2] = &endpoint.Endpoint{ID: 2, IPv4: podIP(0, 2), Identity: 301, State: endpoint.StateReady}
 	a.src.mu.Unlock()
 	a.src.set(3, podIP(0, 3), 302, endpoint.StateReady)
-	waitFor(t, "endpoints 2 and 3 mirrored", func() bool {
+	testutil.Eventually(t, "endpoints 2 and 3 mirrored", func() bool {
 		ips, _ := b.sink.view()
 		return ips[podIP(0, 2)] == 301 && ips[podIP(0, 3)] == 302
 	})
 	a.src.remove(1)
-	waitFor(t, "endpoint 1 withdrawn", func() bool { ips, _ := b.sink.view(); _, ok := ips[podIP(0, 1)]; return !ok })
+	testutil.Eventually(t, "endpoint 1 withdrawn", func() bool { ips, _ := b.sink.view(); _, ok := ips[podIP(0, 1)]; return !ok })
 }

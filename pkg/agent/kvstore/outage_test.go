@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -42,11 +43,11 @@ func TestLeaseExpiryDropsReferences(t *testing.T) {
 	_ = deadIDs.Close()
 	_ = dead.Close() // no revoke: the lease runs out
 	p := prefixOf(t) + "state/identities/v1/"
-	waitFor(t, "the dead node's references expire", func() bool {
+	testutil.Eventually(t, "the dead node's references expire", func() bool {
 		n, _ := countKeys(t, live.Etcd(), p+"refs/")
 		return n == 1
 	})
-	waitFor(t, "gc removes the unreferenced identity", func() bool {
+	testutil.Eventually(t, "gc removes the unreferenced identity", func() bool {
 		if _, err := liveIDs.CollectGarbage(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +79,7 @@ func TestEtcdRestart(t *testing.T) {
 	}
 	b.src.set(1, podIP(1, 0), ids["k8s:app=r1"], endpoint.StateReady)
 	want := map[netip.Addr]identity.NumericIdentity{podIP(1, 0): ids["k8s:app=r1"]}
-	waitFor(t, "watcher sees b's endpoint", func() bool { ips, _ := watcher.sink.view(); return len(ips) == 1 })
+	testutil.Eventually(t, "watcher sees b's endpoint", func() bool { ips, _ := watcher.sink.view(); return len(ips) == 1 })
 
 	srv.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -87,7 +88,7 @@ func TestEtcdRestart(t *testing.T) {
 	if !errors.Is(err, kvstore.ErrUnavailable) {
 		t.Fatalf("acquire during the outage: %v; want ErrUnavailable", err)
 	}
-	waitFor(t, "status unhealthy", func() bool { return !a.id.Status().Healthy })
+	testutil.Eventually(t, "status unhealthy", func() bool { return !a.id.Status().Healthy })
 	// The agent keeps its view while etcd is gone.
 	if ips, _ := watcher.sink.view(); len(ips) != 1 {
 		t.Fatalf("watcher lost b's endpoint during the outage: %v", ips)
@@ -96,7 +97,7 @@ func TestEtcdRestart(t *testing.T) {
 	want[podIP(1, 1)] = ids["k8s:app=r2"]
 
 	srv.Restart()
-	waitFor(t, "status healthy", func() bool { return a.id.Status().Healthy })
+	testutil.Eventually(t, "status healthy", func() bool { return a.id.Status().Healthy })
 	for _, s := range sets {
 		got, _, err := a.id.Acquire(context.Background(), labelSet(t, s))
 		if err != nil || got != ids[s] {
@@ -145,7 +146,7 @@ func TestIdentityWatchRelists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "reader synced with old", func() bool { mu.Lock(); defer mu.Unlock(); return synced && seen[old] != "" })
+	testutil.Eventually(t, "reader synced with old", func() bool { mu.Lock(); defer mu.Unlock(); return synced && seen[old] != "" })
 
 	proxy.Cut()
 	if err := wb.Release(context.Background(), old); err != nil {
@@ -168,7 +169,7 @@ func TestIdentityWatchRelists(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.Restore()
-	waitFor(t, "reader converged", func() bool {
+	testutil.Eventually(t, "reader converged", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		_, hasOld := seen[old]
@@ -310,11 +311,11 @@ func TestLeaseLostAndRegranted(t *testing.T) {
 
 	proxy.Cut()
 	p := prefixOf(t) + "state/identities/v1/"
-	waitFor(t, "a's lease expires: b drops a", func() bool {
+	testutil.Eventually(t, "a's lease expires: b drops a", func() bool {
 		ips, names := b.sink.view()
 		return len(ips) == 0 && len(names) == 0
 	})
-	waitFor(t, "gc collects a's identity", func() bool {
+	testutil.Eventually(t, "gc collects a's identity", func() bool {
 		if _, err := gc.CollectGarbage(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +324,7 @@ func TestLeaseLostAndRegranted(t *testing.T) {
 	})
 	proxy.Restore()
 	expectView(t, nodes, want, owner, []int{0, 1})
-	waitFor(t, "a's reference and identity are back", func() bool {
+	testutil.Eventually(t, "a's reference and identity are back", func() bool {
 		n, _ := countKeys(t, gcClient.Etcd(), p+"refs/"+kvstore.RefHash(ls.Key())+"/regrant-a")
 		return n == 1
 	})
@@ -357,7 +358,7 @@ func TestWatchSendsResumed(t *testing.T) {
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "synced and healthy", func() bool {
+	testutil.Eventually(t, "synced and healthy", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return synced && n.id.Status().Healthy
@@ -366,9 +367,9 @@ func TestWatchSendsResumed(t *testing.T) {
 	before := resumed
 	mu.Unlock()
 	srv.Stop()
-	waitFor(t, "status unhealthy", func() bool { return !n.id.Status().Healthy })
+	testutil.Eventually(t, "status unhealthy", func() bool { return !n.id.Status().Healthy })
 	srv.Restart()
-	waitFor(t, "ClusterResumed after the restart", func() bool {
+	testutil.Eventually(t, "ClusterResumed after the restart", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return resumed > before
