@@ -31,25 +31,28 @@ func TestComponentNames(t *testing.T) {
 // reverse) once it serves.
 func TestComponentOrder(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		serves bool
-		want   []string
+		name  string
+		names []string // started before "fails"
+		want  []string
 	}{
-		{"before the API", false, []string{"http", "api", "kvstore-publish", "kvstore", "actors", "datapath"}},
-		{"API serving", true, []string{"kvstore-publish", "kvstore", "http", "api", "actors", "datapath"}},
+		{"before the API", []string{"datapath", "kvstore", "actors"}, []string{"actors", "kvstore", "datapath"}},
+		{"API serving", []string{"datapath", "kvstore", "actors", "api", "http", "delete-queue", "kvstore-publish"},
+			[]string{"kvstore-publish", "kvstore", "delete-queue", "http", "api", "actors", "datapath"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			c := func(name string) component {
-				return component{name, func() error { return nil }, func(context.Context) error { got = append(got, name); return nil }}
-			}
 			a := &Agent{log: slog.New(slog.DiscardHandler)}
-			if tc.serves {
-				a.served = make(chan error, 1)
+			var got []string
+			var cs []component
+			for _, name := range tc.names {
+				start := func() error { return nil }
+				if name == "api" {
+					start = func() error { a.served = make(chan error, 1); return nil }
+				}
+				cs = append(cs, component{name, start, func(context.Context) error { got = append(got, name); return nil }})
 			}
 			boom := errors.New("boom")
-			cs := []component{c("datapath"), c("kvstore"), c("actors"), c("api"), c("http"), c("kvstore-publish"),
-				{"fails", func() error { return boom }, nil}, c("never")}
+			cs = append(cs, component{"fails", func() error { return boom }, nil},
+				component{"never", func() error { t.Error("started after a failure"); return nil }, nil})
 			if err := a.run(cs); !errors.Is(err, boom) || err.Error() != "start agent: boom" {
 				t.Fatalf("run: %v", err)
 			}
