@@ -26,9 +26,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
-	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/agent/nodesfile"
-	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
@@ -221,6 +219,8 @@ type Agent struct {
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend
+	// started are the components Start started, in start order.
+	started []component
 }
 
 // startIdentityBackend starts the MembraneIdentity backend in Kubernetes
@@ -238,11 +238,12 @@ func startIdentityBackend(cfg *Config, ac *actors.Config, log *slog.Logger) (ide
 	return b, nil
 }
 
-// Start validates cfg, starts the actor system and serves the API. The
-// agent answers mutating calls once Start returns. On failure everything
-// it started is stopped again (datapath closed, state store closed),
-// leaving endpoints and kernel state in place.
-func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
+// Start validates cfg and starts the agent's components (components.go)
+// in order: the datapath, the actor system, the API, restore, the feeds.
+// The agent answers mutating calls once Start returns. On failure
+// everything it started is stopped again (datapath closed, state store
+// closed), leaving endpoints and kernel state in place.
+func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.SocketMode == 0 {
 		cfg.SocketMode = 0o660
 	}
@@ -267,151 +268,14 @@ func Start(cfg Config, log *slog.Logger) (_ *Agent, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	// undo runs in reverse order when Start fails.
-	var undo []func()
-	defer func() {
-		if retErr != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-	}()
 	if cfg.DNSProxy != nil {
 		cfg.Linux.DNSProxyPort = cfg.DNSProxy.Port
 	}
-	dp, linux, err := newDatapath(&cfg, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
+	a := &Agent{cfg: cfg, log: log, Index: ix}
+	s := &starter{a: a, ac: cfg.Actors}
+	if err := a.run(s.components()); err != nil {
+		return nil, err
 	}
-	undo = append(undo, func() { _ = dp.Close() })
-	if err := dp.Init(context.Background()); err != nil {
-		return nil, fmt.Errorf("start agent: datapath init: %w", err)
-	}
-	ac := cfg.Actors
-	if linux != nil {
-		// The host's own addresses are the host identity (kubelet probes
-		// come from them), as the gateways are.
-		if ac.HostAddrs, err = linux.HostAddrs(context.Background()); err != nil {
-			return nil, fmt.Errorf("start agent: %w", err)
-		}
-	}
-	store, err := restore.Open(cfg.StateDir, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	undo = append(undo, store.Close)
-	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
-	ac.State = store
-	ac.NoL7 = noL7(cfg, ac.NoL7)
-	// Likewise DNS rules and toFQDNs need the DNS proxy (the fake
-	// datapath takes them: nothing is redirected, nothing learned).
-	ac.NoDNSProxy = ac.NoDNSProxy || (cfg.Datapath == "linux" && cfg.DNSProxy == nil)
-	// Policies from the API server may select namespaces by any label;
-	// rules no proxy of this agent can enforce are refused parts (the
-	// file is read with policy.ParseOptions.PartialRefusal).
-	ac.Policy = loadPolicies(cfg.StateDir, policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy}, log)
-	ac.Policy.FQDN = cfg.FQDN
-	if cfg.API.Metrics == nil {
-		cfg.API.Metrics = metrics.New()
-	}
-	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
-	ac.GC.Interval = cfg.GCInterval
-	kv, err := connectKvstore(cfg.Kvstore, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	if kv != nil {
-		undo = append(undo, kv.stop)
-		if ac.IdentityBackend == nil { // kvstore mode: identities through etcd
-			kv.identities = kvstore.NewIdentityBackend(kv.client)
-			ac.IdentityBackend = kv.identities
-		}
-	}
-	idBackend, err := startIdentityBackend(&cfg, &ac, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	if idBackend != nil {
-		undo = append(undo, func() { _ = idBackend.Close() })
-	}
-	sys, err := actors.Start(ac, ix, dp, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	undo = append(undo, sys.Stop)
-	if linux != nil {
-		linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(ac.Events, cfg.API.Metrics),
-			Phase: cfg.API.Metrics.DatapathPhase, OnL7Access: onL7Access(ac.Events, cfg.API.Metrics)})
-	}
-	apiCfg := cfg.API
-	apiCfg.HostNetns = cfg.Linux.HostNetns // where pods' veths get their host end
-	srv, err := api.New(apiCfg, sys, log)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	lis, err := api.Listen(cfg.Socket, cfg.SocketMode)
-	if err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	a := &Agent{cfg: cfg, log: log, Index: ix, System: sys, Server: srv, lis: lis, served: make(chan error, 1), store: store,
-		poolSizes: poolSizesOf(&cfg), events: ac.Events, kvstore: kv, idBackend: idBackend}
-	cfg.API.Metrics.SetSampler(a.sample)
-	go func() { a.served <- srv.Serve(lis) }()
-	undo = []func(){func() { _ = a.Stop(context.Background()) }} // Stop closes everything above
-	if err := a.startHTTP(); err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	// Reads are served while restoring; mutating calls get 503 until ready.
-	if err := a.restore(context.Background()); err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	rs := a.restoreStats
-	cfg.API.Metrics.SetRestoreDuration(rs.Leases)
-	cfg.API.Metrics.SetRestoreCounts(rs.Found, rs.Restored, rs.Invalid, rs.Refused, rs.Quarantined)
-	srv.SetRestore(models.RestoreStatus{Found: rs.Found, Restored: rs.Restored, Invalid: rs.Invalid,
-		Refused: rs.Refused, Quarantined: rs.Quarantined})
-	a.stopCNI = a.startDeleteQueue()
-	a.watchHostAddrs(linux)
-	// The collector starts once the index holds every restored endpoint;
-	// the kernel ipcache is pruned once every restored endpoint claimed
-	// its addresses (entries of endpoints deleted while no agent ran go).
-	sys.StartGC()
-	sys.PruneIPCache()
-	a.startHealth(linux)
-	a.watchNodesFile()
-	if err := a.startDNSProxy(linux); err != nil {
-		return nil, fmt.Errorf("start agent: %w", err)
-	}
-	// CNI ADDs are served once the k8s caches synced (or the bounded wait
-	// for them ended), so a pod's endpoint starts with the pod's labels.
-	if cfg.K8s != nil {
-		kc := *cfg.K8s
-		if ns, ok := any(sys).(k8s.NodeSink); ok && kc.Nodes == nil {
-			kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
-		} else if kc.Nodes == nil {
-			log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
-		}
-		if a.k8s, err = k8s.Start(context.Background(), kc, sys, log); err != nil {
-			return nil, fmt.Errorf("start agent: %w", err)
-		}
-		srv.SetLabeler(a.k8s.Labels)
-		srv.SetK8s(a.k8s.Status)
-		if a.k8sSvc, err = k8s.StartServices(context.Background(), *cfg.K8s, sys, log); err != nil {
-			a.k8s.Stop()
-			return nil, fmt.Errorf("start agent: %w", err)
-		}
-	} else {
-		// No feeder: what an earlier agent left in the service maps goes.
-		sys.PruneServices()
-	}
-	if kv != nil {
-		if err := a.startKvstore(); err != nil {
-			return nil, fmt.Errorf("start agent: %w", err)
-		}
-	}
-	srv.SetReady()
-	log.Info("agent ready", "socket", cfg.Socket, "datapath", dp.Name(),
-		"ipv4-range", cfg.IPv4Range, "ipv6-range", cfg.IPv6Range)
 	return a, nil
 }
 
@@ -423,44 +287,10 @@ func (a *Agent) Stop(ctx context.Context) error {
 	return a.stopErr
 }
 
+// stop stops the components (stopComponents: the feeds, the API, then
+// the actors, identity backend, state store and datapath).
 func (a *Agent) stop(ctx context.Context) error {
-	if a.k8sSvc != nil {
-		a.k8sSvc.Stop()
-	}
-	if a.k8s != nil {
-		a.k8s.Stop()
-	}
-	if a.kvstore != nil {
-		a.kvstore.stop()
-	}
-	if a.stopCNI != nil {
-		a.stopCNI()
-	}
-	if a.stopAddrs != nil {
-		a.stopAddrs()
-	}
-	if a.stopNodes != nil {
-		a.stopNodes()
-	}
-	if a.health != nil {
-		a.health.Stop()
-	}
-	if a.stopDNS != nil {
-		a.stopDNS()
-	}
-	err := a.Server.Shutdown(ctx)
-	if serr := <-a.served; serr != nil && err == nil {
-		err = serr
-	}
-	if herr := a.stopHTTP(ctx); herr != nil && err == nil {
-		err = herr
-	}
-	a.System.Stop()
-	if a.idBackend != nil {
-		_ = a.idBackend.Close()
-	}
-	a.store.Close()
-	_ = a.System.Datapath.Close()
+	err := a.stopComponents(ctx)
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err

@@ -62,12 +62,22 @@ func (a *Agent) startKvstore() error {
 // node's keys stay until its lease expires, so a restarting agent's pods
 // do not flap on other nodes. Idempotent.
 func (k *kvstoreMode) stop() {
+	k.stopPublishing()
+	k.close()
+}
+
+// stopPublishing stops the mirror and the publisher, if started.
+func (k *kvstoreMode) stopPublishing() {
 	if k.mirror != nil {
 		k.mirror.Stop()
 	}
 	if k.pub != nil {
 		k.pub.Stop()
 	}
+}
+
+// close closes the identity backend on etcd, if any, and the connection.
+func (k *kvstoreMode) close() {
 	if k.identities != nil {
 		_ = k.identities.Close()
 	}

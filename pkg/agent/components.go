@@ -1,0 +1,351 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent/api"
+	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
+	"github.com/membrane-cni/membrane/pkg/agent/health"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
+	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/restore"
+)
+
+// component is one part of the agent. Start starts the components in
+// order; when one fails, the started ones stop again (stopComponents).
+type component struct {
+	name string
+	// start starts it; on an error it leaves nothing of itself running.
+	start func() error
+	// stop stops it, bounded by ctx; nil when it owns nothing to stop.
+	stop func(ctx context.Context) error
+}
+
+// starter holds what the components hand on to each other while the agent
+// starts: the actor system's Config and the datapath.
+type starter struct {
+	a     *Agent
+	ac    actors.Config
+	dp    datapath.Datapath
+	linux *datapath.Linux // nil unless the datapath is "linux"
+}
+
+// components is the agent, in start order.
+func (s *starter) components() []component {
+	a := s.a
+	return []component{
+		// The datapath (Linux or fake), initialised before anything uses
+		// it, and the host's own addresses (the host identity, as the
+		// gateways are: kubelet probes come from them).
+		{"datapath", s.startDatapath, func(context.Context) error { _ = s.dp.Close(); return nil }},
+		// The per-endpoint state directory, journal and checkpoints.
+		{"state-store", s.openStore, func(context.Context) error { a.store.Close(); return nil }},
+		// The actor system's Config: IPAM ranges, state store, the rules
+		// import refuses, the persisted policies, events and metrics.
+		{"actors-config", s.configureActors, nil},
+		// The etcd connection (kvstore mode) and, unless the caller gave
+		// one, the identity backend on it; the actors take that backend.
+		// Once the API serves, it stops in stopFirst's phase.
+		{"kvstore", s.connectKvstore, stopWith(&a.kvstore, (*kvstoreMode).close)},
+		// The MembraneIdentity backend (Kubernetes mode, CRD identities).
+		{"identity-backend", s.startIdentityBackend, func(context.Context) error {
+			if a.idBackend != nil {
+				_ = a.idBackend.Close()
+			}
+			return nil
+		}},
+		// The actors: endpoints, IPAM, identities, policy, ipcache, GC.
+		{"actors", s.startActors, func(context.Context) error { a.System.Stop(); return nil }},
+		// The REST API on the unix socket. Reads are served from now on,
+		// mutating calls get 503 until ready. Its stop also stops the
+		// read-only HTTP listener, after the API server (whose Shutdown
+		// ends the event streams).
+		{"api", s.serveAPI, a.stopAPI},
+		// The read-only TCP listener (--http-addr); stopped by "api".
+		{"http", a.startHTTP, nil},
+		// Every endpoint in the state directory back, with its IPs and
+		// identity, before the delete queue is drained.
+		{"restore", a.restoreAtStart, nil},
+		// The CNI delete queue: drained once now, then periodically.
+		{"delete-queue", func() error { a.stopCNI = a.startDeleteQueue(); return nil }, stopFunc(&a.stopCNI)},
+		// The host netns's addresses followed into the ipcache (Linux).
+		{"host-addresses", func() error { a.watchHostAddrs(s.linux); return nil }, stopFunc(&a.stopAddrs)},
+		// The collector, once the index holds every restored endpoint;
+		// the kernel ipcache pruned once every restored endpoint claimed
+		// its addresses (entries of endpoints deleted while no agent ran
+		// go). Both belong to the actors.
+		{"gc", func() error { a.System.StartGC(); a.System.PruneIPCache(); return nil }, nil},
+		// The health endpoint (--enable-health), set up in the background.
+		{"health", func() error { a.startHealth(s.linux); return nil }, stopWith(&a.health, (*health.Manager).Stop)},
+		// The nodes file watcher (--nodes-file, standalone mode).
+		{"nodes-file", func() error { a.watchNodesFile(); return nil }, stopFunc(&a.stopNodes)},
+		// The DNS proxy (--dns-proxy, Linux datapath).
+		{"dns-proxy", func() error { return a.startDNSProxy(s.linux) }, stopFunc(&a.stopDNS)},
+		// The Kubernetes watchers: pods, namespaces, policies, nodes.
+		// CNI ADDs are served once their caches synced (or the bounded
+		// wait ended), so a pod's endpoint starts with the pod's labels.
+		{"kubernetes", a.startK8s, stopWith(&a.k8s, (*k8s.Watcher).Stop)},
+		// The Services and EndpointSlices feeding the service table; in
+		// standalone mode, what an earlier agent left there is pruned.
+		{"services", a.startServices, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
+		// This node's endpoints published to etcd, the others' mirrored.
+		{"kvstore-publish", a.startKvstorePublish, stopWith(&a.kvstore, (*kvstoreMode).stopPublishing)},
+		// Mutating calls answered from now on.
+		{"ready", a.setReady, nil},
+	}
+}
+
+// stopFirst is Stop's first phase once the API serves: what feeds the
+// actors and the API from outside stops, in this order, before the API
+// server shuts down. It is the order Agent.stop always had, not the
+// reverse of start; the kvstore connection, started before the actors,
+// stops here rather than after them. Before the API serves (a start
+// failing early), every started component stops in reverse order.
+var stopFirst = []string{"services", "kubernetes", "kvstore-publish", "kvstore",
+	"delete-queue", "host-addresses", "nodes-file", "health", "dns-proxy"}
+
+// run starts cs in order. On a failure, once the API serves, it stops
+// the agent as Stop does (the socket goes, "agent stopped" is logged);
+// before, the started components stop in reverse order.
+func (a *Agent) run(cs []component) error {
+	for i, c := range cs {
+		if err := c.start(); err != nil {
+			a.started = cs[:i]
+			if a.served != nil {
+				_ = a.Stop(context.Background())
+			} else {
+				_ = a.stopComponents(context.Background())
+			}
+			return fmt.Errorf("start agent: %w", err)
+		}
+	}
+	a.started = cs
+	return nil
+}
+
+// stopComponents stops the started components, the ones in stopFirst
+// first while the API serves, then the rest in reverse start order, and
+// returns the first error.
+func (a *Agent) stopComponents(ctx context.Context) error {
+	var first error
+	stopped := make(map[string]bool, len(a.started))
+	stop := func(c component) {
+		stopped[c.name] = true
+		if c.stop == nil {
+			return
+		}
+		if err := c.stop(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	if a.served != nil {
+		for _, name := range stopFirst {
+			for _, c := range a.started {
+				if c.name == name {
+					stop(c)
+				}
+			}
+		}
+	}
+	for i := len(a.started) - 1; i >= 0; i-- {
+		if c := a.started[i]; !stopped[c.name] {
+			stop(c)
+		}
+	}
+	return first
+}
+
+// stopFunc stops by calling *f, if set when the stop runs.
+func stopFunc[F ~func()](f *F) func(context.Context) error {
+	return func(context.Context) error {
+		if *f != nil {
+			(*f)()
+		}
+		return nil
+	}
+}
+
+// stopWith stops by calling f on *p, if set when the stop runs.
+func stopWith[T any](p **T, f func(*T)) func(context.Context) error {
+	return func(context.Context) error {
+		if *p != nil {
+			f(*p)
+		}
+		return nil
+	}
+}
+
+func (s *starter) startDatapath() error {
+	dp, linux, err := newDatapath(&s.a.cfg, s.a.log)
+	if err != nil {
+		return err
+	}
+	if err := dp.Init(context.Background()); err != nil {
+		_ = dp.Close()
+		return fmt.Errorf("datapath init: %w", err)
+	}
+	if linux != nil {
+		if s.ac.HostAddrs, err = linux.HostAddrs(context.Background()); err != nil {
+			_ = dp.Close()
+			return err
+		}
+	}
+	s.dp, s.linux = dp, linux
+	return nil
+}
+
+func (s *starter) openStore() (err error) {
+	s.a.store, err = restore.Open(s.a.cfg.StateDir, s.a.log)
+	return err
+}
+
+func (s *starter) configureActors() error {
+	cfg, ac := &s.a.cfg, &s.ac
+	ac.IPAM.IPv4, ac.IPAM.IPv6, ac.IPAM.Strategy = cfg.IPv4Range, cfg.IPv6Range, cfg.IPAMStrategy
+	ac.State = s.a.store
+	ac.NoL7 = noL7(*cfg, ac.NoL7)
+	// Likewise DNS rules and toFQDNs need the DNS proxy (the fake
+	// datapath takes them: nothing is redirected, nothing learned).
+	ac.NoDNSProxy = ac.NoDNSProxy || (cfg.Datapath == "linux" && cfg.DNSProxy == nil)
+	// Policies from the API server may select namespaces by any label;
+	// rules no proxy of this agent can enforce are refused parts (the
+	// file is read with policy.ParseOptions.PartialRefusal).
+	opts := policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy}
+	ac.Policy = loadPolicies(cfg.StateDir, opts, s.a.log)
+	ac.Policy.FQDN = cfg.FQDN
+	if cfg.API.Metrics == nil {
+		cfg.API.Metrics = metrics.New()
+	}
+	ac.Events, ac.Observer = events.New(0), cfg.API.Metrics
+	s.a.events = ac.Events
+	ac.GC.Interval = cfg.GCInterval
+	return nil
+}
+
+func (s *starter) connectKvstore() error {
+	kv, err := connectKvstore(s.a.cfg.Kvstore, s.a.log)
+	if err != nil || kv == nil {
+		return err
+	}
+	if s.ac.IdentityBackend == nil { // kvstore mode: identities through etcd
+		kv.identities = kvstore.NewIdentityBackend(kv.client)
+		s.ac.IdentityBackend = kv.identities
+	}
+	s.a.kvstore = kv
+	return nil
+}
+
+func (s *starter) startIdentityBackend() (err error) {
+	s.a.idBackend, err = startIdentityBackend(&s.a.cfg, &s.ac, s.a.log)
+	return err
+}
+
+func (s *starter) startActors() error {
+	a := s.a
+	sys, err := actors.Start(s.ac, a.Index, s.dp, a.log)
+	if err != nil {
+		return err
+	}
+	a.System = sys
+	if s.linux != nil {
+		m := a.cfg.API.Metrics
+		s.linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(a.events, m),
+			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m)})
+	}
+	return nil
+}
+
+// serveAPI serves the REST API on the unix socket.
+func (s *starter) serveAPI() error {
+	a := s.a
+	apiCfg := a.cfg.API
+	apiCfg.HostNetns = a.cfg.Linux.HostNetns // where pods' veths get their host end
+	srv, err := api.New(apiCfg, a.System, a.log)
+	if err != nil {
+		return err
+	}
+	lis, err := api.Listen(a.cfg.Socket, a.cfg.SocketMode)
+	if err != nil {
+		return err
+	}
+	a.Server, a.lis, a.served = srv, lis, make(chan error, 1)
+	a.poolSizes = poolSizesOf(&a.cfg)
+	a.cfg.API.Metrics.SetSampler(a.sample)
+	go func() { a.served <- srv.Serve(lis) }()
+	return nil
+}
+
+// stopAPI stops accepting requests and waits for in-flight ones (bounded
+// by ctx), then stops the read-only HTTP listener.
+func (a *Agent) stopAPI(ctx context.Context) error {
+	err := a.Server.Shutdown(ctx)
+	if serr := <-a.served; serr != nil && err == nil {
+		err = serr
+	}
+	if herr := a.stopHTTP(ctx); herr != nil && err == nil {
+		err = herr
+	}
+	return err
+}
+
+// restoreAtStart restores the endpoints and reports what it did.
+func (a *Agent) restoreAtStart() error {
+	if err := a.restore(context.Background()); err != nil {
+		return err
+	}
+	rs, m := a.restoreStats, a.cfg.API.Metrics
+	m.SetRestoreDuration(rs.Leases)
+	m.SetRestoreCounts(rs.Found, rs.Restored, rs.Invalid, rs.Refused, rs.Quarantined)
+	a.Server.SetRestore(models.RestoreStatus{Found: rs.Found, Restored: rs.Restored, Invalid: rs.Invalid,
+		Refused: rs.Refused, Quarantined: rs.Quarantined})
+	return nil
+}
+
+func (a *Agent) startK8s() (err error) {
+	if a.cfg.K8s == nil {
+		return nil
+	}
+	kc := *a.cfg.K8s
+	if ns, ok := any(a.System).(k8s.NodeSink); ok && kc.Nodes == nil {
+		kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
+	} else if kc.Nodes == nil {
+		a.log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
+	}
+	if a.k8s, err = k8s.Start(context.Background(), kc, a.System, a.log); err != nil {
+		return err
+	}
+	a.Server.SetLabeler(a.k8s.Labels)
+	a.Server.SetK8s(a.k8s.Status)
+	return nil
+}
+
+func (a *Agent) startServices() (err error) {
+	if a.cfg.K8s == nil {
+		// No feeder: what an earlier agent left in the service maps goes.
+		a.System.PruneServices()
+		return nil
+	}
+	a.k8sSvc, err = k8s.StartServices(context.Background(), *a.cfg.K8s, a.System, a.log)
+	return err
+}
+
+func (a *Agent) startKvstorePublish() error {
+	if a.kvstore == nil {
+		return nil
+	}
+	return a.startKvstore()
+}
+
+func (a *Agent) setReady() error {
+	a.Server.SetReady()
+	a.log.Info("agent ready", "socket", a.cfg.Socket, "datapath", a.System.Datapath.Name(),
+		"ipv4-range", a.cfg.IPv4Range, "ipv6-range", a.cfg.IPv6Range)
+	return nil
+}
