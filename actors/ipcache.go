@@ -32,13 +32,13 @@ const (
 // never overtake each other. A restart rebuilds from the table and
 // re-writes every entry (writes are idempotent).
 type ipcacheActor struct {
+	owner
 	deps     *endpointDeps
 	gateways []netip.Addr
 	// ranges are the pod ranges: host address changes inside them are
 	// not the host's to claim (gateways, endpoints).
 	ranges []netip.Prefix
 	log    *slog.Logger
-	batch  batcher
 
 	// entries are the desired rows (immutable, shared with the index).
 	// What the datapath holds is not tracked (heap per endpoint): every
@@ -49,7 +49,6 @@ type ipcacheActor struct {
 	prune   bool // a full sync (datapath.IPCacheSyncer) is due
 	retry   *time.Timer
 	backoff time.Duration // the next retry delay; 0 after a success
-	req     requester
 
 	// replacing holds, per origin, the replacement run in progress
 	// (ReplaceRemoteEndpoints): the addresses it set so far.
@@ -82,7 +81,9 @@ type ipcacheOp struct {
 
 func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr, ranges []netip.Prefix) *ipcacheActor {
 	l := deps.log.With("actor", "ipcache")
-	return &ipcacheActor{deps: deps, gateways: gateways, ranges: ranges, log: l, batch: newBatcher(deps.writer, l)}
+	a := &ipcacheActor{deps: deps, gateways: gateways, ranges: ranges, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
+	a.onStart, a.onStop = a.rebuild, a.stopTimers
+	return a
 }
 
 // hostAddr claims (or drops) a host address as the host identity. The
@@ -102,25 +103,21 @@ func (a *ipcacheActor) hostAddr(ctx actor.Context, msg *messages.IPCacheHostAddr
 	a.sync(ctx)
 }
 
+// stopTimers stops the retry timer (owner.onStop).
+func (a *ipcacheActor) stopTimers() {
+	if a.retry != nil {
+		a.retry.Stop()
+		a.retry = nil
+	}
+}
+
 // Receive implements actor.Actor.
 func (a *ipcacheActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.req.register(ctx)
-		a.rebuild(ctx)
-	case *actor.Stopped:
-		a.req.unregister(ctx)
-	case *requestAnswer:
-		a.req.answered(msg)
-	case *actor.Restarting, *actor.Stopping:
-		a.req.drop()
-		if a.retry != nil {
-			a.retry.Stop()
-		}
-		a.batch.flush()
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.IPCacheEndpoint:
 		a.endpoint(ctx, msg)
 	case *messages.IPCacheCIDRs:

@@ -31,11 +31,11 @@ func init() { kindOrder[KindNodes] = kindOrder[KindGC] }
 // backoff. A restart rebuilds from the table and syncs again (SyncNodes
 // is idempotent).
 type nodesActor struct {
+	owner
 	deps   *endpointDeps
 	local  []netip.Prefix // this node's pod ranges: no remote node may claim them
 	router datapath.NodeRouter
 	log    *slog.Logger
-	batch  batcher
 
 	rows  map[string]*index.Node // by Key(); immutable, shared with the index
 	dirty bool                   // the union changed since the last sync started
@@ -45,7 +45,6 @@ type nodesActor struct {
 	syncing bool
 	retry   *time.Timer
 	backoff time.Duration
-	req     requester
 }
 
 // nodesRetrySync is the retry timer's message.
@@ -54,28 +53,26 @@ type nodesRetrySync struct{}
 func newNodesActor(deps *endpointDeps, local []netip.Prefix) *nodesActor {
 	l := deps.log.With("actor", "nodes")
 	router, _ := deps.dp.(datapath.NodeRouter)
-	return &nodesActor{deps: deps, local: local, router: router, log: l, batch: newBatcher(deps.writer, l)}
+	a := &nodesActor{deps: deps, local: local, router: router, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
+	a.onStart, a.onStop = a.rebuild, a.stopTimers
+	return a
+}
+
+// stopTimers stops the retry timer (owner.onStop).
+func (a *nodesActor) stopTimers() {
+	if a.retry != nil {
+		a.retry.Stop()
+		a.retry = nil
+	}
 }
 
 // Receive implements actor.Actor.
 func (a *nodesActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.req.register(ctx)
-		a.rebuild(ctx)
-	case *actor.Stopped:
-		a.req.unregister(ctx)
-	case *requestAnswer:
-		a.req.answered(msg)
-	case *actor.Restarting, *actor.Stopping:
-		a.req.drop()
-		if a.retry != nil {
-			a.retry.Stop()
-		}
-		a.batch.flush()
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.SyncNodes:
 		a.replace(ctx, msg.Source, msg.Nodes)
 		if !a.heard {

@@ -27,12 +27,12 @@ import (
 // the policies and policy-revision tables and rebuilds from them (and
 // the ipcache table, for CIDR identity numbers) after a restart.
 type policyActor struct {
+	owner
 	cfg     PolicyConfig
 	deps    *endpointDeps
 	manager *actor.PID
 	ipcache *actor.PID
 	log     *slog.Logger
-	batch   batcher
 	repo    *policy.Repository
 	// users[ep] is the identity endpoint ep last asked the policy of (0:
 	// none). A flat array (256 KiB) instead of maps: no heap per
@@ -42,7 +42,6 @@ type policyActor struct {
 	users   []identity.NumericIdentity
 	written uint64 // the revision last written to the index
 	persist persistState
-	req     requester
 	// staging is the import being prepared in steps (policyImportStep
 	// messages), nil when none; queued holds the imports and deletes
 	// that arrived meanwhile, run in order after it.
@@ -101,33 +100,26 @@ type persistState struct {
 
 func newPolicyActor(deps *endpointDeps, cfg PolicyConfig, manager, ipcache *actor.PID) *policyActor {
 	l := deps.log.With("actor", "policy")
-	return &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, batch: newBatcher(deps.writer, l)}
+	a := &policyActor{cfg: cfg, deps: deps, manager: manager, ipcache: ipcache, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
+	a.onStart, a.onStop, a.onRestart = a.rebuild, a.stopFQDNTimer, a.restarting
+	return a
+}
+
+// restarting answers the waiters of a write this incarnation will not
+// see end (owner.onRestart); the change itself is applied (and in the
+// index).
+func (a *policyActor) restarting(actor.Context) {
+	a.batch.replies = append(a.batch.replies, append(a.persist.inflight, a.persist.pending...)...)
+	a.dropQueued()
 }
 
 // Receive implements actor.Actor.
 func (a *policyActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.req.register(ctx)
-		a.rebuild(ctx)
-	case *actor.Stopped:
-		a.req.unregister(ctx)
-	case *requestAnswer:
-		a.req.answered(msg)
-	case *actor.Stopping:
-		a.req.drop()
-		a.stopFQDNTimer()
-	case *actor.Restarting:
-		a.req.drop()
-		a.stopFQDNTimer()
-		// Answer the waiters of a write this incarnation will not see end;
-		// the change itself is applied (and in the index).
-		a.batch.replies = append(a.batch.replies, append(a.persist.inflight, a.persist.pending...)...)
-		a.dropQueued()
-		a.batch.flush()
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.PolicyImport, *messages.PolicyDelete:
 		a.queued = append(a.queued, policyOp{msg: msg, sender: ctx.Sender()})
 		a.runQueued(ctx)

@@ -24,11 +24,10 @@ import (
 // at start the actor reads the maps back and reuses their IDs, so the
 // connections a previous agent translated keep their backends.
 type servicesActor struct {
-	deps  *endpointDeps
-	dp    datapath.ServiceDatapath // nil: nothing to write
-	log   *slog.Logger
-	batch batcher
-	req   requester
+	owner
+	deps *endpointDeps
+	dp   datapath.ServiceDatapath // nil: nothing to write
+	log  *slog.Logger
 
 	rows map[service.Frontend]*index.ServiceRow
 	// held is what the datapath may hold per frontend: its ID and the
@@ -84,30 +83,27 @@ type serviceOp struct {
 
 func newServicesActor(deps *endpointDeps) *servicesActor {
 	l := deps.log.With("actor", "services")
-	a := &servicesActor{deps: deps, log: l, batch: newBatcher(deps.writer, l)}
+	a := &servicesActor{deps: deps, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
+	a.onStart, a.onStop = a.rebuild, a.stopTimers
 	a.dp, _ = deps.dp.(datapath.ServiceDatapath)
 	return a
+}
+
+// stopTimers stops the retry timer (owner.onStop).
+func (a *servicesActor) stopTimers() {
+	if a.retry != nil {
+		a.retry.Stop()
+		a.retry = nil
+	}
 }
 
 // Receive implements actor.Actor.
 func (a *servicesActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.req.register(ctx)
-		a.rebuild(ctx)
-	case *actor.Stopped:
-		a.req.unregister(ctx)
-	case *requestAnswer:
-		a.req.answered(msg)
-	case *actor.Restarting, *actor.Stopping:
-		a.req.drop()
-		if a.retry != nil {
-			a.retry.Stop()
-		}
-		a.batch.flush()
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.ServiceUpsert, *messages.ServiceDelete:
 		if a.adopting {
 			a.stash = append(a.stash, stashed{msg: msg, sender: ctx.Sender()})
