@@ -20,6 +20,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -95,10 +96,16 @@ func startResyncAgent(t *testing.T, endpoint string) (*agent.Agent, *client.Clie
 		Kvstore: &kvstore.Config{Endpoints: []string{endpoint}, NodeName: "resync-node", Prefix: simPrefix, LeaseTTL: 2 * time.Second,
 			GCInterval: -1, RequestTimeout: time.Second, DialTimeout: time.Second},
 		NodeAddrs: []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 230, 1})}}
-	a, err := agent.Start(ac, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var logs testutil.LogBuffer
+	a, err := agent.Start(ac, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatalf("start agent: %v", err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	})
 	c := client.New(ac.Socket)
 	t.Cleanup(func() {
 		c.Close()
