@@ -31,16 +31,6 @@ type backendWorkers struct {
 	cancel  context.CancelFunc
 	queues  []chan func(context.Context)
 	wg      sync.WaitGroup
-
-	// mu guards acquires: per label set, how many Acquires were queued.
-	// A Release retrying against an unreachable store gives up once an
-	// Acquire of its label set is queued behind it: the node uses the
-	// label set again, and the Acquire must not wait out the retries.
-	mu       sync.Mutex
-	acquires map[string]uint64
-	// wake, one per worker, cuts a Release's backoff short when an
-	// Acquire is queued on its worker.
-	wake []chan struct{}
 }
 
 // errWorkerQueueFull fails a backend call whose worker queue is full.
@@ -48,12 +38,10 @@ var errWorkerQueueFull = errors.New("identity backend worker queue full")
 
 func newBackendWorkers(b identity.ClusterBackend, cfg ClusterIdentityConfig, send func(any), log *slog.Logger) *backendWorkers {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &backendWorkers{backend: b, cfg: cfg, log: log.With("component", "identity-backend"), send: send, ctx: ctx, cancel: cancel,
-		acquires: map[string]uint64{}}
+	w := &backendWorkers{backend: b, cfg: cfg, log: log.With("component", "identity-backend"), send: send, ctx: ctx, cancel: cancel}
 	for range cfg.Workers {
 		q := make(chan func(context.Context), cfg.Queue)
 		w.queues = append(w.queues, q)
-		w.wake = append(w.wake, make(chan struct{}, 1))
 		w.wg.Go(func() { w.run(q) })
 	}
 	return w
@@ -73,28 +61,16 @@ func (w *backendWorkers) run(q chan func(context.Context)) {
 	}
 }
 
-// worker is the index of key's worker.
-func (w *backendWorkers) worker(key string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(len(w.queues)))
-}
-
 // submit queues job on the worker of key without blocking.
 func (w *backendWorkers) submit(key string, job func(context.Context)) error {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
 	select {
-	case w.queues[w.worker(key)] <- job:
+	case w.queues[int(h.Sum32()%uint32(len(w.queues)))] <- job:
 		return nil
 	default:
 		return errWorkerQueueFull
 	}
-}
-
-// acquiresOf returns how many Acquires of key were queued so far.
-func (w *backendWorkers) acquiresOf(key string) uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.acquires[key]
 }
 
 // acquire calls Acquire for ls on its worker (AcquirePreferred when
@@ -102,7 +78,7 @@ func (w *backendWorkers) acquiresOf(key string) uint64 {
 // *clusterAcquired.
 func (w *backendWorkers) acquire(ls labels.Labels, preferred identity.NumericIdentity) error {
 	key := ls.Key()
-	err := w.submit(key, func(ctx context.Context) {
+	return w.submit(key, func(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
 		var id identity.NumericIdentity
 		var isNew bool
@@ -115,47 +91,24 @@ func (w *backendWorkers) acquire(ls labels.Labels, preferred identity.NumericIde
 		cancel()
 		w.send(&clusterAcquired{key: key, labels: ls, id: id, isNew: isNew, err: err})
 	})
-	if err == nil {
-		w.mu.Lock()
-		w.acquires[key]++
-		w.mu.Unlock()
-		select { // a Release of key backing off on this worker retries (or gives up) now
-		case w.wake[w.worker(key)] <- struct{}{}:
-		default:
-		}
-	}
-	return err
 }
 
 // release calls Release for id (whose labels are ls) on the worker of
 // ls, retrying with backoff up to Attempts times: a release that never
 // lands only keeps the identity alive (the store's GC never removes an
-// identity a node uses), it never breaks anything. It stops retrying
-// once an Acquire of ls is queued: the node uses the label set again,
-// and that Acquire waits behind this job.
+// identity a node uses), it never breaks anything.
 func (w *backendWorkers) release(id identity.NumericIdentity, ls labels.Labels) error {
-	key := ls.Key()
-	before := w.acquiresOf(key)
-	return w.submit(key, func(ctx context.Context) {
+	return w.submit(ls.Key(), func(ctx context.Context) {
 		var err error
 		for attempt := range w.cfg.Attempts {
 			cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
 			err = w.backend.Release(cctx, id)
 			cancel()
-			if err == nil || w.acquiresOf(key) != before {
-				break
-			}
-			if !w.sleepOrWake(ctx, w.wake[w.worker(key)], backoff(w.cfg.RetryMin, w.cfg.RetryMax, attempt)) {
-				break
-			}
-			if w.acquiresOf(key) != before {
+			if err == nil || !w.sleep(ctx, backoff(w.cfg.RetryMin, w.cfg.RetryMax, attempt)) {
 				break
 			}
 		}
-		switch {
-		case err != nil && w.acquiresOf(key) != before:
-			w.log.Debug("release of a cluster identity left to the Acquire queued after it", "identity", id, "err", err)
-		case err != nil:
+		if err != nil {
 			w.log.Error("releasing the node's use of a cluster identity failed; it stays marked in use", "identity", id, "err", err)
 		}
 		w.send(&clusterReleased{id: id, err: err})
@@ -178,21 +131,6 @@ func (w *backendWorkers) watch() {
 		if !w.sleep(w.ctx, backoff(w.cfg.RetryMin, w.cfg.RetryMax, attempt)) {
 			return
 		}
-	}
-}
-
-// sleepOrWake waits d, or until wake fires or ctx is done; false when
-// ctx is done.
-func (w *backendWorkers) sleepOrWake(ctx context.Context, wake <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-wake:
-		return true
-	case <-t.C:
-		return true
 	}
 }
 
