@@ -93,11 +93,7 @@ func (c Config) withDefaults() Config {
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
 	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
 	ci := &c.ClusterIdentity
-	// A backend call ends well before the endpoint's request for the
-	// identity does: a known label set is then bound provisionally
-	// (acquireFailed) instead of the endpoint timing out behind a hung
-	// store call.
-	ci.CallTimeout = orDefault(ci.CallTimeout, e.RequestTimeout/2)
+	ci.CallTimeout = orDefault(ci.CallTimeout, 10*time.Second)
 	ci.RetryMin = orDefault(ci.RetryMin, 200*time.Millisecond)
 	ci.RetryMax = orDefault(ci.RetryMax, 10*time.Second)
 	if ci.Attempts == 0 {
@@ -177,8 +173,7 @@ func (c Config) Validate() error {
 // ClusterIdentityConfig tunes the identity actor's calls to a cluster
 // identity backend (Config.IdentityBackend).
 type ClusterIdentityConfig struct {
-	// CallTimeout bounds one backend call (default half the endpoints'
-	// RequestTimeout: 5 s).
+	// CallTimeout bounds one backend call (default 10 s).
 	CallTimeout time.Duration
 	// RetryMin and RetryMax bound the backoff between failed attempts to
 	// acquire a label set (defaults 200 ms, 10 s).
