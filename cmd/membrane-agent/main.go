@@ -103,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	var inCluster bool
 	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
+	fs.StringVar(&kc.APIServer, "k8s-api-server", "", "Kubernetes mode: https://host:port of the API server, instead of the kubeconfig's server or the kubernetes Service's ClusterIP (needed where nothing translates that address before the agent runs: kube-proxy-free clusters)")
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
@@ -193,6 +194,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.K8s = &kc
 	} else if kc.KubeProxyReplacement {
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
+	} else if kc.APIServer != "" {
+		return cfg, nil, fmt.Errorf("--k8s-api-server: only with --k8s-kubeconfig or --k8s")
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
 	if devices != "" {
