@@ -33,7 +33,7 @@ IMAGE_TAG     ?= localhost/membrane:dev
 IMAGE_VERSION ?= dev
 image:
 	@mkdir -p $(BIN)/static
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/static/ \
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/static/ \
 		./cmd/membrane-agent ./cmd/membrane-cni ./cmd/membrane-proxy ./cmd/membranectl
 	$(GO) run ./cmd/membrane-image -bin $(BIN)/static -out $(BIN)/membrane-image.tar \
 		-tag $(IMAGE_TAG) -version $(IMAGE_VERSION)

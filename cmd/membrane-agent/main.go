@@ -27,6 +27,11 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
+// version is the agent's version, set at build time (make image:
+// -ldflags "-X main.version=..."); reported by `membrane-agent version`,
+// in the start log and in GET /v1/status.
+var version = "dev"
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
@@ -47,6 +52,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	log.Info("membrane-agent starting", "version", version)
 	a, err := agent.Start(cfg, log)
 	if err != nil {
 		log.Error("agent failed to start", "err", err)
@@ -67,6 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs := flag.NewFlagSet("membrane-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg agent.Config
+	cfg.API.Version = version
 	var v4, v6, strategy, level, format, devices string
 	var expiry time.Duration
 	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
