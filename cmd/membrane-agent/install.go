@@ -20,6 +20,7 @@ var subcommands = map[string]func(args []string, stderr io.Writer) int{
 	"install-cni": runInstallCNI,
 	"mount-bpffs": runMountBPFFS,
 	"version":     runVersion,
+	"cleanup":     runCleanup,
 }
 
 // runVersion prints the agent's version.
