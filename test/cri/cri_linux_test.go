@@ -128,16 +128,11 @@ func (n *node) build() {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
-	for _, b := range []struct{ out, pkg string }{
-		{filepath.Join(bin, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni"},
-		{filepath.Join(n.dir, "membrane-agent"), "github.com/membrane-cni/membrane/cmd/membrane-agent"},
-		{filepath.Join(n.dir, "pause"), "./testdata/pause"},
-	} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", b.out, b.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			n.t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
+	if err := testutil.BuildStatic(bin, "github.com/membrane-cni/membrane/cmd/membrane-cni"); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := testutil.BuildStatic(n.dir, "github.com/membrane-cni/membrane/cmd/membrane-agent", "./testdata/pause"); err != nil {
+		n.t.Fatal(err)
 	}
 	if err := os.Symlink(n.tools["loopback"], filepath.Join(bin, "loopback")); err != nil {
 		n.t.Fatal(err)
