@@ -3,6 +3,7 @@ package crash
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,15 +156,13 @@ func TestCrashLinux(t *testing.T) {
 // the teardown delay).
 func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs string) {
 	t.Helper()
-	var veths, want, pins []string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.EventuallyErr(t, "no orphans after GC", func() error {
 		eps, err := c.EndpointList(context.Background(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		live := map[string]bool{}
-		want = want[:0]
+		var veths, want, pins []string
 		for _, ep := range eps {
 			if ep.InterfaceName != "" {
 				want = append(want, ep.InterfaceName)
@@ -171,19 +170,17 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 			live[strconv.Itoa(int(ep.ID))] = true
 		}
 		links, err := nl.LinkList()
-		if errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline) {
-			continue // links changed under the dump (the GC at work): partial, take it again
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			return err // links changed under the dump (the GC at work): partial, take it again
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		veths = veths[:0]
 		for _, l := range links {
 			if strings.HasPrefix(l.Attrs().Name, "lxc") {
 				veths = append(veths, l.Attrs().Name)
 			}
 		}
-		pins = pins[:0]
 		entries, _ := os.ReadDir(filepath.Join(bpffs, "endpoints"))
 		for _, e := range entries {
 			if !live[e.Name()] {
@@ -193,13 +190,10 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 		sort.Strings(veths)
 		sort.Strings(want)
 		if slices.Equal(veths, want) && len(pins) == 0 {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("orphans left after GC: lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
+	})
 }
 
 // checkHealth: the health endpoint answers its probe and ping from the
@@ -207,21 +201,20 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 // Returns its address.
 func checkHealth(t *testing.T, c *client.Client, host *testutil.NS, prev string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var ip string
+	testutil.EventuallyErr(t, "the health endpoint ok", func() error {
 		st, err := c.Status(context.Background())
-		if err == nil && st.Health != nil && st.Health.State == "ok" {
-			if prev != "" && st.Health.IP != prev {
-				t.Fatalf("health endpoint moved from %s to %s across a restart", prev, st.Health.IP)
-			}
-			if out, err := host.Exec("ping", "-c", "1", "-W", "2", st.Health.IP); err != nil {
-				t.Fatalf("ping health endpoint: %v\n%s", err, out)
-			}
-			return st.Health.IP
+		if err != nil || st.Health == nil || st.Health.State != "ok" {
+			return fmt.Errorf("status %+v: %v", st, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("health endpoint not ok: %+v %v", st, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		ip = st.Health.IP
+		return nil
+	})
+	if prev != "" && ip != prev {
+		t.Fatalf("health endpoint moved from %s to %s across a restart", prev, ip)
 	}
+	if out, err := host.Exec("ping", "-c", "1", "-W", "2", ip); err != nil {
+		t.Fatalf("ping health endpoint: %v\n%s", err, out)
+	}
+	return ip
 }

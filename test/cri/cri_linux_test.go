@@ -260,35 +260,22 @@ func (n *node) startAgent(bpffs string) {
 	n.waitSocket("agent", n.socket)
 	c := client.New(n.socket)
 	defer c.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testutil.EventuallyErr(n.t, "the agent ready", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		_, err := c.Status(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("agent not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitSocket waits up to a minute for a unix socket to appear (a bound
 // against hangs, not a timing assertion).
 func (n *node) waitSocket(what, path string) {
 	n.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s did not create %s", what, path)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(n.t, what+" to create "+path, func() bool {
+		st, err := os.Stat(path)
+		return err == nil && st.Mode()&os.ModeSocket != 0
+	})
 }
 
 // nsx runs a command inside the node's namespaces.

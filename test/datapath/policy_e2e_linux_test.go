@@ -136,22 +136,19 @@ func watchDrops(t *testing.T, c *client.Client) *dropWatch {
 // wait waits (bounded) for a drop event matching want.
 func (w *dropWatch) wait(t *testing.T, what string, want func(events.Event) bool) events.Event {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var found events.Event
+	testutil.EventuallyErr(t, "a drop event for "+what, func() error {
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, ev := range w.drops {
 			if ev.Type == events.DatapathDrop && ev.Drop != nil && want(ev) {
-				w.mu.Unlock()
-				return ev
+				found = ev
+				return nil
 			}
 		}
-		n := len(w.drops)
-		w.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("no drop event for %s among %d events", what, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("none among %d events", len(w.drops))
+	})
+	return found
 }
 
 // deniedPackets is endpoint id's policy-denied ingress drop counter from
