@@ -2,6 +2,7 @@ package nodeharness
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"time"
 
@@ -34,7 +35,11 @@ func (n *Node) StartAgent(mod func(*agent.Config)) *agent.Agent {
 	if n.opts.Debug {
 		level = slog.LevelDebug
 	}
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(n.Logs, &slog.HandlerOptions{Level: level})))
+	var out io.Writer = n.Logs
+	if n.opts.Log != nil {
+		out = n.opts.Log
+	}
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})))
 	if err != nil {
 		n.tb.Fatalf("start agent: %v", err)
 	}

@@ -3,6 +3,7 @@ package nodeharness
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -47,6 +48,9 @@ type Options struct {
 	OwnBPFFS bool
 	// Debug logs the in-process agent at debug level (default info).
 	Debug bool
+	// Log is where the in-process agent logs; nil: Node.Logs, printed
+	// when the test fails (a benchmark's many endpoints log elsewhere).
+	Log io.Writer
 }
 
 // Node is one node: its netns, paths, agent and CNI network.
