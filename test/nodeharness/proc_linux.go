@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -54,7 +55,7 @@ func (n *Node) ProcArgs() []string {
 // ProcArgs and extra flags; the node's cleanup stops it and prints its
 // log's tail when the test failed.
 func (n *Node) Process(extra ...string) *Proc {
-	p := &Proc{n: n, Args: append(n.ProcArgs(), extra...), Log: n.Dir + "/agent.log"}
+	p := &Proc{n: n, Args: append(n.ProcArgs(), extra...), Log: filepath.Join(n.Dir, "agent.log")}
 	n.procs = append(n.procs, p)
 	return p
 }
