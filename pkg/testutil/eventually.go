@@ -124,6 +124,12 @@ func BuildBinariesT(tb testing.TB, names ...string) string {
 // programs once into a temporary directory, stores its path in *dir, runs
 // the tests and removes the directory, returning the exit code.
 func RunWithBinaries(m *testing.M, dir *string, names ...string) int {
+	return RunBuilt(m.Run, dir, names...)
+}
+
+// RunBuilt is RunWithBinaries for a TestMain that wraps m.Run itself
+// (kubetest.Main): run is called between the build and the removal.
+func RunBuilt(run func() int, dir *string, names ...string) int {
 	d, err := os.MkdirTemp("", "membrane-test-bin-")
 	if err == nil {
 		if err = BuildBinaries(d, names...); err != nil {
@@ -136,5 +142,5 @@ func RunWithBinaries(m *testing.M, dir *string, names ...string) int {
 	}
 	*dir = d
 	defer os.RemoveAll(d)
-	return m.Run()
+	return run()
 }

@@ -1,7 +1,6 @@
 package nodeharness
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -19,20 +18,7 @@ func Main(m *testing.M, programs ...string) int { return Run(m.Run, programs...)
 // Run is Main for a TestMain that wraps m.Run itself (kubetest.Main):
 // it builds the programs, calls run and removes them.
 func Run(run func() int, programs ...string) int {
-	names := append([]string{"membrane-cni"}, programs...)
-	dir, err := os.MkdirTemp("", "membrane-test-bin-")
-	if err == nil {
-		if err = testutil.BuildBinaries(dir, names...); err != nil {
-			os.RemoveAll(dir)
-		}
-	}
-	if err != nil {
-		os.Stderr.WriteString(err.Error() + "\n")
-		return 1
-	}
-	binDir = dir
-	defer os.RemoveAll(dir)
-	return run()
+	return testutil.RunBuilt(run, &binDir, append([]string{"membrane-cni"}, programs...)...)
 }
 
 // BinDir is the directory of the programs Main built (the CNI_PATH of
