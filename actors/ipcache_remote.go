@@ -64,7 +64,7 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 			delete(a.replacing, msg.Origin)
 		}
 	}
-	a.sync(ctx)
+	a.rec.sync(ctx)
 	if ctx.Sender() != nil {
 		a.batch.reply(ctx, ctx.Sender(), &messages.IPCacheRemoteResult{Err: err})
 	}
