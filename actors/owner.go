@@ -14,6 +14,9 @@ type owner struct {
 	// rec is the actor's reconciler (reconciler.init sets it); nil if it
 	// has none.
 	rec reconcileHooks
+	// asksNobody spares an actor that never waits for an answer (ipam,
+	// identity) its answers process.
+	asksNobody bool
 
 	// The actor's hooks, each optional: onStart builds its state (from
 	// the index: Started, also after a restart); onStop stops its timers
@@ -31,7 +34,9 @@ type owner struct {
 func (o *owner) lifecycle(ctx actor.Context) bool {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
-		o.req.register(ctx)
+		if !o.asksNobody {
+			o.req.register(ctx)
+		}
 		if o.onStart != nil {
 			o.onStart(ctx)
 		}

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
@@ -472,5 +473,71 @@ func TestReconcilerStopStopsTimer(t *testing.T) {
 			t.Fatalf("restart %v: no Stopping/Restarting", restart)
 		}
 		sys.Shutdown()
+	}
+}
+
+// msgCtx is an actor.Context that only holds a message: what
+// owner.lifecycle reads for Stopping and Restarting.
+type msgCtx struct {
+	actor.Context
+	msg any
+}
+
+func (c msgCtx) Message() any { return c.msg }
+
+// TestOwnersStopTimers: every owner's Stopping and Restarting stop its
+// armed timers (the reconciler's retry, the gc's pass, the IPAM sweep,
+// the cluster identity retries).
+func TestOwnersStopTimers(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	deps := &endpointDeps{log: log, writer: &indexWriter{}}
+	armed := func() *time.Timer { return time.AfterFunc(time.Hour, func() {}) }
+	for _, c := range []struct {
+		name string
+		make func() (o *owner, stopped func() bool)
+	}{
+		{name: "ipcache", make: func() (*owner, func() bool) {
+			a := newIPCacheActor(deps, nil, nil)
+			a.rec.retry = armed()
+			return &a.owner, func() bool { return a.rec.retry == nil }
+		}},
+		{name: "nodes", make: func() (*owner, func() bool) {
+			a := newNodesActor(deps, nil)
+			a.rec.retry = armed()
+			return &a.owner, func() bool { return a.rec.retry == nil }
+		}},
+		{name: "services", make: func() (*owner, func() bool) {
+			a := newServicesActor(deps)
+			a.rec.retry = armed()
+			return &a.owner, func() bool { return a.rec.retry == nil }
+		}},
+		{name: "gc", make: func() (*owner, func() bool) {
+			a := newGCActor(GCConfig{}, deps, nil, nil, log)
+			a.timer = armed()
+			return &a.owner, func() bool { return a.timer == nil }
+		}},
+		{name: "ipam", make: func() (*owner, func() bool) {
+			a := newIPAMActor(IPAMConfig{}, deps.writer, log)
+			a.sweep = armed()
+			return &a.owner, func() bool { return a.sweep == nil }
+		}},
+		{name: "identity", make: func() (*owner, func() bool) {
+			a := newIdentityActor(nil, deps.writer, nil, log)
+			p := &pendingAcquire{retry: armed()}
+			a.cluster = &clusterMode{pending: map[string]*pendingAcquire{"k": p}}
+			return &a.owner, func() bool { return p.retry == nil }
+		}},
+	} {
+		for _, msg := range []any{&actor.Stopping{}, &actor.Restarting{}} {
+			t.Run(fmt.Sprintf("%s/%T", c.name, msg), func(t *testing.T) {
+				o, stopped := c.make()
+				if !o.lifecycle(msgCtx{msg: msg}) {
+					t.Fatal("lifecycle did not handle it")
+				}
+				if !stopped() {
+					t.Fatal("timer still armed")
+				}
+			})
+		}
 	}
 }
