@@ -75,3 +75,12 @@ func (o *owner) stop() {
 		o.onStop()
 	}
 }
+
+// reconcileReport returns what introspection shows of the actor's
+// reconciler; false if it has none.
+func (o *owner) reconcileReport() (ReconcilerSnapshot, bool) {
+	if o.rec == nil {
+		return ReconcilerSnapshot{}, false
+	}
+	return o.rec.report(), true
+}

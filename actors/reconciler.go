@@ -54,6 +54,8 @@ type reconciler[K comparable] struct {
 	inFlight bool
 	jobs     uint64 // jobs started; waiters count in them
 	failures int    // consecutive failed jobs: the backoff's attempt
+	failing  int    // keys whose status holds an error
+	lastErr  string // the last failed job's first error, while failures > 0
 	retry    *time.Timer
 	waiters  []reconcileWaiter[K]
 
@@ -131,6 +133,7 @@ type reconcileRetry struct{}
 type reconcileHooks interface {
 	retried(ctx actor.Context)
 	stop()
+	report() ReconcilerSnapshot
 }
 
 var _ reconcileHooks = (*reconciler[int])(nil)
@@ -197,6 +200,11 @@ func (r *reconciler[K]) state(k K) reconcileState {
 	return reconcileState{Kind: reconcilePending}
 }
 
+// report is what introspection shows of r.
+func (r *reconciler[K]) report() ReconcilerSnapshot {
+	return ReconcilerSnapshot{Pending: len(r.status), Failed: r.failing, Failures: r.failures, LastError: r.lastErr}
+}
+
 // sync starts the due job, unless one is in flight (it runs again when
 // that one ends) or the reconciler is paused.
 func (r *reconciler[K]) sync(ctx actor.Context) {
@@ -261,11 +269,15 @@ func (r *reconciler[K]) ended(ctx actor.Context, n uint64, job reconcileJob, key
 			kerr = errs[i]
 		}
 		s := r.status[k]
+		if s.err != nil {
+			r.failing--
+		}
 		s.inFlight = false
 		switch {
 		case kerr != nil:
 			s.err, s.dirty = kerr, true
 			s.attempts++
+			r.failing++
 			failed++
 			first = cmp.Or(first, kerr)
 		case !s.dirty:
@@ -282,11 +294,12 @@ func (r *reconciler[K]) ended(ctx actor.Context, n uint64, job reconcileJob, key
 	}
 	r.answer(n, keys, errs, full, err, failed > 0)
 	if failed == 0 {
-		r.failures = 0
+		r.failures, r.lastErr = 0, ""
 		r.sync(ctx)
 		return
 	}
 	r.failures++
+	r.lastErr = first.Error()
 	d := backoff(reconcileRetryMin, reconcileRetryMax, r.failures-1)
 	r.log.Warn("datapath writes failed; retrying", "op", job.op, "failed", failed, "err", first, "in", d)
 	if r.retry == nil {
