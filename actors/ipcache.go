@@ -99,8 +99,9 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		a.rec.sync(ctx)
 	case *messages.IPCacheBarrier:
 		// Answered once the datapath holds every change received before.
-		to, seq := ctx.Sender(), msg.Seq
-		a.rec.barrier(func() { ctx.Send(to, &messages.IPCacheBarrierDone{Seq: seq}) })
+		if to, seq := ctx.Sender(), msg.Seq; to != nil {
+			a.rec.barrier(func() { ctx.Send(to, &messages.IPCacheBarrierDone{Seq: seq}) })
+		}
 	case *crashForTest:
 		panic("ipcache: crash requested by a test")
 	}
