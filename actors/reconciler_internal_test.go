@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
 // recHarness drives a reconciler[string] synchronously: jobs wait in
@@ -487,7 +488,7 @@ func (c msgCtx) Message() any { return c.msg }
 
 // TestOwnersStopTimers: every owner's Stopping and Restarting stop its
 // armed timers (the reconciler's retry, the gc's pass, the IPAM sweep,
-// the cluster identity retries).
+// the cluster identity's acquire and release retries).
 func TestOwnersStopTimers(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	deps := &endpointDeps{log: log, writer: &indexWriter{}}
@@ -524,8 +525,9 @@ func TestOwnersStopTimers(t *testing.T) {
 		{name: "identity", make: func() (*owner, func() bool) {
 			a := newIdentityActor(nil, deps.writer, nil, log)
 			p := &pendingAcquire{retry: armed()}
-			a.cluster = &clusterMode{pending: map[string]*pendingAcquire{"k": p}}
-			return &a.owner, func() bool { return p.retry == nil }
+			r := &releaseRetry{timer: armed()}
+			a.cluster = &clusterMode{pending: map[string]*pendingAcquire{"k": p}, releases: map[identity.NumericIdentity]*releaseRetry{1000: r}}
+			return &a.owner, func() bool { return p.retry == nil && r.timer == nil }
 		}},
 	} {
 		for _, msg := range []any{&actor.Stopping{}, &actor.Restarting{}} {
