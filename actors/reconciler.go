@@ -98,8 +98,7 @@ type reconcileJob struct {
 type keyStatus struct {
 	err      error  // the last write's failure; nil: pending
 	attempts uint32 // consecutive failed writes
-	dirty    bool   // due in the next job (marked, or failed)
-	inFlight bool   // in the job in flight
+	dirty    bool   // due in the next job (marked, or failed); else in flight
 }
 
 // reconcileState is a key's status as introspection and tests see it.
@@ -121,8 +120,8 @@ const (
 // reconcileWaiter is a barrier or a wait, answered after job need.
 type reconcileWaiter[K comparable] struct {
 	need uint64
-	keys []K // a wait's keys, whose errors it reports
-	all  bool
+	keys []K  // a wait's keys, whose errors it reports
+	all  bool // a barrier: only a job that succeeded whole answers it
 	done func(error)
 }
 
@@ -214,7 +213,7 @@ func (r *reconciler[K]) sync(ctx actor.Context) {
 	keys := make([]K, 0, len(r.status))
 	for k, s := range r.status {
 		if s.dirty {
-			s.dirty, s.inFlight = false, true
+			s.dirty = false
 			r.status[k] = s
 			keys = append(keys, k)
 		}
@@ -272,7 +271,6 @@ func (r *reconciler[K]) ended(ctx actor.Context, n uint64, job reconcileJob, key
 		if s.err != nil {
 			r.failing--
 		}
-		s.inFlight = false
 		switch {
 		case kerr != nil:
 			s.err, s.dirty = kerr, true
