@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -97,6 +98,33 @@ func TestCleanupRestoresNode(t *testing.T) {
 			t.Fatalf("cleanup %d: %v\n%s", i+1, cmd.ProcessState, out.String())
 		}
 		t.Logf("cleanup %d:\n%s", i+1, out.String())
+	}
+	// --wait (the uninstall DaemonSet's container): clean, then running
+	// until SIGTERM, then a clean exit.
+	waitCmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--wait", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
+		"--bpffs", n.BPFFS, "--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue)
+	var waitOut testutil.LogBuffer
+	waitCmd.Stdout, waitCmd.Stderr = &waitOut, &waitOut
+	exited, err := n.NS.StartPinned(waitCmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "cleanup --wait done and waiting", func() bool { return strings.Contains(waitOut.String(), "node cleaned up") })
+	select {
+	case <-exited:
+		t.Fatalf("cleanup --wait exited before SIGTERM: %v\n%s", waitCmd.ProcessState, waitOut.String())
+	default:
+	}
+	if err := waitCmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("cleanup --wait ignored SIGTERM")
+	}
+	if !waitCmd.ProcessState.Success() {
+		t.Fatalf("cleanup --wait: %v\n%s", waitCmd.ProcessState, waitOut.String())
 	}
 	after := snapshot(t, n, cniBin, cniConf)
 	if diff := diffSnapshots(before, after); len(diff) > 0 {
