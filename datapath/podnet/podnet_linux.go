@@ -301,8 +301,10 @@ type Addr struct {
 // agent's IPAM owns it; DAD would hold it tentative, unusable, for a
 // second). A pod that already routes a family's gateway through another
 // attachment (a second CNI_IFNAME in the same netns) keeps its routes:
-// this interface gets only its address of that family.
-func (p *Pod) Configure(v *Veth, addrs []Addr) error {
+// this interface gets only its address of that family. Both routes carry
+// mtu (0: none, the interface's): in tunnel mode it leaves room for the
+// encapsulation (ip route shows "mtu N").
+func (p *Pod) Configure(v *Veth, addrs []Addr, mtu int) error {
 	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: v.PodIndex, Name: v.PodName}}
 	for _, a := range addrs {
 		if a.IP.Is6() {
@@ -324,13 +326,13 @@ func (p *Pod) Configure(v *Veth, addrs []Addr) error {
 			return kernelError("add address "+a.IP.String(), err)
 		}
 		gw := IPNet(netip.PrefixFrom(a.Gateway, a.Gateway.BitLen()))
-		if err := p.NL.RouteAdd(&netlink.Route{LinkIndex: v.PodIndex, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
+		if err := p.NL.RouteAdd(&netlink.Route{LinkIndex: v.PodIndex, Dst: gw, Scope: netlink.SCOPE_LINK, MTU: mtu}); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				continue // routed through another attachment already
 			}
 			return kernelError("add route to gateway "+a.Gateway.String(), err)
 		}
-		def := &netlink.Route{LinkIndex: v.PodIndex, Dst: DefaultRoute(a.IP), Gw: gw.IP}
+		def := &netlink.Route{LinkIndex: v.PodIndex, Dst: DefaultRoute(a.IP), Gw: gw.IP, MTU: mtu}
 		if err := p.NL.RouteAdd(def); err != nil {
 			return kernelError("add default route via "+a.Gateway.String(), err)
 		}

@@ -42,7 +42,7 @@ func TestAttachInNetns(t *testing.T) {
 		{IP: netip.MustParseAddr("10.9.0.2"), Gateway: netip.MustParseAddr("10.9.0.1")},
 		{IP: netip.MustParseAddr("fd09::2"), Gateway: netip.MustParseAddr("fd09::1")},
 	}
-	if err := p.Configure(v, addrs); err != nil {
+	if err := p.Configure(v, addrs, 0); err != nil {
 		t.Fatal(err)
 	}
 	hl, err := p.HostNL.LinkByName(hostName)
@@ -174,7 +174,7 @@ func BenchmarkAttach(b *testing.B) {
 			b.Fatal(err)
 		}
 		c2 := processCPU()
-		if err := p.Configure(v, addrs); err != nil {
+		if err := p.Configure(v, addrs, 0); err != nil {
 			b.Fatal(err)
 		}
 		c3 := processCPU()

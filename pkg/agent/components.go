@@ -267,6 +267,9 @@ func (s *starter) serveAPI() error {
 	a := s.a
 	apiCfg := a.cfg.API
 	apiCfg.HostNetns = a.cfg.Linux.HostNetns // where pods' veths get their host end
+	if nodes := a.cfg.Linux.Nodes.WithDefaults(); a.cfg.Datapath == "linux" && nodes.Routing == datapath.RoutingTunnel {
+		apiCfg.TunnelMTU = nodes.TunnelMTU // pods' routes leave room for the encapsulation
+	}
 	srv, err := api.New(apiCfg, a.System, a.log)
 	if err != nil {
 		return err

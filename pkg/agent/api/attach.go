@@ -165,7 +165,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		mayExist = err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		created <- err
 	}()
-	cerr := pod.Configure(veth, addrs)
+	cerr := pod.Configure(veth, addrs, routeMTU(int(req.MTU), s.cfg.TunnelMTU))
 	phase("configure")
 	perr := <-created // mayExist is set
 	phase("endpoint-wait")
@@ -192,6 +192,18 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	w.Header().Set("Server-Timing", timing.String())
 	writeJSON(w, http.StatusCreated, out)
 	return nil
+}
+
+// routeMTU is the MTU of the pod's routes: the veth's, or the tunnel
+// device's when that is smaller (tunnelMTU 0: native routing). The veth
+// keeps its own MTU, as Cilium's does (its route MTU is the device MTU
+// minus the encapsulation): the pod's stack sizes packets by the route,
+// and the node's own traffic over the veth is not capped.
+func routeMTU(vethMTU, tunnelMTU int) int {
+	if tunnelMTU > 0 && tunnelMTU < vethMTU {
+		return tunnelMTU
+	}
+	return vethMTU
 }
 
 // serverTiming is a Server-Timing header value (W3C Server Timing): the

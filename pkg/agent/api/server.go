@@ -72,6 +72,11 @@ type Config struct {
 	// the host end of a pod's veth (the one the datapath works in); ""
 	// is the agent's own.
 	HostNetns string
+	// TunnelMTU caps the MTU of the routes POST /v1/attach installs in a
+	// pod (0: no cap, native routing): in tunnel mode the tunnel device's
+	// MTU, so that the pod's packets leave room for the encapsulation
+	// whatever the veth's MTU (Cilium's route MTU).
+	TunnelMTU int
 	// Version is the agent's version, reported in GET /v1/status.
 	Version string
 }
