@@ -247,6 +247,7 @@ struct pkt {
 	__u8 proto;
 	__u8 frag; /* non-first fragment */
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
+	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
 	__u16 sport, dport; /* network order; echo id for ICMP echo */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
@@ -288,6 +289,11 @@ static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 		if (p->proto == IPPROTO_ICMPV6 &&
 		    ((hdr[0] >= 1 && hdr[0] <= 4) || (hdr[0] >= 130 && hdr[0] <= 137) || hdr[0] == 143))
 			p->ndp = 1;
+		/* Destination unreachable, time exceeded, parameter problem
+		 * (IPv4); ICMPv6 errors 1-4. */
+		if ((p->proto == IPPROTO_ICMP && (hdr[0] == 3 || hdr[0] == 11 || hdr[0] == 12)) ||
+		    (p->proto == IPPROTO_ICMPV6 && hdr[0] >= 1 && hdr[0] <= 4))
+			p->icmp_err = 1;
 		return PARSE_OK;
 	}
 	return PARSE_OK;
@@ -798,7 +804,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	__u16 proxy_port = 0;
 	__u64 now;
 	__u32 peer = 0;
-	int r;
+	int r, hairpin = 0;
 
 	r = parse(skb, &p);
 	pol = endpoint_of(skb, &p, &cidr, &ep);
@@ -819,6 +825,15 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_MALFORMED, 0);
 	}
+	if (dir == DIR_INGRESS && p.icmp_err && !p.frag) {
+		/* Related to a connection of the pod: passes, with the
+		 * frontend back in the quoted packet of a Service flow. */
+		r = lb_icmp_related(skb, &p, bpf_ktime_get_ns());
+		if (r < 0)
+			return drop(skb, &p, dir, DROP_MALFORMED, 0);
+		if (r > 0)
+			return TC_ACT_OK;
+	}
 	if (p.ndp)
 		return TC_ACT_OK;
 	if (dir == DIR_EGRESS && hairpinned(skb))
@@ -827,14 +842,20 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_EGRESS) {
 		/* Services first: policy and conntrack see the backend. */
 		r = lb_translate(skb, &p);
-		if (r != LB_PASS)
+		hairpin = r == LB_HAIRPIN;
+		if (r != LB_PASS && !hairpin)
 			return drop(skb, &p, dir, r == LB_NO_BACKEND ? DROP_NO_BACKEND : DROP_MALFORMED, 0);
 		if (to_tunnel_port(&p))
 			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
 	now = bpf_ktime_get_ns();
-	if (!p.frag && ct_is_reply(&p, dir, now))
+	if (!p.frag && ct_is_reply(&p, dir, now)) {
+		/* A reply to the hairpin address goes back into the pod,
+		 * whose to_container translates it. */
+		if (dir == DIR_EGRESS && lb_is_hairpin(p.family, p.daddr))
+			return lb_hairpin_redirect(skb, 0);
 		return lb_out(skb, &p, dir);
+	}
 	if (enforced(pol, dir)) {
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
 		v = policy_lookup(pol, peer, &p, dir);
@@ -853,6 +874,10 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	}
 	if (!p.frag)
 		ct_record(&p, dir, now);
+	if (hairpin)
+		/* The pod's own identity: its ingress policy decides on the
+		 * pod reaching itself, not on the hairpin address (world). */
+		return lb_hairpin_redirect(skb, p.identity);
 	if (proxy_port && !p.frag)
 		return redirect(skb, &p, proxy_port, dir, peer);
 	return lb_out(skb, &p, dir);

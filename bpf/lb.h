@@ -22,6 +22,29 @@
  * drained, not reset, and only new connections avoid a removed backend.
  * count 0 (no ready backend) drops new connections (DROP_NO_BACKEND).
  * Non-first fragments carry no ports and are not translated.
+ *
+ * Hairpin (a client whose chosen backend is itself, Cilium's loopback
+ * service): the source also becomes the hairpin address (LB_HAIRPIN_V4
+ * 169.254.42.1, Cilium's default --ipv4-service-loopback-address, or
+ * LB_HAIRPIN_V6), else the pod would receive a packet from its own
+ * address, which its stack drops as martian, and answer itself past the
+ * translation. The revnat entry is keyed by the reply to the hairpin
+ * address and flagged LB_REVNAT_HAIRPIN: its reverse translation also
+ * gives the reply the client (the backend itself) as destination. Both
+ * directions go straight back into the pod (lb_hairpin_redirect: the
+ * same veth's egress, so to_container sees them), never through the
+ * host's stack, which would send redirects (IPv6) or route the hairpin
+ * address away.
+ *
+ * ICMP errors (lb_icmp_related, to_container): an IPv4 destination
+ * unreachable / time exceeded / parameter problem or an ICMPv6 error
+ * about a translated flow quotes the packet as translated (to the
+ * backend); the quoted destination becomes the frontend again (address,
+ * port, the quoted IP checksum, the ICMP checksum), and the error's own
+ * source too when the backend itself sent it, so the pod's stack finds
+ * its socket (path MTU discovery through a Service). The quoted
+ * transport checksum is left as it is: it may be cut off, and no stack
+ * checks it in an error.
  */
 #ifndef MEMBRANE_LB_H
 #define MEMBRANE_LB_H
@@ -40,6 +63,17 @@
  * reverse-translated at the backend's from-container (not at a client
  * pod's to-container) and sent to the uplink from there. */
 #define LB_REVNAT_NODEPORT 1
+/* lb_revnat_value.flags: the reply of a hairpin connection (keyed by
+ * its tuple from the backend to the hairpin address): the destination
+ * becomes the client (the backend's own address) too. */
+#define LB_REVNAT_HAIRPIN 2
+
+/* The hairpin source addresses (network byte order words):
+ * 169.254.42.1 and 100::a9fe:2a01 (the discard-only prefix, RFC 6666,
+ * 169.254.42.1 in its low bits): a pod never owns either, and neither
+ * leaves the pod's veth. */
+#define LB_HAIRPIN_V4 0xa9fe2a01 /* host order */
+#define LB_HAIRPIN_V6_HI 0x01000000 /* the first word, host order */
 
 /* Drop reasons of enum drop_reason's numbering (datapath.DropNoBackend,
  * DropNoRoute, DropNATExhausted). */
@@ -247,7 +281,34 @@ struct {
 #define IP6_SADDR_OFF (ETH_HLEN_ + 8)
 #define IP6_DADDR_OFF (ETH_HLEN_ + 24)
 
-enum { LB_PASS, LB_NO_BACKEND, LB_ERROR, LB_REDIRECT, LB_NAT_EXHAUSTED };
+enum { LB_PASS, LB_NO_BACKEND, LB_ERROR, LB_REDIRECT, LB_NAT_EXHAUSTED, LB_HAIRPIN };
+
+/* lb_hairpin_addr sets a to the hairpin address of family. */
+static __always_inline void lb_hairpin_addr(__u8 family, __u32 *a)
+{
+	a[1] = a[2] = 0;
+	if (family == 4) {
+		a[0] = bpf_htonl(LB_HAIRPIN_V4);
+		a[3] = 0;
+	} else {
+		a[0] = bpf_htonl(LB_HAIRPIN_V6_HI);
+		a[3] = bpf_htonl(LB_HAIRPIN_V4);
+	}
+}
+
+/* lb_is_hairpin reports whether addr is family's hairpin address. */
+static __always_inline int lb_is_hairpin(__u8 family, __u32 *addr)
+{
+	__u32 h[4];
+
+	lb_hairpin_addr(family, h);
+	return addr[0] == h[0] && addr[1] == h[1] && addr[2] == h[2] && addr[3] == h[3];
+}
+
+static __always_inline int lb_addr_eq(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
 
 static __always_inline int lb_proto_ok(__u8 proto)
 {
@@ -356,8 +417,10 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 	struct lb_ct_value *cv;
 	struct lb_service *svc;
 	struct lb_backend *b = NULL;
+	__u32 hp[4];
 	__u64 now;
 	__u32 slot;
+	int hairpin;
 
 	if (p->frag || !lb_proto_ok(p->proto))
 		return LB_PASS;
@@ -391,10 +454,15 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 
 			bpf_map_update_elem(&lb_affinity, &ak, &av, BPF_ANY);
 		}
-		/* The replies' tuple: from the backend to the client. Lookups
-		 * of every reply keep it in the LRU while the connection lives. */
+		/* The replies' tuple: from the backend to the client (to the
+		 * hairpin address for a hairpin). Lookups of every reply keep it
+		 * in the LRU while the connection lives. */
 		__builtin_memcpy(t.saddr, nv.backend.addr, 16);
 		__builtin_memcpy(t.daddr, p->saddr, 16);
+		if (lb_addr_eq(nv.backend.addr, p->saddr)) {
+			lb_hairpin_addr(p->family, t.daddr);
+			rv.flags = LB_REVNAT_HAIRPIN;
+		}
 		t.sport = nv.backend.port;
 		t.dport = p->sport;
 		rv.last_seen = now;
@@ -402,10 +470,38 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 		rv.port = p->dport;
 		bpf_map_update_elem(&lb_revnat, &t, &rv, BPF_ANY);
 	}
+	hairpin = lb_addr_eq(nv.backend.addr, p->saddr);
 	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
 		return LB_ERROR;
 	p->policy_port = bpf_ntohs(p->dport);
-	return LB_PASS;
+	if (!hairpin)
+		return LB_PASS;
+	lb_hairpin_addr(p->family, hp);
+	if (lb_rewrite(skb, p, hp, p->sport, 1))
+		return LB_ERROR;
+	return LB_HAIRPIN;
+}
+
+/* lb_hairpin_redirect sends a hairpin packet (the translated request, or
+ * the backend's reply to the hairpin address) straight back into the
+ * pod it came from: to the egress of the same host veth, where
+ * to_container gives it its verdict and translation, with the MAC
+ * addresses swapped (the pod addressed the host veth). identity (the
+ * pod's, 0: none) goes in the mark for to_container's policy, as
+ * from_overlay's does: the mark survives, the redirect stays in the
+ * node's netns. */
+static __noinline int lb_hairpin_redirect(struct __sk_buff *skb, __u32 identity)
+{
+	__u8 mac[12], swapped[12];
+
+	if (bpf_skb_load_bytes(skb, 0, mac, 12))
+		return TC_ACT_SHOT;
+	__builtin_memcpy(swapped, &mac[6], 6);
+	__builtin_memcpy(&swapped[6], mac, 6);
+	if (bpf_skb_store_bytes(skb, 0, swapped, 12, 0))
+		return TC_ACT_SHOT;
+	skb->mark = identity ? MARK_IDENTITY_MAGIC | (identity << 8) : 0;
+	return bpf_redirect(skb->ifindex, 0);
 }
 
 /* lb_nodeport_reply reports a backend's reply to a NodePort client from
@@ -432,19 +528,151 @@ static __noinline int lb_reverse(struct __sk_buff *skb, struct pkt *p, __u16 wan
 {
 	struct lb_tuple t = { .sport = p->sport, .dport = p->dport, .proto = p->proto, .family = p->family };
 	struct lb_revnat_value *rv;
-	__u32 addr[4];
-	__u16 port;
+	__u32 addr[4], client[4];
+	__u16 port, flags;
 
 	if (p->frag || !lb_proto_ok(p->proto))
 		return 0;
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	rv = bpf_map_lookup_elem(&lb_revnat, &t);
-	if (!rv || rv->flags != want)
+	if (!rv)
+		return 0;
+	flags = rv->flags;
+	/* A hairpin reply is translated where a client's reply is. */
+	if ((flags == LB_REVNAT_NODEPORT) != (want == LB_REVNAT_NODEPORT))
 		return 0;
 	__builtin_memcpy(addr, rv->addr, 16);
 	port = rv->port;
-	return lb_rewrite(skb, p, addr, port, 1) ? -1 : 1;
+	__builtin_memcpy(client, p->saddr, 16);
+	if (lb_rewrite(skb, p, addr, port, 1))
+		return -1;
+	if (flags == LB_REVNAT_HAIRPIN && lb_rewrite(skb, p, client, p->dport, 0))
+		return -1;
+	return 1;
+}
+
+/* lb_icmp_inner is the transport tuple an ICMP error quotes and where
+ * its parts are. */
+struct lb_icmp_inner {
+	struct lb_tuple t; /* the quoted packet's, as the pod sent it */
+	__u32 ip_off;      /* the quoted IP header */
+	__u32 l4_off;      /* the quoted transport header */
+};
+
+/* lb_icmp_parse reads the packet an ICMP error p quotes; 0 if it is a
+ * TCP or UDP packet of p's family whose ports are there. */
+static __always_inline int lb_icmp_parse(struct __sk_buff *skb, struct pkt *p, struct lb_icmp_inner *in)
+{
+	__u8 hdr[40];
+	__u16 ports[2];
+
+	in->ip_off = p->l4off + 8;
+	in->t.family = p->family;
+	if (p->family == 4) {
+		if (bpf_skb_load_bytes(skb, in->ip_off, hdr, 20))
+			return -1;
+		if ((hdr[0] >> 4) != 4 || (hdr[0] & 0xf) < 5 || (hdr[6] & 0x1f) || hdr[7])
+			return -1; /* not IPv4, or a non-first fragment */
+		in->t.proto = hdr[9];
+		__builtin_memcpy(&in->t.saddr[0], &hdr[12], 4);
+		__builtin_memcpy(&in->t.daddr[0], &hdr[16], 4);
+		in->l4_off = in->ip_off + (hdr[0] & 0xf) * 4;
+	} else {
+		if (bpf_skb_load_bytes(skb, in->ip_off, hdr, 40))
+			return -1;
+		if ((hdr[0] >> 4) != 6)
+			return -1;
+		in->t.proto = hdr[6]; /* no extension headers */
+		__builtin_memcpy(in->t.saddr, &hdr[8], 16);
+		__builtin_memcpy(in->t.daddr, &hdr[24], 16);
+		in->l4_off = in->ip_off + 40;
+	}
+	if (!lb_proto_ok(in->t.proto) || bpf_skb_load_bytes(skb, in->l4_off, ports, 4))
+		return -1;
+	in->t.sport = ports[0];
+	in->t.dport = ports[1];
+	return 0;
+}
+
+/* lb_icmp_rewrite gives the quoted packet of an ICMP error the frontend
+ * rv as destination (and the error itself as source when the backend
+ * sent it), keeping the quoted IPv4 checksum and the ICMP checksum. */
+static __always_inline int lb_icmp_rewrite(struct __sk_buff *skb, struct pkt *p, struct lb_icmp_inner *in,
+					   __u32 *fe, __u16 feport)
+{
+	__u32 csum_off = p->l4off + 2;
+	__u16 old_ipsum, new_ipsum;
+	__s64 diff;
+
+	if (p->family == 4) {
+		if (bpf_skb_load_bytes(skb, in->ip_off + 10, &old_ipsum, 2) ||
+		    bpf_l3_csum_replace(skb, in->ip_off + 10, in->t.daddr[0], fe[0], 4) ||
+		    bpf_skb_load_bytes(skb, in->ip_off + 10, &new_ipsum, 2) ||
+		    bpf_l4_csum_replace(skb, csum_off, old_ipsum, new_ipsum, 2) ||
+		    bpf_l4_csum_replace(skb, csum_off, in->t.daddr[0], fe[0], 4) ||
+		    bpf_skb_store_bytes(skb, in->ip_off + 16, fe, 4, 0))
+			return -1;
+		if (p->saddr[0] == in->t.daddr[0] &&
+		    (bpf_l3_csum_replace(skb, IP4_CSUM_OFF, p->saddr[0], fe[0], 4) ||
+		     bpf_skb_store_bytes(skb, IP4_SADDR_OFF, fe, 4, 0)))
+			return -1;
+	} else {
+		diff = bpf_csum_diff(in->t.daddr, 16, fe, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) ||
+		    bpf_skb_store_bytes(skb, in->ip_off + 24, fe, 16, 0))
+			return -1;
+		/* ICMPv6's checksum covers the outer addresses too. */
+		if (lb_addr_eq(p->saddr, in->t.daddr) &&
+		    (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) ||
+		     bpf_skb_store_bytes(skb, IP6_SADDR_OFF, fe, 16, 0)))
+			return -1;
+	}
+	if (feport != in->t.dport &&
+	    (bpf_l4_csum_replace(skb, csum_off, in->t.dport, feport, 2) ||
+	     bpf_skb_store_bytes(skb, in->l4_off + 2, &feport, 2, 0)))
+		return -1;
+	return 0;
+}
+
+/* lb_icmp_related handles an ICMP error reaching the pod
+ * (to_container): if it quotes a packet of a connection the pod
+ * opened (a conntrack entry of the endpoint's egress with the quoted
+ * tuple, which for a Service is the translated one) it is related:
+ * returns 1, after giving the quoted packet its frontend back when the
+ * connection was translated. 0: not related; -1: a rewrite failed. */
+static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u64 now)
+{
+	struct lb_icmp_inner in = {};
+	struct ct_key ck = { .ep = p->ep, .dir = DIR_EGRESS, .family = p->family };
+	struct lb_tuple rt = {};
+	struct lb_revnat_value *rv;
+	struct ct_value *cv;
+	__u32 fe[4];
+	__u16 feport;
+
+	if (lb_icmp_parse(skb, p, &in))
+		return 0;
+	ck.proto = in.t.proto;
+	ck.sport = in.t.sport;
+	ck.dport = in.t.dport;
+	__builtin_memcpy(ck.saddr, in.t.saddr, 16);
+	__builtin_memcpy(ck.daddr, in.t.daddr, 16);
+	cv = bpf_map_lookup_elem(&ct, &ck);
+	if (!cv || now - cv->last_seen > ct_lifetime(ck.proto))
+		return 0;
+	rt.family = p->family;
+	rt.proto = in.t.proto;
+	rt.sport = in.t.dport;
+	rt.dport = in.t.sport;
+	__builtin_memcpy(rt.saddr, in.t.daddr, 16);
+	__builtin_memcpy(rt.daddr, in.t.saddr, 16);
+	rv = bpf_map_lookup_elem(&lb_revnat, &rt);
+	if (!rv || rv->flags != 0)
+		return 1;
+	__builtin_memcpy(fe, rv->addr, 16);
+	feport = rv->port;
+	return lb_icmp_rewrite(skb, p, &in, fe, feport) ? -1 : 1;
 }
 
 #include "nodeport.h"
