@@ -48,7 +48,10 @@
  *      tuple) so that the replies pass step 1.
  * Before step 1, a packet the pod sends to a service frontend is
  * translated to a backend (lb.h), so every step sees the backend; a
- * reply from it gets the frontend back as its source after step 3.
+ * reply from it gets the frontend back as its source after step 3. A
+ * hairpin (the backend is the pod itself) also gets the hairpin address
+ * as source and, after step 3, goes straight back into the pod through
+ * to_container, with the pod's identity as the peer's (lb.h).
  * Step 2 runs for every packet of the original direction, not only the
  * first: a policy change applies to established connections at once.
  *
@@ -112,8 +115,10 @@
  *     unreachable, packet too big, time exceeded, parameter problem
  *     (types 1-4), multicast listener discovery (130-132, 143) and
  *     neighbour discovery (133-137). ICMP and ICMPv6 echo use the echo
- *     identifier as both conntrack ports and port 0 in policy; other ICMP
- *     (IPv4 errors included) is policy-checked like new traffic.
+ *     identifier as both conntrack ports and port 0 in policy. An ICMP or
+ *     ICMPv6 error quoting a packet of one of the endpoint's connections
+ *     is related and passes (lb.h's lb_icmp_related: a Service flow's gets
+ *     its frontend back); other ICMP is policy-checked like new traffic.
  *   - IPv6 extension headers: up to 4 of hop-by-hop, routing, fragment,
  *     destination options, AH; more is malformed.
  */
@@ -825,10 +830,10 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_MALFORMED, 0);
 	}
-	if (dir == DIR_INGRESS && p.icmp_err && !p.frag) {
+	if (p.icmp_err && !p.frag) {
 		/* Related to a connection of the pod: passes, with the
 		 * frontend back in the quoted packet of a Service flow. */
-		r = lb_icmp_related(skb, &p, bpf_ktime_get_ns());
+		r = lb_icmp_related(skb, &p, bpf_ktime_get_ns(), dir);
 		if (r < 0)
 			return drop(skb, &p, dir, DROP_MALFORMED, 0);
 		if (r > 0)

@@ -36,15 +36,17 @@
  * host's stack, which would send redirects (IPv6) or route the hairpin
  * address away.
  *
- * ICMP errors (lb_icmp_related, to_container): an IPv4 destination
- * unreachable / time exceeded / parameter problem or an ICMPv6 error
- * about a translated flow quotes the packet as translated (to the
- * backend); the quoted destination becomes the frontend again (address,
- * port, the quoted IP checksum, the ICMP checksum), and the error's own
- * source too when the backend itself sent it, so the pod's stack finds
- * its socket (path MTU discovery through a Service). The quoted
- * transport checksum is left as it is: it may be cut off, and no stack
- * checks it in an error.
+ * ICMP errors (lb_icmp_related, both directions: IPv4 destination
+ * unreachable, time exceeded, parameter problem; ICMPv6 errors 1-4)
+ * quoting a packet of one of the endpoint's connections are related and
+ * pass, as conntrack's RELATED. To_container, an error about a
+ * translated flow quotes the packet as translated (to the backend): the
+ * quoted destination becomes the frontend again (address, port, the
+ * quoted IPv4 checksum, the ICMP checksum), and the error's own source
+ * too when the backend itself sent it, so the pod's stack finds its
+ * socket (path MTU discovery through a Service). The quoted transport
+ * checksum is left as it is: it may be cut off, and no stack checks it
+ * in an error.
  */
 #ifndef MEMBRANE_LB_H
 #define MEMBRANE_LB_H
@@ -635,19 +637,29 @@ static __always_inline int lb_icmp_rewrite(struct __sk_buff *skb, struct pkt *p,
 	return 0;
 }
 
-/* lb_icmp_related handles an ICMP error reaching the pod
- * (to_container): if it quotes a packet of a connection the pod
- * opened (a conntrack entry of the endpoint's egress with the quoted
- * tuple, which for a Service is the translated one) it is related:
- * returns 1, after giving the quoted packet its frontend back when the
- * connection was translated. 0: not related; -1: a rewrite failed. */
-static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u64 now)
+/* lb_ct_live reports whether the endpoint's conntrack holds k, fresh. */
+static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
+
+	return v && now - v->last_seen <= ct_lifetime(k->proto);
+}
+
+/* lb_icmp_related handles an ICMP error p in direction dir of the
+ * endpoint: it is related (Cilium's CT_RELATED) if it quotes a packet of
+ * one of the endpoint's connections, which travelled the other way: a
+ * conntrack entry of direction dir^1 with the quoted tuple (the pod
+ * opened it to_container, the peer from_container), or one of dir with
+ * the tuple reversed. Returns 1 for a related error, after giving the
+ * quoted packet of a translated connection of the pod its frontend back
+ * (to_container: the conntrack entry has the tuple as translated, to the
+ * backend); 0: not related; -1: a rewrite failed. */
+static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u64 now, __u8 dir)
 {
 	struct lb_icmp_inner in = {};
-	struct ct_key ck = { .ep = p->ep, .dir = DIR_EGRESS, .family = p->family };
+	struct ct_key ck = { .ep = p->ep, .dir = dir ^ 1, .family = p->family };
 	struct lb_tuple rt = {};
 	struct lb_revnat_value *rv;
-	struct ct_value *cv;
 	__u32 fe[4];
 	__u16 feport;
 
@@ -658,9 +670,16 @@ static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u6
 	ck.dport = in.t.dport;
 	__builtin_memcpy(ck.saddr, in.t.saddr, 16);
 	__builtin_memcpy(ck.daddr, in.t.daddr, 16);
-	cv = bpf_map_lookup_elem(&ct, &ck);
-	if (!cv || now - cv->last_seen > ct_lifetime(ck.proto))
-		return 0;
+	if (!lb_ct_live(&ck, now)) {
+		ck.dir = dir;
+		ck.sport = in.t.dport;
+		ck.dport = in.t.sport;
+		__builtin_memcpy(ck.saddr, in.t.daddr, 16);
+		__builtin_memcpy(ck.daddr, in.t.saddr, 16);
+		return lb_ct_live(&ck, now);
+	}
+	if (dir != DIR_INGRESS)
+		return 1;
 	rt.family = p->family;
 	rt.proto = in.t.proto;
 	rt.sport = in.t.dport;

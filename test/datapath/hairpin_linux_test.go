@@ -1,7 +1,9 @@
 package datapath_test
 
 import (
+	"bufio"
 	"context"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -64,11 +66,14 @@ func TestServiceHairpin(t *testing.T) {
 	c := e.Client()
 	self := addPolicyPod(t, e, c, "self", "k8s:app=self")
 	self.nameServer(t, 8080)
+	self.peerServer(t, 8081)
 	ctx := context.Background()
 	vips := []netip.Addr{netip.MustParseAddr("10.96.35.10"), netip.MustParseAddr("fd00:96::35:10")}
 	var svcs []service.Service
 	for _, vip := range vips {
-		svcs = append(svcs, svcOf("self", vip, 80, service.TCP, self), svcOf("self", vip, 53, service.UDP, self))
+		peer := svcOf("self-peer", vip, 81, service.TCP)
+		peer.Backends = []service.Backend{{Addr: self.ip(vip), Port: 8081}}
+		svcs = append(svcs, svcOf("self", vip, 80, service.TCP, self), svcOf("self", vip, 53, service.UDP, self), peer)
 	}
 	if _, err := e.Agent.System.ReplaceServices(ctx, "test", svcs); err != nil {
 		t.Fatal(err)
@@ -87,6 +92,13 @@ func TestServiceHairpin(t *testing.T) {
 		}
 	}
 	t.Run("no policy", hairpin)
+	t.Run("the backend sees the hairpin address", func(t *testing.T) {
+		for vip, want := range map[netip.Addr]string{vips[0]: "169.254.42.1", vips[1]: "100::a9fe:2a01"} {
+			if got := self.whoTCP(t, netip.AddrPortFrom(vip, 81)); got != want {
+				t.Errorf("via %s the backend saw its client as %q, want %s", vip, got, want)
+			}
+		}
+	})
 
 	if _, err := c.PolicyImport(ctx, []byte(cnpSelfEgressOnly), client.ContentTypeYAML); err != nil {
 		t.Fatal(err)
@@ -118,4 +130,41 @@ func TestServiceHairpin(t *testing.T) {
 		return m.Allows(selfID, 8080, policy.ProtoTCP, policy.Ingress) && m.Allows(selfID, 8080, policy.ProtoUDP, policy.Ingress)
 	})
 	t.Run("policy allowing itself both ways", hairpin)
+}
+
+// peerServer answers every line on TCP port of the pod's addresses with
+// the address the connection came from.
+func (p *policyPod) peerServer(t *testing.T, port int) {
+	t.Helper()
+	for _, ip := range p.ips {
+		var ln net.Listener
+		if err := p.NS.Do(func() (err error) {
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(ip, uint16(port)).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					r := bufio.NewReader(c)
+					for {
+						if _, err := r.ReadString('\n'); err != nil {
+							return
+						}
+						from := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+						if _, err := c.Write([]byte(from.String() + "\n")); err != nil {
+							return
+						}
+					}
+				}()
+			}
+		}()
+	}
 }
