@@ -49,7 +49,12 @@
 // backend), `lb_revnat` (the reply's frontend), `lb_affinity`;
 // `datapath/bpf_lb_linux.go` writes and reads them
 // (`datapath.ServiceDatapath`, `services.go`; the Fake's in
-// `fake_services.go`). The kube-proxy-free mode adds `bpf/nodeport.h`
+// `fake_services.go`). A hairpin (the chosen backend is the client
+// itself) is also SNATed to the hairpin address (169.254.42.1,
+// 100::a9fe:2a01) and redirected back into the pod both ways
+// (`lb_hairpin_redirect`); ICMP errors quoting a connection of the
+// endpoint are related and pass, a Service flow's with the frontend put
+// back in the quoted packet (`lb_icmp_related`). The kube-proxy-free mode adds `bpf/nodeport.h`
 // (`from_netdev` in `endpoint.c`, loaded once per node on the uplinks:
 // NodePort DNAT, SNAT for remote backends, FIB redirect; maps `lb_nat`,
 // `lb_nat_rev`; `nodeport_reply`, tail-called through `lb_progs` by

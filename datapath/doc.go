@@ -68,7 +68,11 @@
 //
 // Tunnel (`--routing tunnel`, the default, as Cilium's): one VXLAN device
 // in external (collect_md) mode made through netlink, NOARP, port 8472,
-// MTU 1450; remote pod CIDRs routed into it (scope link). The kernel's
+// MTU 1450; remote pod CIDRs routed into it (scope link). The routes POST
+// /v1/attach puts in a pod carry the tunnel's MTU when it is below the
+// veth's (`api.Config.TunnelMTU`, Cilium's route MTU), so the pod's stack
+// leaves room for the encapsulation; in native routing they carry the
+// veth's. The kernel's
 // neighbour entry on a NOARP device carries the device's own MAC, so
 // `from_overlay` marks decapsulated frames PACKET_HOST for the stack to
 // route them. The outer destination comes from the ipcache entry's tunnel
