@@ -43,6 +43,11 @@ func TestPodRouteMTU(t *testing.T) {
 			p := e.NewPod("mtu")
 			res := e.MustAdd(p)
 			v4, v6 := nodeharness.Addrs(res)
+			for _, r := range res.Routes {
+				if r.MTU != tc.wantRoute {
+					t.Errorf("CNI result route %s: mtu %d, want %d", r, r.MTU, tc.wantRoute)
+				}
+			}
 			h := p.NS.Netlink(t)
 			link, err := h.LinkByName(p.RT.IfName)
 			if err != nil {

@@ -165,7 +165,8 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		mayExist = err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		created <- err
 	}()
-	cerr := pod.Configure(veth, addrs, routeMTU(int(req.MTU), s.cfg.TunnelMTU))
+	mtu := routeMTU(int(req.MTU), s.cfg.TunnelMTU)
+	cerr := pod.Configure(veth, addrs, mtu)
 	phase("configure")
 	perr := <-created // mayExist is set
 	phase("endpoint-wait")
@@ -179,6 +180,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		EndpointID:    int64(ep.ID),
 		HostInterface: models.AttachInterface{Name: veth.HostName, Index: int64(veth.HostIndex), Mac: veth.HostMAC.String()},
 		PodInterface:  models.AttachInterface{Name: veth.PodName, Index: int64(veth.PodIndex), Mac: veth.PodMAC.String()},
+		RouteMTU:      int64(mtu),
 	}
 	for _, a := range addrs {
 		aa := &models.AttachAddress{IP: a.IP.String(), Gateway: a.Gateway.String()}

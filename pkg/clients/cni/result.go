@@ -16,7 +16,7 @@ import (
 // answer: the host and container interfaces, each of the pod's addresses
 // on the container interface (index 1) with its gateway, and the routes
 // the pod has (per family: the link route to the gateway, the default
-// route via it). PrintResult converts it to the version the runtime asked
+// route via it, with the agent's route MTU). PrintResult converts it to the version the runtime asked
 // for (0.3.x and 0.4.0 carry each address's family as "version"). An
 // answer that does not parse is an error.
 func buildResult(conf *NetConf, args *skel.CmdArgs, att *models.AttachResponse) (*types100.Result, error) {
@@ -47,8 +47,8 @@ func buildResult(conf *NetConf, args *skel.CmdArgs, att *models.AttachResponse) 
 			Gateway:   gw,
 		})
 		res.Routes = append(res.Routes,
-			&types.Route{Dst: *podnet.IPNet(netip.PrefixFrom(a.Gateway, a.Gateway.BitLen())), Scope: types100.Int(int(scopeLink))},
-			&types.Route{Dst: *podnet.DefaultRoute(a.IP), GW: gw})
+			&types.Route{Dst: *podnet.IPNet(netip.PrefixFrom(a.Gateway, a.Gateway.BitLen())), Scope: types100.Int(int(scopeLink)), MTU: int(att.RouteMTU)},
+			&types.Route{Dst: *podnet.DefaultRoute(a.IP), GW: gw, MTU: int(att.RouteMTU)})
 	}
 	return res, nil
 }

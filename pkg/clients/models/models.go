@@ -408,6 +408,9 @@ type AttachResponse struct {
 	// IPv4 and IPv6 are the pod's addresses; at least one is set.
 	IPv4 *AttachAddress `json:"ipv4,omitempty"`
 	IPv6 *AttachAddress `json:"ipv6,omitempty"`
+	// RouteMTU is the MTU the pod's routes carry (the tunnel's in tunnel
+	// mode when below the veth's; 0 from an older agent: none).
+	RouteMTU int64 `json:"route-mtu,omitempty"`
 }
 
 // AttachInterface is one end of the veth.
