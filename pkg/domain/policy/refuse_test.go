@@ -174,8 +174,8 @@ func TestPartialRefusalFileRoundTrip(t *testing.T) {
 kind: NetworkPolicy
 metadata: {name: p, namespace: a}
 spec:
+  podSelector: {}
   ingress: [{ports: [{port: http, endPort: 90}]}]
-  ingress: [{ports: [{port: http}]}]
 `), ParseOptions{PartialRefusal: true})
 	if err != nil {
 		t.Fatal(err)
