@@ -234,7 +234,7 @@ func attachSpec(req *models.AttachRequest) (*endpoint.Endpoint, error) {
 	return specFromRequest(ref, &models.EndpointChangeRequest{
 		ContainerID: req.ContainerID, ContainerInterfaceName: req.ContainerInterfaceName,
 		K8sNamespace: req.K8sNamespace, K8sPodName: req.K8sPodName, K8sUID: req.K8sUID,
-		Labels: req.Labels, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
+		Labels: req.Labels, NamedPorts: req.NamedPorts, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
 	})
 }
 
