@@ -36,6 +36,10 @@ type PolicyResult struct {
 type ComputePolicy struct {
 	Endpoint endpoint.ID
 	Identity identity.NumericIdentity
+	// NamedPorts are the endpoint's named ports: its ingress rules on
+	// named ports resolve against them, and other endpoints' egress
+	// rules on named ports reach it on them.
+	NamedPorts policy.NamedPorts
 }
 
 // PolicyComputed answers ComputePolicy. Policy is shared and immutable;

@@ -53,7 +53,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
 		start := time.Now()
-		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
+		if spec.Labels, spec.NamedPorts, err = (*fn)(r.Context(), spec); err != nil {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
 		}
 		timing.add("labels", time.Since(start))

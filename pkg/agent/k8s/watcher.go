@@ -486,7 +486,7 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 		}
 		return nil
 	}
-	podLabels := PodLabels(pod, w.namespace(ns), w.log)
+	podLabels := w.podLabels(pod, w.namespace(ns))
 	for _, ep := range eps {
 		cur := ep.Labels
 		b := cur
@@ -562,13 +562,13 @@ func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
 }
 
 // Labels is the API's endpoint labeler: it returns spec's labels with its
-// pod's, waiting up to Config.PodWait for the pod to be cached. A pod not
-// cached in time gets the init identity's labels and is relabelled when
-// it appears.
-func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, error) {
+// pod's and the pod's named ports, waiting up to Config.PodWait for the
+// pod to be cached. A pod not cached in time gets the init identity's
+// labels (and spec's ports) and is relabelled when it appears.
+func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
 	pod, err := w.waitPod(ctx, spec.Namespace, spec.PodName)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if pod == nil {
 		w.mu.Lock()
@@ -578,9 +578,9 @@ func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.L
 		// The pod may have arrived between the wait and the line above:
 		// its worker pass then retries until the endpoint exists.
 		w.queue.Add(key{kind: kindPod, namespace: spec.Namespace, name: spec.PodName})
-		return initLabels, nil
+		return initLabels, spec.NamedPorts, nil
 	}
-	return desiredLabels(spec.Labels, PodLabels(pod, w.namespace(spec.Namespace), w.log)), nil
+	return desiredLabels(spec.Labels, w.podLabels(pod, w.namespace(spec.Namespace))), PodNamedPorts(pod, w.log), nil
 }
 
 // waitPod returns the cached pod, waiting up to PodWait for it (nil: not

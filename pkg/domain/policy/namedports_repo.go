@@ -46,6 +46,9 @@ func (r *Repository) SetEndpointPorts(owner string, id identity.NumericIdentity,
 	return r.finish(affected)
 }
 
+// EndpointPorts returns the ports owner declared (SetEndpointPorts).
+func (r *Repository) EndpointPorts(owner string) NamedPorts { return r.portOwners[owner].ports }
+
 // RemoveEndpointPorts forgets the ports of owner.
 func (r *Repository) RemoveEndpointPorts(owner string) Result {
 	return r.SetEndpointPorts(owner, identity.IdentityUnknown, nil)
