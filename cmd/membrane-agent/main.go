@@ -101,6 +101,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	var kc k8s.Config
 	var inCluster bool
+	var labelPatterns string
+	fs.StringVar(&labelPatterns, "labels", "", "Kubernetes mode: space-separated identity-relevant label patterns, Cilium's syntax \"[source:][!]regexp\" anchored at the key's start (\"k8s:app k8s:!team\"); added to the defaults, which leave out pod-template-hash, controller-revision-hash, statefulset.kubernetes.io/pod-name, apps.kubernetes.io/pod-index, job-name, controller-uid, batch.kubernetes.io/{job-name,controller-uid}, io.kubernetes, kubernetes.io and k8s.io keys (the namespace, namespace labels, service account and app.kubernetes.io stay). An include pattern keeps only what some include matches")
 	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
@@ -195,6 +197,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
+	kc.Labels = strings.Fields(labelPatterns)
 	if devices != "" {
 		cfg.Linux.Services.Devices = strings.Split(devices, ",")
 	}

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -149,4 +150,15 @@ func PodNamedPorts(pod *corev1.Pod, log *slog.Logger) policy.NamedPorts {
 		return nil
 	}
 	return out
+}
+
+// podLabels returns PodLabels(pod, ns) without the labels the filter
+// finds irrelevant to identity (Config.Labels): pods that differ only in
+// those share one identity, and a selector on such a key selects nothing.
+func (w *Watcher) podLabels(pod *corev1.Pod, ns *corev1.Namespace) labels.Labels {
+	kept, dropped := w.filter.Apply(PodLabels(pod, ns, w.log))
+	if len(dropped) > 0 && w.log.Enabled(context.Background(), slog.LevelDebug) {
+		w.log.Debug("labels not relevant to identity", "pod", pod.Namespace+"/"+pod.Name, "labels", dropped.String())
+	}
+	return kept
 }

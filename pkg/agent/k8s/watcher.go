@@ -65,8 +65,10 @@ const maxRetries = 15
 
 // Watcher watches the API server and applies what it sees.
 type Watcher struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// filter chooses the identity-relevant labels of pods (Config.Labels).
+	filter *labels.Filter
 	sys    *actors.System
 	ix     *index.Index
 	server string
@@ -139,7 +141,11 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
 	log = log.With("component", "k8s", "node", cfg.NodeName)
-	w := &Watcher{cfg: cfg, log: log, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}), dyn: dyn,
+	filter, err := labels.NewFilter(cfg.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	w := &Watcher{cfg: cfg, log: log, filter: filter, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}), dyn: dyn,
 		podWaiters: map[string][]chan struct{}{}, initBase: map[string]labels.Labels{}, state: "syncing",
 		conn: conn{state: connConnecting}, statusWritten: map[string]string{}, crdListers: map[kind]cache.GenericLister{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
