@@ -134,6 +134,8 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		} else {
 			a.apply(ctx, a.repo.UpsertIdentity(msg.ID, msg.Labels))
 		}
+	case *messages.PolicyRemotePorts:
+		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
 	case *messages.EndpointPolicyGone:
 		a.untrack(msg.Endpoint)
 		a.apply(ctx, a.repo.RemoveEndpointPorts(localPortOwner(msg.Endpoint)))
@@ -170,13 +172,19 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 			a.repo.SetEndpointPorts(localPortOwner(ep.ID), ep.Identity, ep.NamedPorts)
 		}
 	}
+	var remotePorts []policy.EndpointPortsChange
 	for _, e := range ix.IPCache() {
 		for _, c := range e.Claims {
-			if c.Source == index.SourceCIDRPolicy {
+			switch {
+			case c.Source == index.SourceCIDRPolicy:
 				a.repo.SeedCIDR(e.Prefix, c.Identity)
+			case c.Source == index.SourceRemote && len(c.NamedPorts) > 0:
+				remotePorts = append(remotePorts, policy.EndpointPortsChange{Owner: remotePortOwner(c.Origin, e.Prefix.Addr()),
+					Identity: c.Identity, Ports: c.NamedPorts})
 			}
 		}
 	}
+	a.repo.SetEndpointPortsBatch(remotePorts)
 	rows := ix.Policies()
 	slices.SortFunc(rows, func(x, y *index.PolicyRow) int { return cmp.Compare(x.Revision, y.Revision) })
 	pols := make([]*policy.Policy, len(rows))

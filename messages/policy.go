@@ -74,3 +74,10 @@ type RegeneratePolicy struct {
 	Revision uint64
 	Wait     bool
 }
+
+// PolicyRemotePorts tells the policy actor, from the ipcache actor, the
+// named ports of remote endpoints: Set records each owner's (an owner
+// with no ports is forgotten). No reply.
+type PolicyRemotePorts struct {
+	Set []policy.EndpointPortsChange
+}

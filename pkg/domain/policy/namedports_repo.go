@@ -29,21 +29,54 @@ type portOwner struct {
 // declares ports. The policies of the identities whose egress rules name
 // one of id's ports (or did) are recomputed.
 func (r *Repository) SetEndpointPorts(owner string, id identity.NumericIdentity, ports NamedPorts) Result {
-	old, had := r.portOwners[owner]
-	if had && old.id == id && old.ports.Equal(ports) {
+	affected := idSet{}
+	if !r.setPorts(owner, id, ports, affected) {
 		return Result{Revision: r.revision}
 	}
+	return r.finish(affected)
+}
+
+// EndpointPortsChange is one owner's named ports for SetEndpointPortsBatch
+// (no ports or IdentityUnknown: the owner's are forgotten).
+type EndpointPortsChange struct {
+	Owner    string
+	Identity identity.NumericIdentity
+	Ports    NamedPorts
+}
+
+// SetEndpointPortsBatch applies several SetEndpointPorts at once.
+func (r *Repository) SetEndpointPortsBatch(changes []EndpointPortsChange) Result {
 	affected := idSet{}
+	changed := false
+	for _, c := range changes {
+		changed = r.setPorts(c.Owner, c.Identity, c.Ports, affected) || changed
+	}
+	if !changed {
+		return Result{Revision: r.revision}
+	}
+	return r.finish(affected)
+}
+
+// setPorts records owner's ports; false when nothing changed.
+func (r *Repository) setPorts(owner string, id identity.NumericIdentity, ports NamedPorts, affected idSet) bool {
+	old, had := r.portOwners[owner]
+	if len(ports) == 0 || id == identity.IdentityUnknown {
+		if !had {
+			return false
+		}
+		r.dropPorts(old, affected)
+		delete(r.portOwners, owner)
+		return true
+	}
+	if had && old.id == id && old.ports.Equal(ports) {
+		return false
+	}
 	if had {
 		r.dropPorts(old, affected)
 	}
-	if len(ports) == 0 || id == identity.IdentityUnknown {
-		delete(r.portOwners, owner)
-	} else {
-		r.portOwners[owner] = portOwner{id: id, ports: ports}
-		r.addPorts(portOwner{id: id, ports: ports}, affected)
-	}
-	return r.finish(affected)
+	r.portOwners[owner] = portOwner{id: id, ports: ports}
+	r.addPorts(portOwner{id: id, ports: ports}, affected)
+	return true
 }
 
 // EndpointPorts returns the ports owner declared (SetEndpointPorts).
