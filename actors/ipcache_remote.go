@@ -138,7 +138,9 @@ func (a *ipcacheActor) remotePorts(p netip.Prefix, origin string) policy.NamedPo
 // remotePortOwner is the policy repository's key for the named ports of
 // origin's remote endpoint at ip (one per address: an endpoint with two
 // counts twice, which the union per identity does not mind).
-func remotePortOwner(origin string, ip netip.Addr) string { return "remote:" + origin + "|" + ip.String() }
+func remotePortOwner(origin string, ip netip.Addr) string {
+	return "remote:" + origin + "|" + ip.String()
+}
 
 func (a *ipcacheActor) remoteClaimOf(origin string) func(index.IPCacheClaim) bool {
 	return func(c index.IPCacheClaim) bool { return c.Source == index.SourceRemote && c.Origin == origin }

@@ -55,7 +55,7 @@ func TestNamedPorts(t *testing.T) {
 			}},
 		{"ingress from namespace on one named port", networkingv1.NetworkPolicySpec{PodSelector: selA,
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "y"}}}},
+				From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "y"}}}},
 				Ports: []networkingv1.NetworkPolicyPort{named("serve-81-tcp", corev1.ProtocolTCP)}}}},
 			map[netpolmodel.ProbeKey]func(src, dst *worldPod) bool{
 				tcp(81): func(src, dst *worldPod) bool { return dst != xa || src == dst || src.NS == "y" },
