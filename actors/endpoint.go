@@ -569,6 +569,14 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 		return
 	}
 	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
+	if msg.SetPorts && !msg.NamedPorts.Equal(a.ep.NamedPorts) {
+		a.mut().NamedPorts = msg.NamedPorts
+		if next.Equal(a.ep.Labels) {
+			// Same identity, other ports: its policy (and state) change.
+			a.requestRegen(ctx, ctx.Sender())
+			return
+		}
+	}
 	if next.Equal(a.ep.Labels) {
 		if !a.labelsNotDurable(ctx.Sender()) {
 			ctx.Respond(a.result(nil))

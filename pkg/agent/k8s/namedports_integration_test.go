@@ -116,3 +116,27 @@ func TestNamedPortsFromPods(t *testing.T) {
 		return slices.Equal(out, []uint16{8081}), fmt.Sprintf("egress %v", out)
 	})
 }
+
+// A pod cached only after its ADD (the endpoint starts with the init
+// identity) gets its named ports with its labels.
+func TestNamedPortsOfLatePod(t *testing.T) {
+	k := startK8sAgent(t, 200*time.Millisecond)
+	k.namespace(t, "late-named", nil)
+	http := intstr.FromString("http")
+	k.createNetworkPolicy(t, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "late-named", Name: "in"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "late"}},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &http}}}},
+		},
+	})
+	ep := k.endpoint(t, "late-named", "late")
+	if !slices.Equal(ep.Labels, []string{"reserved:init"}) {
+		t.Fatalf("endpoint before its pod: labels %v, want reserved:init", ep.Labels)
+	}
+	k.podWithPorts(t, "late-named", "late", map[string]string{"app": "late"}, map[string]int32{"http": 8088})
+	k.eventually(t, "relabelled, ingress open on its own http", func() (bool, string) {
+		in := k.entries(t, ep.ID, "ingress", 0)
+		return slices.Equal(in, []uint16{8088}), fmt.Sprintf("ingress from any %v", in)
+	})
+}

@@ -493,6 +493,7 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 		return nil
 	}
 	podLabels := w.podLabels(pod, w.namespace(ns))
+	ports := PodNamedPorts(pod, w.log)
 	for _, ep := range eps {
 		cur := ep.Labels
 		b := cur
@@ -500,10 +501,10 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 			b = base // the labels the ADD sent (none if the agent restarted since)
 		}
 		add, del := diffLabels(cur, desiredLabels(b, podLabels))
-		if len(add) == 0 && len(del) == 0 {
+		if len(add) == 0 && len(del) == 0 && ep.NamedPorts.Equal(ports) {
 			continue
 		}
-		if _, err := w.sys.PatchLabels(ctx, ep.ID, add, del); err != nil {
+		if _, err := w.sys.PatchPodLabels(ctx, ep.ID, add, del, ports); err != nil {
 			if errors.Is(err, actors.ErrEndpointNotFound) {
 				continue
 			}
