@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build image test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -23,6 +23,20 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(filter-out membrane-cni,$(CMDS)))
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/membrane-cni
+
+# The container image (deploy/kubernetes/membrane.yaml's), as a
+# docker-archive tarball, without Docker or a registry: static programs
+# on an empty base (cmd/membrane-image, pkg/image). Reproducible: the
+# same sources give the same digest. Load it with
+# `ctr -n k8s.io images import bin/membrane-image.tar`.
+IMAGE_TAG     ?= localhost/membrane:dev
+IMAGE_VERSION ?= dev
+image:
+	@mkdir -p $(BIN)/static
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $(BIN)/static/ \
+		./cmd/membrane-agent ./cmd/membrane-cni ./cmd/membrane-proxy ./cmd/membranectl
+	$(GO) run ./cmd/membrane-image -bin $(BIN)/static -out $(BIN)/membrane-image.tar \
+		-tag $(IMAGE_TAG) -version $(IMAGE_VERSION)
 
 vet:
 	$(GO) vet ./...

@@ -172,7 +172,13 @@
 // reserved for their owner, without expiry; a delete drops exactly the
 // identity references its actor took, NoIdentityRelease or not).
 //
-// Delete order (the endpoint actor's `lifecycle`, `endpoint_delete.go`).
+// Deletion is a state. A delete moves the endpoint actor from its live
+// state (`receiveLive`) to the deleting one (`receiveDeleting`), which
+// refuses new work (regenerations, label changes) with
+// `ErrEndpointDeleting`, lets the work in flight end (a live continuation
+// that finds the endpoint deleting stops there) and, after every message,
+// runs the next of `deleteSteps` once nothing is in flight (`advance`).
+// Order (the actor's `lifecycle`, `endpoint_delete.go`):
 // disconnecting -> wait for in-flight work (datapath op, identity, proxy
 // acks) -> datapath remove (idempotent, retried, else left to GC) -> state
 // removal (flushed) -> leave the index (container ID and addresses become

@@ -116,7 +116,6 @@ const (
 type (
 	proxyTimeout struct{ rev uint64 }
 	retryRegen   struct{}
-	indexRemoved struct{}
 	// reattach carries the waiters of an incarnation that restarted.
 	reattach struct {
 		create       *actor.PID
@@ -184,7 +183,13 @@ func newEndpointActor(deps *endpointDeps, spec *endpoint.Endpoint, mode startMod
 	return a
 }
 
-// Receive implements actor.Actor.
+// Receive implements actor.Actor. Lifecycle messages are handled the
+// same in every state; the rest by the endpoint's state: live (serving
+// regenerations, label changes and proxy waits) or deleting, where
+// deletion's steps (endpoint_delete.go) run one after the other, each
+// once nothing else is in flight. The state is a field, not a
+// protoactor Behavior: a Behavior's bound receive functions would cost
+// heap on every endpoint.
 func (a *endpointActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
@@ -199,13 +204,27 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.stopTimers()
 	case *actor.Stopped:
 		a.req.unregister(ctx)
-	case *requestAnswer:
-		if cont := a.req.take(msg); cont != nil {
-			a.setOp("")
-			cont(msg.msg, msg.err)
-		}
 	case *reattach:
 		a.reattach(ctx, msg)
+	case *crashForTest:
+		panic("endpoint actor: crash requested by a test")
+	default:
+		if a.life == lifeLive {
+			a.receiveLive(ctx)
+		} else {
+			a.receiveDeleting(ctx)
+		}
+	}
+	a.report()
+}
+
+// receiveLive handles a live endpoint's messages. A continuation that
+// finds the endpoint deleting when it runs stops there: the deletion
+// state takes over (advance) once the message is handled.
+func (a *endpointActor) receiveLive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *requestAnswer:
+		a.answered(msg)
 	case *messages.Regenerate:
 		a.requestRegen(ctx, ctx.Sender())
 	case *messages.RegeneratePolicy:
@@ -217,7 +236,7 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 	case *retryRegen:
 		a.regen.retryTimer = nil
 		switch {
-		case a.deleting() || a.regen.running || a.leaseWait:
+		case a.regen.running || a.leaseWait:
 		case a.ep.State == endpoint.StateWaitingForIdentity:
 			a.acquireIdentity(ctx) // the identity failed, not the datapath
 		default:
@@ -231,12 +250,46 @@ func (a *endpointActor) Receive(ctx actor.Context) {
 		a.patchLabels(ctx, msg)
 	case *messages.DeleteEndpoint:
 		a.delete(ctx, msg.Options, ctx.Sender())
-	case *indexRemoved:
-		a.releaseLeases(ctx)
-	case *crashForTest:
-		panic("endpoint actor: crash requested by a test")
 	}
-	a.report()
+	// A continuation may have started the deletion (a failed create).
+	a.advance(ctx)
+}
+
+// receiveDeleting handles a deleting endpoint's messages: the work in
+// flight ends (a running regeneration is aborted, leases in flight come
+// back), new work is refused with ErrEndpointDeleting, and after every
+// message the next step of deletion starts if nothing is in flight.
+func (a *endpointActor) receiveDeleting(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *requestAnswer:
+		a.answered(msg)
+	case *messages.Regenerate:
+		ctx.Respond(a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
+	case *messages.RegeneratePolicy:
+		if msg.Wait {
+			ctx.Respond(a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
+		}
+	case *messages.PatchLabels:
+		ctx.Respond(a.result(fmt.Errorf("patch labels of endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
+	case *messages.ProxyAck:
+		a.proxyAck(ctx, msg) // a regeneration waiting for its proxies ends first
+	case *proxyTimeout:
+		a.proxyTimedOut(ctx, msg)
+	case *messages.DeleteEndpoint:
+		a.delete(ctx, msg.Options, ctx.Sender())
+	case *retryRegen:
+		a.regen.retryTimer = nil
+	}
+	a.advance(ctx)
+}
+
+// answered continues the request msg answers, if this incarnation still
+// waits for it.
+func (a *endpointActor) answered(msg *requestAnswer) {
+	if cont := a.req.take(msg); cont != nil {
+		a.setOp("")
+		cont(msg.msg, msg.err)
+	}
 }
 
 // setOp records the asynchronous operation the actor now waits for ("" when
@@ -284,7 +337,7 @@ func (a *endpointActor) started(ctx actor.Context) {
 		if a.ep.State == endpoint.StateDisconnecting || mode.life != lifeLive {
 			// Deletion starts over: every step is idempotent.
 			a.life = lifeDeleting
-			a.maybeTeardown(ctx)
+			a.advance(ctx)
 			return
 		}
 	case startRestore:
@@ -312,7 +365,7 @@ func (a *endpointActor) leasesClaimed(ctx actor.Context) {
 			a.createWaiter = nil
 			a.publish(ctx, messages.Reply{To: w, Message: a.result(nil)})
 		}
-		if a.maybeTeardown(ctx) {
+		if a.deleting() {
 			return
 		}
 		a.acquireIdentity(ctx)
@@ -451,7 +504,7 @@ func (a *endpointActor) claimIPs(ctx actor.Context) {
 			a.failCreate(ctx, fmt.Errorf("claim addresses: %w", err))
 			return
 		}
-		if a.maybeTeardown(ctx) {
+		if a.deleting() {
 			return
 		}
 		a.leasesClaimed(ctx)
@@ -477,7 +530,7 @@ func (a *endpointActor) acquireIdentity(ctx actor.Context) {
 			a.identityFailed(ctx, err)
 			return
 		}
-		if a.maybeTeardown(ctx) {
+		if a.deleting() {
 			return
 		}
 		if !ls.Equal(a.ep.Labels) { // labels changed while we waited
@@ -564,10 +617,6 @@ func (a *endpointActor) reportRestored(ctx actor.Context, err error) {
 }
 
 func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels) {
-	if a.deleting() {
-		ctx.Respond(a.result(fmt.Errorf("patch labels of endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
-		return
-	}
 	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
 	if msg.SetPorts && !msg.NamedPorts.Equal(a.ep.NamedPorts) {
 		a.mut().NamedPorts = msg.NamedPorts

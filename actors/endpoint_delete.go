@@ -35,7 +35,7 @@ func (a *endpointActor) delete(ctx actor.Context, opts endpoint.DeleteOptions, r
 	}
 	a.regen.pendingWaiters, a.labelWaiters, a.regen.want = nil, nil, wantNone
 	a.publish(ctx, rs...)
-	a.maybeTeardown(ctx)
+	a.advance(ctx)
 }
 
 func (a *endpointActor) stopRetry() {
@@ -45,50 +45,70 @@ func (a *endpointActor) stopRetry() {
 	}
 }
 
-// maybeTeardown starts the teardown once deleting and nothing is in
-// flight (a running datapath operation, identity or proxy wait). It
-// reports whether the endpoint is deleting.
-func (a *endpointActor) maybeTeardown(ctx actor.Context) bool {
-	switch {
-	case !a.deleting():
-		return false
-	case a.life == lifeLeavingIndex || a.ioWait > 0 || a.leaseWait || a.regen.running:
-		return true
+// deleteSteps are deletion's steps, indexed by the step the endpoint is
+// at; each ends by moving life to the next one. The datapath goes first,
+// then the state, both while the row is still in the index: once the row
+// is gone a DELETE answers 404, which a CNI DEL takes as done, so nothing
+// may bring the endpoint back after that (a crash before the state
+// removal restores it, and the retried DEL finds it); and nothing is left
+// in the kernel for an endpoint that will not be restored. At
+// lifeLeavingIndex the endpoint waits for the index's commit, then
+// ends its leases and stops (releaseLeases).
+var deleteSteps = [...]func(*endpointActor, actor.Context){
+	lifeDeleting:        func(a *endpointActor, ctx actor.Context) { a.removeDatapath(ctx, 0) },
+	lifeDatapathRemoved: (*endpointActor).removeState,
+	lifeStateRemoved:    (*endpointActor).leaveIndex,
+	lifeLeavingIndex:    nil,
+}
+
+// advance runs the deletion's next steps while nothing is in flight (a
+// datapath operation, a state write, an identity or address lease, a
+// regeneration); the continuation of a step in flight moves life on, and
+// the message that carries it calls advance again.
+func (a *endpointActor) advance(ctx actor.Context) {
+	for a.life != lifeLive && a.ioWait == 0 && !a.leaseWait && !a.regen.running {
+		at := a.life
+		step := deleteSteps[at]
+		if step == nil {
+			return
+		}
+		step(a, ctx)
+		if a.life == at {
+			return // in flight
+		}
 	}
-	// The datapath goes first, then the state, both while the row is
-	// still in the index: once the row is gone a DELETE answers 404, which
-	// a CNI DEL takes as done, so nothing may bring the endpoint back after
-	// that (a crash before the state removal restores it, and the retried
-	// DEL finds it); and nothing is left in the kernel for an endpoint
-	// that will not be restored.
-	if a.life == lifeDeleting {
-		a.removeDatapath(ctx, 0)
-		return true
+}
+
+// removeState removes the endpoint's state from disk.
+func (a *endpointActor) removeState(ctx actor.Context) {
+	if a.deps.store == nil {
+		a.life = lifeStateRemoved
+		return
 	}
-	if a.life == lifeDatapathRemoved && a.deps.store != nil {
-		id, store := a.ep.ID, a.deps.store
-		a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
-			if err != nil {
-				a.logger().Error("removing endpoint state failed", "err", err)
-			}
-			a.life, a.stateStays = lifeStateRemoved, err != nil
-			a.maybeTeardown(ctx)
-		})
-		return true
-	}
+	id, store := a.ep.ID, a.deps.store
+	a.stateOp(ctx, "remove", func(done func(error)) { store.Remove(id, done) }, func(ctx actor.Context, err error) {
+		if err != nil {
+			a.logger().Error("removing endpoint state failed", "err", err)
+		}
+		a.life, a.stateStays = lifeStateRemoved, err != nil
+	})
+}
+
+// leaveIndex takes the endpoint out of the ipcache, the policy actor's
+// books and the index. It leaves the index before the leases end, so the
+// endpoint's container ID and addresses are free in the manager's books
+// before IPAM releases anything.
+func (a *endpointActor) leaveIndex(ctx actor.Context) {
 	a.life = lifeLeavingIndex
 	if ips := a.ips(); len(ips) > 0 {
 		ctx.Send(a.deps.ipcache, &messages.IPCacheEndpoint{Endpoint: a.ep.ID, IPs: ips, Deleted: true})
 	}
 	ctx.Send(a.deps.policy, &messages.EndpointPolicyGone{Endpoint: a.ep.ID})
-	// Leave the index before the leases end, so the endpoint's container
-	// ID and addresses are free in the manager's books before IPAM
-	// releases anything.
 	a.mut().State = endpoint.StateDisconnecting
 	a.shared = true
+	removed := a.req.replyTo(ctx, 0, func(any, error) { a.releaseLeases(ctx) })
 	ctx.Send(a.manager, &messages.EndpointChanged{From: ctx.Self(), Endpoint: a.ep, Deleted: true,
-		Replies: []messages.Reply{{To: ctx.Self(), Message: &indexRemoved{}}}})
-	return true
+		Replies: []messages.Reply{{To: removed, Message: struct{}{}}}})
 }
 
 // releaseLeases ends the IP lease (releasing the addresses unless
@@ -139,7 +159,6 @@ func (a *endpointActor) removeDatapath(ctx actor.Context, attempt int) {
 			a.logger().Error("datapath remove failed; leaving it to garbage collection", "err", err)
 		}
 		a.life = lifeDatapathRemoved
-		a.maybeTeardown(ctx)
 	})
 }
 

@@ -35,14 +35,9 @@ func (a *endpointActor) requestPolicyRegen(ctx actor.Context, waiter *actor.PID)
 }
 
 // requestRegenLevel owes a regeneration of at least level and starts it
-// unless one runs or the endpoint cannot regenerate yet.
+// unless one runs or the endpoint cannot regenerate yet. Only a live
+// endpoint takes requests (receiveDeleting refuses them).
 func (a *endpointActor) requestRegenLevel(ctx actor.Context, waiter *actor.PID, level regenWant) {
-	if a.deleting() {
-		if waiter != nil {
-			ctx.Send(waiter, a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
-		}
-		return
-	}
 	a.mut().DesiredRevision++
 	a.deps.counters.regenRequested.Add(1)
 	if waiter != nil {
@@ -270,7 +265,6 @@ func (a *endpointActor) abortRegenIfDeleting(ctx actor.Context) bool {
 		return false
 	}
 	a.endRegen(ctx, fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting))
-	a.maybeTeardown(ctx)
 	return true
 }
 
@@ -394,7 +388,7 @@ func (a *endpointActor) completeRegen(ctx actor.Context, timedOut bool) {
 	}
 	a.retries = 0
 	a.endRegen(ctx, nil)
-	if a.maybeTeardown(ctx) {
+	if a.deleting() {
 		return
 	}
 	if a.regen.want != wantNone && a.ep.State != endpoint.StateWaitingForIdentity && !a.leaseWait {

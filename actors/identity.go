@@ -79,7 +79,14 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		if a.cluster != nil {
 			a.clusterWatched(ctx, msg.ev)
 		}
-	case *clusterReleased: // failures are logged by the worker
+	case *clusterReleased:
+		if a.cluster != nil {
+			a.clusterReleased(ctx, msg)
+		}
+	case *clusterReleaseRetry:
+		if a.cluster != nil {
+			a.clusterReleaseRetried(ctx, msg.id)
+		}
 	case *holderStopped:
 		a.holderStopped(ctx, msg.who)
 	}
@@ -99,6 +106,7 @@ func (a *identityActor) stopTimers() {
 			p.retry = nil
 		}
 	}
+	a.cluster.stopReleaseTimers()
 }
 
 // holderStopped releases every identity reference a stopped endpoint

@@ -93,25 +93,16 @@ func (w *backendWorkers) acquire(ls labels.Labels, preferred identity.NumericIde
 	})
 }
 
-// release calls Release for id (whose labels are ls) on the worker of
-// ls, retrying with backoff up to Attempts times: a release that never
-// lands only keeps the identity alive (the store's GC never removes an
-// identity a node uses), it never breaks anything.
+// release calls Release for id (whose labels are ls) once, on the worker
+// of ls; the answer is a *clusterReleased. A failure is retried by the
+// identity actor (clusterReleased), not here: a worker that retried would
+// hold every later Acquire of the label set behind its backoff.
 func (w *backendWorkers) release(id identity.NumericIdentity, ls labels.Labels) error {
 	return w.submit(ls.Key(), func(ctx context.Context) {
-		var err error
-		for attempt := range w.cfg.Attempts {
-			cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
-			err = w.backend.Release(cctx, id)
-			cancel()
-			if err == nil || !w.sleep(ctx, backoff(w.cfg.RetryMin, w.cfg.RetryMax, attempt)) {
-				break
-			}
-		}
-		if err != nil {
-			w.log.Error("releasing the node's use of a cluster identity failed; it stays marked in use", "identity", id, "err", err)
-		}
-		w.send(&clusterReleased{id: id, err: err})
+		cctx, cancel := context.WithTimeout(ctx, w.cfg.CallTimeout)
+		err := w.backend.Release(cctx, id)
+		cancel()
+		w.send(&clusterReleased{id: id, labels: ls, err: err})
 	})
 }
 
@@ -172,9 +163,13 @@ type clusterAcquired struct {
 
 // clusterReleased is the answer of a backend Release.
 type clusterReleased struct {
-	id  identity.NumericIdentity
-	err error
+	id     identity.NumericIdentity
+	labels labels.Labels
+	err    error
 }
+
+// clusterReleaseRetry retries a failed backend Release.
+type clusterReleaseRetry struct{ id identity.NumericIdentity }
 
 // clusterWatched is one event of the backend's Watch.
 type clusterWatched struct{ ev identity.ClusterEvent }

@@ -31,7 +31,18 @@ type clusterMode struct {
 	knownByKey map[string]identity.NumericIdentity
 	// pending holds the label sets waiting for the store, by key.
 	pending map[string]*pendingAcquire
-	lastErr string
+	// releases holds the backend Releases that failed, waiting for their
+	// next attempt, by identity.
+	releases map[identity.NumericIdentity]*releaseRetry
+	lastErr  string
+}
+
+// releaseRetry is a failed backend Release of the node's use of an
+// identity, to be tried again.
+type releaseRetry struct {
+	labels   labels.Labels
+	attempts int
+	timer    *time.Timer
 }
 
 // pendingAcquire is a label set whose first local reference waits for
@@ -70,9 +81,24 @@ func (c *clusterMode) reset() {
 			p.retry.Stop()
 		}
 	}
+	c.stopReleaseTimers()
 	c.known = make(map[identity.NumericIdentity]labels.Labels)
 	c.knownByKey = make(map[string]identity.NumericIdentity)
 	c.pending = make(map[string]*pendingAcquire)
+	c.releases = make(map[identity.NumericIdentity]*releaseRetry)
+}
+
+// stopReleaseTimers stops the release retries' timers. A restarted
+// incarnation does not retry its predecessor's failed releases: they only
+// keep the identity marked in use (the store's GC never removes an
+// identity a node marks), and the etcd backend retries its own.
+func (c *clusterMode) stopReleaseTimers() {
+	for _, r := range c.releases {
+		if r.timer != nil {
+			r.timer.Stop()
+			r.timer = nil
+		}
+	}
 }
 
 // learn records that the store holds id with ls and tells the policy
@@ -372,11 +398,70 @@ func (a *identityActor) retryPending(ctx actor.Context) {
 
 // backendRelease hands the backend Release of id to its worker.
 func (a *identityActor) backendRelease(id identity.NumericIdentity, ls labels.Labels) {
+	if r := a.cluster.releases[id]; r != nil && r.timer != nil {
+		r.timer.Stop() // released again before the retry: this call is the retry
+		r.timer = nil
+	}
 	if err := a.cluster.w.release(id, ls); err != nil {
 		// Only keeps the identity alive in the store; GC never removes
 		// an identity a node marks as used.
 		a.log.Error("releasing a cluster identity: not queued", "identity", id, "err", err)
+		delete(a.cluster.releases, id)
 	}
+}
+
+// clusterReleased handles a backend Release's answer: a failure is tried
+// again after a backoff, up to Attempts times.
+func (a *identityActor) clusterReleased(ctx actor.Context, msg *clusterReleased) {
+	c := a.cluster
+	if msg.err == nil {
+		delete(c.releases, msg.id)
+		return
+	}
+	r := c.releases[msg.id]
+	if r == nil {
+		r = &releaseRetry{labels: msg.labels}
+		c.releases[msg.id] = r
+	}
+	r.attempts++
+	c.lastErr = msg.err.Error()
+	if r.attempts >= c.cfg.Attempts {
+		a.log.Error("releasing the node's use of a cluster identity failed; it stays marked in use", "identity", msg.id, "attempts", r.attempts, "err", msg.err)
+		delete(c.releases, msg.id)
+		return
+	}
+	wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, r.attempts-1)
+	a.log.Warn("releasing the node's use of a cluster identity failed; retrying", "identity", msg.id, "in", wait, "err", msg.err)
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	self, root, id := ctx.Self(), ctx.ActorSystem().Root, msg.id
+	r.timer = time.AfterFunc(wait, func() { root.Send(self, &clusterReleaseRetry{id: id}) })
+}
+
+// clusterReleaseRetried tries a failed Release again, unless the node
+// uses the identity again (an endpoint acquired it meanwhile: the release
+// is void) or an Acquire of its label set is under way (it runs first on
+// the label set's worker, and a Release after it would undo the node's
+// use: the retry waits for it to settle).
+func (a *identityActor) clusterReleaseRetried(ctx actor.Context, id identity.NumericIdentity) {
+	c := a.cluster
+	r := c.releases[id]
+	if r == nil || r.timer == nil {
+		return
+	}
+	r.timer = nil
+	if _, inUse := a.alloc.Lookup(id); inUse {
+		delete(c.releases, id)
+		return
+	}
+	if c.pending[r.labels.Key()] != nil {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, r.attempts-1)
+		r.timer = time.AfterFunc(wait, func() { root.Send(self, &clusterReleaseRetry{id: id}) })
+		return
+	}
+	a.backendRelease(id, r.labels)
 }
 
 // clusterWatched applies one event of the store's watch.

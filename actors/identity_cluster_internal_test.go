@@ -31,6 +31,7 @@ type memBackend struct {
 	acquires map[string]int
 	releases map[identity.NumericIdentity]int
 	fail     error
+	relFail  error         // non-nil: Release fails with it
 	gate     chan struct{} // non-nil: Acquire waits until it is closed
 	entered  chan string   // Acquire sends the key here when it starts
 	watch    func(identity.ClusterEvent)
@@ -75,7 +76,7 @@ func (b *memBackend) Release(_ context.Context, id identity.NumericIdentity) err
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.releases[id]++
-	return nil
+	return b.relFail
 }
 
 func (b *memBackend) Watch(ctx context.Context, fn func(identity.ClusterEvent)) error {
@@ -287,6 +288,51 @@ func TestClusterIdentityRemoteFromWatch(t *testing.T) {
 	st, ok := sys.ClusterIdentities()
 	if !ok || st.Known != 1 || st.InUse != 1 || st.Store.Backend != "memory" {
 		t.Fatalf("cluster status %+v %v, want 1 known (4300 went), 1 in use", st, ok)
+	}
+}
+
+// TestClusterReleaseRetryYieldsToAcquire: a Release the store refuses is
+// retried by the actor, one attempt per worker job, so an Acquire of the
+// same label set runs after at most one attempt (a worker that retried
+// in place held it behind all 20, and the endpoint timed out); once an
+// endpoint holds the identity again, the pending retry is dropped (a
+// late Release would remove the node's use of an identity it uses).
+func TestClusterReleaseRetryYieldsToAcquire(t *testing.T) {
+	b := newMemBackend()
+	sys := clusterSystem(t, b, nil)
+	ls := ciLabels(t, "k8s:app=retry")
+	h1, h2 := ciHolder(t, sys), ciHolder(t, sys)
+	got := ciAcquire(t, sys, h1, ls)
+	if got.Err != nil {
+		t.Fatal(got.Err)
+	}
+	n := got.Identity.ID
+	b.mu.Lock()
+	b.relFail = errors.New("store unreachable")
+	b.mu.Unlock()
+	svAsk(t, sys, sys.identity, &messages.IdentityRelease{ID: n, Holder: h1})
+	testutil.Eventually(t, "the failed release retried", func() bool { _, r := b.counts(ls.Key(), n); return r >= 2 })
+	again := ciAcquire(t, sys, h2, ls)
+	_, rel := b.counts(ls.Key(), n)
+	if again.Err != nil || again.Identity.ID != n {
+		t.Fatalf("acquire while the release fails: %+v", again)
+	}
+	if attempts := sys.Config.ClusterIdentity.Attempts; rel >= attempts {
+		t.Fatalf("the acquire waited for all %d release attempts (%d made)", attempts, rel)
+	}
+	b.mu.Lock()
+	b.relFail = nil
+	b.mu.Unlock()
+	// A retry armed before the acquire fires within RetryMax (50 ms) and
+	// must find the identity in use: wait well past it.
+	time.Sleep(20 * sys.Config.ClusterIdentity.RetryMax)
+	// One attempt may have been on the worker when the acquire came; none
+	// may follow it.
+	if _, after := b.counts(ls.Key(), n); after > rel+1 {
+		t.Fatalf("releases went on after the identity was acquired again: %d, then %d", rel, after)
+	}
+	if row, ok := sys.Index.Identity(n); !ok || row.RefCount != 1 {
+		t.Fatalf("identity %d: %+v %v, want one reference", n, row, ok)
 	}
 }
 

@@ -168,8 +168,16 @@ func (r *requester) expire() *pendingRequest {
 // request sends msg to pid and continues with cont once it is answered,
 // or with actor.ErrTimeout after timeout.
 func (r *requester) request(ctx actor.Context, pid *actor.PID, msg any, timeout time.Duration, cont func(res any, err error)) {
+	ctx.RequestWithCustomSender(pid, msg, r.replyTo(ctx, timeout, cont))
+}
+
+// replyTo returns the address another actor answers at, for a message
+// that names its own reply address (a messages.Reply): the actor
+// continues with cont when something is sent there, or with
+// actor.ErrTimeout after timeout (0: none).
+func (r *requester) replyTo(ctx actor.Context, timeout time.Duration, cont func(res any, err error)) *actor.PID {
 	id := r.add(ctx, timeout, cont)
-	ctx.RequestWithCustomSender(pid, msg, &actor.PID{Address: ctx.Self().Address, Id: r.answersID, RequestId: id})
+	return &actor.PID{Address: ctx.Self().Address, Id: r.answersID, RequestId: id}
 }
 
 // await hands reply to submit, which passes it to code outside the actor

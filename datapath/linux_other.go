@@ -26,3 +26,8 @@ func (l *Linux) WatchHostAddrs(context.Context, func(HostAddrChange)) error {
 
 // MountBPFFS returns ErrNotSupported on platforms other than Linux.
 func MountBPFFS() error { return fmt.Errorf("mount bpffs: %w", ErrNotSupported) }
+
+// Cleanup returns ErrNotSupported on platforms other than Linux.
+func Cleanup(context.Context, CleanupConfig, *slog.Logger) (CleanupReport, error) {
+	return CleanupReport{}, fmt.Errorf("cleanup: %w", ErrNotSupported)
+}

@@ -5,6 +5,7 @@
 #   scripts/kube-bin.sh                  kube-apiserver, etcd-embed (test/kubetest)
 #   scripts/kube-bin.sh kubelet          also kubelet (test/e2e: .ci/run, make e2e-smoke)
 #   scripts/kube-bin.sh kubelet kubectl  also kubectl (make e2e: debugging a kept cluster)
+#   ... kube-scheduler kube-controller-manager   the full control plane (make e2e, make conformance)
 #   KUBE_DIR  cache root (default $HOME/.cache/membrane/kube-v1.35.4)
 # The k8s integration tests find the binaries in $KUBE_DIR/bin, or in KUBETEST_BIN.
 set -euo pipefail
@@ -17,13 +18,15 @@ declare -A PKG=(
 	[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
 	[kubelet]=k8s.io/kubernetes/cmd/kubelet
 	[kubectl]=k8s.io/kubernetes/cmd/kubectl
+	[kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+	[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
 )
 WANT=(etcd-embed kube-apiserver)
 for extra in "$@"; do
 	case "$extra" in
-	kubelet | kubectl) WANT+=("$extra") ;;
+	kubelet | kubectl | kube-scheduler | kube-controller-manager) WANT+=("$extra") ;;
 	*)
-		echo "usage: $0 [kubelet] [kubectl]" >&2
+		echo "usage: $0 [kubelet] [kubectl] [kube-scheduler] [kube-controller-manager]" >&2
 		exit 2
 		;;
 	esac

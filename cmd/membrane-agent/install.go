@@ -19,6 +19,14 @@ import (
 var subcommands = map[string]func(args []string, stderr io.Writer) int{
 	"install-cni": runInstallCNI,
 	"mount-bpffs": runMountBPFFS,
+	"version":     runVersion,
+	"cleanup":     runCleanup,
+}
+
+// runVersion prints the agent's version.
+func runVersion(_ []string, _ io.Writer) int {
+	fmt.Println(version)
+	return 0
 }
 
 // runInstallCNI copies --plugin into --cni-bin-dir and --conflist into

@@ -27,6 +27,11 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
+// version is the agent's version, set at build time (make image:
+// -ldflags "-X main.version=..."); reported by `membrane-agent version`,
+// in the start log and in GET /v1/status.
+var version = "dev"
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
@@ -47,6 +52,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	log.Info("membrane-agent starting", "version", version)
 	a, err := agent.Start(cfg, log)
 	if err != nil {
 		log.Error("agent failed to start", "err", err)
@@ -67,6 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs := flag.NewFlagSet("membrane-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg agent.Config
+	cfg.API.Version = version
 	var v4, v6, strategy, level, format, devices string
 	var expiry time.Duration
 	fs.StringVar(&cfg.Socket, "socket", "/var/run/membrane/membrane.sock", "unix socket of the REST API")
@@ -105,6 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&labelPatterns, "labels", "", "Kubernetes mode: space-separated identity-relevant label patterns, Cilium's syntax \"[source:][!]regexp\" anchored at the key's start (\"k8s:app k8s:!team\"); added to the defaults, which leave out pod-template-hash, controller-revision-hash, statefulset.kubernetes.io/pod-name, apps.kubernetes.io/pod-index, job-name, controller-uid, batch.kubernetes.io/{job-name,controller-uid}, io.kubernetes, kubernetes.io and k8s.io keys (the namespace, namespace labels, service account and app.kubernetes.io stay). An include pattern keeps only what some include matches")
 	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
+	fs.StringVar(&kc.APIServer, "k8s-api-server", "", "Kubernetes mode: https://host:port of the API server, instead of the kubeconfig's server or the kubernetes Service's ClusterIP (needed where nothing translates that address before the agent runs: kube-proxy-free clusters)")
 	fs.StringVar(&kc.NodeName, "node-name", "", "Kubernetes mode: this node's name (default: the hostname)")
 	fs.DurationVar(&kc.SyncTimeout, "k8s-sync-timeout", 2*time.Minute, "Kubernetes mode: longest wait at start for the caches before serving CNI ADDs")
 	fs.DurationVar(&kc.PodCIDRWait, "k8s-pod-cidr-wait", 2*time.Minute, "--ipam kubernetes: longest wait at start for this node's Node object to have spec.podCIDRs (the agent then exits with an error)")
@@ -195,6 +203,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		cfg.K8s = &kc
 	} else if kc.KubeProxyReplacement {
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
+	} else if kc.APIServer != "" {
+		return cfg, nil, fmt.Errorf("--k8s-api-server: only with --k8s-kubeconfig or --k8s")
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
 	kc.Labels = strings.Fields(labelPatterns)

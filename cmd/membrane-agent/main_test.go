@@ -162,6 +162,15 @@ func TestParseFlagsK8s(t *testing.T) {
 		{"ipam kubernetes", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--ipam", "kubernetes", "--k8s-pod-cidr-wait", "30s"}, "n", false, ""},
 		{"ipam kubernetes standalone", []string{"--ipam", "kubernetes"}, "", false, "--ipam"},
 		{"ipam unknown", []string{"--ipam", "dhcp"}, "", false, "--ipam"},
+		{"api server", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://10.0.0.1:6443"}, "n", true, ""},
+		{"api server name", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://api.example:443/"}, "n", true, ""},
+		{"api server with kubeconfig", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--k8s-api-server", "https://[fd00::1]:6443"}, "n", false, ""},
+		{"api server http", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "http://10.0.0.1:6443"}, "", false, "--k8s-api-server"},
+		{"api server path", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://10.0.0.1:6443/api"}, "", false, "--k8s-api-server"},
+		{"api server no port", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://10.0.0.1"}, "", false, "--k8s-api-server"},
+		{"api server bad port", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://10.0.0.1:70000"}, "", false, "--k8s-api-server"},
+		{"api server user", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://u:p@10.0.0.1:6443"}, "", false, "--k8s-api-server"},
+		{"api server standalone", []string{"--k8s-api-server", "https://10.0.0.1:6443"}, "", false, "--k8s-api-server"},
 		{"negative pod cidr wait", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--k8s-pod-cidr-wait", "-1s"}, "", false, "PodCIDRWait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

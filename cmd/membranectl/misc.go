@@ -41,6 +41,9 @@ func (a *app) statusOut(st *models.Status) error {
 	}
 	t := &table{tw: tabwriter.NewWriter(a.out, 0, 4, 1, ' ', 0)}
 	t.row("State:", st.State+msgSuffix(st.Message))
+	if st.Version != "" {
+		t.row("Version:", st.Version)
+	}
 	t.row("Datapath:", st.Datapath)
 	t.row("Endpoints:", fmt.Sprintf("%d (%d ready)", st.Endpoints, st.Ready))
 	t.row("Identities:", st.Identities)

@@ -48,9 +48,30 @@ func EventuallyErr(tb testing.TB, what string, cond func() error) {
 	}
 }
 
+// pollInterval is WaitFor's: its waits are long (a cluster coming up)
+// and their conditions ask shared servers (an API server), which a
+// tighter poll would load.
+const pollInterval = 100 * time.Millisecond
+
+// WaitFor polls cond every 100 ms until it holds and returns an error if
+// it does not within limit: for a wait outside a test's goroutine (a
+// harness's setup that returns errors) or bounded longer than
+// EventuallyBound (kubelet registering a node, a hundred pods starting).
+// Like EventuallyBound, limit is a bound, never a measurement.
+func WaitFor(limit time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done after %s", limit)
+		}
+		time.Sleep(pollInterval)
+	}
+	return nil
+}
+
 // BuildBinaries builds the named programs of cmd/ (membrane-agent,
 // membrane-cni, ...) into dir as `make build` does: -trimpath, and
-// membrane-cni static. It runs the go tool once for all of them.
+// membrane-cni static. It runs the go tool once for each linking.
 func BuildBinaries(dir string, names ...string) error {
 	var static, dynamic []string
 	for _, n := range names {
@@ -61,18 +82,29 @@ func BuildBinaries(dir string, names ...string) error {
 			dynamic = append(dynamic, pkg)
 		}
 	}
-	for _, set := range []struct {
-		pkgs []string
-		env  []string
-	}{{dynamic, nil}, {static, []string{"CGO_ENABLED=0"}}} {
-		if len(set.pkgs) == 0 {
-			continue
-		}
-		cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", dir + string(filepath.Separator)}, set.pkgs...)...)
-		cmd.Env = append(os.Environ(), set.env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %v: %w\n%s", set.pkgs, err, out)
-		}
+	if err := build(dir, nil, dynamic); err != nil {
+		return err
+	}
+	return build(dir, []string{"CGO_ENABLED=0"}, static)
+}
+
+// BuildStatic builds the packages (import paths, or directories relative
+// to the test's package) static and with -trimpath into dir, each
+// executable named after its package's last path element, with one run
+// of the go tool: programs for a container image or another mount
+// namespace (test/e2e's nodes, test/cri's pause image).
+func BuildStatic(dir string, pkgs ...string) error {
+	return build(dir, []string{"CGO_ENABLED=0"}, pkgs)
+}
+
+func build(dir string, env, pkgs []string) error {
+	if len(pkgs) == 0 {
+		return nil
+	}
+	cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %v: %w\n%s", pkgs, err, out)
 	}
 	return nil
 }
@@ -92,6 +124,12 @@ func BuildBinariesT(tb testing.TB, names ...string) string {
 // programs once into a temporary directory, stores its path in *dir, runs
 // the tests and removes the directory, returning the exit code.
 func RunWithBinaries(m *testing.M, dir *string, names ...string) int {
+	return RunBuilt(m.Run, dir, names...)
+}
+
+// RunBuilt is RunWithBinaries for a TestMain that wraps m.Run itself
+// (kubetest.Main): run is called between the build and the removal.
+func RunBuilt(run func() int, dir *string, names ...string) int {
 	d, err := os.MkdirTemp("", "membrane-test-bin-")
 	if err == nil {
 		if err = BuildBinaries(d, names...); err != nil {
@@ -104,5 +142,5 @@ func RunWithBinaries(m *testing.M, dir *string, names ...string) int {
 	}
 	*dir = d
 	defer os.RemoveAll(d)
-	return m.Run()
+	return run()
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -44,6 +45,8 @@ func layer(path string) string {
 		return "clients"
 	case rel == "pkg/testutil":
 		return "testutil"
+	case rel == "pkg/image":
+		return "image" // container images, built at build time, never by the agent
 	case first == "cmd", first == "sim", first == "test":
 		return "top"
 	}
@@ -60,7 +63,8 @@ var allowed = map[string][]string{
 	"outer":    {"outer", "actors", "kernel", "podnet", "domain", "clients"},
 	"clients":  {"clients", "podnet", "domain"},
 	"testutil": {},
-	"top":      {"top", "outer", "actors", "kernel", "podnet", "domain", "clients"},
+	"image":    {},
+	"top":      {"top", "outer", "actors", "kernel", "podnet", "domain", "clients", "image"},
 }
 
 func listPackages(t *testing.T) []pkg {
@@ -127,6 +131,54 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s (%s) imports %s (%s): not allowed", p.ImportPath, from, imp, to)
 			}
 		}
+	}
+}
+
+// libcniConfigs are the directories whose Go files may set up libcni to
+// run CNI plugins themselves, each with its reason; every other suite
+// makes its pods with test/nodeharness (one node harness: a new suite
+// adds cases, not another harness).
+var libcniConfigs = map[string]string{
+	"test/nodeharness": "the node harness",
+	"test/cnibench":    "benchmark arms running the reference ptp + host-local plugins too",
+	"sim":              "membrane-sim's Linux driver (a program, not a test)",
+}
+
+// TestOneNodeHarness: no Go file outside libcniConfigs makes a libcni
+// CNIConfig.
+func TestOneNodeHarness(t *testing.T) {
+	root := "../.."
+	setup := "libcni." + "NewCNIConfig" // split, so that this file does not match
+	n := 0
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if d.Name() == ".git" || d.Name() == "third_party" || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if filepath.Ext(path) != ".go" {
+			return nil
+		}
+		n++
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if _, ok := libcniConfigs[filepath.Dir(rel)]; !ok && strings.Contains(string(src), setup) {
+			t.Errorf("%s sets up libcni: make its pods with test/nodeharness", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 100 {
+		t.Fatalf("found %d Go files; want the whole module", n)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,21 +34,21 @@ func TestDaemonSetCapabilities(t *testing.T) {
 	}
 	without := slices.DeleteFunc(slices.Clone(caps), func(c string) bool { return c == "net_admin" })
 
-	ap, host := linuxAgent(t, "10.254.7.0/24")
-	procfs := filepath.Join(ap.dir, "hostproc")
-	ap.wrap = containerLike(procfs, caps)
+	ap := linuxAgent(t, "10.254.7.0/24")
+	procfs := filepath.Join(ap.Dir, "hostproc")
+	ap.Wrap = containerLike(procfs, caps)
 	if err := runToExit(t, ap, 30*time.Second); err == nil {
 		t.Fatal("the agent ran without --procfs: /proc/sys is not read-only in the harness")
 	}
-	ap.args = append(ap.args, "--procfs", procfs)
-	ap.wrap = containerLike(procfs, without)
+	ap.Args = append(ap.Args, "--procfs", procfs)
+	ap.Wrap = containerLike(procfs, without)
 	if err := runToExit(t, ap, 30*time.Second); err == nil {
 		t.Fatal("the agent ran without CAP_NET_ADMIN: the bounding set is not applied")
 	}
 
-	ap.wrap = containerLike(procfs, caps)
-	ap.start()
-	d := newCNIDriver(t, host, ap)
+	ap.Wrap = containerLike(procfs, caps)
+	ap.Start()
+	d := newCNIDriver(t, ap)
 	w := newWorld(11)
 	a, b := w.newPod(), w.newPod()
 	d.mustAdd(t, a)
@@ -91,11 +90,10 @@ exec "$@"`
 // or exited first (its error).
 func runToExit(t *testing.T, ap *agentProc, timeout time.Duration) error {
 	t.Helper()
-	argv := append(append(append([]string{}, ap.wrap...), filepath.Join(binDir, "membrane-agent")), ap.args...)
 	var out bytes.Buffer
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := ap.Command()
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := ap.ns.Do(cmd.Start); err != nil {
+	if err := ap.NS.Do(cmd.Start); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

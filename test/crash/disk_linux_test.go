@@ -60,9 +60,9 @@ func fill(t *testing.T, path string) {
 func TestFullStateDisk(t *testing.T) {
 	testutil.RequireRoot(t)
 	ap := newAgentProc(t, "10.251.0.0/24", "--datapath", "fake", "--gc-interval", "-1s")
-	tmpfsT(t, ap.state, 256<<10)
-	ap.start()
-	c := client.New(ap.socket)
+	tmpfsT(t, ap.StateDir, 256<<10)
+	ap.Start()
+	c := client.New(ap.Socket)
 	defer c.Close()
 	d := &clientDriver{t: t, agent: ap, c: c}
 	w := newWorld(1)
@@ -75,7 +75,7 @@ func TestFullStateDisk(t *testing.T) {
 		}
 		w.set(p, podLive)
 	}
-	filler := filepath.Join(ap.state, "filler")
+	filler := filepath.Join(ap.StateDir, "filler")
 	fill(t, filler)
 
 	p := w.newPod()
@@ -85,15 +85,15 @@ func TestFullStateDisk(t *testing.T) {
 		t.Fatalf("PUT on a full disk = %v, want 507 state-disk-full", err)
 	}
 	w.set(p, podGone)
-	checkRolledBack(t, ctx, c, ap.state, 3)
+	checkRolledBack(t, ctx, c, ap.StateDir, 3)
 
 	// A restart on the full disk: ready, endpoints kept (their
 	// regeneration retries until space is back).
-	ap.kill()
-	ap.start()
+	ap.Kill()
+	ap.Start()
 	time.Sleep(500 * time.Millisecond) // give a crash loop the chance to show
 	select {
-	case <-ap.exited:
+	case <-ap.Exited():
 		t.Fatal("agent exited on a full state disk")
 	default:
 	}
@@ -103,7 +103,7 @@ func TestFullStateDisk(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	checkRestart(t, c, w, ap.state, persisted(t, ap.state))
+	checkRestart(t, c, w, ap.StateDir, persisted(t, ap.StateDir))
 	q := w.newPod()
 	if err := d.add(ctx, q); err != nil {
 		t.Fatalf("PUT after space came back: %v", err)

@@ -1,5 +1,5 @@
 // Package crash holds the crash-safety tests of issue #5: a real
-// membrane-agent process (built by TestMain) is killed with SIGKILL at
+// membrane-agent process (test/nodeharness, built by TestMain) is killed with SIGKILL at
 // random moments during a churn of ADDs and DELs and restarted on the same
 // state directory, and the invariants restore promises are checked after
 // every restart (no address owned twice, every allocation bound to an

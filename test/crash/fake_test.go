@@ -56,17 +56,17 @@ func TestCrashFake(t *testing.T) {
 		iterations = 5
 	}
 	ap := newAgentProc(t, "10.250.0.0/24", "--datapath", "fake", "--gc-interval", "200ms")
-	ap.start()
+	ap.Start()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	w := newWorld(seed)
 	for i := range iterations {
-		c := client.New(ap.socket)
+		c := client.New(ap.Socket)
 		d := &clientDriver{t: t, agent: ap, c: c}
 		ctx, cancel := context.WithCancel(context.Background())
 		wg := w.churn(ctx, d, 4)
 		time.Sleep(time.Duration(20+w.intN(300)) * time.Millisecond)
-		ap.kill()
+		ap.Kill()
 		cancel()
 		wg.Wait()
 		c.Close()
@@ -75,11 +75,11 @@ func TestCrashFake(t *testing.T) {
 				d.delDown(p)
 			}
 		}
-		before := persisted(t, ap.state)
-		ap.start()
-		c = client.New(ap.socket)
-		checkRestart(t, c, w, ap.state, before)
-		if q, _ := os.ReadDir(ap.queue); len(q) != 0 {
+		before := persisted(t, ap.StateDir)
+		ap.Start()
+		c = client.New(ap.Socket)
+		checkRestart(t, c, w, ap.StateDir, before)
+		if q, _ := os.ReadDir(ap.DeleteQueue); len(q) != 0 {
 			t.Fatalf("iteration %d: %d delete queue entries left after start", i, len(q))
 		}
 		c.Close()

@@ -15,13 +15,11 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
-	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // cniDriver makes attachments with the real membrane-cni binary through
@@ -29,28 +27,15 @@ import (
 // runs too); every pod gets its own netns.
 type cniDriver struct {
 	t     *testing.T
-	host  *testutil.NS
 	agent *agentProc
-	cni   *libcni.CNIConfig
-	conf  *libcni.NetworkConfigList
 
 	mu  sync.Mutex     // guards nss
 	nss []*testutil.NS // every pod netns made, removed at cleanup
 }
 
-func newCNIDriver(t *testing.T, host *testutil.NS, ap *agentProc) *cniDriver {
+func newCNIDriver(t *testing.T, ap *agentProc) *cniDriver {
 	t.Helper()
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"crash-linux","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1400}]}`,
-		ap.socket, ap.queue)
-	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An explicit exec: libcni makes its default lazily, racing when the
-	// first calls are concurrent.
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	d := &cniDriver{t: t, host: host, agent: ap, conf: conf,
-		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(ap.dir, "cni-cache"), exec)}
+	d := &cniDriver{t: t, agent: ap}
 	t.Cleanup(func() {
 		for _, ns := range d.nss {
 			// Removed already after a DEL; an error means it leaked.
@@ -63,14 +48,12 @@ func newCNIDriver(t *testing.T, host *testutil.NS, ap *agentProc) *cniDriver {
 }
 
 func (d *cniDriver) rt(p *pod) *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{ContainerID: p.containerID, NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", podNamespace}, {"K8S_POD_NAME", p.name},
-			{"K8S_POD_INFRA_CONTAINER_ID", p.containerID}}}
+	return nodeharness.RuntimeConf(p.containerID, p.ns.Path, podNamespace, p.name)
 }
 
 // inHost runs fn on a thread in the host netns, so that the plugin
 // processes libcni starts run there.
-func (d *cniDriver) inHost(fn func() error) error { return d.host.Do(fn) }
+func (d *cniDriver) inHost(fn func() error) error { return d.agent.NS.Do(fn) }
 
 func (d *cniDriver) add(ctx context.Context, p *pod) error {
 	ns, err := testutil.CreateNS("mbc-pod-" + testutil.RandomSuffix(8))
@@ -82,14 +65,14 @@ func (d *cniDriver) add(ctx context.Context, p *pod) error {
 	d.mu.Unlock()
 	p.ns = ns
 	return d.inHost(func() error {
-		_, err := d.cni.AddNetworkList(ctx, d.conf, d.rt(p))
+		_, err := d.agent.AddRT(ctx, d.rt(p))
 		return err
 	})
 }
 
 // del runs DEL, then removes the pod's netns as the runtime does.
 func (d *cniDriver) del(ctx context.Context, p *pod) error {
-	if err := d.inHost(func() error { return d.cni.DelNetworkList(ctx, d.conf, d.rt(p)) }); err != nil {
+	if err := d.inHost(func() error { return d.agent.DelRT(ctx, d.rt(p)) }); err != nil {
 		return err
 	}
 	return p.ns.Remove()
@@ -104,26 +87,13 @@ func (d *cniDriver) delDown(p *pod) {
 	}
 }
 
-// linuxAgent starts the agent process on the linux datapath in a new host
+// linuxAgent prepares the agent process on the linux datapath in a new host
 // netns, with a real bpffs for its pins.
-func linuxAgent(t *testing.T, cidr string, extra ...string) (*agentProc, *testutil.NS) {
+func linuxAgent(t *testing.T, cidr string, extra ...string) *agentProc {
 	t.Helper()
-	testutil.RequireRoot(t)
-	host := testutil.NewNS(t, "mbc-host")
-	ap := newAgentProc(t, cidr, append([]string{"--datapath", "linux", "--teardown-delay", "100ms"}, extra...)...)
-	ap.ns = host
-	if err := os.MkdirAll(ap.bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("bpf", ap.bpffs, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = unix.Unmount(ap.bpffs, unix.MNT_DETACH)
-		// The health endpoint's netns outlives the agent (bind mount).
-		_ = unix.Unmount(filepath.Join(ap.state, "health", "netns"), unix.MNT_DETACH)
-	})
-	return ap, host
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-host", IPv4Range: cidr, Network: "crash-linux", MTU: 1400, OwnBPFFS: true})
+	ap := &agentProc{Node: n, Proc: n.Process(append([]string{"--teardown-delay", "100ms"}, extra...)...)}
+	return ap
 }
 
 // TestCrashLinux: the agent (linux datapath, in a test netns) is killed
@@ -134,20 +104,20 @@ func linuxAgent(t *testing.T, cidr string, extra ...string) (*agentProc, *testut
 // are exactly the endpoints' and the pin directories only live ones.
 func TestCrashLinux(t *testing.T) {
 	// The interval must exceed the longest ADD, even on a loaded CI machine.
-	ap, host := linuxAgent(t, "10.252.0.0/24", "--gc-interval", "1s")
-	ap.start()
-	d := newCNIDriver(t, host, ap)
+	ap := linuxAgent(t, "10.252.0.0/24", "--gc-interval", "1s")
+	ap.Start()
+	d := newCNIDriver(t, ap)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	w := newWorld(seed)
-	nl := host.Netlink(t)
+	nl := ap.NS.Netlink(t)
 	iterations := 3
-	healthIP := checkHealth(t, client.New(ap.socket), host, "")
+	healthIP := checkHealth(t, client.New(ap.Socket), ap.NS, "")
 	for i := range iterations {
 		ctx, cancel := context.WithCancel(context.Background())
 		wg := w.churn(ctx, d, 3)
 		time.Sleep(time.Duration(300+w.intN(900)) * time.Millisecond)
-		ap.kill()
+		ap.Kill()
 		cancel()
 		wg.Wait()
 		for range 1 + w.intN(2) {
@@ -162,16 +132,16 @@ func TestCrashLinux(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, id := range []string{"60001", strconv.Itoa(1000 + i)} {
-			if err := os.MkdirAll(filepath.Join(ap.bpffs, "endpoints", id), 0o700); err != nil {
+			if err := os.MkdirAll(filepath.Join(ap.BPFFS, "endpoints", id), 0o700); err != nil {
 				t.Fatal(err)
 			}
 		}
-		before := persisted(t, ap.state)
-		ap.start()
-		c := client.New(ap.socket)
-		checkRestart(t, c, w, ap.state, before)
-		checkNoOrphans(t, c, nl, ap.bpffs)
-		healthIP = checkHealth(t, c, host, healthIP)
+		before := persisted(t, ap.StateDir)
+		ap.Start()
+		c := client.New(ap.Socket)
+		checkRestart(t, c, w, ap.StateDir, before)
+		checkNoOrphans(t, c, nl, ap.BPFFS)
+		healthIP = checkHealth(t, c, ap.NS, healthIP)
 		t.Logf("iteration %d: %s", i, w.summary())
 		c.Close()
 		if t.Failed() {
@@ -186,15 +156,13 @@ func TestCrashLinux(t *testing.T) {
 // the teardown delay).
 func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs string) {
 	t.Helper()
-	var veths, want, pins []string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.EventuallyErr(t, "no orphans after GC", func() error {
 		eps, err := c.EndpointList(context.Background(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		live := map[string]bool{}
-		want = want[:0]
+		var veths, want, pins []string
 		for _, ep := range eps {
 			if ep.InterfaceName != "" {
 				want = append(want, ep.InterfaceName)
@@ -202,19 +170,17 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 			live[strconv.Itoa(int(ep.ID))] = true
 		}
 		links, err := nl.LinkList()
-		if errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline) {
-			continue // links changed under the dump (the GC at work): partial, take it again
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			return err // links changed under the dump (the GC at work): partial, take it again
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		veths = veths[:0]
 		for _, l := range links {
 			if strings.HasPrefix(l.Attrs().Name, "lxc") {
 				veths = append(veths, l.Attrs().Name)
 			}
 		}
-		pins = pins[:0]
 		entries, _ := os.ReadDir(filepath.Join(bpffs, "endpoints"))
 		for _, e := range entries {
 			if !live[e.Name()] {
@@ -224,13 +190,10 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 		sort.Strings(veths)
 		sort.Strings(want)
 		if slices.Equal(veths, want) && len(pins) == 0 {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("orphans left after GC: lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("lxc veths %v, endpoints' %v, orphan pins %v", veths, want, pins)
+	})
 }
 
 // checkHealth: the health endpoint answers its probe and ping from the
@@ -238,21 +201,20 @@ func checkNoOrphans(t *testing.T, c *client.Client, nl *netlink.Handle, bpffs st
 // Returns its address.
 func checkHealth(t *testing.T, c *client.Client, host *testutil.NS, prev string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var ip string
+	testutil.EventuallyErr(t, "the health endpoint ok", func() error {
 		st, err := c.Status(context.Background())
-		if err == nil && st.Health != nil && st.Health.State == "ok" {
-			if prev != "" && st.Health.IP != prev {
-				t.Fatalf("health endpoint moved from %s to %s across a restart", prev, st.Health.IP)
-			}
-			if out, err := host.Exec("ping", "-c", "1", "-W", "2", st.Health.IP); err != nil {
-				t.Fatalf("ping health endpoint: %v\n%s", err, out)
-			}
-			return st.Health.IP
+		if err != nil || st.Health == nil || st.Health.State != "ok" {
+			return fmt.Errorf("status %+v: %v", st, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("health endpoint not ok: %+v %v", st, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		ip = st.Health.IP
+		return nil
+	})
+	if prev != "" && ip != prev {
+		t.Fatalf("health endpoint moved from %s to %s across a restart", prev, ip)
 	}
+	if out, err := host.Exec("ping", "-c", "1", "-W", "2", ip); err != nil {
+		t.Fatalf("ping health endpoint: %v\n%s", err, out)
+	}
+	return ip
 }

@@ -4,12 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-// binDir holds membrane-agent and membrane-cni, built once by TestMain.
-var binDir string
-
-func TestMain(m *testing.M) {
-	os.Exit(testutil.RunWithBinaries(m, &binDir, "membrane-agent", "membrane-cni"))
-}
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-agent")) }

@@ -34,9 +34,9 @@ func TestRestoreTime(t *testing.T) {
 	if os.Getenv("RESTORE_HEALTH") == "0" {
 		flags, want = append(flags, "--enable-health=false"), n
 	}
-	ap, host := linuxAgent(t, "10.254.0.0/22", flags...)
-	ap.start()
-	d := newCNIDriver(t, host, ap)
+	ap := linuxAgent(t, "10.254.0.0/22", flags...)
+	ap.Start()
+	d := newCNIDriver(t, ap)
 	w := newWorld(1)
 	for range n {
 		p := w.newPod()
@@ -46,7 +46,7 @@ func TestRestoreTime(t *testing.T) {
 	}
 	for _, kill := range []bool{false, true} {
 		serving, allReady := measureRestart(t, ap, kill, want)
-		data, _ := os.ReadFile(ap.log)
+		data, _ := os.ReadFile(ap.Log)
 		if os.Getenv("RESTORE_LOG") != "" {
 			for _, line := range regexp.MustCompile(`(?m)^.*(linux datapath ready|restored endpoints|health endpoint ready|agent ready|previous health).*$`).FindAll(data, -1) {
 				fmt.Println(string(line))
@@ -70,14 +70,14 @@ func TestRestoreTime(t *testing.T) {
 func measureRestart(t *testing.T, ap *agentProc, kill bool, want int) (serving, allReady time.Duration) {
 	t.Helper()
 	if kill {
-		ap.kill()
+		ap.Kill()
 	} else {
-		ap.stop()
+		ap.Stop()
 	}
 	t0 := time.Now()
-	ap.start() // returns once GET /v1/status says ok
+	ap.Start() // returns once GET /v1/status says ok
 	serving = time.Since(t0)
-	c := client.New(ap.socket)
+	c := client.New(ap.Socket)
 	defer c.Close()
 	for {
 		eps, err := c.EndpointList(context.Background(), nil)

@@ -26,9 +26,9 @@ var pingLoss = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 // and the TCP connection must carry every byte, in order, without a
 // reset.
 func TestTrafficAcrossRestart(t *testing.T) {
-	ap, host := linuxAgent(t, "10.253.0.0/24", "--gc-interval", "300ms", "--ipv6-range", "fd00:253::/120")
-	ap.start()
-	d := newCNIDriver(t, host, ap)
+	ap := linuxAgent(t, "10.253.0.0/24", "--gc-interval", "300ms", "--ipv6-range", "fd00:253::/120")
+	ap.Start()
+	d := newCNIDriver(t, ap)
 	w := newWorld(3)
 	a, b := w.newPod(), w.newPod()
 	d.mustAdd(t, a)
@@ -47,9 +47,9 @@ func TestTrafficAcrossRestart(t *testing.T) {
 	}
 	for range 2 {
 		time.Sleep(800 * time.Millisecond)
-		ap.kill()
+		ap.Kill()
 		time.Sleep(300 * time.Millisecond) // traffic flows with no agent at all
-		ap.start()
+		ap.Start()
 	}
 	for range 2 {
 		out := <-pingOut
@@ -86,7 +86,7 @@ func (d *cniDriver) mustAddBoth(t *testing.T, p *pod) (v4, v6 net.IP) {
 	if err := d.add(context.Background(), p); err != nil {
 		t.Fatalf("ADD %s: %v", p.name, err)
 	}
-	cached, err := d.cni.GetNetworkListCachedResult(d.conf, d.rt(p))
+	cached, err := d.agent.CNI().GetNetworkListCachedResult(d.agent.Conf, d.rt(p))
 	if err != nil {
 		t.Fatal(err)
 	}

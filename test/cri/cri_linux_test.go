@@ -128,16 +128,11 @@ func (n *node) build() {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
-	for _, b := range []struct{ out, pkg string }{
-		{filepath.Join(bin, "membrane-cni"), "github.com/membrane-cni/membrane/cmd/membrane-cni"},
-		{filepath.Join(n.dir, "membrane-agent"), "github.com/membrane-cni/membrane/cmd/membrane-agent"},
-		{filepath.Join(n.dir, "pause"), "./testdata/pause"},
-	} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", b.out, b.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			n.t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
+	if err := testutil.BuildStatic(bin, "github.com/membrane-cni/membrane/cmd/membrane-cni"); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := testutil.BuildStatic(n.dir, "github.com/membrane-cni/membrane/cmd/membrane-agent", "./testdata/pause"); err != nil {
+		n.t.Fatal(err)
 	}
 	if err := os.Symlink(n.tools["loopback"], filepath.Join(bin, "loopback")); err != nil {
 		n.t.Fatal(err)
@@ -265,35 +260,22 @@ func (n *node) startAgent(bpffs string) {
 	n.waitSocket("agent", n.socket)
 	c := client.New(n.socket)
 	defer c.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testutil.EventuallyErr(n.t, "the agent ready", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		_, err := c.Status(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("agent not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitSocket waits up to a minute for a unix socket to appear (a bound
 // against hangs, not a timing assertion).
 func (n *node) waitSocket(what, path string) {
 	n.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s did not create %s", what, path)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(n.t, what+" to create "+path, func() bool {
+		st, err := os.Stat(path)
+		return err == nil && st.Mode()&os.ModeSocket != 0
+	})
 }
 
 // nsx runs a command inside the node's namespaces.

@@ -5,6 +5,7 @@ package deploy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,6 +31,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
@@ -294,15 +296,15 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(ctx, t, "status.nodes[rbac-node] written as the ServiceAccount", func() (bool, string) {
+	testutil.EventuallyErr(t, "status.nodes[rbac-node] written as the ServiceAccount", holds(func() (bool, string) {
 		u, err := adminDyn.Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("rbac-test").Get(ctx, "refused", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		e, _, _ := unstructured.NestedString(u.Object, "status", "nodes", "rbac-node", "error")
 		return strings.Contains(e, "spec.egressDeny"), fmt.Sprint(u.Object["status"])
-	})
-	eventually(ctx, t, "event created as the ServiceAccount", func() (bool, string) {
+	}))
+	testutil.EventuallyErr(t, "event created as the ServiceAccount", holds(func() (bool, string) {
 		evs, err := admin.CoreV1().Events("rbac-test").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -315,7 +317,7 @@ spec:
 			}
 		}
 		return false, fmt.Sprintf("%d events", len(evs.Items))
-	})
+	}))
 	checkRefused(ctx, t, sa)
 }
 
@@ -387,19 +389,13 @@ func stopWatch(w interface{ Stop() }) {
 	}
 }
 
-func eventually(ctx context.Context, t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	for {
-		ok, why := cond()
-		if ok {
-			return
+// holds turns a condition that says why it does not hold into
+// testutil.EventuallyErr's form.
+func holds(cond func() (bool, string)) func() error {
+	return func() error {
+		if ok, why := cond(); !ok {
+			return errors.New(why)
 		}
-		last = why
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: never happened; last: %s", what, last)
-		case <-time.After(50 * time.Millisecond):
-		}
+		return nil
 	}
 }

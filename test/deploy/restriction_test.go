@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
@@ -48,14 +49,14 @@ func TestAgentNodeRestriction(t *testing.T) {
 	// The policy takes effect once the API server has compiled it: the
 	// first forgery is retried until refused (and fails the test if it
 	// never is).
-	eventually(ctx, t, "a MembraneEndpoint of node-b created by node-a refused", func() (bool, string) {
+	testutil.EventuallyErr(t, "a MembraneEndpoint of node-b created by node-a refused", holds(func() (bool, string) {
 		_, err := eps(nodeA).Create(ctx, endpointObject("forged", "node-b", "node-b", "10.9.0.7"), metav1.CreateOptions{})
 		if err == nil {
 			_ = eps(admin).Delete(ctx, "forged", metav1.DeleteOptions{})
 			return false, "created"
 		}
 		return refusedByPolicy(err), err.Error()
-	})
+	}))
 	mustRefuse(t, "node-a creates an endpoint labelled node-a addressed to node-b", func() error {
 		_, err := eps(nodeA).Create(ctx, endpointObject("half", "node-a", "node-b", "10.9.0.8"), metav1.CreateOptions{})
 		return err

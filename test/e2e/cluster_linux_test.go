@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // Addresses inside the cluster. They live only in the cluster's own
@@ -169,7 +171,7 @@ func (c *cluster) holder(name string, unshareArgs []string, script string) (int,
 	c.Holders = append(c.Holders, pid)
 	// The namespaces exist once the script has run inside them; before
 	// that /proc/<pid>/ns/* still names the host's.
-	if err := waitFor(30*time.Second, func() bool { _, err := os.Stat(ready); return err == nil }); err != nil {
+	if err := testutil.WaitFor(30*time.Second, func() bool { _, err := os.Stat(ready); return err == nil }); err != nil {
 		out, _ := os.ReadFile(filepath.Join(c.Dir, name+".log"))
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		return 0, fmt.Errorf("%s namespaces not ready: %w\n%s", name, err, out)
@@ -290,7 +292,7 @@ ip link set br-underlay up`, apiIP, underlay.Bits())
 	if err := writeKubeconfig(filepath.Join(d, "admin.kubeconfig"), apiServer, filepath.Join(d, "tls.crt"), tokens["admin"]); err != nil {
 		return err
 	}
-	return waitFor(2*time.Minute, func() bool {
+	return testutil.WaitFor(2*time.Minute, func() bool {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(rctx)
@@ -335,23 +337,10 @@ func inNetns(path string, fn func() error) error {
 	return <-errc
 }
 
-// waitFor polls cond every 100 ms for at most limit (a bound against
-// hangs, not a timing assertion).
-func waitFor(limit time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not done after %s", limit)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
-}
-
 // waitNodeReady waits until the Node reports Ready (kubelet registered,
 // the runtime's CNI config loaded).
 func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
-	err := waitFor(3*time.Minute, func() bool {
+	err := testutil.WaitFor(3*time.Minute, func() bool {
 		if n.failed() != nil {
 			return true
 		}
@@ -382,7 +371,7 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 // its pod range, before the agent starts.
 func (c *cluster) registerPodCIDR(ctx context.Context, n *node) error {
 	var last error
-	err := waitFor(2*time.Minute, func() bool {
+	err := testutil.WaitFor(2*time.Minute, func() bool {
 		if n.failed() != nil {
 			return true
 		}

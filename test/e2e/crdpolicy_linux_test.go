@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // cnpDoc is a CiliumNetworkPolicy from Cilium's documentation shape with
@@ -48,7 +49,7 @@ func TestMembraneNetworkPolicy(t *testing.T) {
 		podSpec(ns, "c", n.name, map[string]string{"app": "c"}))
 	a, b, cc := pods[ns+"/a"], pods[ns+"/b"], pods[ns+"/c"]
 	fromA, fromC := mustNetns(t, a), mustNetns(t, cc)
-	eventually(t, "no policy: c reaches b", func() error { return reachable(fromC, b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "no policy: c reaches b", func() error { return reachable(fromC, b, 80, "tcp", true) })
 
 	var obj map[string]any
 	if err := yaml.Unmarshal([]byte(cnpDoc), &obj); err != nil {
@@ -62,10 +63,10 @@ func TestMembraneNetworkPolicy(t *testing.T) {
 	if _, err := res.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create MembraneNetworkPolicy: %v", err)
 	}
-	eventually(t, "policy: c denied on 80", func() error { return reachable(fromC, b, 80, "tcp", false) })
-	eventually(t, "policy: a admitted on 80", func() error { return reachable(fromA, b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "policy: c denied on 80", func() error { return reachable(fromC, b, 80, "tcp", false) })
+	testutil.EventuallyErr(t, "policy: a admitted on 80", func() error { return reachable(fromA, b, 80, "tcp", true) })
 	expect(t, fromA, b, 81, "tcp", false)
-	eventually(t, "the node reports the policy enforced in its status", func() error {
+	testutil.EventuallyErr(t, "the node reports the policy enforced in its status", func() error {
 		u, err := res.Get(ctx, "a-to-b", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -79,5 +80,5 @@ func TestMembraneNetworkPolicy(t *testing.T) {
 	if err := res.Delete(ctx, "a-to-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "policy deleted: c reaches b again", func() error { return reachable(fromC, b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "policy deleted: c reaches b again", func() error { return reachable(fromC, b, 80, "tcp", true) })
 }

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
@@ -51,7 +53,7 @@ func (c *cluster) installCRDs(ctx context.Context) error {
 		}
 		version, _, _ := unstructured.NestedString(versions[0].(map[string]any), "name")
 		gvr := schema.GroupVersionResource{Group: group, Version: version, Resource: plural}
-		if err := waitFor(time.Minute, func() bool {
+		if err := testutil.WaitFor(time.Minute, func() bool {
 			_, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
 			return err == nil
 		}); err != nil {

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestAgentRestartUnderTraffic kills a node's agent (SIGKILL, as a
@@ -36,7 +37,7 @@ func TestAgentRestartUnderTraffic(t *testing.T) {
 	pods := c.createPods(t, podSpec(ns, "a", n.name, nil), podSpec(ns, "b", n.name, nil))
 	a, b := pods[ns+"/a"], pods[ns+"/b"]
 	fromA := mustNetns(t, a)
-	eventually(t, "b answers", func() error { return reachable(fromA, b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "b answers", func() error { return reachable(fromA, b, 80, "tcp", true) })
 
 	tcpFlow := startTCPFlow(t, fromA, podIP(t, b))
 	udpFlow := startUDPFlow(t, fromA, podIP(t, b))
@@ -205,7 +206,7 @@ func TestDeleteWhileAgentDown(t *testing.T) {
 		t.Fatalf("restart agent: %v", err)
 	}
 	var last resources
-	err := waitFor(2*time.Minute, func() bool {
+	err := testutil.WaitFor(2*time.Minute, func() bool {
 		last = nodeResources(t, n)
 		return last.endpointsIn[ns] == 0 && last.consistent() == ""
 	})
@@ -330,11 +331,11 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 	// The control-plane half: node-1's agent publishes b's
 	// MembraneEndpoint, node-0's agent puts it in its ipcache as remote,
 	// with b's identity on node-1.
-	eventually(t, "b in node-0's ipcache as a remote endpoint", func() error {
+	testutil.EventuallyErr(t, "b in node-0's ipcache as a remote endpoint", func() error {
 		return remoteInIPCache(n0, n1, b)
 	})
-	eventually(t, "a -> b across nodes", func() error { return reachable(mustNetns(t, a), b, 80, "tcp", true) })
-	eventually(t, "b -> a across nodes", func() error { return reachable(mustNetns(t, b), a, 81, "udp", true) })
+	testutil.EventuallyErr(t, "a -> b across nodes", func() error { return reachable(mustNetns(t, a), b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "b -> a across nodes", func() error { return reachable(mustNetns(t, b), a, 81, "udp", true) })
 }
 
 // remoteInIPCache checks that on's ipcache has pod p (an endpoint of

@@ -138,17 +138,10 @@ func prepare() error {
 		return err
 	}
 	built = dir
-	for _, b := range []struct{ out, pkg string }{
-		{"membrane-cni", "github.com/membrane-cni/membrane/cmd/membrane-cni"},
-		{"membrane-agent", "github.com/membrane-cni/membrane/cmd/membrane-agent"},
-		{"pause", "../cri/testdata/pause"},
-		{"probe", "./testdata/probe"},
-	} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b.out), b.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
-		}
+	// Static: they run in the nodes' mount namespaces and images.
+	if err := testutil.BuildStatic(dir, "github.com/membrane-cni/membrane/cmd/membrane-cni",
+		"github.com/membrane-cni/membrane/cmd/membrane-agent", "../cri/testdata/pause", "./testdata/probe"); err != nil {
+		return err
 	}
 	if err := writeImage(filepath.Join(dir, "pause"), "localhost/pause:v1", "65535:65535", filepath.Join(dir, "pause.tar")); err != nil {
 		return err

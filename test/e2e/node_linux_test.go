@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // node is one worker: a network+mount namespace with containerd, kubelet
@@ -218,7 +219,7 @@ func (n *node) startContainerd() error {
 		return err
 	}
 	n.procs["containerd"] = cmd
-	if err := waitFor(60*time.Second, func() bool {
+	if err := testutil.WaitFor(60*time.Second, func() bool {
 		st, err := os.Stat(n.sock())
 		return (err == nil && st.Mode()&os.ModeSocket != 0) || n.failed() != nil
 	}); err != nil || n.failed() != nil {
@@ -262,7 +263,7 @@ func (n *node) startAgent(ctx context.Context) error {
 	n.procs["agent"] = cmd
 	cl := client.New(n.agentSocket())
 	defer cl.Close()
-	err = waitFor(2*time.Minute, func() bool {
+	err = testutil.WaitFor(2*time.Minute, func() bool {
 		if n.failed() != nil {
 			return true
 		}

@@ -18,6 +18,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // hostSnapshot summarises what teardown must leave as it found it: the
@@ -64,7 +66,7 @@ func (c *cluster) deletePods(t *testing.T, ns string) {
 		t.Errorf("delete pods in %s: %v", ns, err)
 		return
 	}
-	if err := waitFor(3*time.Minute, func() bool {
+	if err := testutil.WaitFor(3*time.Minute, func() bool {
 		l, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0
 	}); err != nil {
@@ -116,7 +118,7 @@ func (c *cluster) createPods(t *testing.T, pods ...*corev1.Pod) map[string]*core
 // waitRunning waits until the pod is Running with a pod IP.
 func (c *cluster) waitRunning(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 	var pod *corev1.Pod
-	err := waitFor(3*time.Minute, func() bool {
+	err := testutil.WaitFor(3*time.Minute, func() bool {
 		p, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false

@@ -10,6 +10,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestRelabel: a policy admits pods labelled role=client from namespaces
@@ -27,7 +29,7 @@ func TestRelabel(t *testing.T) {
 		podSpec(cliNS, "client", n.name, map[string]string{"role": "none"}))
 	server, client := pods[srvNS+"/server"], pods[cliNS+"/client"]
 	from := mustNetns(t, client)
-	eventually(t, "no policy: open", func() error { return reachable(from, server, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "no policy: open", func() error { return reachable(from, server, 80, "tcp", true) })
 
 	pol := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "blue-clients"},
@@ -71,7 +73,7 @@ func TestRelabel(t *testing.T) {
 		if step.kind != "" {
 			relabel(step.kind, cliNS, "client", step.key, step.value)
 		}
-		eventually(t, step.what, func() error { return reachable(from, server, 80, "tcp", step.want) })
+		testutil.EventuallyErr(t, step.what, func() error { return reachable(from, server, 80, "tcp", step.want) })
 		if step.want {
 			expect(t, from, server, 81, "udp", true)
 		}

@@ -14,6 +14,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestServiceWithEgressPolicy: a client whose egress policy allows only
@@ -53,14 +55,14 @@ func TestServiceWithEgressPolicy(t *testing.T) {
 	if _, err := c.client.NetworkingV1().NetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the cache Service denied by the egress policy", func() error {
+	testutil.EventuallyErr(t, "the cache Service denied by the egress policy", func() error {
 		if who, err := dial(from, cacheIP, 80, "tcp", 2*time.Second); err == nil {
 			return fmt.Errorf("cache Service %s answered (%s)", cacheIP, who)
 		}
 		return nil
 	})
 	seen := map[string]bool{}
-	eventually(t, "the db Service reached, both backends answering", func() error {
+	testutil.EventuallyErr(t, "the db Service reached, both backends answering", func() error {
 		who, err := dial(from, dbIP, 80, "tcp", 2*time.Second)
 		if err != nil {
 			return fmt.Errorf("db Service %s: %w", dbIP, err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestSmoke is the one-node check CI runs: pods created through the API
@@ -80,7 +81,7 @@ func TestSmoke(t *testing.T) {
 	if _, err := np.Create(ctx, deny, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deny-b enforced", func() error { return reachable(fromA, b, 80, "tcp", false) })
+	testutil.EventuallyErr(t, "deny-b enforced", func() error { return reachable(fromA, b, 80, "tcp", false) })
 	expect(t, fromA, b, 81, "udp", false)
 	expect(t, mustNetns(t, b), a, 80, "tcp", true) // egress of b is not selected
 
@@ -100,7 +101,7 @@ func TestSmoke(t *testing.T) {
 	if _, err := np.Create(ctx, allow, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "allow-a-to-b-80 enforced", func() error { return reachable(fromA, b, 80, "tcp", true) })
+	testutil.EventuallyErr(t, "allow-a-to-b-80 enforced", func() error { return reachable(fromA, b, 80, "tcp", true) })
 	expect(t, fromA, b, 81, "tcp", false)
 	expect(t, fromA, b, 80, "udp", false)
 }
@@ -124,16 +125,6 @@ func expect(t *testing.T, from string, to podLike, port int, proto string, want 
 	t.Helper()
 	if err := reachable(from, to, port, proto, want); err != nil {
 		t.Errorf("to %s/%s: %v", to.Namespace, to.Name, err)
-	}
-}
-
-// eventually retries check for up to a minute (policy propagation from
-// the API server to the datapath is asynchronous).
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	var last error
-	if err := waitFor(time.Minute, func() bool { last = check(); return last == nil }); err != nil {
-		t.Fatalf("%s: %v", what, last)
 	}
 }
 

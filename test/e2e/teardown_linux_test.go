@@ -16,6 +16,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // down stops a running cluster: pods deleted through the API first (so
@@ -51,7 +53,7 @@ func (c *cluster) deleteAllPods(ctx context.Context) error {
 			return fmt.Errorf("delete pods in %s: %w", ns.Name, err)
 		}
 	}
-	return waitFor(2*time.Minute, func() bool {
+	return testutil.WaitFor(2*time.Minute, func() bool {
 		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 		return err == nil && len(pods.Items) == 0
 	})
@@ -70,7 +72,7 @@ func teardown(st state) error {
 			return fmt.Errorf("state of %s names %s, this process's own namespace: refusing to tear down by namespace", st.Dir, ns)
 		}
 	}
-	err := waitFor(30*time.Second, func() bool {
+	err := testutil.WaitFor(30*time.Second, func() bool {
 		pids := clusterProcesses(st)
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)

@@ -3,24 +3,17 @@ package fqdn
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
-	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
@@ -28,22 +21,10 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-// pluginDir holds the membrane-cni binary built once for the package.
-var pluginDir string
-
-func TestMain(m *testing.M) {
-	dir, err := testutil.BuildPlugin()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	pluginDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m)) }
 
 // Addresses of the world netns (a documentation range, only ever inside
 // the test's namespaces): the DNS server and the two names' servers.
@@ -61,18 +42,14 @@ const answerTTL = 8
 // env is one node netns with an agent and its DNS proxy, a world netns
 // and pod A.
 type env struct {
-	t     testing.TB
-	host  *testutil.NS
-	world *testutil.NS
-	agent *agent.Agent
-	c     *client.Client
-	pod   *testutil.NS
-	podIP netip.Addr
-	epID  int64
-	logs  *testutil.LogBuffer
-	// cacheDir and socket are libcni's cache and the agent's socket.
-	cacheDir, socket string
-	metrics          *metrics.Metrics
+	t       testing.TB
+	node    *nodeharness.Node
+	world   *testutil.NS
+	c       *client.Client
+	pod     *testutil.NS
+	podIP   netip.Addr
+	epID    int64
+	metrics *metrics.Metrics
 }
 
 func newEnv(t *testing.T) *env { return newEnvTB(t) }
@@ -80,38 +57,17 @@ func newEnv(t *testing.T) *env { return newEnvTB(t) }
 func newEnvTB(t testing.TB) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	dir := t.TempDir()
-	e := &env{t: t, host: testutil.NewNS(t, "mbt-fqdn"), world: testutil.NewNS(t, "mbt-fqdnw"), logs: &testutil.LogBuffer{}}
+	e := &env{t: t, world: testutil.NewNS(t, "mbt-fqdnw"), metrics: metrics.New()}
+	e.node = nodeharness.New(t, nodeharness.Options{Prefix: "mbt-fqdn", IPv4Range: "10.231.0.0/24", Network: "membrane-fqdn", Debug: true})
 	e.link()
 	dnsServer(t, e.world)
 	testutil.EchoServer(t, e.world, allowedIP, 80)
 	testutil.EchoServer(t, e.world, deniedIP, 80)
-	socket := filepath.Join(dir, "agent.sock")
-	cfg := agent.Config{
-		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix("10.231.0.0/24"), Datapath: "linux",
-		Linux:      datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
-		GCInterval: time.Hour,
-		DNSProxy:   &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second},
-	}
-	cfg.API.Metrics = metrics.New()
-	e.metrics = cfg.API.Metrics
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	e.agent, e.c = a, client.New(socket)
-	t.Cleanup(func() {
-		e.c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("agent log:\n%s", e.logs.String())
-		}
+	e.node.StartAgent(func(cfg *agent.Config) {
+		cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
+		cfg.API.Metrics = e.metrics
 	})
-	e.cacheDir, e.socket = filepath.Join(dir, "cache"), socket
+	e.c = e.node.Client()
 	e.pod, e.podIP, e.epID = e.addPod("a")
 	return e
 }
@@ -120,7 +76,7 @@ func newEnvTB(t testing.TB) *env {
 // reaches 192.0.2.0/24 through it, the world routes everything back.
 func (e *env) link() {
 	t := e.t
-	hnl, wnl := e.host.Netlink(t), e.world.Netlink(t)
+	hnl, wnl := e.node.NS.Netlink(t), e.world.Netlink(t)
 	name := "mbtw" + testutil.RandomSuffix(6)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
 	if err := hnl.LinkAdd(veth); err != nil {
@@ -217,47 +173,12 @@ func dnsServer(t testing.TB, ns *testutil.NS) {
 // app=<name>.
 func (e *env) addPod(name string) (*testutil.NS, netip.Addr, int64) {
 	t := e.t
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	cni := libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, e.cacheDir, exec)
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-fqdn","plugins":[{"type":"membrane-cni","socket":%q}]}`, e.socket)
-	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod := testutil.NewNS(t, "mbt-fqdnp")
-	id := "c" + testutil.RandomSuffix(24)
-	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + name}}}
-	var res *types100.Result
-	err = e.inHost(func(ctx context.Context) error {
-		r, err := cni.AddNetworkList(ctx, conf, rt)
-		if err != nil {
-			return err
-		}
-		res, err = types100.NewResultFromResult(r)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("CNI ADD: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := e.inHost(func(ctx context.Context) error { return cni.DelNetworkList(ctx, conf, rt) }); err != nil {
-			t.Errorf("CNI DEL: %v", err)
-		}
-	})
-	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:app=" + name}, nil)
+	p := e.node.AddPod(name)
+	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+p.RT.ContainerID, []string{"k8s:app=" + name}, nil)
 	if err != nil {
 		t.Fatalf("label pod: %v", err)
 	}
-	return pod, ip, ep.ID
-}
-
-func (e *env) inHost(fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	return e.host.Do(func() error { return fn(ctx) })
+	return p.NS, p.IPv4, ep.ID
 }
 
 // resolve asks the test DNS server for name's A record from pod A over
@@ -354,7 +275,7 @@ func answerIP(m *dns.Msg) (netip.Addr, bool) {
 // address is removed and the connection is dropped again.
 func TestFQDNPolicy(t *testing.T) {
 	e := newEnv(t)
-	sub := e.agent.System.Events().Subscribe(0)
+	sub := e.node.Agent.System.Events().Subscribe(0)
 	defer sub.Close()
 	e.importPolicy(`matchPattern: "*.test"`)
 	if err := e.connect(allowedIP); err == nil {

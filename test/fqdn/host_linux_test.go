@@ -33,7 +33,7 @@ func (e *env) ipcacheOf(ip netip.Addr) (uint32, string) {
 // fromHost connects from the node netns, from local address src, to
 // addr:port and exchanges a message (a bounded attempt).
 func (e *env) fromHost(src, addr netip.Addr, port int) error {
-	return e.host.Do(func() error {
+	return e.node.NS.Do(func() error {
 		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
 		c, err := d.Dial("tcp", net.JoinHostPort(addr.String(), strconv.Itoa(port)))
 		if err != nil {
@@ -57,7 +57,7 @@ func (e *env) fromHost(src, addr netip.Addr, port int) error {
 func TestFQDNAnswerNamingNode(t *testing.T) {
 	e := newEnv(t)
 	node := nodeSide.Addr()
-	testutil.EchoServer(t, e.host, node, 80)
+	testutil.EchoServer(t, e.node.NS, node, 80)
 	podB, ipB, _ := e.addPod("b")
 	testutil.EchoServer(t, podB, ipB, 80)
 	doc := `apiVersion: cilium.io/v2

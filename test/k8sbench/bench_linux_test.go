@@ -9,10 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -26,13 +23,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 const (
@@ -92,32 +89,19 @@ func TestK8sBench(t *testing.T) {
 
 func start(t *testing.T, env *kubetest.Env) *bench {
 	t.Helper()
-	dir := t.TempDir()
-	host := testutil.NewNS(t, "mbk-host")
-	cfg := agent.Config{
-		Socket: filepath.Join(dir, "agent.sock"), StateDir: filepath.Join(dir, "state"),
-		IPv4Range: netip.MustParsePrefix("10.233.0.0/20"), Datapath: "linux",
-		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
-		K8s:   &k8s.Config{REST: env.Config, NodeName: node, SyncTimeout: time.Minute, PodWait: 30 * time.Second},
-	}
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(logOut(), nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
+	hn := nodeharness.New(t, nodeharness.Options{Prefix: "mbk-host", IPv4Range: "10.233.0.0/20", Log: logOut()})
+	hn.StartAgent(func(cfg *agent.Config) {
+		// The harness's configuration with the default garbage
+		// collection and no delete queue.
+		cfg.GCInterval, cfg.DeleteQueueDir, cfg.DeleteQueueInterval = 0, "", 0
+		cfg.K8s = &k8s.Config{REST: env.Config, NodeName: node, SyncTimeout: time.Minute, PodWait: 30 * time.Second}
 	})
-	c := client.New(cfg.Socket)
-	t.Cleanup(c.Close)
+	c := hn.Client()
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bench{t: t, ctx: context.Background(), cs: cs, c: c, nl: host.Netlink(t)}
+	return &bench{t: t, ctx: context.Background(), cs: cs, c: c, nl: hn.NS.Netlink(t)}
 }
 
 func (b *bench) namespace() {

@@ -162,7 +162,7 @@ func TestBenchImportToAck(t *testing.T) {
 	}
 	count, rounds := envInt("BENCH_ENDPOINTS", 200), envInt("BENCH_ROUNDS", 5)
 	nd := newNode(t, "10.232.16.0/20", nodeOpts{pods: []string{}, proxyWait: time.Minute})
-	nl := nd.host.Netlink(t)
+	nl := nd.node.NS.Netlink(t)
 	ids := map[uint16]bool{}
 	for i := range count {
 		ids[uint16(nd.benchEndpoint(nl, i))] = true

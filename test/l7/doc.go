@@ -1,6 +1,6 @@
 // Package l7 tests L7 (HTTP) policy end to end: an agent on the Linux
 // datapath running the real membrane-proxy process, pods made by the
-// real membrane-cni plugin through libcni, policies imported through
+// real membrane-cni plugin (a test/nodeharness node), policies imported through
 // PUT /v1/policy, and real HTTP traffic the BPF programs redirect to the
 // proxy transparently. It checks verdicts (200 from the server, 403
 // from the proxy, drops), the proxy's restart, the proxy-completion

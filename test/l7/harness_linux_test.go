@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -16,25 +15,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
-	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-// binDir holds membrane-cni and membrane-proxy, built once.
-var binDir string
-
-func TestMain(m *testing.M) {
-	os.Exit(testutil.RunWithBinaries(m, &binDir, "membrane-cni", "membrane-proxy"))
-}
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-proxy")) }
 
 // Bounds of requests (not timing assertions): one policy should drop is
 // given up after dropTimeout; one that should pass has okTimeout.
@@ -47,14 +37,10 @@ const (
 // datapath and its L7 proxy, and pods a, b, c made by membrane-cni.
 type node struct {
 	t      *testing.T
-	host   *testutil.NS
-	cni    *libcni.CNIConfig
-	conf   *libcni.NetworkConfigList
-	agent  *agent.Agent
+	node   *nodeharness.Node
 	c      *client.Client
 	socket string
-	cfg    agent.Config
-	logs   *testutil.LogBuffer
+	cfg    func(*agent.Config) // the agent's configuration on the node's
 	pods   map[string]*pod
 	mu     sync.Mutex
 	events []events.Event
@@ -63,7 +49,7 @@ type node struct {
 type pod struct {
 	name string
 	ns   *testutil.NS
-	rt   *libcni.RuntimeConf
+	hp   *nodeharness.Pod // nil once deleted
 	ip   netip.Addr
 	ep   *models.Endpoint
 }
@@ -83,39 +69,20 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 	t.Helper()
 	testutil.RequireRoot(t)
 	if o.proxy == "" {
-		o.proxy = filepath.Join(binDir, "membrane-proxy")
+		o.proxy = nodeharness.Bin("membrane-proxy")
 	}
 	if o.pods == nil {
 		o.pods = []string{"a", "b", "c"}
 	}
-	dir := t.TempDir()
-	n := &node{t: t, host: testutil.NewNS(t, "mbt-l7"), logs: &testutil.LogBuffer{}, pods: map[string]*pod{}}
-	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	n.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(dir, "cache"), exec)
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-l7","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q}]}`,
-		socket, queue)
-	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
+	// The node's cleanup stops the agent after the pods' DELs.
+	hn := nodeharness.New(t, nodeharness.Options{Prefix: "mbt-l7", IPv4Range: cidr, Network: "membrane-l7"})
+	n := &node{t: t, node: hn, socket: hn.Socket, pods: map[string]*pod{}}
+	n.cfg = func(cfg *agent.Config) {
+		cfg.Linux.L7 = datapath.L7Config{ProxyPath: o.proxy, XDSSocket: filepath.Join(hn.Dir, "xds.sock"), Listen: "127.0.0.1:15001",
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}
+		cfg.Actors.Endpoint.ProxyWaitTimeout = o.proxyWait
 	}
-	n.conf = conf
-	cfg := agent.Config{
-		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: netip.MustParsePrefix(cidr), Datapath: "linux",
-		Linux: datapath.LinuxConfig{HostNetns: n.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1,
-			L7: datapath.L7Config{ProxyPath: o.proxy, XDSSocket: filepath.Join(dir, "xds.sock"), Listen: "127.0.0.1:15001",
-				MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}},
-		DeleteQueueDir: queue, DeleteQueueInterval: time.Hour, GCInterval: time.Hour,
-	}
-	cfg.Actors.Endpoint.ProxyWaitTimeout = o.proxyWait
-	n.cfg, n.socket = cfg, socket
 	n.start()
-	t.Cleanup(func() {
-		n.stop()
-		if t.Failed() {
-			t.Logf("agent log:\n%s", n.logs.String())
-		}
-	})
 	if !o.noEvents {
 		n.watchEvents()
 	}
@@ -128,22 +95,15 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 // start starts an agent on the node's configuration (and state).
 func (n *node) start() {
 	n.t.Helper()
-	a, err := agent.Start(n.cfg, slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	if err != nil {
-		n.t.Fatalf("start agent: %v", err)
-	}
-	n.agent, n.c = a, client.New(n.socket)
+	n.node.StartAgent(n.cfg)
+	n.c = n.node.Client()
 }
 
 // stop stops the agent (gracefully: endpoints stay in the kernel).
 func (n *node) stop() {
 	n.t.Helper()
 	n.c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := n.agent.Stop(ctx); err != nil {
-		n.t.Errorf("stop agent: %v", err)
-	}
+	n.node.StopAgent()
 }
 
 // watchEvents collects the event stream (as membranectl monitor reads
@@ -175,42 +135,20 @@ func (n *node) event(match func(events.Event) bool) (events.Event, bool) {
 	return events.Event{}, false
 }
 
-// inHost runs fn on a thread in the node's netns (libcni execs the
-// plugin there).
-func (n *node) inHost(fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	return n.host.Do(func() error { return fn(ctx) })
-}
-
 // addPod runs CNI ADD for a pod labelled app=<name> in namespace
 // default and deletes it (CNI DEL) when the test ends unless delPod did.
 func (n *node) addPod(name string) *pod {
 	n.t.Helper()
-	p := &pod{name: name, ns: testutil.NewNS(n.t, "mbt-l7p")}
-	id := "c" + testutil.RandomSuffix(24)
-	p.rt = &libcni.RuntimeConf{ContainerID: id, NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + name}}}
-	var res *types100.Result
-	err := n.inHost(func(ctx context.Context) error {
-		r, err := n.cni.AddNetworkList(ctx, n.conf, p.rt)
-		if err != nil {
-			return err
-		}
-		res, err = types100.NewResultFromResult(r)
-		return err
-	})
-	if err != nil {
-		n.t.Fatalf("ADD %s: %v", name, err)
-	}
-	p.ip, _ = netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-	if p.ep, err = n.c.EndpointPatchLabels(context.Background(), "container-id:"+id, []string{"k8s:app=" + name}, nil); err != nil {
+	hp := n.node.NewPod(name)
+	n.node.MustAdd(hp)
+	p := &pod{name: name, ns: hp.NS, hp: hp, ip: hp.IPv4}
+	var err error
+	if p.ep, err = n.c.EndpointPatchLabels(context.Background(), "container-id:"+hp.RT.ContainerID, []string{"k8s:app=" + name}, nil); err != nil {
 		n.t.Fatalf("label pod %s: %v", name, err)
 	}
 	n.pods[name] = p
 	n.t.Cleanup(func() {
-		if p.rt != nil {
+		if p.hp != nil {
 			if err := n.delPod(p); err != nil {
 				n.t.Errorf("DEL %s: %v", name, err)
 			}
@@ -220,9 +158,9 @@ func (n *node) addPod(name string) *pod {
 }
 
 func (n *node) delPod(p *pod) error {
-	err := n.inHost(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.conf, p.rt) })
+	err := n.node.Del(p.hp)
 	if err == nil {
-		p.rt = nil
+		p.hp = nil
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // endpointActor is p's endpoint actor row of GET /v1/actors.
@@ -104,7 +105,7 @@ func TestProxyAckNeverComes(t *testing.T) {
 // is retried with backoff (failed regenerations keep counting), and the
 // rejections show in /metrics and the proxy's row.
 func TestProxyRejects(t *testing.T) {
-	proxy := filepath.Join(binDir, "membrane-proxy")
+	proxy := nodeharness.Bin("membrane-proxy")
 	n := newNode(t, "10.244.74.0/24", nodeOpts{proxy: script(t, `exec "`+proxy+`" "$@" --reject-config`), proxyWait: time.Minute})
 	b := n.pods["b"]
 	n.importPolicy(ingressPolicy)
@@ -130,7 +131,7 @@ func TestProxyRejects(t *testing.T) {
 // again and its acknowledgement completes the pending wait: B is ready
 // without error and A's traffic is enforced.
 func TestProxyRestartCompletesWait(t *testing.T) {
-	proxy := filepath.Join(binDir, "membrane-proxy")
+	proxy := nodeharness.Bin("membrane-proxy")
 	mark := filepath.Join(t.TempDir(), "first-run")
 	n := newNode(t, "10.244.75.0/24", nodeOpts{proxyWait: time.Minute,
 		proxy: script(t, fmt.Sprintf(`if [ ! -e %q ]; then touch %q; exec sleep 3600; fi; exec %q "$@"`, mark, mark, proxy))})

@@ -1,29 +1,24 @@
 package multinode
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
-	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // Addressing of a cluster: node i (0-based) has 192.168.<net>.(i+1)/24
@@ -42,24 +37,19 @@ type cluster struct {
 	netName  string    // CNI network name of every node ("": per node)
 }
 
-// node is one Membrane node: a netns with its agent process.
+// node is one Membrane node: a netns on the underlay with its agent
+// process.
 type node struct {
 	c            *cluster
 	i            int
 	name         string
+	hn           *nodeharness.Node
 	ns           *testutil.NS
 	nl           *netlink.Handle // in ns
 	addr4, addr6 netip.Addr
 	cidr4, cidr6 netip.Prefix
-	dir          string
-	socket       string
-	bpffs        string
-	state        string
-	log          string
-	cmd          *exec.Cmd
-	exited       chan struct{}
-	cni          *libcni.CNIConfig
-	conf         *libcni.NetworkConfigList
+	bpffs        string // the agent's pins (--bpffs), a bpffs of its own
+	proc         *nodeharness.Proc
 	api          *client.Client
 }
 
@@ -69,7 +59,8 @@ type pod struct {
 	ns       *testutil.NS
 	ip4, ip6 netip.Addr
 	node     *node               // nil: not made by the plugin
-	rt       *libcni.RuntimeConf // the plugin's runtime config (nil: not made by the plugin)
+	hp       *nodeharness.Pod    // the plugin's pod (nil: not made by the plugin)
+	rt       *libcni.RuntimeConf // hp.RT
 }
 
 const (
@@ -194,105 +185,51 @@ func (c *cluster) underlayAddrs(host int) (netip.Addr, netip.Addr) {
 
 func (c *cluster) newNode(i int) *node {
 	t := c.t
-	nd := &node{c: c, i: i, name: fmt.Sprintf("node-%c", 'a'+i), dir: filepath.Join(c.dir, fmt.Sprintf("node%d", i))}
+	nd := &node{c: c, i: i, name: fmt.Sprintf("node-%c", 'a'+i)}
 	nd.ns = c.attach("mbm-node", i, "eth0")
 	nd.nl = nd.ns.Netlink(t)
 	nd.addr4, nd.addr6 = c.underlayAddrs(i)
 	nd.cidr4 = netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", c.net, i))
 	nd.cidr6 = netip.MustParsePrefix(fmt.Sprintf("fd91:%d:0:%d::/112", c.net, i))
-	nd.socket, nd.state = filepath.Join(nd.dir, "agent.sock"), filepath.Join(nd.dir, "state")
-	nd.bpffs, nd.log = filepath.Join(nd.dir, "bpffs"), filepath.Join(nd.dir, "agent.log")
-	if err := os.MkdirAll(nd.bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	// Its own bpffs instance: pins of one node never meet another's.
-	if err := unix.Mount("bpf", nd.bpffs, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(nd.bpffs, unix.MNT_DETACH) })
-	t.Cleanup(func() { nd.stop() }) // runs before the unmount and the netns removal
 	netName := c.netName
 	if netName == "" {
 		netName = "mn-" + nd.name
 	}
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":%d}]}`,
-		netName, nd.socket, filepath.Join(nd.dir, "delete-queue"), podMTU)
-	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nd.conf = conf
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	nd.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(nd.dir, "cni-cache"), exec)
-	nd.api = client.New(nd.socket)
-	t.Cleanup(func() { nd.api.Close() })
+	// Its own bpffs instance: pins of one node never meet another's. The
+	// node's cleanup stops the agent before the unmount and the netns
+	// removal.
+	nd.hn = nodeharness.New(t, nodeharness.Options{NS: nd.ns, Dir: filepath.Join(c.dir, fmt.Sprintf("node%d", i)),
+		IPv4Range: nd.cidr4.String(), IPv6Range: nd.cidr6.String(), Network: netName, MTU: podMTU, OwnBPFFS: true})
+	nd.bpffs = nd.hn.BPFFS
+	nd.proc = nd.hn.Process()
+	nd.api = nd.hn.Client()
 	return nd
 }
 
 // start starts the node's agent inside its netns and waits until ready.
 func (nd *node) start() error {
 	c := nd.c
-	args := []string{"--socket", nd.socket, "--state-dir", nd.state, "--delete-queue-dir", filepath.Join(nd.dir, "delete-queue"),
-		"--ipv4-range", nd.cidr4.String(), "--ipv6-range", nd.cidr6.String(), "--bpffs", filepath.Join(nd.bpffs, "membrane"),
-		"--datapath", "linux", "--http-addr", "", "--enable-health=false", "--gc-interval", "-1s",
-		"--routing", c.routing, "--masquerade", "--cluster-cidr", c.clusterCIDRs(), "--log-level", "debug"}
+	args := []string{"--http-addr", "", "--enable-health=false", "--gc-interval", "-1s",
+		"--routing", c.routing, "--masquerade", "--cluster-cidr", c.clusterCIDRs()}
 	if c.etcd != nil {
 		args = append(args, c.etcd.agentArgs(nd)...)
 	} else {
 		args = append(args, "--nodes-file", c.file)
 	}
-	f, err := os.OpenFile(nd.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(filepath.Join(binDir, "membrane-agent"), args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	err = nd.ns.Do(cmd.Start) // the child inherits the thread's netns
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: start agent: %w", nd.name, err)
-	}
-	nd.cmd, nd.exited = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(nd.exited)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := nd.api.WaitReady(ctx, nd.exited); err != nil {
-		return fmt.Errorf("%s: %w\n%s", nd.name, err, nd.tail())
+	nd.proc.Args = append(nd.hn.ProcArgs(), args...)
+	if err := nd.proc.StartErr(); err != nil {
+		return fmt.Errorf("%s: %w", nd.name, err)
 	}
 	return nil
 }
 
-func (nd *node) tail() string {
-	data, _ := os.ReadFile(nd.log)
-	if len(data) > 32<<10 {
-		data = data[len(data)-32<<10:]
-	}
-	return string(data)
-}
-
-// stop sends SIGTERM and waits (SIGKILL after 30 s); on a failed test it
-// logs the agent's log tail.
-func (nd *node) stop() {
-	if nd.cmd == nil {
-		return
-	}
-	testutil.Stop(nd.cmd.Process, nd.exited, 30*time.Second)
-	nd.cmd = nil
-	if nd.c.t.Failed() {
-		nd.c.t.Logf("%s agent log (tail):\n%s", nd.name, nd.tail())
-	}
-}
+// stop sends SIGTERM and waits (SIGKILL after 30 s); the node's cleanup
+// logs the agent's log tail if the test failed.
+func (nd *node) stop() { nd.proc.Stop() }
 
 // kill SIGKILLs the node's agent (a crash: nothing is cleaned up) and
 // waits for it to exit.
-func (nd *node) kill() {
-	if nd.cmd == nil {
-		return
-	}
-	_ = nd.cmd.Process.Kill()
-	<-nd.exited
-	nd.cmd = nil
-}
+func (nd *node) kill() { nd.proc.Kill() }
 
 // writeNodesFile lists nodes in the shared file (YAML), atomically.
 func (c *cluster) writeNodesFile(nodes []*node) {
@@ -326,44 +263,18 @@ func (nd *node) addPod(name string) *pod {
 // label) and registers its DEL, which runs before the netns goes
 // (cleanups run last-in first-out). Safe from any goroutine.
 func (nd *node) newPod(name, namespace string) *pod {
-	t := nd.c.t
-	p := &pod{name: name, ns: testutil.NewNS(t, "mbm-pod"), node: nd}
-	p.rt = &libcni.RuntimeConf{ContainerID: "c" + testutil.RandomSuffix(16), NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", name}}}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := nd.ns.Do(func() error { return nd.cni.DelNetworkList(ctx, nd.conf, p.rt) }); err != nil && nd.cmd != nil {
-			t.Errorf("%s: DEL %s: %v", nd.name, name, err)
-		}
-	})
-	return p
+	hp := nd.hn.NewPodIn(namespace, name)
+	nd.hn.DelAtCleanup(hp)
+	return &pod{name: name, ns: hp.NS, node: nd, hp: hp, rt: hp.RT}
 }
 
 // runAdd runs the plugin's ADD for p once and records its addresses.
 func (nd *node) runAdd(p *pod) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var res *types100.Result
-	err := nd.ns.Do(func() error {
-		r, err := nd.cni.AddNetworkList(ctx, nd.conf, p.rt)
-		if err != nil {
-			return err
-		}
-		res, err = types100.NewResultFromResult(r)
-		return err
-	})
+	res, err := nd.hn.Add(p.hp)
 	if err != nil {
 		return err
 	}
-	for _, ipc := range res.IPs {
-		a, _ := netip.AddrFromSlice(ipc.Address.IP)
-		if a.Unmap().Is4() {
-			p.ip4 = a.Unmap()
-		} else {
-			p.ip6 = a
-		}
-	}
+	p.ip4, p.ip6 = p.hp.IPv4, p.hp.IPv6
 	if !p.ip4.IsValid() || !p.ip6.IsValid() {
 		return fmt.Errorf("pod %s got %v, want both families", p.name, res.IPs)
 	}
@@ -372,9 +283,7 @@ func (nd *node) runAdd(p *pod) error {
 
 // runDel runs the plugin's DEL for p (kubelet's call after a failed ADD).
 func (nd *node) runDel(p *pod) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return nd.ns.Do(func() error { return nd.cni.DelNetworkList(ctx, nd.conf, p.rt) })
+	return nd.hn.Del(p.hp)
 }
 
 // nodeRoutes returns the node's routes to other nodes' pod CIDRs (the

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -161,7 +160,7 @@ func checkIPCache(c *cluster, nd *node, live []*node) error {
 	if err != nil {
 		return err
 	}
-	held, err := datapath.ReadPinnedIPCache(filepath.Join(nd.bpffs, "membrane"))
+	held, err := datapath.ReadPinnedIPCache(nd.bpffs)
 	if err != nil {
 		return err
 	}
@@ -328,7 +327,7 @@ func kvPolicy(t *testing.T, c *cluster) {
 			rev = res.Revision
 		}
 		t.Cleanup(func() {
-			if nd.cmd != nil {
+			if nd.proc.Running() {
 				_, _ = nd.api.PolicyDelete(context.Background(), "kv-a-to-b")
 			}
 		})
@@ -339,7 +338,7 @@ func kvPolicy(t *testing.T, c *cluster) {
 	if err := identitiesAgree(c.nodes); err != nil {
 		t.Fatal(err)
 	}
-	held, err := datapath.ReadPinnedIPCache(filepath.Join(b.bpffs, "membrane"))
+	held, err := datapath.ReadPinnedIPCache(b.bpffs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -936,7 +935,7 @@ func collectUnreferenced(t *testing.T, c *cluster) map[string]string {
 func kvNodeRemoved(t *testing.T, c *cluster, nd *node, from, to *pod) {
 	var live []*node
 	for _, o := range c.nodes {
-		if o != nd && o.cmd != nil {
+		if o != nd && o.proc.Running() {
 			live = append(live, o)
 		}
 	}

@@ -169,7 +169,7 @@ func importPolicy(t *testing.T, nd *node, doc, name string) uint64 {
 		t.Fatalf("%s: PUT /v1/policy: %v", nd.name, err)
 	}
 	t.Cleanup(func() {
-		if nd.cmd != nil {
+		if nd.proc.Running() {
 			_, _ = nd.api.PolicyDelete(context.Background(), name)
 		}
 	})

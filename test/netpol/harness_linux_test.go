@@ -6,66 +6,45 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/test/kubetest"
-	"github.com/membrane-cni/membrane/test/netpolmodel"
-
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/kubetest"
+	"github.com/membrane-cni/membrane/test/netpolmodel"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-// pluginDir holds the membrane-cni binary built once for the package.
-var pluginDir string
-
 func TestMain(m *testing.M) {
-	dir, err := testutil.BuildPlugin()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	pluginDir = dir
-	code := kubetest.Main(m) // an API server for the Kubernetes-mode worlds
-
-	os.RemoveAll(dir)
-	os.Exit(code)
+	// An API server for the Kubernetes-mode worlds.
+	os.Exit(nodeharness.Run(func() int { return kubetest.Main(m) }))
 }
 
 // world is the 3x3 world: a netns standing in for the node, an agent on
 // the Linux datapath in it, and nine pods made by membrane-cni.
 type world struct {
 	t     *testing.T
-	host  *testutil.NS
-	cni   *libcni.CNIConfig
-	conf  *libcni.NetworkConfigList
-	agent *agent.Agent
+	node  *nodeharness.Node
 	c     *client.Client
-	cidr  netip.Prefix
 	pods  []*worldPod
 	model []netpolmodel.Pod
-	logs  *testutil.LogBuffer
 	// kube is the API server of a Kubernetes-mode world (nil: policies
 	// go in through PUT /v1/policy and pods are labelled through the
 	// agent's API).
@@ -99,51 +78,19 @@ const kubeNode = "netpol-node"
 func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 	t.Helper()
 	testutil.RequireRoot(t)
-	dir := t.TempDir()
-	w := &world{t: t, host: testutil.NewNS(t, "mbt-netpol"), cidr: netip.MustParsePrefix(cidr), logs: &testutil.LogBuffer{}}
+	w := &world{t: t}
 	if env != nil {
-		w.kubeObjects(env)
+		w.kubeObjects(env) // removed after the agent stopped (cleanups run last-in first-out)
 	}
-	socket, queue := filepath.Join(dir, "agent.sock"), filepath.Join(dir, "delete-queue")
-	// An explicit exec: libcni sets its default lazily, racing when the
-	// pods are added in parallel.
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	w.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(dir, "cache"), exec)
-	raw := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"membrane-netpol","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q}]}`,
-		socket, queue)
-	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
-	if err != nil {
-		t.Fatalf("conflist: %v", err)
-	}
-	w.conf = conf
-	cfg := agent.Config{
-		Socket: socket, StateDir: filepath.Join(dir, "state"), IPv4Range: w.cidr, Datapath: "linux",
-		Linux:          datapath.LinuxConfig{HostNetns: w.host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
-		DeleteQueueDir: queue, DeleteQueueInterval: time.Hour, GCInterval: time.Hour,
-	}
-	if env != nil {
-		cfg.K8s = &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: kubeNode, PodWait: 30 * time.Second, SyncTimeout: time.Minute,
-			Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}}
-	}
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	if err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	w.agent = a
-	w.c = client.New(socket)
-	// Cleanups run last-in first-out: pods go (CNI DEL) before the agent
-	// stops; the pods' netns are removed by their own cleanups after.
-	t.Cleanup(func() {
-		w.c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("agent log:\n%s", w.logs.String())
+	// The node's cleanup stops the agent after the pods' DELs.
+	w.node = nodeharness.New(t, nodeharness.Options{Prefix: "mbt-netpol", IPv4Range: cidr, Network: "membrane-netpol"})
+	w.node.StartAgent(func(cfg *agent.Config) {
+		if env != nil {
+			cfg.K8s = &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: kubeNode, PodWait: 30 * time.Second, SyncTimeout: time.Minute,
+				Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}}
 		}
 	})
+	w.c = w.node.Client()
 	var wg sync.WaitGroup
 	errs := make([]error, len(namespaces)*len(podNames))
 	for _, ns := range namespaces {
@@ -168,7 +115,7 @@ func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 			if p.rt == nil {
 				continue
 			}
-			if err := w.inHost(func(ctx context.Context) error { return w.cni.DelNetworkList(ctx, w.conf, p.rt) }); err != nil {
+			if err := w.node.Do(func(ctx context.Context) error { return w.node.DelRT(ctx, p.rt) }); err != nil {
 				t.Errorf("DEL %s: %v", p, err)
 			}
 		}
@@ -183,28 +130,14 @@ func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 	return w
 }
 
-// inHost runs fn on a thread in the world's host netns, so that the
-// plugins libcni execs run there.
-func (w *world) inHost(fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	return w.host.Do(func() error { return fn(ctx) })
-}
-
 // addPod runs CNI ADD for p in its namespace and labels its endpoint
 // pod=<name>, as the agent's Kubernetes watcher would.
 func (w *world) addPod(p *worldPod) error {
 	id := "c" + testutil.RandomSuffix(24)
-	rt := &libcni.RuntimeConf{ContainerID: id, NetNS: p.ns.Path, IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.NS}, {"K8S_POD_NAME", p.Name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", "uid-" + p.NS + "-" + p.Name}}}
+	rt := nodeharness.RuntimeConf(id, p.ns.Path, p.NS, p.Name)
 	var res *types100.Result
-	err := w.inHost(func(ctx context.Context) error {
-		r, err := w.cni.AddNetworkList(ctx, w.conf, rt)
-		if err != nil {
-			return err
-		}
-		res, err = types100.NewResultFromResult(r)
+	err := w.node.Do(func(ctx context.Context) (err error) {
+		res, err = w.node.AddRT(ctx, rt)
 		return err
 	})
 	if err != nil {
@@ -410,23 +343,14 @@ func (w *world) apply(pols []*netpolmodel.Policy) {
 // one, as GET /v1/endpoint/{id}/policy reports them.
 func (w *world) settle() {
 	w.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		pending := ""
+	testutil.EventuallyErr(w.t, "policy realised", func() error {
 		for _, p := range w.pods {
 			if why := w.pending(p); why != "" {
-				pending = fmt.Sprintf("%s: %s", p, why)
-				break
+				return fmt.Errorf("%s: %s", p, why)
 			}
 		}
-		if pending == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("policy not realised: %s", pending)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func (w *world) pending(p *worldPod) string {

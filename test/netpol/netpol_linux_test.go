@@ -12,7 +12,7 @@ import (
 func (w *world) Host32(ns, name string) string { return w.pod(ns, name).IP.String() + "/32" }
 
 // CIDR is the pods' range.
-func (w *world) CIDR() string { return w.cidr.String() }
+func (w *world) CIDR() string { return w.node.IPv4Range.String() }
 
 // TestNetworkPolicyConformance runs the table on one world: per case and
 // step, the policies go in through PUT /v1/policy (the others are

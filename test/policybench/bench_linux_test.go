@@ -7,10 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -18,11 +15,11 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 func envInt(name string, def int) int {
@@ -51,27 +48,10 @@ func TestPolicyBench(t *testing.T) {
 	}
 	testutil.RequireRoot(t)
 	n, rounds := envInt("BENCH_ENDPOINTS", 200), envInt("BENCH_ROUNDS", 5)
-	dir := t.TempDir()
-	host := testutil.NewNS(t, "mbp-host")
-	cfg := agent.Config{
-		Socket: filepath.Join(dir, "agent.sock"), StateDir: filepath.Join(dir, "state"),
-		IPv4Range: netip.MustParsePrefix("10.232.0.0/20"), Datapath: "linux",
-		Linux: datapath.LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: -1},
-	}
-	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(logOut(), nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
-	})
-	c := client.New(cfg.Socket)
-	t.Cleanup(c.Close)
-	nl := host.Netlink(t)
+	node := nodeharness.New(t, nodeharness.Options{Prefix: "mbp-host", IPv4Range: "10.232.0.0/20", Log: logOut()})
+	node.StartAgent(benchConfig)
+	c := node.Client()
+	nl := node.NS.Netlink(t)
 	ctx := context.Background()
 
 	create := make([]time.Duration, 0, n)
@@ -202,6 +182,12 @@ func report(t *testing.T, what string, d []time.Duration) {
 }
 
 // logOut is where the agent logs: stderr with BENCH_LOG=1.
+// benchConfig is the agent's configuration for the benchmark: the node
+// harness's with the default garbage collection and no delete queue.
+func benchConfig(cfg *agent.Config) {
+	cfg.GCInterval, cfg.DeleteQueueDir, cfg.DeleteQueueInterval = 0, "", 0
+}
+
 func logOut() io.Writer {
 	if os.Getenv("BENCH_LOG") != "" {
 		return os.Stderr

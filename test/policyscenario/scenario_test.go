@@ -19,6 +19,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
@@ -81,13 +82,12 @@ func TestPoliciesSurviveAgentRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v, %v; want revision %d and two policies", list, err, res.Revision+1)
 	}
 	idA := identity.NumericIdentity(p.A.Identity.ID)
-	deadline := time.Now().Add(policyscenario.Wait)
-	for m := fake.Policy(endpoint.ID(p.B.ID)); !m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress) || !m.Enforced(policy.Ingress); m = fake.Policy(endpoint.ID(p.B.ID)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("restored B realised %+v, want A allowed on 8080 only", m)
+	testutil.EventuallyErr(t, "restored B to allow A on 8080 only", func() error {
+		if m := fake.Policy(endpoint.ID(p.B.ID)); !m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress) || !m.Enforced(policy.Ingress) {
+			return fmt.Errorf("realised %+v", m)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	rows, err := c2.IPCache(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -395,7 +395,7 @@ func TestStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(sys.Stop)
-	srv, err := api.New(api.Config{}, sys, quietLog())
+	srv, err := api.New(api.Config{Version: "v9.9.9-test"}, sys, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,8 +460,11 @@ func TestStarting(t *testing.T) {
 		if r.status != http.StatusCreated {
 			t.Fatalf("PUT after SetReady = %d %s", r.status, r.body)
 		}
-		if r := rawDo(t, hc, "GET", "/v1/status", ""); r.status != http.StatusOK {
-			t.Errorf("GET /v1/status when ready = %d %s", r.status, r.body)
+		r = rawDo(t, hc, "GET", "/v1/status", "")
+		var st models.Status
+		decodeInto(t, r, &st)
+		if r.status != http.StatusOK || st.Version != "v9.9.9-test" {
+			t.Errorf("GET /v1/status when ready = %d %s, want 200 with the version", r.status, r.body)
 		}
 	})
 }

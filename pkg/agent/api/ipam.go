@@ -201,7 +201,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	total, byState := s.ix.CountEndpoints()
-	st := &models.Status{State: "ok", Datapath: s.sys.Datapath.Name(), Endpoints: total,
+	st := &models.Status{State: "ok", Version: s.cfg.Version, Datapath: s.sys.Datapath.Name(), Endpoints: total,
 		Ready: byState["ready"], Identities: len(s.ix.Identities()), IPAM: s.ipamSnapshot(false), Started: s.started}
 	if fn := s.health.Load(); fn != nil {
 		st.Health = (*fn)()

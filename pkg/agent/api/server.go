@@ -73,6 +73,8 @@ type Config struct {
 	// the host end of a pod's veth (the one the datapath works in); ""
 	// is the agent's own.
 	HostNetns string
+	// Version is the agent's version, reported in GET /v1/status.
+	Version string
 }
 
 // Server is the REST API.

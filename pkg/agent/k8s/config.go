@@ -3,8 +3,12 @@ package k8s
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -26,6 +30,15 @@ type Config struct {
 	// InCluster uses the in-cluster configuration (--k8s, or
 	// KUBERNETES_SERVICE_HOST set and no --k8s-kubeconfig).
 	InCluster bool
+	// APIServer (--k8s-api-server, "https://host:port") is where the API
+	// server is reached, instead of the kubeconfig's server or, in
+	// cluster, the kubernetes Service's ClusterIP: a kube-proxy-free
+	// cluster has nothing that translates that address before the agent
+	// runs (Cilium's k8sServiceHost).
+	APIServer string
+	// ServiceAccountDir holds the in-cluster token and CA (default
+	// /var/run/secrets/kubernetes.io/serviceaccount).
+	ServiceAccountDir string
 	// NodeName is this node's name (--node-name): the agent watches the
 	// pods whose spec.nodeName it is.
 	NodeName string
@@ -79,6 +92,11 @@ func (c *Config) Validate() error {
 	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name: %q: %s: %w", c.NodeName, errs[0], ErrInvalidConfig)
 	}
+	if c.APIServer != "" {
+		if err := validateAPIServer(c.APIServer); err != nil {
+			return err
+		}
+	}
 	if c.REST == nil && c.Kubeconfig == "" && !c.InCluster {
 		return fmt.Errorf("--k8s-kubeconfig: empty path and not in a cluster: %w", ErrInvalidConfig)
 	}
@@ -96,16 +114,53 @@ func (c *Config) Validate() error {
 	return c.Identity.validate()
 }
 
+// DefaultServiceAccountDir is where a pod's service account token and
+// the cluster's CA are mounted.
+const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// validateAPIServer accepts an https URL of a host and port, nothing else.
+func validateAPIServer(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--k8s-api-server: %q: %v: %w", s, err, ErrInvalidConfig)
+	case u.Scheme != "https" || u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+		return fmt.Errorf("--k8s-api-server: %q: want https://host:port: %w", s, ErrInvalidConfig)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || host == "" {
+		return fmt.Errorf("--k8s-api-server: %q: want https://host:port: %w", s, ErrInvalidConfig)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("--k8s-api-server: %q: bad port: %w", s, ErrInvalidConfig)
+	}
+	return nil
+}
+
 func (c *Config) restConfig() (*rest.Config, error) {
 	switch {
 	case c.REST != nil:
 		return rest.CopyConfig(c.REST), nil
 	case c.Kubeconfig != "":
-		rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+		rc, err := clientcmd.BuildConfigFromFlags(c.APIServer, c.Kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig %s: %w", c.Kubeconfig, err)
 		}
 		return rc, nil
+	case c.APIServer != "":
+		// In cluster, at the given address: the pod's service account,
+		// with the token file re-read as the kubelet rotates it.
+		dir := c.ServiceAccountDir
+		if dir == "" {
+			dir = DefaultServiceAccountDir
+		}
+		tokenFile, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
+		for _, f := range []string{tokenFile, caFile} {
+			if _, err := os.Stat(f); err != nil {
+				return nil, fmt.Errorf("in-cluster config at --k8s-api-server %s: %w", c.APIServer, err)
+			}
+		}
+		return &rest.Config{Host: c.APIServer, BearerTokenFile: tokenFile, TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}}, nil
 	}
 	rc, err := rest.InClusterConfig()
 	if err != nil {

@@ -183,6 +183,7 @@ type Status struct {
 	Code       string      `json:"code,omitempty"`
 	State      string      `json:"state"`
 	Message    string      `json:"message,omitempty"`
+	Version    string      `json:"version,omitempty"`
 	Datapath   string      `json:"datapath"`
 	Endpoints  int         `json:"endpoints"`
 	Ready      int         `json:"endpoints-ready"`

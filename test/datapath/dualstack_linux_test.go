@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // podIPs returns the result's IPv4 and IPv6 address (invalid when
@@ -53,9 +54,9 @@ func podIPs(t *testing.T, res *types100.Result, gw4, gw6 netip.Addr) (v4, v6 net
 }
 
 // disableIPv6 turns IPv6 off in the pod's netns, as some runtimes do.
-func disableIPv6(t *testing.T, p *pod) {
+func disableIPv6(t *testing.T, p *nodeharness.Pod) {
 	t.Helper()
-	err := p.ns.Do(func() error {
+	err := p.NS.Do(func() error {
 		for _, dev := range []string{"all", "default", "lo"} {
 			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+dev+"/disable_ipv6", []byte("1"), 0); err != nil {
 				return err
@@ -69,10 +70,10 @@ func disableIPv6(t *testing.T, p *pod) {
 }
 
 // ipv6Disabled reads disable_ipv6 of dev in the pod's netns.
-func ipv6Disabled(t *testing.T, p *pod, dev string) string {
+func ipv6Disabled(t *testing.T, p *nodeharness.Pod, dev string) string {
 	t.Helper()
 	var v []byte
-	if err := p.ns.Do(func() (err error) {
+	if err := p.NS.Do(func() (err error) {
 		v, err = os.ReadFile("/proc/sys/net/ipv6/conf/" + dev + "/disable_ipv6")
 		return err
 	}); err != nil {
@@ -83,12 +84,12 @@ func ipv6Disabled(t *testing.T, p *pod, dev string) string {
 
 // mustReach checks ICMPv6/ICMP (ping) and TCP (an echo exchange) from p
 // to ip, where a TCP echo listens on port.
-func mustReach(t *testing.T, from *pod, ip netip.Addr, port int) {
+func mustReach(t *testing.T, from *nodeharness.Pod, ip netip.Addr, port int) {
 	t.Helper()
-	if out, err := from.ns.Exec("ping", "-c", "1", "-W", "5", ip.String()); err != nil {
+	if out, err := from.NS.Exec("ping", "-c", "1", "-W", "5", ip.String()); err != nil {
 		t.Fatalf("ping %s: %v\n%s", ip, err, out)
 	}
-	if err := testutil.Exchange(from.ns, ip, port, 5*time.Second); err != nil {
+	if err := testutil.Exchange(from.NS, ip, port, 5*time.Second); err != nil {
 		t.Fatalf("tcp to %s:%d: %v", ip, port, err)
 	}
 }
@@ -101,12 +102,12 @@ func mustReach(t *testing.T, from *pod, ip netip.Addr, port int) {
 // (GET /v1/ipam).
 func TestDualStackAddCheckDel(t *testing.T) {
 	e := newEnvStack(t, "10.244.30.0/24", "fd00:244:30::/120")
-	e.startAgent(nil)
+	startAgent(e, nil)
 	gw4, gw6 := netip.MustParseAddr("10.244.30.1"), netip.MustParseAddr("fd00:244:30::1")
-	a, b := e.newPod("web-a"), e.newPod("web-b")
+	a, b := e.NewPod("web-a"), e.NewPod("web-b")
 	disableIPv6(t, a)
-	a4, a6 := podIPs(t, e.mustAdd(a), gw4, gw6)
-	b4, b6 := podIPs(t, e.mustAdd(b), gw4, gw6)
+	a4, a6 := podIPs(t, e.MustAdd(a), gw4, gw6)
+	b4, b6 := podIPs(t, e.MustAdd(b), gw4, gw6)
 	for _, dev := range []string{"lo", "eth0"} {
 		if v := ipv6Disabled(t, a, dev); v != "0" {
 			t.Fatalf("disable_ipv6 of %s in the pod = %s, want 0", dev, v)
@@ -115,20 +116,20 @@ func TestDualStackAddCheckDel(t *testing.T) {
 	verifyPod(t, a, a4, gw4)
 	verifyPod6(t, a, a6, gw6)
 
-	ep, err := e.client().EndpointGet(context.Background(), "container-id:"+a.rt.ContainerID)
+	ep, err := e.Client().EndpointGet(context.Background(), "container-id:"+a.RT.ContainerID)
 	if err != nil || ep.Addressing == nil || ep.Addressing.IPv4 != a4.String() || ep.Addressing.IPv6 != a6.String() {
 		t.Fatalf("endpoint addressing = %+v, %v; want %s and %s", ep, err, a4, a6)
 	}
 
 	// Pod to pod both ways and pod to host, over both families.
 	for _, ip := range []netip.Addr{a4, a6} {
-		testutil.EchoServer(t, a.ns, ip, 8080)
+		testutil.EchoServer(t, a.NS, ip, 8080)
 	}
 	for _, ip := range []netip.Addr{b4, b6} {
-		testutil.EchoServer(t, b.ns, ip, 8080)
+		testutil.EchoServer(t, b.NS, ip, 8080)
 	}
 	for _, gw := range []netip.Addr{gw4, gw6} {
-		testutil.EchoServer(t, e.host, gw, 8081)
+		testutil.EchoServer(t, e.NS, gw, 8081)
 	}
 	mustReach(t, a, b6, 8080)
 	mustReach(t, b, a6, 8080)
@@ -136,11 +137,11 @@ func TestDualStackAddCheckDel(t *testing.T) {
 	mustReach(t, a, b4, 8080)
 	mustReach(t, b, gw4, 8081)
 
-	if err := e.check(a); err != nil {
+	if err := e.Check(a); err != nil {
 		t.Fatalf("CHECK: %v", err)
 	}
 	// CHECK looks at IPv6 too: without the IPv6 address it fails.
-	nl := a.ns.Netlink(t)
+	nl := a.NS.Netlink(t)
 	eth0, err := nl.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
@@ -148,34 +149,34 @@ func TestDualStackAddCheckDel(t *testing.T) {
 	if err := nl.AddrDel(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: a6.AsSlice(), Mask: net.CIDRMask(128, 128)}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.check(a); cniCode(err) != cni.CodeCheckFailed || !strings.Contains(err.Error(), a6.String()) {
+	if err := e.Check(a); nodeharness.Code(err) != cni.CodeCheckFailed || !strings.Contains(err.Error(), a6.String()) {
 		t.Fatalf("CHECK without the IPv6 address = %v, want code %d naming %s", err, cni.CodeCheckFailed, a6)
 	}
 
-	if err := e.del(a); err != nil {
+	if err := e.Del(a); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
 	for _, ip := range []netip.Addr{a4, a6} {
-		if e.allocated(ip) {
+		if allocated(t, e, ip) {
 			t.Fatalf("%s still allocated after DEL", ip)
 		}
 	}
-	if !e.allocated(b4) || !e.allocated(b6) {
+	if !allocated(t, e, b4) || !allocated(t, e, b6) {
 		t.Fatalf("pod b's addresses %s, %s released by pod a's DEL", b4, b6)
 	}
-	if err := e.del(b); err != nil {
+	if err := e.Del(b); err != nil {
 		t.Fatalf("DEL b: %v", err)
 	}
-	if left := e.allocations(); len(left) != 0 {
+	if left := allocations(t, e); len(left) != 0 {
 		t.Fatalf("allocations after every DEL = %+v", left)
 	}
 }
 
 // verifyPod6 checks eth0's IPv6 side: the /128, the link route to the
 // gateway and the default route via it.
-func verifyPod6(t *testing.T, p *pod, ip, gw netip.Addr) {
+func verifyPod6(t *testing.T, p *nodeharness.Pod, ip, gw netip.Addr) {
 	t.Helper()
-	nl := p.ns.Netlink(t)
+	nl := p.NS.Netlink(t)
 	link, err := nl.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
@@ -207,29 +208,29 @@ func verifyPod6(t *testing.T, p *pod, ip, gw netip.Addr) {
 func TestDualStackAddRollsBack(t *testing.T) {
 	t.Run("ipv6 pool exhausted", func(t *testing.T) {
 		e := newEnvStack(t, "10.244.31.0/24", "fd00:244:31::/126") // IPv6: 2 addresses
-		e.startAgent(nil)
-		e.mustAdd(e.newPod("first"))
-		e.mustAdd(e.newPod("second"))
-		before := len(e.allocations())
-		p := e.newPod("third")
-		if _, err := e.add(p); cniCode(err) != cni.CodeIPAMExhausted {
+		startAgent(e, nil)
+		e.MustAdd(e.NewPod("first"))
+		e.MustAdd(e.NewPod("second"))
+		before := len(allocations(t, e))
+		p := e.NewPod("third")
+		if _, err := e.Add(p); nodeharness.Code(err) != cni.CodeIPAMExhausted {
 			t.Fatalf("ADD = %v, want code %d", err, cni.CodeIPAMExhausted)
 		}
 		assertNothingLeft(t, e, p)
-		if n := len(e.allocations()); n != before {
+		if n := len(allocations(t, e)); n != before {
 			t.Fatalf("allocations after the failed ADD = %d, want %d", n, before)
 		}
-		if err := e.status(); cniCode(err) != types.ErrPluginNotAvailable {
+		if err := e.Status(); nodeharness.Code(err) != types.ErrPluginNotAvailable {
 			t.Fatalf("STATUS with the IPv6 pool exhausted = %v, want 50", err)
 		}
 	})
 	t.Run("ipv6 configuration fails in the pod", func(t *testing.T) {
 		e := newEnvStack(t, "10.244.32.0/24", "fd00:244:32::/120")
-		e.startAgent(nil)
-		p := e.newPod("clash")
+		startAgent(e, nil)
+		p := e.NewPod("clash")
 		// An IPv6 default route already in the pod's netns: the IPv4 side
 		// is configured, then adding the IPv6 default route fails.
-		nl := p.ns.Netlink(t)
+		nl := p.NS.Netlink(t)
 		attrs := netlink.NewLinkAttrs()
 		attrs.Name = "other0" // a bridge: kernels may lack the dummy driver
 		if err := nl.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
@@ -246,20 +247,20 @@ func TestDualStackAddRollsBack(t *testing.T) {
 		if err := nl.RouteAdd(def); err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.add(p)
-		if cniCode(err) != cni.CodeKernel || !strings.Contains(err.Error(), "default route via fd00:244:32::1") {
+		_, err = e.Add(p)
+		if nodeharness.Code(err) != cni.CodeKernel || !strings.Contains(err.Error(), "default route via fd00:244:32::1") {
 			t.Fatalf("ADD = %v, want code %d about the IPv6 default route", err, cni.CodeKernel)
 		}
-		if e.hostLinkExists(p) {
+		if hostLinkExists(t, e, p) {
 			t.Fatal("host veth left behind")
 		}
 		if _, err := nl.LinkByName("eth0"); err == nil {
 			t.Fatal("eth0 left in the pod's netns")
 		}
-		if left := e.allocations(); len(left) != 0 {
+		if left := allocations(t, e); len(left) != 0 {
 			t.Fatalf("allocations after the failed ADD = %+v, want none of either family", left)
 		}
-		if _, err := e.client().EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID); err == nil {
+		if _, err := e.Client().EndpointGet(context.Background(), "container-id:"+p.RT.ContainerID); err == nil {
 			t.Fatal("endpoint left behind")
 		}
 	})
@@ -271,37 +272,37 @@ func TestDualStackAddRollsBack(t *testing.T) {
 // attachment not listed and releases its address, DEL releases.
 func TestIPv6OnlyNode(t *testing.T) {
 	e := newEnvStack(t, "", "fd00:244:33::/120")
-	e.startAgent(nil)
-	if err := e.status(); err != nil {
+	startAgent(e, nil)
+	if err := e.Status(); err != nil {
 		t.Fatalf("STATUS on an IPv6-only node: %v", err)
 	}
 	gw6 := netip.MustParseAddr("fd00:244:33::1")
-	a, b, c := e.newPod("v6-a"), e.newPod("v6-b"), e.newPod("v6-c")
-	_, a6 := podIPs(t, e.mustAdd(a), netip.Addr{}, gw6)
-	_, b6 := podIPs(t, e.mustAdd(b), netip.Addr{}, gw6)
-	_, c6 := podIPs(t, e.mustAdd(c), netip.Addr{}, gw6)
-	testutil.EchoServer(t, b.ns, b6, 8080)
-	testutil.EchoServer(t, a.ns, a6, 8080)
-	testutil.EchoServer(t, e.host, gw6, 8081)
+	a, b, c := e.NewPod("v6-a"), e.NewPod("v6-b"), e.NewPod("v6-c")
+	_, a6 := podIPs(t, e.MustAdd(a), netip.Addr{}, gw6)
+	_, b6 := podIPs(t, e.MustAdd(b), netip.Addr{}, gw6)
+	_, c6 := podIPs(t, e.MustAdd(c), netip.Addr{}, gw6)
+	testutil.EchoServer(t, b.NS, b6, 8080)
+	testutil.EchoServer(t, a.NS, a6, 8080)
+	testutil.EchoServer(t, e.NS, gw6, 8081)
 	mustReach(t, a, b6, 8080)
 	mustReach(t, b, a6, 8080)
 	mustReach(t, a, gw6, 8081)
-	if err := e.check(a); err != nil {
+	if err := e.Check(a); err != nil {
 		t.Fatalf("CHECK: %v", err)
 	}
-	if err := e.gc(a, b); err != nil {
+	if err := e.GC(a, b); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
-	if e.allocated(c6) {
+	if allocated(t, e, c6) {
 		t.Fatalf("GC kept %s allocated", c6)
 	}
-	testutil.Eventually(t, "GC'd host veth to go", func() bool { return !e.hostLinkExists(c) })
-	for _, p := range []*pod{a, b} {
-		if err := e.del(p); err != nil {
+	testutil.Eventually(t, "GC'd host veth to go", func() bool { return !hostLinkExists(t, e, c) })
+	for _, p := range []*nodeharness.Pod{a, b} {
+		if err := e.Del(p); err != nil {
 			t.Fatalf("DEL: %v", err)
 		}
 	}
-	if left := e.allocations(); len(left) != 0 {
+	if left := allocations(t, e); len(left) != 0 {
 		t.Fatalf("allocations after every DEL = %+v", left)
 	}
 }

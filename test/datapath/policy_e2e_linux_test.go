@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"context"
@@ -16,13 +16,14 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
 // policyPod is a pod made by the CNI plugin, with its endpoint and its
 // addresses (IPv4 then IPv6, those the agent serves).
 type policyPod struct {
-	*pod
+	*nodeharness.Pod
 	ips []netip.Addr
 	ep  *models.Endpoint
 }
@@ -34,24 +35,24 @@ const deniedDial = 1500 * time.Millisecond
 
 // addPolicyPod runs CNI ADD for a pod and labels its endpoint, as the
 // agent's Kubernetes watcher would from the pod's labels.
-func (e *env) addPolicyPod(c *client.Client, name string, labels ...string) *policyPod {
-	e.t.Helper()
-	p := e.newPod(name)
-	res := e.mustAdd(p)
-	pp := &policyPod{pod: p}
+func addPolicyPod(t *testing.T, e *nodeharness.Node, c *client.Client, name string, labels ...string) *policyPod {
+	t.Helper()
+	p := e.NewPod(name)
+	res := e.MustAdd(p)
+	pp := &policyPod{Pod: p}
 	for _, ipc := range res.IPs {
 		ip, ok := netip.AddrFromSlice(ipc.Address.IP)
 		if !ok {
-			e.t.Fatalf("pod %s: bad address in %v", name, res)
+			t.Fatalf("pod %s: bad address in %v", name, res)
 		}
 		pp.ips = append(pp.ips, ip.Unmap())
 	}
 	if len(pp.ips) == 0 {
-		e.t.Fatalf("pod %s: no address in %v", name, res)
+		t.Fatalf("pod %s: no address in %v", name, res)
 	}
-	ep, err := c.EndpointPatchLabels(context.Background(), "container-id:"+p.rt.ContainerID, labels, nil)
+	ep, err := c.EndpointPatchLabels(context.Background(), "container-id:"+p.RT.ContainerID, labels, nil)
 	if err != nil {
-		e.t.Fatalf("label pod %s: %v", name, err)
+		t.Fatalf("label pod %s: %v", name, err)
 	}
 	pp.ep = ep
 	return pp
@@ -71,7 +72,7 @@ func (p *policyPod) ip(like netip.Addr) netip.Addr {
 func (p *policyPod) listen(t *testing.T, port int) {
 	t.Helper()
 	for _, ip := range p.ips {
-		testutil.EchoServer(t, p.ns, ip, port)
+		testutil.EchoServer(t, p.NS, ip, port)
 	}
 }
 
@@ -79,10 +80,10 @@ func (p *policyPod) listen(t *testing.T, port int) {
 // message both ways: the request passes dst's ingress policy and the
 // reply p's (conntrack).
 func (p *policyPod) talk(dstIP netip.Addr, port int, timeout time.Duration) error {
-	return testutil.Exchange(p.ns, dstIP, port, timeout)
+	return testutil.Exchange(p.NS, dstIP, port, timeout)
 }
 
-func podName(p *policyPod) string { return p.rt.Args[2][1] }
+func podName(p *policyPod) string { return p.RT.Args[2][1] }
 
 // mustTalk checks from -> to:port over every family.
 func mustTalk(t *testing.T, from, to *policyPod, port int) {
@@ -135,22 +136,19 @@ func watchDrops(t *testing.T, c *client.Client) *dropWatch {
 // wait waits (bounded) for a drop event matching want.
 func (w *dropWatch) wait(t *testing.T, what string, want func(events.Event) bool) events.Event {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var found events.Event
+	testutil.EventuallyErr(t, "a drop event for "+what, func() error {
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, ev := range w.drops {
 			if ev.Type == events.DatapathDrop && ev.Drop != nil && want(ev) {
-				w.mu.Unlock()
-				return ev
+				found = ev
+				return nil
 			}
 		}
-		n := len(w.drops)
-		w.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("no drop event for %s among %d events", what, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("none among %d events", len(w.drops))
+	})
+	return found
 }
 
 // deniedPackets is endpoint id's policy-denied ingress drop counter from
@@ -178,11 +176,11 @@ func deniedPackets(t *testing.T, c *client.Client, id int64) uint64 {
 // pods over IPv4 and IPv6 (every check runs on both families).
 func TestPolicyEndToEnd(t *testing.T) {
 	e := newEnvStack(t, "10.231.0.0/24", "fd00:231::/120")
-	e.startAgent(nil)
-	c := e.client()
-	a := e.addPolicyPod(c, "pod-a", "k8s:app=a", "k8s:instance=a")
-	b := e.addPolicyPod(c, "pod-b", "k8s:app=b", "k8s:instance=b")
-	cc := e.addPolicyPod(c, "pod-c", "k8s:app=c", "k8s:instance=c")
+	startAgent(e, nil)
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "pod-a", "k8s:app=a", "k8s:instance=a")
+	b := addPolicyPod(t, e, c, "pod-b", "k8s:app=b", "k8s:instance=b")
+	cc := addPolicyPod(t, e, c, "pod-c", "k8s:app=c", "k8s:instance=c")
 	b.listen(t, 8080)
 	b.listen(t, 8081)
 	a.listen(t, 9000)

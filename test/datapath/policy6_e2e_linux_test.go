@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
@@ -51,10 +52,10 @@ spec:
 // too, and the drops are reported with their IPv6 addresses.
 func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 	e := newEnvStack(t, "10.231.6.0/24", "fd00:231:6::/120")
-	e.startAgent(nil)
+	startAgent(e, nil)
 	inCIDR, outside := netip.MustParseAddr("fd00:99::5"), netip.MustParseAddr("fd00:98::5")
 	outsideAddrs(t, e, inCIDR, outside)
-	c := e.client()
+	c := e.Client()
 	// The stand-ins for outside peers are addresses of the host netns,
 	// which the agent follows as the host identity.
 	testutil.Eventually(t, "the stand-in addresses in the ipcache as host", func() bool {
@@ -67,16 +68,16 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 		}
 		return err == nil && n == 2
 	})
-	a := e.addPolicyPod(c, "pod-a", "k8s:app=a")
-	b := e.addPolicyPod(c, "pod-b", "k8s:app=b")
-	cc := e.addPolicyPod(c, "pod-c", "k8s:app=c")
+	a := addPolicyPod(t, e, c, "pod-a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "pod-b", "k8s:app=b")
+	cc := addPolicyPod(t, e, c, "pod-c", "k8s:app=c")
 	a6, b6, c6 := a.ips[1], b.ips[1], cc.ips[1]
 	for _, p := range []*policyPod{b, cc} {
-		testutil.EchoServer(t, p.ns, p.ips[1], 8080)
+		testutil.EchoServer(t, p.NS, p.ips[1], 8080)
 	}
-	testutil.EchoServer(t, a.ns, a6, 9000)
+	testutil.EchoServer(t, a.NS, a6, 9000)
 	for _, ip := range []netip.Addr{inCIDR, outside} {
-		testutil.EchoServer(t, e.host, ip, 8081)
+		testutil.EchoServer(t, e.NS, ip, 8081)
 	}
 	drops := watchDrops(t, c)
 
@@ -106,30 +107,30 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 	exchange := func(from *testutil.NS, src, dst netip.Addr, port int, timeout time.Duration) error {
 		return dialFrom(from, src, dst, port, timeout)
 	}
-	if err := exchange(a.ns, netip.Addr{}, inCIDR, 8081, 5*time.Second); err != nil {
+	if err := exchange(a.NS, netip.Addr{}, inCIDR, 8081, 5*time.Second); err != nil {
 		t.Errorf("A -> %s:8081 (in the CIDR): %v; want it to pass", inCIDR, err)
 	}
-	if err := exchange(a.ns, netip.Addr{}, outside, 8081, deniedDial); err == nil {
+	if err := exchange(a.NS, netip.Addr{}, outside, 8081, deniedDial); err == nil {
 		t.Errorf("A -> %s:8081 (outside the CIDR) passed; want it dropped", outside)
 	}
-	if err := exchange(a.ns, netip.Addr{}, b6, 8080, 5*time.Second); err != nil {
+	if err := exchange(a.NS, netip.Addr{}, b6, 8080, 5*time.Second); err != nil {
 		t.Errorf("A -> B %s:8080: %v; want it to pass", b6, err)
 	}
-	if err := exchange(a.ns, netip.Addr{}, c6, 8080, deniedDial); err == nil {
+	if err := exchange(a.NS, netip.Addr{}, c6, 8080, deniedDial); err == nil {
 		t.Errorf("A -> C %s:8080 passed; want it dropped", c6)
 	}
 	// Ingress: by CIDR (the host dials from each outside address) and by
 	// labels.
-	if err := exchange(e.host, inCIDR, a6, 9000, 5*time.Second); err != nil {
+	if err := exchange(e.NS, inCIDR, a6, 9000, 5*time.Second); err != nil {
 		t.Errorf("%s -> A:9000: %v; want it to pass", inCIDR, err)
 	}
-	if err := exchange(e.host, outside, a6, 9000, deniedDial); err == nil {
+	if err := exchange(e.NS, outside, a6, 9000, deniedDial); err == nil {
 		t.Errorf("%s -> A:9000 passed; want it dropped", outside)
 	}
-	if err := exchange(cc.ns, netip.Addr{}, a6, 9000, 5*time.Second); err != nil {
+	if err := exchange(cc.NS, netip.Addr{}, a6, 9000, 5*time.Second); err != nil {
 		t.Errorf("C -> A %s:9000: %v; want it to pass", a6, err)
 	}
-	if err := exchange(b.ns, netip.Addr{}, a6, 9000, deniedDial); err == nil {
+	if err := exchange(b.NS, netip.Addr{}, a6, 9000, deniedDial); err == nil {
 		t.Errorf("B -> A %s:9000 passed; want it dropped", a6)
 	}
 
@@ -155,9 +156,9 @@ func TestPolicyIPv6CIDRsAndSelectors(t *testing.T) {
 
 // outsideAddrs puts ips (/128 each) on a veth pair in the test's host
 // netns, standing in for addresses beyond the node.
-func outsideAddrs(t *testing.T, e *env, ips ...netip.Addr) {
+func outsideAddrs(t *testing.T, e *nodeharness.Node, ips ...netip.Addr) {
 	t.Helper()
-	nl := e.host.Netlink(t)
+	nl := e.NS.Netlink(t)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = "mbtext0"
 	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "mbtext1"}); err != nil {

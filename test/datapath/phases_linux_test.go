@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"bufio"
@@ -18,10 +18,10 @@ func TestAddPhaseRecord(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "phases.jsonl")
 	t.Setenv(cni.PhasesEnv, path) // libcni passes the environment on
 	e := newEnv(t, "10.244.14.0/24")
-	e.startAgent(nil)
-	p := e.newPod("phases")
-	e.mustAdd(p)
-	if err := e.del(p); err != nil {
+	startAgent(e, nil)
+	p := e.NewPod("phases")
+	e.MustAdd(p)
+	if err := e.Del(p); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(path)
@@ -35,7 +35,7 @@ func TestAddPhaseRecord(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("record %q: %v", sc.Text(), err)
 		}
-		if r.ContainerID == p.rt.ContainerID {
+		if r.ContainerID == p.RT.ContainerID {
 			recs[r.Command] = r
 		}
 	}

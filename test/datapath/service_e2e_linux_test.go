@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"bufio"
@@ -64,7 +64,7 @@ func (p *policyPod) nameServer(t *testing.T, port int) {
 			ln net.Listener
 			pc net.PacketConn
 		)
-		if err := p.ns.Do(func() (err error) {
+		if err := p.NS.Do(func() (err error) {
 			if ln, err = net.Listen("tcp", addr); err != nil {
 				return err
 			}
@@ -120,7 +120,7 @@ type svcConn struct {
 // dialService connects from p to addr:port within timeout.
 func (p *policyPod) dialService(addr netip.Addr, port int, timeout time.Duration) (*svcConn, error) {
 	var c net.Conn
-	err := p.ns.Do(func() (err error) {
+	err := p.NS.Do(func() (err error) {
 		c, err = net.DialTimeout("tcp", net.JoinHostPort(addr.String(), strconv.Itoa(port)), timeout)
 		return err
 	})
@@ -165,7 +165,7 @@ func (p *policyPod) whoTCP(t *testing.T, fe netip.AddrPort) string {
 func (p *policyPod) whoUDP(t *testing.T, fe netip.AddrPort) string {
 	t.Helper()
 	var name string
-	err := p.ns.Do(func() error {
+	err := p.NS.Do(func() error {
 		c, err := net.Dial("udp", fe.String())
 		if err != nil {
 			return err
@@ -209,16 +209,16 @@ func svcOf(name string, vip netip.Addr, port uint16, proto uint8, backends ...*p
 // whose backend is app=other is dropped with the backend's identity.
 func TestServiceEndToEnd(t *testing.T) {
 	e := newEnvStack(t, "10.233.0.0/24", "fd00:233::/120")
-	e.startAgent(nil)
-	c := e.client()
-	cl := e.addPolicyPod(c, "client", "k8s:app=client")
-	db1 := e.addPolicyPod(c, "db-1", "k8s:app=db")
-	db2 := e.addPolicyPod(c, "db-2", "k8s:app=db")
-	other := e.addPolicyPod(c, "other", "k8s:app=other")
+	startAgent(e, nil)
+	c := e.Client()
+	cl := addPolicyPod(t, e, c, "client", "k8s:app=client")
+	db1 := addPolicyPod(t, e, c, "db-1", "k8s:app=db")
+	db2 := addPolicyPod(t, e, c, "db-2", "k8s:app=db")
+	other := addPolicyPod(t, e, c, "other", "k8s:app=other")
 	for _, p := range []*policyPod{db1, db2, other} {
 		p.nameServer(t, 8080)
 	}
-	sys := e.agent.System
+	sys := e.Agent.System
 	ctx := context.Background()
 	vips := []netip.Addr{netip.MustParseAddr("10.96.33.10"), netip.MustParseAddr("fd00:96::10")}
 	otherVIPs := []netip.Addr{netip.MustParseAddr("10.96.33.20"), netip.MustParseAddr("fd00:96::20")}

@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"context"
@@ -26,29 +26,29 @@ import (
 // entry stays.
 func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 	e := newEnv(t, "10.231.4.0/24")
-	e.startAgent(nil)
-	c := e.client()
-	p := e.newPod("kept")
-	res := e.mustAdd(p)
+	startAgent(e, nil)
+	c := e.Client()
+	p := e.NewPod("kept")
+	res := e.MustAdd(p)
 	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-	ep, err := c.EndpointGet(context.Background(), "container-id:"+p.rt.ContainerID)
+	ep, err := c.EndpointGet(context.Background(), "container-id:"+p.RT.ContainerID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kept := netip.PrefixFrom(ip, 32)
 	// The ipcache actor writes the pod's entry after the ADD answered; a
 	// stop does not wait for it, so wait here.
-	running := e.agent.System.Datapath.(*datapath.Linux)
+	running := e.Agent.System.Datapath.(*datapath.Linux)
 	testutil.Eventually(t, "the pod's ipcache entry in the pinned map", func() bool {
 		held, err := running.DumpIPCache(context.Background())
 		return err == nil && held[kept] == identity.NumericIdentity(ep.Identity.ID)
 	})
-	e.stopAgent()
+	e.StopAgent()
 
 	// While no agent runs, something (here a second datapath on the same
 	// pins, as a previous agent would have) leaves an entry behind.
 	stale := netip.MustParsePrefix("10.231.4.200/32")
-	l, err := datapath.NewLinux(datapath.LinuxConfig{HostNetns: e.host.Path, BPFFS: e.bpffs}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	l, err := datapath.NewLinux(datapath.LinuxConfig{HostNetns: e.NS.Path, BPFFS: e.BPFFS}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,8 +64,8 @@ func TestIPCacheStaleEntryPrunedAtStart(t *testing.T) {
 		t.Fatalf("pinned ipcache before the restart = %v, %v; want %s and %s", held, err, stale, kept)
 	}
 
-	e.startAgent(nil)
-	linux := e.agent.System.Datapath.(*datapath.Linux)
+	startAgent(e, nil)
+	linux := e.Agent.System.Datapath.(*datapath.Linux)
 	testutil.Eventually(t, "the stale ipcache entry to go", func() bool {
 		got, err := linux.DumpIPCache(context.Background())
 		_, left := got[stale]
@@ -96,7 +96,7 @@ spec:
 func TestHostAddressesAreHost(t *testing.T) {
 	e := newEnv(t, "10.231.5.0/24")
 	nodeIP := netip.MustParseAddr("192.0.2.10")
-	hnl := e.host.Netlink(t)
+	hnl := e.NS.Netlink(t)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = "mbtnode0"
 	// A veth (both ends in the host netns) stands in for the node's NIC.
@@ -111,11 +111,11 @@ func TestHostAddressesAreHost(t *testing.T) {
 		hnl.LinkSetUp(dummy)); err != nil {
 		t.Fatal(err)
 	}
-	e.startAgent(nil)
-	c := e.client()
-	h := e.addPolicyPod(c, "pod-h", "k8s:app=h")
+	startAgent(e, nil)
+	c := e.Client()
+	h := addPolicyPod(t, e, c, "pod-h", "k8s:app=h")
 	h.listen(t, 8080)
-	got, err := e.agent.System.Datapath.(*datapath.Linux).DumpIPCache(context.Background())
+	got, err := e.Agent.System.Datapath.(*datapath.Linux).DumpIPCache(context.Background())
 	if err != nil || got[netip.PrefixFrom(nodeIP, 32)] != identity.ReservedHost {
 		t.Fatalf("kernel ipcache = %v, %v; want %s as host", got, err, nodeIP)
 	}
@@ -125,7 +125,7 @@ func TestHostAddressesAreHost(t *testing.T) {
 	policyscenario.WaitRealized(t, c, h.ep.ID, "the host allowed into H on 8080", func(m *policy.MapState) bool {
 		return m.Enforced(policy.Ingress) && m.Allows(identity.ReservedHost, 8080, policy.ProtoTCP, policy.Ingress)
 	})
-	err = e.host.Do(func() error {
+	err = e.NS.Do(func() error {
 		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: nodeIP.AsSlice()}}
 		conn, err := d.Dial("tcp", net.JoinHostPort(h.ips[0].String(), "8080"))
 		if err != nil {

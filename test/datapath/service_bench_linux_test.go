@@ -1,4 +1,4 @@
-package cni_test
+package datapath_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // TestServiceBenchmark measures connection setup and throughput to a
@@ -29,19 +30,19 @@ func TestServiceBenchmark(t *testing.T) {
 		t.Skip("a benchmark: set MEMBRANE_BENCH_SERVICES=1")
 	}
 	e := newEnvStack(t, "10.234.0.0/24", "")
-	e.startAgent(nil)
-	c := e.client()
-	cl := e.addPolicyPod(c, "client", "k8s:app=client")
-	b1 := e.addPolicyPod(c, "db-1", "k8s:app=db")
-	b2 := e.addPolicyPod(c, "db-2", "k8s:app=db")
+	startAgent(e, nil)
+	c := e.Client()
+	cl := addPolicyPod(t, e, c, "client", "k8s:app=client")
+	b1 := addPolicyPod(t, e, c, "db-1", "k8s:app=db")
+	b2 := addPolicyPod(t, e, c, "db-2", "k8s:app=db")
 	for _, b := range []*policyPod{b1, b2} {
 		b.sinkServer(t, 8080)
 	}
 	bpfVIP, iptVIP := netip.MustParseAddr("10.96.34.10"), netip.MustParseAddr("10.96.34.20")
-	if _, err := e.agent.System.UpsertService(context.Background(), "bench", svcOf("db", bpfVIP, 80, service.TCP, b1, b2)); err != nil {
+	if _, err := e.Agent.System.UpsertService(context.Background(), "bench", svcOf("db", bpfVIP, 80, service.TCP, b1, b2)); err != nil {
 		t.Fatal(err)
 	}
-	e.kubeProxyRules(t, iptVIP, 80, b1.ip(iptVIP), b2.ip(iptVIP))
+	kubeProxyRules(t, e, iptVIP, 80, b1.ip(iptVIP), b2.ip(iptVIP))
 	const rounds, perRound = 5, 400
 	lat := map[string][]time.Duration{}
 	tput := map[string][]float64{}
@@ -80,7 +81,7 @@ func loadavg() string {
 
 // kubeProxyRules installs kube-proxy's iptables shape for vip:port over
 // two backends (port 8080) in the host netns; removed with the netns.
-func (e *env) kubeProxyRules(t *testing.T, vip netip.Addr, port int, b1, b2 netip.Addr) {
+func kubeProxyRules(t *testing.T, e *nodeharness.Node, vip netip.Addr, port int, b1, b2 netip.Addr) {
 	t.Helper()
 	ipt := testutil.RequireTool(t, "iptables")
 	dst := vip.String()
@@ -96,7 +97,7 @@ func (e *env) kubeProxyRules(t *testing.T, vip netip.Addr, port int, b1, b2 neti
 		{"-t", "nat", "-A", "KUBE-SEP-1", "-p", "tcp", "-j", "DNAT", "--to-destination", b1.String() + ":8080"},
 		{"-t", "nat", "-A", "KUBE-SEP-2", "-p", "tcp", "-j", "DNAT", "--to-destination", b2.String() + ":8080"},
 	} {
-		if out, err := e.host.Exec(ipt, args...); err != nil {
+		if out, err := e.NS.Exec(ipt, args...); err != nil {
 			t.Fatalf("iptables %v: %v: %s", args, err, out)
 		}
 	}
@@ -108,7 +109,7 @@ func (p *policyPod) sinkServer(t *testing.T, port int) {
 	t.Helper()
 	for _, ip := range p.ips {
 		var ln net.Listener
-		if err := p.ns.Do(func() (err error) {
+		if err := p.NS.Do(func() (err error) {
 			ln, err = net.Listen("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)))
 			return err
 		}); err != nil {
@@ -142,7 +143,7 @@ func (p *policyPod) sinkServer(t *testing.T, port int) {
 func (p *policyPod) connectTimes(t *testing.T, vip netip.Addr, port, n int) []time.Duration {
 	t.Helper()
 	out := make([]time.Duration, 0, n)
-	err := p.ns.Do(func() error {
+	err := p.NS.Do(func() error {
 		addr := net.JoinHostPort(vip.String(), strconv.Itoa(port))
 		b := []byte{1}
 		for range n {
@@ -173,7 +174,7 @@ func (p *policyPod) connectTimes(t *testing.T, vip netip.Addr, port, n int) []ti
 func (p *policyPod) throughput(t *testing.T, vip netip.Addr, port, size int) float64 {
 	t.Helper()
 	var mbps float64
-	err := p.ns.Do(func() error {
+	err := p.NS.Do(func() error {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(vip.String(), strconv.Itoa(port)), 5*time.Second)
 		if err != nil {
 			return err

@@ -1,0 +1,181 @@
+package install
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/kubetest"
+	"github.com/membrane-cni/membrane/test/nodeharness"
+)
+
+// TestCleanupRestoresNode: a node is snapshotted (devices, addresses,
+// routes of every table, rules, nftables, tc qdiscs and filters of every
+// device, the bpffs, the CNI directories); install-cni installs the
+// plugin and the conflist; the agent runs with masquerade, the L7 and
+// DNS proxies, the health endpoint and a remote node over the tunnel,
+// with two pods; it stops (SIGTERM keeps everything, for a restore),
+// the pods' runtime is gone; then `membrane-agent cleanup` runs, twice
+// (idempotent), and the node must equal its snapshot.
+func TestCleanupRestoresNode(t *testing.T) {
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbt-uninst", IPv4Range: "10.77.0.0/24", OwnBPFFS: true})
+	// The node's own uplink, as on a real node: the agent picks its
+	// address for the tunnel and the masquerade.
+	mustExec(t, n, "ip", "link", "add", "uplink0", "type", "dummy")
+	mustExec(t, n, "ip", "addr", "add", "192.168.77.1/24", "dev", "uplink0")
+	mustExec(t, n, "ip", "link", "set", "uplink0", "up")
+	mustExec(t, n, "ip", "link", "set", "lo", "up")
+	cniBin, cniConf := filepath.Join(n.Dir, "opt-cni-bin"), filepath.Join(n.Dir, "etc-cni-net.d")
+	for _, d := range []string{cniBin, cniConf} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cniConf, "99-other.conflist"), []byte(`{"name":"other"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, n, cniBin, cniConf)
+
+	install := exec.Command(nodeharness.Bin("membrane-agent"), "install-cni", "--plugin", nodeharness.Bin("membrane-cni"),
+		"--conflist", filepath.Join(kubetest.RepoRoot(), "deploy", "05-membrane.conflist"), "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf)
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("install-cni: %v\n%s", err, out)
+	}
+	nodes := filepath.Join(n.Dir, "nodes.yaml")
+	if err := os.WriteFile(nodes, []byte("- {name: other, addresses: [192.168.77.2], podCIDRs: [10.78.0.0/24]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := n.Process("--http-addr", "", "--masquerade", "--cluster-cidr", "10.77.0.0/16", "--nodes-file", nodes,
+		"--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-xds-socket", filepath.Join(n.Dir, "xds.sock"),
+		"--dns-proxy", "--enable-health=true")
+	p.Start()
+	a, b := n.AddPod("a"), n.AddPod("b")
+	testutil.Eventually(t, "the route to the remote node's pods", func() bool {
+		out, _ := n.NS.Exec("ip", "route", "show", "10.78.0.0/24")
+		return strings.Contains(out, "10.78.0.0/24")
+	})
+	p.Stop()
+	installed := snapshot(t, n, cniBin, cniConf)
+	if diff := diffSnapshots(before, installed); len(diff) < 5 {
+		t.Fatalf("the install changed too little for this test to mean anything:\n%s", strings.Join(diff, "\n"))
+	}
+	// The runtime removed the pods' namespaces (their host veths stay).
+	for _, pod := range []*nodeharness.Pod{a, b} {
+		pod.NS.Remove()
+	}
+
+	for i := range 2 {
+		cmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
+			"--bpffs", n.BPFFS, "--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		exited, err := n.NS.StartPinned(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			t.Fatal("cleanup did not end")
+		}
+		if !cmd.ProcessState.Success() {
+			t.Fatalf("cleanup %d: %v\n%s", i+1, cmd.ProcessState, out.String())
+		}
+		t.Logf("cleanup %d:\n%s", i+1, out.String())
+	}
+	after := snapshot(t, n, cniBin, cniConf)
+	if diff := diffSnapshots(before, after); len(diff) > 0 {
+		t.Fatalf("the node after cleanup differs from before the install:\n%s", strings.Join(diff, "\n"))
+	}
+	for _, p := range []string{n.StateDir, n.Socket, n.DeleteQueue} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+}
+
+func mustExec(t *testing.T, n *nodeharness.Node, name string, args ...string) {
+	t.Helper()
+	if out, err := n.NS.Exec(name, args...); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// snapshot is the node's network state and files, one line per fact,
+// sorted.
+func snapshot(t *testing.T, n *nodeharness.Node, dirs ...string) []string {
+	t.Helper()
+	var lines []string
+	add := func(what string, name string, args ...string) {
+		out, err := n.NS.Exec(name, args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, out)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, what+": "+l)
+			}
+		}
+	}
+	add("link", "ip", "-o", "link", "show")
+	add("addr", "ip", "-o", "addr", "show")
+	add("route4", "ip", "-4", "route", "show", "table", "all")
+	add("route6", "ip", "-6", "route", "show", "table", "all")
+	add("rule4", "ip", "-4", "rule", "show")
+	add("rule6", "ip", "-6", "rule", "show")
+	add("nft", "nft", "list", "tables")
+	add("qdisc", "tc", "qdisc", "show")
+	out, err := n.NS.Exec("ip", "-o", "link", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		dev, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		for _, dir := range []string{"ingress", "egress"} {
+			if out, err := n.NS.Exec("tc", "filter", "show", "dev", dev, dir); err == nil {
+				for _, fl := range strings.Split(out, "\n") {
+					if fl = strings.TrimSpace(fl); fl != "" {
+						lines = append(lines, fmt.Sprintf("filter %s %s: %s", dev, dir, fl))
+					}
+				}
+			}
+		}
+	}
+	for _, d := range append([]string{n.BPFFS}, dirs...) {
+		_ = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
+			if err == nil && p != d {
+				lines = append(lines, "file: "+p)
+			}
+			return nil
+		})
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+// diffSnapshots lists the lines only in one of a and b.
+func diffSnapshots(a, b []string) []string {
+	var out []string
+	for _, l := range a {
+		if !slices.Contains(b, l) {
+			out = append(out, "- "+l)
+		}
+	}
+	for _, l := range b {
+		if !slices.Contains(a, l) {
+			out = append(out, "+ "+l)
+		}
+	}
+	return out
+}
