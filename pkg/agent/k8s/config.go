@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -112,6 +113,25 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
 	return c.Identity.validate()
+}
+
+// clientset validates the config and returns the agent's client of the
+// API server (its user agent names the node) and the configuration it
+// was made from; what names the caller in errors.
+func (c *Config) clientset(what string) (*rest.Config, *kubernetes.Clientset, error) {
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	rc, err := c.restConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	rc.UserAgent = "membrane-agent/" + c.NodeName
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return rc, cs, nil
 }
 
 // DefaultServiceAccountDir is where a pod's service account token and

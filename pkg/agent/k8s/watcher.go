@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -124,17 +123,9 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	if cfg.PodWait == 0 {
 		cfg.PodWait = 10 * time.Second
 	}
-	if err := cfg.Validate(); err != nil {
+	rc, client, err := cfg.clientset("start k8s watcher")
+	if err != nil {
 		return nil, err
-	}
-	rc, err := cfg.restConfig()
-	if err != nil {
-		return nil, fmt.Errorf("start k8s watcher: %w", err)
-	}
-	rc.UserAgent = "membrane-agent/" + cfg.NodeName
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
