@@ -147,49 +147,56 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if c.rf.refused(path + ".ingress") {
 		rule.IngressEnforced = true
 	} else if r.Ingress != nil {
-		for i, in := range *r.Ingress {
-			p := fmt.Sprintf("%s.ingress[%d]", path, i)
-			if c.rf.refused(p) {
-				continue
-			}
-			prs, err := c.peers(p, "from", in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
-			if err == nil {
-				err = c.checkProxies(prs, p)
-			}
-			if err != nil {
-				if c.rf.refuse(p, err) {
-					continue
-				}
-				return Rule{}, err
-			}
-			rule.Ingress = append(rule.Ingress, prs...)
+		in := *r.Ingress
+		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
+			return c.peers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts)
+		})
+		if err != nil {
+			return Rule{}, err
 		}
 	}
 	if c.rf.refused(path + ".egress") {
 		rule.EgressEnforced = true
 	} else if r.Egress != nil {
-		for i, eg := range *r.Egress {
-			p := fmt.Sprintf("%s.egress[%d]", path, i)
-			if c.rf.refused(p) {
-				continue
-			}
-			prs, err := c.peers(p, "to", eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
-			if err == nil {
-				prs, err = withFQDNs(prs, eg, p)
-			}
-			if err == nil {
-				err = c.checkProxies(prs, p)
-			}
+		eg := *r.Egress
+		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {
+			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts)
 			if err != nil {
-				if c.rf.refuse(p, err) {
-					continue
-				}
-				return Rule{}, err
+				return nil, err
 			}
-			rule.Egress = append(rule.Egress, prs...)
+			return withFQDNs(prs, eg[i], p)
+		})
+		if err != nil {
+			return Rule{}, err
 		}
 	}
 	return rule, nil
+}
+
+// entries compiles the n entries of one direction at path with entry
+// (given each entry's path and index): an entry refused by the refusal
+// policy (or whose L7 and DNS rules no proxy can enforce) is left out,
+// any other error fails the rule.
+func (c *cnpCompiler) entries(path string, n int, entry func(p string, i int) ([]PeerRule, error)) ([]PeerRule, error) {
+	var out []PeerRule
+	for i := range n {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		if c.rf.refused(p) {
+			continue
+		}
+		prs, err := entry(p, i)
+		if err == nil {
+			err = c.checkProxies(prs, p)
+		}
+		if err != nil {
+			if c.rf.refuse(p, err) {
+				continue
+			}
+			return nil, err
+		}
+		out = append(out, prs...)
+	}
+	return out, nil
 }
 
 // checkProxies refuses the L7 and DNS rules of an entry at path that no
