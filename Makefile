@@ -86,7 +86,7 @@ e2e-smoke:
 	scripts/kube-bin.sh $(E2E_BINS) >/dev/null
 	scripts/coredns.sh >/dev/null
 	MEMBRANE_E2E=1 E2E_NODES=1 E2E_KEEP=$(KEEP) \
-		$(GO) test -count=1 -v -timeout 15m -run '^TestSmoke$$' ./test/e2e/
+		$(GO) test -count=1 -v -timeout 15m -run '^(TestSmoke|TestClusterDNS)$$' ./test/e2e/
 
 e2e-down:
 	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -v -run '^$$' ./test/e2e/
