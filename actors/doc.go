@@ -150,6 +150,24 @@
 // exactly the actor's entries, so entries of endpoints deleted while no
 // agent ran do not outlive it.
 //
+// One loop writes the kernel. `reconciler.go`: an owner (ipcache, nodes,
+// services) marks the keys whose desired state changed, or asks for a
+// full sync (prune), and calls `sync` at the end of the message. Every
+// marked key goes to the pool as one job (`reconcileOps.update`, or
+// `prune`), capturing the desired state when the job is made; keys marked
+// while it runs wait for the next one, so a burst coalesces and writes of
+// one key never overtake each other. The answer comes back through the
+// owner's requester. Failed keys are marked again and retried after
+// `backoff(min, max, attempt)` (the timer's `reconcileRetry` is handled
+// by `owner.lifecycle`, stopped on Stopping and Restarting) or with the
+// next change. Only keys not yet written have a status (pending; failed
+// with error and attempts), shown as `ActorSnapshot.Reconciler` in GET
+// /v1/actors. `barrier` answers once a job covering every earlier change
+// succeeded whole (IPCacheBarrier); `wait` answers after the job that
+// wrote its keys, with their errors (service requests). Every node-wide
+// actor (ipcache, nodes, services, policy, ipam, identity, gc) handles
+// start, stop, its timers and index flushes through `owner`.
+//
 // Restarts rebuild from the index. A panicking endpoint actor is restarted
 // in place (same PID, 5 restarts per 10 s, then stopped); the new
 // incarnation reads its row and resumes (re-claim IPs and identity, both

@@ -87,7 +87,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		// endpoint creation.
 		a.publish(ctx)
 	}
-	msg := &messages.ComputePolicy{Endpoint: a.ep.ID, Identity: a.ep.Identity}
+	msg := &messages.ComputePolicy{Endpoint: a.ep.ID, Identity: a.ep.Identity, NamedPorts: a.ep.NamedPorts}
 	a.request(ctx, a.deps.policy, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
 		r, ok := res.(*messages.PolicyComputed)
 		switch {
@@ -450,10 +450,7 @@ func (a *endpointActor) scheduleRetry(ctx actor.Context) {
 	if a.regen.retryTimer != nil {
 		return
 	}
-	d := a.deps.cfg.RetryMin << min(a.retries, 10)
-	if d > a.deps.cfg.RetryMax || d <= 0 {
-		d = a.deps.cfg.RetryMax
-	}
+	d := backoff(a.deps.cfg.RetryMin, a.deps.cfg.RetryMax, int(a.retries))
 	if a.retries < math.MaxUint16 {
 		a.retries++
 	}

@@ -31,6 +31,7 @@ type gcTick struct{ gen int }
 // vanished in two consecutive passes). It never blocks: the pass runs in
 // the pool and the actor continues when its answer comes back (request.go).
 type gcActor struct {
+	owner   // no index writes: its batch stays empty
 	cfg     GCConfig
 	deps    *endpointDeps
 	manager *actor.PID         // the endpoint manager, which deletes missing endpoints
@@ -41,27 +42,22 @@ type gcActor struct {
 	running bool
 	waiters []*actor.PID // RunGC callers waiting for the running pass
 	timer   *time.Timer
-	req     requester
 }
 
 func newGCActor(cfg GCConfig, deps *endpointDeps, manager *actor.PID, enabled *atomic.Bool, log *slog.Logger) *gcActor {
 	coll, _ := deps.dp.(datapath.Collector)
-	return &gcActor{cfg: cfg, deps: deps, manager: manager, enabled: enabled, coll: coll, log: log.With("actor", "gc")}
+	g := &gcActor{cfg: cfg, deps: deps, manager: manager, enabled: enabled, coll: coll, log: log.With("actor", "gc")}
+	g.onStart = g.schedule // a restarted incarnation resumes the passes
+	g.onStop = g.stopTimer
+	return g
 }
 
 // Receive implements actor.Actor.
 func (g *gcActor) Receive(ctx actor.Context) {
+	if g.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		g.req.register(ctx)
-		g.schedule(ctx) // a restarted incarnation resumes the passes
-	case *actor.Stopping, *actor.Restarting:
-		g.stopTimer()
-		g.req.drop()
-	case *actor.Stopped:
-		g.req.unregister(ctx)
-	case *requestAnswer:
-		g.req.answered(msg)
 	case *messages.StartGC:
 		if !g.enabled.Swap(true) {
 			g.schedule(ctx)

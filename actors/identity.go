@@ -23,11 +23,11 @@ import (
 // endpoint manager reports it (holderStopped). It is the single writer of the identities and
 // identity-leases tables.
 type identityActor struct {
+	owner
 	newAlloc func() (identity.Allocator, error)
 	alloc    identity.Allocator
 	log      *slog.Logger
 	holders  map[string][]identity.NumericIdentity // holder PID ID -> identities (usually one)
-	batch    batcher
 	// policy is told about every identity bound or released (its
 	// selector cache follows them); nil in tests without one.
 	policy *actor.PID
@@ -39,22 +39,18 @@ type identityActor struct {
 
 func newIdentityActor(newAlloc func() (identity.Allocator, error), w *indexWriter, policy *actor.PID, log *slog.Logger) *identityActor {
 	l := log.With("actor", "identity")
-	return &identityActor{newAlloc: newAlloc, log: l, batch: newBatcher(w, l), policy: policy}
+	a := &identityActor{newAlloc: newAlloc, log: l, policy: policy, owner: owner{batch: newBatcher(w, l), asksNobody: true}}
+	a.onStart, a.onStop = a.rebuild, a.stopTimers
+	return a
 }
 
 // Receive implements actor.Actor.
 func (a *identityActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.rebuild(ctx)
-	case *actor.Restarting:
-		a.batch.flush()
-		a.stopTimers()
-	case *actor.Stopping:
-		a.stopTimers()
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.IdentityAcquire:
 		if a.cluster != nil {
 			a.clusterAcquire(ctx, msg)

@@ -143,15 +143,6 @@ func (w *backendWorkers) stop() {
 	w.wg.Wait()
 }
 
-// backoff is min·2^attempt capped at max.
-func backoff(minD, maxD time.Duration, attempt int) time.Duration {
-	d := minD << min(attempt, 20)
-	if d > maxD || d <= 0 {
-		return maxD
-	}
-	return d
-}
-
 // clusterAcquired is the answer of a backend Acquire.
 type clusterAcquired struct {
 	key    string

@@ -78,6 +78,24 @@ type ActorSnapshot struct {
 	LastError string
 	// Endpoint is set for endpoint actors.
 	Endpoint *EndpointActorSnapshot
+	// Reconciler is set for the actors that write the datapath through a
+	// reconciler (ipcache, nodes, services); shared, read-only.
+	Reconciler *ReconcilerSnapshot
+}
+
+// ReconcilerSnapshot is what an actor's reconciler (reconciler.go) has
+// not yet written to the datapath.
+type ReconcilerSnapshot struct {
+	// Pending counts the keys not yet written as desired: due, being
+	// written or failed.
+	Pending int
+	// Failed counts the keys whose last write failed (retried).
+	Failed int
+	// Failures counts the consecutive failed jobs (a failed full sync
+	// included), the backoff's attempt; LastError is the last one's first
+	// error. Both are reset by a job that succeeds.
+	Failures  int
+	LastError string
 }
 
 // EndpointActorSnapshot adds what an endpoint actor knows.
@@ -159,6 +177,9 @@ type actorSlot struct {
 	op      atomic.Pointer[string]
 	opSince atomic.Int64
 	fail    atomic.Pointer[failure]
+	// rec is what the actor's reconciler reports (nil: it has none),
+	// replaced only when it changed.
+	rec atomic.Pointer[ReconcilerSnapshot]
 }
 
 func newSlot(kind string, stats *MailboxStats) *actorSlot {
@@ -228,6 +249,7 @@ func (s *actorSlot) snapshotInto(out *ActorSnapshot, ep *EndpointActorSnapshot) 
 		}
 		out.Endpoint = ep
 	}
+	out.Reconciler = s.rec.Load()
 	if op := s.op.Load(); op != nil && out.Operation == "" {
 		out.Operation, out.OperationSince = *op, time.Unix(0, s.opSince.Load())
 	}
@@ -247,6 +269,12 @@ func (s *actorSlot) snapshot() ActorSnapshot {
 type trackedActor struct {
 	actor.Actor
 	slot *actorSlot
+	rec  reconcileReporter // the actor, if an owner; nil otherwise
+}
+
+// reconcileReporter is an actor that may report a reconciler (owner).
+type reconcileReporter interface {
+	reconcileReport() (ReconcilerSnapshot, bool)
 }
 
 // Receive implements actor.Actor.
@@ -256,6 +284,22 @@ func (t *trackedActor) Receive(c actor.Context) {
 	s.op.Store(opName(c.Message()))
 	t.Actor.Receive(c)
 	s.op.Store(nil)
+	if t.rec != nil {
+		s.publishReconcile(t.rec)
+	}
+}
+
+// publishReconcile stores what rr's reconciler reports, if it has one
+// and the report changed.
+func (s *actorSlot) publishReconcile(rr reconcileReporter) {
+	r, ok := rr.reconcileReport()
+	if !ok {
+		return
+	}
+	if cur := s.rec.Load(); cur != nil && *cur == r {
+		return
+	}
+	s.rec.Store(&r)
 }
 
 // trackedSupervisor is a tracked actor that supervises its children
@@ -274,10 +318,11 @@ func (t *trackedSupervisor) HandleFailure(sys *actor.ActorSystem, sup actor.Supe
 func (s *actorSlot) track(produce actor.Producer) actor.Producer {
 	return func() actor.Actor {
 		a := produce()
+		rr, _ := a.(reconcileReporter)
 		if st, ok := a.(actor.SupervisorStrategy); ok {
-			return &trackedSupervisor{trackedActor: trackedActor{Actor: a, slot: s}, strategy: st}
+			return &trackedSupervisor{trackedActor: trackedActor{Actor: a, slot: s, rec: rr}, strategy: st}
 		}
-		return &trackedActor{Actor: a, slot: s}
+		return &trackedActor{Actor: a, slot: s, rec: rr}
 	}
 }
 

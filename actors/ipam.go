@@ -70,6 +70,7 @@ func (c IPAMConfig) newPool() (*ipam.Pool, error) {
 // actor; the endpoint manager reports stopped holders (holderStopped),
 // so a stopped actor never orphans an address. It is the single writer of the index's ipam table.
 type ipamActor struct {
+	owner
 	cfg     IPAMConfig
 	log     *slog.Logger
 	pool    *ipam.Pool
@@ -80,7 +81,6 @@ type ipamActor struct {
 	// delete with NoIPRelease (row.Kept) are never in it.
 	unclaimed map[netip.Addr]time.Time
 	sweep     *time.Timer
-	batch     batcher
 }
 
 // sweepExpired asks the IPAM actor to release expired unclaimed addresses.
@@ -88,24 +88,28 @@ type sweepExpired struct{}
 
 func newIPAMActor(cfg IPAMConfig, w *indexWriter, log *slog.Logger) *ipamActor {
 	l := log.With("actor", "ipam")
-	return &ipamActor{cfg: cfg, log: l, batch: newBatcher(w, l)}
+	a := &ipamActor{cfg: cfg, log: l, owner: owner{batch: newBatcher(w, l), asksNobody: true}}
+	a.onStart, a.onStop = a.rebuild, a.stopSweep
+	return a
+}
+
+// stopSweep stops the expiry sweep's timer (owner.onStop).
+func (a *ipamActor) stopSweep() {
+	if a.sweep != nil {
+		a.sweep.Stop()
+		a.sweep = nil
+	}
 }
 
 // Receive implements actor.Actor.
 func (a *ipamActor) Receive(ctx actor.Context) {
 	defer a.batch.flushOnPanic()
+	if a.lifecycle(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
-	case *actor.Started:
-		a.rebuild(ctx)
-	case *actor.Restarting, *actor.Stopping:
-		a.batch.flush()
-		if a.sweep != nil {
-			a.sweep.Stop()
-		}
 	case *sweepExpired:
 		a.sweepExpired(ctx)
-	case *flushIndex:
-		a.batch.flush()
 	case *messages.IPAMAllocate:
 		a.allocate(ctx, msg)
 	case *messages.IPAMAllocateIP:

@@ -2,12 +2,9 @@ package actors
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -17,20 +14,14 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
-// ipcacheRetryMin and ipcacheRetryMax bound the backoff between retries
-// of failed datapath ipcache writes.
-const (
-	ipcacheRetryMin = 100 * time.Millisecond
-	ipcacheRetryMax = 30 * time.Second
-)
-
 // ipcacheActor owns the node's ipcache: prefix -> identity, fed by the
 // endpoint actors (their addresses), the policy actor (policy CIDR
 // prefixes) and the configuration (the ranges' gateways are the host).
 // It is the single writer of the ipcache table and writes the datapath
-// through the worker pool, one batch at a time, so writes to one prefix
-// never overtake each other. A restart rebuilds from the table and
-// re-writes every entry (writes are idempotent).
+// through its reconciler (one pool job at a time, so writes to one
+// prefix never overtake each other; failed prefixes retried). A restart
+// rebuilds from the table and re-writes every entry (writes are
+// idempotent).
 type ipcacheActor struct {
 	owner
 	deps     *endpointDeps
@@ -44,45 +35,24 @@ type ipcacheActor struct {
 	// What the datapath holds is not tracked (heap per endpoint): every
 	// change of a prefix's identity is written, writes are idempotent.
 	entries map[netip.Prefix]*index.IPCacheEntry
-	dirty   map[netip.Prefix]struct{}
-	syncing bool
-	prune   bool // a full sync (datapath.IPCacheSyncer) is due
-	retry   *time.Timer
-	backoff time.Duration // the next retry delay; 0 after a success
+	// rec writes the changed prefixes (their entries, or their absence)
+	// and, on IPCachePrune, the whole map (datapath.IPCacheSyncer).
+	rec reconciler[netip.Prefix]
 
 	// replacing holds, per origin, the replacement run in progress
 	// (ReplaceRemoteEndpoints): the addresses it set so far.
 	replacing map[string]*remoteReplace
-
-	// batches counts the datapath writes started; barriers wait for the
-	// success of batch need (IPCacheBarrier).
-	batches  uint64
-	barriers []ipcacheBarrier
-}
-
-// ipcacheBarrier is an IPCacheBarrier waiting for the batch that writes
-// every change received before it.
-type ipcacheBarrier struct {
-	to   *actor.PID
-	seq  uint64
-	need uint64
-}
-
-// ipcacheRetrySync is the retry timer's message.
-type ipcacheRetrySync struct{}
-
-// ipcacheOp is one datapath write of a sync batch.
-type ipcacheOp struct {
-	prefix netip.Prefix
-	id     identity.NumericIdentity // 0: delete
-	tunnel netip.Addr               // the remote node (tunnel mode)
-	err    error
 }
 
 func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr, ranges []netip.Prefix) *ipcacheActor {
 	l := deps.log.With("actor", "ipcache")
 	a := &ipcacheActor{deps: deps, gateways: gateways, ranges: ranges, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
-	a.onStart, a.onStop = a.rebuild, a.stopTimers
+	a.onStart = a.rebuild
+	ops := reconcileOps[netip.Prefix]{update: a.update}
+	if _, ok := deps.dp.(datapath.IPCacheSyncer); ok {
+		ops.prune = a.prune
+	}
+	a.rec.init(&a.owner, deps, l, ops)
 	return a
 }
 
@@ -100,15 +70,7 @@ func (a *ipcacheActor) hostAddr(ctx actor.Context, msg *messages.IPCacheHostAddr
 	} else {
 		a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
 	}
-	a.sync(ctx)
-}
-
-// stopTimers stops the retry timer (owner.onStop).
-func (a *ipcacheActor) stopTimers() {
-	if a.retry != nil {
-		a.retry.Stop()
-		a.retry = nil
-	}
+	a.rec.sync(ctx)
 }
 
 // Receive implements actor.Actor.
@@ -127,21 +89,19 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		for p, id := range msg.Upserts {
 			a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceCIDRPolicy, Identity: id})
 		}
-		a.sync(ctx)
+		a.rec.sync(ctx)
 	case *messages.IPCacheHostAddr:
 		a.hostAddr(ctx, msg)
 	case *messages.IPCacheRemote:
 		a.remote(ctx, msg)
 	case *messages.IPCachePrune:
-		if _, ok := a.deps.dp.(datapath.IPCacheSyncer); ok {
-			a.prune = true
-			a.sync(ctx)
-		}
-	case *ipcacheRetrySync:
-		a.retry = nil
-		a.sync(ctx)
+		a.rec.resync()
+		a.rec.sync(ctx)
 	case *messages.IPCacheBarrier:
-		a.barrier(ctx, msg)
+		// Answered once the datapath holds every change received before.
+		if to, seq := ctx.Sender(), msg.Seq; to != nil {
+			a.rec.barrier(func() { ctx.Send(to, &messages.IPCacheBarrierDone{Seq: seq}) })
+		}
 	case *crashForTest:
 		panic("ipcache: crash requested by a test")
 	}
@@ -151,16 +111,15 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 // the host and writes everything to the datapath.
 func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
-	a.dirty = map[netip.Prefix]struct{}{}
 	a.replacing = map[string]*remoteReplace{}
 	for _, e := range a.deps.ix.IPCache() {
 		a.entries[e.Prefix] = e
-		a.dirty[e.Prefix] = struct{}{}
+		a.rec.mark(e.Prefix)
 	}
 	for _, gw := range a.gateways {
 		a.claim(ctx, netip.PrefixFrom(gw, gw.BitLen()), index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
 	}
-	a.sync(ctx)
+	a.rec.sync(ctx)
 }
 
 // endpoint sets (or with Deleted drops) an endpoint's claims on its
@@ -174,7 +133,7 @@ func (a *ipcacheActor) endpoint(ctx actor.Context, msg *messages.IPCacheEndpoint
 		}
 		a.claim(ctx, p, index.IPCacheClaim{Source: index.SourceEndpoint, Identity: msg.Identity, Endpoint: msg.Endpoint})
 	}
-	a.sync(ctx)
+	a.rec.sync(ctx)
 }
 
 // claim sets c's claim on p (replacing the same source's, for
@@ -208,7 +167,7 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 		if old != nil {
 			delete(a.entries, p)
 			a.batch.delKeyed(ctx, index.TableIPCache, p, old)
-			a.dirty[p] = struct{}{}
+			a.rec.mark(p)
 		}
 		return
 	}
@@ -225,7 +184,7 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 	a.entries[p] = e
 	a.batch.putKeyed(ctx, index.TableIPCache, p, e)
 	if old == nil || old.Identity != e.Identity || old.TunnelEndpoint != e.TunnelEndpoint {
-		a.dirty[p] = struct{}{}
+		a.rec.mark(p)
 	}
 }
 
@@ -253,167 +212,47 @@ func sourceRank(s string) int {
 	return 4
 }
 
-// sync writes the dirty prefixes to the datapath in one pool job, unless
-// one is in flight (it runs again when that one finishes).
-func (a *ipcacheActor) sync(ctx actor.Context) {
-	if a.syncing {
-		return
-	}
-	if a.prune {
-		a.syncAll(ctx)
-		return
-	}
-	if len(a.dirty) == 0 {
-		return
-	}
-	ops := make([]ipcacheOp, 0, len(a.dirty))
-	for p := range a.dirty {
-		var id identity.NumericIdentity
-		var tunnel netip.Addr
+// update is the reconciler's job writing prefixes: each its entry's
+// identity and tunnel endpoint, or deleted when it has no entry.
+func (a *ipcacheActor) update(_ actor.Context, prefixes []netip.Prefix) reconcileJob {
+	want := make([]datapath.IPCacheValue, len(prefixes)) // zero Identity: delete
+	for i, p := range prefixes {
 		if e := a.entries[p]; e != nil {
-			id, tunnel = e.Identity, e.TunnelEndpoint
+			want[i] = datapath.IPCacheValue{Identity: e.Identity, TunnelEndpoint: e.TunnelEndpoint}
 		}
-		ops = append(ops, ipcacheOp{prefix: p, id: id, tunnel: tunnel})
 	}
-	a.dirty = map[netip.Prefix]struct{}{} // a burst's buckets go
-	a.syncing = true
-	a.batches++
 	dp := a.deps.dp
-	work := &messages.DatapathWork{Op: "ipcache", Run: func(c context.Context) (any, error) {
-		return writeIPCache(c, dp, ops), nil
+	return reconcileJob{op: "ipcache", run: func(c context.Context) ([]error, error) {
+		errs := make([]error, len(prefixes))
+		for i, p := range prefixes {
+			if want[i].Identity == identity.IdentityUnknown {
+				errs[i] = dp.DeleteIPCache(c, p)
+			} else {
+				errs[i] = dp.UpsertIPCache(c, p, want[i].Identity, want[i].TunnelEndpoint)
+			}
+		}
+		return errs, nil
 	}}
-	a.req.inPool(ctx, a.deps, work, func(v any, err error) { a.synced(ctx, ops, v, err) })
 }
 
-// syncAll makes the datapath's ipcache hold exactly the entries, in one
-// pool job (it covers every dirty prefix). A failure retries it.
-func (a *ipcacheActor) syncAll(ctx actor.Context) {
+// prune is the reconciler's full sync: the datapath's ipcache holds
+// exactly the entries afterwards (IPCachePrune).
+func (a *ipcacheActor) prune(actor.Context) reconcileJob {
 	desired := make(map[netip.Prefix]datapath.IPCacheValue, len(a.entries))
 	for p, e := range a.entries {
 		desired[p] = datapath.IPCacheValue{Identity: e.Identity, TunnelEndpoint: e.TunnelEndpoint}
 	}
-	a.prune, a.syncing = false, true
-	a.batches++
-	a.dirty = map[netip.Prefix]struct{}{}
 	syncer := a.deps.dp.(datapath.IPCacheSyncer)
-	work := &messages.DatapathWork{Op: "ipcache-prune", Run: func(c context.Context) (any, error) {
-		return syncer.SyncIPCache(c, desired)
-	}}
-	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
-		a.syncing = false
-		if err != nil {
-			a.prune = true
-			a.barriersFailed()
-			a.retryLater(ctx, "ipcache prune failed; retrying", err)
-			return
-		}
-		a.barriersDone(ctx)
-		st, _ := v.(datapath.IPCacheSyncStats)
-		a.log.Info("ipcache pruned", "entries", len(desired), "deleted", st.Deleted, "written", st.Written)
-		a.backoff = 0
-		a.sync(ctx)
-	})
-}
-
-// retryLater schedules the next sync with exponential backoff.
-func (a *ipcacheActor) retryLater(ctx actor.Context, msg string, err error) {
-	a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
-	a.log.Warn(msg, "err", err, "in", a.backoff)
-	if a.retry == nil {
-		self, system := ctx.Self(), ctx.ActorSystem()
-		a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
-	}
-}
-
-func writeIPCache(ctx context.Context, dp datapath.Datapath, ops []ipcacheOp) []ipcacheOp {
-	for i := range ops {
-		if ops[i].id == 0 {
-			ops[i].err = dp.DeleteIPCache(ctx, ops[i].prefix)
-		} else {
-			ops[i].err = dp.UpsertIPCache(ctx, ops[i].prefix, ops[i].id, ops[i].tunnel)
-		}
-	}
-	return ops
-}
-
-func (a *ipcacheActor) synced(ctx actor.Context, sent []ipcacheOp, v any, err error) {
-	a.syncing = false
-	var done []ipcacheOp
-	if err == nil {
-		done, _ = v.([]ipcacheOp)
-	}
-	if done == nil {
-		if err == nil {
-			err = errors.New("no result")
-		}
-		done = sent
-		for i := range done {
-			done[i].err = fmt.Errorf("ipcache write did not run: %w", err)
-		}
-	}
-	failed := 0
-	for _, op := range done {
-		if op.err != nil {
-			failed++
-			a.dirty[op.prefix] = struct{}{}
-		}
-	}
-	if failed > 0 {
-		a.barriersFailed()
-		a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
-		a.log.Warn("ipcache writes failed; retrying", "failed", failed, "err", firstErr(done), "in", a.backoff)
-		if a.retry == nil {
-			self, system := ctx.Self(), ctx.ActorSystem()
-			a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &ipcacheRetrySync{}) })
-		}
-		return
-	}
-	a.backoff = 0
-	a.barriersDone(ctx)
-	a.sync(ctx)
-}
-
-// barrier answers at once when the datapath holds every change, else
-// once the batch writing the changes pending now succeeded.
-func (a *ipcacheActor) barrier(ctx actor.Context, msg *messages.IPCacheBarrier) {
-	pending := len(a.dirty) > 0 || a.prune
-	if !a.syncing && !pending {
-		ctx.Respond(&messages.IPCacheBarrierDone{Seq: msg.Seq})
-		return
-	}
-	need := a.batches
-	if pending {
-		need++
-	}
-	a.barriers = append(a.barriers, ipcacheBarrier{to: ctx.Sender(), seq: msg.Seq, need: need})
-}
-
-// barriersDone answers the barriers the finished batch satisfies.
-func (a *ipcacheActor) barriersDone(ctx actor.Context) {
-	kept := a.barriers[:0]
-	for _, b := range a.barriers {
-		if b.need <= a.batches {
-			ctx.Send(b.to, &messages.IPCacheBarrierDone{Seq: b.seq})
-			continue
-		}
-		kept = append(kept, b)
-	}
-	clear(a.barriers[len(kept):])
-	a.barriers = kept
-}
-
-// barriersFailed moves the barriers of a failed batch to its retry.
-func (a *ipcacheActor) barriersFailed() {
-	for i := range a.barriers {
-		a.barriers[i].need = max(a.barriers[i].need, a.batches+1)
-	}
-}
-
-func firstErr(ops []ipcacheOp) error {
-	for _, op := range ops {
-		if op.err != nil {
-			return op.err
-		}
-	}
-	return nil
+	var st datapath.IPCacheSyncStats // written by run; done reads it only once run returned
+	return reconcileJob{op: "ipcache-prune",
+		run: func(c context.Context) ([]error, error) {
+			var err error
+			st, err = syncer.SyncIPCache(c, desired)
+			return nil, err
+		},
+		done: func(_ []error, err error) {
+			if err == nil {
+				a.log.Info("ipcache pruned", "entries", len(desired), "deleted", st.Deleted, "written", st.Written)
+			}
+		}}
 }

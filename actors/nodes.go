@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -27,9 +26,9 @@ func init() { kindOrder[KindNodes] = kindOrder[KindGC] }
 // "kvstore", "file", ...) last reported, one index row per (source,
 // node). The union (a node reported by several sources is taken from the
 // source first by name) goes to the datapath's NodeRouter through the
-// worker pool, one sync in flight at a time; a failed sync retries with
-// backoff. A restart rebuilds from the table and syncs again (SyncNodes
-// is idempotent).
+// reconciler, as a full sync (SyncNodes takes the whole set): one in
+// flight at a time, a failed one retried with backoff. A restart rebuilds
+// from the table and syncs again (SyncNodes is idempotent).
 type nodesActor struct {
 	owner
 	deps   *endpointDeps
@@ -37,33 +36,26 @@ type nodesActor struct {
 	router datapath.NodeRouter
 	log    *slog.Logger
 
-	rows  map[string]*index.Node // by Key(); immutable, shared with the index
-	dirty bool                   // the union changed since the last sync started
+	rows map[string]*index.Node // by Key(); immutable, shared with the index
 	// heard is set by the first SyncNodes: until a source spoke, the
 	// datapath keeps what a previous agent left (no route flap at start).
-	heard   bool
-	syncing bool
-	retry   *time.Timer
-	backoff time.Duration
+	heard bool
+	// rec syncs the union whenever it changed (a full sync; it marks no
+	// keys). It does nothing without a router.
+	rec reconciler[string]
 }
-
-// nodesRetrySync is the retry timer's message.
-type nodesRetrySync struct{}
 
 func newNodesActor(deps *endpointDeps, local []netip.Prefix) *nodesActor {
 	l := deps.log.With("actor", "nodes")
 	router, _ := deps.dp.(datapath.NodeRouter)
 	a := &nodesActor{deps: deps, local: local, router: router, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
-	a.onStart, a.onStop = a.rebuild, a.stopTimers
-	return a
-}
-
-// stopTimers stops the retry timer (owner.onStop).
-func (a *nodesActor) stopTimers() {
-	if a.retry != nil {
-		a.retry.Stop()
-		a.retry = nil
+	a.onStart = a.rebuild
+	var ops reconcileOps[string]
+	if router != nil {
+		ops.prune = a.syncAll
 	}
+	a.rec.init(&a.owner, deps, l, ops)
+	return a
 }
 
 // Receive implements actor.Actor.
@@ -76,13 +68,11 @@ func (a *nodesActor) Receive(ctx actor.Context) {
 	case *messages.SyncNodes:
 		a.replace(ctx, msg.Source, msg.Nodes)
 		if !a.heard {
-			a.heard, a.dirty = true, true // the first set is synced even if empty
+			a.heard = true
+			a.rec.resync() // the first set is synced even if empty
 		}
 		a.batch.reply(ctx, ctx.Sender(), &messages.NodesResult{})
-		a.sync(ctx)
-	case *nodesRetrySync:
-		a.retry = nil
-		a.sync(ctx)
+		a.rec.sync(ctx)
 	case *crashForTest:
 		panic("nodes: crash requested by a test")
 	}
@@ -96,9 +86,10 @@ func (a *nodesActor) rebuild(ctx actor.Context) {
 	// At agent start the table is empty: nothing is synced until a source
 	// reports, so the routes a previous agent left keep working. After a
 	// restart of this actor the table holds what the sources said.
-	a.heard = len(a.rows) > 0
-	a.dirty = a.heard
-	a.sync(ctx)
+	if a.heard = len(a.rows) > 0; a.heard {
+		a.rec.resync()
+	}
+	a.rec.sync(ctx)
 }
 
 // validateNodes checks the source name and the set (in the caller's
@@ -125,7 +116,7 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 		if r.Source == source && want[k] == nil {
 			delete(a.rows, k)
 			a.batch.delKeyed(ctx, index.TableNodes, k, r)
-			a.dirty = true
+			a.rec.resync()
 		}
 	}
 	for k, r := range want {
@@ -133,7 +124,7 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 			continue
 		}
 		a.rows[k] = r
-		a.dirty = true
+		a.rec.resync()
 	}
 	a.activate(ctx)
 }
@@ -193,32 +184,14 @@ func (a *nodesActor) union() []datapath.RemoteNode {
 	}
 }
 
-// sync hands the union to the datapath in one pool job, unless one is in
-// flight (it runs again when that one finishes).
-func (a *nodesActor) sync(ctx actor.Context) {
-	if a.router == nil || a.syncing || !a.dirty {
-		return
-	}
-	nodes := a.union()
-	a.dirty, a.syncing = false, true
-	router := a.router
-	work := &messages.DatapathWork{Op: "sync-nodes", Run: func(c context.Context) (any, error) {
-		return nil, router.SyncNodes(c, nodes)
-	}}
-	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
-		a.syncing = false
-		if err != nil {
-			a.dirty = true
-			a.backoff = min(max(2*a.backoff, ipcacheRetryMin), ipcacheRetryMax)
-			a.log.Warn("node sync failed; retrying", "err", err, "in", a.backoff)
-			if a.retry == nil {
-				self, system := ctx.Self(), ctx.ActorSystem()
-				a.retry = time.AfterFunc(a.backoff, func() { system.Root.Send(self, &nodesRetrySync{}) })
+// syncAll is the reconciler's job: the router takes the union.
+func (a *nodesActor) syncAll(actor.Context) reconcileJob {
+	nodes, router := a.union(), a.router
+	return reconcileJob{op: "sync-nodes",
+		run: func(c context.Context) ([]error, error) { return nil, router.SyncNodes(c, nodes) },
+		done: func(_ []error, err error) {
+			if err == nil {
+				a.log.Debug("nodes synced", "nodes", len(nodes))
 			}
-			return
-		}
-		a.backoff = 0
-		a.log.Debug("nodes synced", "nodes", len(nodes))
-		a.sync(ctx)
-	})
+		}}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -17,9 +16,9 @@ import (
 // servicesActor owns the service table: frontend -> backends, fed by
 // sources (the Kubernetes watcher, tests) through the front door. It is
 // the single writer of the services table and writes the datapath's
-// service maps through the worker pool, one batch at a time, so writes of
-// one frontend never overtake each other. A request is answered once the
-// batch holding its change finished (after the index commit). IDs (the
+// service maps through its reconciler (one pool job at a time, so writes
+// of one frontend never overtake each other). A request is answered once
+// the job holding its change ended (after the index commit). IDs (the
 // backend slots' key) are kept per frontend while the datapath holds it;
 // at start the actor reads the maps back and reuses their IDs, so the
 // connections a previous agent translated keep their backends.
@@ -32,23 +31,20 @@ type servicesActor struct {
 	rows map[service.Frontend]*index.ServiceRow
 	// held is what the datapath may hold per frontend: its ID and the
 	// highest backend count written (a failed write may have left slots).
-	held  map[service.Frontend]heldService
-	ids   map[uint32]service.Frontend // IDs of rows and of held frontends
-	next  uint32                      // the next ID to try
-	dirty map[service.Frontend]struct{}
+	held map[service.Frontend]heldService
+	ids  map[uint32]service.Frontend // IDs of rows and of held frontends
+	next uint32                      // the next ID to try
 	// adopted are the IDs the maps held at start, reused for the same
-	// frontend. adopting: the read-back runs; requests wait in stash.
+	// frontend. While the read-back runs the reconciler is paused and
+	// requests wait in stash.
 	adopted    map[service.Frontend]uint32
 	adoptedIDs map[uint32]bool
-	adopting   bool
 	stash      []stashed
 
-	seq     uint64 // numbers the requests that changed rows
-	waiters []serviceWaiter
-	syncing bool
-	prune   bool
-	retry   *time.Timer
-	backoff time.Duration
+	// rec writes the changed frontends (their rows, or their absence)
+	// and, on ServicePrune, the whole maps. It does nothing without a
+	// datapath.
+	rec reconciler[service.Frontend]
 }
 
 type heldService struct {
@@ -62,39 +58,24 @@ type stashed struct {
 	sender *actor.PID
 }
 
-// serviceWaiter is a request waiting for the batch that writes its change.
-type serviceWaiter struct {
-	to        *actor.PID
-	seq       uint64
-	frontends []service.Frontend
-	res       *messages.ServiceResult
-}
-
-// servicesRetry is the retry timer's message.
-type servicesRetry struct{}
-
-// serviceOp is one datapath write of a batch.
+// serviceOp is one datapath write of a job.
 type serviceOp struct {
 	svc    datapath.LBService
 	delete bool
 	prev   int
-	err    error
 }
 
 func newServicesActor(deps *endpointDeps) *servicesActor {
 	l := deps.log.With("actor", "services")
 	a := &servicesActor{deps: deps, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
-	a.onStart, a.onStop = a.rebuild, a.stopTimers
+	a.onStart = a.rebuild
 	a.dp, _ = deps.dp.(datapath.ServiceDatapath)
-	return a
-}
-
-// stopTimers stops the retry timer (owner.onStop).
-func (a *servicesActor) stopTimers() {
-	if a.retry != nil {
-		a.retry.Stop()
-		a.retry = nil
+	var ops reconcileOps[service.Frontend]
+	if a.dp != nil {
+		ops = reconcileOps[service.Frontend]{update: a.update, prune: a.syncAll}
 	}
+	a.rec.init(&a.owner, deps, l, ops)
+	return a
 }
 
 // Receive implements actor.Actor.
@@ -105,17 +86,14 @@ func (a *servicesActor) Receive(ctx actor.Context) {
 	}
 	switch msg := ctx.Message().(type) {
 	case *messages.ServiceUpsert, *messages.ServiceDelete:
-		if a.adopting {
+		if a.rec.paused { // adopting
 			a.stash = append(a.stash, stashed{msg: msg, sender: ctx.Sender()})
 			return
 		}
 		a.handle(ctx, msg, ctx.Sender())
 	case *messages.ServicePrune:
-		a.prune = true
-		a.sync(ctx)
-	case *servicesRetry:
-		a.retry = nil
-		a.sync(ctx)
+		a.rec.resync()
+		a.rec.sync(ctx)
 	case *crashForTest:
 		panic("services: crash requested by a test")
 	}
@@ -134,9 +112,13 @@ func (a *servicesActor) handle(ctx actor.Context, msg any, sender *actor.PID) {
 		a.batch.reply(ctx, sender, res)
 		return
 	}
-	a.seq++
-	a.waiters = append(a.waiters, serviceWaiter{to: sender, seq: a.seq, frontends: fronts, res: res})
-	a.sync(ctx)
+	a.rec.wait(fronts, func(err error) {
+		if res.Err == nil {
+			res.Err = err
+		}
+		a.batch.reply(ctx, sender, res)
+	})
+	a.rec.sync(ctx)
 }
 
 // rebuild reads the table (empty at agent start) and, at agent start,
@@ -145,23 +127,22 @@ func (a *servicesActor) rebuild(ctx actor.Context) {
 	a.rows = map[service.Frontend]*index.ServiceRow{}
 	a.held = map[service.Frontend]heldService{}
 	a.ids = map[uint32]service.Frontend{}
-	a.dirty = map[service.Frontend]struct{}{}
 	a.next = 1
 	for _, r := range a.deps.ix.Services() {
 		f := r.Service.Frontend
 		a.rows[f] = r
 		a.ids[r.ID] = f
 		a.held[f] = heldService{id: r.ID, count: len(r.Service.Backends)}
-		a.dirty[f] = struct{}{}
+		a.rec.mark(f)
 	}
 	if a.dp == nil {
 		return
 	}
 	if len(a.rows) > 0 {
-		a.sync(ctx)
+		a.rec.sync(ctx)
 		return
 	}
-	a.adopting = true
+	a.rec.paused = true
 	dp := a.dp
 	work := &messages.DatapathWork{Op: "services-read", Run: func(c context.Context) (any, error) { return dp.DumpServices(c) }}
 	a.req.inPool(ctx, a.deps, work, func(v any, err error) {
@@ -173,7 +154,7 @@ func (a *servicesActor) rebuild(ctx actor.Context) {
 // adopt records the IDs and slot counts the maps hold, then serves the
 // requests that waited.
 func (a *servicesActor) adopt(ctx actor.Context, m datapath.LBMaps, err error) {
-	a.adopting = false
+	a.rec.paused = false
 	if err != nil {
 		a.log.Warn("reading the service maps back failed; new IDs for every frontend", "err", err)
 	}
@@ -187,7 +168,7 @@ func (a *servicesActor) adopt(ctx actor.Context, m datapath.LBMaps, err error) {
 		a.handle(ctx, s.msg, s.sender)
 	}
 	a.stash = nil
-	a.sync(ctx)
+	a.rec.sync(ctx)
 }
 
 // upsert applies m if no frontend belongs to another source.
@@ -248,7 +229,7 @@ func (a *servicesActor) put(ctx actor.Context, source string, s service.Service)
 	}
 	a.rows[f] = row
 	a.batch.putKeyed(ctx, index.TableServices, f, row)
-	a.dirty[f] = struct{}{}
+	a.rec.mark(f)
 }
 
 func (a *servicesActor) remove(ctx actor.Context, f service.Frontend) {
@@ -258,7 +239,7 @@ func (a *servicesActor) remove(ctx actor.Context, f service.Frontend) {
 	if _, ok := a.held[f]; !ok {
 		delete(a.ids, row.ID)
 	}
-	a.dirty[f] = struct{}{}
+	a.rec.mark(f)
 }
 
 // idFor returns f's ID: its row's, the one the datapath holds, the one

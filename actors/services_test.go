@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,34 @@ func TestServicesRetryFailedWrites(t *testing.T) {
 	testutil.Eventually(t, "the retried write", func() bool {
 		row, _ := h.ix.Service(a.Frontend)
 		return row != nil && row.State == index.ServiceRealized && len(h.fake.FakeServices()) == 1
+	})
+}
+
+// TestServicesReconcilerInSnapshot: the services actor's snapshot (GET
+// /v1/actors) shows a failing frontend while the datapath refuses it, and
+// nothing pending once the retry wrote it.
+func TestServicesReconcilerInSnapshot(t *testing.T) {
+	h := startSystem(t, nil)
+	reconciler := func() *actors.ReconcilerSnapshot {
+		s, ok := h.sys.Registry().Get("agent/services")
+		if !ok {
+			t.Fatal("no services actor in the registry")
+		}
+		return s.Reconciler
+	}
+	h.fake.SetServiceFault(datapath.ErrInjected)
+	a := testService("10.96.0.14", 53, "10.200.0.7")
+	if _, err := h.sys.UpsertService(context.Background(), "k8s", a); !errors.Is(err, datapath.ErrInjected) {
+		t.Fatalf("UpsertService with a failing datapath = %v, want ErrInjected", err)
+	}
+	testutil.Eventually(t, "the failing write in the snapshot", func() bool {
+		r := reconciler()
+		return r != nil && r.Pending == 1 && r.Failed == 1 && r.Failures >= 1 && strings.Contains(r.LastError, datapath.ErrInjected.Error())
+	})
+	h.fake.SetServiceFault(nil)
+	testutil.Eventually(t, "nothing pending after the retry", func() bool {
+		r := reconciler()
+		return r != nil && *r == actors.ReconcilerSnapshot{}
 	})
 }
 

@@ -197,15 +197,32 @@ func removeMasqTable() (int, error) {
 
 // removePins removes the agent's bpffs directory: every pinned map,
 // program and link (unpinning a link the agent no longer holds detaches
-// it).
+// it). A directory that is a bpffs mount of its own keeps its mount and
+// the kernel's preloaded iterators (maps.debug, progs.debug).
 func removePins(dir string) (int, error) {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
 	}
-	n := 0
-	_ = filepath.WalkDir(dir, func(string, os.DirEntry, error) error { n++; return nil })
-	if err := os.RemoveAll(dir); err != nil {
+	if err != nil {
 		return 0, fmt.Errorf("remove pins under %s: %w", dir, err)
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Name() == "maps.debug" || e.Name() == "progs.debug" {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		_ = filepath.WalkDir(p, func(string, os.DirEntry, error) error { n++; return nil })
+		if err := os.RemoveAll(p); err != nil {
+			return n, fmt.Errorf("remove pins under %s: %w", dir, err)
+		}
+	}
+	var st, parent unix.Stat_t
+	if unix.Stat(dir, &st) == nil && unix.Stat(filepath.Dir(dir), &parent) == nil && st.Dev == parent.Dev {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return n, fmt.Errorf("remove %s: %w", dir, err)
+		}
 	}
 	return n, nil
 }

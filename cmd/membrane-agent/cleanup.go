@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
@@ -34,6 +36,7 @@ func runCleanup(args []string, stderr io.Writer) int {
 	stateDir := fs.String("state-dir", "/var/run/membrane/state", "the agent's state directory (--state-dir)")
 	socket := fs.String("socket", "/var/run/membrane/membrane.sock", "the agent's socket (--socket)")
 	queue := fs.String("delete-queue-dir", "/var/run/membrane/delete-queue", "the agent's delete queue (--delete-queue-dir)")
+	wait := fs.Bool("wait", false, "once clean, wait for SIGTERM (the uninstall DaemonSet: a running pod means its node is clean)")
 	if err := fs.Parse(args); err != nil {
 		return exitParse(err)
 	}
@@ -74,5 +77,10 @@ func runCleanup(args []string, stderr io.Writer) int {
 		return 1
 	}
 	log.Info("node cleaned up", "removed", rep.String())
+	if *wait {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		<-ctx.Done()
+	}
 	return 0
 }

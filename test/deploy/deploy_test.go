@@ -42,14 +42,15 @@ const (
 	saName      = "membrane-agent"
 )
 
-// manifests are every Kubernetes manifest in deploy/: deploy/*.yaml and
-// deploy/*/*.yaml, so the CRDs other features add to deploy/crds/ are
-// covered without listing them.
+// manifests are every Kubernetes manifest in deploy/: deploy/*.yaml,
+// deploy/*/*.yaml and deploy/*/*/*.yaml (the uninstall DaemonSet), so the
+// CRDs other features add to deploy/crds/ are covered without listing
+// them.
 func manifests(t *testing.T) []string {
 	t.Helper()
 	root := filepath.Join(kubetest.RepoRoot(), "deploy")
 	var files []string
-	for _, pat := range []string{"*.yaml", "*/*.yaml"} {
+	for _, pat := range []string{"*.yaml", "*/*.yaml", "*/*/*.yaml"} {
 		m, err := filepath.Glob(filepath.Join(root, pat))
 		if err != nil {
 			t.Fatal(err)

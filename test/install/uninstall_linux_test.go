@@ -8,9 +8,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/nodeharness"
@@ -28,10 +32,13 @@ func TestCleanupRestoresNode(t *testing.T) {
 	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbt-uninst", IPv4Range: "10.77.0.0/24", OwnBPFFS: true})
 	// The node's own uplink, as on a real node: the agent picks its
 	// address for the tunnel and the masquerade.
-	mustExec(t, n, "ip", "link", "add", "uplink0", "type", "dummy")
+	mustExec(t, n, "ip", "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink0p")
 	mustExec(t, n, "ip", "addr", "add", "192.168.77.1/24", "dev", "uplink0")
 	mustExec(t, n, "ip", "link", "set", "uplink0", "up")
 	mustExec(t, n, "ip", "link", "set", "lo", "up")
+	// Another program's tc filter on the uplink: cleanup leaves it alone.
+	mustExec(t, n, "tc", "qdisc", "add", "dev", "uplink0", "clsact")
+	mustExec(t, n, "tc", "filter", "add", "dev", "uplink0", "ingress", "prio", "7", "protocol", "all", "u32", "match", "u32", "0", "0", "classid", "1:1")
 	cniBin, cniConf := filepath.Join(n.Dir, "opt-cni-bin"), filepath.Join(n.Dir, "etc-cni-net.d")
 	for _, d := range []string{cniBin, cniConf} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -56,7 +63,8 @@ func TestCleanupRestoresNode(t *testing.T) {
 		"--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-xds-socket", filepath.Join(n.Dir, "xds.sock"),
 		"--dns-proxy", "--enable-health=true")
 	p.Start()
-	a, b := n.AddPod("a"), n.AddPod("b")
+	a := n.AddPod("a")
+	n.AddPod("b")
 	testutil.Eventually(t, "the route to the remote node's pods", func() bool {
 		out, _ := n.NS.Exec("ip", "route", "show", "10.78.0.0/24")
 		return strings.Contains(out, "10.78.0.0/24")
@@ -66,10 +74,11 @@ func TestCleanupRestoresNode(t *testing.T) {
 	if diff := diffSnapshots(before, installed); len(diff) < 5 {
 		t.Fatalf("the install changed too little for this test to mean anything:\n%s", strings.Join(diff, "\n"))
 	}
-	// The runtime removed the pods' namespaces (their host veths stay).
-	for _, pod := range []*nodeharness.Pod{a, b} {
-		pod.NS.Remove()
-	}
+	// The runtime removed one pod's namespace (and so its veth); the
+	// other pod still runs: cleanup removes its host veth.
+	a.NS.Remove()
+	// The kernel destroys a's netns, and its veth, asynchronously.
+	testutil.Eventually(t, "pod b's and the health endpoint's host veths left", func() bool { return hostVeths(t, n) == 2 })
 
 	for i := range 2 {
 		cmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
@@ -90,6 +99,33 @@ func TestCleanupRestoresNode(t *testing.T) {
 		}
 		t.Logf("cleanup %d:\n%s", i+1, out.String())
 	}
+	// --wait (the uninstall DaemonSet's container): clean, then running
+	// until SIGTERM, then a clean exit.
+	waitCmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--wait", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
+		"--bpffs", n.BPFFS, "--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue)
+	var waitOut testutil.LogBuffer
+	waitCmd.Stdout, waitCmd.Stderr = &waitOut, &waitOut
+	exited, err := n.NS.StartPinned(waitCmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "cleanup --wait done and waiting", func() bool { return strings.Contains(waitOut.String(), "node cleaned up") })
+	select {
+	case <-exited:
+		t.Fatalf("cleanup --wait exited before SIGTERM: %v\n%s", waitCmd.ProcessState, waitOut.String())
+	default:
+	}
+	if err := waitCmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("cleanup --wait ignored SIGTERM")
+	}
+	if !waitCmd.ProcessState.Success() {
+		t.Fatalf("cleanup --wait: %v\n%s", waitCmd.ProcessState, waitOut.String())
+	}
 	after := snapshot(t, n, cniBin, cniConf)
 	if diff := diffSnapshots(before, after); len(diff) > 0 {
 		t.Fatalf("the node after cleanup differs from before the install:\n%s", strings.Join(diff, "\n"))
@@ -99,6 +135,22 @@ func TestCleanupRestoresNode(t *testing.T) {
 			t.Errorf("%s left behind (%v)", p, err)
 		}
 	}
+}
+
+// hostVeths counts the node's veths that the agent names (ifname.Managed).
+func hostVeths(t *testing.T, n *nodeharness.Node) int {
+	t.Helper()
+	links, err := n.NS.Netlink(t).LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := 0
+	for _, l := range links {
+		if l.Type() == "veth" && ifname.Managed(l.Attrs().Name) {
+			c++
+		}
+	}
+	return c
 }
 
 func mustExec(t *testing.T, n *nodeharness.Node, name string, args ...string) {
@@ -130,7 +182,19 @@ func snapshot(t *testing.T, n *nodeharness.Node, dirs ...string) []string {
 	add("route6", "ip", "-6", "route", "show", "table", "all")
 	add("rule4", "ip", "-4", "rule", "show")
 	add("rule6", "ip", "-6", "rule", "show")
-	add("nft", "nft", "list", "tables")
+	if err := n.NS.Do(func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		tables, err := c.ListTables()
+		for _, tb := range tables {
+			lines = append(lines, fmt.Sprintf("nft: table %d %s", tb.Family, tb.Name))
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("nftables: %v", err)
+	}
 	add("qdisc", "tc", "qdisc", "show")
 	out, err := n.NS.Exec("ip", "-o", "link", "show")
 	if err != nil {

@@ -156,6 +156,9 @@ func actorModel(out *models.Actor, s *actors.ActorSnapshot, now time.Time) {
 			}
 		}
 	}
+	if r := s.Reconciler; r != nil {
+		out.Reconciler = &models.ActorReconciler{Pending: r.Pending, Failed: r.Failed, Failures: r.Failures, LastError: r.LastError}
+	}
 }
 
 func timeOrNil(t time.Time) *time.Time {

@@ -61,6 +61,19 @@ func appendActorJSON(b []byte, s *actors.ActorSnapshot, now time.Time) []byte {
 		}
 		b = append(b, '}')
 	}
+	if r := s.Reconciler; r != nil {
+		b = append(b, `,"reconciler":{"pending":`...)
+		b = strconv.AppendInt(b, int64(r.Pending), 10)
+		b = append(b, `,"failed":`...)
+		b = strconv.AppendInt(b, int64(r.Failed), 10)
+		b = append(b, `,"failures":`...)
+		b = strconv.AppendInt(b, int64(r.Failures), 10)
+		if r.LastError != "" {
+			b = append(b, `,"last-error":`...)
+			b = appendJSONString(b, r.LastError)
+		}
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 

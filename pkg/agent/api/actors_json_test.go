@@ -18,6 +18,9 @@ func TestAppendActorJSON(t *testing.T) {
 		snap actors.ActorSnapshot
 	}{
 		{"idle top-level", actors.ActorSnapshot{Path: "agent/ipam", Kind: "ipam", State: "running", Processed: 12}},
+		{"reconciler in sync", actors.ActorSnapshot{Path: "agent/nodes", Kind: "nodes", State: "running", Reconciler: &actors.ReconcilerSnapshot{}}},
+		{"reconciler retrying", actors.ActorSnapshot{Path: "agent/ipcache", Kind: "ipcache", State: "running",
+			Reconciler: &actors.ReconcilerSnapshot{Pending: 7, Failed: 2, Failures: 3, LastError: `ipcache: "10.0.0.1/32" <&>` + "\n"}}},
 		{"busy top-level", actors.ActorSnapshot{Path: "agent", Kind: "agent", State: "running", Operation: "*actors.getChildren",
 			OperationSince: now.Add(-1500 * time.Millisecond), MailboxDepth: 3, Restarts: 2, LastError: `panic: "boom" <&> ü` + "\n\x01"}},
 		{"ready endpoint", actors.ActorSnapshot{Path: "agent/endpoints/ep-7", Kind: "endpoint", State: "ready", StateSince: now.Add(-time.Hour),

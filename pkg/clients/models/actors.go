@@ -26,6 +26,24 @@ type Actor struct {
 	// L7Proxy is set for the L7 proxy's row (kind "l7-proxy", path
 	// "agent/l7-proxy"): a process the agent supervises, not an actor.
 	L7Proxy *L7ProxyStatus `json:"l7-proxy,omitempty"`
+	// Reconciler is set for the actors that write the kernel through a
+	// reconciler (ipcache, nodes, services): what they have not written.
+	Reconciler *ActorReconciler `json:"reconciler,omitempty"`
+}
+
+// ActorReconciler is what an actor's reconciler has not yet written to
+// the datapath.
+type ActorReconciler struct {
+	// Pending counts the keys (prefixes, frontends) not yet written as
+	// desired: due, being written or failed.
+	Pending int `json:"pending"`
+	// Failed counts the keys whose last write failed; they are retried
+	// with backoff.
+	Failed int `json:"failed"`
+	// Failures counts the consecutive failed writes (a node sync's
+	// included); LastError is the last one's error. A success resets both.
+	Failures  int    `json:"failures"`
+	LastError string `json:"last-error,omitempty"`
 }
 
 // ActorEndpoint is what an endpoint actor adds to its snapshot.

@@ -36,10 +36,15 @@ type PeerRule struct {
 	DNS []fqdn.Selector
 }
 
-// PortProto is a destination port (0: any) and an IP protocol.
+// PortProto is a destination port (0: any) and an IP protocol, or, when
+// Name is set, a named port (Port 0): the port the destination pod
+// declares under Name for Proto. An ingress named port resolves against
+// the selected endpoint's own ports (MapState.ForPorts), an egress one
+// against each peer identity's (Repository.SetEndpointPorts).
 type PortProto struct {
 	Port  uint16
 	Proto uint8
+	Name  string
 }
 
 // maxPortRange bounds the ports one port/endPort range expands to.
@@ -255,6 +260,9 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s.rules: L7 rules need at least one port", path)
 	}
+	if i := slices.IndexFunc(out, func(pp PortProto) bool { return pp.Name != "" }); i >= 0 {
+		return nil, fmt.Errorf("%s.ports: named port %q with L7 rules is not supported; use a number", path, out[i].Name)
+	}
 	if p.Rules.DNS != nil {
 		return dnsPorts(out, path)
 	}
@@ -332,7 +340,7 @@ func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelecto
 // keys. ANY means TCP, UDP and SCTP (any protocol when the port is 0).
 func compilePort(port portValue, end int, proto, defProto, path string) ([]PortProto, error) {
 	if port.name != "" {
-		return nil, fmt.Errorf("%s.port: named port %q is not supported; use a number", path, port.name)
+		return compileNamedPort(port.name, end, proto, defProto, path)
 	}
 	if port.num < 0 || port.num > 65535 {
 		return nil, fmt.Errorf("%s.port: %d outside 0..65535", path, port.num)
@@ -350,7 +358,7 @@ func compilePort(port portValue, end int, proto, defProto, path string) ([]PortP
 		protos = []uint8{ProtoSCTP}
 	case "ANY":
 		if port.num == 0 {
-			return []PortProto{{0, ProtoAny}}, nil
+			return []PortProto{{Port: 0, Proto: ProtoAny}}, nil
 		}
 		protos = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
 	default:
@@ -371,8 +379,39 @@ func compilePort(port portValue, end int, proto, defProto, path string) ([]PortP
 	var out []PortProto
 	for _, pr := range protos {
 		for n := port.num; n <= last; n++ {
-			out = append(out, PortProto{uint16(n), pr})
+			out = append(out, PortProto{Port: uint16(n), Proto: pr})
 		}
+	}
+	return out, nil
+}
+
+// compileNamedPort compiles a named port: one key per protocol (ANY is
+// TCP, UDP and SCTP), the name checked as Kubernetes checks it. endPort
+// needs a numeric port, as in Kubernetes.
+func compileNamedPort(name string, end int, proto, defProto, path string) ([]PortProto, error) {
+	if err := ValidatePortName(name); err != nil {
+		return nil, fmt.Errorf("%s.port: %w", path, err)
+	}
+	if end != 0 {
+		return nil, fmt.Errorf("%s.endPort: needs a numeric port, not the named port %q", path, name)
+	}
+	if proto == "" {
+		proto = defProto
+	}
+	var protos []uint8
+	switch strings.ToUpper(proto) {
+	case "ANY":
+		protos = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
+	default:
+		p, err := ParsePortProtocol(proto)
+		if err != nil {
+			return nil, fmt.Errorf("%s.protocol: unsupported protocol %q (want TCP, UDP, SCTP or ANY)", path, proto)
+		}
+		protos = []uint8{p}
+	}
+	out := make([]PortProto, len(protos))
+	for i, p := range protos {
+		out[i] = PortProto{Proto: p, Name: name}
 	}
 	return out, nil
 }
