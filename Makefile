@@ -65,22 +65,28 @@ test: build vet lint
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) e2e-smoke
 
-# The end-to-end suite (test/e2e, root): a control plane and NODES worker
-# namespaces with containerd, kubelet and membrane-agent each; kubelet
-# and kubectl are built once per machine by scripts/kube-bin.sh. KEEP=1
-# leaves the cluster up (make e2e-down removes it). e2e-smoke is the
-# one-node subset `make test` (and so CI) runs.
+# The end-to-end suite (test/e2e, root): a control plane (etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, CoreDNS as the
+# cluster DNS) and NODES worker namespaces with containerd, kubelet and
+# membrane-agent each; the kube binaries are built once per machine by
+# scripts/kube-bin.sh, CoreDNS by scripts/coredns.sh. KEEP=1 leaves the
+# cluster up (make e2e-down removes it). e2e-smoke is the one-node subset
+# `make test` (and so CI) runs, on the same control plane.
 NODES ?= 2
 KEEP  ?=
 E2E_RUN ?= .
+E2E_BINS := kubelet kube-scheduler kube-controller-manager
 e2e:
-	scripts/kube-bin.sh kubelet kubectl >/dev/null
+	scripts/kube-bin.sh $(E2E_BINS) kubectl >/dev/null
+	scripts/coredns.sh >/dev/null
 	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) \
 		$(GO) test -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./test/e2e/
 
 e2e-smoke:
+	scripts/kube-bin.sh $(E2E_BINS) >/dev/null
+	scripts/coredns.sh >/dev/null
 	MEMBRANE_E2E=1 E2E_NODES=1 E2E_KEEP=$(KEEP) \
-		$(GO) test -count=1 -v -timeout 15m -run '^TestSmoke$$' ./test/e2e/
+		$(GO) test -count=1 -v -timeout 15m -run '^(TestSmoke|TestClusterDNS)$$' ./test/e2e/
 
 e2e-down:
 	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -v -run '^$$' ./test/e2e/

@@ -87,7 +87,7 @@ func (a *endpointActor) startRegen(ctx actor.Context) {
 		// endpoint creation.
 		a.publish(ctx)
 	}
-	msg := &messages.ComputePolicy{Endpoint: a.ep.ID, Identity: a.ep.Identity}
+	msg := &messages.ComputePolicy{Endpoint: a.ep.ID, Identity: a.ep.Identity, NamedPorts: a.ep.NamedPorts}
 	a.request(ctx, a.deps.policy, msg, a.deps.cfg.RequestTimeout, func(res any, err error) {
 		r, ok := res.(*messages.PolicyComputed)
 		switch {

@@ -47,6 +47,13 @@ func (s *System) PatchLabels(ctx context.Context, id endpoint.ID, add, del label
 	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del}))
 }
 
+// PatchPodLabels is PatchLabels that also sets the endpoint's named
+// ports (its pod's; Kubernetes mode). A change of ports alone
+// regenerates the endpoint and returns once that is done.
+func (s *System) PatchPodLabels(ctx context.Context, id endpoint.ID, add, del labels.Labels, ports policy.NamedPorts) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del, SetPorts: true, NamedPorts: ports}))
+}
+
 // Regenerate requests a regeneration of endpoint id and returns once one
 // that started after the request completed (or failed).
 func (s *System) Regenerate(ctx context.Context, id endpoint.ID, reason string) (*endpoint.Endpoint, error) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // errReplaceInterrupted answers the last message of a replacement run
@@ -31,12 +32,17 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 		run = &remoteReplace{token: msg.Replace, seen: map[netip.Addr]struct{}{}}
 		a.replacing[msg.Origin] = run
 	}
+	var ports []policy.EndpointPortsChange
 	for _, ip := range msg.Deletes {
 		ip = ip.Unmap()
 		if run != nil {
 			delete(run.seen, ip)
 		}
-		a.drop(ctx, netip.PrefixFrom(ip, ip.BitLen()), a.remoteClaimOf(msg.Origin))
+		p := netip.PrefixFrom(ip, ip.BitLen())
+		if len(a.remotePorts(p, msg.Origin)) > 0 {
+			ports = append(ports, policy.EndpointPortsChange{Owner: remotePortOwner(msg.Origin, ip)})
+		}
+		a.drop(ctx, p, a.remoteClaimOf(msg.Origin))
 	}
 	for i := range msg.Upserts {
 		r := &msg.Upserts[i]
@@ -46,13 +52,20 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 			a.log.Warn("remote endpoint with a reserved identity ignored", "origin", msg.Origin, "node", r.Node, "ips", r.IPs, "identity", r.Identity)
 			continue
 		}
-		c := index.IPCacheClaim{Source: index.SourceRemote, Identity: r.Identity, Origin: msg.Origin, NodeIP: r.NodeIP.Unmap()}
+		c := index.IPCacheClaim{Source: index.SourceRemote, Identity: r.Identity, Origin: msg.Origin, NodeIP: r.NodeIP.Unmap(),
+			NamedPorts: r.NamedPorts}
 		for _, ip := range r.IPs {
 			ip = ip.Unmap()
 			if run != nil {
 				run.seen[ip] = struct{}{}
 			}
-			a.claim(ctx, netip.PrefixFrom(ip, ip.BitLen()), c)
+			p := netip.PrefixFrom(ip, ip.BitLen())
+			if old := a.remoteClaim(p, msg.Origin); (old != nil && len(old.NamedPorts) > 0) || len(r.NamedPorts) > 0 {
+				if old == nil || old.Identity != r.Identity || !old.NamedPorts.Equal(r.NamedPorts) {
+					ports = append(ports, policy.EndpointPortsChange{Owner: remotePortOwner(msg.Origin, ip), Identity: r.Identity, Ports: r.NamedPorts})
+				}
+			}
+			a.claim(ctx, p, c)
 		}
 	}
 	var err error
@@ -60,9 +73,12 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 		if run == nil || run.token != msg.Replace {
 			err = errReplaceInterrupted
 		} else {
-			a.sweepRemote(ctx, msg.Origin, run.seen)
+			ports = a.sweepRemote(ctx, msg.Origin, run.seen, ports)
 			delete(a.replacing, msg.Origin)
 		}
+	}
+	if len(ports) > 0 {
+		ctx.Send(a.deps.policy, &messages.PolicyRemotePorts{Set: ports})
 	}
 	a.rec.sync(ctx)
 	if ctx.Sender() != nil {
@@ -70,8 +86,9 @@ func (a *ipcacheActor) remote(ctx actor.Context, msg *messages.IPCacheRemote) {
 	}
 }
 
-// sweepRemote drops origin's claims on every address not in keep.
-func (a *ipcacheActor) sweepRemote(ctx actor.Context, origin string, keep map[netip.Addr]struct{}) {
+// sweepRemote drops origin's claims on every address not in keep and
+// appends to ports the named ports that go with them.
+func (a *ipcacheActor) sweepRemote(ctx actor.Context, origin string, keep map[netip.Addr]struct{}, ports []policy.EndpointPortsChange) []policy.EndpointPortsChange {
 	match := a.remoteClaimOf(origin)
 	var stale []netip.Prefix
 	for p, e := range a.entries {
@@ -86,11 +103,43 @@ func (a *ipcacheActor) sweepRemote(ctx actor.Context, origin string, keep map[ne
 		}
 	}
 	for _, p := range stale {
+		if len(a.remotePorts(p, origin)) > 0 {
+			ports = append(ports, policy.EndpointPortsChange{Owner: remotePortOwner(origin, p.Addr())})
+		}
 		a.drop(ctx, p, match)
 	}
 	if len(stale) > 0 {
 		a.log.Info("remote endpoints swept", "origin", origin, "deleted", len(stale), "kept", len(keep))
 	}
+	return ports
+}
+
+// remoteClaim returns origin's claim on p (nil: none).
+func (a *ipcacheActor) remoteClaim(p netip.Prefix, origin string) *index.IPCacheClaim {
+	e := a.entries[p]
+	if e == nil {
+		return nil
+	}
+	for i := range e.Claims {
+		if c := &e.Claims[i]; c.Source == index.SourceRemote && c.Origin == origin {
+			return c
+		}
+	}
+	return nil
+}
+
+func (a *ipcacheActor) remotePorts(p netip.Prefix, origin string) policy.NamedPorts {
+	if c := a.remoteClaim(p, origin); c != nil {
+		return c.NamedPorts
+	}
+	return nil
+}
+
+// remotePortOwner is the policy repository's key for the named ports of
+// origin's remote endpoint at ip (one per address: an endpoint with two
+// counts twice, which the union per identity does not mind).
+func remotePortOwner(origin string, ip netip.Addr) string {
+	return "remote:" + origin + "|" + ip.String()
 }
 
 func (a *ipcacheActor) remoteClaimOf(origin string) func(index.IPCacheClaim) bool {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -133,8 +134,11 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		} else {
 			a.apply(ctx, a.repo.UpsertIdentity(msg.ID, msg.Labels))
 		}
+	case *messages.PolicyRemotePorts:
+		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
 	case *messages.EndpointPolicyGone:
 		a.untrack(msg.Endpoint)
+		a.apply(ctx, a.repo.RemoveEndpointPorts(localPortOwner(msg.Endpoint)))
 		a.forgetFQDN(ctx, msg.Endpoint)
 	case *messages.PolicyFQDNLearn:
 		a.learnFQDN(ctx, msg)
@@ -161,13 +165,26 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	for _, row := range ix.Identities() {
 		a.repo.UpsertIdentity(row.ID, row.Labels)
 	}
+	// The named ports of the endpoints in the index, before the rules
+	// that resolve them (the endpoints send them again when they ask).
+	for _, ep := range ix.Endpoints(index.EndpointFilter{}) {
+		if ep.Identity != identity.IdentityUnknown && ep.State != endpoint.StateDisconnecting {
+			a.repo.SetEndpointPorts(localPortOwner(ep.ID), ep.Identity, ep.NamedPorts)
+		}
+	}
+	var remotePorts []policy.EndpointPortsChange
 	for _, e := range ix.IPCache() {
 		for _, c := range e.Claims {
-			if c.Source == index.SourceCIDRPolicy {
+			switch {
+			case c.Source == index.SourceCIDRPolicy:
 				a.repo.SeedCIDR(e.Prefix, c.Identity)
+			case c.Source == index.SourceRemote && len(c.NamedPorts) > 0:
+				remotePorts = append(remotePorts, policy.EndpointPortsChange{Owner: remotePortOwner(c.Origin, e.Prefix.Addr()),
+					Identity: c.Identity, Ports: c.NamedPorts})
 			}
 		}
 	}
+	a.repo.SetEndpointPortsBatch(remotePorts)
 	rows := ix.Policies()
 	slices.SortFunc(rows, func(x, y *index.PolicyRow) int { return cmp.Compare(x.Revision, y.Revision) })
 	pols := make([]*policy.Policy, len(rows))
@@ -211,7 +228,7 @@ func (a *policyActor) reconcile(ctx actor.Context) {
 		stale := ep.Identity == identity.IdentityUnknown || ep.State != endpoint.StateReady
 		if !stale {
 			a.track(ep.ID, ep.Identity)
-			stale = !a.mapState(ep.Identity).Equal(ep.Policy)
+			stale = !a.mapStateFor(ep.Identity, ep.NamedPorts).Equal(ep.Policy)
 		}
 		if stale {
 			ctx.Send(a.manager, &messages.RegeneratePolicy{ID: ep.ID, Revision: a.repo.Revision()})
@@ -370,10 +387,23 @@ func (a *policyActor) writeFile(ctx actor.Context) {
 func (a *policyActor) computePolicy(ctx actor.Context, msg *messages.ComputePolicy) {
 	var m *policy.MapState
 	if msg.Identity != identity.IdentityUnknown {
-		m = a.mapState(msg.Identity)
 		a.track(msg.Endpoint, msg.Identity)
+		a.applyExcept(ctx, a.repo.SetEndpointPorts(localPortOwner(msg.Endpoint), msg.Identity, msg.NamedPorts), msg.Endpoint)
+		m = a.mapStateFor(msg.Identity, msg.NamedPorts)
+	} else {
+		a.applyExcept(ctx, a.repo.RemoveEndpointPorts(localPortOwner(msg.Endpoint)), msg.Endpoint)
 	}
 	ctx.Respond(&messages.PolicyComputed{Policy: m, Revision: a.repo.Revision()})
+}
+
+// localPortOwner is the repository's key for a local endpoint's named
+// ports.
+func localPortOwner(ep endpoint.ID) string { return "ep:" + strconv.Itoa(int(ep)) }
+
+// mapStateFor is mapState resolved for an endpoint declaring ports.
+func (a *policyActor) mapStateFor(id identity.NumericIdentity, ports policy.NamedPorts) *policy.MapState {
+	a.mapState(id)
+	return a.repo.MapStateFor(id, ports)
 }
 
 // mapState returns the policy of id, learning the identity from the

@@ -48,7 +48,8 @@ func (a *policyActor) learnFQDN(ctx actor.Context, msg *messages.PolicyFQDNLearn
 		a.applyExcept(ctx, res, msg.Endpoint)
 	}
 	a.armFQDN(ctx)
-	ctx.Respond(&messages.PolicyFQDNLearned{Policy: a.mapState(msg.Identity)})
+	a.mapState(msg.Identity)
+	ctx.Respond(&messages.PolicyFQDNLearned{Policy: a.repo.MapStateFor(msg.Identity, a.repo.EndpointPorts(localPortOwner(msg.Endpoint)))})
 }
 
 // expireFQDN drops the expired names' addresses (the connections to

@@ -5,6 +5,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // The messages in this file are sent to the endpoint manager, which
@@ -33,11 +34,15 @@ type DeleteEndpoint struct {
 }
 
 // PatchLabels changes an endpoint's labels, which gives it a new identity
-// and a regeneration. Reply: *EndpointResult once the new identity is set.
+// and a regeneration. With SetPorts it also sets the endpoint's named
+// ports (Kubernetes mode, a pod cached only after its ADD). Reply:
+// *EndpointResult once the new identity is set.
 type PatchLabels struct {
-	ID     endpoint.ID
-	Add    labels.Labels
-	Delete labels.Labels
+	ID         endpoint.ID
+	Add        labels.Labels
+	Delete     labels.Labels
+	SetPorts   bool
+	NamedPorts policy.NamedPorts
 }
 
 // Regenerate requests a regeneration; requests coalesce (one running, one

@@ -36,6 +36,10 @@ type PolicyResult struct {
 type ComputePolicy struct {
 	Endpoint endpoint.ID
 	Identity identity.NumericIdentity
+	// NamedPorts are the endpoint's named ports: its ingress rules on
+	// named ports resolve against them, and other endpoints' egress
+	// rules on named ports reach it on them.
+	NamedPorts policy.NamedPorts
 }
 
 // PolicyComputed answers ComputePolicy. Policy is shared and immutable;
@@ -69,4 +73,11 @@ type RegeneratePolicy struct {
 	ID       endpoint.ID
 	Revision uint64
 	Wait     bool
+}
+
+// PolicyRemotePorts tells the policy actor, from the ipcache actor, the
+// named ports of remote endpoints: Set records each owner's (an owner
+// with no ports is forgotten). No reply.
+type PolicyRemotePorts struct {
+	Set []policy.EndpointPortsChange
 }

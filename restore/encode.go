@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Write renders an endpoint's two files for every state write, so they are
@@ -67,6 +68,19 @@ func encodeState(b []byte, ep *endpoint.Endpoint) ([]byte, error) {
 	b = appendField(b, "mac", ep.MAC)
 	b = appendField(b, "host-mac", ep.HostMAC)
 	b = appendField(b, "netns", ep.Netns)
+	if len(ep.NamedPorts) > 0 {
+		// Validated names and numbers: nothing to escape.
+		b = append(b, ",\n    \"named-ports\": ["...)
+		for i, p := range ep.NamedPorts {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(append(b, "\n      \""...), p.Name...)
+			b = append(append(append(b, '/'), policy.ProtoName(p.Proto)...), '=')
+			b = append(strconv.AppendUint(b, uint64(p.Port), 10), '"')
+		}
+		b = append(b, "\n    ]"...)
+	}
 	b = append(b, ",\n    \"identity\": "...)
 	b = strconv.AppendUint(b, uint64(uint32(ep.Identity)), 10)
 	b = append(b, ",\n    \"revision\": "...)

@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // headerReflect is ep_config.h as the agent rendered it before the
@@ -101,7 +102,8 @@ func TestEncodeMatchesReflect(t *testing.T) {
 			IPv4: netip.MustParseAddr("10.0.0.255"), IPv6: netip.MustParseAddr("fd00::ab:1"), IfName: "lxc1",
 			IfIndex: -3, MAC: "0a:00:00:00:00:01", HostMAC: "0a:00:00:00:00:02", Netns: "/var/run/netns/x",
 			Identity: identity.NumericIdentity(^uint32(0)), DesiredRevision: ^uint64(0),
-			Created: time.Date(2026, 11, 23, 9, 1, 2, 123456789, east),
+			Created:    time.Date(2026, 11, 23, 9, 1, 2, 123456789, east),
+			NamedPorts: policy.NamedPorts{{Name: "dns", Proto: policy.ProtoUDP, Port: 53}, {Name: "web-1", Proto: policy.ProtoTCP, Port: 65535}},
 		}},
 		{"strings that need escapes", &endpoint.Endpoint{
 			ID: 7, ContainerID: "a\"b\\c", ContainerName: "<&>", Namespace: "naïve", PodName: "tab\there",

@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Version is the version of ep.json this agent writes and reads.
@@ -51,6 +52,7 @@ type EndpointState struct {
 	MAC                    string    `json:"mac,omitempty"`
 	HostMAC                string    `json:"host-mac,omitempty"`
 	Netns                  string    `json:"netns,omitempty"`
+	NamedPorts             []string  `json:"named-ports,omitempty"`
 	Identity               uint32    `json:"identity"`
 	Revision               uint64    `json:"revision"`
 	Created                time.Time `json:"created"`
@@ -67,6 +69,9 @@ func FromEndpoint(ep *endpoint.Endpoint) Record {
 	}
 	if st.Labels == nil {
 		st.Labels = []string{}
+	}
+	for _, p := range ep.NamedPorts {
+		st.NamedPorts = append(st.NamedPorts, policy.NamedPorts{p}.String())
 	}
 	if ep.IPv4.IsValid() {
 		st.IPv4 = ep.IPv4.String()
@@ -115,12 +120,24 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 	if st.ContainerInterfaceName != "" && !ifname.Valid(st.ContainerInterfaceName) {
 		return nil, fmt.Errorf("decode state of endpoint %d: container-interface-name %q: %w", st.ID, st.ContainerInterfaceName, ErrCorrupt)
 	}
+	var ports []policy.NamedPort
+	for _, s := range st.NamedPorts {
+		p, err := policy.ParseNamedPort(s)
+		if err != nil {
+			return nil, fmt.Errorf("decode state of endpoint %d: named-ports: %v: %w", st.ID, err, ErrCorrupt)
+		}
+		ports = append(ports, p)
+	}
+	named, err := policy.NewNamedPorts(ports)
+	if err != nil {
+		return nil, fmt.Errorf("decode state of endpoint %d: named-ports: %v: %w", st.ID, err, ErrCorrupt)
+	}
 	ep := &endpoint.Endpoint{
 		ID: endpoint.ID(st.ID), ContainerID: st.ContainerID, ContainerName: st.ContainerName,
 		ContainerInterfaceName: st.ContainerInterfaceName, Namespace: st.Namespace, PodName: st.PodName,
 		PodUID: st.PodUID, Labels: ls, IfName: st.IfName, IfIndex: st.IfIndex, MAC: st.MAC,
 		HostMAC: st.HostMAC, Netns: st.Netns, Identity: identity.NumericIdentity(st.Identity),
-		DesiredRevision: st.Revision, Created: st.Created,
+		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named,
 	}
 	for _, a := range []struct {
 		s    string

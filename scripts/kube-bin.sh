@@ -3,9 +3,10 @@
 # k8s.io/kubernetes) into a per-machine cache, once. Prints the bin directory
 # on stdout; a no-op when the wanted binaries exist.
 #   scripts/kube-bin.sh                  kube-apiserver, etcd-embed (test/kubetest)
-#   scripts/kube-bin.sh kubelet          also kubelet (test/e2e: .ci/run, make e2e-smoke)
-#   scripts/kube-bin.sh kubelet kubectl  also kubectl (make e2e: debugging a kept cluster)
-#   ... kube-scheduler kube-controller-manager   the full control plane (make e2e, make conformance)
+#   scripts/kube-bin.sh kubelet kube-scheduler kube-controller-manager
+#                                        also test/e2e's nodes and control plane
+#                                        (.ci/run, make e2e-smoke, make e2e)
+#   ... kubectl                          also kubectl (make e2e: debugging a kept cluster)
 #   KUBE_DIR  cache root (default $HOME/.cache/membrane/kube-v1.35.4)
 # The k8s integration tests find the binaries in $KUBE_DIR/bin, or in KUBETEST_BIN.
 set -euo pipefail

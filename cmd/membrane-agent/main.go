@@ -108,6 +108,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	var kc k8s.Config
 	var inCluster bool
+	var labelPatterns string
+	fs.StringVar(&labelPatterns, "labels", "", "Kubernetes mode: space-separated identity-relevant label patterns, Cilium's syntax \"[source:][!]regexp\" anchored at the key's start (\"k8s:app k8s:!team\"); added to the defaults, which leave out pod-template-hash, controller-revision-hash, statefulset.kubernetes.io/pod-name, apps.kubernetes.io/pod-index, job-name, controller-uid, batch.kubernetes.io/{job-name,controller-uid}, io.kubernetes, kubernetes.io and k8s.io keys (the namespace, namespace labels, service account and app.kubernetes.io stay). An include pattern keeps only what some include matches")
 	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
 	fs.StringVar(&kc.APIServer, "k8s-api-server", "", "Kubernetes mode: https://host:port of the API server, instead of the kubeconfig's server or the kubernetes Service's ClusterIP (needed where nothing translates that address before the agent runs: kube-proxy-free clusters)")
@@ -205,6 +207,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 		return cfg, nil, fmt.Errorf("--k8s-api-server: only with --k8s-kubeconfig or --k8s")
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
+	kc.Labels = strings.Fields(labelPatterns)
 	if devices != "" {
 		cfg.Linux.Services.Devices = strings.Split(devices, ",")
 	}

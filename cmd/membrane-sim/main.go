@@ -86,20 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	rep.WriteText(stdout)
-	for path, write := range map[string]func(string) error{cfg.report: rep.WriteJSONFile, cfg.html: rep.WriteHTMLFile} {
-		if path == "" {
-			continue
-		}
-		if err := write(path); err != nil {
-			fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
-			return 1
-		}
-	}
-	if !rep.OK() {
-		return 1
-	}
-	return 0
+	return writeReport(rep, cfg, stdout, stderr)
 }
 
 // runMulti runs membrane-sim --nodes N and prints its report.
@@ -130,6 +117,21 @@ func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr 
 		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
 		return 1
 	}
+	return writeReport(rep, cfg, stdout, stderr)
+}
+
+// report is what both runs report (sim.Report, sim.MultiReport).
+type report interface {
+	WriteText(io.Writer)
+	WriteJSONFile(string) error
+	WriteHTMLFile(string) error
+	OK() bool
+}
+
+// writeReport prints rep, writes the files --report and --html name, and
+// returns the exit code: 1 when a file cannot be written or the run
+// failed its checks.
+func writeReport(rep report, cfg config, stdout, stderr io.Writer) int {
 	rep.WriteText(stdout)
 	for path, write := range map[string]func(string) error{cfg.report: rep.WriteJSONFile, cfg.html: rep.WriteHTMLFile} {
 		if path == "" {

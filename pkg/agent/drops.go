@@ -19,47 +19,62 @@ const dropEventsPerSecond = 1000
 
 // dropPublisher turns drop notifications into datapath-drop events and
 // counts them. It is called from the ring-buffer reader goroutine; its
-// work is O(1) under short mutexes, never I/O.
+// work is O(1) under a short mutex, never I/O.
 type dropPublisher struct {
-	hub   *events.Hub
-	m     *metrics.Metrics
-	limit int
-	now   func() time.Time
-
-	// mu guards window, shown and suppressed.
-	mu         sync.Mutex
-	window     time.Time // start of the current one-second window
-	shown      int       // events published in the window
-	suppressed int       // notifications not published since the last event
+	hub *events.Hub
+	m   *metrics.Metrics
+	rateLimit
 }
 
 // onDrop returns the datapath's LinuxHooks.OnDrop.
 func onDrop(hub *events.Hub, m *metrics.Metrics) func(datapath.DropEvent) {
-	p := &dropPublisher{hub: hub, m: m, limit: dropEventsPerSecond, now: time.Now}
+	p := &dropPublisher{hub: hub, m: m, rateLimit: rateLimit{limit: dropEventsPerSecond, now: time.Now}}
 	return p.drop
 }
 
 func (p *dropPublisher) drop(d datapath.DropEvent) {
 	dir := d.Dir.String()
 	p.m.Drop(d.Reason, dir)
-	p.mu.Lock()
-	now := p.now()
-	if now.Sub(p.window) >= time.Second {
-		p.window, p.shown = now, 0
-	}
-	if p.shown >= p.limit {
-		p.suppressed++
-		p.mu.Unlock()
+	ok, suppressed := p.admit()
+	if !ok {
 		return
 	}
-	p.shown++
 	ev := dropEvent(d, dir)
-	if p.suppressed > 0 {
-		ev.Message = fmt.Sprintf("%d earlier drop notifications not published (more than %d per second)", p.suppressed, p.limit)
-		p.suppressed = 0
+	if suppressed > 0 {
+		ev.Message = fmt.Sprintf("%d earlier drop notifications not published (more than %d per second)", suppressed, p.limit)
 	}
-	p.mu.Unlock()
 	p.hub.Publish(ev)
+}
+
+// rateLimit admits at most limit events per one-second window; the
+// first admitted after a refusal learns how many were refused.
+type rateLimit struct {
+	limit int
+	now   func() time.Time
+
+	// mu guards window, shown and suppressed.
+	mu         sync.Mutex
+	window     time.Time // start of the current one-second window
+	shown      int       // events admitted in the window
+	suppressed int       // events refused since the last admitted one
+}
+
+// admit reports whether an event may be published now, and how many were
+// refused since the last one admitted (reset by this call).
+func (r *rateLimit) admit() (ok bool, suppressed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	if now.Sub(r.window) >= time.Second {
+		r.window, r.shown = now, 0
+	}
+	if r.shown >= r.limit {
+		r.suppressed++
+		return false, 0
+	}
+	r.shown++
+	suppressed, r.suppressed = r.suppressed, 0
+	return true, suppressed
 }
 
 // dropEvent converts a drop notification into its event.

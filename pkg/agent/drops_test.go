@@ -70,7 +70,7 @@ func TestDropEventsRateLimited(t *testing.T) {
 	sub := hub.Subscribe(0)
 	defer sub.Close()
 	now := time.Unix(1700000000, 0)
-	p := &dropPublisher{hub: hub, m: m, limit: 3, now: func() time.Time { return now }}
+	p := &dropPublisher{hub: hub, m: m, rateLimit: rateLimit{limit: 3, now: func() time.Time { return now }}}
 	d := datapath.DropEvent{Endpoint: 4, Reason: datapath.DropPolicy, Dir: policy.Ingress}
 	for i := 0; i < 10; i++ {
 		p.drop(d)

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
@@ -19,21 +18,14 @@ const l7EventsPerSecond = 1000
 // counts them. It is called from the access socket's reader goroutine;
 // its work is O(1) under a short mutex, never I/O.
 type l7Publisher struct {
-	hub   *events.Hub
-	m     *metrics.Metrics
-	limit int
-	now   func() time.Time
-
-	// mu guards window, shown and suppressed.
-	mu         sync.Mutex
-	window     time.Time
-	shown      int
-	suppressed int
+	hub *events.Hub
+	m   *metrics.Metrics
+	rateLimit
 }
 
 // onL7Access returns the datapath's LinuxHooks.OnL7Access.
 func onL7Access(hub *events.Hub, m *metrics.Metrics) func(datapath.L7AccessEvent) {
-	p := &l7Publisher{hub: hub, m: m, limit: l7EventsPerSecond, now: time.Now}
+	p := &l7Publisher{hub: hub, m: m, rateLimit: rateLimit{limit: l7EventsPerSecond, now: time.Now}}
 	return p.access
 }
 
@@ -44,22 +36,13 @@ func (p *l7Publisher) access(r datapath.L7AccessEvent) {
 		dir = "none"
 	}
 	p.m.L7Request(ev.L7.Protocol, ev.L7.Verdict, dir)
-	p.mu.Lock()
-	now := p.now()
-	if now.Sub(p.window) >= time.Second {
-		p.window, p.shown = now, 0
-	}
-	if p.shown >= p.limit {
-		p.suppressed++
-		p.mu.Unlock()
+	ok, suppressed := p.admit()
+	if !ok {
 		return
 	}
-	p.shown++
-	if p.suppressed > 0 {
-		ev.Message = fmt.Sprintf("%d earlier l7 access records not published (more than %d per second)", p.suppressed, p.limit)
-		p.suppressed = 0
+	if suppressed > 0 {
+		ev.Message = fmt.Sprintf("%d earlier l7 access records not published (more than %d per second)", suppressed, p.limit)
 	}
-	p.mu.Unlock()
 	p.hub.Publish(ev)
 }
 

@@ -23,7 +23,7 @@ func TestOnL7Access(t *testing.T) {
 	sub := hub.Subscribe(0)
 	defer sub.Close()
 	now := time.Unix(1700000000, 0)
-	p := &l7Publisher{hub: hub, m: m, limit: 2, now: func() time.Time { return now }}
+	p := &l7Publisher{hub: hub, m: m, rateLimit: rateLimit{limit: 2, now: func() time.Time { return now }}}
 	rec := datapath.L7AccessEvent{Time: now, Endpoint: 12, Direction: "ingress",
 		Src: netip.MustParseAddrPort("10.0.0.2:40000"), Dst: netip.MustParseAddrPort("10.0.0.3:80"), SrcIdentity: 1001, DstIdentity: 1002,
 		Method: "GET", Path: "/private", Host: "b", Reason: "ingress rules deny identity 1001"}

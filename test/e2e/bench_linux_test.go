@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // benchPods is how many pods TestPodStartup creates at once on a node.
@@ -50,7 +52,19 @@ func (c *cluster) startupRun(t *testing.T, ns string, n *node) [2]time.Duration 
 	t.Helper()
 	ctx := context.Background()
 	c.namespace(t, ns, nil)
-	w, err := c.client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	// A retry watcher: an API server under load closes a watch whose
+	// reader lags (its cacher's "unresponsive" watchers); this one
+	// resumes from the last resource version it saw.
+	pods := c.client.CoreV1().Pods(ns)
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,10 +20,12 @@ import (
 )
 
 // writeCredentials writes the API server's self-signed serving
-// certificate (also the CA every client trusts), the service-account key
-// and the static token file: admin (system:masters, the tests and the
-// agents) and one system:node:<name> token per kubelet (Node authorizer,
-// NodeRestriction). It returns the tokens by user.
+// certificate (also the CA every client trusts, and the root CA the
+// controller manager publishes as kube-root-ca.crt), the service-account
+// key and the static token file: admin (system:masters, the tests and the
+// agents), kube-controller-manager and kube-scheduler (the users their
+// bootstrap RBAC roles name) and one system:node:<name> token per kubelet
+// (Node authorizer, NodeRestriction). It returns the tokens by user.
 func writeCredentials(dir string, apiIP net.IP, nodes []string) (map[string]string, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -68,6 +70,10 @@ func writeCredentials(dir string, apiIP net.IP, nodes []string) (map[string]stri
 	}
 	tokens := map[string]string{"admin": randomToken()}
 	csv := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n", tokens["admin"])
+	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
+		tokens[c] = randomToken()
+		csv += fmt.Sprintf("%s,system:%s,%s-uid\n", tokens[c], c, c)
+	}
 	for _, n := range nodes {
 		tokens[n] = randomToken()
 		csv += fmt.Sprintf("%s,system:node:%s,node-%s,\"system:nodes\"\n", tokens[n], n, n)

@@ -21,7 +21,6 @@ import (
 	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -34,16 +33,21 @@ var (
 	apiIP     = netip.MustParseAddr("10.99.0.1") // the underlay bridge, in the control-plane netns
 	underlay  = netip.MustParsePrefix("10.99.0.0/24")
 	apiServer = "https://" + apiIP.String() + ":6443"
+	// clusterCIDR is the pods' range: the controller manager's node IPAM
+	// gives each Node a /24 of it (spec.podCIDR), which its agent takes
+	// with --ipam=kubernetes (host-local's range in the ptp arm).
+	clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	// serviceCIDR is the Services' range; its first address is the
+	// kubernetes Service, dnsIP the cluster DNS (kubelet's clusterDNS).
+	serviceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	dnsIP       = netip.MustParseAddr("10.96.0.10")
 )
+
+// clusterDomain is kubelet's clusterDomain and CoreDNS's zone.
+const clusterDomain = "cluster.local"
 
 // nodeIP is the underlay address of node i (0-based).
 func nodeIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 99, 0, byte(11 + i)}) }
-
-// podCIDR is node i's pod range (its Node's spec.podCIDR, which its
-// agent takes with --ipam=kubernetes; host-local's range in the ptp arm).
-func podCIDR(i int) netip.Prefix {
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
-}
 
 // state is what teardown needs, also from another process (make
 // e2e-down): written to <dir>/cluster.json as the cluster comes up.
@@ -73,10 +77,14 @@ type cluster struct {
 	tokens map[string]string
 	cpPid  int
 	procs  []*proc // etcd, kube-apiserver
-	nodes  []*node
-	cfg    *rest.Config
-	client kubernetes.Interface
-	cni    string // "membrane" or "ptp"
+	// controllers are kube-controller-manager and kube-scheduler, stopped
+	// before the pods are deleted at teardown (else the Deployments'
+	// ReplicaSets would recreate them).
+	controllers []*proc
+	nodes       []*node
+	cfg         *rest.Config
+	client      kubernetes.Interface
+	cni         string // "membrane" or "ptp"
 	// UpTime is how long up took (control plane start to every node Ready).
 	UpTime time.Duration
 }
@@ -87,11 +95,13 @@ type clusterConfig struct {
 	// CNI is "membrane" (the agent and membrane-cni on every node) or
 	// "ptp" (the reference ptp + host-local plugins; the comparison arm).
 	CNI string
-	// Bin is the directory with etcd-embed, kube-apiserver and kubelet.
+	// Bin is the directory with etcd-embed, kube-apiserver,
+	// kube-controller-manager, kube-scheduler and kubelet.
 	Bin string
 	// Tools are the host programs by name (containerd, runc, ctr, ...).
 	Tools map[string]string
-	// Built holds membrane-agent, membrane-cni, pause and probe.
+	// Built holds membrane-agent, membrane-cni and the images (pause,
+	// probe, coredns).
 	Built string
 }
 
@@ -121,6 +131,9 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 		return c, err
 	}
 	if err := c.installCRDs(ctx); err != nil {
+		return c, err
+	}
+	if err := c.installDNS(ctx, cc.Nodes); err != nil {
 		return c, err
 	}
 	for i := range cc.Nodes {
@@ -236,7 +249,8 @@ func (c *cluster) nsexec(pid int, mnt bool, args ...string) error {
 }
 
 // startControlPlane makes the control-plane network namespace with the
-// underlay bridge and starts etcd and kube-apiserver in it.
+// underlay bridge and starts etcd, kube-apiserver, and once it is ready
+// kube-controller-manager and kube-scheduler in it.
 func (c *cluster) startControlPlane(ctx context.Context) error {
 	script := fmt.Sprintf(`set -e
 ip link set lo up
@@ -266,14 +280,14 @@ ip link set br-underlay up`, apiIP, underlay.Bits())
 		"--cert-dir="+filepath.Join(d, "certs"),
 		"--tls-cert-file="+filepath.Join(d, "tls.crt"), "--tls-private-key-file="+filepath.Join(d, "tls.key"),
 		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
+		// ServiceAccount admission is on by default: pods get projected
+		// tokens (the controller manager makes the default ServiceAccounts
+		// and publishes kube-root-ca.crt).
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-		// No kube-controller-manager: nothing would create the default
-		// ServiceAccounts or publish kube-root-ca.crt for token volumes.
-		"--disable-admission-plugins=ServiceAccount",
 		"--service-account-issuer=https://membrane-e2e.local",
 		"--service-account-key-file="+filepath.Join(d, "sa.key"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false", "--v=1")
+		"--service-cluster-ip-range="+serviceCIDR.String(), "--allow-privileged=true", "--profiling=false", "--v=1")
 	if err != nil {
 		return err
 	}
@@ -292,12 +306,15 @@ ip link set br-underlay up`, apiIP, underlay.Bits())
 	if err := writeKubeconfig(filepath.Join(d, "admin.kubeconfig"), apiServer, filepath.Join(d, "tls.crt"), tokens["admin"]); err != nil {
 		return err
 	}
-	return testutil.WaitFor(2*time.Minute, func() bool {
+	if err := testutil.WaitFor(2*time.Minute, func() bool {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(rctx)
 		return err == nil && string(body) == "ok"
-	})
+	}); err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	return c.startControllers()
 }
 
 // netnsDialer dials from inside the network namespace at path: the API
@@ -338,7 +355,8 @@ func inNetns(path string, fn func() error) error {
 }
 
 // waitNodeReady waits until the Node reports Ready (kubelet registered,
-// the runtime's CNI config loaded).
+// the runtime's CNI config loaded) and the node lifecycle controller has
+// lifted its not-ready taint (else the scheduler skips the node).
 func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 	err := testutil.WaitFor(3*time.Minute, func() bool {
 		if n.failed() != nil {
@@ -348,8 +366,10 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 		if err != nil {
 			return false
 		}
-		if no.Spec.PodCIDR == "" && c.setPodCIDR(ctx, n) != nil {
-			return false
+		for _, t := range no.Spec.Taints {
+			if t.Key == corev1.TaintNodeNotReady {
+				return false
+			}
 		}
 		for _, cond := range no.Status.Conditions {
 			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
@@ -367,33 +387,35 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 	return nil
 }
 
-// registerPodCIDR waits until kubelet has registered n's Node and sets
-// its pod range, before the agent starts.
-func (c *cluster) registerPodCIDR(ctx context.Context, n *node) error {
-	var last error
+// waitPodCIDR waits until kubelet has registered n's Node and the
+// controller manager's node IPAM has given it a pod range (the agent,
+// --ipam=kubernetes, takes it from there too); then the underlay routes
+// that range to the node, as a cloud's route controller would: the
+// control plane (the API server answering CoreDNS, say) reaches pods.
+func (c *cluster) waitPodCIDR(ctx context.Context, n *node) error {
+	var cidr string
 	err := testutil.WaitFor(2*time.Minute, func() bool {
 		if n.failed() != nil {
 			return true
 		}
-		last = c.setPodCIDR(ctx, n)
-		return last == nil
+		no, err := c.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err == nil {
+			cidr = no.Spec.PodCIDR
+		}
+		return cidr != ""
 	})
 	if err == nil {
 		err = n.failed()
 	}
 	if err != nil {
-		return fmt.Errorf("node %s: pod CIDR: %w (last: %v; logs in %s)", n.name, err, last, n.dir)
+		return fmt.Errorf("node %s: no pod CIDR from the node IPAM: %w (logs in %s and kube-controller-manager.log)", n.name, err, n.dir)
 	}
-	return nil
-}
-
-// setPodCIDR sets the Node's spec.podCIDR(s) to the node's range, as
-// kube-controller-manager's node IPAM would (this cluster does not run
-// it); the agent (--ipam=kubernetes) takes its range from there.
-func (c *cluster) setPodCIDR(ctx context.Context, n *node) error {
-	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.cidr, n.cidr)
-	_, err := c.client.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	return err
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil || !clusterCIDR.Contains(p.Addr()) {
+		return fmt.Errorf("node %s: pod CIDR %q not in %s (%v)", n.name, cidr, clusterCIDR, err)
+	}
+	n.cidr = p
+	return c.nsexec(c.cpPid, false, "ip", "route", "add", p.String(), "via", n.ip.String())
 }
 
 // errExited reports a cluster process that exited.

@@ -40,13 +40,12 @@ spec:
 // opens b again.
 func TestMembraneNetworkPolicy(t *testing.T) {
 	c := requireCluster(t)
-	n := c.nodes[0]
 	ctx := context.Background()
 	ns := c.namespace(t, "mnp", nil)
 	pods := c.createPods(t,
-		podSpec(ns, "a", n.name, map[string]string{"app": "a"}),
-		podSpec(ns, "b", n.name, map[string]string{"app": "b"}),
-		podSpec(ns, "c", n.name, map[string]string{"app": "c"}))
+		podSpec(ns, "a", "", map[string]string{"app": "a"}),
+		podSpec(ns, "b", "", map[string]string{"app": "b"}),
+		podSpec(ns, "c", "", map[string]string{"app": "c"}))
 	a, b, cc := pods[ns+"/a"], pods[ns+"/b"], pods[ns+"/c"]
 	fromA, fromC := mustNetns(t, a), mustNetns(t, cc)
 	testutil.EventuallyErr(t, "no policy: c reaches b", func() error { return reachable(fromC, b, 80, "tcp", true) })
@@ -66,7 +65,8 @@ func TestMembraneNetworkPolicy(t *testing.T) {
 	testutil.EventuallyErr(t, "policy: c denied on 80", func() error { return reachable(fromC, b, 80, "tcp", false) })
 	testutil.EventuallyErr(t, "policy: a admitted on 80", func() error { return reachable(fromA, b, 80, "tcp", true) })
 	expect(t, fromA, b, 81, "tcp", false)
-	testutil.EventuallyErr(t, "the node reports the policy enforced in its status", func() error {
+	n := c.nodeOf(t, b)
+	testutil.EventuallyErr(t, "b's node reports the policy enforced in its status", func() error {
 		u, err := res.Get(ctx, "a-to-b", metav1.GetOptions{})
 		if err != nil {
 			return err

@@ -106,10 +106,17 @@ func prepare() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the e2e suite needs root")
 	}
-	for _, b := range []string{"etcd-embed", "kube-apiserver", "kubelet"} {
+	for _, b := range []string{"etcd-embed", "kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler"} {
 		if _, err := os.Stat(filepath.Join(kubetest.BinDir(), b)); err != nil {
-			return fmt.Errorf("%s missing: run scripts/kube-bin.sh kubelet (%w)", b, err)
+			return fmt.Errorf("%s missing: run scripts/kube-bin.sh kubelet kube-scheduler kube-controller-manager (%w)", b, err)
 		}
+	}
+	coredns := os.Getenv("E2E_COREDNS")
+	if coredns == "" {
+		coredns = filepath.Join(os.Getenv("HOME"), ".cache", "membrane", "coredns-v1.15.0", "coredns")
+	}
+	if _, err := os.Stat(coredns); err != nil {
+		return fmt.Errorf("coredns missing: run scripts/coredns.sh (%w)", err)
 	}
 	tools = map[string]string{}
 	for _, t := range []struct {
@@ -144,6 +151,9 @@ func prepare() error {
 		return err
 	}
 	if err := writeImage(filepath.Join(dir, "pause"), "localhost/pause:v1", "65535:65535", filepath.Join(dir, "pause.tar")); err != nil {
+		return err
+	}
+	if err := writeImage(coredns, coreDNSImage, "", filepath.Join(dir, "coredns.tar")); err != nil {
 		return err
 	}
 	return writeImage(filepath.Join(dir, "probe"), probeImage, "", filepath.Join(dir, "probe.tar"))

@@ -52,15 +52,16 @@ func (w *world) Host32(ns, name string) string { return w.pod(ns, name).IP.Strin
 // CIDR is the pods' range.
 func (w *world) CIDR() string { return w.cidr.String() }
 
-// newWorld creates namespaces x, y, z and pods a, b, c in each, on
-// node. All nine are on one node until cross-node pod traffic is on main.
-func newWorld(t *testing.T, c *cluster, n *node) *world {
-	w := &world{t: t, c: c, cidr: n.cidr, applied: map[string]bool{}}
+// newWorld creates namespaces x, y, z and pods a, b, c in each, placed by
+// the scheduler (with several nodes, policy across nodes too); CIDR is the
+// cluster's pod range.
+func newWorld(t *testing.T, c *cluster) *world {
+	w := &world{t: t, c: c, cidr: clusterCIDR, applied: map[string]bool{}}
 	var specs []podLike
 	for _, ns := range []string{"x", "y", "z"} {
 		c.namespace(t, ns, nil)
 		for _, name := range []string{"a", "b", "c"} {
-			specs = append(specs, podSpec(ns, name, n.name, map[string]string{"pod": name}))
+			specs = append(specs, podSpec(ns, name, "", map[string]string{"pod": name}))
 		}
 	}
 	pods := c.createPods(t, specs...)
@@ -164,7 +165,7 @@ func (w *world) check(pols []*netpolmodel.Policy) string {
 // model's.
 func TestNetworkPolicyConformance(t *testing.T) {
 	c := requireCluster(t)
-	w := newWorld(t, c, c.nodes[0])
+	w := newWorld(t, c)
 	start := time.Now()
 	for _, tc := range netpolmodel.Cases {
 		t.Run(tc.Name, func(t *testing.T) {

@@ -56,7 +56,7 @@ ip link set lo up`
 // startNode makes node i's namespaces, plugs it into the underlay and
 // starts containerd, the agent (CNI membrane) and kubelet.
 func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, error) {
-	n := &node{c: c, name: c.Nodes[i], idx: i, ip: nodeIP(i), cidr: podCIDR(i), built: built,
+	n := &node{c: c, name: c.Nodes[i], idx: i, ip: nodeIP(i), built: built,
 		dir: filepath.Join(c.Dir, c.Nodes[i]), cgroup: "membrane-e2e-" + c.id + "-" + strconv.Itoa(i),
 		procs: map[string]*proc{}}
 	for _, d := range []string{"sysctl", "net.d", "cni-bin", "kubelet", "pod-logs", "ipam"} {
@@ -89,16 +89,20 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 	if err := n.startKubelet(); err != nil {
 		return nil, err
 	}
-	if c.cni == "membrane" {
-		// The agent runs with --ipam=kubernetes, as the DaemonSet does: it
-		// waits for its Node's podCIDRs, which kubelet's registration and
-		// then the node IPAM (here the harness) provide.
-		if err := c.registerPodCIDR(ctx, n); err != nil {
-			return nil, err
-		}
-		if err := n.startAgent(ctx); err != nil {
-			return nil, err
-		}
+	// Kubelet registers the Node, the controller manager's node IPAM
+	// gives it a pod range.
+	if err := c.waitPodCIDR(ctx, n); err != nil {
+		return nil, err
+	}
+	if c.cni != "membrane" {
+		// host-local needs the range in its conflist; containerd picks
+		// the file up when it appears.
+		return n, n.writePtpConflist()
+	}
+	// The agent runs with --ipam=kubernetes, as the DaemonSet does: it
+	// takes its range from the Node's podCIDRs.
+	if err := n.startAgent(ctx); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
@@ -155,9 +159,10 @@ func dirExists(p string) bool {
 }
 
 // writeConfig writes containerd.toml, kubelet.yaml, the CNI binaries and
-// the conflist: the shipped deploy/05-membrane.conflist unchanged (its
-// socket /var/run/membrane/membrane.sock is the node's own /run), or ptp
-// + host-local on the node's pod range.
+// (CNI membrane) the conflist: the shipped deploy/05-membrane.conflist
+// unchanged (its socket /var/run/membrane/membrane.sock is the node's
+// own /run). The ptp arm's conflist waits for the node's pod range
+// (writePtpConflist).
 func (n *node) writeConfig() error {
 	d := n.dir
 	toml := fmt.Sprintf(containerdTOML, filepath.Join(d, "root"), filepath.Join(d, "state"), n.sock(),
@@ -166,7 +171,8 @@ func (n *node) writeConfig() error {
 		return err
 	}
 	nofile := hardNofile()
-	kubelet := fmt.Sprintf(kubeletYAML, n.sock(), n.cgroup, filepath.Join(d, "pod-logs"), filepath.Join(d, "kubelet", "volume-plugins"), nofile)
+	kubelet := fmt.Sprintf(kubeletYAML, n.sock(), n.cgroup, filepath.Join(d, "pod-logs"), filepath.Join(d, "kubelet", "volume-plugins"), nofile,
+		dnsIP, clusterDomain)
 	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
 		return err
 	}
@@ -174,33 +180,45 @@ func (n *node) writeConfig() error {
 		return err
 	}
 	links := map[string]string{"loopback": n.c.tools["loopback"]}
-	var conf []byte
 	if n.c.cni == "membrane" {
 		links["membrane-cni"] = filepath.Join(n.built, "membrane-cni")
-		raw, err := os.ReadFile("../../deploy/05-membrane.conflist")
-		if err != nil {
-			return err
-		}
-		conf = raw
 	} else {
 		dir := filepath.Dir(n.c.tools["loopback"])
 		links["ptp"], links["host-local"] = filepath.Join(dir, "ptp"), filepath.Join(dir, "host-local")
-		conf = fmt.Appendf(nil, ptpConflist, filepath.Join(d, "ipam"), n.cidr)
 	}
 	for name, target := range links {
 		if err := os.Symlink(target, filepath.Join(d, "cni-bin", name)); err != nil {
 			return err
 		}
 	}
-	name := "05-membrane.conflist"
 	if n.c.cni != "membrane" {
-		name = "10-ptp.conflist"
+		return nil
 	}
+	conf, err := os.ReadFile("../../deploy/05-membrane.conflist")
+	if err != nil {
+		return err
+	}
+	return writeConflist(filepath.Join(d, "net.d", "05-membrane.conflist"), conf)
+}
+
+// writePtpConflist writes the ptp arm's conflist: ptp + host-local on the
+// node's pod range.
+func (n *node) writePtpConflist() error {
+	conf := fmt.Appendf(nil, ptpConflist, filepath.Join(n.dir, "ipam"), n.cidr)
+	return writeConflist(filepath.Join(n.dir, "net.d", "10-ptp.conflist"), conf)
+}
+
+// writeConflist checks that conf is JSON and writes it to path through a
+// rename, so containerd never loads half a file.
+func writeConflist(path string, conf []byte) error {
 	var check map[string]any
 	if err := json.Unmarshal(conf, &check); err != nil {
-		return fmt.Errorf("conflist: %w", err)
+		return fmt.Errorf("conflist %s: %w", path, err)
 	}
-	return os.WriteFile(filepath.Join(d, "net.d", name), conf, 0o644)
+	if err := os.WriteFile(path+".tmp", conf, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
 
 func (n *node) sock() string { return filepath.Join(n.dir, "containerd.sock") }
@@ -225,7 +243,7 @@ func (n *node) startContainerd() error {
 	}); err != nil || n.failed() != nil {
 		return fmt.Errorf("containerd not up: %v %v", err, n.failed())
 	}
-	for _, img := range []string{"pause.tar", "probe.tar"} {
+	for _, img := range []string{"pause.tar", "probe.tar", "coredns.tar"} {
 		out, err := exec.Command(n.c.tools["ctr"], "--address", n.sock(), "-n", "k8s.io", "images", "import",
 			filepath.Join(n.built, img)).CombinedOutput()
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -43,10 +44,9 @@ func hostSnapshot() string {
 	return fmt.Sprintf("{links %d, netns %d, mounts %d, e2e cgroups %d}", len(links), len(nets), bytes.Count(mi, []byte("\n")), len(cgs))
 }
 
-// namespace creates a namespace with labels and deletes its pods at the
-// end of the test (namespaces are not deleted: that needs
-// kube-controller-manager, which this cluster does not run; the names are
-// unique per test).
+// namespace creates a namespace with labels and deletes it at the end of
+// the test: the namespace controller deletes its pods (kubelet runs their
+// CNI DELs) and everything else in it; the cleanup waits until it is gone.
 func (c *cluster) namespace(t *testing.T, name string, labels map[string]string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -55,8 +55,24 @@ func (c *cluster) namespace(t *testing.T, name string, labels map[string]string)
 	if err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
-	t.Cleanup(func() { c.deletePods(t, name) })
+	t.Cleanup(func() { c.deleteNamespace(t, name) })
 	return name
+}
+
+// deleteNamespace deletes ns and waits until the namespace controller has
+// finished (its pods gone, the namespace removed).
+func (c *cluster) deleteNamespace(t *testing.T, ns string) {
+	ctx := context.Background()
+	if err := c.client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("delete namespace %s: %v", ns, err)
+		return
+	}
+	if err := testutil.WaitFor(3*time.Minute, func() bool {
+		_, err := c.client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}); err != nil {
+		t.Errorf("namespace %s not deleted: %v", ns, err)
+	}
 }
 
 // deletePods deletes every pod in ns and waits until kubelet removed them.
@@ -74,7 +90,8 @@ func (c *cluster) deletePods(t *testing.T, ns string) {
 	}
 }
 
-// podSpec is a probe pod pinned to node (no scheduler runs).
+// podSpec is a probe pod; the scheduler places it unless node names the
+// node it must run on (a test that needs it there).
 func podSpec(ns, name, node string, labels map[string]string) *corev1.Pod {
 	zero := int64(1)
 	env := func(k, path string) corev1.EnvVar {
@@ -85,7 +102,6 @@ func podSpec(ns, name, node string, labels map[string]string) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			NodeName:                      node,
 			TerminationGracePeriodSeconds: &zero,
-			AutomountServiceAccountToken:  new(bool),
 			EnableServiceLinks:            new(bool),
 			Containers: []corev1.Container{{
 				Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
@@ -137,6 +153,18 @@ func statusOf(p *corev1.Pod) any {
 		return nil
 	}
 	return p.Status
+}
+
+// nodeOf is the node the pod runs on.
+func (c *cluster) nodeOf(t testing.TB, p *corev1.Pod) *node {
+	t.Helper()
+	for _, n := range c.nodes {
+		if n.name == p.Spec.NodeName {
+			return n
+		}
+	}
+	t.Fatalf("pod %s/%s: on node %q, not one of the cluster's", p.Namespace, p.Name, p.Spec.NodeName)
+	return nil
 }
 
 // podIP is the pod's status.podIP.

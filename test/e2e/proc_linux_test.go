@@ -109,7 +109,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 // kubeletYAML is the node's KubeletConfiguration (the settings this
 // cgroup v1 host needs are explained in shared/recipes/kube-node).
 // Arguments: containerd socket, cgroup root, pod logs dir, volume plugin
-// dir, max open files.
+// dir, max open files, cluster DNS address, cluster domain.
 const kubeletYAML = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%[1]s
@@ -125,6 +125,8 @@ podLogsDir: %[3]s
 volumePluginDir: %[4]s
 maxOpenFiles: %[5]d
 maxPods: 250
+clusterDNS: [%[6]s]
+clusterDomain: %[7]s
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: false}

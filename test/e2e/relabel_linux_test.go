@@ -20,13 +20,12 @@ import (
 // recreating anything.
 func TestRelabel(t *testing.T) {
 	c := requireCluster(t)
-	n := c.nodes[0]
 	ctx := context.Background()
 	srvNS := c.namespace(t, "relabel-srv", nil)
 	cliNS := c.namespace(t, "relabel-cli", map[string]string{"team": "red"})
 	pods := c.createPods(t,
-		podSpec(srvNS, "server", n.name, map[string]string{"app": "server"}),
-		podSpec(cliNS, "client", n.name, map[string]string{"role": "none"}))
+		podSpec(srvNS, "server", "", map[string]string{"app": "server"}),
+		podSpec(cliNS, "client", "", map[string]string{"role": "none"}))
 	server, client := pods[srvNS+"/server"], pods[cliNS+"/client"]
 	from := mustNetns(t, client)
 	testutil.EventuallyErr(t, "no policy: open", func() error { return reachable(from, server, 80, "tcp", true) })

@@ -20,28 +20,29 @@ import (
 )
 
 // TestSmoke is the one-node check CI runs: pods created through the API
-// reach Running with addresses from Membrane (status.podIP is the agent's
-// endpoint for that pod), reach each other and their node, and a
-// NetworkPolicy first denies, then (with an allow rule) admits traffic.
+// and placed by the scheduler reach Running with addresses from Membrane
+// (from their Node's podCIDR; status.podIP is the agent's endpoint for
+// that pod), reach each other and their node, and a NetworkPolicy first
+// denies, then (with an allow rule) admits traffic.
 func TestSmoke(t *testing.T) {
 	c := requireCluster(t)
-	n := c.nodes[0]
 	ns := c.namespace(t, "smoke", nil)
 	pods := c.createPods(t,
-		podSpec(ns, "a", n.name, map[string]string{"app": "a"}),
-		podSpec(ns, "b", n.name, map[string]string{"app": "b"}))
+		podSpec(ns, "a", "", map[string]string{"app": "a"}),
+		podSpec(ns, "b", "", map[string]string{"app": "b"}))
 	a, b := pods[ns+"/a"], pods[ns+"/b"]
 
-	cl := client.New(n.agentSocket())
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	eps, err := cl.EndpointList(ctx, nil)
-	if err != nil {
-		t.Fatalf("agent endpoints: %v", err)
-	}
 	for _, p := range []string{"a", "b"} {
 		pod := pods[ns+"/"+p]
+		n := c.nodeOf(t, pod)
+		cl := client.New(n.agentSocket())
+		eps, err := cl.EndpointList(ctx, nil)
+		cl.Close()
+		if err != nil {
+			t.Fatalf("agent endpoints on %s: %v", n.name, err)
+		}
 		ip := podIP(t, pod)
 		if !n.cidr.Contains(ip) {
 			t.Errorf("pod %s: podIP %s outside the node's Membrane range %s", p, ip, n.cidr)
@@ -65,6 +66,7 @@ func TestSmoke(t *testing.T) {
 	expect(t, fromA, b, 81, "udp", true)
 	expect(t, mustNetns(t, b), a, 80, "tcp", true)
 	// Pod to node: kubelet's port on the node's underlay address.
+	n := c.nodeOf(t, a)
 	if err := dialTCP(fromA, n.ip, 10250, 5*time.Second); err != nil {
 		t.Errorf("pod a -> node %s:10250: %v", n.ip, err)
 	}

@@ -20,11 +20,15 @@ import (
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
-// down stops a running cluster: pods deleted through the API first (so
-// kubelet runs every CNI DEL while the agents are up), then kubelet, the
-// agents and containerd with SIGTERM, then teardown.
+// down stops a running cluster: the controller manager and the scheduler
+// first (nothing recreates a deleted pod), then pods deleted through the
+// API (so kubelet runs every CNI DEL while the agents are up), then
+// kubelet, the agents and containerd with SIGTERM, then teardown.
 func (c *cluster) down(ctx context.Context) error {
 	var errs []error
+	for _, p := range c.controllers {
+		errs = append(errs, p.stop(30*time.Second))
+	}
 	if c.client != nil && len(c.nodes) > 0 {
 		errs = append(errs, c.deleteAllPods(ctx))
 	}

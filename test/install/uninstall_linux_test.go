@@ -81,8 +81,7 @@ func TestCleanupRestoresNode(t *testing.T) {
 	testutil.Eventually(t, "pod b's and the health endpoint's host veths left", func() bool { return hostVeths(t, n) == 2 })
 
 	for i := range 2 {
-		cmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
-			"--bpffs", n.BPFFS, "--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue)
+		cmd := cleanupCmd(n, cniBin, cniConf)
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
 		exited, err := n.NS.StartPinned(cmd)
@@ -101,8 +100,7 @@ func TestCleanupRestoresNode(t *testing.T) {
 	}
 	// --wait (the uninstall DaemonSet's container): clean, then running
 	// until SIGTERM, then a clean exit.
-	waitCmd := exec.Command(nodeharness.Bin("membrane-agent"), "cleanup", "--wait", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf,
-		"--bpffs", n.BPFFS, "--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue)
+	waitCmd := cleanupCmd(n, cniBin, cniConf, "--wait")
 	var waitOut testutil.LogBuffer
 	waitCmd.Stdout, waitCmd.Stderr = &waitOut, &waitOut
 	exited, err := n.NS.StartPinned(waitCmd)
@@ -135,6 +133,14 @@ func TestCleanupRestoresNode(t *testing.T) {
 			t.Errorf("%s left behind (%v)", p, err)
 		}
 	}
+}
+
+// cleanupCmd is membrane-agent cleanup for the node's paths, with extra
+// flags.
+func cleanupCmd(n *nodeharness.Node, cniBin, cniConf string, extra ...string) *exec.Cmd {
+	args := append([]string{"cleanup", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf, "--bpffs", n.BPFFS,
+		"--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue}, extra...)
+	return exec.Command(nodeharness.Bin("membrane-agent"), args...)
 }
 
 // hostVeths counts the node's veths that the agent names (ifname.Managed).

@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -179,18 +180,24 @@ func (w *world) kubeObjects(env *kubetest.Env) {
 				ContainerPort: int32(port), Protocol: proto})
 		}
 	}
+	// The namespaces stay for the package's next Kubernetes-mode world:
+	// the test API server runs no namespace controller, so a deleted
+	// namespace would stay terminating. The pods go at once (no grace:
+	// there is no kubelet to confirm).
 	for _, ns := range namespaces {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
 			w.t.Fatal(err)
 		}
-		w.t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
 		for _, name := range podNames {
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"pod": name}},
 				Spec: corev1.PodSpec{NodeName: kubeNode, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause", Ports: cports}}}}
 			if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 				w.t.Fatal(err)
 			}
-			w.t.Cleanup(func() { _ = cs.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+			w.t.Cleanup(func() {
+				_ = cs.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			})
 		}
 	}
 }

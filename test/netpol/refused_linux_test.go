@@ -10,44 +10,54 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 
 	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/netpolmodel"
 )
 
-// Issue #32 item 8, upstream's "should allow ingress access on one named
-// port" through a real API server and the real datapath: a NetworkPolicy
-// selecting x/a whose only ingress rule the agent refuses must still
-// isolate x/a (Kubernetes isolates a pod any policy selects): no pod
+// Issue #32 item 8 through a real API server and the real datapath: a
+// policy selecting x/a whose only ingress rule the agent refuses must
+// still isolate x/a (Kubernetes isolates a pod any policy selects): no pod
 // reaches it on any port, the other pods stay reachable, and a Warning
-// event on the NetworkPolicy names the cause.
+// event on the policy names the cause.
 //
-// The refused field this relies on is a named port (ports: [{port:
-// serve-80-tcp}], which every pod's container declares). When named ports
-// are implemented (issue #35) the agent will rightly allow port 80: then
-// use another field the agent refuses.
+// The refused field this relies on is icmps in a MembraneNetworkPolicy's
+// ingress entry (issue #36; it relied on named ports until issue #35
+// implemented them). When icmps is implemented, use another field the
+// agent refuses (toServices, ingressDeny).
 func TestRefusedFieldIsolates(t *testing.T) {
 	env := kubetest.Require(t)
 	w := newWorldWith(t, "10.232.1.0/24", env)
-	named := intstr.FromString("serve-80-tcp") // the refused field
-	np := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "allow-named-port"},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pod": "a"}},
-			Ingress:     []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &named}}}},
-		},
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := w.kube.NetworkingV1().NetworkPolicies("x").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(`apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: refused-icmps, namespace: x}
+spec:
+  endpointSelector: {matchLabels: {pod: a}}
+  ingress:
+  - fromEndpoints: [{}]
+    icmps: [{fields: [{type: 8}]}]
+`), &obj); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = w.kube.NetworkingV1().NetworkPolicies("x").Delete(context.Background(), np.Name, metav1.DeleteOptions{})
-	})
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := &unstructured.Unstructured{Object: obj}
+	res := dyn.Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("x")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := res.Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = res.Delete(context.Background(), np.GetName(), metav1.DeleteOptions{}) })
 	server := w.pod("x", "a")
 	// Bounded wait for the policy to reach x/a; without it (the policy
 	// refused whole) the probes below show the traffic that gets through.
@@ -85,17 +95,17 @@ func TestRefusedFieldIsolates(t *testing.T) {
 		}
 		seen = seen[:0]
 		for _, e := range evs.Items {
-			if e.InvolvedObject.Kind != "NetworkPolicy" || e.InvolvedObject.Name != np.Name {
+			if e.InvolvedObject.Kind != v2.KindNetworkPolicy || e.InvolvedObject.Name != np.GetName() {
 				continue
 			}
 			seen = append(seen, e.Reason+": "+e.Message)
 			if e.Type == corev1.EventTypeWarning && e.Reason == "PolicyPartiallyRefused" &&
-				strings.Contains(e.Message, "spec.ingress[0]") && strings.Contains(e.Message, `named port "serve-80-tcp"`) {
+				strings.Contains(e.Message, "spec.ingress[0].icmps") {
 				return
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Errorf("no PolicyPartiallyRefused Warning event naming spec.ingress[0] and the named port; events: %s",
+	t.Errorf("no PolicyPartiallyRefused Warning event naming spec.ingress[0].icmps; events: %s",
 		fmt.Sprint(slices.Clone(seen)))
 }

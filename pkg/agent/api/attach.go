@@ -53,7 +53,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
 		start := time.Now()
-		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
+		if spec.Labels, spec.NamedPorts, err = (*fn)(r.Context(), spec); err != nil {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
 		}
 		timing.add("labels", time.Since(start))
@@ -248,7 +248,7 @@ func attachSpec(req *models.AttachRequest) (*endpoint.Endpoint, error) {
 	return specFromRequest(ref, &models.EndpointChangeRequest{
 		ContainerID: req.ContainerID, ContainerInterfaceName: req.ContainerInterfaceName,
 		K8sNamespace: req.K8sNamespace, K8sPodName: req.K8sPodName, K8sUID: req.K8sUID,
-		Labels: req.Labels, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
+		Labels: req.Labels, NamedPorts: req.NamedPorts, InterfaceName: hostName, Netns: req.Netns, SyncBuild: true,
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // maxBody bounds request bodies.
@@ -185,6 +186,9 @@ func specFromRequest(ref endpoint.Ref, req *models.EndpointChangeRequest) (*endp
 		return nil, err
 	}
 	spec.Labels = ls
+	if spec.NamedPorts, err = apiNamedPorts("named-ports", req.NamedPorts); err != nil {
+		return nil, err
+	}
 	if err := applyAddressing(req.Addressing, spec); err != nil {
 		return nil, err
 	}
@@ -298,4 +302,29 @@ func checkName(field, v string) error {
 		}
 	}
 	return nil
+}
+
+// apiNamedPorts validates the named ports of a request (field names the
+// JSON field): names are IANA_SVC_NAMEs, ports 1..65535, protocols TCP,
+// UDP or SCTP, one port per name and protocol.
+func apiNamedPorts(field string, in []models.NamedPort) (policy.NamedPorts, error) {
+	ps := make([]policy.NamedPort, 0, len(in))
+	for i, p := range in {
+		if err := policy.ValidatePortName(p.Name); err != nil {
+			return nil, badRequest(fmt.Sprintf("field %q[%d].name: %v", field, i, err))
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			return nil, badRequest(fmt.Sprintf("field %q[%d].port: %d outside 1..65535", field, i, p.Port))
+		}
+		proto, err := policy.ParsePortProtocol(p.Protocol)
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("field %q[%d].protocol: %v", field, i, err))
+		}
+		ps = append(ps, policy.NamedPort{Name: p.Name, Proto: proto, Port: uint16(p.Port)})
+	}
+	out, err := policy.NewNamedPorts(ps)
+	if err != nil {
+		return nil, badRequest(fmt.Sprintf("field %q: %v", field, err))
+	}
+	return out, nil
 }

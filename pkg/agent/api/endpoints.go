@@ -88,7 +88,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
-		if spec.Labels, err = (*fn)(r.Context(), spec); err != nil {
+		if spec.Labels, spec.NamedPorts, err = (*fn)(r.Context(), spec); err != nil {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
 		}
 	}

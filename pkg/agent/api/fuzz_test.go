@@ -35,6 +35,8 @@ func FuzzEndpointChangeRequest(f *testing.F) {
 		{`{"labels":["k8s:app=a","k8s:app=b"]}`, "0"},
 		{`{"labels":["reserved:host"]}`, "0"},
 		{`{"bogus":1}`, "0"},
+		{`{"named-ports":[{"name":"http","port":80},{"name":"dns","port":53,"protocol":"udp"}]}`, "0"},
+		{`{"named-ports":[{"name":"Http","port":80},{"name":"x","port":70000,"protocol":"icmp"}]}`, "0"},
 		{`{} {}`, "0"},
 		{``, "0"},
 		{`{"labels":null,"addressing":null}`, "65535"},

@@ -24,6 +24,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 var (
@@ -106,10 +107,12 @@ type Server struct {
 	labeler     atomic.Pointer[EndpointLabeler]
 }
 
-// EndpointLabeler gives a pod's endpoint its labels before it is created
-// (Kubernetes mode): it returns spec's labels with the pod's own. It may
-// wait (bounded) for the pod and must honour ctx.
-type EndpointLabeler func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, error)
+// EndpointLabeler gives a pod's endpoint its labels and named ports
+// before it is created (Kubernetes mode): it returns spec's labels with
+// the pod's own, and the named ports of the pod's containers (spec's own
+// when the pod is not known). It may wait (bounded) for the pod and must
+// honour ctx.
+type EndpointLabeler func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error)
 
 // SetLabeler installs the labeler PUT /v1/endpoint calls for endpoints
 // that name a pod.

@@ -58,6 +58,14 @@ func TestRefusedFields(t *testing.T) {
 		{"container-name NUL", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"container-name":"a\u0000b"}`, api.CodeInvalid, "container-name"},
 		{"container-name ESC", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"container-name":"\u001b[31mred"}`, api.CodeInvalid, "container-name"},
 		{"container-name long", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"container-name":"` + strings.Repeat("n", 300) + `"}`, api.CodeInvalid, "container-name"},
+
+		// Named ports are IANA_SVC_NAMEs with a port and a protocol (issue #35).
+		{"named port uppercase", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"HTTP","port":80}]}`, api.CodeInvalid, `"named-ports"[0].name`},
+		{"named port too long", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"abcdefghijklmnop","port":80}]}`, api.CodeInvalid, "longer than 15"},
+		{"named port digits only", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"8080","port":80}]}`, api.CodeInvalid, "no letter"},
+		{"named port zero", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"http","port":0}]}`, api.CodeInvalid, `"named-ports"[0].port`},
+		{"named port protocol", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"http","port":80,"protocol":"ICMP"}]}`, api.CodeInvalid, `"named-ports"[0].protocol`},
+		{"named port twice", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"named-ports":[{"name":"http","port":80},{"name":"http","port":81}]}`, api.CodeInvalid, "both 80 and 81"},
 		{"k8s-uid ESC", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"k8s-uid":"\u001b"}`, api.CodeInvalid, "k8s-uid"},
 		{"k8s-uid long", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"k8s-uid":"` + strings.Repeat("u", 300<<10) + `"}`, api.CodeInvalid, "k8s-uid"},
 		{"netns NUL", "PUT", "/v1/endpoint/0", `{"labels":["k8s:a=b"],"netns":"/run/netns/a\u0000"}`, api.CodeInvalid, "netns"},
@@ -113,7 +121,8 @@ func TestAcceptedFields(t *testing.T) {
 		ls[i] = fmt.Sprintf(`"k8s:l%d=v"`, i)
 	}
 	body := `{"labels":[` + strings.Join(ls, ",") + `],"container-name":"/web-ü","k8s-uid":"7d3c4e0a-5a8e-4f7b-9d55-2f1b2b1f2b6e",` +
-		`"netns":"/proc/4242/ns/net","addressing":{"ipv4":"10.201.0.254"},"sync-build":true}`
+		`"netns":"/proc/4242/ns/net","addressing":{"ipv4":"10.201.0.254"},"sync-build":true,` +
+		`"named-ports":[{"name":"http","port":8080},{"name":"dns","port":53,"protocol":"UDP"},{"name":"a-b-1","port":65535,"protocol":"SCTP"}]}`
 	r := e.do(t, "PUT", "/v1/endpoint/container-id:accepted", body)
 	if r.status != http.StatusCreated {
 		t.Fatalf("PUT = %d %s", r.status, r.body)

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // ErrInvalidConfig is wrapped by Config validation errors, which name the
@@ -46,6 +49,10 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// Labels are the operator's identity-relevant label patterns
+	// (--labels, Cilium's syntax: "[source:][!]regexp"), applied after
+	// labels.DefaultFilterPatterns to the labels derived from a pod.
+	Labels []string
 	// KubeProxyReplacement (--kube-proxy-replacement) translates NodePort
 	// and external addresses too; without it kube-proxy serves those and
 	// the agent translates cluster addresses only (at the pod's veth,
@@ -99,10 +106,32 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--k8s-kubeconfig: %w", err)
 		}
 	}
+	if _, err := labels.NewFilter(c.Labels); err != nil {
+		return fmt.Errorf("--labels: %w: %w", err, ErrInvalidConfig)
+	}
 	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
 		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
 	return c.Identity.validate()
+}
+
+// clientset validates the config and returns the agent's client of the
+// API server (its user agent names the node) and the configuration it
+// was made from; what names the caller in errors.
+func (c *Config) clientset(what string) (*rest.Config, *kubernetes.Clientset, error) {
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	rc, err := c.restConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	rc.UserAgent = "membrane-agent/" + c.NodeName
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return rc, cs, nil
 }
 
 // DefaultServiceAccountDir is where a pod's service account token and

@@ -26,6 +26,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // Tunables of the endpoint status writer.
@@ -258,6 +259,9 @@ func (w *endpointWriter) desired(ep *endpoint.Endpoint, pod *corev1.Pod) (*unstr
 	if ep.Identity != 0 {
 		st.Identity = &v2.EndpointIdentity{ID: int64(ep.Identity), Labels: ep.Labels.Strings()}
 	}
+	for _, p := range ep.NamedPorts {
+		st.NamedPorts = append(st.NamedPorts, v2.EndpointNamedPort{Name: p.Name, Port: int32(p.Port), Protocol: policy.ProtoName(p.Proto)})
+	}
 	t := true
 	mep := &v2.MembraneEndpoint{
 		TypeMeta: metav1.TypeMeta{APIVersion: v2.GroupVersion.String(), Kind: v2.EndpointKind},
@@ -301,8 +305,8 @@ func sameStatus(a, b v2.EndpointStatus) bool {
 	if a.Identity != nil && (a.Identity.ID != b.Identity.ID || !slices.Equal(a.Identity.Labels, b.Identity.Labels)) {
 		return false
 	}
-	a.Identity, b.Identity = nil, nil
-	return a == b
+	return a.ID == b.ID && a.State == b.State && a.PolicyRevision == b.PolicyRevision && a.Networking == b.Networking &&
+		slices.Equal(a.NamedPorts, b.NamedPorts)
 }
 
 func fromUnstructuredField(u *unstructured.Unstructured, st *v2.EndpointStatus) error {

@@ -1,6 +1,8 @@
 package k8s
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 
@@ -106,4 +108,57 @@ func diffLabels(cur, want labels.Labels) (add, del labels.Labels) {
 		}
 	}
 	return add, del
+}
+
+// PodNamedPorts returns the named ports of pod's containers (and of its
+// sidecars: init containers with restartPolicy Always), as Kubernetes
+// resolves a NetworkPolicy's named port. A port the agent cannot carry
+// (invalid name or protocol; the API server refuses those) is left out
+// and logged.
+func PodNamedPorts(pod *corev1.Pod, log *slog.Logger) policy.NamedPorts {
+	var ps []policy.NamedPort
+	add := func(c corev1.Container) {
+		for _, cp := range c.Ports {
+			if cp.Name == "" {
+				continue
+			}
+			proto, err := policy.ParsePortProtocol(string(cp.Protocol))
+			if err == nil {
+				err = policy.ValidatePortName(cp.Name)
+			}
+			if err == nil && (cp.ContainerPort < 1 || cp.ContainerPort > 65535) {
+				err = fmt.Errorf("port %d outside 1..65535", cp.ContainerPort)
+			}
+			if err != nil {
+				log.Warn("container port left out", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", err)
+				continue
+			}
+			ps = append(ps, policy.NamedPort{Name: cp.Name, Proto: proto, Port: uint16(cp.ContainerPort)})
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			add(c)
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		add(c)
+	}
+	out, err := policy.NewNamedPorts(ps)
+	if err != nil {
+		log.Warn("named ports left out", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		return nil
+	}
+	return out
+}
+
+// podLabels returns PodLabels(pod, ns) without the labels the filter
+// finds irrelevant to identity (Config.Labels): pods that differ only in
+// those share one identity, and a selector on such a key selects nothing.
+func (w *Watcher) podLabels(pod *corev1.Pod, ns *corev1.Namespace) labels.Labels {
+	kept, dropped := w.filter.Apply(PodLabels(pod, ns, w.log))
+	if len(dropped) > 0 && w.log.Enabled(context.Background(), slog.LevelDebug) {
+		w.log.Debug("labels not relevant to identity", "pod", pod.Namespace+"/"+pod.Name, "labels", dropped.String())
+	}
+	return kept
 }

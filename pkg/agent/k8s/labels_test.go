@@ -64,3 +64,24 @@ func TestDesiredAndDiff(t *testing.T) {
 		t.Fatalf("desired from init = %v, want %v", got, pod)
 	}
 }
+
+// Issue #35: a pod's named container ports, sidecars' included; unnamed
+// and invalid ports are left out.
+func TestPodNamedPorts(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}, Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{
+			{Name: "init", Ports: []corev1.ContainerPort{{Name: "init-port", ContainerPort: 1}}},
+			{Name: "sidecar", RestartPolicy: &always, Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9100}}},
+		},
+		Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+			{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+			{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP},
+			{ContainerPort: 81},
+			{Name: "Bad_Name", ContainerPort: 82},
+		}}},
+	}}
+	if got := PodNamedPorts(pod, slog.New(slog.DiscardHandler)).String(); got != "dns/UDP=53,http/TCP=8080,metrics/TCP=9100" {
+		t.Fatalf("PodNamedPorts = %s", got)
+	}
+}

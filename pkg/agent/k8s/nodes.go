@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8slabels "k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -95,17 +94,9 @@ func InternalIPs(node *corev1.Node) []netip.Addr {
 // have pod CIDRs and returns them (--ipam kubernetes). While waiting it
 // logs why every 10 s; it then fails with ErrNoPodCIDRs, naming the node.
 func WaitPodCIDRs(ctx context.Context, cfg Config, timeout time.Duration, log *slog.Logger) (v4, v6 netip.Prefix, err error) {
-	if err := cfg.Validate(); err != nil {
+	_, cs, err := cfg.clientset("wait for pod cidrs")
+	if err != nil {
 		return v4, v6, err
-	}
-	rc, err := cfg.restConfig()
-	if err != nil {
-		return v4, v6, fmt.Errorf("wait for pod cidrs: %w", err)
-	}
-	rc.UserAgent = "membrane-agent/" + cfg.NodeName
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return v4, v6, fmt.Errorf("wait for pod cidrs: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

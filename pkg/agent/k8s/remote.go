@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // RemoteSource is the source name under which the Kubernetes endpoint
@@ -50,6 +52,9 @@ type slimEndpoint struct {
 	// one), interned.
 	node   string
 	nodeIP netip.Addr
+	// ports are the endpoint's named ports (nil when it declares none
+	// or the object's list is invalid, which is logged).
+	ports policy.NamedPorts
 }
 
 // refusal is a refusal reason as a slimEndpoint keeps it (one byte, not a
@@ -201,7 +206,37 @@ func (r *remoteEndpoints) slim(obj any) (key string, ep *slimEndpoint, ok bool) 
 	ep.nodeIP = ep.nodeIP.Unmap()
 	ep.node = r.intern(u.GetLabels()[v2.EndpointNodeLabel])
 	ep.mismatch = name != "" && name != ep.node
+	if raw, found, _ := unstructured.NestedSlice(u.Object, "status", "namedPorts"); found {
+		ports, err := slimPorts(raw)
+		if err != nil {
+			r.log.Warn("remote endpoint's named ports left out", "object", key, "err", err)
+		}
+		ep.ports = ports
+	}
 	return key, ep, id > 0 && id <= int64(^uint32(0)) && len(ep.ips) > 0
+}
+
+// slimPorts validates a MembraneEndpoint's status.namedPorts.
+func slimPorts(raw []any) (policy.NamedPorts, error) {
+	ps := make([]policy.NamedPort, 0, len(raw))
+	for i, x := range raw {
+		m, ok := x.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("namedPorts[%d]: not an object", i)
+		}
+		name, _ := m["name"].(string)
+		protoS, _ := m["protocol"].(string)
+		port, ok := m["port"].(int64)
+		if !ok || port < 1 || port > 65535 {
+			return nil, fmt.Errorf("namedPorts[%d].port: not a number in 1..65535", i)
+		}
+		proto, err := policy.ParsePortProtocol(protoS)
+		if err != nil {
+			return nil, fmt.Errorf("namedPorts[%d]: %w", i, err)
+		}
+		ps = append(ps, policy.NamedPort{Name: name, Proto: proto, Port: uint16(port)})
+	}
+	return policy.NewNamedPorts(ps)
 }
 
 // nodeCache holds the nodes looked up during one call (a relist checks
@@ -533,7 +568,7 @@ func (r *remoteEndpoints) putBack(full bool, dirty map[string]struct{}, gone map
 }
 
 func (ep *slimEndpoint) remote() endpoint.Remote {
-	return endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP}
+	return endpoint.Remote{IPs: ep.ips, Identity: ep.identity, Node: ep.node, NodeIP: ep.nodeIP, NamedPorts: ep.ports}
 }
 
 // stats returns how many remote endpoints are held (refused ones too)

@@ -238,3 +238,26 @@ func TestRemoteStoreWaitsForNodes(t *testing.T) {
 		t.Fatalf("after the nodes: sink %v, refusals %v", sink.ips, r.refused())
 	}
 }
+
+// Issue #35: a MembraneEndpoint's status.namedPorts reach the remote
+// endpoint once validated; an invalid list is left out.
+func TestSlimPorts(t *testing.T) {
+	got, err := slimPorts([]any{
+		map[string]any{"name": "http", "port": int64(8080)},
+		map[string]any{"name": "dns", "port": int64(53), "protocol": "UDP"},
+	})
+	if err != nil || got.String() != "dns/UDP=53,http/TCP=8080" {
+		t.Fatalf("slimPorts = %s, %v", got, err)
+	}
+	for _, bad := range [][]any{
+		{map[string]any{"name": "HTTP", "port": int64(80)}},
+		{map[string]any{"name": "http", "port": int64(0)}},
+		{map[string]any{"name": "http", "port": "80"}},
+		{map[string]any{"name": "http", "port": int64(80), "protocol": "ICMP"}},
+		{"http"},
+	} {
+		if _, err := slimPorts(bad); err == nil {
+			t.Errorf("slimPorts(%v): accepted", bad)
+		}
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
@@ -64,17 +63,9 @@ type ServiceWatcher struct {
 // then changes follow one service at a time. After a sync timeout the
 // full set is written once the caches sync, in the background.
 func StartServices(ctx context.Context, cfg Config, sink ServiceSink, log *slog.Logger) (*ServiceWatcher, error) {
-	if err := cfg.Validate(); err != nil {
+	_, client, err := cfg.clientset("start k8s service watcher")
+	if err != nil {
 		return nil, err
-	}
-	rc, err := cfg.restConfig()
-	if err != nil {
-		return nil, fmt.Errorf("start k8s service watcher: %w", err)
-	}
-	rc.UserAgent = "membrane-agent/" + cfg.NodeName
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("start k8s service watcher: %w", err)
 	}
 	w := &ServiceWatcher{log: log.With("component", "k8s-services", "node", cfg.NodeName), sink: sink,
 		view: serviceView{node: cfg.NodeName, replacement: cfg.KubeProxyReplacement}, done: make(chan struct{}),

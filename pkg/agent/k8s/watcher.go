@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -65,8 +64,10 @@ const maxRetries = 15
 
 // Watcher watches the API server and applies what it sees.
 type Watcher struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// filter chooses the identity-relevant labels of pods (Config.Labels).
+	filter *labels.Filter
 	sys    *actors.System
 	ix     *index.Index
 	server string
@@ -122,24 +123,20 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	if cfg.PodWait == 0 {
 		cfg.PodWait = 10 * time.Second
 	}
-	if err := cfg.Validate(); err != nil {
+	rc, client, err := cfg.clientset("start k8s watcher")
+	if err != nil {
 		return nil, err
-	}
-	rc, err := cfg.restConfig()
-	if err != nil {
-		return nil, fmt.Errorf("start k8s watcher: %w", err)
-	}
-	rc.UserAgent = "membrane-agent/" + cfg.NodeName
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("start k8s watcher: %w", err)
 	}
 	log = log.With("component", "k8s", "node", cfg.NodeName)
-	w := &Watcher{cfg: cfg, log: log, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}), dyn: dyn,
+	filter, err := labels.NewFilter(cfg.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	w := &Watcher{cfg: cfg, log: log, filter: filter, sys: sys, ix: sys.Index, server: rc.Host, done: make(chan struct{}), dyn: dyn,
 		podWaiters: map[string][]chan struct{}{}, initBase: map[string]labels.Labels{}, state: "syncing",
 		conn: conn{state: connConnecting}, statusWritten: map[string]string{}, crdListers: map[kind]cache.GenericLister{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](),
@@ -486,7 +483,8 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 		}
 		return nil
 	}
-	podLabels := PodLabels(pod, w.namespace(ns), w.log)
+	podLabels := w.podLabels(pod, w.namespace(ns))
+	ports := PodNamedPorts(pod, w.log)
 	for _, ep := range eps {
 		cur := ep.Labels
 		b := cur
@@ -494,10 +492,10 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 			b = base // the labels the ADD sent (none if the agent restarted since)
 		}
 		add, del := diffLabels(cur, desiredLabels(b, podLabels))
-		if len(add) == 0 && len(del) == 0 {
+		if len(add) == 0 && len(del) == 0 && ep.NamedPorts.Equal(ports) {
 			continue
 		}
-		if _, err := w.sys.PatchLabels(ctx, ep.ID, add, del); err != nil {
+		if _, err := w.sys.PatchPodLabels(ctx, ep.ID, add, del, ports); err != nil {
 			if errors.Is(err, actors.ErrEndpointNotFound) {
 				continue
 			}
@@ -562,13 +560,13 @@ func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
 }
 
 // Labels is the API's endpoint labeler: it returns spec's labels with its
-// pod's, waiting up to Config.PodWait for the pod to be cached. A pod not
-// cached in time gets the init identity's labels and is relabelled when
-// it appears.
-func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, error) {
+// pod's and the pod's named ports, waiting up to Config.PodWait for the
+// pod to be cached. A pod not cached in time gets the init identity's
+// labels (and spec's ports) and is relabelled when it appears.
+func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
 	pod, err := w.waitPod(ctx, spec.Namespace, spec.PodName)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if pod == nil {
 		w.mu.Lock()
@@ -578,9 +576,9 @@ func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.L
 		// The pod may have arrived between the wait and the line above:
 		// its worker pass then retries until the endpoint exists.
 		w.queue.Add(key{kind: kindPod, namespace: spec.Namespace, name: spec.PodName})
-		return initLabels, nil
+		return initLabels, spec.NamedPorts, nil
 	}
-	return desiredLabels(spec.Labels, PodLabels(pod, w.namespace(spec.Namespace), w.log)), nil
+	return desiredLabels(spec.Labels, w.podLabels(pod, w.namespace(spec.Namespace))), PodNamedPorts(pod, w.log), nil
 }
 
 // waitPod returns the cached pod, waiting up to PodWait for it (nil: not

@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // EndpointSource lists the agent's local endpoints (*index.Index).
@@ -242,6 +243,9 @@ func (p *Publisher) recordOf(ep *endpoint.Endpoint, nodeIP netip.Addr) (pubRecor
 	}
 	node := p.c.cfg.NodeName
 	rec := endpointRecord{Identity: uint32(ep.Identity), Node: node, NodeIP: nodeIP}
+	for _, np := range ep.NamedPorts {
+		rec.NamedPorts = append(rec.NamedPorts, policy.NamedPorts{np}.String())
+	}
 	for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
 		if ip.IsValid() {
 			rec.IPs = append(rec.IPs, ip)

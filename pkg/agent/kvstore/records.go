@@ -8,6 +8,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // endpointRecord is the value of state/endpoints/v1/<node>/<id>: a local
@@ -17,6 +18,10 @@ type endpointRecord struct {
 	Identity uint32       `json:"identity"`
 	Node     string       `json:"node"`
 	NodeIP   netip.Addr   `json:"nodeIP,omitzero"`
+	// NamedPorts are the pod's named container ports, "name/PROTO=port"
+	// (policy.ParseNamedPort); ports is their decoded form.
+	NamedPorts []string          `json:"namedPorts,omitempty"`
+	ports      policy.NamedPorts `json:"-"`
 }
 
 // nodeRecord is the value of state/nodes/v1/<node>. Stable wire form.
@@ -27,7 +32,7 @@ type nodeRecord struct {
 }
 
 func (r endpointRecord) remote() endpoint.Remote {
-	return endpoint.Remote{IPs: r.IPs, Identity: identity.NumericIdentity(r.Identity), Node: r.Node, NodeIP: r.NodeIP}
+	return endpoint.Remote{IPs: r.IPs, Identity: identity.NumericIdentity(r.Identity), Node: r.Node, NodeIP: r.NodeIP, NamedPorts: r.ports}
 }
 
 func (r nodeRecord) remoteNode() datapath.RemoteNode {
@@ -51,6 +56,19 @@ func decodeEndpoint(v []byte) (endpointRecord, error) {
 	if r.Identity == 0 || r.Identity > uint32(maxID) {
 		return r, fmt.Errorf("decode endpoint record: identity %d", r.Identity)
 	}
+	ps := make([]policy.NamedPort, 0, len(r.NamedPorts))
+	for _, s := range r.NamedPorts {
+		p, err := policy.ParseNamedPort(s)
+		if err != nil {
+			return r, fmt.Errorf("decode endpoint record: %w", err)
+		}
+		ps = append(ps, p)
+	}
+	ports, err := policy.NewNamedPorts(ps)
+	if err != nil {
+		return r, fmt.Errorf("decode endpoint record: %w", err)
+	}
+	r.ports = ports
 	return r, nil
 }
 

@@ -35,8 +35,20 @@ type EndpointChangeRequest struct {
 	HostMac string `json:"host-mac,omitempty"`
 	// Netns is the path of the pod's network namespace.
 	Netns string `json:"netns,omitempty"`
+	// NamedPorts are the ports the pod's containers declare by name
+	// (containers[].ports[]), which policies on named ports resolve to.
+	NamedPorts []NamedPort `json:"named-ports,omitempty"`
 	// SyncBuild asks the agent to answer only after the first regeneration.
 	SyncBuild bool `json:"sync-build,omitempty"`
+}
+
+// NamedPort is a port a pod's container declares under a name (Cilium's
+// Port model): Name an IANA_SVC_NAME, Port 1..65535, Protocol TCP (the
+// default), UDP or SCTP.
+type NamedPort struct {
+	Name     string `json:"name"`
+	Port     int64  `json:"port"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Identity is a security identity: a numeric ID bound to a label set.
@@ -396,6 +408,9 @@ type AttachRequest struct {
 	K8sUID       string `json:"k8s-uid,omitempty"`
 	// Labels are source-prefixed labels of the endpoint (at least one).
 	Labels []string `json:"labels,omitempty"`
+	// NamedPorts are the pod's named container ports (as in
+	// EndpointChangeRequest).
+	NamedPorts []NamedPort `json:"named-ports,omitempty"`
 	// Owner is recorded with the addresses (as POST /v1/ipam's owner).
 	Owner string `json:"owner,omitempty"`
 }

@@ -34,6 +34,9 @@ type Endpoint struct {
 	MAC                    string
 	HostMAC                string
 	Netns                  string
+	// NamedPorts are the ports the pod's containers declare by name;
+	// ingress rules on named ports resolve against them.
+	NamedPorts policy.NamedPorts
 
 	State    State
 	Identity identity.NumericIdentity

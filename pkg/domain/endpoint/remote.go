@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // ErrInvalidRemote is returned for a remote endpoint that cannot enter
@@ -26,6 +27,10 @@ type Remote struct {
 	Node string
 	// NodeIP is the hosting node's address; invalid when unknown.
 	NodeIP netip.Addr
+	// NamedPorts are the pod's named container ports (validated by the
+	// source): other endpoints' egress rules on named ports reach it on
+	// them.
+	NamedPorts policy.NamedPorts
 }
 
 // Validate returns ErrInvalidRemote (wrapped, naming the field) unless r

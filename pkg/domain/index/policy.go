@@ -56,6 +56,8 @@ type IPCacheClaim struct {
 	// endpoint, and the node that hosts it (invalid: unknown).
 	Origin string
 	NodeIP netip.Addr
+	// NamedPorts are a remote endpoint's named ports (SourceRemote only).
+	NamedPorts policy.NamedPorts
 }
 
 // IPCacheEntry is a row of the ipcache table: the effective identity of

@@ -36,10 +36,15 @@ type PeerRule struct {
 	DNS []fqdn.Selector
 }
 
-// PortProto is a destination port (0: any) and an IP protocol.
+// PortProto is a destination port (0: any) and an IP protocol, or, when
+// Name is set, a named port (Port 0): the port the destination pod
+// declares under Name for Proto. An ingress named port resolves against
+// the selected endpoint's own ports (MapState.ForPorts), an egress one
+// against each peer identity's (Repository.SetEndpointPorts).
 type PortProto struct {
 	Port  uint16
 	Proto uint8
+	Name  string
 }
 
 // maxPortRange bounds the ports one port/endPort range expands to.
@@ -142,49 +147,56 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if c.rf.refused(path + ".ingress") {
 		rule.IngressEnforced = true
 	} else if r.Ingress != nil {
-		for i, in := range *r.Ingress {
-			p := fmt.Sprintf("%s.ingress[%d]", path, i)
-			if c.rf.refused(p) {
-				continue
-			}
-			prs, err := c.peers(p, "from", in.FromEndpoints, in.FromCIDR, in.FromCIDRSet, in.FromEntities, in.ToPorts)
-			if err == nil {
-				err = c.checkProxies(prs, p)
-			}
-			if err != nil {
-				if c.rf.refuse(p, err) {
-					continue
-				}
-				return Rule{}, err
-			}
-			rule.Ingress = append(rule.Ingress, prs...)
+		in := *r.Ingress
+		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
+			return c.peers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts)
+		})
+		if err != nil {
+			return Rule{}, err
 		}
 	}
 	if c.rf.refused(path + ".egress") {
 		rule.EgressEnforced = true
 	} else if r.Egress != nil {
-		for i, eg := range *r.Egress {
-			p := fmt.Sprintf("%s.egress[%d]", path, i)
-			if c.rf.refused(p) {
-				continue
-			}
-			prs, err := c.peers(p, "to", eg.ToEndpoints, eg.ToCIDR, eg.ToCIDRSet, eg.ToEntities, eg.ToPorts)
-			if err == nil {
-				prs, err = withFQDNs(prs, eg, p)
-			}
-			if err == nil {
-				err = c.checkProxies(prs, p)
-			}
+		eg := *r.Egress
+		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {
+			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts)
 			if err != nil {
-				if c.rf.refuse(p, err) {
-					continue
-				}
-				return Rule{}, err
+				return nil, err
 			}
-			rule.Egress = append(rule.Egress, prs...)
+			return withFQDNs(prs, eg[i], p)
+		})
+		if err != nil {
+			return Rule{}, err
 		}
 	}
 	return rule, nil
+}
+
+// entries compiles the n entries of one direction at path with entry
+// (given each entry's path and index): an entry refused by the refusal
+// policy (or whose L7 and DNS rules no proxy can enforce) is left out,
+// any other error fails the rule.
+func (c *cnpCompiler) entries(path string, n int, entry func(p string, i int) ([]PeerRule, error)) ([]PeerRule, error) {
+	var out []PeerRule
+	for i := range n {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		if c.rf.refused(p) {
+			continue
+		}
+		prs, err := entry(p, i)
+		if err == nil {
+			err = c.checkProxies(prs, p)
+		}
+		if err != nil {
+			if c.rf.refuse(p, err) {
+				continue
+			}
+			return nil, err
+		}
+		out = append(out, prs...)
+	}
+	return out, nil
 }
 
 // checkProxies refuses the L7 and DNS rules of an entry at path that no
@@ -254,6 +266,9 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s.rules: L7 rules need at least one port", path)
+	}
+	if i := slices.IndexFunc(out, func(pp PortProto) bool { return pp.Name != "" }); i >= 0 {
+		return nil, fmt.Errorf("%s.ports: named port %q with L7 rules is not supported; use a number", path, out[i].Name)
 	}
 	if p.Rules.DNS != nil {
 		return dnsPorts(out, path)
@@ -332,7 +347,7 @@ func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelecto
 // keys. ANY means TCP, UDP and SCTP (any protocol when the port is 0).
 func compilePort(port portValue, end int, proto, defProto, path string) ([]PortProto, error) {
 	if port.name != "" {
-		return nil, fmt.Errorf("%s.port: named port %q is not supported; use a number", path, port.name)
+		return compileNamedPort(port.name, end, proto, defProto, path)
 	}
 	if port.num < 0 || port.num > 65535 {
 		return nil, fmt.Errorf("%s.port: %d outside 0..65535", path, port.num)
@@ -350,7 +365,7 @@ func compilePort(port portValue, end int, proto, defProto, path string) ([]PortP
 		protos = []uint8{ProtoSCTP}
 	case "ANY":
 		if port.num == 0 {
-			return []PortProto{{0, ProtoAny}}, nil
+			return []PortProto{{Port: 0, Proto: ProtoAny}}, nil
 		}
 		protos = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
 	default:
@@ -371,8 +386,39 @@ func compilePort(port portValue, end int, proto, defProto, path string) ([]PortP
 	var out []PortProto
 	for _, pr := range protos {
 		for n := port.num; n <= last; n++ {
-			out = append(out, PortProto{uint16(n), pr})
+			out = append(out, PortProto{Port: uint16(n), Proto: pr})
 		}
+	}
+	return out, nil
+}
+
+// compileNamedPort compiles a named port: one key per protocol (ANY is
+// TCP, UDP and SCTP), the name checked as Kubernetes checks it. endPort
+// needs a numeric port, as in Kubernetes.
+func compileNamedPort(name string, end int, proto, defProto, path string) ([]PortProto, error) {
+	if err := ValidatePortName(name); err != nil {
+		return nil, fmt.Errorf("%s.port: %w", path, err)
+	}
+	if end != 0 {
+		return nil, fmt.Errorf("%s.endPort: needs a numeric port, not the named port %q", path, name)
+	}
+	if proto == "" {
+		proto = defProto
+	}
+	var protos []uint8
+	switch strings.ToUpper(proto) {
+	case "ANY":
+		protos = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP}
+	default:
+		p, err := ParsePortProtocol(proto)
+		if err != nil {
+			return nil, fmt.Errorf("%s.protocol: unsupported protocol %q (want TCP, UDP, SCTP or ANY)", path, proto)
+		}
+		protos = []uint8{p}
+	}
+	out := make([]PortProto, len(protos))
+	for i, p := range protos {
+		out[i] = PortProto{Proto: p, Name: name}
 	}
 	return out, nil
 }

@@ -2,7 +2,9 @@ package policy
 
 import (
 	"cmp"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
@@ -68,6 +70,95 @@ type MapState struct {
 	// DNS are the egress entries of Allow redirected to the DNS proxy
 	// with the names the endpoint may resolve, sorted by Key.
 	DNS []DNSEntry
+	// Named are the ingress entries on named ports, which each endpoint
+	// resolves against its own ports (ForPorts); sorted, unique. Egress
+	// named ports are resolved into Allow already, against each peer
+	// identity's ports.
+	Named []NamedKey
+	// cidrGroups and namedCIDR are set when an ingress CIDR rule has a
+	// named port: the numbered groups CIDR was built from, and the
+	// named ones, which ForPorts adds once resolved.
+	cidrGroups map[cidrGroup][]*CIDRSelector
+	namedCIDR  map[namedGroup][]*CIDRSelector
+}
+
+// NamedKey is an ingress entry on a named port: traffic from Identity
+// (0: any) to the port the endpoint itself declares as Name over Proto.
+type NamedKey struct {
+	Identity identity.NumericIdentity
+	Name     string
+	Proto    uint8
+}
+
+// namedGroup is a CIDR group on a named port.
+type namedGroup struct {
+	name  string
+	proto uint8
+}
+
+func compareNamedKey(a, b NamedKey) int {
+	return cmp.Or(cmp.Compare(a.Identity, b.Identity), strings.Compare(a.Name, b.Name), cmp.Compare(a.Proto, b.Proto))
+}
+
+// ForPorts returns the policy of an endpoint declaring ports: m with its
+// ingress named entries resolved to those ports' numbers. A named entry
+// whose name (and protocol) the endpoint does not declare allows
+// nothing. Returns m itself when nothing resolves.
+func (m *MapState) ForPorts(ports NamedPorts) *MapState {
+	if m == nil || (len(m.Named) == 0 && len(m.namedCIDR) == 0) || len(ports) == 0 {
+		return m
+	}
+	var add []Key
+	for _, nk := range m.Named {
+		if p, ok := ports.Lookup(nk.Name, nk.Proto); ok {
+			add = append(add, Key{Identity: nk.Identity, Port: p, Proto: nk.Proto, Dir: Ingress})
+		}
+	}
+	var groups map[cidrGroup][]*CIDRSelector
+	for g, sels := range m.namedCIDR {
+		p, ok := ports.Lookup(g.name, g.proto)
+		if !ok {
+			continue
+		}
+		if groups == nil {
+			groups = maps.Clone(m.cidrGroups)
+			if groups == nil {
+				groups = map[cidrGroup][]*CIDRSelector{}
+			}
+		}
+		cg := cidrGroup{dir: Ingress, proto: g.proto, port: p}
+		groups[cg] = append(slices.Clip(groups[cg]), sels...)
+	}
+	if len(add) == 0 && groups == nil {
+		return m
+	}
+	c := *m
+	if len(add) > 0 {
+		c.Allow = NewMapState(0, false, false, append(slices.Clone(m.Allow), add...)).Allow
+	}
+	if groups != nil {
+		c.CIDR = cidrEntries(groups)
+	}
+	return &c
+}
+
+// namedCIDREqual compares the named CIDR groups of two policies.
+func namedCIDREqual(a, b map[namedGroup][]*CIDRSelector) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for g, sa := range a {
+		sb, ok := b[g]
+		if !ok || len(sa) != len(sb) {
+			return false
+		}
+		for i := range sa {
+			if sa[i].Key() != sb[i].Key() {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Compare orders keys by direction, identity, protocol, then port.
@@ -157,7 +248,7 @@ func (m *MapState) Equal(o *MapState) bool {
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
 		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
-		dnsEqual(m.DNS, o.DNS)
+		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && namedCIDREqual(m.namedCIDR, o.namedCIDR)
 }
 
 // Diff returns the entries of to missing from from (add) and those of

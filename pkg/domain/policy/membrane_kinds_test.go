@@ -49,7 +49,7 @@ func TestMembraneNetworkPolicyIsCNP(t *testing.T) {
 	if !r.Subject.Matches(backend) || r.Subject.Matches(elsewhere) {
 		t.Fatalf("subject %s: want the namespace implied", r.Subject.Key())
 	}
-	if !r.IngressEnforced || !r.EgressEnforced || len(r.Ingress[0].Ports) != 1 || r.Ingress[0].Ports[0] != (PortProto{80, ProtoTCP}) {
+	if !r.IngressEnforced || !r.EgressEnforced || len(r.Ingress[0].Ports) != 1 || r.Ingress[0].Ports[0] != (PortProto{Port: 80, Proto: ProtoTCP}) {
 		t.Fatalf("rule = %+v", r)
 	}
 	// The same document as a CiliumNetworkPolicy compiles to the same rules.

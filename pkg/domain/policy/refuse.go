@@ -11,8 +11,8 @@ import (
 
 // A document the agent must enforce whatever it contains (a Kubernetes
 // object: nobody sees a refusal when it is written) is compiled with
-// ParseOptions.PartialRefusal. Then a part the agent refuses (a named
-// port, L7 rules without a proxy, a field it does not know) makes only
+// ParseOptions.PartialRefusal. Then a part the agent refuses (an
+// invalid port name, L7 rules without a proxy, a field it does not know) makes only
 // that part contribute nothing, and the rest stays in force: the
 // subject stays isolated in its directions (deny what cannot be
 // allowed), as Kubernetes requires of a pod selected by any policy.
@@ -33,8 +33,8 @@ type Refusal struct {
 	// direction ("spec.ingress") when the refused field restricts the
 	// other entries.
 	Path string
-	// Reason names the refused field and why ("spec.ingress[1].ports[0].port:
-	// named port \"http\" is not supported; use a number").
+	// Reason names the refused field and why ("spec.ingress[1].ports[0].endPort:
+	// needs a numeric port, not the named port \"http\"").
 	Reason string
 }
 

@@ -11,11 +11,11 @@ import (
 
 // Issue #32 item 8: a policy with a part the agent refuses still
 // isolates the pods it selects; the refused part allows nothing, the
-// other entries stay in force. The refused field these documents rely
-// on is a named port (ports: [{port: http}]; named ports may be
-// implemented later, issue #35: then use any other refused field), an
-// unknown field inside an entry (icmps) and fromRequires (which
-// restricts the other entries, so it refuses the whole direction).
+// other entries stay in force. The refused fields these documents rely
+// on are a named port with an endPort and a port name that is no
+// IANA_SVC_NAME (both refused by Kubernetes too), an unknown field
+// inside an entry (icmps) and fromRequires (which restricts the other
+// entries, so it refuses the whole direction).
 func TestPartialRefusal(t *testing.T) {
 	const server, client identity.NumericIdentity = 420, 421
 	for _, tc := range []struct {
@@ -24,13 +24,13 @@ func TestPartialRefusal(t *testing.T) {
 		wantRefused []string // Refusal.Path
 		wantPorts   []uint16 // ingress ports allowed from client
 	}{
-		{"NetworkPolicy named port entry refused, numbered entry kept", `apiVersion: networking.k8s.io/v1
+		{"NetworkPolicy named port with endPort refused, numbered entry kept", `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: p, namespace: a}
 spec:
   podSelector: {matchLabels: {app: server}}
   ingress:
-  - ports: [{port: http}]
+  - ports: [{port: http, endPort: 90}]
   - from: [{podSelector: {matchLabels: {app: client}}}]
     ports: [{port: 8080}]
 `, ParseOptions{NamespaceLabels: true}, []string{"spec.ingress[0]"}, []uint16{8080}},
@@ -41,7 +41,7 @@ spec:
   podSelector: {matchLabels: {app: server}}
   ingress:
   - from: [{podSelector: {matchLabels: {app: client}}}]
-    ports: [{port: http, protocol: TCP}, {port: 80}]
+    ports: [{port: HTTP, protocol: TCP}, {port: 80}]
 `, ParseOptions{}, []string{"spec.ingress[0]"}, nil},
 		{"CNP unknown field in one entry", `apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
@@ -175,7 +175,7 @@ kind: NetworkPolicy
 metadata: {name: p, namespace: a}
 spec:
   podSelector: {}
-  ingress: [{ports: [{port: http}]}]
+  ingress: [{ports: [{port: http, endPort: 90}]}]
 `), ParseOptions{PartialRefusal: true})
 	if err != nil {
 		t.Fatal(err)

@@ -116,6 +116,14 @@ type Repository struct {
 	fqdnNames map[netip.Addr]map[string]struct{}
 	fqdnHeld  map[netip.Addr]struct{}
 	fqdnSels  map[*cachedSelector]struct{}
+	// portOwners are the named ports each endpoint declared, idPorts
+	// their union per identity with a count of the endpoints declaring
+	// each (namedports_repo.go). resolved caches MapStateFor per
+	// identity and set of ports; cleared when the identity's policy
+	// changes.
+	portOwners map[string]portOwner
+	idPorts    map[identity.NumericIdentity]map[NamedPort]int
+	resolved   map[identity.NumericIdentity]map[string]*MapState
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -129,6 +137,8 @@ func NewRepository() *Repository {
 		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
 		fqdnAddrs: map[string][]netip.Addr{}, fqdnNames: map[netip.Addr]map[string]struct{}{},
 		fqdnHeld: map[netip.Addr]struct{}{}, fqdnSels: map[*cachedSelector]struct{}{},
+		portOwners: map[string]portOwner{}, idPorts: map[identity.NumericIdentity]map[NamedPort]int{},
+		resolved: map[identity.NumericIdentity]map[string]*MapState{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {
@@ -264,6 +274,7 @@ func (r *Repository) RemoveIdentity(id identity.NumericIdentity) Result {
 	affected := idSet{}
 	r.reselect(id, old, affected)
 	delete(r.mapStates, id)
+	delete(r.resolved, id)
 	delete(affected, id)
 	return r.finish(affected)
 }

@@ -292,6 +292,7 @@ func (r *Repository) finish(affected idSet) Result {
 		delete(r.cidrs, p)
 		delete(r.ids, c.id)
 		delete(r.mapStates, c.id)
+		delete(r.resolved, c.id)
 		delete(r.upserts, p)
 		r.reselect(c.id, nil, affected)
 		delete(r.cidrIDs, c.id)
@@ -326,6 +327,7 @@ func (r *Repository) finish(affected idSet) Result {
 			continue
 		}
 		r.mapStates[id] = m
+		delete(r.resolved, id)
 		res.Changed = append(res.Changed, Change{Identity: id, Policy: m})
 	}
 	return res
@@ -378,18 +380,20 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			}
 		}
 	}
+	var named []NamedKey
+	namedCIDR := map[namedGroup][]*CIDRSelector{}
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			if rule.IngressEnforced {
 				ingress = true
-				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil)
-				addCIDRGroups(groups, rule.Ingress, Ingress)
+				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named)
+				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress)
 			}
 			if rule.EgressEnforced {
 				egress = true
-				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns)
-				addCIDRGroups(groups, rule.Egress, Egress)
+				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil)
+				addCIDRGroups(groups, nil, rule.Egress, Egress)
 			}
 		}
 	}
@@ -399,6 +403,13 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		m.CIDR = cidrEntries(groups)
 		m.L7 = l7.entries()
 		m.DNS = dns.entries()
+		if len(named) > 0 {
+			slices.SortFunc(named, compareNamedKey)
+			m.Named = slices.Compact(named)
+		}
+		if len(namedCIDR) > 0 {
+			m.cidrGroups, m.namedCIDR = groups, namedCIDR
+		}
 	}
 	if r.bySubjects == nil {
 		r.bySubjects = map[string]*MapState{}
@@ -407,7 +418,7 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	return m
 }
 
-var anyPort = []PortProto{{0, ProtoAny}}
+var anyPort = []PortProto{{Port: 0, Proto: ProtoAny}}
 
 // countKeys returns (at most) how many keys appendKeys adds for prs.
 func (r *Repository) countKeys(prs []PeerRule) int {
@@ -426,15 +437,30 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 }
 
 // appendKeys appends the keys of prs and records their L7 rules in l7
-// and their DNS rules in dns.
-func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder) []Key {
+// and their DNS rules in dns. A named port is resolved against each
+// peer identity's ports in egress (every identity declaring it for any
+// peer); in ingress it is left to each endpoint and appended to named.
+func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
 			ports = anyPort
 		}
-		emit := func(peer identity.NumericIdentity) {
+		emit := func(peer identity.NumericIdentity, onlyNamed bool) {
 			for _, pp := range ports {
+				if onlyNamed && pp.Name == "" {
+					continue
+				}
+				if pp.Name != "" {
+					if dir == Ingress {
+						*named = append(*named, NamedKey{Identity: peer, Name: pp.Name, Proto: pp.Proto})
+						continue
+					}
+					for _, n := range r.peerPorts(peer, pp.Name, pp.Proto) {
+						keys = append(keys, Key{Identity: peer, Port: n, Proto: pp.Proto, Dir: dir})
+					}
+					continue
+				}
 				k := Key{Identity: peer, Port: pp.Port, Proto: pp.Proto, Dir: dir}
 				keys = append(keys, k)
 				l7.add(k, pr.HTTP)
@@ -442,12 +468,17 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 			}
 		}
 		if pr.Any {
-			emit(0)
+			emit(0, false)
+			if dir == Egress && hasNamedPort(pr.Ports) {
+				for peer := range r.idPorts {
+					emit(peer, true)
+				}
+			}
 			continue
 		}
 		for _, s := range pr.Peers {
 			for peer := range r.selectors[s.Key()].ids {
-				emit(peer)
+				emit(peer, false)
 			}
 		}
 	}
@@ -458,7 +489,11 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 // ports. They also select CIDR identities (appendKeys), which decide
 // the same for addresses the ipcache maps to those identities; the CIDR
 // entries decide for every address, a pod's too.
-func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, prs []PeerRule, dir Direction) {
+//
+// A CIDR rule on a named port goes to named (ingress: the endpoint's own
+// port, resolved by ForPorts); an egress one allows nothing, since an
+// address outside the cluster declares no named ports (named is nil).
+func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction) {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -470,6 +505,13 @@ func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, prs []PeerRule, dir Dir
 				continue
 			}
 			for _, pp := range ports {
+				if pp.Name != "" {
+					if named != nil {
+						ng := namedGroup{name: pp.Name, proto: pp.Proto}
+						named[ng] = append(named[ng], c)
+					}
+					continue
+				}
 				g := cidrGroup{dir: dir, proto: pp.Proto, port: pp.Port}
 				groups[g] = append(groups[g], c)
 			}

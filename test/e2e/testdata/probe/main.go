@@ -1,18 +1,25 @@
 // Command probe is the e2e suite's agnhost: the container of every test
 // pod. It answers on TCP and UDP ports 80 and 81 (and any in $PORTS) with
 // its pod's namespace/name, so the test (which dials from inside another
-// pod's network namespace) knows who answered. Static, no libc: it runs
-// from a one-file image imported into containerd.
+// pod's network namespace) knows who answered. Two TCP requests act from
+// inside the pod, with its own resolver (kubelet's /etc/resolv.conf: the
+// cluster DNS, the search path): "resolve NAME" answers the addresses of
+// NAME, "connect HOST:PORT" dials it, sends one line and answers with
+// what came back. Static, no libc: it runs from a one-file image
+// imported into containerd.
 package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -59,7 +66,7 @@ func serveTCP(ln net.Listener, id string) {
 				if err != nil {
 					return
 				}
-				if _, err := fmt.Fprintf(c, "%s %s", id, line); err != nil {
+				if _, err := fmt.Fprintf(c, "%s %s\n", id, answer(strings.TrimSuffix(line, "\n"))); err != nil {
 					return
 				}
 			}
@@ -77,4 +84,37 @@ func serveUDP(pc net.PacketConn, id string) {
 		}
 		_, _ = pc.WriteTo([]byte(id+" "+string(buf[:n])), addr)
 	}
+}
+
+// answer is the reply to one request line: its own text, or for "resolve"
+// and "connect" the result (errors as "error: ...").
+func answer(line string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch verb, arg, _ := strings.Cut(line, " "); verb {
+	case "resolve":
+		addrs, err := net.DefaultResolver.LookupHost(ctx, arg)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		slices.Sort(addrs)
+		return strings.Join(addrs, ",")
+	case "connect":
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", arg)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintln(c, "probe"); err != nil {
+			return "error: " + err.Error()
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return strings.TrimSuffix(got, "\n")
+	}
+	return line
 }

@@ -39,6 +39,17 @@ type EndpointStatus struct {
 	State string `json:"state"`
 	// PolicyRevision is the policy revision the datapath realises for it.
 	PolicyRevision int64 `json:"policyRevision"`
+	// NamedPorts are the pod's named container ports, which other
+	// nodes' egress rules on named ports resolve to.
+	NamedPorts []EndpointNamedPort `json:"namedPorts,omitempty"`
+}
+
+// EndpointNamedPort is a named container port (Cilium's
+// status.named-ports entry).
+type EndpointNamedPort struct {
+	Name     string `json:"name"`
+	Port     int32  `json:"port"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // EndpointIdentity is a numeric identity and its labels.

@@ -1,0 +1,197 @@
+package policy
+
+import (
+	"slices"
+
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+)
+
+// The repository's named ports: egress rules on a named port allow, per
+// peer identity, the ports that the endpoints with that identity declare
+// under the name (the union over those endpoints: the policy map is keyed
+// by identity, so two endpoints of one identity that number the name
+// differently are both reachable on both numbers). Ingress rules on a
+// named port are resolved per endpoint (MapState.ForPorts), against the
+// endpoint's own ports.
+
+// maxResolvedPerIdentity bounds the resolved policies cached per
+// identity (one per distinct set of ports among its endpoints).
+const maxResolvedPerIdentity = 64
+
+// portOwner is what one endpoint declared.
+type portOwner struct {
+	id    identity.NumericIdentity
+	ports NamedPorts
+}
+
+// SetEndpointPorts records that the endpoint owner (a key unique among
+// the callers, local and remote endpoints alike) has identity id and
+// declares ports. The policies of the identities whose egress rules name
+// one of id's ports (or did) are recomputed.
+func (r *Repository) SetEndpointPorts(owner string, id identity.NumericIdentity, ports NamedPorts) Result {
+	affected := idSet{}
+	if !r.setPorts(owner, id, ports, affected) {
+		return Result{Revision: r.revision}
+	}
+	return r.finish(affected)
+}
+
+// EndpointPortsChange is one owner's named ports for SetEndpointPortsBatch
+// (no ports or IdentityUnknown: the owner's are forgotten).
+type EndpointPortsChange struct {
+	Owner    string
+	Identity identity.NumericIdentity
+	Ports    NamedPorts
+}
+
+// SetEndpointPortsBatch applies several SetEndpointPorts at once.
+func (r *Repository) SetEndpointPortsBatch(changes []EndpointPortsChange) Result {
+	affected := idSet{}
+	changed := false
+	for _, c := range changes {
+		changed = r.setPorts(c.Owner, c.Identity, c.Ports, affected) || changed
+	}
+	if !changed {
+		return Result{Revision: r.revision}
+	}
+	return r.finish(affected)
+}
+
+// setPorts records owner's ports; false when nothing changed.
+func (r *Repository) setPorts(owner string, id identity.NumericIdentity, ports NamedPorts, affected idSet) bool {
+	old, had := r.portOwners[owner]
+	if len(ports) == 0 || id == identity.IdentityUnknown {
+		if !had {
+			return false
+		}
+		r.dropPorts(old, affected)
+		delete(r.portOwners, owner)
+		return true
+	}
+	if had && old.id == id && old.ports.Equal(ports) {
+		return false
+	}
+	if had {
+		r.dropPorts(old, affected)
+	}
+	r.portOwners[owner] = portOwner{id: id, ports: ports}
+	r.addPorts(portOwner{id: id, ports: ports}, affected)
+	return true
+}
+
+// EndpointPorts returns the ports owner declared (SetEndpointPorts).
+func (r *Repository) EndpointPorts(owner string) NamedPorts { return r.portOwners[owner].ports }
+
+// RemoveEndpointPorts forgets the ports of owner.
+func (r *Repository) RemoveEndpointPorts(owner string) Result {
+	return r.SetEndpointPorts(owner, identity.IdentityUnknown, nil)
+}
+
+func (r *Repository) addPorts(o portOwner, affected idSet) {
+	m := r.idPorts[o.id]
+	if m == nil {
+		m = map[NamedPort]int{}
+		r.idPorts[o.id] = m
+	}
+	changed := false
+	for _, p := range o.ports {
+		if m[p]++; m[p] == 1 {
+			changed = true
+		}
+	}
+	if changed {
+		r.namedEgressUsers(o.id, affected)
+	}
+}
+
+func (r *Repository) dropPorts(o portOwner, affected idSet) {
+	m := r.idPorts[o.id]
+	changed := false
+	for _, p := range o.ports {
+		if m[p]--; m[p] <= 0 {
+			delete(m, p)
+			changed = true
+		}
+	}
+	if len(m) == 0 {
+		delete(r.idPorts, o.id)
+	}
+	if changed {
+		r.namedEgressUsers(o.id, affected)
+	}
+}
+
+// peerPorts returns the ports the endpoints of identity id declare as
+// name over proto, sorted.
+func (r *Repository) peerPorts(id identity.NumericIdentity, name string, proto uint8) []uint16 {
+	var out []uint16
+	for p := range r.idPorts[id] {
+		if p.Name == name && p.Proto == proto {
+			out = append(out, p.Port)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// namedEgressUsers marks affected the identities selected by a rule
+// with an egress entry on a named port that can reach identity id.
+func (r *Repository) namedEgressUsers(id identity.NumericIdentity, affected idSet) {
+	for cs := range r.subjects {
+		for _, ref := range cs.subjectOf {
+			if r.reachesNamed(&ref.policy.Rules[ref.rule], id) {
+				for sid := range cs.ids {
+					affected[sid] = struct{}{}
+				}
+				break
+			}
+		}
+	}
+}
+
+func (r *Repository) reachesNamed(rule *Rule, id identity.NumericIdentity) bool {
+	if !rule.EgressEnforced {
+		return false
+	}
+	for _, pr := range rule.Egress {
+		if !hasNamedPort(pr.Ports) {
+			continue
+		}
+		if pr.Any {
+			return true
+		}
+		for _, s := range pr.Peers {
+			if _, ok := r.selectors[s.Key()].ids[id]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasNamedPort(ports []PortProto) bool {
+	return slices.ContainsFunc(ports, func(p PortProto) bool { return p.Name != "" })
+}
+
+// MapStateFor returns the policy of an endpoint with identity id that
+// declares ports: MapState(id) with its ingress named ports resolved
+// (ForPorts). Endpoints with the same identity and ports share the
+// returned pointer until the identity's policy changes.
+func (r *Repository) MapStateFor(id identity.NumericIdentity, ports NamedPorts) *MapState {
+	m := r.MapState(id)
+	if m == nil || (len(m.Named) == 0 && len(m.namedCIDR) == 0) || len(ports) == 0 {
+		return m
+	}
+	key := ports.String()
+	byPorts := r.resolved[id]
+	if got, ok := byPorts[key]; ok {
+		return got
+	}
+	if byPorts == nil || len(byPorts) >= maxResolvedPerIdentity {
+		byPorts = map[string]*MapState{}
+		r.resolved[id] = byPorts
+	}
+	got := m.ForPorts(ports)
+	byPorts[key] = got
+	return got
+}
