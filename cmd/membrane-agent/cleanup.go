@@ -54,6 +54,13 @@ func runCleanup(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "membrane-agent cleanup: --conflist-name %q: want a file name\n", *conflist)
 		return 2
 	}
+	// --wait: SIGTERM is taken from the start, so a signal that comes as
+	// soon as the node is clean ends the wait instead of the process.
+	waitCtx, stop := context.Background(), func() {}
+	if *wait {
+		waitCtx, stop = signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	}
+	defer stop()
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	var errs []error
 	for _, f := range []string{filepath.Join(*confDir, *conflist), filepath.Join(*binDir, "membrane-cni")} {
@@ -78,9 +85,7 @@ func runCleanup(args []string, stderr io.Writer) int {
 	}
 	log.Info("node cleaned up", "removed", rep.String())
 	if *wait {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		defer stop()
-		<-ctx.Done()
+		<-waitCtx.Done()
 	}
 	return 0
 }
