@@ -39,11 +39,13 @@
  *   1. a reply of a connection ep saw first in the other direction
  *      (conntrack hit on the reversed tuple) passes;
  *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}), the
- *      packet needs a policy entry, tried in policy.Lookups order (exact,
- *      port wildcard, L3-only, then the same with peer 0 = any), or an
- *      allowing CIDR entry for the peer's address (cidr_lookup: CIDR
- *      rules decide on the address whatever its identity, so a pod's
- *      address is matched too); else drop;
+ *      first policy entry found in policy.Lookups order (exact, port
+ *      wildcard, L3-only, then the same with peer 0 = any) decides if it
+ *      denies (DROP_POLICY_DENY), and so does a CIDR deny group holding
+ *      the peer's address; else the packet needs that policy entry
+ *      (allowing) or an allowing CIDR entry for the peer's address
+ *      (cidr_match: CIDR rules decide on the address whatever its
+ *      identity, so a pod's address is matched too); else drop;
  *   3. a passing packet records its connection in conntrack (ep, dir,
  *      tuple) so that the replies pass step 1.
  * Before step 1, a packet the pod sends to a service frontend is
@@ -255,7 +257,7 @@ struct pkt {
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
 	__u16 sport, dport; /* network order; echo id for ICMP echo */
 	__u16 l3proto;      /* ethertype, host order */
-	__u16 policy_port;  /* host order; 0 unless TCP/UDP/SCTP */
+	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
 	__u16 l4off;        /* the transport header's offset (lb.h) */
 	__u32 ep;           /* the endpoint's ID (endpoint_info; 0: none) */
 	__u32 identity;     /* the endpoint's identity */
@@ -286,6 +288,8 @@ static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 	case IPPROTO_ICMPV6:
 		if (bpf_skb_load_bytes(skb, off, hdr, 8))
 			return PARSE_BAD;
+		/* Policy matches the type (policy.ICMPTypePort). */
+		p->policy_port = 0x100 | hdr[0];
 		if ((p->proto == IPPROTO_ICMP && (hdr[0] == 8 || hdr[0] == 0)) ||
 		    (p->proto == IPPROTO_ICMPV6 && (hdr[0] == 128 || hdr[0] == 129))) {
 			__builtin_memcpy(&p->sport, &hdr[4], 2);
@@ -459,10 +463,14 @@ static __always_inline struct policy_value *policy_lookup(void *policy, __u32 pe
 	return bpf_map_lookup_elem(policy, &k);
 }
 
-/* cidr_lookup returns the allowing CIDR entry of the peer's address:
- * the longest match of the exact {proto, dport} group, else of the port
- * wildcard group, else of the any-protocol group (policy.CIDRAllows). */
-static __always_inline struct cidr_value *cidr_lookup(void *cidr_policy, struct pkt *p, __u8 dir)
+/* cidr_match reports whether the CIDR groups of kind dir (a direction,
+ * with CIDR_DIR_DENY for the deny groups) hold the peer's address: the
+ * longest match of the exact {proto, dport} group, else of the port
+ * wildcard group, else of the any-protocol group has allow set
+ * (policy.CIDRAllows, policy.CIDRDenies). It counts the packet on that
+ * entry. Not inlined: its key would push the largest call chain's
+ * stack past 512 bytes. */
+static __noinline int cidr_match(void *cidr_policy, struct pkt *p, __u8 dir, __u32 len)
 {
 	struct cidr_key k = {
 		.prefixlen = CIDR_PREFIX_BASE + (p->family == 4 ? 32 : 128),
@@ -473,22 +481,26 @@ static __always_inline struct cidr_value *cidr_lookup(void *cidr_policy, struct 
 	};
 	struct cidr_value *v;
 
-	if (dir == DIR_EGRESS)
+	if ((dir & ~CIDR_DIR_DENY) == DIR_EGRESS)
 		__builtin_memcpy(k.addr, p->daddr, 16);
 	else
 		__builtin_memcpy(k.addr, p->saddr, 16);
 	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
-		return v;
+		goto hit;
 	k.dport = 0;
 	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
-		return v;
+		goto hit;
 	k.proto = 0;
 	v = bpf_map_lookup_elem(cidr_policy, &k);
 	if (v && v->allow)
-		return v;
-	return NULL;
+		goto hit;
+	return 0;
+hit:
+	__sync_fetch_and_add(&v->packets, 1);
+	__sync_fetch_and_add(&v->bytes, len);
+	return 1;
 }
 
 static __always_inline __u64 ct_lifetime(__u8 proto)
@@ -804,7 +816,6 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	struct pkt p = {};
 	struct endpoint_info *ep = NULL;
 	struct policy_value *v;
-	struct cidr_value *cv;
 	void *pol, *cidr = NULL;
 	__u16 proxy_port = 0;
 	__u64 now;
@@ -867,14 +878,16 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);
 			__sync_fetch_and_add(&v->bytes, skb->len);
+			if (v->deny)
+				return drop(skb, &p, dir, DROP_POLICY_DENY, peer);
+		}
+		if (cidr_match(cidr, &p, dir | CIDR_DIR_DENY, skb->len))
+			return drop(skb, &p, dir, DROP_POLICY_DENY, peer);
+		if (v) {
 			if (!from_proxy(skb))
 				proxy_port = v->proxy_port;
-		} else {
-			cv = cidr_lookup(cidr, &p, dir);
-			if (!cv)
-				return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
-			__sync_fetch_and_add(&cv->packets, 1);
-			__sync_fetch_and_add(&cv->bytes, skb->len);
+		} else if (!cidr_match(cidr, &p, dir, skb->len)) {
+			return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
 		}
 	}
 	if (!p.frag)

@@ -58,6 +58,10 @@ enum drop_reason {
 	/* from_overlay: the VNI is a reserved identity to_overlay never sends
 	 * (overlay_identity_ok): host, unmanaged, 0, 6..255. */
 	DROP_TUNNEL_IDENTITY = 12,
+	/* A deny entry (ingressDeny/egressDeny) matches a new connection:
+	 * the policy map's longest match has deny set, or a CIDR deny group
+	 * holds the peer's address. */
+	DROP_POLICY_DENY = 13,
 };
 
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
@@ -181,14 +185,20 @@ struct policy_key {
 #define POLICY_PREFIX_PROTO 48
 #define POLICY_PREFIX_FULL 64
 
-/* policy_value counts what each entry allowed (atomic adds) and says
+/* policy_value counts what each entry matched (atomic adds) and says
  * where allowed traffic goes: proxy_port 0 is straight on, otherwise the
- * L7 proxy listening on that port of the node (policy.Redirect). */
+ * L7 proxy listening on that port of the node (policy.Redirect). deny 1
+ * drops what the entry matches (policy.MapState.Deny: user space turns
+ * every allow a deny covers into a deny and adds the intersection of
+ * each deny with every broader allow, so the longest match of a
+ * connection some deny matches is always a deny). */
 struct policy_value {
 	__u64 packets;
 	__u64 bytes;
 	__u16 proxy_port; /* host byte order */
-	__u16 pad[3];
+	__u8 deny;
+	__u8 pad1;
+	__u16 pad[2];
 };
 
 /* cidr_key is an LPM trie key of an endpoint's CIDR policy map: {dir,
@@ -210,6 +220,11 @@ struct cidr_key {
 };
 
 #define CIDR_PREFIX_BASE 64
+
+/* CIDR_DIR_DENY in cidr_key.dir marks the groups of deny entries: a
+ * new connection whose peer address one of them holds (longest match
+ * with allow 1) is dropped, whatever else allows it (cidr_match). */
+#define CIDR_DIR_DENY 2
 
 /* cidr_value: allow is 1 or 0 (deny: the longest match is an except);
  * the counters count what an allow entry allowed (atomic adds). */

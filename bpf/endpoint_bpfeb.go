@@ -91,6 +91,7 @@ const (
 	EndpointDropReasonDROP_UNKNOWN_NODE    EndpointDropReason = 10
 	EndpointDropReasonDROP_TUNNEL_SOURCE   EndpointDropReason = 11
 	EndpointDropReasonDROP_TUNNEL_IDENTITY EndpointDropReason = 12
+	EndpointDropReasonDROP_POLICY_DENY     EndpointDropReason = 13
 )
 
 type EndpointDropValue struct {
@@ -255,7 +256,9 @@ type EndpointPolicyValue struct {
 	Packets   uint64
 	Bytes     uint64
 	ProxyPort uint16
-	Pad       [3]uint16
+	Deny      uint8
+	Pad1      uint8
+	Pad       [2]uint16
 }
 
 type EndpointTunnelEndpoint struct {

@@ -16,6 +16,9 @@ import (
 // {dir, proto, dport, family, pad} every CIDR entry matches whole.
 const cidrPrefixBase = 64
 
+// cidrDirDeny marks the deny groups in a CIDR key's dir (CIDR_DIR_DENY).
+const cidrDirDeny = 2
+
 // cidrKey encodes e; it refuses entries the programs cannot express.
 func cidrKey(e policy.CIDREntry) (bpf.EndpointCidrKey, error) {
 	switch {
@@ -33,6 +36,9 @@ func encodeCIDRKey(e policy.CIDREntry) bpf.EndpointCidrKey {
 	k := bpf.EndpointCidrKey{
 		Prefixlen: cidrPrefixBase + uint32(e.Prefix.Bits()),
 		Dir:       uint8(e.Dir), Proto: e.Proto, Dport: e.Port, Family: familyV6,
+	}
+	if e.Deny {
+		k.Dir |= cidrDirDeny
 	}
 	if e.Prefix.Addr().Is4() {
 		k.Family = familyV4
@@ -58,7 +64,8 @@ func decodeCIDRKey(k bpf.EndpointCidrKey, v bpf.EndpointCidrValue) (policy.CIDRE
 	if err != nil || int(k.Prefixlen) < cidrPrefixBase {
 		return policy.CIDREntry{}, false
 	}
-	return policy.CIDREntry{Dir: policy.Direction(k.Dir), Proto: k.Proto, Port: k.Dport, Prefix: p, Allow: v.Allow != 0}, true
+	return policy.CIDREntry{Dir: policy.Direction(k.Dir &^ cidrDirDeny), Deny: k.Dir&cidrDirDeny != 0,
+		Proto: k.Proto, Port: k.Dport, Prefix: p, Allow: v.Allow != 0}, true
 }
 
 // dumpCIDRMap reads a CIDR policy map, sorted by policy.CompareCIDR.
@@ -81,12 +88,14 @@ func dumpCIDRMap(m *ebpf.Map) ([]CIDRPolicyEntry, error) {
 }
 
 // syncCIDRMap makes m hold want's CIDR entries, given that it holds
-// have's. Order: deny entries written, then allow entries, then allow
-// entries removed, then deny entries removed. At every step each
-// group's longest match of an address allows it only if have or want
-// does: a written allow is reached only once the denies beneath it are
-// in place, and removing an allow before the denies beneath it can
-// only let an address fall back to an entry have or want agrees with.
+// have's. Order: entries that drop written first (deny groups' holding
+// entries, then allow groups' excepts), then those that let through
+// (allow groups' allowing entries, then deny groups' excepts); removals
+// the other way round. At every step each group's longest match of an
+// address allows it only if have or want does: a written allow is
+// reached only once the denies beneath it are in place, and removing an
+// allow before the denies beneath it can only let an address fall back
+// to an entry have or want agrees with.
 func syncCIDRMap(m *ebpf.Map, have, want *policy.MapState) error {
 	upsert, remove := policy.DiffCIDR(have, want)
 	keys := make([]bpf.EndpointCidrKey, len(upsert))
@@ -97,13 +106,27 @@ func syncCIDRMap(m *ebpf.Map, have, want *policy.MapState) error {
 		}
 		keys[i] = k
 	}
-	for _, allow := range []bool{false, true} {
+	// The rank of an entry in writes: deny groups' holding entries,
+	// allow groups' excepts, allow groups' allowing entries, deny groups'
+	// excepts. Removals go in the reverse order.
+	rank := func(e policy.CIDREntry) int {
+		switch {
+		case e.Deny && e.Allow:
+			return 0
+		case !e.Deny && !e.Allow:
+			return 1
+		case !e.Deny:
+			return 2
+		}
+		return 3
+	}
+	for r := range 4 {
 		for i, e := range upsert {
-			if e.Allow != allow {
+			if rank(e) != r {
 				continue
 			}
 			v := bpf.EndpointCidrValue{}
-			if allow {
+			if e.Allow {
 				v.Allow = 1
 			}
 			if err := m.Update(keys[i], v, ebpf.UpdateAny); err != nil {
@@ -111,9 +134,9 @@ func syncCIDRMap(m *ebpf.Map, have, want *policy.MapState) error {
 			}
 		}
 	}
-	for _, allow := range []bool{true, false} {
+	for r := 3; r >= 0; r-- {
 		for _, e := range remove {
-			if e.Allow != allow {
+			if rank(e) != r {
 				continue
 			}
 			if err := m.Delete(encodeCIDRKey(e)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -101,7 +101,7 @@ func TestBPFCIDRRandom(t *testing.T) {
 	h := newPolicyHarness(t)
 	rng := rand.New(rand.NewPCG(7, 17))
 	sport := uint16(1000)
-	for round := range 25 {
+	for round := range 40 {
 		r := policy.NewRepository()
 		r.UpsertIdentity(300, labels.Labels{{Source: labels.SourceK8s, Key: policy.NamespaceLabel, Value: "x"}})
 		r.MapState(300)
@@ -129,6 +129,26 @@ spec:
 ---
 `, i, p, except, ports)
 		}
+		if round%2 == 1 {
+			// CIDR deny entries over the allows, and over an allow of
+			// any peer (whose entry the denies must beat).
+			bits := 26 + rng.IntN(7)
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 1, byte(rng.IntN(16))}), bits).Masked()
+			ex := netip.PrefixFrom(p.Addr(), min(32, bits+1+rng.IntN(3))).Masked()
+			anyPeer := ""
+			if rng.IntN(2) == 0 {
+				anyPeer = "  egress: [{}]\n"
+			}
+			docs += fmt.Sprintf(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: deny, namespace: x}
+spec:
+  endpointSelector: {}
+%s  egressDeny:
+  - toCIDRSet: [{cidr: %s, except: [%s]}]
+    toPorts: [{ports: [{port: "%d", protocol: TCP}]}]
+`, anyPeer, p, ex, 80+rng.IntN(2))
+		}
 		pols, err := policy.Parse([]byte(docs))
 		if err != nil {
 			t.Fatal(err)
@@ -137,8 +157,8 @@ spec:
 		ms := r.MapState(300)
 		h.setPolicy(t, ms)
 		got, _, err := realisedState(h.pm, h.cm)
-		if err != nil || !slices.Equal(got.CIDR, ms.CIDR) {
-			t.Fatalf("round %d: read back %v (%v), want %v", round, got, err, ms.CIDR)
+		if err != nil || !slices.Equal(got.CIDR, ms.CIDR) || !slices.Equal(got.Allow, ms.Allow) || !slices.Equal(got.Deny, ms.Deny) {
+			t.Fatalf("round %d: read back %v (%v), want %v", round, got, err, ms)
 		}
 		for a := netip.MustParseAddr("10.0.1.0"); a.As4()[3] < 16; a = a.Next() {
 			for _, port := range []uint16{80, 81} {

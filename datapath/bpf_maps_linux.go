@@ -179,6 +179,7 @@ func dumpPolicyMap(m *ebpf.Map) (entries []PolicyEntry, ingress, egress bool, er
 			Key:     pk,
 			Packets: v.Packets, Bytes: v.Bytes,
 			ProxyPort: v.ProxyPort,
+			Deny:      v.Deny != 0,
 		})
 	}
 	if err := it.Err(); err != nil {
@@ -201,8 +202,12 @@ func realisedState(m, cm *ebpf.Map) (*policy.MapState, map[policy.Key]uint16, er
 	}
 	keys := make([]policy.Key, len(entries))
 	var ports map[policy.Key]uint16
+	var deny []policy.Key
 	for i, e := range entries {
 		keys[i] = e.Key
+		if e.Deny {
+			deny = append(deny, e.Key)
+		}
 		if e.ProxyPort != 0 {
 			if ports == nil {
 				ports = map[policy.Key]uint16{}
@@ -211,6 +216,7 @@ func realisedState(m, cm *ebpf.Map) (*policy.MapState, map[policy.Key]uint16, er
 		}
 	}
 	ms := policy.NewMapState(0, in, eg, keys)
+	ms.Deny = deny // sorted: entries are
 	for _, c := range cidrs {
 		ms.CIDR = append(ms.CIDR, c.Entry)
 	}
@@ -227,8 +233,9 @@ type policyTarget struct {
 // syncPolicyMap makes m (identity entries) and cm (CIDR entries) enforce
 // want, given that they enforce have, by difference. Order keeps every
 // intermediate state between the two: enforcement turned off first,
-// then additions (with their proxy ports), proxy port changes of kept
-// entries, the CIDR entries (syncCIDRMap), removals, and enforcement
+// kept entries turned into denies, additions (with their proxy ports and
+// deny flags), proxy port changes of kept entries, kept denies turned
+// into allows, the CIDR entries (syncCIDRMap), removals, and enforcement
 // turned on last.
 func syncPolicyMap(m, cm *ebpf.Map, haveT, wantT policyTarget) error {
 	have, want := haveT.state, wantT.state
@@ -248,16 +255,25 @@ func syncPolicyMap(m, cm *ebpf.Map, haveT, wantT policyTarget) error {
 			}
 		}
 	}
+	if err := syncDeny(m, have, want, true); err != nil {
+		return err
+	}
 	var zero bpf.EndpointPolicyValue
 	for i, bk := range addKeys {
 		// NoExist keeps the counters of an entry that is already there
 		// (its port is then set below).
 		v := bpf.EndpointPolicyValue{ProxyPort: wantT.ports[add[i]]}
+		if want.Denies(add[i]) {
+			v.Deny = 1
+		}
 		if err := m.Update(bk, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("update policy map: %w", err)
 		}
 	}
 	if err := syncProxyPorts(m, haveT, wantT); err != nil {
+		return err
+	}
+	if err := syncDeny(m, have, want, false); err != nil {
 		return err
 	}
 	if err := syncCIDRMap(cm, have, want); err != nil {
@@ -310,6 +326,38 @@ func syncProxyPorts(m *ebpf.Map, haveT, wantT policyTarget) error {
 			if err := changed(k); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// syncDeny sets the deny flag (on true) or clears it (on false) of the
+// entries kept from have to want whose flag differs, keeping their
+// counters.
+func syncDeny(m *ebpf.Map, have, want *policy.MapState, on bool) error {
+	from, to := have, want
+	if !on {
+		from, to = want, have
+	}
+	if to == nil {
+		return nil
+	}
+	// Entries denying in to and not in from, kept in both.
+	for _, k := range to.Deny {
+		if from.Denies(k) || !from.Has(k) || !want.Has(k) || !have.Has(k) {
+			continue
+		}
+		bk := encodePolicyKey(k)
+		var v bpf.EndpointPolicyValue
+		if err := m.Lookup(bk, &v); err != nil {
+			return fmt.Errorf("read policy map entry %+v: %w", k, err)
+		}
+		v.Deny = 0
+		if on {
+			v.Deny = 1
+		}
+		if err := m.Update(bk, v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("set deny of policy map entry %+v: %w", k, err)
 		}
 	}
 	return nil

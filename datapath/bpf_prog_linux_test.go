@@ -161,11 +161,14 @@ func peerIdentity(p pkt, dir policy.Direction) identity.NumericIdentity {
 }
 
 func policyPort(p pkt) uint16 {
+	if p.fragOff != 0 {
+		return 0
+	}
 	switch p.proto {
 	case policy.ProtoTCP, policy.ProtoUDP, policy.ProtoSCTP:
-		if p.fragOff == 0 {
-			return p.dport
-		}
+		return p.dport
+	case policy.ProtoICMP, policy.ProtoICMPv6:
+		return policy.ICMPTypePort(p.icmpType)
 	}
 	return 0
 }
@@ -323,19 +326,33 @@ func TestBPFMatchesMapState(t *testing.T) {
 	idents := []identity.NumericIdentity{0, identA, identB, identity.ReservedWorld}
 	protos := []uint8{policy.ProtoTCP, policy.ProtoUDP, policy.ProtoSCTP, policy.ProtoICMP}
 	ports := []uint16{53, 80, 8080}
-	for round := range 40 {
+	// Echo requests and replies: their id tells flows apart (another
+	// type's flows with one peer are one conntrack entry).
+	icmpTypes := []uint8{0, 8}
+	randKeys := func(n int) []policy.Key {
 		var keys []policy.Key
-		for range rng.IntN(6) {
+		for range n {
 			k := policy.Key{Identity: idents[rng.IntN(len(idents))], Dir: policy.Direction(rng.IntN(2))}
 			if rng.IntN(3) > 0 {
 				k.Proto = protos[rng.IntN(len(protos))]
-				if rng.IntN(2) == 0 && k.Proto != policy.ProtoICMP {
+				if rng.IntN(2) == 0 {
 					k.Port = ports[rng.IntN(len(ports))]
+					if k.Proto == policy.ProtoICMP {
+						k.Port = policy.ICMPTypePort(icmpTypes[rng.IntN(len(icmpTypes))])
+					}
 				}
 			}
 			keys = append(keys, k)
 		}
-		ms := policy.NewMapState(uint64(round), rng.IntN(2) == 0, rng.IntN(2) == 0, keys)
+		return keys
+	}
+	for round := range 80 {
+		ms := policy.NewMapState(uint64(round), rng.IntN(2) == 0, rng.IntN(2) == 0, randKeys(rng.IntN(6)))
+		if round%2 == 1 {
+			// Deny entries (ingressDeny, egressDeny), and the allows
+			// they turn into denies.
+			ms = ms.WithDeny(randKeys(1 + rng.IntN(3)))
+		}
 		h.setPolicy(t, ms)
 		for i := range 25 {
 			dir := policy.Direction(rng.IntN(2))
@@ -346,6 +363,9 @@ func TestBPFMatchesMapState(t *testing.T) {
 			p.sport = uint16(40000 + 10000*int(dir) + round*25 + i)
 			if proto == policy.ProtoICMP {
 				p.dport = 0
+				// An echo reply (0) is a reply only to an echo the
+				// endpoint saw: here it is a new flow too.
+				p.icmpType = icmpTypes[rng.IntN(len(icmpTypes))]
 			}
 			want := verdictDrop
 			if ms.Allows(peerIdentity(p, dir), policyPort(p), proto, dir) {

@@ -103,6 +103,8 @@ type PolicyEntry struct {
 	Packets   uint64
 	Bytes     uint64
 	ProxyPort uint16
+	// Deny: the entry drops what it matches (policy.MapState.Deny).
+	Deny bool
 }
 
 // CIDRPolicyEntry is one realised CIDR policy entry with its counters

@@ -14,6 +14,9 @@ import (
 const (
 	// DropPolicy: no policy entry allows a new connection.
 	DropPolicy = "policy-denied"
+	// DropPolicyDeny: a deny entry (ingressDeny, egressDeny) matches a
+	// new connection, whatever allows it.
+	DropPolicyDeny = "policy-deny-rule"
 	// DropFragment: a non-first fragment (no ports) that no L3-only or
 	// protocol-wide entry allows.
 	DropFragment = "fragment"
@@ -69,7 +72,7 @@ const (
 
 // dropReasons maps the programs' reason numbers to names.
 var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
-	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity,
+	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity, 13: DropPolicyDeny,
 	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".

@@ -261,7 +261,7 @@ func (f *Fake) DumpPolicy(_ context.Context, id endpoint.ID) ([]PolicyEntry, boo
 	}
 	out := make([]PolicyEntry, len(m.Allow))
 	for i, k := range m.Allow {
-		out[i] = PolicyEntry{Key: k}
+		out[i] = PolicyEntry{Key: k, Deny: m.Denies(k)}
 	}
 	return out, m.IngressEnforced, m.EgressEnforced, nil
 }

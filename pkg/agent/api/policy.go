@@ -128,20 +128,20 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 	if m := ep.Policy; m != nil {
 		out.PolicyRevision, out.IngressEnforced, out.EgressEnforced = m.Revision, m.IngressEnforced, m.EgressEnforced
 		for _, k := range m.Allow {
-			out.Computed = append(out.Computed, entryModel(k))
+			out.Computed = append(out.Computed, entryModel(k, m.Denies(k)))
 		}
 		for _, c := range m.CIDR {
 			out.ComputedCIDR = append(out.ComputedCIDR, cidrEntryModel(c))
 		}
 		for _, e := range m.L7 {
-			l7 := models.L7PolicyEntry{PolicyEntry: entryModel(e.Key), HTTP: make([]models.HTTPRule, 0, len(e.HTTP))}
+			l7 := models.L7PolicyEntry{PolicyEntry: entryModel(e.Key, false), HTTP: make([]models.HTTPRule, 0, len(e.HTTP))}
 			for _, h := range e.HTTP {
 				l7.HTTP = append(l7.HTTP, models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers})
 			}
 			out.ComputedL7 = append(out.ComputedL7, l7)
 		}
 		for _, e := range m.DNS {
-			d := models.DNSPolicyEntry{PolicyEntry: entryModel(e.Key), Names: make([]string, 0, len(e.Names))}
+			d := models.DNSPolicyEntry{PolicyEntry: entryModel(e.Key, false), Names: make([]string, 0, len(e.Names))}
 			for _, n := range e.Names {
 				d.Names = append(d.Names, n.String())
 			}
@@ -163,7 +163,7 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 	} else {
 		out.Realized = make([]models.RealizedPolicyEntry, 0, len(pd.entries))
 		for _, e := range pd.entries {
-			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key), Packets: e.Packets, Bytes: e.Bytes, ProxyPort: e.ProxyPort})
+			out.Realized = append(out.Realized, models.RealizedPolicyEntry{PolicyEntry: entryModel(e.Key, e.Deny), Packets: e.Packets, Bytes: e.Bytes, ProxyPort: e.ProxyPort})
 		}
 		out.RealizedCIDR = make([]models.RealizedCIDRPolicyEntry, 0, len(pd.cidr))
 		for _, e := range pd.cidr {
@@ -193,12 +193,26 @@ func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) (*policyDump, e
 	return &policyDump{entries: rp.Entries, cidr: rp.CIDR, ingress: rp.Ingress, egress: rp.Egress}, nil
 }
 
-func entryModel(k policy.Key) models.PolicyEntry {
-	return models.PolicyEntry{Identity: uint32(k.Identity), Port: k.Port, Protocol: protoName(k.Proto), Direction: k.Dir.String()}
+func entryModel(k policy.Key, deny bool) models.PolicyEntry {
+	port, icmp := portModel(k.Proto, k.Port)
+	return models.PolicyEntry{Identity: uint32(k.Identity), Port: port, ICMPType: icmp, Protocol: protoName(k.Proto),
+		Direction: k.Dir.String(), Deny: deny}
 }
 
 func cidrEntryModel(e policy.CIDREntry) models.CIDRPolicyEntry {
-	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: e.Port, Protocol: protoName(e.Proto), Direction: e.Dir.String(), Allow: e.Allow}
+	port, icmp := portModel(e.Proto, e.Port)
+	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: port, ICMPType: icmp, Protocol: protoName(e.Proto),
+		Direction: e.Dir.String(), Deny: e.Deny, Allow: e.Allow}
+}
+
+// portModel splits an entry's port into the port and, for ICMP, the
+// type it matches (policy.ICMPTypePort).
+func portModel(proto uint8, port uint16) (uint16, *uint8) {
+	if (proto != policy.ProtoICMP && proto != policy.ProtoICMPv6) || port == 0 {
+		return port, nil
+	}
+	t := uint8(port)
+	return 0, &t
 }
 
 func protoName(p uint8) string {
@@ -211,6 +225,10 @@ func protoName(p uint8) string {
 		return "UDP"
 	case policy.ProtoSCTP:
 		return "SCTP"
+	case policy.ProtoICMP:
+		return "ICMP"
+	case policy.ProtoICMPv6:
+		return "ICMPv6"
 	}
 	return strconv.Itoa(int(p))
 }

@@ -35,12 +35,17 @@ type PolicyDeleteResponse struct {
 
 // PolicyEntry is one policy map entry: traffic with the peer identity
 // (0: any) to destination port (0: any) over protocol ("TCP", "UDP",
-// "SCTP", "ANY" or a number) in direction ("ingress" or "egress").
+// "SCTP", "ICMP", "ICMPv6", "ANY" or a number) in direction ("ingress"
+// or "egress") is allowed, or dropped when deny is set (ingressDeny,
+// egressDeny: a deny wins over any allow). An ICMP entry matches the
+// ICMP type icmp-type (port is 0), or every type when icmp-type is absent.
 type PolicyEntry struct {
 	Identity  uint32 `json:"identity"`
 	Port      uint16 `json:"port"`
+	ICMPType  *uint8 `json:"icmp-type,omitempty"`
 	Protocol  string `json:"protocol"`
 	Direction string `json:"direction"`
+	Deny      bool   `json:"deny,omitempty"`
 }
 
 // RealizedPolicyEntry is a policy map entry read back from the datapath
@@ -74,11 +79,15 @@ type HTTPRule struct {
 // (0: any) over protocol whose peer address's longest match among the
 // entries of the same direction, port and protocol is cidr is allowed
 // when allow is set (false: an except carved out of a broader entry).
+// Deny entries (deny set) form groups of their own, in which allow set
+// means the connection is dropped, whatever else allows it.
 type CIDRPolicyEntry struct {
 	CIDR      string `json:"cidr"`
 	Port      uint16 `json:"port"`
+	ICMPType  *uint8 `json:"icmp-type,omitempty"`
 	Protocol  string `json:"protocol"`
 	Direction string `json:"direction"`
+	Deny      bool   `json:"deny,omitempty"`
 	Allow     bool   `json:"allow"`
 }
 

@@ -23,43 +23,71 @@ import (
 // all the rules of the group, so an except of one rule is never undone by
 // a broader prefix of another rule, nor turned into a deny of an address
 // another rule allows.
+//
+// Deny entries (ingressDeny, egressDeny) form groups of their own, Deny
+// set, in which Allow means the deny holds the address: a new
+// connection is dropped when one deny group's longest match has Allow
+// set (CIDRDenies), whatever the other entries allow.
 type CIDREntry struct {
 	Dir    Direction
+	Deny   bool
 	Proto  uint8
 	Port   uint16
 	Prefix netip.Prefix // masked; IPv4 prefixes are 4-byte
 	Allow  bool
 }
 
-// CompareCIDR orders entries by direction, protocol, port, then prefix
-// (IPv4 first, then address, then length); Allow is not compared, so
-// the entries of one MapState never share the other fields.
+// CompareCIDR orders entries by direction, deny, protocol, port, then
+// prefix (IPv4 first, then address, then length); Allow is not
+// compared, so the entries of one MapState never share the other fields.
 func CompareCIDR(a, b CIDREntry) int {
-	return cmp.Or(cmp.Compare(a.Dir, b.Dir), cmp.Compare(a.Proto, b.Proto),
+	return cmp.Or(cmp.Compare(a.Dir, b.Dir), compareBool(a.Deny, b.Deny), cmp.Compare(a.Proto, b.Proto),
 		cmp.Compare(a.Port, b.Port), comparePrefix(a.Prefix, b.Prefix))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // CIDRAllows reports whether the CIDR entries allow a new connection
 // with peer address addr on port/proto in dir (enforcement aside). The
 // BPF programs' cidr_lookup computes the same.
 func (m *MapState) CIDRAllows(addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
+	return m.cidrHolds(false, addr, port, proto, dir)
+}
+
+// CIDRDenies reports whether the CIDR deny entries drop a new
+// connection with peer address addr on port/proto in dir (enforcement
+// aside): one deny group's longest match holds it. The BPF programs'
+// cidr_denied computes the same.
+func (m *MapState) CIDRDenies(addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
+	return m.cidrHolds(true, addr, port, proto, dir)
+}
+
+func (m *MapState) cidrHolds(deny bool, addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
 	if m == nil || !addr.IsValid() {
 		return false
 	}
 	addr = addr.Unmap()
 	for _, g := range [3][2]uint16{{uint16(proto), port}, {uint16(proto), 0}, {0, 0}} {
-		if e, ok := m.longestCIDR(dir, uint8(g[0]), g[1], addr); ok && e.Allow {
+		if e, ok := m.longestCIDR(dir, deny, uint8(g[0]), g[1], addr); ok && e.Allow {
 			return true
 		}
 	}
 	return false
 }
 
-func (m *MapState) longestCIDR(dir Direction, proto uint8, port uint16, addr netip.Addr) (CIDREntry, bool) {
+func (m *MapState) longestCIDR(dir Direction, deny bool, proto uint8, port uint16, addr netip.Addr) (CIDREntry, bool) {
 	var best CIDREntry
 	found := false
 	for _, e := range m.CIDR {
-		if e.Dir == dir && e.Proto == proto && e.Port == port && e.Prefix.Contains(addr) &&
+		if e.Dir == dir && e.Deny == deny && e.Proto == proto && e.Port == port && e.Prefix.Contains(addr) &&
 			(!found || e.Prefix.Bits() > best.Prefix.Bits()) {
 			best, found = e, true
 		}
@@ -69,10 +97,19 @@ func (m *MapState) longestCIDR(dir Direction, proto uint8, port uint16, addr net
 
 // AllowsAddr reports whether a new connection with the peer of identity
 // peer and address addr on port/proto in dir passes: always when dir is
-// not enforced, else when an identity entry (Allows) or the CIDR entries
-// (CIDRAllows) allow it. The datapath's verdict must equal this one.
+// not enforced; else never when an identity entry denies it (the first
+// of Lookups present) or the CIDR deny entries do (CIDRDenies); else when
+// an identity entry or the CIDR entries (CIDRAllows) allow it. The
+// datapath's verdict must equal this one.
 func (m *MapState) AllowsAddr(peer identity.NumericIdentity, addr netip.Addr, port uint16, proto uint8, dir Direction) bool {
-	return m.Allows(peer, port, proto, dir) || m.CIDRAllows(addr, port, proto, dir)
+	if !m.Enforced(dir) {
+		return true
+	}
+	found, denied := m.lookup(peer, port, proto, dir)
+	if denied || m.CIDRDenies(addr, port, proto, dir) {
+		return false
+	}
+	return found || m.CIDRAllows(addr, port, proto, dir)
 }
 
 // cidrGroup is one {Dir, Proto, Port} group's CIDR selectors.
@@ -80,6 +117,7 @@ type cidrGroup struct {
 	dir   Direction
 	proto uint8
 	port  uint16
+	deny  bool
 }
 
 // cidrEntries compiles the CIDR selectors of each group into exact
@@ -101,7 +139,7 @@ func cidrEntries(groups map[cidrGroup][]*CIDRSelector) []CIDREntry {
 				inherited = t.verdict(parent)
 			}
 			if allow != inherited {
-				out = append(out, CIDREntry{Dir: g.dir, Proto: g.proto, Port: g.port, Prefix: p, Allow: allow})
+				out = append(out, CIDREntry{Dir: g.dir, Deny: g.deny, Proto: g.proto, Port: g.port, Prefix: p, Allow: allow})
 			}
 		}
 	}

@@ -19,10 +19,15 @@ type Rule struct {
 	Subject                         *LabelSelector
 	IngressEnforced, EgressEnforced bool
 	Ingress, Egress                 []PeerRule
+	// IngressDeny and EgressDeny deny what they match whatever any rule
+	// allows (Cilium's precedence: a deny wins over every allow, of any
+	// policy kind, however specific).
+	IngressDeny, EgressDeny []PeerRule
 }
 
-// PeerRule allows traffic with Peers (or any peer when Any) on Ports
-// (any port and protocol when empty).
+// PeerRule allows (or, in a Rule's IngressDeny and EgressDeny, denies)
+// traffic with Peers (or any peer when Any) on Ports (any port and
+// protocol when empty).
 type PeerRule struct {
 	Any   bool
 	Peers []Selector
@@ -143,24 +148,46 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if err != nil {
 		return Rule{}, err
 	}
-	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil, EgressEnforced: r.Egress != nil}
-	if c.rf.refused(path + ".ingress") {
-		rule.IngressEnforced = true
-	} else if r.Ingress != nil {
-		in := *r.Ingress
-		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
-			return c.peers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts)
+	// A direction with allow or deny entries is default-deny (Cilium's
+	// enableDefaultDeny default).
+	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil || r.IngressDeny != nil,
+		EgressEnforced: r.Egress != nil || r.EgressDeny != nil}
+	inDenyOK, egDenyOK := true, true
+	if r.IngressDeny != nil {
+		in := *r.IngressDeny
+		rule.IngressDeny, inDenyOK, err = c.denyEntries(path, "ingress", len(in), func(p string, i int) ([]PeerRule, error) {
+			return c.denyPeers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts, in[i].ICMPs)
 		})
 		if err != nil {
 			return Rule{}, err
 		}
 	}
-	if c.rf.refused(path + ".egress") {
+	if r.EgressDeny != nil {
+		eg := *r.EgressDeny
+		rule.EgressDeny, egDenyOK, err = c.denyEntries(path, "egress", len(eg), func(p string, i int) ([]PeerRule, error) {
+			return c.denyPeers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
+		})
+		if err != nil {
+			return Rule{}, err
+		}
+	}
+	if c.rf.refused(path+".ingress") || !inDenyOK {
+		rule.IngressEnforced = true
+	} else if r.Ingress != nil {
+		in := *r.Ingress
+		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
+			return c.peers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts, in[i].ICMPs)
+		})
+		if err != nil {
+			return Rule{}, err
+		}
+	}
+	if c.rf.refused(path+".egress") || !egDenyOK {
 		rule.EgressEnforced = true
 	} else if r.Egress != nil {
 		eg := *r.Egress
 		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {
-			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts)
+			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
 			if err != nil {
 				return nil, err
 			}
@@ -171,6 +198,69 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 		}
 	}
 	return rule, nil
+}
+
+// denyEntries compiles the n deny entries of direction dir (ingress or
+// egress) of the rule at path. A deny entry narrows the other entries,
+// so one refused in partial mode refuses the rule's whole direction
+// (ok false: it then allows nothing, see refuse.go); the deny entries
+// that compiled stay in force.
+func (c *cnpCompiler) denyEntries(path, dir string, n int, entry func(p string, i int) ([]PeerRule, error)) (_ []PeerRule, ok bool, _ error) {
+	var out []PeerRule
+	ok = true
+	for i := range n {
+		p := fmt.Sprintf("%s.%sDeny[%d]", path, dir, i)
+		prs, err := entry(p, i)
+		if err != nil {
+			if !c.rf.refuse(path+"."+dir, err) {
+				return nil, false, err
+			}
+			ok = false
+			continue
+		}
+		out = append(out, prs...)
+	}
+	return out, ok, nil
+}
+
+// denyPeers compiles one deny entry: its peers on its ports (toPorts
+// without L7 rules) or ICMP types.
+func (c *cnpCompiler) denyPeers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portDenyRule, icmps []icmpRule) ([]PeerRule, error) {
+	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, eps, cidrs, sets, entities)
+	if err != nil {
+		return nil, err
+	}
+	if len(ports) > 0 && len(icmps) > 0 {
+		return nil, fmt.Errorf("%s: icmps and toPorts in one entry (give each its own entry)", path)
+	}
+	for i, p := range ports {
+		got, err := compilePortRule(portRule{Ports: p.Ports}, fmt.Sprintf("%s.toPorts[%d]", path, i))
+		if err != nil {
+			return nil, err
+		}
+		if j := slices.IndexFunc(got, func(pp PortProto) bool { return pp.Name != "" }); j >= 0 {
+			return nil, fmt.Errorf("%s.toPorts[%d].ports: named port %q in a deny rule is not supported; use a number", path, i, got[j].Name)
+		}
+		pr.Ports = append(pr.Ports, got...)
+	}
+	if pr.Ports, err = appendICMPs(pr.Ports, icmps, path); err != nil {
+		return nil, err
+	}
+	if len(pr.Ports) == 0 && (len(ports) > 0 || len(icmps) > 0) {
+		return nil, nil // toPorts: [{ports: []}]: denies nothing
+	}
+	return []PeerRule{pr}, nil
+}
+
+func appendICMPs(ports []PortProto, icmps []icmpRule, path string) ([]PortProto, error) {
+	if len(icmps) == 0 {
+		return ports, nil
+	}
+	got, err := compileICMPs(icmps, path)
+	if err != nil {
+		return nil, err
+	}
+	return append(ports, got...), nil
 }
 
 // entries compiles the n entries of one direction at path with entry
@@ -215,10 +305,17 @@ func (c *cnpCompiler) checkProxies(prs []PeerRule, path string) error {
 
 // peers compiles one ingress or egress entry: one peer rule
 // for its L4 ports, and one per toPorts entry with L7 rules.
-func (c *cnpCompiler) peers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule) ([]PeerRule, error) {
+func (c *cnpCompiler) peers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule, icmps []icmpRule) ([]PeerRule, error) {
 	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, eps, cidrs, sets, entities)
 	if err != nil {
 		return nil, err
+	}
+	if len(icmps) > 0 {
+		if len(ports) > 0 {
+			return nil, fmt.Errorf("%s: icmps and toPorts in one entry (give each its own entry)", path)
+		}
+		pr.Ports, err = appendICMPs(nil, icmps, path)
+		return []PeerRule{pr}, err
 	}
 	var out []PeerRule
 	l4 := pr

@@ -59,8 +59,16 @@ type MapState struct {
 	// the endpoint for that direction: then only Allow entries pass
 	// (default deny); otherwise that direction is allow-all.
 	IngressEnforced, EgressEnforced bool
-	// Allow is sorted (Compare) and free of duplicates.
+	// Allow are the entries of the policy map, sorted (Compare) and free
+	// of duplicates. Those also in Deny drop what they match; the
+	// others allow it.
 	Allow []Key
+	// Deny is the sorted subset of Allow that denies (ingressDeny,
+	// egressDeny): the deny entries and, for every allow entry a deny
+	// intersects, their intersection (applyDeny), so that the datapath's
+	// longest-match lookup (Lookups) finds a deny for every connection a
+	// deny matches, however specific an allow is.
+	Deny []Key
 	// CIDR are the CIDR rules' entries, decided on the peer's address
 	// (see CIDREntry), sorted by CompareCIDR, one per prefix and group.
 	CIDR []CIDREntry
@@ -134,7 +142,10 @@ func (m *MapState) ForPorts(ports NamedPorts) *MapState {
 	}
 	c := *m
 	if len(add) > 0 {
-		c.Allow = NewMapState(0, false, false, append(slices.Clone(m.Allow), add...)).Allow
+		n := NewMapState(0, false, false, append(slices.Clone(m.Allow), add...))
+		n.L7, n.DNS = m.L7, m.DNS
+		n.applyDeny(m.Deny)
+		c.Allow, c.Deny, c.L7, c.DNS = n.Allow, n.Deny, n.L7, n.DNS
 	}
 	if groups != nil {
 		c.CIDR = cidrEntries(groups)
@@ -227,18 +238,123 @@ func Lookups(peer identity.NumericIdentity, port uint16, proto uint8, dir Direct
 
 // Allows reports whether a new connection with peer on port/proto in
 // dir passes on identity entries alone: always when dir is not enforced,
-// else when one of Lookups is an entry. CIDR entries need the peer's
-// address: AllowsAddr is the datapath's verdict.
+// else when the first of Lookups that is an entry allows. CIDR entries
+// need the peer's address: AllowsAddr is the datapath's verdict.
 func (m *MapState) Allows(peer identity.NumericIdentity, port uint16, proto uint8, dir Direction) bool {
 	if !m.Enforced(dir) {
 		return true
 	}
+	found, denied := m.lookup(peer, port, proto, dir)
+	return found && !denied
+}
+
+// lookup returns whether one of Lookups is an entry, and whether the
+// first such entry denies: the datapath's policy_lookup.
+func (m *MapState) lookup(peer identity.NumericIdentity, port uint16, proto uint8, dir Direction) (found, denied bool) {
 	for _, k := range Lookups(peer, port, proto, dir) {
 		if m.Has(k) {
-			return true
+			return true, m.Denies(k)
 		}
 	}
-	return false
+	return false, false
+}
+
+// Denies reports whether entry k denies (exactly, no wildcard matching).
+func (m *MapState) Denies(k Key) bool {
+	if m == nil {
+		return false
+	}
+	_, ok := slices.BinarySearchFunc(m.Deny, k, Compare)
+	return ok
+}
+
+// intersect returns the entry matching what both d and a match, if they
+// overlap: the more specific of each field (a zero field is a wildcard;
+// Port is only set with Proto).
+func intersect(d, a Key) (Key, bool) {
+	if d.Dir != a.Dir {
+		return Key{}, false
+	}
+	out := Key{Dir: d.Dir}
+	switch {
+	case d.Identity == 0:
+		out.Identity = a.Identity
+	case a.Identity == 0 || a.Identity == d.Identity:
+		out.Identity = d.Identity
+	default:
+		return Key{}, false
+	}
+	switch {
+	case d.Proto == 0:
+		out.Proto, out.Port = a.Proto, a.Port
+		return out, true
+	case a.Proto == 0:
+		out.Proto, out.Port = d.Proto, d.Port
+		return out, true
+	case a.Proto != d.Proto:
+		return Key{}, false
+	}
+	out.Proto = d.Proto
+	switch {
+	case d.Port == 0:
+		out.Port = a.Port
+	case a.Port == 0 || a.Port == d.Port:
+		out.Port = d.Port
+	default:
+		return Key{}, false
+	}
+	return out, true
+}
+
+// WithDeny returns a copy of m with the deny entries deny added
+// (applyDeny), as compute adds those of ingressDeny and egressDeny.
+func (m *MapState) WithDeny(deny []Key) *MapState {
+	c := *m
+	c.applyDeny(deny)
+	return &c
+}
+
+// applyDeny adds the deny entries deny to m (whose Allow holds only
+// allows, or allows and the Deny of an earlier applyDeny): every allow
+// entry a deny covers becomes a deny, and the intersection of a deny
+// with every broader allow it overlaps is added as a deny. Then the
+// first of Lookups present in the map denies whenever some deny matches
+// the connection: if the longest entry of the peer (or, with none, of
+// any peer) that matches were an allow A, a deny D matching too would
+// intersect A in an entry as long as A, which is A itself only when D
+// covers A (then A was turned into a deny), and is longer otherwise
+// (then it, a deny, is the longest match). L7 and DNS redirects of
+// entries that deny are dropped.
+func (m *MapState) applyDeny(deny []Key) {
+	if len(deny) == 0 {
+		return
+	}
+	deny = NewMapState(0, false, false, slices.Clone(deny)).Allow
+	denied := slices.Clone(deny)
+	keys := slices.Clone(m.Allow)
+	for _, a := range m.Allow {
+		for _, d := range deny {
+			i, ok := intersect(d, a)
+			if !ok {
+				continue
+			}
+			denied = append(denied, i)
+			if i != a {
+				keys = append(keys, i)
+			}
+		}
+	}
+	keys = append(keys, deny...)
+	m.Allow = NewMapState(0, false, false, keys).Allow
+	m.Deny = NewMapState(0, false, false, denied).Allow
+	m.L7 = slices.DeleteFunc(slices.Clone(m.L7), func(e L7Entry) bool { return m.Denies(e.Key) })
+	m.DNS = slices.DeleteFunc(slices.Clone(m.DNS), func(e DNSEntry) bool { return m.Denies(e.Key) })
+	if len(m.L7) == 0 {
+		m.L7 = nil
+	}
+	if len(m.DNS) == 0 {
+		m.DNS = nil
+	}
 }
 
 // Equal reports whether m and o enforce the same thing (revisions aside).
@@ -247,7 +363,7 @@ func (m *MapState) Equal(o *MapState) bool {
 		return m == o
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
-		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
+		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.Deny, o.Deny) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
 		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && namedCIDREqual(m.namedCIDR, o.namedCIDR)
 }
 

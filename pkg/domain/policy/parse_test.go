@@ -31,7 +31,7 @@ func TestParseRefuses(t *testing.T) {
 		{"unknown top field", cnpHead + "status: {}\nspec: {endpointSelector: {}}\n", `unsupported field "status"`},
 		{"unknown metadata field", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: x, uid: u}\nspec: {endpointSelector: {}}\n", `unsupported field "metadata.uid"`},
 		{"ingress dns rules refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toPorts:\n    - ports: [{port: \"53\"}]\n      rules: {dns: [{matchName: x}]}\n", `spec.ingress[0].toPorts[0].rules.dns: DNS rules are egress rules`},
-		{"ingressDeny refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingressDeny: []\n", `unsupported field "spec.ingressDeny"`},
+		{"nodeSelector refused", cnpHead + "spec:\n  nodeSelector: {}\n  ingress: []\n", `unsupported field "spec.nodeSelector"`},
 		{"ingress toFQDNs refused", cnpHead + "spec:\n  endpointSelector: {}\n  ingress:\n  - toFQDNs: [{matchName: x.com}]\n", `unsupported field "spec.ingress[0].toFQDNs"`},
 		{"specs field path", cnpHead + "specs:\n- endpointSelector: {}\n- endpointSelector: {}\n  nodeSelector: {}\n", `unsupported field "specs[1].nodeSelector"`},
 		{"no spec", cnpHead, "spec: missing"},

@@ -14,7 +14,8 @@ import (
 // other entries stay in force. The refused fields these documents rely
 // on are a named port with an endPort and a port name that is no
 // IANA_SVC_NAME (both refused by Kubernetes too), an unknown field
-// inside an entry (icmps) and fromRequires (which restricts the other
+// inside an entry (authentication), one inside a deny entry, a deny
+// entry it cannot compile, and fromRequires (which restricts the other
 // entries, so it refuses the whole direction).
 func TestPartialRefusal(t *testing.T) {
 	const server, client identity.NumericIdentity = 420, 421
@@ -50,7 +51,7 @@ spec:
   endpointSelector: {matchLabels: {app: server}}
   ingress:
   - fromEndpoints: [{matchLabels: {app: client}}]
-    icmps: [{fields: [{type: 8}]}]
+    authentication: {mode: required}
   - fromEndpoints: [{matchLabels: {app: client}}]
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
 `, ParseOptions{}, []string{"spec.ingress[0]"}, []uint16{443}},
@@ -74,6 +75,18 @@ spec:
   ingressDeny:
   - fromEndpoints: [{matchLabels: {app: client}}]
     toPorts: [{ports: [{port: "22", protocol: TCP}]}]
+    fromNodes: [{matchLabels: {a: b}}]
+`, ParseOptions{}, []string{"spec.ingress"}, nil},
+		{"CNP deny entry it cannot compile refuses the whole direction", `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: a}
+spec:
+  endpointSelector: {matchLabels: {app: server}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+    toPorts: [{ports: [{port: ssh, protocol: TCP}]}]
 `, ParseOptions{}, []string{"spec.ingress"}, nil},
 		{"NetworkPolicy unknown narrowing field refuses the direction", `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -126,7 +139,7 @@ spec:
 			}
 			var ports []uint16
 			for _, k := range m.Allow {
-				if k.Dir == Ingress && k.Identity == client && k.Proto == ProtoTCP {
+				if k.Dir == Ingress && k.Identity == client && k.Proto == ProtoTCP && !m.Denies(k) {
 					ports = append(ports, k.Port)
 				}
 			}

@@ -59,7 +59,7 @@ func (r *Repository) unregister(p *Policy, affected idSet) {
 }
 
 func forPeers(rule Rule, fn func(Selector)) {
-	for _, prs := range [][]PeerRule{rule.Ingress, rule.Egress} {
+	for _, prs := range [][]PeerRule{rule.Ingress, rule.Egress, rule.IngressDeny, rule.EgressDeny} {
 		for _, pr := range prs {
 			for _, s := range pr.Peers {
 				fn(s)
@@ -356,14 +356,15 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		return m
 	}
 	var ingress, egress bool
-	n := 0
+	n, nd := 0, 0
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
 			n += r.countKeys(rule.Ingress) + r.countKeys(rule.Egress)
+			nd += r.countKeys(rule.IngressDeny) + r.countKeys(rule.EgressDeny)
 		}
 	}
-	keys := make([]Key, 0, n)
+	keys, deny := make([]Key, 0, n), make([]Key, 0, nd)
 	groups := map[cidrGroup][]*CIDRSelector{}
 	var (
 		l7  *l7Builder
@@ -388,12 +389,16 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			if rule.IngressEnforced {
 				ingress = true
 				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named)
-				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress)
+				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
+				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, nil)
+				addCIDRGroups(groups, nil, rule.IngressDeny, Ingress, true)
 			}
 			if rule.EgressEnforced {
 				egress = true
 				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil)
-				addCIDRGroups(groups, nil, rule.Egress, Egress)
+				addCIDRGroups(groups, nil, rule.Egress, Egress, false)
+				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil)
+				addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
 			}
 		}
 	}
@@ -403,6 +408,7 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		m.CIDR = cidrEntries(groups)
 		m.L7 = l7.entries()
 		m.DNS = dns.entries()
+		m.applyDeny(deny)
 		if len(named) > 0 {
 			slices.SortFunc(named, compareNamedKey)
 			m.Named = slices.Compact(named)
@@ -493,7 +499,10 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 // A CIDR rule on a named port goes to named (ingress: the endpoint's own
 // port, resolved by ForPorts); an egress one allows nothing, since an
 // address outside the cluster declares no named ports (named is nil).
-func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction) {
+//
+// Deny entries' selectors go to deny groups (deny set), which drop what
+// their longest match holds.
+func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction, deny bool) {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -512,7 +521,7 @@ func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]
 					}
 					continue
 				}
-				g := cidrGroup{dir: dir, proto: pp.Proto, port: pp.Port}
+				g := cidrGroup{dir: dir, proto: pp.Proto, port: pp.Port, deny: deny}
 				groups[g] = append(groups[g], c)
 			}
 		}

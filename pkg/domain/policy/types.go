@@ -38,10 +38,12 @@ type cnpDoc struct {
 // pointers so that an absent section (direction not enforced by this
 // rule) differs from an empty one (enforced, nothing allowed).
 type cnpRule struct {
-	EndpointSelector *labelSelector `json:"endpointSelector"`
-	Ingress          *[]cnpIngress  `json:"ingress"`
-	Egress           *[]cnpEgress   `json:"egress"`
-	Description      string         `json:"description"`
+	EndpointSelector *labelSelector    `json:"endpointSelector"`
+	Ingress          *[]cnpIngress     `json:"ingress"`
+	Egress           *[]cnpEgress      `json:"egress"`
+	IngressDeny      *[]cnpIngressDeny `json:"ingressDeny"`
+	EgressDeny       *[]cnpEgressDeny  `json:"egressDeny"`
+	Description      string            `json:"description"`
 }
 
 type cnpIngress struct {
@@ -50,6 +52,7 @@ type cnpIngress struct {
 	FromCIDRSet   []cidrRule      `json:"fromCIDRSet"`
 	FromEntities  []string        `json:"fromEntities"`
 	ToPorts       []portRule      `json:"toPorts"`
+	ICMPs         []icmpRule      `json:"icmps"`
 }
 
 type cnpEgress struct {
@@ -59,6 +62,44 @@ type cnpEgress struct {
 	ToEntities  []string        `json:"toEntities"`
 	ToFQDNs     []fqdn.Selector `json:"toFQDNs"`
 	ToPorts     []portRule      `json:"toPorts"`
+	ICMPs       []icmpRule      `json:"icmps"`
+}
+
+// cnpIngressDeny and cnpEgressDeny are the deny entries: the peers and
+// ports of an allow entry without L7 rules (Cilium's IngressDenyRule and
+// EgressDenyRule).
+type cnpIngressDeny struct {
+	FromEndpoints []labelSelector `json:"fromEndpoints"`
+	FromCIDR      []string        `json:"fromCIDR"`
+	FromCIDRSet   []cidrRule      `json:"fromCIDRSet"`
+	FromEntities  []string        `json:"fromEntities"`
+	ToPorts       []portDenyRule  `json:"toPorts"`
+	ICMPs         []icmpRule      `json:"icmps"`
+}
+
+type cnpEgressDeny struct {
+	ToEndpoints []labelSelector `json:"toEndpoints"`
+	ToCIDR      []string        `json:"toCIDR"`
+	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
+	ToEntities  []string        `json:"toEntities"`
+	ToPorts     []portDenyRule  `json:"toPorts"`
+	ICMPs       []icmpRule      `json:"icmps"`
+}
+
+// portDenyRule is a deny entry's port rule: ports only.
+type portDenyRule struct {
+	Ports []portProtocol `json:"ports"`
+}
+
+// icmpRule is an entry's ICMP rule (Cilium's ICMPRule): the ICMP types
+// it selects, each of one family.
+type icmpRule struct {
+	Fields []icmpField `json:"fields"`
+}
+
+type icmpField struct {
+	Family string    `json:"family"`
+	Type   portValue `json:"type"`
 }
 
 type cidrRule struct {
