@@ -255,7 +255,7 @@ struct pkt {
 	__u8 frag; /* non-first fragment */
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
-	__u16 sport, dport; /* network order; echo id for ICMP echo */
+	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
 	__u16 l4off;        /* the transport header's offset (lb.h) */
@@ -290,11 +290,14 @@ static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 			return PARSE_BAD;
 		/* Policy matches the type (policy.ICMPTypePort). */
 		p->policy_port = 0x100 | hdr[0];
-		if ((p->proto == IPPROTO_ICMP && (hdr[0] == 8 || hdr[0] == 0)) ||
-		    (p->proto == IPPROTO_ICMPV6 && (hdr[0] == 128 || hdr[0] == 129))) {
+		/* An echo request's id is its destination "port", a reply's
+		 * its source (as in Cilium): a reply's reversed tuple is its
+		 * request's, while a request the other way (same id, both
+		 * ends pinging) is a flow of its own, judged by policy. */
+		if ((p->proto == IPPROTO_ICMP && hdr[0] == 8) || (p->proto == IPPROTO_ICMPV6 && hdr[0] == 128))
+			__builtin_memcpy(&p->dport, &hdr[4], 2);
+		if ((p->proto == IPPROTO_ICMP && hdr[0] == 0) || (p->proto == IPPROTO_ICMPV6 && hdr[0] == 129))
 			__builtin_memcpy(&p->sport, &hdr[4], 2);
-			p->dport = p->sport;
-		}
 		if (p->proto == IPPROTO_ICMPV6 &&
 		    ((hdr[0] >= 1 && hdr[0] <= 4) || (hdr[0] >= 130 && hdr[0] <= 137) || hdr[0] == 143))
 			p->ndp = 1;

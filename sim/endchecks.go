@@ -105,7 +105,7 @@ func policyDiff(p *models.EndpointPolicy) string {
 			p.IngressEnforced, p.EgressEnforced, p.RealizedIngressEnforced, p.RealizedEgressEnforced)
 	}
 	key := func(e models.PolicyEntry) string {
-		return fmt.Sprintf("%d/%d/%s/%s", e.Identity, e.Port, e.Protocol, e.Direction)
+		return fmt.Sprintf("%d/%d/%s/%s/%s/%v", e.Identity, e.Port, e.ICMPType, e.Protocol, e.Direction, e.Deny)
 	}
 	computed := make([]string, 0, len(p.Computed))
 	for _, c := range p.Computed {
@@ -116,7 +116,7 @@ func policyDiff(p *models.EndpointPolicy) string {
 		realized = append(realized, key(r.PolicyEntry))
 	}
 	cidr := func(e models.CIDRPolicyEntry) string {
-		return fmt.Sprintf("%s/%d/%s/%s/%v", e.CIDR, e.Port, e.Protocol, e.Direction, e.Allow)
+		return fmt.Sprintf("%s/%d/%s/%s/%v/%v", e.CIDR, e.Port, e.Protocol, e.Direction, e.Deny, e.Allow)
 	}
 	for _, c := range p.ComputedCIDR {
 		computed = append(computed, cidr(c))

@@ -109,6 +109,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	var kc k8s.Config
 	var inCluster bool
 	var labelPatterns string
+	policyGroups := "membrane.io"
+	fs.StringVar(&policyGroups, "policy-api-groups", policyGroups, "Kubernetes mode: comma-separated API groups whose network policy kinds the agent reads besides NetworkPolicy: membrane.io (MembraneNetworkPolicy, MembraneClusterwideNetworkPolicy) and cilium.io (CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy of cilium.io/v2, whose CRDs must be installed)")
 	fs.StringVar(&labelPatterns, "labels", "", "Kubernetes mode: space-separated identity-relevant label patterns, Cilium's syntax \"[source:][!]regexp\" anchored at the key's start (\"k8s:app k8s:!team\"); added to the defaults, which leave out pod-template-hash, controller-revision-hash, statefulset.kubernetes.io/pod-name, apps.kubernetes.io/pod-index, job-name, controller-uid, batch.kubernetes.io/{job-name,controller-uid}, io.kubernetes, kubernetes.io and k8s.io keys (the namespace, namespace labels, service account and app.kubernetes.io stay). An include pattern keeps only what some include matches")
 	fs.StringVar(&kc.Kubeconfig, "k8s-kubeconfig", "", "Kubernetes mode: kubeconfig of the API server to watch pods, namespaces and NetworkPolicies from (\"\": standalone unless --k8s)")
 	fs.BoolVar(&inCluster, "k8s", false, "Kubernetes mode with the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)")
@@ -208,6 +210,11 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
 	kc.Labels = strings.Fields(labelPatterns)
+	for _, g := range strings.Split(policyGroups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			kc.PolicyAPIGroups = append(kc.PolicyAPIGroups, g)
+		}
+	}
 	if devices != "" {
 		cfg.Linux.Services.Devices = strings.Split(devices, ",")
 	}

@@ -200,3 +200,27 @@ func (e *Env) InstallCRDs(tb testing.TB) {
 		tb.Fatalf("install CRDs: %v", err)
 	}
 }
+
+var ciliumCRDsOnce = map[*Env]*sync.Once{}
+
+// InstallCiliumCRDs applies test/kubetest/testdata/cilium.io-crds.yaml
+// (Cilium's policy kinds) to e once per Env.
+func (e *Env) InstallCiliumCRDs(tb testing.TB) {
+	tb.Helper()
+	crdsMu.Lock()
+	once, ok := ciliumCRDsOnce[e]
+	if !ok {
+		once = &sync.Once{}
+		ciliumCRDsOnce[e] = once
+	}
+	crdsMu.Unlock()
+	var err error
+	once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, err = ApplyFiles(ctx, e.Config, FieldManager, filepath.Join(RepoRoot(), "test", "kubetest", "testdata", "cilium.io-crds.yaml"))
+	})
+	if err != nil {
+		tb.Fatalf("install cilium.io CRDs: %v", err)
+	}
+}

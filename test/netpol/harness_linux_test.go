@@ -266,10 +266,14 @@ func udpExchange(ns *testutil.NS, addr netip.Addr, port int, timeout time.Durati
 }
 
 // probe reports whether src reaches dst on k within timeout: a TCP
-// connection and an echo both ways, or a UDP datagram and its echo.
+// connection and an echo both ways, a UDP datagram and its echo, or (k's
+// protocol ICMP) an ICMP echo request and its reply.
 func probe(src, dst *worldPod, k netpolmodel.ProbeKey, timeout time.Duration) bool {
-	if k.Proto == "UDP" {
+	switch k.Proto {
+	case "UDP":
 		return udpExchange(src.ns, dst.IP, k.Port, timeout) == nil
+	case "ICMP":
+		return testutil.Ping(src.ns, dst.IP, timeout) == nil
 	}
 	return testutil.Exchange(src.ns, dst.IP, k.Port, timeout) == nil
 }

@@ -119,7 +119,10 @@ func TestNamedPorts(t *testing.T) {
 			var err1, err2 error
 			b, err1 = w.c.EndpointGet(ctx, strconv.FormatInt(yb.ep.ID, 10))
 			c, err2 = w.c.EndpointGet(ctx, strconv.FormatInt(yc.ep.ID, 10))
-			if err1 == nil && err2 == nil && slices.Contains(b.Labels, "k8s:pod=rollout") && slices.Contains(c.Labels, "k8s:pod=rollout") {
+			// Both relabelled and their identities resolved again (the
+			// labels change first, the identity after).
+			if err1 == nil && err2 == nil && slices.Contains(b.Labels, "k8s:pod=rollout") && slices.Contains(c.Labels, "k8s:pod=rollout") &&
+				b.Identity != nil && c.Identity != nil && slices.Contains(b.Identity.Labels, "k8s:pod=rollout") && slices.Contains(c.Identity.Labels, "k8s:pod=rollout") {
 				break
 			}
 			if ctx.Err() != nil {

@@ -27,22 +27,22 @@ import (
 // reaches it on any port, the other pods stay reachable, and a Warning
 // event on the policy names the cause.
 //
-// The refused field this relies on is icmps in a MembraneNetworkPolicy's
-// ingress entry (issue #36; it relied on named ports until issue #35
-// implemented them). When icmps is implemented, use another field the
-// agent refuses (toServices, ingressDeny).
+// The refused field this relies on is fromNodes in a
+// MembraneNetworkPolicy's ingress entry (issue #36; it relied on named
+// ports until issue #35 implemented them, then on icmps). When fromNodes
+// is implemented, use another field the agent refuses.
 func TestRefusedFieldIsolates(t *testing.T) {
 	env := kubetest.Require(t)
 	w := newWorldWith(t, "10.232.1.0/24", env)
 	var obj map[string]any
 	if err := yaml.Unmarshal([]byte(`apiVersion: membrane.io/v2
 kind: MembraneNetworkPolicy
-metadata: {name: refused-icmps, namespace: x}
+metadata: {name: refused-from-nodes, namespace: x}
 spec:
   endpointSelector: {matchLabels: {pod: a}}
   ingress:
   - fromEndpoints: [{}]
-    icmps: [{fields: [{type: 8}]}]
+    fromNodes: [{matchLabels: {node: n1}}]
 `), &obj); err != nil {
 		t.Fatal(err)
 	}
@@ -100,12 +100,12 @@ spec:
 			}
 			seen = append(seen, e.Reason+": "+e.Message)
 			if e.Type == corev1.EventTypeWarning && e.Reason == "PolicyPartiallyRefused" &&
-				strings.Contains(e.Message, "spec.ingress[0].icmps") {
+				strings.Contains(e.Message, "spec.ingress[0].fromNodes") {
 				return
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Errorf("no PolicyPartiallyRefused Warning event naming spec.ingress[0].icmps; events: %s",
+	t.Errorf("no PolicyPartiallyRefused Warning event naming spec.ingress[0].fromNodes; events: %s",
 		fmt.Sprint(slices.Clone(seen)))
 }

@@ -8,6 +8,7 @@ package policyscenario
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"net/netip"
 	"testing"
 	"time"
@@ -135,6 +136,18 @@ func keyOf(e models.PolicyEntry) (policy.Key, error) {
 		k.Proto = policy.ProtoUDP
 	case "SCTP":
 		k.Proto = policy.ProtoSCTP
+	case "ICMP", "ICMPv6":
+		k.Proto = policy.ProtoICMP
+		if e.Protocol == "ICMPv6" {
+			k.Proto = policy.ProtoICMPv6
+		}
+		if e.ICMPType != "" {
+			t, err := strconv.ParseUint(e.ICMPType, 10, 8)
+			if err != nil {
+				return k, fmt.Errorf("icmp-type %q: %w", e.ICMPType, err)
+			}
+			k.Port = policy.ICMPTypePort(uint8(t))
+		}
 	default:
 		return k, fmt.Errorf("unexpected protocol %q", e.Protocol)
 	}

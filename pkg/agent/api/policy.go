@@ -206,13 +206,12 @@ func cidrEntryModel(e policy.CIDREntry) models.CIDRPolicyEntry {
 }
 
 // portModel splits an entry's port into the port and, for ICMP, the
-// type it matches (policy.ICMPTypePort).
-func portModel(proto uint8, port uint16) (uint16, *uint8) {
+// type it matches (policy.ICMPTypePort), in decimal.
+func portModel(proto uint8, port uint16) (uint16, string) {
 	if (proto != policy.ProtoICMP && proto != policy.ProtoICMPv6) || port == 0 {
-		return port, nil
+		return port, ""
 	}
-	t := uint8(port)
-	return 0, &t
+	return 0, strconv.Itoa(int(uint8(port)))
 }
 
 func protoName(p uint8) string {

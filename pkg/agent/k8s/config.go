@@ -49,6 +49,13 @@ type Config struct {
 	// PodWait bounds how long a CNI ADD waits for its pod to be cached
 	// (default 10 s) before the endpoint gets the init identity.
 	PodWait time.Duration
+	// PolicyAPIGroups are the API groups whose network policy kinds the
+	// agent reads besides NetworkPolicy (--policy-api-groups):
+	// "membrane.io" (MembraneNetworkPolicy and
+	// MembraneClusterwideNetworkPolicy) and "cilium.io"
+	// (CiliumNetworkPolicy and CiliumClusterwideNetworkPolicy, cilium.io/v2,
+	// for clusters migrating from Cilium). Empty: membrane.io.
+	PolicyAPIGroups []string
 	// Labels are the operator's identity-relevant label patterns
 	// (--labels, Cilium's syntax: "[source:][!]regexp"), applied after
 	// labels.DefaultFilterPatterns to the labels derived from a pod.

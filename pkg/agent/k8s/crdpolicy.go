@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -29,10 +30,67 @@ import (
 var crdKinds = map[kind]struct {
 	gvr        schema.GroupVersionResource
 	policyKind string
+	apiVersion string // of the policy document the object becomes
 	namespaced bool
 }{
-	kindMNP:  {v2.Resource(v2.ResourceNetworkPolicies), policy.KindMNP, true},
-	kindMCNP: {v2.Resource(v2.ResourceClusterwideNetworkPolicies), policy.KindMCNP, false},
+	kindMNP:  {v2.Resource(v2.ResourceNetworkPolicies), policy.KindMNP, policy.APIVersionMembrane, true},
+	kindMCNP: {v2.Resource(v2.ResourceClusterwideNetworkPolicies), policy.KindMCNP, policy.APIVersionMembrane, false},
+	kindCNP:  {ciliumResource("ciliumnetworkpolicies"), policy.KindCNP, policy.APIVersionCNP, true},
+	kindCCNP: {ciliumResource("ciliumclusterwidenetworkpolicies"), policy.KindCCNP, policy.APIVersionCNP, false},
+}
+
+// The API groups of --policy-api-groups.
+const (
+	GroupMembrane = "membrane.io"
+	GroupCilium   = "cilium.io"
+)
+
+func ciliumResource(plural string) schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: GroupCilium, Version: "v2", Resource: plural}
+}
+
+// policyKindsOf returns the policy custom resource kinds of the API
+// groups (default: membrane.io).
+func policyKindsOf(groups []string) ([]kind, error) {
+	if len(groups) == 0 {
+		groups = []string{GroupMembrane}
+	}
+	var out []kind
+	for _, g := range groups {
+		var ks []kind
+		switch g {
+		case GroupMembrane:
+			ks = []kind{kindMNP, kindMCNP}
+		case GroupCilium:
+			ks = []kind{kindCNP, kindCCNP}
+		default:
+			return nil, fmt.Errorf("policy API group %q: want %s or %s", g, GroupMembrane, GroupCilium)
+		}
+		for _, k := range ks {
+			if !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkServed fails when the API server does not serve the resource of
+// one of kinds: a watch of it would never sync (the operator chose an
+// API group whose CRDs are not installed).
+func checkServed(client kubernetes.Interface, kinds []kind) error {
+	for _, k := range kinds {
+		gvr := crdKinds[k].gvr
+		list, err := client.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("discover %s: %w", gvr.GroupVersion(), err)
+		}
+		if list == nil || !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == gvr.Resource }) {
+			return fmt.Errorf("the API server does not serve %s (install its CustomResourceDefinition, or leave %s out of --policy-api-groups)",
+				gvr.GroupResource(), gvr.Group)
+		}
+	}
+	return nil
 }
 
 // crdChanged queues a policy custom resource. An update that changed
@@ -72,12 +130,20 @@ func crdPolicyKey(k kind, ns, name string) string {
 	if !crdKinds[k].namespaced {
 		ns = ""
 	}
+	if k == kindCNP || k == kindCCNP {
+		return policy.KeyOfObject(crdKinds[k].policyKind, ns, name)
+	}
 	return policy.KeyOf(crdKinds[k].policyKind, ns, name)
 }
 
 // getCRD reads a policy custom resource from its informer's cache.
 func (w *Watcher) getCRD(k kind, ns, name string) (*unstructured.Unstructured, error) {
 	lister := w.crdListers[k]
+	if lister == nil {
+		// Its API group is not read (any more): a policy an earlier run
+		// imported from it goes.
+		return nil, apierrors.NewNotFound(crdKinds[k].gvr.GroupResource(), name)
+	}
 	var (
 		obj runtime.Object
 		err error
@@ -123,7 +189,7 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 	if err != nil {
 		return err
 	}
-	p, err := convertCRDPolicy(crdKinds[k].policyKind, u, w.parseOptions())
+	p, err := convertCRDPolicy(crdKinds[k].apiVersion, crdKinds[k].policyKind, u, w.parseOptions())
 	var res actors.PolicyResult
 	if err == nil {
 		// The repository refuses what this agent cannot enforce as an
@@ -157,7 +223,7 @@ func (w *Watcher) syncCRDPolicy(ctx context.Context, k kind, ns, name string) er
 // for NetworkPolicies: the document keeps name, namespace, labels and
 // spec/specs, and gets SourceAnnotation. Returns an error wrapping
 // policy.ErrInvalidPolicy naming the field the agent does not support.
-func convertCRDPolicy(policyKind string, u *unstructured.Unstructured, opts policy.ParseOptions) (*policy.Policy, error) {
+func convertCRDPolicy(apiVersion, policyKind string, u *unstructured.Unstructured, opts policy.ParseOptions) (*policy.Policy, error) {
 	md := map[string]any{"name": u.GetName(), "annotations": map[string]string{SourceAnnotation: "kubernetes"}}
 	if len(u.GetLabels()) > 0 {
 		md["labels"] = u.GetLabels()
@@ -165,7 +231,7 @@ func convertCRDPolicy(policyKind string, u *unstructured.Unstructured, opts poli
 	if ns := u.GetNamespace(); ns != "" {
 		md["namespace"] = ns
 	}
-	doc := map[string]any{"apiVersion": policy.APIVersionMembrane, "kind": policyKind, "metadata": md}
+	doc := map[string]any{"apiVersion": apiVersion, "kind": policyKind, "metadata": md}
 	for _, f := range []string{"spec", "specs"} {
 		if v, ok := u.Object[f]; ok {
 			doc[f] = v

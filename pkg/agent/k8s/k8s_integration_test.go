@@ -270,6 +270,8 @@ func TestInitIdentityUntilPodCached(t *testing.T) {
 
 // ingressFrom returns the identities endpoint id's computed and realised
 // policy admit on TCP port.
+// ingressFrom returns the identities the endpoint's computed and
+// realised policy allow on TCP port (deny entries left out).
 func (k *cluster) ingressFrom(t *testing.T, id int64, port uint16) (computed, realized []uint32, enforced bool) {
 	t.Helper()
 	p, err := k.c.EndpointPolicy(k.ctx, fmt.Sprint(id))
@@ -277,12 +279,12 @@ func (k *cluster) ingressFrom(t *testing.T, id int64, port uint16) (computed, re
 		t.Fatal(err)
 	}
 	for _, e := range p.Computed {
-		if e.Direction == "ingress" && e.Port == port && e.Protocol == "TCP" {
+		if e.Direction == "ingress" && e.Port == port && e.Protocol == "TCP" && !e.Deny {
 			computed = append(computed, e.Identity)
 		}
 	}
 	for _, e := range p.Realized {
-		if e.Direction == "ingress" && e.Port == port && e.Protocol == "TCP" {
+		if e.Direction == "ingress" && e.Port == port && e.Protocol == "TCP" && !e.Deny {
 			realized = append(realized, e.Identity)
 		}
 	}

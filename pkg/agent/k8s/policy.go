@@ -16,7 +16,7 @@ import (
 // server (value "kubernetes"), so that a policy deleted while the agent
 // was down is pruned at the next sync while policies PUT through the
 // agent's API stay.
-const SourceAnnotation = "membrane.io/source"
+const SourceAnnotation = policy.SourceAnnotation
 
 // Event reasons of the agent's verdicts on policy objects.
 const (

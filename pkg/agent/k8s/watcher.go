@@ -46,6 +46,8 @@ const (
 	kindPolicy
 	kindMNP  // MembraneNetworkPolicy
 	kindMCNP // MembraneClusterwideNetworkPolicy
+	kindCNP  // CiliumNetworkPolicy (cilium.io/v2)
+	kindCCNP // CiliumClusterwideNetworkPolicy (cilium.io/v2)
 )
 
 // key is one queued change: the object is read from the cache when the
@@ -164,7 +166,14 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 		{"namespaces", nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.nsChanged(nil), UpdateFunc: func(o, n any) { w.nsChanged(o)(n) }}},
 		{"networkpolicies", npInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.npChanged, UpdateFunc: w.npUpdated, DeleteFunc: w.npChanged}},
 	}
-	for _, k := range []kind{kindMNP, kindMCNP} {
+	policyKinds, err := policyKindsOf(cfg.PolicyAPIGroups)
+	if err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	if err := checkServed(client, policyKinds); err != nil {
+		return nil, fmt.Errorf("start k8s watcher: %w", err)
+	}
+	for _, k := range policyKinds {
 		inf := crds.ForResource(crdKinds[k].gvr)
 		w.crdListers[k] = inf.Lister()
 		handlers = append(handlers, struct {
@@ -453,7 +462,7 @@ func (w *Watcher) apply(ctx context.Context, k key) error {
 			w.queue.Add(key{kind: kindPod, namespace: p.Namespace, name: p.Name})
 		}
 		return nil
-	case kindMNP, kindMCNP:
+	case kindMNP, kindMCNP, kindCNP, kindCCNP:
 		return w.syncCRDPolicy(ctx, k.kind, k.namespace, k.name)
 	default:
 		return w.syncPolicy(ctx, k.namespace, k.name)

@@ -38,11 +38,12 @@ type PolicyDeleteResponse struct {
 // "SCTP", "ICMP", "ICMPv6", "ANY" or a number) in direction ("ingress"
 // or "egress") is allowed, or dropped when deny is set (ingressDeny,
 // egressDeny: a deny wins over any allow). An ICMP entry matches the
-// ICMP type icmp-type (port is 0), or every type when icmp-type is absent.
+// ICMP type icmp-type (decimal; port is 0), or every type when
+// icmp-type is empty.
 type PolicyEntry struct {
 	Identity  uint32 `json:"identity"`
 	Port      uint16 `json:"port"`
-	ICMPType  *uint8 `json:"icmp-type,omitempty"`
+	ICMPType  string `json:"icmp-type,omitempty"`
 	Protocol  string `json:"protocol"`
 	Direction string `json:"direction"`
 	Deny      bool   `json:"deny,omitempty"`
@@ -84,7 +85,7 @@ type HTTPRule struct {
 type CIDRPolicyEntry struct {
 	CIDR      string `json:"cidr"`
 	Port      uint16 `json:"port"`
-	ICMPType  *uint8 `json:"icmp-type,omitempty"`
+	ICMPType  string `json:"icmp-type,omitempty"`
 	Protocol  string `json:"protocol"`
 	Direction string `json:"direction"`
 	Deny      bool   `json:"deny,omitempty"`

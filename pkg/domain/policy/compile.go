@@ -18,7 +18,12 @@ import (
 type Rule struct {
 	Subject                         *LabelSelector
 	IngressEnforced, EgressEnforced bool
-	Ingress, Egress                 []PeerRule
+	// IngressOpen and EgressOpen are set for a direction whose entries
+	// apply without default deny (enableDefaultDeny false): the rule's
+	// allows (L7 redirects) and denies hold, everything else the
+	// direction allows unless another rule enforces it.
+	IngressOpen, EgressOpen bool
+	Ingress, Egress         []PeerRule
 	// IngressDeny and EgressDeny deny what they match whatever any rule
 	// allows (Cilium's precedence: a deny wins over every allow, of any
 	// policy kind, however specific).
@@ -108,7 +113,8 @@ func newPolicy(kind string, md objectMeta, spec json.RawMessage) (*Policy, error
 	if ns == "" {
 		ns = DefaultNamespace
 	}
-	return &Policy{Kind: kind, Name: md.Name, Namespace: ns, Labels: maps.Clone(md.Labels), Spec: spec}, nil
+	return &Policy{Kind: kind, Name: md.Name, Namespace: ns, Labels: maps.Clone(md.Labels), Spec: spec,
+		FromAPIServer: md.Annotations[SourceAnnotation] == "kubernetes"}, nil
 }
 
 // cnpCompiler compiles the rules of one CNP-shaped document.
@@ -148,10 +154,18 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if err != nil {
 		return Rule{}, err
 	}
-	// A direction with allow or deny entries is default-deny (Cilium's
-	// enableDefaultDeny default).
+	// A direction with allow or deny entries is default-deny unless
+	// enableDefaultDeny says otherwise (Cilium's default).
 	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil || r.IngressDeny != nil,
 		EgressEnforced: r.Egress != nil || r.EgressDeny != nil}
+	if dd := r.EnableDefaultDeny; dd != nil {
+		if dd.Ingress != nil && !*dd.Ingress && rule.IngressEnforced {
+			rule.IngressEnforced, rule.IngressOpen = false, true
+		}
+		if dd.Egress != nil && !*dd.Egress && rule.EgressEnforced {
+			rule.EgressEnforced, rule.EgressOpen = false, true
+		}
+	}
 	inDenyOK, egDenyOK := true, true
 	if r.IngressDeny != nil {
 		in := *r.IngressDeny
@@ -172,7 +186,7 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 		}
 	}
 	if c.rf.refused(path+".ingress") || !inDenyOK {
-		rule.IngressEnforced = true
+		rule.IngressEnforced, rule.IngressOpen = true, false
 	} else if r.Ingress != nil {
 		in := *r.Ingress
 		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
@@ -183,7 +197,7 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 		}
 	}
 	if c.rf.refused(path+".egress") || !egDenyOK {
-		rule.EgressEnforced = true
+		rule.EgressEnforced, rule.EgressOpen = true, false
 	} else if r.Egress != nil {
 		eg := *r.Egress
 		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {

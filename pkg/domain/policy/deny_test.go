@@ -259,3 +259,49 @@ func TestICMPRulesRefused(t *testing.T) {
 		t.Errorf("deny with L7 rules: err = %v, want the field refused", err)
 	}
 }
+
+// TestEnableDefaultDenyFalse: a rule with enableDefaultDeny false for a
+// direction applies its denies and redirects there without isolating
+// the endpoint; another rule selecting it with default deny still does.
+func TestEnableDefaultDenyFalse(t *testing.T) {
+	const server, client, other identity.NumericIdentity = 420, 421, 422
+	r := NewRepository()
+	r.UpsertIdentity(server, podLabels(t, "a", "app=server"))
+	r.UpsertIdentity(client, podLabels(t, "a", "app=client"))
+	r.UpsertIdentity(other, podLabels(t, "a", "app=other"))
+	const open = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: open, namespace: a}
+spec:
+  endpointSelector: {matchLabels: {app: server}}
+  enableDefaultDeny: {ingress: false, egress: false}
+  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+  ingress:
+  - toPorts: [{ports: [{port: "80", protocol: TCP}], rules: {http: [{method: GET}]}}]
+`
+	r.Import(mustParse(t, open))
+	m := r.MapState(server)
+	if m == nil || !m.IngressEnforced || m.EgressEnforced {
+		t.Fatalf("server: %+v, want ingress (with its denies) enforced, egress open", m)
+	}
+	if m.Allows(client, 443, ProtoTCP, Ingress) || !m.Allows(other, 443, ProtoTCP, Ingress) || !m.Allows(other, 80, ProtoTCP, Ingress) {
+		t.Errorf("client:443 %v other:443 %v other:80 %v, want false true true",
+			m.Allows(client, 443, ProtoTCP, Ingress), m.Allows(other, 443, ProtoTCP, Ingress), m.Allows(other, 80, ProtoTCP, Ingress))
+	}
+	if len(m.L7) != 1 || m.L7[0].Key != (Key{Port: 80, Proto: ProtoTCP, Dir: Ingress}) {
+		t.Errorf("L7 %v, want port 80 redirected", m.L7)
+	}
+	r.Import(mustParse(t, `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: isolate, namespace: a}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: other}}}], ports: [{port: 8080}]}]
+`))
+	m = r.MapState(server)
+	if m.Allows(other, 443, ProtoTCP, Ingress) || !m.Allows(other, 8080, ProtoTCP, Ingress) || m.Allows(client, 8080, ProtoTCP, Ingress) {
+		t.Errorf("with a default-deny rule too: other:443 %v other:8080 %v client:8080 %v, want false true false",
+			m.Allows(other, 443, ProtoTCP, Ingress), m.Allows(other, 8080, ProtoTCP, Ingress), m.Allows(client, 8080, ProtoTCP, Ingress))
+	}
+}

@@ -59,14 +59,37 @@ type Policy struct {
 	Raw json.RawMessage
 	// Rules are the compiled rules.
 	Rules []Rule
+	// FromAPIServer: the document is an object of the API server
+	// (SourceAnnotation "kubernetes").
+	FromAPIServer bool
 	// Refused are the parts of the document the agent refused while
 	// enforcing the rest (ParseOptions.PartialRefusal; empty otherwise):
 	// each allows nothing.
 	Refused []Refusal
 }
 
-// Key returns the policy's unique name (KeyOf).
-func (p *Policy) Key() string { return KeyOf(p.Kind, p.Namespace, p.Name) }
+// Key returns the policy's unique name (KeyOf; KeyOfObject for a
+// CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy read from the
+// API server).
+func (p *Policy) Key() string {
+	if p.FromAPIServer && (p.Kind == KindCNP || p.Kind == KindCCNP) {
+		return KeyOfObject(p.Kind, p.Namespace, p.Name)
+	}
+	return KeyOf(p.Kind, p.Namespace, p.Name)
+}
+
+// SourceAnnotation on a document's metadata names where it comes from:
+// "kubernetes" for an object of the API server.
+const SourceAnnotation = "membrane.io/source"
+
+// KeyOfObject is the unique name of a CiliumNetworkPolicy or
+// CiliumClusterwideNetworkPolicy object read from the API server:
+// prefixed with its kind like Membrane's kinds, so that a NetworkPolicy
+// and a CiliumNetworkPolicy of one name are two policies, as in Cilium.
+// (Documents of those kinds given through PUT /v1/policy keep KeyOf.)
+func KeyOfObject(kind, namespace, name string) string {
+	return kind + ":" + namespace + "/" + name
+}
 
 // KeyOf is the unique name of a policy: "namespace/name" ("/name" for a
 // cluster-wide one, whose namespace is ""), prefixed with "<kind>:" for

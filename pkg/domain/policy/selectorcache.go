@@ -355,7 +355,7 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	if m, ok := r.bySubjects[string(sig)]; ok {
 		return m
 	}
-	var ingress, egress bool
+	var ingress, egress, ingressOpen, egressOpen bool
 	n, nd := 0, 0
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
@@ -386,21 +386,32 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
-			if rule.IngressEnforced {
-				ingress = true
+			if rule.IngressEnforced || rule.IngressOpen {
+				ingress = ingress || rule.IngressEnforced
+				ingressOpen = ingressOpen || rule.IngressOpen
 				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named)
 				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
 				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, nil)
 				addCIDRGroups(groups, nil, rule.IngressDeny, Ingress, true)
 			}
-			if rule.EgressEnforced {
-				egress = true
+			if rule.EgressEnforced || rule.EgressOpen {
+				egress = egress || rule.EgressEnforced
+				egressOpen = egressOpen || rule.EgressOpen
 				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil)
 				addCIDRGroups(groups, nil, rule.Egress, Egress, false)
 				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil)
 				addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
 			}
 		}
+	}
+	// A direction only rules without default deny select is enforced
+	// with an entry allowing any peer: their more specific entries (L7
+	// redirects, denies) still decide what they match.
+	if ingressOpen && !ingress {
+		keys, ingress = append(keys, Key{Dir: Ingress}), true
+	}
+	if egressOpen && !egress {
+		keys, egress = append(keys, Key{Dir: Egress}), true
 	}
 	var m *MapState
 	if ingress || egress {

@@ -44,6 +44,15 @@ type cnpRule struct {
 	IngressDeny      *[]cnpIngressDeny `json:"ingressDeny"`
 	EgressDeny       *[]cnpEgressDeny  `json:"egressDeny"`
 	Description      string            `json:"description"`
+	// EnableDefaultDeny says per direction whether the rule puts the
+	// endpoints it selects in default deny (default: yes for a direction
+	// the rule has a section of).
+	EnableDefaultDeny *defaultDeny `json:"enableDefaultDeny"`
+}
+
+type defaultDeny struct {
+	Ingress *bool `json:"ingress"`
+	Egress  *bool `json:"egress"`
 }
 
 type cnpIngress struct {

@@ -10,15 +10,14 @@ import (
 // and kind. The schema in deploy/crds/ is generated from these types
 // (TestCRDSchemas, -update), so every field below reaches the agent: the
 // API server prunes nothing a user wrote in a Cilium document. Fields the
-// agent cannot enforce (deny rules, nodeSelector, L7 rules, FQDNs, ...)
+// agent cannot enforce (nodeSelector, fromNodes, kafka rules, ...)
 // are declared so that the agent refuses them naming the field
 // (status.nodes[node] and a Warning event) instead of the API server
 // silently dropping them: a refused field inside an ingress or egress
-// entry makes that entry allow nothing (deny rules and
+// entry makes that entry allow nothing (inside a deny entry, and
 // fromRequires/toRequires: the rule's whole direction) while the rest of
 // the object is in force and its pods stay isolated; a refused field
-// outside them (nodeSelector, enableDefaultDeny, labels) refuses the
-// object.
+// outside them (nodeSelector, labels) refuses the object.
 
 // Policy kinds and their resources.
 const (
