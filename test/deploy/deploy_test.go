@@ -285,7 +285,7 @@ kind: MembraneNetworkPolicy
 metadata: {name: refused, namespace: rbac-test}
 spec:
   endpointSelector: {}
-  egressDeny: [{toEntities: [world]}]
+  egressDeny: [{toEntities: [world], toNodes: [{matchLabels: {a: b}}]}]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +303,7 @@ spec:
 			return false, err.Error()
 		}
 		e, _, _ := unstructured.NestedString(u.Object, "status", "nodes", "rbac-node", "error")
-		return strings.Contains(e, "spec.egressDeny"), fmt.Sprint(u.Object["status"])
+		return strings.Contains(e, "spec.egressDeny[0].toNodes"), fmt.Sprint(u.Object["status"])
 	}))
 	testutil.EventuallyErr(t, "event created as the ServiceAccount", holds(func() (bool, string) {
 		evs, err := admin.CoreV1().Events("rbac-test").List(ctx, metav1.ListOptions{})
@@ -311,8 +311,9 @@ spec:
 			return false, err.Error()
 		}
 		for _, e := range evs.Items {
-			// egressDeny is a refused part (the egress direction allows
-			// nothing; the rest is in force): PolicyPartiallyRefused.
+			// toNodes in a deny entry is a refused part (the egress
+			// direction allows nothing; the rest is in force):
+			// PolicyPartiallyRefused.
 			if e.Reason == "PolicyPartiallyRefused" && e.Source.Host == "rbac-node" {
 				return true, ""
 			}

@@ -8,8 +8,8 @@ package policyscenario
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 

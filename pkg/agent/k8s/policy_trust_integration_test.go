@@ -177,7 +177,7 @@ func TestNetworkPolicyUndeclaredNamedPortIsolates(t *testing.T) {
 	}
 }
 
-// A MembraneNetworkPolicy with a refused entry field (icmps) is in force
+// A MembraneNetworkPolicy with a refused entry field (fromNodes) is in force
 // without that entry: its status says which part is refused and why, and
 // the Accepted condition is False with reason PolicyPartiallyRefused.
 func TestMembraneNetworkPolicyPartiallyRefused(t *testing.T) {
@@ -194,7 +194,7 @@ spec:
   endpointSelector: {matchLabels: {app: server}}
   ingress:
   - fromEndpoints: [{matchLabels: {app: client}}]
-    icmps: [{fields: [{type: 8}]}]
+    fromNodes: [{matchLabels: {node: n1}}]
   - fromEndpoints: [{matchLabels: {app: client}}]
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
 `)
@@ -214,12 +214,12 @@ spec:
 			cond, _ = conds[0].(map[string]any)
 		}
 		return ok && st["ok"] == false && st["enforcing"] == true && len(refused) == 1 &&
-				strings.Contains(fmt.Sprint(refused[0]), `spec.ingress[0] allows nothing: unsupported field "spec.ingress[0].icmps"`) &&
+				strings.Contains(fmt.Sprint(refused[0]), `spec.ingress[0] allows nothing: unsupported field "spec.ingress[0].fromNodes"`) &&
 				cond["type"] == v2.ConditionAccepted && cond["status"] == "False" && cond["reason"] == "PolicyPartiallyRefused",
 			fmt.Sprint(st)
 	})
 	k.eventually(t, "Warning event naming the field", func() (bool, string) {
-		return k.warningEvent(t, "mnp-part", v2.KindNetworkPolicy, "part", "PolicyPartiallyRefused", "spec.ingress[0].icmps")
+		return k.warningEvent(t, "mnp-part", v2.KindNetworkPolicy, "part", "PolicyPartiallyRefused", "spec.ingress[0].fromNodes")
 	})
 }
 
