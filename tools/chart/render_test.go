@@ -376,6 +376,10 @@ func TestBadValues(t *testing.T) {
 		{[]string{"image.pullPolicy=Sometimes"}, `image.pullPolicy "Sometimes": want Always, IfNotPresent or Never`},
 		{[]string{"logLevel=trace"}, `logLevel "trace": want debug, info, warn or error`},
 		{[]string{"logFormat=xml"}, `logFormat "xml": want text or json`},
+		// values.schema.json: misspelt keys and wrong types.
+		{[]string{"routingmode=native"}, "additional properties 'routingmode' not allowed"},
+		{[]string{"ipam.range=10.0.0.0/24"}, "at '/ipam': additional properties 'range' not allowed"},
+		{[]string{"masquerade=yes"}, "at '/masquerade': got string, want boolean"},
 	} {
 		t.Run(strings.Join(tc.sets, ","), func(t *testing.T) {
 			_, err := renderFiles(DefaultRelease, tc.sets...)
