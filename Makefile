@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build image test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -38,6 +38,19 @@ image:
 	$(GO) run ./cmd/membrane-image -bin $(BIN)/static -out $(BIN)/membrane-image.tar \
 		-tag $(IMAGE_TAG) -version $(IMAGE_VERSION)
 
+# The plain manifests of deploy/kubernetes/ rendered from the Helm chart's
+# defaults (deploy/helm/membrane) with the Helm Go SDK, no helm binary
+# (tools/chart, a module of its own: helm.sh/helm/v3 would raise the
+# agent's dependencies). test-chart fails when they differ from a fresh
+# render.
+manifests:
+	cd tools/chart && $(GO) run . manifests
+
+# The chart's tests: values -> rendered objects, refused values, the
+# committed manifests current.
+test-chart:
+	cd tools/chart && $(GO) vet ./... && $(GO) test -count=1 ./...
+
 vet:
 	$(GO) vet ./...
 
@@ -61,7 +74,7 @@ $(STATICCHECK):
 lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
-test: build vet lint
+test: build vet lint test-chart
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) e2e-smoke
 

@@ -9,8 +9,9 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 )
 
 var (

@@ -87,7 +87,11 @@
 // first tunnel-mode sync, so an agent with no remote nodes adds no link; a
 // native-mode sync removes one an earlier tunnel-mode run left.
 //
-// Masquerade (`--masquerade --cluster-cidr ...`): nftables, not BPF. SNAT
+// Masquerade (`--masquerade`, on by default): traffic from this node's
+// pod CIDRs (and `--cluster-cidr`) to anything outside the cluster's pod
+// CIDRs (`--cluster-cidr`, this node's, and every remote node's as
+// SyncNodes hands them over; at Init the node routes a previous agent
+// left) is SNATed to the outgoing interface's address. nftables, not BPF. SNAT
 // needs a connection table with port allocation and the reverse
 // translation of replies before the endpoint programs see them; the
 // kernel's conntrack + `masquerade` (which also picks the outgoing
@@ -95,8 +99,9 @@
 // SNAT would be a second NAT engine with its own port allocator and GC.
 // The cost is one nftables rule walk per new connection leaving the
 // cluster, not per pod-to-pod packet (those return at the first rules).
-// The table `inet membrane` is Membrane's whole and rewritten at Init
-// (netlink, github.com/google/nftables; no `nft` binary needed).
+// The table `inet membrane` is Membrane's whole; its chain is rewritten
+// in one transaction at Init and when the nodes change (netlink,
+// github.com/google/nftables; no `nft` binary needed).
 //
 // BPF pins live under `--bpffs` (default /sys/fs/bpf/membrane): shared
 // maps `ipcache`, `ct`, `drops`, `events`, `endpoints_by_ifindex`,

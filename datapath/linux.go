@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -142,10 +143,17 @@ type NodesConfig struct {
 	// TunnelMTU is the VXLAN device's MTU (default 1450: a 1500-byte
 	// underlay minus the 50 bytes of VXLAN over IPv4).
 	TunnelMTU int
-	// Masquerade SNATs pod traffic to destinations outside ClusterCIDRs
-	// to the node's address on the way out (nftables).
-	Masquerade   bool
+	// Masquerade SNATs pod traffic to destinations outside the cluster's
+	// pod CIDRs to the node's address on the way out (nftables): traffic
+	// from LocalPodCIDRs or ClusterCIDRs to anything but ClusterCIDRs,
+	// LocalPodCIDRs and every remote node's pod CIDRs (SyncNodes).
+	Masquerade bool
+	// ClusterCIDRs are the whole cluster's pod CIDRs (--cluster-cidr,
+	// Cilium's native-routing CIDR), optional: remote nodes' pod CIDRs
+	// are known from SyncNodes.
 	ClusterCIDRs []netip.Prefix
+	// LocalPodCIDRs are this node's pod CIDRs (the agent's IPAM ranges).
+	LocalPodCIDRs []netip.Prefix
 }
 
 // WithDefaults fills zero fields.
@@ -176,12 +184,12 @@ func (c NodesConfig) Validate() error {
 		return fmt.Errorf("linux datapath: TunnelPort %d: want 1..65535: %w", c.TunnelPort, ErrInvalidConfig)
 	case c.TunnelMTU < 1280 || c.TunnelMTU > 65485:
 		return fmt.Errorf("linux datapath: TunnelMTU %d: want 1280..65485: %w", c.TunnelMTU, ErrInvalidConfig)
-	case c.Masquerade && len(c.ClusterCIDRs) == 0:
-		return fmt.Errorf("linux datapath: Masquerade needs ClusterCIDRs: %w", ErrInvalidConfig)
+	case c.Masquerade && len(c.ClusterCIDRs) == 0 && len(c.LocalPodCIDRs) == 0:
+		return fmt.Errorf("linux datapath: Masquerade needs LocalPodCIDRs or ClusterCIDRs: %w", ErrInvalidConfig)
 	}
-	for _, p := range c.ClusterCIDRs {
+	for _, p := range slices.Concat(c.ClusterCIDRs, c.LocalPodCIDRs) {
 		if !p.IsValid() || p != p.Masked() {
-			return fmt.Errorf("linux datapath: ClusterCIDRs: %s: want a masked prefix: %w", p, ErrInvalidConfig)
+			return fmt.Errorf("linux datapath: ClusterCIDRs, LocalPodCIDRs: %s: want a masked prefix: %w", p, ErrInvalidConfig)
 		}
 	}
 	return nil

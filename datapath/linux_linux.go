@@ -127,6 +127,8 @@ func (l *Linux) Init(ctx context.Context) error {
 		if err := l.ensureMasquerade(); err != nil {
 			return fmt.Errorf("linux datapath init: %w", err)
 		}
+	} else if err := l.removeMasquerade(); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
 	}
 	if err := l.initL7(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)

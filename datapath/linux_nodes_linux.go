@@ -44,6 +44,9 @@ type nodeState struct {
 	// tunnelNodes: each address of each remote node -> the node's tunnel
 	// address; from_overlay accepts only these as outer sources.
 	tunnelNodes *ebpf.Map
+	// masqRemote are the remote pod CIDRs the masquerade chain last
+	// excluded (coverPrefixes form).
+	masqRemote []netip.Prefix
 }
 
 func (n *nodeState) close() {
@@ -84,6 +87,11 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 				return fmt.Errorf("sync nodes: %w", err)
 			}
 			linkIndex = dev.Attrs().Index
+		}
+		// Pod-to-pod traffic to a new node is left alone before its
+		// route exists.
+		if err := l.syncMasquerade(nodes); err != nil {
+			return fmt.Errorf("sync nodes: %w", err)
 		}
 		if err := l.syncNodeRoutes(l.nodeRoutes(nodes, linkIndex)); err != nil {
 			return fmt.Errorf("sync nodes: %w", err)

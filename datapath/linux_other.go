@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 )
 
 // Linux is unavailable on this platform.
@@ -22,6 +23,11 @@ func (l *Linux) SetHooks(LinuxHooks) {}
 // WatchHostAddrs returns ErrNotSupported on platforms other than Linux.
 func (l *Linux) WatchHostAddrs(context.Context, func(HostAddrChange)) error {
 	return fmt.Errorf("watch host addresses: %w", ErrNotSupported)
+}
+
+// NodeAddrs returns ErrNotSupported on platforms other than Linux.
+func (l *Linux) NodeAddrs([]netip.Addr) ([]netip.Addr, error) {
+	return nil, fmt.Errorf("node addresses: %w", ErrNotSupported)
 }
 
 // MountBPFFS returns ErrNotSupported on platforms other than Linux.

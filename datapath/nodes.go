@@ -157,3 +157,34 @@ func PodCIDROverlap(nodes []RemoteNode, local []netip.Prefix) (string, netip.Pre
 	}
 	return "", netip.Prefix{}, false
 }
+
+// coverPrefixes is the smallest list of the prefixes in ps that covers
+// them all (prefixes inside another are dropped, duplicates too), masked
+// and sorted: IPv4 before IPv6, then by address and length.
+func coverPrefixes(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if !p.IsValid() {
+			continue
+		}
+		p = p.Masked()
+		covered := false
+		for _, q := range ps {
+			q = q.Masked()
+			if q.IsValid() && q != p && q.Bits() < p.Bits() && q.Contains(p.Addr()) {
+				covered = true
+				break
+			}
+		}
+		if !covered && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
+}

@@ -94,3 +94,26 @@ func TestValidateNodes(t *testing.T) {
 		}
 	}
 }
+
+// coverPrefixes keeps the prefixes no other covers, once each, sorted:
+// the masquerade chain's exclusions (a cluster CIDR swallows the nodes'
+// pod CIDRs inside it).
+func TestCoverPrefixes(t *testing.T) {
+	pp := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	for _, tc := range []struct{ in, want []netip.Prefix }{
+		{nil, nil},
+		{pp("10.244.1.0/24", "10.244.0.0/16", "10.244.2.0/24", "fd00:10:0:1::/64"), pp("10.244.0.0/16", "fd00:10:0:1::/64")},
+		{pp("10.2.0.0/24", "10.1.0.0/24", "10.2.0.0/24"), pp("10.1.0.0/24", "10.2.0.0/24")},
+		{pp("fd00::/104", "10.0.0.0/8", "fd00::/64"), pp("10.0.0.0/8", "fd00::/64")},
+	} {
+		if got := coverPrefixes(tc.in); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("coverPrefixes(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}

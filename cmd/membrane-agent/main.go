@@ -136,13 +136,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&kv.CertFile, "etcd-cert", "", "kvstore mode: client certificate file (with --etcd-key)")
 	fs.StringVar(&kv.KeyFile, "etcd-key", "", "kvstore mode: client key file (with --etcd-cert)")
 	fs.DurationVar(&kv.LeaseTTL, "kvstore-lease-ttl", kvstore.DefaultLeaseTTL, "kvstore mode: node lease TTL: how long after this agent stops renewing it other nodes keep its endpoints (at least 2s)")
-	fs.StringVar(&nodeAddrs, "kvstore-node-addrs", "", "kvstore mode: comma-separated underlay addresses of this node, published for other nodes to route to")
+	fs.StringVar(&nodeAddrs, "kvstore-node-addrs", "", "kvstore mode: comma-separated underlay addresses of this node, published for other nodes to route to (default, linux datapath: the Node object's InternalIPs in Kubernetes mode, else per family the address of the default route's device or the source toward the etcd endpoints)")
 	var clusterCIDRs string
 	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
 	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
 	fs.IntVar(&cfg.Linux.Nodes.TunnelMTU, "tunnel-mtu", 1450, "tunnel routing: the VXLAN device's MTU (the underlay's minus 50)")
-	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", false, "linux datapath: SNAT pod traffic leaving the --cluster-cidr ranges to the node's address (nftables)")
-	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (every node's ranges): traffic between them is not masqueraded")
+	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", true, "linux datapath: SNAT pod traffic leaving the cluster's pod CIDRs to the node's address (nftables); the cluster's pod CIDRs are this node's, every other node's (from the Node objects, the kvstore or the nodes file) and --cluster-cidr")
+	fs.StringVar(&clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the whole cluster (Cilium's native-routing CIDR), never masqueraded to; optional: the nodes' pod CIDRs are learned")
 	fs.StringVar(&cfg.NodesFile, "nodes-file", "", "standalone mode: JSON or YAML list of the other nodes (name, addresses, podCIDRs), re-read when it changes")
 	dnsFlags := addDNSFlags(fs)
 	if err := fs.Parse(args); err != nil {

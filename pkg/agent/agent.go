@@ -104,7 +104,9 @@ type Config struct {
 	// the ipcache, once the front door returned: the index holds them.
 	KvstoreObserver func(eps []endpoint.Remote)
 	// NodeAddrs are this node's underlay addresses
-	// (--kvstore-node-addrs), published for other nodes to route to.
+	// (--kvstore-node-addrs), published for other nodes to route to; in
+	// kvstore mode on the Linux datapath, empty means derived at start
+	// (deriveNodeAddrs).
 	NodeAddrs []netip.Addr
 	// HTTPAddr is the read-only TCP listener (--http-addr): reads,
 	// /metrics and, with API.Pprof, /debug/pprof. "" disables it.
@@ -386,6 +388,13 @@ func newDatapath(cfg *Config, log *slog.Logger) (dp datapath.Datapath, linux *da
 		return nil, nil, err
 	}
 	lc.Gateways = append(lc.Gateways, gws...)
+	// Masquerading leaves traffic between the node's pods and the
+	// cluster's alone; the node's own ranges are the IPAM's.
+	for _, p := range []netip.Prefix{cfg.IPv4Range, cfg.IPv6Range} {
+		if p.IsValid() {
+			lc.Nodes.LocalPodCIDRs = append(lc.Nodes.LocalPodCIDRs, p)
+		}
+	}
 	linux, err = datapath.NewLinux(lc, log)
 	if err != nil {
 		return nil, nil, err

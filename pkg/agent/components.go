@@ -196,6 +196,10 @@ func (s *starter) startDatapath() error {
 			_ = dp.Close()
 			return err
 		}
+		if err := s.a.deriveNodeAddrs(linux); err != nil {
+			_ = dp.Close()
+			return err
+		}
 	}
 	s.dp, s.linux = dp, linux
 	return nil

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"net/url"
+	"time"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -133,4 +137,46 @@ func (o observedSink) UpsertRemoteEndpoints(ctx context.Context, source string, 
 		o.observe(eps)
 	}
 	return err
+}
+
+// deriveNodeAddrs finds the addresses this node publishes in kvstore mode
+// when --kvstore-node-addrs gives none, as Cilium does: the Node object's
+// InternalIPs in Kubernetes mode, else the node's addresses by its default
+// routes or, for a family without one, the source the kernel picks toward
+// the kvstore's endpoints. Without any it fails: other nodes could not
+// route to this one's pods.
+func (a *Agent) deriveNodeAddrs(linux *datapath.Linux) error {
+	cfg := &a.cfg
+	if cfg.Kvstore == nil || len(cfg.NodeAddrs) > 0 {
+		return nil
+	}
+	if cfg.K8s != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		addrs, err := k8s.NodeInternalIPs(ctx, *cfg.K8s)
+		cancel()
+		if err == nil && len(addrs) > 0 {
+			cfg.NodeAddrs = addrs
+			a.log.Info("node addresses from the Node object", "addrs", addrs)
+			return nil
+		}
+		a.log.Warn("no node address from the Node object; using the default routes'", "err", err)
+	}
+	var toward []netip.Addr
+	for _, e := range cfg.Kvstore.Endpoints {
+		if u, err := url.Parse(e); err == nil {
+			if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
+				toward = append(toward, ip.Unmap())
+			}
+		}
+	}
+	addrs, err := linux.NodeAddrs(toward)
+	if err != nil {
+		return fmt.Errorf("kvstore: %w", err)
+	}
+	if len(addrs) == 0 {
+		return fmt.Errorf("kvstore: no node address: no default route and no route toward the kvstore endpoints; set --kvstore-node-addrs: %w", ErrInvalidConfig)
+	}
+	cfg.NodeAddrs = addrs
+	a.log.Info("node addresses from the default routes", "addrs", addrs)
+	return nil
 }

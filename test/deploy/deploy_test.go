@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,29 +43,30 @@ const (
 	saName      = "membrane-agent"
 )
 
-// manifests are every Kubernetes manifest in deploy/: deploy/*.yaml,
-// deploy/*/*.yaml and deploy/*/*/*.yaml (the uninstall DaemonSet), so the
-// CRDs other features add to deploy/crds/ are covered without listing
-// them.
+// manifests are the plain manifests, deploy/kubernetes/*.yaml (generated
+// from the Helm chart's defaults by make manifests; tools/chart's
+// TestManifestsCurrent keeps them current) in name order, as `kubectl
+// apply -f deploy/kubernetes/` takes them, and the uninstall DaemonSet
+// (deploy/kubernetes/uninstall/).
 func manifests(t *testing.T) []string {
 	t.Helper()
-	root := filepath.Join(kubetest.RepoRoot(), "deploy")
-	var files []string
-	for _, pat := range []string{"*.yaml", "*/*.yaml", "*/*/*.yaml"} {
-		m, err := filepath.Glob(filepath.Join(root, pat))
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, m...)
+	root := filepath.Join(kubetest.RepoRoot(), "deploy", "kubernetes")
+	files, err := filepath.Glob(filepath.Join(root, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	crds, err := kubetest.CRDFiles()
-	if err != nil || len(crds) < 2 {
-		t.Fatalf("deploy/crds: %v %v", crds, err)
+	slices.Sort(files)
+	if !slices.Contains(files, filepath.Join(root, "crds.yaml")) || !slices.Contains(files, filepath.Join(root, "membrane.yaml")) {
+		t.Fatalf("deploy/kubernetes: %v: want crds.yaml and membrane.yaml (make manifests)", files)
 	}
-	return files
+	un, err := filepath.Glob(filepath.Join(root, "uninstall", "*.yaml"))
+	if err != nil || len(un) == 0 {
+		t.Fatalf("deploy/kubernetes/uninstall: %v %v", un, err)
+	}
+	return append(files, un...)
 }
 
-// applyAll server-side applies deploy/ (twice: a second apply of the same
+// applyAll server-side applies the manifests (twice: a second apply of the same
 // manifests must be a clean no-op, not a conflict) and returns the
 // objects.
 func applyAll(t *testing.T, env *kubetest.Env) []*unstructured.Unstructured {
@@ -84,6 +86,7 @@ func applyAll(t *testing.T, env *kubetest.Env) []*unstructured.Unstructured {
 
 func TestManifestsApply(t *testing.T) {
 	env := kubetest.Require(t)
+	applyInFileOrder(t, env)
 	objs := applyAll(t, env)
 	kinds := map[string]int{}
 	for _, o := range objs {
@@ -117,6 +120,42 @@ func TestManifestsApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkDaemonSet(t, ds.Spec.Template.Spec)
+}
+
+// applyInFileOrder applies deploy/kubernetes/*.yaml one file after the
+// other in name order, each file's objects in order, as `kubectl apply -f
+// deploy/kubernetes/` does: on an API server that has none of them yet,
+// each object must be accepted where it stands (the Namespace before the
+// objects in it, the CRDs before anything that names them).
+func applyInFileOrder(t *testing.T, env *kubetest.Env) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, saNamespace, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Logf("namespace %s exists already (err %v): the order is not checked on a fresh server", saNamespace, err)
+	}
+	for _, f := range manifests(t) {
+		if filepath.Base(filepath.Dir(f)) == "uninstall" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := kubetest.ReadObjects(b)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, o := range objs {
+			if _, err := kubetest.Apply(ctx, env.Config, "membrane-deploy-test", []*unstructured.Unstructured{o}); err != nil {
+				t.Fatalf("%s: %s %s, applied in file order: %v", filepath.Base(f), o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
 }
 
 // checkDaemonSet checks what the agent needs from its pod: host network,

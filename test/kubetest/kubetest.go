@@ -90,6 +90,7 @@ func Main(m *testing.M) int {
 	if shared != nil {
 		shared.Stop()
 	}
+	RemoveChartTool()
 	return code
 }
 

@@ -35,6 +35,10 @@ type cluster struct {
 	file     string    // the shared nodes file ("" in kvstore mode)
 	etcd     *etcdProc // kvstore mode: the nodes share this etcd; nil: nodes file
 	netName  string    // CNI network name of every node ("": per node)
+	// defaults starts the agents without --masquerade, --cluster-cidr
+	// and --kvstore-node-addrs: masquerading is on by default and the
+	// node addresses and cluster pod CIDRs are derived.
+	defaults bool
 }
 
 // node is one Membrane node: a netns on the underlay with its agent
@@ -209,8 +213,10 @@ func (c *cluster) newNode(i int) *node {
 // start starts the node's agent inside its netns and waits until ready.
 func (nd *node) start() error {
 	c := nd.c
-	args := []string{"--http-addr", "", "--enable-health=false", "--gc-interval", "-1s",
-		"--routing", c.routing, "--masquerade", "--cluster-cidr", c.clusterCIDRs()}
+	args := []string{"--http-addr", "", "--enable-health=false", "--gc-interval", "-1s", "--routing", c.routing}
+	if !c.defaults {
+		args = append(args, "--masquerade", "--cluster-cidr", c.clusterCIDRs())
+	}
 	if c.etcd != nil {
 		args = append(args, c.etcd.agentArgs(nd)...)
 	} else {

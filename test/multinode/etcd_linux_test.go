@@ -73,9 +73,16 @@ func etcdBinary(t *testing.T) string {
 // same on every node.
 func newKvCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 	t.Helper()
+	return newKvClusterWith(t, routing, n, netNum, nil)
+}
+
+// newKvClusterWith is newKvCluster with c.defaults and setup (nil: none)
+// run on the cluster before the agents start.
+func newKvClusterWith(t *testing.T, routing string, n int, netNum int, setup func(c *cluster)) *cluster {
+	t.Helper()
 	testutil.RequireRoot(t)
 	bin := etcdBinary(t)
-	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), netName: fmt.Sprintf("mn-kv-%d", netNum)}
+	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), netName: fmt.Sprintf("mn-kv-%d", netNum), defaults: setup != nil}
 	c.makeUnderlay()
 	e := &etcdProc{c: c, bin: bin, dir: filepath.Join(c.dir, "etcd"), log: filepath.Join(c.dir, "etcd.log")}
 	e.ns = c.attach("mbm-etcd", etcdHost, "eth0")
@@ -89,6 +96,9 @@ func newKvCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 		c.nodes = append(c.nodes, c.newNode(i))
 	}
 	c.outside = c.attach("mbm-out", 199, "eth0")
+	if setup != nil {
+		setup(c)
+	}
 	c.startNodes()
 	return c
 }
@@ -98,8 +108,11 @@ func (e *etcdProc) url() string { return "http://" + net.JoinHostPort(e.addr.Str
 
 // agentArgs are nd's kvstore flags.
 func (e *etcdProc) agentArgs(nd *node) []string {
-	return []string{"--kvstore", "etcd", "--etcd-endpoints", e.url(), "--node-name", nd.name,
-		"--kvstore-lease-ttl", leaseTTL.String(), "--kvstore-node-addrs", nd.addr4.String() + "," + nd.addr6.String()}
+	args := []string{"--kvstore", "etcd", "--etcd-endpoints", e.url(), "--node-name", nd.name, "--kvstore-lease-ttl", leaseTTL.String()}
+	if nd.c.defaults {
+		return args
+	}
+	return append(args, "--kvstore-node-addrs", nd.addr4.String()+","+nd.addr6.String())
 }
 
 // start starts etcd on its data directory inside its netns and waits

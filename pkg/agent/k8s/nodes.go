@@ -90,6 +90,20 @@ func InternalIPs(node *corev1.Node) []netip.Addr {
 	return out
 }
 
+// NodeInternalIPs reads this node's Node object once and returns its
+// InternalIPs (InternalIPs), as Cilium takes the node's address from it.
+func NodeInternalIPs(ctx context.Context, cfg Config) ([]netip.Addr, error) {
+	_, cs, err := cfg.clientset("node addresses")
+	if err != nil {
+		return nil, err
+	}
+	node, err := cs.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("node addresses: node %s: %w", cfg.NodeName, err)
+	}
+	return InternalIPs(node), nil
+}
+
 // WaitPodCIDRs waits, at most timeout, for this node's Node object to
 // have pod CIDRs and returns them (--ipam kubernetes). While waiting it
 // logs why every 10 s; it then fails with ErrNoPodCIDRs, naming the node.
