@@ -188,6 +188,10 @@ func TestValues(t *testing.T) {
 		check func(t *testing.T, o *objects, args []string)
 	}{
 		{"defaults", nil, func(t *testing.T, o *objects, args []string) {
+			hasArgs(t, args, "--policy-api-groups=membrane.io")
+			if grants(o.clusterRole, "cilium.io", "ciliumnetworkpolicies", "watch") {
+				t.Errorf("ClusterRole grants cilium.io without policyAPIGroups naming it")
+			}
 			hasArgs(t, args, "--k8s", "--node-name=node-1", "--datapath=linux", "--ipam=kubernetes", "--routing=tunnel",
 				"--masquerade=true", "--cluster-cidr=", "--kube-proxy-replacement=false", "--l7-proxy=", "--dns-proxy=false",
 				"--identity-allocation-mode=crd", "--identity-lease-namespace=kube-system", "--k8s-api-server=",
@@ -244,6 +248,12 @@ func TestValues(t *testing.T) {
 		}},
 		{"dns proxy", []string{"dnsProxy=true"}, func(t *testing.T, o *objects, args []string) {
 			hasArgs(t, args, "--dns-proxy=true", "--l7-proxy=")
+		}},
+		{"cilium.io policies", []string{"policyAPIGroups={membrane.io,cilium.io}"}, func(t *testing.T, o *objects, args []string) {
+			hasArgs(t, args, "--policy-api-groups=membrane.io,cilium.io")
+			if !grants(o.clusterRole, "cilium.io", "ciliumnetworkpolicies", "watch") || !grants(o.clusterRole, "cilium.io", "ciliumclusterwidenetworkpolicies/status", "patch") {
+				t.Errorf("ClusterRole %v grants no read of cilium.io policies or patch of their status", o.clusterRole.Rules)
+			}
 		}},
 		{"kvstore identities", []string{"identityAllocationMode=kvstore", "kvstore.endpoints={http://10.0.0.10:2379,http://10.0.0.11:2379}"}, func(t *testing.T, o *objects, args []string) {
 			hasArgs(t, args, "--kvstore=etcd", "--etcd-endpoints=http://10.0.0.10:2379,http://10.0.0.11:2379")
@@ -477,4 +487,14 @@ func TestCheckManifests(t *testing.T) {
 	if err := CheckManifests(dir, files); err != nil {
 		t.Fatalf("rewritten: %v", err)
 	}
+}
+
+// grants reports whether r has a rule granting verb on resource of group.
+func grants(r *rbacv1.ClusterRole, group, resource, verb string) bool {
+	for _, rule := range r.Rules {
+		if slices.Contains(rule.APIGroups, group) && slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb) {
+			return true
+		}
+	}
+	return false
 }

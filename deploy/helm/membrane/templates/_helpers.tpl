@@ -111,6 +111,7 @@ socket-lb-cgroup: /run/membrane/cgroupv2
 {{- end }}
 l7-proxy: {{ ternary "/usr/local/bin/membrane-proxy" "" $v.l7Proxy | quote }}
 dns-proxy: {{ $v.dnsProxy | toString | quote }}
+policy-api-groups: {{ join "," $v.policyAPIGroups | quote }}
 {{- if eq $v.identityAllocationMode "kvstore" }}
 kvstore: etcd
 etcd-endpoints: {{ join "," $v.kvstore.endpoints | quote }}
