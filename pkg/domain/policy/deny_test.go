@@ -305,3 +305,48 @@ spec:
 			m.Allows(other, 443, ProtoTCP, Ingress), m.Allows(other, 8080, ProtoTCP, Ingress), m.Allows(client, 8080, ProtoTCP, Ingress))
 	}
 }
+
+// TestReservedEntities: fromEntities health, init and unmanaged select
+// the reserved identities of those names and nothing else; cluster
+// selects them too.
+func TestReservedEntities(t *testing.T) {
+	const server, client identity.NumericIdentity = 420, 421
+	r := NewRepository()
+	r.UpsertIdentity(server, podLabels(t, "a", "app=server"))
+	r.UpsertIdentity(client, podLabels(t, "a", "app=client"))
+	for _, tc := range []struct {
+		entity string
+		want   identity.NumericIdentity
+	}{{"health", identity.ReservedHealth}, {"init", identity.ReservedInit}, {"unmanaged", identity.ReservedUnmanaged}} {
+		r.Import(mustParse(t, `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: a}
+spec:
+  endpointSelector: {matchLabels: {app: server}}
+  ingress: [{fromEntities: [`+tc.entity+`]}]
+`))
+		m := r.MapState(server)
+		for _, peer := range []identity.NumericIdentity{identity.ReservedHost, identity.ReservedWorld, identity.ReservedUnmanaged,
+			identity.ReservedHealth, identity.ReservedInit, client} {
+			if got := m.Allows(peer, 80, ProtoTCP, Ingress); got != (peer == tc.want) {
+				t.Errorf("fromEntities %s: peer %s allowed %v", tc.entity, peer, got)
+			}
+		}
+	}
+	r.Import(mustParse(t, `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: p, namespace: a}
+spec:
+  endpointSelector: {matchLabels: {app: server}}
+  ingress: [{fromEntities: [cluster]}]
+`))
+	m := r.MapState(server)
+	for _, peer := range []identity.NumericIdentity{identity.ReservedHealth, identity.ReservedInit, identity.ReservedUnmanaged, identity.ReservedHost, client} {
+		if !m.Allows(peer, 80, ProtoTCP, Ingress) {
+			t.Errorf("fromEntities cluster: peer %s refused", peer)
+		}
+	}
+	if m.Allows(identity.ReservedWorld, 80, ProtoTCP, Ingress) {
+		t.Error("fromEntities cluster: world allowed")
+	}
+}

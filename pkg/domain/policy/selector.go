@@ -205,15 +205,21 @@ func cidrLike(ls labels.Labels) bool {
 
 // Entity names of fromEntities/toEntities.
 const (
-	EntityWorld   = "world"
-	EntityHost    = "host"
-	EntityAll     = "all"
-	EntityCluster = "cluster"
+	EntityWorld     = "world"
+	EntityHost      = "host"
+	EntityAll       = "all"
+	EntityCluster   = "cluster"
+	EntityHealth    = "health"
+	EntityInit      = "init"
+	EntityUnmanaged = "unmanaged"
 )
 
 // EntitySelector matches an entity: world (the world identity and every
-// CIDR identity), host, or cluster (everything but world and CIDR
-// identities). "all" is not a selector: it compiles to the any-peer key.
+// CIDR identity), host, health (the nodes' health endpoints), init
+// (endpoints whose labels are not known yet), unmanaged (endpoints the
+// agent does not manage), or cluster (everything but world and CIDR
+// identities, those four included). "all" is not a selector: it
+// compiles to the any-peer key.
 type EntitySelector struct{ Entity string }
 
 // Key implements Selector.
@@ -225,8 +231,8 @@ func (s *EntitySelector) Matches(ls labels.Labels) bool {
 	switch s.Entity {
 	case EntityWorld:
 		return isWorld(ls) || isCIDR
-	case EntityHost:
-		return ls.Has(labels.Label{Source: labels.SourceReserved, Key: "host"})
+	case EntityHost, EntityHealth, EntityInit, EntityUnmanaged:
+		return ls.Has(labels.Label{Source: labels.SourceReserved, Key: s.Entity})
 	default: // cluster
 		return !isWorld(ls) && !isCIDR
 	}
