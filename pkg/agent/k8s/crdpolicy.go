@@ -76,11 +76,16 @@ func policyKindsOf(groups []string) ([]kind, error) {
 }
 
 // checkServed fails when the API server does not serve the resource of
-// one of kinds: a watch of it would never sync (the operator chose an
-// API group whose CRDs are not installed).
+// one of kinds of the cilium.io group: a watch of it would never sync
+// (the operator chose the group and Cilium's CRDs are not installed).
+// Membrane's own CRDs come with its manifests; an agent started before
+// them keeps waiting for them as before.
 func checkServed(client kubernetes.Interface, kinds []kind) error {
 	for _, k := range kinds {
 		gvr := crdKinds[k].gvr
+		if gvr.Group != GroupCilium {
+			continue
+		}
 		list, err := client.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("discover %s: %w", gvr.GroupVersion(), err)
