@@ -287,7 +287,13 @@ ip link set br-underlay up`, apiIP, underlay.Bits())
 		"--service-account-issuer=https://membrane-e2e.local",
 		"--service-account-key-file="+filepath.Join(d, "sa.key"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
-		"--service-cluster-ip-range="+serviceCIDR.String(), "--allow-privileged=true", "--profiling=false", "--v=1")
+		"--service-cluster-ip-range="+serviceCIDR.String(), "--allow-privileged=true", "--profiling=false", "--v=1",
+		// exec, logs and port-forward: the kubelet at its Node's
+		// InternalIP (the node names resolve nowhere), with a client
+		// certificate the kubelets' client CA signed.
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-client-certificate="+filepath.Join(d, "kubelet-client.crt"),
+		"--kubelet-client-key="+filepath.Join(d, "kubelet-client.key"))
 	if err != nil {
 		return err
 	}

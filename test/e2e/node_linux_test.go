@@ -172,7 +172,7 @@ func (n *node) writeConfig() error {
 	}
 	nofile := hardNofile()
 	kubelet := fmt.Sprintf(kubeletYAML, n.sock(), n.cgroup, filepath.Join(d, "pod-logs"), filepath.Join(d, "kubelet", "volume-plugins"), nofile,
-		dnsIP, clusterDomain)
+		dnsIP, clusterDomain, filepath.Join(n.c.Dir, "tls.crt"))
 	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
 		return err
 	}
