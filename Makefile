@@ -105,7 +105,7 @@ conformance:
 	scripts/kube-bin.sh $(E2E_BINS) kubectl >/dev/null
 	scripts/coredns.sh >/dev/null
 	scripts/e2e-bin.sh >/dev/null
-	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) \
+	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_KUBE_PROXY_REPLACEMENT=1 CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) \
 		CONFORMANCE_SETS=$(SETS) CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
 		$(GO) test -count=1 -v -timeout 4h -run '^TestConformance$$' ./test/e2e/
 

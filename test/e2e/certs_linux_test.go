@@ -35,11 +35,11 @@ func writeCredentials(dir string, apiIP net.IP, nodes []string) (map[string]stri
 		return nil, fmt.Errorf("serving key: %w", err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "membrane-e2e"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(48 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "membrane-e2e"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(48 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		// ClientAuth too: as a CA it signs kubelet-client.crt, and Go's
 		// verification wants a CA's key usages to cover its leaves'.
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},

@@ -259,7 +259,7 @@ func (n *node) startContainerd() error {
 // (the pod range from the Node object), and the API server through a
 // kubeconfig instead of the in-cluster service account.
 func (n *node) agentArgs() []string {
-	return []string{filepath.Join(n.built, "membrane-agent"),
+	return append([]string{filepath.Join(n.built, "membrane-agent"),
 		"--datapath=linux",
 		"--socket=/var/run/membrane/membrane.sock",
 		"--state-dir=/var/run/membrane/state",
@@ -268,7 +268,7 @@ func (n *node) agentArgs() []string {
 		"--log-format=json",
 		"--k8s-kubeconfig=" + filepath.Join(n.c.Dir, "admin.kubeconfig"),
 		"--node-name=" + n.name,
-	}
+	}, n.kprArgs()...)
 }
 
 // startAgent starts membrane-agent in the node's namespaces and waits for
