@@ -96,9 +96,11 @@ e2e-down:
 # machine), run by test/e2e's TestConformance against a NODES-node
 # cluster with Membrane as the CNI and kube-proxy replacement. SETS picks
 # the sets (netpol, conformance, services; smoke is the CI subset),
-# CONFORMANCE_JOBS runs that many at once; JUnit, logs and summary.md go
-# to RESULTS. See docs/conformance.md.
+# CONFORMANCE_JOBS runs that many at once, FOCUS=regexp runs just the
+# specs it matches; JUnit, logs and summary.md go to RESULTS. See
+# docs/conformance.md.
 SETS    ?= netpol,conformance,services
+FOCUS   ?=
 RESULTS ?= $(CURDIR)/bin/conformance
 CONFORMANCE_JOBS ?= 1
 conformance:
@@ -106,7 +108,7 @@ conformance:
 	scripts/coredns.sh >/dev/null
 	scripts/e2e-bin.sh >/dev/null
 	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_KUBE_PROXY_REPLACEMENT=1 CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) \
-		CONFORMANCE_SETS=$(SETS) CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
+		CONFORMANCE_SETS=$(SETS) CONFORMANCE_FOCUS='$(FOCUS)' CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
 		$(GO) test -count=1 -v -timeout 4h -run '^TestConformance$$' ./test/e2e/
 
 # The CI-sized subset (under 10 minutes warm): five NetworkPolicy specs

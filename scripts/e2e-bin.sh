@@ -9,7 +9,9 @@
 #                          imports, cut to test/e2e/network (providers.go,
 #                          which only loads the cloud providers, is left
 #                          out: the suite runs with --provider=skeleton)
-#   $E2E_DIR/bin/agnhost   k8s.io/kubernetes/test/images/agnhost, static
+#   $E2E_DIR/bin/agnhost   k8s.io/kubernetes/test/images/agnhost, static,
+#                          with its porter's localhost.crt and .key (the
+#                          image has them at /, as upstream's Dockerfile)
 # e2e.test is built with scripts/kube-bin.sh's settings (cgo as the go
 # tool defaults, -trimpath), so the packages it shares with the kube
 # binaries come from the build cache.
@@ -24,7 +26,7 @@ E2E_DIR=${E2E_DIR:-$HOME/.cache/membrane/e2e-$V}
 BIN=$E2E_DIR/bin
 missing() {
 	local n
-	for n in e2e.test agnhost; do [ -x "$BIN/$n" ] || echo "$n"; done
+	for n in e2e.test agnhost; do [ -x "$BIN/$n" ] && [ "$n" != agnhost -o -f "$BIN/localhost.key" ] || echo "$n"; done
 }
 if [ -z "$(missing)" ]; then
 	echo "$BIN"
@@ -72,6 +74,8 @@ for n in $todo; do
 	agnhost)
 		# Static: it runs in an image without a libc of its own.
 		CGO_ENABLED=0 go build -trimpath -ldflags="$LDF" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
+		porter=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
+		install -m 0644 "$porter/localhost.crt" "$porter/localhost.key" "$BIN/"
 		;;
 	esac
 	mv "$tmp/$n" "$BIN/"

@@ -72,8 +72,9 @@ var conformanceSets = map[string]conformanceSet{
 // and the kube-proxy replacement, no kube-proxy. Before the suite it
 // imports upstream's agnhost image (agnhost plus a shell, a full nc and
 // curl), busybox and pause images into every node, so nothing is pulled.
-// Every set (CONFORMANCE_SETS, comma-separated names of conformanceSets)
-// is one e2e.test process, up to CONFORMANCE_JOBS at once, writing its
+// Every set (CONFORMANCE_SETS, comma-separated names of conformanceSets;
+// CONFORMANCE_FOCUS instead runs the specs its regexp matches as the set
+// "focus") is one e2e.test process, up to CONFORMANCE_JOBS at once, writing its
 // JUnit report and log to CONFORMANCE_RESULTS/<set>/; summary.md there
 // lists the passed, failed and skipped specs (each skip with the suite's
 // reason). make conformance and make conformance-smoke run it.
@@ -92,6 +93,11 @@ func TestConformance(t *testing.T) {
 			t.Fatalf("CONFORMANCE_SETS: unknown set %q", s)
 		}
 		names = append(names, s)
+	}
+	if f := os.Getenv("CONFORMANCE_FOCUS"); f != "" {
+		// A rerun of chosen specs (make conformance FOCUS=regexp).
+		conformanceSets["focus"] = conformanceSet{Focus: f, Skip: skipAlways}
+		names = []string{"focus"}
 	}
 	if len(names) == 0 {
 		names = []string{"netpol", "conformance", "services"}
@@ -356,7 +362,11 @@ func writeConformanceImages(agnhost, pause, dir string) ([]string, error) {
 			return nil, fmt.Errorf("%s missing: apt-get install busybox netcat-openbsd curl bind9-dnsutils", p)
 		}
 	}
-	files := []image.File{{Path: "/agnhost", Mode: 0o755, Source: agnhost}}
+	// porter's TLS ports read localhost.crt and .key from the working
+	// directory, /; some specs run agnhost as agnhost-2.
+	files := []image.File{{Path: "/agnhost", Mode: 0o755, Source: agnhost}, {Path: "/agnhost-2", Link: "agnhost"},
+		{Path: "/localhost.crt", Source: filepath.Join(filepath.Dir(agnhost), "localhost.crt")},
+		{Path: "/localhost.key", Source: filepath.Join(filepath.Dir(agnhost), "localhost.key")}}
 	libs := map[string]bool{}
 	for in, host := range tools {
 		files = append(files, image.File{Path: in, Mode: 0o755, Source: host})
