@@ -54,7 +54,7 @@ var conformanceSets = map[string]conformanceSet{
 	// The Services specs a kube-proxy replacement must pass (the
 	// [Conformance] ones are in the set above).
 	"services": {
-		Focus: `\[sig-network\] Services .*([Ss]ession [Aa]ffinity|NodePort|[Hh]airpin|[Ee]xternal[Tt]raffic[Pp]olicy|[Ii]nternal[Tt]raffic[Pp]olicy)`,
+		Focus: `\[sig-network\] Services .*([Ss]ession [Aa]ffinity|NodePort|[Hh]airpin|[Ee]xternall?[Tt]raffic[Pp]olicy|[Ii]nternal[Tt]raffic[Pp]olicy)`,
 		Skip:  skipAlways + `|\[Conformance\]`,
 	},
 	// The CI subset: a handful of NetworkPolicy specs and the granular

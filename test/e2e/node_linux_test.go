@@ -69,7 +69,10 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 		return nil, err
 	}
 	script := strings.ReplaceAll(nodeMounts, "SYSCTL", filepath.Join(n.dir, "sysctl"))
-	pid, err := c.holder(n.name, []string{"-m", "-n", "--propagation", "private"}, script)
+	// A UTS namespace too, named after the node: hostNetwork pods see the
+	// node's hostname, as on a real node (upstream's specs check it).
+	script = "hostname " + n.name + "\n" + script
+	pid, err := c.holder(n.name, []string{"-m", "-n", "-u", "--propagation", "private"}, script)
 	if err != nil {
 		return nil, err
 	}
