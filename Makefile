@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
+.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down conformance conformance-smoke fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim
 
 all: build
 
@@ -103,6 +103,31 @@ e2e-smoke:
 
 e2e-down:
 	MEMBRANE_E2E_DOWN=1 $(GO) test -count=1 -v -run '^$$' ./test/e2e/
+
+# Upstream's sig-network suites (issue 33, root): e2e.test and agnhost
+# built from k8s.io/kubernetes v1.35.4 by scripts/e2e-bin.sh (once per
+# machine), run by test/e2e's TestConformance against a NODES-node
+# cluster with Membrane as the CNI and kube-proxy replacement. SETS picks
+# the sets (netpol, conformance, services; smoke is the CI subset),
+# CONFORMANCE_JOBS runs that many at once, FOCUS=regexp runs just the
+# specs it matches; JUnit, logs and summary.md go to RESULTS. See
+# docs/conformance.md.
+SETS    ?= netpol,conformance,services
+FOCUS   ?=
+RESULTS ?= $(CURDIR)/bin/conformance
+CONFORMANCE_JOBS ?= 1
+conformance:
+	scripts/kube-bin.sh $(E2E_BINS) kubectl >/dev/null
+	scripts/coredns.sh >/dev/null
+	scripts/e2e-bin.sh >/dev/null
+	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_KUBE_PROXY_REPLACEMENT=1 CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) \
+		CONFORMANCE_SETS=$(SETS) CONFORMANCE_FOCUS='$(FOCUS)' CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
+		$(GO) test -count=1 -v -timeout 4h -run '^TestConformance$$' ./test/e2e/
+
+# The CI-sized subset (under 10 minutes warm): five NetworkPolicy specs
+# and the granular pod-to-pod checks, on a 2-node cluster.
+conformance-smoke:
+	$(MAKE) conformance SETS=smoke
 
 test-short:
 	$(GO) test -short -count=1 ./...

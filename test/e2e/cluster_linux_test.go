@@ -215,11 +215,11 @@ func (c *cluster) holder(name string, unshareArgs []string, script string) (int,
 }
 
 // run starts a long-lived program inside the namespaces of pid (nsenter
-// -m too when mnt), logging to <dir>/<name>.log.
+// -m and -u too when mnt: a node's), logging to <dir>/<name>.log.
 func (c *cluster) run(name string, pid int, mnt bool, args ...string) (*proc, error) {
 	ns := []string{"-t", strconv.Itoa(pid), "-n"}
 	if mnt {
-		ns = append(ns, "-m")
+		ns = append(ns, "-m", "-u")
 	}
 	cmd := exec.Command(c.tools["nsenter"], append(append(ns, "--"), args...)...)
 	log, err := os.OpenFile(filepath.Join(c.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -287,7 +287,13 @@ ip link set br-underlay up`, apiIP, underlay.Bits())
 		"--service-account-issuer=https://membrane-e2e.local",
 		"--service-account-key-file="+filepath.Join(d, "sa.key"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
-		"--service-cluster-ip-range="+serviceCIDR.String(), "--allow-privileged=true", "--profiling=false", "--v=1")
+		"--service-cluster-ip-range="+serviceCIDR.String(), "--allow-privileged=true", "--profiling=false", "--v=1",
+		// exec, logs and port-forward: the kubelet at its Node's
+		// InternalIP (the node names resolve nowhere), with a client
+		// certificate the kubelets' client CA signed.
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-client-certificate="+filepath.Join(d, "kubelet-client.crt"),
+		"--kubelet-client-key="+filepath.Join(d, "kubelet-client.key"))
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,10 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 		return nil, err
 	}
 	script := strings.ReplaceAll(nodeMounts, "SYSCTL", filepath.Join(n.dir, "sysctl"))
-	pid, err := c.holder(n.name, []string{"-m", "-n", "--propagation", "private"}, script)
+	// A UTS namespace too, named after the node: hostNetwork pods see the
+	// node's hostname, as on a real node (upstream's specs check it).
+	script = "hostname " + n.name + "\n" + script
+	pid, err := c.holder(n.name, []string{"-m", "-n", "-u", "--propagation", "private"}, script)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +175,7 @@ func (n *node) writeConfig() error {
 	}
 	nofile := hardNofile()
 	kubelet := fmt.Sprintf(kubeletYAML, n.sock(), n.cgroup, filepath.Join(d, "pod-logs"), filepath.Join(d, "kubelet", "volume-plugins"), nofile,
-		dnsIP, clusterDomain)
+		dnsIP, clusterDomain, filepath.Join(n.c.Dir, "tls.crt"))
 	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
 		return err
 	}
@@ -259,7 +262,7 @@ func (n *node) startContainerd() error {
 // (the pod range from the Node object), and the API server through a
 // kubeconfig instead of the in-cluster service account.
 func (n *node) agentArgs() []string {
-	return []string{filepath.Join(n.built, "membrane-agent"),
+	return append([]string{filepath.Join(n.built, "membrane-agent"),
 		"--datapath=linux",
 		"--socket=/var/run/membrane/membrane.sock",
 		"--state-dir=/var/run/membrane/state",
@@ -268,7 +271,7 @@ func (n *node) agentArgs() []string {
 		"--log-format=json",
 		"--k8s-kubeconfig=" + filepath.Join(n.c.Dir, "admin.kubeconfig"),
 		"--node-name=" + n.name,
-	}
+	}, n.kprArgs()...)
 }
 
 // startAgent starts membrane-agent in the node's namespaces and waits for

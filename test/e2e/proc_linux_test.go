@@ -109,7 +109,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 // kubeletYAML is the node's KubeletConfiguration (the settings this
 // cgroup v1 host needs are explained in shared/recipes/kube-node).
 // Arguments: containerd socket, cgroup root, pod logs dir, volume plugin
-// dir, max open files, cluster DNS address, cluster domain.
+// dir, max open files, cluster DNS address, cluster domain, client CA
+// (the API server's kubelet-client.crt is signed by it; anonymous
+// requests stay refused).
 const kubeletYAML = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%[1]s
@@ -130,6 +132,7 @@ clusterDomain: %[7]s
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: false}
+  x509: {clientCAFile: %[8]q}
 authorization:
   mode: AlwaysAllow
 readOnlyPort: 0

@@ -29,8 +29,9 @@ type serviceView struct {
 // translate turns a Service and its EndpointSlices into the service
 // table's frontends: one per cluster address and port, and in
 // replacement mode per node address and node port and per external
-// address and port. Backends are the ready endpoints whose slice port
-// has the service port's name and protocol. ExternalName and headless
+// address and port. Backends are the ready endpoints (else the serving
+// terminating ones) whose slice port has the service port's name and
+// protocol. ExternalName and headless
 // services have none; SCTP ports are skipped (not translated).
 func (v *serviceView) translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []service.Service {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
@@ -129,8 +130,32 @@ func externalIPs(svc *corev1.Service) []netip.Addr {
 }
 
 // backends are the ready endpoints of family v4 (local: on this node
-// only) on the slice port matching p by name and protocol, deduplicated.
+// only) on the slice port matching p by name and protocol, deduplicated;
+// when none is ready, the serving terminating ones, as kube-proxy falls
+// back (a rolling update whose old pods still serve while draining, an
+// externalTrafficPolicy Local node whose only pod is shutting down).
 func (v *serviceView) backends(eps []*discoveryv1.EndpointSlice, p corev1.ServicePort, v4, local bool) []service.Backend {
+	if out := v.backendsIf(eps, p, v4, local, isReady); len(out) > 0 {
+		return out
+	}
+	return v.backendsIf(eps, p, v4, local, isServingTerminating)
+}
+
+// isReady: Ready unset counts as ready (the EndpointSlice API's rule).
+func isReady(c discoveryv1.EndpointConditions) bool { return c.Ready == nil || *c.Ready }
+
+// isServingTerminating: terminating and still serving (Serving unset
+// means as ready).
+func isServingTerminating(c discoveryv1.EndpointConditions) bool {
+	serving := isReady(c)
+	if c.Serving != nil {
+		serving = *c.Serving
+	}
+	return serving && c.Terminating != nil && *c.Terminating
+}
+
+// backendsIf is backends over the endpoints whose conditions pass keep.
+func (v *serviceView) backendsIf(eps []*discoveryv1.EndpointSlice, p corev1.ServicePort, v4, local bool, keep func(discoveryv1.EndpointConditions) bool) []service.Backend {
 	var out []service.Backend
 	want := discoveryv1.AddressTypeIPv6
 	if v4 {
@@ -145,7 +170,7 @@ func (v *serviceView) backends(eps []*discoveryv1.EndpointSlice, p corev1.Servic
 			continue
 		}
 		for _, ep := range s.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			if !keep(ep.Conditions) {
 				continue
 			}
 			if local && (ep.NodeName == nil || *ep.NodeName != v.node) {

@@ -155,3 +155,50 @@ func TestTranslateLocalBackends(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslateTerminatingFallback: with no ready endpoint among those
+// the traffic policy allows, the serving terminating ones are the
+// backends (kube-proxy's fallback, upstream's "should fallback to
+// terminating endpoints" specs); ready ones win when there are any, and
+// terminating ones that stopped serving never serve.
+func TestTranslateTerminatingFallback(t *testing.T) {
+	port := []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)}}
+	term := func(addr, node string, serving bool) discoveryv1.Endpoint {
+		e := ep(addr, node, ptr(false))
+		e.Conditions.Serving, e.Conditions.Terminating = ptr(serving), ptr(true)
+		return e
+	}
+	svc := func(etp corev1.ServiceExternalTrafficPolicy) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.1", ExternalTrafficPolicy: etp,
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}}}
+	}
+	v := serviceView{node: "n1", nodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, replacement: true}
+	for _, tc := range []struct {
+		name string
+		etp  corev1.ServiceExternalTrafficPolicy
+		eps  []discoveryv1.Endpoint
+		want map[string]string
+	}{
+		{"ready wins", corev1.ServiceExternalTrafficPolicyCluster,
+			[]discoveryv1.Endpoint{ep("10.0.0.1", "n2", ptr(true)), term("10.0.0.2", "n1", true)},
+			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.1:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080"}},
+		{"no ready: serving terminating", corev1.ServiceExternalTrafficPolicyCluster,
+			[]discoveryv1.Endpoint{ep("10.0.0.1", "n2", ptr(false)), term("10.0.0.2", "n1", true), term("10.0.0.3", "n2", false)},
+			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.2:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.2:8080"}},
+		{"local: no local ready, local serving terminating", corev1.ServiceExternalTrafficPolicyLocal,
+			[]discoveryv1.Endpoint{ep("10.0.0.1", "n2", ptr(true)), term("10.0.0.2", "n1", true)},
+			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.1:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.2:8080"}},
+	} {
+		got := summary(v.translate(svc(tc.etp), []*discoveryv1.EndpointSlice{testSlice(discoveryv1.AddressTypeIPv4, port, tc.eps...)}))
+		if len(got) != len(tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+			continue
+		}
+		for k, w := range tc.want {
+			if got[k] != w {
+				t.Errorf("%s: %s = %q, want %q", tc.name, k, got[k], w)
+			}
+		}
+	}
+}
