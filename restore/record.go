@@ -37,25 +37,28 @@ type Record struct {
 
 // EndpointState is everything needed to rebuild an endpoint.
 type EndpointState struct {
-	ID                     uint16    `json:"id"`
-	ContainerID            string    `json:"container-id,omitempty"`
-	ContainerName          string    `json:"container-name,omitempty"`
-	ContainerInterfaceName string    `json:"container-interface-name,omitempty"`
-	Namespace              string    `json:"k8s-namespace,omitempty"`
-	PodName                string    `json:"k8s-pod-name,omitempty"`
-	PodUID                 string    `json:"k8s-uid,omitempty"`
-	Labels                 []string  `json:"labels"`
-	IPv4                   string    `json:"ipv4,omitempty"`
-	IPv6                   string    `json:"ipv6,omitempty"`
-	IfName                 string    `json:"interface-name,omitempty"`
-	IfIndex                int       `json:"interface-index,omitempty"`
-	MAC                    string    `json:"mac,omitempty"`
-	HostMAC                string    `json:"host-mac,omitempty"`
-	Netns                  string    `json:"netns,omitempty"`
-	NamedPorts             []string  `json:"named-ports,omitempty"`
-	Identity               uint32    `json:"identity"`
-	Revision               uint64    `json:"revision"`
-	Created                time.Time `json:"created"`
+	ID                     uint16   `json:"id"`
+	ContainerID            string   `json:"container-id,omitempty"`
+	ContainerName          string   `json:"container-name,omitempty"`
+	ContainerInterfaceName string   `json:"container-interface-name,omitempty"`
+	Namespace              string   `json:"k8s-namespace,omitempty"`
+	PodName                string   `json:"k8s-pod-name,omitempty"`
+	PodUID                 string   `json:"k8s-uid,omitempty"`
+	Labels                 []string `json:"labels"`
+	IPv4                   string   `json:"ipv4,omitempty"`
+	IPv6                   string   `json:"ipv6,omitempty"`
+	IfName                 string   `json:"interface-name,omitempty"`
+	IfIndex                int      `json:"interface-index,omitempty"`
+	MAC                    string   `json:"mac,omitempty"`
+	HostMAC                string   `json:"host-mac,omitempty"`
+	Netns                  string   `json:"netns,omitempty"`
+	NamedPorts             []string `json:"named-ports,omitempty"`
+	// Chained: the interface and addresses are another CNI plugin's
+	// (endpoint.Endpoint.Chained).
+	Chained  bool      `json:"chained,omitempty"`
+	Identity uint32    `json:"identity"`
+	Revision uint64    `json:"revision"`
+	Created  time.Time `json:"created"`
 }
 
 // FromEndpoint builds the record of an endpoint.
@@ -65,7 +68,7 @@ func FromEndpoint(ep *endpoint.Endpoint) Record {
 		ContainerInterfaceName: ep.ContainerInterfaceName, Namespace: ep.Namespace, PodName: ep.PodName,
 		PodUID: ep.PodUID, Labels: ep.Labels.Strings(), IfName: ep.IfName, IfIndex: ep.IfIndex,
 		MAC: ep.MAC, HostMAC: ep.HostMAC, Netns: ep.Netns, Identity: uint32(ep.Identity),
-		Revision: ep.DesiredRevision, Created: ep.Created,
+		Revision: ep.DesiredRevision, Created: ep.Created, Chained: ep.Chained,
 	}
 	if st.Labels == nil {
 		st.Labels = []string{}
@@ -113,8 +116,10 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 		return nil, fmt.Errorf("decode state of endpoint %d: labels: %v: %w", st.ID, err, ErrCorrupt)
 	}
 	// The names reach sysctl paths and link deletions (the API refuses
-	// others): a record naming the host's eth0 is corrupt, not obeyed.
-	if st.IfName != "" && !ifname.Managed(st.IfName) {
+	// others): a record naming the host's eth0 is corrupt, not obeyed. A
+	// chained endpoint's interface is another plugin's, which the agent
+	// never configures or deletes, only attaches programs to.
+	if st.IfName != "" && !ifname.Managed(st.IfName) && !(st.Chained && ifname.Valid(st.IfName)) {
 		return nil, fmt.Errorf("decode state of endpoint %d: interface-name %q: %w", st.ID, st.IfName, ErrCorrupt)
 	}
 	if st.ContainerInterfaceName != "" && !ifname.Valid(st.ContainerInterfaceName) {
@@ -137,7 +142,7 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 		ContainerInterfaceName: st.ContainerInterfaceName, Namespace: st.Namespace, PodName: st.PodName,
 		PodUID: st.PodUID, Labels: ls, IfName: st.IfName, IfIndex: st.IfIndex, MAC: st.MAC,
 		HostMAC: st.HostMAC, Netns: st.Netns, Identity: identity.NumericIdentity(st.Identity),
-		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named,
+		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named, Chained: st.Chained,
 	}
 	for _, a := range []struct {
 		s    string

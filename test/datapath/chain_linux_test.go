@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -9,9 +10,13 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/nodeharness"
+	"github.com/membrane-cni/membrane/test/policyscenario"
 )
 
 // Chained plugins of TestChainAfterMembrane: portmap maps hostPort to
@@ -161,4 +166,91 @@ func podSysctl(t *testing.T, p *nodeharness.Pod, name string) string {
 		t.Fatalf("sysctl %s in the pod: %v", name, err)
 	}
 	return v
+}
+
+// ptpConf is ptp with host-local IPAM on ranges outside the agent's
+// pools, storing its leases under dir.
+func ptpConf(dir string) string {
+	return fmt.Sprintf(`{"type":"ptp","ipMasq":false,"mtu":1400,"ipam":{"type":"host-local","dataDir":%q,
+"ranges":[[{"subnet":"10.238.0.0/24"}],[{"subnet":"fd00:238::/120"}]],"routes":[{"dst":"0.0.0.0/0"},{"dst":"::/0"}]}}`, dir)
+}
+
+// TestChainAfterPtp is issue #35's second chaining direction, Cilium's
+// generic-veth chaining: ptp (host-local IPAM) makes the veth and the
+// addresses, membrane-cni adopts them. The endpoint holds ptp's
+// addresses on ptp's host veth, the agent's IPAM allocates nothing,
+// CNI_ADD prints ptp's result, policy is enforced on the adopted veth
+// (an allowed flow passes, a denied one is dropped), membrane's DEL
+// removes only its part (the veth and the pod's interface stay for
+// ptp's DEL), the chain's DEL removes the rest and is idempotent.
+func TestChainAfterPtp(t *testing.T) {
+	nodeharness.RequirePlugins(t, "ptp", "host-local")
+	e := newEnvStack(t, "10.237.0.0/24", "fd00:237::/120")
+	startAgent(e, nil)
+	c := e.Client()
+	chain := e.Chain("1.0.0", []string{ptpConf(e.Dir + "/host-local")}, "", nil)
+	e.Conf = chain
+	a := addPolicyPod(t, e, c, "pod-a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "pod-b", "k8s:app=b")
+	cc := addPolicyPod(t, e, c, "pod-c", "k8s:app=c")
+	for _, p := range []*policyPod{a, b, cc} {
+		e.DelAtCleanup(p.Pod)
+		if len(p.ips) != 2 || !netip.MustParsePrefix("10.238.0.0/24").Contains(p.ips[0]) || !netip.MustParsePrefix("fd00:238::/120").Contains(p.ips[1]) {
+			t.Fatalf("%s: addresses %v, want ptp's (host-local's) of each family", p, p.ips)
+		}
+		if !p.ep.Chained || strings.HasPrefix(p.ep.InterfaceName, "lxc") || p.ep.InterfaceName == "" {
+			t.Errorf("%s: endpoint interface %q chained %v, want ptp's veth, chained", p, p.ep.InterfaceName, p.ep.Chained)
+		}
+		for _, ip := range p.ips {
+			if allocated(t, e, ip) {
+				t.Errorf("%s: the agent's IPAM holds ptp's address %s", p, ip)
+			}
+		}
+	}
+	if n := len(allocations(t, e)); n != 0 {
+		t.Errorf("the agent's IPAM holds %d allocations, want none", n)
+	}
+	b.listen(t, 8080)
+	mustTalk(t, a, b, 8080)
+	mustTalk(t, cc, b, 8080)
+	if _, err := c.PolicyImport(context.Background(), []byte(policyscenario.CNPAllowAToB), client.ContentTypeYAML); err != nil {
+		t.Fatal(err)
+	}
+	idA := identity.NumericIdentity(a.ep.Identity.ID)
+	policyscenario.WaitRealized(t, c, b.ep.ID, "A allowed into B on 8080", func(m *policy.MapState) bool {
+		return m.Enforced(policy.Ingress) && m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress)
+	})
+	mustTalk(t, a, b, 8080)
+	mustNotTalk(t, cc, b, 8080)
+	if err := e.Check(b.Pod); err != nil {
+		t.Errorf("CHECK of ptp + membrane-cni: %v", err)
+	}
+
+	// membrane-cni's DEL alone: the endpoint goes, ptp's veth and the
+	// pod's interface stay (and, without the programs, B is open again).
+	host := b.ep.InterfaceName
+	e.Conf = e.Chain("1.0.0", nil, "", nil)
+	e.Conf.Plugins[0].Network.Name = chain.Name
+	if err := e.Del(b.Pod); err != nil {
+		t.Fatalf("membrane-cni's DEL: %v", err)
+	}
+	if _, err := c.EndpointGet(context.Background(), "container-id:"+b.RT.ContainerID); err == nil {
+		t.Errorf("B's endpoint left after membrane-cni's DEL")
+	}
+	if _, err := e.NS.Netlink(t).LinkByName(host); err != nil {
+		t.Errorf("ptp's host veth %s after membrane-cni's DEL: %v; want it left to ptp", host, err)
+	}
+	if _, err := b.NS.Netlink(t).LinkByName("eth0"); err != nil {
+		t.Errorf("B's eth0 after membrane-cni's DEL: %v; want it left to ptp", err)
+	}
+	mustTalk(t, cc, b, 8080)
+	e.Conf = chain
+	for i := 0; i < 2; i++ {
+		if err := e.Del(b.Pod); err != nil {
+			t.Errorf("DEL %d of the chain: %v", i+1, err)
+		}
+	}
+	if _, err := e.NS.Netlink(t).LinkByName(host); err == nil {
+		t.Errorf("ptp's host veth %s left after the chain's DEL", host)
+	}
 }

@@ -58,6 +58,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		}
 		timing.add("labels", time.Since(start))
 	}
+	if req.Chained != nil {
+		return s.attachChained(w, r, &req, spec, &timing, begin)
+	}
 
 	start := time.Now()
 	phase := func(name string) { // one step of the attach, as a datapath phase

@@ -68,7 +68,7 @@ func fullRecord() (*endpoint.Endpoint, *identityView) {
 		Namespace: "ns", PodName: "pod", PodUID: "uid-1",
 		Labels: labels.Labels{{Source: "k8s", Key: "app", Value: "web"}, {Source: "k8s", Key: "tier"}},
 		IPv4:   netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"), IfName: "lxc1234", IfIndex: 42,
-		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", State: endpoint.StateReady,
+		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", Chained: true, State: endpoint.StateReady,
 		NamedPorts: policy.NamedPorts{{Name: "http", Proto: policy.ProtoTCP, Port: 8080}}, // not in the model
 		Identity:   256, DesiredRevision: 9, RealizedRevision: 1 << 63, Regenerations: 7, Policy: &policy.MapState{},
 		LastError: "realize: <&> \"quoted\" \\ \n\t\r\b\f\x01\x7f ü \u2028\u2029 \xff\xfe end",
@@ -149,7 +149,7 @@ func TestEndpointJSONRandom(t *testing.T) {
 	}
 	for range 2000 {
 		e := &endpoint.Endpoint{ID: endpoint.ID(rng.IntN(1 << 16)), State: endpoint.State(str()), ContainerID: str(),
-			Namespace: str(), PodName: str(), LastError: str(), Netns: str(), IfIndex: rng.IntN(3) - 1,
+			Namespace: str(), PodName: str(), LastError: str(), Netns: str(), Chained: rng.IntN(2) == 0, IfIndex: rng.IntN(3) - 1,
 			Labels: lbls(), Identity: identity.NumericIdentity(rng.IntN(3)), RealizedRevision: rng.Uint64(),
 			Created: tm(), StateChanged: tm()}
 		if rng.IntN(2) == 0 {

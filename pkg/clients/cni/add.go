@@ -57,6 +57,9 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if c.k8s.Namespace != "" {
 		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
+	if c.conf.RawPrevResult != nil {
+		return c.addChained(ctx, req, pt)
+	}
 	var att models.AttachResponse
 	var timing string
 	err = retryStarting(ctx, func() (err error) {

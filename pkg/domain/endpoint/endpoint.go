@@ -37,6 +37,11 @@ type Endpoint struct {
 	// NamedPorts are the ports the pod's containers declare by name;
 	// ingress rules on named ports resolve against them.
 	NamedPorts policy.NamedPorts
+	// Chained says another CNI plugin made the host interface and gave
+	// the addresses (CNI chaining, generic veth): the agent attaches its
+	// programs to IfName and claims no address in its IPAM; the link,
+	// its routes and sysctls stay the other plugin's.
+	Chained bool
 
 	State    State
 	Identity identity.NumericIdentity
