@@ -81,6 +81,9 @@ func encodeState(b []byte, ep *endpoint.Endpoint) ([]byte, error) {
 		}
 		b = append(b, "\n    ]"...)
 	}
+	if ep.Chained {
+		b = append(b, ",\n    \"chained\": true"...)
+	}
 	b = append(b, ",\n    \"identity\": "...)
 	b = strconv.AppendUint(b, uint64(uint32(ep.Identity)), 10)
 	b = append(b, ",\n    \"revision\": "...)

@@ -225,6 +225,18 @@ func TestChainAfterPtp(t *testing.T) {
 	if err := e.Check(b.Pod); err != nil {
 		t.Errorf("CHECK of ptp + membrane-cni: %v", err)
 	}
+	// A restarted agent restores the chained endpoints on ptp's veths.
+	e.StopAgent()
+	startAgent(e, nil)
+	c = e.Client()
+	policyscenario.WaitRealized(t, c, b.ep.ID, "B's policy after the restart", func(m *policy.MapState) bool {
+		return m.Enforced(policy.Ingress) && m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress)
+	})
+	if ep, err := c.EndpointGet(context.Background(), "container-id:"+b.RT.ContainerID); err != nil || !ep.Chained || ep.InterfaceName != b.ep.InterfaceName {
+		t.Errorf("B's endpoint after the restart: %+v, %v; want it chained on %s", ep, err, b.ep.InterfaceName)
+	}
+	mustTalk(t, a, b, 8080)
+	mustNotTalk(t, cc, b, 8080)
 
 	// membrane-cni's DEL alone: the endpoint goes, ptp's veth and the
 	// pod's interface stay (and, without the programs, B is open again).
