@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // Version is the version of ep.json this agent writes and reads.
@@ -55,10 +56,12 @@ type EndpointState struct {
 	NamedPorts             []string `json:"named-ports,omitempty"`
 	// Chained: the interface and addresses are another CNI plugin's
 	// (endpoint.Endpoint.Chained).
-	Chained  bool      `json:"chained,omitempty"`
-	Identity uint32    `json:"identity"`
-	Revision uint64    `json:"revision"`
-	Created  time.Time `json:"created"`
+	Chained bool `json:"chained,omitempty"`
+	// HostPorts are the pod's BPF port mappings, "[addr:]port/proto=port".
+	HostPorts []string  `json:"host-ports,omitempty"`
+	Identity  uint32    `json:"identity"`
+	Revision  uint64    `json:"revision"`
+	Created   time.Time `json:"created"`
 }
 
 // FromEndpoint builds the record of an endpoint.
@@ -75,6 +78,9 @@ func FromEndpoint(ep *endpoint.Endpoint) Record {
 	}
 	for _, p := range ep.NamedPorts {
 		st.NamedPorts = append(st.NamedPorts, policy.NamedPorts{p}.String())
+	}
+	for _, h := range ep.HostPorts {
+		st.HostPorts = append(st.HostPorts, h.String())
 	}
 	if ep.IPv4.IsValid() {
 		st.IPv4 = ep.IPv4.String()
@@ -137,12 +143,21 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode state of endpoint %d: named-ports: %v: %w", st.ID, err, ErrCorrupt)
 	}
+	var hostPorts []service.HostPort
+	for _, s := range st.HostPorts {
+		h, err := service.ParseHostPort(s)
+		if err != nil {
+			return nil, fmt.Errorf("decode state of endpoint %d: host-ports: %v: %w", st.ID, err, ErrCorrupt)
+		}
+		hostPorts = append(hostPorts, h)
+	}
 	ep := &endpoint.Endpoint{
 		ID: endpoint.ID(st.ID), ContainerID: st.ContainerID, ContainerName: st.ContainerName,
 		ContainerInterfaceName: st.ContainerInterfaceName, Namespace: st.Namespace, PodName: st.PodName,
 		PodUID: st.PodUID, Labels: ls, IfName: st.IfName, IfIndex: st.IfIndex, MAC: st.MAC,
 		HostMAC: st.HostMAC, Netns: st.Netns, Identity: identity.NumericIdentity(st.Identity),
 		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named, Chained: st.Chained,
+		HostPorts: hostPorts,
 	}
 	for _, a := range []struct {
 		s    string

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -75,6 +76,11 @@ func (s *Server) attachChained(w http.ResponseWriter, r *http.Request, req *mode
 	ep, err := endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
 	if err != nil {
 		return fmt.Errorf("create endpoint: %w", err)
+	}
+	if err := s.hostPortsAfterCreate(ctx, spec); err != nil {
+		s.deleteAttachmentQuietly(req.ContainerID, req.ContainerInterfaceName)
+		s.syncHostPortsAfter(context.Background(), spec)
+		return err
 	}
 	out := &models.AttachResponse{
 		EndpointID:    int64(ep.ID),

@@ -74,6 +74,7 @@ func TestAttachBadRequests(t *testing.T) {
 		{"chained address in the agent's pool", req("chained", `{"ipv4":"10.201.0.9"}`), 400, "invalid-address", "pool"},
 		{"chained bad host interface", req("chained", `{"ipv4":"10.9.0.5","host-interface":"../all"}`), 400, "invalid-argument", "host-interface"},
 		{"chained bad host index", req("chained", `{"ipv4":"10.9.0.5","host-index":-1}`), 400, "invalid-argument", "host-index"},
+		{"port mappings without kube-proxy replacement", req("port-mappings", `[{"host-port":80,"container-port":80,"protocol":"tcp"}]`), 400, "invalid-argument", "kube-proxy-replacement"},
 		{"chained netns a file", req("chained", `{"ipv4":"10.9.0.5"}`), 400, "netns-unavailable", "not a namespace"},
 	}
 	for _, tt := range tests {

@@ -420,6 +420,19 @@ type AttachRequest struct {
 	// CNI plugin made (chaining, generic veth) instead of making them:
 	// no address is allocated, no interface created; MTU is unused.
 	Chained *AttachChained `json:"chained,omitempty"`
+	// PortMappings are the pod's hostPorts (the CNI portMappings
+	// capability), translated in BPF with kube-proxy replacement.
+	PortMappings []PortMapping `json:"port-mappings,omitempty"`
+}
+
+// PortMapping is one hostPort: connections to host-ip (every node
+// address when empty) on host-port reach container-port of the pod.
+// Protocol is "tcp" or "udp" ("sctp" is refused: not translated).
+type PortMapping struct {
+	HostPort      int64  `json:"host-port"`
+	ContainerPort int64  `json:"container-port"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"host-ip,omitempty"`
 }
 
 // AttachChained is the attachment a previous plugin made: its host

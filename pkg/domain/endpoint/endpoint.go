@@ -7,6 +7,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // ID is an endpoint ID, 1..65535 (0 means "let the agent pick").
@@ -42,6 +43,10 @@ type Endpoint struct {
 	// programs to IfName and claims no address in its IPAM; the link,
 	// its routes and sysctls stay the other plugin's.
 	Chained bool
+	// HostPorts are the pod's port mappings the agent translates in BPF
+	// (kube-proxy replacement): HostPort services on the node's
+	// addresses, whose one backend is this endpoint.
+	HostPorts []service.HostPort
 
 	State    State
 	Identity identity.NumericIdentity
