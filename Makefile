@@ -142,6 +142,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestPath$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/domain/ipam/
+	$(GO) test -run '^$$' -fuzz '^FuzzChainedAttachment$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/domain/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzAttachRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/

@@ -483,9 +483,11 @@ func (a *endpointActor) ips() []netip.Addr {
 // claimIPs binds the endpoint's addresses to this actor in IPAM (which
 // releases them if the actor stops without unclaiming: the manager tells
 // it, holderStopped), then resolves the identity. Claims are idempotent.
+// A chained endpoint claims nothing: its addresses come from another
+// plugin's IPAM.
 func (a *endpointActor) claimIPs(ctx actor.Context) {
 	ips := a.ips()
-	if len(ips) == 0 {
+	if len(ips) == 0 || a.ep.Chained { // a chained endpoint's addresses are another plugin's
 		a.leasesClaimed(ctx)
 		return
 	}

@@ -134,7 +134,7 @@ func (a *endpointActor) releaseLeases(ctx actor.Context) {
 		}
 		done()
 	}
-	if ips := a.ips(); len(ips) > 0 {
+	if ips := a.ips(); len(ips) > 0 && !a.ep.Chained { // a chained endpoint claimed none
 		msg := &messages.IPAMUnclaim{Endpoint: a.ep.ID, IPs: ips, Release: !a.ep.Deleting.NoIPRelease}
 		a.request(ctx, a.deps.ipam, msg, a.deps.cfg.RequestTimeout, func(any, error) { next() })
 		return

@@ -326,10 +326,15 @@ func (l *Linux) guard(fn func() error) error {
 
 // realize: the host veth's sysctls (rp_filter off,
 // forwarding on) and a /32 (/128) route per pod address to it. An
-// endpoint without a host interface has nothing to realise.
+// endpoint without a host interface has nothing to realise. A chained
+// endpoint's veth, routes and sysctls are the other plugin's: only the
+// programs are attached (realizeChained).
 func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	if ep.IfIndex == 0 && ep.IfName == "" {
 		return Realized{}, nil
+	}
+	if ep.Chained {
+		return Realized{}, l.realizeChained(ep)
 	}
 	idx, name := ep.IfIndex, ep.IfName
 	if name != "" && !ifname.Managed(name) {
@@ -381,6 +386,29 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	return Realized{}, nil
 }
 
+// realizeChained attaches the node's programs to a chained endpoint's
+// host interface, found by index and checked by name (another plugin's
+// veth: the agent never changes its addresses, routes or sysctls).
+func (l *Linux) realizeChained(ep *endpoint.Endpoint) error {
+	if ep.IfIndex == 0 || ep.IfName == "" {
+		return fmt.Errorf("realize chained endpoint %d: host interface index and name required", ep.ID)
+	}
+	link, err := l.hostLink(ep)
+	if err != nil {
+		return fmt.Errorf("realize chained endpoint %d: %w", ep.ID, err)
+	}
+	if link.Type() != "veth" {
+		return fmt.Errorf("realize chained endpoint %d: host interface %s is a %s, not a veth: %w", ep.ID, ep.IfName, link.Type(), ErrForeignInterface)
+	}
+	if err := l.realizeBPF(ep, ep.IfIndex); err != nil {
+		return fmt.Errorf("realize chained endpoint %d: %w", ep.ID, err)
+	}
+	l.mu.Lock()
+	l.live[ep.ID] = hostLink{index: ep.IfIndex, name: ep.IfName, ips: endpointIPs(ep)}
+	l.mu.Unlock()
+	return nil
+}
+
 // missingIf wraps err with ErrEndpointMissing when gone says the host
 // interface does not exist.
 func missingIf(err error, gone bool, name string) error {
@@ -410,8 +438,8 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 		}
 	}
-	if h.index == 0 && h.name == "" {
-		return nil
+	if (h.index == 0 && h.name == "") || ep.Chained {
+		return nil // a chained endpoint's link and routes are the other plugin's
 	}
 	if h.name != "" && !ifname.Managed(h.name) {
 		// Not an interface the agent manages (a record or queued

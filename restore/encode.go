@@ -81,6 +81,20 @@ func encodeState(b []byte, ep *endpoint.Endpoint) ([]byte, error) {
 		}
 		b = append(b, "\n    ]"...)
 	}
+	if ep.Chained {
+		b = append(b, ",\n    \"chained\": true"...)
+	}
+	if len(ep.HostPorts) > 0 {
+		// Validated addresses, names and numbers: nothing to escape.
+		b = append(b, ",\n    \"host-ports\": ["...)
+		for i, h := range ep.HostPorts {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(append(append(b, "\n      \""...), h.String()...), '"')
+		}
+		b = append(b, "\n    ]"...)
+	}
 	b = append(b, ",\n    \"identity\": "...)
 	b = strconv.AppendUint(b, uint64(uint32(ep.Identity)), 10)
 	b = append(b, ",\n    \"revision\": "...)

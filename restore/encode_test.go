@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // headerReflect is ep_config.h as the agent rendered it before the
@@ -103,7 +104,7 @@ func TestEncodeMatchesReflect(t *testing.T) {
 			IfIndex: -3, MAC: "0a:00:00:00:00:01", HostMAC: "0a:00:00:00:00:02", Netns: "/var/run/netns/x",
 			Identity: identity.NumericIdentity(^uint32(0)), DesiredRevision: ^uint64(0),
 			Created:    time.Date(2026, 11, 23, 9, 1, 2, 123456789, east),
-			NamedPorts: policy.NamedPorts{{Name: "dns", Proto: policy.ProtoUDP, Port: 53}, {Name: "web-1", Proto: policy.ProtoTCP, Port: 65535}},
+			NamedPorts: policy.NamedPorts{{Name: "dns", Proto: policy.ProtoUDP, Port: 53}, {Name: "web-1", Proto: policy.ProtoTCP, Port: 65535}}, Chained: true, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}, {HostIP: netip.MustParseAddr("fd00::1"), Port: 53, ContainerPort: 5353, Proto: service.UDP}},
 		}},
 		{"strings that need escapes", &endpoint.Endpoint{
 			ID: 7, ContainerID: "a\"b\\c", ContainerName: "<&>", Namespace: "naïve", PodName: "tab\there",

@@ -12,6 +12,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // Version is the version of ep.json this agent writes and reads.
@@ -37,25 +38,30 @@ type Record struct {
 
 // EndpointState is everything needed to rebuild an endpoint.
 type EndpointState struct {
-	ID                     uint16    `json:"id"`
-	ContainerID            string    `json:"container-id,omitempty"`
-	ContainerName          string    `json:"container-name,omitempty"`
-	ContainerInterfaceName string    `json:"container-interface-name,omitempty"`
-	Namespace              string    `json:"k8s-namespace,omitempty"`
-	PodName                string    `json:"k8s-pod-name,omitempty"`
-	PodUID                 string    `json:"k8s-uid,omitempty"`
-	Labels                 []string  `json:"labels"`
-	IPv4                   string    `json:"ipv4,omitempty"`
-	IPv6                   string    `json:"ipv6,omitempty"`
-	IfName                 string    `json:"interface-name,omitempty"`
-	IfIndex                int       `json:"interface-index,omitempty"`
-	MAC                    string    `json:"mac,omitempty"`
-	HostMAC                string    `json:"host-mac,omitempty"`
-	Netns                  string    `json:"netns,omitempty"`
-	NamedPorts             []string  `json:"named-ports,omitempty"`
-	Identity               uint32    `json:"identity"`
-	Revision               uint64    `json:"revision"`
-	Created                time.Time `json:"created"`
+	ID                     uint16   `json:"id"`
+	ContainerID            string   `json:"container-id,omitempty"`
+	ContainerName          string   `json:"container-name,omitempty"`
+	ContainerInterfaceName string   `json:"container-interface-name,omitempty"`
+	Namespace              string   `json:"k8s-namespace,omitempty"`
+	PodName                string   `json:"k8s-pod-name,omitempty"`
+	PodUID                 string   `json:"k8s-uid,omitempty"`
+	Labels                 []string `json:"labels"`
+	IPv4                   string   `json:"ipv4,omitempty"`
+	IPv6                   string   `json:"ipv6,omitempty"`
+	IfName                 string   `json:"interface-name,omitempty"`
+	IfIndex                int      `json:"interface-index,omitempty"`
+	MAC                    string   `json:"mac,omitempty"`
+	HostMAC                string   `json:"host-mac,omitempty"`
+	Netns                  string   `json:"netns,omitempty"`
+	NamedPorts             []string `json:"named-ports,omitempty"`
+	// Chained: the interface and addresses are another CNI plugin's
+	// (endpoint.Endpoint.Chained).
+	Chained bool `json:"chained,omitempty"`
+	// HostPorts are the pod's BPF port mappings, "[addr:]port/proto=port".
+	HostPorts []string  `json:"host-ports,omitempty"`
+	Identity  uint32    `json:"identity"`
+	Revision  uint64    `json:"revision"`
+	Created   time.Time `json:"created"`
 }
 
 // FromEndpoint builds the record of an endpoint.
@@ -65,13 +71,16 @@ func FromEndpoint(ep *endpoint.Endpoint) Record {
 		ContainerInterfaceName: ep.ContainerInterfaceName, Namespace: ep.Namespace, PodName: ep.PodName,
 		PodUID: ep.PodUID, Labels: ep.Labels.Strings(), IfName: ep.IfName, IfIndex: ep.IfIndex,
 		MAC: ep.MAC, HostMAC: ep.HostMAC, Netns: ep.Netns, Identity: uint32(ep.Identity),
-		Revision: ep.DesiredRevision, Created: ep.Created,
+		Revision: ep.DesiredRevision, Created: ep.Created, Chained: ep.Chained,
 	}
 	if st.Labels == nil {
 		st.Labels = []string{}
 	}
 	for _, p := range ep.NamedPorts {
 		st.NamedPorts = append(st.NamedPorts, policy.NamedPorts{p}.String())
+	}
+	for _, h := range ep.HostPorts {
+		st.HostPorts = append(st.HostPorts, h.String())
 	}
 	if ep.IPv4.IsValid() {
 		st.IPv4 = ep.IPv4.String()
@@ -113,8 +122,10 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 		return nil, fmt.Errorf("decode state of endpoint %d: labels: %v: %w", st.ID, err, ErrCorrupt)
 	}
 	// The names reach sysctl paths and link deletions (the API refuses
-	// others): a record naming the host's eth0 is corrupt, not obeyed.
-	if st.IfName != "" && !ifname.Managed(st.IfName) {
+	// others): a record naming the host's eth0 is corrupt, not obeyed. A
+	// chained endpoint's interface is another plugin's, which the agent
+	// never configures or deletes, only attaches programs to.
+	if st.IfName != "" && !ifname.Managed(st.IfName) && !(st.Chained && ifname.Valid(st.IfName)) {
 		return nil, fmt.Errorf("decode state of endpoint %d: interface-name %q: %w", st.ID, st.IfName, ErrCorrupt)
 	}
 	if st.ContainerInterfaceName != "" && !ifname.Valid(st.ContainerInterfaceName) {
@@ -132,12 +143,21 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode state of endpoint %d: named-ports: %v: %w", st.ID, err, ErrCorrupt)
 	}
+	var hostPorts []service.HostPort
+	for _, s := range st.HostPorts {
+		h, err := service.ParseHostPort(s)
+		if err != nil {
+			return nil, fmt.Errorf("decode state of endpoint %d: host-ports: %v: %w", st.ID, err, ErrCorrupt)
+		}
+		hostPorts = append(hostPorts, h)
+	}
 	ep := &endpoint.Endpoint{
 		ID: endpoint.ID(st.ID), ContainerID: st.ContainerID, ContainerName: st.ContainerName,
 		ContainerInterfaceName: st.ContainerInterfaceName, Namespace: st.Namespace, PodName: st.PodName,
 		PodUID: st.PodUID, Labels: ls, IfName: st.IfName, IfIndex: st.IfIndex, MAC: st.MAC,
 		HostMAC: st.HostMAC, Netns: st.Netns, Identity: identity.NumericIdentity(st.Identity),
-		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named,
+		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named, Chained: st.Chained,
+		HostPorts: hostPorts,
 	}
 	for _, a := range []struct {
 		s    string

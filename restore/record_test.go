@@ -67,4 +67,22 @@ func TestDecodeInterfaceNames(t *testing.T) {
 	if _, err := Decode(ok); err != nil {
 		t.Fatalf("Decode of valid names: %v", err)
 	}
+	// A chained endpoint's host interface is another plugin's: any kernel
+	// name, and only with chained.
+	chained := []byte(`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"interface-name":"veth1a2b3c4d","chained":true}}`)
+	ep, err := Decode(chained)
+	if err != nil || !ep.Chained || ep.IfName != "veth1a2b3c4d" {
+		t.Fatalf("Decode of a chained endpoint = %+v, %v", ep, err)
+	}
+	if rec := FromEndpoint(ep); !rec.Endpoint.Chained {
+		t.Errorf("FromEndpoint of a chained endpoint lost chained")
+	}
+	for _, bad := range []string{
+		`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"interface-name":"veth1a2b3c4d"}}`,
+		`{"version":1,"endpoint":{"id":1,"labels":["k8s:a=b"],"interface-name":"../all","chained":true}}`,
+	} {
+		if _, err := Decode([]byte(bad)); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("Decode(%s) = %v, want ErrCorrupt", bad, err)
+		}
+	}
 }

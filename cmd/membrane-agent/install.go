@@ -40,12 +40,22 @@ func runInstallCNI(args []string, stderr io.Writer) int {
 	conflist := fs.String("conflist", "/etc/membrane-config/05-membrane.conflist", "the conflist to install")
 	binDir := fs.String("cni-bin-dir", "/host/opt/cni/bin", "the host's CNI plugin directory, as mounted")
 	confDir := fs.String("cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
+	hostPorts := fs.String("host-ports", "", "how pods' hostPorts are done: bpf (the agent, with --kube-proxy-replacement: membrane-cni gets the portMappings capability), portmap (the portmap plugin chained after membrane-cni); empty: the conflist as it is")
 	if err := fs.Parse(args); err != nil {
 		return exitParse(err)
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "membrane-agent install-cni: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *hostPorts != hostPortsAsIs {
+		src, err := hostPortConflist(*conflist, *hostPorts)
+		if err != nil {
+			fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
+			return 1
+		}
+		defer os.RemoveAll(filepath.Dir(src))
+		*conflist = src
 	}
 	for _, c := range []struct{ src, dir string }{{*plugin, *binDir}, {*conflist, *confDir}} {
 		if err := installFile(c.src, c.dir); err != nil {
@@ -54,6 +64,30 @@ func runInstallCNI(args []string, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// hostPortConflist writes the conflist at path, changed for the hostPort
+// mode, into a new temporary directory under the same name (installFile
+// installs it from there); the caller removes the directory.
+func hostPortConflist(path, mode string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	out, err := conflistForHostPorts(raw, mode)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	dir, err := os.MkdirTemp("", "membrane-conflist-")
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, filepath.Base(path))
+	if err := os.WriteFile(dst, append(out, '\n'), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dst, nil
 }
 
 // installFile copies src into dir under its base name, keeping src's

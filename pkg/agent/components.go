@@ -274,6 +274,15 @@ func (s *starter) serveAPI() error {
 	if nodes := a.cfg.Linux.Nodes.WithDefaults(); a.cfg.Datapath == "linux" && nodes.Routing == datapath.RoutingTunnel {
 		apiCfg.TunnelMTU = nodes.TunnelMTU // pods' routes leave room for the encapsulation
 	}
+	if a.cfg.Datapath == "linux" && a.cfg.Linux.Services.KubeProxyReplacement {
+		// Pods' hostPorts become HostPort services on the node's addresses.
+		apiCfg.HostPorts = true
+		for _, ip := range s.ac.HostAddrs {
+			if ip.IsGlobalUnicast() {
+				apiCfg.NodeAddrs = append(apiCfg.NodeAddrs, ip)
+			}
+		}
+	}
 	srv, err := api.New(apiCfg, a.System, a.log)
 	if err != nil {
 		return err
@@ -334,6 +343,11 @@ func (a *Agent) startK8s() (err error) {
 }
 
 func (a *Agent) startServices() (err error) {
+	// The restored endpoints' hostPorts, before a prune drops them from
+	// the service maps.
+	if err := a.Server.SyncHostPorts(context.Background()); err != nil {
+		a.log.Error("hostPort services of the restored endpoints", "err", err)
+	}
 	if a.cfg.K8s == nil {
 		// No feeder: what an earlier agent left in the service maps goes.
 		a.System.PruneServices()

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,7 +121,7 @@ func New(tb testing.TB, o Options) *Node {
 	// An explicit exec: libcni makes its default lazily, racing when the
 	// first calls are concurrent.
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	n.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(o.Dir, "cni-cache"), exec)
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir, RefPluginDir}, filepath.Join(o.Dir, "cni-cache"), exec)
 	n.Conf = n.Conflist("1.1.0")
 	tb.Cleanup(n.cleanup)
 	return n
@@ -197,6 +199,48 @@ func (n *Node) Conflist(v string) *libcni.NetworkConfigList {
 	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
 	if err != nil {
 		n.tb.Fatalf("conflist: %v", err)
+	}
+	return conf
+}
+
+// RefPluginDir holds the CNI reference plugins (ptp, host-local,
+// portmap, bandwidth, tuning: Debian's containernetworking-plugins),
+// searched after the plugins Main built, for chained conflists.
+const RefPluginDir = "/usr/lib/cni"
+
+// RequirePlugins fails (skips when not root and CI is unset, as every
+// root gate) unless each reference plugin of names is installed.
+func RequirePlugins(tb testing.TB, names ...string) {
+	tb.Helper()
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(RefPluginDir, name)); err == nil {
+			continue
+		}
+		if testutil.InCI() {
+			tb.Fatalf("test needs the CNI plugin %s in %s and CI is set: .ci/run installs containernetworking-plugins", name, RefPluginDir)
+		}
+		tb.Skipf("test needs the CNI plugin %s in %s (containernetworking-plugins)", name, RefPluginDir)
+	}
+}
+
+// Chain is a conflist of network name in CNI version v: the plugins of
+// before (raw JSON objects), membrane-cni on the node's socket and delete
+// queue (with membrane's extra keys, raw JSON members, or none), then the
+// plugins of after. Debian's reference plugins speak CNI up to 1.0.0.
+func (n *Node) Chain(v string, before []string, membrane string, after []string) *libcni.NetworkConfigList {
+	n.tb.Helper()
+	if membrane != "" {
+		membrane = "," + membrane
+	}
+	if n.opts.MTU != 0 {
+		membrane += fmt.Sprintf(`,"mtu":%d`, n.opts.MTU)
+	}
+	plugins := append(slices.Clone(before), fmt.Sprintf(`{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q%s}`, n.Socket, n.DeleteQueue, membrane))
+	plugins = append(plugins, after...)
+	raw := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[%s]}`, v, n.Network, strings.Join(plugins, ","))
+	conf, err := libcni.NetworkConfFromBytes([]byte(raw))
+	if err != nil {
+		n.tb.Fatalf("conflist %s: %v", raw, err)
 	}
 	return conf
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // attachRollbackTimeout bounds the undoing of a failed attach.
@@ -57,6 +58,14 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 			return fmt.Errorf("labels of pod %s/%s: %w", spec.Namespace, spec.PodName, err)
 		}
 		timing.add("labels", time.Since(start))
+	}
+	unlock, err := s.acceptHostPorts(&req, spec)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if req.Chained != nil {
+		return s.attachChained(w, r, &req, spec, &timing, begin)
 	}
 
 	start := time.Now()
@@ -176,6 +185,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	if perr != nil {
 		return fmt.Errorf("create endpoint: %w", perr)
 	}
+	if err := s.hostPortsAfterCreate(ctx, spec); err != nil {
+		return err
+	}
 	out := &models.AttachResponse{
 		EndpointID:    int64(ep.ID),
 		HostInterface: models.AttachInterface{Name: veth.HostName, Index: int64(veth.HostIndex), Mac: veth.HostMAC.String()},
@@ -194,6 +206,20 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	w.Header().Set("Server-Timing", timing.String())
 	writeJSON(w, http.StatusCreated, out)
 	return nil
+}
+
+// hostPortsAfterCreate writes the services of a new endpoint's hostPorts
+// (none: nothing); failing, the caller undoes the attach (409 for a
+// frontend another source owns).
+func (s *Server) hostPortsAfterCreate(ctx context.Context, spec *endpoint.Endpoint) error {
+	if len(spec.HostPorts) == 0 {
+		return nil
+	}
+	err := s.SyncHostPorts(ctx)
+	if errors.Is(err, service.ErrConflict) {
+		return &apiError{http.StatusConflict, CodeConflict, err.Error()}
+	}
+	return err
 }
 
 // routeMTU is the MTU of the pod's routes: the veth's, or the tunnel

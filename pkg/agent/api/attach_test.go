@@ -64,6 +64,18 @@ func TestAttachBadRequests(t *testing.T) {
 		{"netns missing", req("netns", `"`+filepath.Join(dir, "none")+`"`), 400, "netns-unavailable", "none"},
 		{"netns a file", req(), 400, "netns-unavailable", "not a namespace"},
 		{"netns a FIFO", req("netns", `"`+fifo+`"`), 400, "netns-unavailable", "not a namespace"},
+		// Chained (CNI chaining after another plugin): no address is
+		// allocated, the given ones are checked.
+		{"chained without address", req("chained", `{}`), 400, "invalid-address", "at least one"},
+		{"chained IPv6 as ipv4", req("chained", `{"ipv4":"fd00::5"}`), 400, "invalid-address", "chained.ipv4"},
+		{"chained mapped IPv4 as ipv6", req("chained", `{"ipv6":"::ffff:10.9.0.5"}`), 400, "invalid-address", "chained.ipv6"},
+		{"chained loopback", req("chained", `{"ipv4":"127.0.0.5"}`), 400, "invalid-address", "unicast"},
+		{"chained multicast", req("chained", `{"ipv6":"ff02::1"}`), 400, "invalid-address", "unicast"},
+		{"chained address in the agent's pool", req("chained", `{"ipv4":"10.201.0.9"}`), 400, "invalid-address", "pool"},
+		{"chained bad host interface", req("chained", `{"ipv4":"10.9.0.5","host-interface":"../all"}`), 400, "invalid-argument", "host-interface"},
+		{"chained bad host index", req("chained", `{"ipv4":"10.9.0.5","host-index":-1}`), 400, "invalid-argument", "host-index"},
+		{"port mappings without kube-proxy replacement", req("port-mappings", `[{"host-port":80,"container-port":80,"protocol":"tcp"}]`), 400, "invalid-argument", "kube-proxy-replacement"},
+		{"chained netns a file", req("chained", `{"ipv4":"10.9.0.5"}`), 400, "netns-unavailable", "not a namespace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -140,6 +140,9 @@ func appendEndpointRecord(b []byte, e *endpoint.Endpoint, ident *identityView) (
 	b = appendOptString(b, `,"mac":`, e.MAC)
 	b = appendOptString(b, `,"host-mac":`, e.HostMAC)
 	b = appendOptString(b, `,"netns":`, e.Netns)
+	if e.Chained {
+		b = append(b, `,"chained":true`...)
+	}
 	b = append(b, `,"policy-revision":`...)
 	b = strconv.AppendUint(b, e.RealizedRevision, 10)
 	b = append(b, `,"regenerations":`...)

@@ -18,6 +18,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // encoderJSON is what writeJSON wrote before the hand encoder.
@@ -68,9 +69,9 @@ func fullRecord() (*endpoint.Endpoint, *identityView) {
 		Namespace: "ns", PodName: "pod", PodUID: "uid-1",
 		Labels: labels.Labels{{Source: "k8s", Key: "app", Value: "web"}, {Source: "k8s", Key: "tier"}},
 		IPv4:   netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"), IfName: "lxc1234", IfIndex: 42,
-		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", State: endpoint.StateReady,
-		NamedPorts: policy.NamedPorts{{Name: "http", Proto: policy.ProtoTCP, Port: 8080}}, // not in the model
-		Identity:   256, DesiredRevision: 9, RealizedRevision: 1 << 63, Regenerations: 7, Policy: &policy.MapState{},
+		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", Chained: true, State: endpoint.StateReady,
+		NamedPorts: policy.NamedPorts{{Name: "http", Proto: policy.ProtoTCP, Port: 8080}}, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}}, // neither in the model
+		Identity: 256, DesiredRevision: 9, RealizedRevision: 1 << 63, Regenerations: 7, Policy: &policy.MapState{},
 		LastError: "realize: <&> \"quoted\" \\ \n\t\r\b\f\x01\x7f ü \u2028\u2029 \xff\xfe end",
 		Deleting:  endpoint.DeleteOptions{NoIPRelease: true}, Created: t0,
 		StateChanged: t0.In(time.FixedZone("odd", -(5*3600 + 30*60 + 15)))}
@@ -149,7 +150,7 @@ func TestEndpointJSONRandom(t *testing.T) {
 	}
 	for range 2000 {
 		e := &endpoint.Endpoint{ID: endpoint.ID(rng.IntN(1 << 16)), State: endpoint.State(str()), ContainerID: str(),
-			Namespace: str(), PodName: str(), LastError: str(), Netns: str(), IfIndex: rng.IntN(3) - 1,
+			Namespace: str(), PodName: str(), LastError: str(), Netns: str(), Chained: rng.IntN(2) == 0, IfIndex: rng.IntN(3) - 1,
 			Labels: lbls(), Identity: identity.NumericIdentity(rng.IntN(3)), RealizedRevision: rng.Uint64(),
 			Created: tm(), StateChanged: tm()}
 		if rng.IntN(2) == 0 {

@@ -24,6 +24,7 @@ func endpointModel(e *endpoint.Endpoint, ident *models.Identity) *models.Endpoin
 		Mac:                    e.MAC,
 		HostMac:                e.HostMAC,
 		Netns:                  e.Netns,
+		Chained:                e.Chained,
 		PolicyRevision:         e.RealizedRevision,
 		Regenerations:          e.Regenerations,
 		LastError:              e.LastError,

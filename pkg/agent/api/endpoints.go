@@ -259,6 +259,9 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	gone, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, opts))
+	if err == nil {
+		s.syncHostPortsAfter(r.Context(), ep)
+	}
 	if err != nil {
 		return err
 	}
@@ -301,6 +304,7 @@ func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) err
 		if _, err := endpointResult(s.sys.DeleteEndpoint(r.Context(), ep.ID, endpoint.DeleteOptions{})); err != nil {
 			return err
 		}
+		s.syncHostPortsAfter(r.Context(), ep)
 		deleted = append(deleted, int64(ep.ID))
 	}
 	writeJSON(w, http.StatusOK, &models.EndpointBatchDeleteResponse{Deleted: deleted})

@@ -40,6 +40,13 @@ var (
 
 // Config configures the API server.
 type Config struct {
+	// HostPorts translates pods' hostPorts (POST /v1/attach's
+	// port-mappings) as HostPort services on NodeAddrs: kube-proxy
+	// replacement on the Linux datapath. Off, mappings are refused.
+	HostPorts bool
+	// NodeAddrs are the node's addresses a hostPort without host-ip is
+	// served on (the host netns's global unicast addresses at start).
+	NodeAddrs []netip.Addr
 	// MaxInFlight bounds concurrent mutating requests; more wait (default 512).
 	MaxInFlight int
 	// RequestTimeout bounds one request's wait for the actors (default 60 s).
@@ -84,18 +91,21 @@ type Config struct {
 
 // Server is the REST API.
 type Server struct {
-	cfg     Config
-	sys     *actors.System
-	ix      *index.Index
-	log     *slog.Logger
-	ready   atomic.Bool
-	closing atomic.Bool
-	sem     chan struct{}
-	started time.Time
-	ranges  map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
-	text    rangesText                  // ranges spelled for answers
-	mux     *http.ServeMux
-	http    *http.Server
+	cfg Config
+	sys *actors.System
+	ix  *index.Index
+	log *slog.Logger
+	// hostPortMu serialises the attaches with port mappings from their
+	// conflict check to their services (acceptHostPorts).
+	hostPortMu sync.Mutex
+	ready      atomic.Bool
+	closing    atomic.Bool
+	sem        chan struct{}
+	started    time.Time
+	ranges     map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
+	text       rangesText                  // ranges spelled for answers
+	mux        *http.ServeMux
+	http       *http.Server
 	// streamsDone is closed by Shutdown to end event streams, which
 	// http.Server.Shutdown would otherwise wait for.
 	streamsDone chan struct{}

@@ -57,6 +57,13 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if c.k8s.Namespace != "" {
 		req.Labels = append(req.Labels, "k8s:io.kubernetes.pod.namespace="+c.k8s.Namespace)
 	}
+	for _, pm := range c.conf.RuntimeConfig.PortMappings {
+		req.PortMappings = append(req.PortMappings, models.PortMapping{HostPort: int64(pm.HostPort),
+			ContainerPort: int64(pm.ContainerPort), Protocol: pm.Protocol, HostIP: pm.HostIP})
+	}
+	if c.conf.RawPrevResult != nil {
+		return c.addChained(ctx, req, pt)
+	}
 	var att models.AttachResponse
 	var timing string
 	err = retryStarting(ctx, func() (err error) {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -32,7 +34,26 @@ type NetConf struct {
 	MTU int `json:"mtu,omitempty"`
 	// DeleteQueueDir holds DELs the agent could not take.
 	DeleteQueueDir string `json:"deleteQueueDir,omitempty"`
+	// RuntimeConfig holds what the runtime passes for the capabilities
+	// the conflist declares: portMappings (the pod's hostPorts).
+	RuntimeConfig struct {
+		PortMappings []PortMapping `json:"portMappings,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
 }
+
+// PortMapping is one entry of the portMappings capability (CNI's
+// CONVENTIONS.md): hostPort on hostIP (every node address when empty,
+// 0.0.0.0 or ::) to containerPort of the pod.
+type PortMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+// maxPortMappings bounds a pod's port mappings (a pod with more
+// hostPorts than this is not a workload the node serves).
+const maxPortMappings = 256
 
 // ParseConfig decodes and validates a network config, filling defaults.
 // Errors are CNI errors: 6 when the JSON does not decode, 7 naming the
@@ -85,7 +106,44 @@ func (c *NetConf) validate() error {
 		return configError("mtu", "%d: want 68..65535", c.MTU)
 	}
 	if c.IPAM.Type != "" {
-		return configError("ipam", "membrane-cni allocates addresses from the agent; remove ipam.type %q", c.IPAM.Type)
+		return configError("ipam", "membrane-cni allocates addresses from the agent, or adopts a previous plugin's (chained); remove ipam.type %q", c.IPAM.Type)
+	}
+	return c.validatePortMappings()
+}
+
+// validatePortMappings checks runtimeConfig.portMappings: ports 1..65535,
+// protocol tcp, udp or sctp (any case; empty is tcp, as the portmap
+// plugin reads it), hostIP empty or an address without a zone (0.0.0.0
+// and :: meaning every address). Whether the agent can translate them is
+// the agent's to say.
+func (c *NetConf) validatePortMappings() error {
+	pms := c.RuntimeConfig.PortMappings
+	if len(pms) > maxPortMappings {
+		return configError("runtimeConfig.portMappings", "%d entries, at most %d", len(pms), maxPortMappings)
+	}
+	for i := range pms {
+		pm := &pms[i]
+		if pm.HostPort < 1 || pm.HostPort > 65535 || pm.ContainerPort < 1 || pm.ContainerPort > 65535 {
+			return configError("runtimeConfig.portMappings", "[%d]: hostPort %d, containerPort %d: want 1..65535", i, pm.HostPort, pm.ContainerPort)
+		}
+		switch strings.ToLower(pm.Protocol) {
+		case "":
+			pm.Protocol = "tcp"
+		case "tcp", "udp", "sctp":
+			pm.Protocol = strings.ToLower(pm.Protocol)
+		default:
+			return configError("runtimeConfig.portMappings", "[%d]: protocol %q: want tcp, udp or sctp", i, pm.Protocol)
+		}
+		if pm.HostIP == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(pm.HostIP)
+		if err != nil || ip.Zone() != "" {
+			return configError("runtimeConfig.portMappings", "[%d]: hostIP %q: want an IP address", i, pm.HostIP)
+		}
+		if ip.IsUnspecified() {
+			pm.HostIP = ""
+		}
 	}
 	return nil
 }

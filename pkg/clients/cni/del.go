@@ -88,8 +88,10 @@ func (c *call) deleteLeftoverVeth() error {
 }
 
 // deletePodInterface deletes CNI_IFNAME in the pod's netns, as Cilium's
-// DEL does, when the netns still exists. Failing is harmless (the netns's
-// removal deletes it, and an ADD replaces it), so it is only reported.
+// DEL does, when the netns still exists, unless it is the pod end of
+// another plugin's veth (membrane-cni chained after it: that plugin's
+// DEL removes it). Failing is harmless (the netns's removal deletes it,
+// and an ADD replaces it), so it is only reported.
 func (c *call) deletePodInterface() {
 	if c.args.Netns == "" {
 		return
@@ -105,9 +107,28 @@ func (c *call) deletePodInterface() {
 		return
 	}
 	defer nl.Close()
+	if c.othersVeth(nl) {
+		return
+	}
 	if err := podnet.DeleteLink(nl, c.args.IfName); err != nil {
 		warnf("DEL %s: %v", c.args.ContainerID, err)
 	}
+}
+
+// othersVeth reports whether CNI_IFNAME (looked up through nl, in the
+// pod's netns) is a veth whose host end (in the plugin's netns, the
+// host's) exists under a name other than membrane's for the attachment.
+func (c *call) othersVeth(nl *netlink.Handle) bool {
+	link, err := nl.LinkByName(c.args.IfName)
+	if err != nil || link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
+		return false
+	}
+	host, err := netlink.LinkByIndex(link.Attrs().ParentIndex)
+	if err != nil || host.Type() != "veth" || host.Attrs().ParentIndex != link.Attrs().Index {
+		return false
+	}
+	ours, _ := VethNames(c.args.ContainerID, c.args.IfName)
+	return host.Attrs().Name != ours
 }
 
 // queue persists the deletion for the agent. Returns CNI error 11 when

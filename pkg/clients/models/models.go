@@ -81,6 +81,9 @@ type Endpoint struct {
 	Mac                    string       `json:"mac,omitempty"`
 	HostMac                string       `json:"host-mac,omitempty"`
 	Netns                  string       `json:"netns,omitempty"`
+	// Chained says another CNI plugin made the host interface and the
+	// addresses (chaining): the agent only attaches its programs.
+	Chained bool `json:"chained,omitempty"`
 	// PolicyRevision is the revision realised by the last completed regeneration.
 	PolicyRevision uint64 `json:"policy-revision"`
 	// Regenerations counts completed regenerations.
@@ -413,6 +416,35 @@ type AttachRequest struct {
 	NamedPorts []NamedPort `json:"named-ports,omitempty"`
 	// Owner is recorded with the addresses (as POST /v1/ipam's owner).
 	Owner string `json:"owner,omitempty"`
+	// Chained, when set, adopts the veth and the addresses a previous
+	// CNI plugin made (chaining, generic veth) instead of making them:
+	// no address is allocated, no interface created; MTU is unused.
+	Chained *AttachChained `json:"chained,omitempty"`
+	// PortMappings are the pod's hostPorts (the CNI portMappings
+	// capability), translated in BPF with kube-proxy replacement.
+	PortMappings []PortMapping `json:"port-mappings,omitempty"`
+}
+
+// PortMapping is one hostPort: connections to host-ip (every node
+// address when empty) on host-port reach container-port of the pod.
+// Protocol is "tcp" or "udp" ("sctp" is refused: not translated).
+type PortMapping struct {
+	HostPort      int64  `json:"host-port"`
+	ContainerPort int64  `json:"container-port"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"host-ip,omitempty"`
+}
+
+// AttachChained is the attachment a previous plugin made: its host
+// interface (the veth's host end, checked to be the peer of
+// container-interface-name in netns; when neither name nor index is
+// given, that peer) and the pod's addresses (at most one per family,
+// each on that interface).
+type AttachChained struct {
+	HostInterface string `json:"host-interface,omitempty"`
+	HostIndex     int64  `json:"host-index,omitempty"`
+	IPv4          string `json:"ipv4,omitempty"`
+	IPv6          string `json:"ipv6,omitempty"`
 }
 
 // AttachResponse is POST /v1/attach's answer (201).

@@ -7,6 +7,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
 // ID is an endpoint ID, 1..65535 (0 means "let the agent pick").
@@ -37,6 +38,15 @@ type Endpoint struct {
 	// NamedPorts are the ports the pod's containers declare by name;
 	// ingress rules on named ports resolve against them.
 	NamedPorts policy.NamedPorts
+	// Chained says another CNI plugin made the host interface and gave
+	// the addresses (CNI chaining, generic veth): the agent attaches its
+	// programs to IfName and claims no address in its IPAM; the link,
+	// its routes and sysctls stay the other plugin's.
+	Chained bool
+	// HostPorts are the pod's port mappings the agent translates in BPF
+	// (kube-proxy replacement): HostPort services on the node's
+	// addresses, whose one backend is this endpoint.
+	HostPorts []service.HostPort
 
 	State    State
 	Identity identity.NumericIdentity

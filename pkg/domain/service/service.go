@@ -27,6 +27,9 @@ const (
 	KindNodePort = "NodePort"
 	// KindExternalIP is an external or load-balancer address.
 	KindExternalIP = "ExternalIP"
+	// KindHostPort is a node address (or the pod's hostIP) with a pod's
+	// hostPort, translated to that pod's containerPort.
+	KindHostPort = "HostPort"
 )
 
 // MaxBackends bounds a frontend's backends (the datapath's slot count).
@@ -132,7 +135,7 @@ func (s *Service) Validate() error {
 		return err
 	}
 	switch s.Kind {
-	case KindClusterIP, KindNodePort, KindExternalIP:
+	case KindClusterIP, KindNodePort, KindExternalIP, KindHostPort:
 	default:
 		return fmt.Errorf("service %s: kind %q: %w", s.Frontend, s.Kind, ErrInvalid)
 	}
