@@ -60,6 +60,7 @@ const (
 	fLastError
 	fCreated
 	fStateChanged
+	fChained
 )
 
 func (p *parser) endpoint(m *models.Endpoint) bool {
@@ -112,6 +113,8 @@ func (p *parser) endpoint(m *models.Endpoint) bool {
 			bit, ok = fCreated, p.time(&m.Created)
 		case "state-changed":
 			bit, ok = fStateChanged, p.time(&m.StateChanged)
+		case "chained":
+			bit, ok = fChained, p.bool(&m.Chained)
 		}
 		return bit, ok
 	}, &seen)
