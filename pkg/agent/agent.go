@@ -72,6 +72,11 @@ type Config struct {
 	Linux datapath.LinuxConfig
 	// DeleteQueueDir is where membrane-cni queues DELs while the agent is
 	// unreachable (--delete-queue-dir); drained at start and every
+	// HostPortSyncInterval is how often the pods' hostPort services are
+	// made those of the endpoints again (default 30 s), so that those of
+	// endpoints deleted without the API (the delete queue's drain, the
+	// garbage collector) go; attach and API deletes resync at once.
+	HostPortSyncInterval time.Duration
 	// DeleteQueueInterval (default 30 s). "" disables draining.
 	DeleteQueueDir      string
 	DeleteQueueInterval time.Duration
@@ -218,6 +223,8 @@ type Agent struct {
 	events     *events.Hub
 	k8sSvc     *k8s.ServiceWatcher
 	stopDNS    func() // stops the DNS proxy (nil: not running)
+	// stopHostPorts stops the hostPort resync (nil: not running).
+	stopHostPorts func()
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend
@@ -421,6 +428,39 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	}
 	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.log)
 	return cancel
+}
+
+// startHostPortSync resyncs the pods' hostPort services every
+// HostPortSyncInterval (with the kube-proxy replacement only); its stop
+// waits for a sync in progress.
+func (a *Agent) startHostPortSync() {
+	if !a.Server.HostPorts() {
+		return
+	}
+	interval := a.cfg.HostPortSyncInterval
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sctx, scancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
+			if err := a.Server.SyncHostPorts(sctx); err != nil && ctx.Err() == nil {
+				a.log.Warn("hostPort services resync", "err", err)
+			}
+			scancel()
+		}
+	}()
+	a.stopHostPorts = func() { cancel(); <-done }
 }
 
 // noL7 reports whether the agent refuses L7 rules at import (PUT

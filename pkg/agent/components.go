@@ -95,6 +95,8 @@ func (s *starter) components() []component {
 		// The Services and EndpointSlices feeding the service table; in
 		// standalone mode, what an earlier agent left there is pruned.
 		{"services", a.startServices, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
+		// The pods' hostPort services resynced periodically.
+		{"hostport-sync", func() error { a.startHostPortSync(); return nil }, stopFunc(&a.stopHostPorts)},
 		// This node's endpoints published to etcd, the others' mirrored.
 		{"kvstore-publish", a.startKvstorePublish, stopWith(&a.kvstore, (*kvstoreMode).stopPublishing)},
 		// Mutating calls answered from now on.
@@ -108,7 +110,7 @@ func (s *starter) components() []component {
 // reverse of start; the kvstore connection, started before the actors,
 // stops here rather than after them. Before the API serves (a start
 // failing early), every started component stops in reverse order.
-var stopFirst = []string{"services", "kubernetes", "kvstore-publish", "kvstore",
+var stopFirst = []string{"hostport-sync", "services", "kubernetes", "kvstore-publish", "kvstore",
 	"delete-queue", "host-addresses", "nodes-file", "health", "dns-proxy"}
 
 // run starts cs in order. On a failure, once the API serves, it stops

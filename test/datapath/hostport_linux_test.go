@@ -2,6 +2,7 @@ package datapath_test
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
 	"strings"
@@ -117,4 +118,47 @@ func TestHostPortBPF(t *testing.T) {
 			t.Errorf("HostPort service left after DEL: %+v", s)
 		}
 	}
+}
+
+// TestHostPortGoneWithGC: the HostPort services of a pod whose endpoint
+// goes without a DEL (its netns vanished; the garbage collector deletes
+// the endpoint) go with the periodic resync.
+func TestHostPortGoneWithGC(t *testing.T) {
+	e := newEnvStack(t, "10.237.1.0/24", "fd00:237:1::/120")
+	farNetns(t, e.NS) // before the agent: its link is the uplink
+	cg := testutil.Cgroup2Dir(t)
+	startAgent(e, func(c *agent.Config) {
+		c.Linux.Services.KubeProxyReplacement, c.Linux.Services.Cgroup = true, cg
+		c.HostPortSyncInterval = 200 * time.Millisecond
+	})
+	e.Conf = e.Chain("1.0.0", nil, `"capabilities":{"portMappings":true}`, nil)
+	p := e.NewPod("gone")
+	p.RT.CapabilityArgs = hostPortMappings(18081, 18055)
+	e.MustAdd(p)
+	e.DelAtCleanup(p)
+	c := e.Client()
+	hostPorts := func() int {
+		svcs, err := c.Services(t.Context(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range svcs.Services {
+			if s.Kind == "HostPort" {
+				n++
+			}
+		}
+		return n
+	}
+	if hostPorts() == 0 {
+		t.Fatal("no HostPort service after ADD")
+	}
+	if err := p.NS.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the endpoint deleted by the collector", func() bool {
+		_, err := c.EndpointGet(context.Background(), "container-id:"+p.RT.ContainerID)
+		return err != nil
+	})
+	testutil.Eventually(t, "its HostPort services gone", func() bool { return hostPorts() == 0 })
 }

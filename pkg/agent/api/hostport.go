@@ -96,6 +96,10 @@ func (s *Server) hasNodeAddr(ip netip.Addr) bool {
 	return false
 }
 
+// HostPorts reports whether the server translates pods' hostPorts
+// (Config.HostPorts).
+func (s *Server) HostPorts() bool { return s.cfg.HostPorts }
+
 // SyncHostPorts makes the hostport source's services those of the
 // endpoints' hostPorts (the agent calls it once restore is done; attach
 // and delete call it for their endpoint). Returns an error wrapping
