@@ -47,6 +47,22 @@ func (h *heldConn) get(tb testing.TB, host string) response {
 	return readAnswer(tb, h.br)
 }
 
+// tryGet is get for a connection that may be refused (at the cap: the
+// agent answers 503 and closes, possibly before the request is written):
+// the status, 0 when the request or its answer failed.
+func (h *heldConn) tryGet(host string) int {
+	_ = h.SetDeadline(time.Now().Add(apiWait))
+	if _, err := h.Write([]byte("GET /v1/healthz HTTP/1.1\r\nHost: " + host + "\r\n\r\n")); err != nil {
+		return 0
+	}
+	resp, err := http.ReadResponse(h.br, nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 func readAnswer(tb testing.TB, br *bufio.Reader) response {
 	tb.Helper()
 	resp, err := http.ReadResponse(br, nil)
@@ -112,7 +128,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		}
 		defer c.Close()
 		h := &heldConn{Conn: c, br: bufio.NewReader(c)}
-		return h.get(t, "127.0.0.1").status == http.StatusOK
+		return h.tryGet("127.0.0.1") == http.StatusOK
 	})
 }
 
@@ -135,7 +151,7 @@ func TestSocketConnectionCap(t *testing.T) {
 		}
 		defer c.Close()
 		h := &heldConn{Conn: c, br: bufio.NewReader(c)}
-		return h.get(t, "membrane").status == http.StatusOK
+		return h.tryGet("membrane") == http.StatusOK
 	})
 }
 
