@@ -342,9 +342,10 @@ func syncDeny(m *ebpf.Map, have, want *policy.MapState, on bool) error {
 	if to == nil {
 		return nil
 	}
-	// Entries denying in to and not in from, kept in both.
+	// Entries denying in to and not in from, kept in both (to.Deny is
+	// a subset of to's entries).
 	for _, k := range to.Deny {
-		if from.Denies(k) || !from.Has(k) || !want.Has(k) || !have.Has(k) {
+		if from.Denies(k) || !from.Has(k) {
 			continue
 		}
 		bk := encodePolicyKey(k)
