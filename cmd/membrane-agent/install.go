@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/membrane-cni/membrane/datapath"
 )
@@ -49,7 +53,7 @@ func runInstallCNI(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if *hostPorts != hostPortsAsIs {
-		src, err := hostPortConflist(*conflist, *hostPorts)
+		src, err := hostPortConflist(*conflist, *hostPorts, *binDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
 			return 1
@@ -68,13 +72,20 @@ func runInstallCNI(args []string, stderr io.Writer) int {
 
 // hostPortConflist writes the conflist at path, changed for the hostPort
 // mode, into a new temporary directory under the same name (installFile
-// installs it from there); the caller removes the directory.
-func hostPortConflist(path, mode string) (string, error) {
+// installs it from there); the caller removes the directory. In portmap
+// mode it asks binDir's portmap for the CNI versions it supports.
+func hostPortConflist(path, mode, binDir string) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
-	out, err := conflistForHostPorts(raw, mode)
+	var portmapVersions []string
+	if mode == hostPortsPortmap {
+		if portmapVersions, err = pluginVersions(filepath.Join(binDir, "portmap")); err != nil {
+			return "", err
+		}
+	}
+	out, err := conflistForHostPorts(raw, mode, portmapVersions)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}
@@ -89,6 +100,24 @@ func hostPortConflist(path, mode string) (string, error) {
 	}
 	return dst, nil
 }
+
+// pluginVersions runs the CNI plugin at path with CNI_COMMAND=VERSION
+// (bounded by pluginVersionTimeout) and returns the versions it supports.
+func pluginVersions(path string) ([]string, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("--host-ports portmap needs the portmap plugin (containernetworking-plugins) on the node: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pluginVersionTimeout)
+	defer cancel()
+	info, err := invoke.GetVersionInfo(ctx, path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s VERSION: %w", path, err)
+	}
+	return info.SupportedVersions(), nil
+}
+
+// pluginVersionTimeout bounds a plugin's VERSION answer.
+const pluginVersionTimeout = 10 * time.Second
 
 // installFile copies src into dir under its base name, keeping src's
 // permission bits, through a temporary file renamed over the target.
