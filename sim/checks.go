@@ -246,14 +246,20 @@ func missingFindings(s *Snapshot, want map[string]expectedPod) []finding {
 	return out
 }
 
+// orphanFinding is the finding of an endpoint's datapath state that
+// remains with the endpoint gone.
+func orphanFinding(id endpoint.ID) finding {
+	return finding{invDatapath, "endpoint " + strconv.Itoa(int(id)), "",
+		fmt.Sprintf("datapath state of endpoint %d remains, but the endpoint is gone and was not left to garbage collection", id)}
+}
+
 // settledFindings: nothing left in the datapath but live endpoints and
 // those handed to garbage collection; the worker pool is idle.
 func settledFindings(s *Snapshot, inIndex map[endpoint.ID]bool) []finding {
 	var out []finding
 	for id := range s.Realized {
 		if !inIndex[id] && !s.LeftToGC[id] {
-			out = append(out, finding{invDatapath, "endpoint " + strconv.Itoa(int(id)), "",
-				fmt.Sprintf("datapath state of endpoint %d remains, but the endpoint is gone and was not left to garbage collection", id)})
+			out = append(out, orphanFinding(id))
 		}
 	}
 	if p := s.Pool; p != nil && (p.Busy > 0 || p.Backlog > 0) {

@@ -83,6 +83,7 @@ type engine struct {
 	pendingDels     atomic.Int64 // the harness's delete queue: DELs not yet acknowledged
 	stuckDels       atomic.Int64 // DELs given up on
 	zombiesSwept    atomic.Uint64
+	crashLeftovers  atomic.Uint64
 	ipsSwept        atomic.Uint64
 	restarts        atomic.Int32
 	lastCrash       atomic.Int64 // unix nanoseconds, 0 if none
@@ -322,7 +323,7 @@ func (e *engine) settle(ctx context.Context, what string) {
 			want[p.key().containerID()] = expectedPod{ip: p.addr(), labels: podLabels(p.shard)}
 		}
 	})
-	for _, f := range quiescentChecks(s, want) {
+	for _, f := range e.collectCrashLeftovers(ctx, s, quiescentChecks(s, want)) {
 		e.violateFinding(f, what, true)
 	}
 	for _, f := range e.endChecks(ctx, s) { // endchecks.go: policy, ipcache, linux datapath

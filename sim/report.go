@@ -58,14 +58,18 @@ type Report struct {
 	// ZombiesSwept and AddressesSwept are what the final sweeps removed
 	// after ambiguous failures; DatapathLeftToGC is how many endpoints'
 	// datapath removal the agent gave up on.
-	ZombiesSwept     uint64   `json:"zombies_swept"`
-	AddressesSwept   uint64   `json:"addresses_swept"`
-	DatapathLeftToGC int      `json:"datapath_left_to_gc"`
-	PolicyChurn      string   `json:"policy_churn,omitempty"`
-	Notes            []string `json:"notes,omitempty"`
-	Events           []Event  `json:"events"`
-	Timeline         []Sample `json:"timeline"`
-	Host             Host     `json:"host"`
+	ZombiesSwept     uint64 `json:"zombies_swept"`
+	AddressesSwept   uint64 `json:"addresses_swept"`
+	DatapathLeftToGC int    `json:"datapath_left_to_gc"`
+	// CrashLeftoversCollected is how many endpoints' datapath state a
+	// crash left with no endpoint state naming it (the realise done,
+	// the state write not durable) and the garbage collector removed.
+	CrashLeftoversCollected uint64   `json:"crash_leftovers_collected"`
+	PolicyChurn             string   `json:"policy_churn,omitempty"`
+	Notes                   []string `json:"notes,omitempty"`
+	Events                  []Event  `json:"events"`
+	Timeline                []Sample `json:"timeline"`
+	Host                    Host     `json:"host"`
 }
 
 // IndexWrites is how many row changes the index writer committed in how
@@ -100,7 +104,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 	r := &Report{Scenario: e.sc, Started: e.start, WallS: e.now(), Lifecycles: e.lifecycles.Load(), FailedAdds: e.failedAdds.Load(),
 		LiveEndpointsPeak: int(e.livePeak.Load()), IndexEndpointsPeak: int(e.indexPeak.Load()),
 		HeapBytesPerLiveEndpoint: heap, HeapLiveEndpoints: heapLive, Restarts: int(e.restarts.Load()),
-		LatencyMS: e.rec.stats(), ZombiesSwept: e.zombiesSwept.Load(), AddressesSwept: e.ipsSwept.Load(),
+		LatencyMS: e.rec.stats(), ZombiesSwept: e.zombiesSwept.Load(), CrashLeftoversCollected: e.crashLeftovers.Load(), AddressesSwept: e.ipsSwept.Load(),
 		Host: Host{GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, StateFS: fsType(e.dir)}}
 	r.Violations, r.ViolationsByInvariant, r.ViolationsTotal = e.viol.snapshot()
 	if cs, ce := e.churnStart.Load(), e.churnEnd.Load(); cs > 0 && ce > cs {
@@ -214,8 +218,8 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "index writes:    %d rows in %d transactions (%.1f rows each)\n", r.IndexWrites.Rows, t, float64(r.IndexWrites.Rows)/float64(t))
 	}
 	fmt.Fprintf(w, "restarts:        %d\n", r.Restarts)
-	fmt.Fprintf(w, "swept:           %d endpoints and %d addresses left by ambiguous failures; %d datapath removals left to GC\n\n",
-		r.ZombiesSwept, r.AddressesSwept, r.DatapathLeftToGC)
+	fmt.Fprintf(w, "swept:           %d endpoints and %d addresses left by ambiguous failures; %d datapath removals left to GC; %d crash leftovers collected by GC\n\n",
+		r.ZombiesSwept, r.AddressesSwept, r.DatapathLeftToGC, r.CrashLeftoversCollected)
 	fmt.Fprintf(w, "%-20s %9s %9s %9s %9s %9s %9s  %s\n", "latency (ms)", "count", "p50", "p90", "p99", "p99.9", "max", "errors")
 	for _, name := range sortedOps(r.LatencyMS) {
 		s := r.LatencyMS[name]

@@ -141,6 +141,7 @@ func TestRunCrashesAndFaults(t *testing.T) {
 	sc.Crashes, sc.Duration = 3, Duration(3*time.Second)
 	r := runScenario(t, sc)
 	requireClean(t, r)
+	t.Logf("%d crash leftovers collected by the GC", r.CrashLeftoversCollected)
 	if r.Restarts != sc.Crashes {
 		t.Errorf("%d restarts, want %d", r.Restarts, sc.Crashes)
 	}

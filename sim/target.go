@@ -148,6 +148,16 @@ func (t *inProcess) Stop(ctx context.Context) error {
 
 func (t *inProcess) Client() *client.Client { return t.c }
 
+// RunGC runs one garbage collection pass on the running agent.
+func (t *inProcess) RunGC(ctx context.Context) error {
+	a, err := t.current()
+	if err != nil {
+		return err
+	}
+	_, err = a.System.RunGC(ctx)
+	return err
+}
+
 func (t *inProcess) Counters() actors.CounterValues {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
