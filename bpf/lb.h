@@ -56,6 +56,11 @@
 /* The frontend is reached from outside the node (NodePort, external
  * address): from_netdev translates it on the node's uplink. */
 #define LB_FLAG_EXTERNAL 2
+/* The frontend is a loopback address (a hostPort with hostIP 127.0.0.1
+ * or ::1, Cilium's loopback HostPort): the socket programs translate it
+ * only for sockets in the node's own network namespace, where it is the
+ * node's localhost; a pod's localhost is its own. */
+#define LB_FLAG_HOSTNS 4
 
 /* lb_backend.flags: the backend is a pod on this node (NodePort traffic
  * to it is only DNATed; to a remote one also SNATed). */

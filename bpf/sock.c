@@ -37,6 +37,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SOCK_PASS 1
 #define SOCK_REJECT 0
 
+/* host_netns_cookie is the node's network namespace cookie, set when the
+ * agent loads the programs: LB_FLAG_HOSTNS frontends apply there only. */
+volatile const __u64 host_netns_cookie;
+
 /* sock_pick returns the backend for a socket of netns cookie ns to
  * frontend fk (slot seed % count + 1 without affinity): NULL if fk is no
  * frontend; *reject if it has none. */
@@ -51,6 +55,8 @@ static __always_inline struct lb_backend *sock_pick(struct lb_key *fk, __u64 ns,
 
 	svc = bpf_map_lookup_elem(&lb_frontends, fk);
 	if (!svc)
+		return NULL;
+	if ((svc->flags & LB_FLAG_HOSTNS) && ns != host_netns_cookie)
 		return NULL;
 	if (svc->count == 0) {
 		*reject = 1;

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -76,7 +78,11 @@ func (l *Linux) initKPR() error {
 			}
 			cg = root
 		}
-		if err := attachSocketLB(b, cg); err != nil {
+		cookie, err := l.hostNetnsCookie()
+		if err != nil {
+			return err
+		}
+		if err := attachSocketLB(b, cg, cookie); err != nil {
 			return err
 		}
 		h.Cgroup = cg
@@ -132,13 +138,47 @@ func cgroup2Root() (string, error) {
 	return "", fmt.Errorf("find cgroup2 mount: none mounted: %w", ErrInvalidConfig)
 }
 
+// hostNetnsCookie is the node's network namespace cookie (the host
+// netns the datapath works in), which the socket programs compare a
+// socket's with for loopback frontends.
+func (l *Linux) hostNetnsCookie() (uint64, error) {
+	var cookie uint64
+	get := func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	}
+	var err error
+	if l.ns != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = l.ns.do(ctx, get)
+	} else {
+		err = get()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("the node's netns cookie (SO_NETNS_COOKIE, Linux 5.14): %w", err)
+	}
+	return cookie, nil
+}
+
 // attachSocketLB loads the socket programs with the shared service maps
-// and attaches them to cgroup dir cg (pinned links, updated in place
-// when they already hold that cgroup, so translation never stops).
-func attachSocketLB(b *bpfState, cg string) error {
+// and the node's netns cookie, and attaches them to cgroup dir cg
+// (pinned links, updated in place when they already hold that cgroup, so
+// translation never stops).
+func attachSocketLB(b *bpfState, cg string, hostCookie uint64) error {
 	spec, err := bpf.LoadSock()
 	if err != nil {
 		return fmt.Errorf("parse socket object: %w", err)
+	}
+	if v := spec.Variables[bpf.SockVarHostNetnsCookie]; v == nil {
+		return fmt.Errorf("socket object: no variable %s", bpf.SockVarHostNetnsCookie)
+	} else if err := v.Set(hostCookie); err != nil {
+		return fmt.Errorf("socket object: set %s: %w", bpf.SockVarHostNetnsCookie, err)
 	}
 	repl := map[string]*ebpf.Map{}
 	for _, m := range b.maps.lb.named() {

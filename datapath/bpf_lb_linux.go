@@ -14,10 +14,12 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
-// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL and LB_BACKEND_LOCAL.
+// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL, LB_FLAG_HOSTNS and
+// LB_BACKEND_LOCAL.
 const (
 	lbFlagAffinity = 1
 	lbFlagExternal = 2
+	lbFlagHostNS   = 4
 	lbBackendLocal = 1
 )
 
@@ -105,6 +107,9 @@ func lbServiceValue(s LBService) bpf.EndpointLbService {
 	}
 	if s.External {
 		v.Flags |= lbFlagExternal
+	}
+	if s.Frontend.Addr.IsLoopback() {
+		v.Flags |= lbFlagHostNS // the node's localhost, not a pod's
 	}
 	return v
 }

@@ -3,9 +3,13 @@ package datapath_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,4 +165,84 @@ func TestHostPortGoneWithGC(t *testing.T) {
 		return err != nil
 	})
 	testutil.Eventually(t, "its HostPort services gone", func() bool { return hostPorts() == 0 })
+}
+
+// TestHostPortLoopback is upstream conformance's HostPort case with
+// hostIP 127.0.0.1 (Cilium's loopback HostPort): a process of the node
+// (its netns, in the socket programs' cgroup, as a hostNetwork pod)
+// reaches the pod at 127.0.0.1:hostPort and at [::1]:hostPort, while
+// another pod connecting to its own 127.0.0.1:hostPort reaches its own
+// listener: a pod's localhost is never translated. A second pod may
+// take the same hostPort on the node's address (a different hostIP).
+func TestHostPortLoopback(t *testing.T) {
+	e := newEnvStack(t, "10.237.2.0/24", "fd00:237:2::/120")
+	far := farNetns(t, e.NS)
+	cg := testutil.Cgroup2Dir(t)
+	startAgent(e, func(c *agent.Config) {
+		c.Linux.Services.KubeProxyReplacement, c.Linux.Services.Cgroup = true, cg
+	})
+	e.Conf = e.Chain("1.0.0", nil, `"capabilities":{"portMappings":true}`, nil)
+	const port = 18090
+	lo := e.NewPod("lo")
+	lo.RT.CapabilityArgs = map[string]any{"portMappings": []map[string]any{
+		{"hostPort": port, "containerPort": 8080, "protocol": "tcp", "hostIP": "127.0.0.1"},
+		{"hostPort": port, "containerPort": 8080, "protocol": "tcp", "hostIP": "::1"}}}
+	e.MustAdd(lo)
+	e.DelAtCleanup(lo)
+	(&policyPod{Pod: lo, ips: []netip.Addr{lo.IPv4, lo.IPv6}}).nameServer(t, 8080)
+	node := e.NewPod("node")
+	node.RT.CapabilityArgs = map[string]any{"portMappings": []map[string]any{
+		{"hostPort": port, "containerPort": 8080, "protocol": "tcp", "hostIP": "10.237.9.1"}}}
+	e.MustAdd(node)
+	e.DelAtCleanup(node)
+	(&policyPod{Pod: node, ips: []netip.Addr{node.IPv4, node.IPv6}}).nameServer(t, 8080)
+	other := e.NewPod("other")
+	e.MustAdd(other)
+	e.DelAtCleanup(other)
+	for _, a := range []string{"127.0.0.1", "[::1]"} {
+		var ln net.Listener
+		if err := other.NS.Do(func() (err error) {
+			ln, err = net.Listen("tcp", net.JoinHostPort(strings.Trim(a, "[]"), "18090"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go serveNameTCP(ln, "other-localhost")
+	}
+	for _, a := range []string{"127.0.0.1", "::1"} {
+		if got, err := askNameInCgroup(t, e.NS, cg, a, port); err != nil || got != "lo" {
+			t.Errorf("node -> [%s]:%d = %q, %v; want the pod lo's answer", a, port, got, err)
+		}
+		if got, err := askNameInCgroup(t, other.NS, cg, a, port); err != nil || got != "other-localhost" {
+			t.Errorf("pod other -> its [%s]:%d = %q, %v; want its own listener's answer", a, port, got, err)
+		}
+	}
+	if got, err := askName(far.NS, "tcp", netip.MustParseAddr("10.237.9.1"), port, 5*time.Second); err != nil || got != "node" {
+		t.Errorf("far -> 10.237.9.1:%d = %q, %v; want the pod node's answer", port, got, err)
+	}
+}
+
+// askNameInCgroup asks the name server at addr:port over TCP from a
+// process started in ns and in cgroup cg (where the socket programs
+// are), as a pod's or the node's process would.
+func askNameInCgroup(t *testing.T, ns *testutil.NS, cg, addr string, port int) (string, error) {
+	t.Helper()
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	script := fmt.Sprintf("exec 3<>/dev/tcp/%s/%d && echo who >&3 && head -n1 <&3", addr, port)
+	var out []byte
+	err = ns.Do(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", "-c", script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+		var err error
+		out, err = cmd.CombinedOutput()
+		return err
+	})
+	return strings.TrimSpace(string(out)), err
 }

@@ -39,7 +39,7 @@ func (s *Server) acceptHostPorts(req *models.AttachRequest, spec *endpoint.Endpo
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("field \"port-mappings\"[%d]: %v", i, err))
 		}
-		if h.HostIP.IsValid() && !s.hasNodeAddr(h.HostIP) {
+		if h.HostIP.IsValid() && !h.HostIP.IsLoopback() && !s.hasNodeAddr(h.HostIP) {
 			return nil, &apiError{http.StatusBadRequest, CodeInvalidAddress, fmt.Sprintf("field \"port-mappings\"[%d]: host-ip %s is not an address of this node", i, h.HostIP)}
 		}
 		for _, o := range spec.HostPorts {
@@ -79,6 +79,9 @@ func hostPortOf(pm models.PortMapping) (service.HostPort, error) {
 	if pm.HostIP != "" {
 		if h.HostIP, err = netip.ParseAddr(pm.HostIP); err != nil {
 			return service.HostPort{}, fmt.Errorf("host-ip %q: %v", pm.HostIP, err)
+		}
+		if h.HostIP.IsUnspecified() {
+			h.HostIP = netip.Addr{} // 0.0.0.0 or ::, as Kubernetes means it: every node address
 		}
 	}
 	if err := h.Validate(); err != nil {

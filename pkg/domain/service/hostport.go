@@ -31,7 +31,9 @@ func (h HostPort) String() string {
 }
 
 // Validate checks the ports, the protocol (TCP or UDP: SCTP is not
-// translated) and the host address (unicast, of one family, no zone).
+// translated) and the host address (unicast or loopback, of one family,
+// no zone). A loopback host address is the node's localhost: only the
+// node's own sockets reach the pod through it.
 // Returns an error wrapping ErrInvalid.
 func (h HostPort) Validate() error {
 	if h.Port == 0 || h.ContainerPort == 0 {
@@ -44,7 +46,7 @@ func (h HostPort) Validate() error {
 	default:
 		return fmt.Errorf("host port %s: protocol %d: %w", h, h.Proto, ErrInvalid)
 	}
-	if a := h.HostIP; a.IsValid() && (a.Is4In6() || a.Zone() != "" || !a.IsGlobalUnicast()) {
+	if a := h.HostIP; a.IsValid() && (a.Is4In6() || a.Zone() != "" || !(a.IsGlobalUnicast() || a.IsLoopback())) {
 		return fmt.Errorf("host port %s: host address %s: %w", h, a, ErrInvalid)
 	}
 	return nil

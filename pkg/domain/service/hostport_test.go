@@ -11,6 +11,8 @@ func TestHostPortParse(t *testing.T) {
 		{Port: 80, ContainerPort: 8080, Proto: TCP},
 		{HostIP: netip.MustParseAddr("10.0.0.1"), Port: 53, ContainerPort: 5353, Proto: UDP},
 		{HostIP: netip.MustParseAddr("fd00::1"), Port: 65535, ContainerPort: 1, Proto: TCP},
+		{HostIP: netip.MustParseAddr("127.0.0.1"), Port: 80, ContainerPort: 80, Proto: TCP}, // the node's localhost
+		{HostIP: netip.MustParseAddr("::1"), Port: 80, ContainerPort: 80, Proto: UDP},
 	} {
 		got, err := ParseHostPort(h.String())
 		if err != nil || got != h {
@@ -18,7 +20,7 @@ func TestHostPortParse(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"", "80/TCP", "0/TCP=80", "80/TCP=0", "80/SCTP=80", "80/ICMP=80", "080/TCP=80",
-		"127.0.0.1:80/TCP=80", "[fe80::1%eth0]:80/TCP=80", "[::ffff:10.0.0.1]:80/TCP=80", "224.0.0.1:80/UDP=80", "80/TCP=65536"} {
+		"0.0.0.0:80/TCP=80", "[::]:80/TCP=80", "[fe80::1%eth0]:80/TCP=80", "[::ffff:10.0.0.1]:80/TCP=80", "224.0.0.1:80/UDP=80", "80/TCP=65536"} {
 		if _, err := ParseHostPort(s); !errors.Is(err, ErrInvalid) {
 			t.Errorf("ParseHostPort(%q) = %v, want ErrInvalid", s, err)
 		}
