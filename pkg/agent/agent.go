@@ -314,8 +314,11 @@ func (a *Agent) watchHostAddrs(linux *datapath.Linux) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	sys := a.System
-	if err := linux.WatchHostAddrs(ctx, func(c datapath.HostAddrChange) { sys.HostAddrChanged(c.Addr, c.Deleted) }); err != nil {
+	sys, srv := a.System, a.Server
+	if err := linux.WatchHostAddrs(ctx, func(c datapath.HostAddrChange) {
+		sys.HostAddrChanged(c.Addr, c.Deleted)
+		srv.NodeAddrChanged(c.Addr, c.Deleted) // hostPorts follow the node's addresses
+	}); err != nil {
 		cancel()
 		a.log.Error("not following host addresses; addresses added from now on are world until restart", "err", err)
 		return
@@ -431,8 +434,9 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 }
 
 // startHostPortSync resyncs the pods' hostPort services every
-// HostPortSyncInterval (with the kube-proxy replacement only); its stop
-// waits for a sync in progress.
+// HostPortSyncInterval and whenever a node address comes or goes (with
+// the kube-proxy replacement only); its stop waits for a sync in
+// progress.
 func (a *Agent) startHostPortSync() {
 	if !a.Server.HostPorts() {
 		return
@@ -452,6 +456,7 @@ func (a *Agent) startHostPortSync() {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			case <-a.Server.HostPortKick(): // a node address came or went
 			}
 			sctx, scancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
 			if err := a.Server.SyncHostPorts(sctx); err != nil && ctx.Err() == nil {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -245,4 +247,67 @@ func askNameInCgroup(t *testing.T, ns *testutil.NS, cg, addr string, port int) (
 		return err
 	})
 	return strings.TrimSpace(string(out)), err
+}
+
+// TestHostPortNodeAddressAdded: a node address added while the agent
+// runs carries the pods' hostPorts (without host-ip) at once, not at the
+// next periodic resync (set to an hour here), and one removed stops.
+func TestHostPortNodeAddressAdded(t *testing.T) {
+	e := newEnvStack(t, "10.237.3.0/24", "fd00:237:3::/120")
+	far := farNetns(t, e.NS)
+	cg := testutil.Cgroup2Dir(t)
+	startAgent(e, func(c *agent.Config) {
+		c.Linux.Services.KubeProxyReplacement, c.Linux.Services.Cgroup = true, cg
+		c.HostPortSyncInterval = time.Hour
+	})
+	e.Conf = e.Chain("1.0.0", nil, `"capabilities":{"portMappings":true}`, nil)
+	p := e.NewPod("web")
+	p.RT.CapabilityArgs = hostPortMappings(18082, 18056)
+	e.MustAdd(p)
+	e.DelAtCleanup(p)
+	(&policyPod{Pod: p, ips: []netip.Addr{p.IPv4, p.IPv6}}).nameServer(t, 8080)
+	nl := e.NS.Netlink(t)
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uplink netlink.Link
+	for _, a := range addrs {
+		if a.IP.Equal(net.ParseIP("10.237.9.1")) {
+			if uplink, err = nl.LinkByIndex(a.LinkIndex); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if uplink == nil {
+		t.Fatal("no link holds the node address 10.237.9.1")
+	}
+	added := netip.MustParseAddr("10.237.9.7")
+	addr, _ := netlink.ParseAddr(added.String() + "/24")
+	if err := nl.AddrAdd(uplink, addr); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyErr(t, "the hostPort on the added node address", func() error {
+		got, err := askName(far.NS, "tcp", added, 18082, time.Second)
+		if err == nil && got != "web" {
+			err = fmt.Errorf("answer %q", got)
+		}
+		return err
+	})
+	if err := nl.AddrDel(uplink, addr); err != nil {
+		t.Fatal(err)
+	}
+	c := e.Client()
+	testutil.Eventually(t, "the HostPort services on the removed address gone", func() bool {
+		svcs, err := c.Services(t.Context(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range svcs.Services {
+			if s.Kind == "HostPort" && strings.HasPrefix(s.Frontend, added.String()+":") {
+				return false
+			}
+		}
+		return true
+	})
 }

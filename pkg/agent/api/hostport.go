@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
@@ -91,13 +92,47 @@ func hostPortOf(pm models.PortMapping) (service.HostPort, error) {
 }
 
 func (s *Server) hasNodeAddr(ip netip.Addr) bool {
-	for _, a := range s.cfg.NodeAddrs {
-		if a == ip {
-			return true
+	return slices.Contains(s.nodeAddrList(), ip)
+}
+
+// nodeAddrList returns the node's current addresses.
+func (s *Server) nodeAddrList() []netip.Addr {
+	s.nodeAddrMu.Lock()
+	defer s.nodeAddrMu.Unlock()
+	return slices.Clone(s.nodeAddrs)
+}
+
+// NodeAddrChanged follows the node's addresses (the agent's host
+// address watcher calls it): a global unicast address added or removed
+// changes the addresses hostPorts without a host-ip are on, and asks
+// for a resync of the hostPort services (HostPortKick). Other addresses
+// are ignored.
+func (s *Server) NodeAddrChanged(ip netip.Addr, deleted bool) {
+	if !s.cfg.HostPorts || !ip.IsGlobalUnicast() {
+		return
+	}
+	s.nodeAddrMu.Lock()
+	i := slices.Index(s.nodeAddrs, ip)
+	changed := (i < 0) != deleted
+	switch {
+	case !changed:
+	case deleted:
+		s.nodeAddrs = slices.Delete(s.nodeAddrs, i, i+1)
+	default:
+		s.nodeAddrs = append(s.nodeAddrs, ip)
+	}
+	s.nodeAddrMu.Unlock()
+	if changed {
+		select {
+		case s.hostPortKick <- struct{}{}:
+		default: // a resync is already asked for
 		}
 	}
-	return false
 }
+
+// HostPortKick is signalled when the hostPort services need a resync
+// before the next periodic one.
+func (s *Server) HostPortKick() <-chan struct{} { return s.hostPortKick }
 
 // HostPorts reports whether the server translates pods' hostPorts
 // (Config.HostPorts).
@@ -124,12 +159,13 @@ func (s *Server) SyncHostPorts(ctx context.Context) error {
 func (s *Server) hostPortServices() []service.Service {
 	var out []service.Service
 	seen := map[service.Frontend]bool{}
+	nodeAddrs := s.nodeAddrList()
 	for _, ep := range s.ix.Endpoints(index.EndpointFilter{}) {
 		if len(ep.HostPorts) == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
 			continue
 		}
 		for _, h := range ep.HostPorts {
-			addrs := s.cfg.NodeAddrs
+			addrs := nodeAddrs
 			if h.HostIP.IsValid() {
 				addrs = []netip.Addr{h.HostIP}
 			}

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,14 +99,21 @@ type Server struct {
 	// hostPortMu serialises the attaches with port mappings from their
 	// conflict check to their services (acceptHostPorts).
 	hostPortMu sync.Mutex
-	ready      atomic.Bool
-	closing    atomic.Bool
-	sem        chan struct{}
-	started    time.Time
-	ranges     map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
-	text       rangesText                  // ranges spelled for answers
-	mux        *http.ServeMux
-	http       *http.Server
+	// nodeAddrMu guards nodeAddrs, the node addresses hostPorts without
+	// a host-ip are on (Config.NodeAddrs, then NodeAddrChanged).
+	nodeAddrMu sync.Mutex
+	nodeAddrs  []netip.Addr
+	// hostPortKick asks the agent's hostPort resync for a pass now (a
+	// node address came or went); capacity 1, never blocks.
+	hostPortKick chan struct{}
+	ready        atomic.Bool
+	closing      atomic.Bool
+	sem          chan struct{}
+	started      time.Time
+	ranges       map[ipam.Family]*ipam.Range // read-only geometry: size, gateway
+	text         rangesText                  // ranges spelled for answers
+	mux          *http.ServeMux
+	http         *http.Server
 	// streamsDone is closed by Shutdown to end event streams, which
 	// http.Server.Shutdown would otherwise wait for.
 	streamsDone chan struct{}
@@ -171,7 +179,7 @@ func New(cfg Config, sys *actors.System, log *slog.Logger) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, sys: sys, ix: sys.Index, log: log.With("component", "api"),
 		sem: make(chan struct{}, cfg.MaxInFlight), started: time.Now(), ranges: map[ipam.Family]*ipam.Range{},
-		streamsDone: make(chan struct{})}
+		streamsDone: make(chan struct{}), nodeAddrs: slices.Clone(cfg.NodeAddrs), hostPortKick: make(chan struct{}, 1)}
 	for fam, p := range map[ipam.Family]netip.Prefix{ipam.IPv4: sys.Config.IPAM.IPv4, ipam.IPv6: sys.Config.IPAM.IPv6} {
 		if p.IsValid() {
 			r, err := ipam.NewRange(p, ipam.Sequential, nil)
