@@ -43,7 +43,13 @@ func connect(tb testing.TB, endpoint, name string, mod func(*kvstore.Config)) *k
 
 func newNode(tb testing.TB, endpoint, name string) *node {
 	tb.Helper()
-	c := connect(tb, endpoint, name, nil)
+	return newNodeWith(tb, endpoint, name, nil)
+}
+
+// newNodeWith is newNode with mod changing the client's configuration.
+func newNodeWith(tb testing.TB, endpoint, name string, mod func(*kvstore.Config)) *node {
+	tb.Helper()
+	c := connect(tb, endpoint, name, mod)
 	b := kvstore.NewIdentityBackend(c)
 	tb.Cleanup(func() { _ = b.Close() })
 	return &node{c: c, id: b}
