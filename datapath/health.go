@@ -52,4 +52,7 @@ type HealthDatapath interface {
 	ListenHealth(spec HealthSpec, port int) (net.Listener, error)
 	// DialHost dials addr from the host netns (LinuxConfig.HostNetns).
 	DialHost(ctx context.Context, network, addr string) (net.Conn, error)
+	// InHost runs fn on a thread inside the host netns (the agent's own
+	// when LinuxConfig.HostNetns is empty): sockets fn opens stay there.
+	InHost(fn func() error) error
 }

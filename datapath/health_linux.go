@@ -184,6 +184,14 @@ func (l *Linux) DialHost(ctx context.Context, network, addr string) (net.Conn, e
 	return conn, inNetns(l.cfg.HostNetns, dial)
 }
 
+// InHost implements HealthDatapath.
+func (l *Linux) InHost(fn func() error) error {
+	if l.cfg.HostNetns == "" {
+		return fn()
+	}
+	return inNetns(l.cfg.HostNetns, fn)
+}
+
 // inNetns runs fn on a new OS thread inside the namespace at path; the
 // thread is discarded afterwards (never switched back). Sockets fn makes
 // stay in the namespace.

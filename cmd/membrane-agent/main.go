@@ -105,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&cfg.Linux.L7.Listen, "l7-proxy-listen", "127.0.0.1:15001", "linux datapath: the L7 proxy's listening address")
 	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 10*time.Second, "how often the health endpoint is probed")
+	fs.DurationVar(&cfg.HealthNodeInterval, "health-node-interval", 5*time.Second, "with --enable-health: how often every remote node is probed (ICMP echo and HTTP to its responder on port 4240, which this agent also runs); negative: no node probes, no responder; GET /v1/health")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	var kc k8s.Config
 	var inCluster bool

@@ -116,7 +116,7 @@ func (a *app) rootCommand() *cobra.Command {
 	f.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	f.DurationVar(&a.timeout, "timeout", 60*time.Second, "request timeout (monitor: none unless set)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
-	root.AddCommand(a.statusCommand(), a.endpointCommand(), a.identityCommand(), a.ipamCommand(),
+	root.AddCommand(a.statusCommand(), a.healthCommand(), a.endpointCommand(), a.identityCommand(), a.ipamCommand(),
 		a.policyCommand(), a.ipcacheCommand(), a.nodeCommand(), a.serviceCommand(), a.dropsCommand(), a.actorsCommand(), a.actorCommand(), a.monitorCommand(),
 		a.fqdnCommand())
 	return root

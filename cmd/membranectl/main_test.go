@@ -178,6 +178,8 @@ func TestGolden(t *testing.T) {
 	}{
 		{"status", []string{"status"}, exitOK},
 		{"status-json", []string{"status", "-o", "json"}, exitOK},
+		{"health", []string{"health"}, exitOK},
+		{"health-json", []string{"health", "-o", "json"}, exitOK},
 		{"endpoint-list", []string{"endpoint", "list"}, exitOK},
 		{"endpoint-list-selector", []string{"endpoint", "list", "--selector", "app=web,tier!=db", "--namespace", "default"}, exitOK},
 		{"endpoint-list-page", []string{"ep", "ls", "--limit", "2"}, exitOK},

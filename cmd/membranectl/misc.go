@@ -89,7 +89,53 @@ func healthText(h *models.HealthStatus) string {
 	if h.Error != "" {
 		out += ": " + h.Error
 	}
+	if h.NodesProbed > 0 {
+		out += fmt.Sprintf("; %d remote nodes probed", h.NodesProbed)
+		if len(h.FailingNodes) > 0 {
+			out += ", failing: " + strings.Join(h.FailingNodes, " ")
+		}
+	}
 	return out
+}
+
+func (a *app) healthCommand() *cobra.Command {
+	return &cobra.Command{
+		Use: "health", Short: "The health endpoint and every remote node's reachability (ICMP and HTTP probes)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			h, err := a.c.Health(ctx)
+			if err != nil {
+				return err
+			}
+			if a.output != "table" {
+				return a.print(h)
+			}
+			t := &table{tw: tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)}
+			if h.Local != nil {
+				t.row("Local:", healthText(h.Local))
+			}
+			t.row("NODE", "STATE", "ADDRESS", "ICMP", "HTTP", "SINCE")
+			for _, n := range h.Nodes {
+				for i, ad := range n.Addresses {
+					name, state, since := n.Name, n.State, n.Since.UTC().Format(time.RFC3339)
+					if i > 0 {
+						name, state, since = "", "", ""
+					}
+					t.row(name, state, ad.IP, probeText(ad.ICMP), probeText(ad.HTTP), since)
+				}
+			}
+			return t.flush()
+		},
+	}
+}
+
+// probeText is one probe's cell: its round trip, or why it failed.
+func probeText(p models.ProbeResult) string {
+	if p.OK {
+		return fmt.Sprintf("%.2fms", p.LatencyMS)
+	}
+	return "failed: " + p.Error
 }
 
 // k8sText is the Kubernetes connection's line: state, node and server,

@@ -93,6 +93,10 @@ type Config struct {
 	// (default 10 s).
 	EnableHealth   bool
 	HealthInterval time.Duration
+	// HealthNodeInterval is the time between probe rounds of every
+	// remote node with the health endpoint on (--health-node-interval,
+	// default 5 s; negative: none, and no node responder on port 4240).
+	HealthNodeInterval time.Duration
 	// Actors tunes the actor system; IPAM ranges are filled from above.
 	Actors actors.Config
 	// API tunes the REST server (API.Pprof: --pprof).
@@ -379,9 +383,10 @@ func (a *Agent) startHealth(linux *datapath.Linux) {
 		a.Server.SetHealth(health.Disabled)
 		return
 	}
-	a.health = health.Start(health.Config{Dir: filepath.Join(a.cfg.StateDir, "health"), Interval: a.cfg.HealthInterval},
-		a.System, linux, a.log)
+	a.health = health.Start(health.Config{Dir: filepath.Join(a.cfg.StateDir, "health"), Interval: a.cfg.HealthInterval,
+		NodeInterval: a.cfg.HealthNodeInterval, NodeMetrics: a.Server.Metrics()}, a.System, linux, a.log)
 	a.Server.SetHealth(a.health.Status)
+	a.Server.SetNodeHealth(a.health.Nodes)
 }
 
 // newDatapath builds the configured datapath; linux is non-nil for "linux".

@@ -39,6 +39,9 @@ type cluster struct {
 	// and --kvstore-node-addrs: masquerading is on by default and the
 	// node addresses and cluster pod CIDRs are derived.
 	defaults bool
+	// args are added to every agent's arguments (after the harness's:
+	// a repeated flag overrides).
+	args []string
 }
 
 // node is one Membrane node: a netns on the underlay with its agent
@@ -79,8 +82,14 @@ func (c *cluster) clusterCIDRs() string {
 // newCluster makes n nodes in routing mode and starts their agents.
 func newCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 	t.Helper()
+	return newClusterWith(t, routing, n, netNum, nil)
+}
+
+// newClusterWith is newCluster with args added to every agent's.
+func newClusterWith(t *testing.T, routing string, n int, netNum int, args []string) *cluster {
+	t.Helper()
 	testutil.RequireRoot(t)
-	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir()}
+	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), args: args}
 	c.file = filepath.Join(c.dir, "nodes.yaml")
 	c.makeUnderlay()
 	for i := range n {
@@ -222,6 +231,7 @@ func (nd *node) start() error {
 	} else {
 		args = append(args, "--nodes-file", c.file)
 	}
+	args = append(args, c.args...)
 	nd.proc.Args = append(nd.hn.ProcArgs(), args...)
 	if err := nd.proc.StartErr(); err != nil {
 		return fmt.Errorf("%s: %w", nd.name, err)

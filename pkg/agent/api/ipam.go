@@ -199,13 +199,44 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// localHealth is the health endpoint's status with the node probes'
+// summary (nil before SetHealth).
+func (s *Server) localHealth() *models.HealthStatus {
+	fn := s.health.Load()
+	if fn == nil {
+		return nil
+	}
+	st := (*fn)()
+	if st == nil {
+		return nil
+	}
+	for _, n := range s.nodeMatrix() {
+		st.NodesProbed++
+		if n.State != "ok" {
+			st.FailingNodes = append(st.FailingNodes, n.Name)
+		}
+	}
+	return st
+}
+
+// nodeMatrix is every remote node's reachability (none without probes).
+func (s *Server) nodeMatrix() []models.NodeHealth {
+	if fn := s.nodeHealth.Load(); fn != nil {
+		return (*fn)()
+	}
+	return []models.NodeHealth{}
+}
+
+// healthReport answers GET /v1/health.
+func (s *Server) healthReport(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, &models.HealthReport{Local: s.localHealth(), Nodes: s.nodeMatrix()})
+}
+
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	total, byState := s.ix.CountEndpoints()
 	st := &models.Status{State: "ok", Version: s.cfg.Version, Datapath: s.sys.Datapath.Name(), Endpoints: total,
 		Ready: byState["ready"], Identities: len(s.ix.Identities()), IPAM: s.ipamSnapshot(false), Started: s.started}
-	if fn := s.health.Load(); fn != nil {
-		st.Health = (*fn)()
-	}
+	st.Health = s.localHealth()
 	st.Restore = s.restore.Load()
 	if fn := s.k8s.Load(); fn != nil {
 		st.K8s = (*fn)()

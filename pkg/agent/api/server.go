@@ -119,6 +119,7 @@ type Server struct {
 	streamsDone chan struct{}
 	closeOnce   sync.Once
 	health      atomic.Pointer[func() *models.HealthStatus]
+	nodeHealth  atomic.Pointer[func() []models.NodeHealth]
 	restore     atomic.Pointer[models.RestoreStatus]
 	k8s         atomic.Pointer[func() *models.K8sStatus]
 	kvstore     atomic.Pointer[func() *models.KvstoreStatus]
@@ -144,6 +145,10 @@ func (s *Server) SetKvstore(fn func() *models.KvstoreStatus) { s.kvstore.Store(&
 
 // SetHealth installs the health endpoint's status for GET /v1/status.
 func (s *Server) SetHealth(fn func() *models.HealthStatus) { s.health.Store(&fn) }
+
+// SetNodeHealth installs the remote nodes' reachability for GET
+// /v1/health and the status's summary.
+func (s *Server) SetNodeHealth(fn func() []models.NodeHealth) { s.nodeHealth.Store(&fn) }
 
 // SetRestore installs what the restore at start did, for GET /v1/status.
 func (s *Server) SetRestore(st models.RestoreStatus) { s.restore.Store(&st) }
@@ -216,6 +221,7 @@ func (s *Server) SetReady() { s.ready.Store(true) }
 func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /v1/healthz", s.healthz)
+	m.HandleFunc("GET /v1/health", s.healthReport)
 	m.HandleFunc("GET /v1/status", s.status)
 	m.HandleFunc("PUT /v1/endpoint/{id}", s.mutating(s.putEndpoint))
 	m.HandleFunc("GET /v1/endpoint/{id}", s.getEndpoint)

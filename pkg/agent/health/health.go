@@ -59,6 +59,11 @@ type Config struct {
 	Interval time.Duration
 	// ProbeTimeout bounds one probe (default 2 s).
 	ProbeTimeout time.Duration
+	// NodeInterval is the time between probe rounds of the remote nodes
+	// (default 5 s; negative: no node probes and no node responder).
+	NodeInterval time.Duration
+	// NodeMetrics receives the node probes' results (may be nil).
+	NodeMetrics NodeMetrics
 }
 
 // Manager runs the health endpoint and its prober.
@@ -70,8 +75,10 @@ type Manager struct {
 	spec datapath.HealthSpec
 	http *http.Client
 
-	stop context.CancelFunc
-	done chan struct{}
+	stop  context.CancelFunc
+	done  chan struct{}
+	nodes *nodeProber
+	ndone <-chan struct{}
 
 	// mu guards status, ep and srv.
 	mu     sync.Mutex
@@ -99,10 +106,26 @@ func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog
 	m.spec = datapath.HealthSpec{Netns: filepath.Join(cfg.Dir, "netns"), HostIfName: HostIfName}
 	m.http = &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{
 		DialContext: dp.DialHost, DisableKeepAlives: true}}
+	if cfg.NodeInterval == 0 {
+		cfg.NodeInterval = 5 * time.Second
+	}
+	m.cfg = cfg
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stop = cancel
 	go m.loop(ctx)
+	if cfg.NodeInterval > 0 {
+		m.nodes, m.ndone = startNodeProber(ctx, cfg, sys.Index, dp, sys.Events(), m.log)
+	}
 	return m
+}
+
+// Nodes returns the remote nodes' reachability (the last probe round of
+// each; empty without node probes).
+func (m *Manager) Nodes() []models.NodeHealth {
+	if m.nodes == nil {
+		return []models.NodeHealth{}
+	}
+	return m.nodes.Matrix()
 }
 
 // Stop stops the prober and the responder. The namespace, the veth and
@@ -110,6 +133,9 @@ func Start(cfg Config, sys *actors.System, dp datapath.HealthDatapath, log *slog
 func (m *Manager) Stop() {
 	m.stop()
 	<-m.done
+	if m.ndone != nil {
+		<-m.ndone // the node responder closes with it
+	}
 	m.closeServer()
 }
 

@@ -51,6 +51,8 @@ type Metrics struct {
 	restored   *prometheus.GaugeVec
 	drops      *prometheus.CounterVec
 	l7         *prometheus.CounterVec
+	nodeUp     *prometheus.GaugeVec
+	nodeRTT    *prometheus.GaugeVec
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -106,6 +108,15 @@ func New() *Metrics {
 		Help: "Requests the L7 proxy decided, by protocol, verdict (allowed, denied) and the direction of the rules " +
 			"that decided (ingress, egress; none when no rule applied).",
 	}, []string{"protocol", "verdict", "direction"})
+	m.nodeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "node_health", Name: "reachable",
+		Help: "Whether the last probe of a remote node answered (1) or not (0), by node and probe (icmp: echo to each " +
+			"node address; http: the node's health responder on port 4240; a node with several addresses is 1 only if all answered).",
+	}, []string{"node", "probe"})
+	m.nodeRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "node_health", Name: "latency_seconds",
+		Help: "Round trip of the last answered probe of a remote node, by node and probe.",
+	}, []string{"node", "probe"})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -121,9 +132,26 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
 		"each object counts once per reason.", "source", "reason")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// NodeProbe records a probe round of a remote node (health's node
+// prober): ok if every address answered, rtt the slowest answer.
+func (m *Metrics) NodeProbe(node, probe string, ok bool, rtt time.Duration) {
+	v := 0.0
+	if ok {
+		v = 1
+		m.nodeRTT.WithLabelValues(node, probe).Set(rtt.Seconds())
+	}
+	m.nodeUp.WithLabelValues(node, probe).Set(v)
+}
+
+// ForgetNode drops a remote node's probe metrics (it left the cluster).
+func (m *Metrics) ForgetNode(node string) {
+	m.nodeUp.DeletePartialMatch(prometheus.Labels{"node": node})
+	m.nodeRTT.DeletePartialMatch(prometheus.Labels{"node": node})
 }
 
 // SetSampler installs the function the scrape-time gauges read.

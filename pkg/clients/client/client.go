@@ -182,6 +182,13 @@ func (c *Client) Status(ctx context.Context) (*models.Status, error) {
 	return &st, c.do(ctx, http.MethodGet, "/v1/status", "", nil, &st)
 }
 
+// Health returns GET /v1/health: the health endpoint and every remote
+// node's reachability.
+func (c *Client) Health(ctx context.Context) (*models.HealthReport, error) {
+	var h models.HealthReport
+	return &h, c.do(ctx, http.MethodGet, "/v1/health", "", nil, &h)
+}
+
 // WaitReady polls Status until the agent reports "ok" (restore done, the
 // delete queue drained), ctx ends, or gone closes (the agent's process
 // exited); it returns the last error seen with the reason it stopped.

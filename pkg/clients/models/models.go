@@ -344,6 +344,42 @@ type RestoreStatus struct {
 
 // HealthStatus reports the agent's health endpoint (its own netns with a
 // responder the agent probes from the host).
+// HealthReport answers GET /v1/health: this node's health endpoint and
+// every remote node's reachability from this one.
+type HealthReport struct {
+	Local *HealthStatus `json:"local"`
+	// Nodes is the last probe round of each remote node, by name (empty
+	// with the health endpoint disabled).
+	Nodes []NodeHealth `json:"nodes"`
+}
+
+// NodeHealth is one remote node as this agent's probes last saw it.
+type NodeHealth struct {
+	Name string `json:"name"`
+	// State is "ok" (every address answered ICMP and HTTP), "degraded"
+	// (some did), "unreachable" (none did).
+	State string `json:"state"`
+	// Since is when State last changed (or the node was first probed).
+	Since     time.Time        `json:"since"`
+	LastProbe time.Time        `json:"last-probe"`
+	Addresses []NodeAddrHealth `json:"addresses"`
+}
+
+// NodeAddrHealth is the probes of one node address: an ICMP echo and an
+// HTTP GET of the node's health responder (port 4240, /hello).
+type NodeAddrHealth struct {
+	IP   string      `json:"ip"`
+	ICMP ProbeResult `json:"icmp"`
+	HTTP ProbeResult `json:"http"`
+}
+
+// ProbeResult is one probe: answered (with its round trip) or why not.
+type ProbeResult struct {
+	OK        bool    `json:"ok"`
+	LatencyMS float64 `json:"latency-ms,omitempty"`
+	Error     string  `json:"error,omitempty"`
+}
+
 type HealthStatus struct {
 	// State is "ok" (the last probe was answered), "failing", "starting"
 	// or "disabled" (no Linux datapath, or --enable-health=false).
@@ -359,6 +395,10 @@ type HealthStatus struct {
 	LastProbe time.Time `json:"last-probe,omitzero"`
 	// Error is why the last probe (or the setup) failed.
 	Error string `json:"error,omitempty"`
+	// NodesProbed is how many remote nodes the node probes cover;
+	// FailingNodes names those not "ok" (GET /v1/health has the details).
+	NodesProbed  int      `json:"nodes-probed,omitempty"`
+	FailingNodes []string `json:"failing-nodes,omitempty"`
 }
 
 // Error is the body of every non-2xx answer.

@@ -33,6 +33,9 @@ const (
 	FQDNExpired Type = "fqdn-expired"
 	// L7Access is one request an L7 proxy decided (Event.L7).
 	L7Access Type = "l7-access"
+	// NodeHealth: a remote node's reachability changed (Node, State,
+	// PrevState; Message names the failing probes).
+	NodeHealth Type = "node-health"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
@@ -40,7 +43,7 @@ const (
 
 // Types lists every publishable type (not Missed), for filters and docs.
 var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, PolicyRefused, DatapathDrop,
-	L7Access, DNSQuery, FQDNExpired}
+	L7Access, DNSQuery, FQDNExpired, NodeHealth}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -54,7 +57,9 @@ type Event struct {
 	// Namespace and Pod name the endpoint's pod.
 	Namespace string `json:"namespace,omitempty"`
 	Pod       string `json:"pod,omitempty"`
-	// State is the endpoint's new state, PrevState the one it left.
+	// Node is the remote node (node-health events).
+	Node string `json:"node,omitempty"`
+	// State is the endpoint's (node's) new state, PrevState the one it left.
 	State     string `json:"state,omitempty"`
 	PrevState string `json:"prev-state,omitempty"`
 	// Identity is the numeric identity (identity events, endpoint events).
