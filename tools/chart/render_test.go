@@ -320,6 +320,20 @@ func TestValues(t *testing.T) {
 		{"log", []string{"logLevel=debug", "logFormat=text"}, func(t *testing.T, o *objects, args []string) {
 			hasArgs(t, args, "--log-level=debug", "--log-format=text")
 		}},
+		{"cni paths and cgroup root", []string{"cni.binPath=/home/kubernetes/bin", "cni.confPath=/etc/cni/conf.d",
+			"kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1", "cgroup.hostRoot=/sys/fs/cgroup/unified"}, func(t *testing.T, o *objects, args []string) {
+			hp := o.hostPaths()
+			if hp["cni-bin"] != "/home/kubernetes/bin" || hp["cni-conf"] != "/etc/cni/conf.d" || hp["cgroup2"] != "/sys/fs/cgroup/unified" {
+				t.Errorf("host paths %v", hp)
+			}
+			hasArgs(t, args, "--socket-lb-cgroup=/run/membrane/cgroupv2")
+		}},
+		{"agent capabilities", []string{"securityContext.capabilities.agent={NET_ADMIN,BPF,SYS_ADMIN}"}, func(t *testing.T, o *objects, args []string) {
+			sc := o.ds.Spec.Template.Spec.Containers[0].SecurityContext
+			if got := fmt.Sprint(sc.Capabilities.Add); got != "[NET_ADMIN BPF SYS_ADMIN]" || fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" {
+				t.Errorf("capabilities %v", sc.Capabilities)
+			}
+		}},
 		{"cni mtu", []string{"cni.mtu=1400"}, func(t *testing.T, o *objects, args []string) {
 			if c := o.cm.Data["05-membrane.conflist"]; !strings.Contains(c, `"mtu": 1400`) {
 				t.Errorf("conflist %s", c)
@@ -390,6 +404,7 @@ func TestBadValues(t *testing.T) {
 		{[]string{"routingmode=native"}, "additional properties 'routingmode' not allowed"},
 		{[]string{"ipam.range=10.0.0.0/24"}, "at '/ipam': additional properties 'range' not allowed"},
 		{[]string{"masquerade=yes"}, "at '/masquerade': got string, want boolean"},
+		{[]string{"cni.binPath=opt/cni/bin"}, "/cni/binPath"},
 	} {
 		t.Run(strings.Join(tc.sets, ","), func(t *testing.T) {
 			_, err := renderFiles(DefaultRelease, tc.sets...)
