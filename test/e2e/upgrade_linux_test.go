@@ -107,10 +107,13 @@ func TestUpgradeUnderTraffic(t *testing.T) {
 				t.Fatalf("%s's agent never answered as %s: %v", n.name, to, err)
 			}
 		}
+		newPods := map[string]*corev1.Pod{}
 		for _, n := range c.nodes {
-			if _, err := c.waitAgentPod(ctx, n, 3*time.Minute); err != nil {
+			p, err := c.waitAgentPod(ctx, n, 3*time.Minute)
+			if err != nil {
 				t.Fatal(err)
 			}
+			newPods[n.name] = p
 		}
 		rolled := time.Since(t0)
 		time.Sleep(time.Second) // traffic after the roll
@@ -137,7 +140,7 @@ func TestUpgradeUnderTraffic(t *testing.T) {
 				t.Errorf("to %s: %s: %v", to, n.name, err)
 				continue
 			}
-			downs = append(downs, fmt.Sprintf("%s %s", n.name, d.Round(time.Millisecond)))
+			downs = append(downs, fmt.Sprintf("%s %s (%s)", n.name, d.total.Round(time.Millisecond), d.phases(newPods[n.name])))
 		}
 		t.Logf("to %s: rolled in %s; agent downtime (old agent's last answer to new agent's first ok): %s",
 			to, rolled.Round(time.Millisecond), strings.Join(downs, ", "))
@@ -189,9 +192,37 @@ func watchDowntime(n *node) *downtimeWatch {
 	return w
 }
 
+// downtime is one node's: from the old agent's last answer to the new
+// one's first "ok".
+type downtime struct {
+	lastOld, firstNew time.Time
+	total             time.Duration
+}
+
+// phases splits the downtime by the new pod's status (whole seconds, as
+// the API reports them): until the DaemonSet controller created the new
+// pod (the old agent's stop, its pod's removal), until its agent
+// container started (sandbox, mount-bpffs, install-cni), until the agent
+// answered ok (restore, Kubernetes caches).
+func (d downtime) phases(p *corev1.Pod) string {
+	if p == nil {
+		return "?"
+	}
+	var started time.Time
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == "agent" && cs.State.Running != nil {
+			started = cs.State.Running.StartedAt.Time
+		}
+	}
+	created := p.CreationTimestamp.Time
+	return fmt.Sprintf("old agent gone to new pod created %s, to agent container started %s, to agent ok %s",
+		created.Sub(d.lastOld).Round(100*time.Millisecond), started.Sub(created).Round(time.Second),
+		d.firstNew.Sub(started).Round(100*time.Millisecond))
+}
+
 // stop ends the watch and returns the time from the last answer of an
 // agent of another version than to until the first of version to.
-func (w *downtimeWatch) stop(to string) (time.Duration, error) {
+func (w *downtimeWatch) stop(to string) (downtime, error) {
 	w.done.Store(true)
 	<-w.finished
 	var lastOld, firstNew time.Time
@@ -201,15 +232,15 @@ func (w *downtimeWatch) stop(to string) (time.Duration, error) {
 			firstNew = s.at
 		case s.version != "" && s.version != to:
 			if !firstNew.IsZero() {
-				return 0, fmt.Errorf("an agent of version %s answered after one of %s", s.version, to)
+				return downtime{}, fmt.Errorf("an agent of version %s answered after one of %s", s.version, to)
 			}
 			lastOld = s.at
 		}
 	}
 	if lastOld.IsZero() || firstNew.IsZero() {
-		return 0, fmt.Errorf("no old and new agent seen (%d samples)", len(w.samples))
+		return downtime{}, fmt.Errorf("no old and new agent seen (%d samples)", len(w.samples))
 	}
-	return firstNew.Sub(lastOld), nil
+	return downtime{lastOld: lastOld, firstNew: firstNew, total: firstNew.Sub(lastOld)}, nil
 }
 
 // startDeniedProbe dials to:80 over TCP from the netns at from every
