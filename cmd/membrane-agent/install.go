@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -52,53 +53,33 @@ func runInstallCNI(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "membrane-agent install-cni: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if *hostPorts != hostPortsAsIs {
-		src, err := hostPortConflist(*conflist, *hostPorts, *binDir)
-		if err != nil {
-			fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
-			return 1
-		}
-		defer os.RemoveAll(filepath.Dir(src))
-		*conflist = src
+	if err := installFile(*plugin, *binDir, nil); err != nil {
+		fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
+		return 1
 	}
-	for _, c := range []struct{ src, dir string }{{*plugin, *binDir}, {*conflist, *confDir}} {
-		if err := installFile(c.src, c.dir); err != nil {
-			fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
-			return 1
+	var change func([]byte) ([]byte, error)
+	if *hostPorts != hostPortsAsIs {
+		change = func(raw []byte) ([]byte, error) {
+			var portmapVersions []string
+			if *hostPorts == hostPortsPortmap {
+				vs, err := pluginVersions(filepath.Join(*binDir, "portmap"))
+				if err != nil {
+					return nil, err
+				}
+				portmapVersions = vs
+			}
+			out, err := conflistForHostPorts(raw, *hostPorts, portmapVersions)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", *conflist, err)
+			}
+			return append(out, '\n'), nil
 		}
+	}
+	if err := installFile(*conflist, *confDir, change); err != nil {
+		fmt.Fprintf(stderr, "membrane-agent install-cni: %v\n", err)
+		return 1
 	}
 	return 0
-}
-
-// hostPortConflist writes the conflist at path, changed for the hostPort
-// mode, into a new temporary directory under the same name (installFile
-// installs it from there); the caller removes the directory. In portmap
-// mode it asks binDir's portmap for the CNI versions it supports.
-func hostPortConflist(path, mode, binDir string) (string, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", path, err)
-	}
-	var portmapVersions []string
-	if mode == hostPortsPortmap {
-		if portmapVersions, err = pluginVersions(filepath.Join(binDir, "portmap")); err != nil {
-			return "", err
-		}
-	}
-	out, err := conflistForHostPorts(raw, mode, portmapVersions)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", path, err)
-	}
-	dir, err := os.MkdirTemp("", "membrane-conflist-")
-	if err != nil {
-		return "", err
-	}
-	dst := filepath.Join(dir, filepath.Base(path))
-	if err := os.WriteFile(dst, append(out, '\n'), 0o644); err != nil {
-		os.RemoveAll(dir)
-		return "", err
-	}
-	return dst, nil
 }
 
 // pluginVersions runs the CNI plugin at path with CNI_COMMAND=VERSION
@@ -120,8 +101,11 @@ func pluginVersions(path string) ([]string, error) {
 const pluginVersionTimeout = 10 * time.Second
 
 // installFile copies src into dir under its base name, keeping src's
-// permission bits, through a temporary file renamed over the target.
-func installFile(src, dir string) (retErr error) {
+// permission bits, through a temporary file in dir renamed over the
+// target; change, if not nil, rewrites the content on the way (the
+// conflist for --host-ports). Nothing is written anywhere else: the
+// image has no /tmp and the init container's root is read-only.
+func installFile(src, dir string, change func([]byte) ([]byte, error)) (retErr error) {
 	name := filepath.Base(src)
 	if name == "." || name == ".." || name == "/" {
 		return fmt.Errorf("install %s: invalid file name", src)
@@ -138,6 +122,18 @@ func installFile(src, dir string) (retErr error) {
 	if !st.Mode().IsRegular() {
 		return fmt.Errorf("install %s: not a regular file", src)
 	}
+	var r io.Reader = in
+	if change != nil {
+		raw, err := io.ReadAll(in)
+		if err != nil {
+			return fmt.Errorf("install %s: %w", src, err)
+		}
+		out, err := change(raw)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(out)
+	}
 	tmp, err := os.CreateTemp(dir, "."+name+".new-*")
 	if err != nil {
 		return fmt.Errorf("install %s into %s: %w", src, dir, err)
@@ -148,7 +144,7 @@ func installFile(src, dir string) (retErr error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := io.Copy(tmp, in); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		return fmt.Errorf("install %s into %s: %w", src, dir, err)
 	}
 	if err := tmp.Chmod(st.Mode().Perm()); err != nil {

@@ -56,3 +56,29 @@ func TestInstallCNI(t *testing.T) {
 		t.Fatalf("mount-bpffs with an argument = %d, want 2", rc)
 	}
 }
+
+// install-cni --host-ports writes the changed conflist only into the
+// configuration directory: the image has no /tmp (TMPDIR names a missing
+// directory here) and the init container's root file system is
+// read-only.
+func TestInstallCNIHostPortsNoTmp(t *testing.T) {
+	src, bin, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	plugin := filepath.Join(src, "membrane-cni")
+	if err := os.WriteFile(plugin, []byte("plugin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", filepath.Join(src, "no-such-dir"))
+	var stderr bytes.Buffer
+	args := []string{"install-cni", "--plugin", plugin, "--conflist", "../../deploy/05-membrane.conflist",
+		"--cni-bin-dir", bin, "--cni-conf-dir", conf, "--host-ports", "bpf"}
+	if rc := run(args, &stderr); rc != 0 {
+		t.Fatalf("install-cni --host-ports bpf = %d: %s", rc, stderr.String())
+	}
+	got, err := os.ReadFile(filepath.Join(conf, "05-membrane.conflist"))
+	if err != nil || !bytes.Contains(got, []byte(`"portMappings"`)) {
+		t.Fatalf("installed conflist without the portMappings capability (%v):\n%s", err, got)
+	}
+	if ents, _ := os.ReadDir(conf); len(ents) != 1 {
+		t.Fatalf("%s holds %d entries, want 1 (no temporary file left)", conf, len(ents))
+	}
+}

@@ -85,6 +85,9 @@ type cluster struct {
 	cfg         *rest.Config
 	client      kubernetes.Interface
 	cni         string // "membrane" or "ptp"
+	// agentFlags are the chart's agent flags (its ConfigMap's data, name
+	// -> value) as installed: a host-process agent runs with them too.
+	agentFlags map[string]string
 	// UpTime is how long up took (control plane start to every node Ready).
 	UpTime time.Duration
 }
@@ -117,6 +120,7 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	defer func() {
 		if retErr != nil {
 			logf("cluster up failed: %v; logs in %s", retErr, dir)
+			dumpLogs(c)
 			if os.Getenv("E2E_KEEP") != "1" {
 				if err := teardown(c.state); err != nil {
 					logf("teardown: %v", err)
@@ -136,6 +140,13 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	if err := c.installDNS(ctx, cc.Nodes); err != nil {
 		return c, err
 	}
+	if c.cni == "membrane" {
+		// The DaemonSet before the nodes: each node's pod starts once its
+		// kubelet registers (the pod tolerates the not-ready taint).
+		if err := c.installMembrane(ctx, versionA); err != nil {
+			return c, err
+		}
+	}
 	for i := range cc.Nodes {
 		n, err := c.startNode(ctx, i, cc.Built)
 		if err != nil {
@@ -146,6 +157,11 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	for _, n := range c.nodes {
 		if err := c.waitNodeReady(ctx, n); err != nil {
 			return c, err
+		}
+		if c.cni == "membrane" {
+			if _, err := c.waitAgentPod(ctx, n, 3*time.Minute); err != nil {
+				return c, err
+			}
 		}
 	}
 	c.UpTime = time.Since(t0)
@@ -362,8 +378,11 @@ func inNetns(path string, fn func() error) error {
 
 // waitNodeReady waits until the Node reports Ready (kubelet registered,
 // the runtime's CNI config loaded) and the node lifecycle controller has
-// lifted its not-ready taint (else the scheduler skips the node).
+// lifted its not-ready taint (else the scheduler skips the node). With
+// Membrane the conflist is the DaemonSet's install-cni's to write: a
+// node Ready without it is an error.
 func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
+	var early error
 	err := testutil.WaitFor(3*time.Minute, func() bool {
 		if n.failed() != nil {
 			return true
@@ -371,6 +390,12 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 		no, err := c.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if err != nil {
 			return false
+		}
+		if c.cni == "membrane" && nodeReady(no) {
+			if _, err := os.Stat(filepath.Join(n.dir, "net.d", "05-membrane.conflist")); err != nil {
+				early = fmt.Errorf("node %s Ready without the conflist install-cni writes: %w", n.name, err)
+				return true
+			}
 		}
 		for _, t := range no.Spec.Taints {
 			if t.Key == corev1.TaintNodeNotReady {
@@ -387,10 +412,22 @@ func (c *cluster) waitNodeReady(ctx context.Context, n *node) error {
 	if err == nil {
 		err = n.failed()
 	}
+	if err == nil {
+		err = early
+	}
 	if err != nil {
 		return fmt.Errorf("node %s not Ready: %w (logs in %s)", n.name, err, n.dir)
 	}
 	return nil
+}
+
+func nodeReady(no *corev1.Node) bool {
+	for _, cond := range no.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // waitPodCIDR waits until kubelet has registered n's Node and the

@@ -29,10 +29,14 @@ import (
 // its pods, creates a pod while it is down and starts it again: no
 // datagram of the established flows is lost, the TCP connection never
 // fails, no pod is recreated, and the pod created meanwhile reaches
-// Running once the agent is back (kubelet retries its CNI ADD).
+// Running once the agent is back (kubelet retries its CNI ADD). The
+// agent is a host process here (hostAgent): kubelet would restart a
+// killed agent container at once, leaving no time to create a pod while
+// it is down.
 func TestAgentRestartUnderTraffic(t *testing.T) {
 	c := requireCluster(t)
 	n := c.nodes[0]
+	c.hostAgent(t, n)
 	ns := c.namespace(t, "restart", nil)
 	pods := c.createPods(t, podSpec(ns, "a", n.name, nil), podSpec(ns, "b", n.name, nil))
 	a, b := pods[ns+"/a"], pods[ns+"/b"]
@@ -183,10 +187,12 @@ func startUDPFlow(t *testing.T, from string, to netip.Addr) (stop func() (sent, 
 // node's agent is stopped: kubelet's CNI DELs succeed (membrane-cni
 // queues them on disk), the pods go away, and once the agent is back it
 // drains the queue: no endpoint, address, host veth or BPF pin of those
-// pods is left.
+// pods is left. The agent is a host process here (hostAgent): the
+// DaemonSet controller would recreate a deleted agent pod at once.
 func TestDeleteWhileAgentDown(t *testing.T) {
 	c := requireCluster(t)
 	n := c.nodes[0]
+	c.hostAgent(t, n)
 	ns := c.namespace(t, "deldown", nil)
 	var specs []podLike
 	for i := range 50 {

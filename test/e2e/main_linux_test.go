@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	defer kubetest.RemoveChartTool()
 	if os.Getenv("MEMBRANE_E2E_DOWN") == "1" {
 		if err := downAll(); err != nil {
 			logf("e2e-down: %v", err)
@@ -145,9 +146,9 @@ func prepare() error {
 		return err
 	}
 	built = dir
-	// Static: they run in the nodes' mount namespaces and images.
-	if err := testutil.BuildStatic(dir, "github.com/membrane-cni/membrane/cmd/membrane-cni",
-		"github.com/membrane-cni/membrane/cmd/membrane-agent", "../cri/testdata/pause", "./testdata/probe"); err != nil {
+	// Static: they run in the nodes' mount namespaces and images. The
+	// Membrane images, as make image builds them, in two versions.
+	if err := buildMembraneImages(dir); err != nil {
 		return err
 	}
 	if err := writeImage(filepath.Join(dir, "pause"), "localhost/pause:v1", "65535:65535", filepath.Join(dir, "pause.tar")); err != nil {
@@ -180,7 +181,9 @@ func requireCluster(t *testing.T) *cluster {
 func dumpLogs(c *cluster) {
 	logs, _ := filepath.Glob(filepath.Join(c.Dir, "*.log"))
 	more, _ := filepath.Glob(filepath.Join(c.Dir, "node-*", "*.log"))
-	for _, f := range append(logs, more...) {
+	// The agent pods' containers (kubelet's podLogsDir).
+	agents, _ := filepath.Glob(filepath.Join(c.Dir, "node-*", "pod-logs", agentNamespace+"_*", "*", "*.log"))
+	for _, f := range append(append(logs, more...), agents...) {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			continue

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,12 @@ type node struct {
 // netns files, the agent's state), /var/lib and /var/log (paths kubelet
 // hard-codes) are tmpfs, bpffs is its own instance, and the host-global
 // sysctls kubelet checks are masked read-only with the values it wants
-// (protectKernelDefaults: it never writes the host's).
+// (protectKernelDefaults: it never writes the host's). The node's CNI
+// directories appear at the same paths on every node (nodeCNIBin,
+// nodeCNIConf: the DaemonSet's hostPaths); every mount is made shared
+// within the node's namespace (new peer groups: nothing propagates to or
+// from the host), as on a systemd host, so that the DaemonSet's
+// HostToContainer and Bidirectional mounts work.
 const nodeMounts = `set -e
 mount -t tmpfs tmpfs /run
 mkdir -p /run/netns /run/containerd /run/membrane
@@ -51,6 +57,10 @@ for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_
   mount --bind $f /proc/sys/$k
   mount -o remount,bind,ro /proc/sys/$k
 done
+mkdir -p NODECNIBIN NODECNICONF NODECGROUP2
+mount --bind NODEDIR/cni-bin NODECNIBIN
+mount --bind NODEDIR/net.d NODECNICONF
+mount --make-rshared /
 ip link set lo up`
 
 // startNode makes node i's namespaces, plugs it into the underlay and
@@ -68,7 +78,8 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 	if err := c.saveState(); err != nil {
 		return nil, err
 	}
-	script := strings.ReplaceAll(nodeMounts, "SYSCTL", filepath.Join(n.dir, "sysctl"))
+	script := strings.NewReplacer("SYSCTL", filepath.Join(n.dir, "sysctl"), "NODEDIR", n.dir,
+		"NODECNIBIN", nodeCNIBin, "NODECNICONF", nodeCNIConf, "NODECGROUP2", nodeCgroup2).Replace(nodeMounts)
 	// A UTS namespace too, named after the node: hostNetwork pods see the
 	// node's hostname, as on a real node (upstream's specs check it).
 	script = "hostname " + n.name + "\n" + script
@@ -82,6 +93,15 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 	}
 	if err := n.makeCgroups(); err != nil {
 		return nil, err
+	}
+	if cg2 := cgroup2Mount(); cg2 != "" {
+		// The node's pod cgroup in the cgroup2 hierarchy at nodeCgroup2
+		// (the chart's cgroup.hostRoot with the kube-proxy replacement):
+		// socket-level translation for the node's pods only, never the
+		// machine's root cgroup.
+		if err := c.nsexec(n.pid, true, "mount", "--bind", filepath.Join(cg2, n.cgroup), nodeCgroup2); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.writeConfig(); err != nil {
 		return nil, err
@@ -102,11 +122,9 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 		// the file up when it appears.
 		return n, n.writePtpConflist()
 	}
-	// The agent runs with --ipam=kubernetes, as the DaemonSet does: it
-	// takes its range from the Node's podCIDRs.
-	if err := n.startAgent(ctx); err != nil {
-		return nil, err
-	}
+	// The DaemonSet's pod (installMembrane) installs the plugin and the
+	// conflist and runs the agent, which takes its range from the Node's
+	// podCIDRs (--ipam=kubernetes); up waits for it.
 	return n, nil
 }
 
@@ -161,11 +179,11 @@ func dirExists(p string) bool {
 	return err == nil && st.IsDir()
 }
 
-// writeConfig writes containerd.toml, kubelet.yaml, the CNI binaries and
-// (CNI membrane) the conflist: the shipped deploy/05-membrane.conflist
-// unchanged (its socket /var/run/membrane/membrane.sock is the node's
-// own /run). The ptp arm's conflist waits for the node's pod range
-// (writePtpConflist).
+// writeConfig writes containerd.toml, kubelet.yaml and the loopback
+// plugin (and ptp's). membrane-cni and Membrane's conflist are the
+// DaemonSet's install-cni's to write (the chart's conflist: its socket
+// /var/run/membrane/membrane.sock is the node's own /run). The ptp arm's
+// conflist waits for the node's pod range (writePtpConflist).
 func (n *node) writeConfig() error {
 	d := n.dir
 	toml := fmt.Sprintf(containerdTOML, filepath.Join(d, "root"), filepath.Join(d, "state"), n.sock(),
@@ -183,9 +201,7 @@ func (n *node) writeConfig() error {
 		return err
 	}
 	links := map[string]string{"loopback": n.c.tools["loopback"]}
-	if n.c.cni == "membrane" {
-		links["membrane-cni"] = filepath.Join(n.built, "membrane-cni")
-	} else {
+	if n.c.cni != "membrane" {
 		dir := filepath.Dir(n.c.tools["loopback"])
 		links["ptp"], links["host-local"] = filepath.Join(dir, "ptp"), filepath.Join(dir, "host-local")
 	}
@@ -194,14 +210,7 @@ func (n *node) writeConfig() error {
 			return err
 		}
 	}
-	if n.c.cni != "membrane" {
-		return nil
-	}
-	conf, err := os.ReadFile("../../deploy/05-membrane.conflist")
-	if err != nil {
-		return err
-	}
-	return writeConflist(filepath.Join(d, "net.d", "05-membrane.conflist"), conf)
+	return nil
 }
 
 // writePtpConflist writes the ptp arm's conflist: ptp + host-local on the
@@ -246,7 +255,11 @@ func (n *node) startContainerd() error {
 	}); err != nil || n.failed() != nil {
 		return fmt.Errorf("containerd not up: %v %v", err, n.failed())
 	}
-	for _, img := range []string{"pause.tar", "probe.tar", "coredns.tar"} {
+	imgs := []string{"pause.tar", "probe.tar", "coredns.tar"}
+	if n.c.cni == "membrane" {
+		imgs = append(imgs, "membrane-"+versionA+".tar", "membrane-"+versionB+".tar")
+	}
+	for _, img := range imgs {
 		out, err := exec.Command(n.c.tools["ctr"], "--address", n.sock(), "-n", "k8s.io", "images", "import",
 			filepath.Join(n.built, img)).CombinedOutput()
 		if err != nil {
@@ -256,22 +269,39 @@ func (n *node) startContainerd() error {
 	return nil
 }
 
-// agentArgs are the DaemonSet's container arguments
-// (deploy/kubernetes/membrane.yaml) plus the Kubernetes mode: the same
-// socket and delete-queue paths (the node's own /run), --ipam=kubernetes
-// (the pod range from the Node object), and the API server through a
-// kubeconfig instead of the in-cluster service account.
+// agentArgs are the host-process agent's (hostAgent): the DaemonSet
+// container's fixed arguments (the same socket, state, delete-queue and
+// bpffs paths on the node, so it takes over the pod's state and pins)
+// and the chart's flags as installed, but the API server through the
+// admin kubeconfig instead of the ServiceAccount, the host's /proc, and
+// the node's pod cgroup for socket-level translation.
 func (n *node) agentArgs() []string {
-	return append([]string{filepath.Join(n.built, "membrane-agent"),
-		"--datapath=linux",
-		"--socket=/var/run/membrane/membrane.sock",
-		"--state-dir=/var/run/membrane/state",
-		"--delete-queue-dir=/var/run/membrane/delete-queue",
-		"--ipam=kubernetes",
-		"--log-format=json",
+	args := []string{filepath.Join(n.built, "membrane-agent"),
 		"--k8s-kubeconfig=" + filepath.Join(n.c.Dir, "admin.kubeconfig"),
 		"--node-name=" + n.name,
-	}, n.kprArgs()...)
+		"--socket=/var/run/membrane/membrane.sock",
+		"--state-dir=/var/lib/membrane/state",
+		"--delete-queue-dir=/var/run/membrane/delete-queue",
+		"--bpffs=/sys/fs/bpf/membrane",
+	}
+	names := make([]string, 0, len(n.c.agentFlags))
+	for k := range n.c.agentFlags {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		v := n.c.agentFlags[k]
+		switch k {
+		case "socket-lb-cgroup":
+			v = nodeCgroup2
+		case "l7-proxy":
+			if v != "" {
+				v = filepath.Join(n.built, "membrane-proxy")
+			}
+		}
+		args = append(args, "--"+k+"="+v)
+	}
+	return args
 }
 
 // startAgent starts membrane-agent in the node's namespaces and waits for
@@ -315,7 +345,9 @@ func (n *node) startKubelet() error {
 		"--kubeconfig="+filepath.Join(n.dir, "kubelet.kubeconfig"),
 		"--root-dir="+filepath.Join(n.dir, "kubelet"),
 		"--cert-dir="+filepath.Join(n.dir, "kubelet", "pki"),
-		"--hostname-override="+n.name, "--node-ip="+n.ip.String(), "--v=1")
+		"--hostname-override="+n.name, "--node-ip="+n.ip.String(),
+		// The DaemonSet's nodeSelector (hostAgent relabels).
+		"--node-labels="+agentNodeLabel+"=pod", "--v=1")
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ import (
 
 // hostSnapshot summarises what teardown must leave as it found it: the
 // host's links, the network namespaces of all processes, host mounts,
-// and the e2e cgroups. Other suites run concurrently, so the numbers are
+// the e2e cgroups and the host bpffs's entries. Other suites run concurrently, so the numbers are
 // for the log; teardown's own check (leftovers) is exact.
 func hostSnapshot() string {
 	links, _ := net.Interfaces()
@@ -41,7 +41,10 @@ func hostSnapshot() string {
 	}
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/membrane-e2e-*")
-	return fmt.Sprintf("{links %d, netns %d, mounts %d, e2e cgroups %d}", len(links), len(nets), bytes.Count(mi, []byte("\n")), len(cgs))
+	// The agents' pins live in each node's own bpffs, never the host's.
+	pins, _ := os.ReadDir("/sys/fs/bpf")
+	return fmt.Sprintf("{links %d, netns %d, mounts %d, e2e cgroups %d, host bpffs entries %d}",
+		len(links), len(nets), bytes.Count(mi, []byte("\n")), len(cgs), len(pins))
 }
 
 // namespace creates a namespace with labels and deletes it at the end of

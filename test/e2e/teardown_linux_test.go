@@ -45,22 +45,39 @@ func (c *cluster) down(ctx context.Context) error {
 }
 
 // deleteAllPods deletes every pod and waits until kubelet has removed
-// them (their sandboxes gone, CNI DEL done).
+// them (their sandboxes gone, CNI DEL done): the agents' pods last, so
+// that the others' DELs reach a running agent.
 func (c *cluster) deleteAllPods(ctx context.Context) error {
 	nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list namespaces: %w", err)
 	}
-	for _, ns := range nss.Items {
-		err := c.client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("delete pods in %s: %w", ns.Name, err)
+	for _, agents := range []bool{false, true} {
+		for _, ns := range nss.Items {
+			if (ns.Name == agentNamespace) != agents {
+				continue
+			}
+			err := c.client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+			if err != nil {
+				return fmt.Errorf("delete pods in %s: %w", ns.Name, err)
+			}
+		}
+		if err := testutil.WaitFor(2*time.Minute, func() bool {
+			pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false
+			}
+			for _, p := range pods.Items {
+				if agents || p.Namespace != agentNamespace {
+					return false
+				}
+			}
+			return true
+		}); err != nil {
+			return fmt.Errorf("pods not deleted (agents %v): %w", agents, err)
 		}
 	}
-	return testutil.WaitFor(2*time.Minute, func() bool {
-		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0
-	})
+	return nil
 }
 
 // teardown removes everything of the cluster described by st, also when

@@ -157,6 +157,18 @@ func (o *objects) hostPaths() map[string]string {
 	return m
 }
 
+// installCNI is the install-cni init container's command line.
+func (o *objects) installCNI(tb testing.TB) string {
+	tb.Helper()
+	for _, c := range o.ds.Spec.Template.Spec.InitContainers {
+		if c.Name == "install-cni" {
+			return strings.Join(append(slices.Clone(c.Command), c.Args...), " ")
+		}
+	}
+	tb.Fatal("no install-cni init container")
+	return ""
+}
+
 func hasArgs(tb testing.TB, args []string, want ...string) {
 	tb.Helper()
 	for _, w := range want {
@@ -320,6 +332,40 @@ func TestValues(t *testing.T) {
 		{"log", []string{"logLevel=debug", "logFormat=text"}, func(t *testing.T, o *objects, args []string) {
 			hasArgs(t, args, "--log-level=debug", "--log-format=text")
 		}},
+		{"cni paths and cgroup root", []string{"cni.binPath=/home/kubernetes/bin", "cni.confPath=/etc/cni/conf.d",
+			"kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1", "cgroup.hostRoot=/sys/fs/cgroup/unified"}, func(t *testing.T, o *objects, args []string) {
+			hp := o.hostPaths()
+			if hp["cni-bin"] != "/home/kubernetes/bin" || hp["cni-conf"] != "/etc/cni/conf.d" || hp["cgroup2"] != "/sys/fs/cgroup/unified" {
+				t.Errorf("host paths %v", hp)
+			}
+			hasArgs(t, args, "--socket-lb-cgroup=/run/membrane/cgroupv2")
+		}},
+		{"host ports auto with kpr", []string{"kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1"}, func(t *testing.T, o *objects, args []string) {
+			if got := o.installCNI(t); got != "/usr/local/bin/membrane-agent install-cni --host-ports bpf" {
+				t.Errorf("install-cni command %q", got)
+			}
+		}},
+		{"host ports auto without kpr", nil, func(t *testing.T, o *objects, args []string) {
+			if got := o.installCNI(t); got != "/usr/local/bin/membrane-agent install-cni" {
+				t.Errorf("install-cni command %q", got)
+			}
+		}},
+		{"host ports portmap", []string{"hostPorts=portmap"}, func(t *testing.T, o *objects, args []string) {
+			if got := o.installCNI(t); got != "/usr/local/bin/membrane-agent install-cni --host-ports portmap" {
+				t.Errorf("install-cni command %q", got)
+			}
+		}},
+		{"host ports none with kpr", []string{"hostPorts=none", "kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1"}, func(t *testing.T, o *objects, args []string) {
+			if got := o.installCNI(t); got != "/usr/local/bin/membrane-agent install-cni" {
+				t.Errorf("install-cni command %q", got)
+			}
+		}},
+		{"agent capabilities", []string{"securityContext.capabilities.agent={NET_ADMIN,BPF,SYS_ADMIN}"}, func(t *testing.T, o *objects, args []string) {
+			sc := o.ds.Spec.Template.Spec.Containers[0].SecurityContext
+			if got := fmt.Sprint(sc.Capabilities.Add); got != "[NET_ADMIN BPF SYS_ADMIN]" || fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" {
+				t.Errorf("capabilities %v", sc.Capabilities)
+			}
+		}},
 		{"cni mtu", []string{"cni.mtu=1400"}, func(t *testing.T, o *objects, args []string) {
 			if c := o.cm.Data["05-membrane.conflist"]; !strings.Contains(c, `"mtu": 1400`) {
 				t.Errorf("conflist %s", c)
@@ -390,6 +436,9 @@ func TestBadValues(t *testing.T) {
 		{[]string{"routingmode=native"}, "additional properties 'routingmode' not allowed"},
 		{[]string{"ipam.range=10.0.0.0/24"}, "at '/ipam': additional properties 'range' not allowed"},
 		{[]string{"masquerade=yes"}, "at '/masquerade': got string, want boolean"},
+		{[]string{"cni.binPath=opt/cni/bin"}, "/cni/binPath"},
+		{[]string{"hostPorts=iptables"}, `hostPorts "iptables": want auto, bpf, portmap or none`},
+		{[]string{"hostPorts=bpf"}, "hostPorts bpf needs kubeProxyReplacement"},
 	} {
 		t.Run(strings.Join(tc.sets, ","), func(t *testing.T) {
 			_, err := renderFiles(DefaultRelease, tc.sets...)

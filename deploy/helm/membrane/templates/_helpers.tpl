@@ -37,6 +37,12 @@ the value and what to do. Every template includes it, so `helm install`,
 {{- if and $v.kubeProxyReplacement (not $v.k8sServiceHost) -}}
 {{- fail "kubeProxyReplacement needs k8sServiceHost and k8sServicePort (the API server's address): without kube-proxy nothing translates the kubernetes Service's ClusterIP before the agent runs" -}}
 {{- end -}}
+{{- if not (has $v.hostPorts (list "auto" "bpf" "portmap" "none")) -}}
+{{- fail (printf "hostPorts %q: want auto, bpf, portmap or none" (toString $v.hostPorts)) -}}
+{{- end -}}
+{{- if and (eq $v.hostPorts "bpf") (not $v.kubeProxyReplacement) -}}
+{{- fail "hostPorts bpf needs kubeProxyReplacement: without it use portmap (the portmap plugin in cni.binPath)" -}}
+{{- end -}}
 {{- if and $v.devices (not $v.kubeProxyReplacement) -}}
 {{- fail "devices is for kubeProxyReplacement: set kubeProxyReplacement true or remove devices" -}}
 {{- end -}}
@@ -69,6 +75,15 @@ the value and what to do. Every template includes it, so `helm install`,
 {{- if not (has $v.logFormat (list "text" "json")) -}}
 {{- fail (printf "logFormat %q: want text or json" (toString $v.logFormat)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* membrane.hostPorts is install-cni's --host-ports ("" for none). */}}
+{{- define "membrane.hostPorts" -}}
+{{- $m := .Values.hostPorts -}}
+{{- if eq $m "auto" -}}
+{{- $m = ternary "bpf" "none" .Values.kubeProxyReplacement -}}
+{{- end -}}
+{{- if ne $m "none" -}}{{ $m }}{{- end -}}
 {{- end -}}
 
 {{/* membrane.image is the image reference. */}}
