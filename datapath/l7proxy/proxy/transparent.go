@@ -67,11 +67,21 @@ func transparentListen(ap netip.AddrPort) (net.Listener, error) {
 type upstreams struct {
 	mu sync.Mutex
 	// byID guards nothing else; bounded by maxUpstreams.
-	byID map[identity.NumericIdentity]*http.Transport
+	byID map[upstreamKey]*http.Transport
+}
+
+// upstreamKey names one upstream transport: the client identity its
+// connections are marked with and whether they speak HTTP/2 (h2c, prior
+// knowledge: a request that reached the proxy over HTTP/2 goes on over
+// HTTP/2, so gRPC's streams and trailers pass unchanged; HTTP/1.x stays
+// HTTP/1.x).
+type upstreamKey struct {
+	id identity.NumericIdentity
+	h2 bool
 }
 
 func newUpstreams() *upstreams {
-	return &upstreams{byID: map[identity.NumericIdentity]*http.Transport{}}
+	return &upstreams{byID: map[upstreamKey]*http.Transport{}}
 }
 
 // markOf is the SO_MARK of an upstream connection for id: an identity
@@ -84,7 +94,8 @@ func markOf(id identity.NumericIdentity) int {
 	return int(id)<<8 | markProxyMagic
 }
 
-func newTransport(id identity.NumericIdentity, keepAlive bool) *http.Transport {
+func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
+	id := k.id
 	mark := markOf(id)
 	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
@@ -93,21 +104,28 @@ func newTransport(id identity.NumericIdentity, keepAlive bool) *http.Transport {
 		}
 		return serr
 	}}
-	return &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
+	t := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
 		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
+	if k.h2 {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return t
 }
 
-// forIdentity returns the transport of the client identity id.
-func (u *upstreams) forIdentity(id identity.NumericIdentity) *http.Transport {
+// forIdentity returns the transport of the client identity id, HTTP/2
+// (h2c) when h2.
+func (u *upstreams) forIdentity(id identity.NumericIdentity, h2 bool) *http.Transport {
+	k := upstreamKey{id: id, h2: h2}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if t, ok := u.byID[id]; ok {
+	if t, ok := u.byID[k]; ok {
 		return t
 	}
 	if len(u.byID) >= maxUpstreams {
-		return newTransport(id, false)
+		return newTransport(k, false)
 	}
-	t := newTransport(id, true)
-	u.byID[id] = t
+	t := newTransport(k, true)
+	u.byID[k] = t
 	return t
 }
