@@ -223,6 +223,24 @@ func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h htt
 	return false
 }
 
+// upstreamSource is the source address of the upstream connection of a
+// client at src: the client's own when it is a local endpoint with L7
+// policy (an egress redirect), as Cilium's proxy keeps the original
+// source, so that the server's node, this one or another, native or
+// tunnel routing, takes the client's identity from its address (the
+// ipcache, or the VNI to_overlay derives from it); the endpoint
+// programs hand the answers to the proxy's socket (proxy_upstream in
+// bpf/endpoint.c). Any other client (a remote pod, the node, the
+// world, reaching a local endpoint's ingress rules) gets the node's
+// address and its identity in the mark, which this node's programs
+// read.
+func (s *state) upstreamSource(src netip.Addr) netip.Addr {
+	if s.byIP[src.Unmap()] == nil {
+		return netip.Addr{}
+	}
+	return src.Unmap()
+}
+
 // errExplicitRefused: a connection to the proxy's own port that did not
 // come from the node itself (a pod or an underlay host using the proxy
 // as a forward proxy would send with the proxy's identity mark, around
@@ -301,7 +319,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(w, r, http.StatusForbidden, "Access denied ("+d.reason+")")
 		return
 	}
-	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID, r.ProtoMajor == 2),
+	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID, r.ProtoMajor == 2, st.upstreamSource(srcAddr)),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
 			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, ""

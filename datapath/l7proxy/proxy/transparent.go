@@ -71,13 +71,15 @@ type upstreams struct {
 }
 
 // upstreamKey names one upstream transport: the client identity its
-// connections are marked with and whether they speak HTTP/2 (h2c, prior
+// connections are marked with, whether they speak HTTP/2 (h2c, prior
 // knowledge: a request that reached the proxy over HTTP/2 goes on over
 // HTTP/2, so gRPC's streams and trailers pass unchanged; HTTP/1.x stays
-// HTTP/1.x).
+// HTTP/1.x) and the source address they are bound to (invalid: the
+// node's, chosen by routing).
 type upstreamKey struct {
-	id identity.NumericIdentity
-	h2 bool
+	id  identity.NumericIdentity
+	h2  bool
+	src netip.Addr
 }
 
 func newUpstreams() *upstreams {
@@ -95,15 +97,29 @@ func markOf(id identity.NumericIdentity) int {
 }
 
 func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
-	id := k.id
-	mark := markOf(id)
+	mark := markOf(k.id)
 	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
-		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) }); err != nil {
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark)
+			if serr != nil || !k.src.IsValid() {
+				return
+			}
+			// A pod's address is not the node's: binding to it needs
+			// IP_TRANSPARENT (IPV6_TRANSPARENT).
+			if k.src.Is4() {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+			}
+		}); err != nil {
 			return err
 		}
 		return serr
 	}}
+	if k.src.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(k.src, 0))
+	}
 	t := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
 		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
 	if k.h2 {
@@ -114,9 +130,10 @@ func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
 }
 
 // forIdentity returns the transport of the client identity id, HTTP/2
-// (h2c) when h2.
-func (u *upstreams) forIdentity(id identity.NumericIdentity, h2 bool) *http.Transport {
-	k := upstreamKey{id: id, h2: h2}
+// (h2c) when h2, its connections from src when valid (the client's own
+// address).
+func (u *upstreams) forIdentity(id identity.NumericIdentity, h2 bool, src netip.Addr) *http.Transport {
+	k := upstreamKey{id: id, h2: h2, src: src}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if t, ok := u.byID[k]; ok {
