@@ -25,7 +25,7 @@ import (
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-agent")) }
 
 // Addresses of the world netns (a documentation range, only ever inside
 // the test's namespaces): the DNS server and the two names' servers.
@@ -44,8 +44,12 @@ var (
 	deniedIP6  = netip.MustParseAddr("2001:db8:53::20")
 )
 
-// answerTTL is the TTL of the test server's answers (seconds).
+// answerTTL is the TTL of the test server's answers (seconds), but for
+// the names of ttls: long.test (allowed.test's address) and short.test
+// (denied.test's).
 const answerTTL = 8
+
+var ttls = map[string]uint32{"long.test.": 300, "short.test.": 2}
 
 // env is one node netns with an agent and its DNS proxy, a world netns
 // and pod A.
@@ -60,6 +64,7 @@ type env struct {
 	epID    int64
 	metrics *metrics.Metrics
 	dual    bool
+	proc    *nodeharness.Proc // newEnvProc: the agent process
 }
 
 func newEnv(t *testing.T) *env { return newEnvTB(t) }
@@ -70,7 +75,16 @@ func newEnvTB(t testing.TB) *env { return newEnvWith(t, false) }
 // the DNS server answers AAAA queries too, at dnsAddr6 as at dnsAddr.
 func newEnvDual(t *testing.T) *env { return newEnvWith(t, true) }
 
-func newEnvWith(t testing.TB, dual bool) *env {
+func newEnvWith(t testing.TB, dual bool) *env { return newEnvOpts(t, dual, nil) }
+
+// newEnvProc is newEnv with the agent as a membrane-agent process (with
+// the DNS proxy and flags), which the test may SIGKILL and restart.
+func newEnvProc(t *testing.T, flags ...string) *env {
+	return newEnvOpts(t, false, append([]string{"--dns-proxy", "--tofqdns-proxy-port", "10053",
+		"--tofqdns-proxy-response-max-delay", "5s"}, flags...))
+}
+
+func newEnvOpts(t testing.TB, dual bool, procFlags []string) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	e := &env{t: t, world: testutil.NewNS(t, "mbt-fqdnw"), metrics: metrics.New(), dual: dual}
@@ -87,10 +101,15 @@ func newEnvWith(t testing.TB, dual bool) *env {
 	}
 	testutil.EchoServer(t, e.world, allowedIP, 80)
 	testutil.EchoServer(t, e.world, deniedIP, 80)
-	e.node.StartAgent(func(cfg *agent.Config) {
-		cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
-		cfg.API.Metrics = e.metrics
-	})
+	if procFlags != nil {
+		e.proc = e.node.Process(procFlags...)
+		e.proc.Start()
+	} else {
+		e.node.StartAgent(func(cfg *agent.Config) {
+			cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
+			cfg.API.Metrics = e.metrics
+		})
+	}
 	e.c = e.node.Client()
 	e.pod, e.podIP, e.podIP6, e.epID = e.addPod("a")
 	return e
@@ -172,7 +191,8 @@ func dnsServer(t testing.TB, ns *testutil.NS, dual bool) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
-		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP, "node.test.": nodeSide.Addr()}
+		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP, "node.test.": nodeSide.Addr(),
+			"long.test.": allowedIP, "short.test.": deniedIP}
 		if dual && q.Qtype == dns.TypeAAAA {
 			ips = map[string]netip.Addr{"allowed.test.": allowedIP6, "denied.test.": deniedIP6, "node.test.": nodeSide6.Addr()}
 		}
@@ -180,7 +200,10 @@ func dnsServer(t testing.TB, ns *testutil.NS, dual bool) {
 		if !ok {
 			ip, ok = benchName(q.Name)
 		}
-		hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: answerTTL}
+		hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: ttls[strings.ToLower(q.Name)]}
+		if hdr.Ttl == 0 {
+			hdr.Ttl = answerTTL
+		}
 		switch {
 		case !ok:
 			m.Rcode = dns.RcodeNameError
