@@ -233,7 +233,11 @@
 // ask as a regeneration waiter (`RegeneratePolicy` with `Wait`). No actor
 // holds DNS state per endpoint (heap per endpoint). Learned addresses
 // expire with the TTL (the policy actor's one timer, stopped with the
-// actor) and leave the ipcache and the policy maps.
+// actor) and leave the ipcache and the policy maps. The cache persists
+// in `<state-dir>/fqdn.json` (`restore.WriteFQDN` in the worker pool,
+// one write in flight, at most one per `FQDNWriteGap`); at agent start
+// the first incarnation restores what the file held and had not expired
+// (`PolicyConfig.FQDNInitial`) before any endpoint asks for its policy.
 //
 // Operators read snapshots, never mailboxes. Every actor publishes what
 // operators see into its registry slot (an endpoint actor after each

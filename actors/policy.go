@@ -88,6 +88,13 @@ type PolicyConfig struct {
 	ImportStep int
 	// FQDN bounds and tunes the cache of names learned from DNS answers.
 	FQDN fqdn.CacheConfig
+	// FQDNDir is where the learned names persist (restore.FQDNFile in
+	// it), rewritten after changes, at most one write in flight and one
+	// per FQDNWriteGap; "" keeps them in memory only. FQDNInitial is
+	// what it held at agent start (expired entries left out), restored
+	// by the first incarnation before any endpoint asks for its policy.
+	FQDNDir     string
+	FQDNInitial []fqdn.Entry
 }
 
 // persistState coalesces policy file writes: one in flight; changes
@@ -144,6 +151,9 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		a.learnFQDN(ctx, msg)
 	case *fqdnExpire:
 		a.expireFQDN(ctx)
+	case *fqdnSave:
+		a.fqdn.saveTimer = nil
+		a.writeFQDN(ctx)
 	case *messages.FQDNCacheDump:
 		var es []fqdn.Entry
 		if a.fqdn.cache != nil {
@@ -213,6 +223,8 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	// Started ran ask for their policy anyway.
 	if slot := a.deps.registry.slot(ctx.Self().Id); slot != nil && slot.restarted() {
 		a.reconcile(ctx)
+	} else {
+		a.restoreFQDN(ctx)
 	}
 }
 

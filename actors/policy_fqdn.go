@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -11,19 +12,36 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/restore"
 )
 
 // fqdnState is the policy actor's DNS cache (names learned from the
-// answers the DNS proxy saw, per endpoint) and its expiry timer.
+// answers the DNS proxy saw, per endpoint), its expiry timer and the
+// state of its file (PolicyConfig.FQDNDir).
 type fqdnState struct {
 	cache *fqdn.Cache
 	timer *time.Timer
 	at    time.Time // when timer fires
+	// writing: a write is in the pool; dirty: the cache changed since
+	// the last write began; saveTimer: the next write waits for
+	// FQDNWriteGap after the last one began (lastWrite).
+	writing, dirty bool
+	saveTimer      *time.Timer
+	lastWrite      time.Time
 }
 
 // fqdnExpire makes the policy actor drop the learned names whose TTL
 // ended.
 type fqdnExpire struct{}
+
+// fqdnSave makes the policy actor write its learned names.
+type fqdnSave struct{}
+
+// FQDNWriteGap is the least time between two writes of the learned
+// names: a burst of DNS answers costs one write a second, not one each
+// (an answer learned in the gap before a crash is lost, as it would be
+// in Cilium, which writes its DNS history with the endpoint's state).
+const FQDNWriteGap = time.Second
 
 func (a *policyActor) fqdnCache() *fqdn.Cache {
 	if a.fqdn.cache == nil {
@@ -48,6 +66,7 @@ func (a *policyActor) learnFQDN(ctx actor.Context, msg *messages.PolicyFQDNLearn
 		a.applyExcept(ctx, res, msg.Endpoint)
 	}
 	a.armFQDN(ctx)
+	a.saveFQDN(ctx)
 	a.mapState(msg.Identity)
 	ctx.Respond(&messages.PolicyFQDNLearned{Policy: a.repo.MapStateFor(msg.Identity, a.repo.EndpointPorts(localPortOwner(msg.Endpoint)))})
 }
@@ -57,10 +76,14 @@ func (a *policyActor) learnFQDN(ctx actor.Context, msg *messages.PolicyFQDNLearn
 func (a *policyActor) expireFQDN(ctx actor.Context) {
 	a.fqdn.timer, a.fqdn.at = nil, time.Time{}
 	c := a.fqdnCache()
-	for _, name := range c.Expire(time.Now()) {
+	names := c.Expire(time.Now())
+	for _, name := range names {
 		a.setFQDN(ctx, name)
 	}
 	a.armFQDN(ctx)
+	if len(names) > 0 {
+		a.saveFQDN(ctx)
+	}
 }
 
 // forgetFQDN drops a deleted endpoint's names.
@@ -68,9 +91,80 @@ func (a *policyActor) forgetFQDN(ctx actor.Context, ep endpoint.ID) {
 	if a.fqdn.cache == nil {
 		return
 	}
-	for _, name := range a.fqdn.cache.Forget(uint16(ep)) {
+	names := a.fqdn.cache.Forget(uint16(ep))
+	for _, name := range names {
 		a.setFQDN(ctx, name)
 	}
+	if len(names) > 0 {
+		a.saveFQDN(ctx)
+	}
+}
+
+// restoreFQDN puts what the file held at agent start (FQDNInitial) back
+// into the cache, and the addresses into the repository and the
+// ipcache, as learnFQDN would: the first incarnation does it before any
+// endpoint asks for its policy, so that a restored endpoint's policy map
+// keeps allowing the addresses it resolved (its open connections to
+// them survive the restart) and a new connection needs no new query.
+func (a *policyActor) restoreFQDN(ctx actor.Context) {
+	if len(a.cfg.FQDNInitial) == 0 {
+		return
+	}
+	c := a.fqdnCache()
+	names := c.Restore(a.cfg.FQDNInitial, time.Now())
+	for _, name := range names {
+		a.apply(ctx, a.repo.SetFQDN(name, c.IPs(name)))
+	}
+	a.armFQDN(ctx)
+	a.log.Info("learned names restored", "entries", c.Len(), "names", len(names))
+}
+
+// saveFQDN writes the cache to its file: now when no write is in
+// flight and the last began FQDNWriteGap ago, else once the running
+// write ended and the gap passed.
+func (a *policyActor) saveFQDN(ctx actor.Context) {
+	if a.cfg.FQDNDir == "" {
+		return
+	}
+	a.fqdn.dirty = true
+	if a.fqdn.writing || a.fqdn.saveTimer != nil {
+		return
+	}
+	if wait := FQDNWriteGap - time.Since(a.fqdn.lastWrite); wait > 0 {
+		self, system := ctx.Self(), ctx.ActorSystem()
+		a.fqdn.saveTimer = time.AfterFunc(wait, func() { system.Root.Send(self, &fqdnSave{}) })
+		return
+	}
+	a.writeFQDN(ctx)
+}
+
+// writeFQDN hands the cache's entries to the pool to be written.
+func (a *policyActor) writeFQDN(ctx actor.Context) {
+	if !a.fqdn.dirty || a.fqdn.writing {
+		return
+	}
+	data, err := fqdn.MarshalFile(a.fqdnCache().Entries(nil))
+	if err != nil {
+		a.log.Error("learned names not persisted", "err", err)
+		return
+	}
+	a.fqdn.writing, a.fqdn.dirty, a.fqdn.lastWrite = true, false, time.Now()
+	dir := a.cfg.FQDNDir
+	work := &messages.DatapathWork{Op: "write-fqdn", Run: func(context.Context) (any, error) {
+		return nil, restore.WriteFQDN(dir, data)
+	}}
+	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
+		a.fqdn.writing = false
+		if err != nil {
+			// Kept in memory; lost at a restart unless a later write
+			// succeeds.
+			a.log.Error("writing the learned names failed", "dir", dir, "err", err)
+			a.fqdn.dirty = true
+		}
+		if a.fqdn.dirty {
+			a.saveFQDN(ctx)
+		}
+	})
 }
 
 func (a *policyActor) setFQDN(ctx actor.Context, name string) {
@@ -100,6 +194,10 @@ func (a *policyActor) stopFQDNTimer() {
 	if a.fqdn.timer != nil {
 		a.fqdn.timer.Stop()
 		a.fqdn.timer = nil
+	}
+	if a.fqdn.saveTimer != nil {
+		a.fqdn.saveTimer.Stop()
+		a.fqdn.saveTimer = nil
 	}
 }
 

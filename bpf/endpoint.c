@@ -73,8 +73,13 @@
  * IP_TRANSPARENT socket) and pass as conntrack replies of the recorded
  * connection. Its upstream connections carry MARK_PROXY_MAGIC and the
  * client's identity in the mark: the peer's verdict uses that identity and
- * never redirects them again. Packets of entries without a proxy port are
- * untouched.
+ * never redirects them again. The upstream connection of a local client
+ * (an egress redirect) also keeps the client's address (IP_TRANSPARENT),
+ * so that a peer on another node sees the client's identity too (its
+ * ipcache, or the VNI to_overlay derives from the address); the answers
+ * reach the client's to_container, which finds the proxy's socket by
+ * their tuple and hairpins them to it (proxy_upstream). Packets of
+ * entries without a proxy port are untouched.
  *
  * Decisions (tested in datapath/bpf_prog_linux_test.go; the source check
  * in bpf_source_prog_linux_test.go and bpf_spoof_e2e_linux_test.go):
@@ -677,6 +682,41 @@ static __always_inline int proxy_hairpin(struct __sk_buff *skb, __u16 port)
 	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
 }
 
+/* proxy_upstream reports whether a TCP packet on its way to the pod
+ * belongs to a connection the L7 proxy opened from the pod's address
+ * (the upstream side of an egress redirect keeps the client's address,
+ * so that the peer, on this node or another, sees the client's
+ * identity): a socket of the node's netns has p's tuple and is neither
+ * a listener, a request nor in TIME_WAIT. Only a transparent socket can
+ * hold a pod's address in the node's netns. */
+static __always_inline int proxy_upstream(struct __sk_buff *skb, struct pkt *p)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 len = sizeof(t.ipv4);
+	int ours;
+
+	if (p->family == 4) {
+		t.ipv4.saddr = p->saddr[0];
+		t.ipv4.daddr = p->daddr[0];
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+	} else {
+		len = sizeof(t.ipv6);
+		__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
+		t.ipv6.sport = p->sport;
+		t.ipv6.dport = p->dport;
+	}
+	sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	ours = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_NEW_SYN_RECV &&
+	       sk->state != BPF_TCP_SYN_RECV;
+	bpf_sk_release(sk);
+	return ours;
+}
+
 /* redirect sends an allowed packet of the original direction to the
  * proxy at port. */
 static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer)
@@ -875,6 +915,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return lb_hairpin_redirect(skb, 0);
 		return lb_out(skb, &p, dir);
 	}
+	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && proxy_upstream(skb, &p))
+		/* An answer to the proxy's upstream connection from the pod's
+		 * address: to the proxy's socket (proxy_sock finds it by its
+		 * tuple), past the pod's policy: the proxy decided. */
+		return proxy_hairpin(skb, 0);
 	if (enforced(pol, dir)) {
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
 		v = policy_lookup(pol, peer, &p, dir);

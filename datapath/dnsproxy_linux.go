@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,7 +19,7 @@ var (
 )
 
 // ListenTransparent implements TransparentSockets.
-func (l *Linux) ListenTransparent(port uint16) (*net.UDPConn, *net.TCPListener, error) {
+func (l *Linux) ListenTransparent(port uint16) (*ProxySockets, error) {
 	return NetnsSockets{Path: l.cfg.HostNetns}.ListenTransparent(port)
 }
 
@@ -54,36 +53,67 @@ func (n NetnsSockets) DialHost(ctx context.Context, network, addr string) (net.C
 }
 
 // ListenTransparent implements TransparentSockets.
-func (n NetnsSockets) ListenTransparent(port uint16) (udp *net.UDPConn, tcp *net.TCPListener, err error) {
-	// The BPF programs assign to the socket found at 127.0.0.1:port.
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
-	err = n.in(func() error {
-		lc := net.ListenConfig{Control: transparentControl(true)}
-		pc, err := lc.ListenPacket(context.Background(), "udp4", addr)
-		if err != nil {
-			return fmt.Errorf("listen udp %s: %w", addr, err)
+func (n NetnsSockets) ListenTransparent(port uint16) (*ProxySockets, error) {
+	socks := &ProxySockets{}
+	err := n.in(func() error {
+		for _, lo := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()} {
+			udp, tcp, err := listenTransparent(netip.AddrPortFrom(lo, port))
+			if lo.Is6() && noIPv6(err) {
+				return nil // no IPv6 here: no IPv6 client can be redirected either
+			}
+			if err != nil {
+				return err
+			}
+			socks.UDP, socks.TCP = append(socks.UDP, udp), append(socks.TCP, tcp)
 		}
-		lc.Control = transparentControl(false)
-		ln, err := lc.Listen(context.Background(), "tcp4", addr)
-		if err != nil {
-			pc.Close()
-			return fmt.Errorf("listen tcp %s: %w", addr, err)
-		}
-		udp, tcp = pc.(*net.UDPConn), ln.(*net.TCPListener)
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("dns proxy sockets: %w", err)
+		socks.Close()
+		return nil, fmt.Errorf("dns proxy sockets: %w", err)
 	}
-	return udp, tcp, nil
+	return socks, nil
+}
+
+// noIPv6 reports whether err says the netns has no IPv6 loopback address
+// (IPv6 disabled, or off on lo).
+func noIPv6(err error) bool {
+	return errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.EAFNOSUPPORT)
+}
+
+// listenTransparent opens the UDP and TCP sockets of one family at ap.
+func listenTransparent(ap netip.AddrPort) (*net.UDPConn, *net.TCPListener, error) {
+	v6 := ap.Addr().Is6()
+	lc := net.ListenConfig{Control: transparentControl(v6, true)}
+	pc, err := lc.ListenPacket(context.Background(), network("udp", v6), ap.String())
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen udp %s: %w", ap, err)
+	}
+	lc.Control = transparentControl(v6, false)
+	ln, err := lc.Listen(context.Background(), network("tcp", v6), ap.String())
+	if err != nil {
+		pc.Close()
+		return nil, nil, fmt.Errorf("listen tcp %s: %w", ap, err)
+	}
+	return pc.(*net.UDPConn), ln.(*net.TCPListener), nil
+}
+
+// network is proto ("udp", "tcp") of one family.
+func network(proto string, v6 bool) string {
+	if v6 {
+		return proto + "6"
+	}
+	return proto + "4"
 }
 
 // BindTransparentUDP implements TransparentSockets.
 func (n NetnsSockets) BindTransparentUDP(local netip.AddrPort) (*net.UDPConn, error) {
 	var conn *net.UDPConn
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
 	err := n.in(func() error {
-		lc := net.ListenConfig{Control: transparentControl(false)}
-		pc, err := lc.ListenPacket(context.Background(), "udp4", local.String())
+		v6 := local.Addr().Is6()
+		lc := net.ListenConfig{Control: transparentControl(v6, false)}
+		pc, err := lc.ListenPacket(context.Background(), network("udp", v6), local.String())
 		if err != nil {
 			return err
 		}
@@ -96,15 +126,20 @@ func (n NetnsSockets) BindTransparentUDP(local netip.AddrPort) (*net.UDPConn, er
 	return conn, nil
 }
 
-// transparentControl sets IP_TRANSPARENT and SO_REUSEADDR (several reply
-// sockets may share a server's address) and, with origDst,
-// IP_RECVORIGDSTADDR.
-func transparentControl(origDst bool) func(string, string, syscall.RawConn) error {
+// transparentControl sets IP_TRANSPARENT (IPV6_TRANSPARENT for v6) and
+// SO_REUSEADDR (several reply sockets may share a server's address)
+// and, with origDst, IP_RECVORIGDSTADDR (IPV6_RECVORIGDSTADDR).
+func transparentControl(v6, origDst bool) func(string, string, syscall.RawConn) error {
 	return func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
 			opts := [][2]int{{unix.SOL_IP, unix.IP_TRANSPARENT}, {unix.SOL_SOCKET, unix.SO_REUSEADDR}}
-			if origDst {
+			if v6 {
+				opts[0] = [2]int{unix.SOL_IPV6, unix.IPV6_TRANSPARENT}
+			}
+			if origDst && v6 {
+				opts = append(opts, [2]int{unix.SOL_IPV6, unix.IPV6_RECVORIGDSTADDR})
+			} else if origDst {
 				opts = append(opts, [2]int{unix.SOL_IP, unix.IP_RECVORIGDSTADDR})
 			}
 			for _, o := range opts {
@@ -123,5 +158,6 @@ func transparentControl(origDst bool) func(string, string, syscall.RawConn) erro
 // proxy's UDP path.
 func OrigDst(oob []byte) (netip.AddrPort, error) { return l7proxy.OrigDst(oob) }
 
-// OrigDstOOBSize is the control buffer size OrigDst needs.
-var OrigDstOOBSize = unix.CmsgSpace(unix.SizeofSockaddrInet4)
+// OrigDstOOBSize is the control buffer size OrigDst needs (either
+// family).
+var OrigDstOOBSize = unix.CmsgSpace(unix.SizeofSockaddrInet6)

@@ -171,7 +171,8 @@ func TestL7RedirectIngress(t *testing.T) {
 	e.enforced()
 	denied := L7AccessEvent{Endpoint: uint64(e.b.ep.ID), Direction: "ingress", Src: netip.AddrPortFrom(e.a.addr(), 0),
 		Dst: netip.AddrPortFrom(e.b.addr(), 80), SrcIdentity: uint32(a), DstIdentity: uint32(e.b.ep.Identity),
-		Method: "GET", Path: "/private", Host: netip.AddrPortFrom(e.b.addr(), 80).String(), Reason: fmt.Sprintf("ingress rules deny identity %d", a)}
+		Method: "GET", Path: "/private", Host: netip.AddrPortFrom(e.b.addr(), 80).String(), Reason: fmt.Sprintf("ingress rules deny identity %d", a),
+		Version: "HTTP/1.1", Code: 403}
 	testutil.Eventually(t, "the proxy's access record of A's GET /private", func() bool { return e.accessed(denied) })
 	if _, _, err := request(e.c, e.b, "GET", "/public", dropTimeout); err == nil {
 		t.Errorf("C reached B:80, want its connection dropped")

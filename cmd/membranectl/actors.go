@@ -238,6 +238,18 @@ func l7Text(l *events.L7) string {
 	if l.Method != "" {
 		s += fmt.Sprintf(" %s %s", l.Method, l.Path)
 	}
+	if l.HTTPVersion != "" {
+		s += " " + l.HTTPVersion
+	}
+	if l.GRPC {
+		s += " grpc"
+	}
+	if l.Code != 0 {
+		s += fmt.Sprintf(" code=%d", l.Code)
+	}
+	if l.GRPCStatus != 0 {
+		s += fmt.Sprintf(" grpc-status=%d", l.GRPCStatus)
+	}
 	if l.Host != "" {
 		s += " host=" + l.Host
 	}

@@ -26,6 +26,10 @@ func TestEventText(t *testing.T) {
 		{"l7-denied", events.Event{Type: events.L7Access, Endpoint: 12, L7: &events.L7{Protocol: "http", Verdict: "denied", Reason: "ingress rules deny identity 1001",
 			Direction: "ingress", Src: "10.0.0.2:40000", Dst: "10.0.0.3:80", SrcIdentity: 1001, DstIdentity: 1002, Method: "GET", Path: "/private"}},
 			`l7-access endpoint=12 http verdict=denied direction=ingress 10.0.0.2:40000 (identity 1001) -> 10.0.0.3:80 (identity 1002) GET /private reason="ingress rules deny identity 1001"`},
+		{"l7-grpc-denied", events.Event{Type: events.L7Access, Endpoint: 12, L7: &events.L7{Protocol: "http", Verdict: "denied", Reason: "ingress rules deny identity 1001",
+			Direction: "ingress", Src: "10.0.0.2:40000", Dst: "10.0.0.3:50051", SrcIdentity: 1001, DstIdentity: 1002, Method: "POST", Path: "/pkg.Svc/Set",
+			HTTPVersion: "HTTP/2.0", GRPC: true, Code: 403, GRPCStatus: 7}},
+			`l7-access endpoint=12 http verdict=denied direction=ingress 10.0.0.2:40000 (identity 1001) -> 10.0.0.3:50051 (identity 1002) POST /pkg.Svc/Set HTTP/2.0 grpc code=403 grpc-status=7 reason="ingress rules deny identity 1001"`},
 		{"policy-revision", events.Event{Type: events.PolicyRevision, Revision: 4, Message: "1 identities with changed policy"},
 			`policy-revision revision=4 "1 identities with changed policy"`},
 	}

@@ -24,7 +24,9 @@
 // runs: a transparent HTTP proxy enforcing each endpoint's HTTP rules per
 // peer identity, 403 otherwise, and its xDS client), `proxy/transparent.go` (the
 // IP_TRANSPARENT listener; upstream connections marked with the client's
-// identity), `access.go` (access records: the proxy queues one per
+// identity, HTTP/1.x or h2c as the client spoke, from the client's own
+// address when it is a local endpoint with L7 policy), `proxy/h2.go`
+// (HTTP/1.x and h2c on one listener, gRPC denials), `access.go` (access records: the proxy queues one per
 // request, never waiting, and sends it as a JSON datagram to the agent's
 // unixgram socket; the agent turns it into an `l7-access` event and a
 // counter, `pkg/agent/l7access.go`), `server.go` (the agent's xDS server:
@@ -64,7 +66,12 @@
 // from its ipcache copy, answers from the original destination (the pod
 // sees its peer), and marks its upstream connections `MARK_PROXY_MAGIC |
 // identity<<8`: the peer's program takes that identity and never redirects
-// them again (one proxy pass checks both sides' rules). No iptables.
+// them again (one proxy pass checks both sides' rules). A local client's
+// upstream connection is bound to the client's address (IP_TRANSPARENT),
+// so a peer on another node takes the client's identity from the address
+// (native routing: its ipcache; tunnel: the VNI); the client's
+// to_container hands the answers to the proxy's socket (`proxy_upstream`
+// in bpf/endpoint.c). No iptables.
 // `MapState.Redirects` maps each redirected key to its proxy port (an
 // entry whose parser has no port is refused with `policy.ErrNoProxy`:
 // never allowed around the proxy) and `syncPolicyMap` writes it. UDP is

@@ -370,7 +370,31 @@ func loadPolicies(stateDir string, opts policy.ParseOptions, log *slog.Logger) a
 			log.Warn("persisted policy partially refused: the refused parts allow nothing", "policy", p.Key(), "refused", p.RefusedSummary())
 		}
 	}
-	return actors.PolicyConfig{File: path, Initial: pols, InitialRevision: rev}
+	return actors.PolicyConfig{File: path, Initial: pols, InitialRevision: rev, FQDNDir: stateDir,
+		FQDNInitial: loadFQDN(stateDir, log)}
+}
+
+// loadFQDN reads the names learned from DNS answers persisted in the
+// state directory, leaving out the expired ones. An unreadable file is
+// set aside (fqdn.json.corrupt): the pods resolve again.
+func loadFQDN(stateDir string, log *slog.Logger) []fqdn.Entry {
+	data, err := restore.ReadFQDN(stateDir)
+	if err == nil && data == nil {
+		return nil
+	}
+	var es []fqdn.Entry
+	if err == nil {
+		es, err = fqdn.ParseFile(data, time.Now())
+	}
+	if err != nil {
+		path := filepath.Join(stateDir, restore.FQDNFile)
+		log.Error("learned names unreadable; set aside", "file", path, "err", err)
+		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
+			log.Error("setting the learned names aside failed", "file", path, "err", rerr)
+		}
+		return nil
+	}
+	return es
 }
 
 // startHealth sets the health endpoint up in the background: replacing

@@ -49,7 +49,8 @@ func (p *l7Publisher) access(r datapath.L7AccessEvent) {
 // l7Event converts an access record into its event.
 func l7Event(r datapath.L7AccessEvent) events.Event {
 	l := &events.L7{Protocol: "http", Verdict: "denied", Reason: r.Reason, Src: r.Src.String(), Dst: r.Dst.String(),
-		SrcIdentity: r.SrcIdentity, DstIdentity: r.DstIdentity, Method: r.Method, Path: r.Path, Host: r.Host}
+		SrcIdentity: r.SrcIdentity, DstIdentity: r.DstIdentity, Method: r.Method, Path: r.Path, Host: r.Host,
+		HTTPVersion: r.Version, GRPC: r.GRPC, Code: r.Code, GRPCStatus: r.GRPCStatus}
 	if r.Allowed {
 		l.Verdict = "allowed"
 	}

@@ -51,7 +51,7 @@ const benchQueries = 400
 func BenchmarkDNSProxyDelay(b *testing.B) {
 	e := newEnvTB(b)
 	e.importPolicyFQDN(`matchPattern: "*.test"`, `matchPattern: "*.test"`)
-	podB, _, _ := e.addPod("b")
+	podB, _, _, _ := e.addPod("b")
 	for range b.N {
 		for _, series := range []string{"cached", "new"} {
 			var viaProxy, direct []time.Duration

@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
@@ -24,7 +25,7 @@ import (
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-agent")) }
 
 // Addresses of the world netns (a documentation range, only ever inside
 // the test's namespaces): the DNS server and the two names' servers.
@@ -34,10 +35,21 @@ var (
 	dnsAddr   = netip.MustParseAddr("192.0.2.53")
 	allowedIP = netip.MustParseAddr("192.0.2.10")
 	deniedIP  = netip.MustParseAddr("192.0.2.20")
+
+	// The IPv6 side of a dual-stack env (newEnvDual).
+	nodeSide6  = netip.MustParsePrefix("2001:db8:53::1/64")
+	worldSide6 = netip.MustParsePrefix("2001:db8:53::2/64")
+	dnsAddr6   = netip.MustParseAddr("2001:db8:53::53")
+	allowedIP6 = netip.MustParseAddr("2001:db8:53::10")
+	deniedIP6  = netip.MustParseAddr("2001:db8:53::20")
 )
 
-// answerTTL is the TTL of the test server's answers (seconds).
+// answerTTL is the TTL of the test server's answers (seconds), but for
+// the names of ttls: long.test (allowed.test's address) and short.test
+// (denied.test's).
 const answerTTL = 8
+
+var ttls = map[string]uint32{"long.test.": 300, "short.test.": 2}
 
 // env is one node netns with an agent and its DNS proxy, a world netns
 // and pod A.
@@ -48,27 +60,58 @@ type env struct {
 	c       *client.Client
 	pod     *testutil.NS
 	podIP   netip.Addr
+	podIP6  netip.Addr // dual-stack only
 	epID    int64
 	metrics *metrics.Metrics
+	dual    bool
+	proc    *nodeharness.Proc // newEnvProc: the agent process
 }
 
 func newEnv(t *testing.T) *env { return newEnvTB(t) }
 
-func newEnvTB(t testing.TB) *env {
+func newEnvTB(t testing.TB) *env { return newEnvWith(t, false) }
+
+// newEnvDual is newEnv on a dual-stack node whose world also has IPv6:
+// the DNS server answers AAAA queries too, at dnsAddr6 as at dnsAddr.
+func newEnvDual(t *testing.T) *env { return newEnvWith(t, true) }
+
+func newEnvWith(t testing.TB, dual bool) *env { return newEnvOpts(t, dual, nil) }
+
+// newEnvProc is newEnv with the agent as a membrane-agent process (with
+// the DNS proxy and flags), which the test may SIGKILL and restart.
+func newEnvProc(t *testing.T, flags ...string) *env {
+	return newEnvOpts(t, false, append([]string{"--dns-proxy", "--tofqdns-proxy-port", "10053",
+		"--tofqdns-proxy-response-max-delay", "5s"}, flags...))
+}
+
+func newEnvOpts(t testing.TB, dual bool, procFlags []string) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	e := &env{t: t, world: testutil.NewNS(t, "mbt-fqdnw"), metrics: metrics.New()}
-	e.node = nodeharness.New(t, nodeharness.Options{Prefix: "mbt-fqdn", IPv4Range: "10.231.0.0/24", Network: "membrane-fqdn", Debug: true})
+	e := &env{t: t, world: testutil.NewNS(t, "mbt-fqdnw"), metrics: metrics.New(), dual: dual}
+	o := nodeharness.Options{Prefix: "mbt-fqdn", IPv4Range: "10.231.0.0/24", Network: "membrane-fqdn", Debug: true}
+	if dual {
+		o.IPv6Range = "fd00:231::/112"
+	}
+	e.node = nodeharness.New(t, o)
 	e.link()
-	dnsServer(t, e.world)
+	dnsServer(t, e.world, dual)
+	if dual {
+		testutil.EchoServer(t, e.world, allowedIP6, 80)
+		testutil.EchoServer(t, e.world, deniedIP6, 80)
+	}
 	testutil.EchoServer(t, e.world, allowedIP, 80)
 	testutil.EchoServer(t, e.world, deniedIP, 80)
-	e.node.StartAgent(func(cfg *agent.Config) {
-		cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
-		cfg.API.Metrics = e.metrics
-	})
+	if procFlags != nil {
+		e.proc = e.node.Process(procFlags...)
+		e.proc.Start()
+	} else {
+		e.node.StartAgent(func(cfg *agent.Config) {
+			cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
+			cfg.API.Metrics = e.metrics
+		})
+	}
 	e.c = e.node.Client()
-	e.pod, e.podIP, e.epID = e.addPod("a")
+	e.pod, e.podIP, e.podIP6, e.epID = e.addPod("a")
 	return e
 }
 
@@ -100,7 +143,8 @@ func (e *env) link() {
 			t.Fatal(err)
 		}
 		for _, a := range append([]netip.Prefix{p}, hostPrefixes(extra)...) {
-			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), 32)}}); err != nil {
+			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())},
+				Flags: unix.IFA_F_NODAD}); err != nil {
 				t.Fatalf("address %s on %s: %v", a, link, err)
 			}
 		}
@@ -110,6 +154,10 @@ func (e *env) link() {
 	}
 	addr(hnl, name, nodeSide)
 	addr(wnl, name+"p", worldSide, dnsAddr, allowedIP, deniedIP)
+	if e.dual {
+		addr(hnl, name, nodeSide6)
+		addr(wnl, name+"p", worldSide6, dnsAddr6, allowedIP6, deniedIP6)
+	}
 	lo, _ := wnl.LinkByName("lo")
 	_ = wnl.LinkSetUp(lo)
 	wl, _ := wnl.LinkByName(name + "p")
@@ -117,68 +165,92 @@ func (e *env) link() {
 	if err := wnl.RouteAdd(&netlink.Route{LinkIndex: wl.Attrs().Index, Gw: gw}); err != nil {
 		t.Fatalf("world default route: %v", err)
 	}
+	if e.dual {
+		_, all6, _ := net.ParseCIDR("::/0")
+		if err := wnl.RouteAdd(&netlink.Route{LinkIndex: wl.Attrs().Index, Dst: all6, Gw: nodeSide6.Addr().AsSlice()}); err != nil {
+			t.Fatalf("world default route (IPv6): %v", err)
+		}
+	}
 }
 
 func hostPrefixes(as []netip.Addr) []netip.Prefix {
 	out := make([]netip.Prefix, len(as))
 	for i, a := range as {
-		out[i] = netip.PrefixFrom(a, 32)
+		out[i] = netip.PrefixFrom(a, a.BitLen())
 	}
 	return out
 }
 
 // dnsServer answers allowed.test and denied.test with their servers'
 // addresses, node.test with the node's own address (TTL answerTTL) on
-// dnsAddr:53, UDP and TCP, in ns.
-func dnsServer(t testing.TB, ns *testutil.NS) {
+// dnsAddr:53, UDP and TCP, in ns; with dual, AAAA queries too (the IPv6
+// servers' addresses) and on dnsAddr6:53 as well.
+func dnsServer(t testing.TB, ns *testutil.NS, dual bool) {
 	t.Helper()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
-		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP, "node.test.": nodeSide.Addr()}
-		ip, ok := ips[strings.ToLower(r.Question[0].Name)]
-		if !ok {
-			ip, ok = benchName(r.Question[0].Name)
+		q := r.Question[0]
+		ips := map[string]netip.Addr{"allowed.test.": allowedIP, "denied.test.": deniedIP, "node.test.": nodeSide.Addr(),
+			"long.test.": allowedIP, "short.test.": deniedIP}
+		if dual && q.Qtype == dns.TypeAAAA {
+			ips = map[string]netip.Addr{"allowed.test.": allowedIP6, "denied.test.": deniedIP6, "node.test.": nodeSide6.Addr()}
 		}
-		if ok && r.Question[0].Qtype == dns.TypeA {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: answerTTL},
-				A: ip.AsSlice()})
-		} else if !ok {
+		ip, ok := ips[strings.ToLower(q.Name)]
+		if !ok {
+			ip, ok = benchName(q.Name)
+		}
+		hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: ttls[strings.ToLower(q.Name)]}
+		if hdr.Ttl == 0 {
+			hdr.Ttl = answerTTL
+		}
+		switch {
+		case !ok:
 			m.Rcode = dns.RcodeNameError
+		case q.Qtype == dns.TypeA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: ip.AsSlice()})
+		case q.Qtype == dns.TypeAAAA && ip.Is6():
+			m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr, AAAA: ip.AsSlice()})
 		}
 		_ = w.WriteMsg(m)
 	})
-	addr := netip.AddrPortFrom(dnsAddr, 53).String()
-	for _, network := range []string{"udp", "tcp"} {
-		srv := &dns.Server{Net: network, Handler: h}
-		err := ns.Do(func() error {
-			if network == "udp" {
-				pc, err := net.ListenPacket("udp4", addr)
-				srv.PacketConn = pc
+	servers := []netip.Addr{dnsAddr}
+	if dual {
+		servers = append(servers, dnsAddr6)
+	}
+	for _, server := range servers {
+		addr := netip.AddrPortFrom(server, 53).String()
+		for _, network := range []string{"udp", "tcp"} {
+			srv := &dns.Server{Net: network, Handler: h}
+			err := ns.Do(func() error {
+				if network == "udp" {
+					pc, err := net.ListenPacket("udp", addr)
+					srv.PacketConn = pc
+					return err
+				}
+				ln, err := net.Listen("tcp", addr)
+				srv.Listener = ln
 				return err
+			})
+			if err != nil {
+				t.Fatalf("dns server %s %s: %v", network, addr, err)
 			}
-			ln, err := net.Listen("tcp4", addr)
-			srv.Listener = ln
-			return err
-		})
-		if err != nil {
-			t.Fatalf("dns server %s %s: %v", network, addr, err)
+			go func() { _ = srv.ActivateAndServe() }()
+			t.Cleanup(func() { _ = srv.Shutdown() })
 		}
-		go func() { _ = srv.ActivateAndServe() }()
-		t.Cleanup(func() { _ = srv.Shutdown() })
 	}
 }
 
 // addPod runs CNI ADD for pod name (namespace default) and labels it
 // app=<name>.
-func (e *env) addPod(name string) (*testutil.NS, netip.Addr, int64) {
+func (e *env) addPod(name string) (*testutil.NS, netip.Addr, netip.Addr, int64) {
 	t := e.t
 	p := e.node.AddPod(name)
 	ep, err := e.c.EndpointPatchLabels(context.Background(), "container-id:"+p.RT.ContainerID, []string{"k8s:app=" + name}, nil)
 	if err != nil {
 		t.Fatalf("label pod: %v", err)
 	}
-	return p.NS, p.IPv4, ep.ID
+	return p.NS, p.IPv4, p.IPv6, ep.ID
 }
 
 // resolve asks the test DNS server for name's A record from pod A over

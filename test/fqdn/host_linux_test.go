@@ -58,7 +58,7 @@ func TestFQDNAnswerNamingNode(t *testing.T) {
 	e := newEnv(t)
 	node := nodeSide.Addr()
 	testutil.EchoServer(t, e.node.NS, node, 80)
-	podB, ipB, _ := e.addPod("b")
+	podB, ipB, _, _ := e.addPod("b")
 	testutil.EchoServer(t, podB, ipB, 80)
 	doc := `apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy

@@ -42,6 +42,9 @@ type cluster struct {
 	// args are added to every agent's arguments (after the harness's:
 	// a repeated flag overrides).
 	args []string
+	// l7 runs each agent with the L7 proxy (--l7-proxy, the node's own
+	// xDS socket, listening dual-stack).
+	l7 bool
 }
 
 // node is one Membrane node: a netns on the underlay with its agent
@@ -225,6 +228,10 @@ func (nd *node) start() error {
 	args := []string{"--http-addr", "", "--enable-health=false", "--gc-interval", "-1s", "--routing", c.routing}
 	if !c.defaults {
 		args = append(args, "--masquerade", "--cluster-cidr", c.clusterCIDRs())
+	}
+	if c.l7 {
+		args = append(args, "--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-proxy-listen", "[::]:15001",
+			"--l7-xds-socket", filepath.Join(c.dir, fmt.Sprintf("node%d", nd.i), "xds.sock"))
 	}
 	if c.etcd != nil {
 		args = append(args, c.etcd.agentArgs(nd)...)

@@ -80,9 +80,16 @@ func newKvCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 // run on the cluster before the agents start.
 func newKvClusterWith(t *testing.T, routing string, n int, netNum int, setup func(c *cluster)) *cluster {
 	t.Helper()
+	return newKvClusterOpts(t, routing, n, netNum, setup != nil, setup)
+}
+
+// newKvClusterOpts is newKvCluster with c.defaults set to defaults and
+// setup (nil: none) run on the cluster before the agents start.
+func newKvClusterOpts(t *testing.T, routing string, n int, netNum int, defaults bool, setup func(c *cluster)) *cluster {
+	t.Helper()
 	testutil.RequireRoot(t)
 	bin := etcdBinary(t)
-	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), netName: fmt.Sprintf("mn-kv-%d", netNum), defaults: setup != nil}
+	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), netName: fmt.Sprintf("mn-kv-%d", netNum), defaults: defaults}
 	c.makeUnderlay()
 	e := &etcdProc{c: c, bin: bin, dir: filepath.Join(c.dir, "etcd"), log: filepath.Join(c.dir, "etcd.log")}
 	e.ns = c.attach("mbm-etcd", etcdHost, "eth0")

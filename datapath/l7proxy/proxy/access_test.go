@@ -2,13 +2,14 @@ package proxy
 
 import (
 	"context"
-	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 )
 
 // TestAccessLog: records the proxy queues reach the agent's access

@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ackDelay: cfg.AckDelay, ackDrop: cfg.AckDropRate}
 	go p.access.run(ctx)
 	p.state.Store(&state{})
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, Protocols: serverProtocols()}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
@@ -223,6 +223,24 @@ func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h htt
 	return false
 }
 
+// upstreamSource is the source address of the upstream connection of a
+// client at src: the client's own when it is a local endpoint with L7
+// policy (an egress redirect), as Cilium's proxy keeps the original
+// source, so that the server's node, this one or another, native or
+// tunnel routing, takes the client's identity from its address (the
+// ipcache, or the VNI to_overlay derives from it); the endpoint
+// programs hand the answers to the proxy's socket (proxy_upstream in
+// bpf/endpoint.c). Any other client (a remote pod, the node, the
+// world, reaching a local endpoint's ingress rules) gets the node's
+// address and its identity in the mark, which this node's programs
+// read.
+func (s *state) upstreamSource(src netip.Addr) netip.Addr {
+	if s.byIP[src.Unmap()] == nil {
+		return netip.Addr{}
+	}
+	return src.Unmap()
+}
+
 // errExplicitRefused: a connection to the proxy's own port that did not
 // come from the node itself (a pod or an underlay host using the proxy
 // as a forward proxy would send with the proxy's identity mark, around
@@ -272,15 +290,15 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	dst, err := p.destination(r)
 	if errors.Is(err, errExplicitRefused) {
-		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusForbidden)
+		deny(w, r, http.StatusForbidden, "membrane-proxy: "+err.Error())
 		return
 	}
 	if err != nil {
-		http.Error(w, "membrane-proxy: "+err.Error(), http.StatusBadRequest)
+		deny(w, r, http.StatusBadRequest, "membrane-proxy: "+err.Error())
 		return
 	}
 	if why := refusedRequest(r); why != "" {
-		http.Error(w, "membrane-proxy: "+why, http.StatusBadRequest)
+		deny(w, r, http.StatusBadRequest, "membrane-proxy: "+why)
 		return
 	}
 	// Rules match, and the server receives, the one normalised path: a
@@ -289,14 +307,19 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.URL.Path, r.URL.RawPath = normalizePath(r.URL.Path), ""
 	srcAddr := src.Addr().Unmap()
 	d := st.verdict(srcAddr, dst.Addr(), dst.Port(), r)
-	p.access.log(xdsapi.AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
+	rec := xdsapi.AccessRecord{Time: time.Now(), Endpoint: d.endpoint, Direction: d.dir.String(),
 		Src: netip.AddrPortFrom(srcAddr, src.Port()), Dst: dst, SrcIdentity: uint32(d.srcID), DstIdentity: uint32(d.dstID),
-		Method: r.Method, Path: r.URL.Path, Host: r.Host, Allowed: d.allowed, Reason: d.reason})
+		Method: r.Method, Path: r.URL.Path, Host: r.Host, Allowed: d.allowed, Reason: d.reason,
+		Version: r.Proto, GRPC: isGRPC(r)}
 	if !d.allowed {
-		http.Error(w, "Access denied ("+d.reason+")", http.StatusForbidden)
+		rec.Code, rec.GRPCStatus = http.StatusForbidden, grpcPermissionDenied(r)
+	}
+	p.access.log(rec)
+	if !d.allowed {
+		deny(w, r, http.StatusForbidden, "Access denied ("+d.reason+")")
 		return
 	}
-	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID),
+	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID, r.ProtoMajor == 2, st.upstreamSource(srcAddr)),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
 			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, ""

@@ -67,11 +67,23 @@ func transparentListen(ap netip.AddrPort) (net.Listener, error) {
 type upstreams struct {
 	mu sync.Mutex
 	// byID guards nothing else; bounded by maxUpstreams.
-	byID map[identity.NumericIdentity]*http.Transport
+	byID map[upstreamKey]*http.Transport
+}
+
+// upstreamKey names one upstream transport: the client identity its
+// connections are marked with, whether they speak HTTP/2 (h2c, prior
+// knowledge: a request that reached the proxy over HTTP/2 goes on over
+// HTTP/2, so gRPC's streams and trailers pass unchanged; HTTP/1.x stays
+// HTTP/1.x) and the source address they are bound to (invalid: the
+// node's, chosen by routing).
+type upstreamKey struct {
+	id  identity.NumericIdentity
+	h2  bool
+	src netip.Addr
 }
 
 func newUpstreams() *upstreams {
-	return &upstreams{byID: map[identity.NumericIdentity]*http.Transport{}}
+	return &upstreams{byID: map[upstreamKey]*http.Transport{}}
 }
 
 // markOf is the SO_MARK of an upstream connection for id: an identity
@@ -84,30 +96,53 @@ func markOf(id identity.NumericIdentity) int {
 	return int(id)<<8 | markProxyMagic
 }
 
-func newTransport(id identity.NumericIdentity, keepAlive bool) *http.Transport {
-	mark := markOf(id)
+func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
+	mark := markOf(k.id)
 	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
-		if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) }); err != nil {
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark)
+			if serr != nil || !k.src.IsValid() {
+				return
+			}
+			// A pod's address is not the node's: binding to it needs
+			// IP_TRANSPARENT (IPV6_TRANSPARENT).
+			if k.src.Is4() {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+			}
+		}); err != nil {
 			return err
 		}
 		return serr
 	}}
-	return &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
+	if k.src.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(k.src, 0))
+	}
+	t := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
 		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
+	if k.h2 {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return t
 }
 
-// forIdentity returns the transport of the client identity id.
-func (u *upstreams) forIdentity(id identity.NumericIdentity) *http.Transport {
+// forIdentity returns the transport of the client identity id, HTTP/2
+// (h2c) when h2, its connections from src when valid (the client's own
+// address).
+func (u *upstreams) forIdentity(id identity.NumericIdentity, h2 bool, src netip.Addr) *http.Transport {
+	k := upstreamKey{id: id, h2: h2, src: src}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if t, ok := u.byID[id]; ok {
+	if t, ok := u.byID[k]; ok {
 		return t
 	}
 	if len(u.byID) >= maxUpstreams {
-		return newTransport(id, false)
+		return newTransport(k, false)
 	}
-	t := newTransport(id, true)
-	u.byID[id] = t
+	t := newTransport(k, true)
+	u.byID[k] = t
 	return t
 }

@@ -93,6 +93,15 @@ type AccessRecord struct {
 	Host        string         `json:"host,omitempty"`
 	Allowed     bool           `json:"allowed"`
 	Reason      string         `json:"reason,omitempty"`
+	// Version is the request's protocol ("HTTP/1.1", "HTTP/2.0"); GRPC
+	// says it is a gRPC call (content-type application/grpc).
+	Version string `json:"version,omitempty"`
+	GRPC    bool   `json:"grpc,omitempty"`
+	// Code is the HTTP status of the proxy's denial (403; 0 when
+	// forwarded); GRPCStatus the gRPC status a denied gRPC call got
+	// instead, in an HTTP 200 (7, PERMISSION_DENIED).
+	Code       int `json:"code,omitempty"`
+	GRPCStatus int `json:"grpcStatus,omitempty"`
 }
 
 // MaxAccessDatagram bounds one record (the path and host are the

@@ -12,9 +12,9 @@
 //
 // `pkg/agent/dnsproxy` — the DNS proxy (`--dns-proxy`, miekg/dns):
 // `serve.go` reads the transparent UDP and TCP sockets the datapath opens
-// in the host netns (`datapath.TransparentSockets`: IP_TRANSPARENT,
-// IP_RECVORIGDSTADDR; UDP answers leave from a socket bound to the
-// server's address), `proxy.go` decides each query from the asking
+// in the host netns at 127.0.0.1 and [::1] (`datapath.TransparentSockets`:
+// IP_TRANSPARENT, IP_RECVORIGDSTADDR and their IPv6 twins; UDP answers
+// leave from a socket bound to the server's address, either family), `proxy.go` decides each query from the asking
 // endpoint's `MapState.DNS` entry for the server (index reads: endpoint by
 // address, ipcache lookup), forwards it to the original destination from
 // the host netns, and holds the answer on `System.LearnFQDN` (bounded). In

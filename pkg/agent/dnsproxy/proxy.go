@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -107,8 +106,7 @@ type Proxy struct {
 	events  *events.Hub
 	log     *slog.Logger
 	sem     chan struct{}
-	udp     *net.UDPConn
-	tcp     *net.TCPListener
+	socks   *datapath.ProxySockets
 
 	allowed, denied, errs, dropped, holdTimeouts atomic.Uint64
 	obs                                          Observer

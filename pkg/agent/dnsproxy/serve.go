@@ -30,33 +30,38 @@ const maxQuerySize = 4096
 // pods from it.
 type replySocket struct{ conn *net.UDPConn }
 
-// Listen opens the transparent sockets.
+// Listen opens the transparent sockets (IPv4, and IPv6 where the node's
+// loopback has it).
 func (p *Proxy) Listen() error {
-	udp, tcp, err := p.sockets.ListenTransparent(p.cfg.Port)
+	socks, err := p.sockets.ListenTransparent(p.cfg.Port)
 	if err != nil {
 		return err
 	}
-	p.udp, p.tcp = udp, tcp
+	p.socks = socks
 	return nil
 }
 
 // Serve serves on the sockets Listen opened until ctx ends; it returns
 // once every handler finished.
 func (p *Proxy) Serve(ctx context.Context) error {
-	udp, tcp := p.udp, p.tcp
-	if udp == nil {
+	socks := p.socks
+	if socks == nil {
 		return errors.New("dns proxy: serve before listen")
 	}
 	var wg sync.WaitGroup
 	go func() {
 		<-ctx.Done()
-		udp.Close()
-		tcp.Close()
+		socks.Close()
 	}()
-	wg.Add(2)
-	go func() { defer wg.Done(); p.serveUDP(ctx, udp, &wg) }()
-	go func() { defer wg.Done(); p.serveTCP(ctx, tcp, &wg) }()
-	p.log.Info("dns proxy listening", "port", p.cfg.Port)
+	for _, udp := range socks.UDP {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.serveUDP(ctx, udp, &wg) }()
+	}
+	for _, tcp := range socks.TCP {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.serveTCP(ctx, tcp, &wg) }()
+	}
+	p.log.Info("dns proxy listening", "port", p.cfg.Port, "families", len(socks.UDP))
 	wg.Wait()
 	p.closeReplies()
 	return nil

@@ -125,6 +125,14 @@ type L7 struct {
 	Method string `json:"method,omitempty"`
 	Path   string `json:"path,omitempty"`
 	Host   string `json:"host,omitempty"`
+	// HTTPVersion is the request's protocol ("HTTP/1.1", "HTTP/2.0");
+	// GRPC says it is a gRPC call.
+	HTTPVersion string `json:"http-version,omitempty"`
+	GRPC        bool   `json:"grpc,omitempty"`
+	// Code is the HTTP status of a denial (403), GRPCStatus the gRPC
+	// status a denied gRPC call got instead (7, PERMISSION_DENIED).
+	Code       int `json:"code,omitempty"`
+	GRPCStatus int `json:"grpc-status,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the

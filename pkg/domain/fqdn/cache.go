@@ -245,3 +245,55 @@ func (c *Cache) Entries(matching func(name string) bool) []Entry {
 	})
 	return out
 }
+
+// Restore adds entries (a previous agent's cache, TTLs as absolute
+// expiries) whose expiry is after now, as Learn would with their
+// remaining lifetime; an entry that would take its endpoint past
+// MaxIPsPerEndpoint, or names no valid address, is skipped. It returns
+// the names whose addresses (IPs) changed, sorted.
+func (c *Cache) Restore(entries []Entry, now time.Time) []string {
+	changed := map[string]struct{}{}
+	for _, en := range entries {
+		if !en.Expires.After(now) || !en.IP.IsValid() || en.Name == "" {
+			continue
+		}
+		name, ip := Normalize(en.Name), en.IP.Unmap()
+		e := c.eps[en.Endpoint]
+		if e == nil {
+			e = &epCache{names: map[string]map[netip.Addr]time.Time{}}
+			c.eps[en.Endpoint] = e
+		}
+		held := e.names[name]
+		if held == nil {
+			held = map[netip.Addr]time.Time{}
+			e.names[name] = held
+		}
+		old, ok := held[ip]
+		if !ok {
+			if e.n >= c.cfg.MaxIPsPerEndpoint {
+				continue
+			}
+			e.n++
+			if c.ref(name, ip) {
+				changed[name] = struct{}{}
+			}
+		}
+		if !ok || en.Expires.After(old) {
+			held[ip] = en.Expires
+		}
+		if c.next.IsZero() || en.Expires.Before(c.next) {
+			c.next = en.Expires
+		}
+	}
+	for id, e := range c.eps {
+		for name, held := range e.names {
+			if len(held) == 0 {
+				delete(e.names, name)
+			}
+		}
+		if len(e.names) == 0 {
+			delete(c.eps, id)
+		}
+	}
+	return slices.Sorted(maps.Keys(changed))
+}
