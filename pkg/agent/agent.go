@@ -229,6 +229,8 @@ type Agent struct {
 	stopDNS    func() // stops the DNS proxy (nil: not running)
 	// stopHostPorts stops the hostPort resync (nil: not running).
 	stopHostPorts func()
+	// stopPrune stops the wait for the ipcache prune (nil: not running).
+	stopPrune func()
 	// idBackend is the cluster identity backend the agent started (nil:
 	// none, or one the caller passed in Actors.IdentityBackend).
 	idBackend identity.ClusterBackend

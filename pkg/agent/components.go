@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
@@ -77,11 +79,18 @@ func (s *starter) components() []component {
 		{"delete-queue", func() error { a.stopCNI = a.startDeleteQueue(); return nil }, stopFunc(&a.stopCNI)},
 		// The host netns's addresses followed into the ipcache (Linux).
 		{"host-addresses", func() error { a.watchHostAddrs(s.linux); return nil }, stopFunc(&a.stopAddrs)},
-		// The collector, once the index holds every restored endpoint;
-		// the kernel ipcache pruned once every restored endpoint claimed
-		// its addresses (entries of endpoints deleted while no agent ran
-		// go). Both belong to the actors.
-		{"gc", func() error { a.System.StartGC(); a.System.PruneIPCache(); return nil }, nil},
+		// The collector, once the index holds every restored endpoint.
+		// Without Kubernetes the kernel ipcache is pruned now, once every
+		// restored endpoint claimed its addresses (entries of endpoints
+		// deleted while no agent ran go); with it, by "ipcache-prune".
+		// Both belong to the actors.
+		{"gc", func() error {
+			a.System.StartGC()
+			if a.cfg.K8s == nil {
+				a.System.PruneIPCache()
+			}
+			return nil
+		}, nil},
 		// The health endpoint (--enable-health), set up in the background.
 		{"health", func() error { a.startHealth(s.linux); return nil }, stopWith(&a.health, (*health.Manager).Stop)},
 		// The nodes file watcher (--nodes-file, standalone mode).
@@ -92,6 +101,13 @@ func (s *starter) components() []component {
 		// CNI ADDs are served once their caches synced (or the bounded
 		// wait ended), so a pod's endpoint starts with the pod's labels.
 		{"kubernetes", a.startK8s, stopWith(&a.k8s, (*k8s.Watcher).Stop)},
+		// Kubernetes mode: the kernel ipcache pruned once the other nodes'
+		// endpoints first reached it (or the sync timeout passed): a prune
+		// before would drop their entries from the map an earlier agent
+		// left, and in native routing their traffic would be taken for
+		// world until the watcher put them back (an upgrade of the
+		// DaemonSet lost datagrams to policy).
+		{"ipcache-prune", a.startIPCachePrune, stopFunc(&a.stopPrune)},
 		// The Services and EndpointSlices feeding the service table; in
 		// standalone mode, what an earlier agent left there is pruned.
 		{"services", a.startServices, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
@@ -110,7 +126,7 @@ func (s *starter) components() []component {
 // reverse of start; the kvstore connection, started before the actors,
 // stops here rather than after them. Before the API serves (a start
 // failing early), every started component stops in reverse order.
-var stopFirst = []string{"hostport-sync", "services", "kubernetes", "kvstore-publish", "kvstore",
+var stopFirst = []string{"hostport-sync", "services", "ipcache-prune", "kubernetes", "kvstore-publish", "kvstore",
 	"delete-queue", "host-addresses", "nodes-file", "health", "dns-proxy"}
 
 // run starts cs in order. On a failure, once the API serves, it stops
@@ -341,6 +357,32 @@ func (a *Agent) startK8s() (err error) {
 	}
 	a.Server.SetLabeler(a.k8s.Labels)
 	a.Server.SetK8s(a.k8s.Status)
+	return nil
+}
+
+// startIPCachePrune prunes the kernel ipcache once the Kubernetes
+// watcher's remote endpoints first synced, bounded by its sync timeout.
+func (a *Agent) startIPCachePrune() error {
+	if a.cfg.K8s == nil || a.k8s == nil {
+		return nil
+	}
+	limit := cmp.Or(a.cfg.K8s.SyncTimeout, 2*time.Minute)
+	synced := a.k8s.RemoteEndpointsSynced()
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		select {
+		case <-synced:
+		case <-t.C:
+			a.log.Warn("remote endpoints not synced in time: pruning the ipcache anyway", "timeout", limit)
+		case <-stop:
+			return
+		}
+		a.System.PruneIPCache()
+	}()
+	a.stopPrune = func() { close(stop); <-done }
 	return nil
 }
 

@@ -113,7 +113,9 @@ func goBuildStatic(dir, version string, pkgs ...string) error {
 // chartValues are the e2e cluster's values (Helm's --set syntax) for the
 // image tag: the API server at its address (no kube-proxy translates the
 // kubernetes Service before the agent runs), the cluster's pod CIDR, the
-// node paths above, the kube-proxy replacement with E2E_KUBE_PROXY_REPLACEMENT=1.
+// node paths above, the kube-proxy replacement with
+// E2E_KUBE_PROXY_REPLACEMENT=1, the routing mode E2E_ROUTING (tunnel or
+// native; the chart's default, tunnel, when unset).
 func chartValues(tag string) []string {
 	sets := []string{"createNamespace=true",
 		"image.repository=" + agentRepo, "image.tag=" + tag, "image.pullPolicy=Never",
@@ -124,6 +126,11 @@ func chartValues(tag string) []string {
 	}
 	if kubeProxyReplacement() {
 		sets = append(sets, "kubeProxyReplacement=true", "devices={eth0}", "cgroup.hostRoot="+nodeCgroup2)
+	}
+	if r := os.Getenv("E2E_ROUTING"); r != "" {
+		// native: the nodes share the underlay bridge, so routes to each
+		// other's pod CIDRs via their addresses work (default: tunnel).
+		sets = append(sets, "routingMode="+r)
 	}
 	if caps := agentCapabilities(); caps != nil {
 		sets = append(sets, "securityContext.capabilities.agent={"+strings.Join(caps, ",")+"}")

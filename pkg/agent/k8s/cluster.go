@@ -119,6 +119,19 @@ func (w *Watcher) RefusedRemoteClaims() map[string]uint64 {
 	return w.remote.refused()
 }
 
+// RemoteEndpointsSynced is closed once the other nodes' endpoints first
+// reached the ipcache as one replacement: until then the kernel's
+// ipcache still holds what an earlier agent wrote for them, which a
+// prune must not take away (Agent: the ipcache is pruned after this).
+func (w *Watcher) RemoteEndpointsSynced() <-chan struct{} {
+	if w.remote == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return w.remote.firstSync
+}
+
 // clusterStatus fills the status's cluster part.
 func (w *Watcher) clusterStatus(st *models.K8sStatus) {
 	st.RemoteEndpoints, st.RemoteEndpointsSynced = w.remote.stats()

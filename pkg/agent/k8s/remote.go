@@ -127,6 +127,8 @@ type remoteEndpoints struct {
 	gone   map[netip.Addr]struct{}
 	full   bool
 	synced bool // the first replacement reached the sink
+	// firstSync is closed once it did (Watcher.RemoteEndpointsSynced).
+	firstSync chan struct{}
 	// ready is set once the node registry is listed: before, every claim
 	// is pending and nothing reaches the sink.
 	ready bool
@@ -137,7 +139,8 @@ var _ cache.ReflectorStore = (*remoteEndpoints)(nil)
 
 func newRemoteEndpoints(sink RemoteSink, lookup nodeLookup, log *slog.Logger) *remoteEndpoints {
 	return &remoteEndpoints{sink: sink, lookup: lookup, log: log.With("worker", "remote-endpoints"), wake: make(chan struct{}, 1),
-		objs: map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, byNode: map[string]map[string]struct{}{},
+		firstSync: make(chan struct{}),
+		objs:      map[string]*slimEndpoint{}, owners: map[netip.Addr]string{}, byNode: map[string]map[string]struct{}{},
 		refusals: map[string]uint64{}, dirty: map[string]struct{}{}, gone: map[netip.Addr]struct{}{}, nodes: map[string]string{},
 		ready: true}
 }
@@ -535,6 +538,9 @@ func (r *remoteEndpoints) round(ctx context.Context) error {
 		first := !r.synced
 		r.synced = true
 		r.mu.Unlock()
+		if first {
+			close(r.firstSync)
+		}
 		r.log.Info("remote endpoints replaced", "endpoints", len(ups), "took", time.Since(start), "first", first)
 		return nil
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -64,4 +66,81 @@ func TestRemoteEndpointsInKernelFromAPIServer(t *testing.T) {
 		id, why := inKernel()
 		return id == 0, why
 	})
+}
+
+// TestRemoteEndpointKeptAcrossRestart: an agent restarted on the same
+// bpffs (a DaemonSet upgrade) never drops another node's endpoint from
+// the kernel ipcache while it starts. The map an earlier agent left is
+// pruned only once the watcher's remote endpoints reached it; pruned
+// before, in native routing that endpoint's traffic was taken for world
+// (and denied by policy) until the watcher put it back.
+func TestRemoteEndpointKeptAcrossRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	host := testutil.NewNS(t, "mbt-k8srestart")
+	bpffs := t.TempDir()
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
+	linux := func(c *agent.Config) {
+		c.Datapath, c.Fake = "linux", nil
+		c.Linux = datapath.LinuxConfig{HostNetns: host.Path, BPFFS: bpffs, TeardownDelay: -1}
+	}
+	k := startAgent(t, "restart-a", linux)
+	if _, err := k.cs.CoreV1().Namespaces().Create(k.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restart-remote"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = k.cs.CoreV1().Namespaces().Delete(context.Background(), "restart-remote", metav1.DeleteOptions{})
+	})
+	createNode(t, k.cs, "restart-b", []string{"10.233.8.0/24"}, "192.0.2.98")
+	createMEP(t, k.dyn, "restart-remote", "db", "restart-b", "10.233.8.9", 70708, "192.0.2.98")
+	p := netip.MustParsePrefix("10.233.8.9/32")
+	held := func() (bool, string) {
+		m, err := datapath.ReadPinnedIPCache(bpffs)
+		if err != nil {
+			return false, err.Error()
+		}
+		return m[p].Identity == 70708, fmt.Sprintf("kernel map has %d entries, %s -> %+v", len(m), p, m[p])
+	}
+	k.eventually(t, "remote endpoint in the kernel ipcache", held)
+	k.stop()
+
+	var polls, missing atomic.Int64
+	var lastWhy atomic.Value
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if ok, why := held(); !ok {
+				missing.Add(1)
+				lastWhy.Store(why)
+			}
+			polls.Add(1)
+		}
+	}()
+	k2 := startAgent(t, "restart-a", linux)
+	k2.eventually(t, "the restarted agent's remote endpoints synced", func() (bool, string) {
+		st, err := k2.c.Status(k2.ctx)
+		if err != nil || st.K8s == nil {
+			return false, fmt.Sprint(err)
+		}
+		return st.K8s.RemoteEndpointsSynced, fmt.Sprintf("remote endpoints %d synced %v", st.K8s.RemoteEndpoints, st.K8s.RemoteEndpointsSynced)
+	})
+	// The prune follows the sync: keep looking a while longer.
+	for n := polls.Load() + 200; polls.Load() < n; {
+		runtime.Gosched()
+	}
+	close(stop)
+	<-done
+	if missing.Load() != 0 {
+		t.Fatalf("the remote endpoint was missing from the kernel ipcache in %d of %d looks while the agent restarted (last: %v)",
+			missing.Load(), polls.Load(), lastWhy.Load())
+	}
+	t.Logf("remote endpoint held in all %d looks across the restart", polls.Load())
 }
