@@ -17,6 +17,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // hostPortMappings are a pod's hostPorts as a runtime passes them.
@@ -310,4 +311,47 @@ func TestHostPortNodeAddressAdded(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestHostPortChained: Membrane chained after ptp (generic-veth
+// chaining) with the portMappings capability maps the pod's hostPorts in
+// BPF as when it makes the veth itself: from beyond the node,
+// nodeIP:hostPort reaches the pod at ptp's address over TCP and UDP, and
+// the chain's DEL closes them.
+func TestHostPortChained(t *testing.T) {
+	nodeharness.RequirePlugins(t, "ptp", "host-local")
+	e := newEnvStack(t, "10.237.0.0/24", "fd00:237::/120")
+	far := farNetns(t, e.NS)
+	cg := testutil.Cgroup2Dir(t)
+	startAgent(e, func(c *agent.Config) {
+		c.Linux.Services.KubeProxyReplacement, c.Linux.Services.Cgroup = true, cg
+	})
+	e.Conf = e.Chain("1.0.0", []string{ptpConf(e.Dir + "/host-local")}, `"capabilities":{"portMappings":true}`, nil)
+	p := e.NewPod("web")
+	p.RT.CapabilityArgs = hostPortMappings(18083, 18057)
+	e.MustAdd(p)
+	e.DelAtCleanup(p)
+	if !netip.MustParsePrefix("10.238.0.0/24").Contains(p.IPv4) {
+		t.Fatalf("pod address %s, want ptp's", p.IPv4)
+	}
+	(&policyPod{Pod: p, ips: []netip.Addr{p.IPv4, p.IPv6}}).nameServer(t, 8080)
+	nodes := []netip.Addr{netip.MustParseAddr("10.237.9.1"), netip.MustParseAddr("fd00:237:9::1")}
+	for _, node := range nodes {
+		for _, f := range []struct {
+			proto string
+			port  int
+		}{{"tcp", 18083}, {"udp", 18057}} {
+			if got, err := askName(far.NS, f.proto, node, f.port, 5*time.Second); err != nil || got != "web" {
+				t.Errorf("far -> [%s]:%d/%s = %q, %v; want the chained pod's answer", node, f.port, f.proto, got, err)
+			}
+		}
+	}
+	if err := e.Del(p); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range nodes {
+		if got, err := askName(far.NS, "tcp", node, 18083, deniedDial); err == nil {
+			t.Errorf("far -> [%s]:18083 answered %q after DEL", node, got)
+		}
+	}
 }
