@@ -7,6 +7,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
@@ -105,4 +106,11 @@ func serviceAnswer(res any, err error) (ServiceResult, error) {
 		return ServiceResult{}, err
 	}
 	return ServiceResult{Upserted: r.Upserted, Deleted: r.Deleted}, r.Err
+}
+
+// SetPolicyService tells the policy repository Service namespace/name
+// (svc nil: deleted) for the toServices rules: the endpoints whose policy
+// changes regenerate. It does not wait.
+func (s *System) SetPolicyService(namespace, name string, svc *policy.Service) {
+	s.Actors.Root.Send(s.deps.policy, &messages.PolicyServiceSet{Namespace: namespace, Name: name, Service: svc})
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
@@ -33,6 +34,9 @@ type ServiceSink interface {
 	UpsertServices(ctx context.Context, source string, svcs []service.Service) (actors.ServiceResult, error)
 	DeleteService(ctx context.Context, source string, frontends ...service.Frontend) (actors.ServiceResult, error)
 	PruneServices()
+	// SetPolicyService tells the policy repository a Service the
+	// toServices rules resolve against (nil: gone).
+	SetPolicyService(namespace, name string, svc *policy.Service)
 }
 
 // ServiceWatcher feeds the service table from the Services and
@@ -173,7 +177,9 @@ func (w *ServiceWatcher) fullSync(ctx context.Context) {
 	var all []service.Service
 	for _, s := range svcs {
 		k := s.Namespace + "/" + s.Name
-		out := w.view.translate(s, w.slicesOf(s.Namespace, s.Name))
+		eps := w.slicesOf(s.Namespace, s.Name)
+		out := w.view.translate(s, eps)
+		w.sink.SetPolicyService(s.Namespace, s.Name, policyService(s, eps))
 		w.held[k] = frontendsOf(out)
 		all = append(all, out...)
 	}
@@ -227,9 +233,13 @@ func (w *ServiceWatcher) apply(ctx context.Context, k string) error {
 	svc, err := w.svcs.Services(ns).Get(name)
 	switch {
 	case err == nil:
-		out = w.view.translate(svc, w.slicesOf(ns, name))
+		eps := w.slicesOf(ns, name)
+		out = w.view.translate(svc, eps)
+		w.sink.SetPolicyService(ns, name, policyService(svc, eps))
 	case !apierrors.IsNotFound(err):
 		return err
+	default:
+		w.sink.SetPolicyService(ns, name, nil)
 	}
 	now := frontendsOf(out)
 	if len(out) > 0 {
@@ -298,4 +308,23 @@ func containsFrontend(fs []service.Frontend, f service.Frontend) bool {
 		}
 	}
 	return false
+}
+
+// policyService is what the toServices rules resolve svc to: its labels
+// and pod selector, or, without a selector, the addresses of its
+// EndpointSlices' endpoints (ready or not, as Cilium takes them).
+func policyService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) *policy.Service {
+	out := &policy.Service{Labels: svc.Labels, Selector: svc.Spec.Selector}
+	if len(svc.Spec.Selector) > 0 {
+		return out
+	}
+	for _, sl := range slices {
+		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			out.Addrs = append(out.Addrs, parseAddrs(ep.Addresses)...)
+		}
+	}
+	return out
 }

@@ -27,6 +27,9 @@ type PolicyRow struct {
 	Policy *policy.Policy
 	// Revision is the repository revision that imported it.
 	Revision uint64
+	// Selected is what its service and entity selectors select now
+	// (policy.Repository.Selections), rewritten when a Service changes.
+	Selected []policy.Selection
 }
 
 // PolicyRevision is the single row of the policy-revision table.
