@@ -37,6 +37,29 @@ type ServiceSink interface {
 	// SetPolicyService tells the policy repository a Service the
 	// toServices rules resolve against (nil: gone).
 	SetPolicyService(namespace, name string, svc *policy.Service)
+	// SetKubeAPIServerAddrs gives the ipcache the API server's addresses.
+	SetKubeAPIServerAddrs(addrs []netip.Addr)
+}
+
+// The API server's addresses are read from its own EndpointSlice only:
+// the one it writes itself, default/kubernetes (not any slice labelled
+// for the kubernetes Service, which whoever may write EndpointSlices in
+// default could add).
+const (
+	apiServerNamespace = "default"
+	apiServerSlice     = "kubernetes"
+)
+
+// syncAPIServer gives the ipcache the addresses of the API server's
+// EndpointSlice (none while it does not exist).
+func (w *ServiceWatcher) syncAPIServer() {
+	var addrs []netip.Addr
+	if sl, err := w.slices.EndpointSlices(apiServerNamespace).Get(apiServerSlice); err == nil {
+		for _, ep := range sl.Endpoints {
+			addrs = append(addrs, parseAddrs(ep.Addresses)...)
+		}
+	}
+	w.sink.SetKubeAPIServerAddrs(addrs)
 }
 
 // ServiceWatcher feeds the service table from the Services and
@@ -148,6 +171,9 @@ func (w *ServiceWatcher) sliceChanged(obj any) {
 	if name := s.Labels[discoveryv1.LabelServiceName]; name != "" {
 		w.queue.Add(s.Namespace + "/" + name)
 	}
+	if s.Namespace == apiServerNamespace && s.Name == apiServerSlice {
+		w.queue.Add(apiServerNamespace + "/" + apiServerSlice)
+	}
 }
 
 // nodeChanged requeues every service: the node's addresses are NodePort
@@ -174,6 +200,7 @@ func (w *ServiceWatcher) fullSync(ctx context.Context) {
 		w.log.Error("list services", "err", err)
 		return
 	}
+	w.syncAPIServer()
 	var all []service.Service
 	for _, s := range svcs {
 		k := s.Namespace + "/" + s.Name
@@ -227,6 +254,9 @@ func (w *ServiceWatcher) apply(ctx context.Context, k string) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(k)
 	if err != nil {
 		return nil
+	}
+	if ns == apiServerNamespace && name == apiServerSlice {
+		w.syncAPIServer()
 	}
 	w.view.nodeAddrs = w.nodeAddrs()
 	var out []service.Service

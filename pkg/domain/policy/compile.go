@@ -449,10 +449,10 @@ func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelecto
 		switch e {
 		case EntityAll:
 			pr.Any = true
-		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged:
+		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer:
 			pr.Peers = append(pr.Peers, &EntitySelector{Entity: e})
 		default:
-			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, health, init, unmanaged or all)", path, dir, i, e)
+			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, remote-node, kube-apiserver, health, init, unmanaged or all)", path, dir, i, e)
 		}
 	}
 	if len(eps)+len(cidrs)+len(sets)+len(entities) == 0 {

@@ -107,3 +107,54 @@ func TestToServicesRefused(t *testing.T) {
 		}
 	}
 }
+
+// The entities remote-node and kube-apiserver select the reserved
+// identities 6 and 7 (7 carries remote-node's label too, as in Cilium);
+// cluster includes both, world neither.
+func TestEntitiesRemoteNodeKubeAPIServer(t *testing.T) {
+	r := NewRepository()
+	const a identity.NumericIdentity = 300
+	r.UpsertIdentity(a, podLabels(t, "default", "app=a"))
+	r.Import(mustParse(t, `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: entities}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toEntities: [kube-apiserver]
+    toPorts: [{ports: [{port: "6443", protocol: TCP}]}]
+  - toEntities: [remote-node]
+    toPorts: [{ports: [{port: "10250", protocol: TCP}]}]
+  - toEntities: [cluster]
+    toPorts: [{ports: [{port: "53", protocol: UDP}]}]
+  - toEntities: [world]
+    toPorts: [{ports: [{port: "443", protocol: TCP}]}]
+`))
+	m := r.MapState(a)
+	for _, tc := range []struct {
+		peer  identity.NumericIdentity
+		port  uint16
+		proto uint8
+		want  bool
+	}{
+		{identity.ReservedKubeAPIServer, 6443, ProtoTCP, true},
+		{identity.ReservedRemoteNode, 6443, ProtoTCP, false},
+		{identity.ReservedHost, 6443, ProtoTCP, false},
+		{identity.ReservedRemoteNode, 10250, ProtoTCP, true},
+		{identity.ReservedKubeAPIServer, 10250, ProtoTCP, true},
+		{identity.ReservedHost, 10250, ProtoTCP, false},
+		{identity.ReservedRemoteNode, 53, ProtoUDP, true},
+		{identity.ReservedKubeAPIServer, 53, ProtoUDP, true},
+		{identity.ReservedWorld, 53, ProtoUDP, false},
+		{identity.ReservedRemoteNode, 443, ProtoTCP, false},
+		{identity.ReservedKubeAPIServer, 443, ProtoTCP, false},
+	} {
+		if got := m.Allows(tc.peer, tc.port, tc.proto, Egress); got != tc.want {
+			t.Errorf("%s port %d/%d: allowed %v, want %v", tc.peer, tc.port, tc.proto, got, tc.want)
+		}
+	}
+	if sels := r.Selections("default/entities"); len(sels) != 4 || sels[1].Selector != "entity{kube-apiserver}" ||
+		len(sels[1].Identities) != 1 || sels[1].Identities[0] != identity.ReservedKubeAPIServer {
+		t.Errorf("selections %+v", sels)
+	}
+}
