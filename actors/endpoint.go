@@ -620,13 +620,20 @@ func (a *endpointActor) reportRestored(ctx actor.Context, err error) {
 
 func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels) {
 	next := a.ep.Labels.Remove(msg.Delete).Add(msg.Add)
+	regen := false
 	if msg.SetPorts && !msg.NamedPorts.Equal(a.ep.NamedPorts) {
 		a.mut().NamedPorts = msg.NamedPorts
-		if next.Equal(a.ep.Labels) {
-			// Same identity, other ports: its policy (and state) change.
-			a.requestRegen(ctx, ctx.Sender())
-			return
-		}
+		regen = true
+	}
+	if msg.SetAudit && msg.Audit != a.ep.PolicyAudit {
+		a.mut().PolicyAudit = msg.Audit
+		regen = true
+	}
+	if regen && next.Equal(a.ep.Labels) {
+		// Same identity, other ports or audit mode: its policy (and
+		// state) change.
+		a.requestRegen(ctx, ctx.Sender())
+		return
 	}
 	if next.Equal(a.ep.Labels) {
 		if !a.labelsNotDurable(ctx.Sender()) {

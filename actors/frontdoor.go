@@ -48,10 +48,12 @@ func (s *System) PatchLabels(ctx context.Context, id endpoint.ID, add, del label
 }
 
 // PatchPodLabels is PatchLabels that also sets the endpoint's named
-// ports (its pod's; Kubernetes mode). A change of ports alone
-// regenerates the endpoint and returns once that is done.
-func (s *System) PatchPodLabels(ctx context.Context, id endpoint.ID, add, del labels.Labels, ports policy.NamedPorts) (*endpoint.Endpoint, error) {
-	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del, SetPorts: true, NamedPorts: ports}))
+// ports and policy audit mode (its pod's; Kubernetes mode). A change of
+// ports or audit mode alone regenerates the endpoint and returns once
+// that is done.
+func (s *System) PatchPodLabels(ctx context.Context, id endpoint.ID, add, del labels.Labels, ports policy.NamedPorts, audit bool) (*endpoint.Endpoint, error) {
+	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del, SetPorts: true, NamedPorts: ports,
+		SetAudit: true, Audit: audit}))
 }
 
 // Regenerate requests a regeneration of endpoint id and returns once one

@@ -3,10 +3,14 @@ package actors
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"regexp"
+	"slices"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
@@ -105,4 +109,18 @@ func serviceAnswer(res any, err error) (ServiceResult, error) {
 		return ServiceResult{}, err
 	}
 	return ServiceResult{Upserted: r.Upserted, Deleted: r.Deleted}, r.Err
+}
+
+// SetPolicyService tells the policy repository Service namespace/name
+// (svc nil: deleted) for the toServices rules: the endpoints whose policy
+// changes regenerate. It does not wait.
+func (s *System) SetPolicyService(namespace, name string, svc *policy.Service) {
+	s.Actors.Root.Send(s.deps.policy, &messages.PolicyServiceSet{Namespace: namespace, Name: name, Service: svc})
+}
+
+// SetKubeAPIServerAddrs gives the ipcache the API server's addresses (its
+// own EndpointSlice, default/kubernetes): identity kube-apiserver where
+// the address is not this node's. It does not wait.
+func (s *System) SetKubeAPIServerAddrs(addrs []netip.Addr) {
+	s.Actors.Root.Send(s.deps.ipcache, &messages.IPCacheReservedSet{Source: index.SourceKubeAPIServer, Addrs: slices.Clone(addrs)})
 }

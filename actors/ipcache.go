@@ -92,6 +92,8 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 		a.rec.sync(ctx)
 	case *messages.IPCacheHostAddr:
 		a.hostAddr(ctx, msg)
+	case *messages.IPCacheReservedSet:
+		a.reservedSet(ctx, msg)
 	case *messages.IPCacheRemote:
 		a.remote(ctx, msg)
 	case *messages.IPCachePrune:
@@ -204,12 +206,50 @@ func sourceRank(s string) int {
 		return 0
 	case index.SourceReserved:
 		return 1
-	case index.SourceRemote:
+	case index.SourceKubeAPIServer:
 		return 2
-	case index.SourceCIDRPolicy:
+	case index.SourceNode:
 		return 3
+	case index.SourceRemote:
+		return 4
+	case index.SourceCIDRPolicy:
+		return 5
 	}
-	return 4
+	return 6
+}
+
+// reservedSet makes msg.Source's claims exactly msg.Addrs: the other
+// nodes' addresses as remote-node, the API server's as kube-apiserver.
+// Both rank below this node's endpoints and host addresses (an API
+// server on this node stays host) and above other nodes' endpoint
+// claims and policy CIDRs.
+func (a *ipcacheActor) reservedSet(ctx actor.Context, msg *messages.IPCacheReservedSet) {
+	var id identity.NumericIdentity
+	switch msg.Source {
+	case index.SourceNode:
+		id = identity.ReservedRemoteNode
+	case index.SourceKubeAPIServer:
+		id = identity.ReservedKubeAPIServer
+	default:
+		a.log.Error("reserved address set of an unknown source ignored", "source", msg.Source)
+		return
+	}
+	want := make(map[netip.Prefix]struct{}, len(msg.Addrs))
+	for _, ip := range msg.Addrs {
+		if ip = ip.Unmap(); ip.IsValid() {
+			want[netip.PrefixFrom(ip, ip.BitLen())] = struct{}{}
+		}
+	}
+	mine := func(c index.IPCacheClaim) bool { return c.Source == msg.Source }
+	for p, e := range a.entries {
+		if _, keep := want[p]; !keep && slices.ContainsFunc(e.Claims, mine) {
+			a.drop(ctx, p, mine)
+		}
+	}
+	for p := range want {
+		a.claim(ctx, p, index.IPCacheClaim{Source: msg.Source, Identity: id})
+	}
+	a.rec.sync(ctx)
 }
 
 // update is the reconciler's job writing prefixes: each its entry's

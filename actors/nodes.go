@@ -88,6 +88,7 @@ func (a *nodesActor) rebuild(ctx actor.Context) {
 	// restart of this actor the table holds what the sources said.
 	if a.heard = len(a.rows) > 0; a.heard {
 		a.rec.resync()
+		a.sendAddrs(ctx)
 	}
 	a.rec.sync(ctx)
 }
@@ -127,6 +128,22 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 		a.rec.resync()
 	}
 	a.activate(ctx)
+	a.sendAddrs(ctx)
+}
+
+// sendAddrs gives the ipcache the active nodes' addresses: identity
+// remote-node (this node's own entries outrank them there).
+func (a *nodesActor) sendAddrs(ctx actor.Context) {
+	if a.deps.ipcache == nil {
+		return
+	}
+	var addrs []netip.Addr
+	for _, r := range a.rows {
+		if r.Active {
+			addrs = append(addrs, r.Addrs...)
+		}
+	}
+	ctx.Send(a.deps.ipcache, &messages.IPCacheReservedSet{Source: index.SourceNode, Addrs: addrs})
 }
 
 // activate marks, for every node name, the row of the source first by

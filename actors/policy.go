@@ -143,6 +143,10 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		}
 	case *messages.PolicyRemotePorts:
 		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
+	case *messages.PolicyServiceSet:
+		res := a.repo.SetService(msg.Namespace, msg.Name, msg.Service)
+		a.reselected(ctx, res.Reselected)
+		a.apply(ctx, res)
 	case *messages.EndpointPolicyGone:
 		a.untrack(msg.Endpoint)
 		a.apply(ctx, a.repo.RemoveEndpointPorts(localPortOwner(msg.Endpoint)))
@@ -307,7 +311,8 @@ func (a *policyActor) doImport(ctx actor.Context, op policyOp, s *policy.Staging
 	names := make([]string, len(msg.Policies))
 	for i, p := range msg.Policies {
 		names[i] = p.Key()
-		a.batch.putKeyed(ctx, index.TablePolicies, p.Key(), &index.PolicyRow{Key: p.Key(), Policy: p, Revision: res.Revision})
+		a.batch.putKeyed(ctx, index.TablePolicies, p.Key(), &index.PolicyRow{Key: p.Key(), Policy: p, Revision: res.Revision,
+			Selected: a.repo.Selections(p.Key())})
 	}
 	a.log.Info("policies imported", "policies", len(names), "revision", res.Revision, "regenerate-identities", len(res.Changed))
 	a.apply(ctx, res)
@@ -471,3 +476,24 @@ func (a *policyActor) sendCIDRs(ctx actor.Context, res policy.Result) {
 func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) { a.users[ep] = id }
 
 func (a *policyActor) untrack(ep endpoint.ID) { a.users[ep] = identity.IdentityUnknown }
+
+// reselected rewrites the rows of the policies whose service selections
+// may have changed, with what they select now.
+func (a *policyActor) reselected(ctx actor.Context, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	rows := map[string]*index.PolicyRow{}
+	for _, r := range a.deps.ix.Policies() {
+		rows[r.Key] = r
+	}
+	for _, k := range keys {
+		old, p := rows[k], a.repo.Policy(k)
+		if old == nil || p == nil {
+			continue // imported in this mailbox pass (its row has its selections) or deleted
+		}
+		row := *old
+		row.Policy, row.Selected = p, a.repo.Selections(k)
+		a.batch.putKeyed(ctx, index.TablePolicies, k, &row)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
@@ -18,7 +19,7 @@ import (
 // every other node's claims, which outrank policy CIDRs (FQDN-learned
 // addresses included).
 func TestSourceRank(t *testing.T) {
-	order := []string{index.SourceEndpoint, index.SourceReserved, index.SourceRemote, index.SourceCIDRPolicy}
+	order := []string{index.SourceEndpoint, index.SourceReserved, index.SourceKubeAPIServer, index.SourceNode, index.SourceRemote, index.SourceCIDRPolicy}
 	for i, hi := range order {
 		for _, lo := range order[i+1:] {
 			if actors.SourceRankForTest(hi) >= actors.SourceRankForTest(lo) {
@@ -140,4 +141,44 @@ func TestFQDNAnswerNamingHost(t *testing.T) {
 	if id < policy.MinCIDRIdentity || !h.fake.Policy(a.ID).AllowsAddr(id, out, 443, policy.ProtoTCP, policy.Egress) {
 		t.Fatalf("learned address %s (identity %d) not allowed", out, id)
 	}
+}
+
+// TestNodeAndAPIServerAddrs: other nodes' addresses are remote-node and
+// the API server's kube-apiserver (over remote-node where both), while
+// this node's host addresses stay host and another node's endpoint claim
+// cannot take a node's address; a node gone is no longer remote-node.
+func TestNodeAndAPIServerAddrs(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	hostAddr, nodeA, nodeB := netip.MustParseAddr("192.0.2.9"), netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
+	apiOut := netip.MustParseAddr("203.0.113.7")
+	h.sys.HostAddrChanged(hostAddr, false)
+	if err := h.sys.SyncNodes(ctx, "k8s", []datapath.RemoteNode{
+		{Name: "a", Addrs: []netip.Addr{nodeA}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.1.0/24")}},
+		{Name: "b", Addrs: []netip.Addr{nodeB}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.2.0/24")}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.sys.SetKubeAPIServerAddrs([]netip.Addr{hostAddr, nodeB, apiOut})
+	if err := h.sys.UpsertRemoteEndpoints(ctx, "k8s", []endpoint.Remote{{IPs: []netip.Addr{nodeA}, Identity: 70020, Node: "a", NodeIP: nodeA}}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[netip.Addr]identity.NumericIdentity{hostAddr: identity.ReservedHost, nodeA: identity.ReservedRemoteNode,
+		nodeB: identity.ReservedKubeAPIServer, apiOut: identity.ReservedKubeAPIServer}
+	testutil.Eventually(t, "node and API server addresses", func() bool {
+		for a, id := range want {
+			if h.ipcacheIdentity(host32(a)) != id {
+				return false
+			}
+		}
+		return true
+	})
+	if err := h.sys.SyncNodes(ctx, "k8s", nil); err != nil {
+		t.Fatal(err)
+	}
+	h.sys.SetKubeAPIServerAddrs(nil)
+	testutil.Eventually(t, "nodes and API server gone", func() bool {
+		return h.ipcacheIdentity(host32(nodeB)) == 0 && h.ipcacheIdentity(host32(apiOut)) == 0 &&
+			h.ipcacheIdentity(host32(nodeA)) == 70020 && h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost
+	})
 }

@@ -260,6 +260,7 @@ struct pkt {
 	__u8 frag; /* non-first fragment */
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
+	__u8 audit;    /* the endpoint's ENDPOINT_F_AUDIT (in the padding) */
 	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
@@ -870,6 +871,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (!pol || !cidr || !ep)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
+	p.audit = !!(ep->flags & ENDPOINT_F_AUDIT);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -921,21 +923,40 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		 * tuple), past the pod's policy: the proxy decided. */
 		return proxy_hairpin(skb, 0);
 	if (enforced(pol, dir)) {
+		/* r: the drop reason of a would-be drop (0: allowed). */
+		r = 0;
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
 		v = policy_lookup(pol, peer, &p, dir);
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);
 			__sync_fetch_and_add(&v->bytes, skb->len);
 			if (v->deny)
-				return drop(skb, &p, dir, DROP_POLICY_DENY, peer);
+				r = DROP_POLICY_DENY;
 		}
-		if (cidr_match(cidr, &p, dir | CIDR_DIR_DENY, skb->len))
-			return drop(skb, &p, dir, DROP_POLICY_DENY, peer);
-		if (v) {
-			if (!from_proxy(skb))
-				proxy_port = v->proxy_port;
-		} else if (!cidr_match(cidr, &p, dir, skb->len)) {
-			return drop(skb, &p, dir, p.frag ? DROP_FRAGMENT : DROP_POLICY, peer);
+		if (!r && cidr_match(cidr, &p, dir | CIDR_DIR_DENY, skb->len))
+			r = DROP_POLICY_DENY;
+		if (!r) {
+			if (v) {
+				if (!from_proxy(skb))
+					proxy_port = v->proxy_port;
+			} else if (!cidr_match(cidr, &p, dir, skb->len)) {
+				r = p.frag ? DROP_FRAGMENT : DROP_POLICY;
+			}
+		}
+		if (r) {
+			/* Audit mode: a would-be policy drop passes, reported
+			 * as DROP_POLICY_AUDIT (drop() only counts and
+			 * reports). */
+			if (!p.audit || r == DROP_FRAGMENT)
+				return drop(skb, &p, dir, r, peer);
+			drop(skb, &p, dir, DROP_POLICY_AUDIT, peer);
+			/* The rest of the allowed path without a proxy port
+			 * (no entry allowed it), kept apart so that few values
+			 * live across the call (the verifier's stack bound). */
+			ct_record(&p, dir, bpf_ktime_get_ns());
+			if (hairpin)
+				return lb_hairpin_redirect(skb, p.identity);
+			return lb_out(skb, &p, dir);
 		}
 	}
 	if (!p.frag)

@@ -62,6 +62,11 @@ enum drop_reason {
 	 * the policy map's longest match has deny set, or a CIDR deny group
 	 * holds the peer's address. */
 	DROP_POLICY_DENY = 13,
+	/* Not a drop: an endpoint in audit mode (ENDPOINT_F_AUDIT) sent or
+	 * received a new connection that DROP_POLICY or DROP_POLICY_DENY
+	 * would drop; it passes, counted and reported under this reason
+	 * (the verdict audit). */
+	DROP_POLICY_AUDIT = 14,
 };
 
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
@@ -89,6 +94,10 @@ struct endpoint_info {
 /* endpoint_info.flags */
 #define ENDPOINT_F_IPV4 1 /* ipv4 holds the endpoint's IPv4 address */
 #define ENDPOINT_F_IPV6 2 /* ipv6 holds the endpoint's IPv6 address */
+/* The endpoint's policy audit mode: what its policy would drop (no
+ * entry allows it, or a deny entry matches) passes and is reported as
+ * DROP_POLICY_AUDIT. Fragments without an entry are still dropped. */
+#define ENDPOINT_F_AUDIT 4
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
  * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4

@@ -92,6 +92,7 @@ const (
 	EndpointDropReasonDROP_TUNNEL_SOURCE   EndpointDropReason = 11
 	EndpointDropReasonDROP_TUNNEL_IDENTITY EndpointDropReason = 12
 	EndpointDropReasonDROP_POLICY_DENY     EndpointDropReason = 13
+	EndpointDropReasonDROP_POLICY_AUDIT    EndpointDropReason = 14
 )
 
 type EndpointDropValue struct {

@@ -66,6 +66,7 @@ type bpfEndpoint struct {
 	attached bool
 	identity identity.NumericIdentity
 	addrs    epAddrs
+	audit    bool // the entry's ENDPOINT_F_AUDIT
 	ifindex  int
 	legacy   bool
 }
@@ -102,9 +103,10 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	b = &bpfState{dir: cfg.BPFFS, tmpl: tmpl, maps: sm,
 		epLegacy: cfg.ForceLegacyTC || !cfg.EndpointTCX, devLegacy: cfg.ForceLegacyTC,
 		eps: map[endpoint.ID]*bpfEndpoint{}, prep: map[endpoint.ID]*prepared{}}
+	st := b
 	defer func() {
 		if retErr != nil {
-			b.progs.close()
+			st.progs.close() // st: b is nil once an error is returned
 			sm.close()
 		}
 	}()
@@ -183,13 +185,17 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	}
 	l.phase(PhaseBPFPolicy, start)
 	addrs := addrsOf(ep)
-	if e.attached && e.identity == ep.Identity && e.addrs == addrs && e.ifindex == ifindex {
+	if e.attached && e.identity == ep.Identity && e.addrs == addrs && e.audit == ep.PolicyAudit && e.ifindex == ifindex {
 		return nil
 	}
 	start = time.Now()
 	// One map write: the entry carries the addresses the programs hold
-	// the pod's packets to (bpf/endpoint.c, source_ok).
-	if err := b.setEndpointInfo(endpointInfo(ep.ID, ep.Identity, e.slot, addrs), ifindex, e.ifindex); err != nil {
+	// the pod's packets to (bpf/endpoint.c, source_ok) and the audit mode.
+	info := endpointInfo(ep.ID, ep.Identity, e.slot, addrs)
+	if ep.PolicyAudit {
+		info.Flags |= endpointFlagAudit
+	}
+	if err := b.setEndpointInfo(info, ifindex, e.ifindex); err != nil {
 		return err
 	}
 	if e.staleSlot != 0 {
@@ -200,7 +206,7 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	}
 	l.phase(PhaseBPFLoad, start)
 	if e.attached && e.ifindex == ifindex {
-		e.identity, e.addrs = ep.Identity, addrs // the entry was all there was to change
+		e.identity, e.addrs, e.audit = ep.Identity, addrs, ep.PolicyAudit // the entry was all there was to change
 		return nil
 	}
 	start = time.Now()
@@ -209,7 +215,7 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		return err
 	}
 	l.phase(PhaseBPFAttach, start)
-	e.attached, e.identity, e.addrs, e.ifindex = true, ep.Identity, addrs, ifindex
+	e.attached, e.identity, e.addrs, e.audit, e.ifindex = true, ep.Identity, addrs, ep.PolicyAudit, ifindex
 	return nil
 }
 

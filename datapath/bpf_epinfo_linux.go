@@ -19,6 +19,9 @@ import (
 const (
 	endpointFlagIPv4 = 1 // ENDPOINT_F_IPV4
 	endpointFlagIPv6 = 2 // ENDPOINT_F_IPV6
+	// endpointFlagAudit (ENDPOINT_F_AUDIT): the endpoint's policy audit
+	// mode; what its policy would drop passes, reported as policy-audit.
+	endpointFlagAudit = 4
 )
 
 // epAddrs are the endpoint's addresses an endpoints entry holds (each

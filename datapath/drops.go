@@ -17,6 +17,10 @@ const (
 	// DropPolicyDeny: a deny entry (ingressDeny, egressDeny) matches a
 	// new connection, whatever allows it.
 	DropPolicyDeny = "policy-deny-rule"
+	// DropPolicyAudit is no drop: an endpoint in policy audit mode sent
+	// or received a new connection its policy (or a deny entry) would
+	// drop; it passed, counted and reported with the verdict audit.
+	DropPolicyAudit = "policy-audit"
 	// DropFragment: a non-first fragment (no ports) that no L3-only or
 	// protocol-wide entry allows.
 	DropFragment = "fragment"
@@ -72,7 +76,7 @@ const (
 
 // dropReasons maps the programs' reason numbers to names.
 var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
-	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity, 13: DropPolicyDeny,
+	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity, 13: DropPolicyDeny, 14: DropPolicyAudit,
 	16: DropNoRoute, 17: DropNATExhausted}
 
 // dropReasonName returns the name of reason, or "reason-<n>".

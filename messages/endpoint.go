@@ -43,6 +43,8 @@ type PatchLabels struct {
 	Delete     labels.Labels
 	SetPorts   bool
 	NamedPorts policy.NamedPorts
+	// SetAudit sets the endpoint's policy audit mode to Audit.
+	SetAudit, Audit bool
 }
 
 // Regenerate requests a regeneration; requests coalesce (one running, one

@@ -62,3 +62,13 @@ type IPCacheRemote struct {
 type IPCacheRemoteResult struct {
 	Err error
 }
+
+// IPCacheReservedSet tells the ipcache actor the full set of addresses
+// of one reserved source (index.SourceNode: the other nodes' addresses,
+// identity remote-node; index.SourceKubeAPIServer: the API server's,
+// identity kube-apiserver): the source's claims are exactly Addrs
+// afterwards. No reply.
+type IPCacheReservedSet struct {
+	Source string
+	Addrs  []netip.Addr
+}

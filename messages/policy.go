@@ -81,3 +81,10 @@ type RegeneratePolicy struct {
 type PolicyRemotePorts struct {
 	Set []policy.EndpointPortsChange
 }
+
+// PolicyServiceSet tells the policy actor a Kubernetes Service the
+// toServices rules resolve against (Service nil: deleted). No reply.
+type PolicyServiceSet struct {
+	Namespace, Name string
+	Service         *policy.Service
+}

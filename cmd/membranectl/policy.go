@@ -4,11 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 // errNothingToDelete: policy delete needs exactly one of NAME and --labels.
@@ -58,7 +63,10 @@ func (a *app) policyGet() *cobra.Command {
 			for _, p := range pl.Policies {
 				t.row(p.Namespace, p.Name, p.Kind)
 			}
-			return t.flush()
+			if err := t.flush(); err != nil {
+				return err
+			}
+			return printSelections(a.out, pl.Policies)
 		},
 	}
 }
@@ -120,4 +128,34 @@ func readPolicy(path, format string, stdin io.Reader) ([]byte, string, error) {
 		return doc, "application/json", nil
 	}
 	return nil, "", usageError{fmt.Errorf("--format: %q: want yaml or json", format)}
+}
+
+// printSelections lists what each policy's toServices and entity peers
+// select now, below the table.
+func printSelections(w io.Writer, pols []*models.Policy) error {
+	for _, p := range pols {
+		for _, s := range p.Selected {
+			ids := make([]string, len(s.Identities))
+			for i, id := range s.Identities {
+				ids[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			line := fmt.Sprintf("%s/%s %s: identities [%s]", p.Namespace, p.Name, s.Selector, strings.Join(ids, " "))
+			for _, svc := range s.Services {
+				if len(svc.Selector) > 0 {
+					keys := slices.Sorted(maps.Keys(svc.Selector))
+					kv := make([]string, len(keys))
+					for i, k := range keys {
+						kv[i] = k + "=" + svc.Selector[k]
+					}
+					line += fmt.Sprintf(", service %s/%s selector %s", svc.Namespace, svc.Name, strings.Join(kv, ","))
+				} else {
+					line += fmt.Sprintf(", service %s/%s addresses [%s]", svc.Namespace, svc.Name, strings.Join(svc.Addresses, " "))
+				}
+			}
+			if _, err := fmt.Fprintln(w, line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

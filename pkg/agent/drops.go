@@ -84,5 +84,9 @@ func dropEvent(d datapath.DropEvent, dir string) events.Event {
 	if d.Src.IsValid() {
 		dr.Src, dr.Dst = d.Src.String(), d.Dst.String()
 	}
-	return events.Event{Type: events.DatapathDrop, Time: d.Time, Endpoint: uint16(d.Endpoint), Drop: dr}
+	typ := events.DatapathDrop
+	if d.Reason == datapath.DropPolicyAudit {
+		typ, dr.Verdict = events.PolicyVerdict, "audit"
+	}
+	return events.Event{Type: typ, Time: d.Time, Endpoint: uint16(d.Endpoint), Drop: dr}
 }

@@ -112,7 +112,7 @@ func Require(tb testing.TB) *Env {
 
 // Start launches etcd-embed and kube-apiserver from binDir and waits until
 // /readyz answers ok. On failure everything started is stopped again.
-func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
+func Start(ctx context.Context, binDir string, extraArgs ...string) (_ *Env, retErr error) {
 	for _, b := range []string{"kube-apiserver", "etcd-embed"} {
 		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(binDir, b), ErrNoBinaries)
@@ -174,6 +174,7 @@ func Start(ctx context.Context, binDir string) (_ *Env, retErr error) {
 		"--allow-privileged=true",
 		"--disable-admission-plugins=ServiceAccount",
 		"--v=" + envOr("KUBETEST_V", "1")}
+	e.apiserverArgs = append(e.apiserverArgs, extraArgs...) // a flag given again overrides
 	host := fmt.Sprintf("https://127.0.0.1:%d", port)
 	e.Config = &rest.Config{Host: host, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}, QPS: 100, Burst: 200}
 	if err := e.StartAPIServer(ctx); err != nil {
@@ -377,11 +378,12 @@ func envOr(k, d string) string {
 }
 
 // StartOwn starts an API server for tb alone (a test that stops and
-// restarts it must not share the package's), stopped at cleanup. Without
-// the binaries it skips tb, or fails it under CI.
-func StartOwn(tb testing.TB) *Env {
+// restarts it must not share the package's, or gives it extraArgs),
+// stopped at cleanup. Without the binaries it skips tb, or fails it
+// under CI.
+func StartOwn(tb testing.TB, extraArgs ...string) *Env {
 	tb.Helper()
-	e, err := Start(context.Background(), BinDir())
+	e, err := Start(context.Background(), BinDir(), extraArgs...)
 	switch {
 	case errors.Is(err, ErrNoBinaries) && !testutil.InCI():
 		tb.Skipf("kubetest: %v", err)

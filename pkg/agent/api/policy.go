@@ -68,9 +68,32 @@ func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request) {
 		if labels == nil {
 			labels = map[string]string{}
 		}
-		out.Policies = append(out.Policies, &models.Policy{Name: p.Name, Namespace: p.Namespace, Kind: p.Kind, Labels: labels, Spec: p.Spec})
+		out.Policies = append(out.Policies, &models.Policy{Name: p.Name, Namespace: p.Namespace, Kind: p.Kind, Labels: labels, Spec: p.Spec,
+			Selected: selectionsModel(row.Selected)})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func selectionsModel(sels []policy.Selection) []models.PolicySelection {
+	if len(sels) == 0 {
+		return nil
+	}
+	out := make([]models.PolicySelection, len(sels))
+	for i, s := range sels {
+		m := models.PolicySelection{Selector: s.Selector, Identities: make([]uint32, len(s.Identities))}
+		for j, id := range s.Identities {
+			m.Identities[j] = uint32(id)
+		}
+		for _, svc := range s.Services {
+			ms := models.PolicySelectedService{Namespace: svc.Namespace, Name: svc.Name, Selector: svc.Selector}
+			for _, a := range svc.Addrs {
+				ms.Addresses = append(ms.Addresses, a.String())
+			}
+			m.Services = append(m.Services, ms)
+		}
+		out[i] = m
+	}
+	return out
 }
 
 // deletePolicy deletes by ?name=ns/name or ?labels=k=v,...

@@ -162,3 +162,18 @@ func (w *Watcher) podLabels(pod *corev1.Pod, ns *corev1.Namespace) labels.Labels
 	}
 	return kept
 }
+
+// AuditAnnotation on a pod puts its endpoints in policy audit mode
+// ("enabled" or "true"): what their policy would drop passes and is
+// reported with the verdict audit (Cilium's per-endpoint
+// PolicyAuditMode). Any other value or none: enforced.
+const AuditAnnotation = "policy.membrane.io/audit-mode"
+
+// PodPolicyAudit reports whether pod asks for policy audit mode.
+func PodPolicyAudit(pod *corev1.Pod) bool {
+	switch pod.Annotations[AuditAnnotation] {
+	case "enabled", "true":
+		return true
+	}
+	return false
+}

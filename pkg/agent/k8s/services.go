@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
@@ -33,6 +34,32 @@ type ServiceSink interface {
 	UpsertServices(ctx context.Context, source string, svcs []service.Service) (actors.ServiceResult, error)
 	DeleteService(ctx context.Context, source string, frontends ...service.Frontend) (actors.ServiceResult, error)
 	PruneServices()
+	// SetPolicyService tells the policy repository a Service the
+	// toServices rules resolve against (nil: gone).
+	SetPolicyService(namespace, name string, svc *policy.Service)
+	// SetKubeAPIServerAddrs gives the ipcache the API server's addresses.
+	SetKubeAPIServerAddrs(addrs []netip.Addr)
+}
+
+// The API server's addresses are read from its own EndpointSlice only:
+// the one it writes itself, default/kubernetes (not any slice labelled
+// for the kubernetes Service, which whoever may write EndpointSlices in
+// default could add).
+const (
+	apiServerNamespace = "default"
+	apiServerSlice     = "kubernetes"
+)
+
+// syncAPIServer gives the ipcache the addresses of the API server's
+// EndpointSlice (none while it does not exist).
+func (w *ServiceWatcher) syncAPIServer() {
+	var addrs []netip.Addr
+	if sl, err := w.slices.EndpointSlices(apiServerNamespace).Get(apiServerSlice); err == nil {
+		for _, ep := range sl.Endpoints {
+			addrs = append(addrs, parseAddrs(ep.Addresses)...)
+		}
+	}
+	w.sink.SetKubeAPIServerAddrs(addrs)
 }
 
 // ServiceWatcher feeds the service table from the Services and
@@ -144,6 +171,9 @@ func (w *ServiceWatcher) sliceChanged(obj any) {
 	if name := s.Labels[discoveryv1.LabelServiceName]; name != "" {
 		w.queue.Add(s.Namespace + "/" + name)
 	}
+	if s.Namespace == apiServerNamespace && s.Name == apiServerSlice {
+		w.queue.Add(apiServerNamespace + "/" + apiServerSlice)
+	}
 }
 
 // nodeChanged requeues every service: the node's addresses are NodePort
@@ -170,10 +200,13 @@ func (w *ServiceWatcher) fullSync(ctx context.Context) {
 		w.log.Error("list services", "err", err)
 		return
 	}
+	w.syncAPIServer()
 	var all []service.Service
 	for _, s := range svcs {
 		k := s.Namespace + "/" + s.Name
-		out := w.view.translate(s, w.slicesOf(s.Namespace, s.Name))
+		eps := w.slicesOf(s.Namespace, s.Name)
+		out := w.view.translate(s, eps)
+		w.sink.SetPolicyService(s.Namespace, s.Name, policyService(s, eps))
 		w.held[k] = frontendsOf(out)
 		all = append(all, out...)
 	}
@@ -222,14 +255,21 @@ func (w *ServiceWatcher) apply(ctx context.Context, k string) error {
 	if err != nil {
 		return nil
 	}
+	if ns == apiServerNamespace && name == apiServerSlice {
+		w.syncAPIServer()
+	}
 	w.view.nodeAddrs = w.nodeAddrs()
 	var out []service.Service
 	svc, err := w.svcs.Services(ns).Get(name)
 	switch {
 	case err == nil:
-		out = w.view.translate(svc, w.slicesOf(ns, name))
+		eps := w.slicesOf(ns, name)
+		out = w.view.translate(svc, eps)
+		w.sink.SetPolicyService(ns, name, policyService(svc, eps))
 	case !apierrors.IsNotFound(err):
 		return err
+	default:
+		w.sink.SetPolicyService(ns, name, nil)
 	}
 	now := frontendsOf(out)
 	if len(out) > 0 {
@@ -298,4 +338,23 @@ func containsFrontend(fs []service.Frontend, f service.Frontend) bool {
 		}
 	}
 	return false
+}
+
+// policyService is what the toServices rules resolve svc to: its labels
+// and pod selector, or, without a selector, the addresses of its
+// EndpointSlices' endpoints (ready or not, as Cilium takes them).
+func policyService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) *policy.Service {
+	out := &policy.Service{Labels: svc.Labels, Selector: svc.Spec.Selector}
+	if len(svc.Spec.Selector) > 0 {
+		return out
+	}
+	for _, sl := range slices {
+		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			out.Addrs = append(out.Addrs, parseAddrs(ep.Addresses)...)
+		}
+	}
+	return out
 }

@@ -361,8 +361,9 @@ func (w *Watcher) podAdded(obj any) {
 func (w *Watcher) podUpdated(oldObj, newObj any) {
 	o, ok1 := oldObj.(*corev1.Pod)
 	n, ok2 := newObj.(*corev1.Pod)
-	if ok1 && ok2 && equality.Semantic.DeepEqual(o.Labels, n.Labels) && o.Spec.ServiceAccountName == n.Spec.ServiceAccountName {
-		return // nothing an endpoint's labels derive from changed
+	if ok1 && ok2 && equality.Semantic.DeepEqual(o.Labels, n.Labels) && o.Spec.ServiceAccountName == n.Spec.ServiceAccountName &&
+		PodPolicyAudit(o) == PodPolicyAudit(n) {
+		return // nothing an endpoint's labels or audit mode derive from changed
 	}
 	w.podAdded(newObj)
 }
@@ -494,6 +495,7 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 	}
 	podLabels := w.podLabels(pod, w.namespace(ns))
 	ports := PodNamedPorts(pod, w.log)
+	audit := PodPolicyAudit(pod)
 	for _, ep := range eps {
 		cur := ep.Labels
 		b := cur
@@ -501,10 +503,10 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 			b = base // the labels the ADD sent (none if the agent restarted since)
 		}
 		add, del := diffLabels(cur, desiredLabels(b, podLabels))
-		if len(add) == 0 && len(del) == 0 && ep.NamedPorts.Equal(ports) {
+		if len(add) == 0 && len(del) == 0 && ep.NamedPorts.Equal(ports) && ep.PolicyAudit == audit {
 			continue
 		}
-		if _, err := w.sys.PatchPodLabels(ctx, ep.ID, add, del, ports); err != nil {
+		if _, err := w.sys.PatchPodLabels(ctx, ep.ID, add, del, ports, audit); err != nil {
 			if errors.Is(err, actors.ErrEndpointNotFound) {
 				continue
 			}

@@ -19,6 +19,28 @@ type Policy struct {
 	// Spec is the document's spec as imported ("specs" for a
 	// CiliumNetworkPolicy with a list of rules).
 	Spec json.RawMessage `json:"spec"`
+	// Selected says what the policy's toServices and entity peers select
+	// now (absent when it has none).
+	Selected []PolicySelection `json:"selected,omitempty"`
+}
+
+// PolicySelection is what one peer selector selects now: selector is
+// "service{namespace/name}", "service{namespace labels{...}}" or
+// "entity{name}"; identities are the peer identities; services (service
+// selectors) the Services named, each with its pod selector or, without
+// one, its EndpointSlices' addresses.
+type PolicySelection struct {
+	Selector   string                  `json:"selector"`
+	Identities []uint32                `json:"identities"`
+	Services   []PolicySelectedService `json:"services,omitempty"`
+}
+
+// PolicySelectedService is a Service a toServices peer names.
+type PolicySelectedService struct {
+	Namespace string            `json:"namespace"`
+	Name      string            `json:"name"`
+	Selector  map[string]string `json:"selector,omitempty"`
+	Addresses []string          `json:"addresses,omitempty"`
 }
 
 // PolicyList answers GET /v1/policy.

@@ -38,6 +38,10 @@ type Endpoint struct {
 	// NamedPorts are the ports the pod's containers declare by name;
 	// ingress rules on named ports resolve against them.
 	NamedPorts policy.NamedPorts
+	// PolicyAudit is the endpoint's policy audit mode (Cilium's
+	// per-endpoint PolicyAuditMode): what its policy would drop passes
+	// and is reported with the verdict audit (drop reason policy-audit).
+	PolicyAudit bool
 	// Chained says another CNI plugin made the host interface and gave
 	// the addresses (CNI chaining, generic veth): the agent attaches its
 	// programs to IfName and claims no address in its IPAM; the link,

@@ -27,6 +27,10 @@ const (
 	// policy and the refused fields.
 	PolicyRefused Type = "policy-refused"
 	DatapathDrop  Type = "datapath-drop"
+	// PolicyVerdict is a packet of an endpoint in policy audit mode that
+	// its policy would have dropped and that passed (Event.Drop, with
+	// Verdict "audit" and Reason "policy-audit").
+	PolicyVerdict Type = "policy-verdict"
 	// DNSQuery is a query the DNS proxy answered or refused (Event.DNS);
 	// FQDNExpired: a name's learned addresses reached their TTL.
 	DNSQuery    Type = "dns-query"
@@ -43,7 +47,7 @@ const (
 
 // Types lists every publishable type (not Missed), for filters and docs.
 var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, PolicyRefused, DatapathDrop,
-	L7Access, DNSQuery, FQDNExpired, NodeHealth}
+	PolicyVerdict, L7Access, DNSQuery, FQDNExpired, NodeHealth}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.
@@ -156,6 +160,9 @@ type Drop struct {
 	PeerIdentity uint32 `json:"peer-identity,omitempty"`
 	// Bytes is the packet's length.
 	Bytes uint32 `json:"bytes,omitempty"`
+	// Verdict is "audit" for a policy-verdict event (the packet passed:
+	// its endpoint is in audit mode); empty for a drop.
+	Verdict string `json:"verdict,omitempty"`
 }
 
 var (

@@ -23,8 +23,17 @@ const (
 	ReservedHealth NumericIdentity = 4
 	// ReservedInit is an endpoint whose labels are not known yet (reserved:init).
 	ReservedInit NumericIdentity = 5
+	// ReservedRemoteNode is every other node's address, from the node
+	// registry (reserved:remote-node), as in Cilium.
+	ReservedRemoteNode NumericIdentity = 6
+	// ReservedKubeAPIServer is an address of the API server's own
+	// EndpointSlice (default/kubernetes) that is not this node's: labels
+	// reserved:kube-apiserver and reserved:remote-node, as in Cilium.
+	ReservedKubeAPIServer NumericIdentity = 7
+	// maxReserved is the last reserved identity with labels.
+	maxReserved = ReservedKubeAPIServer
 	// MinLocalIdentity is the first identity handed out for label sets.
-	// Identities 1 to 255 form the reserved range, of which 1 to 5 are used.
+	// Identities 1 to 255 form the reserved range, of which 1 to 7 are used.
 	MinLocalIdentity NumericIdentity = 256
 )
 
@@ -42,13 +51,17 @@ func reservedName(id NumericIdentity) string {
 		return "health"
 	case ReservedInit:
 		return "init"
+	case ReservedRemoteNode:
+		return "remote-node"
+	case ReservedKubeAPIServer:
+		return "kube-apiserver"
 	}
 	return ""
 }
 
 // reservedByName is the inverse of reservedName.
 func reservedByName(name string) (NumericIdentity, bool) {
-	for id := ReservedHost; id <= ReservedInit; id++ {
+	for id := ReservedHost; id <= maxReserved; id++ {
 		if reservedName(id) == name {
 			return id, true
 		}
@@ -75,24 +88,36 @@ func (id NumericIdentity) IsReserved() bool {
 }
 
 // ReservedLabels returns the label set of a reserved identity: reserved:host,
-// reserved:world, reserved:unmanaged, reserved:health or reserved:init. It
-// returns false for any other identity, including unused reserved numbers.
+// reserved:world, reserved:unmanaged, reserved:health, reserved:init,
+// reserved:remote-node, or for ReservedKubeAPIServer reserved:kube-apiserver
+// with reserved:remote-node (Cilium's). It returns false for any other
+// identity, including unused reserved numbers.
 func ReservedLabels(id NumericIdentity) (labels.Labels, bool) {
 	name := reservedName(id)
 	if name == "" {
 		return nil, false
+	}
+	if id == ReservedKubeAPIServer {
+		return labels.Labels{{Source: labels.SourceReserved, Key: name}, {Source: labels.SourceReserved, Key: "remote-node"}}, true
 	}
 	return labels.Labels{{Source: labels.SourceReserved, Key: name}}, true
 }
 
 // LookupReserved returns the reserved identity for a label set that consists
 // of exactly one reserved:* label with an empty value, e.g. {reserved:health}
-// gives ReservedHealth.
+// gives ReservedHealth, or is ReservedKubeAPIServer's.
 func LookupReserved(ls labels.Labels) (NumericIdentity, bool) {
+	if want, _ := ReservedLabels(ReservedKubeAPIServer); ls.Equal(want) {
+		return ReservedKubeAPIServer, true
+	}
 	if len(ls) != 1 || ls[0].Source != labels.SourceReserved || ls[0].Value != "" {
 		return IdentityUnknown, false
 	}
-	return reservedByName(ls[0].Key)
+	id, ok := reservedByName(ls[0].Key)
+	if id == ReservedKubeAPIServer {
+		return IdentityUnknown, false // its labels are two
+	}
+	return id, ok
 }
 
 // reservedIdentity returns the Identity of reserved id, which must have

@@ -29,7 +29,8 @@ func TestReserved(t *testing.T) {
 		{ReservedUnmanaged, "reserved:unmanaged", "unmanaged", true},
 		{ReservedHealth, "reserved:health", "health", true},
 		{ReservedInit, "reserved:init", "init", true},
-		{6, "", "6", false},
+		{ReservedRemoteNode, "reserved:remote-node", "remote-node", true},
+		{8, "", "8", false},
 		{255, "", "255", false},
 		{MinLocalIdentity, "", "256", false},
 	}
@@ -74,5 +75,28 @@ func TestLookupReservedRejects(t *testing.T) {
 				t.Fatalf("LookupReserved(%q) = %d, want no reserved identity", tt.in, id)
 			}
 		})
+	}
+}
+
+func TestReservedRemoteNodeKubeAPIServer(t *testing.T) {
+	ls, ok := ReservedLabels(ReservedKubeAPIServer)
+	if !ok || ls.String() != "reserved:kube-apiserver;reserved:remote-node" {
+		t.Fatalf("kube-apiserver labels %v", ls)
+	}
+	if id, ok := LookupReserved(ls); !ok || id != ReservedKubeAPIServer {
+		t.Fatalf("LookupReserved(%v) = %v %v", ls, id, ok)
+	}
+	for _, one := range []string{"kube-apiserver", "remote-node"} {
+		l := labels.Labels{{Source: labels.SourceReserved, Key: one}}
+		id, ok := LookupReserved(l)
+		if one == "kube-apiserver" && ok {
+			t.Errorf("{reserved:kube-apiserver} alone is identity %v", id)
+		}
+		if one == "remote-node" && (!ok || id != ReservedRemoteNode) {
+			t.Errorf("{reserved:remote-node} = %v %v", id, ok)
+		}
+	}
+	if ReservedRemoteNode.String() != "remote-node" || ReservedKubeAPIServer.String() != "kube-apiserver" {
+		t.Error("names")
 	}
 }

@@ -27,6 +27,9 @@ type PolicyRow struct {
 	Policy *policy.Policy
 	// Revision is the repository revision that imported it.
 	Revision uint64
+	// Selected is what its service and entity selectors select now
+	// (policy.Repository.Selections), rewritten when a Service changes.
+	Selected []policy.Selection
 }
 
 // PolicyRevision is the single row of the policy-revision table.
@@ -41,6 +44,12 @@ type PolicyRevision struct {
 const (
 	SourceEndpoint = "endpoint"
 	SourceReserved = "reserved"
+	// SourceKubeAPIServer is an address of the API server's own
+	// EndpointSlice (identity kube-apiserver), SourceNode another node's
+	// address from the node registry (identity remote-node): below this
+	// node's own entries, above other nodes' endpoint claims.
+	SourceKubeAPIServer = "kube-apiserver"
+	SourceNode          = "node"
 	// SourceRemote is an endpoint on another node, claimed per origin
 	// (IPCacheClaim.Origin: "k8s", "kvstore", ...).
 	SourceRemote     = "remote"

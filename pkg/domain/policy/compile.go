@@ -179,7 +179,11 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if r.EgressDeny != nil {
 		eg := *r.EgressDeny
 		rule.EgressDeny, egDenyOK, err = c.denyEntries(path, "egress", len(eg), func(p string, i int) ([]PeerRule, error) {
-			return c.denyPeers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
+			prs, err := c.denyPeers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
+			if err != nil {
+				return nil, err
+			}
+			return withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities), p)
 		})
 		if err != nil {
 			return Rule{}, err
@@ -203,6 +207,12 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {
 			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
 			if err != nil {
+				return nil, err
+			}
+			if len(eg[i].ToServices) > 0 && len(eg[i].ToFQDNs) > 0 {
+				return nil, fmt.Errorf("%s.toServices: cannot be combined with toFQDNs in one egress entry", p)
+			}
+			if prs, err = withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities), p); err != nil {
 				return nil, err
 			}
 			return withFQDNs(prs, eg[i], p)
@@ -439,10 +449,10 @@ func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelecto
 		switch e {
 		case EntityAll:
 			pr.Any = true
-		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged:
+		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer:
 			pr.Peers = append(pr.Peers, &EntitySelector{Entity: e})
 		default:
-			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, health, init, unmanaged or all)", path, dir, i, e)
+			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, remote-node, kube-apiserver, health, init, unmanaged or all)", path, dir, i, e)
 		}
 	}
 	if len(eps)+len(cidrs)+len(sets)+len(entities) == 0 {

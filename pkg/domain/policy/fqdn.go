@@ -74,11 +74,12 @@ func (r *Repository) fqdnUnlink(name string, ip netip.Addr, affected idSet) {
 }
 
 // fqdnSync gives ip's host prefix a CIDR identity reference while a
-// cached FQDN selector selects one of ip's names, takes it back when none
+// cached FQDN selector selects one of ip's names or a cached service
+// selector one of ip's Services (services.go), takes it back when none
 // does, and re-evaluates the selectors for that identity.
 func (r *Repository) fqdnSync(ip netip.Addr, affected idSet) {
 	p := netip.PrefixFrom(ip, ip.BitLen())
-	want := r.fqdnWanted(ip)
+	want := r.fqdnWanted(ip) || r.svcWanted(ip)
 	_, held := r.fqdnHeld[ip]
 	switch {
 	case want && !held:

@@ -62,6 +62,9 @@ type Result struct {
 	// prefixes to add and remove.
 	CIDRUpserts map[netip.Prefix]identity.NumericIdentity
 	CIDRDeletes []netip.Prefix
+	// Reselected are the keys of the policies whose Selections may have
+	// changed (SetService).
+	Reselected []string
 }
 
 // Repository holds the policies, the selector cache and the computed
@@ -116,6 +119,13 @@ type Repository struct {
 	fqdnNames map[netip.Addr]map[string]struct{}
 	fqdnHeld  map[netip.Addr]struct{}
 	fqdnSels  map[*cachedSelector]struct{}
+	// services are the Services toServices selectors resolve against
+	// (SetService), by "namespace/name"; svcNames the Services (without
+	// a pod selector) naming each backend address; svcSels the cached
+	// service selectors (services.go).
+	services map[string]*Service
+	svcNames map[netip.Addr]map[string]struct{}
+	svcSels  map[*cachedSelector]struct{}
 	// portOwners are the named ports each endpoint declared, idPorts
 	// their union per identity with a count of the endpoints declaring
 	// each (namedports_repo.go). resolved caches MapStateFor per
@@ -137,10 +147,11 @@ func NewRepository() *Repository {
 		changed: map[*cachedSelector]struct{}{}, unused: map[netip.Prefix]struct{}{}, staged: idSet{},
 		fqdnAddrs: map[string][]netip.Addr{}, fqdnNames: map[netip.Addr]map[string]struct{}{},
 		fqdnHeld: map[netip.Addr]struct{}{}, fqdnSels: map[*cachedSelector]struct{}{},
+		services: map[string]*Service{}, svcNames: map[netip.Addr]map[string]struct{}{}, svcSels: map[*cachedSelector]struct{}{},
 		portOwners: map[string]portOwner{}, idPorts: map[identity.NumericIdentity]map[NamedPort]int{},
 		resolved: map[identity.NumericIdentity]map[string]*MapState{},
 	}
-	for id := identity.ReservedHost; id <= identity.ReservedInit; id++ {
+	for id := identity.ReservedHost; id <= identity.ReservedKubeAPIServer; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {
 			r.setLabels(id, ls)
 		}

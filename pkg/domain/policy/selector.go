@@ -212,14 +212,22 @@ const (
 	EntityHealth    = "health"
 	EntityInit      = "init"
 	EntityUnmanaged = "unmanaged"
+	// EntityRemoteNode is every other node (identity remote-node, and the
+	// API server's kube-apiserver identity, which carries its label).
+	EntityRemoteNode = "remote-node"
+	// EntityKubeAPIServer is the API server's addresses (identity
+	// kube-apiserver).
+	EntityKubeAPIServer = "kube-apiserver"
 )
 
 // EntitySelector matches an entity: world (the world identity and every
 // CIDR identity), host, health (the nodes' health endpoints), init
 // (endpoints whose labels are not known yet), unmanaged (endpoints the
-// agent does not manage), or cluster (everything but world and CIDR
-// identities, those four included). "all" is not a selector: it
-// compiles to the any-peer key.
+// agent does not manage), remote-node (other nodes: identities
+// remote-node and kube-apiserver, whose labels hold reserved:remote-node),
+// kube-apiserver (the API server's addresses), or cluster (everything but
+// world and CIDR identities, all of those included). "all" is not a
+// selector: it compiles to the any-peer key.
 type EntitySelector struct{ Entity string }
 
 // Key implements Selector.
@@ -231,7 +239,7 @@ func (s *EntitySelector) Matches(ls labels.Labels) bool {
 	switch s.Entity {
 	case EntityWorld:
 		return isWorld(ls) || isCIDR
-	case EntityHost, EntityHealth, EntityInit, EntityUnmanaged:
+	case EntityHost, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer:
 		return ls.Has(labels.Label{Source: labels.SourceReserved, Key: s.Entity})
 	default: // cluster
 		return !isWorld(ls) && !isCIDR

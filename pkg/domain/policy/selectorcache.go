@@ -105,6 +105,10 @@ func (r *Repository) ref(sel Selector) *cachedSelector {
 		r.fqdnSels[cs] = struct{}{}
 		r.fqdnSelectorChanged(f)
 	}
+	if s, ok := sel.(*ServiceSelector); ok {
+		r.svcSels[cs] = struct{}{}
+		r.svcSelectorChanged(s)
+	}
 	return cs
 }
 
@@ -125,6 +129,10 @@ func (r *Repository) unref(sel Selector) {
 		delete(r.fqdnSels, cs)
 		r.fqdnSelectorChanged(f)
 	}
+	if s, ok := sel.(*ServiceSelector); ok {
+		delete(r.svcSels, cs)
+		r.svcSelectorChanged(s)
+	}
 }
 
 // matches reports whether cs selects identity id with labels ls. CIDR
@@ -132,6 +140,16 @@ func (r *Repository) unref(sel Selector) {
 func (r *Repository) matches(cs *cachedSelector, id identity.NumericIdentity, ls labels.Labels) bool {
 	if p, ok := r.cidrIDs[id]; ok {
 		return r.matchesCIDR(cs, p, ls)
+	}
+	return r.matchesLabels(cs, ls)
+}
+
+// matchesLabels reports whether cs selects an identity (not a CIDR
+// identity) with labels ls: a service selector by the pod selectors of
+// the Services it names.
+func (r *Repository) matchesLabels(cs *cachedSelector, ls labels.Labels) bool {
+	if s, ok := cs.sel.(*ServiceSelector); ok {
+		return r.svcMatchesLabels(s, ls)
 	}
 	return cs.sel.Matches(ls)
 }
@@ -147,6 +165,8 @@ func (r *Repository) matchesCIDR(cs *cachedSelector, p netip.Prefix, ls labels.L
 		return s.Entity == EntityWorld
 	case *FQDNSelector:
 		return r.fqdnSelects(s, p)
+	case *ServiceSelector:
+		return r.svcSelectsPrefix(s, p)
 	}
 	return cs.sel.Matches(ls)
 }
@@ -248,7 +268,7 @@ func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, af
 		case isCIDR:
 			m = r.matchesCIDR(cs, p, ls)
 		default:
-			m = cs.sel.Matches(ls)
+			m = r.matchesLabels(cs, ls)
 		}
 		_, had := cs.ids[id]
 		if len(cs.subjectOf) > 0 && (m || had) {

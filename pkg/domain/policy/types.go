@@ -70,6 +70,7 @@ type cnpEgress struct {
 	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
 	ToEntities  []string        `json:"toEntities"`
 	ToFQDNs     []fqdn.Selector `json:"toFQDNs"`
+	ToServices  []serviceRule   `json:"toServices"`
 	ToPorts     []portRule      `json:"toPorts"`
 	ICMPs       []icmpRule      `json:"icmps"`
 }
@@ -91,6 +92,7 @@ type cnpEgressDeny struct {
 	ToCIDR      []string        `json:"toCIDR"`
 	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
 	ToEntities  []string        `json:"toEntities"`
+	ToServices  []serviceRule   `json:"toServices"`
 	ToPorts     []portDenyRule  `json:"toPorts"`
 	ICMPs       []icmpRule      `json:"icmps"`
 }

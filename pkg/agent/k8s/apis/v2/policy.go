@@ -91,8 +91,29 @@ type EgressRule struct {
 	ToEntities  []string               `json:"toEntities,omitempty"`
 	ToNodes     []metav1.LabelSelector `json:"toNodes,omitempty"`
 	ToFQDNs     []FQDNSelector         `json:"toFQDNs,omitempty"`
+	ToServices  []Service              `json:"toServices,omitempty"`
 	ToPorts     []PortRule             `json:"toPorts,omitempty"`
 	ICMPs       []ICMPRule             `json:"icmps,omitempty"`
+}
+
+// Service selects a Kubernetes Service by name or by its labels
+// (Cilium's api.Service); its backends are the peers.
+type Service struct {
+	K8sService         *K8sServiceNamespace         `json:"k8sService,omitempty"`
+	K8sServiceSelector *K8sServiceSelectorNamespace `json:"k8sServiceSelector,omitempty"`
+}
+
+// K8sServiceNamespace names a Service ("" namespace: any).
+type K8sServiceNamespace struct {
+	ServiceName string `json:"serviceName,omitempty"`
+	Namespace   string `json:"namespace,omitempty"`
+}
+
+// K8sServiceSelectorNamespace selects Services by label ("" namespace:
+// any).
+type K8sServiceSelectorNamespace struct {
+	Selector  metav1.LabelSelector `json:"selector"`
+	Namespace string               `json:"namespace,omitempty"`
 }
 
 // CIDRRule is a prefix with exceptions inside it.
