@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -110,7 +111,7 @@ func (s *starter) components() []component {
 		{"ipcache-prune", a.startIPCachePrune, stopFunc(&a.stopPrune)},
 		// The Services and EndpointSlices feeding the service table; in
 		// standalone mode, what an earlier agent left there is pruned.
-		{"services", a.startServices, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
+		{"services", func() error { return a.startServices(s.linux) }, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
 		// The pods' hostPort services resynced periodically.
 		{"hostport-sync", func() error { a.startHostPortSync(); return nil }, stopFunc(&a.stopHostPorts)},
 		// This node's endpoints published to etcd, the others' mirrored.
@@ -386,7 +387,7 @@ func (a *Agent) startIPCachePrune() error {
 	return nil
 }
 
-func (a *Agent) startServices() (err error) {
+func (a *Agent) startServices(linux *datapath.Linux) (err error) {
 	// The restored endpoints' hostPorts, before a prune drops them from
 	// the service maps.
 	if err := a.Server.SyncHostPorts(context.Background()); err != nil {
@@ -397,7 +398,20 @@ func (a *Agent) startServices() (err error) {
 		a.System.PruneServices()
 		return nil
 	}
-	a.k8sSvc, err = k8s.StartServices(context.Background(), *a.cfg.K8s, a.System, a.log)
+	kc := *a.cfg.K8s
+	if linux != nil {
+		// The kube-proxy replacement answers the health check node
+		// ports, on the node's addresses (the host netns).
+		kc.HealthCheckNodePorts = true
+		kc.HealthCheckListen = func(network, addr string) (l net.Listener, err error) {
+			err = linux.InHost(func() (err error) {
+				l, err = net.Listen(network, addr)
+				return err
+			})
+			return l, err
+		}
+	}
+	a.k8sSvc, err = k8s.StartServices(context.Background(), kc, a.System, a.log)
 	return err
 }
 

@@ -65,6 +65,12 @@ type Config struct {
 	// the agent translates cluster addresses only (at the pod's veth,
 	// before kube-proxy's rules could see them).
 	KubeProxyReplacement bool
+	// HealthCheckNodePorts serves, with KubeProxyReplacement, each
+	// externalTrafficPolicy Local Service's healthCheckNodePort (200 with
+	// its local endpoints, 503 without), as kube-proxy does; listeners
+	// come from HealthCheckListen (nil: net.Listen, the agent's netns).
+	HealthCheckNodePorts bool
+	HealthCheckListen    func(network, addr string) (net.Listener, error)
 	// ProbeInterval is how often the agent asks the API server's /readyz
 	// to report the connection state (default 5 s).
 	ProbeInterval time.Duration

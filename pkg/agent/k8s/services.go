@@ -82,6 +82,9 @@ type ServiceWatcher struct {
 
 	// held is what the worker wrote per service key (worker only).
 	held map[string][]service.Frontend
+	// hc serves the health check node ports (nil: not this agent's job,
+	// without the kube-proxy replacement).
+	hc *healthChecks
 }
 
 // StartServices starts the Service, EndpointSlice and Node informers,
@@ -99,6 +102,9 @@ func StartServices(ctx context.Context, cfg Config, sink ServiceSink, log *slog.
 		held: map[string][]service.Frontend{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "membrane-k8s-services"})}
+	if cfg.KubeProxyReplacement && cfg.HealthCheckNodePorts {
+		w.hc = newHealthChecks(cfg.HealthCheckListen, w.log)
+	}
 	all := informers.NewSharedInformerFactory(client, 0)
 	node := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
@@ -209,6 +215,10 @@ func (w *ServiceWatcher) fullSync(ctx context.Context) {
 		w.sink.SetPolicyService(s.Namespace, s.Name, policyService(s, eps))
 		w.held[k] = frontendsOf(out)
 		all = append(all, out...)
+		if w.hc != nil {
+			port, local := healthCheckOf(s, out)
+			w.hc.set(k, s.Namespace, s.Name, port, local)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
@@ -226,6 +236,9 @@ func (w *ServiceWatcher) fullSync(ctx context.Context) {
 // run is the single worker.
 func (w *ServiceWatcher) run(ctx context.Context) {
 	defer close(w.done)
+	if w.hc != nil {
+		defer w.hc.closeAll()
+	}
 	for {
 		k, shutdown := w.queue.Get()
 		if shutdown {
@@ -270,6 +283,11 @@ func (w *ServiceWatcher) apply(ctx context.Context, k string) error {
 		return err
 	default:
 		w.sink.SetPolicyService(ns, name, nil)
+		svc = nil
+	}
+	if w.hc != nil {
+		port, local := healthCheckOf(svc, out)
+		w.hc.set(k, ns, name, port, local)
 	}
 	now := frontendsOf(out)
 	if len(out) > 0 {
