@@ -17,7 +17,7 @@ import (
 // there is no cgroup2 mount, and fails instead under CI.
 func Cgroup2Dir(tb testing.TB) string {
 	tb.Helper()
-	root := cgroup2Mount()
+	root := Cgroup2Mount()
 	if root == "" {
 		if InCI() {
 			tb.Fatal("no cgroup2 mount")
@@ -40,8 +40,10 @@ func Cgroup2Dir(tb testing.TB) string {
 	return dir
 }
 
-// cgroup2Mount is the cgroup2 mount point from /proc/self/mountinfo.
-func cgroup2Mount() string {
+// Cgroup2Mount is the cgroup2 mount point from /proc/self/mountinfo
+// (/sys/fs/cgroup/unified on a hybrid cgroup host), "" when there is
+// none.
+func Cgroup2Mount() string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return ""

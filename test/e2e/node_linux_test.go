@@ -94,7 +94,7 @@ func (c *cluster) startNode(ctx context.Context, i int, built string) (*node, er
 	if err := n.makeCgroups(); err != nil {
 		return nil, err
 	}
-	if cg2 := cgroup2Mount(); cg2 != "" {
+	if cg2 := testutil.Cgroup2Mount(); cg2 != "" { // none: the agent refuses the empty cgroup path
 		// The node's pod cgroup in the cgroup2 hierarchy at nodeCgroup2
 		// (the chart's cgroup.hostRoot with the kube-proxy replacement):
 		// socket-level translation for the node's pods only, never the

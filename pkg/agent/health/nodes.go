@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/icmp"
@@ -347,11 +348,9 @@ func (p *nodeProber) pingAll(ctx context.Context, targets []target) map[netip.Ad
 	return out
 }
 
-// pingSeq numbers the rounds' echo requests.
-var pingSeq struct {
-	sync.Mutex
-	n int
-}
+// pingSeq numbers the rounds' echo requests, so that a late reply to an
+// earlier round is never taken for this one's.
+var pingSeq atomic.Uint32
 
 func (p *nodeProber) ping(ctx context.Context, v6 bool, addrs []netip.Addr) map[netip.Addr]models.ProbeResult {
 	out := make(map[netip.Addr]models.ProbeResult, len(addrs))
@@ -375,10 +374,7 @@ func (p *nodeProber) ping(ctx context.Context, v6 bool, addrs []netip.Addr) map[
 		return fail(fmt.Errorf("icmp socket: %w", err))
 	}
 	defer c.Close()
-	pingSeq.Lock()
-	pingSeq.n++
-	seq := pingSeq.n & 0xffff
-	pingSeq.Unlock()
+	seq := int(pingSeq.Add(1) & 0xffff)
 	id := os.Getpid() & 0xffff
 	payload := []byte(fmt.Sprintf("membrane-health-%d", seq))
 	msg, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}).Marshal(nil)

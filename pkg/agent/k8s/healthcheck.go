@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,11 +30,10 @@ type healthChecks struct {
 
 // hcPort is one Service's health check port.
 type hcPort struct {
-	port      int
-	ns, name  string
-	local     atomic.Int64
-	srv       *http.Server // nil: the listen failed, retried at the next set
-	closeOnce sync.Once
+	port     int
+	ns, name string
+	local    atomic.Int64
+	srv      *http.Server // nil: the listen failed, retried at the next set
 }
 
 func newHealthChecks(listen func(network, addr string) (net.Listener, error), log *slog.Logger) *healthChecks {
@@ -100,12 +98,12 @@ func (h *healthChecks) closeAll() {
 	}
 }
 
+// close stops the listener; the worker closes a port once, as it
+// leaves byKey.
 func (p *hcPort) close() {
-	p.closeOnce.Do(func() {
-		if p.srv != nil {
-			_ = p.srv.Close()
-		}
-	})
+	if p.srv != nil {
+		_ = p.srv.Close()
+	}
 }
 
 // ServeHTTP answers as kube-proxy's health check server does.
