@@ -28,7 +28,10 @@ func TestCrashLeftoversCollected(t *testing.T) {
 	if _, err := fake.Realize(ctx, &endpoint.Endpoint{ID: orphan}, 1); err != nil {
 		t.Fatal(err)
 	}
-	s, err := e.tgt.Snapshot(ctx, true)
+	// The agent's own start-up work (a first GC or ipcache sync) may
+	// still hold a datapath worker: read it idle, as settle does.
+	e.quiesce(ctx)
+	s, err := e.settledSnapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
