@@ -77,6 +77,7 @@ lint: $(STATICCHECK)
 test: build vet lint test-chart
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) e2e-smoke
+	$(MAKE) conformance-smoke
 
 # The end-to-end suite (test/e2e, root): a control plane (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, CoreDNS as the
@@ -125,9 +126,10 @@ conformance:
 		CONFORMANCE_SETS=$(SETS) CONFORMANCE_FOCUS='$(FOCUS)' CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
 		$(GO) test -count=1 -v -timeout 4h -run '^TestConformance$$' ./test/e2e/
 
-# The CI-sized subset (under 10 minutes warm): six NetworkPolicy specs
-# and the granular pod-to-pod checks, on a 2-node cluster. Its specs
-# never run kubectl, so kubectl (183 packages more to build) is left out.
+# The CI-sized subset (under 10 minutes warm), the last step of make
+# test: six NetworkPolicy specs and the granular pod-to-pod checks, on a
+# 2-node cluster. Its specs never run kubectl, so kubectl (183 packages
+# more to build) is left out.
 conformance-smoke:
 	$(MAKE) conformance SETS=smoke CONFORMANCE_BINS='$(E2E_BINS)'
 
