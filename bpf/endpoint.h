@@ -16,6 +16,8 @@
 #define IDENTITY_WORLD 2
 #define IDENTITY_HEALTH 4
 #define IDENTITY_INIT 5
+#define IDENTITY_REMOTE_NODE 6
+#define IDENTITY_KUBE_APISERVER 7
 #define IDENTITY_MIN_CLUSTER 256
 
 /* POLICY_ENFORCE_IDENTITY marks the per-direction enforcement entry of a

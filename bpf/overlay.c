@@ -21,6 +21,11 @@
  * The host's own traffic (identity host on the sending node) is sent as
  * world: the receiving node must not take it for its own host. So is
  * every reserved identity but health and init (overlay_identity_ok).
+ * from_overlay gives world from one of the sending node's own addresses
+ * (its host's traffic, checked against tunnel_nodes) the identity this
+ * node's ipcache gives that address when it is a node's (kube-apiserver
+ * for an API server's node), else remote-node: what native routing
+ * gets from the ipcache, and what `fromEntities: [remote-node]` needs.
  *
  * Trust: the VNI is believed only from a known node, for its own pods.
  * from_overlay accepts a packet when
@@ -249,6 +254,29 @@ static __always_inline int same_node(struct tunnel_endpoint *a, struct tunnel_en
  * endpoint (the node hosting a remote endpoint) is that node, or saddr
  * is in one of its pod CIDRs (tunnel map), or saddr is one of its own
  * addresses (tunnel_nodes: its host's traffic). */
+/* node_addr_identity: world from saddr, one of the sending node's own
+ * addresses (tunnel_nodes: saddr -> node), is that node's host: the
+ * identity the ipcache gives the address when it is a node's
+ * (remote-node, or kube-apiserver where the API server runs there), else
+ * remote-node. Anything else keeps id. */
+static __always_inline __u32 node_addr_identity(struct tunnel_endpoint *node, __u8 family, __u32 *saddr, __u32 id)
+{
+	struct tunnel_endpoint a = { .family = family };
+	struct ipcache_value *v;
+	struct tunnel_value *t;
+
+	if (id != IDENTITY_WORLD)
+		return id;
+	__builtin_memcpy(a.addr, saddr, 16);
+	t = bpf_map_lookup_elem(&tunnel_nodes, &a);
+	if (!t || !same_node(&t->node, node))
+		return id;
+	v = ipcache_lookup(family, saddr);
+	if (v && (v->identity == IDENTITY_REMOTE_NODE || v->identity == IDENTITY_KUBE_APISERVER))
+		return v->identity;
+	return IDENTITY_REMOTE_NODE;
+}
+
 static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct tunnel_endpoint *outer, __u8 family,
 					   __u32 *saddr)
 {
@@ -297,6 +325,7 @@ int from_overlay(struct __sk_buff *skb)
 		return overlay_drop(skb, DROP_TUNNEL_IDENTITY, family, saddr, daddr, id);
 	if (!inner_source_ok(&node->node, &outer, family, saddr))
 		return overlay_drop(skb, DROP_TUNNEL_SOURCE, family, saddr, daddr, id);
+	id = node_addr_identity(&node->node, family, saddr, id);
 	skb->mark = (id << 8) | MARK_IDENTITY_MAGIC;
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	return TC_ACT_OK;

@@ -169,6 +169,19 @@ func (l *Linux) nodeRoutes(nodes []RemoteNode, linkIndex int) map[netip.Prefix]*
 			r := &netlink.Route{Dst: prefixNet(p), Protocol: nodeRouteProto, Table: unix.RT_TABLE_MAIN}
 			if linkIndex != 0 {
 				r.LinkIndex, r.Scope = linkIndex, netlink.SCOPE_LINK
+				// The host's own traffic to the node's pods leaves from the
+				// address this node reaches that node from, one the far
+				// side knows as ours (its tunnel_nodes), so it takes it
+				// for our host (remote-node), not for world. Without a
+				// source the kernel picks by prefix, for IPv6 the pod
+				// gateway's address, which no other node knows.
+				fam := netlink.FAMILY_V6
+				if p.Addr().Is4() {
+					fam = netlink.FAMILY_V4
+				}
+				if src, ok := l.sourceToward(fam, n.Addrs); ok {
+					r.Src = src.AsSlice()
+				}
 				out[p] = r
 				continue
 			}
@@ -195,7 +208,7 @@ func (l *Linux) syncNodeRoutes(want map[netip.Prefix]*netlink.Route) error {
 	for i := range have {
 		r := &have[i]
 		p, ok := netPrefix(r.Dst)
-		if w := want[p]; ok && w != nil && w.LinkIndex == r.LinkIndex && (w.LinkIndex != 0 || net.IP(w.Gw).Equal(r.Gw)) {
+		if w := want[p]; ok && w != nil && w.LinkIndex == r.LinkIndex && net.IP(w.Src).Equal(r.Src) && (w.LinkIndex != 0 || net.IP(w.Gw).Equal(r.Gw)) {
 			continue
 		}
 		if err := l.nl.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
