@@ -6,9 +6,10 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/membrane-cni/membrane/datapath/nsmount"
 	"github.com/membrane-cni/membrane/pkg/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // TestRemoveWithCopyInAnotherMountNamespace: the health endpoint's netns
