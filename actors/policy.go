@@ -144,6 +144,16 @@ func (a *policyActor) Receive(ctx actor.Context) {
 	case *messages.PolicyRemotePorts:
 		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
 	case *messages.PolicyServiceSet:
+		// Kept in the index too: a restarted incarnation sets them again
+		// (rebuild); the service watcher sends a Service only when it
+		// changes.
+		k := msg.Namespace + "/" + msg.Name
+		row := &index.PolicyServiceRow{Key: k, Namespace: msg.Namespace, Name: msg.Name, Service: msg.Service}
+		if msg.Service == nil {
+			a.batch.delKeyed(ctx, index.TablePolicyServices, k, row)
+		} else {
+			a.batch.putKeyed(ctx, index.TablePolicyServices, k, row)
+		}
 		res := a.repo.SetService(msg.Namespace, msg.Name, msg.Service)
 		a.reselected(ctx, res.Reselected)
 		a.apply(ctx, res)
@@ -169,8 +179,8 @@ func (a *policyActor) Receive(ctx actor.Context) {
 	}
 }
 
-// rebuild loads identities, CIDR identity numbers and policies from the
-// index (all empty at agent start), then regenerates the endpoints whose
+// rebuild loads identities, CIDR identity numbers, the Services of
+// toServices rules and policies from the index (all empty at agent start), then regenerates the endpoints whose
 // recorded policy differs from the recomputed one.
 func (a *policyActor) rebuild(ctx actor.Context) {
 	ix := a.deps.ix
@@ -199,6 +209,9 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 		}
 	}
 	a.repo.SetEndpointPortsBatch(remotePorts)
+	for _, r := range ix.PolicyServices() {
+		a.repo.SetService(r.Namespace, r.Name, r.Service)
+	}
 	rows := ix.Policies()
 	slices.SortFunc(rows, func(x, y *index.PolicyRow) int { return cmp.Compare(x.Revision, y.Revision) })
 	pols := make([]*policy.Policy, len(rows))

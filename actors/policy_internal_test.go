@@ -240,3 +240,57 @@ func TestPolicyRevisionEvents(t *testing.T) {
 		t.Fatalf("policy-revision events carry revisions %v, want [1 2]", revs)
 	}
 }
+
+// svServicesPolicy lets app=a reach Service y/db (toServices).
+const svServicesPolicy = `apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: sv-services}
+spec:
+  endpointSelector:
+    matchLabels: {app: a}
+    matchExpressions: [{key: io.kubernetes.pod.namespace, operator: DoesNotExist}]
+  egress:
+  - toServices:
+    - k8sService: {serviceName: db, namespace: "y"}
+`
+
+// TestPolicyActorRestartKeepsServices: the Services toServices rules
+// follow survive a policy actor restart (the service watcher sends a
+// Service only when it changes): the restarted actor computes the same
+// policy, and a Service deleted afterwards still takes its peers away.
+func TestPolicyActorRestartKeepsServices(t *testing.T) {
+	sys, dp := svSystem(t, nil)
+	a := svCreate(t, sys, "a")
+	pols, err := policy.Parse([]byte(svServicesPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := svAsk(t, sys, sys.policy, &messages.PolicyImport{Policies: pols}).(*messages.PolicyResult); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	backend := netip.MustParsePrefix("203.0.113.7/32")
+	sys.SetPolicyService("y", "db", &policy.Service{Addrs: []netip.Addr{backend.Addr()}})
+	allowed := func() bool {
+		id, ok := dp.IPCache()[backend]
+		m := dp.Policy(a.ID) // nil allows everything
+		return ok && m != nil && m.Enforced(policy.Egress) && m.Allows(id, 5432, policy.ProtoTCP, policy.Egress)
+	}
+	testutil.Eventually(t, "A allowed to the Service's backend", allowed)
+	before := dp.Policy(a.ID)
+	testutil.Eventually(t, "A's row with the policy, ready", func() bool {
+		ep := mustEndpoint(t, sys, a.ID)
+		return ep.Policy.Equal(before) && ep.State == endpoint.StateReady
+	})
+
+	sys.Actors.Root.Send(sys.policy, &crashForTest{})
+	got := svAsk(t, sys, sys.policy, &messages.ComputePolicy{Endpoint: a.ID, Identity: a.Identity}).(*messages.PolicyComputed)
+	if !got.Policy.Equal(before) {
+		t.Fatalf("after restart: policy %+v, want %+v (the Service forgotten)", got.Policy, before)
+	}
+	if !allowed() {
+		t.Fatal("after restart: A no longer allowed to the Service's backend")
+	}
+	sys.SetPolicyService("y", "db", nil)
+	testutil.Eventually(t, "A no longer allowed once the Service is gone", func() bool { return !allowed() })
+	testutil.Eventually(t, "the policy-services row gone", func() bool { return len(sys.Index.PolicyServices()) == 0 })
+}

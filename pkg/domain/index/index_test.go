@@ -55,7 +55,7 @@ func TestSchema(t *testing.T) {
 	if err := s.Validate(); err != nil {
 		t.Fatalf("Schema().Validate() = %v", err)
 	}
-	tables := []string{TableEndpoints, TableIdentities, TableIPAM, TableIdentityLeases, TablePolicies, TablePolicyRevision, TableIPCache, TableNodes, TableServices}
+	tables := []string{TableEndpoints, TableIdentities, TableIPAM, TableIdentityLeases, TablePolicies, TablePolicyRevision, TablePolicyServices, TableIPCache, TableNodes, TableServices}
 	if len(s.Tables) != len(tables) {
 		t.Errorf("schema has %d tables, want %d", len(s.Tables), len(tables))
 	}

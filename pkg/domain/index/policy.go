@@ -17,9 +17,21 @@ const (
 	TablePolicies = "policies"
 	// TablePolicyRevision holds one row: the repository revision.
 	TablePolicyRevision = "policy-revision"
+	// TablePolicyServices holds the Kubernetes Services the toServices
+	// rules follow (written by the policy actor, which sets them in its
+	// repository again after a restart).
+	TablePolicyServices = "policy-services"
 	// TableIPCache holds prefix -> identity (written by the ipcache actor).
 	TableIPCache = "ipcache"
 )
+
+// PolicyServiceRow is a row of the policy-services table: a Service as
+// the service watcher gave it to the policy actor.
+type PolicyServiceRow struct {
+	Key             string // "namespace/name"
+	Namespace, Name string
+	Service         *policy.Service
+}
 
 // PolicyRow is a row of the policies table.
 type PolicyRow struct {
@@ -89,6 +101,12 @@ func policiesTable() *memdb.TableSchema {
 	}}
 }
 
+func policyServicesTable() *memdb.TableSchema {
+	return &memdb.TableSchema{Name: TablePolicyServices, Indexes: map[string]*memdb.IndexSchema{
+		IndexID: {Name: IndexID, Unique: true, Indexer: stringIndex(func(o any) string { return o.(*PolicyServiceRow).Key })},
+	}}
+}
+
 func policyRevisionTable() *memdb.TableSchema {
 	return &memdb.TableSchema{Name: TablePolicyRevision, Indexes: map[string]*memdb.IndexSchema{
 		IndexID: {Name: IndexID, Unique: true, Indexer: uint32Index(func(any) uint32 { return 0 })},
@@ -122,6 +140,11 @@ func prefixIndex(fn func(any) netip.Prefix) *funcIndex {
 // Policies lists the imported policies by key.
 func (ix *Index) Policies() []*PolicyRow {
 	return all[*PolicyRow](ix.ReadTxn(), TablePolicies, IndexID)
+}
+
+// PolicyServices lists the Services the policy actor follows, by key.
+func (ix *Index) PolicyServices() []*PolicyServiceRow {
+	return all[*PolicyServiceRow](ix.ReadTxn(), TablePolicyServices, IndexID)
 }
 
 // PolicyRevisionNow returns the policy repository revision (0 before any import).

@@ -90,6 +90,7 @@ func Schema() *memdb.DBSchema {
 		TableIdentityLeases: leasesTable(),
 		TablePolicies:       policiesTable(),
 		TablePolicyRevision: policyRevisionTable(),
+		TablePolicyServices: policyServicesTable(),
 		TableIPCache:        ipcacheTable(),
 		TableServices:       servicesTable(),
 		TableNodes:          nodesTable(),
