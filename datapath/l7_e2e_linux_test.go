@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -86,7 +87,7 @@ func (e *l7E2E) accessed(want L7AccessEvent) bool {
 	defer e.mu.Unlock()
 	for _, r := range e.access {
 		r.Time, r.Src = time.Time{}, netip.AddrPortFrom(r.Src.Addr(), 0)
-		if r == want {
+		if reflect.DeepEqual(r, want) {
 			return true
 		}
 	}

@@ -250,6 +250,9 @@ func l7Text(l *events.L7) string {
 	if l.GRPCStatus != 0 {
 		s += fmt.Sprintf(" grpc-status=%d", l.GRPCStatus)
 	}
+	for _, m := range l.HeaderMismatches {
+		s += " header-mismatch=" + strings.ReplaceAll(m, " ", ":")
+	}
 	if l.Host != "" {
 		s += " host=" + l.Host
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
@@ -50,7 +51,8 @@ func (p *l7Publisher) access(r datapath.L7AccessEvent) {
 func l7Event(r datapath.L7AccessEvent) events.Event {
 	l := &events.L7{Protocol: "http", Verdict: "denied", Reason: r.Reason, Src: r.Src.String(), Dst: r.Dst.String(),
 		SrcIdentity: r.SrcIdentity, DstIdentity: r.DstIdentity, Method: r.Method, Path: r.Path, Host: r.Host,
-		HTTPVersion: r.Version, GRPC: r.GRPC, Code: r.Code, GRPCStatus: r.GRPCStatus}
+		HTTPVersion: r.Version, GRPC: r.GRPC, Code: r.Code, GRPCStatus: r.GRPCStatus,
+		HeaderMismatches: slices.Clone(r.HeaderMismatches)}
 	if r.Allowed {
 		l.Verdict = "allowed"
 	}

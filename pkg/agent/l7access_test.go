@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http/httptest"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +28,13 @@ func TestOnL7Access(t *testing.T) {
 	rec := datapath.L7AccessEvent{Time: now, Endpoint: 12, Direction: "ingress",
 		Src: netip.MustParseAddrPort("10.0.0.2:40000"), Dst: netip.MustParseAddrPort("10.0.0.3:80"), SrcIdentity: 1001, DstIdentity: 1002,
 		Method: "POST", Path: "/pkg.Service/Private", Host: "b", Reason: "ingress rules deny identity 1001",
-		Version: "HTTP/2.0", GRPC: true, Code: 403, GRPCStatus: 7}
+		Version: "HTTP/2.0", GRPC: true, Code: 403, GRPCStatus: 7, HeaderMismatches: []string{"LOG X-Trace"}}
 	p.access(rec)
 	ev, ok := sub.TryNext()
 	want := events.L7{Protocol: "http", Verdict: "denied", Reason: rec.Reason, Direction: "ingress", Src: "10.0.0.2:40000", Dst: "10.0.0.3:80",
 		SrcIdentity: 1001, DstIdentity: 1002, Method: "POST", Path: "/pkg.Service/Private", Host: "b",
-		HTTPVersion: "HTTP/2.0", GRPC: true, Code: 403, GRPCStatus: 7}
-	if !ok || ev.Type != events.L7Access || ev.Endpoint != 12 || ev.L7 == nil || *ev.L7 != want {
+		HTTPVersion: "HTTP/2.0", GRPC: true, Code: 403, GRPCStatus: 7, HeaderMismatches: []string{"LOG X-Trace"}}
+	if !ok || ev.Type != events.L7Access || ev.Endpoint != 12 || ev.L7 == nil || !reflect.DeepEqual(*ev.L7, want) {
 		t.Fatalf("event %+v (l7 %+v), want %+v", ev, ev.L7, want)
 	}
 	rec.Allowed, rec.Reason, rec.Path, rec.Code, rec.GRPCStatus = true, "", "/public", 0, 0

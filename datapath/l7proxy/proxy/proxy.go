@@ -166,6 +166,9 @@ type decision struct {
 	endpoint     uint64
 	dir          policy.Direction
 	srcID, dstID identity.NumericIdentity
+	// mismatches are the headerMatches actions of the rules that allowed
+	// (each side's first matching rule), applied to the request.
+	mismatches []policy.HeaderMismatch
 }
 
 // verdict decides a request from src to dst:port: every side with L7
@@ -191,11 +194,13 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decis
 			continue
 		}
 		d.endpoint, d.dir = side.ep.id, side.dir
-		if !matchAny(rules, r.Method, r.URL.Path, host, r.Header) {
-			d.allowed, d.reason = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer)
+		c := matchAny(rules, r.Method, r.URL.Path, host, r.Header)
+		if c == nil {
+			d.allowed, d.reason, d.mismatches = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer), nil
 			return d
 		}
 		d.allowed = true
+		d.mismatches = append(d.mismatches, c.Mismatches(r.Header)...)
 	}
 	if d.endpoint == 0 {
 		d.reason = "no L7 policy for this connection"
@@ -214,13 +219,15 @@ func (e *compiledEndpoint) rules(peer identity.NumericIdentity, port uint16, dir
 	return out, found
 }
 
-func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h http.Header) bool {
+// matchAny returns the first of rules that matches the request, nil if
+// none does.
+func matchAny(rules []*policy.CompiledHTTPRule, method, path, host string, h http.Header) *policy.CompiledHTTPRule {
 	for _, c := range rules {
 		if c.Matches(method, path, host, h) {
-			return true
+			return c
 		}
 	}
-	return false
+	return nil
 }
 
 // upstreamSource is the source address of the upstream connection of a
@@ -313,6 +320,10 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Version: r.Proto, GRPC: isGRPC(r)}
 	if !d.allowed {
 		rec.Code, rec.GRPCStatus = http.StatusForbidden, grpcPermissionDenied(r)
+	}
+	for _, m := range d.mismatches {
+		rec.HeaderMismatches = append(rec.HeaderMismatches, m.String())
+		m.Apply(r.Header) // the request the server receives
 	}
 	p.access.log(rec)
 	if !d.allowed {

@@ -80,8 +80,19 @@ type rig struct {
 	listen string
 	b      string // backend address (endpoint B)
 
-	mu   sync.Mutex
-	seen []string // the paths B received, as sent on the wire
+	mu      sync.Mutex
+	seen    []string      // the paths B received, as sent on the wire
+	headers []http.Header // and the headers of each request
+}
+
+// lastHeaders returns the headers of the last request B received.
+func (r *rig) lastHeaders() http.Header {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.headers) == 0 {
+		return nil
+	}
+	return r.headers[len(r.headers)-1]
 }
 
 // received returns the paths B received.
@@ -111,6 +122,7 @@ func newRig(t testing.TB, extra ...string) *rig {
 	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.seen = append(r.seen, req.RequestURI)
+		r.headers = append(r.headers, req.Header.Clone())
 		r.mu.Unlock()
 		fmt.Fprintf(w, "B %s %s", req.Method, req.URL.Path)
 	}))

@@ -102,6 +102,10 @@ type AccessRecord struct {
 	// instead, in an HTTP 200 (7, PERMISSION_DENIED).
 	Code       int `json:"code,omitempty"`
 	GRPCStatus int `json:"grpcStatus,omitempty"`
+	// HeaderMismatches are the allowing rules' headerMatches the request
+	// did not satisfy, with their action ("LOG X-Token", "ADD X-Env"),
+	// applied before it was forwarded.
+	HeaderMismatches []string `json:"headerMismatches,omitempty"`
 }
 
 // MaxAccessDatagram bounds one record (the path and host are the

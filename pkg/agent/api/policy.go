@@ -159,7 +159,11 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 		for _, e := range m.L7 {
 			l7 := models.L7PolicyEntry{PolicyEntry: entryModel(e.Key, false), HTTP: make([]models.HTTPRule, 0, len(e.HTTP))}
 			for _, h := range e.HTTP {
-				l7.HTTP = append(l7.HTTP, models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers})
+				r := models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers}
+				for _, m := range h.HeaderMatches {
+					r.HeaderMatches = append(r.HeaderMatches, models.HeaderMatch{Name: m.Name, Value: m.Value, Mismatch: m.Mismatch})
+				}
+				l7.HTTP = append(l7.HTTP, r)
 			}
 			out.ComputedL7 = append(out.ComputedL7, l7)
 		}

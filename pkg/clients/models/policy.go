@@ -95,6 +95,17 @@ type HTTPRule struct {
 	Path    string   `json:"path,omitempty"`
 	Host    string   `json:"host,omitempty"`
 	Headers []string `json:"headers,omitempty"`
+	// HeaderMatches are the rule's headerMatches (a value, or presence,
+	// and the mismatch action: "" fails the rule, LOG, ADD, DELETE,
+	// REPLACE).
+	HeaderMatches []HeaderMatch `json:"headerMatches,omitempty"`
+}
+
+// HeaderMatch is one rules.http[].headerMatches[] entry.
+type HeaderMatch struct {
+	Name     string `json:"name"`
+	Value    string `json:"value,omitempty"`
+	Mismatch string `json:"mismatch,omitempty"`
 }
 
 // CIDRPolicyEntry is one CIDR policy entry, decided on the peer's

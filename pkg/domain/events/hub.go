@@ -137,6 +137,9 @@ type L7 struct {
 	// status a denied gRPC call got instead (7, PERMISSION_DENIED).
 	Code       int `json:"code,omitempty"`
 	GRPCStatus int `json:"grpc-status,omitempty"`
+	// HeaderMismatches are the allowing rules' headerMatches the request
+	// did not satisfy, with the action taken ("LOG X-Token").
+	HeaderMismatches []string `json:"header-mismatches,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the

@@ -15,12 +15,51 @@ import (
 // expressions anchored at both ends (Go RE2 syntax); Host is a regular
 // expression on the Host header (port stripped); each of Headers is
 // "Name" (the header is present) or "Name: value" (a value equal to it).
+// HeaderMatches are Cilium's: a header that must have a value (or be
+// present, without one), and what to do when it does not (Mismatch).
 type HTTPRule struct {
-	Method  string   `json:"method,omitempty"`
-	Path    string   `json:"path,omitempty"`
-	Host    string   `json:"host,omitempty"`
-	Headers []string `json:"headers,omitempty"`
+	Method        string        `json:"method,omitempty"`
+	Path          string        `json:"path,omitempty"`
+	Host          string        `json:"host,omitempty"`
+	Headers       []string      `json:"headers,omitempty"`
+	HeaderMatches []HeaderMatch `json:"headerMatches,omitempty"`
 }
+
+// HeaderMatch is one rules.http[].headerMatches[] entry, as Cilium's.
+// Mismatch "" (the default) makes a request without the header value
+// fail the rule; the other actions let the rule match and act on the
+// request the proxy forwards: LOG records the mismatch in the access
+// record, ADD adds the header with Value (keeping other values),
+// DELETE removes the header, REPLACE sets it to Value. Secret (the
+// value from a Kubernetes Secret) is refused: Membrane reads no Secrets.
+type HeaderMatch struct {
+	Mismatch string           `json:"mismatch,omitempty"`
+	Name     string           `json:"name"`
+	Secret   *HeaderSecretRef `json:"secret,omitempty"`
+	Value    string           `json:"value,omitempty"`
+}
+
+// HeaderSecretRef is Cilium's reference to a Secret holding a header
+// value; refused.
+type HeaderSecretRef struct {
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+}
+
+// Header mismatch actions (HeaderMatch.Mismatch).
+const (
+	MismatchFail    = ""
+	MismatchLog     = "LOG"
+	MismatchAdd     = "ADD"
+	MismatchDelete  = "DELETE"
+	MismatchReplace = "REPLACE"
+)
+
+// maxHeaderMatches bounds a rule's headerMatches; maxHeaderValue a value.
+const (
+	maxHeaderMatches = 64
+	maxHeaderValue   = 8 << 10
+)
 
 // maxHTTPRules bounds the rules.http[] of one port rule; maxRegexp the
 // length of one regular expression.
@@ -39,6 +78,36 @@ type CompiledHTTPRule struct {
 type headerMatch struct {
 	name, value string
 	hasValue    bool
+	mismatch    string // HeaderMatch.Mismatch (headerMatches only)
+}
+
+// matches reports whether header holds the match's value (is present,
+// without one).
+func (h headerMatch) matches(header http.Header) bool {
+	vs, ok := header[h.name]
+	return ok && (!h.hasValue || slices.Contains(vs, h.value))
+}
+
+// HeaderMismatch is a headerMatches entry with a mismatch action that a
+// request matched by its rule does not satisfy: what the proxy does to
+// the request (Apply) and records.
+type HeaderMismatch struct {
+	Name, Value, Action string
+}
+
+// String is the access record's form: "ACTION name".
+func (m HeaderMismatch) String() string { return m.Action + " " + m.Name }
+
+// Apply changes header as the action says (LOG changes nothing).
+func (m HeaderMismatch) Apply(header http.Header) {
+	switch m.Action {
+	case MismatchAdd:
+		header.Add(m.Name, m.Value)
+	case MismatchDelete:
+		header.Del(m.Name)
+	case MismatchReplace:
+		header.Set(m.Name, m.Value)
+	}
 }
 
 // CompileHTTPRule validates r; an error names the field below path.
@@ -63,9 +132,44 @@ func CompileHTTPRule(r HTTPRule, path string) (*CompiledHTTPRule, error) {
 		if name == "" || strings.ContainsAny(name, " \t\r\n") {
 			return nil, fmt.Errorf("%s.headers[%d]: %q is not \"Name\" or \"Name: value\"", path, i, h)
 		}
-		c.headers = append(c.headers, headerMatch{http.CanonicalHeaderKey(name), strings.TrimSpace(value), has})
+		c.headers = append(c.headers, headerMatch{name: http.CanonicalHeaderKey(name), value: strings.TrimSpace(value), hasValue: has})
+	}
+	if len(r.HeaderMatches) > maxHeaderMatches {
+		return nil, fmt.Errorf("%s.headerMatches: %d entries, more than %d", path, len(r.HeaderMatches), maxHeaderMatches)
+	}
+	for i, h := range r.HeaderMatches {
+		hp := fmt.Sprintf("%s.headerMatches[%d]", path, i)
+		if h.Name == "" || !validHeaderName(h.Name) {
+			return nil, fmt.Errorf("%s.name: %q is not an HTTP header name", hp, h.Name)
+		}
+		if h.Secret != nil {
+			return nil, fmt.Errorf("%s.secret: unsupported: Membrane reads no Kubernetes Secrets (give the value)", hp)
+		}
+		if len(h.Value) > maxHeaderValue || strings.ContainsAny(h.Value, "\r\n\x00") {
+			return nil, fmt.Errorf("%s.value: longer than %d bytes or holding CR, LF or NUL", hp, maxHeaderValue)
+		}
+		switch h.Mismatch {
+		case MismatchFail, MismatchLog, MismatchDelete:
+		case MismatchAdd, MismatchReplace:
+			if h.Value == "" {
+				return nil, fmt.Errorf("%s: mismatch %s needs a value", hp, h.Mismatch)
+			}
+		default:
+			return nil, fmt.Errorf("%s.mismatch: %q: want LOG, ADD, DELETE or REPLACE (or none)", hp, h.Mismatch)
+		}
+		c.headers = append(c.headers, headerMatch{name: http.CanonicalHeaderKey(h.Name), value: h.Value, hasValue: h.Value != "", mismatch: h.Mismatch})
 	}
 	return c, nil
+}
+
+// validHeaderName: a token (RFC 9110), what a header field name may be.
+func validHeaderName(s string) bool {
+	for _, c := range []byte(s) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func anchored(expr, path string) (*regexp.Regexp, error) {
@@ -95,12 +199,24 @@ func (c *CompiledHTTPRule) Matches(method, path, host string, header http.Header
 		return false
 	}
 	for _, h := range c.headers {
-		vs, ok := header[h.name]
-		if !ok || (h.hasValue && !slices.Contains(vs, h.value)) {
+		if h.mismatch == MismatchFail && !h.matches(header) {
 			return false
 		}
 	}
 	return true
+}
+
+// Mismatches are the rule's headerMatches with a mismatch action that
+// header does not satisfy, in the rule's order: for a request the rule
+// matched, what the proxy applies and records.
+func (c *CompiledHTTPRule) Mismatches(header http.Header) []HeaderMismatch {
+	var out []HeaderMismatch
+	for _, h := range c.headers {
+		if h.mismatch != MismatchFail && !h.matches(header) {
+			out = append(out, HeaderMismatch{Name: h.name, Value: h.value, Action: h.mismatch})
+		}
+	}
+	return out
 }
 
 // L7Entry marks the policy map entry Key as redirected to the L7 proxy,

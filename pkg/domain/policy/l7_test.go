@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,7 +67,11 @@ func TestL7ParseErrors(t *testing.T) {
 	tests := []struct{ name, doc, want string }{
 		{"bad path regexp", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"/(\"}]}\n", "spec.ingress[0].toPorts[0].rules.http[0].path"},
 		{"relative path", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"x\"}]}\n", "must start with '/'"},
-		{"headerMatches", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: []}]}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.http[0].headerMatches"`},
+		{"headerMatches secret", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-Token, secret: {name: s}}]}]}\n", "headerMatches[0].secret: unsupported"},
+		{"headerMatches mismatch", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, value: b, mismatch: DROP}]}]}\n", "headerMatches[0].mismatch"},
+		{"headerMatches add without value", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, mismatch: ADD}]}]}\n", "mismatch ADD needs a value"},
+		{"headerMatches name", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: \"X A\", value: b}]}]}\n", "headerMatches[0].name"},
+		{"headerMatches unknown field", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, regex: b}]}]}\n", `unsupported field`},
 		{"kafka", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {kafka: []}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.kafka"`},
 		{"udp", "    - ports: [{port: \"80\", protocol: UDP}]\n      rules: {http: [{}]}\n", "need TCP ports"},
 		{"no port", "    - rules: {http: [{}]}\n", "need at least one port"},
@@ -127,5 +132,50 @@ func TestRedirects(t *testing.T) {
 	}
 	if got, err := NewMapState(1, true, false, []Key{k80}).Redirects(nil); got != nil || err != nil {
 		t.Errorf("Redirects of an L4-only policy = %v, %v; want none", got, err)
+	}
+}
+
+// TestHeaderMatches: a headerMatches entry without a mismatch action
+// decides the rule (a value, or presence without one); the others never
+// fail it and are reported as mismatches, with the change each makes.
+func TestHeaderMatches(t *testing.T) {
+	c, err := CompileHTTPRule(HTTPRule{HeaderMatches: []HeaderMatch{
+		{Name: "x-env", Value: "prod"},
+		{Name: "X-Present"},
+		{Name: "X-Trace", Value: "on", Mismatch: MismatchLog},
+		{Name: "X-Team", Value: "payments", Mismatch: MismatchAdd},
+		{Name: "X-Debug", Mismatch: MismatchDelete},
+		{Name: "X-Tenant", Value: "t1", Mismatch: MismatchReplace},
+	}}, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"X-Env": {"prod"}, "X-Present": {""}}
+	if !c.Matches("GET", "/", "h", h) {
+		t.Fatal("a request with X-Env prod and X-Present does not match")
+	}
+	for _, bad := range []http.Header{{"X-Env": {"prod"}}, {"X-Env": {"dev"}, "X-Present": {"1"}}, {"X-Present": {"1"}}} {
+		if c.Matches("GET", "/", "h", bad) {
+			t.Errorf("%v matches", bad)
+		}
+	}
+	ms := c.Mismatches(h)
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.String())
+		m.Apply(h)
+	}
+	// X-Debug is absent: DELETE's match is presence, so it mismatches too
+	// (deleting nothing).
+	want := []string{"LOG X-Trace", "ADD X-Team", "DELETE X-Debug", "REPLACE X-Tenant"}
+	if !slices.Equal(got, want) {
+		t.Errorf("mismatches %q, want %q", got, want)
+	}
+	if h.Get("X-Team") != "payments" || h.Get("X-Tenant") != "t1" || h.Get("X-Trace") != "" {
+		t.Errorf("after the actions: %v", h)
+	}
+	h = http.Header{"X-Env": {"prod"}, "X-Present": {"1"}, "X-Trace": {"on"}, "X-Team": {"payments"}, "X-Debug": {"1"}, "X-Tenant": {"t1"}}
+	if ms := c.Mismatches(h); len(ms) != 0 {
+		t.Errorf("a request satisfying every match: mismatches %v", ms)
 	}
 }
