@@ -220,18 +220,27 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	return c
 }
 
+// DefaultXDSSocket is the L7 proxy's xDS socket unless configured.
+const DefaultXDSSocket = "/var/run/membrane/xds.sock"
+
+// L7AccessSocket is the proxy's access log socket next to the xDS
+// socket xds (the agent's, and cleanup's, default).
+func L7AccessSocket(xds string) string {
+	return strings.TrimSuffix(xds, ".sock") + "-access.sock"
+}
+
 func (c L7Config) withDefaults() L7Config {
 	if c.ProxyPath == "" {
 		return c
 	}
 	if c.XDSSocket == "" {
-		c.XDSSocket = "/var/run/membrane/xds.sock"
+		c.XDSSocket = DefaultXDSSocket
 	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:15001"
 	}
 	if c.AccessSocket == "" {
-		c.AccessSocket = strings.TrimSuffix(c.XDSSocket, ".sock") + "-access.sock"
+		c.AccessSocket = L7AccessSocket(c.XDSSocket)
 	}
 	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 10*time.Second)

@@ -20,7 +20,7 @@ import (
 // the order that keeps the node usable: the conflist first (the runtime
 // stops sending pods to membrane-cni), then the plugin, the datapath
 // (devices, filters, routes, rules, the masquerade table, every BPF pin)
-// and the agent's state, socket and delete queue. Run it with the agent
+// and the agent's state, sockets and delete queue. Run it with the agent
 // stopped, after its pods are gone (their host veths go): Cilium's
 // cleanup mode. Idempotent.
 func runCleanup(args []string, stderr io.Writer) int {
@@ -36,6 +36,7 @@ func runCleanup(args []string, stderr io.Writer) int {
 	stateDir := fs.String("state-dir", "/var/run/membrane/state", "the agent's state directory (--state-dir)")
 	socket := fs.String("socket", "/var/run/membrane/membrane.sock", "the agent's socket (--socket)")
 	queue := fs.String("delete-queue-dir", "/var/run/membrane/delete-queue", "the agent's delete queue (--delete-queue-dir)")
+	xds := fs.String("l7-xds-socket", datapath.DefaultXDSSocket, "the agent's L7 proxy xDS socket (--l7-xds-socket); the proxy's access socket next to it goes too")
 	wait := fs.Bool("wait", false, "once clean, wait for SIGTERM (the uninstall DaemonSet: a running pod means its node is clean)")
 	if err := fs.Parse(args); err != nil {
 		return exitParse(err)
@@ -44,7 +45,7 @@ func runCleanup(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "membrane-agent cleanup: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	for _, p := range []*string{binDir, confDir, stateDir, socket, queue, &cfg.BPFFS} {
+	for _, p := range []*string{binDir, confDir, stateDir, socket, queue, xds, &cfg.BPFFS} {
 		if !filepath.IsAbs(*p) || filepath.Clean(*p) == "/" {
 			fmt.Fprintf(stderr, "membrane-agent cleanup: %q: want an absolute path below /\n", *p)
 			return 2
@@ -74,7 +75,9 @@ func runCleanup(args []string, stderr io.Writer) int {
 	cfg.HealthIfName = ifname.Health
 	rep, err := datapath.Cleanup(context.Background(), cfg, log)
 	errs = append(errs, err)
-	for _, p := range []string{*stateDir, *queue, *socket} {
+	// The L7 proxy's sockets: the agent leaves the access socket (a
+	// unixgram socket is not unlinked on close), and a killed agent both.
+	for _, p := range []string{*stateDir, *queue, *socket, *xds, datapath.L7AccessSocket(*xds)} {
 		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
 		}

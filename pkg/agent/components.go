@@ -81,13 +81,14 @@ func (s *starter) components() []component {
 		// The host netns's addresses followed into the ipcache (Linux).
 		{"host-addresses", func() error { a.watchHostAddrs(s.linux); return nil }, stopFunc(&a.stopAddrs)},
 		// The collector, once the index holds every restored endpoint.
-		// Without Kubernetes the kernel ipcache is pruned now, once every
+		// Standalone, the kernel ipcache is pruned now, once every
 		// restored endpoint claimed its addresses (entries of endpoints
-		// deleted while no agent ran go); with it, by "ipcache-prune".
-		// Both belong to the actors.
+		// deleted while no agent ran go); with other nodes' endpoints
+		// from Kubernetes or the kvstore, by "ipcache-prune". Both
+		// belong to the actors.
 		{"gc", func() error {
 			a.System.StartGC()
-			if a.cfg.K8s == nil {
+			if a.cfg.K8s == nil && a.cfg.Kvstore == nil {
 				a.System.PruneIPCache()
 			}
 			return nil
@@ -102,13 +103,6 @@ func (s *starter) components() []component {
 		// CNI ADDs are served once their caches synced (or the bounded
 		// wait ended), so a pod's endpoint starts with the pod's labels.
 		{"kubernetes", a.startK8s, stopWith(&a.k8s, (*k8s.Watcher).Stop)},
-		// Kubernetes mode: the kernel ipcache pruned once the other nodes'
-		// endpoints first reached it (or the sync timeout passed): a prune
-		// before would drop their entries from the map an earlier agent
-		// left, and in native routing their traffic would be taken for
-		// world until the watcher put them back (an upgrade of the
-		// DaemonSet lost datagrams to policy).
-		{"ipcache-prune", a.startIPCachePrune, stopFunc(&a.stopPrune)},
 		// The Services and EndpointSlices feeding the service table; in
 		// standalone mode, what an earlier agent left there is pruned.
 		{"services", func() error { return a.startServices(s.linux) }, stopWith(&a.k8sSvc, (*k8s.ServiceWatcher).Stop)},
@@ -116,6 +110,14 @@ func (s *starter) components() []component {
 		{"hostport-sync", func() error { a.startHostPortSync(); return nil }, stopFunc(&a.stopHostPorts)},
 		// This node's endpoints published to etcd, the others' mirrored.
 		{"kvstore-publish", a.startKvstorePublish, stopWith(&a.kvstore, (*kvstoreMode).stopPublishing)},
+		// Kubernetes and kvstore modes: the kernel ipcache pruned once the
+		// other nodes' endpoints first reached it from every source (the
+		// watcher's first sync, the etcd mirror's first full sync; or the
+		// bounded wait passed): a prune before would drop their entries
+		// from the map an earlier agent left, and in native routing their
+		// traffic would be taken for world until the source put them back
+		// (an upgrade of the DaemonSet lost datagrams to policy).
+		{"ipcache-prune", a.startIPCachePrune, stopFunc(&a.stopPrune)},
 		// Mutating calls answered from now on.
 		{"ready", a.setReady, nil},
 	}
@@ -361,25 +363,39 @@ func (a *Agent) startK8s() (err error) {
 	return nil
 }
 
-// startIPCachePrune prunes the kernel ipcache once the Kubernetes
-// watcher's remote endpoints first synced, bounded by its sync timeout.
+// startIPCachePrune prunes the kernel ipcache once every source of other
+// nodes' endpoints first synced (the Kubernetes watcher's remote
+// endpoints, the etcd mirror), bounded by the Kubernetes sync timeout
+// (default 2 minutes): a source that cannot sync (etcd away) does not
+// keep the entries of endpoints gone meanwhile forever.
 func (a *Agent) startIPCachePrune() error {
-	if a.cfg.K8s == nil || a.k8s == nil {
+	var waits []<-chan struct{}
+	limit := 2 * time.Minute
+	if a.cfg.K8s != nil && a.k8s != nil {
+		waits = append(waits, a.k8s.RemoteEndpointsSynced())
+		limit = cmp.Or(a.cfg.K8s.SyncTimeout, limit)
+	}
+	if a.kvstore != nil && a.kvstore.mirror != nil {
+		waits = append(waits, a.kvstore.mirror.FirstSync())
+	}
+	if len(waits) == 0 {
 		return nil
 	}
-	limit := cmp.Or(a.cfg.K8s.SyncTimeout, 2*time.Minute)
-	synced := a.k8s.RemoteEndpointsSynced()
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		t := time.NewTimer(limit)
 		defer t.Stop()
-		select {
-		case <-synced:
-		case <-t.C:
-			a.log.Warn("remote endpoints not synced in time: pruning the ipcache anyway", "timeout", limit)
-		case <-stop:
-			return
+		for _, synced := range waits {
+			select {
+			case <-synced:
+			case <-t.C:
+				a.log.Warn("remote endpoints not synced in time: pruning the ipcache anyway", "timeout", limit)
+				a.System.PruneIPCache()
+				return
+			case <-stop:
+				return
+			}
 		}
 		a.System.PruneIPCache()
 	}()

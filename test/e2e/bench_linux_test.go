@@ -114,6 +114,11 @@ func (c *cluster) startupRun(t *testing.T, ns string, n *node) [2]time.Duration 
 	}
 	slices.Sort(ds)
 	q := func(f float64) time.Duration { return ds[int(f*float64(len(ds)-1))].Round(time.Millisecond) }
-	c.deletePods(t, ns)
+	// Deleting them is bounded like creating them: in the ptp arm each
+	// DEL execs ptp and host-local, whose DELs take one lock on the
+	// range's directory, so 100 of them at a load of 50+ took more than
+	// 3 minutes (they all went; no pod was stuck).
+	d := c.deletePods(t, ns, 10*time.Minute)
+	t.Logf("%s: %d pods deleted in %s", ns, benchPods, d.Round(time.Millisecond))
 	return [2]time.Duration{q(0.5), q(0.99)}
 }

@@ -88,6 +88,8 @@ type cluster struct {
 	// agentFlags are the chart's agent flags (its ConfigMap's data, name
 	// -> value) as installed: a host-process agent runs with them too.
 	agentFlags map[string]string
+	// values are chart values (--set syntax) after chartValues' own.
+	values []string
 	// UpTime is how long up took (control plane start to every node Ready).
 	UpTime time.Duration
 }
@@ -106,6 +108,14 @@ type clusterConfig struct {
 	// Built holds membrane-agent, membrane-cni and the images (pause,
 	// probe, coredns).
 	Built string
+	// Deferred leaves Membrane uninstalled: the nodes come up NotReady
+	// (no CNI config) and the test installs the chart itself
+	// (installMembrane, waitInstalled), as TestUninstall does after
+	// taking the nodes' snapshots.
+	Deferred bool
+	// Values are chart values (Helm's --set syntax) added to
+	// chartValues' own.
+	Values []string
 }
 
 // up starts a cluster in a fresh directory; on error it tears down what
@@ -116,7 +126,8 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{state: state{Dir: dir}, id: filepath.Base(dir)[len("membrane-e2e-"):], bin: cc.Bin, tools: cc.Tools, cni: cc.CNI}
+	c := &cluster{state: state{Dir: dir}, id: filepath.Base(dir)[len("membrane-e2e-"):], bin: cc.Bin, tools: cc.Tools, cni: cc.CNI,
+		values: cc.Values}
 	defer func() {
 		if retErr != nil {
 			logf("cluster up failed: %v; logs in %s", retErr, dir)
@@ -140,7 +151,7 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 	if err := c.installDNS(ctx, cc.Nodes); err != nil {
 		return c, err
 	}
-	if c.cni == "membrane" {
+	if c.cni == "membrane" && !cc.Deferred {
 		// The DaemonSet before the nodes: each node's pod starts once its
 		// kubelet registers (the pod tolerates the not-ready taint).
 		if err := c.installMembrane(ctx, versionA); err != nil {
@@ -154,19 +165,34 @@ func up(ctx context.Context, cc clusterConfig) (_ *cluster, retErr error) {
 		}
 		c.nodes = append(c.nodes, n)
 	}
-	for _, n := range c.nodes {
-		if err := c.waitNodeReady(ctx, n); err != nil {
-			return c, err
-		}
-		if c.cni == "membrane" {
-			if _, err := c.waitAgentPod(ctx, n, 3*time.Minute); err != nil {
-				return c, err
-			}
-		}
+	if cc.Deferred {
+		// Registered with a pod CIDR (startNode), NotReady without a CNI.
+		c.UpTime = time.Since(t0)
+		logf("cluster %s up in %s: %d nodes, %s not installed yet; state in %s", c.id, c.UpTime.Round(time.Millisecond), len(c.nodes), c.cni, dir)
+		return c, nil
+	}
+	if err := c.waitInstalled(ctx); err != nil {
+		return c, err
 	}
 	c.UpTime = time.Since(t0)
 	logf("cluster %s up in %s: %d nodes (%s); state in %s", c.id, c.UpTime.Round(time.Millisecond), len(c.nodes), c.cni, dir)
 	return c, nil
+}
+
+// waitInstalled waits until every node is Ready and, with Membrane, its
+// agent pod Ready.
+func (c *cluster) waitInstalled(ctx context.Context) error {
+	for _, n := range c.nodes {
+		if err := c.waitNodeReady(ctx, n); err != nil {
+			return err
+		}
+		if c.cni == "membrane" {
+			if _, err := c.waitAgentPod(ctx, n, 3*time.Minute); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // saveState writes cluster.json (make e2e-down reads it).

@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/membrane-cni/membrane/pkg/clients/client"
@@ -180,9 +181,9 @@ func agentCapabilities() []string {
 // (server-side, as helm install or upgrade would write the objects); it
 // keeps the ConfigMap's flags for the host-process agent (agentArgs).
 func (c *cluster) installMembrane(ctx context.Context, tag string) error {
-	objs, err := kubetest.RenderChart(agentNamespace, chartValues(tag)...)
+	objs, err := c.renderChart(tag)
 	if err != nil {
-		return fmt.Errorf("render the chart: %w", err)
+		return err
 	}
 	flags := map[string]string{}
 	for _, o := range objs {
@@ -203,6 +204,16 @@ func (c *cluster) installMembrane(ctx context.Context, tag string) error {
 	}
 	c.agentFlags = flags
 	return nil
+}
+
+// renderChart renders the chart for the image tag with the cluster's
+// values.
+func (c *cluster) renderChart(tag string) ([]*unstructured.Unstructured, error) {
+	objs, err := kubetest.RenderChart(agentNamespace, append(chartValues(tag), c.values...)...)
+	if err != nil {
+		return nil, fmt.Errorf("render the chart: %w", err)
+	}
+	return objs, nil
 }
 
 // unstructuredStrings reads a map of strings at path.

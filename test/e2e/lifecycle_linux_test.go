@@ -207,7 +207,7 @@ func TestDeleteWhileAgentDown(t *testing.T) {
 	if err := n.stopAgent(); err != nil {
 		t.Fatal(err)
 	}
-	c.deletePods(t, ns)
+	c.deletePods(t, ns, 3*time.Minute)
 	if err := n.startAgent(ctx); err != nil {
 		t.Fatalf("restart agent: %v", err)
 	}

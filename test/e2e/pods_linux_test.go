@@ -78,19 +78,26 @@ func (c *cluster) deleteNamespace(t *testing.T, ns string) {
 	}
 }
 
-// deletePods deletes every pod in ns and waits until kubelet removed them.
-func (c *cluster) deletePods(t *testing.T, ns string) {
+// deletePods deletes every pod in ns and waits until kubelet removed
+// them, at most limit; it returns how long that took.
+func (c *cluster) deletePods(t *testing.T, ns string, limit time.Duration) time.Duration {
 	ctx := context.Background()
+	t0 := time.Now()
 	if err := c.client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Errorf("delete pods in %s: %v", ns, err)
-		return
+		return 0
 	}
-	if err := testutil.WaitFor(3*time.Minute, func() bool {
+	left := 0
+	if err := testutil.WaitFor(limit, func() bool {
 		l, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		return err == nil && len(l.Items) == 0
+		if err == nil {
+			left = len(l.Items)
+		}
+		return err == nil && left == 0
 	}); err != nil {
-		t.Errorf("pods in %s not gone: %v", ns, err)
+		t.Errorf("pods in %s not gone: %v (%d left)", ns, err, left)
 	}
+	return time.Since(t0)
 }
 
 // podSpec is a probe pod; the scheduler places it unless node names the

@@ -1,23 +1,20 @@
 package install
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/nodeharness"
+	"github.com/membrane-cni/membrane/test/nodesnap"
 )
 
 // TestCleanupRestoresNode: a node is snapshotted (devices, addresses,
@@ -60,7 +57,7 @@ func TestCleanupRestoresNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := n.Process("--http-addr", "", "--masquerade", "--cluster-cidr", "10.77.0.0/16", "--nodes-file", nodes,
-		"--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-xds-socket", filepath.Join(n.Dir, "xds.sock"),
+		"--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-xds-socket", xdsSocket(n),
 		"--dns-proxy", "--enable-health=true")
 	p.Start()
 	a := n.AddPod("a")
@@ -71,7 +68,7 @@ func TestCleanupRestoresNode(t *testing.T) {
 	})
 	p.Stop()
 	installed := snapshot(t, n, cniBin, cniConf)
-	if diff := diffSnapshots(before, installed); len(diff) < 5 {
+	if diff := nodesnap.Diff(before, installed); len(diff) < 5 {
 		t.Fatalf("the install changed too little for this test to mean anything:\n%s", strings.Join(diff, "\n"))
 	}
 	// The runtime removed one pod's namespace (and so its veth); the
@@ -125,10 +122,10 @@ func TestCleanupRestoresNode(t *testing.T) {
 		t.Fatalf("cleanup --wait: %v\n%s", waitCmd.ProcessState, waitOut.String())
 	}
 	after := snapshot(t, n, cniBin, cniConf)
-	if diff := diffSnapshots(before, after); len(diff) > 0 {
+	if diff := nodesnap.Diff(before, after); len(diff) > 0 {
 		t.Fatalf("the node after cleanup differs from before the install:\n%s", strings.Join(diff, "\n"))
 	}
-	for _, p := range []string{n.StateDir, n.Socket, n.DeleteQueue} {
+	for _, p := range []string{n.StateDir, n.Socket, n.DeleteQueue, xdsSocket(n), datapath.L7AccessSocket(xdsSocket(n))} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left behind (%v)", p, err)
 		}
@@ -139,9 +136,12 @@ func TestCleanupRestoresNode(t *testing.T) {
 // flags.
 func cleanupCmd(n *nodeharness.Node, cniBin, cniConf string, extra ...string) *exec.Cmd {
 	args := append([]string{"cleanup", "--cni-bin-dir", cniBin, "--cni-conf-dir", cniConf, "--bpffs", n.BPFFS,
-		"--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue}, extra...)
+		"--state-dir", n.StateDir, "--socket", n.Socket, "--delete-queue-dir", n.DeleteQueue, "--l7-xds-socket", xdsSocket(n)}, extra...)
 	return exec.Command(nodeharness.Bin("membrane-agent"), args...)
 }
+
+// xdsSocket is the node's agent's L7 xDS socket.
+func xdsSocket(n *nodeharness.Node) string { return filepath.Join(n.Dir, "xds.sock") }
 
 // hostVeths counts the node's veths that the agent names (ifname.Managed).
 func hostVeths(t *testing.T, n *nodeharness.Node) int {
@@ -166,86 +166,13 @@ func mustExec(t *testing.T, n *nodeharness.Node, name string, args ...string) {
 	}
 }
 
-// snapshot is the node's network state and files, one line per fact,
-// sorted.
+// snapshot is the node's state (test/nodesnap): network, BPF and the
+// files under its bpffs and dirs.
 func snapshot(t *testing.T, n *nodeharness.Node, dirs ...string) []string {
 	t.Helper()
-	var lines []string
-	add := func(what string, name string, args ...string) {
-		out, err := n.NS.Exec(name, args...)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", what, err, out)
-		}
-		for _, l := range strings.Split(out, "\n") {
-			if l = strings.TrimSpace(l); l != "" {
-				lines = append(lines, what+": "+l)
-			}
-		}
-	}
-	add("link", "ip", "-o", "link", "show")
-	add("addr", "ip", "-o", "addr", "show")
-	add("route4", "ip", "-4", "route", "show", "table", "all")
-	add("route6", "ip", "-6", "route", "show", "table", "all")
-	add("rule4", "ip", "-4", "rule", "show")
-	add("rule6", "ip", "-6", "rule", "show")
-	if err := n.NS.Do(func() error {
-		c, err := nftables.New()
-		if err != nil {
-			return err
-		}
-		tables, err := c.ListTables()
-		for _, tb := range tables {
-			lines = append(lines, fmt.Sprintf("nft: table %d %s", tb.Family, tb.Name))
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("nftables: %v", err)
-	}
-	add("qdisc", "tc", "qdisc", "show")
-	out, err := n.NS.Exec("ip", "-o", "link", "show")
+	lines, err := nodesnap.Take(nodesnap.Node{Exec: n.NS.Exec, Do: n.NS.Do, Dirs: append([]string{n.BPFFS}, dirs...)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		dev, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-		for _, dir := range []string{"ingress", "egress"} {
-			if out, err := n.NS.Exec("tc", "filter", "show", "dev", dev, dir); err == nil {
-				for _, fl := range strings.Split(out, "\n") {
-					if fl = strings.TrimSpace(fl); fl != "" {
-						lines = append(lines, fmt.Sprintf("filter %s %s: %s", dev, dir, fl))
-					}
-				}
-			}
-		}
-	}
-	for _, d := range append([]string{n.BPFFS}, dirs...) {
-		_ = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
-			if err == nil && p != d {
-				lines = append(lines, "file: "+p)
-			}
-			return nil
-		})
-	}
-	sort.Strings(lines)
 	return lines
-}
-
-// diffSnapshots lists the lines only in one of a and b.
-func diffSnapshots(a, b []string) []string {
-	var out []string
-	for _, l := range a {
-		if !slices.Contains(b, l) {
-			out = append(out, "- "+l)
-		}
-	}
-	for _, l := range b {
-		if !slices.Contains(a, l) {
-			out = append(out, "+ "+l)
-		}
-	}
-	return out
 }

@@ -2,6 +2,7 @@ package kubetest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -223,4 +225,39 @@ func (e *Env) InstallCiliumCRDs(tb testing.TB) {
 	if err != nil {
 		tb.Fatalf("install cilium.io CRDs: %v", err)
 	}
+}
+
+// Delete deletes objs in reverse order (the order Apply's caller gave
+// reversed, as helm uninstall deletes a release), with background
+// propagation (the garbage collector removes dependents, a DaemonSet's
+// pods say); an object already gone is no error. A namespaced object
+// without a namespace is in "default".
+func Delete(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured) error {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	background := metav1.DeletePropagationBackground
+	for i := len(objs) - 1; i >= 0; i-- {
+		o := objs[i]
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return fmt.Errorf("delete %s %s: %w", gvk.Kind, o.GetName(), err)
+		}
+		var r dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			r = dyn.Resource(m.Resource).Namespace(cmp.Or(o.GetNamespace(), metav1.NamespaceDefault))
+		}
+		err = r.Delete(ctx, o.GetName(), metav1.DeleteOptions{PropagationPolicy: &background})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s %s/%s: %w", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+		}
+	}
+	return nil
 }

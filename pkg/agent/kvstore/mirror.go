@@ -76,6 +76,10 @@ type Mirror struct {
 	nodeSent bool // the node set was handed over since it last changed
 	synced   [2]bool
 	lastErr  error
+	// firstSync is closed once both prefixes were listed and the sinks
+	// took the full set (FirstSync); fullSynced says it is.
+	firstSync  chan struct{}
+	fullSynced bool
 }
 
 // StartMirror starts watching; nil sinks are skipped.
@@ -83,7 +87,7 @@ func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	ctx, stop := context.WithCancel(c.ctx)
 	m := &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
 		recs: map[string]endpointRecord{}, owners: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
-		refused: map[string]string{}, refusals: map[string]uint64{}}
+		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{})}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
@@ -95,6 +99,22 @@ func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 func (m *Mirror) Stop() {
 	m.stop()
 	m.wg.Wait()
+}
+
+// FirstSync is closed once the mirror first handed the agent every other
+// node's endpoints and nodes as listed from etcd (both prefixes listed,
+// every hand-over since taken). Until then the kernel's ipcache still
+// holds what an earlier agent wrote for those endpoints, which a prune
+// must not take away (the agent prunes after this).
+func (m *Mirror) FirstSync() <-chan struct{} { return m.firstSync }
+
+// checkSyncedLocked closes firstSync once the sinks hold the full set.
+func (m *Mirror) checkSyncedLocked() {
+	if m.fullSynced || !m.synced[0] || !m.synced[1] || m.epStale || !m.nodeSent {
+		return
+	}
+	m.fullSynced = true
+	close(m.firstSync)
 }
 
 // MirrorStats is what a Mirror knows.
@@ -157,6 +177,7 @@ func (m *Mirror) retry() bool {
 	if !m.nodeSent {
 		m.syncNodesLocked()
 	}
+	m.checkSyncedLocked()
 	return !m.epStale && m.nodeSent
 }
 
@@ -193,6 +214,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 	}
 	m.synced[0] = true
 	m.replaceEndpointsLocked()
+	m.checkSyncedLocked()
 }
 
 func (l *epLister) events(evs []*clientv3.Event) {
@@ -476,6 +498,7 @@ func (l *nodeLister) list(kvs []*mvccpb.KeyValue) {
 	for n := range nodes {
 		m.recheckNodeLocked(n)
 	}
+	m.checkSyncedLocked()
 }
 
 func (l *nodeLister) events(evs []*clientv3.Event) {
