@@ -16,6 +16,8 @@
 #define IDENTITY_WORLD 2
 #define IDENTITY_HEALTH 4
 #define IDENTITY_INIT 5
+#define IDENTITY_REMOTE_NODE 6
+#define IDENTITY_KUBE_APISERVER 7
 #define IDENTITY_MIN_CLUSTER 256
 
 /* POLICY_ENFORCE_IDENTITY marks the per-direction enforcement entry of a
@@ -263,6 +265,16 @@ struct ct_key {
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */
 	__u64 packets;
+};
+
+/* host_safe_key: a peer of the host firewall's safety net (hostfw.h):
+ * the address and TCP port (network byte order; 0: any) of the API
+ * server the agent uses, of etcd in kvstore mode. */
+struct host_safe_key {
+	__u8 family; /* 4 or 6 */
+	__u8 proto;
+	__u16 port;    /* network byte order; 0: any port */
+	__u32 addr[4]; /* network byte order bytes */
 };
 
 struct drop_key {
