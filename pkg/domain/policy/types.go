@@ -43,11 +43,11 @@ type cnpRule struct {
 	// makes the rule a host policy: its subject is the host endpoint of
 	// every node whose Node object's labels it matches (hostpolicy.go).
 	NodeSelector *labelSelector    `json:"nodeSelector"`
-	Ingress          *[]cnpIngress     `json:"ingress"`
-	Egress           *[]cnpEgress      `json:"egress"`
-	IngressDeny      *[]cnpIngressDeny `json:"ingressDeny"`
-	EgressDeny       *[]cnpEgressDeny  `json:"egressDeny"`
-	Description      string            `json:"description"`
+	Ingress      *[]cnpIngress     `json:"ingress"`
+	Egress       *[]cnpEgress      `json:"egress"`
+	IngressDeny  *[]cnpIngressDeny `json:"ingressDeny"`
+	EgressDeny   *[]cnpEgressDeny  `json:"egressDeny"`
+	Description  string            `json:"description"`
 	// EnableDefaultDeny says per direction whether the rule puts the
 	// endpoints it selects in default deny (default: yes for a direction
 	// the rule has a section of).
