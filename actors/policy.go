@@ -52,6 +52,8 @@ type policyActor struct {
 	// skip is the endpoint apply does not tell (0: none).
 	fqdn fqdnState
 	skip endpoint.ID
+	// host is the host endpoint's realised policy (policy_host.go).
+	host hostState
 }
 
 // policyOp is an import or delete with the PID its answer goes to.
@@ -143,6 +145,8 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		}
 	case *messages.PolicyRemotePorts:
 		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
+	case *messages.PolicyHostLabels:
+		a.hostLabelsChanged(ctx)
 	case *messages.PolicyServiceSet:
 		// Kept in the index too: a restarted incarnation sets them again
 		// (rebuild); the service watcher sends a Service only when it
@@ -238,6 +242,9 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	// A restarted incarnation may have missed changes its endpoints must
 	// follow. A first incarnation must not: endpoints created before its
 	// Started ran ask for their policy anyway.
+	// The node's labels, when known: the host policy is realised again
+	// (a restarted incarnation does not know what its predecessor wrote).
+	a.hostLabelsChanged(ctx)
 	if slot := a.deps.registry.slot(ctx.Self().Id); slot != nil && slot.restarted() {
 		a.reconcile(ctx)
 	} else {
@@ -460,6 +467,11 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 	a.sendCIDRs(ctx, res)
 	if len(res.Changed) == 0 {
 		return
+	}
+	for _, ch := range res.Changed {
+		if ch.Identity == identity.ReservedHost {
+			a.syncHost(ctx)
+		}
 	}
 	changed := make(map[identity.NumericIdentity]bool, len(res.Changed))
 	targets := map[endpoint.ID]struct{}{}

@@ -13,6 +13,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // System is a running actor system: the agent root actor and its
@@ -73,6 +74,10 @@ type endpointDeps struct {
 	// allocator); clusterStatus is what the identity actor publishes.
 	backend       *backendWorkers
 	clusterStatus atomic.Pointer[ClusterIdentityStatus]
+	// hostLabels are the host identity's labels (the node's, SetHostLabels;
+	// nil until known), kept here so that a restarted policy actor has
+	// them.
+	hostLabels atomic.Pointer[labels.Labels]
 }
 
 // stopBackend stops the cluster identity backend's workers and watch.

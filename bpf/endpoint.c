@@ -7,7 +7,10 @@
  *   from_container  ingress of the host veth: the pod's egress
  *   to_container    egress of the host veth: the pod's ingress
  *   from_netdev     TCX ingress of the node's uplinks (kube-proxy-free
- *                   mode only; loaded once per node, nodeport.h)
+ *                   mode and host firewall; loaded once per node,
+ *                   nodeport.h, hostfw.h)
+ *   to_netdev       TCX egress of the node's uplinks (host firewall,
+ *                   hostfw.h)
  *   nodeport_reply  tail-called by from_container for a local backend's
  *                   reply to a NodePort client (loaded with from_netdev)
  *
@@ -247,6 +250,7 @@ struct {
 const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
 const struct node_config_value *const unused_node_config_value __attribute__((unused)) = 0;
+const struct host_safe_key *const unused_host_safe_key __attribute__((unused)) = 0;
 /* The inner map templates' key and value types (else clang emits them as
  * forward declarations, which the loader cannot size). */
 const struct policy_key *const unused_policy_key __attribute__((unused)) = 0;
@@ -603,6 +607,7 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 }
 
 #include "lb.h"
+#include "hostfw.h"
 
 /* proxy_sock looks up the socket p goes to at the proxy port: the
  * connection's own socket when the proxy already has it (TCP: a request
@@ -996,7 +1001,9 @@ int from_netdev(struct __sk_buff *skb)
 	r = lb_nodeport(skb, &p);
 	switch (r) {
 	case LB_PASS:
-		return TC_ACT_OK;
+		/* Not a NodePort flow: the host firewall decides on traffic
+		 * to the node's own addresses (hostfw.h). */
+		return host_verdict(skb, &p, DIR_INGRESS);
 	case LB_REDIRECT:
 		r = lb_fib_redirect(skb, &p);
 		return r < 0 ? drop(skb, &p, DIR_INGRESS, DROP_NO_ROUTE, 0) : r;
@@ -1006,6 +1013,20 @@ int from_netdev(struct __sk_buff *skb)
 		return drop(skb, &p, DIR_INGRESS, DROP_NAT_EXHAUSTED, 0);
 	}
 	return drop(skb, &p, DIR_INGRESS, DROP_MALFORMED, 0);
+}
+
+/* to_netdev runs at egress of the node's devices with the host firewall
+ * on (hostfw.h): the host's own packets (its address as source) are
+ * checked against the host endpoint's egress policy and their
+ * connections recorded, so that the replies pass from_netdev. */
+SEC("tc")
+int to_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (parse(skb, &p) != PARSE_OK)
+		return TC_ACT_OK;
+	return host_verdict(skb, &p, DIR_EGRESS);
 }
 
 /* nodeport_reply: a local backend's reply to a NodePort client from

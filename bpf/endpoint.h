@@ -267,6 +267,16 @@ struct ct_value {
 	__u64 packets;
 };
 
+/* host_safe_key: a peer of the host firewall's safety net (hostfw.h):
+ * the address and TCP port (network byte order; 0: any) of the API
+ * server the agent uses, of etcd in kvstore mode. */
+struct host_safe_key {
+	__u8 family; /* 4 or 6 */
+	__u8 proto;
+	__u16 port;    /* network byte order; 0: any port */
+	__u32 addr[4]; /* network byte order bytes */
+};
+
 struct drop_key {
 	__u16 ep;
 	__u8 reason;

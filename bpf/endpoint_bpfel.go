@@ -111,6 +111,14 @@ type EndpointEndpointInfo struct {
 	Ipv6     [4]uint32
 }
 
+type EndpointHostSafeKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Addr   [4]uint32
+}
+
 type EndpointIpcacheKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -278,6 +286,7 @@ const (
 	EndpointMapDrops                 = "drops"
 	EndpointMapEndpoints             = "endpoints"
 	EndpointMapEvents                = "events"
+	EndpointMapHostSafe              = "host_safe"
 	EndpointMapIpcache               = "ipcache"
 	EndpointMapLbAffinity            = "lb_affinity"
 	EndpointMapLbBackends            = "lb_backends"
@@ -294,10 +303,12 @@ const (
 	EndpointProgFromNetdev           = "from_netdev"
 	EndpointProgNodeportReply        = "nodeport_reply"
 	EndpointProgToContainer          = "to_container"
+	EndpointProgToNetdev             = "to_netdev"
 	EndpointVarUnusedCidrKey         = "unused_cidr_key"
 	EndpointVarUnusedCidrValue       = "unused_cidr_value"
 	EndpointVarUnusedDropEvent       = "unused_drop_event"
 	EndpointVarUnusedDropReason      = "unused_drop_reason"
+	EndpointVarUnusedHostSafeKey     = "unused_host_safe_key"
 	EndpointVarUnusedNodeConfigValue = "unused_node_config_value"
 	EndpointVarUnusedPolicyKey       = "unused_policy_key"
 	EndpointVarUnusedPolicyValue     = "unused_policy_value"
@@ -349,6 +360,7 @@ type EndpointProgramSpecs struct {
 	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
 	NodeportReply *ebpf.ProgramSpec `ebpf:"nodeport_reply"`
 	ToContainer   *ebpf.ProgramSpec `ebpf:"to_container"`
+	ToNetdev      *ebpf.ProgramSpec `ebpf:"to_netdev"`
 }
 
 // EndpointMapSpecs contains maps before they are loaded into the kernel.
@@ -360,6 +372,7 @@ type EndpointMapSpecs struct {
 	Drops       *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	HostSafe    *ebpf.MapSpec `ebpf:"host_safe"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	LbAffinity  *ebpf.MapSpec `ebpf:"lb_affinity"`
 	LbBackends  *ebpf.MapSpec `ebpf:"lb_backends"`
@@ -382,6 +395,7 @@ type EndpointVariableSpecs struct {
 	UnusedCidrValue       *ebpf.VariableSpec `ebpf:"unused_cidr_value"`
 	UnusedDropEvent       *ebpf.VariableSpec `ebpf:"unused_drop_event"`
 	UnusedDropReason      *ebpf.VariableSpec `ebpf:"unused_drop_reason"`
+	UnusedHostSafeKey     *ebpf.VariableSpec `ebpf:"unused_host_safe_key"`
 	UnusedNodeConfigValue *ebpf.VariableSpec `ebpf:"unused_node_config_value"`
 	UnusedPolicyKey       *ebpf.VariableSpec `ebpf:"unused_policy_key"`
 	UnusedPolicyValue     *ebpf.VariableSpec `ebpf:"unused_policy_value"`
@@ -412,6 +426,7 @@ type EndpointMaps struct {
 	Drops       *ebpf.Map `ebpf:"drops"`
 	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Events      *ebpf.Map `ebpf:"events"`
+	HostSafe    *ebpf.Map `ebpf:"host_safe"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	LbAffinity  *ebpf.Map `ebpf:"lb_affinity"`
 	LbBackends  *ebpf.Map `ebpf:"lb_backends"`
@@ -433,6 +448,7 @@ func (m *EndpointMaps) Close() error {
 		m.Drops,
 		m.Endpoints,
 		m.Events,
+		m.HostSafe,
 		m.Ipcache,
 		m.LbAffinity,
 		m.LbBackends,
@@ -456,6 +472,7 @@ type EndpointVariables struct {
 	UnusedCidrValue       *ebpf.Variable `ebpf:"unused_cidr_value"`
 	UnusedDropEvent       *ebpf.Variable `ebpf:"unused_drop_event"`
 	UnusedDropReason      *ebpf.Variable `ebpf:"unused_drop_reason"`
+	UnusedHostSafeKey     *ebpf.Variable `ebpf:"unused_host_safe_key"`
 	UnusedNodeConfigValue *ebpf.Variable `ebpf:"unused_node_config_value"`
 	UnusedPolicyKey       *ebpf.Variable `ebpf:"unused_policy_key"`
 	UnusedPolicyValue     *ebpf.Variable `ebpf:"unused_policy_value"`
@@ -469,6 +486,7 @@ type EndpointPrograms struct {
 	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
 	NodeportReply *ebpf.Program `ebpf:"nodeport_reply"`
 	ToContainer   *ebpf.Program `ebpf:"to_container"`
+	ToNetdev      *ebpf.Program `ebpf:"to_netdev"`
 }
 
 func (p *EndpointPrograms) Close() error {
@@ -477,6 +495,7 @@ func (p *EndpointPrograms) Close() error {
 		p.FromNetdev,
 		p.NodeportReply,
 		p.ToContainer,
+		p.ToNetdev,
 	)
 }
 

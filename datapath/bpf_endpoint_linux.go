@@ -38,6 +38,9 @@ type bpfState struct {
 	// tunnel device) (forced, or TCX missing).
 	epLegacy, devLegacy bool
 	eps                 map[endpoint.ID]*bpfEndpoint
+	// host is the host endpoint's maps (bpf_hostfw_linux.go; nil until
+	// its first RealizeHostPolicy).
+	host *bpfEndpoint
 	// prep holds the Prepares that run and the endpoints whose Realize
 	// runs (bpf_prepare_linux.go).
 	prep map[endpoint.ID]*prepared
@@ -143,6 +146,10 @@ func (b *bpfState) close() {
 		e.close()
 	}
 	b.eps = map[endpoint.ID]*bpfEndpoint{}
+	if b.host != nil {
+		b.host.close()
+		b.host = nil
+	}
 	prep := b.prep
 	b.prep = map[endpoint.ID]*prepared{}
 	b.mu.Unlock()

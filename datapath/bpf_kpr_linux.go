@@ -65,9 +65,21 @@ func (l *Linux) serviceHooks() ServiceHooks {
 func (l *Linux) initKPR() error {
 	c := l.cfg.Services
 	var h ServiceHooks
+	hf := l.cfg.HostFirewall.Enabled
 	err := l.guardBPF(func(b *bpfState) error {
 		if !c.KubeProxyReplacement {
-			return l.detachKPR(b)
+			if err := l.detachKPR(b, hf); err != nil {
+				return err
+			}
+			if !hf {
+				return l.detachHostFirewall(b)
+			}
+			devs, err := l.devices()
+			if err != nil {
+				return err
+			}
+			h.Devices = devs
+			return l.attachHostFirewall(b, devs, false)
 		}
 		h.KubeProxyReplacement = true
 		cg := c.Cgroup
@@ -89,19 +101,18 @@ func (l *Linux) initKPR() error {
 		for _, s := range sockHooks {
 			h.SocketPrograms = append(h.SocketPrograms, s.name)
 		}
-		devs := c.Devices
-		if len(devs) == 0 {
-			d, err := l.detectDevices()
-			if err != nil {
-				return err
-			}
-			devs = d
-		}
-		if err := l.attachNetdev(b, devs); err != nil {
+		devs, err := l.devices()
+		if err != nil {
 			return err
 		}
 		h.Devices = devs
-		return nil
+		if hf {
+			return l.attachHostFirewall(b, devs, true)
+		}
+		if err := l.detachHostFirewall(b); err != nil {
+			return err
+		}
+		return l.attachNetdev(b, devs, true)
 	})
 	if err != nil {
 		return fmt.Errorf("kube-proxy replacement: %w", err)
@@ -238,19 +249,35 @@ func hookNetdev(dev string) hook {
 	return hook{pin: dev, tcx: ebpf.AttachTCXIngress, parent: netlink.HANDLE_MIN_INGRESS, name: "membrane-netdev"}
 }
 
+// devices are the configured uplinks, or the detected ones.
+func (l *Linux) devices() ([]string, error) {
+	if devs := l.cfg.Services.Devices; len(devs) > 0 {
+		return devs, nil
+	}
+	return l.detectDevices()
+}
+
 // attachNetdev loads from_netdev with the shared maps and attaches it at
-// ingress of each device; pins of devices no longer listed are removed.
-func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
-	prog, reply, err := loadNetdev(b)
+// ingress of each device (with kpr, nodeport_reply into the endpoints'
+// tail-call slot); pins of devices no longer listed are removed.
+func (l *Linux) attachNetdev(b *bpfState, devs []string, kpr bool) error {
+	progs, err := loadNetdev(b)
 	if err != nil {
 		return err
 	}
-	defer prog.Close()
-	defer reply.Close()
-	if err := b.maps.lb.progs.Update(uint32(0), reply, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("install nodeport_reply: %w", err)
+	defer progs.close()
+	if kpr {
+		if err := b.maps.lb.progs.Update(uint32(0), progs.reply, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("install nodeport_reply: %w", err)
+		}
 	}
-	dir := filepath.Join(b.dir, pinNetdevDir)
+	return l.attachDevices(b, pinNetdevDir, hookNetdev, devs, progs.from)
+}
+
+// attachDevices attaches prog at hook h of each device, pinned under
+// <bpffs>/dir; pins of devices no longer listed are removed.
+func (l *Linux) attachDevices(b *bpfState, dir string, h func(string) hook, devs []string, prog *ebpf.Program) error {
+	dir = filepath.Join(b.dir, dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
@@ -259,29 +286,43 @@ func (l *Linux) attachNetdev(b *bpfState, devs []string) error {
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", d, err)
 		}
-		if err := l.attachDevice(b, dir, hookNetdev(d), dev.Attrs().Index, prog); err != nil {
+		if err := l.attachDevice(b, dir, h(d), dev.Attrs().Index, prog); err != nil {
 			return err
 		}
 	}
 	return l.prunePins(dir, devs)
 }
 
-// loadNetdev loads from_netdev and nodeport_reply (the tail call of the
-// endpoints' from-container) from the endpoint object, with the shared
-// maps.
-func loadNetdev(b *bpfState) (netdev, reply *ebpf.Program, err error) {
+// netdevPrograms are the uplinks' programs.
+type netdevPrograms struct {
+	from, to, reply *ebpf.Program
+}
+
+func (p netdevPrograms) close() {
+	for _, pr := range []*ebpf.Program{p.from, p.to, p.reply} {
+		if pr != nil {
+			pr.Close()
+		}
+	}
+}
+
+// loadNetdev loads from_netdev, to_netdev and nodeport_reply (the tail
+// call of the endpoints' from-container) from the endpoint object, with
+// the shared maps.
+func loadNetdev(b *bpfState) (netdevPrograms, error) {
 	spec := b.tmpl.spec.Copy()
 	for name := range spec.Programs {
-		if name != bpf.EndpointProgFromNetdev && name != bpf.EndpointProgNodeportReply {
+		if name != bpf.EndpointProgFromNetdev && name != bpf.EndpointProgToNetdev && name != bpf.EndpointProgNodeportReply {
 			delete(spec.Programs, name)
 		}
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: b.maps.replacements(), Cache: b.tmpl.cache})
 	if err != nil {
-		return nil, nil, fmt.Errorf("load uplink program: %w", err)
+		return netdevPrograms{}, fmt.Errorf("load uplink program: %w", err)
 	}
 	defer coll.Close()
-	return coll.DetachProgram(bpf.EndpointProgFromNetdev), coll.DetachProgram(bpf.EndpointProgNodeportReply), nil
+	return netdevPrograms{from: coll.DetachProgram(bpf.EndpointProgFromNetdev), to: coll.DetachProgram(bpf.EndpointProgToNetdev),
+		reply: coll.DetachProgram(bpf.EndpointProgNodeportReply)}, nil
 }
 
 // prunePins detaches the links pinned in dir not named in keep.
@@ -307,16 +348,20 @@ func (l *Linux) prunePins(dir string, keep []string) error {
 // kube-proxy-free mode pinned (unpinning the last reference detaches),
 // the legacy filters of the configured devices and nodeport_reply from
 // the endpoints' tail-call slot.
-func (l *Linux) detachKPR(b *bpfState) error {
+func (l *Linux) detachKPR(b *bpfState, keepNetdev bool) error {
 	if err := b.maps.lb.progs.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove nodeport_reply: %w", err)
 	}
-	for _, d := range []string{pinSockDir, pinNetdevDir} {
+	dirs := []string{pinSockDir, pinNetdevDir}
+	if keepNetdev {
+		dirs = dirs[:1] // the host firewall's
+	}
+	for _, d := range dirs {
 		if err := l.prunePins(filepath.Join(b.dir, d), nil); err != nil {
 			return err
 		}
 	}
-	if !b.devLegacy {
+	if !b.devLegacy || keepNetdev {
 		return nil
 	}
 	for _, d := range l.cfg.Services.Devices {

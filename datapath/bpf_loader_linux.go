@@ -69,7 +69,9 @@ type sharedMaps struct {
 	// config: the node's settings (bpf.EndpointNodeConfig at key 0; the
 	// tunnel port, written by SyncNodes).
 	config *ebpf.Map
-	lb     lbMaps // the service maps (bpf_lb_linux.go)
+	// hostSafe: the host firewall's safety-net peers (bpf/hostfw.h).
+	hostSafe *ebpf.Map
+	lb       lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // core are the maps both endpoint programs use.
@@ -80,7 +82,7 @@ func (sm sharedMaps) core() []*ebpf.Map {
 // all are the shared maps: core, those only one program uses (config:
 // from_container) and the service maps.
 func (sm sharedMaps) all() []*ebpf.Map {
-	return append(append(sm.core(), sm.config), sm.lb.all()...)
+	return append(append(sm.core(), sm.config, sm.hostSafe), sm.lb.all()...)
 }
 
 // openShared opens (or creates) the shared maps pinned under dir.
@@ -121,6 +123,7 @@ func (sm *sharedMaps) named() []namedMap {
 		{name: bpf.EndpointMapPolicyMaps, pin: pinPolicyMaps, dst: &sm.policyMaps},
 		{name: bpf.EndpointMapCidrMaps, pin: pinCIDRMaps, dst: &sm.cidrMaps},
 		{name: bpf.EndpointMapNodeConfig, dst: &sm.config},
+		{name: bpf.EndpointMapHostSafe, dst: &sm.hostSafe},
 	}
 }
 
@@ -186,6 +189,7 @@ func (t *template) load(sm sharedMaps) (p programs, retErr error) {
 	spec := t.spec.Copy()
 	delete(spec.Programs, bpf.EndpointProgFromNetdev) // the uplinks' (bpf_kpr_linux.go)
 	delete(spec.Programs, bpf.EndpointProgNodeportReply)
+	delete(spec.Programs, bpf.EndpointProgToNetdev)
 	opts := &ebpf.CollectionOptions{MapReplacements: sm.replacements(), Cache: t.cache}
 	other := spec.Copy()
 	var toErr error

@@ -31,11 +31,12 @@ func TestBPFNodePortNATPorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.close)
-	prog, reply, err := loadNetdev(b)
+	progs, err := loadNetdev(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { prog.Close(); reply.Close() })
+	t.Cleanup(progs.close)
+	prog := progs.from
 	fe := netip.MustParseAddrPort("192.168.93.1:30080")
 	be := netip.MustParseAddrPort("10.244.61.130:8080")
 	s := LBService{ID: 9, External: true, Frontend: service.Frontend{Addr: fe.Addr(), Port: fe.Port(), Proto: service.TCP},

@@ -96,6 +96,17 @@ type Datapath interface {
 	Close() error
 }
 
+// HostPolicyDatapath is implemented by datapaths that enforce host
+// policies (the Linux datapath's host firewall).
+type HostPolicyDatapath interface {
+	// HostFirewall reports whether the host firewall is on; off,
+	// RealizeHostPolicy does nothing.
+	HostFirewall() bool
+	// RealizeHostPolicy makes the host endpoint enforce m (nil: no host
+	// policy selects the node, everything passes). Idempotent.
+	RealizeHostPolicy(ctx context.Context, m *policy.MapState) error
+}
+
 // PolicyEntry is one realised policy map entry with its counters and
 // the L7 proxy port it redirects to (0: none).
 type PolicyEntry struct {

@@ -73,6 +73,24 @@ type LinuxConfig struct {
 	DNSProxyPort uint16
 	// Services configures the kube-proxy-free mode's hooks.
 	Services ServicesConfig
+	// HostFirewall turns the host firewall on (host policies): the
+	// programs on Services.Devices enforce the host endpoint's policy
+	// (bpf/hostfw.h, RealizeHostPolicy).
+	HostFirewall HostFirewallConfig
+}
+
+// HostFirewallConfig configures the host firewall (Cilium's
+// enable-host-firewall).
+type HostFirewallConfig struct {
+	// Enabled attaches from_netdev at ingress and to_netdev at egress of
+	// Services.Devices (detected as for the kube-proxy replacement when
+	// empty) whatever the kube-proxy replacement says.
+	Enabled bool
+	// SafePeers are the TCP peers (address and port; port 0: any) the
+	// node exchanges traffic with whatever its host policy: the API
+	// server the agent uses, etcd in kvstore mode (the safety net,
+	// SECURITY.md). Written at Init.
+	SafePeers []netip.AddrPort
 }
 
 // ServicesConfig configures the kube-proxy-free mode: socket-level

@@ -82,6 +82,12 @@ type PolicyRemotePorts struct {
 	Set []policy.EndpointPortsChange
 }
 
+// PolicyHostLabels tells the policy actor that the node's labels (its
+// Node object's) changed: the host identity's labels, which host
+// policies select by, are read again from the system's holder
+// (actors.System.SetHostLabels). No reply.
+type PolicyHostLabels struct{}
+
 // PolicyServiceSet tells the policy actor a Kubernetes Service the
 // toServices rules resolve against (Service nil: deleted). No reply.
 type PolicyServiceSet struct {

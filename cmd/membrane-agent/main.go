@@ -122,7 +122,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too, host processes' connections (socket hooks on --socket-lb-cgroup) and NodePort traffic from outside (a program on --devices); no kube-proxy on the node. Cluster addresses from pods are always translated")
 	fs.StringVar(&cfg.Linux.Services.Cgroup, "socket-lb-cgroup", "", "--kube-proxy-replacement: cgroup2 directory whose processes get socket-level service translation (default: the cgroup2 mount's root)")
-	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement: comma-separated uplinks translating NodePort traffic from outside (default: the devices holding the node's addresses)")
+	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement, --host-firewall: comma-separated uplinks translating NodePort traffic from outside and enforcing host policies (default: the devices holding the node's addresses)")
+	fs.BoolVar(&cfg.Linux.HostFirewall.Enabled, "host-firewall", false, "Kubernetes mode, linux datapath: enforce host policies (CiliumClusterwideNetworkPolicy and MembraneClusterwideNetworkPolicy with nodeSelector, matched against this node's Node labels) on the node's own traffic on --devices; the API server the agent uses, replies to the node's connections, node health probes and the tunnel port always pass (SECURITY.md)")
 	fs.DurationVar(&kc.ProbeInterval, "k8s-probe-interval", 5*time.Second, "Kubernetes mode: how often the API server's /readyz is probed to report the connection state in GET /v1/status")
 	fs.StringVar(&kc.Identity.Mode, "identity-allocation-mode", k8s.IdentityCRD, "Kubernetes mode: crd (one number per label set cluster-wide, MembraneIdentity objects) or local (numbered per node)")
 	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
@@ -219,8 +220,14 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if devices != "" {
 		cfg.Linux.Services.Devices = strings.Split(devices, ",")
 	}
-	if !kc.KubeProxyReplacement && (devices != "" || cfg.Linux.Services.Cgroup != "") {
-		return cfg, nil, fmt.Errorf("--devices, --socket-lb-cgroup: only with --kube-proxy-replacement")
+	if !kc.KubeProxyReplacement && cfg.Linux.Services.Cgroup != "" {
+		return cfg, nil, fmt.Errorf("--socket-lb-cgroup: only with --kube-proxy-replacement")
+	}
+	if !kc.KubeProxyReplacement && !cfg.Linux.HostFirewall.Enabled && devices != "" {
+		return cfg, nil, fmt.Errorf("--devices: only with --kube-proxy-replacement or --host-firewall")
+	}
+	if cfg.Linux.HostFirewall.Enabled && cfg.K8s == nil {
+		return cfg, nil, fmt.Errorf("--host-firewall: only with --k8s-kubeconfig or --k8s (host policies select nodes by their Node labels)")
 	}
 	if err := kvstoreFlags(&cfg, kv, kvMode, etcdEndpoints, nodeAddrs, kc.NodeName); err != nil {
 		return cfg, nil, err

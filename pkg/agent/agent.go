@@ -429,6 +429,13 @@ func newDatapath(cfg *Config, log *slog.Logger) (dp datapath.Datapath, linux *da
 		return nil, nil, err
 	}
 	lc.Gateways = append(lc.Gateways, gws...)
+	if lc.HostFirewall.Enabled {
+		peers, err := hostFirewallPeers(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		lc.HostFirewall.SafePeers = append(lc.HostFirewall.SafePeers, peers...)
+	}
 	// Masquerading leaves traffic between the node's pods and the
 	// cluster's alone; the node's own ranges are the IPAM's.
 	for _, p := range []netip.Prefix{cfg.IPv4Range, cfg.IPv6Range} {

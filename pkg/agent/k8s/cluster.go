@@ -37,7 +37,7 @@ func (w *Watcher) startClusterWatches(rc *rest.Config, all informers.SharedInfor
 		return nil, err
 	}
 	w.nodes = &nodeWatch{self: w.cfg.NodeName, nodes: nodeInf.Lister(), sink: w.cfg.Nodes, inUse: validPrefixes(w.cfg.PodCIDRs),
-		onAddr: w.eps.setNodeIP, onNode: w.remote.nodeChanged, log: w.log.With("worker", "nodes"), wake: make(chan struct{}, 1)}
+		onAddr: w.eps.setNodeIP, onLabels: sys.SetHostLabels, onNode: w.remote.nodeChanged, log: w.log.With("worker", "nodes"), wake: make(chan struct{}, 1)}
 	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: w.nodes.changed,
 		UpdateFunc: func(_, n any) { w.nodes.changed(n) }, DeleteFunc: w.nodes.changed})
 	return inf, err

@@ -201,3 +201,13 @@ func (c *Config) restConfig() (*rest.Config, error) {
 	}
 	return rc, nil
 }
+
+// APIServerURL is the URL the agent's client dials (the kubeconfig's
+// server, --k8s-api-server, or the in-cluster one).
+func (c *Config) APIServerURL() (string, error) {
+	rc, err := c.restConfig()
+	if err != nil {
+		return "", fmt.Errorf("api server url: %w", err)
+	}
+	return rc.Host, nil
+}

@@ -157,8 +157,9 @@ specs:
 	})
 }
 
-// A custom resource whose subject the agent cannot understand (a host
-// policy's nodeSelector) is refused whole: the error names the field on
+// A custom resource whose subject the agent cannot accept (a namespaced
+// policy's nodeSelector: only cluster-wide kinds select nodes) is
+// refused whole: the error names the field on
 // status.nodes[node] (Accepted False, PolicyRefused) and in a Warning
 // event, and nothing enters the repository. (A refused field inside an
 // ingress or egress entry refuses only that entry:
@@ -183,7 +184,7 @@ spec:
 			c, _ := conds[0].(map[string]any)
 			reason, _ = c["reason"].(string)
 		}
-		return ok && st["ok"] == false && st["enforcing"] == false && strings.Contains(errMsg, `unsupported field "spec.nodeSelector"`) &&
+		return ok && st["ok"] == false && st["enforcing"] == false && strings.Contains(errMsg, `spec.nodeSelector: only cluster-wide policies`) &&
 			reason == "PolicyRefused", fmt.Sprint(st)
 	})
 	k.eventually(t, "Warning event naming the field", func() (bool, string) {

@@ -156,6 +156,9 @@ type nodeWatch struct {
 	sink   NodeSink // nil: other nodes are only counted
 	inUse  []netip.Prefix
 	onAddr func(string)
+	// onLabels is told this node's labels whenever its Node changes
+	// (the host identity's, for host policies).
+	onLabels func(map[string]string)
 	// onNode is told the name of every other node that changed (added,
 	// updated or deleted): its remote claims are checked again.
 	onNode func(string)
@@ -196,6 +199,9 @@ func (n *nodeWatch) changed(obj any) {
 // endpoint objects, and a pod CIDR change, which is logged and reported
 // (live pods keep their addresses; the agent does not renumber).
 func (n *nodeWatch) selfChanged(node *corev1.Node) {
+	if n.onLabels != nil {
+		n.onLabels(node.Labels)
+	}
 	if ips := InternalIPs(node); len(ips) > 0 && n.onAddr != nil {
 		n.onAddr(ips[0].String())
 	}

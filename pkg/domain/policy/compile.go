@@ -16,7 +16,12 @@ import (
 // default-deny in each enforced direction, and get the traffic of the
 // peer rules of that direction.
 type Rule struct {
-	Subject                         *LabelSelector
+	Subject *LabelSelector
+	// Host: the rule is a host policy (nodeSelector): Subject selects
+	// the host identity by the node's labels, and the rule applies to
+	// the host endpoint only; the other rules never apply to it
+	// (hostpolicy.go).
+	Host                            bool
 	IngressEnforced, EgressEnforced bool
 	// IngressOpen and EgressOpen are set for a direction whose entries
 	// apply without default deny (enableDefaultDeny false): the rule's
@@ -125,6 +130,8 @@ type cnpCompiler struct {
 	nsFree bool
 	opts   ParseOptions
 	rf     *refusals
+	// host: the rule being compiled is a host policy (nodeSelector).
+	host bool
 }
 
 // subjectScope and peerScope say how the rule's subject and peer
@@ -147,16 +154,14 @@ func (c *cnpCompiler) peerScope() nsScope {
 // an error in one ingress or egress entry refuses only that entry in
 // partial mode (refuse.go).
 func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
-	if r.EndpointSelector == nil {
-		return Rule{}, fmt.Errorf("%s.endpointSelector: missing", path)
-	}
-	subject, err := compileSelector(r.EndpointSelector, path+".endpointSelector", c.ns, c.subjectScope())
+	subject, err := c.subject(r, path)
 	if err != nil {
 		return Rule{}, err
 	}
+	c.host = r.NodeSelector != nil
 	// A direction with allow or deny entries is default-deny unless
 	// enableDefaultDeny says otherwise (Cilium's default).
-	rule := Rule{Subject: subject, IngressEnforced: r.Ingress != nil || r.IngressDeny != nil,
+	rule := Rule{Subject: subject, Host: c.host, IngressEnforced: r.Ingress != nil || r.IngressDeny != nil,
 		EgressEnforced: r.Egress != nil || r.EgressDeny != nil}
 	if dd := r.EnableDefaultDeny; dd != nil {
 		if dd.Ingress != nil && !*dd.Ingress && rule.IngressEnforced {
@@ -301,6 +306,9 @@ func (c *cnpCompiler) entries(path string, n int, entry func(p string, i int) ([
 		prs, err := entry(p, i)
 		if err == nil {
 			err = c.checkProxies(prs, p)
+		}
+		if err == nil && c.host {
+			err = checkHostEntry(prs, p)
 		}
 		if err != nil {
 			if c.rf.refuse(p, err) {

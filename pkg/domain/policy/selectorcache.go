@@ -368,7 +368,13 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		return nil
 	}
 	slices.SortFunc(subjects, func(a, b *cachedSelector) int { return cmp.Compare(a.serial, b.serial) })
-	sig := make([]byte, 0, 8*len(subjects))
+	// The host identity's rules are the host rules of its subjects,
+	// another identity's the others (hostpolicy.go): a signature byte
+	// keeps their shared policies apart.
+	sig := make([]byte, 1, 1+8*len(subjects))
+	if id == identity.ReservedHost {
+		sig[0] = 1
+	}
 	for _, cs := range subjects {
 		sig = binary.AppendUvarint(sig, cs.serial)
 	}
@@ -380,6 +386,9 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
+			if !appliesTo(rule, id) {
+				continue
+			}
 			n += r.countKeys(rule.Ingress) + r.countKeys(rule.Egress)
 			nd += r.countKeys(rule.IngressDeny) + r.countKeys(rule.EgressDeny)
 		}
@@ -393,6 +402,9 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
+			if !appliesTo(rule, id) {
+				continue
+			}
 			if l7 == nil && (anyL7(rule.Ingress) || anyL7(rule.Egress)) {
 				l7 = &l7Builder{}
 			}
@@ -406,6 +418,9 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
+			if !appliesTo(rule, id) {
+				continue
+			}
 			if rule.IngressEnforced || rule.IngressOpen {
 				ingress = ingress || rule.IngressEnforced
 				ingressOpen = ingressOpen || rule.IngressOpen

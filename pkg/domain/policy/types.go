@@ -38,12 +38,16 @@ type cnpDoc struct {
 // pointers so that an absent section (direction not enforced by this
 // rule) differs from an empty one (enforced, nothing allowed).
 type cnpRule struct {
-	EndpointSelector *labelSelector    `json:"endpointSelector"`
-	Ingress          *[]cnpIngress     `json:"ingress"`
-	Egress           *[]cnpEgress      `json:"egress"`
-	IngressDeny      *[]cnpIngressDeny `json:"ingressDeny"`
-	EgressDeny       *[]cnpEgressDeny  `json:"egressDeny"`
-	Description      string            `json:"description"`
+	EndpointSelector *labelSelector `json:"endpointSelector"`
+	// NodeSelector (cluster-wide kinds only, instead of EndpointSelector)
+	// makes the rule a host policy: its subject is the host endpoint of
+	// every node whose Node object's labels it matches (hostpolicy.go).
+	NodeSelector *labelSelector    `json:"nodeSelector"`
+	Ingress      *[]cnpIngress     `json:"ingress"`
+	Egress       *[]cnpEgress      `json:"egress"`
+	IngressDeny  *[]cnpIngressDeny `json:"ingressDeny"`
+	EgressDeny   *[]cnpEgressDeny  `json:"egressDeny"`
+	Description  string            `json:"description"`
 	// EnableDefaultDeny says per direction whether the rule puts the
 	// endpoints it selects in default deny (default: yes for a direction
 	// the rule has a section of).

@@ -10,14 +10,15 @@ import (
 // and kind. The schema in deploy/crds/ is generated from these types
 // (TestCRDSchemas, -update), so every field below reaches the agent: the
 // API server prunes nothing a user wrote in a Cilium document. Fields the
-// agent cannot enforce (nodeSelector, fromNodes, kafka rules, ...)
-// are declared so that the agent refuses them naming the field
+// agent cannot enforce (fromNodes, kafka rules, ...; nodeSelector in a
+// namespaced kind) are declared so that the agent refuses them naming the field
 // (status.nodes[node] and a Warning event) instead of the API server
 // silently dropping them: a refused field inside an ingress or egress
 // entry makes that entry allow nothing (inside a deny entry, and
 // fromRequires/toRequires: the rule's whole direction) while the rest of
 // the object is in force and its pods stay isolated; a refused field
-// outside them (nodeSelector, labels) refuses the object.
+// outside them (labels; nodeSelector in a namespaced kind) refuses the
+// object. nodeSelector in a cluster-wide kind is a host policy.
 
 // Policy kinds and their resources.
 const (

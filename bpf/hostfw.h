@@ -1,0 +1,150 @@
+/* The host firewall (Cilium's host policies), included by endpoint.c
+ * after lb.h. With the host firewall on (LinuxConfig.HostFirewall),
+ * from_netdev runs at ingress and to_netdev at egress of the node's
+ * devices (--devices); both decide on the node's own traffic only: a
+ * packet to (ingress) or from (egress) an address the ipcache gives the
+ * host identity. Traffic to and from pods is their programs' business.
+ *
+ * The host endpoint is the endpoints entry at key HOST_EP_KEY (0, which
+ * no interface has): endpoint ID 0, identity host, and a slot whose
+ * policy maps hold the host identity's MapState, computed from the host
+ * policies (nodeSelector) like a pod's. No entry: no host policy selects
+ * the node, everything passes (as without the host firewall); an entry
+ * whose maps are missing passes too (the node must stay reachable: the
+ * agent writes the maps before the entry).
+ *
+ * Verdict, in direction dir of the host endpoint:
+ *   1. non-IP frames, essential ICMPv6 (p->ndp) and ICMP errors pass (the
+ *      node's path MTU discovery and neighbour discovery);
+ *   2. a reply of a connection the host saw first in the other direction
+ *      (conntrack, endpoint 0) passes; to_netdev records every connection
+ *      the host opens, so replies to them pass ingress whatever the
+ *      policy;
+ *   3. if dir is enforced, the safety net (host_safe_net) passes what no
+ *      host policy may drop; else the policy map and CIDR map decide as
+ *      for a pod (deny entries first), dropping with DROP_POLICY or
+ *      DROP_POLICY_DENY under endpoint 0, identity host;
+ *   4. a passing packet records its connection (ep 0, dir).
+ * The host endpoint has no audit mode and no L7 redirects (refused in
+ * host policies). */
+#ifndef MEMBRANE_HOSTFW_H
+#define MEMBRANE_HOSTFW_H
+
+/* The host endpoint's key in endpoints: no interface has ifindex 0. */
+#define HOST_EP_KEY 0
+
+/* The node health responder's port (pkg/agent/health.Port). */
+#define HOST_HEALTH_PORT 4240
+
+/* Shared, pinned at <bpffs>/host_safe: the peers whose TCP traffic the
+ * host exchanges whatever its policy (the API server the agent uses,
+ * etcd in kvstore mode), as {family, proto, port, address}; port 0 is
+ * any port of that address. Written by the datapath at Init. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct host_safe_key);
+	__type(value, __u32);
+	__uint(max_entries, 256);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} host_safe SEC(".maps");
+
+/* host_safe_peer reports whether the peer's address and port (the source
+ * at ingress, the destination at egress) is in host_safe. */
+static __always_inline int host_safe_peer(struct pkt *p, __u8 dir)
+{
+	struct host_safe_key k = { .family = p->family, .proto = p->proto };
+
+	if (p->proto != IPPROTO_TCP || p->frag)
+		return 0;
+	if (dir == DIR_EGRESS) {
+		__builtin_memcpy(k.addr, p->daddr, 16);
+		k.port = p->dport;
+	} else {
+		__builtin_memcpy(k.addr, p->saddr, 16);
+		k.port = p->sport;
+	}
+	if (bpf_map_lookup_elem(&host_safe, &k))
+		return 1;
+	k.port = 0;
+	return bpf_map_lookup_elem(&host_safe, &k) != NULL;
+}
+
+/* host_safe_net reports whether p is traffic no host policy drops (the
+ * safety net, SECURITY.md): the agent's control plane (host_safe), and
+ * between the node and another node (identity remote-node, or
+ * kube-apiserver, which other nodes' API servers carry): ICMP and ICMPv6
+ * echo, TCP to the health responder's port and UDP to the tunnel port
+ * (tunnel mode). Replies pass as conntrack replies. */
+static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
+{
+	__u32 zero = 0;
+	struct node_config_value *c;
+
+	if (host_safe_peer(p, dir))
+		return 1;
+	if (peer != IDENTITY_REMOTE_NODE && peer != IDENTITY_KUBE_APISERVER)
+		return 0;
+	if ((p->proto == IPPROTO_ICMP && p->policy_port == (0x100 | 8)) ||
+	    (p->proto == IPPROTO_ICMPV6 && p->policy_port == (0x100 | 128)))
+		return 1;
+	if (p->frag)
+		return 0;
+	if (p->proto == IPPROTO_TCP && bpf_ntohs(p->dport) == HOST_HEALTH_PORT)
+		return 1;
+	c = bpf_map_lookup_elem(&node_config, &zero);
+	return c && c->tunnel_port && p->proto == IPPROTO_UDP && bpf_ntohs(p->dport) == c->tunnel_port;
+}
+
+/* host_verdict decides on p at a device in direction dir of the host
+ * endpoint (see the header comment). */
+static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 dir)
+{
+	__u32 key = HOST_EP_KEY, slot, peer;
+	struct endpoint_info *ep;
+	struct policy_value *v;
+	void *pol, *cidr;
+	__u64 now;
+	int r = 0;
+
+	ep = bpf_map_lookup_elem(&endpoints, &key);
+	if (!ep || p->family == 0 || p->ndp || (p->icmp_err && !p->frag))
+		return TC_ACT_OK;
+	/* The host's side: the destination at ingress, the source at
+	 * egress. */
+	if (peer_identity(p, dir ^ 1) != IDENTITY_HOST)
+		return TC_ACT_OK;
+	slot = ep->slot;
+	pol = bpf_map_lookup_elem(&policy_maps, &slot);
+	cidr = bpf_map_lookup_elem(&cidr_maps, &slot);
+	if (!pol || !cidr)
+		return TC_ACT_OK;
+	p->ep = ep->id;
+	p->identity = IDENTITY_HOST;
+	now = bpf_ktime_get_ns();
+	if (!p->frag && ct_is_reply(p, dir, now))
+		return TC_ACT_OK;
+	if (enforced(pol, dir)) {
+		peer = peer_identity(p, dir);
+		if (host_safe_net(p, dir, peer))
+			goto pass;
+		v = policy_lookup(pol, peer, p, dir);
+		if (v) {
+			__sync_fetch_and_add(&v->packets, 1);
+			__sync_fetch_and_add(&v->bytes, skb->len);
+			if (v->deny)
+				r = DROP_POLICY_DENY;
+		}
+		if (!r && cidr_match(cidr, p, dir | CIDR_DIR_DENY, skb->len))
+			r = DROP_POLICY_DENY;
+		if (!r && !v && !cidr_match(cidr, p, dir, skb->len))
+			r = p->frag ? DROP_FRAGMENT : DROP_POLICY;
+		if (r)
+			return drop(skb, p, dir, r, peer);
+	}
+pass:
+	if (!p->frag)
+		ct_record(p, dir, now);
+	return TC_ACT_OK;
+}
+
+#endif

@@ -1,0 +1,64 @@
+package datapath
+
+import (
+	"context"
+	"testing"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// TestRealizeHostPolicy: the host endpoint's entry (key 0) names a slot
+// holding its policy; after a restart the pinned maps are read back and
+// written by difference; no host policy removes the entry (everything
+// passes).
+func TestRealizeHostPolicy(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	// Enabled after Init: the test's netns has no uplink to attach to.
+	l.cfg.HostFirewall.Enabled = true
+	ssh := policy.Key{Identity: identity.ReservedWorld, Port: 22, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	web := policy.Key{Identity: identity.ReservedWorld, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
+	check := func(want ...policy.Key) {
+		t.Helper()
+		var v bpf.EndpointEndpointInfo
+		if err := l.bpf.maps.endpoints.Lookup(uint32(hostEndpointKey), &v); err != nil {
+			t.Fatalf("host endpoint entry: %v", err)
+		}
+		if v.Id != HostEndpointID || v.Identity != uint32(identity.ReservedHost) || !slotHolds(l.bpf.maps.policyMaps, v.Slot, l.bpf.host.policyMap) {
+			t.Fatalf("host endpoint entry %+v does not name its maps", v)
+		}
+		entries, in, _, err := dumpPolicyMap(l.bpf.host.policyMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !in || len(entries) != len(want) {
+			t.Fatalf("host policy map: ingress %v, entries %+v, want %v", in, entries, want)
+		}
+		for i, k := range want {
+			if entries[i].Key != k {
+				t.Fatalf("host policy map entries %+v, want %v", entries, want)
+			}
+		}
+	}
+	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(1, true, false, []policy.Key{ssh})); err != nil {
+		t.Fatal(err)
+	}
+	check(ssh)
+	l.cfg.HostFirewall.Enabled = false
+	l = reopen(t, l) // the host firewall off at Init removes the entry; the pinned maps stay
+	l.cfg.HostFirewall.Enabled = true
+	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(2, true, false, []policy.Key{ssh, web})); err != nil {
+		t.Fatal(err)
+	}
+	check(ssh, web)
+	if err := l.RealizeHostPolicy(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var v bpf.EndpointEndpointInfo
+	if err := l.bpf.maps.endpoints.Lookup(uint32(hostEndpointKey), &v); err == nil {
+		t.Fatalf("host endpoint entry %+v left without a host policy", v)
+	}
+	l.cfg.HostFirewall.Enabled = false
+}

@@ -1,0 +1,324 @@
+package multinode
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/netip"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/kubetest"
+	"github.com/membrane-cni/membrane/test/nodeharness"
+)
+
+// hostFWNode is a node whose agent process runs in Kubernetes mode with
+// the host firewall on: its one device (dev, holding addr) is a veth to
+// an "outside" netns (holding out), through which the agent also reaches
+// the API server (a forwarder in the outside netns at out:apiPort), so
+// that the agent's own connection crosses the device the host policy is
+// enforced on.
+type hostFWNode struct {
+	name      string
+	node      *nodeharness.Node
+	outside   *testutil.NS
+	addr, out netip.Addr
+	c         *client.Client
+}
+
+// probeTimeout bounds a connection attempt that policy may drop.
+const hostProbeTimeout = 2 * time.Second
+
+func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, name string, nodeLabels map[string]string, podRange, subnet string) *hostFWNode {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: nodeLabels}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	h := &hostFWNode{name: name, node: nodeharness.New(t, nodeharness.Options{Prefix: "mbt-hfw", IPv4Range: podRange}),
+		outside: testutil.NewNS(t, "mbt-hfwout"), addr: netip.MustParseAddr(subnet + ".1"), out: netip.MustParseAddr(subnet + ".2")}
+	dev := "hfw" + testutil.RandomSuffix(4)
+	oh, err := h.outside.Handle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oh.Close()
+	nl, onl := h.node.NS.Netlink(t), h.outside.Netlink(t)
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: dev}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(oh))}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nl.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: dev}}) })
+	for _, s := range []struct {
+		h    *netlink.Handle
+		link string
+		addr netip.Addr
+	}{{nl, dev, h.addr}, {onl, "eth0", h.out}} {
+		l, err := s.h.LinkByName(s.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := netlink.ParseAddr(s.addr.String() + "/24")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Flags = unix.IFA_F_NODAD
+		if err := s.h.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+		lo, _ := s.h.LinkByName("lo")
+		_ = s.h.LinkSetUp(lo)
+	}
+	// The API server through the outside netns.
+	u, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	forward(t, h.outside, netip.AddrPortFrom(h.out, uint16(port)), u.Host)
+	kc, err := clientcmd.LoadFromFile(env.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + netip.AddrPortFrom(h.out, uint16(port)).String()
+		c.TLSServerName = u.Hostname() // the serving certificate's address
+	}
+	kcPath := filepath.Join(h.node.Dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kcPath); err != nil {
+		t.Fatal(err)
+	}
+	p := h.node.Process("--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
+		"--identity-allocation-mode", "local", "--enable-health=false", "--routing", "native", "--masquerade=false",
+		"--k8s-probe-interval", "1s")
+	p.Start()
+	h.c = h.node.Client()
+	return h
+}
+
+// forward serves a TCP forwarder at listen inside ns to target (dialled
+// from the test's netns) until the test ends.
+func forward(t *testing.T, ns *testutil.NS, listen netip.AddrPort, target string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) {
+		ln, err = net.Listen("tcp", listen.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.DialTimeout("tcp", target, 5*time.Second)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+}
+
+// reach reports whether a TCP echo from the outside to the node's
+// address on port works.
+func (h *hostFWNode) reach(port int) bool {
+	return testutil.Exchange(h.outside, h.addr, port, hostProbeTimeout) == nil
+}
+
+// reachOut reports whether the node reaches the outside's echo on port.
+func (h *hostFWNode) reachOut(port int) bool {
+	return testutil.Exchange(h.node.NS, h.out, port, hostProbeTimeout) == nil
+}
+
+// hostDrops is the host endpoint's (endpoint 0) drop count of reason in
+// dir.
+func (h *hostFWNode) hostDrops(t *testing.T, reason, dir string) uint64 {
+	t.Helper()
+	ds, err := h.c.Drops(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, d := range ds {
+		if d.Endpoint == datapath.HostEndpointID && d.Reason == reason && d.Direction == dir {
+			n += d.Packets
+		}
+	}
+	return n
+}
+
+func applyPolicy(t *testing.T, env *kubetest.Env, doc string) {
+	t.Helper()
+	objs, err := kubetest.ReadObjects([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kubetest.Apply(ctx, env.Config, "hostfw-test", objs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deletePolicy(t *testing.T, env *kubetest.Env, name string) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RESTClient().Delete().AbsPath("/apis/membrane.io/v2/membraneclusterwidenetworkpolicies", name).Do(context.Background()).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func relabelNode(t *testing.T, cs kubernetes.Interface, name, key, value string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, key, value)
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitReach waits until each port's reachability from the outside is
+// as wanted.
+func (h *hostFWNode) waitReach(t *testing.T, what string, want map[int]bool) {
+	t.Helper()
+	testutil.EventuallyErr(t, what, func() error {
+		for _, port := range slices.Sorted(maps.Keys(want)) {
+			if got := h.reach(port); got != want[port] {
+				return fmt.Errorf("outside -> %s:%d reached = %v, want %v", h.addr, port, got, want[port])
+			}
+		}
+		return nil
+	})
+}
+
+const hostAllow = `apiVersion: membrane.io/v2
+kind: MembraneClusterwideNetworkPolicy
+metadata: {name: hostfw-edge}
+spec:
+  nodeSelector: {matchLabels: {role: edge}}
+  ingress:
+  - fromCIDR: [%s/24]
+    toPorts: [{ports: [{port: "7001", protocol: TCP}]}]
+`
+
+// TestHostPolicy: a host policy (nodeSelector) read from the API server
+// is enforced on the node's device with real traffic from outside: the
+// allowed port passes, another is dropped and counted under the host
+// endpoint (reason policy); a node whose labels do not match is left
+// alone; deleting the policy restores access.
+func TestHostPolicy(t *testing.T) {
+	testutil.RequireRoot(t)
+	env := kubetest.StartOwn(t)
+	env.InstallCRDs(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHostFWNode(t, env, cs, "hostfw-a", map[string]string{"role": "edge"}, "10.236.1.0/24", "192.168.236")
+	for _, port := range []int{7001, 7002} {
+		testutil.EchoServer(t, h.node.NS, h.addr, port)
+	}
+	h.waitReach(t, "no host policy: everything reaches the node", map[int]bool{7001: true, 7002: true})
+
+	subnet := netip.PrefixFrom(h.out, 24).Masked().Addr()
+	applyPolicy(t, env, fmt.Sprintf(hostAllow, subnet))
+	h.waitReach(t, "host policy: 7001 allowed, 7002 dropped", map[int]bool{7001: true, 7002: false})
+	if n := h.hostDrops(t, datapath.DropPolicy, "ingress"); n == 0 {
+		t.Errorf("no %s ingress drops counted under the host endpoint", datapath.DropPolicy)
+	}
+
+	// The node's labels no longer match: unaffected.
+	relabelNode(t, cs, h.name, "role", "core")
+	h.waitReach(t, "node role=core: not selected", map[int]bool{7001: true, 7002: true})
+	relabelNode(t, cs, h.name, "role", "edge")
+	h.waitReach(t, "node role=edge again: selected", map[int]bool{7001: true, 7002: false})
+
+	deletePolicy(t, env, "hostfw-edge")
+	h.waitReach(t, "policy deleted: access restored", map[int]bool{7001: true, 7002: true})
+}
+
+// TestHostPolicySafetyNet: a host policy denying everything, both ways,
+// cuts the node off the outside but not the agent off the API server,
+// whose connection crosses the same device: the agent still sees the
+// policy's deletion, and access comes back.
+func TestHostPolicySafetyNet(t *testing.T) {
+	testutil.RequireRoot(t)
+	env := kubetest.StartOwn(t)
+	env.InstallCRDs(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHostFWNode(t, env, cs, "hostfw-b", map[string]string{"role": "any"}, "10.236.2.0/24", "192.168.237")
+	testutil.EchoServer(t, h.node.NS, h.addr, 7001)
+	testutil.EchoServer(t, h.outside, h.out, 7003)
+	h.waitReach(t, "no host policy", map[int]bool{7001: true})
+	if !h.reachOut(7003) {
+		t.Fatal("the node does not reach the outside without a host policy")
+	}
+	applyPolicy(t, env, `apiVersion: membrane.io/v2
+kind: MembraneClusterwideNetworkPolicy
+metadata: {name: hostfw-deny-all}
+spec:
+  nodeSelector: {}
+  ingress: []
+  egress: []
+`)
+	h.waitReach(t, "deny all: nothing reaches the node", map[int]bool{7001: false})
+	testutil.Eventually(t, "deny all: the node reaches nothing outside", func() bool { return !h.reachOut(7003) })
+	if n := h.hostDrops(t, datapath.DropPolicy, "egress"); n == 0 {
+		t.Errorf("no %s egress drops counted under the host endpoint", datapath.DropPolicy)
+	}
+	// The agent's watch still works: it sees the deletion.
+	deletePolicy(t, env, "hostfw-deny-all")
+	h.waitReach(t, "policy deleted (seen through the API server connection): access restored", map[int]bool{7001: true})
+	testutil.Eventually(t, "the node reaches the outside again", func() bool { return h.reachOut(7003) })
+}
