@@ -14,13 +14,14 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
-// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL, LB_FLAG_HOSTNS and
-// LB_BACKEND_LOCAL.
+// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL, LB_FLAG_HOSTNS,
+// LB_FLAG_TWO_SCOPES and LB_BACKEND_LOCAL.
 const (
-	lbFlagAffinity = 1
-	lbFlagExternal = 2
-	lbFlagHostNS   = 4
-	lbBackendLocal = 1
+	lbFlagAffinity  = 1
+	lbFlagExternal  = 2
+	lbFlagHostNS    = 4
+	lbFlagTwoScopes = 8
+	lbBackendLocal  = 1
 )
 
 // lbMaps are the shared service maps (bpf/lb.h), pinned under the bpffs
@@ -51,9 +52,10 @@ func (m *lbMaps) all() []*ebpf.Map {
 
 var _ ServiceDatapath = (*Linux)(nil)
 
-// lbKey encodes a frontend.
+// lbKey encodes a frontend (its scope is lb.h's LB_SCOPE_*: the same
+// numbers).
 func lbKey(f service.Frontend) bpf.EndpointLbKey {
-	k := bpf.EndpointLbKey{Dport: htons(f.Port), Proto: f.Proto, Family: familyV6}
+	k := bpf.EndpointLbKey{Dport: htons(f.Port), Proto: f.Proto, Family: familyV6, Scope: f.Scope}
 	if f.Addr.Is4() {
 		k.Family = familyV4
 	}
@@ -107,6 +109,9 @@ func lbServiceValue(s LBService) bpf.EndpointLbService {
 	}
 	if s.External {
 		v.Flags |= lbFlagExternal
+	}
+	if s.TwoScopes {
+		v.Flags |= lbFlagTwoScopes
 	}
 	if s.Frontend.Addr.IsLoopback() {
 		v.Flags |= lbFlagHostNS // the node's localhost, not a pod's
@@ -221,8 +226,9 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		it := m.frontends.Iterate()
 		for it.Next(&fk, &fv) {
 			out.Frontends = append(out.Frontends, LBFrontendEntry{
-				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto},
+				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto, Scope: fk.Scope},
 				ID:       fv.Id, Count: fv.Count, Affinity: fv.Affinity, External: fv.Flags&lbFlagExternal != 0,
+				TwoScopes: fv.Flags&lbFlagTwoScopes != 0,
 			})
 		}
 		if err := it.Err(); err != nil {
