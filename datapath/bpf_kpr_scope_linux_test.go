@@ -2,13 +2,17 @@ package datapath
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -144,5 +148,48 @@ func TestNodePortTwoScopes(t *testing.T) {
 	if len(m.Frontends) != 2 || !m.Frontends[0].TwoScopes || m.Frontends[1].Frontend.Scope != service.ScopeExternal ||
 		m.Frontends[0].Count != 2 || m.Frontends[1].Count != 1 {
 		t.Fatalf("frontends %+v, want the internal record (two scopes, 2 backends) and the external one (1)", m.Frontends)
+	}
+}
+
+// TestFrontendsMapOldLayout: an lb_frontends map pinned by a build
+// before the scope (20-byte keys) is replaced by today's layout with its
+// entries carried over as internal-scope frontends, their IDs kept.
+func TestFrontendsMapOldLayout(t *testing.T) {
+	spec, err := bpf.LoadEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[bpf.EndpointMapLbFrontends].Copy()
+	ms.Pinning = ebpf.PinNone
+	path := filepath.Join(testutil.BPFFSDir(t), "lb_frontends")
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "lb_frontends", Type: ebpf.Hash, KeySize: oldLBKeySize, ValueSize: ms.ValueSize,
+		MaxEntries: ms.MaxEntries, Flags: ms.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	fe := service.Frontend{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.UDP}
+	want := bpf.EndpointLbService{Id: 7, Count: 2, Flags: lbFlagAffinity, Affinity: 30}
+	k := lbKey(fe)
+	oldKey := binary.NativeEndian.AppendUint32(nil, k.Addr[0])
+	for _, w := range k.Addr[1:] {
+		oldKey = binary.NativeEndian.AppendUint32(oldKey, w)
+	}
+	oldKey = binary.NativeEndian.AppendUint16(oldKey, k.Dport)
+	oldKey = append(oldKey, k.Proto, k.Family)
+	if err := old.Put(oldKey, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	m, err := openFrontendsMap(ms, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var got bpf.EndpointLbService
+	if m.KeySize() != uint32(binary.Size(k)) || m.Lookup(k, &got) != nil || got != want {
+		t.Fatalf("after reopening: key size %d, entry %+v; want %d and %+v", m.KeySize(), got, binary.Size(k), want)
 	}
 }

@@ -63,6 +63,66 @@ func lbKey(f service.Frontend) bpf.EndpointLbKey {
 	return k
 }
 
+// oldLBKeySize is the size of an lb_frontends key before the scope:
+// {addr, dport, proto, family}, the first 20 bytes of today's.
+const oldLBKeySize = 20
+
+// openFrontendsMap opens the lb_frontends map pinned at path like
+// openSharedMap. The entries of a map of the layout before the scope are
+// carried over as internal-scope frontends (today's key with scope 0;
+// the values are unchanged): the services actor finds the previous
+// agent's IDs again, so the connections it translated (lb_ct, lb_nat,
+// whose entries name the ID) keep their backends across the upgrade.
+func openFrontendsMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
+	var carried map[bpf.EndpointLbKey]bpf.EndpointLbService
+	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		if spec.Compatible(old) != nil && old.KeySize() == oldLBKeySize && old.ValueSize() == spec.ValueSize {
+			carried, err = oldFrontendEntries(old)
+		}
+		old.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	m, err := openSharedMap(spec, path)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for k, v := range carried {
+		if err := m.Update(k, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			errs = append(errs, fmt.Errorf("carry lb_frontends entry of service %d over: %w", v.Id, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// oldFrontendEntries reads an lb_frontends map of the layout before the
+// scope.
+func oldFrontendEntries(old *ebpf.Map) (map[bpf.EndpointLbKey]bpf.EndpointLbService, error) {
+	out := map[bpf.EndpointLbKey]bpf.EndpointLbService{}
+	k := make([]byte, oldLBKeySize)
+	var v bpf.EndpointLbService
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		var nk bpf.EndpointLbKey
+		for i := range nk.Addr {
+			nk.Addr[i] = binary.NativeEndian.Uint32(k[4*i:])
+		}
+		nk.Dport = binary.NativeEndian.Uint16(k[16:])
+		nk.Proto, nk.Family = k[18], k[19]
+		out[nk] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read lb_frontends of the old layout: %w", err)
+	}
+	return out, nil
+}
+
 // lbBackend encodes a backend.
 func lbBackend(b service.Backend) bpf.EndpointLbBackend {
 	v := bpf.EndpointLbBackend{Port: htons(b.Port), Family: familyV6}
