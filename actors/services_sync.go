@@ -38,7 +38,7 @@ func (a *servicesActor) op(f service.Frontend) serviceOp {
 
 func lbService(r *index.ServiceRow) datapath.LBService {
 	return datapath.LBService{ID: r.ID, Frontend: r.Service.Frontend, Backends: r.Service.Backends, Affinity: r.Service.Affinity,
-		External: r.Service.Kind != service.KindClusterIP}
+		External: r.Service.Kind != service.KindClusterIP, TwoScopes: r.Service.TwoScopes}
 }
 
 func writeServices(ctx context.Context, dp datapath.ServiceDatapath, ops []serviceOp) []error {

@@ -173,6 +173,8 @@ type EndpointLbKey struct {
 	Dport  uint16
 	Proto  uint8
 	Family uint8
+	Scope  uint8
+	Pad    [3]uint8
 }
 
 type EndpointLbNatValue struct {

@@ -6,7 +6,7 @@
  * by endpoint.c after struct pkt and drop(); kept apart from it so that
  * the service code is one unit.
  *
- *   lb_frontends  frontend -> {id, backend count, affinity}
+ *   lb_frontends  frontend (and scope) -> {id, backend count, affinity}
  *   lb_backends   {id, slot 1..count} -> backend (address, port)
  *   lb_ct         the client's tuple (to the frontend) -> its backend
  *   lb_revnat     the reply's tuple (from the backend) -> the frontend
@@ -61,6 +61,18 @@
  * only for sockets in the node's own network namespace, where it is the
  * node's localhost; a pod's localhost is its own. */
 #define LB_FLAG_HOSTNS 4
+/* The frontend has two scopes (externalTrafficPolicy Local, as Cilium's
+ * SVC_FLAG_TWO_SCOPES): this entry (LB_SCOPE_INTERNAL, every backend)
+ * serves the node's own sockets and its pods (sock.c, lb_translate),
+ * and traffic arriving from outside (from_netdev) takes the
+ * LB_SCOPE_EXTERNAL entry of the same frontend (only this node's
+ * backends); while that entry is missing it finds no backend. */
+#define LB_FLAG_TWO_SCOPES 8
+
+/* lb_key.scope. A one-scope frontend has only LB_SCOPE_INTERNAL, which
+ * every path uses. */
+#define LB_SCOPE_INTERNAL 0
+#define LB_SCOPE_EXTERNAL 1
 
 /* lb_backend.flags: the backend is a pod on this node (NodePort traffic
  * to it is only DNATed; to a remote one also SNATed). */
@@ -88,12 +100,15 @@
 #define DROP_NO_ROUTE 16
 #define DROP_NAT_EXHAUSTED 17
 
-/* lb_key is a frontend. IPv4 uses addr[0] and zeroes the rest. */
+/* lb_key is a frontend in a scope. IPv4 uses addr[0] and zeroes the
+ * rest. */
 struct lb_key {
 	__u32 addr[4]; /* network byte order bytes */
 	__u16 dport;   /* network byte order */
 	__u8 proto;
 	__u8 family; /* 4 or 6 */
+	__u8 scope;  /* LB_SCOPE_* */
+	__u8 pad[3];
 };
 
 /* lb_service: the frontend's backends are lb_backends {id, 1..count}. */

@@ -19,8 +19,11 @@
  *     (lb_nat_rev) is translated back to frontend -> client here and
  *     redirected to the client the same way.
  *
- * externalTrafficPolicy: Local is the backend list (only this node's
- * pods), so it never SNATs and the client's address is preserved.
+ * externalTrafficPolicy: Local is a frontend of two scopes
+ * (LB_FLAG_TWO_SCOPES): here, for traffic from outside, the
+ * LB_SCOPE_EXTERNAL entry holds only this node's pods, so it never SNATs
+ * and the client's address is preserved (none: dropped); the node's own
+ * sockets and its pods use the internal entry, every backend.
  * Redirected packets get their TTL (hop limit) decremented, as the
  * stack's forwarding would; one that runs out is dropped (no ICMP).
  */
@@ -271,6 +274,12 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	svc = bpf_map_lookup_elem(&lb_frontends, &fk);
 	if (!svc || !(svc->flags & LB_FLAG_EXTERNAL))
 		return LB_PASS;
+	if (svc->flags & LB_FLAG_TWO_SCOPES) {
+		fk.scope = LB_SCOPE_EXTERNAL;
+		svc = bpf_map_lookup_elem(&lb_frontends, &fk);
+		if (!svc)
+			return LB_NO_BACKEND;
+	}
 	now = bpf_ktime_get_ns();
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);

@@ -22,6 +22,9 @@
  * cookie); no backend fails connect()/sendmsg() with EPERM. A dual-stack
  * IPv6 socket reaching an IPv4-mapped address is translated as IPv4.
  * lb_sock (socket cookie, backend) -> frontend serves the reverse.
+ * The lookups use a frontend's internal scope (LB_SCOPE_INTERNAL, the
+ * zeroed key's): an externalTrafficPolicy Local NodePort reached from
+ * the node or a pod gets any backend, as kube-proxy's short-circuit.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>

@@ -53,6 +53,8 @@ type SockLbKey struct {
 	Dport  uint16
 	Proto  uint8
 	Family uint8
+	Scope  uint8
+	Pad    [3]uint8
 }
 
 type SockLbNatValue struct {

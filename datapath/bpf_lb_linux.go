@@ -14,13 +14,14 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 )
 
-// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL, LB_FLAG_HOSTNS and
-// LB_BACKEND_LOCAL.
+// bpf/lb.h's LB_FLAG_AFFINITY, LB_FLAG_EXTERNAL, LB_FLAG_HOSTNS,
+// LB_FLAG_TWO_SCOPES and LB_BACKEND_LOCAL.
 const (
-	lbFlagAffinity = 1
-	lbFlagExternal = 2
-	lbFlagHostNS   = 4
-	lbBackendLocal = 1
+	lbFlagAffinity  = 1
+	lbFlagExternal  = 2
+	lbFlagHostNS    = 4
+	lbFlagTwoScopes = 8
+	lbBackendLocal  = 1
 )
 
 // lbMaps are the shared service maps (bpf/lb.h), pinned under the bpffs
@@ -51,14 +52,75 @@ func (m *lbMaps) all() []*ebpf.Map {
 
 var _ ServiceDatapath = (*Linux)(nil)
 
-// lbKey encodes a frontend.
+// lbKey encodes a frontend (its scope is lb.h's LB_SCOPE_*: the same
+// numbers).
 func lbKey(f service.Frontend) bpf.EndpointLbKey {
-	k := bpf.EndpointLbKey{Dport: htons(f.Port), Proto: f.Proto, Family: familyV6}
+	k := bpf.EndpointLbKey{Dport: htons(f.Port), Proto: f.Proto, Family: familyV6, Scope: f.Scope}
 	if f.Addr.Is4() {
 		k.Family = familyV4
 	}
 	k.Addr = addrWords(addr16(f.Addr))
 	return k
+}
+
+// oldLBKeySize is the size of an lb_frontends key before the scope:
+// {addr, dport, proto, family}, the first 20 bytes of today's.
+const oldLBKeySize = 20
+
+// openFrontendsMap opens the lb_frontends map pinned at path like
+// openSharedMap. The entries of a map of the layout before the scope are
+// carried over as internal-scope frontends (today's key with scope 0;
+// the values are unchanged): the services actor finds the previous
+// agent's IDs again, so the connections it translated (lb_ct, lb_nat,
+// whose entries name the ID) keep their backends across the upgrade.
+func openFrontendsMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
+	var carried map[bpf.EndpointLbKey]bpf.EndpointLbService
+	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		if spec.Compatible(old) != nil && old.KeySize() == oldLBKeySize && old.ValueSize() == spec.ValueSize {
+			carried, err = oldFrontendEntries(old)
+		}
+		old.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	m, err := openSharedMap(spec, path)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for k, v := range carried {
+		if err := m.Update(k, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			errs = append(errs, fmt.Errorf("carry lb_frontends entry of service %d over: %w", v.Id, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// oldFrontendEntries reads an lb_frontends map of the layout before the
+// scope.
+func oldFrontendEntries(old *ebpf.Map) (map[bpf.EndpointLbKey]bpf.EndpointLbService, error) {
+	out := map[bpf.EndpointLbKey]bpf.EndpointLbService{}
+	k := make([]byte, oldLBKeySize)
+	var v bpf.EndpointLbService
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		var nk bpf.EndpointLbKey
+		for i := range nk.Addr {
+			nk.Addr[i] = binary.NativeEndian.Uint32(k[4*i:])
+		}
+		nk.Dport = binary.NativeEndian.Uint16(k[16:])
+		nk.Proto, nk.Family = k[18], k[19]
+		out[nk] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read lb_frontends of the old layout: %w", err)
+	}
+	return out, nil
 }
 
 // lbBackend encodes a backend.
@@ -107,6 +169,9 @@ func lbServiceValue(s LBService) bpf.EndpointLbService {
 	}
 	if s.External {
 		v.Flags |= lbFlagExternal
+	}
+	if s.TwoScopes {
+		v.Flags |= lbFlagTwoScopes
 	}
 	if s.Frontend.Addr.IsLoopback() {
 		v.Flags |= lbFlagHostNS // the node's localhost, not a pod's
@@ -221,8 +286,9 @@ func (l *Linux) DumpServices(context.Context) (out LBMaps, err error) {
 		it := m.frontends.Iterate()
 		for it.Next(&fk, &fv) {
 			out.Frontends = append(out.Frontends, LBFrontendEntry{
-				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto},
+				Frontend: service.Frontend{Addr: addrOf(fk.Family, fk.Addr), Port: ntohs(fk.Dport), Proto: fk.Proto, Scope: fk.Scope},
 				ID:       fv.Id, Count: fv.Count, Affinity: fv.Affinity, External: fv.Flags&lbFlagExternal != 0,
+				TwoScopes: fv.Flags&lbFlagTwoScopes != 0,
 			})
 		}
 		if err := it.Err(); err != nil {

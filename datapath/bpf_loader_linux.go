@@ -100,8 +100,11 @@ func (t *template) openShared(dir string) (sm sharedMaps, retErr error) {
 			pin = m.name
 		}
 		open := openSharedMap
-		if m.name == bpf.EndpointMapEndpoints {
+		switch m.name {
+		case bpf.EndpointMapEndpoints:
 			open = openEndpointsMap // carries an old layout's entries over
+		case bpf.EndpointMapLbFrontends:
+			open = openFrontendsMap // the same
 		}
 		mp, err := open(spec, filepath.Join(dir, pin))
 		if err != nil {

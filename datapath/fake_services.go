@@ -88,7 +88,7 @@ func (f *Fake) DumpServices(context.Context) (LBMaps, error) {
 	var out LBMaps
 	for _, s := range f.lb.services {
 		out.Frontends = append(out.Frontends, LBFrontendEntry{Frontend: s.Frontend, ID: s.ID, Count: uint32(len(s.Backends)),
-			Affinity: uint32(s.Affinity.Seconds()), External: s.External})
+			Affinity: uint32(s.Affinity.Seconds()), External: s.External, TwoScopes: s.TwoScopes})
 		for i, b := range s.Backends {
 			out.Backends = append(out.Backends, LBBackendEntry{ID: s.ID, Slot: uint32(i + 1), Backend: b})
 		}

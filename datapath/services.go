@@ -18,6 +18,9 @@ type LBService struct {
 	// External frontends (NodePort, external addresses) are translated
 	// on the node's uplinks too in the kube-proxy-free mode.
 	External bool
+	// TwoScopes: the uplinks translate this internal-scope frontend by
+	// its external-scope record (service.ScopeExternal) instead.
+	TwoScopes bool
 }
 
 // LBFrontendEntry is one entry of the frontend map as read back.
@@ -29,6 +32,8 @@ type LBFrontendEntry struct {
 	Affinity uint32
 	// External: translated on the uplinks too.
 	External bool
+	// TwoScopes: the uplinks use the external-scope record instead.
+	TwoScopes bool
 }
 
 // LBBackendEntry is one entry of the backend slot map as read back.

@@ -52,7 +52,9 @@ func healthCheckOf(svc *corev1.Service, out []service.Service) (port, local int)
 	}
 	seen := map[string]bool{}
 	for _, s := range out {
-		if s.Kind != service.KindNodePort {
+		// The external scope: this node's endpoints as traffic from
+		// outside gets them.
+		if s.Kind != service.KindNodePort || s.Frontend.Scope != service.ScopeExternal {
 			continue
 		}
 		for _, b := range s.Backends {

@@ -43,12 +43,16 @@ func TestHealthCheckNodePort(t *testing.T) {
 		return resp.StatusCode, body, nil
 	}
 	svc := &corev1.Service{Spec: corev1.ServiceSpec{ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 31999}}
-	local := []service.Service{{Kind: service.KindNodePort, Backends: []service.Backend{
-		{Addr: netip.MustParseAddr("10.244.0.5"), Port: 80, Local: true}, {Addr: netip.MustParseAddr("10.244.1.5"), Port: 80}}},
-		{Kind: service.KindNodePort, Backends: []service.Backend{{Addr: netip.MustParseAddr("10.244.0.5"), Port: 80, Local: true}}}}
+	// The external scope's records count (ready local endpoints, else
+	// serving terminating local ones); the internal scope's do not.
+	ext := service.Frontend{Scope: service.ScopeExternal}
+	local := []service.Service{{Kind: service.KindNodePort, TwoScopes: true, Backends: []service.Backend{
+		{Addr: netip.MustParseAddr("10.244.0.6"), Port: 80, Local: true}, {Addr: netip.MustParseAddr("10.244.1.5"), Port: 80}}},
+		{Frontend: ext, Kind: service.KindNodePort, Backends: []service.Backend{{Addr: netip.MustParseAddr("10.244.0.5"), Port: 80, Local: true}}},
+		{Frontend: ext, Kind: service.KindNodePort, Backends: []service.Backend{{Addr: netip.MustParseAddr("10.244.0.5"), Port: 80, Local: true}}}}
 	port, n := healthCheckOf(svc, local)
 	if port != 31999 || n != 1 {
-		t.Fatalf("healthCheckOf = %d, %d; want 31999, 1 (one local address over two frontends)", port, n)
+		t.Fatalf("healthCheckOf = %d, %d; want 31999, 1 (one local address over two external-scope frontends)", port, n)
 	}
 	h.set("ns/web", "ns", "web", port, n)
 	code, body, err := get()

@@ -31,8 +31,13 @@ type serviceView struct {
 // replacement mode per node address and node port and per external
 // address and port. Backends are the ready endpoints (else the serving
 // terminating ones) whose slice port has the service port's name and
-// protocol. ExternalName and headless
-// services have none; SCTP ports are skipped (not translated).
+// protocol. internalTrafficPolicy Local keeps a cluster address's to
+// this node's. externalTrafficPolicy Local gives a node port or external
+// address two scopes, as Cilium does: the internal record (every
+// endpoint: the node's own sockets and its pods, kube-proxy's
+// short-circuit) and the external one (this node's endpoints: traffic
+// from outside, which keeps its source address). ExternalName and
+// headless services have none; SCTP ports are skipped (not translated).
 func (v *serviceView) translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) []service.Service {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		return nil
@@ -53,11 +58,19 @@ func (v *serviceView) translate(svc *corev1.Service, slices []*discoveryv1.Endpo
 		if !addr.IsValid() || port == 0 || !ok {
 			return
 		}
+		twoScopes := local && kind != service.KindClusterIP
 		out = append(out, service.Service{
 			Frontend: service.Frontend{Addr: addr, Port: port, Proto: proto},
-			Name:     name, PortName: p.Name, Kind: kind, Affinity: affinity,
-			Backends: v.backends(slices, p, addr.Is4(), local),
+			Name:     name, PortName: p.Name, Kind: kind, Affinity: affinity, TwoScopes: twoScopes,
+			Backends: v.backends(slices, p, addr.Is4(), local && !twoScopes),
 		})
+		if twoScopes {
+			out = append(out, service.Service{
+				Frontend: service.Frontend{Addr: addr, Port: port, Proto: proto, Scope: service.ScopeExternal},
+				Name:     name, PortName: p.Name, Kind: kind, Affinity: affinity,
+				Backends: v.backends(slices, p, addr.Is4(), true),
+			})
+		}
 	}
 	for _, p := range svc.Spec.Ports {
 		for _, ip := range clusterIPs(svc) {

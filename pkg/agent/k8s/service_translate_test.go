@@ -75,14 +75,15 @@ func TestTranslateService(t *testing.T) {
 			"[fd00:96::1]:53/UDP": "ClusterIP:[fd00::1]:5353",
 			"192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080,10.0.0.2:8080",
 		}},
-		{"externalTrafficPolicy Local: the NodePort keeps this node's endpoints", serviceView{node: "n1", nodeAddrs: node, replacement: true},
+		{"externalTrafficPolicy Local: the NodePort's external scope keeps this node's endpoints, its internal one all", serviceView{node: "n1", nodeAddrs: node, replacement: true},
 			func(s *corev1.Service) {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 				s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
 				s.Spec.Ports = s.Spec.Ports[:1]
 			}, map[string]string{
-				"10.96.0.1:80/TCP":    "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
-				"192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080",
+				"10.96.0.1:80/TCP":             "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+				"192.0.2.1:30080/TCP":          "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+				"192.0.2.1:30080/TCP/external": "NodePort:10.0.0.1:8080",
 			}},
 		{"internalTrafficPolicy Local: the cluster IP keeps this node's endpoints", serviceView{node: "n2"},
 			func(s *corev1.Service) {
@@ -188,7 +189,8 @@ func TestTranslateTerminatingFallback(t *testing.T) {
 			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.2:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.2:8080"}},
 		{"local: no local ready, local serving terminating", corev1.ServiceExternalTrafficPolicyLocal,
 			[]discoveryv1.Endpoint{ep("10.0.0.1", "n2", ptr(true)), term("10.0.0.2", "n1", true)},
-			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.1:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.2:8080"}},
+			map[string]string{"10.96.0.1:80/TCP": "ClusterIP:10.0.0.1:8080", "192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080",
+				"192.0.2.1:30080/TCP/external": "NodePort:10.0.0.2:8080"}},
 	} {
 		got := summary(v.translate(svc(tc.etp), []*discoveryv1.EndpointSlice{testSlice(discoveryv1.AddressTypeIPv4, port, tc.eps...)}))
 		if len(got) != len(tc.want) {
@@ -200,5 +202,84 @@ func TestTranslateTerminatingFallback(t *testing.T) {
 				t.Errorf("%s: %s = %q, want %q", tc.name, k, got[k], w)
 			}
 		}
+	}
+}
+
+// TestTranslateTwoScopes: externalTrafficPolicy Local gives each node
+// port and external address two records, the internal one (every
+// endpoint: the node's sockets and pods, kube-proxy's short-circuit;
+// flagged TwoScopes) and the external one (this node's endpoints, none
+// on a node without one: traffic from outside is refused there).
+// internalTrafficPolicy Local trims only the cluster address; Cluster
+// policies keep one record per frontend.
+func TestTranslateTwoScopes(t *testing.T) {
+	port := []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)}}
+	slice := testSlice(discoveryv1.AddressTypeIPv4, port, ep("10.0.0.1", "n1", nil), ep("10.0.0.2", "n2", nil))
+	svc := func(etp corev1.ServiceExternalTrafficPolicy, itp corev1.ServiceInternalTrafficPolicy) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, ClusterIP: "10.96.0.1", ExternalTrafficPolicy: etp, InternalTrafficPolicy: &itp,
+			ExternalIPs: []string{"203.0.113.7"},
+			Ports:       []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}}}
+	}
+	view := func(node string) serviceView {
+		return serviceView{node: node, nodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, replacement: true}
+	}
+	const local, cluster = corev1.ServiceExternalTrafficPolicyLocal, corev1.ServiceExternalTrafficPolicyCluster
+	for _, tc := range []struct {
+		name string
+		node string
+		etp  corev1.ServiceExternalTrafficPolicy
+		itp  corev1.ServiceInternalTrafficPolicy
+		want map[string]string
+	}{
+		{"ETP Local, a node without a local endpoint", "n3", local, corev1.ServiceInternalTrafficPolicyCluster, map[string]string{
+			"10.96.0.1:80/TCP":             "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP":          "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP/external": "NodePort:",
+			"203.0.113.7:80/TCP":           "ExternalIP:10.0.0.1:8080,10.0.0.2:8080",
+			"203.0.113.7:80/TCP/external":  "ExternalIP:",
+		}},
+		{"ETP Local, a node with one", "n2", local, corev1.ServiceInternalTrafficPolicyCluster, map[string]string{
+			"10.96.0.1:80/TCP":             "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP":          "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP/external": "NodePort:10.0.0.2:8080",
+			"203.0.113.7:80/TCP":           "ExternalIP:10.0.0.1:8080,10.0.0.2:8080",
+			"203.0.113.7:80/TCP/external":  "ExternalIP:10.0.0.2:8080",
+		}},
+		{"ETP and ITP Local: only the cluster address is trimmed", "n2", local, corev1.ServiceInternalTrafficPolicyLocal, map[string]string{
+			"10.96.0.1:80/TCP":             "ClusterIP:10.0.0.2:8080",
+			"192.0.2.1:30080/TCP":          "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP/external": "NodePort:10.0.0.2:8080",
+			"203.0.113.7:80/TCP":           "ExternalIP:10.0.0.1:8080,10.0.0.2:8080",
+			"203.0.113.7:80/TCP/external":  "ExternalIP:10.0.0.2:8080",
+		}},
+		{"ETP Cluster: one scope", "n3", cluster, corev1.ServiceInternalTrafficPolicyCluster, map[string]string{
+			"10.96.0.1:80/TCP":    "ClusterIP:10.0.0.1:8080,10.0.0.2:8080",
+			"192.0.2.1:30080/TCP": "NodePort:10.0.0.1:8080,10.0.0.2:8080",
+			"203.0.113.7:80/TCP":  "ExternalIP:10.0.0.1:8080,10.0.0.2:8080",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := view(tc.node)
+			out := v.translate(svc(tc.etp, tc.itp), []*discoveryv1.EndpointSlice{slice})
+			got := summary(out)
+			if len(got) != len(tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			for k, w := range tc.want {
+				if got[k] != w {
+					t.Errorf("%s: got %q, want %q", k, got[k], w)
+				}
+			}
+			for _, s := range out {
+				if err := s.Validate(); err != nil {
+					t.Errorf("%s invalid: %v", s.Frontend, err)
+				}
+				two := tc.etp == local && s.Kind != service.KindClusterIP && s.Frontend.Scope == service.ScopeInternal
+				if s.TwoScopes != two {
+					t.Errorf("%s: TwoScopes %v, want %v", s.Frontend, s.TwoScopes, two)
+				}
+			}
+		})
 	}
 }

@@ -48,19 +48,38 @@ var (
 	ErrNotFound = errors.New("service not found")
 )
 
-// Frontend is what clients connect to: the service's address and port.
+// Scopes of a frontend: which traffic its backends serve.
+const (
+	// ScopeInternal is every frontend's record: the backends of the
+	// node's own sockets and its pods, and of traffic from outside the
+	// node unless the frontend has an external scope too (TwoScopes).
+	ScopeInternal uint8 = 0
+	// ScopeExternal is the second record of a frontend with TwoScopes
+	// (externalTrafficPolicy Local, as Cilium's two scopes): the backends
+	// of traffic arriving from outside the node, only this node's.
+	ScopeExternal uint8 = 1
+)
+
+// Frontend is what clients connect to: the service's address and port,
+// and the scope the record serves.
 type Frontend struct {
 	Addr  netip.Addr
 	Port  uint16
 	Proto uint8
+	Scope uint8
 }
 
-// String is "addr:port/proto" ("[v6]:port/proto").
+// String is "addr:port/proto" ("[v6]:port/proto"), with "/external" for
+// the external scope.
 func (f Frontend) String() string {
-	return netip.AddrPortFrom(f.Addr, f.Port).String() + "/" + ProtoName(f.Proto)
+	s := netip.AddrPortFrom(f.Addr, f.Port).String() + "/" + ProtoName(f.Proto)
+	if f.Scope == ScopeExternal {
+		s += "/external"
+	}
+	return s
 }
 
-// Compare orders frontends by address, port, then protocol.
+// Compare orders frontends by address, port, protocol, then scope.
 func (f Frontend) Compare(o Frontend) int {
 	if c := f.Addr.Compare(o.Addr); c != 0 {
 		return c
@@ -68,7 +87,10 @@ func (f Frontend) Compare(o Frontend) int {
 	if f.Port != o.Port {
 		return int(f.Port) - int(o.Port)
 	}
-	return int(f.Proto) - int(o.Proto)
+	if f.Proto != o.Proto {
+		return int(f.Proto) - int(o.Proto)
+	}
+	return int(f.Scope) - int(o.Scope)
 }
 
 // Backend is one address the frontend translates to.
@@ -100,6 +122,10 @@ type Service struct {
 	// Affinity is the ClientIP session affinity timeout (0: none): a
 	// client's new connections keep the backend it last used.
 	Affinity time.Duration
+	// TwoScopes (an internal-scope NodePort or ExternalIP frontend):
+	// traffic from outside the node uses the frontend's ScopeExternal
+	// record instead of this one, and none while that record is missing.
+	TwoScopes bool
 }
 
 // ProtoName is "TCP", "UDP", "SCTP" or the number.
@@ -139,6 +165,12 @@ func (s *Service) Validate() error {
 	default:
 		return fmt.Errorf("service %s: kind %q: %w", s.Frontend, s.Kind, ErrInvalid)
 	}
+	if (s.TwoScopes || s.Frontend.Scope == ScopeExternal) && s.Kind != KindNodePort && s.Kind != KindExternalIP {
+		return fmt.Errorf("service %s: kind %s has one scope: %w", s.Frontend, s.Kind, ErrInvalid)
+	}
+	if s.TwoScopes && s.Frontend.Scope != ScopeInternal {
+		return fmt.Errorf("service %s: two scopes on the external record: %w", s.Frontend, ErrInvalid)
+	}
 	if len(s.Name) > 253 || len(s.PortName) > 63 {
 		return fmt.Errorf("service %s: name too long: %w", s.Frontend, ErrInvalid)
 	}
@@ -173,6 +205,9 @@ func (f Frontend) Validate() error {
 	if f.Port == 0 {
 		return fmt.Errorf("frontend %s: port 0: %w", f, ErrInvalid)
 	}
+	if f.Scope != ScopeInternal && f.Scope != ScopeExternal {
+		return fmt.Errorf("frontend %s: scope %d: %w", f, f.Scope, ErrInvalid)
+	}
 	switch f.Proto {
 	case TCP, UDP:
 	case SCTP:
@@ -187,5 +222,5 @@ func (f Frontend) Validate() error {
 // Equal reports whether s and o are the same record.
 func (s *Service) Equal(o *Service) bool {
 	return s.Frontend == o.Frontend && s.Name == o.Name && s.PortName == o.PortName && s.Kind == o.Kind &&
-		s.Affinity == o.Affinity && slices.Equal(s.Backends, o.Backends)
+		s.Affinity == o.Affinity && s.TwoScopes == o.TwoScopes && slices.Equal(s.Backends, o.Backends)
 }
