@@ -143,6 +143,9 @@ func appendEndpointRecord(b []byte, e *endpoint.Endpoint, ident *identityView) (
 	if e.Chained {
 		b = append(b, `,"chained":true`...)
 	}
+	if e.PolicyAudit {
+		b = append(b, `,"policy-audit-mode":true`...)
+	}
 	b = append(b, `,"policy-revision":`...)
 	b = strconv.AppendUint(b, e.RealizedRevision, 10)
 	b = append(b, `,"regenerations":`...)

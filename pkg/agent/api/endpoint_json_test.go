@@ -70,7 +70,7 @@ func fullRecord() (*endpoint.Endpoint, *identityView) {
 		Labels: labels.Labels{{Source: "k8s", Key: "app", Value: "web"}, {Source: "k8s", Key: "tier"}},
 		IPv4:   netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"), IfName: "lxc1234", IfIndex: 42,
 		MAC: "00:11:22:33:44:55", HostMAC: "aa:bb:cc:dd:ee:ff", Netns: "/var/run/netns/x", Chained: true, State: endpoint.StateReady,
-		NamedPorts: policy.NamedPorts{{Name: "http", Proto: policy.ProtoTCP, Port: 8080}}, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}}, PolicyAudit: true, // none in the model
+		NamedPorts: policy.NamedPorts{{Name: "http", Proto: policy.ProtoTCP, Port: 8080}}, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}}, PolicyAudit: true,
 		Identity: 256, DesiredRevision: 9, RealizedRevision: 1 << 63, Regenerations: 7, Policy: &policy.MapState{},
 		LastError: "realize: <&> \"quoted\" \\ \n\t\r\b\f\x01\x7f ü \u2028\u2029 \xff\xfe end",
 		Deleting:  endpoint.DeleteOptions{NoIPRelease: true}, Created: t0,

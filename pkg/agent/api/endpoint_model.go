@@ -25,6 +25,7 @@ func endpointModel(e *endpoint.Endpoint, ident *models.Identity) *models.Endpoin
 		HostMac:                e.HostMAC,
 		Netns:                  e.Netns,
 		Chained:                e.Chained,
+		PolicyAuditMode:        e.PolicyAudit,
 		PolicyRevision:         e.RealizedRevision,
 		Regenerations:          e.Regenerations,
 		LastError:              e.LastError,

@@ -84,6 +84,10 @@ type Endpoint struct {
 	// Chained says another CNI plugin made the host interface and the
 	// addresses (chaining): the agent only attaches its programs.
 	Chained bool `json:"chained,omitempty"`
+	// PolicyAuditMode says the endpoint's policy is in audit mode (the
+	// pod annotation policy.membrane.io/audit-mode): what it would drop
+	// passes and is reported.
+	PolicyAuditMode bool `json:"policy-audit-mode,omitempty"`
 	// PolicyRevision is the revision realised by the last completed regeneration.
 	PolicyRevision uint64 `json:"policy-revision"`
 	// Regenerations counts completed regenerations.
