@@ -88,12 +88,27 @@ const oldEndpointInfoSize = 16
 // nothing; the agent attaches the new programs to an interface only
 // after writing its entry with the addresses (realizeBPF).
 func openEndpointsMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
-	var carried map[uint32]bpf.EndpointEndpointInfo
-	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
-		if spec.Compatible(old) != nil && old.KeySize() == 4 && old.ValueSize() == oldEndpointInfoSize {
-			carried, err = oldEndpointEntries(old)
+	return openCarriedMap(spec, path,
+		func(old *ebpf.Map) bool { return old.KeySize() == 4 && old.ValueSize() == oldEndpointInfoSize },
+		oldEndpointEntries,
+		func(k uint32, _ bpf.EndpointEndpointInfo) string {
+			return fmt.Sprintf("endpoints entry of ifindex %d", k)
+		})
+}
+
+// openCarriedMap opens the shared map pinned at path like openSharedMap;
+// when the pinned map is of an earlier layout (incompatible with spec
+// and old says it is that layout), read's entries are carried over into
+// the new map (not replacing entries already there). what names an
+// entry in errors.
+func openCarriedMap[K comparable, V any](spec *ebpf.MapSpec, path string, old func(*ebpf.Map) bool,
+	read func(*ebpf.Map) (map[K]V, error), what func(K, V) string) (*ebpf.Map, error) {
+	var carried map[K]V
+	if pinned, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		if spec.Compatible(pinned) != nil && old(pinned) {
+			carried, err = read(pinned)
 		}
-		old.Close()
+		pinned.Close()
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +120,7 @@ func openEndpointsMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
 	var errs []error
 	for k, v := range carried {
 		if err := m.Update(k, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			errs = append(errs, fmt.Errorf("carry endpoints entry of ifindex %d over: %w", k, err))
+			errs = append(errs, fmt.Errorf("carry %s over: %w", what(k, v), err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

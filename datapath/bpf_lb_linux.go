@@ -74,31 +74,12 @@ const oldLBKeySize = 20
 // agent's IDs again, so the connections it translated (lb_ct, lb_nat,
 // whose entries name the ID) keep their backends across the upgrade.
 func openFrontendsMap(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
-	var carried map[bpf.EndpointLbKey]bpf.EndpointLbService
-	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
-		if spec.Compatible(old) != nil && old.KeySize() == oldLBKeySize && old.ValueSize() == spec.ValueSize {
-			carried, err = oldFrontendEntries(old)
-		}
-		old.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	m, err := openSharedMap(spec, path)
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
-	for k, v := range carried {
-		if err := m.Update(k, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			errs = append(errs, fmt.Errorf("carry lb_frontends entry of service %d over: %w", v.Id, err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		m.Close()
-		return nil, err
-	}
-	return m, nil
+	return openCarriedMap(spec, path,
+		func(old *ebpf.Map) bool { return old.KeySize() == oldLBKeySize && old.ValueSize() == spec.ValueSize },
+		oldFrontendEntries,
+		func(_ bpf.EndpointLbKey, v bpf.EndpointLbService) string {
+			return fmt.Sprintf("lb_frontends entry of service %d", v.Id)
+		})
 }
 
 // oldFrontendEntries reads an lb_frontends map of the layout before the
