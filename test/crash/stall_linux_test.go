@@ -275,3 +275,175 @@ func queued(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+// starveQuota is TestAgentCPUStarved's CPU limit: 5 ms per 100 ms
+// period (5% of one CPU), as the issue asks.
+const starveQuota, starvePeriod = 5000, 100000
+
+// starveAgentTimeout is the plugin's agentTimeout in TestAgentCPUStarved.
+const starveAgentTimeout = "10s"
+
+// TestAgentCPUStarved: the agent process (linux datapath) is moved into
+// a cgroup of its own limited to 5% of a CPU (cgroup v2 cpu.max where
+// the unified hierarchy has the cpu controller, else v1
+// cpu.cfs_quota_us). While starved, an ADD through the plugin either
+// succeeds or fails with 100 naming the agent, within agentTimeout; a
+// DEL succeeds (done or queued). After the limit is lifted everything
+// converges: the queue drains, the deleted pod's endpoint and address
+// are gone, the other endpoints are unchanged, a new ADD works and the
+// probe passes.
+func TestAgentCPUStarved(t *testing.T) {
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-starve", IPv4Range: "10.248.0.0/24", Network: "crash-starve",
+		MTU: 1400, OwnBPFFS: true, AgentTimeout: starveAgentTimeout})
+	ap := &agentProc{Node: n, Proc: n.Process("--teardown-delay", "100ms")}
+	ap.Start()
+	c := client.New(ap.Socket)
+	checkHealth(t, c, ap.NS, "")
+	n.AddPod("keep")
+	victim := n.NewPod("victim")
+	n.MustAdd(victim)
+	before := endpointSnapshot(t, c)
+
+	unlimit := limitCPU(t, ap.Pid())
+	t.Logf("agent %d limited to %d/%d us of CPU", ap.Pid(), starveQuota, starvePeriod)
+	late := n.NewPod("late")
+	start := time.Now()
+	_, addErr := n.Add(late)
+	t.Logf("ADD while starved: %v after %v", addErr, time.Since(start).Round(time.Millisecond))
+	if addErr != nil && (nodeharness.Code(addErr) != 100 || !strings.Contains(addErr.Error(), "agent unreachable")) {
+		t.Errorf("ADD while starved: code %d, %v; want success or 100 naming the unreachable agent", nodeharness.Code(addErr), addErr)
+	}
+	start = time.Now()
+	if err := n.Del(victim); err != nil {
+		t.Errorf("DEL while starved: %v", err)
+	}
+	t.Logf("DEL while starved: done after %v, %d queued", time.Since(start).Round(time.Millisecond), len(queued(t, n.DeleteQueue)))
+	start = time.Now()
+	out, err := exec.Command(nodeharness.Bin("membranectl"), "--socket", ap.Socket, "--timeout", probeTimeout, "status").CombinedOutput()
+	t.Logf("liveness probe while starved: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	if err != nil && !strings.Contains(string(out), "deadline exceeded") {
+		t.Errorf("liveness probe while starved failed otherwise than by its timeout: %v: %s", err, out)
+	}
+	if st, err := os.ReadFile(cgroupOf(t, ap.Pid()) + "/cpu.stat"); err == nil {
+		t.Logf("agent's cgroup while starved: %s", strings.Join(strings.Fields(string(st)), " "))
+	}
+	unlimit()
+
+	testutil.EventuallyErr(t, "the delete queue drained", func() error {
+		if q := queued(t, n.DeleteQueue); len(q) != 0 {
+			return fmt.Errorf("queued: %v", q)
+		}
+		return nil
+	})
+	if err := victim.NS.Remove(); err != nil {
+		t.Errorf("remove victim netns: %v", err)
+	}
+	if addErr != nil {
+		if err := n.Del(late); err != nil {
+			t.Errorf("DEL after the failed ADD: %v", err)
+		}
+		n.MustAdd(late)
+	}
+	n.DelAtCleanup(late)
+	after := endpointSnapshot(t, c)
+	if _, ok := after[late.RT.ContainerID]; !ok {
+		t.Errorf("no endpoint for the pod added while starved: %v", after)
+	}
+	delete(after, late.RT.ContainerID)
+	want := maps.Clone(before)
+	delete(want, victim.RT.ContainerID)
+	if fmt.Sprint(after) != fmt.Sprint(want) {
+		t.Errorf("endpoints after starvation:\n%v\nwant:\n%v", after, want)
+	}
+	if alloc := allocated(t, c); slices.Contains(alloc, victim.IPv4.String()) {
+		t.Errorf("the deleted pod's address %s is still allocated: %v", victim.IPv4, alloc)
+	}
+	checkHealth(t, c, ap.NS, "")
+	if out, err := exec.Command(nodeharness.Bin("membranectl"), "--socket", ap.Socket, "--timeout", probeTimeout, "status").CombinedOutput(); err != nil {
+		t.Errorf("liveness probe after starvation: %v: %s", err, out)
+	}
+}
+
+// limitCPU moves pid (the test's own agent) into a new cgroup limited to
+// starveQuota per starvePeriod and returns the function that moves it
+// back to its cgroup and removes the new one (also run at cleanup).
+func limitCPU(t *testing.T, pid int) func() {
+	t.Helper()
+	name := "membrane-test-starve-" + testutil.RandomSuffix(8)
+	var root, limit, val string
+	if ctrl, err := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control"); err == nil && slices.Contains(strings.Fields(string(ctrl)), "cpu") {
+		root, limit, val = "/sys/fs/cgroup", "cpu.max", fmt.Sprintf("%d %d", starveQuota, starvePeriod)
+	} else if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"); err == nil {
+		root, limit, val = "/sys/fs/cgroup/cpu", "cpu.cfs_quota_us", strconv.Itoa(starveQuota)
+	} else if testutil.InCI() {
+		t.Fatal("no cgroup cpu controller (v2 cpu.max or v1 cpu.cfs_quota_us) and CI is set")
+	} else {
+		t.Skip("no cgroup cpu controller")
+	}
+	// The agent's own cgroup in that hierarchy, to move it back to.
+	orig := root
+	self, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(self)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && ((limit == "cpu.max" && parts[0] == "0") || slices.Contains(strings.Split(parts[1], ","), "cpu")) {
+			orig = root + parts[2]
+		}
+	}
+	dir := orig + "/" + name
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("cgroup: %v", err)
+	}
+	done := false
+	undo := func() {
+		if done {
+			return
+		}
+		done = true
+		if err := os.WriteFile(orig+"/cgroup.procs", []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("move agent back to %s: %v", orig, err)
+		}
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+		}
+	}
+	t.Cleanup(undo)
+	if limit == "cpu.cfs_quota_us" {
+		if err := os.WriteFile(dir+"/cpu.cfs_period_us", []byte(strconv.Itoa(starvePeriod)), 0); err != nil {
+			t.Fatalf("cgroup period: %v", err)
+		}
+	}
+	if err := os.WriteFile(dir+"/"+limit, []byte(val), 0); err != nil {
+		t.Fatalf("cgroup %s: %v", limit, err)
+	}
+	// cgroup.procs moves every thread of the process (v1 and v2).
+	if err := os.WriteFile(dir+"/cgroup.procs", []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatalf("move agent into %s: %v", dir, err)
+	}
+	return undo
+}
+
+// cgroupOf is the directory of pid's cpu cgroup (v1 or v2).
+func cgroupOf(t *testing.T, pid int) string {
+	t.Helper()
+	self, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2 := ""
+	for _, line := range strings.Split(strings.TrimSpace(string(self)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return "/sys/fs/cgroup/cpu" + parts[2]
+		}
+		if parts[0] == "0" {
+			v2 = "/sys/fs/cgroup" + parts[2]
+		}
+	}
+	return v2
+}
