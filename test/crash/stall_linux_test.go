@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -281,7 +282,12 @@ func queued(t *testing.T, dir string) []string {
 const starveQuota, starvePeriod = 5000, 100000
 
 // starveAgentTimeout is the plugin's agentTimeout in TestAgentCPUStarved.
-const starveAgentTimeout = "10s"
+// Short, with starveBurst concurrent ADDs, so that some may meet it.
+const starveAgentTimeout = "2s"
+
+// starveBurst is how many ADDs TestAgentCPUStarved makes at once while
+// the agent is starved.
+const starveBurst = 8
 
 // TestAgentCPUStarved: the agent process (linux datapath) is moved into
 // a cgroup of its own limited to 5% of a CPU (cgroup v2 cpu.max where
@@ -306,13 +312,31 @@ func TestAgentCPUStarved(t *testing.T) {
 
 	unlimit := limitCPU(t, ap.Pid())
 	t.Logf("agent %d limited to %d/%d us of CPU", ap.Pid(), starveQuota, starvePeriod)
-	late := n.NewPod("late")
+	late := make([]*nodeharness.Pod, starveBurst)
+	addErrs := make([]error, starveBurst)
+	var wg sync.WaitGroup
 	start := time.Now()
-	_, addErr := n.Add(late)
-	t.Logf("ADD while starved: %v after %v", addErr, time.Since(start).Round(time.Millisecond))
-	if addErr != nil && (nodeharness.Code(addErr) != 100 || !strings.Contains(addErr.Error(), "agent unreachable")) {
-		t.Errorf("ADD while starved: code %d, %v; want success or 100 naming the unreachable agent", nodeharness.Code(addErr), addErr)
+	for i := range late {
+		late[i] = n.NewPod(fmt.Sprintf("late-%d", i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, addErrs[i] = n.Add(late[i])
+		}()
 	}
+	wg.Wait()
+	failed := 0
+	for i, err := range addErrs {
+		if err == nil {
+			continue
+		}
+		failed++
+		if nodeharness.Code(err) != 100 || !strings.Contains(err.Error(), "agent unreachable") {
+			t.Errorf("ADD %d while starved: code %d, %v; want success or 100 naming the unreachable agent", i, nodeharness.Code(err), err)
+		}
+	}
+	t.Logf("%d ADDs at once while starved: %d failed (agentTimeout %s), all done after %v; first error: %v", starveBurst, failed,
+		starveAgentTimeout, time.Since(start).Round(time.Millisecond), errors.Join(addErrs...))
 	start = time.Now()
 	if err := n.Del(victim); err != nil {
 		t.Errorf("DEL while starved: %v", err)
@@ -338,18 +362,23 @@ func TestAgentCPUStarved(t *testing.T) {
 	if err := victim.NS.Remove(); err != nil {
 		t.Errorf("remove victim netns: %v", err)
 	}
-	if addErr != nil {
-		if err := n.Del(late); err != nil {
-			t.Errorf("DEL after the failed ADD: %v", err)
+	for i, p := range late {
+		if addErrs[i] != nil {
+			// The runtime's DEL after a failed ADD, then its retry.
+			if err := n.Del(p); err != nil {
+				t.Errorf("DEL after the failed ADD: %v", err)
+			}
+			n.MustAdd(p)
 		}
-		n.MustAdd(late)
+		n.DelAtCleanup(p)
 	}
-	n.DelAtCleanup(late)
 	after := endpointSnapshot(t, c)
-	if _, ok := after[late.RT.ContainerID]; !ok {
-		t.Errorf("no endpoint for the pod added while starved: %v", after)
+	for _, p := range late {
+		if _, ok := after[p.RT.ContainerID]; !ok {
+			t.Errorf("no endpoint for %s: %v", p, after)
+		}
+		delete(after, p.RT.ContainerID)
 	}
-	delete(after, late.RT.ContainerID)
 	want := maps.Clone(before)
 	delete(want, victim.RT.ContainerID)
 	if fmt.Sprint(after) != fmt.Sprint(want) {
