@@ -7,4 +7,4 @@ import (
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-agent")) }
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-agent", "membranectl")) }

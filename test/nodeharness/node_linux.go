@@ -44,6 +44,9 @@ type Options struct {
 	Network string
 	// MTU is the conflist's mtu (0: the plugin's default).
 	MTU int
+	// AgentTimeout is the conflist's agentTimeout ("": the plugin's
+	// default, a minute).
+	AgentTimeout string
 	// OwnBPFFS mounts a bpffs instance of the node's own at Dir/bpffs,
 	// so that no pin of the node meets another's (a machine of its own);
 	// false: a fresh directory on the machine's bpffs.
@@ -193,6 +196,9 @@ func (n *Node) Conflist(v string) *libcni.NetworkConfigList {
 	mtu := ""
 	if n.opts.MTU != 0 {
 		mtu = fmt.Sprintf(`,"mtu":%d`, n.opts.MTU)
+	}
+	if n.opts.AgentTimeout != "" {
+		mtu += fmt.Sprintf(`,"agentTimeout":%q`, n.opts.AgentTimeout)
 	}
 	raw := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q%s}]}`,
 		v, n.Network, n.Socket, n.DeleteQueue, mtu)

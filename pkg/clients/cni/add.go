@@ -42,7 +42,7 @@ func cmdAdd(args *skel.CmdArgs) (retErr error) {
 	if _, err := os.Stat(args.Netns); err != nil {
 		return newError(CodeNetns, "open netns %s: %v", args.Netns, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.timeout)
 	defer cancel()
 	pt.mark("parse")
 

@@ -44,7 +44,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err := checkPod(p, args.IfName, prev); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.timeout)
 	defer cancel()
 	err = c.client.endpointHealth(ctx, attachmentRef(args.ContainerID, args.IfName))
 	var ae *apiError

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -34,6 +35,12 @@ type NetConf struct {
 	MTU int `json:"mtu,omitempty"`
 	// DeleteQueueDir holds DELs the agent could not take.
 	DeleteQueueDir string `json:"deleteQueueDir,omitempty"`
+	// AgentTimeout bounds one call's wait for the agent (a Go duration,
+	// "1s".."10m"; empty means DefaultAgentTimeout). A stalled agent
+	// fails ADD with CodeAgentUnreachable and gets DEL queued after it.
+	AgentTimeout string `json:"agentTimeout,omitempty"`
+	// timeout is AgentTimeout parsed.
+	timeout time.Duration
 	// RuntimeConfig holds what the runtime passes for the capabilities
 	// the conflist declares: portMappings (the pod's hostPorts).
 	RuntimeConfig struct {
@@ -99,6 +106,14 @@ func (c *NetConf) validate() error {
 	if !filepath.IsAbs(c.DeleteQueueDir) || filepath.Clean(c.DeleteQueueDir) == "/" {
 		return configError("deleteQueueDir", "%q: want an absolute path other than /", c.DeleteQueueDir)
 	}
+	c.timeout = DefaultAgentTimeout
+	if c.AgentTimeout != "" {
+		d, err := time.ParseDuration(c.AgentTimeout)
+		if err != nil || d < time.Second || d > 10*time.Minute {
+			return configError("agentTimeout", "%q: want a duration of 1s..10m", c.AgentTimeout)
+		}
+		c.timeout = d
+	}
 	if c.MTU == 0 {
 		c.MTU = DefaultMTU
 	}
@@ -158,6 +173,10 @@ func lenientConfig(data []byte) *NetConf {
 	}
 	if !filepath.IsAbs(conf.DeleteQueueDir) || filepath.Clean(conf.DeleteQueueDir) == "/" {
 		conf.DeleteQueueDir = DefaultDeleteQueueDir
+	}
+	conf.timeout = DefaultAgentTimeout
+	if d, err := time.ParseDuration(conf.AgentTimeout); err == nil && d >= time.Second && d <= 10*time.Minute {
+		conf.timeout = d
 	}
 	return conf
 }

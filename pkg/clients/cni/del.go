@@ -39,7 +39,7 @@ func cmdDel(args *skel.CmdArgs) (retErr error) {
 		warnf("DEL %s: CNI_IFNAME %q is not an interface name; nothing to delete", args.ContainerID, args.IfName)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.timeout)
 	defer cancel()
 	err := retryStarting(ctx, func() error {
 		return c.client.endpointDeleteAttachment(ctx, args.ContainerID, args.IfName)

@@ -19,8 +19,10 @@ import (
 // Timeouts of one CNI call. kubelet's own deadline is minutes; these keep
 // a hung agent from holding the runtime much longer than an ADD takes.
 const (
-	callTimeout     = 60 * time.Second
-	rollbackTimeout = 15 * time.Second
+	// DefaultAgentTimeout is a call's wait for the agent unless the
+	// config's agentTimeout says otherwise (NetConf.AgentTimeout).
+	DefaultAgentTimeout = 60 * time.Second
+	rollbackTimeout     = 15 * time.Second
 	// startingWait is how long a call waits for an agent that answers
 	// "starting" (restoring, draining the delete queue) before giving up.
 	startingWait = 5 * time.Second
@@ -136,6 +138,8 @@ func agentError(op string, err error) *types.Error {
 		return newError(CodeKernel, "%s: %v", op, err)
 	case unreachable(err):
 		return newError(CodeAgentUnreachable, "%s: agent unreachable: %v", op, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return newError(CodeAgentUnreachable, "%s: agent unreachable: no answer within the call's timeout (agentTimeout; the agent is stalled or overloaded): %v", op, err)
 	}
 	return newError(CodeAgentError, "%s: %v", op, err)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
@@ -18,7 +19,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 		return err
 	}
 	defer c.client.close()
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.timeout)
 	defer cancel()
 	st, err := c.client.status(ctx)
 	if err != nil {
@@ -48,7 +49,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	for _, a := range c.conf.ValidAttachments {
 		valid = append(valid, models.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.timeout)
 	defer cancel()
 	err = retryStarting(ctx, func() error { return c.client.gc(ctx, valid) })
 	if unreachable(err) {
