@@ -47,7 +47,7 @@ type hostFWNode struct {
 // probeTimeout bounds a connection attempt that policy may drop.
 const hostProbeTimeout = 2 * time.Second
 
-func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, name string, nodeLabels map[string]string, podRange, subnet string) *hostFWNode {
+func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, name string, nodeLabels map[string]string, podRange, subnet string, extra ...string) *hostFWNode {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: nodeLabels}}, metav1.CreateOptions{}); err != nil {
@@ -109,9 +109,10 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 	if err := clientcmd.WriteToFile(*kc, kcPath); err != nil {
 		t.Fatal(err)
 	}
-	p := h.node.Process("--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
+	args := []string{"--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
 		"--identity-allocation-mode", "local", "--enable-health=false", "--routing", "native", "--masquerade=false",
-		"--k8s-probe-interval", "1s")
+		"--k8s-probe-interval", "1s"}
+	p := h.node.Process(append(args, extra...)...)
 	p.Start()
 	h.c = h.node.Client()
 	return h
@@ -321,4 +322,64 @@ spec:
 	deletePolicy(t, env, "hostfw-deny-all")
 	h.waitReach(t, "policy deleted (seen through the API server connection): access restored", map[int]bool{7001: true})
 	testutil.Eventually(t, "the node reaches the outside again", func() bool { return h.reachOut(7003) })
+}
+
+const hostDenyOutside = `apiVersion: membrane.io/v2
+kind: MembraneClusterwideNetworkPolicy
+metadata: {name: hostfw-no-outside}
+spec:
+  nodeSelector: {}
+  ingress: []
+  egress: []
+`
+
+const podAllowOutside = `apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: pod-to-outside, namespace: default}
+spec:
+  endpointSelector: {}
+  egress:
+  - toCIDR: [%s/24]
+`
+
+// TestHostPolicyMasquerade: with masquerading on, a pod's traffic to the
+// outside leaves through the node's device with the node's address as
+// source (nftables SNAT before the device's egress program). A host
+// policy denying the outside drops the node's own connection but not
+// the pod's, which its own egress policy allows; the pod's replies pass
+// the device's ingress although the host policy denies all ingress.
+func TestHostPolicyMasquerade(t *testing.T) {
+	testutil.RequireRoot(t)
+	env := kubetest.StartOwn(t)
+	env.InstallCRDs(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHostFWNode(t, env, cs, "hostfw-c", map[string]string{"role": "any"}, "10.236.3.0/24", "192.168.238",
+		"--masquerade=true", "--cluster-cidr", "10.236.0.0/16")
+	testutil.EchoServer(t, h.outside, h.out, 7004)
+	pod := h.node.AddPod("masq")
+	podReachOut := func() bool { return testutil.Exchange(pod.NS, h.out, 7004, hostProbeTimeout) == nil }
+	testutil.Eventually(t, "no policy: the node reaches the outside", func() bool { return h.reachOut(7004) })
+	testutil.Eventually(t, "no policy: the pod reaches the outside", podReachOut)
+
+	subnet := netip.PrefixFrom(h.out, 24).Masked().Addr()
+	applyPolicy(t, env, fmt.Sprintf(podAllowOutside, subnet))
+	applyPolicy(t, env, hostDenyOutside)
+	testutil.Eventually(t, "host denies all: the node reaches nothing outside", func() bool { return !h.reachOut(7004) })
+	if n := h.hostDrops(t, datapath.DropPolicy, "egress"); n == 0 {
+		t.Errorf("no %s egress drops counted under the host endpoint", datapath.DropPolicy)
+	}
+	// The pod's egress policy decides on its masqueraded traffic, and
+	// its replies pass the host's ingress. Several connections: each a
+	// new masqueraded flow through the device.
+	for i := range 3 {
+		if err := testutil.Exchange(pod.NS, h.out, 7004, hostProbeTimeout); err != nil {
+			t.Fatalf("pod -> outside (masqueraded) #%d under a host policy denying the outside: %v", i, err)
+		}
+	}
+	if h.reachOut(7004) {
+		t.Error("the node reaches the outside again after the pod's connections")
+	}
 }
