@@ -27,6 +27,10 @@ import (
 // a mutex (the pool runs operations of different endpoints concurrently).
 type Linux struct {
 	cfg LinuxConfig
+	// hostSafeMu guards hostSafeExtra: the safety net's peers from the
+	// API server's EndpointSlice (SetHostSafePeers).
+	hostSafeMu    sync.Mutex
+	hostSafeExtra []netip.AddrPort
 	log *slog.Logger
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
