@@ -27,14 +27,15 @@ import (
 // a mutex (the pool runs operations of different endpoints concurrently).
 type Linux struct {
 	cfg LinuxConfig
-	// hostSafeMu guards hostSafeExtra: the safety net's peers from the
-	// API server's EndpointSlice (SetHostSafePeers).
-	hostSafeMu    sync.Mutex
-	hostSafeExtra []netip.AddrPort
 	log *slog.Logger
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 	bpf *bpfState       // set by Init, closed by Close (with nl)
+
+	// hostSafeMu guards hostSafeExtra: the safety net's peers from the
+	// API server's EndpointSlice (SetHostSafePeers).
+	hostSafeMu    sync.Mutex
+	hostSafeExtra []netip.AddrPort
 
 	// devconf reads host veths' sysctls by netlink (hostSysctlsHold) in
 	// a host netns other than the agent's (nil in the agent's own);
