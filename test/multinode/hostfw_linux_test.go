@@ -2,6 +2,7 @@ package multinode
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"maps"
@@ -15,14 +16,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -299,6 +303,25 @@ func TestHostPolicySafetyNet(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHostFWNode(t, env, cs, "hostfw-b", map[string]string{"role": "any"}, "10.236.2.0/24", "192.168.237")
+	// The safety net follows the API server's own EndpointSlice
+	// (default/kubernetes; this API server writes none, the test does).
+	tcp := corev1.ProtocolTCP
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kubernetes"},
+		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"192.0.2.50"}}},
+		Ports: []discoveryv1.EndpointPort{{Port: ptrTo[int32](6443), Protocol: &tcp}}}
+	if sl, err = cs.DiscoveryV1().EndpointSlices("default").Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.DiscoveryV1().EndpointSlices("default").Delete(context.Background(), "kubernetes", metav1.DeleteOptions{})
+	})
+	h.waitSafe(t, "the API server's EndpointSlice", []string{"192.0.2.50:6443"}, nil)
+	sl.Endpoints[0].Addresses = []string{"192.0.2.51"}
+	sl.Ports[0].Port = ptrTo[int32](7443)
+	if _, err = cs.DiscoveryV1().EndpointSlices("default").Update(context.Background(), sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitSafe(t, "the API server's EndpointSlice changed", []string{"192.0.2.51:7443"}, []string{"192.0.2.50:6443"})
 	testutil.EchoServer(t, h.node.NS, h.addr, 7001)
 	testutil.EchoServer(t, h.outside, h.out, 7003)
 	h.waitReach(t, "no host policy", map[int]bool{7001: true})
@@ -382,4 +405,55 @@ func TestHostPolicyMasquerade(t *testing.T) {
 	if h.reachOut(7004) {
 		t.Error("the node reaches the outside again after the pod's connections")
 	}
+}
+
+// hostSafePeers reads the pinned host_safe map as "addr:port" strings.
+func hostSafePeers(pin string) ([]string, error) {
+	m, err := ebpf.LoadPinnedMap(pin, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var out []string
+	var k bpf.EndpointHostSafeKey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		var b [16]byte
+		for i, w := range k.Addr {
+			binary.NativeEndian.PutUint32(b[4*i:], w)
+		}
+		a := netip.AddrFrom16(b)
+		if k.Family == 4 {
+			a = netip.AddrFrom4([4]byte(b[:4]))
+		}
+		port := k.Port>>8 | k.Port<<8 // network byte order
+		out = append(out, netip.AddrPortFrom(a, port).String())
+	}
+	return out, it.Err()
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// waitSafe waits until the node's host_safe map holds each of want and
+// none of gone ("addr:port").
+func (h *hostFWNode) waitSafe(t *testing.T, what string, want, gone []string) {
+	t.Helper()
+	testutil.EventuallyErr(t, "host_safe follows "+what, func() error {
+		have, err := hostSafePeers(filepath.Join(h.node.BPFFS, "host_safe"))
+		if err != nil {
+			return err
+		}
+		for _, p := range want {
+			if !slices.Contains(have, p) {
+				return fmt.Errorf("host_safe holds %v, not %s", have, p)
+			}
+		}
+		for _, p := range gone {
+			if slices.Contains(have, p) {
+				return fmt.Errorf("host_safe holds %v, still %s", have, p)
+			}
+		}
+		return nil
+	})
 }
