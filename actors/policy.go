@@ -147,6 +147,9 @@ func (a *policyActor) Receive(ctx actor.Context) {
 		a.apply(ctx, a.repo.SetEndpointPortsBatch(msg.Set))
 	case *messages.PolicyHostLabels:
 		a.hostLabelsChanged(ctx)
+	case *messages.PolicyHostSafePeers:
+		a.host.safe, a.host.safeSet = msg.Peers, true
+		a.syncHostSafe(ctx)
 	case *messages.PolicyServiceSet:
 		// Kept in the index too: a restarted incarnation sets them again
 		// (rebuild); the service watcher sends a Service only when it

@@ -2,6 +2,8 @@ package actors
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -30,6 +32,49 @@ type hostState struct {
 	// done and have: the last write succeeded with have.
 	done bool
 	have *policy.MapState
+
+	// safe: the safety net's peers from the API server's EndpointSlice
+	// (safeSet: some arrived); written through the pool like the
+	// policy, one write in flight (safeBusy), a change meanwhile or a
+	// failure written again (safeDirty).
+	safe                         []netip.AddrPort
+	safeSet, safeBusy, safeDirty bool
+}
+
+// SetKubeAPIServerPeers gives the host firewall's safety net the API
+// server's addresses and TCP ports (its own EndpointSlice,
+// default/kubernetes). It does not wait.
+func (s *System) SetKubeAPIServerPeers(peers []netip.AddrPort) {
+	s.Actors.Root.Send(s.deps.policy, &messages.PolicyHostSafePeers{Peers: slices.Clone(peers)})
+}
+
+// syncHostSafe writes the safety net's peers to the datapath unless a
+// write is in flight (then the next write carries them).
+func (a *policyActor) syncHostSafe(ctx actor.Context) {
+	hp, ok := a.deps.dp.(datapath.HostPolicyDatapath)
+	if !ok || !hp.HostFirewall() || !a.host.safeSet {
+		return
+	}
+	if a.host.safeBusy {
+		a.host.safeDirty = true
+		return
+	}
+	peers := a.host.safe
+	a.host.safeBusy, a.host.safeDirty = true, false
+	work := &messages.DatapathWork{Op: "host-safe-peers", Run: func(c context.Context) (any, error) {
+		return nil, hp.SetHostSafePeers(c, peers)
+	}}
+	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
+		a.host.safeBusy = false
+		if err != nil {
+			a.log.Error("host firewall safety net peers not written; retried with the next change", "err", err)
+			return
+		}
+		a.log.Info("host firewall safety net: API server peers", "peers", peers)
+		if a.host.safeDirty {
+			a.syncHostSafe(ctx)
+		}
+	})
 }
 
 // SetHostLabels gives the host identity the node's labels (its Node

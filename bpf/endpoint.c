@@ -740,6 +740,9 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
 static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
 {
 	if (dir == DIR_EGRESS) {
+		/* Decided by the pod's egress policy: not the host's
+		 * (to_netdev, after masquerade). */
+		skb->mark = MARK_FROM_ENDPOINT_MAGIC;
 		if (lb_nodeport_reply(p))
 			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
 		return TC_ACT_OK;
@@ -1003,7 +1006,7 @@ int from_netdev(struct __sk_buff *skb)
 	case LB_PASS:
 		/* Not a NodePort flow: the host firewall decides on traffic
 		 * to the node's own addresses (hostfw.h). */
-		return host_verdict(skb, &p, DIR_INGRESS);
+		return host_verdict(skb, &p, DIR_INGRESS, 0);
 	case LB_REDIRECT:
 		r = lb_fib_redirect(skb, &p);
 		return r < 0 ? drop(skb, &p, DIR_INGRESS, DROP_NO_ROUTE, 0) : r;
@@ -1018,7 +1021,10 @@ int from_netdev(struct __sk_buff *skb)
 /* to_netdev runs at egress of the node's devices with the host firewall
  * on (hostfw.h): the host's own packets (its address as source) are
  * checked against the host endpoint's egress policy and their
- * connections recorded, so that the replies pass from_netdev. */
+ * connections recorded, so that the replies pass from_netdev. A pod's
+ * packet masqueraded to the node's address (marked
+ * MARK_FROM_ENDPOINT_MAGIC by from_container) is only recorded: the
+ * pod's egress policy decided on it. */
 SEC("tc")
 int to_netdev(struct __sk_buff *skb)
 {
@@ -1026,7 +1032,8 @@ int to_netdev(struct __sk_buff *skb)
 
 	if (parse(skb, &p) != PARSE_OK)
 		return TC_ACT_OK;
-	return host_verdict(skb, &p, DIR_EGRESS);
+	return host_verdict(skb, &p, DIR_EGRESS,
+			    (skb->mark & MARK_MAGIC_MASK) == MARK_FROM_ENDPOINT_MAGIC);
 }
 
 /* nodeport_reply: a local backend's reply to a NodePort client from

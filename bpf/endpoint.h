@@ -177,6 +177,16 @@ struct tunnel_value {
  * it on the packets it hairpins to from_container (see endpoint.c). */
 #define MARK_TO_PROXY_MAGIC 0x4f
 
+/* MARK_FROM_ENDPOINT_MAGIC in the low byte (upper bits 0): a packet
+ * from_container let out of a pod (lb_out), whose verdict the pod's
+ * egress policy made. The mark survives the host's forwarding and
+ * nftables' masquerade; to_netdev (hostfw.h) leaves such a packet to that
+ * verdict instead of the host's egress policy, which would otherwise
+ * apply to pod traffic masqueraded to the node's address. Pods cannot
+ * forge it (the veth clears skb->mark); host processes with
+ * CAP_NET_ADMIN can (SO_MARK), as they can unload the programs. */
+#define MARK_FROM_ENDPOINT_MAGIC 0x50
+
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
  * prefixes (and zero fields): L3-only (identity and dir) is

@@ -19,7 +19,9 @@
  *   2. a reply of a connection the host saw first in the other direction
  *      (conntrack, endpoint 0) passes; to_netdev records every connection
  *      the host opens, so replies to them pass ingress whatever the
- *      policy;
+ *      policy; a pod's packet masqueraded to the node's address
+ *      (MARK_FROM_ENDPOINT_MAGIC, set by from_container) is recorded and
+ *      passes: the pod's egress policy decided on it;
  *   3. if dir is enforced, the safety net (host_safe_net) passes what no
  *      host policy may drop; else the policy map and CIDR map decide as
  *      for a pod (deny entries first), dropping with DROP_POLICY or
@@ -96,8 +98,11 @@ static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
 }
 
 /* host_verdict decides on p at a device in direction dir of the host
- * endpoint (see the header comment). */
-static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 dir)
+ * endpoint (see the header comment). forwarded: an egress packet a pod's
+ * program let out (MARK_FROM_ENDPOINT_MAGIC), masqueraded to the node's
+ * address: no host verdict, only its connection recorded, so that its
+ * replies pass ingress whatever the host's ingress policy. */
+static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 dir, int forwarded)
 {
 	__u32 key = HOST_EP_KEY, slot, peer;
 	struct endpoint_info *ep;
@@ -123,6 +128,8 @@ static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 di
 	now = bpf_ktime_get_ns();
 	if (!p->frag && ct_is_reply(p, dir, now))
 		return TC_ACT_OK;
+	if (forwarded)
+		goto pass;
 	if (enforced(pol, dir)) {
 		peer = peer_identity(p, dir);
 		if (host_safe_net(p, dir, peer))

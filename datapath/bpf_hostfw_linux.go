@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -53,7 +54,7 @@ func (l *Linux) attachHostFirewall(b *bpfState, devs []string, kpr bool) error {
 			return fmt.Errorf("install nodeport_reply: %w", err)
 		}
 	}
-	if err := writeSafePeers(b.maps.hostSafe, l.cfg.HostFirewall.SafePeers); err != nil {
+	if err := writeSafePeers(b.maps.hostSafe, l.safePeers(nil)); err != nil {
 		return err
 	}
 	// Egress first: the connections the host opens from now on are
@@ -88,6 +89,33 @@ func (l *Linux) detachHostFirewall(b *bpfState) error {
 		return fmt.Errorf("host firewall off: delete the host endpoint's entry: %w", err)
 	}
 	return nil
+}
+
+// safePeers is what host_safe holds: the configured peers and the
+// latest SetHostSafePeers' (set: replaced by *set first).
+func (l *Linux) safePeers(set *[]netip.AddrPort) []netip.AddrPort {
+	l.hostSafeMu.Lock()
+	defer l.hostSafeMu.Unlock()
+	if set != nil {
+		l.hostSafeExtra = slices.Clone(*set)
+	}
+	return append(slices.Clone(l.cfg.HostFirewall.SafePeers), l.hostSafeExtra...)
+}
+
+// SetHostSafePeers implements HostPolicyDatapath: host_safe holds the
+// configured peers and peers (the API server's EndpointSlice), kept for
+// the next Init too.
+func (l *Linux) SetHostSafePeers(_ context.Context, peers []netip.AddrPort) error {
+	all := l.safePeers(&peers)
+	if !l.cfg.HostFirewall.Enabled {
+		return nil
+	}
+	return l.guardBPF(func(b *bpfState) error {
+		if err := writeSafePeers(b.maps.hostSafe, all); err != nil {
+			return fmt.Errorf("host firewall safety net: %w", err)
+		}
+		return nil
+	})
 }
 
 // writeSafePeers makes m hold exactly peers (TCP).

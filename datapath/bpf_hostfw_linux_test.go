@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/membrane-cni/membrane/bpf"
@@ -61,4 +63,53 @@ func TestRealizeHostPolicy(t *testing.T) {
 		t.Fatalf("host endpoint entry %+v left without a host policy", v)
 	}
 	l.cfg.HostFirewall.Enabled = false
+}
+
+// TestSetHostSafePeers: the safety net (host_safe) holds the configured
+// peers and the latest SetHostSafePeers' (the API server's
+// EndpointSlice): a change replaces the previous ones, the configured
+// stay; none leaves the configured only.
+func TestSetHostSafePeers(t *testing.T) {
+	l, _, _ := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
+	ctx := context.Background()
+	// Enabled after Init: the test's netns has no uplink to attach to.
+	l.cfg.HostFirewall.Enabled = true
+	dialled := netip.MustParseAddrPort("192.0.2.1:6443")
+	l.cfg.HostFirewall.SafePeers = []netip.AddrPort{dialled}
+	check := func(want ...netip.AddrPort) {
+		t.Helper()
+		var got []bpf.EndpointHostSafeKey
+		var k bpf.EndpointHostSafeKey
+		var v uint32
+		it := l.bpf.maps.hostSafe.Iterate()
+		for it.Next(&k, &v) {
+			got = append(got, k)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("host_safe holds %+v, want %v", got, want)
+		}
+		for _, ap := range want {
+			if !slices.Contains(got, safeKey(ap)) {
+				t.Fatalf("host_safe holds %+v, want %v (no %v)", got, want, ap)
+			}
+		}
+	}
+	a := netip.MustParseAddrPort("192.0.2.10:6443")
+	b := netip.MustParseAddrPort("[2001:db8::10]:6443")
+	c := netip.MustParseAddrPort("192.0.2.11:443")
+	if err := l.SetHostSafePeers(ctx, []netip.AddrPort{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	check(dialled, a, b)
+	if err := l.SetHostSafePeers(ctx, []netip.AddrPort{c}); err != nil {
+		t.Fatal(err)
+	}
+	check(dialled, c)
+	if err := l.SetHostSafePeers(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	check(dialled)
 }

@@ -105,6 +105,11 @@ type HostPolicyDatapath interface {
 	// RealizeHostPolicy makes the host endpoint enforce m (nil: no host
 	// policy selects the node, everything passes). Idempotent.
 	RealizeHostPolicy(ctx context.Context, m *policy.MapState) error
+	// SetHostSafePeers makes the safety net (host_safe) hold peers (the
+	// API server's EndpointSlice, TCP) on top of the configured ones
+	// (HostFirewallConfig.SafePeers), replacing the previous peers.
+	// Idempotent; off, it does nothing.
+	SetHostSafePeers(ctx context.Context, peers []netip.AddrPort) error
 }
 
 // PolicyEntry is one realised policy map entry with its counters and

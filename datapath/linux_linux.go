@@ -32,6 +32,11 @@ type Linux struct {
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
 	bpf *bpfState       // set by Init, closed by Close (with nl)
 
+	// hostSafeMu guards hostSafeExtra: the safety net's peers from the
+	// API server's EndpointSlice (SetHostSafePeers).
+	hostSafeMu    sync.Mutex
+	hostSafeExtra []netip.AddrPort
+
 	// devconf reads host veths' sysctls by netlink (hostSysctlsHold) in
 	// a host netns other than the agent's (nil in the agent's own);
 	// closed with nl.

@@ -1,6 +1,8 @@
 package messages
 
 import (
+	"net/netip"
+
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
@@ -87,6 +89,14 @@ type PolicyRemotePorts struct {
 // policies select by, are read again from the system's holder
 // (actors.System.SetHostLabels). No reply.
 type PolicyHostLabels struct{}
+
+// PolicyHostSafePeers tells the policy actor the API server's addresses
+// and TCP ports (its EndpointSlice, default/kubernetes), which the host
+// firewall's safety net passes (datapath.HostPolicyDatapath
+// SetHostSafePeers). No reply.
+type PolicyHostSafePeers struct {
+	Peers []netip.AddrPort
+}
 
 // PolicyServiceSet tells the policy actor a Kubernetes Service the
 // toServices rules resolve against (Service nil: deleted). No reply.

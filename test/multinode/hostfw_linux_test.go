@@ -2,6 +2,7 @@ package multinode
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"maps"
@@ -15,14 +16,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -47,7 +51,7 @@ type hostFWNode struct {
 // probeTimeout bounds a connection attempt that policy may drop.
 const hostProbeTimeout = 2 * time.Second
 
-func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, name string, nodeLabels map[string]string, podRange, subnet string) *hostFWNode {
+func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, name string, nodeLabels map[string]string, podRange, subnet string, extra ...string) *hostFWNode {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: nodeLabels}}, metav1.CreateOptions{}); err != nil {
@@ -109,9 +113,10 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 	if err := clientcmd.WriteToFile(*kc, kcPath); err != nil {
 		t.Fatal(err)
 	}
-	p := h.node.Process("--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
+	args := []string{"--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
 		"--identity-allocation-mode", "local", "--enable-health=false", "--routing", "native", "--masquerade=false",
-		"--k8s-probe-interval", "1s")
+		"--k8s-probe-interval", "1s"}
+	p := h.node.Process(append(args, extra...)...)
 	p.Start()
 	h.c = h.node.Client()
 	return h
@@ -298,6 +303,25 @@ func TestHostPolicySafetyNet(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHostFWNode(t, env, cs, "hostfw-b", map[string]string{"role": "any"}, "10.236.2.0/24", "192.168.237")
+	// The safety net follows the API server's own EndpointSlice
+	// (default/kubernetes; this API server writes none, the test does).
+	tcp := corev1.ProtocolTCP
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kubernetes"},
+		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"192.0.2.50"}}},
+		Ports: []discoveryv1.EndpointPort{{Port: ptrTo[int32](6443), Protocol: &tcp}}}
+	if sl, err = cs.DiscoveryV1().EndpointSlices("default").Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.DiscoveryV1().EndpointSlices("default").Delete(context.Background(), "kubernetes", metav1.DeleteOptions{})
+	})
+	h.waitSafe(t, "the API server's EndpointSlice", []string{"192.0.2.50:6443"}, nil)
+	sl.Endpoints[0].Addresses = []string{"192.0.2.51"}
+	sl.Ports[0].Port = ptrTo[int32](7443)
+	if _, err = cs.DiscoveryV1().EndpointSlices("default").Update(context.Background(), sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitSafe(t, "the API server's EndpointSlice changed", []string{"192.0.2.51:7443"}, []string{"192.0.2.50:6443"})
 	testutil.EchoServer(t, h.node.NS, h.addr, 7001)
 	testutil.EchoServer(t, h.outside, h.out, 7003)
 	h.waitReach(t, "no host policy", map[int]bool{7001: true})
@@ -321,4 +345,115 @@ spec:
 	deletePolicy(t, env, "hostfw-deny-all")
 	h.waitReach(t, "policy deleted (seen through the API server connection): access restored", map[int]bool{7001: true})
 	testutil.Eventually(t, "the node reaches the outside again", func() bool { return h.reachOut(7003) })
+}
+
+const hostDenyOutside = `apiVersion: membrane.io/v2
+kind: MembraneClusterwideNetworkPolicy
+metadata: {name: hostfw-no-outside}
+spec:
+  nodeSelector: {}
+  ingress: []
+  egress: []
+`
+
+const podAllowOutside = `apiVersion: membrane.io/v2
+kind: MembraneNetworkPolicy
+metadata: {name: pod-to-outside, namespace: default}
+spec:
+  endpointSelector: {}
+  egress:
+  - toCIDR: [%s/24]
+`
+
+// TestHostPolicyMasquerade: with masquerading on, a pod's traffic to the
+// outside leaves through the node's device with the node's address as
+// source (nftables SNAT before the device's egress program). A host
+// policy denying the outside drops the node's own connection but not
+// the pod's, which its own egress policy allows; the pod's replies pass
+// the device's ingress although the host policy denies all ingress.
+func TestHostPolicyMasquerade(t *testing.T) {
+	testutil.RequireRoot(t)
+	env := kubetest.StartOwn(t)
+	env.InstallCRDs(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHostFWNode(t, env, cs, "hostfw-c", map[string]string{"role": "any"}, "10.236.3.0/24", "192.168.238",
+		"--masquerade=true", "--cluster-cidr", "10.236.0.0/16")
+	testutil.EchoServer(t, h.outside, h.out, 7004)
+	pod := h.node.AddPod("masq")
+	podReachOut := func() bool { return testutil.Exchange(pod.NS, h.out, 7004, hostProbeTimeout) == nil }
+	testutil.Eventually(t, "no policy: the node reaches the outside", func() bool { return h.reachOut(7004) })
+	testutil.Eventually(t, "no policy: the pod reaches the outside", podReachOut)
+
+	subnet := netip.PrefixFrom(h.out, 24).Masked().Addr()
+	applyPolicy(t, env, fmt.Sprintf(podAllowOutside, subnet))
+	applyPolicy(t, env, hostDenyOutside)
+	testutil.Eventually(t, "host denies all: the node reaches nothing outside", func() bool { return !h.reachOut(7004) })
+	if n := h.hostDrops(t, datapath.DropPolicy, "egress"); n == 0 {
+		t.Errorf("no %s egress drops counted under the host endpoint", datapath.DropPolicy)
+	}
+	// The pod's egress policy decides on its masqueraded traffic, and
+	// its replies pass the host's ingress. Several connections: each a
+	// new masqueraded flow through the device.
+	for i := range 3 {
+		if err := testutil.Exchange(pod.NS, h.out, 7004, hostProbeTimeout); err != nil {
+			t.Fatalf("pod -> outside (masqueraded) #%d under a host policy denying the outside: %v", i, err)
+		}
+	}
+	if h.reachOut(7004) {
+		t.Error("the node reaches the outside again after the pod's connections")
+	}
+}
+
+// hostSafePeers reads the pinned host_safe map as "addr:port" strings.
+func hostSafePeers(pin string) ([]string, error) {
+	m, err := ebpf.LoadPinnedMap(pin, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var out []string
+	var k bpf.EndpointHostSafeKey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		var b [16]byte
+		for i, w := range k.Addr {
+			binary.NativeEndian.PutUint32(b[4*i:], w)
+		}
+		a := netip.AddrFrom16(b)
+		if k.Family == 4 {
+			a = netip.AddrFrom4([4]byte(b[:4]))
+		}
+		port := k.Port>>8 | k.Port<<8 // network byte order
+		out = append(out, netip.AddrPortFrom(a, port).String())
+	}
+	return out, it.Err()
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// waitSafe waits until the node's host_safe map holds each of want and
+// none of gone ("addr:port").
+func (h *hostFWNode) waitSafe(t *testing.T, what string, want, gone []string) {
+	t.Helper()
+	testutil.EventuallyErr(t, "host_safe follows "+what, func() error {
+		have, err := hostSafePeers(filepath.Join(h.node.BPFFS, "host_safe"))
+		if err != nil {
+			return err
+		}
+		for _, p := range want {
+			if !slices.Contains(have, p) {
+				return fmt.Errorf("host_safe holds %v, not %s", have, p)
+			}
+		}
+		for _, p := range gone {
+			if slices.Contains(have, p) {
+				return fmt.Errorf("host_safe holds %v, still %s", have, p)
+			}
+		}
+		return nil
+	})
 }

@@ -39,6 +39,9 @@ type ServiceSink interface {
 	SetPolicyService(namespace, name string, svc *policy.Service)
 	// SetKubeAPIServerAddrs gives the ipcache the API server's addresses.
 	SetKubeAPIServerAddrs(addrs []netip.Addr)
+	// SetKubeAPIServerPeers gives the host firewall's safety net the
+	// API server's addresses and TCP ports.
+	SetKubeAPIServerPeers(peers []netip.AddrPort)
 }
 
 // The API server's addresses are read from its own EndpointSlice only:
@@ -51,15 +54,26 @@ const (
 )
 
 // syncAPIServer gives the ipcache the addresses of the API server's
-// EndpointSlice (none while it does not exist).
+// EndpointSlice, and the host firewall's safety net its addresses with
+// each TCP port (none while it does not exist).
 func (w *ServiceWatcher) syncAPIServer() {
 	var addrs []netip.Addr
+	var peers []netip.AddrPort
 	if sl, err := w.slices.EndpointSlices(apiServerNamespace).Get(apiServerSlice); err == nil {
 		for _, ep := range sl.Endpoints {
 			addrs = append(addrs, parseAddrs(ep.Addresses)...)
 		}
+		for _, p := range sl.Ports {
+			if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 || (p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP) {
+				continue
+			}
+			for _, a := range addrs {
+				peers = append(peers, netip.AddrPortFrom(a, uint16(*p.Port)))
+			}
+		}
 	}
 	w.sink.SetKubeAPIServerAddrs(addrs)
+	w.sink.SetKubeAPIServerPeers(peers)
 }
 
 // ServiceWatcher feeds the service table from the Services and
