@@ -61,6 +61,7 @@ const (
 	fCreated
 	fStateChanged
 	fChained
+	fPolicyAuditMode
 )
 
 func (p *parser) endpoint(m *models.Endpoint) bool {
@@ -115,6 +116,8 @@ func (p *parser) endpoint(m *models.Endpoint) bool {
 			bit, ok = fStateChanged, p.time(&m.StateChanged)
 		case "chained":
 			bit, ok = fChained, p.bool(&m.Chained)
+		case "policy-audit-mode":
+			bit, ok = fPolicyAuditMode, p.bool(&m.PolicyAuditMode)
 		}
 		return bit, ok
 	}, &seen)

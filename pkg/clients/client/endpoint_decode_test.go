@@ -65,7 +65,8 @@ func TestDecodeEndpoint(t *testing.T) {
 		Identity:   &models.Identity{ID: 256, Labels: []string{"k8s:app=web"}, RefCount: 3, Reserved: true, Scope: "cluster"},
 		Addressing: &models.AddressPair{IPv4: "10.0.0.1", IPv6: "fd00::1"}, InterfaceName: "lxc1", InterfaceIndex: 42,
 		Mac: "00:11:22:33:44:55", HostMac: "aa:bb:cc:dd:ee:ff", Netns: "/run/netns/x", PolicyRevision: 1<<64 - 1,
-		Regenerations: 7, LastError: "boom", Created: t0, StateChanged: t0.In(time.FixedZone("z", -5*3600-30*60)), Chained: true}
+		Regenerations: 7, LastError: "boom", Created: t0, StateChanged: t0.In(time.FixedZone("z", -5*3600-30*60)), Chained: true,
+		PolicyAuditMode: true}
 	requireAllSet(t, reflect.ValueOf(fullEp), "Endpoint")
 	full, err := json.Marshal(fullEp)
 	if err != nil {
