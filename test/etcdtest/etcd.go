@@ -18,10 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/membrane-cni/membrane/pkg/testutil"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // Options configure a Server.
