@@ -44,16 +44,11 @@ func hookNetdevEgress(dev string) hook {
 // attachHostFirewall attaches from_netdev (with kpr, also the NodePort
 // tail call) and to_netdev to devs and writes the safety net's peers.
 func (l *Linux) attachHostFirewall(b *bpfState, devs []string, kpr bool) error {
-	progs, err := loadNetdev(b)
+	progs, err := loadNetdevFor(b, kpr)
 	if err != nil {
 		return err
 	}
 	defer progs.close()
-	if kpr {
-		if err := b.maps.lb.progs.Update(uint32(0), progs.reply, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("install nodeport_reply: %w", err)
-		}
-	}
 	if err := writeSafePeers(b.maps.hostSafe, l.safePeers(nil)); err != nil {
 		return err
 	}

@@ -261,17 +261,26 @@ func (l *Linux) devices() ([]string, error) {
 // ingress of each device (with kpr, nodeport_reply into the endpoints'
 // tail-call slot); pins of devices no longer listed are removed.
 func (l *Linux) attachNetdev(b *bpfState, devs []string, kpr bool) error {
-	progs, err := loadNetdev(b)
+	progs, err := loadNetdevFor(b, kpr)
 	if err != nil {
 		return err
 	}
 	defer progs.close()
-	if kpr {
-		if err := b.maps.lb.progs.Update(uint32(0), progs.reply, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("install nodeport_reply: %w", err)
-		}
-	}
 	return l.attachDevices(b, pinNetdevDir, hookNetdev, devs, progs.from)
+}
+
+// loadNetdevFor is loadNetdev that, with kpr, also installs
+// nodeport_reply into the endpoints' tail-call slot.
+func loadNetdevFor(b *bpfState, kpr bool) (netdevPrograms, error) {
+	progs, err := loadNetdev(b)
+	if err != nil || !kpr {
+		return progs, err
+	}
+	if err := b.maps.lb.progs.Update(uint32(0), progs.reply, ebpf.UpdateAny); err != nil {
+		progs.close()
+		return netdevPrograms{}, fmt.Errorf("install nodeport_reply: %w", err)
+	}
+	return progs, nil
 }
 
 // attachDevices attaches prog at hook h of each device, pinned under
