@@ -93,7 +93,8 @@ E2E_BINS := kubelet kube-scheduler kube-controller-manager
 e2e:
 	scripts/kube-bin.sh $(E2E_BINS) kubectl >/dev/null
 	scripts/coredns.sh >/dev/null
-	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) \
+	scripts/e2e-bin.sh >/dev/null
+	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_BIN_DIR=$$(scripts/e2e-bin.sh) \
 		$(GO) test -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./test/e2e/
 
 e2e-smoke:
@@ -118,13 +119,17 @@ FOCUS   ?=
 RESULTS ?= $(CURDIR)/bin/conformance
 CONFORMANCE_JOBS ?= 1
 CONFORMANCE_BINS ?= $(E2E_BINS) kubectl
+# TestConnectivity (membranectl connectivity test, issue 37) runs on the
+# same cluster after the specs.
+CONFORMANCE_RUN ?= ^(TestConformance|TestConnectivity)$$
 conformance:
 	scripts/kube-bin.sh $(CONFORMANCE_BINS) >/dev/null
 	scripts/coredns.sh >/dev/null
 	scripts/e2e-bin.sh >/dev/null
-	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_KUBE_PROXY_REPLACEMENT=1 CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) \
+	MEMBRANE_E2E=1 E2E_NODES=$(NODES) E2E_KEEP=$(KEEP) E2E_KUBE_PROXY_REPLACEMENT=1 E2E_L7=1 \
+		CONFORMANCE_BIN=$$(scripts/e2e-bin.sh) E2E_BIN_DIR=$$(scripts/e2e-bin.sh) \
 		CONFORMANCE_SETS=$(SETS) CONFORMANCE_FOCUS='$(FOCUS)' CONFORMANCE_RESULTS=$(RESULTS) CONFORMANCE_JOBS=$(CONFORMANCE_JOBS) \
-		$(GO) test -count=1 -v -timeout 4h -run '^TestConformance$$' ./test/e2e/
+		$(GO) test -count=1 -v -timeout 4h -run '$(CONFORMANCE_RUN)' ./test/e2e/
 
 # The CI-sized subset (under 10 minutes warm), the last step of make
 # test: six NetworkPolicy specs and the granular pod-to-pod checks, on a

@@ -15,11 +15,16 @@ import (
 )
 
 func (a *app) statusCommand() *cobra.Command {
-	return &cobra.Command{
-		Use: "status", Short: "Agent status (exit 5 while starting or stopping)", Args: noArgs,
+	var allNodes bool
+	var k kubeFlags
+	cmd := &cobra.Command{
+		Use: "status", Short: "Agent status (exit 5 while starting or stopping); --all-nodes: every node's agent through the API server", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := a.ctx(cmd)
 			defer cancel()
+			if allNodes {
+				return a.allNodesStatus(ctx, &k)
+			}
 			st, err := a.c.Status(ctx)
 			if st == nil || st.State == "" {
 				return err
@@ -33,6 +38,9 @@ func (a *app) statusCommand() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "every node's agent, through the API server (pods/exec into the DaemonSet's pods)")
+	k.register(cmd)
+	return cmd
 }
 
 func (a *app) statusOut(st *models.Status) error {

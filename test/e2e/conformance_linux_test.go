@@ -117,21 +117,9 @@ func TestConformance(t *testing.T) {
 	if err := os.MkdirAll(results, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	imgDir := t.TempDir()
-	t0 := time.Now()
-	tars, err := writeConformanceImages(filepath.Join(bin, "agnhost"), filepath.Join(built, "pause"), imgDir)
-	if err != nil {
+	if err := c.importConformanceImages(bin); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range c.nodes {
-		for _, tar := range tars {
-			out, err := exec.Command(c.tools["ctr"], "--address", n.sock(), "-n", "k8s.io", "images", "import", tar).CombinedOutput()
-			if err != nil {
-				t.Fatalf("node %s: import %s: %v: %s", n.name, tar, err, out)
-			}
-		}
-	}
-	logf("conformance: images built and imported into %d nodes in %s", len(c.nodes), time.Since(t0).Round(time.Millisecond))
 
 	runs := make([]setRun, len(names))
 	sem := make(chan struct{}, jobs)
@@ -154,6 +142,43 @@ func TestConformance(t *testing.T) {
 	if failed {
 		t.Fail()
 	}
+}
+
+// conformanceImages imports the conformance images once per process
+// (TestConformance and TestConnectivity share them).
+var conformanceImages struct {
+	once sync.Once
+	err  error
+}
+
+// importConformanceImages writes the images upstream's specs run (from
+// bin's agnhost) and imports them into every node's containerd, once.
+func (c *cluster) importConformanceImages(bin string) error {
+	conformanceImages.once.Do(func() {
+		imgDir, err := os.MkdirTemp("", "conformance-images")
+		if err != nil {
+			conformanceImages.err = err
+			return
+		}
+		defer os.RemoveAll(imgDir)
+		t0 := time.Now()
+		tars, err := writeConformanceImages(filepath.Join(bin, "agnhost"), filepath.Join(built, "pause"), imgDir)
+		if err != nil {
+			conformanceImages.err = err
+			return
+		}
+		for _, n := range c.nodes {
+			for _, tar := range tars {
+				out, err := exec.Command(c.tools["ctr"], "--address", n.sock(), "-n", "k8s.io", "images", "import", tar).CombinedOutput()
+				if err != nil {
+					conformanceImages.err = fmt.Errorf("node %s: import %s: %v: %s", n.name, tar, err, out)
+					return
+				}
+			}
+		}
+		logf("conformance: images built and imported into %d nodes in %s", len(c.nodes), time.Since(t0).Round(time.Millisecond))
+	})
+	return conformanceImages.err
 }
 
 // setRun is one set's outcome.

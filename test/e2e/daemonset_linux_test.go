@@ -128,6 +128,11 @@ func chartValues(tag string) []string {
 	if kubeProxyReplacement() {
 		sets = append(sets, "kubeProxyReplacement=true", "devices={eth0}", "cgroup.hostRoot="+nodeCgroup2)
 	}
+	if os.Getenv("E2E_L7") == "1" {
+		// The L7 proxy on (make conformance: the connectivity test's L7
+		// checks).
+		sets = append(sets, "l7Proxy=true")
+	}
 	if r := os.Getenv("E2E_ROUTING"); r != "" {
 		// native: the nodes share the underlay bridge, so routes to each
 		// other's pod CIDRs via their addresses work (default: tunnel).
