@@ -78,7 +78,7 @@ func (a *agentActor) spawnChildren(ctx actor.Context) {
 		}
 		return ia
 	})
-	nodes := spawn(KindNodes, &MailboxStats{}, func() actor.Actor { return newNodesActor(d, a.cfg.podRanges()) })
+	nodes := spawn(KindNodes, &MailboxStats{}, func() actor.Actor { return newNodesActor(d, a.cfg.podRanges(), a.cfg.NodesResync) })
 	mgr := spawn("endpoints", &MailboxStats{}, func() actor.Actor { return newManagerActor(d) })
 	a.strategy.resume = mgr
 	gcOn := new(atomic.Bool)

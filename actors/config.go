@@ -67,6 +67,12 @@ type Config struct {
 	// Observer receives regeneration phase durations (nil: none).
 	Observer Observer
 	GC       GCConfig
+	// NodesResync is how often the nodes actor syncs the remote nodes'
+	// routes in full even when no source changed them (default 10 s): the
+	// kernel deletes the routes through a link that goes down, and a node
+	// whose underlay link comes back must route again without waiting for
+	// a change.
+	NodesResync time.Duration
 	// HostAddrs are the host's own addresses besides the gateways (the
 	// Linux datapath's host netns at start): the host identity in the
 	// ipcache, so traffic the host sends from them is not world.
@@ -92,6 +98,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.Pool.DefaultTimeout = orDefault(c.Pool.DefaultTimeout, 30*time.Second)
 	c.GC.Interval = orDefault(c.GC.Interval, time.Minute)
+	c.NodesResync = orDefault(c.NodesResync, 10*time.Second)
 	ci := &c.ClusterIdentity
 	ci.CallTimeout = orDefault(ci.CallTimeout, 10*time.Second)
 	ci.RetryMin = orDefault(ci.RetryMin, 200*time.Millisecond)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -43,13 +44,24 @@ type nodesActor struct {
 	// rec syncs the union whenever it changed (a full sync; it marks no
 	// keys). It does nothing without a router.
 	rec reconciler[string]
+	// resyncEvery arms timer: a full sync every period, so routes the
+	// kernel removed behind the agent's back (a link down and up again)
+	// come back. gen tells a stale tick.
+	resyncEvery time.Duration
+	timer       *time.Timer
+	gen         uint64
 }
 
-func newNodesActor(deps *endpointDeps, local []netip.Prefix) *nodesActor {
+// nodesResyncTick is the periodic full sync's timer message.
+type nodesResyncTick struct{ gen uint64 }
+
+func newNodesActor(deps *endpointDeps, local []netip.Prefix, resyncEvery time.Duration) *nodesActor {
 	l := deps.log.With("actor", "nodes")
 	router, _ := deps.dp.(datapath.NodeRouter)
-	a := &nodesActor{deps: deps, local: local, router: router, log: l, owner: owner{batch: newBatcher(deps.writer, l)}}
+	a := &nodesActor{deps: deps, local: local, router: router, log: l, owner: owner{batch: newBatcher(deps.writer, l)},
+		resyncEvery: resyncEvery}
 	a.onStart = a.rebuild
+	a.onStop = a.stopTimer
 	var ops reconcileOps[string]
 	if router != nil {
 		ops.prune = a.syncAll
@@ -73,8 +85,35 @@ func (a *nodesActor) Receive(ctx actor.Context) {
 		}
 		a.batch.reply(ctx, ctx.Sender(), &messages.NodesResult{})
 		a.rec.sync(ctx)
+	case *nodesResyncTick:
+		if msg.gen != a.gen {
+			return
+		}
+		if a.heard {
+			a.rec.resync()
+			a.rec.sync(ctx)
+		}
+		a.arm(ctx)
 	case *crashForTest:
 		panic("nodes: crash requested by a test")
+	}
+}
+
+// arm schedules the next periodic full sync (none without a router).
+func (a *nodesActor) arm(ctx actor.Context) {
+	a.stopTimer()
+	if a.router == nil || a.resyncEvery <= 0 {
+		return
+	}
+	a.gen++
+	self, system, tick := ctx.Self(), ctx.ActorSystem(), &nodesResyncTick{gen: a.gen}
+	a.timer = time.AfterFunc(a.resyncEvery, func() { system.Root.Send(self, tick) })
+}
+
+func (a *nodesActor) stopTimer() {
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
 	}
 }
 
@@ -91,6 +130,7 @@ func (a *nodesActor) rebuild(ctx actor.Context) {
 		a.sendAddrs(ctx)
 	}
 	a.rec.sync(ctx)
+	a.arm(ctx)
 }
 
 // validateNodes checks the source name and the set (in the caller's

@@ -6,7 +6,9 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -194,4 +196,29 @@ func TestSyncNodesConflictsResolved(t *testing.T) {
 	if rows := h.ix.Nodes(); len(rows) != 4 {
 		t.Fatalf("index rows %+v, want the 4 reported", rows)
 	}
+}
+
+// TestSyncNodesPeriodicResync: without any change from a source, the
+// nodes actor syncs the routes in full every NodesResync (the kernel
+// deletes routes through a link that went down: they come back); before
+// any source spoke it syncs nothing (a previous agent's routes stay).
+func TestSyncNodesPeriodicResync(t *testing.T) {
+	h := startSystem(t, func(c *actors.Config) { c.NodesResync = 20 * time.Millisecond })
+	time.Sleep(100 * time.Millisecond) // five periods with nothing heard
+	if _, syncs := h.fake.Nodes(); syncs != 0 {
+		t.Fatalf("%d syncs before any source reported, want 0", syncs)
+	}
+	if err := h.sys.SyncNodes(context.Background(), "k8s", []datapath.RemoteNode{remoteNode("a", "192.0.2.1", "10.1.0.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	testutil.Eventually(t, "the set synced", func() bool {
+		got, n := h.fake.Nodes()
+		first = n
+		return len(got) == 1 && n > 0
+	})
+	testutil.Eventually(t, "synced again with no change", func() bool {
+		got, n := h.fake.Nodes()
+		return len(got) == 1 && n >= first+3
+	})
 }

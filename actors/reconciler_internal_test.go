@@ -503,7 +503,7 @@ func TestOwnersStopTimers(t *testing.T) {
 			return &a.owner, func() bool { return a.rec.retry == nil }
 		}},
 		{name: "nodes", make: func() (*owner, func() bool) {
-			a := newNodesActor(deps, nil)
+			a := newNodesActor(deps, nil, 0)
 			a.rec.retry = armed()
 			return &a.owner, func() bool { return a.rec.retry == nil }
 		}},

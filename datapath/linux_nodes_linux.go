@@ -205,10 +205,14 @@ func (l *Linux) syncNodeRoutes(want map[netip.Prefix]*netlink.Route) error {
 	if err != nil {
 		return fmt.Errorf("list node routes: %w", err)
 	}
+	// Routes already as desired are left alone (the periodic full sync
+	// costs one dump); only missing or different ones are written.
+	ok := make(map[netip.Prefix]bool, len(have))
 	for i := range have {
 		r := &have[i]
-		p, ok := netPrefix(r.Dst)
-		if w := want[p]; ok && w != nil && w.LinkIndex == r.LinkIndex && net.IP(w.Src).Equal(r.Src) && (w.LinkIndex != 0 || net.IP(w.Gw).Equal(r.Gw)) {
+		p, parsed := netPrefix(r.Dst)
+		if w := want[p]; parsed && w != nil && w.LinkIndex == r.LinkIndex && net.IP(w.Src).Equal(r.Src) && (w.LinkIndex != 0 || net.IP(w.Gw).Equal(r.Gw)) {
+			ok[p] = true
 			continue
 		}
 		if err := l.nl.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -216,6 +220,9 @@ func (l *Linux) syncNodeRoutes(want map[netip.Prefix]*netlink.Route) error {
 		}
 	}
 	for p, r := range want {
+		if ok[p] {
+			continue
+		}
 		if err := l.nl.RouteReplace(r); err != nil {
 			return fmt.Errorf("route %s: %w", p, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -39,6 +40,12 @@ import (
 //   - agent-restart: a node's agent SIGKILLed and restarted at once keeps
 //     its entries on the other nodes and its identity references in etcd
 //     after its old lease expired (the restart wrote them again);
+//   - partition (native only): a node's underlay link down for 30 s
+//     (issue 38): its own pods keep reaching each other, its status says
+//     etcd is unreachable, the other nodes drop its endpoints and routes
+//     once its lease expired; back on the link, it takes a new lease and
+//     publishes everything again with the same identities, nothing of
+//     its own deleted, and cross-node traffic resumes;
 //   - agent-killed: a node's agent SIGKILLed: its pods keep their traffic
 //     (pinned programs), and once its lease expired the other nodes drop
 //     its endpoints and routes; restarted after the identities only it
@@ -63,6 +70,12 @@ func TestMultiNodeKvstore(t *testing.T) {
 				{"identity-race", func(t *testing.T) { identityRace(t, c, 10) }},
 				{"etcd-restart", func(t *testing.T) { etcdRestart(t, c, pa1, pb, pc) }},
 				{"agent-restart", func(t *testing.T) { kvAgentRestart(t, c, b, pa1, pb) }},
+				{"partition", func(t *testing.T) {
+					if mode != "native" {
+						t.Skip("once per run: the native cluster's case (30 s)")
+					}
+					partition(t, c, cn, pc, pc2, pa1)
+				}},
 				{"agent-killed", func(t *testing.T) { agentKilled(t, c, cn, pc, pc2, pa1) }},
 				{"node-removed", func(t *testing.T) { kvNodeRemoved(t, c, b, pa1, pb) }},
 			}
@@ -871,6 +884,92 @@ func agentKilled(t *testing.T, c *cluster, nd *node, p1, p2, remote *pod) {
 	}
 	t.Logf("%s restarted: %d of its %d endpoints had their collected identity re-created with its number", nd.name, back, len(numbers))
 	reach(t, p1, remote)
+}
+
+// partitionFor is how long partition keeps the node's link down: six
+// lease TTLs, as the issue's 30 s.
+const partitionFor = 30 * time.Second
+
+// partition takes nd's underlay link down for partitionFor (a pulled
+// cable: the addresses stay), local1 and local2 being nd's pods and
+// remote another node's.
+func partition(t *testing.T, c *cluster, nd *node, local1, local2, remote *pod) {
+	st, err := nd.api.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, regrants := st.Kvstore.Lease, st.Kvstore.LeaseRegrants
+	numbers := endpointNumbers(t, nd)
+	eth0, err := nd.nl.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nd.ns.Exec("sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1"); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Now()
+	if err := nd.nl.LinkSetDown(eth0); err != nil {
+		t.Fatal(err)
+	}
+	up := func() {
+		if err := nd.nl.LinkSetUp(eth0); err != nil {
+			t.Errorf("link up: %v", err)
+		}
+	}
+	defer func() {
+		if t.Failed() { // leave the cluster whole for the report, not cut
+			up()
+		}
+	}()
+	var live []*node
+	for _, o := range c.nodes {
+		if o != nd {
+			live = append(live, o)
+		}
+	}
+	testutil.EventuallyErr(t, nd.name+" reports etcd unreachable", func() error {
+		st, err := nd.api.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if st.Kvstore.Healthy {
+			return fmt.Errorf("kvstore %+v", st.Kvstore)
+		}
+		return nil
+	})
+	reach(t, local1, local2) // the node's own pods are not cut
+	waitIPCache(t, c, live)
+	for _, o := range live {
+		testutil.EventuallyErr(t, o.name+" drops "+nd.name+"'s routes", func() error { return noRoutesTo(o, nd) })
+	}
+	t.Logf("%s cut: its lease expired and its entries left the other nodes %v after the link went down (TTL %v)",
+		nd.name, time.Since(down).Round(time.Millisecond), leaseTTL)
+	time.Sleep(time.Until(down.Add(partitionFor)))
+	if got := endpointNumbers(t, nd); !maps.Equal(got, numbers) {
+		t.Fatalf("%s's endpoints changed while cut off: %v, before %v", nd.name, got, numbers)
+	}
+	up()
+	back := time.Now()
+	testutil.EventuallyErr(t, nd.name+" back on etcd with a new lease", func() error {
+		st, err := nd.api.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if k := st.Kvstore; !k.Healthy || k.Lease == lease || k.Lease == 0 || k.LeaseRegrants <= regrants {
+			return fmt.Errorf("kvstore %+v (lease before %x)", k, lease)
+		}
+		return nil
+	})
+	waitRoutes(t, c.nodes...)
+	waitIPCache(t, c, c.nodes)
+	if err := identitiesAgree(c.nodes); err != nil {
+		t.Fatal(err)
+	}
+	if got := endpointNumbers(t, nd); !maps.Equal(got, numbers) {
+		t.Fatalf("%s's endpoints after the partition: %v, before %v", nd.name, got, numbers)
+	}
+	reach(t, remote, local1)
+	t.Logf("%s back: routes, ipcaches and traffic converged %v after the link came up", nd.name, time.Since(back).Round(time.Millisecond))
 }
 
 // endpointNumbers maps nd's endpoints to their identities.
