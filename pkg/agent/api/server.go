@@ -256,6 +256,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/drops", s.listDrops)
 	m.HandleFunc("GET /v1/fqdn/cache", s.listFQDNCache)
 	s.operatorRoutes(m)
+	s.uiRoutes(m)
 	s.mux = m
 }
 
