@@ -30,7 +30,7 @@ type bpfState struct {
 	progID [2]ebpf.ProgramID // their kernel IDs (from, to)
 	events *ringbuf.Reader
 	flows  *ringbuf.Reader // the flow reports (bpf_flows_linux.go)
-	slots  slotPool // the outer maps' slots (bpf_slots_linux.go)
+	slots  slotPool        // the outer maps' slots (bpf_slots_linux.go)
 
 	// mu guards everything below.
 	mu sync.Mutex

@@ -74,7 +74,7 @@ type sharedMaps struct {
 	// flows: the flow reports' ring; flowConfig: whether the programs
 	// report flows (key 0); flowStats: their per-CPU counters.
 	flows, flowConfig, flowStats *ebpf.Map
-	lb       lbMaps // the service maps (bpf_lb_linux.go)
+	lb                           lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // core are the maps both endpoint programs use.
