@@ -223,7 +223,7 @@ bench-k8s:
 # TCX and with the cls_bpf fallback, over BENCH_N endpoints.
 bench-bpf:
 	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
-		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
+		$(GO) test -run '^TestBPF(Flows)?Bench$$' -count=1 -v -timeout 30m ./datapath/
 
 # The kube-proxy-free mode against kube-proxy's iptables rules, one run
 # (root): host connect() to a ClusterIP, NodePort from outside.
