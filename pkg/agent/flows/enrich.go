@@ -151,23 +151,59 @@ func (s *Store) describePeer(p *models.FlowPeer, addr netip.Addr) labels.Labels 
 }
 
 // explain names the policies behind the verdict (policy.Explain) and
-// reports whether it found any.
+// reports whether it found any. Answers are cached per policy revision
+// and (identities, port, protocol, direction, kind): re-evaluating every
+// policy costs tens of microseconds per flow with a hundred of them.
 func (s *Store) explain(fl *models.Flow, local, peer labels.Labels, port uint16, proto uint8, dir policy.Direction, want int) bool {
-	if s.cfg.Index == nil || local == nil {
+	ix := s.cfg.Index
+	if ix == nil || local == nil {
 		return false
 	}
-	rows := s.cfg.Index.Policies()
-	pols := make([]*policy.Policy, 0, len(rows))
-	for _, r := range rows {
-		pols = append(pols, r.Policy)
+	src, dst := fl.Source.Identity, fl.Destination.Identity
+	if dir == policy.Ingress {
+		src, dst = dst, src
 	}
-	names := policy.Explain(pols, local, peer, port, proto, dir, want)
+	k := explainKey{local: src, peer: dst, port: port, proto: proto, dir: dir, want: want}
+	rev := ix.PolicyRevisionNow()
+	s.explainMu.Lock()
+	if s.explained == nil || s.explainRev != rev || len(s.explained) >= maxExplained {
+		s.explained, s.explainRev = map[explainKey][]string{}, rev
+	}
+	names, ok := s.explained[k]
+	s.explainMu.Unlock()
+	if !ok {
+		rows := ix.Policies()
+		pols := make([]*policy.Policy, 0, len(rows))
+		for _, r := range rows {
+			pols = append(pols, r.Policy)
+		}
+		names = policy.Explain(pols, local, peer, port, proto, dir, want)
+		s.explainMu.Lock()
+		if s.explainRev == rev {
+			s.explained[k] = names
+		}
+		s.explainMu.Unlock()
+	}
 	if len(names) == 0 {
 		return false
 	}
 	fl.Policies = names
 	fl.PolicyMatch = [...]string{"allow", "deny", "default-deny"}[want]
 	return true
+}
+
+// maxExplained bounds the explain cache; a full cache starts over.
+const maxExplained = 4096
+
+// explainKey is what an explanation depends on besides the policies:
+// the endpoint's identity (subject) and the peer's, by identity number
+// (an identity's labels never change).
+type explainKey struct {
+	local, peer uint32
+	port        uint16
+	proto       uint8
+	dir         policy.Direction
+	want        int
 }
 
 // protoName names an IP protocol.

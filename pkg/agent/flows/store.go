@@ -98,6 +98,12 @@ type Store struct {
 	window   time.Time
 	inWindow int
 	stats    models.FlowStats
+
+	// explainMu guards explained, the policies behind recent verdicts
+	// (enrich.go), valid for policy revision explainRev.
+	explainMu  sync.Mutex
+	explained  map[explainKey][]string
+	explainRev uint64
 }
 
 // New returns an empty Store.
