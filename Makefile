@@ -191,7 +191,8 @@ bench-headline:
 # BENCH_STACK=dual gives both arms an IPv4 and an IPv6 range. From the
 # environment: BENCH_TCX=0 drops the TCX arm; BENCH_BASE_PLUGIN=<binary>
 # adds arms running that plugin binary (an A/B of the plugin alone);
-# BENCH_AGENT=<binary> runs that membrane-agent for every arm.
+# BENCH_AGENT=<binary> runs that membrane-agent for every arm;
+# BENCH_FLOWS=ab adds an arm with --flows=false (flow reports off).
 BENCH_N     ?= 200
 BENCH_CONC  ?= 8
 BENCH_STACK ?= ipv4
@@ -225,10 +226,11 @@ bench-k8s:
 
 # Endpoint BPF programs (root): first realise (load + attach), identity
 # change, policy-only regeneration and kernel memory per endpoint, with
-# TCX and with the cls_bpf fallback, over BENCH_N endpoints.
+# TCX and with the cls_bpf fallback, over BENCH_N endpoints; and what flow
+# reports cost (TestBPFFlowsBench: flows off and on in one run).
 bench-bpf:
 	MEMBRANE_BENCH_BPF=1 BENCH_N=$(BENCH_N) \
-		$(GO) test -run '^TestBPFBench$$' -count=1 -v -timeout 30m ./datapath/
+		$(GO) test -run '^TestBPF(Flows)?Bench$$' -count=1 -v -timeout 30m ./datapath/
 
 # The kube-proxy-free mode against kube-proxy's iptables rules, one run
 # (root): host connect() to a ClusterIP, NodePort from outside.

@@ -236,6 +236,32 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+/* Shared, pinned at <bpffs>/flows: flow reports (struct flow_event), one
+ * per new connection (flow_report). A ring of its own: a flood of new
+ * connections never crowds out the drop notifications, nor the reverse. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} flows SEC(".maps");
+
+/* Shared, pinned at <bpffs>/flow_config: one entry (key 0), whether flows
+ * are reported (struct flow_config_value), written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct flow_config_value);
+	__uint(max_entries, 1);
+} flow_config SEC(".maps");
+
+/* Shared, pinned at <bpffs>/flow_stats: per-CPU counters of flows
+ * reported and of flow and drop notifications lost to a full ring. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct flow_stats_value);
+	__uint(max_entries, 1);
+} flow_stats SEC(".maps");
+
 /* Shared, pinned at <bpffs>/node_config: one entry (key 0), the node's
  * settings (struct node_config_value), written by the datapath when they
  * change, read by every program on every packet. */
@@ -251,6 +277,9 @@ const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
 const struct node_config_value *const unused_node_config_value __attribute__((unused)) = 0;
 const struct host_safe_key *const unused_host_safe_key __attribute__((unused)) = 0;
+const struct flow_event *const unused_flow_event __attribute__((unused)) = 0;
+const struct flow_config_value *const unused_flow_config_value __attribute__((unused)) = 0;
+const struct flow_stats_value *const unused_flow_stats_value __attribute__((unused)) = 0;
 /* The inner map templates' key and value types (else clang emits them as
  * forward declarations, which the loader cannot size). */
 const struct policy_key *const unused_policy_key __attribute__((unused)) = 0;
@@ -264,7 +293,7 @@ struct pkt {
 	__u8 frag; /* non-first fragment */
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
-	__u8 audit;    /* the endpoint's ENDPOINT_F_AUDIT (in the padding) */
+	__u8 bits;     /* PKT_* (in the padding) */
 	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
@@ -276,6 +305,12 @@ struct pkt {
 };
 
 enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
+
+/* pkt.bits: one byte for what would otherwise take a variable each in
+ * handle (the stack of the longest call chain is close to 512 bytes). */
+#define PKT_AUDIT 1    /* the endpoint's ENDPOINT_F_AUDIT */
+#define PKT_SVC 2      /* lb_translate translated it to a backend (flow_report) */
+#define PKT_ENFORCED 4 /* the direction is policy-enforced (flow_report) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -545,8 +580,9 @@ static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 	return 1;
 }
 
-/* ct_record creates or refreshes the connection of p in direction dir. */
-static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
+/* ct_record creates or refreshes the connection of p in direction dir;
+ * it returns 1 when it created the entry (a new connection: flow_report). */
+static __always_inline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
 		.ep = p->ep,
@@ -565,9 +601,24 @@ static __always_inline void ct_record(struct pkt *p, __u8 dir, __u64 now)
 	if (v) {
 		v->last_seen = now;
 		__sync_fetch_and_add(&v->packets, 1);
-		return;
+		return 0;
 	}
 	bpf_map_update_elem(&ct, &k, &nv, BPF_ANY);
+	return 1;
+}
+
+/* flow_lost counts a notification the ring had no room for. */
+static __always_inline void flow_lost(int drop)
+{
+	__u32 zero = 0;
+	struct flow_stats_value *s = bpf_map_lookup_elem(&flow_stats, &zero);
+
+	if (!s)
+		return;
+	if (drop)
+		s->drops_lost++;
+	else
+		s->flows_lost++;
 }
 
 static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 reason, __u32 peer)
@@ -602,12 +653,85 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 		__builtin_memcpy(e->saddr, p->saddr, 16);
 		__builtin_memcpy(e->daddr, p->daddr, 16);
 		bpf_ringbuf_submit(e, 0);
+	} else {
+		flow_lost(1);
 	}
 	return TC_ACT_SHOT;
 }
 
 #include "lb.h"
 #include "hostfw.h"
+
+/* flow_report reports the first packet of a new connection of endpoint
+ * p->ep in direction dir (ct_record created its entry) with its verdict:
+ * how is FLOW_* | FLOW_F_* << 8 | proxy port << 16. peer 0 (a direction
+ * not enforced: no lookup was made) is looked up here. A Service
+ * translation's frontend comes from the reverse translation lb_translate
+ * recorded (lb_revnat, keyed by the reply's tuple) when it translated
+ * p (PKT_SVC). Only new connections
+ * pay for it, and nothing when flow_config is off. */
+static __noinline int flow_report(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u32 how, __u32 peer)
+{
+	__u32 zero = 0;
+	struct flow_config_value *c = bpf_map_lookup_elem(&flow_config, &zero);
+	struct flow_stats_value *s;
+	struct lb_revnat_value *rv;
+	struct lb_tuple t = {};
+	struct flow_event *e;
+	__u8 tcp_flags = 0;
+
+	if (!c || !(c->flags & FLOW_CONFIG_ON))
+		return 0;
+	if (!peer)
+		peer = tunnel_identity(skb, dir) ?: peer_identity(p, dir);
+	if (p->proto == IPPROTO_TCP && !p->frag)
+		bpf_skb_load_bytes(skb, p->l4off + 13, &tcp_flags, 1);
+	e = bpf_ringbuf_reserve(&flows, sizeof(*e), 0);
+	if (!e) {
+		flow_lost(0);
+		return 0;
+	}
+	e->time_ns = bpf_ktime_get_ns();
+	e->ep = p->ep;
+	e->dir = dir;
+	e->family = p->family;
+	e->proto = p->proto;
+	e->verdict = how & 0xff;
+	e->tcp_flags = tcp_flags;
+	e->flags = (how >> 8) & 0xff;
+	if (p->bits & PKT_ENFORCED)
+		e->flags |= FLOW_F_ENFORCED;
+	e->sport = bpf_ntohs(p->sport);
+	e->dport = bpf_ntohs(p->dport);
+	e->svc_port = 0;
+	e->proxy_port = how >> 16;
+	e->peer_identity = peer;
+	e->identity = p->identity;
+	e->len = skb->len;
+	e->pad = 0;
+	__builtin_memcpy(e->saddr, p->saddr, 16);
+	__builtin_memcpy(e->daddr, p->daddr, 16);
+	__builtin_memset(e->svc_addr, 0, 16);
+	if (p->bits & PKT_SVC) {
+		__builtin_memcpy(t.saddr, p->daddr, 16);
+		__builtin_memcpy(t.daddr, p->saddr, 16);
+		t.sport = p->dport;
+		t.dport = p->sport;
+		t.proto = p->proto;
+		t.family = p->family;
+		rv = bpf_map_lookup_elem(&lb_revnat, &t);
+		if (rv) {
+			e->flags |= FLOW_F_TRANSLATED;
+			__builtin_memcpy(e->svc_addr, rv->addr, 16);
+			e->svc_port = bpf_ntohs(rv->port);
+		}
+	}
+	bpf_ringbuf_submit(e, 0);
+	s = bpf_map_lookup_elem(&flow_stats, &zero);
+	if (s)
+		s->flows++;
+	return 0;
+}
 
 /* proxy_sock looks up the socket p goes to at the proxy port: the
  * connection's own socket when the proxy already has it (TCP: a request
@@ -879,7 +1003,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (!pol || !cidr || !ep)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
-	p.audit = !!(ep->flags & ENDPOINT_F_AUDIT);
+	p.bits = ep->flags & ENDPOINT_F_AUDIT ? PKT_AUDIT : 0;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -931,6 +1055,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		 * tuple), past the pod's policy: the proxy decided. */
 		return proxy_hairpin(skb, 0);
 	if (enforced(pol, dir)) {
+		p.bits |= PKT_ENFORCED;
 		/* r: the drop reason of a would-be drop (0: allowed). */
 		r = 0;
 		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
@@ -955,7 +1080,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			/* Audit mode: a would-be policy drop passes, reported
 			 * as DROP_POLICY_AUDIT (drop() only counts and
 			 * reports). */
-			if (!p.audit || r == DROP_FRAGMENT)
+			if (!(p.bits & PKT_AUDIT) || r == DROP_FRAGMENT)
 				return drop(skb, &p, dir, r, peer);
 			drop(skb, &p, dir, DROP_POLICY_AUDIT, peer);
 			/* The rest of the allowed path without a proxy port
@@ -967,8 +1092,13 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return lb_out(skb, &p, dir);
 		}
 	}
-	if (!p.frag)
-		ct_record(&p, dir, now);
+	if (!p.frag && ct_record(&p, dir, now))
+		/* A new connection: its flow (a hairpin goes back into the
+		 * pod, never to the proxy). */
+		flow_report(skb, &p, dir,
+			    hairpin ? FLOW_FORWARDED | FLOW_F_HAIRPIN << 8
+				    : (proxy_port ? FLOW_REDIRECTED | (__u32)proxy_port << 16 : FLOW_FORWARDED),
+			    peer);
 	if (hairpin)
 		/* The pod's own identity: its ingress policy decides on the
 		 * pod reaching itself, not on the hairpin address (world). */

@@ -316,4 +316,58 @@ struct drop_event {
 	__u32 daddr[4];
 };
 
+/* Flow verdicts (flow_event.verdict; datapath.FlowVerdict*). Drops are
+ * reported as drop_events, not flows: the agent turns both into flows. */
+#define FLOW_FORWARDED 1  /* passed to its destination */
+#define FLOW_REDIRECTED 2 /* handed to the L7 or DNS proxy (proxy_port) */
+
+/* flow_event.flags */
+#define FLOW_F_TRANSLATED 1 /* a Service translated it: svc_addr/svc_port hold the frontend */
+#define FLOW_F_ENFORCED 2   /* the direction is policy-enforced: an entry allowed it */
+#define FLOW_F_HAIRPIN 4    /* a Service hairpin (the backend is the client itself) */
+
+/* flow_event is one ring-buffer flow report (the flows map): the first
+ * packet of a connection, when conntrack creates its entry (ct_record),
+ * with the verdict it got. Per connection, not per packet: the replies
+ * and later packets report nothing; drops are drop_events. */
+struct flow_event {
+	__u64 time_ns; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
+	__u16 ep;
+	__u8 dir;
+	__u8 family;
+	__u8 proto;
+	__u8 verdict;   /* FLOW_* */
+	__u8 tcp_flags; /* the TCP header's flags byte (FIN 1, SYN 2, RST 4, PSH 8, ACK 16, ...) */
+	__u8 flags;     /* FLOW_F_* */
+	__u16 sport;    /* host byte order; after Service translation */
+	__u16 dport;
+	__u16 svc_port;   /* host byte order: the frontend's port (FLOW_F_TRANSLATED) */
+	__u16 proxy_port; /* host byte order (FLOW_REDIRECTED) */
+	__u32 peer_identity;
+	__u32 identity; /* the endpoint's own */
+	__u32 len;
+	__u32 pad;
+	__u32 saddr[4]; /* network byte order bytes */
+	__u32 daddr[4];
+	__u32 svc_addr[4]; /* the frontend's address (FLOW_F_TRANSLATED) */
+};
+
+/* flow_config_value is the one value (key 0) of the flow_config map,
+ * written by the agent (--flows): the programs read it for each new
+ * connection, so turning flows on or off reloads nothing. */
+struct flow_config_value {
+	__u32 flags; /* FLOW_CONFIG_* */
+};
+
+#define FLOW_CONFIG_ON 1 /* report flows */
+
+/* flow_stats_value: per-CPU counters (flow_stats, key 0) the agent sums
+ * and shows: flows reported, flows and drop notifications lost because
+ * their ring buffer was full. */
+struct flow_stats_value {
+	__u64 flows;
+	__u64 flows_lost;
+	__u64 drops_lost;
+};
+
 #endif

@@ -111,6 +111,41 @@ type EndpointEndpointInfo struct {
 	Ipv6     [4]uint32
 }
 
+type EndpointFlowConfigValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type EndpointFlowEvent struct {
+	_            structs.HostLayout
+	TimeNs       uint64
+	Ep           uint16
+	Dir          uint8
+	Family       uint8
+	Proto        uint8
+	Verdict      uint8
+	TcpFlags     uint8
+	Flags        uint8
+	Sport        uint16
+	Dport        uint16
+	SvcPort      uint16
+	ProxyPort    uint16
+	PeerIdentity uint32
+	Identity     uint32
+	Len          uint32
+	Pad          uint32
+	Saddr        [4]uint32
+	Daddr        [4]uint32
+	SvcAddr      [4]uint32
+}
+
+type EndpointFlowStatsValue struct {
+	_         structs.HostLayout
+	Flows     uint64
+	FlowsLost uint64
+	DropsLost uint64
+}
+
 type EndpointHostSafeKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -288,6 +323,9 @@ const (
 	EndpointMapDrops                 = "drops"
 	EndpointMapEndpoints             = "endpoints"
 	EndpointMapEvents                = "events"
+	EndpointMapFlowConfig            = "flow_config"
+	EndpointMapFlowStats             = "flow_stats"
+	EndpointMapFlows                 = "flows"
 	EndpointMapHostSafe              = "host_safe"
 	EndpointMapIpcache               = "ipcache"
 	EndpointMapLbAffinity            = "lb_affinity"
@@ -310,6 +348,9 @@ const (
 	EndpointVarUnusedCidrValue       = "unused_cidr_value"
 	EndpointVarUnusedDropEvent       = "unused_drop_event"
 	EndpointVarUnusedDropReason      = "unused_drop_reason"
+	EndpointVarUnusedFlowConfigValue = "unused_flow_config_value"
+	EndpointVarUnusedFlowEvent       = "unused_flow_event"
+	EndpointVarUnusedFlowStatsValue  = "unused_flow_stats_value"
 	EndpointVarUnusedHostSafeKey     = "unused_host_safe_key"
 	EndpointVarUnusedNodeConfigValue = "unused_node_config_value"
 	EndpointVarUnusedPolicyKey       = "unused_policy_key"
@@ -374,6 +415,9 @@ type EndpointMapSpecs struct {
 	Drops       *ebpf.MapSpec `ebpf:"drops"`
 	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	FlowConfig  *ebpf.MapSpec `ebpf:"flow_config"`
+	FlowStats   *ebpf.MapSpec `ebpf:"flow_stats"`
+	Flows       *ebpf.MapSpec `ebpf:"flows"`
 	HostSafe    *ebpf.MapSpec `ebpf:"host_safe"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	LbAffinity  *ebpf.MapSpec `ebpf:"lb_affinity"`
@@ -397,6 +441,9 @@ type EndpointVariableSpecs struct {
 	UnusedCidrValue       *ebpf.VariableSpec `ebpf:"unused_cidr_value"`
 	UnusedDropEvent       *ebpf.VariableSpec `ebpf:"unused_drop_event"`
 	UnusedDropReason      *ebpf.VariableSpec `ebpf:"unused_drop_reason"`
+	UnusedFlowConfigValue *ebpf.VariableSpec `ebpf:"unused_flow_config_value"`
+	UnusedFlowEvent       *ebpf.VariableSpec `ebpf:"unused_flow_event"`
+	UnusedFlowStatsValue  *ebpf.VariableSpec `ebpf:"unused_flow_stats_value"`
 	UnusedHostSafeKey     *ebpf.VariableSpec `ebpf:"unused_host_safe_key"`
 	UnusedNodeConfigValue *ebpf.VariableSpec `ebpf:"unused_node_config_value"`
 	UnusedPolicyKey       *ebpf.VariableSpec `ebpf:"unused_policy_key"`
@@ -428,6 +475,9 @@ type EndpointMaps struct {
 	Drops       *ebpf.Map `ebpf:"drops"`
 	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Events      *ebpf.Map `ebpf:"events"`
+	FlowConfig  *ebpf.Map `ebpf:"flow_config"`
+	FlowStats   *ebpf.Map `ebpf:"flow_stats"`
+	Flows       *ebpf.Map `ebpf:"flows"`
 	HostSafe    *ebpf.Map `ebpf:"host_safe"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	LbAffinity  *ebpf.Map `ebpf:"lb_affinity"`
@@ -450,6 +500,9 @@ func (m *EndpointMaps) Close() error {
 		m.Drops,
 		m.Endpoints,
 		m.Events,
+		m.FlowConfig,
+		m.FlowStats,
+		m.Flows,
 		m.HostSafe,
 		m.Ipcache,
 		m.LbAffinity,
@@ -474,6 +527,9 @@ type EndpointVariables struct {
 	UnusedCidrValue       *ebpf.Variable `ebpf:"unused_cidr_value"`
 	UnusedDropEvent       *ebpf.Variable `ebpf:"unused_drop_event"`
 	UnusedDropReason      *ebpf.Variable `ebpf:"unused_drop_reason"`
+	UnusedFlowConfigValue *ebpf.Variable `ebpf:"unused_flow_config_value"`
+	UnusedFlowEvent       *ebpf.Variable `ebpf:"unused_flow_event"`
+	UnusedFlowStatsValue  *ebpf.Variable `ebpf:"unused_flow_stats_value"`
 	UnusedHostSafeKey     *ebpf.Variable `ebpf:"unused_host_safe_key"`
 	UnusedNodeConfigValue *ebpf.Variable `ebpf:"unused_node_config_value"`
 	UnusedPolicyKey       *ebpf.Variable `ebpf:"unused_policy_key"`

@@ -495,6 +495,7 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 	hairpin = lb_addr_eq(nv.backend.addr, p->saddr);
 	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
 		return LB_ERROR;
+	p->bits |= PKT_SVC; /* the flow's frontend: flow_report */
 	p->policy_port = bpf_ntohs(p->dport);
 	if (!hairpin)
 		return LB_PASS;

@@ -29,7 +29,8 @@ type bpfState struct {
 	progs  programs          // the node's endpoint programs (nodePrograms)
 	progID [2]ebpf.ProgramID // their kernel IDs (from, to)
 	events *ringbuf.Reader
-	slots  slotPool // the outer maps' slots (bpf_slots_linux.go)
+	flows  *ringbuf.Reader // the flow reports (bpf_flows_linux.go)
+	slots  slotPool        // the outer maps' slots (bpf_slots_linux.go)
 
 	// mu guards everything below.
 	mu sync.Mutex
@@ -126,11 +127,19 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if b.progID, err = b.progs.ids(); err != nil {
 		return nil, err
 	}
+	if err := b.setFlows(cfg.Flows); err != nil {
+		return nil, err
+	}
 	if b.events, err = ringbuf.NewReader(sm.events); err != nil {
 		return nil, fmt.Errorf("open drop notification reader: %w", err)
 	}
+	if b.flows, err = ringbuf.NewReader(sm.flows); err != nil {
+		b.events.Close()
+		return nil, fmt.Errorf("open flow report reader: %w", err)
+	}
 	if err := b.initSlots(); err != nil {
 		b.events.Close()
+		b.flows.Close()
 		b.closeSlots()
 		return nil, err
 	}
@@ -141,6 +150,7 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 // programs attached to the endpoints) stay.
 func (b *bpfState) close() {
 	b.events.Close()
+	b.flows.Close()
 	b.mu.Lock()
 	for _, e := range b.eps {
 		e.close()

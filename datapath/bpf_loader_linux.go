@@ -71,7 +71,10 @@ type sharedMaps struct {
 	config *ebpf.Map
 	// hostSafe: the host firewall's safety-net peers (bpf/hostfw.h).
 	hostSafe *ebpf.Map
-	lb       lbMaps // the service maps (bpf_lb_linux.go)
+	// flows: the flow reports' ring; flowConfig: whether the programs
+	// report flows (key 0); flowStats: their per-CPU counters.
+	flows, flowConfig, flowStats *ebpf.Map
+	lb                           lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // core are the maps both endpoint programs use.
@@ -82,7 +85,7 @@ func (sm sharedMaps) core() []*ebpf.Map {
 // all are the shared maps: core, those only one program uses (config:
 // from_container) and the service maps.
 func (sm sharedMaps) all() []*ebpf.Map {
-	return append(append(sm.core(), sm.config, sm.hostSafe), sm.lb.all()...)
+	return append(append(sm.core(), sm.config, sm.hostSafe, sm.flows, sm.flowConfig, sm.flowStats), sm.lb.all()...)
 }
 
 // openShared opens (or creates) the shared maps pinned under dir.
@@ -127,6 +130,9 @@ func (sm *sharedMaps) named() []namedMap {
 		{name: bpf.EndpointMapCidrMaps, pin: pinCIDRMaps, dst: &sm.cidrMaps},
 		{name: bpf.EndpointMapNodeConfig, dst: &sm.config},
 		{name: bpf.EndpointMapHostSafe, dst: &sm.hostSafe},
+		{name: bpf.EndpointMapFlows, dst: &sm.flows},
+		{name: bpf.EndpointMapFlowConfig, dst: &sm.flowConfig},
+		{name: bpf.EndpointMapFlowStats, dst: &sm.flowStats},
 	}
 }
 

@@ -38,8 +38,11 @@
 // the worker pool, beside the Realize's host routes and sysctls while the
 // state is written; phases timed through `LinuxHooks.Phase`), `bpf_events`
 // (drop ring buffer -> `LinuxHooks.OnDrop`, which `pkg/agent/drops.go`
-// turns into `datapath-drop` events and the Prometheus drop counter),
-// `bpf_fs` (bpffs mount only at /sys/fs/bpf, pin layout), `bpf_ct` (an
+// turns into `datapath-drop` events and the Prometheus drop counter, and
+// the flow log too), `bpf_flows` + `flows.go` (the `flows` ring buffer:
+// one `FlowEvent` per new connection -> `LinuxHooks.OnFlow`, the
+// `flow_config` switch `SetFlows` writes, the per-CPU loss counters
+// `FlowStats` sums), `bpf_fs` (bpffs mount only at /sys/fs/bpf, pin layout), `bpf_ct` (an
 // endpoint's conntrack entries flushed on Remove), `bpf_ctgc` + `ctgc.go`
 // (the conntrack collector goroutine: bounded passes over the `ct` map,
 // interval adapted to the dead share); `hostaddrs_linux.go` (the host

@@ -73,6 +73,10 @@ type LinuxConfig struct {
 	DNSProxyPort uint16
 	// Services configures the kube-proxy-free mode's hooks.
 	Services ServicesConfig
+	// Flows makes the endpoint programs report each new connection with
+	// its verdict (OnFlow; --flows). Written to the flow_config map at
+	// Init and by SetFlows: nothing is reloaded.
+	Flows bool
 	// HostFirewall turns the host firewall on (host policies): the
 	// programs on Services.Devices enforce the host endpoint's policy
 	// (bpf/hostfw.h, RealizeHostPolicy).
@@ -340,6 +344,11 @@ type LinuxHooks struct {
 	// (a slow OnDrop delays later notifications; the kernel discards
 	// notifications while the ring is full, the counters still count).
 	OnDrop func(DropEvent)
+	// OnFlow receives the flow reports of the endpoint programs (one per
+	// new connection, LinuxConfig.Flows), from the flow ring's reader
+	// goroutine; it must not block (the kernel discards reports while the
+	// ring is full and counts them, FlowStats).
+	OnFlow func(FlowEvent)
 	// Phase receives how long each step of a Realize or Remove took
 	// (LinuxPhases); it must not block.
 	Phase func(phase string, d time.Duration)

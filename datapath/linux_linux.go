@@ -161,6 +161,7 @@ func (l *Linux) initBPF() error {
 		}
 		l.bpf = b
 		go l.readDrops(b.events)
+		go l.readFlows(b.flows)
 		if l.cfg.CTGC.Interval > 0 {
 			l.ctStop = make(chan struct{})
 			go l.ctGCLoop(l.ctStop)

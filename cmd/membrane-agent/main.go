@@ -106,6 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 10*time.Second, "how often the health endpoint is probed")
 	fs.DurationVar(&cfg.HealthNodeInterval, "health-node-interval", 5*time.Second, "with --enable-health: how often every remote node is probed (ICMP echo and HTTP to its responder on port 4240, which this agent also runs); negative: no node probes, no responder; GET /v1/health")
+	fs.BoolVar(&cfg.Linux.Flows, "flows", true, "linux datapath: the endpoint programs report every new connection with its verdict (GET /v1/flows, membranectl observe); off, only drops are recorded. Written to a BPF map at start: no pod is reloaded")
+	fs.IntVar(&cfg.Flows.Capacity, "flows-buffer", 4096, "how many flows the node's flow log keeps (GET /v1/flows)")
+	fs.IntVar(&cfg.Flows.Rate, "flows-rate", 5000, "at most this many flows per second enter the flow log; the rest are counted (rate-limited in GET /v1/flows and status)")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	var kc k8s.Config
 	var inCluster bool
@@ -234,6 +237,13 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	}
 	if kc.NodeName != "" && cfg.K8s == nil && cfg.Kvstore == nil {
 		return cfg, nil, fmt.Errorf("--node-name: only with --k8s-kubeconfig, --k8s or --kvstore")
+	}
+	cfg.NodeName = kc.NodeName
+	if cfg.Flows.Capacity < 1 || cfg.Flows.Capacity > 1<<20 {
+		return cfg, nil, fmt.Errorf("--flows-buffer %d: want 1..%d", cfg.Flows.Capacity, 1<<20)
+	}
+	if cfg.Flows.Rate < 1 {
+		return cfg, nil, fmt.Errorf("--flows-rate %d: want at least 1", cfg.Flows.Rate)
 	}
 	log, err := newLogger(level, format, stderr)
 	if err != nil {

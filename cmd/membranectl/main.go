@@ -118,7 +118,7 @@ func (a *app) rootCommand() *cobra.Command {
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	root.AddCommand(a.statusCommand(), a.healthCommand(), a.endpointCommand(), a.identityCommand(), a.ipamCommand(),
 		a.policyCommand(), a.ipcacheCommand(), a.nodeCommand(), a.serviceCommand(), a.dropsCommand(), a.actorsCommand(), a.actorCommand(), a.monitorCommand(),
-		a.fqdnCommand(), a.connectivityCommand())
+		a.fqdnCommand(), a.connectivityCommand(), a.observeCommand())
 	return root
 }
 

@@ -77,6 +77,9 @@ func (a *app) statusOut(st *models.Status) error {
 	if st.ClusterIdentity != nil {
 		t.row("Cluster identities:", clusterIdentityText(st.ClusterIdentity))
 	}
+	if st.Flows != nil {
+		t.row("Flows:", flowsText(st.Flows))
+	}
 	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
 	return t.flush()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/agent/dnsproxy"
+	"github.com/membrane-cni/membrane/pkg/agent/flows"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
@@ -130,6 +131,13 @@ type Config struct {
 	// FQDN bounds the names learned from DNS answers (--tofqdns-min-ttl,
 	// --tofqdns-endpoint-max-ips).
 	FQDN fqdn.CacheConfig
+	// Flows sizes the flow log (--flows-buffer, --flows-rate); with the
+	// Linux datapath, Linux.Flows (--flows) says whether the programs
+	// report connections (drops are recorded either way). Node, Index,
+	// Metrics, DatapathStats and Enabled are the agent's to fill.
+	Flows flows.Config
+	// NodeName names the node in flows ("" : the hostname).
+	NodeName string
 }
 
 // Validate names the bad field by its flag.
@@ -225,8 +233,12 @@ type Agent struct {
 	k8s        *k8s.Watcher    // nil: standalone
 	kvstore    *kvstoreMode    // nil: no kvstore
 	events     *events.Hub
-	k8sSvc     *k8s.ServiceWatcher
-	stopDNS    func() // stops the DNS proxy (nil: not running)
+	// flowLog is the flow log (Linux datapath; nil otherwise), stopFlows
+	// ends its L7/DNS correlation.
+	flowLog   *flows.Store
+	stopFlows context.CancelFunc
+	k8sSvc    *k8s.ServiceWatcher
+	stopDNS   func() // stops the DNS proxy (nil: not running)
 	// stopHostPorts stops the hostPort resync (nil: not running).
 	stopHostPorts func()
 	// stopPrune stops the wait for the ipcache prune (nil: not running).

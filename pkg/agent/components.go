@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent/api"
 	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
+	"github.com/membrane-cni/membrane/pkg/agent/flows"
 	"github.com/membrane-cni/membrane/pkg/agent/health"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
@@ -65,7 +67,13 @@ func (s *starter) components() []component {
 			return nil
 		}},
 		// The actors: endpoints, IPAM, identities, policy, ipcache, GC.
-		{"actors", s.startActors, func(context.Context) error { a.System.Stop(); return nil }},
+		{"actors", s.startActors, func(context.Context) error {
+			if a.stopFlows != nil {
+				a.stopFlows()
+			}
+			a.System.Stop()
+			return nil
+		}},
 		// The REST API on the unix socket. Reads are served from now on,
 		// mutating calls get 503 until ready. Its stop also stops the
 		// read-only HTTP listener, after the API server (whose Shutdown
@@ -281,10 +289,36 @@ func (s *starter) startActors() error {
 	a.System = sys
 	if s.linux != nil {
 		m := a.cfg.API.Metrics
-		s.linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(a.events, m),
+		fl, err := s.newFlowLog()
+		if err != nil {
+			sys.Stop()
+			return err
+		}
+		drop := onDrop(a.events, m)
+		s.linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys),
+			OnDrop: func(ev datapath.DropEvent) { drop(ev); fl.OnDrop(ev) }, OnFlow: fl.OnFlow,
 			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m)})
 	}
 	return nil
+}
+
+// newFlowLog creates the flow log fed by the Linux datapath's flow
+// reports and drop notifications, and starts its L7/DNS correlation.
+func (s *starter) newFlowLog() (*flows.Store, error) {
+	a := s.a
+	cfg := a.cfg.Flows
+	cfg.Enabled, cfg.Index, cfg.Metrics, cfg.DatapathStats = a.cfg.Linux.Flows, a.Index, a.cfg.API.Metrics, s.linux.FlowStats
+	if cfg.Node = a.cfg.NodeName; cfg.Node == "" {
+		cfg.Node, _ = os.Hostname()
+	}
+	fl, err := flows.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go fl.Run(ctx, a.events)
+	a.flowLog, a.stopFlows = fl, cancel
+	return fl, nil
 }
 
 // serveAPI serves the REST API on the unix socket.
@@ -307,6 +341,9 @@ func (s *starter) serveAPI() error {
 	srv, err := api.New(apiCfg, a.System, a.log)
 	if err != nil {
 		return err
+	}
+	if a.flowLog != nil {
+		srv.SetFlows(a.flowLog)
 	}
 	lis, err := api.Listen(a.cfg.Socket, a.cfg.SocketMode)
 	if err != nil {

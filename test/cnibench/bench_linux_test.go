@@ -77,6 +77,11 @@ func TestCNIBench(t *testing.T) {
 		arms = append(arms, startMembrane(t, dir, bin, agentBin, host, "membrane", true, dual))
 	}
 	arms = append(arms, startMembrane(t, dir, bin, agentBin, testutil.NewNS(t, "mbb-htc"), "membrane-tc", false, dual))
+	// BENCH_FLOWS=ab: the same agent with --flows=false (no flow reports),
+	// tc attach, next to membrane-tc (flows on, the default).
+	if os.Getenv("BENCH_FLOWS") == "ab" {
+		arms = append(arms, startMembrane(t, dir, bin, agentBin, testutil.NewNS(t, "mbb-hnof"), "noflows-tc", false, dual, "--flows=false"))
+	}
 	// An A/B of the plugin alone: another plugin binary (say, one built
 	// from main) against an agent of its own, tc attach, in the same
 	// alternation as the others.
@@ -338,12 +343,13 @@ var armRanges = map[string][2]string{
 	"membrane-tc": {"10.247.0.0/16", "fd00:247::/112"},
 	"base":        {"10.249.0.0/16", "fd00:249::/112"},
 	"base-tc":     {"10.248.0.0/16", "fd00:248::/112"},
+	"noflows-tc":  {"10.252.0.0/16", "fd00:252::/112"},
 }
 
 // startMembrane starts an agent in host (dual: with an IPv6 range too;
 // endpointTCX: endpoint programs attached with TCX, else with cls_bpf as
 // by default) and returns its arm.
-func startMembrane(t *testing.T, dir, bin, agentBin string, host *testutil.NS, name string, endpointTCX, dual bool) *arm {
+func startMembrane(t *testing.T, dir, bin, agentBin string, host *testutil.NS, name string, endpointTCX, dual bool, extra ...string) *arm {
 	t.Helper()
 	dir = filepath.Join(dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -356,6 +362,7 @@ func startMembrane(t *testing.T, dir, bin, agentBin string, host *testutil.NS, n
 	if dual {
 		args = append(args, "--ipv6-range", armRanges[name][1])
 	}
+	args = append(args, extra...)
 	a := startAgent(t, host, agentBin, dir, args...)
 	raw := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"membrane-bench","plugins":[{"type":"membrane-cni","socket":%q,"deleteQueueDir":%q,"mtu":1500}]}`,
 		a.socket, filepath.Join(dir, "queue"))

@@ -24,7 +24,7 @@ import (
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-proxy")) }
+func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-proxy", "membranectl")) }
 
 // Bounds of requests (not timing assertions): one policy should drop is
 // given up after dropTimeout; one that should pass has okTimeout.
@@ -63,6 +63,8 @@ type nodeOpts struct {
 	// noEvents: no event stream subscriber (benchmarks: the test's own
 	// reader would compete for the CPU).
 	noEvents bool
+	// agent changes the agent's configuration further (nil: nothing).
+	agent func(*agent.Config)
 }
 
 func newNode(t *testing.T, cidr string, o nodeOpts) *node {
@@ -81,6 +83,9 @@ func newNode(t *testing.T, cidr string, o nodeOpts) *node {
 		cfg.Linux.L7 = datapath.L7Config{ProxyPath: o.proxy, XDSSocket: filepath.Join(hn.Dir, "xds.sock"), Listen: "127.0.0.1:15001",
 			MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, StableAfter: time.Second}
 		cfg.Actors.Endpoint.ProxyWaitTimeout = o.proxyWait
+		if o.agent != nil {
+			o.agent(cfg)
+		}
 	}
 	n.start()
 	if !o.noEvents {

@@ -40,6 +40,7 @@ const (
 	CodeNetns             = "netns-unavailable"          // 400: POST /v1/attach: the pod's netns cannot be opened or entered
 	CodeInterfaceExists   = "interface-exists"           // 409: POST /v1/attach: an interface name stays taken
 	CodeKernel            = "kernel-error"               // 500: POST /v1/attach: a netlink or sysctl call failed
+	CodeTooManyStreams    = "too-many-streams"           // 429: GET /v1/flows?follow=true with every follower slot taken
 )
 
 // apiError is an error with its HTTP status and code.

@@ -245,6 +245,10 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		st.Kvstore = (*fn)()
 	}
 	st.L7Proxy = l7Status(s.sys.Datapath)
+	if fl := s.flowLog.Load(); fl != nil {
+		fs := fl.Stats()
+		st.Flows = &fs
+	}
 	if ci, ok := s.sys.ClusterIdentities(); ok {
 		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,
 			Synced: ci.Store.Synced, Known: ci.Known, InUse: ci.InUse, Waiting: ci.Waiting, WaitingLabels: ci.WaitingLabels, LastError: ci.Store.LastError}

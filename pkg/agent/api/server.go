@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
+	"github.com/membrane-cni/membrane/pkg/agent/flows"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -124,6 +125,7 @@ type Server struct {
 	k8s         atomic.Pointer[func() *models.K8sStatus]
 	kvstore     atomic.Pointer[func() *models.KvstoreStatus]
 	labeler     atomic.Pointer[EndpointLabeler]
+	flowLog     atomic.Pointer[flows.Store]
 }
 
 // EndpointLabeler gives a pod's endpoint its labels and named ports
@@ -255,6 +257,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/nodes", s.listNodes)
 	m.HandleFunc("GET /v1/drops", s.listDrops)
 	m.HandleFunc("GET /v1/fqdn/cache", s.listFQDNCache)
+	m.HandleFunc(flowsRoute, s.listFlows)
 	s.operatorRoutes(m)
 	s.uiRoutes(m)
 	s.mux = m
@@ -282,7 +285,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start, rec := time.Now(), &codeWriter{ResponseWriter: w, req: r}
 	s.serve(rec, r)
 	pattern := r.Pattern
-	if pattern == eventsRoute {
+	if pattern == eventsRoute || pattern == flowsRoute && r.URL.Query().Has("follow") {
 		return
 	}
 	if pattern == "" {

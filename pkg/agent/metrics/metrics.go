@@ -65,13 +65,15 @@ type Metrics struct {
 	proxyWaits  *prometheus.Desc
 	refused     *prometheus.Desc
 	dns         *dnsMetrics
+	flows       *flowMetrics
 }
 
 // New creates the metrics on a fresh registry, with the Go runtime and
 // process collectors.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry(), dns: newDNSMetrics()}
+	m := &Metrics{reg: prometheus.NewRegistry(), dns: newDNSMetrics(), flows: newFlowMetrics()}
 	m.reg.MustRegister(m.dns.collectors()...)
+	m.reg.MustRegister(m.flows.collectors()...)
 	m.apiLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Subsystem: "api", Name: "request_duration_seconds",
 		Help:    "REST API request latency by route pattern, method and status code.",

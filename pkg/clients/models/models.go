@@ -212,6 +212,8 @@ type Status struct {
 	ClusterIdentity *ClusterIdentityStatus `json:"cluster-identity,omitempty"`
 	// Kvstore is the connection to etcd (absent unless --kvstore etcd).
 	Kvstore *KvstoreStatus `json:"kvstore,omitempty"`
+	// Flows is the flow log's state and losses (absent without one).
+	Flows *FlowStats `json:"flows,omitempty"`
 }
 
 // KvstoreStatus reports the agent's kvstore (etcd) connection.

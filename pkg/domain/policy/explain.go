@@ -1,0 +1,101 @@
+package policy
+
+import (
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+// Explanation kinds (Explain's want).
+const (
+	// ExplainAllow: the policies with an allow rule for the traffic.
+	ExplainAllow = iota
+	// ExplainDeny: the policies with a deny rule (ingressDeny,
+	// egressDeny) for it.
+	ExplainDeny
+	// ExplainDefaultDeny: the policies that make the direction
+	// default-deny for the subject (no rule allows the traffic).
+	ExplainDefaultDeny
+)
+
+// Explain names (Policy.Key, in pols' order, each once) the policies
+// behind a verdict the datapath gave traffic of an endpoint with subject
+// labels and a peer with peer labels on destination port and proto in
+// dir: those whose rules allow it, deny it, or make the direction
+// default-deny (want). It re-evaluates the rules in user space, since
+// the policy map keeps no reference to them: named ports and CIDR rules
+// on addresses without a CIDR identity are not matched (the answer is
+// then shorter, never wrong about what it names). Host rules are left
+// out.
+func Explain(pols []*Policy, subject, peer labels.Labels, port uint16, proto uint8, dir Direction, want int) []string {
+	var out []string
+	for _, p := range pols {
+		if p == nil || !explains(p, subject, peer, port, proto, dir, want) {
+			continue
+		}
+		out = append(out, p.Key())
+	}
+	return out
+}
+
+func explains(p *Policy, subject, peer labels.Labels, port uint16, proto uint8, dir Direction, want int) bool {
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if r.Host || r.Subject == nil || !r.Subject.Matches(subject) {
+			continue
+		}
+		allow, deny, enforced := r.Ingress, r.IngressDeny, r.IngressEnforced
+		if dir == Egress {
+			allow, deny, enforced = r.Egress, r.EgressDeny, r.EgressEnforced
+		}
+		switch want {
+		case ExplainAllow:
+			if peerRulesMatch(allow, peer, port, proto) {
+				return true
+			}
+		case ExplainDeny:
+			if peerRulesMatch(deny, peer, port, proto) {
+				return true
+			}
+		case ExplainDefaultDeny:
+			if enforced {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// peerRulesMatch reports whether one of prs matches the peer, port and
+// protocol.
+func peerRulesMatch(prs []PeerRule, peer labels.Labels, port uint16, proto uint8) bool {
+	for _, pr := range prs {
+		if !portsMatch(pr.Ports, port, proto) {
+			continue
+		}
+		if pr.Any {
+			return true
+		}
+		for _, s := range pr.Peers {
+			if s != nil && s.Matches(peer) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// portsMatch: no ports is any port and protocol; a port 0 any port of
+// its protocol; protocol 0 any protocol.
+func portsMatch(ports []PortProto, port uint16, proto uint8) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, pp := range ports {
+		if pp.Name != "" {
+			continue
+		}
+		if (pp.Proto == ProtoAny || pp.Proto == proto) && (pp.Port == 0 || pp.Port == port) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,71 @@
+package policy
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+)
+
+const explainDocs = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: b-from-a, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: a}}]
+    toPorts: [{ports: [{port: "80", protocol: TCP}]}]
+  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: c}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-isolated, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  policyTypes: [Ingress]
+`
+
+func explainLabels(t *testing.T, app string) labels.Labels {
+	t.Helper()
+	var ls labels.Labels
+	for _, s := range []string{"k8s:app=" + app, "k8s:io.kubernetes.pod.namespace=default"} {
+		l, err := labels.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	return ls
+}
+
+// TestExplain: the policies behind an allow, a deny rule and a default
+// deny, re-evaluated from the rules.
+func TestExplain(t *testing.T) {
+	pols, err := Parse([]byte(explainDocs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := explainLabels(t, "a"), explainLabels(t, "b"), explainLabels(t, "c")
+	for _, tc := range []struct {
+		name          string
+		subject, peer labels.Labels
+		port          uint16
+		dir           Direction
+		want          int
+		names         []string
+	}{
+		{"allow", b, a, 80, Ingress, ExplainAllow, []string{"default/b-from-a"}},
+		{"allow other port", b, a, 81, Ingress, ExplainAllow, nil},
+		{"deny rule", b, c, 80, Ingress, ExplainDeny, []string{"default/b-from-a"}},
+		{"no deny for a", b, a, 80, Ingress, ExplainDeny, nil},
+		{"default deny", b, a, 81, Ingress, ExplainDefaultDeny, []string{"default/b-from-a", "default/b-isolated"}},
+		{"egress not enforced", b, a, 81, Egress, ExplainDefaultDeny, nil},
+		{"other subject", a, b, 80, Ingress, ExplainAllow, nil},
+	} {
+		got := Explain(pols, tc.subject, tc.peer, tc.port, ProtoTCP, tc.dir, tc.want)
+		if !slices.Equal(got, tc.names) {
+			t.Errorf("%s: Explain = %v, want %v", tc.name, got, tc.names)
+		}
+	}
+}
