@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cluster"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 // kubeFlags are the flags of the commands that go through the API
@@ -223,4 +225,49 @@ func (a *app) connectivityOut(r *cluster.ConnectivityReport) error {
 	_, err := fmt.Fprintf(a.out, "\n%d passed, %d failed, %d skipped on %s (namespace %s)%s\n",
 		r.Passed, r.Failed, r.Skipped, strings.Join(r.Nodes, ", "), r.Namespace, cleanupSuffix(r))
 	return err
+}
+
+// observeAllNodes is observe --all-nodes: each agent's own membranectl
+// observe (the same filters, as query parameters turned back into
+// flags), merged by time, or interleaved as they come with -f.
+func (a *app) observeAllNodes(cmd *cobra.Command, k *kubeFlags, q url.Values, follow bool) error {
+	c, err := k.client()
+	if err != nil {
+		return err
+	}
+	var args []string
+	for _, key := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range q[key] {
+			args = append(args, "--"+key+"="+v)
+		}
+	}
+	if follow {
+		args = append(args, "--follow")
+	}
+	ctx, cancel := context.WithCancel(cmd.Context())
+	if !follow || cmd.Flags().Changed("timeout") {
+		ctx, cancel = a.ctx(cmd)
+	}
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var perr error
+	nodeErrs, err := c.Observe(ctx, k.agents, args, follow, func(f models.Flow) {
+		if perr == nil {
+			perr = a.printFlow(f)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if perr != nil {
+		return perr
+	}
+	for _, e := range nodeErrs {
+		fmt.Fprintf(a.errOut, "membranectl: %v\n", e)
+	}
+	if len(nodeErrs) > 0 {
+		return fmt.Errorf("%d nodes could not be read", len(nodeErrs))
+	}
+	return nil
 }

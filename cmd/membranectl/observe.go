@@ -21,7 +21,8 @@ func (a *app) observeCommand() *cobra.Command {
 	var ports []int
 	var last int
 	var since string
-	var follow bool
+	var follow, allNodes bool
+	var k kubeFlags
 	cmd := &cobra.Command{
 		Use:   "observe",
 		Short: "Show the node's flows: connections with their verdicts, drops, L7 and DNS records (-f follows)",
@@ -49,6 +50,9 @@ func (a *app) observeCommand() *cobra.Command {
 			}
 			if since != "" {
 				q.Set("since", since)
+			}
+			if allNodes {
+				return a.observeAllNodes(cmd, &k, q, follow)
 			}
 			if follow {
 				return a.followFlows(cmd, q)
@@ -82,6 +86,8 @@ func (a *app) observeCommand() *cobra.Command {
 	f.IntVar(&last, "last", 0, "only the last N matching flows (0: all the agent holds)")
 	f.StringVar(&since, "since", "", "only flows since a time (RFC 3339) or for a duration back (5m)")
 	f.BoolVarP(&follow, "follow", "f", false, "follow new flows (Ctrl-C ends it)")
+	f.BoolVar(&allNodes, "all-nodes", false, "every node's flows, through the API server (pods/exec into the DaemonSet's pods)")
+	k.register(cmd)
 	return cmd
 }
 

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	conn "github.com/membrane-cni/membrane/pkg/clients/cluster"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 // TestConnectivity runs `membranectl connectivity test` against the
@@ -89,6 +90,30 @@ func TestConnectivity(t *testing.T) {
 	}
 	if _, err := c.client.CoreV1().Namespaces().Get(t.Context(), rep.Namespace, metav1.GetOptions{}); err == nil {
 		t.Errorf("namespace %s still there after the run", rep.Namespace)
+	}
+
+	// Every node's flows of the run, through the API server: the
+	// cross-node connection seen on both nodes, the NetworkPolicy's drop.
+	obs := c.ctl("observe", "--all-nodes", "--namespace", rep.Namespace, "-o", "json")
+	var oout, oerr bytes.Buffer
+	obs.Stdout, obs.Stderr = &oout, &oerr
+	if err := obs.Run(); err != nil {
+		t.Fatalf("observe --all-nodes: %v\n%s", err, oerr.String())
+	}
+	nodesSeen, dropped := map[string]int{}, 0
+	for _, line := range strings.Split(strings.TrimSpace(oout.String()), "\n") {
+		var f models.Flow
+		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Fatalf("observe --all-nodes line %q: %v", line, err)
+		}
+		nodesSeen[f.Node]++
+		if f.Verdict == "dropped" && f.Source.Pod == "client" && f.Destination.Pod == "echo-a" {
+			dropped++
+		}
+	}
+	t.Logf("observe --all-nodes: flows per node %v, %d drops of client -> echo-a", nodesSeen, dropped)
+	if len(nodesSeen) != len(c.nodes) || dropped == 0 {
+		t.Errorf("observe --all-nodes: flows per node %v (want every node), %d NetworkPolicy drops (want some)", nodesSeen, dropped)
 	}
 
 	// A closed port outside: pod-to-world fails, the command exits 1.

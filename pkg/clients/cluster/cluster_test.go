@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 )
 
 func TestConnectivityOptionsValidate(t *testing.T) {
@@ -115,5 +118,26 @@ func TestNodeSchedulable(t *testing.T) {
 		if got := nodeSchedulable(&tt.n); got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+func TestFlowLines(t *testing.T) {
+	var got []string
+	w := &flowLines{emit: func(f models.Flow) { got = append(got, f.Verdict+"@"+f.Node) }}
+	for _, chunk := range []string{`{"verdict":"forwarded","node":"n1"}` + "\n" + `{"verdict":"dro`, `pped","node":"n2"}` + "\n\n", `{"verdict":"audit"}`} {
+		if n, err := w.Write([]byte(chunk)); err != nil || n != len(chunk) {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	}
+	if err := w.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"forwarded@n1", "dropped@n2", "audit@"}; !slices.Equal(got, want) {
+		t.Fatalf("flows %v, want %v", got, want)
+	}
+	bad := &flowLines{emit: func(models.Flow) {}}
+	_, _ = bad.Write([]byte("not json\n"))
+	if err := bad.flush(); err == nil {
+		t.Fatal("a bad line was not reported")
 	}
 }

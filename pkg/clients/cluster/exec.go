@@ -60,32 +60,38 @@ func (e *ExecError) Unwrap() error { return e.Err }
 // protocol and falls back to SPDY for API servers that do not offer it,
 // as kubectl does.
 func (c *Client) Exec(ctx context.Context, ns, pod, container string, cmd []string) ([]byte, error) {
+	stdout := &limitedBuffer{max: maxExecOutput}
+	err := c.ExecStream(ctx, ns, pod, container, cmd, stdout)
+	if err == nil && stdout.over {
+		err = &ExecError{Pod: ns + "/" + pod, Cmd: cmd, Err: fmt.Errorf("output longer than %d bytes", maxExecOutput)}
+	}
+	return stdout.Bytes(), err
+}
+
+// ExecStream is Exec writing the command's stdout to stdout as it comes
+// (a follow stream), for as long as it runs or ctx lasts.
+func (c *Client) ExecStream(ctx context.Context, ns, pod, container string, cmd []string, stdout io.Writer) error {
 	req := c.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(c.Config, "GET", req.URL().String())
 	if err != nil {
-		return nil, fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
+		return fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
 	}
 	spdy, err := remotecommand.NewSPDYExecutor(c.Config, "POST", req.URL())
 	if err != nil {
-		return nil, fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
+		return fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
 	}
 	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
+		return fmt.Errorf("exec in %s/%s: %w", ns, pod, err)
 	}
-	stdout := &limitedBuffer{max: maxExecOutput}
 	stderr := &limitedBuffer{max: 64 << 10}
-	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr})
-	if err == nil && stdout.over {
-		err = fmt.Errorf("output longer than %d bytes", maxExecOutput)
+	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr}); err != nil {
+		return &ExecError{Pod: ns + "/" + pod, Cmd: cmd, Err: err, Stderr: stderr.String()}
 	}
-	if err != nil {
-		return stdout.Bytes(), &ExecError{Pod: ns + "/" + pod, Cmd: cmd, Err: err, Stderr: stderr.String()}
-	}
-	return stdout.Bytes(), nil
+	return nil
 }
 
 // ExitCode is the command's exit status when err says it exited
