@@ -68,8 +68,11 @@ type Report struct {
 	PolicyChurn             string   `json:"policy_churn,omitempty"`
 	Notes                   []string `json:"notes,omitempty"`
 	Events                  []Event  `json:"events"`
-	Timeline                []Sample `json:"timeline"`
-	Host                    Host     `json:"host"`
+	// Resources are the churn phase's resource slopes (a soak's
+	// verdict: flat); nil when the phase was too short to fit.
+	Resources *ResourceSlopes `json:"resource_slopes,omitempty"`
+	Timeline  []Sample        `json:"timeline"`
+	Host      Host            `json:"host"`
 }
 
 // IndexWrites is how many row changes the index writer committed in how
@@ -129,6 +132,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 	r.Events, r.Notes = append([]Event{}, e.events...), append([]string{}, e.notes...)
 	e.evMu.Unlock()
 	r.Timeline = e.timeline
+	r.Resources = resourceSlopes(e.timeline)
 	if r.Violations == nil {
 		r.Violations = []Violation{}
 	}
@@ -217,6 +221,16 @@ func (r *Report) WriteText(w io.Writer) {
 	if t := r.IndexWrites.Transactions; t > 0 {
 		fmt.Fprintf(w, "index writes:    %d rows in %d transactions (%.1f rows each)\n", r.IndexWrites.Rows, t, float64(r.IndexWrites.Rows)/float64(t))
 	}
+	if rs := r.Resources; rs != nil {
+		pins := "-"
+		if rs.Last.Pins >= 0 {
+			pins = fmt.Sprintf("%d -> %d (%+.2f/min)", rs.First.Pins, rs.Last.Pins, rs.PinsPerMinute)
+		}
+		fmt.Fprintf(w, "resources:       churn slopes over %d readings: heap %.1f -> %.1f MiB (%+.1f KiB/min), goroutines %d -> %d (%+.2f/min), fds %d -> %d (%+.2f/min), state dir %.1f -> %.1f MiB (%+.1f KiB/min), pins %s, slab (system) %+.1f KiB/min\n",
+			rs.Samples, mibf(rs.First.HeapBytes), mibf(rs.Last.HeapBytes), rs.HeapPerMinute/1024, rs.First.Goroutines, rs.Last.Goroutines, rs.GoroutinesPerMinute,
+			rs.First.FDs, rs.Last.FDs, rs.FDsPerMinute, float64(rs.First.StateDirBytes)/(1<<20), float64(rs.Last.StateDirBytes)/(1<<20), rs.StateDirPerMinute/1024,
+			pins, rs.SlabPerMinute/1024)
+	}
 	fmt.Fprintf(w, "restarts:        %d\n", r.Restarts)
 	fmt.Fprintf(w, "swept:           %d endpoints and %d addresses left by ambiguous failures; %d datapath removals left to GC; %d crash leftovers collected by GC\n\n",
 		r.ZombiesSwept, r.AddressesSwept, r.DatapathLeftToGC, r.CrashLeftoversCollected)
@@ -273,3 +287,5 @@ func (r *Report) writeViolations(w io.Writer) {
 		}
 	}
 }
+
+func mibf(b uint64) float64 { return float64(b) / (1 << 20) }

@@ -29,6 +29,8 @@ type Sample struct {
 	PutP99     float64 `json:"put_p99_ms"`
 	DeleteP99  float64 `json:"delete_p99_ms"`
 	Violations int     `json:"violations"`
+	// Resources are read every resourceEvery samples (nil otherwise).
+	Resources *Resources `json:"resources,omitempty"`
 }
 
 // sampler is the state carried from one sample to the next.
@@ -40,6 +42,7 @@ type sampler struct {
 	// seen are the mid-run findings of the previous sample, by
 	// invariant and key; a finding seen twice in a row is a violation.
 	seen map[string]finding
+	n    int // samples taken
 }
 
 func (e *engine) startSampler() (stop func()) {
@@ -93,6 +96,10 @@ func (e *engine) sample(ctx context.Context, s *sampler) {
 		}
 	}
 	smp.Violations = e.viol.count()
+	if s.n%resourceEvery == 0 {
+		smp.Resources = e.readResources()
+	}
+	s.n++
 	e.timeline = append(e.timeline, smp)
 	e.progress(smp)
 }

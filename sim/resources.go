@@ -1,0 +1,172 @@
+package sim
+
+import (
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+)
+
+// resourceEvery is how many samples apart the resources are read (a
+// walk of the state directory per read).
+const resourceEvery = 5
+
+// Resources is what a soak watches for growth: the process's heap and
+// goroutines (agent and harness share the process), its open file
+// descriptors, the state directory's size, the datapath's pinned objects
+// (-1 without a kernel datapath) and the kernel's slab (system-wide: other
+// load on the machine moves it).
+type Resources struct {
+	// HeapBytes is the live heap as the last GC marked it (garbage not
+	// yet collected would make a saw, not a slope).
+	HeapBytes     uint64 `json:"heap_bytes"`
+	Goroutines    int    `json:"goroutines"`
+	FDs           int    `json:"fds"`
+	StateDirBytes int64  `json:"state_dir_bytes"`
+	Pins          int    `json:"pins"`
+	SlabBytes     uint64 `json:"slab_bytes"`
+}
+
+// resourceDirs is a target whose state directory and bpffs can be read.
+type resourceDirs interface {
+	stateDir() string
+	bpffsDir() string // "" without a kernel datapath
+}
+
+func (p *inProcess) stateDir() string { return p.cfg.StateDir }
+func (p *inProcess) bpffsDir() string { return "" }
+
+func (t *linuxTarget) bpffsDir() string { return t.env.bpffs }
+
+// readResources reads the process's and the target's resources.
+func (e *engine) readResources() *Resources {
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
+	r := &Resources{HeapBytes: live[0].Value.Uint64(), Goroutines: runtime.NumGoroutine(), FDs: countEntries("/proc/self/fd"), Pins: -1,
+		SlabBytes: meminfo("Slab")}
+	if d, ok := e.tgt.(resourceDirs); ok {
+		r.StateDirBytes = dirBytes(d.stateDir())
+		if b := d.bpffsDir(); b != "" {
+			r.Pins = countFiles(b)
+		}
+	}
+	return r
+}
+
+func countEntries(dir string) int {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return -1
+	}
+	return len(ents)
+}
+
+// dirBytes is the size of the regular files under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a file removed during the walk
+		}
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// countFiles counts the non-directory entries under dir (pins).
+func countFiles(dir string) int {
+	n := 0
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// meminfo is a /proc/meminfo field in bytes (0 when absent).
+func meminfo(field string) uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, field+":"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				if v, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+					return v * 1024
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// ResourceSlopes are the churn phase's resources as least-squares slopes
+// per minute, with the first and last reading: a soak passes when they
+// are flat (the growth over the phase small against the level).
+type ResourceSlopes struct {
+	Samples int       `json:"samples"`
+	First   Resources `json:"first"`
+	Last    Resources `json:"last"`
+	// PerMinute: heap and state directory and slab in bytes, the others
+	// in counts.
+	HeapPerMinute       float64 `json:"heap_bytes_per_minute"`
+	GoroutinesPerMinute float64 `json:"goroutines_per_minute"`
+	FDsPerMinute        float64 `json:"fds_per_minute"`
+	StateDirPerMinute   float64 `json:"state_dir_bytes_per_minute"`
+	PinsPerMinute       float64 `json:"pins_per_minute"`
+	SlabPerMinute       float64 `json:"slab_bytes_per_minute"`
+}
+
+// resourceSlopes fits the churn phase's samples (nil with fewer than 3).
+func resourceSlopes(tl []Sample) *ResourceSlopes {
+	var pts []Sample
+	for _, s := range tl {
+		if s.Phase == phaseNames[phaseChurn] && s.Resources != nil {
+			pts = append(pts, s)
+		}
+	}
+	if len(pts) < 3 {
+		return nil
+	}
+	fit := func(v func(*Resources) float64) float64 {
+		var n, sx, sy, sxx, sxy float64
+		for _, p := range pts {
+			x, y := p.T/60, v(p.Resources)
+			n++
+			sx += x
+			sy += y
+			sxx += x * x
+			sxy += x * y
+		}
+		d := n*sxx - sx*sx
+		if d == 0 {
+			return 0
+		}
+		s := (n*sxy - sx*sy) / d
+		if math.IsNaN(s) {
+			return 0
+		}
+		return s
+	}
+	return &ResourceSlopes{Samples: len(pts), First: *pts[0].Resources, Last: *pts[len(pts)-1].Resources,
+		HeapPerMinute:       fit(func(r *Resources) float64 { return float64(r.HeapBytes) }),
+		GoroutinesPerMinute: fit(func(r *Resources) float64 { return float64(r.Goroutines) }),
+		FDsPerMinute:        fit(func(r *Resources) float64 { return float64(r.FDs) }),
+		StateDirPerMinute:   fit(func(r *Resources) float64 { return float64(r.StateDirBytes) }),
+		PinsPerMinute:       fit(func(r *Resources) float64 { return float64(r.Pins) }),
+		SlabPerMinute:       fit(func(r *Resources) float64 { return float64(r.SlabBytes) }),
+	}
+}
