@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
@@ -201,4 +202,38 @@ func TestFlowsRingFull(t *testing.T) {
 		t.Fatalf("FlowStats = %+v after %d new connections with the reader stuck, want losses counted", st, 2*n)
 	}
 	once.Do(func() { close(release) })
+}
+
+// TestFlowsVerdictChange: a connection established while allowed is
+// reported once; when a policy change denies it, its next packet is
+// reported as a drop (the programs re-check policy on every packet of the
+// original direction), tuple and all.
+func TestFlowsVerdictChange(t *testing.T) {
+	e, fl := newFlowsE2E(t)
+	a, b := e.a, e.b
+	var conn net.Conn
+	err := a.ns.Do(func() (err error) {
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(b.addr(), 8080).String(), connectTimeout)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	local := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+	testutil.Eventually(t, "the connection's flow at B", func() bool {
+		return len(fl.match(func(ev FlowEvent) bool { return ev.Endpoint == b.ep.ID && ev.SrcPort == local.Port() })) == 1
+	})
+	// B now admits only C: A's established connection is denied.
+	b.ep.Policy = bOnly8080From(e.c.ep.Identity)
+	e.realize(b)
+	_ = conn.SetWriteDeadline(time.Now().Add(connectTimeout))
+	if _, err := conn.Write([]byte("after the change\n")); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: a.addr(), Dst: b.addr(),
+		DstPort: 8080, Proto: policy.ProtoTCP, PeerIdentity: a.ep.Identity})
+	if got := fl.match(func(ev FlowEvent) bool { return ev.SrcPort == local.Port() }); len(got) != 2 {
+		t.Errorf("flows of the connection: %+v, want A's and B's first packet only", got)
+	}
 }

@@ -380,3 +380,23 @@ func TestParseFlagsDatapathWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFlagsFlows: flow reports on by default, --flows=false turns
+// them off; the flow log's sizes are checked.
+func TestParseFlagsFlows(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	cfg, _, err := parseFlags(base, io.Discard)
+	if err != nil || !cfg.Linux.Flows || cfg.Flows.Capacity != 4096 || cfg.Flows.Rate != 5000 {
+		t.Fatalf("default: Flows %v, %+v, err %v; want on, 4096, 5000/s", cfg.Linux.Flows, cfg.Flows, err)
+	}
+	cfg, _, err = parseFlags(append(append([]string{}, base...), "--flows=false", "--flows-buffer", "100", "--flows-rate", "10"), io.Discard)
+	if err != nil || cfg.Linux.Flows || cfg.Flows.Capacity != 100 || cfg.Flows.Rate != 10 {
+		t.Fatalf("--flows=false: Flows %v, %+v, err %v", cfg.Linux.Flows, cfg.Flows, err)
+	}
+	for _, bad := range [][]string{{"--flows-buffer", "0"}, {"--flows-buffer", "2000000"}, {"--flows-rate", "0"}} {
+		_, _, err := parseFlags(append(append([]string{}, base...), bad...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("%v: err %v, want one naming the flag", bad, err)
+		}
+	}
+}

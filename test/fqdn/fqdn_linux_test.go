@@ -84,7 +84,7 @@ func newEnvProc(t *testing.T, flags ...string) *env {
 		"--tofqdns-proxy-response-max-delay", "5s"}, flags...))
 }
 
-func newEnvOpts(t testing.TB, dual bool, procFlags []string) *env {
+func newEnvOpts(t testing.TB, dual bool, procFlags []string, mods ...func(*agent.Config)) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	e := &env{t: t, world: testutil.NewNS(t, "mbt-fqdnw"), metrics: metrics.New(), dual: dual}
@@ -108,6 +108,9 @@ func newEnvOpts(t testing.TB, dual bool, procFlags []string) *env {
 		e.node.StartAgent(func(cfg *agent.Config) {
 			cfg.DNSProxy = &dnsproxy.Config{Port: 10053, HoldTimeout: 5 * time.Second}
 			cfg.API.Metrics = e.metrics
+			for _, mod := range mods {
+				mod(cfg)
+			}
 		})
 	}
 	e.c = e.node.Client()
