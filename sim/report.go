@@ -226,10 +226,15 @@ func (r *Report) WriteText(w io.Writer) {
 		if rs.Last.Pins >= 0 {
 			pins = fmt.Sprintf("%d -> %d (%+.2f/min)", rs.First.Pins, rs.Last.Pins, rs.PinsPerMinute)
 		}
-		fmt.Fprintf(w, "resources:       churn slopes over %d readings: heap %.1f -> %.1f MiB (%+.1f KiB/min), goroutines %d -> %d (%+.2f/min), fds %d -> %d (%+.2f/min), state dir %.1f -> %.1f MiB (%+.1f KiB/min), pins %s, slab (system) %+.1f KiB/min\n",
+		fmt.Fprintf(w, "resources:       slopes over the churn's second half (%d readings): heap %.1f -> %.1f MiB (%+.1f KiB/min), goroutines %d -> %d (%+.2f/min), fds %d -> %d (%+.2f/min), state dir %.1f -> %.1f MiB (%+.1f KiB/min), pins %s, slab (system) %+.1f KiB/min\n",
 			rs.Samples, mibf(rs.First.HeapBytes), mibf(rs.Last.HeapBytes), rs.HeapPerMinute/1024, rs.First.Goroutines, rs.Last.Goroutines, rs.GoroutinesPerMinute,
 			rs.First.FDs, rs.Last.FDs, rs.FDsPerMinute, float64(rs.First.StateDirBytes)/(1<<20), float64(rs.Last.StateDirBytes)/(1<<20), rs.StateDirPerMinute/1024,
 			pins, rs.SlabPerMinute/1024)
+		if len(rs.Growing) == 0 {
+			fmt.Fprintf(w, "soak:            flat over the last %.1f min of churn\n", rs.Minutes)
+		} else {
+			fmt.Fprintf(w, "soak:            GROWING: %s\n", strings.Join(rs.Growing, "; "))
+		}
 	}
 	fmt.Fprintf(w, "restarts:        %d\n", r.Restarts)
 	fmt.Fprintf(w, "swept:           %d endpoints and %d addresses left by ambiguous failures; %d datapath removals left to GC; %d crash leftovers collected by GC\n\n",

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"io/fs"
 	"math"
 	"os"
@@ -117,7 +118,11 @@ func meminfo(field string) uint64 {
 // per minute, with the first and last reading: a soak passes when they
 // are flat (the growth over the phase small against the level).
 type ResourceSlopes struct {
-	Samples int       `json:"samples"`
+	Samples int     `json:"samples"`
+	Minutes float64 `json:"minutes"`
+	// Growing names what grew beyond noise over the fitted span (empty:
+	// flat).
+	Growing []string  `json:"growing"`
 	First   Resources `json:"first"`
 	Last    Resources `json:"last"`
 	// PerMinute: heap and state directory and slab in bytes, the others
@@ -130,14 +135,17 @@ type ResourceSlopes struct {
 	SlabPerMinute       float64 `json:"slab_bytes_per_minute"`
 }
 
-// resourceSlopes fits the churn phase's samples (nil with fewer than 3).
+// resourceSlopes fits the second half of the churn phase's readings
+// (the first half warms up: the index's trees, the journal and the
+// runtime's pools grow to their working size) — nil with fewer than 3.
 func resourceSlopes(tl []Sample) *ResourceSlopes {
-	var pts []Sample
+	var all []Sample
 	for _, s := range tl {
 		if s.Phase == phaseNames[phaseChurn] && s.Resources != nil {
-			pts = append(pts, s)
+			all = append(all, s)
 		}
 	}
+	pts := all[len(all)/2:]
 	if len(pts) < 3 {
 		return nil
 	}
@@ -161,7 +169,8 @@ func resourceSlopes(tl []Sample) *ResourceSlopes {
 		}
 		return s
 	}
-	return &ResourceSlopes{Samples: len(pts), First: *pts[0].Resources, Last: *pts[len(pts)-1].Resources,
+	rs := &ResourceSlopes{Samples: len(pts), First: *pts[0].Resources, Last: *pts[len(pts)-1].Resources,
+		Minutes:             (pts[len(pts)-1].T - pts[0].T) / 60,
 		HeapPerMinute:       fit(func(r *Resources) float64 { return float64(r.HeapBytes) }),
 		GoroutinesPerMinute: fit(func(r *Resources) float64 { return float64(r.Goroutines) }),
 		FDsPerMinute:        fit(func(r *Resources) float64 { return float64(r.FDs) }),
@@ -169,4 +178,27 @@ func resourceSlopes(tl []Sample) *ResourceSlopes {
 		PinsPerMinute:       fit(func(r *Resources) float64 { return float64(r.Pins) }),
 		SlabPerMinute:       fit(func(r *Resources) float64 { return float64(r.SlabBytes) }),
 	}
+	rs.Growing = rs.growing()
+	return rs
+}
+
+// growing names the resources whose fitted growth over the fitted span
+// exceeds the larger of 10% of their first reading and a floor (what
+// noise and caches move without a leak). The system-wide slab is
+// reported, not judged: other load on the machine moves it.
+func (rs *ResourceSlopes) growing() []string {
+	var out []string
+	check := func(name string, perMin, first, floor float64) {
+		if growth := perMin * rs.Minutes; growth > math.Max(0.1*first, floor) {
+			out = append(out, fmt.Sprintf("%s %+.0f over %.1f min (from %.0f)", name, growth, rs.Minutes, first))
+		}
+	}
+	check("heap bytes", rs.HeapPerMinute, float64(rs.First.HeapBytes), 16<<20)
+	check("goroutines", rs.GoroutinesPerMinute, float64(rs.First.Goroutines), 50)
+	check("fds", rs.FDsPerMinute, float64(rs.First.FDs), 20)
+	check("state dir bytes", rs.StateDirPerMinute, float64(rs.First.StateDirBytes), 4<<20)
+	if rs.First.Pins >= 0 {
+		check("pins", rs.PinsPerMinute, float64(rs.First.Pins), 10)
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,6 +39,9 @@ type config struct {
 	cpuProf  string
 	memProf  string
 	cniBin   string
+	// soak fails the run (exit 1) when a resource grew over the churn's
+	// second half (sim.ResourceSlopes.Growing).
+	soak bool
 	// nodes > 0 is the multi-node run (kvstore mode, shared etcd).
 	nodes, etcdRestarts int
 	etcdBin             string
@@ -145,6 +149,16 @@ func writeReport(rep report, cfg config, stdout, stderr io.Writer) int {
 	if !rep.OK() {
 		return 1
 	}
+	if r, ok := rep.(*sim.Report); ok && cfg.soak {
+		if r.Resources == nil {
+			fmt.Fprintln(stderr, "membrane-sim: --soak: the churn phase was too short to fit the resources (want at least 30 s)")
+			return 1
+		}
+		if len(r.Resources.Growing) > 0 {
+			fmt.Fprintf(stderr, "membrane-sim: --soak: growing: %s\n", strings.Join(r.Resources.Growing, "; "))
+			return 1
+		}
+	}
 	return 0
 }
 
@@ -201,6 +215,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.progress, "progress", "auto", "progress line: auto (on a terminal), always, never")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the agent's socket and state (default: a temporary one, removed)")
 	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory holding membrane-cni for --datapath linux (default: next to membrane-sim, ./bin, PATH)")
+	fs.BoolVar(&cfg.soak, "soak", false, "exit 1 when the agent's heap, goroutines, fds, state directory or pins grew over the churn phase's second half (the report's resource slopes)")
 	fs.BoolVar(&d.ForceLinux, "force", false, "let --datapath linux run more than 500 endpoints")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (harness and agent) to this file")
 	fs.StringVar(&cfg.memProf, "memprofile", "", "write an allocation profile of the whole run (harness and agent) to this file at the end")
