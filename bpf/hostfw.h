@@ -78,8 +78,8 @@ static __always_inline int host_safe_peer(struct pkt *p, __u8 dir)
 
 /* host_safe_net reports whether p is traffic no host policy drops (the
  * safety net, SECURITY.md): the agent's control plane (host_safe), and
- * between the node and another node (identity remote-node, or
- * kube-apiserver, which other nodes' API servers carry): ICMP and ICMPv6
+ * between the node and another node (identity remote-node, a per-node
+ * identity, or kube-apiserver, which other nodes' API servers carry): ICMP and ICMPv6
  * echo, TCP to the health responder's port and UDP to the tunnel port
  * (tunnel mode). Replies pass as conntrack replies. */
 static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
@@ -89,7 +89,7 @@ static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
 
 	if (host_safe_peer(p, dir))
 		return 1;
-	if (peer != IDENTITY_REMOTE_NODE && peer != IDENTITY_KUBE_APISERVER)
+	if (!is_remote_node(peer))
 		return 0;
 	if ((p->proto == IPPROTO_ICMP && p->policy_port == (0x100 | 8)) ||
 	    (p->proto == IPPROTO_ICMPV6 && p->policy_port == (0x100 | 128)))

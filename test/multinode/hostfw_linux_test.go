@@ -49,6 +49,8 @@ type hostFWNode struct {
 	// ::2, a /64).
 	addr, out, addr6, out6 netip.Addr
 	c                      *client.Client
+	// proc is the agent's process.
+	proc *nodeharness.Proc
 }
 
 // probeTimeout bounds a connection attempt that policy may drop.
@@ -127,8 +129,8 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 	args := []string{"--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
 		"--identity-allocation-mode", "local", "--enable-health=false", "--routing", "native", "--masquerade=false",
 		"--k8s-probe-interval", "1s"}
-	p := h.node.Process(append(args, extra...)...)
-	p.Start()
+	h.proc = h.node.Process(append(args, extra...)...)
+	h.proc.Start()
 	h.c = h.node.Client()
 	return h
 }
