@@ -57,6 +57,12 @@ type Config struct {
 	// NoDNSProxy refuses policies with toFQDNs or rules.dns at import:
 	// set when no DNS proxy runs (--dns-proxy off).
 	NoDNSProxy bool
+	// NodeSelectorLabels gives every other node an identity of its own,
+	// labelled reserved:remote-node and node:<key>=<value> for each of
+	// its Node labels (--enable-node-selector-labels, Cilium's flag, off
+	// by default): its addresses get that identity in the ipcache instead
+	// of remote-node, and policies accept fromNodes/toNodes.
+	NodeSelectorLabels bool
 	// ClusterIdentity tunes the calls to IdentityBackend.
 	ClusterIdentity ClusterIdentityConfig
 	Pool            PoolConfig

@@ -247,7 +247,11 @@ func (a *ipcacheActor) reservedSet(ctx actor.Context, msg *messages.IPCacheReser
 		}
 	}
 	for p := range want {
-		a.claim(ctx, p, index.IPCacheClaim{Source: msg.Source, Identity: id})
+		pid := id
+		if nid, ok := msg.Identities[p.Addr()]; ok {
+			pid = nid
+		}
+		a.claim(ctx, p, index.IPCacheClaim{Source: msg.Source, Identity: pid})
 	}
 	a.rec.sync(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
@@ -150,7 +152,7 @@ func validateNodes(source string, nodes []datapath.RemoteNode) error {
 func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.RemoteNode) {
 	want := make(map[string]*index.Node, len(nodes))
 	for _, n := range nodes {
-		r := &index.Node{Source: source, Name: n.Name, Addrs: slices.Clone(n.Addrs), PodCIDRs: slices.Clone(n.PodCIDRs)}
+		r := &index.Node{Source: source, Name: n.Name, Addrs: slices.Clone(n.Addrs), PodCIDRs: slices.Clone(n.PodCIDRs), Labels: maps.Clone(n.Labels)}
 		want[r.Key()] = r
 	}
 	for k, r := range a.rows {
@@ -161,7 +163,7 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 		}
 	}
 	for k, r := range want {
-		if old := a.rows[k]; old != nil && slices.Equal(old.Addrs, r.Addrs) && slices.Equal(old.PodCIDRs, r.PodCIDRs) {
+		if old := a.rows[k]; old != nil && slices.Equal(old.Addrs, r.Addrs) && slices.Equal(old.PodCIDRs, r.PodCIDRs) && maps.Equal(old.Labels, r.Labels) {
 			continue
 		}
 		a.rows[k] = r
@@ -183,7 +185,11 @@ func (a *nodesActor) sendAddrs(ctx actor.Context) {
 			addrs = append(addrs, r.Addrs...)
 		}
 	}
-	ctx.Send(a.deps.ipcache, &messages.IPCacheReservedSet{Source: index.SourceNode, Addrs: addrs})
+	var ids map[netip.Addr]identity.NumericIdentity
+	if a.deps.nodeSelectorLabels {
+		ids = a.nodeIdentities(ctx)
+	}
+	ctx.Send(a.deps.ipcache, &messages.IPCacheReservedSet{Source: index.SourceNode, Addrs: addrs, Identities: ids})
 }
 
 // activate marks, for every node name, the row of the source first by

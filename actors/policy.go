@@ -196,6 +196,7 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	for _, row := range ix.Identities() {
 		a.repo.UpsertIdentity(row.ID, row.Labels)
 	}
+	a.upsertNodeIdentities()
 	// The named ports of the endpoints in the index, before the rules
 	// that resolve them (the endpoints send them again when they ask).
 	for _, ep := range ix.Endpoints(index.EndpointFilter{}) {

@@ -29,9 +29,11 @@ type hostState struct {
 	// busy: a write is in flight; dirty: the policy changed meanwhile,
 	// or the last write failed (retried with the next change).
 	busy, dirty bool
-	// done and have: the last write succeeded with have.
-	done bool
-	have *policy.MapState
+	// done, have and haveAudit: the last write succeeded with have, in
+	// audit mode haveAudit.
+	done      bool
+	have      *policy.MapState
+	haveAudit bool
 
 	// safe: the safety net's peers from the API server's EndpointSlice
 	// (safeSet: some arrived); written through the pool like the
@@ -78,13 +80,15 @@ func (a *policyActor) syncHostSafe(ctx actor.Context) {
 }
 
 // SetHostLabels gives the host identity the node's labels (its Node
-// object's; nil: none): host policies select nodes by them. It does not
-// wait.
-func (s *System) SetHostLabels(nodeLabels map[string]string) {
+// object's; nil: none), which host policies select nodes by, and the
+// host endpoint its policy audit mode (audit: what its policy would drop
+// passes, reported as policy-audit). It does not wait.
+func (s *System) SetHostLabels(nodeLabels map[string]string, audit bool) {
 	ls, err := policy.HostLabels(nodeLabels)
 	if err != nil {
 		s.log.Warn("node labels left out of the host identity", "err", err)
 	}
+	s.deps.hostAudit.Store(audit)
 	s.deps.hostLabels.Store(&ls)
 	s.Actors.Root.Send(s.deps.policy, &messages.PolicyHostLabels{})
 }
@@ -113,12 +117,13 @@ func (a *policyActor) syncHost(ctx actor.Context) {
 		return
 	}
 	m := a.repo.MapState(identity.ReservedHost)
-	if a.host.done && m.Equal(a.host.have) {
+	audit := a.deps.hostAudit.Load()
+	if a.host.done && m.Equal(a.host.have) && audit == a.host.haveAudit {
 		return
 	}
 	a.host.busy, a.host.dirty = true, false
 	work := &messages.DatapathWork{Op: "host-policy", Run: func(c context.Context) (any, error) {
-		return nil, hp.RealizeHostPolicy(c, m)
+		return nil, hp.RealizeHostPolicy(c, m, audit)
 	}}
 	a.req.inPool(ctx, a.deps, work, func(_ any, err error) {
 		a.host.busy = false
@@ -127,8 +132,9 @@ func (a *policyActor) syncHost(ctx actor.Context) {
 			a.host.done = false
 			return
 		}
-		a.host.done, a.host.have = true, m
-		a.log.Info("host policy realised", "enforced-ingress", m.Enforced(policy.Ingress), "enforced-egress", m.Enforced(policy.Egress))
+		a.host.done, a.host.have, a.host.haveAudit = true, m, audit
+		a.log.Info("host policy realised", "enforced-ingress", m.Enforced(policy.Ingress), "enforced-egress", m.Enforced(policy.Egress),
+			"audit", audit)
 		if a.host.dirty {
 			a.syncHost(ctx)
 		}

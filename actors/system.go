@@ -78,6 +78,15 @@ type endpointDeps struct {
 	// nil until known), kept here so that a restarted policy actor has
 	// them.
 	hostLabels atomic.Pointer[labels.Labels]
+	// hostAudit is the host endpoint's policy audit mode (the node's
+	// audit annotation, SetHostLabels).
+	hostAudit atomic.Bool
+	// nodeSelectorLabels: other nodes get identities of their own
+	// (Config.NodeSelectorLabels); nodeIDs is their allocation, kept
+	// here by the nodes actor so that a restarted nodes or policy actor
+	// has it (nodeidentity.go).
+	nodeSelectorLabels bool
+	nodeIDs            atomic.Pointer[nodeIdentities]
 }
 
 // stopBackend stops the cluster identity backend's workers and watch.
@@ -103,7 +112,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
 	counters := &Counters{}
-	deps := &endpointDeps{cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
+	deps := &endpointDeps{nodeSelectorLabels: cfg.NodeSelectorLabels, cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
 	if cfg.IdentityBackend != nil {
 		target := identityPID(sys)

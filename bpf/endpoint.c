@@ -59,6 +59,11 @@
  * to_container, with the pod's identity as the peer's (lb.h).
  * Step 2 runs for every packet of the original direction, not only the
  * first: a policy change applies to established connections at once.
+ * Between the pod and a host address (the host firewall's host endpoint,
+ * hostfw.h's host_local) the host's policy decides too: its egress
+ * policy before step 2 of to_container, its ingress policy after step 2
+ * of from_container, each recording the host's side of the connection
+ * under endpoint 0.
  *
  * L7 redirect: when the entry that allows a packet carries a proxy port
  * (policy_value.proxy_port), the packet goes to the proxy's transparent
@@ -558,7 +563,7 @@ static __always_inline __u64 ct_lifetime(__u8 proto)
 
 /* ct_is_reply reports whether p is a reply of a connection the endpoint
  * saw first in the other direction, refreshing it. */
-static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
+static __noinline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
 		.ep = p->ep,
@@ -581,8 +586,10 @@ static __always_inline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 }
 
 /* ct_record creates or refreshes the connection of p in direction dir;
- * it returns 1 when it created the entry (a new connection: flow_report). */
-static __always_inline int ct_record(struct pkt *p, __u8 dir, __u64 now)
+ * it returns 1 when it created the entry (a new connection: flow_report).
+ * Not inlined: the stack of the programs that call it stays within the
+ * verifier's bound. */
+static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
 		.ep = p->ep,
@@ -1054,6 +1061,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		 * address: to the proxy's socket (proxy_sock finds it by its
 		 * tuple), past the pod's policy: the proxy decided. */
 		return proxy_hairpin(skb, 0);
+	/* The host sends to the pod: the host's egress policy first. */
+	if (dir == DIR_INGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
+		return TC_ACT_SHOT;
 	if (enforced(pol, dir)) {
 		p.bits |= PKT_ENFORCED;
 		/* r: the drop reason of a would-be drop (0: allowed). */
@@ -1086,12 +1096,18 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			/* The rest of the allowed path without a proxy port
 			 * (no entry allowed it), kept apart so that few values
 			 * live across the call (the verifier's stack bound). */
+			if (dir == DIR_EGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
+				return TC_ACT_SHOT;
 			ct_record(&p, dir, bpf_ktime_get_ns());
 			if (hairpin)
 				return lb_hairpin_redirect(skb, p.identity);
 			return lb_out(skb, &p, dir);
 		}
 	}
+	/* The pod sends to the host: the host's ingress policy after the
+	 * pod's egress policy. */
+	if (dir == DIR_EGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
+		return TC_ACT_SHOT;
 	if (!p.frag && ct_record(&p, dir, now))
 		/* A new connection: its flow (a hairpin goes back into the
 		 * pod, never to the proxy). */

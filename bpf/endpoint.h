@@ -19,6 +19,19 @@
 #define IDENTITY_REMOTE_NODE 6
 #define IDENTITY_KUBE_APISERVER 7
 #define IDENTITY_MIN_CLUSTER 256
+/* Per-node identities (--enable-node-selector-labels,
+ * identity.MinNodeIdentity): another node's addresses get one from this
+ * range (Cilium's remote-node scope), labelled reserved:remote-node. */
+#define IDENTITY_NODE_SCOPE 0x02000000
+#define IDENTITY_SCOPE_MASK 0xff000000
+
+/* is_remote_node reports whether id is another node's: remote-node,
+ * kube-apiserver (which carries its label) or a per-node identity. */
+static inline int is_remote_node(__u32 id)
+{
+	return id == IDENTITY_REMOTE_NODE || id == IDENTITY_KUBE_APISERVER ||
+	       (id & IDENTITY_SCOPE_MASK) == IDENTITY_NODE_SCOPE;
+}
 
 /* POLICY_ENFORCE_IDENTITY marks the per-direction enforcement entry of a
  * policy map: {POLICY_ENFORCE_IDENTITY, 0, 0, dir} present means dir is

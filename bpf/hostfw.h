@@ -3,7 +3,9 @@
  * from_netdev runs at ingress and to_netdev at egress of the node's
  * devices (--devices); both decide on the node's own traffic only: a
  * packet to (ingress) or from (egress) an address the ipcache gives the
- * host identity. Traffic to and from pods is their programs' business.
+ * host identity. Traffic between the host and a local pod crosses no
+ * device: the endpoint programs run the host's verdict on it
+ * (host_local).
  *
  * The host endpoint is the endpoints entry at key HOST_EP_KEY (0, which
  * no interface has): endpoint ID 0, identity host, and a slot whose
@@ -27,8 +29,11 @@
  *      for a pod (deny entries first), dropping with DROP_POLICY or
  *      DROP_POLICY_DENY under endpoint 0, identity host;
  *   4. a passing packet records its connection (ep 0, dir).
- * The host endpoint has no audit mode and no L7 redirects (refused in
- * host policies). */
+ * In audit mode (the entry's ENDPOINT_F_AUDIT) a would-be drop of step 3
+ * passes, reported as DROP_POLICY_AUDIT (fragments without an entry
+ * still drop). The host endpoint has no L7 redirects (refused in host
+ * policies). host_local (below) runs the same verdict, from the
+ * endpoint programs, on traffic between the host and a local pod. */
 #ifndef MEMBRANE_HOSTFW_H
 #define MEMBRANE_HOSTFW_H
 
@@ -73,8 +78,8 @@ static __always_inline int host_safe_peer(struct pkt *p, __u8 dir)
 
 /* host_safe_net reports whether p is traffic no host policy drops (the
  * safety net, SECURITY.md): the agent's control plane (host_safe), and
- * between the node and another node (identity remote-node, or
- * kube-apiserver, which other nodes' API servers carry): ICMP and ICMPv6
+ * between the node and another node (identity remote-node, a per-node
+ * identity, or kube-apiserver, which other nodes' API servers carry): ICMP and ICMPv6
  * echo, TCP to the health responder's port and UDP to the tunnel port
  * (tunnel mode). Replies pass as conntrack replies. */
 static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
@@ -84,7 +89,7 @@ static __always_inline int host_safe_net(struct pkt *p, __u8 dir, __u32 peer)
 
 	if (host_safe_peer(p, dir))
 		return 1;
-	if (peer != IDENTITY_REMOTE_NODE && peer != IDENTITY_KUBE_APISERVER)
+	if (!is_remote_node(peer))
 		return 0;
 	if ((p->proto == IPPROTO_ICMP && p->policy_port == (0x100 | 8)) ||
 	    (p->proto == IPPROTO_ICMPV6 && p->policy_port == (0x100 | 128)))
@@ -109,7 +114,7 @@ static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 di
 	struct policy_value *v;
 	void *pol, *cidr;
 	__u64 now;
-	int r = 0;
+	int r = 0, audit;
 
 	ep = bpf_map_lookup_elem(&endpoints, &key);
 	if (!ep || p->family == 0 || p->ndp || (p->icmp_err && !p->frag))
@@ -119,6 +124,7 @@ static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 di
 	if (peer_identity(p, dir ^ 1) != IDENTITY_HOST)
 		return TC_ACT_OK;
 	slot = ep->slot;
+	audit = !!(ep->flags & ENDPOINT_F_AUDIT);
 	pol = bpf_map_lookup_elem(&policy_maps, &slot);
 	cidr = bpf_map_lookup_elem(&cidr_maps, &slot);
 	if (!pol || !cidr)
@@ -145,13 +151,42 @@ static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 di
 			r = DROP_POLICY_DENY;
 		if (!r && !v && !cidr_match(cidr, p, dir, skb->len))
 			r = p->frag ? DROP_FRAGMENT : DROP_POLICY;
-		if (r)
-			return drop(skb, p, dir, r, peer);
+		if (r) {
+			/* Audit mode: a would-be policy drop passes,
+			 * reported as DROP_POLICY_AUDIT. */
+			if (!audit || r == DROP_FRAGMENT)
+				return drop(skb, p, dir, r, peer);
+			drop(skb, p, dir, DROP_POLICY_AUDIT, peer);
+		}
 	}
 pass:
 	if (!p->frag)
 		ct_record(p, dir, now);
 	return TC_ACT_OK;
+}
+
+/* host_local runs the host endpoint's verdict on traffic between a
+ * local pod and the host, which never crosses a device (Cilium's
+ * bpf_lxc tail-calls the host's policy program the same way): what the
+ * pod sends to a host address (from_container, dir DIR_EGRESS of the pod)
+ * meets the host's ingress policy after the pod's egress policy passed
+ * it; what the host sends the pod (to_container, dir DIR_INGRESS) meets
+ * the host's egress policy before the pod's ingress policy. The host's
+ * verdict records its connection under endpoint 0, drops count there;
+ * p gets the pod's endpoint back. Packets the L7 proxy or a tunnel
+ * delivered on a peer's behalf (their marks) are not the host's: host_verdict also passes whatever does not have a host address
+ * on the host's side. */
+static __always_inline int host_local(struct __sk_buff *skb, struct pkt *p, __u8 dir)
+{
+	__u32 ep = p->ep, id = p->identity;
+	int r;
+
+	if (dir == DIR_INGRESS && (from_proxy(skb) || (skb->mark & MARK_MAGIC_MASK) == MARK_IDENTITY_MAGIC))
+		return TC_ACT_OK;
+	r = host_verdict(skb, p, dir ^ 1, 0);
+	p->ep = ep;
+	p->identity = id;
+	return r;
 }
 
 #endif

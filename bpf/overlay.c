@@ -257,7 +257,8 @@ static __always_inline int same_node(struct tunnel_endpoint *a, struct tunnel_en
 /* node_addr_identity: world from saddr, one of the sending node's own
  * addresses (tunnel_nodes: saddr -> node), is that node's host: the
  * identity the ipcache gives the address when it is a node's
- * (remote-node, or kube-apiserver where the API server runs there), else
+ * (remote-node, or kube-apiserver where the API server runs there; 0 for
+ * a per-node identity: the endpoint's ipcache lookup decides), else
  * remote-node. Anything else keeps id. */
 static __always_inline __u32 node_addr_identity(struct tunnel_endpoint *node, __u8 family, __u32 *saddr, __u32 id)
 {
@@ -272,6 +273,10 @@ static __always_inline __u32 node_addr_identity(struct tunnel_endpoint *node, __
 	if (!t || !same_node(&t->node, node))
 		return id;
 	v = ipcache_lookup(family, saddr);
+	if (v && (v->identity & IDENTITY_SCOPE_MASK) == IDENTITY_NODE_SCOPE)
+		/* A per-node identity does not fit the mark's 24 bits: 0
+		 * leaves it to the endpoint's ipcache lookup of saddr. */
+		return 0;
 	if (v && (v->identity == IDENTITY_REMOTE_NODE || v->identity == IDENTITY_KUBE_APISERVER))
 		return v->identity;
 	return IDENTITY_REMOTE_NODE;

@@ -162,8 +162,9 @@ func (l *Linux) HostFirewall() bool { return l.cfg.HostFirewall.Enabled }
 
 // RealizeHostPolicy implements HostPolicyDatapath: the host endpoint
 // enforces m (nil: no host policy selects the node, its entry goes and
-// everything passes). The maps are written before the entry names them.
-func (l *Linux) RealizeHostPolicy(_ context.Context, m *policy.MapState) error {
+// everything passes), in audit mode with audit (the entry's
+// endpointFlagAudit). The maps are written before the entry names them.
+func (l *Linux) RealizeHostPolicy(_ context.Context, m *policy.MapState, audit bool) error {
 	if !l.cfg.HostFirewall.Enabled {
 		return nil
 	}
@@ -189,6 +190,9 @@ func (l *Linux) RealizeHostPolicy(_ context.Context, m *policy.MapState) error {
 			return nil
 		}
 		info := endpointInfo(HostEndpointID, identity.ReservedHost, e.slot, epAddrs{})
+		if audit {
+			info.Flags |= endpointFlagAudit
+		}
 		if err := b.maps.endpoints.Update(uint32(hostEndpointKey), info, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("host policy: write the host endpoint's entry: %w", err)
 		}

@@ -12,7 +12,7 @@ import (
 )
 
 // TestRealizeHostPolicy: the host endpoint's entry (key 0) names a slot
-// holding its policy; after a restart the pinned maps are read back and
+// holding its policy and carries its audit mode; after a restart the pinned maps are read back and
 // written by difference; no host policy removes the entry (everything
 // passes).
 func TestRealizeHostPolicy(t *testing.T) {
@@ -22,11 +22,14 @@ func TestRealizeHostPolicy(t *testing.T) {
 	l.cfg.HostFirewall.Enabled = true
 	ssh := policy.Key{Identity: identity.ReservedWorld, Port: 22, Proto: policy.ProtoTCP, Dir: policy.Ingress}
 	web := policy.Key{Identity: identity.ReservedWorld, Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}
-	check := func(want ...policy.Key) {
+	check := func(audit bool, want ...policy.Key) {
 		t.Helper()
 		var v bpf.EndpointEndpointInfo
 		if err := l.bpf.maps.endpoints.Lookup(uint32(hostEndpointKey), &v); err != nil {
 			t.Fatalf("host endpoint entry: %v", err)
+		}
+		if got := v.Flags&endpointFlagAudit != 0; got != audit {
+			t.Fatalf("host endpoint entry %+v: audit %v, want %v", v, got, audit)
 		}
 		if v.Id != HostEndpointID || v.Identity != uint32(identity.ReservedHost) || !slotHolds(l.bpf.maps.policyMaps, v.Slot, l.bpf.host.policyMap) {
 			t.Fatalf("host endpoint entry %+v does not name its maps", v)
@@ -44,18 +47,18 @@ func TestRealizeHostPolicy(t *testing.T) {
 			}
 		}
 	}
-	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(1, true, false, []policy.Key{ssh})); err != nil {
+	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(1, true, false, []policy.Key{ssh}), false); err != nil {
 		t.Fatal(err)
 	}
-	check(ssh)
+	check(false, ssh)
 	l.cfg.HostFirewall.Enabled = false
 	l = reopen(t, l) // the host firewall off at Init removes the entry; the pinned maps stay
 	l.cfg.HostFirewall.Enabled = true
-	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(2, true, false, []policy.Key{ssh, web})); err != nil {
+	if err := l.RealizeHostPolicy(ctx, policy.NewMapState(2, true, false, []policy.Key{ssh, web}), true); err != nil {
 		t.Fatal(err)
 	}
-	check(ssh, web)
-	if err := l.RealizeHostPolicy(ctx, nil); err != nil {
+	check(true, ssh, web)
+	if err := l.RealizeHostPolicy(ctx, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	var v bpf.EndpointEndpointInfo

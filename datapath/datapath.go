@@ -103,8 +103,10 @@ type HostPolicyDatapath interface {
 	// RealizeHostPolicy does nothing.
 	HostFirewall() bool
 	// RealizeHostPolicy makes the host endpoint enforce m (nil: no host
-	// policy selects the node, everything passes). Idempotent.
-	RealizeHostPolicy(ctx context.Context, m *policy.MapState) error
+	// policy selects the node, everything passes); audit: what m would
+	// drop passes, counted and reported as DropPolicyAudit under the
+	// host endpoint. Idempotent.
+	RealizeHostPolicy(ctx context.Context, m *policy.MapState, audit bool) error
 	// SetHostSafePeers makes the safety net (host_safe) hold peers (the
 	// API server's EndpointSlice, TCP) on top of the configured ones
 	// (HostFirewallConfig.SafePeers), replacing the previous peers.

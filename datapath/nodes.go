@@ -16,6 +16,9 @@ type RemoteNode struct {
 	Name     string
 	Addrs    []netip.Addr   // underlay (node) addresses, one per family at most
 	PodCIDRs []netip.Prefix // the node's pod ranges
+	// Labels are the node's labels (its Node object's; per-node
+	// identities, actors.Config.NodeSelectorLabels). Routing ignores them.
+	Labels map[string]string
 }
 
 // NodeRouter is implemented by datapaths that connect this node's pods to

@@ -71,4 +71,8 @@ type IPCacheRemoteResult struct {
 type IPCacheReservedSet struct {
 	Source string
 	Addrs  []netip.Addr
+	// Identities gives an address of Addrs its own identity instead of
+	// the source's (index.SourceNode with per-node identities:
+	// actors.Config.NodeSelectorLabels).
+	Identities map[netip.Addr]identity.NumericIdentity
 }

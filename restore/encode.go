@@ -84,6 +84,9 @@ func encodeState(b []byte, ep *endpoint.Endpoint) ([]byte, error) {
 	if ep.Chained {
 		b = append(b, ",\n    \"chained\": true"...)
 	}
+	if ep.PolicyAudit {
+		b = append(b, ",\n    \"policy-audit-mode\": true"...)
+	}
 	if len(ep.HostPorts) > 0 {
 		// Validated addresses, names and numbers: nothing to escape.
 		b = append(b, ",\n    \"host-ports\": ["...)

@@ -104,7 +104,7 @@ func TestEncodeMatchesReflect(t *testing.T) {
 			IfIndex: -3, MAC: "0a:00:00:00:00:01", HostMAC: "0a:00:00:00:00:02", Netns: "/var/run/netns/x",
 			Identity: identity.NumericIdentity(^uint32(0)), DesiredRevision: ^uint64(0),
 			Created:    time.Date(2026, 11, 23, 9, 1, 2, 123456789, east),
-			NamedPorts: policy.NamedPorts{{Name: "dns", Proto: policy.ProtoUDP, Port: 53}, {Name: "web-1", Proto: policy.ProtoTCP, Port: 65535}}, Chained: true, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}, {HostIP: netip.MustParseAddr("fd00::1"), Port: 53, ContainerPort: 5353, Proto: service.UDP}},
+			NamedPorts: policy.NamedPorts{{Name: "dns", Proto: policy.ProtoUDP, Port: 53}, {Name: "web-1", Proto: policy.ProtoTCP, Port: 65535}}, Chained: true, PolicyAudit: true, HostPorts: []service.HostPort{{Port: 80, ContainerPort: 8080, Proto: service.TCP}, {HostIP: netip.MustParseAddr("fd00::1"), Port: 53, ContainerPort: 5353, Proto: service.UDP}},
 		}},
 		{"strings that need escapes", &endpoint.Endpoint{
 			ID: 7, ContainerID: "a\"b\\c", ContainerName: "<&>", Namespace: "naïve", PodName: "tab\there",

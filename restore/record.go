@@ -57,6 +57,10 @@ type EndpointState struct {
 	// Chained: the interface and addresses are another CNI plugin's
 	// (endpoint.Endpoint.Chained).
 	Chained bool `json:"chained,omitempty"`
+	// PolicyAudit: the endpoint's policy audit mode
+	// (endpoint.Endpoint.PolicyAudit), kept so that a restored endpoint
+	// stays in audit mode before its pod is read again.
+	PolicyAudit bool `json:"policy-audit-mode,omitempty"`
 	// HostPorts are the pod's BPF port mappings, "[addr:]port/proto=port".
 	HostPorts []string  `json:"host-ports,omitempty"`
 	Identity  uint32    `json:"identity"`
@@ -71,7 +75,7 @@ func FromEndpoint(ep *endpoint.Endpoint) Record {
 		ContainerInterfaceName: ep.ContainerInterfaceName, Namespace: ep.Namespace, PodName: ep.PodName,
 		PodUID: ep.PodUID, Labels: ep.Labels.Strings(), IfName: ep.IfName, IfIndex: ep.IfIndex,
 		MAC: ep.MAC, HostMAC: ep.HostMAC, Netns: ep.Netns, Identity: uint32(ep.Identity),
-		Revision: ep.DesiredRevision, Created: ep.Created, Chained: ep.Chained,
+		Revision: ep.DesiredRevision, Created: ep.Created, Chained: ep.Chained, PolicyAudit: ep.PolicyAudit,
 	}
 	if st.Labels == nil {
 		st.Labels = []string{}
@@ -157,7 +161,7 @@ func (st EndpointState) toEndpoint() (*endpoint.Endpoint, error) {
 		PodUID: st.PodUID, Labels: ls, IfName: st.IfName, IfIndex: st.IfIndex, MAC: st.MAC,
 		HostMAC: st.HostMAC, Netns: st.Netns, Identity: identity.NumericIdentity(st.Identity),
 		DesiredRevision: st.Revision, Created: st.Created, NamedPorts: named, Chained: st.Chained,
-		HostPorts: hostPorts,
+		HostPorts: hostPorts, PolicyAudit: st.PolicyAudit,
 	}
 	for _, a := range []struct {
 		s    string

@@ -250,7 +250,8 @@ func (s *starter) configureActors() error {
 	// Policies from the API server may select namespaces by any label;
 	// rules no proxy of this agent can enforce are refused parts (the
 	// file is read with policy.ParseOptions.PartialRefusal).
-	opts := policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy}
+	opts := policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy,
+		NodeSelectorLabels: ac.NodeSelectorLabels}
 	ac.Policy = loadPolicies(cfg.StateDir, opts, s.a.log)
 	ac.Policy.FQDN = cfg.FQDN
 	if cfg.API.Metrics == nil {

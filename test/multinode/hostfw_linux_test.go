@@ -41,11 +41,16 @@ import (
 // that the agent's own connection crosses the device the host policy is
 // enforced on.
 type hostFWNode struct {
-	name      string
-	node      *nodeharness.Node
-	outside   *testutil.NS
-	addr, out netip.Addr
-	c         *client.Client
+	name    string
+	node    *nodeharness.Node
+	outside *testutil.NS
+	// addr and out are the device's and the outside's IPv4 addresses,
+	// addr6 and out6 their IPv6 ones (fd6e:<subnet's last byte>::1 and
+	// ::2, a /64).
+	addr, out, addr6, out6 netip.Addr
+	c                      *client.Client
+	// proc is the agent's process.
+	proc *nodeharness.Proc
 }
 
 // probeTimeout bounds a connection attempt that policy may drop.
@@ -58,8 +63,14 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	h := &hostFWNode{name: name, node: nodeharness.New(t, nodeharness.Options{Prefix: "mbt-hfw", IPv4Range: podRange}),
-		outside: testutil.NewNS(t, "mbt-hfwout"), addr: netip.MustParseAddr(subnet + ".1"), out: netip.MustParseAddr(subnet + ".2")}
+	// Dual stack: the pods' IPv6 range and the device's IPv6 subnet
+	// are derived from the IPv4 ones.
+	p4 := netip.MustParsePrefix(podRange).Addr().As4()
+	s4 := netip.MustParseAddr(subnet + ".0").As4()
+	podRange6 := fmt.Sprintf("fd6f:%d:%d::/120", p4[1], p4[2])
+	h := &hostFWNode{name: name, node: nodeharness.New(t, nodeharness.Options{Prefix: "mbt-hfw", IPv4Range: podRange, IPv6Range: podRange6}),
+		outside: testutil.NewNS(t, "mbt-hfwout"), addr: netip.MustParseAddr(subnet + ".1"), out: netip.MustParseAddr(subnet + ".2"),
+		addr6: netip.MustParseAddr(fmt.Sprintf("fd6e:%d::1", s4[2])), out6: netip.MustParseAddr(fmt.Sprintf("fd6e:%d::2", s4[2]))}
 	dev := "hfw" + testutil.RandomSuffix(4)
 	oh, err := h.outside.Handle()
 	if err != nil {
@@ -72,21 +83,23 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 	}
 	t.Cleanup(func() { _ = nl.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: dev}}) })
 	for _, s := range []struct {
-		h    *netlink.Handle
-		link string
-		addr netip.Addr
-	}{{nl, dev, h.addr}, {onl, "eth0", h.out}} {
+		h           *netlink.Handle
+		link        string
+		addr, addr6 netip.Addr
+	}{{nl, dev, h.addr, h.addr6}, {onl, "eth0", h.out, h.out6}} {
 		l, err := s.h.LinkByName(s.link)
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := netlink.ParseAddr(s.addr.String() + "/24")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.Flags = unix.IFA_F_NODAD
-		if err := s.h.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
+		for _, p := range []netip.Prefix{netip.PrefixFrom(s.addr, 24), netip.PrefixFrom(s.addr6, 64)} {
+			a, err := netlink.ParseAddr(p.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Flags = unix.IFA_F_NODAD
+			if err := s.h.AddrAdd(l, a); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := s.h.LinkSetUp(l); err != nil {
 			t.Fatal(err)
@@ -116,8 +129,8 @@ func newHostFWNode(t *testing.T, env *kubetest.Env, cs kubernetes.Interface, nam
 	args := []string{"--k8s-kubeconfig", kcPath, "--node-name", name, "--host-firewall", "--devices", dev,
 		"--identity-allocation-mode", "local", "--enable-health=false", "--routing", "native", "--masquerade=false",
 		"--k8s-probe-interval", "1s"}
-	p := h.node.Process(append(args, extra...)...)
-	p.Start()
+	h.proc = h.node.Process(append(args, extra...)...)
+	h.proc.Start()
 	h.c = h.node.Client()
 	return h
 }
@@ -171,9 +184,14 @@ func forward(t *testing.T, ns *testutil.NS, listen netip.AddrPort, target string
 }
 
 // reach reports whether a TCP echo from the outside to the node's
-// address on port works.
+// IPv4 address on port works.
 func (h *hostFWNode) reach(port int) bool {
 	return testutil.Exchange(h.outside, h.addr, port, hostProbeTimeout) == nil
+}
+
+// reach6 is reach over IPv6.
+func (h *hostFWNode) reach6(port int) bool {
+	return testutil.Exchange(h.outside, h.addr6, port, hostProbeTimeout) == nil
 }
 
 // reachOut reports whether the node reaches the outside's echo on port.
@@ -244,13 +262,26 @@ func (h *hostFWNode) waitReach(t *testing.T, what string, want map[int]bool) {
 	})
 }
 
+// waitReach6 is waitReach over IPv6.
+func (h *hostFWNode) waitReach6(t *testing.T, what string, want map[int]bool) {
+	t.Helper()
+	testutil.EventuallyErr(t, what, func() error {
+		for _, port := range slices.Sorted(maps.Keys(want)) {
+			if got := h.reach6(port); got != want[port] {
+				return fmt.Errorf("outside -> [%s]:%d reached = %v, want %v", h.addr6, port, got, want[port])
+			}
+		}
+		return nil
+	})
+}
+
 const hostAllow = `apiVersion: membrane.io/v2
 kind: MembraneClusterwideNetworkPolicy
 metadata: {name: hostfw-edge}
 spec:
   nodeSelector: {matchLabels: {role: edge}}
   ingress:
-  - fromCIDR: [%s/24]
+  - fromCIDR: [%s/24, %s/64]
     toPorts: [{ports: [{port: "7001", protocol: TCP}]}]
 `
 
@@ -270,14 +301,22 @@ func TestHostPolicy(t *testing.T) {
 	h := newHostFWNode(t, env, cs, "hostfw-a", map[string]string{"role": "edge"}, "10.236.1.0/24", "192.168.236")
 	for _, port := range []int{7001, 7002} {
 		testutil.EchoServer(t, h.node.NS, h.addr, port)
+		testutil.EchoServer(t, h.node.NS, h.addr6, port)
 	}
 	h.waitReach(t, "no host policy: everything reaches the node", map[int]bool{7001: true, 7002: true})
+	h.waitReach6(t, "no host policy: everything reaches the node (IPv6)", map[int]bool{7001: true, 7002: true})
 
 	subnet := netip.PrefixFrom(h.out, 24).Masked().Addr()
-	applyPolicy(t, env, fmt.Sprintf(hostAllow, subnet))
+	subnet6 := netip.PrefixFrom(h.out6, 64).Masked().Addr()
+	applyPolicy(t, env, fmt.Sprintf(hostAllow, subnet, subnet6))
 	h.waitReach(t, "host policy: 7001 allowed, 7002 dropped", map[int]bool{7001: true, 7002: false})
 	if n := h.hostDrops(t, datapath.DropPolicy, "ingress"); n == 0 {
 		t.Errorf("no %s ingress drops counted under the host endpoint", datapath.DropPolicy)
+	}
+	before := h.hostDrops(t, datapath.DropPolicy, "ingress")
+	h.waitReach6(t, "host policy (IPv6): 7001 allowed, 7002 dropped", map[int]bool{7001: true, 7002: false})
+	if n := h.hostDrops(t, datapath.DropPolicy, "ingress"); n <= before {
+		t.Errorf("no IPv6 %s ingress drops counted under the host endpoint (%d, before %d)", datapath.DropPolicy, n, before)
 	}
 
 	// The node's labels no longer match: unaffected.

@@ -28,9 +28,9 @@ import (
 // event on the policy names the cause.
 //
 // The refused field this relies on is fromNodes in a
-// MembraneNetworkPolicy's ingress entry (issue #36; it relied on named
-// ports until issue #35 implemented them, then on icmps). When fromNodes
-// is implemented, use another field the agent refuses.
+// MembraneNetworkPolicy's ingress entry, refused without
+// --enable-node-selector-labels (issue #36; it relied on named ports
+// until issue #35 implemented them, then on icmps).
 func TestRefusedFieldIsolates(t *testing.T) {
 	env := kubetest.Require(t)
 	w := newWorldWith(t, "10.232.1.0/24", env)

@@ -40,7 +40,7 @@ func TestPolicyAPI(t *testing.T) {
 	t.Run("bad documents import nothing", func(t *testing.T) {
 		bad := apiPolicy + "---\n" + strings.Replace(apiPolicy[:strings.Index(apiPolicy, "---")], "name: web", "name: web2", 1) +
 			"  egress: [{toNodes: [{matchLabels: {a: b}}]}]\n"
-		expectError(t, e.do(t, http.MethodPut, "/v1/policy", bad), http.StatusBadRequest, "invalid-policy", `unsupported field "spec.egress[0].toNodes"`)
+		expectError(t, e.do(t, http.MethodPut, "/v1/policy", bad), http.StatusBadRequest, "invalid-policy", `spec.egress[0].toNodes: needs --enable-node-selector-labels`)
 		expectError(t, e.do(t, http.MethodPut, "/v1/policy", bad), http.StatusBadRequest, "invalid-policy", "document 3 (CiliumNetworkPolicy ns/web2)")
 		var list models.PolicyList
 		decodeInto(t, e.do(t, http.MethodGet, "/v1/policy", ""), &list)

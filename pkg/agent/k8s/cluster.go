@@ -92,9 +92,16 @@ func ownerNode(node *corev1.Node) *endpoint.OwnerNode {
 	return o
 }
 
+// slimNode drops what the agent never reads from a Node: its managed
+// fields, images and annotations but the audit one (the host endpoint's
+// audit mode, NodePolicyAudit).
 func slimNode(obj any) (any, error) {
 	if n, ok := obj.(*corev1.Node); ok {
+		audit, has := n.Annotations[AuditAnnotation]
 		n.ManagedFields, n.Status.Images, n.Annotations = nil, nil, nil
+		if has {
+			n.Annotations = map[string]string{AuditAnnotation: audit}
+		}
 	}
 	return obj, nil
 }

@@ -170,8 +170,14 @@ func (w *Watcher) podLabels(pod *corev1.Pod, ns *corev1.Namespace) labels.Labels
 const AuditAnnotation = "policy.membrane.io/audit-mode"
 
 // PodPolicyAudit reports whether pod asks for policy audit mode.
-func PodPolicyAudit(pod *corev1.Pod) bool {
-	switch pod.Annotations[AuditAnnotation] {
+func PodPolicyAudit(pod *corev1.Pod) bool { return auditEnabled(pod.Annotations) }
+
+// NodePolicyAudit reports whether node asks for its host endpoint's
+// policy audit mode (AuditAnnotation on the Node, as on a pod).
+func NodePolicyAudit(node *corev1.Node) bool { return auditEnabled(node.Annotations) }
+
+func auditEnabled(annotations map[string]string) bool {
+	switch annotations[AuditAnnotation] {
 	case "enabled", "true":
 		return true
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -156,9 +157,10 @@ type nodeWatch struct {
 	sink   NodeSink // nil: other nodes are only counted
 	inUse  []netip.Prefix
 	onAddr func(string)
-	// onLabels is told this node's labels whenever its Node changes
-	// (the host identity's, for host policies).
-	onLabels func(map[string]string)
+	// onLabels is told this node's labels and audit mode (its
+	// AuditAnnotation) whenever its Node changes (the host endpoint's,
+	// for host policies).
+	onLabels func(map[string]string, bool)
 	// onNode is told the name of every other node that changed (added,
 	// updated or deleted): its remote claims are checked again.
 	onNode func(string)
@@ -200,7 +202,7 @@ func (n *nodeWatch) changed(obj any) {
 // (live pods keep their addresses; the agent does not renumber).
 func (n *nodeWatch) selfChanged(node *corev1.Node) {
 	if n.onLabels != nil {
-		n.onLabels(node.Labels)
+		n.onLabels(node.Labels, NodePolicyAudit(node))
 	}
 	if ips := InternalIPs(node); len(ips) > 0 && n.onAddr != nil {
 		n.onAddr(ips[0].String())
@@ -274,7 +276,7 @@ func (n *nodeWatch) others() ([]datapath.RemoteNode, error) {
 		if node.Name == n.self {
 			continue
 		}
-		rn := datapath.RemoteNode{Name: node.Name, Addrs: InternalIPs(node)}
+		rn := datapath.RemoteNode{Name: node.Name, Addrs: InternalIPs(node), Labels: maps.Clone(node.Labels)}
 		v4, v6, err := PodCIDRs(node)
 		if err != nil {
 			n.log.Warn("node with a bad pod CIDR; its pods are not routed", "node", node.Name, "err", err)

@@ -214,7 +214,7 @@ spec:
 			cond, _ = conds[0].(map[string]any)
 		}
 		return ok && st["ok"] == false && st["enforcing"] == true && len(refused) == 1 &&
-				strings.Contains(fmt.Sprint(refused[0]), `spec.ingress[0] allows nothing: unsupported field "spec.ingress[0].fromNodes"`) &&
+				strings.Contains(fmt.Sprint(refused[0]), `spec.ingress[0] allows nothing: spec.ingress[0].fromNodes: needs --enable-node-selector-labels`) &&
 				cond["type"] == v2.ConditionAccepted && cond["status"] == "False" && cond["reason"] == "PolicyPartiallyRefused",
 			fmt.Sprint(st)
 	})

@@ -571,9 +571,11 @@ func (w *Watcher) syncPolicy(ctx context.Context, ns, name string) error {
 }
 
 // Labels is the API's endpoint labeler: it returns spec's labels with its
-// pod's and the pod's named ports, waiting up to Config.PodWait for the
-// pod to be cached. A pod not cached in time gets the init identity's
-// labels (and spec's ports) and is relabelled when it appears.
+// pod's and the pod's named ports, and sets spec.PolicyAudit from the
+// pod's AuditAnnotation (a pod created in audit mode starts in it),
+// waiting up to Config.PodWait for the pod to be cached. A pod not
+// cached in time gets the init identity's labels (and spec's ports) and
+// is relabelled when it appears.
 func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
 	pod, err := w.waitPod(ctx, spec.Namespace, spec.PodName)
 	if err != nil {
@@ -589,6 +591,7 @@ func (w *Watcher) Labels(ctx context.Context, spec *endpoint.Endpoint) (labels.L
 		w.queue.Add(key{kind: kindPod, namespace: spec.Namespace, name: spec.PodName})
 		return initLabels, spec.NamedPorts, nil
 	}
+	spec.PolicyAudit = PodPolicyAudit(pod)
 	return desiredLabels(spec.Labels, w.podLabels(pod, w.namespace(spec.Namespace))), PodNamedPorts(pod, w.log), nil
 }
 

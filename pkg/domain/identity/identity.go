@@ -35,7 +35,19 @@ const (
 	// MinLocalIdentity is the first identity handed out for label sets.
 	// Identities 1 to 255 form the reserved range, of which 1 to 7 are used.
 	MinLocalIdentity NumericIdentity = 256
+	// MinNodeIdentity is the first per-node identity
+	// (--enable-node-selector-labels: other nodes' addresses get an
+	// identity per distinct label set of their Node objects, allocated by
+	// each agent for itself). Cilium's remote-node scope (0x02 << 24):
+	// above the CIDR identities' start (1 << 24) and beyond the 24 bits a
+	// VNI or a mark carries, so such an identity never crosses a tunnel.
+	MinNodeIdentity NumericIdentity = 0x02000000
+	// MaxNodeIdentity is the last per-node identity.
+	MaxNodeIdentity NumericIdentity = 0x02ffffff
 )
+
+// IsNode reports whether id is a per-node identity.
+func IsNode(id NumericIdentity) bool { return id >= MinNodeIdentity && id <= MaxNodeIdentity }
 
 // reservedName returns the label key of a reserved identity, or "" when id
 // has none.

@@ -19,7 +19,9 @@ type Node struct {
 	Name     string
 	Addrs    []netip.Addr
 	PodCIDRs []netip.Prefix
-	Active   bool
+	// Labels are the node's labels (per-node identities); never mutated.
+	Labels map[string]string
+	Active bool
 }
 
 // Key is the row's primary key, "source/name".

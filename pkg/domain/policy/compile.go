@@ -175,7 +175,7 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if r.IngressDeny != nil {
 		in := *r.IngressDeny
 		rule.IngressDeny, inDenyOK, err = c.denyEntries(path, "ingress", len(in), func(p string, i int) ([]PeerRule, error) {
-			return c.denyPeers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts, in[i].ICMPs)
+			return c.denyPeers(p, "from", peerFields{in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].FromNodes}, in[i].ToPorts, in[i].ICMPs)
 		})
 		if err != nil {
 			return Rule{}, err
@@ -184,11 +184,11 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	if r.EgressDeny != nil {
 		eg := *r.EgressDeny
 		rule.EgressDeny, egDenyOK, err = c.denyEntries(path, "egress", len(eg), func(p string, i int) ([]PeerRule, error) {
-			prs, err := c.denyPeers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
+			prs, err := c.denyPeers(p, "to", peerFields{eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToNodes}, eg[i].ToPorts, eg[i].ICMPs)
 			if err != nil {
 				return nil, err
 			}
-			return withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities), p)
+			return withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities)+len(eg[i].ToNodes), p)
 		})
 		if err != nil {
 			return Rule{}, err
@@ -199,7 +199,7 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	} else if r.Ingress != nil {
 		in := *r.Ingress
 		rule.Ingress, err = c.entries(path+".ingress", len(in), func(p string, i int) ([]PeerRule, error) {
-			return c.peers(p, "from", in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].ToPorts, in[i].ICMPs)
+			return c.peers(p, "from", peerFields{in[i].FromEndpoints, in[i].FromCIDR, in[i].FromCIDRSet, in[i].FromEntities, in[i].FromNodes}, in[i].ToPorts, in[i].ICMPs)
 		})
 		if err != nil {
 			return Rule{}, err
@@ -210,14 +210,14 @@ func (c *cnpCompiler) rule(r *cnpRule, path string) (Rule, error) {
 	} else if r.Egress != nil {
 		eg := *r.Egress
 		rule.Egress, err = c.entries(path+".egress", len(eg), func(p string, i int) ([]PeerRule, error) {
-			prs, err := c.peers(p, "to", eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToPorts, eg[i].ICMPs)
+			prs, err := c.peers(p, "to", peerFields{eg[i].ToEndpoints, eg[i].ToCIDR, eg[i].ToCIDRSet, eg[i].ToEntities, eg[i].ToNodes}, eg[i].ToPorts, eg[i].ICMPs)
 			if err != nil {
 				return nil, err
 			}
 			if len(eg[i].ToServices) > 0 && len(eg[i].ToFQDNs) > 0 {
 				return nil, fmt.Errorf("%s.toServices: cannot be combined with toFQDNs in one egress entry", p)
 			}
-			if prs, err = withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities), p); err != nil {
+			if prs, err = withServices(prs, eg[i].ToServices, len(eg[i].ToEndpoints)+len(eg[i].ToCIDR)+len(eg[i].ToCIDRSet)+len(eg[i].ToEntities)+len(eg[i].ToNodes), p); err != nil {
 				return nil, err
 			}
 			return withFQDNs(prs, eg[i], p)
@@ -254,8 +254,8 @@ func (c *cnpCompiler) denyEntries(path, dir string, n int, entry func(p string, 
 
 // denyPeers compiles one deny entry: its peers on its ports (toPorts
 // without L7 rules) or ICMP types.
-func (c *cnpCompiler) denyPeers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portDenyRule, icmps []icmpRule) ([]PeerRule, error) {
-	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, eps, cidrs, sets, entities)
+func (c *cnpCompiler) denyPeers(path, dir string, f peerFields, ports []portDenyRule, icmps []icmpRule) ([]PeerRule, error) {
+	pr, err := c.compilePeers(path, dir, f)
 	if err != nil {
 		return nil, err
 	}
@@ -337,8 +337,8 @@ func (c *cnpCompiler) checkProxies(prs []PeerRule, path string) error {
 
 // peers compiles one ingress or egress entry: one peer rule
 // for its L4 ports, and one per toPorts entry with L7 rules.
-func (c *cnpCompiler) peers(path, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string, ports []portRule, icmps []icmpRule) ([]PeerRule, error) {
-	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, eps, cidrs, sets, entities)
+func (c *cnpCompiler) peers(path, dir string, f peerFields, ports []portRule, icmps []icmpRule) ([]PeerRule, error) {
+	pr, err := c.compilePeers(path, dir, f)
 	if err != nil {
 		return nil, err
 	}
@@ -428,6 +428,63 @@ func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 		out = append(out, HTTPRule{}) // http: [] allows every request, through the proxy
 	}
 	return out, nil
+}
+
+// peerFields are an entry's peers: fromEndpoints, fromCIDR,
+// fromCIDRSet, fromEntities and fromNodes (or the to* ones).
+type peerFields struct {
+	eps      []labelSelector
+	cidrs    []string
+	sets     []cidrRule
+	entities []string
+	nodes    []labelSelector
+}
+
+// compilePeers compiles an entry's peers; fromNodes/toNodes need
+// ParseOptions.NodeSelectorLabels.
+func (c *cnpCompiler) compilePeers(path, dir string, f peerFields) (PeerRule, error) {
+	pr, err := compilePeers(path, c.ns, c.peerScope(), dir, f.eps, f.cidrs, f.sets, f.entities)
+	if err != nil || len(f.nodes) == 0 {
+		return pr, err
+	}
+	if !c.opts.NodeSelectorLabels {
+		return pr, fmt.Errorf("%s.%sNodes: needs --enable-node-selector-labels (as in Cilium: without it nodes have no identities of their own to select)", path, dir)
+	}
+	for i := range f.nodes {
+		s, err := compileNodeSelector(&f.nodes[i], fmt.Sprintf("%s.%sNodes[%d]", path, dir, i))
+		if err != nil {
+			return pr, err
+		}
+		pr.Peers = append(pr.Peers, s)
+	}
+	if len(f.eps)+len(f.cidrs)+len(f.sets)+len(f.entities) == 0 {
+		pr.Any = false // the nodes are the peers
+	}
+	if pr.Any {
+		pr.Peers = nil
+	}
+	return pr, nil
+}
+
+// compileNodeSelector compiles a fromNodes/toNodes selector as Cilium
+// does: its keys name Node labels (source node: a bare key or
+// "node:key"), and it selects only other nodes' identities
+// (reserved:remote-node).
+func compileNodeSelector(ls *labelSelector, path string) (*LabelSelector, error) {
+	sel, err := compileSelector(ls, path, "", scopeFree)
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]Requirement, 0, len(sel.Reqs)+1)
+	for _, r := range sel.Reqs {
+		if r.Source != labels.SourceAny && r.Source != SourceNode {
+			return nil, fmt.Errorf("%s: label key %s:%s: node selectors match Node labels (source %s)", path, r.Source, r.Key, SourceNode)
+		}
+		r.Source = SourceNode
+		reqs = append(reqs, r)
+	}
+	reqs = append(reqs, Requirement{Source: labels.SourceReserved, Key: EntityRemoteNode, Op: OpExists})
+	return NewLabelSelector(reqs), nil
 }
 
 func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelector, cidrs []string, sets []cidrRule, entities []string) (PeerRule, error) {

@@ -89,3 +89,31 @@ func HostLabels(nodeLabels map[string]string) (labels.Labels, error) {
 func appliesTo(rule *Rule, id identity.NumericIdentity) bool {
 	return rule.Host == (id == identity.ReservedHost)
 }
+
+// SourceNode is the label source of a node's labels on its per-node
+// identity (--enable-node-selector-labels), as in Cilium: fromNodes and
+// toNodes select "node:<key>=<value>".
+const SourceNode = "node"
+
+// NodeIdentityLabels is the label set of another node's identity with
+// --enable-node-selector-labels: reserved:remote-node (the remote-node
+// entity keeps selecting it) and each of its Node labels with source
+// node. Labels that are not valid label keys or values are left out
+// (the error names them).
+func NodeIdentityLabels(nodeLabels map[string]string) (labels.Labels, error) {
+	ls := []labels.Label{{Source: labels.SourceReserved, Key: EntityRemoteNode}}
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(nodeLabels)) {
+		l := labels.Label{Source: SourceNode, Key: k, Value: nodeLabels[k]}
+		if err := l.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("node label %q: %w", k, err))
+			continue
+		}
+		ls = append(ls, l)
+	}
+	out, err := labels.New(ls...)
+	if err != nil {
+		return labels.Labels{ls[0]}, err
+	}
+	return out, errors.Join(errs...)
+}

@@ -72,7 +72,7 @@ func TestL7ParseErrors(t *testing.T) {
 		{"headerMatches add without value", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, mismatch: ADD}]}]}\n", "mismatch ADD needs a value"},
 		{"headerMatches name", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: \"X A\", value: b}]}]}\n", "headerMatches[0].name"},
 		{"headerMatches unknown field", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, regex: b}]}]}\n", `unsupported field`},
-		{"kafka", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {kafka: []}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.kafka"`},
+		{"kafka", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {kafka: []}\n", `unsupported field "spec.ingress[0].toPorts[0].rules.kafka" (Kafka L7 rules are not supported: Cilium's own documentation marks them beta`},
 		{"udp", "    - ports: [{port: \"80\", protocol: UDP}]\n      rules: {http: [{}]}\n", "need TCP ports"},
 		{"no port", "    - rules: {http: [{}]}\n", "need at least one port"},
 		{"bad header", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headers: [\": v\"]}]}\n", "headers[0]"},

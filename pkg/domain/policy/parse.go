@@ -139,6 +139,11 @@ type ParseOptions struct {
 	// NoDNSProxy toFQDNs and toPorts[].rules.dns (no DNS proxy runs) as
 	// fields the agent cannot enforce.
 	NoL7, NoDNSProxy bool
+	// NodeSelectorLabels accepts fromNodes and toNodes
+	// (--enable-node-selector-labels: other nodes have identities of
+	// their own, with their Node labels). Without it they are refused as
+	// fields the agent cannot enforce, naming the flag.
+	NodeSelectorLabels bool
 }
 
 // ParseWith is Parse with options.

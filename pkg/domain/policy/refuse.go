@@ -113,6 +113,25 @@ func refusedPart(path string) (string, bool) {
 	return "", false
 }
 
+// unsupportedWhy says why the agent refuses a field Cilium knows, by
+// its last path element.
+var unsupportedWhy = map[string]string{
+	"kafka":   "Kafka L7 rules are not supported: Cilium's own documentation marks them beta, and Membrane's proxy parses HTTP (HTTP/2, gRPC) and DNS only",
+	"l7proto": "generic L7 parsers (l7proto/l7) are not supported: Membrane's proxy parses HTTP (HTTP/2, gRPC) and DNS only",
+	"secret":  "Membrane reads no Secrets",
+}
+
+// unsupported is the refusal message of the unknown field at path p,
+// with the reason when the field is one the agent knows it refuses.
+func unsupported(p string) string {
+	msg := fmt.Sprintf("unsupported field %q", p)
+	last := p[strings.LastIndexByte(p, '.')+1:]
+	if why, ok := unsupportedWhy[last]; ok {
+		msg += " (" + why + ")"
+	}
+	return msg
+}
+
 // sortUnknown puts the unknown fields checkFields found into rf.pre, or
 // returns the error refusing the document: the first unknown field
 // outside any entry, or the first of all without partial mode.
@@ -120,12 +139,12 @@ func (rf *refusals) sortUnknown(unknown []string) error {
 	for _, p := range unknown {
 		part, ok := refusedPart(p)
 		if !rf.partial || !ok {
-			return fmt.Errorf("unsupported field %q", p)
+			return errors.New(unsupported(p))
 		}
 		if rf.pre == nil {
 			rf.pre = map[string][]string{}
 		}
-		rf.pre[part] = append(rf.pre[part], fmt.Sprintf("unsupported field %q", p))
+		rf.pre[part] = append(rf.pre[part], unsupported(p))
 	}
 	return nil
 }

@@ -64,6 +64,7 @@ type cnpIngress struct {
 	FromCIDR      []string        `json:"fromCIDR"`
 	FromCIDRSet   []cidrRule      `json:"fromCIDRSet"`
 	FromEntities  []string        `json:"fromEntities"`
+	FromNodes     []labelSelector `json:"fromNodes"`
 	ToPorts       []portRule      `json:"toPorts"`
 	ICMPs         []icmpRule      `json:"icmps"`
 }
@@ -73,6 +74,7 @@ type cnpEgress struct {
 	ToCIDR      []string        `json:"toCIDR"`
 	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
 	ToEntities  []string        `json:"toEntities"`
+	ToNodes     []labelSelector `json:"toNodes"`
 	ToFQDNs     []fqdn.Selector `json:"toFQDNs"`
 	ToServices  []serviceRule   `json:"toServices"`
 	ToPorts     []portRule      `json:"toPorts"`
@@ -87,6 +89,7 @@ type cnpIngressDeny struct {
 	FromCIDR      []string        `json:"fromCIDR"`
 	FromCIDRSet   []cidrRule      `json:"fromCIDRSet"`
 	FromEntities  []string        `json:"fromEntities"`
+	FromNodes     []labelSelector `json:"fromNodes"`
 	ToPorts       []portDenyRule  `json:"toPorts"`
 	ICMPs         []icmpRule      `json:"icmps"`
 }
@@ -96,6 +99,7 @@ type cnpEgressDeny struct {
 	ToCIDR      []string        `json:"toCIDR"`
 	ToCIDRSet   []cidrRule      `json:"toCIDRSet"`
 	ToEntities  []string        `json:"toEntities"`
+	ToNodes     []labelSelector `json:"toNodes"`
 	ToServices  []serviceRule   `json:"toServices"`
 	ToPorts     []portDenyRule  `json:"toPorts"`
 	ICMPs       []icmpRule      `json:"icmps"`
