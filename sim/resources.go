@@ -149,47 +149,70 @@ func resourceSlopes(tl []Sample) *ResourceSlopes {
 	if len(pts) < 3 {
 		return nil
 	}
-	fit := func(v func(*Resources) float64) float64 {
-		var n, sx, sy, sxx, sxy float64
-		for _, p := range pts {
-			x, y := p.T/60, v(p.Resources)
-			n++
-			sx += x
-			sy += y
-			sxx += x * x
-			sxy += x * y
-		}
-		d := n*sxx - sx*sx
-		if d == 0 {
-			return 0
-		}
-		s := (n*sxy - sx*sy) / d
-		if math.IsNaN(s) {
-			return 0
-		}
-		return s
+	se := map[string]float64{}
+	fitNamed := func(name string, v func(*Resources) float64) float64 {
+		slope, stderr := fitLine(pts, v)
+		se[name] = stderr
+		return slope
 	}
+	fit := func(v func(*Resources) float64) float64 { s, _ := fitLine(pts, v); return s }
 	rs := &ResourceSlopes{Samples: len(pts), First: *pts[0].Resources, Last: *pts[len(pts)-1].Resources,
 		Minutes:             (pts[len(pts)-1].T - pts[0].T) / 60,
-		HeapPerMinute:       fit(func(r *Resources) float64 { return float64(r.HeapBytes) }),
-		GoroutinesPerMinute: fit(func(r *Resources) float64 { return float64(r.Goroutines) }),
-		FDsPerMinute:        fit(func(r *Resources) float64 { return float64(r.FDs) }),
-		StateDirPerMinute:   fit(func(r *Resources) float64 { return float64(r.StateDirBytes) }),
-		PinsPerMinute:       fit(func(r *Resources) float64 { return float64(r.Pins) }),
+		HeapPerMinute:       fitNamed("heap bytes", func(r *Resources) float64 { return float64(r.HeapBytes) }),
+		GoroutinesPerMinute: fitNamed("goroutines", func(r *Resources) float64 { return float64(r.Goroutines) }),
+		FDsPerMinute:        fitNamed("fds", func(r *Resources) float64 { return float64(r.FDs) }),
+		StateDirPerMinute:   fitNamed("state dir bytes", func(r *Resources) float64 { return float64(r.StateDirBytes) }),
+		PinsPerMinute:       fitNamed("pins", func(r *Resources) float64 { return float64(r.Pins) }),
 		SlabPerMinute:       fit(func(r *Resources) float64 { return float64(r.SlabBytes) }),
 	}
-	rs.Growing = rs.growing()
+	rs.Growing = rs.growing(se)
 	return rs
+}
+
+// fitLine is the least-squares slope of v over the readings, per
+// minute, and its standard error (0 with a perfect fit).
+func fitLine(pts []Sample, v func(*Resources) float64) (slope, stderr float64) {
+	n := float64(len(pts))
+	var sx, sy float64
+	for _, p := range pts {
+		sx += p.T / 60
+		sy += v(p.Resources)
+	}
+	mx, my := sx/n, sy/n
+	var sxx, sxy float64
+	for _, p := range pts {
+		dx := p.T/60 - mx
+		sxx += dx * dx
+		sxy += dx * (v(p.Resources) - my)
+	}
+	if sxx == 0 {
+		return 0, 0
+	}
+	slope = sxy / sxx
+	var ss float64
+	for _, p := range pts {
+		r := v(p.Resources) - (my + slope*(p.T/60-mx))
+		ss += r * r
+	}
+	if n > 2 {
+		stderr = math.Sqrt(ss / (n - 2) / sxx)
+	}
+	if math.IsNaN(slope) {
+		return 0, 0
+	}
+	return slope, stderr
 }
 
 // growing names the resources whose fitted growth over the fitted span
 // exceeds the larger of 10% of their first reading and a floor (what
-// noise and caches move without a leak). The system-wide slab is
-// reported, not judged: other load on the machine moves it.
-func (rs *ResourceSlopes) growing() []string {
+// caches move without a leak) and whose slope is beyond three standard
+// errors (a trend, not the noise of ADDs in flight at the readings). The
+// system-wide slab is reported, not judged: other load on the machine
+// moves it.
+func (rs *ResourceSlopes) growing(se map[string]float64) []string {
 	var out []string
 	check := func(name string, perMin, first, floor float64) {
-		if growth := perMin * rs.Minutes; growth > math.Max(0.1*first, floor) {
+		if growth := perMin * rs.Minutes; growth > math.Max(0.1*first, floor) && perMin > 3*se[name] {
 			out = append(out, fmt.Sprintf("%s %+.0f over %.1f min (from %.0f)", name, growth, rs.Minutes, first))
 		}
 	}

@@ -39,3 +39,18 @@ func TestResourceSlopes(t *testing.T) {
 		t.Fatal("a fit from fewer than 3 readings")
 	}
 }
+
+// TestResourceSlopesNoise: readings that swing with the work in flight
+// (fds of the ADDs at the moment of each reading) are not a leak, even
+// when their fit happens to slope up.
+func TestResourceSlopesNoise(t *testing.T) {
+	fds := []int{663, 618, 522, 595, 720, 535, 732, 690, 646, 624, 749, 583, 605, 609, 703, 707, 648, 755}
+	var tl []Sample
+	for i, fd := range fds {
+		tl = append(tl, Sample{T: float64(5 * i), Phase: "churn", Resources: &Resources{FDs: fd, Goroutines: 300, Pins: 230}})
+	}
+	rs := resourceSlopes(tl)
+	if rs == nil || len(rs.Growing) != 0 {
+		t.Fatalf("noise judged growing: %+v", rs)
+	}
+}
