@@ -315,6 +315,7 @@ func (s *starter) serveAPI() error {
 	a.Server, a.lis, a.served = srv, lis, make(chan error, 1)
 	a.poolSizes = poolSizesOf(&a.cfg)
 	a.cfg.API.Metrics.SetSampler(a.sample)
+	a.watchStateDir()
 	go func() { a.served <- srv.Serve(lis) }()
 	return nil
 }

@@ -244,6 +244,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.kvstore.Load(); fn != nil {
 		st.Kvstore = (*fn)()
 	}
+	if fn := s.stateDir.Load(); fn != nil {
+		st.StateDir = (*fn)()
+	}
 	st.L7Proxy = l7Status(s.sys.Datapath)
 	if ci, ok := s.sys.ClusterIdentities(); ok {
 		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,

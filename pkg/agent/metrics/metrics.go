@@ -53,6 +53,8 @@ type Metrics struct {
 	l7         *prometheus.CounterVec
 	nodeUp     *prometheus.GaugeVec
 	nodeRTT    *prometheus.GaugeVec
+	stateOK    prometheus.Gauge
+	stateFault *prometheus.CounterVec
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -117,6 +119,16 @@ func New() *Metrics {
 		Namespace: Namespace, Subsystem: "node_health", Name: "latency_seconds",
 		Help: "Round trip of the last answered probe of a remote node, by node and probe.",
 	}, []string{"node", "probe"})
+	m.stateOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "state_dir", Name: "healthy",
+		Help: "Whether the state directory takes writes (1) or not (0: full, read-only or failing I/O; new endpoints " +
+			"and state changes are refused until a probe succeeds).",
+	})
+	m.stateOK.Set(1)
+	m.stateFault = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "state_dir", Name: "faults_total",
+		Help: "Times the state directory turned unhealthy, by cause (read-only, disk-full, io-error, failing).",
+	}, []string{"cause"})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -132,7 +144,7 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
 		"each object counts once per reason.", "source", "reason")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -152,6 +164,17 @@ func (m *Metrics) NodeProbe(node, probe string, ok bool, rtt time.Duration) {
 func (m *Metrics) ForgetNode(node string) {
 	m.nodeUp.DeletePartialMatch(prometheus.Labels{"node": node})
 	m.nodeRTT.DeletePartialMatch(prometheus.Labels{"node": node})
+}
+
+// StateDirHealth records a change of the state directory's health
+// (cause: why it is unhealthy, "" when healthy).
+func (m *Metrics) StateDirHealth(healthy bool, cause string) {
+	if healthy {
+		m.stateOK.Set(1)
+		return
+	}
+	m.stateOK.Set(0)
+	m.stateFault.WithLabelValues(cause).Inc()
 }
 
 // SetSampler installs the function the scrape-time gauges read.

@@ -212,6 +212,23 @@ type Status struct {
 	ClusterIdentity *ClusterIdentityStatus `json:"cluster-identity,omitempty"`
 	// Kvstore is the connection to etcd (absent unless --kvstore etcd).
 	Kvstore *KvstoreStatus `json:"kvstore,omitempty"`
+	// StateDir is the state directory's health (absent before the store
+	// opened).
+	StateDir *StateDirStatus `json:"state-dir,omitempty"`
+}
+
+// StateDirStatus reports the state directory: while it is unhealthy
+// (full, read-only, failing I/O) new endpoints and state changes are
+// refused, the endpoints in the kernel keep working, and the agent
+// probes it until it works again.
+type StateDirStatus struct {
+	Path    string `json:"path"`
+	Healthy bool   `json:"healthy"`
+	// Cause is read-only, disk-full, io-error or failing ("" when
+	// healthy); LastError the failure that made it unhealthy.
+	Cause     string    `json:"cause,omitempty"`
+	LastError string    `json:"last-error,omitempty"`
+	Since     time.Time `json:"since"`
 }
 
 // KvstoreStatus reports the agent's kvstore (etcd) connection.
