@@ -282,7 +282,7 @@ func (s *starter) startActors() error {
 	if s.linux != nil {
 		m := a.cfg.API.Metrics
 		s.linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys), OnDrop: onDrop(a.events, m),
-			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m)})
+			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m), OnPinRepair: onPinRepair(a.events, m)})
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/restore"
@@ -38,4 +40,17 @@ func stateDirState(h restore.Health) string {
 		return "ok"
 	}
 	return h.Cause
+}
+
+// onPinRepair reports a check that found BPF pins removed under the
+// agent: a bpf-pins-repaired event and the pin metrics.
+func onPinRepair(hub *events.Hub, m *metrics.Metrics) func(datapath.PinRepair) {
+	return func(rep datapath.PinRepair) {
+		state := "repaired"
+		if rep.Err != nil {
+			state = "failed"
+		}
+		m.PinRepair(rep.Err == nil, rep.Repinned)
+		hub.Publish(events.Event{Type: events.BPFPinsRepaired, State: state, Message: rep.Summary()})
+	}
 }

@@ -213,35 +213,9 @@ func testDiskFault(t *testing.T, f diskFault) {
 	defer c.Close()
 	ctx := context.Background()
 
-	srv, allowed, denied := n.AddPod("srv"), n.AddPod("allowed"), n.AddPod("denied")
 	victim := n.NewPod("victim")
 	n.MustAdd(victim)
-	for _, p := range []*nodeharness.Pod{srv, allowed} {
-		if _, err := c.EndpointPatchLabels(ctx, "container-id:"+p.RT.ContainerID, []string{"k8s:app=" + p.Name}, nil); err != nil {
-			t.Fatalf("label %s: %v", p, err)
-		}
-	}
-	doc := `apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {name: srv-in, namespace: default}
-spec:
-  endpointSelector: {matchLabels: {app: srv}}
-  ingress:
-  - fromEndpoints: [{matchLabels: {app: allowed}}]
-`
-	if _, err := c.PolicyImport(ctx, []byte(doc), "application/yaml"); err != nil {
-		t.Fatalf("import policy: %v", err)
-	}
-	testutil.EchoServer(t, srv.NS, srv.IPv4, 80)
-	enforced := func(when string) error {
-		if err := testutil.Exchange(allowed.NS, srv.IPv4, 80, 5*time.Second); err != nil {
-			return fmt.Errorf("%s: allowed pod to srv: %v", when, err)
-		}
-		if err := testutil.Exchange(denied.NS, srv.IPv4, 80, time.Second); err == nil {
-			return fmt.Errorf("%s: denied pod reached srv", when)
-		}
-		return nil
-	}
+	_, enforced := policyPods(t, n, c)
 	testutil.EventuallyErr(t, "policy enforced before the fault", func() error { return enforced("before") })
 	before := endpointSnapshot(t, c)
 	stateEvents := watchStateDirEvents(t, c)
@@ -382,6 +356,42 @@ spec:
 	checkAddresses(t, ctx, c, ap.StateDir)
 	if err := enforced("after the restart"); err != nil {
 		t.Error(err)
+	}
+}
+
+// policyPods adds pods srv, allowed and denied on n with a policy
+// letting only allowed into srv (an echo server on port 80), and returns
+// the check that allowed gets through and denied does not.
+func policyPods(t *testing.T, n *nodeharness.Node, c *client.Client) (srv *nodeharness.Pod, enforced func(when string) error) {
+	t.Helper()
+	ctx := context.Background()
+	srv = n.AddPod("srv")
+	allowed, denied := n.AddPod("allowed"), n.AddPod("denied")
+	for _, p := range []*nodeharness.Pod{srv, allowed} {
+		if _, err := c.EndpointPatchLabels(ctx, "container-id:"+p.RT.ContainerID, []string{"k8s:app=" + p.Name}, nil); err != nil {
+			t.Fatalf("label %s: %v", p, err)
+		}
+	}
+	doc := `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: srv-in, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: srv}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: allowed}}]
+`
+	if _, err := c.PolicyImport(ctx, []byte(doc), "application/yaml"); err != nil {
+		t.Fatalf("import policy: %v", err)
+	}
+	testutil.EchoServer(t, srv.NS, srv.IPv4, 80)
+	return srv, func(when string) error {
+		if err := testutil.Exchange(allowed.NS, srv.IPv4, 80, 5*time.Second); err != nil {
+			return fmt.Errorf("%s: allowed pod to srv: %v", when, err)
+		}
+		if err := testutil.Exchange(denied.NS, srv.IPv4, 80, time.Second); err == nil {
+			return fmt.Errorf("%s: denied pod reached srv", when)
+		}
+		return nil
 	}
 }
 

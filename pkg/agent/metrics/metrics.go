@@ -55,6 +55,8 @@ type Metrics struct {
 	nodeRTT    *prometheus.GaugeVec
 	stateOK    prometheus.Gauge
 	stateFault *prometheus.CounterVec
+	pinRepair  *prometheus.CounterVec
+	repinned   prometheus.Counter
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -129,6 +131,14 @@ func New() *Metrics {
 		Namespace: Namespace, Subsystem: "state_dir", Name: "faults_total",
 		Help: "Times the state directory turned unhealthy, by cause (read-only, disk-full, io-error, failing).",
 	}, []string{"cause"})
+	m.pinRepair = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "pin_repairs_total",
+		Help: "Checks of the BPF pins that found pins removed under the agent, by result (repaired: all pinned again; failed).",
+	}, []string{"result"})
+	m.repinned = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "pins_repinned_total",
+		Help: "BPF objects pinned again after their pins were removed under the agent.",
+	})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -144,7 +154,7 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
 		"each object counts once per reason.", "source", "reason")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -175,6 +185,17 @@ func (m *Metrics) StateDirHealth(healthy bool, cause string) {
 	}
 	m.stateOK.Set(0)
 	m.stateFault.WithLabelValues(cause).Inc()
+}
+
+// PinRepair records a check that found BPF pins missing and pinned
+// repinned of them again (ok: all of them).
+func (m *Metrics) PinRepair(ok bool, repinned int) {
+	result := "repaired"
+	if !ok {
+		result = "failed"
+	}
+	m.pinRepair.WithLabelValues(result).Inc()
+	m.repinned.Add(float64(repinned))
 }
 
 // SetSampler installs the function the scrape-time gauges read.

@@ -215,6 +215,26 @@ type Status struct {
 	// StateDir is the state directory's health (absent before the store
 	// opened).
 	StateDir *StateDirStatus `json:"state-dir,omitempty"`
+	// BPFPins is the linux datapath's check of its pins under the bpffs
+	// (absent with the fake datapath).
+	BPFPins *BPFPinsStatus `json:"bpf-pins,omitempty"`
+}
+
+// BPFPinsStatus reports the checks of the agent's BPF pins: pins removed
+// under the running agent (an operator's cleanup, a fresh bpffs mounted
+// over the directory) are pinned again from the objects it holds.
+type BPFPinsStatus struct {
+	Path string `json:"path"`
+	// Healthy is false while the last repair left pins missing.
+	Healthy bool `json:"healthy"`
+	// Repairs counts the checks that found pins missing, Repinned the
+	// pins made again in all.
+	Repairs  int `json:"repairs"`
+	Repinned int `json:"repinned"`
+	// LastRepair is when the last such check ran and LastMessage what it
+	// found and did.
+	LastRepair  time.Time `json:"last-repair,omitempty"`
+	LastMessage string    `json:"last-message,omitempty"`
 }
 
 // StateDirStatus reports the state directory: while it is unhealthy
