@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 )
 
 // The agent's pins under LinuxConfig.BPFFS are what a restarted agent
@@ -38,6 +39,18 @@ func (p pinMap) pinClone(path string) error {
 	return c.Pin(path)
 }
 
+// pinLink pins a held link again: links have no clone, so the held
+// object's own pin path (gone, or it would not be repaired) is dropped
+// first.
+type pinLink struct{ l link.Link }
+
+func (p pinLink) pinClone(path string) error {
+	if err := p.l.Unpin(); err != nil {
+		return err
+	}
+	return p.l.Pin(path)
+}
+
 type pinProg struct{ p *ebpf.Program }
 
 func (p pinProg) pinClone(path string) error {
@@ -51,9 +64,9 @@ func (p pinProg) pinClone(path string) error {
 
 // expectedPins are the pins the agent's objects should have: the shared
 // maps, the node's endpoint programs and every realised endpoint's
-// policy maps. The caller holds no lock; b.mu is taken for the
-// endpoints.
-func (b *bpfState) expectedPins() map[string]pinnable {
+// policy maps and TCX links. The caller holds b.mu (an endpoint's
+// objects are closed only after it left b.eps, under b.mu).
+func (b *bpfState) expectedPinsLocked() map[string]pinnable {
 	want := map[string]pinnable{}
 	for _, m := range append(b.maps.named(), b.maps.lb.named()...) {
 		if *m.dst == nil {
@@ -70,8 +83,6 @@ func (b *bpfState) expectedPins() map[string]pinnable {
 		want[filepath.Join(progDir, pinProgFrom)] = pinProg{b.progs.from}
 		want[filepath.Join(progDir, pinProgTo)] = pinProg{b.progs.to}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	for id, e := range b.eps {
 		dir := b.endpointDir(id)
 		if e.policyMap != nil {
@@ -79,6 +90,11 @@ func (b *bpfState) expectedPins() map[string]pinnable {
 		}
 		if e.cidrMap != nil {
 			want[filepath.Join(dir, pinCIDR)] = pinMap{e.cidrMap}
+		}
+		for i, lk := range e.links {
+			if lk != nil {
+				want[filepath.Join(dir, hooks[i].pin)] = pinLink{lk}
+			}
 		}
 	}
 	return want
@@ -93,7 +109,9 @@ const maxExamples = 5
 func (b *bpfState) checkPins() PinRepair {
 	start := time.Now()
 	rep := PinRepair{Dir: b.dir}
-	want := b.expectedPins()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	want := b.expectedPinsLocked()
 	var missing []string
 	for path := range want {
 		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {

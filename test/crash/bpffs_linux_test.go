@@ -31,11 +31,21 @@ import (
 // bpf-pins-repaired event, membrane_datapath_pin_repairs_total, and GET
 // /v1/status's bpf-pins. A new pod's ADD then works and is enforced, and
 // an agent killed with SIGKILL restarts onto the re-pinned maps (the same
-// ipcache map) with every endpoint as before.
+// ipcache map) with every endpoint as before. Both ways of attaching the
+// endpoint programs: cls_bpf filters (the default; the filters hold the
+// programs) and TCX links, which a removed pin would detach if the agent
+// did not hold them (the pods' traffic then unfiltered).
 func TestBPFPinsRemoved(t *testing.T) {
-	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-pins", IPv4Range: "10.245.0.0/24", Network: "crash-pins",
+	for _, tc := range []struct{ attach, cidr string }{{"tc", "10.245.0.0/24"}, {"tcx", "10.244.0.0/24"}} {
+		t.Run(tc.attach, func(t *testing.T) { testPinsRemoved(t, tc.attach, tc.cidr) })
+	}
+}
+
+func testPinsRemoved(t *testing.T, attach, cidr string) {
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-pins", IPv4Range: cidr, Network: "crash-pins-" + attach,
 		MTU: 1400, OwnBPFFS: true})
-	ap := &agentProc{Node: n, Proc: n.Process("--teardown-delay", "100ms", "--enable-health=false", "--bpffs-check-interval", "300ms")}
+	ap := &agentProc{Node: n, Proc: n.Process("--teardown-delay", "100ms", "--enable-health=false", "--bpffs-check-interval", "300ms",
+		"--bpf-attach", attach)}
 	ap.Start()
 	c := client.New(ap.Socket)
 	defer c.Close()
