@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -171,7 +172,13 @@ func (a *endpointActor) disconnected(ctx actor.Context, err error) {
 	res := a.result(err)
 	for _, r := range a.delReplies {
 		msg := r.Message
-		if msg == nil || err != nil {
+		switch failed, ok := msg.(*messages.EndpointResult); {
+		case ok && failed.Err != nil && err != nil:
+			// A failed creation's rollback failed too: the caller hears
+			// both, the creation's cause first (a state write the disk
+			// refused also refuses the removal).
+			msg = &messages.EndpointResult{Err: errors.Join(failed.Err, err)}
+		case msg == nil || err != nil:
 			msg = res
 		}
 		ctx.Send(r.To, msg)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/membrane-cni/membrane/bpf"
@@ -73,6 +74,12 @@ type bpfEndpoint struct {
 	audit    bool // the entry's ENDPOINT_F_AUDIT
 	ifindex  int
 	legacy   bool
+	// links are the endpoint's TCX links (from, to; nil: legacy, or not
+	// attached yet), held open besides their pins: a pin removed under
+	// the agent (rm -rf of the bpffs directory) would otherwise release
+	// the last reference and detach the programs, leaving the pod's
+	// traffic unfiltered. Closing them detaches nothing while pinned.
+	links [2]link.Link
 }
 
 var hooks = [2]hook{hookFrom, hookTo}
@@ -86,6 +93,17 @@ func (e *bpfEndpoint) close() {
 	}
 	if e.cidrMap != nil {
 		e.cidrMap.Close()
+	}
+	e.closeLinks()
+}
+
+// closeLinks closes the held TCX links (their pins keep them attached).
+func (e *bpfEndpoint) closeLinks() {
+	for i, lk := range e.links {
+		if lk != nil {
+			lk.Close()
+			e.links[i] = nil
+		}
 	}
 }
 
@@ -453,7 +471,13 @@ func (l *Linux) attach(e *bpfEndpoint, dir string, ifindex int) error {
 		if err != nil {
 			return err
 		}
-		lk.Close() // pinned
+		b.mu.Lock() // the pin check reads (and pins) the links under b.mu
+		old := e.links[i]
+		e.links[i] = lk // held besides the pin (bpfEndpoint.links)
+		b.mu.Unlock()
+		if old != nil {
+			old.Close() // a previous object of the same or a replaced link; lk is pinned
+		}
 	}
 	if !e.legacy {
 		return nil

@@ -63,6 +63,11 @@ type LinuxConfig struct {
 	EndpointTCX bool
 	// CTGC configures the conntrack garbage collector (CTGCConfig).
 	CTGC CTGCConfig
+	// PinCheckInterval is how often the agent checks that its BPF pins
+	// under BPFFS are there and pins missing ones again from the objects
+	// it holds (an operator's cleanup, a fresh bpffs mounted over the
+	// directory); 0: DefaultPinCheckInterval, negative: never.
+	PinCheckInterval time.Duration
 	// Nodes configures the routes to other nodes' pods (NodeRouter).
 	Nodes NodesConfig
 	// L7 configures the L7 proxy (off unless ProxyPath is set).
@@ -236,6 +241,9 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	if c.BPFFS == "" {
 		c.BPFFS = DefaultBPFFS
 	}
+	if c.PinCheckInterval == 0 {
+		c.PinCheckInterval = DefaultPinCheckInterval
+	}
 	c.CTGC = c.CTGC.WithDefaults()
 	c.L7 = c.L7.withDefaults()
 	c.Nodes = c.Nodes.WithDefaults()
@@ -352,6 +360,9 @@ type LinuxHooks struct {
 	// Phase receives how long each step of a Realize or Remove took
 	// (LinuxPhases); it must not block.
 	Phase func(phase string, d time.Duration)
+	// OnPinRepair hears each pin check that found pins missing (and
+	// pinned them again, or says why not); it must not block.
+	OnPinRepair func(PinRepair)
 }
 
 // The steps of Linux.Realize and Linux.Remove reported to LinuxHooks.Phase.

@@ -60,6 +60,10 @@ type Linux struct {
 	// its goroutine (closed by Close; nil: not started).
 	ctStats CTGCStats
 	ctStop  chan struct{}
+	// pins is what the pin checks found; pinStop ends their goroutine
+	// (closed by Close; nil: not started).
+	pins    pinHealth
+	pinStop chan struct{}
 
 	l7    linuxL7   // the L7 proxy (linux_l7_linux.go; own lock)
 	nodes nodeState // the node router's (own lock)
@@ -162,6 +166,10 @@ func (l *Linux) initBPF() error {
 		l.bpf = b
 		go l.readDrops(b.events)
 		go l.readFlows(b.flows)
+		if l.cfg.PinCheckInterval > 0 {
+			l.pinStop = make(chan struct{})
+			go l.pinCheckLoop(l.cfg.PinCheckInterval, l.pinStop)
+		}
 		if l.cfg.CTGC.Interval > 0 {
 			l.ctStop = make(chan struct{})
 			go l.ctGCLoop(l.ctStop)
@@ -255,6 +263,9 @@ func (l *Linux) Close() error {
 	defer l.closeL7()
 	if l.ctStop != nil {
 		close(l.ctStop)
+	}
+	if l.pinStop != nil {
+		close(l.pinStop)
 	}
 	var due []*teardown
 	for _, t := range l.pending {

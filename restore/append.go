@@ -92,6 +92,9 @@ func (s *Store) commit(group []request) {
 			if !errors.Is(r.err, ErrClosed) {
 				s.log.Error("writing endpoint state failed", "endpoint", r.id, "err", r.err)
 			}
+			if errno := unix.Errno(0); errors.As(r.err, &errno) {
+				s.health.fail(r.err) // the filesystem's answer, not the request's
+			}
 			r.done(r.err)
 			r.release()
 		case !r.quarantine: // a quarantine is answered by its checkpoint

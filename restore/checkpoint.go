@@ -130,6 +130,7 @@ func (s *Store) checkpointer() {
 			if closing {
 				s.j.stop() // an appender waiting for journal space gives up
 			}
+			s.health.fail(err)
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			s.log.Error("writing the journal's records to the endpoint directories failed; retrying", "err", err, "retry-in", backoff)
 		}

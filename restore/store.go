@@ -1,6 +1,7 @@
 package restore
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 )
@@ -170,6 +173,10 @@ type Store struct {
 	work chan chunk
 	jan  *janitor
 
+	// health is the state directory's health; it probes the directory
+	// while it is unhealthy.
+	health *health
+
 	// recycleMu guards recycled: directories in the trash kept for reuse.
 	recycleMu sync.Mutex
 	recycled  []trashEntry
@@ -207,6 +214,7 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 	s.cond = sync.NewCond(&s.mu)
 	s.cpRoom = sync.NewCond(&s.cpMu)
 	s.jan = newJanitor(s.log, sd)
+	s.health = newHealth(j.dir, s.removeFailed)
 	s.loadReplay(rp)
 	for range workers {
 		go s.worker()
@@ -228,6 +236,7 @@ func (s *Store) Write(ep *endpoint.Endpoint, done func(error)) {
 		return
 	}
 	r.done = done
+	s.health.forget(ep.ID) // its new state supersedes a removal that failed
 	s.submit(r)
 }
 
@@ -261,8 +270,35 @@ func (r *request) release() {
 
 // Remove queues the removal of an endpoint's state; done is called once
 // the removal is durable. Removing missing state is success.
+//
+// A removal the filesystem fails (read-only, I/O error) is answered with
+// the error and remembered: once the state directory works again the
+// store removes the state itself, before it takes new writes, so a
+// deleted endpoint does not come back at the next start.
 func (s *Store) Remove(id endpoint.ID, done func(error)) {
-	s.submit(request{id: id, done: done})
+	s.submit(request{id: id, done: func(err error) {
+		if errno := unix.Errno(0); err != nil && errors.As(err, &errno) {
+			s.health.remember(id)
+		}
+		done(err)
+	}})
+}
+
+// removeFailed removes the state whose removal failed (see Remove), once
+// the state directory works again; it waits for the answers, which may
+// take as long as the appender's queue.
+func (s *Store) removeFailed(ids []endpoint.ID) error {
+	errs := make(chan error, len(ids))
+	for _, id := range ids {
+		s.enqueue(request{id: id, done: func(err error) { errs <- err }}, false)
+	}
+	var first error
+	for range ids {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Checkpoint waits until every request submitted before it is durable
@@ -278,7 +314,11 @@ func (s *Store) Checkpoint() error {
 // request fails at once (the caller retries) rather than queue.
 const maxQueued = 1 << 16
 
-func (s *Store) submit(r request) {
+func (s *Store) submit(r request) { s.enqueue(r, !r.barrier) }
+
+// enqueue queues r for the appender; with refuse, it fails r at once
+// while the state directory is read-only or failing I/O.
+func (s *Store) enqueue(r request, refuse bool) {
 	r.queued = time.Now().UnixNano()
 	s.mu.Lock()
 	var err error
@@ -292,6 +332,14 @@ func (s *Store) submit(r request) {
 		s.mu.Unlock()
 		r.done(fmt.Errorf("state of endpoint %d: %w", r.id, err))
 		return
+	}
+	if refuse {
+		if err := s.health.refusal(); err != nil {
+			s.mu.Unlock()
+			r.release()
+			r.done(fmt.Errorf("state of endpoint %d: %w", r.id, err))
+			return
+		}
 	}
 	s.queue = append(s.queue, r)
 	s.mu.Unlock()
@@ -317,6 +365,7 @@ func (s *Store) Close() {
 		s.stopCheckpointer()
 		s.j.stop()
 		s.jan.stop(false)
+		s.health.close()
 		s.closeFiles()
 	})
 }
@@ -342,6 +391,7 @@ func (s *Store) Abort() {
 		<-s.appDone
 		s.stopCheckpointer()
 		s.jan.stop(true)
+		s.health.close()
 		s.closeFiles()
 	})
 }

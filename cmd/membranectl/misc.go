@@ -80,8 +80,24 @@ func (a *app) statusOut(st *models.Status) error {
 	if st.Flows != nil {
 		t.row("Flows:", flowsText(st.Flows))
 	}
+	if sd := st.StateDir; sd != nil {
+		t.row("State dir:", stateDirText(sd))
+	}
+	if bp := st.BPFPins; bp != nil && bp.Repairs > 0 {
+		t.row("BPF pins:", fmt.Sprintf("%d repairs (%d pinned again), last %s: %s", bp.Repairs, bp.Repinned,
+			bp.LastRepair.UTC().Format(time.RFC3339), bp.LastMessage))
+	}
 	t.row("Started:", st.Started.UTC().Format(time.RFC3339))
 	return t.flush()
+}
+
+// stateDirText is the state directory's line: its path and health (the
+// cause and the error while it takes no writes).
+func stateDirText(sd *models.StateDirStatus) string {
+	if sd.Healthy {
+		return sd.Path + ", healthy"
+	}
+	return fmt.Sprintf("%s, UNHEALTHY (%s) since %s, creates refused: %s", sd.Path, sd.Cause, sd.Since.UTC().Format(time.RFC3339), sd.LastError)
 }
 
 // healthText is the health endpoint's line: state, then its addresses

@@ -298,7 +298,7 @@ func (s *starter) startActors() error {
 		drop := onDrop(a.events, m)
 		s.linux.SetHooks(datapath.LinuxHooks{Submit: cnidrain.Submit(sys),
 			OnDrop: func(ev datapath.DropEvent) { drop(ev); fl.OnDrop(ev) }, OnFlow: fl.OnFlow,
-			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m)})
+			Phase: m.DatapathPhase, OnL7Access: onL7Access(a.events, m), OnPinRepair: onPinRepair(a.events, m)})
 	}
 	return nil
 }
@@ -353,6 +353,7 @@ func (s *starter) serveAPI() error {
 	a.Server, a.lis, a.served = srv, lis, make(chan error, 1)
 	a.poolSizes = poolSizesOf(&a.cfg)
 	a.cfg.API.Metrics.SetSampler(a.sample)
+	a.watchStateDir()
 	go func() { a.served <- srv.Serve(lis) }()
 	return nil
 }

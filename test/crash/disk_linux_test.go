@@ -54,7 +54,9 @@ func fill(t *testing.T, path string) {
 
 // TestFullStateDisk: with the state directory's file system full, a PUT
 // fails with 507 state-disk-full and leaves no endpoint, no state and no
-// address behind (once the caller releases it, as membrane-cni does); a
+// address behind (once the caller releases it, as membrane-cni does), and
+// GET /v1/status says the state directory is full (TestStateDiskFaults
+// has the read-only and failing-I/O directories); a
 // killed agent restarts on the full disk without crash-looping, keeps its
 // endpoints, and recovers when space is freed.
 func TestFullStateDisk(t *testing.T) {
@@ -86,6 +88,9 @@ func TestFullStateDisk(t *testing.T) {
 	}
 	w.set(p, podGone)
 	checkRolledBack(t, ctx, c, ap.StateDir, 3)
+	if st, err := c.Status(ctx); err != nil || st.StateDir == nil || st.StateDir.Healthy || st.StateDir.Cause != "disk-full" {
+		t.Fatalf("status on a full disk: %+v, %v; want the state dir unhealthy, cause disk-full", st.StateDir, err)
+	}
 
 	// A restart on the full disk: ready, endpoints kept (their
 	// regeneration retries until space is back).
@@ -104,6 +109,12 @@ func TestFullStateDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRestart(t, c, w, ap.StateDir, persisted(t, ap.StateDir))
+	testutil.EventuallyErr(t, "the state dir healthy once space is back", func() error {
+		if st, err := c.Status(ctx); err != nil || st.StateDir == nil || !st.StateDir.Healthy {
+			return fmt.Errorf("status: %+v, %v", st.StateDir, err)
+		}
+		return nil
+	})
 	q := w.newPod()
 	if err := d.add(ctx, q); err != nil {
 		t.Fatalf("PUT after space came back: %v", err)

@@ -31,6 +31,8 @@ const (
 	CodeTimeout           = "timeout"                    // 504: the actors did not answer in time
 	CodeDatapath          = "datapath-error"             // 502: realising the endpoint failed
 	CodeStateDiskFull     = "state-disk-full"            // 507: the state directory's file system is full
+	CodeStateReadOnly     = "state-dir-read-only"        // 507: the state directory's file system is read-only (EROFS)
+	CodeStateIOError      = "state-disk-io-error"        // 507: the state directory's device failed a write or flush (EIO)
 	CodeStateWrite        = "state-write-failed"         // 500: writing the endpoint's state failed otherwise
 	CodeInternal          = "internal"                   // 500
 	CodeMethodNotAllowed  = "method-not-allowed"         // 405
@@ -86,6 +88,10 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, CodeInvalid
 	case errors.Is(err, actors.ErrStateWrite) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)):
 		return http.StatusInsufficientStorage, CodeStateDiskFull
+	case errors.Is(err, actors.ErrStateWrite) && errors.Is(err, syscall.EROFS):
+		return http.StatusInsufficientStorage, CodeStateReadOnly
+	case errors.Is(err, actors.ErrStateWrite) && errors.Is(err, syscall.EIO):
+		return http.StatusInsufficientStorage, CodeStateIOError
 	case errors.Is(err, actors.ErrStateWrite):
 		return http.StatusInternalServerError, CodeStateWrite
 	case errors.Is(err, context.DeadlineExceeded):

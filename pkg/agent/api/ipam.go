@@ -244,11 +244,15 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if fn := s.kvstore.Load(); fn != nil {
 		st.Kvstore = (*fn)()
 	}
+	if fn := s.stateDir.Load(); fn != nil {
+		st.StateDir = (*fn)()
+	}
 	st.L7Proxy = l7Status(s.sys.Datapath)
 	if fl := s.flowLog.Load(); fl != nil {
 		fs := fl.Stats()
 		st.Flows = &fs
 	}
+	st.BPFPins = pinStatus(s.sys.Datapath)
 	if ci, ok := s.sys.ClusterIdentities(); ok {
 		st.ClusterIdentity = &models.ClusterIdentityStatus{Backend: ci.Store.Backend, Healthy: ci.Store.Healthy, Since: ci.Store.Since,
 			Synced: ci.Store.Synced, Known: ci.Known, InUse: ci.InUse, Waiting: ci.Waiting, WaitingLabels: ci.WaitingLabels, LastError: ci.Store.LastError}
@@ -267,6 +271,21 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		st.Code = CodeStarting
 	}
 	writeJSON(w, status, st)
+}
+
+// pinStatus is the datapath's check of its BPF pins for GET /v1/status
+// (nil when the datapath pins nothing).
+func pinStatus(dp datapath.Datapath) *models.BPFPinsStatus {
+	r, ok := dp.(datapath.PinStatusReader)
+	if !ok {
+		return nil
+	}
+	ps := r.PinStatus()
+	st := &models.BPFPinsStatus{Path: ps.Dir, Healthy: ps.Healthy, Repairs: ps.Repairs, Repinned: ps.Repinned, LastRepair: ps.LastAt}
+	if ps.Repairs > 0 {
+		st.LastMessage = ps.Last.Summary()
+	}
+	return st
 }
 
 // l7Status is the datapath's L7 proxy state for GET /v1/status (nil when

@@ -124,6 +124,7 @@ type Server struct {
 	restore     atomic.Pointer[models.RestoreStatus]
 	k8s         atomic.Pointer[func() *models.K8sStatus]
 	kvstore     atomic.Pointer[func() *models.KvstoreStatus]
+	stateDir    atomic.Pointer[func() *models.StateDirStatus]
 	labeler     atomic.Pointer[EndpointLabeler]
 	flowLog     atomic.Pointer[flows.Store]
 }
@@ -141,6 +142,9 @@ func (s *Server) SetLabeler(fn EndpointLabeler) { s.labeler.Store(&fn) }
 
 // SetK8s installs the Kubernetes connection's status for GET /v1/status.
 func (s *Server) SetK8s(fn func() *models.K8sStatus) { s.k8s.Store(&fn) }
+
+// SetStateDir installs the state directory's health for GET /v1/status.
+func (s *Server) SetStateDir(fn func() *models.StateDirStatus) { s.stateDir.Store(&fn) }
 
 // SetKvstore installs the kvstore connection's status for GET /v1/status.
 func (s *Server) SetKvstore(fn func() *models.KvstoreStatus) { s.kvstore.Store(&fn) }

@@ -53,6 +53,10 @@ type Metrics struct {
 	l7         *prometheus.CounterVec
 	nodeUp     *prometheus.GaugeVec
 	nodeRTT    *prometheus.GaugeVec
+	stateOK    prometheus.Gauge
+	stateFault *prometheus.CounterVec
+	pinRepair  *prometheus.CounterVec
+	repinned   prometheus.Counter
 	sampler    atomic.Pointer[func() Sample]
 
 	endpoints   *prometheus.Desc
@@ -119,6 +123,24 @@ func New() *Metrics {
 		Namespace: Namespace, Subsystem: "node_health", Name: "latency_seconds",
 		Help: "Round trip of the last answered probe of a remote node, by node and probe.",
 	}, []string{"node", "probe"})
+	m.stateOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "state_dir", Name: "healthy",
+		Help: "Whether the state directory takes writes (1) or not (0: full, read-only or failing I/O; new endpoints " +
+			"and state changes are refused until a probe succeeds).",
+	})
+	m.stateOK.Set(1)
+	m.stateFault = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "state_dir", Name: "faults_total",
+		Help: "Times the state directory turned unhealthy, by cause (read-only, disk-full, io-error, failing).",
+	}, []string{"cause"})
+	m.pinRepair = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "pin_repairs_total",
+		Help: "Checks of the BPF pins that found pins removed under the agent, by result (repaired: all pinned again; failed).",
+	}, []string{"result"})
+	m.repinned = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "datapath", Name: "pins_repinned_total",
+		Help: "BPF objects pinned again after their pins were removed under the agent.",
+	})
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -134,7 +156,7 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
 		"each object counts once per reason.", "source", "reason")
-	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, (*sampled)(m),
+	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -154,6 +176,28 @@ func (m *Metrics) NodeProbe(node, probe string, ok bool, rtt time.Duration) {
 func (m *Metrics) ForgetNode(node string) {
 	m.nodeUp.DeletePartialMatch(prometheus.Labels{"node": node})
 	m.nodeRTT.DeletePartialMatch(prometheus.Labels{"node": node})
+}
+
+// StateDirHealth records a change of the state directory's health
+// (cause: why it is unhealthy, "" when healthy).
+func (m *Metrics) StateDirHealth(healthy bool, cause string) {
+	if healthy {
+		m.stateOK.Set(1)
+		return
+	}
+	m.stateOK.Set(0)
+	m.stateFault.WithLabelValues(cause).Inc()
+}
+
+// PinRepair records a check that found BPF pins missing and pinned
+// repinned of them again (ok: all of them).
+func (m *Metrics) PinRepair(ok bool, repinned int) {
+	result := "repaired"
+	if !ok {
+		result = "failed"
+	}
+	m.pinRepair.WithLabelValues(result).Inc()
+	m.repinned.Add(float64(repinned))
 }
 
 // SetSampler installs the function the scrape-time gauges read.

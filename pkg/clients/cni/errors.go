@@ -30,6 +30,10 @@ const (
 	CodeCheckFailed uint = 106
 	// CodeDeleteQueue: the delete queue could not be written.
 	CodeDeleteQueue uint = 107
+	// CodeStateDisk: the agent cannot make the endpoint's state durable
+	// (its state directory is full, read-only or failing I/O), so it
+	// refused the attachment; the message names which.
+	CodeStateDisk uint = 108
 )
 
 func newError(code uint, format string, args ...any) *types.Error {

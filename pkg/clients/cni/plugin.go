@@ -136,6 +136,12 @@ func agentError(op string, err error) *types.Error {
 		return newError(CodeInterfaceExists, "%s: %v", op, err)
 	case isCode(err, "kernel-error"):
 		return newError(CodeKernel, "%s: %v", op, err)
+	case isCode(err, "state-disk-full"):
+		return newError(CodeStateDisk, "%s: the agent's state directory is full (ENOSPC), nothing was attached: %v", op, err)
+	case isCode(err, "state-dir-read-only"):
+		return newError(CodeStateDisk, "%s: the agent's state directory is read-only (EROFS), nothing was attached: %v", op, err)
+	case isCode(err, "state-disk-io-error"):
+		return newError(CodeStateDisk, "%s: the agent's state directory fails I/O (EIO), nothing was attached: %v", op, err)
 	case unreachable(err):
 		return newError(CodeAgentUnreachable, "%s: agent unreachable: %v", op, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):

@@ -214,6 +214,43 @@ type Status struct {
 	Kvstore *KvstoreStatus `json:"kvstore,omitempty"`
 	// Flows is the flow log's state and losses (absent without one).
 	Flows *FlowStats `json:"flows,omitempty"`
+	// StateDir is the state directory's health (absent before the store
+	// opened).
+	StateDir *StateDirStatus `json:"state-dir,omitempty"`
+	// BPFPins is the linux datapath's check of its pins under the bpffs
+	// (absent with the fake datapath).
+	BPFPins *BPFPinsStatus `json:"bpf-pins,omitempty"`
+}
+
+// BPFPinsStatus reports the checks of the agent's BPF pins: pins removed
+// under the running agent (an operator's cleanup, a fresh bpffs mounted
+// over the directory) are pinned again from the objects it holds.
+type BPFPinsStatus struct {
+	Path string `json:"path"`
+	// Healthy is false while the last repair left pins missing.
+	Healthy bool `json:"healthy"`
+	// Repairs counts the checks that found pins missing, Repinned the
+	// pins made again in all.
+	Repairs  int `json:"repairs"`
+	Repinned int `json:"repinned"`
+	// LastRepair is when the last such check ran and LastMessage what it
+	// found and did.
+	LastRepair  time.Time `json:"last-repair,omitempty"`
+	LastMessage string    `json:"last-message,omitempty"`
+}
+
+// StateDirStatus reports the state directory: while it is unhealthy
+// (full, read-only, failing I/O) new endpoints and state changes are
+// refused, the endpoints in the kernel keep working, and the agent
+// probes it until it works again.
+type StateDirStatus struct {
+	Path    string `json:"path"`
+	Healthy bool   `json:"healthy"`
+	// Cause is read-only, disk-full, io-error or failing ("" when
+	// healthy); LastError the failure that made it unhealthy.
+	Cause     string    `json:"cause,omitempty"`
+	LastError string    `json:"last-error,omitempty"`
+	Since     time.Time `json:"since"`
 }
 
 // KvstoreStatus reports the agent's kvstore (etcd) connection.

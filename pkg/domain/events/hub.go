@@ -40,6 +40,14 @@ const (
 	// NodeHealth: a remote node's reachability changed (Node, State,
 	// PrevState; Message names the failing probes).
 	NodeHealth Type = "node-health"
+	// StateDirHealth: the state directory's health changed (State "ok"
+	// or its cause: read-only, disk-full, io-error, failing; PrevState;
+	// Message the error).
+	StateDirHealth Type = "state-dir-health"
+	// BPFPinsRepaired: the agent found BPF pins removed under it and
+	// pinned them again (State "repaired") or could not (State "failed");
+	// Message says how many and which.
+	BPFPinsRepaired Type = "bpf-pins-repaired"
 	// Missed is the marker a subscriber gets when the ring overwrote
 	// events it had not read yet; Event.Missed says how many.
 	Missed Type = "missed"
@@ -47,7 +55,7 @@ const (
 
 // Types lists every publishable type (not Missed), for filters and docs.
 var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, PolicyRefused, DatapathDrop,
-	PolicyVerdict, L7Access, DNSQuery, FQDNExpired, NodeHealth}
+	PolicyVerdict, L7Access, DNSQuery, FQDNExpired, NodeHealth, StateDirHealth, BPFPinsRepaired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
 // hub sets Seq and, when zero, Time.

@@ -1,0 +1,269 @@
+package crash
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
+)
+
+// TestBPFPinsRemoved: under a running agent (linux datapath, pods on
+// veths with a policy) every pin under its bpffs is removed, as an
+// operator's `rm -rf /sys/fs/bpf/membrane` would, and later the bpffs
+// itself is unmounted and a fresh one mounted in its place, as a node
+// agent remounting /sys/fs/bpf would (the node's own bpffs instance:
+// the host's is never touched). Each time the policy stays enforced
+// (the allowed pod gets through, the denied one does not), the agent
+// finds the pins missing and pins its objects again (the same kernel
+// maps: the ipcache's map ID is unchanged), and says so: a
+// bpf-pins-repaired event, membrane_datapath_pin_repairs_total, and GET
+// /v1/status's bpf-pins. A new pod's ADD then works and is enforced, and
+// an agent killed with SIGKILL restarts onto the re-pinned maps (the same
+// ipcache map) with every endpoint as before. Both ways of attaching the
+// endpoint programs: cls_bpf filters (the default; the filters hold the
+// programs) and TCX links, which a removed pin would detach if the agent
+// did not hold them (the pods' traffic then unfiltered).
+func TestBPFPinsRemoved(t *testing.T) {
+	for _, tc := range []struct{ attach, cidr string }{{"tc", "10.245.0.0/24"}, {"tcx", "10.244.0.0/24"}} {
+		t.Run(tc.attach, func(t *testing.T) { testPinsRemoved(t, tc.attach, tc.cidr) })
+	}
+}
+
+func testPinsRemoved(t *testing.T, attach, cidr string) {
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-pins", IPv4Range: cidr, Network: "crash-pins-" + attach,
+		MTU: 1400, OwnBPFFS: true})
+	ap := &agentProc{Node: n, Proc: n.Process("--teardown-delay", "100ms", "--enable-health=false", "--bpffs-check-interval", "300ms",
+		"--bpf-attach", attach)}
+	ap.Start()
+	c := client.New(ap.Socket)
+	defer c.Close()
+	ctx := context.Background()
+	srv, enforced := policyPods(t, n, c)
+	testutil.EventuallyErr(t, "policy enforced before the pins go", func() error { return enforced("before") })
+	before := endpointSnapshot(t, c)
+	srvEp, err := c.EndpointGet(ctx, "container-id:"+srv.RT.ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ipcache := filepath.Join(ap.BPFFS, "ipcache")
+	srvPolicy := filepath.Join(ap.BPFFS, "endpoints", strconv.Itoa(int(srvEp.ID)), "policy")
+	ipcacheID := pinnedMapID(t, ipcache)
+	pinsBefore := pinTree(t, ap.BPFFS)
+	repairs := watchEvents(t, c, events.BPFPinsRepaired)
+
+	for i, fault := range []struct {
+		name string
+		do   func()
+	}{
+		{"rm -rf of every pin", func() { removeAllUnder(t, ap.BPFFS) }},
+		{"the bpffs unmounted and a fresh one mounted", func() { remountBPFFS(t, ap.BPFFS) }},
+	} {
+		start := time.Now()
+		fault.do()
+		if _, err := os.Stat(ipcache); !os.IsNotExist(err) {
+			t.Fatalf("%s: the ipcache pin is still there (%v)", fault.name, err)
+		}
+		if err := enforced("pins gone (" + fault.name + ")"); err != nil {
+			t.Error(err)
+		}
+		repairs.wait(t, func(ev events.Event) bool { return ev.State == "repaired" }, i+1)
+		testutil.EventuallyErr(t, "pins back after "+fault.name, func() error {
+			for _, p := range []string{ipcache, srvPolicy} {
+				if _, err := os.Stat(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		t.Logf("%s: repaired after %v", fault.name, time.Since(start).Round(time.Millisecond))
+		if got := pinTree(t, ap.BPFFS); fmt.Sprint(got) != fmt.Sprint(pinsBefore) {
+			t.Errorf("%s: pins after the repair:\n%v\nwant those of before:\n%v", fault.name, got, pinsBefore)
+		}
+		if id := pinnedMapID(t, ipcache); id != ipcacheID {
+			t.Errorf("%s: the ipcache pin holds map %d, want the agent's map %d", fault.name, id, ipcacheID)
+		}
+		st, err := c.Status(ctx)
+		if err != nil || st.BPFPins == nil || !st.BPFPins.Healthy || st.BPFPins.Repairs != i+1 || st.BPFPins.Repinned == 0 {
+			t.Errorf("%s: status bpf-pins %+v, %v; want healthy with %d repairs", fault.name, st.BPFPins, err, i+1)
+		} else {
+			t.Logf("%s: status: %s", fault.name, st.BPFPins.LastMessage)
+		}
+		if err := enforced("after the repair (" + fault.name + ")"); err != nil {
+			t.Error(err)
+		}
+	}
+	if v := metric(t, ap.Socket, `membrane_datapath_pin_repairs_total{result="repaired"}`); v != "2" {
+		t.Errorf(`membrane_datapath_pin_repairs_total{result="repaired"} = %q, want 2`, v)
+	}
+
+	// A new pod: added and enforced (not allowed into srv).
+	late := n.AddPod("late")
+	if err := testutil.Exchange(late.NS, srv.IPv4, 80, time.Second); err == nil {
+		t.Error("a pod added after the repair reached srv; its policy denies it")
+	}
+	want := endpointSnapshot(t, c)
+	delete(want, late.RT.ContainerID)
+	if fmt.Sprint(want) != fmt.Sprint(before) {
+		t.Errorf("endpoints after the repairs:\n%v\nwant:\n%v", want, before)
+	}
+
+	// A restart adopts the re-pinned maps.
+	want = endpointSnapshot(t, c)
+	ap.Kill()
+	ap.Start()
+	if id := pinnedMapID(t, ipcache); id != ipcacheID {
+		t.Errorf("after a restart the ipcache pin holds map %d, want the re-pinned map %d", id, ipcacheID)
+	}
+	testutil.EventuallyErr(t, "every endpoint back ready", func() error {
+		eps, err := c.EndpointList(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, ep := range eps {
+			if ep.State != "ready" {
+				return fmt.Errorf("endpoint %d %s", ep.ID, ep.State)
+			}
+		}
+		return nil
+	})
+	if got := endpointSnapshot(t, c); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("endpoints after SIGKILL and restart:\n%v\nwant:\n%v", got, want)
+	}
+	if err := enforced("after the restart"); err != nil {
+		t.Error(err)
+	}
+	if err := testutil.Exchange(late.NS, srv.IPv4, 80, time.Second); err == nil {
+		t.Error("after the restart the late pod reached srv")
+	}
+}
+
+// pinTree lists the pins under dir (relative paths, sorted), without the
+// kernel's own files at the root.
+func pinTree(t *testing.T, dir string) []string {
+	t.Helper()
+	var pins []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() || strings.HasSuffix(d.Name(), ".debug") {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, path)
+		pins = append(pins, rel)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pins
+}
+
+// pinnedMapID is the kernel ID of the map pinned at path.
+func pinnedMapID(t *testing.T, path string) ebpf.MapID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("open pinned map: %v", err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Fatal("map ID unknown")
+	}
+	return id
+}
+
+// removeAllUnder removes everything under dir (the node's own bpffs)
+// but the kernel's own files at a bpffs's root (maps.debug, progs.debug:
+// the preloaded iterators, which cannot be removed).
+func removeAllUnder(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".debug") {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// remountBPFFS unmounts the node's own bpffs at dir (its pins go with
+// it) and mounts a fresh, empty one there; the harness's cleanup
+// unmounts that one.
+func remountBPFFS(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		t.Fatalf("unmount bpffs %s: %v", dir, err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount a fresh bpffs at %s: %v", dir, err)
+	}
+}
+
+// eventLog collects the agent's events of one type.
+type eventLog struct {
+	mu  chan struct{} // a one-slot lock
+	got []events.Event
+}
+
+// watchEvents streams the agent's events of type typ for the test.
+func watchEvents(t *testing.T, c *client.Client, typ events.Type) *eventLog {
+	t.Helper()
+	el := &eventLog{mu: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		_ = c.Events(ctx, map[string][]string{"type": {string(typ)}}, func(ev events.Event) bool {
+			if ev.Type == typ {
+				el.mu <- struct{}{}
+				el.got = append(el.got, ev)
+				<-el.mu
+			}
+			return true
+		})
+	}()
+	return el
+}
+
+// wait waits until n events match.
+func (el *eventLog) wait(t *testing.T, match func(events.Event) bool, n int) {
+	t.Helper()
+	testutil.EventuallyErr(t, fmt.Sprintf("%d matching events", n), func() error {
+		el.mu <- struct{}{}
+		defer func() { <-el.mu }()
+		k := 0
+		for _, ev := range el.got {
+			if match(ev) {
+				k++
+			}
+		}
+		if k < n {
+			return fmt.Errorf("%d of %d: %+v", k, n, el.got)
+		}
+		return nil
+	})
+}
