@@ -52,6 +52,16 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		return err
 	}
 	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
+	// One attach of an attachment at a time (attachLocks): a retried ADD
+	// waits for the one the plugin gave up on, then replaces it.
+	release, waited, err := s.attaching.lock(r.Context(), req.ContainerID, req.ContainerInterfaceName)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if waited {
+		s.log.Info("attach waited for an earlier attach of the same attachment", "container", req.ContainerID, "interface", req.ContainerInterfaceName)
+	}
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
 		start := time.Now()
 		if spec.Labels, spec.NamedPorts, err = (*fn)(r.Context(), spec); err != nil {

@@ -1,0 +1,116 @@
+package datapath_test
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
+)
+
+// TestRetriedAddWhileFirstInFlight: the runtime retries an ADD the
+// plugin gave up on while the agent still runs the first (a zombie ADD,
+// here held in its pod-labels lookup, the step that waits on the API
+// server). The retry waits for the zombie and then replaces it: it
+// succeeds (never 409), and the attachment ends with one working
+// endpoint, the retry's, with the retry's address in the pod and no
+// address of the zombie left allocated. Without the per-attachment
+// serialisation the zombie, finishing last, replaced the retry's
+// endpoint (or, caught between its veth and its endpoint, made the
+// retry's creation fail with 409).
+func TestRetriedAddWhileFirstInFlight(t *testing.T) {
+	e := newEnv(t, "10.244.23.0/24")
+	startAgent(e, nil)
+	gw := netip.MustParseAddr("10.244.23.1")
+	p := e.NewPod("zombie")
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	releaseOnce := func() { once.Do(func() { close(release) }) }
+	defer releaseOnce()
+	var calls sync.Mutex
+	first := true
+	e.Agent.Server.SetLabeler(func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
+		calls.Lock()
+		hold := first
+		first = false
+		calls.Unlock()
+		if hold { // the zombie: stalled, not minding its caller's deadline
+			close(entered)
+			<-release
+		}
+		return spec.Labels, spec.NamedPorts, nil
+	})
+
+	type answer struct {
+		res *types100.Result
+		err error
+	}
+	add := func() <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			var a answer
+			a.err = e.Do(func(ctx context.Context) error {
+				a.res, a.err = e.AddRT(ctx, p.RT)
+				return a.err
+			})
+			ch <- a
+		}()
+		return ch
+	}
+	zombie := add()
+	select {
+	case <-entered:
+	case a := <-zombie:
+		t.Fatalf("first ADD ended before its labels lookup was held: %+v %v", a.res, a.err)
+	}
+	retry := add()
+	// The retry must not overtake the zombie; give it the time of a
+	// whole ADD to show it does (it ends early only without the
+	// serialisation), then let the zombie go on.
+	var got answer
+	var retryDone bool
+	select {
+	case got = <-retry:
+		retryDone = true
+	case <-time.After(5 * time.Second):
+	}
+	releaseOnce()
+	z := <-zombie
+	if !retryDone {
+		got = <-retry
+	}
+	if got.err != nil {
+		t.Fatalf("retried ADD: %v (zombie ADD: %v)", got.err, z.err)
+	}
+	retryIP := podIP(t, got.res, p, gw)
+	verifyPod(t, p, retryIP, gw)
+	eps, err := e.Client().EndpointList(context.Background(), nil)
+	if err != nil || len(eps) != 1 || eps[0].Addressing == nil || eps[0].Addressing.IPv4 != retryIP.String() {
+		t.Fatalf("endpoints after the retried ADD = %+v, %v; want one with the retry's %s (zombie: %+v, %v)", eps, err, retryIP, z.res, z.err)
+	}
+	if eps[0].State != "ready" {
+		t.Fatalf("endpoint %d is %s, want ready", eps[0].ID, eps[0].State)
+	}
+	if all := allocations(t, e); len(all) != 1 || all[0].IP != retryIP.String() {
+		t.Fatalf("allocations = %+v, want only the retry's %s", all, retryIP)
+	}
+	if !hostLinkExists(t, e, p) {
+		t.Fatal("the retry's host veth is gone")
+	}
+	if out, err := p.NS.Exec("ping", "-c", "1", "-W", "5", gw.String()); err != nil {
+		t.Fatalf("ping gateway after the retried ADD: %v\n%s", err, out)
+	}
+	if err := e.Check(p); err != nil {
+		t.Fatalf("CHECK after the retried ADD: %v", err)
+	}
+	if err := e.Del(p); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+}
