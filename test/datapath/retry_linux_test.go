@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +110,62 @@ func TestRetriedAddWhileFirstInFlight(t *testing.T) {
 	}
 	if err := e.Check(p); err != nil {
 		t.Fatalf("CHECK after the retried ADD: %v", err)
+	}
+	if err := e.Del(p); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+}
+
+// TestConcurrentAddsOfOneAttachment: two ADDs of one attachment sent
+// together, round after round (a runtime's retry racing the ADD it gave
+// up on, with no stall to order them): both succeed (no 409 from the
+// endpoint manager's uniqueness check, no interface-exists), and the
+// attachment ends with one ready endpoint, the one answered last, whose
+// address is the pod's, with no other address left allocated.
+func TestConcurrentAddsOfOneAttachment(t *testing.T) {
+	e := newEnv(t, "10.244.24.0/24")
+	startAgent(e, nil)
+	gw := netip.MustParseAddr("10.244.24.1")
+	p := e.NewPod("racing")
+	type answer struct {
+		res *types100.Result
+		err error
+		seq int64
+	}
+	var seq atomic.Int64
+	add := func(ch chan<- answer) {
+		var a answer
+		a.err = e.Do(func(ctx context.Context) error {
+			a.res, a.err = e.AddRT(ctx, p.RT)
+			return a.err
+		})
+		a.seq = seq.Add(1)
+		ch <- a
+	}
+	for round := range 6 {
+		ch := make(chan answer, 2)
+		go add(ch)
+		go add(ch)
+		a, b := <-ch, <-ch
+		if a.err != nil || b.err != nil {
+			t.Fatalf("round %d: ADDs of one attachment together: %v; %v", round, a.err, b.err)
+		}
+		last := a
+		if b.seq > a.seq {
+			last = b
+		}
+		ip := podIP(t, last.res, p, gw)
+		verifyPod(t, p, ip, gw)
+		eps, err := e.Client().EndpointList(context.Background(), nil)
+		if err != nil || len(eps) != 1 || eps[0].Addressing == nil || eps[0].Addressing.IPv4 != ip.String() || eps[0].State != "ready" {
+			t.Fatalf("round %d: endpoints = %+v, %v; want one ready with %s, the last answer's", round, eps, err, ip)
+		}
+		if all := allocations(t, e); len(all) != 1 || all[0].IP != ip.String() {
+			t.Fatalf("round %d: allocations = %+v, want only %s", round, all, ip)
+		}
+	}
+	if out, err := p.NS.Exec("ping", "-c", "1", "-W", "5", gw.String()); err != nil {
+		t.Fatalf("ping gateway: %v\n%s", err, out)
 	}
 	if err := e.Del(p); err != nil {
 		t.Fatalf("DEL: %v", err)
