@@ -25,7 +25,7 @@ const (
 	// another node numbered the labels anew); the node's endpoints move
 	// to the store's number (Identity), Message names both.
 	IdentityRenumbered Type = "identity-renumbered"
-	PolicyRevision  Type = "policy-revision"
+	PolicyRevision     Type = "policy-revision"
 	// PolicyRefused: the agent refused a Kubernetes policy object, or
 	// parts of it (then the rest is in force and its pods stay
 	// isolated); Namespace names the policy's namespace and Message the
