@@ -230,7 +230,17 @@ func (a *identityActor) forget(ctx actor.Context, id identity.NumericIdentity) {
 	delete(c.known, id)
 	delete(c.knownByKey, ls.Key())
 	if _, inUse := a.alloc.Lookup(id); inUse {
-		a.log.Error("cluster identity store removed an identity in use on this node; it stays bound here", "identity", id)
+		// Collected while this node could not mark it in use (a
+		// partition): ask the store again, preferring this number. It is
+		// created again with it, or, if another node numbered the labels
+		// anew meanwhile, the answer (like the watch's event, in either
+		// order) moves the endpoints to the store's number (renumber).
+		a.log.Warn("cluster identity store removed an identity in use on this node; asking the store again", "identity", id)
+		if key := ls.Key(); a.cluster.pending[key] == nil {
+			p := &pendingAcquire{labels: ls, confirm: true}
+			a.cluster.pending[key] = p
+			a.startAcquire(ctx, key, p)
+		}
 	} else if a.policy != nil {
 		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
 	}

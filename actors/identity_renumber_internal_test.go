@@ -22,7 +22,14 @@ import (
 // allows the new number (the one the other nodes' pods carry). Deleting
 // the endpoints afterwards drops every reference. Before the fix the
 // conflict was only logged: the endpoints kept the old number forever.
+// The watch may report the two changes in either order (a relist after
+// the partition), and the node converges in both.
 func TestClusterIdentityConflictRenumbered(t *testing.T) {
+	t.Run("removal first", func(t *testing.T) { testRenumbered(t, true) })
+	t.Run("new number first", func(t *testing.T) { testRenumbered(t, false) })
+}
+
+func testRenumbered(t *testing.T, removalFirst bool) {
 	b := newMemBackend()
 	hub := events.New(0)
 	sys, dp := clusterSystemDP(t, b, hub)
@@ -59,9 +66,23 @@ func TestClusterIdentityConflictRenumbered(t *testing.T) {
 		t.Fatalf("row of %d = %+v %v, want 3 references, a cluster identity", old, row, ok)
 	}
 
+	// The node is cut off (its Acquires wait) while the store collects
+	// the number and another node numbers the labels anew; the node sees
+	// both (the removal makes it ask the store again), then reaches the
+	// store.
 	const renumbered identity.NumericIdentity = 4242
-	b.emit(identity.ClusterEvent{Kind: identity.ClusterDelete, ID: old})                    // collected
-	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: renumbered, Labels: ls}) // numbered anew elsewhere
+	gate := make(chan struct{})
+	b.set(nil, gate)
+	collected := identity.ClusterEvent{Kind: identity.ClusterDelete, ID: old}
+	anew := identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: renumbered, Labels: ls} // by another node
+	if removalFirst {
+		b.emit(collected)
+		b.emit(anew)
+	} else {
+		b.emit(anew)
+		b.emit(collected)
+	}
+	close(gate)
 
 	ready := func(id endpoint.ID) bool {
 		ep, ok := sys.Index.Endpoint(id)
