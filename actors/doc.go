@@ -50,8 +50,9 @@
 // carries the number the endpoints hold (`identity.PreferringBackend`,
 // which the etcd and the MembraneIdentity CRD backends implement): a label
 // set the store collected meanwhile is created again with that number when
-// it is free, so no endpoint keeps a number the store lost; a store answer
-// or watch event with another number (the label set renumbered by another
+// it is free, so no endpoint keeps a number the store lost (the watch's
+// removal of a number in use here asks the store again the same way); a
+// store answer or watch event with another number (the label set renumbered by another
 // node meanwhile) moves the node to the store's number (`renumber`): every
 // local reference and lease moves at once, the holders are told
 // (`IdentityRenumbered`) and regenerate through their actors, the old
