@@ -10,6 +10,8 @@ import (
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -163,6 +165,47 @@ func TestConcurrentAddsOfOneAttachment(t *testing.T) {
 		if all := allocations(t, e); len(all) != 1 || all[0].IP != ip.String() {
 			t.Fatalf("round %d: allocations = %+v, want only %s", round, all, ip)
 		}
+	}
+	if out, err := p.NS.Exec("ping", "-c", "1", "-W", "5", gw.String()); err != nil {
+		t.Fatalf("ping gateway: %v\n%s", err, out)
+	}
+	if err := e.Del(p); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+}
+
+// TestAddReplacesEndpointWithoutVeth: an endpoint of the attachment
+// whose veth is gone (what an ADD the plugin gave up on leaves when the
+// endpoint it asked for is created after its own rollback looked for
+// it) is replaced by the next ADD of the attachment, not answered with
+// 409 by the endpoint manager's uniqueness check.
+func TestAddReplacesEndpointWithoutVeth(t *testing.T) {
+	e := newEnv(t, "10.244.25.0/24")
+	startAgent(e, func(c *agent.Config) { c.GCInterval = time.Hour }) // the GC would collect it first
+	gw := netip.MustParseAddr("10.244.25.1")
+	p := e.NewPod("orphan")
+	first := podIP(t, e.MustAdd(p), p, gw)
+	host, _ := cni.VethNames(p.RT.ContainerID, p.RT.IfName)
+	nl := e.NS.Netlink(t)
+	link, err := nl.LinkByName(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkDel(link); err != nil { // the pair goes with it
+		t.Fatal(err)
+	}
+	res, err := e.Add(p)
+	if err != nil {
+		t.Fatalf("ADD over an endpoint without its veth: %v", err)
+	}
+	ip := podIP(t, res, p, gw)
+	verifyPod(t, p, ip, gw)
+	eps, err := e.Client().EndpointList(context.Background(), nil)
+	if err != nil || len(eps) != 1 || eps[0].Addressing == nil || eps[0].Addressing.IPv4 != ip.String() || eps[0].State != "ready" {
+		t.Fatalf("endpoints = %+v, %v; want one ready with %s", eps, err, ip)
+	}
+	if first != ip && allocated(t, e, first) {
+		t.Fatalf("address %s of the stale endpoint still allocated", first)
 	}
 	if out, err := p.NS.Exec("ping", "-c", "1", "-W", "5", gw.String()); err != nil {
 		t.Fatalf("ping gateway: %v\n%s", err, out)

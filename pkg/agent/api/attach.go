@@ -178,6 +178,16 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	go func() {
 		var err error
 		ep, err = endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
+		if errors.Is(err, actors.ErrEndpointExists) && len(s.attachmentEndpoints(req.ContainerID, req.ContainerInterfaceName)) > 0 {
+			// An endpoint of this attachment without its veth (the name
+			// was free): an earlier attach whose caller gave up created it
+			// after its own rollback looked for it. No other attach of the
+			// attachment is in flight (attachLocks): it is stale and
+			// replaced, as the veth is.
+			if derr := s.deleteAttachment(ctx, req.ContainerID, req.ContainerInterfaceName); derr == nil {
+				ep, err = endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
+			}
+		}
 		// An error answer means no endpoint of this request: a failed
 		// creation is removed by the agent, and a conflict is someone
 		// else's. A cancelled wait may leave one.
