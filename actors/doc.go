@@ -50,9 +50,14 @@
 // carries the number the endpoints hold (`identity.PreferringBackend`,
 // which the etcd and the MembraneIdentity CRD backends implement): a label
 // set the store collected meanwhile is created again with that number when
-// it is free, so no endpoint keeps a number the store lost; a store answer
-// with another number (the label set renumbered by another node meanwhile)
-// is logged and reported, the endpoints keep theirs. Reserved identities
+// it is free, so no endpoint keeps a number the store lost (the watch's
+// removal of a number in use here asks the store again the same way); a
+// store answer or watch event with another number (the label set renumbered by another
+// node meanwhile) moves the node to the store's number (`renumber`): every
+// local reference and lease moves at once, the holders are told
+// (`IdentityRenumbered`) and regenerate through their actors, the old
+// number is released in the store and the new one's use recorded, and an
+// `identity-renumbered` event says so. Reserved identities
 // never reach it. A restart rebuilds local references and known identities
 // from the index; a late answer for a label set nobody waits for any more
 // is released again.

@@ -248,6 +248,8 @@ func (a *endpointActor) receiveLive(ctx actor.Context) {
 		a.proxyTimedOut(ctx, msg)
 	case *messages.PatchLabels:
 		a.patchLabels(ctx, msg)
+	case *messages.IdentityRenumbered:
+		a.identityRenumbered(ctx, msg)
 	case *messages.DeleteEndpoint:
 		a.delete(ctx, msg.Options, ctx.Sender())
 	}
@@ -582,6 +584,22 @@ func (a *endpointActor) releaseIdentity(ctx actor.Context, id identity.NumericId
 			a.logger().Warn("releasing previous identity failed", "identity", id, "err", err)
 		}
 	})
+}
+
+// identityRenumbered adopts the cluster store's number for the
+// endpoint's labels: the identity actor already moved the endpoint's
+// reference from msg.Old to msg.New (nothing to release), and the
+// endpoint regenerates with it (ipcache, policy, state). An endpoint
+// that no longer uses msg.Old, or waits for an identity (its labels
+// changed), changes nothing here: its release of msg.Old releases
+// msg.New.
+func (a *endpointActor) identityRenumbered(ctx actor.Context, msg *messages.IdentityRenumbered) {
+	if a.ep.Identity != msg.Old || a.leaseWait {
+		return
+	}
+	a.logger().Warn("identity renumbered by the cluster identity store", "from", msg.Old, "to", msg.New)
+	a.mut().Identity = msg.New
+	a.identityResolved(ctx, msg.New)
 }
 
 // identityResolved sets the identity (Cilium: waiting-for-identity ->

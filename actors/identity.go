@@ -210,7 +210,13 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		return false, nil
 	}
 	if !slices.Contains(a.holders[holder], id) {
-		return false, nil
+		// A holder releasing the number its reference was moved from
+		// (renumber) releases the one it was moved to.
+		to, ok := a.renumberedTo(id)
+		if !ok || !slices.Contains(a.holders[holder], to) {
+			return false, nil
+		}
+		id = to
 	}
 	rest := slices.DeleteFunc(a.holders[holder], func(x identity.NumericIdentity) bool { return x == id })
 	if len(rest) == 0 {
@@ -232,6 +238,11 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 	}
 	a.writeRow(ctx, id)
 	if released && a.cluster != nil {
+		for from, to := range a.cluster.renumbered {
+			if to == id {
+				delete(a.cluster.renumbered, from)
+			}
+		}
 		// The last local reference: the node no longer uses it. The
 		// identity stays known while the store holds it.
 		a.backendRelease(id, ls)
@@ -243,6 +254,16 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
 	}
 	return released, nil
+}
+
+// renumberedTo returns the number id's references were moved to by a
+// renumbering (cluster mode), if any.
+func (a *identityActor) renumberedTo(id identity.NumericIdentity) (identity.NumericIdentity, bool) {
+	if a.cluster == nil {
+		return 0, false
+	}
+	to, ok := a.cluster.renumbered[id]
+	return to, ok
 }
 
 // writeRow mirrors the allocator's view of id (and, with a cluster

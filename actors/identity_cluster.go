@@ -34,7 +34,12 @@ type clusterMode struct {
 	// releases holds the backend Releases that failed, waiting for their
 	// next attempt, by identity.
 	releases map[identity.NumericIdentity]*releaseRetry
-	lastErr  string
+	// renumbered maps a number this node used for a label set to the
+	// store's number its references moved to (see renumber), so that a
+	// holder's late release of the old number releases the new one;
+	// dropped when the new number's last reference goes.
+	renumbered map[identity.NumericIdentity]identity.NumericIdentity
+	lastErr    string
 }
 
 // releaseRetry is a failed backend Release of the node's use of an
@@ -86,6 +91,7 @@ func (c *clusterMode) reset() {
 	c.knownByKey = make(map[string]identity.NumericIdentity)
 	c.pending = make(map[string]*pendingAcquire)
 	c.releases = make(map[identity.NumericIdentity]*releaseRetry)
+	c.renumbered = nil
 }
 
 // stopReleaseTimers stops the release retries' timers. A restarted
@@ -119,11 +125,9 @@ func (a *identityActor) learn(ctx actor.Context, id identity.NumericIdentity, ls
 		a.log.Error("cluster identity store binds an identity in use here to other labels", "identity", id, "local", local.Labels.Key(), "store", key)
 		return false
 	}
-	if bound, ok := a.alloc.LookupByLabels(ls); ok && bound.ID != id {
-		a.log.Error("cluster identity store numbers a label set in use here differently; the endpoints keep the number they have",
-			"labels", key, "here", bound.ID, "store", id)
-		a.events.Publish(events.Event{Type: events.IdentityWaiting, Identity: uint32(id), Labels: ls.Strings(),
-			Message: fmt.Sprintf("the store numbers these labels %d, endpoints here use %d", id, bound.ID)})
+	bound, renumber := a.alloc.LookupByLabels(ls)
+	renumber = renumber && bound.ID != id
+	if renumber && !a.renumber(ctx, bound, id) {
 		return false
 	}
 	c.known[id] = ls
@@ -132,7 +136,88 @@ func (a *identityActor) learn(ctx actor.Context, id identity.NumericIdentity, ls
 		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Labels: ls})
 	}
 	a.writeRow(ctx, id)
+	if renumber {
+		a.renumbered(ctx, bound, id)
+	}
 	return true
+}
+
+// renumber moves the local references of a label set bound here as
+// bound.ID to id, the number the cluster store gives it. This happens
+// when the store collected the node's number (its GC, while the node
+// could not mark it in use: a partition) and another node numbered the
+// labels anew, or when a number bound here without the store (see
+// bindProvisional) is not the one the store then answers. Keeping the
+// local number would leave this node's pods with an identity the other
+// nodes do not give them, and cross-node policy for them broken. Every
+// holder's reference moves at once (the allocator binds a label set to
+// one number), its lease row with it; renumbered then tells the holders,
+// which regenerate. It returns false (nothing moved) only if the
+// allocator refuses id.
+func (a *identityActor) renumber(ctx actor.Context, bound identity.Identity, id identity.NumericIdentity) bool {
+	for range bound.RefCount {
+		if _, err := a.alloc.Release(bound.ID); err != nil {
+			break
+		}
+	}
+	if err := a.alloc.Restore(identity.Identity{ID: id, Labels: bound.Labels, RefCount: bound.RefCount}); err != nil {
+		// Cannot happen (id is free here and the labels were just
+		// unbound); put the old binding back and keep it.
+		if rerr := a.alloc.Restore(bound); rerr != nil {
+			a.log.Error("restoring a local identity after a failed renumbering", "identity", bound.ID, "err", rerr)
+		}
+		a.log.Error("cluster identity store numbers a label set in use here differently; renumbering failed, the endpoints keep the number they have",
+			"labels", bound.Labels.Key(), "here", bound.ID, "store", id, "err", err)
+		a.events.Publish(events.Event{Type: events.IdentityWaiting, Identity: uint32(id), Labels: bound.Labels.Strings(),
+			Message: fmt.Sprintf("the store numbers these labels %d, endpoints here use %d: %v", id, bound.ID, err)})
+		return false
+	}
+	for holder, ids := range a.holders {
+		i := slices.Index(ids, bound.ID)
+		if i < 0 {
+			continue
+		}
+		ids[i] = id
+		a.batch.delKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(bound.ID, holder), &index.IdentityLease{ID: bound.ID, Holder: holder})
+		a.batch.putKeyed(ctx, index.TableIdentityLeases, index.LeaseKey(id, holder), &index.IdentityLease{ID: id, Holder: holder})
+	}
+	if a.cluster.renumbered == nil {
+		a.cluster.renumbered = make(map[identity.NumericIdentity]identity.NumericIdentity)
+	}
+	a.cluster.renumbered[bound.ID] = id
+	return true
+}
+
+// renumbered finishes a renumbering once id is recorded as known: the
+// old number's row and policy go, the node's use moves in the store (an
+// Acquire records it under id unless one is under way; the old number
+// is released), and the holders are told (after the index commit, in
+// order with their earlier answers), each regenerating through its own
+// actor.
+func (a *identityActor) renumbered(ctx actor.Context, bound identity.Identity, id identity.NumericIdentity) {
+	c := a.cluster
+	key := bound.Labels.Key()
+	a.writeRow(ctx, bound.ID)
+	if _, known := c.known[bound.ID]; !known && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: bound.ID, Deleted: true})
+	}
+	a.backendRelease(bound.ID, bound.Labels)
+	if c.pending[key] == nil {
+		p := &pendingAcquire{labels: bound.Labels, confirm: true}
+		c.pending[key] = p
+		a.startAcquire(ctx, key, p)
+	}
+	n := 0
+	for holder, ids := range a.holders {
+		if slices.Contains(ids, id) {
+			a.batch.reply(ctx, actor.NewPID(ctx.ActorSystem().Address(), holder), &messages.IdentityRenumbered{Old: bound.ID, New: id})
+			n++
+		}
+	}
+	a.log.Warn("cluster identity store numbers a label set in use here differently; its endpoints move to the store's number",
+		"labels", key, "here", bound.ID, "store", id, "endpoints", n)
+	a.events.Publish(events.Event{Type: events.IdentityRenumbered, Identity: uint32(id), Labels: bound.Labels.Strings(),
+		Message: fmt.Sprintf("the store numbers these labels %d; %d endpoint(s) here move from %d to it", id, n, bound.ID)})
 }
 
 // forget drops id from the known set (the store removed it).
@@ -145,7 +230,17 @@ func (a *identityActor) forget(ctx actor.Context, id identity.NumericIdentity) {
 	delete(c.known, id)
 	delete(c.knownByKey, ls.Key())
 	if _, inUse := a.alloc.Lookup(id); inUse {
-		a.log.Error("cluster identity store removed an identity in use on this node; it stays bound here", "identity", id)
+		// Collected while this node could not mark it in use (a
+		// partition): ask the store again, preferring this number. It is
+		// created again with it, or, if another node numbered the labels
+		// anew meanwhile, the answer (like the watch's event, in either
+		// order) moves the endpoints to the store's number (renumber).
+		a.log.Warn("cluster identity store removed an identity in use on this node; asking the store again", "identity", id)
+		if key := ls.Key(); a.cluster.pending[key] == nil {
+			p := &pendingAcquire{labels: ls, confirm: true}
+			a.cluster.pending[key] = p
+			a.startAcquire(ctx, key, p)
+		}
 	} else if a.policy != nil {
 		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
 	}

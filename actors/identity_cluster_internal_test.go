@@ -108,7 +108,9 @@ func (b *memBackend) emit(ev identity.ClusterEvent) {
 		b.byKey[ev.Labels.Key()], b.byID[ev.ID] = ev.ID, ev.Labels
 	case identity.ClusterDelete:
 		if ls, ok := b.byID[ev.ID]; ok {
-			delete(b.byKey, ls.Key())
+			if b.byKey[ls.Key()] == ev.ID { // else renumbered: the labels have another
+				delete(b.byKey, ls.Key())
+			}
 			delete(b.byID, ev.ID)
 		}
 	}

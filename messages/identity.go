@@ -38,3 +38,12 @@ type IdentityReleased struct {
 	Released bool
 	Err      error
 }
+
+// IdentityRenumbered tells a holder that the identity actor moved its
+// reference from Old to New: the cluster identity store numbers the
+// holder's label set New, not Old as this node did. The holder adopts
+// New (and regenerates) if it still uses Old; its later release of Old
+// releases New. No reply.
+type IdentityRenumbered struct {
+	Old, New identity.NumericIdentity
+}

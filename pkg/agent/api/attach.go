@@ -52,6 +52,16 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 		return err
 	}
 	hostName, tmpName := podnet.VethNames(req.ContainerID, req.ContainerInterfaceName)
+	// One attach of an attachment at a time (attachLocks): a retried ADD
+	// waits for the one the plugin gave up on, then replaces it.
+	release, waited, err := s.attaching.lock(r.Context(), req.ContainerID, req.ContainerInterfaceName)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if waited {
+		s.log.Info("attach waited for an earlier attach of the same attachment", "container", req.ContainerID, "interface", req.ContainerInterfaceName)
+	}
 	if fn := s.labeler.Load(); fn != nil && spec.PodName != "" {
 		start := time.Now()
 		if spec.Labels, spec.NamedPorts, err = (*fn)(r.Context(), spec); err != nil {
@@ -168,6 +178,16 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) (retErr error) {
 	go func() {
 		var err error
 		ep, err = endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
+		if errors.Is(err, actors.ErrEndpointExists) && len(s.attachmentEndpoints(req.ContainerID, req.ContainerInterfaceName)) > 0 {
+			// An endpoint of this attachment without its veth (the name
+			// was free): an earlier attach whose caller gave up created it
+			// after its own rollback looked for it. No other attach of the
+			// attachment is in flight (attachLocks): it is stale and
+			// replaced, as the veth is.
+			if derr := s.deleteAttachment(ctx, req.ContainerID, req.ContainerInterfaceName); derr == nil {
+				ep, err = endpointResult(s.sys.CreateEndpoint(ctx, spec, true))
+			}
+		}
 		// An error answer means no endpoint of this request: a failed
 		// creation is removed by the agent, and a conflict is someone
 		// else's. A cancelled wait may leave one.

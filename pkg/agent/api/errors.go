@@ -43,6 +43,7 @@ const (
 	CodeInterfaceExists   = "interface-exists"           // 409: POST /v1/attach: an interface name stays taken
 	CodeKernel            = "kernel-error"               // 500: POST /v1/attach: a netlink or sysctl call failed
 	CodeTooManyStreams    = "too-many-streams"           // 429: GET /v1/flows?follow=true with every follower slot taken
+	CodeAttachmentBusy    = "attachment-busy"            // 503: POST /v1/attach: an earlier attach of the same attachment stays in flight
 )
 
 // apiError is an error with its HTTP status and code.

@@ -100,6 +100,8 @@ type Server struct {
 	// hostPortMu serialises the attaches with port mappings from their
 	// conflict check to their services (acceptHostPorts).
 	hostPortMu sync.Mutex
+	// attaching serialises the attaches of one attachment (attachLocks).
+	attaching attachLocks
 	// nodeAddrMu guards nodeAddrs, the node addresses hostPorts without
 	// a host-ip are on (Config.NodeAddrs, then NodeAddrChanged).
 	nodeAddrMu sync.Mutex

@@ -253,11 +253,16 @@ func (b *IdentityBackend) Release(ctx context.Context, id identity.NumericIdenti
 		lk, ok = b.releasing[id]
 	}
 	delete(b.held, id)
-	if ok {
+	shared := ok && b.holdsLabels(lk)
+	if ok && !shared {
 		b.releasing[id] = lk
 	}
 	b.mu.Unlock()
-	if !ok {
+	if !ok || shared {
+		// The reference key is per label set: when the store renumbered
+		// the labels (collected while this node was cut off, numbered
+		// anew elsewhere) and this node moved to the new number, the key
+		// is the new number's reference and stays.
 		return nil
 	}
 	if err := b.dropRef(ctx, id, lk); err != nil {
@@ -280,11 +285,23 @@ func (b *IdentityBackend) dropRef(ctx context.Context, id identity.NumericIdenti
 	b.mu.Lock()
 	delete(b.releasing, id)
 	_, again := b.held[id]
+	again = again || b.holdsLabels(lk)
 	b.mu.Unlock()
-	if again { // an Acquire raced the delete: write the reference back
+	if again { // an Acquire raced the delete (of this number or, renumbered, another): write the reference back
 		b.poke()
 	}
 	return nil
+}
+
+// holdsLabels reports whether this node holds a number for the label set
+// lk (b.mu held).
+func (b *IdentityBackend) holdsLabels(lk string) bool {
+	for _, k := range b.held {
+		if k == lk {
+			return true
+		}
+	}
+	return false
 }
 
 // Held returns how many identities this node references.

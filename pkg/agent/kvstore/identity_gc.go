@@ -118,7 +118,7 @@ func (b *IdentityBackend) restoreRef(n identity.NumericIdentity, lk string, leas
 		return err
 	}
 	if !resp.Succeeded && !resp.Responses[0].GetResponseTxn().GetSucceeded() {
-		b.log.Error("identity number reused while this node's references were gone; endpoints keep the old number until relabelled",
+		b.log.Error("identity number reused while this node's references were gone; the agent moves its endpoints to the store's number for the labels",
 			"id", n, "labels", lk)
 		b.c.observeConflict("identity " + itoa(n) + " was collected and its number reused")
 	}

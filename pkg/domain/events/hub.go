@@ -20,7 +20,12 @@ const (
 	// IdentityWaiting: a label set waits for the cluster identity store
 	// (unreachable); Labels and Message say which and why.
 	IdentityWaiting Type = "identity-waiting"
-	PolicyRevision  Type = "policy-revision"
+	// IdentityRenumbered: the cluster identity store numbers a label set
+	// in use here differently (its earlier number was collected and
+	// another node numbered the labels anew); the node's endpoints move
+	// to the store's number (Identity), Message names both.
+	IdentityRenumbered Type = "identity-renumbered"
+	PolicyRevision     Type = "policy-revision"
 	// PolicyRefused: the agent refused a Kubernetes policy object, or
 	// parts of it (then the rest is in force and its pods stay
 	// isolated); Namespace names the policy's namespace and Message the
@@ -54,7 +59,7 @@ const (
 )
 
 // Types lists every publishable type (not Missed), for filters and docs.
-var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, PolicyRevision, PolicyRefused, DatapathDrop,
+var Types = []Type{EndpointCreated, EndpointStateChanged, EndpointDeleted, IdentityAllocated, IdentityReleased, IdentityWaiting, IdentityRenumbered, PolicyRevision, PolicyRefused, DatapathDrop,
 	PolicyVerdict, L7Access, DNSQuery, FQDNExpired, NodeHealth, StateDirHealth, BPFPinsRepaired}
 
 // Event is one event. Publishers fill Type and the fields that apply; the
