@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"net/url"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -63,7 +62,7 @@ func TestSlowEtcd(t *testing.T) {
 	first := a.create("pod-1", "k8s:app=held")
 	waitStatus(t, b.c, func(k *models.KvstoreStatus) bool { return k.Healthy && k.RemoteEndpoints == 1 })
 	lease0 := a.kv().Lease
-	g0, h0 := goroutinesAndHeap()
+	g0, h0 := testutil.GoroutinesAndHeap()
 
 	proxy.SetDelay(slowDelay)
 	t.Logf("etcd %s away each way from agent-a; baseline %d goroutines, %d MiB heap", slowDelay, g0, h0>>20)
@@ -75,15 +74,15 @@ func TestSlowEtcd(t *testing.T) {
 	var heaps []uint64
 	for range 10 {
 		time.Sleep(time.Second)
-		g, h := goroutinesAndHeap()
+		g, h := testutil.GoroutinesAndHeap()
 		samples, heaps = append(samples, g), append(heaps, h)
 	}
 	t.Logf("while slow: goroutines %v, heap MiB %v, proxy %d open / %d accepted; agent-a %+v",
-		samples, mib(heaps), proxy.Open(), proxy.Accepted.Load(), a.kv())
+		samples, testutil.MiB(heaps), proxy.Open(), proxy.Accepted.Load(), a.kv())
 	if peak := slices.Max(samples); peak > g0+400 {
 		t.Errorf("goroutines while slow: peak %d, baseline %d: unbounded", peak, g0)
 	}
-	if f, l := mean(samples[:4]), mean(samples[6:]); l > f+50 {
+	if f, l := testutil.Mean(samples[:4]), testutil.Mean(samples[6:]); l > f+50 {
 		t.Errorf("goroutines grow while slow: %.0f -> %.0f", f, l)
 	}
 	if peak := slices.Max(heaps); peak > h0+128<<20 {
@@ -141,29 +140,4 @@ func (n *kvNode) kv() *models.KvstoreStatus {
 		n.t.Fatalf("status: %v %+v", err, st)
 	}
 	return st.Kvstore
-}
-
-// goroutinesAndHeap is the process's goroutine count and live heap after
-// a GC (the agents run in the test process).
-func goroutinesAndHeap() (int, uint64) {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return runtime.NumGoroutine(), ms.HeapAlloc
-}
-
-func mean(v []int) float64 {
-	s := 0
-	for _, x := range v {
-		s += x
-	}
-	return float64(s) / float64(len(v))
-}
-
-func mib(v []uint64) []uint64 {
-	out := make([]uint64, len(v))
-	for i, x := range v {
-		out[i] = x >> 20
-	}
-	return out
 }

@@ -3,7 +3,6 @@ package k8s_test
 import (
 	"fmt"
 	"net/url"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -61,7 +60,7 @@ func TestSlowAPIServer(t *testing.T) {
 		_, b := mepStatus(t, k.ctx, k.dyn, ns, "client")
 		return a != nil && b != nil, fmt.Sprint(a, b)
 	})
-	g0, h0 := goroutinesAndHeap()
+	g0, h0 := testutil.GoroutinesAndHeap()
 
 	proxy.SetDelay(slowDelay)
 	t.Logf("API server %s away each way; baseline %d goroutines, %d MiB heap", slowDelay, g0, h0>>20)
@@ -82,14 +81,14 @@ func TestSlowAPIServer(t *testing.T) {
 	var heaps []uint64
 	for range 12 {
 		time.Sleep(time.Second)
-		g, h := goroutinesAndHeap()
+		g, h := testutil.GoroutinesAndHeap()
 		samples, heaps = append(samples, g), append(heaps, h)
 	}
-	t.Logf("while slow: goroutines %v, heap MiB %v, proxy connections %d open / %d accepted", samples, mib(heaps), proxy.Open(), proxy.Accepted.Load())
+	t.Logf("while slow: goroutines %v, heap MiB %v, proxy connections %d open / %d accepted", samples, testutil.MiB(heaps), proxy.Open(), proxy.Accepted.Load())
 	if peak := slices.Max(samples); peak > g0+400 {
 		t.Errorf("goroutines while slow: peak %d, baseline %d: unbounded", peak, g0)
 	}
-	if first, last := mean(samples[:4]), mean(samples[8:]); last > first+50 {
+	if first, last := testutil.Mean(samples[:4]), testutil.Mean(samples[8:]); last > first+50 {
 		t.Errorf("goroutines grow while slow: %.0f -> %.0f", first, last)
 	}
 	if peak := slices.Max(heaps); peak > h0+128<<20 {
@@ -138,29 +137,4 @@ func TestSlowAPIServer(t *testing.T) {
 	if len(eps) != 3 {
 		t.Fatalf("%d endpoints after the slow period, want 3", len(eps))
 	}
-}
-
-// goroutinesAndHeap is the process's goroutine count and live heap after
-// a GC (the agent runs in the test process).
-func goroutinesAndHeap() (int, uint64) {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return runtime.NumGoroutine(), ms.HeapAlloc
-}
-
-func mean(v []int) float64 {
-	s := 0
-	for _, x := range v {
-		s += x
-	}
-	return float64(s) / float64(len(v))
-}
-
-func mib(v []uint64) []uint64 {
-	out := make([]uint64, len(v))
-	for i, x := range v {
-		out[i] = x >> 20
-	}
-	return out
 }
