@@ -222,13 +222,13 @@ func (s *Server) dumpPolicy(ctx context.Context, id endpoint.ID) (*policyDump, e
 
 func entryModel(k policy.Key, deny bool) models.PolicyEntry {
 	port, icmp := portModel(k.Proto, k.Port)
-	return models.PolicyEntry{Identity: uint32(k.Identity), Port: port, ICMPType: icmp, Protocol: protoName(k.Proto),
+	return models.PolicyEntry{Identity: uint32(k.Identity), Port: port, ICMPType: icmp, Protocol: policy.ProtoName(k.Proto),
 		Direction: k.Dir.String(), Deny: deny}
 }
 
 func cidrEntryModel(e policy.CIDREntry) models.CIDRPolicyEntry {
 	port, icmp := portModel(e.Proto, e.Port)
-	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: port, ICMPType: icmp, Protocol: protoName(e.Proto),
+	return models.CIDRPolicyEntry{CIDR: e.Prefix.String(), Port: port, ICMPType: icmp, Protocol: policy.ProtoName(e.Proto),
 		Direction: e.Dir.String(), Deny: e.Deny, Allow: e.Allow}
 }
 
@@ -239,24 +239,6 @@ func portModel(proto uint8, port uint16) (uint16, string) {
 		return port, ""
 	}
 	return 0, strconv.Itoa(int(uint8(port)))
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case policy.ProtoAny:
-		return "ANY"
-	case policy.ProtoTCP:
-		return "TCP"
-	case policy.ProtoUDP:
-		return "UDP"
-	case policy.ProtoSCTP:
-		return "SCTP"
-	case policy.ProtoICMP:
-		return "ICMP"
-	case policy.ProtoICMPv6:
-		return "ICMPv6"
-	}
-	return strconv.Itoa(int(p))
 }
 
 // listIPCache answers from the index.

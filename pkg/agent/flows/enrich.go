@@ -2,7 +2,6 @@ package flows
 
 import (
 	"net/netip"
-	"strconv"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
@@ -206,23 +205,12 @@ type explainKey struct {
 	want        int
 }
 
-// protoName names an IP protocol.
+// protoName names an IP protocol ("" when none is known).
 func protoName(p uint8) string {
-	switch p {
-	case 0:
+	if p == 0 {
 		return ""
-	case policy.ProtoTCP:
-		return "TCP"
-	case policy.ProtoUDP:
-		return "UDP"
-	case policy.ProtoSCTP:
-		return "SCTP"
-	case policy.ProtoICMP:
-		return "ICMP"
-	case policy.ProtoICMPv6:
-		return "ICMPv6"
 	}
-	return strconv.Itoa(int(p))
+	return policy.ProtoName(p)
 }
 
 // tcpFlags names the bits of a TCP flags byte.

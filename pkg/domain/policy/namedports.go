@@ -77,9 +77,16 @@ func ParsePortProtocol(s string) (uint8, error) {
 	return 0, fmt.Errorf("protocol %q: want TCP, UDP or SCTP", clip(s))
 }
 
-// ProtoName returns "TCP", "UDP" or "SCTP" (the number otherwise).
+// ProtoName returns "ANY" (0), "TCP", "UDP", "SCTP", "ICMP" or "ICMPv6"
+// (the number otherwise).
 func ProtoName(p uint8) string {
 	switch p {
+	case ProtoAny:
+		return "ANY"
+	case ProtoICMP:
+		return "ICMP"
+	case ProtoICMPv6:
+		return "ICMPv6"
 	case ProtoTCP:
 		return "TCP"
 	case ProtoUDP:
