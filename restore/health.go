@@ -56,6 +56,9 @@ type health struct {
 	// retry removes the state whose removal failed, before the
 	// directory is called healthy again.
 	retry func([]endpoint.ID) error
+	// always calls retry after each successful probe, with or without
+	// failed removals (Degraded reopens the directory there).
+	always bool
 
 	// mu guards cur, onChange and failed.
 	mu       sync.Mutex
@@ -207,7 +210,7 @@ func (h *health) prober() {
 // could not remove are kept.
 func (h *health) retryFailed() error {
 	ids := h.takeFailed()
-	if len(ids) == 0 {
+	if len(ids) == 0 && !h.always {
 		return nil
 	}
 	err := h.retry(ids)

@@ -59,6 +59,9 @@ type segment struct {
 // records; the preallocator makes new files.
 type journal struct {
 	dir     string
+	// ro reads the journal without writing to it (OpenDegraded): files
+	// opened read-only, nothing made or removed.
+	ro      bool
 	log     *slog.Logger
 	segSize int
 	marker  int // the checkpoint file's fd
@@ -145,7 +148,9 @@ func (j *journal) load(stateDir string) (replayed, error) {
 		name := e.Name()
 		switch {
 		case strings.HasSuffix(name, tmpSuffix): // a preallocation cut short
-			_ = os.Remove(filepath.Join(j.dir, name))
+			if !j.ro {
+				_ = os.Remove(filepath.Join(j.dir, name))
+			}
 			continue
 		case !strings.HasPrefix(name, segPrefix):
 			continue
@@ -193,7 +198,7 @@ func cmpUint(a, b uint64) int {
 // openSegment opens a segment file and reads it whole.
 func (j *journal) openSegment(name string) (*segment, []byte, error) {
 	path := filepath.Join(j.dir, name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, j.openFlags(), 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open journal segment %s: %w", path, err)
 	}
@@ -243,7 +248,10 @@ func (j *journal) quarantineSegment(stateDir, name string, data []byte, bad []co
 // slots, each a seq and its CRC; the valid one with the larger seq wins.
 func (j *journal) openMarker() error {
 	path := filepath.Join(j.dir, checkpointFile)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, j.openFlags(), 0)
+	if errors.Is(err, unix.ENOENT) && j.ro {
+		return nil // never checkpointed: every record is beyond it
+	}
 	if errors.Is(err, unix.ENOENT) {
 		if err = writeZeros(j.dir, checkpointFile, 2*markerSlot); err == nil {
 			fd, err = unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -264,6 +272,14 @@ func (j *journal) openMarker() error {
 		}
 	}
 	return nil
+}
+
+// openFlags are the flags the journal's files are opened with.
+func (j *journal) openFlags() int {
+	if j.ro {
+		return unix.O_RDONLY | unix.O_CLOEXEC
+	}
+	return unix.O_RDWR | unix.O_CLOEXEC
 }
 
 func encodeMarker(seq uint64) [12]byte {

@@ -31,7 +31,9 @@ type ScanError struct {
 // the first Write or Remove: the checkpointer waits for it.
 func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 	defer s.ready()
-	s.emptyTrash()
+	if !s.ro {
+		s.emptyTrash()
+	}
 	bad := slices.Clone(s.replayBad)
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -64,16 +66,27 @@ func (s *Store) Scan() ([]*endpoint.Endpoint, []ScanError) {
 			// before its swap: either way <id> (if any) stands.
 			if present[base] && id > 0 {
 				spares = append(spares, endpoint.ID(id))
-			} else {
+			} else if !s.ro {
 				os.RemoveAll(filepath.Join(s.dir, name))
 			}
 			continue
 		case staleSuffix:
 			if present[base] { // the swap finished; drop the backup
-				os.RemoveAll(filepath.Join(s.dir, name))
+				if !s.ro {
+					os.RemoveAll(filepath.Join(s.dir, name))
+				}
 				continue
 			}
-			// Interrupted between the two renames: the backup is the state.
+			// Interrupted between the two renames: the backup is the state
+			// (read where it is when nothing may be renamed).
+			if s.ro {
+				if ep, err := s.readDir(name, base); err == nil {
+					eps = append(eps, ep)
+				} else {
+					bad = append(bad, s.quarantine(name, err))
+				}
+				continue
+			}
 			if err := os.Rename(filepath.Join(s.dir, name), filepath.Join(s.dir, base)); err != nil {
 				bad = append(bad, s.quarantine(name, err))
 				continue
@@ -133,8 +146,11 @@ func splitName(name string) (base, suffix string) {
 	return name, ""
 }
 
-func (s *Store) read(base string) (*endpoint.Endpoint, error) {
-	data, err := os.ReadFile(filepath.Join(s.dir, base, stateFile))
+func (s *Store) read(base string) (*endpoint.Endpoint, error) { return s.readDir(base, base) }
+
+// readDir reads the state in directory name of endpoint base.
+func (s *Store) readDir(name, base string) (*endpoint.Endpoint, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, name, stateFile))
 	if err != nil {
 		return nil, fmt.Errorf("read state %s: %w", base, err)
 	}
@@ -154,6 +170,9 @@ func (s *Store) quarantine(name string, cause error) ScanError {
 	qdir := filepath.Join(s.dir, quarantineDir)
 	dst := filepath.Join(qdir, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()))
 	se := ScanError{Dir: filepath.Join(s.dir, name), Err: cause}
+	if s.ro {
+		return se // left where it is for the scan after the directory works again
+	}
 	if err := os.MkdirAll(qdir, 0o750); err == nil {
 		if err := os.Rename(se.Dir, dst); err == nil {
 			se.Quarantined = dst

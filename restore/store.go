@@ -173,6 +173,10 @@ type Store struct {
 	work chan chunk
 	jan  *janitor
 
+	// ro: a store that only scans (OpenDegraded): nothing is written,
+	// moved or removed.
+	ro bool
+
 	// health is the state directory's health; it probes the directory
 	// while it is unhealthy.
 	health *health

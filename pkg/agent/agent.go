@@ -218,7 +218,7 @@ type Agent struct {
 	// stopAddrs stops following the host's addresses (nil: not followed).
 	stopAddrs context.CancelFunc
 	stopNodes func() // ends the nodes file watcher
-	store     *restore.Store
+	store     *stateStore
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
 	stopErr  error

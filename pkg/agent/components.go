@@ -20,7 +20,6 @@ import (
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
-	"github.com/membrane-cni/membrane/restore"
 )
 
 // component is one part of the agent. Start starts the components in
@@ -235,7 +234,7 @@ func (s *starter) startDatapath() error {
 }
 
 func (s *starter) openStore() (err error) {
-	s.a.store, err = restore.Open(s.a.cfg.StateDir, s.a.log)
+	s.a.store, err = openStateStore(s.a.cfg.StateDir, s.a.log)
 	return err
 }
 

@@ -19,6 +19,10 @@ func (a *Agent) watchStateDir() {
 		return &models.StateDirStatus{Path: a.cfg.StateDir, Healthy: h.OK, Cause: h.Cause, LastError: h.Err, Since: h.Since}
 	})
 	prevState := stateDirState(prev)
+	if !prev.OK { // read-only at start (a degraded store)
+		m.StateDirHealth(false, prev.Cause)
+		a.events.Publish(events.Event{Type: events.StateDirHealth, State: prevState, PrevState: "ok", Message: prev.Err})
+	}
 	// The store calls fn once per change, one at a time.
 	a.store.OnHealth(func(h restore.Health) {
 		state := stateDirState(h)

@@ -299,9 +299,14 @@ func testDiskFault(t *testing.T, f diskFault) {
 	if f.live {
 		sd.healIO()
 	} else {
+		// A crash while the filesystem is still read-only: the agent
+		// starts on it, degraded, rather than crash-looping, and holds
+		// nothing open there, so the operator repairs it under the
+		// running agent, which then recovers by itself.
 		ap.Kill()
-		sd.repair()
 		ap.Start()
+		readOnlyStart(t, ap, c, n, wantAfter, enforced)
+		sd.repair()
 	}
 	healedAt := time.Now()
 	testutil.EventuallyErr(t, "the state dir healthy again", func() error {
@@ -355,6 +360,43 @@ func testDiskFault(t *testing.T, f diskFault) {
 	}
 	checkAddresses(t, ctx, c, ap.StateDir)
 	if err := enforced("after the restart"); err != nil {
+		t.Error(err)
+	}
+}
+
+// readOnlyStart checks an agent started on the read-only state
+// directory: it restored the endpoints that were acknowledged (the
+// victim, deleted, is not: its state is removed once the directory
+// works again), says the directory is read-only, refuses creates naming
+// the cause and keeps enforcing.
+func readOnlyStart(t *testing.T, ap *agentProc, c *client.Client, n *nodeharness.Node, want map[string]string, enforced func(string) error) {
+	t.Helper()
+	ctx := context.Background()
+	testutil.EventuallyErr(t, "endpoints restored on the read-only directory", func() error {
+		if got := endpointSnapshot(t, c); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("endpoints:\n%v\nwant:\n%v", got, want)
+		}
+		return nil
+	})
+	st, err := c.Status(ctx)
+	if err != nil || st.StateDir == nil || st.StateDir.Healthy || st.StateDir.Cause != "read-only" {
+		t.Errorf("status of the agent started on the read-only directory: %+v, %v; want unhealthy, read-only", st.StateDir, err)
+	}
+	if v := metric(t, ap.Socket, "membrane_state_dir_healthy"); v != "0" {
+		t.Errorf("membrane_state_dir_healthy after the read-only start = %q, want 0", v)
+	}
+	late := n.NewPod("late-ro")
+	_, err = n.Add(late)
+	if code := nodeharness.Code(err); code != cni.CodeStateDisk || !strings.Contains(err.Error(), "EROFS") {
+		t.Errorf("CNI ADD on the read-only start: code %d, %v; want %d naming EROFS", code, err, cni.CodeStateDisk)
+	}
+	if err := n.Del(late); err != nil {
+		t.Errorf("DEL after the failed ADD: %v", err)
+	}
+	if err := late.NS.Remove(); err != nil {
+		t.Errorf("remove netns: %v", err)
+	}
+	if err := enforced("after the read-only start"); err != nil {
 		t.Error(err)
 	}
 }
