@@ -151,7 +151,7 @@ func (l *Linux) attachDevice(b *bpfState, dir string, h hook, ifindex int, prog 
 	if !legacy {
 		lk, err := attachTCX(dir, h, ifindex, prog, l.inHost)
 		if err == nil {
-			lk.Close() // the pin holds it
+			b.holdLink(filepath.Join(dir, h.pin), lk)
 			return nil
 		}
 		if !errors.Is(err, ebpf.ErrNotSupported) {

@@ -46,6 +46,11 @@ type bpfState struct {
 	// prep holds the Prepares that run and the endpoints whose Realize
 	// runs (bpf_prepare_linux.go).
 	prep map[endpoint.ID]*prepared
+	// held are the shared devices' and the cgroup's links by pin path,
+	// mapPins the other pinned maps the pin check repairs
+	// (bpf_held_linux.go).
+	held    map[string]link.Link
+	mapPins map[string]*ebpf.Map
 }
 
 // bpfEndpoint is what is realised for one endpoint. The agent never runs
@@ -178,6 +183,7 @@ func (b *bpfState) close() {
 		b.host.close()
 		b.host = nil
 	}
+	b.closeHeldLocked()
 	prep := b.prep
 	b.prep = map[endpoint.ID]*prepared{}
 	b.mu.Unlock()

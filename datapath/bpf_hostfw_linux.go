@@ -68,9 +68,10 @@ func (l *Linux) attachHostFirewall(b *bpfState, devs []string, kpr bool) error {
 // kube-proxy replacement's business) and the host endpoint's entry, so
 // that a previous agent's host policy stops applying.
 func (l *Linux) detachHostFirewall(b *bpfState) error {
-	if err := l.prunePins(filepath.Join(b.dir, pinNetdevEgressDir), nil); err != nil {
+	if err := l.prunePins(b, filepath.Join(b.dir, pinNetdevEgressDir), nil); err != nil {
 		return err
 	}
+	b.releaseLinksUnder(filepath.Join(b.dir, pinNetdevEgressDir))
 	if b.devLegacy {
 		for _, d := range l.cfg.Services.Devices {
 			if dev, err := l.nl.LinkByName(d); err == nil {

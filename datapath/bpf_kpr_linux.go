@@ -209,39 +209,41 @@ func attachSocketLB(b *bpfState, cg string, hostCookie uint64) error {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	for _, s := range sockHooks {
-		if err := attachCgroup(filepath.Join(dir, s.name), cg, st.Ino, s.attach, coll.Programs[s.prog]); err != nil {
+		path := filepath.Join(dir, s.name)
+		lk, err := attachCgroup(path, cg, st.Ino, s.attach, coll.Programs[s.prog])
+		if err != nil {
 			return err
 		}
+		b.holdLink(path, lk)
 	}
 	return nil
 }
 
 // attachCgroup makes the link pinned at path run prog at attach on the
-// cgroup cg (inode ino).
-func attachCgroup(path, cg string, ino uint64, attach ebpf.AttachType, prog *ebpf.Program) error {
+// cgroup cg (inode ino), and returns it open (the caller holds it).
+func attachCgroup(path, cg string, ino uint64, attach ebpf.AttachType, prog *ebpf.Program) (link.Link, error) {
 	if lk, err := link.LoadPinnedLink(path, nil); err == nil {
 		info, ierr := lk.Info()
 		same := ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == ino
 		if same && lk.Update(prog) == nil {
-			lk.Close()
-			return nil
+			return lk, nil
 		}
 		_ = lk.Unpin()
 		lk.Close()
 	} else if !errors.Is(err, os.ErrNotExist) {
 		if err := unpin(path); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: attach, Program: prog})
 	if err != nil {
-		return fmt.Errorf("attach %s to cgroup %s: %w", attach, cg, err)
+		return nil, fmt.Errorf("attach %s to cgroup %s: %w", attach, cg, err)
 	}
-	defer lk.Close()
 	if err := lk.Pin(path); err != nil {
-		return fmt.Errorf("pin %s: %w", path, err)
+		lk.Close()
+		return nil, fmt.Errorf("pin %s: %w", path, err)
 	}
-	return nil
+	return lk, nil
 }
 
 // hookNetdev is from_netdev's attach point on an uplink.
@@ -299,7 +301,7 @@ func (l *Linux) attachDevices(b *bpfState, dir string, h func(string) hook, devs
 			return err
 		}
 	}
-	return l.prunePins(dir, devs)
+	return l.prunePins(b, dir, devs)
 }
 
 // netdevPrograms are the uplinks' programs.
@@ -334,8 +336,9 @@ func loadNetdev(b *bpfState) (netdevPrograms, error) {
 		reply: coll.DetachProgram(bpf.EndpointProgNodeportReply)}, nil
 }
 
-// prunePins detaches the links pinned in dir not named in keep.
-func (l *Linux) prunePins(dir string, keep []string) error {
+// prunePins detaches the links pinned in dir not named in keep (unpins
+// them and releases the agent's own reference).
+func (l *Linux) prunePins(b *bpfState, dir string, keep []string) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -348,6 +351,7 @@ func (l *Linux) prunePins(dir string, keep []string) error {
 			if err := unpin(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
+			b.releaseLink(filepath.Join(dir, e.Name()))
 		}
 	}
 	return nil
@@ -366,9 +370,10 @@ func (l *Linux) detachKPR(b *bpfState, keepNetdev bool) error {
 		dirs = dirs[:1] // the host firewall's
 	}
 	for _, d := range dirs {
-		if err := l.prunePins(filepath.Join(b.dir, d), nil); err != nil {
+		if err := l.prunePins(b, filepath.Join(b.dir, d), nil); err != nil {
 			return err
 		}
+		b.releaseLinksUnder(filepath.Join(b.dir, d))
 	}
 	if !b.devLegacy || keepNetdev {
 		return nil

@@ -63,8 +63,9 @@ func (p pinProg) pinClone(path string) error {
 }
 
 // expectedPins are the pins the agent's objects should have: the shared
-// maps, the node's endpoint programs and every realised endpoint's
-// policy maps and TCX links. The caller holds b.mu (an endpoint's
+// maps, the node's endpoint programs, every realised endpoint's policy
+// maps and TCX links, the host endpoint's policy maps, the shared
+// devices' and the cgroup's links and the overlay's maps. The caller holds b.mu (an endpoint's
 // objects are closed only after it left b.eps, under b.mu).
 func (b *bpfState) expectedPinsLocked() map[string]pinnable {
 	want := map[string]pinnable{}
@@ -82,6 +83,17 @@ func (b *bpfState) expectedPinsLocked() map[string]pinnable {
 	if b.progs.from != nil && b.progs.to != nil {
 		want[filepath.Join(progDir, pinProgFrom)] = pinProg{b.progs.from}
 		want[filepath.Join(progDir, pinProgTo)] = pinProg{b.progs.to}
+	}
+	for path, lk := range b.held {
+		want[path] = pinLink{lk}
+	}
+	for path, m := range b.mapPins {
+		want[path] = pinMap{m}
+	}
+	if b.host != nil {
+		dir := filepath.Join(b.dir, pinHostDir)
+		want[filepath.Join(dir, pinPolicy)] = pinMap{b.host.policyMap}
+		want[filepath.Join(dir, pinCIDR)] = pinMap{b.host.cidrMap}
 	}
 	for id, e := range b.eps {
 		dir := b.endpointDir(id)

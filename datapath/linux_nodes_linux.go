@@ -149,6 +149,7 @@ func (l *Linux) removeTunnel(b *bpfState) error {
 		if lk != nil {
 			lk.Close()
 		}
+		b.releaseLink(filepath.Join(b.dir, pinOverlayDir, h.pin))
 	}
 	if err := l.nl.LinkDel(dev); err != nil && !isLinkNotFound(err) {
 		return fmt.Errorf("delete tunnel device %s: %w", l.cfg.Nodes.TunnelDevice, err)
@@ -321,6 +322,8 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	}
 	defer coll.Close()
 	l.nodes.tunnel, l.nodes.tunnelNodes = tunnel, tnodes
+	b.pinnedMap(filepath.Join(b.dir, pinTunnelMap), tunnel)
+	b.pinnedMap(filepath.Join(b.dir, pinTunnelNodesMap), tnodes)
 	l.nodes.to = coll.DetachProgram(bpf.OverlayProgToOverlay)
 	l.nodes.from = coll.DetachProgram(bpf.OverlayProgFromOverlay)
 	return nil
