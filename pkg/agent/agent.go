@@ -470,7 +470,7 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	if dir == "" {
 		return cancel
 	}
-	if n, err := cnidrain.Drain(ctx, a.System, dir, a.log); err != nil {
+	if n, err := cnidrain.Drain(ctx, a.System, dir, a.Server.LockAttachment, a.log); err != nil {
 		a.log.Warn("draining the delete queue", "err", err, "done", n)
 	} else if n > 0 {
 		a.log.Info("delete queue drained", "done", n)
@@ -479,7 +479,7 @@ func (a *Agent) startDeleteQueue() context.CancelFunc {
 	if interval <= 0 {
 		interval = 30 * time.Second
 	}
-	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.log)
+	go cnidrain.DrainLoop(ctx, a.System, dir, interval, a.Server.LockAttachment, a.log)
 	return cancel
 }
 

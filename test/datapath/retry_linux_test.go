@@ -2,6 +2,9 @@ package datapath_test
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -11,10 +14,14 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/agent/cnidrain"
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // TestRetriedAddWhileFirstInFlight: the runtime retries an ADD the
@@ -213,4 +220,79 @@ func TestAddReplacesEndpointWithoutVeth(t *testing.T) {
 	if err := e.Del(p); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
+}
+
+// TestDelWhileAddInFlight: the runtime gives up on an ADD and sends DEL
+// while the agent still runs the ADD (held here in its pod-labels
+// lookup). The DEL waits for that ADD, then deletes what it made: the
+// attachment ends with no endpoint, no address allocated and no host
+// veth. Answered at once instead ("no such endpoint"), the DEL left the
+// endpoint the ADD then created behind, with its address and veth, for
+// a pod that no longer exists. The same for a DEL the plugin queued (the
+// agent's delete-queue drain holds the attachment as the API does).
+func TestDelWhileAddInFlight(t *testing.T) {
+	e := newEnv(t, "10.244.25.0/24")
+	startAgent(e, nil)
+	del := map[string]func(p *nodeharness.Pod) error{
+		"plugin-del": e.Del,
+		"queued-del": func(p *nodeharness.Pod) error {
+			hostName, _ := cni.VethNames(p.RT.ContainerID, p.RT.IfName)
+			if _, err := delqueue.Write(e.DeleteQueue, &delqueue.Entry{ContainerID: p.RT.ContainerID, IfName: p.RT.IfName,
+				Netns: p.RT.NetNS, HostInterface: hostName, Queued: time.Now().UTC()}); err != nil {
+				return err
+			}
+			_, err := cnidrain.Drain(context.Background(), e.Agent.System, e.DeleteQueue, e.Agent.Server.LockAttachment,
+				slog.New(slog.NewTextHandler(io.Discard, nil)))
+			return err
+		},
+	}
+	for _, name := range []string{"plugin-del", "queued-del"} {
+		t.Run(name, func(t *testing.T) { delWhileAddInFlight(t, e, del[name]) })
+	}
+}
+
+func delWhileAddInFlight(t *testing.T, e *nodeharness.Node, del func(p *nodeharness.Pod) error) {
+	p := e.NewPod("given-up")
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	releaseOnce := func() { once.Do(func() { close(release) }) }
+	defer releaseOnce()
+	e.Agent.Server.SetLabeler(func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
+		close(entered)
+		<-release // stalled, not minding its caller's deadline
+		return spec.Labels, spec.NamedPorts, nil
+	})
+	added := make(chan error, 1)
+	go func() {
+		added <- e.Do(func(ctx context.Context) error { _, err := e.AddRT(ctx, p.RT); return err })
+	}()
+	<-entered
+	deleted := make(chan error, 1)
+	go func() { deleted <- del(p) }()
+	select {
+	case err := <-deleted:
+		t.Logf("DEL answered while the ADD was in flight: %v", err)
+	case <-time.After(2 * time.Second):
+		releaseOnce()
+		if err := <-deleted; err != nil {
+			t.Fatalf("DEL after the ADD in flight finished: %v", err)
+		}
+	}
+	releaseOnce()
+	if err := <-added; err != nil {
+		t.Logf("the given-up ADD: %v", err)
+	}
+	eps, err := e.Client().EndpointList(context.Background(), nil)
+	if err != nil || len(eps) != 0 {
+		t.Fatalf("endpoints after the DEL = %+v, %v; want none", eps, err)
+	}
+	if all := allocations(t, e); len(all) != 0 {
+		t.Errorf("allocations after the DEL = %+v, want none", all)
+	}
+	testutil.EventuallyErr(t, "the host veth gone", func() error {
+		if hostLinkExists(t, e, p) {
+			return errors.New("still there")
+		}
+		return nil
+	})
 }

@@ -32,6 +32,14 @@ type attachLocks struct {
 
 type attachKey struct{ containerID, ifName string }
 
+// LockAttachment takes the attachment (containerID, ifName) as an attach
+// or a delete through the API does, for the agent's delete-queue drain;
+// the caller runs release when done.
+func (s *Server) LockAttachment(ctx context.Context, containerID, ifName string) (release func(), err error) {
+	release, _, err = s.attaching.lock(ctx, containerID, ifName)
+	return release, err
+}
+
 // lock waits until no other attach of (containerID, ifName) is in flight
 // and takes the attachment, or fails when ctx ends or the wait reaches
 // attachWaitTimeout (503 attachment-busy). waited reports that it had to

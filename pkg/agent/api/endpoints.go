@@ -292,6 +292,22 @@ func (s *Server) deleteEndpointBatch(w http.ResponseWriter, r *http.Request) err
 	if req.ContainerInterfaceName != "" && !ifname.Valid(req.ContainerInterfaceName) {
 		return badRequest(fmt.Sprintf("field \"container-interface-name\": %q is not an interface name", req.ContainerInterfaceName))
 	}
+	if req.ContainerInterfaceName != "" {
+		// A DEL of an attachment whose ADD is still in flight (the
+		// runtime gave up on the ADD) waits for it (attachLocks): answered
+		// "not found" now, it would leave the endpoint the ADD then
+		// creates behind. The plugin queues the deletion when the wait
+		// outlasts its deadline.
+		release, waited, err := s.attaching.lock(r.Context(), req.ContainerID, req.ContainerInterfaceName)
+		if err != nil {
+			return err
+		}
+		defer release()
+		if waited {
+			s.log.Info("delete waited for an attach of the same attachment in flight", "container", req.ContainerID,
+				"interface", req.ContainerInterfaceName)
+		}
+	}
 	eps := s.attachmentEndpoints(req.ContainerID, req.ContainerInterfaceName)
 	if len(eps) == 0 {
 		if req.ContainerInterfaceName != "" {

@@ -22,14 +22,22 @@ import (
 // opTimeout bounds the handling of one queued deletion or lost endpoint.
 const opTimeout = 30 * time.Second
 
+// Lock takes the attachment (container ID, interface) from the attaches
+// and deletes in flight through the API, and returns its release; it
+// fails when ctx ends first (the entry then waits for the next drain).
+type Lock func(ctx context.Context, containerID, ifName string) (release func(), err error)
+
 // Drain handles every queued deletion in dir: the attachment's endpoint
 // (container ID and interface) is deleted (releasing its addresses and tearing its host veth down); if
 // the agent has no such endpoint, the entry's addresses are released when
 // they are still allocated to the entry's pod and bound to no endpoint,
 // and the host veth is torn down. Handled entries are removed; entries
 // that fail stay for the next drain, undecodable ones are removed with a
-// warning. Returns how many entries were handled.
-func Drain(ctx context.Context, sys *actors.System, dir string, log *slog.Logger) (int, error) {
+// warning. Each is handled holding its attachment (lock; nil: no attach
+// can be in flight), so a queued DEL of an ADD still in flight waits for
+// it rather than leave what it makes behind. Returns how many entries
+// were handled.
+func Drain(ctx context.Context, sys *actors.System, dir string, lock Lock, log *slog.Logger) (int, error) {
 	paths, err := delqueue.List(dir)
 	if err != nil || len(paths) == 0 {
 		return 0, err
@@ -45,7 +53,7 @@ func Drain(ctx context.Context, sys *actors.System, dir string, log *slog.Logger
 			continue
 		}
 		if err == nil {
-			err = handle(ctx, sys, e)
+			err = handle(ctx, sys, e, lock)
 		}
 		if err != nil {
 			log.Warn("queued deletion failed; kept for the next drain", "path", path, "err", err)
@@ -63,9 +71,16 @@ func Drain(ctx context.Context, sys *actors.System, dir string, log *slog.Logger
 	return done, firstErr
 }
 
-func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry) error {
+func handle(ctx context.Context, sys *actors.System, e *delqueue.Entry, lock Lock) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	if lock != nil {
+		release, err := lock(ctx, e.ContainerID, e.IfName)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	if ep, ok := sys.Index.EndpointByAttachment(e.ContainerID, e.IfName); ok {
 		err := deleteEndpoint(ctx, sys, ep.ID)
 		if err != nil && !errors.Is(err, actors.ErrEndpointNotFound) {
@@ -116,7 +131,7 @@ func Submit(sys *actors.System) func(op string, fn func(context.Context) error) 
 
 // DrainLoop drains dir every interval until ctx ends (it catches entries
 // written while the agent was starting).
-func DrainLoop(ctx context.Context, sys *actors.System, dir string, interval time.Duration, log *slog.Logger) {
+func DrainLoop(ctx context.Context, sys *actors.System, dir string, interval time.Duration, lock Lock, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -124,7 +139,7 @@ func DrainLoop(ctx context.Context, sys *actors.System, dir string, interval tim
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := Drain(ctx, sys, dir, log); err != nil {
+			if _, err := Drain(ctx, sys, dir, lock, log); err != nil {
 				log.Warn("draining the delete queue", "err", err)
 			}
 		}
