@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"io"
+	"log/slog"
 	"net/netip"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -164,5 +167,43 @@ func TestMidChecks(t *testing.T) {
 				t.Fatalf("found %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestMidCheckStreaks: mid-run, a finding becomes a violation once it
+// lasts two consecutive samples, except a claim of an endpoint no longer
+// in the index (rows of two actors, the IPAM's and the endpoint's): that
+// needs claimSamples, and a shorter run is kept as a transient. A
+// finding that goes away starts over.
+func TestMidCheckStreaks(t *testing.T) {
+	e := &engine{viol: newViolations(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), start: time.Now(),
+		m: newModel(16, netip.MustParsePrefix("10.0.0.0/24"), time.Now())}
+	s := &sampler{seen: map[string]int{}}
+	deleted, _ := settledSnapshot(t)
+	deleted.Endpoints = deleted.Endpoints[1:] // its address still claimed
+	clean, _ := settledSnapshot(t)
+	for i := 1; i < claimSamples; i++ {
+		e.midCheck(deleted, s)
+	}
+	if e.viol.total != 0 {
+		t.Fatalf("a claim of a deleted endpoint for %d samples is a violation", claimSamples-1)
+	}
+	e.midCheck(clean, s) // the IPAM caught up
+	e.midCheck(deleted, s)
+	if e.viol.total != 0 || e.transients[invIPLeaked] != claimSamples-1 {
+		t.Fatalf("after a gap: %d violations, transients %v; want 0 and %d", e.viol.total, e.transients, claimSamples-1)
+	}
+	for i := 1; i < claimSamples; i++ {
+		e.midCheck(deleted, s)
+	}
+	if e.viol.byInv[invIPLeaked] != 1 {
+		t.Fatalf("a claim of a deleted endpoint for %d samples: violations %v, want one %s", claimSamples, e.viol.byInv, invIPLeaked)
+	}
+	twice, _ := settledSnapshot(t)
+	twice.Endpoints[1].IPv4 = twice.Endpoints[0].IPv4
+	e.midCheck(twice, s)
+	e.midCheck(twice, s)
+	if e.viol.byInv[invIPOwnedTwice] == 0 {
+		t.Fatalf("an address used twice for two samples: violations %v, want %s", e.viol.byInv, invIPOwnedTwice)
 	}
 }

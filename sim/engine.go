@@ -90,6 +90,8 @@ type engine struct {
 	upSince         atomic.Int64 // unix nanoseconds the agent last took calls; 0 while down
 	livePeak        atomic.Int64
 	indexPeak       atomic.Int64
+	// transients: Report.MidTransients (guarded by evMu).
+	transients map[string]int
 
 	evMu   sync.Mutex // guards events and notes
 	events []Event

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
 	"strings"
@@ -47,12 +48,16 @@ type Report struct {
 	Restarts                 int     `json:"restarts"`
 	// Violations lists the first violations with details; the totals
 	// count them all.
-	Violations            []Violation         `json:"violations"`
-	ViolationsTotal       int                 `json:"violations_total"`
-	ViolationsByInvariant map[string]int      `json:"violations_by_invariant"`
-	LatencyMS             map[string]*OpStats `json:"latency_ms"`
-	Regenerations         RegenStats          `json:"regenerations"`
-	ProxyTimeouts         uint64              `json:"proxy_timeouts"`
+	Violations            []Violation    `json:"violations"`
+	ViolationsTotal       int            `json:"violations_total"`
+	ViolationsByInvariant map[string]int `json:"violations_by_invariant"`
+	// MidTransients is, per invariant, the most consecutive mid-run
+	// samples a finding lasted without becoming a violation (see
+	// claimSamples).
+	MidTransients map[string]int      `json:"mid_transients,omitempty"`
+	LatencyMS     map[string]*OpStats `json:"latency_ms"`
+	Regenerations RegenStats          `json:"regenerations"`
+	ProxyTimeouts uint64              `json:"proxy_timeouts"`
 	// IndexWrites counts the agent's index commits over the whole run.
 	IndexWrites IndexWrites `json:"index_writes"`
 	// ZombiesSwept and AddressesSwept are what the final sweeps removed
@@ -130,6 +135,7 @@ func (e *engine) report(heap float64, heapLive int) *Report {
 	}
 	e.evMu.Lock()
 	r.Events, r.Notes = append([]Event{}, e.events...), append([]string{}, e.notes...)
+	r.MidTransients = maps.Clone(e.transients)
 	e.evMu.Unlock()
 	r.Timeline = e.timeline
 	r.Resources = resourceSlopes(e.timeline)

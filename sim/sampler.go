@@ -39,16 +39,17 @@ type sampler struct {
 	ops        uint64
 	lifecycles uint64
 	put, del   []uint64
-	// seen are the mid-run findings of the previous sample, by
-	// invariant and key; a finding seen twice in a row is a violation.
-	seen map[string]finding
+	// seen counts the consecutive samples each mid-run finding (by
+	// invariant and key) was in; one seen twice in a row (finding.samples
+	// times where set) is a violation.
+	seen map[string]int
 	n    int // samples taken
 }
 
 func (e *engine) startSampler() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	s := &sampler{last: time.Now(), put: make([]uint64, nBuckets), del: make([]uint64, nBuckets), seen: map[string]finding{}}
+	s := &sampler{last: time.Now(), put: make([]uint64, nBuckets), del: make([]uint64, nBuckets), seen: map[string]int{}}
 	go func() {
 		defer close(done)
 		t := time.NewTicker(sampleEvery)
@@ -105,17 +106,34 @@ func (e *engine) sample(ctx context.Context, s *sampler) {
 }
 
 // midCheck reports the findings also present in the previous sample: a
-// state that lasted a whole sampling period is not a message in flight.
+// state that lasted a whole sampling period is not a message in flight
+// (claimSamples periods where two actors' rows meet). The longest run
+// of a finding that did not become a violation is kept per invariant
+// (Report.MidTransients).
 func (e *engine) midCheck(snap *Snapshot, s *sampler) {
-	cur := map[string]finding{}
+	cur := map[string]int{}
 	for _, f := range midChecks(snap) {
 		k := f.inv + "|" + f.key
-		cur[k] = f
-		if _, ok := s.seen[k]; ok {
+		n := s.seen[k] + 1
+		cur[k] = n
+		if n >= midSamples(f) {
 			e.violateFinding(f, e.phaseName(), false)
+		} else if n > 1 {
+			e.noteTransient(f.inv, n)
 		}
 	}
 	s.seen = cur
+}
+
+// noteTransient records a mid-run finding that lasted n samples without
+// becoming a violation.
+func (e *engine) noteTransient(inv string, n int) {
+	e.evMu.Lock()
+	defer e.evMu.Unlock()
+	if e.transients == nil {
+		e.transients = map[string]int{}
+	}
+	e.transients[inv] = max(e.transients[inv], n)
 }
 
 func diff(now, before []uint64) []uint64 {
