@@ -55,6 +55,20 @@ func TestAPIServerFlagUsesServiceAccount(t *testing.T) {
 	if rc.Host != env.Config.Host || rc.BearerTokenFile != filepath.Join(dir, "token") {
 		t.Fatalf("rest config host %q token file %q", rc.Host, rc.BearerTokenFile)
 	}
+	if rc.QPS != 0 || rc.Burst != 0 {
+		t.Fatalf("rest config without --k8s-client-qps: QPS %v burst %d, want client-go's defaults (0)", rc.QPS, rc.Burst)
+	}
+	c.ClientQPS, c.ClientBurst = 10, 20
+	if rc, err = c.restConfig(); err != nil || rc.QPS != 10 || rc.Burst != 20 {
+		t.Fatalf("rest config with --k8s-client-qps 10 --k8s-client-burst 20: QPS %v burst %d (%v)", rc.QPS, rc.Burst, err)
+	}
+	for _, bad := range [][2]float64{{-1, 20}, {10, 0}, {10, -1}} {
+		b := c
+		b.ClientQPS, b.ClientBurst = bad[0], int(bad[1])
+		if err := b.Validate(); err == nil {
+			t.Errorf("--k8s-client-qps %v --k8s-client-burst %v accepted", bad[0], bad[1])
+		}
+	}
 	review, err := kubernetes.NewForConfigOrDie(rc).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

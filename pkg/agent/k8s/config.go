@@ -77,6 +77,13 @@ type Config struct {
 	// Workers is how many changes are applied at once (default 4; one
 	// object's changes are never applied concurrently).
 	Workers int
+	// ClientQPS and ClientBurst (--k8s-client-qps, --k8s-client-burst,
+	// Cilium's flags and defaults: 10 and 20) rate-limit the agent's
+	// clients of the API server; client-go's own default, 5 and 10,
+	// applies where a kubeconfig or the in-cluster config leaves them 0.
+	// The MembraneEndpoint writer has its own, lower limit (epWriteQPS).
+	ClientQPS   float64
+	ClientBurst int
 	// REST, when set, is used as is (tests).
 	REST *rest.Config
 	// PodCIDRWait bounds the wait at start for this node's Node object
@@ -125,6 +132,10 @@ func (c *Config) Validate() error {
 	if c.SyncTimeout < 0 || c.PodWait < 0 || c.PodCIDRWait < 0 || c.ProbeInterval < 0 || c.Workers < 0 {
 		return fmt.Errorf("SyncTimeout, PodWait, PodCIDRWait, ProbeInterval, Workers: negative: %w", ErrInvalidConfig)
 	}
+	if c.ClientQPS < 0 || c.ClientBurst < 0 || (c.ClientQPS > 0 && c.ClientBurst < 1) {
+		return fmt.Errorf("--k8s-client-qps %v, --k8s-client-burst %d: negative, or a rate without a burst: %w", c.ClientQPS, c.ClientBurst,
+			ErrInvalidConfig)
+	}
 	return c.Identity.validate()
 }
 
@@ -171,6 +182,19 @@ func validateAPIServer(s string) error {
 }
 
 func (c *Config) restConfig() (*rest.Config, error) {
+	rc, err := c.baseRESTConfig()
+	if err != nil || c.REST != nil {
+		return rc, err
+	}
+	if c.ClientQPS > 0 {
+		rc.QPS, rc.Burst = float32(c.ClientQPS), c.ClientBurst
+	}
+	return rc, nil
+}
+
+// baseRESTConfig is the configuration the flags name, before the rate
+// limits.
+func (c *Config) baseRESTConfig() (*rest.Config, error) {
 	switch {
 	case c.REST != nil:
 		return rest.CopyConfig(c.REST), nil
