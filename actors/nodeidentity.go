@@ -101,3 +101,17 @@ func (a *policyActor) upsertNodeIdentities() {
 		}
 	}
 }
+
+// NodeIdentities returns the per-node identities (Config.NodeSelectorLabels)
+// and their labels; empty without them.
+func (s *System) NodeIdentities() map[identity.NumericIdentity]labels.Labels {
+	ids := s.deps.nodeIDs.Load()
+	if ids == nil {
+		return nil
+	}
+	out := make(map[identity.NumericIdentity]labels.Labels, len(ids.labels))
+	for id, ls := range ids.labels {
+		out[id] = ls
+	}
+	return out
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
@@ -117,6 +119,17 @@ func TestNodeSelectorLabels(t *testing.T) {
 		d, w := ids[h.out.String()+"/32"], ids[web.String()+"/32"]
 		if !identity.IsNode(identity.NumericIdentity(d)) || !identity.IsNode(identity.NumericIdentity(w)) || d == w {
 			return fmt.Errorf("ipcache: db node %d, web node %d; want two per-node identities", d, w)
+		}
+		// GET /v1/identity lists them (scope node) with the nodes' labels.
+		for id, role := range map[uint32]string{d: "db", w: "web"} {
+			got, err := h.c.Identity(context.Background(), int64(id))
+			if err != nil || got.Scope != "node" || !slices.Contains(got.Labels, "node:role="+role) {
+				return fmt.Errorf("GET /v1/identity/%d = %+v, %v; want scope node with node:role=%s", id, got, err, role)
+			}
+		}
+		all, err := h.c.Identities(context.Background())
+		if err != nil || !slices.ContainsFunc(all, func(i *models.Identity) bool { return i.ID == int64(d) && i.Scope == "node" }) {
+			return fmt.Errorf("GET /v1/identity lacks the db node's identity %d (%v)", d, err)
 		}
 		return nil
 	})

@@ -2,8 +2,10 @@ package api
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/membrane-cni/membrane/actors"
@@ -12,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 func (s *Server) allocateIP(w http.ResponseWriter, r *http.Request) error {
@@ -146,9 +149,17 @@ func (s *Server) identityModel(id identity.NumericIdentity) *models.Identity {
 	}
 	row, ok := s.ix.Identity(id)
 	if !ok {
+		if ls, ok := s.sys.NodeIdentities()[id]; ok {
+			return nodeIdentityModel(id, ls)
+		}
 		return &models.Identity{ID: int64(id), Labels: []string{}}
 	}
 	return identityRowModel(row)
+}
+
+// nodeIdentityModel is a per-node identity as the API shows it.
+func nodeIdentityModel(id identity.NumericIdentity, ls labels.Labels) *models.Identity {
+	return &models.Identity{ID: int64(id), Labels: ls.Strings(), Scope: "node"}
 }
 
 // identityRowModel is an identities row as the API shows it.
@@ -175,6 +186,10 @@ func (s *Server) listIdentities(w http.ResponseWriter, r *http.Request) {
 	for _, row := range s.ix.Identities() {
 		out = append(out, identityRowModel(row))
 	}
+	nodes := s.sys.NodeIdentities()
+	for _, id := range slices.Sorted(maps.Keys(nodes)) {
+		out = append(out, nodeIdentityModel(id, nodes[id]))
+	}
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -187,7 +202,8 @@ func (s *Server) getIdentity(w http.ResponseWriter, r *http.Request) {
 	}
 	id := identity.NumericIdentity(n)
 	if _, ok := identity.ReservedLabels(id); !ok {
-		if _, ok := s.ix.Identity(id); !ok {
+		_, isNode := s.sys.NodeIdentities()[id]
+		if _, ok := s.ix.Identity(id); !ok && !isNode {
 			writeError(w, notFound(fmt.Sprintf("identity %d not found", id)))
 			return
 		}

@@ -59,7 +59,9 @@ type Identity struct {
 	Reserved bool     `json:"reserved,omitempty"`
 	// Scope is set with a cluster identity store: "cluster" (in the store
 	// and used on this node) or "remote" (in the store, used only on
-	// other nodes).
+	// other nodes); "node" is another node's own identity
+	// (--enable-node-selector-labels: this agent's number for the node's
+	// labels, not in any store).
 	Scope string `json:"scope,omitempty"`
 }
 
