@@ -298,6 +298,8 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	if err != nil {
 		return fmt.Errorf("parse overlay object: %w", err)
 	}
+	// The shared ipcache replaces the object's: its size is the agent's.
+	spec.Maps[bpf.OverlayMapIpcache].MaxEntries = b.maps.ipcache.MaxEntries()
 	if err := os.MkdirAll(filepath.Join(b.dir, pinOverlayDir), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", pinOverlayDir, err)
 	}

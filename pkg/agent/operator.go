@@ -106,6 +106,9 @@ func (a *Agent) sample() metrics.Sample {
 	for st, n := range byState {
 		smp.EndpointsByState[string(st)] = n
 	}
+	if dp, ok := a.System.Datapath.(interface{ MapFull() map[string]uint64 }); ok {
+		smp.MapFull = dp.MapFull()
+	}
 	smp.MailboxDepth, smp.MailboxDepthMax = a.System.Registry().MailboxByKind()
 	for fam, size := range a.poolSizes {
 		used := len(a.Index.IPs(string(fam)))
