@@ -2,9 +2,20 @@ package datapath_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
+	"github.com/membrane-cni/membrane/datapath"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
@@ -180,4 +191,178 @@ func TestPolicyMapFull(t *testing.T) {
 			t.Errorf("B's last error %q after a change whose new policy fits", ep.LastError)
 		}
 	})
+}
+
+// ctEntriesOfPort counts the conntrack entries (pinned at <bpffs>/ct)
+// of TCP connections from or to port.
+func ctEntriesOfPort(t *testing.T, e *nodeharness.Node, port uint16) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.BPFFS, "ct"), nil)
+	if err != nil {
+		t.Fatalf("open conntrack map: %v", err)
+	}
+	defer m.Close()
+	var k bpf.EndpointCtKey
+	var v bpf.EndpointCtValue
+	n := 0
+	p := binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, port)) // network order in memory
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Proto == 6 && (k.Sport == p || k.Dport == p) {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("read conntrack map: %v", err)
+	}
+	return n
+}
+
+// udpBurst sends n UDP datagrams from p, each from a new socket (a new
+// source port: a new connection for conntrack) to dst:9.
+func udpBurst(t *testing.T, p *policyPod, dst netip.Addr, n int) {
+	t.Helper()
+	err := p.NS.Do(func() error {
+		for range n {
+			c, err := net.Dial("udp", net.JoinHostPort(dst.String(), "9"))
+			if err != nil {
+				return err
+			}
+			_, _ = c.Write([]byte("fill"))
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("udp burst from %s: %v", podName(p), err)
+	}
+}
+
+// egressDropped is endpoint id's policy-denied egress drop counter.
+func egressDropped(t *testing.T, c *client.Client, id int64) uint64 {
+	t.Helper()
+	p, err := c.EndpointPolicy(context.Background(), fmt.Sprint(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range p.Drops {
+		if d.Reason == "policy-denied" && d.Direction == "egress" {
+			return d.Packets
+		}
+	}
+	return 0
+}
+
+// TestConntrackFull is issue #38's "kernel map full" for conntrack, on a
+// real agent with --ct-max 1024: new connections from another pod fill
+// the table, an LRU, which evicts an established connection's entries.
+// Its packets are then decided by policy again, never passed as replies
+// blindly: the server's data, which only a conntrack entry lets out of
+// its egress-enforced pod, is dropped (policy-denied, egress) until the
+// client, whom policy allows, sends again and conntrack holds the
+// connection anew; then the data arrives (TCP retransmits it).
+func TestConntrackFull(t *testing.T) {
+	e := newEnv(t, "10.239.0.0/24")
+	startAgent(e, func(c *agent.Config) { c.Linux.Maps.CTMax = datapath.MinCTMax })
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "pod-a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "pod-b", "k8s:app=b")
+	filler := addPolicyPod(t, e, c, "pod-f", "k8s:app=f")
+	d := addPolicyPod(t, e, c, "pod-d", "k8s:app=d")
+	for _, doc := range []string{string(ingressPolicy("a", 8080)), `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: b-out
+  namespace: default
+spec:
+  endpointSelector:
+    matchLabels:
+      app: b
+  egress:
+  - toEndpoints:
+    - matchLabels:
+        k8s:app: nothing
+`} {
+		if _, err := c.PolicyImport(context.Background(), []byte(doc), client.ContentTypeYAML); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idA := identity.NumericIdentity(a.ep.Identity.ID)
+	policyscenario.WaitRealized(t, c, b.ep.ID, "A into B on 8080, B's egress enforced", func(m *policy.MapState) bool {
+		return m.Allows(idA, 8080, policy.ProtoTCP, policy.Ingress) && m.Enforced(policy.Egress)
+	})
+	bIP := b.ips[0]
+	var ln net.Listener
+	if err := b.NS.Do(func() (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(bIP.String(), "8080"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var cl net.Conn
+	if err := a.NS.Do(func() (err error) {
+		cl, err = net.DialTimeout("tcp", net.JoinHostPort(bIP.String(), "8080"), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("A -> B:8080: %v", err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	srv, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	exchange := func(from, to net.Conn, msg string, wait time.Duration) error {
+		if _, err := from.Write([]byte(msg)); err != nil {
+			return err
+		}
+		_ = to.SetReadDeadline(time.Now().Add(wait))
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(to, got); err != nil {
+			return err
+		}
+		if string(got) != msg {
+			return fmt.Errorf("read %q, want %q", got, msg)
+		}
+		return nil
+	}
+	if err := exchange(cl, srv, "hello", 5*time.Second); err != nil {
+		t.Fatalf("A -> B established: %v", err)
+	}
+	if err := exchange(srv, cl, "reply", 5*time.Second); err != nil {
+		t.Fatalf("B -> A reply: %v", err)
+	}
+	if n := ctEntriesOfPort(t, e, 8080); n == 0 {
+		t.Fatal("no conntrack entry of the established connection")
+	}
+
+	// New connections from the filler pod (no policy) to D fill the
+	// table until the established connection's entries are evicted.
+	for i := 0; ctEntriesOfPort(t, e, 8080) > 0; i++ {
+		if i == 20 {
+			t.Fatalf("the established connection's conntrack entries survived %d new connections in a table of %d", i*datapath.MinCTMax, datapath.MinCTMax)
+		}
+		udpBurst(t, filler, d.ips[0], datapath.MinCTMax)
+	}
+
+	before := egressDropped(t, c, b.ep.ID)
+	// The server's data is no reply conntrack knows: B's egress policy
+	// (nothing allowed) decides, and drops it.
+	if err := exchange(srv, cl, "push", deniedDial); err == nil {
+		t.Fatal("B -> A data passed after its conntrack entries were evicted; want B's egress policy to drop it")
+	}
+	if after := egressDropped(t, c, b.ep.ID); after <= before {
+		t.Errorf("B's policy-denied egress counter %d -> %d, want it to grow", before, after)
+	}
+	// The client, whom B's ingress policy allows, sends again: conntrack
+	// holds the connection anew and the server's data gets through.
+	if err := exchange(cl, srv, "again", 5*time.Second); err != nil {
+		t.Fatalf("A -> B after eviction: %v", err)
+	}
+	_ = cl.SetReadDeadline(time.Now().Add(15 * time.Second))
+	got := make([]byte, len("push"))
+	if _, err := io.ReadFull(cl, got); err != nil || string(got) != "push" {
+		t.Fatalf("B's data after A sent again: %q, %v; want the retransmitted \"push\"", got, err)
+	}
 }
