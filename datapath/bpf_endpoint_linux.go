@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -138,6 +139,11 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 		if err := setTunnelPort(b, cfg.Nodes.TunnelPort); err != nil {
 			return nil, err
 		}
+	}
+	// Before any program runs: a pod the ipcache had no room for is
+	// unknown, never world.
+	if err := setPodCIDRs(b, slices.Concat(cfg.Nodes.LocalPodCIDRs, cfg.Nodes.ClusterCIDRs)); err != nil {
+		return nil, err
 	}
 	if b.progs, err = b.nodePrograms(); err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
+	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -365,4 +366,153 @@ spec:
 	if _, err := io.ReadFull(cl, got); err != nil || string(got) != "push" {
 		t.Fatalf("B's data after A sent again: %q, %v; want the retransmitted \"push\"", got, err)
 	}
+}
+
+// worldButC lets the world into app=b on TCP 8080 and denies app=c.
+const worldButC = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: b-world-but-c
+  namespace: default
+spec:
+  endpointSelector:
+    matchLabels:
+      app: b
+  ingress:
+  - fromEntities:
+    - world
+    toPorts:
+    - ports:
+      - port: "8080"
+        protocol: TCP
+  - fromEndpoints:
+    - matchLabels:
+        k8s:app: a
+    toPorts:
+    - ports:
+      - port: "8080"
+        protocol: TCP
+  ingressDeny:
+  - fromEndpoints:
+    - matchLabels:
+        k8s:app: c
+`
+
+// inIPCache reports whether the pinned ipcache holds ip exactly.
+func inIPCache(t *testing.T, e *nodeharness.Node, ip netip.Addr) bool {
+	t.Helper()
+	held, err := e.Linux().DumpIPCache(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ok := held[netip.PrefixFrom(ip, ip.BitLen())]
+	return ok
+}
+
+// ipcacheActor is the ipcache actor's row of GET /v1/actors.
+func ipcacheActor(t *testing.T, c *client.Client) *models.Actor {
+	t.Helper()
+	rows, err := c.Actors(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Kind == "ipcache" {
+			return r
+		}
+	}
+	t.Fatal("no ipcache actor in GET /v1/actors")
+	return nil
+}
+
+// droppedAs is endpoint id's ingress drop counter of reason.
+func droppedAs(t *testing.T, c *client.Client, id int64, reason string) uint64 {
+	t.Helper()
+	p, err := c.EndpointPolicy(context.Background(), fmt.Sprint(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range p.Drops {
+		if d.Reason == reason && d.Direction == "ingress" {
+			return d.Packets
+		}
+	}
+	return 0
+}
+
+// TestIPCacheFull is issue #38's "kernel map full" for the ipcache, on a
+// real agent with --ipcache-max 16: pods are added until the ipcache
+// refuses one's entry. That pod (app=c) is no world to its peers: B's
+// policy lets the world in but denies app=c, and C's connections are
+// dropped as unknown-pod (bpf/endpoint.c, unknown_pod), never let in as
+// world; the refusal shows in membrane_bpf_map_full_total{map="ipcache"}
+// and the ipcache actor's reconciler error naming the full ipcache.
+// Deleting other pods frees entries: C's is written by itself and the
+// deny rule decides on C's identity.
+func TestIPCacheFull(t *testing.T) {
+	e := newEnv(t, "10.240.0.0/24")
+	startAgent(e, func(c *agent.Config) { c.Linux.Maps.IPCacheMax = datapath.MinIPCacheMax })
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "pod-a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "pod-b", "k8s:app=b")
+	b.listen(t, 8080)
+	if _, err := c.PolicyImport(context.Background(), []byte(worldButC), client.ContentTypeYAML); err != nil {
+		t.Fatal(err)
+	}
+	// (No pod is app=c yet: the deny rule selects no identity.)
+	policyscenario.WaitRealized(t, c, b.ep.ID, "world and A into B", func(m *policy.MapState) bool {
+		return m.Allows(identity.ReservedWorld, 8080, policy.ProtoTCP, policy.Ingress)
+	})
+	mustTalk(t, a, b, 8080)
+
+	// Pods labelled app=c until the ipcache has no room for one.
+	var fillers []*policyPod
+	var cc *policyPod
+	for i := 0; cc == nil; i++ {
+		if i == 2*datapath.MinIPCacheMax {
+			t.Fatalf("%d pods all found room in an ipcache of %d", i, datapath.MinIPCacheMax)
+		}
+		before := metricValue(t, e, "membrane_bpf_map_full_total", "map", "ipcache")
+		p := addPolicyPod(t, e, c, fmt.Sprintf("pod-c%d", i), "k8s:app=c")
+		testutil.EventuallyErr(t, "pod "+podName(p)+" in the ipcache or refused", func() error {
+			switch {
+			case inIPCache(t, e, p.ips[0]):
+				fillers = append(fillers, p)
+			case metricValue(t, e, "membrane_bpf_map_full_total", "map", "ipcache") > before:
+				cc = p
+			default:
+				return fmt.Errorf("neither")
+			}
+			return nil
+		})
+	}
+	t.Logf("ipcache full after %d pods; %s (%s) has no entry", len(fillers), podName(cc), cc.ips[0])
+	if r := ipcacheActor(t, c).Reconciler; r == nil || !strings.Contains(r.LastError, "ipcache full") {
+		t.Errorf("ipcache actor's reconciler %+v, want its last error naming the full ipcache", r)
+	}
+	before := droppedAs(t, c, b.ep.ID, datapath.DropUnknownPod)
+	mustNotTalk(t, cc, b, 8080)
+	if after := droppedAs(t, c, b.ep.ID, datapath.DropUnknownPod); after <= before {
+		t.Errorf("B's unknown-pod ingress drops %d -> %d, want them to grow", before, after)
+	}
+	mustTalk(t, a, b, 8080)
+
+	// Load drops: other pods go, C's entry is written by itself.
+	for _, p := range fillers[:3] {
+		if err := e.Del(p.Pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.EventuallyErr(t, "C's ipcache entry", func() error {
+		if !inIPCache(t, e, cc.ips[0]) {
+			return fmt.Errorf("%s not in the ipcache", cc.ips[0])
+		}
+		return nil
+	})
+	before = droppedAs(t, c, b.ep.ID, datapath.DropPolicyDeny)
+	mustNotTalk(t, cc, b, 8080)
+	if after := droppedAs(t, c, b.ep.ID, datapath.DropPolicyDeny); after <= before {
+		t.Errorf("B's policy-deny-rule ingress drops %d -> %d after C's entry came, want them to grow", before, after)
+	}
+	mustTalk(t, a, b, 8080)
 }
