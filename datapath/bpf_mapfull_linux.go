@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/bpf"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -77,4 +80,62 @@ func (l *Linux) MapFull() map[string]uint64 {
 		out[name] = l.mapFull[i].Load()
 	}
 	return out
+}
+
+// MapUsage counts the entries of the shared maps that fill with the
+// cluster's load, by name: "ct" (an LRU: at MaxEntries it evicts) and
+// "ipcache" (at MaxEntries it refuses new prefixes). Each call reads the
+// maps (conntrack in batches of ctBatch, the ipcache key by key), for a
+// metrics scrape.
+func (l *Linux) MapUsage() (out map[string]MapUsage, err error) {
+	err = l.guardBPF(func(b *bpfState) error {
+		ct, err := countCT(b.maps.ct)
+		if err != nil {
+			return err
+		}
+		n := 0
+		var k bpf.EndpointIpcacheKey
+		for key := any(nil); ; n++ {
+			if err := b.maps.ipcache.NextKey(key, &k); errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			} else if err != nil {
+				return fmt.Errorf("count ipcache: %w", err)
+			}
+			key = k
+		}
+		out = map[string]MapUsage{
+			"ct":      {Entries: ct, MaxEntries: int(b.maps.ct.MaxEntries())},
+			"ipcache": {Entries: n, MaxEntries: int(b.maps.ipcache.MaxEntries())},
+		}
+		return nil
+	})
+	return out, err
+}
+
+// countCT counts the conntrack entries (batch lookups, or key by key on
+// kernels without them).
+func countCT(m *ebpf.Map) (int, error) {
+	keys := make([]bpf.EndpointCtKey, ctBatch)
+	vals := make([]bpf.EndpointCtValue, ctBatch)
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		total += n
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return total, nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			total = 0
+			var k bpf.EndpointCtKey
+			var v bpf.EndpointCtValue
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				total++
+			}
+			return total, it.Err()
+		case err != nil:
+			return 0, fmt.Errorf("count conntrack: %w", err)
+		}
+	}
 }

@@ -115,6 +115,12 @@ type MapSizes struct {
 	CTMax int
 }
 
+// MapUsage is a shared map's fill: Entries of MaxEntries
+// ((*Linux).MapUsage).
+type MapUsage struct {
+	Entries, MaxEntries int
+}
+
 // Defaults and bounds of MapSizes.
 const (
 	DefaultPolicyMapMax = 16384

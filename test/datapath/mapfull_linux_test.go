@@ -347,6 +347,10 @@ spec:
 		udpBurst(t, filler, d.ips[0], datapath.MinCTMax)
 	}
 
+	// The table's fill shows in the metrics.
+	if n, size := metricValue(t, e, "membrane_bpf_map_entries", "map", "ct"), metricValue(t, e, "membrane_bpf_map_max_entries", "map", "ct"); size != datapath.MinCTMax || n < size/2 {
+		t.Errorf(`membrane_bpf_map_entries{map="ct"} %v of membrane_bpf_map_max_entries %v, want a full table of %d`, n, size, datapath.MinCTMax)
+	}
 	before := egressDropped(t, c, b.ep.ID)
 	// The server's data is no reply conntrack knows: B's egress policy
 	// (nothing allowed) decides, and drops it.
@@ -487,6 +491,9 @@ func TestIPCacheFull(t *testing.T) {
 		})
 	}
 	t.Logf("ipcache full after %d pods; %s (%s) has no entry", len(fillers), podName(cc), cc.ips[0])
+	if n := metricValue(t, e, "membrane_bpf_map_entries", "map", "ipcache"); n != datapath.MinIPCacheMax {
+		t.Errorf(`membrane_bpf_map_entries{map="ipcache"} %v, want %d (full)`, n, datapath.MinIPCacheMax)
+	}
 	if r := ipcacheActor(t, c).Reconciler; r == nil || !strings.Contains(r.LastError, "ipcache full") {
 		t.Errorf("ipcache actor's reconciler %+v, want its last error naming the full ipcache", r)
 	}
