@@ -7,8 +7,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/clients/client"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -114,6 +117,23 @@ func TestPolicyMapFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// B's state changes, as GET /v1/events streams them.
+	var evMu sync.Mutex
+	var stateEvents []events.Event
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		_ = c.Events(ctx, url.Values{"type": {string(events.EndpointStateChanged)}, "since": {"1"}}, func(ev events.Event) bool {
+			if ev.Endpoint == uint16(b.ep.ID) {
+				evMu.Lock()
+				stateEvents = append(stateEvents, ev)
+				evMu.Unlock()
+			}
+			return true
+		})
+	}()
 	idA, idC := identity.NumericIdentity(a.ep.Identity.ID), identity.NumericIdentity(cc.ep.Identity.ID)
 	allows := func(m *policy.MapState, id identity.NumericIdentity) bool {
 		return m.Allows(id, 8080, policy.ProtoTCP, policy.Ingress)
@@ -144,7 +164,18 @@ func TestPolicyMapFull(t *testing.T) {
 			if !strings.Contains(ep.LastError, "policy map full") || ep.State == "ready" {
 				return fmt.Errorf("state %s, last error %q", ep.State, ep.LastError)
 			}
+			t.Logf("B: state %s, last error %q", ep.State, ep.LastError)
 			return nil
+		})
+		testutil.EventuallyErr(t, "an endpoint-state-changed event of B naming the full policy map", func() error {
+			evMu.Lock()
+			defer evMu.Unlock()
+			for _, ev := range stateEvents {
+				if strings.Contains(ev.Message, "policy map full") {
+					return nil
+				}
+			}
+			return fmt.Errorf("none among %d", len(stateEvents))
 		})
 		m := policyscenario.WaitRealized(t, c, b.ep.ID, "deny-all", func(m *policy.MapState) bool {
 			return m.Enforced(policy.Ingress) && m.Enforced(policy.Egress) && len(m.Allow) == 0
