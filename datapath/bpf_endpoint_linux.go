@@ -273,8 +273,10 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 	}
 	if err := b.policyFits(want); err != nil {
 		l.mapFull.add(mapPolicy)
-		err = fmt.Errorf("endpoint %d: %w", ep.ID, err)
-		return errors.Join(err, l.failClosed(e, ep.ID))
+		if ferr := l.failClosed(e, ep.ID); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
 	ports, err := want.Redirects(l.proxyPorts())
 	if err != nil {
@@ -290,7 +292,7 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 		e.have, e.ports = have, hports
 	}
 	if ferr := l.failClosed(e, ep.ID); ferr != nil || !mapFullErr(err) {
-		return fmt.Errorf("endpoint %d: %w", ep.ID, errors.Join(err, ferr))
+		return errors.Join(err, ferr)
 	}
 	// The old entries and the new did not fit together (the additions
 	// come before the removals, for the connections both allow): from
@@ -300,7 +302,10 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 		if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
 			e.have, e.ports = have, hports
 		}
-		return fmt.Errorf("endpoint %d: %w", ep.ID, errors.Join(err, l.failClosed(e, ep.ID)))
+		if ferr := l.failClosed(e, ep.ID); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
 	e.have, e.ports = want, ports
 	return nil

@@ -25,10 +25,10 @@ func (b *bpfState) policyFits(want *policy.MapState) error {
 	size := int(b.tmpl.policySpec().MaxEntries)
 	// Two entries are the enforcement flags.
 	if n := len(want.Allow); n > size-2 {
-		return fmt.Errorf("policy map full: the policy has %d entries, at most %d fit (policy map max %d, --policy-map-max): %w", n, size-2, size, ErrMapFull)
+		return fmt.Errorf("policy map full: the policy has %d entries, at most %d fit (--policy-map-max %d): %w", n, size-2, size, ErrMapFull)
 	}
 	if size := int(b.tmpl.cidrSpec().MaxEntries); len(want.CIDR) > size {
-		return fmt.Errorf("cidr policy map full: the policy has %d CIDR entries, at most %d fit (--policy-map-max): %w", len(want.CIDR), size, ErrMapFull)
+		return fmt.Errorf("cidr policy map full: the policy has %d CIDR entries, at most %d fit (--policy-map-max %d): %w", len(want.CIDR), size, size, ErrMapFull)
 	}
 	return nil
 }
