@@ -100,9 +100,11 @@ func TestNodePortNATExhausted(t *testing.T) {
 			t.Fatalf("release NAT port %d: %v", p, err)
 		}
 	}
+	start := time.Now()
 	if err := dial(5 * time.Second); err != nil {
 		t.Fatalf("TCP to %s after the NAT ports were released: %v", fe, err)
 	}
+	t.Logf("connected %v after the NAT ports were released", time.Since(start))
 	if _, reply := dialWho(t, client, "tcp", fe.String()); reply == "" {
 		t.Fatal("no reply from the backend after the NAT ports were released")
 	}

@@ -189,6 +189,7 @@ func TestPolicyMapFull(t *testing.T) {
 		}
 	})
 	t.Run("the policy shrinks: B recovers by itself", func(t *testing.T) {
+		start := time.Now()
 		importPolicy(t, ingressPolicy("a", append([]int{8080}, portRange(9101, 9)...)...))
 		policyscenario.WaitRealized(t, c, b.ep.ID, "A's 10 ports", func(m *policy.MapState) bool {
 			return allows(m, idA) && len(m.Allow) == 10 && !m.Enforced(policy.Egress)
@@ -203,6 +204,7 @@ func TestPolicyMapFull(t *testing.T) {
 			}
 			return nil
 		})
+		t.Logf("B realised the shrunk policy and was ready %v after the import", time.Since(start))
 		mustTalk(t, a, b, 8080)
 		mustNotTalk(t, cc, b, 8080)
 	})
@@ -393,6 +395,7 @@ spec:
 	}
 	// The client, whom B's ingress policy allows, sends again: conntrack
 	// holds the connection anew and the server's data gets through.
+	start := time.Now()
 	if err := exchange(cl, srv, "again", 5*time.Second); err != nil {
 		t.Fatalf("A -> B after eviction: %v", err)
 	}
@@ -401,6 +404,7 @@ spec:
 	if _, err := io.ReadFull(cl, got); err != nil || string(got) != "push" {
 		t.Fatalf("B's data after A sent again: %q, %v; want the retransmitted \"push\"", got, err)
 	}
+	t.Logf("B's retransmitted data arrived %v after A sent again", time.Since(start))
 }
 
 // worldButC lets the world into app=b on TCP 8080 and denies app=c.
@@ -536,6 +540,7 @@ func TestIPCacheFull(t *testing.T) {
 	mustTalk(t, a, b, 8080)
 
 	// Load drops: other pods go, C's entry is written by itself.
+	start := time.Now()
 	for _, p := range fillers[:3] {
 		if err := e.Del(p.Pod); err != nil {
 			t.Fatal(err)
@@ -547,6 +552,7 @@ func TestIPCacheFull(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("C's ipcache entry written %v after the first of 3 DELs began", time.Since(start))
 	before = droppedAs(t, c, b.ep.ID, datapath.DropPolicyDeny)
 	mustNotTalk(t, cc, b, 8080)
 	if after := droppedAs(t, c, b.ep.ID, datapath.DropPolicyDeny); after <= before {
