@@ -126,12 +126,14 @@ const (
 	DefaultPolicyMapMax = 16384
 	DefaultIPCacheMax   = 65536
 	DefaultCTMax        = 65536
-	// MinPolicyMapMax and MaxPolicyMapMax bound PolicyMax (Cilium's
-	// bounds of bpf-policy-map-max).
+	// MinPolicyMapMax and MaxPolicyMapMax bound PolicyMax: room for the
+	// two enforcement flags and a few entries; at most the endpoint IDs'
+	// range, which no policy needs.
 	MinPolicyMapMax = 16
 	MaxPolicyMapMax = 65536
-	// MinIPCacheMax, MinCTMax and MaxMapEntries bound the shared maps
-	// (an LRU map keeps per-CPU free lists: Cilium's floor of 1024).
+	// MinIPCacheMax, MinCTMax and MaxMapEntries bound the shared maps. A
+	// conntrack table below 1024 entries would be evicting under the
+	// lightest load (an LRU map also keeps per-CPU free lists).
 	MinIPCacheMax = 16
 	MinCTMax      = 1024
 	MaxMapEntries = 1 << 24
