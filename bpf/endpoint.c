@@ -994,6 +994,38 @@ static __always_inline int to_tunnel_port(struct pkt *p)
 	return c && c->tunnel_port && p->proto == IPPROTO_UDP && !p->frag && bpf_ntohs(p->dport) == c->tunnel_port;
 }
 
+/* unknown_pod reports whether the peer of p (direction dir), whose
+ * address the ipcache resolved to peer, is a pod the ipcache holds no
+ * entry of: peer is world or a policy CIDR identity (a prefix covering
+ * the address, none of its own) and the address lies in one of the
+ * node's or the cluster's pod CIDRs (node_config.pods). A full ipcache
+ * (--ipcache-max) refuses new pods' entries; as world such a pod could
+ * pass a rule allowing world that a rule naming its labels denies, so
+ * an enforced direction drops it (DROP_UNKNOWN_POD): fail closed. */
+static __noinline int unknown_pod(struct pkt *p, __u8 dir, __u32 peer)
+{
+	__u32 zero = 0, *a = dir == DIR_EGRESS ? p->daddr : p->saddr;
+	struct node_config_value *c;
+	int i;
+
+	if (peer != IDENTITY_WORLD && (peer < IDENTITY_CIDR_MIN || peer >= IDENTITY_NODE_SCOPE))
+		return 0;
+	c = bpf_map_lookup_elem(&node_config, &zero);
+	if (!c)
+		return 0;
+#pragma unroll
+	for (i = 0; i < NODE_POD_CIDRS; i++) {
+		struct pod_cidr *pc = &c->pods[i];
+
+		if (pc->family != p->family)
+			continue;
+		if (!((a[0] ^ pc->addr[0]) & pc->mask[0]) && !((a[1] ^ pc->addr[1]) & pc->mask[1]) &&
+		    !((a[2] ^ pc->addr[2]) & pc->mask[2]) && !((a[3] ^ pc->addr[3]) & pc->mask[3]))
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
@@ -1068,8 +1100,13 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		p.bits |= PKT_ENFORCED;
 		/* r: the drop reason of a would-be drop (0: allowed). */
 		r = 0;
-		peer = tunnel_identity(skb, dir) ?: peer_identity(&p, dir);
-		v = policy_lookup(pol, peer, &p, dir);
+		peer = tunnel_identity(skb, dir);
+		if (!peer) {
+			peer = peer_identity(&p, dir);
+			if (unknown_pod(&p, dir, peer))
+				r = DROP_UNKNOWN_POD;
+		}
+		v = r ? NULL : policy_lookup(pol, peer, &p, dir);
 		if (v) {
 			__sync_fetch_and_add(&v->packets, 1);
 			__sync_fetch_and_add(&v->bytes, skb->len);

@@ -82,6 +82,13 @@ enum drop_reason {
 	 * would drop; it passes, counted and reported under this reason
 	 * (the verdict audit). */
 	DROP_POLICY_AUDIT = 14,
+	/* 15 is unused; 16 and 17 are DROP_NO_ROUTE and DROP_NAT_EXHAUSTED
+	 * (lb.h). In an enforced direction, a peer address in the node's
+	 * or the cluster's pod CIDRs (node_config.pods) that the ipcache
+	 * resolves to world or a CIDR identity: a pod whose ipcache entry
+	 * is missing (the ipcache was full, --ipcache-max), whose identity
+	 * no rule can be checked against (unknown_pod). */
+	DROP_UNKNOWN_POD = 18,
 };
 
 /* endpoint_info is the value of the per-node endpoint_info map, keyed by
@@ -141,12 +148,32 @@ struct ipcache_value {
 
 /* node_config_value is the one value (key 0) of the node_config map: settings
  * of the node the datapath writes when they change. */
+#define NODE_POD_CIDRS 4
+
+/* pod_cidr is a pod CIDR of node_config_value: an address a is in it if
+ * (a[i] ^ addr[i]) & mask[i] is 0 for each word (network byte order
+ * bytes; IPv4 in word 0, the others' masks 0). family 0: unused. */
+struct pod_cidr {
+	__u32 addr[4];
+	__u32 mask[4];
+	__u8 family; /* 4, 6 */
+	__u8 pad[3];
+};
+
 struct node_config_value {
 	/* The tunnel device's UDP port in tunnel mode (host byte order), 0
 	 * in native routing: from_container drops UDP to it
 	 * (DROP_TUNNEL_PORT). */
 	__u32 tunnel_port;
+	/* The node's pod CIDRs, then the cluster's (the first
+	 * NODE_POD_CIDRS of LinuxConfig.Nodes.LocalPodCIDRs and
+	 * ClusterCIDRs): DROP_UNKNOWN_POD. */
+	struct pod_cidr pods[NODE_POD_CIDRS];
 };
+
+/* Policy CIDR identities (policy.MinCIDRIdentity) run from here to the
+ * per-node ones (IDENTITY_NODE_SCOPE). */
+#define IDENTITY_CIDR_MIN 0x01000000
 
 /* overlay_identity_ok reports whether id may cross the overlay as a VNI:
  * world, health and init among the reserved identities, and every

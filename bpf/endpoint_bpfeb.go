@@ -93,6 +93,7 @@ const (
 	EndpointDropReasonDROP_TUNNEL_IDENTITY EndpointDropReason = 12
 	EndpointDropReasonDROP_POLICY_DENY     EndpointDropReason = 13
 	EndpointDropReasonDROP_POLICY_AUDIT    EndpointDropReason = 14
+	EndpointDropReasonDROP_UNKNOWN_POD     EndpointDropReason = 18
 )
 
 type EndpointDropValue struct {
@@ -286,6 +287,13 @@ type EndpointLbTuple struct {
 type EndpointNodeConfigValue struct {
 	_          structs.HostLayout
 	TunnelPort uint32
+	Pods       [4]struct {
+		_      structs.HostLayout
+		Addr   [4]uint32
+		Mask   [4]uint32
+		Family uint8
+		Pad    [3]uint8
+	}
 }
 
 type EndpointPolicyKey struct {

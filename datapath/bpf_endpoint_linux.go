@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -119,7 +120,7 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if err := ensureBPFFS(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	tmpl, err := newTemplate()
+	tmpl, err := newTemplate(cfg.Maps.withDefaults())
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +144,11 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 		if err := setTunnelPort(b, cfg.Nodes.TunnelPort); err != nil {
 			return nil, err
 		}
+	}
+	// Before any program runs: a pod the ipcache had no room for is
+	// unknown, never world.
+	if err := setPodCIDRs(b, slices.Concat(cfg.Nodes.LocalPodCIDRs, cfg.Nodes.ClusterCIDRs)); err != nil {
+		return nil, err
 	}
 	if b.progs, err = b.nodePrograms(); err != nil {
 		return nil, err
@@ -261,30 +267,51 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 }
 
 // syncEndpointPolicy writes the difference between what e's policy maps
-// hold and ep.Policy.
+// hold and ep.Policy. It fails closed: a policy that does not fit the
+// maps (ErrMapFull), or a write that fails halfway, leaves the endpoint
+// enforcing deny-all (failClosed), never its previous policy nor a mix
+// of both, which may allow what the new policy denies.
 func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error {
 	b := l.bpf
 	want := ep.Policy
 	if want == nil {
 		want = noPolicy
 	}
-	// Two entries are the enforcement flags.
-	if limit := int(b.tmpl.policySpec().MaxEntries) - 2; len(want.Allow) > limit {
-		return fmt.Errorf("policy of %d entries, at most %d fit the policy map: %w", len(want.Allow), limit, ErrInvalidPolicy)
-	}
-	if limit := int(b.tmpl.cidrSpec().MaxEntries); len(want.CIDR) > limit {
-		return fmt.Errorf("policy of %d CIDR entries, at most %d fit the cidr policy map: %w", len(want.CIDR), limit, ErrInvalidPolicy)
+	if err := b.policyFits(want); err != nil {
+		l.mapFull.add(mapPolicy)
+		if ferr := l.failClosed(e, ep.ID); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
 	ports, err := want.Redirects(l.proxyPorts())
 	if err != nil {
 		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
 	}
+	err = syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports})
+	if err == nil {
+		e.have, e.ports = want, ports
+		return nil
+	}
+	// Partly applied: read back what the maps hold now, then deny-all.
+	if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
+		e.have, e.ports = have, hports
+	}
+	if ferr := l.failClosed(e, ep.ID); ferr != nil || !mapFullErr(err) {
+		return errors.Join(err, ferr)
+	}
+	// The old entries and the new did not fit together (the additions
+	// come before the removals, for the connections both allow): from
+	// deny-all, the new policy alone fits.
 	if err := syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports}); err != nil {
-		// Partly applied: read back what the maps hold now.
+		l.mapFull.add(mapPolicy)
 		if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {
 			e.have, e.ports = have, hports
 		}
-		return err
+		if ferr := l.failClosed(e, ep.ID); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
 	e.have, e.ports = want, ports
 	return nil

@@ -211,15 +211,15 @@ func TestNodePortRemoteBackend(t *testing.T) {
 	}
 }
 
-// remoteAddrs are one family's addresses of the remote-backend test.
-type remoteAddrs struct {
-	nodeA, client, ulA, ulB, clientNet, podCIDR, pod, gw string
-	bits                                                 int
-}
-
-func testNodePortRemote(t *testing.T, v6 bool) {
+// nodePortRemote sets up TestNodePortRemoteBackend's nodes: node A
+// (kube-proxy-free, its uplinks up0 to the client and ul0 to node B)
+// with NodePorts ad.nodeA:30080 (TCP) and :30053 (UDP), whose one
+// backend is node B's pod ad.pod:8080 serving whoServer; client is the
+// client's netns, routed to node A.
+func nodePortRemote(t *testing.T, v6 bool) (nodeA *Linux, client *testutil.NS, ad remoteAddrs) {
+	t.Helper()
 	testutil.RequireRoot(t)
-	ad := remoteAddrs{nodeA: "192.168.93.1", client: "192.168.93.2", ulA: "192.168.94.1", ulB: "192.168.94.2",
+	ad = remoteAddrs{nodeA: "192.168.93.1", client: "192.168.93.2", ulA: "192.168.94.1", ulB: "192.168.94.2",
 		clientNet: "192.168.93.0/24", podCIDR: "10.244.60.128/25", pod: "10.244.60.130", gw: "10.244.60.1", bits: 24}
 	if v6 {
 		ad = remoteAddrs{nodeA: "2001:db8:93::1", client: "2001:db8:93::2", ulA: "2001:db8:94::1", ulB: "2001:db8:94::2",
@@ -239,8 +239,8 @@ func testNodePortRemote(t *testing.T, v6 bool) {
 	cfgA := cfg
 	cfgA.Services = ServicesConfig{KubeProxyReplacement: true, Cgroup: cg}
 	nodeB, hostB, nlB := newKPRNode(t, cfg, func(host *testutil.NS, _ *netlink.Handle) { noDAD(host) })
-	client := testutil.NewNS(t, "mbt-cl")
-	nodeA, _, _ := newKPRNode(t, cfgA, func(host *testutil.NS, nl *netlink.Handle) {
+	client = testutil.NewNS(t, "mbt-cl")
+	nodeA, _, _ = newKPRNode(t, cfgA, func(host *testutil.NS, nl *netlink.Handle) {
 		noDAD(host)
 		linkNS(t, host, nl, "up0", pfx(ad.nodeA), client, "eth0", pfx(ad.client))
 		linkNS(t, host, nl, "ul0", pfx(ad.ulA), hostB, "ul0", pfx(ad.ulB))
@@ -272,6 +272,21 @@ func testNodePortRemote(t *testing.T, v6 bool) {
 	}
 	upsertSvc(t, nodeA, 1, hp(ad.nodeA, 30080), service.TCP, true, false, 0, hp(ad.pod, 8080))
 	upsertSvc(t, nodeA, 2, hp(ad.nodeA, 30053), service.UDP, true, false, 0, hp(ad.pod, 8080))
+	return nodeA, client, ad
+}
+
+// remoteAddrs are one family's addresses of the remote-backend test.
+type remoteAddrs struct {
+	nodeA, client, ulA, ulB, clientNet, podCIDR, pod, gw string
+	bits                                                 int
+}
+
+func testNodePortRemote(t *testing.T, v6 bool) {
+	nodeA, client, ad := nodePortRemote(t, v6)
+	ctx := context.Background()
+	hp := func(a string, port int) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port)).String()
+	}
 	seenFrom := hp(ad.nodeA, 0)
 	seenFrom = seenFrom[:len(seenFrom)-1] // "addr:" or "[addr]:"
 	for _, network := range []string{"tcp", "udp"} {
@@ -284,7 +299,7 @@ func testNodePortRemote(t *testing.T, v6 bool) {
 			}
 		}
 	}
-	if m, err = nodeA.DumpServices(ctx); err != nil || m.NodePortSNAT == 0 || m.NodePortNAT == 0 {
+	if m, err := nodeA.DumpServices(ctx); err != nil || m.NodePortSNAT == 0 || m.NodePortNAT == 0 {
 		t.Fatalf("node A's NAT entries %d/%d (%v), want some", m.NodePortNAT, m.NodePortSNAT, err)
 	}
 }

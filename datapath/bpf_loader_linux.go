@@ -30,7 +30,9 @@ type template struct {
 // build (a changed object after an upgrade).
 var objectDigest = bpf.EndpointObjectDigest
 
-func newTemplate() (*template, error) {
+// newTemplate parses the endpoint object and sizes its maps (sizes
+// with defaults).
+func newTemplate(sizes MapSizes) (*template, error) {
 	spec, err := bpf.LoadEndpoint()
 	if err != nil {
 		return nil, fmt.Errorf("parse endpoint object: %w", err)
@@ -39,7 +41,10 @@ func newTemplate() (*template, error) {
 		if ms := spec.Maps[outer]; ms == nil || ms.InnerMap == nil {
 			return nil, fmt.Errorf("parse endpoint object: %s is not a map of maps", outer)
 		}
+		spec.Maps[outer].InnerMap.MaxEntries = uint32(sizes.PolicyMax)
 	}
+	spec.Maps[bpf.EndpointMapIpcache].MaxEntries = uint32(sizes.IPCacheMax)
+	spec.Maps[bpf.EndpointMapCt].MaxEntries = uint32(sizes.CTMax)
 	return &template{spec: spec, cache: btf.NewCache(), digest: objectDigest()}, nil
 }
 

@@ -120,6 +120,10 @@ func TestBPFRemoveDetachesInBackground(t *testing.T) {
 	}
 }
 
+// TestBPFRealizeRefusesOversizedPolicy: a policy with more entries than
+// the policy map holds is refused with ErrMapFull and fails closed (the
+// endpoint enforces deny-all both ways, not its previous policy); one
+// that fills the map exactly is realised.
 func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
 	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: -1})
 	ep := addVeth(t, nl, 23, "lxcbpfbig0001", "10.244.70.4")
@@ -127,16 +131,23 @@ func TestBPFRealizeRefusesOversizedPolicy(t *testing.T) {
 	for i := range keys {
 		keys[i] = policy.Key{Identity: identity.NumericIdentity(256 + i), Dir: policy.Ingress}
 	}
-	ep.Policy = policy.NewMapState(1, true, false, keys)
-	if _, err := l.Realize(context.Background(), ep, 1); !errors.Is(err, ErrInvalidPolicy) {
-		t.Fatalf("Realize of a 16383-entry policy = %v, want ErrInvalidPolicy", err)
+	ep.Policy = policy.NewMapState(1, true, false, keys[:10])
+	if _, err := l.Realize(context.Background(), ep, 1); err != nil {
+		t.Fatal(err)
 	}
-	ep.Policy = policy.NewMapState(2, true, false, keys[:16382])
-	if _, err := l.Realize(context.Background(), ep, 2); err != nil {
+	ep.Policy = policy.NewMapState(2, true, false, keys)
+	if _, err := l.Realize(context.Background(), ep, 2); !errors.Is(err, ErrMapFull) {
+		t.Fatalf("Realize of a 16383-entry policy = %v, want ErrMapFull", err)
+	}
+	if entries, ingress, egress, err := l.DumpPolicy(context.Background(), ep.ID); err != nil || !ingress || !egress || len(entries) != 0 {
+		t.Fatalf("policy map after the refusal: %d entries, ingress %v, egress %v (%v); want deny-all", len(entries), ingress, egress, err)
+	}
+	ep.Policy = policy.NewMapState(3, true, false, keys[:16382])
+	if _, err := l.Realize(context.Background(), ep, 3); err != nil {
 		t.Fatalf("Realize of a full policy map: %v", err)
 	}
-	entries, ingress, _, err := l.DumpPolicy(context.Background(), ep.ID)
-	if err != nil || !ingress || len(entries) != 16382 {
+	entries, ingress, egress, err := l.DumpPolicy(context.Background(), ep.ID)
+	if err != nil || !ingress || egress || len(entries) != 16382 {
 		t.Fatalf("DumpPolicy = %d entries, %v, %v", len(entries), ingress, err)
 	}
 }

@@ -72,12 +72,17 @@ const (
 	// reserved identity the sending side never puts there (host above
 	// all; endpoint 0, ingress).
 	DropTunnelIdentity = "tunnel-reserved-identity"
+	// DropUnknownPod: in an enforced direction, a peer address in the
+	// node's or the cluster's pod CIDRs that the ipcache holds no entry
+	// of (it was full, --ipcache-max): a pod whose identity is unknown,
+	// so no rule can be checked; fail closed.
+	DropUnknownPod = "unknown-pod"
 )
 
 // dropReasons maps the programs' reason numbers to names.
 var dropReasons = map[uint8]string{1: DropPolicy, 2: DropFragment, 3: DropMalformed, 4: DropUnknownL3, 5: DropNoBackend, 6: DropProxy, 7: DropNoEndpoint,
 	8: DropInvalidSource, 9: DropTunnelPort, 10: DropUnknownNode, 11: DropTunnelSource, 12: DropTunnelIdentity, 13: DropPolicyDeny, 14: DropPolicyAudit,
-	16: DropNoRoute, 17: DropNATExhausted}
+	16: DropNoRoute, 17: DropNATExhausted, 18: DropUnknownPod}
 
 // dropReasonName returns the name of reason, or "reason-<n>".
 func dropReasonName(reason uint8) string {

@@ -21,6 +21,11 @@ var (
 	// programs cannot express (a reserved identity, a port without a
 	// protocol).
 	ErrInvalidPolicy = errors.New("invalid endpoint policy")
+	// ErrMapFull is returned by Realize for an endpoint whose policy does
+	// not fit its policy maps (MapSizes.PolicyMax) and by UpsertIPCache
+	// when the ipcache is full. The endpoint then enforces deny-all
+	// until its policy fits (fail closed).
+	ErrMapFull = errors.New("bpf map full")
 	// ErrNotBPFFS is returned by Init when LinuxConfig.BPFFS is not on a
 	// bpffs and is not below /sys/fs/bpf (the one place Init mounts a
 	// bpffs itself).
@@ -86,6 +91,75 @@ type LinuxConfig struct {
 	// programs on Services.Devices enforce the host endpoint's policy
 	// (bpf/hostfw.h, RealizeHostPolicy).
 	HostFirewall HostFirewallConfig
+	// Maps sizes the BPF maps that grow with the cluster (MapSizes).
+	Maps MapSizes
+}
+
+// MapSizes are the capacities of the BPF maps that fill with the
+// cluster's load (0: the default). A map pinned by an agent with other
+// sizes is replaced at start (conntrack starts empty, the others are
+// written again).
+type MapSizes struct {
+	// PolicyMax is the entries of each endpoint's policy map and of its
+	// CIDR policy map (--policy-map-max; DefaultPolicyMapMax, Cilium's
+	// bpf-policy-map-max). Two of the policy map's are the enforcement
+	// flags. A policy that does not fit fails closed (SECURITY.md).
+	PolicyMax int
+	// IPCacheMax is the ipcache's entries (--ipcache-max;
+	// DefaultIPCacheMax): endpoint addresses, node addresses and policy
+	// CIDR prefixes.
+	IPCacheMax int
+	// CTMax is the conntrack table's entries (--ct-max; DefaultCTMax).
+	// An LRU: a full table evicts the least recently used connection,
+	// whose next packet is decided by policy again.
+	CTMax int
+}
+
+// MapUsage is a shared map's fill: Entries of MaxEntries
+// ((*Linux).MapUsage).
+type MapUsage struct {
+	Entries, MaxEntries int
+}
+
+// Defaults and bounds of MapSizes.
+const (
+	DefaultPolicyMapMax = 16384
+	DefaultIPCacheMax   = 65536
+	DefaultCTMax        = 65536
+	// MinPolicyMapMax and MaxPolicyMapMax bound PolicyMax: room for the
+	// two enforcement flags and a few entries; at most the endpoint IDs'
+	// range, which no policy needs.
+	MinPolicyMapMax = 16
+	MaxPolicyMapMax = 65536
+	// MinIPCacheMax, MinCTMax and MaxMapEntries bound the shared maps. A
+	// conntrack table below 1024 entries would be evicting under the
+	// lightest load (an LRU map also keeps per-CPU free lists).
+	MinIPCacheMax = 16
+	MinCTMax      = 1024
+	MaxMapEntries = 1 << 24
+)
+
+func (m MapSizes) withDefaults() MapSizes {
+	m.PolicyMax = cmp.Or(m.PolicyMax, DefaultPolicyMapMax)
+	m.IPCacheMax = cmp.Or(m.IPCacheMax, DefaultIPCacheMax)
+	m.CTMax = cmp.Or(m.CTMax, DefaultCTMax)
+	return m
+}
+
+func (m MapSizes) validate() error {
+	for _, f := range []struct {
+		name           string
+		v, least, most int
+	}{
+		{"Maps.PolicyMax", m.PolicyMax, MinPolicyMapMax, MaxPolicyMapMax},
+		{"Maps.IPCacheMax", m.IPCacheMax, MinIPCacheMax, MaxMapEntries},
+		{"Maps.CTMax", m.CTMax, MinCTMax, MaxMapEntries},
+	} {
+		if f.v != 0 && (f.v < f.least || f.v > f.most) { // 0: the default
+			return fmt.Errorf("linux datapath: %s %d: want %d..%d: %w", f.name, f.v, f.least, f.most, ErrInvalidConfig)
+		}
+	}
+	return nil
 }
 
 // HostFirewallConfig configures the host firewall (Cilium's
@@ -247,6 +321,7 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	c.CTGC = c.CTGC.WithDefaults()
 	c.L7 = c.L7.withDefaults()
 	c.Nodes = c.Nodes.WithDefaults()
+	c.Maps = c.Maps.withDefaults()
 	return c
 }
 
@@ -314,6 +389,9 @@ func (c LinuxConfig) Validate() error {
 		return fmt.Errorf("linux datapath: BPFFS %q: want an absolute path below /: %w", c.BPFFS, ErrInvalidConfig)
 	}
 	if err := c.CTGC.Validate(); err != nil {
+		return err
+	}
+	if err := c.Maps.validate(); err != nil {
 		return err
 	}
 	if err := c.Nodes.Validate(); err != nil {

@@ -24,6 +24,10 @@ func (l *Linux) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identit
 	return l.guardBPF(func(b *bpfState) error {
 		v := ipcacheValue(IPCacheValue{Identity: id, TunnelEndpoint: tunnel})
 		if err := b.maps.ipcache.Update(ipcacheKey(prefix), v, ebpf.UpdateAny); err != nil {
+			if mapFullErr(err) {
+				l.mapFull.add(mapIPCache)
+				return fmt.Errorf("upsert ipcache %s: ipcache full (%d entries, --ipcache-max): %w: %w", prefix, b.maps.ipcache.MaxEntries(), ErrMapFull, err)
+			}
 			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
 		}
 		l.ipcacheL7(prefix, id, false)
@@ -150,12 +154,23 @@ func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCach
 			}
 			st.Deleted++
 		}
+		// A full map refuses new entries only: changed ones are still
+		// written (an address that moved to another identity).
+		var full int
+		var fullErr error
 		for k, v := range want {
 			if cur, ok := held[k]; ok && cur == v {
 				continue
 			}
 			if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("sync ipcache: write %s: %w", ipcachePrefix(k), err)
+				if !mapFullErr(err) {
+					return fmt.Errorf("sync ipcache: write %s: %w", ipcachePrefix(k), err)
+				}
+				l.mapFull.add(mapIPCache)
+				if full++; fullErr == nil {
+					fullErr = fmt.Errorf("write %s: %w", ipcachePrefix(k), err)
+				}
+				continue
 			}
 			st.Written++
 		}
@@ -163,6 +178,9 @@ func (l *Linux) SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCach
 		// pinned map already held (an agent restart) are written to no
 		// map, yet a new proxy knows nothing of them.
 		l.replaceIPCacheL7(desired)
+		if full > 0 {
+			return fmt.Errorf("sync ipcache: ipcache full (%d entries, --ipcache-max): %d entries not written: %w: %w", m.MaxEntries(), full, ErrMapFull, fullErr)
+		}
 		return nil
 	})
 	return st, err

@@ -55,6 +55,8 @@ type Linux struct {
 	closed  bool
 
 	gc linuxGC // GC's two-pass bookkeeping (own lock)
+	// mapFull counts the writes full maps refused (bpf_mapfull_linux.go).
+	mapFull mapFullCounts
 
 	// ctStats is the conntrack collector's (guarded by mu); ctStop ends
 	// its goroutine (closed by Close; nil: not started).

@@ -299,6 +299,8 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	if err != nil {
 		return fmt.Errorf("parse overlay object: %w", err)
 	}
+	// The shared ipcache replaces the object's: its size is the agent's.
+	spec.Maps[bpf.OverlayMapIpcache].MaxEntries = b.maps.ipcache.MaxEntries()
 	if err := os.MkdirAll(filepath.Join(b.dir, pinOverlayDir), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", pinOverlayDir, err)
 	}
@@ -340,10 +342,48 @@ func openOverlayMap(spec *ebpf.CollectionSpec, name, path string) (*ebpf.Map, er
 // setTunnelPort tells the endpoint programs the tunnel device's UDP port
 // (0: none), whose traffic from pods they drop.
 func setTunnelPort(b *bpfState, port int) error {
-	if err := b.maps.config.Update(uint32(0), bpf.EndpointNodeConfigValue{TunnelPort: uint32(port)}, ebpf.UpdateAny); err != nil {
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) { v.TunnelPort = uint32(port) })
+	if err != nil {
 		return fmt.Errorf("set tunnel port %d: %w", port, err)
 	}
 	return nil
+}
+
+// setPodCIDRs tells the endpoint programs the node's and the cluster's
+// pod CIDRs (the first NODE_POD_CIDRS of cidrs; bpf/endpoint.c,
+// unknown_pod).
+func setPodCIDRs(b *bpfState, cidrs []netip.Prefix) error {
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
+		clear(v.Pods[:])
+		for i, p := range cidrs[:min(len(cidrs), len(v.Pods))] {
+			p = p.Masked()
+			full := netip.PrefixFrom(p.Addr(), p.Bits())
+			var addr, mask [16]byte
+			copy(addr[:], full.Addr().AsSlice())
+			for bit := range p.Bits() {
+				mask[bit/8] |= 0x80 >> (bit % 8)
+			}
+			v.Pods[i].Addr, v.Pods[i].Mask = addrWords(addr), addrWords(mask)
+			v.Pods[i].Family = familyV6
+			if p.Addr().Is4() {
+				v.Pods[i].Family = familyV4
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("set pod cidrs %v: %w", cidrs, err)
+	}
+	return nil
+}
+
+// updateNodeConfig changes the node_config entry with fn.
+func (b *bpfState) updateNodeConfig(fn func(*bpf.EndpointNodeConfigValue)) error {
+	var v bpf.EndpointNodeConfigValue
+	if err := b.maps.config.Lookup(uint32(0), &v); err != nil {
+		return err
+	}
+	fn(&v)
+	return b.maps.config.Update(uint32(0), v, ebpf.UpdateAny)
 }
 
 // syncTunnelMap makes the tunnel map hold each node's pod CIDRs -> its

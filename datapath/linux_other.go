@@ -37,3 +37,11 @@ func MountBPFFS() error { return fmt.Errorf("mount bpffs: %w", ErrNotSupported) 
 func Cleanup(context.Context, CleanupConfig, *slog.Logger) (CleanupReport, error) {
 	return CleanupReport{}, fmt.Errorf("cleanup: %w", ErrNotSupported)
 }
+
+// MapFull returns nothing on platforms other than Linux.
+func (l *Linux) MapFull() map[string]uint64 { return nil }
+
+// MapUsage returns ErrNotSupported on platforms other than Linux.
+func (l *Linux) MapUsage() (map[string]MapUsage, error) {
+	return nil, fmt.Errorf("map usage: %w", ErrNotSupported)
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
@@ -105,6 +106,15 @@ func (a *Agent) sample() metrics.Sample {
 	}
 	for st, n := range byState {
 		smp.EndpointsByState[string(st)] = n
+	}
+	if dp, ok := a.System.Datapath.(*datapath.Linux); ok {
+		smp.MapFull = dp.MapFull()
+		if use, err := dp.MapUsage(); err == nil {
+			smp.MapEntries, smp.MapMaxEntries = map[string]int{}, map[string]int{}
+			for name, u := range use {
+				smp.MapEntries[name], smp.MapMaxEntries[name] = u.Entries, u.MaxEntries
+			}
+		}
 	}
 	smp.MailboxDepth, smp.MailboxDepthMax = a.System.Registry().MailboxByKind()
 	for fam, size := range a.poolSizes {

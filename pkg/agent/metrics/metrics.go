@@ -36,6 +36,13 @@ type Sample struct {
 	// agent refused, by source ("k8s", "kvstore") and reason (one of
 	// endpoint.Refused*): each object once per reason.
 	RemoteClaimsRefused map[string]map[string]uint64
+	// MapFull counts the writes a full BPF map refused, by map ("policy":
+	// regenerations of an endpoint whose policy did not fit its policy
+	// maps, each failed closed; "ipcache": entries the ipcache refused).
+	MapFull map[string]uint64
+	// MapEntries and MapMaxEntries are the fill and the size of the
+	// shared BPF maps that fill with load ("ct", "ipcache").
+	MapEntries, MapMaxEntries map[string]int
 }
 
 // IPAMSample is one family's pool usage.
@@ -68,6 +75,9 @@ type Metrics struct {
 	deleteQueue *prometheus.Desc
 	proxyWaits  *prometheus.Desc
 	refused     *prometheus.Desc
+	mapFull     *prometheus.Desc
+	mapEntries  *prometheus.Desc
+	mapMax      *prometheus.Desc
 	dns         *dnsMetrics
 	flows       *flowMetrics
 }
@@ -156,6 +166,12 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
 		"each object counts once per reason.", "source", "reason")
+	m.mapFull = desc("bpf_map_full_total", "Writes a full BPF map refused, by map (policy: regenerations of an endpoint "+
+		"whose policy did not fit its policy maps, --policy-map-max; the endpoint denies every new connection until it fits; "+
+		"ipcache: entries the ipcache refused, --ipcache-max).", "map")
+	m.mapEntries = desc("bpf_map_entries", "Entries of the shared BPF maps that fill with load, read at the scrape, "+
+		"by map (ct: conntrack, an LRU that evicts the least recently used connection when full; ipcache: refuses new entries when full).", "map")
+	m.mapMax = desc("bpf_map_max_entries", "The size of the maps of membrane_bpf_map_entries (--ct-max, --ipcache-max).", "map")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -261,7 +277,7 @@ type sampled Metrics
 
 // Describe implements prometheus.Collector.
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused} {
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused, s.mapFull, s.mapEntries, s.mapMax} {
 		ch <- d
 	}
 }
@@ -295,6 +311,15 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyWaitTimeouts), "timeout")
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyRejects), "rejected")
+	for name, n := range smp.MapEntries {
+		gauge(s.mapEntries, float64(n), name)
+	}
+	for name, n := range smp.MapMaxEntries {
+		gauge(s.mapMax, float64(n), name)
+	}
+	for name, n := range smp.MapFull {
+		ch <- prometheus.MustNewConstMetric(s.mapFull, prometheus.CounterValue, float64(n), name)
+	}
 	for src, byReason := range smp.RemoteClaimsRefused {
 		for reason, n := range byReason {
 			ch <- prometheus.MustNewConstMetric(s.refused, prometheus.CounterValue, float64(n), src, reason)
