@@ -117,7 +117,8 @@ func New() *Metrics {
 	m.nodeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: "node_health", Name: "reachable",
 		Help: "Whether the last probe of a remote node answered (1) or not (0), by node and probe (icmp: echo to each " +
-			"node address; http: the node's health responder on port 4240; a node with several addresses is 1 only if all answered).",
+			"node address; http: the node's health responder on port 4240; health-icmp, health-http: the same to each address " +
+			"of the node's health endpoint; a node with several addresses is 1 only if all answered).",
 	}, []string{"node", "probe"})
 	m.nodeRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: "node_health", Name: "latency_seconds",
@@ -170,6 +171,14 @@ func (m *Metrics) NodeProbe(node, probe string, ok bool, rtt time.Duration) {
 		m.nodeRTT.WithLabelValues(node, probe).Set(rtt.Seconds())
 	}
 	m.nodeUp.WithLabelValues(node, probe).Set(v)
+}
+
+// ForgetProbes drops a remote node's series of the probes named.
+func (m *Metrics) ForgetProbes(node string, probes ...string) {
+	for _, p := range probes {
+		m.nodeUp.DeleteLabelValues(node, p)
+		m.nodeRTT.DeleteLabelValues(node, p)
+	}
 }
 
 // ForgetNode drops a remote node's probe metrics (it left the cluster).
