@@ -92,7 +92,7 @@ func testHealthEndpointAcrossNodes(t *testing.T, c *cluster, entity bool) {
 		if nd == a {
 			other = b
 		}
-		testutil.EventuallyErr(t, nd.name+" seeing "+other.name+"'s health endpoint from etcd, as health, answering", func() error {
+		testutil.EventuallyErr(t, nd.name+" seeing "+other.name+"'s published health endpoint, as health, answering", func() error {
 			ns, err := nd.api.Nodes(context.Background())
 			if err != nil {
 				return err
