@@ -66,6 +66,8 @@ func TestSmoke(t *testing.T) {
 	// for the other agents' probes.
 	hn := c.nodeOf(t, a)
 	testutil.EventuallyErr(t, "the health endpoint's address on Node "+hn.name, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		cl := client.New(hn.agentSocket())
 		defer cl.Close()
 		st, err := cl.Status(ctx)
