@@ -14,6 +14,7 @@ import (
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
@@ -52,6 +53,10 @@ type nodesActor struct {
 	resyncEvery time.Duration
 	timer       *time.Timer
 	gen         uint64
+	// healthRefused holds the health endpoint addresses refused so far,
+	// "source/node/address": each is logged and counted once while it
+	// stays refused.
+	healthRefused map[string]bool
 }
 
 // nodesResyncTick is the periodic full sync's timer message.
@@ -61,7 +66,7 @@ func newNodesActor(deps *endpointDeps, local []netip.Prefix, resyncEvery time.Du
 	l := deps.log.With("actor", "nodes")
 	router, _ := deps.dp.(datapath.NodeRouter)
 	a := &nodesActor{deps: deps, local: local, router: router, log: l, owner: owner{batch: newBatcher(deps.writer, l)},
-		resyncEvery: resyncEvery}
+		resyncEvery: resyncEvery, healthRefused: map[string]bool{}}
 	a.onStart = a.rebuild
 	a.onStop = a.stopTimer
 	var ops reconcileOps[string]
@@ -151,9 +156,16 @@ func validateNodes(source string, nodes []datapath.RemoteNode) error {
 // each node is active.
 func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.RemoteNode) {
 	want := make(map[string]*index.Node, len(nodes))
+	refused := map[string]bool{}
 	for _, n := range nodes {
 		r := &index.Node{Source: source, Name: n.Name, Addrs: slices.Clone(n.Addrs), PodCIDRs: slices.Clone(n.PodCIDRs), Labels: maps.Clone(n.Labels)}
+		r.HealthIPs = a.healthIPs(source, n, refused)
 		want[r.Key()] = r
+	}
+	for k := range a.healthRefused {
+		if strings.HasPrefix(k, source+"/") && !refused[k] {
+			delete(a.healthRefused, k)
+		}
 	}
 	for k, r := range a.rows {
 		if r.Source == source && want[k] == nil {
@@ -163,7 +175,11 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 		}
 	}
 	for k, r := range want {
-		if old := a.rows[k]; old != nil && slices.Equal(old.Addrs, r.Addrs) && slices.Equal(old.PodCIDRs, r.PodCIDRs) && maps.Equal(old.Labels, r.Labels) {
+		old := a.rows[k]
+		if old != nil && slices.Equal(old.Addrs, r.Addrs) && slices.Equal(old.PodCIDRs, r.PodCIDRs) && maps.Equal(old.Labels, r.Labels) {
+			if !slices.Equal(old.HealthIPs, r.HealthIPs) {
+				a.rows[k] = r // the ipcache's concern only (sendAddrs), not the router's
+			}
 			continue
 		}
 		a.rows[k] = r
@@ -171,6 +187,29 @@ func (a *nodesActor) replace(ctx actor.Context, source string, nodes []datapath.
 	}
 	a.activate(ctx)
 	a.sendAddrs(ctx)
+}
+
+// healthIPs returns the health endpoint addresses of n that may enter the
+// ipcache (endpoint.CheckHealthIPs against n's own pod CIDRs and this
+// node's ranges); a refused one is logged and counted once while it stays
+// refused, and its key set in refused.
+func (a *nodesActor) healthIPs(source string, n datapath.RemoteNode, refused map[string]bool) []netip.Addr {
+	if len(n.HealthIPs) == 0 {
+		return nil
+	}
+	ok, bad := endpoint.CheckHealthIPs(&endpoint.OwnerNode{Name: n.Name, Addrs: n.Addrs, PodCIDRs: n.PodCIDRs}, n.HealthIPs, a.local)
+	for ip, why := range bad {
+		k := source + "/" + n.Name + "/" + ip.String()
+		refused[k] = true
+		if a.healthRefused[k] {
+			continue
+		}
+		a.healthRefused[k] = true
+		a.deps.counters.refusedHealth(source)
+		a.log.Warn("node's health endpoint address refused: not entered into the ipcache", "source", source, "node", n.Name,
+			"ip", ip, "reason", why.Reason, "detail", why.Detail)
+	}
+	return ok
 }
 
 // sendAddrs gives the ipcache the active nodes' addresses: identity
@@ -185,9 +224,19 @@ func (a *nodesActor) sendAddrs(ctx actor.Context) {
 			addrs = append(addrs, r.Addrs...)
 		}
 	}
-	var ids map[netip.Addr]identity.NumericIdentity
+	ids := map[netip.Addr]identity.NumericIdentity{}
 	if a.deps.nodeSelectorLabels {
 		ids = a.nodeIdentities(ctx)
+	}
+	// The nodes' health endpoints: identity health, as this node's own
+	// (accepted in replace: inside their node's pod CIDRs).
+	for _, r := range a.rows {
+		if r.Active {
+			for _, ip := range r.HealthIPs {
+				addrs = append(addrs, ip)
+				ids[ip] = identity.ReservedHealth
+			}
+		}
 	}
 	ctx.Send(a.deps.ipcache, &messages.IPCacheReservedSet{Source: index.SourceNode, Addrs: addrs, Identities: ids})
 }

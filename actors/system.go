@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,15 @@ type Counters struct {
 	regenRequested, regenRun, regenFailed, proxyTimeouts, proxyRejects atomic.Uint64
 	indexTxns, indexRows                                               atomic.Uint64
 	indexCommitNs                                                      atomic.Int64
+	// healthRefused counts the remote nodes' health endpoint addresses
+	// the nodes actor refused, by node source: source -> *atomic.Uint64.
+	healthRefused sync.Map
+}
+
+// refusedHealth counts one refused health endpoint address of source.
+func (c *Counters) refusedHealth(source string) {
+	v, _ := c.healthRefused.LoadOrStore(source, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
 }
 
 // CounterValues is a snapshot of Counters.
@@ -50,6 +60,10 @@ type CounterValues struct {
 	// IndexCommitTime is the index writer's time in those commits (the
 	// transactions and the replies they release).
 	IndexCommitTime time.Duration
+	// NodeHealthRefused counts, by node source ("k8s", "kvstore"), the
+	// other nodes' health endpoint addresses refused (outside the node's
+	// pod CIDRs: endpoint.CheckHealthIPs), each (node, address) once.
+	NodeHealthRefused map[string]uint64
 }
 
 // endpointDeps is what the manager and every endpoint actor share. Only
@@ -170,9 +184,15 @@ func (s *System) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) 
 // Counters returns the cumulative counters.
 func (s *System) Counters() CounterValues {
 	c := s.deps.counters
-	return CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
+	out := CounterValues{RegenerationsRequested: c.regenRequested.Load(), RegenerationsRun: c.regenRun.Load(),
 		RegenerationsFailed: c.regenFailed.Load(), ProxyTimeouts: c.proxyTimeouts.Load(), ProxyRejects: c.proxyRejects.Load(),
-		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load(), IndexCommitTime: time.Duration(c.indexCommitNs.Load())}
+		IndexTransactions: c.indexTxns.Load(), IndexRows: c.indexRows.Load(), IndexCommitTime: time.Duration(c.indexCommitNs.Load()),
+		NodeHealthRefused: map[string]uint64{}}
+	c.healthRefused.Range(func(k, v any) bool {
+		out.NodeHealthRefused[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	return out
 }
 
 // Registry returns the snapshots every actor publishes (GET /v1/actors).

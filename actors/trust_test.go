@@ -3,6 +3,7 @@ package actors_test
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -180,5 +181,68 @@ func TestNodeAndAPIServerAddrs(t *testing.T) {
 	testutil.Eventually(t, "nodes and API server gone", func() bool {
 		return h.ipcacheIdentity(host32(nodeB)) == 0 && h.ipcacheIdentity(host32(apiOut)) == 0 &&
 			h.ipcacheIdentity(host32(nodeA)) == 70020 && h.ipcacheIdentity(host32(hostAddr)) == identity.ReservedHost
+	})
+}
+
+// TestRemoteHealthAddrs: a node's health endpoint addresses enter the
+// ipcache with the identity health only inside that node's own pod CIDRs;
+// a node naming another node's pod, a node address (its own) or an
+// address of this node's ranges is refused, logged and counted once per
+// address, and a remote endpoint claim cannot relabel an accepted one.
+func TestRemoteHealthAddrs(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	a := netip.MustParseAddr
+	aHealth4, aHealth6 := a("10.98.1.7"), a("fd98:1::7")
+	forged := []netip.Addr{a("10.98.1.8"), a("198.51.100.2"), a("10.200.0.9")}
+	nodes := []datapath.RemoteNode{
+		{Name: "a", Addrs: []netip.Addr{a("198.51.100.1")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.1.0/24"), netip.MustParsePrefix("fd98:1::/64")},
+			HealthIPs: []netip.Addr{aHealth4, aHealth6}},
+		// b names a's pod and its own node address.
+		{Name: "b", Addrs: []netip.Addr{a("198.51.100.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.2.0/24")},
+			HealthIPs: forged[:2]},
+		// c's pod CIDR covers this node's range; it names an address in it.
+		{Name: "c", Addrs: []netip.Addr{a("198.51.100.3")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")},
+			HealthIPs: forged[2:]},
+	}
+	for range 2 { // the same set twice: each refusal counted once
+		if err := h.sys.SyncNodes(ctx, "k8s", nodes); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A remote endpoint claim of node a on its health address, with a
+	// cluster identity, ranks below the node's.
+	if err := h.sys.UpsertRemoteEndpoints(ctx, "k8s", []endpoint.Remote{{IPs: []netip.Addr{aHealth4}, Identity: 70021, Node: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "a's health addresses are health", func() bool {
+		return h.ipcacheIdentity(host32(aHealth4)) == identity.ReservedHealth && h.ipcacheIdentity(host32(aHealth6)) == identity.ReservedHealth
+	})
+	// One reserved set carries every node's addresses: the forged ones
+	// were decided with a's.
+	for _, ip := range forged {
+		if id := h.ipcacheIdentity(host32(ip)); id == identity.ReservedHealth {
+			t.Errorf("forged health address %s has identity health", ip)
+		}
+	}
+	if id := h.ipcacheIdentity(host32(a("198.51.100.2"))); id != identity.ReservedRemoteNode {
+		t.Errorf("b's node address: identity %d, want remote-node", id)
+	}
+	if got := h.sys.Counters().NodeHealthRefused["k8s"]; got != 3 {
+		t.Errorf("refused health addresses counted %d, want 3 (once each)", got)
+	}
+	for _, n := range h.sys.Index.Nodes() {
+		if n.Name == "a" && !slices.Equal(n.HealthIPs, []netip.Addr{aHealth4, aHealth6}) || n.Name != "a" && len(n.HealthIPs) > 0 {
+			t.Errorf("node %s's row holds health addresses %v", n.Name, n.HealthIPs)
+		}
+	}
+	// a's health endpoint gone from its record: its addresses lose the
+	// identity (a's endpoint claim remains).
+	nodes[0].HealthIPs = nil
+	if err := h.sys.SyncNodes(ctx, "k8s", nodes); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "a's health addresses gone", func() bool {
+		return h.ipcacheIdentity(host32(aHealth4)) == 70021 && h.ipcacheIdentity(host32(aHealth6)) == 0
 	})
 }

@@ -19,6 +19,11 @@ type RemoteNode struct {
 	// Labels are the node's labels (its Node object's; per-node
 	// identities, actors.Config.NodeSelectorLabels). Routing ignores them.
 	Labels map[string]string
+	// HealthIPs are the addresses of the node's health endpoint as the
+	// node published them (at most one per family). They enter the
+	// ipcache with the identity health only inside the node's own pod
+	// CIDRs (the nodes actor refuses the others). Routing ignores them.
+	HealthIPs []netip.Addr
 }
 
 // NodeRouter is implemented by datapaths that connect this node's pods to
@@ -134,6 +139,14 @@ func validateNode(n RemoteNode) error {
 			return fmt.Errorf("two addresses of one family: %w", ErrInvalidNode)
 		}
 		fams[a.Unmap().Is4()] = true
+	}
+	if len(n.HealthIPs) > 2 {
+		return fmt.Errorf("health addresses: want at most 2 (one per family), got %d: %w", len(n.HealthIPs), ErrInvalidNode)
+	}
+	for _, a := range n.HealthIPs {
+		if !a.IsValid() || a.Zone() != "" || a.IsUnspecified() {
+			return fmt.Errorf("health address %s: want a unicast address: %w", a, ErrInvalidNode)
+		}
 	}
 	if len(n.PodCIDRs) > 4 {
 		return fmt.Errorf("pod CIDRs: want at most 4, got %d: %w", len(n.PodCIDRs), ErrInvalidNode)

@@ -70,7 +70,8 @@ func TestNodesConfigValidate(t *testing.T) {
 func TestValidateNodes(t *testing.T) {
 	n := RemoteNode{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("2001:db8::2")},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}}
-	bare := RemoteNode{Name: "c"} // no podCIDR assigned yet: valid, nothing routed
+	n.HealthIPs = []netip.Addr{netip.MustParseAddr("10.2.0.2")} // checked against the CIDRs by the nodes actor, not here
+	bare := RemoteNode{Name: "c"}                               // no podCIDR assigned yet: valid, nothing routed
 	if err := ValidateNodes([]RemoteNode{n, bare}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +86,10 @@ func TestValidateNodes(t *testing.T) {
 		"invalid CIDR":      func(n *RemoteNode) { n.PodCIDRs = []netip.Prefix{{}} },
 		"mapped CIDR":       func(n *RemoteNode) { n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("::ffff:10.2.0.0/120")} },
 		"overlap with self": func(n *RemoteNode) { n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix("10.2.0.128/25")) },
+		"three health addresses": func(n *RemoteNode) {
+			n.HealthIPs = []netip.Addr{netip.MustParseAddr("10.2.0.2"), netip.MustParseAddr("10.2.0.3"), netip.MustParseAddr("10.2.0.4")}
+		},
+		"unspecified health address": func(n *RemoteNode) { n.HealthIPs = []netip.Addr{netip.IPv4Unspecified()} },
 	}
 	for name, mut := range bad {
 		c := n

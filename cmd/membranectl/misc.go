@@ -142,14 +142,22 @@ func (a *app) healthCommand() *cobra.Command {
 			if h.Local != nil {
 				t.row("Local:", healthText(h.Local))
 			}
-			t.row("NODE", "STATE", "ADDRESS", "ICMP", "HTTP", "SINCE")
+			t.row("NODE", "STATE", "ADDRESS", "ICMP", "HTTP", "HEALTH-ENDPOINT", "ICMP", "HTTP", "SINCE")
 			for _, n := range h.Nodes {
-				for i, ad := range n.Addresses {
+				for i := range max(len(n.Addresses), len(n.HealthEndpoint)) {
 					name, state, since := n.Name, n.State, n.Since.UTC().Format(time.RFC3339)
 					if i > 0 {
 						name, state, since = "", "", ""
 					}
-					t.row(name, state, ad.IP, probeText(ad.ICMP), probeText(ad.HTTP), since)
+					row := []any{name, state}
+					for _, set := range [][]models.NodeAddrHealth{n.Addresses, n.HealthEndpoint} {
+						if i < len(set) {
+							row = append(row, set[i].IP, probeText(set[i].ICMP), probeText(set[i].HTTP))
+						} else {
+							row = append(row, "-", "-", "-")
+						}
+					}
+					t.row(append(row, since)...)
 				}
 			}
 			return t.flush()

@@ -15,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/cni/delqueue"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
 )
 
@@ -103,6 +104,14 @@ func (a *Agent) sample() metrics.Sample {
 	}
 	if a.kvstore != nil && a.kvstore.mirror != nil {
 		smp.RemoteClaimsRefused[kvstore.Source] = a.kvstore.mirror.Stats().Refused
+	}
+	// The other nodes' health endpoint addresses refused by the nodes
+	// actor, under the node source's name.
+	for src, n := range c.NodeHealthRefused {
+		if smp.RemoteClaimsRefused[src] == nil {
+			smp.RemoteClaimsRefused[src] = map[string]uint64{}
+		}
+		smp.RemoteClaimsRefused[src][endpoint.RefusedHealthOutsideNode] += n
 	}
 	for st, n := range byState {
 		smp.EndpointsByState[string(st)] = n

@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/etcdtest"
 )
 
@@ -153,4 +154,45 @@ func TestKvstoreForgedClaims(t *testing.T) {
 	put("endpoints/v1/forger/7", rec("10.204.66.9", 60006, "forger", "192.168.90.66"))
 	waitIPCache(t, b, netip.MustParseAddr("10.204.66.9"), func(e *index.IPCacheEntry) bool { return e != nil })
 	waitIPCache(t, b, podA, isTrue)
+}
+
+// TestKvstoreForgedHealthAddrs: whoever writes node records in etcd
+// publishes health endpoint addresses: a node's own (inside its pod
+// CIDRs) becomes identity health on agent-b; one in another node's
+// range and one in agent-b's own range are refused and counted
+// (health-outside-node-cidrs); an endpoint record claiming the identity
+// health stays refused (reserved-identity).
+func TestKvstoreForgedHealthAddrs(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	b, _ := kvAgent(t, srv.Endpoint, "agent-b", 2)
+	ctx := ctx10(t)
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	put := func(k, v string) {
+		t.Helper()
+		if _, err := etcd.Put(ctx, "agent-test/state/"+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("nodes/v1/hforger", `{"name":"hforger","addrs":["192.168.90.66"],"podCIDRs":["10.204.66.0/24"],"healthIPs":["10.204.68.9"]}`)  // hgood's range
+	put("nodes/v1/hforger2", `{"name":"hforger2","addrs":["192.168.90.67"],"podCIDRs":["10.204.67.0/24"],"healthIPs":["10.204.2.9"]}`) // agent-b's range
+	put("nodes/v1/hgood", `{"name":"hgood","addrs":["192.168.90.68"],"podCIDRs":["10.204.68.0/24"],"healthIPs":["10.204.68.2"]}`)
+	put("endpoints/v1/hgood/1", `{"ips":["10.204.68.3"],"identity":4,"node":"hgood","nodeIP":"192.168.90.68"}`)
+	waitIPCache(t, b, netip.MustParseAddr("10.204.68.2"), func(e *index.IPCacheEntry) bool {
+		return e != nil && e.Identity == identity.ReservedHealth && e.Source == index.SourceNode
+	})
+	testutil.Eventually(t, "two health refusals counted", func() bool {
+		return refusedClaims(t, b, kvstore.Source, endpoint.RefusedHealthOutsideNode) == 2 &&
+			refusedClaims(t, b, kvstore.Source, endpoint.RefusedReserved) == 1
+	})
+	for _, a := range []string{"10.204.68.9", "10.204.2.9", "10.204.68.3"} {
+		for _, e := range b.Index.IPCache() {
+			if e.Prefix == netip.PrefixFrom(netip.MustParseAddr(a), 32) && e.Identity == identity.ReservedHealth {
+				t.Errorf("forged health address %s entered the ipcache: %+v", a, e)
+			}
+		}
+	}
 }

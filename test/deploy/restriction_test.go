@@ -150,6 +150,37 @@ func TestAgentNodeRestriction(t *testing.T) {
 		return err
 	})
 
+	// Node: only the own one's health endpoint annotations.
+	nodes := func(c dynamic.Interface) dynamic.ResourceInterface {
+		return c.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"})
+	}
+	for _, n := range []string{"node-a", "node-b"} {
+		o := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": n}}}
+		if _, err := nodes(admin).Create(ctx, o, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nodes(admin).Delete(context.Background(), n, metav1.DeleteOptions{}) })
+	}
+	patchNode := func(c dynamic.Interface, name, body string) func() error {
+		return func() error {
+			_, err := nodes(c).Patch(ctx, name, types.MergePatchType, []byte(body), metav1.PatchOptions{})
+			return err
+		}
+	}
+	mustAllow(t, "node-a publishes its health endpoint's addresses", patchNode(nodeA, "node-a",
+		`{"metadata":{"annotations":{"network.membrane.io/ipv4-health-ip":"10.9.0.2","network.membrane.io/ipv6-health-ip":"fd00:9::2"}}}`))
+	mustAllow(t, "node-a removes its health endpoint's IPv6 address", patchNode(nodeA, "node-a",
+		`{"metadata":{"annotations":{"network.membrane.io/ipv6-health-ip":null}}}`))
+	mustRefuse(t, "node-a writes node-b's health endpoint annotation", patchNode(nodeA, "node-b",
+		`{"metadata":{"annotations":{"network.membrane.io/ipv4-health-ip":"10.9.1.2"}}}`))
+	mustRefuse(t, "node-a labels its own Node", patchNode(nodeA, "node-a", `{"metadata":{"labels":{"role":"forged"}}}`))
+	mustRefuse(t, "node-a writes another annotation of its own Node", patchNode(nodeA, "node-a",
+		`{"metadata":{"annotations":{"policy.membrane.io/audit-mode":"true"}}}`))
+	mustRefuse(t, "node-a taints its own Node", patchNode(nodeA, "node-a",
+		`{"spec":{"taints":[{"key":"forged","effect":"NoSchedule"}]}}`))
+	mustRefuse(t, "a credential bound to no node annotates a Node", patchNode(noNode, "node-a",
+		`{"metadata":{"annotations":{"network.membrane.io/ipv4-health-ip":"10.9.0.3"}}}`))
+
 	// Policy status: each node writes its own entry.
 	pols := func(c dynamic.Interface) dynamic.ResourceInterface {
 		return c.Resource(v2.Resource(v2.ResourceNetworkPolicies)).Namespace("restrict")

@@ -61,6 +61,29 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
+	// The agent as the chart runs it (its pod-bound token through
+	// admission.yaml) publishes its health endpoint's address on its Node
+	// for the other agents' probes.
+	hn := c.nodeOf(t, a)
+	testutil.EventuallyErr(t, "the health endpoint's address on Node "+hn.name, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cl := client.New(hn.agentSocket())
+		defer cl.Close()
+		st, err := cl.Status(ctx)
+		if err != nil || st.Health == nil || st.Health.IP == "" {
+			return fmt.Errorf("agent health %+v, %v", st, err)
+		}
+		node, err := c.client.CoreV1().Nodes().Get(ctx, hn.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got := node.Annotations["network.membrane.io/ipv4-health-ip"]; got != st.Health.IP {
+			return fmt.Errorf("annotation %q, health endpoint %s", got, st.Health.IP)
+		}
+		return nil
+	})
+
 	fromA := mustNetns(t, a)
 	expect(t, fromA, b, 80, "tcp", true)
 	expect(t, fromA, b, 81, "udp", true)

@@ -45,6 +45,10 @@ type cluster struct {
 	// l7 runs each agent with the L7 proxy (--l7-proxy, the node's own
 	// xDS socket, listening dual-stack).
 	l7 bool
+	// kubeconfig runs the agents in Kubernetes mode on this kubeconfig
+	// (a real kube-apiserver; the nodes from its Node objects) instead of
+	// the nodes file ("": not).
+	kubeconfig string
 }
 
 // node is one Membrane node: a netns on the underlay with its agent
@@ -233,9 +237,13 @@ func (nd *node) start() error {
 		args = append(args, "--l7-proxy", nodeharness.Bin("membrane-proxy"), "--l7-proxy-listen", "[::]:15001",
 			"--l7-xds-socket", filepath.Join(c.dir, fmt.Sprintf("node%d", nd.i), "xds.sock"))
 	}
-	if c.etcd != nil {
+	switch {
+	case c.etcd != nil:
 		args = append(args, c.etcd.agentArgs(nd)...)
-	} else {
+	case c.kubeconfig != "":
+		args = append(args, "--k8s-kubeconfig", c.kubeconfig, "--node-name", nd.name, "--identity-allocation-mode", "local",
+			"--k8s-probe-interval", "1s")
+	default:
 		args = append(args, "--nodes-file", c.file)
 	}
 	args = append(args, c.args...)

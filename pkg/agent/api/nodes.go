@@ -23,6 +23,9 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 		for _, p := range n.PodCIDRs {
 			m.PodCIDRs = append(m.PodCIDRs, p.String())
 		}
+		for _, a := range n.HealthIPs {
+			m.HealthIPs = append(m.HealthIPs, a.String())
+		}
 		out = append(out, m)
 	}
 	writeJSON(w, http.StatusOK, out)

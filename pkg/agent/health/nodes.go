@@ -35,10 +35,13 @@ const (
 	NodeProbing     = "probing"     // not probed yet
 )
 
-// Probe names (metrics' probe label).
+// Probe names (metrics' probe label): of the node's addresses, and of
+// its health endpoint's.
 const (
-	ProbeICMP = "icmp"
-	ProbeHTTP = "http"
+	ProbeICMP       = "icmp"
+	ProbeHTTP       = "http"
+	ProbeHealthICMP = "health-icmp"
+	ProbeHealthHTTP = "health-http"
 )
 
 // maxHTTPProbes bounds the HTTP probes in flight in one round.
@@ -48,13 +51,18 @@ const maxHTTPProbes = 32
 // (the agent's Prometheus metrics); nil: none.
 type NodeMetrics interface {
 	NodeProbe(node, probe string, ok bool, rtt time.Duration)
+	// ForgetProbes drops a node's series of the probes named (its health
+	// endpoint no longer published).
+	ForgetProbes(node string, probes ...string)
 	ForgetNode(node string)
 }
 
 // nodeProber probes every remote node of the index, as cilium-health's
 // node probes do: an ICMP echo and an HTTP GET of the node responder
 // (Port, Path, on every address of the node, in its host netns) per
-// node address, every interval. Results go to Matrix, an event on every
+// node address, and the same of the node's health endpoint (its
+// responder in its own netns) per address the node published and the
+// nodes actor accepted (index.Node.HealthIPs), every interval. Results go to Matrix, an event on every
 // change of a node's state, and the metrics. It runs on its own
 // goroutine, never in an actor; sockets are opened in the host netns.
 type nodeProber struct {
@@ -136,10 +144,12 @@ func (p *nodeProber) closeServer() {
 	}
 }
 
-// target is one address of one node.
+// target is one address of one node: a node address, or (health) one
+// of its health endpoint's.
 type target struct {
-	node string
-	addr netip.Addr
+	node   string
+	addr   netip.Addr
+	health bool
 }
 
 // round probes every active remote node once.
@@ -152,7 +162,10 @@ func (p *nodeProber) round(ctx context.Context) {
 		}
 		names[n.Name] = true
 		for _, a := range n.Addrs {
-			targets = append(targets, target{n.Name, a})
+			targets = append(targets, target{n.Name, a, false})
+		}
+		for _, a := range n.HealthIPs {
+			targets = append(targets, target{n.Name, a, true})
 		}
 	}
 	p.forgetGone(names)
@@ -187,41 +200,63 @@ func (p *nodeProber) round(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	byNode := map[string][]models.NodeAddrHealth{}
+	byNode := map[string]*models.NodeHealth{}
 	for _, t := range targets {
 		r := results[t]
-		byNode[t.node] = append(byNode[t.node], models.NodeAddrHealth{IP: t.addr.String(), ICMP: r.icmp, HTTP: r.http})
+		n := byNode[t.node]
+		if n == nil {
+			n = &models.NodeHealth{Name: t.node}
+			byNode[t.node] = n
+		}
+		ah := models.NodeAddrHealth{IP: t.addr.String(), ICMP: r.icmp, HTTP: r.http}
+		if t.health {
+			n.HealthEndpoint = append(n.HealthEndpoint, ah)
+		} else {
+			n.Addresses = append(n.Addresses, ah)
+		}
 	}
 	now := time.Now().UTC()
-	for name, addrs := range byNode {
-		p.record(name, addrs, now)
+	for name, n := range byNode {
+		p.record(name, n.Addresses, n.HealthEndpoint, now)
 	}
 }
 
-// record stores a node's round, publishing an event when its state
-// changed and its probes to the metrics.
-func (p *nodeProber) record(name string, addrs []models.NodeAddrHealth, now time.Time) {
+// record stores a node's round (the probes of its addresses and of its
+// health endpoint's), publishing an event when its state changed and its
+// probes to the metrics.
+func (p *nodeProber) record(name string, addrs, healthAddrs []models.NodeAddrHealth, now time.Time) {
 	ok, total := 0, 0
 	var failed []string
-	allOK := map[string]bool{ProbeICMP: true, ProbeHTTP: true}
+	allOK := map[string]bool{ProbeICMP: true, ProbeHTTP: true, ProbeHealthICMP: true, ProbeHealthHTTP: true}
 	slowest := map[string]float64{}
-	for _, a := range addrs {
-		for _, pr := range []struct {
-			name string
-			r    models.ProbeResult
-		}{{ProbeICMP, a.ICMP}, {ProbeHTTP, a.HTTP}} {
-			total++
-			if pr.r.OK {
-				ok++
-			} else {
-				failed = append(failed, fmt.Sprintf("%s %s: %s", pr.name, a.IP, pr.r.Error))
+	for _, set := range []struct {
+		icmp, http, what string
+		addrs            []models.NodeAddrHealth
+	}{{ProbeICMP, ProbeHTTP, "", addrs}, {ProbeHealthICMP, ProbeHealthHTTP, "health endpoint ", healthAddrs}} {
+		for _, a := range set.addrs {
+			for _, pr := range []struct {
+				name string
+				r    models.ProbeResult
+			}{{set.icmp, a.ICMP}, {set.http, a.HTTP}} {
+				total++
+				if pr.r.OK {
+					ok++
+				} else {
+					failed = append(failed, fmt.Sprintf("%s%s %s: %s", set.what, strings.TrimPrefix(pr.name, "health-"), a.IP, pr.r.Error))
+				}
+				allOK[pr.name] = allOK[pr.name] && pr.r.OK
+				slowest[pr.name] = max(slowest[pr.name], pr.r.LatencyMS)
 			}
-			allOK[pr.name] = allOK[pr.name] && pr.r.OK
-			slowest[pr.name] = max(slowest[pr.name], pr.r.LatencyMS)
 		}
 	}
 	if p.met != nil {
-		for _, probe := range []string{ProbeICMP, ProbeHTTP} {
+		probes := []string{ProbeICMP, ProbeHTTP}
+		if len(healthAddrs) > 0 {
+			probes = append(probes, ProbeHealthICMP, ProbeHealthHTTP)
+		} else {
+			p.met.ForgetProbes(name, ProbeHealthICMP, ProbeHealthHTTP)
+		}
+		for _, probe := range probes {
 			p.met.NodeProbe(name, probe, allOK[probe], time.Duration(slowest[probe]*float64(time.Millisecond)))
 		}
 	}
@@ -234,7 +269,7 @@ func (p *nodeProber) record(name string, addrs []models.NodeAddrHealth, now time
 	}
 	p.mu.Lock()
 	prev := p.nodes[name]
-	cur := &models.NodeHealth{Name: name, State: state, Addresses: addrs, LastProbe: now, Since: now}
+	cur := &models.NodeHealth{Name: name, State: state, Addresses: addrs, HealthEndpoint: healthAddrs, LastProbe: now, Since: now}
 	changed := prev == nil || prev.State != state
 	if !changed {
 		cur.Since = prev.Since
@@ -288,6 +323,7 @@ func (p *nodeProber) Matrix() []models.NodeHealth {
 	for _, n := range p.nodes {
 		c := *n
 		c.Addresses = slices.Clone(n.Addresses)
+		c.HealthEndpoint = slices.Clone(n.HealthEndpoint)
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b models.NodeHealth) int { return strings.Compare(a.Name, b.Name) })

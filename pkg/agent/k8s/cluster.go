@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -30,6 +31,12 @@ func (w *Watcher) startClusterWatches(rc *rest.Config, all informers.SharedInfor
 	w.eps = newEndpointWriter(w.cfg.NodeName, dyn, sys.Index, sys.Events(), w.pods, w.log)
 	nodeInf := all.Core().V1().Nodes()
 	inf := nodeInf.Informer()
+	cs, err := kubernetes.NewForConfig(wrc)
+	if err != nil {
+		return nil, err
+	}
+	w.health = &healthPublisher{node: w.cfg.NodeName, cs: cs, nodes: nodeInf.Lister(), ix: sys.Index, synced: inf.HasSynced,
+		log: w.log.With("worker", "node-health-annotations")}
 	w.remote = newRemoteEndpoints(sys, listerLookup(nodeInf.Lister()), w.log)
 	w.nodesSynced = inf.HasSynced
 	// Nodes carry image lists and managed fields the agent never reads.
@@ -46,8 +53,9 @@ func (w *Watcher) startClusterWatches(rc *rest.Config, all informers.SharedInfor
 // runWorkers starts the cluster workers; Stop waits for them.
 func (w *Watcher) runWorkers(ctx context.Context, rc *rest.Config) {
 	dyn, err := dynamic.NewForConfig(rc)
-	w.workers.Add(3)
+	w.workers.Add(4)
 	go func() { defer w.workers.Done(); w.eps.run(ctx) }()
+	go func() { defer w.workers.Done(); w.health.run(ctx) }()
 	go func() { defer w.workers.Done(); w.nodes.run(ctx) }()
 	go func() {
 		defer w.workers.Done()
@@ -94,13 +102,19 @@ func ownerNode(node *corev1.Node) *endpoint.OwnerNode {
 
 // slimNode drops what the agent never reads from a Node: its managed
 // fields, images and annotations but the audit one (the host endpoint's
-// audit mode, NodePolicyAudit).
+// audit mode, NodePolicyAudit) and the health endpoint's addresses
+// (HealthIPs).
 func slimNode(obj any) (any, error) {
 	if n, ok := obj.(*corev1.Node); ok {
-		audit, has := n.Annotations[AuditAnnotation]
+		kept := map[string]string{}
+		for _, k := range []string{AuditAnnotation, HealthIPv4Annotation, HealthIPv6Annotation} {
+			if v, has := n.Annotations[k]; has {
+				kept[k] = v
+			}
+		}
 		n.ManagedFields, n.Status.Images, n.Annotations = nil, nil, nil
-		if has {
-			n.Annotations = map[string]string{AuditAnnotation: audit}
+		if len(kept) > 0 {
+			n.Annotations = kept
 		}
 	}
 	return obj, nil

@@ -32,6 +32,34 @@ type NodeSink interface {
 	SyncNodes(ctx context.Context, source string, nodes []datapath.RemoteNode) error
 }
 
+// The Node annotations in which each agent publishes its health
+// endpoint's addresses (Cilium's network.cilium.io/ipv4-health-ip and
+// ipv6-health-ip). The other agents believe them only inside the Node's
+// spec.podCIDRs (the nodes actor, endpoint.CheckHealthIPs).
+const (
+	HealthIPv4Annotation = "network.membrane.io/ipv4-health-ip"
+	HealthIPv6Annotation = "network.membrane.io/ipv6-health-ip"
+)
+
+// HealthIPs returns the health endpoint addresses node's annotations
+// publish (IPv4 first); an annotation that is not an address of its
+// family is left out and returned in bad.
+func HealthIPs(node *corev1.Node) (ips []netip.Addr, bad []string) {
+	for _, k := range []string{HealthIPv4Annotation, HealthIPv6Annotation} {
+		v, ok := node.Annotations[k]
+		if !ok || v == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(v)
+		if err != nil || ip.Zone() != "" || (k == HealthIPv4Annotation) != ip.Unmap().Is4() {
+			bad = append(bad, k+"="+v)
+			continue
+		}
+		ips = append(ips, ip.Unmap())
+	}
+	return ips, bad
+}
+
 // ErrNoPodCIDRs is returned by WaitPodCIDRs when the node got no
 // spec.podCIDRs in time.
 var ErrNoPodCIDRs = errors.New("node has no spec.podCIDRs")
@@ -277,6 +305,10 @@ func (n *nodeWatch) others() ([]datapath.RemoteNode, error) {
 			continue
 		}
 		rn := datapath.RemoteNode{Name: node.Name, Addrs: InternalIPs(node), Labels: maps.Clone(node.Labels)}
+		var bad []string
+		if rn.HealthIPs, bad = HealthIPs(node); len(bad) > 0 {
+			n.log.Warn("node's health endpoint annotation is no address of its family; ignored", "node", node.Name, "annotations", bad)
+		}
 		v4, v6, err := PodCIDRs(node)
 		if err != nil {
 			n.log.Warn("node with a bad pod CIDR; its pods are not routed", "node", node.Name, "err", err)

@@ -91,6 +91,8 @@ type Watcher struct {
 	eps    *endpointWriter
 	remote *remoteEndpoints
 	nodes  *nodeWatch
+	// health publishes the health endpoint's addresses on this Node.
+	health *healthPublisher
 	// nodesSynced reports the Node cache listed (remote claims wait for it).
 	nodesSynced cache.InformerSynced
 

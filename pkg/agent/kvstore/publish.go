@@ -54,7 +54,7 @@ const maxTxnOps = 100
 type Publisher struct {
 	c    *Client
 	cfg  PublisherConfig
-	self string // this node's record
+	node nodeRecord // this node's record, but its health addresses
 	ctx  context.Context
 	stop context.CancelFunc
 	done chan struct{}
@@ -67,10 +67,15 @@ type Publisher struct {
 	// encodes only the endpoints that changed, and an unchanged value is
 	// the very string published holds (compared without reading it).
 	records map[endpoint.ID]pubRecord
-	gen     uint64           // the sync that last saw a record
-	lease   clientv3.LeaseID // the lease published was written under
-	writes  int
-	lastErr error
+	gen     uint64 // the sync that last saw a record
+	// healthID and health are the local health endpoint (identity health)
+	// and its addresses, published in the node record, never as an
+	// endpoint record (the other nodes refuse reserved identities there).
+	healthID endpoint.ID
+	health   []netip.Addr
+	lease    clientv3.LeaseID // the lease published was written under
+	writes   int
+	lastErr  error
 }
 
 // StartPublisher starts publishing.
@@ -87,12 +92,9 @@ func StartPublisher(c *Client, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.FullEvery <= 0 {
 		cfg.FullEvery = time.Second
 	}
-	self, err := json.Marshal(nodeRecord{Name: c.cfg.NodeName, Addrs: nonNil(cfg.Addrs), PodCIDRs: nonNil(cfg.PodCIDRs)})
-	if err != nil {
-		return nil, fmt.Errorf("start publisher: %w", err)
-	}
+	node := nodeRecord{Name: c.cfg.NodeName, Addrs: nonNil(cfg.Addrs), PodCIDRs: nonNil(cfg.PodCIDRs)}
 	ctx, stop := context.WithCancel(c.ctx)
-	p := &Publisher{c: c, cfg: cfg, self: string(self), ctx: ctx, stop: stop, done: make(chan struct{}),
+	p := &Publisher{c: c, cfg: cfg, node: node, ctx: ctx, stop: stop, done: make(chan struct{}),
 		kick: make(chan struct{}, 1), published: map[string]string{}, records: map[endpoint.ID]pubRecord{}}
 	c.OnLease(func(clientv3.LeaseID) { p.poke() })
 	go p.run()
@@ -229,12 +231,32 @@ func (p *Publisher) nodeIP() netip.Addr {
 	return nodeIP
 }
 
-// recordOf returns ep's record (from the cache when ep did not change);
-// false when ep is not published (no identity, no address, going away).
+// nodeValue is this node's record with the health endpoint's addresses;
 // p.mu is held.
+func (p *Publisher) nodeValue() string {
+	r := p.node
+	r.HealthIPs = p.health
+	v, _ := json.Marshal(r) // names, addresses and prefixes always marshal
+	return string(v)
+}
+
+// recordOf returns ep's record (from the cache when ep did not change);
+// false when ep is not published (no identity, a reserved one, no
+// address, going away). The health endpoint's addresses go to the node
+// record instead. p.mu is held.
 func (p *Publisher) recordOf(ep *endpoint.Endpoint, nodeIP netip.Addr) (pubRecord, bool) {
-	if ep.Identity == 0 || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected ||
-		(!ep.IPv4.IsValid() && !ep.IPv6.IsValid()) {
+	gone := ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected
+	if ep.Identity == identity.ReservedHealth && !gone {
+		p.healthID, p.health = ep.ID, nil
+		for _, ip := range []netip.Addr{ep.IPv4, ep.IPv6} {
+			if ip.IsValid() {
+				p.health = append(p.health, ip)
+			}
+		}
+	} else if ep.ID == p.healthID {
+		p.healthID, p.health = 0, nil
+	}
+	if ep.Identity == 0 || ep.Identity.IsReserved() || gone || (!ep.IPv4.IsValid() && !ep.IPv6.IsValid()) {
 		return pubRecord{}, false
 	}
 	r, ok := p.records[ep.ID]
@@ -262,7 +284,7 @@ func (p *Publisher) desired() map[string]string {
 	nodeIP := p.nodeIP()
 	p.gen++
 	want := make(map[string]string, len(p.records)+1)
-	want[p.c.keys.node(p.c.cfg.NodeName)] = p.self
+	p.healthID, p.health = 0, nil
 	for _, ep := range p.cfg.Source.Endpoints(index.EndpointFilter{}) {
 		if r, ok := p.recordOf(ep, nodeIP); ok {
 			r.gen = p.gen
@@ -270,6 +292,7 @@ func (p *Publisher) desired() map[string]string {
 			want[r.key] = r.value
 		}
 	}
+	want[p.c.keys.node(p.c.cfg.NodeName)] = p.nodeValue()
 	for id, r := range p.records {
 		if r.gen != p.gen {
 			delete(p.records, id)
@@ -285,11 +308,14 @@ func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
 	want := make(map[string]string, len(ids))
 	for id := range ids {
 		key := p.c.keys.endpoint(p.c.cfg.NodeName, uint16(id))
-		if ep, ok := p.cfg.Source.Endpoint(id); ok {
+		ep, ok := p.cfg.Source.Endpoint(id)
+		if ok {
 			if r, ok := p.recordOf(ep, nodeIP); ok {
 				want[r.key] = r.value
 				continue
 			}
+		} else if id == p.healthID {
+			p.healthID, p.health = 0, nil
 		}
 		if r, ok := p.records[id]; ok {
 			key = r.key // the string published holds
@@ -297,6 +323,7 @@ func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
 		delete(p.records, id)
 		want[key] = ""
 	}
+	want[p.c.keys.node(p.c.cfg.NodeName)] = p.nodeValue()
 	return want
 }
 

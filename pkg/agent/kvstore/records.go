@@ -29,6 +29,10 @@ type nodeRecord struct {
 	Name     string         `json:"name"`
 	Addrs    []netip.Addr   `json:"addrs"`
 	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+	// HealthIPs are the node's health endpoint addresses (Cilium's
+	// CiliumNode spec.health); the other nodes believe them only inside
+	// PodCIDRs (the nodes actor).
+	HealthIPs []netip.Addr `json:"healthIPs,omitempty"`
 }
 
 func (r endpointRecord) remote() endpoint.Remote {
@@ -36,7 +40,7 @@ func (r endpointRecord) remote() endpoint.Remote {
 }
 
 func (r nodeRecord) remoteNode() datapath.RemoteNode {
-	return datapath.RemoteNode{Name: r.Name, Addrs: r.Addrs, PodCIDRs: r.PodCIDRs}
+	return datapath.RemoteNode{Name: r.Name, Addrs: r.Addrs, PodCIDRs: r.PodCIDRs, HealthIPs: r.HealthIPs}
 }
 
 // decodeEndpoint reads and checks a record another node wrote.
@@ -89,6 +93,14 @@ func decodeNode(v []byte) (nodeRecord, error) {
 	for _, p := range r.PodCIDRs {
 		if !p.IsValid() {
 			return r, fmt.Errorf("decode node record %s: invalid pod CIDR", r.Name)
+		}
+	}
+	if len(r.HealthIPs) > 2 {
+		return r, fmt.Errorf("decode node record %s: %d health addresses", r.Name, len(r.HealthIPs))
+	}
+	for _, a := range r.HealthIPs {
+		if !a.IsValid() || a.IsUnspecified() {
+			return r, fmt.Errorf("decode node record %s: invalid health address", r.Name)
 		}
 	}
 	return r, nil

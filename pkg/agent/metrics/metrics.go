@@ -127,7 +127,8 @@ func New() *Metrics {
 	m.nodeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: "node_health", Name: "reachable",
 		Help: "Whether the last probe of a remote node answered (1) or not (0), by node and probe (icmp: echo to each " +
-			"node address; http: the node's health responder on port 4240; a node with several addresses is 1 only if all answered).",
+			"node address; http: the node's health responder on port 4240; health-icmp, health-http: the same to each address " +
+			"of the node's health endpoint; a node with several addresses is 1 only if all answered).",
 	}, []string{"node", "probe"})
 	m.nodeRTT = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: "node_health", Name: "latency_seconds",
@@ -164,8 +165,8 @@ func New() *Metrics {
 	m.proxyWaits = desc("proxy_wait_failures_total", "Regenerations whose proxy wait failed, by result "+
 		"(timeout: no acknowledgement in time, the endpoint became ready without it; rejected: the proxy NACKed the configuration).", "result")
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
-		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity); "+
-		"each object counts once per reason.", "source", "reason")
+		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity; "+
+		"health-outside-node-cidrs: a node's health endpoint address outside its pod CIDRs); each object counts once per reason.", "source", "reason")
 	m.mapFull = desc("bpf_map_full_total", "Writes a full BPF map refused, by map (policy: regenerations of an endpoint "+
 		"whose policy did not fit its policy maps, --policy-map-max; the endpoint denies every new connection until it fits; "+
 		"ipcache: entries the ipcache refused, --ipcache-max).", "map")
@@ -186,6 +187,14 @@ func (m *Metrics) NodeProbe(node, probe string, ok bool, rtt time.Duration) {
 		m.nodeRTT.WithLabelValues(node, probe).Set(rtt.Seconds())
 	}
 	m.nodeUp.WithLabelValues(node, probe).Set(v)
+}
+
+// ForgetProbes drops a remote node's series of the probes named.
+func (m *Metrics) ForgetProbes(node string, probes ...string) {
+	for _, p := range probes {
+		m.nodeUp.DeleteLabelValues(node, p)
+		m.nodeRTT.DeleteLabelValues(node, p)
+	}
 }
 
 // ForgetNode drops a remote node's probe metrics (it left the cluster).

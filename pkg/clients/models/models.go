@@ -401,17 +401,24 @@ type HealthReport struct {
 // NodeHealth is one remote node as this agent's probes last saw it.
 type NodeHealth struct {
 	Name string `json:"name"`
-	// State is "ok" (every address answered ICMP and HTTP), "degraded"
-	// (some did), "unreachable" (none did).
+	// State is "ok" (every node address and health endpoint address
+	// answered ICMP and HTTP), "degraded" (some did), "unreachable" (none
+	// did).
 	State string `json:"state"`
 	// Since is when State last changed (or the node was first probed).
 	Since     time.Time        `json:"since"`
 	LastProbe time.Time        `json:"last-probe"`
 	Addresses []NodeAddrHealth `json:"addresses"`
+	// HealthEndpoint is the node's health endpoint, one entry per
+	// address it published (empty: it published none, or they were
+	// refused; GET /v1/nodes lists those accepted), as Cilium's
+	// health-endpoint column.
+	HealthEndpoint []NodeAddrHealth `json:"health-endpoint,omitempty"`
 }
 
-// NodeAddrHealth is the probes of one node address: an ICMP echo and an
-// HTTP GET of the node's health responder (port 4240, /hello).
+// NodeAddrHealth is the probes of one address: an ICMP echo and an HTTP
+// GET of the health responder on port 4240, /hello (the node's in its
+// host netns, or the health endpoint's in its own).
 type NodeAddrHealth struct {
 	IP   string      `json:"ip"`
 	ICMP ProbeResult `json:"icmp"`

@@ -8,5 +8,8 @@ type Node struct {
 	Source    string   `json:"source"`
 	Addresses []string `json:"addresses"`
 	PodCIDRs  []string `json:"podCIDRs"`
+	// HealthIPs are the node's health endpoint addresses this agent
+	// accepted (inside the node's pod CIDRs) and probes.
+	HealthIPs []string `json:"healthIPs,omitempty"`
 	Active    bool     `json:"active"`
 }

@@ -65,6 +65,10 @@ const (
 	// RefusedReserved: the identity is a reserved one (host, world,
 	// health, ...), which only this node assigns.
 	RefusedReserved = "reserved-identity"
+	// RefusedHealthOutsideNode: a node's health endpoint address lies
+	// outside that node's pod CIDRs (or inside this node's own ranges),
+	// or is a second address of one family.
+	RefusedHealthOutsideNode = "health-outside-node-cidrs"
 )
 
 // RefusalLevel is the log level of a refusal: Info for an unknown node
@@ -120,4 +124,42 @@ func (r *Remote) CheckOwner(owner string, node *OwnerNode) error {
 		return &RefusedError{Reason: RefusedNodeIP, Detail: fmt.Sprintf("node IP %s not one of node %s's addresses %v", nip, owner, node.Addrs)}
 	}
 	return nil
+}
+
+// CheckHealthIPs splits the health endpoint addresses node published into
+// those that may enter the ipcache with the reserved identity health and
+// the refused ones (each with a *RefusedError, reason
+// RefusedHealthOutsideNode). The trust model: a node is believed about its
+// health endpoint only inside its own pod CIDRs (the node registry's, not
+// anything the node writes), never inside local (this node's own pod
+// ranges), and for one address per family; so a node (or whoever writes
+// its record or annotation) can give the identity health to at most one
+// address per family of its own pods' ranges, never to another node's pod,
+// a node address or this node's own.
+func CheckHealthIPs(node *OwnerNode, ips []netip.Addr, local []netip.Prefix) (ok []netip.Addr, refused map[netip.Addr]*RefusedError) {
+	in := func(ps []netip.Prefix, ip netip.Addr) bool {
+		return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(ip) })
+	}
+	refuse := func(ip netip.Addr, detail string) {
+		if refused == nil {
+			refused = map[netip.Addr]*RefusedError{}
+		}
+		refused[ip] = &RefusedError{Reason: RefusedHealthOutsideNode, Detail: detail}
+	}
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		switch {
+		case !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast():
+			refuse(ip, fmt.Sprintf("health address %q is not a unicast address", ip))
+		case !in(node.PodCIDRs, ip):
+			refuse(ip, fmt.Sprintf("health address %s not in node %s's pod CIDRs %v", ip, node.Name, node.PodCIDRs))
+		case in(local, ip):
+			refuse(ip, fmt.Sprintf("health address %s of node %s is in this node's pod ranges %v", ip, node.Name, local))
+		case slices.ContainsFunc(ok, func(o netip.Addr) bool { return o.Is4() == ip.Is4() }):
+			refuse(ip, fmt.Sprintf("node %s: a second health address of one family, %s", node.Name, ip))
+		default:
+			ok = append(ok, ip)
+		}
+	}
+	return ok, refused
 }

@@ -3,6 +3,7 @@ package endpoint_test
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -50,6 +51,47 @@ func TestRemoteCheckOwner(t *testing.T) {
 				t.Fatalf("refused: %v", err)
 			case tc.reason != "" && (!errors.As(err, &re) || re.Reason != tc.reason):
 				t.Fatalf("CheckOwner = %v; want reason %s", err, tc.reason)
+			}
+		})
+	}
+}
+
+// TestCheckHealthIPs: a node's health endpoint addresses are believed
+// inside its own pod CIDRs only, never in this node's ranges, one per
+// family.
+func TestCheckHealthIPs(t *testing.T) {
+	n2 := &endpoint.OwnerNode{Name: "n2", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.2")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24"), netip.MustParsePrefix("fd00:9:2::/64")}}
+	local := []netip.Prefix{netip.MustParsePrefix("10.9.1.0/24")}
+	a := netip.MustParseAddr
+	for _, tc := range []struct {
+		name    string
+		node    *endpoint.OwnerNode
+		ips     []netip.Addr
+		ok      []netip.Addr
+		refused []netip.Addr
+	}{
+		{"both families", n2, []netip.Addr{a("10.9.2.7"), a("fd00:9:2::7")}, []netip.Addr{a("10.9.2.7"), a("fd00:9:2::7")}, nil},
+		{"mapped", n2, []netip.Addr{a("::ffff:10.9.2.7")}, []netip.Addr{a("10.9.2.7")}, nil},
+		{"another node's pod", n2, []netip.Addr{a("10.9.3.7")}, nil, []netip.Addr{a("10.9.3.7")}},
+		{"its own node address", n2, []netip.Addr{a("192.0.2.2")}, nil, []netip.Addr{a("192.0.2.2")}},
+		{"this node's pod", &endpoint.OwnerNode{Name: "n2", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}},
+			[]netip.Addr{a("10.9.1.5")}, nil, []netip.Addr{a("10.9.1.5")}},
+		{"node without cidrs", &endpoint.OwnerNode{Name: "n2"}, []netip.Addr{a("10.9.2.7")}, nil, []netip.Addr{a("10.9.2.7")}},
+		{"two of one family", n2, []netip.Addr{a("10.9.2.7"), a("10.9.2.8")}, []netip.Addr{a("10.9.2.7")}, []netip.Addr{a("10.9.2.8")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, refused := endpoint.CheckHealthIPs(tc.node, tc.ips, local)
+			if !slices.Equal(ok, tc.ok) {
+				t.Errorf("accepted %v, want %v", ok, tc.ok)
+			}
+			if len(refused) != len(tc.refused) {
+				t.Errorf("refused %v, want %v", refused, tc.refused)
+			}
+			for _, ip := range tc.refused {
+				if r := refused[ip]; r == nil || r.Reason != endpoint.RefusedHealthOutsideNode {
+					t.Errorf("%s: refusal %v, want %s", ip, r, endpoint.RefusedHealthOutsideNode)
+				}
 			}
 		})
 	}

@@ -21,7 +21,10 @@ type Node struct {
 	PodCIDRs []netip.Prefix
 	// Labels are the node's labels (per-node identities); never mutated.
 	Labels map[string]string
-	Active bool
+	// HealthIPs are the node's health endpoint addresses the nodes actor
+	// accepted (inside the node's pod CIDRs); never mutated.
+	HealthIPs []netip.Addr
+	Active    bool
 }
 
 // Key is the row's primary key, "source/name".
