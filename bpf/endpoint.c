@@ -633,6 +633,7 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 	struct drop_key k = { .ep = p->ep, .reason = reason, .dir = dir };
 	struct drop_value zero = {}, *v;
 	struct drop_event *e;
+	__u8 tcp_flags = 0;
 
 	v = bpf_map_lookup_elem(&drops, &k);
 	if (!v) {
@@ -643,6 +644,8 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 		__sync_fetch_and_add(&v->packets, 1);
 		__sync_fetch_and_add(&v->bytes, skb->len);
 	}
+	if (p->proto == IPPROTO_TCP && !p->frag)
+		bpf_skb_load_bytes(skb, p->l4off + 13, &tcp_flags, 1);
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (e) {
 		e->time_ns = bpf_ktime_get_ns();
@@ -653,6 +656,7 @@ static __noinline int drop(struct __sk_buff *skb, struct pkt *p, __u8 dir, __u8 
 		e->proto = p->proto;
 		e->sport = bpf_ntohs(p->sport);
 		e->dport = bpf_ntohs(p->dport);
+		e->tcp_flags = tcp_flags;
 		e->pad = 0;
 		e->peer_identity = peer;
 		e->identity = p->identity;

@@ -348,7 +348,8 @@ struct drop_event {
 	__u8 proto;
 	__u16 sport; /* host byte order */
 	__u16 dport; /* host byte order */
-	__u16 pad;
+	__u8 tcp_flags; /* TCP (not a later fragment): the header's flags byte; else 0 */
+	__u8 pad;
 	__u32 peer_identity;
 	__u32 identity; /* the endpoint's own */
 	__u32 len;

@@ -62,7 +62,8 @@ type EndpointDropEvent struct {
 	Proto        uint8
 	Sport        uint16
 	Dport        uint16
-	Pad          uint16
+	TcpFlags     uint8
+	Pad          uint8
 	PeerIdentity uint32
 	Identity     uint32
 	Len          uint32

@@ -97,9 +97,9 @@ func TestBPFEndToEndIPv6(t *testing.T) {
 	e.mustNotTalk(a, b, 8081)
 	e.mustNotTalk(c, b, 8080)
 	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: a.ep.IPv6, Dst: b.ep.IPv6,
-		DstPort: 8081, Proto: policy.ProtoTCP, PeerIdentity: a.ep.Identity})
+		DstPort: 8081, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, PeerIdentity: a.ep.Identity})
 	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: c.ep.IPv6, Dst: b.ep.IPv6,
-		DstPort: 8080, Proto: policy.ProtoTCP, PeerIdentity: c.ep.Identity})
+		DstPort: 8080, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, PeerIdentity: c.ep.Identity})
 	if n := e.dropCount(b.ep.ID, DropPolicy, policy.Ingress); n < 2 {
 		t.Fatalf("B's ingress policy drops = %d, want at least 2", n)
 	}

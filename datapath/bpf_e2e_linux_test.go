@@ -107,6 +107,9 @@ func (p *testPod) talk(dst *testPod, port int, timeout time.Duration) error {
 	return testutil.Exchange(p.ns, dst.addr(), port, timeout)
 }
 
+// tcpSYN is the flags byte of a TCP SYN (a refused connection's drops).
+const tcpSYN = 0x02
+
 // dropLog collects drop notifications.
 type dropLog struct {
 	mu     sync.Mutex
@@ -308,9 +311,9 @@ func testEndToEnd(t *testing.T, legacy bool) {
 	e.mustNotTalk(c, b, 8080)
 	e.mustNotTalk(b, a, 8080) // A's ingress is default-deny
 	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: a.ep.IPv4, Dst: b.ep.IPv4,
-		DstPort: 8081, Proto: policy.ProtoTCP, PeerIdentity: a.ep.Identity})
+		DstPort: 8081, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, PeerIdentity: a.ep.Identity})
 	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: c.ep.IPv4, Dst: b.ep.IPv4,
-		DstPort: 8080, Proto: policy.ProtoTCP, PeerIdentity: c.ep.Identity})
+		DstPort: 8080, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, PeerIdentity: c.ep.Identity})
 	if n := e.dropCount(b.ep.ID, DropPolicy, policy.Ingress); n < 2 {
 		t.Fatalf("B's ingress policy drops = %d, want at least 2", n)
 	}

@@ -58,7 +58,7 @@ func decodeDrop(raw []byte) (DropEvent, bool) {
 	}
 	ev := DropEvent{
 		Endpoint: endpoint.ID(e.Ep), Reason: dropReasonName(e.Reason), Dir: policy.Direction(e.Dir),
-		SrcPort: e.Sport, DstPort: e.Dport, Proto: e.Proto,
+		SrcPort: e.Sport, DstPort: e.Dport, Proto: e.Proto, TCPFlags: e.TcpFlags,
 		PeerIdentity: identity.NumericIdentity(e.PeerIdentity), Length: e.Len, Time: monoToWall(e.TimeNs),
 	}
 	switch e.Family {

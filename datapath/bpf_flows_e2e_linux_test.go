@@ -232,7 +232,7 @@ func TestFlowsVerdictChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress, Src: a.addr(), Dst: b.addr(),
-		DstPort: 8080, Proto: policy.ProtoTCP, PeerIdentity: a.ep.Identity})
+		DstPort: 8080, Proto: policy.ProtoTCP, TCPFlags: 0x18, PeerIdentity: a.ep.Identity}) // PSH|ACK: data
 	if got := fl.match(func(ev FlowEvent) bool { return ev.SrcPort == local.Port() }); len(got) != 2 {
 		t.Errorf("flows of the connection: %+v, want A's and B's first packet only", got)
 	}

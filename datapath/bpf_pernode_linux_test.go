@@ -95,9 +95,9 @@ func TestBPFSharedProgramsOwnPolicies(t *testing.T) {
 			e.mustTalk(c, a, 8080)
 			e.mustNotTalk(b, a, 8080)
 			e.waitDrop(DropEvent{Endpoint: b.ep.ID, Reason: DropPolicy, Dir: policy.Ingress,
-				Src: c.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6, PeerIdentity: c.ep.Identity})
+				Src: c.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6, TCPFlags: tcpSYN, PeerIdentity: c.ep.Identity})
 			e.waitDrop(DropEvent{Endpoint: a.ep.ID, Reason: DropPolicy, Dir: policy.Ingress,
-				Src: b.addr(), Dst: a.addr(), DstPort: 8080, Proto: 6, PeerIdentity: b.ep.Identity})
+				Src: b.addr(), Dst: a.addr(), DstPort: 8080, Proto: 6, TCPFlags: tcpSYN, PeerIdentity: b.ep.Identity})
 			if e.dropCount(c.ep.ID, DropPolicy, policy.Ingress) != 0 {
 				t.Fatal("drops counted under endpoint c, which enforces nothing")
 			}
@@ -121,7 +121,7 @@ func TestBPFInterfaceWithoutEndpointDrops(t *testing.T) {
 	}
 	e.mustNotTalk(a, b, 8080)
 	e.waitDrop(DropEvent{Endpoint: 0, Reason: DropNoEndpoint, Dir: policy.Ingress,
-		Src: a.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6})
+		Src: a.addr(), Dst: b.addr(), DstPort: 8080, Proto: 6, TCPFlags: tcpSYN})
 	if e.dropCount(0, DropNoEndpoint, policy.Ingress) == 0 {
 		t.Fatal("no no-endpoint drop counted under endpoint 0")
 	}

@@ -288,7 +288,7 @@ func TestBPFDropCountersAndNotifications(t *testing.T) {
 	}
 	ev := readDrop(t, h.b.events)
 	want := DropEvent{Endpoint: 42, Reason: DropPolicy, Dir: policy.Ingress, Src: peerA, Dst: podIP,
-		SrcPort: 31337, DstPort: 8081, Proto: policy.ProtoTCP, PeerIdentity: identA, Length: uint32(len(p.bytes()))}
+		SrcPort: 31337, DstPort: 8081, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, PeerIdentity: identA, Length: uint32(len(p.bytes()))}
 	ev.Time = time.Time{}
 	if ev != want {
 		t.Fatalf("drop event = %+v\nwant %+v", ev, want)

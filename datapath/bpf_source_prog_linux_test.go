@@ -132,7 +132,7 @@ func TestBPFSourceCheckBeforePolicy(t *testing.T) {
 	ev := readDrop(t, h.b.events)
 	ev.Time = time.Time{}
 	want := DropEvent{Endpoint: 42, Reason: DropInvalidSource, Dir: policy.Egress, Src: peerB, Dst: peerA,
-		SrcPort: 40001, DstPort: 8080, Proto: policy.ProtoTCP, Length: uint32(len(p.bytes()))}
+		SrcPort: 40001, DstPort: 8080, Proto: policy.ProtoTCP, TCPFlags: tcpSYN, Length: uint32(len(p.bytes()))}
 	if ev != want {
 		t.Fatalf("drop event = %+v\nwant %+v", ev, want)
 	}

@@ -107,6 +107,9 @@ type DropEvent struct {
 	SrcPort, DstPort uint16
 	// Proto is the IP protocol number.
 	Proto uint8
+	// TCPFlags is the TCP header's flags byte (TCP only; 0 for later
+	// fragments and other protocols).
+	TCPFlags uint8
 	// PeerIdentity is the identity of the other side (0 when the drop
 	// happened before it was looked up).
 	PeerIdentity identity.NumericIdentity

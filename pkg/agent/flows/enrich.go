@@ -50,7 +50,8 @@ func (s *Store) fromFlow(ev datapath.FlowEvent) models.Flow {
 // fromDrop enriches a drop notification.
 func (s *Store) fromDrop(ev datapath.DropEvent) models.Flow {
 	fl := models.Flow{Time: ev.Time, Node: s.cfg.Node, Type: TypeL34, Verdict: VerdictDropped, DropReason: ev.Reason,
-		Direction: ev.Dir.String(), Endpoint: uint16(ev.Endpoint), Protocol: protoName(ev.Proto), Bytes: ev.Length}
+		Direction: ev.Dir.String(), Endpoint: uint16(ev.Endpoint), Protocol: protoName(ev.Proto), TCPFlags: tcpFlags(ev.TCPFlags),
+		Bytes: ev.Length}
 	if ev.Reason == datapath.DropPolicyAudit {
 		fl.Verdict = VerdictAudit
 	}

@@ -72,10 +72,13 @@ func TestStoreRateLimit(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 seen and 3 rate-limited", st)
 	}
 	c.now = c.now.Add(time.Second)
-	s.OnDrop(datapath.DropEvent{Endpoint: 3, Reason: datapath.DropPolicy, Dir: policy.Ingress})
+	s.OnDrop(datapath.DropEvent{Endpoint: 3, Reason: datapath.DropPolicy, Dir: policy.Ingress, Proto: policy.ProtoTCP, TCPFlags: 0x02})
 	got, st := s.Query(Filter{Verdict: []string{"dropped"}})
 	if st.Seen != 4 || len(got) != 1 || got[0].DropReason != datapath.DropPolicy {
 		t.Fatalf("after a second: %+v %+v, want the drop kept", got, st)
+	}
+	if f := got[0].TCPFlags; len(f) != 1 || f[0] != "SYN" {
+		t.Fatalf("the dropped SYN's flow has TCP flags %v, want [SYN]", f)
 	}
 }
 
