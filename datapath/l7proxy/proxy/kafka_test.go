@@ -166,9 +166,13 @@ func TestParseKafkaRequest(t *testing.T) {
 	}
 	good := kafkaFrame(produceReq(7, 1, "t"), 1, &client)
 	bad := map[string][]byte{
-		"short":           good[:10],
-		"size mismatch":   append(slices.Clone(good), 0),
-		"truncated body":  func() []byte { b := slices.Clone(good[:len(good)-3]); binary.BigEndian.PutUint32(b, uint32(len(b)-4)); return b }(),
+		"short":         good[:10],
+		"size mismatch": append(slices.Clone(good), 0),
+		"truncated body": func() []byte {
+			b := slices.Clone(good[:len(good)-3])
+			binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+			return b
+		}(),
 		"unknown key":     func() []byte { b := slices.Clone(good); binary.BigEndian.PutUint16(b[4:], 999); return b }(),
 		"version too new": func() []byte { b := slices.Clone(good); binary.BigEndian.PutUint16(b[6:], 99); return b }(),
 		"client ID past":  func() []byte { b := slices.Clone(good); binary.BigEndian.PutUint16(b[12:], 5000); return b }(),
