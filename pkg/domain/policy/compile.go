@@ -330,8 +330,10 @@ func (c *cnpCompiler) entries(path string, n int, entry func(p string, i int) ([
 func (c *cnpCompiler) checkProxies(prs []PeerRule, path string) error {
 	for _, pr := range prs {
 		switch {
-		case c.opts.NoL7 && (pr.HTTP != nil || pr.Kafka != nil):
-			return fmt.Errorf("%s.toPorts: rules.http and rules.kafka need the L7 proxy (start the agent with --l7-proxy)", path)
+		case c.opts.NoL7 && pr.HTTP != nil:
+			return fmt.Errorf("%s.toPorts: rules.http needs the L7 proxy (start the agent with --l7-proxy)", path)
+		case c.opts.NoL7 && pr.Kafka != nil:
+			return fmt.Errorf("%s.toPorts: rules.kafka needs the L7 proxy (start the agent with --l7-proxy)", path)
 		case c.opts.NoDNSProxy && (pr.DNS != nil || slices.ContainsFunc(pr.Peers, func(s Selector) bool { _, ok := s.(*FQDNSelector); return ok })):
 			return fmt.Errorf("%s: toFQDNs and toPorts[].rules.dns need the DNS proxy (start the agent with --dns-proxy)", path)
 		}
