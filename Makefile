@@ -152,6 +152,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzRange$$' -fuzztime $(FUZZTIME) ./pkg/domain/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzChainedAttachment$$' -fuzztime $(FUZZTIME) ./pkg/clients/cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseKafkaRequest$$' -fuzztime $(FUZZTIME) ./datapath/l7proxy/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRef$$' -fuzztime $(FUZZTIME) ./pkg/domain/endpoint/
 	$(GO) test -run '^$$' -fuzz '^FuzzEndpointChangeRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/
 	$(GO) test -run '^$$' -fuzz '^FuzzAttachRequest$$' -fuzztime $(FUZZTIME) ./pkg/agent/api/

@@ -138,7 +138,7 @@ func (s *System) ImportPolicy(ctx context.Context, pols []*policy.Policy) (Polic
 	if s.Config.NoL7 {
 		for _, p := range pols {
 			if p.HasHTTPRules() {
-				return PolicyResult{}, fmt.Errorf("policy %s: toPorts[].rules.http needs the L7 proxy (start the agent with --l7-proxy): %w", p.Key(), policy.ErrInvalidPolicy)
+				return PolicyResult{}, fmt.Errorf("policy %s: toPorts[].rules.http and rules.kafka need the L7 proxy (start the agent with --l7-proxy): %w", p.Key(), policy.ErrInvalidPolicy)
 			}
 		}
 	}

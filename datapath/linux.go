@@ -212,6 +212,9 @@ func (c ServicesConfig) validate() error {
 // (reset after a run of StableAfter).
 type L7Config struct {
 	ProxyPath, XDSSocket, Listen string
+	// KafkaListen is the proxy's Kafka listener (rules.kafka), an
+	// address as Listen's (default: Listen's address, its port + 1).
+	KafkaListen string
 	// AccessSocket is the unixgram socket the proxy sends its access
 	// records to (default: XDSSocket's name with "-access" before ".sock").
 	AccessSocket string
@@ -344,6 +347,9 @@ func (c L7Config) withDefaults() L7Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:15001"
 	}
+	if ap, err := netip.ParseAddrPort(c.Listen); err == nil && c.KafkaListen == "" && ap.Port() < 65535 {
+		c.KafkaListen = netip.AddrPortFrom(ap.Addr(), ap.Port()+1).String()
+	}
 	if c.AccessSocket == "" {
 		c.AccessSocket = L7AccessSocket(c.XDSSocket)
 	}
@@ -367,6 +373,10 @@ func (c L7Config) validate() error {
 	// The BPF programs find the proxy's socket at the loopback address.
 	if !ap.Addr().IsLoopback() && !ap.Addr().IsUnspecified() || ap.Port() == 0 {
 		return fmt.Errorf("linux datapath: L7 Listen %q: want a loopback or unspecified address and a port: %w", c.Listen, ErrInvalidConfig)
+	}
+	kp, err := netip.ParseAddrPort(c.KafkaListen)
+	if err != nil || !kp.Addr().IsLoopback() && !kp.Addr().IsUnspecified() || kp.Port() == 0 || kp.Port() == ap.Port() {
+		return fmt.Errorf("linux datapath: L7 KafkaListen %q: want a loopback or unspecified address and a port other than Listen's: %w", c.KafkaListen, ErrInvalidConfig)
 	}
 	if c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
 		return fmt.Errorf("linux datapath: L7 backoff %v..%v: %w", c.MinBackoff, c.MaxBackoff, ErrInvalidConfig)

@@ -94,7 +94,7 @@ func (l *Linux) initL7() error {
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
 	// nsenter (below) execs the proxy: the agent stays its parent.
-	path, args := c.ProxyPath, append([]string{"--xds", c.XDSSocket, "--listen", c.Listen, "--access-log", c.AccessSocket,
+	path, args := c.ProxyPath, append([]string{"--xds", c.XDSSocket, "--listen", c.Listen, "--kafka-listen", c.KafkaListen, "--access-log", c.AccessSocket,
 		"--parent-pid", strconv.Itoa(os.Getpid())}, c.ProxyArgs...)
 	if l.cfg.HostNetns != "" {
 		// The proxy runs in the host netns the datapath manages.
@@ -292,6 +292,7 @@ func (l *Linux) proxyPorts() policy.ProxyPorts {
 	ports := policy.ProxyPorts{}
 	if l.cfg.L7.ProxyPath != "" {
 		ports[policy.ParserHTTP] = netip.MustParseAddrPort(l.cfg.L7.Listen).Port()
+		ports[policy.ParserKafka] = netip.MustParseAddrPort(l.cfg.L7.KafkaListen).Port()
 	}
 	if l.cfg.DNSProxyPort != 0 {
 		ports[policy.ParserDNS] = l.cfg.DNSProxyPort

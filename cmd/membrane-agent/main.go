@@ -103,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&cfg.Linux.L7.ProxyPath, "l7-proxy", "", "linux datapath: absolute path of membrane-proxy; enables L7 (HTTP) policy, the agent runs and restarts it")
 	fs.StringVar(&cfg.Linux.L7.XDSSocket, "l7-xds-socket", "/var/run/membrane/xds.sock", "linux datapath: unix socket of the xDS server configuring the L7 proxy")
 	fs.StringVar(&cfg.Linux.L7.Listen, "l7-proxy-listen", "127.0.0.1:15001", "linux datapath: the L7 proxy's listening address")
+	fs.StringVar(&cfg.Linux.L7.KafkaListen, "l7-proxy-kafka-listen", "", "linux datapath: the L7 proxy's Kafka listening address (default: --l7-proxy-listen's address and port + 1)")
 	fs.DurationVar(&cfg.Linux.PinCheckInterval, "bpffs-check-interval", datapath.DefaultPinCheckInterval, "linux datapath: how often the agent checks that its pins under --bpffs are there and pins missing ones again from the objects it holds (an operator's cleanup, a fresh bpffs mounted over /sys/fs/bpf); negative: never")
 	fs.BoolVar(&cfg.EnableHealth, "enable-health", true, "linux datapath: run the health endpoint (own netns, identity health) and probe it; reported in GET /v1/status")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 10*time.Second, "how often the health endpoint is probed")

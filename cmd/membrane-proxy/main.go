@@ -1,4 +1,4 @@
-// Command membrane-proxy is the L7 (HTTP) proxy of the Membrane agent:
+// Command membrane-proxy is the L7 (HTTP and Kafka) proxy of the Membrane agent:
 // a process of its own, configured by the agent over xDS on a unix
 // socket and supervised (restarted) by it.
 package main
@@ -27,6 +27,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("membrane-proxy", flag.ContinueOnError)
 	xds := fs.String("xds", "/var/run/membrane/xds.sock", "the agent's xDS unix socket")
 	listen := fs.String("listen", "127.0.0.1:15001", "HTTP listening address")
+	kafka := fs.String("kafka-listen", "", "Kafka listening address (none if empty)")
 	access := fs.String("access-log", "", "the agent's unixgram socket for access records (none if empty)")
 	ackDelay := fs.Duration("ack-delay", 0, "delay every acknowledgement (fault injection, testing)")
 	ackDrop := fs.Float64("ack-drop-rate", 0, "lose acknowledgements with this probability (fault injection, testing)")
@@ -44,7 +45,7 @@ func run(args []string) error {
 	defer orphaned()
 	go exitWithParent(ctx, orphaned, *parentPID)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "membrane-proxy")
-	return proxy.Run(ctx, proxy.Config{XDS: *xds, Listen: *listen, AccessLog: *access, Log: log, Reject: *reject,
+	return proxy.Run(ctx, proxy.Config{XDS: *xds, Listen: *listen, KafkaListen: *kafka, AccessLog: *access, Log: log, Reject: *reject,
 		AckDelay: *ackDelay, AckDropRate: *ackDrop})
 }
 

@@ -56,6 +56,11 @@ func l7Event(r datapath.L7AccessEvent) events.Event {
 	if r.Allowed {
 		l.Verdict = "allowed"
 	}
+	if k := r.Kafka; k != nil {
+		l.Protocol = "kafka"
+		l.Kafka = &events.KafkaL7{APIKey: k.APIKey, APIVersion: k.APIVersion, CorrelationID: k.CorrelationID, ClientID: k.ClientID,
+			Topics: slices.Clone(k.Topics), ErrorCode: k.ErrorCode}
+	}
 	if r.Endpoint != 0 {
 		l.Direction = r.Direction
 	}

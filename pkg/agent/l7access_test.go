@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 )
@@ -84,5 +85,18 @@ func TestNoL7(t *testing.T) {
 		if got := noL7(tc.cfg, tc.refuse); got != tc.want {
 			t.Errorf("%s: noL7 = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestOnL7AccessKafka: a Kafka access record becomes an l7-access event
+// of protocol kafka with the request's Kafka fields.
+func TestOnL7AccessKafka(t *testing.T) {
+	rec := datapath.L7AccessEvent{Endpoint: 3, Direction: "ingress", Src: netip.MustParseAddrPort("10.0.0.2:40000"),
+		Dst: netip.MustParseAddrPort("10.0.0.3:9092"), Reason: "ingress kafka rules deny identity 1001",
+		Kafka: &xdsapi.KafkaAccess{APIKey: "produce", APIVersion: 9, CorrelationID: 17, ClientID: "c", Topics: []string{"t"}, ErrorCode: 29}}
+	ev := l7Event(rec)
+	want := &events.KafkaL7{APIKey: "produce", APIVersion: 9, CorrelationID: 17, ClientID: "c", Topics: []string{"t"}, ErrorCode: 29}
+	if ev.L7.Protocol != "kafka" || ev.L7.Verdict != "denied" || !reflect.DeepEqual(ev.L7.Kafka, want) {
+		t.Errorf("event l7 %+v (kafka %+v), want protocol kafka with %+v", ev.L7, ev.L7.Kafka, want)
 	}
 }

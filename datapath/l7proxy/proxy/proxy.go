@@ -32,6 +32,8 @@ type Config struct {
 	XDS string
 	// Listen is the proxy's HTTP listening address (host:port).
 	Listen string
+	// KafkaListen is the Kafka listener's address ("": none).
+	KafkaListen string
 	// Log receives the proxy's log.
 	Log *slog.Logger
 	// AccessLog is the agent's unixgram socket for access records (""
@@ -65,6 +67,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	p := &proxy{log: cfg.Log, reject: cfg.Reject, port: ap.Port(), upstream: newUpstreams(), access: newAccessLog(cfg.AccessLog),
 		ackDelay: cfg.AckDelay, ackDrop: cfg.AckDropRate}
+	if cfg.KafkaListen != "" {
+		kap, err := netip.ParseAddrPort(cfg.KafkaListen)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("proxy kafka listen %s: %w", cfg.KafkaListen, err)
+		}
+		klis, err := transparentListen(kap)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		p.kafkaPort = kap.Port()
+		go p.serveKafka(ctx, klis)
+	}
 	go p.access.run(ctx)
 	p.state.Store(&state{})
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, Protocols: serverProtocols()}
@@ -81,14 +97,17 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 type proxy struct {
-	log      *slog.Logger
-	reject   bool
-	port     uint16 // the listening port: a connection to it is explicit
-	upstream *upstreams
-	access   *accessLog
-	ackDelay time.Duration
-	ackDrop  float64
-	state    atomic.Pointer[state]
+	log    *slog.Logger
+	reject bool
+	port   uint16 // the listening port: a connection to it is explicit
+	// kafkaPort is the Kafka listener's port (0: none); a connection to
+	// it is refused (Kafka has no explicit proxy form).
+	kafkaPort uint16
+	upstream  *upstreams
+	access    *accessLog
+	ackDelay  time.Duration
+	ackDrop   float64
+	state     atomic.Pointer[state]
 }
 
 // state is one applied configuration version, immutable.
@@ -99,8 +118,9 @@ type state struct {
 }
 
 type compiledEndpoint struct {
-	id uint64
-	l7 map[policy.Key][]*policy.CompiledHTTPRule
+	id    uint64
+	l7    map[policy.Key][]*policy.CompiledHTTPRule
+	kafka map[policy.Key][]*policy.CompiledKafkaRule
 }
 
 // buildState decodes and compiles every resource; any error rejects the
@@ -131,8 +151,22 @@ func buildState(version string, resources [][]byte) (*state, error) {
 }
 
 func compileEndpoint(ep *xdsapi.EndpointPolicy) (*compiledEndpoint, error) {
-	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}}
+	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}, kafka: map[policy.Key][]*policy.CompiledKafkaRule{}}
 	for i, e := range ep.L7 {
+		if e.Parser() == policy.ParserKafka {
+			for j, k := range e.Kafka {
+				c, err := policy.CompileKafkaRule(k, fmt.Sprintf("endpoint %d l7[%d].kafka[%d]", ep.ID, i, j))
+				if err != nil {
+					return nil, err
+				}
+				ce.kafka[e.Key] = append(ce.kafka[e.Key], c)
+			}
+			continue
+		}
+		if e.HTTP == nil {
+			// Rules of both protocols on one key: no request passes.
+			ce.l7[e.Key] = []*policy.CompiledHTTPRule{}
+		}
 		for j, h := range e.HTTP {
 			c, err := policy.CompileHTTPRule(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j))
 			if err != nil {
@@ -208,12 +242,32 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decis
 	return d
 }
 
+// rules returns the HTTP rules of e for peer on port in dir, and
+// whether e redirects that traffic at all. Traffic e redirects to the
+// Kafka listener has no HTTP rules (nil, true): the HTTP proxy denies
+// it.
 func (e *compiledEndpoint) rules(peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]*policy.CompiledHTTPRule, bool) {
-	var out []*policy.CompiledHTTPRule
+	return keyRules(e.l7, e.kafka, peer, port, dir)
+}
+
+// kafkaRules is rules for the Kafka listener.
+func (e *compiledEndpoint) kafkaRules(peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]*policy.CompiledKafkaRule, bool) {
+	return keyRules(e.kafka, e.l7, peer, port, dir)
+}
+
+// keyRules returns the rules of m on the keys of peer (and any peer)
+// on port in dir, and whether m or other (the other protocol's rules)
+// has one of those keys: other's keys contribute no rules, so a
+// request of the wrong protocol is denied.
+func keyRules[R, O any](m map[policy.Key][]R, other map[policy.Key][]O, peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]R, bool) {
+	var out []R
 	found := false
 	for _, k := range []policy.Key{{Identity: peer, Port: port, Proto: policy.ProtoTCP, Dir: dir}, {Port: port, Proto: policy.ProtoTCP, Dir: dir}} {
-		if rs, ok := e.l7[k]; ok {
+		if rs, ok := m[k]; ok {
 			out, found = append(out, rs...), true
+		}
+		if _, ok := other[k]; ok {
+			found = true
 		}
 	}
 	return out, found

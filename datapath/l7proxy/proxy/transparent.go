@@ -97,6 +97,20 @@ func markOf(id identity.NumericIdentity) int {
 }
 
 func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
+	d := upstreamDialer(k.id, k.src)
+	t := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
+		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
+	if k.h2 {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return t
+}
+
+// upstreamDialer dials upstream connections marked with the client
+// identity id, from src when valid (the client's own address).
+func upstreamDialer(id identity.NumericIdentity, src netip.Addr) *net.Dialer {
+	k := upstreamKey{id: id, src: src}
 	mark := markOf(k.id)
 	d := &net.Dialer{Timeout: 10 * time.Second, Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
@@ -120,13 +134,7 @@ func newTransport(k upstreamKey, keepAlive bool) *http.Transport {
 	if k.src.IsValid() {
 		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(k.src, 0))
 	}
-	t := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
-		IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}
-	if k.h2 {
-		t.Protocols = new(http.Protocols)
-		t.Protocols.SetUnencryptedHTTP2(true)
-	}
-	return t
+	return d
 }
 
 // forIdentity returns the transport of the client identity id, HTTP/2

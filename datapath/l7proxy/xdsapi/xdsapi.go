@@ -106,6 +106,24 @@ type AccessRecord struct {
 	// did not satisfy, with their action ("LOG X-Token", "ADD X-Env"),
 	// applied before it was forwarded.
 	HeaderMismatches []string `json:"headerMismatches,omitempty"`
+	// Kafka is set for a Kafka request (the Kafka listener's records);
+	// the HTTP fields are then empty.
+	Kafka *KafkaAccess `json:"kafka,omitempty"`
+}
+
+// KafkaAccess is what an access record says of one Kafka request.
+type KafkaAccess struct {
+	// APIKey is Cilium's name of the request's API key ("produce",
+	// "fetch"; the number for keys it does not name).
+	APIKey        string   `json:"apiKey"`
+	APIVersion    int16    `json:"apiVersion"`
+	CorrelationID int32    `json:"correlationID"`
+	ClientID      string   `json:"clientID,omitempty"`
+	Topics        []string `json:"topics,omitempty"`
+	// ErrorCode is the Kafka error of the proxy's denial (29,
+	// TOPIC_AUTHORIZATION_FAILED); 0 when forwarded or when the
+	// connection was closed instead (an unparsable request).
+	ErrorCode int16 `json:"errorCode,omitempty"`
 }
 
 // MaxAccessDatagram bounds one record (the path and host are the

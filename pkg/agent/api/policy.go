@@ -165,6 +165,9 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 				}
 				l7.HTTP = append(l7.HTTP, r)
 			}
+			for _, k := range e.Kafka {
+				l7.Kafka = append(l7.Kafka, models.KafkaRule(k))
+			}
 			out.ComputedL7 = append(out.ComputedL7, l7)
 		}
 		for _, e := range m.DNS {

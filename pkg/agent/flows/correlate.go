@@ -67,12 +67,16 @@ func (s *Store) Run(ctx context.Context, hub *events.Hub) {
 	}
 }
 
-// onL7 attaches an HTTP request to its connection's flow (the first
+// onL7 attaches an HTTP (or Kafka) request to its connection's flow (the first
 // request of the connection) and records it as an l7 flow.
 func (s *Store) onL7(ev events.Event) {
 	r := ev.L7
 	rec := &models.FlowL7{Protocol: r.Protocol, Verdict: r.Verdict, Method: r.Method, Path: r.Path, Host: r.Host,
 		Code: r.Code, Reason: r.Reason}
+	if k := r.Kafka; k != nil {
+		rec.Kafka = &models.FlowKafka{APIKey: k.APIKey, APIVersion: k.APIVersion, CorrelationID: k.CorrelationID,
+			ClientID: k.ClientID, Topics: k.Topics, ErrorCode: k.ErrorCode}
+	}
 	fl := models.Flow{Time: ev.Time, Node: s.cfg.Node, Type: TypeL7, Verdict: r.Verdict, Direction: r.Direction,
 		Endpoint: ev.Endpoint, Protocol: "TCP", L7: rec}
 	fl.Source = s.l7Peer(r.Src, r.SrcIdentity)

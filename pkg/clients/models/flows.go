@@ -79,6 +79,20 @@ type FlowL7 struct {
 	Host     string `json:"host,omitempty"`
 	Code     int    `json:"code,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	// Kafka is a Kafka request's (Protocol "kafka").
+	Kafka *FlowKafka `json:"kafka,omitempty"`
+}
+
+// FlowKafka is a Kafka request of a proxied connection: API key
+// (Cilium's name), version, correlation ID, client ID, topics and the
+// error code of a denial (29, TOPIC_AUTHORIZATION_FAILED).
+type FlowKafka struct {
+	APIKey        string   `json:"apiKey,omitempty"`
+	APIVersion    int16    `json:"apiVersion"`
+	CorrelationID int32    `json:"correlationID"`
+	ClientID      string   `json:"clientID,omitempty"`
+	Topics        []string `json:"topics,omitempty"`
+	ErrorCode     int16    `json:"errorCode,omitempty"`
 }
 
 // FlowDNS is a DNS query of a proxied connection (a dns-query event).

@@ -87,6 +87,18 @@ type RealizedPolicyEntry struct {
 type L7PolicyEntry struct {
 	PolicyEntry
 	HTTP []HTTPRule `json:"http"`
+	// Kafka are the entry's rules.kafka[] when it is redirected to the
+	// Kafka proxy (HTTP is then empty).
+	Kafka []KafkaRule `json:"kafka,omitempty"`
+}
+
+// KafkaRule is one rules.kafka[] entry, as written.
+type KafkaRule struct {
+	Role       string `json:"role,omitempty"`
+	APIKey     string `json:"apiKey,omitempty"`
+	APIVersion string `json:"apiVersion,omitempty"`
+	ClientID   string `json:"clientID,omitempty"`
+	Topic      string `json:"topic,omitempty"`
 }
 
 // HTTPRule is one rules.http[] entry (regular expressions).

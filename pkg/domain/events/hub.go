@@ -123,7 +123,7 @@ type DNS struct {
 // endpoint whose rules decided it (the destination for ingress rules,
 // the source for egress rules).
 type L7 struct {
-	// Protocol is the proxy's parser ("http").
+	// Protocol is the proxy's parser ("http", "kafka").
 	Protocol string `json:"protocol"`
 	// Verdict is "allowed" or "denied"; Reason says why a request was
 	// denied.
@@ -153,6 +153,8 @@ type L7 struct {
 	// HeaderMismatches are the allowing rules' headerMatches the request
 	// did not satisfy, with the action taken ("LOG X-Token").
 	HeaderMismatches []string `json:"header-mismatches,omitempty"`
+	// Kafka is a Kafka request's (Protocol "kafka").
+	Kafka *KafkaL7 `json:"kafka,omitempty"`
 }
 
 // Drop is the packet of a datapath-drop event; Event.Endpoint is the
@@ -338,4 +340,18 @@ func (s *Subscription) Close() {
 		s.h.mu.Unlock()
 		close(s.done)
 	})
+}
+
+// KafkaL7 is what an l7-access event says of a Kafka request: its API
+// key (Cilium's name: "produce", "fetch", ...), version, correlation
+// ID, client ID and topics, and the Kafka error code of the proxy's
+// denial (29, TOPIC_AUTHORIZATION_FAILED; 0 when forwarded, or when an
+// unparsable request closed the connection).
+type KafkaL7 struct {
+	APIKey        string   `json:"api-key,omitempty"`
+	APIVersion    int16    `json:"api-version"`
+	CorrelationID int32    `json:"correlation-id"`
+	ClientID      string   `json:"client-id,omitempty"`
+	Topics        []string `json:"topics,omitempty"`
+	ErrorCode     int16    `json:"error-code,omitempty"`
 }

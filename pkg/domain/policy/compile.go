@@ -45,6 +45,10 @@ type PeerRule struct {
 	// HTTP, when not nil, redirects Ports to the L7 proxy, which allows
 	// only requests matching one of the rules (toPorts[].rules.http[]).
 	HTTP []HTTPRule
+	// Kafka, when not nil, redirects Ports to the L7 proxy's Kafka
+	// listener, which allows only requests matching the rules
+	// (toPorts[].rules.kafka[], KafkaAllowed).
+	Kafka []KafkaRule
 	// DNS, when not nil, redirects Ports (egress) to the DNS proxy, which
 	// lets the endpoint resolve only names matching one of the selectors
 	// (toPorts[].rules.dns[]).
@@ -328,6 +332,8 @@ func (c *cnpCompiler) checkProxies(prs []PeerRule, path string) error {
 		switch {
 		case c.opts.NoL7 && pr.HTTP != nil:
 			return fmt.Errorf("%s.toPorts: rules.http needs the L7 proxy (start the agent with --l7-proxy)", path)
+		case c.opts.NoL7 && pr.Kafka != nil:
+			return fmt.Errorf("%s.toPorts: rules.kafka needs the L7 proxy (start the agent with --l7-proxy)", path)
 		case c.opts.NoDNSProxy && (pr.DNS != nil || slices.ContainsFunc(pr.Peers, func(s Selector) bool { _, ok := s.(*FQDNSelector); return ok })):
 			return fmt.Errorf("%s: toFQDNs and toPorts[].rules.dns need the DNS proxy (start the agent with --dns-proxy)", path)
 		}
@@ -368,6 +374,10 @@ func (c *cnpCompiler) peers(path, dir string, f peerFields, ports []portRule, ic
 				return nil, fmt.Errorf("%s.rules.dns: DNS rules are egress rules", pp)
 			}
 			if l7.DNS, err = compileDNSRules(p.Rules, pp+".rules"); err != nil {
+				return nil, err
+			}
+		} else if p.Rules.Kafka != nil {
+			if l7.Kafka, err = compileKafkaRules(p.Rules, pp+".rules"); err != nil {
 				return nil, err
 			}
 		} else if l7.HTTP, err = compileHTTPRules(p.Rules, pp+".rules"); err != nil {
@@ -412,7 +422,7 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 
 func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 	if r.HTTP == nil {
-		return nil, fmt.Errorf("%s.http: missing (http or dns are the supported L7 protocols)", path)
+		return nil, fmt.Errorf("%s.http: missing (http, kafka or dns are the supported L7 protocols)", path)
 	}
 	if len(r.HTTP) > maxHTTPRules {
 		return nil, fmt.Errorf("%s.http: %d rules, more than %d", path, len(r.HTTP), maxHTTPRules)

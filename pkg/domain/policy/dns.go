@@ -71,8 +71,8 @@ func withFQDNs(prs []PeerRule, eg cnpEgress, path string) ([]PeerRule, error) {
 
 // compileDNSRules validates rules.dns[]; an empty list allows every name.
 func compileDNSRules(r *l7Rules, path string) ([]fqdn.Selector, error) {
-	if r.HTTP != nil {
-		return nil, fmt.Errorf("%s: http and dns in one port rule: give one", path)
+	if r.HTTP != nil || r.Kafka != nil {
+		return nil, fmt.Errorf("%s: http or kafka with dns in one port rule: give one", path)
 	}
 	if len(r.DNS) > maxDNSRules {
 		return nil, fmt.Errorf("%s.dns: %d rules, more than %d", path, len(r.DNS), maxDNSRules)

@@ -104,9 +104,9 @@ func TestFQDNParseRefuses(t *testing.T) {
 		{"unknown selector field", "  - toFQDNs: [{matchRegex: x}]\n", `unsupported field "spec.egress[0].toFQDNs[0].matchRegex"`},
 		{"dns without port", "  - toPorts: [{rules: {dns: [{matchName: a.test}]}}]\n", "L7 rules need at least one port"},
 		{"dns port 0", "  - toPorts: [{ports: [{port: \"0\"}], rules: {dns: [{matchName: a.test}]}}]\n", "DNS rules need a port"},
-		{"dns and http", "  - toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchName: a.test}], http: [{}]}}]\n", "http and dns in one port rule"},
+		{"dns and http", "  - toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchName: a.test}], http: [{}]}}]\n", "with dns in one port rule"},
 		{"bad dns pattern", "  - toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchPattern: 'a**'}]}}]\n", "spec.egress[0].toPorts[0].rules.dns[0].matchPattern"},
-		{"kafka", "  - toPorts: [{ports: [{port: \"53\"}], rules: {kafka: []}}]\n", `unsupported field "spec.egress[0].toPorts[0].rules.kafka"`},
+		{"kafka and dns", "  - toPorts: [{ports: [{port: \"53\"}], rules: {kafka: [], dns: []}}]\n", "with dns in one port rule"},
 		{"dns with toFQDNs", "  - toFQDNs: [{matchName: a.test}]\n    toPorts: [{ports: [{port: \"53\"}], rules: {dns: [{matchName: a.test}]}}]\n", "rules.dns in the same entry"},
 	}
 	for _, c := range cases {

@@ -47,11 +47,11 @@ func (c *cnpCompiler) subject(r *cnpRule, path string) (*LabelSelector, error) {
 }
 
 // checkHostEntry refuses what a host rule's entry at path cannot
-// enforce: L7 (http, dns) rules, toFQDNs and named ports.
+// enforce: L7 (http, kafka, dns) rules, toFQDNs and named ports.
 func checkHostEntry(prs []PeerRule, path string) error {
 	for _, pr := range prs {
 		switch {
-		case pr.HTTP != nil || pr.DNS != nil:
+		case pr.HTTP != nil || pr.Kafka != nil || pr.DNS != nil:
 			return fmt.Errorf("%s.toPorts: L7 rules are not supported in host policies (nodeSelector), as in Cilium", path)
 		case slices.ContainsFunc(pr.Peers, func(s Selector) bool { _, ok := s.(*FQDNSelector); return ok }):
 			return fmt.Errorf("%s.toFQDNs: not supported in host policies (nodeSelector): the DNS proxy serves pods", path)

@@ -220,28 +220,38 @@ func (c *CompiledHTTPRule) Mismatches(header http.Header) []HeaderMismatch {
 }
 
 // L7Entry marks the policy map entry Key as redirected to the L7 proxy,
-// which allows only requests matching one of HTTP. An entry whose HTTP
-// holds an empty rule allows every request (an L4-only rule on the same
-// port and peer), but the port is still redirected.
+// which allows only requests matching one of HTTP (or, for a Kafka
+// entry, Kafka). An entry whose rules hold an empty rule allows every
+// request (an L4-only rule on the same port and peer), but the port is
+// still redirected. An entry that rules of both protocols redirect
+// (Cilium refuses to compute such a policy) has neither: its proxy
+// denies every request.
 type L7Entry struct {
-	Key  Key
-	HTTP []HTTPRule
+	Key   Key
+	HTTP  []HTTPRule  `json:",omitempty"`
+	Kafka []KafkaRule `json:",omitempty"`
 }
 
 // L7Parser names the proxy an L7 entry is redirected to; each parser's
 // proxy listens on its own port of the node (ProxyPorts).
 type L7Parser string
 
-// ParserHTTP is the HTTP proxy (cmd/membrane-proxy); ParserDNS the
-// agent's DNS proxy (DNSEntry).
+// ParserHTTP is the HTTP proxy (cmd/membrane-proxy), ParserKafka its
+// Kafka listener; ParserDNS the agent's DNS proxy (DNSEntry).
 const (
-	ParserHTTP L7Parser = "http"
-	ParserDNS  L7Parser = "dns"
+	ParserHTTP  L7Parser = "http"
+	ParserKafka L7Parser = "kafka"
+	ParserDNS   L7Parser = "dns"
 )
 
-// Parser is the proxy e's traffic goes to. Every entry is HTTP today;
-// another protocol's rules on L7Entry name their parser here.
-func (e L7Entry) Parser() L7Parser { return ParserHTTP }
+// Parser is the proxy e's traffic goes to: Kafka's for Kafka rules,
+// else HTTP's.
+func (e L7Entry) Parser() L7Parser {
+	if e.Kafka != nil {
+		return ParserKafka
+	}
+	return ParserHTTP
+}
 
 // ProxyPorts maps each parser to its proxy's listening port on the node
 // (the proxies' configuration, not the policy's).
@@ -288,7 +298,7 @@ func (m *MapState) HasL7() bool { return m != nil && len(m.L7) > 0 }
 
 func l7Equal(a, b []L7Entry) bool {
 	return slices.EqualFunc(a, b, func(x, y L7Entry) bool {
-		return x.Key == y.Key && slices.EqualFunc(x.HTTP, y.HTTP, func(p, q HTTPRule) bool {
+		return x.Key == y.Key && slices.Equal(x.Kafka, y.Kafka) && slices.EqualFunc(x.HTTP, y.HTTP, func(p, q HTTPRule) bool {
 			return p.Method == q.Method && p.Path == q.Path && p.Host == q.Host && slices.Equal(p.Headers, q.Headers)
 		})
 	})
@@ -299,34 +309,45 @@ func l7Equal(a, b []L7Entry) bool {
 // every request.
 type l7Builder struct {
 	rules map[Key][]HTTPRule
+	kafka map[Key][]KafkaRule
 	l4    map[Key]bool
 }
 
-// add records the L7 rules of k (nil: an L4-only rule). A nil builder
-// (a policy without L7 rules) records nothing.
-func (b *l7Builder) add(k Key, http []HTTPRule) {
+// add records the L7 rules of k (both nil: an L4-only rule). A nil
+// builder (a policy without L7 rules) records nothing.
+func (b *l7Builder) add(k Key, http []HTTPRule, kafka []KafkaRule) {
 	if b == nil {
 		return
 	}
-	if http == nil {
+	switch {
+	case http == nil && kafka == nil:
 		if b.l4 == nil {
 			b.l4 = map[Key]bool{}
 		}
 		b.l4[k] = true
-		return
+	case kafka != nil:
+		if b.kafka == nil {
+			b.kafka = map[Key][]KafkaRule{}
+		}
+		b.kafka[k] = append(b.kafka[k], kafka...)
+	default:
+		if b.rules == nil {
+			b.rules = map[Key][]HTTPRule{}
+		}
+		b.rules[k] = append(b.rules[k], http...)
 	}
-	if b.rules == nil {
-		b.rules = map[Key][]HTTPRule{}
-	}
-	b.rules[k] = append(b.rules[k], http...)
 }
 
 func (b *l7Builder) entries() []L7Entry {
-	if b == nil || len(b.rules) == 0 {
+	if b == nil || len(b.rules)+len(b.kafka) == 0 {
 		return nil
 	}
-	out := make([]L7Entry, 0, len(b.rules))
+	out := make([]L7Entry, 0, len(b.rules)+len(b.kafka))
 	for k, rs := range b.rules {
+		if _, conflict := b.kafka[k]; conflict {
+			out = append(out, L7Entry{Key: k}) // both protocols: the HTTP proxy, no rules
+			continue
+		}
 		if b.l4[k] {
 			rs = []HTTPRule{{}}
 		}
@@ -334,6 +355,18 @@ func (b *l7Builder) entries() []L7Entry {
 		slices.SortFunc(rs, compareHTTPRule)
 		rs = slices.CompactFunc(rs, func(a, b HTTPRule) bool { return compareHTTPRule(a, b) == 0 })
 		out = append(out, L7Entry{Key: k, HTTP: rs})
+	}
+	for k, rs := range b.kafka {
+		if _, conflict := b.rules[k]; conflict {
+			continue
+		}
+		if b.l4[k] {
+			rs = []KafkaRule{{}}
+		}
+		rs = slices.Clone(rs)
+		slices.SortFunc(rs, compareKafkaRule)
+		rs = slices.Compact(rs)
+		out = append(out, L7Entry{Key: k, Kafka: rs})
 	}
 	slices.SortFunc(out, func(a, b L7Entry) int { return Compare(a.Key, b.Key) })
 	return out
@@ -346,14 +379,15 @@ func compareHTTPRule(a, b HTTPRule) int {
 
 // anyL7 reports whether some peer rule of prs has L7 rules.
 func anyL7(prs []PeerRule) bool {
-	return slices.ContainsFunc(prs, func(pr PeerRule) bool { return pr.HTTP != nil })
+	return slices.ContainsFunc(prs, func(pr PeerRule) bool { return pr.HTTP != nil || pr.Kafka != nil })
 }
 
-// HasHTTPRules reports whether any of p's rules has L7 (HTTP) rules.
+// HasHTTPRules reports whether any of p's rules has L7 (HTTP or Kafka)
+// rules: rules the L7 proxy enforces.
 func (p *Policy) HasHTTPRules() bool {
 	for _, r := range p.Rules {
 		for _, pr := range slices.Concat(r.Ingress, r.Egress) {
-			if pr.HTTP != nil {
+			if pr.HTTP != nil || pr.Kafka != nil {
 				return true
 			}
 		}

@@ -116,8 +116,7 @@ func refusedPart(path string) (string, bool) {
 // unsupportedWhy says why the agent refuses a field Cilium knows, by
 // its last path element.
 var unsupportedWhy = map[string]string{
-	"kafka":   "Kafka L7 rules are not supported: Cilium's own documentation marks them beta, and Membrane's proxy parses HTTP (HTTP/2, gRPC) and DNS only",
-	"l7proto": "generic L7 parsers (l7proto/l7) are not supported: Membrane's proxy parses HTTP (HTTP/2, gRPC) and DNS only",
+	"l7proto": "generic L7 parsers (l7proto/l7) are not supported: Membrane's proxy parses HTTP (HTTP/2, gRPC), Kafka and DNS only",
 	"secret":  "Membrane reads no Secrets",
 }
 

@@ -515,7 +515,7 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 				}
 				k := Key{Identity: peer, Port: pp.Port, Proto: pp.Proto, Dir: dir}
 				keys = append(keys, k)
-				l7.add(k, pr.HTTP)
+				l7.add(k, pr.HTTP, pr.Kafka)
 				dns.add(k, pr.DNS)
 			}
 		}

@@ -131,11 +131,12 @@ type portRule struct {
 	Rules *l7Rules       `json:"rules"`
 }
 
-// l7Rules are a port rule's L7 rules: http or dns (kafka and l7proto
-// are refused by name).
+// l7Rules are a port rule's L7 rules: http, kafka or dns (l7proto is
+// refused by name).
 type l7Rules struct {
-	HTTP []HTTPRule      `json:"http"`
-	DNS  []fqdn.Selector `json:"dns"`
+	HTTP  []HTTPRule      `json:"http"`
+	Kafka []KafkaRule     `json:"kafka"`
+	DNS   []fqdn.Selector `json:"dns"`
 }
 
 type portProtocol struct {

@@ -10,7 +10,7 @@ import (
 // and kind. The schema in deploy/crds/ is generated from these types
 // (TestCRDSchemas, -update), so every field below reaches the agent: the
 // API server prunes nothing a user wrote in a Cilium document. Fields the
-// agent cannot enforce (fromNodes, kafka rules, ...; nodeSelector in a
+// agent cannot enforce (fromNodes, l7proto rules, ...; nodeSelector in a
 // namespaced kind) are declared so that the agent refuses them naming the field
 // (status.nodes[node] and a Warning event) instead of the API server
 // silently dropping them: a refused field inside an ingress or egress
