@@ -1,4 +1,4 @@
-// Package l7proxy is the agent's half of the L7 (HTTP) proxy: the xDS
+// Package l7proxy is the agent's half of the L7 (HTTP, gRPC, Kafka) proxy: the xDS
 // server the agent configures the proxy through (Server, on a unix
 // socket), the tracking of the configuration versions it acknowledged or
 // rejected (Tracker), the supervisor that starts and restarts it
@@ -26,7 +26,10 @@
 // IP_TRANSPARENT listener; upstream connections marked with the client's
 // identity, HTTP/1.x or h2c as the client spoke, from the client's own
 // address when it is a local endpoint with L7 policy), `proxy/h2.go`
-// (HTTP/1.x and h2c on one listener, gRPC denials), `access.go` (access records: the proxy queues one per
+// (HTTP/1.x and h2c on one listener, gRPC denials), `proxy/kafka.go` and
+// `proxy/kafkamsg.go` (the Kafka listener: request headers parsed, bodies
+// decoded with franz-go's kmsg for their topics, denials answered
+// TOPIC_AUTHORIZATION_FAILED with the request's correlation ID), `access.go` (access records: the proxy queues one per
 // request, never waiting, and sends it as a JSON datagram to the agent's
 // unixgram socket; the agent turns it into an `l7-access` event and a
 // counter, `pkg/agent/l7access.go`), `server.go` (the agent's xDS server:
