@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // EndpointConfig tunes the endpoint actors.
@@ -63,6 +64,11 @@ type Config struct {
 	// by default): its addresses get that identity in the ipcache instead
 	// of remote-node, and policies accept fromNodes/toNodes.
 	NodeSelectorLabels bool
+	// NodeLabels (--node-labels, Cilium's flag; the --labels syntax,
+	// "[source:][!]regexp" matched at the start of the key, without
+	// --labels' defaults) chooses the Node labels that make a node's
+	// identity; nil keeps them all.
+	NodeLabels *labels.Filter
 	// ClusterIdentity tunes the calls to IdentityBackend.
 	ClusterIdentity ClusterIdentityConfig
 	Pool            PoolConfig

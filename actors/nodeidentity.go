@@ -43,7 +43,7 @@ func (a *nodesActor) nodeIdentities(ctx actor.Context) map[netip.Addr]identity.N
 		if !r.Active {
 			continue
 		}
-		ls, err := policy.NodeIdentityLabels(r.Labels)
+		ls, err := policy.NodeIdentityLabels(a.deps.filterNodeLabels(r.Labels))
 		if err != nil {
 			a.log.Warn("node labels left out of the node's identity", "node", r.Name, "err", err)
 		}
@@ -112,6 +112,21 @@ func (s *System) NodeIdentities() map[identity.NumericIdentity]labels.Labels {
 	out := make(map[identity.NumericIdentity]labels.Labels, len(ids.labels))
 	for id, ls := range ids.labels {
 		out[id] = ls
+	}
+	return out
+}
+
+// filterNodeLabels keeps the Node labels --node-labels chooses (all
+// without it).
+func (d *endpointDeps) filterNodeLabels(nodeLabels map[string]string) map[string]string {
+	if d.nodeLabels == nil {
+		return nodeLabels
+	}
+	out := make(map[string]string, len(nodeLabels))
+	for k, v := range nodeLabels {
+		if d.nodeLabels.Relevant(labels.Label{Source: policy.SourceNode, Key: k, Value: v}) {
+			out[k] = v
+		}
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/membrane-cni/membrane/actors"
 	"github.com/membrane-cni/membrane/datapath"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -221,4 +222,41 @@ func TestSyncNodesPeriodicResync(t *testing.T) {
 		got, n := h.fake.Nodes()
 		return len(got) == 1 && n >= first+3
 	})
+}
+
+// TestNodeLabelsFilter: with per-node identities, --node-labels chooses
+// the Node labels that make a node's identity: two nodes that differ
+// only in a label it leaves out (their hostnames) share one identity,
+// named by the labels it keeps; without it every label counts and they
+// get one each.
+func TestNodeLabelsFilter(t *testing.T) {
+	nodes := func() []datapath.RemoteNode {
+		a, b := remoteNode("a", "192.0.2.1", "10.1.0.0/24"), remoteNode("b", "192.0.2.2", "10.1.1.0/24")
+		a.Labels = map[string]string{"kubernetes.io/hostname": "a", "topology.kubernetes.io/zone": "z1"}
+		b.Labels = map[string]string{"kubernetes.io/hostname": "b", "topology.kubernetes.io/zone": "z1"}
+		return []datapath.RemoteNode{a, b}
+	}
+	filter, err := labels.NewPatternFilter([]string{`topology\.kubernetes\.io`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		filter *labels.Filter
+		want   int
+	}{{"every label", nil, 2}, {"zone only", filter, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := startSystem(t, func(c *actors.Config) { c.NodeSelectorLabels, c.NodeLabels = true, tc.filter })
+			if err := h.sys.SyncNodes(context.Background(), "k8s", nodes()); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, "per-node identities", func() bool { return len(h.sys.NodeIdentities()) == tc.want })
+			for id, ls := range h.sys.NodeIdentities() {
+				hasHost := slices.ContainsFunc(ls, func(l labels.Label) bool { return l.Key == "kubernetes.io/hostname" })
+				if hasHost != (tc.filter == nil) {
+					t.Errorf("identity %d labels %v: hostname present %v, want %v", id, ls, hasHost, tc.filter == nil)
+				}
+			}
+		})
+	}
 }

@@ -100,6 +100,7 @@ type endpointDeps struct {
 	// here by the nodes actor so that a restarted nodes or policy actor
 	// has it (nodeidentity.go).
 	nodeSelectorLabels bool
+	nodeLabels         *labels.Filter
 	nodeIDs            atomic.Pointer[nodeIdentities]
 }
 
@@ -126,7 +127,7 @@ func Start(cfg Config, ix *index.Index, dp datapath.Datapath, log *slog.Logger) 
 	newAlloc := func() (identity.Allocator, error) { return identity.NewLocalAllocator(cfg.Identity) }
 	sys := NewSystem(log)
 	counters := &Counters{}
-	deps := &endpointDeps{nodeSelectorLabels: cfg.NodeSelectorLabels, cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
+	deps := &endpointDeps{nodeSelectorLabels: cfg.NodeSelectorLabels, nodeLabels: cfg.NodeLabels, cfg: cfg.Endpoint, ix: ix, writer: newIndexWriter(ix, sys.Root.Send, counters, log), dp: dp, log: log, counters: counters, store: cfg.State,
 		registry: &Registry{}, events: cfg.Events, observer: cfg.Observer}
 	if cfg.IdentityBackend != nil {
 		target := identityPID(sys)

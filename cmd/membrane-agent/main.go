@@ -25,6 +25,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/ipam"
+	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
 // version is the agent's version, set at build time (make image:
@@ -117,7 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	var kc k8s.Config
 	var inCluster bool
-	var labelPatterns string
+	var labelPatterns, nodeLabelPatterns string
 	policyGroups := "membrane.io"
 	fs.StringVar(&policyGroups, "policy-api-groups", policyGroups, "Kubernetes mode: comma-separated API groups whose network policy kinds the agent reads besides NetworkPolicy: membrane.io (MembraneNetworkPolicy, MembraneClusterwideNetworkPolicy) and cilium.io (CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy of cilium.io/v2, whose CRDs must be installed)")
 	fs.StringVar(&labelPatterns, "labels", "", "Kubernetes mode: space-separated identity-relevant label patterns, Cilium's syntax \"[source:][!]regexp\" anchored at the key's start (\"k8s:app k8s:!team\"); added to the defaults, which leave out pod-template-hash, controller-revision-hash, statefulset.kubernetes.io/pod-name, apps.kubernetes.io/pod-index, job-name, controller-uid, batch.kubernetes.io/{job-name,controller-uid}, io.kubernetes, kubernetes.io and k8s.io keys (the namespace, namespace labels, service account and app.kubernetes.io stay). An include pattern keeps only what some include matches")
@@ -131,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too, host processes' connections (socket hooks on --socket-lb-cgroup) and NodePort traffic from outside (a program on --devices); no kube-proxy on the node. Cluster addresses from pods are always translated")
 	fs.StringVar(&cfg.Linux.Services.Cgroup, "socket-lb-cgroup", "", "--kube-proxy-replacement: cgroup2 directory whose processes get socket-level service translation (default: the cgroup2 mount's root)")
 	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement, --host-firewall: comma-separated uplinks translating NodePort traffic from outside and enforcing host policies (default: the devices holding the node's addresses)")
+	fs.StringVar(&nodeLabelPatterns, "node-labels", "", "--enable-node-selector-labels: space-separated patterns choosing the Node labels that make a node's identity, --labels' syntax without its defaults (\"topology.kubernetes.io !kubernetes.io/hostname\"; Cilium's flag); empty: every label")
 	fs.BoolVar(&cfg.Actors.NodeSelectorLabels, "enable-node-selector-labels", false, "give every other node an identity of its own from its Node labels (source node), so that policies select nodes with fromNodes/toNodes (Cilium's flag); off: other nodes are remote-node and fromNodes/toNodes are refused")
 	fs.BoolVar(&cfg.Linux.HostFirewall.Enabled, "host-firewall", false, "Kubernetes mode, linux datapath: enforce host policies (CiliumClusterwideNetworkPolicy and MembraneClusterwideNetworkPolicy with nodeSelector, matched against this node's Node labels) on the node's own traffic on --devices; the API server the agent uses, replies to the node's connections, node health probes and the tunnel port always pass (SECURITY.md)")
 	fs.Float64Var(&kc.ClientQPS, "k8s-client-qps", 10, "Kubernetes mode: queries per second the agent's clients of the API server may send (Cilium's flag and default; client-go's own default is 5)")
@@ -223,6 +225,16 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	}
 	cfg.Linux.Services.KubeProxyReplacement = kc.KubeProxyReplacement
 	kc.Labels = strings.Fields(labelPatterns)
+	if p := strings.Fields(nodeLabelPatterns); len(p) > 0 {
+		if !cfg.Actors.NodeSelectorLabels {
+			return cfg, nil, fmt.Errorf("--node-labels: only with --enable-node-selector-labels")
+		}
+		f, err := labels.NewPatternFilter(p)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("--node-labels: %w", err)
+		}
+		cfg.Actors.NodeLabels = f
+	}
 	for _, g := range strings.Split(policyGroups, ",") {
 		if g = strings.TrimSpace(g); g != "" {
 			kc.PolicyAPIGroups = append(kc.PolicyAPIGroups, g)

@@ -172,6 +172,10 @@ func TestParseFlagsK8s(t *testing.T) {
 		{"api server user", []string{"--k8s", "--node-name", "n", "--k8s-api-server", "https://u:p@10.0.0.1:6443"}, "", false, "--k8s-api-server"},
 		{"api server standalone", []string{"--k8s-api-server", "https://10.0.0.1:6443"}, "", false, "--k8s-api-server"},
 		{"negative pod cidr wait", []string{"--k8s-kubeconfig", kc, "--node-name", "n", "--k8s-pod-cidr-wait", "-1s"}, "", false, "PodCIDRWait"},
+		{"node labels", []string{"--k8s", "--node-name", "n", "--enable-node-selector-labels", "--node-labels", `topology\.kubernetes\.io !kubernetes\.io/hostname`}, "n", true, ""},
+		{"node labels without node selector labels", []string{"--k8s", "--node-name", "n", "--node-labels", "topology"}, "", false, "--node-labels"},
+		{"node labels bad pattern", []string{"--k8s", "--node-name", "n", "--enable-node-selector-labels", "--node-labels", "a("}, "", false, "--node-labels"},
+		{"client qps negative", []string{"--k8s", "--node-name", "n", "--k8s-client-qps", "-1"}, "", false, "--k8s-client-qps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)

@@ -70,12 +70,19 @@ type filterPattern struct {
 // NewFilter returns the filter of DefaultFilterPatterns followed by
 // patterns (the agent's --labels). Returns an error naming the first
 // pattern that does not parse.
-func NewFilter(patterns []string) (*Filter, error) {
+func NewFilter(patterns []string) (*Filter, error) { return newFilter(DefaultFilterPatterns, patterns) }
+
+// NewPatternFilter returns the filter of patterns alone, without
+// DefaultFilterPatterns (the agent's --node-labels): with none it keeps
+// every label.
+func NewPatternFilter(patterns []string) (*Filter, error) { return newFilter(nil, patterns) }
+
+func newFilter(defaults, patterns []string) (*Filter, error) {
 	if len(patterns) > maxFilterPatterns {
 		return nil, fmt.Errorf("label filter: %d patterns, more than %d", len(patterns), maxFilterPatterns)
 	}
 	f := &Filter{}
-	for _, p := range DefaultFilterPatterns {
+	for _, p := range defaults {
 		fp, err := parseFilterPattern(p)
 		if err != nil {
 			return nil, fmt.Errorf("default label pattern %q: %w", p, err) // a bug

@@ -106,3 +106,31 @@ func FuzzFilterPattern(f *testing.F) {
 		}
 	})
 }
+
+// TestNewPatternFilter: the pattern filter (--node-labels) has none of
+// NewFilter's defaults: with no pattern it keeps every label, even those
+// the defaults leave out; an include pattern keeps only what it matches.
+func TestNewPatternFilter(t *testing.T) {
+	host := Label{Source: "node", Key: "kubernetes.io/hostname", Value: "a"}
+	zone := Label{Source: "node", Key: "topology.kubernetes.io/zone", Value: "z1"}
+	all, err := NewPatternFilter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !all.Relevant(host) || !all.Relevant(zone) {
+		t.Error("the empty pattern filter left a label out")
+	}
+	if def, _ := NewFilter(nil); def.Relevant(host) {
+		t.Error("NewFilter's defaults keep kubernetes.io/hostname; this test assumes they do not")
+	}
+	z, err := NewPatternFilter([]string{`topology\.kubernetes\.io`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.Relevant(host) || !z.Relevant(zone) {
+		t.Errorf("zone filter: hostname %v zone %v, want false true", z.Relevant(host), z.Relevant(zone))
+	}
+	if _, err := NewPatternFilter([]string{"a("}); err == nil {
+		t.Error("a bad pattern was accepted")
+	}
+}
