@@ -103,8 +103,11 @@ func (a *policyActor) upsertNodeIdentities() {
 }
 
 // NodeIdentities returns the per-node identities (Config.NodeSelectorLabels)
-// and their labels; empty without them.
+// and their labels; empty without them (or on a nil System: API tests).
 func (s *System) NodeIdentities() map[identity.NumericIdentity]labels.Labels {
+	if s == nil {
+		return nil
+	}
 	ids := s.deps.nodeIDs.Load()
 	if ids == nil {
 		return nil

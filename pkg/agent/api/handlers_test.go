@@ -648,8 +648,8 @@ func TestEndpointHappyPaths(t *testing.T) {
 				local[id.ID] = id
 			}
 		}
-		if reserved != 7 {
-			t.Errorf("%d reserved identities listed, want 7", reserved)
+		if reserved != 8 {
+			t.Errorf("%d reserved identities listed, want 8", reserved)
 		}
 		if got := local[web.Identity.ID]; got == nil || got.RefCount != 1 || !slices.Equal(got.Labels, web.Labels) {
 			t.Errorf("web's identity in the list: %+v", got)
@@ -807,7 +807,7 @@ func TestConcurrentCreates(t *testing.T) {
 	}
 	testutil.Eventually(t, "every identity released", func() bool {
 		ids, err := e.client.Identities(ctx)
-		return err == nil && len(ids) == 7 // the reserved ones
+		return err == nil && len(ids) == 8 // the reserved ones
 	})
 }
 

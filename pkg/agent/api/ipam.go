@@ -180,7 +180,7 @@ func (s *Server) listIdentities(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var out []*models.Identity
-	for _, id := range []identity.NumericIdentity{identity.ReservedHost, identity.ReservedWorld, identity.ReservedUnmanaged, identity.ReservedHealth, identity.ReservedInit, identity.ReservedRemoteNode, identity.ReservedKubeAPIServer} {
+	for _, id := range []identity.NumericIdentity{identity.ReservedHost, identity.ReservedWorld, identity.ReservedUnmanaged, identity.ReservedHealth, identity.ReservedInit, identity.ReservedRemoteNode, identity.ReservedKubeAPIServer, identity.ReservedIngress} {
 		out = append(out, s.identityModel(id))
 	}
 	for _, row := range s.ix.Identities() {

@@ -30,10 +30,14 @@ const (
 	// EndpointSlice (default/kubernetes) that is not this node's: labels
 	// reserved:kube-apiserver and reserved:remote-node, as in Cilium.
 	ReservedKubeAPIServer NumericIdentity = 7
+	// ReservedIngress is Cilium's ingress proxy (reserved:ingress, its
+	// number 8). Membrane runs no ingress proxy and never gives it to
+	// traffic: the `ingress` entity is accepted and selects nothing.
+	ReservedIngress NumericIdentity = 8
 	// maxReserved is the last reserved identity with labels.
-	maxReserved = ReservedKubeAPIServer
+	maxReserved = ReservedIngress
 	// MinLocalIdentity is the first identity handed out for label sets.
-	// Identities 1 to 255 form the reserved range, of which 1 to 7 are used.
+	// Identities 1 to 255 form the reserved range, of which 1 to 8 are used.
 	MinLocalIdentity NumericIdentity = 256
 	// MinNodeIdentity is the first per-node identity
 	// (--enable-node-selector-labels: other nodes' addresses get an
@@ -67,6 +71,8 @@ func reservedName(id NumericIdentity) string {
 		return "remote-node"
 	case ReservedKubeAPIServer:
 		return "kube-apiserver"
+	case ReservedIngress:
+		return "ingress"
 	}
 	return ""
 }

@@ -30,7 +30,8 @@ func TestReserved(t *testing.T) {
 		{ReservedHealth, "reserved:health", "health", true},
 		{ReservedInit, "reserved:init", "init", true},
 		{ReservedRemoteNode, "reserved:remote-node", "remote-node", true},
-		{8, "", "8", false},
+		{ReservedIngress, "reserved:ingress", "ingress", true},
+		{9, "", "9", false},
 		{255, "", "255", false},
 		{MinLocalIdentity, "", "256", false},
 	}

@@ -524,10 +524,10 @@ func compilePeers(path, ns string, scope nsScope, dir string, eps []labelSelecto
 		switch e {
 		case EntityAll:
 			pr.Any = true
-		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer:
+		case EntityWorld, EntityHost, EntityCluster, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer, EntityIngress:
 			pr.Peers = append(pr.Peers, &EntitySelector{Entity: e})
 		default:
-			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, remote-node, kube-apiserver, health, init, unmanaged or all)", path, dir, i, e)
+			return pr, fmt.Errorf("%s.%sEntities[%d]: unsupported entity %q (want world, host, cluster, remote-node, kube-apiserver, health, init, unmanaged, ingress or all)", path, dir, i, e)
 		}
 	}
 	if len(eps)+len(cidrs)+len(sets)+len(entities) == 0 {

@@ -37,7 +37,7 @@ func TestParseRefuses(t *testing.T) {
 		{"no spec", cnpHead, "spec: missing"},
 		{"spec and specs", cnpHead + "spec: {endpointSelector: {}}\nspecs: [{endpointSelector: {}}]\n", "give one, not both"},
 		{"no endpointSelector", cnpHead + "spec: {ingress: []}\n", "spec.endpointSelector: missing"},
-		{"bad entity", cnpHead + "spec:\n  endpointSelector: {}\n  egress: [{toEntities: [ingress]}]\n", `spec.egress[0].toEntities[0]: unsupported entity "ingress"`},
+		{"bad entity", cnpHead + "spec:\n  endpointSelector: {}\n  egress: [{toEntities: [ingres]}]\n", `spec.egress[0].toEntities[0]: unsupported entity "ingres"`},
 		{"bad protocol", cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: \"80\", protocol: ICMP}]}]}]\n", `spec.ingress[0].toPorts[0].ports[0].protocol: unsupported protocol "ICMP"`},
 		{"bad port name", cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: Http}]}]}]\n", `spec.ingress[0].toPorts[0].ports[0].port: port name "Http": 'H' is not a lowercase letter`},
 		{"named port with L7", cnpHead + "spec:\n  endpointSelector: {}\n  ingress: [{toPorts: [{ports: [{port: http, protocol: TCP}], rules: {http: [{}]}}]}]\n", `named port "http" with L7 rules is not supported`},

@@ -151,7 +151,7 @@ func NewRepository() *Repository {
 		portOwners: map[string]portOwner{}, idPorts: map[identity.NumericIdentity]map[NamedPort]int{},
 		resolved: map[identity.NumericIdentity]map[string]*MapState{},
 	}
-	for id := identity.ReservedHost; id <= identity.ReservedKubeAPIServer; id++ {
+	for id := identity.ReservedHost; id <= identity.ReservedIngress; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {
 			r.setLabels(id, ls)
 		}

@@ -218,6 +218,9 @@ const (
 	// EntityKubeAPIServer is the API server's addresses (identity
 	// kube-apiserver).
 	EntityKubeAPIServer = "kube-apiserver"
+	// EntityIngress is Cilium's ingress proxy (identity ingress), which
+	// Membrane does not run: it selects nothing here.
+	EntityIngress = "ingress"
 )
 
 // EntitySelector matches an entity: world (the world identity and every
@@ -239,7 +242,7 @@ func (s *EntitySelector) Matches(ls labels.Labels) bool {
 	switch s.Entity {
 	case EntityWorld:
 		return isWorld(ls) || isCIDR
-	case EntityHost, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer:
+	case EntityHost, EntityHealth, EntityInit, EntityUnmanaged, EntityRemoteNode, EntityKubeAPIServer, EntityIngress:
 		return ls.Has(labels.Label{Source: labels.SourceReserved, Key: s.Entity})
 	default: // cluster
 		return !isWorld(ls) && !isCIDR

@@ -158,3 +158,32 @@ spec:
 		t.Errorf("selections %+v", sels)
 	}
 }
+
+// The entity ingress (Cilium's ingress proxy) is accepted and selects
+// identity 8 alone, which Membrane never gives to traffic: a policy
+// naming it isolates its pods and allows nothing more, as in a Cilium
+// cluster without its ingress.
+func TestEntityIngress(t *testing.T) {
+	r := NewRepository()
+	const a, b identity.NumericIdentity = 300, 301
+	r.UpsertIdentity(a, podLabels(t, "default", "app=a"))
+	r.UpsertIdentity(b, podLabels(t, "default", "app=b"))
+	r.Import(mustParse(t, `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: from-ingress}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  ingress:
+  - fromEntities: [ingress]
+`))
+	m := r.MapState(a)
+	for _, peer := range []identity.NumericIdentity{b, identity.ReservedHost, identity.ReservedWorld, identity.ReservedRemoteNode, identity.ReservedKubeAPIServer} {
+		if m.Allows(peer, 80, ProtoTCP, Ingress) {
+			t.Errorf("fromEntities: [ingress] admits %s", peer)
+		}
+	}
+	if sels := r.Selections("default/from-ingress"); len(sels) != 1 || sels[0].Selector != "entity{ingress}" ||
+		len(sels[0].Identities) != 1 || sels[0].Identities[0] != identity.ReservedIngress {
+		t.Errorf("selections %+v, want entity{ingress} selecting identity %d alone", sels, identity.ReservedIngress)
+	}
+}
