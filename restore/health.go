@@ -59,6 +59,12 @@ type health struct {
 	// always calls retry after each successful probe, with or without
 	// failed removals (Degraded reopens the directory there).
 	always bool
+	// flush (the store's syncfs on its own descriptor) must succeed too
+	// before the directory is healthy: a writeback error of the fault is
+	// reported once per descriptor, by its next syncfs, so a probe of
+	// new files alone would call the directory healthy and the next
+	// checkpoint would fail on the old error.
+	flush func() error
 
 	// mu guards cur, onChange and failed.
 	mu       sync.Mutex
@@ -191,6 +197,9 @@ func (h *health) prober() {
 			case <-t.C:
 			}
 			err := probe(h.dir)
+			if err == nil && h.flush != nil {
+				err = h.flush()
+			}
 			if err == nil {
 				err = h.retryFailed()
 			}

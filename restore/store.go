@@ -219,6 +219,7 @@ func Open(dir string, log *slog.Logger) (*Store, error) {
 	s.cpRoom = sync.NewCond(&s.cpMu)
 	s.jan = newJanitor(s.log, sd)
 	s.health = newHealth(j.dir, s.removeFailed)
+	s.health.flush = s.flush
 	s.loadReplay(rp)
 	for range workers {
 		go s.worker()
