@@ -58,7 +58,7 @@ type segment struct {
 // checkpointer frees sealed ones once the directories hold their
 // records; the preallocator makes new files.
 type journal struct {
-	dir     string
+	dir string
 	// ro reads the journal without writing to it (OpenDegraded): files
 	// opened read-only, nothing made or removed.
 	ro      bool
