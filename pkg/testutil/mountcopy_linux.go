@@ -76,3 +76,24 @@ func MountsAt(tb testing.TB, path string) int {
 	}
 	return n
 }
+
+// HoldHostMountNS starts a process in a private copy of this process's
+// mount namespace (`unshare -m --propagation private`), as a parallel
+// test or a container runtime makes one: it holds a copy of every mount
+// there at that moment until it is killed at cleanup.
+func HoldHostMountNS(tb testing.TB) {
+	tb.Helper()
+	holder := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", "echo ready && exec sleep 600")
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	holder.Stderr = os.Stderr
+	if err := holder.Start(); err != nil {
+		tb.Fatalf("unshare -m: %v", err)
+	}
+	tb.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		tb.Fatalf("mount namespace copy: %q", line)
+	}
+}

@@ -1,6 +1,7 @@
 package crash
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -45,9 +47,10 @@ import (
 // state directory meets a running agent only this way.
 type stateDevice struct {
 	t                 *testing.T
-	dir, mnt          string // the test's tmpfs; where the state ext4 is mounted
+	ns                *mountNS
+	dir, mnt          string // the test's tmpfs; where the state ext4 is mounted (paths in ns)
 	outerLoop, loop   string // /dev/loopN
-	outerMnt, image   string // the outer ext4's mount; state.img
+	outerMnt, image   string // the outer ext4's mount; state.img (paths in ns)
 	errorsMode        string // the state ext4's errors= option
 	mounted, outerOn  bool
 	outerAttached, on bool
@@ -55,48 +58,60 @@ type stateDevice struct {
 
 // newStateDevice builds the stack under mnt (the node's state
 // directory, which must not exist yet or be empty); cleanup removes it.
+//
+// Every mount of the stack lives in a mount namespace of the test's own
+// (mountNS), never in the machine's: a process elsewhere that makes a
+// mount namespace while the stack is mounted (a container runtime, a
+// parallel test's `unshare -m`) would otherwise hold a copy of the state
+// ext4 and keep its superblock alive, so the operator's fsck finds the
+// device in use. The agent reaches the directory through
+// /proc/<holder>/root (View).
 func newStateDevice(t *testing.T, base, mnt, errorsMode string) *stateDevice {
 	t.Helper()
-	sd := &stateDevice{t: t, dir: filepath.Join(base, "statedev"), mnt: mnt, errorsMode: errorsMode}
-	tmpfsT(t, sd.dir, 96<<20)
-	outer := filepath.Join(sd.dir, "outer.img")
-	run(t, "truncate", "-s", "80M", outer)
-	run(t, "mkfs.ext4", "-q", "-F", outer)
-	sd.outerLoop = strings.TrimSpace(run(t, "losetup", "-f", "--show", outer))
-	sd.outerAttached = true
-	t.Cleanup(sd.cleanup)
-	sd.outerMnt = filepath.Join(sd.dir, "outer")
-	if err := os.MkdirAll(sd.outerMnt, 0o700); err != nil {
+	ns := newMountNS(t)
+	sd := &stateDevice{t: t, ns: ns, dir: filepath.Join(base, "statedev"), mnt: mnt, errorsMode: errorsMode}
+	if err := os.MkdirAll(sd.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount(sd.outerLoop, sd.outerMnt, "ext4", 0, ""); err != nil {
-		t.Fatalf("mount %s: %v", sd.outerLoop, err)
+	t.Cleanup(sd.cleanup)
+	ns.must("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0750", 96<<20), "tmpfs", sd.dir)
+	outer := filepath.Join(sd.dir, "outer.img")
+	run(t, "truncate", "-s", "80M", ns.path(outer))
+	run(t, "mkfs.ext4", "-q", "-F", ns.path(outer))
+	sd.outerLoop = strings.TrimSpace(run(t, "losetup", "-f", "--show", ns.path(outer)))
+	sd.outerAttached = true
+	sd.outerMnt = filepath.Join(sd.dir, "outer")
+	if err := os.MkdirAll(ns.path(sd.outerMnt), 0o700); err != nil {
+		t.Fatal(err)
 	}
+	ns.must("mount", "-t", "ext4", sd.outerLoop, sd.outerMnt)
 	sd.outerOn = true
 	sd.image = filepath.Join(sd.outerMnt, "state.img")
-	run(t, "truncate", "-s", "48M", sd.image)
-	run(t, "mkfs.ext4", "-q", "-F", "-O", "^has_journal", sd.image)
-	sd.loop = strings.TrimSpace(run(t, "losetup", "-f", "--show", sd.image))
+	run(t, "truncate", "-s", "48M", ns.path(sd.image))
+	run(t, "mkfs.ext4", "-q", "-F", "-O", "^has_journal", ns.path(sd.image))
+	sd.loop = strings.TrimSpace(run(t, "losetup", "-f", "--show", ns.path(sd.image)))
 	sd.on = true
 	sd.mount()
 	return sd
 }
 
+// View is the state directory as every other process reaches it: through
+// the holder's root.
+func (sd *stateDevice) View() string { return sd.ns.path(sd.mnt) }
+
 func (sd *stateDevice) mount() {
 	sd.t.Helper()
-	if err := os.MkdirAll(sd.mnt, 0o750); err != nil {
+	if err := os.MkdirAll(sd.ns.path(sd.mnt), 0o750); err != nil {
 		sd.t.Fatal(err)
 	}
-	if err := unix.Mount(sd.loop, sd.mnt, "ext4", 0, "errors="+sd.errorsMode); err != nil {
-		sd.t.Fatalf("mount %s at %s: %v", sd.loop, sd.mnt, err)
-	}
+	sd.ns.must("mount", "-t", "ext4", "-o", "errors="+sd.errorsMode, sd.loop, sd.mnt)
 	sd.mounted = true
 }
 
 // failIO makes every write and flush of the state directory fail with
 // EIO; healIO ends it.
-func (sd *stateDevice) failIO()         { run(sd.t, "chattr", "+i", sd.image) }
-func (sd *stateDevice) healIO()         { run(sd.t, "chattr", "-i", sd.image) }
+func (sd *stateDevice) failIO()         { run(sd.t, "chattr", "+i", sd.ns.path(sd.image)) }
+func (sd *stateDevice) healIO()         { run(sd.t, "chattr", "-i", sd.ns.path(sd.image)) }
 func (sd *stateDevice) devName() string { return filepath.Base(sd.loop) }
 
 // readOnly has the state ext4 report an error: with errors=remount-ro
@@ -111,26 +126,24 @@ func (sd *stateDevice) readOnly() {
 }
 
 // repair is the operator's repair of a filesystem the kernel made
-// read-only: unmount (the agent is down), fsck, mount again.
+// read-only: unmount (the agent holds nothing there), fsck, mount again.
 func (sd *stateDevice) repair() {
 	sd.t.Helper()
-	if err := unix.Unmount(sd.mnt, 0); err != nil {
-		sd.t.Fatalf("unmount the read-only state filesystem: %v", err)
-	}
+	sd.ns.must("umount", sd.mnt)
 	sd.mounted = false
 	out, err := exec.Command("e2fsck", "-f", "-y", sd.loop).CombinedOutput()
 	var ee *exec.ExitError
 	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) { // 1: errors corrected
-		sd.t.Fatalf("e2fsck: %v\n%s", err, out)
+		sd.t.Fatalf("e2fsck: %v\n%s%s", err, out, holdersOf(sd.loop))
 	}
 	sd.mount()
 }
 
 func (sd *stateDevice) cleanup() {
 	if sd.mounted {
-		_ = exec.Command("chattr", "-i", sd.image).Run()
-		if err := unix.Unmount(sd.mnt, unix.MNT_DETACH); err != nil {
-			sd.t.Errorf("unmount %s: %v", sd.mnt, err)
+		_ = exec.Command("chattr", "-i", sd.ns.path(sd.image)).Run()
+		if out, err := sd.ns.run("umount", "-l", sd.mnt); err != nil {
+			sd.t.Errorf("unmount %s: %v %s", sd.mnt, err, out)
 		}
 	}
 	if sd.on {
@@ -139,8 +152,8 @@ func (sd *stateDevice) cleanup() {
 		}
 	}
 	if sd.outerOn {
-		if err := unix.Unmount(sd.outerMnt, unix.MNT_DETACH); err != nil {
-			sd.t.Errorf("unmount %s: %v", sd.outerMnt, err)
+		if out, err := sd.ns.run("umount", "-l", sd.outerMnt); err != nil {
+			sd.t.Errorf("unmount %s: %v %s", sd.outerMnt, err, out)
 		}
 	}
 	if sd.outerAttached {
@@ -148,6 +161,96 @@ func (sd *stateDevice) cleanup() {
 			sd.t.Errorf("losetup -d %s: %v %s", sd.outerLoop, err, out)
 		}
 	}
+	if out, err := sd.ns.run("umount", "-l", sd.dir); err != nil {
+		sd.t.Errorf("unmount %s: %v %s", sd.dir, err, out)
+	}
+}
+
+// mountNS is a mount namespace of the test's own: a holder process in
+// `unshare -m --propagation slave` (the machine's unmounts still reach
+// its copies; its own mounts never reach the machine), killed at
+// cleanup, which frees whatever is still mounted in it.
+type mountNS struct {
+	t   *testing.T
+	pid int
+}
+
+func newMountNS(t *testing.T) *mountNS {
+	t.Helper()
+	for _, tool := range []string{"unshare", "nsenter", "mount", "umount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s (util-linux) is needed: %v", tool, err)
+		}
+	}
+	holder := exec.Command("unshare", "-m", "--propagation", "slave", "sh", "-c", "echo ready && exec sleep 3600")
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder.Stderr = os.Stderr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("mount namespace holder: %q", line)
+	}
+	self, err1 := os.Readlink("/proc/self/ns/mnt")
+	its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
+	if err1 != nil || err2 != nil || self == its {
+		t.Fatalf("the holder's mount namespace %q (%v), ours %q (%v): want a new one", its, err2, self, err1)
+	}
+	return &mountNS{t: t, pid: holder.Process.Pid}
+}
+
+// path is p (absolute, in the namespace) as seen from any other process.
+func (m *mountNS) path(p string) string { return fmt.Sprintf("/proc/%d/root%s", m.pid, p) }
+
+// run runs a command in the namespace (nsenter -m).
+func (m *mountNS) run(args ...string) ([]byte, error) {
+	return exec.Command("nsenter", append([]string{"-t", strconv.Itoa(m.pid), "-m", "--"}, args...)...).CombinedOutput()
+}
+
+func (m *mountNS) must(args ...string) {
+	m.t.Helper()
+	if out, err := m.run(args...); err != nil {
+		m.t.Fatalf("in the test's mount namespace: %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// holdersOf names the processes whose mount namespaces mount dev (an
+// e2fsck refused for "in use" says who).
+func holdersOf(dev string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return ""
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	procs, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
+	seen := map[string]bool{}
+	var holders []string
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && f[2] == want {
+				pid := filepath.Base(filepath.Dir(p))
+				ns, _ := os.Readlink(filepath.Join("/proc", pid, "ns", "mnt"))
+				if !seen[ns] {
+					seen[ns] = true
+					comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
+					holders = append(holders, fmt.Sprintf("pid %s (%s) %s at %s", pid, strings.TrimSpace(string(comm)), ns, f[4]))
+				}
+				break
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return "no mount namespace mounts " + dev
+	}
+	return dev + " is mounted in: " + strings.Join(holders, "; ")
 }
 
 // run runs a command, failing the test on an error; returns its output.
@@ -207,6 +310,10 @@ func testDiskFault(t *testing.T, f diskFault) {
 	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbc-disk", IPv4Range: f.cidr, Network: "crash-disk-" + f.name,
 		MTU: 1400, OwnBPFFS: true})
 	sd := newStateDevice(t, n.Dir, n.StateDir, f.errorsMode)
+	n.StateDir = sd.View()
+	// What a parallel test or a container runtime does: a new mount
+	// namespace copied from the machine's while the stack is mounted.
+	testutil.HoldHostMountNS(t)
 	ap := &agentProc{Node: n, Proc: n.Process("--teardown-delay", "100ms", "--enable-health=false")}
 	ap.Start()
 	c := client.New(ap.Socket)

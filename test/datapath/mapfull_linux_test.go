@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/datapath"
@@ -252,24 +253,62 @@ func ctEntriesOfPort(t *testing.T, e *nodeharness.Node, port uint16) int {
 	return n
 }
 
-// udpBurst sends n UDP datagrams from p, each from a new socket (a new
-// source port: a new connection for conntrack) to dst:9.
+// udpBurst sends n UDP datagrams from p on every CPU the test may use,
+// each from a new socket (a new source port: a new connection for
+// conntrack) to dst:9. Every CPU: the kernel's LRU hash keeps each CPU's
+// recent inserts on that CPU's own pending list, which only that CPU's
+// next inserts evict from, so an established connection whose entries
+// were made on one CPU survives any number of new connections made on
+// another (the veth's programs run on the sender's CPU).
 func udpBurst(t *testing.T, p *policyPod, dst netip.Addr, n int) {
 	t.Helper()
-	err := p.NS.Do(func() error {
-		for range n {
-			c, err := net.Dial("udp", net.JoinHostPort(dst.String(), "9"))
-			if err != nil {
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	for cpu := range 1024 {
+		if !all.IsSet(cpu) {
+			continue
+		}
+		err := p.NS.Do(func() error {
+			// NS.Do runs fn on a locked thread of its own (which exits
+			// after); the affinity is put back all the same.
+			var one unix.CPUSet
+			one.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
 				return err
 			}
-			_, _ = c.Write([]byte("fill"))
-			c.Close()
+			defer func() { _ = unix.SchedSetaffinity(0, &all) }()
+			for range n {
+				c, err := net.Dial("udp", net.JoinHostPort(dst.String(), "9"))
+				if err != nil {
+					return err
+				}
+				_, _ = c.Write([]byte("fill"))
+				c.Close()
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("udp burst from %s on CPU %d: %v", podName(p), cpu, err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("udp burst from %s: %v", podName(p), err)
 	}
+}
+
+// firstCPU is the lowest CPU the test may run on.
+func firstCPU(t *testing.T) int {
+	t.Helper()
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	for cpu := range 1024 {
+		if all.IsSet(cpu) {
+			return cpu
+		}
+	}
+	t.Fatal("no CPU in the affinity mask")
+	return 0
 }
 
 // egressDropped is endpoint id's policy-denied egress drop counter.
@@ -336,6 +375,14 @@ spec:
 	t.Cleanup(func() { ln.Close() })
 	var cl net.Conn
 	if err := a.NS.Do(func() (err error) {
+		// The connection's entries are made on the first CPU (the
+		// handshake runs on the dialer's), the case udpBurst's every-CPU
+		// fill exists for.
+		var first unix.CPUSet
+		first.Set(firstCPU(t))
+		if err := unix.SchedSetaffinity(0, &first); err != nil {
+			return err
+		}
 		cl, err = net.DialTimeout("tcp", net.JoinHostPort(bIP.String(), "8080"), 5*time.Second)
 		return err
 	}); err != nil {
