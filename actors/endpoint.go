@@ -647,26 +647,38 @@ func (a *endpointActor) patchLabels(ctx actor.Context, msg *messages.PatchLabels
 		a.mut().PolicyAudit = msg.Audit
 		regen = true
 	}
+	waiter := ctx.Sender()
+	if msg.Async {
+		// Answered once the index has the change (the manager commits,
+		// then replies); nothing waits for the identity or the write.
+		sender := waiter
+		waiter = nil
+		defer func() { a.publish(ctx, replies([]*actor.PID{sender}, a.result(nil))...) }()
+	}
 	if regen && next.Equal(a.ep.Labels) {
 		// Same identity, other ports or audit mode: its policy (and
 		// state) change.
-		a.requestRegen(ctx, ctx.Sender())
+		a.requestRegen(ctx, waiter)
 		return
 	}
 	if next.Equal(a.ep.Labels) {
-		if !a.labelsNotDurable(ctx.Sender()) {
+		if waiter != nil && !a.labelsNotDurable(waiter) {
 			ctx.Respond(a.result(nil))
 		}
 		return
 	}
 	a.mut().Labels = next
 	a.labelsChanged()
-	a.labelWaiters = append(a.labelWaiters, ctx.Sender())
+	if waiter != nil {
+		a.labelWaiters = append(a.labelWaiters, waiter)
+	}
 	if a.leaseWait {
 		return // the acquisition in flight notices the change
 	}
 	a.setState(endpoint.StateWaitingForIdentity, "labels changed")
-	a.publish(ctx)
+	if waiter != nil {
+		a.publish(ctx) // Async: the answer publishes
+	}
 	a.acquireIdentity(ctx)
 }
 

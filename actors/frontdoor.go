@@ -48,12 +48,16 @@ func (s *System) PatchLabels(ctx context.Context, id endpoint.ID, add, del label
 }
 
 // PatchPodLabels is PatchLabels that also sets the endpoint's named
-// ports and policy audit mode (its pod's; Kubernetes mode). A change of
-// ports or audit mode alone regenerates the endpoint and returns once
-// that is done.
+// ports and policy audit mode (its pod's; Kubernetes mode), and returns
+// as soon as the endpoint has taken the change (messages.PatchLabels
+// Async): the new identity and the regeneration follow in the endpoint.
+// The watcher's workers would otherwise each wait out one identity and
+// one regeneration, and a burst of relabels would queue behind them
+// (BENCHMARKS.md); the API server keeps the pod's labels, so a restart
+// applies them again.
 func (s *System) PatchPodLabels(ctx context.Context, id endpoint.ID, add, del labels.Labels, ports policy.NamedPorts, audit bool) (*endpoint.Endpoint, error) {
 	return endpointAnswer(s.ask(ctx, s.endpoints, &messages.PatchLabels{ID: id, Add: add, Delete: del, SetPorts: true, NamedPorts: ports,
-		SetAudit: true, Audit: audit}))
+		SetAudit: true, Audit: audit, Async: true}))
 }
 
 // Regenerate requests a regeneration of endpoint id and returns once one

@@ -156,6 +156,31 @@ func TestPatchLabelsAnswersWhenDurable(t *testing.T) {
 	}
 }
 
+// TestPatchLabelsAsync: an Async PATCH (the Kubernetes watcher's)
+// answers once the index has the new labels, while the state write that
+// makes them durable is still held; the identity and the regeneration
+// follow in the endpoint, and the write lands once released.
+func TestPatchLabelsAsync(t *testing.T) {
+	g := &gateStore{}
+	h := startSystem(t, func(c *actors.Config) { c.State = g })
+	ep := h.mustCreate(t, podSpec(t, "c-async", "default", "p", "k8s:app=web"))
+	g.setHold(true)
+	add := mustLabels(t, "k8s:tier=new")
+	got, err := h.endpointCall(t, &messages.PatchLabels{ID: ep.ID, Add: add, Async: true})
+	if err != nil || !slices.Contains(got.Labels, add[0]) {
+		t.Fatalf("async patch: %+v, %v; want the new labels at once", got, err)
+	}
+	if ix, ok := h.indexed(ep.ID); !ok || !slices.Contains(ix.Labels, add[0]) {
+		t.Fatalf("index after the async patch's answer: %+v (%v), want the new labels", ix, ok)
+	}
+	testutil.Eventually(t, "a held write with the new labels", func() bool { return g.heldWith(add[0]) })
+	g.release()
+	testutil.Eventually(t, "the new identity realised", func() bool {
+		cur, ok := h.indexed(ep.ID)
+		return ok && cur.State == endpoint.StateReady && cur.Identity != ep.Identity && slices.Contains(cur.Labels, add[0])
+	})
+}
+
 // TestDeleteFailsWhenStateStays: a DELETE whose state removal fails is not
 // acknowledged (the endpoint would come back at the next start).
 func TestDeleteFailsWhenStateStays(t *testing.T) {

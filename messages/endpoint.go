@@ -45,6 +45,12 @@ type PatchLabels struct {
 	NamedPorts policy.NamedPorts
 	// SetAudit sets the endpoint's policy audit mode to Audit.
 	SetAudit, Audit bool
+	// Async answers once the endpoint has taken the change: the identity
+	// acquisition and the regeneration go on in the endpoint, which
+	// retries their failures itself and shows them in its status. Without
+	// it the answer waits for the new identity and a durable write (or
+	// the regeneration, for ports or audit mode alone).
+	Async bool
 }
 
 // Regenerate requests a regeneration; requests coalesce (one running, one

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,7 +90,7 @@ func TestK8sBench(t *testing.T) {
 
 func start(t *testing.T, env *kubetest.Env) *bench {
 	t.Helper()
-	hn := nodeharness.New(t, nodeharness.Options{Prefix: "mbk-host", IPv4Range: "10.233.0.0/20", Log: logOut()})
+	hn := nodeharness.New(t, nodeharness.Options{Prefix: "mbk-host", IPv4Range: "10.233.0.0/20", Log: logOut(), Debug: os.Getenv("BENCH_LOG") != ""})
 	hn.StartAgent(func(cfg *agent.Config) {
 		// The harness's configuration with the default garbage
 		// collection and no delete queue.
@@ -218,47 +219,108 @@ func (b *bench) relabelAll(probe *models.Endpoint) (own, peer []time.Duration) {
 	return own, peer
 }
 
-// relabelBurst relabels every bench pod at once (gen=b<n>) and returns,
-// per pod, the time from its update until its endpoint completed the
-// regeneration with the new identity.
+// relabelBurst relabels every bench pod at once (gen=b<n>): the updates
+// go out from burstClients goroutines together while a poller watches
+// the endpoints from before the first one, and it returns, per pod, the
+// time from its update until its endpoint completed the regeneration
+// with the new identity. (Issuing the updates one by one and polling
+// only after the last one measured mostly the issuing: the first pod's
+// time included the ninety-nine updates after it.)
 func (b *bench) relabelBurst() []time.Duration {
 	t := b.t
-	starts := make([]time.Time, len(b.eps))
+	pods := make([]*corev1.Pod, len(b.eps))
 	for i := range b.eps {
-		name := fmt.Sprintf("bench-%d", i)
-		pod, err := b.cs.CoreV1().Pods(ns).Get(b.ctx, name, metav1.GetOptions{})
+		pod, err := b.cs.CoreV1().Pods(ns).Get(b.ctx, fmt.Sprintf("bench-%d", i), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		pod.Labels["gen"] = "b" + strconv.Itoa(i)
-		starts[i] = time.Now()
-		if _, err := b.cs.CoreV1().Pods(ns).Update(b.ctx, pod, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		pods[i] = pod
 	}
+	var mu sync.Mutex
+	starts := make([]time.Time, len(b.eps))
 	took := make([]time.Duration, len(b.eps))
-	pending := len(b.eps)
-	b.poll("burst relabel", func() bool {
-		byID := map[int64]*models.Endpoint{}
-		for _, ep := range b.list() {
-			byID[ep.ID] = ep
-		}
-		for i, ep := range b.eps {
-			got := byID[ep.ID]
-			if took[i] != 0 || got == nil || got.Identity == nil {
-				continue
+	done := make(chan struct{})
+	polled := make(chan error, 1)
+	go func() {
+		pending := len(b.eps)
+		deadline := time.Now().Add(2 * time.Minute)
+		for pending > 0 {
+			if time.Now().After(deadline) {
+				polled <- fmt.Errorf("burst relabel: %d pods not realised after 2 minutes", pending)
+				return
 			}
-			if slices.Contains(got.Labels, "k8s:gen=b"+strconv.Itoa(i)) && slices.Equal(got.Identity.Labels, got.Labels) &&
-				got.Identity.ID != ep.Identity.ID && got.State == "ready" && got.Regenerations > ep.Regenerations {
-				took[i] = time.Since(starts[i])
-				b.eps[i] = got
-				pending--
+			eps, err := b.c.EndpointList(b.ctx, nil)
+			if err != nil {
+				polled <- err
+				return
+			}
+			now := time.Now()
+			byID := map[int64]*models.Endpoint{}
+			for _, ep := range eps {
+				byID[ep.ID] = ep
+			}
+			mu.Lock()
+			for i, ep := range b.eps {
+				got := byID[ep.ID]
+				if took[i] != 0 || starts[i].IsZero() || got == nil || got.Identity == nil {
+					continue
+				}
+				if slices.Contains(got.Labels, "k8s:gen=b"+strconv.Itoa(i)) && slices.Equal(got.Identity.Labels, got.Labels) &&
+					got.Identity.ID != ep.Identity.ID && got.State == "ready" && got.Regenerations > ep.Regenerations {
+					took[i] = now.Sub(starts[i])
+					b.eps[i] = got
+					pending--
+				}
+			}
+			mu.Unlock()
+			select {
+			case <-done:
+			case <-time.After(pollEvery):
 			}
 		}
-		return pending == 0
-	})
+		polled <- nil
+	}()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(pods))
+	issued := time.Now()
+	for range burstClients {
+		wg.Go(func() {
+			for i := range work {
+				mu.Lock()
+				starts[i] = time.Now()
+				mu.Unlock()
+				if _, err := b.cs.CoreV1().Pods(ns).Update(b.ctx, pods[i], metav1.UpdateOptions{}); err != nil {
+					errs <- fmt.Errorf("update %s: %w", pods[i].Name, err)
+				}
+				if os.Getenv("BENCH_LOG") != "" {
+					// For a per-phase breakdown against the agent's log.
+					fmt.Fprintf(os.Stderr, "BURST endpoint=%d update-start=%s update-done=%s\n", b.eps[i].ID,
+						starts[i].UTC().Format(time.RFC3339Nano), time.Now().UTC().Format(time.RFC3339Nano))
+				}
+			}
+		})
+	}
+	for i := range pods {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	t.Logf("burst: %d updates issued in %v from %d clients", len(pods), time.Since(issued).Round(time.Millisecond), burstClients)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := <-polled; err != nil {
+		t.Fatal(err)
+	}
+	close(done)
 	return took
 }
+
+// burstClients is how many updates of relabelBurst are in flight at once.
+const burstClients = 20
 
 // realizedFrom returns the ingress identities the endpoint's BPF policy
 // map (dumped from the kernel) admits on TCP port.

@@ -514,7 +514,7 @@ func (w *Watcher) syncPod(ctx context.Context, ns, name string) error {
 			}
 			return fmt.Errorf("relabel endpoint %d of pod %s/%s: %w", ep.ID, ns, name, err)
 		}
-		w.log.Info("endpoint relabelled", "endpoint", ep.ID, "pod", ns+"/"+name, "added", labels.Labels(add).String(), "deleted", labels.Labels(del).String())
+		w.log.Info("endpoint labels patched", "endpoint", ep.ID, "pod", ns+"/"+name, "added", labels.Labels(add).String(), "deleted", labels.Labels(del).String())
 	}
 	w.mu.Lock()
 	delete(w.initBase, ns+"/"+name)
