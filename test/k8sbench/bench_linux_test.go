@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s"
@@ -95,7 +96,11 @@ func start(t *testing.T, env *kubetest.Env) *bench {
 		// The harness's configuration with the default garbage
 		// collection and no delete queue.
 		cfg.GCInterval, cfg.DeleteQueueDir, cfg.DeleteQueueInterval = 0, "", 0
-		cfg.K8s = &k8s.Config{REST: env.Config, NodeName: node, SyncTimeout: time.Minute, PodWait: 30 * time.Second}
+		// The agent's clients limited as its flags' defaults limit them
+		// in a cluster (the test's own client is not).
+		rc := rest.CopyConfig(env.Config)
+		rc.QPS, rc.Burst = k8s.DefaultClientQPS, k8s.DefaultClientBurst
+		cfg.K8s = &k8s.Config{REST: rc, NodeName: node, SyncTimeout: time.Minute, PodWait: 30 * time.Second}
 	})
 	c := hn.Client()
 	cs, err := kubernetes.NewForConfig(env.Config)

@@ -62,6 +62,14 @@ func TestAPIServerFlagUsesServiceAccount(t *testing.T) {
 	if rc, err = c.restConfig(); err != nil || rc.QPS != 10 || rc.Burst != 20 {
 		t.Fatalf("rest config with --k8s-client-qps 10 --k8s-client-burst 20: QPS %v burst %d (%v)", rc.QPS, rc.Burst, err)
 	}
+	// The identity backend's client keeps its own limit whatever the
+	// agent's is: a burst of new label sets must not wait on it.
+	if irc, err := c.identityRESTConfig(); err != nil || irc.QPS != identityQPS || irc.Burst != identityBurst || irc.Host != rc.Host {
+		t.Fatalf("identity backend's rest config: QPS %v burst %d host %q (%v), want %v, %d, %q", irc.QPS, irc.Burst, irc.Host, err, identityQPS, identityBurst, rc.Host)
+	}
+	if rc.QPS != 10 || rc.Burst != 20 {
+		t.Fatalf("the agent's rest config changed by the identity backend's: QPS %v burst %d", rc.QPS, rc.Burst)
+	}
 	for _, bad := range [][2]float64{{-1, 20}, {10, 0}, {10, -1}} {
 		b := c
 		b.ClientQPS, b.ClientBurst = bad[0], int(bad[1])

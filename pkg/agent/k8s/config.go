@@ -181,6 +181,13 @@ func validateAPIServer(s string) error {
 	return nil
 }
 
+// DefaultClientQPS and DefaultClientBurst are --k8s-client-qps and
+// --k8s-client-burst's defaults (Cilium's).
+const (
+	DefaultClientQPS   = 10
+	DefaultClientBurst = 20
+)
+
 func (c *Config) restConfig() (*rest.Config, error) {
 	rc, err := c.baseRESTConfig()
 	if err != nil || c.REST != nil {

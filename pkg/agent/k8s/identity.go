@@ -53,9 +53,32 @@ func (c *Config) CRDIdentities() bool { return c.Identity.Mode != IdentityLocal 
 // RESTConfig is the API server's client configuration.
 func (c *Config) RESTConfig() (*rest.Config, error) { return c.restConfig() }
 
+// identityQPS and identityBurst limit the MembraneIdentity backend's own
+// client. A relabel of a pod to a label set no pod had is one create and
+// one release; under the agent's shared limit (--k8s-client-qps 10,
+// burst 20) a burst of 100 such relabels waited 5-10 s for its
+// identities (make bench-k8s). The burst covers 100 of them at once; the
+// rate keeps a sustained churn of new label sets modest.
+const (
+	identityQPS   = 20
+	identityBurst = 200
+)
+
+// identityRESTConfig is the agent's client configuration with the
+// identity backend's own limits.
+func (c *Config) identityRESTConfig() (*rest.Config, error) {
+	base, err := c.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	rc := rest.CopyConfig(base)
+	rc.QPS, rc.Burst = identityQPS, identityBurst
+	return rc, nil
+}
+
 // NewIdentityBackend starts the MembraneIdentity backend for this node.
 func NewIdentityBackend(c *Config, log *slog.Logger) (*identitycrd.Backend, error) {
-	rc, err := c.restConfig()
+	rc, err := c.identityRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("identity backend: %w", err)
 	}
