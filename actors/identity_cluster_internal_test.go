@@ -539,3 +539,14 @@ func TestClusterIdentityRestoreDuringOutage(t *testing.T) {
 		t.Fatalf("the confirmed identity was released %d times", rel)
 	}
 }
+
+// renumberQuietly changes the store as another node's GC and allocation
+// would (old collected, the labels numbered anew as id) without a watch
+// event: the actor's watch is behind (after an etcd restart it re-lists
+// late), while the backend's own reads already see the change.
+func (b *memBackend) renumberQuietly(ls labels.Labels, old, id identity.NumericIdentity) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.byID, old)
+	b.byKey[ls.Key()], b.byID[id] = id, ls
+}
