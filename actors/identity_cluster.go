@@ -358,7 +358,8 @@ func (a *identityActor) clusterAcquired(ctx actor.Context, msg *clusterAcquired)
 
 // supersede drops what the watch last reported that an Acquire's answer
 // (id for ls) contradicts: id for other labels, or another number for ls
-// (unless endpoints here hold id for other labels). The answer was read
+// (unless endpoints here hold id for other labels), with a backend that
+// numbers a label set once (identity.SingleNumberBackend). The answer was read
 // in the transaction that recorded this node's reference, which keeps it
 // from being collected (until the node releases it or its lease lapses),
 // so it is at least as new as anything the watch delivered: the watch is
@@ -374,6 +375,9 @@ func (a *identityActor) clusterAcquired(ctx actor.Context, msg *clusterAcquired)
 // it).
 func (a *identityActor) supersede(ctx actor.Context, id identity.NumericIdentity, ls labels.Labels) {
 	c := a.cluster
+	if sb, ok := c.w.backend.(identity.SingleNumberBackend); !ok || !sb.SingleNumber() {
+		return
+	}
 	key := ls.Key()
 	if cur, used := a.alloc.Lookup(id); used && cur.Labels.Key() != key {
 		return // the other labels' endpoints move when the watch reports the change

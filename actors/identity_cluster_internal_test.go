@@ -97,6 +97,9 @@ func (b *memBackend) Status() identity.ClusterStatus {
 
 func (b *memBackend) Close() error { return nil }
 
+// SingleNumber: the store numbers a label set once (byKey), as etcd's.
+func (b *memBackend) SingleNumber() bool { return true }
+
 // emit changes the store as another node would and sends the watch
 // event. The store keeps the change, so a Watch that starts later (the
 // actor's watch runs asynchronously to the test) lists it.

@@ -3,6 +3,7 @@ package actors
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -123,4 +124,36 @@ func ciRelease(tb testing.TB, sys *System, holder *actor.PID, id identity.Numeri
 		tb.Fatal(r.Err)
 	}
 	return r.Released
+}
+
+// multiNumber is memBackend as a store that may hold one label set under
+// several numbers (the CRD backend).
+type multiNumber struct{ *memBackend }
+
+func (multiNumber) SingleNumber() bool { return false }
+
+// TestClusterAnswerNotSupersededByMultiNumberStore: with a store that
+// may number a label set twice, a differing answer is not taken over the
+// watch (the watch's number may be the one the other nodes' pods carry).
+func TestClusterAnswerNotSupersededByMultiNumberStore(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = multiNumber{b}
+		c.ClusterIdentity.RetryMin, c.ClusterIdentity.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+	})
+	testutil.Eventually(t, "the actor's watch", b.watching)
+	ls := ciLabels(t, "k8s:app=multi-number")
+	const old, other identity.NumericIdentity = 900, 4345
+	b.emit(identity.ClusterEvent{Kind: identity.ClusterUpsert, ID: old, Labels: ls})
+	testutil.Eventually(t, "the watched identity known", func() bool {
+		row, ok := sys.Index.Identity(old)
+		return ok && row.Cluster
+	})
+	b.renumberQuietly(ls, old, other)
+	if r := ciAcquire(t, sys, ciHolder(t, sys), ls); !errors.Is(r.Err, identity.ErrConflict) {
+		t.Fatalf("acquire answered %d while the watch reports %d: %+v, want a conflict", other, old, r)
+	}
+	if row, ok := sys.Index.Identity(old); !ok || !row.Cluster {
+		t.Fatalf("the watch's %d: %+v %v, want it still known", old, row, ok)
+	}
 }
