@@ -57,7 +57,12 @@
 // local reference and lease moves at once, the holders are told
 // (`IdentityRenumbered`) and regenerate through their actors, the old
 // number is released in the store and the new one's use recorded, and an
-// `identity-renumbered` event says so. Reserved identities
+// `identity-renumbered` event says so. With a store that numbers a label
+// set once (`identity.SingleNumberBackend`, the etcd backend) an Acquire's
+// answer replaces a number the watch still reports for its labels
+// (`supersede`): the watch may be behind the store (re-listing after an
+// etcd restart) but the answer, read in the write of the node's reference,
+// is not. Reserved identities
 // never reach it. A restart rebuilds local references and known identities
 // from the index; a late answer for a label set nobody waits for any more
 // is released again.

@@ -328,6 +328,7 @@ func (a *identityActor) clusterAcquired(ctx actor.Context, msg *clusterAcquired)
 		return
 	}
 	c.lastErr = ""
+	a.supersede(ctx, msg.id, msg.labels)
 	learned := a.learn(ctx, msg.id, msg.labels)
 	if p == nil || len(p.waiters) == 0 {
 		// Nobody here wants it any more (the holders went, or the actor
@@ -353,6 +354,54 @@ func (a *identityActor) clusterAcquired(ctx actor.Context, msg *clusterAcquired)
 	}
 	a.bindHolders(ctx, msg.id, msg.labels, p.waiters, msg.isNew)
 	a.publishClusterStatus()
+}
+
+// supersede drops what the watch last reported that an Acquire's answer
+// (id for ls) contradicts: id for other labels, or another number for ls
+// (unless endpoints here hold id for other labels), with a backend that
+// numbers a label set once (identity.SingleNumberBackend). The answer was read
+// in the transaction that recorded this node's reference, which keeps it
+// from being collected (until the node releases it or its lease lapses),
+// so it is at least as new as anything the watch delivered: the watch is
+// behind (one broken by an etcd restart re-lists late, while the node's
+// Acquires already see the store), and a contradicting number was
+// collected and the labels numbered anew. A stale number endpoints here
+// hold for ls is then moved to id by learn (renumber), as the watch's
+// late events would do. Keeping the watch's view refused the answer
+// instead: the ADD failed and the reference the Acquire recorded
+// outlived every endpoint, or a confirmation was dropped and endpoints
+// stayed on a number the store no longer has, with nothing asking again
+// (a re-list reports the removal of a number only if the watch had seen
+// it).
+func (a *identityActor) supersede(ctx actor.Context, id identity.NumericIdentity, ls labels.Labels) {
+	c := a.cluster
+	if sb, ok := c.w.backend.(identity.SingleNumberBackend); !ok || !sb.SingleNumber() {
+		return
+	}
+	key := ls.Key()
+	if cur, used := a.alloc.Lookup(id); used && cur.Labels.Key() != key {
+		return // the other labels' endpoints move when the watch reports the change
+	}
+	if cur, ok := c.known[id]; ok && cur.Key() != key {
+		a.unlearn(ctx, id)
+	}
+	if old, ok := c.knownByKey[key]; ok && old != id {
+		a.unlearn(ctx, old)
+	}
+}
+
+// unlearn drops id from the known set without asking the store again
+// (supersede: the store's answer replaces it); unlike forget, a number in
+// use here keeps its binding until learn moves it.
+func (a *identityActor) unlearn(ctx actor.Context, id identity.NumericIdentity) {
+	c := a.cluster
+	ls := c.known[id]
+	delete(c.known, id)
+	delete(c.knownByKey, ls.Key())
+	if _, inUse := a.alloc.Lookup(id); !inUse && a.policy != nil {
+		ctx.Send(a.policy, &messages.IdentityChanged{ID: id, Deleted: true})
+	}
+	a.writeRow(ctx, id)
 }
 
 // bindHolders gives each waiter one local reference on id (a holder holds

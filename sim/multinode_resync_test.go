@@ -95,7 +95,7 @@ func startResyncAgent(t *testing.T, endpoint string) (*agent.Agent, *client.Clie
 		IPv4Range: podRange(0), Datapath: "fake", GCInterval: -1, GCPercent: agent.DefaultGCPercent, Fake: datapath.NewFake(1),
 		Kvstore: &kvstore.Config{Endpoints: []string{endpoint}, NodeName: "resync-node", Prefix: simPrefix, LeaseTTL: 2 * time.Second,
 			GCInterval: -1, RequestTimeout: time.Second, DialTimeout: time.Second},
-		NodeAddrs: []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 230, 1})}}
+		NodeAddrs: resyncNodeAddrs}
 	var logs testutil.LogBuffer
 	a, err := agent.Start(ac, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
@@ -115,6 +115,9 @@ func startResyncAgent(t *testing.T, endpoint string) (*agent.Agent, *client.Clie
 	})
 	return a, c
 }
+
+// resyncNodeAddrs are the resync tests' node's addresses.
+var resyncNodeAddrs = []netip.Addr{netip.AddrFrom4([4]byte{192, 168, 230, 1})}
 
 func createResyncEndpoint(ctx context.Context, t *testing.T, c *client.Client, pod, label string) *models.Endpoint {
 	t.Helper()

@@ -58,7 +58,15 @@ type IdentityBackend struct {
 	gc gcState
 }
 
-var _ identity.PreferringBackend = (*IdentityBackend)(nil)
+var (
+	_ identity.PreferringBackend   = (*IdentityBackend)(nil)
+	_ identity.SingleNumberBackend = (*IdentityBackend)(nil)
+)
+
+// SingleNumber implements identity.SingleNumberBackend: labels/<L> holds
+// the one number of a label set, and an Acquire reads it in the
+// transaction that adds the node's reference.
+func (b *IdentityBackend) SingleNumber() bool { return true }
 
 // NewIdentityBackend starts the backend on c: its cache watch, the loop
 // that keeps this node's references under the current lease, and (unless

@@ -54,6 +54,22 @@ type PreferringBackend interface {
 	AcquirePreferred(ctx context.Context, ls labels.Labels, preferred NumericIdentity) (id NumericIdentity, isNew bool, err error)
 }
 
+// SingleNumberBackend is a ClusterBackend whose store numbers a label
+// set once at a time (etcd: one labels/ key per label set, created and
+// deleted with its id/ key), and whose Acquire reads that number in the
+// write that records the node's use. Its answer is then at least as new
+// as the watch: another number the watch still reports for the labels
+// was collected. A store that may hold one label set under several
+// numbers does not implement it (the CRD backend: a preferred number is
+// created while its cache does not hold the labels yet, so two objects
+// can carry one label set), and a differing answer is not taken over the
+// watch.
+type SingleNumberBackend interface {
+	ClusterBackend
+	// SingleNumber reports whether the store numbers a label set once.
+	SingleNumber() bool
+}
+
 // ClusterEventKind says what a ClusterEvent reports.
 type ClusterEventKind int
 
