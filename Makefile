@@ -245,10 +245,11 @@ bench-restore:
 	MEMBRANE_BENCH_RESTORE=1 RESTORE_N=$(RESTORE_N) \
 		$(GO) test -run '^TestRestoreTime$$' -count=1 -v -timeout 10m ./test/crash/
 
-# Cross-node TCP throughput and latency, native and tunnel mode against
+# Cross-node TCP throughput and latency, native and tunnel mode, and
+# same-node throughput and request/response rate, against
 # plain veths and routes without BPF (root; BENCHMARKS.md).
 bench-xnode:
-	MEMBRANE_XNODE_BENCH=1 $(GO) test -run '^TestCrossNodeNumbers$$' -count=1 -v -timeout 15m ./test/multinode/
+	MEMBRANE_XNODE_BENCH=1 $(GO) test -run '^Test(CrossNode|SameNode)Numbers$$' -count=1 -v -timeout 15m ./test/multinode/
 
 # Cluster identities through the API server (issue 14): two, then four
 # agent processes race to allocate IDRACE_COUNT label sets as

@@ -103,11 +103,17 @@ func dial(t *testing.T, a, b *pod, port int, serve func(net.Conn)) net.Conn {
 // connection each) and returns the median in Gbit/s.
 func throughput(t *testing.T, a, b *pod) float64 {
 	t.Helper()
+	return throughputAt(t, a, b, 9100)
+}
+
+// throughputAt is throughput with b listening on ports from base up.
+func throughputAt(t *testing.T, a, b *pod, base int) float64 {
+	t.Helper()
 	var rates []float64
 	buf := make([]byte, 128<<10)
 	for run := range benchRuns {
 		done := make(chan int64, 1)
-		conn := dial(t, a, b, 9100+run, func(c net.Conn) {
+		conn := dial(t, a, b, base+run, func(c net.Conn) {
 			n, _ := io.Copy(io.Discard, c)
 			done <- n
 		})
@@ -226,4 +232,79 @@ func plainPod(t *testing.T, node *testutil.NS, netNum, i int) *pod {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// TestSameNodeNumbers measures TCP between two pods on one node: stream
+// throughput and the request/response rate of one connection (1-byte
+// request, 1-byte answer, one at a time), Membrane's (the agent's veths
+// and BPF programs, native routing, no policy) against two pods on plain
+// veths and routes in one node netns without BPF or agent. The arms
+// alternate over sameNodeRounds rounds, so the machine's load falls on
+// both alike. Measurement, not a test: MEMBRANE_XNODE_BENCH=1 (make
+// bench-xnode).
+func TestSameNodeNumbers(t *testing.T) {
+	if os.Getenv("MEMBRANE_XNODE_BENCH") != "1" {
+		t.Skip("set MEMBRANE_XNODE_BENCH=1 to measure (BENCHMARKS.md)")
+	}
+	testutil.RequireRoot(t)
+	t.Logf("load average at start: %s", loadavg())
+	type arm struct {
+		name       string
+		a, b       *pod
+		gbps, rrps []float64
+	}
+	pa, pb := plainSameNode(t, 93)
+	c := newCluster(t, "native", 1, 94)
+	arms := []*arm{{name: "plain veth + routes", a: pa, b: pb},
+		{name: "Membrane", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")}}
+	for round := range sameNodeRounds {
+		order := []*arm{arms[0], arms[1]}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, a := range order {
+			g := throughputAt(t, a.a, a.b, 10000+10*round)
+			r := rrRate(t, a.a, a.b, 9300+round)
+			a.gbps, a.rrps = append(a.gbps, g), append(a.rrps, r)
+			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s", round, a.name, g, r)
+		}
+	}
+	t.Logf("load average at end: %s", loadavg())
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	base, m := arms[0], arms[1]
+	t.Logf("SUMMARY same-node stream, median of %d rounds: Membrane %.2f vs plain %.2f Gbit/s = %.2f; request/response: Membrane %.0f vs plain %.0f transactions/s = %.2f",
+		sameNodeRounds, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
+}
+
+// sameNodeRounds is how many times TestSameNodeNumbers measures each arm.
+const sameNodeRounds = 6
+
+// rrRate is the request/response rate of one connection from a to b:
+// benchRoundTrips 1-byte requests, each answered before the next.
+func rrRate(t *testing.T, a, b *pod, port int) float64 {
+	t.Helper()
+	conn := dial(t, a, b, port, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	one := []byte{1}
+	start := time.Now()
+	for range benchRoundTrips {
+		if _, err := conn.Write(one); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, one); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return float64(benchRoundTrips) / time.Since(start).Seconds()
+}
+
+// plainSameNode makes the same-node baseline: one node netns (forwarding
+// on) with two pods on plain veths (gateway address on the host side, a
+// /32 route to each pod). No agent, no BPF.
+func plainSameNode(t *testing.T, netNum int) (*pod, *pod) {
+	t.Helper()
+	node := testutil.NewNS(t, "mbm-plain1")
+	if err := node.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+		t.Fatal(err)
+	}
+	return plainPod(t, node, netNum, 0), plainPod(t, node, netNum, 1)
 }
