@@ -134,7 +134,8 @@ func (c *call) deletePodInterface(tombstone bool) {
 
 // othersVeth reports whether CNI_IFNAME (looked up through nl, in the
 // pod's netns) is a veth whose host end (in the plugin's netns, the
-// host's) exists under a name other than membrane's for the attachment.
+// host's) exists under a name other than membrane's for the attachment
+// or its tombstone.
 func (c *call) othersVeth(nl *netlink.Handle) bool {
 	link, err := nl.LinkByName(c.args.IfName)
 	if err != nil || link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
@@ -145,7 +146,8 @@ func (c *call) othersVeth(nl *netlink.Handle) bool {
 		return false
 	}
 	ours, _ := VethNames(c.args.ContainerID, c.args.IfName)
-	return host.Attrs().Name != ours
+	// The agent renamed its host end to the tombstone before answering.
+	return host.Attrs().Name != ours && !ifname.IsTombstone(host.Attrs().Name)
 }
 
 // queue persists the deletion for the agent. Returns CNI error 11 when
