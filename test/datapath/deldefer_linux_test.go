@@ -2,6 +2,7 @@ package datapath_test
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -91,8 +92,39 @@ func TestDelTombstoneReAdd(t *testing.T) {
 	}
 }
 
+// udpPasses reports whether a datagram sent from one netns to addr:port
+// arrives at a socket bound there in the other, within a second.
+func udpPasses(t *testing.T, from, to *nodeharness.Pod, addr netip.Addr) bool {
+	t.Helper()
+	var rx *net.UDPConn
+	if err := to.NS.Do(func() error {
+		var err error
+		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: addr.AsSlice(), Port: 7777})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	if err := from.NS.Do(func() error {
+		tx, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: addr.AsSlice(), Port: 7777})
+		if err != nil {
+			return nil // no route: nothing passes
+		}
+		defer tx.Close()
+		for range 3 {
+			_, _ = tx.Write([]byte("deleted?"))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = rx.SetReadDeadline(time.Now().Add(time.Second))
+	_, _, err := rx.ReadFromUDP(make([]byte, 64))
+	return err == nil
+}
+
 // TestDeletedPodCutOff: once the agent answered an endpoint's DELETE, the
-// pod's traffic is dropped both ways even while its pod end is still up
+// pod's traffic is dropped each way, even while its pod end is still up
 // with its address (the plugin has not run yet) and the pair's deletion
 // is pending.
 func TestDeletedPodCutOff(t *testing.T) {
@@ -103,16 +135,16 @@ func TestDeletedPodCutOff(t *testing.T) {
 	peerIP := podIP(t, e.MustAdd(peer), peer, gw)
 	p := e.NewPod("cutoff")
 	ip := podIP(t, e.MustAdd(p), p, gw)
-	if !ping(p, peerIP) || !ping(peer, ip) {
+	if !udpPasses(t, p, peer, peerIP) || !udpPasses(t, peer, p, ip) {
 		t.Fatal("no traffic before the DELETE")
 	}
 	if err := e.Client().EndpointDeleteByContainer(context.Background(), p.RT.ContainerID); err != nil {
 		t.Fatal(err)
 	}
-	if ping(p, peerIP) {
+	if udpPasses(t, p, peer, peerIP) {
 		t.Fatal("the deleted pod reached its peer after the DELETE answered")
 	}
-	if ping(peer, ip) {
+	if udpPasses(t, peer, p, ip) {
 		t.Fatal("the peer reached the deleted pod after the DELETE answered")
 	}
 	if err := e.Del(p); err != nil {
