@@ -30,6 +30,28 @@ func tombstones(t *testing.T, ns *testutil.NS) []string {
 	return names
 }
 
+// plainMetric is the value of the agent's metric name without labels;
+// -1 when it is not there.
+func plainMetric(t *testing.T, e *nodeharness.Node, name string) float64 {
+	t.Helper()
+	mfs, err := e.Agent.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() != name || len(m.GetLabel()) != 0 {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
 // ping reports whether one ping from p to ip is answered within a second.
 func ping(p *nodeharness.Pod, ip netip.Addr) bool {
 	_, err := p.NS.Exec("ping", "-c", "1", "-W", "1", ip.String())
@@ -64,6 +86,9 @@ func TestDelTombstoneReAdd(t *testing.T) {
 	if n, m := len(tombstones(t, e.NS)), len(tombstones(t, p.NS)); n != 1 || m != 1 {
 		t.Fatalf("tombstones after DEL: %d in the host, %d in the pod; want the pair's two, deletion pending", n, m)
 	}
+	if n := plainMetric(t, e, "membrane_veth_teardowns_pending"); n != 1 {
+		t.Fatalf("membrane_veth_teardowns_pending = %v after DEL, want 1", n)
+	}
 	if err := e.Del(p); err != nil { // idempotent, while the deletion is pending
 		t.Fatalf("second DEL: %v", err)
 	}
@@ -77,6 +102,9 @@ func TestDelTombstoneReAdd(t *testing.T) {
 	})
 	if !ping(p, peerIP) || !ping(peer, second) {
 		t.Fatal("no traffic after the old pair's deferred deletion")
+	}
+	if n := plainMetric(t, e, "membrane_veth_teardowns_pending"); n != 0 {
+		t.Fatalf("membrane_veth_teardowns_pending = %v once the tombstones went, want 0", n)
 	}
 	if err := e.Check(p); err != nil {
 		t.Fatalf("CHECK: %v", err)
