@@ -54,7 +54,7 @@ type Linux struct {
 	pending map[int]*teardown        // deferred host veth deletions by ifindex
 	// teardownsSync counts the deletions done at once (Teardowns.Sync).
 	teardownsSync uint64
-	closed  bool
+	closed        bool
 
 	gc linuxGC // GC's two-pass bookkeeping (own lock)
 	// mapFull counts the writes full maps refused (bpf_mapfull_linux.go).
