@@ -93,6 +93,7 @@ func TestDelTombstoneReAdd(t *testing.T) {
 		t.Fatalf("second DEL: %v", err)
 	}
 	second := podIP(t, e.MustAdd(p), p, gw)
+	t.Logf("address before the DEL %s, after %s", first, second)
 	verifyPod(t, p, second, gw)
 	if !ping(p, peerIP) || !ping(peer, second) {
 		t.Fatalf("no traffic after the ADD that followed the DEL (first %s, now %s)", first, second)
@@ -174,6 +175,41 @@ func TestDeletedPodCutOff(t *testing.T) {
 	}
 	if udpPasses(t, peer, p, ip) {
 		t.Fatal("the peer reached the deleted pod after the DELETE answered")
+	}
+	if err := e.Del(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDelTombstoneSameAddress: in a range of one pod address, the ADD
+// after a DEL gets the address the pod end's tombstone in the same netns
+// still holds (down); the new eth0 carries traffic before and after the
+// tombstone's deletion.
+func TestDelTombstoneSameAddress(t *testing.T) {
+	e := newEnv(t, "10.244.25.0/30")
+	startAgent(e, func(c *agent.Config) { c.Linux.TeardownDelay = 2 * time.Second })
+	gw := netip.MustParseAddr("10.244.25.1")
+	p := e.NewPod("sameaddr")
+	first := podIP(t, e.MustAdd(p), p, gw)
+	if err := e.Del(p); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(tombstones(t, p.NS)); n != 1 {
+		t.Fatalf("%d tombstones in the pod's netns after DEL, want 1", n)
+	}
+	second := podIP(t, e.MustAdd(p), p, gw)
+	if second != first {
+		t.Fatalf("address after the DEL %s, want %s again (a range of one)", second, first)
+	}
+	if !ping(p, gw) {
+		t.Fatal("no traffic beside the tombstone holding the same address")
+	}
+	testutil.Eventually(t, "the tombstones to go", func() bool {
+		return len(tombstones(t, e.NS)) == 0 && len(tombstones(t, p.NS)) == 0
+	})
+	verifyPod(t, p, second, gw)
+	if !ping(p, gw) {
+		t.Fatal("no traffic after the tombstone holding the same address went")
 	}
 	if err := e.Del(p); err != nil {
 		t.Fatal(err)
