@@ -493,6 +493,13 @@ const (
 	PhaseBPFAttach = "bpf-attach"
 	// PhaseRemove: a whole Remove on the caller's path.
 	PhaseRemove = "remove"
+	// PhaseRemoveBPF: the BPF part of PhaseRemove (the endpoint's map
+	// entries, pins and conntrack entries; the detach is deferred).
+	PhaseRemoveBPF = "remove-bpf"
+	// PhaseRemoveTombstone: the host part of PhaseRemove: the routes,
+	// the host veth set down and renamed to its tombstone (or deleted,
+	// when the deferred deletions are full or TeardownDelay < 0).
+	PhaseRemoveTombstone = "remove-tombstone"
 	// PhaseRealize: a whole Realize in the datapath (the L7 proxy's
 	// configuration, the host setup, the BPF steps and the waits between
 	// them), without the worker pool's queue and the actor hops.
@@ -502,7 +509,7 @@ const (
 )
 
 // LinuxPhases lists the phases in the order they run.
-var LinuxPhases = []string{PhaseBPFPrepare, PhaseRealize, PhaseHostSetup, PhaseHostSysctls, PhaseBPFClaim, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseRealize, PhaseHostSetup, PhaseHostSysctls, PhaseBPFClaim, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove, PhaseRemoveBPF, PhaseRemoveTombstone}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

@@ -464,9 +464,11 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		h = hostLink{index: ep.IfIndex, name: ep.IfName, ips: endpointIPs(ep)}
 	}
 	if l.bpf != nil {
+		start := time.Now()
 		if err := l.removeBPF(ep.ID, h.index); err != nil {
 			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 		}
+		l.phase(PhaseRemoveBPF, start)
 	}
 	if (h.index == 0 && h.name == "") || ep.Chained {
 		return nil // a chained endpoint's link and routes are the other plugin's
@@ -488,6 +490,7 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		}
 		h.index = link.Attrs().Index
 	}
+	defer l.phase(PhaseRemoveTombstone, time.Now())
 	if err := l.unroute(h); err != nil {
 		return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 	}
