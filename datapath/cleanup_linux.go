@@ -50,7 +50,7 @@ func Cleanup(_ context.Context, cfg CleanupConfig, log *slog.Logger) (CleanupRep
 		name := lk.Attrs().Name
 		ours := name == cfg.GatewayDevice || name == cfg.TunnelDevice ||
 			(cfg.HealthIfName != "" && name == cfg.HealthIfName) ||
-			(lk.Type() == "veth" && ifname.Managed(name))
+			(lk.Type() == "veth" && (ifname.Managed(name) || ifname.IsTombstone(name)))
 		if ours {
 			if err := nl.LinkDel(lk); err != nil && !isLinkNotFound(err) {
 				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))

@@ -31,11 +31,16 @@ type GCReport struct {
 	// Missing are live endpoints whose host interface was missing in this
 	// pass and the one before.
 	Missing []endpoint.ID `json:"missing,omitempty"`
+	// Tombstones is how many tombstone veths (a removed endpoint's, see
+	// ifname.Tombstone) this pass found with no deletion pending, left
+	// by an agent killed before its deferred deletion; their deletion is
+	// deferred now.
+	Tombstones int `json:"tombstones,omitempty"`
 }
 
 // Empty reports whether the pass removed and found nothing.
 func (r GCReport) Empty() bool {
-	return len(r.Links) == 0 && len(r.Pins) == 0 && r.Suspects == 0 && len(r.Missing) == 0
+	return len(r.Links) == 0 && len(r.Pins) == 0 && r.Suspects == 0 && len(r.Missing) == 0 && r.Tombstones == 0
 }
 
 // sweep is the two-pass bookkeeping of one kind of object: a key is

@@ -45,11 +45,18 @@ type LinuxConfig struct {
 	// them from its IPAM ranges).
 	Gateways []netip.Addr
 	// TeardownDelay is how long after an endpoint's removal its host veth
-	// is deleted if it still exists (default 2 s; negative: at once). The
-	// runtime deletes the pod's netns right after CNI DEL, which removes
-	// the pair in the kernel's own batch; deleting it ourselves first would
-	// put an RCU grace period (~30 ms) on the DEL's path.
+	// is deleted if it still exists (default 2 s; negative: at once, on
+	// the removal's path). The removal itself sets the host veth down and
+	// renames it to its tombstone (ifname.Tombstone), which cuts the pod
+	// off and frees the attachment's name at once. The runtime deletes the
+	// pod's netns right after CNI DEL, which removes the pair in the
+	// kernel's own batch; deleting it ourselves first would put an RCU
+	// barrier (~25-30 ms) on the DEL's path.
 	TeardownDelay time.Duration
+	// MaxPendingTeardowns bounds the deferred host veth deletions
+	// (default DefaultMaxPendingTeardowns): a removal that finds that
+	// many pending deletes its pair at once, on the removal's path.
+	MaxPendingTeardowns int
 	// BPFFS is the directory on a bpffs holding the pinned BPF objects
 	// (default DefaultBPFFS): the shared maps (ipcache, ct, drops, events)
 	// directly under it, each endpoint's links and policy map under
@@ -305,6 +312,10 @@ const (
 	DefaultGatewayDevice = "membrane_host"
 	// DefaultBPFFS is LinuxConfig.BPFFS's default.
 	DefaultBPFFS = "/sys/fs/bpf/membrane"
+	// DefaultMaxPendingTeardowns is LinuxConfig.MaxPendingTeardowns's
+	// default: a burst of pod deletions on one node (a 110-pod node
+	// drained, several times over within TeardownDelay).
+	DefaultMaxPendingTeardowns = 1024
 )
 
 // WithDefaults fills zero fields.
@@ -314,6 +325,9 @@ func (c LinuxConfig) WithDefaults() LinuxConfig {
 	}
 	if c.TeardownDelay == 0 {
 		c.TeardownDelay = 2 * time.Second
+	}
+	if c.MaxPendingTeardowns == 0 {
+		c.MaxPendingTeardowns = DefaultMaxPendingTeardowns
 	}
 	if c.BPFFS == "" {
 		c.BPFFS = DefaultBPFFS
@@ -391,6 +405,9 @@ func (c LinuxConfig) Validate() error {
 	}
 	if err := c.Services.validate(); err != nil {
 		return err
+	}
+	if c.MaxPendingTeardowns < 0 {
+		return fmt.Errorf("linux datapath: MaxPendingTeardowns %d: want >= 0: %w", c.MaxPendingTeardowns, ErrInvalidConfig)
 	}
 	if n := len(c.GatewayDevice); n == 0 || n > 15 {
 		return fmt.Errorf("linux datapath: GatewayDevice %q: want 1..15 bytes: %w", c.GatewayDevice, ErrInvalidConfig)
@@ -476,6 +493,13 @@ const (
 	PhaseBPFAttach = "bpf-attach"
 	// PhaseRemove: a whole Remove on the caller's path.
 	PhaseRemove = "remove"
+	// PhaseRemoveBPF: the BPF part of PhaseRemove (the endpoint's map
+	// entries, pins and conntrack entries; the detach is deferred).
+	PhaseRemoveBPF = "remove-bpf"
+	// PhaseRemoveTombstone: the host part of PhaseRemove: the routes,
+	// the host veth set down and renamed to its tombstone (or deleted,
+	// when the deferred deletions are full or TeardownDelay < 0).
+	PhaseRemoveTombstone = "remove-tombstone"
 	// PhaseRealize: a whole Realize in the datapath (the L7 proxy's
 	// configuration, the host setup, the BPF steps and the waits between
 	// them), without the worker pool's queue and the actor hops.
@@ -485,7 +509,7 @@ const (
 )
 
 // LinuxPhases lists the phases in the order they run.
-var LinuxPhases = []string{PhaseBPFPrepare, PhaseRealize, PhaseHostSetup, PhaseHostSysctls, PhaseBPFClaim, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove}
+var LinuxPhases = []string{PhaseBPFPrepare, PhaseRealize, PhaseHostSetup, PhaseHostSysctls, PhaseBPFClaim, PhaseBPFMaps, PhaseBPFPolicy, PhaseBPFLoad, PhaseBPFAttach, PhaseRemove, PhaseRemoveBPF, PhaseRemoveTombstone}
 
 // HostAddrChange is an address of the host netns added or removed
 // (Linux.WatchHostAddrs).

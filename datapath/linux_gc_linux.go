@@ -35,6 +35,8 @@ type linuxGC struct {
 //   - deletes lxc* veths that belong to no live endpoint (by name or
 //     index) and were orphaned in the previous pass too, with the same
 //     index (a re-created veth starts over);
+//   - defers the deletion of tombstone veths no teardown is pending for
+//     (an agent killed between a removal and its deletion), at once;
 //   - removes <BPFFS>/endpoints/<name> directories whose name is not a
 //     live endpoint's ID and were orphaned in the previous pass too.
 //
@@ -85,6 +87,11 @@ func (l *Linux) gcPass(live []*endpoint.Endpoint) (GCReport, error) {
 		}
 		r.Links = append(r.Links, name)
 	}
+	n, err := l.sweepTombstones(links)
+	r.Tombstones = n
+	if err != nil {
+		errs = append(errs, fmt.Errorf("gc: %w", err))
+	}
 	pins, err := l.orphanPins(live)
 	if err != nil {
 		errs = append(errs, err)
@@ -103,7 +110,7 @@ func (l *Linux) gcPass(live []*endpoint.Endpoint) (GCReport, error) {
 		}
 	}
 	if !r.Empty() {
-		l.log.Info("datapath gc pass", "links-deleted", r.Links, "pins-removed", r.Pins,
+		l.log.Info("datapath gc pass", "links-deleted", r.Links, "tombstones", r.Tombstones, "pins-removed", r.Pins,
 			"suspects", r.Suspects, "missing-endpoints", r.Missing)
 	}
 	return r, errors.Join(errs...)

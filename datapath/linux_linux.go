@@ -52,7 +52,9 @@ type Linux struct {
 	hooks   LinuxHooks
 	live    map[endpoint.ID]hostLink // realised endpoints
 	pending map[int]*teardown        // deferred host veth deletions by ifindex
-	closed  bool
+	// teardownsSync counts the deletions done at once (Teardowns.Sync).
+	teardownsSync uint64
+	closed        bool
 
 	gc linuxGC // GC's two-pass bookkeeping (own lock)
 	// mapFull counts the writes full maps refused (bpf_mapfull_linux.go).
@@ -151,6 +153,15 @@ func (l *Linux) Init(ctx context.Context) error {
 	}
 	if err := l.initKPR(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
+	}
+	links, err := l.listLinks()
+	if err != nil {
+		return fmt.Errorf("linux datapath init: list links: %w", err)
+	}
+	if n, err := l.sweepTombstones(links); err != nil {
+		return fmt.Errorf("linux datapath init: %w", err)
+	} else if n > 0 {
+		l.log.Info("deleting tombstone veths left by the previous run", "count", n)
 	}
 	l.log.Info("linux datapath ready", "gateway-device", l.cfg.GatewayDevice, "gateways", l.cfg.Gateways,
 		"host-netns", l.cfg.HostNetns, "teardown-delay", l.cfg.TeardownDelay, "bpffs", l.cfg.BPFFS)
@@ -271,9 +282,8 @@ func (l *Linux) Close() error {
 	}
 	var due []*teardown
 	for _, t := range l.pending {
-		if t.timer.Stop() {
-			due = append(due, t)
-		}
+		t.timer.Stop() // one already in the pool may run too: deleting is idempotent
+		due = append(due, t)
 	}
 	l.pending = map[int]*teardown{}
 	l.mu.Unlock()
@@ -437,12 +447,13 @@ func missingIf(err error, gone bool, name string) error {
 	return err
 }
 
-// remove: nothing happens on the caller's path (the
-// endpoint's deletion, which CNI DEL waits for): the endpoint's routes
-// are removed right away in the worker pool (its address may go to
-// another pod), and the host veth is deleted after TeardownDelay if the
-// pod's netns (and with it the pair) has not gone by then. Negative
-// TeardownDelay does both at once. Removing a missing endpoint is success.
+// remove, on the caller's path (the endpoint's deletion, which CNI DEL
+// waits for): the endpoint's BPF state and routes go (its address may go
+// to another pod), and the host veth is set down and renamed to its
+// tombstone (linux_teardown_linux.go), which cuts the pod off; the pair
+// is deleted after TeardownDelay if the pod's netns has not taken it by
+// then. Negative TeardownDelay deletes it at once. Removing a missing
+// endpoint is success.
 func (l *Linux) remove(ep *endpoint.Endpoint) error {
 	defer l.phase(PhaseRemove, time.Now())
 	l.mu.Lock()
@@ -453,9 +464,11 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		h = hostLink{index: ep.IfIndex, name: ep.IfName, ips: endpointIPs(ep)}
 	}
 	if l.bpf != nil {
+		start := time.Now()
 		if err := l.removeBPF(ep.ID, h.index); err != nil {
 			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 		}
+		l.phase(PhaseRemoveBPF, start)
 	}
 	if (h.index == 0 && h.name == "") || ep.Chained {
 		return nil // a chained endpoint's link and routes are the other plugin's
@@ -477,17 +490,26 @@ func (l *Linux) remove(ep *endpoint.Endpoint) error {
 		}
 		h.index = link.Attrs().Index
 	}
+	defer l.phase(PhaseRemoveTombstone, time.Now())
+	if err := l.unroute(h); err != nil {
+		return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+	}
 	if l.cfg.TeardownDelay < 0 {
-		if err := l.unroute(h); err != nil {
-			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
-		}
 		if err := l.deleteLink(h.index, h.name); err != nil {
 			return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
 		}
 		return nil
 	}
-	l.submit("unroute", func(context.Context) error { return l.unroute(h) })
-	l.scheduleTeardown(h.index, h.name)
+	tomb, err := l.tombstone(h)
+	if err != nil {
+		return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+	}
+	if tomb == "" {
+		return nil // gone, or the index names another interface
+	}
+	if err := l.deferDelete(h.index, tomb); err != nil {
+		return fmt.Errorf("remove endpoint %d: %w", ep.ID, err)
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -127,9 +129,20 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 			t.Fatalf("Remove: %v", err)
 		}
 	}
-	testutil.Eventually(t, "the route to go", func() bool { return routeTo(t, nl, "10.244.41.5") == nil })
-	if _, err := nl.LinkByIndex(ep.IfIndex); err != nil {
+	// Once Remove returned: no route, the host veth down under its
+	// tombstone name, the attachment's name free.
+	if r := routeTo(t, nl, "10.244.41.5"); r != nil {
+		t.Fatalf("route %+v left after Remove", r)
+	}
+	link, err := nl.LinkByIndex(ep.IfIndex)
+	if err != nil {
 		t.Fatal("host veth deleted before the teardown delay")
+	}
+	if name := link.Attrs().Name; name != ifname.Tombstone(ep.IfIndex) || link.Attrs().Flags&net.FlagUp != 0 {
+		t.Fatalf("host veth after Remove: %s, flags %v; want %s, down", name, link.Attrs().Flags, ifname.Tombstone(ep.IfIndex))
+	}
+	if _, err := nl.LinkByName(ep.IfName); err == nil {
+		t.Fatalf("%s still names a link after Remove", ep.IfName)
 	}
 	if l.PendingTeardowns() != 1 {
 		t.Fatalf("pending teardowns = %d, want 1", l.PendingTeardowns())
@@ -166,8 +179,8 @@ func TestLinuxDeferredTeardown(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(ops) != 3 || ops[0] != "bpf-detach" || ops[1] != "unroute" || ops[2] != "teardown" {
-		t.Fatalf("submitted ops = %v, want bpf-detach, unroute and teardown through the pool", ops)
+	if len(ops) != 2 || ops[0] != "bpf-detach" || ops[1] != "teardown" {
+		t.Fatalf("submitted ops = %v, want bpf-detach and teardown through the pool", ops)
 	}
 	if err := l.Check(ctx, ep); !errors.Is(err, ErrEndpointMissing) {
 		t.Fatalf("Check of a removed interface = %v, want ErrEndpointMissing", err)

@@ -88,7 +88,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.StringVar(&cfg.Datapath, "datapath", "linux", "datapath: linux (needs root: CAP_NET_ADMIN) or fake (in memory, for demos and tests)")
 	fs.StringVar(&cfg.DeleteQueueDir, "delete-queue-dir", "/var/run/membrane/delete-queue", "directory of CNI DELs queued while the agent was unreachable (\"\" disables draining)")
 	fs.StringVar(&cfg.Linux.GatewayDevice, "gateway-device", "membrane_host", "linux datapath: dummy device holding the pods' gateway addresses")
-	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth is removed if its netns has not taken it (negative: at once)")
+	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth (down and renamed to its tombstone lxc-<index> at once) is deleted if its netns has not taken it (negative: at once, on the DEL's path)")
+	fs.IntVar(&cfg.Linux.MaxPendingTeardowns, "teardown-max-pending", datapath.DefaultMaxPendingTeardowns, "linux datapath: most deferred host veth deletions waiting; past that a DEL deletes the pair on its own path")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9890", "read-only HTTP listener: GET API calls, /metrics and (with --pprof) /debug/pprof; mutating calls are refused (\"\" disables)")
 	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener")
 	var allowedHosts string

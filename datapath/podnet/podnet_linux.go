@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/datapath/sysctl"
+	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
 
 // Kind says what an Error is about.
@@ -128,9 +129,13 @@ func IsLinkNotFound(err error) bool {
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
-// ErrVethExists says creating the pair failed because a name is taken
-// (the host veth's or the interface's in the pod's netns).
-var ErrVethExists = errors.New("veth name exists")
+var (
+	// ErrVethExists says creating the pair failed because a name is taken
+	// (the host veth's or the interface's in the pod's netns).
+	ErrVethExists = errors.New("veth name exists")
+	// ErrNotVeth says TombstoneVeth found a link of another kind.
+	ErrNotVeth = errors.New("not a veth")
+)
 
 // ClearLinks makes room for an ADD after CreateVeth found a name taken:
 // it deletes the host veth hostName (a veth of that name; any other link
@@ -382,6 +387,32 @@ func (p *Pod) enableIPv6(ifName string) error {
 // IPNet converts p.
 func IPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// TombstoneVeth sets the veth called name down and renames it to its
+// tombstone (ifname.Tombstone of its index), through h: the name is free
+// at once, and the pair goes when its other end is deleted (or its
+// netns). A missing link is success; a link of that name that is not a
+// veth is ErrNotVeth (it has no other end to go with: delete it).
+func TombstoneVeth(h *netlink.Handle, name string) error {
+	link, err := h.LinkByName(name)
+	if IsLinkNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return kernelError("look up "+name, err)
+	}
+	if link.Type() != "veth" {
+		return kernelError("tombstone "+name, ErrNotVeth)
+	}
+	if err := h.LinkSetDown(link); err != nil {
+		return kernelError("set "+name+" down", err)
+	}
+	tomb := ifname.Tombstone(link.Attrs().Index)
+	if err := h.LinkSetName(link, tomb); err != nil {
+		return kernelError("rename "+name+" to "+tomb, err)
+	}
+	return nil
 }
 
 // DeleteVeth deletes the veth called name through h; a missing link is

@@ -118,6 +118,8 @@ func (a *Agent) sample() metrics.Sample {
 	}
 	if dp, ok := a.System.Datapath.(*datapath.Linux); ok {
 		smp.MapFull = dp.MapFull()
+		td := dp.Teardowns()
+		smp.Teardowns = metrics.TeardownSample{Pending: td.Pending, Max: td.Max, Sync: td.Sync}
 		if use, err := dp.MapUsage(); err == nil {
 			smp.MapEntries, smp.MapMaxEntries = map[string]int{}, map[string]int{}
 			for name, u := range use {

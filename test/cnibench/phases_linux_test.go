@@ -275,4 +275,6 @@ func agentRows(b *strings.Builder, cmd string, before, after phaseSums, n int) {
 	rm, _ := mean(before, after, "dp remove", n)
 	fmt.Fprintf(b, "| - API, actor hops, state removal, durable (DELETE minus datapath) | %s |\n", ms(del-rm))
 	row("- datapath remove (on the DEL's path)", "dp remove")
+	row("-- remove-bpf (map entries, pins, conntrack)", "dp remove-bpf")
+	row("-- remove-tombstone (routes; host veth down, renamed)", "dp remove-tombstone")
 }

@@ -161,9 +161,9 @@ func TestWithoutKubernetes(t *testing.T) {
 	}
 }
 
-// TestReAddSameNetns: DEL deletes CNI_IFNAME in a netns the runtime
-// keeps (and with it the pair, whatever the teardown delay), so an ADD in
-// the same netns starts clean; an ADD the runtime repeats without a DEL
+// TestReAddSameNetns: DEL frees CNI_IFNAME in a netns the runtime keeps
+// and the host veth's name (both ends renamed to their tombstones, the
+// pair's deletion deferred), so an ADD in the same netns starts clean; an ADD the runtime repeats without a DEL
 // (a retry after a partial failure or a lost answer) replaces the
 // attachment instead of failing.
 func TestReAddSameNetns(t *testing.T) {
@@ -179,7 +179,7 @@ func TestReAddSameNetns(t *testing.T) {
 		t.Fatal("eth0 still in the pod's netns after DEL")
 	}
 	if hostLinkExists(t, e, p) {
-		t.Fatal("host veth still there after DEL deleted its peer")
+		t.Fatal("host veth's name still taken after DEL")
 	}
 	first := podIP(t, e.MustAdd(p), p, gw)
 

@@ -43,6 +43,16 @@ type Sample struct {
 	// MapEntries and MapMaxEntries are the fill and the size of the
 	// shared BPF maps that fill with load ("ct", "ipcache").
 	MapEntries, MapMaxEntries map[string]int
+	// Teardowns is the deferred host veth deletions (Linux datapath only:
+	// Teardowns.Max 0 means none).
+	Teardowns TeardownSample
+}
+
+// TeardownSample is the deferred host veth deletions: Pending waiting,
+// at most Max; Sync deleted at once because Max were pending.
+type TeardownSample struct {
+	Pending, Max int
+	Sync         uint64
 }
 
 // IPAMSample is one family's pool usage.
@@ -76,6 +86,9 @@ type Metrics struct {
 	proxyWaits  *prometheus.Desc
 	refused     *prometheus.Desc
 	mapFull     *prometheus.Desc
+	tdPending   *prometheus.Desc
+	tdMax       *prometheus.Desc
+	tdSync      *prometheus.Desc
 	mapEntries  *prometheus.Desc
 	mapMax      *prometheus.Desc
 	dns         *dnsMetrics
@@ -172,6 +185,10 @@ func New() *Metrics {
 		"ipcache: entries the ipcache refused, --ipcache-max).", "map")
 	m.mapEntries = desc("bpf_map_entries", "Entries of the shared BPF maps that fill with load, read at the scrape, "+
 		"by map (ct: conntrack, an LRU that evicts the least recently used connection when full; ipcache: refuses new entries when full).", "map")
+	m.tdPending = desc("veth_teardowns_pending", "Deleted endpoints' host veths, down and renamed to their tombstone (lxc-<index>), "+
+		"whose deferred deletion has not run yet.")
+	m.tdMax = desc("veth_teardowns_pending_max", "The bound of membrane_veth_teardowns_pending (--teardown-max-pending).")
+	m.tdSync = desc("veth_teardowns_sync_total", "Host veths deleted on the CNI DEL's path because --teardown-max-pending deletions were pending.")
 	m.mapMax = desc("bpf_map_max_entries", "The size of the maps of membrane_bpf_map_entries (--ct-max, --ipcache-max).", "map")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -286,7 +303,8 @@ type sampled Metrics
 
 // Describe implements prometheus.Collector.
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused, s.mapFull, s.mapEntries, s.mapMax} {
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused, s.mapFull, s.mapEntries, s.mapMax,
+		s.tdPending, s.tdMax, s.tdSync} {
 		ch <- d
 	}
 }
@@ -317,6 +335,11 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 	gauge(s.identities, float64(smp.Identities))
 	if smp.DeleteQueue >= 0 {
 		gauge(s.deleteQueue, float64(smp.DeleteQueue))
+	}
+	if td := smp.Teardowns; td.Max > 0 {
+		gauge(s.tdPending, float64(td.Pending))
+		gauge(s.tdMax, float64(td.Max))
+		ch <- prometheus.MustNewConstMetric(s.tdSync, prometheus.CounterValue, float64(td.Sync))
 	}
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyWaitTimeouts), "timeout")
 	ch <- prometheus.MustNewConstMetric(s.proxyWaits, prometheus.CounterValue, float64(smp.ProxyRejects), "rejected")

@@ -140,5 +140,5 @@ func (c *call) detach() {
 	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 	defer cancel()
 	_ = c.client.endpointDeleteAttachment(ctx, c.args.ContainerID, c.args.IfName)
-	c.deletePodInterface()
+	c.deletePodInterface(false)
 }

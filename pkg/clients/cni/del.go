@@ -45,8 +45,12 @@ func cmdDel(args *skel.CmdArgs) (retErr error) {
 		return c.client.endpointDeleteAttachment(ctx, args.ContainerID, args.IfName)
 	})
 	pt.mark("delete-endpoint")
+	tombstone := false
 	switch {
 	case err == nil, isCode(err, "endpoint-deleting"):
+		// The agent took the host end out of service (down, renamed to
+		// its tombstone) and deletes the pair later, with the pod end.
+		tombstone = true
 	case isNotFound(err), isCode(err, "invalid-argument"):
 		// The agent has no such attachment (it refuses to create one with
 		// an ID it calls invalid): only a leftover veth may remain.
@@ -65,7 +69,7 @@ func cmdDel(args *skel.CmdArgs) (retErr error) {
 		}
 	}
 	pt.mark("queue-or-leftovers")
-	c.deletePodInterface()
+	c.deletePodInterface(tombstone)
 	pt.mark("delete-pod-interface")
 	return nil
 }
@@ -87,12 +91,18 @@ func (c *call) deleteLeftoverVeth() error {
 	return nil
 }
 
-// deletePodInterface deletes CNI_IFNAME in the pod's netns, as Cilium's
+// deletePodInterface frees CNI_IFNAME in the pod's netns, as Cilium's
 // DEL does, when the netns still exists, unless it is the pod end of
 // another plugin's veth (membrane-cni chained after it: that plugin's
-// DEL removes it). Failing is harmless (the netns's removal deletes it,
-// and an ADD replaces it), so it is only reported.
-func (c *call) deletePodInterface() {
+// DEL removes it). With tombstone (the agent deleted the endpoint, so it
+// owns the pair's deferred deletion) a veth is set down and renamed to
+// its tombstone (ifname.Tombstone): a fraction of a millisecond, where
+// deleting it waits for an RCU barrier (~25 ms); the agent's deletion of
+// the host end, or the netns's removal, deletes it. Otherwise (the
+// agent does not know the attachment, or the deletion is queued) it is
+// deleted. Failing is harmless (the netns's removal deletes it, and an
+// ADD replaces it), so it is only reported.
+func (c *call) deletePodInterface(tombstone bool) {
 	if c.args.Netns == "" {
 		return
 	}
@@ -110,6 +120,13 @@ func (c *call) deletePodInterface() {
 	if c.othersVeth(nl) {
 		return
 	}
+	if tombstone {
+		err = podnet.TombstoneVeth(nl, c.args.IfName)
+		if err == nil || podnet.IsLinkNotFound(err) {
+			return
+		}
+		warnf("DEL %s: %v; deleting it", c.args.ContainerID, err)
+	}
 	if err := podnet.DeleteLink(nl, c.args.IfName); err != nil {
 		warnf("DEL %s: %v", c.args.ContainerID, err)
 	}
@@ -117,7 +134,8 @@ func (c *call) deletePodInterface() {
 
 // othersVeth reports whether CNI_IFNAME (looked up through nl, in the
 // pod's netns) is a veth whose host end (in the plugin's netns, the
-// host's) exists under a name other than membrane's for the attachment.
+// host's) exists under a name other than membrane's for the attachment
+// or its tombstone.
 func (c *call) othersVeth(nl *netlink.Handle) bool {
 	link, err := nl.LinkByName(c.args.IfName)
 	if err != nil || link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
@@ -128,7 +146,8 @@ func (c *call) othersVeth(nl *netlink.Handle) bool {
 		return false
 	}
 	ours, _ := VethNames(c.args.ContainerID, c.args.IfName)
-	return host.Attrs().Name != ours
+	// The agent renamed its host end to the tombstone before answering.
+	return host.Attrs().Name != ours && !ifname.IsTombstone(host.Attrs().Name)
 }
 
 // queue persists the deletion for the agent. Returns CNI error 11 when

@@ -1,7 +1,12 @@
 // Package ifname checks interface names before they reach a path, a
-// netlink call or a label. It imports nothing, so the CNI plugin and the
-// delete queue use it without pulling in the agent.
+// netlink call or a label. It imports nothing of ours, so the CNI plugin
+// and the delete queue use it without pulling in the agent.
 package ifname
+
+import (
+	"strconv"
+	"strings"
+)
 
 // Interface names. The kernel limits a name to IFNAMSIZ-1 = 15 bytes;
 // the names below are also used as path elements
@@ -61,4 +66,31 @@ func ValidHost(name string) bool {
 // realises and removes only these.
 func Managed(name string) bool {
 	return name == Health || ValidHost(name)
+}
+
+// TombstonePrefix starts the name a deleted attachment's veth ends take
+// until the pair is deleted: "lxc-" is no client's name (ValidHost wants
+// a letter or digit after "lxc") and no pod's usual CNI_IFNAME, so the
+// attachment's own names are free for the next ADD at once.
+const TombstonePrefix = "lxc-"
+
+// Tombstone returns the tombstone name of the interface with ifindex
+// index (unique in its netns, so two tombstones never collide there).
+func Tombstone(index int) string {
+	return TombstonePrefix + strconv.FormatUint(uint64(uint32(index)), 36)
+}
+
+// IsTombstone reports whether name has Tombstone's pattern: "lxc-"
+// followed by 1..7 lowercase letters or digits.
+func IsTombstone(name string) bool {
+	rest, ok := strings.CutPrefix(name, TombstonePrefix)
+	if !ok || rest == "" || len(rest) > 7 {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; (c < '0' || c > '9') && (c < 'a' || c > 'z') {
+			return false
+		}
+	}
+	return true
 }

@@ -35,3 +35,18 @@ func TestManaged(t *testing.T) {
 		}
 	}
 }
+
+func TestTombstone(t *testing.T) {
+	for _, index := range []int{1, 35, 36, 4096, 1<<31 - 1} {
+		name := Tombstone(index)
+		if !IsTombstone(name) || !Valid(name) || ValidHost(name) || Managed(name) {
+			t.Errorf("Tombstone(%d) = %q: IsTombstone %v Valid %v ValidHost %v Managed %v", index, name,
+				IsTombstone(name), Valid(name), ValidHost(name), Managed(name))
+		}
+	}
+	for _, name := range []string{"lxc-", "lxc-A", "lxc-12345678", "lxc_health", "lxc0123456789ab", "eth0", "lxc-a/b"} {
+		if IsTombstone(name) {
+			t.Errorf("IsTombstone(%q) = true", name)
+		}
+	}
+}
