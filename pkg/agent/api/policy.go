@@ -42,7 +42,8 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{http.StatusBadRequest, CodeInvalidPolicy, "Content-Type is application/json but the body is not a JSON object or list"}
 		}
 	}
-	pols, err := policy.ParseWith(body, policy.ParseOptions{NodeSelectorLabels: s.sys.Config.NodeSelectorLabels})
+	pols, err := policy.ParseWith(body, policy.ParseOptions{NodeSelectorLabels: s.sys.Config.NodeSelectorLabels,
+		SecretsNamespace: s.sys.Config.PolicySecretsNamespace})
 	if err != nil {
 		return &apiError{http.StatusBadRequest, CodeInvalidPolicy, err.Error()}
 	}
