@@ -162,7 +162,11 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 			for _, h := range e.HTTP {
 				r := models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers}
 				for _, m := range h.HeaderMatches {
-					r.HeaderMatches = append(r.HeaderMatches, models.HeaderMatch{Name: m.Name, Value: m.Value, Mismatch: m.Mismatch})
+					hm := models.HeaderMatch{Name: m.Name, Value: m.Value, Mismatch: m.Mismatch}
+					if m.Secret != nil {
+						hm.Secret = m.Secret.String() // the reference; the agent's policy never holds the value
+					}
+					r.HeaderMatches = append(r.HeaderMatches, hm)
 				}
 				l7.HTTP = append(l7.HTTP, r)
 			}
