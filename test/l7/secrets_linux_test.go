@@ -128,6 +128,9 @@ func TestHeaderSecretKubernetes(t *testing.T) {
 		}
 		return code
 	}
+	// Before the policy is in force b admits everything: wait for a
+	// refusal first.
+	testutil.Eventually(t, "b's L7 policy in force", func() bool { return status("") == 403 })
 	testutil.Eventually(t, "the secret's value admitted", func() bool { return status("tok-one-3f9a") == 200 })
 	for _, tok := range []string{"", "tok-two-7c1e", "kube-system-value"} {
 		if got := status(tok); got != 403 {
