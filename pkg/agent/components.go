@@ -393,8 +393,10 @@ func (a *Agent) startK8s() (err error) {
 	} else if kc.Nodes == nil {
 		a.log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
 	}
-	if ss, ok := a.System.Datapath.(k8s.SecretSink); ok && kc.Secrets == nil {
-		kc.Secrets = ss // the Linux datapath's L7 proxy
+	// The Linux datapath hands the policy secrets to its L7 proxy; without
+	// one (L7 rules refused) no Secret is watched.
+	if ss, ok := a.System.Datapath.(k8s.SecretSink); ok && kc.Secrets == nil && !a.System.Config.NoL7 {
+		kc.Secrets = ss
 	}
 	if a.k8s, err = k8s.Start(context.Background(), kc, a.System, a.log); err != nil {
 		return err
