@@ -64,6 +64,12 @@ type Config struct {
 	// by default): its addresses get that identity in the ipcache instead
 	// of remote-node, and policies accept fromNodes/toNodes.
 	NodeSelectorLabels bool
+	// PolicySecretsNamespace is the one namespace whose Secrets a
+	// headerMatches[].secret may name (--policy-secrets-namespace,
+	// Kubernetes mode): a policy naming a Secret elsewhere is refused
+	// (that part allows nothing) and the Secret is never read. "" (every
+	// other mode) refuses every secret.
+	PolicySecretsNamespace string
 	// NodeLabels (--node-labels, Cilium's flag; the --labels syntax,
 	// "[source:][!]regexp" matched at the start of the key, without
 	// --labels' defaults) chooses the Node labels that make a node's

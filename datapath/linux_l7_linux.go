@@ -38,6 +38,25 @@ type linuxL7 struct {
 	done    chan struct{}
 	ipcache map[netip.Prefix]identity.NumericIdentity
 	withL7  map[endpoint.ID]bool // endpoints whose proxy configuration is published
+	// secrets are the header secrets' values (SetPolicySecrets), kept
+	// for a proxy configured later; never logged.
+	secrets map[string]string
+}
+
+// SetPolicySecrets publishes the values of the header secrets policies
+// may name ("ns/name" to the value; the Kubernetes watcher's Secrets of
+// --policy-secrets-namespace) to the L7 proxy, apart from the endpoints'
+// rules: a change reaches the proxy without regenerating an endpoint.
+func (l *Linux) SetPolicySecrets(values map[string]string) {
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	l.l7.secrets = maps.Clone(values)
+	if l.l7.srv == nil {
+		return
+	}
+	if _, err := l.l7.srv.SetSecrets(l7proxy.Secrets{Values: l.l7.secrets}); err != nil {
+		l.log.Warn("publish the policy secrets to the L7 proxy", "secrets", len(values), "err", err)
+	}
 }
 
 // SetProxyAck implements Datapath: the proxy's acknowledgements of the
@@ -87,7 +106,11 @@ func (l *Linux) initL7() error {
 	for _, gw := range l.cfg.Gateways {
 		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
 	}
-	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+	_, err = srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)})
+	if err == nil {
+		_, err = srv.SetSecrets(l7proxy.Secrets{Values: maps.Clone(l.l7.secrets)})
+	}
+	if err != nil {
 		srv.Close()
 		access.Close()
 		l.l7.srv, l.l7.access = nil, nil

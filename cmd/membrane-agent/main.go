@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -143,6 +144,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.Identity.GCGrace, "identity-gc-grace", 15*time.Minute, "Kubernetes mode, crd identities: how long an identity no node uses stays before it is deleted (also how late a node's heartbeat may be)")
 	fs.DurationVar(&kc.Identity.GCInterval, "identity-gc-interval", time.Minute, "Kubernetes mode, crd identities: time between garbage collection passes (negative disables this agent's)")
 	fs.StringVar(&kc.Identity.LeaseNamespace, "identity-lease-namespace", "kube-system", "Kubernetes mode, crd identities: namespace of the nodes' heartbeat leases")
+	var secretsNS string
+	fs.StringVar(&secretsNS, "policy-secrets-namespace", "membrane-secrets", "Kubernetes mode: the one namespace whose Secrets a policy's headerMatches[].secret may name (Cilium's flag; Cilium's chart uses cilium-secrets). The agent watches Secrets there only; a policy naming a Secret in another namespace is refused, the Secret never read. \"\": every secret is refused")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")
 	var kv kvstore.Config
 	var kvMode, etcdEndpoints, nodeAddrs string
@@ -219,6 +222,12 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 			kc.NodeName = strings.ToLower(host)
 		}
 		cfg.K8s = &kc
+		if secretsNS != "" && (len(secretsNS) > 63 || !dnsLabel.MatchString(secretsNS)) {
+			return cfg, nil, fmt.Errorf("--policy-secrets-namespace: %q is not a namespace name (a DNS label)", secretsNS)
+		}
+		cfg.Actors.PolicySecretsNamespace = secretsNS
+	} else if flagGiven(fs, "policy-secrets-namespace") && secretsNS != "" {
+		return cfg, nil, fmt.Errorf("--policy-secrets-namespace: only with --k8s-kubeconfig or --k8s (outside Kubernetes mode the agent reads no Secrets: give headerMatches a value)")
 	} else if kc.KubeProxyReplacement {
 		return cfg, nil, fmt.Errorf("--kube-proxy-replacement: only with --k8s-kubeconfig or --k8s")
 	} else if kc.APIServer != "" {
@@ -349,4 +358,14 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: %q: want text or json", format)
+}
+
+// dnsLabel is a Kubernetes namespace name (RFC 1123 label).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }

@@ -404,3 +404,40 @@ func TestParseFlagsFlows(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFlagsPolicySecrets: --policy-secrets-namespace defaults to
+// membrane-secrets in Kubernetes mode, takes a namespace name or ""
+// (every secret refused), and outside Kubernetes mode the agent reads no
+// Secrets: the namespace stays "" and giving one is refused.
+func TestParseFlagsPolicySecrets(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    string
+		wantErr string
+	}{
+		{"default", []string{"--k8s", "--node-name", "n"}, "membrane-secrets", ""},
+		{"named", []string{"--k8s", "--node-name", "n", "--policy-secrets-namespace", "cilium-secrets"}, "cilium-secrets", ""},
+		{"none", []string{"--k8s", "--node-name", "n", "--policy-secrets-namespace", ""}, "", ""},
+		{"bad name", []string{"--k8s", "--node-name", "n", "--policy-secrets-namespace", "Secrets"}, "", "--policy-secrets-namespace"},
+		{"standalone", nil, "", ""},
+		{"standalone given", []string{"--policy-secrets-namespace", "membrane-secrets"}, "", "only with --k8s-kubeconfig or --k8s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}, tc.args...)
+			cfg, _, err := parseFlags(args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Actors.PolicySecretsNamespace != tc.want {
+				t.Errorf("PolicySecretsNamespace %q, want %q", cfg.Actors.PolicySecretsNamespace, tc.want)
+			}
+		})
+	}
+}

@@ -93,6 +93,7 @@ type (
 	EndpointPolicy = xdsapi.EndpointPolicy
 	IPCache        = xdsapi.IPCache
 	Resource       = xdsapi.Resource
+	Secrets        = xdsapi.Secrets
 )
 
 // Tracker returns the tracker of the proxy's acknowledgements.
@@ -124,6 +125,12 @@ func (s *Server) SetEndpoint(id uint64, p *EndpointPolicy) (uint64, error) {
 // SetIPCache publishes the ipcache and returns the version holding it.
 func (s *Server) SetIPCache(c IPCache) (uint64, error) {
 	return s.update(xdsapi.IPCacheResource, &Resource{IPCache: &c})
+}
+
+// SetSecrets publishes the header secrets' values and returns the
+// version holding them.
+func (s *Server) SetSecrets(v Secrets) (uint64, error) {
+	return s.update(xdsapi.SecretsResource, &Resource{Secrets: &v})
 }
 
 func (s *Server) update(name string, v *Resource) (uint64, error) {

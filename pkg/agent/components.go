@@ -250,7 +250,7 @@ func (s *starter) configureActors() error {
 	// rules no proxy of this agent can enforce are refused parts (the
 	// file is read with policy.ParseOptions.PartialRefusal).
 	opts := policy.ParseOptions{NamespaceLabels: cfg.K8s != nil, NoL7: ac.NoL7, NoDNSProxy: ac.NoDNSProxy,
-		NodeSelectorLabels: ac.NodeSelectorLabels}
+		NodeSelectorLabels: ac.NodeSelectorLabels, SecretsNamespace: ac.PolicySecretsNamespace}
 	ac.Policy = loadPolicies(cfg.StateDir, opts, s.a.log)
 	ac.Policy.FQDN = cfg.FQDN
 	if cfg.API.Metrics == nil {
@@ -392,6 +392,11 @@ func (a *Agent) startK8s() (err error) {
 		kc.Nodes = ns // the cross-node datapath's SyncNodes, where built in
 	} else if kc.Nodes == nil {
 		a.log.Info("other nodes are counted, not routed: the actor system has no SyncNodes")
+	}
+	// The Linux datapath hands the policy secrets to its L7 proxy; without
+	// one (L7 rules refused) no Secret is watched.
+	if ss, ok := a.System.Datapath.(k8s.SecretSink); ok && kc.Secrets == nil && !a.System.Config.NoL7 {
+		kc.Secrets = ss
 	}
 	if a.k8s, err = k8s.Start(context.Background(), kc, a.System, a.log); err != nil {
 		return err

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -283,11 +285,13 @@ func TestAgentRBAC(t *testing.T) {
 	applyAll(t, env)
 	sa := asServiceAccount(env)
 	dir := t.TempDir()
+	secrets := &secretSink{}
 	cfg := agent.Config{
 		Socket: filepath.Join(dir, "a.sock"), StateDir: filepath.Join(dir, "state"),
 		IPv4Range: netip.MustParsePrefix("10.205.0.0/24"), Datapath: "fake", Fake: datapath.NewFake(1),
-		K8s: &k8s.Config{REST: sa, NodeName: "rbac-node", SyncTimeout: time.Minute, PodWait: time.Second},
+		K8s: &k8s.Config{REST: sa, NodeName: "rbac-node", SyncTimeout: time.Minute, PodWait: time.Second, Secrets: secrets},
 	}
+	cfg.Actors.PolicySecretsNamespace = policySecretsNS
 	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +363,69 @@ spec:
 		}
 		return false, fmt.Sprintf("%d events", len(evs.Items))
 	}))
+	checkPolicySecrets(ctx, t, admin, secrets)
 	checkRefused(ctx, t, sa)
+}
+
+// policySecretsNS is the manifests' policy secrets namespace.
+const policySecretsNS = "membrane-secrets"
+
+// secretSink records what the agent's Secret watch hands on.
+type secretSink struct {
+	mu   sync.Mutex
+	last map[string]string
+	keys map[string]bool // every key ever handed on
+}
+
+func (s *secretSink) SetPolicySecrets(v map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = maps.Clone(v)
+	if s.keys == nil {
+		s.keys = map[string]bool{}
+	}
+	for k := range v {
+		s.keys[k] = true
+	}
+}
+
+func (s *secretSink) get() (map[string]string, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.last), slices.Sorted(maps.Keys(s.keys))
+}
+
+// checkPolicySecrets: the agent, as the ServiceAccount, watches the
+// Secrets of the policy secrets namespace (a Secret created there
+// reaches the sink, a change too), and nothing of kube-system's Secret
+// with the same name ever does.
+func checkPolicySecrets(ctx context.Context, t *testing.T, admin kubernetes.Interface, sink *secretSink) {
+	t.Helper()
+	for _, ns := range []string{policySecretsNS, "kube-system"} {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rbac-token", Namespace: ns}, Data: map[string][]byte{"token": []byte("in-" + ns)}}
+		if _, err := admin.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = admin.CoreV1().Secrets(ns).Delete(context.Background(), "rbac-token", metav1.DeleteOptions{})
+		})
+	}
+	key := policySecretsNS + "/rbac-token"
+	testutil.EventuallyErr(t, "the policy secret watched as the ServiceAccount", holds(func() (bool, string) {
+		last, _ := sink.get()
+		return last[key] == "in-"+policySecretsNS, fmt.Sprint(slices.Sorted(maps.Keys(last)))
+	}))
+	upd := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rbac-token", Namespace: policySecretsNS}, Data: map[string][]byte{"token": []byte("rotated")}}
+	if _, err := admin.CoreV1().Secrets(policySecretsNS).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyErr(t, "the rotated policy secret", holds(func() (bool, string) {
+		last, _ := sink.get()
+		return last[key] == "rotated", fmt.Sprint(slices.Sorted(maps.Keys(last)))
+	}))
+	if _, keys := sink.get(); slices.ContainsFunc(keys, func(k string) bool { return !strings.HasPrefix(k, policySecretsNS+"/") }) {
+		t.Errorf("secrets handed on: %v, want only %s's", keys, policySecretsNS)
+	}
 }
 
 // checkRefused asserts that the ServiceAccount can do nothing the agent
@@ -381,6 +447,24 @@ func checkRefused(ctx context.Context, t *testing.T, sa *rest.Config) {
 		"list secrets": func() error { _, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err },
 		"get secret": func() error {
 			_, err := cs.CoreV1().Secrets("kube-system").Get(ctx, "x", metav1.GetOptions{})
+			return err
+		},
+		// Secrets only in the policy secrets namespace (a Role there):
+		// kube-system's, a tenant's and every namespace's are refused,
+		// and even there the agent cannot write them.
+		"get kube-system policy-named secret": func() error {
+			_, err := cs.CoreV1().Secrets("kube-system").Get(ctx, "rbac-token", metav1.GetOptions{})
+			return err
+		},
+		"list kube-system secrets": func() error { _, err := cs.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); return err },
+		"list tenant secrets":      func() error { _, err := cs.CoreV1().Secrets("rbac-test").List(ctx, metav1.ListOptions{}); return err },
+		"watch all secrets": func() error {
+			w, err := cs.CoreV1().Secrets("").Watch(ctx, metav1.ListOptions{})
+			stopWatch(w)
+			return err
+		},
+		"create policy secret": func() error {
+			_, err := cs.CoreV1().Secrets(policySecretsNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
 			return err
 		},
 		"create pod": func() error {
@@ -417,6 +501,15 @@ func checkRefused(ctx context.Context, t *testing.T, sa *rest.Config) {
 		"list pods":       func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
 		"watch nodes":     func() error { w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{}); stopWatch(w); return err },
 		"list namespaces": func() error { _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
+		"list policy secrets": func() error {
+			_, err := cs.CoreV1().Secrets(policySecretsNS).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"watch policy secrets": func() error {
+			w, err := cs.CoreV1().Secrets(policySecretsNS).Watch(ctx, metav1.ListOptions{})
+			stopWatch(w)
+			return err
+		},
 		"list mcnps": func() error {
 			_, err := dyn.Resource(v2.Resource(v2.ResourceClusterwideNetworkPolicies)).List(ctx, metav1.ListOptions{})
 			return err

@@ -35,6 +35,10 @@ type objects struct {
 	ds          *appsv1.DaemonSet
 	roles       []*rbacv1.Role
 	clusterRole *rbacv1.ClusterRole
+	// secretsRole and secretsNS are the policy secrets' Role and
+	// Namespace (policySecretsNamespace), apart from roles and ns.
+	secretsRole *rbacv1.Role
+	secretsNS   *corev1.Namespace
 	vaps        []*admissionv1.ValidatingAdmissionPolicy
 	all         []runtime.Object
 }
@@ -89,6 +93,10 @@ func decode(tb testing.TB, files []File) *objects {
 			case *apiextv1.CustomResourceDefinition:
 				o.crds = append(o.crds, x)
 			case *corev1.Namespace:
+				if x.Name == "membrane-secrets" || strings.HasPrefix(x.Name, "policy-secrets") {
+					o.secretsNS = x
+					continue
+				}
 				o.ns = append(o.ns, x)
 			case *corev1.ServiceAccount:
 				o.sa = x
@@ -97,6 +105,10 @@ func decode(tb testing.TB, files []File) *objects {
 			case *appsv1.DaemonSet:
 				o.ds = x
 			case *rbacv1.Role:
+				if x.Name == "membrane-agent-policy-secrets" {
+					o.secretsRole = x
+					continue
+				}
 				o.roles = append(o.roles, x)
 			case *rbacv1.ClusterRole:
 				o.clusterRole = x
@@ -290,6 +302,27 @@ func TestValues(t *testing.T) {
 				t.Errorf("lease Role rendered for local identities")
 			}
 		}},
+		{"policy secrets namespace", []string{"policySecretsNamespace.name=policy-secrets-x"}, func(t *testing.T, o *objects, args []string) {
+			hasArgs(t, args, "--policy-secrets-namespace=policy-secrets-x")
+			if o.secretsNS == nil || o.secretsNS.Name != "policy-secrets-x" || o.secretsRole == nil || o.secretsRole.Namespace != "policy-secrets-x" {
+				t.Fatalf("namespace %v role %v", o.secretsNS, o.secretsRole)
+			}
+			if r := o.secretsRole.Rules; len(r) != 1 || !slices.Equal(r[0].Resources, []string{"secrets"}) || !slices.Equal(r[0].Verbs, []string{"get", "list", "watch"}) {
+				t.Errorf("secrets Role rules %v", r)
+			}
+		}},
+		{"policy secrets namespace not created", []string{"policySecretsNamespace.create=false"}, func(t *testing.T, o *objects, args []string) {
+			hasArgs(t, args, "--policy-secrets-namespace=membrane-secrets")
+			if o.secretsNS != nil || o.secretsRole == nil || o.secretsRole.Namespace != "membrane-secrets" {
+				t.Errorf("namespace %v role %v", o.secretsNS, o.secretsRole)
+			}
+		}},
+		{"no policy secrets", []string{"policySecretsNamespace.name="}, func(t *testing.T, o *objects, args []string) {
+			hasArgs(t, args, "--policy-secrets-namespace=")
+			if o.secretsNS != nil || o.secretsRole != nil {
+				t.Errorf("namespace %v role %v rendered without a policy secrets namespace", o.secretsNS, o.secretsRole)
+			}
+		}},
 		{"lease namespace", []string{"identityLeaseNamespace=membrane-leases"}, func(t *testing.T, o *objects, args []string) {
 			hasArgs(t, args, "--identity-lease-namespace=membrane-leases")
 			if len(o.roles) != 1 || o.roles[0].Namespace != "membrane-leases" {
@@ -439,6 +472,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"cni.binPath=opt/cni/bin"}, "/cni/binPath"},
 		{[]string{"hostPorts=iptables"}, `hostPorts "iptables": want auto, bpf, portmap or none`},
 		{[]string{"hostPorts=bpf"}, "hostPorts bpf needs kubeProxyReplacement"},
+		{[]string{"policySecretsNamespace.name=Secrets"}, `policySecretsNamespace.name "Secrets": not a namespace name`},
+		{[]string{"policySecretsNamespace.name=membrane-system"}, `policySecretsNamespace.name "membrane-system" is the release's namespace`},
 	} {
 		t.Run(strings.Join(tc.sets, ","), func(t *testing.T) {
 			_, err := renderFiles(DefaultRelease, tc.sets...)

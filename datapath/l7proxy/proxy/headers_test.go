@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -64,5 +65,58 @@ func TestProxyHeaderMatches(t *testing.T) {
 		if got := h.Values(name); !slices.Equal(got, want) {
 			t.Errorf("matching request: B received %s %q, want %q", name, got, want)
 		}
+	}
+}
+
+// TestProxyHeaderSecret: a headerMatch naming a secret through the proxy
+// process: the secrets resource (published apart from the endpoint's
+// rules, which hold only the reference) gives the value; a rotated
+// secret reaches the proxy without a new endpoint revision (the old
+// value is refused, the new one passes); a deleted secret makes the
+// match fail, or fall back to the match's value when it has one.
+func TestProxyHeaderSecret(t *testing.T) {
+	r := newRig(t)
+	ref := &policy.HeaderSecretRef{Namespace: "membrane-secrets", Name: "token"}
+	setSecrets := func(values map[string]string) {
+		t.Helper()
+		if _, err := r.srv.SetSecrets(l7proxy.Secrets{Values: values}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func(path, token string) string {
+		var hs []string
+		if token != "" {
+			hs = append(hs, "X-Token: "+token)
+		}
+		got := r.rawRequest(path, hs...)
+		if _, rest, ok := strings.Cut(got, " "); ok && len(rest) >= 3 {
+			return rest[:3]
+		}
+		return got
+	}
+	setSecrets(map[string]string{"membrane-secrets/token": "v1"})
+	r.setB(1, r.l7(idA,
+		policy.HTTPRule{Path: "/s/.*", HeaderMatches: []policy.HeaderMatch{{Name: "X-Token", Secret: ref}}},
+		policy.HTTPRule{Path: "/f/.*", HeaderMatches: []policy.HeaderMatch{{Name: "X-Token", Secret: ref, Value: "fallback"}}}))
+	testutil.Eventually(t, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
+	for _, c := range []struct{ path, token, want string }{
+		{"/s/1", "v1", "200"}, {"/s/2", "v2", "403"}, {"/s/3", "", "403"}, {"/f/1", "v1", "200"}, {"/f/2", "fallback", "403"},
+	} {
+		if got := status(c.path, c.token); got != c.want {
+			t.Errorf("secret v1: %s with %q: %s, want %s", c.path, c.token, got, c.want)
+		}
+	}
+	setSecrets(map[string]string{"membrane-secrets/token": "v2"})
+	testutil.Eventually(t, "the rotated secret in force", func() bool { return status("/s/4", "v2") == "200" })
+	if got := status("/s/5", "v1"); got != "403" {
+		t.Errorf("rotated: the old value: %s, want 403", got)
+	}
+	setSecrets(map[string]string{})
+	testutil.Eventually(t, "the deleted secret in force", func() bool { return status("/s/6", "v2") == "403" })
+	if got := status("/f/3", "fallback"); got != "200" {
+		t.Errorf("deleted: the fallback value: %s, want 200", got)
+	}
+	if got := status("/f/4", "v2"); got != "403" {
+		t.Errorf("deleted: the old secret with a fallback: %s, want 403", got)
 	}
 }

@@ -124,9 +124,12 @@ type compiledEndpoint struct {
 }
 
 // buildState decodes and compiles every resource; any error rejects the
-// whole version.
+// whole version. The endpoints compile after every resource is decoded:
+// their header secrets resolve with the version's secrets resource.
 func buildState(version string, resources [][]byte) (*state, error) {
 	st := &state{version: version, byIP: map[netip.Addr]*compiledEndpoint{}}
+	var eps []*xdsapi.EndpointPolicy
+	var secrets policy.SecretValues
 	for i, raw := range resources {
 		var r xdsapi.Resource
 		if err := json.Unmarshal(raw, &r); err != nil {
@@ -135,22 +138,27 @@ func buildState(version string, resources [][]byte) (*state, error) {
 		switch {
 		case r.IPCache != nil:
 			st.ipcache = r.IPCache.Entries
+		case r.Secrets != nil:
+			secrets = r.Secrets.Values
 		case r.Endpoint != nil:
-			ce, err := compileEndpoint(r.Endpoint)
-			if err != nil {
-				return nil, err
-			}
-			for _, ip := range r.Endpoint.IPs {
-				st.byIP[ip.Unmap()] = ce
-			}
+			eps = append(eps, r.Endpoint)
 		default:
-			return nil, fmt.Errorf("resource %d: neither endpoint nor ipcache", i)
+			return nil, fmt.Errorf("resource %d: neither endpoint, ipcache nor secrets", i)
+		}
+	}
+	for _, ep := range eps {
+		ce, err := compileEndpoint(ep, secrets)
+		if err != nil {
+			return nil, err
+		}
+		for _, ip := range ep.IPs {
+			st.byIP[ip.Unmap()] = ce
 		}
 	}
 	return st, nil
 }
 
-func compileEndpoint(ep *xdsapi.EndpointPolicy) (*compiledEndpoint, error) {
+func compileEndpoint(ep *xdsapi.EndpointPolicy, secrets policy.SecretValues) (*compiledEndpoint, error) {
 	ce := &compiledEndpoint{id: ep.ID, l7: map[policy.Key][]*policy.CompiledHTTPRule{}, kafka: map[policy.Key][]*policy.CompiledKafkaRule{}}
 	for i, e := range ep.L7 {
 		if e.Parser() == policy.ParserKafka {
@@ -168,7 +176,7 @@ func compileEndpoint(ep *xdsapi.EndpointPolicy) (*compiledEndpoint, error) {
 			ce.l7[e.Key] = []*policy.CompiledHTTPRule{}
 		}
 		for j, h := range e.HTTP {
-			c, err := policy.CompileHTTPRule(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j))
+			c, err := policy.CompileHTTPRuleWith(h, fmt.Sprintf("endpoint %d l7[%d].http[%d]", ep.ID, i, j), secrets)
 			if err != nil {
 				return nil, err
 			}

@@ -24,7 +24,7 @@ func TestVerdict(t *testing.T) {
 		ipcache: map[netip.Prefix]identity.NumericIdentity{
 			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC}}
 	for _, ep := range []*l7proxy.EndpointPolicy{egress, ingress} {
-		ce, err := compileEndpoint(ep)
+		ce, err := compileEndpoint(ep, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

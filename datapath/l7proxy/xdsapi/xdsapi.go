@@ -7,7 +7,10 @@ package xdsapi
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +29,7 @@ const TypeURL = "type.googleapis.com/google.protobuf.BytesValue"
 const (
 	endpointPrefix  = "ep/"
 	IPCacheResource = "ipcache"
+	SecretsResource = "secrets"
 	VersionPrefix   = "v"
 )
 
@@ -44,11 +48,29 @@ type IPCache struct {
 	Entries map[netip.Prefix]identity.NumericIdentity `json:"entries"`
 }
 
+// Secrets are the values of the header secrets policies name ("ns/name"
+// to the value), sent apart from the endpoints' rules as Envoy's SDS
+// does: a policy and an endpoint resource name a secret, never hold its
+// value. String and LogValue redact the values.
+type Secrets struct {
+	Values map[string]string `json:"values"`
+}
+
+// String names the secrets, never their values.
+func (s Secrets) String() string {
+	names := slices.Sorted(maps.Keys(s.Values))
+	return fmt.Sprintf("secrets %v (values redacted)", names)
+}
+
+// LogValue is String (slog).
+func (s Secrets) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
 // Resource is the document in every resource (sotw responses carry no
 // resource names): exactly one of its fields is set.
 type Resource struct {
 	Endpoint *EndpointPolicy `json:"endpoint,omitempty"`
 	IPCache  *IPCache        `json:"ipcache,omitempty"`
+	Secrets  *Secrets        `json:"secrets,omitempty"`
 }
 
 // EndpointName is endpoint id's resource name.

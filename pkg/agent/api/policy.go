@@ -42,7 +42,8 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{http.StatusBadRequest, CodeInvalidPolicy, "Content-Type is application/json but the body is not a JSON object or list"}
 		}
 	}
-	pols, err := policy.ParseWith(body, policy.ParseOptions{NodeSelectorLabels: s.sys.Config.NodeSelectorLabels})
+	pols, err := policy.ParseWith(body, policy.ParseOptions{NodeSelectorLabels: s.sys.Config.NodeSelectorLabels,
+		SecretsNamespace: s.sys.Config.PolicySecretsNamespace})
 	if err != nil {
 		return &apiError{http.StatusBadRequest, CodeInvalidPolicy, err.Error()}
 	}
@@ -161,7 +162,11 @@ func (s *Server) getEndpointPolicy(w http.ResponseWriter, r *http.Request) {
 			for _, h := range e.HTTP {
 				r := models.HTTPRule{Method: h.Method, Path: h.Path, Host: h.Host, Headers: h.Headers}
 				for _, m := range h.HeaderMatches {
-					r.HeaderMatches = append(r.HeaderMatches, models.HeaderMatch{Name: m.Name, Value: m.Value, Mismatch: m.Mismatch})
+					hm := models.HeaderMatch{Name: m.Name, Value: m.Value, Mismatch: m.Mismatch}
+					if m.Secret != nil {
+						hm.Secret = m.Secret.String() // the reference; the agent's policy never holds the value
+					}
+					r.HeaderMatches = append(r.HeaderMatches, hm)
 				}
 				l7.HTTP = append(l7.HTTP, r)
 			}

@@ -96,6 +96,11 @@ type Config struct {
 	// Nodes receives the other nodes (addresses, pod CIDRs) after each
 	// change; nil: they are only counted in the status.
 	Nodes NodeSink
+	// Secrets receives the values of the header secrets (the Secrets of
+	// the actors' Config.PolicySecretsNamespace, the only namespace whose
+	// Secrets the agent watches) after each change; nil, or no such
+	// namespace: Secrets are not watched.
+	Secrets SecretSink
 	// Identity configures cluster-wide identities (identity.go).
 	Identity IdentityConfig
 }

@@ -37,7 +37,8 @@ const (
 // when this agent runs no proxy for them.
 func (w *Watcher) parseOptions() policy.ParseOptions {
 	return policy.ParseOptions{NamespaceLabels: true, PartialRefusal: true,
-		NoL7: w.sys.Config.NoL7, NoDNSProxy: w.sys.Config.NoDNSProxy, NodeSelectorLabels: w.sys.Config.NodeSelectorLabels}
+		NoL7: w.sys.Config.NoL7, NoDNSProxy: w.sys.Config.NoDNSProxy, NodeSelectorLabels: w.sys.Config.NodeSelectorLabels,
+		SecretsNamespace: w.sys.Config.PolicySecretsNamespace}
 }
 
 // convertPolicy turns a NetworkPolicy into the policy repository's input

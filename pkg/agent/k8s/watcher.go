@@ -184,6 +184,14 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 			fn   cache.ResourceEventHandler
 		}{crdKinds[k].gvr.Resource, inf.Informer(), w.crdChanged(k)})
 	}
+	secrets := newSecretWatch(w, client, w.sys.Config.PolicySecretsNamespace, cfg.Secrets)
+	if secrets != nil {
+		handlers = append(handlers, struct {
+			name string
+			inf  cache.SharedIndexInformer
+			fn   cache.ResourceEventHandler
+		}{"secrets", secrets.informer(), secrets.handler()})
+	}
 	w.synced = map[string]cache.InformerSynced{}
 	for _, h := range handlers {
 		if _, err := h.inf.AddEventHandler(h.fn); err != nil {
@@ -203,6 +211,9 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 	all.Start(runCtx.Done())
 	local.Start(runCtx.Done())
 	crds.Start(runCtx.Done())
+	if secrets != nil {
+		secrets.factory.Start(runCtx.Done())
+	}
 	go w.probe(runCtx, client, cmp.Or(cfg.ProbeInterval, 5*time.Second))
 	w.runWorkers(runCtx, rc)
 	go func() {
@@ -211,6 +222,9 @@ func Start(ctx context.Context, cfg Config, sys *actors.System, log *slog.Logger
 		all.Shutdown()
 		local.Shutdown()
 		crds.Shutdown()
+		if secrets != nil {
+			secrets.factory.Shutdown()
+		}
 		broadcaster.Shutdown()
 	}()
 	log.Info("waiting for the k8s caches", "server", rc.Host, "timeout", cfg.SyncTimeout)

@@ -113,10 +113,13 @@ type HTTPRule struct {
 	HeaderMatches []HeaderMatch `json:"headerMatches,omitempty"`
 }
 
-// HeaderMatch is one rules.http[].headerMatches[] entry.
+// HeaderMatch is one rules.http[].headerMatches[] entry. Secret names
+// the Kubernetes Secret holding the value ("secret ns/name"); the
+// secret's value is never shown.
 type HeaderMatch struct {
 	Name     string `json:"name"`
 	Value    string `json:"value,omitempty"`
+	Secret   string `json:"secret,omitempty"`
 	Mismatch string `json:"mismatch,omitempty"`
 }
 

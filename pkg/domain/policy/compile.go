@@ -380,7 +380,7 @@ func (c *cnpCompiler) peers(path, dir string, f peerFields, ports []portRule, ic
 			if l7.Kafka, err = compileKafkaRules(p.Rules, pp+".rules"); err != nil {
 				return nil, err
 			}
-		} else if l7.HTTP, err = compileHTTPRules(p.Rules, pp+".rules"); err != nil {
+		} else if l7.HTTP, err = c.compileHTTPRules(p.Rules, pp+".rules"); err != nil {
 			return nil, err
 		}
 		out = append(out, l7)
@@ -420,7 +420,7 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 	return out, nil
 }
 
-func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
+func (c *cnpCompiler) compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 	if r.HTTP == nil {
 		return nil, fmt.Errorf("%s.http: missing (http, kafka or dns are the supported L7 protocols)", path)
 	}
@@ -429,13 +429,50 @@ func compileHTTPRules(r *l7Rules, path string) ([]HTTPRule, error) {
 	}
 	out := make([]HTTPRule, 0, max(len(r.HTTP), 1))
 	for i, h := range r.HTTP {
-		if _, err := CompileHTTPRule(h, fmt.Sprintf("%s.http[%d]", path, i)); err != nil {
+		hp := fmt.Sprintf("%s.http[%d]", path, i)
+		if _, err := CompileHTTPRule(h, hp); err != nil {
+			return nil, err
+		}
+		var err error
+		if h.HeaderMatches, err = c.secretRefs(h.HeaderMatches, hp); err != nil {
 			return nil, err
 		}
 		out = append(out, h)
 	}
 	if len(out) == 0 {
 		out = append(out, HTTPRule{}) // http: [] allows every request, through the proxy
+	}
+	return out, nil
+}
+
+// secretRefs gives every headerMatches secret of hms its namespace (the
+// policy's when none is named, as in Cilium) and refuses a secret outside
+// ParseOptions.SecretsNamespace: the agent reads that namespace only, so
+// that a policy cannot make it read another namespace's Secrets. Returns
+// a copy; hms is not changed.
+func (c *cnpCompiler) secretRefs(hms []HeaderMatch, path string) ([]HeaderMatch, error) {
+	if !slices.ContainsFunc(hms, func(h HeaderMatch) bool { return h.Secret != nil }) {
+		return hms, nil
+	}
+	out := slices.Clone(hms)
+	for i, h := range out {
+		if h.Secret == nil {
+			continue
+		}
+		sp := fmt.Sprintf("%s.headerMatches[%d].secret", path, i)
+		ref := *h.Secret
+		if ref.Namespace == "" {
+			ref.Namespace = c.ns
+		}
+		switch {
+		case c.opts.SecretsNamespace == "":
+			return nil, fmt.Errorf("%s: header secrets are read in Kubernetes mode only, from the namespace --policy-secrets-namespace names (give the value instead)", sp)
+		case ref.Namespace == "":
+			return nil, fmt.Errorf("%s: namespace missing (a cluster-wide policy names the secret's namespace, %q)", sp, c.opts.SecretsNamespace)
+		case ref.Namespace != c.opts.SecretsNamespace:
+			return nil, fmt.Errorf("%s: %s is outside the policy secrets namespace %q (--policy-secrets-namespace): the agent reads Secrets from that namespace only", sp, ref, c.opts.SecretsNamespace)
+		}
+		out[i].Secret = &ref
 	}
 	return out, nil
 }

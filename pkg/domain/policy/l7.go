@@ -30,8 +30,13 @@ type HTTPRule struct {
 // fail the rule; the other actions let the rule match and act on the
 // request the proxy forwards: LOG records the mismatch in the access
 // record, ADD adds the header with Value (keeping other values),
-// DELETE removes the header, REPLACE sets it to Value. Secret (the
-// value from a Kubernetes Secret) is refused: Membrane reads no Secrets.
+// DELETE removes the header, REPLACE sets it to Value. Secret names a
+// Kubernetes Secret whose one entry is the value, as in Cilium: while it
+// does not resolve (absent, or not exactly one entry) Value stands in, and
+// without a Value the match never holds (the rule matches no request,
+// whatever Mismatch says). The policy never holds the secret's value: the
+// agent sends the values to the proxy apart from the rules
+// (CompileHTTPRuleWith).
 type HeaderMatch struct {
 	Mismatch string           `json:"mismatch,omitempty"`
 	Name     string           `json:"name"`
@@ -40,11 +45,24 @@ type HeaderMatch struct {
 }
 
 // HeaderSecretRef is Cilium's reference to a Secret holding a header
-// value; refused.
+// value. A parsed policy's references all name a namespace (the policy's
+// when the document gave none) and only the agent's secrets namespace
+// (ParseOptions.SecretsNamespace).
 type HeaderSecretRef struct {
 	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name"`
 }
+
+// String is the reference as logs, events and the API show it in place
+// of a value: "secret ns/name".
+func (r HeaderSecretRef) String() string { return "secret " + r.Namespace + "/" + r.Name }
+
+// Key is the reference's "ns/name", the key of SecretValues.
+func (r HeaderSecretRef) Key() string { return r.Namespace + "/" + r.Name }
+
+// SecretValues resolves header secrets ("ns/name" to the value); a
+// missing key is a secret that does not resolve.
+type SecretValues map[string]string
 
 // Header mismatch actions (HeaderMatch.Mismatch).
 const (
@@ -79,6 +97,9 @@ type headerMatch struct {
 	name, value string
 	hasValue    bool
 	mismatch    string // HeaderMatch.Mismatch (headerMatches only)
+	// never: a secret that does not resolve and no value to fall back
+	// on; the rule matches no request.
+	never bool
 }
 
 // matches reports whether header holds the match's value (is present,
@@ -110,8 +131,15 @@ func (m HeaderMismatch) Apply(header http.Header) {
 	}
 }
 
-// CompileHTTPRule validates r; an error names the field below path.
+// CompileHTTPRule validates r; an error names the field below path. A
+// headerMatches secret compiles as if it did not resolve (CompileHTTPRuleWith).
 func CompileHTTPRule(r HTTPRule, path string) (*CompiledHTTPRule, error) {
+	return CompileHTTPRuleWith(r, path, nil)
+}
+
+// CompileHTTPRuleWith is CompileHTTPRule with the values of the
+// headerMatches secrets. Errors never hold a secret's value.
+func CompileHTTPRuleWith(r HTTPRule, path string, secrets SecretValues) (*CompiledHTTPRule, error) {
 	c := &CompiledHTTPRule{Rule: r}
 	var err error
 	if c.method, err = anchored(r.Method, path+".method"); err != nil {
@@ -143,7 +171,9 @@ func CompileHTTPRule(r HTTPRule, path string) (*CompiledHTTPRule, error) {
 			return nil, fmt.Errorf("%s.name: %q is not an HTTP header name", hp, h.Name)
 		}
 		if h.Secret != nil {
-			return nil, fmt.Errorf("%s.secret: unsupported: Membrane reads no Kubernetes Secrets (give the value)", hp)
+			if err := validSecretRef(*h.Secret); err != nil {
+				return nil, fmt.Errorf("%s.secret: %w", hp, err)
+			}
 		}
 		if len(h.Value) > maxHeaderValue || strings.ContainsAny(h.Value, "\r\n\x00") {
 			return nil, fmt.Errorf("%s.value: longer than %d bytes or holding CR, LF or NUL", hp, maxHeaderValue)
@@ -151,15 +181,71 @@ func CompileHTTPRule(r HTTPRule, path string) (*CompiledHTTPRule, error) {
 		switch h.Mismatch {
 		case MismatchFail, MismatchLog, MismatchDelete:
 		case MismatchAdd, MismatchReplace:
-			if h.Value == "" {
-				return nil, fmt.Errorf("%s: mismatch %s needs a value", hp, h.Mismatch)
+			if h.Value == "" && h.Secret == nil {
+				return nil, fmt.Errorf("%s: mismatch %s needs a value (or a secret)", hp, h.Mismatch)
 			}
 		default:
 			return nil, fmt.Errorf("%s.mismatch: %q: want LOG, ADD, DELETE or REPLACE (or none)", hp, h.Mismatch)
 		}
-		c.headers = append(c.headers, headerMatch{name: http.CanonicalHeaderKey(h.Name), value: h.Value, hasValue: h.Value != "", mismatch: h.Mismatch})
+		m, err := resolveHeaderMatch(h, secrets)
+		if err != nil {
+			return nil, fmt.Errorf("%s.secret: %w", hp, err)
+		}
+		c.headers = append(c.headers, m)
 	}
 	return c, nil
+}
+
+// resolveHeaderMatch is h with its secret's value, as Cilium's: the
+// secret's value when it resolves to a non-empty one, else Value when
+// given, else a resolved empty secret is a presence match and an
+// unresolved one never matches.
+func resolveHeaderMatch(h HeaderMatch, secrets SecretValues) (headerMatch, error) {
+	m := headerMatch{name: http.CanonicalHeaderKey(h.Name), value: h.Value, hasValue: h.Value != "", mismatch: h.Mismatch}
+	if h.Secret == nil {
+		return m, nil
+	}
+	v, ok := secrets[h.Secret.Key()]
+	switch {
+	case ok && v != "":
+		if len(v) > maxHeaderValue || strings.ContainsAny(v, "\r\n\x00") {
+			// The message names the secret, never its value.
+			return m, fmt.Errorf("%s: value longer than %d bytes or holding CR, LF or NUL", h.Secret, maxHeaderValue)
+		}
+		m.value, m.hasValue = v, true
+	case h.Value != "":
+	case ok: // an empty secret: the header's presence (an empty value)
+	default:
+		m.never = true
+	}
+	return m, nil
+}
+
+// validSecretRef checks a reference's names (DNS subdomains, as
+// Kubernetes names Secrets; the namespace a DNS label).
+func validSecretRef(r HeaderSecretRef) error {
+	if !validDNSName(r.Name, 253) {
+		return fmt.Errorf("name %q is not a Secret name (a DNS subdomain)", r.Name)
+	}
+	if r.Namespace != "" && (!validDNSName(r.Namespace, 63) || strings.Contains(r.Namespace, ".")) {
+		return fmt.Errorf("namespace %q is not a namespace name (a DNS label)", r.Namespace)
+	}
+	return nil
+}
+
+// validDNSName: lowercase letters, digits, '-' and '.', at most max
+// bytes, starting and ending with a letter or digit.
+func validDNSName(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for i, c := range []byte(s) {
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && ((c != '-' && c != '.') || i == 0 || i == len(s)-1) {
+			return false
+		}
+	}
+	return true
 }
 
 // validHeaderName: a token (RFC 9110), what a header field name may be.
@@ -199,7 +285,7 @@ func (c *CompiledHTTPRule) Matches(method, path, host string, header http.Header
 		return false
 	}
 	for _, h := range c.headers {
-		if h.mismatch == MismatchFail && !h.matches(header) {
+		if h.never || (h.mismatch == MismatchFail && !h.matches(header)) {
 			return false
 		}
 	}
@@ -299,7 +385,7 @@ func (m *MapState) HasL7() bool { return m != nil && len(m.L7) > 0 }
 func l7Equal(a, b []L7Entry) bool {
 	return slices.EqualFunc(a, b, func(x, y L7Entry) bool {
 		return x.Key == y.Key && slices.Equal(x.Kafka, y.Kafka) && slices.EqualFunc(x.HTTP, y.HTTP, func(p, q HTTPRule) bool {
-			return p.Method == q.Method && p.Path == q.Path && p.Host == q.Host && slices.Equal(p.Headers, q.Headers)
+			return compareHTTPRule(p, q) == 0
 		})
 	})
 }
@@ -374,7 +460,46 @@ func (b *l7Builder) entries() []L7Entry {
 
 func compareHTTPRule(a, b HTTPRule) int {
 	return cmp.Or(cmp.Compare(a.Method, b.Method), cmp.Compare(a.Path, b.Path), cmp.Compare(a.Host, b.Host),
-		slices.Compare(a.Headers, b.Headers))
+		slices.Compare(a.Headers, b.Headers), slices.CompareFunc(a.HeaderMatches, b.HeaderMatches, compareHeaderMatch))
+}
+
+func compareHeaderMatch(a, b HeaderMatch) int {
+	var as, bs HeaderSecretRef
+	if a.Secret != nil {
+		as = *a.Secret
+	}
+	if b.Secret != nil {
+		bs = *b.Secret
+	}
+	return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Value, b.Value), cmp.Compare(a.Mismatch, b.Mismatch),
+		cmp.Compare(boolInt(a.Secret != nil), boolInt(b.Secret != nil)), cmp.Compare(as.Namespace, bs.Namespace), cmp.Compare(as.Name, bs.Name))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// SecretRefs returns the headerMatches secrets m's L7 entries name,
+// sorted, each once.
+func (m *MapState) SecretRefs() []HeaderSecretRef {
+	if m == nil {
+		return nil
+	}
+	var out []HeaderSecretRef
+	for _, e := range m.L7 {
+		for _, r := range e.HTTP {
+			for _, h := range r.HeaderMatches {
+				if h.Secret != nil {
+					out = append(out, *h.Secret)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b HeaderSecretRef) int { return cmp.Compare(a.Key(), b.Key()) })
+	return slices.Compact(out)
 }
 
 // anyL7 reports whether some peer rule of prs has L7 rules.

@@ -67,7 +67,7 @@ func TestL7ParseErrors(t *testing.T) {
 	tests := []struct{ name, doc, want string }{
 		{"bad path regexp", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"/(\"}]}\n", "spec.ingress[0].toPorts[0].rules.http[0].path"},
 		{"relative path", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{path: \"x\"}]}\n", "must start with '/'"},
-		{"headerMatches secret", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-Token, secret: {name: s}}]}]}\n", "headerMatches[0].secret: unsupported"},
+		{"headerMatches secret outside Kubernetes mode", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-Token, secret: {name: s}}]}]}\n", "headerMatches[0].secret: header secrets are read in Kubernetes mode only"},
 		{"headerMatches mismatch", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, value: b, mismatch: DROP}]}]}\n", "headerMatches[0].mismatch"},
 		{"headerMatches add without value", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: X-A, mismatch: ADD}]}]}\n", "mismatch ADD needs a value"},
 		{"headerMatches name", "    - ports: [{port: \"80\", protocol: TCP}]\n      rules: {http: [{headerMatches: [{name: \"X A\", value: b}]}]}\n", "headerMatches[0].name"},

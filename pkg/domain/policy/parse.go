@@ -144,6 +144,11 @@ type ParseOptions struct {
 	// their own, with their Node labels). Without it they are refused as
 	// fields the agent cannot enforce, naming the flag.
 	NodeSelectorLabels bool
+	// SecretsNamespace is the one namespace whose Secrets headerMatches
+	// may name (--policy-secrets-namespace, Kubernetes mode): a secret
+	// elsewhere is refused, never read. "" (standalone and kvstore modes,
+	// where the agent reads no Secrets) refuses every secret.
+	SecretsNamespace string
 }
 
 // ParseWith is Parse with options.

@@ -117,7 +117,6 @@ func refusedPart(path string) (string, bool) {
 // its last path element.
 var unsupportedWhy = map[string]string{
 	"l7proto": "generic L7 parsers (l7proto/l7) are not supported: Membrane's proxy parses HTTP (HTTP/2, gRPC), Kafka and DNS only",
-	"secret":  "Membrane reads no Secrets",
 }
 
 // unsupported is the refusal message of the unknown field at path p,

@@ -37,6 +37,12 @@ the value and what to do. Every template includes it, so `helm install`,
 {{- if and $v.kubeProxyReplacement (not $v.k8sServiceHost) -}}
 {{- fail "kubeProxyReplacement needs k8sServiceHost and k8sServicePort (the API server's address): without kube-proxy nothing translates the kubernetes Service's ClusterIP before the agent runs" -}}
 {{- end -}}
+{{- if and $v.policySecretsNamespace.name (not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $v.policySecretsNamespace.name)) -}}
+{{- fail (printf "policySecretsNamespace.name %q: not a namespace name (a DNS label)" $v.policySecretsNamespace.name) -}}
+{{- end -}}
+{{- if eq $v.policySecretsNamespace.name .Release.Namespace -}}
+{{- fail (printf "policySecretsNamespace.name %q is the release's namespace: give the policy secrets a namespace of their own (the agent may read every Secret there)" $v.policySecretsNamespace.name) -}}
+{{- end -}}
 {{- if not (has $v.hostPorts (list "auto" "bpf" "portmap" "none")) -}}
 {{- fail (printf "hostPorts %q: want auto, bpf, portmap or none" (toString $v.hostPorts)) -}}
 {{- end -}}
@@ -134,6 +140,7 @@ etcd-endpoints: {{ join "," $v.kvstore.endpoints | quote }}
 identity-allocation-mode: {{ $v.identityAllocationMode | quote }}
 identity-lease-namespace: {{ $v.identityLeaseNamespace | quote }}
 {{- end }}
+policy-secrets-namespace: {{ $v.policySecretsNamespace.name | quote }}
 log-level: {{ $v.logLevel | quote }}
 log-format: {{ $v.logFormat | quote }}
 k8s-sync-timeout: 2m
