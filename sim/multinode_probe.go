@@ -24,6 +24,9 @@ const probeWait = 30 * time.Second
 // created, or not arrived everywhere, within probeWait is a violation.
 // Probes get label set 0 and stay (the drain keeps the even sets).
 func (r *multiRun) probe(ctx context.Context, live [][]liveEP) []string {
+	if ctx.Err() != nil { // the run was cancelled: nothing to measure
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	ips := make([]netip.Addr, len(r.nodes))
