@@ -149,6 +149,7 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 	}
 	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: conv}
 	live := r.churn(ctx)
+	probeViolations := r.probe(ctx, live)
 	r.drain(ctx, live)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint()}, DialTimeout: 5 * time.Second})
 	if err != nil {
@@ -164,6 +165,7 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	rep.Settle = time.Since(start)
+	rep.Violations = append(rep.Violations, probeViolations...)
 	var p99 []float64
 	rep.Convergence, p99 = r.conv.report()
 	for i := range rep.PerNode {

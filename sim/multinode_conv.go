@@ -182,6 +182,21 @@ func (t *convTracker) arrivedLocked(j int, ip netip.Addr, ep *convEP, now time.T
 	}
 }
 
+// waitingAt lists the nodes where ip, created and tracked, has not
+// arrived yet (none once it arrived everywhere, or when it is not
+// tracked).
+func (t *convTracker) waitingAt(ip netip.Addr) []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []int
+	for j := range t.pending {
+		if t.pending[j][ip] != nil {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
 // observe is node j's agent telling that its ipcache (the actor system's
 // index) holds eps: the kvstore mirror's call to the front door returned.
 func (t *convTracker) observe(j int, eps []endpoint.Remote) {

@@ -84,3 +84,28 @@ func TestMultiReportWriters(t *testing.T) {
 		t.Error("a report with a violation is OK")
 	}
 }
+
+// TestConvTrackerLaggingNodeCrash is issue 38's churn in small: node 1's
+// mirror lags (it re-lists after an etcd restart), so every endpoint
+// reaches nodes 0 and 2 but not node 1 before node 1 crashes; those pairs,
+// and those of endpoints created while it is down, are given up, and
+// node 1's re-list after its restart is not timed. No endpoint is timed
+// everywhere although every node ends holding every endpoint: what the
+// run's probe (after the faults) is for.
+func TestConvTrackerLaggingNodeCrash(t *testing.T) {
+	tr := newConvTracker(3, 1)
+	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	tr.created(0, a, 300, time.Now())
+	tr.created(2, b, 301, time.Now())
+	tr.observe(2, []endpoint.Remote{{IPs: []netip.Addr{a}, Identity: 300}})
+	tr.observe(0, []endpoint.Remote{{IPs: []netip.Addr{b}, Identity: 301}})
+	tr.nodeDown(1)
+	tr.created(0, c, 302, time.Now())
+	tr.observe(2, []endpoint.Remote{{IPs: []netip.Addr{c}, Identity: 302}})
+	tr.nodeUp(1)
+	tr.observe(1, []endpoint.Remote{{IPs: []netip.Addr{a}, Identity: 300}, {IPs: []netip.Addr{b}, Identity: 301}, {IPs: []netip.Addr{c}, Identity: 302}})
+	r, _ := tr.report()
+	if r.ToNode.Count != 3 || r.Everywhere.Count != 0 || r.Abandoned != 3 || r.Pending != 0 {
+		t.Fatalf("want 3 pairs timed, 3 given up, none everywhere: %+v %+v %+v", r, r.ToNode, r.Everywhere)
+	}
+}

@@ -42,7 +42,9 @@ func runMultiTest(t *testing.T, cfg MultiConfig) {
 	if rep.Creates == 0 || rep.Drained == 0 || rep.Crashes != cfg.Crashes || rep.EtcdRestarts != cfg.EtcdRestarts {
 		t.Errorf("the run did not do what it was asked: %+v", rep)
 	}
-	if c := rep.Convergence; c == nil || c.ToNode.Count == 0 || c.Everywhere.Count == 0 {
+	// Each node's probe, created after the faults, is timed at every other
+	// node even when every churn endpoint had a pair given up.
+	if c := rep.Convergence; c == nil || c.ToNode.Count < uint64(cfg.Nodes*(cfg.Nodes-1)) || c.Everywhere.Count < uint64(cfg.Nodes) {
 		t.Errorf("no convergence measured: %+v", rep.Convergence)
 	}
 	for _, n := range rep.PerNode {
@@ -50,6 +52,7 @@ func runMultiTest(t *testing.T, cfg MultiConfig) {
 			t.Errorf("%s: %+v", n.Name, n)
 		}
 	}
-	t.Logf("%s: %d creates, %d deletes, %d drained, %d identities left, settled in %s; convergence p99 %.1f ms",
-		rep.EtcdMode, rep.Creates, rep.Deletes, rep.Drained, rep.EtcdIdentities, rep.Settle, rep.Convergence.Everywhere.P99)
+	c := rep.Convergence
+	t.Logf("%s: %d creates, %d deletes, %d drained, %d identities left, settled in %s; convergence: %d pairs, %d endpoints everywhere (p99 %.1f ms), %d pairs given up, %d pending",
+		rep.EtcdMode, rep.Creates, rep.Deletes, rep.Drained, rep.EtcdIdentities, rep.Settle, c.ToNode.Count, c.Everywhere.Count, c.Everywhere.P99, c.Abandoned, c.Pending)
 }
