@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 )

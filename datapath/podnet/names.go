@@ -1,8 +1,9 @@
 package podnet
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/membrane-cni/membrane/pkg/domain/namehash"
 
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
@@ -24,10 +25,7 @@ const (
 // name, and an ADD over a stale attachment still deletes a tmp<hash>
 // such a plugin left when it was killed between the two.
 func VethNames(containerID, ifName string) (host, tmp string) {
-	h := sha256.New()
-	h.Write([]byte(containerID))
-	h.Write([]byte{0})
-	h.Write([]byte(ifName))
-	sum := hex.EncodeToString(h.Sum(nil))[:hashLen]
+	digest := namehash.Sum256([]byte(containerID), []byte{0}, []byte(ifName))
+	sum := hex.EncodeToString(digest[:])[:hashLen]
 	return hostPrefix + sum, tmpPrefix + sum
 }

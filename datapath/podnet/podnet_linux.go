@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -154,11 +153,22 @@ func (p *Pod) ClearLinks(hostName string, podNames ...string) error {
 	return nil
 }
 
-// randomMAC returns a locally administered unicast MAC.
+// randomMAC returns a locally administered unicast MAC. Its bytes come
+// from getrandom(2), the source crypto/rand reads on Linux, called
+// directly: crypto/rand (with math/big and the FIPS DRBG behind it) is
+// the CNI plugin's largest import, initialised on every exec for a
+// function only the agent calls.
 func randomMAC() (net.HardwareAddr, error) {
 	mac := make(net.HardwareAddr, 6)
-	if _, err := rand.Read(mac); err != nil {
-		return nil, err
+	for n := 0; n < len(mac); {
+		m, err := unix.Getrandom(mac[n:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("getrandom: %w", err)
+		}
+		n += m
 	}
 	mac[0] = (mac[0] | 0x02) &^ 0x01
 	return mac, nil

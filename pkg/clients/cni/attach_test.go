@@ -3,7 +3,7 @@ package cni
 import (
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )

@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )

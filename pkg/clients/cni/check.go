@@ -6,11 +6,12 @@ import (
 	"net"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 )
 
 // cmdCheck verifies the attachment: CNI_IFNAME exists in the netns with

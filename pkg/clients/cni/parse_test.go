@@ -1,6 +1,8 @@
 package cni
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -63,6 +65,13 @@ func TestVethNames(t *testing.T) {
 	}
 	if !ifname.ValidHost(host) {
 		t.Fatalf("host name %q is not of the pattern the agent accepts", host)
+	}
+	// The names nodes already have: the first 12 hex digits of the
+	// SHA-256 of container ID, NUL, interface name (an agent or plugin
+	// that named them otherwise would lose track of existing pods).
+	sum := sha256.Sum256([]byte(strings.Repeat("f", 64) + "\x00eth0"))
+	if want := "lxc" + hex.EncodeToString(sum[:])[:12]; host != want {
+		t.Fatalf("VethNames = %q, want %q", host, want)
 	}
 	if h2, _ := VethNames("other", "eth0"); h2 == host {
 		t.Fatal("different containers share a host veth name")

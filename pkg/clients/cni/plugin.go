@@ -9,9 +9,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )

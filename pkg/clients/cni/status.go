@@ -3,8 +3,9 @@ package cni
 import (
 	"context"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni/skel"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 )

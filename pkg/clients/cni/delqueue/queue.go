@@ -7,7 +7,6 @@
 package delqueue
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/namehash"
 
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 )
@@ -107,11 +108,8 @@ func safeName(s string) bool {
 // and every name is 69 bytes whatever the container ID's length. The
 // attachment itself is inside the file.
 func (e *Entry) FileName() string {
-	h := sha256.New()
-	h.Write([]byte(e.ContainerID))
-	h.Write([]byte{0})
-	h.Write([]byte(e.IfName))
-	return hex.EncodeToString(h.Sum(nil)) + suffix
+	digest := namehash.Sum256([]byte(e.ContainerID), []byte{0}, []byte(e.IfName))
+	return hex.EncodeToString(digest[:]) + suffix
 }
 
 // Write stores e in dir (created if missing) atomically. Returns ErrFull

@@ -1,6 +1,8 @@
 package delqueue
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -133,4 +135,16 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("entry %+v escapes the queue directory: %q", e, e.FileName())
 		}
 	})
+}
+
+// TestFileNameStable pins an entry's file name to the SHA-256 of
+// container ID, NUL, interface name: entries queued by an older plugin
+// must still be found (a repeated DEL overwrites its earlier entry).
+func TestFileNameStable(t *testing.T) {
+	for _, e := range []*Entry{{ContainerID: "abc", IfName: "eth0"}, {ContainerID: strings.Repeat("0123456789", 30), IfName: "net1"}} {
+		sum := sha256.Sum256([]byte(e.ContainerID + "\x00" + e.IfName))
+		if want := hex.EncodeToString(sum[:]) + ".json"; e.FileName() != want {
+			t.Errorf("FileName(%s/%s) = %q, want %q", e.ContainerID, e.IfName, e.FileName(), want)
+		}
+	}
 }
