@@ -266,3 +266,28 @@ spec:
 		t.Fatalf("MapState = %+v, want egress enforced allowing nothing", m)
 	}
 }
+
+// Egress named ports in a rule without default deny (enableDefaultDeny
+// egress false, whose L7 rules still redirect) are recomputed when a
+// peer renumbers the port, as in a default-deny rule.
+func TestNamedPortL7EgressOpen(t *testing.T) {
+	const client, server identity.NumericIdentity = 960, 961
+	r := NewRepository()
+	r.UpsertIdentity(client, podLabels(t, "x", "app=client"))
+	r.UpsertIdentity(server, podLabels(t, "x", "app=server"))
+	r.SetEndpointPorts("s", server, mustPorts(t, "http=8080"))
+	r.Import(mustParse(t, strings.Replace(cnpEgressNamedL7, "  egress:\n", "  enableDefaultDeny: {egress: false}\n  egress:\n", 1)))
+	get := []HTTPRule{{Method: "GET", Path: "/allowed"}}
+	m := r.MapState(client)
+	if !m.EgressEnforced || !m.Allows(server, 1, ProtoTCP, Egress) {
+		t.Fatalf("MapState = %+v, want egress enforced with an allow-all entry", m)
+	}
+	checkL7(t, m, Key{Identity: server, Port: 8080, Proto: ProtoTCP, Dir: Egress}, get)
+	res := r.SetEndpointPorts("s", server, mustPorts(t, "http=9090"))
+	if !slices.Contains(changedIDs(res), client) {
+		t.Errorf("changed = %v, want the client", changedIDs(res))
+	}
+	m = r.MapState(client)
+	checkL7(t, m, Key{Identity: server, Port: 8080, Proto: ProtoTCP, Dir: Egress}, nil)
+	checkL7(t, m, Key{Identity: server, Port: 9090, Proto: ProtoTCP, Dir: Egress}, get)
+}
