@@ -291,3 +291,18 @@ func TestNamedPortL7EgressOpen(t *testing.T) {
 	checkL7(t, m, Key{Identity: server, Port: 8080, Proto: ProtoTCP, Dir: Egress}, nil)
 	checkL7(t, m, Key{Identity: server, Port: 9090, Proto: ProtoTCP, Dir: Egress}, get)
 }
+
+// Ingress: Kafka rules on a named port resolve as HTTP ones do.
+func TestNamedPortKafkaIngress(t *testing.T) {
+	const server, client identity.NumericIdentity = 970, 971
+	r := NewRepository()
+	r.UpsertIdentity(server, podLabels(t, "x", "app=server"))
+	r.UpsertIdentity(client, podLabels(t, "x", "app=client"))
+	r.Import(mustParse(t, strings.Replace(cnpIngressNamedL7, "port: http, protocol: TCP}], rules: {http: [{method: GET, path: /allowed}]}",
+		"port: kafka, protocol: TCP}], rules: {kafka: [{role: produce, topic: t1}]}", 1)))
+	m := r.MapStateFor(server, mustPorts(t, "kafka=9092"))
+	k := Key{Identity: client, Port: 9092, Proto: ProtoTCP, Dir: Ingress}
+	if len(m.L7) != 1 || m.L7[0].Key != k || m.L7[0].Parser() != ParserKafka || len(m.L7[0].Kafka) != 1 || m.L7[0].Kafka[0].Topic != "t1" {
+		t.Fatalf("L7 = %+v, want %+v redirected to Kafka with topic t1", m.L7, k)
+	}
+}
