@@ -406,14 +406,13 @@ func compilePortRule(p portRule, path string) ([]PortProto, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s.rules: L7 rules need at least one port", path)
 	}
-	if i := slices.IndexFunc(out, func(pp PortProto) bool { return pp.Name != "" }); i >= 0 {
-		return nil, fmt.Errorf("%s.ports: named port %q with L7 rules is not supported; use a number", path, out[i].Name)
-	}
+	// A named port takes its L7 rules along: egress resolves it per peer
+	// identity (appendKeys), ingress per endpoint (MapState.ForPorts).
 	if p.Rules.DNS != nil {
 		return dnsPorts(out, path)
 	}
 	for _, pp := range out {
-		if pp.Port == 0 || pp.Proto != ProtoTCP {
+		if (pp.Port == 0 && pp.Name == "") || pp.Proto != ProtoTCP {
 			return nil, fmt.Errorf("%s.ports: L7 rules need TCP ports (give protocol: TCP and a port)", path)
 		}
 	}

@@ -96,7 +96,7 @@ func dnsPorts(ports []PortProto, path string) ([]PortProto, error) {
 	var out []PortProto
 	for _, pp := range ports {
 		switch {
-		case pp.Port == 0:
+		case pp.Port == 0 && pp.Name == "":
 			return nil, fmt.Errorf("%s.ports: DNS rules need a port (53)", path)
 		case pp.Proto == ProtoTCP || pp.Proto == ProtoUDP:
 			out = append(out, pp)

@@ -120,6 +120,22 @@ spec:
   ingress:
   - toPorts: [{ports: [{port: "80", protocol: TCP}], rules: {http: [{method: GET}]}}]
 `, "L7 rules are not supported in host policies"},
+		{"named port", `apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: p}
+spec:
+  nodeSelector: {}
+  ingress:
+  - toPorts: [{ports: [{port: http, protocol: TCP}]}]
+`, "named ports are not supported in host policies"},
+		{"named port with L7", `apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: p}
+spec:
+  nodeSelector: {}
+  ingress:
+  - toPorts: [{ports: [{port: http, protocol: TCP}], rules: {http: [{method: GET}]}}]
+`, "not supported in host policies"},
 		{"toFQDNs", `apiVersion: cilium.io/v2
 kind: CiliumClusterwideNetworkPolicy
 metadata: {name: p}

@@ -3,6 +3,7 @@ package policy
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -422,6 +423,43 @@ func (b *l7Builder) add(k Key, http []HTTPRule, kafka []KafkaRule) {
 		}
 		b.rules[k] = append(b.rules[k], http...)
 	}
+}
+
+// clone returns a copy of b that add changes without changing b (nil:
+// an empty builder).
+func (b *l7Builder) clone() *l7Builder {
+	if b == nil {
+		return &l7Builder{}
+	}
+	c := &l7Builder{rules: maps.Clone(b.rules), kafka: maps.Clone(b.kafka), l4: maps.Clone(b.l4)}
+	for k, rs := range c.rules {
+		c.rules[k] = slices.Clip(rs)
+	}
+	for k, rs := range c.kafka {
+		c.kafka[k] = slices.Clip(rs)
+	}
+	return c
+}
+
+// NamedL7Entry is the L7 rules one rule gives an ingress named entry
+// (both nil: an L4-only rule); MapState.ForPorts merges them into the
+// L7 entry of the key Key resolves to.
+type NamedL7Entry struct {
+	Key   NamedKey
+	HTTP  []HTTPRule  `json:",omitempty"`
+	Kafka []KafkaRule `json:",omitempty"`
+}
+
+// compareNamedL7 orders entries by key, then rules; no rules (nil)
+// differs from an empty list (which allows no request).
+func compareNamedL7(a, b NamedL7Entry) int {
+	return cmp.Or(compareNamedKey(a.Key, b.Key), compareBool(a.HTTP != nil, b.HTTP != nil),
+		compareBool(a.Kafka != nil, b.Kafka != nil), slices.CompareFunc(a.HTTP, b.HTTP, compareHTTPRule),
+		slices.CompareFunc(a.Kafka, b.Kafka, compareKafkaRule))
+}
+
+func namedL7Equal(a, b []NamedL7Entry) bool {
+	return slices.EqualFunc(a, b, func(x, y NamedL7Entry) bool { return compareNamedL7(x, y) == 0 })
 }
 
 func (b *l7Builder) entries() []L7Entry {

@@ -83,6 +83,13 @@ type MapState struct {
 	// named ports are resolved into Allow already, against each peer
 	// identity's ports.
 	Named []NamedKey
+	// NamedL7 are the L7 rules of the ingress entries of Named (nil
+	// HTTP and Kafka: an L4-only rule), kept when some rule of the
+	// policy has L7 rules; ForPorts merges each resolved one into L7 as
+	// compute merges the rules of numbered keys. Sorted, unique.
+	NamedL7 []NamedL7Entry
+	// l7 is the builder L7 was built from, set with NamedL7.
+	l7 *l7Builder
 	// cidrGroups and namedCIDR are set when an ingress CIDR rule has a
 	// named port: the numbered groups CIDR was built from, and the
 	// named ones, which ForPorts adds once resolved.
@@ -122,6 +129,17 @@ func (m *MapState) ForPorts(ports NamedPorts) *MapState {
 			add = append(add, Key{Identity: nk.Identity, Port: p, Proto: nk.Proto, Dir: Ingress})
 		}
 	}
+	var l7 *l7Builder
+	for _, e := range m.NamedL7 {
+		p, ok := ports.Lookup(e.Key.Name, e.Key.Proto)
+		if !ok {
+			continue
+		}
+		if l7 == nil {
+			l7 = m.l7.clone()
+		}
+		l7.add(Key{Identity: e.Key.Identity, Port: p, Proto: e.Key.Proto, Dir: Ingress}, e.HTTP, e.Kafka)
+	}
 	var groups map[cidrGroup][]*CIDRSelector
 	for g, sels := range m.namedCIDR {
 		p, ok := ports.Lookup(g.name, g.proto)
@@ -144,6 +162,9 @@ func (m *MapState) ForPorts(ports NamedPorts) *MapState {
 	if len(add) > 0 {
 		n := NewMapState(0, false, false, append(slices.Clone(m.Allow), add...))
 		n.L7, n.DNS = m.L7, m.DNS
+		if l7 != nil {
+			n.L7 = l7.entries()
+		}
 		n.applyDeny(m.Deny)
 		c.Allow, c.Deny, c.L7, c.DNS = n.Allow, n.Deny, n.L7, n.DNS
 	}
@@ -364,7 +385,8 @@ func (m *MapState) Equal(o *MapState) bool {
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
 		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.Deny, o.Deny) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
-		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && namedCIDREqual(m.namedCIDR, o.namedCIDR)
+		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && namedL7Equal(m.NamedL7, o.NamedL7) &&
+		namedCIDREqual(m.namedCIDR, o.namedCIDR)
 }
 
 // Diff returns the entries of to missing from from (add) and those of

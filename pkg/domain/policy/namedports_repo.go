@@ -150,7 +150,7 @@ func (r *Repository) namedEgressUsers(id identity.NumericIdentity, affected idSe
 }
 
 func (r *Repository) reachesNamed(rule *Rule, id identity.NumericIdentity) bool {
-	if !rule.EgressEnforced {
+	if !rule.EgressEnforced && !rule.EgressOpen { // compute resolves both (appendKeys)
 		return false
 	}
 	for _, pr := range rule.Egress {

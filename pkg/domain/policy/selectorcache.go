@@ -413,7 +413,10 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			}
 		}
 	}
-	var named []NamedKey
+	var (
+		named   []NamedKey
+		namedL7 []NamedL7Entry
+	)
 	namedCIDR := map[namedGroup][]*CIDRSelector{}
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
@@ -424,17 +427,17 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			if rule.IngressEnforced || rule.IngressOpen {
 				ingress = ingress || rule.IngressEnforced
 				ingressOpen = ingressOpen || rule.IngressOpen
-				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named)
+				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named, &namedL7)
 				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
-				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, nil)
+				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, nil, nil)
 				addCIDRGroups(groups, nil, rule.IngressDeny, Ingress, true)
 			}
 			if rule.EgressEnforced || rule.EgressOpen {
 				egress = egress || rule.EgressEnforced
 				egressOpen = egressOpen || rule.EgressOpen
-				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil)
+				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil, nil)
 				addCIDRGroups(groups, nil, rule.Egress, Egress, false)
-				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil)
+				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil, nil)
 				addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
 			}
 		}
@@ -458,6 +461,11 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		if len(named) > 0 {
 			slices.SortFunc(named, compareNamedKey)
 			m.Named = slices.Compact(named)
+		}
+		if len(namedL7) > 0 {
+			slices.SortFunc(namedL7, compareNamedL7)
+			m.NamedL7 = slices.CompactFunc(namedL7, func(a, b NamedL7Entry) bool { return compareNamedL7(a, b) == 0 })
+			m.l7 = l7
 		}
 		if len(namedCIDR) > 0 {
 			m.cidrGroups, m.namedCIDR = groups, namedCIDR
@@ -491,8 +499,11 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 // appendKeys appends the keys of prs and records their L7 rules in l7
 // and their DNS rules in dns. A named port is resolved against each
 // peer identity's ports in egress (every identity declaring it for any
-// peer); in ingress it is left to each endpoint and appended to named.
-func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey) []Key {
+// peer), the resolved keys taking the rule's L7 and DNS rules; in
+// ingress it is left to each endpoint and appended to named, and, when
+// l7 records, to namedL7 with its L7 rules (ForPorts adds them to l7's
+// once resolved).
+func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey, namedL7 *[]NamedL7Entry) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -505,11 +516,18 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 				}
 				if pp.Name != "" {
 					if dir == Ingress {
-						*named = append(*named, NamedKey{Identity: peer, Name: pp.Name, Proto: pp.Proto})
+						nk := NamedKey{Identity: peer, Name: pp.Name, Proto: pp.Proto}
+						*named = append(*named, nk)
+						if l7 != nil {
+							*namedL7 = append(*namedL7, NamedL7Entry{Key: nk, HTTP: pr.HTTP, Kafka: pr.Kafka})
+						}
 						continue
 					}
 					for _, n := range r.peerPorts(peer, pp.Name, pp.Proto) {
-						keys = append(keys, Key{Identity: peer, Port: n, Proto: pp.Proto, Dir: dir})
+						k := Key{Identity: peer, Port: n, Proto: pp.Proto, Dir: dir}
+						keys = append(keys, k)
+						l7.add(k, pr.HTTP, pr.Kafka)
+						dns.add(k, pr.DNS)
 					}
 					continue
 				}
