@@ -5,26 +5,9 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
-
-// tombstoneLinks returns the names of the tombstone links in ns.
-func tombstoneLinks(t *testing.T, ns *testutil.NS) []string {
-	t.Helper()
-	links, err := ns.Netlink(t).LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range links {
-		if ifname.IsTombstone(l.Attrs().Name) {
-			names = append(names, l.Attrs().Name)
-		}
-	}
-	return names
-}
 
 // TestCrashBetweenDelAndTeardown: the agent is SIGKILLed after it
 // answered a DEL and before the pair's deferred deletion ran (a
@@ -41,7 +24,7 @@ func TestCrashBetweenDelAndTeardown(t *testing.T) {
 	if err := n.Del(p); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if h, c := len(tombstoneLinks(t, n.NS)), len(tombstoneLinks(t, p.NS)); h != 1 || c != 1 {
+	if h, c := len(nodeharness.Tombstones(t, n.NS)), len(nodeharness.Tombstones(t, p.NS)); h != 1 || c != 1 {
 		t.Fatalf("tombstones after DEL: %d in the host, %d in the pod; want one each", h, c)
 	}
 	slow.Kill()
@@ -50,7 +33,7 @@ func TestCrashBetweenDelAndTeardown(t *testing.T) {
 	next := n.Process("--teardown-delay", "100ms", "--gc-interval", "1h")
 	next.Start()
 	testutil.Eventually(t, "the tombstones left by the killed agent to go", func() bool {
-		return len(tombstoneLinks(t, n.NS)) == 0 && len(tombstoneLinks(t, p.NS)) == 0
+		return len(nodeharness.Tombstones(t, n.NS)) == 0 && len(nodeharness.Tombstones(t, p.NS)) == 0
 	})
 	st, err := n.Client().IPAMStatus(context.Background())
 	if err != nil {
