@@ -39,25 +39,7 @@ func SharedDir(tb testing.TB) string {
 // killed at cleanup. Needs util-linux (unshare, mount).
 func HoldMountCopy(tb testing.TB, path string) {
 	tb.Helper()
-	for _, tool := range []string{"unshare", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			tb.Fatalf("%s (util-linux) is needed: %v", tool, err)
-		}
-	}
-	holder := exec.Command("unshare", "-m", "--propagation", "unchanged", "sh", "-c",
-		`mount --bind "$0" "$0" && echo mounted && exec sleep 600`, path)
-	out, err := holder.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	holder.Stderr = os.Stderr
-	if err := holder.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "mounted\n" {
-		tb.Fatalf("holder did not mount %s: %q", path, line)
-	}
+	StartMountNSHolder(tb, "unchanged", `mount --bind "$0" "$0" && echo ready && exec sleep 600`, path)
 }
 
 // MountsAt counts the mounts of this mount namespace whose mount point is
@@ -83,7 +65,22 @@ func MountsAt(tb testing.TB, path string) int {
 // there at that moment until it is killed at cleanup.
 func HoldHostMountNS(tb testing.TB) {
 	tb.Helper()
-	holder := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", "echo ready && exec sleep 600")
+	StartMountNSHolder(tb, "private", "echo ready && exec sleep 600")
+}
+
+// StartMountNSHolder runs script (sh -c, with args as $0...) in a new
+// mount namespace (`unshare -m --propagation propagation`), waits until
+// it prints "ready", and returns its PID; the process is killed at
+// cleanup. The script ends in a sleep that holds the namespace. Needs
+// util-linux (unshare, mount).
+func StartMountNSHolder(tb testing.TB, propagation, script string, args ...string) int {
+	tb.Helper()
+	for _, tool := range []string{"unshare", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			tb.Fatalf("%s (util-linux) is needed: %v", tool, err)
+		}
+	}
+	holder := exec.Command("unshare", append([]string{"-m", "--propagation", propagation, "sh", "-c", script}, args...)...)
 	out, err := holder.StdoutPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -94,6 +91,7 @@ func HoldHostMountNS(tb testing.TB) {
 	}
 	tb.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		tb.Fatalf("mount namespace copy: %q", line)
+		tb.Fatalf("mount namespace holder (%s): %q", script, line)
 	}
+	return holder.Process.Pid
 }

@@ -1,7 +1,6 @@
 package crash
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -177,30 +176,16 @@ type mountNS struct {
 
 func newMountNS(t *testing.T) *mountNS {
 	t.Helper()
-	for _, tool := range []string{"unshare", "nsenter", "mount", "umount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s (util-linux) is needed: %v", tool, err)
-		}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Fatalf("nsenter (util-linux) is needed: %v", err)
 	}
-	holder := exec.Command("unshare", "-m", "--propagation", "slave", "sh", "-c", "echo ready && exec sleep 3600")
-	out, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder.Stderr = os.Stderr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("mount namespace holder: %q", line)
-	}
+	pid := testutil.StartMountNSHolder(t, "slave", "echo ready && exec sleep 3600")
 	self, err1 := os.Readlink("/proc/self/ns/mnt")
-	its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
+	its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 	if err1 != nil || err2 != nil || self == its {
 		t.Fatalf("the holder's mount namespace %q (%v), ours %q (%v): want a new one", its, err2, self, err1)
 	}
-	return &mountNS{t: t, pid: holder.Process.Pid}
+	return &mountNS{t: t, pid: pid}
 }
 
 // path is p (absolute, in the namespace) as seen from any other process.
