@@ -308,6 +308,7 @@ func (s *starter) newFlowLog() (*flows.Store, error) {
 	a := s.a
 	cfg := a.cfg.Flows
 	cfg.Enabled, cfg.Index, cfg.Metrics, cfg.DatapathStats = a.cfg.Linux.Flows, a.Index, a.cfg.API.Metrics, s.linux.FlowStats
+	cfg.FQDNMinTTL = a.cfg.FQDN.MinTTL
 	if cfg.Node = a.cfg.NodeName; cfg.Node == "" {
 		cfg.Node, _ = os.Hostname()
 	}

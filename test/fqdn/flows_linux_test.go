@@ -59,4 +59,8 @@ func TestFQDNFlows(t *testing.T) {
 	if f := fwd[len(fwd)-1]; f.Destination.IP != allowedIP.String() || f.Destination.Identity == 0 || f.Source.Pod != "a" {
 		t.Errorf("forwarded flow %+v, want a's to %s with its identity", f, allowedIP)
 	}
+	// The toFQDNs rule is what allowed it: the flow names its policy.
+	if f := fwd[len(fwd)-1]; !slices.Equal(f.Policies, []string{"default/fqdn"}) || f.PolicyMatch != "allow" {
+		t.Errorf("forwarded flow's policies %v (%s), want [default/fqdn] (allow): the toFQDNs rule allowed it", f.Policies, f.PolicyMatch)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -101,6 +102,9 @@ func (s *Store) onL7(ev events.Event) {
 // server and records it as a dns flow.
 func (s *Store) onDNS(ev events.Event) {
 	d := ev.DNS
+	if d.Verdict == "allowed" {
+		s.names.learn(d.Query, d.IPs, time.Duration(d.TTL)*time.Second, s.cfg.Now())
+	}
 	rec := &models.FlowDNS{Query: d.Query, QType: d.QType, Verdict: d.Verdict, RCode: d.RCode, IPs: d.IPs}
 	fl := models.Flow{Time: ev.Time, Node: s.cfg.Node, Type: TypeDNS, Verdict: d.Verdict, Direction: "egress",
 		Endpoint: ev.Endpoint, Protocol: "UDP", DNS: rec}

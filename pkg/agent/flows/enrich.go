@@ -160,10 +160,15 @@ func (s *Store) explain(fl *models.Flow, local, peer labels.Labels, port uint16,
 		return false
 	}
 	src, dst := fl.Source.Identity, fl.Destination.Identity
+	peerIP := fl.Destination.IP
 	if dir == policy.Ingress {
-		src, dst = dst, src
+		src, dst, peerIP = dst, src, fl.Source.IP
 	}
-	k := explainKey{local: src, peer: dst, port: port, proto: proto, dir: dir, want: want}
+	var peerNames []string
+	if ip, err := netip.ParseAddr(peerIP); err == nil && dir == policy.Egress {
+		peerNames = s.names.namesOf(ip, s.cfg.Now())
+	}
+	k := explainKey{local: src, peer: dst, names: joinNames(peerNames), port: port, proto: proto, dir: dir, want: want}
 	rev := ix.PolicyRevisionNow()
 	s.explainMu.Lock()
 	if s.explained == nil || s.explainRev != rev || len(s.explained) >= maxExplained {
@@ -177,7 +182,7 @@ func (s *Store) explain(fl *models.Flow, local, peer labels.Labels, port uint16,
 		for _, r := range rows {
 			pols = append(pols, r.Policy)
 		}
-		names = policy.Explain(pols, local, peer, port, proto, dir, want)
+		names = policy.Explain(pols, local, peer, peerNames, port, proto, dir, want)
 		s.explainMu.Lock()
 		if s.explainRev == rev {
 			s.explained[k] = names
@@ -197,9 +202,11 @@ const maxExplained = 4096
 
 // explainKey is what an explanation depends on besides the policies:
 // the endpoint's identity (subject) and the peer's, by identity number
-// (an identity's labels never change).
+// (an identity's labels never change), and the names the peer's address
+// was learned for (joinNames).
 type explainKey struct {
 	local, peer uint32
+	names       string
 	port        uint16
 	proto       uint8
 	dir         policy.Direction

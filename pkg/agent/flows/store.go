@@ -52,6 +52,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// DatapathStats reads the programs' loss counters (nil: none).
 	DatapathStats func() (datapath.FlowStats, error)
+	// FQDNMinTTL is the agent's --tofqdns-min-ttl (fqdn.CacheConfig
+	// MinTTL): how long a DNS answer names its addresses for the toFQDNs
+	// rules a flow is explained by.
+	FQDNMinTTL time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -104,6 +108,9 @@ type Store struct {
 	explainMu  sync.Mutex
 	explained  map[explainKey][]string
 	explainRev uint64
+
+	// names are the DNS proxy's answers, for toFQDNs rules (names.go).
+	names learnedNames
 }
 
 // New returns an empty Store.
@@ -112,7 +119,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	return &Store{cfg: cfg, ring: make([]models.Flow, cfg.Capacity), followers: map[*Follower]struct{}{},
-		proxied: map[tuple]uint64{}}, nil
+		proxied: map[tuple]uint64{}, names: learnedNames{minTTL: cfg.FQDNMinTTL}}, nil
 }
 
 // OnFlow records a flow report (datapath.LinuxHooks.OnFlow).

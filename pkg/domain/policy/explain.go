@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"slices"
+
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
 
@@ -20,15 +22,16 @@ const (
 // behind a verdict the datapath gave traffic of an endpoint with subject
 // labels and a peer with peer labels on destination port and proto in
 // dir: those whose rules allow it, deny it, or make the direction
-// default-deny (want). It re-evaluates the rules in user space, since
-// the policy map keeps no reference to them: named ports and CIDR rules
-// on addresses without a CIDR identity are not matched (the answer is
-// then shorter, never wrong about what it names). Host rules are left
-// out.
-func Explain(pols []*Policy, subject, peer labels.Labels, port uint16, proto uint8, dir Direction, want int) []string {
+// default-deny (want). peerNames are the DNS names the peer's address
+// was learned for through the DNS proxy, for toFQDNs rules (nil: none).
+// It re-evaluates the rules in user space, since the policy map keeps no
+// reference to them: named ports and CIDR rules on addresses without a
+// CIDR identity are not matched (the answer is then shorter, never wrong
+// about what it names). Host rules are left out.
+func Explain(pols []*Policy, subject, peer labels.Labels, peerNames []string, port uint16, proto uint8, dir Direction, want int) []string {
 	var out []string
 	for _, p := range pols {
-		if p == nil || !explains(p, subject, peer, port, proto, dir, want) {
+		if p == nil || !explains(p, subject, peer, peerNames, port, proto, dir, want) {
 			continue
 		}
 		out = append(out, p.Key())
@@ -36,7 +39,7 @@ func Explain(pols []*Policy, subject, peer labels.Labels, port uint16, proto uin
 	return out
 }
 
-func explains(p *Policy, subject, peer labels.Labels, port uint16, proto uint8, dir Direction, want int) bool {
+func explains(p *Policy, subject, peer labels.Labels, peerNames []string, port uint16, proto uint8, dir Direction, want int) bool {
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if r.Host || r.Subject == nil || !r.Subject.Matches(subject) {
@@ -48,11 +51,11 @@ func explains(p *Policy, subject, peer labels.Labels, port uint16, proto uint8, 
 		}
 		switch want {
 		case ExplainAllow:
-			if peerRulesMatch(allow, peer, port, proto) {
+			if peerRulesMatch(allow, peer, peerNames, port, proto) {
 				return true
 			}
 		case ExplainDeny:
-			if peerRulesMatch(deny, peer, port, proto) {
+			if peerRulesMatch(deny, peer, peerNames, port, proto) {
 				return true
 			}
 		case ExplainDefaultDeny:
@@ -64,9 +67,9 @@ func explains(p *Policy, subject, peer labels.Labels, port uint16, proto uint8, 
 	return false
 }
 
-// peerRulesMatch reports whether one of prs matches the peer, port and
-// protocol.
-func peerRulesMatch(prs []PeerRule, peer labels.Labels, port uint16, proto uint8) bool {
+// peerRulesMatch reports whether one of prs matches the peer (by labels,
+// or by a learned name for toFQDNs), port and protocol.
+func peerRulesMatch(prs []PeerRule, peer labels.Labels, peerNames []string, port uint16, proto uint8) bool {
 	for _, pr := range prs {
 		if !portsMatch(pr.Ports, port, proto) {
 			continue
@@ -76,6 +79,9 @@ func peerRulesMatch(prs []PeerRule, peer labels.Labels, port uint16, proto uint8
 		}
 		for _, s := range pr.Peers {
 			if s != nil && s.Matches(peer) {
+				return true
+			}
+			if fs, ok := s.(*FQDNSelector); ok && slices.ContainsFunc(peerNames, fs.MatchesName) {
 				return true
 			}
 		}

@@ -63,9 +63,48 @@ func TestExplain(t *testing.T) {
 		{"egress not enforced", b, a, 81, Egress, ExplainDefaultDeny, nil},
 		{"other subject", a, b, 80, Ingress, ExplainAllow, nil},
 	} {
-		got := Explain(pols, tc.subject, tc.peer, tc.port, ProtoTCP, tc.dir, tc.want)
+		got := Explain(pols, tc.subject, tc.peer, nil, tc.port, ProtoTCP, tc.dir, tc.want)
 		if !slices.Equal(got, tc.names) {
 			t.Errorf("%s: Explain = %v, want %v", tc.name, got, tc.names)
+		}
+	}
+}
+
+// TestExplainFQDN: a toFQDNs rule explains a connection to an address
+// learned for a name it selects, and only that.
+func TestExplainFQDN(t *testing.T) {
+	pols, err := Parse([]byte(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: to-api, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toFQDNs: [{matchPattern: "*.example.com"}]
+    toPorts: [{ports: [{port: "443", protocol: TCP}]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := explainLabels(t, "a")
+	world, err := labels.Parse("reserved:world")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := labels.Labels{world}
+	for _, tc := range []struct {
+		name  string
+		names []string
+		port  uint16
+		want  []string
+	}{
+		{"learned name", []string{"api.example.com."}, 443, []string{"default/to-api"}},
+		{"one of several names", []string{"other.test.", "api.example.com."}, 443, []string{"default/to-api"}},
+		{"other port", []string{"api.example.com."}, 80, nil},
+		{"other name", []string{"example.org."}, 443, nil},
+		{"no name known", nil, 443, nil},
+	} {
+		if got := Explain(pols, a, peer, tc.names, tc.port, ProtoTCP, Egress, ExplainAllow); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Explain = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
