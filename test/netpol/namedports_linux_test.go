@@ -14,7 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/membrane-cni/membrane/pkg/agent/k8s"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/netpolmodel"
 )
@@ -138,6 +140,53 @@ func TestNamedPorts(t *testing.T) {
 				t.Fatalf("endpoint label %s: pod-template-hash is not identity-relevant", l)
 			}
 		}
+		// A rollout step: y/b's pod-template-hash changes (a new
+		// ReplicaSet's pods carry another). Its identity stays and no
+		// endpoint regenerates. The audit annotation patched after the
+		// hash is the barrier: the watcher handles one pod's updates in
+		// order, so once y/b shows audit mode the agent has had a pod
+		// object with the new hash. Only y/b regenerates, for the audit
+		// mode.
+		w.settle()
+		regens := func() map[int64]uint64 {
+			out := map[int64]uint64{}
+			for _, p := range w.pods {
+				ep, err := w.c.EndpointGet(ctx, strconv.FormatInt(p.ep.ID, 10))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[p.ep.ID] = ep.Regenerations
+			}
+			return out
+		}
+		before := regens()
+		for _, patch := range []string{`{"metadata":{"labels":{"pod-template-hash":"7e8f9a0b1"}}}`,
+			`{"metadata":{"annotations":{"` + k8s.AuditAnnotation + `":"enabled"}}}`} {
+			if _, err := w.kube.CoreV1().Pods(yb.NS).Patch(ctx, yb.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testutil.Eventually(t, "y/b in audit mode (the barrier)", func() bool {
+			ep, err := w.c.EndpointGet(ctx, strconv.FormatInt(yb.ep.ID, 10))
+			return err == nil && ep.PolicyAuditMode
+		})
+		w.settle()
+		if ep, err := w.c.EndpointGet(ctx, strconv.FormatInt(yb.ep.ID, 10)); err != nil || ep.Identity == nil || ep.Identity.ID != b.Identity.ID {
+			t.Fatalf("y/b after the rollout step: %+v (%v), want identity %d kept", ep, err, b.Identity.ID)
+		}
+		for id, n := range regens() {
+			if id != yb.ep.ID && n != before[id] {
+				t.Errorf("endpoint %d regenerated %d times for a pod-template-hash change (%d -> %d)", id, n-before[id], before[id], n)
+			}
+		}
+		unaudit := `{"metadata":{"annotations":{"` + k8s.AuditAnnotation + `":null}}}`
+		if _, err := w.kube.CoreV1().Pods(yb.NS).Patch(ctx, yb.Name, types.MergePatchType, []byte(unaudit), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, "y/b out of audit mode", func() bool {
+			ep, err := w.c.EndpointGet(ctx, strconv.FormatInt(yb.ep.ID, 10))
+			return err == nil && !ep.PolicyAuditMode
+		})
 		// A policy selecting on the filtered label selects nothing (as in
 		// Cilium): y/b stays open once the agent has the policy.
 		hashSel := metav1.LabelSelector{MatchLabels: map[string]string{"pod-template-hash": "5d4f8c6b7"}}

@@ -14,8 +14,13 @@ import (
 // BenchmarkHTTP: one GET over a kept-alive connection to the backend,
 // directly and through the proxy process enforcing a GET /public rule
 // (loopback; the proxy's extra hop and rule matching).
-func BenchmarkHTTP(b *testing.B) {
-	r := newRig(b)
+func BenchmarkHTTP(b *testing.B) { benchHTTP(b, newRig(b)) }
+
+// BenchmarkHTTPInProcess is BenchmarkHTTP with the proxy in the test
+// process: -cpuprofile shows where the proxy's time goes.
+func BenchmarkHTTPInProcess(b *testing.B) { benchHTTP(b, newRigInProcess(b)) }
+
+func benchHTTP(b *testing.B, r *rig) {
 	r.setB(1, r.l7(idA, policy.HTTPRule{Method: "GET", Path: "/public"}))
 	testutil.Eventually(b, "revision 1 acknowledged", func() bool { return r.w.isAcked(1) })
 	proxyURL, _ := url.Parse("http://" + r.listen)

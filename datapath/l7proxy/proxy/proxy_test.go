@@ -111,6 +111,36 @@ const idA, idB, idC identity.NumericIdentity = 300, 301, 302
 func newRig(t testing.TB, extra ...string) *rig {
 	testutil.RequireRoot(t)
 	bin := buildProxy(t)
+	return newRigWith(t, func(r *rig, xds string) {
+		r.sup = &l7proxy.Supervisor{Path: bin, Args: append([]string{"--xds", xds, "--listen", r.listen}, extra...),
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StableAfter: time.Second, Log: slog.Default()}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.sup.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	})
+}
+
+// newRigInProcess is newRig with the proxy running in the test's own
+// process (Run), so that -cpuprofile sees it.
+func newRigInProcess(t testing.TB) *rig {
+	testutil.RequireRoot(t)
+	return newRigWith(t, func(r *rig, xds string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := Run(ctx, Config{XDS: xds, Listen: r.listen, Log: slog.Default()}); err != nil {
+				t.Error(err)
+			}
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+	})
+}
+
+// newRigWith sets up the xDS server, backend B and the ipcache around a
+// proxy that start runs on r.listen, subscribed to xds.
+func newRigWith(t testing.TB, start func(r *rig, xds string)) *rig {
 	dir := t.TempDir()
 	r := &rig{t: t, w: &waits{}}
 	srv, err := l7proxy.NewServer(filepath.Join(dir, "xds.sock"), r.w.tracker(), slog.Default())
@@ -135,12 +165,7 @@ func newRig(t testing.TB, extra ...string) *rig {
 	t.Cleanup(backend.Close)
 	r.b = l.Addr().String()
 	r.listen = freePort(t, "127.0.0.1")
-	r.sup = &l7proxy.Supervisor{Path: bin, Args: append([]string{"--xds", filepath.Join(dir, "xds.sock"), "--listen", r.listen}, extra...),
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, StableAfter: time.Second, Log: slog.Default()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = r.sup.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	start(r, filepath.Join(dir, "xds.sock"))
 	if _, err := srv.SetIPCache(l7proxy.IPCache{Entries: map[netip.Prefix]identity.NumericIdentity{
 		netip.MustParsePrefix("127.0.0.2/32"): idA, netip.MustParsePrefix("127.0.0.3/32"): idC,
 		netip.MustParsePrefix("127.0.0.4/32"): idB,
