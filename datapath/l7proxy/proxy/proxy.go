@@ -83,7 +83,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	go p.access.run(ctx)
 	p.state.Store(&state{})
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, Protocols: serverProtocols()}
+	var pc pinnedConns
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, Protocols: serverProtocols(),
+		ConnContext: pc.connContext, ConnState: pc.connState}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
@@ -392,7 +394,11 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		deny(w, r, http.StatusForbidden, "Access denied ("+d.reason+")")
 		return
 	}
-	rp := &httputil.ReverseProxy{Transport: p.upstream.forIdentity(d.srcID, r.ProtoMajor == 2, st.upstreamSource(srcAddr)),
+	var tr http.RoundTripper = p.upstream.forIdentity(d.srcID, r.ProtoMajor == 2, st.upstreamSource(srcAddr))
+	if pin, ok := r.Context().Value(pinnedKey{}).(*pinned); ok && r.ProtoMajor == 1 {
+		tr = &pinnedTransport{p: pin, key: upstreamKey{id: d.srcID, src: st.upstreamSource(srcAddr)}, dst: dst, fallback: tr}
+	}
+	rp := &httputil.ReverseProxy{Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", dst.String()
 			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, ""
