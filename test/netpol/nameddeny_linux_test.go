@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 	"github.com/membrane-cni/membrane/test/netpolmodel"
 )
@@ -132,19 +133,26 @@ func TestNamedPortDeny(t *testing.T) {
 		w.replacePod(ctx, t, p, renumbered)
 	}
 	xbID := w.identityOf(ctx, t, xb)
-	for {
-		a, c := w.computed(ctx, t, xa), w.computed(ctx, t, xc)
-		if slices.ContainsFunc(a, func(e models.PolicyEntry) bool { return e.Deny && e.Direction == "ingress" && e.Port == 81 }) &&
-			!slices.ContainsFunc(a, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 80 }) &&
-			slices.ContainsFunc(c, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 81 && int64(e.Identity) == xbID }) &&
-			!slices.ContainsFunc(c, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 80 }) {
-			break
+	testutil.EventuallyErr(t, "denies moved to 81", func() error {
+		pa, err := w.c.EndpointPolicy(ctx, strconv.FormatInt(xa.ep.ID, 10))
+		if err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("denies did not move to 81: x/a %+v, x/c %+v", a, c)
+		pc, err := w.c.EndpointPolicy(ctx, strconv.FormatInt(xc.ep.ID, 10))
+		if err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		a, c := pa.Computed, pc.Computed
+		if !slices.ContainsFunc(a, func(e models.PolicyEntry) bool { return e.Deny && e.Direction == "ingress" && e.Port == 81 }) ||
+			slices.ContainsFunc(a, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 80 }) {
+			return fmt.Errorf("x/a computed %+v: want the ingress deny on 81, none on 80", a)
+		}
+		if !slices.ContainsFunc(c, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 81 && int64(e.Identity) == xbID }) ||
+			slices.ContainsFunc(c, func(e models.PolicyEntry) bool { return e.Deny && e.Port == 80 }) {
+			return fmt.Errorf("x/c computed %+v: want the egress deny to x/b (%d) on 81, none on 80", c, xbID)
+		}
+		return nil
+	})
 	w.settle()
 	w.checkMatrices(t, "serve-80-tcp is 81", expect(81))
 }
