@@ -261,3 +261,36 @@ spec:
     toPorts: [{ports: [{port: http, protocol: TCP}]}]
 `)
 }
+
+// A named deny wins over L7 rules on the number it resolves to: on
+// ingress over a named HTTP rule (the redirect goes, the port drops),
+// on egress over a named DNS rule of the same peer.
+func TestNamedDenyOverL7(t *testing.T) {
+	const server, client, dnsSrv identity.NumericIdentity = 930, 931, 932
+	r := NewRepository()
+	r.UpsertIdentity(server, podLabels(t, "x", "app=server"))
+	r.UpsertIdentity(client, podLabels(t, "x", "app=client"))
+	r.Import(mustParse(t, cnpIngressNamedL7+`  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: client}}]
+    toPorts: [{ports: [{port: http, protocol: TCP}]}]
+`))
+	k := Key{Identity: client, Port: 80, Proto: ProtoTCP, Dir: Ingress}
+	m := r.MapStateFor(server, mustPorts(t, "http=80"))
+	checkL7(t, m, k, nil)
+	if m.Allows(client, 80, ProtoTCP, Ingress) || !m.Denies(k) {
+		t.Errorf("TCP 80 from client not denied: Allow %+v Deny %+v", m.Allow, m.Deny)
+	}
+
+	r = NewRepository()
+	r.UpsertIdentity(client, podLabels(t, "x", "app=client"))
+	r.UpsertIdentity(dnsSrv, podLabels(t, "x", "app=dns"))
+	r.SetEndpointPorts("dns", dnsSrv, mustPorts(t, "dns/UDP=5353"))
+	r.Import(mustParse(t, cnpEgressNamedL7+`  egressDeny:
+  - toEndpoints: [{matchLabels: {app: dns}}]
+    toPorts: [{ports: [{port: dns, protocol: UDP}]}]
+`))
+	m = r.MapState(client)
+	if len(m.DNS) != 0 || m.Allows(dnsSrv, 5353, ProtoUDP, Egress) {
+		t.Errorf("UDP 5353 to the DNS server: DNS %+v, allowed=%v; want denied", m.DNS, m.Allows(dnsSrv, 5353, ProtoUDP, Egress))
+	}
+}
