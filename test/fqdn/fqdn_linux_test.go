@@ -190,6 +190,16 @@ func hostPrefixes(as []netip.Addr) []netip.Prefix {
 // servers' addresses) and on dnsAddr6:53 as well.
 func dnsServer(t testing.TB, ns *testutil.NS, dual bool) {
 	t.Helper()
+	servers := []netip.AddrPort{netip.AddrPortFrom(dnsAddr, 53)}
+	if dual {
+		servers = append(servers, netip.AddrPortFrom(dnsAddr6, 53))
+	}
+	dnsServerAt(t, ns, dual, servers...)
+}
+
+// dnsServerAt is dnsServer listening on servers (UDP and TCP) in ns.
+func dnsServerAt(t testing.TB, ns *testutil.NS, dual bool, servers ...netip.AddrPort) {
+	t.Helper()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
@@ -217,12 +227,8 @@ func dnsServer(t testing.TB, ns *testutil.NS, dual bool) {
 		}
 		_ = w.WriteMsg(m)
 	})
-	servers := []netip.Addr{dnsAddr}
-	if dual {
-		servers = append(servers, dnsAddr6)
-	}
 	for _, server := range servers {
-		addr := netip.AddrPortFrom(server, 53).String()
+		addr := server.String()
 		for _, network := range []string{"udp", "tcp"} {
 			srv := &dns.Server{Net: network, Handler: h}
 			err := ns.Do(func() error {
@@ -263,13 +269,18 @@ func (e *env) resolve(network, name string) (*dns.Msg, error) {
 }
 
 func resolveFrom(pod *testutil.NS, network, name string) (*dns.Msg, error) {
+	return resolveAt(pod, network, name, netip.AddrPortFrom(dnsAddr, 53))
+}
+
+// resolveAt asks server for name's A record from pod over network.
+func resolveAt(pod *testutil.NS, network, name string, server netip.AddrPort) (*dns.Msg, error) {
 	var resp *dns.Msg
 	err := pod.Do(func() error {
 		c := &dns.Client{Net: network, Timeout: 10 * time.Second}
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 		var err error
-		resp, _, err = c.Exchange(m, netip.AddrPortFrom(dnsAddr, 53).String())
+		resp, _, err = c.Exchange(m, server.String())
 		return err
 	})
 	return resp, err

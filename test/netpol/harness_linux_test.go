@@ -77,9 +77,20 @@ const kubeNode = "netpol-node"
 // endpoints from them.
 func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 	t.Helper()
+	return newWorldOpts(t, cidr, env, false)
+}
+
+// newWorldOpts is newWorldWith; ciliumKinds (Kubernetes mode) also
+// installs Cilium's policy CRDs and has the agent read them
+// (PolicyAPIGroups membrane.io and cilium.io).
+func newWorldOpts(t *testing.T, cidr string, env *kubetest.Env, ciliumKinds bool) *world {
+	t.Helper()
 	testutil.RequireRoot(t)
 	w := &world{t: t}
 	if env != nil {
+		if ciliumKinds {
+			env.InstallCiliumCRDs(t)
+		}
 		w.kubeObjects(env) // removed after the agent stopped (cleanups run last-in first-out)
 	}
 	// The node's cleanup stops the agent after the pods' DELs.
@@ -88,6 +99,9 @@ func newWorldWith(t *testing.T, cidr string, env *kubetest.Env) *world {
 		if env != nil {
 			cfg.K8s = &k8s.Config{Kubeconfig: env.Kubeconfig, NodeName: kubeNode, PodWait: 30 * time.Second, SyncTimeout: time.Minute,
 				Identity: k8s.IdentityConfig{Mode: k8s.IdentityLocal}}
+			if ciliumKinds {
+				cfg.K8s.PolicyAPIGroups = []string{k8s.GroupMembrane, k8s.GroupCilium}
+			}
 		}
 	})
 	w.c = w.node.Client()

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"time"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
-	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
@@ -208,31 +206,10 @@ func kafkaRecord(src, dst netip.AddrPort, d decision, req *kafkaRequest) xdsapi.
 }
 
 // kafkaVerdict decides a Kafka request from src to dst:port as verdict
-// decides an HTTP one: every side with rules on the connection must
-// allow it (KafkaAllowed), and at least one side must have rules.
+// decides an HTTP one (decide): every side with rules on the connection
+// must allow it (KafkaAllowed), and at least one side must have rules.
 func (s *state) kafkaVerdict(src, dst netip.Addr, port uint16, r *policy.KafkaRequest) decision {
-	d := decision{srcID: s.identityOf(src), dstID: s.identityOf(dst)}
-	for _, side := range []struct {
-		ep   *compiledEndpoint
-		peer identity.NumericIdentity
-		dir  policy.Direction
-	}{{s.byIP[dst.Unmap()], d.srcID, policy.Ingress}, {s.byIP[src.Unmap()], d.dstID, policy.Egress}} {
-		if side.ep == nil {
-			continue
-		}
-		rules, ok := side.ep.kafkaRules(side.peer, port, side.dir)
-		if !ok {
-			continue
-		}
-		d.endpoint, d.dir = side.ep.id, side.dir
-		if !policy.KafkaAllowed(rules, r) {
-			d.allowed, d.reason = false, fmt.Sprintf("%s kafka rules deny identity %d", side.dir, side.peer)
-			return d
-		}
-		d.allowed = true
-	}
-	if d.endpoint == 0 {
-		d.reason = "no L7 policy for this connection"
-	}
-	return d
+	return decide(s, src, dst, port, "kafka rules", (*compiledEndpoint).kafkaRules, func(rules []*policy.CompiledKafkaRule) (bool, []policy.HeaderMismatch) {
+		return policy.KafkaAllowed(rules, r), nil
+	})
 }

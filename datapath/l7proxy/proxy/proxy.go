@@ -215,16 +215,31 @@ type decision struct {
 	mismatches []policy.HeaderMismatch
 }
 
-// verdict decides a request from src to dst:port: every side with L7
-// rules on the connection (dst's ingress, src's egress) must allow it,
-// and at least one side must have L7 rules (else it is not the proxy's
-// traffic).
+// verdict decides an HTTP request from src to dst:port (decide).
 func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decision {
-	d := decision{srcID: s.identityOf(src), dstID: s.identityOf(dst)}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
+	return decide(s, src, dst, port, "rules", (*compiledEndpoint).rules, func(rules []*policy.CompiledHTTPRule) (bool, []policy.HeaderMismatch) {
+		c := matchAny(rules, r.Method, r.URL.Path, host, r.Header)
+		if c == nil {
+			return false, nil
+		}
+		return true, c.Mismatches(r.Header)
+	})
+}
+
+// decide decides a request from src to dst:port: every side with rules
+// on the connection (dst's ingress, src's egress; rulesOf returns a
+// side's rules and whether it redirects the connection at all) must
+// allow it (allows, which also returns the headerMatches actions of the
+// rule that allowed), and at least one side must have rules (else it is
+// not the proxy's traffic). what names the rules in a denial's reason.
+func decide[R any](s *state, src, dst netip.Addr, port uint16, what string,
+	rulesOf func(e *compiledEndpoint, peer identity.NumericIdentity, port uint16, dir policy.Direction) ([]R, bool),
+	allows func(rules []R) (bool, []policy.HeaderMismatch)) decision {
+	d := decision{srcID: s.identityOf(src), dstID: s.identityOf(dst)}
 	for _, side := range []struct {
 		ep   *compiledEndpoint
 		peer identity.NumericIdentity
@@ -233,18 +248,18 @@ func (s *state) verdict(src, dst netip.Addr, port uint16, r *http.Request) decis
 		if side.ep == nil {
 			continue
 		}
-		rules, ok := side.ep.rules(side.peer, port, side.dir)
+		rules, ok := rulesOf(side.ep, side.peer, port, side.dir)
 		if !ok {
 			continue
 		}
 		d.endpoint, d.dir = side.ep.id, side.dir
-		c := matchAny(rules, r.Method, r.URL.Path, host, r.Header)
-		if c == nil {
-			d.allowed, d.reason, d.mismatches = false, fmt.Sprintf("%s rules deny identity %d", side.dir, side.peer), nil
+		ok, mismatches := allows(rules)
+		if !ok {
+			d.allowed, d.reason, d.mismatches = false, fmt.Sprintf("%s %s deny identity %d", side.dir, what, side.peer), nil
 			return d
 		}
 		d.allowed = true
-		d.mismatches = append(d.mismatches, c.Mismatches(r.Header)...)
+		d.mismatches = append(d.mismatches, mismatches...)
 	}
 	if d.endpoint == 0 {
 		d.reason = "no L7 policy for this connection"

@@ -83,6 +83,11 @@ type MapState struct {
 	// named ports are resolved into Allow already, against each peer
 	// identity's ports.
 	Named []NamedKey
+	// NamedDeny are the ingress deny entries (ingressDeny) on named
+	// ports, resolved per endpoint as Named (ForPorts) and then applied
+	// as denies (applyDeny); sorted, unique. Egress ones are resolved
+	// into Allow and Deny already.
+	NamedDeny []NamedKey
 	// NamedL7 are the L7 rules of the ingress entries of Named (nil
 	// HTTP and Kafka: an L4-only rule), kept when some rule of the
 	// policy has L7 rules; ForPorts merges each resolved one into L7 as
@@ -90,9 +95,9 @@ type MapState struct {
 	NamedL7 []NamedL7Entry
 	// l7 is the builder L7 was built from, set with NamedL7.
 	l7 *l7Builder
-	// cidrGroups and namedCIDR are set when an ingress CIDR rule has a
-	// named port: the numbered groups CIDR was built from, and the
-	// named ones, which ForPorts adds once resolved.
+	// cidrGroups and namedCIDR are set when an ingress CIDR rule (allow
+	// or deny) has a named port: the numbered groups CIDR was built
+	// from, and the named ones, which ForPorts adds once resolved.
 	cidrGroups map[cidrGroup][]*CIDRSelector
 	namedCIDR  map[namedGroup][]*CIDRSelector
 }
@@ -105,30 +110,46 @@ type NamedKey struct {
 	Proto    uint8
 }
 
-// namedGroup is a CIDR group on a named port.
+// namedGroup is a CIDR group on a named port (deny: of deny entries).
 type namedGroup struct {
 	name  string
 	proto uint8
+	deny  bool
 }
 
 func compareNamedKey(a, b NamedKey) int {
 	return cmp.Or(cmp.Compare(a.Identity, b.Identity), strings.Compare(a.Name, b.Name), cmp.Compare(a.Proto, b.Proto))
 }
 
-// ForPorts returns the policy of an endpoint declaring ports: m with its
-// ingress named entries resolved to those ports' numbers. A named entry
-// whose name (and protocol) the endpoint does not declare allows
-// nothing. Returns m itself when nothing resolves.
-func (m *MapState) ForPorts(ports NamedPorts) *MapState {
-	if m == nil || (len(m.Named) == 0 && len(m.namedCIDR) == 0) || len(ports) == 0 {
-		return m
-	}
-	var add []Key
-	for _, nk := range m.Named {
+// hasNamed reports whether m has ingress entries on named ports, which
+// each endpoint resolves (ForPorts).
+func (m *MapState) hasNamed() bool {
+	return m != nil && (len(m.Named) > 0 || len(m.NamedDeny) > 0 || len(m.namedCIDR) > 0)
+}
+
+// resolveNamed returns the keys of named that ports declare.
+func resolveNamed(named []NamedKey, ports NamedPorts) []Key {
+	var out []Key
+	for _, nk := range named {
 		if p, ok := ports.Lookup(nk.Name, nk.Proto); ok {
-			add = append(add, Key{Identity: nk.Identity, Port: p, Proto: nk.Proto, Dir: Ingress})
+			out = append(out, Key{Identity: nk.Identity, Port: p, Proto: nk.Proto, Dir: Ingress})
 		}
 	}
+	return out
+}
+
+// ForPorts returns the policy of an endpoint declaring ports: m with its
+// ingress named entries resolved to those ports' numbers. A named entry
+// whose name (and protocol) the endpoint does not declare allows (or
+// denies) nothing. A named deny then wins over every allow it
+// intersects, numbered or named, as a numbered deny does (applyDeny).
+// Returns m itself when nothing resolves.
+func (m *MapState) ForPorts(ports NamedPorts) *MapState {
+	if !m.hasNamed() || len(ports) == 0 {
+		return m
+	}
+	add := resolveNamed(m.Named, ports)
+	addDeny := resolveNamed(m.NamedDeny, ports)
 	var l7 *l7Builder
 	for _, e := range m.NamedL7 {
 		p, ok := ports.Lookup(e.Key.Name, e.Key.Proto)
@@ -152,20 +173,20 @@ func (m *MapState) ForPorts(ports NamedPorts) *MapState {
 				groups = map[cidrGroup][]*CIDRSelector{}
 			}
 		}
-		cg := cidrGroup{dir: Ingress, proto: g.proto, port: p}
+		cg := cidrGroup{dir: Ingress, proto: g.proto, port: p, deny: g.deny}
 		groups[cg] = append(slices.Clip(groups[cg]), sels...)
 	}
-	if len(add) == 0 && groups == nil {
+	if len(add) == 0 && len(addDeny) == 0 && groups == nil {
 		return m
 	}
 	c := *m
-	if len(add) > 0 {
+	if len(add) > 0 || len(addDeny) > 0 {
 		n := NewMapState(0, false, false, append(slices.Clone(m.Allow), add...))
 		n.L7, n.DNS = m.L7, m.DNS
 		if l7 != nil {
 			n.L7 = l7.entries()
 		}
-		n.applyDeny(m.Deny)
+		n.applyDeny(append(slices.Clone(m.Deny), addDeny...))
 		c.Allow, c.Deny, c.L7, c.DNS = n.Allow, n.Deny, n.L7, n.DNS
 	}
 	if groups != nil {
@@ -385,7 +406,7 @@ func (m *MapState) Equal(o *MapState) bool {
 	}
 	return m.IngressEnforced == o.IngressEnforced && m.EgressEnforced == o.EgressEnforced &&
 		slices.Equal(m.Allow, o.Allow) && slices.Equal(m.Deny, o.Deny) && slices.Equal(m.CIDR, o.CIDR) && l7Equal(m.L7, o.L7) &&
-		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && namedL7Equal(m.NamedL7, o.NamedL7) &&
+		dnsEqual(m.DNS, o.DNS) && slices.Equal(m.Named, o.Named) && slices.Equal(m.NamedDeny, o.NamedDeny) && namedL7Equal(m.NamedL7, o.NamedL7) &&
 		namedCIDREqual(m.namedCIDR, o.namedCIDR)
 }
 

@@ -6,13 +6,13 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
-// The repository's named ports: egress rules on a named port allow, per
-// peer identity, the ports that the endpoints with that identity declare
-// under the name (the union over those endpoints: the policy map is keyed
-// by identity, so two endpoints of one identity that number the name
-// differently are both reachable on both numbers). Ingress rules on a
-// named port are resolved per endpoint (MapState.ForPorts), against the
-// endpoint's own ports.
+// The repository's named ports: egress rules on a named port allow (or,
+// egressDeny, deny), per peer identity, the ports that the endpoints with
+// that identity declare under the name (the union over those endpoints:
+// the policy map is keyed by identity, so two endpoints of one identity
+// that number the name differently are both reachable, or both denied, on
+// both numbers). Ingress rules on a named port are resolved per endpoint
+// (MapState.ForPorts), against the endpoint's own ports.
 
 // maxResolvedPerIdentity bounds the resolved policies cached per
 // identity (one per distinct set of ports among its endpoints).
@@ -135,7 +135,8 @@ func (r *Repository) peerPorts(id identity.NumericIdentity, name string, proto u
 }
 
 // namedEgressUsers marks affected the identities selected by a rule
-// with an egress entry on a named port that can reach identity id.
+// with an egress entry (allow or deny) on a named port that can reach
+// identity id.
 func (r *Repository) namedEgressUsers(id identity.NumericIdentity, affected idSet) {
 	for cs := range r.subjects {
 		for _, ref := range cs.subjectOf {
@@ -153,7 +154,11 @@ func (r *Repository) reachesNamed(rule *Rule, id identity.NumericIdentity) bool 
 	if !rule.EgressEnforced && !rule.EgressOpen { // compute resolves both (appendKeys)
 		return false
 	}
-	for _, pr := range rule.Egress {
+	return r.reachesNamedIn(rule.Egress, id) || r.reachesNamedIn(rule.EgressDeny, id)
+}
+
+func (r *Repository) reachesNamedIn(prs []PeerRule, id identity.NumericIdentity) bool {
+	for _, pr := range prs {
 		if !hasNamedPort(pr.Ports) {
 			continue
 		}
@@ -179,7 +184,7 @@ func hasNamedPort(ports []PortProto) bool {
 // returned pointer until the identity's policy changes.
 func (r *Repository) MapStateFor(id identity.NumericIdentity, ports NamedPorts) *MapState {
 	m := r.MapState(id)
-	if m == nil || (len(m.Named) == 0 && len(m.namedCIDR) == 0) || len(ports) == 0 {
+	if !m.hasNamed() || len(ports) == 0 {
 		return m
 	}
 	key := ports.String()

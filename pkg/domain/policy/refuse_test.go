@@ -86,7 +86,7 @@ spec:
   - fromEndpoints: [{matchLabels: {app: client}}]
   ingressDeny:
   - fromEndpoints: [{matchLabels: {app: client}}]
-    toPorts: [{ports: [{port: ssh, protocol: TCP}]}]
+    toPorts: [{ports: [{port: "70000", protocol: TCP}]}]
 `, ParseOptions{}, []string{"spec.ingress"}, nil},
 		{"NetworkPolicy unknown narrowing field refuses the direction", `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy

@@ -414,8 +414,8 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		}
 	}
 	var (
-		named   []NamedKey
-		namedL7 []NamedL7Entry
+		named, namedDeny []NamedKey
+		namedL7          []NamedL7Entry
 	)
 	namedCIDR := map[namedGroup][]*CIDRSelector{}
 	for _, cs := range subjects {
@@ -429,8 +429,8 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 				ingressOpen = ingressOpen || rule.IngressOpen
 				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named, &namedL7)
 				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
-				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, nil, nil)
-				addCIDRGroups(groups, nil, rule.IngressDeny, Ingress, true)
+				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, &namedDeny, nil)
+				addCIDRGroups(groups, namedCIDR, rule.IngressDeny, Ingress, true)
 			}
 			if rule.EgressEnforced || rule.EgressOpen {
 				egress = egress || rule.EgressEnforced
@@ -461,6 +461,10 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 		if len(named) > 0 {
 			slices.SortFunc(named, compareNamedKey)
 			m.Named = slices.Compact(named)
+		}
+		if len(namedDeny) > 0 {
+			slices.SortFunc(namedDeny, compareNamedKey)
+			m.NamedDeny = slices.Compact(namedDeny)
 		}
 		if len(namedL7) > 0 {
 			slices.SortFunc(namedL7, compareNamedL7)
@@ -502,7 +506,8 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 // peer), the resolved keys taking the rule's L7 and DNS rules; in
 // ingress it is left to each endpoint and appended to named, and, when
 // l7 records, to namedL7 with its L7 rules (ForPorts adds them to l7's
-// once resolved).
+// once resolved). Deny entries' named ports resolve the same way, into
+// deny keys (egress) or named deny keys (ingress, named is NamedDeny's).
 func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey, namedL7 *[]NamedL7Entry) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
@@ -562,10 +567,11 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 //
 // A CIDR rule on a named port goes to named (ingress: the endpoint's own
 // port, resolved by ForPorts); an egress one allows nothing, since an
-// address outside the cluster declares no named ports (named is nil).
+// address outside the cluster declares no named ports (named is nil; an
+// egress deny's is refused, see checkNamedDeny).
 //
 // Deny entries' selectors go to deny groups (deny set), which drop what
-// their longest match holds.
+// their longest match holds; on a named port to named deny groups.
 func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction, deny bool) {
 	for _, pr := range prs {
 		ports := pr.Ports
@@ -580,7 +586,7 @@ func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]
 			for _, pp := range ports {
 				if pp.Name != "" {
 					if named != nil {
-						ng := namedGroup{name: pp.Name, proto: pp.Proto}
+						ng := namedGroup{name: pp.Name, proto: pp.Proto, deny: deny}
 						named[ng] = append(named[ng], c)
 					}
 					continue
