@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,10 +42,15 @@ func report(t *testing.T, line string) {
 // gets sends n GETs of path from p to dst:80 over one kept-alive
 // connection and returns their latencies.
 func gets(t *testing.T, p, dst *pod, path string, n int) []time.Duration {
+	return getsPort(t, p, dst, 80, path, n)
+}
+
+// getsPort is gets to dst:port.
+func getsPort(t *testing.T, p, dst *pod, port uint16, path string, n int) []time.Duration {
 	t.Helper()
 	c := p.client(okTimeout, true)
 	defer c.CloseIdleConnections()
-	url := "http://" + netip.AddrPortFrom(dst.ip, 80).String() + path
+	url := "http://" + netip.AddrPortFrom(dst.ip, port).String() + path
 	out := make([]time.Duration, 0, n)
 	for range n {
 		start := time.Now()
@@ -105,12 +113,14 @@ func TestBenchHTTPLatency(t *testing.T) {
 	nd := newNode(t, "10.244.76.0/24", nodeOpts{pods: []string{"a", "b"}, noEvents: true})
 	a, b := nd.pods["a"], nd.pods["b"]
 	httpServer(t, b)
-	var plain, proxied []time.Duration
+	relay(t, b, relayPort, netip.AddrPortFrom(b.ip, 80))
+	var plain, relayed, proxied []time.Duration
 	var rpsPlain, rpsProxy float64
 	for r := range rounds {
-		nd.importPolicy(ingressL4)
+		nd.importPolicy(ingressL4Relay)
 		testutil.Eventually(t, "L4 policy realised", func() bool { return !nd.hasL7(b) })
 		plain = append(plain, gets(t, a, b, "/public", n)...)
+		relayed = append(relayed, getsPort(t, a, b, relayPort, "/public", n)...)
 		if r == 0 {
 			rpsPlain = throughput(t, a, b, conc, 20*n)
 		}
@@ -122,13 +132,99 @@ func TestBenchHTTPLatency(t *testing.T) {
 		}
 	}
 	slices.Sort(plain)
+	slices.Sort(relayed)
 	slices.Sort(proxied)
 	p50, p99 := func(d []time.Duration) time.Duration { return quantile(d, 0.5) }, func(d []time.Duration) time.Duration { return quantile(d, 0.99) }
 	report(t, fmt.Sprintf("HTTP GET A->B:80 kept-alive, n=%d each: without L7 p50 %v p99 %v; through the proxy p50 %v p99 %v; ratio p50 %.2fx p99 %.2fx",
 		len(plain), p50(plain).Round(time.Microsecond), p99(plain).Round(time.Microsecond), p50(proxied).Round(time.Microsecond),
 		p99(proxied).Round(time.Microsecond), float64(p50(proxied))/float64(p50(plain)), float64(p99(proxied))/float64(p99(plain))))
+	report(t, fmt.Sprintf("the floor, one extra socket hop each way (a bare relay process, io.Copy/splice, in B's netns): p50 %v p99 %v; ratio p50 %.2fx p99 %.2fx; the proxy / the relay p50 %.2fx",
+		p50(relayed).Round(time.Microsecond), p99(relayed).Round(time.Microsecond), float64(p50(relayed))/float64(p50(plain)),
+		float64(p99(relayed))/float64(p99(plain)), float64(p50(proxied))/float64(p50(relayed))))
 	report(t, fmt.Sprintf("requests/s, %d kept-alive clients, %d requests: without L7 %.0f, through the proxy %.0f (%.2fx)",
 		conc, 20*n, rpsPlain, rpsProxy, rpsProxy/rpsPlain))
+}
+
+// relayPort is where relay listens in B's netns for the floor arm.
+const relayPort = 8080
+
+// ingressL4Relay is ingressL4 with the relay's port too.
+const ingressL4Relay = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: b-http, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: b}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: a}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}, {port: "8080", protocol: TCP}]
+`
+
+// relay runs a bare relay as a process of its own in p's netns (this
+// test binary again, relayMain), as the proxy is one: it listens on p's
+// address and port and copies each connection to and from dst. One
+// extra socket hop each way and a process to wake, nothing else
+// (io.Copy between TCP connections splices).
+func relay(t *testing.T, p *pod, port uint16, dst netip.AddrPort) {
+	t.Helper()
+	listen := netip.AddrPortFrom(p.ip, port)
+	cmd := exec.Command("nsenter", "--net="+p.ns.Path, os.Args[0])
+	cmd.Env = append(os.Environ(), relayEnv+"="+listen.String()+">"+dst.String())
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testutil.Eventually(t, "the relay listening", func() bool {
+		var c net.Conn
+		err := p.ns.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", listen.String(), time.Second)
+			return err
+		})
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// relayEnv makes the test binary run relayMain ("listen>dst").
+const relayEnv = "MEMBRANE_L7_BENCH_RELAY"
+
+// relayMain is the relay process: it never returns, and exits once the
+// test that started it is gone (no Pdeathsig: it follows the thread that
+// started the process, and the netns helpers end their threads).
+func relayMain(spec string) {
+	parent := os.Getppid()
+	go func() {
+		for range time.Tick(time.Second) {
+			if os.Getppid() != parent {
+				os.Exit(0)
+			}
+		}
+	}()
+	listen, dst, _ := strings.Cut(spec, ">")
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(1)
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", dst)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
+			_, _ = io.Copy(c, up)
+		}()
+	}
 }
 
 // hasL7 reports whether p's policy view has computed L7 entries or a

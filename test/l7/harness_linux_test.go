@@ -24,7 +24,12 @@ import (
 	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
-func TestMain(m *testing.M) { os.Exit(nodeharness.Main(m, "membrane-proxy", "membranectl")) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(relayEnv); spec != "" {
+		relayMain(spec)
+	}
+	os.Exit(nodeharness.Main(m, "membrane-proxy", "membranectl"))
+}
 
 // Bounds of requests (not timing assertions): one policy should drop is
 // given up after dropTimeout; one that should pass has okTimeout.
