@@ -1,0 +1,186 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/membrane-cni/membrane/pkg/domain/service"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// exchangeFrom makes one exchange with whoServer at to from local, a
+// fixed address and port (SO_REUSEADDR: an earlier connection of the
+// port may be in TIME_WAIT), inside ns, and returns the reply. A TCP
+// connection or a connected UDP socket takes replies from to only, so a
+// reply whose source was rewritten to a frontend never arrives.
+func exchangeFrom(ns *testutil.NS, network string, local, to netip.AddrPort) (string, error) {
+	var reply string
+	err := ns.Do(func() error {
+		d := net.Dialer{Timeout: 3 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
+		tries := 1
+		if network == "tcp" {
+			d.LocalAddr = net.TCPAddrFromAddrPort(local)
+		} else {
+			d.LocalAddr = net.UDPAddrFromAddrPort(local)
+			tries = 3 // datagrams may be lost; bounded
+		}
+		c, err := d.Dial(network, to.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 128)
+		for range tries {
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err = c.Write([]byte("who")); err != nil {
+				return err
+			}
+			var n int
+			if n, err = c.Read(buf); err == nil {
+				reply = strings.TrimSpace(string(buf[:n]))
+				return nil
+			}
+		}
+		return err
+	})
+	return reply, err
+}
+
+// revnatNode is a kube-proxy-free node with an uplink up0 to a client
+// netns outside (IPv4 192.168.93.0/24 or IPv6 2001:db8:93::/64, the
+// node .1, the client .2 with its default route through the node), a
+// backend pod b (whoServer on 8080) and a client pod c.
+type revnatNode struct {
+	l                *Linux
+	client           *testutil.NS
+	nodeIP, clientIP netip.Addr
+	b, c             *testPod
+	svcIP            [2]netip.Addr // two ClusterIPs
+}
+
+func newRevnatNode(t *testing.T, v6 bool) *revnatNode {
+	t.Helper()
+	testutil.RequireRoot(t)
+	n := &revnatNode{}
+	cfg := LinuxConfig{Services: ServicesConfig{KubeProxyReplacement: true, Cgroup: newCgroup(t)}}
+	var nl *netlink.Handle
+	if !v6 {
+		n.nodeIP, n.clientIP = netip.MustParseAddr("192.168.93.1"), netip.MustParseAddr("192.168.93.2")
+		n.svcIP = [2]netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")}
+		n.l, _, nl, n.client = clientNode(t, cfg, nil)
+		n.b = addPod(t, nl, 12, 1002, "10.244.60.12")
+		n.c = addPod(t, nl, 13, 1003, "10.244.60.13")
+	} else {
+		n.nodeIP, n.clientIP = netip.MustParseAddr("2001:db8:93::1"), netip.MustParseAddr("2001:db8:93::2")
+		n.svcIP = [2]netip.Addr{netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:96::11")}
+		n.client = testutil.NewNS(t, "mbt-cl6")
+		cfg.GatewayDevice, cfg.Gateways = "mbt_gw6", []netip.Addr{netip.MustParseAddr("fd00:60::1")}
+		n.l, _, nl = newKPRNode(t, cfg, func(host *testutil.NS, nl *netlink.Handle) {
+			if err := host.Do(func() error {
+				return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			linkNS(t, host, nl, "up0", "2001:db8:93::1/64", n.client, "eth0", "2001:db8:93::2/64")
+		})
+		if err := n.client.Netlink(t).RouteAdd(&netlink.Route{Gw: n.nodeIP.AsSlice()}); err != nil {
+			t.Fatal(err)
+		}
+		n.b = addPod6(t, nl, 22, 2002, "fd00:60::12")
+		n.c = addPod6(t, nl, 23, 2003, "fd00:60::13")
+	}
+	for _, p := range []*testPod{n.b, n.c} {
+		if _, err := n.l.Realize(context.Background(), p.ep, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whoServer(t, n.b.ns, n.b.addr(), 8080)
+	return n
+}
+
+// TestReverseNATOnlyTranslated: the reverse translation of a Service
+// connection applies to that connection's replies only. A client
+// reaches backend b through a frontend from a fixed address and port,
+// then, from the same address and port, b's own address directly (no
+// translation: kube-proxy's DNAT, native routing from outside, a pod
+// dialling a pod): the direct replies must keep b's address, not be
+// rewritten to the earlier frontend (the client would drop them and the
+// connection hang). A third connection through another frontend of b
+// from the same port is translated again. For a client outside through
+// a NodePort (from_netdev, the local backend's reply tail call) and a
+// pod through a ClusterIP (from_container, to_container), TCP and UDP,
+// IPv4 and IPv6. The direct path from a fresh port is checked first.
+func TestReverseNATOnlyTranslated(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) {
+			n := newRevnatNode(t, v6)
+			backend := netip.AddrPortFrom(n.b.addr(), 8080)
+			id := uint32(1)
+			port := uint16(41000)
+			for _, kind := range []string{"nodeport", "clusterip"} {
+				for _, network := range []string{"tcp", "udp"} {
+					proto := map[string]uint8{"tcp": service.TCP, "udp": service.UDP}[network]
+					var fes [2]netip.AddrPort
+					for i := range fes {
+						if kind == "nodeport" {
+							fes[i] = netip.AddrPortFrom(n.nodeIP, 30080+uint16(10*int(proto)+i))
+						} else {
+							fes[i] = netip.AddrPortFrom(n.svcIP[i], 80+uint16(proto))
+						}
+						upsertSvc(t, n.l, id, fes[i].String(), proto, kind == "nodeport", true, 0, backend.String())
+						id++
+					}
+					ns, local := n.client, netip.AddrPortFrom(n.clientIP, port)
+					if kind == "clusterip" {
+						ns, local = n.c.ns, netip.AddrPortFrom(n.c.addr(), port)
+					}
+					port++
+					t.Run(kind+"/"+network, func(t *testing.T) {
+						// The direct path itself works: from a port no
+						// frontend connection used.
+						fresh := netip.AddrPortFrom(local.Addr(), local.Port()+1000)
+						if reply, err := exchangeFrom(ns, network, fresh, backend); err != nil || !strings.HasPrefix(reply, n.b.addr().String()+" ") {
+							t.Fatalf("%s %s -> %s directly: %q, %v", network, fresh, backend, reply, err)
+						}
+						for i, to := range []netip.AddrPort{fes[0], backend, fes[1]} {
+							reply, err := exchangeFrom(ns, network, local, to)
+							if err != nil {
+								t.Fatalf("step %d: %s %s -> %s: %v (%s)", i+1, network, local, to, err, revnatState(n.l))
+							}
+							if want := fmt.Sprintf("%s %s", n.b.addr(), local); reply != want {
+								t.Fatalf("step %d: %s %s -> %s: reply %q, want %q", i+1, network, local, to, reply, want)
+							}
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// revnatState sums up the service maps for a failure message.
+func revnatState(l *Linux) string {
+	m, err := l.DumpServices(context.Background())
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("lb_ct %d, lb_revnat %d, lb_nat %d entries", m.Connections, m.ReverseNAT, m.NodePortNAT)
+}
