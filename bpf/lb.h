@@ -9,7 +9,9 @@
  *   lb_frontends  frontend (and scope) -> {id, backend count, affinity}
  *   lb_backends   {id, slot 1..count} -> backend (address, port)
  *   lb_ct         the client's tuple (to the frontend) -> its backend
- *   lb_revnat     the reply's tuple (from the backend) -> the frontend
+ *   lb_revnat     the reply's tuple (from the backend) -> the frontend,
+ *                 used only for replies whose conntrack entry says the
+ *                 connection was translated (ct_value.flags, ct_reverse)
  *   lb_affinity   {id, client address} -> the backend it used last
  *   lb_nat, lb_nat_rev  NodePort connections from outside (nodeport.h)
  *   lb_sock       socket-level translations (sock.c)
@@ -658,12 +660,15 @@ static __always_inline int lb_icmp_rewrite(struct __sk_buff *skb, struct pkt *p,
 	return 0;
 }
 
-/* lb_ct_live reports whether the endpoint's conntrack holds k, fresh. */
+/* lb_ct_live reports whether the endpoint's conntrack holds k, fresh:
+ * 0 if not, else CT_HIT | its flags (ct_reverse). */
 static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
 {
 	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
 
-	return v && now - v->last_seen <= ct_lifetime(k->proto);
+	if (!v || now - v->last_seen > ct_lifetime(k->proto))
+		return 0;
+	return CT_HIT | v->flags;
 }
 
 /* lb_icmp_related handles an ICMP error p in direction dir of the
@@ -674,7 +679,8 @@ static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
  * the tuple reversed. Returns 1 for a related error, after giving the
  * quoted packet of a translated connection of the pod its frontend back
  * (to_container: the conntrack entry has the tuple as translated, to the
- * backend); 0: not related; -1: a rewrite failed. */
+ * backend, and says it was translated: ct_reverse); 0: not related; -1:
+ * a rewrite failed. */
 static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u64 now, __u8 dir)
 {
 	struct lb_icmp_inner in = {};
@@ -683,6 +689,7 @@ static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u6
 	struct lb_revnat_value *rv;
 	__u32 fe[4];
 	__u16 feport;
+	int live;
 
 	if (lb_icmp_parse(skb, p, &in))
 		return 0;
@@ -691,15 +698,16 @@ static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u6
 	ck.dport = in.t.dport;
 	__builtin_memcpy(ck.saddr, in.t.saddr, 16);
 	__builtin_memcpy(ck.daddr, in.t.daddr, 16);
-	if (!lb_ct_live(&ck, now)) {
+	live = lb_ct_live(&ck, now);
+	if (!live) {
 		ck.dir = dir;
 		ck.sport = in.t.dport;
 		ck.dport = in.t.sport;
 		__builtin_memcpy(ck.saddr, in.t.daddr, 16);
 		__builtin_memcpy(ck.daddr, in.t.saddr, 16);
-		return lb_ct_live(&ck, now);
+		return !!lb_ct_live(&ck, now);
 	}
-	if (dir != DIR_INGRESS)
+	if (dir != DIR_INGRESS || !ct_reverse(live, CT_F_SVC))
 		return 1;
 	rt.family = p->family;
 	rt.proto = in.t.proto;

@@ -11,7 +11,12 @@
  *     sent to the uplink the same way: the stack would drop a forwarded
  *     packet whose source is the node's own address. Neither direction
  *     passes the stack's forwarding (nor netfilter), so no half-open
- *     conntrack entry is left behind.
+ *     conntrack entry is left behind. The request is marked
+ *     MARK_NODEPORT_MAGIC, so that the backend's to-container records its
+ *     connection as NodePort-translated (CT_F_NODEPORT): only replies of
+ *     such a connection are reverse-translated, not those of a later one
+ *     from the same client address and port reaching the pod untranslated
+ *     (routed to its address, or DNATed by kube-proxy).
  *   - a remote backend: DNAT and SNAT to the frontend's address (the
  *     node address the client reached) with a NAT port from
  *     LB_NAT_PORT_MIN.. (outside the kernel's default ephemeral range),
@@ -296,8 +301,10 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(fe, p->daddr, 16);
 	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
 		return LB_ERROR;
-	if (!nv.nat_port)
+	if (!nv.nat_port) {
+		skb->mark = MARK_NODEPORT_MAGIC;
 		return LB_REDIRECT; /* to the local pod's veth */
+	}
 	r = lb_tcp_closing(skb, p);
 	if (r)
 		lb_nat_closing(p, &nv, fe, r);
