@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -183,4 +185,91 @@ func revnatState(l *Linux) string {
 		return err.Error()
 	}
 	return fmt.Sprintf("lb_ct %d, lb_revnat %d, lb_nat %d entries", m.Connections, m.ReverseNAT, m.NodePortNAT)
+}
+
+// TestBPFReverseNATFollowsConntrack runs the endpoint programs on frames
+// of one client address and port: a backend's reply gets the frontend
+// as its source only while the connection's conntrack entry says the
+// client's packets were translated; the client's next packet decides
+// again. An entry an earlier build wrote (no flags: before an upgrade)
+// is reverse-translated by lb_revnat alone, as that build did, until the
+// client's next packet.
+func TestBPFReverseNATFollowsConntrack(t *testing.T) {
+	h := newProgHarness(t, 42, 1000) // the client is the harness's pod (podIP, pod6)
+	for _, tc := range []struct {
+		name                 string
+		client, vip, backend string
+		proto                uint8
+	}{
+		{"tcp4", "10.0.0.10:40000", "10.96.0.10:80", "10.200.0.9:8080", service.TCP},
+		{"udp4", "10.0.0.10:40001", "10.96.0.10:53", "10.200.0.9:5353", service.UDP},
+		{"tcp6", "[fd00::10]:40002", "[fd00:96::10]:80", "[fd00::9]:8080", service.TCP},
+		{"udp6", "[fd00::10]:40003", "[fd00:96::10]:53", "[fd00::9]:5353", service.UDP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, vip, backend := netip.MustParseAddrPort(tc.client), netip.MustParseAddrPort(tc.vip), netip.MustParseAddrPort(tc.backend)
+			s := LBService{ID: 9, Frontend: service.Frontend{Addr: vip.Addr(), Port: vip.Port(), Proto: tc.proto},
+				Backends: []service.Backend{{Addr: backend.Addr(), Port: backend.Port()}}}
+			if err := writeLBService(&h.b.maps.lb, s, 0); err != nil {
+				t.Fatal(err)
+			}
+			run := func(what string, prog *ebpf.Program, src, dst netip.AddrPort) parsedFrame {
+				t.Helper()
+				opts := &ebpf.RunOptions{Data: lbFrame(src, dst, tc.proto), DataOut: make([]byte, 256)}
+				if ret, err := prog.Run(opts); err != nil || ret != verdictPass {
+					t.Fatalf("%s: %d, %v", what, ret, err)
+				}
+				return checkFrame(t, opts.DataOut, tc.proto)
+			}
+			for i, step := range []struct {
+				what      string
+				to        netip.AddrPort // the client's packet's destination (0: none)
+				legacy    bool           // first make every conntrack entry an earlier build's
+				replyFrom netip.AddrPort
+			}{
+				{"through the frontend", vip, false, vip},
+				{"straight to the backend", backend, false, backend},
+				{"through the frontend again", vip, false, vip},
+				{"an earlier build's entry", netip.AddrPort{}, true, vip},
+				{"straight to the backend after the upgrade", backend, false, backend},
+			} {
+				if step.legacy {
+					clearCTFlags(t, h.b.maps.ct)
+				}
+				if step.to.IsValid() {
+					run("from-container", h.progs.from, client, step.to)
+				}
+				if got := run("to-container", h.progs.to, backend, client); got.src != step.replyFrom || got.dst != client {
+					t.Fatalf("step %d (%s): reply arrives as %s -> %s, want %s -> %s", i+1, step.what, got.src, got.dst, step.replyFrom, client)
+				}
+			}
+		})
+	}
+}
+
+// clearCTFlags makes every conntrack entry look like one an earlier
+// build wrote (its packets a u64 whose high half, today's flags, is 0).
+func clearCTFlags(t *testing.T, m *ebpf.Map) {
+	t.Helper()
+	var (
+		k  bpf.EndpointCtKey
+		v  bpf.EndpointCtValue
+		ks []bpf.EndpointCtKey
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		ks = append(ks, k)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ks {
+		if err := m.Lookup(k, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.Flags = 0
+		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
