@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -195,6 +196,12 @@ func revnatState(l *Linux) string {
 // is reverse-translated by lb_revnat alone, as that build did, until the
 // client's next packet.
 func TestBPFReverseNATFollowsConntrack(t *testing.T) {
+	// The flags took the high half of the packet counter: the value
+	// keeps the size an earlier build pinned the ct map with, so an
+	// upgrade keeps the map and its entries (openSharedMap).
+	if n := binary.Size(bpf.EndpointCtValue{}); n != 16 {
+		t.Fatalf("ct value of %d bytes, want 16 (the pinned map's)", n)
+	}
 	h := newProgHarness(t, 42, 1000) // the client is the harness's pod (podIP, pod6)
 	for _, tc := range []struct {
 		name                 string
