@@ -73,7 +73,7 @@ func exchangeFrom(ns *testutil.NS, network string, local, to netip.AddrPort) (st
 // backend pod b (whoServer on 8080) and a client pod c.
 type revnatNode struct {
 	l                *Linux
-	client           *testutil.NS
+	host, client     *testutil.NS
 	nodeIP, clientIP netip.Addr
 	b, c             *testPod
 	svcIP            [2]netip.Addr // two ClusterIPs
@@ -88,7 +88,7 @@ func newRevnatNode(t *testing.T, v6 bool) *revnatNode {
 	if !v6 {
 		n.nodeIP, n.clientIP = netip.MustParseAddr("192.168.93.1"), netip.MustParseAddr("192.168.93.2")
 		n.svcIP = [2]netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")}
-		n.l, _, nl, n.client = clientNode(t, cfg, nil)
+		n.l, n.host, nl, n.client = clientNode(t, cfg, nil)
 		n.b = addPod(t, nl, 12, 1002, "10.244.60.12")
 		n.c = addPod(t, nl, 13, 1003, "10.244.60.13")
 	} else {
@@ -96,7 +96,7 @@ func newRevnatNode(t *testing.T, v6 bool) *revnatNode {
 		n.svcIP = [2]netip.Addr{netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:96::11")}
 		n.client = testutil.NewNS(t, "mbt-cl6")
 		cfg.GatewayDevice, cfg.Gateways = "mbt_gw6", []netip.Addr{netip.MustParseAddr("fd00:60::1")}
-		n.l, _, nl = newKPRNode(t, cfg, func(host *testutil.NS, nl *netlink.Handle) {
+		n.l, n.host, nl = newKPRNode(t, cfg, func(host *testutil.NS, nl *netlink.Handle) {
 			if err := host.Do(func() error {
 				return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0)
 			}); err != nil {
@@ -278,5 +278,36 @@ func clearCTFlags(t *testing.T, m *ebpf.Map) {
 		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestReplyToFrontendAddressNotTranslated: a pod's reply to a peer
+// whose address and port happen to be a frontend's (the node's address
+// and a NodePort or hostPort: a host process bound there, a masquerade
+// with random ports such as kube-proxy's --random-fully) belongs to the
+// peer's connection, not to a new Service connection: it must reach the
+// peer untranslated. TCP and UDP, IPv4 and IPv6, from the node's netns.
+func TestReplyToFrontendAddressNotTranslated(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) {
+			n := newRevnatNode(t, v6)
+			backend := netip.AddrPortFrom(n.b.addr(), 8080)
+			for i, network := range []string{"tcp", "udp"} {
+				proto := map[string]uint8{"tcp": service.TCP, "udp": service.UDP}[network]
+				fe := netip.AddrPortFrom(n.nodeIP, 30080)
+				upsertSvc(t, n.l, uint32(i+1), fe.String(), proto, true, true, 0, backend.String())
+				t.Run(network, func(t *testing.T) {
+					// The path itself works: from a port no frontend has.
+					other := netip.AddrPortFrom(n.nodeIP, 30081)
+					if reply, err := exchangeFrom(n.host, network, other, backend); err != nil || !strings.HasPrefix(reply, n.b.addr().String()+" ") {
+						t.Fatalf("%s %s -> %s: %q, %v", network, other, backend, reply, err)
+					}
+					reply, err := exchangeFrom(n.host, network, fe, backend)
+					if want := fmt.Sprintf("%s %s", n.b.addr(), fe); err != nil || reply != want {
+						t.Fatalf("%s %s -> %s: %q, %v; want %q", network, fe, backend, reply, err, want)
+					}
+				})
+			}
+		})
 	}
 }
