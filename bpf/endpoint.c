@@ -607,6 +607,29 @@ static __always_inline int ct_reverse(int ct, __u32 want)
 	return !!(ct & want);
 }
 
+/* ct_peer_opened reports whether p, which the pod sends, is a reply of
+ * a connection the endpoint saw first arriving (its peer opened it),
+ * without refreshing it: lb_translate leaves such a packet alone even
+ * when its destination is a frontend's address and port (a host process
+ * bound there, a masquerade with random ports reaching the pod). */
+static __noinline int ct_peer_opened(struct pkt *p, __u64 now)
+{
+	struct ct_key k = {
+		.ep = p->ep,
+		.dir = DIR_INGRESS,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->dport,
+		.dport = p->sport,
+	};
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->daddr, 16);
+	__builtin_memcpy(k.daddr, p->saddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	return v && now - v->last_seen <= ct_lifetime(p->proto);
+}
+
 /* ct_flags are the CT_F_* flags the packet p of a connection's original
  * direction gives its entry. */
 static __always_inline __u32 ct_flags(struct pkt *p)

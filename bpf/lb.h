@@ -16,6 +16,12 @@
  *   lb_nat, lb_nat_rev  NodePort connections from outside (nodeport.h)
  *   lb_sock       socket-level translations (sock.c)
  *
+ * A packet to a frontend that is a reply of a connection the pod's peer
+ * opened (conntrack: ct_peer_opened) is not translated: the peer's
+ * address and port only happen to be a frontend's (the node's address
+ * and a NodePort or hostPort: a host process bound there, a masquerade
+ * with random ports such as kube-proxy's).
+ *
  * Backend choice: a TCP SYN (no ACK) or a packet of no known connection
  * picks slot hash(flow) % count + 1 (the ClientIP affinity entry's slot
  * instead while fresh and still holding the same backend); any other
@@ -453,6 +459,10 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 	if (!svc)
 		return LB_PASS;
 	now = bpf_ktime_get_ns();
+	/* A reply to a peer whose address and port are a frontend's
+	 * belongs to the peer's connection (conntrack decides next). */
+	if (ct_peer_opened(p, now))
+		return LB_PASS;
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	cv = bpf_map_lookup_elem(&lb_ct, &t);
