@@ -182,7 +182,14 @@
 // counter (on little-endian machines), so the pinned `ct` map keeps its
 // size and its entries across an upgrade: an earlier build's entries
 // (flags 0) are reverse-translated by the tuple alone, as before, until
-// their client's next packet.
+// their client's next packet. The other way round, a pod's reply is
+// never taken for a new Service connection: a packet to a frontend that
+// conntrack knows as a reply of a connection the pod's peer opened
+// (`ct_peer_opened`) is left alone, since a peer may well use a
+// frontend's address and port as its own (the node's address and a
+// NodePort or hostPort: a host process bound there, or a masquerade
+// with random ports, as kube-proxy's `--random-fully` in
+// `TestKPRBench`).
 //
 // NodePort replies never go through the stack's forwarding. A reply whose
 // source becomes the node's own address (a local backend's reply,
