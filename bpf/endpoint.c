@@ -564,6 +564,17 @@ static __always_inline __u64 ct_lifetime(__u8 proto)
 	return proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
 }
 
+/* older_than reports whether t (a bpf_ktime_get_ns stamp in a shared
+ * map) lies more than age before now. Another CPU may have written a t
+ * later than this CPU's now, which it read before: such a t is recent,
+ * not (now - t wrapping around) ancient. Without this a connection whose
+ * two directions run on two CPUs at once saw its conntrack entry
+ * "expire" now and then: a reply taken for a new connection. */
+static __always_inline int older_than(__u64 t, __u64 now, __u64 age)
+{
+	return now > t && now - t > age;
+}
+
 /* CT_HIT in what ct_is_reply returns: the packet is a reply; the low
  * bits are its entry's CT_F_* flags. */
 #define CT_HIT 0x100
@@ -586,7 +597,7 @@ static __noinline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 	__builtin_memcpy(k.saddr, p->daddr, 16);
 	__builtin_memcpy(k.daddr, p->saddr, 16);
 	v = bpf_map_lookup_elem(&ct, &k);
-	if (!v || now - v->last_seen > ct_lifetime(p->proto))
+	if (!v || older_than(v->last_seen, now, ct_lifetime(p->proto)))
 		return 0;
 	v->last_seen = now;
 	__sync_fetch_and_add(&v->packets, 1);
@@ -627,7 +638,7 @@ static __noinline int ct_peer_opened(struct pkt *p, __u64 now)
 	__builtin_memcpy(k.saddr, p->daddr, 16);
 	__builtin_memcpy(k.daddr, p->saddr, 16);
 	v = bpf_map_lookup_elem(&ct, &k);
-	return v && now - v->last_seen <= ct_lifetime(p->proto);
+	return v && !older_than(v->last_seen, now, ct_lifetime(p->proto));
 }
 
 /* ct_flags are the CT_F_* flags the packet p of a connection's original

@@ -416,7 +416,7 @@ static __always_inline __u32 lb_pick(struct __sk_buff *skb, struct pkt *p, struc
 
 	if (svc->flags & LB_FLAG_AFFINITY) {
 		av = bpf_map_lookup_elem(&lb_affinity, ak);
-		if (av && now - av->last_used < (__u64)svc->affinity * 1000000000ULL && av->slot <= svc->count) {
+		if (av && !older_than(av->last_used, now, (__u64)svc->affinity * 1000000000ULL) && av->slot <= svc->count) {
 			sk.slot = av->slot;
 			b = bpf_map_lookup_elem(&lb_backends, &sk);
 			if (b && b->port == av->backend.port && b->addr[0] == av->backend.addr[0] &&
@@ -467,7 +467,7 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	cv = bpf_map_lookup_elem(&lb_ct, &t);
 	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) &&
-	    now - cv->last_seen < ct_lifetime(p->proto)) {
+	    !older_than(cv->last_seen, now, ct_lifetime(p->proto))) {
 		cv->last_seen = now;
 		nv.backend = cv->backend;
 	} else {
@@ -676,7 +676,7 @@ static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
 {
 	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
 
-	if (!v || now - v->last_seen > ct_lifetime(k->proto))
+	if (!v || older_than(v->last_seen, now, ct_lifetime(k->proto)))
 		return 0;
 	return CT_HIT | v->flags;
 }

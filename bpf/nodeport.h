@@ -156,11 +156,11 @@ static __always_inline int lb_nat_free(struct lb_natrev_value *e, struct pkt *p,
 {
 	if (!e)
 		return 1;
-	if (e->closing == LB_CLOSING_RST && now - e->last_seen > LB_NAT_RESET_NS)
+	if (e->closing == LB_CLOSING_RST && older_than(e->last_seen, now, LB_NAT_RESET_NS))
 		return 1;
-	if (e->closing && now - e->last_seen > LB_NAT_CLOSING_NS)
+	if (e->closing && older_than(e->last_seen, now, LB_NAT_CLOSING_NS))
 		return 1;
-	if (now - e->last_seen > ct_lifetime(p->proto))
+	if (older_than(e->last_seen, now, ct_lifetime(p->proto)))
 		return 1;
 	/* The same client connecting again (a retransmitted SYN). */
 	return e->client_port == p->sport && e->client[0] == p->saddr[0] && e->client[1] == p->saddr[1] &&
@@ -289,7 +289,7 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	cv = bpf_map_lookup_elem(&lb_nat, &t);
-	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) && now - cv->last_seen < ct_lifetime(p->proto)) {
+	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) && !older_than(cv->last_seen, now, ct_lifetime(p->proto))) {
 		cv->last_seen = now;
 		nv = *cv;
 	} else {

@@ -194,7 +194,8 @@ func revnatState(l *Linux) string {
 // client's packets were translated; the client's next packet decides
 // again. An entry an earlier build wrote (no flags: before an upgrade)
 // is reverse-translated by lb_revnat alone, as that build did, until the
-// client's next packet.
+// client's next packet. An entry whose last_seen is later than the
+// reply's clock (another CPU stamped it meanwhile) is still live.
 func TestBPFReverseNATFollowsConntrack(t *testing.T) {
 	// The flags took the high half of the packet counter: the value
 	// keeps the size an earlier build pinned the ct map with, so an
@@ -231,17 +232,20 @@ func TestBPFReverseNATFollowsConntrack(t *testing.T) {
 			for i, step := range []struct {
 				what      string
 				to        netip.AddrPort // the client's packet's destination (0: none)
-				legacy    bool           // first make every conntrack entry an earlier build's
+				change    func(*bpf.EndpointCtValue)
 				replyFrom netip.AddrPort
 			}{
-				{"through the frontend", vip, false, vip},
-				{"straight to the backend", backend, false, backend},
-				{"through the frontend again", vip, false, vip},
-				{"an earlier build's entry", netip.AddrPort{}, true, vip},
-				{"straight to the backend after the upgrade", backend, false, backend},
+				{"through the frontend", vip, nil, vip},
+				// The reply's CPU read its clock just before another
+				// CPU stamped the entry: still a reply.
+				{"an entry stamped after the reply's clock", netip.AddrPort{}, func(v *bpf.EndpointCtValue) { v.LastSeen = ktimeNow() + uint64(time.Second) }, vip},
+				{"straight to the backend", backend, nil, backend},
+				{"through the frontend again", vip, nil, vip},
+				{"an earlier build's entry", netip.AddrPort{}, func(v *bpf.EndpointCtValue) { v.Flags = 0 }, vip},
+				{"straight to the backend after the upgrade", backend, nil, backend},
 			} {
-				if step.legacy {
-					clearCTFlags(t, h.b.maps.ct)
+				if step.change != nil {
+					changeCT(t, h.b.maps.ct, step.change)
 				}
 				if step.to.IsValid() {
 					run("from-container", h.progs.from, client, step.to)
@@ -254,9 +258,10 @@ func TestBPFReverseNATFollowsConntrack(t *testing.T) {
 	}
 }
 
-// clearCTFlags makes every conntrack entry look like one an earlier
-// build wrote (its packets a u64 whose high half, today's flags, is 0).
-func clearCTFlags(t *testing.T, m *ebpf.Map) {
+// changeCT applies change to every conntrack entry (flags 0: as an
+// earlier build wrote it, its packets a u64 whose high half, today's
+// flags, is 0).
+func changeCT(t *testing.T, m *ebpf.Map, change func(*bpf.EndpointCtValue)) {
 	t.Helper()
 	var (
 		k  bpf.EndpointCtKey
@@ -274,7 +279,7 @@ func clearCTFlags(t *testing.T, m *ebpf.Map) {
 		if err := m.Lookup(k, &v); err != nil {
 			t.Fatal(err)
 		}
-		v.Flags = 0
+		change(&v)
 		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}
