@@ -46,7 +46,9 @@
 // (`lb_translate` before conntrack and policy in from-container,
 // `lb_reverse` last in to-container) and its maps: `lb_frontends`,
 // `lb_backends` ({service ID, slot} -> backend), `lb_ct` (a connection's
-// backend), `lb_revnat` (the reply's frontend), `lb_affinity`;
+// backend), `lb_revnat` (the reply's frontend, used only for replies
+// whose conntrack entry says the connection was translated:
+// `ct_value.flags`), `lb_affinity`;
 // `datapath/bpf_lb_linux.go` writes and reads them
 // (`datapath.ServiceDatapath`, `services.go`; the Fake's in
 // `fake_services.go`). A hairpin (the chosen backend is the client

@@ -53,7 +53,9 @@
  *      tuple) so that the replies pass step 1.
  * Before step 1, a packet the pod sends to a service frontend is
  * translated to a backend (lb.h), so every step sees the backend; a
- * reply from it gets the frontend back as its source after step 3. A
+ * reply from it gets the frontend back as its source after step 3, if
+ * step 1 found it a reply of a connection step 3 recorded as translated
+ * (ct_value.flags). A
  * hairpin (the backend is the pod itself) also gets the hairpin address
  * as source and, after step 3, goes straight back into the pod through
  * to_container, with the pod's identity as the peer's (lb.h).
@@ -316,6 +318,7 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_AUDIT 1    /* the endpoint's ENDPOINT_F_AUDIT */
 #define PKT_SVC 2      /* lb_translate translated it to a backend (flow_report) */
 #define PKT_ENFORCED 4 /* the direction is policy-enforced (flow_report) */
+#define PKT_NODEPORT 8 /* from_netdev translated it for this pod (MARK_NODEPORT_MAGIC) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -561,8 +564,24 @@ static __always_inline __u64 ct_lifetime(__u8 proto)
 	return proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
 }
 
+/* older_than reports whether t (a bpf_ktime_get_ns stamp in a shared
+ * map) lies more than age before now. Another CPU may have written a t
+ * later than this CPU's now, which it read before: such a t is recent,
+ * not (now - t wrapping around) ancient. Without this a connection whose
+ * two directions run on two CPUs at once saw its conntrack entry
+ * "expire" now and then: a reply taken for a new connection. */
+static __always_inline int older_than(__u64 t, __u64 now, __u64 age)
+{
+	return now > t && now - t > age;
+}
+
+/* CT_HIT in what ct_is_reply returns: the packet is a reply; the low
+ * bits are its entry's CT_F_* flags. */
+#define CT_HIT 0x100
+
 /* ct_is_reply reports whether p is a reply of a connection the endpoint
- * saw first in the other direction, refreshing it. */
+ * saw first in the other direction, refreshing it: 0 if not, else
+ * CT_HIT | the entry's flags (ct_reverse). */
 static __noinline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 {
 	struct ct_key k = {
@@ -578,15 +597,67 @@ static __noinline int ct_is_reply(struct pkt *p, __u8 dir, __u64 now)
 	__builtin_memcpy(k.saddr, p->daddr, 16);
 	__builtin_memcpy(k.daddr, p->saddr, 16);
 	v = bpf_map_lookup_elem(&ct, &k);
-	if (!v || now - v->last_seen > ct_lifetime(p->proto))
+	if (!v || older_than(v->last_seen, now, ct_lifetime(p->proto)))
 		return 0;
 	v->last_seen = now;
 	__sync_fetch_and_add(&v->packets, 1);
-	return 1;
+	return CT_HIT | v->flags;
+}
+
+/* ct_reverse reports whether a packet whose conntrack answer is ct
+ * (ct_is_reply's) gets the reverse translation want (CT_F_SVC,
+ * CT_F_NODEPORT): only a reply, and only of a connection recorded as so
+ * translated. An entry of an earlier build (no CT_F_KNOWN) leaves it to
+ * lb_revnat alone, as that build did. */
+static __always_inline int ct_reverse(int ct, __u32 want)
+{
+	if (!(ct & CT_HIT))
+		return 0;
+	if (!(ct & CT_F_KNOWN))
+		return 1;
+	return !!(ct & want);
+}
+
+/* ct_peer_opened reports whether p, which the pod sends, is a reply of
+ * a connection the endpoint saw first arriving (its peer opened it),
+ * without refreshing it: lb_translate leaves such a packet alone even
+ * when its destination is a frontend's address and port (a host process
+ * bound there, a masquerade with random ports reaching the pod). */
+static __noinline int ct_peer_opened(struct pkt *p, __u64 now)
+{
+	struct ct_key k = {
+		.ep = p->ep,
+		.dir = DIR_INGRESS,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->dport,
+		.dport = p->sport,
+	};
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->daddr, 16);
+	__builtin_memcpy(k.daddr, p->saddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	return v && !older_than(v->last_seen, now, ct_lifetime(p->proto));
+}
+
+/* ct_flags are the CT_F_* flags the packet p of a connection's original
+ * direction gives its entry. */
+static __always_inline __u32 ct_flags(struct pkt *p)
+{
+	__u32 f = CT_F_KNOWN;
+
+	if (p->bits & PKT_SVC)
+		f |= CT_F_SVC;
+	if (p->bits & PKT_NODEPORT)
+		f |= CT_F_NODEPORT;
+	return f;
 }
 
 /* ct_record creates or refreshes the connection of p in direction dir;
  * it returns 1 when it created the entry (a new connection: flow_report).
+ * The entry's flags become p's (ct_flags): whether the replies are
+ * reverse-translated follows the packets of the original direction.
  * Not inlined: the stack of the programs that call it stays within the
  * verifier's bound. */
 static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
@@ -599,7 +670,7 @@ static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 		.sport = p->sport,
 		.dport = p->dport,
 	};
-	struct ct_value nv = { .last_seen = now, .packets = 1 };
+	struct ct_value nv = { .last_seen = now, .packets = 1, .flags = ct_flags(p) };
 	struct ct_value *v;
 
 	__builtin_memcpy(k.saddr, p->saddr, 16);
@@ -608,6 +679,8 @@ static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 	if (v) {
 		v->last_seen = now;
 		__sync_fetch_and_add(&v->packets, 1);
+		if (v->flags != nv.flags)
+			v->flags = nv.flags;
 		return 0;
 	}
 	bpf_map_update_elem(&ct, &k, &nv, BPF_ANY);
@@ -867,22 +940,26 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
 	return proxy_hairpin(skb, port);
 }
 
-/* lb_out finishes a passing packet: a reply reaching the pod from a
+/* lb_out finishes a passing packet whose conntrack answer is ct
+ * (ct_is_reply's; 0: not a reply): a reply reaching the pod from a
  * service backend gets the service frontend as its source (lb.h); a
  * backend's reply to a NodePort client from outside goes on in
  * nodeport_reply (a tail call; without the kube-proxy-free mode the slot
- * is empty and the packet passes untranslated). */
-static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir)
+ * is empty and the packet passes untranslated). Only replies of
+ * connections recorded as translated (ct_reverse): lb_revnat is keyed by
+ * the reply's tuple, which a later connection without translation from
+ * the same client address and port to the same backend shares. */
+static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir, int ct)
 {
 	if (dir == DIR_EGRESS) {
 		/* Decided by the pod's egress policy: not the host's
 		 * (to_netdev, after masquerade). */
 		skb->mark = MARK_FROM_ENDPOINT_MAGIC;
-		if (lb_nodeport_reply(p))
+		if (ct_reverse(ct, CT_F_NODEPORT) && lb_nodeport_reply(p))
 			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
 		return TC_ACT_OK;
 	}
-	if (lb_reverse(skb, p, 0) < 0)
+	if (ct_reverse(ct, CT_F_SVC) && lb_reverse(skb, p, 0) < 0)
 		return drop(skb, p, dir, DROP_MALFORMED, 0);
 	return TC_ACT_OK;
 }
@@ -1047,6 +1124,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
 	p.bits = ep->flags & ENDPOINT_F_AUDIT ? PKT_AUDIT : 0;
+	if (dir == DIR_INGRESS && skb->mark == MARK_NODEPORT_MAGIC)
+		p.bits |= PKT_NODEPORT;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -1085,12 +1164,13 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
 	now = bpf_ktime_get_ns();
-	if (!p.frag && ct_is_reply(&p, dir, now)) {
+	r = p.frag ? 0 : ct_is_reply(&p, dir, now);
+	if (r) {
 		/* A reply to the hairpin address goes back into the pod,
 		 * whose to_container translates it. */
 		if (dir == DIR_EGRESS && lb_is_hairpin(p.family, p.daddr))
 			return lb_hairpin_redirect(skb, 0);
-		return lb_out(skb, &p, dir);
+		return lb_out(skb, &p, dir, r);
 	}
 	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && proxy_upstream(skb, &p))
 		/* An answer to the proxy's upstream connection from the pod's
@@ -1142,7 +1222,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			ct_record(&p, dir, bpf_ktime_get_ns());
 			if (hairpin)
 				return lb_hairpin_redirect(skb, p.identity);
-			return lb_out(skb, &p, dir);
+			return lb_out(skb, &p, dir, 0);
 		}
 	}
 	/* The pod sends to the host: the host's ingress policy after the
@@ -1162,7 +1242,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		return lb_hairpin_redirect(skb, p.identity);
 	if (proxy_port && !p.frag)
 		return redirect(skb, &p, proxy_port, dir, peer);
-	return lb_out(skb, &p, dir);
+	return lb_out(skb, &p, dir, 0);
 }
 
 SEC("tc")

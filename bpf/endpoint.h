@@ -227,6 +227,14 @@ struct tunnel_value {
  * CAP_NET_ADMIN can (SO_MARK), as they can unload the programs. */
 #define MARK_FROM_ENDPOINT_MAGIC 0x50
 
+/* MARK_NODEPORT_MAGIC in the low byte (upper bits 0): from_netdev
+ * translated the packet for a NodePort's local backend and redirected it
+ * to the backend's host veth, whose to_container records its connection
+ * as NodePort-translated (ct_value.flags CT_F_NODEPORT). The redirect
+ * stays in the node's netns, so the mark survives; the pod's netns never
+ * sees it. */
+#define MARK_NODEPORT_MAGIC 0x51
+
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
  * prefixes (and zero fields): L3-only (identity and dir) is
@@ -312,9 +320,36 @@ struct ct_key {
 	__u32 daddr[4];
 };
 
+/* ct_value.flags: whether the connection's replies are reverse-
+ * translated (Cilium keeps a rev-NAT index in its CT entry for this).
+ * ct_record writes them from each packet of the original direction, so
+ * they follow the connection last opened with the tuple: a Service
+ * connection, then a direct one from the same client address and port
+ * to the same backend (the backend sees the same tuple) leaves only the
+ * second's. The frontend itself is in lb_revnat (lb.h), keyed by the
+ * reply's tuple; the flags say whether to use it:
+ *   CT_F_KNOWN    written by this build; an entry without it was written
+ *                 by an earlier one (before an upgrade, until the next
+ *                 packet of its original direction), whose replies are
+ *                 looked up in lb_revnat alone, as that build did
+ *   CT_F_SVC      the pod's packets are Service-translated
+ *                 (lb_translate): replies get the frontend back at the
+ *                 pod's to-container
+ *   CT_F_NODEPORT the packets to the pod arrive NodePort-translated from
+ *                 outside (from_netdev, MARK_NODEPORT_MAGIC): replies go
+ *                 to nodeport_reply from its from-container
+ * The earlier layout's packets was a __u64: on little-endian machines its
+ * low half is today's packets and the high half (zero) today's flags, so
+ * the pinned map is carried over as it is and its entries read as an
+ * earlier build's. */
+#define CT_F_KNOWN 1
+#define CT_F_SVC 2
+#define CT_F_NODEPORT 4
+
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */
-	__u64 packets;
+	__u32 packets;   /* wraps */
+	__u32 flags;     /* CT_F_* */
 };
 
 /* host_safe_key: a peer of the host firewall's safety net (hostfw.h):

@@ -49,7 +49,8 @@ type EndpointCtKey struct {
 type EndpointCtValue struct {
 	_        structs.HostLayout
 	LastSeen uint64
-	Packets  uint64
+	Packets  uint32
+	Flags    uint32
 }
 
 type EndpointDropEvent struct {

@@ -9,10 +9,18 @@
  *   lb_frontends  frontend (and scope) -> {id, backend count, affinity}
  *   lb_backends   {id, slot 1..count} -> backend (address, port)
  *   lb_ct         the client's tuple (to the frontend) -> its backend
- *   lb_revnat     the reply's tuple (from the backend) -> the frontend
+ *   lb_revnat     the reply's tuple (from the backend) -> the frontend,
+ *                 used only for replies whose conntrack entry says the
+ *                 connection was translated (ct_value.flags, ct_reverse)
  *   lb_affinity   {id, client address} -> the backend it used last
  *   lb_nat, lb_nat_rev  NodePort connections from outside (nodeport.h)
  *   lb_sock       socket-level translations (sock.c)
+ *
+ * A packet to a frontend that is a reply of a connection the pod's peer
+ * opened (conntrack: ct_peer_opened) is not translated: the peer's
+ * address and port only happen to be a frontend's (the node's address
+ * and a NodePort or hostPort: a host process bound there, a masquerade
+ * with random ports such as kube-proxy's).
  *
  * Backend choice: a TCP SYN (no ACK) or a packet of no known connection
  * picks slot hash(flow) % count + 1 (the ClientIP affinity entry's slot
@@ -408,7 +416,7 @@ static __always_inline __u32 lb_pick(struct __sk_buff *skb, struct pkt *p, struc
 
 	if (svc->flags & LB_FLAG_AFFINITY) {
 		av = bpf_map_lookup_elem(&lb_affinity, ak);
-		if (av && now - av->last_used < (__u64)svc->affinity * 1000000000ULL && av->slot <= svc->count) {
+		if (av && !older_than(av->last_used, now, (__u64)svc->affinity * 1000000000ULL) && av->slot <= svc->count) {
 			sk.slot = av->slot;
 			b = bpf_map_lookup_elem(&lb_backends, &sk);
 			if (b && b->port == av->backend.port && b->addr[0] == av->backend.addr[0] &&
@@ -451,11 +459,15 @@ static __noinline int lb_translate(struct __sk_buff *skb, struct pkt *p)
 	if (!svc)
 		return LB_PASS;
 	now = bpf_ktime_get_ns();
+	/* A reply to a peer whose address and port are a frontend's
+	 * belongs to the peer's connection (conntrack decides next). */
+	if (ct_peer_opened(p, now))
+		return LB_PASS;
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	cv = bpf_map_lookup_elem(&lb_ct, &t);
 	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) &&
-	    now - cv->last_seen < ct_lifetime(p->proto)) {
+	    !older_than(cv->last_seen, now, ct_lifetime(p->proto))) {
 		cv->last_seen = now;
 		nv.backend = cv->backend;
 	} else {
@@ -658,12 +670,15 @@ static __always_inline int lb_icmp_rewrite(struct __sk_buff *skb, struct pkt *p,
 	return 0;
 }
 
-/* lb_ct_live reports whether the endpoint's conntrack holds k, fresh. */
+/* lb_ct_live reports whether the endpoint's conntrack holds k, fresh:
+ * 0 if not, else CT_HIT | its flags (ct_reverse). */
 static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
 {
 	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
 
-	return v && now - v->last_seen <= ct_lifetime(k->proto);
+	if (!v || older_than(v->last_seen, now, ct_lifetime(k->proto)))
+		return 0;
+	return CT_HIT | v->flags;
 }
 
 /* lb_icmp_related handles an ICMP error p in direction dir of the
@@ -674,7 +689,8 @@ static __always_inline int lb_ct_live(struct ct_key *k, __u64 now)
  * the tuple reversed. Returns 1 for a related error, after giving the
  * quoted packet of a translated connection of the pod its frontend back
  * (to_container: the conntrack entry has the tuple as translated, to the
- * backend); 0: not related; -1: a rewrite failed. */
+ * backend, and says it was translated: ct_reverse); 0: not related; -1:
+ * a rewrite failed. */
 static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u64 now, __u8 dir)
 {
 	struct lb_icmp_inner in = {};
@@ -683,6 +699,7 @@ static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u6
 	struct lb_revnat_value *rv;
 	__u32 fe[4];
 	__u16 feport;
+	int live;
 
 	if (lb_icmp_parse(skb, p, &in))
 		return 0;
@@ -691,15 +708,16 @@ static __noinline int lb_icmp_related(struct __sk_buff *skb, struct pkt *p, __u6
 	ck.dport = in.t.dport;
 	__builtin_memcpy(ck.saddr, in.t.saddr, 16);
 	__builtin_memcpy(ck.daddr, in.t.daddr, 16);
-	if (!lb_ct_live(&ck, now)) {
+	live = lb_ct_live(&ck, now);
+	if (!live) {
 		ck.dir = dir;
 		ck.sport = in.t.dport;
 		ck.dport = in.t.sport;
 		__builtin_memcpy(ck.saddr, in.t.daddr, 16);
 		__builtin_memcpy(ck.daddr, in.t.saddr, 16);
-		return lb_ct_live(&ck, now);
+		return !!lb_ct_live(&ck, now);
 	}
-	if (dir != DIR_INGRESS)
+	if (dir != DIR_INGRESS || !ct_reverse(live, CT_F_SVC))
 		return 1;
 	rt.family = p->family;
 	rt.proto = in.t.proto;

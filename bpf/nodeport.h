@@ -11,7 +11,12 @@
  *     sent to the uplink the same way: the stack would drop a forwarded
  *     packet whose source is the node's own address. Neither direction
  *     passes the stack's forwarding (nor netfilter), so no half-open
- *     conntrack entry is left behind.
+ *     conntrack entry is left behind. The request is marked
+ *     MARK_NODEPORT_MAGIC, so that the backend's to-container records its
+ *     connection as NodePort-translated (CT_F_NODEPORT): only replies of
+ *     such a connection are reverse-translated, not those of a later one
+ *     from the same client address and port reaching the pod untranslated
+ *     (routed to its address, or DNATed by kube-proxy).
  *   - a remote backend: DNAT and SNAT to the frontend's address (the
  *     node address the client reached) with a NAT port from
  *     LB_NAT_PORT_MIN.. (outside the kernel's default ephemeral range),
@@ -151,11 +156,11 @@ static __always_inline int lb_nat_free(struct lb_natrev_value *e, struct pkt *p,
 {
 	if (!e)
 		return 1;
-	if (e->closing == LB_CLOSING_RST && now - e->last_seen > LB_NAT_RESET_NS)
+	if (e->closing == LB_CLOSING_RST && older_than(e->last_seen, now, LB_NAT_RESET_NS))
 		return 1;
-	if (e->closing && now - e->last_seen > LB_NAT_CLOSING_NS)
+	if (e->closing && older_than(e->last_seen, now, LB_NAT_CLOSING_NS))
 		return 1;
-	if (now - e->last_seen > ct_lifetime(p->proto))
+	if (older_than(e->last_seen, now, ct_lifetime(p->proto)))
 		return 1;
 	/* The same client connecting again (a retransmitted SYN). */
 	return e->client_port == p->sport && e->client[0] == p->saddr[0] && e->client[1] == p->saddr[1] &&
@@ -284,7 +289,7 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(t.saddr, p->saddr, 16);
 	__builtin_memcpy(t.daddr, p->daddr, 16);
 	cv = bpf_map_lookup_elem(&lb_nat, &t);
-	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) && now - cv->last_seen < ct_lifetime(p->proto)) {
+	if (cv && cv->id == svc->id && !lb_tcp_new(skb, p) && !older_than(cv->last_seen, now, ct_lifetime(p->proto))) {
 		cv->last_seen = now;
 		nv = *cv;
 	} else {
@@ -296,8 +301,10 @@ static __noinline int lb_nodeport(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(fe, p->daddr, 16);
 	if (lb_rewrite(skb, p, nv.backend.addr, nv.backend.port, 0))
 		return LB_ERROR;
-	if (!nv.nat_port)
+	if (!nv.nat_port) {
+		skb->mark = MARK_NODEPORT_MAGIC;
 		return LB_REDIRECT; /* to the local pod's veth */
+	}
 	r = lb_tcp_closing(skb, p);
 	if (r)
 		lb_nat_closing(p, &nv, fe, r);

@@ -71,7 +71,10 @@ static __always_inline struct lb_backend *sock_pick(struct lb_key *fk, __u64 ns,
 	now = bpf_ktime_get_ns();
 	if (svc->flags & LB_FLAG_AFFINITY) {
 		av = bpf_map_lookup_elem(&lb_affinity, &ak);
-		if (av && now - av->last_used < (__u64)svc->affinity * 1000000000ULL && av->slot <= svc->count) {
+		/* A last_used another CPU wrote after this one read now is
+		 * recent (endpoint.c's older_than). */
+		if (av && (now <= av->last_used || now - av->last_used < (__u64)svc->affinity * 1000000000ULL) &&
+		    av->slot <= svc->count) {
 			sk.slot = av->slot;
 			b = bpf_map_lookup_elem(&lb_backends, &sk);
 			if (b && b->port == av->backend.port && b->addr[0] == av->backend.addr[0] &&

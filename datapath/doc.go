@@ -167,6 +167,30 @@
 // with kube-proxy's rules at the median. The veth path against iptables
 // DNAT for pods: BENCHMARKS.md "Services (issue 19)".
 //
+// Replies are reverse-translated only for connections the datapath
+// translated. The frontend of a reply is found by the reply's tuple
+// (`lb_revnat`), which a later connection from the same client address
+// and port to the same backend shares without any translation (a pod
+// dialling the backend pod, a client outside routed to the pod's address,
+// kube-proxy's DNAT), so the conntrack entry decides, as Cilium's rev-NAT
+// index does: `ct_record` keeps in the entry's flags whether the
+// connection's packets were Service-translated (`CT_F_SVC`, the client
+// pod's entry) or arrived NodePort-translated (`CT_F_NODEPORT`, the local
+// backend's entry; `from_netdev` marks the request), following each
+// packet of the original direction, and only a reply whose entry says so
+// is translated. The flags take the high half of what was a 64-bit packet
+// counter (on little-endian machines), so the pinned `ct` map keeps its
+// size and its entries across an upgrade: an earlier build's entries
+// (flags 0) are reverse-translated by the tuple alone, as before, until
+// their client's next packet. The other way round, a pod's reply is
+// never taken for a new Service connection: a packet to a frontend that
+// conntrack knows as a reply of a connection the pod's peer opened
+// (`ct_peer_opened`) is left alone, since a peer may well use a
+// frontend's address and port as its own (the node's address and a
+// NodePort or hostPort: a host process bound there, or a masquerade
+// with random ports, as kube-proxy's `--random-fully` in
+// `TestKPRBench`).
+//
 // NodePort replies never go through the stack's forwarding. A reply whose
 // source becomes the node's own address (a local backend's reply,
 // translated in `nodeport_reply` after its from-container's policy, a
