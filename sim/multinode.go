@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -88,6 +89,13 @@ type MultiReport struct {
 	// IdentityAgreement says that "one label set, one identity on every
 	// node" was checked (violations are listed with the others).
 	IdentityAgreement string `json:"identity-agreement"`
+	// StateFS is the filesystem of the agents' state directories (tmpfs,
+	// as /run on a node, or a disk: every state change then waits for
+	// fdatasync).
+	StateFS string `json:"state-fs"`
+	// Cost is the CPU, heap and etcd CPU of the steady window (nil when
+	// the nodes never all held their endpoints).
+	Cost *MultiCost `json:"cost,omitempty"`
 }
 
 // MultiNodeReport is one node at the end.
@@ -143,12 +151,21 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &MultiReport{Nodes: cfg.Nodes, EndpointsPerNode: cfg.EndpointsPerNode, IdentityAgreement: "checked", EtcdMode: "embedded"}
+	heapBase := liveHeapAfterGC()
+	rep := &MultiReport{Nodes: cfg.Nodes, EndpointsPerNode: cfg.EndpointsPerNode, IdentityAgreement: "checked", EtcdMode: "embedded",
+		StateFS: fsType(cfg.Dir)}
 	if cfg.EtcdBin != "" {
 		rep.EtcdMode = "process " + cfg.EtcdBin + " (restarts: SIGKILL)"
 	}
 	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: conv}
 	live := r.churn(ctx)
+	if r.steady != nil {
+		local := 0
+		for _, l := range live {
+			local += len(l)
+		}
+		rep.Cost = newMultiCost(cfg.Nodes, r.steady[0], r.steady[1], heapBase, liveHeapAfterGC(), local, rep.EtcdRestarts > 0)
+	}
 	probeViolations := r.probe(ctx, live)
 	r.drain(ctx, live)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint()}, DialTimeout: 5 * time.Second})
@@ -214,6 +231,11 @@ type multiRun struct {
 	nodes []*simNode
 	etcd  simEtcd
 	conv  *convTracker
+	// changes counts the endpoint creates and deletes answered.
+	changes atomic.Int64
+	// steady is the process at the start and the end of the steady
+	// window (nil: the nodes never all held their endpoints).
+	steady *[2]costSample
 	// mu guards rep's counters while the drivers run.
 	mu  sync.Mutex
 	rep *MultiReport
@@ -280,6 +302,17 @@ func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 			r.account(i, d)
 		}()
 	}
+	// The steady window starts once every worker holds its endpoints.
+	steadyStart := make(chan *costSample, 1)
+	go func() {
+		select {
+		case <-r.conv.full:
+			s := takeCostSample(r.etcd.pid(), r.changes.Load())
+			steadyStart <- &s
+		case <-ctx.Done():
+			steadyStart <- nil
+		}
+	}()
 	rnd := rand.New(rand.NewPCG(cfg.Seed, 7))
 	faults := make([]int, 0, cfg.Crashes+cfg.EtcdRestarts) // 0: crash, 1: etcd
 	for range cfg.Crashes {
@@ -301,7 +334,11 @@ func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 		}
 	}
 	<-ctx.Done()
+	end := takeCostSample(r.etcd.pid(), r.changes.Load())
 	wg.Wait()
+	if s := <-steadyStart; s != nil {
+		r.steady = &[2]costSample{*s, end}
+	}
 	return live
 }
 
@@ -480,6 +517,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			r.conv.deleted(d.live[k].ip)
 			if err := c.EndpointDelete(rctx, fmt.Sprint(d.live[k].id)); err == nil {
 				d.deletes++
+				r.changes.Add(1)
 			} else if ctx.Err() == nil {
 				d.fail(err)
 			}
@@ -497,6 +535,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			}
 			d.live = append(d.live, liveEP{id: ep.ID, ip: ip, set: set})
 			d.creates++
+			r.changes.Add(1)
 		case ctx.Err() == nil: // else the churn ended mid-request
 			d.fail(err)
 			sleepCtx(ctx, 20*time.Millisecond) // a failing agent is not hammered
