@@ -15,8 +15,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,7 +51,7 @@ type config struct {
 	sweepNodes     []int
 	sweepEndpoints int
 	perNodeSet     bool // --endpoints was given
-	workersSet          bool // --workers was given
+	workersSet     bool // --workers was given
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
