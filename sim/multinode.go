@@ -50,8 +50,11 @@ type MultiConfig struct {
 	// 2 s): after the churn, the run waits for the GC to remove every
 	// identity the drain left without a reference.
 	GCInterval, GCGrace time.Duration
-	Identities          int // label sets endpoints draw from (default 16)
-	WorkersPerNode      int // concurrent drivers per node (default 4)
+	// ProbeWait bounds the convergence probe after the churn (default
+	// 30 s): a node not caught up with the churn by then is a violation.
+	ProbeWait      time.Duration
+	Identities     int // label sets endpoints draw from (default 16)
+	WorkersPerNode int // concurrent drivers per node (default 4)
 	// ChurnRate paces the replacements once a worker holds its endpoints:
 	// lifecycles (a delete and a create) per second over all nodes; 0: as
 	// fast as the agents answer.
@@ -93,8 +96,9 @@ type MultiReport struct {
 	// as /run on a node, or a disk: every state change then waits for
 	// fdatasync).
 	StateFS string `json:"state-fs"`
-	// Cost is the CPU, heap and etcd CPU of the steady window (nil when
-	// the nodes never all held their endpoints).
+	// Cost is the run's CPU, heap and etcd CPU, from the first endpoint
+	// created until every node caught up with the churn (nil: the run was
+	// cancelled).
 	Cost *MultiCost `json:"cost,omitempty"`
 }
 
@@ -158,30 +162,36 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 		rep.EtcdMode = "process " + cfg.EtcdBin + " (restarts: SIGKILL)"
 	}
 	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: conv}
+	start := takeCostSample(etcd.pid(), 0)
 	live := r.churn(ctx)
-	if r.steady != nil {
+	probeViolations := r.probe(ctx, live)
+	if ctx.Err() == nil {
+		// Every node holds every probe, or gave up waiting: either way the
+		// churn's changes before them are applied, or as many as will be.
+		end := takeCostSample(etcd.pid(), r.changes.Load())
 		local := 0
 		for _, l := range live {
 			local += len(l)
 		}
-		rep.Cost = newMultiCost(cfg.Nodes, r.steady[0], r.steady[1], heapBase, liveHeapAfterGC(), local, rep.EtcdRestarts > 0)
+		rep.Cost = newMultiCost(cfg.Nodes, start, end, heapBase, liveHeapAfterGC(), local, rep.EtcdRestarts > 0)
+		rep.Cost.CaughtUp = len(probeViolations) == 0
+		rep.Cost.CatchUpSeconds = end.at.Sub(r.churnEnd).Seconds()
 	}
-	probeViolations := r.probe(ctx, live)
 	r.drain(ctx, live)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint()}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
-	start := time.Now()
+	settleStart := time.Now()
 	for {
 		rep.Violations = checkNodes(ctx, cli, nodes, rep)
-		if len(rep.Violations) == 0 || time.Since(start) > 60*time.Second || ctx.Err() != nil {
+		if len(rep.Violations) == 0 || time.Since(settleStart) > 60*time.Second || ctx.Err() != nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	rep.Settle = time.Since(start)
+	rep.Settle = time.Since(settleStart)
 	rep.Violations = append(rep.Violations, probeViolations...)
 	var p99 []float64
 	rep.Convergence, p99 = r.conv.report()
@@ -213,6 +223,7 @@ func (cfg MultiConfig) withDefaults() (MultiConfig, error) {
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 2*time.Second)
 	cfg.GCInterval = cmp.Or(cfg.GCInterval, time.Second)
 	cfg.GCGrace = cmp.Or(cfg.GCGrace, 2*time.Second)
+	cfg.ProbeWait = cmp.Or(cfg.ProbeWait, 30*time.Second)
 	if cfg.Identities <= 0 {
 		cfg.Identities = 16
 	}
@@ -233,9 +244,8 @@ type multiRun struct {
 	conv  *convTracker
 	// changes counts the endpoint creates and deletes answered.
 	changes atomic.Int64
-	// steady is the process at the start and the end of the steady
-	// window (nil: the nodes never all held their endpoints).
-	steady *[2]costSample
+	// churnEnd is when the churn's drivers stopped.
+	churnEnd time.Time
 	// mu guards rep's counters while the drivers run.
 	mu  sync.Mutex
 	rep *MultiReport
@@ -302,17 +312,6 @@ func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 			r.account(i, d)
 		}()
 	}
-	// The steady window starts once every worker holds its endpoints.
-	steadyStart := make(chan *costSample, 1)
-	go func() {
-		select {
-		case <-r.conv.full:
-			s := takeCostSample(r.etcd.pid(), r.changes.Load())
-			steadyStart <- &s
-		case <-ctx.Done():
-			steadyStart <- nil
-		}
-	}()
 	rnd := rand.New(rand.NewPCG(cfg.Seed, 7))
 	faults := make([]int, 0, cfg.Crashes+cfg.EtcdRestarts) // 0: crash, 1: etcd
 	for range cfg.Crashes {
@@ -334,11 +333,8 @@ func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 		}
 	}
 	<-ctx.Done()
-	end := takeCostSample(r.etcd.pid(), r.changes.Load())
 	wg.Wait()
-	if s := <-steadyStart; s != nil {
-		r.steady = &[2]costSample{*s, end}
-	}
+	r.churnEnd = time.Now()
 	return live
 }
 

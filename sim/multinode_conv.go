@@ -36,8 +36,6 @@ type convTracker struct {
 	// endpoints are timed in the steady histograms as well.
 	toFull                         int
 	steadyToNode, steadyEverywhere histogram
-	// full is closed once every driver reached its endpoints.
-	full chan struct{}
 }
 
 // convEP is one created endpoint being waited for.
@@ -53,8 +51,7 @@ type convEP struct {
 // newConvTracker tracks nodes nodes whose workers drivers ramp up.
 func newConvTracker(nodes, workers int) *convTracker {
 	t := &convTracker{pending: make([]map[netip.Addr]*convEP, nodes), eps: map[netip.Addr]*convEP{},
-		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers, early: map[netip.Addr]map[int]identity.NumericIdentity{},
-		full: make(chan struct{})}
+		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers, early: map[netip.Addr]map[int]identity.NumericIdentity{}}
 	for i := range t.pending {
 		t.pending[i] = map[netip.Addr]*convEP{}
 	}
@@ -114,9 +111,7 @@ func (t *convTracker) created(origin int, ip netip.Addr, id identity.NumericIden
 func (t *convTracker) workerFull() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.toFull--; t.toFull == 0 {
-		close(t.full)
-	}
+	t.toFull--
 }
 
 // deleted gives up ip's pairs still waiting (its endpoint is being

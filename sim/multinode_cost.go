@@ -9,19 +9,27 @@ import (
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
-// MultiCost is what a multi-node run cost over its steady window: from
-// the moment every node held its endpoints (the ramp-up over) to the end
-// of the churn. All agents share the process, so the process's CPU is
-// every agent's; divided by the remote updates (each change reaches
-// every other node) it bounds the CPU per remote update from above (the
-// local work of each change is in it: its REST calls, identity,
-// publishing). Across node counts with the same cluster-wide churn the
-// local work stays and the remote updates grow with the nodes: the
-// sweep's fit (SweepReport) separates the two.
+// MultiCost is what a multi-node run cost, from its first endpoint
+// created until every node caught up with the churn (every node holds
+// every other node's convergence probe, created after the churn: the
+// changes before it are applied, in etcd's order). All agents share the
+// process, so the process's CPU is every agent's; divided by the remote
+// updates (each change reaches every other node) it bounds the CPU per
+// remote update from above (the local work of each change is in it: its
+// REST calls, identity, publishing). Across node counts with the same
+// cluster-wide churn the local work stays and the remote updates grow
+// with the nodes: the sweep's fit (ScaleReport) separates the two.
 type MultiCost struct {
 	Seconds float64 `json:"seconds"`
+	// CaughtUp says every node got every probe within the probe's wait
+	// (else the window ends there, with changes still to apply), and
+	// CatchUpSeconds how long after the churn's end that was: how far
+	// behind the nodes were.
+	CaughtUp       bool    `json:"caught-up"`
+	CatchUpSeconds float64 `json:"catch-up-seconds"`
 	// Changes are the endpoint creates and deletes the agents answered in
-	// the window; RemoteUpdates are Changes times the other nodes.
+	// the window (ramp-up, churn and probes); RemoteUpdates are Changes
+	// times the other nodes.
 	Changes       int64 `json:"changes"`
 	RemoteUpdates int64 `json:"remote-updates"`
 	// ProcessCPUSeconds is the process's CPU (getrusage) in the window:
@@ -43,7 +51,7 @@ type MultiCost struct {
 	EtcdCPUSeconds     float64 `json:"etcd-cpu-seconds"`
 	EtcdCPUPerChangeUS float64 `json:"etcd-cpu-us-per-change"`
 	// HeapBaseBytes is the live heap with every node started and no
-	// endpoint, HeapBytes at the end of the churn, when the nodes held
+	// endpoint, HeapBytes once caught up, when the nodes held
 	// LocalHeld endpoints and RemoteHeld remote entries (their live
 	// endpoints times the other nodes). HeapPerRemoteEndpoint is the
 	// growth over RemoteHeld: an upper bound (the local endpoints, one in

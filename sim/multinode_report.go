@@ -46,11 +46,15 @@ func (r *MultiReport) WriteText(w io.Writer) {
 // writeText writes the steady window's cost (nothing when unmeasured).
 func (c *MultiCost) writeText(w io.Writer, stateFS string) {
 	if c == nil {
-		fmt.Fprintln(w, "cost: not measured (the nodes never all held their endpoints)")
+		fmt.Fprintln(w, "cost: not measured (the run was cancelled)")
 		return
 	}
-	fmt.Fprintf(w, "cost over the steady window (%.1f s, state on %s): %d changes, %d remote updates; process CPU %.2f s: %.2f ms per change, %.1f µs per remote update (upper bound: local work included); GC %.0f%% of the runtime's CPU; goroutines waited for a CPU p50 %.0f µs, p99 %.0f µs\n",
-		c.Seconds, stateFS, c.Changes, c.RemoteUpdates, c.ProcessCPUSeconds, c.CPUPerChangeMS, c.CPUPerRemoteUpdateUS, 100*c.GCFraction, c.SchedLatencyP50US, c.SchedLatencyP99US)
+	caught := fmt.Sprintf("every node caught up %.1f s after the churn", c.CatchUpSeconds)
+	if !c.CaughtUp {
+		caught = fmt.Sprintf("NOT caught up %.1f s after the churn (changes still to apply)", c.CatchUpSeconds)
+	}
+	fmt.Fprintf(w, "cost from the first create until caught up (%.1f s, %s; state on %s): %d changes, %d remote updates; process CPU %.2f s: %.2f ms per change, %.1f µs per remote update (upper bound: local work included); GC %.0f%% of the runtime's CPU; goroutines waited for a CPU p50 %.0f µs, p99 %.0f µs\n",
+		c.Seconds, caught, stateFS, c.Changes, c.RemoteUpdates, c.ProcessCPUSeconds, c.CPUPerChangeMS, c.CPUPerRemoteUpdateUS, 100*c.GCFraction, c.SchedLatencyP50US, c.SchedLatencyP99US)
 	etcd := "etcd CPU not measured (embedded: in the process CPU; or restarted)"
 	if c.EtcdCPUSeconds >= 0 {
 		etcd = fmt.Sprintf("etcd CPU %.2f s (%.0f µs per change)", c.EtcdCPUSeconds, c.EtcdCPUPerChangeUS)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,7 +18,9 @@ import (
 // TotalEndpoints over the cluster (TotalEndpoints/N per node, at least
 // 1) and Base's churn (its ChurnRate is over the whole cluster, so every
 // run has the same cluster-wide churn and the remote updates grow with
-// the nodes).
+// the nodes). Each run waits up to Base.ProbeWait (default here: 5
+// minutes) for every node to catch up with the churn, so that its cost
+// covers every change it made.
 type ScaleConfig struct {
 	Nodes          []int
 	TotalEndpoints int
@@ -40,9 +43,12 @@ type ScaleRow struct {
 	AllP50MS    float64 `json:"all-p50-ms"`
 	AllP99MS    float64 `json:"all-p99-ms"`
 	AllMaxMS    float64 `json:"all-max-ms"`
-	// RemoteUpdatesPerSecond and ProcessCPUPerSecond are the steady
-	// window's rates (the sweep fits one over the other); EtcdCPUPerSecond
-	// is etcd's (-1: not measured).
+	// RemoteUpdatesPerSecond, ProcessCPUPerSecond and EtcdCPUPerSecond
+	// (-1: not measured) are rates over the cost's window (MultiCost: the
+	// first create until caught up); CatchUpSeconds is how long after the
+	// churn the nodes caught up (CaughtUp: they did in the probe's wait).
+	CaughtUp               bool       `json:"caught-up"`
+	CatchUpSeconds         float64    `json:"catch-up-seconds"`
 	RemoteUpdatesPerSecond float64    `json:"remote-updates-per-second"`
 	ProcessCPUPerSecond    float64    `json:"process-cpu-per-second"`
 	EtcdCPUPerSecond       float64    `json:"etcd-cpu-per-second"`
@@ -64,10 +70,11 @@ type ScaleReport struct {
 	LoadBefore     string     `json:"loadavg-before"`
 	LoadAfter      string     `json:"loadavg-after"`
 	Rows           []ScaleRow `json:"rows"`
-	// CPUPerRemoteUpdate fits the process's CPU rate (CPU seconds per
-	// second) over the remote update rate: its slope is the CPU seconds
-	// one more remote update costs (the marginal cost, the local work in
-	// the intercept); HeapPerRemoteEndpoint fits the heap growth (bytes)
+	// CPUPerRemoteUpdate fits the process's CPU (seconds) over the remote
+	// updates, each run's from its first create until caught up: its
+	// slope is the CPU seconds one more remote update costs (the marginal
+	// cost; the intercept holds the local work, the same in every run,
+	// and the idle agents' timers); HeapPerRemoteEndpoint fits the heap growth (bytes)
 	// over the remote entries held; EtcdCPUPerNode fits etcd's CPU rate
 	// over the node count (one more watcher, one more publisher);
 	// ConvergenceP99PerNode fits the steady p99 (ms) over the node count.
@@ -96,6 +103,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleReport, error) {
 		}
 		mc := cfg.Base
 		mc.Nodes, mc.EndpointsPerNode = n, max(1, cfg.TotalEndpoints/n)
+		mc.ProbeWait = cmp.Or(mc.ProbeWait, 5*time.Minute)
 		mc.Dir = filepath.Join(cfg.Base.Dir, fmt.Sprintf("nodes-%d", n))
 		if err := os.MkdirAll(mc.Dir, 0o755); err != nil {
 			return rep, fmt.Errorf("sweep: %w", err)
@@ -126,6 +134,9 @@ func scaleRow(r *MultiReport, took time.Duration) ScaleRow {
 		row.SteadyP50MS, row.SteadyP99MS, row.SteadyMaxMS = c.SteadyEverywhere.P50, c.SteadyEverywhere.P99, c.SteadyEverywhere.Max
 		row.AllP50MS, row.AllP99MS, row.AllMaxMS = c.Everywhere.P50, c.Everywhere.P99, c.Everywhere.Max
 	}
+	if c := r.Cost; c != nil {
+		row.CaughtUp, row.CatchUpSeconds = c.CaughtUp, c.CatchUpSeconds
+	}
 	if c := r.Cost; c != nil && c.Seconds > 0 {
 		row.RemoteUpdatesPerSecond = float64(c.RemoteUpdates) / c.Seconds
 		row.ProcessCPUPerSecond = c.ProcessCPUSeconds / c.Seconds
@@ -145,7 +156,7 @@ func (r *ScaleReport) fit() {
 		if c == nil {
 			continue
 		}
-		upd, cpu = append(upd, row.RemoteUpdatesPerSecond), append(cpu, row.ProcessCPUPerSecond)
+		upd, cpu = append(upd, float64(c.RemoteUpdates)), append(cpu, c.ProcessCPUSeconds)
 		held, heap = append(held, float64(c.RemoteHeld)), append(heap, float64(c.HeapBytes)-float64(c.HeapBaseBytes))
 		if row.EtcdCPUPerSecond >= 0 {
 			enodes, etcd = append(enodes, float64(row.Nodes)), append(etcd, row.EtcdCPUPerSecond)
@@ -165,12 +176,16 @@ func (row ScaleRow) line() string {
 	if row.EtcdCPUPerSecond >= 0 {
 		etcd = fmt.Sprintf("%.2f", row.EtcdCPUPerSecond)
 	}
-	return fmt.Sprintf("%5d %6d %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %7.0f %7.2f %7s %6s %6s %6s %5d %5d",
+	caught := fmt.Sprintf("%.0f", row.CatchUpSeconds)
+	if !row.CaughtUp {
+		caught = ">" + caught
+	}
+	return fmt.Sprintf("%5d %6d %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %7.0f %7.2f %7s %6s %6s %6s %5s %5d %5d",
 		row.Nodes, row.EndpointsPerNode, row.SteadyP50MS, row.SteadyP99MS, row.SteadyMaxMS, row.AllP50MS, row.AllP99MS, row.AllMaxMS,
-		row.RemoteUpdatesPerSecond, row.ProcessCPUPerSecond, cpu, heap, etcd, sched, row.Errors, row.Violations)
+		row.RemoteUpdatesPerSecond, row.ProcessCPUPerSecond, cpu, heap, etcd, sched, caught, row.Errors, row.Violations)
 }
 
-const scaleHeader = "nodes ep/nd  st-p50   st-p99   st-max  all-p50  all-p99  all-max  upd/s  cpu/s  µs/upd  B/rem etcd/s sch99ms  fail viol"
+const scaleHeader = "nodes ep/nd  st-p50   st-p99   st-max  all-p50  all-p99  all-max  upd/s  cpu/s  µs/upd  B/rem etcd/s sch99ms  behind fail viol"
 
 // WriteText writes the sweep's table and slopes.
 func (r *ScaleReport) WriteText(w io.Writer) {
@@ -178,12 +193,13 @@ func (r *ScaleReport) WriteText(w io.Writer) {
 		r.TotalEndpoints, r.ChurnRate, r.Duration, r.EtcdMode, r.StateFS, r.LoadBefore, r.LoadAfter)
 	fmt.Fprintln(w, "convergence (ms) = creation answered -> every other node's ipcache holds it; st = after the ramp-up, all = ramp-up included;")
 	fmt.Fprintln(w, "upd/s = remote updates per second, cpu/s = process CPU seconds per second (all agents), µs/upd = CPU per remote update (upper bound),")
-	fmt.Fprintln(w, "B/rem = heap per remote endpoint held (upper bound), etcd/s = etcd's CPU seconds per second, sch99ms = goroutines' wait for a CPU, p99")
+	fmt.Fprintln(w, "B/rem = heap per remote endpoint held (upper bound), etcd/s = etcd's CPU seconds per second, sch99ms = goroutines' wait for a CPU, p99,")
+	fmt.Fprintln(w, "behind = seconds after the churn until every node held every other node's probe (>: not within the wait); rates over the first create until then")
 	fmt.Fprintln(w, scaleHeader)
 	for _, row := range r.Rows {
 		fmt.Fprintln(w, row.line())
 	}
-	fmt.Fprintf(w, "fitted across the runs: CPU %.1f µs per remote update (±%.1f) + %.2f CPU-s/s of local work; heap %.0f B per remote endpoint (±%.0f); etcd %+.4f CPU-s/s per node (±%.4f); steady p99 %+.1f ms per node (±%.1f)\n",
+	fmt.Fprintf(w, "fitted across the runs: CPU %.1f µs per remote update (±%.1f) + %.1f CPU-s per run (local work, idle timers); heap %.0f B per remote endpoint (±%.0f); etcd %+.4f CPU-s/s per node (±%.4f); steady p99 %+.1f ms per node (±%.1f)\n",
 		r.CPUPerRemoteUpdate.Slope*1e6, r.CPUPerRemoteUpdate.Stderr*1e6, r.CPUPerRemoteUpdate.Intercept,
 		r.HeapPerRemoteEndpoint.Slope, r.HeapPerRemoteEndpoint.Stderr, r.EtcdCPUPerNode.Slope, r.EtcdCPUPerNode.Stderr,
 		r.ConvergenceP99PerNode.Slope, r.ConvergenceP99PerNode.Stderr)
@@ -220,7 +236,7 @@ table{border-collapse:collapse;margin:1em 0}td,th{padding:2px 8px;text-align:rig
 	r.WriteText(&txt)
 	b.WriteString(esc(txt.String()))
 	b.WriteString("</pre><table><tr><th>nodes</th><th>endpoints per node</th><th>steady p50 / p99 / max (ms)</th><th>ramp-up included p50 / p99 / max (ms)</th>" +
-		"<th>remote updates/s</th><th>CPU-s/s</th><th>CPU per remote update (µs)</th><th>heap per remote endpoint (B)</th><th>etcd CPU-s/s</th><th>sched wait p99 (ms)</th><th>violations</th></tr>")
+		"<th>remote updates/s</th><th>CPU-s/s</th><th>CPU per remote update (µs)</th><th>heap per remote endpoint (B)</th><th>etcd CPU-s/s</th><th>sched wait p99 (ms)</th><th>caught up after the churn (s)</th><th>violations</th></tr>")
 	for _, row := range r.Rows {
 		cpu, heap, sched := "-", "-", "-"
 		if c := row.Cost; c != nil {
@@ -234,9 +250,13 @@ table{border-collapse:collapse;margin:1em 0}td,th{padding:2px 8px;text-align:rig
 		if row.Violations > 0 {
 			cls = "bad"
 		}
-		fmt.Fprintf(&b, "<tr><td>%d</td><td>%d</td><td>%.0f / %.0f / %.0f</td><td>%.0f / %.0f / %.0f</td><td>%.0f</td><td>%.2f</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class=%q>%d</td></tr>",
+		caught := fmt.Sprintf("%.1f", row.CatchUpSeconds)
+		if !row.CaughtUp {
+			caught = "not in " + caught
+		}
+		fmt.Fprintf(&b, "<tr><td>%d</td><td>%d</td><td>%.0f / %.0f / %.0f</td><td>%.0f / %.0f / %.0f</td><td>%.0f</td><td>%.2f</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class=%q>%d</td></tr>",
 			row.Nodes, row.EndpointsPerNode, row.SteadyP50MS, row.SteadyP99MS, row.SteadyMaxMS, row.AllP50MS, row.AllP99MS, row.AllMaxMS,
-			row.RemoteUpdatesPerSecond, row.ProcessCPUPerSecond, cpu, heap, etcd, sched, cls, row.Violations)
+			row.RemoteUpdatesPerSecond, row.ProcessCPUPerSecond, cpu, heap, etcd, sched, caught, cls, row.Violations)
 	}
 	b.WriteString("</table>")
 	for i, run := range r.Runs {
