@@ -78,6 +78,9 @@ type ScaleReport struct {
 	// over the remote entries held; EtcdCPUPerNode fits etcd's CPU rate
 	// over the node count (one more watcher, one more publisher);
 	// ConvergenceP99PerNode fits the steady p99 (ms) over the node count.
+	// The cost fits leave out the runs whose nodes did not catch up with
+	// the churn within the probe's wait (their CPU is not all spent yet,
+	// their heap holds the backlog).
 	CPUPerRemoteUpdate    Fit `json:"fit-cpu-seconds-per-remote-update"`
 	HeapPerRemoteEndpoint Fit `json:"fit-heap-bytes-per-remote-endpoint"`
 	EtcdCPUPerNode        Fit `json:"fit-etcd-cpu-per-second-per-node"`
@@ -147,14 +150,15 @@ func scaleRow(r *MultiReport, took time.Duration) ScaleRow {
 	return row
 }
 
-// fit fits the slopes over the rows that measured their cost.
+// fit fits the slopes: the costs over the runs that caught up with
+// their churn, the p99 over every run.
 func (r *ScaleReport) fit() {
 	var upd, cpu, held, heap, nodes, etcd, enodes, p99 []float64
 	for _, row := range r.Rows {
 		nodes, p99 = append(nodes, float64(row.Nodes)), append(p99, row.SteadyP99MS)
 		c := row.Cost
-		if c == nil {
-			continue
+		if c == nil || !row.CaughtUp {
+			continue // changes still to apply: CPU not yet spent, a backlog in the heap
 		}
 		upd, cpu = append(upd, float64(c.RemoteUpdates)), append(cpu, c.ProcessCPUSeconds)
 		held, heap = append(held, float64(c.RemoteHeld)), append(heap, float64(c.HeapBytes)-float64(c.HeapBaseBytes))

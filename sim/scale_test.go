@@ -42,6 +42,11 @@ func TestScaleReport(t *testing.T) {
 		rep.Rows = append(rep.Rows, scaleRow(r, time.Minute))
 		rep.Runs = append(rep.Runs, r)
 	}
+	// The 100-node run did not catch up: its cost, off the lines, is left
+	// out of the cost fits.
+	rep.Rows[3].Cost.ProcessCPUSeconds *= 3
+	rep.Rows[3].Cost.HeapBytes *= 3
+	rep.Rows[3].EtcdCPUPerSecond *= 3
 	rep.fit()
 	near := func(what string, got, want float64) {
 		t.Helper()
@@ -56,7 +61,7 @@ func TestScaleReport(t *testing.T) {
 	near("steady p99 per node", rep.ConvergenceP99PerNode.Slope, 10)
 	row := rep.Rows[3]
 	near("100 nodes: remote updates/s", row.RemoteUpdatesPerSecond, 200*99)
-	near("100 nodes: etcd CPU/s", row.EtcdCPUPerSecond, 0.3)
+	near("100 nodes: etcd CPU/s", row.EtcdCPUPerSecond, 0.9)
 	if row.SteadyP99MS != 1000 || row.AllP99MS != 2000 || row.EndpointsPerNode != 20 {
 		t.Errorf("100 nodes: %+v", row)
 	}
@@ -65,7 +70,7 @@ func TestScaleReport(t *testing.T) {
 	}
 	var txt strings.Builder
 	rep.WriteText(&txt)
-	for _, s := range []string{scaleHeader, "CPU 20.0 µs per remote update", "heap 1000 B per remote endpoint", "  100     20      300     1000     1200      400     2000     3000   19800    0.90      45   1000   0.30    2.0   >10     0     0",
+	for _, s := range []string{scaleHeader, "CPU 20.0 µs per remote update", "heap 1000 B per remote endpoint", "  100     20      300     1000     1200      400     2000     3000   19800    0.90      45   1000   0.90    2.0   >10     0     0",
 		"   50     40      150      500      600      200     1000     1500    9800    0.70      71   1000   0.20    2.0     5     0     0"} {
 		if !strings.Contains(txt.String(), s) {
 			t.Errorf("text report without %q:\n%s", s, txt.String())
@@ -101,7 +106,7 @@ func TestScaleReport(t *testing.T) {
 	rep.Rows = append(rep.Rows, scaleRow(r, time.Minute))
 	rep.fit()
 	near("CPU per remote update without the unmeasured run", rep.CPUPerRemoteUpdate.Slope, 20e-6)
-	if rep.Rows[4].EtcdCPUPerSecond != -1 || rep.CPUPerRemoteUpdate.Points != 4 {
+	if rep.Rows[4].EtcdCPUPerSecond != -1 || rep.CPUPerRemoteUpdate.Points != 3 || rep.ConvergenceP99PerNode.Points != 5 {
 		t.Errorf("unmeasured run: %+v, fit %+v", rep.Rows[4], rep.CPUPerRemoteUpdate)
 	}
 }
