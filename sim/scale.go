@@ -158,7 +158,7 @@ func (r *ScaleReport) fit() {
 		nodes, p99 = append(nodes, float64(row.Nodes)), append(p99, row.SteadyP99MS)
 		c := row.Cost
 		if c == nil || !row.CaughtUp {
-			continue // changes still to apply: CPU not yet spent, a backlog in the heap
+			continue // changes still to apply: the CPU not yet spent, a backlog in the heap
 		}
 		upd, cpu = append(upd, float64(c.RemoteUpdates)), append(cpu, c.ProcessCPUSeconds)
 		held, heap = append(held, float64(c.RemoteHeld)), append(heap, float64(c.HeapBytes)-float64(c.HeapBaseBytes))
