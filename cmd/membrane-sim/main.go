@@ -46,6 +46,7 @@ type config struct {
 	// nodes > 0 is the multi-node run (kvstore mode, shared etcd).
 	nodes, etcdRestarts int
 	etcdBin             string
+	leaseTTL            time.Duration // the nodes' kvstore lease (0: the simulator's 2 s)
 	// sweepNodes is the node-count sweep (--sweep-nodes) over
 	// sweepEndpoints endpoints in the cluster.
 	sweepNodes     []int
@@ -106,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func multiConfig(cfg config, opts sim.Options) (mc sim.MultiConfig, cleanup func(), err error) {
 	mc = sim.MultiConfig{Nodes: cfg.nodes, EndpointsPerNode: cfg.sc.Endpoints, Duration: cfg.sc.Duration.D(),
 		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, EtcdBin: cfg.etcdBin, Identities: cfg.sc.Identities, ChurnRate: cfg.sc.ChurnRate,
-		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir}
+		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir, LeaseTTL: cfg.leaseTTL}
 	if !cfg.perNodeSet {
 		mc.EndpointsPerNode = 100
 	}
@@ -266,6 +267,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --workers too (default 4), --churn-rate paces the replacements once the nodes are full (over all nodes), --crashes crashes agents")
 	fs.IntVar(&cfg.etcdRestarts, "etcd-restarts", 0, "multi-node run: etcd stops and restarts on its data directory during the churn")
 	fs.StringVar(&cfg.etcdBin, "etcd-bin", "", "multi-node run: run etcd as a child process from this binary (etcd-embed from scripts/kube-bin.sh, or etcd); --etcd-restarts then SIGKILL it (default: embedded, stopped gracefully)")
+	fs.DurationVar(&cfg.leaseTTL, "lease-ttl", 0, "multi-node run: the nodes' kvstore lease TTL (default 2s; an agent's default is 15s): a node that cannot renew it within the TTL loses its keys on the other nodes until it writes them again")
 	var sweep string
 	fs.StringVar(&sweep, "sweep-nodes", "", `node-count sweep: one multi-node run per count, e.g. "10 30 50 100", with --sweep-endpoints over the cluster and --churn-rate over the cluster; one table (convergence, CPU per remote update, heap per remote endpoint, etcd CPU) and the slopes fitted across the runs`)
 	fs.IntVar(&cfg.sweepEndpoints, "sweep-endpoints", 2000, "node-count sweep: live endpoints over the whole cluster (per node: this divided by the node count)")
@@ -286,8 +288,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if len(cfg.sweepNodes) > 0 && (cfg.nodes > 0 || cfg.perNodeSet || cfg.sweepEndpoints < 1) {
 		return cfg, errors.New("--sweep-nodes: the counts replace --nodes, and --sweep-endpoints (at least 1) --endpoints")
 	}
-	if cfg.nodes == 0 && len(cfg.sweepNodes) == 0 && (cfg.etcdRestarts != 0 || cfg.etcdBin != "") {
-		return cfg, errors.New("--etcd-restarts and --etcd-bin need --nodes")
+	if cfg.nodes == 0 && len(cfg.sweepNodes) == 0 && (cfg.etcdRestarts != 0 || cfg.etcdBin != "" || cfg.leaseTTL != 0) {
+		return cfg, errors.New("--etcd-restarts, --etcd-bin and --lease-ttl need --nodes or --sweep-nodes")
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
