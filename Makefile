@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down conformance conformance-smoke fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim soak
+.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down conformance conformance-smoke fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim sim-scale soak
 
 all: build
 
@@ -284,6 +284,25 @@ sim:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -o $(BIN)/ ./cmd/membrane-sim
 	$(BIN)/membrane-sim --scenario $(SCENARIO) --report sim-report.json --html sim-report.html $(SIMFLAGS)
+
+# Node-count sweep (issue 40): one membrane-sim --nodes run per count in
+# SCALE_NODES, SCALE_ENDPOINTS live endpoints over the cluster (per node:
+# divided by the count), churn SCALE_CHURN lifecycles/s over the cluster
+# for SCALE_DURATION, etcd as its own process (etcd-embed from
+# scripts/kube-bin.sh), state on tmpfs. Writes one table (convergence
+# after and including the ramp-up, CPU per remote update, heap per remote
+# endpoint, etcd CPU) and the slopes fitted across the runs to
+# $(BIN)/sim-scale.{json,html}; exits 1 on a violation.
+SCALE_NODES     ?= 10 30 50 100
+SCALE_ENDPOINTS ?= 2000
+SCALE_CHURN     ?= 100
+SCALE_DURATION  ?= 30s
+sim-scale:
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -o $(BIN)/ ./cmd/membrane-sim
+	$(BIN)/membrane-sim --sweep-nodes "$(SCALE_NODES)" --sweep-endpoints $(SCALE_ENDPOINTS) --churn-rate $(SCALE_CHURN) \
+		--duration $(SCALE_DURATION) --etcd-bin "$$(scripts/kube-bin.sh)/etcd-embed" \
+		--report $(BIN)/sim-scale.json --html $(BIN)/sim-scale.html $(SIMFLAGS)
 
 # Soak (issue 38): membrane-sim's churn for SOAK on the fake datapath
 # (2,000 live endpoints, agent crashes), then for SOAK_LINUX on the Linux

@@ -23,7 +23,7 @@ import (
 
 // newTestLinux starts a Linux datapath in a fresh netns standing in for
 // the host; it is closed by tb.Cleanup.
-func newTestLinux(t *testing.T, cfg LinuxConfig) (*Linux, *testutil.NS, *netlink.Handle) {
+func newTestLinux(t testing.TB, cfg LinuxConfig) (*Linux, *testutil.NS, *netlink.Handle) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	host := testutil.NewNS(t, "mbt-dp")

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -49,8 +50,11 @@ type MultiConfig struct {
 	// 2 s): after the churn, the run waits for the GC to remove every
 	// identity the drain left without a reference.
 	GCInterval, GCGrace time.Duration
-	Identities          int // label sets endpoints draw from (default 16)
-	WorkersPerNode      int // concurrent drivers per node (default 4)
+	// ProbeWait bounds the convergence probe after the churn (default
+	// 30 s): a node not caught up with the churn by then is a violation.
+	ProbeWait      time.Duration
+	Identities     int // label sets endpoints draw from (default 16)
+	WorkersPerNode int // concurrent drivers per node (default 4)
 	// ChurnRate paces the replacements once a worker holds its endpoints:
 	// lifecycles (a delete and a create) per second over all nodes; 0: as
 	// fast as the agents answer.
@@ -88,6 +92,14 @@ type MultiReport struct {
 	// IdentityAgreement says that "one label set, one identity on every
 	// node" was checked (violations are listed with the others).
 	IdentityAgreement string `json:"identity-agreement"`
+	// StateFS is the filesystem of the agents' state directories (tmpfs,
+	// as /run on a node, or a disk: every state change then waits for
+	// fdatasync).
+	StateFS string `json:"state-fs"`
+	// Cost is the run's CPU, heap and etcd CPU, from the first endpoint
+	// created until every node caught up with the churn (nil: the run was
+	// cancelled).
+	Cost *MultiCost `json:"cost,omitempty"`
 }
 
 // MultiNodeReport is one node at the end.
@@ -143,28 +155,43 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &MultiReport{Nodes: cfg.Nodes, EndpointsPerNode: cfg.EndpointsPerNode, IdentityAgreement: "checked", EtcdMode: "embedded"}
+	heapBase := liveHeapAfterGC()
+	rep := &MultiReport{Nodes: cfg.Nodes, EndpointsPerNode: cfg.EndpointsPerNode, IdentityAgreement: "checked", EtcdMode: "embedded",
+		StateFS: fsType(cfg.Dir)}
 	if cfg.EtcdBin != "" {
 		rep.EtcdMode = "process " + cfg.EtcdBin + " (restarts: SIGKILL)"
 	}
 	r := &multiRun{cfg: cfg, nodes: nodes, etcd: etcd, rep: rep, conv: conv}
+	start := takeCostSample(etcd.pid(), 0)
 	live := r.churn(ctx)
 	probeViolations := r.probe(ctx, live)
+	if ctx.Err() == nil {
+		// Every node holds every probe, or gave up waiting: either way the
+		// churn's changes before them are applied, or as many as will be.
+		end := takeCostSample(etcd.pid(), r.changes.Load())
+		local := 0
+		for _, l := range live {
+			local += len(l)
+		}
+		rep.Cost = newMultiCost(cfg.Nodes, start, end, heapBase, liveHeapAfterGC(), local, rep.EtcdRestarts > 0)
+		rep.Cost.CaughtUp = len(probeViolations) == 0
+		rep.Cost.CatchUpSeconds = end.at.Sub(r.churnEnd).Seconds()
+	}
 	r.drain(ctx, live)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint()}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
-	start := time.Now()
+	settleStart := time.Now()
 	for {
 		rep.Violations = checkNodes(ctx, cli, nodes, rep)
-		if len(rep.Violations) == 0 || time.Since(start) > 60*time.Second || ctx.Err() != nil {
+		if len(rep.Violations) == 0 || time.Since(settleStart) > 60*time.Second || ctx.Err() != nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	rep.Settle = time.Since(start)
+	rep.Settle = time.Since(settleStart)
 	rep.Violations = append(rep.Violations, probeViolations...)
 	var p99 []float64
 	rep.Convergence, p99 = r.conv.report()
@@ -196,6 +223,7 @@ func (cfg MultiConfig) withDefaults() (MultiConfig, error) {
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 2*time.Second)
 	cfg.GCInterval = cmp.Or(cfg.GCInterval, time.Second)
 	cfg.GCGrace = cmp.Or(cfg.GCGrace, 2*time.Second)
+	cfg.ProbeWait = cmp.Or(cfg.ProbeWait, 30*time.Second)
 	if cfg.Identities <= 0 {
 		cfg.Identities = 16
 	}
@@ -214,6 +242,10 @@ type multiRun struct {
 	nodes []*simNode
 	etcd  simEtcd
 	conv  *convTracker
+	// changes counts the endpoint creates and deletes answered.
+	changes atomic.Int64
+	// churnEnd is when the churn's drivers stopped.
+	churnEnd time.Time
 	// mu guards rep's counters while the drivers run.
 	mu  sync.Mutex
 	rep *MultiReport
@@ -302,6 +334,7 @@ func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 	}
 	<-ctx.Done()
 	wg.Wait()
+	r.churnEnd = time.Now()
 	return live
 }
 
@@ -480,6 +513,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			r.conv.deleted(d.live[k].ip)
 			if err := c.EndpointDelete(rctx, fmt.Sprint(d.live[k].id)); err == nil {
 				d.deletes++
+				r.changes.Add(1)
 			} else if ctx.Err() == nil {
 				d.fail(err)
 			}
@@ -497,6 +531,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			}
 			d.live = append(d.live, liveEP{id: ep.ID, ip: ip, set: set})
 			d.creates++
+			r.changes.Add(1)
 		case ctx.Err() == nil: // else the churn ended mid-request
 			d.fail(err)
 			sleepCtx(ctx, 20*time.Millisecond) // a failing agent is not hammered

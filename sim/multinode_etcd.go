@@ -28,6 +28,8 @@ type simEtcd interface {
 	// SIGKILL for a process), waits down and starts it again.
 	restart(down time.Duration) error
 	stop()
+	// pid is etcd's process id (0: embedded in this process).
+	pid() int
 }
 
 // startSimEtcd starts the embedded etcd (bin empty) or the etcd binary
@@ -67,6 +69,7 @@ type embeddedEtcd struct{ *etcdtest.Member }
 func (s embeddedEtcd) endpoint() string                 { return s.Endpoint }
 func (s embeddedEtcd) stop()                            { s.Stop() }
 func (s embeddedEtcd) restart(down time.Duration) error { return s.Restart(down) }
+func (s embeddedEtcd) pid() int                         { return 0 }
 
 // procEtcd runs an etcd binary as a child process: etcd-embed (built by
 // scripts/kube-bin.sh; Go-style flags) or etcd itself (Debian's etcd-server
@@ -88,6 +91,15 @@ type etcdProc struct {
 }
 
 func (s *procEtcd) endpoint() string { return s.client.String() }
+
+func (s *procEtcd) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.p == nil {
+		return 0
+	}
+	return s.p.cmd.Process.Pid
+}
 
 // args are the binary's flags: etcd-embed's own, else etcd's.
 func (s *procEtcd) args() []string {

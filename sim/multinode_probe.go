@@ -11,22 +11,22 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
 
-// probeWait bounds the probe: its creation (retried while an agent that
-// just restarted refuses it) and its arrival at every other node.
-const probeWait = 30 * time.Second
-
 // probe creates one endpoint on every node once the churn and its faults
 // are over (every agent running, etcd up) and waits until each is in
 // every other node's ipcache with its identity, so that a run always
 // times convergence at every other node. The churn's own endpoints are
 // timed there only if no delete, crash or etcd restart overlapped their
 // way, and under load a short churn can have none (issue 38). A probe not
-// created, or not arrived everywhere, within probeWait is a violation.
+// created, or not arrived everywhere, within MultiConfig.ProbeWait is a
+// violation.
 // Probes get label set 0 and stay (the drain keeps the even sets).
 func (r *multiRun) probe(ctx context.Context, live [][]liveEP) []string {
 	if ctx.Err() != nil { // the run was cancelled: nothing to measure
 		return nil
 	}
+	// The wait bounds the probe's creation (retried while an agent that
+	// just restarted refuses it) and its arrival at every other node.
+	probeWait := r.cfg.ProbeWait
 	ctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	ips := make([]netip.Addr, len(r.nodes))
@@ -60,6 +60,7 @@ func (r *multiRun) probe(ctx context.Context, live [][]liveEP) []string {
 					ip, _ := netip.ParseAddr(ep.Addressing.IPv4)
 					r.conv.created(i, ip, identity.NumericIdentity(ep.Identity.ID), time.Now())
 					d.creates++
+					r.changes.Add(1)
 					live[i] = append(live[i], liveEP{id: ep.ID, ip: ip, set: 0})
 					mu.Lock()
 					ips[i] = ip

@@ -31,6 +31,7 @@ func (r *MultiReport) WriteText(w io.Writer) {
 			c.SteadyEverywhere.Count, c.SteadyEverywhere.P50, c.SteadyEverywhere.P99, c.SteadyEverywhere.Max)
 		fmt.Fprintf(w, "  not timed: %d pairs (deleted or a node crashed first), %d still pending at the end\n", c.Abandoned, c.Pending)
 	}
+	r.Cost.writeText(w, r.StateFS)
 	for _, n := range r.PerNode {
 		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d requests (%d creates, %d deletes, %d failed)\n",
 			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
@@ -40,6 +41,26 @@ func (r *MultiReport) WriteText(w io.Writer) {
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION %s\n", v)
 	}
+}
+
+// writeText writes the steady window's cost (nothing when unmeasured).
+func (c *MultiCost) writeText(w io.Writer, stateFS string) {
+	if c == nil {
+		fmt.Fprintln(w, "cost: not measured (the run was cancelled)")
+		return
+	}
+	caught := fmt.Sprintf("every node caught up %.1f s after the churn", c.CatchUpSeconds)
+	if !c.CaughtUp {
+		caught = fmt.Sprintf("NOT caught up %.1f s after the churn (changes still to apply)", c.CatchUpSeconds)
+	}
+	fmt.Fprintf(w, "cost from the first create until caught up (%.1f s, %s; state on %s): %d changes, %d remote updates; process CPU %.2f s: %.2f ms per change, %.1f µs per remote update (upper bound: local work included); GC %.0f%% of the runtime's CPU; goroutines waited for a CPU p50 %.0f µs, p99 %.0f µs\n",
+		c.Seconds, caught, stateFS, c.Changes, c.RemoteUpdates, c.ProcessCPUSeconds, c.CPUPerChangeMS, c.CPUPerRemoteUpdateUS, 100*c.GCFraction, c.SchedLatencyP50US, c.SchedLatencyP99US)
+	etcd := "etcd CPU not measured (embedded: in the process CPU; or restarted)"
+	if c.EtcdCPUSeconds >= 0 {
+		etcd = fmt.Sprintf("etcd CPU %.2f s (%.0f µs per change)", c.EtcdCPUSeconds, c.EtcdCPUPerChangeUS)
+	}
+	fmt.Fprintf(w, "  %s; heap %.1f MiB with no endpoint, %.1f MiB holding %d local and %d remote: %.0f B per remote endpoint (upper bound: local endpoints included)\n",
+		etcd, float64(c.HeapBaseBytes)/(1<<20), float64(c.HeapBytes)/(1<<20), c.LocalHeld, c.RemoteHeld, c.HeapPerRemoteEndpoint)
 }
 
 // WriteJSONFile writes the multi-node report as JSON.

@@ -172,35 +172,60 @@ func resourceSlopes(tl []Sample) *ResourceSlopes {
 // fitLine is the least-squares slope of v over the readings, per
 // minute, and its standard error (0 with a perfect fit).
 func fitLine(pts []Sample, v func(*Resources) float64) (slope, stderr float64) {
-	n := float64(len(pts))
+	xs, ys := make([]float64, len(pts)), make([]float64, len(pts))
+	for i, p := range pts {
+		xs[i], ys[i] = p.T/60, v(p.Resources)
+	}
+	f := fitXY(xs, ys)
+	return f.Slope, f.Stderr
+}
+
+// Fit is a least-squares line y = Intercept + Slope*x over Points
+// readings; Stderr is the slope's standard error (0 with a perfect fit
+// or fewer than three points).
+type Fit struct {
+	Slope     float64 `json:"slope"`
+	Intercept float64 `json:"intercept"`
+	Stderr    float64 `json:"stderr"`
+	Points    int     `json:"points"`
+}
+
+// fitXY fits a line to the points (xs[i], ys[i]); all zero with fewer
+// than two points or when every x is the same.
+func fitXY(xs, ys []float64) Fit {
+	n := float64(len(xs))
+	if len(xs) < 2 || len(ys) != len(xs) {
+		return Fit{Points: len(xs)}
+	}
 	var sx, sy float64
-	for _, p := range pts {
-		sx += p.T / 60
-		sy += v(p.Resources)
+	for i := range xs {
+		sx += xs[i]
+		sy += ys[i]
 	}
 	mx, my := sx/n, sy/n
 	var sxx, sxy float64
-	for _, p := range pts {
-		dx := p.T/60 - mx
+	for i := range xs {
+		dx := xs[i] - mx
 		sxx += dx * dx
-		sxy += dx * (v(p.Resources) - my)
+		sxy += dx * (ys[i] - my)
 	}
 	if sxx == 0 {
-		return 0, 0
+		return Fit{Points: len(xs)}
 	}
-	slope = sxy / sxx
+	f := Fit{Slope: sxy / sxx, Points: len(xs)}
+	f.Intercept = my - f.Slope*mx
 	var ss float64
-	for _, p := range pts {
-		r := v(p.Resources) - (my + slope*(p.T/60-mx))
+	for i := range xs {
+		r := ys[i] - (f.Intercept + f.Slope*xs[i])
 		ss += r * r
 	}
 	if n > 2 {
-		stderr = math.Sqrt(ss / (n - 2) / sxx)
+		f.Stderr = math.Sqrt(ss / (n - 2) / sxx)
 	}
-	if math.IsNaN(slope) {
-		return 0, 0
+	if math.IsNaN(f.Slope) || math.IsNaN(f.Stderr) {
+		return Fit{Points: len(xs)}
 	}
-	return slope, stderr
+	return f
 }
 
 // growing names the resources whose fitted growth over the fitted span

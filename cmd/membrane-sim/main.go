@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,8 +46,13 @@ type config struct {
 	// nodes > 0 is the multi-node run (kvstore mode, shared etcd).
 	nodes, etcdRestarts int
 	etcdBin             string
-	perNodeSet          bool // --endpoints was given
-	workersSet          bool // --workers was given
+	leaseTTL            time.Duration // the nodes' kvstore lease (0: the simulator's 2 s)
+	// sweepNodes is the node-count sweep (--sweep-nodes) over
+	// sweepEndpoints endpoints in the cluster.
+	sweepNodes     []int
+	sweepEndpoints int
+	perNodeSet     bool // --endpoints was given
+	workersSet     bool // --workers was given
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -74,6 +80,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stopProf()
 	}
+	if len(cfg.sweepNodes) > 0 {
+		return runScale(ctx, cfg, opts, stdout, stderr)
+	}
 	if cfg.nodes > 0 {
 		return runMulti(ctx, cfg, opts, stdout, stderr)
 	}
@@ -93,11 +102,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return writeReport(rep, cfg, stdout, stderr)
 }
 
-// runMulti runs membrane-sim --nodes N and prints its report.
-func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr io.Writer) int {
-	mc := sim.MultiConfig{Nodes: cfg.nodes, EndpointsPerNode: cfg.sc.Endpoints, Duration: cfg.sc.Duration.D(),
+// multiConfig is the multi-node configuration the flags give; cleanup
+// removes the temporary directory made when --dir was not given.
+func multiConfig(cfg config, opts sim.Options) (mc sim.MultiConfig, cleanup func(), err error) {
+	mc = sim.MultiConfig{Nodes: cfg.nodes, EndpointsPerNode: cfg.sc.Endpoints, Duration: cfg.sc.Duration.D(),
 		Crashes: cfg.sc.Crashes, EtcdRestarts: cfg.etcdRestarts, EtcdBin: cfg.etcdBin, Identities: cfg.sc.Identities, ChurnRate: cfg.sc.ChurnRate,
-		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir}
+		Seed: uint64(cfg.sc.Seed), Dir: cfg.dir, LeaseTTL: cfg.leaseTTL}
 	if !cfg.perNodeSet {
 		mc.EndpointsPerNode = 100
 	}
@@ -107,15 +117,50 @@ func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr 
 	if opts.AgentLog != nil {
 		mc.Log = slog.New(opts.AgentLog)
 	}
+	cleanup = func() {}
 	if mc.Dir == "" {
-		dir, err := os.MkdirTemp("", "membrane-sim-nodes-")
+		// On a tmpfs like a node's /run (the agents' default state
+		// directory), as the single-node run.
+		dir, err := os.MkdirTemp(sim.RunDirBase(), "membrane-sim-nodes-")
 		if err != nil {
-			fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
-			return 1
+			return mc, cleanup, err
 		}
-		defer os.RemoveAll(dir)
+		cleanup = func() { _ = os.RemoveAll(dir) }
 		mc.Dir = dir
 	}
+	return mc, cleanup, nil
+}
+
+// runScale runs membrane-sim --sweep-nodes and prints its report.
+func runScale(ctx context.Context, cfg config, opts sim.Options, stdout, stderr io.Writer) int {
+	mc, cleanup, err := multiConfig(cfg, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		return 1
+	}
+	defer cleanup()
+	fmt.Fprintln(stderr, "one run per node count, as each ends:")
+	rep, err := sim.RunScale(ctx, sim.ScaleConfig{Nodes: cfg.sweepNodes, TotalEndpoints: cfg.sweepEndpoints, Base: mc, Progress: stderr})
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		if rep == nil || len(rep.Rows) == 0 {
+			return 1
+		}
+	}
+	if code := writeReport(rep, cfg, stdout, stderr); err == nil { // the rows so far are written either way
+		return code
+	}
+	return 1
+}
+
+// runMulti runs membrane-sim --nodes N and prints its report.
+func runMulti(ctx context.Context, cfg config, opts sim.Options, stdout, stderr io.Writer) int {
+	mc, cleanup, err := multiConfig(cfg, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
+		return 1
+	}
+	defer cleanup()
 	rep, err := sim.RunMultiNode(ctx, mc)
 	if err != nil {
 		fmt.Fprintf(stderr, "membrane-sim: %v\n", err)
@@ -222,15 +267,29 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.nodes, "nodes", 0, "multi-node run: this many in-process agents (fake datapath, kvstore mode) sharing one embedded etcd; --endpoints is then per node (default 100), --workers too (default 4), --churn-rate paces the replacements once the nodes are full (over all nodes), --crashes crashes agents")
 	fs.IntVar(&cfg.etcdRestarts, "etcd-restarts", 0, "multi-node run: etcd stops and restarts on its data directory during the churn")
 	fs.StringVar(&cfg.etcdBin, "etcd-bin", "", "multi-node run: run etcd as a child process from this binary (etcd-embed from scripts/kube-bin.sh, or etcd); --etcd-restarts then SIGKILL it (default: embedded, stopped gracefully)")
+	fs.DurationVar(&cfg.leaseTTL, "lease-ttl", 0, "multi-node run: the nodes' kvstore lease TTL (default 2s; an agent's default is 15s): a node that cannot renew it within the TTL loses its keys on the other nodes until it writes them again")
+	var sweep string
+	fs.StringVar(&sweep, "sweep-nodes", "", `node-count sweep: one multi-node run per count, e.g. "10 30 50 100", with --sweep-endpoints over the cluster and --churn-rate over the cluster; one table (convergence, CPU per remote update, heap per remote endpoint, etcd CPU) and the slopes fitted across the runs`)
+	fs.IntVar(&cfg.sweepEndpoints, "sweep-endpoints", 2000, "node-count sweep: live endpoints over the whole cluster (per node: this divided by the node count)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	for _, f := range strings.Fields(sweep) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 2 || n > 200 {
+			return cfg, fmt.Errorf("--sweep-nodes: %q: want node counts 2..200", f)
+		}
+		cfg.sweepNodes = append(cfg.sweepNodes, n)
 	}
 	fs.Visit(func(f *flag.Flag) {
 		cfg.perNodeSet = cfg.perNodeSet || f.Name == "endpoints"
 		cfg.workersSet = cfg.workersSet || f.Name == "workers"
 	})
-	if cfg.nodes == 0 && (cfg.etcdRestarts != 0 || cfg.etcdBin != "") {
-		return cfg, errors.New("--etcd-restarts and --etcd-bin need --nodes")
+	if len(cfg.sweepNodes) > 0 && (cfg.nodes > 0 || cfg.perNodeSet || cfg.sweepEndpoints < 1) {
+		return cfg, errors.New("--sweep-nodes: the counts replace --nodes, and --sweep-endpoints (at least 1) --endpoints")
+	}
+	if cfg.nodes == 0 && len(cfg.sweepNodes) == 0 && (cfg.etcdRestarts != 0 || cfg.etcdBin != "" || cfg.leaseTTL != 0) {
+		return cfg, errors.New("--etcd-restarts, --etcd-bin and --lease-ttl need --nodes or --sweep-nodes")
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))

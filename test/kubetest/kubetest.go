@@ -215,6 +215,14 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 	return nil
 }
 
+// APIServerPID and EtcdPID are the running kube-apiserver's and etcd's
+// process ids (0: not running): benchmarks read their CPU
+// (testutil.ProcessCPU).
+func (e *Env) APIServerPID() int { return e.apiserver.pid() }
+
+// EtcdPID: see APIServerPID.
+func (e *Env) EtcdPID() int { return e.etcd.pid() }
+
 // proc is a started binary; done is closed once it exited and was waited
 // for.
 type proc struct {
@@ -232,6 +240,13 @@ func (p *proc) running() bool {
 	default:
 		return true
 	}
+}
+
+func (p *proc) pid() int {
+	if !p.running() {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 // kill kills the process and waits for it. Idempotent; nil is a no-op.
