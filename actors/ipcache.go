@@ -266,6 +266,15 @@ func (a *ipcacheActor) update(_ actor.Context, prefixes []netip.Prefix) reconcil
 		}
 	}
 	dp := a.deps.dp
+	if b, ok := dp.(datapath.IPCacheBatcher); ok {
+		changes := make([]datapath.IPCacheChange, len(prefixes))
+		for i, p := range prefixes {
+			changes[i] = datapath.IPCacheChange{Prefix: p, Value: want[i], Delete: want[i].Identity == identity.IdentityUnknown}
+		}
+		return reconcileJob{op: "ipcache", run: func(c context.Context) ([]error, error) {
+			return b.ApplyIPCache(c, changes), nil
+		}}
+	}
 	return reconcileJob{op: "ipcache", run: func(c context.Context) ([]error, error) {
 		errs := make([]error, len(prefixes))
 		for i, p := range prefixes {

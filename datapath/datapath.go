@@ -177,6 +177,23 @@ type IPCacheSyncer interface {
 	SyncIPCache(ctx context.Context, desired map[netip.Prefix]IPCacheValue) (IPCacheSyncStats, error)
 }
 
+// IPCacheBatcher is implemented by a datapath that applies a batch of
+// ipcache changes at once (the Linux datapath: one guarded section, and
+// one publication of its L7 proxy's ipcache mirror per batch instead of
+// one per entry). ApplyIPCache returns one error per change (nil: done);
+// each change is what UpsertIPCache or DeleteIPCache would do.
+type IPCacheBatcher interface {
+	ApplyIPCache(ctx context.Context, changes []IPCacheChange) []error
+}
+
+// IPCacheChange is one ipcache write of a batch: Value for Prefix, or
+// Delete.
+type IPCacheChange struct {
+	Prefix netip.Prefix
+	Value  IPCacheValue
+	Delete bool
+}
+
 // IPCacheValue is what the ipcache holds for a prefix.
 type IPCacheValue struct {
 	Identity identity.NumericIdentity

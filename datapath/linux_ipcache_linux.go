@@ -17,37 +17,61 @@ import (
 // UpsertIPCache implements Datapath: the shared ipcache LPM trie maps
 // prefix to id (and the remote node hosting it, for tunnel mode) for
 // every endpoint program (a miss is world).
-func (l *Linux) UpsertIPCache(_ context.Context, prefix netip.Prefix, id identity.NumericIdentity, tunnel netip.Addr) error {
-	if !prefix.IsValid() {
-		return fmt.Errorf("upsert ipcache: invalid prefix: %w", ErrInvalidConfig)
-	}
-	return l.guardBPF(func(b *bpfState) error {
-		v := ipcacheValue(IPCacheValue{Identity: id, TunnelEndpoint: tunnel})
-		if err := b.maps.ipcache.Update(ipcacheKey(prefix), v, ebpf.UpdateAny); err != nil {
-			if mapFullErr(err) {
-				l.mapFull.add(mapIPCache)
-				return fmt.Errorf("upsert ipcache %s: ipcache full (%d entries, --ipcache-max): %w: %w", prefix, b.maps.ipcache.MaxEntries(), ErrMapFull, err)
-			}
-			return fmt.Errorf("upsert ipcache %s: %w", prefix, err)
-		}
-		l.ipcacheL7(prefix, id, false)
-		return nil
-	})
+func (l *Linux) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identity.NumericIdentity, tunnel netip.Addr) error {
+	return l.ApplyIPCache(ctx, []IPCacheChange{{Prefix: prefix, Value: IPCacheValue{Identity: id, TunnelEndpoint: tunnel}}})[0]
 }
 
 // DeleteIPCache implements Datapath; a missing entry is success.
-func (l *Linux) DeleteIPCache(_ context.Context, prefix netip.Prefix) error {
-	if !prefix.IsValid() {
-		return fmt.Errorf("delete ipcache: invalid prefix: %w", ErrInvalidConfig)
-	}
-	return l.guardBPF(func(b *bpfState) error {
-		err := b.maps.ipcache.Delete(ipcacheKey(prefix))
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete ipcache %s: %w", prefix, err)
+func (l *Linux) DeleteIPCache(ctx context.Context, prefix netip.Prefix) error {
+	return l.ApplyIPCache(ctx, []IPCacheChange{{Prefix: prefix, Delete: true}})[0]
+}
+
+// ApplyIPCache implements IPCacheBatcher: the map writes in one guarded
+// section, then the L7 proxy's mirror once for the changes done.
+func (l *Linux) ApplyIPCache(_ context.Context, changes []IPCacheChange) []error {
+	errs := make([]error, len(changes))
+	done := make([]IPCacheChange, 0, len(changes))
+	err := l.guardBPF(func(b *bpfState) error {
+		for i, c := range changes {
+			if errs[i] = applyIPCacheChange(l, b, c); errs[i] == nil {
+				done = append(done, c)
+			}
 		}
-		l.ipcacheL7(prefix, 0, true)
+		l.ipcacheL7(done)
 		return nil
 	})
+	if err != nil {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	return errs
+}
+
+func applyIPCacheChange(l *Linux, b *bpfState, c IPCacheChange) error {
+	if !c.Prefix.IsValid() {
+		if c.Delete {
+			return fmt.Errorf("delete ipcache: invalid prefix: %w", ErrInvalidConfig)
+		}
+		return fmt.Errorf("upsert ipcache: invalid prefix: %w", ErrInvalidConfig)
+	}
+	if c.Delete {
+		err := b.maps.ipcache.Delete(ipcacheKey(c.Prefix))
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete ipcache %s: %w", c.Prefix, err)
+		}
+		return nil
+	}
+	if err := b.maps.ipcache.Update(ipcacheKey(c.Prefix), ipcacheValue(c.Value), ebpf.UpdateAny); err != nil {
+		if mapFullErr(err) {
+			l.mapFull.add(mapIPCache)
+			return fmt.Errorf("upsert ipcache %s: ipcache full (%d entries, --ipcache-max): %w: %w", c.Prefix, b.maps.ipcache.MaxEntries(), ErrMapFull, err)
+		}
+		return fmt.Errorf("upsert ipcache %s: %w", c.Prefix, err)
+	}
+	return nil
 }
 
 // DumpIPCache returns what the pinned ipcache map holds (IPv4 prefixes

@@ -37,7 +37,10 @@ type linuxL7 struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 	ipcache map[netip.Prefix]identity.NumericIdentity
-	withL7  map[endpoint.ID]bool // endpoints whose proxy configuration is published
+	// ipcachePublished counts the mirror's publications by ipcacheL7
+	// (one per batch of changes; tests).
+	ipcachePublished int
+	withL7           map[endpoint.ID]bool // endpoints whose proxy configuration is published
 	// secrets are the header secrets' values (SetPolicySecrets), kept
 	// for a proxy configured later; never logged.
 	secrets map[string]string
@@ -247,19 +250,27 @@ func (l *Linux) removeL7(id endpoint.ID) {
 	}
 }
 
-// ipcacheL7 mirrors an ipcache change to the proxy (published under the
-// lock, so that versions follow the order of the changes).
-func (l *Linux) ipcacheL7(prefix netip.Prefix, id identity.NumericIdentity, del bool) {
+// ipcacheL7 mirrors a batch of ipcache changes to the proxy: one
+// publication of the whole mirror per batch (each one encodes every
+// entry), under the lock, so that versions follow the order of the
+// batches.
+func (l *Linux) ipcacheL7(changes []IPCacheChange) {
+	if len(changes) == 0 {
+		return
+	}
 	l.l7.mu.Lock()
 	defer l.l7.mu.Unlock()
 	if l.l7.srv == nil {
 		return
 	}
-	if del {
-		delete(l.l7.ipcache, prefix)
-	} else {
-		l.l7.ipcache[prefix] = id
+	for _, c := range changes {
+		if c.Delete {
+			delete(l.l7.ipcache, c.Prefix)
+		} else {
+			l.l7.ipcache[c.Prefix] = c.Value.Identity
+		}
 	}
+	l.l7.ipcachePublished++
 	if _, err := l.l7.srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
 		l.log.Warn("publish ipcache to the L7 proxy", "err", err)
 	}

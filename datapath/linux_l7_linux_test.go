@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -220,5 +221,75 @@ func TestPolicyMapProxyPorts(t *testing.T) {
 	h.setPolicy(t, l4)
 	if got := readPorts(); len(got) != 0 {
 		t.Errorf("after withdrawing L7: ports %v, want none", got)
+	}
+}
+
+// TestApplyIPCacheOnePublication: a batch of ipcache changes reaches the
+// BPF map entry by entry and the L7 proxy's mirror in one publication
+// (each publication encodes the whole mirror: one per entry made every
+// remote update cost grow with the ipcache); an invalid change fails
+// alone.
+func TestApplyIPCacheOnePublication(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
+	l, _, _ := newTestLinux(t, l7Config(t, bin))
+	ctx := context.Background()
+	published := func() int {
+		l.l7.mu.Lock()
+		defer l.l7.mu.Unlock()
+		return l.l7.ipcachePublished
+	}
+	before, version := published(), l.l7.srv.Version()
+	var changes []IPCacheChange
+	for i := range 200 {
+		changes = append(changes, IPCacheChange{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i / 250), byte(1 + i%250)}), 32),
+			Value: IPCacheValue{Identity: identity.NumericIdentity(5000 + i)}})
+	}
+	changes = append(changes, IPCacheChange{}) // invalid prefix
+	errs := l.ApplyIPCache(ctx, changes)
+	for i, err := range errs[:200] {
+		if err != nil {
+			t.Fatalf("change %d: %v", i, err)
+		}
+	}
+	if errs[200] == nil {
+		t.Error("an invalid prefix was accepted")
+	}
+	if n := published() - before; n != 1 {
+		t.Errorf("%d publications of the L7 ipcache mirror for one batch, want 1", n)
+	}
+	if v := l.l7.srv.Version(); v != version+1 {
+		t.Errorf("xDS version %d -> %d, want one more", version, v)
+	}
+	held, err := l.DumpIPCache(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.l7.mu.Lock()
+	mirrored := maps.Clone(l.l7.ipcache)
+	l.l7.mu.Unlock()
+	for _, c := range changes[:200] {
+		if held[c.Prefix] != c.Value.Identity || mirrored[c.Prefix] != c.Value.Identity {
+			t.Fatalf("%s: map %d, mirror %d, want %d", c.Prefix, held[c.Prefix], mirrored[c.Prefix], c.Value.Identity)
+		}
+	}
+	// Deleting them is one batch too.
+	for i := range changes[:200] {
+		changes[i].Delete = true
+	}
+	for i, err := range l.ApplyIPCache(ctx, changes[:200]) {
+		if err != nil {
+			t.Fatalf("delete %d: %v", i, err)
+		}
+	}
+	if n := published() - before; n != 2 {
+		t.Errorf("%d publications after the deleting batch, want 2", n)
+	}
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	for _, c := range changes[:200] {
+		if _, ok := l.l7.ipcache[c.Prefix]; ok {
+			t.Fatalf("%s still mirrored", c.Prefix)
+		}
 	}
 }
