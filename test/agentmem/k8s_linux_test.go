@@ -88,8 +88,8 @@ func TestMemKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	forward(t, n.NS, u.Host)
-	p := n.Process(append(append([]string{}, daemonSetArgs...), "--k8s-kubeconfig", env.Kubeconfig, "--node-name", memNode,
-		"--identity-allocation-mode", "crd", "--policy-api-groups", "membrane.io", "--policy-secrets-namespace", "membrane-secrets")...)
+	p := agentProc(n, "--k8s-kubeconfig", env.Kubeconfig, "--node-name", memNode,
+		"--identity-allocation-mode", "crd", "--policy-api-groups", "membrane.io", "--policy-secrets-namespace", "membrane-secrets")
 	p.Start()
 	waitRemote(t, n.Socket, remote)
 	time.Sleep(settle)

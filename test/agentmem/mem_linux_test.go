@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +56,17 @@ func requireBench(t *testing.T) {
 var daemonSetArgs = []string{"--log-level", "info", "--log-format", "json", "--enable-health=true", "--gc-interval", "1m",
 	"--masquerade=true", "--routing", "tunnel", "--tunnel-mtu", "1450", "--tunnel-port", "8472", "--pprof"}
 
+// agentProc prepares the node's agent process with the DaemonSet's
+// flags, extra ones and $MEM_AGENT_ARGS (space-separated, last: an A/B
+// of a flag such as --gc-percent), running $MEM_AGENT_BIN when set (an
+// A/B of two builds; default the harness's build of this tree).
+func agentProc(n *nodeharness.Node, extra ...string) *nodeharness.Proc {
+	args := append(append(append([]string{}, daemonSetArgs...), extra...), strings.Fields(os.Getenv("MEM_AGENT_ARGS"))...)
+	p := n.Process(args...)
+	p.Path = os.Getenv("MEM_AGENT_BIN")
+	return p
+}
+
 // sample is one reading of the agent process's memory.
 type sample struct {
 	what                                string
@@ -80,7 +92,7 @@ func measure(t *testing.T, what string, pid int, socket string) *sample {
 		t.Fatal(err)
 	}
 	s.res = res
-	ms := heapStats(t, socket)
+	ms := heapStats(t, socket, what)
 	s.heapLive, s.heapSys, s.heapReleased = ms["HeapAlloc"], ms["HeapSys"], ms["HeapReleased"]
 	s.stackSys, s.gcSys, s.otherSys, s.totalSys = ms["Stack"], ms["GCSys"], ms["OtherSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"], ms["Sys"]
 	return s
@@ -112,11 +124,17 @@ func procFields(t *testing.T, path string) map[string]uint64 {
 // heapStats fetches /debug/pprof/heap?gc=1&debug=1 over the agent's
 // socket (--pprof) and parses its runtime.MemStats lines ("# Name = n",
 // "# Stack = inuse / sys": the sys part).
-func heapStats(t *testing.T, socket string) map[string]uint64 {
+//
+// With $MEM_HEAPPROFILE_DIR set it also saves the heap profile there
+// (go tool pprof -sample_index=inuse_space), named after what.
+func heapStats(t *testing.T, socket, what string) map[string]uint64 {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
 	}}}
+	if dir := os.Getenv("MEM_HEAPPROFILE_DIR"); dir != "" {
+		saveProfile(t, hc, filepath.Join(dir, strings.NewReplacer(" ", "-", ",", "").Replace(what)+".pb.gz"))
+	}
 	resp, err := hc.Get("http://agent/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +161,24 @@ func heapStats(t *testing.T, socket string) map[string]uint64 {
 		t.Fatalf("heap profile without runtime.MemStats:\n%.2000s", body)
 	}
 	return out
+}
+
+func saveProfile(t *testing.T, hc *http.Client, path string) {
+	t.Helper()
+	resp, err := hc.Get("http://agent/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("heap profile %s", path)
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
@@ -189,7 +225,7 @@ func TestMemStandalone(t *testing.T) {
 	requireBench(t)
 	pods, settle := envInt("MEM_PODS", 110), envDuration("MEM_SETTLE", 15*time.Second)
 	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbm-node", IPv4Range: "10.231.0.0/20"})
-	p := n.Process(daemonSetArgs...)
+	p := agentProc(n)
 	p.Start()
 	time.Sleep(settle)
 	report(t, measure(t, "standalone, idle", p.Pid(), n.Socket), "")
