@@ -230,7 +230,7 @@ func TestStoreRingGrows(t *testing.T) {
 		s.OnFlow(flowEv(uint16(1000+i), 80, datapath.FlowForwarded))
 	}
 	s.OnFlow(flowEv(999, 80, datapath.FlowRedirected)) // seq 60
-	for i := 60; i < 200; i++ {                          // grows past 64 and 128
+	for i := 60; i < 200; i++ {                        // grows past 64 and 128
 		s.OnFlow(flowEv(uint16(1000+i), 80, datapath.FlowForwarded))
 	}
 	s.onL7(events.Event{Type: events.L7Access, Endpoint: 3, L7: &events.L7{Protocol: "http", Verdict: "allowed",
