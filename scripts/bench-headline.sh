@@ -285,7 +285,8 @@ else
 	while IFS='|' read -r what value target; do
 		[ -n "${target// /}" ] || continue # the idle readings: context in the log
 		what=${what#headline: }
-		row "${what% }" "${value# }" "${target# }"
+		value=${value# }
+		row "${what% }" "${value% }" "${target# }"
 		found=1
 	done < <(grep '^headline: agent VmRSS' "$LOGDIR/mem.txt")
 	[ $found = 1 ] || row "agent resident memory" "FAILED (see $LOGDIR/mem.txt)" "<= 48 MiB; <= 64 MiB"
