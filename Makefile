@@ -13,7 +13,7 @@ CNI_BIN_DIR  ?= /opt/cni/bin
 CNI_CONF_DIR ?= /etc/cni/net.d
 SYSTEMD_DIR  ?= /lib/systemd/system
 
-.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down conformance conformance-smoke fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity generate demo vet lint clean install sim sim-scale soak
+.PHONY: all build image manifests test-chart test test-short e2e e2e-smoke e2e-down conformance conformance-smoke fuzz bench bench-headline bench-cni bench-bpf bench-kpr bench-policy bench-l7-http bench-l7-ack bench-restore bench-xnode bench-k8s bench-identity bench-mem generate demo vet lint clean install sim sim-scale soak
 
 all: build
 
@@ -224,6 +224,19 @@ bench-l7-ack:
 # creation until 200 endpoints with real BPF programs enforce it.
 bench-k8s:
 	MEMBRANE_BENCH_K8S=1 $(GO) test -run '^TestK8sBench$$' -count=1 -v -timeout 30m ./test/k8sbench/
+
+# The agent's resident memory (root; test/agentmem): the real
+# membrane-agent process with the DaemonSet's flags, standalone on the
+# Linux datapath with MEM_PODS pods, and in Kubernetes mode against a
+# real kube-apiserver with MEM_PODS local pods and MEM_REMOTE other
+# nodes' MembraneEndpoints (over MEM_REMOTE_NODES nodes): VmRSS,
+# RssAnon, RssFile, Pss, the Go heap, and the executable's resident
+# pages by section and package.
+MEM_PODS   ?= 110
+MEM_REMOTE ?= 5000
+bench-mem:
+	MEMBRANE_BENCH_MEM=1 MEM_PODS=$(MEM_PODS) MEM_REMOTE=$(MEM_REMOTE) \
+		$(GO) test -run '^TestMem' -count=1 -v -timeout 30m ./test/agentmem/
 
 # Endpoint BPF programs (root): first realise (load + attach), identity
 # change, policy-only regeneration and kernel memory per endpoint, with

@@ -357,17 +357,63 @@ func (f ActorFilter) match(s *ActorSnapshot, now time.Time) bool {
 // the few other actors sit in a small map. Safe for concurrent use; it
 // never touches a mailbox.
 type Registry struct {
-	endpoints [endpoint.MaxID + 1]atomic.Pointer[actorSlot]
+	endpoints endpointSlots
 	live      atomic.Int64 // non-nil entries of endpoints (approximate while changing)
 	// mu guards others (written only when a top-level actor spawns).
 	mu     sync.RWMutex
 	others map[string]*actorSlot
 }
 
+// endpointSlots holds the endpoint actors' slots by endpoint ID in
+// chunks of slotChunk IDs, each allocated on its first ID's put and
+// kept: a node uses few of the 65,536 IDs, and a whole table was half a
+// MiB of live heap for the garbage collector to scan every cycle.
+type endpointSlots struct {
+	chunks [(endpoint.MaxID + 1) / slotChunk]atomic.Pointer[[slotChunk]atomic.Pointer[actorSlot]]
+}
+
+// slotChunk is the number of IDs per chunk (2 KiB).
+const slotChunk = 256
+
+// at returns id's cell, allocating its chunk if needed.
+func (t *endpointSlots) at(id endpoint.ID) *atomic.Pointer[actorSlot] {
+	p := &t.chunks[int(id)/slotChunk]
+	c := p.Load()
+	if c == nil {
+		// A lost race leaves the winner's chunk, which Load returns.
+		p.CompareAndSwap(nil, new([slotChunk]atomic.Pointer[actorSlot]))
+		c = p.Load()
+	}
+	return &c[int(id)%slotChunk]
+}
+
+// load returns id's slot (nil: none).
+func (t *endpointSlots) load(id endpoint.ID) *actorSlot {
+	if c := t.chunks[int(id)/slotChunk].Load(); c != nil {
+		return c[int(id)%slotChunk].Load()
+	}
+	return nil
+}
+
+// each calls fn for every slot in ID order.
+func (t *endpointSlots) each(fn func(*actorSlot)) {
+	for i := range t.chunks {
+		c := t.chunks[i].Load()
+		if c == nil {
+			continue
+		}
+		for j := range c {
+			if s := c[j].Load(); s != nil {
+				fn(s)
+			}
+		}
+	}
+}
+
 func (r *Registry) put(path string, s *actorSlot) {
 	s.path = path
 	if id, ok := endpointIDFromPath(path); ok && s.kind == KindEndpoint {
-		if r.endpoints[id].Swap(s) == nil {
+		if r.endpoints.at(id).Swap(s) == nil {
 			r.live.Add(1)
 		}
 		return
@@ -382,7 +428,7 @@ func (r *Registry) put(path string, s *actorSlot) {
 
 func (r *Registry) remove(path string) {
 	if id, ok := endpointIDFromPath(path); ok {
-		if cur := r.endpoints[id].Load(); cur != nil && cur.path == path && r.endpoints[id].CompareAndSwap(cur, nil) {
+		if cur := r.endpoints.load(id); cur != nil && cur.path == path && r.endpoints.at(id).CompareAndSwap(cur, nil) {
 			r.live.Add(-1)
 		}
 		return
@@ -394,7 +440,7 @@ func (r *Registry) remove(path string) {
 
 func (r *Registry) slot(path string) *actorSlot {
 	if id, ok := endpointIDFromPath(path); ok {
-		if s := r.endpoints[id].Load(); s != nil && s.path == path {
+		if s := r.endpoints.load(id); s != nil && s.path == path {
 			return s
 		}
 		return nil
@@ -406,7 +452,7 @@ func (r *Registry) slot(path string) *actorSlot {
 
 // endpointPID returns the PID of endpoint id's actor, nil if it has none.
 func (r *Registry) endpointPID(id endpoint.ID) *actor.PID {
-	if s := r.endpoints[id].Load(); s != nil {
+	if s := r.endpoints.load(id); s != nil {
 		return s.pid
 	}
 	return nil
@@ -471,13 +517,11 @@ func (r *Registry) Visit(f ActorFilter, now time.Time, fn func(snap *ActorSnapsh
 	}
 	var snap ActorSnapshot
 	var ep EndpointActorSnapshot // reused: fn must not keep snap.Endpoint
-	for i := range r.endpoints {
-		if s := r.endpoints[i].Load(); s != nil {
-			if s.snapshotInto(&snap, &ep); f.match(&snap, now) {
-				fn(&snap)
-			}
+	r.endpoints.each(func(s *actorSlot) {
+		if s.snapshotInto(&snap, &ep); f.match(&snap, now) {
+			fn(&snap)
 		}
-	}
+	})
 }
 
 // each calls fn for every registered slot.
@@ -487,11 +531,7 @@ func (r *Registry) each(fn func(*actorSlot)) {
 		fn(s)
 	}
 	r.mu.RUnlock()
-	for i := range r.endpoints {
-		if s := r.endpoints[i].Load(); s != nil {
-			fn(s)
-		}
-	}
+	r.endpoints.each(fn)
 }
 
 // Len returns the number of registered actors.

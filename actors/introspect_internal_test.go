@@ -1,13 +1,16 @@
 package actors
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/membrane-cni/membrane/messages"
+	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/events"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -175,3 +178,39 @@ type messageContext struct {
 }
 
 func (c messageContext) Message() any { return c.msg }
+
+// TestEndpointSlots: the registry's endpoint table costs its chunks,
+// not 65,536 cells, and keeps slots across chunks in ID order through
+// put, remove and lookups.
+func TestEndpointSlots(t *testing.T) {
+	if size := unsafe.Sizeof(Registry{}); size > 8<<10 {
+		t.Errorf("a Registry is %d bytes, want a few KiB (endpoint chunks on first use)", size)
+	}
+	var r Registry
+	ids := []endpoint.ID{endpoint.MaxID, 3, 300, 256, 255}
+	for _, id := range ids {
+		r.put(fmt.Sprintf("agent/endpoints/ep-%d", id), newSlot(KindEndpoint, &MailboxStats{}))
+	}
+	var got []string
+	r.endpoints.each(func(s *actorSlot) { got = append(got, s.path) })
+	if want := "agent/endpoints/ep-3 agent/endpoints/ep-255 agent/endpoints/ep-256 agent/endpoints/ep-300 agent/endpoints/ep-65535"; strings.Join(got, " ") != want {
+		t.Fatalf("order %v, want %s", got, want)
+	}
+	r.remove("agent/endpoints/ep-256")
+	r.remove("agent/endpoints/ep-4000") // never put: its chunk stays unallocated
+	if r.slot("agent/endpoints/ep-256") != nil || r.slot("agent/endpoints/ep-255") == nil || r.endpointPID(4000) != nil {
+		t.Fatal("remove or lookup wrong")
+	}
+	if n := r.Len(); n != 4 || r.live.Load() != 4 {
+		t.Fatalf("Len %d live %d, want 4", n, r.live.Load())
+	}
+	chunks := 0
+	for i := range r.endpoints.chunks {
+		if r.endpoints.chunks[i].Load() != nil {
+			chunks++
+		}
+	}
+	if chunks != 3 {
+		t.Errorf("%d chunks allocated, want 3 (0, 1 and 255)", chunks)
+	}
+}

@@ -36,22 +36,38 @@ func (d dirSizes) header() uint16 { return uint16(d) }
 
 // sizeTable holds, per endpoint ID, the sizes of <id> (low 32 bits) and
 // of <id>_next (high 32 bits). The writer and its workers update an ID's
-// word one at a time (a group holds each ID once), hence atomics.
-type sizeTable []atomic.Uint64
-
-func newSizeTable() sizeTable {
-	t := make(sizeTable, endpoint.MaxID+1)
-	for i := range t {
-		t[i].Store(uint64(unknownSizes)<<32 | uint64(unknownSizes))
-	}
-	return t
+// word one at a time (a group holds each ID once), hence atomics. It is
+// allocated in chunks of sizeChunk IDs on an ID's first write (a node
+// uses few of the 65,536 IDs: a whole table was half a MiB of live heap
+// the garbage collector's goal multiplies), and a word holds its value
+// XOR unknownWord, so a zero word (an ID never written) reads unknown.
+type sizeTable struct {
+	chunks [(endpoint.MaxID + 1) / sizeChunk]atomic.Pointer[[sizeChunk]atomic.Uint64]
 }
 
-func (t sizeTable) get(id endpoint.ID) (cur, next dirSizes) {
-	v := t[id].Load()
+// sizeChunk is the number of IDs per chunk (2 KiB).
+const sizeChunk = 256
+
+// unknownWord is both halves unknown.
+const unknownWord = uint64(unknownSizes)<<32 | uint64(unknownSizes)
+
+func newSizeTable() *sizeTable { return &sizeTable{} }
+
+func (t *sizeTable) get(id endpoint.ID) (cur, next dirSizes) {
+	v := unknownWord
+	if c := t.chunks[int(id)/sizeChunk].Load(); c != nil {
+		v ^= c[int(id)%sizeChunk].Load()
+	}
 	return dirSizes(v), dirSizes(v >> 32)
 }
 
-func (t sizeTable) set(id endpoint.ID, cur, next dirSizes) {
-	t[id].Store(uint64(next)<<32 | uint64(cur))
+func (t *sizeTable) set(id endpoint.ID, cur, next dirSizes) {
+	p := &t.chunks[int(id)/sizeChunk]
+	c := p.Load()
+	if c == nil {
+		// A lost race leaves the winner's chunk, which Load returns.
+		p.CompareAndSwap(nil, new([sizeChunk]atomic.Uint64))
+		c = p.Load()
+	}
+	c[int(id)%sizeChunk].Store((uint64(next)<<32 | uint64(cur)) ^ unknownWord)
 }

@@ -147,7 +147,7 @@ type Store struct {
 	// and falls back to the exchange when <id> is there after all).
 	spare, present idSet
 	// sizes holds what the store wrote into <id> and <id>_next.
-	sizes sizeTable
+	sizes *sizeTable
 	// noExchange is set once renameat2(RENAME_EXCHANGE) is refused by
 	// the filesystem: writes then use the rename dance with <id>_stale.
 	noExchange atomic.Bool

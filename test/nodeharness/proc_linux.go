@@ -27,6 +27,9 @@ type Proc struct {
 	Wrap []string
 	// Log is the agent's stdout and stderr, appended across restarts.
 	Log string
+	// Path is the membrane-agent binary to run ("": the one Main built),
+	// e.g. an older build for an A/B.
+	Path string
 
 	cmd    *exec.Cmd
 	exited <-chan struct{}
@@ -63,7 +66,11 @@ func (n *Node) Process(extra ...string) *Proc {
 // Command is the process's command line (Wrap, the binary, Args), not
 // started, with stdout and stderr unset.
 func (p *Proc) Command() *exec.Cmd {
-	argv := append(append(append([]string{}, p.Wrap...), Bin("membrane-agent")), p.Args...)
+	bin := p.Path
+	if bin == "" {
+		bin = Bin("membrane-agent")
+	}
+	argv := append(append(append([]string{}, p.Wrap...), bin), p.Args...)
 	return exec.Command(argv[0], argv[1:]...)
 }
 

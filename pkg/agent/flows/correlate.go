@@ -91,7 +91,7 @@ func (s *Store) onL7(ev events.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq, ok := s.proxied[tuple{src: r.Src, dst: r.Dst}]; ok {
-		if l4 := &s.ring[seq%uint64(len(s.ring))]; l4.L7 == nil {
+		if l4 := &s.ring[seq%s.capacity()]; l4.L7 == nil {
 			l4.L7 = rec
 		}
 	}
@@ -123,7 +123,7 @@ func (s *Store) onDNS(ev events.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq, ok := s.proxied[tuple{dst: d.Server, ep: ev.Endpoint}]; ok {
-		if l4 := &s.ring[seq%uint64(len(s.ring))]; l4.DNS == nil {
+		if l4 := &s.ring[seq%s.capacity()]; l4.DNS == nil {
 			l4.DNS = rec
 		}
 	}

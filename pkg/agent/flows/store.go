@@ -92,7 +92,7 @@ type Store struct {
 	// non-blocking send per follower, never across I/O.
 	mu        sync.Mutex
 	ring      []models.Flow
-	next      uint64 // sequence number of the next flow; ring[seq%len]
+	next      uint64 // sequence number of the next flow; ring[seq%capacity]
 	followers map[*Follower]struct{}
 	// proxied maps a redirected connection's tuple to its flow's
 	// sequence number, for the L7 and DNS records (correlate.go); an
@@ -118,9 +118,20 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{cfg: cfg, ring: make([]models.Flow, cfg.Capacity), followers: map[*Follower]struct{}{},
+	return &Store{cfg: cfg, ring: make([]models.Flow, min(cfg.Capacity, initialRing)), followers: map[*Follower]struct{}{},
 		proxied: map[tuple]uint64{}, names: learnedNames{minTTL: cfg.FQDNMinTTL}}, nil
 }
+
+// initialRing is the ring's length before it grows: it doubles as flows
+// come, up to Config.Capacity (a full ring allocated at start was 1.7
+// MiB of live heap on a node without traffic, which the garbage
+// collector's goal multiplies). Until it wraps, no index reaches its
+// length.
+const initialRing = 64
+
+// capacity is how many flows the ring keeps once grown: flow seq is at
+// ring[seq % capacity].
+func (s *Store) capacity() uint64 { return uint64(s.cfg.Capacity) }
 
 // OnFlow records a flow report (datapath.LinuxHooks.OnFlow).
 func (s *Store) OnFlow(ev datapath.FlowEvent) {
@@ -166,10 +177,16 @@ func (s *Store) add(fl models.Flow) {
 
 func (s *Store) addLocked(fl models.Flow) {
 	seq := s.next
-	slot := &s.ring[seq%uint64(len(s.ring))]
+	i := seq % s.capacity()
+	if i >= uint64(len(s.ring)) {
+		grown := make([]models.Flow, min(s.capacity(), 2*uint64(len(s.ring))))
+		copy(grown, s.ring)
+		s.ring = grown
+	}
+	slot := &s.ring[i]
 	if slot.Verdict == datapath.FlowRedirected {
 		for _, k := range tuplesOf(slot) {
-			if s.proxied[k] == seq-uint64(len(s.ring)) {
+			if s.proxied[k] == seq-s.capacity() {
 				delete(s.proxied, k)
 			}
 		}
@@ -211,7 +228,7 @@ func (s *Store) Query(f Filter) ([]models.Flow, models.FlowStats) {
 }
 
 func (s *Store) queryLocked(f Filter) []models.Flow {
-	n := uint64(len(s.ring))
+	n := s.capacity()
 	first := uint64(0)
 	if s.next > n {
 		first = s.next - n
@@ -240,8 +257,8 @@ func (s *Store) Stats() models.FlowStats {
 
 func (s *Store) statsLocked() models.FlowStats {
 	st := s.stats
-	st.Enabled, st.Capacity, st.Followers = s.cfg.Enabled, len(s.ring), len(s.followers)
-	st.Buffered = int(min(s.next, uint64(len(s.ring))))
+	st.Enabled, st.Capacity, st.Followers = s.cfg.Enabled, s.cfg.Capacity, len(s.followers)
+	st.Buffered = int(min(s.next, s.capacity()))
 	return st
 }
 

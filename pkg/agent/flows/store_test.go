@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"net/url"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,45 @@ func TestFilterMatch(t *testing.T) {
 		if got := c.f.Match(fl); got != c.want {
 			t.Errorf("%+v.Match = %v, want %v", c.f, got, c.want)
 		}
+	}
+}
+
+// TestStoreRingGrows: the default store starts with a small ring (not
+// DefaultCapacity flows of live heap), keeps DefaultCapacity flows once
+// they come, in order across the growth, and a redirected flow recorded
+// before a growth still gets its L7 record after it.
+func TestStoreRingGrows(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s, _ := newStore(t, Config{})
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+		t.Errorf("New allocated %d bytes, want the ring to start small", got)
+	}
+	for i := range 60 {
+		s.OnFlow(flowEv(uint16(1000+i), 80, datapath.FlowForwarded))
+	}
+	s.OnFlow(flowEv(999, 80, datapath.FlowRedirected)) // seq 60
+	for i := 60; i < 200; i++ {                        // grows past 64 and 128
+		s.OnFlow(flowEv(uint16(1000+i), 80, datapath.FlowForwarded))
+	}
+	s.onL7(events.Event{Type: events.L7Access, Endpoint: 3, L7: &events.L7{Protocol: "http", Verdict: "allowed",
+		Src: "10.0.0.3:999", Dst: "10.0.0.4:80", Method: "GET", Path: "/grown", SrcIdentity: 1001, DstIdentity: 1002}})
+	got, _ := s.Query(Filter{})
+	if len(got) != 202 || got[60].Source.Port != 999 || got[60].L7 == nil || got[60].L7.Path != "/grown" {
+		t.Fatalf("%d flows; the redirected one %+v, want its L7 record /grown", len(got), got[60])
+	}
+	for i := range DefaultCapacity {
+		s.OnFlow(flowEv(uint16(20000+i), 80, datapath.FlowForwarded))
+	}
+	got, st := s.Query(Filter{})
+	if len(got) != DefaultCapacity || got[0].Source.Port != 20000 || got[DefaultCapacity-1].Source.Port != uint16(20000+DefaultCapacity-1) {
+		t.Fatalf("%d flows from port %d, want the last %d from 20000", len(got), got[0].Source.Port, DefaultCapacity)
+	}
+	if st.Capacity != DefaultCapacity || st.Buffered != DefaultCapacity || len(s.ring) != DefaultCapacity {
+		t.Errorf("stats %+v, ring %d: want capacity and buffered %d", st, len(s.ring), DefaultCapacity)
+	}
+	if len(s.proxied) != 0 {
+		t.Errorf("proxied %v: the redirected flow was overwritten", s.proxied)
 	}
 }

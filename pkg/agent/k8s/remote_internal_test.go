@@ -261,3 +261,52 @@ func TestSlimPorts(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteStoreTransformer: the reflector's own stores hold the slim
+// form of each object (the watch-list's initial objects), not the
+// object, and a Replace with them is the Replace with the objects.
+func TestRemoteStoreTransformer(t *testing.T) {
+	nodes := &memNodes{nodes: map[string]*endpoint.OwnerNode{}}
+	nodes.set("n2", "10.9.0.0/24", "192.0.2.2")
+	objs := []*unstructured.Unstructured{mep("x", "10.9.0.1", 1100), mep("none", "10.9.0.3", 0), mepOn("forged", "n2", "n2", "10.8.0.1", "192.0.2.2", 1102)}
+	var tr cache.TransformFunc
+	if ts, ok := any(newRemoteEndpoints(&memSink{}, nodes.lookup, discard())).(cache.TransformingStore); ok {
+		tr = ts.Transformer()
+	}
+	if tr == nil {
+		t.Fatal("the remote endpoints store gives the reflector no transformer: the watch-list holds whole objects")
+	}
+	held := cache.NewStore(cache.DeletionHandlingMetaNamespaceKeyFunc, cache.WithTransformer(tr))
+	raw, slim := []any{}, []any{}
+	for _, o := range objs {
+		if err := held.Add(o); err != nil {
+			t.Fatal(err)
+		}
+		raw = append(raw, o)
+	}
+	for _, o := range held.List() {
+		if _, isU := o.(*unstructured.Unstructured); isU {
+			t.Fatalf("the reflector's store holds %T", o)
+		}
+		slim = append(slim, o)
+	}
+	if x, ok, _ := held.GetByKey("ns/x"); !ok || x.(*slimObject).ep.ips[0] != netip.MustParseAddr("10.9.0.1") {
+		t.Fatalf("ns/x held as %+v", x)
+	}
+	results := []map[netip.Addr]identity.NumericIdentity{}
+	refused := []map[string]uint64{}
+	for _, list := range [][]any{raw, slim} {
+		sink := &memSink{ips: map[netip.Addr]identity.NumericIdentity{}}
+		r := newRemoteEndpoints(sink, nodes.lookup, discard())
+		if err := r.Replace(list, "1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		results, refused = append(results, sink.ips), append(refused, r.refused())
+	}
+	if !maps.Equal(results[0], results[1]) || len(results[1]) != 1 || !maps.Equal(refused[0], refused[1]) {
+		t.Fatalf("Replace with objects: %v (refused %v); with their slim forms: %v (refused %v)", results[0], refused[0], results[1], refused[1])
+	}
+}

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -176,5 +177,47 @@ func TestNilHub(t *testing.T) {
 	h.Publish(Event{Type: EndpointDeleted}) // must not panic
 	if h.Last() != 0 || h.Subscribers() != 0 {
 		t.Fatal("nil hub reports events")
+	}
+}
+
+// TestRingGrows: the default hub starts with a small ring (not
+// DefaultCapacity events of live heap) and keeps DefaultCapacity events
+// once they come; a subscriber from the start reads them in order across
+// the growth, and one left behind past a wrap gets the Missed marker for
+// exactly the overwritten ones.
+func TestRingGrows(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	h := New(0)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+		t.Errorf("New(0) allocated %d bytes, want the ring to start small", got)
+	}
+	first := h.Subscribe(0)
+	defer first.Close()
+	publishN(h, DefaultCapacity)
+	evs := drain(t, first)
+	if len(evs) != DefaultCapacity {
+		t.Fatalf("read %d events, want %d", len(evs), DefaultCapacity)
+	}
+	for i, ev := range evs {
+		if ev.Seq != uint64(i+1) || ev.Endpoint != uint16(i+1) {
+			t.Fatalf("event %d: seq %d endpoint %d", i, ev.Seq, ev.Endpoint)
+		}
+	}
+	late := h.Subscribe(0)
+	defer late.Close()
+	publishN(h, DefaultCapacity+10) // overwrites the 10 oldest the late subscriber has not read
+	evs = drain(t, late)
+	if len(evs) != DefaultCapacity+1 || evs[0].Type != Missed || evs[0].Missed != 10 {
+		t.Fatalf("late subscriber: %d events, first %+v; want a Missed marker for 10 and %d events", len(evs), evs[0], DefaultCapacity)
+	}
+	for i, ev := range evs[1:] {
+		if want := uint64(DefaultCapacity + 10 + 1 + i); ev.Seq != want || ev.Endpoint != uint16(want) {
+			t.Fatalf("late event %d: seq %d endpoint %d, want %d", i, ev.Seq, ev.Endpoint, want)
+		}
+	}
+	if len(h.ring) != DefaultCapacity {
+		t.Errorf("ring length %d, want %d", len(h.ring), DefaultCapacity)
 	}
 }

@@ -1,0 +1,237 @@
+package agentmem
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("MEMBRANE_BENCH_MEM") == "" {
+		os.Exit(m.Run())
+	}
+	os.Exit(nodeharness.Main(m, "membrane-agent"))
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n >= 0 {
+		return n
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}
+
+func requireBench(t *testing.T) {
+	t.Helper()
+	if os.Getenv("MEMBRANE_BENCH_MEM") == "" {
+		t.Skip("set MEMBRANE_BENCH_MEM=1 (make bench-mem) to measure the agent's memory")
+	}
+	testutil.RequireRoot(t)
+}
+
+// daemonSetArgs are the DaemonSet's flags (deploy/kubernetes/membrane.yaml
+// and its ConfigMap) that change what the agent runs, after the node
+// harness's own (later flags win): info logs in JSON, the health
+// endpoint and node probes, garbage collection every minute,
+// masquerading, tunnel routing.
+var daemonSetArgs = []string{"--log-level", "info", "--log-format", "json", "--enable-health=true", "--gc-interval", "1m",
+	"--masquerade=true", "--routing", "tunnel", "--tunnel-mtu", "1450", "--tunnel-port", "8472", "--pprof"}
+
+// agentProc prepares the node's agent process with the DaemonSet's
+// flags, extra ones and $MEM_AGENT_ARGS (space-separated, last: an A/B
+// of a flag such as --gc-percent), running $MEM_AGENT_BIN when set (an
+// A/B of two builds; default the harness's build of this tree).
+func agentProc(n *nodeharness.Node, extra ...string) *nodeharness.Proc {
+	args := append(append(append([]string{}, daemonSetArgs...), extra...), strings.Fields(os.Getenv("MEM_AGENT_ARGS"))...)
+	p := n.Process(args...)
+	p.Path = os.Getenv("MEM_AGENT_BIN")
+	return p
+}
+
+// sample is one reading of the agent process's memory.
+type sample struct {
+	what                                string
+	vmRSS, rssAnon, rssFile, pss        uint64 // bytes
+	pssAnon, pssFile                    uint64
+	heapLive, heapSys, heapReleased     uint64 // Go runtime, after a forced GC
+	stackSys, gcSys, otherSys, totalSys uint64
+	res                                 *Resident
+}
+
+// measure reads the process's memory: /proc first (the idle state), then
+// the Go runtime's numbers through the heap profile with gc=1 (which
+// collects first: the live heap).
+func measure(t *testing.T, what string, pid int, socket string) *sample {
+	t.Helper()
+	s := &sample{what: what}
+	st := procFields(t, fmt.Sprintf("/proc/%d/status", pid))
+	s.vmRSS, s.rssAnon, s.rssFile = st["VmRSS"], st["RssAnon"], st["RssFile"]
+	roll := procFields(t, fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	s.pss, s.pssAnon, s.pssFile = roll["Pss"], roll["Pss_Anon"], roll["Pss_File"]
+	res, err := ReadResident(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.res = res
+	ms := heapStats(t, socket, what)
+	s.heapLive, s.heapSys, s.heapReleased = ms["HeapAlloc"], ms["HeapSys"], ms["HeapReleased"]
+	s.stackSys, s.gcSys, s.otherSys, s.totalSys = ms["Stack"], ms["GCSys"], ms["OtherSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"], ms["Sys"]
+	return s
+}
+
+// procFields parses "Key: <n> kB" lines into bytes.
+func procFields(t *testing.T, path string) map[string]uint64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]uint64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		fs := strings.Fields(v)
+		if !ok || len(fs) != 2 || fs[1] != "kB" {
+			continue
+		}
+		if n, err := strconv.ParseUint(fs[0], 10, 64); err == nil {
+			out[k] = n << 10
+		}
+	}
+	return out
+}
+
+// heapStats fetches /debug/pprof/heap?gc=1&debug=1 over the agent's
+// socket (--pprof) and parses its runtime.MemStats lines ("# Name = n",
+// "# Stack = inuse / sys": the sys part).
+//
+// With $MEM_HEAPPROFILE_DIR set it also saves the heap profile there
+// (go tool pprof -sample_index=inuse_space), named after what.
+func heapStats(t *testing.T, socket, what string) map[string]uint64 {
+	t.Helper()
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	}}}
+	if dir := os.Getenv("MEM_HEAPPROFILE_DIR"); dir != "" {
+		saveProfile(t, hc, filepath.Join(dir, strings.NewReplacer(" ", "-", ",", "").Replace(what)+".pb.gz"))
+	}
+	resp, err := hc.Get("http://agent/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("heap profile: %v %s", err, resp.Status)
+	}
+	out := map[string]uint64{}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "# "), " = ")
+		if !ok || !strings.HasPrefix(line, "# ") {
+			continue
+		}
+		if _, sys, ok := strings.Cut(v, " / "); ok {
+			v = sys
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	if _, ok := out["HeapAlloc"]; !ok {
+		t.Fatalf("heap profile without runtime.MemStats:\n%.2000s", body)
+	}
+	return out
+}
+
+func saveProfile(t *testing.T, hc *http.Client, path string) {
+	t.Helper()
+	resp, err := hc.Get("http://agent/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("heap profile %s", path)
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+
+// report logs s and prints its headline lines (scripts/bench-headline.sh
+// reads "headline: what | value | target").
+func report(t *testing.T, s *sample, target string) {
+	t.Helper()
+	fmt.Printf("memory: %s: VmRSS %s MiB (RssAnon %s, RssFile %s), Pss %s MiB (anon %s, file %s); "+
+		"Go: live heap %s MiB, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
+		"executable resident %s MiB file-backed, %s MiB copied\n",
+		s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), mib(s.pss), mib(s.pssAnon), mib(s.pssFile),
+		mib(s.heapLive), mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
+		mib(s.res.File), mib(s.res.COW))
+	fmt.Printf("memory: %s: executable by section (MiB):%s\n", s.what, top(s.res.Sections, 6))
+	fmt.Printf("memory: %s: executable by package (MiB, .text/.rodata/data by symbol):%s\n", s.what, top(s.res.Packages, envInt("MEM_TOP", 25)))
+	fmt.Printf("headline: agent VmRSS, %s (MiB; RssAnon + RssFile) | %s (%s + %s) | %s\n", s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), target)
+}
+
+func top(m map[string]uint64, n int) string {
+	type kv struct {
+		k string
+		v uint64
+	}
+	var l []kv
+	for k, v := range m {
+		l = append(l, kv{k, v})
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].v > l[j].v })
+	var b strings.Builder
+	for i, e := range l {
+		if i == n {
+			break
+		}
+		fmt.Fprintf(&b, " %s %.2f;", e.k, float64(e.v)/(1<<20))
+	}
+	return b.String()
+}
+
+// TestMemStandalone: the agent process on the Linux datapath in a netns
+// of its own, idle, then with MEM_PODS (default 110) pods added by the
+// real membrane-cni, each measured after MEM_SETTLE (default 15s).
+func TestMemStandalone(t *testing.T) {
+	requireBench(t)
+	pods, settle := envInt("MEM_PODS", 110), envDuration("MEM_SETTLE", 15*time.Second)
+	n := nodeharness.New(t, nodeharness.Options{Prefix: "mbm-node", IPv4Range: "10.231.0.0/20"})
+	p := agentProc(n)
+	p.Start()
+	time.Sleep(settle)
+	report(t, measure(t, "standalone, idle", p.Pid(), n.Socket), "")
+	for i := range pods {
+		n.AddPod(fmt.Sprintf("mem-%d", i))
+	}
+	time.Sleep(settle)
+	report(t, measure(t, fmt.Sprintf("standalone, %d endpoints", pods), p.Pid(), n.Socket), "<= 48")
+}
