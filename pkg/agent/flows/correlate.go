@@ -2,6 +2,7 @@ package flows
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/netip"
 	"strconv"
@@ -94,6 +95,8 @@ func (s *Store) onL7(ev events.Event) {
 		if l4 := &s.ring[seq%s.capacity()]; l4.L7 == nil {
 			l4.L7 = rec
 		}
+	} else {
+		s.earlyLocked(tuple{src: r.Src, dst: r.Dst}, earlyRecord{l7: rec, at: s.cfg.Now()})
 	}
 	s.addLocked(fl)
 }
@@ -126,6 +129,8 @@ func (s *Store) onDNS(ev events.Event) {
 		if l4 := &s.ring[seq%s.capacity()]; l4.DNS == nil {
 			l4.DNS = rec
 		}
+	} else {
+		s.earlyLocked(tuple{dst: d.Server, ep: ev.Endpoint}, earlyRecord{dns: rec, at: s.cfg.Now()})
 	}
 	s.addLocked(fl)
 }
@@ -143,4 +148,31 @@ func (s *Store) l7Peer(hostport string, ident uint32) models.FlowPeer {
 		s.describePeer(&p, addr)
 	}
 	return p
+}
+
+// earlyRecord is an L7 or DNS record that came before its redirected
+// flow, and when.
+type earlyRecord struct {
+	l7  *models.FlowL7
+	dns *models.FlowDNS
+	at  time.Time
+}
+
+// Bounds of the early records: at most maxEarly, each for earlyTTL.
+const (
+	maxEarly = 1024
+	earlyTTL = 10 * time.Second
+)
+
+// earlyLocked keeps r for k's redirected flow to come; a full table
+// first forgets what is older than earlyTTL, then refuses.
+func (s *Store) earlyLocked(k tuple, r earlyRecord) {
+	if len(s.early) >= maxEarly {
+		now := s.cfg.Now()
+		maps.DeleteFunc(s.early, func(_ tuple, e earlyRecord) bool { return now.Sub(e.at) > earlyTTL })
+		if len(s.early) >= maxEarly {
+			return
+		}
+	}
+	s.early[k] = r
 }

@@ -98,6 +98,11 @@ type Store struct {
 	// sequence number, for the L7 and DNS records (correlate.go); an
 	// entry leaves when the ring overwrites its flow.
 	proxied map[tuple]uint64
+	// early holds L7 and DNS records that came before their redirected
+	// flow (the proxies' records and the programs' reports travel apart),
+	// attached when the flow comes; bounded by maxEarly, each kept for
+	// earlyTTL.
+	early map[tuple]earlyRecord
 	// window, inWindow: the rate limit's current second.
 	window   time.Time
 	inWindow int
@@ -119,7 +124,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	return &Store{cfg: cfg, ring: make([]models.Flow, min(cfg.Capacity, initialRing)), followers: map[*Follower]struct{}{},
-		proxied: map[tuple]uint64{}, names: learnedNames{minTTL: cfg.FQDNMinTTL}}, nil
+		proxied: map[tuple]uint64{}, early: map[tuple]earlyRecord{}, names: learnedNames{minTTL: cfg.FQDNMinTTL}}, nil
 }
 
 // initialRing is the ring's length before it grows: it doubles as flows
@@ -197,7 +202,17 @@ func (s *Store) addLocked(fl models.Flow) {
 	if fl.Verdict == datapath.FlowRedirected {
 		for _, k := range tuplesOf(&fl) {
 			s.proxied[k] = seq
+			if e, ok := s.early[k]; ok {
+				delete(s.early, k)
+				if e.l7 != nil && slot.L7 == nil {
+					slot.L7 = e.l7
+				}
+				if e.dns != nil && slot.DNS == nil {
+					slot.DNS = e.dns
+				}
+			}
 		}
+		fl = *slot
 	}
 	for f := range s.followers {
 		if !f.filter.Match(&fl) {

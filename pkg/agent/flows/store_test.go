@@ -2,6 +2,7 @@ package flows
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"net/url"
 	"runtime"
@@ -251,5 +252,48 @@ func TestStoreRingGrows(t *testing.T) {
 	}
 	if len(s.proxied) != 0 {
 		t.Errorf("proxied %v: the redirected flow was overwritten", s.proxied)
+	}
+}
+
+// TestStoreL7BeforeFlow: an L7 or DNS record that comes before its
+// redirected flow (the proxy's record and the programs' report travel
+// apart) is attached when the flow comes; an old one is not kept
+// beyond the table's bound.
+func TestStoreL7BeforeFlow(t *testing.T) {
+	s, clk := newStore(t, Config{Capacity: 100})
+	s.onL7(events.Event{Type: events.L7Access, Endpoint: 3, L7: &events.L7{Protocol: "http", Verdict: "allowed",
+		Src: "10.0.0.3:1001", Dst: "10.0.0.4:80", Method: "GET", Path: "/early", SrcIdentity: 1001, DstIdentity: 1002}})
+	s.onDNS(events.Event{Type: events.DNSQuery, Endpoint: 3, DNS: &events.DNS{Query: "early.test.", QType: "A",
+		Verdict: "allowed", Server: "10.0.0.4:53"}})
+	s.OnFlow(flowEv(1001, 80, datapath.FlowRedirected))
+	dns := flowEv(1002, 53, datapath.FlowRedirected)
+	dns.Proto = policy.ProtoUDP
+	s.OnFlow(dns)
+	got, _ := s.Query(Filter{Verdict: []string{"redirected"}})
+	if len(got) != 2 {
+		t.Fatalf("%d redirected flows, want 2: %+v", len(got), got)
+	}
+	if l := got[0].L7; l == nil || l.Path != "/early" {
+		t.Errorf("redirected flow's L7 %+v, want the earlier GET /early", l)
+	}
+	if d := got[1].DNS; d == nil || d.Query != "early.test." {
+		t.Errorf("redirected DNS flow's record %+v, want the earlier query", d)
+	}
+	// Matched records are gone; the table is bounded, old ones forgotten.
+	if n := len(s.early); n != 0 {
+		t.Errorf("%d early records left after both matched", n)
+	}
+	for i := range maxEarly + 10 {
+		s.onL7(events.Event{Type: events.L7Access, Endpoint: 3, L7: &events.L7{Protocol: "http", Verdict: "allowed",
+			Src: fmt.Sprintf("10.0.1.%d:%d", i%250, 1000+i), Dst: "10.0.0.4:80", Method: "GET", Path: "/x"}})
+		if len(s.early) > maxEarly {
+			t.Fatalf("%d early records, want at most %d", len(s.early), maxEarly)
+		}
+	}
+	clk.now = clk.now.Add(2 * earlyTTL)
+	s.onL7(events.Event{Type: events.L7Access, Endpoint: 3, L7: &events.L7{Protocol: "http", Verdict: "allowed",
+		Src: "10.0.2.1:999", Dst: "10.0.0.4:80", Method: "GET", Path: "/late"}})
+	if _, ok := s.early[tuple{src: "10.0.2.1:999", dst: "10.0.0.4:80"}]; !ok || len(s.early) != 1 {
+		t.Errorf("after earlyTTL a full table kept %d records and not the new one", len(s.early))
 	}
 }
