@@ -42,6 +42,32 @@ type ipcacheActor struct {
 	// replacing holds, per origin, the replacement run in progress
 	// (ReplaceRemoteEndpoints): the addresses it set so far.
 	replacing map[string]*remoteReplace
+	// reserved indexes the prefixes with a claim of a reserved set's
+	// source (index.SourceNode, index.SourceKubeAPIServer), so that a
+	// set's change (reservedSet, on every node event) visits its own
+	// prefixes, not the whole ipcache.
+	reserved map[string]map[netip.Prefix]struct{}
+}
+
+// reservedSources are the sources IPCacheReservedSet replaces whole.
+var reservedSources = []string{index.SourceNode, index.SourceKubeAPIServer}
+
+// track keeps reserved in step with p's claims.
+func (a *ipcacheActor) track(p netip.Prefix, claims []index.IPCacheClaim) {
+	for _, src := range reservedSources {
+		has := slices.ContainsFunc(claims, func(c index.IPCacheClaim) bool { return c.Source == src })
+		set := a.reserved[src]
+		switch _, in := set[p]; {
+		case has && !in:
+			if set == nil {
+				set = map[netip.Prefix]struct{}{}
+				a.reserved[src] = set
+			}
+			set[p] = struct{}{}
+		case !has && in:
+			delete(set, p)
+		}
+	}
 }
 
 func newIPCacheActor(deps *endpointDeps, gateways []netip.Addr, ranges []netip.Prefix) *ipcacheActor {
@@ -114,8 +140,10 @@ func (a *ipcacheActor) Receive(ctx actor.Context) {
 func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
 	a.replacing = map[string]*remoteReplace{}
+	a.reserved = map[string]map[netip.Prefix]struct{}{}
 	for _, e := range a.deps.ix.IPCache() {
 		a.entries[e.Prefix] = e
+		a.track(e.Prefix, e.Claims)
 		a.rec.mark(e.Prefix)
 	}
 	for _, gw := range a.gateways {
@@ -165,6 +193,7 @@ func (a *ipcacheActor) drop(ctx actor.Context, p netip.Prefix, match func(index.
 // (deterministic across restarts).
 func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPCacheClaim) {
 	old := a.entries[p]
+	a.track(p, claims)
 	if len(claims) == 0 {
 		if old != nil {
 			delete(a.entries, p)
@@ -241,10 +270,14 @@ func (a *ipcacheActor) reservedSet(ctx actor.Context, msg *messages.IPCacheReser
 		}
 	}
 	mine := func(c index.IPCacheClaim) bool { return c.Source == msg.Source }
-	for p, e := range a.entries {
-		if _, keep := want[p]; !keep && slices.ContainsFunc(e.Claims, mine) {
-			a.drop(ctx, p, mine)
+	var gone []netip.Prefix
+	for p := range a.reserved[msg.Source] {
+		if _, keep := want[p]; !keep {
+			gone = append(gone, p)
 		}
+	}
+	for _, p := range gone {
+		a.drop(ctx, p, mine)
 	}
 	for p := range want {
 		pid := id
