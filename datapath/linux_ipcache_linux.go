@@ -33,7 +33,7 @@ func (l *Linux) ApplyIPCache(_ context.Context, changes []IPCacheChange) []error
 	done := make([]IPCacheChange, 0, len(changes))
 	err := l.guardBPF(func(b *bpfState) error {
 		for i, c := range changes {
-			if errs[i] = applyIPCacheChange(l, b, c); errs[i] == nil {
+			if errs[i] = l.applyIPCacheChange(b, c); errs[i] == nil {
 				done = append(done, c)
 			}
 		}
@@ -50,7 +50,8 @@ func (l *Linux) ApplyIPCache(_ context.Context, changes []IPCacheChange) []error
 	return errs
 }
 
-func applyIPCacheChange(l *Linux, b *bpfState, c IPCacheChange) error {
+// applyIPCacheChange writes one change to the ipcache map.
+func (l *Linux) applyIPCacheChange(b *bpfState, c IPCacheChange) error {
 	if !c.Prefix.IsValid() {
 		if c.Delete {
 			return fmt.Errorf("delete ipcache: invalid prefix: %w", ErrInvalidConfig)

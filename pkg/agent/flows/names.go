@@ -22,7 +22,7 @@ const maxLearned = 16384
 // an answer lives as long as the policy actor's FQDN cache keeps it
 // (fqdn.Cache.Lifetime with Config.FQDNMinTTL).
 type learnedNames struct {
-	minTTL time.Duration
+	cfg fqdn.CacheConfig // its Lifetime, as the policy actor's cache
 
 	mu    sync.Mutex // guards addrs
 	addrs map[netip.Addr]map[string]time.Time
@@ -34,7 +34,7 @@ func (l *learnedNames) learn(name string, ips []string, ttl time.Duration, now t
 		return
 	}
 	name = fqdn.Normalize(name)
-	expires := now.Add(max(ttl, l.minTTL, fqdn.MinLifetime))
+	expires := now.Add(l.cfg.Lifetime(ttl))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.addrs == nil {

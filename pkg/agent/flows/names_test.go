@@ -6,13 +6,15 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 )
 
 // TestLearnedNames: answers name their addresses until they expire (at
 // least fqdn.MinLifetime, at least the min TTL); the table is bounded.
 func TestLearnedNames(t *testing.T) {
 	now := time.Unix(1e9, 0)
-	l := learnedNames{minTTL: 10 * time.Second}
+	l := learnedNames{cfg: fqdn.CacheConfig{MinTTL: 10 * time.Second}}
 	ip := netip.MustParseAddr("192.0.2.7")
 	l.learn("API.example.com", []string{"192.0.2.7", "bad"}, 2*time.Second, now)
 	l.learn("www.example.com.", []string{"::ffff:192.0.2.7"}, 60*time.Second, now)

@@ -9,6 +9,7 @@ import (
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent/metrics"
 	"github.com/membrane-cni/membrane/pkg/clients/models"
+	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/index"
 )
 
@@ -124,7 +125,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	return &Store{cfg: cfg, ring: make([]models.Flow, min(cfg.Capacity, initialRing)), followers: map[*Follower]struct{}{},
-		proxied: map[tuple]uint64{}, early: map[tuple]earlyRecord{}, names: learnedNames{minTTL: cfg.FQDNMinTTL}}, nil
+		proxied: map[tuple]uint64{}, early: map[tuple]earlyRecord{}, names: learnedNames{cfg: fqdn.CacheConfig{MinTTL: cfg.FQDNMinTTL}}}, nil
 }
 
 // initialRing is the ring's length before it grows: it doubles as flows

@@ -73,8 +73,12 @@ func NewCache(cfg CacheConfig) *Cache {
 }
 
 // Lifetime returns how long an answer with ttl is kept.
-func (c *Cache) Lifetime(ttl time.Duration) time.Duration {
-	return max(ttl, c.cfg.MinTTL, MinLifetime)
+func (c *Cache) Lifetime(ttl time.Duration) time.Duration { return c.cfg.Lifetime(ttl) }
+
+// Lifetime returns how long a cache with this configuration keeps an
+// answer with ttl: at least MinTTL and MinLifetime.
+func (cfg CacheConfig) Lifetime(ttl time.Duration) time.Duration {
+	return max(ttl, cfg.MinTTL, MinLifetime)
 }
 
 // Learn records that endpoint ep resolved name to ips with ttl at now
