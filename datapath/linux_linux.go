@@ -394,7 +394,13 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	ips := endpointIPs(ep)
 	for _, ip := range ips {
 		r := &netlink.Route{LinkIndex: idx, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_STATIC}
-		if err := l.nl.RouteReplace(r); err != nil {
+		err := l.nl.RouteReplace(r)
+		if errors.Is(err, unix.ENETDOWN) {
+			if err = l.setHostUp(idx, name); err == nil {
+				err = l.nl.RouteReplace(r)
+			}
+		}
+		if err != nil {
 			err = missingIf(err, errors.Is(err, unix.ENODEV), name)
 			return Realized{}, fmt.Errorf("realize endpoint %d: route %s dev %s: %w", ep.ID, ip, name, err)
 		}
@@ -413,6 +419,30 @@ func (l *Linux) realize(ep *endpoint.Endpoint) (Realized, error) {
 	l.live[ep.ID] = hostLink{index: idx, name: name, ips: ips}
 	l.mu.Unlock()
 	return Realized{}, nil
+}
+
+// setHostUp sets the host veth (idx, name) up again. A removal sets it
+// down before it renames it to its tombstone, and removes the endpoint's
+// state only after: an agent killed between the two restores the
+// endpoint with its veth down under its own name, and the endpoint is
+// live until its DEL is retried. The kernel refuses a route to a down
+// device (ENETDOWN), so realize asks for this only then: no extra call
+// on the usual path.
+func (l *Linux) setHostUp(idx int, name string) error {
+	link, err := l.nl.LinkByIndex(idx)
+	switch {
+	case isLinkNotFound(err):
+		return fmt.Errorf("host interface %s: %w", name, ErrEndpointMissing)
+	case err != nil:
+		return fmt.Errorf("look up host interface %s: %w", name, err)
+	case link.Attrs().Name != name:
+		return fmt.Errorf("host interface index %d is %s, not %s: %w", idx, link.Attrs().Name, name, ErrEndpointMissing)
+	}
+	if err := l.nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set host interface %s up: %w", name, err)
+	}
+	l.log.Info("host interface was down; set up", "interface", name)
+	return nil
 }
 
 // realizeChained attaches the node's programs to a chained endpoint's

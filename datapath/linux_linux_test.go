@@ -155,6 +155,51 @@ func TestLinuxRealizeCheckRemove(t *testing.T) {
 	}
 }
 
+// TestLinuxRealizeHostDown: a removal sets the host veth down before it
+// renames it to its tombstone, and removes the endpoint's state only
+// after; an agent killed between the two restores the endpoint with its
+// veth down under its own name. Realizing it brings the veth back up
+// (the kernel refuses a route to a down device with ENETDOWN, and the
+// restored endpoint would retry that forever).
+func TestLinuxRealizeHostDown(t *testing.T) {
+	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: time.Hour})
+	ep := addVeth(t, nl, 7, "lxctest0000002", "10.244.41.6")
+	ctx := context.Background()
+	if _, err := l.Realize(ctx, ep, 1); err != nil {
+		t.Fatalf("Realize: %v", err)
+	}
+	link, err := nl.LinkByIndex(ep.IfIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.LinkSetDown(link); err != nil { // tombstone's first step
+		t.Fatal(err)
+	}
+	if r := routeTo(t, nl, "10.244.41.6"); r != nil {
+		t.Fatalf("route %+v kept on a down device", r)
+	}
+	restored, err := NewLinux(l.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))) // the restarted agent's datapath
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restored.Init(ctx); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	t.Cleanup(func() { _ = restored.Close() })
+	if err := restored.Check(ctx, ep); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if _, err := restored.Realize(ctx, ep, 1); err != nil {
+		t.Fatalf("Realize after the veth was set down: %v", err)
+	}
+	if link, err = nl.LinkByIndex(ep.IfIndex); err != nil || link.Attrs().Flags&net.FlagUp == 0 || link.Attrs().Name != ep.IfName {
+		t.Fatalf("host veth after Realize: %v, %v; want %s up", link, err, ep.IfName)
+	}
+	if r := routeTo(t, nl, "10.244.41.6"); r == nil || r.LinkIndex != ep.IfIndex {
+		t.Fatalf("route = %+v, want 10.244.41.6/32 dev %s", r, ep.IfName)
+	}
+}
+
 func TestLinuxDeferredTeardown(t *testing.T) {
 	l, _, nl := newTestLinux(t, LinuxConfig{TeardownDelay: 50 * time.Millisecond, EndpointTCX: true})
 	var mu sync.Mutex
