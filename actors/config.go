@@ -121,6 +121,7 @@ func (c Config) withDefaults() Config {
 	ci.CallTimeout = orDefault(ci.CallTimeout, 10*time.Second)
 	ci.RetryMin = orDefault(ci.RetryMin, 200*time.Millisecond)
 	ci.RetryMax = orDefault(ci.RetryMax, 10*time.Second)
+	ci.ReleaseDelay = orDefault(ci.ReleaseDelay, time.Second)
 	if ci.Attempts == 0 {
 		ci.Attempts = 20
 	}
@@ -212,6 +213,13 @@ type ClusterIdentityConfig struct {
 	// Queue bounds the calls waiting per worker (default 4096); a full
 	// queue fails the request, which is retried.
 	Queue int
+	// ReleaseDelay is how long the node keeps marking a label set used
+	// in the store after its last local reference went (default 1 s;
+	// negative: released at once). A burst of relabels then spends the
+	// store's writes on the new label sets' Acquires first, and a label
+	// set acquired again within the delay costs no Release at all. It
+	// only delays the store's garbage collection of the identity.
+	ReleaseDelay time.Duration
 }
 
 func (c ClusterIdentityConfig) validate() error {

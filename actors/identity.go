@@ -243,9 +243,9 @@ func (a *identityActor) release(ctx actor.Context, id identity.NumericIdentity, 
 				delete(a.cluster.renumbered, from)
 			}
 		}
-		// The last local reference: the node no longer uses it. The
-		// identity stays known while the store holds it.
-		a.backendRelease(id, ls)
+		// The last local reference: the node no longer uses it (after
+		// ReleaseDelay). The identity stays known while the store holds it.
+		a.releaseLater(ctx, id, ls)
 		if _, known := a.cluster.known[id]; known {
 			return released, nil
 		}

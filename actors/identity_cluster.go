@@ -31,8 +31,8 @@ type clusterMode struct {
 	knownByKey map[string]identity.NumericIdentity
 	// pending holds the label sets waiting for the store, by key.
 	pending map[string]*pendingAcquire
-	// releases holds the backend Releases that failed, waiting for their
-	// next attempt, by identity.
+	// releases holds the backend Releases waiting for their time (see
+	// releaseLater) or, failed, for their next attempt, by identity.
 	releases map[identity.NumericIdentity]*releaseRetry
 	// renumbered maps a number this node used for a label set to the
 	// store's number its references moved to (see renumber), so that a
@@ -42,8 +42,8 @@ type clusterMode struct {
 	lastErr    string
 }
 
-// releaseRetry is a failed backend Release of the node's use of an
-// identity, to be tried again.
+// releaseRetry is a backend Release of the node's use of an identity
+// waiting: for ReleaseDelay, or, failed, to be tried again.
 type releaseRetry struct {
 	labels   labels.Labels
 	attempts int
@@ -540,6 +540,24 @@ func (a *identityActor) retryPending(ctx actor.Context) {
 	}
 }
 
+// releaseLater releases the node's use of id in the store after
+// ReleaseDelay, through the retry path (clusterReleaseRetried): void if
+// the node uses id again by then, after the label set's Acquire if one
+// is under way. A release already waiting (a failed one's retry) is
+// left to its timer.
+func (a *identityActor) releaseLater(ctx actor.Context, id identity.NumericIdentity, ls labels.Labels) {
+	c := a.cluster
+	if c.cfg.ReleaseDelay < 0 {
+		a.backendRelease(id, ls)
+		return
+	}
+	if r := c.releases[id]; r != nil && r.timer != nil {
+		return
+	}
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	c.releases[id] = &releaseRetry{labels: ls, timer: time.AfterFunc(c.cfg.ReleaseDelay, func() { root.Send(self, &clusterReleaseRetry{id: id}) })}
+}
+
 // backendRelease hands the backend Release of id to its worker.
 func (a *identityActor) backendRelease(id identity.NumericIdentity, ls labels.Labels) {
 	if r := a.cluster.releases[id]; r != nil && r.timer != nil {
@@ -583,11 +601,12 @@ func (a *identityActor) clusterReleased(ctx actor.Context, msg *clusterReleased)
 	r.timer = time.AfterFunc(wait, func() { root.Send(self, &clusterReleaseRetry{id: id}) })
 }
 
-// clusterReleaseRetried tries a failed Release again, unless the node
-// uses the identity again (an endpoint acquired it meanwhile: the release
-// is void) or an Acquire of its label set is under way (it runs first on
-// the label set's worker, and a Release after it would undo the node's
-// use: the retry waits for it to settle).
+// clusterReleaseRetried makes a waiting Release (delayed by
+// releaseLater, or failed before), unless the node uses the identity
+// again (an endpoint acquired it meanwhile: the release is void) or an
+// Acquire of its label set is under way (it runs first on the label
+// set's worker, and a Release after it would undo the node's use: the
+// release waits for it to settle).
 func (a *identityActor) clusterReleaseRetried(ctx actor.Context, id identity.NumericIdentity) {
 	c := a.cluster
 	r := c.releases[id]
@@ -601,7 +620,7 @@ func (a *identityActor) clusterReleaseRetried(ctx actor.Context, id identity.Num
 	}
 	if c.pending[r.labels.Key()] != nil {
 		self, root := ctx.Self(), ctx.ActorSystem().Root
-		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, r.attempts-1)
+		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, max(r.attempts-1, 0))
 		r.timer = time.AfterFunc(wait, func() { root.Send(self, &clusterReleaseRetry{id: id}) })
 		return
 	}

@@ -553,3 +553,47 @@ func (b *memBackend) renumberQuietly(ls labels.Labels, old, id identity.NumericI
 	delete(b.byID, old)
 	b.byKey[ls.Key()], b.byID[id] = id, ls
 }
+
+// TestClusterReleaseDeferred: the node's last reference to a label set
+// going does not release it in the store before ReleaseDelay; acquired
+// again meanwhile, the release is void (no Release at all); released
+// again, the delay's end releases it once.
+func TestClusterReleaseDeferred(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin = 10 * time.Millisecond
+		c.ClusterIdentity.RetryMax = 50 * time.Millisecond
+		c.ClusterIdentity.ReleaseDelay = time.Hour // the test fires the timer itself
+	})
+	ls := ciLabels(t, "k8s:app=deferred")
+	h1, h2 := ciHolder(t, sys), ciHolder(t, sys)
+	got := ciAcquire(t, sys, h1, ls)
+	if got.Err != nil {
+		t.Fatal(got.Err)
+	}
+	n := got.Identity.ID
+	svAsk(t, sys, sys.identity, &messages.IdentityRelease{ID: n, Holder: h1})
+	time.Sleep(200 * time.Millisecond) // a Release handed to the worker at once would be counted by now
+	if _, rel := b.counts(ls.Key(), n); rel != 0 {
+		t.Fatalf("released in the store %d times before ReleaseDelay", rel)
+	}
+	if again := ciAcquire(t, sys, h2, ls); again.Err != nil || again.Identity.ID != n {
+		t.Fatalf("acquired again: %+v", again)
+	}
+	sys.Actors.Root.Send(sys.identity, &clusterReleaseRetry{id: n}) // the delay ends
+	svAsk(t, sys, sys.identity, &messages.IdentityAcquire{Labels: ls, Holder: h2})
+	time.Sleep(200 * time.Millisecond)
+	if _, rel := b.counts(ls.Key(), n); rel != 0 {
+		t.Fatalf("released in the store %d times although acquired again within ReleaseDelay", rel)
+	}
+	for range 2 {
+		svAsk(t, sys, sys.identity, &messages.IdentityRelease{ID: n, Holder: h2})
+	}
+	sys.Actors.Root.Send(sys.identity, &clusterReleaseRetry{id: n})
+	testutil.Eventually(t, "the release once the delay ended", func() bool { _, r := b.counts(ls.Key(), n); return r == 1 })
+	time.Sleep(200 * time.Millisecond)
+	if _, rel := b.counts(ls.Key(), n); rel != 1 {
+		t.Fatalf("released %d times, want 1", rel)
+	}
+}

@@ -101,6 +101,11 @@ func start(t *testing.T, env *kubetest.Env) *bench {
 		rc := rest.CopyConfig(env.Config)
 		rc.QPS, rc.Burst = k8s.DefaultClientQPS, k8s.DefaultClientBurst
 		cfg.K8s = &k8s.Config{REST: rc, NodeName: node, SyncTimeout: time.Minute, PodWait: 30 * time.Second}
+		// BENCH_RELEASE_DELAY: the identity actor's ReleaseDelay (a
+		// duration; negative releases at once), to compare.
+		if d, err := time.ParseDuration(os.Getenv("BENCH_RELEASE_DELAY")); err == nil {
+			cfg.Actors.ClusterIdentity.ReleaseDelay = d
+		}
 	})
 	c := hn.Client()
 	cs, err := kubernetes.NewForConfig(env.Config)
