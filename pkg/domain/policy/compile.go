@@ -59,7 +59,8 @@ type PeerRule struct {
 // Name is set, a named port (Port 0): the port the destination pod
 // declares under Name for Proto. An ingress named port resolves against
 // the selected endpoint's own ports (MapState.ForPorts), an egress one
-// against each peer identity's (Repository.SetEndpointPorts).
+// against each peer identity's (Repository.SetEndpointPorts), and for a
+// CIDR peer against every endpoint's (Repository.clusterPorts).
 type PortProto struct {
 	Port  uint16
 	Proto uint8
