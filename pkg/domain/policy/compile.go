@@ -59,7 +59,8 @@ type PeerRule struct {
 // Name is set, a named port (Port 0): the port the destination pod
 // declares under Name for Proto. An ingress named port resolves against
 // the selected endpoint's own ports (MapState.ForPorts), an egress one
-// against each peer identity's (Repository.SetEndpointPorts).
+// against each peer identity's (Repository.SetEndpointPorts), and for a
+// CIDR peer against every endpoint's (Repository.clusterPorts).
 type PortProto struct {
 	Port  uint16
 	Proto uint8
@@ -273,7 +274,7 @@ func (c *cnpCompiler) denyPeers(path, dir string, f peerFields, ports []portDeny
 		}
 		pr.Ports = append(pr.Ports, got...)
 	}
-	if err := c.checkNamedDeny(pr, path, dir); err != nil {
+	if err := c.checkNamedDeny(pr, path); err != nil {
 		return nil, err
 	}
 	if pr.Ports, err = appendICMPs(pr.Ports, icmps, path); err != nil {
@@ -289,24 +290,15 @@ func (c *cnpCompiler) denyPeers(path, dir string, f peerFields, ports []portDeny
 // cannot resolve. Cilium resolves a deny's named port as an allow's (the
 // same L4Filter, toMapState's GetNamedPort): on ingress the endpoint's own
 // port, on egress the destination's, which Membrane resolves per
-// destination identity (appendKeys). A host rule's named ports are
-// refused as in allow entries (the node declares none). An egress CIDR
-// peer (toCIDR, toCIDRSet) is an address that declares no ports, so
-// resolved per destination the deny would deny nothing where Cilium
-// denies the number the cluster's pods give the name: refused rather
-// than silently denying nothing.
-func (c *cnpCompiler) checkNamedDeny(pr PeerRule, path, dir string) error {
-	if !hasNamedPort(pr.Ports) {
+// destination identity, and for a CIDR peer (toCIDR, toCIDRSet: an
+// address declares no ports) to the numbers the cluster's endpoints give
+// the name (appendKeys, addCIDRGroups). A host rule's named ports are
+// refused as in allow entries (the node declares none).
+func (c *cnpCompiler) checkNamedDeny(pr PeerRule, path string) error {
+	if !hasNamedPort(pr.Ports) || !c.host {
 		return nil
 	}
-	if c.host {
-		return checkHostEntry([]PeerRule{pr}, path)
-	}
-	if dir == "to" && slices.ContainsFunc(pr.Peers, func(s Selector) bool { _, ok := s.(*CIDRSelector); return ok }) {
-		j := slices.IndexFunc(pr.Ports, func(p PortProto) bool { return p.Name != "" })
-		return fmt.Errorf("%s.toPorts: named port %q with toCIDR/toCIDRSet in an egress deny: an address declares no named ports, so the deny would deny nothing; use a number", path, pr.Ports[j].Name)
-	}
-	return nil
+	return checkHostEntry([]PeerRule{pr}, path)
 }
 
 func appendICMPs(ports []PortProto, icmps []icmpRule, path string) ([]PortProto, error) {

@@ -217,8 +217,7 @@ spec:
 }
 
 // Refused deny entries on named ports: in a host rule (the node declares
-// no ports, as for allows) and toward an egress CIDR (an address
-// declares none: the deny would deny nothing).
+// no ports, as for allows).
 func TestNamedDenyRefused(t *testing.T) {
 	for _, tc := range []struct{ name, doc, want string }{
 		{"host", `apiVersion: cilium.io/v2
@@ -229,15 +228,6 @@ spec:
   ingressDeny:
   - toPorts: [{ports: [{port: http, protocol: TCP}]}]
 `, "named ports are not supported in host policies"},
-		{"egress CIDR", `apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {name: c, namespace: x}
-spec:
-  endpointSelector: {}
-  egressDeny:
-  - toCIDRSet: [{cidr: 10.0.0.0/8}]
-    toPorts: [{ports: [{port: http, protocol: TCP}]}]
-`, "spec.egressDeny[0].toPorts: named port \"http\" with toCIDR/toCIDRSet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc))
@@ -246,8 +236,8 @@ spec:
 			}
 		})
 	}
-	// An ingress CIDR deny on a named port and an egress one toward
-	// endpoints are accepted.
+	// An ingress CIDR deny on a named port, an egress one toward
+	// endpoints and one toward CIDRs (namedcidr_test.go) are accepted.
 	mustParse(t, `apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
 metadata: {name: ok, namespace: x}
@@ -258,6 +248,9 @@ spec:
     toPorts: [{ports: [{port: http, protocol: TCP}]}]
   egressDeny:
   - toEndpoints: [{}]
+    toPorts: [{ports: [{port: http, protocol: TCP}]}]
+  - toCIDR: [10.0.0.0/8]
+    toCIDRSet: [{cidr: 192.168.0.0/16}]
     toPorts: [{ports: [{port: http, protocol: TCP}]}]
 `)
 }

@@ -13,6 +13,13 @@ import (
 // that number the name differently are both reachable, or both denied, on
 // both numbers). Ingress rules on a named port are resolved per endpoint
 // (MapState.ForPorts), against the endpoint's own ports.
+//
+// An egress CIDR peer (toCIDR, toCIDRSet, ipBlock) on a named port is an
+// address, which declares no ports: its name resolves, as in Cilium
+// (GetNamedPort over the node's map of every endpoint's ports), to the
+// numbers the cluster's endpoints give it: the union over every known
+// endpoint, local and remote (clusterPorts), for the CIDR identities the
+// peer selects and for its CIDR entries alike.
 
 // maxResolvedPerIdentity bounds the resolved policies cached per
 // identity (one per distinct set of ports among its endpoints).
@@ -97,6 +104,7 @@ func (r *Repository) addPorts(o portOwner, affected idSet) {
 	for _, p := range o.ports {
 		if m[p]++; m[p] == 1 {
 			changed = true
+			r.countClusterPort(p, 1, affected)
 		}
 	}
 	if changed {
@@ -111,6 +119,7 @@ func (r *Repository) dropPorts(o portOwner, affected idSet) {
 		if m[p]--; m[p] <= 0 {
 			delete(m, p)
 			changed = true
+			r.countClusterPort(p, -1, affected)
 		}
 	}
 	if len(m) == 0 {
@@ -120,6 +129,82 @@ func (r *Repository) dropPorts(o portOwner, affected idSet) {
 		r.namedEgressUsers(o.id, affected)
 	}
 }
+
+// portName is a port name over a protocol.
+type portName struct {
+	name  string
+	proto uint8
+}
+
+// countClusterPort counts (delta) an identity gaining or losing port p;
+// when p's number comes into the cluster's set for its name, or leaves
+// it, the identities whose egress CIDR peers resolve the name are
+// affected.
+func (r *Repository) countClusterPort(p NamedPort, delta int, affected idSet) {
+	k := portName{p.Name, p.Proto}
+	nums := r.clusterNums[k]
+	if nums == nil {
+		nums = map[uint16]int{}
+		r.clusterNums[k] = nums
+	}
+	nums[p.Port] += delta
+	switch n := nums[p.Port]; {
+	case n == 1 && delta > 0:
+	case n <= 0:
+		delete(nums, p.Port)
+		if len(nums) == 0 {
+			delete(r.clusterNums, k)
+		}
+	default:
+		return
+	}
+	r.namedCIDRUsers(k, affected)
+}
+
+// clusterPorts returns the numbers the known endpoints give name over
+// proto, sorted: what an egress CIDR peer's named port resolves to.
+func (r *Repository) clusterPorts(name string, proto uint8) []uint16 {
+	nums := r.clusterNums[portName{name, proto}]
+	if len(nums) == 0 {
+		return nil
+	}
+	out := make([]uint16, 0, len(nums))
+	for n := range nums {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// namedCIDRUsers marks affected the identities selected by a rule with
+// an egress entry (allow or deny) toward a CIDR peer on the named port k.
+func (r *Repository) namedCIDRUsers(k portName, affected idSet) {
+	for cs := range r.subjects {
+		for _, ref := range cs.subjectOf {
+			rule := &ref.policy.Rules[ref.rule]
+			if (rule.EgressEnforced || rule.EgressOpen) && (cidrNamed(rule.Egress, k) || cidrNamed(rule.EgressDeny, k)) {
+				for sid := range cs.ids {
+					affected[sid] = struct{}{}
+				}
+				break
+			}
+		}
+	}
+}
+
+// cidrNamed reports whether one of prs has a CIDR peer and the named
+// port k.
+func cidrNamed(prs []PeerRule, k portName) bool {
+	for _, pr := range prs {
+		if slices.ContainsFunc(pr.Ports, func(p PortProto) bool { return p.Name == k.name && p.Proto == k.proto }) &&
+			slices.ContainsFunc(pr.Peers, isCIDRSelector) {
+			return true
+		}
+	}
+	return false
+}
+
+func isCIDRSelector(s Selector) bool { _, ok := s.(*CIDRSelector); return ok }
 
 // peerPorts returns the ports the endpoints of identity id declare as
 // name over proto, sorted.

@@ -130,10 +130,13 @@ type Repository struct {
 	// their union per identity with a count of the endpoints declaring
 	// each (namedports_repo.go). resolved caches MapStateFor per
 	// identity and set of ports; cleared when the identity's policy
-	// changes.
-	portOwners map[string]portOwner
-	idPorts    map[identity.NumericIdentity]map[NamedPort]int
-	resolved   map[identity.NumericIdentity]map[string]*MapState
+	// changes. clusterNums are, per name and protocol, the numbers
+	// of idPorts with a count of the identities declaring each: what an
+	// egress CIDR peer's named port resolves to (clusterPorts).
+	portOwners  map[string]portOwner
+	idPorts     map[identity.NumericIdentity]map[NamedPort]int
+	clusterNums map[portName]map[uint16]int
+	resolved    map[identity.NumericIdentity]map[string]*MapState
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -149,7 +152,8 @@ func NewRepository() *Repository {
 		fqdnHeld: map[netip.Addr]struct{}{}, fqdnSels: map[*cachedSelector]struct{}{},
 		services: map[string]*Service{}, svcNames: map[netip.Addr]map[string]struct{}{}, svcSels: map[*cachedSelector]struct{}{},
 		portOwners: map[string]portOwner{}, idPorts: map[identity.NumericIdentity]map[NamedPort]int{},
-		resolved: map[identity.NumericIdentity]map[string]*MapState{},
+		clusterNums: map[portName]map[uint16]int{},
+		resolved:    map[identity.NumericIdentity]map[string]*MapState{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedIngress; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {

@@ -428,17 +428,17 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 				ingress = ingress || rule.IngressEnforced
 				ingressOpen = ingressOpen || rule.IngressOpen
 				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named, &namedL7)
-				addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
+				r.addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
 				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, &namedDeny, nil)
-				addCIDRGroups(groups, namedCIDR, rule.IngressDeny, Ingress, true)
+				r.addCIDRGroups(groups, namedCIDR, rule.IngressDeny, Ingress, true)
 			}
 			if rule.EgressEnforced || rule.EgressOpen {
 				egress = egress || rule.EgressEnforced
 				egressOpen = egressOpen || rule.EgressOpen
 				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil, nil)
-				addCIDRGroups(groups, nil, rule.Egress, Egress, false)
+				r.addCIDRGroups(groups, nil, rule.Egress, Egress, false)
 				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil, nil)
-				addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
+				r.addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
 			}
 		}
 	}
@@ -503,7 +503,9 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 // appendKeys appends the keys of prs and records their L7 rules in l7
 // and their DNS rules in dns. A named port is resolved against each
 // peer identity's ports in egress (every identity declaring it for any
-// peer), the resolved keys taking the rule's L7 and DNS rules; in
+// peer; for the identities a CIDR selector selects, which declare none,
+// the numbers of every endpoint: clusterPorts), the resolved keys taking
+// the rule's L7 and DNS rules; in
 // ingress it is left to each endpoint and appended to named, and, when
 // l7 records, to namedL7 with its L7 rules (ForPorts adds them to l7's
 // once resolved). Deny entries' named ports resolve the same way, into
@@ -514,7 +516,9 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 		if len(ports) == 0 {
 			ports = anyPort
 		}
-		emit := func(peer identity.NumericIdentity, onlyNamed bool) {
+		// emit appends peer's keys; cidr: peer is one a CIDR selector
+		// selects, whose egress named ports resolve cluster-wide.
+		emit := func(peer identity.NumericIdentity, onlyNamed, cidr bool) {
 			for _, pp := range ports {
 				if onlyNamed && pp.Name == "" {
 					continue
@@ -528,7 +532,11 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 						}
 						continue
 					}
-					for _, n := range r.peerPorts(peer, pp.Name, pp.Proto) {
+					nums := r.peerPorts(peer, pp.Name, pp.Proto)
+					if cidr {
+						nums = r.clusterPorts(pp.Name, pp.Proto)
+					}
+					for _, n := range nums {
 						k := Key{Identity: peer, Port: n, Proto: pp.Proto, Dir: dir}
 						keys = append(keys, k)
 						l7.add(k, pr.HTTP, pr.Kafka)
@@ -543,17 +551,18 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 			}
 		}
 		if pr.Any {
-			emit(0, false)
+			emit(0, false, false)
 			if dir == Egress && hasNamedPort(pr.Ports) {
 				for peer := range r.idPorts {
-					emit(peer, true)
+					emit(peer, true, false)
 				}
 			}
 			continue
 		}
 		for _, s := range pr.Peers {
+			cidr := isCIDRSelector(s)
 			for peer := range r.selectors[s.Key()].ids {
-				emit(peer, false)
+				emit(peer, false, cidr)
 			}
 		}
 	}
@@ -565,14 +574,16 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 // the same for addresses the ipcache maps to those identities; the CIDR
 // entries decide for every address, a pod's too.
 //
-// A CIDR rule on a named port goes to named (ingress: the endpoint's own
-// port, resolved by ForPorts); an egress one allows nothing, since an
-// address outside the cluster declares no named ports (named is nil; an
-// egress deny's is refused, see checkNamedDeny).
+// A CIDR rule on a named port goes, in ingress, to named (the
+// endpoint's own port, resolved by ForPorts); in egress (named is nil)
+// to the group of each number the cluster's endpoints give the name
+// (clusterPorts: an address declares no ports), none when no endpoint
+// declares it.
 //
 // Deny entries' selectors go to deny groups (deny set), which drop what
-// their longest match holds; on a named port to named deny groups.
-func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction, deny bool) {
+// their longest match holds; on a named port to named deny groups
+// (ingress) or the resolved numbers' deny groups (egress).
+func (r *Repository) addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]*CIDRSelector, prs []PeerRule, dir Direction, deny bool) {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -588,6 +599,11 @@ func addCIDRGroups(groups map[cidrGroup][]*CIDRSelector, named map[namedGroup][]
 					if named != nil {
 						ng := namedGroup{name: pp.Name, proto: pp.Proto, deny: deny}
 						named[ng] = append(named[ng], c)
+						continue
+					}
+					for _, n := range r.clusterPorts(pp.Name, pp.Proto) {
+						g := cidrGroup{dir: dir, proto: pp.Proto, port: n, deny: deny}
+						groups[g] = append(groups[g], c)
 					}
 					continue
 				}
