@@ -62,6 +62,7 @@ func testPinsRemoved(t *testing.T, attach, cidr string) {
 	ipcacheID := pinnedMapID(t, ipcache)
 	pinsBefore := pinTree(t, ap.BPFFS)
 	repairs := watchEvents(t, c, events.BPFPinsRepaired)
+	repairsBefore, repinnedBefore := 0, 0
 
 	for i, fault := range []struct {
 		name string
@@ -94,18 +95,23 @@ func testPinsRemoved(t *testing.T, attach, cidr string) {
 		if id := pinnedMapID(t, ipcache); id != ipcacheID {
 			t.Errorf("%s: the ipcache pin holds map %d, want the agent's map %d", fault.name, id, ipcacheID)
 		}
+		// A check may run in the middle of a fault (rm -rf removing one
+		// pin after another, the bpffs between its unmount and the new
+		// mount) and find pins missing more than once: at least one
+		// more repair than before, each repinning.
 		st, err := c.Status(ctx)
-		if err != nil || st.BPFPins == nil || !st.BPFPins.Healthy || st.BPFPins.Repairs != i+1 || st.BPFPins.Repinned == 0 {
-			t.Errorf("%s: status bpf-pins %+v, %v; want healthy with %d repairs", fault.name, st.BPFPins, err, i+1)
+		if err != nil || st.BPFPins == nil || !st.BPFPins.Healthy || st.BPFPins.Repairs <= repairsBefore || st.BPFPins.Repinned <= repinnedBefore {
+			t.Errorf("%s: status bpf-pins %+v, %v; want healthy with more than %d repairs, more than %d pinned again", fault.name, st.BPFPins, err, repairsBefore, repinnedBefore)
 		} else {
-			t.Logf("%s: status: %s", fault.name, st.BPFPins.LastMessage)
+			t.Logf("%s: status: %d repairs: %s", fault.name, st.BPFPins.Repairs-repairsBefore, st.BPFPins.LastMessage)
+			repairsBefore, repinnedBefore = st.BPFPins.Repairs, st.BPFPins.Repinned
 		}
 		if err := enforced("after the repair (" + fault.name + ")"); err != nil {
 			t.Error(err)
 		}
 	}
-	if v := metric(t, ap.Socket, `membrane_datapath_pin_repairs_total{result="repaired"}`); v != "2" {
-		t.Errorf(`membrane_datapath_pin_repairs_total{result="repaired"} = %q, want 2`, v)
+	if v, err := strconv.Atoi(metric(t, ap.Socket, `membrane_datapath_pin_repairs_total{result="repaired"}`)); err != nil || v < 2 || v > repairsBefore {
+		t.Errorf(`membrane_datapath_pin_repairs_total{result="repaired"} = %d (%v), want 2 to %d (the status's repairs)`, v, err, repairsBefore)
 	}
 
 	// A new pod: added and enforced (not allowed into srv).
