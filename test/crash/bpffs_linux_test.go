@@ -234,7 +234,9 @@ type eventLog struct {
 	got []events.Event
 }
 
-// watchEvents streams the agent's events of type typ for the test.
+// watchEvents streams the agent's events of type typ for the test, from
+// the agent's first event on (since=1: the stream may connect after the
+// fault it waits for was repaired; it did once, under load).
 func watchEvents(t *testing.T, c *client.Client, typ events.Type) *eventLog {
 	t.Helper()
 	el := &eventLog{mu: make(chan struct{}, 1)}
@@ -243,7 +245,7 @@ func watchEvents(t *testing.T, c *client.Client, typ events.Type) *eventLog {
 	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
-		_ = c.Events(ctx, map[string][]string{"type": {string(typ)}}, func(ev events.Event) bool {
+		_ = c.Events(ctx, map[string][]string{"type": {string(typ)}, "since": {"1"}}, func(ev events.Event) bool {
 			if ev.Type == typ {
 				el.mu <- struct{}{}
 				el.got = append(el.got, ev)
