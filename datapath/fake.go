@@ -49,15 +49,15 @@ type Fake struct {
 	// ipcache is the ipcache map: one entry per prefix (identity and
 	// tunnel endpoint together, as the BPF map's value; heap per remote
 	// endpoint is measured with this fake).
-	ipcache map[netip.Prefix]IPCacheValue
+	ipcache   map[netip.Prefix]IPCacheValue
 	gone      map[endpoint.ID]bool // forgotten: their "interface" vanished
 	ack       ProxyAckFunc
 	realizes  uint64
 	removes   uint64
 	gcPasses  int
-	gcOrphans sweep[endpoint.ID]          // realised, not live
-	gcMissing sweep[endpoint.ID]          // live, Forgotten
-	nodes     []RemoteNode                // the last SyncNodes set
+	gcOrphans sweep[endpoint.ID] // realised, not live
+	gcMissing sweep[endpoint.ID] // live, Forgotten
+	nodes     []RemoteNode       // the last SyncNodes set
 	nodeSyncs int
 	lb        fakeLB // fake_services.go
 }
