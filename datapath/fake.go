@@ -3,7 +3,6 @@ package datapath
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"strconv"
@@ -47,16 +46,18 @@ type Fake struct {
 	rng       *rand.Rand
 	endpoints map[endpoint.ID]uint64 // realised revision per endpoint
 	policies  map[endpoint.ID]*policy.MapState
-	ipcache   map[netip.Prefix]identity.NumericIdentity
+	// ipcache is the ipcache map: one entry per prefix (identity and
+	// tunnel endpoint together, as the BPF map's value; heap per remote
+	// endpoint is measured with this fake).
+	ipcache   map[netip.Prefix]IPCacheValue
 	gone      map[endpoint.ID]bool // forgotten: their "interface" vanished
 	ack       ProxyAckFunc
 	realizes  uint64
 	removes   uint64
 	gcPasses  int
-	gcOrphans sweep[endpoint.ID]          // realised, not live
-	gcMissing sweep[endpoint.ID]          // live, Forgotten
-	nodes     []RemoteNode                // the last SyncNodes set
-	tunnels   map[netip.Prefix]netip.Addr // ipcache tunnel endpoints
+	gcOrphans sweep[endpoint.ID] // realised, not live
+	gcMissing sweep[endpoint.ID] // live, Forgotten
+	nodes     []RemoteNode       // the last SyncNodes set
 	nodeSyncs int
 	lb        fakeLB // fake_services.go
 }
@@ -69,7 +70,7 @@ func NewFake(seed uint64) *Fake {
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		endpoints: make(map[endpoint.ID]uint64),
 		policies:  make(map[endpoint.ID]*policy.MapState),
-		ipcache:   make(map[netip.Prefix]identity.NumericIdentity),
+		ipcache:   make(map[netip.Prefix]IPCacheValue),
 		gone:      make(map[endpoint.ID]bool),
 	}
 }
@@ -167,8 +168,7 @@ func (f *Fake) UpsertIPCache(ctx context.Context, prefix netip.Prefix, id identi
 		}
 	}
 	f.mu.Lock()
-	f.ipcache[prefix.Masked()] = id
-	f.setTunnel(prefix.Masked(), tunnel)
+	f.ipcache[prefix.Masked()] = IPCacheValue{Identity: id, TunnelEndpoint: tunnel}
 	f.mu.Unlock()
 	return nil
 }
@@ -182,7 +182,6 @@ func (f *Fake) DeleteIPCache(ctx context.Context, prefix netip.Prefix) error {
 	}
 	f.mu.Lock()
 	delete(f.ipcache, prefix.Masked())
-	delete(f.tunnels, prefix.Masked())
 	f.mu.Unlock()
 	return nil
 }
@@ -199,44 +198,43 @@ func (f *Fake) SyncIPCache(_ context.Context, desired map[netip.Prefix]IPCacheVa
 	for p := range f.ipcache {
 		if _, ok := want[p]; !ok {
 			delete(f.ipcache, p)
-			delete(f.tunnels, p)
 			st.Deleted++
 		}
 	}
 	for p, v := range want {
-		if cur, ok := f.ipcache[p]; !ok || cur != v.Identity || f.tunnels[p] != v.TunnelEndpoint {
-			f.ipcache[p] = v.Identity
-			f.setTunnel(p, v.TunnelEndpoint)
+		if cur, ok := f.ipcache[p]; !ok || cur != v {
+			f.ipcache[p] = v
 			st.Written++
 		}
 	}
 	return st, nil
 }
 
-// setTunnel records p's tunnel endpoint (invalid: none). f.mu held.
-func (f *Fake) setTunnel(p netip.Prefix, tunnel netip.Addr) {
-	if !tunnel.IsValid() {
-		delete(f.tunnels, p)
-		return
-	}
-	if f.tunnels == nil {
-		f.tunnels = map[netip.Prefix]netip.Addr{}
-	}
-	f.tunnels[p] = tunnel
-}
-
 // IPCacheTunnels returns the ipcache's tunnel endpoints by prefix.
 func (f *Fake) IPCacheTunnels() map[netip.Prefix]netip.Addr {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return maps.Clone(f.tunnels)
+	var out map[netip.Prefix]netip.Addr
+	for p, v := range f.ipcache {
+		if v.TunnelEndpoint.IsValid() {
+			if out == nil {
+				out = map[netip.Prefix]netip.Addr{}
+			}
+			out[p] = v.TunnelEndpoint
+		}
+	}
+	return out
 }
 
 // IPCache returns a copy of the ipcache.
 func (f *Fake) IPCache() map[netip.Prefix]identity.NumericIdentity {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return maps.Clone(f.ipcache)
+	out := make(map[netip.Prefix]identity.NumericIdentity, len(f.ipcache))
+	for p, v := range f.ipcache {
+		out[p] = v.Identity
+	}
+	return out
 }
 
 // Policy returns the policy realised for an endpoint (nil: none or not

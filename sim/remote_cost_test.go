@@ -328,7 +328,7 @@ func idleCPURate(d time.Duration) float64 {
 
 // envInts reads a space-separated list of positive integers from env
 // (def when unset).
-func envInts(b *testing.B, env string, def []int) []int {
+func envInts(b testing.TB, env string, def []int) []int {
 	s := os.Getenv(env)
 	if s == "" {
 		return def

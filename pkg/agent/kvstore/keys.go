@@ -52,20 +52,6 @@ func (k keys) endpoint(node string, id uint16) string {
 	return k.nodeEndpoints(node) + strconv.FormatUint(uint64(id), 10)
 }
 
-// endpointNode returns the <node> of an endpoint key ("" when key is
-// not one).
-func (k keys) endpointNode(key string) string {
-	rest, ok := strings.CutPrefix(key, k.endpoints())
-	if !ok {
-		return ""
-	}
-	node, _, ok := strings.Cut(rest, "/")
-	if !ok {
-		return ""
-	}
-	return node
-}
-
 // refHash names a label set in refs/ and gc/: 128 bits of its SHA-256,
 // hex.
 func refHash(lk string) string {

@@ -63,11 +63,21 @@ type Mirror struct {
 
 	// mu guards everything below; the sinks are called with mu held, so
 	// their calls happen in the order of etcd's revisions.
-	mu       sync.Mutex
-	recs     map[string]endpointRecord // endpoint key -> record (refused ones too)
-	owners   map[netip.Addr][]string   // address -> accepted keys claiming it, latest last
-	nodeRecs map[string]nodeRecord
-	// refused holds, per refused endpoint key, the reason (one of
+	//
+	// An endpoint is named by its record key: its etcd key less the
+	// endpoints prefix, "<node>/<id>" (recKey). The per-endpoint state is
+	// a record key, one heldRecord and the address's owner (heap per
+	// remote endpoint is a target: docs/scale.md).
+	mu   sync.Mutex
+	recs map[string]*heldRecord // record key -> record (refused ones too)
+	// owners maps an address to the latest accepted record key claiming
+	// it; contested holds, for the few addresses that more than one
+	// accepted record claims, the earlier claims, oldest first (never
+	// the owner's key, never an empty list).
+	owners    map[netip.Addr]string
+	contested map[netip.Addr][]string
+	nodeRecs  map[string]nodeRecord
+	// refused holds, per refused record key, the reason (one of
 	// endpoint.Refused*) last logged; refusals counts refusals by reason
 	// (each record once per reason it was refused for).
 	refused  map[string]string
@@ -86,7 +96,7 @@ type Mirror struct {
 func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	ctx, stop := context.WithCancel(c.ctx)
 	m := &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
-		recs: map[string]endpointRecord{}, owners: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
+		recs: map[string]*heldRecord{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
 		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{})}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
@@ -181,10 +191,28 @@ func (m *Mirror) retry() bool {
 	return !m.epStale && m.nodeSent
 }
 
-// ownKey reports whether key is under this node (its own endpoints are
-// local, not remote).
+// ownKey reports whether record key key is under this node (its own
+// endpoints are local, not remote).
 func (m *Mirror) ownKey(key string) bool {
-	return strings.HasPrefix(key, m.c.keys.nodeEndpoints(m.self))
+	return strings.HasPrefix(key, m.self) && strings.HasPrefix(key[len(m.self):], "/")
+}
+
+// recKey is the record key of etcd key k (under the endpoints prefix,
+// which the watch guarantees): "<node>/<id>", its own allocation.
+func (m *Mirror) recKey(k []byte) string {
+	return string(k[min(len(k), len(m.c.keys.endpoints())):])
+}
+
+// etcdKey is record key key's etcd key (for logs).
+func (m *Mirror) etcdKey(key string) string { return m.c.keys.endpoints() + key }
+
+// recNode is the <node> of record key key ("" when it has none).
+func recNode(key string) string {
+	node, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return ""
+	}
+	return node
 }
 
 // fail records a sink failure and schedules a full hand-over.
@@ -203,10 +231,11 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 	defer m.mu.Unlock()
 	clear(m.recs)
 	clear(m.owners)
+	clear(m.contested)
 	prev := m.refused // keeps the reasons logged: a relist logs no refusal again
 	m.refused = map[string]string{}
 	for _, kv := range kvs {
-		key := string(kv.Key)
+		key := m.recKey(kv.Key)
 		if r, ok := prev[key]; ok {
 			m.refused[key] = r
 		}
@@ -226,7 +255,7 @@ func (l *epLister) events(evs []*clientv3.Event) {
 	// delete followed by an upsert.
 	final := finalChanges{}
 	for _, ev := range evs {
-		key := string(ev.Kv.Key)
+		key := m.recKey(ev.Kv.Key)
 		if m.ownKey(key) {
 			continue
 		}
@@ -311,18 +340,19 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 	if m.ownKey(key) {
 		return nil, nil
 	}
-	rec, err := decodeEndpoint(v)
+	dec, err := decodeEndpoint(v)
 	if err != nil {
-		m.c.log.Warn("unreadable endpoint record ignored", "key", key, "err", err)
+		m.c.log.Warn("unreadable endpoint record ignored", "key", m.etcdKey(key), "err", err)
 		return m.deleteLocked(key)
 	}
+	rec := hold(key, dec)
 	var ups []endpoint.Remote
 	var dels []netip.Addr
 	_, wasRefused := m.refused[key]
 	accepted := m.checkLocked(key, rec, false)
 	if old, ok := m.recs[key]; ok && !wasRefused { // addresses the endpoint no longer claims
-		for _, ip := range old.IPs {
-			if !accepted || !slices.Contains(rec.IPs, ip) {
+		for _, ip := range old.ips {
+			if !accepted || !slices.Contains(rec.ips, ip) {
 				u, d := m.disownLocked(ip, key)
 				ups, dels = append(ups, u...), append(dels, d...)
 			}
@@ -337,10 +367,27 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 }
 
 // ownLocked makes key the latest claim of each of rec's addresses.
-func (m *Mirror) ownLocked(key string, rec endpointRecord) {
-	for _, ip := range rec.IPs {
-		o := slices.DeleteFunc(m.owners[ip], func(k string) bool { return k == key })
-		m.owners[ip] = append(o, key)
+func (m *Mirror) ownLocked(key string, rec *heldRecord) {
+	for _, ip := range rec.ips {
+		cur, ok := m.owners[ip]
+		if ok && cur != key {
+			m.uncontestLocked(ip, key)
+			m.contested[ip] = append(m.contested[ip], cur)
+		}
+		m.owners[ip] = key // this string: the record's node shares it
+	}
+}
+
+// uncontestLocked removes key from ip's earlier claims.
+func (m *Mirror) uncontestLocked(ip netip.Addr, key string) {
+	o, ok := m.contested[ip]
+	if !ok {
+		return
+	}
+	if o = slices.DeleteFunc(o, func(k string) bool { return k == key }); len(o) == 0 {
+		delete(m.contested, ip)
+	} else {
+		m.contested[ip] = o
 	}
 }
 
@@ -349,8 +396,8 @@ func (m *Mirror) ownLocked(key string, rec endpointRecord) {
 // and counted, except (pending, with reason "") a record whose node is
 // not known while the nodes are not listed yet or, with withdrawn, whose
 // node went away. True when accepted.
-func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) bool {
-	owner := m.c.keys.endpointNode(key)
+func (m *Mirror) checkLocked(key string, rec *heldRecord, withdrawn bool) bool {
+	owner := recNode(key)
 	var node *endpoint.OwnerNode
 	if n, ok := m.nodeRecs[m.c.keys.node(owner)]; ok && owner != "" {
 		node = &endpoint.OwnerNode{Name: n.Name, Addrs: n.Addrs, PodCIDRs: n.PodCIDRs}
@@ -366,7 +413,7 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) boo
 		if wasRefused {
 			delete(m.refused, key)
 			if prev != "" {
-				m.c.log.Info("remote endpoint accepted", "key", key, "node", owner, "refused-before", prev)
+				m.c.log.Info("remote endpoint accepted", "key", m.etcdKey(key), "node", owner, "refused-before", prev)
 			}
 		}
 		return true
@@ -378,7 +425,7 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) boo
 	m.refused[key] = re.Reason
 	if re.Reason != prev {
 		m.refusals[re.Reason]++
-		m.c.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "key", key, "node", owner, "reason", re.Reason, "detail", re.Detail)
+		m.c.log.Log(context.Background(), endpoint.RefusalLevel(re.Reason), "remote endpoint refused", "key", m.etcdKey(key), "node", owner, "reason", re.Reason, "detail", re.Detail)
 	}
 	return false
 }
@@ -386,7 +433,7 @@ func (m *Mirror) checkLocked(key string, rec endpointRecord, withdrawn bool) boo
 // recheckNodeLocked checks the records of node again after its node
 // record changed, and hands what changed to the sink.
 func (m *Mirror) recheckNodeLocked(node string) {
-	prefix := m.c.keys.nodeEndpoints(node)
+	prefix := node + "/"
 	final := finalChanges{}
 	withdrawn := 0
 	for key, rec := range m.recs {
@@ -403,7 +450,7 @@ func (m *Mirror) recheckNodeLocked(node string) {
 			m.ownLocked(key, rec)
 			final.add([]endpoint.Remote{rec.remote()}, nil)
 		case !now && !was:
-			for _, ip := range rec.IPs {
+			for _, ip := range rec.ips {
 				final.add(m.disownLocked(ip, key))
 			}
 		}
@@ -429,7 +476,7 @@ func (m *Mirror) deleteLocked(key string) ([]endpoint.Remote, []netip.Addr) {
 	}
 	var ups []endpoint.Remote
 	var dels []netip.Addr
-	for _, ip := range rec.IPs {
+	for _, ip := range rec.ips {
 		u, d := m.disownLocked(ip, key)
 		ups, dels = append(ups, u...), append(dels, d...)
 	}
@@ -439,13 +486,28 @@ func (m *Mirror) deleteLocked(key string) ([]endpoint.Remote, []netip.Addr) {
 // disownLocked removes key's claim on ip: the address is deleted, or
 // handed to the latest remaining claim.
 func (m *Mirror) disownLocked(ip netip.Addr, key string) ([]endpoint.Remote, []netip.Addr) {
-	o := slices.DeleteFunc(m.owners[ip], func(k string) bool { return k == key })
-	if len(o) == 0 {
-		delete(m.owners, ip)
+	cur, ok := m.owners[ip]
+	if ok && cur == key {
+		o := m.contested[ip]
+		if len(o) == 0 {
+			ok = false
+			delete(m.owners, ip)
+		} else {
+			cur = o[len(o)-1]
+			m.owners[ip] = cur
+			if o = o[:len(o)-1]; len(o) == 0 {
+				delete(m.contested, ip)
+			} else {
+				m.contested[ip] = o
+			}
+		}
+	} else {
+		m.uncontestLocked(ip, key)
+	}
+	if !ok {
 		return nil, []netip.Addr{ip}
 	}
-	m.owners[ip] = o
-	r := m.recs[o[len(o)-1]].remote()
+	r := m.recs[cur].remote()
 	r.IPs = []netip.Addr{ip}
 	return []endpoint.Remote{r}, nil
 }
@@ -457,8 +519,7 @@ func (m *Mirror) replaceEndpointsLocked() {
 		return
 	}
 	byKey := map[string][]netip.Addr{}
-	for ip, o := range m.owners {
-		k := o[len(o)-1]
+	for ip, k := range m.owners {
 		byKey[k] = append(byKey[k], ip)
 	}
 	all := make([]endpoint.Remote, 0, len(byKey))
@@ -493,7 +554,7 @@ func (l *nodeLister) list(kvs []*mvccpb.KeyValue) {
 	m.syncNodesLocked()
 	nodes := map[string]struct{}{}
 	for key := range m.recs {
-		nodes[m.c.keys.endpointNode(key)] = struct{}{}
+		nodes[recNode(key)] = struct{}{}
 	}
 	for n := range nodes {
 		m.recheckNodeLocked(n)

@@ -407,3 +407,78 @@ func TestPublisherComparesAllAfterEvents(t *testing.T) {
 	a.src.remove(1)
 	testutil.Eventually(t, "endpoint 1 withdrawn", func() bool { ips, _ := b.sink.view(); _, ok := ips[podIP(0, 1)]; return !ok })
 }
+
+// TestMirrorContestedAddress: an address that several endpoint records
+// claim (a pod's address reused before the old record went) goes to the
+// latest claim; when a claim goes, the latest of the rest takes it back,
+// whichever one went (the mirror keeps the earlier claims apart from the
+// owner: heap per remote endpoint). A node record withdrawn and back
+// hands the address to one of the claims again.
+func TestMirrorContestedAddress(t *testing.T) {
+	srv := startEtcd(t)
+	n := startAgentNode(t, srv.Endpoint, "contest-a", 0)
+	writer := connect(t, srv.Endpoint, "contest-w", nil)
+	testutil.Eventually(t, "mirror synced", func() bool { return n.mir.Stats().Synced })
+	p := prefixOf(t) + "state/endpoints/v1/other/"
+	ctx := context.Background()
+	put := func(k, v string) {
+		t.Helper()
+		if _, err := writer.Etcd().Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del := func(k string) {
+		t.Helper()
+		if _, err := writer.Etcd().Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeKey, nodeVal := prefixOf(t)+"state/nodes/v1/other", `{"name":"other","addrs":["192.0.2.50"],"podCIDRs":["10.9.0.0/24"]}`
+	put(nodeKey, nodeVal)
+	put(prefixOf(t)+"state/nodes/v1/mark", `{"name":"mark","addrs":["192.0.2.51"],"podCIDRs":["10.8.0.0/24"]}`)
+	a, b := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
+	rec := func(ip netip.Addr, id int) string {
+		return fmt.Sprintf(`{"ips":[%q],"identity":%d,"node":"other"}`, ip, id)
+	}
+	sentinel := 0
+	// expect waits for the view, after node mark's endpoint written last
+	// arrived (so that a step changing nothing is checked too).
+	expect := func(what string, want map[netip.Addr]identity.NumericIdentity) {
+		t.Helper()
+		sentinel++
+		s := netip.AddrFrom4([4]byte{10, 8, 0, byte(sentinel)})
+		put(prefixOf(t)+"state/endpoints/v1/mark/1", fmt.Sprintf(`{"ips":[%q],"identity":%d}`, s, 400+sentinel)) // unnamed: its key's node
+		want = maps.Clone(want)
+		want[s] = identity.NumericIdentity(400 + sentinel)
+		testutil.Eventually(t, what, func() bool { ips, _ := n.sink.view(); return maps.Equal(ips, want) })
+	}
+	put(p+"1", rec(a, 301))
+	put(p+"2", rec(a, 302))
+	put(p+"3", rec(a, 303))
+	expect("the latest of three claims", map[netip.Addr]identity.NumericIdentity{a: 303})
+	del(p + "2")
+	expect("an earlier claim gone: the latest keeps it", map[netip.Addr]identity.NumericIdentity{a: 303})
+	del(p + "3")
+	expect("the latest gone: the one before takes it back", map[netip.Addr]identity.NumericIdentity{a: 301})
+	put(p+"2", rec(a, 302))
+	put(p+"2", rec(a, 305))
+	expect("a new claim, then its change", map[netip.Addr]identity.NumericIdentity{a: 305})
+	put(p+"1", rec(a, 306))
+	expect("an earlier claim written again is the latest", map[netip.Addr]identity.NumericIdentity{a: 306})
+	put(p+"1", rec(b, 307))
+	expect("the latest claim moved to another address", map[netip.Addr]identity.NumericIdentity{a: 305, b: 307})
+	put(p+"3", rec(a, 308))
+	del(nodeKey)
+	expect("node withdrawn: its claims too", map[netip.Addr]identity.NumericIdentity{})
+	put(nodeKey, nodeVal)
+	testutil.Eventually(t, "node back: one of the claims", func() bool {
+		ips, _ := n.sink.view()
+		return (ips[a] == 305 || ips[a] == 308) && ips[b] == 307
+	})
+	del(p + "2")
+	del(p + "3")
+	expect("both claims on a gone", map[netip.Addr]identity.NumericIdentity{b: 307})
+	if st := n.mir.Stats(); st.RemoteEndpoints != 2 {
+		t.Fatalf("mirror holds %d records, want 2 (1 and the sentinel)", st.RemoteEndpoints)
+	}
+}

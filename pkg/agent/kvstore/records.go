@@ -35,8 +35,31 @@ type nodeRecord struct {
 	HealthIPs []netip.Addr `json:"healthIPs,omitempty"`
 }
 
-func (r endpointRecord) remote() endpoint.Remote {
-	return endpoint.Remote{IPs: r.IPs, Identity: identity.NumericIdentity(r.Identity), Node: r.Node, NodeIP: r.NodeIP, NamedPorts: r.ports}
+// heldRecord is an endpoint record as the mirror keeps it, one per
+// remote endpoint (heap per remote endpoint is a target): the decoded
+// fields without the wire form of the named ports, the node's name
+// sharing the record key's bytes (hold). 96 bytes.
+type heldRecord struct {
+	ips      []netip.Addr
+	nodeIP   netip.Addr
+	ports    policy.NamedPorts
+	node     string
+	identity uint32
+}
+
+// hold returns r as the mirror keeps it under record key key
+// ("<node>/<id>"): a node name equal to the key's is the key's
+// substring, not a string of its own.
+func hold(key string, r endpointRecord) *heldRecord {
+	node := r.Node
+	if kn := recNode(key); kn == node {
+		node = kn
+	}
+	return &heldRecord{ips: r.IPs, nodeIP: r.NodeIP, ports: r.ports, node: node, identity: r.Identity}
+}
+
+func (r *heldRecord) remote() endpoint.Remote {
+	return endpoint.Remote{IPs: r.ips, Identity: identity.NumericIdentity(r.identity), Node: r.node, NodeIP: r.nodeIP, NamedPorts: r.ports}
 }
 
 func (r nodeRecord) remoteNode() datapath.RemoteNode {
