@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -82,6 +83,23 @@ func TestHostPolicyLocalPods(t *testing.T) {
 	if !pod.IPv4.IsValid() || !pod.IPv6.IsValid() {
 		t.Fatalf("pod addresses %v %v: want both families", pod.IPv4, pod.IPv6)
 	}
+	// A failure at load ~20 in a rehearsal (pod -> host IPv6 unreached
+	// for a minute before any policy) left only the agent's log: the
+	// namespaces' addresses, routes and neighbours are kept too.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, d := range []struct {
+			name string
+			ns   *testutil.NS
+		}{{"host", h.node.NS}, {"pod", pod.NS}} {
+			for _, args := range [][]string{{"-6", "addr"}, {"-6", "route", "show", "table", "all"}, {"-6", "neigh"}, {"-4", "neigh"}, {"-s", "link"}} {
+				out, err := d.ns.Exec("ip", args...)
+				t.Logf("%s netns: ip %s (%v):\n%s", d.name, strings.Join(args, " "), err, out)
+			}
+		}
+	})
 	hostAddrs := []netip.Addr{h.addr, h.addr6}
 	podAddrs := []netip.Addr{pod.IPv4, pod.IPv6}
 	for _, a := range hostAddrs {
