@@ -8,11 +8,12 @@ import (
 
 // The repository's named ports: egress rules on a named port allow (or,
 // egressDeny, deny), per peer identity that is an endpoint's, the ports
-// that the endpoints with that identity declare under the name (the union over those endpoints:
-// the policy map is keyed by identity, so two endpoints of one identity
-// that number the name differently are both reachable, or both denied, on
-// both numbers). Ingress rules on a named port are resolved per endpoint
-// (MapState.ForPorts), against the endpoint's own ports.
+// that the endpoints with that identity declare under the name (the
+// union over those endpoints: the policy map is keyed by identity, so
+// two endpoints of one identity that number the name differently are
+// both reachable, or both denied, on both numbers). Ingress rules on a
+// named port are resolved per endpoint (MapState.ForPorts), against the
+// endpoint's own ports.
 //
 // An egress peer identity that is no endpoint's (endpointIdentity: the
 // reserved identities, world among them, the CIDR identities of toCIDR,
