@@ -2,10 +2,12 @@ package fqdn
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // dnsNamedPolicy: A may send DNS over UDP to the pods labelled app=dns
@@ -86,4 +89,67 @@ func TestDNSNamedPort(t *testing.T) {
 		t.Fatalf("denied.test = %v, %v; want REFUSED by the proxy", resp, err)
 	}
 	checkEvents(t, sub) // the proxy saw both queries
+}
+
+// fqdnNamedPolicy: A may resolve *.test through the DNS proxy and reach
+// allowed.test's addresses on the port named ext-web, which only the
+// cluster's pods declare (an address outside declares no ports).
+const fqdnNamedPolicy = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: fqdn-named, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: a}}
+  egress:
+  - toEntities: [world]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns: [{matchPattern: "*.test"}]
+  - toFQDNs: [{matchName: allowed.test}]
+    toPorts: [{ports: [{port: ext-web, protocol: TCP}]}]
+`
+
+// TestFQDNNamedPort (root, real traffic): a toFQDNs peer on a named port
+// resolves, as in Cilium, to the numbers the cluster's pods give the
+// name: pod srv81 names TCP 81 ext-web, so A reaches allowed.test's
+// learned address on 81 only; pod srv80 naming 80 adds 80; srv81 going
+// leaves 80 only.
+func TestFQDNNamedPort(t *testing.T) {
+	e := newEnv(t)
+	testutil.EchoServer(t, e.world, allowedIP, 81)
+	extWeb := map[string]uint16{"srv80": 80, "srv81": 81}
+	e.node.Agent.Server.SetLabeler(func(ctx context.Context, spec *endpoint.Endpoint) (labels.Labels, policy.NamedPorts, error) {
+		if n, ok := extWeb[spec.PodName]; ok {
+			ports, err := policy.NewNamedPorts([]policy.NamedPort{{Name: "ext-web", Proto: policy.ProtoTCP, Port: n}})
+			return spec.Labels, ports, err
+		}
+		return spec.Labels, spec.NamedPorts, nil
+	})
+	srv81 := e.node.AddPod("srv81")
+	if _, err := e.c.PolicyImport(context.Background(), []byte(fqdnNamedPolicy), "application/yaml"); err != nil {
+		t.Fatal(err)
+	}
+	e.settle()
+	resp, err := e.resolve("udp", "allowed.test")
+	if ip, ok := answerIP(resp); err != nil || !ok || ip != allowedIP {
+		t.Fatalf("allowed.test = %v, %v; want %s", resp, err, allowedIP)
+	}
+	reaches := func(what string, want map[int]bool) {
+		t.Helper()
+		testutil.EventuallyErr(t, what, func() error {
+			for _, port := range []int{80, 81} {
+				if got := testutil.Exchange(e.pod, allowedIP, port, 2*time.Second) == nil; got != want[port] {
+					return fmt.Errorf("A -> %s:%d reached = %v, want %v", allowedIP, port, got, want[port])
+				}
+			}
+			return nil
+		})
+	}
+	reaches("ext-web is 81", map[int]bool{81: true})
+	e.node.AddPod("srv80")
+	reaches("ext-web is 80 and 81", map[int]bool{80: true, 81: true})
+	if err := e.node.DelRT(context.Background(), srv81.RT); err != nil {
+		t.Fatal(err)
+	}
+	reaches("ext-web is 80", map[int]bool{80: true})
 }

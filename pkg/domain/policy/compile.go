@@ -60,7 +60,8 @@ type PeerRule struct {
 // declares under Name for Proto. An ingress named port resolves against
 // the selected endpoint's own ports (MapState.ForPorts), an egress one
 // against each peer identity's (Repository.SetEndpointPorts), and for a
-// CIDR peer against every endpoint's (Repository.clusterPorts).
+// peer identity that is no endpoint's (world, reserved, CIDR) against
+// every endpoint's (Repository.clusterPorts).
 type PortProto struct {
 	Port  uint16
 	Proto uint8
@@ -290,9 +291,10 @@ func (c *cnpCompiler) denyPeers(path, dir string, f peerFields, ports []portDeny
 // cannot resolve. Cilium resolves a deny's named port as an allow's (the
 // same L4Filter, toMapState's GetNamedPort): on ingress the endpoint's own
 // port, on egress the destination's, which Membrane resolves per
-// destination identity, and for a CIDR peer (toCIDR, toCIDRSet: an
-// address declares no ports) to the numbers the cluster's endpoints give
-// the name (appendKeys, addCIDRGroups). A host rule's named ports are
+// destination identity, and for an identity that is no endpoint's
+// (world, CIDR identities: an address declares no ports) and a CIDR
+// peer's entries to the numbers the cluster's endpoints give the name
+// (appendKeys, addCIDRGroups). A host rule's named ports are
 // refused as in allow entries (the node declares none).
 func (c *cnpCompiler) checkNamedDeny(pr PeerRule, path string) error {
 	if !hasNamedPort(pr.Ports) || !c.host {

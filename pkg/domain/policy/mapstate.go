@@ -81,7 +81,8 @@ type MapState struct {
 	// Named are the ingress entries on named ports, which each endpoint
 	// resolves against its own ports (ForPorts); sorted, unique. Egress
 	// named ports are resolved into Allow (and CIDR) already, against
-	// each peer identity's ports, a CIDR peer's against every endpoint's.
+	// each peer identity's ports, those of an identity that is no
+	// endpoint's (world, CIDR) and a CIDR peer's against every endpoint's.
 	Named []NamedKey
 	// NamedDeny are the ingress deny entries (ingressDeny) on named
 	// ports, resolved per endpoint as Named (ForPorts) and then applied

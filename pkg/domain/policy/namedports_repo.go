@@ -7,19 +7,24 @@ import (
 )
 
 // The repository's named ports: egress rules on a named port allow (or,
-// egressDeny, deny), per peer identity, the ports that the endpoints with
-// that identity declare under the name (the union over those endpoints:
-// the policy map is keyed by identity, so two endpoints of one identity
-// that number the name differently are both reachable, or both denied, on
-// both numbers). Ingress rules on a named port are resolved per endpoint
-// (MapState.ForPorts), against the endpoint's own ports.
+// egressDeny, deny), per peer identity that is an endpoint's, the ports
+// that the endpoints with that identity declare under the name (the
+// union over those endpoints: the policy map is keyed by identity, so
+// two endpoints of one identity that number the name differently are
+// both reachable, or both denied, on both numbers). Ingress rules on a
+// named port are resolved per endpoint (MapState.ForPorts), against the
+// endpoint's own ports.
 //
-// An egress CIDR peer (toCIDR, toCIDRSet, ipBlock) on a named port is an
-// address, which declares no ports: its name resolves, as in Cilium
-// (GetNamedPort over the node's map of every endpoint's ports), to the
-// numbers the cluster's endpoints give it: the union over every known
-// endpoint, local and remote (clusterPorts), for the CIDR identities the
-// peer selects and for its CIDR entries alike.
+// An egress peer identity that is no endpoint's (endpointIdentity: the
+// reserved identities, world among them, the CIDR identities of toCIDR,
+// toCIDRSet, ipBlock, toFQDNs and Services without a selector, and the
+// per-node identities) declares no ports: a named port toward it
+// resolves, as in Cilium (GetNamedPort over the node's map of every
+// endpoint's ports), to the numbers the cluster's endpoints give the
+// name: the union over every known endpoint, local and remote
+// (clusterPorts). So does a CIDR peer's CIDR entry. An entry toward any
+// peer (`toEntities: [all]`, ports only) resolves so for every such
+// identity the repository knows, and per identity for the endpoints'.
 
 // maxResolvedPerIdentity bounds the resolved policies cached per
 // identity (one per distinct set of ports among its endpoints).
@@ -138,8 +143,8 @@ type portName struct {
 
 // countClusterPort counts (delta) an identity gaining or losing port p;
 // when p's number comes into the cluster's set for its name, or leaves
-// it, the identities whose egress CIDR peers resolve the name are
-// affected.
+// it, the identities whose egress entries resolve the name for a peer
+// that is no endpoint's identity are affected.
 func (r *Repository) countClusterPort(p NamedPort, delta int, affected idSet) {
 	k := portName{p.Name, p.Proto}
 	nums := r.clusterNums[k]
@@ -158,11 +163,12 @@ func (r *Repository) countClusterPort(p NamedPort, delta int, affected idSet) {
 	default:
 		return
 	}
-	r.namedCIDRUsers(k, affected)
+	r.namedOutsideUsers(k, affected)
 }
 
 // clusterPorts returns the numbers the known endpoints give name over
-// proto, sorted: what an egress CIDR peer's named port resolves to.
+// proto, sorted: what an egress named port resolves to toward an
+// identity that is no endpoint's (endpointIdentity).
 func (r *Repository) clusterPorts(name string, proto uint8) []uint16 {
 	nums := r.clusterNums[portName{name, proto}]
 	if len(nums) == 0 {
@@ -176,13 +182,51 @@ func (r *Repository) clusterPorts(name string, proto uint8) []uint16 {
 	return out
 }
 
-// namedCIDRUsers marks affected the identities selected by a rule with
-// an egress entry (allow or deny) toward a CIDR peer on the named port k.
-func (r *Repository) namedCIDRUsers(k portName, affected idSet) {
+// endpointIdentity reports whether id is in the range identities are
+// handed out in for endpoints' label sets (MinLocalIdentity up to the
+// CIDR identities): an egress named port toward it resolves against the
+// ports of its endpoints (peerPorts), toward any other (reserved, CIDR,
+// per-node) against the cluster's (clusterPorts).
+func endpointIdentity(id identity.NumericIdentity) bool {
+	return id >= identity.MinLocalIdentity && id < MinCIDRIdentity
+}
+
+// peerNums returns what an egress named port resolves to toward peer.
+func (r *Repository) peerNums(peer identity.NumericIdentity, name string, proto uint8) []uint16 {
+	if endpointIdentity(peer) {
+		return r.peerPorts(peer, name, proto)
+	}
+	return r.clusterPorts(name, proto)
+}
+
+// namedOutsideUsers marks affected the identities selected by a rule
+// with an egress entry (allow or deny) on the named port k: those whose
+// peers include an identity that is no endpoint's resolve it to
+// clusterPorts. Every such entry counts, whatever its peers select now
+// (recomputing the others changes nothing).
+func (r *Repository) namedOutsideUsers(k portName, affected idSet) {
+	r.markUsers(affected, func(rule *Rule) bool {
+		return namedIn(rule.Egress, k) || namedIn(rule.EgressDeny, k)
+	})
+}
+
+// anyNamedUsers marks affected the identities selected by a rule with
+// an egress entry toward any peer on a named port, which resolves it for
+// every identity that is no endpoint's: called when one comes or goes.
+func (r *Repository) anyNamedUsers(affected idSet) {
+	if r.anyNamed == 0 {
+		return
+	}
+	r.markUsers(affected, anyNamedEgress)
+}
+
+// markUsers marks affected the identities selected by an egress rule
+// (allow or deny) for which match holds.
+func (r *Repository) markUsers(affected idSet, match func(*Rule) bool) {
 	for cs := range r.subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
-			if (rule.EgressEnforced || rule.EgressOpen) && (cidrNamed(rule.Egress, k) || cidrNamed(rule.EgressDeny, k)) {
+			if (rule.EgressEnforced || rule.EgressOpen) && match(rule) {
 				for sid := range cs.ids {
 					affected[sid] = struct{}{}
 				}
@@ -192,19 +236,28 @@ func (r *Repository) namedCIDRUsers(k portName, affected idSet) {
 	}
 }
 
-// cidrNamed reports whether one of prs has a CIDR peer and the named
-// port k.
-func cidrNamed(prs []PeerRule, k portName) bool {
+// namedIn reports whether one of prs is on the named port k.
+func namedIn(prs []PeerRule, k portName) bool {
 	for _, pr := range prs {
-		if slices.ContainsFunc(pr.Ports, func(p PortProto) bool { return p.Name == k.name && p.Proto == k.proto }) &&
-			slices.ContainsFunc(pr.Peers, isCIDRSelector) {
+		if slices.ContainsFunc(pr.Ports, func(p PortProto) bool { return p.Name == k.name && p.Proto == k.proto }) {
 			return true
 		}
 	}
 	return false
 }
 
-func isCIDRSelector(s Selector) bool { _, ok := s.(*CIDRSelector); return ok }
+// anyNamedEgress reports whether rule has an egress entry (allow or
+// deny) toward any peer on a named port.
+func anyNamedEgress(rule *Rule) bool {
+	for _, prs := range [][]PeerRule{rule.Egress, rule.EgressDeny} {
+		for _, pr := range prs {
+			if pr.Any && hasNamedPort(pr.Ports) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // peerPorts returns the ports the endpoints of identity id declare as
 // name over proto, sorted.

@@ -264,9 +264,10 @@ func TestNamedPortEgress(t *testing.T) {
 }
 
 // An egress entry on a named port without peers reaches every identity
-// declaring the name; an egress CIDR rule on a named port the numbers
-// the cluster's endpoints give it (namedcidr_test.go), on its addresses
-// only.
+// declaring the name on its numbers, and the identities that are no
+// endpoint's (world) on the cluster's (namedpeer_test.go); an egress
+// CIDR rule on a named port the numbers the cluster's endpoints give it
+// (namedcidr_test.go), on its addresses only.
 func TestNamedPortEgressAnyPeerAndCIDR(t *testing.T) {
 	const client, server identity.NumericIdentity = 700, 701
 	r := NewRepository()
@@ -285,7 +286,8 @@ spec:
     ports: [{port: dns, protocol: UDP}]
 `))
 	m := r.MapState(client)
-	if !m.Allows(server, 5353, ProtoUDP, Egress) || m.Allows(server, 53, ProtoUDP, Egress) || m.Allows(identity.ReservedWorld, 5353, ProtoUDP, Egress) {
+	if !m.Allows(server, 5353, ProtoUDP, Egress) || m.Allows(server, 53, ProtoUDP, Egress) || m.Allows(client, 5353, ProtoUDP, Egress) ||
+		!m.Allows(identity.ReservedWorld, 5353, ProtoUDP, Egress) || m.Allows(identity.ReservedWorld, 53, ProtoUDP, Egress) {
 		t.Fatalf("MapState = %+v", m)
 	}
 	want := []CIDREntry{{Dir: Egress, Proto: ProtoUDP, Port: 5353, Prefix: netip.MustParsePrefix("10.0.0.0/8"), Allow: true}}

@@ -132,11 +132,16 @@ type Repository struct {
 	// identity and set of ports; cleared when the identity's policy
 	// changes. clusterNums are, per name and protocol, the numbers
 	// of idPorts with a count of the identities declaring each: what an
-	// egress CIDR peer's named port resolves to (clusterPorts).
+	// egress named port resolves to toward an identity that is no
+	// endpoint's (clusterPorts). anyNamed counts the registered rules
+	// with an egress entry toward any peer on a named port
+	// (anyNamedEgress), whose subjects such an identity coming or going
+	// affects.
 	portOwners  map[string]portOwner
 	idPorts     map[identity.NumericIdentity]map[NamedPort]int
 	clusterNums map[portName]map[uint16]int
 	resolved    map[identity.NumericIdentity]map[string]*MapState
+	anyNamed    int
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.

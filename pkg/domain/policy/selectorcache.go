@@ -20,6 +20,9 @@ func (r *Repository) register(p *Policy, affected idSet) {
 		cs := r.ref(rule.Subject)
 		cs.subjectOf = append(cs.subjectOf, ruleRef{policy: p, rule: i})
 		r.subjects[cs] = struct{}{}
+		if anyNamedEgress(&p.Rules[i]) {
+			r.anyNamed++
+		}
 		forPeers(rule, func(s Selector) {
 			ps := r.ref(s)
 			if ps.peerOf == nil {
@@ -42,6 +45,9 @@ func (r *Repository) unregister(p *Policy, affected idSet) {
 			affected[id] = struct{}{}
 		}
 		cs.subjectOf = slices.DeleteFunc(cs.subjectOf, func(ref ruleRef) bool { return ref.policy == p && ref.rule == i })
+		if anyNamedEgress(&p.Rules[i]) {
+			r.anyNamed--
+		}
 		if len(cs.subjectOf) == 0 {
 			delete(r.subjects, cs)
 		}
@@ -257,7 +263,9 @@ func (r *Repository) allocCIDR() identity.NumericIdentity {
 // (finish marks the subjects of the rules peering them). Only entries
 // that can match id are visited: for a CIDR identity the CIDR selectors
 // containing its prefix, for another identity the CIDR selectors only if
-// it is world or cidr-labelled, before or after.
+// it is world or cidr-labelled, before or after. An identity that is
+// no endpoint's also affects the subjects of the rules resolving a named
+// port for any peer (anyNamedUsers).
 func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, affected idSet) {
 	ls, present := r.ids[id]
 	p, isCIDR := r.cidrIDs[id]
@@ -291,6 +299,9 @@ func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, af
 		r.cidrSels.containing(p, check)
 	} else if cidrLike(ls) || cidrLike(old) {
 		r.cidrSels.all(check)
+	}
+	if !endpointIdentity(id) {
+		r.anyNamedUsers(affected)
 	}
 }
 
@@ -501,11 +512,13 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 }
 
 // appendKeys appends the keys of prs and records their L7 rules in l7
-// and their DNS rules in dns. A named port is resolved against each
-// peer identity's ports in egress (every identity declaring it for any
-// peer; for the identities a CIDR selector selects, which declare none,
-// the numbers of every endpoint: clusterPorts), the resolved keys taking
-// the rule's L7 and DNS rules; in
+// and their DNS rules in dns. A named port is resolved in egress
+// against each peer identity's ports when it is an endpoint's, against
+// every endpoint's (clusterPorts) when it is not: world, reserved, CIDR
+// and per-node identities declare none (peerNums). For any peer it is
+// resolved so for every endpoint identity declaring it and every known
+// identity that is no endpoint's. The resolved keys take the rule's L7
+// and DNS rules; in
 // ingress it is left to each endpoint and appended to named, and, when
 // l7 records, to namedL7 with its L7 rules (ForPorts adds them to l7's
 // once resolved). Deny entries' named ports resolve the same way, into
@@ -516,9 +529,7 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 		if len(ports) == 0 {
 			ports = anyPort
 		}
-		// emit appends peer's keys; cidr: peer is one a CIDR selector
-		// selects, whose egress named ports resolve cluster-wide.
-		emit := func(peer identity.NumericIdentity, onlyNamed, cidr bool) {
+		emit := func(peer identity.NumericIdentity, onlyNamed bool) {
 			for _, pp := range ports {
 				if onlyNamed && pp.Name == "" {
 					continue
@@ -532,11 +543,10 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 						}
 						continue
 					}
-					nums := r.peerPorts(peer, pp.Name, pp.Proto)
-					if cidr {
-						nums = r.clusterPorts(pp.Name, pp.Proto)
+					if peer == 0 {
+						continue // resolved per peer below
 					}
-					for _, n := range nums {
+					for _, n := range r.peerNums(peer, pp.Name, pp.Proto) {
 						k := Key{Identity: peer, Port: n, Proto: pp.Proto, Dir: dir}
 						keys = append(keys, k)
 						l7.add(k, pr.HTTP, pr.Kafka)
@@ -551,18 +561,26 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 			}
 		}
 		if pr.Any {
-			emit(0, false, false)
+			emit(0, false)
 			if dir == Egress && hasNamedPort(pr.Ports) {
 				for peer := range r.idPorts {
-					emit(peer, true, false)
+					if endpointIdentity(peer) {
+						emit(peer, true)
+					}
+				}
+				if len(r.clusterNums) > 0 {
+					for peer := range r.ids {
+						if !endpointIdentity(peer) {
+							emit(peer, true)
+						}
+					}
 				}
 			}
 			continue
 		}
 		for _, s := range pr.Peers {
-			cidr := isCIDRSelector(s)
 			for peer := range r.selectors[s.Key()].ids {
-				emit(peer, false, cidr)
+				emit(peer, false)
 			}
 		}
 	}
