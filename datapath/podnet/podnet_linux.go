@@ -341,6 +341,21 @@ func (p *Pod) Configure(v *Veth, addrs []Addr, mtu int) error {
 			return kernelError("add address "+a.IP.String(), err)
 		}
 		gw := IPNet(netip.PrefixFrom(a.Gateway, a.Gateway.BitLen()))
+		if a.IP.Is6() && len(v.HostMAC) == 6 {
+			// The gateway's neighbour entry, permanent: the pod never
+			// solicits it. The host answers a solicitation for it only
+			// through a proxy entry on the host veth, which the kernel
+			// drops whenever that veth's carrier goes down
+			// (neigh_carrier_down), and the first carrier event of a
+			// new pair can come after the agent added the entry: the
+			// pod then never reached its IPv6 gateway
+			// (TestHostPolicyLocalPods at load 15-20).
+			n := &netlink.Neigh{LinkIndex: v.PodIndex, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
+				IP: a.Gateway.AsSlice(), HardwareAddr: v.HostMAC}
+			if err := p.NL.NeighSet(n); err != nil {
+				return kernelError("add neighbour "+a.Gateway.String(), err)
+			}
+		}
 		if err := p.NL.RouteAdd(&netlink.Route{LinkIndex: v.PodIndex, Dst: gw, Scope: netlink.SCOPE_LINK, MTU: mtu}); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				continue // routed through another attachment already

@@ -78,6 +78,20 @@ func TestAttachInNetns(t *testing.T) {
 			t.Fatalf("%s: address %v, default route via %s %v (addresses %v, routes %v)", a.IP, found, a.Gateway, def, got, routes)
 		}
 	}
+	// The IPv6 gateway's neighbour is permanent, the host end's MAC: the
+	// pod never depends on the host's proxy entry for it, which a
+	// carrier change of the host end flushes.
+	neighs, err := p.NL.NeighList(v.PodIndex, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw6 := false
+	for _, n := range neighs {
+		gw6 = gw6 || (n.IP.Equal(addrs[1].Gateway.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == v.HostMAC.String())
+	}
+	if !gw6 {
+		t.Fatalf("pod neighbours %+v: want %s permanent at %s", neighs, addrs[1].Gateway, v.HostMAC)
+	}
 	for _, l := range []netlink.Link{hl, pl} {
 		if a := l.Attrs(); a.NumTxQueues != 1 || a.NumRxQueues != 1 {
 			t.Fatalf("%s: %d tx and %d rx queues, want one each (no cut under the rtnl lock)", a.Name, a.NumTxQueues, a.NumRxQueues)

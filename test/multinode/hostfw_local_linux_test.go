@@ -100,6 +100,17 @@ func TestHostPolicyLocalPods(t *testing.T) {
 			}
 		}
 	})
+	// The host's proxy entry for the IPv6 gateway goes, as the kernel
+	// drops it when the host veth's carrier goes down (a new pair's first
+	// carrier event can come after the agent added it; this test failed
+	// so at load 15-20): the pod's own permanent entry for its gateway
+	// must carry it.
+	if out, err := h.node.NS.Exec("ip", "-6", "neigh", "flush", "proxy"); err != nil {
+		t.Fatalf("flush the host's proxy neighbours: %v\n%s", err, out)
+	}
+	if out, _ := h.node.NS.Exec("ip", "-6", "neigh", "show", "proxy"); strings.TrimSpace(out) != "" {
+		t.Fatalf("proxy neighbours left after the flush:\n%s", out)
+	}
 	hostAddrs := []netip.Addr{h.addr, h.addr6}
 	podAddrs := []netip.Addr{pod.IPv4, pod.IPv6}
 	for _, a := range hostAddrs {
