@@ -142,6 +142,18 @@ func (n *Node) AddRT(ctx context.Context, rt *libcni.RuntimeConf) (*types100.Res
 	return types100.NewResultFromResult(r)
 }
 
+// AddRTDiscarded runs ADD as AddRT but keeps its result out of the
+// node's result cache, as a runtime that gave up on the call discards
+// its answer: a later CHECK or DEL sees only the ADDs the runtime kept,
+// whichever plugin process happened to exit last.
+func (n *Node) AddRTDiscarded(ctx context.Context, rt *libcni.RuntimeConf) (*types100.Result, error) {
+	r, err := n.discard.AddNetworkList(ctx, n.Conf, rt)
+	if err != nil {
+		return nil, err
+	}
+	return types100.NewResultFromResult(r)
+}
+
 // DelRT runs DEL for rt, as AddRT.
 func (n *Node) DelRT(ctx context.Context, rt *libcni.RuntimeConf) error {
 	return n.cni.DelNetworkList(ctx, n.Conf, rt)

@@ -79,7 +79,10 @@ type Node struct {
 
 	opts  Options
 	cni   *libcni.CNIConfig
-	procs []*Proc
+	// discard runs the plugins as cni does with a result cache of its
+	// own, which nothing reads (AddRTDiscarded).
+	discard *libcni.CNIConfig
+	procs   []*Proc
 }
 
 // New makes a node for tb; with a netns (the default) it needs root.
@@ -125,6 +128,7 @@ func New(tb testing.TB, o Options) *Node {
 	// first calls are concurrent.
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
 	n.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir, RefPluginDir}, filepath.Join(o.Dir, "cni-cache"), exec)
+	n.discard = libcni.NewCNIConfigWithCacheDir([]string{binDir, RefPluginDir}, filepath.Join(o.Dir, "cni-cache-discarded"), exec)
 	n.Conf = n.Conflist("1.1.0")
 	tb.Cleanup(n.cleanup)
 	return n
