@@ -274,6 +274,16 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 		p = &pendingAcquire{labels: msg.Labels}
 		a.cluster.pending[key] = p
 	}
+	if p.retry != nil && !p.inFlight {
+		// The last attempt failed and the next waits for its backoff
+		// (up to RetryMax): the store is unavailable. Said now, as to
+		// the waiters of that attempt, rather than parking the request
+		// past its caller's deadline (a bare "future: timeout" to the
+		// CNI ADD); the endpoint retries on its own.
+		err := fmt.Errorf("acquire identity for %s (attempt %d failed, retrying): %w: %s", key, p.attempts, ErrIdentityStoreUnavailable, a.cluster.lastErr)
+		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Err: err})
+		return
+	}
 	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender(), preferred: msg.Preferred})
 	if !p.inFlight && p.retry == nil {
 		a.startAcquire(ctx, key, p)

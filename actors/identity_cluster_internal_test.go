@@ -597,3 +597,35 @@ func TestClusterReleaseDeferred(t *testing.T) {
 		t.Fatalf("released %d times, want 1", rel)
 	}
 }
+
+// TestClusterAcquireDuringBackoff: a label set whose Acquire failed (the
+// store down) waits for its next attempt; another endpoint asking for it
+// meanwhile is told at once that the store is unavailable, not parked
+// until the next attempt (an hour here; up to RetryMax in an agent,
+// past the asking endpoint's deadline: test/multinode
+// TestMultiNodeKvstore's ADD then failed with a bare "future: timeout").
+func TestClusterAcquireDuringBackoff(t *testing.T) {
+	b := newMemBackend()
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin = time.Hour
+		c.ClusterIdentity.RetryMax = time.Hour
+	})
+	b.set(errors.New("connection refused"), nil)
+	ls := ciLabels(t, "k8s:app=backoff")
+	if got := ciAcquire(t, sys, ciHolder(t, sys), ls); !errors.Is(got.Err, ErrIdentityStoreUnavailable) {
+		t.Fatalf("first acquire while the store is down: %+v, want ErrIdentityStoreUnavailable", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // a bound, not a timing assertion
+	defer cancel()
+	res, err := sys.ask(ctx, sys.identity, &messages.IdentityAcquire{Labels: ls, Holder: ciHolder(t, sys)})
+	if err != nil {
+		t.Fatalf("second acquire during the backoff: %v, want an answer", err)
+	}
+	if got := res.(*messages.IdentityAcquired); !errors.Is(got.Err, ErrIdentityStoreUnavailable) || !strings.Contains(got.Err.Error(), "connection refused") {
+		t.Fatalf("second acquire during the backoff: %+v, want ErrIdentityStoreUnavailable with the store's error", got)
+	}
+	if st, _ := sys.ClusterIdentities(); st.Waiting != 1 {
+		t.Fatalf("status: %+v, want the label set waiting", st)
+	}
+}
