@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -20,11 +19,15 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/agent/k8s/identitycrd"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
 // The race runs each agent in its own process: this test binary started
@@ -50,9 +53,28 @@ type raceResult struct {
 	Seconds      float64
 	Stats, Final identitycrd.Stats
 	// Collected is true when every label set released by all and not
-	// acquired again was garbage collected.
+	// acquired again was garbage collected; else Left says what stayed.
 	Collected bool
+	Left      []leftover
 	Err       string
+}
+
+// leftover is a released-only label set the agent's cache still held at
+// the end of the wait.
+type leftover struct {
+	Key string
+	// Phase1 is its number in phase 1; Numbers the cache's state of that
+	// number and of any other number holding the label set.
+	Phase1  identity.NumericIdentity
+	Numbers []numberState
+}
+
+// numberState is the cache's object of a number and the collector's last
+// verdict on it.
+type numberState struct {
+	ID    identity.NumericIdentity
+	Cache *v2.MembraneIdentity
+	GC    string
 }
 
 // raceCount is the number of label sets (IDRACE_COUNT, default 1000).
@@ -76,12 +98,13 @@ func TestRaceAgents(t *testing.T) {
 	n := raceCount(t)
 	for _, agents := range []int{2, 4} {
 		t.Run(fmt.Sprintf("%d-agents", agents), func(t *testing.T) {
-			runRace(t, e.Kubeconfig, agents, n)
+			runRace(t, e, agents, n)
 		})
 	}
 }
 
-func runRace(t *testing.T, kubeconfig string, agents, n int) {
+func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
+	kubeconfig := e.Kubeconfig
 	dir := t.TempDir()
 	prefix := uniq(fmt.Sprintf("race%d", agents))
 	var cmds []*exec.Cmd
@@ -108,6 +131,11 @@ func runRace(t *testing.T, kubeconfig string, agents, n int) {
 		t.Fatal(err)
 	}
 	results := readResults(t, dir, agents)
+	defer func() {
+		if t.Failed() {
+			explain(t, e, dir, results)
+		}
+	}()
 	checkRace(t, results, n, kubeconfig)
 	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -271,8 +299,13 @@ func runChild(res *raceResult) error {
 		return err
 	}
 	rc.QPS, rc.Burst = 200, 400
+	logf, err := os.Create(filepath.Join(dir, res.Node+".log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
 	b, err := identitycrd.New(rc, identitycrd.Config{Node: res.Node, GCGrace: raceGrace, GCInterval: 200 * time.Millisecond,
-		Heartbeat: raceGrace / 10}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		Heartbeat: raceGrace / 10}, slog.New(slog.NewTextHandler(logf, nil)))
 	if err != nil {
 		return err
 	}
@@ -347,24 +380,46 @@ func churn(b *identitycrd.Backend, sets []labels.Labels, rng *rand.Rand, res *ra
 	// The released-only label sets must be collected (by some agent).
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		gone := true
-		for i, ls := range sets {
-			if i%5 == 0 && i%10 != 0 {
-				if _, ok := b.CachedUsageForTest(res.Phase1[ls.Key()]); ok {
-					gone = false
-					break
-				}
-			}
-		}
-		if gone {
+		left := notCollected(b, sets, res.Phase1)
+		if len(left) == 0 {
 			res.Collected = true
 			return nil
 		}
 		if time.Now().After(deadline) {
+			res.Left = left
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// releasedOnly reports whether the race releases label set i and does not
+// acquire it again.
+func releasedOnly(i int) bool { return i%5 == 0 && i%10 != 0 }
+
+// notCollected returns the released-only label sets the cache still
+// holds, with the cache's objects and the collector's verdicts.
+func notCollected(b *identitycrd.Backend, sets []labels.Labels, phase1 map[string]identity.NumericIdentity) []leftover {
+	var out []leftover
+	for i, ls := range sets {
+		if !releasedOnly(i) {
+			continue
+		}
+		id := phase1[ls.Key()]
+		if _, ok := b.CachedUsageForTest(id); !ok {
+			continue
+		}
+		l := leftover{Key: ls.Key(), Phase1: id}
+		ids := []identity.NumericIdentity{id}
+		if held, ok := b.CachedForTest(ls); ok && held != id {
+			ids = append(ids, held)
+		}
+		for _, id := range ids {
+			l.Numbers = append(l.Numbers, numberState{ID: id, Cache: b.CachedObjectForTest(id), GC: b.GCVerdictForTest(id)})
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // acquireAll acquires sets[i] for i in order with raceWorker goroutines,
@@ -400,4 +455,102 @@ func acquireAll(b *identitycrd.Backend, sets []labels.Labels, order []int, delay
 	close(work)
 	wg.Wait()
 	return out, firstErr
+}
+
+// explain logs, for each label set an agent reported not collected, each
+// number's object in the API server against the agent's cache and the
+// agent's collector's verdict, every object the API server holds for the
+// label set, the agents' log lines about those numbers (and their
+// warnings), and the end of the API server's log.
+func explain(t *testing.T, e *kubetest.Env, dir string, results []raceResult) {
+	dyn, err := dynamic.NewForConfig(e.Config)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	list, err := dyn.Resource(v2.IdentityResource).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("list identities: %v", err)
+		return
+	}
+	byKey := map[string][]string{}
+	server := map[string]*v2.MembraneIdentity{}
+	for i := range list.Items {
+		mi := &v2.MembraneIdentity{}
+		if err := fromUnstructured(&list.Items[i], mi); err != nil {
+			continue
+		}
+		server[mi.Name] = mi
+		byKey[keyOf(mi)] = append(byKey[keyOf(mi)], mi.Name)
+	}
+	// Which label set each agent acquired in phase 2 holds which number.
+	phase2 := map[identity.NumericIdentity]string{}
+	for _, r := range results {
+		for key, id := range r.Phase2 {
+			phase2[id] = key
+		}
+	}
+	wanted := map[string]bool{}
+	for _, r := range results {
+		t.Logf("%s: %d released-only label sets still in its cache (list at resourceVersion %s)", r.Node, len(r.Left), list.GetResourceVersion())
+		for i, l := range r.Left {
+			if i == 10 {
+				t.Logf("  ... %d more", len(r.Left)-i)
+				break
+			}
+			t.Logf("  %s: phase-1 number %d; the API server holds it at %v", l.Key, l.Phase1, byKey[l.Key])
+			for _, ns := range l.Numbers {
+				wanted[strconv.Itoa(int(ns.ID))] = true
+				t.Logf("    %d in the API server: %s", ns.ID, describe(server[strconv.Itoa(int(ns.ID))]))
+				t.Logf("    %d in the cache:      %s", ns.ID, describe(ns.Cache))
+				if k, ok := phase2[ns.ID]; ok {
+					t.Logf("    %d is the phase-2 number of %s", ns.ID, k)
+				}
+				t.Logf("    %d collector: %s", ns.ID, ns.GC)
+			}
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, f := range logs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		warns := 0
+		for line := range strings.Lines(string(data)) {
+			_, after, ok := strings.Cut(line, " identity=")
+			id, _, _ := strings.Cut(after, " ")
+			switch {
+			case ok && wanted[strings.TrimSpace(id)]:
+			case strings.Contains(line, "level=WARN") && warns < 20:
+				warns++
+			default:
+				continue
+			}
+			t.Logf("%s: %s", filepath.Base(f), strings.TrimSpace(line))
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(e.Dir, "apiserver.log"))
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	t.Logf("the last %d lines of %s (kept with KUBETEST_KEEP=1):\n%s", min(len(lines), 40), filepath.Join(e.Dir, "apiserver.log"),
+		strings.Join(lines[max(0, len(lines)-40):], "\n"))
+}
+
+// describe is an identity object's labels, version, usage and probe.
+func describe(mi *v2.MembraneIdentity) string {
+	if mi == nil {
+		return "absent"
+	}
+	del := ""
+	if mi.DeletionTimestamp != nil {
+		del = " deleting since " + mi.DeletionTimestamp.String()
+	}
+	return fmt.Sprintf("%s rv %s uid %s usage %v probed %q%s", keyOf(mi), mi.ResourceVersion, mi.UID, mi.Usage,
+		mi.Annotations[identitycrd.ProbedAnnotation], del)
 }
