@@ -27,6 +27,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/k8s/identitycrd"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 	"github.com/membrane-cni/membrane/test/kubetest"
 )
 
@@ -137,6 +138,7 @@ func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
 		}
 	}()
 	checkRace(t, results, n, kubeconfig)
+	checkReleasedGone(t, e, prefix, n)
 	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +148,82 @@ func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
 		}
 	}
 	report(t, results, agents, n)
+}
+
+// TestRaceCheckFollowsLabelSets: a collected identity's number may be
+// taken again by another label set whose candidates pass it (both hash to
+// the same first candidate), so the race's check that the released label
+// sets were collected must look for the label set in the cache, not for
+// its old number.
+func TestRaceCheckFollowsLabelSets(t *testing.T) {
+	e := env(t)
+	cfg := noGC(uniq("node-reuse"))
+	cfg.GCGrace, cfg.Heartbeat = time.Second, 100*time.Millisecond
+	b := newBackend(t, e.Config, cfg)
+	released, again, slot := collidingPair(t, e, b)
+	ctx := context.Background()
+	acq := func(ls labels.Labels) identity.NumericIdentity {
+		t.Helper()
+		id, _, err := b.Acquire(ctx, ls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	if id := acq(released); id != slot {
+		t.Fatalf("%s: %d, want its first candidate %d", released.Key(), id, slot)
+	}
+	old := acq(again)
+	if old != slot+1 {
+		t.Fatalf("%s: %d, want %d (its first candidate %d is taken)", again.Key(), old, slot+1, slot)
+	}
+	for _, id := range []identity.NumericIdentity{slot, old} {
+		if err := b.Release(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		waitForRelease(t, b, id, cfg.Node)
+	}
+	marks := identitycrd.NewMarks()
+	testutil.Eventually(t, "both identities collected", func() bool {
+		if err := b.CollectOnce(ctx, marks); err != nil {
+			t.Fatal(err)
+		}
+		_, cachedSlot := b.CachedUsageForTest(slot)
+		_, cachedOld := b.CachedUsageForTest(old)
+		return !cachedSlot && !cachedOld
+	})
+	if id := acq(again); id != slot {
+		t.Fatalf("%s acquired again: %d, want the freed first candidate %d", again.Key(), id, slot)
+	}
+	testutil.Eventually(t, "the cache holds the label set acquired again", func() bool {
+		id, ok := b.CachedForTest(again)
+		return ok && id == slot
+	})
+	if left := notCollected(b, []labels.Labels{released}, map[string]identity.NumericIdentity{released.Key(): slot}); len(left) > 0 {
+		t.Fatalf("released %s reported not collected: %+v", released.Key(), left)
+	}
+}
+
+// collidingPair returns two label sets with the same first candidate, a
+// number that is free, as is the one after it.
+func collidingPair(t *testing.T, e *kubetest.Env, b *identitycrd.Backend) (labels.Labels, labels.Labels, identity.NumericIdentity) {
+	t.Helper()
+	prefix := uniq("collide")
+	bySlot := map[identity.NumericIdentity]labels.Labels{}
+	for i := range 100000 {
+		ls := mustLabels(t, "k8s:app="+prefix+"-"+strconv.Itoa(i))
+		slot := b.SlotForTest(ls)
+		first, ok := bySlot[slot]
+		if !ok {
+			bySlot[slot] = ls
+			continue
+		}
+		if slot < 65535 && getIdentity(t, e.Config, slot) == nil && getIdentity(t, e.Config, slot+1) == nil {
+			return first, ls, slot
+		}
+	}
+	t.Fatal("no two label sets with the same free first candidate")
+	return nil, nil, 0
 }
 
 // waitFiles waits for count files ending in suffix in dir.
@@ -233,6 +311,40 @@ func checkRace(t *testing.T, results []raceResult, n int, kubeconfig string) {
 	}
 	if missing > 0 {
 		t.Fatalf("%d held identities missing or not marked used", missing)
+	}
+}
+
+// checkReleasedGone checks that the API server holds none of the
+// released-only label sets (the agents saw them gone from their caches).
+func checkReleasedGone(t *testing.T, e *kubetest.Env, prefix string, n int) {
+	sets, err := raceSets(prefix, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := map[string]bool{}
+	for i, ls := range sets {
+		if releasedOnly(i) {
+			released[ls.Key()] = true
+		}
+	}
+	dyn, err := dynamic.NewForConfig(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	list, err := dyn.Resource(v2.IdentityResource).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		mi := &v2.MembraneIdentity{}
+		if err := fromUnstructured(&list.Items[i], mi); err != nil {
+			t.Fatal(err)
+		}
+		if released[keyOf(mi)] {
+			t.Errorf("the API server still holds released %s: %s", keyOf(mi), describe(mi))
+		}
 	}
 }
 
@@ -324,12 +436,9 @@ func runChild(res *raceResult) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	sets := make([]labels.Labels, n)
-	prefix := os.Getenv("IDRACE_PREFIX")
-	for i := range sets {
-		if sets[i], err = labels.ParseSet([]string{"k8s:app=" + prefix + "-" + strconv.Itoa(i), "k8s:io.kubernetes.pod.namespace=race"}); err != nil {
-			return err
-		}
+	sets, err := raceSets(os.Getenv("IDRACE_PREFIX"), n)
+	if err != nil {
+		return err
 	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 14))
 	order := rng.Perm(n)
@@ -378,9 +487,15 @@ func churn(b *identitycrd.Backend, sets []labels.Labels, rng *rand.Rand, res *ra
 		res.Held[key] = id
 	}
 	// The released-only label sets must be collected (by some agent).
+	var released []labels.Labels
+	for i, ls := range sets {
+		if releasedOnly(i) {
+			released = append(released, ls)
+		}
+	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		left := notCollected(b, sets, res.Phase1)
+		left := notCollected(b, released, res.Phase1)
 		if len(left) == 0 {
 			res.Collected = true
 			return nil
@@ -393,26 +508,39 @@ func churn(b *identitycrd.Backend, sets []labels.Labels, rng *rand.Rand, res *ra
 	}
 }
 
+// raceSets are the race's label sets.
+func raceSets(prefix string, n int) ([]labels.Labels, error) {
+	sets := make([]labels.Labels, n)
+	for i := range sets {
+		var err error
+		if sets[i], err = labels.ParseSet([]string{"k8s:app=" + prefix + "-" + strconv.Itoa(i), "k8s:io.kubernetes.pod.namespace=race"}); err != nil {
+			return nil, err
+		}
+	}
+	return sets, nil
+}
+
 // releasedOnly reports whether the race releases label set i and does not
 // acquire it again.
 func releasedOnly(i int) bool { return i%5 == 0 && i%10 != 0 }
 
-// notCollected returns the released-only label sets the cache still
-// holds, with the cache's objects and the collector's verdicts.
-func notCollected(b *identitycrd.Backend, sets []labels.Labels, phase1 map[string]identity.NumericIdentity) []leftover {
+// notCollected returns the released label sets the cache still holds,
+// with the cache's objects and the collector's verdicts. It looks for the
+// label set, not for its number: once collected, the number may be taken
+// by another label set whose candidates pass it (acquired again in phase
+// 2).
+func notCollected(b *identitycrd.Backend, released []labels.Labels, phase1 map[string]identity.NumericIdentity) []leftover {
 	var out []leftover
-	for i, ls := range sets {
-		if !releasedOnly(i) {
+	for _, ls := range released {
+		held, ok := b.CachedForTest(ls)
+		if !ok {
 			continue
 		}
 		id := phase1[ls.Key()]
-		if _, ok := b.CachedUsageForTest(id); !ok {
-			continue
-		}
 		l := leftover{Key: ls.Key(), Phase1: id}
-		ids := []identity.NumericIdentity{id}
-		if held, ok := b.CachedForTest(ls); ok && held != id {
-			ids = append(ids, held)
+		ids := []identity.NumericIdentity{held}
+		if held != id {
+			ids = append(ids, id)
 		}
 		for _, id := range ids {
 			l.Numbers = append(l.Numbers, numberState{ID: id, Cache: b.CachedObjectForTest(id), GC: b.GCVerdictForTest(id)})
