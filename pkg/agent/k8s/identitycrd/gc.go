@@ -61,10 +61,9 @@ type Verdict struct {
 	Decision Decision
 	// RV is the resourceVersion the pass saw in the cache.
 	RV string
-	// Node and Entry: the counting usage entry (DecisionInUse); Live is
-	// whether Node had a fresh lease (else the entry is within the grace).
-	Node, Entry string
-	Live        bool
+	// Node and Entry: the counting usage entry (DecisionInUse); Why it
+	// counts.
+	Node, Entry, Why string
 	// Since is when the identity was first seen unused at RV.
 	Since time.Time
 	Err   string
@@ -74,11 +73,7 @@ func (v Verdict) String() string {
 	at := v.At.UTC().Format(time.RFC3339Nano)
 	switch v.Decision {
 	case DecisionInUse:
-		why := "its node's lease is fresh and the entry is not older than the node's agent"
-		if !v.Live {
-			why = "its node has no fresh lease and the entry is within the grace period"
-		}
-		return fmt.Sprintf("%s rv %s: in use: entry of %s at %s counts: %s", at, v.RV, v.Node, v.Entry, why)
+		return fmt.Sprintf("%s rv %s: in use: entry of %s at %s counts: %s", at, v.RV, v.Node, v.Entry, v.Why)
 	case DecisionUnused:
 		return fmt.Sprintf("%s rv %s: unused since %s, waiting for the grace period", at, v.RV, v.Since.UTC().Format(time.RFC3339Nano))
 	case DecisionDeleted:
@@ -148,7 +143,7 @@ func (b *Backend) CollectOnce(ctx context.Context, marks *Marks) error {
 		}
 		seen[mi.Name] = true
 		v := Verdict{At: now, RV: mi.ResourceVersion}
-		if v.Node, v.Entry, v.Live = b.usedBy(mi, live, now); v.Node != "" {
+		if b.inUse(mi, live, now, &v) {
 			v.Decision = DecisionInUse
 			marks.record(mi.Name, v)
 			delete(unused, mi.Name)
@@ -209,30 +204,34 @@ func (b *Backend) deleteUnused(ctx context.Context, mi *v2.MembraneIdentity) (De
 	return DecisionFailed, fmt.Errorf("delete unused identity %s: %w", mi.Name, err)
 }
 
-// usedBy returns a usage entry of mi that counts ("" when none does) and
-// whether its node is live: its node's lease is fresh and the entry is
-// the current agent's (not older than the lease's acquireTime), or the
-// node has no fresh lease and the entry is younger than the grace period
-// (a node that could not write its lease yet). An entry whose time does
-// not parse counts.
-func (b *Backend) usedBy(mi *v2.MembraneIdentity, live map[string]time.Time, now time.Time) (node, entry string, isLive bool) {
+// inUse reports whether an entry of mi counts, and records which one
+// and why in v: its node's lease is fresh and the entry is the current
+// agent's (not older than the lease's acquireTime), or the node has no
+// fresh lease and the entry is younger than the grace period (a node that
+// could not write its lease yet). An entry whose time does not parse
+// counts.
+func (b *Backend) inUse(mi *v2.MembraneIdentity, live map[string]time.Time, now time.Time, v *Verdict) bool {
 	for node, ts := range mi.Usage {
-		start, isLive := live[node]
+		v.Node, v.Entry = node, ts
 		t, err := time.Parse(time.RFC3339Nano, ts)
 		if err != nil {
-			return node, ts, isLive
+			v.Why = "its time does not parse"
+			return true
 		}
-		if isLive {
+		if start, ok := live[node]; ok {
 			if !t.Before(start) {
-				return node, ts, true
+				v.Why = "its node's lease is fresh and the entry is not older than the node's agent"
+				return true
 			}
 			continue
 		}
 		if now.Sub(t) < b.cfg.GCGrace {
-			return node, ts, false
+			v.Why = "its node has no fresh lease and the entry is within the grace period"
+			return true
 		}
 	}
-	return "", "", false
+	v.Node, v.Entry = "", ""
+	return false
 }
 
 // liveNodes returns the nodes whose heartbeat lease was renewed within
