@@ -361,9 +361,24 @@ func report(t *testing.T, results []raceResult, agents, n int) {
 		collected += r.Final.Collected
 		gcConflicts += r.Final.GCConflicts
 	}
+	// Numbers of released label sets that a label set acquired again
+	// took (its candidates passed them in phase 1, both were collected
+	// before it came back).
+	again := map[identity.NumericIdentity]bool{}
+	for _, r := range results {
+		for _, id := range r.Phase2 {
+			again[id] = true
+		}
+	}
+	reused := 0
+	for key, id := range results[0].Phase1 {
+		if _, held := results[0].Held[key]; !held && again[id] {
+			reused++
+		}
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d (phase 1) gc-collected=%d gc-refused=%d (whole run) disagreements=0 loadavg=%s",
-		agents, n, slowest, float64(agents*n)/slowest, created, adopted, conflicts, retries, collected, gcConflicts, strings.TrimSpace(string(load)))
+	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d (phase 1) gc-collected=%d gc-refused=%d released-numbers-taken-again=%d (whole run) disagreements=0 loadavg=%s",
+		agents, n, slowest, float64(agents*n)/slowest, created, adopted, conflicts, retries, collected, gcConflicts, reused, strings.TrimSpace(string(load)))
 	t.Log(line)
 	if out := os.Getenv("IDENTITY_BENCH_OUT"); out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
