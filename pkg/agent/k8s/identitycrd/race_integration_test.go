@@ -148,6 +148,7 @@ func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
 		}
 	}
 	report(t, results, agents, n)
+	if k := os.Getenv("IDRACE_KEEPLOGS"); k != "" { _ = exec.Command("cp", "-r", dir, filepath.Join(k, prefix)).Run() }
 }
 
 // TestRaceCheckFollowsLabelSets: a collected identity's number may be
@@ -351,8 +352,9 @@ func checkReleasedGone(t *testing.T, e *kubetest.Env, prefix string, n int) {
 // report logs the numbers (and appends them to $IDENTITY_BENCH_OUT).
 func report(t *testing.T, results []raceResult, agents, n int) {
 	var slowest float64
-	var conflicts, created, adopted, retries, collected, gcConflicts uint64
+	var conflicts, created, adopted, retries, collected, gcConflicts, recreated uint64
 	for _, r := range results {
+		recreated += r.Final.Created - r.Stats.Created
 		slowest = max(slowest, r.Seconds)
 		conflicts += r.Stats.Conflicts
 		created += r.Stats.Created
@@ -377,8 +379,8 @@ func report(t *testing.T, results []raceResult, agents, n int) {
 		}
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d (phase 1) gc-collected=%d gc-refused=%d released-numbers-taken-again=%d (whole run) disagreements=0 loadavg=%s",
-		agents, n, slowest, float64(agents*n)/slowest, created, adopted, conflicts, retries, collected, gcConflicts, reused, strings.TrimSpace(string(load)))
+	line := fmt.Sprintf("agents=%d label-sets=%d phase1=%.2fs allocations/s=%.0f created=%d adopted=%d conflicts=%d retries=%d (phase 1) gc-collected=%d gc-refused=%d created-again=%d released-numbers-taken-again=%d (whole run) disagreements=0 loadavg=%s",
+		agents, n, slowest, float64(agents*n)/slowest, created, adopted, conflicts, retries, collected, gcConflicts, recreated, reused, strings.TrimSpace(string(load)))
 	t.Log(line)
 	if out := os.Getenv("IDENTITY_BENCH_OUT"); out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -484,6 +486,7 @@ func churn(b *identitycrd.Backend, sets []labels.Labels, rng *rand.Rand, res *ra
 		if err := b.Release(ctx, res.Phase1[key]); err != nil {
 			return err
 		}
+		fmt.Fprintf(os.Stderr, "DBG %s released %d id=%d at=%s\n", os.Getenv("IDRACE_NODE"), i, res.Phase1[key], time.Now().UTC().Format(time.RFC3339Nano))
 		if i%10 == 0 {
 			again = append(again, i)
 		}
@@ -581,8 +584,11 @@ func acquireAll(b *identitycrd.Backend, sets []labels.Labels, order []int, delay
 					time.Sleep(time.Until(start.Add(d)))
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				id, _, err := b.Acquire(ctx, sets[i])
+				id, isNew, err := b.Acquire(ctx, sets[i])
 				cancel()
+				if delays != nil {
+					fmt.Fprintf(os.Stderr, "DBG %s phase2 %d id=%d new=%v delay=%v at=%s\n", os.Getenv("IDRACE_NODE"), i, id, isNew, delays[i], time.Now().UTC().Format(time.RFC3339Nano))
+				}
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
