@@ -19,7 +19,10 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -108,6 +111,11 @@ func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
 	kubeconfig := e.Kubeconfig
 	dir := t.TempDir()
 	prefix := uniq(fmt.Sprintf("race%d", agents))
+	// After the agents are killed (cleanups run last first): the next
+	// race's collectors would otherwise spend its release phase deleting
+	// this race's identities, and none of its label sets acquired again
+	// would race them.
+	t.Cleanup(func() { removeRace(t, e, prefix, agents) })
 	var cmds []*exec.Cmd
 	for i := range agents {
 		node := fmt.Sprintf("%s-node-%d", prefix, i)
@@ -148,7 +156,6 @@ func runRace(t *testing.T, e *kubetest.Env, agents, n int) {
 		}
 	}
 	report(t, results, agents, n)
-	if k := os.Getenv("IDRACE_KEEPLOGS"); k != "" { _ = exec.Command("cp", "-r", dir, filepath.Join(k, prefix)).Run() }
 }
 
 // TestRaceCheckFollowsLabelSets: a collected identity's number may be
@@ -225,6 +232,50 @@ func collidingPair(t *testing.T, e *kubetest.Env, b *identitycrd.Backend) (label
 	}
 	t.Fatal("no two label sets with the same free first candidate")
 	return nil, nil, 0
+}
+
+// removeRace deletes the identities of the race's label sets and its
+// agents' leases.
+func removeRace(t *testing.T, e *kubetest.Env, prefix string, agents int) {
+	dyn, err := dynamic.NewForConfig(e.Config)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res := dyn.Resource(v2.IdentityResource)
+	list, err := res.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("list identities: %v", err)
+		return
+	}
+	names := make(chan string)
+	var wg sync.WaitGroup
+	for range raceWorker {
+		wg.Go(func() {
+			for name := range names {
+				if err := res.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("delete identity %s: %v", name, err)
+				}
+			}
+		})
+	}
+	for _, u := range list.Items {
+		app, _, _ := unstructured.NestedString(u.Object, "security-labels", "k8s:app")
+		if strings.HasPrefix(app, prefix+"-") {
+			names <- u.GetName()
+		}
+	}
+	close(names)
+	wg.Wait()
+	leases := dyn.Resource(coordinationv1.SchemeGroupVersion.WithResource("leases")).Namespace("kube-system")
+	for i := range agents {
+		name := fmt.Sprintf("membrane-identity-%s-node-%d", prefix, i)
+		if err := leases.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete lease %s: %v", name, err)
+		}
+	}
 }
 
 // waitFiles waits for count files ending in suffix in dir.
@@ -486,7 +537,6 @@ func churn(b *identitycrd.Backend, sets []labels.Labels, rng *rand.Rand, res *ra
 		if err := b.Release(ctx, res.Phase1[key]); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "DBG %s released %d id=%d at=%s\n", os.Getenv("IDRACE_NODE"), i, res.Phase1[key], time.Now().UTC().Format(time.RFC3339Nano))
 		if i%10 == 0 {
 			again = append(again, i)
 		}
@@ -584,11 +634,8 @@ func acquireAll(b *identitycrd.Backend, sets []labels.Labels, order []int, delay
 					time.Sleep(time.Until(start.Add(d)))
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				id, isNew, err := b.Acquire(ctx, sets[i])
+				id, _, err := b.Acquire(ctx, sets[i])
 				cancel()
-				if delays != nil {
-					fmt.Fprintf(os.Stderr, "DBG %s phase2 %d id=%d new=%v delay=%v at=%s\n", os.Getenv("IDRACE_NODE"), i, id, isNew, delays[i], time.Now().UTC().Format(time.RFC3339Nano))
-				}
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
