@@ -163,7 +163,9 @@ type Backend struct {
 	log      *slog.Logger
 	// start is when this agent's backend started (the lease's acquireTime):
 	// entries written before it are a previous agent's.
-	start  time.Time
+	start time.Time
+	// marks are the collector's, with its last verdict on each identity.
+	marks  *Marks
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -195,7 +197,7 @@ func New(rc *rest.Config, cfg Config, log *slog.Logger) (*Backend, error) {
 		return nil, fmt.Errorf("identity CRD backend: %w", err)
 	}
 	b := &Backend{cfg: cfg, res: dyn.Resource(v2.IdentityResource), cs: cs, log: log.With("component", "identity-crd"),
-		start:  time.Now().Truncate(time.Microsecond),
+		start: time.Now().Truncate(time.Microsecond), marks: NewMarks(),
 		status: identity.ClusterStatus{Backend: "kubernetes", Since: time.Now()}}
 	b.informer = dynamicinformer.NewFilteredDynamicInformer(dyn, v2.IdentityResource, "", 0,
 		cache.Indexers{labelsIndex: labelsIndexFunc}, nil).Informer()

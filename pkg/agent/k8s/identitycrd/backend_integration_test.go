@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,12 +193,22 @@ func TestGCGraceAndInUse(t *testing.T) {
 	if getIdentity(t, e.Config, unused) == nil {
 		t.Fatal("an unused identity was deleted by the pass that first saw it unused")
 	}
+	for id, want := range map[identity.NumericIdentity]identitycrd.Decision{used: identitycrd.DecisionInUse, unused: identitycrd.DecisionUnused} {
+		v, ok := marks.Verdict(fmt.Sprint(id))
+		if !ok || v.Decision != want || (want == identitycrd.DecisionInUse && (v.Node != cfg.Node || !strings.Contains(v.Why, "lease is fresh"))) {
+			t.Fatalf("verdict on %d: %+v (%v), want decision %d", id, v, ok, want)
+		}
+		t.Logf("verdict on %d: %s", id, v)
+	}
 	testutil.Eventually(t, "the unused identity collected", func() bool {
 		if err := a.CollectOnce(ctx, marks); err != nil {
 			t.Fatal(err)
 		}
 		return getIdentity(t, e.Config, unused) == nil
 	})
+	if v, _ := marks.Verdict(fmt.Sprint(unused)); v.Decision != identitycrd.DecisionDeleted && v.Decision != identitycrd.DecisionGone {
+		t.Fatalf("verdict on the collected %d: %s", unused, v)
+	}
 	if getIdentity(t, e.Config, used) == nil {
 		t.Fatal("GC deleted an identity in use")
 	}
@@ -235,6 +246,9 @@ func TestGCLosesToConcurrentAcquire(t *testing.T) {
 	mi := getIdentity(t, e.Config, id)
 	if mi == nil {
 		t.Fatal("GC deleted an identity acquired again")
+	}
+	if v, _ := marks.Verdict(fmt.Sprint(id)); v.Decision != identitycrd.DecisionRefused && v.Decision != identitycrd.DecisionInUse {
+		t.Fatalf("verdict on %d acquired again: %s, want refused or in use", id, v)
 	}
 	if _, ok := mi.Usage[cfg.Node]; !ok {
 		t.Fatalf("usage %v lacks %s", mi.Usage, cfg.Node)

@@ -1,6 +1,9 @@
 package identitycrd
 
 import (
+	"strconv"
+
+	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
 )
@@ -21,4 +24,26 @@ func (b *Backend) CachedUsageForTest(id identity.NumericIdentity) (map[string]st
 		return nil, false
 	}
 	return mi.Usage, true
+}
+
+// CachedForTest is the lowest number the informer cache holds ls at.
+func (b *Backend) CachedForTest(ls labels.Labels) (identity.NumericIdentity, bool) {
+	return b.cached(ls.Key())
+}
+
+// CachedObjectForTest is the informer cache's object of id (nil when
+// absent).
+func (b *Backend) CachedObjectForTest(id identity.NumericIdentity) *v2.MembraneIdentity {
+	mi, _ := b.get(id)
+	return mi
+}
+
+// GCVerdictForTest is the collector's last decision on id, with its
+// reason.
+func (b *Backend) GCVerdictForTest(id identity.NumericIdentity) string {
+	v, ok := b.marks.Verdict(strconv.Itoa(int(id)))
+	if !ok {
+		return "no verdict (not seen by the last pass, or the collector has not run)"
+	}
+	return v.String()
 }
