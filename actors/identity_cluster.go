@@ -274,21 +274,46 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 		p = &pendingAcquire{labels: msg.Labels}
 		a.cluster.pending[key] = p
 	}
-	if p.retry != nil && !p.inFlight {
-		// The last attempt failed and the next waits for its backoff
-		// (up to RetryMax): the store is unavailable. Said now, as to
-		// the waiters of that attempt, rather than parking the request
-		// past its caller's deadline (a bare "future: timeout" to the
-		// CNI ADD); the endpoint retries on its own.
-		err := fmt.Errorf("acquire identity for %s (attempt %d failed, retrying): %w: %s", key, p.attempts, ErrIdentityStoreUnavailable, a.cluster.lastErr)
-		a.batch.reply(ctx, ctx.Sender(), &messages.IdentityAcquired{Err: err})
-		return
-	}
 	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender(), preferred: msg.Preferred})
+	// The store is unavailable when the last attempt failed and the next
+	// waits for its backoff (up to RetryMax), or when the backend reports
+	// it unreachable (an attempt would hang until CallTimeout, or behind
+	// another call hanging on the label set's worker). Said now, as to
+	// the waiters of a failed attempt, rather than parking the request
+	// past its caller's deadline (a bare "future: timeout" to the CNI
+	// ADD); the endpoint retries on its own, and an attempt goes on in
+	// the background.
+	unavailable := p.retry != nil && !p.inFlight
+	if !unavailable {
+		if st := a.cluster.w.backend.Status(); !st.Healthy {
+			unavailable = true
+			if c := a.cluster; st.LastError != "" {
+				c.lastErr = st.LastError
+			}
+		}
+	}
+	if unavailable {
+		a.answerUnavailable(ctx, key, p)
+	}
 	if !p.inFlight && p.retry == nil {
 		a.startAcquire(ctx, key, p)
 	}
 	a.publishClusterStatus()
+}
+
+// answerUnavailable answers a pending label set's waiters while the
+// store is unavailable: bound to its provisional number if it has one
+// (as after a failed attempt), else ErrIdentityStoreUnavailable.
+func (a *identityActor) answerUnavailable(ctx actor.Context, key string, p *pendingAcquire) {
+	if id := a.provisional(key, p); id != identity.IdentityUnknown {
+		a.bindProvisional(ctx, id, p)
+		return
+	}
+	err := fmt.Errorf("acquire identity for %s (%d attempts failed, retrying): %w: %s", key, p.attempts, ErrIdentityStoreUnavailable, a.cluster.lastErr)
+	for _, w := range p.waiters {
+		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: err})
+	}
+	p.waiters = nil
 }
 
 // startAcquire hands the backend Acquire of a pending label set to its

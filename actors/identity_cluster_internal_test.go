@@ -35,6 +35,7 @@ type memBackend struct {
 	gate     chan struct{} // non-nil: Acquire waits until it is closed
 	entered  chan string   // Acquire sends the key here when it starts
 	watch    func(identity.ClusterEvent)
+	down     string // non-empty: Status reports the store unreachable with this error
 }
 
 func newMemBackend() *memBackend {
@@ -92,7 +93,9 @@ func (b *memBackend) Watch(ctx context.Context, fn func(identity.ClusterEvent)) 
 }
 
 func (b *memBackend) Status() identity.ClusterStatus {
-	return identity.ClusterStatus{Backend: "memory", Healthy: true, Synced: true}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return identity.ClusterStatus{Backend: "memory", Healthy: b.down == "", Synced: true, LastError: b.down}
 }
 
 func (b *memBackend) Close() error { return nil }
@@ -627,5 +630,47 @@ func TestClusterAcquireDuringBackoff(t *testing.T) {
 	}
 	if st, _ := sys.ClusterIdentities(); st.Waiting != 1 {
 		t.Fatalf("status: %+v, want the label set waiting", st)
+	}
+}
+
+// TestClusterAcquireWhileStoreDown: while the backend reports the store
+// unreachable, an Acquire of a new label set is answered at once with
+// ErrIdentityStoreUnavailable and the store's error, while an attempt
+// (held here, as one hanging until CallTimeout) goes on in the
+// background; the label set shows as waiting and is bound once the
+// store answers. Before, the request waited for the attempt, past the
+// endpoint's deadline (TestMultiNodeKvstore's etcd-restart, on a quiet
+// machine).
+func TestClusterAcquireWhileStoreDown(t *testing.T) {
+	b := newMemBackend()
+	sys := clusterSystem(t, b, nil)
+	gate := make(chan struct{})
+	b.set(nil, gate)
+	b.mu.Lock()
+	b.down = "dial tcp 127.0.0.1:2379: connection refused"
+	b.mu.Unlock()
+	ls := ciLabels(t, "k8s:app=down")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // a bound, not a timing assertion
+	defer cancel()
+	res, err := sys.ask(ctx, sys.identity, &messages.IdentityAcquire{Labels: ls, Holder: ciHolder(t, sys)})
+	if err != nil {
+		t.Fatalf("acquire while the store is down: %v, want an answer", err)
+	}
+	if got := res.(*messages.IdentityAcquired); !errors.Is(got.Err, ErrIdentityStoreUnavailable) || !strings.Contains(got.Err.Error(), "connection refused") {
+		t.Fatalf("acquire while the store is down: %+v, want ErrIdentityStoreUnavailable with the store's error", got)
+	}
+	if st, _ := sys.ClusterIdentities(); st.Waiting != 1 {
+		t.Fatalf("status: %+v, want the label set waiting", st)
+	}
+	b.mu.Lock()
+	b.down = ""
+	b.mu.Unlock()
+	close(gate)
+	testutil.Eventually(t, "the label set known once the store answers", func() bool {
+		st, _ := sys.ClusterIdentities()
+		return st.Waiting == 0
+	})
+	if got := ciAcquire(t, sys, ciHolder(t, sys), ls); got.Err != nil {
+		t.Fatalf("acquire once the store is back: %+v", got)
 	}
 }
