@@ -77,8 +77,8 @@ type Node struct {
 	// Agent is the running in-process agent (nil: none).
 	Agent *agent.Agent
 
-	opts  Options
-	cni   *libcni.CNIConfig
+	opts Options
+	cni  *libcni.CNIConfig
 	// discard runs the plugins as cni does with a result cache of its
 	// own, which nothing reads (AddRTDiscarded).
 	discard *libcni.CNIConfig
