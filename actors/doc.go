@@ -38,7 +38,11 @@
 // written to the identities table with `Cluster` set and no local
 // reference (GET /v1/identity shows them as remote). A failed Acquire
 // answers its waiters with `ErrIdentityStoreUnavailable` (the endpoint
-// shows it and retries with its own backoff), publishes an
+// shows it and retries with its own backoff); so does an Acquire that
+// arrives while the backend reports the store unreachable or the label
+// set waits out its backoff, at once, with the attempt going on in the
+// background (never a request parked past its caller's deadline). It
+// publishes an
 // `identity-waiting` event and retries with backoff
 // (`ClusterIdentityConfig.Attempts`), at once when the backend's watch
 // reports the store reachable again (`ClusterResumed`; the etcd backend
