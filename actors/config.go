@@ -122,6 +122,7 @@ func (c Config) withDefaults() Config {
 	ci.RetryMin = orDefault(ci.RetryMin, 200*time.Millisecond)
 	ci.RetryMax = orDefault(ci.RetryMax, 10*time.Second)
 	ci.ReleaseDelay = orDefault(ci.ReleaseDelay, time.Second)
+	ci.WaitMax = orDefault(ci.WaitMax, e.RequestTimeout/2)
 	if ci.Attempts == 0 {
 		ci.Attempts = 20
 	}
@@ -220,6 +221,11 @@ type ClusterIdentityConfig struct {
 	// set acquired again within the delay costs no Release at all. It
 	// only delays the store's garbage collection of the identity.
 	ReleaseDelay time.Duration
+	// WaitMax bounds how long an Acquire waits for the store before it
+	// is answered ErrIdentityStoreUnavailable (the attempt goes on; the
+	// endpoint retries): default half the endpoints' RequestTimeout, so
+	// that the caller hears why rather than a timeout.
+	WaitMax time.Duration
 }
 
 func (c ClusterIdentityConfig) validate() error {

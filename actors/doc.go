@@ -38,11 +38,11 @@
 // written to the identities table with `Cluster` set and no local
 // reference (GET /v1/identity shows them as remote). A failed Acquire
 // answers its waiters with `ErrIdentityStoreUnavailable` (the endpoint
-// shows it and retries with its own backoff); so does an Acquire that
-// arrives while the backend reports the store unreachable or the label
-// set waits out its backoff, at once, with the attempt going on in the
-// background (never a request parked past its caller's deadline). It
-// publishes an
+// shows it and retries with its own backoff); so is an Acquire still
+// waiting for the store after `ClusterIdentityConfig.WaitMax` (half the
+// request timeout: the store unreachable and the attempt hanging, or the
+// label set waiting out its backoff), with the attempt going on (never a
+// request parked past its caller's deadline). It publishes an
 // `identity-waiting` event and retries with backoff
 // (`ClusterIdentityConfig.Attempts`), at once when the backend's watch
 // reports the store reachable again (`ClusterResumed`; the etcd backend

@@ -71,6 +71,10 @@ func (a *identityActor) Receive(ctx actor.Context) {
 		if a.cluster != nil {
 			a.clusterRetried(ctx, msg.key)
 		}
+	case *clusterWaitOver:
+		if a.cluster != nil {
+			a.clusterWaitOver(ctx, msg.key)
+		}
 	case *clusterWatched:
 		if a.cluster != nil {
 			a.clusterWatched(ctx, msg.ev)
@@ -100,6 +104,10 @@ func (a *identityActor) stopTimers() {
 		if p.retry != nil {
 			p.retry.Stop()
 			p.retry = nil
+		}
+		if p.wait != nil {
+			p.wait.Stop()
+			p.wait = nil
 		}
 	}
 	a.cluster.stopReleaseTimers()

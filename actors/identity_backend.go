@@ -168,6 +168,9 @@ type clusterWatched struct{ ev identity.ClusterEvent }
 // clusterRetry retries the acquisition of a label set after a failure.
 type clusterRetry struct{ key string }
 
+// clusterWaitOver ends the wait of a label set's waiters (WaitMax).
+type clusterWaitOver struct{ key string }
+
 // identityPID is the identity actor's PID, known by name so that the
 // backend workers, created before the actor, can address it.
 func identityPID(sys *actor.ActorSystem) *actor.PID {

@@ -65,6 +65,8 @@ type pendingAcquire struct {
 	// confirm: the label set was bound here without the store (see
 	// bindProvisional); retried until the store records the node's use.
 	confirm bool
+	// wait bounds the waiters' wait (ClusterIdentityConfig.WaitMax).
+	wait *time.Timer
 }
 
 // acquireWaiter is one IdentityAcquire waiting for the backend.
@@ -84,6 +86,9 @@ func (c *clusterMode) reset() {
 	for _, p := range c.pending {
 		if p.retry != nil {
 			p.retry.Stop()
+		}
+		if p.wait != nil {
+			p.wait.Stop()
 		}
 	}
 	c.stopReleaseTimers()
@@ -275,25 +280,15 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 		a.cluster.pending[key] = p
 	}
 	p.waiters = append(p.waiters, acquireWaiter{holder: msg.Holder, replyTo: ctx.Sender(), preferred: msg.Preferred})
-	// The store is unavailable when the last attempt failed and the next
-	// waits for its backoff (up to RetryMax), or when the backend reports
-	// it unreachable (an attempt would hang until CallTimeout, or behind
-	// another call hanging on the label set's worker). Said now, as to
-	// the waiters of a failed attempt, rather than parking the request
-	// past its caller's deadline (a bare "future: timeout" to the CNI
-	// ADD); the endpoint retries on its own, and an attempt goes on in
-	// the background.
-	unavailable := p.retry != nil && !p.inFlight
-	if !unavailable {
-		if st := a.cluster.w.backend.Status(); !st.Healthy {
-			unavailable = true
-			if c := a.cluster; st.LastError != "" {
-				c.lastErr = st.LastError
-			}
-		}
-	}
-	if unavailable {
-		a.answerUnavailable(ctx, key, p)
+	// No request waits for the store longer than WaitMax (below its
+	// caller's deadline): an attempt hanging until CallTimeout (the store
+	// unreachable, or another call hanging on the label set's worker), or
+	// the next attempt far off in its backoff, would otherwise turn into
+	// a bare "future: timeout" at the CNI ADD. The waiters still parked
+	// then are answered as after a failed attempt; the attempt goes on.
+	if p.wait == nil {
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		p.wait = time.AfterFunc(a.cluster.cfg.WaitMax, func() { root.Send(self, &clusterWaitOver{key: key}) })
 	}
 	if !p.inFlight && p.retry == nil {
 		a.startAcquire(ctx, key, p)
@@ -301,19 +296,33 @@ func (a *identityActor) clusterAcquire(ctx actor.Context, msg *messages.Identity
 	a.publishClusterStatus()
 }
 
-// answerUnavailable answers a pending label set's waiters while the
-// store is unavailable: bound to its provisional number if it has one
-// (as after a failed attempt), else ErrIdentityStoreUnavailable.
-func (a *identityActor) answerUnavailable(ctx actor.Context, key string, p *pendingAcquire) {
+// clusterWaitOver answers the waiters of a label set still waiting for
+// the store after WaitMax: bound to its provisional number if it has one
+// (as after a failed attempt), else ErrIdentityStoreUnavailable with the
+// store's last error.
+func (a *identityActor) clusterWaitOver(ctx actor.Context, key string) {
+	p := a.cluster.pending[key]
+	if p == nil {
+		return
+	}
+	p.wait = nil
+	if len(p.waiters) == 0 {
+		return
+	}
 	if id := a.provisional(key, p); id != identity.IdentityUnknown {
 		a.bindProvisional(ctx, id, p)
 		return
 	}
-	err := fmt.Errorf("acquire identity for %s (%d attempts failed, retrying): %w: %s", key, p.attempts, ErrIdentityStoreUnavailable, a.cluster.lastErr)
+	why := a.cluster.lastErr
+	if st := a.cluster.w.backend.Status(); !st.Healthy && st.LastError != "" {
+		why = st.LastError
+	}
+	err := fmt.Errorf("acquire identity for %s: no answer from the store within %s (%d attempts failed, retrying): %w: %s", key, a.cluster.cfg.WaitMax, p.attempts, ErrIdentityStoreUnavailable, why)
 	for _, w := range p.waiters {
 		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: err})
 	}
 	p.waiters = nil
+	a.publishClusterStatus()
 }
 
 // startAcquire hands the backend Acquire of a pending label set to its

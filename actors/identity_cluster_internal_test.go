@@ -603,8 +603,8 @@ func TestClusterReleaseDeferred(t *testing.T) {
 
 // TestClusterAcquireDuringBackoff: a label set whose Acquire failed (the
 // store down) waits for its next attempt; another endpoint asking for it
-// meanwhile is told at once that the store is unavailable, not parked
-// until the next attempt (an hour here; up to RetryMax in an agent,
+// meanwhile is told within WaitMax that the store is unavailable, not
+// parked until the next attempt (an hour here; up to RetryMax in an agent,
 // past the asking endpoint's deadline: test/multinode
 // TestMultiNodeKvstore's ADD then failed with a bare "future: timeout").
 func TestClusterAcquireDuringBackoff(t *testing.T) {
@@ -613,6 +613,7 @@ func TestClusterAcquireDuringBackoff(t *testing.T) {
 		c.IdentityBackend = b
 		c.ClusterIdentity.RetryMin = time.Hour
 		c.ClusterIdentity.RetryMax = time.Hour
+		c.ClusterIdentity.WaitMax = 200 * time.Millisecond
 	})
 	b.set(errors.New("connection refused"), nil)
 	ls := ciLabels(t, "k8s:app=backoff")
@@ -633,17 +634,22 @@ func TestClusterAcquireDuringBackoff(t *testing.T) {
 	}
 }
 
-// TestClusterAcquireWhileStoreDown: while the backend reports the store
-// unreachable, an Acquire of a new label set is answered at once with
-// ErrIdentityStoreUnavailable and the store's error, while an attempt
-// (held here, as one hanging until CallTimeout) goes on in the
-// background; the label set shows as waiting and is bound once the
+// TestClusterAcquireWhileStoreDown: while the store does not answer (the
+// attempt held here, as one hanging until CallTimeout), an Acquire of a
+// new label set is answered after WaitMax with
+// ErrIdentityStoreUnavailable and the store's error, while the attempt
+// goes on; the label set shows as waiting and is bound once the
 // store answers. Before, the request waited for the attempt, past the
 // endpoint's deadline (TestMultiNodeKvstore's etcd-restart, on a quiet
 // machine).
 func TestClusterAcquireWhileStoreDown(t *testing.T) {
 	b := newMemBackend()
-	sys := clusterSystem(t, b, nil)
+	sys, _ := svSystem(t, func(c *Config) {
+		c.IdentityBackend = b
+		c.ClusterIdentity.RetryMin = 10 * time.Millisecond
+		c.ClusterIdentity.RetryMax = 50 * time.Millisecond
+		c.ClusterIdentity.WaitMax = 200 * time.Millisecond
+	})
 	gate := make(chan struct{})
 	b.set(nil, gate)
 	b.mu.Lock()
