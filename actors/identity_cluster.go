@@ -309,20 +309,26 @@ func (a *identityActor) clusterWaitOver(ctx actor.Context, key string) {
 	if len(p.waiters) == 0 {
 		return
 	}
-	if id := a.provisional(key, p); id != identity.IdentityUnknown {
-		a.bindProvisional(ctx, id, p)
-		return
-	}
 	why := a.cluster.lastErr
 	if st := a.cluster.w.backend.Status(); !st.Healthy && st.LastError != "" {
 		why = st.LastError
 	}
-	err := fmt.Errorf("acquire identity for %s: no answer from the store within %s (%d attempts failed, retrying): %w: %s", key, a.cluster.cfg.WaitMax, p.attempts, ErrIdentityStoreUnavailable, why)
+	a.answerWaiting(ctx, key, p, fmt.Errorf("acquire identity for %s: no answer from the store within %s (%d attempts failed, retrying): %w: %s",
+		key, a.cluster.cfg.WaitMax, p.attempts, ErrIdentityStoreUnavailable, why))
+	a.publishClusterStatus()
+}
+
+// answerWaiting answers a pending label set's waiters while the store
+// cannot: bound to its provisional number if it has one, else err.
+func (a *identityActor) answerWaiting(ctx actor.Context, key string, p *pendingAcquire, err error) {
+	if id := a.provisional(key, p); id != identity.IdentityUnknown {
+		a.bindProvisional(ctx, id, p)
+		return
+	}
 	for _, w := range p.waiters {
 		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: err})
 	}
 	p.waiters = nil
-	a.publishClusterStatus()
 }
 
 // startAcquire hands the backend Acquire of a pending label set to its
@@ -489,14 +495,7 @@ func (a *identityActor) acquireFailed(ctx actor.Context, key string, p *pendingA
 		a.events.Publish(events.Event{Type: events.IdentityWaiting, Labels: p.labels.Strings(), Message: err.Error()})
 	}
 	p.attempts++
-	if id := a.provisional(key, p); id != identity.IdentityUnknown {
-		a.bindProvisional(ctx, id, p)
-	}
-	werr := fmt.Errorf("acquire identity for %s (attempt %d, retrying): %w: %w", key, p.attempts, ErrIdentityStoreUnavailable, err)
-	for _, w := range p.waiters {
-		a.batch.reply(ctx, w.replyTo, &messages.IdentityAcquired{Err: werr})
-	}
-	p.waiters = nil
+	a.answerWaiting(ctx, key, p, fmt.Errorf("acquire identity for %s (attempt %d, retrying): %w: %w", key, p.attempts, ErrIdentityStoreUnavailable, err))
 	if p.attempts >= c.cfg.Attempts && !p.confirm {
 		delete(c.pending, key)
 	} else {
