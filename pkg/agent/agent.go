@@ -89,6 +89,12 @@ type Config struct {
 	// default DefaultGCPercent): Start applies it process-wide unless it
 	// is 0 or the GOGC environment variable is set (GOGC wins).
 	GCPercent int
+	// ReleaseStartupPages is how long after start the agent asks the
+	// kernel to reclaim its executable's resident pages, which start-up
+	// read and steady state mostly does not (--release-startup-pages,
+	// default 10 s; 0 never; pkg/agent/procmem). Process-wide, like
+	// GCPercent: the simulator's many agents in one process leave it 0.
+	ReleaseStartupPages time.Duration
 	// EnableHealth runs the health endpoint (--enable-health; Linux
 	// datapath only, else reported disabled), probed every HealthInterval
 	// (default 10 s).
@@ -216,9 +222,10 @@ type Agent struct {
 	served  chan error
 	stopCNI context.CancelFunc // stops the delete queue drainer
 	// stopAddrs stops following the host's addresses (nil: not followed).
-	stopAddrs context.CancelFunc
-	stopNodes func() // ends the nodes file watcher
-	store     *stateStore
+	stopAddrs   context.CancelFunc
+	stopNodes   func() // ends the nodes file watcher
+	stopRelease func() // cancels the pending start-up page release
+	store       *stateStore
 	// stopOnce makes Stop idempotent (a second call returns the first's error).
 	stopOnce sync.Once
 	stopErr  error

@@ -127,6 +127,8 @@ func (s *starter) components() []component {
 		{"ipcache-prune", a.startIPCachePrune, stopFunc(&a.stopPrune)},
 		// Mutating calls answered from now on.
 		{"ready", a.setReady, nil},
+		// Start-up's pages of the executable given back (--release-startup-pages).
+		{"release-startup-pages", func() error { a.releaseStartupPages(); return nil }, stopFunc(&a.stopRelease)},
 	}
 }
 

@@ -3,6 +3,9 @@ package agent
 import (
 	"os"
 	"runtime/debug"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/agent/procmem"
 )
 
 // DefaultGCPercent is --gc-percent's default. The agent's heap is mostly
@@ -23,4 +26,21 @@ func applyGCPercent(pct int) {
 		return
 	}
 	debug.SetGCPercent(pct)
+}
+
+// releaseStartupPages schedules the release of the executable's
+// start-up pages (Config.ReleaseStartupPages) once, in the background.
+func (a *Agent) releaseStartupPages() {
+	if a.cfg.ReleaseStartupPages <= 0 {
+		return
+	}
+	t := time.AfterFunc(a.cfg.ReleaseStartupPages, func() {
+		r, err := procmem.ReleaseExecutable()
+		if err != nil {
+			a.log.Info("start-up pages of the executable not released", "err", err)
+			return
+		}
+		a.log.Debug("start-up pages of the executable released", "mappings", r.Mappings, "bytes", r.Bytes)
+	})
+	a.stopRelease = func() { t.Stop() }
 }

@@ -93,7 +93,7 @@ func TestMemKubernetes(t *testing.T) {
 	p.Start()
 	waitRemote(t, n.Socket, remote)
 	time.Sleep(settle)
-	report(t, measure(t, fmt.Sprintf("Kubernetes mode, %d remote endpoints", remote), p.Pid(), n.Socket), "")
+	report(t, measure(t, fmt.Sprintf("Kubernetes mode, %d remote endpoints", remote), p.Pid(), n.Socket, false), "")
 	parallel(t, pods, func(i int) error {
 		_, err := cs.CoreV1().Pods(memNS).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: memNS, Name: fmt.Sprintf("mem-%d", i),
 			Labels: map[string]string{"app": fmt.Sprintf("local-%d", i%10)}},
@@ -104,7 +104,7 @@ func TestMemKubernetes(t *testing.T) {
 		n.AddPodIn(memNS, fmt.Sprintf("mem-%d", i))
 	}
 	time.Sleep(settle)
-	report(t, measure(t, fmt.Sprintf("Kubernetes mode, %d pods and %d remote endpoints", pods, remote), p.Pid(), n.Socket), "<= 64")
+	report(t, measure(t, fmt.Sprintf("Kubernetes mode, %d pods and %d remote endpoints", pods, remote), p.Pid(), n.Socket, true), "<= 64")
 }
 
 func createNode(t *testing.T, cs kubernetes.Interface, name, cidr, ip string) {

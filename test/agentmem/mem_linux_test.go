@@ -70,6 +70,8 @@ func agentProc(n *nodeharness.Node, extra ...string) *nodeharness.Proc {
 // sample is one reading of the agent process's memory.
 type sample struct {
 	what                                string
+	collected                           bool   // the Go figures after a forced GC (else from /metrics)
+	majFlt                              uint64 // page faults read from disk since start
 	vmRSS, rssAnon, rssFile, pss        uint64 // bytes
 	pssAnon, pssFile                    uint64
 	heapLive, heapSys, heapReleased     uint64 // Go runtime, after a forced GC
@@ -78,24 +80,96 @@ type sample struct {
 }
 
 // measure reads the process's memory: /proc first (the idle state), then
-// the Go runtime's numbers through the heap profile with gc=1 (which
-// collects first: the live heap).
-func measure(t *testing.T, what string, pid int, socket string) *sample {
+// the Go runtime's numbers. A reading that is not the test's last takes
+// them from GET /metrics (what a Prometheus scrape costs the agent: no
+// symbolised stacks); the last one through the heap profile with gc=1
+// (which collects first: the live heap). The heap profile symbolises
+// every sampled stack, reading much of the binary's pclntab, and the
+// agent releases its start-up pages (--release-startup-pages): a
+// profile before a reading would count the profiler's pages in it.
+func measure(t *testing.T, what string, pid int, socket string, last bool) *sample {
 	t.Helper()
-	s := &sample{what: what}
+	s := &sample{what: what, collected: last}
 	st := procFields(t, fmt.Sprintf("/proc/%d/status", pid))
 	s.vmRSS, s.rssAnon, s.rssFile = st["VmRSS"], st["RssAnon"], st["RssFile"]
 	roll := procFields(t, fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	s.pss, s.pssAnon, s.pssFile = roll["Pss"], roll["Pss_Anon"], roll["Pss_File"]
+	s.majFlt = majorFaults(t, pid)
 	res, err := ReadResident(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.res = res
-	ms := heapStats(t, socket, what)
+	var ms map[string]uint64
+	if last {
+		ms = heapStats(t, socket, what)
+	} else {
+		ms = metricsStats(t, socket)
+	}
 	s.heapLive, s.heapSys, s.heapReleased = ms["HeapAlloc"], ms["HeapSys"], ms["HeapReleased"]
 	s.stackSys, s.gcSys, s.otherSys, s.totalSys = ms["Stack"], ms["GCSys"], ms["OtherSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"], ms["Sys"]
 	return s
+}
+
+// majorFaults is the process's count of page faults that read from disk
+// (/proc/<pid>/stat field 12): what the release of start-up pages costs
+// when a page is used again.
+func majorFaults(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	fs := strings.Fields(string(b[i+1:]))
+	if len(fs) < 10 {
+		t.Fatalf("short /proc/%d/stat: %q", pid, b)
+	}
+	n, err := strconv.ParseUint(fs[9], 10, 64) // majflt is field 12; fs[0] is field 3
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// metricsStats reads the Go runtime's memory figures from GET /metrics
+// (client_golang's Go collector), keyed as heapStats keys them.
+func metricsStats(t *testing.T, socket string) map[string]uint64 {
+	t.Helper()
+	resp, err := unixClient(socket).Get("http://agent/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics: %v %s", err, resp.Status)
+	}
+	names := map[string]string{"go_memstats_heap_alloc_bytes": "HeapAlloc", "go_memstats_heap_sys_bytes": "HeapSys",
+		"go_memstats_heap_released_bytes": "HeapReleased", "go_memstats_stack_sys_bytes": "Stack", "go_memstats_gc_sys_bytes": "GCSys",
+		"go_memstats_other_sys_bytes": "OtherSys", "go_memstats_mspan_sys_bytes": "MSpan", "go_memstats_mcache_sys_bytes": "MCache",
+		"go_memstats_buck_hash_sys_bytes": "BuckHashSys", "go_memstats_sys_bytes": "Sys"}
+	out := map[string]uint64{}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if key, want := names[name]; ok && want {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				out[key] = uint64(f)
+			}
+		}
+	}
+	if _, ok := out["HeapAlloc"]; !ok {
+		t.Fatalf("metrics without go_memstats_heap_alloc_bytes:\n%.2000s", body)
+	}
+	return out
+}
+
+// unixClient is an HTTP client over the agent's socket.
+func unixClient(socket string) *http.Client {
+	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	}}}
 }
 
 // procFields parses "Key: <n> kB" lines into bytes.
@@ -129,9 +203,7 @@ func procFields(t *testing.T, path string) map[string]uint64 {
 // (go tool pprof -sample_index=inuse_space), named after what.
 func heapStats(t *testing.T, socket, what string) map[string]uint64 {
 	t.Helper()
-	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-	}}}
+	hc := unixClient(socket)
 	if dir := os.Getenv("MEM_HEAPPROFILE_DIR"); dir != "" {
 		saveProfile(t, hc, filepath.Join(dir, strings.NewReplacer(" ", "-", ",", "").Replace(what)+".pb.gz"))
 	}
@@ -187,12 +259,16 @@ func mib(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 // reads "headline: what | value | target").
 func report(t *testing.T, s *sample, target string) {
 	t.Helper()
+	heap := "heap allocated (not collected first)"
+	if s.collected {
+		heap = "live heap"
+	}
 	fmt.Printf("memory: %s: VmRSS %s MiB (RssAnon %s, RssFile %s), Pss %s MiB (anon %s, file %s); "+
-		"Go: live heap %s MiB, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
-		"executable resident %s MiB file-backed, %s MiB copied\n",
+		"Go: %s %s MiB, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
+		"executable resident %s MiB file-backed, %s MiB copied; %d page faults read from disk since start\n",
 		s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), mib(s.pss), mib(s.pssAnon), mib(s.pssFile),
-		mib(s.heapLive), mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
-		mib(s.res.File), mib(s.res.COW))
+		heap, mib(s.heapLive), mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
+		mib(s.res.File), mib(s.res.COW), s.majFlt)
 	fmt.Printf("memory: %s: executable by section (MiB):%s\n", s.what, top(s.res.Sections, 6))
 	fmt.Printf("memory: %s: executable by package (MiB, .text/.rodata/data by symbol):%s\n", s.what, top(s.res.Packages, envInt("MEM_TOP", 25)))
 	fmt.Printf("headline: agent VmRSS, %s (MiB; RssAnon + RssFile) | %s (%s + %s) | %s\n", s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), target)
@@ -228,10 +304,10 @@ func TestMemStandalone(t *testing.T) {
 	p := agentProc(n)
 	p.Start()
 	time.Sleep(settle)
-	report(t, measure(t, "standalone, idle", p.Pid(), n.Socket), "")
+	report(t, measure(t, "standalone, idle", p.Pid(), n.Socket, false), "")
 	for i := range pods {
 		n.AddPod(fmt.Sprintf("mem-%d", i))
 	}
 	time.Sleep(settle)
-	report(t, measure(t, fmt.Sprintf("standalone, %d endpoints", pods), p.Pid(), n.Socket), "<= 48")
+	report(t, measure(t, fmt.Sprintf("standalone, %d endpoints", pods), p.Pid(), n.Socket, true), "<= 48")
 }

@@ -1,0 +1,34 @@
+package agent_test
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/membrane-cni/membrane/pkg/agent"
+)
+
+// TestReleaseStartupPages: with Config.ReleaseStartupPages set, the
+// agent gives back its executable's start-up pages once, that long
+// after Start (pkg/agent/procmem tests what the release does).
+func TestReleaseStartupPages(t *testing.T) {
+	cfg := agentConfig(t.TempDir())
+	cfg.ReleaseStartupPages = 50 * time.Millisecond
+	var logs syncBuffer
+	a, err := agent.Start(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop(ctx10(t))
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "start-up pages of the executable released") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no release logged within 30 s:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "start-up pages of the executable"); n != 1 {
+		t.Fatalf("%d release lines, want 1", n)
+	}
+}
