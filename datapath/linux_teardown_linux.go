@@ -156,7 +156,9 @@ func (l *Linux) deleteLink(index int, name string) error {
 func (l *Linux) sweepTombstones(links []netlink.Link) (n int, err error) {
 	for _, link := range links {
 		a := link.Attrs()
-		if link.Type() != "veth" || !ifname.IsTombstone(a.Name) {
+		// Only a name that encodes the veth's own index is the agent's:
+		// another program's veth named like one is left alone.
+		if link.Type() != "veth" || !ifname.IsTombstoneOf(a.Name, a.Index) {
 			continue
 		}
 		l.mu.Lock()

@@ -67,6 +67,14 @@ func TestLinuxTombstoneSweep(t *testing.T) {
 	}
 	before := tombstone("lxctest0000031")
 	keep := addVeth(t, nl, 0, "lxctest0000033", "10.244.49.3") // not a tombstone: GC's two passes
+	// Another program's veth named like a tombstone, not after its own
+	// index: never the agent's to delete.
+	foreign := addVeth(t, nl, 0, "lxctest0000034", "10.244.49.4")
+	if link, err := nl.LinkByIndex(foreign.IfIndex); err != nil {
+		t.Fatal(err)
+	} else if err := nl.LinkSetName(link, ifname.Tombstone(foreign.IfIndex+1)); err != nil {
+		t.Fatal(err)
+	}
 	cfg := LinuxConfig{HostNetns: host.Path, BPFFS: testutil.BPFFSDir(t), TeardownDelay: 10 * time.Millisecond}
 	l, err := NewLinux(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -88,5 +96,13 @@ func TestLinuxTombstoneSweep(t *testing.T) {
 	testutil.Eventually(t, "GC's sweep to delete the tombstone", gone(after))
 	if _, err := nl.LinkByIndex(keep.IfIndex); err != nil {
 		t.Fatalf("a first-seen orphan veth was deleted by one pass: %v", err)
+	}
+	for range 2 { // two passes: not a managed name either, so never
+		if _, err := l.GC(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := nl.LinkByIndex(foreign.IfIndex); err != nil {
+		t.Fatalf("a veth named like a tombstone but not after its own index was deleted: %v", err)
 	}
 }

@@ -80,6 +80,15 @@ func Tombstone(index int) string {
 	return TombstonePrefix + strconv.FormatUint(uint64(uint32(index)), 36)
 }
 
+// IsTombstoneOf reports whether name is Tombstone(index): the name the
+// agent gives a host veth it set aside, which encodes the veth's own
+// interface index. A veth of another program that only looks like a
+// tombstone (IsTombstone) is not one of these, but for a chance of one in
+// the index space.
+func IsTombstoneOf(name string, index int) bool {
+	return IsTombstone(name) && name == Tombstone(index)
+}
+
 // IsTombstone reports whether name has Tombstone's pattern: "lxc-"
 // followed by 1..7 lowercase letters or digits.
 func IsTombstone(name string) bool {

@@ -50,3 +50,17 @@ func TestTombstone(t *testing.T) {
 		}
 	}
 }
+
+func TestIsTombstoneOf(t *testing.T) {
+	for _, index := range []int{1, 35, 36, 4096, 1 << 30} {
+		if !IsTombstoneOf(Tombstone(index), index) {
+			t.Errorf("Tombstone(%d) not a tombstone of %d", index, index)
+		}
+		if IsTombstoneOf(Tombstone(index), index+1) {
+			t.Errorf("Tombstone(%d) taken for a tombstone of %d", index, index+1)
+		}
+	}
+	if IsTombstoneOf("lxc-", 0) || IsTombstoneOf("eth0", 0) {
+		t.Error("a non-tombstone name taken for one")
+	}
+}
