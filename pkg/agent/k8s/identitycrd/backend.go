@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -205,7 +206,7 @@ func New(rc *rest.Config, cfg Config, log *slog.Logger) (*Backend, error) {
 		return nil, fmt.Errorf("identity CRD backend: %w", err)
 	}
 	if err := b.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		b.setHealth(err)
+		b.watchError(err)
 	}); err != nil {
 		return nil, fmt.Errorf("identity CRD backend: %w", err)
 	}
@@ -239,6 +240,17 @@ func (b *Backend) Status() identity.ClusterStatus {
 	st := b.status
 	st.Synced = b.informer.HasSynced()
 	return st
+}
+
+// watchError is the informer's watch error handler: a watch that failed
+// marks the store unhealthy, except the routine ends the reflector
+// handles by itself (a watch closed by the server, a resourceVersion
+// compacted away: it lists again), which say nothing of the store.
+func (b *Backend) watchError(err error) {
+	if errors.Is(err, io.EOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	b.setHealth(err)
 }
 
 // setHealth records the outcome of a call to the API server (the calls
