@@ -172,6 +172,7 @@ type Backend struct {
 
 	mu     sync.Mutex
 	status identity.ClusterStatus
+	owner  metav1.OwnerReference // the lease's owner, this node's Node, once read (leaseOwner)
 
 	created, adopted, conflicts, retries, collected, gcConflicts atomic.Uint64
 }
@@ -687,7 +688,7 @@ func (b *Backend) heartbeat(ctx context.Context) {
 func leaseName(node string) string { return "membrane-identity-" + node }
 
 // renew writes this node's lease: renewTime now, acquireTime the agent's
-// start.
+// start, and this node's Node as its owner (leaseOwner).
 func (b *Backend) renew(ctx context.Context) error {
 	leases := b.cs.CoordinationV1().Leases(b.cfg.LeaseNamespace)
 	cctx, cancel := context.WithTimeout(ctx, max(b.cfg.Heartbeat, 10*time.Second))
@@ -698,8 +699,14 @@ func (b *Backend) renew(ctx context.Context) error {
 		AcquireTime: &metav1.MicroTime{Time: b.start}, RenewTime: &metav1.MicroTime{Time: time.Now()}}
 	cur, err := leases.Get(cctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(cctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LeaseLabel: "true"}}, Spec: spec}, metav1.CreateOptions{})
-		if err != nil {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LeaseLabel: "true"}}, Spec: spec}
+		// Read the Node again: a lease gone since the last renew may have
+		// gone with a Node of this name that was deleted and registered
+		// again (a new UID).
+		if ref, ok := b.leaseOwner(cctx, true); ok {
+			l.OwnerReferences = []metav1.OwnerReference{ref}
+		}
+		if _, err = leases.Create(cctx, l, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create lease %s/%s: %w", b.cfg.LeaseNamespace, name, err)
 		}
 		return nil
@@ -708,8 +715,47 @@ func (b *Backend) renew(ctx context.Context) error {
 		return fmt.Errorf("get lease %s/%s: %w", b.cfg.LeaseNamespace, name, err)
 	}
 	cur.Spec = spec
+	if !ownedByNode(cur.OwnerReferences, b.cfg.Node) {
+		if ref, ok := b.leaseOwner(cctx, false); ok {
+			cur.OwnerReferences = append(cur.OwnerReferences, ref)
+		}
+	}
 	if _, err := leases.Update(cctx, cur, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("renew lease %s/%s: %w", b.cfg.LeaseNamespace, name, err)
 	}
 	return nil
+}
+
+// leaseOwner is the owner reference of this node's lease: its Node, so
+// that the Kubernetes garbage collector deletes the lease with the Node
+// (an agent may write only its own lease, admission.yaml, so no agent can
+// collect a gone node's). Read once, or again when fresh; false while the
+// Node cannot be read (not registered yet: the next renew tries again).
+func (b *Backend) leaseOwner(ctx context.Context, fresh bool) (metav1.OwnerReference, bool) {
+	b.mu.Lock()
+	ref := b.owner
+	b.mu.Unlock()
+	if ref.UID != "" && !fresh {
+		return ref, true
+	}
+	n, err := b.cs.CoreV1().Nodes().Get(ctx, b.cfg.Node, metav1.GetOptions{})
+	if err != nil {
+		b.log.Debug("identity heartbeat lease without an owner: node not read", "node", b.cfg.Node, "err", err)
+		return ref, false
+	}
+	ref = metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
+	b.mu.Lock()
+	b.owner = ref
+	b.mu.Unlock()
+	return ref, true
+}
+
+// ownedByNode reports whether refs name node's Node.
+func ownedByNode(refs []metav1.OwnerReference, node string) bool {
+	for _, r := range refs {
+		if r.APIVersion == "v1" && r.Kind == "Node" && r.Name == node {
+			return true
+		}
+	}
+	return false
 }

@@ -11,10 +11,14 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	v2 "github.com/membrane-cni/membrane/pkg/agent/k8s/apis/v2"
@@ -379,4 +383,58 @@ func TestGCNodeGoneAndRestarted(t *testing.T) {
 	if mi := getIdentity(t, e.Config, kept); mi == nil || mi.Usage[restarted] == "" {
 		t.Fatalf("the identity the restarted agent acquired again: %+v", mi)
 	}
+}
+
+// TestLeaseOwnedByNode: a node's heartbeat lease names the node's Node as
+// its owner, so that the Kubernetes garbage collector deletes it with the
+// Node (no agent may delete another node's lease); a lease written before
+// its Node was registered gets the owner once the Node can be read.
+func TestLeaseOwnedByNode(t *testing.T) {
+	e := env(t)
+	cs := kubernetes.NewForConfigOrDie(e.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	node := uniq("node-owner")
+	c := noGC(node)
+	c.Heartbeat = 100 * time.Millisecond
+	newBackend(t, e.Config, c)
+	lease := func() *coordinationv1.Lease {
+		l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, "membrane-identity-"+node, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	testutil.Eventually(t, "the lease written", func() bool { return lease() != nil })
+	if refs := lease().OwnerReferences; len(refs) != 0 {
+		t.Fatalf("lease owned before its Node exists: %+v", refs)
+	}
+	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	testutil.Eventually(t, "the lease owned by its Node", func() bool {
+		refs := lease().OwnerReferences
+		return len(refs) == 1 && refs[0].Kind == "Node" && refs[0].APIVersion == "v1" && refs[0].Name == node && refs[0].UID == n.UID
+	})
+	// A lease gone (the garbage collector, with a Node deleted and
+	// registered again) is written again owned by the Node's new UID.
+	if err := cs.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n2, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoordinationV1().Leases("kube-system").Delete(ctx, "membrane-identity-"+node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the lease written again, owned by the new Node", func() bool {
+		l := lease()
+		return l != nil && len(l.OwnerReferences) == 1 && l.OwnerReferences[0].UID == n2.UID
+	})
 }
