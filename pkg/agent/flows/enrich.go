@@ -168,7 +168,12 @@ func (s *Store) explain(fl *models.Flow, local, peer labels.Labels, port uint16,
 	if ip, err := netip.ParseAddr(peerIP); err == nil && dir == policy.Egress {
 		peerNames = s.names.namesOf(ip, s.cfg.Now())
 	}
+	localIP := fl.Source.IP
 	k := explainKey{local: src, peer: dst, names: joinNames(peerNames), port: port, proto: proto, dir: dir, want: want}
+	if dir == policy.Ingress {
+		localIP = fl.Destination.IP
+		k.endpoint = localIP
+	}
 	rev := ix.PolicyRevisionNow()
 	s.explainMu.Lock()
 	if s.explained == nil || s.explainRev != rev || len(s.explained) >= maxExplained {
@@ -182,7 +187,8 @@ func (s *Store) explain(fl *models.Flow, local, peer labels.Labels, port uint16,
 		for _, r := range rows {
 			pols = append(pols, r.Policy)
 		}
-		names = policy.Explain(pols, local, peer, peerNames, port, proto, dir, want)
+		named := s.portResolver(localIP, peerIP, dst, dir)
+		names = policy.Explain(pols, local, peer, peerNames, named, port, proto, dir, want)
 		s.explainMu.Lock()
 		if s.explainRev == rev {
 			s.explained[k] = names
@@ -206,11 +212,15 @@ const maxExplained = 4096
 // was learned for (joinNames).
 type explainKey struct {
 	local, peer uint32
-	names       string
-	port        uint16
-	proto       uint8
-	dir         policy.Direction
-	want        int
+	// endpoint is the local endpoint's address on ingress, whose own
+	// named ports resolve the rules' port names (endpoints of one
+	// identity may number a name differently); "" on egress.
+	endpoint string
+	names    string
+	port     uint16
+	proto    uint8
+	dir      policy.Direction
+	want     int
 }
 
 // protoName names an IP protocol ("" when none is known).

@@ -161,6 +161,11 @@ func (ix *Index) IPCache() []*IPCacheEntry {
 	return all[*IPCacheEntry](ix.ReadTxn(), TableIPCache, IndexID)
 }
 
+// IPCacheEntryOf returns the ipcache row of exactly p.
+func (ix *Index) IPCacheEntryOf(p netip.Prefix) (*IPCacheEntry, bool) {
+	return first[*IPCacheEntry](ix.ReadTxn(), TableIPCache, IndexID, p)
+}
+
 // IPCacheLookup returns the identity of addr as the datapath's ipcache
 // resolves it (longest prefix match; false: none, the world identity).
 func (ix *Index) IPCacheLookup(addr netip.Addr) (identity.NumericIdentity, bool) {

@@ -25,13 +25,17 @@ const (
 // default-deny (want). peerNames are the DNS names the peer's address
 // was learned for through the DNS proxy, for toFQDNs rules (nil: none).
 // It re-evaluates the rules in user space, since the policy map keeps no
-// reference to them: named ports and CIDR rules on addresses without a
-// CIDR identity are not matched (the answer is then shorter, never wrong
-// about what it names). Host rules are left out.
-func Explain(pols []*Policy, subject, peer labels.Labels, peerNames []string, port uint16, proto uint8, dir Direction, want int) []string {
+// reference to them: CIDR rules on addresses without a CIDR identity are
+// not matched (the answer is then shorter, never wrong about what it
+// names). Host rules are left out. named resolves a port name of a rule
+// to the numbers it stands for in this traffic, as the rules were
+// compiled: on ingress the subject's own ports, on egress the peer's (a
+// pod's ports, or every number the cluster's pods give the name for a
+// peer that is no pod); nil matches no named port.
+func Explain(pols []*Policy, subject, peer labels.Labels, peerNames []string, named PortResolver, port uint16, proto uint8, dir Direction, want int) []string {
 	var out []string
 	for _, p := range pols {
-		if p == nil || !explains(p, subject, peer, peerNames, port, proto, dir, want) {
+		if p == nil || !explains(p, subject, peer, peerNames, named, port, proto, dir, want) {
 			continue
 		}
 		out = append(out, p.Key())
@@ -39,7 +43,11 @@ func Explain(pols []*Policy, subject, peer labels.Labels, peerNames []string, po
 	return out
 }
 
-func explains(p *Policy, subject, peer labels.Labels, peerNames []string, port uint16, proto uint8, dir Direction, want int) bool {
+// PortResolver returns the numbers port name stands for with protocol
+// proto (Explain's named).
+type PortResolver func(name string, proto uint8) []uint16
+
+func explains(p *Policy, subject, peer labels.Labels, peerNames []string, named PortResolver, port uint16, proto uint8, dir Direction, want int) bool {
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if r.Host || r.Subject == nil || !r.Subject.Matches(subject) {
@@ -51,11 +59,11 @@ func explains(p *Policy, subject, peer labels.Labels, peerNames []string, port u
 		}
 		switch want {
 		case ExplainAllow:
-			if peerRulesMatch(allow, peer, peerNames, port, proto) {
+			if peerRulesMatch(allow, peer, peerNames, named, port, proto) {
 				return true
 			}
 		case ExplainDeny:
-			if peerRulesMatch(deny, peer, peerNames, port, proto) {
+			if peerRulesMatch(deny, peer, peerNames, named, port, proto) {
 				return true
 			}
 		case ExplainDefaultDeny:
@@ -69,9 +77,9 @@ func explains(p *Policy, subject, peer labels.Labels, peerNames []string, port u
 
 // peerRulesMatch reports whether one of prs matches the peer (by labels,
 // or by a learned name for toFQDNs), port and protocol.
-func peerRulesMatch(prs []PeerRule, peer labels.Labels, peerNames []string, port uint16, proto uint8) bool {
+func peerRulesMatch(prs []PeerRule, peer labels.Labels, peerNames []string, named PortResolver, port uint16, proto uint8) bool {
 	for _, pr := range prs {
-		if !portsMatch(pr.Ports, port, proto) {
+		if !portsMatch(pr.Ports, named, port, proto) {
 			continue
 		}
 		if pr.Any {
@@ -90,13 +98,17 @@ func peerRulesMatch(prs []PeerRule, peer labels.Labels, peerNames []string, port
 }
 
 // portsMatch: no ports is any port and protocol; a port 0 any port of
-// its protocol; protocol 0 any protocol.
-func portsMatch(ports []PortProto, port uint16, proto uint8) bool {
+// its protocol; protocol 0 any protocol; a name the numbers named gives
+// it for the traffic's protocol.
+func portsMatch(ports []PortProto, named PortResolver, port uint16, proto uint8) bool {
 	if len(ports) == 0 {
 		return true
 	}
 	for _, pp := range ports {
 		if pp.Name != "" {
+			if named != nil && (pp.Proto == ProtoAny || pp.Proto == proto) && slices.Contains(named(pp.Name, proto), port) {
+				return true
+			}
 			continue
 		}
 		if (pp.Proto == ProtoAny || pp.Proto == proto) && (pp.Port == 0 || pp.Port == port) {

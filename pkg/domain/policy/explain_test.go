@@ -63,7 +63,7 @@ func TestExplain(t *testing.T) {
 		{"egress not enforced", b, a, 81, Egress, ExplainDefaultDeny, nil},
 		{"other subject", a, b, 80, Ingress, ExplainAllow, nil},
 	} {
-		got := Explain(pols, tc.subject, tc.peer, nil, tc.port, ProtoTCP, tc.dir, tc.want)
+		got := Explain(pols, tc.subject, tc.peer, nil, nil, tc.port, ProtoTCP, tc.dir, tc.want)
 		if !slices.Equal(got, tc.names) {
 			t.Errorf("%s: Explain = %v, want %v", tc.name, got, tc.names)
 		}
@@ -103,8 +103,70 @@ spec:
 		{"other name", []string{"example.org."}, 443, nil},
 		{"no name known", nil, 443, nil},
 	} {
-		if got := Explain(pols, a, peer, tc.names, tc.port, ProtoTCP, Egress, ExplainAllow); !slices.Equal(got, tc.want) {
+		if got := Explain(pols, a, peer, tc.names, nil, tc.port, ProtoTCP, Egress, ExplainAllow); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: Explain = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestExplainNamedPorts: a rule on a named port names its policy for the
+// numbers the resolver gives the name (the subject's on ingress, the
+// peer's on egress), for that protocol only; without a resolver it names
+// none.
+func TestExplainNamedPorts(t *testing.T) {
+	pols, err := Parse([]byte(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-http, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  policyTypes: [Ingress, Egress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: a}}}]
+    ports: [{port: http}]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: c}}}]
+    ports: [{port: dns, protocol: UDP}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := explainLabels(t, "a"), explainLabels(t, "b"), explainLabels(t, "c")
+	ports := func(np NamedPorts) PortResolver {
+		return func(name string, proto uint8) []uint16 {
+			if n, ok := np.Lookup(name, proto); ok {
+				return []uint16{n}
+			}
+			return nil
+		}
+	}
+	bPorts, err := NewNamedPorts([]NamedPort{{Name: "http", Proto: ProtoTCP, Port: 8080}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cPorts, err := NewNamedPorts([]NamedPort{{Name: "dns", Proto: ProtoUDP, Port: 5353}, {Name: "dns", Proto: ProtoTCP, Port: 5354}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"default/b-http"}
+	for _, tc := range []struct {
+		name          string
+		subject, peer labels.Labels
+		named         PortResolver
+		port          uint16
+		proto         uint8
+		dir           Direction
+		want          []string
+	}{
+		{"ingress on the subject's number", b, a, ports(bPorts), 8080, ProtoTCP, Ingress, want},
+		{"ingress on another number", b, a, ports(bPorts), 80, ProtoTCP, Ingress, nil},
+		{"ingress, the name on UDP", b, a, ports(bPorts), 8080, ProtoUDP, Ingress, nil},
+		{"ingress without a resolver", b, a, nil, 8080, ProtoTCP, Ingress, nil},
+		{"egress on the peer's number", b, c, ports(cPorts), 5353, ProtoUDP, Egress, want},
+		{"egress, the rule's protocol only", b, c, ports(cPorts), 5354, ProtoTCP, Egress, nil},
+		{"egress, several numbers (a peer that is no pod)", b, c, func(string, uint8) []uint16 { return []uint16{53, 5353} }, 53, ProtoUDP, Egress, want},
+	} {
+		if got := Explain(pols, tc.subject, tc.peer, nil, tc.named, tc.port, tc.proto, tc.dir, ExplainAllow); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
