@@ -197,9 +197,18 @@ type ServicesConfig struct {
 	// netns's up devices holding a global unicast address, except the
 	// gateway and tunnel devices), resolved at Init.
 	Devices []string
+	// NodePortRange is the Services' NodePort range (the API server's
+	// --service-node-port-range; default 30000-32767). With
+	// ProtectNodePortRange, Init reserves it in the host netns when the
+	// ephemeral port range overlaps it (protectNodePortRange).
+	NodePortRange        [2]uint16
+	ProtectNodePortRange bool
 }
 
 func (c ServicesConfig) validate() error {
+	if r := c.NodePortRange; r != [2]uint16{} && (r[0] == 0 || r[0] > r[1]) {
+		return fmt.Errorf("linux datapath: Services.NodePortRange %d-%d: want 1 <= first <= last: %w", r[0], r[1], ErrInvalidConfig)
+	}
 	if c.Cgroup != "" && !filepath.IsAbs(c.Cgroup) {
 		return fmt.Errorf("linux datapath: Services.Cgroup %q: want an absolute path: %w", c.Cgroup, ErrInvalidConfig)
 	}

@@ -154,6 +154,19 @@ func (l *Linux) Init(ctx context.Context) error {
 	if err := l.initKPR(); err != nil {
 		return fmt.Errorf("linux datapath init: %w", err)
 	}
+	if c := l.cfg.Services; c.KubeProxyReplacement && c.ProtectNodePortRange {
+		r := c.NodePortRange
+		if r == [2]uint16{} {
+			r = DefaultNodePortRange
+		}
+		var changed bool
+		if err := l.inHost(func() (err error) { changed, err = protectNodePortRange(r); return err }); err != nil {
+			return fmt.Errorf("linux datapath init: %w", err)
+		}
+		if changed {
+			l.log.Info("NodePort range reserved: no host connection gets a source port in it", "range", fmt.Sprintf("%d-%d", r[0], r[1]))
+		}
+	}
 	links, err := l.listLinks()
 	if err != nil {
 		return fmt.Errorf("linux datapath init: list links: %w", err)

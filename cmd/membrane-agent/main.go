@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -134,6 +135,9 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kc.PodWait, "k8s-pod-wait", 10*time.Second, "Kubernetes mode: longest wait of a CNI ADD for its pod to be cached before the endpoint gets the init identity")
 	fs.BoolVar(&kc.KubeProxyReplacement, "kube-proxy-replacement", false, "Kubernetes mode: translate NodePort and external addresses of Services too, host processes' connections (socket hooks on --socket-lb-cgroup) and NodePort traffic from outside (a program on --devices); no kube-proxy on the node. Cluster addresses from pods are always translated")
 	fs.StringVar(&cfg.Linux.Services.Cgroup, "socket-lb-cgroup", "", "--kube-proxy-replacement: cgroup2 directory whose processes get socket-level service translation (default: the cgroup2 mount's root)")
+	var nodePortRange string
+	fs.StringVar(&nodePortRange, "node-port-range", "30000-32767", "--kube-proxy-replacement: the Services' NodePort range (the API server's --service-node-port-range), first-last or Cilium's first,last")
+	fs.BoolVar(&cfg.Linux.Services.ProtectNodePortRange, "enable-auto-protect-node-port-range", true, "--kube-proxy-replacement: when the host's ephemeral ports (net.ipv4.ip_local_port_range) overlap --node-port-range, reserve the range (net.ipv4.ip_local_reserved_ports), so that no host connection's replies are taken for NodePort traffic (as Cilium's agent)")
 	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement, --host-firewall: comma-separated uplinks translating NodePort traffic from outside and enforcing host policies (default: the devices holding the node's addresses)")
 	fs.StringVar(&nodeLabelPatterns, "node-labels", "", "--enable-node-selector-labels: space-separated patterns choosing the Node labels that make a node's identity, --labels' syntax without its defaults (\"topology.kubernetes.io !kubernetes.io/hostname\"; Cilium's flag); empty: every label")
 	fs.BoolVar(&cfg.Actors.NodeSelectorLabels, "enable-node-selector-labels", false, "give every other node an identity of its own from its Node labels (source node), so that policies select nodes with fromNodes/toNodes (Cilium's flag); off: other nodes are remote-node and fromNodes/toNodes are refused")
@@ -254,6 +258,11 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if devices != "" {
 		cfg.Linux.Services.Devices = strings.Split(devices, ",")
 	}
+	r, err := parsePortRange(nodePortRange)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("--node-port-range: %w", err)
+	}
+	cfg.Linux.Services.NodePortRange = r
 	if !kc.KubeProxyReplacement && cfg.Linux.Services.Cgroup != "" {
 		return cfg, nil, fmt.Errorf("--socket-lb-cgroup: only with --kube-proxy-replacement")
 	}
@@ -369,4 +378,22 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 	given := false
 	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
 	return given
+}
+
+// parsePortRange parses "first-last" or "first,last" (Cilium's form):
+// 1 <= first <= last <= 65535.
+func parsePortRange(s string) ([2]uint16, error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		a, b, ok = strings.Cut(s, ",")
+	}
+	if !ok {
+		return [2]uint16{}, fmt.Errorf("%q: want first-last", s)
+	}
+	lo, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
+	hi, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
+	if err1 != nil || err2 != nil || lo == 0 || lo > hi {
+		return [2]uint16{}, fmt.Errorf("%q: want first-last, port numbers with 1 <= first <= last", s)
+	}
+	return [2]uint16{uint16(lo), uint16(hi)}, nil
 }

@@ -441,3 +441,22 @@ func TestParseFlagsPolicySecrets(t *testing.T) {
 		})
 	}
 }
+
+func TestParseFlagsNodePortRange(t *testing.T) {
+	base := []string{"--datapath", "fake"}
+	cfg, _, err := parseFlags(base, io.Discard)
+	if err != nil || cfg.Linux.Services.NodePortRange != [2]uint16{30000, 32767} || !cfg.Linux.Services.ProtectNodePortRange {
+		t.Fatalf("default: range %v protect %v, err %v", cfg.Linux.Services.NodePortRange, cfg.Linux.Services.ProtectNodePortRange, err)
+	}
+	for in, want := range map[string][2]uint16{"20000-22767": {20000, 22767}, "30000,32767": {30000, 32767}, "80-80": {80, 80}} {
+		cfg, _, err := parseFlags(append(append([]string{}, base...), "--node-port-range", in), io.Discard)
+		if err != nil || cfg.Linux.Services.NodePortRange != want {
+			t.Errorf("%q: %v, err %v; want %v", in, cfg.Linux.Services.NodePortRange, err, want)
+		}
+	}
+	for _, bad := range []string{"", "30000", "0-10", "3-2", "1-65536", "a-b"} {
+		if _, _, err := parseFlags(append(append([]string{}, base...), "--node-port-range", bad), io.Discard); err == nil || !strings.Contains(err.Error(), "--node-port-range") {
+			t.Errorf("%q: err %v, want one naming the flag", bad, err)
+		}
+	}
+}

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -19,7 +21,7 @@ func TestWatchErrorRoutine(t *testing.T) {
 	for _, err := range []error{
 		io.EOF,
 		apierrors.NewResourceExpired("too old resource version: 1 (2)"),
-		apierrors.NewGone("gone"),
+		&apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusGone, Reason: metav1.StatusReasonGone}},
 		fmt.Errorf("watch: %w", apierrors.NewResourceExpired("too old")),
 	} {
 		b.watchError(err)
