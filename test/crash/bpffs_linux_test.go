@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,7 +25,9 @@ import (
 // operator's `rm -rf /sys/fs/bpf/membrane` would, and later the bpffs
 // itself is unmounted and a fresh one mounted in its place, as a node
 // agent remounting /sys/fs/bpf would (the node's own bpffs instance:
-// the host's is never touched). Each time the policy stays enforced
+// the host's is never touched). Between the two, an rm -rf that the
+// agent's check interrupts: the ipcache pin goes, the agent pins it
+// again, then every other pin goes. Each time the policy stays enforced
 // (the allowed pod gets through, the denied one does not), the agent
 // finds the pins missing and pins its objects again (the same kernel
 // maps: the ipcache's map ID is unchanged), and says so: a
@@ -64,41 +67,60 @@ func testPinsRemoved(t *testing.T, attach, cidr string) {
 	repairs := watchEvents(t, c, events.BPFPinsRepaired)
 	repairsBefore, repinnedBefore := 0, 0
 
-	for i, fault := range []struct {
+	faults := []struct {
 		name string
 		do   func()
 	}{
 		{"rm -rf of every pin", func() { removeAllUnder(t, ap.BPFFS) }},
+		{"rm -rf interrupted by the agent's check", func() {
+			pinned := pinFile(t, ipcache)
+			if err := os.Remove(ipcache); err != nil {
+				t.Fatal(err)
+			}
+			testutil.EventuallyErr(t, "the ipcache pin alone pinned again", func() error {
+				if f, err := pinFileErr(ipcache); err != nil || f == pinned {
+					return fmt.Errorf("pin %v (before the fault %v), %v", f, pinned, err)
+				}
+				return nil
+			})
+			removeAllUnder(t, ap.BPFFS, "ipcache")
+		}},
 		{"the bpffs unmounted and a fresh one mounted", func() { remountBPFFS(t, ap.BPFFS) }},
-	} {
+	}
+	for i, fault := range faults {
 		start := time.Now()
+		pinned := pinFile(t, ipcache)
+		// The agent's check may repair the pins before this goroutine
+		// looks (every 300 ms; an rm -rf under load takes longer): what
+		// shows that the fault took the ipcache pin is a new pin file
+		// after it (a new inode, or a new bpffs), checked below.
 		fault.do()
-		if _, err := os.Stat(ipcache); !os.IsNotExist(err) {
-			t.Fatalf("%s: the ipcache pin is still there (%v)", fault.name, err)
-		}
 		if err := enforced("pins gone (" + fault.name + ")"); err != nil {
 			t.Error(err)
 		}
 		repairs.wait(t, func(ev events.Event) bool { return ev.State == "repaired" }, i+1)
+		// A check may run in the middle of a fault (rm -rf removing one
+		// pin after another, the bpffs between its unmount and the new
+		// mount) and repair what is gone so far; the rest is repaired by
+		// the next check.
 		testutil.EventuallyErr(t, "pins back after "+fault.name, func() error {
-			for _, p := range []string{ipcache, srvPolicy} {
-				if _, err := os.Stat(p); err != nil {
-					return err
-				}
+			if got := pinTree(t, ap.BPFFS); fmt.Sprint(got) != fmt.Sprint(pinsBefore) {
+				return fmt.Errorf("pins:\n%v\nwant those of before:\n%v", got, pinsBefore)
 			}
 			return nil
 		})
 		t.Logf("%s: repaired after %v", fault.name, time.Since(start).Round(time.Millisecond))
-		if got := pinTree(t, ap.BPFFS); fmt.Sprint(got) != fmt.Sprint(pinsBefore) {
-			t.Errorf("%s: pins after the repair:\n%v\nwant those of before:\n%v", fault.name, got, pinsBefore)
+		if _, err := os.Stat(srvPolicy); err != nil {
+			t.Errorf("%s: srv's policy pin: %v", fault.name, err)
+		}
+		if f := pinFile(t, ipcache); f == pinned {
+			t.Errorf("%s: the ipcache pin is the file of before the fault (%+v): the fault removed nothing", fault.name, f)
 		}
 		if id := pinnedMapID(t, ipcache); id != ipcacheID {
 			t.Errorf("%s: the ipcache pin holds map %d, want the agent's map %d", fault.name, id, ipcacheID)
 		}
-		// A check may run in the middle of a fault (rm -rf removing one
-		// pin after another, the bpffs between its unmount and the new
-		// mount) and find pins missing more than once: at least one
-		// more repair than before, each repinning.
+		// A check in the middle of a fault finds pins missing more than
+		// once: at least one more repair than before, each repinning.
 		st, err := c.Status(ctx)
 		if err != nil || st.BPFPins == nil || !st.BPFPins.Healthy || st.BPFPins.Repairs <= repairsBefore || st.BPFPins.Repinned <= repinnedBefore {
 			t.Errorf("%s: status bpf-pins %+v, %v; want healthy with more than %d repairs, more than %d pinned again", fault.name, st.BPFPins, err, repairsBefore, repinnedBefore)
@@ -110,8 +132,8 @@ func testPinsRemoved(t *testing.T, attach, cidr string) {
 			t.Error(err)
 		}
 	}
-	if v, err := strconv.Atoi(metric(t, ap.Socket, `membrane_datapath_pin_repairs_total{result="repaired"}`)); err != nil || v < 2 || v > repairsBefore {
-		t.Errorf(`membrane_datapath_pin_repairs_total{result="repaired"} = %d (%v), want 2 to %d (the status's repairs)`, v, err, repairsBefore)
+	if v, err := strconv.Atoi(metric(t, ap.Socket, `membrane_datapath_pin_repairs_total{result="repaired"}`)); err != nil || v < len(faults) || v > repairsBefore {
+		t.Errorf(`membrane_datapath_pin_repairs_total{result="repaired"} = %d (%v), want %d to %d (the status's repairs)`, v, err, len(faults), repairsBefore)
 	}
 
 	// A new pod: added and enforced (not allowed into srv).
@@ -177,6 +199,28 @@ func pinTree(t *testing.T, dir string) []string {
 	return pins
 }
 
+// pinFileID names a pin file: its bpffs instance and inode. A pin
+// removed and made again is another file (bpffs numbers inodes from the
+// kernel's counter, get_next_ino), and so is one on a fresh bpffs.
+type pinFileID struct{ dev, ino uint64 }
+
+func pinFileErr(path string) (pinFileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return pinFileID{}, err
+	}
+	return pinFileID{dev: st.Dev, ino: st.Ino}, nil
+}
+
+func pinFile(t *testing.T, path string) pinFileID {
+	t.Helper()
+	f, err := pinFileErr(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // pinnedMapID is the kernel ID of the map pinned at path.
 func pinnedMapID(t *testing.T, path string) ebpf.MapID {
 	t.Helper()
@@ -198,15 +242,16 @@ func pinnedMapID(t *testing.T, path string) ebpf.MapID {
 
 // removeAllUnder removes everything under dir (the node's own bpffs)
 // but the kernel's own files at a bpffs's root (maps.debug, progs.debug:
-// the preloaded iterators, which cannot be removed).
-func removeAllUnder(t *testing.T, dir string) {
+// the preloaded iterators, which cannot be removed) and the entries
+// named in keep.
+func removeAllUnder(t *testing.T, dir string, keep ...string) {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".debug") {
+		if strings.HasSuffix(e.Name(), ".debug") || slices.Contains(keep, e.Name()) {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {

@@ -38,8 +38,11 @@ type NodeSink interface {
 // between. A node whose lease expired loses its keys, and so its
 // endpoints and routes. A failed hand-over is retried as a full
 // replacement. An address claimed by two nodes' endpoints (a pod moved
-// and the old node has not withdrawn it yet) goes to the latest claim;
-// when that one goes, the other takes it back.
+// and the old node has not withdrawn it yet) goes to the latest claim:
+// the record written last (its etcd ModRevision; in one transaction, the
+// greater key), however the mirror learnt of them (in a watch, a re-list,
+// or accepted later when their node's record arrived); when that one
+// goes, the latest of the others takes it back.
 //
 // An endpoint record is believed only as a claim of the node its key
 // names (state/endpoints/v1/<node>/...; the record's node must agree),
@@ -71,9 +74,9 @@ type Mirror struct {
 	mu   sync.Mutex
 	recs map[string]*heldRecord // record key -> record (refused ones too)
 	// owners maps an address to the latest accepted record key claiming
-	// it; contested holds, for the few addresses that more than one
-	// accepted record claims, the earlier claims, oldest first (never
-	// the owner's key, never an empty list).
+	// it (claimBefore); contested holds, for the few addresses that more
+	// than one accepted record claims, the earlier claims, oldest first
+	// (never the owner's key, never an empty list).
 	owners    map[netip.Addr]string
 	contested map[netip.Addr][]string
 	nodeRecs  map[string]nodeRecord
@@ -94,15 +97,21 @@ type Mirror struct {
 
 // StartMirror starts watching; nil sinks are skipped.
 func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
-	ctx, stop := context.WithCancel(c.ctx)
-	m := &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
-		recs: map[string]*heldRecord{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
-		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{})}
+	m := newMirror(c, eps, nodes)
+	ctx := m.ctx
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
 	go func() { defer m.wg.Done(); m.retryLoop() }()
 	return m
+}
+
+// newMirror returns a Mirror that watches nothing yet.
+func newMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
+	ctx, stop := context.WithCancel(c.ctx)
+	return &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
+		recs: map[string]*heldRecord{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
+		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{})}
 }
 
 // Stop stops watching.
@@ -239,7 +248,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 		if r, ok := prev[key]; ok {
 			m.refused[key] = r
 		}
-		m.putLocked(key, kv.Value)
+		m.putLocked(key, kv.Value, kv.ModRevision)
 	}
 	m.synced[0] = true
 	m.replaceEndpointsLocked()
@@ -262,7 +271,7 @@ func (l *epLister) events(evs []*clientv3.Event) {
 		if ev.Type == clientv3.EventTypeDelete {
 			final.add(m.deleteLocked(key))
 		} else {
-			final.add(m.putLocked(key, ev.Kv.Value))
+			final.add(m.putLocked(key, ev.Kv.Value, ev.Kv.ModRevision))
 		}
 	}
 	m.sendLocked(final)
@@ -334,9 +343,9 @@ func splitFinal(final finalChanges) ([]endpoint.Remote, []netip.Addr) {
 	return ups, dels
 }
 
-// putLocked records key's endpoint; it returns what the sink must upsert
-// and delete.
-func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Addr) {
+// putLocked records key's endpoint, written at revision rev; it returns
+// what the sink must upsert and delete.
+func (m *Mirror) putLocked(key string, v []byte, rev int64) ([]endpoint.Remote, []netip.Addr) {
 	if m.ownKey(key) {
 		return nil, nil
 	}
@@ -345,7 +354,7 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 		m.c.log.Warn("unreadable endpoint record ignored", "key", m.etcdKey(key), "err", err)
 		return m.deleteLocked(key)
 	}
-	rec := hold(key, dec)
+	rec := hold(key, dec, rev)
 	var ups []endpoint.Remote
 	var dels []netip.Addr
 	_, wasRefused := m.refused[key]
@@ -362,20 +371,57 @@ func (m *Mirror) putLocked(key string, v []byte) ([]endpoint.Remote, []netip.Add
 	if !accepted {
 		return ups, dels
 	}
-	m.ownLocked(key, rec)
-	return append(ups, rec.remote()), dels
+	return append(ups, m.ownLocked(key, rec)...), dels
 }
 
-// ownLocked makes key the latest claim of each of rec's addresses.
-func (m *Mirror) ownLocked(key string, rec *heldRecord) {
+// claimBefore reports whether record key a's claim is earlier than b's:
+// written at an earlier revision, or at the same one (one transaction)
+// under a smaller key. Both must be in m.recs.
+func (m *Mirror) claimBefore(a, b string) bool {
+	ra, rb := m.recs[a].rev, m.recs[b].rev
+	return ra < rb || ra == rb && a < b
+}
+
+// ownLocked adds key's accepted record rec (in m.recs) as a claim of each
+// of its addresses, in the order of the claims' revisions: the addresses
+// where it is the latest claim are its; it returns them as the upsert
+// the sink needs (none: nothing).
+func (m *Mirror) ownLocked(key string, rec *heldRecord) []endpoint.Remote {
+	var owned []netip.Addr
 	for _, ip := range rec.ips {
 		cur, ok := m.owners[ip]
-		if ok && cur != key {
+		switch {
+		case !ok || cur == key:
+		case m.claimBefore(cur, key):
 			m.uncontestLocked(ip, key)
-			m.contested[ip] = append(m.contested[ip], cur)
+			m.contestLocked(ip, cur)
+		default: // a later claim owns it: key's is an earlier one
+			m.uncontestLocked(ip, key)
+			m.contestLocked(ip, key)
+			continue
 		}
 		m.owners[ip] = key // this string: the record's node shares it
+		owned = append(owned, ip)
 	}
+	if len(owned) == 0 {
+		return nil
+	}
+	r := rec.remote()
+	if len(owned) < len(rec.ips) {
+		r.IPs = owned
+	}
+	return []endpoint.Remote{r}
+}
+
+// contestLocked adds key (not ip's owner) to ip's earlier claims, in
+// order.
+func (m *Mirror) contestLocked(ip netip.Addr, key string) {
+	o := m.contested[ip]
+	i := len(o)
+	for i > 0 && m.claimBefore(key, o[i-1]) {
+		i--
+	}
+	m.contested[ip] = slices.Insert(o, i, key)
 }
 
 // uncontestLocked removes key from ip's earlier claims.
@@ -447,8 +493,7 @@ func (m *Mirror) recheckNodeLocked(node string) {
 		}
 		switch {
 		case now && was:
-			m.ownLocked(key, rec)
-			final.add([]endpoint.Remote{rec.remote()}, nil)
+			final.add(m.ownLocked(key, rec), nil)
 		case !now && !was:
 			for _, ip := range rec.ips {
 				final.add(m.disownLocked(ip, key))

@@ -38,24 +38,28 @@ type nodeRecord struct {
 // heldRecord is an endpoint record as the mirror keeps it, one per
 // remote endpoint (heap per remote endpoint is a target): the decoded
 // fields without the wire form of the named ports, the node's name
-// sharing the record key's bytes (hold). 96 bytes.
+// sharing the record key's bytes (hold). 104 bytes (the 112-byte size
+// class).
 type heldRecord struct {
-	ips      []netip.Addr
-	nodeIP   netip.Addr
-	ports    policy.NamedPorts
-	node     string
+	ips    []netip.Addr
+	nodeIP netip.Addr
+	ports  policy.NamedPorts
+	node   string
+	// rev is the record's etcd ModRevision: when it was last written,
+	// which orders the claims of one address (Mirror.claimBefore).
+	rev      int64
 	identity uint32
 }
 
-// hold returns r as the mirror keeps it under record key key
-// ("<node>/<id>"): a node name equal to the key's is the key's
-// substring, not a string of its own.
-func hold(key string, r endpointRecord) *heldRecord {
+// hold returns r, written at etcd revision rev, as the mirror keeps it
+// under record key key ("<node>/<id>"): a node name equal to the key's
+// is the key's substring, not a string of its own.
+func hold(key string, r endpointRecord, rev int64) *heldRecord {
 	node := r.Node
 	if kn := recNode(key); kn == node {
 		node = kn
 	}
-	return &heldRecord{ips: r.IPs, nodeIP: r.NodeIP, ports: r.ports, node: node, identity: r.Identity}
+	return &heldRecord{ips: r.IPs, nodeIP: r.NodeIP, ports: r.ports, node: node, rev: rev, identity: r.Identity}
 }
 
 func (r *heldRecord) remote() endpoint.Remote {

@@ -14,7 +14,7 @@ func TestDecodeEndpointNamedPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := hold("n2/1", r).remote().NamedPorts; got.String() != "dns/UDP=53,http/TCP=8080" {
+	if got := hold("n2/1", r, 1).remote().NamedPorts; got.String() != "dns/UDP=53,http/TCP=8080" {
 		t.Fatalf("named ports %s", got)
 	}
 	for _, bad := range []string{`["HTTP=80"]`, `["http=0"]`, `["http/ICMP=1"]`, `["http=80","http=81"]`, `[7]`} {
