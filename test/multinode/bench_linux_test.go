@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -239,9 +241,13 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // request, 1-byte answer, one at a time), Membrane's (the agent's veths
 // and BPF programs, native routing, no policy) against two pods on plain
 // veths and routes in one node netns without BPF or agent. The arms
-// alternate over sameNodeRounds rounds, so the machine's load falls on
-// both alike. Measurement, not a test: MEMBRANE_XNODE_BENCH=1 (make
-// bench-xnode).
+// alternate over sameNodeRounds rounds (each round in another order), so
+// the machine's load falls on all alike. More arms, each a node of its
+// own: MEMBRANE_SAMENODE_FLOWS_OFF=1 adds the agent with --flows=false,
+// MEMBRANE_SAMENODE_OLD_AGENT=<path> the agent binary at path (an older
+// build: old against new in one run); MEMBRANE_SAMENODE_ROUNDS=<n>
+// measures n rounds instead of sameNodeRounds. Measurement, not a test:
+// MEMBRANE_XNODE_BENCH=1 (make bench-xnode).
 func TestSameNodeNumbers(t *testing.T) {
 	if os.Getenv("MEMBRANE_XNODE_BENCH") != "1" {
 		t.Skip("set MEMBRANE_XNODE_BENCH=1 to measure (BENCHMARKS.md)")
@@ -257,8 +263,23 @@ func TestSameNodeNumbers(t *testing.T) {
 	c := newCluster(t, "native", 1, 94)
 	arms := []*arm{{name: "plain veth + routes", a: pa, b: pb},
 		{name: "Membrane", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")}}
-	for round := range sameNodeRounds {
-		order := []*arm{arms[0], arms[1]}
+	if os.Getenv("MEMBRANE_SAMENODE_FLOWS_OFF") == "1" {
+		c := newClusterWith(t, "native", 1, 95, []string{"--flows=false"})
+		arms = append(arms, &arm{name: "Membrane --flows=false", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
+	}
+	if old := os.Getenv("MEMBRANE_SAMENODE_OLD_AGENT"); old != "" {
+		c := newClusterAgent(t, "native", 1, 96, nil, old)
+		arms = append(arms, &arm{name: "Membrane " + filepath.Base(old), a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
+	}
+	rounds := sameNodeRounds
+	if n, err := strconv.Atoi(os.Getenv("MEMBRANE_SAMENODE_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	for round := range rounds {
+		order := slices.Clone(arms)
+		// Rotate by the round and reverse every other round: each arm
+		// runs first, last and next to each other arm.
+		order = append(order[round%len(order):], order[:round%len(order)]...)
 		if round%2 == 1 {
 			slices.Reverse(order)
 		}
@@ -271,9 +292,11 @@ func TestSameNodeNumbers(t *testing.T) {
 	}
 	t.Logf("load average at end: %s", loadavg())
 	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
-	base, m := arms[0], arms[1]
-	t.Logf("SUMMARY same-node stream, median of %d rounds: Membrane %.2f vs plain %.2f Gbit/s = %.2f; request/response: Membrane %.0f vs plain %.0f transactions/s = %.2f",
-		sameNodeRounds, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
+	base := arms[0]
+	for _, m := range arms[1:] {
+		t.Logf("SUMMARY same-node stream, median of %d rounds: %s %.2f vs plain %.2f Gbit/s = %.2f; request/response: %s %.0f vs plain %.0f transactions/s = %.2f",
+			rounds, m.name, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), m.name, med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
+	}
 }
 
 // sameNodeRounds is how many times TestSameNodeNumbers measures each arm.
