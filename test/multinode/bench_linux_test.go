@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -258,6 +260,15 @@ func TestSameNodeNumbers(t *testing.T) {
 		name       string
 		a, b       *pod
 		gbps, rrps []float64
+		progs      endpointProgs
+		// bpf: the endpoint programs' run time per transaction of
+		// each round's request/response run (BPF_ENABLE_STATS).
+		bpf []float64
+	}
+	if stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
+		t.Logf("no BPF run time statistics: %v", err)
+	} else {
+		defer stats.Close()
 	}
 	pa, pb := plainSameNode(t, 93)
 	c := newCluster(t, "native", 1, 94)
@@ -284,16 +295,36 @@ func TestSameNodeNumbers(t *testing.T) {
 			slices.Reverse(order)
 		}
 		for _, a := range order {
+			if round == 0 && a.a.node != nil {
+				a.progs = hostProgs(t, a.a, a.b)
+				t.Logf("%s: %d endpoint programs", a.name, len(a.progs))
+			}
 			g := throughputAt(t, a.a, a.b, 10000+10*round)
+			run0, n0 := a.progs.stats(t)
 			r := rrRate(t, a.a, a.b, 9300+round)
+			run1, n1 := a.progs.stats(t)
 			a.gbps, a.rrps = append(a.gbps, g), append(a.rrps, r)
-			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s", round, a.name, g, r)
+			if a.progs != nil {
+				a.bpf = append(a.bpf, float64(run1-run0)/benchRoundTrips)
+			}
+			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s; endpoint programs %d runs, %v per transaction", round, a.name, g, r,
+				n1-n0, (run1-run0)/benchRoundTrips)
 		}
 	}
 	t.Logf("load average at end: %s", loadavg())
 	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
 	base := arms[0]
 	for _, m := range arms[1:] {
+		// Each round's ratio to the plain arm's next to it: the load
+		// drifts less within a round than across the run.
+		var sr, rr []float64
+		for i := range m.gbps {
+			sr, rr = append(sr, m.gbps[i]/base.gbps[i]), append(rr, m.rrps[i]/base.rrps[i])
+		}
+		if len(m.bpf) > 0 {
+			t.Logf("SUMMARY %s: endpoint programs' run time per transaction, median %.0f ns", m.name, med(m.bpf))
+		}
+		t.Logf("SUMMARY same-node, median of the rounds' ratios: %s / plain: stream %.2f; request/response %.2f", m.name, med(sr), med(rr))
 		t.Logf("SUMMARY same-node stream, median of %d rounds: %s %.2f vs plain %.2f Gbit/s = %.2f; request/response: %s %.0f vs plain %.0f transactions/s = %.2f",
 			rounds, m.name, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), m.name, med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
 	}
@@ -330,4 +361,48 @@ func plainSameNode(t *testing.T, netNum int) (*pod, *pod) {
 		t.Fatal(err)
 	}
 	return plainPod(t, node, netNum, 0), plainPod(t, node, netNum, 1)
+}
+
+// endpointProgs are the endpoint programs attached to pods' host veths.
+type endpointProgs []*ebpf.Program
+
+// hostProgs loads the endpoint programs of the pods' nodes from the
+// agents' pins (<bpffs>/programs/<digest>/{from,to}_container).
+func hostProgs(t *testing.T, pods ...*pod) endpointProgs {
+	t.Helper()
+	var progs endpointProgs
+	seen := map[string]bool{}
+	for _, p := range pods {
+		for _, name := range []string{"from_container", "to_container"} {
+			paths, _ := filepath.Glob(filepath.Join(p.node.bpffs, "programs", "*", name))
+			for _, path := range paths {
+				if seen[path] {
+					continue
+				}
+				seen[path] = true
+				prog, err := ebpf.LoadPinnedProgram(path, nil)
+				if err != nil {
+					t.Fatalf("endpoint program: %v", err)
+				}
+				t.Cleanup(func() { prog.Close() })
+				progs = append(progs, prog)
+			}
+		}
+	}
+	return progs
+}
+
+// stats sums the programs' run time and runs so far.
+func (ps endpointProgs) stats(t *testing.T) (time.Duration, uint64) {
+	t.Helper()
+	var run time.Duration
+	var n uint64
+	for _, p := range ps {
+		st, err := p.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, n = run+st.Runtime, n+st.RunCount
+	}
+	return run, n
 }
