@@ -246,8 +246,8 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // alternate over sameNodeRounds rounds (each round in another order), so
 // the machine's load falls on all alike. More arms, each a node of its
 // own: MEMBRANE_SAMENODE_FLOWS_OFF=1 adds the agent with --flows=false,
-// MEMBRANE_SAMENODE_OLD_AGENT=<path> the agent binary at path (an older
-// build: old against new in one run); MEMBRANE_SAMENODE_ROUNDS=<n>
+// MEMBRANE_SAMENODE_OLD_AGENT=<path>[,<path>...] an arm with the agent
+// binary at each path (an older build: old against new in one run); MEMBRANE_SAMENODE_ROUNDS=<n>
 // measures n rounds instead of sameNodeRounds. Measurement, not a test:
 // MEMBRANE_XNODE_BENCH=1 (make bench-xnode).
 func TestSameNodeNumbers(t *testing.T) {
@@ -278,8 +278,8 @@ func TestSameNodeNumbers(t *testing.T) {
 		c := newClusterWith(t, "native", 1, 95, []string{"--flows=false"})
 		arms = append(arms, &arm{name: "Membrane --flows=false", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
 	}
-	if old := os.Getenv("MEMBRANE_SAMENODE_OLD_AGENT"); old != "" {
-		c := newClusterAgent(t, "native", 1, 96, nil, old)
+	for i, old := range strings.FieldsFunc(os.Getenv("MEMBRANE_SAMENODE_OLD_AGENT"), func(r rune) bool { return r == ',' }) {
+		c := newClusterAgent(t, "native", 1, 96+i, nil, old)
 		arms = append(arms, &arm{name: "Membrane " + filepath.Base(old), a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
 	}
 	rounds := sameNodeRounds
