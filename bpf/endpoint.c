@@ -992,15 +992,18 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	ifindex = fib.ifindex;
 	if (ifindex == skb->ifindex || !bpf_map_lookup_elem(&endpoints, &ifindex))
 		return TC_ACT_OK;
-	if (lb_ttl_dec(skb, p))
-		return TC_ACT_OK;
-	skb->mark = MARK_DIRECT_MAGIC;
 	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		/* The pod's neighbour entry is not resolved yet: the
 		 * kernel resolves it (the route has no gateway: the
-		 * destination itself is the next hop). */
+		 * destination itself is the next hop). The FIB checked the
+		 * device's MTU only on success. */
 		struct bpf_redir_neigh nh = {};
+		__u32 mtu = 0;
 
+		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0))
+			return TC_ACT_OK;
+		if (lb_ttl_dec(skb, p))
+			return TC_ACT_OK;
 		if (p->family == 4) {
 			nh.nh_family = AF_INET_;
 			nh.ipv4_nh = p->daddr[0];
@@ -1008,10 +1011,14 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 			nh.nh_family = AF_INET6_;
 			__builtin_memcpy(nh.ipv6_nh, p->daddr, 16);
 		}
+		skb->mark = MARK_DIRECT_MAGIC;
 		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 	}
+	if (lb_ttl_dec(skb, p))
+		return TC_ACT_OK;
 	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
 		return TC_ACT_SHOT;
+	skb->mark = MARK_DIRECT_MAGIC;
 	return bpf_redirect(ifindex, 0);
 }
 
