@@ -13,10 +13,6 @@
  *                   hostfw.h)
  *   nodeport_reply  tail-called by from_container for a local backend's
  *                   reply to a NodePort client (loaded with from_netdev)
- *   to_container_local  tail-called by from_container for a packet it
- *                   delivers straight to a local endpoint (local_deliver):
- *                   to_container's verdict for the destination, then
- *                   bpf_redirect_peer into its netns
  *
  * Whose packet: the endpoint is looked up in the per-node endpoints map
  * by skb->ifindex, the host veth's ifindex at TC ingress and egress alike

@@ -203,28 +203,27 @@
 // bpf/endpoint.c, Cilium's direct local delivery): when a pod's
 // from_container lets out a packet whose FIB route is another local
 // endpoint's host veth, it decrements the TTL, writes the MAC addresses
-// and tail-calls `to_container_local` (slot 0 of the shared `local_progs`
-// prog array, which Init fills with the node's endpoint programs): the
-// same verdict as to_container, for the destination endpoint (ingress
-// policy, audit, drops, flows, L7 redirects to the proxy, conntrack),
-// then `bpf_redirect_peer` into the destination pod's netns, past its host
-// veth's transmit and backlog. With the slot empty the packet goes to the
-// egress of the destination's veth (`bpf_redirect`), where to_container
-// runs; while the neighbour is unresolved, the same with
-// `bpf_redirect_neigh`. What the host's stack did on the way is skipped:
-// routing past the FIB lookup, netfilter (iptables FORWARD rules and
-// conntrack do not see such traffic, as with Cilium's), the neighbour
-// output. Replies come back directly only when their requests did: the
-// destination's verdict records a packet marked `MARK_DIRECT_MAGIC` as
-// `CT_F_DIRECT` (following each packet of the original direction, like
-// the other flags), and from_container delivers a reply directly only
-// with that flag; a request the host's stack carried may have been
-// translated by netfilter (kube-proxy's DNAT of a ClusterIP to the pod),
-// whose reply must cross the stack to be reversed (`TestLocalDelivery`).
-// Fragments, IPv6 packets with extension headers, packets too big for the
-// veth and TTLs running out go through the stack (its reassembly must see
-// all of a datagram; it answers with ICMP), as does anything bound for
-// the L7 proxy or a Service hairpin.
+// and redirects it to that veth's egress (`bpf_redirect`, or
+// `bpf_redirect_neigh` while the neighbour is unresolved), where the
+// destination's to_container gives its verdict as before: ingress policy,
+// audit, drops, flows, L7 redirects and conntrack are the same programs on
+// the same hook. What the host's stack did on the way is skipped: routing
+// past the FIB lookup, netfilter (iptables FORWARD rules and conntrack do
+// not see such traffic, as with Cilium's), the neighbour output. Unlike
+// Cilium the destination's policy is not tail-called into the sender's
+// program with `bpf_redirect_peer` into the pod's netns: keeping
+// to_container on the destination's veth costs one more veth transmit
+// but no second copy of the ingress path. Replies come back directly only
+// when their requests did: to_container records a packet marked
+// `MARK_DIRECT_MAGIC` as `CT_F_DIRECT` (following each packet of the
+// original direction, like the other flags), and from_container delivers
+// a reply directly only with that flag; a request the host's stack
+// carried may have been translated by netfilter (kube-proxy's DNAT of a
+// ClusterIP to the pod), whose reply must cross the stack to be reversed
+// (`TestLocalDelivery`). Fragments, IPv6 packets with extension headers,
+// packets too big for the veth and TTLs running out go through the stack
+// (its reassembly must see all of a datagram; it answers with ICMP), as
+// does anything bound for the L7 proxy or a Service hairpin.
 //
 // Kernel verdict = `policy.MapState.AllowsAddr`: identity entries (the
 // lookup order of `policy.Lookups`) or CIDR entries (`CIDRAllows`: the
