@@ -79,10 +79,7 @@ type sharedMaps struct {
 	// flows: the flow reports' ring; flowConfig: whether the programs
 	// report flows (key 0); flowStats: their per-CPU counters.
 	flows, flowConfig, flowStats *ebpf.Map
-	// localProgs: to_container_local's tail-call slot (endpoint.c's
-	// direct local delivery), filled with the endpoint programs.
-	localProgs *ebpf.Map
-	lb         lbMaps // the service maps (bpf_lb_linux.go)
+	lb                           lbMaps // the service maps (bpf_lb_linux.go)
 }
 
 // core are the maps both endpoint programs use.
@@ -93,7 +90,7 @@ func (sm sharedMaps) core() []*ebpf.Map {
 // all are the shared maps: core, those only one program uses (config:
 // from_container) and the service maps.
 func (sm sharedMaps) all() []*ebpf.Map {
-	return append(append(sm.core(), sm.config, sm.hostSafe, sm.flows, sm.flowConfig, sm.flowStats, sm.localProgs), sm.lb.all()...)
+	return append(append(sm.core(), sm.config, sm.hostSafe, sm.flows, sm.flowConfig, sm.flowStats), sm.lb.all()...)
 }
 
 // openShared opens (or creates) the shared maps pinned under dir.
@@ -141,7 +138,6 @@ func (sm *sharedMaps) named() []namedMap {
 		{name: bpf.EndpointMapFlows, dst: &sm.flows},
 		{name: bpf.EndpointMapFlowConfig, dst: &sm.flowConfig},
 		{name: bpf.EndpointMapFlowStats, dst: &sm.flowStats},
-		{name: bpf.EndpointMapLocalProgs, dst: &sm.localProgs},
 	}
 }
 
