@@ -279,17 +279,6 @@ struct {
 	__uint(max_entries, 1);
 } node_config SEC(".maps");
 
-/* Shared, pinned at <bpffs>/local_progs: slot 0 holds to_container_local,
- * which from_container tail-calls for a packet it delivers to a local
- * endpoint (local_deliver); datapath fills it with the endpoint
- * programs. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, sizeof(__u32));
-	__uint(max_entries, 1);
-} local_progs SEC(".maps");
-
 /* Anchors for bpf2go -type: types only user space reads need BTF. */
 const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
@@ -901,13 +890,13 @@ static __noinline int proxy_assign(struct __sk_buff *skb, struct pkt *p, __u16 p
 }
 
 /* proxy_hairpin sends a packet to_container redirects to the proxy back
- * to the ingress of its host veth (ifindex), marked with the port:
- * from_container assigns it there (handle). The mark survives: the
- * redirect stays in the node's netns. */
-static __always_inline int proxy_hairpin(struct __sk_buff *skb, __u16 port, __u32 ifindex)
+ * to the ingress of its host veth, marked with the port: from_container
+ * assigns it there (handle). The mark survives: the redirect stays in the
+ * node's netns. */
+static __always_inline int proxy_hairpin(struct __sk_buff *skb, __u16 port)
 {
 	skb->mark = MARK_TO_PROXY_MAGIC | ((__u32)port << 16);
-	return bpf_redirect(ifindex, BPF_F_INGRESS);
+	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
 }
 
 /* proxy_upstream reports whether a TCP packet on its way to the pod
@@ -947,41 +936,31 @@ static __always_inline int proxy_upstream(struct __sk_buff *skb, struct pkt *p)
 
 /* redirect sends an allowed packet of the original direction to the
  * proxy at port. */
-static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer,
-				    __u32 ifindex)
+static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer)
 {
 	if (dir == DIR_EGRESS)
 		return proxy_assign(skb, p, port, dir, peer);
-	return proxy_hairpin(skb, port, ifindex);
+	return proxy_hairpin(skb, port);
 }
 
-/* What local_deliver returns when it does not hand back the destination's
- * host veth (> 0). */
-#define LOCAL_STACK 0       /* leave the packet to the host's stack */
-#define LOCAL_SHOT -1       /* drop it (the packet could not be rewritten) */
-#define LOCAL_REDIRECTED -2 /* redirected (bpf_redirect_neigh) */
-
-/* local_deliver prepares a packet from_container let out for direct
- * delivery to its destination when that is a local endpoint's host veth
- * (Cilium's direct local delivery) and returns that veth's ifindex: lb_out
- * then runs the destination's verdict (to_container_local, a tail call)
- * and sends it into the destination's netns (bpf_redirect_peer), or, if
- * the slot is empty, to the egress of that veth, where to_container
- * runs. Either way the packet skips the host's IP stack (routing,
- * netfilter, the neighbour output). The FIB names the device (the
- * endpoint's /32 or /128 route) and the MAC addresses; the TTL is
- * decremented as the host's forwarding would. While the neighbour is
- * unresolved the packet goes to the veth's egress with
- * bpf_redirect_neigh (LOCAL_REDIRECTED). Anything else is left to the
- * host's stack (LOCAL_STACK): a destination that is no local endpoint, a
- * packet too big for the device, a TTL running out (the stack answers
- * with ICMP), every fragment (the host's reassembly must see all of a
- * datagram or none) and IPv6 packets with extension headers. The packet
- * is marked MARK_DIRECT_MAGIC, so that the destination's verdict records
- * the connection as delivered directly (CT_F_DIRECT) and only such a
- * connection's replies come back this way: a reply whose request crossed
- * the host's stack crosses it too, whose netfilter may have translated
- * the request (kube-proxy) and reverses it on the reply. */
+/* local_deliver sends a packet from_container let out straight to its
+ * destination's host veth when that is a local endpoint's (Cilium's
+ * direct local delivery): bpf_redirect to the veth's egress, where the
+ * destination's to_container gives it its verdict as it would after
+ * the host's forwarding, past the host's IP stack (routing, netfilter,
+ * the neighbour output). The FIB names the device (the endpoint's /32
+ * or /128 route) and the MAC addresses; the TTL is decremented as the
+ * host's forwarding would. Anything else is left to the host's stack
+ * (TC_ACT_OK): a destination that is no local endpoint, no resolved
+ * neighbour yet, a packet too big for the device, a TTL running out
+ * (the stack answers with ICMP), and every fragment (the host's
+ * reassembly must see all of a datagram or none) or IPv6 packet with
+ * extension headers. The packet is marked MARK_DIRECT_MAGIC, so that
+ * the destination's to_container records the connection as delivered
+ * directly (CT_F_DIRECT) and only such a connection's replies come
+ * back this way: a reply whose request crossed the host's stack
+ * crosses it too, whose netfilter may have translated the request
+ * (kube-proxy) and reverses it on the reply. */
 static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 {
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
@@ -990,29 +969,29 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	long r;
 
 	if (p->frag)
-		return LOCAL_STACK;
+		return TC_ACT_OK;
 	if (p->family == 4) {
 		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 6, &frag, 2) || (frag & bpf_htons(0x3fff)))
-			return LOCAL_STACK; /* MF or an offset: a fragment */
+			return TC_ACT_OK; /* MF or an offset: a fragment */
 		fib.family = AF_INET_;
 		fib.ipv4_src = p->saddr[0];
 		fib.ipv4_dst = p->daddr[0];
 	} else if (p->family == 6) {
 		if (p->l4off != ETH_HLEN_ + sizeof(struct ipv6hdr))
-			return LOCAL_STACK; /* extension headers, a fragment maybe */
+			return TC_ACT_OK; /* extension headers, a fragment maybe */
 		fib.family = AF_INET6_;
 		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
 		__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
 	} else {
-		return LOCAL_STACK;
+		return TC_ACT_OK;
 	}
 	fib.ifindex = skb->ifindex;
 	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return LOCAL_STACK;
+		return TC_ACT_OK;
 	ifindex = fib.ifindex;
-	if (ifindex == skb->ifindex || (int)ifindex <= 0 || !bpf_map_lookup_elem(&endpoints, &ifindex))
-		return LOCAL_STACK;
+	if (ifindex == skb->ifindex || !bpf_map_lookup_elem(&endpoints, &ifindex))
+		return TC_ACT_OK;
 	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		/* The pod's neighbour entry is not resolved yet: the
 		 * kernel resolves it (the route has no gateway: the
@@ -1022,9 +1001,9 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 		__u32 mtu = 0;
 
 		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0))
-			return LOCAL_STACK;
+			return TC_ACT_OK;
 		if (lb_ttl_dec(skb, p))
-			return LOCAL_STACK;
+			return TC_ACT_OK;
 		if (p->family == 4) {
 			nh.nh_family = AF_INET_;
 			nh.ipv4_nh = p->daddr[0];
@@ -1033,15 +1012,14 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 			__builtin_memcpy(nh.ipv6_nh, p->daddr, 16);
 		}
 		skb->mark = MARK_DIRECT_MAGIC;
-		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0) == TC_ACT_REDIRECT ? LOCAL_REDIRECTED
-											: LOCAL_SHOT;
+		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 	}
 	if (lb_ttl_dec(skb, p))
-		return LOCAL_STACK;
+		return TC_ACT_OK;
 	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
-		return LOCAL_SHOT;
+		return TC_ACT_SHOT;
 	skb->mark = MARK_DIRECT_MAGIC;
-	return ifindex;
+	return bpf_redirect(ifindex, 0);
 }
 
 /* lb_out finishes a passing packet whose conntrack answer is ct
@@ -1063,20 +1041,8 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
 			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
 		/* A packet of the original direction, or the reply of a
 		 * connection whose requests came the same way. */
-		if (!(ct & CT_HIT) || (ct & CT_F_DIRECT)) {
-			int ifindex = local_deliver(skb, p);
-
-			if (ifindex <= 0)
-				return ifindex == LOCAL_STACK ? TC_ACT_OK
-				       : ifindex == LOCAL_REDIRECTED ? TC_ACT_REDIRECT : TC_ACT_SHOT;
-			/* The destination's verdict here (not from a
-			 * subprogram: the verifier bounds the stack of
-			 * the frames below a tail call), then into its
-			 * netns; else to the egress of its veth. */
-			skb->cb[0] = ifindex;
-			bpf_tail_call(skb, &local_progs, 0);
-			return bpf_redirect(ifindex, 0);
-		}
+		if (!(ct & CT_HIT) || (ct & CT_F_DIRECT))
+			return local_deliver(skb, p);
 		return TC_ACT_OK;
 	}
 	if (ct_reverse(ct, CT_F_SVC) && lb_reverse(skb, p, 0) < 0)
@@ -1084,17 +1050,17 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
 	return TC_ACT_OK;
 }
 
-/* endpoint_of fills in p's endpoint from the host veth the packet is
- * for, ifindex, and returns its policy maps (NULL: the interface has no
- * endpoint). That is skb->ifindex at TC ingress (from_container) and
- * egress (to_container) alike, and still for a packet to_container
+/* endpoint_of fills in p's endpoint from the host veth the packet is on
+ * and returns its policy maps (NULL: the interface has no endpoint).
+ * skb->ifindex is the host veth at TC ingress (from_container) and
+ * egress (to_container) alike, and still is for a packet to_container
  * hairpins to the ingress of the same veth (proxy_hairpin redirects to
- * it); to_container_local is told the destination's veth by the sender's
- * from_container. A missing endpoints entry, or one without both policy
- * maps, leaves p->ep 0. *epp is the entry (the endpoint's addresses). */
-static __always_inline void *endpoint_of(__u32 ifindex, struct pkt *p, void **cidr, struct endpoint_info **epp)
+ * skb->ifindex). A missing endpoints entry, or one without both policy maps,
+ * leaves p->ep 0. *epp is the entry (the endpoint's addresses). */
+static __always_inline void *endpoint_of(struct __sk_buff *skb, struct pkt *p, void **cidr,
+					 struct endpoint_info **epp)
 {
-	__u32 slot;
+	__u32 ifindex = skb->ifindex, slot;
 	struct endpoint_info *ep;
 	void *pol;
 
@@ -1227,9 +1193,7 @@ static __noinline int unknown_pod(struct pkt *p, __u8 dir, __u32 peer)
 	return 0;
 }
 
-/* handle gives the verdict on a packet in direction dir of the endpoint
- * on host veth ifindex. */
-static __always_inline int handle(struct __sk_buff *skb, __u8 dir, __u32 ifindex)
+static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct pkt p = {};
 	struct endpoint_info *ep = NULL;
@@ -1241,7 +1205,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, __u32 ifindex
 	int r, hairpin = 0;
 
 	r = parse(skb, &p);
-	pol = endpoint_of(ifindex, &p, &cidr, &ep);
+	pol = endpoint_of(skb, &p, &cidr, &ep);
 	if (!pol || !cidr || !ep)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
@@ -1300,7 +1264,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, __u32 ifindex
 		/* An answer to the proxy's upstream connection from the pod's
 		 * address: to the proxy's socket (proxy_sock finds it by its
 		 * tuple), past the pod's policy: the proxy decided. */
-		return proxy_hairpin(skb, 0, ifindex);
+		return proxy_hairpin(skb, 0);
 	/* The host sends to the pod: the host's egress policy first. */
 	if (dir == DIR_INGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
 		return TC_ACT_SHOT;
@@ -1370,39 +1334,20 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, __u32 ifindex
 		 * pod reaching itself, not on the hairpin address (world). */
 		return lb_hairpin_redirect(skb, p.identity);
 	if (proxy_port && !p.frag)
-		return redirect(skb, &p, proxy_port, dir, peer, ifindex);
+		return redirect(skb, &p, proxy_port, dir, peer);
 	return lb_out(skb, &p, dir, 0);
 }
 
 SEC("tc")
 int from_container(struct __sk_buff *skb)
 {
-	return handle(skb, DIR_EGRESS, skb->ifindex);
+	return handle(skb, DIR_EGRESS);
 }
 
 SEC("tc")
 int to_container(struct __sk_buff *skb)
 {
-	return handle(skb, DIR_INGRESS, skb->ifindex);
-}
-
-/* to_container_local is to_container for a packet a local pod's
- * from_container delivers directly (local_deliver), tail-called there
- * (local_progs) with the destination's host veth in skb->cb[0]: the
- * destination's verdict, then into the destination pod's netns with
- * bpf_redirect_peer (Cilium's direct local delivery), past that veth's
- * transmit and backlog. A drop counts under the destination endpoint; an
- * L7 redirect hairpins to the ingress of the destination's veth, as
- * to_container's does. Loaded once per node with the endpoint programs;
- * without it in the slot (an agent of an earlier build) the packet goes
- * to the egress of the destination's veth, where to_container runs. */
-SEC("tc")
-int to_container_local(struct __sk_buff *skb)
-{
-	__u32 ifindex = skb->cb[0];
-	int r = handle(skb, DIR_INGRESS, ifindex);
-
-	return r == TC_ACT_OK ? bpf_redirect_peer(ifindex, 0) : r;
+	return handle(skb, DIR_INGRESS);
 }
 
 /* from_netdev runs at TCX ingress of the node's uplink devices in the

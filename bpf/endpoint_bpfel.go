@@ -347,14 +347,12 @@ const (
 	EndpointMapLbProgs               = "lb_progs"
 	EndpointMapLbRevnat              = "lb_revnat"
 	EndpointMapLbSock                = "lb_sock"
-	EndpointMapLocalProgs            = "local_progs"
 	EndpointMapNodeConfig            = "node_config"
 	EndpointMapPolicyMaps            = "policy_maps"
 	EndpointProgFromContainer        = "from_container"
 	EndpointProgFromNetdev           = "from_netdev"
 	EndpointProgNodeportReply        = "nodeport_reply"
 	EndpointProgToContainer          = "to_container"
-	EndpointProgToContainerLocal     = "to_container_local"
 	EndpointProgToNetdev             = "to_netdev"
 	EndpointVarUnusedCidrKey         = "unused_cidr_key"
 	EndpointVarUnusedCidrValue       = "unused_cidr_value"
@@ -411,12 +409,11 @@ type EndpointSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EndpointProgramSpecs struct {
-	FromContainer    *ebpf.ProgramSpec `ebpf:"from_container"`
-	FromNetdev       *ebpf.ProgramSpec `ebpf:"from_netdev"`
-	NodeportReply    *ebpf.ProgramSpec `ebpf:"nodeport_reply"`
-	ToContainer      *ebpf.ProgramSpec `ebpf:"to_container"`
-	ToContainerLocal *ebpf.ProgramSpec `ebpf:"to_container_local"`
-	ToNetdev         *ebpf.ProgramSpec `ebpf:"to_netdev"`
+	FromContainer *ebpf.ProgramSpec `ebpf:"from_container"`
+	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
+	NodeportReply *ebpf.ProgramSpec `ebpf:"nodeport_reply"`
+	ToContainer   *ebpf.ProgramSpec `ebpf:"to_container"`
+	ToNetdev      *ebpf.ProgramSpec `ebpf:"to_netdev"`
 }
 
 // EndpointMapSpecs contains maps before they are loaded into the kernel.
@@ -442,7 +439,6 @@ type EndpointMapSpecs struct {
 	LbProgs     *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.MapSpec `ebpf:"lb_revnat"`
 	LbSock      *ebpf.MapSpec `ebpf:"lb_sock"`
-	LocalProgs  *ebpf.MapSpec `ebpf:"local_progs"`
 	NodeConfig  *ebpf.MapSpec `ebpf:"node_config"`
 	PolicyMaps  *ebpf.MapSpec `ebpf:"policy_maps"`
 }
@@ -503,7 +499,6 @@ type EndpointMaps struct {
 	LbProgs     *ebpf.Map `ebpf:"lb_progs"`
 	LbRevnat    *ebpf.Map `ebpf:"lb_revnat"`
 	LbSock      *ebpf.Map `ebpf:"lb_sock"`
-	LocalProgs  *ebpf.Map `ebpf:"local_progs"`
 	NodeConfig  *ebpf.Map `ebpf:"node_config"`
 	PolicyMaps  *ebpf.Map `ebpf:"policy_maps"`
 }
@@ -529,7 +524,6 @@ func (m *EndpointMaps) Close() error {
 		m.LbProgs,
 		m.LbRevnat,
 		m.LbSock,
-		m.LocalProgs,
 		m.NodeConfig,
 		m.PolicyMaps,
 	)
@@ -556,12 +550,11 @@ type EndpointVariables struct {
 //
 // It can be passed to LoadEndpointObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EndpointPrograms struct {
-	FromContainer    *ebpf.Program `ebpf:"from_container"`
-	FromNetdev       *ebpf.Program `ebpf:"from_netdev"`
-	NodeportReply    *ebpf.Program `ebpf:"nodeport_reply"`
-	ToContainer      *ebpf.Program `ebpf:"to_container"`
-	ToContainerLocal *ebpf.Program `ebpf:"to_container_local"`
-	ToNetdev         *ebpf.Program `ebpf:"to_netdev"`
+	FromContainer *ebpf.Program `ebpf:"from_container"`
+	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
+	NodeportReply *ebpf.Program `ebpf:"nodeport_reply"`
+	ToContainer   *ebpf.Program `ebpf:"to_container"`
+	ToNetdev      *ebpf.Program `ebpf:"to_netdev"`
 }
 
 func (p *EndpointPrograms) Close() error {
@@ -570,7 +563,6 @@ func (p *EndpointPrograms) Close() error {
 		p.FromNetdev,
 		p.NodeportReply,
 		p.ToContainer,
-		p.ToContainerLocal,
 		p.ToNetdev,
 	)
 }

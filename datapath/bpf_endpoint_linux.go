@@ -153,12 +153,6 @@ func openBPF(cfg LinuxConfig) (b *bpfState, retErr error) {
 	if b.progs, err = b.nodePrograms(); err != nil {
 		return nil, err
 	}
-	// Direct local delivery's verdict (endpoint.c, local_deliver): until
-	// it is in the slot, from_container delivers to the egress of the
-	// destination's veth instead, where to_container runs.
-	if err := sm.lb.local.Update(uint32(0), b.progs.local, ebpf.UpdateAny); err != nil {
-		return nil, fmt.Errorf("install to_container_local: %w", err)
-	}
 	if b.progID, err = b.progs.ids(); err != nil {
 		return nil, err
 	}

@@ -30,9 +30,6 @@ type lbMaps struct {
 	frontends, backends, ct, revnat, affinity *ebpf.Map
 	nat, natRev, sock                         *ebpf.Map // nodeport.h, sock.c
 	progs                                     *ebpf.Map // lb_progs: nodeport_reply's slot
-	// local_progs: to_container_local's slot (endpoint.c's direct
-	// local delivery), filled with the endpoint programs.
-	local *ebpf.Map
 }
 
 func (m *lbMaps) named() []namedMap {
@@ -46,12 +43,11 @@ func (m *lbMaps) named() []namedMap {
 		{name: bpf.EndpointMapLbNatRev, dst: &m.natRev},
 		{name: bpf.EndpointMapLbSock, dst: &m.sock},
 		{name: bpf.EndpointMapLbProgs, dst: &m.progs},
-		{name: bpf.EndpointMapLocalProgs, dst: &m.local},
 	}
 }
 
 func (m *lbMaps) all() []*ebpf.Map {
-	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity, m.nat, m.natRev, m.sock, m.progs, m.local}
+	return []*ebpf.Map{m.frontends, m.backends, m.ct, m.revnat, m.affinity, m.nat, m.natRev, m.sock, m.progs}
 }
 
 var _ ServiceDatapath = (*Linux)(nil)

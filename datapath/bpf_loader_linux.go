@@ -166,16 +166,13 @@ func (sm sharedMaps) close() {
 	}
 }
 
-// programs are the node's endpoint programs: from_container and
-// to_container, attached to every endpoint's host veth, and
-// to_container_local, which from_container tail-calls (local_progs) for
-// a packet it delivers to a local endpoint directly.
+// programs are the node's endpoint programs.
 type programs struct {
-	from, to, local *ebpf.Program
+	from, to *ebpf.Program
 }
 
 func (p programs) close() {
-	for _, pr := range []*ebpf.Program{p.from, p.to, p.local} {
+	for _, pr := range []*ebpf.Program{p.from, p.to} {
 		if pr != nil {
 			pr.Close()
 		}
@@ -208,22 +205,17 @@ func (t *template) load(sm sharedMaps) (p programs, retErr error) {
 	delete(spec.Programs, bpf.EndpointProgNodeportReply)
 	delete(spec.Programs, bpf.EndpointProgToNetdev)
 	opts := &ebpf.CollectionOptions{MapReplacements: sm.replacements(), Cache: t.cache}
-	other, third := spec.Copy(), spec.Copy()
-	var toErr, localErr error
-	done := make(chan struct{}, 2)
+	other := spec.Copy()
+	var toErr error
+	done := make(chan struct{})
 	go func() {
-		defer func() { done <- struct{}{} }()
+		defer close(done)
 		p.to, toErr = loadOne(other, bpf.EndpointProgToContainer, opts)
-	}()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		p.local, localErr = loadOne(third, bpf.EndpointProgToContainerLocal, opts)
 	}()
 	var fromErr error
 	p.from, fromErr = loadOne(spec, bpf.EndpointProgFromContainer, opts)
 	<-done
-	<-done
-	if err := errors.Join(fromErr, toErr, localErr); err != nil {
+	if err := errors.Join(fromErr, toErr); err != nil {
 		p.close()
 		return programs{}, fmt.Errorf("load endpoint programs: %w", err)
 	}
@@ -246,11 +238,6 @@ func loadOne(spec *ebpf.CollectionSpec, name string, opts *ebpf.CollectionOption
 			Prog *ebpf.Program `ebpf:"to_container"`
 		}
 		err, prog = spec.LoadAndAssign(&obj, opts), obj.Prog
-	case bpf.EndpointProgToContainerLocal:
-		var obj struct {
-			Prog *ebpf.Program `ebpf:"to_container_local"`
-		}
-		err, prog = spec.LoadAndAssign(&obj, opts), obj.Prog
 	default:
 		err = errors.New("not an endpoint program")
 	}
@@ -263,9 +250,8 @@ func loadOne(spec *ebpf.CollectionSpec, name string, opts *ebpf.CollectionOption
 // Pin names of the node's endpoint programs under
 // <bpffs>/programs/<object digest>/.
 const (
-	pinProgFrom  = "from_container"
-	pinProgTo    = "to_container"
-	pinProgLocal = "to_container_local"
+	pinProgFrom = "from_container"
+	pinProgTo   = "to_container"
 )
 
 // nodePrograms returns the node's endpoint programs: the ones pinned for
@@ -303,10 +289,6 @@ func (b *bpfState) pinnedPrograms(dir string) (programs, bool) {
 		p.close()
 		return programs{}, false
 	}
-	if p.local, err = ebpf.LoadPinnedProgram(filepath.Join(dir, pinProgLocal), nil); err != nil {
-		p.close()
-		return programs{}, false
-	}
 	core, err := mapIDs(b.maps.core()...)
 	if err != nil {
 		p.close()
@@ -317,7 +299,7 @@ func (b *bpfState) pinnedPrograms(dir string) (programs, bool) {
 		p.close()
 		return programs{}, false
 	}
-	for _, pr := range []*ebpf.Program{p.from, p.to, p.local} {
+	for _, pr := range []*ebpf.Program{p.from, p.to} {
 		if !usesMaps(pr, core, all) {
 			p.close()
 			return programs{}, false
@@ -360,7 +342,7 @@ func pinPrograms(root, dir string, p programs) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("pin endpoint programs: %w", err)
 	}
-	for name, pr := range map[string]*ebpf.Program{pinProgFrom: p.from, pinProgTo: p.to, pinProgLocal: p.local} {
+	for name, pr := range map[string]*ebpf.Program{pinProgFrom: p.from, pinProgTo: p.to} {
 		if err := pr.Pin(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("pin endpoint program %s: %w", name, err)
 		}

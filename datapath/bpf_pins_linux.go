@@ -80,10 +80,9 @@ func (b *bpfState) expectedPinsLocked() map[string]pinnable {
 		want[filepath.Join(b.dir, pin)] = pinMap{*m.dst}
 	}
 	progDir := filepath.Join(b.dir, pinProgramsDir, b.tmpl.digest)
-	if b.progs.from != nil && b.progs.to != nil && b.progs.local != nil {
+	if b.progs.from != nil && b.progs.to != nil {
 		want[filepath.Join(progDir, pinProgFrom)] = pinProg{b.progs.from}
 		want[filepath.Join(progDir, pinProgTo)] = pinProg{b.progs.to}
-		want[filepath.Join(progDir, pinProgLocal)] = pinProg{b.progs.local}
 	}
 	for path, lk := range b.held {
 		want[path] = pinLink{lk}
