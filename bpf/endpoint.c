@@ -955,7 +955,9 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
  * neighbour yet, a packet too big for the device, a TTL running out
  * (the stack answers with ICMP), and every fragment (the host's
  * reassembly must see all of a datagram or none) or IPv6 packet with
- * extension headers. The packet is marked MARK_DIRECT_MAGIC, so that
+ * extension headers. Not bpf_redirect_peer into the destination's netns
+ * as Cilium: that would skip to_container and the veth's qdisc (a
+ * chained bandwidth plugin's shaping of what reaches the pod). The packet is marked MARK_DIRECT_MAGIC, so that
  * the destination's to_container records the connection as delivered
  * directly (CT_F_DIRECT) and only such a connection's replies come
  * back this way: a reply whose request crossed the host's stack

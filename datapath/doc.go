@@ -210,10 +210,14 @@
 // the same hook. What the host's stack did on the way is skipped: routing
 // past the FIB lookup, netfilter (iptables FORWARD rules and conntrack do
 // not see such traffic, as with Cilium's), the neighbour output. Unlike
-// Cilium the destination's policy is not tail-called into the sender's
-// program with `bpf_redirect_peer` into the pod's netns: keeping
-// to_container on the destination's veth costs one more veth transmit
-// but no second copy of the ingress path. Replies come back directly only
+// Cilium, the destination's verdict is not tail-called into the sender's
+// program followed by `bpf_redirect_peer` into the pod's netns: that
+// skips the destination veth's transmit, and with it the qdisc a chained
+// bandwidth plugin puts there to shape what reaches the pod
+// (`chainBandwidth`), so same-node traffic would escape the pod's ingress
+// rate. Measured (issue 39, `TestSameNodeNumbers`), the peer redirect
+// gained nothing this machine could resolve over the veth's egress.
+// Replies come back directly only
 // when their requests did: to_container records a packet marked
 // `MARK_DIRECT_MAGIC` as `CT_F_DIRECT` (following each packet of the
 // original direction, like the other flags), and from_container delivers
