@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -18,7 +19,10 @@ import (
 // (kube-proxy's DNAT of a ClusterIP to the pod) has its replies cross
 // the host's stack too, which reverses the translation: the client sees
 // the frontend answer (whoTCP checks the connection's peer), not the
-// backend, which it would reset.
+// backend, which it would reset. And the packets still leave through the
+// receiver's host veth, past its qdisc (a chained bandwidth plugin's TBF
+// shapes what reaches the pod there): a root qdisc on it counts at least
+// as many packets (GSO segments) as the pod's eth0 receives.
 func TestLocalDelivery(t *testing.T) {
 	e := newEnvStack(t, "10.244.39.0/24", "fd00:244:39::/120")
 	startAgent(e, nil)
@@ -26,6 +30,19 @@ func TestLocalDelivery(t *testing.T) {
 	a := addPolicyPod(t, e, c, "a", "k8s:app=a")
 	b := addPolicyPod(t, e, c, "b", "k8s:app=b")
 	b.nameServer(t, 8080)
+	tc := testutil.RequireTool(t, "tc")
+	veth, _ := cni.VethNames(b.RT.ContainerID, b.RT.IfName)
+	if out, err := e.NS.Exec(tc, "qdisc", "add", "dev", veth, "root", "tbf", "rate", "10gbit", "burst", "1mb", "latency", "100ms"); err != nil {
+		t.Fatalf("tbf on %s: %v: %s", veth, err, out)
+	}
+	rx := func() uint64 {
+		l, err := b.NS.Netlink(t).LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Statistics.RxPackets
+	}
+	rx0 := rx()
 
 	tools := map[bool]string{true: testutil.RequireTool(t, "iptables"), false: testutil.RequireTool(t, "ip6tables")} // by Is4
 	for _, ip := range a.ips {
@@ -63,6 +80,18 @@ func TestLocalDelivery(t *testing.T) {
 				t.Errorf("%s: the host forwarded %d packets between the pods, want none (delivered directly):\n%s", fam, n, out)
 			}
 		}
+	}
+
+	out, err := e.NS.Exec(tc, "-s", "qdisc", "show", "dev", veth, "root")
+	if err != nil {
+		t.Fatalf("tc: %v: %s", err, out)
+	}
+	m := regexp.MustCompile(`Sent \d+ bytes (\d+) pkt`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no qdisc counters on %s:\n%s", veth, out)
+	}
+	if sent, _ := strconv.ParseUint(m[1], 10, 64); sent == 0 || sent < rx()-rx0 {
+		t.Errorf("the qdisc on %s sent %d packets, the pod received %d: want all through it:\n%s", veth, sent, rx()-rx0, out)
 	}
 
 	// kube-proxy's DNAT in the host's stack: the request crosses it, and
