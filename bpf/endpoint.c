@@ -319,6 +319,7 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_SVC 2      /* lb_translate translated it to a backend (flow_report) */
 #define PKT_ENFORCED 4 /* the direction is policy-enforced (flow_report) */
 #define PKT_NODEPORT 8 /* from_netdev translated it for this pod (MARK_NODEPORT_MAGIC) */
+#define PKT_DIRECT 16  /* a local pod's from_container delivered it (MARK_DIRECT_MAGIC) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -651,6 +652,8 @@ static __always_inline __u32 ct_flags(struct pkt *p)
 		f |= CT_F_SVC;
 	if (p->bits & PKT_NODEPORT)
 		f |= CT_F_NODEPORT;
+	if (p->bits & PKT_DIRECT)
+		f |= CT_F_DIRECT;
 	return f;
 }
 
@@ -940,6 +943,87 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
 	return proxy_hairpin(skb, port);
 }
 
+/* local_deliver sends a packet from_container let out straight to its
+ * destination's host veth when that is a local endpoint's (Cilium's
+ * direct local delivery): bpf_redirect to the veth's egress, where the
+ * destination's to_container gives it its verdict as it would after
+ * the host's forwarding, past the host's IP stack (routing, netfilter,
+ * the neighbour output). The FIB names the device (the endpoint's /32
+ * or /128 route) and the MAC addresses; the TTL is decremented as the
+ * host's forwarding would. Anything else is left to the host's stack
+ * (TC_ACT_OK): a destination that is no local endpoint, no resolved
+ * neighbour yet, a packet too big for the device, a TTL running out
+ * (the stack answers with ICMP), and every fragment (the host's
+ * reassembly must see all of a datagram or none) or IPv6 packet with
+ * extension headers. Not bpf_redirect_peer into the destination's netns
+ * as Cilium: that would skip to_container and the veth's qdisc (a
+ * chained bandwidth plugin's shaping of what reaches the pod). The packet is marked MARK_DIRECT_MAGIC, so that
+ * the destination's to_container records the connection as delivered
+ * directly (CT_F_DIRECT) and only such a connection's replies come
+ * back this way: a reply whose request crossed the host's stack
+ * crosses it too, whose netfilter may have translated the request
+ * (kube-proxy) and reverses it on the reply. */
+static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
+{
+	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
+	__u32 ifindex;
+	__be16 frag;
+	long r;
+
+	if (p->frag)
+		return TC_ACT_OK;
+	if (p->family == 4) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 6, &frag, 2) || (frag & bpf_htons(0x3fff)))
+			return TC_ACT_OK; /* MF or an offset: a fragment */
+		fib.family = AF_INET_;
+		fib.ipv4_src = p->saddr[0];
+		fib.ipv4_dst = p->daddr[0];
+	} else if (p->family == 6) {
+		if (p->l4off != ETH_HLEN_ + sizeof(struct ipv6hdr))
+			return TC_ACT_OK; /* extension headers, a fragment maybe */
+		fib.family = AF_INET6_;
+		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
+	} else {
+		return TC_ACT_OK;
+	}
+	fib.ifindex = skb->ifindex;
+	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	ifindex = fib.ifindex;
+	if (ifindex == skb->ifindex || !bpf_map_lookup_elem(&endpoints, &ifindex))
+		return TC_ACT_OK;
+	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		/* The pod's neighbour entry is not resolved yet: the
+		 * kernel resolves it (the route has no gateway: the
+		 * destination itself is the next hop). The FIB checked the
+		 * device's MTU only on success. */
+		struct bpf_redir_neigh nh = {};
+		__u32 mtu = 0;
+
+		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0))
+			return TC_ACT_OK;
+		if (lb_ttl_dec(skb, p))
+			return TC_ACT_OK;
+		if (p->family == 4) {
+			nh.nh_family = AF_INET_;
+			nh.ipv4_nh = p->daddr[0];
+		} else {
+			nh.nh_family = AF_INET6_;
+			__builtin_memcpy(nh.ipv6_nh, p->daddr, 16);
+		}
+		skb->mark = MARK_DIRECT_MAGIC;
+		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+	}
+	if (lb_ttl_dec(skb, p))
+		return TC_ACT_OK;
+	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
+		return TC_ACT_SHOT;
+	skb->mark = MARK_DIRECT_MAGIC;
+	return bpf_redirect(ifindex, 0);
+}
+
 /* lb_out finishes a passing packet whose conntrack answer is ct
  * (ct_is_reply's; 0: not a reply): a reply reaching the pod from a
  * service backend gets the service frontend as its source (lb.h); a
@@ -957,6 +1041,10 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
 		skb->mark = MARK_FROM_ENDPOINT_MAGIC;
 		if (ct_reverse(ct, CT_F_NODEPORT) && lb_nodeport_reply(p))
 			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
+		/* A packet of the original direction, or the reply of a
+		 * connection whose requests came the same way. */
+		if (!(ct & CT_HIT) || (ct & CT_F_DIRECT))
+			return local_deliver(skb, p);
 		return TC_ACT_OK;
 	}
 	if (ct_reverse(ct, CT_F_SVC) && lb_reverse(skb, p, 0) < 0)
@@ -1126,6 +1214,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	p.bits = ep->flags & ENDPOINT_F_AUDIT ? PKT_AUDIT : 0;
 	if (dir == DIR_INGRESS && skb->mark == MARK_NODEPORT_MAGIC)
 		p.bits |= PKT_NODEPORT;
+	if (dir == DIR_INGRESS && skb->mark == MARK_DIRECT_MAGIC)
+		p.bits |= PKT_DIRECT;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -1229,6 +1319,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	 * pod's egress policy. */
 	if (dir == DIR_EGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
 		return TC_ACT_SHOT;
+	if (proxy_port)
+		/* To the proxy, not the pod: the pod's answers to the
+		 * proxy's upstream connection, which shares the tuple, cross
+		 * the host's stack to its socket. */
+		p.bits &= ~PKT_DIRECT;
 	if (!p.frag && ct_record(&p, dir, now))
 		/* A new connection: its flow (a hairpin goes back into the
 		 * pod, never to the proxy). */

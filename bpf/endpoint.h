@@ -235,6 +235,16 @@ struct tunnel_value {
  * sees it. */
 #define MARK_NODEPORT_MAGIC 0x51
 
+/* MARK_DIRECT_MAGIC in the low byte (upper bits 0): from_container
+ * delivered the packet straight to a local endpoint's host veth
+ * (local_deliver in endpoint.c: bpf_redirect to its egress, past the
+ * host's stack), whose to_container records the connection as
+ * delivered so (ct_value.flags CT_F_DIRECT): only then do its replies
+ * go back the same way. A packet the host's stack forwarded never
+ * carries it (the redirect is the mark's last writer before
+ * to_container); the pod's netns never sees it (the veth clears marks). */
+#define MARK_DIRECT_MAGIC 0x52
+
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
  * prefixes (and zero fields): L3-only (identity and dir) is
@@ -338,6 +348,13 @@ struct ct_key {
  *   CT_F_NODEPORT the packets to the pod arrive NodePort-translated from
  *                 outside (from_netdev, MARK_NODEPORT_MAGIC): replies go
  *                 to nodeport_reply from its from-container
+ *   CT_F_DIRECT   the packets to the pod arrive delivered straight from
+ *                 a local pod's from_container (MARK_DIRECT_MAGIC), past
+ *                 the host's stack: the replies may go back the same way
+ *                 (local_deliver). Without it they cross the host's stack
+ *                 as the requests did, whose netfilter may have
+ *                 translated the requests (kube-proxy) and must see the
+ *                 replies to reverse it.
  * The earlier layout's packets was a __u64: on little-endian machines its
  * low half is today's packets and the high half (zero) today's flags, so
  * the pinned map is carried over as it is and its entries read as an
@@ -345,6 +362,7 @@ struct ct_key {
 #define CT_F_KNOWN 1
 #define CT_F_SVC 2
 #define CT_F_NODEPORT 4
+#define CT_F_DIRECT 8
 
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */

@@ -199,6 +199,36 @@
 // forwarded packet with a local source address as martian. The request to
 // a local backend does go through the stack (its source is the client's).
 //
+// Pod to pod on one node skips the host's stack (`local_deliver` in
+// bpf/endpoint.c, Cilium's direct local delivery): when a pod's
+// from_container lets out a packet whose FIB route is another local
+// endpoint's host veth, it decrements the TTL, writes the MAC addresses
+// and redirects it to that veth's egress (`bpf_redirect`, or
+// `bpf_redirect_neigh` while the neighbour is unresolved), where the
+// destination's to_container gives its verdict as before: ingress policy,
+// audit, drops, flows, L7 redirects and conntrack are the same programs on
+// the same hook. What the host's stack did on the way is skipped: routing
+// past the FIB lookup, netfilter (iptables FORWARD rules and conntrack do
+// not see such traffic, as with Cilium's), the neighbour output. Unlike
+// Cilium, the destination's verdict is not tail-called into the sender's
+// program followed by `bpf_redirect_peer` into the pod's netns: that
+// skips the destination veth's transmit, and with it the qdisc a chained
+// bandwidth plugin puts there to shape what reaches the pod
+// (`chainBandwidth`), so same-node traffic would escape the pod's ingress
+// rate. Measured (issue 39, `TestSameNodeNumbers`), the peer redirect
+// gained nothing this machine could resolve over the veth's egress.
+// Replies come back directly only
+// when their requests did: to_container records a packet marked
+// `MARK_DIRECT_MAGIC` as `CT_F_DIRECT` (following each packet of the
+// original direction, like the other flags), and from_container delivers
+// a reply directly only with that flag; a request the host's stack
+// carried may have been translated by netfilter (kube-proxy's DNAT of a
+// ClusterIP to the pod), whose reply must cross the stack to be reversed
+// (`TestLocalDelivery`). Fragments, IPv6 packets with extension headers,
+// packets too big for the veth and TTLs running out go through the stack
+// (its reassembly must see all of a datagram; it answers with ICMP), as
+// does anything bound for the L7 proxy or a Service hairpin.
+//
 // Kernel verdict = `policy.MapState.AllowsAddr`: identity entries (the
 // lookup order of `policy.Lookups`) or CIDR entries (`CIDRAllows`: the
 // longest match of the exact, port-wildcard and any-protocol groups),

@@ -6,12 +6,16 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
@@ -239,9 +243,13 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // request, 1-byte answer, one at a time), Membrane's (the agent's veths
 // and BPF programs, native routing, no policy) against two pods on plain
 // veths and routes in one node netns without BPF or agent. The arms
-// alternate over sameNodeRounds rounds, so the machine's load falls on
-// both alike. Measurement, not a test: MEMBRANE_XNODE_BENCH=1 (make
-// bench-xnode).
+// alternate over sameNodeRounds rounds (each round in another order), so
+// the machine's load falls on all alike. More arms, each a node of its
+// own: MEMBRANE_SAMENODE_FLOWS_OFF=1 adds the agent with --flows=false,
+// MEMBRANE_SAMENODE_OLD_AGENT=<path>[,<path>...] an arm with the agent
+// binary at each path (an older build: old against new in one run); MEMBRANE_SAMENODE_ROUNDS=<n>
+// measures n rounds instead of sameNodeRounds. Measurement, not a test:
+// MEMBRANE_XNODE_BENCH=1 (make bench-xnode).
 func TestSameNodeNumbers(t *testing.T) {
 	if os.Getenv("MEMBRANE_XNODE_BENCH") != "1" {
 		t.Skip("set MEMBRANE_XNODE_BENCH=1 to measure (BENCHMARKS.md)")
@@ -252,28 +260,74 @@ func TestSameNodeNumbers(t *testing.T) {
 		name       string
 		a, b       *pod
 		gbps, rrps []float64
+		progs      endpointProgs
+		// bpf: the endpoint programs' run time per transaction of
+		// each round's request/response run (BPF_ENABLE_STATS).
+		bpf []float64
+	}
+	if stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
+		t.Logf("no BPF run time statistics: %v", err)
+	} else {
+		defer stats.Close()
 	}
 	pa, pb := plainSameNode(t, 93)
 	c := newCluster(t, "native", 1, 94)
 	arms := []*arm{{name: "plain veth + routes", a: pa, b: pb},
 		{name: "Membrane", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")}}
-	for round := range sameNodeRounds {
-		order := []*arm{arms[0], arms[1]}
+	if os.Getenv("MEMBRANE_SAMENODE_FLOWS_OFF") == "1" {
+		c := newClusterWith(t, "native", 1, 95, []string{"--flows=false"})
+		arms = append(arms, &arm{name: "Membrane --flows=false", a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
+	}
+	for i, old := range strings.FieldsFunc(os.Getenv("MEMBRANE_SAMENODE_OLD_AGENT"), func(r rune) bool { return r == ',' }) {
+		c := newClusterAgent(t, "native", 1, 96+i, nil, old)
+		arms = append(arms, &arm{name: "Membrane " + filepath.Base(old), a: c.nodes[0].addPod("same-a"), b: c.nodes[0].addPod("same-b")})
+	}
+	rounds := sameNodeRounds
+	if n, err := strconv.Atoi(os.Getenv("MEMBRANE_SAMENODE_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	for round := range rounds {
+		order := slices.Clone(arms)
+		// Rotate by the round and reverse every other round: each arm
+		// runs first, last and next to each other arm.
+		order = append(order[round%len(order):], order[:round%len(order)]...)
 		if round%2 == 1 {
 			slices.Reverse(order)
 		}
 		for _, a := range order {
+			if round == 0 && a.a.node != nil {
+				a.progs = hostProgs(t, a.a, a.b)
+				t.Logf("%s: %d endpoint programs", a.name, len(a.progs))
+			}
 			g := throughputAt(t, a.a, a.b, 10000+10*round)
+			run0, n0 := a.progs.stats(t)
 			r := rrRate(t, a.a, a.b, 9300+round)
+			run1, n1 := a.progs.stats(t)
 			a.gbps, a.rrps = append(a.gbps, g), append(a.rrps, r)
-			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s", round, a.name, g, r)
+			if a.progs != nil {
+				a.bpf = append(a.bpf, float64(run1-run0)/benchRoundTrips)
+			}
+			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s; endpoint programs %d runs, %v per transaction", round, a.name, g, r,
+				n1-n0, (run1-run0)/benchRoundTrips)
 		}
 	}
 	t.Logf("load average at end: %s", loadavg())
 	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
-	base, m := arms[0], arms[1]
-	t.Logf("SUMMARY same-node stream, median of %d rounds: Membrane %.2f vs plain %.2f Gbit/s = %.2f; request/response: Membrane %.0f vs plain %.0f transactions/s = %.2f",
-		sameNodeRounds, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
+	base := arms[0]
+	for _, m := range arms[1:] {
+		// Each round's ratio to the plain arm's next to it: the load
+		// drifts less within a round than across the run.
+		var sr, rr []float64
+		for i := range m.gbps {
+			sr, rr = append(sr, m.gbps[i]/base.gbps[i]), append(rr, m.rrps[i]/base.rrps[i])
+		}
+		if len(m.bpf) > 0 {
+			t.Logf("SUMMARY %s: endpoint programs' run time per transaction, median %.0f ns", m.name, med(m.bpf))
+		}
+		t.Logf("SUMMARY same-node, median of the rounds' ratios: %s / plain: stream %.2f; request/response %.2f", m.name, med(sr), med(rr))
+		t.Logf("SUMMARY same-node stream, median of %d rounds: %s %.2f vs plain %.2f Gbit/s = %.2f; request/response: %s %.0f vs plain %.0f transactions/s = %.2f",
+			rounds, m.name, med(m.gbps), med(base.gbps), med(m.gbps)/med(base.gbps), m.name, med(m.rrps), med(base.rrps), med(m.rrps)/med(base.rrps))
+	}
 }
 
 // sameNodeRounds is how many times TestSameNodeNumbers measures each arm.
@@ -307,4 +361,48 @@ func plainSameNode(t *testing.T, netNum int) (*pod, *pod) {
 		t.Fatal(err)
 	}
 	return plainPod(t, node, netNum, 0), plainPod(t, node, netNum, 1)
+}
+
+// endpointProgs are the endpoint programs attached to pods' host veths.
+type endpointProgs []*ebpf.Program
+
+// hostProgs loads the endpoint programs of the pods' nodes from the
+// agents' pins (<bpffs>/programs/<digest>/{from,to}_container).
+func hostProgs(t *testing.T, pods ...*pod) endpointProgs {
+	t.Helper()
+	var progs endpointProgs
+	seen := map[string]bool{}
+	for _, p := range pods {
+		for _, name := range []string{"from_container", "to_container"} {
+			paths, _ := filepath.Glob(filepath.Join(p.node.bpffs, "programs", "*", name))
+			for _, path := range paths {
+				if seen[path] {
+					continue
+				}
+				seen[path] = true
+				prog, err := ebpf.LoadPinnedProgram(path, nil)
+				if err != nil {
+					t.Fatalf("endpoint program: %v", err)
+				}
+				t.Cleanup(func() { prog.Close() })
+				progs = append(progs, prog)
+			}
+		}
+	}
+	return progs
+}
+
+// stats sums the programs' run time and runs so far.
+func (ps endpointProgs) stats(t *testing.T) (time.Duration, uint64) {
+	t.Helper()
+	var run time.Duration
+	var n uint64
+	for _, p := range ps {
+		st, err := p.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, n = run+st.Runtime, n+st.RunCount
+	}
+	return run, n
 }

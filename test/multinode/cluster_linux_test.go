@@ -42,6 +42,9 @@ type cluster struct {
 	// args are added to every agent's arguments (after the harness's:
 	// a repeated flag overrides).
 	args []string
+	// agent is the membrane-agent binary the nodes run ("": the one
+	// Main built).
+	agent string
 	// l7 runs each agent with the L7 proxy (--l7-proxy, the node's own
 	// xDS socket, listening dual-stack).
 	l7 bool
@@ -95,8 +98,15 @@ func newCluster(t *testing.T, routing string, n int, netNum int) *cluster {
 // newClusterWith is newCluster with args added to every agent's.
 func newClusterWith(t *testing.T, routing string, n int, netNum int, args []string) *cluster {
 	t.Helper()
+	return newClusterAgent(t, routing, n, netNum, args, "")
+}
+
+// newClusterAgent is newClusterWith running the membrane-agent binary at
+// agent ("": the one Main built), e.g. an older build for an A/B.
+func newClusterAgent(t *testing.T, routing string, n int, netNum int, args []string, agent string) *cluster {
+	t.Helper()
 	testutil.RequireRoot(t)
-	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), args: args}
+	c := &cluster{t: t, net: netNum, routing: routing, dir: t.TempDir(), args: args, agent: agent}
 	c.file = filepath.Join(c.dir, "nodes.yaml")
 	c.makeUnderlay()
 	for i := range n {
@@ -248,6 +258,7 @@ func (nd *node) start() error {
 	}
 	args = append(args, c.args...)
 	nd.proc.Args = append(nd.hn.ProcArgs(), args...)
+	nd.proc.Path = c.agent
 	if err := nd.proc.StartErr(); err != nil {
 		return fmt.Errorf("%s: %w", nd.name, err)
 	}

@@ -1,0 +1,106 @@
+package datapath_test
+
+import (
+	"net/netip"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/membrane-cni/membrane/pkg/clients/cni"
+	"github.com/membrane-cni/membrane/pkg/testutil"
+)
+
+// TestLocalDelivery checks the direct local delivery (bpf/endpoint.c,
+// local_deliver): pod to pod on one node, TCP and UDP, IPv4 and IPv6,
+// both directions go from the sender's from_container straight to the
+// receiver's host veth: not one packet of theirs crosses the host's
+// FORWARD hook, whose counting rules would see whatever the host's stack
+// forwards. A connection whose request the host's netfilter translated
+// (kube-proxy's DNAT of a ClusterIP to the pod) has its replies cross
+// the host's stack too, which reverses the translation: the client sees
+// the frontend answer (whoTCP checks the connection's peer), not the
+// backend, which it would reset. And the packets still leave through the
+// receiver's host veth, past its qdisc (a chained bandwidth plugin's TBF
+// shapes what reaches the pod there): a root qdisc on it counts at least
+// as many packets (GSO segments) as the pod's eth0 receives.
+func TestLocalDelivery(t *testing.T) {
+	e := newEnvStack(t, "10.244.39.0/24", "fd00:244:39::/120")
+	startAgent(e, nil)
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "b", "k8s:app=b")
+	b.nameServer(t, 8080)
+	tc := testutil.RequireTool(t, "tc")
+	veth, _ := cni.VethNames(b.RT.ContainerID, b.RT.IfName)
+	if out, err := e.NS.Exec(tc, "qdisc", "add", "dev", veth, "root", "tbf", "rate", "10gbit", "burst", "1mb", "latency", "100ms"); err != nil {
+		t.Fatalf("tbf on %s: %v: %s", veth, err, out)
+	}
+	rx := func() uint64 {
+		l, err := b.NS.Netlink(t).LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Statistics.RxPackets
+	}
+	rx0 := rx()
+
+	tools := map[bool]string{true: testutil.RequireTool(t, "iptables"), false: testutil.RequireTool(t, "ip6tables")} // by Is4
+	for _, ip := range a.ips {
+		for _, r := range [][2]netip.Addr{{ip, b.ip(ip)}, {b.ip(ip), ip}} {
+			if out, err := e.NS.Exec(tools[ip.Is4()], "-A", "FORWARD", "-s", r[0].String(), "-d", r[1].String()); err != nil {
+				t.Fatalf("counting rule: %v: %s", err, out)
+			}
+		}
+	}
+	for _, ip := range b.ips {
+		fe := netip.AddrPortFrom(ip, 8080)
+		for range 3 {
+			if name := a.whoTCP(t, fe); name != podName(b) {
+				t.Fatalf("%s answered for %s, want %s", name, fe, podName(b))
+			}
+			if name := a.whoUDP(t, fe); name != podName(b) {
+				t.Fatalf("%s answered for %s (UDP), want %s", name, fe, podName(b))
+			}
+		}
+	}
+	for is4, tool := range tools {
+		fam := map[bool]string{true: "IPv4", false: "IPv6"}[is4]
+		out, err := e.NS.Exec(tool, "-nvxL", "FORWARD")
+		if err != nil {
+			t.Fatalf("%s: %v: %s", tool, err, out)
+		}
+		// Each counting rule's line (no target; protocol "all", or
+		// "0" from iptables-nft) starts with its packet count.
+		ms := regexp.MustCompile(`(?m)^\s*(\d+)\s+\d+\s+(?:all|0)\s+--`).FindAllStringSubmatch(out, -1)
+		if len(ms) != 2 {
+			t.Fatalf("%s: %d counting rules in FORWARD, want 2:\n%s", fam, len(ms), out)
+		}
+		for _, m := range ms {
+			if n, _ := strconv.Atoi(m[1]); n != 0 {
+				t.Errorf("%s: the host forwarded %d packets between the pods, want none (delivered directly):\n%s", fam, n, out)
+			}
+		}
+	}
+
+	out, err := e.NS.Exec(tc, "-s", "qdisc", "show", "dev", veth, "root")
+	if err != nil {
+		t.Fatalf("tc: %v: %s", err, out)
+	}
+	m := regexp.MustCompile(`Sent \d+ bytes (\d+) pkt`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no qdisc counters on %s:\n%s", veth, out)
+	}
+	if sent, _ := strconv.ParseUint(m[1], 10, 64); sent == 0 || sent < rx()-rx0 {
+		t.Errorf("the qdisc on %s sent %d packets, the pod received %d: want all through it:\n%s", veth, sent, rx()-rx0, out)
+	}
+
+	// kube-proxy's DNAT in the host's stack: the request crosses it, and
+	// so must the reply.
+	vip := netip.MustParseAddr("10.96.39.10")
+	kubeProxyRules(t, e, vip, 80, b.ip(vip), b.ip(vip))
+	for range 3 {
+		if name := a.whoTCP(t, netip.AddrPortFrom(vip, 80)); name != podName(b) {
+			t.Fatalf("%s answered for the kube-proxy frontend, want %s", name, podName(b))
+		}
+	}
+}
