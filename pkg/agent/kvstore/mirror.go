@@ -109,8 +109,8 @@ type Mirror struct {
 	lists        uint64
 	backlog      backlogStats
 	behindLogged bool // "behind" was logged and "caught up" not yet
-	synced   [2]bool
-	lastErr  error
+	synced       [2]bool
+	lastErr      error
 	// firstSync is closed once both prefixes were listed and the sinks
 	// took the full set (FirstSync); fullSynced says it is.
 	firstSync  chan struct{}
