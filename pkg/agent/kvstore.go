@@ -182,3 +182,13 @@ func (a *Agent) deriveNodeAddrs(linux *datapath.Linux) error {
 	a.log.Info("node addresses from the default routes", "addrs", addrs)
 	return nil
 }
+
+// KvstoreBacklog is the kvstore mirror's backlog: the other nodes'
+// endpoint changes received and not yet in the ipcache (false: not in
+// kvstore mode, or not started).
+func (a *Agent) KvstoreBacklog() (kvstore.Backlog, bool) {
+	if a.kvstore == nil || a.kvstore.mirror == nil {
+		return kvstore.Backlog{}, false
+	}
+	return a.kvstore.mirror.Stats().Backlog, true
+}
