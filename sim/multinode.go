@@ -68,11 +68,11 @@ type MultiConfig struct {
 
 // MultiReport is what a multi-node run did and found.
 type MultiReport struct {
-	Nodes            int    `json:"nodes"`
-	EndpointsPerNode int    `json:"endpoints-per-node"`
-	Creates          int    `json:"creates"`
-	Deletes          int    `json:"deletes"`
-	Errors           int    `json:"errors"` // failed requests (expected around crashes)
+	Nodes            int `json:"nodes"`
+	EndpointsPerNode int `json:"endpoints-per-node"`
+	Creates          int `json:"creates"`
+	Deletes          int `json:"deletes"`
+	Errors           int `json:"errors"` // failed requests (expected around crashes)
 	// TimedOut counts the failed requests that the simulator's client
 	// gave up on (its 10 s deadline passed without an answer); Refused
 	// those the agent answered 503 or 429 (busy, starting: retry later).
@@ -490,7 +490,7 @@ type liveEP struct {
 // driveResult is what one node's driver did.
 type driveResult struct {
 	creates, deletes, errs int
-	timedOut, refused      int // of errs: the client gave up; the agent said busy
+	timedOut, refused      int            // of errs: the client gave up; the agent said busy
 	first                  error          // the first failed request
 	kinds                  map[string]int // failed requests by message start
 	live                   []liveEP
