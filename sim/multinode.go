@@ -305,6 +305,10 @@ type multiRun struct {
 	changes atomic.Int64
 	// churnEnd is when the churn's drivers stopped.
 	churnEnd time.Time
+	// reqCtx bounds the drivers' requests: the run's context, not the
+	// churn's, so that the churn's end lets the requests in flight finish
+	// (a request cut at the churn's deadline is no timed-out call).
+	reqCtx context.Context
 	// mu guards rep's counters while the drivers run.
 	mu  sync.Mutex
 	rep *MultiReport
@@ -357,6 +361,7 @@ func stopNodes(nodes []*simNode) {
 // endpoints.
 func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 	cfg, nodes := r.cfg, r.nodes
+	r.reqCtx = ctx
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -576,14 +581,14 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 				break
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(r.reqCtx, 10*time.Second)
 		if len(d.live) >= share {
 			k := rnd.IntN(len(d.live))
 			r.conv.deleted(d.live[k].ip)
 			if err := c.EndpointDelete(rctx, fmt.Sprint(d.live[k].id)); err == nil {
 				d.deletes++
 				r.changes.Add(1)
-			} else if ctx.Err() == nil {
+			} else if r.reqCtx.Err() == nil {
 				d.fail(err)
 			}
 			d.live = slices.Delete(d.live, k, k+1)
@@ -601,7 +606,7 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			d.live = append(d.live, liveEP{id: ep.ID, ip: ip, set: set})
 			d.creates++
 			r.changes.Add(1)
-		case ctx.Err() == nil: // else the churn ended mid-request
+		case r.reqCtx.Err() == nil: // else the run was interrupted
 			d.fail(err)
 			sleepCtx(ctx, 20*time.Millisecond) // a failing agent is not hammered
 		}
