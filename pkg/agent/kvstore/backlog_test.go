@@ -166,3 +166,43 @@ func TestMirrorQueuesWhileAgentStalled(t *testing.T) {
 		t.Fatalf("a held agent is no failure: %s", st.LastError)
 	}
 }
+
+// TestMirrorQueueBounded: with the agent held, more addresses change than
+// the queue holds: the queue is dropped for a full replacement (its
+// memory stays bounded), and once released the agent gets exactly etcd's
+// state.
+func TestMirrorQueueBounded(t *testing.T) {
+	kvstore.SetMaxPending(t, 5)
+	srv := startEtcd(t)
+	a := startAgentNode(t, srv.Endpoint, "bound-a", 0)
+	c := connect(t, srv.Endpoint, "bound-b", nil)
+	sink := &stallSink{memSink: newMemSink()}
+	mir := kvstore.StartMirror(c, sink, sink)
+	t.Cleanup(mir.Stop)
+	t.Cleanup(sink.release)
+	testutil.Eventually(t, "b synced", func() bool { return statsWithin(t, mir).Synced })
+	sink.hold()
+	want := map[netip.Addr]identity.NumericIdentity{}
+	a.src.set(1, podIP(0, 1), 300, endpoint.StateReady)
+	want[podIP(0, 1)] = 300
+	testutil.Eventually(t, "a hand-over held in the agent", func() bool { return sink.waiting() > 0 })
+	for p := 10; p < 30; p++ {
+		a.src.set(endpoint.ID(p), podIP(0, p), 301, endpoint.StateReady)
+		want[podIP(0, p)] = 301
+	}
+	testutil.EventuallyErr(t, "the queue overflowed into a full replacement", func() error {
+		if b := statsWithin(t, mir).Backlog; !b.Stale || b.Overflows == 0 || b.Pending > 5+1 || b.Behind <= 0 {
+			return fmt.Errorf("backlog %+v", b)
+		}
+		return nil
+	})
+	sink.release()
+	testutil.Eventually(t, "b caught up", func() bool {
+		ips, _ := sink.view()
+		return fmt.Sprint(ips) == fmt.Sprint(want)
+	})
+	testutil.Eventually(t, "b's backlog empty", func() bool {
+		b := statsWithin(t, mir).Backlog
+		return b.Pending == 0 && !b.Stale && b.Behind == 0
+	})
+}

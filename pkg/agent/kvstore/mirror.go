@@ -102,11 +102,8 @@ type Mirror struct {
 	// endpoints stale; inFlightSince is the oldest change of the hand-over
 	// in flight (zero: none).
 	pendingSince, inFlightSince time.Time
-	// inFlight counts the addresses of the hand-over in flight; lists
-	// counts the lists, so that a replacement that raced a newer list
-	// leaves the newer one due.
+	// inFlight counts the addresses of the hand-over in flight.
 	inFlight     int
-	lists        uint64
 	backlog      backlogStats
 	behindLogged bool // "behind" was logged and "caught up" not yet
 	synced       [2]bool
@@ -184,10 +181,24 @@ type Backlog struct {
 	MaxPending        int
 	// Applied counts address changes handed over (a full replacement
 	// counts every address), Coalesced the changes that were replaced by
-	// a later change to the same address before they were handed over,
-	// Batches the hand-overs.
-	Applied, Coalesced, Batches uint64
+	// a later change to the same address (or by a full replacement due)
+	// before they were handed over, Batches the hand-overs, Overflows the
+	// times the queue reached its bound (65,536 addresses) and was replaced
+	// by a full replacement due.
+	Applied, Coalesced, Batches, Overflows uint64
 }
+
+// maxPending bounds the addresses queued one by one (a variable for
+// tests): beyond it the queue is dropped and a full replacement made due
+// instead, which covers every address at the cost of one pass over the
+// full set; the queue's memory stays bounded whatever the churn.
+var maxPending = 1 << 16
+
+// handOverTimeout bounds one hand-over to the agent. Nothing waits for
+// it but the send loop, and a failed one costs a full replacement, so it
+// is generous: a busy agent takes its time rather than getting the
+// larger replacement.
+const handOverTimeout = time.Minute
 
 // BehindThreshold is the age of the oldest change not yet taken from
 // which the agent reports itself behind (GET /v1/status kvstore.behind,
@@ -200,6 +211,7 @@ type backlogStats struct {
 	maxBehind                   time.Duration
 	maxPending                  int
 	applied, coalesced, batches uint64
+	overflows                   uint64
 }
 
 // Stats returns what the mirror knows.
@@ -218,7 +230,7 @@ func (m *Mirror) Stats() MirrorStats {
 func (m *Mirror) backlogLocked(now time.Time) Backlog {
 	b := m.backlog
 	out := Backlog{Pending: len(m.pending) + m.inFlight, Stale: m.epStale, MaxBehind: b.maxBehind, MaxPending: b.maxPending,
-		Applied: b.applied, Coalesced: b.coalesced, Batches: b.batches}
+		Applied: b.applied, Coalesced: b.coalesced, Batches: b.batches, Overflows: b.overflows}
 	if since := m.oldestLocked(); !since.IsZero() {
 		out.Behind = max(now.Sub(since), 0)
 		out.MaxBehind = max(out.MaxBehind, out.Behind)
@@ -292,7 +304,10 @@ func (m *Mirror) send() (done, more bool) {
 	}
 	var all, ups []endpoint.Remote
 	var dels []netip.Addr
-	replace, gen, n := m.epStale, m.lists, 0
+	// Taken now: a change meanwhile is queued again, and a list meanwhile
+	// makes another replacement due.
+	replace, n := m.epStale, 0
+	m.epStale = false
 	if replace {
 		all = m.allLocked()
 		n = len(all)
@@ -310,7 +325,7 @@ func (m *Mirror) send() (done, more bool) {
 
 	var err error
 	if n > 0 || replace {
-		ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
+		ctx, cancel := context.WithTimeout(m.ctx, handOverTimeout)
 		if replace {
 			err = m.eps.ReplaceRemoteEndpoints(ctx, Source, all)
 		} else {
@@ -339,9 +354,6 @@ func (m *Mirror) send() (done, more bool) {
 	if n > 0 || replace {
 		m.backlog.batches++
 		m.backlog.applied += uint64(m.addrCount(ups, dels, all))
-	}
-	if replace && m.lists == gen {
-		m.epStale = false
 	}
 	m.checkSyncedLocked()
 	m.logBehindLocked(now)
@@ -392,8 +404,8 @@ func (m *Mirror) markLocked(ups []endpoint.Remote, dels []netip.Addr) {
 		return
 	}
 	mark := func(ip netip.Addr) {
-		if _, ok := m.pending[ip]; ok {
-			m.backlog.coalesced++
+		if _, ok := m.pending[ip]; ok || m.epStale {
+			m.backlog.coalesced++ // a full replacement covers it too
 			return
 		}
 		m.pending[ip] = struct{}{}
@@ -410,6 +422,12 @@ func (m *Mirror) markLocked(ups []endpoint.Remote, dels []netip.Addr) {
 		m.pendingSince = time.Now()
 	}
 	m.backlog.maxPending = max(m.backlog.maxPending, len(m.pending)+m.inFlight)
+	if len(m.pending) > maxPending {
+		m.c.log.Warn("too many remote endpoint changes queued: the next hand-over replaces the full set", "pending", len(m.pending), "max", maxPending)
+		clear(m.pending)
+		m.epStale = true
+		m.backlog.overflows++
+	}
 	m.poke()
 }
 
@@ -751,7 +769,6 @@ func (m *Mirror) replaceLocked() {
 	if m.eps == nil {
 		return
 	}
-	m.lists++
 	if !m.epStale && m.pendingSince.IsZero() {
 		m.pendingSince = time.Now()
 	}
