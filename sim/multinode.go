@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -66,12 +68,18 @@ type MultiConfig struct {
 
 // MultiReport is what a multi-node run did and found.
 type MultiReport struct {
-	Nodes            int    `json:"nodes"`
-	EndpointsPerNode int    `json:"endpoints-per-node"`
-	Creates          int    `json:"creates"`
-	Deletes          int    `json:"deletes"`
-	Errors           int    `json:"errors"` // failed requests (expected around crashes)
-	FirstError       string `json:"first-error,omitempty"`
+	Nodes            int `json:"nodes"`
+	EndpointsPerNode int `json:"endpoints-per-node"`
+	Creates          int `json:"creates"`
+	Deletes          int `json:"deletes"`
+	Errors           int `json:"errors"` // failed requests (expected around crashes)
+	// TimedOut counts the failed requests that the simulator's client
+	// gave up on (its 10 s deadline passed without an answer); Refused
+	// those the agent answered 503 or 429 (busy, starting: retry later).
+	// The rest of Errors are other failures (an agent down, an error).
+	TimedOut   int    `json:"timed-out"`
+	Refused    int    `json:"refused"`
+	FirstError string `json:"first-error,omitempty"`
 	// ErrorKinds counts failed requests by the start of their message.
 	ErrorKinds   map[string]int `json:"error-kinds,omitempty"`
 	Crashes      int            `json:"crashes"`
@@ -96,6 +104,10 @@ type MultiReport struct {
 	// as /run on a node, or a disk: every state change then waits for
 	// fdatasync).
 	StateFS string `json:"state-fs"`
+	// Backlog is the nodes' kvstore mirrors' queues of remote endpoint
+	// changes: how far behind etcd the ipcaches fell, at most (nil: the
+	// run was cancelled before it was read).
+	Backlog *MultiBacklog `json:"backlog,omitempty"`
 	// Cost is the run's CPU, heap and etcd CPU, from the first endpoint
 	// created until every node caught up with the churn (nil: the run was
 	// cancelled).
@@ -114,12 +126,56 @@ type MultiNodeReport struct {
 	Creates  int `json:"creates"`
 	Deletes  int `json:"deletes"`
 	Failures int `json:"failures"`
+	TimedOut int `json:"timed-out"`
+	Refused  int `json:"refused"`
+	// MaxBehindSeconds and MaxPending are the largest backlog of remote
+	// endpoint changes this node's mirror had (since its last start).
+	MaxBehindSeconds float64 `json:"max-behind-seconds"`
+	MaxPending       int     `json:"max-pending"`
 	// ConvergenceP99MS is the p99 of other nodes' endpoints' arrival in
 	// this node's ipcache.
 	ConvergenceP99MS float64 `json:"convergence-p99-ms"`
 }
 
 const simPrefix = "membrane-sim/"
+
+// MultiBacklog is the largest backlog of remote endpoint changes over the
+// nodes (each node's since its last start): the degradation an agent that
+// cannot keep up with the cluster's churn shows instead of failing calls.
+type MultiBacklog struct {
+	MaxBehindSeconds float64 `json:"max-behind-seconds"`
+	MaxBehindNode    string  `json:"max-behind-node,omitempty"`
+	MaxPending       int     `json:"max-pending"`
+	// Coalesced counts, over the nodes, changes replaced by a later change
+	// to the same address while queued; Applied the address changes handed
+	// to the ipcaches.
+	Coalesced uint64 `json:"coalesced"`
+	Applied   uint64 `json:"applied"`
+}
+
+// readBacklog fills the report's backlog from every running node.
+func readBacklog(nodes []*simNode, rep *MultiReport) {
+	b := &MultiBacklog{}
+	for i, n := range nodes {
+		a, _, up := n.current()
+		if !up || a == nil {
+			continue
+		}
+		bl, ok := a.KvstoreBacklog()
+		if !ok {
+			continue
+		}
+		pn := &rep.PerNode[i]
+		pn.MaxBehindSeconds, pn.MaxPending = bl.MaxBehind.Seconds(), bl.MaxPending
+		if pn.MaxBehindSeconds > b.MaxBehindSeconds {
+			b.MaxBehindSeconds, b.MaxBehindNode = pn.MaxBehindSeconds, n.name
+		}
+		b.MaxPending = max(b.MaxPending, bl.MaxPending)
+		b.Coalesced += bl.Coalesced
+		b.Applied += bl.Applied
+	}
+	rep.Backlog = b
+}
 
 // simNode is one node: its config, the running agent and a client.
 type simNode struct {
@@ -192,6 +248,9 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	rep.Settle = time.Since(settleStart)
+	if ctx.Err() == nil {
+		readBacklog(nodes, rep)
+	}
 	rep.Violations = append(rep.Violations, probeViolations...)
 	var p99 []float64
 	rep.Convergence, p99 = r.conv.report()
@@ -246,6 +305,10 @@ type multiRun struct {
 	changes atomic.Int64
 	// churnEnd is when the churn's drivers stopped.
 	churnEnd time.Time
+	// reqCtx bounds the drivers' requests: the run's context, not the
+	// churn's, so that the churn's end lets the requests in flight finish
+	// (a request cut at the churn's deadline is no timed-out call).
+	reqCtx context.Context
 	// mu guards rep's counters while the drivers run.
 	mu  sync.Mutex
 	rep *MultiReport
@@ -298,6 +361,7 @@ func stopNodes(nodes []*simNode) {
 // endpoints.
 func (r *multiRun) churn(ctx context.Context) [][]liveEP {
 	cfg, nodes := r.cfg, r.nodes
+	r.reqCtx = ctx
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -350,8 +414,10 @@ func (r *multiRun) account(i int, d driveResult) {
 		rep.ErrorKinds[k] += v
 	}
 	rep.Creates, rep.Deletes, rep.Errors = rep.Creates+d.creates, rep.Deletes+d.deletes, rep.Errors+d.errs
+	rep.TimedOut, rep.Refused = rep.TimedOut+d.timedOut, rep.Refused+d.refused
 	pn := &rep.PerNode[i]
 	pn.Creates, pn.Deletes, pn.Failures = pn.Creates+d.creates, pn.Deletes+d.deletes, pn.Failures+d.errs
+	pn.TimedOut, pn.Refused = pn.TimedOut+d.timedOut, pn.Refused+d.refused
 	pn.Requests = pn.Creates + pn.Deletes + pn.Failures
 	if rep.FirstError == "" && d.first != nil {
 		rep.FirstError = d.first.Error()
@@ -429,6 +495,7 @@ type liveEP struct {
 // driveResult is what one node's driver did.
 type driveResult struct {
 	creates, deletes, errs int
+	timedOut, refused      int            // of errs: the client gave up; the agent said busy
 	first                  error          // the first failed request
 	kinds                  map[string]int // failed requests by message start
 	live                   []liveEP
@@ -436,6 +503,12 @@ type driveResult struct {
 
 func (r *driveResult) fail(err error) {
 	r.errs++
+	switch failureKind(err) {
+	case failTimedOut:
+		r.timedOut++
+	case failRefused:
+		r.refused++
+	}
 	r.first = cmp.Or(r.first, err)
 	msg := err.Error()
 	if j := strings.Index(msg, ": "); j > 0 && j < 40 {
@@ -474,6 +547,7 @@ func (r *multiRun) driveNode(ctx context.Context, i int, n *simNode) driveResult
 		for k, v := range w.kinds {
 			d.kinds[k] += v
 		}
+		d.timedOut, d.refused = d.timedOut+w.timedOut, d.refused+w.refused
 		d.live = append(d.live, w.live...)
 	}
 	return d
@@ -507,14 +581,14 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 				break
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(r.reqCtx, 10*time.Second)
 		if len(d.live) >= share {
 			k := rnd.IntN(len(d.live))
 			r.conv.deleted(d.live[k].ip)
 			if err := c.EndpointDelete(rctx, fmt.Sprint(d.live[k].id)); err == nil {
 				d.deletes++
 				r.changes.Add(1)
-			} else if ctx.Err() == nil {
+			} else if r.reqCtx.Err() == nil {
 				d.fail(err)
 			}
 			d.live = slices.Delete(d.live, k, k+1)
@@ -532,12 +606,35 @@ func (r *multiRun) driveWorker(ctx context.Context, i, w, share int, n *simNode)
 			d.live = append(d.live, liveEP{id: ep.ID, ip: ip, set: set})
 			d.creates++
 			r.changes.Add(1)
-		case ctx.Err() == nil: // else the churn ended mid-request
+		case r.reqCtx.Err() == nil: // else the run was interrupted
 			d.fail(err)
 			sleepCtx(ctx, 20*time.Millisecond) // a failing agent is not hammered
 		}
 	}
 	return d
+}
+
+// Failure kinds of a request (failureKind).
+const (
+	failOther    = iota
+	failTimedOut // the client's deadline passed without an answer
+	failRefused  // the agent answered 503 or 429: busy or starting, retry
+)
+
+// failureKind tells a request the client gave up on from one the agent
+// refused and from any other failure.
+func failureKind(err error) int {
+	var ae *client.APIError
+	var ne net.Error
+	switch {
+	case errors.As(err, &ae) && (ae.Status == http.StatusServiceUnavailable || ae.Status == http.StatusTooManyRequests):
+		return failRefused
+	case errors.As(err, &ae):
+		return failOther
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return failTimedOut
+	}
+	return failOther
 }
 
 func createEndpoint(ctx context.Context, c *client.Client, pod, label string, conv *convTracker) (*models.Endpoint, error) {

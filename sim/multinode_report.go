@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -14,8 +15,14 @@ import (
 func (r *MultiReport) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "nodes %d, %d endpoints per node: %d creates, %d deletes (%d drained), %d failed requests, %d agent crashes, %d etcd restarts (%s)\n",
 		r.Nodes, r.EndpointsPerNode, r.Creates, r.Deletes, r.Drained, r.Errors, r.Crashes, r.EtcdRestarts, r.EtcdMode)
+	fmt.Fprintf(w, "  failed requests: %d timed out (the client's 10 s passed without an answer), %d refused (503/429: busy, retry), %d other\n",
+		r.TimedOut, r.Refused, r.Errors-r.TimedOut-r.Refused)
 	if r.FirstError != "" {
 		fmt.Fprintf(w, "  first failed request: %s\n", r.FirstError)
+	}
+	if b := r.Backlog; b != nil {
+		fmt.Fprintf(w, "remote backlog (other nodes' endpoint changes queued before the ipcache took them): max %.1f s behind (%s), max %d addresses pending on a node; %d changes applied, %d merged into a later one while queued\n",
+			b.MaxBehindSeconds, cmp.Or(b.MaxBehindNode, "-"), b.MaxPending, b.Applied, b.Coalesced)
 	}
 	for _, k := range sortedKeys(r.ErrorKinds) {
 		fmt.Fprintf(w, "  failed: %d x %s\n", r.ErrorKinds[k], k)
@@ -33,8 +40,9 @@ func (r *MultiReport) WriteText(w io.Writer) {
 	}
 	r.Cost.writeText(w, r.StateFS)
 	for _, n := range r.PerNode {
-		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d requests (%d creates, %d deletes, %d failed)\n",
-			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures)
+		fmt.Fprintf(w, "  %s: %d endpoints, %d published in etcd, %d remote entries in its ipcache, convergence p99 %.1f ms, %d requests (%d creates, %d deletes, %d failed: %d timed out, %d refused), max %.1f s behind, max %d pending\n",
+			n.Name, n.Endpoints, n.Published, n.RemoteEntries, n.ConvergenceP99MS, n.Requests, n.Creates, n.Deletes, n.Failures, n.TimedOut, n.Refused,
+			n.MaxBehindSeconds, n.MaxPending)
 	}
 	fmt.Fprintf(w, "settled %s after the drain; %d identities in etcd; identity agreement: %s\n",
 		r.Settle.Round(time.Millisecond), r.EtcdIdentities, r.IdentityAgreement)

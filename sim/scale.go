@@ -55,6 +55,10 @@ type ScaleRow struct {
 	Cost                   *MultiCost `json:"cost,omitempty"`
 	Violations             int        `json:"violations"`
 	Errors                 int        `json:"failed-requests"`
+	TimedOut               int        `json:"timed-out-requests"`
+	Refused                int        `json:"refused-requests"`
+	MaxBehindSeconds       float64    `json:"max-behind-seconds"`
+	MaxPending             int        `json:"max-pending"`
 	Seconds                float64    `json:"run-seconds"`
 	Load                   string     `json:"loadavg-after"`
 }
@@ -132,7 +136,10 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleReport, error) {
 // scaleRow summarises one run.
 func scaleRow(r *MultiReport, took time.Duration) ScaleRow {
 	row := ScaleRow{Nodes: r.Nodes, EndpointsPerNode: r.EndpointsPerNode, Cost: r.Cost, Violations: len(r.Violations), Errors: r.Errors,
-		Seconds: took.Seconds(), Load: loadAvg(), EtcdCPUPerSecond: -1}
+		Seconds: took.Seconds(), Load: loadAvg(), EtcdCPUPerSecond: -1, TimedOut: r.TimedOut, Refused: r.Refused}
+	if b := r.Backlog; b != nil {
+		row.MaxBehindSeconds, row.MaxPending = b.MaxBehindSeconds, b.MaxPending
+	}
 	if c := r.Convergence; c != nil {
 		row.SteadyP50MS, row.SteadyP99MS, row.SteadyMaxMS = c.SteadyEverywhere.P50, c.SteadyEverywhere.P99, c.SteadyEverywhere.Max
 		row.AllP50MS, row.AllP99MS, row.AllMaxMS = c.Everywhere.P50, c.Everywhere.P99, c.Everywhere.Max

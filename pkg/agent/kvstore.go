@@ -92,7 +92,9 @@ func (k *kvstoreMode) status() *models.KvstoreStatus {
 	h, p, m := k.client.Health(), k.pub.Stats(), k.mirror.Stats()
 	st := &models.KvstoreStatus{Backend: "etcd", Endpoints: k.client.Endpoints(), Node: k.client.NodeName(),
 		Healthy: h.Healthy, Since: h.Since, LastError: h.LastError, Lease: h.Lease, LeaseRegrants: h.Regrants,
-		Synced: m.Synced, Published: p.Published, RemoteEndpoints: m.RemoteEndpoints, RemoteNodes: m.RemoteNodes}
+		Synced: m.Synced, Published: p.Published, RemoteEndpoints: m.RemoteEndpoints, RemoteNodes: m.RemoteNodes,
+		Behind: m.Backlog.Behind >= kvstore.BehindThreshold, RemotePending: m.Backlog.Pending,
+		RemoteBehindSeconds: m.Backlog.Behind.Seconds(), RemoteMaxBehindSeconds: m.Backlog.MaxBehind.Seconds()}
 	for _, e := range []string{p.LastError, m.LastError} {
 		if st.LastError == "" {
 			st.LastError = e
@@ -179,4 +181,14 @@ func (a *Agent) deriveNodeAddrs(linux *datapath.Linux) error {
 	cfg.NodeAddrs = addrs
 	a.log.Info("node addresses from the default routes", "addrs", addrs)
 	return nil
+}
+
+// KvstoreBacklog is the kvstore mirror's backlog: the other nodes'
+// endpoint changes received and not yet in the ipcache (false: not in
+// kvstore mode, or not started).
+func (a *Agent) KvstoreBacklog() (kvstore.Backlog, bool) {
+	if a.kvstore == nil || a.kvstore.mirror == nil {
+		return kvstore.Backlog{}, false
+	}
+	return a.kvstore.mirror.Stats().Backlog, true
 }

@@ -103,7 +103,10 @@ func (a *Agent) sample() metrics.Sample {
 		smp.RemoteClaimsRefused[k8s.RemoteSource] = a.k8s.RefusedRemoteClaims()
 	}
 	if a.kvstore != nil && a.kvstore.mirror != nil {
-		smp.RemoteClaimsRefused[kvstore.Source] = a.kvstore.mirror.Stats().Refused
+		st := a.kvstore.mirror.Stats()
+		smp.RemoteClaimsRefused[kvstore.Source] = st.Refused
+		smp.RemoteBacklog = map[string]metrics.RemoteBacklogSample{kvstore.Source: {Pending: st.Backlog.Pending,
+			BehindSeconds: st.Backlog.Behind.Seconds(), Coalesced: st.Backlog.Coalesced}}
 	}
 	// The other nodes' health endpoint addresses refused by the nodes
 	// actor, under the node source's name.

@@ -420,6 +420,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, err error) {
 	status, code := classify(err)
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		// Every 503 is "busy or not yet: retry" (the identity store
+		// unreachable, an attach in flight, starting, stopping): say when.
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, status, &models.Error{Code: code, Message: err.Error()})
 }
 

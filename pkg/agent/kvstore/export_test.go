@@ -28,3 +28,10 @@ func (m *Mirror) Dump() string {
 	fmt.Fprintf(&b, "refused %v; nodes %v", m.refused, slices.Sorted(maps.Keys(m.nodeRecs)))
 	return b.String()
 }
+
+// SetMaxPending sets the bound of the mirror's queue until the test ends.
+func SetMaxPending(tb interface{ Cleanup(func()) }, n int) {
+	old := maxPending
+	maxPending = n
+	tb.Cleanup(func() { maxPending = old })
+}

@@ -1,6 +1,7 @@
 package kvstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -35,14 +36,19 @@ type NodeSink interface {
 
 // Mirror watches every other node's endpoints and node entry and feeds
 // them to the agent: the full set after each (re-)list, changes in
-// between. A node whose lease expired loses its keys, and so its
-// endpoints and routes. A failed hand-over is retried as a full
-// replacement. An address claimed by two nodes' endpoints (a pod moved
-// and the old node has not withdrawn it yet) goes to the latest claim:
-// the record written last (its etcd ModRevision; in one transaction, the
-// greater key), however the mirror learnt of them (in a watch, a re-list,
-// or accepted later when their node's record arrived); when that one
-// goes, the latest of the others takes it back.
+// between. The watches never wait for the agent: they record each change
+// and queue its addresses (Backlog), and one goroutine hands the queued
+// addresses' latest state to the agent in batches, so a burst of changes
+// to one address costs one update and an agent that cannot keep up falls
+// visibly behind (Stats) instead of holding up the watch. A node whose
+// lease expired loses its keys, and so its endpoints and routes. A
+// failed hand-over is retried as a full replacement. An address claimed
+// by two nodes' endpoints (a pod moved and the old node has not withdrawn
+// it yet) goes to the latest claim: the record written last (its etcd
+// ModRevision; in one transaction, the greater key), however the mirror
+// learnt of them (in a watch, a re-list, or accepted later when their
+// node's record arrived); when that one goes, the latest of the others
+// takes it back.
 //
 // An endpoint record is believed only as a claim of the node its key
 // names (state/endpoints/v1/<node>/...; the record's node must agree),
@@ -64,8 +70,10 @@ type Mirror struct {
 	wg    sync.WaitGroup
 	kick  chan struct{}
 
-	// mu guards everything below; the sinks are called with mu held, so
-	// their calls happen in the order of etcd's revisions.
+	// mu guards everything below. The node sink is called with mu held,
+	// in the order of etcd's revisions; the endpoint sink only by the
+	// send loop, without mu, with each address's state when it was taken
+	// (a later change is queued again and sent after).
 	//
 	// An endpoint is named by its record key: its etcd key less the
 	// endpoints prefix, "<node>/<id>" (recKey). The per-endpoint state is
@@ -87,8 +95,23 @@ type Mirror struct {
 	refusals map[string]uint64
 	epStale  bool // the sink missed something: replace everything
 	nodeSent bool // the node set was handed over since it last changed
-	synced   [2]bool
-	lastErr  error
+	// pending names the addresses whose latest state the sink has not
+	// taken yet: the send loop hands each one's state at that moment
+	// (its latest claim, or a deletion), so any number of changes to one
+	// address cost one update. It is bounded by the addresses the other
+	// nodes' pod CIDRs hold, never by the rate of changes.
+	pending map[netip.Addr]struct{}
+	// pendingSince is when the oldest change not yet handed over arrived
+	// (zero: none): the first change pending, or the one that made the
+	// endpoints stale; inFlightSince is the oldest change of the hand-over
+	// in flight (zero: none).
+	pendingSince, inFlightSince time.Time
+	// inFlight counts the addresses of the hand-over in flight.
+	inFlight     int
+	backlog      backlogStats
+	behindLogged bool // "behind" was logged and "caught up" not yet
+	synced       [2]bool
+	lastErr      error
 	// firstSync is closed once both prefixes were listed and the sinks
 	// took the full set (FirstSync); fullSynced says it is.
 	firstSync  chan struct{}
@@ -102,7 +125,7 @@ func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
-	go func() { defer m.wg.Done(); m.retryLoop() }()
+	go func() { defer m.wg.Done(); m.sendLoop() }()
 	return m
 }
 
@@ -111,7 +134,7 @@ func newMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	ctx, stop := context.WithCancel(c.ctx)
 	return &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
 		recs: map[string]*heldRecord{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
-		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{})}
+		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{}), pending: map[netip.Addr]struct{}{}}
 }
 
 // Stop stops watching.
@@ -146,6 +169,59 @@ type MirrorStats struct {
 	// Refused counts the refused endpoint records by reason (one of
 	// endpoint.Refused*), each record once per reason.
 	Refused map[string]uint64
+	// Backlog is what the agent has not taken yet of what etcd said.
+	Backlog Backlog
+}
+
+// Backlog is how far the agent is behind the other nodes' endpoints in
+// etcd: changes the mirror holds that the ipcache has not taken yet. The
+// watch never waits for the agent: changes are queued per address (the
+// latest one wins) and handed over in batches by one goroutine, so a
+// slow or stalled agent shows here instead of in etcd's buffers, and
+// never holds up anything else.
+type Backlog struct {
+	// Pending counts the addresses whose latest change waits, or is being
+	// handed over; Stale says a full replacement is due (after a re-list
+	// or a failed hand-over), which covers every address.
+	Pending int
+	Stale   bool
+	// Behind is the age of the oldest change not yet taken (0: caught
+	// up); MaxBehind and MaxPending are the largest seen since start.
+	Behind, MaxBehind time.Duration
+	MaxPending        int
+	// Applied counts address changes handed over (a full replacement
+	// counts every address), Coalesced the changes that were replaced by
+	// a later change to the same address (or by a full replacement due)
+	// before they were handed over, Batches the hand-overs, Overflows the
+	// times the queue reached its bound (65,536 addresses) and was replaced
+	// by a full replacement due.
+	Applied, Coalesced, Batches, Overflows uint64
+}
+
+// maxPending bounds the addresses queued one by one (a variable for
+// tests): beyond it the queue is dropped and a full replacement made due
+// instead, which covers every address at the cost of one pass over the
+// full set; the queue's memory stays bounded whatever the churn.
+var maxPending = 1 << 16
+
+// handOverTimeout bounds one hand-over to the agent. Nothing waits for
+// it but the send loop, and a failed one costs a full replacement, so it
+// is generous: a busy agent takes its time rather than getting the
+// larger replacement.
+const handOverTimeout = time.Minute
+
+// BehindThreshold is the age of the oldest change not yet taken from
+// which the agent reports itself behind (GET /v1/status kvstore.behind,
+// an event, the membrane_remote_updates_behind_seconds metric says how
+// far at any time).
+const BehindThreshold = 5 * time.Second
+
+// backlogStats are Backlog's counters (under Mirror.mu).
+type backlogStats struct {
+	maxBehind                   time.Duration
+	maxPending                  int
+	applied, coalesced, batches uint64
+	overflows                   uint64
 }
 
 // Stats returns what the mirror knows.
@@ -153,11 +229,35 @@ func (m *Mirror) Stats() MirrorStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := MirrorStats{RemoteEndpoints: len(m.recs), RemoteNodes: len(m.nodeRecs), Synced: m.synced[0] && m.synced[1],
-		Refused: maps.Clone(m.refusals)}
+		Refused: maps.Clone(m.refusals), Backlog: m.backlogLocked(time.Now())}
 	if m.lastErr != nil {
 		st.LastError = m.lastErr.Error()
 	}
 	return st
+}
+
+// backlogLocked is the backlog at now.
+func (m *Mirror) backlogLocked(now time.Time) Backlog {
+	b := m.backlog
+	out := Backlog{Pending: len(m.pending) + m.inFlight, Stale: m.epStale, MaxBehind: b.maxBehind, MaxPending: b.maxPending,
+		Applied: b.applied, Coalesced: b.coalesced, Batches: b.batches, Overflows: b.overflows}
+	if since := m.oldestLocked(); !since.IsZero() {
+		out.Behind = max(now.Sub(since), 0)
+		out.MaxBehind = max(out.MaxBehind, out.Behind)
+	}
+	return out
+}
+
+// oldestLocked is when the oldest change not yet taken arrived (zero:
+// none).
+func (m *Mirror) oldestLocked() time.Time {
+	switch {
+	case m.inFlightSince.IsZero():
+		return m.pendingSince
+	case m.pendingSince.IsZero() || m.inFlightSince.Before(m.pendingSince):
+		return m.inFlightSince
+	}
+	return m.pendingSince
 }
 
 func (m *Mirror) poke() {
@@ -167,8 +267,12 @@ func (m *Mirror) poke() {
 	}
 }
 
-// retryLoop hands everything over again after a sink failed.
-func (m *Mirror) retryLoop() {
+// sendLoop is the only caller of the endpoint sink: it hands the
+// pending changes over (or the full set, when a replacement is due),
+// one batch after the other, and retries a failed hand-over, as a full
+// replacement, with backoff. The watches only mark what changed, so
+// they keep reading etcd however slow the agent is.
+func (m *Mirror) sendLoop() {
 	backoff := 100 * time.Millisecond
 	for {
 		select {
@@ -176,28 +280,195 @@ func (m *Mirror) retryLoop() {
 			return
 		case <-m.kick:
 		}
-		for !m.retry() {
-			if !sleep(m.ctx, backoff) {
-				return
+		for {
+			done, more := m.send()
+			if !done {
+				if !sleep(m.ctx, backoff) {
+					return
+				}
+				backoff = min(2*backoff, 5*time.Second)
+				continue
 			}
-			backoff = min(2*backoff, 5*time.Second)
+			backoff = 100 * time.Millisecond
+			if !more || m.ctx.Err() != nil {
+				break
+			}
 		}
-		backoff = 100 * time.Millisecond
 	}
 }
 
-// retry replaces the sinks' state with the mirror's; true when done.
-func (m *Mirror) retry() bool {
+// send makes one hand-over: the node set if due, then the full
+// endpoint set if a replacement is due, else the pending changes. done
+// is false when the sink failed (retry later); more when changes arrived
+// meanwhile.
+func (m *Mirror) send() (done, more bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.epStale {
-		m.replaceEndpointsLocked()
-	}
 	if !m.nodeSent {
 		m.syncNodesLocked()
 	}
+	nodesOK := m.nodeSent
+	if m.eps == nil {
+		m.checkSyncedLocked()
+		m.mu.Unlock()
+		return nodesOK, false
+	}
+	var all, ups []endpoint.Remote
+	var dels []netip.Addr
+	// Taken now: a change meanwhile is queued again, and a list meanwhile
+	// makes another replacement due.
+	replace, n := m.epStale, 0
+	m.epStale = false
+	if replace {
+		all = m.allLocked()
+		n = len(all)
+	} else {
+		ups, dels = m.takePendingLocked()
+		n = len(ups) + len(dels)
+	}
+	m.inFlightSince, m.pendingSince = m.oldestLocked(), time.Time{}
+	m.inFlight = len(m.pending)
+	if replace {
+		m.inFlight = len(m.owners)
+	}
+	clear(m.pending)
+	m.mu.Unlock()
+
+	var err error
+	if n > 0 || replace {
+		ctx, cancel := context.WithTimeout(m.ctx, handOverTimeout)
+		if replace {
+			err = m.eps.ReplaceRemoteEndpoints(ctx, Source, all)
+		} else {
+			err = m.deliver(ctx, ups, dels)
+		}
+		cancel()
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	if !m.inFlightSince.IsZero() {
+		m.backlog.maxBehind = max(m.backlog.maxBehind, now.Sub(m.inFlightSince))
+	}
+	since := m.inFlightSince
+	m.inFlightSince, m.inFlight = time.Time{}, 0
+	if err != nil {
+		// Whatever was in flight is covered by the replacement now due.
+		m.epStale = true
+		if m.pendingSince.IsZero() || (!since.IsZero() && since.Before(m.pendingSince)) {
+			m.pendingSince = cmp.Or(since, now)
+		}
+		m.failLocked(err)
+		return false, true
+	}
+	if n > 0 || replace {
+		m.backlog.batches++
+		m.backlog.applied += uint64(m.addrCount(ups, dels, all))
+	}
 	m.checkSyncedLocked()
-	return !m.epStale && m.nodeSent
+	m.logBehindLocked(now)
+	return nodesOK, len(m.pending) > 0 || m.epStale
+}
+
+// logBehindLocked logs once when the agent falls BehindThreshold behind
+// and once when it caught up again.
+func (m *Mirror) logBehindLocked(now time.Time) {
+	b := m.backlogLocked(now)
+	switch {
+	case !m.behindLogged && b.Behind >= BehindThreshold:
+		m.behindLogged = true
+		m.c.log.Warn("other nodes' endpoint changes are queued: this node's ipcache is behind etcd", "pending", b.Pending, "behind", b.Behind.Round(time.Millisecond))
+	case m.behindLogged && b.Pending == 0 && !b.Stale:
+		m.behindLogged = false
+		m.c.log.Info("other nodes' endpoint changes caught up", "max-behind", b.MaxBehind.Round(time.Millisecond), "coalesced", b.Coalesced)
+	}
+}
+
+// deliver hands deletions, then upserts, to the sink.
+func (m *Mirror) deliver(ctx context.Context, ups []endpoint.Remote, dels []netip.Addr) error {
+	if len(dels) > 0 {
+		if err := m.eps.DeleteRemoteEndpoints(ctx, Source, dels); err != nil {
+			return err
+		}
+	}
+	if len(ups) > 0 {
+		return m.eps.UpsertRemoteEndpoints(ctx, Source, ups)
+	}
+	return nil
+}
+
+// addrCount counts the addresses of a hand-over.
+func (m *Mirror) addrCount(ups []endpoint.Remote, dels []netip.Addr, all []endpoint.Remote) int {
+	n := len(dels)
+	for _, list := range [][]endpoint.Remote{ups, all} {
+		for i := range list {
+			n += len(list[i].IPs)
+		}
+	}
+	return n
+}
+
+// markLocked queues the addresses of a change for the send loop.
+func (m *Mirror) markLocked(ups []endpoint.Remote, dels []netip.Addr) {
+	if m.eps == nil || (len(ups) == 0 && len(dels) == 0) {
+		return
+	}
+	mark := func(ip netip.Addr) {
+		if _, ok := m.pending[ip]; ok || m.epStale {
+			m.backlog.coalesced++ // a full replacement covers it too
+			return
+		}
+		m.pending[ip] = struct{}{}
+	}
+	for _, ip := range dels {
+		mark(ip)
+	}
+	for i := range ups {
+		for _, ip := range ups[i].IPs {
+			mark(ip)
+		}
+	}
+	if m.pendingSince.IsZero() {
+		m.pendingSince = time.Now()
+	}
+	m.backlog.maxPending = max(m.backlog.maxPending, len(m.pending)+m.inFlight)
+	if len(m.pending) > maxPending {
+		m.c.log.Warn("too many remote endpoint changes queued: the next hand-over replaces the full set", "pending", len(m.pending), "max", maxPending)
+		clear(m.pending)
+		m.epStale = true
+		m.backlog.overflows++
+	}
+	m.poke()
+}
+
+// takePendingLocked turns the pending addresses into what the sink gets:
+// each one's latest claim (the addresses of one record together), or
+// its deletion.
+func (m *Mirror) takePendingLocked() ([]endpoint.Remote, []netip.Addr) {
+	var dels []netip.Addr
+	byKey := map[string][]netip.Addr{}
+	for ip := range m.pending {
+		k, ok := m.owners[ip]
+		if !ok {
+			dels = append(dels, ip)
+			continue
+		}
+		byKey[k] = append(byKey[k], ip)
+	}
+	return m.remotesLocked(byKey), dels
+}
+
+// remotesLocked makes the remote endpoints of byKey (record key ->
+// the addresses of it to hand over).
+func (m *Mirror) remotesLocked(byKey map[string][]netip.Addr) []endpoint.Remote {
+	out := make([]endpoint.Remote, 0, len(byKey))
+	for k, ips := range byKey {
+		r := m.recs[k].remote()
+		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
+		r.IPs = ips
+		out = append(out, r)
+	}
+	return out
 }
 
 // ownKey reports whether record key key is under this node (its own
@@ -251,7 +522,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 		m.putLocked(key, kv.Value, kv.ModRevision)
 	}
 	m.synced[0] = true
-	m.replaceEndpointsLocked()
+	m.replaceLocked()
 	m.checkSyncedLocked()
 }
 
@@ -292,29 +563,10 @@ func (final finalChanges) add(u []endpoint.Remote, d []netip.Addr) {
 	}
 }
 
-// sendLocked hands each address's last change to the sink (unless a
-// full replacement is due).
+// sendLocked queues each address's last change for the send loop.
 func (m *Mirror) sendLocked(final finalChanges) {
-	if m.epStale || m.eps == nil {
-		m.epStale = m.eps != nil
-		return
-	}
 	ups, dels := splitFinal(final)
-	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
-	defer cancel()
-	if len(dels) > 0 {
-		if err := m.eps.DeleteRemoteEndpoints(ctx, Source, dels); err != nil {
-			m.epStale = true
-			m.failLocked(err)
-			return
-		}
-	}
-	if len(ups) > 0 {
-		if err := m.eps.UpsertRemoteEndpoints(ctx, Source, ups); err != nil {
-			m.epStale = true
-			m.failLocked(err)
-		}
-	}
+	m.markLocked(ups, dels)
 }
 
 // splitFinal turns each address's last change into the deletions and the
@@ -557,31 +809,26 @@ func (m *Mirror) disownLocked(ip netip.Addr, key string) ([]endpoint.Remote, []n
 	return []endpoint.Remote{r}, nil
 }
 
-// replaceEndpointsLocked hands the full set over (each address with its
-// latest claim).
-func (m *Mirror) replaceEndpointsLocked() {
+// replaceLocked makes a full replacement due (after a list): the send
+// loop hands the full set over, which covers every pending change.
+func (m *Mirror) replaceLocked() {
 	if m.eps == nil {
 		return
 	}
+	if !m.epStale && m.pendingSince.IsZero() {
+		m.pendingSince = time.Now()
+	}
+	m.epStale = true
+	m.poke()
+}
+
+// allLocked is the full set (each address with its latest claim).
+func (m *Mirror) allLocked() []endpoint.Remote {
 	byKey := map[string][]netip.Addr{}
 	for ip, k := range m.owners {
 		byKey[k] = append(byKey[k], ip)
 	}
-	all := make([]endpoint.Remote, 0, len(byKey))
-	for k, ips := range byKey {
-		r := m.recs[k].remote()
-		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
-		r.IPs = ips
-		all = append(all, r)
-	}
-	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
-	defer cancel()
-	if err := m.eps.ReplaceRemoteEndpoints(ctx, Source, all); err != nil {
-		m.epStale = true
-		m.failLocked(err)
-		return
-	}
-	m.epStale = false
+	return m.remotesLocked(byKey)
 }
 
 // nodeLister receives the nodes prefix.

@@ -56,7 +56,8 @@ func (s *claimSink) DeleteRemoteEndpoints(_ context.Context, _ string, ips []net
 }
 
 // claimTest drives a Mirror's listers by hand, as its watches would (no
-// etcd, no goroutines): the order of what arrives is the test's.
+// etcd, no goroutines), and its send loop's hand-overs before each check:
+// the order of what arrives is the test's.
 type claimTest struct {
 	t    *testing.T
 	m    *Mirror
@@ -106,6 +107,16 @@ func (ct *claimTest) nodeEvent(kv *mvccpb.KeyValue) {
 
 func (ct *claimTest) expect(what string, want map[netip.Addr]identity.NumericIdentity) {
 	ct.t.Helper()
+	// The send loop's work, by hand: hand over whatever is queued.
+	for {
+		done, more := ct.m.send()
+		if !done {
+			ct.t.Fatalf("%s: the hand-over failed", what)
+		}
+		if !more {
+			break
+		}
+	}
 	ct.sink.mu.Lock()
 	got := maps.Clone(ct.sink.ips)
 	ct.sink.mu.Unlock()

@@ -36,6 +36,9 @@ type Sample struct {
 	// agent refused, by source ("k8s", "kvstore") and reason (one of
 	// endpoint.Refused*): each object once per reason.
 	RemoteClaimsRefused map[string]map[string]uint64
+	// RemoteBacklog is, by source ("kvstore"), the other nodes' endpoint
+	// changes received and not yet in the ipcache.
+	RemoteBacklog map[string]RemoteBacklogSample
 	// MapFull counts the writes a full BPF map refused, by map ("policy":
 	// regenerations of an endpoint whose policy did not fit its policy
 	// maps, each failed closed; "ipcache": entries the ipcache refused).
@@ -53,6 +56,15 @@ type Sample struct {
 type TeardownSample struct {
 	Pending, Max int
 	Sync         uint64
+}
+
+// RemoteBacklogSample is one source's queue of remote endpoint changes:
+// Pending addresses wait, the oldest for BehindSeconds; Coalesced counts
+// changes replaced by a later one to the same address while queued.
+type RemoteBacklogSample struct {
+	Pending       int
+	BehindSeconds float64
+	Coalesced     uint64
 }
 
 // IPAMSample is one family's pool usage.
@@ -85,6 +97,9 @@ type Metrics struct {
 	deleteQueue *prometheus.Desc
 	proxyWaits  *prometheus.Desc
 	refused     *prometheus.Desc
+	rbPending   *prometheus.Desc
+	rbBehind    *prometheus.Desc
+	rbCoalesced *prometheus.Desc
 	mapFull     *prometheus.Desc
 	tdPending   *prometheus.Desc
 	tdMax       *prometheus.Desc
@@ -180,6 +195,12 @@ func New() *Metrics {
 	m.refused = desc("remote_claims_refused_total", "Other nodes' endpoint claims refused (not entered into the ipcache), "+
 		"by source (k8s, kvstore) and reason (no-owner, unknown-node, outside-node-cidrs, foreign-node-ip, reserved-identity; "+
 		"health-outside-node-cidrs: a node's health endpoint address outside its pod CIDRs); each object counts once per reason.", "source", "reason")
+	m.rbPending = desc("remote_updates_pending", "Other nodes' endpoint changes received and not yet in the ipcache, by source (kvstore): "+
+		"addresses whose latest change waits (a later change to an address replaces the earlier one).", "source")
+	m.rbBehind = desc("remote_updates_behind_seconds", "Age of the oldest of membrane_remote_updates_pending, by source: how far "+
+		"this node's ipcache is behind the cluster (0: caught up). GET /v1/status says behind from 5 s.", "source")
+	m.rbCoalesced = desc("remote_updates_coalesced_total", "Other nodes' endpoint changes replaced by a later change to the same address "+
+		"before the ipcache took them, by source: work saved while behind.", "source")
 	m.mapFull = desc("bpf_map_full_total", "Writes a full BPF map refused, by map (policy: regenerations of an endpoint "+
 		"whose policy did not fit its policy maps, --policy-map-max; the endpoint denies every new connection until it fits; "+
 		"ipcache: entries the ipcache refused, --ipcache-max).", "map")
@@ -303,7 +324,7 @@ type sampled Metrics
 
 // Describe implements prometheus.Collector.
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused, s.mapFull, s.mapEntries, s.mapMax,
+	for _, d := range []*prometheus.Desc{s.endpoints, s.mailbox, s.mailboxMax, s.ipamUsed, s.ipamFree, s.identities, s.deleteQueue, s.proxyWaits, s.refused, s.rbPending, s.rbBehind, s.rbCoalesced, s.mapFull, s.mapEntries, s.mapMax,
 		s.tdPending, s.tdMax, s.tdSync} {
 		ch <- d
 	}
@@ -356,5 +377,10 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 		for reason, n := range byReason {
 			ch <- prometheus.MustNewConstMetric(s.refused, prometheus.CounterValue, float64(n), src, reason)
 		}
+	}
+	for src, b := range smp.RemoteBacklog {
+		gauge(s.rbPending, float64(b.Pending), src)
+		gauge(s.rbBehind, b.BehindSeconds, src)
+		ch <- prometheus.MustNewConstMetric(s.rbCoalesced, prometheus.CounterValue, float64(b.Coalesced), src)
 	}
 }

@@ -278,6 +278,17 @@ type KvstoreStatus struct {
 	Published       int `json:"published"`
 	RemoteEndpoints int `json:"remote-endpoints"`
 	RemoteNodes     int `json:"remote-nodes"`
+	// Behind is true while the other nodes' endpoint changes wait longer
+	// than the agent's threshold (5 s) to reach the ipcache: the agent
+	// cannot keep up with the cluster's churn (or the ipcache is slow)
+	// and queues them. RemotePending counts the addresses whose change
+	// waits (a later change to an address replaces its earlier one),
+	// RemoteBehindSeconds is the age of the oldest, and
+	// RemoteMaxBehindSeconds the largest seen since the agent started.
+	Behind                 bool    `json:"behind,omitempty"`
+	RemotePending          int     `json:"remote-pending,omitempty"`
+	RemoteBehindSeconds    float64 `json:"remote-behind-seconds,omitempty"`
+	RemoteMaxBehindSeconds float64 `json:"remote-max-behind-seconds,omitempty"`
 }
 
 // L7ProxyStatus reports the L7 proxy process and its configuration
