@@ -131,7 +131,14 @@ func benchRemote(t *testing.T, iptables string, n int) {
 	upsertSvc(t, nodeA, 2, "192.168.93.1:30080", service.TCP, true, false, 0, "10.244.60.130:8080")
 	upsertSvc(t, nodeA, 3, "192.168.93.1:30090", service.TCP, true, false, 0, "10.244.60.130:9000")
 	kubeProxyRules(t, hostA, nlA, iptables, "10.244.60.130")
-	lat := map[string][]time.Duration{}
+	// The connects of the two arms alternate one by one, so that a stall
+	// of the machine (this 2-core VM under load) falls on both alike: run
+	// in blocks of n per arm, as before, a burst of stalls during one
+	// block put its arm's p99 (the 25th worst of 2,500) anywhere from
+	// 0.6x to 3.2x the other's (docs/faults.md, issue 38).
+	// MEMBRANE_KPR_BLOCKS=1 measures the blocks too, in the same rounds.
+	blocks := os.Getenv("MEMBRANE_KPR_BLOCKS") != ""
+	lat, blockLat := map[string][]time.Duration{}, map[string][]time.Duration{}
 	mbps := map[string][]float64{}
 	for round := range 5 {
 		cases := []struct{ name, addr, stream string }{
@@ -140,18 +147,30 @@ func benchRemote(t *testing.T, iptables string, n int) {
 		if round%2 == 1 {
 			slices.Reverse(cases)
 		}
+		d := clientConnectsAlternating(t, client, []string{cases[0].addr, cases[1].addr}, n)
+		for i, c := range cases {
+			lat[c.name] = append(lat[c.name], d[i]...)
+			t.Logf("round %d NodePort to a remote backend via %s: connect %s (alternating)", round, c.name, pcts(d[i]))
+		}
 		for _, c := range cases {
-			d := clientConnects(t, client, c.addr, n)
+			if blocks {
+				b := clientConnects(t, client, c.addr, n)
+				blockLat[c.name] = append(blockLat[c.name], b...)
+				t.Logf("round %d NodePort to a remote backend via %s: connect %s (a block of %d)", round, c.name, pcts(b), n)
+			}
 			m := clientStream(t, client, c.stream, 1<<30)
-			lat[c.name] = append(lat[c.name], d...)
 			mbps[c.name] = append(mbps[c.name], m)
-			t.Logf("round %d NodePort to a remote backend via %s: connect %s; one stream %.0f MB/s", round, c.name, pcts(d), m)
+			t.Logf("round %d NodePort to a remote backend via %s: one stream %.0f MB/s", round, c.name, m)
 		}
 	}
 	pa, pk := pct(lat["Membrane"], 0.5), pct(lat["kube-proxy"], 0.5)
 	qa, qk := pct(lat["Membrane"], 0.99), pct(lat["kube-proxy"], 0.99)
 	mm, mk := median(mbps["Membrane"]), median(mbps["kube-proxy"])
 	t.Logf("SUMMARY NodePort remote backend connect Membrane vs kube-proxy: p50 %v vs %v = %.2f, p99 %v vs %v = %.2f", pa, pk, float64(pa)/float64(pk), qa, qk, float64(qa)/float64(qk))
+	if blocks {
+		ba, bk := pct(blockLat["Membrane"], 0.99), pct(blockLat["kube-proxy"], 0.99)
+		t.Logf("SUMMARY NodePort remote backend connect in blocks (the old method), p99 %v vs %v = %.2f", ba, bk, float64(ba)/float64(bk))
+	}
 	t.Logf("SUMMARY NodePort remote backend one stream, median of 5: Membrane %.0f MB/s vs kube-proxy %.0f MB/s = %.2f", mm, mk, mm/mk)
 	c, err := nodeA.DropCounters(ctx)
 	if err != nil {
@@ -279,6 +298,30 @@ func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) []tim
 		return nil
 	}); err != nil {
 		t.Fatalf("connect %s: %v", addr, err)
+	}
+	return d
+}
+
+// clientConnectsAlternating times n connects to each of addrs, one to
+// each in turn; d[i] are addrs[i]'s.
+func clientConnectsAlternating(t *testing.T, client *testutil.NS, addrs []string, n int) [][]time.Duration {
+	t.Helper()
+	d := make([][]time.Duration, len(addrs))
+	if err := client.Do(func() error {
+		for range n {
+			for i, addr := range addrs {
+				start := time.Now()
+				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("connect %s: %w", addr, err)
+				}
+				d[i] = append(d[i], time.Since(start))
+				c.Close()
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	return d
 }
