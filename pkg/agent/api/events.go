@@ -93,7 +93,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		// A client that stops reading fails the write within WriteTimeout
 		// and the stream ends, instead of holding the handler (and the
 		// agent's shutdown) for as long as it does not read.
-		if rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) != nil {
+		if !s.extendWrite(rc) {
 			return
 		}
 		if err := writeReady(bw, sub, types); err != nil {
@@ -111,6 +111,32 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		case <-s.streamsDone:
 			return
 		}
+	}
+}
+
+// beforeExtendWrite, when set (tests), runs before a stream extends its
+// write deadline.
+var beforeExtendWrite func()
+
+// extendWrite gives a stream's next writes WriteTimeout, unless the
+// server is shutting down: false then, and the stream ends. The check
+// follows the extension: abortOnShutdown's deadline, set once streamsDone
+// is closed, must never be overwritten by an extension made after it
+// (a stream woken by an event just before Shutdown, writing to a client
+// that does not read, then held the shutdown for WriteTimeout: the
+// TestStalledStreamShutdown flake).
+func (s *Server) extendWrite(rc *http.ResponseController) bool {
+	if beforeExtendWrite != nil {
+		beforeExtendWrite()
+	}
+	if rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) != nil {
+		return false
+	}
+	select {
+	case <-s.streamsDone:
+		return false
+	default:
+		return true
 	}
 }
 

@@ -68,7 +68,7 @@ func (s *Server) followFlows(w http.ResponseWriter, r *http.Request, st *flows.S
 	enc := json.NewEncoder(bw)
 	send := func(fl models.Flow) error { return enc.Encode(models.FlowStreamLine{Flow: &fl}) }
 	flush := func() bool {
-		return rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) == nil && bw.Flush() == nil && rc.Flush() == nil
+		return s.extendWrite(rc) && bw.Flush() == nil && rc.Flush() == nil
 	}
 	for _, fl := range stored {
 		if send(fl) != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,6 +109,59 @@ func TestStalledStreamShutdown(t *testing.T) {
 	defer cancel()
 	if err := e.agent.Stop(ctx); err != nil {
 		t.Fatalf("stop with a stream that does not read: %v", err)
+	}
+}
+
+// TestStalledStreamShutdownWoken: the flake of TestStalledStreamShutdown
+// (once under load 20+), forced: a stream woken by events just before
+// Shutdown extends its write deadline only after Shutdown set it to now,
+// then writes to a client that does not read. The extension must not
+// undo the abort (Stop held for WriteTimeout, an hour here, before).
+func TestStalledStreamShutdownWoken(t *testing.T) {
+	e := startHandlersAgent(t, func(c *agent.Config) { c.API.WriteTimeout = time.Hour })
+	conn, err := net.Dial("unix", e.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.Write([]byte("GET /v1/events HTTP/1.1\r\nHost: membrane\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	hub := e.agent.System.Events()
+	testutil.Eventually(t, "the stream subscribed", func() bool { return hub.Subscribers() == 1 })
+	// The stream now waits for events; the next extension is held until
+	// Shutdown has begun.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	undo := api.SetBeforeExtendWrite(func() {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	})
+	t.Cleanup(undo)
+	big := strings.Repeat("x", 4096)
+	for range events.DefaultCapacity { // more than the socket buffers hold
+		hub.Publish(events.Event{Type: events.DatapathDrop, Message: big})
+	}
+	<-held
+	ctx, cancel := context.WithTimeout(context.Background(), apiWait)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.agent.Stop(ctx) }()
+	// Shutdown has begun once the socket refuses connections; the
+	// abort's deadline is set at once after.
+	testutil.Eventually(t, "the listener closed", func() bool {
+		c, err := net.Dial("unix", e.socket)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop with a woken stream that does not read: %v", err)
 	}
 }
 
