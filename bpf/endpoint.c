@@ -301,6 +301,7 @@ struct pkt {
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
 	__u8 bits;     /* PKT_* (in the padding) */
+	__u8 tcp_flags; /* TCP: the header's flags byte (0: not read) */
 	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
@@ -324,17 +325,25 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
-	__u8 hdr[8];
+	__u8 hdr[14];
 
 	p->l4off = off;
 	if (p->frag)
 		return PARSE_OK;
 	switch (p->proto) {
 	case IPPROTO_TCP:
+		/* The flags too, in the same load (a header cut short of
+		 * them still parses, as before, without them). */
+		if (!bpf_skb_load_bytes(skb, off, hdr, 14)) {
+			p->tcp_flags = hdr[13];
+			goto ports;
+		}
+		/* fallthrough */
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
 		if (bpf_skb_load_bytes(skb, off, hdr, 4))
 			return PARSE_BAD;
+	ports:
 		__builtin_memcpy(&p->sport, &hdr[0], 2);
 		__builtin_memcpy(&p->dport, &hdr[2], 2);
 		p->policy_port = bpf_ntohs(p->dport);
@@ -661,16 +670,6 @@ static __always_inline __u32 ct_flags(struct pkt *p)
 	return f;
 }
 
-/* tcp_flags returns the flags byte of p's TCP header (0: none read). */
-static __always_inline __u8 tcp_flags(struct __sk_buff *skb, struct pkt *p)
-{
-	__u8 f = 0;
-
-	if (p->proto == IPPROTO_TCP && !p->frag)
-		bpf_skb_load_bytes(skb, p->l4off + 13, &f, 1);
-	return f;
-}
-
 #define TCP_F_SYN 0x02
 #define TCP_F_ACK 0x10
 
@@ -678,11 +677,11 @@ static __always_inline __u8 tcp_flags(struct __sk_buff *skb, struct pkt *p)
  * connection (CT_F_OPENED): a TCP SYN without ACK, or anything not TCP
  * (UDP, ICMP echo, SCTP: nothing tells their first packet from a later
  * one). */
-static __always_inline int opens_conn(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int opens_conn(struct pkt *p)
 {
 	if (p->proto != IPPROTO_TCP)
 		return 1;
-	return (tcp_flags(skb, p) & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
+	return (p->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
 }
 
 /* ct_record creates or refreshes the connection of p in direction dir;
@@ -978,9 +977,9 @@ static __always_inline int proxy_upstream(struct __sk_buff *skb, struct pkt *p)
  * packet skips proxy_upstream's socket lookup, as a conntrack reply
  * already does. A SYN (the sender's SYN-ACK of an upstream connection
  * whose tuple a stale entry holds) still gets the lookup. */
-static __always_inline int direct_established(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int direct_established(struct pkt *p)
 {
-	return (p->bits & PKT_DIRECT) && !(tcp_flags(skb, p) & TCP_F_SYN);
+	return (p->bits & PKT_DIRECT) && !(p->tcp_flags & TCP_F_SYN);
 }
 
 /* redirect sends an allowed packet of the original direction to the
@@ -1307,8 +1306,6 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (to_tunnel_port(&p))
 			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
-	if (dir == DIR_EGRESS && !p.frag && opens_conn(skb, &p))
-		p.bits |= PKT_OPENS;
 	now = bpf_ktime_get_ns();
 	r = p.frag ? 0 : ct_is_reply(&p, dir, now);
 	if (r) {
@@ -1318,7 +1315,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return lb_hairpin_redirect(skb, 0);
 		return lb_out(skb, &p, dir, r);
 	}
-	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && !direct_established(skb, &p) &&
+	if (dir == DIR_EGRESS && !p.frag && opens_conn(&p))
+		p.bits |= PKT_OPENS;
+	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && !direct_established(&p) &&
 	    proxy_upstream(skb, &p))
 		/* An answer to the proxy's upstream connection from the pod's
 		 * address: to the proxy's socket (proxy_sock finds it by its
