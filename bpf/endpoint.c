@@ -322,6 +322,7 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_NODEPORT 8 /* from_netdev translated it for this pod (MARK_NODEPORT_MAGIC) */
 #define PKT_DIRECT 16  /* a local pod's from_container delivered it (MARK_DIRECT_MAGIC) */
 #define PKT_OPENS 32   /* from the pod: it begins a connection (opens_conn; CT_F_OPENED) */
+#define PKT_UNENFORCED 64 /* the endpoint's flags say dir has no enforce entry (ENDPOINT_F_ENFORCE_KNOWN) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -465,7 +466,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return PARSE_NOT_IP;
 }
 
-static __always_inline int enforced(void *policy, __u8 dir)
+/* enforce_entry reports whether policy holds the enforce entry of
+ * direction dir. */
+static __always_inline int enforce_entry(void *policy, __u8 dir)
 {
 	struct policy_key k = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -474,6 +477,14 @@ static __always_inline int enforced(void *policy, __u8 dir)
 	};
 
 	return bpf_map_lookup_elem(policy, &k) != NULL;
+}
+
+/* enforced reports whether direction dir of p's endpoint, whose policy
+ * map is policy, is enforced: the map's enforce entry, not looked up
+ * when the endpoint's flags say there is none (PKT_UNENFORCED). */
+static __always_inline int enforced(void *policy, struct pkt *p, __u8 dir)
+{
+	return !(p->bits & PKT_UNENFORCED) && enforce_entry(policy, dir);
 }
 
 static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
@@ -1265,6 +1276,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
 	p.bits = ep->flags & ENDPOINT_F_AUDIT ? PKT_AUDIT : 0;
+	if ((ep->flags & ENDPOINT_F_ENFORCE_KNOWN) &&
+	    !(ep->flags & (dir == DIR_INGRESS ? ENDPOINT_F_ENFORCE_INGRESS : ENDPOINT_F_ENFORCE_EGRESS)))
+		p.bits |= PKT_UNENFORCED;
 	if (dir == DIR_INGRESS && skb->mark == MARK_NODEPORT_MAGIC)
 		p.bits |= PKT_NODEPORT;
 	if (dir == DIR_INGRESS && skb->mark == MARK_DIRECT_MAGIC)
@@ -1274,12 +1288,12 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
 		return drop(skb, &p, dir, DROP_INVALID_SOURCE, 0);
 	if (r == PARSE_NOT_IP) {
-		if (p.l3proto == ETH_P_ARP || !enforced(pol, dir))
+		if (p.l3proto == ETH_P_ARP || !enforced(pol, &p, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	}
 	if (r == PARSE_BAD) {
-		if (!enforced(pol, dir))
+		if (!enforced(pol, &p, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_MALFORMED, 0);
 	}
@@ -1326,7 +1340,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	/* The host sends to the pod: the host's egress policy first. */
 	if (dir == DIR_INGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
 		return TC_ACT_SHOT;
-	if (enforced(pol, dir)) {
+	if (enforced(pol, &p, dir)) {
 		p.bits |= PKT_ENFORCED;
 		/* r: the drop reason of a would-be drop (0: allowed). */
 		r = 0;

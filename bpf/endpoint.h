@@ -120,6 +120,17 @@ struct endpoint_info {
  * entry allows it, or a deny entry matches) passes and is reported as
  * DROP_POLICY_AUDIT. Fragments without an entry are still dropped. */
 #define ENDPOINT_F_AUDIT 4
+/* ENDPOINT_F_ENFORCE_KNOWN: the agent keeps ENDPOINT_F_ENFORCE_INGRESS
+ * and _EGRESS so that a direction whose flag is clear has no enforce
+ * entry ({POLICY_ENFORCE_IDENTITY, dir}) in the endpoint's policy map,
+ * and the programs skip that lookup: it sets a direction's flag before
+ * it writes the entry and clears it after it deleted it
+ * (datapath/bpf_epinfo_linux.go). A set flag still looks the entry up.
+ * Without KNOWN (an earlier build's entry, the host endpoint's) the
+ * lookup alone decides. */
+#define ENDPOINT_F_ENFORCE_KNOWN 8
+#define ENDPOINT_F_ENFORCE_INGRESS 16
+#define ENDPOINT_F_ENFORCE_EGRESS 32
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
  * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4
