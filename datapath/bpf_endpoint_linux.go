@@ -82,7 +82,7 @@ type bpfEndpoint struct {
 	// a superset of the directions the policy map enforces.
 	enf     uint32
 	ifindex int
-	legacy   bool
+	legacy  bool
 	// links are the endpoint's TCX links (from, to; nil: legacy, or not
 	// attached yet), held open besides their pins: a pin removed under
 	// the agent (rm -rf of the bpffs directory) would otherwise release
