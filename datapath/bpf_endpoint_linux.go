@@ -230,17 +230,16 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		l.phase(PhaseBPFMaps, start)
 		start = time.Now()
 	}
-	// The entry first says both directions may be enforced: the sync
-	// may write an enforce entry (failing closed: both), which the
-	// programs would not look up otherwise.
+	// The entry says a direction may be enforced before the sync writes
+	// its enforce entry, which the programs would not look up otherwise
+	// (failClosed raises both itself).
 	if !e.attached {
-		// A previous agent's entry, whatever it says.
+		// A previous agent's entry, whatever it says: both.
 		if err := b.raiseEnforceFlags(ep.ID, ifindex); err != nil {
 			return err
 		}
-	} else if want := ep.Policy; (want == nil && e.have != noPolicy || want != nil && e.have != want) &&
-		e.enf != endpointFlagsEnforce {
-		if err := l.writeEndpointInfo(e, ep.ID, e.identity, e.addrs, e.audit, endpointFlagsEnforce); err != nil {
+	} else if want := enforceFlags(ep.Policy); want&^e.enf != 0 {
+		if err := l.writeEndpointInfo(e, ep.ID, e.identity, e.addrs, e.audit, e.enf|want); err != nil {
 			return err
 		}
 	}
