@@ -41,7 +41,9 @@
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
  *      (conntrack hit on the reversed tuple) passes;
- *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}), the
+ *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}; not
+ *      looked up when the endpoint's entry says dir is not,
+ *      ENDPOINT_F_ENFORCE_KNOWN), the
  *      first policy entry found in policy.Lookups order (exact, port
  *      wildcard, L3-only, then the same with peer 0 = any) decides if it
  *      denies (DROP_POLICY_DENY), and so does a CIDR deny group holding

@@ -131,7 +131,15 @@
 // Policy-only changes never reload a program. Enforcement per direction is
 // an entry of the policy map (`{0xffffffff, dir}`), not a program
 // constant; Realize diffs the wanted `MapState` against what the map holds
-// (enforcement off first, adds, removes, enforcement on last). No endpoint
+// (enforcement off first, adds, removes, enforcement on last). The
+// endpoint's `endpoints` entry also says which directions may be enforced
+// (`ENDPOINT_F_ENFORCE_KNOWN` with `_INGRESS`, `_EGRESS`), so that the
+// programs skip the enforce entry's lookup, per packet, for the others:
+// Realize sets a direction's flag before the sync writes its enforce
+// entry (`failClosed` sets both before its deny-all) and clears it after
+// the sync removed it; an entry without `KNOWN` (an earlier build's, a
+// previous agent's at its first realize, the host endpoint's) leaves it
+// to the lookup (`TestBPFEnforceFlags`). No endpoint
 // change loads a program: a new identity rewrites the endpoint's
 // `endpoints` entry, a new interface writes one and attaches the node's
 // programs there.
