@@ -41,7 +41,9 @@
  * Verdict for an IP packet, in direction dir of endpoint ep:
  *   1. a reply of a connection ep saw first in the other direction
  *      (conntrack hit on the reversed tuple) passes;
- *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}), the
+ *   2. if dir is enforced (policy map entry {ENFORCE, dir, 0, 0}; not
+ *      looked up when the endpoint's entry says dir is not,
+ *      ENDPOINT_F_ENFORCE_KNOWN), the
  *      first policy entry found in policy.Lookups order (exact, port
  *      wildcard, L3-only, then the same with peer 0 = any) decides if it
  *      denies (DROP_POLICY_DENY), and so does a CIDR deny group holding
@@ -301,6 +303,7 @@ struct pkt {
 	__u8 ndp;  /* essential ICMPv6: neighbour discovery, MLD, errors */
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
 	__u8 bits;     /* PKT_* (in the padding) */
+	__u8 tcp_flags; /* TCP: the header's flags byte (0: not read) */
 	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
@@ -320,20 +323,30 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_ENFORCED 4 /* the direction is policy-enforced (flow_report) */
 #define PKT_NODEPORT 8 /* from_netdev translated it for this pod (MARK_NODEPORT_MAGIC) */
 #define PKT_DIRECT 16  /* a local pod's from_container delivered it (MARK_DIRECT_MAGIC) */
+#define PKT_OPENS 32   /* from the pod: it begins a connection (opens_conn; CT_F_OPENED) */
+#define PKT_UNENFORCED 64 /* the endpoint's flags say dir has no enforce entry (ENDPOINT_F_ENFORCE_KNOWN) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
-	__u8 hdr[8];
+	__u8 hdr[14];
 
 	p->l4off = off;
 	if (p->frag)
 		return PARSE_OK;
 	switch (p->proto) {
 	case IPPROTO_TCP:
+		/* The flags too, in the same load (a header cut short of
+		 * them still parses, as before, without them). */
+		if (!bpf_skb_load_bytes(skb, off, hdr, 14)) {
+			p->tcp_flags = hdr[13];
+			goto ports;
+		}
+		/* fallthrough */
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
 		if (bpf_skb_load_bytes(skb, off, hdr, 4))
 			return PARSE_BAD;
+	ports:
 		__builtin_memcpy(&p->sport, &hdr[0], 2);
 		__builtin_memcpy(&p->dport, &hdr[2], 2);
 		p->policy_port = bpf_ntohs(p->dport);
@@ -455,7 +468,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return PARSE_NOT_IP;
 }
 
-static __always_inline int enforced(void *policy, __u8 dir)
+/* enforce_entry reports whether policy holds the enforce entry of
+ * direction dir. */
+static __always_inline int enforce_entry(void *policy, __u8 dir)
 {
 	struct policy_key k = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -464,6 +479,14 @@ static __always_inline int enforced(void *policy, __u8 dir)
 	};
 
 	return bpf_map_lookup_elem(policy, &k) != NULL;
+}
+
+/* enforced reports whether direction dir of p's endpoint, whose policy
+ * map is policy, is enforced: the map's enforce entry, not looked up
+ * when the endpoint's flags say there is none (PKT_UNENFORCED). */
+static __always_inline int enforced(void *policy, struct pkt *p, __u8 dir)
+{
+	return !(p->bits & PKT_UNENFORCED) && enforce_entry(policy, dir);
 }
 
 static __always_inline __u32 peer_identity(struct pkt *p, __u8 dir)
@@ -579,6 +602,7 @@ static __always_inline int older_than(__u64 t, __u64 now, __u64 age)
 /* CT_HIT in what ct_is_reply returns: the packet is a reply; the low
  * bits are its entry's CT_F_* flags. */
 #define CT_HIT 0x100
+#define CT_NEW 0x200 /* ct_record created the entry */
 
 /* ct_is_reply reports whether p is a reply of a connection the endpoint
  * saw first in the other direction, refreshing it: 0 if not, else
@@ -654,13 +678,32 @@ static __always_inline __u32 ct_flags(struct pkt *p)
 		f |= CT_F_NODEPORT;
 	if (p->bits & PKT_DIRECT)
 		f |= CT_F_DIRECT;
+	if (p->bits & PKT_OPENS)
+		f |= CT_F_OPENED;
 	return f;
 }
 
+#define TCP_F_SYN 0x02
+#define TCP_F_ACK 0x10
+
+/* opens_conn reports whether p, which the pod sends, begins a
+ * connection (CT_F_OPENED): a TCP SYN without ACK, or anything not TCP
+ * (UDP, ICMP echo, SCTP: nothing tells their first packet from a later
+ * one). */
+static __always_inline int opens_conn(struct pkt *p)
+{
+	if (p->proto != IPPROTO_TCP)
+		return 1;
+	return (p->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
+}
+
 /* ct_record creates or refreshes the connection of p in direction dir;
- * it returns 1 when it created the entry (a new connection: flow_report).
+ * it returns CT_NEW when it created the entry (a new connection:
+ * flow_report), or'ed with the entry's CT_F_OPENED (lb_out).
  * The entry's flags become p's (ct_flags): whether the replies are
- * reverse-translated follows the packets of the original direction.
+ * reverse-translated follows the packets of the original direction;
+ * CT_F_OPENED stays from the packet that created the entry (or a later
+ * one that opens a connection with the same tuple).
  * Not inlined: the stack of the programs that call it stays within the
  * verifier's bound. */
 static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
@@ -682,12 +725,13 @@ static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 	if (v) {
 		v->last_seen = now;
 		__sync_fetch_and_add(&v->packets, 1);
+		nv.flags |= v->flags & CT_F_OPENED;
 		if (v->flags != nv.flags)
 			v->flags = nv.flags;
-		return 0;
+		return nv.flags & CT_F_OPENED;
 	}
 	bpf_map_update_elem(&ct, &k, &nv, BPF_ANY);
-	return 1;
+	return CT_NEW | (nv.flags & CT_F_OPENED);
 }
 
 /* flow_lost counts a notification the ring had no room for. */
@@ -934,6 +978,23 @@ static __always_inline int proxy_upstream(struct __sk_buff *skb, struct pkt *p)
 	return ours;
 }
 
+/* direct_established reports whether p, on its way to the pod, is a
+ * TCP packet without SYN that a local pod's from_container delivered
+ * directly (PKT_DIRECT): with CT_F_OPENED or CT_F_DIRECT, only a packet
+ * of a connection the sender's conntrack holds as begun by a SYN from
+ * one of the two pods (lb_out) gets there. The L7 proxy's upstream
+ * connections from this pod's address never are one: the proxy's
+ * packets reach the sender through the host's stack (not marked), so
+ * the sender's entry of that tuple lacks CT_F_DIRECT, and the sender's
+ * answers, which begin nothing, cannot create a CT_F_OPENED one. Such a
+ * packet skips proxy_upstream's socket lookup, as a conntrack reply
+ * already does. A SYN (the sender's SYN-ACK of an upstream connection
+ * whose tuple a stale entry holds) still gets the lookup. */
+static __always_inline int direct_established(struct pkt *p)
+{
+	return (p->bits & PKT_DIRECT) && !(p->tcp_flags & TCP_F_SYN);
+}
+
 /* redirect sends an allowed packet of the original direction to the
  * proxy at port. */
 static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 port, __u8 dir, __u32 peer)
@@ -1025,7 +1086,8 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* lb_out finishes a passing packet whose conntrack answer is ct
- * (ct_is_reply's; 0: not a reply): a reply reaching the pod from a
+ * (ct_is_reply's: CT_HIT and the flags; else not a reply, and ct is
+ * ct_record's CT_F_OPENED or 0): a reply reaching the pod from a
  * service backend gets the service frontend as its source (lb.h); a
  * backend's reply to a NodePort client from outside goes on in
  * nodeport_reply (a tail call; without the kube-proxy-free mode the slot
@@ -1041,9 +1103,13 @@ static __always_inline int lb_out(struct __sk_buff *skb, struct pkt *p, __u8 dir
 		skb->mark = MARK_FROM_ENDPOINT_MAGIC;
 		if (ct_reverse(ct, CT_F_NODEPORT) && lb_nodeport_reply(p))
 			bpf_tail_call(skb, &lb_progs, LB_PROG_NODEPORT_REPLY);
-		/* A packet of the original direction, or the reply of a
-		 * connection whose requests came the same way. */
-		if (!(ct & CT_HIT) || (ct & CT_F_DIRECT))
+		/* A packet of a connection the pod opened (its entry
+		 * began with a SYN, or is not TCP), or the reply of a
+		 * connection whose requests came the same way. A TCP
+		 * packet of a connection conntrack lost mid-way (evicted)
+		 * may answer a request netfilter translated: through the
+		 * host's stack, which reverses it. */
+		if ((ct & CT_HIT) ? (ct & CT_F_DIRECT) : (ct & CT_F_OPENED))
 			return local_deliver(skb, p);
 		return TC_ACT_OK;
 	}
@@ -1212,6 +1278,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		/* Fail closed: no policy is known for this interface. */
 		return drop(skb, &p, dir, DROP_NO_ENDPOINT, 0);
 	p.bits = ep->flags & ENDPOINT_F_AUDIT ? PKT_AUDIT : 0;
+	if ((ep->flags & ENDPOINT_F_ENFORCE_KNOWN) &&
+	    !(ep->flags & (dir == DIR_INGRESS ? ENDPOINT_F_ENFORCE_INGRESS : ENDPOINT_F_ENFORCE_EGRESS)))
+		p.bits |= PKT_UNENFORCED;
 	if (dir == DIR_INGRESS && skb->mark == MARK_NODEPORT_MAGIC)
 		p.bits |= PKT_NODEPORT;
 	if (dir == DIR_INGRESS && skb->mark == MARK_DIRECT_MAGIC)
@@ -1221,12 +1290,12 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
 		return drop(skb, &p, dir, DROP_INVALID_SOURCE, 0);
 	if (r == PARSE_NOT_IP) {
-		if (p.l3proto == ETH_P_ARP || !enforced(pol, dir))
+		if (p.l3proto == ETH_P_ARP || !enforced(pol, &p, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	}
 	if (r == PARSE_BAD) {
-		if (!enforced(pol, dir))
+		if (!enforced(pol, &p, dir))
 			return TC_ACT_OK;
 		return drop(skb, &p, dir, DROP_MALFORMED, 0);
 	}
@@ -1262,7 +1331,10 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			return lb_hairpin_redirect(skb, 0);
 		return lb_out(skb, &p, dir, r);
 	}
-	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && proxy_upstream(skb, &p))
+	if (dir == DIR_EGRESS && !p.frag && opens_conn(&p))
+		p.bits |= PKT_OPENS;
+	if (dir == DIR_INGRESS && p.proto == IPPROTO_TCP && !p.frag && !direct_established(&p) &&
+	    proxy_upstream(skb, &p))
 		/* An answer to the proxy's upstream connection from the pod's
 		 * address: to the proxy's socket (proxy_sock finds it by its
 		 * tuple), past the pod's policy: the proxy decided. */
@@ -1270,7 +1342,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	/* The host sends to the pod: the host's egress policy first. */
 	if (dir == DIR_INGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
 		return TC_ACT_SHOT;
-	if (enforced(pol, dir)) {
+	if (enforced(pol, &p, dir)) {
 		p.bits |= PKT_ENFORCED;
 		/* r: the drop reason of a would-be drop (0: allowed). */
 		r = 0;
@@ -1309,10 +1381,10 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 			 * live across the call (the verifier's stack bound). */
 			if (dir == DIR_EGRESS && host_local(skb, &p, dir) != TC_ACT_OK)
 				return TC_ACT_SHOT;
-			ct_record(&p, dir, bpf_ktime_get_ns());
+			r = ct_record(&p, dir, bpf_ktime_get_ns());
 			if (hairpin)
 				return lb_hairpin_redirect(skb, p.identity);
-			return lb_out(skb, &p, dir, 0);
+			return lb_out(skb, &p, dir, r & CT_F_OPENED);
 		}
 	}
 	/* The pod sends to the host: the host's ingress policy after the
@@ -1324,7 +1396,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		 * proxy's upstream connection, which shares the tuple, cross
 		 * the host's stack to its socket. */
 		p.bits &= ~PKT_DIRECT;
-	if (!p.frag && ct_record(&p, dir, now))
+	r = p.frag ? 0 : ct_record(&p, dir, now);
+	if (r & CT_NEW)
 		/* A new connection: its flow (a hairpin goes back into the
 		 * pod, never to the proxy). */
 		flow_report(skb, &p, dir,
@@ -1337,7 +1410,7 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		return lb_hairpin_redirect(skb, p.identity);
 	if (proxy_port && !p.frag)
 		return redirect(skb, &p, proxy_port, dir, peer);
-	return lb_out(skb, &p, dir, 0);
+	return lb_out(skb, &p, dir, r & CT_F_OPENED);
 }
 
 SEC("tc")

@@ -120,6 +120,17 @@ struct endpoint_info {
  * entry allows it, or a deny entry matches) passes and is reported as
  * DROP_POLICY_AUDIT. Fragments without an entry are still dropped. */
 #define ENDPOINT_F_AUDIT 4
+/* ENDPOINT_F_ENFORCE_KNOWN: the agent keeps ENDPOINT_F_ENFORCE_INGRESS
+ * and _EGRESS so that a direction whose flag is clear has no enforce
+ * entry ({POLICY_ENFORCE_IDENTITY, dir}) in the endpoint's policy map,
+ * and the programs skip that lookup: it sets a direction's flag before
+ * it writes the entry and clears it after it deleted it
+ * (datapath/bpf_epinfo_linux.go). A set flag still looks the entry up.
+ * Without KNOWN (an earlier build's entry, the host endpoint's) the
+ * lookup alone decides. */
+#define ENDPOINT_F_ENFORCE_KNOWN 8
+#define ENDPOINT_F_ENFORCE_INGRESS 16
+#define ENDPOINT_F_ENFORCE_EGRESS 32
 
 /* ipcache_key is an LPM trie key: prefixlen counts the 32 bits of
  * family+pad before addr (so prefixlen = 32 + prefix bits). IPv4
@@ -355,6 +366,15 @@ struct ct_key {
  *                 as the requests did, whose netfilter may have
  *                 translated the requests (kube-proxy) and must see the
  *                 replies to reverse it.
+ *   CT_F_OPENED   (the pod's own connections, from_container) the entry
+ *                 was created by a packet that begins a connection: a TCP
+ *                 SYN without ACK, or anything not TCP. Kept by later
+ *                 packets. Only then are the connection's packets of the
+ *                 original direction delivered directly (local_deliver):
+ *                 a TCP packet of a connection the pod's conntrack lost
+ *                 (evicted; an entry from before an upgrade) may be the
+ *                 reply of a request netfilter translated (kube-proxy's
+ *                 DNAT), which only the host's stack reverses.
  * The earlier layout's packets was a __u64: on little-endian machines its
  * low half is today's packets and the high half (zero) today's flags, so
  * the pinned map is carried over as it is and its entries read as an
@@ -363,6 +383,7 @@ struct ct_key {
 #define CT_F_SVC 2
 #define CT_F_NODEPORT 4
 #define CT_F_DIRECT 8
+#define CT_F_OPENED 16
 
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */

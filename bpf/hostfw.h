@@ -136,7 +136,7 @@ static __noinline int host_verdict(struct __sk_buff *skb, struct pkt *p, __u8 di
 		return TC_ACT_OK;
 	if (forwarded)
 		goto pass;
-	if (enforced(pol, dir)) {
+	if (enforce_entry(pol, dir)) {
 		peer = peer_identity(p, dir);
 		if (host_safe_net(p, dir, peer))
 			goto pass;

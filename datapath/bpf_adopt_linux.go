@@ -33,6 +33,7 @@ func (l *Linux) adopt(e *bpfEndpoint, id endpoint.ID, dir string, ifindex int) {
 	}
 	if ids == l.bpf.progID {
 		e.attached, e.identity, e.addrs, e.ifindex = true, identity.NumericIdentity(v.Identity), infoAddrs(v), ifindex
+		e.audit, e.enf = v.Flags&endpointFlagAudit != 0, v.Flags&endpointFlagsEnforce
 	}
 }
 

@@ -78,8 +78,11 @@ type bpfEndpoint struct {
 	identity identity.NumericIdentity
 	addrs    epAddrs
 	audit    bool // the entry's ENDPOINT_F_AUDIT
-	ifindex  int
-	legacy   bool
+	// enf: the entry's ENDPOINT_F_ENFORCE_* flags (enforceFlags), kept
+	// a superset of the directions the policy map enforces.
+	enf     uint32
+	ifindex int
+	legacy  bool
 	// links are the endpoint's TCX links (from, to; nil: legacy, or not
 	// attached yet), held open besides their pins: a pin removed under
 	// the agent (rm -rf of the bpffs directory) would otherwise release
@@ -227,12 +230,27 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 		l.phase(PhaseBPFMaps, start)
 		start = time.Now()
 	}
+	// The entry says a direction may be enforced before the sync writes
+	// its enforce entry, which the programs would not look up otherwise
+	// (failClosed raises both itself).
+	if !e.attached {
+		// A previous agent's entry, whatever it says: both.
+		if err := b.raiseEnforceFlags(ep.ID, ifindex); err != nil {
+			return err
+		}
+	} else if want := enforceFlags(ep.Policy); want&^e.enf != 0 {
+		if err := l.writeEndpointInfo(e, ep.ID, e.identity, e.addrs, e.audit, e.enf|want); err != nil {
+			return err
+		}
+	}
 	if err := l.syncEndpointPolicy(e, ep); err != nil {
 		return err
 	}
 	l.phase(PhaseBPFPolicy, start)
 	addrs := addrsOf(ep)
-	if e.attached && e.identity == ep.Identity && e.addrs == addrs && e.audit == ep.PolicyAudit && e.ifindex == ifindex {
+	enf := enforceFlags(e.have)
+	if e.attached && e.identity == ep.Identity && e.addrs == addrs && e.audit == ep.PolicyAudit && e.ifindex == ifindex &&
+		e.enf == enf {
 		return nil
 	}
 	start = time.Now()
@@ -242,9 +260,11 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	if ep.PolicyAudit {
 		info.Flags |= endpointFlagAudit
 	}
+	info.Flags |= enf
 	if err := b.setEndpointInfo(info, ifindex, e.ifindex); err != nil {
 		return err
 	}
+	e.enf = enf
 	if e.staleSlot != 0 {
 		if err := l.releaseStaleSlot(e.staleSlot); err != nil {
 			return err
@@ -263,6 +283,21 @@ func (l *Linux) realizeBPF(ep *endpoint.Endpoint, ifindex int) error {
 	}
 	l.phase(PhaseBPFAttach, start)
 	e.attached, e.identity, e.addrs, e.audit, e.ifindex = true, ep.Identity, addrs, ep.PolicyAudit, ifindex
+	return nil
+}
+
+// writeEndpointInfo rewrites e's endpoints entry as it is but for the
+// enforce flags enf.
+func (l *Linux) writeEndpointInfo(e *bpfEndpoint, id endpoint.ID, ident identity.NumericIdentity, addrs epAddrs, audit bool, enf uint32) error {
+	info := endpointInfo(id, ident, e.slot, addrs)
+	if audit {
+		info.Flags |= endpointFlagAudit
+	}
+	info.Flags |= enf
+	if err := l.bpf.setEndpointInfo(info, e.ifindex, 0); err != nil {
+		return err
+	}
+	e.enf = enf
 	return nil
 }
 
@@ -438,6 +473,22 @@ func (b *bpfState) setEndpointInfo(v bpf.EndpointEndpointInfo, ifindex, old int)
 	}
 	if old != 0 && old != ifindex {
 		return b.deleteEndpointInfo(id, old)
+	}
+	return nil
+}
+
+// raiseEnforceFlags makes the endpoints entry of ifindex, if it is
+// endpoint id's and carries ENDPOINT_F_ENFORCE_KNOWN, say that both
+// directions may be enforced (before its policy map is synced).
+func (b *bpfState) raiseEnforceFlags(id endpoint.ID, ifindex int) error {
+	var v bpf.EndpointEndpointInfo
+	if err := b.maps.endpoints.Lookup(uint32(ifindex), &v); err != nil || v.Id != uint32(id) ||
+		v.Flags&endpointFlagEnforceKnown == 0 || v.Flags&endpointFlagsEnforce == endpointFlagsEnforce {
+		return nil
+	}
+	v.Flags |= endpointFlagsEnforce
+	if err := b.maps.endpoints.Update(uint32(ifindex), v, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("endpoint %d: endpoints entry of ifindex %d: %w", id, ifindex, err)
 	}
 	return nil
 }

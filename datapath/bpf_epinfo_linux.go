@@ -11,6 +11,7 @@ import (
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // endpoint_info.flags (bpf/endpoint.h): which of the entry's addresses
@@ -22,7 +23,30 @@ const (
 	// endpointFlagAudit (ENDPOINT_F_AUDIT): the endpoint's policy audit
 	// mode; what its policy would drop passes, reported as policy-audit.
 	endpointFlagAudit = 4
+	// endpointFlagEnforceKnown (ENDPOINT_F_ENFORCE_KNOWN): the entry's
+	// endpointFlagEnforceIngress and endpointFlagEnforceEgress say which
+	// directions may have the enforce entry in the policy map; a
+	// direction without its flag has none, and the programs skip its
+	// lookup. Set before the enforce entry is written, cleared after it
+	// is deleted (realizeBPF).
+	endpointFlagEnforceKnown   = 8
+	endpointFlagEnforceIngress = 16
+	endpointFlagEnforceEgress  = 32
+	endpointFlagsEnforce       = endpointFlagEnforceKnown | endpointFlagEnforceIngress | endpointFlagEnforceEgress
 )
+
+// enforceFlags are the ENDPOINT_F_ENFORCE_* flags of an endpoint whose
+// policy map enforces m.
+func enforceFlags(m *policy.MapState) uint32 {
+	f := uint32(endpointFlagEnforceKnown)
+	if m.Enforced(policy.Ingress) {
+		f |= endpointFlagEnforceIngress
+	}
+	if m.Enforced(policy.Egress) {
+		f |= endpointFlagEnforceEgress
+	}
+	return f
+}
 
 // epAddrs are the endpoint's addresses an endpoints entry holds (each
 // invalid when absent: a single-stack pod).

@@ -37,6 +37,14 @@ func (b *bpfState) policyFits(want *policy.MapState) error {
 // flags are written (two entries always fit), so it fails only if the
 // kernel refuses a write.
 func (l *Linux) failClosed(e *bpfEndpoint, id endpoint.ID) error {
+	// Both directions' enforce entries are about to be written: the
+	// endpoints entry says so first (ENDPOINT_F_ENFORCE_*).
+	if e.attached && e.enf != endpointFlagsEnforce {
+		if err := l.bpf.raiseEnforceFlags(id, e.ifindex); err != nil {
+			return fmt.Errorf("fail closed: %w", err)
+		}
+		e.enf = endpointFlagsEnforce
+	}
 	err := syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{denyAll, nil})
 	if err == nil {
 		e.have, e.ports = denyAll, nil

@@ -131,7 +131,15 @@
 // Policy-only changes never reload a program. Enforcement per direction is
 // an entry of the policy map (`{0xffffffff, dir}`), not a program
 // constant; Realize diffs the wanted `MapState` against what the map holds
-// (enforcement off first, adds, removes, enforcement on last). No endpoint
+// (enforcement off first, adds, removes, enforcement on last). The
+// endpoint's `endpoints` entry also says which directions may be enforced
+// (`ENDPOINT_F_ENFORCE_KNOWN` with `_INGRESS`, `_EGRESS`), so that the
+// programs skip the enforce entry's lookup, per packet, for the others:
+// Realize sets a direction's flag before the sync writes its enforce
+// entry (`failClosed` sets both before its deny-all) and clears it after
+// the sync removed it; an entry without `KNOWN` (an earlier build's, a
+// previous agent's at its first realize, the host endpoint's) leaves it
+// to the lookup (`TestBPFEnforceFlags`). No endpoint
 // change loads a program: a new identity rewrites the endpoint's
 // `endpoints` entry, a new interface writes one and attaches the node's
 // programs there.
@@ -224,7 +232,21 @@
 // a reply directly only with that flag; a request the host's stack
 // carried may have been translated by netfilter (kube-proxy's DNAT of a
 // ClusterIP to the pod), whose reply must cross the stack to be reversed
-// (`TestLocalDelivery`). Fragments, IPv6 packets with extension headers,
+// (`TestLocalDelivery`). A pod's own connection goes directly only when
+// its conntrack entry was created by a packet that begins one (a TCP SYN
+// without ACK, or anything not TCP: `CT_F_OPENED`, kept by the later
+// packets): when the backend's entry of a kube-proxy-translated
+// connection is evicted mid-way, its next segment would otherwise look
+// like a new connection of its own, be delivered directly and reach the
+// client from the backend's address; as it is, it crosses the host's
+// stack, whose conntrack reverses the DNAT (`TestLocalDeliveryLostConntrack`).
+// A UDP or ICMP reply whose entry was evicted cannot be told from a new
+// flow and still goes directly. A directly delivered TCP segment without
+// SYN skips to_container's L7-proxy socket lookup (`proxy_upstream`): the
+// sender's conntrack held it as a connection one of the two pods began,
+// which the proxy's upstream connections (from the node's stack, never
+// marked) are not; as a conntrack reply already does, the entry takes
+// precedence over a socket of the same tuple. Fragments, IPv6 packets with extension headers,
 // packets too big for the veth and TTLs running out go through the stack
 // (its reassembly must see all of a datagram; it answers with ICMP), as
 // does anything bound for the L7 proxy or a Service hairpin.

@@ -1,13 +1,23 @@
 package datapath_test
 
 import (
+	"bufio"
+	"encoding/binary"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/clients/cni"
 	"github.com/membrane-cni/membrane/pkg/testutil"
+	"github.com/membrane-cni/membrane/test/nodeharness"
 )
 
 // TestLocalDelivery checks the direct local delivery (bpf/endpoint.c,
@@ -103,4 +113,116 @@ func TestLocalDelivery(t *testing.T) {
 			t.Fatalf("%s answered for the kube-proxy frontend, want %s", name, podName(b))
 		}
 	}
+}
+
+// TestLocalDeliveryLostConntrack: a connection whose request leg the
+// host's netfilter translated (kube-proxy's DNAT of a ClusterIP to the
+// pod) loses the backend's conntrack entry mid-way (evicted: here
+// deleted), while the backend owes an answer. The answer begins nothing
+// (a TCP segment without SYN), so from_container must not deliver it
+// directly as if it opened a connection: the host's stack must see it,
+// whose netfilter reverses the DNAT, so that the client gets it from the
+// frontend and not from the backend's address (which its socket would
+// reset).
+func TestLocalDeliveryLostConntrack(t *testing.T) {
+	e := newEnvStack(t, "10.244.39.0/24", "fd00:244:39::/120")
+	startAgent(e, nil)
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "b", "k8s:app=b")
+	vip := netip.MustParseAddr("10.96.39.11")
+	be := b.ip(vip)
+
+	// A server in b that answers only when told to.
+	got, release := make(chan struct{}), make(chan struct{})
+	var ln net.Listener
+	if err := b.NS.Do(func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(be, 8080).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		r := bufio.NewReader(s)
+		for {
+			if _, err := r.ReadString('\n'); err != nil {
+				return
+			}
+			got <- struct{}{}
+			<-release
+			if _, err := s.Write([]byte(podName(b) + "\n")); err != nil {
+				return
+			}
+		}
+	}()
+	kubeProxyRules(t, e, vip, 80, be, be)
+
+	conn, err := a.dialService(vip, 80, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.c.Close()
+	ask := func(lose bool) {
+		t.Helper()
+		_ = conn.c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := conn.c.Write([]byte("who\n")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-got:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the request never reached the backend")
+		}
+		if lose {
+			if n := deleteCTOfPort(t, e, 8080); n == 0 {
+				t.Fatal("no conntrack entry of the backend's port to delete")
+			}
+		}
+		release <- struct{}{}
+		line, err := conn.r.ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != podName(b) {
+			t.Fatalf("answer %q, %v; want %s from the frontend %s:80", line, err, podName(b), vip)
+		}
+	}
+	ask(false)
+	ask(true) // the backend's entry lost between request and answer
+	ask(false)
+}
+
+// deleteCTOfPort deletes the conntrack entries (pinned at <bpffs>/ct) of
+// TCP connections from or to port and returns how many there were.
+func deleteCTOfPort(t *testing.T, e *nodeharness.Node, port uint16) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.BPFFS, "ct"), nil)
+	if err != nil {
+		t.Fatalf("open conntrack map: %v", err)
+	}
+	defer m.Close()
+	var (
+		k    bpf.EndpointCtKey
+		v    bpf.EndpointCtValue
+		keys []bpf.EndpointCtKey
+	)
+	p := binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, port)) // network order in memory
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Proto == 6 && (k.Sport == p || k.Dport == p) {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("read conntrack map: %v", err)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil {
+			t.Fatalf("delete conntrack entry: %v", err)
+		}
+	}
+	return len(keys)
 }
