@@ -284,22 +284,7 @@ func pcts(d []time.Duration) string {
 // clientConnects times n connects from the client netns to addr.
 func clientConnects(t *testing.T, client *testutil.NS, addr string, n int) []time.Duration {
 	t.Helper()
-	d := make([]time.Duration, 0, n)
-	if err := client.Do(func() error {
-		for range n {
-			start := time.Now()
-			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-			if err != nil {
-				return err
-			}
-			d = append(d, time.Since(start))
-			c.Close()
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("connect %s: %v", addr, err)
-	}
-	return d
+	return clientConnectsAlternating(t, client, []string{addr}, n)[0]
 }
 
 // clientConnectsAlternating times n connects to each of addrs, one to

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/pkg/agent"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // TestReleaseStartupPages: with Config.ReleaseStartupPages set, the
@@ -21,13 +22,9 @@ func TestReleaseStartupPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Stop(ctx10(t))
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(logs.String(), "start-up pages of the executable released") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no release logged within 30 s:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, "the release logged", func() bool {
+		return strings.Contains(logs.String(), "start-up pages of the executable released")
+	})
 	if n := strings.Count(logs.String(), "start-up pages of the executable"); n != 1 {
 		t.Fatalf("%d release lines, want 1", n)
 	}
