@@ -186,3 +186,72 @@ func TestLearnFQDNHeldUntilRealised(t *testing.T) {
 	}
 	h.fake.Set(datapath.FakeHooks{})
 }
+
+// TestLearnFQDNRealisedAnswer: an answer whose addresses the endpoint
+// realised already, with the very policy it still has, is released
+// without waiting (a cancelled context does not fail it) and renews the
+// TTL; a new address, a changed policy or a TTL about to end make it
+// wait again (that context fails it).
+func TestLearnFQDNRealisedAnswer(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	pols, err := policy.Parse([]byte(fqdnPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sys.ImportPolicy(ctx, pols); err != nil {
+		t.Fatal(err)
+	}
+	ep := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+	addr, addr2 := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
+	cancelled, stop := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer stop()
+	expires := func() time.Time {
+		es, err := h.sys.FQDNCache(ctx)
+		if err != nil || len(es) == 0 {
+			t.Fatalf("FQDNCache = %+v, %v", es, err)
+		}
+		return es[0].Expires
+	}
+	if err := h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour); err == nil {
+		t.Fatal("a first answer was released without waiting")
+	}
+	if err := h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	first := expires()
+	time.Sleep(10 * time.Millisecond)
+	if err := h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour); err != nil {
+		t.Fatalf("a realised answer waited: %v", err)
+	}
+	testutil.Eventually(t, "the released answer to renew the TTL", func() bool { return expires().After(first) })
+	if err := h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr, addr2}, time.Hour); err == nil {
+		t.Fatal("an answer with a new address was released without waiting")
+	}
+	if err := h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{addr, addr2}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr2}, time.Hour); err != nil {
+		t.Fatalf("a realised answer waited: %v", err)
+	}
+	// Another policy: the endpoint realises a new one, nothing is known
+	// realised for it.
+	pols2, err := policy.Parse([]byte(strings.Replace(fqdnPolicy, "name: fqdn", "name: fqdn2", 1) + "  - toCIDR: [198.51.100.0/24]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sys.ImportPolicy(ctx, pols2); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the endpoint to realise the new policy", func() bool {
+		return h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr}, time.Hour) != nil
+	})
+	// A TTL within the margin: the renewal could come too late, so wait.
+	if err := h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{addr}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sys.LearnFQDN(cancelled, ep.ID, "allowed.test", []netip.Addr{addr}, time.Second); err == nil {
+		t.Fatal("an answer whose TTL ends within the margin was released without waiting")
+	}
+}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/membrane-cni/membrane/messages"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/fqdn"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
+	"github.com/membrane-cni/membrane/pkg/domain/policy"
 )
 
 // maxFQDNAnswerIPs bounds the addresses of one DNS answer given to
@@ -47,8 +50,14 @@ func (s *System) LearnFQDN(ctx context.Context, id endpoint.ID, name string, ips
 	case row.Identity == identity.IdentityUnknown:
 		return fmt.Errorf("learn fqdn %s: endpoint %d: %w", name, id, ErrFQDNNoIdentity)
 	}
-	r, err := answer[*messages.PolicyFQDNLearned](s.ask(ctx, s.policy,
-		&messages.PolicyFQDNLearn{Endpoint: id, Identity: row.Identity, Name: name, IPs: ips, TTL: ttl}))
+	learn := &messages.PolicyFQDNLearn{Endpoint: id, Identity: row.Identity, Name: name, IPs: ips, TTL: ttl}
+	now := time.Now()
+	if s.fqdnSeen.realised(id, name, ips, row, now) {
+		// Nothing to wait for: the policy actor only renews the TTL.
+		s.Actors.Root.Send(s.policy, learn)
+		return nil
+	}
+	r, err := answer[*messages.PolicyFQDNLearned](s.ask(ctx, s.policy, learn))
 	if err == nil {
 		err = r.Err
 	}
@@ -59,12 +68,77 @@ func (s *System) LearnFQDN(ctx context.Context, id endpoint.ID, name string, ips
 		return fmt.Errorf("learn fqdn %s: ipcache: %w", name, err)
 	}
 	if row, ok := s.deps.ix.Endpoint(id); ok && row.State == endpoint.StateReady && row.Policy == r.Policy {
+		s.fqdnSeen.record(id, name, ips, r.Policy, now.Add(ttl))
 		return nil // realised already
 	}
 	if _, err := endpointAnswer(s.ask(ctx, s.endpoints, &messages.RegeneratePolicy{ID: id, Wait: true})); err != nil {
 		return fmt.Errorf("learn fqdn %s: %w", name, err)
 	}
+	if row, ok := s.deps.ix.Endpoint(id); ok && row.State == endpoint.StateReady && row.Policy == r.Policy {
+		s.fqdnSeen.record(id, name, ips, r.Policy, now.Add(ttl))
+	}
 	return nil
+}
+
+// fqdnRealisedMargin is how long before its TTL ends a realised answer
+// stops sparing the next one the wait: the renewal the spared answer
+// sends must reach the policy actor before the learned addresses expire.
+const fqdnRealisedMargin = 2 * time.Second
+
+// maxFQDNRealised bounds fqdnRealised's records (cleared when full).
+const maxFQDNRealised = 16384
+
+// fqdnRealised remembers, per endpoint and name, the addresses of the
+// last answer LearnFQDN saw realised, the policy that held them and
+// when their TTL ends. A later answer whose addresses are among them,
+// for an endpoint that is ready with that very policy (a policy is never
+// changed in place: any change of the repository, an expiry or a
+// forgotten name included, gives the endpoint another one), is realised
+// already, as Cilium's proxy releases an answer at once when it brings
+// no new address: LearnFQDN then only renews the TTL, without waiting.
+type fqdnRealised struct {
+	mu sync.Mutex
+	m  map[fqdnRealisedKey]fqdnRealisedVal
+}
+
+type fqdnRealisedKey struct {
+	ep   endpoint.ID
+	name string
+}
+
+type fqdnRealisedVal struct {
+	ips    []netip.Addr
+	policy *policy.MapState
+	until  time.Time // the TTL's end, less nothing: renewals do not move it
+}
+
+// realised reports whether the answer needs no wait (see fqdnRealised).
+func (f *fqdnRealised) realised(id endpoint.ID, name string, ips []netip.Addr, row *endpoint.Endpoint, now time.Time) bool {
+	if row.State != endpoint.StateReady || row.Policy == nil {
+		return false
+	}
+	f.mu.Lock()
+	v, ok := f.m[fqdnRealisedKey{id, name}]
+	f.mu.Unlock()
+	if !ok || v.policy != row.Policy || !now.Add(fqdnRealisedMargin).Before(v.until) {
+		return false
+	}
+	for _, ip := range ips {
+		if !slices.Contains(v.ips, ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// record remembers a realised answer.
+func (f *fqdnRealised) record(id endpoint.ID, name string, ips []netip.Addr, p *policy.MapState, until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil || len(f.m) >= maxFQDNRealised {
+		f.m = map[fqdnRealisedKey]fqdnRealisedVal{}
+	}
+	f.m[fqdnRealisedKey{id, name}] = fqdnRealisedVal{ips: slices.Clone(ips), policy: p, until: until}
 }
 
 // FQDNCache returns the names learned from DNS answers, per endpoint,

@@ -47,6 +47,36 @@ type ipcacheActor struct {
 	// set's change (reservedSet, on every node event) visits its own
 	// prefixes, not the whole ipcache.
 	reserved map[string]map[netip.Prefix]struct{}
+	// lens counts the entries by family and prefix length; the set of
+	// lengths in use goes to the index whenever it changes
+	// (index.SetIPCacheLengths: IPCacheLookup skips the others).
+	lens [2][129]int
+}
+
+// countLen counts p's entry in (d 1) or out (d -1) and tells the index
+// when a length comes into or goes out of use.
+func (a *ipcacheActor) countLen(p netip.Prefix, d int) {
+	fam := 0
+	if p.Addr().Is6() {
+		fam = 1
+	}
+	n := &a.lens[fam][p.Bits()]
+	*n += d
+	if (d > 0 && *n == 1) || (d < 0 && *n == 0) {
+		a.publishLens()
+	}
+}
+
+func (a *ipcacheActor) publishLens() {
+	var l index.IPCacheLengths
+	for fam := range a.lens {
+		for bits, n := range a.lens[fam] {
+			if n > 0 {
+				l.Set(fam, bits)
+			}
+		}
+	}
+	a.deps.ix.SetIPCacheLengths(&l)
 }
 
 // reservedSources are the sources IPCacheReservedSet replaces whole.
@@ -141,11 +171,18 @@ func (a *ipcacheActor) rebuild(ctx actor.Context) {
 	a.entries = map[netip.Prefix]*index.IPCacheEntry{}
 	a.replacing = map[string]*remoteReplace{}
 	a.reserved = map[string]map[netip.Prefix]struct{}{}
+	a.lens = [2][129]int{}
 	for _, e := range a.deps.ix.IPCache() {
 		a.entries[e.Prefix] = e
 		a.track(e.Prefix, e.Claims)
 		a.rec.mark(e.Prefix)
+		fam := 0
+		if e.Prefix.Addr().Is6() {
+			fam = 1
+		}
+		a.lens[fam][e.Prefix.Bits()]++
 	}
+	a.publishLens()
 	for _, gw := range a.gateways {
 		a.claim(ctx, netip.PrefixFrom(gw, gw.BitLen()), index.IPCacheClaim{Source: index.SourceReserved, Identity: identity.ReservedHost})
 	}
@@ -197,6 +234,7 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 	if len(claims) == 0 {
 		if old != nil {
 			delete(a.entries, p)
+			a.countLen(p, -1)
 			a.batch.delKeyed(ctx, index.TableIPCache, p, old)
 			a.rec.mark(p)
 		}
@@ -214,6 +252,9 @@ func (a *ipcacheActor) set(ctx actor.Context, p netip.Prefix, claims []index.IPC
 		e.TunnelEndpoint = best.NodeIP
 	}
 	a.entries[p] = e
+	if old == nil {
+		a.countLen(p, 1)
+	}
 	a.batch.putKeyed(ctx, index.TableIPCache, p, e)
 	if old == nil || old.Identity != e.Identity || old.TunnelEndpoint != e.TunnelEndpoint {
 		a.rec.mark(p)

@@ -33,6 +33,8 @@ type System struct {
 	deps  *endpointDeps
 	asker *asker // answers Ask
 	log   *slog.Logger
+	// fqdnSeen spares LearnFQDN the wait for answers realised already.
+	fqdnSeen fqdnRealised
 }
 
 // Counters are the actor system's cumulative counters.

@@ -176,9 +176,12 @@ func (l *Linux) DialHost(ctx context.Context, network, addr string) (net.Conn, e
 		return err
 	}
 	if strings.HasPrefix(network, "udp") && l.ns != nil {
-		// A UDP dial never waits: the host netns's thread makes the
-		// socket, sparing a new thread per dial (the DNS proxy's
-		// upstream queries).
+		// A UDP dial never waits: a socket the host netns's thread
+		// made ahead of use is connected here, sparing a trip to that
+		// thread per dial (the DNS proxy's upstream queries).
+		if ap, err := netip.ParseAddrPort(addr); err == nil && network != "udp4" && network != "udp6" {
+			return l.hostUDP.dial(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), l.inHost)
+		}
 		return conn, l.inHost(dial)
 	}
 	return conn, inNetns(l.cfg.HostNetns, dial)

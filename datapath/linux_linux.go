@@ -30,7 +30,10 @@ type Linux struct {
 	log *slog.Logger
 	nl  *netlink.Handle // bound to the host netns
 	ns  *nsRunner       // runs sysctl writes in the host netns; nil: the agent's own
-	bpf *bpfState       // set by Init, closed by Close (with nl)
+	// hostUDP holds UDP sockets made in the host netns ahead of use
+	// (DialHost, with ns); closed by Close.
+	hostUDP hostUDP
+	bpf     *bpfState // set by Init, closed by Close (with nl)
 
 	// hostSafeMu guards hostSafeExtra: the safety net's peers from the
 	// API server's EndpointSlice (SetHostSafePeers).
@@ -287,6 +290,7 @@ func (l *Linux) Close() error {
 	}
 	l.closed = true
 	defer l.closeL7()
+	defer l.hostUDP.close()
 	if l.ctStop != nil {
 		close(l.ctStop)
 	}

@@ -111,10 +111,10 @@ type Proxy struct {
 	allowed, denied, errs, dropped, holdTimeouts atomic.Uint64
 	obs                                          Observer
 
-	// mu guards compiled (rules.dns selectors by their String) and
-	// replies (reply sockets by server address).
+	// mu guards compiled (rules.dns selectors, compiled) and replies
+	// (reply sockets by server address).
 	mu       sync.Mutex
-	compiled map[string]*fqdn.Compiled
+	compiled map[fqdn.Selector]*fqdn.Compiled
 	replies  map[netip.AddrPort]*replySocket
 }
 
@@ -124,7 +124,7 @@ func New(cfg Config, ix *index.Index, learner Learner, sockets datapath.Transpar
 		return nil, err
 	}
 	return &Proxy{cfg: cfg, ix: ix, learner: learner, sockets: sockets, events: hub, log: log,
-		sem: make(chan struct{}, cfg.MaxConcurrent), compiled: map[string]*fqdn.Compiled{},
+		sem: make(chan struct{}, cfg.MaxConcurrent), compiled: map[fqdn.Selector]*fqdn.Compiled{},
 		replies: map[netip.AddrPort]*replySocket{}}, nil
 }
 
@@ -268,10 +268,9 @@ func (p *Proxy) allowedName(m *policy.MapState, q query, name string) bool {
 const maxCompiled = 4096
 
 func (p *Proxy) selector(s fqdn.Selector) *fqdn.Compiled {
-	key := s.String()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c, ok := p.compiled[key]; ok {
+	if c, ok := p.compiled[s]; ok {
 		return c
 	}
 	c, err := fqdn.Compile(s, "rules.dns")
@@ -281,7 +280,7 @@ func (p *Proxy) selector(s fqdn.Selector) *fqdn.Compiled {
 	if len(p.compiled) >= maxCompiled {
 		clear(p.compiled)
 	}
-	p.compiled[key] = c
+	p.compiled[s] = c
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	memdb "github.com/hashicorp/go-memdb"
 
@@ -16,6 +17,9 @@ import (
 // are serialised by go-memdb, readers see consistent snapshots.
 type Index struct {
 	db *memdb.MemDB
+	// ipcacheLens are the prefix lengths the ipcache table holds, as
+	// its writer last said (SetIPCacheLengths); nil: not known.
+	ipcacheLens atomic.Pointer[IPCacheLengths]
 }
 
 // New creates an empty index.

@@ -168,10 +168,20 @@ func (ix *Index) IPCacheEntryOf(p netip.Prefix) (*IPCacheEntry, bool) {
 
 // IPCacheLookup returns the identity of addr as the datapath's ipcache
 // resolves it (longest prefix match; false: none, the world identity).
+// It looks up only the prefix lengths the ipcache holds
+// (SetIPCacheLengths) when its writer says which they are.
 func (ix *Index) IPCacheLookup(addr netip.Addr) (identity.NumericIdentity, bool) {
 	addr = addr.Unmap()
 	txn := ix.ReadTxn()
+	lens := ix.ipcacheLens.Load()
+	fam := 0
+	if addr.Is6() {
+		fam = 1
+	}
 	for bits := addr.BitLen(); bits >= 0; bits-- {
+		if lens != nil && !lens.Has(fam, bits) {
+			continue
+		}
 		p, _ := addr.Prefix(bits)
 		if e, ok := first[*IPCacheEntry](txn, TableIPCache, IndexID, p); ok {
 			return e.Identity, true
@@ -179,3 +189,24 @@ func (ix *Index) IPCacheLookup(addr netip.Addr) (identity.NumericIdentity, bool)
 	}
 	return 0, false
 }
+
+// IPCacheLengths is the set of prefix lengths an ipcache holds, by
+// family (0 IPv4, 1 IPv6).
+type IPCacheLengths [2][3]uint64
+
+// Has reports whether the set holds length bits of family fam.
+func (l *IPCacheLengths) Has(fam, bits int) bool { return l[fam][bits/64]&(1<<(bits%64)) != 0 }
+
+// Set adds length bits of family fam.
+func (l *IPCacheLengths) Set(fam, bits int) { l[fam][bits/64] |= 1 << (bits % 64) }
+
+// SetIPCacheLengths tells IPCacheLookup which prefix lengths the table
+// holds (nil: unknown, every length is looked up). The ipcache table's
+// writer calls it before its rows of a new length are committed and
+// after the last row of a length is gone from its own state, so a lookup
+// skips no row it could otherwise have seen but one being deleted.
+func (ix *Index) SetIPCacheLengths(l *IPCacheLengths) { ix.ipcacheLens.Store(l) }
+
+// IPCacheLengthsNow returns what SetIPCacheLengths last stored (nil:
+// nothing); not to be modified.
+func (ix *Index) IPCacheLengthsNow() *IPCacheLengths { return ix.ipcacheLens.Load() }
