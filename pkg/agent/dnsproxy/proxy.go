@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,9 @@ type Proxy struct {
 	log     *slog.Logger
 	sem     chan struct{}
 	socks   *datapath.ProxySockets
+	// upstream holds UDP sockets to the servers made ahead of use
+	// (filled while Serve runs).
+	upstream *upstreams
 
 	allowed, denied, errs, dropped, holdTimeouts atomic.Uint64
 	obs                                          Observer
@@ -125,7 +129,7 @@ func New(cfg Config, ix *index.Index, learner Learner, sockets datapath.Transpar
 	}
 	return &Proxy{cfg: cfg, ix: ix, learner: learner, sockets: sockets, events: hub, log: log,
 		sem: make(chan struct{}, cfg.MaxConcurrent), compiled: map[fqdn.Selector]*fqdn.Compiled{},
-		replies: map[netip.AddrPort]*replySocket{}}, nil
+		replies: map[netip.AddrPort]*replySocket{}, upstream: newUpstreams(sockets.DialHost)}, nil
 }
 
 // Observer gets each query's verdict (the Verdict constants, "dropped"
@@ -289,10 +293,16 @@ func (p *Proxy) exchange(ctx context.Context, q query) (*dns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
 	defer cancel()
 	network := "udp"
+	var (
+		conn net.Conn
+		err  error
+	)
 	if q.proto == policy.ProtoTCP {
 		network = "tcp"
+		conn, err = p.sockets.DialHost(ctx, network, q.dst.String())
+	} else {
+		conn, err = p.upstream.get(ctx, q.dst)
 	}
-	conn, err := p.sockets.DialHost(ctx, network, q.dst.String())
 	if err != nil {
 		return nil, fmt.Errorf("dial %s %s: %w", network, q.dst, err)
 	}

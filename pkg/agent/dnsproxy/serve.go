@@ -53,6 +53,8 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		<-ctx.Done()
 		socks.Close()
 	}()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.upstream.run(ctx) }()
 	for _, udp := range socks.UDP {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.serveUDP(ctx, udp, &wg) }()
