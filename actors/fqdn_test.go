@@ -117,14 +117,13 @@ func TestImportRefusesDNSWithoutProxy(t *testing.T) {
 	}
 }
 
-// TestLearnFQDNHeldUntilRealised: the answer is not released while the
-// endpoint's regeneration (which adds the learned address to its policy
-// map) is held in the datapath, nor while the ipcache write fails (it is
-// retried); a failed regeneration fails the answer.
-func TestLearnFQDNHeldUntilRealised(t *testing.T) {
+// fqdnEndpoint starts a system with fqdnPolicy and an endpoint it
+// selects; ctx ends with the test.
+func fqdnEndpoint(t *testing.T) (*harness, context.Context, *endpoint.Endpoint) {
+	t.Helper()
 	h := startSystem(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
+	t.Cleanup(cancel)
 	pols, err := policy.Parse([]byte(fqdnPolicy))
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +131,15 @@ func TestLearnFQDNHeldUntilRealised(t *testing.T) {
 	if _, err := h.sys.ImportPolicy(ctx, pols); err != nil {
 		t.Fatal(err)
 	}
-	ep := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+	return h, ctx, h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+}
+
+// TestLearnFQDNHeldUntilRealised: the answer is not released while the
+// endpoint's regeneration (which adds the learned address to its policy
+// map) is held in the datapath, nor while the ipcache write fails (it is
+// retried); a failed regeneration fails the answer.
+func TestLearnFQDNHeldUntilRealised(t *testing.T) {
+	h, ctx, ep := fqdnEndpoint(t)
 	addr := netip.MustParseAddr("192.0.2.10")
 	prefix := netip.PrefixFrom(addr, 32)
 
@@ -180,7 +187,7 @@ func TestLearnFQDNHeldUntilRealised(t *testing.T) {
 	h.fake.Set(datapath.FakeHooks{BeforeRealize: func(context.Context, *endpoint.Endpoint, uint64) error {
 		return errors.New("injected realize failure")
 	}})
-	err = h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{netip.MustParseAddr("192.0.2.11")}, time.Hour)
+	err := h.sys.LearnFQDN(ctx, ep.ID, "allowed.test", []netip.Addr{netip.MustParseAddr("192.0.2.11")}, time.Hour)
 	if err == nil || !strings.Contains(err.Error(), "injected realize failure") {
 		t.Fatalf("learn with a failing regeneration: %v", err)
 	}
@@ -193,17 +200,7 @@ func TestLearnFQDNHeldUntilRealised(t *testing.T) {
 // TTL; a new address, a changed policy or a TTL about to end make it
 // wait again (that context fails it).
 func TestLearnFQDNRealisedAnswer(t *testing.T) {
-	h := startSystem(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	pols, err := policy.Parse([]byte(fqdnPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.sys.ImportPolicy(ctx, pols); err != nil {
-		t.Fatal(err)
-	}
-	ep := h.mustCreate(t, podSpec(t, "c1", "default", "a", "k8s:app=a", "k8s:io.kubernetes.pod.namespace=default"))
+	h, ctx, ep := fqdnEndpoint(t)
 	addr, addr2 := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
 	cancelled, stop := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer stop()
