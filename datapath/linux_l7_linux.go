@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
+	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -36,11 +37,13 @@ type linuxL7 struct {
 	sup     *l7proxy.Supervisor
 	stop    context.CancelFunc
 	done    chan struct{}
-	ipcache map[netip.Prefix]identity.NumericIdentity
+	ipcache l7IPCache
 	// ipcachePublished counts the mirror's publications by ipcacheL7
 	// (one per batch of changes; tests).
 	ipcachePublished int
-	withL7           map[endpoint.ID]bool // endpoints whose proxy configuration is published
+	// ipcacheShardsSent counts the shards those publications sent (tests).
+	ipcacheShardsSent int
+	withL7            map[endpoint.ID]bool // endpoints whose proxy configuration is published
 	// secrets are the header secrets' values (SetPolicySecrets), kept
 	// for a proxy configured later; never logged.
 	secrets map[string]string
@@ -103,13 +106,13 @@ func (l *Linux) initL7() error {
 		srv.Close()
 		return fmt.Errorf("l7 proxy: %w", err)
 	}
-	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, map[netip.Prefix]identity.NumericIdentity{}, map[endpoint.ID]bool{}
+	l.l7.srv, l.l7.access, l.l7.ipcache, l.l7.withL7 = srv, access, newL7IPCache(), map[endpoint.ID]bool{}
 	// The gateways are the host (initBPF put them in the ipcache before
 	// the proxy's mirror existed).
 	for _, gw := range l.cfg.Gateways {
-		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
+		l.l7.ipcache.set(netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost)
 	}
-	_, err = srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)})
+	_, err = srv.SetIPCacheShards(l.l7.ipcache.publish(true)...)
 	if err == nil {
 		_, err = srv.SetSecrets(l7proxy.Secrets{Values: maps.Clone(l.l7.secrets)})
 	}
@@ -265,13 +268,15 @@ func (l *Linux) ipcacheL7(changes []IPCacheChange) {
 	}
 	for _, c := range changes {
 		if c.Delete {
-			delete(l.l7.ipcache, c.Prefix)
+			l.l7.ipcache.delete(c.Prefix)
 		} else {
-			l.l7.ipcache[c.Prefix] = c.Value.Identity
+			l.l7.ipcache.set(c.Prefix, c.Value.Identity)
 		}
 	}
 	l.l7.ipcachePublished++
-	if _, err := l.l7.srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+	shards := l.l7.ipcache.publish(false)
+	l.l7.ipcacheShardsSent += len(shards)
+	if _, err := l.l7.srv.SetIPCacheShards(shards...); err != nil {
 		l.log.Warn("publish ipcache to the L7 proxy", "err", err)
 	}
 }
@@ -284,14 +289,14 @@ func (l *Linux) replaceIPCacheL7(desired map[netip.Prefix]IPCacheValue) {
 	if l.l7.srv == nil {
 		return
 	}
-	l.l7.ipcache = make(map[netip.Prefix]identity.NumericIdentity, len(desired))
+	l.l7.ipcache = newL7IPCache()
 	for _, gw := range l.cfg.Gateways { // as at start; desired holds them too when the actor knows them
-		l.l7.ipcache[netip.PrefixFrom(gw, gw.BitLen())] = identity.ReservedHost
+		l.l7.ipcache.set(netip.PrefixFrom(gw, gw.BitLen()), identity.ReservedHost)
 	}
 	for p, v := range desired {
-		l.l7.ipcache[p] = v.Identity
+		l.l7.ipcache.set(p, v.Identity)
 	}
-	if _, err := l.l7.srv.SetIPCache(l7proxy.IPCache{Entries: maps.Clone(l.l7.ipcache)}); err != nil {
+	if _, err := l.l7.srv.SetIPCacheShards(l.l7.ipcache.publish(true)...); err != nil {
 		l.log.Warn("publish ipcache to the L7 proxy", "err", err)
 	}
 }
@@ -374,4 +379,62 @@ func (l *Linux) proxyRoute() error {
 		}
 	}
 	return nil
+}
+
+// l7IPCache is the proxy's ipcache mirror by xDS shard
+// (xdsapi.IPCacheShardOf), with the shards changed since the last
+// publication.
+type l7IPCache struct {
+	shards [xdsapi.IPCacheShards]map[netip.Prefix]identity.NumericIdentity
+	dirty  [xdsapi.IPCacheShards]bool
+}
+
+func newL7IPCache() l7IPCache {
+	var c l7IPCache
+	for k := range c.shards {
+		c.shards[k] = map[netip.Prefix]identity.NumericIdentity{}
+	}
+	return c
+}
+
+func (c *l7IPCache) set(p netip.Prefix, id identity.NumericIdentity) {
+	k := xdsapi.IPCacheShardOf(p)
+	if old, ok := c.shards[k][p]; !ok || old != id {
+		c.shards[k][p], c.dirty[k] = id, true
+	}
+}
+
+func (c *l7IPCache) delete(p netip.Prefix) {
+	k := xdsapi.IPCacheShardOf(p)
+	if _, ok := c.shards[k][p]; ok {
+		delete(c.shards[k], p)
+		c.dirty[k] = true
+	}
+}
+
+func (c *l7IPCache) get(p netip.Prefix) (identity.NumericIdentity, bool) {
+	id, ok := c.shards[xdsapi.IPCacheShardOf(p)][p]
+	return id, ok
+}
+
+// all returns a copy of the whole mirror.
+func (c *l7IPCache) all() map[netip.Prefix]identity.NumericIdentity {
+	out := map[netip.Prefix]identity.NumericIdentity{}
+	for _, s := range c.shards {
+		maps.Copy(out, s)
+	}
+	return out
+}
+
+// publish returns copies of the shards changed since the last call
+// (every shard with all) and marks them published.
+func (c *l7IPCache) publish(all bool) []l7proxy.IPCache {
+	var out []l7proxy.IPCache
+	for k := range c.shards {
+		if all || c.dirty[k] {
+			out = append(out, l7proxy.IPCache{Shard: k, Entries: maps.Clone(c.shards[k])})
+			c.dirty[k] = false
+		}
+	}
+	return out
 }

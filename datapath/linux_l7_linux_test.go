@@ -3,7 +3,6 @@ package datapath
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -226,8 +225,8 @@ func TestPolicyMapProxyPorts(t *testing.T) {
 
 // TestApplyIPCacheOnePublication: a batch of ipcache changes reaches the
 // BPF map entry by entry and the L7 proxy's mirror in one publication
-// (each publication encodes the whole mirror: one per entry made every
-// remote update cost grow with the ipcache); an invalid change fails
+// (one per entry made every remote update cost grow with the ipcache),
+// which sends only the shards the batch changed; an invalid change fails
 // alone.
 func TestApplyIPCacheOnePublication(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -261,12 +260,30 @@ func TestApplyIPCacheOnePublication(t *testing.T) {
 	if v := l.l7.srv.Version(); v != version+1 {
 		t.Errorf("xDS version %d -> %d, want one more", version, v)
 	}
+	// One changed prefix: one shard sent, not the whole mirror.
+	l.l7.mu.Lock()
+	sent := l.l7.ipcacheShardsSent
+	l.l7.mu.Unlock()
+	one := changes[0]
+	one.Value.Identity++
+	for _, err := range l.ApplyIPCache(ctx, []IPCacheChange{one}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.l7.mu.Lock()
+	sent = l.l7.ipcacheShardsSent - sent
+	l.l7.mu.Unlock()
+	if sent != 1 {
+		t.Errorf("a batch changing one prefix sent %d ipcache shards to the proxy, want 1", sent)
+	}
+	changes[0] = one
 	held, err := l.DumpIPCache(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.l7.mu.Lock()
-	mirrored := maps.Clone(l.l7.ipcache)
+	mirrored := l.l7.ipcache.all()
 	l.l7.mu.Unlock()
 	for _, c := range changes[:200] {
 		if held[c.Prefix] != c.Value.Identity || mirrored[c.Prefix] != c.Value.Identity {
@@ -282,13 +299,13 @@ func TestApplyIPCacheOnePublication(t *testing.T) {
 			t.Fatalf("delete %d: %v", i, err)
 		}
 	}
-	if n := published() - before; n != 2 {
-		t.Errorf("%d publications after the deleting batch, want 2", n)
+	if n := published() - before; n != 3 {
+		t.Errorf("%d publications after the deleting batch, want 3 (one per batch)", n)
 	}
 	l.l7.mu.Lock()
 	defer l.l7.mu.Unlock()
 	for _, c := range changes[:200] {
-		if _, ok := l.l7.ipcache[c.Prefix]; ok {
+		if _, ok := l.l7.ipcache.get(c.Prefix); ok {
 			t.Fatalf("%s still mirrored", c.Prefix)
 		}
 	}

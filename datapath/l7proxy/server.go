@@ -122,9 +122,35 @@ func (s *Server) SetEndpoint(id uint64, p *EndpointPolicy) (uint64, error) {
 	return s.update(xdsapi.EndpointName(id), &Resource{Endpoint: p})
 }
 
-// SetIPCache publishes the ipcache and returns the version holding it.
+// SetIPCache publishes the whole ipcache c.Entries (every shard) and
+// returns the version holding it.
 func (s *Server) SetIPCache(c IPCache) (uint64, error) {
-	return s.update(xdsapi.IPCacheResource, &Resource{IPCache: &c})
+	shards := xdsapi.SplitIPCache(c.Entries)
+	return s.SetIPCacheShards(shards[:]...)
+}
+
+// SetIPCacheShards publishes the ipcache shards given (the others keep
+// what they held) in one version and returns it.
+func (s *Server) SetIPCacheShards(shards ...IPCache) (uint64, error) {
+	res := make(map[string]types.Resource, len(shards))
+	for i := range shards {
+		c := &shards[i]
+		if err := c.Check(); err != nil {
+			return 0, err
+		}
+		enc, err := xdsapi.Encode(&Resource{IPCache: c})
+		if err != nil {
+			return 0, err
+		}
+		res[xdsapi.IPCacheShardName(c.Shard)] = enc
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.cache.UpdateResources(res, nil); err != nil {
+		return 0, fmt.Errorf("xds update ipcache: %w", err)
+	}
+	s.version++
+	return s.version, nil
 }
 
 // SetSecrets publishes the header secrets' values and returns the

@@ -331,8 +331,8 @@ func TestKafkaVerdict(t *testing.T) {
 	ingress := &l7proxy.EndpointPolicy{ID: 2, IPs: []netip.Addr{b}, L7: []policy.L7Entry{
 		{Key: policy.Key{Port: 9092, Proto: policy.ProtoTCP, Dir: policy.Ingress}, Kafka: []policy.KafkaRule{{Role: "produce", Topic: "t1"}}}}}
 	st := &state{byIP: map[netip.Addr]*compiledEndpoint{},
-		ipcache: map[netip.Prefix]identity.NumericIdentity{
-			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC}}
+		ipcache: ipcacheOf(map[netip.Prefix]identity.NumericIdentity{
+			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC})}
 	for _, ep := range []*l7proxy.EndpointPolicy{egress, ingress} {
 		ce, err := compileEndpoint(ep, nil)
 		if err != nil {

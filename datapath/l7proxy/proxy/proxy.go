@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -110,13 +112,24 @@ type proxy struct {
 	ackDelay  time.Duration
 	ackDrop   float64
 	state     atomic.Pointer[state]
+	// decoded are the last version's resources, decoded, by their bytes'
+	// hash (apply's goroutine only): a resource the next version sends
+	// unchanged (most ipcache shards, most endpoints) is not decoded again.
+	decoded map[uint64][]decodedResource
+}
+
+// decodedResource is a resource's bytes and what they decoded to
+// (read-only once decoded: versions share it).
+type decodedResource struct {
+	raw []byte
+	r   *xdsapi.Resource
 }
 
 // state is one applied configuration version, immutable.
 type state struct {
 	version string
 	byIP    map[netip.Addr]*compiledEndpoint
-	ipcache map[netip.Prefix]identity.NumericIdentity
+	ipcache [xdsapi.IPCacheShards]map[netip.Prefix]identity.NumericIdentity
 }
 
 type compiledEndpoint struct {
@@ -128,36 +141,61 @@ type compiledEndpoint struct {
 // buildState decodes and compiles every resource; any error rejects the
 // whole version. The endpoints compile after every resource is decoded:
 // their header secrets resolve with the version's secrets resource.
-func buildState(version string, resources [][]byte) (*state, error) {
+//
+// prev holds the previous version's decoded resources (nil: none); the
+// second result is this version's, for the next call.
+func buildState(version string, resources [][]byte, prev map[uint64][]decodedResource) (*state, map[uint64][]decodedResource, error) {
 	st := &state{version: version, byIP: map[netip.Addr]*compiledEndpoint{}}
 	var eps []*xdsapi.EndpointPolicy
 	var secrets policy.SecretValues
+	decoded := make(map[uint64][]decodedResource, len(resources))
 	for i, raw := range resources {
-		var r xdsapi.Resource
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return nil, fmt.Errorf("resource %d: %w", i, err)
+		h := fnv.New64a()
+		_, _ = h.Write(raw)
+		sum := h.Sum64()
+		var r *xdsapi.Resource
+		for _, d := range prev[sum] {
+			if bytes.Equal(d.raw, raw) {
+				r = d.r
+				break
+			}
 		}
+		if r == nil {
+			r = new(xdsapi.Resource)
+			if err := json.Unmarshal(raw, r); err != nil {
+				return nil, nil, fmt.Errorf("resource %d: %w", i, err)
+			}
+			if r.IPCache != nil {
+				if err := r.IPCache.Check(); err != nil {
+					return nil, nil, fmt.Errorf("resource %d: %w", i, err)
+				}
+			}
+		}
+		decoded[sum] = append(decoded[sum], decodedResource{raw: raw, r: r})
 		switch {
 		case r.IPCache != nil:
-			st.ipcache = r.IPCache.Entries
+			if st.ipcache[r.IPCache.Shard] != nil {
+				return nil, nil, fmt.Errorf("resource %d: ipcache shard %d twice", i, r.IPCache.Shard)
+			}
+			st.ipcache[r.IPCache.Shard] = r.IPCache.Entries
 		case r.Secrets != nil:
 			secrets = r.Secrets.Values
 		case r.Endpoint != nil:
 			eps = append(eps, r.Endpoint)
 		default:
-			return nil, fmt.Errorf("resource %d: neither endpoint, ipcache nor secrets", i)
+			return nil, nil, fmt.Errorf("resource %d: neither endpoint, ipcache nor secrets", i)
 		}
 	}
 	for _, ep := range eps {
 		ce, err := compileEndpoint(ep, secrets)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, ip := range ep.IPs {
 			st.byIP[ip.Unmap()] = ce
 		}
 	}
-	return st, nil
+	return st, decoded, nil
 }
 
 func compileEndpoint(ep *xdsapi.EndpointPolicy, secrets policy.SecretValues) (*compiledEndpoint, error) {
@@ -194,7 +232,7 @@ func (s *state) identityOf(addr netip.Addr) identity.NumericIdentity {
 	addr = addr.Unmap()
 	for bits := addr.BitLen(); bits >= 0; bits-- {
 		p, _ := addr.Prefix(bits)
-		if id, ok := s.ipcache[p]; ok {
+		if id, ok := s.ipcache[xdsapi.IPCacheShardOf(p)][p]; ok {
 			return id
 		}
 	}
@@ -509,10 +547,11 @@ func (p *proxy) apply(resp *discovery.DiscoveryResponse) error {
 		}
 		rs = append(rs, b.GetValue())
 	}
-	st, err := buildState(resp.GetVersionInfo(), rs)
+	st, decoded, err := buildState(resp.GetVersionInfo(), rs, p.decoded)
 	if err != nil {
 		return err
 	}
+	p.decoded = decoded
 	p.state.Store(st)
 	p.log.Info("configuration applied", "version", st.version, "resources", len(rs))
 	return nil

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/membrane-cni/membrane/datapath/l7proxy/xdsapi"
+
 	"github.com/membrane-cni/membrane/datapath/l7proxy"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/policy"
@@ -21,8 +23,8 @@ func TestVerdict(t *testing.T) {
 	ingress := &l7proxy.EndpointPolicy{ID: 2, IPs: []netip.Addr{b}, L7: []policy.L7Entry{
 		{Key: policy.Key{Port: 80, Proto: policy.ProtoTCP, Dir: policy.Ingress}, HTTP: []policy.HTTPRule{{Path: "/public"}}}}}
 	st := &state{byIP: map[netip.Addr]*compiledEndpoint{},
-		ipcache: map[netip.Prefix]identity.NumericIdentity{
-			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC}}
+		ipcache: ipcacheOf(map[netip.Prefix]identity.NumericIdentity{
+			netip.MustParsePrefix("10.0.0.2/32"): idA, netip.MustParsePrefix("10.0.0.4/32"): idB, netip.MustParsePrefix("10.0.1.0/24"): idC})}
 	for _, ep := range []*l7proxy.EndpointPolicy{egress, ingress} {
 		ce, err := compileEndpoint(ep, nil)
 		if err != nil {
@@ -60,4 +62,13 @@ func TestVerdict(t *testing.T) {
 			t.Errorf("%s: verdict = %v (%s), want %v", tt.name, d.allowed, d.reason, tt.want)
 		}
 	}
+}
+
+// ipcacheOf is entries as a state holds them: by shard.
+func ipcacheOf(entries map[netip.Prefix]identity.NumericIdentity) [xdsapi.IPCacheShards]map[netip.Prefix]identity.NumericIdentity {
+	var out [xdsapi.IPCacheShards]map[netip.Prefix]identity.NumericIdentity
+	for k, c := range xdsapi.SplitIPCache(entries) {
+		out[k] = c.Entries
+	}
+	return out
 }

@@ -24,8 +24,8 @@ import (
 // TypeURL is the xDS type of every resource the proxy subscribes to.
 const TypeURL = "type.googleapis.com/google.protobuf.BytesValue"
 
-// Resource names: "ep/<id>" per endpoint, IPCacheResource for the
-// ipcache; versions are VersionPrefix and a number.
+// Resource names: "ep/<id>" per endpoint, IPCacheResource/<shard> for
+// the ipcache's shards; versions are VersionPrefix and a number.
 const (
 	endpointPrefix  = "ep/"
 	IPCacheResource = "ipcache"
@@ -43,9 +43,58 @@ type EndpointPolicy struct {
 }
 
 // IPCache maps prefixes to security identities (the proxy finds a
-// connection's peer identity with it).
+// connection's peer identity with it). It is published in IPCacheShards
+// resources (IPCacheShardName), each holding the prefixes of one shard
+// (IPCacheShardOf), so that a batch of changes re-encodes, sends and
+// decodes only the shards it touched instead of the whole ipcache.
 type IPCache struct {
+	Shard   int                                       `json:"shard"`
 	Entries map[netip.Prefix]identity.NumericIdentity `json:"entries"`
+}
+
+// IPCacheShards is the number of ipcache resources.
+const IPCacheShards = 16
+
+// IPCacheShardName is shard k's resource name.
+func IPCacheShardName(k int) string { return IPCacheResource + "/" + strconv.Itoa(k) }
+
+// IPCacheShardOf returns the shard holding p (FNV-1a of its address and
+// length; p as the ipcache holds it: masked, unmapped).
+func IPCacheShardOf(p netip.Prefix) int {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	a := p.Addr().As16()
+	for _, b := range a {
+		h = (h ^ uint64(b)) * prime
+	}
+	h = (h ^ uint64(p.Bits())) * prime
+	return int(h % IPCacheShards)
+}
+
+// Check reports an ipcache resource whose shard is out of range or
+// holds a prefix of another shard (a lookup would miss it).
+func (c *IPCache) Check() error {
+	if c.Shard < 0 || c.Shard >= IPCacheShards {
+		return fmt.Errorf("ipcache shard %d out of [0, %d)", c.Shard, IPCacheShards)
+	}
+	for p := range c.Entries {
+		if k := IPCacheShardOf(p); k != c.Shard {
+			return fmt.Errorf("ipcache shard %d holds %s of shard %d", c.Shard, p, k)
+		}
+	}
+	return nil
+}
+
+// SplitIPCache splits entries into the shards' resources.
+func SplitIPCache(entries map[netip.Prefix]identity.NumericIdentity) [IPCacheShards]IPCache {
+	var out [IPCacheShards]IPCache
+	for k := range out {
+		out[k] = IPCache{Shard: k, Entries: map[netip.Prefix]identity.NumericIdentity{}}
+	}
+	for p, id := range entries {
+		out[IPCacheShardOf(p)].Entries[p] = id
+	}
+	return out
 }
 
 // Secrets are the values of the header secrets policies name ("ns/name"
