@@ -1028,8 +1028,9 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
  * the host's forwarding, past the host's IP stack (routing, netfilter,
  * the neighbour output). The FIB names the device (the endpoint's /32
  * or /128 route) and the MAC addresses; the TTL is decremented as the
- * host's forwarding would. Anything else is left to the host's stack
- * (TC_ACT_OK): a destination that is no local endpoint, no resolved
+ * host's forwarding would. A remote pod's packet goes straight to the
+ * tunnel device the same way when remote_direct says so. Anything else
+ * is left to the host's stack (TC_ACT_OK): another destination, no resolved
  * neighbour yet, a packet too big for the device, a TTL running out
  * (the stack answers with ICMP), and every fragment (the host's
  * reassembly must see all of a datagram or none) or IPv6 packet with

@@ -16,7 +16,10 @@
  *                 so the receiving node's policy does not trust the
  *                 inner source address. The frame's destination MAC is
  *                 the sending device's own (NOARP device): the packet is
- *                 made PACKET_HOST so the stack routes it.
+ *                 made PACKET_HOST so the stack routes it, unless it
+ *                 goes straight to a local endpoint's host veth
+ *                 (overlay_deliver: the pod-to-pod connections whose
+ *                 other direction skips the stack too).
  *
  * The host's own traffic (identity host on the sending node) is sent as
  * world: the receiving node must not take it for its own host. So is

@@ -65,8 +65,8 @@ func TestCrossNodeNumbers(t *testing.T) {
 	va, vb := plainVXLANPair(t, 90)
 	arms := []*arm{{name: "baseline", a: pa, b: pb}, {name: "plain vxlan", a: va, b: vb}}
 	net := 92
-	addCluster := func(name, mode, agent string) {
-		c := newClusterAgent(t, mode, 2, net, nil, agent)
+	addCluster := func(name, mode, agent string, args ...string) {
+		c := newClusterAgent(t, mode, 2, net, args, agent)
 		net++
 		waitRoutes(t, c.nodes...)
 		a, b := c.nodes[0].addPod("bench-a"), c.nodes[1].addPod("bench-b")
@@ -74,6 +74,12 @@ func TestCrossNodeNumbers(t *testing.T) {
 	}
 	addCluster("native", "native", "")
 	addCluster("tunnel", "tunnel", "")
+	if os.Getenv("MEMBRANE_XNODE_NOMASQ") == "1" {
+		// Without the masquerade's nftables table: no netfilter
+		// conntrack in the nodes' netns (its share of the stack's cost).
+		addCluster("native --masquerade=false", "native", "", "--masquerade=false")
+		addCluster("tunnel --masquerade=false", "tunnel", "", "--masquerade=false")
+	}
 	if old := os.Getenv("MEMBRANE_XNODE_OLD_AGENT"); old != "" {
 		addCluster("native "+filepath.Base(old), "native", old)
 		addCluster("tunnel "+filepath.Base(old), "tunnel", old)
