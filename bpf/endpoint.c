@@ -1008,8 +1008,10 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
  * the connection straight to the endpoint as well (node_config.
  * tunnel_ifindex, tunnel mode), and a destination in the node's or the
  * cluster's pod CIDRs (node_config.pods), which the masquerade never
- * translates and kube-proxy's rules never name. The peer's from_overlay
- * decides on the same address (its source), so a connection crosses
+ * translates and kube-proxy's rules never name; TCP and UDP only, as
+ * from_overlay (an ICMP echo sent so would meet its reply alone in the
+ * node's conntrack: INVALID). The peer's from_overlay decides on the
+ * same address (its source) and protocol, so a connection crosses
  * each node's netfilter in both directions or in neither: iptables
  * conntrack (kube-proxy's INVALID drop in FORWARD) never sees one
  * direction alone. */
@@ -1018,6 +1020,8 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
 	__u32 zero = 0;
 	struct node_config_value *c = bpf_map_lookup_elem(&node_config, &zero);
 
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
 	return c && c->tunnel_ifindex && c->tunnel_ifindex == ifindex && in_pods(c, p->family, p->daddr);
 }
 

@@ -99,7 +99,9 @@
 // bpf/overlay.c, mark `MARK_IDENTITY_DIRECT_MAGIC`), where to_container
 // gives its verdict as before. Each node's netfilter sees a connection
 // in both directions or in neither, never one alone (kube-proxy drops
-// what its conntrack finds INVALID in FORWARD): both sides require the
+// what its conntrack finds INVALID in FORWARD): both sides take TCP and
+// UDP only (an ICMP echo sent directly would meet its reply alone in the
+// node's conntrack) and require the
 // remote address (destination on the way out, source on the way in) to
 // be in the node's or the cluster's pod CIDRs (`node_config.pods`:
 // never masqueraded, never a kube-proxy frontend) and the device to be

@@ -23,6 +23,8 @@ import (
 //   - direct: TCP a -> b and b -> a over IPv4 and IPv6 on the direct
 //     ports: delivered (through the stacks, the FORWARD rule drops it,
 //     as it did before direct delivery);
+//   - icmp: ping a -> b and b -> a: ICMP crosses both stacks both
+//     ways (the echo reply alone is INVALID to a node's conntrack);
 //   - dnat-tcp, dnat-udp: a reaches b through a kube-proxy-shaped DNAT
 //     on a's node (a Service address -> b): the replies must cross a's
 //     stack to get the Service address back as their source; a reply
@@ -68,6 +70,24 @@ func TestTunnelDirect(t *testing.T) {
 			}
 			if err := echoTCP(tc.from, tc.to, to, 7100+i); err != nil {
 				t.Errorf("%s: %v", tc.name, err)
+			}
+		}
+	})
+	t.Run("icmp", func(t *testing.T) {
+		// ICMP never goes straight (overlay_deliver takes TCP and UDP
+		// only), so neither does the request: a node's conntrack that
+		// saw the echo reply alone finds it INVALID.
+		for _, tc := range []struct {
+			name     string
+			from, to *pod
+			v6       bool
+		}{{"a->b v4", a, b, false}, {"b->a v4", b, a, false}, {"a->b v6", a, b, true}} {
+			to, fam := tc.to.ip4, "-4"
+			if tc.v6 {
+				to, fam = tc.to.ip6, "-6"
+			}
+			if out, err := tc.from.ns.Exec("ping", fam, "-c", "2", "-i", "0.2", "-W", "2", to.String()); err != nil {
+				t.Errorf("%s: %v: %s", tc.name, err, out)
 			}
 		}
 	})
