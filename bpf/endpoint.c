@@ -154,8 +154,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-
-
 #define IPV6_MAX_EXT 4
 #define ETH_HLEN_ 14
 
