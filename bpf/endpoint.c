@@ -154,11 +154,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-
-/* Connection lifetimes without traffic. */
-#define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)
-#define CT_LIFETIME_OTHER (60ULL * 1000000000ULL)
-
 #define IPV6_MAX_EXT 4
 #define ETH_HLEN_ 14
 
@@ -511,7 +506,8 @@ static __always_inline __u32 tunnel_identity(struct __sk_buff *skb, __u8 dir)
 {
 	__u32 magic = skb->mark & MARK_MAGIC_MASK;
 
-	if (dir != DIR_INGRESS || (magic != MARK_IDENTITY_MAGIC && magic != MARK_PROXY_MAGIC))
+	if (dir != DIR_INGRESS ||
+	    (magic != MARK_IDENTITY_MAGIC && magic != MARK_IDENTITY_DIRECT_MAGIC && magic != MARK_PROXY_MAGIC))
 		return 0;
 	return skb->mark >> 8;
 }
@@ -1004,6 +1000,29 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
 	return proxy_hairpin(skb, port);
 }
 
+/* remote_direct reports whether local_deliver sends p, which the FIB
+ * routes out of ifindex, no local endpoint's, straight there too: the
+ * tunnel device, whose overlay programs deliver the peer's packets of
+ * the connection straight to the endpoint as well (node_config.
+ * tunnel_ifindex, tunnel mode), and a destination in the node's or the
+ * cluster's pod CIDRs (node_config.pods), which the masquerade never
+ * translates and kube-proxy's rules never name; TCP and UDP only, as
+ * from_overlay (an ICMP echo sent so would meet its reply alone in the
+ * node's conntrack: INVALID). The peer's from_overlay decides on the
+ * same address (its source) and protocol, so a connection crosses
+ * each node's netfilter in both directions or in neither: iptables
+ * conntrack (kube-proxy's INVALID drop in FORWARD) never sees one
+ * direction alone. */
+static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
+{
+	__u32 zero = 0;
+	struct node_config_value *c = bpf_map_lookup_elem(&node_config, &zero);
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	return c && c->tunnel_ifindex && c->tunnel_ifindex == ifindex && in_pods(c, p->family, p->daddr);
+}
+
 /* local_deliver sends a packet from_container let out straight to its
  * destination's host veth when that is a local endpoint's (Cilium's
  * direct local delivery): bpf_redirect to the veth's egress, where the
@@ -1011,8 +1030,9 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
  * the host's forwarding, past the host's IP stack (routing, netfilter,
  * the neighbour output). The FIB names the device (the endpoint's /32
  * or /128 route) and the MAC addresses; the TTL is decremented as the
- * host's forwarding would. Anything else is left to the host's stack
- * (TC_ACT_OK): a destination that is no local endpoint, no resolved
+ * host's forwarding would. A remote pod's packet goes straight to the
+ * tunnel device the same way when remote_direct says so. Anything else
+ * is left to the host's stack (TC_ACT_OK): another destination, no resolved
  * neighbour yet, a packet too big for the device, a TTL running out
  * (the stack answers with ICMP), and every fragment (the host's
  * reassembly must see all of a datagram or none) or IPv6 packet with
@@ -1030,6 +1050,7 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	__u32 ifindex;
 	__be16 frag;
 	long r;
+	int remote = 0;
 
 	if (p->frag)
 		return TC_ACT_OK;
@@ -1053,8 +1074,13 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
 	ifindex = fib.ifindex;
-	if (ifindex == skb->ifindex || !bpf_map_lookup_elem(&endpoints, &ifindex))
+	if (ifindex == skb->ifindex)
 		return TC_ACT_OK;
+	if (!bpf_map_lookup_elem(&endpoints, &ifindex)) {
+		if (!remote_direct(ifindex, p))
+			return TC_ACT_OK;
+		remote = 1;
+	}
 	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		/* The pod's neighbour entry is not resolved yet: the
 		 * kernel resolves it (the route has no gateway: the
@@ -1074,14 +1100,16 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 			nh.nh_family = AF_INET6_;
 			__builtin_memcpy(nh.ipv6_nh, p->daddr, 16);
 		}
-		skb->mark = MARK_DIRECT_MAGIC;
+		if (!remote)
+			skb->mark = MARK_DIRECT_MAGIC;
 		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 	}
 	if (lb_ttl_dec(skb, p))
 		return TC_ACT_OK;
 	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
 		return TC_ACT_SHOT;
-	skb->mark = MARK_DIRECT_MAGIC;
+	if (!remote)
+		skb->mark = MARK_DIRECT_MAGIC;
 	return bpf_redirect(ifindex, 0);
 }
 
@@ -1241,24 +1269,11 @@ static __noinline int unknown_pod(struct pkt *p, __u8 dir, __u32 peer)
 {
 	__u32 zero = 0, *a = dir == DIR_EGRESS ? p->daddr : p->saddr;
 	struct node_config_value *c;
-	int i;
 
 	if (peer != IDENTITY_WORLD && (peer < IDENTITY_CIDR_MIN || peer >= IDENTITY_NODE_SCOPE))
 		return 0;
 	c = bpf_map_lookup_elem(&node_config, &zero);
-	if (!c)
-		return 0;
-#pragma unroll
-	for (i = 0; i < NODE_POD_CIDRS; i++) {
-		struct pod_cidr *pc = &c->pods[i];
-
-		if (pc->family != p->family)
-			continue;
-		if (!((a[0] ^ pc->addr[0]) & pc->mask[0]) && !((a[1] ^ pc->addr[1]) & pc->mask[1]) &&
-		    !((a[2] ^ pc->addr[2]) & pc->mask[2]) && !((a[3] ^ pc->addr[3]) & pc->mask[3]))
-			return 1;
-	}
-	return 0;
+	return c && in_pods(c, p->family, a);
 }
 
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
@@ -1283,7 +1298,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		p.bits |= PKT_UNENFORCED;
 	if (dir == DIR_INGRESS && skb->mark == MARK_NODEPORT_MAGIC)
 		p.bits |= PKT_NODEPORT;
-	if (dir == DIR_INGRESS && skb->mark == MARK_DIRECT_MAGIC)
+	if (dir == DIR_INGRESS &&
+	    (skb->mark == MARK_DIRECT_MAGIC || (skb->mark & MARK_MAGIC_MASK) == MARK_IDENTITY_DIRECT_MAGIC))
 		p.bits |= PKT_DIRECT;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);

@@ -180,7 +180,32 @@ struct node_config_value {
 	 * NODE_POD_CIDRS of LinuxConfig.Nodes.LocalPodCIDRs and
 	 * ClusterCIDRs): DROP_UNKNOWN_POD. */
 	struct pod_cidr pods[NODE_POD_CIDRS];
+	/* The tunnel device's ifindex once its overlay programs deliver
+	 * straight to the endpoints (tunnel mode), else 0: from_container
+	 * then sends a pod's packet for a remote pod straight to it
+	 * (remote_deliver in endpoint.c, from_overlay's direct delivery in
+	 * overlay.c). */
+	__u32 tunnel_ifindex;
 };
+
+/* in_pods reports whether the address a of family is in one of c's pod
+ * CIDRs (the node's and the cluster's). */
+static __always_inline int in_pods(struct node_config_value *c, __u8 family, __u32 *a)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < NODE_POD_CIDRS; i++) {
+		struct pod_cidr *pc = &c->pods[i];
+
+		if (pc->family != family)
+			continue;
+		if (!((a[0] ^ pc->addr[0]) & pc->mask[0]) && !((a[1] ^ pc->addr[1]) & pc->mask[1]) &&
+		    !((a[2] ^ pc->addr[2]) & pc->mask[2]) && !((a[3] ^ pc->addr[3]) & pc->mask[3]))
+			return 1;
+	}
+	return 0;
+}
 
 /* Policy CIDR identities (policy.MinCIDRIdentity) run from here to the
  * per-node ones (IDENTITY_NODE_SCOPE). */
@@ -255,6 +280,13 @@ struct tunnel_value {
  * carries it (the redirect is the mark's last writer before
  * to_container); the pod's netns never sees it (the veth clears marks). */
 #define MARK_DIRECT_MAGIC 0x52
+
+/* MARK_IDENTITY_DIRECT_MAGIC in the low byte: MARK_IDENTITY_MAGIC's
+ * (the tunnel's source identity in the upper 24 bits) for a packet
+ * from_overlay delivered straight to a local endpoint's host veth past
+ * the host's stack, like MARK_DIRECT_MAGIC: its to_container records the
+ * connection as delivered so (CT_F_DIRECT). */
+#define MARK_IDENTITY_DIRECT_MAGIC 0x53
 
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
@@ -384,6 +416,10 @@ struct ct_key {
 #define CT_F_NODEPORT 4
 #define CT_F_DIRECT 8
 #define CT_F_OPENED 16
+
+/* Connection lifetimes without traffic. */
+#define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)
+#define CT_LIFETIME_OTHER (60ULL * 1000000000ULL)
 
 struct ct_value {
 	__u64 last_seen; /* bpf_ktime_get_ns */

@@ -296,6 +296,7 @@ type EndpointNodeConfigValue struct {
 		Family uint8
 		Pad    [3]uint8
 	}
+	TunnelIfindex uint32
 }
 
 type EndpointPolicyKey struct {

@@ -16,7 +16,10 @@
  *                 so the receiving node's policy does not trust the
  *                 inner source address. The frame's destination MAC is
  *                 the sending device's own (NOARP device): the packet is
- *                 made PACKET_HOST so the stack routes it.
+ *                 made PACKET_HOST so the stack routes it, unless it
+ *                 goes straight to a local endpoint's host veth
+ *                 (overlay_deliver: the pod-to-pod connections whose
+ *                 other direction skips the stack too).
  *
  * The host's own traffic (identity host on the sending node) is sent as
  * world: the receiving node must not take it for its own host. So is
@@ -110,6 +113,32 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
+
+/* The endpoint programs' endpoints, conntrack and node settings
+ * (<bpffs>/endpoints_by_ifindex, <bpffs>/ct, <bpffs>/node_config;
+ * replaced with the pinned maps, so the definitions must stay identical
+ * to endpoint.c's): from_overlay's direct delivery (overlay_deliver). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct endpoint_info);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 65536);
+} ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct node_config_value);
+	__uint(max_entries, 1);
+} node_config SEC(".maps");
 
 /* inner_addrs reads the inner IP header's family and addresses. */
 static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u32 *saddr, __u32 *daddr)
@@ -308,6 +337,192 @@ static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct 
 	return t && same_node(&t->node, node);
 }
 
+#define ETH_HLEN_ 14
+#define AF_INET_ 2
+#define AF_INET6_ 10
+#define TCP_F_SYN 0x02
+#define TCP_F_ACK 0x10
+
+/* inner_l4 reads the inner packet's protocol, ports and TCP flags: TCP
+ * and UDP only, IPv4 without fragmentation, IPv6 without extension
+ * headers; -1 for anything else. */
+static __always_inline int inner_l4(struct __sk_buff *skb, __u8 family, __u8 *proto, __u16 *ports, __u8 *flags)
+{
+	__u32 off;
+
+	if (family == 4) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) || ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
+			return -1;
+		*proto = ip.protocol;
+		off = ETH_HLEN_ + ip.ihl * 4;
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip6, sizeof(ip6)))
+			return -1;
+		*proto = ip6.nexthdr;
+		off = ETH_HLEN_ + sizeof(ip6);
+	}
+	if (*proto != IPPROTO_TCP && *proto != IPPROTO_UDP)
+		return -1;
+	if (bpf_skb_load_bytes(skb, off, ports, 4))
+		return -1;
+	*flags = 0;
+	if (*proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, flags, 1))
+		return -1;
+	return 0;
+}
+
+/* ct_alive reports whether the conntrack entry k exists, is within its
+ * lifetime and has one of the flags want. */
+static __always_inline int ct_alive(struct ct_key *k, __u32 want)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
+	__u64 now, age = k->proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
+
+	if (!v || !(v->flags & want))
+		return 0;
+	now = bpf_ktime_get_ns();
+	return !(now > v->last_seen && now - v->last_seen > age);
+}
+
+/* overlay_ttl_dec decrements the inner packet's TTL (hop limit), as
+ * the host's forwarding would; -1 when it runs out (left to the stack,
+ * which answers with ICMP). */
+static __always_inline int overlay_ttl_dec(struct __sk_buff *skb, __u8 family)
+{
+	__u16 oldw, neww;
+	__u8 ttl;
+
+	if (family == 6) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 7, &ttl, 1) || ttl <= 1)
+			return -1;
+		ttl--;
+		return bpf_skb_store_bytes(skb, ETH_HLEN_ + 7, &ttl, 1, 0) ? -1 : 0;
+	}
+	if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 8, &oldw, 2))
+		return -1;
+	ttl = ((__u8 *)&oldw)[0];
+	if (ttl <= 1)
+		return -1;
+	neww = oldw;
+	((__u8 *)&neww)[0] = ttl - 1;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN_ + 10, oldw, neww, 2))
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN_ + 8, &neww, 2, 0) ? -1 : 0;
+}
+
+/* overlay_deliver sends an accepted packet (mark: its identity, already
+ * set) straight to the host veth of the local endpoint the FIB routes
+ * it to, past the host's stack (routing, netfilter, the neighbour
+ * output), as from_container's local_deliver does on one node; the
+ * endpoint's to_container gives its verdict there as before, and the
+ * mark MARK_IDENTITY_DIRECT_MAGIC makes it record the connection as
+ * delivered so (CT_F_DIRECT). Only where the other direction of the
+ * connection leaves this node the same way (from_container's
+ * remote_direct), so that netfilter sees both directions or neither:
+ * node_config.tunnel_ifindex names this device, the inner source is in
+ * a pod CIDR of the node or the cluster (node_config.pods), and
+ *   - it is a reply of a connection the endpoint opened to that address
+ *     (its egress conntrack entry with CT_F_OPENED: its requests left
+ *     straight to this device, untranslated), or
+ *   - a TCP SYN without ACK (a connection begins: its replies go back
+ *     straight, CT_F_DIRECT), or
+ *   - a later packet of a connection whose first one came so (the
+ *     endpoint's ingress entry has CT_F_DIRECT).
+ * Anything else goes up the stack (TC_ACT_OK): a reply of a connection
+ * the host's netfilter translated on its way out (kube-proxy's DNAT of a
+ * ClusterIP: the endpoint's entry names the ClusterIP, not this source),
+ * UDP and other protocols of connections the remote side began (a UDP
+ * reply of a translated request cannot be told from a request),
+ * fragments, IPv6 extension headers, TTLs running out, packets too big
+ * for the veth, and destinations that are no local endpoint. */
+static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, __u32 *saddr, __u32 *daddr, __u32 mark)
+{
+	struct bpf_fib_lookup fib = {};
+	struct node_config_value *c;
+	struct endpoint_info *ep;
+	struct ct_key k = { .family = family };
+	__u32 zero = 0, ifindex;
+	__u16 ports[2];
+	__u8 proto, flags;
+	long r;
+
+	c = bpf_map_lookup_elem(&node_config, &zero);
+	if (!c || !c->tunnel_ifindex || c->tunnel_ifindex != skb->ifindex || !in_pods(c, family, saddr))
+		return TC_ACT_OK;
+	if (inner_l4(skb, family, &proto, ports, &flags))
+		return TC_ACT_OK;
+	fib.l4_protocol = proto;
+	fib.sport = ports[0];
+	fib.dport = ports[1];
+	fib.ifindex = skb->ifindex;
+	if (family == 4) {
+		fib.family = AF_INET_;
+		fib.ipv4_src = saddr[0];
+		fib.ipv4_dst = daddr[0];
+	} else {
+		fib.family = AF_INET6_;
+		__builtin_memcpy(fib.ipv6_src, saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, daddr, 16);
+	}
+	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	ifindex = fib.ifindex;
+	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
+	if (!ep)
+		return TC_ACT_OK;
+	/* The endpoint's own connection to the source: its egress entry. */
+	k.ep = ep->id;
+	k.dir = DIR_EGRESS;
+	k.proto = proto;
+	k.sport = ports[1];
+	k.dport = ports[0];
+	__builtin_memcpy(k.saddr, daddr, 16);
+	__builtin_memcpy(k.daddr, saddr, 16);
+	if (!ct_alive(&k, CT_F_OPENED)) {
+		if (proto != IPPROTO_TCP)
+			return TC_ACT_OK;
+		if ((flags & (TCP_F_SYN | TCP_F_ACK)) != TCP_F_SYN) {
+			k.dir = DIR_INGRESS;
+			k.sport = ports[0];
+			k.dport = ports[1];
+			__builtin_memcpy(k.saddr, saddr, 16);
+			__builtin_memcpy(k.daddr, daddr, 16);
+			if (!ct_alive(&k, CT_F_DIRECT))
+				return TC_ACT_OK;
+		}
+	}
+	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		/* The pod's neighbour entry is not resolved yet: the kernel
+		 * resolves it (the pod's route has no gateway). The FIB
+		 * checked the device's MTU only on success. */
+		struct bpf_redir_neigh nh = {};
+		__u32 mtu = 0;
+
+		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) || overlay_ttl_dec(skb, family))
+			return TC_ACT_OK;
+		if (family == 4) {
+			nh.nh_family = AF_INET_;
+			nh.ipv4_nh = daddr[0];
+		} else {
+			nh.nh_family = AF_INET6_;
+			__builtin_memcpy(nh.ipv6_nh, daddr, 16);
+		}
+		skb->mark = mark;
+		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+	}
+	if (overlay_ttl_dec(skb, family))
+		return TC_ACT_OK;
+	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
+		return TC_ACT_SHOT;
+	skb->mark = mark;
+	return bpf_redirect(ifindex, 0);
+}
+
 SEC("tc")
 int from_overlay(struct __sk_buff *skb)
 {
@@ -333,5 +548,5 @@ int from_overlay(struct __sk_buff *skb)
 	id = node_addr_identity(&node->node, family, saddr, id);
 	skb->mark = (id << 8) | MARK_IDENTITY_MAGIC;
 	bpf_skb_change_type(skb, PACKET_HOST_);
-	return TC_ACT_OK;
+	return overlay_deliver(skb, family, saddr, daddr, (id << 8) | MARK_IDENTITY_DIRECT_MAGIC);
 }

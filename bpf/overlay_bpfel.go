@@ -13,6 +13,27 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type OverlayCtKey struct {
+	_      structs.HostLayout
+	Ep     uint16
+	Dir    uint8
+	Family uint8
+	Proto  uint8
+	Pad    uint8
+	Sport  uint16
+	Dport  uint16
+	Pad2   uint16
+	Saddr  [4]uint32
+	Daddr  [4]uint32
+}
+
+type OverlayCtValue struct {
+	_        structs.HostLayout
+	LastSeen uint64
+	Packets  uint32
+	Flags    uint32
+}
+
 type OverlayDropKey struct {
 	_      structs.HostLayout
 	Ep     uint16
@@ -24,6 +45,16 @@ type OverlayDropValue struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type OverlayEndpointInfo struct {
+	_        structs.HostLayout
+	Id       uint32
+	Identity uint32
+	Slot     uint32
+	Flags    uint32
+	Ipv4     uint32
+	Ipv6     [4]uint32
 }
 
 type OverlayIpcacheKey struct {
@@ -38,6 +69,19 @@ type OverlayIpcacheValue struct {
 	_        structs.HostLayout
 	Identity uint32
 	Tunnel   OverlayTunnelEndpoint
+}
+
+type OverlayNodeConfigValue struct {
+	_          structs.HostLayout
+	TunnelPort uint32
+	Pods       [4]struct {
+		_      structs.HostLayout
+		Addr   [4]uint32
+		Mask   [4]uint32
+		Family uint8
+		Pad    [3]uint8
+	}
+	TunnelIfindex uint32
 }
 
 type OverlayTunnelEndpoint struct {
@@ -56,9 +100,12 @@ type OverlayTunnelValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	OverlayMapCt           = "ct"
 	OverlayMapDrops        = "drops"
+	OverlayMapEndpoints    = "endpoints"
 	OverlayMapEvents       = "events"
 	OverlayMapIpcache      = "ipcache"
+	OverlayMapNodeConfig   = "node_config"
 	OverlayMapTunnel       = "tunnel"
 	OverlayMapTunnelNodes  = "tunnel_nodes"
 	OverlayProgFromOverlay = "from_overlay"
@@ -115,9 +162,12 @@ type OverlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type OverlayMapSpecs struct {
+	Ct          *ebpf.MapSpec `ebpf:"ct"`
 	Drops       *ebpf.MapSpec `ebpf:"drops"`
+	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
+	NodeConfig  *ebpf.MapSpec `ebpf:"node_config"`
 	Tunnel      *ebpf.MapSpec `ebpf:"tunnel"`
 	TunnelNodes *ebpf.MapSpec `ebpf:"tunnel_nodes"`
 }
@@ -148,18 +198,24 @@ func (o *OverlayObjects) Close() error {
 //
 // It can be passed to LoadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type OverlayMaps struct {
+	Ct          *ebpf.Map `ebpf:"ct"`
 	Drops       *ebpf.Map `ebpf:"drops"`
+	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Events      *ebpf.Map `ebpf:"events"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
+	NodeConfig  *ebpf.Map `ebpf:"node_config"`
 	Tunnel      *ebpf.Map `ebpf:"tunnel"`
 	TunnelNodes *ebpf.Map `ebpf:"tunnel_nodes"`
 }
 
 func (m *OverlayMaps) Close() error {
 	return _OverlayClose(
+		m.Ct,
 		m.Drops,
+		m.Endpoints,
 		m.Events,
 		m.Ipcache,
+		m.NodeConfig,
 		m.Tunnel,
 		m.TunnelNodes,
 	)

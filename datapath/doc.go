@@ -86,7 +86,44 @@
 // host identity goes as world: the receiver must not take it for its own
 // host). The receiving side hands it to the endpoint programs in skb->mark
 // (low byte 0x4d, identity in the upper 24 bits); a pod cannot forge it
-// (the veth crossing scrubs the mark). The device is created lazily on the
+// (the veth crossing scrubs the mark).
+//
+// Pod to pod across nodes in tunnel mode skips both nodes' IP stacks
+// (issue 39, Cilium's BPF host routing for the overlay): from_container
+// sends a pod's packet for a remote pod straight to the tunnel device's
+// egress (`remote_direct` in bpf/endpoint.c, the same `local_deliver`
+// FIB lookup, TTL and MAC rewrite; to_overlay then sets the tunnel key
+// as before), and the receiving node's from_overlay, after its trust
+// checks and with the identity in the mark, sends it straight to the
+// destination endpoint's host veth (`overlay_deliver` in
+// bpf/overlay.c, mark `MARK_IDENTITY_DIRECT_MAGIC`), where to_container
+// gives its verdict as before. Each node's netfilter sees a connection
+// in both directions or in neither, never one alone (kube-proxy drops
+// what its conntrack finds INVALID in FORWARD): both sides take TCP and
+// UDP only (an ICMP echo sent directly would meet its reply alone in the
+// node's conntrack) and require the
+// remote address (destination on the way out, source on the way in) to
+// be in the node's or the cluster's pod CIDRs (`node_config.pods`:
+// never masqueraded, never a kube-proxy frontend) and the device to be
+// the one whose from_overlay delivers directly (`node_config.
+// tunnel_ifindex`, written once the overlay programs are attached);
+// from_container goes on the conntrack rule of local delivery (its own
+// connection begun by a SYN or not TCP, `CT_F_OPENED`; a reply only of
+// a connection whose requests came directly, `CT_F_DIRECT`); from_overlay
+// delivers a reply of the endpoint's own connection with `CT_F_OPENED`
+// (its entry names this source: its requests left untranslated), a TCP
+// SYN without ACK, and later packets of a connection whose entry has
+// `CT_F_DIRECT`. Everything else goes up the stack: replies of a
+// connection netfilter translated on the way out (kube-proxy's DNAT of a
+// ClusterIP, which the endpoint's entry names instead of the backend),
+// UDP and other protocols the remote side began (a UDP reply of a
+// translated request cannot be told from a request), fragments, IPv6
+// extension headers, TTLs running out, packets too big for the veth
+// (`TestTunnelDirect`). Native routing has no such path yet: its
+// packets arrive on the uplink, where no program runs unless the
+// kube-proxy-free mode or the host firewall attaches from_netdev.
+//
+// The device is created lazily on the
 // first tunnel-mode sync, so an agent with no remote nodes adds no link; a
 // native-mode sync removes one an earlier tunnel-mode run left.
 //

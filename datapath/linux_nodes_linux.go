@@ -97,6 +97,10 @@ func (l *Linux) SyncNodes(ctx context.Context, nodes []RemoteNode) error {
 			return fmt.Errorf("sync nodes: %w", err)
 		}
 		if l.cfg.Nodes.Routing == RoutingNative {
+			// No direct delivery to a tunnel device, before it goes.
+			if err := setTunnelIfindex(b, 0); err != nil {
+				return fmt.Errorf("sync nodes: %w", err)
+			}
 			// A tunnel device left by a tunnel-mode agent goes (its routes went above).
 			if err := l.removeTunnel(b); err != nil {
 				return fmt.Errorf("sync nodes: %w", err)
@@ -125,7 +129,16 @@ func (l *Linux) syncTunnel(b *bpfState, nodes []RemoteNode) (netlink.Link, error
 	if err := l.syncTunnelMap(nodes); err != nil {
 		return nil, err
 	}
-	return l.ensureTunnel(b)
+	dev, err := l.ensureTunnel(b)
+	if err != nil {
+		return nil, err
+	}
+	// Direct delivery both ways once the overlay programs are on the
+	// device (bpf/overlay.c, overlay_deliver).
+	if err := setTunnelIfindex(b, dev.Attrs().Index); err != nil {
+		return nil, err
+	}
+	return dev, nil
 }
 
 // removeTunnel deletes the tunnel device if it is ours (an external-mode
@@ -301,6 +314,8 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	}
 	// The shared ipcache replaces the object's: its size is the agent's.
 	spec.Maps[bpf.OverlayMapIpcache].MaxEntries = b.maps.ipcache.MaxEntries()
+	spec.Maps[bpf.OverlayMapCt].MaxEntries = b.maps.ct.MaxEntries()
+	spec.Maps[bpf.OverlayMapEndpoints].MaxEntries = b.maps.endpoints.MaxEntries()
 	if err := os.MkdirAll(filepath.Join(b.dir, pinOverlayDir), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", pinOverlayDir, err)
 	}
@@ -315,7 +330,8 @@ func (l *Linux) loadOverlay(b *bpfState) error {
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		MapReplacements: map[string]*ebpf.Map{bpf.OverlayMapIpcache: b.maps.ipcache, bpf.OverlayMapTunnel: tunnel,
-			bpf.OverlayMapTunnelNodes: tnodes, bpf.OverlayMapDrops: b.maps.drops, bpf.OverlayMapEvents: b.maps.events},
+			bpf.OverlayMapTunnelNodes: tnodes, bpf.OverlayMapDrops: b.maps.drops, bpf.OverlayMapEvents: b.maps.events,
+			bpf.OverlayMapEndpoints: b.maps.endpoints, bpf.OverlayMapCt: b.maps.ct, bpf.OverlayMapNodeConfig: b.maps.config},
 	})
 	if err != nil {
 		tunnel.Close()
@@ -345,6 +361,17 @@ func setTunnelPort(b *bpfState, port int) error {
 	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) { v.TunnelPort = uint32(port) })
 	if err != nil {
 		return fmt.Errorf("set tunnel port %d: %w", port, err)
+	}
+	return nil
+}
+
+// setTunnelIfindex tells the endpoint and overlay programs the tunnel
+// device whose overlay programs deliver straight to the endpoints (0:
+// none): from_container sends remote pods' packets straight to it.
+func setTunnelIfindex(b *bpfState, ifindex int) error {
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) { v.TunnelIfindex = uint32(ifindex) })
+	if err != nil {
+		return fmt.Errorf("set tunnel device %d: %w", ifindex, err)
 	}
 	return nil
 }

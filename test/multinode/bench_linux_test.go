@@ -3,6 +3,7 @@ package multinode
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -30,7 +32,15 @@ const (
 
 // TestCrossNodeNumbers measures cross-node TCP throughput and latency
 // between two pods on two nodes in native and tunnel mode, and on plain
-// veths and routes without BPF or agent (the baseline), in one run.
+// veths and routes without BPF or agent (the baseline), and on plain
+// veths routed into a plain VXLAN device (the floor of the
+// encapsulation, no BPF or agent), in one run. The arms alternate over
+// xnodeRounds rounds (MEMBRANE_XNODE_ROUNDS; each round in another
+// order) and every round's ratio is taken to the baseline's of the same
+// round. MEMBRANE_XNODE_OLD_AGENT=<path> adds native and tunnel arms
+// running the agent binary at path (an older build: before and after in
+// one run). With BPF run time statistics on, it prints the time each
+// Membrane hook's programs spend per round trip (the breakdown).
 // Measurement, not a test: it runs only with MEMBRANE_XNODE_BENCH=1.
 func TestCrossNodeNumbers(t *testing.T) {
 	if os.Getenv("MEMBRANE_XNODE_BENCH") != "1" {
@@ -38,37 +48,239 @@ func TestCrossNodeNumbers(t *testing.T) {
 	}
 	testutil.RequireRoot(t)
 	t.Logf("load average at start: %s", loadavg())
-	type result struct {
-		name     string
-		gbps     float64
-		p50, p99 time.Duration
+	if stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
+		t.Logf("no BPF run time statistics: %v", err)
+	} else {
+		defer stats.Close()
 	}
-	var res []result
-	for i, mode := range []string{"baseline", "native", "tunnel"} {
-		t.Run(mode, func(t *testing.T) {
-			var a, b *pod
-			if mode == "baseline" {
-				a, b = plainPair(t, 91)
-			} else {
-				c := newCluster(t, mode, 2, 91+i)
-				waitRoutes(t, c.nodes...)
-				a, b = c.nodes[0].addPod("bench-a"), c.nodes[1].addPod("bench-b")
+	type arm struct {
+		name      string
+		a, b      *pod
+		progs     []namedProg
+		gbps, p50 []float64
+		p99       []float64
+		bpf       []map[string]float64 // per round: hook -> ns per round trip
+	}
+	pa, pb := plainPair(t, 91)
+	va, vb := plainVXLANPair(t, 90)
+	arms := []*arm{{name: "baseline", a: pa, b: pb}, {name: "plain vxlan", a: va, b: vb}}
+	net := 92
+	addCluster := func(name, mode, agent string, args ...string) {
+		c := newClusterAgent(t, mode, 2, net, args, agent)
+		net++
+		waitRoutes(t, c.nodes...)
+		a, b := c.nodes[0].addPod("bench-a"), c.nodes[1].addPod("bench-b")
+		arms = append(arms, &arm{name: name, a: a, b: b, progs: nodeProgs(t, c.nodes...)})
+	}
+	addCluster("native", "native", "")
+	addCluster("tunnel", "tunnel", "")
+	if os.Getenv("MEMBRANE_XNODE_NOMASQ") == "1" {
+		// Without the masquerade's nftables table: no netfilter
+		// conntrack in the nodes' netns (its share of the stack's cost).
+		addCluster("native --masquerade=false", "native", "", "--masquerade=false")
+		addCluster("tunnel --masquerade=false", "tunnel", "", "--masquerade=false")
+	}
+	if old := os.Getenv("MEMBRANE_XNODE_OLD_AGENT"); old != "" {
+		addCluster("native "+filepath.Base(old), "native", old)
+		addCluster("tunnel "+filepath.Base(old), "tunnel", old)
+	}
+	rounds := xnodeRounds
+	if n, err := strconv.Atoi(os.Getenv("MEMBRANE_XNODE_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	for round := range rounds {
+		order := slices.Clone(arms)
+		order = append(order[round%len(order):], order[:round%len(order)]...)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, a := range order {
+			g := throughputOnce(t, a.a, a.b, 11000+round)
+			before := progStats(t, a.progs)
+			p50, p99 := latencyAt(t, a.a, a.b, 9200+round)
+			after := progStats(t, a.progs)
+			per := map[string]float64{}
+			for k, v := range after {
+				per[k] = float64(v-before[k]) / benchRoundTrips
 			}
-			gbps := throughput(t, a, b)
-			p50, p99 := latency(t, a, b)
-			res = append(res, result{mode, gbps, p50, p99})
-		})
+			a.gbps, a.p50, a.p99, a.bpf = append(a.gbps, g), append(a.p50, float64(p50)), append(a.p99, float64(p99)), append(a.bpf, per)
+			t.Logf("round %d %s: %.2f Gbit/s, RTT p50 %v p99 %v; BPF per round trip %s", round, a.name, g, p50, p99, fmtBPF(per))
+		}
 	}
 	t.Logf("load average at end: %s", loadavg())
-	if len(res) != 3 {
-		t.Fatal("a mode failed")
-	}
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	base := arms[0]
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n| mode | throughput (Gbit/s, median of %d x %d MiB) | vs baseline | RTT p50 | RTT p99 | p50 vs baseline |\n|---|---|---|---|---|---|\n", benchRuns, benchBytes>>20)
-	for _, r := range res {
-		fmt.Fprintf(&sb, "| %s | %.2f | %.2f | %v | %v | %.2f |\n", r.name, r.gbps, r.gbps/res[0].gbps, r.p50, r.p99, float64(r.p50)/float64(res[0].p50))
+	fmt.Fprintf(&sb, "\n| mode | throughput (Gbit/s, median of %d rounds) | vs baseline | RTT p50 | RTT p99 | p50 vs baseline (median of rounds' ratios) | BPF per round trip (median) |\n|---|---|---|---|---|---|---|\n", rounds)
+	for _, a := range arms {
+		var gr, lr []float64
+		for i := range a.gbps {
+			gr, lr = append(gr, a.gbps[i]/base.gbps[i]), append(lr, a.p50[i]/base.p50[i])
+		}
+		bpfMed := map[string]float64{}
+		for k := range a.bpf[0] {
+			var v []float64
+			for _, r := range a.bpf {
+				v = append(v, r[k])
+			}
+			bpfMed[k] = med(v)
+		}
+		fmt.Fprintf(&sb, "| %s | %.2f | %.2f | %v | %v | %.2f | %s |\n", a.name, med(a.gbps), med(gr), time.Duration(med(a.p50)),
+			time.Duration(med(a.p99)), med(lr), fmtBPF(bpfMed))
 	}
 	t.Log(sb.String())
+}
+
+// xnodeRounds is how many times TestCrossNodeNumbers measures each arm.
+const xnodeRounds = 6
+
+// namedProg is a program attached on a node, by the hook it runs at.
+type namedProg struct {
+	hook string
+	prog *ebpf.Program
+}
+
+// nodeProgs loads the programs the nodes' agents attached: the endpoint
+// programs (<bpffs>/programs/<digest>/) and, in tunnel mode, the overlay
+// programs (their pinned links under <bpffs>/overlay/).
+func nodeProgs(t *testing.T, nodes ...*node) []namedProg {
+	t.Helper()
+	var out []namedProg
+	for _, nd := range nodes {
+		paths, _ := filepath.Glob(filepath.Join(nd.bpffs, "programs", "*", "*"))
+		for _, path := range paths {
+			prog, err := ebpf.LoadPinnedProgram(path, nil)
+			if err != nil {
+				continue
+			}
+			t.Cleanup(func() { prog.Close() })
+			out = append(out, namedProg{filepath.Base(path), prog})
+		}
+		for _, pin := range []string{"to", "from"} {
+			l, err := link.LoadPinnedLink(filepath.Join(nd.bpffs, "overlay", pin), nil)
+			if err != nil {
+				continue
+			}
+			info, err := l.Info()
+			l.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			prog, err := ebpf.NewProgramFromID(info.Program)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { prog.Close() })
+			out = append(out, namedProg{pin + "_overlay", prog})
+		}
+	}
+	return out
+}
+
+// progStats sums the programs' run time by hook.
+func progStats(t *testing.T, ps []namedProg) map[string]time.Duration {
+	t.Helper()
+	out := map[string]time.Duration{}
+	for _, p := range ps {
+		st, err := p.prog.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p.hook] += st.Runtime
+	}
+	return out
+}
+
+func fmtBPF(m map[string]float64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := slices.Sorted(maps.Keys(m))
+	var parts []string
+	total := 0.0
+	for _, k := range keys {
+		if m[k] == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f ns", k, m[k]))
+		total += m[k]
+	}
+	return fmt.Sprintf("%.0f ns (%s)", total, strings.Join(parts, ", "))
+}
+
+// throughputOnce streams benchBytes from a to b once, b listening on
+// port, and returns Gbit/s.
+func throughputOnce(t *testing.T, a, b *pod, port int) float64 {
+	t.Helper()
+	buf := make([]byte, 128<<10)
+	done := make(chan int64, 1)
+	conn := dial(t, a, b, port, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		done <- n
+	})
+	start := time.Now()
+	for sent := 0; sent < benchBytes; sent += len(buf) {
+		if _, err := conn.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close()
+	if n := <-done; n != benchBytes {
+		t.Fatalf("received %d bytes, want %d", n, benchBytes)
+	}
+	return float64(benchBytes) * 8 / time.Since(start).Seconds() / 1e9
+}
+
+// plainVXLANPair is plainPair with the pod ranges routed through a plain
+// VXLAN device on each node (VNI 42, port 8472, the other node as its
+// remote, MTU 1450; no BPF, no agent): the encapsulation's own cost, the
+// floor of tunnel mode.
+func plainVXLANPair(t *testing.T, netNum int) (*pod, *pod) {
+	t.Helper()
+	c := &cluster{t: t, net: netNum, dir: t.TempDir()}
+	c.makeUnderlay()
+	var nodes [2]*testutil.NS
+	var pods [2]*pod
+	for i := range nodes {
+		nodes[i] = c.attach("mbm-pvx", i, "eth0")
+		if err := nodes[i].Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+			t.Fatal(err)
+		}
+		pods[i] = plainPod(t, nodes[i], netNum, i)
+	}
+	for i, nd := range nodes {
+		o := 1 - i
+		local, _ := c.underlayAddrs(i)
+		remote, _ := c.underlayAddrs(o)
+		nl := nd.Netlink(t)
+		eth0, err := nl.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name, attrs.MTU = "vx0", 1450
+		vx := &netlink.Vxlan{LinkAttrs: attrs, VxlanId: 42, Port: 8472, Group: remote.AsSlice(), SrcAddr: local.AsSlice(),
+			VtepDevIndex: eth0.Attrs().Index, Learning: false}
+		if err := nl.LinkAdd(vx); err != nil {
+			t.Fatal(err)
+		}
+		dev, err := nl.LinkByName("vx0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine := netip.AddrFrom4([4]byte{172, 16, byte(netNum), byte(i + 1)})
+		peer := netip.AddrFrom4([4]byte{172, 16, byte(netNum), byte(o + 1)})
+		for _, err := range []error{
+			nl.AddrAdd(dev, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(mine, 24))}),
+			nl.LinkSetUp(dev),
+			nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", netNum, o))), Gw: peer.AsSlice(), LinkIndex: dev.Attrs().Index}),
+		} {
+			if err != nil {
+				t.Fatalf("plain vxlan: %v", err)
+			}
+		}
+	}
+	return pods[0], pods[1]
 }
 
 func loadavg() string {
@@ -141,7 +353,13 @@ func throughputAt(t *testing.T, a, b *pod, base int) float64 {
 // connection and returns the median and 99th percentile round trip.
 func latency(t *testing.T, a, b *pod) (p50, p99 time.Duration) {
 	t.Helper()
-	conn := dial(t, a, b, 9200, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	return latencyAt(t, a, b, 9200)
+}
+
+// latencyAt is latency with b listening on port.
+func latencyAt(t *testing.T, a, b *pod, port int) (p50, p99 time.Duration) {
+	t.Helper()
+	conn := dial(t, a, b, port, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	one := []byte{1}
 	rtts := make([]time.Duration, 0, benchRoundTrips)
 	for range benchRoundTrips {
