@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"os"
+	"slices"
 	"strconv"
 
 	"context"
@@ -45,8 +46,55 @@ type linuxL7 struct {
 	ipcacheShardsSent int
 	withL7            map[endpoint.ID]bool // endpoints whose proxy configuration is published
 	// secrets are the header secrets' values (SetPolicySecrets), kept
-	// for a proxy configured later; never logged.
+	// for a proxy configured later; never logged. The proxy gets only
+	// those a published endpoint's rules name (secretRefs).
 	secrets map[string]string
+	// secretRefs are the secrets ("ns/name") each published endpoint's
+	// L7 rules name; sentSecrets what the proxy was last sent.
+	secretRefs  map[endpoint.ID][]string
+	sentSecrets map[string]string
+}
+
+// l7SecretRefs returns the secrets ("ns/name") entries' header matches
+// name, sorted, without repeats.
+func l7SecretRefs(entries []policy.L7Entry) []string {
+	var out []string
+	for _, e := range entries {
+		for _, h := range e.HTTP {
+			for _, m := range h.HeaderMatches {
+				if m.Secret != nil {
+					out = append(out, m.Secret.Key())
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// publishSecretsLocked sends the proxy the values of the secrets the
+// published endpoints name, when that set of values changed (l7.mu held).
+// A Secret of the namespace no rule names never reaches the proxy.
+func (l *Linux) publishSecretsLocked() error {
+	if l.l7.srv == nil {
+		return nil
+	}
+	want := map[string]string{}
+	for _, refs := range l.l7.secretRefs {
+		for _, k := range refs {
+			if v, ok := l.l7.secrets[k]; ok {
+				want[k] = v
+			}
+		}
+	}
+	if l.l7.sentSecrets != nil && maps.Equal(want, l.l7.sentSecrets) {
+		return nil
+	}
+	if _, err := l.l7.srv.SetSecrets(l7proxy.Secrets{Values: want}); err != nil {
+		return err
+	}
+	l.l7.sentSecrets = want
+	return nil
 }
 
 // SetPolicySecrets publishes the values of the header secrets policies
@@ -57,10 +105,7 @@ func (l *Linux) SetPolicySecrets(values map[string]string) {
 	l.l7.mu.Lock()
 	defer l.l7.mu.Unlock()
 	l.l7.secrets = maps.Clone(values)
-	if l.l7.srv == nil {
-		return
-	}
-	if _, err := l.l7.srv.SetSecrets(l7proxy.Secrets{Values: l.l7.secrets}); err != nil {
+	if err := l.publishSecretsLocked(); err != nil {
 		l.log.Warn("publish the policy secrets to the L7 proxy", "secrets", len(values), "err", err)
 	}
 }
@@ -114,7 +159,8 @@ func (l *Linux) initL7() error {
 	}
 	_, err = srv.SetIPCacheShards(l.l7.ipcache.publish(true)...)
 	if err == nil {
-		_, err = srv.SetSecrets(l7proxy.Secrets{Values: maps.Clone(l.l7.secrets)})
+		l.l7.secretRefs, l.l7.sentSecrets = map[endpoint.ID][]string{}, nil
+		err = l.publishSecretsLocked()
 	}
 	if err != nil {
 		srv.Close()
@@ -215,8 +261,20 @@ func (l *Linux) realizeL7(ep *endpoint.Endpoint, rev uint64) (Realized, error) {
 		return Realized{}, fmt.Errorf("endpoint %d: policy has L7 rules but no L7 proxy is configured (--l7-proxy): %w", ep.ID, ErrNotSupported)
 	}
 	var doc *l7proxy.EndpointPolicy
+	var refs []string
 	if has {
 		doc = &l7proxy.EndpointPolicy{ID: uint64(ep.ID), IPs: endpointIPs(ep), L7: ep.Policy.L7}
+		refs = l7SecretRefs(ep.Policy.L7)
+	}
+	if len(refs) > 0 {
+		// The secrets the rules name first: the endpoint's version holds them.
+		l.l7.mu.Lock()
+		l.l7.secretRefs[ep.ID] = refs
+		err := l.publishSecretsLocked()
+		l.l7.mu.Unlock()
+		if err != nil {
+			return Realized{}, err
+		}
 	}
 	v, err := srv.SetEndpoint(uint64(ep.ID), doc)
 	if err != nil {
@@ -227,6 +285,12 @@ func (l *Linux) realizeL7(ep *endpoint.Endpoint, rev uint64) (Realized, error) {
 		l.l7.withL7[ep.ID] = true
 	} else {
 		delete(l.l7.withL7, ep.ID)
+	}
+	if len(refs) == 0 && l.l7.secretRefs[ep.ID] != nil {
+		delete(l.l7.secretRefs, ep.ID)
+		if err := l.publishSecretsLocked(); err != nil {
+			l.log.Warn("publish the policy secrets to the L7 proxy", "err", err)
+		}
 	}
 	l.l7.mu.Unlock()
 	wait, err := tracker.Wait(uint64(ep.ID), rev, v)
@@ -249,6 +313,14 @@ func (l *Linux) removeL7(id endpoint.ID) {
 	if had {
 		if _, err := srv.SetEndpoint(uint64(id), nil); err != nil {
 			l.log.Warn("withdraw endpoint from the L7 proxy", "endpoint", id, "err", err)
+		}
+	}
+	l.l7.mu.Lock()
+	defer l.l7.mu.Unlock()
+	if l.l7.secretRefs[id] != nil {
+		delete(l.l7.secretRefs, id)
+		if err := l.publishSecretsLocked(); err != nil {
+			l.log.Warn("publish the policy secrets to the L7 proxy", "err", err)
 		}
 	}
 }

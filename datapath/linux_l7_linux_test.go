@@ -3,10 +3,12 @@ package datapath
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -308,5 +310,62 @@ func TestApplyIPCacheOnePublication(t *testing.T) {
 		if _, ok := l.l7.ipcache.get(c.Prefix); ok {
 			t.Fatalf("%s still mirrored", c.Prefix)
 		}
+	}
+}
+
+// TestL7ProxyGetsNamedSecretsOnly: of the policy secrets namespace's
+// Secrets, the proxy is sent only those a published endpoint's rules
+// name, before the endpoint's rules; a Secret no rule names, or no
+// longer names, is not (or no longer) sent.
+func TestL7ProxyGetsNamedSecretsOnly(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := filepath.Join(testutil.BuildBinariesT(t, "membrane-proxy"), "membrane-proxy")
+	l, _, nl := newTestLinux(t, l7Config(t, bin))
+	var ev proxyEvents
+	ev.install(l)
+	sent := func() map[string]string {
+		l.l7.mu.Lock()
+		defer l.l7.mu.Unlock()
+		return maps.Clone(l.l7.sentSecrets)
+	}
+	l.SetPolicySecrets(map[string]string{"sec/token": "t0k3n", "sec/other": "not-for-the-proxy"})
+	if s := sent(); len(s) != 0 {
+		t.Fatalf("with no endpoint the proxy was sent %d secrets", len(s))
+	}
+	ep := addVeth(t, nl, 9, "lxcl7000000002", "10.244.47.7")
+	ctx := context.Background()
+	m := l7MapState(80)
+	m.L7[0].HTTP[0].HeaderMatches = []policy.HeaderMatch{{Name: "X-Token", Secret: &policy.HeaderSecretRef{Namespace: "sec", Name: "token"}}}
+	ep.Policy = m
+	r, err := l.Realize(ctx, ep, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.waitAcked(t, l, ep.ID, r, 1)
+	if s := sent(); len(s) != 1 || s["sec/token"] != "t0k3n" {
+		t.Fatalf("the proxy was sent %v, want only sec/token", slices.Sorted(maps.Keys(s)))
+	}
+	l.SetPolicySecrets(map[string]string{"sec/token": "n3w", "sec/other": "still-not"})
+	if s := sent(); len(s) != 1 || s["sec/token"] != "n3w" {
+		t.Fatalf("after the Secret changed the proxy was sent %v", slices.Sorted(maps.Keys(s)))
+	}
+	ep.Policy = l7MapState(80) // the rule no longer names it
+	if r, err = l.Realize(ctx, ep, 2); err != nil {
+		t.Fatal(err)
+	}
+	ev.waitAcked(t, l, ep.ID, r, 2)
+	if s := sent(); len(s) != 0 {
+		t.Fatalf("no rule names a secret, the proxy still holds %v", slices.Sorted(maps.Keys(s)))
+	}
+	ep.Policy = m
+	if r, err = l.Realize(ctx, ep, 3); err != nil {
+		t.Fatal(err)
+	}
+	ev.waitAcked(t, l, ep.ID, r, 3)
+	if err := l.Remove(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	if s := sent(); len(s) != 0 {
+		t.Fatalf("the endpoint naming it is gone, the proxy still holds %v", slices.Sorted(maps.Keys(s)))
 	}
 }
