@@ -315,14 +315,9 @@ func dial(t *testing.T, a, b *pod, port int, serve func(net.Conn)) net.Conn {
 	return conn
 }
 
-// throughput streams benchBytes from a to b benchRuns times (a new
-// connection each) and returns the median in Gbit/s.
-func throughput(t *testing.T, a, b *pod) float64 {
-	t.Helper()
-	return throughputAt(t, a, b, 9100)
-}
-
-// throughputAt is throughput with b listening on ports from base up.
+// throughputAt streams benchBytes from a to b benchRuns times (a new
+// connection each, b listening on ports from base up) and returns the
+// median in Gbit/s.
 func throughputAt(t *testing.T, a, b *pod, base int) float64 {
 	t.Helper()
 	var rates []float64
@@ -349,14 +344,9 @@ func throughputAt(t *testing.T, a, b *pod, base int) float64 {
 	return rates[len(rates)/2]
 }
 
-// latency runs benchRoundTrips 1-byte request/response exchanges on one
-// connection and returns the median and 99th percentile round trip.
-func latency(t *testing.T, a, b *pod) (p50, p99 time.Duration) {
-	t.Helper()
-	return latencyAt(t, a, b, 9200)
-}
-
-// latencyAt is latency with b listening on port.
+// latencyAt runs benchRoundTrips 1-byte request/response exchanges on
+// one connection (b listening on port) and returns the median and 99th
+// percentile round trip.
 func latencyAt(t *testing.T, a, b *pod, port int) (p50, p99 time.Duration) {
 	t.Helper()
 	conn := dial(t, a, b, port, func(c net.Conn) { _, _ = io.Copy(c, c) })
