@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -76,7 +77,12 @@ type sample struct {
 	pssAnon, pssFile                    uint64
 	heapLive, heapSys, heapReleased     uint64 // Go runtime, after a forced GC
 	stackSys, gcSys, otherSys, totalSys uint64
-	res                                 *Resident
+	// cpu is the process's user + system CPU time since start; gcs the
+	// collections since start; memLimit the Go runtime's memory limit
+	// (--memory-limit-mib as the agent set it; 0: none).
+	cpu           time.Duration
+	gcs, memLimit uint64
+	res           *Resident
 }
 
 // measure reads the process's memory: /proc first (the idle state), then
@@ -94,17 +100,21 @@ func measure(t *testing.T, what string, pid int, socket string, last bool) *samp
 	s.vmRSS, s.rssAnon, s.rssFile = st["VmRSS"], st["RssAnon"], st["RssFile"]
 	roll := procFields(t, fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	s.pss, s.pssAnon, s.pssFile = roll["Pss"], roll["Pss_Anon"], roll["Pss_File"]
-	s.majFlt = majorFaults(t, pid)
+	s.majFlt, s.cpu = majorFaults(t, pid)
 	res, err := ReadResident(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.res = res
-	var ms map[string]uint64
+	// /metrics first: it symbolises nothing, and the heap profile's
+	// collection would count in its figures.
+	ms := metricsStats(t, socket)
+	s.gcs, s.memLimit = ms["NumGC"], ms["MemLimit"]
+	if s.memLimit >= math.MaxInt64 { // none (a float in /metrics)
+		s.memLimit = 0
+	}
 	if last {
 		ms = heapStats(t, socket, what)
-	} else {
-		ms = metricsStats(t, socket)
 	}
 	s.heapLive, s.heapSys, s.heapReleased = ms["HeapAlloc"], ms["HeapSys"], ms["HeapReleased"]
 	s.stackSys, s.gcSys, s.otherSys, s.totalSys = ms["Stack"], ms["GCSys"], ms["OtherSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"], ms["Sys"]
@@ -113,8 +123,9 @@ func measure(t *testing.T, what string, pid int, socket string, last bool) *samp
 
 // majorFaults is the process's count of page faults that read from disk
 // (/proc/<pid>/stat field 12): what the release of start-up pages costs
-// when a page is used again.
-func majorFaults(t *testing.T, pid int) uint64 {
+// when a page is used again; and its CPU time, user and system (fields 14
+// and 15, in clock ticks of 1/100 s).
+func majorFaults(t *testing.T, pid int) (uint64, time.Duration) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -130,7 +141,12 @@ func majorFaults(t *testing.T, pid int) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	utime, err1 := strconv.ParseUint(fs[11], 10, 64)
+	stime, err2 := strconv.ParseUint(fs[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("/proc/%d/stat: utime %q, stime %q", pid, fs[11], fs[12])
+	}
+	return n, time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // metricsStats reads the Go runtime's memory figures from GET /metrics
@@ -149,7 +165,8 @@ func metricsStats(t *testing.T, socket string) map[string]uint64 {
 	names := map[string]string{"go_memstats_heap_alloc_bytes": "HeapAlloc", "go_memstats_heap_sys_bytes": "HeapSys",
 		"go_memstats_heap_released_bytes": "HeapReleased", "go_memstats_stack_sys_bytes": "Stack", "go_memstats_gc_sys_bytes": "GCSys",
 		"go_memstats_other_sys_bytes": "OtherSys", "go_memstats_mspan_sys_bytes": "MSpan", "go_memstats_mcache_sys_bytes": "MCache",
-		"go_memstats_buck_hash_sys_bytes": "BuckHashSys", "go_memstats_sys_bytes": "Sys"}
+		"go_memstats_buck_hash_sys_bytes": "BuckHashSys", "go_memstats_sys_bytes": "Sys",
+		"go_gc_duration_seconds_count": "NumGC", "go_gc_gomemlimit_bytes": "MemLimit"}
 	out := map[string]uint64{}
 	for line := range strings.SplitSeq(string(body), "\n") {
 		name, v, ok := strings.Cut(line, " ")
@@ -265,10 +282,11 @@ func report(t *testing.T, s *sample, target string) {
 	}
 	fmt.Printf("memory: %s: VmRSS %s MiB (RssAnon %s, RssFile %s), Pss %s MiB (anon %s, file %s); "+
 		"Go: %s %s MiB, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
-		"executable resident %s MiB file-backed, %s MiB copied; %d page faults read from disk since start\n",
+		"executable resident %s MiB file-backed, %s MiB copied; %d page faults read from disk since start; "+
+		"CPU since start %.2f s, %d collections, memory limit %s MiB\n",
 		s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), mib(s.pss), mib(s.pssAnon), mib(s.pssFile),
 		heap, mib(s.heapLive), mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
-		mib(s.res.File), mib(s.res.COW), s.majFlt)
+		mib(s.res.File), mib(s.res.COW), s.majFlt, s.cpu.Seconds(), s.gcs, mib(s.memLimit))
 	fmt.Printf("memory: %s: executable by section (MiB):%s\n", s.what, top(s.res.Sections, 6))
 	fmt.Printf("memory: %s: executable by package (MiB, .text/.rodata/data by symbol):%s\n", s.what, top(s.res.Packages, envInt("MEM_TOP", 25)))
 	fmt.Printf("headline: agent VmRSS, %s (MiB; RssAnon + RssFile) | %s (%s + %s) | %s\n", s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), target)
