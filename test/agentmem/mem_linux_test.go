@@ -53,16 +53,22 @@ func requireBench(t *testing.T) {
 // and its ConfigMap) that change what the agent runs, after the node
 // harness's own (later flags win): info logs in JSON, the health
 // endpoint and node probes, garbage collection every minute,
-// masquerading, tunnel routing.
+// masquerading, tunnel routing. No --pprof, as in the DaemonSet: with it
+// the runtime samples heap allocations, which costs memory; it is added
+// with $MEM_HEAPPROFILE_DIR (agentProc).
 var daemonSetArgs = []string{"--log-level", "info", "--log-format", "json", "--enable-health=true", "--gc-interval", "1m",
-	"--masquerade=true", "--routing", "tunnel", "--tunnel-mtu", "1450", "--tunnel-port", "8472", "--pprof"}
+	"--masquerade=true", "--routing", "tunnel", "--tunnel-mtu", "1450", "--tunnel-port", "8472"}
 
 // agentProc prepares the node's agent process with the DaemonSet's
 // flags, extra ones and $MEM_AGENT_ARGS (space-separated, last: an A/B
 // of a flag such as --gc-percent), running $MEM_AGENT_BIN when set (an
 // A/B of two builds; default the harness's build of this tree).
 func agentProc(n *nodeharness.Node, extra ...string) *nodeharness.Proc {
-	args := append(append(append([]string{}, daemonSetArgs...), extra...), strings.Fields(os.Getenv("MEM_AGENT_ARGS"))...)
+	args := append(append([]string{}, daemonSetArgs...), extra...)
+	if os.Getenv("MEM_HEAPPROFILE_DIR") != "" {
+		args = append(args, "--pprof")
+	}
+	args = append(args, strings.Fields(os.Getenv("MEM_AGENT_ARGS"))...)
 	p := n.Process(args...)
 	p.Path = os.Getenv("MEM_AGENT_BIN")
 	return p
@@ -82,14 +88,16 @@ type sample struct {
 	// (--memory-limit-mib as the agent set it; 0: none).
 	cpu           time.Duration
 	gcs, memLimit uint64
+	lastLive      uint64 // the live heap of the last collection (go_gc_heap_live_bytes)
 	res           *Resident
 }
 
 // measure reads the process's memory: /proc first (the idle state), then
-// the Go runtime's numbers. A reading that is not the test's last takes
-// them from GET /metrics (what a Prometheus scrape costs the agent: no
-// symbolised stacks); the last one through the heap profile with gc=1
-// (which collects first: the live heap). The heap profile symbolises
+// the Go runtime's numbers from GET /metrics (what a Prometheus scrape
+// costs the agent: no symbolised stacks; the live heap is the last
+// collection's). With $MEM_HEAPPROFILE_DIR (and so --pprof) the last
+// reading takes them through the heap profile with gc=1 instead (which
+// collects first) and saves the profile. The heap profile symbolises
 // every sampled stack, reading much of the binary's pclntab, and the
 // agent releases its start-up pages (--release-startup-pages): a
 // profile before a reading would count the profiler's pages in it.
@@ -113,10 +121,13 @@ func measure(t *testing.T, what string, pid int, socket string, last bool) *samp
 	if s.memLimit >= math.MaxInt64 { // none (a float in /metrics)
 		s.memLimit = 0
 	}
-	if last {
+	if last && os.Getenv("MEM_HEAPPROFILE_DIR") != "" {
 		ms = heapStats(t, socket, what)
+	} else {
+		s.collected = false
 	}
 	s.heapLive, s.heapSys, s.heapReleased = ms["HeapAlloc"], ms["HeapSys"], ms["HeapReleased"]
+	s.lastLive = ms["HeapLive"] // /metrics only
 	s.stackSys, s.gcSys, s.otherSys, s.totalSys = ms["Stack"], ms["GCSys"], ms["OtherSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"], ms["Sys"]
 	return s
 }
@@ -162,7 +173,7 @@ func metricsStats(t *testing.T, socket string) map[string]uint64 {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("metrics: %v %s", err, resp.Status)
 	}
-	names := map[string]string{"go_memstats_heap_alloc_bytes": "HeapAlloc", "go_memstats_heap_sys_bytes": "HeapSys",
+	names := map[string]string{"go_gc_heap_live_bytes": "HeapLive", "go_memstats_heap_alloc_bytes": "HeapAlloc", "go_memstats_heap_sys_bytes": "HeapSys",
 		"go_memstats_heap_released_bytes": "HeapReleased", "go_memstats_stack_sys_bytes": "Stack", "go_memstats_gc_sys_bytes": "GCSys",
 		"go_memstats_other_sys_bytes": "OtherSys", "go_memstats_mspan_sys_bytes": "MSpan", "go_memstats_mcache_sys_bytes": "MCache",
 		"go_memstats_buck_hash_sys_bytes": "BuckHashSys", "go_memstats_sys_bytes": "Sys",
@@ -276,16 +287,16 @@ func mib(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
 // reads "headline: what | value | target").
 func report(t *testing.T, s *sample, target string) {
 	t.Helper()
-	heap := "heap allocated (not collected first)"
+	heap := fmt.Sprintf("heap allocated %s MiB (not collected first; live at the last collection %s)", mib(s.heapLive), mib(s.lastLive))
 	if s.collected {
-		heap = "live heap"
+		heap = fmt.Sprintf("live heap %s MiB", mib(s.heapLive))
 	}
 	fmt.Printf("memory: %s: VmRSS %s MiB (RssAnon %s, RssFile %s), Pss %s MiB (anon %s, file %s); "+
-		"Go: %s %s MiB, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
+		"Go: %s, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
 		"executable resident %s MiB file-backed, %s MiB copied; %d page faults read from disk since start; "+
 		"CPU since start %.2f s, %d collections, memory limit %s MiB\n",
 		s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), mib(s.pss), mib(s.pssAnon), mib(s.pssFile),
-		heap, mib(s.heapLive), mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
+		heap, mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
 		mib(s.res.File), mib(s.res.COW), s.majFlt, s.cpu.Seconds(), s.gcs, mib(s.memLimit))
 	fmt.Printf("memory: %s: executable by section (MiB):%s\n", s.what, top(s.res.Sections, 6))
 	fmt.Printf("memory: %s: executable by package (MiB, .text/.rodata/data by symbol):%s\n", s.what, top(s.res.Packages, envInt("MEM_TOP", 25)))

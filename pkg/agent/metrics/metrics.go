@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"regexp"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -212,9 +213,14 @@ func New() *Metrics {
 	m.tdSync = desc("veth_teardowns_sync_total", "Host veths deleted on the CNI DEL's path because --teardown-max-pending deletions were pending.")
 	m.mapMax = desc("bpf_map_max_entries", "The size of the maps of membrane_bpf_map_entries (--ct-max, --ipcache-max).", "map")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		// go_gc_heap_live_bytes besides the defaults: the heap the last
+		// collection kept, what --memory-limit-mib's floor follows.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{Matcher: liveHeapMetric})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+var liveHeapMetric = regexp.MustCompile(`^/gc/heap/live:bytes$`)
 
 // NodeProbe records a probe round of a remote node (health's node
 // prober): ok if every address answered, rtt the slowest answer.
