@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/cmd/membrane-agent/internal/heapprofile"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/agent"
@@ -40,14 +39,6 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-// profileHeap turns the runtime's heap profiling on for --pprof (package
-// heapprofile turned it off before the libraries' initialisers ran).
-func profileHeap(cfg agent.Config) {
-	if cfg.API.Pprof {
-		heapprofile.Enable()
-	}
-}
-
 func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 {
 		if sub, ok := subcommands[args[0]]; ok {
@@ -62,7 +53,6 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "membrane-agent: %v\n", err)
 		return 2
 	}
-	profileHeap(cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("membrane-agent starting", "version", version)
@@ -103,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&cfg.Linux.TeardownDelay, "teardown-delay", 2*time.Second, "linux datapath: delay before a deleted endpoint's host veth (down and renamed to its tombstone lxc-<index> at once) is deleted if its netns has not taken it (negative: at once, on the DEL's path)")
 	fs.IntVar(&cfg.Linux.MaxPendingTeardowns, "teardown-max-pending", datapath.DefaultMaxPendingTeardowns, "linux datapath: most deferred host veth deletions waiting; past that a DEL deletes the pair on its own path")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9890", "read-only HTTP listener: GET API calls, /metrics and (with --pprof) /debug/pprof; mutating calls are refused (\"\" disables)")
-	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener; without it the Go runtime does not sample heap allocations (the heap profile covers those after start)")
+	fs.BoolVar(&cfg.API.Pprof, "pprof", false, "serve /debug/pprof on the socket and the HTTP listener")
 	var allowedHosts string
 	fs.StringVar(&allowedHosts, "http-allowed-hosts", "", "comma-separated Host names the HTTP listener answers besides localhost and loopback addresses (\"*\": any; guards against DNS rebinding)")
 	fs.IntVar(&cfg.API.MaxHTTPConns, "http-max-connections", 64, "HTTP listener: most connections open at once; more are answered 503 and closed")

@@ -4,17 +4,13 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/membrane-cni/membrane/actors"
-	"github.com/membrane-cni/membrane/cmd/membrane-agent/internal/heapprofile"
 	"github.com/membrane-cni/membrane/pkg/agent"
 )
 
@@ -380,70 +376,6 @@ func TestParseFlagsMemoryLimit(t *testing.T) {
 		if _, _, err = parseFlags(append(append([]string{}, base...), "--memory-limit-mib", bad), io.Discard); err == nil || !strings.Contains(err.Error(), "memory-limit-mib") {
 			t.Fatalf("--memory-limit-mib %s: err %v, want one naming the flag", bad, err)
 		}
-	}
-}
-
-// TestHeapProfiling: the agent's process samples no heap allocation from
-// its first package initialisers on (package heapprofile), unless --pprof
-// serves the profile.
-func TestHeapProfiling(t *testing.T) {
-	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
-	if runtime.MemProfileRate != 0 {
-		t.Fatalf("MemProfileRate %d at start, want 0 (heap profiling off)", runtime.MemProfileRate)
-	}
-	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
-	cfg, _, err := parseFlags(base, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	profileHeap(cfg)
-	if runtime.MemProfileRate != 0 {
-		t.Fatalf("MemProfileRate %d without --pprof, want 0", runtime.MemProfileRate)
-	}
-	cfg, _, err = parseFlags(append(base, "--pprof"), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	profileHeap(cfg)
-	if runtime.MemProfileRate != heapprofile.Rate {
-		t.Fatalf("MemProfileRate %d with --pprof, want %d", runtime.MemProfileRate, heapprofile.Rate)
-	}
-}
-
-// TestHeapProfilingOffFirst: package heapprofile's initialiser runs
-// before any package initialiser that allocates (this test binary links
-// the agent's packages), read from the runtime's init trace of a child
-// process.
-func TestHeapProfilingOffFirst(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	before, found := 0, false
-	for line := range strings.SplitSeq(string(out), "\n") {
-		if !strings.HasPrefix(line, "init ") {
-			continue
-		}
-		if strings.Contains(line, "/internal/heapprofile ") {
-			found = true
-			break
-		}
-		// "init pkg @t ms, c ms clock, N bytes, M allocs"
-		fs := strings.Fields(line)
-		for i := range fs {
-			if fs[i] == "bytes," && i > 0 {
-				n, _ := strconv.Atoi(fs[i-1])
-				before += n
-			}
-		}
-	}
-	if !found {
-		t.Fatalf("no init line of package heapprofile in the init trace:\n%.4000s", out)
-	}
-	if before > 0 {
-		t.Fatalf("package initialisers allocated %d bytes before heapprofile's ran, want 0", before)
 	}
 }
 
