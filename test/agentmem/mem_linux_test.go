@@ -86,7 +86,7 @@ type sample struct {
 	// cpu is the process's user + system CPU time since start; gcs the
 	// collections since start; memLimit the Go runtime's memory limit
 	// (--memory-limit-mib as the agent set it; 0: none).
-	cpu           time.Duration
+	cpu, gcCPU    time.Duration // gcCPU: the runtime's estimate of its collector's share
 	gcs, memLimit uint64
 	lastLive      uint64 // the live heap of the last collection (go_gc_heap_live_bytes)
 	res           *Resident
@@ -117,7 +117,7 @@ func measure(t *testing.T, what string, pid int, socket string, last bool) *samp
 	// /metrics first: it symbolises nothing, and the heap profile's
 	// collection would count in its figures.
 	ms := metricsStats(t, socket)
-	s.gcs, s.memLimit = ms["NumGC"], ms["MemLimit"]
+	s.gcs, s.memLimit, s.gcCPU = ms["NumGC"], ms["MemLimit"], time.Duration(ms["GCCPUms"])*time.Millisecond
 	if s.memLimit >= math.MaxInt64 { // none (a float in /metrics)
 		s.memLimit = 0
 	}
@@ -177,12 +177,15 @@ func metricsStats(t *testing.T, socket string) map[string]uint64 {
 		"go_memstats_heap_released_bytes": "HeapReleased", "go_memstats_stack_sys_bytes": "Stack", "go_memstats_gc_sys_bytes": "GCSys",
 		"go_memstats_other_sys_bytes": "OtherSys", "go_memstats_mspan_sys_bytes": "MSpan", "go_memstats_mcache_sys_bytes": "MCache",
 		"go_memstats_buck_hash_sys_bytes": "BuckHashSys", "go_memstats_sys_bytes": "Sys",
-		"go_gc_duration_seconds_count": "NumGC", "go_gc_gomemlimit_bytes": "MemLimit"}
+		"go_gc_duration_seconds_count": "NumGC", "go_gc_gomemlimit_bytes": "MemLimit", "go_cpu_classes_gc_total_cpu_seconds_total": "GCCPUms"}
 	out := map[string]uint64{}
 	for line := range strings.SplitSeq(string(body), "\n") {
 		name, v, ok := strings.Cut(line, " ")
 		if key, want := names[name]; ok && want {
 			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				if key == "GCCPUms" {
+					f *= 1000
+				}
 				out[key] = uint64(f)
 			}
 		}
@@ -294,10 +297,10 @@ func report(t *testing.T, s *sample, target string) {
 	fmt.Printf("memory: %s: VmRSS %s MiB (RssAnon %s, RssFile %s), Pss %s MiB (anon %s, file %s); "+
 		"Go: %s, heap from the OS %s (released %s), stacks %s, GC metadata %s, other %s, total %s MiB; "+
 		"executable resident %s MiB file-backed, %s MiB copied; %d page faults read from disk since start; "+
-		"CPU since start %.2f s, %d collections, memory limit %s MiB\n",
+		"CPU since start %.2f s, %d collections, their CPU %.2f s, memory limit %s MiB\n",
 		s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), mib(s.pss), mib(s.pssAnon), mib(s.pssFile),
 		heap, mib(s.heapSys), mib(s.heapReleased), mib(s.stackSys), mib(s.gcSys), mib(s.otherSys), mib(s.totalSys),
-		mib(s.res.File), mib(s.res.COW), s.majFlt, s.cpu.Seconds(), s.gcs, mib(s.memLimit))
+		mib(s.res.File), mib(s.res.COW), s.majFlt, s.cpu.Seconds(), s.gcs, s.gcCPU.Seconds(), mib(s.memLimit))
 	fmt.Printf("memory: %s: executable by section (MiB):%s\n", s.what, top(s.res.Sections, 6))
 	fmt.Printf("memory: %s: executable by package (MiB, .text/.rodata/data by symbol):%s\n", s.what, top(s.res.Packages, envInt("MEM_TOP", 25)))
 	fmt.Printf("headline: agent VmRSS, %s (MiB; RssAnon + RssFile) | %s (%s + %s) | %s\n", s.what, mib(s.vmRSS), mib(s.rssAnon), mib(s.rssFile), target)
@@ -325,7 +328,8 @@ func top(m map[string]uint64, n int) string {
 
 // TestMemStandalone: the agent process on the Linux datapath in a netns
 // of its own, idle, then with MEM_PODS (default 110) pods added by the
-// real membrane-cni, each measured after MEM_SETTLE (default 15s).
+// real membrane-cni, each measured after MEM_SETTLE (default 15s); then the CPU over
+// MEM_IDLE.
 func TestMemStandalone(t *testing.T) {
 	requireBench(t)
 	pods, settle := envInt("MEM_PODS", 110), envDuration("MEM_SETTLE", 15*time.Second)
@@ -339,4 +343,23 @@ func TestMemStandalone(t *testing.T) {
 	}
 	time.Sleep(settle)
 	report(t, measure(t, fmt.Sprintf("standalone, %d endpoints", pods), p.Pid(), n.Socket, true), "<= 48")
+	idle(t, "standalone", p.Pid(), n.Socket)
+}
+
+// idle waits MEM_IDLE (default 30s) with the agent left alone and prints
+// its CPU time and collections over that window: what the memory limit
+// costs at steady state.
+func idle(t *testing.T, what string, pid int, socket string) {
+	t.Helper()
+	d := envDuration("MEM_IDLE", 30*time.Second)
+	if d <= 0 {
+		return
+	}
+	_, cpu0 := majorFaults(t, pid)
+	ms0 := metricsStats(t, socket)
+	time.Sleep(d)
+	_, cpu1 := majorFaults(t, pid)
+	ms1 := metricsStats(t, socket)
+	fmt.Printf("memory: %s: idle %s: CPU %.2f s, %d collections, their CPU %.3f s; live heap at the last collection %s MiB\n",
+		what, d, (cpu1 - cpu0).Seconds(), ms1["NumGC"]-ms0["NumGC"], float64(ms1["GCCPUms"]-ms0["GCCPUms"])/1000, mib(ms1["HeapLive"]))
 }
