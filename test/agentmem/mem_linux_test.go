@@ -328,8 +328,8 @@ func top(m map[string]uint64, n int) string {
 
 // TestMemStandalone: the agent process on the Linux datapath in a netns
 // of its own, idle, then with MEM_PODS (default 110) pods added by the
-// real membrane-cni, each measured after MEM_SETTLE (default 15s); then the CPU over
-// MEM_IDLE.
+// real membrane-cni, each measured after MEM_SETTLE (default 15s); then
+// the CPU over MEM_IDLE.
 func TestMemStandalone(t *testing.T) {
 	requireBench(t)
 	pods, settle := envInt("MEM_PODS", 110), envDuration("MEM_SETTLE", 15*time.Second)
