@@ -100,6 +100,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.IntVar(&cfg.API.MaxConns, "max-connections", 1024, "unix socket: most connections open at once; more are answered 503 and closed")
 	fs.IntVar(&cfg.Actors.Pool.Workers, "datapath-workers", actors.DefaultPoolWorkers, "goroutines running the datapath's blocking calls (netlink, BPF, disk) for the actors, 1..1024: more let slow calls wait side by side, each costs a parked goroutine")
 	fs.IntVar(&cfg.GCPercent, "gc-percent", agent.DefaultGCPercent, "Go garbage collector target: collect when the heap has grown by this percentage of the live heap (25..1000; the GOGC environment variable, when set, wins): higher costs memory and saves CPU")
+	var memLimitMiB int64
+	fs.Int64Var(&memLimitMiB, "memory-limit-mib", agent.DefaultMemoryLimitMiB, "soft limit of the Go runtime's memory (heap, stacks, runtime structures; not the executable's pages) in MiB: the garbage collector runs earlier than --gc-percent asks when the heap would grow past it, but never more often than when the heap has grown by half the live heap (0: no limit; the GOMEMLIMIT environment variable, when set, wins)")
 	fs.DurationVar(&cfg.ReleaseStartupPages, "release-startup-pages", 10*time.Second, "this long after start, ask the kernel to reclaim the pages of the agent's executable that start-up read (package initialisers; most of the binary's resident pages), so the resident memory settles at what the agent uses; pages used later are read back on first touch (0: never)")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute, "garbage collector: time between passes deleting orphan host veths and BPF pins and endpoints whose host interface vanished (each needs two consecutive passes; negative disables)")
 	fs.StringVar(&cfg.Linux.BPFFS, "bpffs", datapath.DefaultBPFFS, "linux datapath: bpffs directory for pinned BPF objects (per endpoint under <bpffs>/endpoints/<id>)")
@@ -178,6 +180,10 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if fs.NArg() > 0 {
 		return cfg, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if memLimitMiB < 0 || memLimitMiB > 1<<30 {
+		return cfg, nil, fmt.Errorf("--memory-limit-mib %d: want 0..%d", memLimitMiB, 1<<30)
+	}
+	cfg.MemoryLimit = memLimitMiB << 20
 	for _, s := range strings.Split(clusterCIDRs, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

@@ -360,6 +360,25 @@ func TestParseFlagsGCPercent(t *testing.T) {
 	}
 }
 
+func TestParseFlagsMemoryLimit(t *testing.T) {
+	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
+	cfg, _, err := parseFlags(base, io.Discard)
+	if err != nil || cfg.MemoryLimit != agent.DefaultMemoryLimitMiB<<20 {
+		t.Fatalf("default: MemoryLimit %d, err %v; want %d MiB", cfg.MemoryLimit, err, agent.DefaultMemoryLimitMiB)
+	}
+	for arg, want := range map[string]int64{"0": 0, "64": 64 << 20} {
+		cfg, _, err = parseFlags(append(append([]string{}, base...), "--memory-limit-mib", arg), io.Discard)
+		if err != nil || cfg.MemoryLimit != want {
+			t.Fatalf("--memory-limit-mib %s: MemoryLimit %d, err %v; want %d", arg, cfg.MemoryLimit, err, want)
+		}
+	}
+	for _, bad := range []string{"-1", "99999999999", "1GiB"} {
+		if _, _, err = parseFlags(append(append([]string{}, base...), "--memory-limit-mib", bad), io.Discard); err == nil || !strings.Contains(err.Error(), "memory-limit-mib") {
+			t.Fatalf("--memory-limit-mib %s: err %v, want one naming the flag", bad, err)
+		}
+	}
+}
+
 func TestParseFlagsDatapathWorkers(t *testing.T) {
 	base := []string{"--datapath", "fake", "--socket", "/tmp/x.sock", "--state-dir", "/tmp/x"}
 	for _, tc := range []struct {

@@ -89,6 +89,13 @@ type Config struct {
 	// default DefaultGCPercent): Start applies it process-wide unless it
 	// is 0 or the GOGC environment variable is set (GOGC wins).
 	GCPercent int
+	// MemoryLimit is the soft limit of the Go runtime's memory in bytes
+	// (--memory-limit-mib, default DefaultMemoryLimitMiB; procmem.SetSoftLimit):
+	// the collector runs earlier than GCPercent asks when the heap would
+	// pass it, never more often than at procmem.MinGCPercent. Start applies
+	// it process-wide unless it is 0 or the GOMEMLIMIT environment variable
+	// is set (GOMEMLIMIT wins).
+	MemoryLimit int64
 	// ReleaseStartupPages is how long after start the agent asks the
 	// kernel to reclaim its executable's resident pages, which start-up
 	// read and steady state mostly does not (--release-startup-pages,
@@ -157,6 +164,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--procfs: %q is not an absolute path: %w", c.ProcFS, ErrInvalidConfig)
 	case c.GCPercent != 0 && (c.GCPercent < 25 || c.GCPercent > 1000):
 		return fmt.Errorf("--gc-percent %d: want 25..1000: %w", c.GCPercent, ErrInvalidConfig)
+	case c.MemoryLimit < 0:
+		return fmt.Errorf("--memory-limit-mib %d: want 0 or more: %w", c.MemoryLimit>>20, ErrInvalidConfig)
 	case c.IPAM != "" && c.IPAM != IPAMStatic && c.IPAM != IPAMKubernetes:
 		return fmt.Errorf("--ipam: %q: want %s or %s: %w", c.IPAM, IPAMStatic, IPAMKubernetes, ErrInvalidConfig)
 	case c.IPAM == IPAMKubernetes && c.K8s == nil:
@@ -285,6 +294,7 @@ func Start(cfg Config, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	applyGCPercent(cfg.GCPercent)
+	applyMemoryLimit(cfg.MemoryLimit)
 	if cfg.ProcFS != "" {
 		sysctl.SetProcFS(cfg.ProcFS)
 	}

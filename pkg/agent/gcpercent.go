@@ -28,6 +28,25 @@ func applyGCPercent(pct int) {
 	debug.SetGCPercent(pct)
 }
 
+// DefaultMemoryLimitMiB is --memory-limit-mib's default: the soft limit
+// of the Go runtime's memory. The agent's live heap is 5 MiB standalone
+// with 110 endpoints and 12-13 MiB in Kubernetes mode with 5,000 remote
+// endpoints; at GCPercent 200 alone the heap grew to about three times
+// that between collections (RssAnon 22-26 and 38-47 MiB). The limit
+// leaves the small heap its 200% and makes the large one collect earlier,
+// never more often than at procmem.MinGCPercent (BENCHMARKS.md "Agent
+// memory", issue 39).
+const DefaultMemoryLimitMiB = 24
+
+// applyMemoryLimit sets the soft memory limit to limit bytes unless limit
+// is 0 or GOMEMLIMIT is set in the environment.
+func applyMemoryLimit(limit int64) {
+	if limit == 0 || os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	procmem.SetSoftLimit(limit)
+}
+
 // releaseStartupPages schedules the release of the executable's
 // start-up pages (Config.ReleaseStartupPages) once, in the background.
 func (a *Agent) releaseStartupPages() {

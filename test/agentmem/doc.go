@@ -4,8 +4,9 @@
 // Linux datapath in a netns of the test's own, and in Kubernetes mode
 // against a real kube-apiserver with local pods and other nodes'
 // MembraneEndpoints. It reports VmRSS, RssAnon and RssFile, Pss, the Go
-// runtime's view (live heap after a collection, what the heap and stacks
-// hold from the OS) and where the executable's resident pages are, by
-// ELF section and by Go package (ReadResident: a pagemap walk). Opt-in
-// (make bench-mem), root.
+// runtime's view (live heap at the last collection, what the heap and
+// stacks hold from the OS, the memory limit), the process's CPU time and
+// collections, and where the executable's resident pages are, by ELF
+// section and by Go package (ReadResident: a pagemap walk). Opt-in (make
+// bench-mem), root.
 package agentmem

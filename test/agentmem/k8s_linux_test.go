@@ -42,7 +42,7 @@ const (
 // Node objects hold their addresses, over 250 MembraneIdentities; then
 // MEM_PODS (default 110) pods of this node added by the real
 // membrane-cni. Measured idle with the remote endpoints, and with the
-// pods too, after MEM_SETTLE each.
+// pods too, after MEM_SETTLE each; then the CPU over MEM_IDLE.
 func TestMemKubernetes(t *testing.T) {
 	requireBench(t)
 	pods, remote, nodes := envInt("MEM_PODS", 110), envInt("MEM_REMOTE", 5000), max(envInt("MEM_REMOTE_NODES", 50), 1)
@@ -105,6 +105,7 @@ func TestMemKubernetes(t *testing.T) {
 	}
 	time.Sleep(settle)
 	report(t, measure(t, fmt.Sprintf("Kubernetes mode, %d pods and %d remote endpoints", pods, remote), p.Pid(), n.Socket, true), "<= 64")
+	idle(t, "Kubernetes mode", p.Pid(), n.Socket)
 }
 
 func createNode(t *testing.T, cs kubernetes.Interface, name, cidr, ip string) {

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"regexp"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -212,9 +213,16 @@ func New() *Metrics {
 	m.tdSync = desc("veth_teardowns_sync_total", "Host veths deleted on the CNI DEL's path because --teardown-max-pending deletions were pending.")
 	m.mapMax = desc("bpf_map_max_entries", "The size of the maps of membrane_bpf_map_entries (--ct-max, --ipcache-max).", "map")
 	m.reg.MustRegister(m.apiLatency, m.regen, m.dpPhase, m.restore, m.restored, m.drops, m.l7, m.nodeUp, m.nodeRTT, m.stateOK, m.stateFault, m.pinRepair, m.repinned, (*sampled)(m),
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		// Besides the defaults: go_gc_heap_live_bytes, the heap the last
+		// collection kept (what --memory-limit-mib's floor follows), and
+		// go_cpu_classes_gc_total_cpu_seconds_total, the collector's CPU
+		// time (what the limit costs).
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{Matcher: liveHeapMetric})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+var liveHeapMetric = regexp.MustCompile(`^(/gc/heap/live:bytes|/cpu/classes/gc/total:cpu-seconds)$`)
 
 // NodeProbe records a probe round of a remote node (health's node
 // prober): ok if every address answered, rtt the slowest answer.

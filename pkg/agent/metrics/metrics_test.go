@@ -22,7 +22,9 @@ func scrape(t *testing.T, m *Metrics) string {
 func TestScrape(t *testing.T) {
 	m := New()
 	// Without a sampler only the observed series and the runtime show.
-	if body := scrape(t, m); strings.Contains(body, "membrane_endpoints{") || !strings.Contains(body, "go_goroutines") {
+	if body := scrape(t, m); strings.Contains(body, "membrane_endpoints{") || !strings.Contains(body, "go_goroutines") ||
+		!strings.Contains(body, "\ngo_gc_heap_live_bytes ") || !strings.Contains(body, "\ngo_gc_gomemlimit_bytes ") ||
+		!strings.Contains(body, "\ngo_cpu_classes_gc_total_cpu_seconds_total ") {
 		t.Fatalf("scrape without a sampler:\n%s", body)
 	}
 	m.SetSampler(func() Sample {
