@@ -46,10 +46,48 @@ func exeRss(t *testing.T) uint64 {
 	return total
 }
 
+// touchExecutable reads every page of this process's read-only mappings
+// of its executable (through /proc/self/mem).
+func touchExecutable(t *testing.T) {
+	t.Helper()
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := os.Open("/proc/self/mem") // reading it faults the pages in
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	buf := make([]byte, 64<<10)
+	for _, line := range strings.Split(string(b), "\n") {
+		lo, hi, perms, path, ok := parseMapsLine(line)
+		if !ok || path != exe || strings.Contains(perms, "w") || !strings.HasPrefix(perms, "r") {
+			continue
+		}
+		for a := lo; a < hi; a += uint64(len(buf)) {
+			n := min(uint64(len(buf)), hi-a)
+			if _, err := mem.ReadAt(buf[:n], int64(a)); err != nil {
+				t.Fatalf("read %x: %v", a, err)
+			}
+		}
+	}
+}
+
 // TestReleaseExecutable: the test binary's resident pages of its own
-// executable drop to less than half once released, and the process goes
-// on running (the pages it needs come back on touch).
+// executable drop by at least a quarter of what was advised once
+// released, and the process goes on running (the pages it needs come
+// back on touch).
 func TestReleaseExecutable(t *testing.T) {
+	// Every page of the executable's read-only mappings resident first,
+	// so that what the release drops is not hidden by the pages other
+	// goroutines (the collector, the race detector's runtime) fault back
+	// in meanwhile: at least a quarter of what was advised must go.
+	touchExecutable(t)
 	before := exeRss(t)
 	r, err := ReleaseExecutable()
 	if err != nil {
@@ -60,8 +98,8 @@ func TestReleaseExecutable(t *testing.T) {
 	if r.Mappings == 0 || r.Bytes == 0 {
 		t.Fatalf("advised nothing: %+v", r)
 	}
-	if after*2 > before {
-		t.Fatalf("the executable's Rss %d -> %d KiB: want it at least halved", before, after)
+	if after+uint64(r.Bytes>>10)/4 > before {
+		t.Fatalf("the executable's Rss %d -> %d KiB of %d KiB advised: want a quarter of it gone", before, after, r.Bytes>>10)
 	}
 	// Code and read-only data still work after the release.
 	if got := strconv.Itoa(12345) + strings.Repeat("x", 2); got != "12345xx" {
