@@ -324,6 +324,7 @@ func (m *Mirror) send() (done, more bool) {
 	} else {
 		ups, dels = m.takePendingLocked()
 		n = len(ups) + len(dels)
+		m.traceTaken(ups, time.Now())
 	}
 	m.inFlightSince, m.pendingSince = m.oldestLocked(), time.Time{}
 	m.inFlight = len(m.pending)
@@ -528,6 +529,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 
 func (l *epLister) events(evs []*clientv3.Event) {
 	m := (*Mirror)(l)
+	got := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	// Each address's last change wins: a response may carry an endpoint's
@@ -546,6 +548,7 @@ func (l *epLister) events(evs []*clientv3.Event) {
 		}
 	}
 	m.sendLocked(final)
+	m.traceReceived(final, got)
 }
 
 // finalChanges are each address's last change (nil: delete).

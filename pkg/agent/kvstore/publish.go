@@ -368,6 +368,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 	for len(ops) > 0 {
 		n := min(len(ops), maxTxnOps)
 		batch := ops[:n]
+		start := time.Now()
 		err := p.c.call(p.ctx, "publish endpoints", func(ctx context.Context) error {
 			_, err := p.c.cli.Txn(ctx).Then(batch...).Commit()
 			return err
@@ -376,6 +377,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 		if err != nil {
 			return err
 		}
+		p.tracePublished(batch, opKeys[:n], want, start, time.Now())
 		ops, opKeys = ops[n:], opKeys[n:]
 	}
 	if cur, _ := p.c.Lease(); cur != lease {
