@@ -622,6 +622,13 @@ func (m *Mirror) putLocked(key string, v []byte, rev int64) ([]endpoint.Remote, 
 	var dels []netip.Addr
 	_, wasRefused := m.refused[key]
 	accepted := m.checkLocked(key, rec, false)
+	if old, ok := m.recs[key]; ok && !wasRefused && accepted && rec.sameAs(old) && m.ownsAllLocked(key, old) {
+		// Written again as it was (its node writing everything again under
+		// a new lease): the agent holds it already. The later revision only
+		// makes its claims later, and they are all the latest already.
+		old.rev = rec.rev
+		return nil, nil
+	}
 	if old, ok := m.recs[key]; ok && !wasRefused { // addresses the endpoint no longer claims
 		for _, ip := range old.ips {
 			if !accepted || !slices.Contains(rec.ips, ip) {
@@ -635,6 +642,17 @@ func (m *Mirror) putLocked(key string, v []byte, rev int64) ([]endpoint.Remote, 
 		return ups, dels
 	}
 	return append(ups, m.ownLocked(key, rec)...), dels
+}
+
+// ownsAllLocked reports whether key's accepted record rec is the
+// latest claim of each of its addresses.
+func (m *Mirror) ownsAllLocked(key string, rec *heldRecord) bool {
+	for _, ip := range rec.ips {
+		if m.owners[ip] != key {
+			return false
+		}
+	}
+	return true
 }
 
 // claimBefore reports whether record key a's claim is earlier than b's:

@@ -119,3 +119,32 @@ func TestMirrorNodeSinkDoesNotHoldWatches(t *testing.T) {
 	testutil.Eventually(t, "the node set's hand-over started", func() bool { return ns.count() == 2 })
 	ct.expect("another node's endpoint while the node set's hand-over hangs", map[netip.Addr]identity.NumericIdentity{claimed: 301})
 }
+
+// TestMirrorUnchangedEndpointRecord: an endpoint record written again as
+// it was (its node writing everything again under a new lease) is no
+// change for the agent: nothing is queued for the ipcache. Each such
+// write cost every other agent an ipcache update per endpoint of the
+// node. A record written again that is not the latest claim of its
+// address still takes it (the latest write wins).
+func TestMirrorUnchangedEndpointRecord(t *testing.T) {
+	ct := newClaimTest(t)
+	ct.nodeEvent(nodeKV("other", "10.9.0.0/24", 5))
+	ct.epEvents(claimKV("other/1", claimed, 301, 10))
+	ct.expect("the endpoint", map[netip.Addr]identity.NumericIdentity{claimed: 301})
+
+	ct.epEvents(claimKV("other/1", claimed, 301, 11)) // the same record, a later revision
+	ct.m.mu.Lock()
+	queued := len(ct.m.pending)
+	ct.m.mu.Unlock()
+	if queued != 0 {
+		t.Fatalf("an endpoint record written again unchanged: %d addresses queued for the agent, want none", queued)
+	}
+	ct.expect("written again", map[netip.Addr]identity.NumericIdentity{claimed: 301})
+
+	ct.epEvents(claimKV("other/2", claimed, 302, 12)) // a later claim of the address
+	ct.expect("a later claim", map[netip.Addr]identity.NumericIdentity{claimed: 302})
+	ct.epEvents(claimKV("other/1", claimed, 301, 13)) // the earlier one written again: now the latest
+	ct.expect("the earlier claim written again is the latest", map[netip.Addr]identity.NumericIdentity{claimed: 301})
+	ct.epDelete("other/1", 14)
+	ct.expect("the latest gone: the one before", map[netip.Addr]identity.NumericIdentity{claimed: 302})
+}
