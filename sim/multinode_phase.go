@@ -17,7 +17,8 @@ import (
 // whose last byte is a multiple of phaseSample), the time each passes
 // every phase from its node's answer to the other nodes' ipcaches:
 //
-//	published  the writer's publish transaction answered (kvstore.Trace.Published)
+//	writing    the writer's publish transaction was sent (kvstore.Trace.Published)
+//	published  it was answered
 //	seen       a bare etcd watch in the simulator received it (etcd's fan-out
 //	           to a watcher that does nothing else)
 //	received   the node's mirror read the watch response (Trace.Received)
@@ -31,10 +32,11 @@ import (
 const phaseSample = 4
 
 // convPhaseNames are the phases in order (PhaseReport's keys).
-var convPhaseNames = [...]string{"published", "seen", "received", "queued", "taken", "applied"}
+var convPhaseNames = [...]string{"writing", "published", "seen", "received", "queued", "taken", "applied"}
 
 const (
-	phPublished = iota
+	phWriting = iota
+	phPublished
 	phSeen
 	phReceived
 	phQueued
@@ -48,7 +50,7 @@ const (
 type epPhases struct {
 	id   identity.NumericIdentity // 0: not yet published
 	ep   *convEP                  // nil until created
-	once [2]time.Time             // published, seen
+	once [3]time.Time             // writing, published, seen
 	node [][4]time.Time           // received, queued, taken, applied per node
 }
 
@@ -91,15 +93,15 @@ func sampledOf(eps []endpoint.Remote) []endpoint.Remote {
 	return out
 }
 
-func (n nodeTrace) Published(eps []endpoint.Remote, _, done time.Time) {
+func (n nodeTrace) Published(eps []endpoint.Remote, start, done time.Time) {
 	if eps = sampledOf(eps); len(eps) == 0 {
 		return
 	}
 	n.t.mu.Lock()
 	defer n.t.mu.Unlock()
 	for _, r := range eps {
-		if ph := n.t.phaseLocked(r.IPs[0], r.Identity); ph != nil && ph.once[0].IsZero() {
-			ph.id, ph.once[0] = r.Identity, done
+		if ph := n.t.phaseLocked(r.IPs[0], r.Identity); ph != nil && ph.once[phPublished].IsZero() {
+			ph.id, ph.once[phWriting], ph.once[phPublished] = r.Identity, start, done
 		}
 	}
 }
@@ -137,8 +139,8 @@ func (t *convTracker) seen(ip netip.Addr, id identity.NumericIdentity, at time.T
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if ph := t.phaseLocked(ip, id); ph != nil && ph.once[1].IsZero() {
-		ph.once[1] = at
+	if ph := t.phaseLocked(ip, id); ph != nil && ph.once[phSeen].IsZero() {
+		ph.once[phSeen] = at
 	}
 }
 

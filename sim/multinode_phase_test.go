@@ -33,7 +33,7 @@ func TestConvTrackerPhases(t *testing.T) {
 	tr.creating(ip)
 	tr.creating(other)
 	n0, n1, n2 := nodeTrace{tr, 0}, nodeTrace{tr, 1}, nodeTrace{tr, 2}
-	n0.Published(rem(300, ip, other), at(0), at(10))
+	n0.Published(rem(300, ip, other), at(3), at(10))
 	tr.created(0, ip, 300, t0)
 	tr.created(0, other, 300, t0)
 	tr.seen(ip, 300, at(20))
@@ -52,7 +52,7 @@ func TestConvTrackerPhases(t *testing.T) {
 	}
 	tr.observe(2, rem(300, ip))
 	r, _ = tr.report()
-	want := map[string]float64{"published": 10, "seen": 20, "received": 100, "queued": 101, "taken": 200}
+	want := map[string]float64{"writing": 3, "published": 10, "seen": 20, "received": 100, "queued": 101, "taken": 200}
 	for name, ms := range want {
 		if got := r.Phases.Last[name]; got.Count != 1 || got.Max != ms {
 			t.Errorf("%s at the last node: %+v, want one endpoint at %g ms", name, got, ms)
