@@ -154,6 +154,14 @@ func (p *Publisher) run() {
 	full, backoff := true, 100*time.Millisecond
 	dirty := map[endpoint.ID]struct{}{}
 	var owed <-chan time.Time // a full comparison after incremental ones
+	// An event reaches the publisher before the index commits its change:
+	// expect holds what the latest event of each dirty endpoint says, and
+	// an endpoint whose index row does not say it yet (lagging) is
+	// compared again after Coalesce, at most maxLagTries times (then the
+	// full comparison finds it), instead of waiting FullEvery for it.
+	expect := map[endpoint.ID]evExpect{}
+	lagging := map[endpoint.ID]lagState{}
+	var lagRetry <-chan time.Time
 	for {
 		if full || len(dirty) > 0 {
 			resumed := p.c.Resumed()
@@ -169,8 +177,15 @@ func (p *Publisher) run() {
 			if !full && owed == nil {
 				owed = time.After(p.cfg.FullEvery)
 			}
+			if !full {
+				p.checkLag(dirty, expect, lagging)
+				if len(lagging) > 0 && lagRetry == nil {
+					lagRetry = time.After(p.cfg.Coalesce)
+				}
+			}
 			full, backoff = false, 100*time.Millisecond
 			clear(dirty)
+			clear(expect)
 		}
 		select {
 		case <-p.ctx.Done():
@@ -181,14 +196,19 @@ func (p *Publisher) run() {
 			full = true
 		case <-owed:
 			full, owed = true, nil
+		case <-lagRetry:
+			lagRetry = nil
+			for id := range lagging {
+				dirty[id] = struct{}{}
+			}
 		case <-ready:
-			if drain(sub, dirty) {
+			if drain(sub, dirty, expect) {
 				full = true
 			}
 			if (full || len(dirty) > 0) && !sleep(p.ctx, p.cfg.Coalesce) {
 				return
 			}
-			if drain(sub, dirty) {
+			if drain(sub, dirty, expect) {
 				full = true
 			}
 		}
@@ -196,8 +216,9 @@ func (p *Publisher) run() {
 }
 
 // drain reads every pending event and adds the endpoints they concern to
-// dirty; it reports whether events were missed (compare everything).
-func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}) (missed bool) {
+// dirty, and what the latest event of each says to expect; it reports
+// whether events were missed (compare everything).
+func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect) (missed bool) {
 	for {
 		ev, ok := sub.TryNext()
 		if !ok {
@@ -205,10 +226,52 @@ func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}) (missed boo
 		}
 		switch ev.Type {
 		case events.EndpointCreated, events.EndpointStateChanged, events.EndpointDeleted:
-			dirty[endpoint.ID(ev.Endpoint)] = struct{}{}
+			id := endpoint.ID(ev.Endpoint)
+			dirty[id] = struct{}{}
+			expect[id] = evExpect{gone: ev.Type == events.EndpointDeleted, state: endpoint.State(ev.State)}
 		case events.Missed:
 			missed = true
 		}
+	}
+}
+
+// evExpect is what an endpoint's latest event says the index holds: no
+// endpoint (gone), or the endpoint in state (empty: any).
+type evExpect struct {
+	gone  bool
+	state endpoint.State
+}
+
+// maxLagTries bounds the comparisons again of an endpoint whose index row
+// lags its event (each Coalesce apart).
+const maxLagTries = 20
+
+// lagState is a lagging endpoint's expectation and its tries so far.
+type lagState struct {
+	want  evExpect
+	tries int
+}
+
+// checkLag updates lagging after an incremental sync of ids: an endpoint
+// whose index row does not say what its latest event (in expect, else
+// the one it lagged behind) said yet is compared again, up to
+// maxLagTries times; one that does, or that was tried enough, is done.
+func (p *Publisher) checkLag(ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) {
+	for id := range ids {
+		l, was := lagging[id]
+		if e, ok := expect[id]; ok {
+			l.want = e
+		} else if !was {
+			continue // compared for another reason: nothing to expect
+		}
+		ep, held := p.cfg.Source.Endpoint(id)
+		e := l.want
+		lags := e.gone && held || !e.gone && (!held || e.state != "" && ep.State != e.state)
+		if l.tries++; !lags || l.tries > maxLagTries {
+			delete(lagging, id)
+			continue
+		}
+		lagging[id] = l
 	}
 }
 
