@@ -165,7 +165,7 @@ func (p *Publisher) run() {
 	for {
 		if full || len(dirty) > 0 {
 			resumed := p.c.Resumed()
-			if err := p.sync(full, dirty); err != nil {
+			if err := p.sync(full, dirty, expect, lagging); err != nil {
 				full = true // what failed is found again by comparing everything
 				// A new lease (kick) or etcd back ends the wait.
 				if !sleepOr(p.ctx, backoff, resumed, p.kick) {
@@ -177,11 +177,8 @@ func (p *Publisher) run() {
 			if !full && owed == nil {
 				owed = time.After(p.cfg.FullEvery)
 			}
-			if !full {
-				p.checkLag(dirty, expect, lagging)
-				if len(lagging) > 0 && lagRetry == nil {
-					lagRetry = time.After(p.cfg.Coalesce)
-				}
+			if !full && len(lagging) > 0 && lagRetry == nil {
+				lagRetry = time.After(p.cfg.Coalesce)
 			}
 			full, backoff = false, 100*time.Millisecond
 			clear(dirty)
@@ -252,27 +249,26 @@ type lagState struct {
 	tries int
 }
 
-// checkLag updates lagging after an incremental sync of ids: an endpoint
-// whose index row does not say what its latest event (in expect, else
-// the one it lagged behind) said yet is compared again, up to
-// maxLagTries times; one that does, or that was tried enough, is done.
-func (p *Publisher) checkLag(ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) {
-	for id := range ids {
-		l, was := lagging[id]
-		if e, ok := expect[id]; ok {
-			l.want = e
-		} else if !was {
-			continue // compared for another reason: nothing to expect
-		}
-		ep, held := p.cfg.Source.Endpoint(id)
-		e := l.want
-		lags := e.gone && held || !e.gone && (!held || e.state != "" && ep.State != e.state)
-		if l.tries++; !lags || l.tries > maxLagTries {
-			delete(lagging, id)
-			continue
-		}
-		lagging[id] = l
+// checkLag updates lagging for endpoint id as the comparison read its
+// index row (ep, held: the very read the comparison used; a later read
+// may say more than what was written): an endpoint whose row does not
+// say what its latest event (in expect, else the one it lagged behind)
+// said yet is compared again, up to maxLagTries times; one that does,
+// or that was tried enough, is done.
+func checkLag(id endpoint.ID, ep *endpoint.Endpoint, held bool, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) {
+	l, was := lagging[id]
+	if e, ok := expect[id]; ok {
+		l.want = e
+	} else if !was {
+		return // compared for another reason: nothing to expect
 	}
+	e := l.want
+	lags := e.gone && held || !e.gone && (!held || e.state != "" && ep.State != e.state)
+	if l.tries++; !lags || l.tries > maxLagTries {
+		delete(lagging, id)
+		return
+	}
+	lagging[id] = l
 }
 
 // pubRecord is an endpoint's record as last encoded.
@@ -365,13 +361,15 @@ func (p *Publisher) desired() map[string]string {
 }
 
 // changed is what etcd should hold for the endpoints in ids (a missing
-// key: none); p.mu is held.
-func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
+// key: none), and updates lagging (checkLag) with what it read; p.mu is
+// held.
+func (p *Publisher) changed(ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) map[string]string {
 	nodeIP := p.nodeIP()
 	want := make(map[string]string, len(ids))
 	for id := range ids {
 		key := p.c.keys.endpoint(p.c.cfg.NodeName, uint16(id))
 		ep, ok := p.cfg.Source.Endpoint(id)
+		checkLag(id, ep, ok, expect, lagging)
 		if ok {
 			if r, ok := p.recordOf(ep, nodeIP); ok {
 				want[r.key] = r.value
@@ -393,8 +391,10 @@ func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
 // sync writes the difference between the index and what etcd holds: of
 // every endpoint (full), or of the endpoints in ids. An event may reach
 // the publisher before the index holds its change, so incremental syncs
-// are followed by a full one within FullEvery.
-func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
+// compare an endpoint whose index row lags its event again shortly
+// (lagging, updated with what this comparison read) and are followed by
+// a full one within FullEvery.
+func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) error {
 	lease, ok := p.c.Lease()
 	if !ok {
 		return ErrUnavailable
@@ -416,7 +416,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 			}
 		}
 	} else {
-		want = p.changed(ids)
+		want = p.changed(ids, expect, lagging)
 	}
 	for k, v := range want {
 		_, was := p.published[k]
