@@ -206,6 +206,11 @@ func RunMultiNode(ctx context.Context, cfg MultiConfig) (*MultiReport, error) {
 	}
 	defer etcd.stop()
 	conv := newConvTracker(cfg.Nodes, cfg.Nodes*min(cfg.WorkersPerNode, cfg.EndpointsPerNode))
+	seenCtx, stopSeen := context.WithCancel(ctx)
+	defer stopSeen()
+	if err := watchSeen(seenCtx, etcd.endpoint(), simPrefix+"state/endpoints/v1/", conv); err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
 	nodes, err := startNodes(cfg, etcd.endpoint(), conv)
 	defer stopNodes(nodes)
 	if err != nil {
@@ -328,7 +333,7 @@ func startNodes(cfg MultiConfig, etcdEndpoint string, conv *convTracker) ([]*sim
 			IPv4Range: podRange(i), Datapath: "fake", GCInterval: -1, GCPercent: agent.DefaultGCPercent,
 			Fake: datapath.NewFake(cfg.Seed + uint64(i)),
 			Kvstore: &kvstore.Config{Endpoints: []string{etcdEndpoint}, NodeName: name, Prefix: simPrefix, LeaseTTL: cfg.LeaseTTL,
-				GCInterval: cfg.GCInterval, GCGrace: cfg.GCGrace},
+				GCInterval: cfg.GCInterval, GCGrace: cfg.GCGrace, Trace: nodeTrace{t: conv, j: i}},
 			NodeAddrs:       []netip.Addr{netip.AddrFrom4([4]byte{192, 168, byte(220 + i/250), byte(i%250 + 1)})},
 			KvstoreObserver: func(eps []endpoint.Remote) { conv.observe(i, eps) }}
 		n := &simNode{name: name, cfg: ac}

@@ -36,6 +36,10 @@ type convTracker struct {
 	// endpoints are timed in the steady histograms as well.
 	toFull                         int
 	steadyToNode, steadyEverywhere histogram
+	// ph holds the sampled endpoints' per-phase clocks (multinode_phase.go)
+	// from their creation on; phases their distributions.
+	ph     map[netip.Addr]*epPhases
+	phases phaseHists
 }
 
 // convEP is one created endpoint being waited for.
@@ -51,7 +55,8 @@ type convEP struct {
 // newConvTracker tracks nodes nodes whose workers drivers ramp up.
 func newConvTracker(nodes, workers int) *convTracker {
 	t := &convTracker{pending: make([]map[netip.Addr]*convEP, nodes), eps: map[netip.Addr]*convEP{},
-		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers, early: map[netip.Addr]map[int]identity.NumericIdentity{}}
+		down: make([]bool, nodes), perNode: make([]histogram, nodes), toFull: workers, early: map[netip.Addr]map[int]identity.NumericIdentity{},
+		ph: map[netip.Addr]*epPhases{}}
 	for i := range t.pending {
 		t.pending[i] = map[netip.Addr]*convEP{}
 	}
@@ -65,6 +70,9 @@ func (t *convTracker) creating(ip netip.Addr) {
 	defer t.mu.Unlock()
 	t.dropLocked(ip) // an address reused before its old endpoint arrived everywhere
 	t.early[ip] = map[int]identity.NumericIdentity{}
+	if sampled(ip) {
+		t.ph[ip] = &epPhases{node: make([][4]time.Time, len(t.pending))}
+	}
 }
 
 // failed forgets an endpoint whose creation failed.
@@ -72,6 +80,7 @@ func (t *convTracker) failed(ip netip.Addr) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.early, ip)
+	delete(t.ph, ip)
 }
 
 // created starts the clock for ip (identity id) created on node origin; a
@@ -83,6 +92,9 @@ func (t *convTracker) created(origin int, ip netip.Addr, id identity.NumericIden
 	early := t.early[ip]
 	delete(t.early, ip)
 	ep := &convEP{origin: origin, id: id, created: at, steady: t.toFull <= 0}
+	if ph := t.ph[ip]; ph != nil {
+		ph.ep, ph.id = ep, id
+	}
 	defer func() {
 		for j, got := range early {
 			if got == id && t.pending[j][ip] == ep {
@@ -123,6 +135,9 @@ func (t *convTracker) deleted(ip netip.Addr) {
 }
 
 func (t *convTracker) dropLocked(ip netip.Addr) {
+	if ph := t.ph[ip]; ph != nil && ph.ep != nil {
+		delete(t.ph, ip)
+	}
 	ep, ok := t.eps[ip]
 	if !ok {
 		return
@@ -165,6 +180,7 @@ func (t *convTracker) nodeUp(j int) {
 
 // arrivedLocked records that ep reached node j at now.
 func (t *convTracker) arrivedLocked(j int, ip netip.Addr, ep *convEP, now time.Time) {
+	t.phaseArrivedLocked(j, ip, ep, now)
 	delete(t.pending[j], ip)
 	d := now.Sub(ep.created)
 	t.perNode[j].observe(d)
@@ -231,6 +247,8 @@ type ConvergenceReport struct {
 	// end of the run (counted as violations when the run settled).
 	Abandoned int `json:"abandoned-pairs"`
 	Pending   int `json:"pending-pairs"`
+	// Phases is the per-phase clock of a sample of the endpoints.
+	Phases *PhaseReport `json:"phases,omitempty"`
 }
 
 // report summarises the tracker (nodeP99 per node, in ms).
@@ -244,7 +262,8 @@ func (t *convTracker) report() (*ConvergenceReport, []float64) {
 		p99[j] = histStats(&t.perNode[j]).P99
 	}
 	r := &ConvergenceReport{ToNode: histStats(&all), Everywhere: histStats(&t.everywhere), SteadyToNode: histStats(&t.steadyToNode),
-		SteadyEverywhere: histStats(&t.steadyEverywhere), Abandoned: t.abandoned}
+		SteadyEverywhere: histStats(&t.steadyEverywhere), Abandoned: t.abandoned,
+		Phases: t.phaseReportLocked()}
 	for j := range t.pending {
 		r.Pending += len(t.pending[j])
 	}

@@ -37,6 +37,7 @@ func (r *MultiReport) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  after the ramp-up, at every other node: %d endpoints, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
 			c.SteadyEverywhere.Count, c.SteadyEverywhere.P50, c.SteadyEverywhere.P99, c.SteadyEverywhere.Max)
 		fmt.Fprintf(w, "  not timed: %d pairs (deleted or a node crashed first), %d still pending at the end\n", c.Abandoned, c.Pending)
+		c.Phases.writeText(w)
 	}
 	r.Cost.writeText(w, r.StateFS)
 	for _, n := range r.PerNode {
@@ -125,3 +126,16 @@ th:first-child,td:first-child{text-align:left}.bad{color:#b00020}.ok{color:#1b7f
 
 // OK reports whether no invariant was violated.
 func (r *MultiReport) OK() bool { return len(r.Violations) == 0 }
+
+// writeText writes the per-phase clock (nothing when unmeasured).
+func (p *PhaseReport) writeText(w io.Writer) {
+	if p == nil {
+		return
+	}
+	fmt.Fprintf(w, "  phases (one address in %d; ms from the creation's answer; p50 / p99 / max):\n", p.Sample)
+	fmt.Fprintf(w, "    %-10s %-26s %-26s %-26s %s\n", "phase", "after ramp-up, each node", "after ramp-up, last node", "all, each node", "all, last node")
+	f := func(s *OpStats) string { return fmt.Sprintf("%.0f / %.0f / %.0f (%d)", s.P50, s.P99, s.Max, s.Count) }
+	for _, k := range convPhaseNames {
+		fmt.Fprintf(w, "    %-10s %-26s %-26s %-26s %s\n", k, f(p.SteadyPair[k]), f(p.SteadyLast[k]), f(p.Pair[k]), f(p.Last[k]))
+	}
+}

@@ -65,6 +65,10 @@ type Config struct {
 	// unreferenced identity stays marked before it is removed (default
 	// 5 min).
 	GCInterval, GCGrace time.Duration
+	// Trace (nil: none) is told when remote endpoint changes pass each
+	// phase from the writer to the other nodes' send loops (the
+	// simulator's per-phase clock).
+	Trace Trace
 }
 
 // nodeName is a DNS-1123 subdomain, as Kubernetes node names are.

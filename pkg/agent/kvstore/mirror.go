@@ -69,11 +69,15 @@ type Mirror struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	kick  chan struct{}
+	// nodeKick wakes the node loop, the only caller of the node sink.
+	nodeKick chan struct{}
 
-	// mu guards everything below. The node sink is called with mu held,
-	// in the order of etcd's revisions; the endpoint sink only by the
-	// send loop, without mu, with each address's state when it was taken
-	// (a later change is queued again and sent after).
+	// mu guards everything below. Neither sink is called with mu held:
+	// the node sink only by the node loop, with the node set when it was
+	// taken (a later change makes another hand-over due), the endpoint
+	// sink only by the send loop, with each address's state when it was
+	// taken (a later change is queued again and sent after). The watches
+	// therefore never wait for the agent.
 	//
 	// An endpoint is named by its record key: its etcd key less the
 	// endpoints prefix, "<node>/<id>" (recKey). The per-endpoint state is
@@ -81,6 +85,9 @@ type Mirror struct {
 	// remote endpoint is a target: docs/scale.md).
 	mu   sync.Mutex
 	recs map[string]*heldRecord // record key -> record (refused ones too)
+	// byNode holds the record keys of m.recs by their key's node: a node
+	// record's change checks its node's records only.
+	byNode map[string]map[string]struct{}
 	// owners maps an address to the latest accepted record key claiming
 	// it (claimBefore); contested holds, for the few addresses that more
 	// than one accepted record claims, the earlier claims, oldest first
@@ -95,6 +102,9 @@ type Mirror struct {
 	refusals map[string]uint64
 	epStale  bool // the sink missed something: replace everything
 	nodeSent bool // the node set was handed over since it last changed
+	// nodeGen counts the node set's changes: a hand-over of an earlier
+	// one leaves nodeSent false.
+	nodeGen uint64
 	// pending names the addresses whose latest state the sink has not
 	// taken yet: the send loop hands each one's state at that moment
 	// (its latest claim, or a deletion), so any number of changes to one
@@ -122,10 +132,11 @@ type Mirror struct {
 func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	m := newMirror(c, eps, nodes)
 	ctx := m.ctx
-	m.wg.Add(3)
+	m.wg.Add(4)
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.endpoints(), (*epLister)(m)) }()
 	go func() { defer m.wg.Done(); c.listWatch(ctx, c.keys.nodes(), (*nodeLister)(m)) }()
 	go func() { defer m.wg.Done(); m.sendLoop() }()
+	go func() { defer m.wg.Done(); m.nodeLoop() }()
 	return m
 }
 
@@ -133,7 +144,7 @@ func StartMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 func newMirror(c *Client, eps RemoteSink, nodes NodeSink) *Mirror {
 	ctx, stop := context.WithCancel(c.ctx)
 	return &Mirror{c: c, eps: eps, nodes: nodes, self: c.cfg.NodeName, ctx: ctx, stop: stop, kick: make(chan struct{}, 1),
-		recs: map[string]*heldRecord{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
+		nodeKick: make(chan struct{}, 1), recs: map[string]*heldRecord{}, byNode: map[string]map[string]struct{}{}, owners: map[netip.Addr]string{}, contested: map[netip.Addr][]string{}, nodeRecs: map[string]nodeRecord{},
 		refused: map[string]string{}, refusals: map[string]uint64{}, firstSync: make(chan struct{}), pending: map[netip.Addr]struct{}{}}
 }
 
@@ -297,20 +308,16 @@ func (m *Mirror) sendLoop() {
 	}
 }
 
-// send makes one hand-over: the node set if due, then the full
-// endpoint set if a replacement is due, else the pending changes. done
+// send makes one hand-over: the full endpoint set if a replacement is
+// due, else the pending changes. done
 // is false when the sink failed (retry later); more when changes arrived
 // meanwhile.
 func (m *Mirror) send() (done, more bool) {
 	m.mu.Lock()
-	if !m.nodeSent {
-		m.syncNodesLocked()
-	}
-	nodesOK := m.nodeSent
 	if m.eps == nil {
 		m.checkSyncedLocked()
 		m.mu.Unlock()
-		return nodesOK, false
+		return true, false
 	}
 	var all, ups []endpoint.Remote
 	var dels []netip.Addr
@@ -324,6 +331,7 @@ func (m *Mirror) send() (done, more bool) {
 	} else {
 		ups, dels = m.takePendingLocked()
 		n = len(ups) + len(dels)
+		m.traceTaken(ups, time.Now())
 	}
 	m.inFlightSince, m.pendingSince = m.oldestLocked(), time.Time{}
 	m.inFlight = len(m.pending)
@@ -367,7 +375,7 @@ func (m *Mirror) send() (done, more bool) {
 	}
 	m.checkSyncedLocked()
 	m.logBehindLocked(now)
-	return nodesOK, len(m.pending) > 0 || m.epStale
+	return true, len(m.pending) > 0 || m.epStale
 }
 
 // logBehindLocked logs once when the agent falls BehindThreshold behind
@@ -510,6 +518,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	clear(m.recs)
+	clear(m.byNode)
 	clear(m.owners)
 	clear(m.contested)
 	prev := m.refused // keeps the reasons logged: a relist logs no refusal again
@@ -528,6 +537,7 @@ func (l *epLister) list(kvs []*mvccpb.KeyValue) {
 
 func (l *epLister) events(evs []*clientv3.Event) {
 	m := (*Mirror)(l)
+	got := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	// Each address's last change wins: a response may carry an endpoint's
@@ -546,6 +556,7 @@ func (l *epLister) events(evs []*clientv3.Event) {
 		}
 	}
 	m.sendLocked(final)
+	m.traceReceived(final, got)
 }
 
 // finalChanges are each address's last change (nil: delete).
@@ -611,6 +622,13 @@ func (m *Mirror) putLocked(key string, v []byte, rev int64) ([]endpoint.Remote, 
 	var dels []netip.Addr
 	_, wasRefused := m.refused[key]
 	accepted := m.checkLocked(key, rec, false)
+	if old, ok := m.recs[key]; ok && !wasRefused && accepted && rec.sameAs(old) && m.ownsAllLocked(key, old) {
+		// Written again as it was (its node writing everything again under
+		// a new lease): the agent holds it already. The later revision only
+		// makes its claims later, and they are all the latest already.
+		old.rev = rec.rev
+		return nil, nil
+	}
 	if old, ok := m.recs[key]; ok && !wasRefused { // addresses the endpoint no longer claims
 		for _, ip := range old.ips {
 			if !accepted || !slices.Contains(rec.ips, ip) {
@@ -619,11 +637,22 @@ func (m *Mirror) putLocked(key string, v []byte, rev int64) ([]endpoint.Remote, 
 			}
 		}
 	}
-	m.recs[key] = rec
+	m.setRecLocked(key, rec)
 	if !accepted {
 		return ups, dels
 	}
 	return append(ups, m.ownLocked(key, rec)...), dels
+}
+
+// ownsAllLocked reports whether key's accepted record rec is the
+// latest claim of each of its addresses.
+func (m *Mirror) ownsAllLocked(key string, rec *heldRecord) bool {
+	for _, ip := range rec.ips {
+		if m.owners[ip] != key {
+			return false
+		}
+	}
+	return true
 }
 
 // claimBefore reports whether record key a's claim is earlier than b's:
@@ -731,13 +760,10 @@ func (m *Mirror) checkLocked(key string, rec *heldRecord, withdrawn bool) bool {
 // recheckNodeLocked checks the records of node again after its node
 // record changed, and hands what changed to the sink.
 func (m *Mirror) recheckNodeLocked(node string) {
-	prefix := node + "/"
 	final := finalChanges{}
 	withdrawn := 0
-	for key, rec := range m.recs {
-		if !strings.HasPrefix(key, prefix) {
-			continue
-		}
+	for key := range m.byNode[node] {
+		rec := m.recs[key]
 		_, was := m.refused[key]
 		now := m.checkLocked(key, rec, !was)
 		if !now && !was && m.refused[key] == "" {
@@ -766,7 +792,7 @@ func (m *Mirror) deleteLocked(key string) ([]endpoint.Remote, []netip.Addr) {
 	if !ok {
 		return nil, nil
 	}
-	delete(m.recs, key)
+	m.delRecLocked(key)
 	if _, refused := m.refused[key]; refused {
 		delete(m.refused, key)
 		return nil, nil
@@ -843,12 +869,8 @@ func (l *nodeLister) list(kvs []*mvccpb.KeyValue) {
 		m.putNodeLocked(string(kv.Key), kv.Value)
 	}
 	m.synced[1] = true
-	m.syncNodesLocked()
-	nodes := map[string]struct{}{}
-	for key := range m.recs {
-		nodes[recNode(key)] = struct{}{}
-	}
-	for n := range nodes {
+	m.nodesChangedLocked()
+	for n := range m.byNode {
 		m.recheckNodeLocked(n)
 	}
 	m.checkSyncedLocked()
@@ -858,17 +880,27 @@ func (l *nodeLister) events(evs []*clientv3.Event) {
 	m := (*Mirror)(l)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// A record written again as it was (a node writing everything again
+	// under a new lease, its agent restarted) changes nothing: no
+	// hand-over, no check of its endpoints.
 	changed := map[string]struct{}{}
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
-		changed[strings.TrimPrefix(key, m.c.keys.nodes())] = struct{}{}
+		was, existed := m.nodeRecs[key]
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(m.nodeRecs, key)
-			continue
+		} else {
+			m.putNodeLocked(key, ev.Kv.Value)
 		}
-		m.putNodeLocked(key, ev.Kv.Value)
+		now, exists := m.nodeRecs[key]
+		if existed != exists || (exists && !now.equal(was)) {
+			changed[strings.TrimPrefix(key, m.c.keys.nodes())] = struct{}{}
+		}
 	}
-	m.syncNodesLocked()
+	if len(changed) == 0 {
+		return
+	}
+	m.nodesChangedLocked()
 	for n := range changed {
 		m.recheckNodeLocked(n)
 	}
@@ -887,23 +919,106 @@ func (m *Mirror) putNodeLocked(key string, v []byte) {
 	m.nodeRecs[key] = rec
 }
 
-// syncNodesLocked hands the full node set over.
-func (m *Mirror) syncNodesLocked() {
+// setRecLocked holds rec as record key's.
+func (m *Mirror) setRecLocked(key string, rec *heldRecord) {
+	if _, ok := m.recs[key]; !ok {
+		node := recNode(key)
+		keys := m.byNode[node]
+		if keys == nil {
+			keys = map[string]struct{}{}
+			m.byNode[node] = keys
+		}
+		keys[key] = struct{}{}
+	}
+	m.recs[key] = rec
+}
+
+// delRecLocked forgets record key's record.
+func (m *Mirror) delRecLocked(key string) {
+	delete(m.recs, key)
+	node := recNode(key)
+	if keys := m.byNode[node]; keys != nil {
+		if delete(keys, key); len(keys) == 0 {
+			delete(m.byNode, node)
+		}
+	}
+}
+
+// nodesChangedLocked makes a hand-over of the node set due (the node
+// loop's).
+func (m *Mirror) nodesChangedLocked() {
+	m.nodeGen++
 	if m.nodes == nil {
 		m.nodeSent = true
 		return
 	}
+	m.nodeSent = false
+	select {
+	case m.nodeKick <- struct{}{}:
+	default:
+	}
+}
+
+// nodeLoop is the only caller of the node sink: it hands the node set
+// over whenever it changed (the latest set: changes meanwhile cost one
+// hand-over), and retries a failed hand-over with backoff. The node
+// watch only records the change, so it never waits for the agent, and
+// neither does the endpoint watch (the mirror's lock is not held).
+func (m *Mirror) nodeLoop() {
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.nodeKick:
+		}
+		for {
+			ok, more := m.sendNodes()
+			if !ok {
+				if !sleep(m.ctx, backoff) {
+					return
+				}
+				backoff = min(2*backoff, 5*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			if !more || m.ctx.Err() != nil {
+				break
+			}
+		}
+	}
+}
+
+// sendNodes hands the node set over if due; ok is false when the sink
+// failed (retry later), more when the set changed meanwhile.
+func (m *Mirror) sendNodes() (ok, more bool) {
+	m.mu.Lock()
+	if m.nodeSent || m.nodes == nil {
+		m.mu.Unlock()
+		return true, false
+	}
+	gen := m.nodeGen
 	all := make([]datapath.RemoteNode, 0, len(m.nodeRecs))
 	for _, r := range m.nodeRecs {
 		all = append(all, r.remoteNode())
 	}
+	m.mu.Unlock()
 	slices.SortFunc(all, func(a, b datapath.RemoteNode) int { return strings.Compare(a.Name, b.Name) })
 	ctx, cancel := context.WithTimeout(m.ctx, m.c.cfg.RequestTimeout)
-	defer cancel()
-	if err := m.nodes.SyncNodes(ctx, Source, all); err != nil {
-		m.nodeSent = false
-		m.failLocked(err)
-		return
+	err := m.nodes.SyncNodes(ctx, Source, all)
+	cancel()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.lastErr = err
+		m.c.log.Warn("handing the node set to the agent failed; retrying", "err", err)
+		return false, true
+	}
+	if m.nodeGen != gen {
+		return true, true
 	}
 	m.nodeSent = true
+	m.checkSyncedLocked()
+	return true, false
 }

@@ -154,10 +154,18 @@ func (p *Publisher) run() {
 	full, backoff := true, 100*time.Millisecond
 	dirty := map[endpoint.ID]struct{}{}
 	var owed <-chan time.Time // a full comparison after incremental ones
+	// An event reaches the publisher before the index commits its change:
+	// expect holds what the latest event of each dirty endpoint says, and
+	// an endpoint whose index row does not say it yet (lagging) is
+	// compared again after Coalesce, at most maxLagTries times (then the
+	// full comparison finds it), instead of waiting FullEvery for it.
+	expect := map[endpoint.ID]evExpect{}
+	lagging := map[endpoint.ID]lagState{}
+	var lagRetry <-chan time.Time
 	for {
 		if full || len(dirty) > 0 {
 			resumed := p.c.Resumed()
-			if err := p.sync(full, dirty); err != nil {
+			if err := p.sync(full, dirty, expect, lagging); err != nil {
 				full = true // what failed is found again by comparing everything
 				// A new lease (kick) or etcd back ends the wait.
 				if !sleepOr(p.ctx, backoff, resumed, p.kick) {
@@ -169,8 +177,12 @@ func (p *Publisher) run() {
 			if !full && owed == nil {
 				owed = time.After(p.cfg.FullEvery)
 			}
+			if !full && len(lagging) > 0 && lagRetry == nil {
+				lagRetry = time.After(p.cfg.Coalesce)
+			}
 			full, backoff = false, 100*time.Millisecond
 			clear(dirty)
+			clear(expect)
 		}
 		select {
 		case <-p.ctx.Done():
@@ -181,14 +193,19 @@ func (p *Publisher) run() {
 			full = true
 		case <-owed:
 			full, owed = true, nil
+		case <-lagRetry:
+			lagRetry = nil
+			for id := range lagging {
+				dirty[id] = struct{}{}
+			}
 		case <-ready:
-			if drain(sub, dirty) {
+			if drain(sub, dirty, expect) {
 				full = true
 			}
 			if (full || len(dirty) > 0) && !sleep(p.ctx, p.cfg.Coalesce) {
 				return
 			}
-			if drain(sub, dirty) {
+			if drain(sub, dirty, expect) {
 				full = true
 			}
 		}
@@ -196,8 +213,9 @@ func (p *Publisher) run() {
 }
 
 // drain reads every pending event and adds the endpoints they concern to
-// dirty; it reports whether events were missed (compare everything).
-func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}) (missed bool) {
+// dirty, and what the latest event of each says to expect; it reports
+// whether events were missed (compare everything).
+func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect) (missed bool) {
 	for {
 		ev, ok := sub.TryNext()
 		if !ok {
@@ -205,11 +223,52 @@ func drain(sub *events.Subscription, dirty map[endpoint.ID]struct{}) (missed boo
 		}
 		switch ev.Type {
 		case events.EndpointCreated, events.EndpointStateChanged, events.EndpointDeleted:
-			dirty[endpoint.ID(ev.Endpoint)] = struct{}{}
+			id := endpoint.ID(ev.Endpoint)
+			dirty[id] = struct{}{}
+			expect[id] = evExpect{gone: ev.Type == events.EndpointDeleted, state: endpoint.State(ev.State)}
 		case events.Missed:
 			missed = true
 		}
 	}
+}
+
+// evExpect is what an endpoint's latest event says the index holds: no
+// endpoint (gone), or the endpoint in state (empty: any).
+type evExpect struct {
+	gone  bool
+	state endpoint.State
+}
+
+// maxLagTries bounds the comparisons again of an endpoint whose index row
+// lags its event (each Coalesce apart).
+const maxLagTries = 20
+
+// lagState is a lagging endpoint's expectation and its tries so far.
+type lagState struct {
+	want  evExpect
+	tries int
+}
+
+// checkLag updates lagging for endpoint id as the comparison read its
+// index row (ep, held: the very read the comparison used; a later read
+// may say more than what was written): an endpoint whose row does not
+// say what its latest event (in expect, else the one it lagged behind)
+// said yet is compared again, up to maxLagTries times; one that does,
+// or that was tried enough, is done.
+func checkLag(id endpoint.ID, ep *endpoint.Endpoint, held bool, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) {
+	l, was := lagging[id]
+	if e, ok := expect[id]; ok {
+		l.want = e
+	} else if !was {
+		return // compared for another reason: nothing to expect
+	}
+	e := l.want
+	lags := e.gone && held || !e.gone && (!held || e.state != "" && ep.State != e.state)
+	if l.tries++; !lags || l.tries > maxLagTries {
+		delete(lagging, id)
+		return
+	}
+	lagging[id] = l
 }
 
 // pubRecord is an endpoint's record as last encoded.
@@ -302,13 +361,15 @@ func (p *Publisher) desired() map[string]string {
 }
 
 // changed is what etcd should hold for the endpoints in ids (a missing
-// key: none); p.mu is held.
-func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
+// key: none), and updates lagging (checkLag) with what it read; p.mu is
+// held.
+func (p *Publisher) changed(ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) map[string]string {
 	nodeIP := p.nodeIP()
 	want := make(map[string]string, len(ids))
 	for id := range ids {
 		key := p.c.keys.endpoint(p.c.cfg.NodeName, uint16(id))
 		ep, ok := p.cfg.Source.Endpoint(id)
+		checkLag(id, ep, ok, expect, lagging)
 		if ok {
 			if r, ok := p.recordOf(ep, nodeIP); ok {
 				want[r.key] = r.value
@@ -330,8 +391,10 @@ func (p *Publisher) changed(ids map[endpoint.ID]struct{}) map[string]string {
 // sync writes the difference between the index and what etcd holds: of
 // every endpoint (full), or of the endpoints in ids. An event may reach
 // the publisher before the index holds its change, so incremental syncs
-// are followed by a full one within FullEvery.
-func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
+// compare an endpoint whose index row lags its event again shortly
+// (lagging, updated with what this comparison read) and are followed by
+// a full one within FullEvery.
+func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}, expect map[endpoint.ID]evExpect, lagging map[endpoint.ID]lagState) error {
 	lease, ok := p.c.Lease()
 	if !ok {
 		return ErrUnavailable
@@ -353,7 +416,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 			}
 		}
 	} else {
-		want = p.changed(ids)
+		want = p.changed(ids, expect, lagging)
 	}
 	for k, v := range want {
 		_, was := p.published[k]
@@ -368,6 +431,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 	for len(ops) > 0 {
 		n := min(len(ops), maxTxnOps)
 		batch := ops[:n]
+		start := time.Now()
 		err := p.c.call(p.ctx, "publish endpoints", func(ctx context.Context) error {
 			_, err := p.c.cli.Txn(ctx).Then(batch...).Commit()
 			return err
@@ -376,6 +440,7 @@ func (p *Publisher) sync(full bool, ids map[endpoint.ID]struct{}) error {
 		if err != nil {
 			return err
 		}
+		p.tracePublished(batch, opKeys[:n], want, start, time.Now())
 		ops, opKeys = ops[n:], opKeys[n:]
 	}
 	if cur, _ := p.c.Lease(); cur != lease {

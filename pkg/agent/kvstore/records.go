@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/membrane-cni/membrane/datapath"
 	"github.com/membrane-cni/membrane/pkg/domain/endpoint"
@@ -62,8 +63,18 @@ func hold(key string, r endpointRecord, rev int64) *heldRecord {
 	return &heldRecord{ips: r.IPs, nodeIP: r.NodeIP, ports: r.ports, node: node, rev: rev, identity: r.Identity}
 }
 
+// sameAs reports whether r says what o says (their revisions aside).
+func (r *heldRecord) sameAs(o *heldRecord) bool {
+	return r.identity == o.identity && r.node == o.node && r.nodeIP == o.nodeIP && slices.Equal(r.ips, o.ips) && r.ports.Equal(o.ports)
+}
+
 func (r *heldRecord) remote() endpoint.Remote {
 	return endpoint.Remote{IPs: r.ips, Identity: identity.NumericIdentity(r.identity), Node: r.node, NodeIP: r.nodeIP, NamedPorts: r.ports}
+}
+
+// equal reports whether r and o are the same record.
+func (r nodeRecord) equal(o nodeRecord) bool {
+	return r.Name == o.Name && slices.Equal(r.Addrs, o.Addrs) && slices.Equal(r.PodCIDRs, o.PodCIDRs) && slices.Equal(r.HealthIPs, o.HealthIPs)
 }
 
 func (r nodeRecord) remoteNode() datapath.RemoteNode {
