@@ -365,14 +365,20 @@ static __always_inline int inner_l4(struct __sk_buff *skb, __u8 family, __u8 *pr
 		*proto = ip6.nexthdr;
 		off = ETH_HLEN_ + sizeof(ip6);
 	}
-	if (*proto != IPPROTO_TCP && *proto != IPPROTO_UDP)
-		return -1;
-	if (bpf_skb_load_bytes(skb, off, ports, 4))
+	if (*proto == IPPROTO_TCP) {
+		/* The ports and the flags in one load. */
+		__u8 hdr[14];
+
+		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)))
+			return -1;
+		__builtin_memcpy(ports, hdr, 4);
+		*flags = hdr[13];
+		return 0;
+	}
+	if (*proto != IPPROTO_UDP)
 		return -1;
 	*flags = 0;
-	if (*proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, flags, 1))
-		return -1;
-	return 0;
+	return bpf_skb_load_bytes(skb, off, ports, 4) ? -1 : 0;
 }
 
 /* ct_alive reports whether the conntrack entry k exists, is within its
