@@ -1344,7 +1344,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (to_tunnel_port(&p))
 			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
-	now = bpf_ktime_get_ns();
+	/* The conntrack clock: CLOCK_MONOTONIC at the last tick (what
+	 * ctgc compares against, ktimeNow, at most a tick ahead: an entry
+	 * looks that much older, against lifetimes of seconds), a few ns
+	 * a packet instead of a clocksource read. */
+	now = bpf_ktime_get_coarse_ns();
 	r = p.frag ? 0 : ct_is_reply(&p, dir, now);
 	if (r) {
 		/* A reply to the hairpin address goes back into the pod,

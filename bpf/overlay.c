@@ -390,7 +390,7 @@ static __always_inline int ct_alive(struct ct_key *k, __u32 want)
 
 	if (!v || !(v->flags & want))
 		return 0;
-	now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_coarse_ns(); /* as endpoint.c's handle stamps them */
 	return !(now > v->last_seen && now - v->last_seen > age);
 }
 
