@@ -299,6 +299,7 @@ struct pkt {
 	__u8 icmp_err; /* an ICMP error quoting a packet (lb_icmp_related) */
 	__u8 bits;     /* PKT_* (in the padding) */
 	__u8 tcp_flags; /* TCP: the header's flags byte (0: not read) */
+	__u8 frag4;     /* IPv4: any fragment, the first too (MF or an offset; local_deliver) */
 	__u16 sport, dport; /* network order; ICMP echo id: dport of a request, sport of a reply */
 	__u16 l3proto;      /* ethertype, host order */
 	__u16 policy_port;  /* host order; TCP/UDP/SCTP port, 0x100|ICMP type, else 0 */
@@ -387,6 +388,8 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct pkt *p)
 	p->daddr[0] = ip.daddr;
 	if (bpf_ntohs(ip.frag_off) & 0x1fff)
 		p->frag = 1;
+	if (bpf_ntohs(ip.frag_off) & 0x3fff)
+		p->frag4 = 1;
 	return parse_l4(skb, ETH_HLEN_ + ip.ihl * 4, p);
 }
 
@@ -1047,15 +1050,15 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
 static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 {
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
+	__u8 macs[12];
 	__u32 ifindex;
-	__be16 frag;
 	long r;
 	int remote = 0;
 
 	if (p->frag)
 		return TC_ACT_OK;
 	if (p->family == 4) {
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 6, &frag, 2) || (frag & bpf_htons(0x3fff)))
+		if (p->frag4)
 			return TC_ACT_OK; /* MF or an offset: a fragment */
 		fib.family = AF_INET_;
 		fib.ipv4_src = p->saddr[0];
@@ -1106,7 +1109,10 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (lb_ttl_dec(skb, p))
 		return TC_ACT_OK;
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
+	/* Both addresses in one store: one helper call a packet. */
+	__builtin_memcpy(macs, fib.dmac, 6);
+	__builtin_memcpy(macs + 6, fib.smac, 6);
+	if (bpf_skb_store_bytes(skb, 0, macs, 12, 0))
 		return TC_ACT_SHOT;
 	if (!remote)
 		skb->mark = MARK_DIRECT_MAGIC;
@@ -1338,7 +1344,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (to_tunnel_port(&p))
 			return drop(skb, &p, dir, DROP_TUNNEL_PORT, 0);
 	}
-	now = bpf_ktime_get_ns();
+	/* The conntrack clock: CLOCK_MONOTONIC at the last tick (what
+	 * ctgc compares against, ktimeNow, at most a tick ahead: an entry
+	 * looks that much older, against lifetimes of seconds), a few ns
+	 * a packet instead of a clocksource read. */
+	now = bpf_ktime_get_coarse_ns();
 	r = p.frag ? 0 : ct_is_reply(&p, dir, now);
 	if (r) {
 		/* A reply to the hairpin address goes back into the pod,

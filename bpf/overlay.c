@@ -140,8 +140,18 @@ struct {
 	__uint(max_entries, 1);
 } node_config SEC(".maps");
 
-/* inner_addrs reads the inner IP header's family and addresses. */
-static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u32 *saddr, __u32 *daddr)
+/* inner_l3 is what inner_addrs read of the inner IP header for
+ * inner_l4, which does not load it again. */
+struct inner_l3 {
+	__u32 l4off; /* the transport header's offset */
+	__u8 proto;  /* IPv4's protocol, IPv6's next header */
+	__u8 l4ok;   /* IPv4: a header length of at least 5 and no fragment; IPv6: always */
+};
+
+/* inner_addrs reads the inner IP header's family and addresses, and
+ * into l3 what inner_l4 needs of it. */
+static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u32 *saddr, __u32 *daddr,
+				       struct inner_l3 *l3)
 {
 	struct iphdr ip;
 	struct ipv6hdr ip6;
@@ -153,6 +163,9 @@ static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u3
 		*family = 4;
 		saddr[0] = ip.saddr;
 		daddr[0] = ip.daddr;
+		l3->proto = ip.protocol;
+		l3->l4ok = ip.ihl >= 5 && !(ip.frag_off & bpf_htons(0x3fff));
+		l3->l4off = ETH_HLEN + ip.ihl * 4;
 		return 0;
 	case ETH_P_IPV6:
 		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)))
@@ -160,6 +173,9 @@ static __always_inline int inner_addrs(struct __sk_buff *skb, __u8 *family, __u3
 		*family = 6;
 		__builtin_memcpy(saddr, &ip6.saddr, 16);
 		__builtin_memcpy(daddr, &ip6.daddr, 16);
+		l3->proto = ip6.nexthdr;
+		l3->l4ok = 1;
+		l3->l4off = ETH_HLEN + sizeof(ip6);
 		return 0;
 	}
 	return -1;
@@ -199,9 +215,10 @@ int to_overlay(struct __sk_buff *skb)
 	struct tunnel_endpoint *node;
 	struct ipcache_value *src;
 	__u32 id = IDENTITY_WORLD, flags = 0;
+	struct inner_l3 l3 = {};
 	__u8 family = 0;
 
-	if (inner_addrs(skb, &family, saddr, daddr))
+	if (inner_addrs(skb, &family, saddr, daddr, &l3))
 		return TC_ACT_SHOT;
 	node = remote_node(family, daddr);
 	if (!node)
@@ -343,36 +360,30 @@ static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct 
 #define TCP_F_SYN 0x02
 #define TCP_F_ACK 0x10
 
-/* inner_l4 reads the inner packet's protocol, ports and TCP flags: TCP
- * and UDP only, IPv4 without fragmentation, IPv6 without extension
- * headers; -1 for anything else. */
-static __always_inline int inner_l4(struct __sk_buff *skb, __u8 family, __u8 *proto, __u16 *ports, __u8 *flags)
+/* inner_l4 reads the inner packet's protocol (l3, inner_addrs'), ports
+ * and TCP flags: TCP and UDP only, IPv4 without fragmentation, IPv6
+ * without extension headers; -1 for anything else. */
+static __always_inline int inner_l4(struct __sk_buff *skb, struct inner_l3 *l3, __u8 *proto, __u16 *ports, __u8 *flags)
 {
-	__u32 off;
+	__u32 off = l3->l4off;
 
-	if (family == 4) {
-		struct iphdr ip;
-
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)) || ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
-			return -1;
-		*proto = ip.protocol;
-		off = ETH_HLEN_ + ip.ihl * 4;
-	} else {
-		struct ipv6hdr ip6;
-
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip6, sizeof(ip6)))
-			return -1;
-		*proto = ip6.nexthdr;
-		off = ETH_HLEN_ + sizeof(ip6);
-	}
-	if (*proto != IPPROTO_TCP && *proto != IPPROTO_UDP)
+	if (!l3->l4ok)
 		return -1;
-	if (bpf_skb_load_bytes(skb, off, ports, 4))
+	*proto = l3->proto;
+	if (*proto == IPPROTO_TCP) {
+		/* The ports and the flags in one load. */
+		__u8 hdr[14];
+
+		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)))
+			return -1;
+		__builtin_memcpy(ports, hdr, 4);
+		*flags = hdr[13];
+		return 0;
+	}
+	if (*proto != IPPROTO_UDP)
 		return -1;
 	*flags = 0;
-	if (*proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, flags, 1))
-		return -1;
-	return 0;
+	return bpf_skb_load_bytes(skb, off, ports, 4) ? -1 : 0;
 }
 
 /* ct_alive reports whether the conntrack entry k exists, is within its
@@ -384,7 +395,7 @@ static __always_inline int ct_alive(struct ct_key *k, __u32 want)
 
 	if (!v || !(v->flags & want))
 		return 0;
-	now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_coarse_ns(); /* as endpoint.c's handle stamps them */
 	return !(now > v->last_seen && now - v->last_seen > age);
 }
 
@@ -439,12 +450,14 @@ static __always_inline int overlay_ttl_dec(struct __sk_buff *skb, __u8 family)
  * reply of a translated request cannot be told from a request),
  * fragments, IPv6 extension headers, TTLs running out, packets too big
  * for the veth, and destinations that are no local endpoint. */
-static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, __u32 *saddr, __u32 *daddr, __u32 mark)
+static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, __u32 *saddr, __u32 *daddr,
+					   struct inner_l3 *l3, __u32 mark)
 {
 	struct bpf_fib_lookup fib = {};
 	struct node_config_value *c;
 	struct endpoint_info *ep;
 	struct ct_key k = { .family = family };
+	__u8 macs[12];
 	__u32 zero = 0, ifindex;
 	__u16 ports[2];
 	__u8 proto, flags;
@@ -453,7 +466,7 @@ static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, _
 	c = bpf_map_lookup_elem(&node_config, &zero);
 	if (!c || !c->tunnel_ifindex || c->tunnel_ifindex != skb->ifindex || !in_pods(c, family, saddr))
 		return TC_ACT_OK;
-	if (inner_l4(skb, family, &proto, ports, &flags))
+	if (inner_l4(skb, l3, &proto, ports, &flags))
 		return TC_ACT_OK;
 	fib.l4_protocol = proto;
 	fib.sport = ports[0];
@@ -517,7 +530,10 @@ static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, _
 	}
 	if (overlay_ttl_dec(skb, family))
 		return TC_ACT_OK;
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0))
+	/* Both addresses in one store: one helper call a packet. */
+	__builtin_memcpy(macs, fib.dmac, 6);
+	__builtin_memcpy(macs + 6, fib.smac, 6);
+	if (bpf_skb_store_bytes(skb, 0, macs, 12, 0))
 		return TC_ACT_SHOT;
 	skb->mark = mark;
 	return bpf_redirect(ifindex, 0);
@@ -530,13 +546,14 @@ int from_overlay(struct __sk_buff *skb)
 	struct tunnel_endpoint outer = {};
 	__u32 saddr[4] = {}, daddr[4] = {};
 	struct tunnel_value *node;
+	struct inner_l3 l3 = {};
 	__u8 family = 0;
 	__u32 id;
 
 	if (outer_source(skb, &key, &outer))
 		return TC_ACT_SHOT; /* no tunnel metadata: not from the VXLAN socket */
 	id = key.tunnel_id & MARK_IDENTITY_MAX;
-	if (inner_addrs(skb, &family, saddr, daddr))
+	if (inner_addrs(skb, &family, saddr, daddr, &l3))
 		return overlay_drop(skb, DROP_UNKNOWN_L3, 0, saddr, daddr, id);
 	node = bpf_map_lookup_elem(&tunnel_nodes, &outer);
 	if (!node)
@@ -548,5 +565,5 @@ int from_overlay(struct __sk_buff *skb)
 	id = node_addr_identity(&node->node, family, saddr, id);
 	skb->mark = (id << 8) | MARK_IDENTITY_MAGIC;
 	bpf_skb_change_type(skb, PACKET_HOST_);
-	return overlay_deliver(skb, family, saddr, daddr, (id << 8) | MARK_IDENTITY_DIRECT_MAGIC);
+	return overlay_deliver(skb, family, saddr, daddr, &l3, (id << 8) | MARK_IDENTITY_DIRECT_MAGIC);
 }

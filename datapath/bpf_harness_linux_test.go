@@ -38,7 +38,7 @@ type progHarness struct {
 	ports map[policy.Key]uint16
 }
 
-func newProgHarness(t *testing.T, id endpoint.ID, ident identity.NumericIdentity) *progHarness {
+func newProgHarness(t testing.TB, id endpoint.ID, ident identity.NumericIdentity) *progHarness {
 	t.Helper()
 	testutil.RequireRoot(t)
 	b, err := openBPF(LinuxConfig{BPFFS: testutil.BPFFSDir(t)})

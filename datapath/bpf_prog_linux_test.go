@@ -31,7 +31,7 @@ var (
 	}
 )
 
-func newPolicyHarness(t *testing.T) *progHarness {
+func newPolicyHarness(t testing.TB) *progHarness {
 	h := newProgHarness(t, 42, 5000)
 	for _, e := range progTest {
 		h.ipcache(t, e.prefix, e.id)

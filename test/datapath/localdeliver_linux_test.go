@@ -226,3 +226,67 @@ func deleteCTOfPort(t *testing.T, e *nodeharness.Node, port uint16) int {
 	}
 	return len(keys)
 }
+
+// TestLocalDeliveryFragments: a UDP datagram larger than the pods' MTU
+// leaves pod a in IPv4 fragments, and local_deliver leaves every one of
+// them to the host's stack, the first (MF set, offset 0: it carries the
+// UDP header) too: the host's reassembly must see all of a datagram or
+// none. A counting rule in FORWARD on the datagram's destination port
+// matches only a first fragment (later ones have no UDP header) or the
+// datagram the host reassembled from it, so it must count; a first
+// fragment delivered straight to b's veth would leave it at 0 (and the
+// host's reassembly, when on, without the datagram's head).
+func TestLocalDeliveryFragments(t *testing.T) {
+	e := newEnvStack(t, "10.244.39.0/24", "fd00:244:39::/120")
+	startAgent(e, nil)
+	c := e.Client()
+	a := addPolicyPod(t, e, c, "a", "k8s:app=a")
+	b := addPolicyPod(t, e, c, "b", "k8s:app=b")
+	src := a.ip(netip.MustParseAddr("10.0.0.1"))
+	dst := b.ip(src)
+	const port = 8091
+	iptables := testutil.RequireTool(t, "iptables")
+	if out, err := e.NS.Exec(iptables, "-A", "FORWARD", "-s", src.String(), "-d", dst.String(), "-p", "udp", "--dport", strconv.Itoa(port)); err != nil {
+		t.Fatalf("counting rule: %v: %s", err, out)
+	}
+	var pc net.PacketConn
+	if err := b.NS.Do(func() (err error) {
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(dst, port).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	const size = 4000 // three fragments at an MTU of 1500
+	got := 0
+	buf := make([]byte, 2*size)
+	for try := 0; try < 5 && got != size; try++ { // datagrams may be lost; bounded
+		if err := a.NS.Do(func() error {
+			conn, err := net.Dial("udp", netip.AddrPortFrom(dst, port).String())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = conn.Write(make([]byte, size))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		_ = pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		got, _, _ = pc.ReadFrom(buf)
+	}
+	if got != size {
+		t.Fatalf("b received a datagram of %d bytes, want %d", got, size)
+	}
+	out, err := e.NS.Exec(iptables, "-nvxL", "FORWARD")
+	if err != nil {
+		t.Fatalf("iptables: %v: %s", err, out)
+	}
+	m := regexp.MustCompile(`(?m)^\s*(\d+)\s+\d+\s+(?:udp|17)\s+--`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no counting rule in FORWARD:\n%s", out)
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Errorf("the host forwarded no first fragment of a's datagram to b (delivered directly?):\n%s", out)
+	}
+}
