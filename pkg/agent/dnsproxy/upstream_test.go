@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestUpstreamSocketsMadeAhead(t *testing.T) {
 	// finds the first query's request for sockets waiting.
 	start()
 	defer func() { cancel(); <-done }()
-	ports := map[string]bool{c.LocalAddr().String(): true}
+	used := []net.Conn{c}
 	ask(c)
 	waitFor(t, "sockets made ahead", func() bool { return u.waiting(server) == upstreamDepth })
 	for i := range 5 {
@@ -94,10 +95,10 @@ func TestUpstreamSocketsMadeAhead(t *testing.T) {
 		if !ahead[c.LocalAddr().String()] {
 			t.Fatalf("query %d got a socket not made ahead (%s) with %d waiting", i, c.LocalAddr(), len(ahead))
 		}
-		if ports[c.LocalAddr().String()] {
+		if slices.Contains(used, c) {
 			t.Fatalf("query %d got a socket used before (%s)", i, c.LocalAddr())
 		}
-		ports[c.LocalAddr().String()] = true
+		used = append(used, c)
 		ask(c)
 		waitFor(t, "the socket taken to be replaced", func() bool { return u.waiting(server) == upstreamDepth })
 	}
