@@ -283,16 +283,21 @@ func (m *Mirror) poke() {
 // one batch after the other, and retries a failed hand-over, as a full
 // replacement, with backoff. The watches only mark what changed, so
 // they keep reading etcd however slow the agent is.
-func (m *Mirror) sendLoop() {
+func (m *Mirror) sendLoop() { m.handOverLoop(m.kick, m.send) }
+
+// handOverLoop runs step whenever kick fires, again while it says more
+// arrived, and after a failure (done false) with backoff (100 ms to 5 s),
+// until the mirror stops.
+func (m *Mirror) handOverLoop(kick <-chan struct{}, step func() (done, more bool)) {
 	backoff := 100 * time.Millisecond
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
-		case <-m.kick:
+		case <-kick:
 		}
 		for {
-			done, more := m.send()
+			done, more := step()
 			if !done {
 				if !sleep(m.ctx, backoff) {
 					return
@@ -964,30 +969,7 @@ func (m *Mirror) nodesChangedLocked() {
 // hand-over), and retries a failed hand-over with backoff. The node
 // watch only records the change, so it never waits for the agent, and
 // neither does the endpoint watch (the mirror's lock is not held).
-func (m *Mirror) nodeLoop() {
-	backoff := 100 * time.Millisecond
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-m.nodeKick:
-		}
-		for {
-			ok, more := m.sendNodes()
-			if !ok {
-				if !sleep(m.ctx, backoff) {
-					return
-				}
-				backoff = min(2*backoff, 5*time.Second)
-				continue
-			}
-			backoff = 100 * time.Millisecond
-			if !more || m.ctx.Err() != nil {
-				break
-			}
-		}
-	}
-}
+func (m *Mirror) nodeLoop() { m.handOverLoop(m.nodeKick, m.sendNodes) }
 
 // sendNodes hands the node set over if due; ok is false when the sink
 // failed (retry later), more when the set changed meanwhile.
