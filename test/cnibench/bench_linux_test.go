@@ -288,11 +288,11 @@ func headlines(arms []*arm, conc int, seq map[string][2]stats, res map[string]*c
 			r      float64
 			target string
 		}{
-			{"CNI ADD p50 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p50, seq[ref][0].p50), "<= 0.6"},
-			{"CNI ADD p99 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p99, seq[ref][0].p99), "<= 1.0"},
+			{"CNI ADD p50 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p50, seq[ref][0].p50), "<= 0.4"},
+			{"CNI ADD p99 / ptp+host-local, 1 at a time", ratio(seq[a.name][0].p99, seq[ref][0].p99), "<= 0.6"},
 			{fmt.Sprintf("CNI ADD p50 / ptp+host-local, %d concurrent", conc), ratio(c.p50, p.p50), "<= 0.6"},
 			{fmt.Sprintf("CNI ADD p99 / ptp+host-local, %d concurrent", conc), ratio(c.p99, p.p99), "<= 1.0"},
-			{"CNI DEL p50 / ptp, 1 at a time", ratio(seq[a.name][1].p50, seq[ref][1].p50), "<= 1.0"},
+			{"CNI DEL p50 / ptp, 1 at a time", ratio(seq[a.name][1].p50, seq[ref][1].p50), "<= 0.5"},
 		} {
 			fmt.Fprintf(&b, "headline: %s (%s attach) | %.2f | %s\n", h.what, mode, h.r, h.target)
 		}
