@@ -160,6 +160,10 @@ struct ipcache_value {
 /* node_config_value is the one value (key 0) of the node_config map: settings
  * of the node the datapath writes when they change. */
 #define NODE_POD_CIDRS 4
+/* How many uplinks node_config_value names (native routing's direct
+ * delivery; the devices past the first NODE_UPLINKS go through the
+ * stack). */
+#define NODE_UPLINKS 4
 
 /* pod_cidr is a pod CIDR of node_config_value: an address a is in it if
  * (a[i] ^ addr[i]) & mask[i] is 0 for each word (network byte order
@@ -186,7 +190,32 @@ struct node_config_value {
 	 * (remote_deliver in endpoint.c, from_overlay's direct delivery in
 	 * overlay.c). */
 	__u32 tunnel_ifindex;
+	/* Native routing: the uplinks (ifindexes; 0 unused) whose
+	 * from_netdev delivers straight to the endpoints (netdev_deliver in
+	 * endpoint.c): from_container then sends a pod's packet for a remote
+	 * pod that the FIB routes out of one of them straight there. */
+	__u32 uplinks[NODE_UPLINKS];
+	/* NETDEV_F_*: what from_netdev does besides netdev_deliver. */
+	__u32 netdev_flags;
 };
+
+/* netdev_flags: from_netdev runs the NodePort translation (nodeport.h)
+ * and the host firewall (hostfw.h): set with the kube-proxy replacement
+ * or the host firewall, which attach it; without either it only
+ * delivers (native routing). */
+#define NETDEV_F_SERVICES 1
+
+/* is_uplink reports whether ifindex is one of c's uplinks. */
+static __always_inline int is_uplink(struct node_config_value *c, __u32 ifindex)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < NODE_UPLINKS; i++)
+		if (c->uplinks[i] && c->uplinks[i] == ifindex)
+			return 1;
+	return 0;
+}
 
 /* in_pods reports whether the address a of family is in one of c's pod
  * CIDRs (the node's and the cluster's). */
