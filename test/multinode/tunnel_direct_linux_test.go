@@ -15,11 +15,24 @@ import (
 // pod on another node skips both nodes' IP stacks in both directions
 // (from_container straight to the tunnel device, from_overlay straight
 // to the endpoint's host veth: bpf/overlay.c, overlay_deliver), and
-// what needs the stack still crosses it. On both nodes FORWARD drops
-// TCP on the direct ports (directPorts) between the pods, and drops
-// what netfilter's conntrack finds INVALID (kube-proxy's rule: a
-// connection whose one direction skipped a node's stack and the other
-// did not is INVALID there).
+// what needs the stack still crosses it (testDirect).
+func TestTunnelDirect(t *testing.T) {
+	testDirect(t, newCluster(t, "tunnel", 2, 86))
+}
+
+// TestNativeDirect (issue 39): in native routing likewise, through the
+// uplinks (from_container's bpf_redirect_neigh to the uplink,
+// from_netdev's netdev_deliver to the endpoint's host veth; bpf/
+// endpoint.c). With the kube-proxy replacement both share from_netdev
+// on the uplink: datapath's TestNodePortRemote runs node A so.
+func TestNativeDirect(t *testing.T) {
+	testDirect(t, newCluster(t, "native", 2, 84))
+}
+
+// testDirect: on c's two nodes FORWARD drops TCP on the direct ports
+// (directPorts) between the pods, and drops what netfilter's conntrack
+// finds INVALID (kube-proxy's rule: a connection whose one direction
+// skipped a node's stack and the other did not is INVALID there).
 //   - direct: TCP a -> b and b -> a over IPv4 and IPv6 on the direct
 //     ports: delivered (through the stacks, the FORWARD rule drops it,
 //     as it did before direct delivery);
@@ -30,8 +43,7 @@ import (
 //     stack to get the Service address back as their source; a reply
 //     delivered straight to a from b's address is refused (TCP) or
 //     never reaches the connected UDP socket.
-func TestTunnelDirect(t *testing.T) {
-	c := newCluster(t, "tunnel", 2, 86)
+func testDirect(t *testing.T, c *cluster) {
 	waitRoutes(t, c.nodes...)
 	a, b := c.nodes[0].addPod("direct-a"), c.nodes[1].addPod("direct-b")
 	iptables := testutil.RequireTool(t, "iptables")
@@ -91,7 +103,7 @@ func TestTunnelDirect(t *testing.T) {
 			}
 		}
 	})
-	svc := netip.MustParseAddr("10.96.86.10")
+	svc := netip.AddrFrom4([4]byte{10, 96, byte(c.net), 10})
 	for _, rule := range [][]string{
 		{"-A", "PREROUTING", "-d", svc.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", b.ip4.String() + ":7200"},
 		{"-A", "PREROUTING", "-d", svc.String(), "-p", "udp", "--dport", "53", "-j", "DNAT", "--to-destination", b.ip4.String() + ":7201"},
