@@ -1511,7 +1511,7 @@ static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
 
 /* from_netdev runs at TCX ingress of the node's uplink devices (loaded
  * once per node, not per endpoint): with the kube-proxy replacement or
- * the host firewall (NETDEV_F_SERVICES) NodePort translation first
+ * the host firewall (no NETDEV_F_DELIVER_ONLY) NodePort translation first
  * (nodeport.h), then the host firewall for traffic to the node's own
  * addresses (hostfw.h); then, in native routing, the direct delivery to
  * a local endpoint (netdev_deliver). The three take disjoint packets: a
@@ -1530,7 +1530,7 @@ int from_netdev(struct __sk_buff *skb)
 	c = bpf_map_lookup_elem(&node_config, &zero);
 	if (!c)
 		return TC_ACT_OK;
-	if (!(c->netdev_flags & NETDEV_F_SERVICES))
+	if (c->netdev_flags & NETDEV_F_DELIVER_ONLY)
 		return netdev_deliver(skb, &p);
 	r = lb_nodeport(skb, &p);
 	switch (r) {

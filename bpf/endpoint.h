@@ -199,11 +199,12 @@ struct node_config_value {
 	__u32 netdev_flags;
 };
 
-/* netdev_flags: from_netdev runs the NodePort translation (nodeport.h)
- * and the host firewall (hostfw.h): set with the kube-proxy replacement
- * or the host firewall, which attach it; without either it only
- * delivers (native routing). */
-#define NETDEV_F_SERVICES 1
+/* netdev_flags: from_netdev only delivers (native routing without the
+ * kube-proxy replacement or the host firewall, which attach it too):
+ * no NodePort translation (nodeport.h), no host firewall (hostfw.h).
+ * Without it (0, also before the agent writes node_config) it does both
+ * first. */
+#define NETDEV_F_DELIVER_ONLY 1
 
 /* is_uplink reports whether ifindex is one of c's uplinks. */
 static __always_inline int is_uplink(struct node_config_value *c, __u32 ifindex)

@@ -164,14 +164,14 @@ func (l *Linux) initKPR() error {
 }
 
 // setNetdevServices tells from_netdev whether it translates NodePorts
-// and runs the host firewall (node_config NETDEV_F_SERVICES), which it
-// does in the kube-proxy-free mode or with the host firewall; without
-// either it only delivers native routing's traffic.
+// and runs the host firewall, which it does in the kube-proxy-free mode
+// or with the host firewall; without either it only delivers native
+// routing's traffic (node_config NETDEV_F_DELIVER_ONLY).
 func setNetdevServices(b *bpfState, on bool) error {
 	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
-		v.NetdevFlags &^= netdevFlagServices
-		if on {
-			v.NetdevFlags |= netdevFlagServices
+		v.NetdevFlags &^= netdevFlagDeliverOnly
+		if !on {
+			v.NetdevFlags |= netdevFlagDeliverOnly
 		}
 	})
 	if err != nil {
@@ -180,8 +180,8 @@ func setNetdevServices(b *bpfState, on bool) error {
 	return nil
 }
 
-// bpf/endpoint.h's NETDEV_F_SERVICES.
-const netdevFlagServices = 1
+// bpf/endpoint.h's NETDEV_F_DELIVER_ONLY.
+const netdevFlagDeliverOnly = 1
 
 // setUplinks tells the endpoint programs the uplinks whose from_netdev
 // delivers straight to the endpoints (node_config.uplinks: the first

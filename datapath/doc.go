@@ -141,8 +141,9 @@
 // stack, whose rp_filter or rpfilter match decides as before;
 // `TestNativeDirect`, `TestNativeDirectSpoofedSource`). With the
 // kube-proxy-free mode or the host firewall, from_netdev translates
-// NodePorts and runs the host firewall first (`node_config.netdev_flags`
-// NETDEV_F_SERVICES); those take node addresses, never pods'. A reply
+// NodePorts and runs the host firewall first (without them
+// `node_config.netdev_flags` says NETDEV_F_DELIVER_ONLY); those take node
+// addresses, never pods'. A reply
 // arriving on a device that is not an uplink goes through the stack
 // while its request did not: multi-homed nodes list every uplink.
 //
