@@ -326,6 +326,7 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_DIRECT 16  /* a local pod's from_container delivered it (MARK_DIRECT_MAGIC) */
 #define PKT_OPENS 32   /* from the pod: it begins a connection (opens_conn; CT_F_OPENED) */
 #define PKT_UNENFORCED 64 /* the endpoint's flags say dir has no enforce entry (ENDPOINT_F_ENFORCE_KNOWN) */
+#define PKT_UPLINK 128 /* netdev_deliver delivered it from an uplink (MARK_UPLINK_DIRECT_MAGIC) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -684,6 +685,8 @@ static __always_inline __u32 ct_flags(struct pkt *p)
 		f |= CT_F_DIRECT;
 	if (p->bits & PKT_OPENS)
 		f |= CT_F_OPENED;
+	if (p->bits & PKT_UPLINK)
+		f |= CT_F_UPLINK;
 	return f;
 }
 
@@ -729,7 +732,8 @@ static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 	if (v) {
 		v->last_seen = now;
 		__sync_fetch_and_add(&v->packets, 1);
-		nv.flags |= v->flags & CT_F_OPENED;
+		/* An egress entry's CT_F_UPLINK is local_deliver's. */
+		nv.flags |= v->flags & (dir == DIR_EGRESS ? CT_F_OPENED | CT_F_UPLINK : CT_F_OPENED);
 		if (v->flags != nv.flags)
 			v->flags = nv.flags;
 		return nv.flags & CT_F_OPENED;
@@ -1032,7 +1036,33 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
 		return 0;
 	if (!c || !in_pods(c, p->family, p->daddr))
 		return 0;
-	return (c->tunnel_ifindex && c->tunnel_ifindex == ifindex) || is_uplink(c, ifindex);
+	if (c->tunnel_ifindex && c->tunnel_ifindex == ifindex)
+		return 1;
+	return is_uplink(c, ifindex) ? 2 : 0;
+}
+
+/* ct_uplink gives the egress entry of p, a packet the pod sends that
+ * opens a connection (PKT_OPENS) and that local_deliver sends straight
+ * out of an uplink, CT_F_UPLINK: its far side is routed through an
+ * uplink, so netdev_deliver need not look up the reverse path of its
+ * replies. */
+static __noinline void ct_uplink(struct pkt *p)
+{
+	struct ct_key k = {
+		.ep = p->ep,
+		.dir = DIR_EGRESS,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+	};
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->saddr, 16);
+	__builtin_memcpy(k.daddr, p->daddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	if (v && !(v->flags & CT_F_UPLINK))
+		v->flags |= CT_F_UPLINK;
 }
 
 /* fib_addrs fills in fib's family and addresses from p: 0, or -1 for a
@@ -1089,7 +1119,7 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 {
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
 	__u32 ifindex, mark = MARK_DIRECT_MAGIC;
-	long r;
+	long r, fib_r;
 
 	if (fib_addrs(&fib, p))
 		return TC_ACT_OK;
@@ -1097,13 +1127,18 @@ static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
+	fib_r = r;
 	ifindex = fib.ifindex;
 	if (ifindex == skb->ifindex)
 		return TC_ACT_OK;
 	if (!bpf_map_lookup_elem(&endpoints, &ifindex)) {
-		if (!remote_direct(ifindex, p))
+		r = remote_direct(ifindex, p);
+		if (!r)
 			return TC_ACT_OK;
+		if (r == 2 && (p->bits & PKT_OPENS))
+			ct_uplink(p);
 		mark = 0; /* keeps lb_out's MARK_FROM_ENDPOINT_MAGIC */
+		r = fib_r;
 	}
 	return fwd_redirect(skb, &fib, r, p->family, mark);
 }
@@ -1296,6 +1331,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_INGRESS &&
 	    (skb->mark == MARK_DIRECT_MAGIC || (skb->mark & MARK_MAGIC_MASK) == MARK_IDENTITY_DIRECT_MAGIC))
 		p.bits |= PKT_DIRECT;
+	if (dir == DIR_INGRESS && skb->mark == MARK_UPLINK_DIRECT_MAGIC)
+		p.bits |= PKT_DIRECT | PKT_UPLINK;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -1461,7 +1498,11 @@ int to_container(struct __sk_buff *skb)
  * local pod (whose route is its host veth) or of anything routed
  * elsewhere goes up the stack, whose rp_filter and netfilter (rpfilter)
  * decide on it as before, and never reaches the endpoint with an
- * identity the stack would have refused it. Anything else goes up the
+ * identity the stack would have refused it. The lookup is skipped for a
+ * connection whose entry has CT_F_UPLINK: its far side was found routed
+ * through an uplink already (this check on its first packet, marked
+ * MARK_UPLINK_DIRECT_MAGIC; or the FIB of the pod's own first packet,
+ * local_deliver's ct_uplink). Anything else goes up the
  * stack too (TC_ACT_OK), as fragments, IPv6 extension headers, TTLs
  * running out and packets too big for the veth. */
 static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
@@ -1469,7 +1510,7 @@ static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
 	struct node_config_value *c;
 	struct endpoint_info *ep;
-	__u32 zero = 0, ifindex;
+	__u32 zero = 0, ifindex, f;
 	long r, rr;
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
@@ -1487,9 +1528,10 @@ static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
 	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
 	if (!ep)
 		return TC_ACT_OK;
-	if (!fwd_direct_conn(ep->id, p->family, p->saddr, p->daddr, p->proto, p->sport, p->dport, p->tcp_flags))
+	f = fwd_direct_conn(ep->id, p->family, p->saddr, p->daddr, p->proto, p->sport, p->dport, p->tcp_flags);
+	if (!f)
 		return TC_ACT_OK;
-	{
+	if (!(f & CT_F_UPLINK)) {
 		/* The reverse path: the endpoint's reply to the source. */
 		struct bpf_fib_lookup rev = { .l4_protocol = p->proto, .sport = p->dport, .dport = p->sport };
 
@@ -1506,7 +1548,7 @@ static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
 		if ((rr != BPF_FIB_LKUP_RET_SUCCESS && rr != BPF_FIB_LKUP_RET_NO_NEIGH) || !is_uplink(c, rev.ifindex))
 			return TC_ACT_OK;
 	}
-	return fwd_redirect(skb, &fib, r, p->family, MARK_DIRECT_MAGIC);
+	return fwd_redirect(skb, &fib, r, p->family, MARK_UPLINK_DIRECT_MAGIC);
 }
 
 /* from_netdev runs at TCX ingress of the node's uplink devices (loaded

@@ -318,6 +318,13 @@ struct tunnel_value {
  * connection as delivered so (CT_F_DIRECT). */
 #define MARK_IDENTITY_DIRECT_MAGIC 0x53
 
+/* MARK_UPLINK_DIRECT_MAGIC in the low byte (upper bits 0): like
+ * MARK_DIRECT_MAGIC for a packet from_netdev delivered straight from a
+ * native-routing uplink (netdev_deliver, after its reverse-path check):
+ * its to_container records the connection with CT_F_DIRECT and
+ * CT_F_UPLINK. */
+#define MARK_UPLINK_DIRECT_MAGIC 0x54
+
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
  * prefixes (and zero fields): L3-only (identity and dir) is
@@ -446,6 +453,16 @@ struct ct_key {
 #define CT_F_NODEPORT 4
 #define CT_F_DIRECT 8
 #define CT_F_OPENED 16
+/*   CT_F_UPLINK   native routing: the connection's packets cross an
+ *                 uplink straight, and its address on the far side was
+ *                 found routed through an uplink: on the endpoint's
+ *                 ingress entry, netdev_deliver checked the reverse path
+ *                 of the packets it delivered (MARK_UPLINK_DIRECT_MAGIC);
+ *                 on its egress entry (kept, as CT_F_OPENED), the FIB
+ *                 sent the pod's first packet straight out of an uplink
+ *                 (local_deliver). netdev_deliver skips the reverse-path
+ *                 lookup for later packets of such a connection. */
+#define CT_F_UPLINK 32
 
 /* Connection lifetimes without traffic. */
 #define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)

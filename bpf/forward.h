@@ -86,9 +86,9 @@ static __always_inline int fwd_redirect(struct __sk_buff *skb, struct bpf_fib_lo
 	return bpf_redirect(fib->ifindex, 0);
 }
 
-/* fwd_ct_alive reports whether the conntrack entry k exists, is within
- * its lifetime and has one of the flags want. */
-static __always_inline int fwd_ct_alive(struct ct_key *k, __u32 want)
+/* fwd_ct_alive returns the flags of the conntrack entry k if it exists,
+ * is within its lifetime and has one of the flags want; else 0. */
+static __always_inline __u32 fwd_ct_alive(struct ct_key *k, __u32 want)
 {
 	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
 	__u64 now, age = k->proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
@@ -96,8 +96,11 @@ static __always_inline int fwd_ct_alive(struct ct_key *k, __u32 want)
 	if (!v || !(v->flags & want))
 		return 0;
 	now = bpf_ktime_get_coarse_ns(); /* as endpoint.c's handle stamps them */
-	return !(now > v->last_seen && now - v->last_seen > age);
+	return now > v->last_seen && now - v->last_seen > age ? 0 : v->flags;
 }
+
+/* FWD_SYN: what fwd_direct_conn returns for a TCP SYN (no entry). */
+#define FWD_SYN 0x10000
 
 /* fwd_direct_conn reports whether a TCP or UDP packet from another node
  * (saddr:sport -> daddr:dport, network order; tcp_flags: the TCP
@@ -116,20 +119,23 @@ static __always_inline int fwd_ct_alive(struct ct_key *k, __u32 want)
  * way out (kube-proxy's DNAT of a ClusterIP: the endpoint's entry names
  * the ClusterIP, not this source), nor UDP of connections the remote
  * side began (a UDP reply of a translated request cannot be told from a
- * request). */
-static __always_inline int fwd_direct_conn(__u32 ep, __u8 family, __u32 *saddr, __u32 *daddr, __u8 proto,
-					   __u16 sport, __u16 dport, __u8 tcp_flags)
+ * request). Returns 0 for no, else the entry's flags (FWD_SYN for a
+ * SYN). */
+static __always_inline __u32 fwd_direct_conn(__u32 ep, __u8 family, __u32 *saddr, __u32 *daddr, __u8 proto,
+					     __u16 sport, __u16 dport, __u8 tcp_flags)
 {
 	struct ct_key k = { .ep = ep, .dir = DIR_EGRESS, .family = family, .proto = proto, .sport = dport, .dport = sport };
+	__u32 f;
 
 	__builtin_memcpy(k.saddr, daddr, 16);
 	__builtin_memcpy(k.daddr, saddr, 16);
-	if (fwd_ct_alive(&k, CT_F_OPENED))
-		return 1;
+	f = fwd_ct_alive(&k, CT_F_OPENED);
+	if (f)
+		return f;
 	if (proto != IPPROTO_TCP)
 		return 0;
 	if ((tcp_flags & (FWD_TCP_SYN | FWD_TCP_ACK)) == FWD_TCP_SYN)
-		return 1;
+		return FWD_SYN;
 	k.dir = DIR_INGRESS;
 	k.sport = sport;
 	k.dport = dport;
