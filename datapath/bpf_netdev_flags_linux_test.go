@@ -1,10 +1,12 @@
 package datapath
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/bpf"
 	"github.com/membrane-cni/membrane/pkg/domain/service"
@@ -63,4 +65,48 @@ func TestBPFNetdevDeliverOnly(t *testing.T) {
 	if _, got := run(); got.dst != be {
 		t.Fatalf("with services: %s -> %s, want the backend %s", got.src, got.dst, be)
 	}
+}
+
+// TestNativeUplinks: in native routing Init attaches from_netdev to the
+// uplinks without the kube-proxy replacement or the host firewall and
+// then names them in node_config (uplinks; deliver only); an agent
+// started in tunnel mode on the same bpffs and netns clears the uplinks
+// first and detaches the program.
+func TestNativeUplinks(t *testing.T) {
+	client := testutil.NewNS(t, "mbt-ncl")
+	l, host, nl := newKPRNode(t, LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}}, func(host *testutil.NS, nl *netlink.Handle) {
+		linkNS(t, host, nl, "up0", "192.168.96.1/24", client, "eth0", "192.168.96.2/24")
+	})
+	up, err := nl.LinkByName("up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tcxProgs(t, host, nl, "up0"); got != 1 {
+		t.Fatalf("uplink programs in native routing: %d, want 1", got)
+	}
+	config := func(l *Linux) bpf.EndpointNodeConfigValue {
+		t.Helper()
+		var v bpf.EndpointNodeConfigValue
+		if err := l.guardBPF(func(b *bpfState) error { return b.maps.config.Lookup(uint32(0), &v) }); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := config(l); v.Uplinks != [4]uint32{uint32(up.Attrs().Index)} || v.NetdevFlags != netdevFlagDeliverOnly {
+		t.Fatalf("node_config uplinks %v flags %#x, want [%d 0 0 0] and deliver only", v.Uplinks, v.NetdevFlags, up.Attrs().Index)
+	}
+	_ = l.Close()
+	tunnel := LinuxConfig{HostNetns: host.Path, BPFFS: l.cfg.BPFFS, Gateways: []netip.Addr{e2eGateway}, GatewayDevice: "mbt_gw", TeardownDelay: -1}
+	l2, err := NewLinux(tunnel, l.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	if err := l2.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := config(l2); v.Uplinks != [4]uint32{} {
+		t.Fatalf("node_config uplinks in tunnel mode %v, want none", v.Uplinks)
+	}
+	testutil.Eventually(t, "uplink program detached", func() bool { return tcxProgs(t, host, nl, "up0") == 0 })
 }
