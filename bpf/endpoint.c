@@ -1485,7 +1485,7 @@ int to_container(struct __sk_buff *skb)
  * source's identity from the ipcache by its address (as for a packet
  * the stack forwarded: nothing about the sender is taken from the
  * packet but its source address), and records the connection as
- * delivered so (MARK_DIRECT_MAGIC: CT_F_DIRECT). Only where the other
+ * delivered so (MARK_UPLINK_DIRECT_MAGIC: CT_F_DIRECT). Only where the other
  * direction leaves this node the same way (from_container's
  * remote_direct), so that netfilter sees both directions or neither:
  * TCP or UDP, the source in a pod CIDR of the node or the cluster
