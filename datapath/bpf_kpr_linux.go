@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -185,31 +186,81 @@ const netdevFlagDeliverOnly = 1
 
 // setUplinks tells the endpoint programs the uplinks whose from_netdev
 // delivers straight to the endpoints (node_config.uplinks: the first
-// len(Uplinks) of devs, by ifindex; none for nil). from_container then
-// sends remote pods' packets routed out of them straight there.
+// len(Uplinks) of devs, those holding a default route first, by
+// ifindex; none for nil). from_container then sends remote pods'
+// packets routed out of them straight there.
 func (l *Linux) setUplinks(b *bpfState, devs []string) error {
-	var idx []uint32
+	type uplink struct {
+		name  string
+		index uint32
+	}
+	var ups []uplink
 	for _, d := range devs {
 		dev, err := l.nl.LinkByName(d)
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", d, err)
 		}
-		idx = append(idx, uint32(dev.Attrs().Index))
+		ups = append(ups, uplink{d, uint32(dev.Attrs().Index)})
 	}
 	var v bpf.EndpointNodeConfigValue
-	if len(idx) > len(v.Uplinks) {
-		l.log.Warn("native routing: direct delivery on the first uplinks only", "devices", devs[:len(v.Uplinks)],
-			"through the stack", devs[len(v.Uplinks):])
-		idx = idx[:len(v.Uplinks)]
+	if n := len(v.Uplinks); len(ups) > n {
+		def := l.defaultRouteLinks()
+		slices.SortStableFunc(ups, func(a, b uplink) int {
+			return cmp.Compare(b2i(def[b.index]), b2i(def[a.index]))
+		})
+		name := func(u uplink) string { return u.name }
+		l.log.Warn("native routing: direct delivery on the first uplinks only (those of the default route first)",
+			"devices", mapSlice(ups[:n], name), "through the stack", mapSlice(ups[n:], name))
+		ups = ups[:n]
 	}
 	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
 		clear(v.Uplinks[:])
-		copy(v.Uplinks[:], idx)
+		for i, u := range ups {
+			v.Uplinks[i] = u.index
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("set uplinks %v: %w", devs, err)
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	out := make([]U, 0, len(s))
+	for _, v := range s {
+		out = append(out, f(v))
+	}
+	return out
+}
+
+// defaultRouteLinks are the ifindexes of the devices holding a default
+// route of the host netns's main table (either family; none when the
+// routes cannot be read).
+func (l *Linux) defaultRouteLinks() map[uint32]bool {
+	out := map[uint32]bool{}
+	rs, err := l.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return out
+	}
+	for _, r := range rs {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		out[uint32(r.LinkIndex)] = true
+		for _, nh := range r.MultiPath {
+			out[uint32(nh.LinkIndex)] = true
+		}
+	}
+	return out
 }
 
 // keepUplinks removes from node_config.uplinks every uplink not among

@@ -2,7 +2,10 @@ package datapath
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -109,4 +112,44 @@ func TestNativeUplinks(t *testing.T) {
 		t.Fatalf("node_config uplinks in tunnel mode %v, want none", v.Uplinks)
 	}
 	testutil.Eventually(t, "uplink program detached", func() bool { return tcxProgs(t, host, nl, "up0") == 0 })
+}
+
+// TestNativeUplinksDefaultRouteFirst: with more uplinks than
+// node_config names, those holding the default route come first (the
+// last of five detected here: veths whose peers stay in the node's
+// netns without an address).
+func TestNativeUplinksDefaultRouteFirst(t *testing.T) {
+	var last int
+	l, _, _ := newKPRNode(t, LinuxConfig{Nodes: NodesConfig{Routing: RoutingNative}}, func(host *testutil.NS, nl *netlink.Handle) {
+		for i := range 5 {
+			d := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("dm%d", i)}, PeerName: fmt.Sprintf("dp%d", i)}
+			if err := nl.LinkAdd(d); err != nil {
+				t.Fatal(err)
+			}
+			if p, err := nl.LinkByName(fmt.Sprintf("dp%d", i)); err != nil || nl.LinkSetUp(p) != nil {
+				t.Fatalf("dp%d: %v", i, err)
+			}
+			a, err := netlink.ParseAddr(fmt.Sprintf("192.168.%d.1/24", 100+i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nl.AddrAdd(d, a); err != nil {
+				t.Fatal(err)
+			}
+			if err := nl.LinkSetUp(d); err != nil {
+				t.Fatal(err)
+			}
+			last = d.Attrs().Index
+		}
+		if err := nl.RouteAdd(&netlink.Route{LinkIndex: last, Gw: net.ParseIP("192.168.104.254")}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var v bpf.EndpointNodeConfigValue
+	if err := l.guardBPF(func(b *bpfState) error { return b.maps.config.Lookup(uint32(0), &v) }); err != nil {
+		t.Fatal(err)
+	}
+	if v.Uplinks[0] != uint32(last) || slices.Contains(v.Uplinks[:], 0) {
+		t.Fatalf("node_config uplinks %v, want four with dm4 (%d), the default route's, first", v.Uplinks, last)
+	}
 }
