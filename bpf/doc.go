@@ -13,14 +13,20 @@
 // once per node and find the endpoint by the host veth's ifindex in the
 // endpoints map, its policy maps through the policy_maps and cidr_maps
 // outer maps (HASH_OF_MAPS keyed by a slot; see endpoint.c). In the
-// kube-proxy-free mode from_netdev (nodeport.h) runs at TCX ingress of
-// the node's uplinks and nodeport_reply is from_container's tail call
+// kube-proxy-free mode, with the host firewall and in native routing
+// (direct delivery from the uplinks: netdev_deliver) from_netdev runs at
+// TCX ingress of the node's uplinks; in the kube-proxy-free mode
+// nodeport_reply is from_container's tail call
 // (lb_progs), and sock.c's cgroup programs translate at the socket
 // (Sock, its own object and bindings, sharing the lb_* maps). The
 // verdict rules and the decisions for fragments, non-IP and VLAN-tagged
 // frames, the tunnel port, IPv6 extension headers and ICMP are in
 // endpoint.c's header comment; node_config (one entry) tells the
-// endpoint programs the node's tunnel port.
+// endpoint programs the node's tunnel port, pod CIDRs, tunnel device and
+// uplinks. forward.h holds what the direct paths past the host's stack
+// share (endpoint.c's local_deliver and netdev_deliver, nodeport.h,
+// overlay.c's overlay_deliver): the TTL decrement, the redirect to the
+// FIB's device and the conntrack rule for packets from other nodes.
 //
 // Tunnel mode: overlay.c (Overlay, its own object) runs on the VXLAN
 // device: to_overlay puts the source identity in the VNI, from_overlay

@@ -276,6 +276,11 @@ struct {
 	__uint(max_entries, 1);
 } node_config SEC(".maps");
 
+#define AF_INET_ 2
+#define AF_INET6_ 10
+
+#include "forward.h"
+
 /* Anchors for bpf2go -type: types only user space reads need BTF. */
 const struct drop_event *const unused_drop_event __attribute__((unused)) = 0;
 const enum drop_reason *const unused_drop_reason __attribute__((unused)) = 0;
@@ -321,6 +326,7 @@ enum { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
 #define PKT_DIRECT 16  /* a local pod's from_container delivered it (MARK_DIRECT_MAGIC) */
 #define PKT_OPENS 32   /* from the pod: it begins a connection (opens_conn; CT_F_OPENED) */
 #define PKT_UNENFORCED 64 /* the endpoint's flags say dir has no enforce entry (ENDPOINT_F_ENFORCE_KNOWN) */
+#define PKT_UPLINK 128 /* netdev_deliver delivered it from an uplink (MARK_UPLINK_DIRECT_MAGIC) */
 
 static __noinline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
 {
@@ -679,6 +685,8 @@ static __always_inline __u32 ct_flags(struct pkt *p)
 		f |= CT_F_DIRECT;
 	if (p->bits & PKT_OPENS)
 		f |= CT_F_OPENED;
+	if (p->bits & PKT_UPLINK)
+		f |= CT_F_UPLINK;
 	return f;
 }
 
@@ -724,7 +732,8 @@ static __noinline int ct_record(struct pkt *p, __u8 dir, __u64 now)
 	if (v) {
 		v->last_seen = now;
 		__sync_fetch_and_add(&v->packets, 1);
-		nv.flags |= v->flags & CT_F_OPENED;
+		/* An egress entry's CT_F_UPLINK is local_deliver's. */
+		nv.flags |= v->flags & (dir == DIR_EGRESS ? CT_F_OPENED | CT_F_UPLINK : CT_F_OPENED);
 		if (v->flags != nv.flags)
 			v->flags = nv.flags;
 		return nv.flags & CT_F_OPENED;
@@ -1004,18 +1013,20 @@ static __always_inline int redirect(struct __sk_buff *skb, struct pkt *p, __u16 
 }
 
 /* remote_direct reports whether local_deliver sends p, which the FIB
- * routes out of ifindex, no local endpoint's, straight there too: the
- * tunnel device, whose overlay programs deliver the peer's packets of
- * the connection straight to the endpoint as well (node_config.
- * tunnel_ifindex, tunnel mode), and a destination in the node's or the
- * cluster's pod CIDRs (node_config.pods), which the masquerade never
- * translates and kube-proxy's rules never name; TCP and UDP only, as
- * from_overlay (an ICMP echo sent so would meet its reply alone in the
- * node's conntrack: INVALID). The peer's from_overlay decides on the
- * same address (its source) and protocol, so a connection crosses
- * each node's netfilter in both directions or in neither: iptables
- * conntrack (kube-proxy's INVALID drop in FORWARD) never sees one
- * direction alone. */
+ * routes out of ifindex, no local endpoint's, straight there too: a
+ * device whose programs deliver the peer's packets of the connection
+ * straight to the endpoint as well (the tunnel device in tunnel mode,
+ * node_config.tunnel_ifindex, overlay.c's from_overlay; a native-routing
+ * uplink, node_config.uplinks, from_netdev's netdev_deliver), and a
+ * destination in the node's or the cluster's pod CIDRs
+ * (node_config.pods), which the masquerade never translates and
+ * kube-proxy's rules never name; TCP and UDP only, as the receiving
+ * side (an ICMP echo sent so would meet its reply alone in the node's
+ * conntrack: INVALID). The peer's receiving program decides on the same
+ * address (its source) and protocol (forward.h's fwd_direct_conn), so a
+ * connection crosses each node's netfilter in both directions or in
+ * neither: iptables conntrack (kube-proxy's INVALID drop in FORWARD)
+ * never sees one direction alone. */
 static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
 {
 	__u32 zero = 0;
@@ -1023,7 +1034,62 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
 
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return 0;
-	return c && c->tunnel_ifindex && c->tunnel_ifindex == ifindex && in_pods(c, p->family, p->daddr);
+	if (!c || !in_pods(c, p->family, p->daddr))
+		return 0;
+	if (c->tunnel_ifindex && c->tunnel_ifindex == ifindex)
+		return 1;
+	return is_uplink(c, ifindex) ? 2 : 0;
+}
+
+/* ct_uplink gives the egress entry of p, a packet the pod sends that
+ * opens a connection (PKT_OPENS) and that local_deliver sends straight
+ * out of an uplink, CT_F_UPLINK: its far side is routed through an
+ * uplink, so netdev_deliver need not look up the reverse path of its
+ * replies. */
+static __noinline void ct_uplink(struct pkt *p)
+{
+	struct ct_key k = {
+		.ep = p->ep,
+		.dir = DIR_EGRESS,
+		.family = p->family,
+		.proto = p->proto,
+		.sport = p->sport,
+		.dport = p->dport,
+	};
+	struct ct_value *v;
+
+	__builtin_memcpy(k.saddr, p->saddr, 16);
+	__builtin_memcpy(k.daddr, p->daddr, 16);
+	v = bpf_map_lookup_elem(&ct, &k);
+	if (v && !(v->flags & CT_F_UPLINK))
+		v->flags |= CT_F_UPLINK;
+}
+
+/* fib_addrs fills in fib's family and addresses from p: 0, or -1 for a
+ * packet the FIB path leaves to the stack (a fragment: the host's
+ * reassembly must see all of a datagram or none; IPv6 with extension
+ * headers; not IP). */
+static __always_inline int fib_addrs(struct bpf_fib_lookup *fib, struct pkt *p)
+{
+	if (p->frag)
+		return -1;
+	if (p->family == 4) {
+		if (p->frag4)
+			return -1; /* MF or an offset: a fragment */
+		fib->family = AF_INET_;
+		fib->ipv4_src = p->saddr[0];
+		fib->ipv4_dst = p->daddr[0];
+		return 0;
+	}
+	if (p->family == 6) {
+		if (p->l4off != ETH_HLEN_ + sizeof(struct ipv6hdr))
+			return -1; /* extension headers, a fragment maybe */
+		fib->family = AF_INET6_;
+		__builtin_memcpy(fib->ipv6_src, p->saddr, 16);
+		__builtin_memcpy(fib->ipv6_dst, p->daddr, 16);
+		return 0;
+	}
+	return -1;
 }
 
 /* local_deliver sends a packet from_container let out straight to its
@@ -1033,90 +1099,48 @@ static __always_inline int remote_direct(__u32 ifindex, struct pkt *p)
  * the host's forwarding, past the host's IP stack (routing, netfilter,
  * the neighbour output). The FIB names the device (the endpoint's /32
  * or /128 route) and the MAC addresses; the TTL is decremented as the
- * host's forwarding would. A remote pod's packet goes straight to the
- * tunnel device the same way when remote_direct says so. Anything else
- * is left to the host's stack (TC_ACT_OK): another destination, no resolved
- * neighbour yet, a packet too big for the device, a TTL running out
- * (the stack answers with ICMP), and every fragment (the host's
- * reassembly must see all of a datagram or none) or IPv6 packet with
- * extension headers. Not bpf_redirect_peer into the destination's netns
- * as Cilium: that would skip to_container and the veth's qdisc (a
- * chained bandwidth plugin's shaping of what reaches the pod). The packet is marked MARK_DIRECT_MAGIC, so that
- * the destination's to_container records the connection as delivered
- * directly (CT_F_DIRECT) and only such a connection's replies come
- * back this way: a reply whose request crossed the host's stack
- * crosses it too, whose netfilter may have translated the request
- * (kube-proxy) and reverses it on the reply. */
+ * host's forwarding would (forward.h's fwd_redirect). A remote pod's
+ * packet goes straight to the tunnel device or to a native-routing
+ * uplink the same way when remote_direct says so (Cilium's BPF host
+ * routing: bpf_redirect_neigh to the FIB's next hop). Anything else is
+ * left to the host's stack (TC_ACT_OK): another destination, a packet
+ * too big for the device, a TTL running out (the stack answers with
+ * ICMP), and every fragment or IPv6 packet with extension headers
+ * (fib_addrs). Not bpf_redirect_peer into the destination's netns as
+ * Cilium: that would skip to_container and the veth's qdisc (a chained
+ * bandwidth plugin's shaping of what reaches the pod). A local
+ * endpoint's packet is marked MARK_DIRECT_MAGIC, so that the
+ * destination's to_container records the connection as delivered
+ * directly (CT_F_DIRECT) and only such a connection's replies come back
+ * this way: a reply whose request crossed the host's stack crosses it
+ * too, whose netfilter may have translated the request (kube-proxy) and
+ * reverses it on the reply. */
 static __noinline int local_deliver(struct __sk_buff *skb, struct pkt *p)
 {
 	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
-	__u8 macs[12];
-	__u32 ifindex;
-	long r;
-	int remote = 0;
+	__u32 ifindex, mark = MARK_DIRECT_MAGIC;
+	long r, fib_r;
 
-	if (p->frag)
+	if (fib_addrs(&fib, p))
 		return TC_ACT_OK;
-	if (p->family == 4) {
-		if (p->frag4)
-			return TC_ACT_OK; /* MF or an offset: a fragment */
-		fib.family = AF_INET_;
-		fib.ipv4_src = p->saddr[0];
-		fib.ipv4_dst = p->daddr[0];
-	} else if (p->family == 6) {
-		if (p->l4off != ETH_HLEN_ + sizeof(struct ipv6hdr))
-			return TC_ACT_OK; /* extension headers, a fragment maybe */
-		fib.family = AF_INET6_;
-		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
-	} else {
-		return TC_ACT_OK;
-	}
 	fib.ifindex = skb->ifindex;
 	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
+	fib_r = r;
 	ifindex = fib.ifindex;
 	if (ifindex == skb->ifindex)
 		return TC_ACT_OK;
 	if (!bpf_map_lookup_elem(&endpoints, &ifindex)) {
-		if (!remote_direct(ifindex, p))
+		r = remote_direct(ifindex, p);
+		if (!r)
 			return TC_ACT_OK;
-		remote = 1;
+		if (r == 2 && (p->bits & PKT_OPENS))
+			ct_uplink(p);
+		mark = 0; /* keeps lb_out's MARK_FROM_ENDPOINT_MAGIC */
+		r = fib_r;
 	}
-	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		/* The pod's neighbour entry is not resolved yet: the
-		 * kernel resolves it (the route has no gateway: the
-		 * destination itself is the next hop). The FIB checked the
-		 * device's MTU only on success. */
-		struct bpf_redir_neigh nh = {};
-		__u32 mtu = 0;
-
-		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0))
-			return TC_ACT_OK;
-		if (lb_ttl_dec(skb, p))
-			return TC_ACT_OK;
-		if (p->family == 4) {
-			nh.nh_family = AF_INET_;
-			nh.ipv4_nh = p->daddr[0];
-		} else {
-			nh.nh_family = AF_INET6_;
-			__builtin_memcpy(nh.ipv6_nh, p->daddr, 16);
-		}
-		if (!remote)
-			skb->mark = MARK_DIRECT_MAGIC;
-		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
-	}
-	if (lb_ttl_dec(skb, p))
-		return TC_ACT_OK;
-	/* Both addresses in one store: one helper call a packet. */
-	__builtin_memcpy(macs, fib.dmac, 6);
-	__builtin_memcpy(macs + 6, fib.smac, 6);
-	if (bpf_skb_store_bytes(skb, 0, macs, 12, 0))
-		return TC_ACT_SHOT;
-	if (!remote)
-		skb->mark = MARK_DIRECT_MAGIC;
-	return bpf_redirect(ifindex, 0);
+	return fwd_redirect(skb, &fib, r, p->family, mark);
 }
 
 /* lb_out finishes a passing packet whose conntrack answer is ct
@@ -1307,6 +1331,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (dir == DIR_INGRESS &&
 	    (skb->mark == MARK_DIRECT_MAGIC || (skb->mark & MARK_MAGIC_MASK) == MARK_IDENTITY_DIRECT_MAGIC))
 		p.bits |= PKT_DIRECT;
+	if (dir == DIR_INGRESS && skb->mark == MARK_UPLINK_DIRECT_MAGIC)
+		p.bits |= PKT_DIRECT | PKT_UPLINK;
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !l3_ok(skb, &p))
 		return drop(skb, &p, dir, DROP_UNKNOWN_L3, 0);
 	if (dir == DIR_EGRESS && !hairpinned(skb) && !source_ok(skb, ep, &p))
@@ -1451,23 +1477,110 @@ int to_container(struct __sk_buff *skb)
 	return handle(skb, DIR_INGRESS);
 }
 
-/* from_netdev runs at TCX ingress of the node's uplink devices in the
- * kube-proxy-free mode (nodeport.h); it is not loaded per endpoint.
- * Drops count under endpoint 0. */
+/* netdev_deliver sends a packet arriving on a native-routing uplink
+ * (node_config.uplinks) from a pod of another node straight to the host
+ * veth of the local endpoint the FIB routes it to, past the host's
+ * stack, as from_overlay's overlay_deliver does in tunnel mode; the
+ * endpoint's to_container gives its verdict there as before, with the
+ * source's identity from the ipcache by its address (as for a packet
+ * the stack forwarded: nothing about the sender is taken from the
+ * packet but its source address), and records the connection as
+ * delivered so (MARK_UPLINK_DIRECT_MAGIC: CT_F_DIRECT). Only where the other
+ * direction leaves this node the same way (from_container's
+ * remote_direct), so that netfilter sees both directions or neither:
+ * TCP or UDP, the source in a pod CIDR of the node or the cluster
+ * (node_config.pods), the connection one whose other direction goes
+ * straight too (forward.h's fwd_direct_conn), and the source's own
+ * route leaving through an uplink (a second FIB lookup, from the
+ * endpoint's veth as from_container's: the reverse path). The last is
+ * the stack's strict reverse-path filter (rp_filter 1) for these
+ * packets: a source spoofed from the underlay with the address of a
+ * local pod (whose route is its host veth) or of anything routed
+ * elsewhere goes up the stack, whose rp_filter and netfilter (rpfilter)
+ * decide on it as before, and never reaches the endpoint with an
+ * identity the stack would have refused it. The lookup is skipped for a
+ * connection whose entry has CT_F_UPLINK: its far side was found routed
+ * through an uplink already (this check on its first packet, marked
+ * MARK_UPLINK_DIRECT_MAGIC; or the FIB of the pod's own first packet,
+ * local_deliver's ct_uplink). Anything else goes up the
+ * stack too (TC_ACT_OK), as fragments, IPv6 extension headers, TTLs
+ * running out and packets too big for the veth. */
+static __noinline int netdev_deliver(struct __sk_buff *skb, struct pkt *p)
+{
+	struct bpf_fib_lookup fib = { .l4_protocol = p->proto, .sport = p->sport, .dport = p->dport };
+	struct node_config_value *c;
+	struct endpoint_info *ep;
+	__u32 zero = 0, ifindex, f;
+	long r, rr;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return TC_ACT_OK;
+	c = bpf_map_lookup_elem(&node_config, &zero);
+	if (!c || !is_uplink(c, skb->ifindex) || !in_pods(c, p->family, p->saddr))
+		return TC_ACT_OK;
+	if (fib_addrs(&fib, p))
+		return TC_ACT_OK;
+	fib.ifindex = skb->ifindex;
+	r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	ifindex = fib.ifindex;
+	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
+	if (!ep)
+		return TC_ACT_OK;
+	f = fwd_direct_conn(ep->id, p->family, p->saddr, p->daddr, p->proto, p->sport, p->dport, p->tcp_flags);
+	if (!f)
+		return TC_ACT_OK;
+	if (!(f & CT_F_UPLINK)) {
+		/* The reverse path: the endpoint's reply to the source. */
+		struct bpf_fib_lookup rev = { .l4_protocol = p->proto, .sport = p->dport, .dport = p->sport };
+
+		rev.family = fib.family;
+		if (p->family == 4) {
+			rev.ipv4_src = p->daddr[0];
+			rev.ipv4_dst = p->saddr[0];
+		} else {
+			__builtin_memcpy(rev.ipv6_src, p->daddr, 16);
+			__builtin_memcpy(rev.ipv6_dst, p->saddr, 16);
+		}
+		rev.ifindex = ifindex;
+		rr = bpf_fib_lookup(skb, &rev, sizeof(rev), 0);
+		if ((rr != BPF_FIB_LKUP_RET_SUCCESS && rr != BPF_FIB_LKUP_RET_NO_NEIGH) || !is_uplink(c, rev.ifindex))
+			return TC_ACT_OK;
+	}
+	return fwd_redirect(skb, &fib, r, p->family, MARK_UPLINK_DIRECT_MAGIC);
+}
+
+/* from_netdev runs at TCX ingress of the node's uplink devices (loaded
+ * once per node, not per endpoint): with the kube-proxy replacement or
+ * the host firewall (no NETDEV_F_DELIVER_ONLY) NodePort translation first
+ * (nodeport.h), then the host firewall for traffic to the node's own
+ * addresses (hostfw.h); then, in native routing, the direct delivery to
+ * a local endpoint (netdev_deliver). The three take disjoint packets: a
+ * NodePort's frontend and the host firewall's are node addresses, not
+ * pods'. Drops count under endpoint 0. */
 SEC("tc")
 int from_netdev(struct __sk_buff *skb)
 {
+	struct node_config_value *c;
 	struct pkt p = {};
+	__u32 zero = 0;
 	int r;
 
 	if (parse(skb, &p) != PARSE_OK || p.ndp)
 		return TC_ACT_OK;
+	c = bpf_map_lookup_elem(&node_config, &zero);
+	if (!c)
+		return TC_ACT_OK;
+	if (c->netdev_flags & NETDEV_F_DELIVER_ONLY)
+		return netdev_deliver(skb, &p);
 	r = lb_nodeport(skb, &p);
 	switch (r) {
 	case LB_PASS:
 		/* Not a NodePort flow: the host firewall decides on traffic
 		 * to the node's own addresses (hostfw.h). */
-		return host_verdict(skb, &p, DIR_INGRESS, 0);
+		r = host_verdict(skb, &p, DIR_INGRESS, 0);
+		return r == TC_ACT_OK ? netdev_deliver(skb, &p) : r;
 	case LB_REDIRECT:
 		r = lb_fib_redirect(skb, &p);
 		return r < 0 ? drop(skb, &p, DIR_INGRESS, DROP_NO_ROUTE, 0) : r;

@@ -160,6 +160,10 @@ struct ipcache_value {
 /* node_config_value is the one value (key 0) of the node_config map: settings
  * of the node the datapath writes when they change. */
 #define NODE_POD_CIDRS 4
+/* How many uplinks node_config_value names (native routing's direct
+ * delivery; the devices past the first NODE_UPLINKS go through the
+ * stack). */
+#define NODE_UPLINKS 4
 
 /* pod_cidr is a pod CIDR of node_config_value: an address a is in it if
  * (a[i] ^ addr[i]) & mask[i] is 0 for each word (network byte order
@@ -186,7 +190,33 @@ struct node_config_value {
 	 * (remote_deliver in endpoint.c, from_overlay's direct delivery in
 	 * overlay.c). */
 	__u32 tunnel_ifindex;
+	/* Native routing: the uplinks (ifindexes; 0 unused) whose
+	 * from_netdev delivers straight to the endpoints (netdev_deliver in
+	 * endpoint.c): from_container then sends a pod's packet for a remote
+	 * pod that the FIB routes out of one of them straight there. */
+	__u32 uplinks[NODE_UPLINKS];
+	/* NETDEV_F_*: what from_netdev does besides netdev_deliver. */
+	__u32 netdev_flags;
 };
+
+/* netdev_flags: from_netdev only delivers (native routing without the
+ * kube-proxy replacement or the host firewall, which attach it too):
+ * no NodePort translation (nodeport.h), no host firewall (hostfw.h).
+ * Without it (0, also before the agent writes node_config) it does both
+ * first. */
+#define NETDEV_F_DELIVER_ONLY 1
+
+/* is_uplink reports whether ifindex is one of c's uplinks. */
+static __always_inline int is_uplink(struct node_config_value *c, __u32 ifindex)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < NODE_UPLINKS; i++)
+		if (c->uplinks[i] && c->uplinks[i] == ifindex)
+			return 1;
+	return 0;
+}
 
 /* in_pods reports whether the address a of family is in one of c's pod
  * CIDRs (the node's and the cluster's). */
@@ -287,6 +317,13 @@ struct tunnel_value {
  * the host's stack, like MARK_DIRECT_MAGIC: its to_container records the
  * connection as delivered so (CT_F_DIRECT). */
 #define MARK_IDENTITY_DIRECT_MAGIC 0x53
+
+/* MARK_UPLINK_DIRECT_MAGIC in the low byte (upper bits 0): like
+ * MARK_DIRECT_MAGIC for a packet from_netdev delivered straight from a
+ * native-routing uplink (netdev_deliver, after its reverse-path check):
+ * its to_container records the connection with CT_F_DIRECT and
+ * CT_F_UPLINK. */
+#define MARK_UPLINK_DIRECT_MAGIC 0x54
 
 /* policy_key is an LPM trie key over {identity, dir, proto, dport}: an
  * entry's prefixlen says which fields it matches. Wildcards are shorter
@@ -416,6 +453,16 @@ struct ct_key {
 #define CT_F_NODEPORT 4
 #define CT_F_DIRECT 8
 #define CT_F_OPENED 16
+/*   CT_F_UPLINK   native routing: the connection's packets cross an
+ *                 uplink straight, and its address on the far side was
+ *                 found routed through an uplink: on the endpoint's
+ *                 ingress entry, netdev_deliver checked the reverse path
+ *                 of the packets it delivered (MARK_UPLINK_DIRECT_MAGIC);
+ *                 on its egress entry (kept, as CT_F_OPENED), the FIB
+ *                 sent the pod's first packet straight out of an uplink
+ *                 (local_deliver). netdev_deliver skips the reverse-path
+ *                 lookup for later packets of such a connection. */
+#define CT_F_UPLINK 32
 
 /* Connection lifetimes without traffic. */
 #define CT_LIFETIME_TCP (6ULL * 3600 * 1000000000ULL)

@@ -297,6 +297,8 @@ type EndpointNodeConfigValue struct {
 		Pad    [3]uint8
 	}
 	TunnelIfindex uint32
+	Uplinks       [4]uint32
+	NetdevFlags   uint32
 }
 
 type EndpointPolicyKey struct {

@@ -61,32 +61,6 @@ static __always_inline __u32 lb_tcp_closing(struct __sk_buff *skb, struct pkt *p
 	return (flags & 0x01) ? LB_CLOSING_FIN : 0;
 }
 
-/* lb_ttl_dec decrements the TTL (hop limit) of a packet the node
- * forwards past the stack, as the stack's forwarding would. Returns -1
- * for a packet whose TTL runs out (dropped). */
-static __always_inline int lb_ttl_dec(struct __sk_buff *skb, struct pkt *p)
-{
-	__u8 ttl;
-	__u16 oldw, neww;
-
-	if (p->family == 6) {
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 7, &ttl, 1) || ttl <= 1)
-			return -1;
-		ttl--;
-		return bpf_skb_store_bytes(skb, ETH_HLEN_ + 7, &ttl, 1, 0) ? -1 : 0;
-	}
-	if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 8, &oldw, 2))
-		return -1;
-	ttl = ((__u8 *)&oldw)[0];
-	if (ttl <= 1)
-		return -1;
-	neww = oldw;
-	((__u8 *)&neww)[0] = ttl - 1;
-	if (bpf_l3_csum_replace(skb, IP4_CSUM_OFF, oldw, neww, 2))
-		return -1;
-	return bpf_skb_store_bytes(skb, ETH_HLEN_ + 8, &neww, 2, 0) ? -1 : 0;
-}
-
 /* lb_fib_redirect sends a translated packet out of the device the FIB
  * names for its destination, resolving the next hop's neighbour, with
  * its TTL decremented. */
@@ -96,7 +70,7 @@ static __noinline int lb_fib_redirect(struct __sk_buff *skb, struct pkt *p)
 	struct bpf_redir_neigh nh = {};
 	long r;
 
-	if (lb_ttl_dec(skb, p))
+	if (fwd_ttl_dec(skb, p->family))
 		return -1;
 
 	fib.ifindex = skb->ifindex;

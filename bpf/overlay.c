@@ -140,6 +140,12 @@ struct {
 	__uint(max_entries, 1);
 } node_config SEC(".maps");
 
+#define ETH_HLEN_ 14
+#define AF_INET_ 2
+#define AF_INET6_ 10
+
+#include "forward.h"
+
 /* inner_l3 is what inner_addrs read of the inner IP header for
  * inner_l4, which does not load it again. */
 struct inner_l3 {
@@ -354,12 +360,6 @@ static __always_inline int inner_source_ok(struct tunnel_endpoint *node, struct 
 	return t && same_node(&t->node, node);
 }
 
-#define ETH_HLEN_ 14
-#define AF_INET_ 2
-#define AF_INET6_ 10
-#define TCP_F_SYN 0x02
-#define TCP_F_ACK 0x10
-
 /* inner_l4 reads the inner packet's protocol (l3, inner_addrs'), ports
  * and TCP flags: TCP and UDP only, IPv4 without fragmentation, IPv6
  * without extension headers; -1 for anything else. */
@@ -386,45 +386,6 @@ static __always_inline int inner_l4(struct __sk_buff *skb, struct inner_l3 *l3, 
 	return bpf_skb_load_bytes(skb, off, ports, 4) ? -1 : 0;
 }
 
-/* ct_alive reports whether the conntrack entry k exists, is within its
- * lifetime and has one of the flags want. */
-static __always_inline int ct_alive(struct ct_key *k, __u32 want)
-{
-	struct ct_value *v = bpf_map_lookup_elem(&ct, k);
-	__u64 now, age = k->proto == IPPROTO_TCP ? CT_LIFETIME_TCP : CT_LIFETIME_OTHER;
-
-	if (!v || !(v->flags & want))
-		return 0;
-	now = bpf_ktime_get_coarse_ns(); /* as endpoint.c's handle stamps them */
-	return !(now > v->last_seen && now - v->last_seen > age);
-}
-
-/* overlay_ttl_dec decrements the inner packet's TTL (hop limit), as
- * the host's forwarding would; -1 when it runs out (left to the stack,
- * which answers with ICMP). */
-static __always_inline int overlay_ttl_dec(struct __sk_buff *skb, __u8 family)
-{
-	__u16 oldw, neww;
-	__u8 ttl;
-
-	if (family == 6) {
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 7, &ttl, 1) || ttl <= 1)
-			return -1;
-		ttl--;
-		return bpf_skb_store_bytes(skb, ETH_HLEN_ + 7, &ttl, 1, 0) ? -1 : 0;
-	}
-	if (bpf_skb_load_bytes(skb, ETH_HLEN_ + 8, &oldw, 2))
-		return -1;
-	ttl = ((__u8 *)&oldw)[0];
-	if (ttl <= 1)
-		return -1;
-	neww = oldw;
-	((__u8 *)&neww)[0] = ttl - 1;
-	if (bpf_l3_csum_replace(skb, ETH_HLEN_ + 10, oldw, neww, 2))
-		return -1;
-	return bpf_skb_store_bytes(skb, ETH_HLEN_ + 8, &neww, 2, 0) ? -1 : 0;
-}
-
 /* overlay_deliver sends an accepted packet (mark: its identity, already
  * set) straight to the host veth of the local endpoint the FIB routes
  * it to, past the host's stack (routing, netfilter, the neighbour
@@ -435,19 +396,13 @@ static __always_inline int overlay_ttl_dec(struct __sk_buff *skb, __u8 family)
  * connection leaves this node the same way (from_container's
  * remote_direct), so that netfilter sees both directions or neither:
  * node_config.tunnel_ifindex names this device, the inner source is in
- * a pod CIDR of the node or the cluster (node_config.pods), and
- *   - it is a reply of a connection the endpoint opened to that address
- *     (its egress conntrack entry with CT_F_OPENED: its requests left
- *     straight to this device, untranslated), or
- *   - a TCP SYN without ACK (a connection begins: its replies go back
- *     straight, CT_F_DIRECT), or
- *   - a later packet of a connection whose first one came so (the
- *     endpoint's ingress entry has CT_F_DIRECT).
- * Anything else goes up the stack (TC_ACT_OK): a reply of a connection
- * the host's netfilter translated on its way out (kube-proxy's DNAT of a
- * ClusterIP: the endpoint's entry names the ClusterIP, not this source),
- * UDP and other protocols of connections the remote side began (a UDP
- * reply of a translated request cannot be told from a request),
+ * a pod CIDR of the node or the cluster (node_config.pods), and the
+ * connection is one whose other direction goes straight too
+ * (forward.h's fwd_direct_conn: a reply of the endpoint's own
+ * connection, a TCP SYN, a later packet of a connection that began so).
+ * Anything else goes up the stack (TC_ACT_OK): replies of connections
+ * the host's netfilter translated (kube-proxy's DNAT of a ClusterIP),
+ * UDP and other protocols of connections the remote side began,
  * fragments, IPv6 extension headers, TTLs running out, packets too big
  * for the veth, and destinations that are no local endpoint. */
 static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, __u32 *saddr, __u32 *daddr,
@@ -456,8 +411,6 @@ static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, _
 	struct bpf_fib_lookup fib = {};
 	struct node_config_value *c;
 	struct endpoint_info *ep;
-	struct ct_key k = { .family = family };
-	__u8 macs[12];
 	__u32 zero = 0, ifindex;
 	__u16 ports[2];
 	__u8 proto, flags;
@@ -488,55 +441,9 @@ static __always_inline int overlay_deliver(struct __sk_buff *skb, __u8 family, _
 	ep = bpf_map_lookup_elem(&endpoints, &ifindex);
 	if (!ep)
 		return TC_ACT_OK;
-	/* The endpoint's own connection to the source: its egress entry. */
-	k.ep = ep->id;
-	k.dir = DIR_EGRESS;
-	k.proto = proto;
-	k.sport = ports[1];
-	k.dport = ports[0];
-	__builtin_memcpy(k.saddr, daddr, 16);
-	__builtin_memcpy(k.daddr, saddr, 16);
-	if (!ct_alive(&k, CT_F_OPENED)) {
-		if (proto != IPPROTO_TCP)
-			return TC_ACT_OK;
-		if ((flags & (TCP_F_SYN | TCP_F_ACK)) != TCP_F_SYN) {
-			k.dir = DIR_INGRESS;
-			k.sport = ports[0];
-			k.dport = ports[1];
-			__builtin_memcpy(k.saddr, saddr, 16);
-			__builtin_memcpy(k.daddr, daddr, 16);
-			if (!ct_alive(&k, CT_F_DIRECT))
-				return TC_ACT_OK;
-		}
-	}
-	if (r == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		/* The pod's neighbour entry is not resolved yet: the kernel
-		 * resolves it (the pod's route has no gateway). The FIB
-		 * checked the device's MTU only on success. */
-		struct bpf_redir_neigh nh = {};
-		__u32 mtu = 0;
-
-		if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) || overlay_ttl_dec(skb, family))
-			return TC_ACT_OK;
-		if (family == 4) {
-			nh.nh_family = AF_INET_;
-			nh.ipv4_nh = daddr[0];
-		} else {
-			nh.nh_family = AF_INET6_;
-			__builtin_memcpy(nh.ipv6_nh, daddr, 16);
-		}
-		skb->mark = mark;
-		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
-	}
-	if (overlay_ttl_dec(skb, family))
+	if (!fwd_direct_conn(ep->id, family, saddr, daddr, proto, ports[0], ports[1], flags))
 		return TC_ACT_OK;
-	/* Both addresses in one store: one helper call a packet. */
-	__builtin_memcpy(macs, fib.dmac, 6);
-	__builtin_memcpy(macs + 6, fib.smac, 6);
-	if (bpf_skb_store_bytes(skb, 0, macs, 12, 0))
-		return TC_ACT_SHOT;
-	skb->mark = mark;
-	return bpf_redirect(ifindex, 0);
+	return fwd_redirect(skb, &fib, r, family, mark);
 }
 
 SEC("tc")

@@ -82,6 +82,8 @@ type OverlayNodeConfigValue struct {
 		Pad    [3]uint8
 	}
 	TunnelIfindex uint32
+	Uplinks       [4]uint32
+	NetdevFlags   uint32
 }
 
 type OverlayTunnelEndpoint struct {

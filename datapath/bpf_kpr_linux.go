@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,24 +62,52 @@ func (l *Linux) serviceHooks() ServiceHooks {
 // initKPR attaches the socket programs to the configured cgroup and
 // from_netdev to the uplinks in the kube-proxy-free mode; otherwise it
 // detaches what an earlier agent (run in that mode) left pinned, so
-// kube-proxy is the only one translating those paths.
+// kube-proxy is the only one translating those paths. from_netdev also
+// runs on the uplinks in native routing, where it delivers other nodes'
+// pod traffic straight to the endpoints (bpf/endpoint.c,
+// netdev_deliver); node_config's netdev_flags say whether it translates
+// NodePorts and runs the host firewall too.
 func (l *Linux) initKPR() error {
 	c := l.cfg.Services
 	var h ServiceHooks
 	hf := l.cfg.HostFirewall.Enabled
+	native := l.cfg.Nodes.Routing == RoutingNative
+	var uplinks []string // native routing's, once from_netdev is on them
 	err := l.guardBPF(func(b *bpfState) error {
+		// No pod's packet goes straight to an uplink whose from_netdev
+		// may go below (those not among the devices now).
+		devs, derr := l.devices()
+		if err := l.keepUplinks(b, devs); err != nil {
+			return err
+		}
+		if err := setNetdevServices(b, c.KubeProxyReplacement || hf); err != nil {
+			return err
+		}
 		if !c.KubeProxyReplacement {
-			if err := l.detachKPR(b, hf); err != nil {
+			if err := l.detachKPR(b, hf || (native && derr == nil)); err != nil {
 				return err
 			}
 			if !hf {
-				return l.detachHostFirewall(b)
+				if err := l.detachHostFirewall(b); err != nil {
+					return err
+				}
+				if !native {
+					return nil
+				}
+				if derr != nil {
+					l.log.Warn("native routing: no uplink found; pods' traffic to other nodes crosses the stack", "err", derr)
+					return nil
+				}
+				h.Devices, uplinks = devs, devs
+				return l.attachNetdev(b, devs, false)
 			}
-			devs, err := l.devices()
-			if err != nil {
-				return err
+			if derr != nil {
+				return derr
 			}
 			h.Devices = devs
+			if native {
+				uplinks = devs
+			}
 			return l.attachHostFirewall(b, devs, false)
 		}
 		h.KubeProxyReplacement = true
@@ -101,11 +130,13 @@ func (l *Linux) initKPR() error {
 		for _, s := range sockHooks {
 			h.SocketPrograms = append(h.SocketPrograms, s.name)
 		}
-		devs, err := l.devices()
-		if err != nil {
-			return err
+		if derr != nil {
+			return derr
 		}
 		h.Devices = devs
+		if native {
+			uplinks = devs
+		}
 		if hf {
 			return l.attachHostFirewall(b, devs, true)
 		}
@@ -114,6 +145,10 @@ func (l *Linux) initKPR() error {
 		}
 		return l.attachNetdev(b, devs, true)
 	})
+	if err == nil && uplinks != nil {
+		// from_netdev is on them: from_container may send there.
+		err = l.guardBPF(func(b *bpfState) error { return l.setUplinks(b, uplinks) })
+	}
 	if err != nil {
 		return fmt.Errorf("kube-proxy replacement: %w", err)
 	}
@@ -122,6 +157,133 @@ func (l *Linux) initKPR() error {
 	l.kpr.mu.Unlock()
 	if h.KubeProxyReplacement {
 		l.log.Info("kube-proxy replacement attached", "cgroup", h.Cgroup, "devices", h.Devices)
+	}
+	if uplinks != nil {
+		l.log.Info("native routing: direct delivery on the uplinks", "devices", uplinks)
+	}
+	return nil
+}
+
+// setNetdevServices tells from_netdev whether it translates NodePorts
+// and runs the host firewall, which it does in the kube-proxy-free mode
+// or with the host firewall; without either it only delivers native
+// routing's traffic (node_config NETDEV_F_DELIVER_ONLY).
+func setNetdevServices(b *bpfState, on bool) error {
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
+		v.NetdevFlags &^= netdevFlagDeliverOnly
+		if !on {
+			v.NetdevFlags |= netdevFlagDeliverOnly
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("set uplink program flags: %w", err)
+	}
+	return nil
+}
+
+// bpf/endpoint.h's NETDEV_F_DELIVER_ONLY.
+const netdevFlagDeliverOnly = 1
+
+// setUplinks tells the endpoint programs the uplinks whose from_netdev
+// delivers straight to the endpoints (node_config.uplinks: the first
+// len(Uplinks) of devs, those holding a default route first, by
+// ifindex; none for nil). from_container then sends remote pods'
+// packets routed out of them straight there.
+func (l *Linux) setUplinks(b *bpfState, devs []string) error {
+	type uplink struct {
+		name  string
+		index uint32
+	}
+	var ups []uplink
+	for _, d := range devs {
+		dev, err := l.nl.LinkByName(d)
+		if err != nil {
+			return fmt.Errorf("uplink %s: %w", d, err)
+		}
+		ups = append(ups, uplink{d, uint32(dev.Attrs().Index)})
+	}
+	var v bpf.EndpointNodeConfigValue
+	if n := len(v.Uplinks); len(ups) > n {
+		def := l.defaultRouteLinks()
+		slices.SortStableFunc(ups, func(a, b uplink) int {
+			return cmp.Compare(b2i(def[b.index]), b2i(def[a.index]))
+		})
+		name := func(u uplink) string { return u.name }
+		l.log.Warn("native routing: direct delivery on the first uplinks only (those of the default route first)",
+			"devices", mapSlice(ups[:n], name), "through the stack", mapSlice(ups[n:], name))
+		ups = ups[:n]
+	}
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
+		clear(v.Uplinks[:])
+		for i, u := range ups {
+			v.Uplinks[i] = u.index
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("set uplinks %v: %w", devs, err)
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	out := make([]U, 0, len(s))
+	for _, v := range s {
+		out = append(out, f(v))
+	}
+	return out
+}
+
+// defaultRouteLinks are the ifindexes of the devices holding a default
+// route of the host netns's main table (either family; none when the
+// routes cannot be read).
+func (l *Linux) defaultRouteLinks() map[uint32]bool {
+	out := map[uint32]bool{}
+	rs, err := l.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return out
+	}
+	for _, r := range rs {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		out[uint32(r.LinkIndex)] = true
+		for _, nh := range r.MultiPath {
+			out[uint32(nh.LinkIndex)] = true
+		}
+	}
+	return out
+}
+
+// keepUplinks removes from node_config.uplinks every uplink not among
+// devs (by ifindex; all of them when devs is nil or native routing is
+// off), before their from_netdev may be detached.
+func (l *Linux) keepUplinks(b *bpfState, devs []string) error {
+	keep := map[uint32]bool{}
+	if l.cfg.Nodes.Routing == RoutingNative {
+		for _, d := range devs {
+			if dev, err := l.nl.LinkByName(d); err == nil {
+				keep[uint32(dev.Attrs().Index)] = true
+			}
+		}
+	}
+	err := b.updateNodeConfig(func(v *bpf.EndpointNodeConfigValue) {
+		for i, ix := range v.Uplinks {
+			if !keep[ix] {
+				v.Uplinks[i] = 0
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("set uplinks: %w", err)
 	}
 	return nil
 }

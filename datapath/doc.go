@@ -119,9 +119,33 @@
 // UDP and other protocols the remote side began (a UDP reply of a
 // translated request cannot be told from a request), fragments, IPv6
 // extension headers, TTLs running out, packets too big for the veth
-// (`TestTunnelDirect`). Native routing has no such path yet: its
-// packets arrive on the uplink, where no program runs unless the
-// kube-proxy-free mode or the host firewall attaches from_netdev.
+// (`TestTunnelDirect`). These rules are bpf/forward.h's
+// (`fwd_direct_conn`, `fwd_redirect`, `fwd_ttl_dec`), shared with native
+// routing.
+//
+// Native routing does the same through the uplinks (Cilium's BPF host
+// routing): Init attaches from_netdev to `Services.Devices` (detected as
+// for the kube-proxy replacement when empty: the up devices holding a
+// global unicast address) also without the kube-proxy-free mode or the
+// host firewall, then writes their ifindexes to `node_config.uplinks`
+// (the first 4; the others go through the stack). from_container sends
+// a pod's TCP or UDP packet for a remote pod that the FIB routes out of
+// one of them straight there (`bpf_redirect_neigh` to the route's
+// gateway, the other node); from_netdev's `netdev_deliver` sends the
+// other direction straight to the endpoint's host veth, marked
+// `MARK_DIRECT_MAGIC` (the identity is the ipcache's for the source
+// address, as for a packet the stack forwarded), on the same rules as
+// from_overlay plus one: the source's own route, looked up from the
+// endpoint's veth, must leave through an uplink (a strict reverse-path
+// check: a local pod's address, spoofed from the underlay, goes up the
+// stack, whose rp_filter or rpfilter match decides as before;
+// `TestNativeDirect`, `TestNativeDirectSpoofedSource`). With the
+// kube-proxy-free mode or the host firewall, from_netdev translates
+// NodePorts and runs the host firewall first (without them
+// `node_config.netdev_flags` says NETDEV_F_DELIVER_ONLY); those take node
+// addresses, never pods'. A reply
+// arriving on a device that is not an uplink goes through the stack
+// while its request did not: multi-homed nodes list every uplink.
 //
 // The device is created lazily on the
 // first tunnel-mode sync, so an agent with no remote nodes adds no link; a

@@ -140,7 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	var nodePortRange string
 	fs.StringVar(&nodePortRange, "node-port-range", "30000-32767", "--kube-proxy-replacement: the Services' NodePort range (the API server's --service-node-port-range), first-last or Cilium's first,last")
 	fs.BoolVar(&cfg.Linux.Services.ProtectNodePortRange, "enable-auto-protect-node-port-range", true, "--kube-proxy-replacement: when the host's ephemeral ports (net.ipv4.ip_local_port_range) overlap --node-port-range, reserve the range (net.ipv4.ip_local_reserved_ports), so that no host connection's replies are taken for NodePort traffic (as Cilium's agent)")
-	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement, --host-firewall: comma-separated uplinks translating NodePort traffic from outside and enforcing host policies (default: the devices holding the node's addresses)")
+	fs.StringVar(&devices, "devices", "", "--kube-proxy-replacement, --host-firewall, --routing native: comma-separated uplinks translating NodePort traffic from outside, enforcing host policies and, in native routing, delivering other nodes' pod traffic straight to the pods (default: the devices holding the node's addresses)")
 	fs.StringVar(&nodeLabelPatterns, "node-labels", "", "--enable-node-selector-labels: space-separated patterns choosing the Node labels that make a node's identity, --labels' syntax without its defaults (\"topology.kubernetes.io !kubernetes.io/hostname\"; Cilium's flag); empty: every label")
 	fs.BoolVar(&cfg.Actors.NodeSelectorLabels, "enable-node-selector-labels", false, "give every other node an identity of its own from its Node labels (source node), so that policies select nodes with fromNodes/toNodes (Cilium's flag); off: other nodes are remote-node and fromNodes/toNodes are refused")
 	fs.BoolVar(&cfg.Linux.HostFirewall.Enabled, "host-firewall", false, "Kubernetes mode, linux datapath: enforce host policies (CiliumClusterwideNetworkPolicy and MembraneClusterwideNetworkPolicy with nodeSelector, matched against this node's Node labels) on the node's own traffic on --devices; the API server the agent uses, replies to the node's connections, node health probes and the tunnel port always pass (SECURITY.md)")
@@ -164,7 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	fs.DurationVar(&kv.LeaseTTL, "kvstore-lease-ttl", kvstore.DefaultLeaseTTL, "kvstore mode: node lease TTL: how long after this agent stops renewing it other nodes keep its endpoints (at least 2s)")
 	fs.StringVar(&nodeAddrs, "kvstore-node-addrs", "", "kvstore mode: comma-separated underlay addresses of this node, published for other nodes to route to (default, linux datapath: the Node object's InternalIPs in Kubernetes mode, else per family the address of the default route's device or the source toward the etcd endpoints)")
 	var clusterCIDRs string
-	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node)")
+	fs.StringVar(&cfg.Linux.Nodes.Routing, "routing", datapath.RoutingTunnel, "linux datapath: how pods reach other nodes' pods: tunnel (one VXLAN device, source identity in the VNI) or native (a route per remote pod CIDR via its node; pod-to-pod TCP and UDP go straight between the pods' veths and the uplinks of --devices)")
 	fs.IntVar(&cfg.Linux.Nodes.TunnelPort, "tunnel-port", 8472, "tunnel routing: the VXLAN UDP port")
 	fs.IntVar(&cfg.Linux.Nodes.TunnelMTU, "tunnel-mtu", 1450, "tunnel routing: the VXLAN device's MTU (the underlay's minus 50)")
 	fs.BoolVar(&cfg.Linux.Nodes.Masquerade, "masquerade", true, "linux datapath: SNAT pod traffic leaving the cluster's pod CIDRs to the node's address (nftables); the cluster's pod CIDRs are this node's, every other node's (from the Node objects, the kvstore or the nodes file) and --cluster-cidr")
@@ -272,8 +272,8 @@ func parseFlags(args []string, stderr io.Writer) (agent.Config, *slog.Logger, er
 	if !kc.KubeProxyReplacement && cfg.Linux.Services.Cgroup != "" {
 		return cfg, nil, fmt.Errorf("--socket-lb-cgroup: only with --kube-proxy-replacement")
 	}
-	if !kc.KubeProxyReplacement && !cfg.Linux.HostFirewall.Enabled && devices != "" {
-		return cfg, nil, fmt.Errorf("--devices: only with --kube-proxy-replacement or --host-firewall")
+	if !kc.KubeProxyReplacement && !cfg.Linux.HostFirewall.Enabled && cfg.Linux.Nodes.Routing != datapath.RoutingNative && devices != "" {
+		return cfg, nil, fmt.Errorf("--devices: only with --kube-proxy-replacement, --host-firewall or --routing native")
 	}
 	if cfg.Linux.HostFirewall.Enabled && cfg.K8s == nil {
 		return cfg, nil, fmt.Errorf("--host-firewall: only with --k8s-kubeconfig or --k8s (host policies select nodes by their Node labels)")

@@ -304,6 +304,11 @@ func TestParseFlagsKubeProxyReplacement(t *testing.T) {
 	if _, _, err = parseFlags(slices.Concat(base, k8s, []string{"--devices", "eth0"}), io.Discard); err == nil || !strings.Contains(err.Error(), "--devices") {
 		t.Fatalf("--devices without the mode: %v, want refused", err)
 	}
+	// Native routing's direct delivery runs on the devices too.
+	if cfg, _, err = parseFlags(slices.Concat(base, []string{"--routing", "native", "--devices", "eth1"}), io.Discard); err != nil ||
+		!slices.Equal(cfg.Linux.Services.Devices, []string{"eth1"}) {
+		t.Fatalf("--routing native --devices eth1: %+v, %v: want the device", cfg.Linux.Services, err)
+	}
 }
 
 func TestParseFlagsBPFAttach(t *testing.T) {

@@ -141,8 +141,9 @@ type namedProg struct {
 }
 
 // nodeProgs loads the programs the nodes' agents attached: the endpoint
-// programs (<bpffs>/programs/<digest>/) and, in tunnel mode, the overlay
-// programs (their pinned links under <bpffs>/overlay/).
+// programs (<bpffs>/programs/<digest>/), in tunnel mode the overlay
+// programs (their pinned links under <bpffs>/overlay/), and the uplinks'
+// from_netdev (<bpffs>/netdev/<device>).
 func nodeProgs(t *testing.T, nodes ...*node) []namedProg {
 	t.Helper()
 	var out []namedProg
@@ -156,8 +157,14 @@ func nodeProgs(t *testing.T, nodes ...*node) []namedProg {
 			t.Cleanup(func() { prog.Close() })
 			out = append(out, namedProg{filepath.Base(path), prog})
 		}
-		for _, pin := range []string{"to", "from"} {
-			l, err := link.LoadPinnedLink(filepath.Join(nd.bpffs, "overlay", pin), nil)
+		links := map[string]string{"to_overlay": filepath.Join(nd.bpffs, "overlay", "to"),
+			"from_overlay": filepath.Join(nd.bpffs, "overlay", "from")}
+		devs, _ := filepath.Glob(filepath.Join(nd.bpffs, "netdev", "*"))
+		for _, d := range devs {
+			links["from_netdev "+filepath.Base(d)] = d
+		}
+		for hook, pin := range links {
+			l, err := link.LoadPinnedLink(pin, nil)
 			if err != nil {
 				continue
 			}
@@ -171,7 +178,7 @@ func nodeProgs(t *testing.T, nodes ...*node) []namedProg {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { prog.Close() })
-			out = append(out, namedProg{pin + "_overlay", prog})
+			out = append(out, namedProg{strings.Fields(hook)[0], prog})
 		}
 	}
 	return out

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
@@ -15,11 +17,24 @@ import (
 // pod on another node skips both nodes' IP stacks in both directions
 // (from_container straight to the tunnel device, from_overlay straight
 // to the endpoint's host veth: bpf/overlay.c, overlay_deliver), and
-// what needs the stack still crosses it. On both nodes FORWARD drops
-// TCP on the direct ports (directPorts) between the pods, and drops
-// what netfilter's conntrack finds INVALID (kube-proxy's rule: a
-// connection whose one direction skipped a node's stack and the other
-// did not is INVALID there).
+// what needs the stack still crosses it (testDirect).
+func TestTunnelDirect(t *testing.T) {
+	testDirect(t, newCluster(t, "tunnel", 2, 86))
+}
+
+// TestNativeDirect (issue 39): in native routing likewise, through the
+// uplinks (from_container's bpf_redirect_neigh to the uplink,
+// from_netdev's netdev_deliver to the endpoint's host veth; bpf/
+// endpoint.c). With the kube-proxy replacement both share from_netdev
+// on the uplink: datapath's TestNodePortRemote runs node A so.
+func TestNativeDirect(t *testing.T) {
+	testDirect(t, newCluster(t, "native", 2, 84))
+}
+
+// testDirect: on c's two nodes FORWARD drops TCP on the direct ports
+// (directPorts) between the pods, and drops what netfilter's conntrack
+// finds INVALID (kube-proxy's rule: a connection whose one direction
+// skipped a node's stack and the other did not is INVALID there).
 //   - direct: TCP a -> b and b -> a over IPv4 and IPv6 on the direct
 //     ports: delivered (through the stacks, the FORWARD rule drops it,
 //     as it did before direct delivery);
@@ -30,8 +45,7 @@ import (
 //     stack to get the Service address back as their source; a reply
 //     delivered straight to a from b's address is refused (TCP) or
 //     never reaches the connected UDP socket.
-func TestTunnelDirect(t *testing.T) {
-	c := newCluster(t, "tunnel", 2, 86)
+func testDirect(t *testing.T, c *cluster) {
 	waitRoutes(t, c.nodes...)
 	a, b := c.nodes[0].addPod("direct-a"), c.nodes[1].addPod("direct-b")
 	iptables := testutil.RequireTool(t, "iptables")
@@ -73,6 +87,15 @@ func TestTunnelDirect(t *testing.T) {
 			}
 		}
 	})
+	t.Run("ttl", func(t *testing.T) {
+		// a's UDP to b and b's answer cross two forwarding hops each,
+		// whether the stack's or the direct path's: 64 arrives as 62.
+		for _, v6 := range []bool{false, true} {
+			if err := udpHops(a, b, v6, 7110); err != nil {
+				t.Errorf("v6 %v: %v", v6, err)
+			}
+		}
+	})
 	t.Run("icmp", func(t *testing.T) {
 		// ICMP never goes straight (overlay_deliver takes TCP and UDP
 		// only), so neither does the request: a node's conntrack that
@@ -91,7 +114,7 @@ func TestTunnelDirect(t *testing.T) {
 			}
 		}
 	})
-	svc := netip.MustParseAddr("10.96.86.10")
+	svc := netip.AddrFrom4([4]byte{10, 96, byte(c.net), 10})
 	for _, rule := range [][]string{
 		{"-A", "PREROUTING", "-d", svc.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", b.ip4.String() + ":7200"},
 		{"-A", "PREROUTING", "-d", svc.String(), "-p", "udp", "--dport", "53", "-j", "DNAT", "--to-destination", b.ip4.String() + ":7201"},
@@ -203,6 +226,91 @@ func echoUDPVia(from, to *pod, dst, listen netip.AddrPort) error {
 		if string(buf[:n]) != msg {
 			return fmt.Errorf("answer %d: %q", i, buf[:n])
 		}
+	}
+	return nil
+}
+
+// udpHops has from send a UDP datagram (TTL, hop limit 64) to to's port
+// and to answer it, and checks that both arrive with 62: two hops each
+// way, each decrementing once.
+func udpHops(from, to *pod, v6 bool, port int) error {
+	addr, faddr := to.ip4, from.ip4
+	if v6 {
+		addr, faddr = to.ip6, from.ip6
+	}
+	listen := func(p *pod, a netip.Addr, port int) (*net.UDPConn, error) {
+		var c *net.UDPConn
+		err := p.ns.Do(func() (err error) {
+			c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(port))))
+			if err != nil {
+				return err
+			}
+			raw, err := c.SyscallConn()
+			if err != nil {
+				return err
+			}
+			var serr error
+			if err := raw.Control(func(fd uintptr) {
+				if v6 {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 64)
+					if serr == nil {
+						serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVHOPLIMIT, 1)
+					}
+					return
+				}
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TTL, 64)
+				if serr == nil {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+				}
+			}); err != nil {
+				return err
+			}
+			return serr
+		})
+		return c, err
+	}
+	// recv reads one datagram and its TTL (hop limit).
+	recv := func(c *net.UDPConn) (netip.AddrPort, int, error) {
+		buf, oob := make([]byte, 64), make([]byte, 128)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, oobn, _, src, err := c.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			return src, 0, err
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return src, 0, err
+		}
+		for _, m := range msgs {
+			if (m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_TTL) ||
+				(m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_HOPLIMIT) {
+				return src, int(m.Data[0]), nil
+			}
+		}
+		return src, 0, fmt.Errorf("no TTL with the datagram")
+	}
+	srv, err := listen(to, addr, port)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	cli, err := listen(from, faddr, 0)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if _, err := cli.WriteToUDPAddrPort([]byte("hops"), netip.AddrPortFrom(addr, uint16(port))); err != nil {
+		return err
+	}
+	src, ttl, err := recv(srv)
+	if err != nil || ttl != 62 {
+		return fmt.Errorf("request arrived with TTL %d (%v), want 62", ttl, err)
+	}
+	if _, err := srv.WriteToUDPAddrPort([]byte("back"), src); err != nil {
+		return err
+	}
+	if _, ttl, err = recv(cli); err != nil || ttl != 62 {
+		return fmt.Errorf("answer arrived with TTL %d (%v), want 62", ttl, err)
 	}
 	return nil
 }
