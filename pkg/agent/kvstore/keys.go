@@ -34,8 +34,8 @@ const (
 	// collectorKey is outside identitiesDir: a pass's read of the
 	// identities does not read it.
 	collectorKey = "state/identities-gc/v1/collector"
-	nodesDir      = "state/nodes/v1/"
-	endpointsDir  = "state/endpoints/v1/"
+	nodesDir     = "state/nodes/v1/"
+	endpointsDir = "state/endpoints/v1/"
 )
 
 // keys builds the keys of one prefix.
