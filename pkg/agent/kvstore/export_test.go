@@ -38,3 +38,7 @@ func SetMaxPending(tb interface{ Cleanup(func()) }, n int) {
 
 // GCPasses counts the collection passes the backend's gc loop ran.
 func (b *IdentityBackend) GCPasses() uint64 { return b.gc.passes.Load() }
+
+// LapseKeepAlive makes the lease's keep-alive lapse as if its answers
+// stopped coming (etcd still holds the lease).
+func (c *Client) LapseKeepAlive() { c.lapse <- struct{}{} }
