@@ -150,7 +150,7 @@
 // addresses (`actors.Config.HostAddrs` at start, then every change the
 // datapath's netlink address watcher reports, `System.HostAddrChanged` ->
 // `IPCacheHostAddr`; both host) and the sources of remote endpoints
-// (`UpsertRemoteEndpoints`/`DeleteRemoteEndpoints`/`ReplaceRemoteEndpoints`,
+// (`UpsertRemoteEndpoints`/`DeleteRemoteEndpoints`/`ChangeRemoteEndpoints`/`ReplaceRemoteEndpoints`,
 // one claim per origin such as `k8s` or `kvstore`, with the hosting node
 // as the entry's `TunnelEndpoint`) claim prefixes; a local endpoint's
 // claim wins, then a remote endpoint's (between origins the first by

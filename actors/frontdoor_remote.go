@@ -59,6 +59,27 @@ func (s *System) DeleteRemoteEndpoints(ctx context.Context, source string, ips [
 	return nil
 }
 
+// ChangeRemoteEndpoints drops source's claims on dels and then sets
+// ups, as DeleteRemoteEndpoints followed by UpsertRemoteEndpoints would,
+// in one message to the ipcache actor per RemoteBatch changes (deletions
+// first): one pass of the actor and one index transaction for both, and
+// one wait for the caller (the kvstore mirror's hand-over, which carries
+// both under churn). An address must not be in both.
+func (s *System) ChangeRemoteEndpoints(ctx context.Context, source string, ups []endpoint.Remote, dels []netip.Addr) error {
+	if err := validateRemotes(source, ups); err != nil {
+		return err
+	}
+	for len(ups) > 0 || len(dels) > 0 {
+		nd := min(len(dels), RemoteBatch)
+		nu := min(len(ups), RemoteBatch-nd)
+		if err := s.remoteAsk(ctx, &messages.IPCacheRemote{Origin: source, Deletes: dels[:nd], Upserts: ups[:nu]}); err != nil {
+			return fmt.Errorf("change remote endpoints: %w", err)
+		}
+		dels, ups = dels[nd:], ups[nu:]
+	}
+	return nil
+}
+
 // ReplaceRemoteEndpoints makes eps source's full set of remote
 // endpoints: it sets them (in batches of RemoteBatch) and then drops
 // every claim of source on an address none of them has (mark and

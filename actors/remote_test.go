@@ -176,3 +176,34 @@ func TestRemoteEndpointsInvalid(t *testing.T) {
 		t.Fatalf("%d ipcache rows after refused input, want 2: %v", n, fmt.Sprint(h.ix.IPCache()))
 	}
 }
+
+// TestChangeRemoteEndpointsOneTransaction: deletions and upserts in one
+// ChangeRemoteEndpoints are one pass of the ipcache actor and one index
+// transaction (the kvstore mirror's hand-over), deletions first.
+func TestChangeRemoteEndpointsOneTransaction(t *testing.T) {
+	h := startSystem(t, nil)
+	ctx := context.Background()
+	eps := remotes(20, 70100)
+	if err := h.sys.UpsertRemoteEndpoints(ctx, "kvstore", eps[:10]); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		gone, next := eps[round*2], eps[10+round*2]
+		before := h.sys.Counters().IndexTransactions
+		if err := h.sys.ChangeRemoteEndpoints(ctx, "kvstore", []endpoint.Remote{next}, gone.IPs); err != nil {
+			t.Fatal(err)
+		}
+		if n := h.sys.Counters().IndexTransactions - before; n != 1 {
+			t.Fatalf("round %d: %d index transactions for one change, want 1", round, n)
+		}
+		if e := h.ipcacheRow(host32(gone.IPs[0])); e != nil {
+			t.Fatalf("round %d: deleted %s still in the ipcache: %+v", round, gone.IPs[0], e)
+		}
+		if e := h.ipcacheRow(host32(next.IPs[0])); e == nil || e.Identity != next.Identity {
+			t.Fatalf("round %d: upserted %s = %+v, want identity %d", round, next.IPs[0], e, next.Identity)
+		}
+	}
+	if err := h.sys.ChangeRemoteEndpoints(ctx, "", nil, nil); !errors.Is(err, actors.ErrInvalidSource) {
+		t.Fatalf("empty source: %v", err)
+	}
+}

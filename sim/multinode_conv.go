@@ -14,7 +14,7 @@ import (
 // answer (the endpoint is in its node's index with its identity) until
 // each other node's actor-system ipcache (its index) holds the address
 // with that identity: the moment that node's kvstore mirror's call to the
-// front door (UpsertRemoteEndpoints, ReplaceRemoteEndpoints) returned,
+// front door (ChangeRemoteEndpoints, ReplaceRemoteEndpoints) returned,
 // which it does once the index holds them (agent.Config.KvstoreObserver). A pair is given up (not timed) when the endpoint is
 // deleted first, or either node crashes while it waits; an endpoint with
 // a pair given up has no "everywhere" time.

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -133,4 +134,16 @@ func TestMultiNodeCost(t *testing.T) {
 		t.Error("HTML report without the cost")
 	}
 	t.Logf("%+v", *c)
+}
+
+// TestMultiConfigLogDiscarded: a multi-node run without a log drops the
+// agents' lines before formatting them.
+func TestMultiConfigLogDiscarded(t *testing.T) {
+	cfg, err := MultiConfig{Nodes: 2, EndpointsPerNode: 10, Duration: time.Second}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Log.Enabled(context.Background(), slog.LevelError) {
+		t.Fatal("the default agent log is enabled")
+	}
 }

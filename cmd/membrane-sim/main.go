@@ -359,7 +359,7 @@ func scenarioFrom(fs *flag.FlagSet, file string, flagged sim.Scenario, faultRate
 }
 
 func options(cfg config, stderr io.Writer) (sim.Options, func(), error) {
-	opts := sim.Options{Dir: cfg.dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), CNIBinDir: cfg.cniBin}
+	opts := sim.Options{Dir: cfg.dir, Log: slog.New(slog.DiscardHandler), CNIBinDir: cfg.cniBin}
 	closeLog := func() {}
 	if cfg.agentLog != "" {
 		f, err := os.Create(cfg.agentLog)

@@ -133,10 +133,10 @@ func (o observedSink) ReplaceRemoteEndpoints(ctx context.Context, source string,
 	return err
 }
 
-func (o observedSink) UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error {
-	err := o.RemoteSink.UpsertRemoteEndpoints(ctx, source, eps)
-	if err == nil {
-		o.observe(eps)
+func (o observedSink) ChangeRemoteEndpoints(ctx context.Context, source string, ups []endpoint.Remote, dels []netip.Addr) error {
+	err := o.RemoteSink.ChangeRemoteEndpoints(ctx, source, ups, dels)
+	if err == nil && len(ups) > 0 {
+		o.observe(ups)
 	}
 	return err
 }

@@ -63,14 +63,9 @@ func (s *stallSink) ReplaceRemoteEndpoints(ctx context.Context, source string, e
 	return s.memSink.ReplaceRemoteEndpoints(ctx, source, eps)
 }
 
-func (s *stallSink) UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error {
+func (s *stallSink) ChangeRemoteEndpoints(ctx context.Context, source string, ups []endpoint.Remote, dels []netip.Addr) error {
 	s.wait()
-	return s.memSink.UpsertRemoteEndpoints(ctx, source, eps)
-}
-
-func (s *stallSink) DeleteRemoteEndpoints(ctx context.Context, source string, ips []netip.Addr) error {
-	s.wait()
-	return s.memSink.DeleteRemoteEndpoints(ctx, source, ips)
+	return s.memSink.ChangeRemoteEndpoints(ctx, source, ups, dels)
 }
 
 // statsWithin returns the mirror's stats, or fails the test when they

@@ -43,6 +43,12 @@ type Client struct {
 	since    time.Time
 	regrants int  // leases granted after the first
 	granted  bool // a lease was ever granted
+	// kept counts the leases kept after their keep-alive lapsed (etcd
+	// still held them: stillHeld).
+	kept int
+	// lapse makes the keep-alive lapse as if its answers stopped (only
+	// tests send: LapseKeepAlive).
+	lapse chan struct{}
 	// resumed is closed (and replaced) when etcd is reachable and a lease
 	// is held again after either was not (interrupted).
 	resumed     chan struct{}
@@ -59,6 +65,9 @@ type Health struct {
 	Since     time.Time
 	Lease     int64
 	Regrants  int
+	// Kept counts the times the lease's keep-alive lapsed while etcd still
+	// held it: the node kept it, and its keys, rather than a new one.
+	Kept int
 }
 
 // Connect validates cfg, dials etcd and starts keeping a node lease alive
@@ -91,7 +100,8 @@ func Connect(cfg Config, log *slog.Logger) (*Client, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	c := &Client{cfg: cfg, keys: keys{cfg.Prefix}, log: log.With("subsys", "kvstore"), cli: cli,
-		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{}), reachable: make(chan struct{})}
+		ctx: ctx, stop: stop, done: make(chan struct{}), since: time.Now(), resumed: make(chan struct{}), reachable: make(chan struct{}),
+		lapse: make(chan struct{}, 1)}
 	go c.leaseLoop()
 	return c, nil
 }
@@ -142,7 +152,7 @@ func (c *Client) OnLease(fn func(lease clientv3.LeaseID)) {
 func (c *Client) Health() Health {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Health{Healthy: c.healthy, LastError: c.lastErr, Since: c.since, Lease: int64(c.lease), Regrants: c.regrants}
+	return Health{Healthy: c.healthy, LastError: c.lastErr, Since: c.since, Lease: int64(c.lease), Regrants: c.regrants, Kept: c.kept}
 }
 
 // observe records the outcome of a call to etcd: any success makes the
@@ -216,7 +226,12 @@ func (c *Client) call(ctx context.Context, what string, fn func(ctx context.Cont
 func (c *Client) leaseLoop() {
 	defer close(c.done)
 	backoff := 100 * time.Millisecond
+	var lapsed clientv3.LeaseID // the lease whose keep-alive just lapsed
 	for c.ctx.Err() == nil {
+		if lapsed != 0 && c.stillHeld(lapsed) {
+			lapsed = c.keepAlive(lapsed, true)
+			continue
+		}
 		c.mu.Lock()
 		reachable := c.reachable
 		c.mu.Unlock()
@@ -234,55 +249,84 @@ func (c *Client) leaseLoop() {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		c.keepAlive(grant.ID)
+		lapsed = c.keepAlive(grant.ID, false)
 	}
 }
 
-// keepAlive installs lease as the node lease, runs the OnLease callbacks
-// and renews it until it is lost or the Client closes.
-func (c *Client) keepAlive(lease clientv3.LeaseID) {
+// stillHeld reports whether etcd still holds lease, whose keep-alive
+// lapsed: the client gave up waiting for a renewal's answer (a node
+// starved of CPU reads it late), while etcd had renewed the lease on the
+// request. The node's keys are then all there under it.
+func (c *Client) stillHeld(lease clientv3.LeaseID) bool {
+	var ttl *clientv3.LeaseTimeToLiveResponse
+	err := c.call(c.ctx, "check the node lease", func(ctx context.Context) (err error) {
+		ttl, err = c.cli.TimeToLive(ctx, lease)
+		return err
+	})
+	return err == nil && ttl.TTL > 0
+}
+
+// keepAlive installs lease as the node lease and renews it until it is
+// lost (it returns lease) or the Client closes (0). A new lease (kept
+// false) runs the OnLease callbacks, which write the node's keys again;
+// one kept after its keep-alive lapsed (kept) does not: etcd never
+// dropped it, nor the keys under it, and writing them again would cost
+// every other node their events for nothing.
+func (c *Client) keepAlive(lease clientv3.LeaseID, kept bool) clientv3.LeaseID {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	ch, err := c.cli.KeepAlive(ctx, lease)
 	if err != nil {
 		c.observe(err)
-		return
+		return 0
 	}
 	c.mu.Lock()
-	if c.granted {
+	if c.granted && !kept {
 		c.regrants++
+	}
+	if kept {
+		c.kept++
 	}
 	c.lease, c.granted = lease, true
 	c.maybeResumedLocked()
 	fns := append([]func(clientv3.LeaseID){}, c.onLease...)
 	c.mu.Unlock()
-	c.log.Info("node lease granted", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", c.cfg.LeaseTTL)
-	for _, fn := range fns {
-		fn(lease)
+	if kept {
+		c.log.Info("node lease kept: its keep-alive lapsed, etcd still held it", "lease", fmt.Sprintf("%x", int64(lease)))
+	} else {
+		c.log.Info("node lease granted", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", c.cfg.LeaseTTL)
+		for _, fn := range fns {
+			fn(lease)
+		}
 	}
 	probe := time.NewTicker(max(c.cfg.LeaseTTL/5, time.Second))
 	defer probe.Stop()
 	for {
+		ok := true
 		select {
-		case _, ok := <-ch:
-			if !ok {
-				if c.ctx.Err() == nil {
-					c.log.Warn("node lease lost; granting a new one", "lease", fmt.Sprintf("%x", int64(lease)))
-					c.mu.Lock()
-					c.lease = 0 // writes wait for the next one
-					c.interrupted = true
-					c.mu.Unlock()
-				}
-				return
-			}
+		case _, ok = <-ch:
+		case <-c.lapse:
+			ok = false
 		case <-probe.C:
 			_ = c.call(ctx, "probe etcd", func(ctx context.Context) error {
 				_, err := c.cli.Get(ctx, c.keys.prefix+"health", clientv3.WithCountOnly())
 				return err
 			})
 		case <-ctx.Done():
-			return
+			return 0
 		}
+		if ok {
+			continue
+		}
+		if c.ctx.Err() != nil {
+			return 0
+		}
+		c.log.Warn("node lease keep-alive lapsed; granting a new lease unless etcd still holds this one", "lease", fmt.Sprintf("%x", int64(lease)))
+		c.mu.Lock()
+		c.lease = 0 // writes wait for the next one
+		c.interrupted = true
+		c.mu.Unlock()
+		return lease
 	}
 }
 

@@ -35,3 +35,10 @@ func SetMaxPending(tb interface{ Cleanup(func()) }, n int) {
 	maxPending = n
 	tb.Cleanup(func() { maxPending = old })
 }
+
+// GCPasses counts the collection passes the backend's gc loop ran.
+func (b *IdentityBackend) GCPasses() uint64 { return b.gc.passes.Load() }
+
+// LapseKeepAlive makes the lease's keep-alive lapse as if its answers
+// stopped coming (etcd still holds the lease).
+func (c *Client) LapseKeepAlive() { c.lapse <- struct{}{} }

@@ -2,8 +2,10 @@ package kvstore
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,6 +21,11 @@ type gcState struct {
 	// it: the grace period is measured on this node's clock, never by
 	// comparing clocks of nodes. Used by the gc goroutine only.
 	seen map[int64]time.Time
+	// collector says this node held the collector key at its last pass
+	// (logged when it changes). Used by the gc goroutine only.
+	collector bool
+	// passes counts the passes gcLoop ran.
+	passes atomic.Uint64
 }
 
 // GCStats counts what one pass did.
@@ -126,7 +133,8 @@ func (b *IdentityBackend) restoreRef(n identity.NumericIdentity, lk string, leas
 }
 
 // gcLoop runs a collection pass every GCInterval (jittered by up to a
-// tenth, so that nodes started together do not collide every time).
+// tenth, so that nodes started together do not collide every time) while
+// this node is the cluster's collector (collectorTurn).
 func (b *IdentityBackend) gcLoop() {
 	for {
 		b.mu.Lock()
@@ -135,12 +143,62 @@ func (b *IdentityBackend) gcLoop() {
 		if !sleep(b.ctx, d) {
 			return
 		}
+		if !b.collectorTurn(b.ctx) {
+			continue
+		}
+		b.gc.passes.Add(1)
 		if st, err := b.CollectGarbage(b.ctx); err != nil {
 			b.log.Debug("identity gc pass failed", "err", err)
 		} else if st.Marked+st.Swept > 0 {
 			b.log.Info("identity gc pass", "identities", st.Identities, "marked", st.Marked, "swept", st.Swept)
 		}
 	}
+}
+
+// collectorTurn reports whether this node is the cluster's identity
+// collector: the node the collector key names, under this node's current
+// lease; when no node is, it takes the key. One node collecting at a
+// time makes a pass's read of every reference (nodes x label sets keys)
+// one read per interval for the cluster instead of one per node, which
+// grew with the square of the node count in etcd's and every agent's
+// CPU. Safety does not rest on it: a pass's transactions are guarded, so
+// any number of nodes may collect at once (an older agent, a collector
+// whose lease expired while it was in a pass). A collector that goes away
+// loses the key with its lease, and another node takes it at its next
+// interval; the new collector measures a mark's grace from when it first
+// sees it, so a change of collector only delays a sweep.
+func (b *IdentityBackend) collectorTurn(ctx context.Context) bool {
+	lease, ok := b.c.Lease()
+	if !ok {
+		return false
+	}
+	key := b.keys.collector()
+	var resp *clientv3.GetResponse
+	err := b.c.call(ctx, "read identity collector", func(ctx context.Context) (err error) {
+		resp, err = b.c.cli.Get(ctx, key)
+		return err
+	})
+	if err != nil {
+		return false
+	}
+	mine := false
+	if len(resp.Kvs) > 0 {
+		kv := resp.Kvs[0]
+		mine = string(kv.Value) == b.node && clientv3.LeaseID(kv.Lease) == lease
+	} else {
+		var tr *clientv3.TxnResponse
+		err = b.c.call(ctx, "take identity collector", func(ctx context.Context) (err error) {
+			tr, err = b.c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				Then(clientv3.OpPut(key, b.node, clientv3.WithLease(lease))).Commit()
+			return err
+		})
+		mine = err == nil && tr.Succeeded
+	}
+	if mine != b.gc.collector {
+		b.gc.collector = mine
+		b.log.Info("identity collector changed", "this-node-collects", mine, "lease", fmt.Sprintf("%x", int64(lease)))
+	}
+	return mine
 }
 
 // gcView is one read of the identities directory.

@@ -14,6 +14,7 @@ import (
 	"github.com/membrane-cni/membrane/pkg/agent/kvstore"
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 	"github.com/membrane-cni/membrane/pkg/domain/labels"
+	"github.com/membrane-cni/membrane/pkg/testutil"
 )
 
 // raceAcquire has every node acquire every label set, in its own random
@@ -228,5 +229,53 @@ func TestAcquirePreferred(t *testing.T) {
 		if _, _, err := a.id.AcquirePreferred(ctx, ls, bad); !errors.Is(err, identity.ErrInvalidIdentity) {
 			t.Errorf("preferred %d: %v, want ErrInvalidIdentity", bad, err)
 		}
+	}
+}
+
+// TestGCOneCollector: of three nodes collecting every 50 ms, one runs the
+// passes (its read of every reference is the cluster's one per
+// interval); when it goes away, another takes over and collects.
+func TestGCOneCollector(t *testing.T) {
+	srv := startEtcd(t)
+	var nodes []*node
+	for i := range 3 {
+		nodes = append(nodes, newNodeWith(t, srv.Endpoint, fmt.Sprintf("col-%d", i), func(c *kvstore.Config) {
+			c.GCInterval, c.GCGrace = 50*time.Millisecond, time.Millisecond
+		}))
+	}
+	collectors := func() (who []int) {
+		for i, nd := range nodes {
+			if nd != nil && nd.id.GCPasses() > 0 {
+				who = append(who, i)
+			}
+		}
+		return who
+	}
+	testutil.Eventually(t, "a collector", func() bool { return len(collectors()) > 0 })
+	first := collectors()[0]
+	testutil.Eventually(t, "ten passes", func() bool { return nodes[first].id.GCPasses() >= 10 })
+	if who := collectors(); len(who) != 1 {
+		t.Fatalf("nodes %v ran collection passes; want one collector", who)
+	}
+
+	// The collector goes away (its key expires with its lease).
+	_ = nodes[first].id.Close()
+	_ = nodes[first].c.Close()
+	nodes[first] = nil
+	survivor := nodes[(first+1)%3]
+	ls := labelSet(t, "k8s:app=collected")
+	id, _, err := survivor.id.Acquire(context.Background(), ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := survivor.id.Release(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the released identity collected by the next collector", func() bool {
+		resp, err := survivor.c.Etcd().Get(context.Background(), fmt.Sprintf("%sstate/identities/v1/id/%d", prefixOf(t), id))
+		return err == nil && len(resp.Kvs) == 0
+	})
+	if who := collectors(); len(who) != 1 {
+		t.Fatalf("after the first collector left, nodes %v ran collection passes; want one", who)
 	}
 }

@@ -15,6 +15,7 @@ import (
 //	state/identities/v1/labels/<labels>   N, decimal
 //	state/identities/v1/refs/<H>/<node>   N, under <node>'s lease: <node> uses the labels' identity
 //	state/identities/v1/gc/<H>            GC mark (value: the labels key): no reference when marked
+//	state/identities-gc/v1/collector      the node running the GC passes (its name) under its lease
 //	state/nodes/v1/<node>                 the node (JSON nodeRecord) under its lease
 //	state/endpoints/v1/<node>/<id>        a local endpoint of <node> (JSON endpointRecord) under its lease
 //
@@ -30,8 +31,11 @@ const (
 	labelsDir     = identitiesDir + "labels/"
 	refsDir       = identitiesDir + "refs/"
 	gcDir         = identitiesDir + "gc/"
-	nodesDir      = "state/nodes/v1/"
-	endpointsDir  = "state/endpoints/v1/"
+	// collectorKey is outside identitiesDir: a pass's read of the
+	// identities does not read it.
+	collectorKey = "state/identities-gc/v1/collector"
+	nodesDir     = "state/nodes/v1/"
+	endpointsDir = "state/endpoints/v1/"
 )
 
 // keys builds the keys of one prefix.
@@ -43,6 +47,7 @@ func (k keys) refs(lk string) string                { return k.prefix + refsDir 
 func (k keys) ref(lk string, node string) string    { return k.refs(lk) + node }
 func (k keys) gc(lk string) string                  { return k.prefix + gcDir + refHash(lk) }
 func (k keys) identities() string                   { return k.prefix + identitiesDir }
+func (k keys) collector() string                    { return k.prefix + collectorKey }
 func (k keys) ids() string                          { return k.prefix + idDir }
 func (k keys) nodes() string                        { return k.prefix + nodesDir }
 func (k keys) node(name string) string              { return k.prefix + nodesDir + name }

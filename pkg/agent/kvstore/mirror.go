@@ -25,8 +25,9 @@ const Source = "kvstore"
 // (*actors.System's front door once the remote-endpoint methods exist).
 type RemoteSink interface {
 	ReplaceRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
-	UpsertRemoteEndpoints(ctx context.Context, source string, eps []endpoint.Remote) error
-	DeleteRemoteEndpoints(ctx context.Context, source string, ips []netip.Addr) error
+	// ChangeRemoteEndpoints deletes dels, then upserts ups, in one pass of
+	// the ipcache (an address is never in both).
+	ChangeRemoteEndpoints(ctx context.Context, source string, ups []endpoint.Remote, dels []netip.Addr) error
 }
 
 // NodeSink takes the full set of other nodes (*actors.System's SyncNodes).
@@ -397,17 +398,10 @@ func (m *Mirror) logBehindLocked(now time.Time) {
 	}
 }
 
-// deliver hands deletions, then upserts, to the sink.
+// deliver hands deletions and upserts to the sink in one call: one pass
+// of the ipcache and one index transaction, not one each after the other.
 func (m *Mirror) deliver(ctx context.Context, ups []endpoint.Remote, dels []netip.Addr) error {
-	if len(dels) > 0 {
-		if err := m.eps.DeleteRemoteEndpoints(ctx, Source, dels); err != nil {
-			return err
-		}
-	}
-	if len(ups) > 0 {
-		return m.eps.UpsertRemoteEndpoints(ctx, Source, ups)
-	}
-	return nil
+	return m.eps.ChangeRemoteEndpoints(ctx, Source, ups, dels)
 }
 
 // addrCount counts the addresses of a hand-over.

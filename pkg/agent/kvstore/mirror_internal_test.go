@@ -21,19 +21,14 @@ import (
 type claimSink struct {
 	mu  sync.Mutex
 	ips map[netip.Addr]identity.NumericIdentity
+	// changes counts the calls other than replacements.
+	changes int
 }
 
 func (s *claimSink) ReplaceRemoteEndpoints(_ context.Context, _ string, eps []endpoint.Remote) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.ips)
-	s.upsertLocked(eps)
-	return nil
-}
-
-func (s *claimSink) UpsertRemoteEndpoints(_ context.Context, _ string, eps []endpoint.Remote) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.upsertLocked(eps)
 	return nil
 }
@@ -46,12 +41,14 @@ func (s *claimSink) upsertLocked(eps []endpoint.Remote) {
 	}
 }
 
-func (s *claimSink) DeleteRemoteEndpoints(_ context.Context, _ string, ips []netip.Addr) error {
+func (s *claimSink) ChangeRemoteEndpoints(_ context.Context, _ string, ups []endpoint.Remote, dels []netip.Addr) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, ip := range ips {
+	s.changes++
+	for _, ip := range dels {
 		delete(s.ips, ip)
 	}
+	s.upsertLocked(ups)
 	return nil
 }
 
@@ -181,4 +178,24 @@ func TestMirrorRelistKeepsLatestClaim(t *testing.T) {
 	ct.expect("one transaction", map[netip.Addr]identity.NumericIdentity{claimed: 305})
 	(*epLister)(ct.m).list([]*mvccpb.KeyValue{claimKV("other/5", claimed, 305, 14), claimKV("other/4", claimed, 304, 14)})
 	ct.expect("one transaction, listed", map[netip.Addr]identity.NumericIdentity{claimed: 305})
+}
+
+// TestMirrorHandOverOneCall: a hand-over carrying deletions and upserts
+// reaches the agent in one call (one ipcache pass, one index
+// transaction), not a deletion and then an upsert.
+func TestMirrorHandOverOneCall(t *testing.T) {
+	ct := newClaimTest(t)
+	ct.nodeEvent(nodeKV("other", "10.9.0.0/24", 10))
+	ct.epEvents(claimKV("other/1", claimed, 301, 11))
+	ct.expect("one endpoint", map[netip.Addr]identity.NumericIdentity{claimed: 301})
+	next := netip.MustParseAddr("10.9.0.2")
+	before := ct.sink.changes
+	(*epLister)(ct.m).events([]*clientv3.Event{
+		{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte("p/" + endpointsDir + "other/1"), ModRevision: 12}},
+		{Type: clientv3.EventTypePut, Kv: claimKV("other/2", next, 302, 12)},
+	})
+	ct.expect("replaced", map[netip.Addr]identity.NumericIdentity{next: 302})
+	if n := ct.sink.changes - before; n != 1 {
+		t.Fatalf("a hand-over of a deletion and an upsert made %d calls, want 1", n)
+	}
 }

@@ -73,13 +73,16 @@ func (s *memSink) ReplaceRemoteEndpoints(_ context.Context, source string, eps [
 	return nil
 }
 
-func (s *memSink) UpsertRemoteEndpoints(_ context.Context, source string, eps []endpoint.Remote) error {
+func (s *memSink) ChangeRemoteEndpoints(_ context.Context, source string, ups []endpoint.Remote, dels []netip.Addr) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.check(source); err != nil {
 		return err
 	}
-	s.upsertLocked(eps)
+	for _, ip := range dels {
+		delete(s.ips, ip)
+	}
+	s.upsertLocked(ups)
 	return nil
 }
 
@@ -93,18 +96,6 @@ func (s *memSink) upsertLocked(eps []endpoint.Remote) {
 			}
 		}
 	}
-}
-
-func (s *memSink) DeleteRemoteEndpoints(_ context.Context, source string, ips []netip.Addr) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.check(source); err != nil {
-		return err
-	}
-	for _, ip := range ips {
-		delete(s.ips, ip)
-	}
-	return nil
 }
 
 func (s *memSink) SyncNodes(_ context.Context, source string, nodes []datapath.RemoteNode) error {
