@@ -234,6 +234,9 @@ func kvstoreText(k *models.KvstoreStatus) string {
 	if k.LeaseRegrants > 0 {
 		out += fmt.Sprintf(", lease lost %d times", k.LeaseRegrants)
 	}
+	if k.LeaseKept > 0 {
+		out += fmt.Sprintf(", keep-alive late and lease kept %d times", k.LeaseKept)
+	}
 	if k.LastError != "" {
 		out += ": " + k.LastError
 	}

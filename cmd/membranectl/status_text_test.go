@@ -91,6 +91,8 @@ func TestKvstoreText(t *testing.T) {
 			"etcd healthy (node n1, https://a:2379,https://b:2379), 4 published, 30 remote endpoints, 2 remote nodes"},
 		{"down", models.KvstoreStatus{Backend: "etcd", Node: "n1", Endpoints: []string{"http://a:2379"}, LeaseRegrants: 1, LastError: "context deadline exceeded"},
 			"etcd unreachable (node n1, http://a:2379), not synced, 0 published, 0 remote endpoints, 0 remote nodes, lease lost 1 times: context deadline exceeded"},
+		{"kept", models.KvstoreStatus{Backend: "etcd", Healthy: true, Synced: true, Node: "n1", Endpoints: []string{"http://a:2379"}, LeaseKept: 2},
+			"etcd healthy (node n1, http://a:2379), 0 published, 0 remote endpoints, 0 remote nodes, keep-alive late and lease kept 2 times"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -91,7 +91,7 @@ func (k *kvstoreMode) close() {
 func (k *kvstoreMode) status() *models.KvstoreStatus {
 	h, p, m := k.client.Health(), k.pub.Stats(), k.mirror.Stats()
 	st := &models.KvstoreStatus{Backend: "etcd", Endpoints: k.client.Endpoints(), Node: k.client.NodeName(),
-		Healthy: h.Healthy, Since: h.Since, LastError: h.LastError, Lease: h.Lease, LeaseRegrants: h.Regrants,
+		Healthy: h.Healthy, Since: h.Since, LastError: h.LastError, Lease: h.Lease, LeaseRegrants: h.Regrants, LeaseKept: h.Kept,
 		Synced: m.Synced, Published: p.Published, RemoteEndpoints: m.RemoteEndpoints, RemoteNodes: m.RemoteNodes,
 		Behind: m.Backlog.Behind >= kvstore.BehindThreshold, RemotePending: m.Backlog.Pending,
 		RemoteBehindSeconds: m.Backlog.Behind.Seconds(), RemoteMaxBehindSeconds: m.Backlog.MaxBehind.Seconds()}

@@ -268,9 +268,12 @@ type KvstoreStatus struct {
 	Since     time.Time `json:"since"`
 	LastError string    `json:"last-error,omitempty"`
 	// Lease is the node lease's ID (0: none granted yet); LeaseRegrants
-	// counts leases granted after the first (each one a lost lease).
+	// counts leases granted after the first (each one a lost lease);
+	// LeaseKept the keep-alives that lapsed while etcd still held the
+	// lease, which was kept with its keys (nothing written again).
 	Lease         int64 `json:"lease"`
 	LeaseRegrants int   `json:"lease-regrants"`
+	LeaseKept     int   `json:"lease-kept"`
 	// Synced is true once the remote endpoints and nodes were listed.
 	Synced bool `json:"synced"`
 	// Published counts this node's keys (itself and its endpoints);
