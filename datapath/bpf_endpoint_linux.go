@@ -319,14 +319,31 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 		}
 		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
-	ports, err := want.Redirects(l.proxyPorts())
-	if err != nil {
-		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+	var err error
+	if peers, ok := want.PatchedFrom(e.have); ok {
+		// Only the entries of peers changed (a DNS answer's new
+		// address): only they are written.
+		var ports map[policy.Key]uint16
+		ports, err = syncPatch(e.policyMap, policyTarget{e.have, e.ports}, want, peers, l.proxyPorts())
+		switch {
+		case err == nil:
+			e.have, e.ports = want, ports
+			return nil
+		case errors.Is(err, policy.ErrNoProxy):
+			return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+		}
+		// Partly applied: below, from what the maps hold.
 	}
-	err = syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports})
+	ports, perr := want.Redirects(l.proxyPorts())
+	if perr != nil {
+		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, perr, ErrNotSupported)
+	}
 	if err == nil {
-		e.have, e.ports = want, ports
-		return nil
+		err = syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports})
+		if err == nil {
+			e.have, e.ports = want, ports
+			return nil
+		}
 	}
 	// Partly applied: read back what the maps hold now, then deny-all.
 	if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {

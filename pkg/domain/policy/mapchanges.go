@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
 	"weak"
 
@@ -173,4 +174,33 @@ func (m *MapState) PeerKeys(peers []identity.NumericIdentity) []Key {
 func DiffPeers(from, to *MapState, peers []identity.NumericIdentity) (add, remove []Key) {
 	a, b := &MapState{Allow: from.PeerKeys(peers)}, &MapState{Allow: to.PeerKeys(peers)}
 	return Diff(a, b)
+}
+
+// RedirectsOf is Redirects for the entries keys of m alone.
+func (m *MapState) RedirectsOf(keys []Key, ports ProxyPorts) (map[Key]uint16, error) {
+	if !m.HasL7() && !m.HasDNS() {
+		return nil, nil
+	}
+	var out map[Key]uint16
+	for _, k := range keys {
+		parser := L7Parser("")
+		if _, ok := m.DNSRedirected(k); ok {
+			parser = ParserDNS
+		}
+		if i, ok := slices.BinarySearchFunc(m.L7, k, func(e L7Entry, k Key) int { return Compare(e.Key, k) }); ok {
+			parser = m.L7[i].Parser()
+		}
+		if parser == "" {
+			continue
+		}
+		p := ports[parser]
+		if p == 0 {
+			return nil, fmt.Errorf("entry %+v: %w for parser %q", k, ErrNoProxy, parser)
+		}
+		if out == nil {
+			out = map[Key]uint16{}
+		}
+		out[k] = p
+	}
+	return out, nil
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -193,6 +194,22 @@ func checkPatchedFrom(t *testing.T, what string, from, to *MapState, peers []ide
 		t.Fatalf("%s: patched for peers %v, but redirects of other peers changed: %+v -> %+v", what, peers, from, to)
 	case !slices.Equal(from.CIDR, to.CIDR), from.IngressEnforced != to.IngressEnforced, from.EgressEnforced != to.EgressEnforced:
 		t.Fatalf("%s: patched, but CIDR entries or enforcement changed: %+v -> %+v", what, from, to)
+	}
+	pp := ProxyPorts{ParserHTTP: 1, ParserKafka: 2, ParserDNS: 3}
+	full, err := to.Redirects(pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := to.RedirectsOf(to.PeerKeys(peers), pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.DeleteFunc(full, func(k Key, _ uint16) bool { return other(k.Identity) })
+	if len(full) == 0 {
+		full = nil
+	}
+	if !maps.Equal(full, sub) {
+		t.Fatalf("%s: RedirectsOf the peers' entries %v, Redirects %v", what, sub, full)
 	}
 	add, remove := Diff(from, to)
 	padd, premove := DiffPeers(from, to, peers)
