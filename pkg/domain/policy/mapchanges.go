@@ -70,21 +70,21 @@ func (r *Repository) patch(id identity.NumericIdentity, old *MapState, peers []i
 	if part == nil || part.IngressEnforced != old.IngressEnforced || part.EgressEnforced != old.EgressEnforced || len(part.NamedL7) > 0 {
 		return nil
 	}
-	in := func(p identity.NumericIdentity) bool {
-		_, ok := slices.BinarySearch(peers, p)
-		return ok
+	groups, named := peerGroups(peers), make([]uint64, len(peers))
+	for i, p := range peers {
+		named[i] = uint64(p)
 	}
-	keyPeer := func(k Key) identity.NumericIdentity { return k.Identity }
+	namedGroup := func(k NamedKey) uint64 { return uint64(k.Identity) }
 	m := &MapState{
 		Revision:        r.revision,
 		IngressEnforced: old.IngressEnforced, EgressEnforced: old.EgressEnforced,
-		Allow:      replacePeers(old.Allow, part.Allow, in, keyPeer, Compare),
-		Deny:       replacePeers(old.Deny, part.Deny, in, keyPeer, Compare),
+		Allow:      replacePeers(old.Allow, part.Allow, groups, keyGroup),
+		Deny:       replacePeers(old.Deny, part.Deny, groups, keyGroup),
 		CIDR:       old.CIDR,
-		L7:         replacePeers(old.L7, part.L7, in, func(e L7Entry) identity.NumericIdentity { return e.Key.Identity }, func(a, b L7Entry) int { return Compare(a.Key, b.Key) }),
-		DNS:        replacePeers(old.DNS, part.DNS, in, func(e DNSEntry) identity.NumericIdentity { return e.Key.Identity }, func(a, b DNSEntry) int { return Compare(a.Key, b.Key) }),
-		Named:      replacePeers(old.Named, part.Named, in, func(k NamedKey) identity.NumericIdentity { return k.Identity }, compareNamedKey),
-		NamedDeny:  replacePeers(old.NamedDeny, part.NamedDeny, in, func(k NamedKey) identity.NumericIdentity { return k.Identity }, compareNamedKey),
+		L7:         replacePeers(old.L7, part.L7, groups, func(e L7Entry) uint64 { return keyGroup(e.Key) }),
+		DNS:        replacePeers(old.DNS, part.DNS, groups, func(e DNSEntry) uint64 { return keyGroup(e.Key) }),
+		Named:      replacePeers(old.Named, part.Named, named, namedGroup),
+		NamedDeny:  replacePeers(old.NamedDeny, part.NamedDeny, named, namedGroup),
 		cidrGroups: old.cidrGroups, namedCIDR: old.namedCIDR,
 	}
 	steps := old.steps
@@ -96,31 +96,51 @@ func (r *Repository) patch(id identity.NumericIdentity, old *MapState, peers []i
 	return m
 }
 
-// replacePeers returns old without its elements whose peer is one of
-// those in reports, merged with those of part whose peer is (both sorted
-// by cmp, as is the result); nil when empty.
-func replacePeers[T any](old, part []T, in func(identity.NumericIdentity) bool, peer func(T) identity.NumericIdentity, cmp func(a, b T) int) []T {
+// replacePeers returns old without its elements whose group (grp: the
+// direction and peer identity, which order old and part first) is one
+// of groups (sorted), with part's elements of those groups in their
+// place; nil when empty. The elements between are copied in runs.
+func replacePeers[T any](old, part []T, groups []uint64, grp func(T) uint64) []T {
 	out := make([]T, 0, len(old)+len(part))
-	i := 0
-	for _, e := range part {
-		if !in(peer(e)) {
-			continue
-		}
-		for i < len(old) && cmp(old[i], e) < 0 {
-			if !in(peer(old[i])) {
-				out = append(out, old[i])
+	lower := func(s []T, g uint64) int {
+		lo, hi := 0, len(s)
+		for lo < hi {
+			m := int(uint(lo+hi) >> 1)
+			if grp(s[m]) < g {
+				lo = m + 1
+			} else {
+				hi = m
 			}
-			i++
 		}
-		out = append(out, e)
+		return lo
 	}
-	for ; i < len(old); i++ {
-		if !in(peer(old[i])) {
-			out = append(out, old[i])
-		}
+	prev := 0
+	for _, g := range groups {
+		lo := prev + lower(old[prev:], g)
+		hi := lo + lower(old[lo:], g+1)
+		out = append(out, old[prev:lo]...)
+		plo := lower(part, g)
+		out = append(out, part[plo:plo+lower(part[plo:], g+1)]...)
+		prev = hi
 	}
+	out = append(out, old[prev:]...)
 	if len(out) == 0 {
 		return nil
+	}
+	return out
+}
+
+// keyGroup is a key's group for replacePeers: direction, then peer.
+func keyGroup(k Key) uint64 { return uint64(k.Dir)<<32 | uint64(k.Identity) }
+
+// peerGroups returns the groups (keyGroup) of peers in both directions,
+// sorted.
+func peerGroups(peers []identity.NumericIdentity) []uint64 {
+	out := make([]uint64, 0, 2*len(peers))
+	for _, dir := range []Direction{Ingress, Egress} {
+		for _, p := range peers {
+			out = append(out, keyGroup(Key{Dir: dir, Identity: p}))
+		}
 	}
 	return out
 }
