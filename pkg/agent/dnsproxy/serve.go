@@ -115,6 +115,7 @@ func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGr
 			if err := p.replyUDP(dst, src, req, resp, raw); err != nil {
 				p.log.Warn("dns proxy: udp reply", "to", src, "from", dst, "err", err)
 			}
+			p.upstream.refill(dst)
 		}()
 	}
 }
