@@ -112,3 +112,63 @@ func TestBPFPolicyPatch(t *testing.T) {
 		t.Fatalf("%d patched writes of 40 answers", patched)
 	}
 }
+
+// BenchmarkBPFPolicyPatch: writing a DNS answer's new address into a
+// policy map holding 400 learned ones (syncPatch), against the full diff
+// of the same change (syncPolicyMap).
+func BenchmarkBPFPolicyPatch(b *testing.B) {
+	for _, mode := range []string{"patch", "full"} {
+		b.Run(mode, func(b *testing.B) {
+			h := newProgHarness(b, 42, 5000)
+			const self identity.NumericIdentity = 5000
+			r := policy.NewRepository()
+			ls, err := labels.New(labels.Label{Source: "k8s", Key: "app", Value: "a"}, labels.Label{Source: "k8s", Key: policy.NamespaceLabel, Value: "default"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.UpsertIdentity(self, ls)
+			pols, err := policy.Parse([]byte(patchPolicy))
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.Import(pols)
+			pp := policy.ProxyPorts{policy.ParserHTTP: 15001, policy.ParserDNS: 15053}
+			addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}) }
+			for i := range 400 {
+				r.SetFQDN(fmt.Sprintf("h%d.test", i), []netip.Addr{addr(i)})
+			}
+			sync := func(want *policy.MapState) {
+				if peers, ok := want.PatchedFrom(h.have); ok && mode == "patch" {
+					ports, err := syncPatch(h.pm, policyTarget{h.have, h.ports}, want, peers, pp)
+					if err != nil {
+						b.Fatal(err)
+					}
+					h.have, h.ports = want, ports
+					return
+				}
+				ports, err := want.Redirects(pp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := syncPolicyMap(h.pm, h.cm, policyTarget{h.have, h.ports}, policyTarget{want, ports}); err != nil {
+					b.Fatal(err)
+				}
+				h.have, h.ports = want, ports
+			}
+			sync(r.MapState(self))
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				name := fmt.Sprintf("n%d.test", i)
+				r.SetFQDN(name, []netip.Addr{addr(1000 + i)})
+				want := r.MapState(self)
+				b.StartTimer()
+				sync(want)
+				b.StopTimer()
+				r.SetFQDN(name, nil)
+				sync(r.MapState(self))
+				b.StartTimer()
+			}
+		})
+	}
+}
