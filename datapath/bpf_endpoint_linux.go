@@ -302,7 +302,10 @@ func (l *Linux) writeEndpointInfo(e *bpfEndpoint, id endpoint.ID, ident identity
 }
 
 // syncEndpointPolicy writes the difference between what e's policy maps
-// hold and ep.Policy. It fails closed: a policy that does not fit the
+// hold and ep.Policy: when ep.Policy was patched from the policy they
+// hold (policy.MapState.PatchedFrom: a DNS answer's new address), the
+// entries of the patched peers alone (syncPatch), else a diff of the
+// whole maps. It fails closed: a policy that does not fit the
 // maps (ErrMapFull), or a write that fails halfway, leaves the endpoint
 // enforcing deny-all (failClosed), never its previous policy nor a mix
 // of both, which may allow what the new policy denies.
