@@ -75,16 +75,21 @@ func (r *Repository) patch(id identity.NumericIdentity, old *MapState, peers []i
 		named[i] = uint64(p)
 	}
 	namedGroup := func(k NamedKey) uint64 { return uint64(k.Identity) }
+	// The first patch of old may append to old's arrays past their
+	// length (old's readers never look there): a new address's entries
+	// sort last (its CIDR identity is the newest), so they cost no copy.
+	tail := !old.tailTaken
+	old.tailTaken = true
 	m := &MapState{
 		Revision:        r.revision,
 		IngressEnforced: old.IngressEnforced, EgressEnforced: old.EgressEnforced,
-		Allow:      replacePeers(old.Allow, part.Allow, groups, keyGroup),
-		Deny:       replacePeers(old.Deny, part.Deny, groups, keyGroup),
+		Allow:      replacePeers(old.Allow, part.Allow, groups, keyGroup, tail),
+		Deny:       replacePeers(old.Deny, part.Deny, groups, keyGroup, tail),
 		CIDR:       old.CIDR,
-		L7:         replacePeers(old.L7, part.L7, groups, func(e L7Entry) uint64 { return keyGroup(e.Key) }),
-		DNS:        replacePeers(old.DNS, part.DNS, groups, func(e DNSEntry) uint64 { return keyGroup(e.Key) }),
-		Named:      replacePeers(old.Named, part.Named, named, namedGroup),
-		NamedDeny:  replacePeers(old.NamedDeny, part.NamedDeny, named, namedGroup),
+		L7:         replacePeers(old.L7, part.L7, groups, func(e L7Entry) uint64 { return keyGroup(e.Key) }, tail),
+		DNS:        replacePeers(old.DNS, part.DNS, groups, func(e DNSEntry) uint64 { return keyGroup(e.Key) }, tail),
+		Named:      replacePeers(old.Named, part.Named, named, namedGroup, tail),
+		NamedDeny:  replacePeers(old.NamedDeny, part.NamedDeny, named, namedGroup, tail),
 		cidrGroups: old.cidrGroups, namedCIDR: old.namedCIDR,
 	}
 	steps := old.steps
@@ -99,9 +104,12 @@ func (r *Repository) patch(id identity.NumericIdentity, old *MapState, peers []i
 // replacePeers returns old without its elements whose group (grp: the
 // direction and peer identity, which order old and part first) is one
 // of groups (sorted), with part's elements of those groups in their
-// place; nil when empty. The elements between are copied in runs.
-func replacePeers[T any](old, part []T, groups []uint64, grp func(T) uint64) []T {
-	out := make([]T, 0, len(old)+len(part))
+// place; nil when empty. Old is never changed: the result shares old's
+// array when it is old with elements added after its last (appended
+// past old's length, only when tail allows: the first patch of a
+// policy) or its last elements dropped (capped, so that nothing is ever
+// appended over old's elements); else the elements are copied in runs.
+func replacePeers[T any](old, part []T, groups []uint64, grp func(T) uint64, tail bool) []T {
 	lower := func(s []T, g uint64) int {
 		lo, hi := 0, len(s)
 		for lo < hi {
@@ -114,20 +122,77 @@ func replacePeers[T any](old, part []T, groups []uint64, grp func(T) uint64) []T
 		}
 		return lo
 	}
+	runs := make([]peerRun, len(groups))
+	removed, added := 0, 0
 	prev := 0
-	for _, g := range groups {
+	for i, g := range groups {
 		lo := prev + lower(old[prev:], g)
 		hi := lo + lower(old[lo:], g+1)
-		out = append(out, old[prev:lo]...)
 		plo := lower(part, g)
-		out = append(out, part[plo:plo+lower(part[plo:], g+1)]...)
+		phi := plo + lower(part[plo:], g+1)
+		runs[i] = peerRun{lo, hi, plo, phi}
+		removed, added = removed+hi-lo, added+phi-plo
 		prev = hi
+	}
+	last := len(old) - 1
+	switch {
+	case removed == 0 && added == 0:
+		return old
+	case removed == 0 && tail && (last < 0 || allAfter(old[last], part, runs, grp)):
+		out := old
+		for _, r := range runs {
+			out = append(out, part[r.plo:r.phi]...)
+		}
+		return out
+	case added == 0 && tailRemoved(runs, len(old), removed):
+		if n := len(old) - removed; n > 0 {
+			return old[:n:n]
+		}
+		return nil
+	}
+	out := make([]T, 0, len(old)-removed+added)
+	prev = 0
+	for _, r := range runs {
+		out = append(out, old[prev:r.lo]...)
+		out = append(out, part[r.plo:r.phi]...)
+		prev = r.hi
 	}
 	out = append(out, old[prev:]...)
 	if len(out) == 0 {
 		return nil
 	}
 	return out
+}
+
+// peerRun is one group's elements: old[lo:hi] replaced by part[plo:phi].
+type peerRun struct{ lo, hi, plo, phi int }
+
+// allAfter reports whether part's elements of runs all sort after last
+// (their groups are greater than last's).
+func allAfter[T any](last T, part []T, runs []peerRun, grp func(T) uint64) bool {
+	for _, r := range runs {
+		if r.phi > r.plo && grp(part[r.plo]) <= grp(last) {
+			return false
+		}
+	}
+	return true
+}
+
+// tailRemoved reports whether the removed ranges of runs (removed
+// elements in all) are old's last elements (old has n).
+func tailRemoved(runs []peerRun, n, removed int) bool {
+	end := n
+	for i := len(runs) - 1; i >= 0; i-- {
+		r := runs[i]
+		if r.hi == r.lo {
+			continue
+		}
+		if r.hi != end {
+			return false
+		}
+		end = r.lo
+	}
+	return n-end == removed
 }
 
 // keyGroup is a key's group for replacePeers: direction, then peer.

@@ -120,6 +120,9 @@ func mapChangesRun(t *testing.T, seed uint64) int {
 		netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2"), netip.MustParseAddr("2001:db8::1"),
 	}
 	patchedRuns := 0
+	// What every policy of the run held when it was cached: a patch
+	// never changes an earlier policy.
+	frozen := map[*MapState]MapState{}
 	for step := range 40 {
 		for _, id := range []identity.NumericIdentity{a, b, dns, c} {
 			r.MapStateFor(id, ports[id]) // cached: the changes below patch or recompute them
@@ -127,6 +130,10 @@ func mapChangesRun(t *testing.T, seed uint64) int {
 		prev := map[identity.NumericIdentity]*MapState{}
 		for id, m := range r.mapStates {
 			prev[id] = m
+			if _, seen := frozen[m]; m != nil && !seen {
+				frozen[m] = MapState{Allow: slices.Clone(m.Allow), Deny: slices.Clone(m.Deny), L7: slices.Clone(m.L7),
+					DNS: slices.Clone(m.DNS), Named: slices.Clone(m.Named), NamedDeny: slices.Clone(m.NamedDeny)}
+			}
 		}
 		what := ""
 		switch op := rng.IntN(20); {
@@ -148,6 +155,12 @@ func mapChangesRun(t *testing.T, seed uint64) int {
 			}
 			r.SetFQDN(name, ips)
 			what = fmt.Sprintf("SetFQDN(%s, %v)", name, ips)
+		}
+		for m, f := range frozen {
+			if !slices.Equal(m.Allow, f.Allow) || !slices.Equal(m.Deny, f.Deny) || !l7Equal(m.L7, f.L7) || !dnsEqual(m.DNS, f.DNS) ||
+				!slices.Equal(m.Named, f.Named) || !slices.Equal(m.NamedDeny, f.NamedDeny) {
+				t.Fatalf("seed %d step %d %s: an earlier policy (a datapath may still hold it) was changed in place", seed, step, what)
+			}
 		}
 		for id, got := range r.mapStates {
 			saved := r.bySubjects

@@ -106,6 +106,9 @@ type MapState struct {
 	// is m itself (a copy of m is not patched): PatchedFrom.
 	steps []patchStep
 	self  weak.Pointer[MapState]
+	// tailTaken: a patch of m appended past the length of m's arrays
+	// (or may have); only the repository's owner sets it.
+	tailTaken bool
 }
 
 // NamedKey is an ingress entry on a named port: traffic from Identity
