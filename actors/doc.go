@@ -238,13 +238,18 @@
 // A DNS answer is released after its addresses are realised. The proxy
 // calls `System.LearnFQDN` (`frontdoor_fqdn.go`), which waits (bounded by
 // the caller) outside the actors, ask after ask: the policy actor learns
-// the answer (`policy_fqdn.go`: the FQDN cache, `SetFQDN`, CIDR identities
-// sent to the ipcache actor, other endpoints told to regenerate), the
-// ipcache actor answers a barrier once the datapath holds every change it
-// had received (the policy actor's CIDR changes precede it in that
-// mailbox), and unless the endpoint's index row shows it realised exactly
-// the policy the answer produced, the endpoint actor regenerates with the
-// ask as a regeneration waiter (`RegeneratePolicy` with `Wait`). No actor
+// the answer (`policy_fqdn.go`: the FQDN cache, `SetFQDN`, which patches
+// the policies peering the new addresses (`pkg/domain/policy`
+// `mapchanges.go`), CIDR identities sent to the ipcache actor, the
+// endpoints whose policy changed told to regenerate, the asker included);
+// then, side by side, the ipcache actor answers a barrier once the
+// datapath holds every change it had received (the policy actor's CIDR
+// changes precede it in that mailbox), and the endpoint actor answers once
+// the regeneration it owes or runs ended (`RegeneratePolicy` with `Join`:
+// it started after the policy actor's request); unless the endpoint's
+// index row then shows it realised exactly the policy the answer
+// produced, it regenerates once more with the ask as a regeneration
+// waiter (`RegeneratePolicy` with `Wait`). No actor
 // holds DNS state per endpoint (heap per endpoint). Learned addresses
 // expire with the TTL (the policy actor's one timer, stopped with the
 // actor) and leave the ipcache and the policy maps. The cache persists

@@ -228,6 +228,10 @@ func (a *endpointActor) receiveLive(ctx actor.Context) {
 	case *messages.Regenerate:
 		a.requestRegen(ctx, ctx.Sender())
 	case *messages.RegeneratePolicy:
+		if msg.Join {
+			a.awaitRegen(ctx, ctx.Sender())
+			break
+		}
 		var waiter *actor.PID
 		if msg.Wait {
 			waiter = ctx.Sender()
@@ -268,7 +272,7 @@ func (a *endpointActor) receiveDeleting(ctx actor.Context) {
 	case *messages.Regenerate:
 		ctx.Respond(a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
 	case *messages.RegeneratePolicy:
-		if msg.Wait {
+		if msg.Wait || msg.Join {
 			ctx.Respond(a.result(fmt.Errorf("regenerate endpoint %d: %w", a.ep.ID, ErrEndpointDeleting)))
 		}
 	case *messages.PatchLabels:

@@ -34,6 +34,22 @@ func (a *endpointActor) requestPolicyRegen(ctx actor.Context, waiter *actor.PID)
 	a.requestRegenLevel(ctx, waiter, level)
 }
 
+// awaitRegen answers waiter once the regeneration owed (or, with none
+// owed, the one running) ends, without requesting one; at once when
+// neither is. Either started after every regeneration request the actor
+// received before: one that arrived while another ran is owed.
+func (a *endpointActor) awaitRegen(ctx actor.Context, waiter *actor.PID) {
+	switch {
+	case waiter == nil:
+	case a.regen.want != wantNone:
+		a.regen.pendingWaiters = append(a.regen.pendingWaiters, waiter)
+	case a.regen.running:
+		a.regen.waiters = append(a.regen.waiters, waiter)
+	default:
+		ctx.Send(waiter, a.result(nil))
+	}
+}
+
 // requestRegenLevel owes a regeneration of at least level and starts it
 // unless one runs or the endpoint cannot regenerate yet. Only a live
 // endpoint takes requests (receiveDeleting refuses them).

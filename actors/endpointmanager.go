@@ -87,7 +87,7 @@ func (m *managerActor) Receive(ctx actor.Context) {
 			ctx.Send(pid, msg)
 		}
 	case *messages.RegeneratePolicy:
-		if msg.Wait {
+		if msg.Wait || msg.Join {
 			m.forward(ctx, msg.ID)
 		} else if pid, ok := m.children[msg.ID]; ok {
 			ctx.Send(pid, msg)

@@ -25,11 +25,14 @@ const maxFQDNAnswerIPs = 256
 // in the datapath's ipcache and the endpoint realised the policy that
 // selects them (the proxy-completion wait of DNS answers), or when ctx
 // ends: the caller bounds the wait. Each step is an ask: the policy
-// actor learns the answer, the ipcache actor answers a barrier once the
-// datapath holds the changes it had (the policy actor's precede it in
-// its mailbox), and unless the endpoint's row shows it realised exactly
-// the policy the answer produced, the endpoint actor regenerates and
-// answers when that regeneration ended (its regeneration waiters).
+// actor learns the answer (and, when the answer changed the endpoint's
+// policy, asks the endpoint to regenerate); then, at once, the ipcache
+// actor answers a barrier once the datapath holds the changes it had
+// (the policy actor's precede it in its mailbox), and the endpoint
+// actor answers when the regeneration it owes or runs ended (which
+// started after the policy actor's request); if its row does not show
+// then that it realised exactly the policy the answer produced, it
+// regenerates once more (awaitLearned).
 //
 // Returns ErrEndpointNotFound, ErrEndpointDeleting, ErrFQDNNoIdentity,
 // fqdn.ErrLimit (too many learned addresses), a regeneration's error, or
@@ -64,20 +67,46 @@ func (s *System) LearnFQDN(ctx context.Context, id endpoint.ID, name string, ips
 	if err != nil {
 		return fmt.Errorf("learn fqdn %s: %w", name, err)
 	}
-	if _, err := answer[*messages.IPCacheBarrierDone](s.ask(ctx, s.ipcache, &messages.IPCacheBarrier{})); err != nil {
+	// The barrier and the regeneration are independent (a policy map
+	// entry for an identity no address maps to yet allows nothing more):
+	// the barrier is awaited alongside.
+	barrier := make(chan error, 1)
+	go func() {
+		_, err := answer[*messages.IPCacheBarrierDone](s.ask(ctx, s.ipcache, &messages.IPCacheBarrier{}))
+		barrier <- err
+	}()
+	// The policy actor asked the endpoint to regenerate when the answer
+	// changed its policy, before it answered: that regeneration is
+	// joined, and another is asked for only if the endpoint still does
+	// not hold the answer's policy.
+	regenErr := s.awaitLearned(ctx, id, r.Policy)
+	if regenErr != nil {
+		regenErr = fmt.Errorf("learn fqdn %s: %w", name, regenErr)
+	}
+	if err := <-barrier; err != nil {
 		return fmt.Errorf("learn fqdn %s: ipcache: %w", name, err)
 	}
-	if row, ok := s.deps.ix.Endpoint(id); ok && row.State == endpoint.StateReady && row.Policy == r.Policy {
-		s.fqdnSeen.record(id, name, ips, r.Policy, now.Add(ttl))
-		return nil // realised already
-	}
-	if _, err := endpointAnswer(s.ask(ctx, s.endpoints, &messages.RegeneratePolicy{ID: id, Wait: true})); err != nil {
-		return fmt.Errorf("learn fqdn %s: %w", name, err)
+	if regenErr != nil {
+		return regenErr
 	}
 	if row, ok := s.deps.ix.Endpoint(id); ok && row.State == endpoint.StateReady && row.Policy == r.Policy {
 		s.fqdnSeen.record(id, name, ips, r.Policy, now.Add(ttl))
 	}
 	return nil
+}
+
+// awaitLearned waits until endpoint id realised p (a learn's policy):
+// for the regeneration it owes or runs (the learn's), then, unless its
+// row holds p, for one more.
+func (s *System) awaitLearned(ctx context.Context, id endpoint.ID, p *policy.MapState) error {
+	if _, err := endpointAnswer(s.ask(ctx, s.endpoints, &messages.RegeneratePolicy{ID: id, Join: true})); err != nil {
+		return err
+	}
+	if row, ok := s.deps.ix.Endpoint(id); ok && row.State == endpoint.StateReady && row.Policy == p {
+		return nil
+	}
+	_, err := endpointAnswer(s.ask(ctx, s.endpoints, &messages.RegeneratePolicy{ID: id, Wait: true}))
+	return err
 }
 
 // fqdnRealisedMargin is how long before its TTL ends a realised answer

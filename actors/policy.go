@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"slices"
 	"strconv"
 
@@ -37,10 +38,13 @@ type policyActor struct {
 	repo    *policy.Repository
 	// users[ep] is the identity endpoint ep last asked the policy of (0:
 	// none). A flat array (256 KiB) instead of maps: no heap per
-	// endpoint; a change scans it once. It finds endpoints whose index
+	// endpoint; a change scans the entries tracked marks. It finds endpoints whose index
 	// row does not show their identity yet (a first build is published
 	// when it ends).
-	users   []identity.NumericIdentity
+	users []identity.NumericIdentity
+	// tracked has bit ep set when users[ep] is not 0: a change scans
+	// its 1,024 words, not the 65,536 entries of users.
+	tracked *[(endpoint.MaxID + 1) / 64]uint64
 	written uint64 // the revision last written to the index
 	persist persistState
 	// staging is the import being prepared in steps (policyImportStep
@@ -193,6 +197,7 @@ func (a *policyActor) rebuild(ctx actor.Context) {
 	ix := a.deps.ix
 	a.repo = policy.NewRepository()
 	a.users = make([]identity.NumericIdentity, endpoint.MaxID+1)
+	a.tracked = new([(endpoint.MaxID + 1) / 64]uint64)
 	for _, row := range ix.Identities() {
 		a.repo.UpsertIdentity(row.ID, row.Labels)
 	}
@@ -485,9 +490,12 @@ func (a *policyActor) apply(ctx actor.Context, res policy.Result) {
 			targets[ep.ID] = struct{}{}
 		}
 	}
-	for ep, id := range a.users {
-		if id != identity.IdentityUnknown && changed[id] {
-			targets[endpoint.ID(ep)] = struct{}{}
+	for w, word := range a.tracked {
+		for ; word != 0; word &= word - 1 {
+			ep := w*64 + bits.TrailingZeros64(word)
+			if changed[a.users[ep]] {
+				targets[endpoint.ID(ep)] = struct{}{}
+			}
 		}
 	}
 	delete(targets, a.skip)
@@ -502,9 +510,16 @@ func (a *policyActor) sendCIDRs(ctx actor.Context, res policy.Result) {
 	}
 }
 
-func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) { a.users[ep] = id }
+func (a *policyActor) track(ep endpoint.ID, id identity.NumericIdentity) {
+	a.users[ep] = id
+	if id == identity.IdentityUnknown {
+		a.tracked[ep/64] &^= 1 << (ep % 64)
+	} else {
+		a.tracked[ep/64] |= 1 << (ep % 64)
+	}
+}
 
-func (a *policyActor) untrack(ep endpoint.ID) { a.users[ep] = identity.IdentityUnknown }
+func (a *policyActor) untrack(ep endpoint.ID) { a.track(ep, identity.IdentityUnknown) }
 
 // reselected rewrites the rows of the policies whose service selections
 // may have changed, with what they select now.

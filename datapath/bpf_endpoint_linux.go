@@ -302,7 +302,10 @@ func (l *Linux) writeEndpointInfo(e *bpfEndpoint, id endpoint.ID, ident identity
 }
 
 // syncEndpointPolicy writes the difference between what e's policy maps
-// hold and ep.Policy. It fails closed: a policy that does not fit the
+// hold and ep.Policy: when ep.Policy was patched from the policy they
+// hold (policy.MapState.PatchedFrom: a DNS answer's new address), the
+// entries of the patched peers alone (syncPatch), else a diff of the
+// whole maps. It fails closed: a policy that does not fit the
 // maps (ErrMapFull), or a write that fails halfway, leaves the endpoint
 // enforcing deny-all (failClosed), never its previous policy nor a mix
 // of both, which may allow what the new policy denies.
@@ -319,14 +322,31 @@ func (l *Linux) syncEndpointPolicy(e *bpfEndpoint, ep *endpoint.Endpoint) error 
 		}
 		return fmt.Errorf("%w; failed closed: every new connection denied", err)
 	}
-	ports, err := want.Redirects(l.proxyPorts())
-	if err != nil {
-		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+	var err error
+	if peers, ok := want.PatchedFrom(e.have); ok {
+		// Only the entries of peers changed (a DNS answer's new
+		// address): only they are written.
+		var ports map[policy.Key]uint16
+		ports, err = syncPatch(e.policyMap, policyTarget{e.have, e.ports}, want, peers, l.proxyPorts())
+		switch {
+		case err == nil:
+			e.have, e.ports = want, ports
+			return nil
+		case errors.Is(err, policy.ErrNoProxy):
+			return fmt.Errorf("endpoint %d: %w: %w", ep.ID, err, ErrNotSupported)
+		}
+		// Partly applied: below, from what the maps hold.
 	}
-	err = syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports})
+	ports, perr := want.Redirects(l.proxyPorts())
+	if perr != nil {
+		return fmt.Errorf("endpoint %d: %w: %w", ep.ID, perr, ErrNotSupported)
+	}
 	if err == nil {
-		e.have, e.ports = want, ports
-		return nil
+		err = syncPolicyMap(e.policyMap, e.cidrMap, policyTarget{e.have, e.ports}, policyTarget{want, ports})
+		if err == nil {
+			e.have, e.ports = want, ports
+			return nil
+		}
 	}
 	// Partly applied: read back what the maps hold now, then deny-all.
 	if have, hports, rerr := realisedState(e.policyMap, e.cidrMap); rerr == nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -417,4 +418,108 @@ func deleteDropCounters(m *ebpf.Map, id endpoint.ID) error {
 		}
 	}
 	return nil
+}
+
+// syncPatch makes m enforce want, patched from haveT's policy with the
+// entries of peers replaced (policy.MapState.PatchedFrom), by writing
+// those entries alone (syncPolicyPeers): a DNS answer's new address
+// costs the same however large the policy. It returns want's proxy
+// ports, haveT.ports changed in place, or an error: policy.ErrNoProxy
+// before anything is written, else a write's (partly applied).
+func syncPatch(m *ebpf.Map, haveT policyTarget, want *policy.MapState, peers []identity.NumericIdentity, pp policy.ProxyPorts) (map[policy.Key]uint16, error) {
+	keys, haveKeys := want.PeerKeys(peers), haveT.state.PeerKeys(peers)
+	sub, err := want.RedirectsOf(keys, pp)
+	if err != nil {
+		return nil, err
+	}
+	if err := syncPolicyPeers(m, haveT, policyTarget{want, sub}, haveKeys, keys); err != nil {
+		return nil, err
+	}
+	return patchPorts(haveT.ports, haveKeys, sub), nil
+}
+
+// syncPolicyPeers is syncPolicyMap for a want patched from have
+// (policy.MapState.PatchedFrom): they differ only in the entries of the
+// patch's peers, haveKeys in have and wantKeys in want (sorted), and
+// only those are written, in syncPolicyMap's order (their CIDR entries
+// and enforcement are the same). wantT.ports holds the proxy ports of
+// wantKeys alone, haveT.ports those of all of have's entries.
+func syncPolicyPeers(m *ebpf.Map, haveT, wantT policyTarget, haveKeys, wantKeys []policy.Key) error {
+	have, want := haveT.state, wantT.state
+	add, remove := policy.Diff(&policy.MapState{Allow: haveKeys}, &policy.MapState{Allow: wantKeys})
+	setDeny := func(k policy.Key, deny uint8) error {
+		bk := encodePolicyKey(k)
+		var v bpf.EndpointPolicyValue
+		if err := m.Lookup(bk, &v); err != nil {
+			return fmt.Errorf("read policy map entry %+v: %w", k, err)
+		}
+		v.Deny = deny
+		if err := m.Update(bk, v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("set deny of policy map entry %+v: %w", k, err)
+		}
+		return nil
+	}
+	// Kept entries turned into denies.
+	for _, k := range wantKeys {
+		if want.Denies(k) && have.Has(k) && !have.Denies(k) {
+			if err := setDeny(k, 1); err != nil {
+				return err
+			}
+		}
+	}
+	for _, k := range add {
+		bk, err := policyKey(k)
+		if err != nil {
+			return err
+		}
+		v := bpf.EndpointPolicyValue{ProxyPort: wantT.ports[k]}
+		if want.Denies(k) {
+			v.Deny = 1
+		}
+		if err := m.Update(bk, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("update policy map: %w", err)
+		}
+	}
+	// Proxy ports of kept entries.
+	for _, k := range wantKeys {
+		if !have.Has(k) || haveT.ports[k] == wantT.ports[k] {
+			continue
+		}
+		bk := encodePolicyKey(k)
+		var v bpf.EndpointPolicyValue
+		if err := m.Lookup(bk, &v); err != nil {
+			return fmt.Errorf("read policy map entry %+v: %w", k, err)
+		}
+		v.ProxyPort = wantT.ports[k]
+		if err := m.Update(bk, v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("set proxy port of policy map entry %+v: %w", k, err)
+		}
+	}
+	// Kept denies turned into allows.
+	for _, k := range haveKeys {
+		if have.Denies(k) && want.Has(k) && !want.Denies(k) {
+			if err := setDeny(k, 0); err != nil {
+				return err
+			}
+		}
+	}
+	for _, k := range remove {
+		if err := deleteKey(m, encodePolicyKey(k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// patchPorts returns ports (the proxy ports of a policy's entries) with
+// those of the entries removed replaced by add, changed in place.
+func patchPorts(ports map[policy.Key]uint16, removed []policy.Key, add map[policy.Key]uint16) map[policy.Key]uint16 {
+	for _, k := range removed {
+		delete(ports, k)
+	}
+	if len(add) > 0 && ports == nil {
+		ports = make(map[policy.Key]uint16, len(add))
+	}
+	maps.Copy(ports, add)
+	return ports
 }

@@ -20,7 +20,8 @@
 // with the shared maps and pinned under `<bpffs>/programs/<object
 // digest>/`, reused by a restarted agent of the same build, loaded again
 // after an upgrade), `bpf_maps` (shared maps, policy map sync by
-// difference, ipcache keys, drop counters), `bpf_cidr` (the CIDR policy
+// difference, or by the patched peers' entries alone for a policy
+// patched from the one realised, ipcache keys, drop counters), `bpf_cidr` (the CIDR policy
 // map: keys, read-back, sync by difference in an order that never allows
 // what neither side allows), `bpf_attach` (endpoint veths: clsact +
 // cls_bpf filters replaced in place, by default, or TCX links with

@@ -70,11 +70,16 @@ type EndpointPolicyGone struct {
 // changed at Revision. It requests a policy-only regeneration (coalesced
 // like every regeneration; no state write). No reply, unless Wait (the
 // front door's LearnFQDN): then *EndpointResult once a regeneration that
-// started after the request ended.
+// started after the request ended. Join (LearnFQDN) requests nothing:
+// it is answered once the regeneration owed or running ends (which
+// started after every request the endpoint had before this one: the
+// policy actor's, sent before it answered the learn), at once when none
+// is.
 type RegeneratePolicy struct {
 	ID       endpoint.ID
 	Revision uint64
 	Wait     bool
+	Join     bool
 }
 
 // PolicyRemotePorts tells the policy actor, from the ipcache actor, the

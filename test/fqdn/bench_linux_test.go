@@ -2,6 +2,7 @@ package fqdn
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -50,7 +51,8 @@ const benchQueries = 400
 // floor of one more hop is measured in the same run: the cached series
 // from pod B through a bare UDP relay in the node's netns (read, forward
 // on one connected socket, read, answer: no policy, no socket per
-// query), "relay-p50-us".
+// query), "relay-p50-us". With -v it logs the mean of each regeneration
+// and datapath phase over each series (the agent's histograms).
 //
 //	go test -run XXX -bench DNSProxyDelay -benchtime 1x ./test/fqdn/
 func BenchmarkDNSProxyDelay(b *testing.B) {
@@ -62,6 +64,7 @@ func BenchmarkDNSProxyDelay(b *testing.B) {
 		for _, series := range []string{"cached", "new"} {
 			var viaProxy, direct, relayed []time.Duration
 			sum0, n0 := e.holdSum(b)
+			phases0 := e.phaseSums(b)
 			for i := range benchQueries {
 				name := "allowed.test"
 				if series == "new" {
@@ -95,8 +98,52 @@ func BenchmarkDNSProxyDelay(b *testing.B) {
 			if sum, n := e.holdSum(b); n > n0 {
 				b.ReportMetric((sum-sum0)/float64(n-n0)*1e6, series+"-hold-mean-us")
 			}
+			// Where a held answer's time went: the regenerations' and
+			// the datapath's phases over the series (means).
+			sums := e.phaseSums(b)
+			for _, k := range slices.Sorted(maps.Keys(sums)) {
+				if d := sums[k].n - phases0[k].n; d > 0 {
+					b.Logf("%s: %s mean %.0f us over %d", series, k, (sums[k].sum-phases0[k].sum)/float64(d)*1e6, d)
+				}
+			}
 		}
 	}
+}
+
+// phaseSum is a histogram's sum (seconds) and count.
+type phaseSum struct {
+	sum float64
+	n   uint64
+}
+
+// phaseSums reads the regeneration and datapath phase histograms, by
+// "regen/<phase>" and "datapath/<phase>".
+func (e *env) phaseSums(tb testing.TB) map[string]phaseSum {
+	mfs, err := e.metrics.Registry().Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]phaseSum{}
+	for _, mf := range mfs {
+		var short string
+		switch mf.GetName() {
+		case "membrane_endpoint_regeneration_duration_seconds":
+			short = "regen"
+		case "membrane_datapath_phase_duration_seconds":
+			short = "datapath"
+		default:
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "phase" {
+					h := m.GetHistogram()
+					out[short+"/"+l.GetValue()] = phaseSum{h.GetSampleSum(), h.GetSampleCount()}
+				}
+			}
+		}
+	}
+	return out
 }
 
 // holdSum reads the proxy's hold histogram: its sum (seconds) and count.

@@ -167,19 +167,26 @@ type query struct {
 // else the server's answer once its addresses are realised. It never
 // returns nil.
 func (p *Proxy) Resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPort, proto uint8) *dns.Msg {
+	resp, _ := p.resolve(ctx, req, src, dst, proto)
+	return resp
+}
+
+// resolve is Resolve, which also returns the server's answer as it
+// came (nil: not the server's answer, or over TCP): resp is it unpacked.
+func (p *Proxy) resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPort, proto uint8) (resp *dns.Msg, raw []byte) {
 	q := query{req: req, src: src, dst: dst, proto: proto}
 	ev := &events.DNS{Server: dst.String(), Verdict: VerdictError}
 	var epID endpoint.ID
 	defer func() { p.publish(epID, ev) }()
 	if len(req.Question) != 1 {
 		ev.Error = "not exactly one question"
-		return p.fail(req, dns.RcodeFormatError, ev)
+		return p.fail(req, dns.RcodeFormatError, ev), nil
 	}
 	ev.Query, ev.QType = fqdn.Normalize(req.Question[0].Name), dns.TypeToString[req.Question[0].Qtype]
 	ep, ok := p.ix.EndpointByIP(src.Addr())
 	if !ok {
 		ev.Error = "source is not a local endpoint"
-		return p.fail(req, dns.RcodeRefused, ev)
+		return p.fail(req, dns.RcodeRefused, ev), nil
 	}
 	epID, ev.Identity = ep.ID, uint32(ep.Identity)
 	if !p.allowedName(ep.Policy, q, ev.Query) {
@@ -190,12 +197,12 @@ func (p *Proxy) Resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPo
 			code = dns.RcodeNameError
 		}
 		ev.RCode = dns.RcodeToString[code]
-		return reply(req, code)
+		return reply(req, code), nil
 	}
-	resp, err := p.exchange(ctx, q)
+	resp, raw, err := p.exchange(ctx, q)
 	if err != nil {
 		ev.Error = err.Error()
-		return p.fail(req, dns.RcodeServerFailure, ev)
+		return p.fail(req, dns.RcodeServerFailure, ev), nil
 	}
 	ips, ttl := answerAddrs(resp)
 	ev.TTL, ev.RCode = ttl, dns.RcodeToString[resp.Rcode]
@@ -205,13 +212,13 @@ func (p *Proxy) Resolve(ctx context.Context, req *dns.Msg, src, dst netip.AddrPo
 	if len(ips) > 0 {
 		if err := p.hold(ctx, ep.ID, ev.Query, ips, ttl); err != nil {
 			ev.Error = err.Error()
-			return p.fail(req, dns.RcodeServerFailure, ev)
+			return p.fail(req, dns.RcodeServerFailure, ev), nil
 		}
 	}
 	p.count(&p.allowed, VerdictAllowed)
 	ev.Verdict = VerdictAllowed
 	resp.Id = req.Id
-	return resp
+	return resp, raw
 }
 
 // hold waits until the agent realised the learned addresses, bounded by
@@ -288,31 +295,75 @@ func (p *Proxy) selector(s fqdn.Selector) *fqdn.Compiled {
 	return c
 }
 
-// exchange forwards the query to the server from the host netns.
-func (p *Proxy) exchange(ctx context.Context, q query) (*dns.Msg, error) {
+// exchange forwards the query to the server from the host netns. Over
+// UDP it also returns the answer's bytes as they came.
+func (p *Proxy) exchange(ctx context.Context, q query) (*dns.Msg, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.UpstreamTimeout)
 	defer cancel()
-	network := "udp"
-	var (
-		conn net.Conn
-		err  error
-	)
-	if q.proto == policy.ProtoTCP {
-		network = "tcp"
-		conn, err = p.sockets.DialHost(ctx, network, q.dst.String())
-	} else {
-		conn, err = p.upstream.get(ctx, q.dst)
+	if q.proto != policy.ProtoTCP {
+		conn, err := p.upstream.get(ctx, q.dst)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dial udp %s: %w", q.dst, err)
+		}
+		defer conn.Close()
+		resp, raw, err := exchangeUDP(ctx, conn, q.req)
+		if err != nil {
+			return nil, nil, fmt.Errorf("exchange with %s: %w", q.dst, err)
+		}
+		return resp, raw, nil
 	}
+	conn, err := p.sockets.DialHost(ctx, "tcp", q.dst.String())
 	if err != nil {
-		return nil, fmt.Errorf("dial %s %s: %w", network, q.dst, err)
+		return nil, nil, fmt.Errorf("dial tcp %s: %w", q.dst, err)
 	}
 	defer conn.Close()
-	c := &dns.Client{Net: network, Timeout: p.cfg.UpstreamTimeout}
-	resp, _, err := c.ExchangeWithConnContext(ctx, q.req, &dns.Conn{Conn: conn, UDPSize: dns.MaxMsgSize})
+	c := &dns.Client{Net: "tcp", Timeout: p.cfg.UpstreamTimeout}
+	resp, _, err := c.ExchangeWithConnContext(ctx, q.req, &dns.Conn{Conn: conn})
 	if err != nil {
-		return nil, fmt.Errorf("exchange with %s: %w", q.dst, err)
+		return nil, nil, fmt.Errorf("exchange with %s: %w", q.dst, err)
 	}
-	return resp, nil
+	return resp, nil, nil
+}
+
+// answerBufs are the buffers UDP answers are read into (the largest
+// datagram: the server may answer up to what the query allows).
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, dns.MaxMsgSize); return &b }}
+
+// exchangeUDP sends req on conn (a UDP socket connected to the server)
+// and returns the answer, unpacked and as it came: as dns.Client does,
+// bounded by ctx's deadline, skipping datagrams with another ID (an
+// earlier query's late answer); one that does not unpack fails it.
+// Unlike dns.Client it reads into a pooled buffer, not a new 64 KiB one
+// per query.
+func exchangeUDP(ctx context.Context, conn net.Conn, req *dns.Msg) (*dns.Msg, []byte, error) {
+	out, err := req.Pack()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pack: %w", err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if err := conn.SetDeadline(dl); err != nil {
+			return nil, nil, err
+		}
+	}
+	if _, err := conn.Write(out); err != nil {
+		return nil, nil, err
+	}
+	bp := answerBufs.Get().(*[]byte)
+	defer answerBufs.Put(bp)
+	for {
+		n, err := conn.Read(*bp)
+		if err != nil {
+			return nil, nil, err
+		}
+		raw := append([]byte(nil), (*bp)[:n]...)
+		resp := new(dns.Msg)
+		if err := resp.Unpack(raw); err != nil {
+			return nil, nil, err
+		}
+		if resp.Id == req.Id {
+			return resp, raw, nil
+		}
+	}
 }
 
 // answerAddrs returns the A and AAAA addresses of an answer and its

@@ -111,26 +111,31 @@ func (p *Proxy) serveUDP(ctx context.Context, conn *net.UDPConn, wg *sync.WaitGr
 		go func() {
 			defer wg.Done()
 			defer p.release()
-			resp := p.Resolve(ctx, req, src, dst, policy.ProtoUDP)
-			if err := p.replyUDP(dst, src, req, resp); err != nil {
+			resp, raw := p.resolve(ctx, req, src, dst, policy.ProtoUDP)
+			if err := p.replyUDP(dst, src, req, resp, raw); err != nil {
 				p.log.Warn("dns proxy: udp reply", "to", src, "from", dst, "err", err)
 			}
+			p.upstream.refill(dst)
 		}()
 	}
 }
 
 // replyUDP sends resp from the server's address (from) to the pod, cut
 // to the size the query allows (512 bytes, or its EDNS0 buffer size):
-// the TC bit makes the client retry over TCP.
-func (p *Proxy) replyUDP(from, to netip.AddrPort, req, resp *dns.Msg) error {
+// the TC bit makes the client retry over TCP. raw, when not nil, is
+// resp as the server sent it: sent as it is when it fits.
+func (p *Proxy) replyUDP(from, to netip.AddrPort, req, resp *dns.Msg, raw []byte) error {
 	size := dns.MinMsgSize
 	if opt := req.IsEdns0(); opt != nil {
 		size = max(size, int(opt.UDPSize()))
 	}
-	resp.Truncate(size)
-	b, err := resp.Pack()
-	if err != nil {
-		return fmt.Errorf("pack: %w", err)
+	b := raw
+	if b == nil || len(b) > size {
+		resp.Truncate(size)
+		var err error
+		if b, err = resp.Pack(); err != nil {
+			return fmt.Errorf("pack: %w", err)
+		}
 	}
 	s, err := p.replySocket(from)
 	if err != nil {

@@ -21,10 +21,11 @@ const (
 // to be made and connected (about a fifth of the proxy's added delay on
 // the benchmark's machine). Each socket serves one query, as a socket
 // dialled for it would: a fresh ephemeral port per query. Sockets are
-// made by run (Serve's goroutine) after a query took one; a query that
-// finds none dials its own. A datagram that reached a waiting socket
-// before its query went out fails that query's ID check (SERVFAIL),
-// as it would have with a socket of its own.
+// made by run (Serve's goroutine) once a query that took one was
+// answered (refill); a query that finds none dials its own. A datagram
+// that reached a waiting socket before its query went out fails that
+// query's ID check and is skipped (exchangeUDP), as it would be with a
+// socket of its own.
 type upstreams struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// want asks run for sockets to a server (bounded; a full channel
@@ -41,7 +42,7 @@ func newUpstreams(dial func(ctx context.Context, network, addr string) (net.Conn
 }
 
 // get returns a UDP socket connected to server, one made ahead when
-// there is one, and asks for its replacement.
+// there is one; its replacement is asked for by refill.
 func (u *upstreams) get(ctx context.Context, server netip.AddrPort) (net.Conn, error) {
 	u.mu.Lock()
 	var c net.Conn
@@ -50,14 +51,21 @@ func (u *upstreams) get(ctx context.Context, server netip.AddrPort) (net.Conn, e
 		u.ready[server] = cs[:len(cs)-1]
 	}
 	u.mu.Unlock()
-	select {
-	case u.want <- server:
-	default:
-	}
 	if c != nil {
 		return c, nil
 	}
 	return u.dial(ctx, "udp", server.String())
+}
+
+// refill asks run to top server's sockets up. A query asks once it was
+// answered: the sockets are made between queries, not while the query
+// that took one waits for its answer (on a small machine the maker's
+// dial competes with that query for a CPU).
+func (u *upstreams) refill(server netip.AddrPort) {
+	select {
+	case u.want <- server:
+	default:
+	}
 }
 
 // run makes the sockets asked for until ctx ends, then closes the ones

@@ -74,12 +74,17 @@ func TestUpstreamSocketsMadeAhead(t *testing.T) {
 	if d.count() != 1 {
 		t.Fatalf("the first query made %d dials, want its own", d.count())
 	}
-	// The maker starts now (as Serve's would run beside the queries): it
-	// finds the first query's request for sockets waiting.
+	// The maker starts now (as Serve's would run beside the queries).
 	start()
 	defer func() { cancel(); <-done }()
 	used := []net.Conn{c}
 	ask(c)
+	// A query asks for sockets once answered, not while it waits for
+	// its answer.
+	if len(u.want) != 0 {
+		t.Fatal("taking a socket asked for its replacement before the query was answered")
+	}
+	u.refill(server)
 	waitFor(t, "sockets made ahead", func() bool { return u.waiting(server) == upstreamDepth })
 	for i := range 5 {
 		ahead := map[string]bool{}
@@ -100,6 +105,7 @@ func TestUpstreamSocketsMadeAhead(t *testing.T) {
 		}
 		used = append(used, c)
 		ask(c)
+		u.refill(server)
 		waitFor(t, "the socket taken to be replaced", func() bool { return u.waiting(server) == upstreamDepth })
 	}
 	// Bounded: more servers than maxUpstreamServers never keep more.
@@ -110,6 +116,7 @@ func TestUpstreamSocketsMadeAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Close()
+		u.refill(other)
 		waitFor(t, "sockets to another server", func() bool { return u.waiting(other) == upstreamDepth })
 		u.mu.Lock()
 		n := len(u.ready)

@@ -36,6 +36,9 @@ func (r *Repository) SetFQDN(name string, ips []netip.Addr) Result {
 		r.fqdnAddrs[name] = want
 	}
 	affected := idSet{}
+	// Only what selectors select changes: the policies that peer them
+	// are patched (mapchanges.go).
+	r.incremental = true
 	for _, ip := range old {
 		if _, keep := slices.BinarySearchFunc(want, ip, netip.Addr.Compare); !keep {
 			r.fqdnUnlink(name, ip, affected)

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"weak"
 
 	"github.com/membrane-cni/membrane/pkg/domain/identity"
 )
@@ -101,6 +102,13 @@ type MapState struct {
 	// from, and the named ones, which ForPorts adds once resolved.
 	cidrGroups map[cidrGroup][]*CIDRSelector
 	namedCIDR  map[namedGroup][]*CIDRSelector
+	// steps are the policies m was patched from, oldest first, and self
+	// is m itself (a copy of m is not patched): PatchedFrom.
+	steps []patchStep
+	self  weak.Pointer[MapState]
+	// tailTaken: a patch of m appended past the length of m's arrays
+	// (or may have); only the repository's owner sets it.
+	tailTaken bool
 }
 
 // NamedKey is an ingress entry on a named port: traffic from Identity
@@ -181,6 +189,7 @@ func (m *MapState) ForPorts(ports NamedPorts) *MapState {
 		return m
 	}
 	c := *m
+	c.steps, c.self = nil, weak.Pointer[MapState]{}
 	if len(add) > 0 || len(addDeny) > 0 {
 		n := NewMapState(0, false, false, append(slices.Clone(m.Allow), add...))
 		n.L7, n.DNS = m.L7, m.DNS
@@ -353,6 +362,7 @@ func intersect(d, a Key) (Key, bool) {
 // (applyDeny), as compute adds those of ingressDeny and egressDeny.
 func (m *MapState) WithDeny(deny []Key) *MapState {
 	c := *m
+	c.steps, c.self = nil, weak.Pointer[MapState]{}
 	c.applyDeny(deny)
 	return &c
 }

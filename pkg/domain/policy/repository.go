@@ -142,6 +142,15 @@ type Repository struct {
 	clusterNums map[portName]map[uint16]int
 	resolved    map[identity.NumericIdentity]map[string]*MapState
 	anyNamed    int
+	// peerIDs are the identities reselect re-evaluated since the last
+	// finish (their memberships of selectors may have changed), ownIDs
+	// those of them a subject selector selected before or after (their
+	// own policy may have changed). incremental is set by a change that
+	// changes nothing else (SetFQDN): finish then patches the entries of
+	// peerIDs into the cached policies of the other affected identities
+	// instead of recomputing them (mapchanges.go).
+	peerIDs, ownIDs idSet
+	incremental     bool
 }
 
 // NewRepository returns an empty repository knowing the reserved identities.
@@ -159,6 +168,7 @@ func NewRepository() *Repository {
 		portOwners: map[string]portOwner{}, idPorts: map[identity.NumericIdentity]map[NamedPort]int{},
 		clusterNums: map[portName]map[uint16]int{},
 		resolved:    map[identity.NumericIdentity]map[string]*MapState{},
+		peerIDs:     idSet{}, ownIDs: idSet{},
 	}
 	for id := identity.ReservedHost; id <= identity.ReservedIngress; id++ {
 		if ls, ok := identity.ReservedLabels(id); ok {

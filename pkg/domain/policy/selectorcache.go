@@ -269,6 +269,7 @@ func (r *Repository) allocCIDR() identity.NumericIdentity {
 func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, affected idSet) {
 	ls, present := r.ids[id]
 	p, isCIDR := r.cidrIDs[id]
+	r.peerIDs[id] = struct{}{}
 	check := func(cs *cachedSelector) {
 		var m bool
 		switch {
@@ -281,6 +282,7 @@ func (r *Repository) reselect(id identity.NumericIdentity, old labels.Labels, af
 		_, had := cs.ids[id]
 		if len(cs.subjectOf) > 0 && (m || had) {
 			affected[id] = struct{}{}
+			r.ownIDs[id] = struct{}{}
 		}
 		if m == had {
 			return
@@ -344,16 +346,27 @@ func (r *Repository) finish(affected idSet) Result {
 		}
 	}
 	clear(r.changed)
+	incr := r.incremental && len(r.staged) == 0
 	for id := range r.staged {
 		affected[id] = struct{}{}
 	}
 	clear(r.staged)
+	var peers []identity.NumericIdentity
+	if incr {
+		peers = slices.Sorted(maps.Keys(r.peerIDs))
+	}
+	patched := map[*MapState]*MapState{}
 	for _, id := range slices.Sorted(maps.Keys(affected)) {
 		old, had := r.mapStates[id]
 		if !had {
 			continue // nobody asked: computed on demand
 		}
-		m := r.compute(id)
+		var m *MapState
+		if _, own := r.ownIDs[id]; incr && !own && old != nil {
+			m = r.patchFor(id, old, peers, patched)
+		} else {
+			m = r.compute(id)
+		}
 		if old.Equal(m) {
 			continue
 		}
@@ -361,6 +374,9 @@ func (r *Repository) finish(affected idSet) Result {
 		delete(r.resolved, id)
 		res.Changed = append(res.Changed, Change{Identity: id, Policy: m})
 	}
+	clear(r.peerIDs)
+	clear(r.ownIDs)
+	r.incremental = false
 	return res
 }
 
@@ -369,16 +385,10 @@ func (r *Repository) finish(affected idSet) Result {
 // Identities selected by the same subject selectors get the same policy,
 // so it is computed once per such set (per change) and shared.
 func (r *Repository) compute(id identity.NumericIdentity) *MapState {
-	var subjects []*cachedSelector
-	for cs := range r.subjects {
-		if _, ok := cs.ids[id]; ok {
-			subjects = append(subjects, cs)
-		}
-	}
+	subjects := r.subjectsOf(id)
 	if len(subjects) == 0 {
 		return nil
 	}
-	slices.SortFunc(subjects, func(a, b *cachedSelector) int { return cmp.Compare(a.serial, b.serial) })
 	// The host identity's rules are the host rules of its subjects,
 	// another identity's the others (hostpolicy.go): a signature byte
 	// keeps their shared policies apart.
@@ -392,12 +402,37 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 	if m, ok := r.bySubjects[string(sig)]; ok {
 		return m
 	}
+	m := r.build(id, subjects, nil)
+	if r.bySubjects == nil {
+		r.bySubjects = map[string]*MapState{}
+	}
+	r.bySubjects[string(sig)] = m
+	return m
+}
+
+// subjectsOf returns the subject selectors selecting id, in serial order.
+func (r *Repository) subjectsOf(id identity.NumericIdentity) []*cachedSelector {
+	var subjects []*cachedSelector
+	for cs := range r.subjects {
+		if _, ok := cs.ids[id]; ok {
+			subjects = append(subjects, cs)
+		}
+	}
+	slices.SortFunc(subjects, func(a, b *cachedSelector) int { return cmp.Compare(a.serial, b.serial) })
+	return subjects
+}
+
+// build computes the MapState of id from the rules of subjects. With
+// only set, the peer entries are those of the peers in only and of any
+// peer (identity 0) alone, and CIDR entries are left out: the part of
+// the policy patchFor takes the entries of only from.
+func (r *Repository) build(id identity.NumericIdentity, subjects []*cachedSelector, only []identity.NumericIdentity) *MapState {
 	var ingress, egress, ingressOpen, egressOpen bool
 	n, nd := 0, 0
 	for _, cs := range subjects {
 		for _, ref := range cs.subjectOf {
 			rule := &ref.policy.Rules[ref.rule]
-			if !appliesTo(rule, id) {
+			if only != nil || !appliesTo(rule, id) {
 				continue
 			}
 			n += r.countKeys(rule.Ingress) + r.countKeys(rule.Egress)
@@ -438,18 +473,22 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			if rule.IngressEnforced || rule.IngressOpen {
 				ingress = ingress || rule.IngressEnforced
 				ingressOpen = ingressOpen || rule.IngressOpen
-				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named, &namedL7)
-				r.addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
-				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, &namedDeny, nil)
-				r.addCIDRGroups(groups, namedCIDR, rule.IngressDeny, Ingress, true)
+				keys = r.appendKeys(keys, rule.Ingress, Ingress, l7, nil, &named, &namedL7, only)
+				deny = r.appendKeys(deny, rule.IngressDeny, Ingress, nil, nil, &namedDeny, nil, only)
+				if only == nil {
+					r.addCIDRGroups(groups, namedCIDR, rule.Ingress, Ingress, false)
+					r.addCIDRGroups(groups, namedCIDR, rule.IngressDeny, Ingress, true)
+				}
 			}
 			if rule.EgressEnforced || rule.EgressOpen {
 				egress = egress || rule.EgressEnforced
 				egressOpen = egressOpen || rule.EgressOpen
-				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil, nil)
-				r.addCIDRGroups(groups, nil, rule.Egress, Egress, false)
-				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil, nil)
-				r.addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
+				keys = r.appendKeys(keys, rule.Egress, Egress, l7, dns, nil, nil, only)
+				deny = r.appendKeys(deny, rule.EgressDeny, Egress, nil, nil, nil, nil, only)
+				if only == nil {
+					r.addCIDRGroups(groups, nil, rule.Egress, Egress, false)
+					r.addCIDRGroups(groups, nil, rule.EgressDeny, Egress, true)
+				}
 			}
 		}
 	}
@@ -486,10 +525,6 @@ func (r *Repository) compute(id identity.NumericIdentity) *MapState {
 			m.cidrGroups, m.namedCIDR = groups, namedCIDR
 		}
 	}
-	if r.bySubjects == nil {
-		r.bySubjects = map[string]*MapState{}
-	}
-	r.bySubjects[string(sig)] = m
 	return m
 }
 
@@ -523,7 +558,10 @@ func (r *Repository) countKeys(prs []PeerRule) int {
 // l7 records, to namedL7 with its L7 rules (ForPorts adds them to l7's
 // once resolved). Deny entries' named ports resolve the same way, into
 // deny keys (egress) or named deny keys (ingress, named is NamedDeny's).
-func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey, namedL7 *[]NamedL7Entry) []Key {
+//
+// With only set (sorted), the keys of other peers than those of only and
+// any peer (0) are left out.
+func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l7Builder, dns *dnsBuilder, named *[]NamedKey, namedL7 *[]NamedL7Entry, only []identity.NumericIdentity) []Key {
 	for _, pr := range prs {
 		ports := pr.Ports
 		if len(ports) == 0 {
@@ -562,6 +600,16 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 		}
 		if pr.Any {
 			emit(0, false)
+			if dir == Egress && hasNamedPort(pr.Ports) && only != nil {
+				for _, peer := range only {
+					_, declares := r.idPorts[peer]
+					_, known := r.ids[peer]
+					if (endpointIdentity(peer) && declares) || (!endpointIdentity(peer) && known && len(r.clusterNums) > 0) {
+						emit(peer, true)
+					}
+				}
+				continue
+			}
 			if dir == Egress && hasNamedPort(pr.Ports) {
 				for peer := range r.idPorts {
 					if endpointIdentity(peer) {
@@ -579,7 +627,16 @@ func (r *Repository) appendKeys(keys []Key, prs []PeerRule, dir Direction, l7 *l
 			continue
 		}
 		for _, s := range pr.Peers {
-			for peer := range r.selectors[s.Key()].ids {
+			ids := r.selectors[s.Key()].ids
+			if only != nil {
+				for _, peer := range only {
+					if _, ok := ids[peer]; ok {
+						emit(peer, false)
+					}
+				}
+				continue
+			}
+			for peer := range ids {
 				emit(peer, false)
 			}
 		}
