@@ -477,8 +477,10 @@ func TestSameNodeNumbers(t *testing.T) {
 		gbps, rrps []float64
 		progs      endpointProgs
 		// bpf: the endpoint programs' run time per transaction of
-		// each round's request/response run (BPF_ENABLE_STATS).
-		bpf []float64
+		// each round's request/response run (BPF_ENABLE_STATS);
+		// hooks: the same by program (from_container, to_container).
+		bpf   []float64
+		hooks map[string][]float64
 	}
 	if stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err != nil {
 		t.Logf("no BPF run time statistics: %v", err)
@@ -516,14 +518,24 @@ func TestSameNodeNumbers(t *testing.T) {
 			}
 			g := throughputAt(t, a.a, a.b, 10000+10*round)
 			run0, n0 := a.progs.stats(t)
+			hook0 := progStats(t, a.progs)
 			r := rrRate(t, a.a, a.b, 9300+round)
 			run1, n1 := a.progs.stats(t)
+			hook1 := progStats(t, a.progs)
 			a.gbps, a.rrps = append(a.gbps, g), append(a.rrps, r)
+			per := map[string]float64{}
 			if a.progs != nil {
 				a.bpf = append(a.bpf, float64(run1-run0)/benchRoundTrips)
+				if a.hooks == nil {
+					a.hooks = map[string][]float64{}
+				}
+				for h, d := range hook1 {
+					per[h] = float64(d-hook0[h]) / benchRoundTrips
+					a.hooks[h] = append(a.hooks[h], per[h])
+				}
 			}
-			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s; endpoint programs %d runs, %v per transaction", round, a.name, g, r,
-				n1-n0, (run1-run0)/benchRoundTrips)
+			t.Logf("round %d %s: %.2f Gbit/s, %.0f transactions/s; endpoint programs %d runs, per transaction %s", round, a.name, g, r,
+				n1-n0, fmtBPF(per))
 		}
 	}
 	t.Logf("load average at end: %s", loadavg())
@@ -537,7 +549,11 @@ func TestSameNodeNumbers(t *testing.T) {
 			sr, rr = append(sr, m.gbps[i]/base.gbps[i]), append(rr, m.rrps[i]/base.rrps[i])
 		}
 		if len(m.bpf) > 0 {
-			t.Logf("SUMMARY %s: endpoint programs' run time per transaction, median %.0f ns", m.name, med(m.bpf))
+			hm := map[string]float64{}
+			for h, v := range m.hooks {
+				hm[h] = med(v)
+			}
+			t.Logf("SUMMARY %s: endpoint programs' run time per transaction, median %.0f ns; by program, medians %s", m.name, med(m.bpf), fmtBPF(hm))
 		}
 		t.Logf("SUMMARY same-node, median of the rounds' ratios: %s / plain: stream %.2f; request/response %.2f", m.name, med(sr), med(rr))
 		t.Logf("SUMMARY same-node stream, median of %d rounds: %s %.2f vs plain %.2f Gbit/s = %.2f; request/response: %s %.0f vs plain %.0f transactions/s = %.2f",
@@ -579,7 +595,9 @@ func plainSameNode(t *testing.T, netNum int) (*pod, *pod) {
 }
 
 // endpointProgs are the endpoint programs attached to pods' host veths.
-type endpointProgs []*ebpf.Program
+// The per-hook sums are progStats' (the hooks: from_container,
+// to_container).
+type endpointProgs []namedProg
 
 // hostProgs loads the endpoint programs of the pods' nodes from the
 // agents' pins (<bpffs>/programs/<digest>/{from,to}_container).
@@ -600,7 +618,7 @@ func hostProgs(t *testing.T, pods ...*pod) endpointProgs {
 					t.Fatalf("endpoint program: %v", err)
 				}
 				t.Cleanup(func() { prog.Close() })
-				progs = append(progs, prog)
+				progs = append(progs, namedProg{name, prog})
 			}
 		}
 	}
@@ -613,7 +631,7 @@ func (ps endpointProgs) stats(t *testing.T) (time.Duration, uint64) {
 	var run time.Duration
 	var n uint64
 	for _, p := range ps {
-		st, err := p.Stats()
+		st, err := p.prog.Stats()
 		if err != nil {
 			t.Fatal(err)
 		}
