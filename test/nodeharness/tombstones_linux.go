@@ -1,7 +1,10 @@
 package nodeharness
 
 import (
+	"errors"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/membrane-cni/membrane/pkg/domain/ifname"
 	"github.com/membrane-cni/membrane/pkg/testutil"
@@ -12,7 +15,12 @@ import (
 // in ns.
 func Tombstones(tb testing.TB, ns *testutil.NS) []string {
 	tb.Helper()
+	// A dump the kernel interrupted (links came or went meanwhile: the
+	// agent deleting tombstones) is taken again.
 	links, err := ns.Netlink(tb).LinkList()
+	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 20; i++ {
+		links, err = ns.Netlink(tb).LinkList()
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
